@@ -1,0 +1,76 @@
+//! Command-line definition: raw arguments become one typed [`Command`], dispatched to the
+//! module of the same name in [`crate::commands`].
+
+use crate::commands;
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "shardrun",
+    version,
+    about = "Fully sharded data-parallel training on Slurm clusters and on one machine",
+    long_about = "Plan, render, submit and follow FSDP training jobs described by one YAML file.\n\
+                  Start with `shardrun plan job.yaml`, try it locally with `shardrun run job.yaml`,\n\
+                  submit it with `shardrun submit job.yaml`."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Check a job spec and print the resolved plan (world size, accumulation, memory).
+    Plan(commands::plan::Args),
+    /// Print the sbatch script a job spec renders to.
+    Render(commands::render::Args),
+    /// Validate, create the run directory and submit the job with sbatch.
+    Submit(commands::submit::Args),
+    /// Expand the spec's sweep and submit new, changed or failed points as one job array.
+    Sweep(commands::sweep::Args),
+    /// Show the state of runs (one batched squeue/sacct query).
+    Status(commands::status::Args),
+    /// Cancel a run's Slurm job.
+    Cancel(commands::cancel::Args),
+    /// Run the whole job on this machine (N CPU ranks or local GPUs), no Slurm needed.
+    Run(commands::run::Args),
+    /// Print (or follow with -f) a run's merged train.log.
+    Logs(commands::logs::Args),
+    /// Latest metrics of a run, or of every run of a sweep, as a table.
+    Metrics(commands::metrics::Args),
+    /// Draw loss and throughput curves of a run as PNG or SVG.
+    Plot(commands::plot::Args),
+    /// Turn a sharded checkpoint into a full `model.safetensors` (no GPU needed).
+    Export(commands::export::Args),
+    /// The in-allocation job controller started by the rendered sbatch script.
+    #[command(hide = true)]
+    Controller(commands::controller::Args),
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Plan(args) => commands::plan::execute(args),
+        Command::Render(args) => commands::render::execute(args),
+        Command::Submit(args) => commands::submit::execute(args),
+        Command::Sweep(args) => commands::sweep::execute(args),
+        Command::Status(args) => commands::status::execute(args),
+        Command::Cancel(args) => commands::cancel::execute(args),
+        Command::Run(args) => commands::run::execute(args),
+        Command::Logs(args) => commands::logs::execute(args),
+        Command::Metrics(args) => commands::metrics::execute(args),
+        Command::Plot(args) => commands::plot::execute(args),
+        Command::Export(args) => commands::export::execute(args),
+        Command::Controller(args) => commands::controller::execute(args),
+    }
+}
+
+/// Exit status for an error: a command may attach [`ExitCode`] to say which (the controller
+/// exits with the failed rank's status class); everything else is 1.
+pub fn exit_code(err: &anyhow::Error) -> i32 {
+    err.downcast_ref::<ExitCode>().map(|c| c.0).unwrap_or(1)
+}
+
+/// Attach with `anyhow::Error::new(ExitCode(n)).context(...)` to choose the exit status.
+#[derive(Debug, thiserror::Error)]
+#[error("exit code {0}")]
+pub struct ExitCode(pub i32);

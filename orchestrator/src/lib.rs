@@ -1,0 +1,6 @@
+//! The `shardrun` orchestrator: job specs, plans, sbatch rendering, submission, sweeps and
+//! status on the login node; the job controller (rendezvous, launching, logs, metrics)
+//! inside the allocation or in local mode.
+
+pub mod cli;
+pub mod commands;

@@ -1,0 +1,11 @@
+//! `shardrun`: thin binary over the `shardrun` library. Errors are printed in one place.
+
+use clap::Parser;
+
+fn main() {
+    let cli = shardrun::cli::Cli::parse();
+    if let Err(err) = shardrun::cli::run(cli) {
+        eprintln!("error: {err:#}");
+        std::process::exit(shardrun::cli::exit_code(&err));
+    }
+}

@@ -1,0 +1,335 @@
+//! The resolved training configuration: what one worker process needs to train.
+//!
+//! The orchestrator builds it from the YAML job spec (after validation and the batch-split
+//! arithmetic) and writes it as `train_config.json` into the run directory; the worker reads
+//! it from there (or from [`crate::env::CONFIG_FILE`]). Every field is explicit here: defaults
+//! are applied by the orchestrator, so a run directory fully describes what ran.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Job (or sweep point) name, used in log lines and summaries.
+    pub name: String,
+    pub model: ModelConfig,
+    pub data: DataConfig,
+    /// Optimizer steps to run (each made of `batch.grad_accum_steps` micro-steps).
+    pub steps: u64,
+    /// Seed for parameter init and synthetic data; the same seed gives the same weights on
+    /// any world size and strategy.
+    pub seed: u64,
+    pub batch: BatchPlan,
+    pub optimizer: OptimizerConfig,
+    pub schedule: LrSchedule,
+    pub fsdp: FsdpConfig,
+    pub checkpoint: CheckpointConfig,
+    pub device: DeviceKind,
+    /// Intra-op threads per rank (`torch.set_num_threads`).
+    pub threads_per_rank: usize,
+    /// Emit a metrics record every this many optimizer steps (1 = every step).
+    pub log_every: u64,
+}
+
+impl TrainConfig {
+    /// Stable hash of the config; every rank of a job must present the same one at
+    /// rendezvous, and sweeps key their points by it.
+    pub fn config_hash(&self) -> String {
+        let json = serde_json::to_vec(self).expect("TrainConfig serializes");
+        hex::encode(&Sha256::digest(&json)[..8])
+    }
+
+    /// Tokens (or samples, for the MLP) processed by the whole job per optimizer step.
+    pub fn tokens_per_step(&self) -> u64 {
+        self.batch.total_batch_size * self.data.sequence_length(&self.model)
+    }
+}
+
+/// Model architecture. Parameter names follow PyTorch module paths of the equivalent
+/// `nn.Module` (see the worker's `model` module), so checkpoints map 1:1.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ModelConfig {
+    /// PyTorch's FSDP2-example transformer: token + position embeddings, `n_layers` blocks of
+    /// LayerNorm → causal multi-head attention → LayerNorm → GELU MLP (4×dim), final norm,
+    /// output projection.
+    Transformer {
+        vocab_size: u64,
+        dim: u64,
+        n_layers: u64,
+        n_heads: u64,
+        max_seq_len: u64,
+    },
+    /// Seed 000's MLP: `layer1: Linear(input, hidden)`, ReLU, `layer2: Linear(hidden, output)`,
+    /// trained with MSE loss.
+    Mlp {
+        input_dim: u64,
+        hidden_dim: u64,
+        output_dim: u64,
+    },
+}
+
+impl ModelConfig {
+    /// Number of parameters of the unsharded model.
+    pub fn num_params(&self) -> u64 {
+        match *self {
+            ModelConfig::Transformer {
+                vocab_size,
+                dim,
+                n_layers,
+                max_seq_len,
+                ..
+            } => {
+                let attention = 4 * dim * dim; // wq, wk, wv, wo (no bias)
+                let mlp = dim * 4 * dim + 4 * dim + 4 * dim * dim + dim; // w1, b1, w2, b2
+                let norms = 2 * 2 * dim; // two LayerNorms with weight and bias
+                let block = attention + mlp + norms;
+                vocab_size * dim            // tok_embeddings
+                    + max_seq_len * dim     // pos_embeddings
+                    + n_layers * block
+                    + 2 * dim               // final norm
+                    + dim * vocab_size // output (no bias)
+            }
+            ModelConfig::Mlp {
+                input_dim,
+                hidden_dim,
+                output_dim,
+            } => input_dim * hidden_dim + hidden_dim + hidden_dim * output_dim + output_dim,
+        }
+    }
+
+    /// FLOPs per token for one forward+backward (torchtitan's formula: 6·N + 12·L·d·T, where
+    /// N excludes the embedding tables). For the MLP: 6·N per sample.
+    pub fn flops_per_token(&self, seq_len: u64) -> f64 {
+        match *self {
+            ModelConfig::Transformer {
+                vocab_size,
+                dim,
+                n_layers,
+                max_seq_len,
+                ..
+            } => {
+                let n = self.num_params() - vocab_size * dim - max_seq_len * dim;
+                6.0 * n as f64 + 12.0 * (n_layers * dim * seq_len) as f64
+            }
+            ModelConfig::Mlp { .. } => 6.0 * self.num_params() as f64,
+        }
+    }
+}
+
+/// Where training data comes from. Each rank reads its own disjoint part of every global
+/// batch (rank r takes samples `r*per_device .. (r+1)*per_device` of each micro-batch).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum DataConfig {
+    /// Deterministic random data generated from the seed and the global sample index, so any
+    /// world size sees the same global batches. Transformer: random tokens, next-token
+    /// targets. MLP: random inputs and targets.
+    Synthetic { seq_len: u64 },
+    /// A flat file of little-endian `u16` token ids (nanoGPT's `.bin` format); sample `i` is
+    /// the window starting at `i * seq_len`, wrapping around.
+    TokenFile { path: PathBuf, seq_len: u64 },
+}
+
+impl DataConfig {
+    /// Tokens per sample (1 for the MLP, whose samples are vectors).
+    pub fn sequence_length(&self, model: &ModelConfig) -> u64 {
+        match (self, model) {
+            (_, ModelConfig::Mlp { .. }) => 1,
+            (DataConfig::Synthetic { seq_len } | DataConfig::TokenFile { seq_len, .. }, _) => {
+                *seq_len
+            }
+        }
+    }
+}
+
+/// The batch arithmetic, already checked: `total = per_device × world_size × grad_accum_steps`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchPlan {
+    pub total_batch_size: u64,
+    pub batch_size_per_device: u64,
+    pub world_size: u64,
+    pub grad_accum_steps: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizerConfig {
+    /// Peak learning rate.
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// Clip the global gradient norm (of the whole model, across shards) to this; `None`
+    /// disables clipping (the norm is still computed and reported).
+    pub grad_clip: Option<f64>,
+}
+
+/// Linear warmup from 0 to `lr` over `warmup_steps`, then `decay` down to
+/// `lr * min_lr_ratio` at the last step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LrSchedule {
+    pub warmup_steps: u64,
+    pub decay: LrDecay,
+    pub min_lr_ratio: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LrDecay {
+    Cosine,
+    Linear,
+    Constant,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FsdpConfig {
+    pub strategy: ShardingStrategy,
+    pub wrap: WrapPolicy,
+    pub mixed_precision: MixedPrecision,
+    /// Recompute each block's activations in backward instead of keeping them.
+    pub activation_checkpointing: bool,
+    /// Issue the next unit's all-gather before the current unit computes.
+    pub prefetch: bool,
+    /// At most this many units' gathered parameters alive at once (FSDP's
+    /// `limit_all_gathers`); at least 1.
+    pub max_gathers_in_flight: usize,
+    /// HYBRID_SHARD only: ranks per shard group (a "node"); parameters are sharded within a
+    /// group and replicated across groups. Defaults to the ranks per node.
+    pub shard_group_size: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ShardingStrategy {
+    /// ZeRO-3: parameters, gradients and optimizer state sharded; parameters gathered for
+    /// forward, freed, gathered again for backward.
+    FullShard,
+    /// ZeRO-2: like FULL_SHARD but gathered parameters stay from forward until backward.
+    ShardGradOp,
+    /// DDP-like: everything replicated, gradients all-reduced.
+    NoShard,
+    /// FULL_SHARD within a shard group, replicated (all-reduced) across groups.
+    HybridShard,
+}
+
+impl ShardingStrategy {
+    /// Bytes of model state per rank (fp32 params + grads + AdamW's two moments) for a model
+    /// of `num_params` on `world_size` ranks (`shard_group` ranks per group for HYBRID_SHARD).
+    pub fn model_state_bytes_per_rank(self, num_params: u64, world_size: u64, shard_group: u64) -> u64 {
+        let per_param = 4 * 4; // param, grad, exp_avg, exp_avg_sq in fp32
+        let n = match self {
+            ShardingStrategy::FullShard | ShardingStrategy::ShardGradOp => world_size,
+            ShardingStrategy::HybridShard => shard_group.max(1),
+            ShardingStrategy::NoShard => 1,
+        };
+        num_params.div_ceil(n.max(1)) * per_param
+    }
+}
+
+/// How the model is split into FSDP units. Every policy also has a root unit holding the
+/// parameters not claimed by any other unit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum WrapPolicy {
+    /// One unit per transformer block (FSDP2's `fully_shard` per block + root).
+    Block,
+    /// Any module with at least `min_params` parameters (not already inside a unit) becomes
+    /// a unit, innermost first (`size_based_auto_wrap_policy`).
+    SizeBased { min_params: u64 },
+    /// Modules whose PyTorch path matches one of these glob patterns (`layers.*`).
+    ModuleNames { patterns: Vec<String> },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DType {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl DType {
+    pub fn size_bytes(self) -> u64 {
+        match self {
+            DType::F32 => 4,
+            DType::Bf16 | DType::F16 => 2,
+        }
+    }
+}
+
+/// FSDP's `MixedPrecision`: shards and optimizer state stay fp32; parameters are cast to
+/// `param_dtype` for gather and compute, gradients reduced in `reduce_dtype`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MixedPrecision {
+    pub param_dtype: DType,
+    pub reduce_dtype: DType,
+    pub buffer_dtype: DType,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointConfig {
+    /// Folder of `step-N/` checkpoints; `None` disables checkpointing.
+    pub dir: Option<PathBuf>,
+    pub interval_steps: Option<u64>,
+    pub interval_minutes: Option<f64>,
+    /// Keep this many newest complete checkpoints.
+    pub keep: usize,
+    pub format: CheckpointFormat,
+    /// Resume from the newest valid checkpoint in `dir` if there is one.
+    pub resume: bool,
+    /// Start from this checkpoint instead (fine-tuning); overrides `resume`.
+    pub from: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointFormat {
+    Sharded,
+    Full,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceKind {
+    Cpu,
+    Cuda,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transformer_param_count_matches_pytorch() {
+        // Module by module, as in PyTorch's FSDP2 example model.py: bias-free attention
+        // projections, biased MLP, LayerNorms with weight and bias, untied output.
+        let m = ModelConfig::Transformer {
+            vocab_size: 8192,
+            dim: 256,
+            n_layers: 8,
+            n_heads: 8,
+            max_seq_len: 256,
+        };
+        let block = 4 * 256 * 256 + (256 * 1024 + 1024 + 1024 * 256 + 256) + 4 * 256;
+        assert_eq!(m.num_params(), 8192 * 256 * 2 + 256 * 256 + 8 * block + 512);
+    }
+
+    #[test]
+    fn mlp_param_count() {
+        let m = ModelConfig::Mlp {
+            input_dim: 1024,
+            hidden_dim: 4096,
+            output_dim: 1024,
+        };
+        assert_eq!(m.num_params(), 1024 * 4096 + 4096 + 4096 * 1024 + 1024);
+    }
+}

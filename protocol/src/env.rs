@@ -1,0 +1,18 @@
+//! Environment variables set by the controller for each worker. Slurm (`SLURM_PROCID`, ...)
+//! and torchrun (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`) variables
+//! are read as well; see the worker's `launch` module for the precedence.
+
+/// `host:port` of the controller's TCP endpoint.
+pub const CONTROLLER_ADDR: &str = "SHARDRUN_CONTROLLER";
+/// Path of the file holding the per-job secret (mode 0600 in the run directory).
+pub const SECRET_FILE: &str = "SHARDRUN_SECRET_FILE";
+/// The per-job secret itself (alternative to the file, used in local mode).
+pub const SECRET: &str = "SHARDRUN_SECRET";
+/// Path of the resolved `TrainConfig` as JSON (`train_config.json` in the run directory).
+pub const CONFIG_FILE: &str = "SHARDRUN_CONFIG";
+/// Explicit rank / world size / local rank set by the controller in local mode.
+pub const RANK: &str = "SHARDRUN_RANK";
+pub const WORLD_SIZE: &str = "SHARDRUN_WORLD_SIZE";
+pub const LOCAL_RANK: &str = "SHARDRUN_LOCAL_RANK";
+/// Run directory (checkpoints default to `<run dir>/checkpoints`).
+pub const RUN_DIR: &str = "SHARDRUN_RUN_DIR";

@@ -1,0 +1,19 @@
+//! The contract between the `shardrun` controller and `shardrun-worker`.
+//!
+//! * [`config`]: the resolved training configuration a worker runs (produced by the
+//!   orchestrator from the YAML job spec, never parsed from YAML by the worker).
+//! * [`messages`]: one serde enum per direction ([`FromWorker`], [`ToWorker`]).
+//! * [`connection`]: length-delimited frames, the handshake (version, role, secret) and
+//!   typed connections, async for the controller and blocking for the worker.
+//! * [`env`]: the environment variable names both sides agree on.
+
+pub mod config;
+pub mod connection;
+pub mod env;
+pub mod messages;
+
+pub use config::TrainConfig;
+pub use messages::{FromWorker, ToWorker};
+
+/// Bumped on every incompatible change of [`messages`] or the handshake.
+pub const PROTOCOL_VERSION: u32 = 1;

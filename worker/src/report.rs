@@ -1,0 +1,71 @@
+//! Where a worker's log lines and metrics go. The training loop only sees [`Reporter`]; the
+//! controller client implements it over TCP, [`StdoutReporter`] serves standalone runs
+//! (torchrun-style launches and tests).
+
+use shardrun_protocol::messages::{LogLevel, StepMetrics, TrainSummary};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+pub trait Reporter: Send + Sync {
+    /// One log line. Must have reached the OS (socket or pipe) when this returns, so a crash
+    /// right after loses nothing.
+    fn log(&self, level: LogLevel, text: &str);
+    fn metrics(&self, metrics: &StepMetrics);
+    fn checkpoint_saved(&self, step: u64, path: &str);
+    fn summary(&self, summary: &TrainSummary);
+    /// True once the controller asked for preemption (checkpoint at the next step boundary,
+    /// then exit cleanly). Ranks must agree on it collectively before acting.
+    fn preempt_requested(&self) -> bool;
+}
+
+/// Standalone runs: log lines to stderr as `[rank R] text`, metrics as JSON lines appended to
+/// `metrics_file` when given.
+pub struct StdoutReporter {
+    rank: u64,
+    metrics_file: Option<Mutex<std::fs::File>>,
+}
+
+impl StdoutReporter {
+    pub fn new(rank: u64, metrics_file: Option<PathBuf>) -> std::io::Result<Self> {
+        let metrics_file = metrics_file
+            .map(|path| std::fs::OpenOptions::new().create(true).append(true).open(path))
+            .transpose()?
+            .map(Mutex::new);
+        Ok(StdoutReporter { rank, metrics_file })
+    }
+}
+
+impl Reporter for StdoutReporter {
+    fn log(&self, level: LogLevel, text: &str) {
+        let tag = match level {
+            LogLevel::Debug => "debug: ",
+            LogLevel::Info => "",
+            LogLevel::Warn => "warning: ",
+            LogLevel::Error => "error: ",
+        };
+        let mut err = std::io::stderr().lock();
+        let _ = writeln!(err, "[rank {}] {tag}{text}", self.rank);
+    }
+
+    fn metrics(&self, metrics: &StepMetrics) {
+        if let Some(file) = &self.metrics_file {
+            let line = serde_json::to_string(metrics).expect("metrics serialize");
+            let mut file = file.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = writeln!(file, "{line}");
+        }
+    }
+
+    fn checkpoint_saved(&self, step: u64, path: &str) {
+        self.log(LogLevel::Info, &format!("checkpoint of step {step} saved to {path}"));
+    }
+
+    fn summary(&self, summary: &TrainSummary) {
+        let text = serde_json::to_string(summary).expect("summary serializes");
+        self.log(LogLevel::Info, &format!("summary {text}"));
+    }
+
+    fn preempt_requested(&self) -> bool {
+        false
+    }
+}
