@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Sets up everything shardrun needs on a fresh Debian 12 machine (idempotent, cached):
+#   1. Debian packages: Slurm + munge (for the local test cluster), build tools;
+#   2. a Python venv with torch==2.11.0 from PyPI (libtorch for tch, PyTorch for references);
+#   3. a release build of `shardrun` and `shardrun-worker` (rpath to the venv's libtorch).
+# Usage: scripts/setup.sh [--no-slurm]
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+
+want_slurm=1
+[[ "${1:-}" == "--no-slurm" ]] && want_slurm=0
+
+step() { printf '\n==> %s\n' "$*"; }
+
+# -- 1. Debian packages -------------------------------------------------------------------
+packages=(build-essential pkg-config python3-venv)
+(( want_slurm )) && packages+=(slurm-wlm munge)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if (( ${#missing[@]} )); then
+  step "installing Debian packages: ${missing[*]}"
+  sudo_cmd=""; [[ $(id -u) -ne 0 ]] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# -- 2. Python venv with torch ------------------------------------------------------------
+stamp="$SHARDRUN_VENV/.shardrun-torch-$SHARDRUN_TORCH_VERSION"
+if [[ ! -f "$stamp" ]]; then
+  step "creating $SHARDRUN_VENV with torch==$SHARDRUN_TORCH_VERSION (about 5 GB, once)"
+  mkdir -p "$SHARDRUN_CACHE"
+  python3 -m venv "$SHARDRUN_VENV"
+  "$SHARDRUN_PYTHON" -m pip install -q --upgrade pip
+  "$SHARDRUN_PYTHON" -m pip install -q "torch==$SHARDRUN_TORCH_VERSION" numpy safetensors
+  touch "$stamp"
+fi
+
+# cudarc opens NCCL as `libnccl.so`; pip ships `libnccl.so.2`. A symlink folder next to the
+# venv lets GPU runs find it (the controller puts it on LD_LIBRARY_PATH).
+nccl_real="$SHARDRUN_VENV/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2"
+if [[ -f "$nccl_real" ]]; then
+  mkdir -p "$SHARDRUN_VENV/nccl-link"
+  ln -sf "$nccl_real" "$SHARDRUN_VENV/nccl-link/libnccl.so"
+fi
+
+# -- 3. Build ------------------------------------------------------------------------------
+if ! command -v cargo >/dev/null; then
+  echo "error: cargo not found. Install Rust (https://rustup.rs) and run this again." >&2
+  exit 1
+fi
+step "building shardrun and shardrun-worker (release; first build takes a few minutes)"
+(cd "$SHARDRUN_ROOT" && cargo build --release --workspace --bins)
+echo
+echo "ready: $SHARDRUN_BIN/shardrun and $SHARDRUN_BIN/shardrun-worker"

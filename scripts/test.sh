@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Sets everything up (scripts/setup.sh) and runs every check and test: formatting, clippy
+# with warnings as errors, unit tests, multi-process training tests, end-to-end tests
+# against the project's own single-node Slurm (slurm/start.sh), Python cross-checks.
+# Usage: scripts/test.sh
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+cd "$SHARDRUN_ROOT"
+
+"$SHARDRUN_ROOT/scripts/setup.sh"
+
+step() { printf '\n==> %s\n' "$*"; }
+
+# The tests start the project's Slurm themselves (idempotent); stop it at the end so no
+# daemon outlives the run.
+trap '"$SHARDRUN_ROOT/slurm/stop.sh" >/dev/null 2>&1 || true' EXIT
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy -D warnings"
+cargo clippy --release --workspace --all-targets -- -D warnings
+
+step "cargo test (release)"
+# Python cross-checks inside the tests use the venv's interpreter.
+export SHARDRUN_PYTHON
+cargo test --release --workspace -- --test-threads="${SHARDRUN_TEST_THREADS:-2}"
