@@ -330,16 +330,18 @@ pub fn run(
             ));
         }
         // The next rank never writes to us except to abort, and its socket turns readable on
-        // EOF: watching it catches a dead successor even while we only receive.
+        // EOF: watching it catches a dead successor even while we only receive. Once all our
+        // frames are out it may legitimately finish the op and close, so stop watching then.
+        // (fd -1: poll ignores the entry, including hang-ups we are not waiting for.)
         let mut fds = [
             libc::pollfd {
-                fd: next.fd(),
+                fd: if send_done { -1 } else { next.fd() },
                 events: libc::POLLIN | if can_send { libc::POLLOUT } else { 0 },
                 revents: 0,
             },
             libc::pollfd {
-                fd: prev.fd(),
-                events: if can_recv { libc::POLLIN } else { 0 },
+                fd: if can_recv { prev.fd() } else { -1 },
+                events: libc::POLLIN,
                 revents: 0,
             },
         ];
