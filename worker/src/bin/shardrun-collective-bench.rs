@@ -132,11 +132,18 @@ fn run(args: Args) -> Result<()> {
             iters,
             dtype,
         } => {
-            let kind = match dtype {
-                DtypeArg::F32 => Kind::Float,
-                DtypeArg::Bf16 => Kind::BFloat16,
+            let (kind, label) = match dtype {
+                DtypeArg::F32 => (Kind::Float, "f32"),
+                DtypeArg::Bf16 => (Kind::BFloat16, "bf16"),
             };
-            bench(comm.as_ref(), device, mib << 20, warmup, iters, kind)
+            bench(
+                comm.as_ref(),
+                device,
+                mib << 20,
+                warmup,
+                iters,
+                (kind, label),
+            )
         }
         Mode::Soak => soak(comm.as_ref(), device),
     }
@@ -314,7 +321,7 @@ fn check(comm: &dyn Communicator, device: Device) -> Result<()> {
     }
     ops += 6;
     // Sub-groups: HYBRID_SHARD's shard and replicate groups where the world splits in two.
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         let (shard, replicate) = hybrid_groups(r, n, 2)?;
         for (name, group) in [("shard", shard), ("replicate", replicate)] {
             let sub = comm.new_subgroup(&group)?;
@@ -373,19 +380,22 @@ fn synchronize(device: Device) {
     }
 }
 
+/// Issues one collective of the benchmark.
+type IssueOp<'a> = dyn Fn() -> Result<Work, collectives::CommError> + 'a;
+
 fn bench(
     comm: &dyn Communicator,
     device: Device,
     bytes: usize,
     warmup: usize,
     iters: usize,
-    kind: Kind,
+    (kind, label): (Kind, &str),
 ) -> Result<()> {
     let (r, n) = (comm.rank(), comm.world_size());
     let elems = bytes / kind.elt_size_in_bytes() / n * n;
     let full = Tensor::ones([elems as i64], (kind, device));
     let part = Tensor::ones([(elems / n) as i64], (kind, device));
-    let ops: [(&str, Box<dyn Fn() -> Result<Work, collectives::CommError>>); 3] = [
+    let ops: [(&str, Box<IssueOp>); 3] = [
         ("all_gather", Box::new(|| comm.all_gather(&part, &full))),
         (
             "reduce_scatter",
@@ -416,7 +426,7 @@ fn bench(
         let factor = if name == "all_reduce" { 2.0 } else { 1.0 } * (n as f64 - 1.0) / n as f64;
         if r == 0 {
             println!(
-                "{{\"backend\":\"shardrun\",\"device\":\"{device:?}\",\"op\":\"{name}\",\"world_size\":{n},\"dtype\":\"{kind:?}\",\"bytes\":{},\"iters\":{iters},\"median_s\":{median:.6},\"min_s\":{:.6},\"algbw_gbps\":{algbw:.3},\"busbw_gbps\":{:.3}}}",
+                "{{\"backend\":\"shardrun\",\"device\":\"{device:?}\",\"op\":\"{name}\",\"world_size\":{n},\"dtype\":\"{label}\",\"bytes\":{},\"iters\":{iters},\"median_s\":{median:.6},\"min_s\":{:.6},\"algbw_gbps\":{algbw:.3},\"busbw_gbps\":{:.3}}}",
                 size as u64,
                 times[0],
                 algbw * factor

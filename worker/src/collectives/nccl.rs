@@ -350,6 +350,10 @@ mod tests {
                 "{text}"
             );
             assert!(new_unique_id().is_err());
+            if let Some(pip) = find_pip_nccl() {
+                assert!(text.contains(&pip.display().to_string()), "{text}");
+            }
+            eprintln!("{text}");
         }
     }
 }
