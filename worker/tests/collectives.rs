@@ -35,6 +35,10 @@ fn free_port() -> u16 {
 }
 
 fn spawn(world: usize, args: &[&str]) -> Ranks {
+    spawn_with_timeout(world, 60, args)
+}
+
+fn spawn_with_timeout(world: usize, timeout_s: u64, args: &[&str]) -> Ranks {
     let port = free_port().to_string();
     let children = (0..world)
         .map(|rank| {
@@ -54,7 +58,7 @@ fn spawn(world: usize, args: &[&str]) -> Ranks {
                 .env("LOCAL_RANK", rank.to_string())
                 .env("MASTER_ADDR", "127.0.0.1")
                 .env("MASTER_PORT", &port)
-                .args(["--timeout-s", "60"])
+                .args(["--timeout-s", &timeout_s.to_string()])
                 .args(args)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -128,10 +132,9 @@ fn every_collective_is_exact_on_four_ranks_with_hybrid_groups() {
     check_world(4);
 }
 
-/// Starts `world` ranks looping over all-reduces, kills `victim` once all are in the loop,
-/// and expects every other rank to exit with an error naming the victim.
-fn killed_rank_is_named_by_all_others(world: usize, victim: usize) {
-    let mut ranks = spawn(world, &["soak"]);
+/// Starts `world` ranks looping over all-reduces and waits until all are in the loop.
+fn soaking(world: usize, timeout_s: u64) -> Ranks {
+    let mut ranks = spawn_with_timeout(world, timeout_s, &["soak"]);
     let (ready_tx, ready_rx) = mpsc::channel();
     for (rank, child) in ranks.0.iter_mut().enumerate() {
         let stdout = child.stdout.take().unwrap();
@@ -151,6 +154,13 @@ fn killed_rank_is_named_by_all_others(world: usize, victim: usize) {
     }
     // Let the ranks get into the middle of the next collectives.
     std::thread::sleep(Duration::from_millis(200));
+    ranks
+}
+
+/// Kills `victim` in the middle of collectives; every other rank must exit with an error
+/// naming it.
+fn killed_rank_is_named_by_all_others(world: usize, victim: usize) {
+    let mut ranks = soaking(world, 60);
     ranks.0[victim].kill().unwrap();
     let killed_at = Instant::now();
     let results = wait_all(&mut ranks, DEAD_PEER_DEADLINE);
@@ -180,4 +190,36 @@ fn killed_rank_fails_every_other_rank_of_four() {
 #[test]
 fn killed_rank_zero_fails_every_other_rank_of_three() {
     killed_rank_is_named_by_all_others(3, 0);
+}
+
+/// A rank that stops responding without closing its sockets (SIGSTOP) is caught by the
+/// collective timeout, and the ranks that do not talk to it directly learn it from the abort.
+#[test]
+fn stopped_rank_times_out_every_other_rank() {
+    let (world, victim) = (4, 1);
+    let mut ranks = soaking(world, 5);
+    // SAFETY: signalling a child process this test started and still owns.
+    let rc = unsafe { libc::kill(ranks.0[victim].id() as libc::pid_t, libc::SIGSTOP) };
+    assert_eq!(rc, 0);
+    let others: Vec<usize> = (0..world).filter(|&r| r != victim).collect();
+    let start = Instant::now();
+    for &rank in &others {
+        let child = &mut ranks.0[rank];
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "rank {rank} hangs"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let err = read_all(child.stderr.as_mut());
+        assert_eq!(status.code(), Some(1), "rank {rank}: {err}");
+        assert!(
+            err.contains(&format!("waiting for rank {victim}")),
+            "rank {rank} should report the timeout on rank {victim}: {err}"
+        );
+    }
 }
