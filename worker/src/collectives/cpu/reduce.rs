@@ -34,14 +34,7 @@ pub fn reduce(
         }
         Dtype::BF16 => {
             let (d, s) = (cast_mut::<bf16>(dst)?, cast::<bf16>(src)?);
-            widened(
-                d,
-                s,
-                op,
-                divisor,
-                |h, f| h.convert_to_f32_slice(f),
-                |h, f| h.convert_from_f32_slice(f),
-            );
+            widened(d, s, op, divisor, bf16_to_f32, bf16_from_f32);
         }
         Dtype::F16 => {
             let (d, s) = (cast_mut::<f16>(dst)?, cast::<f16>(src)?);
@@ -219,8 +212,8 @@ mod tests {
             0.0f32,
             -0.0,
             1.0,
-            1.00390625,
-            1.01171875,
+            1.0 + 1.0 / 256.0,
+            1.0 + 3.0 / 256.0,
             -3.3e38,
             3.4e38,
             f32::INFINITY,
