@@ -2,8 +2,10 @@
 //!
 //! * [`launch`]: who am I (rank, world, local rank) from the controller, Slurm or torchrun env.
 //! * [`report`]: where log lines and metrics go ([`report::Reporter`]).
+//! * [`rendezvous`]: torchrun-style rendezvous (`MASTER_ADDR`/`MASTER_PORT`) without a controller.
 //! * [`collectives`]: all-gather / reduce-scatter / all-reduce / broadcast over NCCL or CPU sockets.
 
 pub mod collectives;
 pub mod launch;
+pub mod rendezvous;
 pub mod report;
