@@ -52,17 +52,7 @@ impl Checkpoint {
         let json = std::fs::read(&metadata_path)
             .map_err(CheckpointError::io(&metadata_path, "cannot read"))?;
         let marker = String::from_utf8_lossy(&marker);
-        let step = marker
-            .lines()
-            .find_map(|l| l.strip_prefix("step "))
-            .and_then(|s| s.parse::<u64>().ok())
-            .ok_or_else(|| {
-                CheckpointError::malformed(
-                    &marker_path,
-                    "no step in the marker: the file is corrupted",
-                )
-            })?;
-        check_complete_marker(&marker_path, &marker, step, &json)?;
+        let step = check_complete_marker(&marker_path, &marker, &json)?;
         let metadata = CheckpointMetadata::from_json(&metadata_path, &json)?;
         if metadata.step != step || step_of_dir(dir).is_some_and(|s| s != step) {
             return Err(CheckpointError::malformed(

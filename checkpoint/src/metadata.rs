@@ -163,42 +163,46 @@ impl CheckpointMetadata {
     }
 }
 
-/// Content of `COMPLETE`: the step and the sha256 of `metadata.json`, so a corrupted
-/// metadata file is caught even when it still parses.
+/// Content of `COMPLETE`: the step and the sha256 of `metadata.json` (so a corrupted
+/// metadata file is caught even when it still parses), then a checksum of those lines (so
+/// damage to the marker itself is told apart from damage to the metadata).
 pub fn complete_marker(step: u64, metadata_json: &[u8]) -> String {
-    format!(
+    let body = format!(
         "shardrun checkpoint v{FORMAT_VERSION}\nstep {step}\nmetadata_sha256 {}\n",
         hex::encode(Sha256::digest(metadata_json))
-    )
+    );
+    let seal = hex::encode(&Sha256::digest(body.as_bytes())[..8]);
+    format!("{body}seal {seal}\n")
 }
 
-/// Check `COMPLETE` against the step and the metadata bytes.
-pub fn check_complete_marker(
-    marker_path: &Path,
-    marker: &str,
-    step: u64,
-    metadata_json: &[u8],
-) -> Result<()> {
-    if marker == complete_marker(step, metadata_json) {
-        return Ok(());
+/// The step a well-formed marker seals, or an error naming the marker.
+pub fn parse_complete_marker(marker_path: &Path, marker: &str) -> Result<(u64, String)> {
+    let corrupted = || CheckpointError::malformed(marker_path, "the completion marker is damaged: the file is corrupted");
+    let (body, seal) = marker
+        .strip_suffix('\n')
+        .and_then(|m| m.rsplit_once("seal "))
+        .ok_or_else(corrupted)?;
+    if hex::encode(&Sha256::digest(body.as_bytes())[..8]) != seal {
+        return Err(corrupted());
     }
+    let field = |key: &str| body.lines().find_map(|l| l.strip_prefix(key)).map(str::to_owned);
+    let step = field("step ").and_then(|s| s.parse().ok()).ok_or_else(corrupted)?;
+    let sha = field("metadata_sha256 ").ok_or_else(corrupted)?;
+    Ok((step, sha))
+}
+
+/// Check a sealed `COMPLETE` against the metadata bytes; returns the step it seals.
+pub fn check_complete_marker(marker_path: &Path, marker: &str, metadata_json: &[u8]) -> Result<u64> {
+    let (step, recorded) = parse_complete_marker(marker_path, marker)?;
     let actual = hex::encode(Sha256::digest(metadata_json));
-    match marker
-        .lines()
-        .find_map(|l| l.strip_prefix("metadata_sha256 "))
-    {
-        Some(recorded) if recorded != actual => Err(CheckpointError::ChecksumMismatch {
+    if recorded != actual {
+        return Err(CheckpointError::ChecksumMismatch {
             path: marker_path.with_file_name(crate::naming::METADATA_FILE),
-            expected: recorded.to_owned(),
+            expected: recorded,
             actual,
-        }),
-        _ => Err(CheckpointError::malformed(
-            marker_path,
-            format!(
-                "the marker does not seal step {step} (content {marker:?}): the file is corrupted"
-            ),
-        )),
+        });
     }
+    Ok(step)
 }
 
 mod hex_bytes {
