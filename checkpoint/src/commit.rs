@@ -57,13 +57,25 @@ pub struct Committed {
 }
 
 pub fn commit(target: &SaveTarget, request: &CommitRequest) -> Result<Committed> {
-    commit_until(target, request, CommitStage::Prune)
+    commit_observed(target, request, CommitStage::Prune, &mut |_| {})
 }
 
+/// Stop after `last`, as a job killed there would (for crash tests).
 pub fn commit_until(
     target: &SaveTarget,
     request: &CommitRequest,
     last: CommitStage,
+) -> Result<Committed> {
+    commit_observed(target, request, last, &mut |_| {})
+}
+
+/// Run the commit up to `last`, calling `on_stage` as each stage becomes durable (to log
+/// timings, or to stop a test process at a precise point).
+pub fn commit_observed(
+    target: &SaveTarget,
+    request: &CommitRequest,
+    last: CommitStage,
+    on_stage: &mut dyn FnMut(CommitStage),
 ) -> Result<Committed> {
     let partial = target.partial_dir();
     let metadata = collect_metadata(target, request)?;
@@ -79,6 +91,7 @@ pub fn commit_until(
         metadata,
         pruned: Vec::new(),
     };
+    on_stage(CommitStage::Metadata);
     if last == CommitStage::Metadata {
         return Ok(committed);
     }
@@ -88,11 +101,13 @@ pub fn commit_until(
         complete_marker(target.step, &json).as_bytes(),
     )?;
     sync_dir(&partial)?;
+    on_stage(CommitStage::Complete);
     if last == CommitStage::Complete {
         return Ok(committed);
     }
 
     committed.dir = rename_into_place(target)?;
+    on_stage(CommitStage::Rename);
     if last == CommitStage::Rename {
         return Ok(committed);
     }
@@ -101,11 +116,13 @@ pub fn commit_until(
         &target.root.join(LATEST_FILE),
         format!("{}\n", step_dir_name(target.step)).as_bytes(),
     )?;
+    on_stage(CommitStage::Latest);
     if last == CommitStage::Latest {
         return Ok(committed);
     }
 
     committed.pruned = prune(&target.root, target.step, request.keep)?;
+    on_stage(CommitStage::Prune);
     Ok(committed)
 }
 

@@ -36,7 +36,9 @@ pub mod tensor_file;
 pub mod write;
 
 pub use checkpoint::{Checkpoint, Verify};
-pub use commit::{commit, commit_until, prune, CommitRequest, CommitStage, Committed};
+pub use commit::{
+    commit, commit_observed, commit_until, prune, CommitRequest, CommitStage, Committed,
+};
 pub use error::{CheckpointError, Result};
 pub use export::export_full;
 pub use layout::{Layout, ParamSlot, UnitLayout};

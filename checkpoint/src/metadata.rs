@@ -177,7 +177,12 @@ pub fn complete_marker(step: u64, metadata_json: &[u8]) -> String {
 
 /// The step a well-formed marker seals, or an error naming the marker.
 pub fn parse_complete_marker(marker_path: &Path, marker: &str) -> Result<(u64, String)> {
-    let corrupted = || CheckpointError::malformed(marker_path, "the completion marker is damaged: the file is corrupted");
+    let corrupted = || {
+        CheckpointError::malformed(
+            marker_path,
+            "the completion marker is damaged: the file is corrupted",
+        )
+    };
     let (body, seal) = marker
         .strip_suffix('\n')
         .and_then(|m| m.rsplit_once("seal "))
@@ -185,14 +190,24 @@ pub fn parse_complete_marker(marker_path: &Path, marker: &str) -> Result<(u64, S
     if hex::encode(&Sha256::digest(body.as_bytes())[..8]) != seal {
         return Err(corrupted());
     }
-    let field = |key: &str| body.lines().find_map(|l| l.strip_prefix(key)).map(str::to_owned);
-    let step = field("step ").and_then(|s| s.parse().ok()).ok_or_else(corrupted)?;
+    let field = |key: &str| {
+        body.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(str::to_owned)
+    };
+    let step = field("step ")
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(corrupted)?;
     let sha = field("metadata_sha256 ").ok_or_else(corrupted)?;
     Ok((step, sha))
 }
 
 /// Check a sealed `COMPLETE` against the metadata bytes; returns the step it seals.
-pub fn check_complete_marker(marker_path: &Path, marker: &str, metadata_json: &[u8]) -> Result<u64> {
+pub fn check_complete_marker(
+    marker_path: &Path,
+    marker: &str,
+    metadata_json: &[u8],
+) -> Result<u64> {
     let (step, recorded) = parse_complete_marker(marker_path, marker)?;
     let actual = hex::encode(Sha256::digest(metadata_json));
     if recorded != actual {

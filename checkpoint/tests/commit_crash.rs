@@ -4,7 +4,9 @@
 mod common;
 
 use common::*;
-use shardrun_checkpoint::{clean_stale, commit, find_latest, CommitStage, SaveTarget, ShardWriter, Verify};
+use shardrun_checkpoint::{
+    clean_stale, commit, find_latest, CommitStage, SaveTarget, ShardWriter, Verify,
+};
 use shardrun_protocol::config::{CheckpointFormat, ShardingStrategy};
 
 fn resumes_from(root: &std::path::Path) -> Option<u64> {
@@ -50,20 +52,34 @@ fn killed_at_every_commit_stage() {
         let tmp = tempfile::tempdir().unwrap();
         save_sharded(tmp.path(), 10, 2, &layout, 1);
         save_sharded_until(tmp.path(), 20, 2, &layout, 1, stage);
-        assert_eq!(resumes_from(tmp.path()), Some(expected), "killed after {stage:?}");
+        assert_eq!(
+            resumes_from(tmp.path()),
+            Some(expected),
+            "killed after {stage:?}"
+        );
         if stage < CommitStage::Latest {
-            assert_eq!(std::fs::read_to_string(tmp.path().join("latest")).unwrap(), "step-10\n");
+            assert_eq!(
+                std::fs::read_to_string(tmp.path().join("latest")).unwrap(),
+                "step-10\n"
+            );
         }
 
         // The next run cleans up, resumes and saves the same step again.
         clean_stale(tmp.path()).unwrap();
         save_sharded(tmp.path(), 20, 2, &layout, 1);
-        assert_eq!(resumes_from(tmp.path()), Some(20), "re-save after {stage:?}");
+        assert_eq!(
+            resumes_from(tmp.path()),
+            Some(20),
+            "re-save after {stage:?}"
+        );
         let left: Vec<String> = std::fs::read_dir(tmp.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
-        assert!(left.len() == 2 && left.contains(&"step-20".into()), "{left:?}");
+        assert!(
+            left.len() == 2 && left.contains(&"step-20".into()),
+            "{left:?}"
+        );
     }
 }
 
@@ -75,7 +91,14 @@ fn a_corrupt_checkpoint_of_the_same_step_is_replaced() {
     save_sharded(tmp.path(), 10, 2, &layout, 3);
     let old = save_sharded(tmp.path(), 20, 2, &layout, 3);
     std::fs::write(old.dir.join("rank-1-of-2.safetensors"), b"garbage").unwrap();
-    assert_eq!(find_latest(tmp.path(), Verify::Checksums).unwrap().checkpoint.unwrap().step(), 10);
+    assert_eq!(
+        find_latest(tmp.path(), Verify::Checksums)
+            .unwrap()
+            .checkpoint
+            .unwrap()
+            .step(),
+        10
+    );
     save_sharded(tmp.path(), 20, 2, &layout, 3);
     assert_eq!(resumes_from(tmp.path()), Some(20));
 }
@@ -86,16 +109,33 @@ fn a_rank_that_did_not_finish_blocks_the_commit_and_is_named() {
     let layout = layout(2);
     let target = write_sharded_parts(tmp.path(), 20, 2, &layout);
     std::fs::remove_file(target.partial_dir().join("rank-1-of-2.json")).unwrap();
-    let request = request(CheckpointFormat::Sharded, &layout, ShardingStrategy::FullShard, 20, 3);
+    let request = request(
+        CheckpointFormat::Sharded,
+        &layout,
+        ShardingStrategy::FullShard,
+        20,
+        3,
+    );
     let err = commit(&target, &request).unwrap_err().to_string();
-    assert!(err.contains("rank-1-of-2.json") && err.contains("rank 1 did not finish"), "{err}");
+    assert!(
+        err.contains("rank-1-of-2.json") && err.contains("rank 1 did not finish"),
+        "{err}"
+    );
     assert_eq!(resumes_from(tmp.path()), None);
 
     // A shard file cut short after its writer reported it.
     let target = write_sharded_parts(tmp.path(), 30, 2, &layout);
     let shard = target.partial_dir().join("rank-0-of-2.safetensors");
     let len = std::fs::metadata(&shard).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&shard).unwrap().set_len(len - 4).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_len(len - 4)
+        .unwrap();
     let err = commit(&target, &request).unwrap_err().to_string();
-    assert!(err.contains("rank-0-of-2.safetensors") && err.contains("truncated"), "{err}");
+    assert!(
+        err.contains("rank-0-of-2.safetensors") && err.contains("truncated"),
+        "{err}"
+    );
 }

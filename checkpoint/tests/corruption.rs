@@ -48,8 +48,16 @@ fn assert_falls_back(root: &Path, damaged: &Path) -> String {
     assert_loads_onto(checkpoint, &layout(2), 10);
     let messages = found.fallback_messages();
     assert_eq!(messages.len(), 1);
-    assert!(messages[0].contains(&damaged.display().to_string()), "{}", messages[0]);
-    assert!(messages[0].contains("falling back to") && messages[0].contains("step-10"), "{}", messages[0]);
+    assert!(
+        messages[0].contains(&damaged.display().to_string()),
+        "{}",
+        messages[0]
+    );
+    assert!(
+        messages[0].contains("falling back to") && messages[0].contains("step-10"),
+        "{}",
+        messages[0]
+    );
     messages[0].clone()
 }
 
@@ -65,7 +73,12 @@ fn every_kind_of_file_damaged_every_way_is_caught_and_named() {
         (true, "metadata.json"),
     ];
     for &(full, file) in cases {
-        for how in [Damage::Truncate, Damage::FlipHeaderByte, Damage::FlipLastByte, Damage::Delete] {
+        for how in [
+            Damage::Truncate,
+            Damage::FlipHeaderByte,
+            Damage::FlipLastByte,
+            Damage::Delete,
+        ] {
             let (tmp, damaged) = two_checkpoints(full, file, how);
             let err = Checkpoint::open(&tmp.path().join("step-20"), Verify::Checksums).unwrap_err();
             let text = err.to_string();
@@ -88,7 +101,10 @@ fn every_kind_of_file_damaged_every_way_is_caught_and_named() {
 fn errors_say_what_happened() {
     let (tmp, _) = two_checkpoints(false, "rank-1-of-2.safetensors", Damage::FlipLastByte);
     let err = Checkpoint::open(&tmp.path().join("step-20"), Verify::Checksums).unwrap_err();
-    assert!(matches!(err, CheckpointError::ChecksumMismatch { .. }), "{err}");
+    assert!(
+        matches!(err, CheckpointError::ChecksumMismatch { .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("the file is corrupted"), "{err}");
 
     let (tmp, _) = two_checkpoints(false, "rank-0-of-2.safetensors", Damage::Truncate);
@@ -110,7 +126,9 @@ fn a_newer_format_version_is_refused_by_name() {
     let tmp = tempfile::tempdir().unwrap();
     let committed = save_sharded(tmp.path(), 1, 1, &layout(1), 3);
     let path = committed.dir.join("metadata.json");
-    let text = std::fs::read_to_string(&path).unwrap().replace("\"format_version\": 1", "\"format_version\": 99");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("\"format_version\": 1", "\"format_version\": 99");
     std::fs::write(&path, text.as_bytes()).unwrap();
     // Re-seal so that only the version is wrong.
     std::fs::write(
@@ -119,17 +137,32 @@ fn a_newer_format_version_is_refused_by_name() {
     )
     .unwrap();
     let err = Checkpoint::open(&committed.dir, Verify::Checksums).unwrap_err();
-    assert!(matches!(err, CheckpointError::UnsupportedVersion { found: 99, .. }), "{err}");
+    assert!(
+        matches!(err, CheckpointError::UnsupportedVersion { found: 99, .. }),
+        "{err}"
+    );
 }
 
 #[test]
 fn nothing_valid_left_is_an_error_for_explicit_paths_and_a_fresh_start_for_resume() {
     let tmp = tempfile::tempdir().unwrap();
     let committed = save_sharded(tmp.path(), 1, 2, &layout(2), 3);
-    damage(&committed.dir.join("rank-0-of-2.safetensors"), Damage::FlipLastByte);
+    damage(
+        &committed.dir.join("rank-0-of-2.safetensors"),
+        Damage::FlipLastByte,
+    );
     let found = find_latest(tmp.path(), Verify::Checksums).unwrap();
     assert!(found.checkpoint.is_none());
-    assert!(found.fallback_messages()[0].contains("no older checkpoint"), "{:?}", found.fallback_messages());
-    let err = resolve(tmp.path(), Verify::Checksums).unwrap_err().to_string();
-    assert!(err.contains("every checkpoint is damaged") && err.contains("rank-0-of-2.safetensors"), "{err}");
+    assert!(
+        found.fallback_messages()[0].contains("no older checkpoint"),
+        "{:?}",
+        found.fallback_messages()
+    );
+    let err = resolve(tmp.path(), Verify::Checksums)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("every checkpoint is damaged") && err.contains("rank-0-of-2.safetensors"),
+        "{err}"
+    );
 }

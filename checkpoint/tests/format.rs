@@ -4,7 +4,9 @@ mod common;
 
 use common::*;
 use shardrun_checkpoint::naming::{COMPLETE_FILE, LATEST_FILE, METADATA_FILE};
-use shardrun_checkpoint::{find_latest, prune, Checkpoint, FileRole, StateKind, Verify, FORMAT_VERSION};
+use shardrun_checkpoint::{
+    find_latest, prune, Checkpoint, FileRole, StateKind, Verify, FORMAT_VERSION,
+};
 use shardrun_protocol::config::CheckpointFormat;
 
 fn names(dir: &std::path::Path) -> Vec<String> {
@@ -24,20 +26,35 @@ fn sharded_save_writes_one_file_per_rank_and_seals_it() {
     assert_eq!(committed.dir, tmp.path().join("step-10"));
     assert_eq!(
         names(&committed.dir),
-        ["COMPLETE", "metadata.json", "rank-0-of-2.safetensors", "rank-1-of-2.safetensors"]
+        [
+            "COMPLETE",
+            "metadata.json",
+            "rank-0-of-2.safetensors",
+            "rank-1-of-2.safetensors"
+        ]
     );
     assert_eq!(names(tmp.path()), ["latest", "step-10"]);
-    assert_eq!(std::fs::read_to_string(tmp.path().join(LATEST_FILE)).unwrap(), "step-10\n");
+    assert_eq!(
+        std::fs::read_to_string(tmp.path().join(LATEST_FILE)).unwrap(),
+        "step-10\n"
+    );
 
     let checkpoint = Checkpoint::open(&committed.dir, Verify::Checksums).unwrap();
     let meta = checkpoint.metadata();
     assert_eq!(meta.format_version, FORMAT_VERSION);
-    assert_eq!((meta.step, meta.world_size, meta.shard_group_size), (10, 2, 2));
+    assert_eq!(
+        (meta.step, meta.world_size, meta.shard_group_size),
+        (10, 2, 2)
+    );
     assert_eq!(meta.format, CheckpointFormat::Sharded);
     assert_eq!(meta.trainer, trainer(10));
     assert_eq!(meta.layout, layout);
     assert_eq!(checkpoint.rng_for(1, 2), Some(rng(1, 10).as_slice()));
-    assert_eq!(checkpoint.rng_for(1, 3), None, "no per-rank RNG across world sizes");
+    assert_eq!(
+        checkpoint.rng_for(1, 3),
+        None,
+        "no per-rank RNG across world sizes"
+    );
     assert!(meta.file(FileRole::Shard { index: 1 }).is_some());
     assert_loads_onto(&checkpoint, &layout, 10);
 }
@@ -82,7 +99,12 @@ fn full_save_has_pytorch_names_and_shapes() {
     let committed = save_full(tmp.path(), 4, 2, &layout, 3);
     assert_eq!(
         names(&committed.dir),
-        ["COMPLETE", "metadata.json", "model.safetensors", "optimizer.safetensors"]
+        [
+            "COMPLETE",
+            "metadata.json",
+            "model.safetensors",
+            "optimizer.safetensors"
+        ]
     );
     let model = std::fs::read(committed.dir.join("model.safetensors")).unwrap();
     let model = safetensors::SafeTensors::deserialize(&model).unwrap();
@@ -125,6 +147,7 @@ fn a_missing_folder_means_no_checkpoint_yet() {
     let tmp = tempfile::tempdir().unwrap();
     let found = find_latest(&tmp.path().join("nothing"), Verify::Checksums).unwrap();
     assert!(found.checkpoint.is_none() && found.skipped.is_empty());
-    let err = shardrun_checkpoint::resolve(&tmp.path().join("nothing"), Verify::Checksums).unwrap_err();
+    let err =
+        shardrun_checkpoint::resolve(&tmp.path().join("nothing"), Verify::Checksums).unwrap_err();
     assert!(err.to_string().contains("no such folder"), "{err}");
 }

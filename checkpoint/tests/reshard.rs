@@ -35,11 +35,21 @@ fn no_shard_checkpoint_of_three_ranks_is_written_once() {
     let committed = save_sharded(tmp.path(), 2, 3, &layout(1), 2);
     let shards: Vec<_> = std::fs::read_dir(&committed.dir)
         .unwrap()
-        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".safetensors"))
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".safetensors")
+        })
         .collect();
     assert_eq!(shards.len(), 1, "replicas write no file of their own");
     let checkpoint = Checkpoint::open(&committed.dir, Verify::Checksums).unwrap();
-    assert_eq!(checkpoint.metadata().ranks.len(), 3, "every rank's RNG is kept");
+    assert_eq!(
+        checkpoint.metadata().ranks.len(),
+        3,
+        "every rank's RNG is kept"
+    );
     assert_loads_onto(&checkpoint, &layout(4), 2);
 }
 
@@ -69,7 +79,11 @@ fn arbitrary_ranges_read_only_what_they_cover() {
         checkpoint
             .read_unit_range(StateKind::ExpAvg, target, start..end, &mut out)
             .unwrap();
-        assert_eq!(floats(&out), expected[start as usize..end as usize], "{start}..{end}");
+        assert_eq!(
+            floats(&out),
+            expected[start as usize..end as usize],
+            "{start}..{end}"
+        );
     }
 }
 
@@ -82,16 +96,28 @@ fn a_different_model_is_refused_with_the_parameter_named() {
     let mut wider = layout(2);
     wider.units[0].params[2].shape = vec![4, 2];
     let err = checkpoint.check_compatible(&wider).unwrap_err().to_string();
-    assert!(err.contains("norm.weight has shape [8] in the checkpoint and [4, 2]"), "{err}");
+    assert!(
+        err.contains("norm.weight has shape [8] in the checkpoint and [4, 2]"),
+        "{err}"
+    );
 
     let mut renamed = layout(2);
     renamed.units[1].params[0].name = "layers.0.attn_norm.weight".into();
-    let err = checkpoint.check_compatible(&renamed).unwrap_err().to_string();
-    assert!(err.contains("no parameter layers.0.attn_norm.weight"), "{err}");
+    let err = checkpoint
+        .check_compatible(&renamed)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("no parameter layers.0.attn_norm.weight"),
+        "{err}"
+    );
     assert!(err.contains("metadata.json"), "{err}");
 
     let mut fewer = layout(2);
     fewer.units.pop();
     let err = checkpoint.check_compatible(&fewer).unwrap_err().to_string();
-    assert!(err.contains("parameters the model lacks: layers.1."), "{err}");
+    assert!(
+        err.contains("parameters the model lacks: layers.1."),
+        "{err}"
+    );
 }

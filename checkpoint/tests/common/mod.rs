@@ -3,8 +3,9 @@
 #![allow(dead_code)]
 
 use shardrun_checkpoint::{
-    commit_until, write_rank_report, CommitRequest, CommitStage, Committed, DataPosition, FullWriter, Layout,
-    SaveTarget, SchedulerState, ShardWriter, StateDtypes, StateKind, TrainerState, UnitLayout,
+    commit_until, write_rank_report, CommitRequest, CommitStage, Committed, DataPosition,
+    FullWriter, Layout, SaveTarget, SchedulerState, ShardWriter, StateDtypes, StateKind,
+    TrainerState, UnitLayout,
 };
 use shardrun_protocol::config::{CheckpointFormat, DType, ShardingStrategy};
 use std::path::Path;
@@ -64,12 +65,21 @@ pub fn aligned_single_unit_layout(shards: u64) -> Layout {
         .flat_map(|(_, params)| params)
         .map(|(name, shape)| {
             let numel: u64 = shape.iter().product();
-            let slot = shardrun_checkpoint::ParamSlot { name, shape, offset, numel };
+            let slot = shardrun_checkpoint::ParamSlot {
+                name,
+                shape,
+                offset,
+                numel,
+            };
             offset = (offset + numel).next_multiple_of(16);
             slot
         })
         .collect();
-    Layout::new(vec![UnitLayout::with_offsets("model", params, offset, shards).unwrap()]).unwrap()
+    Layout::new(vec![UnitLayout::with_offsets(
+        "model", params, offset, shards,
+    )
+    .unwrap()])
+    .unwrap()
 }
 
 /// The value of element `i` of parameter `name`'s `kind` at training step `step`: distinct
@@ -79,7 +89,10 @@ pub fn value(name: &str, kind: StateKind, i: u64, step: u64) -> f32 {
     for b in name.bytes().chain(kind.as_str().bytes()) {
         h = (h ^ b as u64).wrapping_mul(1099511628211);
     }
-    let x = h.wrapping_add(i.wrapping_mul(2654435761)).wrapping_add(step * 97) % 1_000_003;
+    let x = h
+        .wrapping_add(i.wrapping_mul(2654435761))
+        .wrapping_add(step * 97)
+        % 1_000_003;
     x as f32 / 1000.0 - 500.0
 }
 
@@ -112,7 +125,9 @@ pub fn trainer(step: u64) -> TrainerState {
             step,
             last_lr: 1e-3 / (step + 1) as f64,
         },
-        data: DataPosition { next_sample: step * 16 },
+        data: DataPosition {
+            next_sample: step * 16,
+        },
     }
 }
 
@@ -120,7 +135,13 @@ pub fn rng(rank: u64, step: u64) -> Vec<u8> {
     (0..16).map(|i| (rank * 31 + step * 7 + i) as u8).collect()
 }
 
-pub fn request(format: CheckpointFormat, layout: &Layout, strategy: ShardingStrategy, step: u64, keep: usize) -> CommitRequest {
+pub fn request(
+    format: CheckpointFormat,
+    layout: &Layout,
+    strategy: ShardingStrategy,
+    step: u64,
+    keep: usize,
+) -> CommitRequest {
     CommitRequest {
         format,
         strategy,
@@ -144,9 +165,16 @@ pub fn write_sharded_parts(root: &Path, step: u64, world: u64, layout: &Layout) 
             let mut writer = ShardWriter::create(&target, layout, rank).unwrap();
             for (u, unit) in layout.units.iter().enumerate() {
                 let range = unit.shard_range(rank);
-                let shard = |kind| bytes(&unit_values(unit, kind, step)[range.start as usize..range.end as usize]);
+                let shard = |kind| {
+                    bytes(&unit_values(unit, kind, step)[range.start as usize..range.end as usize])
+                };
                 writer
-                    .write_unit(u, &shard(StateKind::Param), &shard(StateKind::ExpAvg), &shard(StateKind::ExpAvgSq))
+                    .write_unit(
+                        u,
+                        &shard(StateKind::Param),
+                        &shard(StateKind::ExpAvg),
+                        &shard(StateKind::ExpAvgSq),
+                    )
                     .unwrap();
             }
             files.push(writer.finish().unwrap());
@@ -160,10 +188,26 @@ pub fn save_sharded(root: &Path, step: u64, world: u64, layout: &Layout, keep: u
     save_sharded_until(root, step, world, layout, keep, CommitStage::Prune)
 }
 
-pub fn save_sharded_until(root: &Path, step: u64, world: u64, layout: &Layout, keep: usize, last: CommitStage) -> Committed {
+pub fn save_sharded_until(
+    root: &Path,
+    step: u64,
+    world: u64,
+    layout: &Layout,
+    keep: usize,
+    last: CommitStage,
+) -> Committed {
     let target = write_sharded_parts(root, step, world, layout);
-    let strategy = if layout.shard_count() == world { ShardingStrategy::FullShard } else { ShardingStrategy::HybridShard };
-    commit_until(&target, &request(CheckpointFormat::Sharded, layout, strategy, step, keep), last).unwrap()
+    let strategy = if layout.shard_count() == world {
+        ShardingStrategy::FullShard
+    } else {
+        ShardingStrategy::HybridShard
+    };
+    commit_until(
+        &target,
+        &request(CheckpointFormat::Sharded, layout, strategy, step, keep),
+        last,
+    )
+    .unwrap()
 }
 
 /// A full save of `layout` by rank 0 of `world` ranks.
@@ -174,15 +218,30 @@ pub fn save_full(root: &Path, step: u64, world: u64, layout: &Layout, keep: usiz
     for (u, unit) in layout.units.iter().enumerate() {
         let flat = |kind| bytes(&unit_values(unit, kind, step));
         writer
-            .write_unit(u, &flat(StateKind::Param), &flat(StateKind::ExpAvg), &flat(StateKind::ExpAvgSq))
+            .write_unit(
+                u,
+                &flat(StateKind::Param),
+                &flat(StateKind::ExpAvg),
+                &flat(StateKind::ExpAvgSq),
+            )
             .unwrap();
     }
     let mut files = Some(writer.finish().unwrap());
     for rank in 0..world {
-        let mine = if rank == 0 { files.take().unwrap() } else { Vec::new() };
+        let mine = if rank == 0 {
+            files.take().unwrap()
+        } else {
+            Vec::new()
+        };
         write_rank_report(&target, rank, rng(rank, step), mine).unwrap();
     }
-    let request = request(CheckpointFormat::Full, layout, ShardingStrategy::FullShard, step, keep);
+    let request = request(
+        CheckpointFormat::Full,
+        layout,
+        ShardingStrategy::FullShard,
+        step,
+        keep,
+    );
     shardrun_checkpoint::commit(&target, &request).unwrap()
 }
 
