@@ -10,9 +10,12 @@ use shardrun_checkpoint::{
 use shardrun_protocol::config::{CheckpointFormat, DType, ShardingStrategy};
 use std::path::Path;
 
+/// A unit's name and its parameters' names and shapes.
+pub type UnitParams = (String, Vec<(String, Vec<u64>)>);
+
 /// Parameters of the FSDP2-example transformer (dim 8, vocab 32, 2 layers), grouped into
 /// units the way the block wrap policy does: one per block, and the rest in the root.
-pub fn transformer_units() -> Vec<(String, Vec<(String, Vec<u64>)>)> {
+pub fn transformer_units() -> Vec<UnitParams> {
     let (dim, vocab, seq) = (8u64, 32u64, 16u64);
     let mut units = vec![(
         "root".to_string(),
