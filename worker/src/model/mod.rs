@@ -13,6 +13,7 @@ use shardrun_protocol::config::ModelConfig;
 use std::collections::HashMap;
 use tch::{Kind, Tensor};
 
+
 /// How a parameter is initialised: PyTorch's module defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Init {
@@ -45,27 +46,49 @@ impl ParamSpec {
         self.name.rsplit_once('.').map_or("", |(module, _)| module)
     }
 
-    /// This parameter's initial value. Each parameter draws from its own generator seeded by
-    /// (seed, name), so the weights do not depend on world size, sharding or init order.
+    /// This parameter's initial value. Each parameter draws from its own stream seeded by
+    /// (seed, name), so the weights do not depend on world size, sharding, init order or
+    /// threads (torch's global generator would be shared state).
     pub fn initial_value(&self, seed: u64) -> Tensor {
-        tch::manual_seed(param_seed(seed, &self.name));
-        let mut t = Tensor::empty(self.shape.as_slice(), (Kind::Float, tch::Device::Cpu));
-        tch::no_grad(|| match self.init {
-            Init::Uniform(bound) => t.uniform_(-bound, bound),
-            Init::Normal(std) => t.normal_(0.0, std),
-            Init::Ones => t.fill_(1.0),
-            Init::Zeros => t.fill_(0.0),
-        })
+        let n = self.numel() as usize;
+        let mut rng = ParamRng(param_seed(seed, &self.name));
+        let values: Vec<f32> = match self.init {
+            Init::Uniform(bound) => (0..n).map(|_| ((2.0 * rng.unit() - 1.0) * bound) as f32).collect(),
+            Init::Normal(std) => (0..n).map(|_| (rng.normal() * std) as f32).collect(),
+            Init::Ones => vec![1.0; n],
+            Init::Zeros => vec![0.0; n],
+        };
+        Tensor::from_slice(&values).view(self.shape.as_slice())
     }
 }
 
-fn param_seed(seed: u64, name: &str) -> i64 {
-    // FNV-1a over the name, mixed with the seed by splitmix64.
+fn param_seed(seed: u64, name: &str) -> u64 {
+    // FNV-1a over the name, mixed with the seed.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in name.bytes() {
         h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
     }
-    (crate::data::splitmix64(seed ^ h) >> 1) as i64
+    crate::data::splitmix64(seed ^ h)
+}
+
+/// A splitmix64 stream: uniform doubles in [0, 1) and Box-Muller normals.
+struct ParamRng(u64);
+
+impl ParamRng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        crate::data::splitmix64(self.0)
+    }
+
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn normal(&mut self) -> f64 {
+        let u1 = 1.0 - self.unit(); // (0, 1]: ln stays finite
+        let u2 = self.unit();
+        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+    }
 }
 
 /// One graph-cut piece of forward.
