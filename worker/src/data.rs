@@ -13,11 +13,23 @@ use tch::{Kind, Tensor};
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
     #[error("cannot read token file {path}: {source}. Check `data.path` in the job spec")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("token file {path} holds {tokens} tokens; a sample needs {needed} (seq_len + 1)")]
-    TooShort { path: PathBuf, tokens: u64, needed: u64 },
+    TooShort {
+        path: PathBuf,
+        tokens: u64,
+        needed: u64,
+    },
     #[error("token file {path} has token id {token} at position {position}, but the model's vocab_size is {vocab}")]
-    TokenOutOfRange { path: PathBuf, token: u16, position: u64, vocab: u64 },
+    TokenOutOfRange {
+        path: PathBuf,
+        token: u16,
+        position: u64,
+        vocab: u64,
+    },
     #[error("a token file feeds a transformer, not the MLP")]
     TokenFileForMlp,
 }
@@ -41,7 +53,12 @@ enum Source {
     /// Arithmetic token sequences `t[j+1] = (t[j] + stride) mod vocab` with a random start and
     /// stride per sample: random-looking, yet learnable, so a falling loss means training works.
     SyntheticTokens { vocab: u64 },
-    TokenFile { path: PathBuf, file: std::fs::File, tokens: u64, vocab: u64 },
+    TokenFile {
+        path: PathBuf,
+        file: std::fs::File,
+        tokens: u64,
+        vocab: u64,
+    },
     /// Seed 000's MLP data: inputs and targets uniform in [-1, 1).
     SyntheticVectors { input_dim: u64, output_dim: u64 },
 }
@@ -59,23 +76,47 @@ impl Dataset {
             (DataConfig::Synthetic { .. }, ModelConfig::Transformer { vocab_size, .. }) => {
                 Source::SyntheticTokens { vocab: *vocab_size }
             }
-            (DataConfig::Synthetic { .. }, ModelConfig::Mlp { input_dim, output_dim, .. }) => {
-                Source::SyntheticVectors { input_dim: *input_dim, output_dim: *output_dim }
-            }
+            (
+                DataConfig::Synthetic { .. },
+                ModelConfig::Mlp {
+                    input_dim,
+                    output_dim,
+                    ..
+                },
+            ) => Source::SyntheticVectors {
+                input_dim: *input_dim,
+                output_dim: *output_dim,
+            },
             (DataConfig::TokenFile { path, .. }, ModelConfig::Transformer { vocab_size, .. }) => {
-                let io = |source| DataError::Io { path: path.clone(), source };
+                let io = |source| DataError::Io {
+                    path: path.clone(),
+                    source,
+                };
                 let file = std::fs::File::open(path).map_err(io)?;
                 let tokens = file.metadata().map_err(io)?.len() / 2;
                 if tokens < seq_len + 1 {
-                    return Err(DataError::TooShort { path: path.clone(), tokens, needed: seq_len + 1 });
+                    return Err(DataError::TooShort {
+                        path: path.clone(),
+                        tokens,
+                        needed: seq_len + 1,
+                    });
                 }
-                Source::TokenFile { path: path.clone(), file, tokens, vocab: *vocab_size }
+                Source::TokenFile {
+                    path: path.clone(),
+                    file,
+                    tokens,
+                    vocab: *vocab_size,
+                }
             }
             (DataConfig::TokenFile { .. }, ModelConfig::Mlp { .. }) => {
                 return Err(DataError::TokenFileForMlp)
             }
         };
-        Ok(Dataset { source, seed: config.seed, seq_len })
+        Ok(Dataset {
+            source,
+            seed: config.seed,
+            seq_len,
+        })
     }
 
     /// Samples `first .. first + count` of the job, stacked into one batch.
@@ -88,11 +129,17 @@ impl Dataset {
                     let h = splitmix64(self.seed ^ splitmix64(i));
                     let start = h % vocab;
                     let stride = 1 + splitmix64(h) % 7;
-                    tokens.extend((0..=self.seq_len).map(|j| ((start + j * stride) % vocab) as i64));
+                    tokens
+                        .extend((0..=self.seq_len).map(|j| ((start + j * stride) % vocab) as i64));
                 }
                 Ok(self.token_batch(tokens, n))
             }
-            Source::TokenFile { path, file, tokens: total, vocab } => {
+            Source::TokenFile {
+                path,
+                file,
+                tokens: total,
+                vocab,
+            } => {
                 let window = (self.seq_len + 1) as usize;
                 let mut tokens = Vec::with_capacity(count as usize * window);
                 let mut bytes = vec![0u8; window * 2];
@@ -102,7 +149,10 @@ impl Dataset {
                     let head = (window as u64).min(total - start) as usize;
                     let read = |buf: &mut [u8], at: u64| {
                         file.read_exact_at(buf, at * 2)
-                            .map_err(|source| DataError::Io { path: path.clone(), source })
+                            .map_err(|source| DataError::Io {
+                                path: path.clone(),
+                                source,
+                            })
                     };
                     read(&mut bytes[..head * 2], start)?;
                     read(&mut bytes[head * 2..], 0)?;
@@ -121,7 +171,10 @@ impl Dataset {
                 }
                 Ok(self.token_batch(tokens, n))
             }
-            Source::SyntheticVectors { input_dim, output_dim } => {
+            Source::SyntheticVectors {
+                input_dim,
+                output_dim,
+            } => {
                 let uniform = |state: &mut u64| {
                     *state = splitmix64(*state);
                     ((*state >> 40) as f32) / (1u64 << 24) as f32 * 2.0 - 1.0
@@ -144,7 +197,10 @@ impl Dataset {
     fn token_batch(&self, tokens: Vec<i64>, n: i64) -> Batch {
         let seq = self.seq_len as i64;
         let all = Tensor::from_slice(&tokens).view([n, seq + 1]);
-        Batch { inputs: all.narrow(1, 0, seq).contiguous(), targets: all.narrow(1, 1, seq).contiguous() }
+        Batch {
+            inputs: all.narrow(1, 0, seq).contiguous(),
+            targets: all.narrow(1, 1, seq).contiguous(),
+        }
     }
 }
 
@@ -155,7 +211,10 @@ pub fn first_sample(micro: u64, batch_per_device: u64, world_size: u64, rank: u6
 
 impl Batch {
     pub fn to_device(&self, device: tch::Device) -> Batch {
-        Batch { inputs: self.inputs.to_device(device), targets: self.targets.to_device(device) }
+        Batch {
+            inputs: self.inputs.to_device(device),
+            targets: self.targets.to_device(device),
+        }
     }
 
     /// Inputs cast for a model whose floating inputs run in `kind` (token ids stay integers).

@@ -23,7 +23,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 #[derive(Debug, Parser)]
-#[command(name = "shardrun-worker", version, about = "One rank of a shardrun FSDP training job.")]
+#[command(
+    name = "shardrun-worker",
+    version,
+    about = "One rank of a shardrun FSDP training job."
+)]
 struct Args {
     /// Resolved training config (JSON, as the orchestrator writes `train_config.json`).
     #[arg(long, env = env::CONFIG_FILE)]
@@ -53,7 +57,8 @@ fn run() -> Result<()> {
     let rank_env = RankEnv::from_env()?;
 
     if args.reference {
-        let reporter = StdoutReporter::new(0, args.metrics_file.clone()).context("cannot open the metrics file")?;
+        let reporter = StdoutReporter::new(0, args.metrics_file.clone())
+            .context("cannot open the metrics file")?;
         let params = reference::train_reference(&config, &reporter)?;
         if let Some(path) = &args.dump_params {
             params_file::write(path, &params)?;
@@ -73,26 +78,43 @@ fn run() -> Result<()> {
         }
     }
     if outcome.preempted {
-        reporter.log(shardrun_protocol::messages::LogLevel::Info, "stopped early for preemption");
+        reporter.log(
+            shardrun_protocol::messages::LogLevel::Info,
+            "stopped early for preemption",
+        );
     }
     Ok(())
 }
 
 fn load_config(path: &std::path::Path) -> Result<TrainConfig> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read the config {}: pass --config or set {}", path.display(), env::CONFIG_FILE))?;
-    serde_json::from_str(&text).with_context(|| format!("{} is not a valid resolved training config", path.display()))
+    let text = std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "cannot read the config {}: pass --config or set {}",
+            path.display(),
+            env::CONFIG_FILE
+        )
+    })?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a valid resolved training config", path.display()))
 }
 
 /// Joins the job's world: where reports go and the world communicator.
-fn connect_world(rank_env: &RankEnv, args: &Args) -> Result<(Arc<dyn Reporter>, Arc<dyn Communicator>)> {
+fn connect_world(
+    rank_env: &RankEnv,
+    args: &Args,
+) -> Result<(Arc<dyn Reporter>, Arc<dyn Communicator>)> {
     if std::env::var_os(env::CONTROLLER_ADDR).is_some() {
         // wip-c's controller client plugs in here: it registers, receives StartInfo, and the
         // collectives are built from StartInfo's peer addresses.
-        bail!("{} is set but this build has no controller client yet", env::CONTROLLER_ADDR);
+        bail!(
+            "{} is set but this build has no controller client yet",
+            env::CONTROLLER_ADDR
+        );
     }
-    let reporter: Arc<dyn Reporter> =
-        Arc::new(StdoutReporter::new(rank_env.rank, args.metrics_file.clone()).context("cannot open the metrics file")?);
+    let reporter: Arc<dyn Reporter> = Arc::new(
+        StdoutReporter::new(rank_env.rank, args.metrics_file.clone())
+            .context("cannot open the metrics file")?,
+    );
     let world = standalone_world(rank_env)?;
     Ok((reporter, world))
 }
@@ -105,5 +127,8 @@ fn standalone_world(rank_env: &RankEnv) -> Result<Arc<dyn Communicator>> {
 /// The (shard, replicate) groups of the configured strategy (see `fsdp::groups`).
 fn process_groups(config: &TrainConfig, world: Arc<dyn Communicator>) -> Result<ProcessGroups> {
     let _ = config.fsdp.strategy == ShardingStrategy::HybridShard;
-    bail!("subgroups pending (wip-b1) for world of {}", world.world_size())
+    bail!(
+        "subgroups pending (wip-b1) for world of {}",
+        world.world_size()
+    )
 }

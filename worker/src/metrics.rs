@@ -5,11 +5,19 @@ use tch::Device;
 
 /// Peak resident set size of this process (`VmHWM`), in bytes.
 pub fn peak_rss_bytes() -> u64 {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return 0 };
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return 0;
+    };
     status
         .lines()
         .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
         .map_or(0, |kib| kib * 1024)
 }
 
@@ -24,7 +32,10 @@ pub fn peak_memory_bytes(device: Device) -> u64 {
 /// Peak dense FLOP/s of the GPU for `bf16` (or fp32) work, from its name
 /// (`nvidia-smi`), overridable with `SHARDRUN_PEAK_TFLOPS`. `None` when unknown.
 pub fn gpu_peak_flops(low_precision: bool) -> Option<f64> {
-    if let Some(tflops) = std::env::var("SHARDRUN_PEAK_TFLOPS").ok().and_then(|v| v.parse::<f64>().ok()) {
+    if let Some(tflops) = std::env::var("SHARDRUN_PEAK_TFLOPS")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+    {
         return Some(tflops * 1e12);
     }
     let output = std::process::Command::new("nvidia-smi")
@@ -53,6 +64,9 @@ mod tests {
     #[test]
     fn peak_rss_is_read_from_proc() {
         let rss = super::peak_rss_bytes();
-        assert!(rss > 1 << 20, "VmHWM of a running test process is above 1 MiB, got {rss}");
+        assert!(
+            rss > 1 << 20,
+            "VmHWM of a running test process is above 1 MiB, got {rss}"
+        );
     }
 }

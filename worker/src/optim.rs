@@ -12,7 +12,10 @@ pub struct AdamWState {
 
 impl AdamWState {
     pub fn zeros_like(param: &Tensor) -> Self {
-        AdamWState { exp_avg: param.zeros_like(), exp_avg_sq: param.zeros_like() }
+        AdamWState {
+            exp_avg: param.zeros_like(),
+            exp_avg_sq: param.zeros_like(),
+        }
     }
 
     pub fn bytes(&self) -> u64 {
@@ -34,7 +37,9 @@ pub fn adamw_step(
         let _ = param.g_mul_scalar_(1.0 - lr * config.weight_decay);
         let _ = state.exp_avg.lerp_(grad, 1.0 - config.beta1);
         let _ = state.exp_avg_sq.g_mul_scalar_(config.beta2);
-        let _ = state.exp_avg_sq.addcmul_(&(grad * (1.0 - config.beta2)), grad);
+        let _ = state
+            .exp_avg_sq
+            .addcmul_(&(grad * (1.0 - config.beta2)), grad);
         let bias_correction1 = 1.0 - config.beta1.powi(step as i32);
         let bias_correction2_sqrt = (1.0 - config.beta2.powi(step as i32)).sqrt();
         let step_size = lr / bias_correction1;

@@ -16,7 +16,10 @@ use tch::{Kind, Tensor};
 
 /// Trains `config` in one process on the whole global batch; returns the final parameters
 /// in model order.
-pub fn train_reference(config: &TrainConfig, reporter: &dyn Reporter) -> Result<Vec<(String, Tensor)>, TrainError> {
+pub fn train_reference(
+    config: &TrainConfig,
+    reporter: &dyn Reporter,
+) -> Result<Vec<(String, Tensor)>, TrainError> {
     let mp = &config.fsdp.mixed_precision;
     if mp.param_dtype != DType::F32 || mp.reduce_dtype != DType::F32 {
         return Err(TrainError::Config(
@@ -28,10 +31,19 @@ pub fn train_reference(config: &TrainConfig, reporter: &dyn Reporter) -> Result<
     let specs = model.params();
     let params: HashMap<String, Tensor> = specs
         .iter()
-        .map(|s| (s.name.clone(), s.initial_value(config.seed).to_device(device).set_requires_grad(true)))
+        .map(|s| {
+            (
+                s.name.clone(),
+                s.initial_value(config.seed)
+                    .to_device(device)
+                    .set_requires_grad(true),
+            )
+        })
         .collect();
-    let mut states: HashMap<String, AdamWState> =
-        params.iter().map(|(name, p)| (name.clone(), AdamWState::zeros_like(&p.detach()))).collect();
+    let mut states: HashMap<String, AdamWState> = params
+        .iter()
+        .map(|(name, p)| (name.clone(), AdamWState::zeros_like(&p.detach())))
+        .collect();
     let dataset = Dataset::new(config)?;
     let schedule = Schedule::new(config.optimizer.lr, config.schedule.clone(), config.steps);
     // The whole global micro-batch at once: every rank's samples.
@@ -42,17 +54,36 @@ pub fn train_reference(config: &TrainConfig, reporter: &dyn Reporter) -> Result<
         let lr = schedule.lr(step);
         let mut loss_sum = 0.0;
         for m in 0..accum {
-            let batch = dataset.samples(first_sample(step * accum + m, global_batch, 1, 0), global_batch)?.to_device(device);
-            let loss = model::forward(model.as_ref(), &Params::new(&params), &batch.inputs, &batch.targets);
+            let batch = dataset
+                .samples(
+                    first_sample(step * accum + m, global_batch, 1, 0),
+                    global_batch,
+                )?
+                .to_device(device);
+            let loss = model::forward(
+                model.as_ref(),
+                &Params::new(&params),
+                &batch.inputs,
+                &batch.targets,
+            );
             loss_sum += loss.double_value(&[]);
             (loss / accum as f64).backward();
         }
         let grad_norm = specs
             .iter()
-            .map(|s| params[&s.name].grad().square().sum(Kind::Double).double_value(&[]))
+            .map(|s| {
+                params[&s.name]
+                    .grad()
+                    .square()
+                    .sum(Kind::Double)
+                    .double_value(&[])
+            })
             .sum::<f64>()
             .sqrt();
-        let coef = config.optimizer.grad_clip.map_or(1.0, |max| max / (grad_norm + 1e-6));
+        let coef = config
+            .optimizer
+            .grad_clip
+            .map_or(1.0, |max| max / (grad_norm + 1e-6));
         for spec in &specs {
             let mut p = params[&spec.name].shallow_clone();
             let mut grad = p.grad();
@@ -79,8 +110,18 @@ pub fn train_reference(config: &TrainConfig, reporter: &dyn Reporter) -> Result<
             loss_scale: None,
         });
         if (step + 1) % config.log_every.max(1) == 0 {
-            reporter.log(LogLevel::Info, &format!("reference step {}/{} | loss {loss:.4} | grad norm {grad_norm:.3}", step + 1, config.steps));
+            reporter.log(
+                LogLevel::Info,
+                &format!(
+                    "reference step {}/{} | loss {loss:.4} | grad norm {grad_norm:.3}",
+                    step + 1,
+                    config.steps
+                ),
+            );
         }
     }
-    Ok(specs.iter().map(|s| (s.name.clone(), params[&s.name].detach())).collect())
+    Ok(specs
+        .iter()
+        .map(|s| (s.name.clone(), params[&s.name].detach()))
+        .collect())
 }

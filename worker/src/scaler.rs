@@ -14,7 +14,13 @@ pub struct LossScaler {
 
 impl Default for LossScaler {
     fn default() -> Self {
-        LossScaler { scale: 65536.0, growth_tracker: 0, growth_factor: 2.0, backoff_factor: 0.5, growth_interval: 2000 }
+        LossScaler {
+            scale: 65536.0,
+            growth_tracker: 0,
+            growth_factor: 2.0,
+            backoff_factor: 0.5,
+            growth_interval: 2000,
+        }
     }
 }
 
@@ -40,7 +46,10 @@ mod tests {
 
     #[test]
     fn backs_off_on_overflow_and_grows_after_the_interval() {
-        let mut s = LossScaler { growth_interval: 2, ..LossScaler::default() };
+        let mut s = LossScaler {
+            growth_interval: 2,
+            ..LossScaler::default()
+        };
         s.update(true);
         assert_eq!(s.scale, 32768.0);
         s.update(false);

@@ -12,7 +12,11 @@ pub struct Schedule {
 
 impl Schedule {
     pub fn new(peak: f64, config: LrSchedule, total_steps: u64) -> Self {
-        Schedule { peak, config, total_steps }
+        Schedule {
+            peak,
+            config,
+            total_steps,
+        }
     }
 
     /// Learning rate of optimizer step `step` (0-based).
@@ -23,8 +27,11 @@ impl Schedule {
         }
         let min = self.peak * self.config.min_lr_ratio;
         let decay_steps = self.total_steps.saturating_sub(1).saturating_sub(warmup);
-        let progress =
-            if decay_steps == 0 { 1.0 } else { ((step - warmup) as f64 / decay_steps as f64).min(1.0) };
+        let progress = if decay_steps == 0 {
+            1.0
+        } else {
+            ((step - warmup) as f64 / decay_steps as f64).min(1.0)
+        };
         match self.config.decay {
             LrDecay::Constant => self.peak,
             LrDecay::Linear => self.peak - (self.peak - min) * progress,
@@ -40,7 +47,15 @@ mod tests {
     use super::*;
 
     fn schedule(decay: LrDecay) -> Schedule {
-        Schedule::new(1.0, LrSchedule { warmup_steps: 2, decay, min_lr_ratio: 0.1 }, 12)
+        Schedule::new(
+            1.0,
+            LrSchedule {
+                warmup_steps: 2,
+                decay,
+                min_lr_ratio: 0.1,
+            },
+            12,
+        )
     }
 
     #[test]

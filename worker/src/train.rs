@@ -96,7 +96,11 @@ pub struct TrainOutcome {
 }
 
 impl Trainer {
-    pub fn new(config: TrainConfig, groups: ProcessGroups, reporter: Arc<dyn Reporter>) -> Result<Trainer, TrainError> {
+    pub fn new(
+        config: TrainConfig,
+        groups: ProcessGroups,
+        reporter: Arc<dyn Reporter>,
+    ) -> Result<Trainer, TrainError> {
         let world = groups.world.world_size() as u64;
         if config.batch.world_size != world {
             return Err(TrainError::Config(format!(
@@ -121,7 +125,17 @@ impl Trainer {
         let dataset = Dataset::new(&config)?;
         let schedule = Schedule::new(config.optimizer.lr, config.schedule.clone(), config.steps);
         let scaler = (mp.param_dtype == DType::F16).then(LossScaler::default);
-        Ok(Trainer { config, engine, dataset, schedule, scaler, reporter, rank, device, step: 0 })
+        Ok(Trainer {
+            config,
+            engine,
+            dataset,
+            schedule,
+            scaler,
+            reporter,
+            rank,
+            device,
+            step: 0,
+        })
     }
 
     pub fn engine(&self) -> &FsdpEngine {
@@ -161,29 +175,60 @@ impl Trainer {
     }
 
     fn world_all_reduce(&self, value: f64, op: ReduceOp) -> Result<f64, TrainError> {
-        Ok(all_reduce_scalar(self.engine.groups().world.as_ref(), self.device, value, op)?)
+        Ok(all_reduce_scalar(
+            self.engine.groups().world.as_ref(),
+            self.device,
+            value,
+            op,
+        )?)
     }
 
     /// Trains until `config.steps` or an agreed preemption.
-    pub fn run(&mut self, mut hook: Option<&mut dyn CheckpointHook>) -> Result<TrainOutcome, TrainError> {
+    pub fn run(
+        &mut self,
+        mut hook: Option<&mut dyn CheckpointHook>,
+    ) -> Result<TrainOutcome, TrainError> {
         let cfg = self.config.clone();
-        let (b, accum, world) = (cfg.batch.batch_size_per_device, cfg.batch.grad_accum_steps, cfg.batch.world_size);
+        let (b, accum, world) = (
+            cfg.batch.batch_size_per_device,
+            cfg.batch.grad_accum_steps,
+            cfg.batch.world_size,
+        );
         let tokens_per_step = cfg.tokens_per_step() as f64;
         let seq_len = cfg.data.sequence_length(&cfg.model);
         let low_precision = cfg.fsdp.mixed_precision.param_dtype != DType::F32;
-        let peak_flops = matches!(self.device, Device::Cuda(_)).then(|| metrics::gpu_peak_flops(low_precision)).flatten();
+        let peak_flops = matches!(self.device, Device::Cuda(_))
+            .then(|| metrics::gpu_peak_flops(low_precision))
+            .flatten();
         let (mut first_loss, mut last_loss) = (None, f64::NAN);
         let mut throughput = Vec::new();
         let mut preempted = false;
-        self.log(LogLevel::Info, &format!(
-            "training {} for {} steps: {:?} over {world} rank(s), {} parameters, {} unit(s)",
-            cfg.name, cfg.steps, cfg.fsdp.strategy, cfg.model.num_params(), self.engine.layouts().len()
-        ));
+        self.log(
+            LogLevel::Info,
+            &format!(
+                "training {} for {} steps: {:?} over {world} rank(s), {} parameters, {} unit(s)",
+                cfg.name,
+                cfg.steps,
+                cfg.fsdp.strategy,
+                cfg.model.num_params(),
+                self.engine.layouts().len()
+            ),
+        );
         while self.step < cfg.steps {
             // Ranks act on preemption only together, at the same step boundary.
-            let wants = if self.reporter.preempt_requested() { 1.0 } else { 0.0 };
+            let wants = if self.reporter.preempt_requested() {
+                1.0
+            } else {
+                0.0
+            };
             if self.world_all_reduce(wants, ReduceOp::Max)? > 0.0 {
-                self.log(LogLevel::Warn, &format!("preemption requested: checkpointing after step {}", self.step));
+                self.log(
+                    LogLevel::Warn,
+                    &format!(
+                        "preemption requested: checkpointing after step {}",
+                        self.step
+                    ),
+                );
                 self.save(&mut hook, SaveReason::Preempt)?;
                 preempted = true;
                 break;
@@ -195,16 +240,25 @@ impl Trainer {
             let mut local_loss = 0.0;
             for m in 0..accum {
                 let micro = step * accum + m;
-                let batch = self.dataset.samples(first_sample(micro, b, world, self.rank), b)?.to_device(self.device);
-                local_loss += self.engine.forward_backward(&batch, scale / accum as f64, m + 1 == accum)?;
+                let batch = self
+                    .dataset
+                    .samples(first_sample(micro, b, world, self.rank), b)?
+                    .to_device(self.device);
+                local_loss +=
+                    self.engine
+                        .forward_backward(&batch, scale / accum as f64, m + 1 == accum)?;
             }
             let loss = self.world_all_reduce(local_loss / accum as f64, ReduceOp::Avg)?;
 
             let mut skipped = false;
             if let Some(scaler) = self.scaler.as_mut() {
                 let local_inf = if self.engine.grads_finite() { 0.0 } else { 1.0 };
-                let found_inf =
-                    all_reduce_scalar(self.engine.groups().world.as_ref(), self.device, local_inf, ReduceOp::Max)? > 0.0;
+                let found_inf = all_reduce_scalar(
+                    self.engine.groups().world.as_ref(),
+                    self.device,
+                    local_inf,
+                    ReduceOp::Max,
+                )? > 0.0;
                 scaler.update(found_inf);
                 if found_inf {
                     skipped = true;
@@ -236,7 +290,7 @@ impl Trainer {
             throughput.push(tokens_per_s);
             first_loss.get_or_insert(loss);
             last_loss = loss;
-            if self.step % cfg.log_every.max(1) == 0 || self.step == cfg.steps {
+            if self.step.is_multiple_of(cfg.log_every.max(1)) || self.step == cfg.steps {
                 let record = StepMetrics {
                     rank: self.rank,
                     step: self.step,
@@ -245,7 +299,9 @@ impl Trainer {
                     grad_norm,
                     step_time_s: step_time,
                     tokens_per_s,
-                    mfu: peak_flops.map(|peak| metrics::mfu(&cfg.model, seq_len, tokens_per_s / world as f64, peak)),
+                    mfu: peak_flops.map(|peak| {
+                        metrics::mfu(&cfg.model, seq_len, tokens_per_s / world as f64, peak)
+                    }),
                     model_state_bytes: self.engine.model_state_bytes(),
                     peak_memory_bytes: metrics::peak_memory_bytes(self.device),
                     loss_scale: self.scaler.as_ref().map(|s| s.scale),
@@ -253,7 +309,12 @@ impl Trainer {
                 self.reporter.metrics(&record);
                 self.log(LogLevel::Info, &format_metrics(&record, cfg.steps));
             }
-            if cfg.checkpoint.interval_steps.is_some_and(|n| n > 0 && self.step % n == 0) && self.step < cfg.steps {
+            if cfg
+                .checkpoint
+                .interval_steps
+                .is_some_and(|n| n > 0 && self.step.is_multiple_of(n))
+                && self.step < cfg.steps
+            {
                 self.save(&mut hook, SaveReason::Interval)?;
             }
         }
@@ -268,10 +329,17 @@ impl Trainer {
         Ok(TrainOutcome { summary, preempted })
     }
 
-    fn save(&mut self, hook: &mut Option<&mut dyn CheckpointHook>, reason: SaveReason) -> Result<(), TrainError> {
+    fn save(
+        &mut self,
+        hook: &mut Option<&mut dyn CheckpointHook>,
+        reason: SaveReason,
+    ) -> Result<(), TrainError> {
         let Some(hook) = hook.as_mut() else {
             if reason == SaveReason::Preempt {
-                self.log(LogLevel::Warn, "no checkpoint directory configured: stopping without a checkpoint");
+                self.log(
+                    LogLevel::Warn,
+                    "no checkpoint directory configured: stopping without a checkpoint",
+                );
             }
             return Ok(());
         };
@@ -284,7 +352,11 @@ impl Trainer {
     fn summary(&self, first_loss: f64, last_loss: f64, throughput: &[f64]) -> TrainSummary {
         let cfg = &self.config;
         // Skip the first step (warm-up allocations) in the mean when there are others.
-        let steady = if throughput.len() > 1 { &throughput[1..] } else { throughput };
+        let steady = if throughput.len() > 1 {
+            &throughput[1..]
+        } else {
+            throughput
+        };
         TrainSummary {
             strategy: strategy_name(cfg.fsdp.strategy).to_string(),
             world_size: cfg.batch.world_size,
@@ -334,7 +406,8 @@ pub fn format_metrics(m: &StepMetrics, steps: u64) -> String {
 
 /// The end-of-training milestone, like seed 001's expected output.
 pub fn format_summary(s: &TrainSummary) -> String {
-    let savings = 100.0 * (1.0 - s.model_state_bytes_per_rank as f64 / s.unsharded_model_state_bytes.max(1) as f64);
+    let savings = 100.0
+        * (1.0 - s.model_state_bytes_per_rank as f64 / s.unsharded_model_state_bytes.max(1) as f64);
     let rule = "=".repeat(60);
     format!(
         "\n{rule}\nFSDP training complete\nSharding strategy: {} ({} rank(s), {} steps)\n\

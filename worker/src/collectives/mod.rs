@@ -21,7 +21,11 @@ pub enum ReduceOp {
 #[derive(Debug, thiserror::Error)]
 pub enum CommError {
     #[error("peer rank {rank} ({addr}) {what}")]
-    Peer { rank: usize, addr: String, what: String },
+    Peer {
+        rank: usize,
+        addr: String,
+        what: String,
+    },
     #[error("collective timed out after {secs} s waiting for rank {rank}")]
     Timeout { rank: usize, secs: u64 },
     #[error("invalid collective call: {0}")]
@@ -59,8 +63,12 @@ pub trait Communicator: Send + Sync {
     fn all_gather(&self, input: &Tensor, output: &Tensor) -> Result<Work, CommError>;
     /// `input` has world_size × output.numel() elements; `output` receives this rank's chunk
     /// of the element-wise reduction of all ranks' inputs.
-    fn reduce_scatter(&self, input: &Tensor, output: &Tensor, op: ReduceOp)
-        -> Result<Work, CommError>;
+    fn reduce_scatter(
+        &self,
+        input: &Tensor,
+        output: &Tensor,
+        op: ReduceOp,
+    ) -> Result<Work, CommError>;
     /// In place.
     fn all_reduce(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work, CommError>;
     /// In place: every rank's `tensor` becomes `root`'s.

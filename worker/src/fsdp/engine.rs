@@ -46,7 +46,10 @@ pub struct UnitShardState {
 /// What forward keeps of a segment for its backward.
 enum Saved {
     /// The segment's graph: its (detached, requires-grad) input and its output.
-    Graph { input: Option<Tensor>, output: Tensor },
+    Graph {
+        input: Option<Tensor>,
+        output: Tensor,
+    },
     /// Activation checkpointing: only the input; backward recomputes the forward.
     Checkpoint { input: Tensor },
 }
@@ -113,7 +116,10 @@ impl FsdpEngine {
                 .iter()
                 .map(|name| {
                     location.get(name).copied().ok_or_else(|| {
-                        FsdpError::Invalid(format!("segment {} reads unknown parameter {name}", segment.name))
+                        FsdpError::Invalid(format!(
+                            "segment {} reads unknown parameter {name}",
+                            segment.name
+                        ))
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
@@ -137,7 +143,13 @@ impl FsdpEngine {
         }
         let param_map = units
             .iter()
-            .flat_map(|u| u.layout.params.iter().zip(&u.params).map(|(p, t)| (p.name.clone(), t.shallow_clone())))
+            .flat_map(|u| {
+                u.layout
+                    .params
+                    .iter()
+                    .zip(&u.params)
+                    .map(|(p, t)| (p.name.clone(), t.shallow_clone()))
+            })
             .collect();
         Ok(FsdpEngine {
             model,
@@ -164,7 +176,10 @@ impl FsdpEngine {
     }
 
     fn reshards_after_forward(&self) -> bool {
-        matches!(self.options.strategy, ShardingStrategy::FullShard | ShardingStrategy::HybridShard)
+        matches!(
+            self.options.strategy,
+            ShardingStrategy::FullShard | ShardingStrategy::HybridShard
+        )
     }
 
     /// Gathers what `visit` reads, prefetching the next visits' units within the limit.
@@ -176,8 +191,9 @@ impl FsdpEngine {
         }
         if self.options.prefetch {
             let limit = self.options.max_gathers_in_flight.max(1);
-            let mut in_flight =
-                (0..self.units.len()).filter(|u| !needed.contains(u) && self.units[*u].is_in_flight()).count();
+            let mut in_flight = (0..self.units.len())
+                .filter(|u| !needed.contains(u) && self.units[*u].is_in_flight())
+                .count();
             let last_visit = 2 * self.segments.len();
             for next in visit + 1..(visit + 1 + limit).min(last_visit) {
                 for u in self.segment_units[self.segment_of_visit(next)].clone() {
@@ -218,7 +234,11 @@ impl FsdpEngine {
         // FULL_SHARD/HYBRID_SHARD reduce every micro-step so unsharded gradients never
         // outlive a unit's backward; the others skip communication until the last one
         // (FSDP's no_sync), keeping unsharded gradients instead.
-        let reduce_now = sync || matches!(strategy, ShardingStrategy::FullShard | ShardingStrategy::HybridShard);
+        let reduce_now = sync
+            || matches!(
+                strategy,
+                ShardingStrategy::FullShard | ShardingStrategy::HybridShard
+            );
         let shard = self.groups.shard.clone();
         for u in self.segment_units[self.segment_of_visit(visit)].clone() {
             if self.last_backward[u] != visit {
@@ -239,7 +259,12 @@ impl FsdpEngine {
     /// Forward and backward of one micro-batch; gradients of `loss · loss_factor` are added to
     /// the gradient shards. `sync`: the last micro-step of an optimizer step (gradients are
     /// fully reduced, across replicas too). Returns the (unscaled) local loss.
-    pub fn forward_backward(&mut self, batch: &Batch, loss_factor: f64, sync: bool) -> Result<f64, FsdpError> {
+    pub fn forward_backward(
+        &mut self,
+        batch: &Batch,
+        loss_factor: f64,
+        sync: bool,
+    ) -> Result<f64, FsdpError> {
         let k = self.segments.len();
         let targets = &batch.targets;
         let mut x = batch.inputs_as(self.options.param_kind);
@@ -250,10 +275,14 @@ impl FsdpEngine {
             let p = Params::new(&self.param_map);
             if self.options.activation_checkpointing && self.segments[s].is_block {
                 let y = tch::no_grad(|| self.model.forward_segment(s, &p, &x, targets));
-                saved.push(Saved::Checkpoint { input: std::mem::replace(&mut x, y) });
+                saved.push(Saved::Checkpoint {
+                    input: std::mem::replace(&mut x, y),
+                });
             } else {
                 let input = (s > 0).then(|| x.detach().set_requires_grad(true));
-                let y = self.model.forward_segment(s, &p, input.as_ref().unwrap_or(&x), targets);
+                let y = self
+                    .model
+                    .forward_segment(s, &p, input.as_ref().unwrap_or(&x), targets);
                 x = y.detach();
                 let output = if s + 1 == k {
                     loss = x.double_value(&[]);
@@ -282,14 +311,24 @@ impl FsdpEngine {
                 Some(Saved::Checkpoint { input: x }) => {
                     let input = (s > 0).then(|| x.detach().set_requires_grad(true));
                     let p = Params::new(&self.param_map);
-                    let y = self.model.forward_segment(s, &p, input.as_ref().unwrap_or(&x), targets);
+                    let y =
+                        self.model
+                            .forward_segment(s, &p, input.as_ref().unwrap_or(&x), targets);
                     (input, y)
                 }
-                None => return Err(FsdpError::Invalid("backward ran past the saved segments".into())),
+                None => {
+                    return Err(FsdpError::Invalid(
+                        "backward ran past the saved segments".into(),
+                    ))
+                }
             };
             let grads = {
                 let mut wrt: Vec<&Tensor> = input.iter().collect();
-                wrt.extend(self.segment_params[s].iter().map(|&(u, i)| &self.units[u].params[i]));
+                wrt.extend(
+                    self.segment_params[s]
+                        .iter()
+                        .map(|&(u, i)| &self.units[u].params[i]),
+                );
                 shim::grad(&output, upstream.as_ref(), &wrt)?
             };
             drop(output);
@@ -336,12 +375,19 @@ impl FsdpEngine {
             .iter()
             .map(|u| u.grad.square().sum(Kind::Double).double_value(&[]))
             .sum();
-        all_reduce_scalar(self.groups.shard.as_ref(), self.options.device, local, ReduceOp::Sum)
+        all_reduce_scalar(
+            self.groups.shard.as_ref(),
+            self.options.device,
+            local,
+            ReduceOp::Sum,
+        )
     }
 
     /// Whether every gradient element on this rank is finite.
     pub fn grads_finite(&self) -> bool {
-        self.units.iter().all(|u| u.grad.isfinite().all().int64_value(&[]) != 0)
+        self.units
+            .iter()
+            .all(|u| u.grad.isfinite().all().int64_value(&[]) != 0)
     }
 
     pub fn scale_grads(&mut self, factor: f64) {
@@ -387,8 +433,13 @@ impl FsdpEngine {
 
     /// This rank's fp32 parameter and AdamW shards of unit `unit`.
     pub fn export_unit(&self, unit: usize) -> Result<UnitShardState, FsdpError> {
-        let u = self.units.get(unit).ok_or_else(|| FsdpError::Invalid(format!("no unit {unit}")))?;
-        let values = |t: &Tensor| -> Result<Vec<f32>, FsdpError> { Ok(Vec::<f32>::try_from(&t.to_device(Device::Cpu))?) };
+        let u = self
+            .units
+            .get(unit)
+            .ok_or_else(|| FsdpError::Invalid(format!("no unit {unit}")))?;
+        let values = |t: &Tensor| -> Result<Vec<f32>, FsdpError> {
+            Ok(Vec::<f32>::try_from(&t.to_device(Device::Cpu))?)
+        };
         Ok(UnitShardState {
             param: values(&u.shard)?,
             exp_avg: values(&u.adam.exp_avg)?,
@@ -398,9 +449,16 @@ impl FsdpEngine {
 
     /// Loads this rank's shards of unit `unit` (lengths must match the layout's shard size).
     pub fn import_unit(&mut self, unit: usize, state: &UnitShardState) -> Result<(), FsdpError> {
-        let u = self.units.get_mut(unit).ok_or_else(|| FsdpError::Invalid(format!("no unit {unit}")))?;
+        let u = self
+            .units
+            .get_mut(unit)
+            .ok_or_else(|| FsdpError::Invalid(format!("no unit {unit}")))?;
         let n = u.layout.shard_numel() as usize;
-        for (what, values) in [("param", &state.param), ("exp_avg", &state.exp_avg), ("exp_avg_sq", &state.exp_avg_sq)] {
+        for (what, values) in [
+            ("param", &state.param),
+            ("exp_avg", &state.exp_avg),
+            ("exp_avg_sq", &state.exp_avg_sq),
+        ] {
             if values.len() != n {
                 return Err(FsdpError::Invalid(format!(
                     "unit {}: {what} shard has {} values, the layout needs {n}",
@@ -411,9 +469,14 @@ impl FsdpEngine {
         }
         let device = u.shard.device();
         tch::no_grad(|| {
-            u.shard.copy_(&Tensor::from_slice(&state.param).to_device(device));
-            u.adam.exp_avg.copy_(&Tensor::from_slice(&state.exp_avg).to_device(device));
-            u.adam.exp_avg_sq.copy_(&Tensor::from_slice(&state.exp_avg_sq).to_device(device));
+            u.shard
+                .copy_(&Tensor::from_slice(&state.param).to_device(device));
+            u.adam
+                .exp_avg
+                .copy_(&Tensor::from_slice(&state.exp_avg).to_device(device));
+            u.adam
+                .exp_avg_sq
+                .copy_(&Tensor::from_slice(&state.exp_avg_sq).to_device(device));
         });
         u.mark_stale();
         Ok(())
@@ -430,7 +493,10 @@ impl FsdpEngine {
                 self.groups.shard.all_gather(&u.shard, &full)?.wait()?;
             }
             for p in &u.layout.params {
-                let value = full.narrow(0, p.offset, p.numel).view(p.shape.as_slice()).to_device(Device::Cpu);
+                let value = full
+                    .narrow(0, p.offset, p.numel)
+                    .view(p.shape.as_slice())
+                    .to_device(Device::Cpu);
                 out.push((p.name.clone(), value));
             }
         }

@@ -25,19 +25,34 @@ pub struct FlatLayout {
 }
 
 impl FlatLayout {
-    pub fn new(unit: &str, params: impl IntoIterator<Item = (String, Vec<i64>)>, shard_count: i64) -> Self {
+    pub fn new(
+        unit: &str,
+        params: impl IntoIterator<Item = (String, Vec<i64>)>,
+        shard_count: i64,
+    ) -> Self {
         let mut offset = 0;
         let params: Vec<FlatParam> = params
             .into_iter()
             .map(|(name, shape)| {
                 let numel = shape.iter().product();
-                let p = FlatParam { name, shape, offset, numel };
+                let p = FlatParam {
+                    name,
+                    shape,
+                    offset,
+                    numel,
+                };
                 offset += numel;
                 p
             })
             .collect();
         let padded_numel = (offset + shard_count - 1) / shard_count * shard_count;
-        FlatLayout { unit: unit.to_string(), params, numel: offset, padded_numel, shard_count }
+        FlatLayout {
+            unit: unit.to_string(),
+            params,
+            numel: offset,
+            padded_numel,
+            shard_count,
+        }
     }
 
     pub fn shard_numel(&self) -> i64 {
@@ -65,8 +80,15 @@ mod tests {
 
     #[test]
     fn pads_to_a_multiple_of_the_shard_count() {
-        let layout = FlatLayout::new("u", [("a".to_string(), vec![2, 3]), ("b".to_string(), vec![5])], 3);
-        assert_eq!((layout.numel, layout.padded_numel, layout.shard_numel()), (11, 12, 4));
+        let layout = FlatLayout::new(
+            "u",
+            [("a".to_string(), vec![2, 3]), ("b".to_string(), vec![5])],
+            3,
+        );
+        assert_eq!(
+            (layout.numel, layout.padded_numel, layout.shard_numel()),
+            (11, 12, 4)
+        );
         assert_eq!(layout.shard_range(2), (8, 12));
         let b = &layout.params[1];
         assert_eq!(b.offset, 6);

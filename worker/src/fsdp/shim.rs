@@ -36,7 +36,9 @@ fn check(message: *mut c_char) -> Result<(), ShimError> {
         return Ok(());
     }
     // SAFETY: the shim returns a NUL-terminated string from strdup, freed right here.
-    let text = unsafe { CStr::from_ptr(message) }.to_string_lossy().into_owned();
+    let text = unsafe { CStr::from_ptr(message) }
+        .to_string_lossy()
+        .into_owned();
     unsafe { shardrun_free_error(message) };
     Err(ShimError(text))
 }
@@ -75,7 +77,13 @@ pub fn grad(
     // SAFETY: all pointers are live at::Tensors; the shim writes `n` new at::Tensor* into
     // `grads`, which we take ownership of.
     check(unsafe {
-        shardrun_grad(output.as_ptr() as CTensor, upstream, input_ptrs.as_ptr(), n, grads.as_mut_ptr())
+        shardrun_grad(
+            output.as_ptr() as CTensor,
+            upstream,
+            input_ptrs.as_ptr(),
+            n,
+            grads.as_mut_ptr(),
+        )
     })?;
     Ok(grads
         .into_iter()
@@ -90,7 +98,8 @@ pub fn grad(
 /// Peak bytes allocated by libtorch's CUDA caching allocator on `device`.
 pub fn cuda_peak_allocated(device: usize) -> Result<u64, ShimError> {
     let mut peak: i64 = 0;
-    let device = c_int::try_from(device).map_err(|_| ShimError("device index out of range".into()))?;
+    let device =
+        c_int::try_from(device).map_err(|_| ShimError("device index out of range".into()))?;
     // SAFETY: writes one i64 through a valid pointer.
     check(unsafe { shardrun_cuda_peak_allocated(device, &mut peak) })?;
     Ok(peak.max(0) as u64)

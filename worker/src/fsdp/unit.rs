@@ -39,6 +39,8 @@ pub struct FlatUnit {
     pub params: Vec<Tensor>,
     /// Unsharded gradients not reduced yet (one micro-step, or several under no_sync).
     unreduced: Option<Tensor>,
+    /// Which parameters' ranges of `unreduced` hold a gradient (the rest is uninitialised).
+    written: Vec<bool>,
     /// World-size-1 shard groups in fp32 compute straight on the shard: nothing to gather.
     aliases_shard: bool,
     state: Gather,
@@ -62,7 +64,9 @@ impl FlatUnit {
         for (p, spec) in layout.params.iter().zip(specs) {
             if let Some((in_param, in_shard, len)) = FlatLayout::overlap(p, start, end) {
                 let value = spec.initial_value(seed).view([-1]).narrow(0, in_param, len);
-                shard.narrow(0, in_shard, len).copy_(&value.to_device(device));
+                shard
+                    .narrow(0, in_shard, len)
+                    .copy_(&value.to_device(device));
             }
         }
         let aliases_shard = layout.shard_count == 1 && param_kind == Kind::Float;
@@ -76,14 +80,23 @@ impl FlatUnit {
             .iter()
             .map(|p| {
                 let mut leaf = Tensor::zeros(p.shape.as_slice(), (param_kind, device));
-                leaf.set_data(&gathered.narrow(0, p.offset, p.numel).view(p.shape.as_slice()));
+                leaf.set_data(
+                    &gathered
+                        .narrow(0, p.offset, p.numel)
+                        .view(p.shape.as_slice()),
+                );
                 leaf.set_requires_grad(true)
             })
             .collect();
         if !aliases_shard {
             shim::release_storage(&gathered)?;
         }
-        let state = if aliases_shard { Gather::Gathered } else { Gather::Sharded };
+        let state = if aliases_shard {
+            Gather::Gathered
+        } else {
+            Gather::Sharded
+        };
+        let written = vec![false; layout.params.len()];
         Ok(FlatUnit {
             grad: shard.zeros_like(),
             adam: AdamWState::zeros_like(&shard),
@@ -92,6 +105,7 @@ impl FlatUnit {
             gathered,
             params,
             unreduced: None,
+            written,
             aliases_shard,
             state,
             reduce_kind,
@@ -116,20 +130,28 @@ impl FlatUnit {
         if shim::storage_nbytes(&self.gathered) == 0 {
             shim::allocate_storage(&self.gathered, nbytes)?;
         }
-        let input = if kind == Kind::Float { self.shard.shallow_clone() } else { self.shard.to_kind(kind) };
+        let input = if kind == Kind::Float {
+            self.shard.shallow_clone()
+        } else {
+            self.shard.to_kind(kind)
+        };
         if self.layout.shard_count == 1 {
             tch::no_grad(|| self.gathered.copy_(&input));
             self.state = Gather::Gathered;
         } else {
             let work = comm.all_gather(&input, &self.gathered)?;
-            self.state = Gather::InFlight { work, _input: input };
+            self.state = Gather::InFlight {
+                work,
+                _input: input,
+            };
         }
         Ok(())
     }
 
     /// Waits for the all-gather, if one is in flight.
     pub fn finish_gather(&mut self) -> Result<(), FsdpError> {
-        if let Gather::InFlight { work, .. } = std::mem::replace(&mut self.state, Gather::Gathered) {
+        if let Gather::InFlight { work, .. } = std::mem::replace(&mut self.state, Gather::Gathered)
+        {
             work.wait()?;
         }
         Ok(())
@@ -154,25 +176,61 @@ impl FlatUnit {
         }
     }
 
-    /// Adds one parameter's unsharded gradient (any float dtype) to the unreduced buffer.
+    /// Adds one parameter's unsharded gradient (any float dtype) to the unreduced buffer:
+    /// the first gradient of a parameter is copied in, later ones added, so the buffer is
+    /// never zero-filled as a whole.
     pub fn accumulate_grad(&mut self, param: usize, grad: &Tensor) {
         let p = &self.layout.params[param];
         let (padded, kind, device) = (self.layout.padded_numel, self.reduce_kind, self.shard.device());
-        let flat = self.unreduced.get_or_insert_with(|| Tensor::zeros([padded], (kind, device)));
-        let _ = flat.narrow(0, p.offset, p.numel).g_add_(&grad.reshape([-1]));
+        let flat = self.unreduced.get_or_insert_with(|| Tensor::empty([padded], (kind, device)));
+        let mut range = flat.narrow(0, p.offset, p.numel);
+        let grad = grad.reshape([-1]);
+        if self.written[param] {
+            let _ = range.g_add_(&grad);
+        } else {
+            range.copy_(&grad);
+            self.written[param] = true;
+        }
+    }
+
+    /// The unreduced gradients with unwritten ranges and the padding zeroed.
+    fn take_unreduced(&mut self) -> Option<Tensor> {
+        let flat = self.unreduced.take()?;
+        for (p, written) in self.layout.params.iter().zip(self.written.iter_mut()) {
+            if !std::mem::take(written) {
+                let _ = flat.narrow(0, p.offset, p.numel).zero_();
+            }
+        }
+        let pad = self.layout.padded_numel - self.layout.numel;
+        if pad > 0 {
+            let _ = flat.narrow(0, self.layout.numel, pad).zero_();
+        }
+        Some(flat)
     }
 
     /// Reduce-scatters (mean over the shard group) the unreduced gradients towards the
     /// gradient shard; with a shard group of one it folds them in directly.
-    pub fn reduce_grad(&mut self, comm: &dyn Communicator) -> Result<Option<PendingReduce>, FsdpError> {
-        let Some(unreduced) = self.unreduced.take() else { return Ok(None) };
+    pub fn reduce_grad(
+        &mut self,
+        comm: &dyn Communicator,
+    ) -> Result<Option<PendingReduce>, FsdpError> {
+        let Some(unreduced) = self.take_unreduced() else {
+            return Ok(None);
+        };
         if self.layout.shard_count == 1 {
             let _ = self.grad.g_add_(&unreduced);
             return Ok(None);
         }
-        let output = Tensor::empty([self.layout.shard_numel()], (self.reduce_kind, self.shard.device()));
+        let output = Tensor::empty(
+            [self.layout.shard_numel()],
+            (self.reduce_kind, self.shard.device()),
+        );
         let work = comm.reduce_scatter(&unreduced, &output, ReduceOp::Avg)?;
-        Ok(Some(PendingReduce { work, _input: unreduced, output }))
+        Ok(Some(PendingReduce {
+            work,
+            _input: unreduced,
+            output,
+        }))
     }
 
     pub fn finish_reduce(&mut self, pending: PendingReduce) -> Result<(), FsdpError> {
@@ -185,7 +243,11 @@ impl FlatUnit {
     /// whatever gathered memory is still held.
     pub fn resident_bytes(&self) -> u64 {
         let bytes = |t: &Tensor| (t.numel() * t.kind().elt_size_in_bytes()) as u64;
-        let gathered = if self.aliases_shard { 0 } else { shim::storage_nbytes(&self.gathered) as u64 };
+        let gathered = if self.aliases_shard {
+            0
+        } else {
+            shim::storage_nbytes(&self.gathered) as u64
+        };
         bytes(&self.shard) + bytes(&self.grad) + self.adam.bytes() + gathered
     }
 

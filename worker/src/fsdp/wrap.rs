@@ -20,18 +20,28 @@ pub const ROOT: &str = "root";
 
 /// Splits the model's parameters into units; units are ordered by their first parameter
 /// (model order, which is forward order).
-pub fn plan_units(params: &[ParamSpec], segments: &[SegmentSpec], policy: &WrapPolicy) -> Vec<UnitPlan> {
+pub fn plan_units(
+    params: &[ParamSpec],
+    segments: &[SegmentSpec],
+    policy: &WrapPolicy,
+) -> Vec<UnitPlan> {
     let mut owner: Vec<Option<usize>> = vec![None; params.len()];
     let mut units: Vec<UnitPlan> = Vec::new();
     let mut claim = |module: &str, members: Vec<usize>, owner: &mut Vec<Option<usize>>| {
-        let members: Vec<usize> = members.into_iter().filter(|&i| owner[i].is_none()).collect();
+        let members: Vec<usize> = members
+            .into_iter()
+            .filter(|&i| owner[i].is_none())
+            .collect();
         if members.is_empty() {
             return;
         }
         for &i in &members {
             owner[i] = Some(units.len());
         }
-        units.push(UnitPlan { name: module.to_string(), params: members });
+        units.push(UnitPlan {
+            name: module.to_string(),
+            params: members,
+        });
     };
     let index_of = |name: &str| params.iter().position(|p| p.name == name);
     match policy {
@@ -87,7 +97,9 @@ fn modules_innermost_first(params: &[ParamSpec]) -> Vec<String> {
 
 fn members_of(params: &[ParamSpec], module: &str) -> Vec<usize> {
     let prefix = format!("{module}.");
-    (0..params.len()).filter(|&i| params[i].name.starts_with(&prefix)).collect()
+    (0..params.len())
+        .filter(|&i| params[i].name.starts_with(&prefix))
+        .collect()
 }
 
 /// `*` matches one path component or part of one (never a `.`); everything else literally.
@@ -119,7 +131,13 @@ mod tests {
     use crate::model::{transformer::Transformer, Model};
 
     fn tiny() -> Transformer {
-        Transformer { vocab_size: 11, dim: 8, n_layers: 2, n_heads: 2, max_seq_len: 4 }
+        Transformer {
+            vocab_size: 11,
+            dim: 8,
+            n_layers: 2,
+            n_heads: 2,
+            max_seq_len: 4,
+        }
     }
 
     fn names(m: &Transformer, units: &[UnitPlan]) -> Vec<String> {
@@ -137,7 +155,13 @@ mod tests {
         let root_names: Vec<&str> = root.params.iter().map(|&i| p[i].name.as_str()).collect();
         assert_eq!(
             root_names,
-            vec!["tok_embeddings.weight", "pos_embeddings.weight", "norm.weight", "norm.bias", "output.weight"]
+            vec![
+                "tok_embeddings.weight",
+                "pos_embeddings.weight",
+                "norm.weight",
+                "norm.bias",
+                "output.weight"
+            ]
         );
     }
 
@@ -147,9 +171,14 @@ mod tests {
         assert!(!glob_match("layers.*", "layers.1.attention"));
         assert!(glob_match("layers.*.feed_forward", "layers.1.feed_forward"));
         let m = tiny();
-        let policy = WrapPolicy::ModuleNames { patterns: vec!["layers.*.feed_forward".into()] };
+        let policy = WrapPolicy::ModuleNames {
+            patterns: vec!["layers.*.feed_forward".into()],
+        };
         let units = plan_units(&m.params(), &m.segments(), &policy);
-        assert_eq!(names(&m, &units), vec!["root", "layers.0.feed_forward", "layers.1.feed_forward"]);
+        assert_eq!(
+            names(&m, &units),
+            vec!["root", "layers.0.feed_forward", "layers.1.feed_forward"]
+        );
     }
 
     #[test]

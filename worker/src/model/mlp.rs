@@ -13,7 +13,12 @@ pub struct Mlp {
 impl Model for Mlp {
     fn params(&self) -> Vec<ParamSpec> {
         let mut specs = linear_specs("layer1", self.input_dim, self.hidden_dim, true);
-        specs.extend(linear_specs("layer2", self.hidden_dim, self.output_dim, true));
+        specs.extend(linear_specs(
+            "layer2",
+            self.hidden_dim,
+            self.output_dim,
+            true,
+        ));
         specs
     }
 

@@ -13,7 +13,6 @@ use shardrun_protocol::config::ModelConfig;
 use std::collections::HashMap;
 use tch::{Kind, Tensor};
 
-
 /// How a parameter is initialised: PyTorch's module defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Init {
@@ -53,7 +52,9 @@ impl ParamSpec {
         let n = self.numel() as usize;
         let mut rng = ParamRng(param_seed(seed, &self.name));
         let values: Vec<f32> = match self.init {
-            Init::Uniform(bound) => (0..n).map(|_| ((2.0 * rng.unit() - 1.0) * bound) as f32).collect(),
+            Init::Uniform(bound) => (0..n)
+                .map(|_| ((2.0 * rng.unit() - 1.0) * bound) as f32)
+                .collect(),
             Init::Normal(std) => (0..n).map(|_| (rng.normal() * std) as f32).collect(),
             Init::Ones => vec![1.0; n],
             Init::Zeros => vec![0.0; n],
@@ -110,7 +111,10 @@ pub struct Params<'a> {
 
 impl<'a> Params<'a> {
     pub fn new(map: &'a HashMap<String, Tensor>) -> Self {
-        Params { map, prefix: String::new() }
+        Params {
+            map,
+            prefix: String::new(),
+        }
     }
 
     /// The full name of `name` under this prefix.
@@ -131,7 +135,10 @@ impl<'a> Params<'a> {
     }
 
     pub fn pp(&self, prefix: &str) -> Params<'a> {
-        Params { map: self.map, prefix: self.path(prefix) }
+        Params {
+            map: self.map,
+            prefix: self.path(prefix),
+        }
     }
 }
 
@@ -149,16 +156,24 @@ pub trait Model: Send + Sync {
 /// The model a config describes.
 pub fn build(config: &ModelConfig) -> Box<dyn Model> {
     match *config {
-        ModelConfig::Transformer { vocab_size, dim, n_layers, n_heads, max_seq_len } => {
-            Box::new(transformer::Transformer {
-                vocab_size: vocab_size as i64,
-                dim: dim as i64,
-                n_layers: n_layers as i64,
-                n_heads: n_heads as i64,
-                max_seq_len: max_seq_len as i64,
-            })
-        }
-        ModelConfig::Mlp { input_dim, hidden_dim, output_dim } => Box::new(mlp::Mlp {
+        ModelConfig::Transformer {
+            vocab_size,
+            dim,
+            n_layers,
+            n_heads,
+            max_seq_len,
+        } => Box::new(transformer::Transformer {
+            vocab_size: vocab_size as i64,
+            dim: dim as i64,
+            n_layers: n_layers as i64,
+            n_heads: n_heads as i64,
+            max_seq_len: max_seq_len as i64,
+        }),
+        ModelConfig::Mlp {
+            input_dim,
+            hidden_dim,
+            output_dim,
+        } => Box::new(mlp::Mlp {
             input_dim: input_dim as i64,
             hidden_dim: hidden_dim as i64,
             output_dim: output_dim as i64,

@@ -34,8 +34,18 @@ impl Transformer {
             specs.extend(linear_specs(&format!("{path}.attention.{w}"), d, d, false));
         }
         specs.extend(layer_norm_specs(&format!("{path}.ffn_norm"), d));
-        specs.extend(linear_specs(&format!("{path}.feed_forward.w1"), d, 4 * d, true));
-        specs.extend(linear_specs(&format!("{path}.feed_forward.w2"), 4 * d, d, true));
+        specs.extend(linear_specs(
+            &format!("{path}.feed_forward.w1"),
+            d,
+            4 * d,
+            true,
+        ));
+        specs.extend(linear_specs(
+            &format!("{path}.feed_forward.w2"),
+            4 * d,
+            d,
+            true,
+        ));
         specs
     }
 
@@ -77,13 +87,16 @@ impl Transformer {
         let logits = linear(&p.pp("output"), &layer_norm(&p.pp("norm"), h));
         // Loss in fp32 whatever the parameter dtype (bf16 logits lose the small differences
         // softmax depends on).
-        logits.view([-1, self.vocab_size]).to_kind(Kind::Float).cross_entropy_loss::<Tensor>(
-            &targets.view([-1]),
-            None,
-            tch::Reduction::Mean,
-            -100,
-            0.0,
-        )
+        logits
+            .view([-1, self.vocab_size])
+            .to_kind(Kind::Float)
+            .cross_entropy_loss::<Tensor>(
+                &targets.view([-1]),
+                None,
+                tch::Reduction::Mean,
+                -100,
+                0.0,
+            )
     }
 }
 
@@ -93,13 +106,27 @@ fn feed_forward(p: &Params, x: &Tensor) -> Tensor {
 
 fn layer_norm(p: &Params, x: &Tensor) -> Tensor {
     let d = x.size()[x.dim() - 1];
-    x.layer_norm([d], Some(p.get("weight")), Some(p.get("bias")), NORM_EPS, false)
+    x.layer_norm(
+        [d],
+        Some(p.get("weight")),
+        Some(p.get("bias")),
+        NORM_EPS,
+        false,
+    )
 }
 
 fn layer_norm_specs(path: &str, dim: i64) -> Vec<ParamSpec> {
     vec![
-        ParamSpec { name: format!("{path}.weight"), shape: vec![dim], init: Init::Ones },
-        ParamSpec { name: format!("{path}.bias"), shape: vec![dim], init: Init::Zeros },
+        ParamSpec {
+            name: format!("{path}.weight"),
+            shape: vec![dim],
+            init: Init::Ones,
+        },
+        ParamSpec {
+            name: format!("{path}.bias"),
+            shape: vec![dim],
+            init: Init::Zeros,
+        },
     ]
 }
 
@@ -131,7 +158,10 @@ impl Model for Transformer {
         let names = |specs: Vec<ParamSpec>| specs.into_iter().map(|s| s.name).collect();
         let mut segments = vec![SegmentSpec {
             name: "embeddings".into(),
-            params: vec!["tok_embeddings.weight".into(), "pos_embeddings.weight".into()],
+            params: vec![
+                "tok_embeddings.weight".into(),
+                "pos_embeddings.weight".into(),
+            ],
             is_block: false,
         }];
         for i in 0..self.n_layers {
@@ -143,7 +173,11 @@ impl Model for Transformer {
         }
         let mut head = names(layer_norm_specs("norm", self.dim));
         head.push("output.weight".into());
-        segments.push(SegmentSpec { name: "head".into(), params: head, is_block: false });
+        segments.push(SegmentSpec {
+            name: "head".into(),
+            params: head,
+            is_block: false,
+        });
         segments
     }
 
