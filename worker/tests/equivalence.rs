@@ -13,12 +13,23 @@ const TOLERANCE: f64 = 1e-5;
 
 fn assert_equal(strategy: ShardingStrategy, worlds: &[u64]) {
     let dir = temp_dir();
-    let reference = run_reference(dir.path(), "reference", &config(tiny_transformer(), strategy, 1));
+    let reference = run_reference(
+        dir.path(),
+        "reference",
+        &config(tiny_transformer(), strategy, 1),
+    );
     for &world in worlds {
         let name = format!("{strategy:?}-{world}");
-        let sharded = run_sharded(dir.path(), &name, &config(tiny_transformer(), strategy, world));
+        let sharded = run_sharded(
+            dir.path(),
+            &name,
+            &config(tiny_transformer(), strategy, world),
+        );
         let (worst, what) = max_relative_difference(&sharded, &reference);
-        assert!(worst <= TOLERANCE, "{name}: {what} differs from the reference by {worst:e} (relative)");
+        assert!(
+            worst <= TOLERANCE,
+            "{name}: {what} differs from the reference by {worst:e} (relative)"
+        );
     }
 }
 
@@ -50,7 +61,12 @@ fn other_wrap_policies_and_the_mlp_equal_reference() {
     let reference = run_reference(dir.path(), "reference", &base);
     for (name, wrap) in [
         ("size", WrapPolicy::SizeBased { min_params: 300 }),
-        ("names", WrapPolicy::ModuleNames { patterns: vec!["layers.*.attention".into(), "output".into()] }),
+        (
+            "names",
+            WrapPolicy::ModuleNames {
+                patterns: vec!["layers.*.attention".into(), "output".into()],
+            },
+        ),
     ] {
         let mut cfg = config(tiny_transformer(), ShardingStrategy::FullShard, 3);
         cfg.fsdp.wrap = wrap;
@@ -59,8 +75,16 @@ fn other_wrap_policies_and_the_mlp_equal_reference() {
         assert!(worst <= TOLERANCE, "{name}: {what} differs by {worst:e}");
     }
     // Seed 000's MLP (MSE), 3 ranks, size-based units for its two layers.
-    let mlp = shardrun_protocol::config::ModelConfig::Mlp { input_dim: 13, hidden_dim: 29, output_dim: 7 };
-    let reference = run_reference(dir.path(), "mlp-reference", &config(mlp.clone(), ShardingStrategy::FullShard, 1));
+    let mlp = shardrun_protocol::config::ModelConfig::Mlp {
+        input_dim: 13,
+        hidden_dim: 29,
+        output_dim: 7,
+    };
+    let reference = run_reference(
+        dir.path(),
+        "mlp-reference",
+        &config(mlp.clone(), ShardingStrategy::FullShard, 1),
+    );
     let mut cfg = config(mlp, ShardingStrategy::FullShard, 3);
     cfg.fsdp.wrap = WrapPolicy::SizeBased { min_params: 100 };
     let sharded = run_sharded(dir.path(), "mlp", &cfg);
@@ -71,10 +95,18 @@ fn other_wrap_policies_and_the_mlp_equal_reference() {
 #[test]
 fn accumulating_k_micro_batches_equals_one_batch_of_k_times_b() {
     let dir = temp_dir();
-    let reference = run_reference(dir.path(), "reference", &config(tiny_transformer(), ShardingStrategy::FullShard, 1));
+    let reference = run_reference(
+        dir.path(),
+        "reference",
+        &config(tiny_transformer(), ShardingStrategy::FullShard, 1),
+    );
     // 2 ranks × 3 samples × 2 micro-steps = the reference's one batch of 12. SHARD_GRAD_OP
     // and NO_SHARD skip communication on the first micro-step (no_sync); FULL_SHARD does not.
-    for strategy in [ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard] {
+    for strategy in [
+        ShardingStrategy::FullShard,
+        ShardingStrategy::ShardGradOp,
+        ShardingStrategy::NoShard,
+    ] {
         let mut cfg = config(tiny_transformer(), strategy, 2);
         cfg.batch.batch_size_per_device = 3;
         cfg.batch.grad_accum_steps = 2;
@@ -88,7 +120,11 @@ fn accumulating_k_micro_batches_equals_one_batch_of_k_times_b() {
 #[test]
 fn activation_checkpointing_changes_memory_not_numbers() {
     let dir = temp_dir();
-    let plain = run_sharded(dir.path(), "plain", &config(tiny_transformer(), ShardingStrategy::FullShard, 2));
+    let plain = run_sharded(
+        dir.path(),
+        "plain",
+        &config(tiny_transformer(), ShardingStrategy::FullShard, 2),
+    );
     let mut cfg = config(tiny_transformer(), ShardingStrategy::FullShard, 2);
     cfg.fsdp.activation_checkpointing = true;
     let checkpointed = run_sharded(dir.path(), "checkpointed", &cfg);
@@ -106,13 +142,29 @@ fn mixed_precision_trains_and_the_fp16_scaler_works() {
         let run = run_sharded(dir.path(), name, &cfg);
         let first = run.losses[..5].iter().sum::<f64>() / 5.0;
         let last = run.losses[run.losses.len() - 5..].iter().sum::<f64>() / 5.0;
-        assert!(last < 0.8 * first, "{name}: loss went from {first} to {last}");
+        assert!(
+            last < 0.8 * first,
+            "{name}: loss went from {first} to {last}"
+        );
         let scales: Vec<Option<f64>> = run.metrics.iter().map(|m| m.loss_scale).collect();
         if dtype == DType::F16 {
-            assert!(scales.iter().all(|s| s.is_some_and(|s| s > 0.0 && s.is_finite())), "{name}: {scales:?}");
+            assert!(
+                scales
+                    .iter()
+                    .all(|s| s.is_some_and(|s| s > 0.0 && s.is_finite())),
+                "{name}: {scales:?}"
+            );
         } else {
-            assert!(scales.iter().all(Option::is_none), "bf16 needs no loss scaling: {scales:?}");
+            assert!(
+                scales.iter().all(Option::is_none),
+                "bf16 needs no loss scaling: {scales:?}"
+            );
         }
-        assert!(run.params.values().all(|p| p.values.iter().all(|v| v.is_finite())), "{name}: non-finite weights");
+        assert!(
+            run.params
+                .values()
+                .all(|p| p.values.iter().all(|v| v.is_finite())),
+            "{name}: non-finite weights"
+        );
     }
 }

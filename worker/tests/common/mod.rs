@@ -15,7 +15,13 @@ pub const WORKER: &str = env!("CARGO_BIN_EXE_shardrun-worker");
 
 /// A transformer whose unit sizes (root 830, block 1290 elements) divide by neither 3 nor 4.
 pub fn tiny_transformer() -> ModelConfig {
-    ModelConfig::Transformer { vocab_size: 37, dim: 10, n_layers: 2, n_heads: 2, max_seq_len: 7 }
+    ModelConfig::Transformer {
+        vocab_size: 37,
+        dim: 10,
+        n_layers: 2,
+        n_heads: 2,
+        max_seq_len: 7,
+    }
 }
 
 /// 20 fp32 steps on a global batch of 12 samples (divisible by 1, 2, 3 and 4 ranks).
@@ -27,19 +33,47 @@ pub fn config(model: ModelConfig, strategy: ShardingStrategy, world: u64) -> Tra
         data: DataConfig::Synthetic { seq_len },
         steps: 20,
         seed: 7,
-        batch: BatchPlan { total_batch_size: 12, batch_size_per_device: 12 / world, world_size: world, grad_accum_steps: 1 },
-        optimizer: OptimizerConfig { lr: 3e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, grad_clip: Some(1.0) },
-        schedule: LrSchedule { warmup_steps: 3, decay: LrDecay::Cosine, min_lr_ratio: 0.1 },
+        batch: BatchPlan {
+            total_batch_size: 12,
+            batch_size_per_device: 12 / world,
+            world_size: world,
+            grad_accum_steps: 1,
+        },
+        optimizer: OptimizerConfig {
+            lr: 3e-3,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            grad_clip: Some(1.0),
+        },
+        schedule: LrSchedule {
+            warmup_steps: 3,
+            decay: LrDecay::Cosine,
+            min_lr_ratio: 0.1,
+        },
         fsdp: FsdpConfig {
             strategy,
             wrap: WrapPolicy::Block,
-            mixed_precision: MixedPrecision { param_dtype: DType::F32, reduce_dtype: DType::F32, buffer_dtype: DType::F32 },
+            mixed_precision: MixedPrecision {
+                param_dtype: DType::F32,
+                reduce_dtype: DType::F32,
+                buffer_dtype: DType::F32,
+            },
             activation_checkpointing: false,
             prefetch: true,
             max_gathers_in_flight: 2,
             shard_group_size: (strategy == ShardingStrategy::HybridShard).then_some(2),
         },
-        checkpoint: CheckpointConfig { dir: None, interval_steps: None, interval_minutes: None, keep: 1, format: CheckpointFormat::Sharded, resume: false, from: None },
+        checkpoint: CheckpointConfig {
+            dir: None,
+            interval_steps: None,
+            interval_minutes: None,
+            keep: 1,
+            format: CheckpointFormat::Sharded,
+            resume: false,
+            from: None,
+        },
         device: DeviceKind::Cpu,
         threads_per_rank: 1,
         log_every: 1,
@@ -77,7 +111,8 @@ fn wait_all(mut children: Vec<(u64, Child)>, dir: &Path) {
                 let _ = child.kill();
                 let _ = child.wait();
             }
-            let log = std::fs::read_to_string(dir.join(format!("rank{rank}.log"))).unwrap_or_default();
+            let log =
+                std::fs::read_to_string(dir.join(format!("rank{rank}.log"))).unwrap_or_default();
             panic!("rank {rank} exited with {status}:\n{log}");
         }
         if Instant::now() > deadline {
@@ -93,14 +128,20 @@ fn wait_all(mut children: Vec<(u64, Child)>, dir: &Path) {
 
 fn write_config(dir: &Path, name: &str, config: &TrainConfig) -> PathBuf {
     let path = dir.join(format!("{name}.json"));
-    std::fs::write(&path, serde_json::to_string_pretty(config).expect("config serializes")).expect("write config");
+    std::fs::write(
+        &path,
+        serde_json::to_string_pretty(config).expect("config serializes"),
+    )
+    .expect("write config");
     path
 }
 
 fn read_result(metrics: &Path, params: &Path) -> RunResult {
     let text = std::fs::read_to_string(metrics).expect("metrics file");
-    let metrics: Vec<StepMetrics> =
-        text.lines().map(|l| serde_json::from_str(l).expect("metrics line parses")).collect();
+    let metrics: Vec<StepMetrics> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("metrics line parses"))
+        .collect();
     RunResult {
         losses: metrics.iter().map(|m| m.loss).collect(),
         params: params_file::read(params).expect("params file"),
@@ -113,7 +154,10 @@ pub fn run_sharded(dir: &Path, name: &str, config: &TrainConfig) -> RunResult {
     let config_path = write_config(dir, name, config);
     let port = free_port();
     let world = config.batch.world_size;
-    let (metrics, params) = (dir.join(format!("{name}.metrics.jsonl")), dir.join(format!("{name}.safetensors")));
+    let (metrics, params) = (
+        dir.join(format!("{name}.metrics.jsonl")),
+        dir.join(format!("{name}.safetensors")),
+    );
     let children = (0..world)
         .map(|rank| {
             let log = std::fs::File::create(dir.join(format!("rank{rank}.log"))).expect("log file");
@@ -143,7 +187,10 @@ pub fn run_sharded(dir: &Path, name: &str, config: &TrainConfig) -> RunResult {
 /// Trains `config` unsharded in one process (`--reference`).
 pub fn run_reference(dir: &Path, name: &str, config: &TrainConfig) -> RunResult {
     let config_path = write_config(dir, name, config);
-    let (metrics, params) = (dir.join(format!("{name}.metrics.jsonl")), dir.join(format!("{name}.safetensors")));
+    let (metrics, params) = (
+        dir.join(format!("{name}.metrics.jsonl")),
+        dir.join(format!("{name}.safetensors")),
+    );
     let log = std::fs::File::create(dir.join(format!("{name}.log"))).expect("log file");
     let child = Command::new(WORKER)
         .arg("--config")
@@ -164,7 +211,11 @@ pub fn run_reference(dir: &Path, name: &str, config: &TrainConfig) -> RunResult 
 /// Largest relative difference: losses step by step, and every parameter as
 /// `max |a - b| / max |b|` over its elements.
 pub fn max_relative_difference(a: &RunResult, b: &RunResult) -> (f64, String) {
-    assert_eq!(a.losses.len(), b.losses.len(), "same number of logged steps");
+    assert_eq!(
+        a.losses.len(),
+        b.losses.len(),
+        "same number of logged steps"
+    );
     let mut worst = (0.0f64, String::new());
     for (step, (x, y)) in a.losses.iter().zip(&b.losses).enumerate() {
         let d = (x - y).abs() / y.abs().max(1e-12);
@@ -172,12 +223,24 @@ pub fn max_relative_difference(a: &RunResult, b: &RunResult) -> (f64, String) {
             worst = (d, format!("loss at step {}: {x} vs {y}", step + 1));
         }
     }
-    assert_eq!(a.params.keys().collect::<Vec<_>>(), b.params.keys().collect::<Vec<_>>(), "same parameter names");
+    assert_eq!(
+        a.params.keys().collect::<Vec<_>>(),
+        b.params.keys().collect::<Vec<_>>(),
+        "same parameter names"
+    );
     for (name, pa) in &a.params {
         let pb = &b.params[name];
         assert_eq!(pa.shape, pb.shape, "shape of {name}");
-        let scale = pb.values.iter().fold(0.0f64, |m, v| m.max(f64::from(v.abs()))).max(1e-12);
-        let diff = pa.values.iter().zip(&pb.values).fold(0.0f64, |m, (x, y)| m.max(f64::from((x - y).abs())));
+        let scale = pb
+            .values
+            .iter()
+            .fold(0.0f64, |m, v| m.max(f64::from(v.abs())))
+            .max(1e-12);
+        let diff = pa
+            .values
+            .iter()
+            .zip(&pb.values)
+            .fold(0.0f64, |m, (x, y)| m.max(f64::from((x - y).abs())));
         if diff / scale > worst.0 {
             worst = (diff / scale, format!("parameter {name}"));
         }
@@ -186,5 +249,8 @@ pub fn max_relative_difference(a: &RunResult, b: &RunResult) -> (f64, String) {
 }
 
 pub fn temp_dir() -> tempfile::TempDir {
-    tempfile::Builder::new().prefix("shardrun-equivalence").tempdir().expect("temp dir")
+    tempfile::Builder::new()
+        .prefix("shardrun-equivalence")
+        .tempdir()
+        .expect("temp dir")
 }
