@@ -330,11 +330,14 @@ pub fn run(
             ));
         }
         // The next rank never writes to us except to abort, and its socket turns readable on
-        // EOF: watching it catches a dead successor even while we only receive.
+        // EOF: watching it catches a dead successor even while we only receive. Once all our
+        // sends are done the successor may legitimately finish and exit first (its EOF is no
+        // error then), so it is watched only while we still owe it frames.
+        let watch_next = if send_done { 0 } else { libc::POLLIN };
         let mut fds = [
             libc::pollfd {
                 fd: next.fd(),
-                events: libc::POLLIN | if can_send { libc::POLLOUT } else { 0 },
+                events: watch_next | if can_send { libc::POLLOUT } else { 0 },
                 revents: 0,
             },
             libc::pollfd {
@@ -345,7 +348,7 @@ pub fn run(
         ];
         poll(&mut fds, (timeout - waited).min(Duration::from_secs(1)))
             .map_err(|e| fail(CommError::Other(format!("poll: {e}")), &sender))?;
-        if fds[0].revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+        if !send_done && fds[0].revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
             check_reverse(next).map_err(|e| fail(e, &sender))?;
         }
     }
