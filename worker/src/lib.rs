@@ -8,6 +8,7 @@
 //! * [`optim`], [`schedule`], [`scaler`]: AdamW, the LR schedule, fp16 loss scaling.
 //! * [`data`]: deterministic per-rank batches.
 //! * [`train`]: the training loop; [`reference`]: unsharded single-process ground truth.
+//! * [`world`]: torchrun-style rendezvous on `MASTER_ADDR`/`MASTER_PORT` (no controller).
 //! * [`metrics`]: memory, throughput, MFU; [`params_file`]: weights dumped as safetensors.
 
 pub mod collectives;
@@ -23,3 +24,4 @@ pub mod report;
 pub mod scaler;
 pub mod schedule;
 pub mod train;
+pub mod world;

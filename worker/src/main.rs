@@ -11,16 +11,19 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use shardrun_protocol::config::{ShardingStrategy, TrainConfig};
+use shardrun_protocol::config::TrainConfig;
 use shardrun_protocol::env;
 use shardrun_worker::collectives::Communicator;
 use shardrun_worker::fsdp::ProcessGroups;
 use shardrun_worker::launch::RankEnv;
 use shardrun_worker::report::{Reporter, StdoutReporter};
 use shardrun_worker::train::Trainer;
-use shardrun_worker::{params_file, reference};
+use shardrun_worker::{params_file, reference, world};
 use std::path::PathBuf;
 use std::sync::Arc;
+
+/// Overrides the fp16 loss scaler's initial scale (GradScaler's `init_scale`, 2^16).
+const FP16_INITIAL_SCALE: &str = "SHARDRUN_FP16_INITIAL_SCALE";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -66,9 +69,18 @@ fn run() -> Result<()> {
         return Ok(());
     }
 
-    let (reporter, world) = connect_world(&rank_env, &args)?;
-    let groups = process_groups(&config, world)?;
+    let (reporter, world) = connect_world(&config, &rank_env, &args)?;
+    let groups =
+        ProcessGroups::for_strategy(world, config.fsdp.strategy, config.fsdp.shard_group_size)?;
     let mut trainer = Trainer::new(config, groups, reporter.clone())?;
+    if let Ok(scale) = std::env::var(FP16_INITIAL_SCALE) {
+        let scale: f64 = scale
+            .parse()
+            .ok()
+            .filter(|s: &f64| s.is_finite() && *s > 0.0)
+            .with_context(|| format!("{FP16_INITIAL_SCALE}={scale:?} is not a positive number"))?;
+        trainer.set_initial_loss_scale(scale);
+    }
     let outcome = trainer.run(None)?;
     if let Some(path) = &args.dump_params {
         // Every rank takes part in the gathers; rank 0 writes.
@@ -77,6 +89,9 @@ fn run() -> Result<()> {
             params_file::write(path, &params)?;
         }
     }
+    // Leave together: no rank closes its sockets while a peer may still be inside the last
+    // collective.
+    trainer.engine().groups().world.barrier()?;
     if outcome.preempted {
         reporter.log(
             shardrun_protocol::messages::LogLevel::Info,
@@ -98,14 +113,17 @@ fn load_config(path: &std::path::Path) -> Result<TrainConfig> {
         .with_context(|| format!("{} is not a valid resolved training config", path.display()))
 }
 
-/// Joins the job's world: where reports go and the world communicator.
+/// Joins the job's world: where reports go, and the world communicator.
+///
+/// The controller client (wip-c) plugs in as the first arm: it registers with the controller
+/// (sending `Prepared::collective_addr` / `nccl_unique_id`), receives the `StartInfo`, and
+/// returns itself as the `Reporter` and `prepared.connect(&start, rank)` as the communicator.
 fn connect_world(
+    config: &TrainConfig,
     rank_env: &RankEnv,
     args: &Args,
 ) -> Result<(Arc<dyn Reporter>, Arc<dyn Communicator>)> {
     if std::env::var_os(env::CONTROLLER_ADDR).is_some() {
-        // wip-c's controller client plugs in here: it registers, receives StartInfo, and the
-        // collectives are built from StartInfo's peer addresses.
         bail!(
             "{} is set but this build has no controller client yet",
             env::CONTROLLER_ADDR
@@ -115,20 +133,21 @@ fn connect_world(
         StdoutReporter::new(rank_env.rank, args.metrics_file.clone())
             .context("cannot open the metrics file")?,
     );
-    let world = standalone_world(rank_env)?;
-    Ok((reporter, world))
-}
-
-fn standalone_world(rank_env: &RankEnv) -> Result<Arc<dyn Communicator>> {
-    let _ = rank_env;
-    bail!("collectives bootstrap pending (wip-b1)")
-}
-
-/// The (shard, replicate) groups of the configured strategy (see `fsdp::groups`).
-fn process_groups(config: &TrainConfig, world: Arc<dyn Communicator>) -> Result<ProcessGroups> {
-    let _ = config.fsdp.strategy == ShardingStrategy::HybridShard;
-    bail!(
-        "subgroups pending (wip-b1) for world of {}",
-        world.world_size()
-    )
+    let master = (
+        std::env::var("MASTER_ADDR").ok(),
+        std::env::var("MASTER_PORT").ok(),
+    );
+    let comm: Box<dyn Communicator> = match master {
+        (Some(addr), Some(port)) => {
+            let port: u16 = port.trim().parse().with_context(|| format!("MASTER_PORT={port:?} is not a port number"))?;
+            world::standalone(config.device, rank_env.rank, rank_env.local_rank, rank_env.world_size, &addr, port)?
+        }
+        _ if rank_env.world_size == 1 => world::standalone(config.device, 0, 0, 1, "127.0.0.1", 0)?,
+        _ => bail!(
+            "rank {} of {} has no way to find its peers: set MASTER_ADDR and MASTER_PORT, or run under `shardrun`",
+            rank_env.rank,
+            rank_env.world_size
+        ),
+    };
+    Ok((reporter, Arc::from(comm)))
 }

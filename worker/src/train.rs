@@ -138,6 +138,13 @@ impl Trainer {
         })
     }
 
+    /// Starts fp16 loss scaling at `scale` instead of GradScaler's 2^16 (no effect otherwise).
+    pub fn set_initial_loss_scale(&mut self, scale: f64) {
+        if let Some(scaler) = self.scaler.as_mut() {
+            scaler.scale = scale;
+        }
+    }
+
     pub fn engine(&self) -> &FsdpEngine {
         &self.engine
     }

@@ -181,8 +181,14 @@ impl FlatUnit {
     /// never zero-filled as a whole.
     pub fn accumulate_grad(&mut self, param: usize, grad: &Tensor) {
         let p = &self.layout.params[param];
-        let (padded, kind, device) = (self.layout.padded_numel, self.reduce_kind, self.shard.device());
-        let flat = self.unreduced.get_or_insert_with(|| Tensor::empty([padded], (kind, device)));
+        let (padded, kind, device) = (
+            self.layout.padded_numel,
+            self.reduce_kind,
+            self.shard.device(),
+        );
+        let flat = self
+            .unreduced
+            .get_or_insert_with(|| Tensor::empty([padded], (kind, device)));
         let mut range = flat.narrow(0, p.offset, p.numel);
         let grad = grad.reshape([-1]);
         if self.written[param] {

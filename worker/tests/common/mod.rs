@@ -151,6 +151,16 @@ fn read_result(metrics: &Path, params: &Path) -> RunResult {
 
 /// Trains `config` on `config.batch.world_size` rank processes.
 pub fn run_sharded(dir: &Path, name: &str, config: &TrainConfig) -> RunResult {
+    run_sharded_with_env(dir, name, config, &[])
+}
+
+/// [`run_sharded`] with extra environment variables for every rank.
+pub fn run_sharded_with_env(
+    dir: &Path,
+    name: &str,
+    config: &TrainConfig,
+    env: &[(&str, &str)],
+) -> RunResult {
     let config_path = write_config(dir, name, config);
     let port = free_port();
     let world = config.batch.world_size;
@@ -171,6 +181,7 @@ pub fn run_sharded(dir: &Path, name: &str, config: &TrainConfig) -> RunResult {
                 .env("LOCAL_RANK", rank.to_string())
                 .env("MASTER_ADDR", "127.0.0.1")
                 .env("MASTER_PORT", port.to_string())
+                .envs(env.iter().copied())
                 .env_remove("SHARDRUN_CONTROLLER")
                 .stdout(Stdio::null())
                 .stderr(log);
