@@ -43,8 +43,8 @@ pub use error::{CheckpointError, Result};
 pub use export::export_full;
 pub use layout::{Layout, ParamSlot, UnitLayout};
 pub use metadata::{
-    CheckpointMetadata, DataPosition, FileEntry, FileRole, RankState, SchedulerState, StateDtypes,
-    TrainerState, FORMAT_VERSION,
+    CheckpointMetadata, DataPosition, FileEntry, FileRole, LossScaleState, RankState,
+    SchedulerState, StateDtypes, TrainerState, FORMAT_VERSION,
 };
 pub use naming::StateKind;
 pub use resume::{clean_stale, find_latest, resolve, ResumePoint};

@@ -59,10 +59,15 @@ impl StateDtypes {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainerState {
-    /// AdamW's step count (bias correction).
+    /// AdamW's step count (bias correction); less than the checkpoint's step when fp16
+    /// overflows skipped some.
     pub optimizer_step: u64,
     pub scheduler: SchedulerState,
     pub data: DataPosition,
+    /// The seed parameters and data were drawn from.
+    pub seed: u64,
+    /// fp16 dynamic loss scaling, when used.
+    pub loss_scale: Option<LossScaleState>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -74,12 +79,22 @@ pub struct SchedulerState {
     pub last_lr: f64,
 }
 
-/// Where the data stream continues: the global index of the next sample, which is
-/// independent of the world size, so a resharded resume reads the same batches.
+/// Where the data stream continues. `samples_done` counts global samples, independent of
+/// the world size, so a resharded resume reads the same batches.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataPosition {
-    pub next_sample: u64,
+    pub samples_done: u64,
+    /// Global micro-batches consumed (depends on the batch plan that wrote it).
+    pub micro_batches_done: u64,
+}
+
+/// `GradScaler`-style state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LossScaleState {
+    pub scale: f64,
+    pub growth_tracker: u64,
 }
 
 /// One rank's RNG state (the generator's opaque bytes, e.g. `torch.get_rng_state()`).

@@ -66,7 +66,12 @@ fn save(root: &Path, step: u64, world: u64) {
         trainer: TrainerState {
             optimizer_step: step,
             scheduler: SchedulerState { step, last_lr: 0.1 },
-            data: DataPosition { next_sample: step },
+            data: DataPosition {
+                samples_done: step,
+                micro_batches_done: step,
+            },
+            seed: 0,
+            loss_scale: None,
         },
         config_hash: "feedfacefeedface".into(),
         keep: 5,

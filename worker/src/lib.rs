@@ -9,8 +9,10 @@
 //! * [`data`]: deterministic per-rank batches.
 //! * [`train`]: the training loop; [`reference`]: unsharded single-process ground truth.
 //! * [`world`]: torchrun-style rendezvous on `MASTER_ADDR`/`MASTER_PORT` (no controller).
+//! * [`checkpointing`]: saves and restores through the `shardrun-checkpoint` format.
 //! * [`metrics`]: memory, throughput, MFU; [`params_file`]: weights dumped as safetensors.
 
+pub mod checkpointing;
 pub mod collectives;
 pub mod data;
 pub mod fsdp;

@@ -17,7 +17,8 @@ use shardrun_worker::collectives::Communicator;
 use shardrun_worker::fsdp::ProcessGroups;
 use shardrun_worker::launch::RankEnv;
 use shardrun_worker::report::{Reporter, StdoutReporter};
-use shardrun_worker::train::Trainer;
+use shardrun_worker::checkpointing::Checkpointer;
+use shardrun_worker::train::{CheckpointHook, Trainer};
 use shardrun_worker::{params_file, reference, world};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -81,7 +82,13 @@ fn run() -> Result<()> {
             .with_context(|| format!("{FP16_INITIAL_SCALE}={scale:?} is not a positive number"))?;
         trainer.set_initial_loss_scale(scale);
     }
-    let outcome = trainer.run(None)?;
+    let mut checkpointer = Checkpointer::from_config(&trainer.config);
+    if let Some(checkpointer) = checkpointer.as_mut() {
+        checkpointer
+            .restore(&mut trainer)
+            .with_context(|| format!("restoring from {}", checkpointer.root().display()))?;
+    }
+    let outcome = trainer.run(checkpointer.as_mut().map(|c| c as &mut dyn CheckpointHook))?;
     if let Some(path) = &args.dump_params {
         // Every rank takes part in the gathers; rank 0 writes.
         let params = trainer.engine().full_parameters()?;

@@ -56,6 +56,11 @@ pub enum SaveReason {
 /// Returns the committed path (rank 0) for `Reporter::checkpoint_saved`.
 pub trait CheckpointHook {
     fn save(&mut self, trainer: &Trainer, reason: SaveReason) -> Result<Option<String>, String>;
+    /// `Some(true)` when a wall-time interval has passed on this rank (rank 0's answer is
+    /// the one acted on); `None` when saves are not timed.
+    fn time_due(&self) -> Option<bool> {
+        None
+    }
 }
 
 pub fn dtype_kind(dtype: DType) -> Kind {
@@ -323,6 +328,14 @@ impl Trainer {
                 && self.step < cfg.steps
             {
                 self.save(&mut hook, SaveReason::Interval)?;
+            } else if self.step < cfg.steps {
+                // Wall-time interval: rank 0's clock decides, all ranks follow together.
+                if let Some(due) = hook.as_ref().and_then(|h| h.time_due()) {
+                    let due = if self.rank == 0 && due { 1.0 } else { 0.0 };
+                    if self.world_all_reduce(due, ReduceOp::Max)? > 0.0 {
+                        self.save(&mut hook, SaveReason::Interval)?;
+                    }
+                }
             }
         }
         if !preempted && hook.is_some() {
@@ -377,7 +390,8 @@ impl Trainer {
         }
     }
 
-    fn log(&self, level: LogLevel, text: &str) {
+    /// Info lines from rank 0 only; warnings and errors from every rank.
+    pub fn log(&self, level: LogLevel, text: &str) {
         if self.rank == 0 || level != LogLevel::Info {
             self.reporter.log(level, text);
         }

@@ -129,8 +129,11 @@ pub fn trainer(step: u64) -> TrainerState {
             last_lr: 1e-3 / (step + 1) as f64,
         },
         data: DataPosition {
-            next_sample: step * 16,
+            samples_done: step * 16,
+            micro_batches_done: step * 2,
         },
+        seed: 7,
+        loss_scale: None,
     }
 }
 
