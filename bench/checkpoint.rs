@@ -15,8 +15,8 @@
 //! Reads come from the page cache unless it can be dropped (root); the report says which.
 
 use shardrun_checkpoint::{
-    commit, write_rank_report, Checkpoint, CommitRequest, DataPosition, Layout, SaveTarget, SchedulerState,
-    ShardWriter, StateDtypes, StateKind, TrainerState, UnitLayout, Verify,
+    commit, write_rank_report, Checkpoint, CommitRequest, DataPosition, Layout, SaveTarget,
+    SchedulerState, ShardWriter, StateDtypes, StateKind, TrainerState, UnitLayout, Verify,
 };
 use shardrun_protocol::config::{CheckpointFormat, DType, ShardingStrategy};
 use std::path::{Path, PathBuf};
@@ -40,7 +40,11 @@ fn parse() -> Result<Options, String> {
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
-        let number = || value.parse::<u64>().map_err(|_| format!("{flag} {value}: not a number"));
+        let number = || {
+            value
+                .parse::<u64>()
+                .map_err(|_| format!("{flag} {value}: not a number"))
+        };
         match flag.as_str() {
             "--dir" => o.dir = PathBuf::from(&value),
             "--ranks" => o.ranks = number()?.max(1),
@@ -59,7 +63,12 @@ fn layout(o: &Options, shards: u64) -> Layout {
     let units = (0..o.units)
         .map(|u| {
             let name = format!("layers.{u}.weight");
-            UnitLayout::packed(format!("layers.{u}"), [(name, vec![rows, unit_numel / rows])], shards).unwrap()
+            UnitLayout::packed(
+                format!("layers.{u}"),
+                [(name, vec![rows, unit_numel / rows])],
+                shards,
+            )
+            .unwrap()
         })
         .collect();
     Layout::new(units).unwrap()
@@ -118,7 +127,13 @@ fn run(o: &Options) -> Result<(), Box<dyn std::error::Error>> {
     let layout = layout(o, o.ranks);
     let shard_bytes: u64 = layout.units.iter().map(|u| u.shard_size * 12).sum();
     let mb = shard_bytes / 1_000_000;
-    println!("checkpoint benchmark: {} ranks, {} MB per rank, {} units, in {}", o.ranks, mb, o.units, o.dir.display());
+    println!(
+        "checkpoint benchmark: {} ranks, {} MB per rank, {} units, in {}",
+        o.ranks,
+        mb,
+        o.units,
+        o.dir.display()
+    );
 
     let dd_sync = dd(&o.dir, mb, "conv=fdatasync")?;
     let dd_direct = dd(&o.dir, mb, "oflag=direct").unwrap_or(f64::NAN);
@@ -130,7 +145,11 @@ fn run(o: &Options) -> Result<(), Box<dyn std::error::Error>> {
             layout
                 .units
                 .iter()
-                .map(|u| (0..u.shard_size).flat_map(|i| ((i ^ r) as f32 * 1e-3).to_le_bytes()).collect())
+                .map(|u| {
+                    (0..u.shard_size)
+                        .flat_map(|i| ((i ^ r) as f32 * 1e-3).to_le_bytes())
+                        .collect()
+                })
                 .collect()
         })
         .collect();
@@ -143,19 +162,24 @@ fn run(o: &Options) -> Result<(), Box<dyn std::error::Error>> {
         let handles: Vec<_> = (0..o.ranks)
             .map(|rank| {
                 let (target, layout, shards) = (&target, &layout, &shards[rank as usize]);
-                scope.spawn(move || -> Result<f64, shardrun_checkpoint::CheckpointError> {
-                    let t = Instant::now();
-                    let mut writer = ShardWriter::create(target, layout, rank)?;
-                    for (u, shard) in shards.iter().enumerate() {
-                        writer.write_unit(u, shard, shard, shard)?;
-                    }
-                    let file = writer.finish()?;
-                    write_rank_report(target, rank, Vec::new(), vec![file])?;
-                    Ok(t.elapsed().as_secs_f64())
-                })
+                scope.spawn(
+                    move || -> Result<f64, shardrun_checkpoint::CheckpointError> {
+                        let t = Instant::now();
+                        let mut writer = ShardWriter::create(target, layout, rank)?;
+                        for (u, shard) in shards.iter().enumerate() {
+                            writer.write_unit(u, shard, shard, shard)?;
+                        }
+                        let file = writer.finish()?;
+                        write_rank_report(target, rank, Vec::new(), vec![file])?;
+                        Ok(t.elapsed().as_secs_f64())
+                    },
+                )
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("writer thread")).collect::<Result<_, _>>()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("writer thread"))
+            .collect::<Result<_, _>>()
     })?;
     let written = Instant::now();
     commit(
@@ -168,8 +192,14 @@ fn run(o: &Options) -> Result<(), Box<dyn std::error::Error>> {
             layout: layout.clone(),
             trainer: TrainerState {
                 optimizer_step: 100,
-                scheduler: SchedulerState { step: 100, last_lr: 1e-3 },
-                data: DataPosition { samples_done: 0, micro_batches_done: 0 },
+                scheduler: SchedulerState {
+                    step: 100,
+                    last_lr: 1e-3,
+                },
+                data: DataPosition {
+                    samples_done: 0,
+                    micro_batches_done: 0,
+                },
                 seed: 0,
                 loss_scale: None,
             },
@@ -179,7 +209,10 @@ fn run(o: &Options) -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let total = started.elapsed().as_secs_f64();
     let commit_s = written.elapsed().as_secs_f64();
-    let mbs: Vec<f64> = per_rank.iter().map(|s| shard_bytes as f64 / 1e6 / s).collect();
+    let mbs: Vec<f64> = per_rank
+        .iter()
+        .map(|s| shard_bytes as f64 / 1e6 / s)
+        .collect();
     let slowest = mbs.iter().cloned().fold(f64::INFINITY, f64::min);
     println!(
         "write: per rank {} MB/s (slowest {:.0} MB/s = {:.0}% of dd fdatasync); all ranks {:.0} MB/s; save {:.2} s of which commit {:.3} s",
@@ -200,23 +233,31 @@ fn run(o: &Options) -> Result<(), Box<dyn std::error::Error>> {
             let handles: Vec<_> = (0..ranks)
                 .map(|rank| {
                     let (checkpoint, target) = (&checkpoint, target);
-                    scope.spawn(move || -> Result<f64, shardrun_checkpoint::CheckpointError> {
-                        let t = Instant::now();
-                        for unit in &target.units {
-                            let mut out = vec![0u8; unit.shard_size as usize * 4];
-                            for kind in StateKind::ALL {
-                                checkpoint.read_shard(kind, unit, rank, &mut out)?;
+                    scope.spawn(
+                        move || -> Result<f64, shardrun_checkpoint::CheckpointError> {
+                            let t = Instant::now();
+                            for unit in &target.units {
+                                let mut out = vec![0u8; unit.shard_size as usize * 4];
+                                for kind in StateKind::ALL {
+                                    checkpoint.read_shard(kind, unit, rank, &mut out)?;
+                                }
                             }
-                        }
-                        Ok(t.elapsed().as_secs_f64())
-                    })
+                            Ok(t.elapsed().as_secs_f64())
+                        },
+                    )
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().expect("reader thread")).collect::<Result<_, _>>()
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("reader thread"))
+                .collect::<Result<_, _>>()
         })?;
         let bytes_per_rank: u64 = target.units.iter().map(|u| u.shard_size * 12).sum();
         let slowest = times.iter().cloned().fold(0.0, f64::max);
-        Ok((bytes_per_rank as f64 / 1e6 / slowest, t.elapsed().as_secs_f64()))
+        Ok((
+            bytes_per_rank as f64 / 1e6 / slowest,
+            t.elapsed().as_secs_f64(),
+        ))
     };
     let (same, same_s) = load(&layout, o.ranks)?;
     if cold {

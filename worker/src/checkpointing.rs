@@ -11,12 +11,13 @@ use crate::collectives::Communicator;
 use crate::fsdp::{FlatLayout, FsdpEngine, UnitShardState};
 use crate::schedule::Schedule;
 use crate::train::{CheckpointHook, SaveReason, TrainState, Trainer};
-use shardrun_checkpoint::{
-    clean_stale, commit_observed, find_latest, resolve, write_rank_report, Checkpoint, CheckpointError,
-    CommitRequest, CommitStage, DataPosition, FullWriter, Layout, LossScaleState, ParamSlot, SaveTarget,
-    SchedulerState, ShardWriter, StateDtypes, StateKind, TrainerState, UnitLayout, Verify,
-};
 use shardrun_checkpoint::naming::{step_dir_name, COMPLETE_FILE};
+use shardrun_checkpoint::{
+    clean_stale, commit_observed, find_latest, resolve, write_rank_report, Checkpoint,
+    CheckpointError, CommitRequest, CommitStage, DataPosition, FullWriter, Layout, LossScaleState,
+    ParamSlot, SaveTarget, SchedulerState, ShardWriter, StateDtypes, StateKind, TrainerState,
+    UnitLayout, Verify,
+};
 use shardrun_protocol::config::{CheckpointFormat, TrainConfig};
 use shardrun_protocol::env;
 use shardrun_protocol::messages::LogLevel;
@@ -60,10 +61,9 @@ impl Checkpointer {
     /// `None` when the config names no checkpoint folder and no run directory is known.
     pub fn from_config(config: &TrainConfig) -> Option<Checkpointer> {
         let c = &config.checkpoint;
-        let root = c
-            .dir
-            .clone()
-            .or_else(|| std::env::var_os(env::RUN_DIR).map(|run| PathBuf::from(run).join("checkpoints")))?;
+        let root = c.dir.clone().or_else(|| {
+            std::env::var_os(env::RUN_DIR).map(|run| PathBuf::from(run).join("checkpoints"))
+        })?;
         Some(Checkpointer {
             root,
             format: c.format,
@@ -86,7 +86,10 @@ impl Checkpointer {
     /// Load the newest valid checkpoint of this run (a re-run or requeue continues it); if
     /// there is none, `checkpoint.from` (weights only). Rank 0 chooses, verifying checksums
     /// and cleaning leftovers of killed saves, and tells the others.
-    pub fn restore(&mut self, trainer: &mut Trainer) -> Result<Option<Restored>, CheckpointingError> {
+    pub fn restore(
+        &mut self,
+        trainer: &mut Trainer,
+    ) -> Result<Option<Restored>, CheckpointingError> {
         let world = trainer.engine().groups().world.clone();
         let choice = if world.rank() == 0 {
             self.choose(trainer)
@@ -104,10 +107,16 @@ impl Checkpointer {
             Choice::Resume(step) => (self.root.join(step_dir_name(step)), false),
             Choice::From(step) => {
                 let Some(from) = &self.from else {
-                    return Err(CheckpointingError::Other("rank 0 chose checkpoint.from but this rank's config has none".into()));
+                    return Err(CheckpointingError::Other(
+                        "rank 0 chose checkpoint.from but this rank's config has none".into(),
+                    ));
                 };
                 // `from` is one checkpoint folder, or a folder of them (rank 0 picked the step).
-                let dir = if from.join(COMPLETE_FILE).exists() { from.clone() } else { from.join(step_dir_name(step)) };
+                let dir = if from.join(COMPLETE_FILE).exists() {
+                    from.clone()
+                } else {
+                    from.join(step_dir_name(step))
+                };
                 (dir, true)
             }
         };
@@ -146,7 +155,11 @@ impl Checkpointer {
                 .map_err(|e| CheckpointingError::Other(e.to_string()))?;
         }
         if world.rank() == 0 {
-            let how = if weights_only { "weights of" } else { "resumed from" };
+            let how = if weights_only {
+                "weights of"
+            } else {
+                "resumed from"
+            };
             let mut line = format!(
                 "{how} checkpoint {} (step {}, saved by {} rank(s) with {:?})",
                 dir.display(),
@@ -173,7 +186,10 @@ impl Checkpointer {
             for removed in clean_stale(&self.root)? {
                 trainer.log(
                     LogLevel::Warn,
-                    &format!("removed {} left by a save that did not finish", removed.display()),
+                    &format!(
+                        "removed {} left by a save that did not finish",
+                        removed.display()
+                    ),
                 );
             }
             let found = find_latest(&self.root, Verify::Checksums)?;
@@ -196,7 +212,11 @@ impl Checkpointer {
         Ok(Choice::Nothing)
     }
 
-    fn save_now(&mut self, trainer: &Trainer, reason: SaveReason) -> Result<Option<String>, CheckpointingError> {
+    fn save_now(
+        &mut self,
+        trainer: &Trainer,
+        reason: SaveReason,
+    ) -> Result<Option<String>, CheckpointingError> {
         let started = Instant::now();
         let engine = trainer.engine();
         let groups = engine.groups();
@@ -214,10 +234,16 @@ impl Checkpointer {
             CheckpointFormat::Sharded => {
                 // One replica of each shard is enough; the shard group's first replica writes.
                 if groups.replicate.rank() == 0 {
-                    let mut writer = ShardWriter::create(&target, &layout, engine.shard_index() as u64)?;
+                    let mut writer =
+                        ShardWriter::create(&target, &layout, engine.shard_index() as u64)?;
                     for u in 0..layout.units.len() {
                         let s = engine.export_unit(u)?;
-                        writer.write_unit(u, &bytes(&s.param), &bytes(&s.exp_avg), &bytes(&s.exp_avg_sq))?;
+                        writer.write_unit(
+                            u,
+                            &bytes(&s.param),
+                            &bytes(&s.exp_avg),
+                            &bytes(&s.exp_avg_sq),
+                        )?;
                     }
                     files.push(writer.finish()?);
                 }
@@ -237,11 +263,24 @@ impl Checkpointer {
                             if groups.shard.world_size() == 1 {
                                 return Ok(bytes(values));
                             }
-                            let full = Tensor::zeros([unit.padded_numel as i64], (Kind::Float, tch::Device::Cpu));
-                            groups.shard.all_gather(&Tensor::from_slice(values), &full)?.wait()?;
-                            Ok(bytes(&Vec::<f32>::try_from(&full).map_err(crate::fsdp::FsdpError::from)?))
+                            let full = Tensor::zeros(
+                                [unit.padded_numel as i64],
+                                (Kind::Float, tch::Device::Cpu),
+                            );
+                            groups
+                                .shard
+                                .all_gather(&Tensor::from_slice(values), &full)?
+                                .wait()?;
+                            Ok(bytes(
+                                &Vec::<f32>::try_from(&full)
+                                    .map_err(crate::fsdp::FsdpError::from)?,
+                            ))
                         };
-                        let (param, exp_avg, exp_avg_sq) = (gather(&s.param)?, gather(&s.exp_avg)?, gather(&s.exp_avg_sq)?);
+                        let (param, exp_avg, exp_avg_sq) = (
+                            gather(&s.param)?,
+                            gather(&s.exp_avg)?,
+                            gather(&s.exp_avg_sq)?,
+                        );
                         if let Some(writer) = writer.as_mut() {
                             writer.write_unit(u, &param, &exp_avg, &exp_avg_sq)?;
                         }
@@ -301,7 +340,8 @@ impl CheckpointHook for Checkpointer {
     }
 
     fn time_due(&self) -> Option<bool> {
-        self.interval.map(|interval| self.last_save.elapsed() >= interval)
+        self.interval
+            .map(|interval| self.last_save.elapsed() >= interval)
     }
 }
 
@@ -317,7 +357,10 @@ enum Choice {
 
 /// Rank 0 tells every rank what to load: a code and the step in 16-bit pieces (exact in the
 /// f32 the collectives carry). `None` on rank 0 (it failed) reaches the others as code 3.
-fn broadcast_choice(world: &dyn Communicator, choice: Option<&Choice>) -> Result<Choice, CheckpointingError> {
+fn broadcast_choice(
+    world: &dyn Communicator,
+    choice: Option<&Choice>,
+) -> Result<Choice, CheckpointingError> {
     let (code, step) = match choice {
         Some(Choice::Nothing) => (0.0, 0),
         Some(Choice::Resume(step)) => (1.0, *step),

@@ -51,10 +51,15 @@ fn assert_bitwise_resume(format: CheckpointFormat) {
     }
     let resumed = run_sharded(tmp.path(), "resumed", &config);
     let log = rank0_log(tmp.path());
-    assert!(log.contains("resumed from checkpoint") && log.contains("step-10"), "{log}");
+    assert!(
+        log.contains("resumed from checkpoint") && log.contains("step-10"),
+        "{log}"
+    );
     if format == CheckpointFormat::Sharded {
         assert!(
-            log.contains("skipping checkpoint") && log.contains("rank-1-of-2.safetensors") && log.contains("falling back"),
+            log.contains("skipping checkpoint")
+                && log.contains("rank-1-of-2.safetensors")
+                && log.contains("falling back"),
             "{log}"
         );
     }
@@ -65,7 +70,11 @@ fn assert_bitwise_resume(format: CheckpointFormat) {
     }
     for (name, a) in &straight.params {
         let b = &resumed.params[name];
-        let same = a.values.iter().zip(&b.values).all(|(x, y)| x.to_bits() == y.to_bits());
+        let same = a
+            .values
+            .iter()
+            .zip(&b.values)
+            .all(|(x, y)| x.to_bits() == y.to_bits());
         assert!(same, "final {name} differs after resume");
     }
 }
@@ -105,7 +114,11 @@ fn saved_on_two_ranks_resumes_on_one_three_four_and_under_shard_grad_op() {
             CheckpointFormat::Sharded,
         );
         let resumed = run_sharded(&run, "resumed", &config);
-        assert!(rank0_log(&run).contains("saved by 2 rank(s)"), "{}", rank0_log(&run));
+        assert!(
+            rank0_log(&run).contains("saved by 2 rank(s)"),
+            "{}",
+            rank0_log(&run)
+        );
         assert_eq!(resumed.metrics[0].step, 11);
         let (next, expected) = (resumed.losses[0], straight.losses[10]);
         assert!(

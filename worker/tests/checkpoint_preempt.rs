@@ -83,8 +83,14 @@ fn preempted_run_saves_stops_and_resumes_to_the_same_end() {
     let first_reporter = reporter(6);
     let mut first = trainer(&config, first_reporter.clone());
     let mut checkpointer = Checkpointer::from_config(&config).unwrap();
-    assert_eq!(checkpointer.restore(&mut first).unwrap(), None, "nothing to resume yet");
-    let outcome = first.run(Some(&mut checkpointer as &mut dyn CheckpointHook)).unwrap();
+    assert_eq!(
+        checkpointer.restore(&mut first).unwrap(),
+        None,
+        "nothing to resume yet"
+    );
+    let outcome = first
+        .run(Some(&mut checkpointer as &mut dyn CheckpointHook))
+        .unwrap();
     assert!(outcome.preempted);
     assert_eq!(first_reporter.losses.lock().unwrap().len(), 5);
     let found = find_latest(&tmp.path().join("checkpoints"), Verify::Checksums).unwrap();
@@ -96,7 +102,9 @@ fn preempted_run_saves_stops_and_resumes_to_the_same_end() {
     let mut checkpointer = Checkpointer::from_config(&config).unwrap();
     let restored = checkpointer.restore(&mut second).unwrap().unwrap();
     assert_eq!((restored.step, restored.weights_only), (5, false));
-    let outcome = second.run(Some(&mut checkpointer as &mut dyn CheckpointHook)).unwrap();
+    let outcome = second
+        .run(Some(&mut checkpointer as &mut dyn CheckpointHook))
+        .unwrap();
     assert!(!outcome.preempted);
 
     let straight_losses = straight_reporter.losses.lock().unwrap().clone();
@@ -104,9 +112,17 @@ fn preempted_run_saves_stops_and_resumes_to_the_same_end() {
     assert_eq!(resumed_losses.first().map(|l| l.0), Some(6));
     for (step, loss) in &resumed_losses {
         let expected = straight_losses[*step as usize - 1].1;
-        assert_eq!(loss.to_bits(), expected.to_bits(), "step {step}: {loss} vs {expected}");
+        assert_eq!(
+            loss.to_bits(),
+            expected.to_bits(),
+            "step {step}: {loss} vs {expected}"
+        );
     }
-    assert_eq!(params(&second), params(&straight), "final parameters bitwise equal");
+    assert_eq!(
+        params(&second),
+        params(&straight),
+        "final parameters bitwise equal"
+    );
     // Final save of step 12 exists too.
     let found = find_latest(&tmp.path().join("checkpoints"), Verify::Checksums).unwrap();
     assert_eq!(found.checkpoint.unwrap().step(), 12);
@@ -124,7 +140,9 @@ fn wall_time_interval_saves_between_steps() {
     let reporter = reporter(u64::MAX);
     let mut trainer = trainer(&config, reporter.clone());
     let mut checkpointer = Checkpointer::from_config(&config).unwrap();
-    trainer.run(Some(&mut checkpointer as &mut dyn CheckpointHook)).unwrap();
+    trainer
+        .run(Some(&mut checkpointer as &mut dyn CheckpointHook))
+        .unwrap();
     let mut steps: Vec<String> = std::fs::read_dir(tmp.path().join("checkpoints"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -133,6 +151,16 @@ fn wall_time_interval_saves_between_steps() {
     steps.sort();
     assert_eq!(steps, ["step-1", "step-2", "step-3", "step-4"]);
     let lines = reporter.lines.lock().unwrap();
-    assert!(lines.iter().any(|l| l.contains("checkpoint (Interval) of step 1")), "{lines:?}");
-    assert!(lines.iter().any(|l| l.contains("checkpoint (Final) of step 4")), "{lines:?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("checkpoint (Interval) of step 1")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("checkpoint (Final) of step 4")),
+        "{lines:?}"
+    );
 }

@@ -39,10 +39,12 @@ fn pytorch_reproduces_the_worker_loss_from_the_full_checkpoint() {
         .unwrap();
     let rows = |t: &tch::Tensor| -> Vec<Vec<i64>> { Vec::<Vec<i64>>::try_from(t).unwrap() };
     let batch_path = tmp.path().join("batch.json");
-    let json = serde_json::json!({ "inputs": rows(&batch.inputs), "targets": rows(&batch.targets) });
+    let json =
+        serde_json::json!({ "inputs": rows(&batch.inputs), "targets": rows(&batch.targets) });
     std::fs::write(&batch_path, json.to_string()).unwrap();
 
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/python/check_full_checkpoint.py");
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/python/check_full_checkpoint.py");
     let out = Command::new(python())
         .arg(&script)
         .arg("--checkpoint")
@@ -54,8 +56,15 @@ fn pytorch_reproduces_the_worker_loss_from_the_full_checkpoint() {
         .arg("--expected-loss")
         .arg(run.losses[10].to_string())
         .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}; run scripts/setup.sh or set SHARDRUN_PYTHON", python().display()));
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {}: {e}; run scripts/setup.sh or set SHARDRUN_PYTHON",
+                python().display()
+            )
+        });
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    eprintln!("{text}");
     assert!(out.status.success(), "{text}");
     assert!(text.contains("pytorch loss"), "{text}");
 }
