@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p shardrun-checkpoint --example checkpoint_bench -- \
-//!     [--dir DIR] [--ranks N] [--mb-per-rank MB] [--units U]
+//!     [--dir DIR] [--ranks N] [--mb-per-rank MB] [--units U] [--repeat R]
 //! ```
 //!
 //! 1. `dd` writes the same number of bytes as one rank, with `conv=fdatasync` (what a
@@ -28,6 +28,7 @@ struct Options {
     ranks: u64,
     mb_per_rank: u64,
     units: u64,
+    repeat: u64,
 }
 
 fn parse() -> Result<Options, String> {
@@ -36,6 +37,7 @@ fn parse() -> Result<Options, String> {
         ranks: 2,
         mb_per_rank: 512,
         units: 8,
+        repeat: 3,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -50,6 +52,7 @@ fn parse() -> Result<Options, String> {
             "--ranks" => o.ranks = number()?.max(1),
             "--mb-per-rank" => o.mb_per_rank = number()?.max(1),
             "--units" => o.units = number()?.max(1),
+            "--repeat" => o.repeat = number()?.max(1),
             _ => return Err(format!("unknown option {flag}")),
         }
     }
@@ -115,13 +118,46 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if let Err(e) = run(&o) {
-        eprintln!("error: {e}");
-        std::process::exit(1);
+    // The disk is shared and its speed drifts: dd and the checkpoint alternate, and the
+    // medians are compared.
+    let mut runs = Vec::new();
+    for _ in 0..o.repeat {
+        match run(&o) {
+            Ok(figures) => runs.push(figures),
+            Err(e) => {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+        }
     }
+    let median = |f: fn(&Figures) -> f64| {
+        let mut v: Vec<f64> = runs.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (dd, rank, all) = (
+        median(|f| f.dd_sync),
+        median(|f| f.write_slowest_rank),
+        median(|f| f.write_all),
+    );
+    println!(
+        "median of {}: dd fdatasync {dd:.0} MB/s; write {rank:.0} MB/s per rank, {all:.0} MB/s all ranks = {:.0}% of dd; load {:.0} MB/s per rank; save {:.2} s",
+        runs.len(),
+        100.0 * all / dd,
+        median(|f| f.load_rank),
+        median(|f| f.save_s),
+    );
 }
 
-fn run(o: &Options) -> Result<(), Box<dyn std::error::Error>> {
+struct Figures {
+    dd_sync: f64,
+    write_slowest_rank: f64,
+    write_all: f64,
+    load_rank: f64,
+    save_s: f64,
+}
+
+fn run(o: &Options) -> Result<Figures, Box<dyn std::error::Error>> {
     let _ = std::fs::remove_dir_all(&o.dir);
     std::fs::create_dir_all(&o.dir)?;
     let layout = layout(o, o.ranks);
@@ -279,5 +315,11 @@ fn run(o: &Options) -> Result<(), Box<dyn std::error::Error>> {
         (shard_bytes * o.ranks) as f64 / 1e6 / verify_s,
     );
     std::fs::remove_dir_all(&o.dir)?;
-    Ok(())
+    Ok(Figures {
+        dd_sync,
+        write_slowest_rank: slowest,
+        write_all: (shard_bytes * o.ranks) as f64 / 1e6 / total,
+        load_rank: same,
+        save_s: total,
+    })
 }
