@@ -160,9 +160,9 @@ pub fn check(config: &ModelConfig, seq_len: u64) -> Result<(), String> {
         ModelConfig::Transformer {
             vocab_size,
             dim,
-            n_layers,
             n_heads,
             max_seq_len,
+            ..
         } => {
             if vocab_size == 0 || dim == 0 || n_heads == 0 || max_seq_len == 0 {
                 return Err(
