@@ -140,21 +140,11 @@ fn connect_world(
         StdoutReporter::new(rank_env.rank, args.metrics_file.clone())
             .context("cannot open the metrics file")?,
     );
-    let master = (
-        std::env::var("MASTER_ADDR").ok(),
-        std::env::var("MASTER_PORT").ok(),
-    );
-    let comm: Box<dyn Communicator> = match master {
-        (Some(addr), Some(port)) => {
-            let port: u16 = port.trim().parse().with_context(|| format!("MASTER_PORT={port:?} is not a port number"))?;
-            world::standalone(config.device, rank_env.rank, rank_env.local_rank, rank_env.world_size, &addr, port)?
-        }
-        _ if rank_env.world_size == 1 => world::standalone(config.device, 0, 0, 1, "127.0.0.1", 0)?,
-        _ => bail!(
-            "rank {} of {} has no way to find its peers: set MASTER_ADDR and MASTER_PORT, or run under `shardrun`",
-            rank_env.rank,
-            rank_env.world_size
-        ),
-    };
+    let comm = world::standalone(
+        config,
+        rank_env.rank,
+        rank_env.local_rank,
+        rank_env.world_size,
+    )?;
     Ok((reporter, Arc::from(comm)))
 }
