@@ -164,3 +164,41 @@ fn wall_time_interval_saves_between_steps() {
         "{lines:?}"
     );
 }
+
+#[test]
+fn from_loads_weights_only_then_the_run_resumes_its_own_checkpoints() {
+    let tmp = temp_dir();
+    let mut base = config(tiny_transformer(), ShardingStrategy::FullShard, 1);
+    base.steps = 3;
+    base.checkpoint.dir = Some(tmp.path().join("pretrain"));
+    let mut pretrained = trainer(&base, reporter(u64::MAX));
+    let mut checkpointer = Checkpointer::from_config(&base).unwrap();
+    pretrained
+        .run(Some(&mut checkpointer as &mut dyn CheckpointHook))
+        .unwrap();
+
+    // Fine-tuning run: its own folder is empty, so `from` gives the weights (not the step,
+    // not the moments).
+    let mut tune = base.clone();
+    tune.checkpoint.dir = Some(tmp.path().join("finetune"));
+    tune.checkpoint.resume = true;
+    tune.checkpoint.from = Some(tmp.path().join("pretrain"));
+    let mut first = trainer(&tune, reporter(u64::MAX));
+    let mut checkpointer = Checkpointer::from_config(&tune).unwrap();
+    let restored = checkpointer.restore(&mut first).unwrap().unwrap();
+    assert!(restored.weights_only);
+    assert_eq!(restored.dir, tmp.path().join("pretrain/step-3"));
+    assert_eq!(first.train_state().step, 0);
+    assert_eq!(params(&first), params(&pretrained));
+    first
+        .run(Some(&mut checkpointer as &mut dyn CheckpointHook))
+        .unwrap();
+
+    // Requeued: the run's own checkpoint wins over `from`.
+    let mut again = trainer(&tune, reporter(u64::MAX));
+    let mut checkpointer = Checkpointer::from_config(&tune).unwrap();
+    let restored = checkpointer.restore(&mut again).unwrap().unwrap();
+    assert!(!restored.weights_only);
+    assert_eq!(restored.dir, tmp.path().join("finetune/step-3"));
+    assert_eq!(params(&again), params(&first));
+}
