@@ -135,3 +135,47 @@ fn copy_dir(from: &Path, to: &Path) {
         std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
     }
 }
+
+#[test]
+fn hybrid_and_no_shard_saves_resume_under_full_shard() {
+    for (saved_world, saved_strategy, load_world) in [
+        (4, ShardingStrategy::HybridShard, 2),
+        (2, ShardingStrategy::NoShard, 3),
+    ] {
+        let tmp = temp_dir();
+        let saved = tmp.path().join("saved");
+        let config = with_checkpoints(
+            config(tiny_transformer(), saved_strategy, saved_world),
+            &saved,
+            CheckpointFormat::Sharded,
+        );
+        let straight = run_sharded(tmp.path(), "straight", &config);
+        // Only the first replica writes shards; every rank reports.
+        let files = std::fs::read_dir(saved.join("step-10")).unwrap().count();
+        let writers = if saved_strategy == ShardingStrategy::NoShard {
+            1
+        } else {
+            2
+        };
+        assert_eq!(
+            files,
+            writers + 2,
+            "{saved_strategy:?}: shards + metadata + COMPLETE"
+        );
+
+        let run = tmp.path().join("resumed");
+        std::fs::create_dir_all(run.join("checkpoints")).unwrap();
+        copy_dir(&saved.join("step-10"), &run.join("checkpoints/step-10"));
+        let config = with_checkpoints(
+            self::config(tiny_transformer(), ShardingStrategy::FullShard, load_world),
+            &run.join("checkpoints"),
+            CheckpointFormat::Sharded,
+        );
+        let resumed = run_sharded(&run, "resumed", &config);
+        let (next, expected) = (resumed.losses[0], straight.losses[10]);
+        assert!(
+            (next - expected).abs() <= 1e-6,
+            "{saved_strategy:?} on {saved_world} → FULL_SHARD on {load_world}: step 11 loss {next} vs {expected}"
+        );
+    }
+}
