@@ -1,0 +1,73 @@
+//! Every way a checkpoint can fail to save or load. Each variant names the file (or folder)
+//! involved and the message says what to do next, so a log line is enough to act on.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{path}: {what}: {source}")]
+    Io {
+        path: PathBuf,
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("{path} is not a complete checkpoint (no COMPLETE marker): it was being written when the job stopped; it is ignored and removed by the next save")]
+    Incomplete { path: PathBuf },
+
+    #[error("{path}: file is {actual} bytes, the metadata says {expected}: the file is truncated or was replaced; this checkpoint cannot be used")]
+    SizeMismatch {
+        path: PathBuf,
+        expected: u64,
+        actual: u64,
+    },
+
+    #[error("{path}: sha256 is {actual}, the metadata says {expected}: the file is corrupted; this checkpoint cannot be used")]
+    ChecksumMismatch {
+        path: PathBuf,
+        expected: String,
+        actual: String,
+    },
+
+    #[error("{path}: {what}")]
+    Malformed { path: PathBuf, what: String },
+
+    #[error("{path}: written by checkpoint format version {found}, this build reads version {supported}: use a shardrun build of the same version to read or export it")]
+    UnsupportedVersion {
+        path: PathBuf,
+        found: u32,
+        supported: u32,
+    },
+
+    #[error("{path}: the checkpoint does not fit this model: {what}. Check that the job spec's model matches the one that wrote the checkpoint")]
+    LayoutMismatch { path: PathBuf, what: String },
+
+    #[error("invalid layout: {0}")]
+    InvalidLayout(String),
+
+    #[error("{path}: {what}")]
+    Commit { path: PathBuf, what: String },
+
+    #[error("no checkpoint in {path}: {what}")]
+    NotFound { path: PathBuf, what: String },
+}
+
+pub type Result<T, E = CheckpointError> = std::result::Result<T, E>;
+
+impl CheckpointError {
+    pub(crate) fn io(
+        path: impl Into<PathBuf>,
+        what: &'static str,
+    ) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.into();
+        move |source| CheckpointError::Io { path, what, source }
+    }
+
+    pub(crate) fn malformed(path: impl Into<PathBuf>, what: impl Into<String>) -> Self {
+        CheckpointError::Malformed {
+            path: path.into(),
+            what: what.into(),
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! Sharded → full: rebuild each unit's flat buffers from the shards and stream its
+//! parameters into `model.safetensors` / `optimizer.safetensors`, one unit in memory at a
+//! time, committed like any other save. Needs neither a GPU nor libtorch.
+
+use crate::checkpoint::Checkpoint;
+use crate::commit::{commit, CommitRequest, Committed};
+use crate::error::Result;
+use crate::naming::StateKind;
+use crate::write::{write_rank_report, FullWriter, SaveTarget};
+use shardrun_protocol::config::CheckpointFormat;
+use std::path::Path;
+
+/// Write `source` as a full checkpoint `<out_root>/step-<N>/`. The trainer state and every
+/// rank's RNG state are carried over, so the result also resumes training.
+pub fn export_full(source: &Checkpoint, out_root: &Path) -> Result<Committed> {
+    let meta = source.metadata();
+    let target = SaveTarget::new(out_root, meta.step, meta.world_size);
+    target.prepare()?;
+    let layout = source.layout();
+    let mut writer = FullWriter::create(&target, layout)?;
+    for (u, unit) in layout.units.iter().enumerate() {
+        let whole = 0..unit.numel;
+        let mut buffers = [StateKind::Param, StateKind::ExpAvg, StateKind::ExpAvgSq]
+            .map(|_| vec![0u8; unit.numel as usize * 4]);
+        for (kind, buffer) in StateKind::ALL.into_iter().zip(buffers.iter_mut()) {
+            source.read_unit_range(kind, unit, whole.clone(), buffer)?;
+        }
+        let [param, exp_avg, exp_avg_sq] = &buffers;
+        writer.write_unit(u, param, exp_avg, exp_avg_sq)?;
+    }
+    let files = writer.finish()?;
+    let mut files = Some(files);
+    for rank in &meta.ranks {
+        let mine = if rank.rank == 0 {
+            files.take().unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        write_rank_report(&target, rank.rank, rank.rng.clone(), mine)?;
+    }
+    commit(
+        &target,
+        &CommitRequest {
+            format: CheckpointFormat::Full,
+            strategy: meta.strategy,
+            shard_group_size: meta.shard_group_size,
+            dtypes: meta.dtypes.clone(),
+            layout: layout.clone(),
+            trainer: meta.trainer.clone(),
+            config_hash: meta.config_hash.clone(),
+            keep: usize::MAX,
+        },
+    )
+}

@@ -1,0 +1,168 @@
+//! Truncated, corrupted or mismatched files: opening fails with the file named, and resume
+//! falls back to the previous checkpoint, saying so.
+
+mod common;
+
+use common::*;
+use shardrun_checkpoint::{find_latest, resolve, Checkpoint, CheckpointError, Verify};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Copy)]
+enum Damage {
+    Truncate,
+    FlipHeaderByte,
+    FlipLastByte,
+    Delete,
+}
+
+fn damage(path: &Path, how: Damage) {
+    let mut bytes = std::fs::read(path).unwrap();
+    match how {
+        Damage::Truncate => bytes.truncate(bytes.len() * 2 / 3),
+        Damage::FlipHeaderByte => bytes[12] ^= 0x20,
+        Damage::FlipLastByte => *bytes.last_mut().unwrap() ^= 0x01,
+        Damage::Delete => return std::fs::remove_file(path).unwrap(),
+    }
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Two checkpoints (steps 10 and 20); the newest one's `file` damaged.
+fn two_checkpoints(format_full: bool, file: &str, how: Damage) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    for step in [10, 20] {
+        if format_full {
+            save_full(tmp.path(), step, 2, &layout(1), 3);
+        } else {
+            save_sharded(tmp.path(), step, 2, &layout(2), 3);
+        }
+    }
+    let path = tmp.path().join("step-20").join(file);
+    damage(&path, how);
+    (tmp, path)
+}
+
+fn assert_falls_back(root: &Path, damaged: &Path) -> String {
+    let found = find_latest(root, Verify::Checksums).unwrap();
+    let checkpoint = found.checkpoint.as_ref().expect("falls back to step 10");
+    assert_eq!(checkpoint.step(), 10);
+    assert_loads_onto(checkpoint, &layout(2), 10);
+    let messages = found.fallback_messages();
+    assert_eq!(messages.len(), 1);
+    assert!(
+        messages[0].contains(&damaged.display().to_string()),
+        "{}",
+        messages[0]
+    );
+    assert!(
+        messages[0].contains("falling back to") && messages[0].contains("step-10"),
+        "{}",
+        messages[0]
+    );
+    messages[0].clone()
+}
+
+#[test]
+fn every_kind_of_file_damaged_every_way_is_caught_and_named() {
+    let cases: &[(bool, &str)] = &[
+        (false, "rank-0-of-2.safetensors"),
+        (false, "rank-1-of-2.safetensors"),
+        (false, "metadata.json"),
+        (false, "COMPLETE"),
+        (true, "model.safetensors"),
+        (true, "optimizer.safetensors"),
+        (true, "metadata.json"),
+    ];
+    for &(full, file) in cases {
+        for how in [
+            Damage::Truncate,
+            Damage::FlipHeaderByte,
+            Damage::FlipLastByte,
+            Damage::Delete,
+        ] {
+            let (tmp, damaged) = two_checkpoints(full, file, how);
+            let err = Checkpoint::open(&tmp.path().join("step-20"), Verify::Checksums).unwrap_err();
+            let text = err.to_string();
+            // A missing COMPLETE is an incomplete checkpoint: the folder is named.
+            let named = if matches!((file, how), ("COMPLETE", Damage::Delete)) {
+                damaged.parent().unwrap().to_path_buf()
+            } else {
+                damaged.clone()
+            };
+            assert!(
+                text.contains(&named.display().to_string()),
+                "{file} {how:?}: the error does not name it: {text}"
+            );
+            assert_falls_back(tmp.path(), &named);
+        }
+    }
+}
+
+#[test]
+fn errors_say_what_happened() {
+    let (tmp, _) = two_checkpoints(false, "rank-1-of-2.safetensors", Damage::FlipLastByte);
+    let err = Checkpoint::open(&tmp.path().join("step-20"), Verify::Checksums).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::ChecksumMismatch { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("the file is corrupted"), "{err}");
+
+    let (tmp, _) = two_checkpoints(false, "rank-0-of-2.safetensors", Damage::Truncate);
+    let err = Checkpoint::open(&tmp.path().join("step-20"), Verify::Structure).unwrap_err();
+    assert!(matches!(err, CheckpointError::SizeMismatch { .. }), "{err}");
+    assert!(err.to_string().contains("truncated"), "{err}");
+}
+
+#[test]
+fn structure_check_alone_catches_truncation_but_not_flipped_data() {
+    // Why resume verifies checksums: a flipped data byte keeps sizes and headers intact.
+    let (tmp, _) = two_checkpoints(false, "rank-1-of-2.safetensors", Damage::FlipLastByte);
+    assert!(Checkpoint::open(&tmp.path().join("step-20"), Verify::Structure).is_ok());
+    assert!(Checkpoint::open(&tmp.path().join("step-20"), Verify::Checksums).is_err());
+}
+
+#[test]
+fn a_newer_format_version_is_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let committed = save_sharded(tmp.path(), 1, 1, &layout(1), 3);
+    let path = committed.dir.join("metadata.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("\"format_version\": 1", "\"format_version\": 99");
+    std::fs::write(&path, text.as_bytes()).unwrap();
+    // Re-seal so that only the version is wrong.
+    std::fs::write(
+        committed.dir.join("COMPLETE"),
+        shardrun_checkpoint::metadata::complete_marker(1, text.as_bytes()),
+    )
+    .unwrap();
+    let err = Checkpoint::open(&committed.dir, Verify::Checksums).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::UnsupportedVersion { found: 99, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn nothing_valid_left_is_an_error_for_explicit_paths_and_a_fresh_start_for_resume() {
+    let tmp = tempfile::tempdir().unwrap();
+    let committed = save_sharded(tmp.path(), 1, 2, &layout(2), 3);
+    damage(
+        &committed.dir.join("rank-0-of-2.safetensors"),
+        Damage::FlipLastByte,
+    );
+    let found = find_latest(tmp.path(), Verify::Checksums).unwrap();
+    assert!(found.checkpoint.is_none());
+    assert!(
+        found.fallback_messages()[0].contains("no older checkpoint"),
+        "{:?}",
+        found.fallback_messages()
+    );
+    let err = resolve(tmp.path(), Verify::Checksums)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("every checkpoint is damaged") && err.contains("rank-0-of-2.safetensors"),
+        "{err}"
+    );
+}

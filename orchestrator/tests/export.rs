@@ -1,0 +1,149 @@
+//! `shardrun export` as people run it: on a run directory, on a damaged newest checkpoint,
+//! on a path that holds none.
+
+use shardrun_checkpoint::tensor_file::TensorFile;
+use shardrun_checkpoint::{
+    commit, write_rank_report, CommitRequest, DataPosition, Layout, SaveTarget, SchedulerState,
+    ShardWriter, StateDtypes, TrainerState, UnitLayout,
+};
+use shardrun_protocol::config::{CheckpointFormat, DType, ShardingStrategy};
+use std::path::Path;
+use std::process::Command;
+
+fn layout(shards: u64) -> Layout {
+    let unit = |name: &str, params: &[(&str, &[u64])]| {
+        UnitLayout::packed(
+            name,
+            params.iter().map(|(n, s)| (n.to_string(), s.to_vec())),
+            shards,
+        )
+        .unwrap()
+    };
+    Layout::new(vec![
+        unit(
+            "layer1",
+            &[("layer1.weight", &[16, 8]), ("layer1.bias", &[16])],
+        ),
+        unit(
+            "layer2",
+            &[("layer2.weight", &[4, 16]), ("layer2.bias", &[4])],
+        ),
+    ])
+    .unwrap()
+}
+
+/// A sharded checkpoint of seed 000's MLP shape on `world` ranks; element `i` of a unit is
+/// `step + i / 1000`.
+fn save(root: &Path, step: u64, world: u64) {
+    let layout = layout(world);
+    let target = SaveTarget::new(root, step, world);
+    target.prepare().unwrap();
+    for rank in 0..world {
+        let mut writer = ShardWriter::create(&target, &layout, rank).unwrap();
+        for (u, unit) in layout.units.iter().enumerate() {
+            let shard: Vec<u8> = unit
+                .shard_range(rank)
+                .flat_map(|i| {
+                    if i < unit.numel {
+                        step as f32 + i as f32 / 1000.0
+                    } else {
+                        0.0
+                    }
+                    .to_le_bytes()
+                })
+                .collect();
+            writer.write_unit(u, &shard, &shard, &shard).unwrap();
+        }
+        let file = writer.finish().unwrap();
+        write_rank_report(&target, rank, vec![rank as u8], vec![file]).unwrap();
+    }
+    let request = CommitRequest {
+        format: CheckpointFormat::Sharded,
+        strategy: ShardingStrategy::FullShard,
+        shard_group_size: world,
+        dtypes: StateDtypes::fp32_state(DType::F32),
+        layout,
+        trainer: TrainerState {
+            optimizer_step: step,
+            scheduler: SchedulerState { step, last_lr: 0.1 },
+            data: DataPosition {
+                samples_done: step,
+                micro_batches_done: step,
+            },
+            seed: 0,
+            loss_scale: None,
+        },
+        config_hash: "feedfacefeedface".into(),
+        keep: 5,
+    };
+    commit(&target, &request).unwrap();
+}
+
+fn shardrun(args: &[&Path]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_shardrun"))
+        .arg("export")
+        .args(args)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn exports_the_newest_checkpoint_of_a_run_directory() {
+    let run = tempfile::tempdir().unwrap();
+    save(&run.path().join("checkpoints"), 10, 2);
+    save(&run.path().join("checkpoints"), 20, 2);
+    let (ok, text) = shardrun(&[run.path()]);
+    assert!(ok, "{text}");
+    assert!(text.contains("Exported step 20 (2 ranks"), "{text}");
+    let model = run
+        .path()
+        .join("checkpoints/export/step-20/model.safetensors");
+    let file = TensorFile::open(&model).unwrap();
+    assert_eq!(file.shape("layer2.bias").unwrap(), [4]);
+    let mut first = [0u8; 4];
+    file.read_at(file.element_position("layer2.bias", 0).unwrap(), &mut first)
+        .unwrap();
+    assert_eq!(
+        f32::from_le_bytes(first),
+        20.0 + 64.0 / 1000.0,
+        "layer2.bias follows the 4x16 weight"
+    );
+}
+
+#[test]
+fn a_damaged_newest_checkpoint_is_reported_and_the_previous_one_exported() {
+    let root = tempfile::tempdir().unwrap();
+    save(root.path(), 10, 3);
+    save(root.path(), 20, 3);
+    let shard = root.path().join("step-20/rank-2-of-3.safetensors");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&shard, bytes).unwrap();
+    let out = root.path().join("full");
+    let (ok, text) = shardrun(&[root.path(), Path::new("--out"), &out]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("warning: skipping checkpoint") && text.contains("rank-2-of-3.safetensors"),
+        "{text}"
+    );
+    assert!(text.contains("Exported step 10"), "{text}");
+    assert!(out.join("step-10/model.safetensors").exists());
+}
+
+#[test]
+fn a_folder_without_checkpoints_says_what_to_check() {
+    let empty = tempfile::tempdir().unwrap();
+    let (ok, text) = shardrun(&[empty.path()]);
+    assert!(!ok);
+    assert!(
+        text.contains("no checkpoints under") && text.contains("checkpoint.dir"),
+        "{text}"
+    );
+    let (ok, text) = shardrun(&[&empty.path().join("missing")]);
+    assert!(!ok);
+    assert!(text.contains("does not exist"), "{text}");
+}

@@ -1,0 +1,443 @@
+//! The bridge between the FSDP engine and the checkpoint format (crate
+//! `shardrun-checkpoint`): saving at the trainer's step boundaries (interval steps, wall-time
+//! minutes, final, preemption) and restoring before training (the newest valid checkpoint of
+//! the run, or `checkpoint.from` for fine-tuning).
+//!
+//! Every rank calls [`Checkpointer::save`] and [`Checkpointer::restore`] at the same point:
+//! they run collectives (barriers, per-unit all-gathers for the full format, a broadcast of
+//! which checkpoint to load).
+
+use crate::collectives::Communicator;
+use crate::fsdp::{FlatLayout, FsdpEngine, UnitShardState};
+use crate::schedule::Schedule;
+use crate::train::{CheckpointHook, SaveReason, TrainState, Trainer};
+use shardrun_checkpoint::naming::{step_dir_name, COMPLETE_FILE};
+use shardrun_checkpoint::{
+    clean_stale, commit_observed, find_latest, resolve, write_rank_report, Checkpoint,
+    CheckpointError, CommitRequest, CommitStage, DataPosition, FullWriter, Layout, LossScaleState,
+    ParamSlot, SaveTarget, SchedulerState, ShardWriter, StateDtypes, StateKind, TrainerState,
+    UnitLayout, Verify,
+};
+use shardrun_protocol::config::{CheckpointFormat, TrainConfig};
+use shardrun_protocol::env;
+use shardrun_protocol::messages::LogLevel;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tch::{Kind, Tensor};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointingError {
+    #[error(transparent)]
+    Format(#[from] CheckpointError),
+    #[error("collective during checkpointing: {0}")]
+    Comm(#[from] crate::collectives::CommError),
+    #[error(transparent)]
+    Fsdp(#[from] crate::fsdp::FsdpError),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// What a restore loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restored {
+    pub dir: PathBuf,
+    pub step: u64,
+    /// Weights only (`checkpoint.from`, fine-tuning): step, optimizer and schedule start anew.
+    pub weights_only: bool,
+}
+
+pub struct Checkpointer {
+    root: PathBuf,
+    format: CheckpointFormat,
+    keep: usize,
+    interval: Option<Duration>,
+    last_save: Instant,
+    resume: bool,
+    from: Option<PathBuf>,
+    config_hash: String,
+}
+
+impl Checkpointer {
+    /// `None` when the config names no checkpoint folder and no run directory is known.
+    pub fn from_config(config: &TrainConfig) -> Option<Checkpointer> {
+        let c = &config.checkpoint;
+        let root = c.dir.clone().or_else(|| {
+            std::env::var_os(env::RUN_DIR).map(|run| PathBuf::from(run).join("checkpoints"))
+        })?;
+        Some(Checkpointer {
+            root,
+            format: c.format,
+            keep: c.keep.max(1),
+            interval: c
+                .interval_minutes
+                .filter(|m| m.is_finite() && *m > 0.0)
+                .map(|m| Duration::from_secs_f64(m * 60.0)),
+            last_save: Instant::now(),
+            resume: c.resume,
+            from: c.from.clone(),
+            config_hash: config.config_hash(),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Load the newest valid checkpoint of this run (a re-run or requeue continues it); if
+    /// there is none, `checkpoint.from` (weights only). Rank 0 chooses, verifying checksums
+    /// and cleaning leftovers of killed saves, and tells the others.
+    pub fn restore(
+        &mut self,
+        trainer: &mut Trainer,
+    ) -> Result<Option<Restored>, CheckpointingError> {
+        let world = trainer.engine().groups().world.clone();
+        let choice = if world.rank() == 0 {
+            self.choose(trainer)
+        } else {
+            Ok(Choice::Nothing)
+        };
+        let agreed = broadcast_choice(world.as_ref(), choice.as_ref().ok());
+        // Rank 0 reports its own error; the others learn only that there was one.
+        let agreed = match (choice, agreed) {
+            (Err(e), _) => return Err(e),
+            (Ok(_), agreed) => agreed?,
+        };
+        let (dir, weights_only) = match agreed {
+            Choice::Nothing => return Ok(None),
+            Choice::Resume(step) => (self.root.join(step_dir_name(step)), false),
+            Choice::From(step) => {
+                let Some(from) = &self.from else {
+                    return Err(CheckpointingError::Other(
+                        "rank 0 chose checkpoint.from but this rank's config has none".into(),
+                    ));
+                };
+                // `from` is one checkpoint folder, or a folder of them (rank 0 picked the step).
+                let dir = if from.join(COMPLETE_FILE).exists() {
+                    from.clone()
+                } else {
+                    from.join(step_dir_name(step))
+                };
+                (dir, true)
+            }
+        };
+        let checkpoint = Checkpoint::open(&dir, Verify::Structure)?;
+        let target = engine_layout(trainer.engine());
+        checkpoint.check_compatible(&target)?;
+        let shard = trainer.engine().shard_index() as u64;
+        for (u, unit) in target.units.iter().enumerate() {
+            let read = |kind| -> Result<Vec<f32>, CheckpointingError> {
+                if weights_only && kind != StateKind::Param {
+                    return Ok(vec![0.0; unit.shard_size as usize]);
+                }
+                let mut bytes = vec![0u8; unit.shard_size as usize * 4];
+                checkpoint.read_shard(kind, unit, shard, &mut bytes)?;
+                Ok(floats(&bytes))
+            };
+            let state = UnitShardState {
+                param: read(StateKind::Param)?,
+                exp_avg: read(StateKind::ExpAvg)?,
+                exp_avg_sq: read(StateKind::ExpAvgSq)?,
+            };
+            trainer.engine_mut().import_unit(u, &state)?;
+        }
+        let meta = checkpoint.metadata();
+        if !weights_only {
+            let t = &meta.trainer;
+            trainer
+                .restore(&TrainState {
+                    step: meta.step,
+                    optimizer_steps: t.optimizer_step,
+                    loss_scale: t.loss_scale.as_ref().map(|s| s.scale),
+                    growth_tracker: t.loss_scale.as_ref().map_or(0, |s| s.growth_tracker),
+                    seed: t.seed,
+                    micro_batches_done: t.data.micro_batches_done,
+                })
+                .map_err(|e| CheckpointingError::Other(e.to_string()))?;
+        }
+        if world.rank() == 0 {
+            let how = if weights_only {
+                "weights of"
+            } else {
+                "resumed from"
+            };
+            let mut line = format!(
+                "{how} checkpoint {} (step {}, saved by {} rank(s) with {:?})",
+                dir.display(),
+                meta.step,
+                meta.world_size,
+                meta.strategy
+            );
+            if meta.config_hash != self.config_hash {
+                line.push_str("; the job config differs from the one that saved it");
+            }
+            trainer.log(LogLevel::Info, &line);
+        }
+        self.last_save = Instant::now();
+        Ok(Some(Restored {
+            dir,
+            step: meta.step,
+            weights_only,
+        }))
+    }
+
+    /// Rank 0's pick, logging every checkpoint it passes over.
+    fn choose(&self, trainer: &Trainer) -> Result<Choice, CheckpointingError> {
+        if self.resume {
+            for removed in clean_stale(&self.root)? {
+                trainer.log(
+                    LogLevel::Warn,
+                    &format!(
+                        "removed {} left by a save that did not finish",
+                        removed.display()
+                    ),
+                );
+            }
+            let found = find_latest(&self.root, Verify::Checksums)?;
+            for message in found.fallback_messages() {
+                trainer.log(LogLevel::Warn, &message);
+            }
+            if let Some(checkpoint) = found.checkpoint {
+                return Ok(Choice::Resume(checkpoint.step()));
+            }
+        }
+        if let Some(from) = &self.from {
+            let found = resolve(from, Verify::Checksums)?;
+            for message in found.fallback_messages() {
+                trainer.log(LogLevel::Warn, &message);
+            }
+            if let Some(checkpoint) = found.checkpoint {
+                return Ok(Choice::From(checkpoint.step()));
+            }
+        }
+        Ok(Choice::Nothing)
+    }
+
+    fn save_now(
+        &mut self,
+        trainer: &Trainer,
+        reason: SaveReason,
+    ) -> Result<Option<String>, CheckpointingError> {
+        let started = Instant::now();
+        let engine = trainer.engine();
+        let groups = engine.groups();
+        let (rank, world_size) = (groups.world.rank() as u64, groups.world.world_size() as u64);
+        let state = trainer.train_state();
+        let target = SaveTarget::new(&self.root, state.step, world_size);
+        if rank == 0 {
+            target.prepare()?;
+        }
+        groups.world.barrier()?;
+
+        let layout = engine_layout(engine);
+        let mut files = Vec::new();
+        match self.format {
+            CheckpointFormat::Sharded => {
+                // One replica of each shard is enough; the shard group's first replica writes.
+                if groups.replicate.rank() == 0 {
+                    let mut writer =
+                        ShardWriter::create(&target, &layout, engine.shard_index() as u64)?;
+                    for u in 0..layout.units.len() {
+                        let s = engine.export_unit(u)?;
+                        writer.write_unit(
+                            u,
+                            &bytes(&s.param),
+                            &bytes(&s.exp_avg),
+                            &bytes(&s.exp_avg_sq),
+                        )?;
+                    }
+                    files.push(writer.finish()?);
+                }
+            }
+            CheckpointFormat::Full => {
+                // Unit by unit: rank 0's shard group gathers one unit at a time; only rank 0
+                // writes, so no rank ever holds more than one unit unsharded.
+                let mut writer = if rank == 0 {
+                    Some(FullWriter::create(&target, &layout)?)
+                } else {
+                    None
+                };
+                if groups.replicate.rank() == 0 {
+                    for (u, unit) in layout.units.iter().enumerate() {
+                        let s = engine.export_unit(u)?;
+                        let gather = |values: &[f32]| -> Result<Vec<u8>, CheckpointingError> {
+                            if groups.shard.world_size() == 1 {
+                                return Ok(bytes(values));
+                            }
+                            let full = Tensor::zeros(
+                                [unit.padded_numel as i64],
+                                (Kind::Float, tch::Device::Cpu),
+                            );
+                            groups
+                                .shard
+                                .all_gather(&Tensor::from_slice(values), &full)?
+                                .wait()?;
+                            Ok(bytes(
+                                &Vec::<f32>::try_from(&full)
+                                    .map_err(crate::fsdp::FsdpError::from)?,
+                            ))
+                        };
+                        let (param, exp_avg, exp_avg_sq) = (
+                            gather(&s.param)?,
+                            gather(&s.exp_avg)?,
+                            gather(&s.exp_avg_sq)?,
+                        );
+                        if let Some(writer) = writer.as_mut() {
+                            writer.write_unit(u, &param, &exp_avg, &exp_avg_sq)?;
+                        }
+                    }
+                }
+                if let Some(writer) = writer {
+                    files.extend(writer.finish()?);
+                }
+            }
+        }
+        // Training draws no random numbers (data and init are functions of the seed and the
+        // sample index), so there is no generator state to keep per rank.
+        write_rank_report(&target, rank, Vec::new(), files)?;
+        groups.world.barrier()?;
+
+        let mut path = None;
+        if rank == 0 {
+            let request = CommitRequest {
+                format: self.format,
+                strategy: trainer.config.fsdp.strategy,
+                shard_group_size: groups.shard.world_size() as u64,
+                dtypes: StateDtypes::fp32_state(trainer.config.fsdp.mixed_precision.param_dtype),
+                layout,
+                trainer: trainer_state(&trainer.config, &state),
+                config_hash: self.config_hash.clone(),
+                keep: self.keep,
+            };
+            let committed = commit_observed(&target, &request, CommitStage::Prune, &mut |_| {})?;
+            let bytes: u64 = committed.metadata.files.iter().map(|f| f.size).sum();
+            let seconds = started.elapsed().as_secs_f64();
+            trainer.log(
+                LogLevel::Info,
+                &format!(
+                    "checkpoint ({reason:?}) of step {} saved to {} in {seconds:.2} s ({:.0} MB, {:.0} MB/s){}",
+                    state.step,
+                    committed.dir.display(),
+                    bytes as f64 / 1e6,
+                    bytes as f64 / 1e6 / seconds.max(1e-9),
+                    if committed.pruned.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; removed {} older", committed.pruned.len())
+                    }
+                ),
+            );
+            path = Some(committed.dir.display().to_string());
+        }
+        self.last_save = Instant::now();
+        Ok(path)
+    }
+}
+
+impl CheckpointHook for Checkpointer {
+    fn save(&mut self, trainer: &Trainer, reason: SaveReason) -> Result<Option<String>, String> {
+        self.save_now(trainer, reason)
+            .map_err(|e| format!("saving to {} failed: {e}", self.root.display()))
+    }
+
+    fn time_due(&self) -> Option<bool> {
+        self.interval
+            .map(|interval| self.last_save.elapsed() >= interval)
+    }
+}
+
+/// Rank 0's decision, broadcast to every rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Choice {
+    Nothing,
+    /// `step-<N>` under the run's checkpoint folder.
+    Resume(u64),
+    /// Step `N` of `checkpoint.from` (fine-tuning: weights only).
+    From(u64),
+}
+
+/// Rank 0 tells every rank what to load: a code and the step in 16-bit pieces (exact in the
+/// f32 the collectives carry). `None` on rank 0 (it failed) reaches the others as code 3.
+fn broadcast_choice(
+    world: &dyn Communicator,
+    choice: Option<&Choice>,
+) -> Result<Choice, CheckpointingError> {
+    let (code, step) = match choice {
+        Some(Choice::Nothing) => (0.0, 0),
+        Some(Choice::Resume(step)) => (1.0, *step),
+        Some(Choice::From(step)) => (2.0, *step),
+        None => (3.0, 0),
+    };
+    let pieces: Vec<f32> = std::iter::once(code)
+        .chain((0..4).map(|i| ((step >> (16 * i)) & 0xffff) as f32))
+        .collect();
+    let message = Tensor::from_slice(&pieces);
+    if world.world_size() > 1 {
+        world.broadcast(&message, 0)?.wait()?;
+    }
+    let values = Vec::<f32>::try_from(&message).map_err(crate::fsdp::FsdpError::from)?;
+    let step = (0..4).fold(0u64, |acc, i| acc | ((values[1 + i] as u64) << (16 * i)));
+    match values[0] as u32 {
+        0 => Ok(Choice::Nothing),
+        1 => Ok(Choice::Resume(step)),
+        2 => Ok(Choice::From(step)),
+        _ => Err(CheckpointingError::Other(
+            "rank 0 could not choose a checkpoint to load (its log says why)".into(),
+        )),
+    }
+}
+
+/// The engine's units in the checkpoint crate's terms.
+pub fn engine_layout(engine: &FsdpEngine) -> Layout {
+    let units = engine.layouts().into_iter().map(unit_layout).collect();
+    Layout { units }
+}
+
+fn unit_layout(flat: &FlatLayout) -> UnitLayout {
+    UnitLayout {
+        name: flat.unit.clone(),
+        params: flat
+            .params
+            .iter()
+            .map(|p| ParamSlot {
+                name: p.name.clone(),
+                shape: p.shape.iter().map(|&d| d as u64).collect(),
+                offset: p.offset as u64,
+                numel: p.numel as u64,
+            })
+            .collect(),
+        numel: flat.numel as u64,
+        padded_numel: flat.padded_numel as u64,
+        shard_size: flat.shard_numel() as u64,
+    }
+}
+
+fn trainer_state(config: &TrainConfig, state: &TrainState) -> TrainerState {
+    let schedule = Schedule::new(config.optimizer.lr, config.schedule.clone(), config.steps);
+    TrainerState {
+        optimizer_step: state.optimizer_steps,
+        scheduler: SchedulerState {
+            step: state.step,
+            last_lr: schedule.lr(state.step.saturating_sub(1)),
+        },
+        data: DataPosition {
+            samples_done: state.step * config.batch.total_batch_size,
+            micro_batches_done: state.micro_batches_done,
+        },
+        seed: state.seed,
+        loss_scale: state.loss_scale.map(|scale| LossScaleState {
+            scale,
+            growth_tracker: state.growth_tracker,
+        }),
+    }
+}
+
+fn bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn floats(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
