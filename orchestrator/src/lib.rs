@@ -4,3 +4,8 @@
 
 pub mod cli;
 pub mod commands;
+
+pub mod plan;
+pub mod render;
+pub mod rundir;
+pub mod spec;
