@@ -8,4 +8,5 @@ pub mod commands;
 pub mod plan;
 pub mod render;
 pub mod rundir;
+pub mod slurm;
 pub mod spec;
