@@ -10,3 +10,4 @@ pub mod render;
 pub mod rundir;
 pub mod slurm;
 pub mod spec;
+pub mod sweep;

@@ -184,7 +184,7 @@ fn explain(field: &str, message: &str, _source: &str) -> (SpecErrorKind, String,
 }
 
 /// The closest candidate by Jaro-Winkler similarity, if it is close enough to be a typo.
-pub(crate) fn did_you_mean<'a>(given: &str, candidates: &[&'a str]) -> Option<&'a str> {
+pub fn did_you_mean<'a>(given: &str, candidates: &[&'a str]) -> Option<&'a str> {
     candidates
         .iter()
         .map(|c| (strsim::jaro_winkler(given, c), *c))

@@ -8,6 +8,7 @@ mod error;
 mod locate;
 mod schema;
 
+pub use error::did_you_mean;
 pub use error::{SpecError, SpecErrorKind};
 pub use locate::locate_path;
 pub use schema::*;
