@@ -803,3 +803,126 @@ impl ResolvedJob {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::parse;
+    use std::path::Path;
+
+    fn job(extra_resources: &str, total: u64, per_device: u64) -> Result<ResolvedJob, PlanError> {
+        let yaml = format!(
+            "name: t\nresources:\n  tasks_per_node: 2\n{extra_resources}training:\n  model: {{ kind: transformer, vocab_size: 128, dim: 32, n_layers: 2, n_heads: 4, max_seq_len: 16 }}\n  steps: 10\n  total_batch_size: {total}\n  batch_size_per_device: {per_device}\n"
+        );
+        let loaded = parse(&yaml, Path::new("job.yaml")).expect("parses");
+        resolve(&loaded, &Overrides::default())
+    }
+
+    #[test]
+    fn accumulation_and_tokens() {
+        let j = job("", 32, 4).unwrap();
+        assert_eq!(
+            (j.world_size, j.grad_accum_steps, j.tokens_per_step),
+            (2, 4, 32 * 16)
+        );
+        assert_eq!(j.train.batch.grad_accum_steps, 4);
+        assert_eq!(j.train.threads_per_rank, 1);
+    }
+
+    #[test]
+    fn split_that_does_not_divide_shows_nearest_totals() {
+        let PlanError::Invalid(err) = job("", 20, 8).unwrap_err();
+        assert_eq!(err.field, "training.total_batch_size");
+        assert_eq!(err.line, Some(7));
+        assert!(err.fix.contains("nearest 16 or 32"), "{err}");
+        assert!(err.fix.contains("[1, 2, 5, 10]"), "{err}");
+    }
+
+    #[test]
+    fn zero_total_or_per_device_is_an_error() {
+        let PlanError::Invalid(err) = job("", 0, 8).unwrap_err();
+        assert!(err.fix.contains("nearest 16"), "{err}");
+        let PlanError::Invalid(err) = job("", 16, 0).unwrap_err();
+        assert_eq!(err.field, "training.batch_size_per_device");
+    }
+
+    #[test]
+    fn gpu_world_is_nodes_times_gpus_and_local_override_wins() {
+        let j = job("  nodes: 2\n  gpus_per_node: 4\n", 64, 2).unwrap_err();
+        // tasks_per_node: 2 with 4 GPUs per node is refused: one rank per GPU.
+        let PlanError::Invalid(err) = j;
+        assert_eq!(err.field, "resources.tasks_per_node");
+        let yaml = "name: t\nresources:\n  nodes: 2\n  gpus_per_node: 4\ntraining:\n  model: { kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }\n  steps: 1\n  total_batch_size: 64\n  batch_size_per_device: 2\n";
+        let loaded = parse(yaml, Path::new("job.yaml")).unwrap();
+        let j = resolve(&loaded, &Overrides::default()).unwrap();
+        assert_eq!(
+            (j.world_size, j.grad_accum_steps, j.train.device),
+            (8, 4, DeviceKind::Cuda)
+        );
+        let local = resolve(
+            &loaded,
+            &Overrides {
+                world_size: Some(2),
+                device: Some(DeviceKind::Cpu),
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            (local.world_size, local.grad_accum_steps, local.train.device),
+            (2, 16, DeviceKind::Cpu)
+        );
+    }
+
+    #[test]
+    fn warns_when_model_state_does_not_fit_the_gpu() {
+        let yaml = "name: t\nresources:\n  gpus_per_node: 2\n  gpu_memory_gb: 0.001\ntraining:\n  model: { kind: mlp, input_dim: 1024, hidden_dim: 1024, output_dim: 1024 }\n  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 1\n";
+        let j = resolve(
+            &parse(yaml, Path::new("j.yaml")).unwrap(),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            j.memory.bytes_per_rank,
+            ShardingStrategy::FullShard.model_state_bytes_per_rank(j.memory.num_params, 2, 2)
+        );
+        assert!(
+            j.warnings
+                .iter()
+                .any(|w| w.contains("will run out of memory")),
+            "{:?}",
+            j.warnings
+        );
+        assert!(j.summary().contains("warning: model state needs"));
+    }
+
+    #[test]
+    fn slurm_time_formats() {
+        assert_eq!(parse_slurm_time("30"), Some(1800));
+        assert_eq!(parse_slurm_time("01:30"), Some(90));
+        assert_eq!(parse_slurm_time("02:00:00"), Some(7200));
+        assert_eq!(parse_slurm_time("1-00:00:00"), Some(86400));
+        assert_eq!(parse_slurm_time("1-2"), Some(93600));
+        assert_eq!(parse_slurm_time("two hours"), None);
+        assert_eq!(parse_slurm_time("0"), None);
+    }
+
+    #[test]
+    fn signal_after_the_time_limit_is_an_error() {
+        let yaml = "name: t\nresources:\n  time: \"00:01:00\"\npreemption:\n  signal_seconds: 120\ntraining:\n  model: { kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }\n  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 2\n";
+        let loaded = parse(yaml, Path::new("j.yaml")).unwrap();
+        let PlanError::Invalid(err) = resolve(&loaded, &Overrides::default()).unwrap_err();
+        assert_eq!(err.field, "preemption.signal_seconds");
+        assert_eq!(err.line, Some(5));
+        // Without an explicit value the warning moves to half the limit.
+        let loaded = parse(
+            &yaml.replace("  signal_seconds: 120\n", "  requeue: false\n"),
+            Path::new("j.yaml"),
+        )
+        .unwrap();
+        let j = resolve(&loaded, &Overrides::default()).unwrap();
+        assert_eq!(
+            (j.preemption.signal_seconds, j.preemption.requeue),
+            (30, false)
+        );
+    }
+}

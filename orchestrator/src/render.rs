@@ -132,3 +132,107 @@ pub fn shell_quote(text: &str) -> String {
         format!("'{}'", text.replace('\'', r"'\''"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{resolve, Overrides};
+    use crate::spec::parse;
+
+    const EXE: &str = "/opt/shardrun/bin/shardrun";
+
+    fn resolved(text: &str) -> ResolvedJob {
+        resolve(
+            &parse(text, Path::new("job.yaml")).unwrap(),
+            &Overrides::default(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn demo_script() {
+        let job = resolved(include_str!("../../examples/demo.yaml"));
+        let script = render_sbatch(
+            &job,
+            &ScriptTarget::Single {
+                run_dir: "/home/me/runs/demo".into(),
+            },
+            Path::new(EXE),
+        )
+        .unwrap();
+        insta::assert_snapshot!(script);
+    }
+
+    #[test]
+    fn gpu_cluster_script_carries_every_flag() {
+        let job = resolved(include_str!("../../examples/gpu-cluster.yaml"));
+        let script = render_sbatch(
+            &job,
+            &ScriptTarget::Single {
+                run_dir: "/scratch/my-user/runs/llm-1b".into(),
+            },
+            Path::new(EXE),
+        )
+        .unwrap();
+        for flag in [
+            "--nodes=2",
+            "--ntasks-per-node=4",
+            "--gres=gpu:4",
+            "--cpus-per-task=8",
+            "--mem=200G",
+            "--time=1-00:00:00",
+            "--partition=gpu",
+            "--account=my-project",
+            "--qos=normal",
+            "--constraint=a100|h100",
+            "--exclusive",
+            "--signal=B:USR2@300",
+            "--requeue",
+            "--mail-type=END,FAIL",
+            "%x-%j.out",
+            "%x-%j.err",
+        ] {
+            assert!(
+                script.contains(&format!("#SBATCH {flag}")) || script.contains(flag),
+                "missing {flag}"
+            );
+        }
+        insta::assert_snapshot!(script);
+    }
+
+    #[test]
+    fn array_script() {
+        let job = resolved(include_str!("../../examples/sweep.yaml"));
+        let target = ScriptTarget::Array {
+            points_file: "/home/me/runs/mlp-sweep/arrays/points-1.txt".into(),
+            log_dir: "/home/me/runs/mlp-sweep/slurm".into(),
+            tasks: 12,
+            throttle: Some(4),
+        };
+        let script = render_sbatch(&job, &target, Path::new(EXE)).unwrap();
+        assert!(script.contains("#SBATCH --array=0-11%4"));
+        assert!(script.contains("%x-%A_%a.out"));
+        insta::assert_snapshot!(script);
+    }
+
+    #[test]
+    fn unsafe_paths_are_refused() {
+        let job = resolved(include_str!("../../examples/mlp.yaml"));
+        let err = render_sbatch(
+            &job,
+            &ScriptTarget::Single {
+                run_dir: "/home/me/my runs/x".into(),
+            },
+            Path::new(EXE),
+        )
+        .unwrap_err();
+        assert!(matches!(err, RenderError::UnsafePath(_)));
+    }
+
+    #[test]
+    fn shell_quoting() {
+        assert_eq!(shell_quote("/a/b-c_d.e"), "/a/b-c_d.e");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote(""), "''");
+    }
+}

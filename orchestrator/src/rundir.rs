@@ -379,3 +379,125 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), RunDirError> {
     }
     result.map_err(io_err("cannot write", path))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{resolve, Overrides};
+    use crate::spec::parse;
+
+    fn job(root: &Path) -> ResolvedJob {
+        let yaml = include_str!("../../examples/demo.yaml");
+        let mut job = resolve(
+            &parse(yaml, Path::new("demo.yaml")).unwrap(),
+            &Overrides::default(),
+        )
+        .unwrap();
+        job.run_root = root.to_path_buf();
+        job
+    }
+
+    fn new_run<'a>(
+        job: &'a ResolvedJob,
+        params: &'a BTreeMap<String, serde_json::Value>,
+        force: bool,
+    ) -> NewRun<'a> {
+        NewRun {
+            resolved: job,
+            job_yaml: "name: demo\n",
+            sbatch: Some("#!/bin/bash\n"),
+            sweep_params: params,
+            force,
+        }
+    }
+
+    #[test]
+    fn creates_every_file_atomically() {
+        let tmp = tempfile::tempdir().unwrap();
+        let job = job(tmp.path());
+        let params = BTreeMap::new();
+        let path = RunDir::planned_path(&job).unwrap();
+        let run = RunDir::create(&path, new_run(&job, &params, false)).unwrap();
+        for file in [
+            run.job_yaml(),
+            run.resolved_json(),
+            run.train_config(),
+            run.plan_txt(),
+            run.sbatch(),
+            run.manifest_path(),
+            run.secret(),
+        ] {
+            assert!(file.is_file(), "{} missing", file.display());
+        }
+        assert!(run.logs_dir().is_dir());
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            fs::metadata(run.secret()).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(run.read_secret().unwrap().len(), 64);
+        let manifest = run.read_manifest().unwrap();
+        assert_eq!(manifest.state, RunState::Created);
+        let train = run.read_train_config().unwrap();
+        assert_eq!(manifest.config_hash, train.config_hash());
+        assert_eq!(train.checkpoint.dir, Some(path.join("checkpoints")));
+        let names: Vec<_> = fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            names,
+            vec![std::ffi::OsString::from("demo")],
+            "no temporary directory left"
+        );
+    }
+
+    #[test]
+    fn refuses_an_existing_run_unless_forced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let job = job(tmp.path());
+        let params = BTreeMap::new();
+        let path = RunDir::planned_path(&job).unwrap();
+        let run = RunDir::create(&path, new_run(&job, &params, false)).unwrap();
+        fs::write(run.path().join("marker"), "old").unwrap();
+        let err = RunDir::create(&path, new_run(&job, &params, false)).unwrap_err();
+        assert!(matches!(err, RunDirError::Exists(_)));
+        assert!(
+            run.path().join("marker").exists(),
+            "refusal must not touch the old run"
+        );
+        RunDir::create(&path, new_run(&job, &params, true)).unwrap();
+        assert!(!run.path().join("marker").exists());
+        assert_eq!(
+            fs::read_dir(tmp.path()).unwrap().count(),
+            1,
+            "no set-aside directory left"
+        );
+    }
+
+    #[test]
+    fn a_failed_create_leaves_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let blocker = tmp.path().join("file");
+        fs::write(&blocker, "").unwrap();
+        let job = job(&blocker);
+        let params = BTreeMap::new();
+        assert!(RunDir::create(&blocker.join("demo"), new_run(&job, &params, false)).is_err());
+        assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn open_refuses_a_folder_without_manifest_and_reports_corruption() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            RunDir::open(tmp.path()),
+            Err(RunDirError::NotARunDir(_))
+        ));
+        fs::write(tmp.path().join("manifest.json"), "{\"version\": 1, \"na").unwrap();
+        let run = RunDir::open(tmp.path()).unwrap();
+        assert!(matches!(
+            run.read_manifest(),
+            Err(RunDirError::Corrupt { .. })
+        ));
+    }
+}

@@ -262,3 +262,81 @@ fn sweep_key_error(loaded: &LoadedSpec, path: &str, why: String) -> SweepError {
     }
     err.into()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::parse;
+    use std::path::Path;
+
+    fn points(yaml: &str) -> Result<Vec<SweepPoint>, SweepError> {
+        expand(&parse(yaml, Path::new("sweep.yaml")).unwrap())
+    }
+
+    #[test]
+    fn grid_times_list() {
+        let p = points(include_str!("../../examples/sweep.yaml")).unwrap();
+        assert_eq!(p.len(), 12);
+        let keys: HashSet<_> = p.iter().map(|p| p.key.clone()).collect();
+        assert_eq!(keys.len(), 12);
+        assert!(p
+            .iter()
+            .all(|p| p.name == format!("mlp-sweep-{}", p.key) && p.job.train.name == p.name));
+        let lrs: HashSet<String> = p
+            .iter()
+            .map(|p| p.job.train.optimizer.lr.to_string())
+            .collect();
+        assert_eq!(lrs.len(), 3);
+    }
+
+    #[test]
+    fn keys_are_stable_and_change_only_for_changed_points() {
+        let yaml = include_str!("../../examples/sweep.yaml");
+        let a = points(yaml).unwrap();
+        let b = points(yaml).unwrap();
+        assert_eq!(
+            a.iter().map(|p| &p.key).collect::<Vec<_>>(),
+            b.iter().map(|p| &p.key).collect::<Vec<_>>()
+        );
+        let changed =
+            points(&yaml.replace("[1.0e-3, 3.0e-4, 1.0e-4]", "[1.0e-3, 3.0e-4, 2.0e-4]")).unwrap();
+        let old: HashSet<_> = a.iter().map(|p| p.key.clone()).collect();
+        let new_points = changed.iter().filter(|p| !old.contains(&p.key)).count();
+        assert_eq!(
+            new_points, 4,
+            "only the 4 points with the changed lr get new keys"
+        );
+    }
+
+    #[test]
+    fn typo_in_a_swept_path_suggests_the_key() {
+        let yaml = include_str!("../../examples/sweep.yaml")
+            .replace("training.optimizer.lr:", "training.optimizer.lrate:");
+        let SweepError::Spec(err) = points(&yaml).unwrap_err() else {
+            panic!("expected a spec error")
+        };
+        assert_eq!(err.field, "sweep.training.optimizer.lrate");
+        assert!(
+            err.fix.contains("did you mean `training.optimizer.lr`"),
+            "{err}"
+        );
+        assert!(err.line.is_some());
+    }
+
+    #[test]
+    fn a_point_with_an_impossible_split_names_the_point() {
+        let yaml = include_str!("../../examples/sweep.yaml").replace(
+            "training.seed: [0, 1]",
+            "training.total_batch_size: [32, 33]",
+        );
+        let err = points(&yaml).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("training.total_batch_size=33"), "{text}");
+        assert!(text.contains("nearest 32 or 48"), "{text}");
+    }
+
+    #[test]
+    fn a_spec_without_sweep_is_refused() {
+        assert!(points(include_str!("../../examples/mlp.yaml")).is_err());
+    }
+}

@@ -154,7 +154,7 @@ fn explain(field: &str, message: &str, _source: &str) -> (SpecErrorKind, String,
         return (
             SpecErrorKind::WrongValue,
             message.to_string(),
-            format!("write {expected} here"),
+            format!("write {} here", plain_type(expected)),
         );
     }
     if message.starts_with("duplicate") {
@@ -191,4 +191,14 @@ pub fn did_you_mean<'a>(given: &str, candidates: &[&'a str]) -> Option<&'a str> 
         .filter(|(score, _)| *score > 0.8)
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, c)| c)
+}
+
+/// serde's type names in words people use.
+fn plain_type(expected: &str) -> String {
+    match expected {
+        "u64" | "u32" | "usize" => "a whole number (0 or more)".into(),
+        "f64" => "a number".into(),
+        "a boolean" | "bool" => "true or false".into(),
+        other => other.to_string(),
+    }
 }

@@ -92,3 +92,108 @@ fn validate_name(loaded: &LoadedSpec) -> Result<(), SpecError> {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_str(yaml: &str) -> Result<LoadedSpec, SpecError> {
+        parse(yaml, Path::new("job.yaml"))
+    }
+
+    const MINIMAL: &str = "name: t\ntraining:\n  model: { kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }\n  steps: 2\n  total_batch_size: 4\n  batch_size_per_device: 2\n";
+
+    #[test]
+    fn every_example_parses_and_resolves() {
+        for (file, text) in [
+            ("demo.yaml", include_str!("../../../examples/demo.yaml")),
+            ("mlp.yaml", include_str!("../../../examples/mlp.yaml")),
+            ("sweep.yaml", include_str!("../../../examples/sweep.yaml")),
+            (
+                "gpu-cluster.yaml",
+                include_str!("../../../examples/gpu-cluster.yaml"),
+            ),
+        ] {
+            let loaded = parse(text, Path::new(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+            crate::plan::resolve(&loaded, &crate::plan::Overrides::default())
+                .unwrap_or_else(|e| panic!("{file}: {e}"));
+        }
+    }
+
+    #[test]
+    fn unknown_key_gets_did_you_mean_with_location() {
+        let yaml = MINIMAL.replace("  steps: 2\n", "  steps: 2\n  optimizer:\n    lrr: 0.1\n");
+        let err = parse_str(&yaml).unwrap_err();
+        assert_eq!(err.kind, SpecErrorKind::UnknownField);
+        assert_eq!(err.field, "training.optimizer");
+        assert_eq!((err.line, err.column), (Some(6), Some(5)));
+        assert!(err.why.contains("training.optimizer.lrr"), "{err}");
+        assert_eq!(err.fix, "did you mean `lr`?");
+        let text = err.to_string();
+        assert!(
+            text.starts_with("job.yaml:6:5: field `training.optimizer`"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn unknown_top_level_key() {
+        let err = parse_str(&format!("{MINIMAL}resource:\n  nodes: 2\n")).unwrap_err();
+        assert_eq!(err.kind, SpecErrorKind::UnknownField);
+        assert_eq!(err.line, Some(7));
+        assert_eq!(err.fix, "did you mean `resources`?");
+    }
+
+    #[test]
+    fn unknown_enum_value_suggests_the_closest() {
+        let yaml = MINIMAL.replace(
+            "  steps: 2\n",
+            "  steps: 2\n  fsdp:\n    strategy: FULL_SHAD\n",
+        );
+        let err = parse_str(&yaml).unwrap_err();
+        assert_eq!(err.kind, SpecErrorKind::WrongValue);
+        assert_eq!(err.field, "training.fsdp.strategy");
+        assert_eq!(err.line, Some(6));
+        assert_eq!(err.fix, "did you mean `FULL_SHARD`?");
+    }
+
+    #[test]
+    fn wrong_type_names_field_and_expected_type() {
+        let err = parse_str(&MINIMAL.replace("steps: 2", "steps: many")).unwrap_err();
+        assert_eq!(err.kind, SpecErrorKind::WrongValue);
+        assert_eq!(err.field, "training.steps");
+        assert_eq!(err.line, Some(4));
+        assert_eq!(err.fix, "write a whole number (0 or more) here");
+    }
+
+    #[test]
+    fn missing_field_says_what_to_add() {
+        let err = parse_str(&MINIMAL.replace("  steps: 2\n", "")).unwrap_err();
+        assert_eq!(err.kind, SpecErrorKind::MissingField);
+        assert!(err.why.contains("training.steps"), "{err}");
+        assert!(err.fix.starts_with("add `steps:`"), "{err}");
+    }
+
+    #[test]
+    fn malformed_yaml_has_line_and_column() {
+        let err = parse_str("name: t\n  bad: indent\n").unwrap_err();
+        assert_eq!(err.kind, SpecErrorKind::Syntax);
+        assert_eq!((err.line, err.column), (Some(2), Some(6)), "{err}");
+    }
+
+    #[test]
+    fn bad_names_are_refused() {
+        for name in ["", "a b", "../x", "-x", "x/y"] {
+            let yaml = MINIMAL.replace("name: t", &format!("name: {name:?}"));
+            let err = parse_str(&yaml).unwrap_err();
+            assert_eq!(err.field, "name", "{name}: {err}");
+            assert_eq!(err.line, Some(1));
+        }
+    }
+
+    #[test]
+    fn unreadable_file_is_an_error_not_a_panic() {
+        let err = load(Path::new("/nonexistent/job.yaml")).unwrap_err();
+        assert_eq!(err.kind, SpecErrorKind::Io);
+    }
+}
