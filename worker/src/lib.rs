@@ -7,3 +7,4 @@
 pub mod collectives;
 pub mod launch;
 pub mod report;
+pub mod controller_client;

@@ -13,6 +13,7 @@ pub mod console;
 pub mod event_loop;
 pub mod job;
 pub mod launcher;
+pub mod options;
 pub mod logbook;
 pub mod metrics_log;
 pub mod outcome;
