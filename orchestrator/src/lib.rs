@@ -12,3 +12,4 @@ pub mod slurm;
 pub mod spec;
 pub mod sweep;
 pub mod controller;
+pub mod metrics_file;
