@@ -246,14 +246,22 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
             ));
         }
     }
-    if !(optimizer.eps > 0.0) || !(optimizer.weight_decay >= 0.0) {
+    if optimizer.eps.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
+        || optimizer
+            .weight_decay
+            .partial_cmp(&0.0)
+            .is_none_or(|o| o.is_lt())
+    {
         return Err(err(
             "training.optimizer",
             "eps must be > 0 and weight_decay ≥ 0".into(),
             "use e.g. `eps: 1.0e-8`, `weight_decay: 0.01`".into(),
         ));
     }
-    if let Some(clip) = optimizer.grad_clip.filter(|c| !(*c > 0.0)) {
+    if let Some(clip) = optimizer
+        .grad_clip
+        .filter(|c| c.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater))
+    {
         return Err(err(
             "training.optimizer.grad_clip",
             format!("grad_clip {clip} is not positive"),
@@ -291,7 +299,7 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
     let shard_group_size = match strategy {
         ShardingStrategy::HybridShard => {
             let group = f.shard_group_size.unwrap_or(ntasks_per_node);
-            if group == 0 || world_size % group != 0 {
+            if group == 0 || !world_size.is_multiple_of(group) {
                 return Err(err("training.fsdp.shard_group_size", format!("shard groups of {group} ranks do not divide the world size {world_size}"), format!("use a divisor of {world_size}, usually the ranks per node ({ntasks_per_node})")));
             }
             Some(group)
@@ -355,7 +363,9 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
                     "use 1 or more, or remove it".into(),
                 ));
             }
-            if c.interval_minutes.is_some_and(|m| !(m > 0.0)) {
+            if c.interval_minutes
+                .is_some_and(|m| m.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater))
+            {
                 return Err(err(
                     "training.checkpoint.interval_minutes",
                     "interval must be positive".into(),
@@ -567,7 +577,7 @@ fn batch_split(
             .into());
     }
     let unit = per_device * world;
-    if total == 0 || total % unit != 0 {
+    if total == 0 || !total.is_multiple_of(unit) {
         let below = (total / unit) * unit;
         let above = below + unit;
         let nearest = if below > 0 {
@@ -576,10 +586,10 @@ fn batch_split(
             format!("{above}")
         };
         let mut fix = format!("set `total_batch_size` to a multiple of {per_device} × {world} = {unit}: nearest {nearest}");
-        if total > 0 && total % world == 0 {
+        if total > 0 && total.is_multiple_of(world) {
             let per_rank = total / world;
             let divisors: Vec<String> = (1..=per_rank)
-                .filter(|d| per_rank % d == 0)
+                .filter(|d| per_rank.is_multiple_of(*d))
                 .map(|d| d.to_string())
                 .collect();
             let _ = write!(
