@@ -522,11 +522,12 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
             let fits: Vec<String> = per_strategy
                 .iter()
                 .filter(|(_, b)| *b <= limit)
-                .map(|(s, _)| format!("{s:?}"))
+                .map(|(s, _)| yaml_name(s))
                 .collect();
             warnings.push(format!(
-                "model state needs {:.2} GiB per rank with {strategy:?} but a GPU has {:.2} GiB: the job will run out of memory. {}",
+                "model state needs {:.2} GiB per rank with {} but a GPU has {:.2} GiB: the job will run out of memory. {}",
                 bytes_per_rank as f64 / GIB,
+                yaml_name(&strategy),
                 limit as f64 / GIB,
                 if fits.is_empty() { "Use more GPUs or a smaller model.".to_string() } else { format!("Strategies that fit: {}.", fits.join(", ")) }
             ));
@@ -745,8 +746,11 @@ impl ResolvedJob {
         };
         let _ = writeln!(
             out,
-            "  ranks          {} = {} node(s) × {ranks}, {} CPU(s) per rank, device {:?}",
-            self.world_size, s.nodes, s.cpus_per_task, t.device
+            "  ranks          {} = {} node(s) × {ranks}, {} CPU(s) per rank, device {}",
+            self.world_size,
+            s.nodes,
+            s.cpus_per_task,
+            yaml_name(&t.device)
         );
         let _ = writeln!(
             out,
@@ -762,11 +766,22 @@ impl ResolvedJob {
         );
         let _ = writeln!(
             out,
-            "  model          {:?}: {} parameters",
-            t.model, self.memory.num_params
+            "  model          {}: {} parameters",
+            yaml_name(&t.model),
+            self.memory.num_params
         );
-        let _ = writeln!(out, "  fsdp           {:?}, wrap {:?}, params {:?} / reduce {:?}, activation checkpointing {}, prefetch {}", t.fsdp.strategy, t.fsdp.wrap, t.fsdp.mixed_precision.param_dtype, t.fsdp.mixed_precision.reduce_dtype, t.fsdp.activation_checkpointing, t.fsdp.prefetch);
-        let _ = writeln!(out, "  optimizer      AdamW lr {} betas ({}, {}) weight decay {}, warmup {} then {:?} to ×{}", t.optimizer.lr, t.optimizer.beta1, t.optimizer.beta2, t.optimizer.weight_decay, t.schedule.warmup_steps, t.schedule.decay, t.schedule.min_lr_ratio);
+        let _ = writeln!(out, "  fsdp           {}, wrap {}, params {} / reduce {}, activation checkpointing {}, prefetch {}", yaml_name(&t.fsdp.strategy), yaml_name(&t.fsdp.wrap), yaml_name(&t.fsdp.mixed_precision.param_dtype), yaml_name(&t.fsdp.mixed_precision.reduce_dtype), t.fsdp.activation_checkpointing, t.fsdp.prefetch);
+        let _ = writeln!(
+            out,
+            "  optimizer      AdamW lr {} betas ({}, {}) weight decay {}, warmup {} then {} to ×{}",
+            t.optimizer.lr,
+            t.optimizer.beta1,
+            t.optimizer.beta2,
+            t.optimizer.weight_decay,
+            t.schedule.warmup_steps,
+            yaml_name(&t.schedule.decay),
+            t.schedule.min_lr_ratio
+        );
         let _ = writeln!(out, "  memory/rank    model state (fp32 params + grads + AdamW moments), activations not included:");
         for (strategy, bytes) in &self.memory.per_strategy {
             let mark = if *strategy == self.memory.strategy {
@@ -777,7 +792,7 @@ impl ResolvedJob {
             let _ = writeln!(
                 out,
                 "    {:<14} {:>10.3} GiB{mark}",
-                format!("{strategy:?}"),
+                yaml_name(strategy),
                 *bytes as f64 / GIB
             );
         }
@@ -797,8 +812,13 @@ impl ResolvedJob {
                         .chain(t.checkpoint.interval_minutes.map(|m| format!("{m} min")))
                         .collect();
                     format!(
-                        "{} (relative to the run directory) every {}, keep {}",
+                        "{}{} every {}, keep {}",
                         dir.display(),
+                        if dir.is_relative() {
+                            " (in the run directory)"
+                        } else {
+                            ""
+                        },
                         every.join(" or "),
                         t.checkpoint.keep
                     )
@@ -934,5 +954,18 @@ mod tests {
             (j.preemption.signal_seconds, j.preemption.requeue),
             (30, false)
         );
+    }
+}
+
+/// A value as it is written in the spec (`FULL_SHARD`, `{kind: block}`), for messages.
+fn yaml_name<T: Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(other) => other
+            .to_string()
+            .replace('"', "")
+            .replace(':', ": ")
+            .replace(',', ", "),
+        Err(_) => String::new(),
     }
 }
