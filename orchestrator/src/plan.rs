@@ -246,14 +246,22 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
             ));
         }
     }
-    if !(optimizer.eps > 0.0) || !(optimizer.weight_decay >= 0.0) {
+    if optimizer.eps.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
+        || optimizer
+            .weight_decay
+            .partial_cmp(&0.0)
+            .is_none_or(|o| o.is_lt())
+    {
         return Err(err(
             "training.optimizer",
             "eps must be > 0 and weight_decay ≥ 0".into(),
             "use e.g. `eps: 1.0e-8`, `weight_decay: 0.01`".into(),
         ));
     }
-    if let Some(clip) = optimizer.grad_clip.filter(|c| !(*c > 0.0)) {
+    if let Some(clip) = optimizer
+        .grad_clip
+        .filter(|c| c.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater))
+    {
         return Err(err(
             "training.optimizer.grad_clip",
             format!("grad_clip {clip} is not positive"),
@@ -291,7 +299,7 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
     let shard_group_size = match strategy {
         ShardingStrategy::HybridShard => {
             let group = f.shard_group_size.unwrap_or(ntasks_per_node);
-            if group == 0 || world_size % group != 0 {
+            if group == 0 || !world_size.is_multiple_of(group) {
                 return Err(err("training.fsdp.shard_group_size", format!("shard groups of {group} ranks do not divide the world size {world_size}"), format!("use a divisor of {world_size}, usually the ranks per node ({ntasks_per_node})")));
             }
             Some(group)
@@ -355,7 +363,9 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
                     "use 1 or more, or remove it".into(),
                 ));
             }
-            if c.interval_minutes.is_some_and(|m| !(m > 0.0)) {
+            if c.interval_minutes
+                .is_some_and(|m| m.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater))
+            {
                 return Err(err(
                     "training.checkpoint.interval_minutes",
                     "interval must be positive".into(),
@@ -512,11 +522,12 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
             let fits: Vec<String> = per_strategy
                 .iter()
                 .filter(|(_, b)| *b <= limit)
-                .map(|(s, _)| format!("{s:?}"))
+                .map(|(s, _)| yaml_name(s))
                 .collect();
             warnings.push(format!(
-                "model state needs {:.2} GiB per rank with {strategy:?} but a GPU has {:.2} GiB: the job will run out of memory. {}",
+                "model state needs {:.2} GiB per rank with {} but a GPU has {:.2} GiB: the job will run out of memory. {}",
                 bytes_per_rank as f64 / GIB,
+                yaml_name(&strategy),
                 limit as f64 / GIB,
                 if fits.is_empty() { "Use more GPUs or a smaller model.".to_string() } else { format!("Strategies that fit: {}.", fits.join(", ")) }
             ));
@@ -567,7 +578,7 @@ fn batch_split(
             .into());
     }
     let unit = per_device * world;
-    if total == 0 || total % unit != 0 {
+    if total == 0 || !total.is_multiple_of(unit) {
         let below = (total / unit) * unit;
         let above = below + unit;
         let nearest = if below > 0 {
@@ -576,10 +587,10 @@ fn batch_split(
             format!("{above}")
         };
         let mut fix = format!("set `total_batch_size` to a multiple of {per_device} × {world} = {unit}: nearest {nearest}");
-        if total > 0 && total % world == 0 {
+        if total > 0 && total.is_multiple_of(world) {
             let per_rank = total / world;
             let divisors: Vec<String> = (1..=per_rank)
-                .filter(|d| per_rank % d == 0)
+                .filter(|d| per_rank.is_multiple_of(*d))
                 .map(|d| d.to_string())
                 .collect();
             let _ = write!(
@@ -735,8 +746,11 @@ impl ResolvedJob {
         };
         let _ = writeln!(
             out,
-            "  ranks          {} = {} node(s) × {ranks}, {} CPU(s) per rank, device {:?}",
-            self.world_size, s.nodes, s.cpus_per_task, t.device
+            "  ranks          {} = {} node(s) × {ranks}, {} CPU(s) per rank, device {}",
+            self.world_size,
+            s.nodes,
+            s.cpus_per_task,
+            yaml_name(&t.device)
         );
         let _ = writeln!(
             out,
@@ -752,11 +766,22 @@ impl ResolvedJob {
         );
         let _ = writeln!(
             out,
-            "  model          {:?}: {} parameters",
-            t.model, self.memory.num_params
+            "  model          {}: {} parameters",
+            yaml_name(&t.model),
+            self.memory.num_params
         );
-        let _ = writeln!(out, "  fsdp           {:?}, wrap {:?}, params {:?} / reduce {:?}, activation checkpointing {}, prefetch {}", t.fsdp.strategy, t.fsdp.wrap, t.fsdp.mixed_precision.param_dtype, t.fsdp.mixed_precision.reduce_dtype, t.fsdp.activation_checkpointing, t.fsdp.prefetch);
-        let _ = writeln!(out, "  optimizer      AdamW lr {} betas ({}, {}) weight decay {}, warmup {} then {:?} to ×{}", t.optimizer.lr, t.optimizer.beta1, t.optimizer.beta2, t.optimizer.weight_decay, t.schedule.warmup_steps, t.schedule.decay, t.schedule.min_lr_ratio);
+        let _ = writeln!(out, "  fsdp           {}, wrap {}, params {} / reduce {}, activation checkpointing {}, prefetch {}", yaml_name(&t.fsdp.strategy), yaml_name(&t.fsdp.wrap), yaml_name(&t.fsdp.mixed_precision.param_dtype), yaml_name(&t.fsdp.mixed_precision.reduce_dtype), t.fsdp.activation_checkpointing, t.fsdp.prefetch);
+        let _ = writeln!(
+            out,
+            "  optimizer      AdamW lr {} betas ({}, {}) weight decay {}, warmup {} then {} to ×{}",
+            t.optimizer.lr,
+            t.optimizer.beta1,
+            t.optimizer.beta2,
+            t.optimizer.weight_decay,
+            t.schedule.warmup_steps,
+            yaml_name(&t.schedule.decay),
+            t.schedule.min_lr_ratio
+        );
         let _ = writeln!(out, "  memory/rank    model state (fp32 params + grads + AdamW moments), activations not included:");
         for (strategy, bytes) in &self.memory.per_strategy {
             let mark = if *strategy == self.memory.strategy {
@@ -767,7 +792,7 @@ impl ResolvedJob {
             let _ = writeln!(
                 out,
                 "    {:<14} {:>10.3} GiB{mark}",
-                format!("{strategy:?}"),
+                yaml_name(strategy),
                 *bytes as f64 / GIB
             );
         }
@@ -787,8 +812,13 @@ impl ResolvedJob {
                         .chain(t.checkpoint.interval_minutes.map(|m| format!("{m} min")))
                         .collect();
                     format!(
-                        "{} (relative to the run directory) every {}, keep {}",
+                        "{}{} every {}, keep {}",
                         dir.display(),
+                        if dir.is_relative() {
+                            " (in the run directory)"
+                        } else {
+                            ""
+                        },
                         every.join(" or "),
                         t.checkpoint.keep
                     )
@@ -924,5 +954,18 @@ mod tests {
             (j.preemption.signal_seconds, j.preemption.requeue),
             (30, false)
         );
+    }
+}
+
+/// A value as it is written in the spec (`FULL_SHARD`, `{kind: block}`), for messages.
+fn yaml_name<T: Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(other) => other
+            .to_string()
+            .replace('"', "")
+            .replace(':', ": ")
+            .replace(',', ", "),
+        Err(_) => String::new(),
     }
 }

@@ -40,7 +40,7 @@ pub enum SweepError {
     Point {
         label: String,
         #[source]
-        source: PlanError,
+        source: Box<PlanError>,
     },
 }
 
@@ -167,7 +167,7 @@ fn resolve_point(
     let mut job =
         plan::resolve(&point_spec, &Overrides::default()).map_err(|source| SweepError::Point {
             label: label.clone(),
-            source,
+            source: Box::new(source),
         })?;
     let key = point_key(&job);
     let name = format!("{}-{key}", loaded.spec.name);

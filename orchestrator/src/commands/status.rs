@@ -50,8 +50,8 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         .unwrap_or(4)
         .max(4);
     println!(
-        "{:<name_width$}  {:<13}  {:<10}  {}",
-        "RUN", "STATE", "JOB", "DETAIL / RUN DIRECTORY"
+        "{:<name_width$}  {:<13}  {:<10}  DETAIL / RUN DIRECTORY",
+        "RUN", "STATE", "JOB"
     );
     for s in &statuses {
         let state = serde_json::to_value(s.state)

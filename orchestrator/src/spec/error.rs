@@ -23,8 +23,8 @@ pub enum SpecErrorKind {
 pub struct SpecError {
     pub file: PathBuf,
     /// 1-based line and column, when known.
-    pub line: Option<usize>,
-    pub column: Option<usize>,
+    pub line: Option<u32>,
+    pub column: Option<u32>,
     /// Dotted path of the offending field (`training.optimizer.lr`); empty for the document.
     pub field: String,
     pub kind: SpecErrorKind,
@@ -66,8 +66,8 @@ impl SpecError {
         let (kind, why, fix) = explain(field, message, source);
         SpecError {
             file: file.to_path_buf(),
-            line: location.as_ref().map(|l| l.line()),
-            column: location.as_ref().map(|l| l.column()),
+            line: location.as_ref().map(|l| l.line() as u32),
+            column: location.as_ref().map(|l| l.column() as u32),
             field: field.to_string(),
             kind,
             why,

@@ -36,8 +36,8 @@ impl LoadedSpec {
         let location = locate_path(&self.source, field);
         SpecError {
             file: self.path.clone(),
-            line: location.map(|l| l.0),
-            column: location.map(|l| l.1),
+            line: location.map(|l| l.0 as u32),
+            column: location.map(|l| l.1 as u32),
             field: field.to_string(),
             kind: SpecErrorKind::Invalid,
             why: why.into(),
