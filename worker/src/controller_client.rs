@@ -43,6 +43,26 @@ pub struct ClientOptions {
     pub heartbeat_interval: Duration,
 }
 
+impl ClientOptions {
+    /// Defaults, with the connect timeout from [`env::CONNECT_TIMEOUT`] when set.
+    pub fn from_env() -> Self {
+        let mut opts = ClientOptions::default();
+        if let Some(secs) = std::env::var(env::CONNECT_TIMEOUT).ok().and_then(|s| s.trim().parse::<f64>().ok()) {
+            opts.connect_timeout = Duration::from_secs_f64(secs.max(0.0));
+        }
+        opts
+    }
+}
+
+/// This machine's name as peers on other nodes know it.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
 impl Default for ClientOptions {
     fn default() -> Self {
         ClientOptions { connect_timeout: Duration::from_secs(30), heartbeat_interval: Duration::from_secs(2) }

@@ -55,14 +55,14 @@ fn run() -> Result<()> {
         rank: rank_env.rank,
         local_rank: rank_env.local_rank,
         world_size: rank_env.world_size,
-        host: hostname(),
+        host: controller_client::hostname(),
         pid: std::process::id(),
         device: "cpu".into(),
         config_hash: config.config_hash(),
         collective_addr: None,
         nccl_unique_id: None,
     };
-    let (client, start) = controller_client::connect(&addr, &secret, registration, &ClientOptions::default())?;
+    let (client, start) = controller_client::connect(&addr, &secret, registration, &ClientOptions::from_env())?;
     client.log(LogLevel::Info, &format!("simulated rank started in a world of {}", start.world_size));
     let began = Instant::now();
     let mut lines = 0u64;
@@ -106,6 +106,3 @@ fn run() -> Result<()> {
     Ok(())
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "localhost".into())
-}
