@@ -265,3 +265,5 @@ pub fn states(json_lines: &str) -> Vec<(String, String)> {
         })
         .collect()
 }
+
+pub mod jobs;

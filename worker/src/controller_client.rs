@@ -99,6 +99,8 @@ pub fn connect(
 ) -> Result<(Arc<ControllerClient>, StartInfo), ClientError> {
     let mut conn = connect_with_retry(addr, secret, opts.connect_timeout)?;
     let rank = registration.rank;
+    let (host, pid, device) =
+        (registration.host.clone(), registration.pid, registration.device.clone());
     let lost = |source| ClientError::Rendezvous { addr: addr.to_string(), source };
     conn.send(&FromWorker::Register(registration)).map_err(lost)?;
     let start = loop {
@@ -119,6 +121,10 @@ pub fn connect(
     });
     spawn_reader(client.clone(), reader);
     spawn_heartbeat(Arc::downgrade(&client), opts.heartbeat_interval);
+    client.log(
+        LogLevel::Info,
+        &format!("rank {rank} of {} joined on {host} (pid {pid}, {device})", start.world_size),
+    );
     Ok((client, start))
 }
 

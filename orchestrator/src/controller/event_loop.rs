@@ -222,12 +222,17 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
                     }
                 }
                 Action::Say(text) => say(text).await,
-                Action::StopProcesses { force: true } => signal_all(libc::SIGKILL),
+                Action::StopProcesses { force: true } => {
+                    let _ = events_tx.send(ServerEvent::Job(Event::Escalated));
+                    signal_all(libc::SIGKILL)
+                }
                 Action::StopProcesses { force: false } => {
                     let signal_all = signal_all.clone();
                     let t = opts.timeouts.clone();
+                    let events_tx = events_tx.clone();
                     tokio::spawn(async move {
                         tokio::time::sleep(t.shutdown_grace).await;
+                        let _ = events_tx.send(ServerEvent::Job(Event::Escalated));
                         signal_all(libc::SIGTERM);
                         tokio::time::sleep(t.kill_grace).await;
                         signal_all(libc::SIGKILL);
@@ -245,6 +250,8 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
             }
         }
         let event = tokio::select! {
+            // Events first: an `Escalated` must be seen before the exits it causes.
+            biased;
             Some(ev) = events.recv() => ev,
             Some((proc, exit)) = exits.recv() => ServerEvent::Job(Event::ProcessExited { proc, exit }),
         };

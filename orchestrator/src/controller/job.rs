@@ -31,6 +31,8 @@ pub enum Event {
     Cancel { signal: String },
     /// SIGUSR2: preemption or time limit ahead.
     Preempt,
+    /// The controller itself started signalling the workers (after the shutdown grace).
+    Escalated,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -80,6 +82,7 @@ pub struct JobState {
     cancelled: Option<String>,
     preempting: bool,
     stop_requested: bool,
+    escalated: bool,
 }
 
 impl JobState {
@@ -97,6 +100,7 @@ impl JobState {
             cancelled: None,
             preempting: false,
             stop_requested: false,
+            escalated: false,
         }
     }
 
@@ -180,6 +184,7 @@ impl JobState {
                     self.stop(&format!("the job was cancelled ({signal})"), &mut out);
                 }
             }
+            Event::Escalated => self.escalated = true,
             Event::Preempt => {
                 if !self.preempting && self.failure.is_none() && self.cancelled.is_none() {
                     self.preempting = true;
@@ -291,6 +296,7 @@ impl JobState {
             }
         }
         if self.phase == Phase::Stopping {
+            self.maybe_blame_killed_rank(rank, &exit, out);
             return;
         }
         let finished_cleanly = match rank {
@@ -320,6 +326,24 @@ impl JobState {
             }
         }
         self.fail(failure, out);
+    }
+
+    /// A rank reporting an error is often a consequence: its peer was killed and the
+    /// collective broke. If another rank then turns out to have died of a signal the
+    /// controller did not send, that rank is the cause and the failure names it instead.
+    fn maybe_blame_killed_rank(&mut self, rank: Option<u64>, exit: &ExitInfo, out: &mut Vec<Action>) {
+        let (Some(rank), ExitInfo::Signal(_)) = (rank, exit) else { return };
+        let Some(current) = &self.failure else { return };
+        if self.escalated
+            || current.rank == Some(rank)
+            || !matches!(current.cause, FailureCause::Reported { .. })
+        {
+            return;
+        }
+        let mut cause = self.failure_of(rank, FailureCause::Exited);
+        cause.exit = Some(exit.clone());
+        out.push(Action::Say(format!("{} (the cause of the failure above)", cause.describe())));
+        self.failure = Some(cause);
     }
 
     fn failure_of(&self, rank: u64, cause: FailureCause) -> Failure {
@@ -584,6 +608,26 @@ mod tests {
         assert!(s.handle(Event::Preempt).iter().all(|a| !matches!(a, Action::Send { .. })));
         let actions = s.handle(Event::Registered { conn: 11, registration: reg(1) });
         assert!(actions.contains(&Action::Send { conn: 11, msg: ToWorker::Preempt }));
+    }
+
+    #[test]
+    fn a_killed_peer_is_blamed_over_the_rank_that_reported_the_broken_collective() {
+        let mut s = running();
+        s.handle(Event::WorkerFailed { conn: 10, error: "peer rank 1 closed".into() });
+        s.handle(Event::Disconnected { conn: 11, error: None });
+        s.handle(Event::ProcessExited { proc: 1, exit: ExitInfo::Signal(9) });
+        s.handle(Event::Disconnected { conn: 10, error: None });
+        let actions = s.handle(Event::ProcessExited { proc: 0, exit: ExitInfo::Code(1) });
+        assert_eq!(failure(&actions).unwrap().rank, Some(1));
+        // Once the controller signals the ranks itself, signals prove nothing.
+        let mut s = running();
+        s.handle(Event::WorkerFailed { conn: 10, error: "out of memory".into() });
+        s.handle(Event::Escalated);
+        s.handle(Event::Disconnected { conn: 11, error: None });
+        s.handle(Event::ProcessExited { proc: 1, exit: ExitInfo::Signal(15) });
+        s.handle(Event::Disconnected { conn: 10, error: None });
+        let actions = s.handle(Event::ProcessExited { proc: 0, exit: ExitInfo::Code(1) });
+        assert_eq!(failure(&actions).unwrap().rank, Some(0));
     }
 
     #[test]

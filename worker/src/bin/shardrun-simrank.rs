@@ -4,9 +4,11 @@
 //! and by the ingest benchmark (many ranks logging flat out).
 //!
 //! ```text
-//! shardrun-simrank [--steps N] [--lines-per-step L] [--step-ms MS] [--die-rank R --die-at-step K]
+//! shardrun-simrank [--steps N] [--lines-per-step L] [--step-ms MS] [--die-rank R --die-at-step K] [--raw]
 //! ```
-//! Rank, world size and the controller come from the same variables as the real worker.
+//! Every option can also come from a `SIMRANK_*` variable (the controller passes the
+//! environment, not arguments). Rank, world size and the controller come from the same
+//! variables as the real worker; the steps default to the config's.
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -19,20 +21,20 @@ use std::time::{Duration, Instant};
 
 #[derive(Debug, Parser)]
 struct Args {
-    #[arg(long, default_value_t = 10)]
-    steps: u64,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, env = "SIMRANK_STEPS")]
+    steps: Option<u64>,
+    #[arg(long, env = "SIMRANK_LINES_PER_STEP", default_value_t = 1)]
     lines_per_step: u64,
     /// Sleep this long per step (0: as fast as possible).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, env = "SIMRANK_STEP_MS", default_value_t = 0)]
     step_ms: u64,
     /// This rank SIGKILLs itself right after logging its lines of step `die_at_step`.
-    #[arg(long)]
+    #[arg(long, env = "SIMRANK_DIE_RANK")]
     die_rank: Option<u64>,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, env = "SIMRANK_DIE_AT_STEP", default_value_t = 1)]
     die_at_step: u64,
     /// Print one raw line on stdout per step too (raw output capture).
-    #[arg(long)]
+    #[arg(long, env = "SIMRANK_RAW")]
     raw: bool,
 }
 
@@ -66,7 +68,7 @@ fn run() -> Result<()> {
     client.log(LogLevel::Info, &format!("simulated rank started in a world of {}", start.world_size));
     let began = Instant::now();
     let mut lines = 0u64;
-    for step in 1..=args.steps {
+    for step in 1..=args.steps.unwrap_or(config.steps) {
         for i in 0..args.lines_per_step {
             client.log(LogLevel::Info, &format!("rank {} step {step} line {i}", rank_env.rank));
             lines += 1;
