@@ -33,6 +33,10 @@ struct Args {
     die_rank: Option<u64>,
     #[arg(long, env = "SIMRANK_DIE_AT_STEP", default_value_t = 1)]
     die_at_step: u64,
+    /// Busy computation per step (a stand-in for a training step, to measure what logging
+    /// costs it).
+    #[arg(long, env = "SIMRANK_COMPUTE_MS", default_value_t = 0)]
+    compute_ms: u64,
     /// Print one raw line on stdout per step too (raw output capture).
     #[arg(long, env = "SIMRANK_RAW")]
     raw: bool,
@@ -68,14 +72,24 @@ fn run() -> Result<()> {
     client.log(LogLevel::Info, &format!("simulated rank started in a world of {}", start.world_size));
     let began = Instant::now();
     let mut lines = 0u64;
-    for step in 1..=args.steps.unwrap_or(config.steps) {
+    let steps = args.steps.unwrap_or(config.steps);
+    let mut step_time = 0.0;
+    let mut in_log_calls = 0.0;
+    for step in 1..=steps {
+        let step_began = Instant::now();
+        if args.compute_ms > 0 {
+            busy(Duration::from_millis(args.compute_ms));
+        }
+        let logging_began = Instant::now();
         for i in 0..args.lines_per_step {
             client.log(LogLevel::Info, &format!("rank {} step {step} line {i}", rank_env.rank));
             lines += 1;
         }
+        in_log_calls += logging_began.elapsed().as_secs_f64();
         if args.raw {
             println!("raw stdout of rank {} at step {step}", rank_env.rank);
         }
+        step_time += step_began.elapsed().as_secs_f64();
         client.metrics(&StepMetrics {
             rank: rank_env.rank,
             step,
@@ -103,8 +117,29 @@ fn run() -> Result<()> {
         }
     }
     let secs = began.elapsed().as_secs_f64();
-    client.log(LogLevel::Info, &format!("sent {lines} lines in {secs:.3} s ({:.0} lines/s)", lines as f64 / secs));
+    client.log(
+        LogLevel::Info,
+        &format!(
+            "sent {lines} lines in {secs:.3} s ({:.0} lines/s); mean step time {:.3} ms; \
+             {:.2} us per log call",
+            lines as f64 / secs,
+            step_time / steps.max(1) as f64 * 1000.0,
+            in_log_calls / lines.max(1) as f64 * 1e6
+        ),
+    );
     client.finished(false);
     Ok(())
 }
 
+
+/// Spins (does not sleep) for `d`, like a compute-bound step.
+fn busy(d: Duration) {
+    let until = Instant::now() + d;
+    let mut x = 0u64;
+    while Instant::now() < until {
+        for i in 0..1000u64 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+    }
+}
