@@ -55,7 +55,8 @@ impl Default for Timeouts {
             heartbeat: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(2),
             kill_grace: Duration::from_secs(3),
-            drain: Duration::from_secs(2),
+            // Only spent when a dead process's connection still has queued data to read.
+            drain: Duration::from_secs(5),
         }
     }
 }
@@ -122,6 +123,13 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
         .map_err(|source| ControllerError::Config { path: paths.train_config.clone(), source })?;
     let world_size = config.batch.world_size;
     let config_hash = config.config_hash();
+    // A requeued job starts again in the same directory: the old verdict no longer holds.
+    match std::fs::remove_file(&paths.result) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(ControllerError::File { what: "remove the previous", path: paths.result.clone(), source: e })
+        }
+        _ => {}
+    }
     let secret = secret::load_or_create(&paths.secret).map_err(file_err("create the secret", &paths.secret))?;
 
     // Under Slurm the ranks may be on other nodes: listen everywhere, advertise the hostname.

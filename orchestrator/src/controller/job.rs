@@ -77,6 +77,8 @@ pub struct JobState {
     conn_rank: HashMap<ConnId, u64>,
     proc_rank: HashMap<ProcId, Option<u64>>,
     alive: BTreeSet<ProcId>,
+    /// Exit statuses of ranks (local mode), kept for failures judged later.
+    exits: HashMap<u64, ExitInfo>,
     launched: bool,
     failure: Option<Failure>,
     cancelled: Option<String>,
@@ -95,6 +97,7 @@ impl JobState {
             conn_rank: HashMap::new(),
             proc_rank: HashMap::new(),
             alive: BTreeSet::new(),
+            exits: HashMap::new(),
             launched: false,
             failure: None,
             cancelled: None,
@@ -144,9 +147,18 @@ impl JobState {
                 let Some(r) = self.ranks.get_mut(&rank) else { return out };
                 r.connected = false;
                 if r.finished.is_none() && !matches!(self.phase, Phase::Stopping) {
-                    let why = error.unwrap_or_else(|| "closed without finishing".to_string());
-                    let cause = FailureCause::ConnectionLost { why };
-                    self.fail(self.failure_of(rank, cause), &mut out);
+                    let exit = self.exits.get(&rank).cloned();
+                    let mut failure = match (&exit, error) {
+                        (Some(e), None) if e.success() => {
+                            self.failure_of(rank, FailureCause::ExitedWithoutFinishing)
+                        }
+                        (_, error) => {
+                            let why = error.unwrap_or_else(|| "closed without finishing".to_string());
+                            self.failure_of(rank, FailureCause::ConnectionLost { why })
+                        }
+                    };
+                    failure.exit = exit;
+                    self.fail(failure, &mut out);
                 }
             }
             Event::HeartbeatLost { conn } => {
@@ -289,6 +301,9 @@ impl JobState {
             return;
         }
         let rank = self.proc_rank.get(&proc).copied().flatten();
+        if let Some(rank) = rank {
+            self.exits.insert(rank, exit.clone());
+        }
         // A rank whose connection dropped first gets its exit status attached afterwards.
         if let (Some(f), Some(rank)) = (&mut self.failure, rank) {
             if f.rank == Some(rank) && f.exit.is_none() {
@@ -305,6 +320,15 @@ impl JobState {
                 && self.ranks.values().all(|r| r.finished.is_some()),
         };
         if exit.success() && finished_cleanly {
+            return;
+        }
+        // A clean exit can overtake the last messages still queued in the socket: the
+        // rank's (or, under srun, any rank's) connection closing decides instead.
+        let still_reading = match rank {
+            Some(rank) => self.ranks.get(&rank).is_some_and(|r| r.connected),
+            None => self.ranks.values().any(|r| r.connected && r.finished.is_none()),
+        };
+        if exit.success() && still_reading {
             return;
         }
         let cause = if exit.success() {
@@ -537,6 +561,24 @@ mod tests {
         let actions = s.handle(Event::Disconnected { conn: 11, error: None });
         let f = failure(&actions).unwrap();
         assert_eq!((f.rank, f.exit), (Some(0), Some(ExitInfo::Code(3))));
+    }
+
+    #[test]
+    fn clean_exit_before_the_last_messages_are_read_is_not_a_failure() {
+        let mut s = running();
+        for (conn, proc) in [(10, 0), (11, 1)] {
+            let actions = s.handle(Event::ProcessExited { proc, exit: ExitInfo::Code(0) });
+            assert!(actions.iter().all(|a| !matches!(a, Action::Say(_))), "{actions:?}");
+            s.handle(Event::Finished { conn, preempted: false });
+        }
+        s.handle(Event::Disconnected { conn: 10, error: None });
+        let actions = s.handle(Event::Disconnected { conn: 11, error: None });
+        assert_eq!(actions, vec![Action::Finish(Outcome::Succeeded)]);
+        // Without the Finished message the connection's end is the failure.
+        let mut s = running();
+        s.handle(Event::ProcessExited { proc: 1, exit: ExitInfo::Code(0) });
+        let actions = s.handle(Event::Disconnected { conn: 11, error: None });
+        assert!(actions.iter().any(|a| matches!(a, Action::Say(t) if t.contains("exited without reporting"))));
     }
 
     #[test]

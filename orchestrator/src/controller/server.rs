@@ -15,6 +15,21 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::AbortHandle;
 
 pub const MAX_PENDING_HANDSHAKES: usize = 256;
+/// Longer log lines are cut here (a frame may be up to 1 MiB; the queue holds thousands).
+pub const MAX_LOG_LINE: usize = 64 * 1024;
+
+fn truncate_line(mut line: LogLine) -> LogLine {
+    if line.text.len() > MAX_LOG_LINE {
+        let mut cut = MAX_LOG_LINE;
+        while !line.text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let dropped = line.text.len() - cut;
+        line.text.truncate(cut);
+        line.text.push_str(&format!(" [... {dropped} more bytes cut by the controller]"));
+    }
+    line
+}
 
 /// What the server tells the event loop.
 pub enum ServerEvent {
@@ -147,7 +162,7 @@ async fn read_worker(
             Err(e) => return job(Event::Disconnected { conn, error: Some(e.to_string()) }),
         };
         let record = match msg {
-            FromWorker::Log(line) => Record::Log { rank, line },
+            FromWorker::Log(line) => Record::Log { rank, line: truncate_line(line) },
             FromWorker::Metrics(m) => Record::Metrics(m),
             FromWorker::Heartbeat | FromWorker::Register(_) => continue,
             FromWorker::CheckpointSaved { step, path } => Record::Checkpoint { rank, step, path },
@@ -167,5 +182,20 @@ async fn read_worker(
         if records.send(record).await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_lines_are_cut_on_a_char_boundary() {
+        let text = "é".repeat(MAX_LOG_LINE); // 2 bytes each
+        let line = truncate_line(LogLine { level: LogLevel::Info, time: 0.0, text });
+        assert!(line.text.len() < MAX_LOG_LINE + 64);
+        assert!(line.text.ends_with("more bytes cut by the controller]"));
+        let short = truncate_line(LogLine { level: LogLevel::Info, time: 0.0, text: "ok".into() });
+        assert_eq!(short.text, "ok");
     }
 }

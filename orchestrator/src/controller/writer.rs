@@ -10,8 +10,9 @@ use shardrun_protocol::messages::{LogLevel, LogLine, StepMetrics, TrainSummary};
 use std::path::PathBuf;
 use tokio::sync::{mpsc, oneshot};
 
-/// Records queued at most before senders wait.
-pub const QUEUE_CAPACITY: usize = 16 * 1024;
+/// Records queued at most before senders wait. With lines capped at
+/// [`super::server::MAX_LOG_LINE`] this bounds the queue's memory.
+pub const QUEUE_CAPACITY: usize = 4096;
 
 pub enum Record {
     Log { rank: u64, line: LogLine },
