@@ -28,6 +28,8 @@ pub struct LogBook {
     logs_dir: PathBuf,
     per_rank: HashMap<u64, BufWriter<File>>,
     recent: HashMap<u64, VecDeque<String>>,
+    /// The last timestamp formatted (many lines share a millisecond under load).
+    stamp: (i64, String),
 }
 
 impl LogBook {
@@ -38,6 +40,7 @@ impl LogBook {
             logs_dir: logs_dir.to_path_buf(),
             per_rank: HashMap::new(),
             recent: HashMap::new(),
+            stamp: (-1, String::new()),
         })
     }
 
@@ -53,7 +56,11 @@ impl LogBook {
             Source::Stderr => "(stderr) ",
         };
         let body = format!("{tag}{text}");
-        let stamp = clock::format_utc(time);
+        let millis = (time * 1000.0).round() as i64;
+        if self.stamp.0 != millis {
+            self.stamp = (millis, clock::format_utc(time));
+        }
+        let stamp = &self.stamp.1;
         match rank {
             Some(rank) => {
                 writeln!(self.merged, "{stamp} [rank {rank}] {body}")?;
@@ -66,10 +73,11 @@ impl LogBook {
                 };
                 writeln!(file, "{stamp} {body}")?;
                 let recent = self.recent.entry(rank).or_default();
-                if recent.len() == RECENT_LINES {
-                    recent.pop_front();
-                }
-                recent.push_back(body.clone());
+                // Reuse the oldest line's buffer: no allocation per line once full.
+                let mut slot = if recent.len() == RECENT_LINES { recent.pop_front().unwrap_or_default() } else { String::new() };
+                slot.clear();
+                slot.push_str(&body);
+                recent.push_back(slot);
             }
             None => writeln!(self.merged, "{stamp} [launcher] {body}")?,
         }

@@ -4,6 +4,7 @@
 //! once, each allowed a few KiB for a few seconds (see `shardrun_protocol::connection`).
 
 use super::job::{ConnId, Event};
+use futures::FutureExt;
 use super::writer::Record;
 use shardrun_protocol::connection::{self, ConnectionError};
 use shardrun_protocol::messages::{FromWorker, LogLevel, LogLine, Role, ToWorker};
@@ -17,6 +18,8 @@ use tokio::task::AbortHandle;
 pub const MAX_PENDING_HANDSHAKES: usize = 256;
 /// Longer log lines are cut here (a frame may be up to 1 MiB; the queue holds thousands).
 pub const MAX_LOG_LINE: usize = 64 * 1024;
+/// Log lines of one connection handed to the writer at once, at most.
+const MAX_BATCH: usize = 256;
 
 fn truncate_line(mut line: LogLine) -> LogLine {
     if line.text.len() > MAX_LOG_LINE {
@@ -139,8 +142,12 @@ async fn read_worker(
         let _ = events.send(ServerEvent::Job(e));
     };
     let mut heartbeat_reported = false;
+    // A message read while collecting a batch of log lines, handled next.
+    let mut carried = None;
     loop {
-        let next = if heartbeat_reported {
+        let next = if let Some(next) = carried.take() {
+            next
+        } else if heartbeat_reported {
             rx.recv().await
         } else {
             match tokio::time::timeout(heartbeat_timeout, rx.recv()).await {
@@ -162,7 +169,22 @@ async fn read_worker(
             Err(e) => return job(Event::Disconnected { conn, error: Some(e.to_string()) }),
         };
         let record = match msg {
-            FromWorker::Log(line) => Record::Log { rank, line: truncate_line(line) },
+            FromWorker::Log(line) => {
+                // Take every line already received in one go: one queue operation for many
+                // lines keeps ingest fast when ranks log heavily.
+                let mut lines = vec![truncate_line(line)];
+                while lines.len() < MAX_BATCH {
+                    match rx.recv().now_or_never() {
+                        Some(Ok(Some(FromWorker::Log(line)))) => lines.push(truncate_line(line)),
+                        Some(other) => {
+                            carried = Some(other);
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+                Record::Logs { rank, lines }
+            }
             FromWorker::Metrics(m) => Record::Metrics(m),
             FromWorker::Heartbeat | FromWorker::Register(_) => continue,
             FromWorker::CheckpointSaved { step, path } => Record::Checkpoint { rank, step, path },
@@ -174,7 +196,7 @@ async fn read_worker(
             FromWorker::Failed { error } => {
                 let line = LogLine { level: LogLevel::Error, time: super::clock::now(), text: error.clone() };
                 // The line first, so it is on disk before the failure is reported.
-                let _ = records.send(Record::Log { rank, line }).await;
+                let _ = records.send(Record::Logs { rank, lines: vec![truncate_line(line)] }).await;
                 job(Event::WorkerFailed { conn, error });
                 continue;
             }

@@ -15,7 +15,8 @@ use tokio::sync::{mpsc, oneshot};
 pub const QUEUE_CAPACITY: usize = 4096;
 
 pub enum Record {
-    Log { rank: u64, line: LogLine },
+    /// Reported lines of one rank, in order.
+    Logs { rank: u64, lines: Vec<LogLine> },
     /// Raw output of a worker process (`rank` unknown for the launcher's own lines).
     Raw { rank: Option<u64>, stderr: bool, text: String, time: f64 },
     Metrics(StepMetrics),
@@ -97,11 +98,13 @@ fn write(
     record: Record,
 ) -> std::io::Result<()> {
     match record {
-        Record::Log { rank, line } => {
-            let body = book.rank_line(Some(rank), Source::Reported(line.level), line.time, &line.text)?;
-            let loud = matches!(line.level, LogLevel::Warn | LogLevel::Error);
-            if echoes(echo, rank, loud) {
-                console.line(&format!("[rank {rank}] {body}"));
+        Record::Logs { rank, lines } => {
+            for line in lines {
+                let body = book.rank_line(Some(rank), Source::Reported(line.level), line.time, &line.text)?;
+                let loud = matches!(line.level, LogLevel::Warn | LogLevel::Error);
+                if echoes(echo, rank, loud) {
+                    console.line(&format!("[rank {rank}] {body}"));
+                }
             }
         }
         Record::Raw { rank, stderr, text, time } => {
