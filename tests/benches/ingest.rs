@@ -35,7 +35,10 @@ fn main() {
 }
 
 fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn ingest(ranks: u64, lines_per_rank: u64) -> f64 {
@@ -44,10 +47,19 @@ fn ingest(ranks: u64, lines_per_rank: u64) -> f64 {
     let spec = dir.write("bench.yaml", &tiny_mlp_spec("ingest", steps, ranks));
     let envs = [
         ("SHARDRUN_WORKER_BIN", simrank()),
-        ("SIMRANK_LINES_PER_STEP", (lines_per_rank / steps).to_string()),
+        (
+            "SIMRANK_LINES_PER_STEP",
+            (lines_per_rank / steps).to_string(),
+        ),
     ];
-    let (mut cmd, run) = local_run_command(&dir, &spec, &["--nproc", &ranks.to_string(), "--echo", "none"], &envs);
-    cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    let (mut cmd, run) = local_run_command(
+        &dir,
+        &spec,
+        &["--nproc", &ranks.to_string(), "--echo", "none"],
+        &envs,
+    );
+    cmd.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
     let mut job = GroupChild::spawn(&mut cmd).expect("start the job");
     let expected = ranks * lines_per_rank;
     let (lo, hi) = (expected / 10, expected * 9 / 10);
@@ -71,13 +83,23 @@ fn ingest(ranks: u64, lines_per_rank: u64) -> f64 {
             t_hi = Some((now, lines));
         }
         if matches!(job.child.try_wait(), Ok(Some(_))) && t_hi.is_none() {
-            panic!("the job ended after {lines} of {expected} lines; see {}", log.display());
+            panic!(
+                "the job ended after {lines} of {expected} lines; see {}",
+                log.display()
+            );
         }
-        assert!(started.elapsed() < Duration::from_secs(600), "benchmark took too long");
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "benchmark took too long"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     let status = job.child.wait().expect("wait for the job");
-    assert!(status.success(), "the benchmark job failed; see {}", log.display());
+    assert!(
+        status.success(),
+        "the benchmark job failed; see {}",
+        log.display()
+    );
     let ((t0, n0), (t1, n1)) = (t_lo.unwrap(), t_hi.unwrap());
     (n1 - n0) as f64 / (t1 - t0).as_secs_f64()
 }
@@ -91,14 +113,26 @@ fn step_time(compute_ms: u64, lines_per_step: u64) -> (f64, f64) {
         ("SIMRANK_COMPUTE_MS", compute_ms.to_string()),
         ("SIMRANK_LINES_PER_STEP", lines_per_step.to_string()),
     ];
-    let (out, run) = run_local(&dir, &spec, &["--nproc", "2", "--echo", "none"], &envs, Duration::from_secs(300));
+    let (out, run) = run_local(
+        &dir,
+        &spec,
+        &["--nproc", "2", "--echo", "none"],
+        &envs,
+        Duration::from_secs(300),
+    );
     assert!(out.status.success(), "{}", stderr_of(&out));
     let log = std::fs::read_to_string(run.join("train.log")).unwrap();
     let field = |after: &str| -> Vec<f64> {
-        log.lines().filter_map(|l| l.split(after).nth(1)?.split(' ').next()?.parse().ok()).collect()
+        log.lines()
+            .filter_map(|l| l.split(after).nth(1)?.split(' ').next()?.parse().ok())
+            .collect()
     };
     let (times, calls) = (field("mean step time "), field("ms; "));
-    assert_eq!((times.len(), calls.len()), (2, 2), "both ranks report their step time");
+    assert_eq!(
+        (times.len(), calls.len()),
+        (2, 2),
+        "both ranks report their step time"
+    );
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     (mean(&times), mean(&calls))
 }

@@ -18,7 +18,12 @@ pub fn tiny_mlp_spec(name: &str, steps: u64, ranks: u64) -> String {
 }
 
 /// `shardrun run <spec> --run-dir <dir>/run ...` with extra arguments and environment.
-pub fn local_run_command(dir: &TestDir, spec: &Path, args: &[&str], envs: &[(&str, String)]) -> (Command, PathBuf) {
+pub fn local_run_command(
+    dir: &TestDir,
+    spec: &Path,
+    args: &[&str],
+    envs: &[(&str, String)],
+) -> (Command, PathBuf) {
     let run = dir.join("run");
     let mut cmd = Command::new(shardrun());
     cmd.current_dir(dir.path())
@@ -31,7 +36,13 @@ pub fn local_run_command(dir: &TestDir, spec: &Path, args: &[&str], envs: &[(&st
     (cmd, run)
 }
 
-pub fn run_local(dir: &TestDir, spec: &Path, args: &[&str], envs: &[(&str, String)], deadline: Duration) -> (Output, PathBuf) {
+pub fn run_local(
+    dir: &TestDir,
+    spec: &Path,
+    args: &[&str],
+    envs: &[(&str, String)],
+    deadline: Duration,
+) -> (Output, PathBuf) {
     let (mut cmd, run) = local_run_command(dir, spec, args, envs);
     let out = run_with_deadline(&mut cmd, deadline).expect("shardrun run finished in time");
     (out, run)
@@ -46,16 +57,23 @@ pub fn simrank() -> String {
 /// `SHARDRUN_RUN_DIR=<run>`), so a test can find a run's ranks or prove none is left.
 pub fn processes_with_env(key: &str, value: &str) -> Vec<(i32, Vec<(String, String)>)> {
     let mut found = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else { return found };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
     for entry in entries.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let Ok(raw) = std::fs::read(entry.path().join("environ")) else { continue };
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
         // Zombies keep no environment; only running processes count.
         let vars: Vec<(String, String)> = raw
             .split(|&b| b == 0)
             .filter_map(|kv| {
                 let kv = String::from_utf8_lossy(kv);
-                kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))
+                kv.split_once('=')
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
             })
             .collect();
         if vars.iter().any(|(k, v)| k == key && v == value) {
@@ -69,7 +87,10 @@ pub fn processes_with_env(key: &str, value: &str) -> Vec<(i32, Vec<(String, Stri
 pub fn worker_pid(run: &Path, rank: u64) -> Option<i32> {
     processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string())
         .into_iter()
-        .find(|(_, vars)| vars.iter().any(|(k, v)| k == "SHARDRUN_RANK" && *v == rank.to_string()))
+        .find(|(_, vars)| {
+            vars.iter()
+                .any(|(k, v)| k == "SHARDRUN_RANK" && *v == rank.to_string())
+        })
         .map(|(pid, _)| pid)
 }
 

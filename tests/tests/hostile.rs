@@ -12,16 +12,26 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 fn hello(secret: &str, version: u32) -> Vec<u8> {
-    encode_frame(&Hello { magic: Hello::MAGIC.into(), version, role: Role::Worker, secret: secret.into() }).unwrap()
+    encode_frame(&Hello {
+        magic: Hello::MAGIC.into(),
+        version,
+        role: Role::Worker,
+        secret: secret.into(),
+    })
+    .unwrap()
 }
 
 /// One hostile connection of kind `i % 7`.
 fn attack(addr: &str, i: u64) {
-    let Ok(mut s) = TcpStream::connect(addr) else { return };
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return;
+    };
     let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
     let payload: Vec<u8> = match i % 7 {
         // Random bytes (an LCG is random enough for garbage).
-        0 => (0..512u64).map(|k| ((k * 6364136223846793005 + i * 1442695040888963407) >> 33) as u8).collect(),
+        0 => (0..512u64)
+            .map(|k| ((k * 6364136223846793005 + i * 1442695040888963407) >> 33) as u8)
+            .collect(),
         // Truncated frame: announces 100 bytes, sends 10, hangs up.
         1 => [&100u32.to_be_bytes()[..], b"{\"magic\":"].concat(),
         // 1 GiB length prefix.
@@ -49,15 +59,20 @@ fn hostile_connections_do_not_disturb_the_job() {
         ("SIMRANK_LINES_PER_STEP", "5".to_string()),
     ];
     let (mut cmd, run) = local_run_command(&dir, &spec, &["--nproc", "2"], &envs);
-    cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     let mut job = GroupChild::spawn(&mut cmd).unwrap();
     let controller_pid = job.child.id();
-    let addr = wait_for_file(&run.join("controller.addr"), Duration::from_secs(30), |t| t.ends_with('\n'))
-        .unwrap()
-        .trim()
-        .to_string();
-    wait_for("the job to start", Duration::from_secs(30), || (!metric_steps(&run, 0).is_empty()).then_some(()))
-        .unwrap();
+    let addr = wait_for_file(&run.join("controller.addr"), Duration::from_secs(30), |t| {
+        t.ends_with('\n')
+    })
+    .unwrap()
+    .trim()
+    .to_string();
+    wait_for("the job to start", Duration::from_secs(30), || {
+        (!metric_steps(&run, 0).is_empty()).then_some(())
+    })
+    .unwrap();
     let baseline = rss_kib(controller_pid).expect("controller RSS");
 
     let mut peak = baseline;
@@ -73,19 +88,37 @@ fn hostile_connections_do_not_disturb_the_job() {
     }
     attackers.into_iter().for_each(|a| a.join().unwrap());
 
-    let status = wait_for("the job to finish", Duration::from_secs(60), || job.child.try_wait().ok().flatten()).unwrap();
+    let status = wait_for("the job to finish", Duration::from_secs(60), || {
+        job.child.try_wait().ok().flatten()
+    })
+    .unwrap();
     let mut stdout = String::new();
-    job.child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    job.child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
     assert!(status.success(), "{stdout}");
     assert_eq!(result_json(&run)["status"], "succeeded");
     for rank in 0..2 {
         assert_eq!(metric_steps(&run, rank), (1..=steps).collect::<Vec<_>>());
     }
     let log = std::fs::read_to_string(run.join("train.log")).unwrap();
-    assert!(log.contains("refused a connection"), "rejections are logged");
+    assert!(
+        log.contains("refused a connection"),
+        "rejections are logged"
+    );
     assert!(log.contains("more connection(s)"), "and summarised");
-    assert!(log.lines().count() < 2 * (steps as usize * 6) + 100, "rejections do not flood train.log");
+    assert!(
+        log.lines().count() < 2 * (steps as usize * 6) + 100,
+        "rejections do not flood train.log"
+    );
     // Bounded: 256 pending handshakes × 4 KiB plus task overhead is far below this.
     let growth_mib = (peak.saturating_sub(baseline)) / 1024;
-    assert!(growth_mib < 64, "controller RSS grew by {growth_mib} MiB under attack (baseline {} MiB)", baseline / 1024);
+    assert!(
+        growth_mib < 64,
+        "controller RSS grew by {growth_mib} MiB under attack (baseline {} MiB)",
+        baseline / 1024
+    );
 }

@@ -11,9 +11,9 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use shardrun_protocol::config::DeviceKind;
 use shardrun_protocol::config::TrainConfig;
 use shardrun_protocol::env;
-use shardrun_protocol::config::DeviceKind;
 use shardrun_protocol::messages::Registration;
 use shardrun_worker::collectives::{prepare, Communicator};
 use shardrun_worker::controller_client::{self, ClientOptions, ControllerClient};
@@ -135,16 +135,19 @@ fn load_config(path: &std::path::Path) -> Result<TrainConfig> {
         .with_context(|| format!("{} is not a valid resolved training config", path.display()))
 }
 
+/// Where reports go, the world communicator, and the controller when there is one.
+type World = (
+    Arc<dyn Reporter>,
+    Arc<dyn Communicator>,
+    Option<Arc<ControllerClient>>,
+);
+
 /// Joins the job's world: where reports go, and the world communicator.
 ///
 /// The controller client (wip-c) plugs in as the first arm: it registers with the controller
 /// (sending `Prepared::collective_addr` / `nccl_unique_id`), receives the `StartInfo`, and
 /// returns itself as the `Reporter` and `prepared.connect(&start, rank)` as the communicator.
-fn connect_world(
-    config: &TrainConfig,
-    rank_env: &RankEnv,
-    args: &Args,
-) -> Result<(Arc<dyn Reporter>, Arc<dyn Communicator>, Option<Arc<ControllerClient>>)> {
+fn connect_world(config: &TrainConfig, rank_env: &RankEnv, args: &Args) -> Result<World> {
     if std::env::var_os(env::CONTROLLER_ADDR).is_some() {
         let (client, comm) = join_through_controller(config, rank_env)?;
         return Ok((client.clone(), Arc::from(comm), Some(client)));

@@ -28,10 +28,17 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     }
     let records = metrics_file::read_main_rank(&metrics_path)?;
     if records.is_empty() {
-        bail!("{} has no metrics records yet; try again after the first step", metrics_path.display());
+        bail!(
+            "{} has no metrics records yet; try again after the first step",
+            metrics_path.display()
+        );
     }
     let output = args.output.unwrap_or_else(|| args.run.join("metrics.svg"));
-    let title = args.run.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let title = args
+        .run
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     draw_file(&output, &title, &records)?;
     println!("wrote {} ({} steps)", output.display(), records.len());
     Ok(())
@@ -51,9 +58,17 @@ pub fn draw_file(output: &Path, title: &str, records: &[StepMetrics]) -> anyhow:
         }
         Some("png") => {
             font?;
-            draw(BitMapBackend::new(output, size).into_drawing_area(), title, records, true)
+            draw(
+                BitMapBackend::new(output, size).into_drawing_area(),
+                title,
+                records,
+                true,
+            )
         }
-        _ => bail!("cannot tell the format of {}: name it .svg or .png", output.display()),
+        _ => bail!(
+            "cannot tell the format of {}: name it .svg or .png",
+            output.display()
+        ),
     }
     .with_context(|| format!("cannot draw {}", output.display()))
 }
@@ -74,7 +89,10 @@ fn register_system_font() -> anyhow::Result<()> {
         return Ok(());
     }
     let custom = std::env::var("SHARDRUN_PLOT_FONT").ok();
-    let candidates = custom.iter().map(String::as_str).chain(FONT_CANDIDATES.iter().copied());
+    let candidates = custom
+        .iter()
+        .map(String::as_str)
+        .chain(FONT_CANDIDATES.iter().copied());
     for path in candidates {
         if let Ok(bytes) = std::fs::read(path) {
             // Registered fonts must live for the whole program.
@@ -103,10 +121,17 @@ where
 {
     let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("{e:?}");
     root.fill(&WHITE).map_err(err)?;
-    let root = if text { root.titled(title, ("sans-serif", 24)).map_err(err)? } else { root };
+    let root = if text {
+        root.titled(title, ("sans-serif", 24)).map_err(err)?
+    } else {
+        root
+    };
     let (top, bottom) = root.split_vertically(root.dim_in_pixel().1 / 2);
     let loss: Vec<(f64, f64)> = records.iter().map(|m| (m.step as f64, m.loss)).collect();
-    let tput: Vec<(f64, f64)> = records.iter().map(|m| (m.step as f64, m.tokens_per_s)).collect();
+    let tput: Vec<(f64, f64)> = records
+        .iter()
+        .map(|m| (m.step as f64, m.tokens_per_s))
+        .collect();
     panel(&top, "loss", &loss, &RED, text).map_err(err)?;
     panel(&bottom, "tokens/s", &tput, &BLUE, text).map_err(err)?;
     root.present().map_err(err)?;
@@ -132,13 +157,18 @@ fn panel<DB: DrawingBackend>(
     } else {
         chart.configure_mesh().x_labels(0).y_labels(0).draw()?;
     }
-    chart.draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))?;
+    chart.draw_series(LineSeries::new(
+        points.iter().copied(),
+        color.stroke_width(2),
+    ))?;
     Ok(())
 }
 
 /// Min and max with some headroom; a flat or single-point series still gets a range.
 fn range(values: impl Iterator<Item = f64>) -> (f64, f64) {
-    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+        (lo.min(v), hi.max(v))
+    });
     if !lo.is_finite() {
         return (0.0, 1.0);
     }

@@ -4,8 +4,8 @@
 //! once, each allowed a few KiB for a few seconds (see `shardrun_protocol::connection`).
 
 use super::job::{ConnId, Event};
-use futures::FutureExt;
 use super::writer::Record;
+use futures::FutureExt;
 use shardrun_protocol::connection::{self, ConnectionError};
 use shardrun_protocol::messages::{FromWorker, LogLevel, LogLine, Role, ToWorker};
 use std::net::SocketAddr;
@@ -29,7 +29,9 @@ fn truncate_line(mut line: LogLine) -> LogLine {
         }
         let dropped = line.text.len() - cut;
         line.text.truncate(cut);
-        line.text.push_str(&format!(" [... {dropped} more bytes cut by the controller]"));
+        line.text.push_str(&format!(
+            " [... {dropped} more bytes cut by the controller]"
+        ));
     }
     line
 }
@@ -37,10 +39,17 @@ fn truncate_line(mut line: LogLine) -> LogLine {
 /// What the server tells the event loop.
 pub enum ServerEvent {
     /// A worker passed the handshake and registered; `to_worker` reaches it, `abort` drops it.
-    Connected { conn: ConnId, to_worker: mpsc::UnboundedSender<ToWorker>, abort: AbortHandle },
+    Connected {
+        conn: ConnId,
+        to_worker: mpsc::UnboundedSender<ToWorker>,
+        abort: AbortHandle,
+    },
     Job(Event),
     /// A connection that is not part of the job was refused.
-    Rejected { peer: SocketAddr, reason: String },
+    Rejected {
+        peer: SocketAddr,
+        reason: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -87,7 +96,10 @@ pub async fn serve(
             let (role, mut rx, mut tx) = match accepted {
                 Ok(halves) => halves,
                 Err(e) => {
-                    let _ = events.send(ServerEvent::Rejected { peer, reason: e.to_string() });
+                    let _ = events.send(ServerEvent::Rejected {
+                        peer,
+                        reason: e.to_string(),
+                    });
                     return;
                 }
             };
@@ -123,7 +135,11 @@ pub async fn serve(
                     read_worker(conn, rank, rx, opts.heartbeat_timeout, events_r, records).await;
                 }
             });
-            let _ = events.send(ServerEvent::Connected { conn, to_worker, abort: reader.abort_handle() });
+            let _ = events.send(ServerEvent::Connected {
+                conn,
+                to_worker,
+                abort: reader.abort_handle(),
+            });
             let _ = events.send(ServerEvent::Job(Event::Registered { conn, registration }));
             let _ = go.send(());
         });
@@ -166,7 +182,12 @@ async fn read_worker(
             Err(ConnectionError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => {
                 return job(Event::Disconnected { conn, error: None })
             }
-            Err(e) => return job(Event::Disconnected { conn, error: Some(e.to_string()) }),
+            Err(e) => {
+                return job(Event::Disconnected {
+                    conn,
+                    error: Some(e.to_string()),
+                })
+            }
         };
         let record = match msg {
             FromWorker::Log(line) => {
@@ -194,9 +215,18 @@ async fn read_worker(
                 continue;
             }
             FromWorker::Failed { error } => {
-                let line = LogLine { level: LogLevel::Error, time: super::clock::now(), text: error.clone() };
+                let line = LogLine {
+                    level: LogLevel::Error,
+                    time: super::clock::now(),
+                    text: error.clone(),
+                };
                 // The line first, so it is on disk before the failure is reported.
-                let _ = records.send(Record::Logs { rank, lines: vec![truncate_line(line)] }).await;
+                let _ = records
+                    .send(Record::Logs {
+                        rank,
+                        lines: vec![truncate_line(line)],
+                    })
+                    .await;
                 job(Event::WorkerFailed { conn, error });
                 continue;
             }
@@ -214,10 +244,18 @@ mod tests {
     #[test]
     fn long_lines_are_cut_on_a_char_boundary() {
         let text = "é".repeat(MAX_LOG_LINE); // 2 bytes each
-        let line = truncate_line(LogLine { level: LogLevel::Info, time: 0.0, text });
+        let line = truncate_line(LogLine {
+            level: LogLevel::Info,
+            time: 0.0,
+            text,
+        });
         assert!(line.text.len() < MAX_LOG_LINE + 64);
         assert!(line.text.ends_with("more bytes cut by the controller]"));
-        let short = truncate_line(LogLine { level: LogLevel::Info, time: 0.0, text: "ok".into() });
+        let short = truncate_line(LogLine {
+            level: LogLevel::Info,
+            time: 0.0,
+            text: "ok".into(),
+        });
         assert_eq!(short.text, "ok");
     }
 }

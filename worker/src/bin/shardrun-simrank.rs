@@ -54,7 +54,8 @@ fn run() -> Result<()> {
     let rank_env = RankEnv::from_env()?;
     let config_path = std::env::var(env::CONFIG_FILE).context("SHARDRUN_CONFIG is not set")?;
     let config: TrainConfig = serde_json::from_str(
-        &std::fs::read_to_string(&config_path).with_context(|| format!("cannot read {config_path}"))?,
+        &std::fs::read_to_string(&config_path)
+            .with_context(|| format!("cannot read {config_path}"))?,
     )?;
     let (addr, secret) = controller_client::endpoint_from_env()?;
     let registration = Registration {
@@ -68,8 +69,12 @@ fn run() -> Result<()> {
         collective_addr: None,
         nccl_unique_id: None,
     };
-    let (client, start) = controller_client::connect(&addr, &secret, registration, &ClientOptions::from_env())?;
-    client.log(LogLevel::Info, &format!("simulated rank started in a world of {}", start.world_size));
+    let (client, start) =
+        controller_client::connect(&addr, &secret, registration, &ClientOptions::from_env())?;
+    client.log(
+        LogLevel::Info,
+        &format!("simulated rank started in a world of {}", start.world_size),
+    );
     let began = Instant::now();
     let mut lines = 0u64;
     let steps = args.steps.unwrap_or(config.steps);
@@ -82,7 +87,10 @@ fn run() -> Result<()> {
         }
         let logging_began = Instant::now();
         for i in 0..args.lines_per_step {
-            client.log(LogLevel::Info, &format!("rank {} step {step} line {i}", rank_env.rank));
+            client.log(
+                LogLevel::Info,
+                &format!("rank {} step {step} line {i}", rank_env.rank),
+            );
             lines += 1;
         }
         in_log_calls += logging_began.elapsed().as_secs_f64();
@@ -130,7 +138,6 @@ fn run() -> Result<()> {
     client.finished(false);
     Ok(())
 }
-
 
 /// Spins (does not sleep) for `d`, like a compute-bound step.
 fn busy(d: Duration) {
