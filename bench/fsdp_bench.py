@@ -109,6 +109,9 @@ def main():
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--only", help="run only configs whose name contains this")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="alternate ours/PyTorch this many times per config and keep each side's best "
+                        "median (evens out load from other processes on a shared machine)")
     args = p.parse_args()
     world = 2
     rows = []
@@ -117,8 +120,13 @@ def main():
             if args.only and args.only not in name:
                 continue
             cfg = train_config(vocab, dim, layers, heads, seq, batch, dtype, args.steps, world)
-            ours = run_ours(args.worker, cfg, args.steps, args.warmup, world, tmp)
-            theirs = run_pytorch(sys.executable, name, vocab, dim, layers, heads, seq, batch, dtype, args.steps, args.warmup)
+            ours_runs, theirs_runs = [], []
+            for _ in range(args.rounds):
+                ours_runs.append(run_ours(args.worker, cfg, args.steps, args.warmup, world, tmp))
+                theirs_runs.append(run_pytorch(sys.executable, name, vocab, dim, layers, heads, seq, batch, dtype,
+                                               args.steps, args.warmup))
+            ours = min(ours_runs, key=lambda r: r["step_time_s"])
+            theirs = min(theirs_runs, key=lambda r: r["step_time_s"])
             rows.append((name, ours, theirs))
             print(f"{name}: ours {json.dumps(ours)}\n{name}: pytorch {json.dumps(theirs)}", file=sys.stderr, flush=True)
     mib = lambda b: max(b) / 2**20

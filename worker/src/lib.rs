@@ -2,6 +2,7 @@
 //!
 //! * [`launch`]: who am I (rank, world, local rank) from the controller, Slurm or torchrun env.
 //! * [`report`]: where log lines and metrics go ([`report::Reporter`]).
+//! * [`rendezvous`]: torchrun-style rendezvous (`MASTER_ADDR`/`MASTER_PORT`) without a controller.
 //! * [`collectives`]: all-gather / reduce-scatter / all-reduce / broadcast over NCCL or CPU sockets.
 //! * [`model`]: the transformer and the MLP, plain forward code with PyTorch parameter names.
 //! * [`fsdp`]: units, flat sharded parameters, gather/free/reduce per strategy.
@@ -9,7 +10,7 @@
 //! * [`data`]: deterministic per-rank batches.
 //! * [`train`]: the training loop; [`reference`]: unsharded single-process ground truth.
 //! * [`controller_client`]: registration, reports and heartbeats through the shardrun controller.
-//! * [`world`]: torchrun-style rendezvous on `MASTER_ADDR`/`MASTER_PORT` (no controller).
+//! * [`world`]: how a rank without a controller joins the world (rendezvous, then collectives).
 //! * [`metrics`]: memory, throughput, MFU; [`params_file`]: weights dumped as safetensors.
 
 pub mod collectives;
@@ -22,6 +23,7 @@ pub mod model;
 pub mod optim;
 pub mod params_file;
 pub mod reference;
+pub mod rendezvous;
 pub mod report;
 pub mod scaler;
 pub mod schedule;

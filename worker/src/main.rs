@@ -9,7 +9,7 @@
 //! when `SHARDRUN_CONTROLLER` is set, else through `MASTER_ADDR`/`MASTER_PORT`, else it is
 //! this process alone.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Parser;
 use shardrun_protocol::config::DeviceKind;
 use shardrun_protocol::config::TrainConfig;
@@ -72,7 +72,11 @@ fn run() -> Result<()> {
         return Ok(());
     }
 
-    let (reporter, world, controller) = connect_world(&config, &rank_env, &args)?;
+    let Joined {
+        reporter,
+        world,
+        controller,
+    } = connect_world(&config, &rank_env, &args)?;
     let result = train(config, world, reporter, &rank_env, &args);
     // Under the controller, the last message says how this rank ended.
     if let Some(controller) = controller {
@@ -135,44 +139,43 @@ fn load_config(path: &std::path::Path) -> Result<TrainConfig> {
         .with_context(|| format!("{} is not a valid resolved training config", path.display()))
 }
 
-/// Where reports go, the world communicator, and the controller when there is one.
-type World = (
-    Arc<dyn Reporter>,
-    Arc<dyn Communicator>,
-    Option<Arc<ControllerClient>>,
-);
-
 /// Joins the job's world: where reports go, and the world communicator.
 ///
-/// The controller client (wip-c) plugs in as the first arm: it registers with the controller
-/// (sending `Prepared::collective_addr` / `nccl_unique_id`), receives the `StartInfo`, and
-/// returns itself as the `Reporter` and `prepared.connect(&start, rank)` as the communicator.
-fn connect_world(config: &TrainConfig, rank_env: &RankEnv, args: &Args) -> Result<World> {
+/// Under a controller (`SHARDRUN_CONTROLLER`), the controller client registers (sending
+/// `Prepared::collective_addr` / `nccl_unique_id`), receives the `StartInfo`, and is the
+/// `Reporter`; otherwise reports go to stderr and the metrics file.
+fn connect_world(config: &TrainConfig, rank_env: &RankEnv, args: &Args) -> Result<Joined> {
     if std::env::var_os(env::CONTROLLER_ADDR).is_some() {
         let (client, comm) = join_through_controller(config, rank_env)?;
-        return Ok((client.clone(), Arc::from(comm), Some(client)));
+        return Ok(Joined {
+            reporter: client.clone(),
+            world: Arc::from(comm),
+            controller: Some(client),
+        });
     }
     let reporter: Arc<dyn Reporter> = Arc::new(
         StdoutReporter::new(rank_env.rank, args.metrics_file.clone())
             .context("cannot open the metrics file")?,
     );
-    let master = (
-        std::env::var("MASTER_ADDR").ok(),
-        std::env::var("MASTER_PORT").ok(),
-    );
-    let comm: Box<dyn Communicator> = match master {
-        (Some(addr), Some(port)) => {
-            let port: u16 = port.trim().parse().with_context(|| format!("MASTER_PORT={port:?} is not a port number"))?;
-            world::standalone(config.device, rank_env.rank, rank_env.local_rank, rank_env.world_size, &addr, port)?
-        }
-        _ if rank_env.world_size == 1 => world::standalone(config.device, 0, 0, 1, "127.0.0.1", 0)?,
-        _ => bail!(
-            "rank {} of {} has no way to find its peers: set MASTER_ADDR and MASTER_PORT, or run under `shardrun`",
-            rank_env.rank,
-            rank_env.world_size
-        ),
-    };
-    Ok((reporter, Arc::from(comm), None))
+    let comm = world::standalone(
+        config,
+        rank_env.rank,
+        rank_env.local_rank,
+        rank_env.world_size,
+    )?;
+    Ok(Joined {
+        reporter,
+        world: Arc::from(comm),
+        controller: None,
+    })
+}
+
+/// A rank that has joined its world.
+struct Joined {
+    reporter: Arc<dyn Reporter>,
+    world: Arc<dyn Communicator>,
+    /// Set under a controller: told how the rank ended.
+    controller: Option<Arc<ControllerClient>>,
 }
 
 /// Registers with the job's controller (with what the collectives prepared), waits for the

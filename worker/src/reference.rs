@@ -26,6 +26,7 @@ pub fn train_reference(
             "reference training runs in fp32: set mixed_precision param_dtype and reduce_dtype to f32".into(),
         ));
     }
+    crate::train::check_config(config)?;
     let device = device_of(config.device)?;
     let model = model::build(&config.model);
     let specs = model.params();

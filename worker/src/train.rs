@@ -76,6 +76,29 @@ pub fn device_of(kind: DeviceKind) -> Result<Device, TrainError> {
     }
 }
 
+/// What must hold before training starts; each failure says which field to fix.
+pub fn check_config(config: &TrainConfig) -> Result<(), TrainError> {
+    let b = &config.batch;
+    if b.batch_size_per_device == 0 || b.grad_accum_steps == 0 || b.world_size == 0 {
+        return Err(TrainError::Config(
+            "batch: sizes and grad_accum_steps must be positive".into(),
+        ));
+    }
+    if b.batch_size_per_device * b.world_size * b.grad_accum_steps != b.total_batch_size {
+        return Err(TrainError::Config(format!(
+            "batch: total_batch_size {} != batch_size_per_device {} × world_size {} × grad_accum_steps {}",
+            b.total_batch_size, b.batch_size_per_device, b.world_size, b.grad_accum_steps
+        )));
+    }
+    if config.fsdp.max_gathers_in_flight == 0 {
+        return Err(TrainError::Config(
+            "fsdp.max_gathers_in_flight must be at least 1".into(),
+        ));
+    }
+    crate::model::check(&config.model, config.data.sequence_length(&config.model))
+        .map_err(TrainError::Config)
+}
+
 pub struct Trainer {
     pub config: TrainConfig,
     engine: FsdpEngine,
@@ -108,6 +131,7 @@ impl Trainer {
                 config.batch.world_size
             )));
         }
+        check_config(&config)?;
         let device = device_of(config.device)?;
         let mp = &config.fsdp.mixed_precision;
         let options = EngineOptions {

@@ -146,7 +146,7 @@ impl Prepared {
                             .to_string(),
                     )
                 })?;
-                NcclCommunicator::new(id, rank, self.world_size)
+                Ok(Box::new(NcclCommunicator::new(id, rank, self.world_size)?))
             }
         }
     }

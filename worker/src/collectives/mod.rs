@@ -99,7 +99,7 @@ pub fn hybrid_groups(
     world_size: usize,
     shard_size: usize,
 ) -> Result<(Vec<usize>, Vec<usize>), CommError> {
-    if shard_size == 0 || world_size % shard_size != 0 || rank >= world_size {
+    if shard_size == 0 || !world_size.is_multiple_of(shard_size) || rank >= world_size {
         return Err(CommError::Invalid(format!(
             "HYBRID_SHARD needs the shard group size ({shard_size}) to divide the world size \
              ({world_size}) and rank {rank} < world size"

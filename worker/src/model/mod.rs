@@ -153,7 +153,47 @@ pub trait Model: Send + Sync {
     fn input_kind(&self) -> Kind;
 }
 
-/// The model a config describes.
+/// Checks what the model code would otherwise only find out deep inside libtorch: head
+/// sizes that do not divide, sequences longer than the position table, empty layers.
+pub fn check(config: &ModelConfig, seq_len: u64) -> Result<(), String> {
+    match *config {
+        ModelConfig::Transformer {
+            vocab_size,
+            dim,
+            n_heads,
+            max_seq_len,
+            ..
+        } => {
+            if vocab_size == 0 || dim == 0 || n_heads == 0 || max_seq_len == 0 {
+                return Err(
+                    "model: vocab_size, dim, n_heads and max_seq_len must be positive".into(),
+                );
+            }
+            if dim % n_heads != 0 {
+                return Err(format!(
+                    "model: dim {dim} is not divisible by n_heads {n_heads}"
+                ));
+            }
+            if seq_len > max_seq_len {
+                return Err(format!(
+                    "data.seq_len {seq_len} exceeds the model's max_seq_len {max_seq_len} (the position table)"
+                ));
+            }
+        }
+        ModelConfig::Mlp {
+            input_dim,
+            hidden_dim,
+            output_dim,
+        } => {
+            if input_dim == 0 || hidden_dim == 0 || output_dim == 0 {
+                return Err("model: the MLP's dimensions must be positive".into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The model a config describes (see [`check`]).
 pub fn build(config: &ModelConfig) -> Box<dyn Model> {
     match *config {
         ModelConfig::Transformer {

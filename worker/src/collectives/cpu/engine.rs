@@ -210,15 +210,14 @@ impl Engine {
     fn fail(&mut self, failure: Failure) -> CommError {
         let Failure {
             error,
-            unfinished_send_bytes,
+            unfinished_frame,
         } = failure;
         let payload = transport::encode_abort(&error);
         let mut abort = header(TAG_ABORT, self.seq, 0, payload.len() as u32).to_vec();
         abort.extend_from_slice(&payload);
         let deadline = Instant::now() + ABORT_GRACE;
-        // Finish the frame in flight with padding so the abort starts on a frame boundary;
-        // the receiver never completes an op on it (it would need an END header).
-        let mut forward = vec![0u8; unfinished_send_bytes];
+        // Finish the frame in flight so the abort starts on a frame boundary.
+        let mut forward = unfinished_frame;
         forward.extend_from_slice(&abort);
         transport::write_all_until(&mut self.next, &forward, deadline);
         // Backwards, the previous rank only ever reads aborts from us.

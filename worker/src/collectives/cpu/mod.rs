@@ -57,10 +57,10 @@ impl CpuCommunicator {
             0,
             deadline,
         )?;
-        Ok(Self::spawn(Engine::new(members, rank, next, prev, options)))
+        Self::spawn(Engine::new(members, rank, next, prev, options))
     }
 
-    fn spawn(engine: Engine) -> CpuCommunicator {
+    fn spawn(engine: Engine) -> Result<CpuCommunicator, CommError> {
         let (rank, size) = (engine.rank(), engine.size());
         let (jobs, queue) = mpsc::channel::<Job>();
         let mut engine = engine;
@@ -73,7 +73,7 @@ impl CpuCommunicator {
                 }
             })
             .map(|_| CpuCommunicator { rank, size, jobs })
-            .unwrap_or_else(|e| panic!("cannot start the collectives thread: {e}"))
+            .map_err(|e| CommError::Other(format!("cannot start the collectives thread: {e}")))
     }
 
     fn submit(&self, op: Op) -> Result<mpsc::Receiver<Result<Outcome, CommError>>, CommError> {
@@ -181,7 +181,7 @@ impl Communicator for CpuCommunicator {
             .recv()
             .map_err(|_| CommError::Other("the collectives thread stopped".to_string()))??;
         match outcome {
-            Outcome::Subgroup(Some(engine)) => Ok(Box::new(Self::spawn(*engine))),
+            Outcome::Subgroup(Some(engine)) => Ok(Box::new(Self::spawn(*engine)?)),
             Outcome::Subgroup(None) => Ok(Box::new(SingleProcess)),
             Outcome::Done => Err(CommError::Other("internal error: no subgroup built".into())),
         }

@@ -253,11 +253,11 @@ pub fn broadcast(data: Span, rank: usize, root: usize, n: usize, dtype: Dtype) -
     plan
 }
 
-/// A failure inside [`run`], with what the sender still owes its frame so the caller can
-/// pad it before aborting.
+/// A failure inside [`run`], with the bytes the sender still owes its frame in flight so
+/// the caller can finish it before the abort message.
 pub struct Failure {
     pub error: CommError,
-    pub unfinished_send_bytes: usize,
+    pub unfinished_frame: Vec<u8>,
 }
 
 /// Moves one plan's frames over the ring. `kind` and `seq` identify the op in headers.
@@ -281,7 +281,7 @@ pub fn run(
     };
     let fail = |error: CommError, sender: &Sender| Failure {
         error,
-        unfinished_send_bytes: sender.unfinished(plan),
+        unfinished_frame: sender.unfinished(plan, seq, kind),
     };
     let mut last_progress = Instant::now();
     loop {
@@ -331,24 +331,23 @@ pub fn run(
         }
         // The next rank never writes to us except to abort, and its socket turns readable on
         // EOF: watching it catches a dead successor even while we only receive. Once all our
-        // sends are done the successor may legitimately finish and exit first (its EOF is no
-        // error then), so it is watched only while we still owe it frames.
-        let watch_next = if send_done { 0 } else { libc::POLLIN };
+        // frames are out it may legitimately finish the op and close, so stop watching then.
+        // (fd -1: poll ignores the entry, including hang-ups we are not waiting for.)
         let mut fds = [
             libc::pollfd {
-                fd: next.fd(),
-                events: watch_next | if can_send { libc::POLLOUT } else { 0 },
+                fd: if send_done { -1 } else { next.fd() },
+                events: libc::POLLIN | if can_send { libc::POLLOUT } else { 0 },
                 revents: 0,
             },
             libc::pollfd {
-                fd: prev.fd(),
-                events: if can_recv { libc::POLLIN } else { 0 },
+                fd: if can_recv { prev.fd() } else { -1 },
+                events: libc::POLLIN,
                 revents: 0,
             },
         ];
         poll(&mut fds, (timeout - waited).min(Duration::from_secs(1)))
             .map_err(|e| fail(CommError::Other(format!("poll: {e}")), &sender))?;
-        if !send_done && fds[0].revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+        if fds[0].revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
             check_reverse(next).map_err(|e| fail(e, &sender))?;
         }
     }
@@ -398,12 +397,18 @@ impl Sender {
         HEADER_BYTES + plan.sends[self.frame].span.len + if last { HEADER_BYTES } else { 0 }
     }
 
-    fn unfinished(&self, plan: &Plan) -> usize {
-        if self.frame < plan.sends.len() && self.offset > 0 {
-            // Pad up to the end of the payload; the trailer is replaced by the abort.
-            (HEADER_BYTES + plan.sends[self.frame].span.len).saturating_sub(self.offset)
+    /// The rest of a half-written frame: zeros up to the end of the payload (the receiver
+    /// never completes an op without the END header, which the abort replaces), or the rest
+    /// of the END header when only that was missing (all data arrived: let the op complete).
+    fn unfinished(&self, plan: &Plan, seq: u32, kind: u32) -> Vec<u8> {
+        if self.frame >= plan.sends.len() || self.offset == 0 {
+            return vec![];
+        }
+        let payload_end = HEADER_BYTES + plan.sends[self.frame].span.len;
+        if self.offset < payload_end {
+            vec![0; payload_end - self.offset]
         } else {
-            0
+            header(TAG_END, seq, kind, 0)[self.offset - payload_end..].to_vec()
         }
     }
 

@@ -328,6 +328,12 @@ pub fn decode_abort(payload: &[u8], from: &Link) -> CommError {
     let via = from.peer.rank;
     match fields.as_slice() {
         ["peer", rank, addr, what] => match rank.parse() {
+            // The first rank to see the failure says so; those that only pass it on do not.
+            Ok(rank) if what.contains("(reported by rank") => CommError::Peer {
+                rank,
+                addr: addr.to_string(),
+                what: what.to_string(),
+            },
             Ok(rank) => CommError::Peer {
                 rank,
                 addr: addr.to_string(),
@@ -341,5 +347,89 @@ pub fn decode_abort(payload: &[u8], from: &Link) -> CommError {
         },
         ["other", what] => CommError::Other(format!("rank {via} failed: {what}")),
         _ => from.error(format!("failed: {text}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strangers_on_the_port_are_dropped_and_the_peer_is_accepted() {
+        let (listener, addr) = bind("127.0.0.1").unwrap();
+        let me = Member {
+            rank: 0,
+            addr: addr.clone(),
+        };
+        let peer = Member {
+            rank: 1,
+            addr: "127.0.0.1:1".into(),
+        };
+        let dialer = std::thread::spawn(move || {
+            let mut garbage = TcpStream::connect(&addr).unwrap();
+            garbage
+                .write_all(b"GET / HTTP/1.0\r\n\r\n and more than 32 bytes of it")
+                .unwrap();
+            let mut wrong_job = TcpStream::connect(&addr).unwrap();
+            wrong_job.write_all(&hello(99, 1, 0)).unwrap();
+            dial(&me, 1, 7, Instant::now() + Duration::from_secs(10)).map(|_| ())
+        });
+        let link = accept(
+            &listener,
+            &peer,
+            0,
+            7,
+            Instant::now() + Duration::from_secs(10),
+        );
+        assert_eq!(link.unwrap().peer.rank, 1);
+        dialer.join().unwrap().unwrap();
+    }
+
+    #[test]
+    fn accept_times_out_naming_the_peer() {
+        let (listener, _) = bind("127.0.0.1").unwrap();
+        let peer = Member {
+            rank: 3,
+            addr: "10.0.0.3:4000".into(),
+        };
+        let err = accept(
+            &listener,
+            &peer,
+            0,
+            0,
+            Instant::now() + Duration::from_millis(200),
+        )
+        .err()
+        .unwrap();
+        assert!(
+            err.to_string().contains("peer rank 3 (10.0.0.3:4000)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn abort_messages_round_trip() {
+        let (listener, addr) = bind("127.0.0.1").unwrap();
+        let stream = TcpStream::connect(&addr).unwrap();
+        drop(listener);
+        let link = Link {
+            stream,
+            peer: Member {
+                rank: 5,
+                addr: addr.clone(),
+            },
+        };
+        let dead = CommError::Peer {
+            rank: 2,
+            addr: "h:1".into(),
+            what: "closed".into(),
+        };
+        let got = decode_abort(&encode_abort(&dead), &link);
+        assert_eq!(
+            got.to_string(),
+            "peer rank 2 (h:1) closed (reported by rank 5)"
+        );
+        let timeout = CommError::Timeout { rank: 4, secs: 9 };
+        assert_eq!(decode_abort(&encode_abort(&timeout), &link), timeout);
     }
 }

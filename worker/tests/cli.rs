@@ -1,0 +1,75 @@
+//! The worker binary fails with a clear message, and a non-zero status, on bad input.
+
+mod common;
+
+use common::*;
+use shardrun_protocol::config::{ModelConfig, ShardingStrategy};
+use std::process::Command;
+
+fn run_worker(args: &[&str]) -> (i32, String) {
+    let out = Command::new(WORKER)
+        .args(args)
+        .env_remove("SHARDRUN_CONFIG")
+        .env_remove("MASTER_ADDR")
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .output()
+        .expect("run worker");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_missing_config_file_is_named() {
+    let (code, err) = run_worker(&["--config", "/nonexistent/train_config.json"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("/nonexistent/train_config.json") && err.contains("--config"),
+        "{err}"
+    );
+}
+
+#[test]
+fn impossible_model_and_batch_settings_are_explained() {
+    let dir = temp_dir();
+    let mut cfg = config(
+        ModelConfig::Transformer {
+            vocab_size: 37,
+            dim: 10,
+            n_layers: 1,
+            n_heads: 3,
+            max_seq_len: 7,
+        },
+        ShardingStrategy::FullShard,
+        1,
+    );
+    let path = dir.path().join("heads.json");
+    std::fs::write(&path, serde_json::to_string(&cfg).expect("json")).expect("write");
+    let (code, err) = run_worker(&["--config", path.to_str().expect("utf-8 path")]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("dim 10 is not divisible by n_heads 3"),
+        "{err}"
+    );
+
+    cfg.model = tiny_transformer();
+    cfg.batch.total_batch_size = 13;
+    std::fs::write(&path, serde_json::to_string(&cfg).expect("json")).expect("write");
+    let (code, err) = run_worker(&[
+        "--config",
+        path.to_str().expect("utf-8 path"),
+        "--reference",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("total_batch_size 13"), "{err}");
+
+    std::fs::write(&path, "{\"name\": 3}").expect("write");
+    let (code, err) = run_worker(&["--config", path.to_str().expect("utf-8 path")]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("not a valid resolved training config"),
+        "{err}"
+    );
+}
