@@ -32,6 +32,8 @@ stop() { # <pid file> <program name>
 
 stop "$dir/pids/slurmd.pid" slurmd
 stop "$dir/pids/slurmctld.pid" slurmctld
+stop "$dir/pids/slurmdbd.pid" slurmdbd
+stop "$dir/pids/mariadbd.pid" mariadbd
 stop "$dir/pids/munged.pid" munged
 
 if [ "${1:-}" = "--purge" ]; then
