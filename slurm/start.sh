@@ -64,6 +64,9 @@ running() { # <pid file> <program name>
 }
 
 mkdir -p "$dir"/{etc,munge/run,spool/ctld,spool/d,log,pids,dev}
+# One start or stop at a time (tests start the cluster from several processes at once).
+exec 9>"$dir/lock"
+flock 9
 chmod 755 "$dir" "$dir/munge" "$dir/munge/run"
 
 # The running daemons were configured with or without accounting; switching needs a restart.
@@ -82,7 +85,8 @@ if running "$dir/pids/munged.pid" munged; then
     say "munged already running"
 else
     rm -f "$socket" "$socket.lock"
-    munged --force --socket="$socket" --key-file="$dir/munge/munge.key" \
+    # 9>&-: daemons must not inherit (and hold) the lock.
+    munged 9>&- --force --socket="$socket" --key-file="$dir/munge/munge.key" \
         --pid-file="$dir/pids/munged.pid" --log-file="$dir/log/munged.log" \
         --seed-file="$dir/munge/munge.seed"
     say "munged started"
@@ -120,7 +124,7 @@ if [ "$accounting" = 1 ]; then
         say "mariadbd already running"
     else
         # Started in its own session so it outlives this script; its pid file is what stop.sh uses.
-        setsid mariadbd --no-defaults --user=root --datadir="$db/data" --socket="$db/mysqld.sock" \
+        setsid mariadbd 9>&- --no-defaults --user=root --datadir="$db/data" --socket="$db/mysqld.sock" \
             --port="$db_port" --bind-address=127.0.0.1 --pid-file="$dir/pids/mariadbd.pid" \
             --log-error="$dir/log/mariadbd.log" </dev/null >/dev/null 2>&1 &
         say "mariadbd started"
@@ -152,7 +156,7 @@ DBD
         say "slurmdbd already running"
     else
         # slurmdbd reads slurmdbd.conf from the folder of $SLURM_CONF.
-        slurmdbd || die "slurmdbd failed to start; see $dir/log/slurmdbd.log"
+        slurmdbd 9>&- || die "slurmdbd failed to start; see $dir/log/slurmdbd.log"
         say "slurmdbd started"
     fi
     for _ in $(seq 100); do
@@ -215,13 +219,13 @@ if running "$dir/pids/slurmctld.pid" slurmctld; then
         say "slurmctld already running"
     fi
 else
-    slurmctld -f "$SLURM_CONF" || die "slurmctld failed to start; see $dir/log/slurmctld.log"
+    slurmctld 9>&- -f "$SLURM_CONF" || die "slurmctld failed to start; see $dir/log/slurmctld.log"
     say "slurmctld started"
 fi
 if running "$dir/pids/slurmd.pid" slurmd; then
     say "slurmd already running"
 else
-    slurmd -f "$SLURM_CONF" || die "slurmd failed to start; see $dir/log/slurmd.log"
+    slurmd 9>&- -f "$SLURM_CONF" || die "slurmd failed to start; see $dir/log/slurmd.log"
     say "slurmd started"
 fi
 

@@ -46,6 +46,36 @@ pub fn submit(script: &Path, extra_args: &[String]) -> Result<String, SlurmError
     parse_sbatch_parsable(&check("sbatch", &args, output)?)
 }
 
+/// `scontrol release <id>`: let a job submitted with `--hold` start.
+pub fn release(id: &str) -> Result<(), SlurmError> {
+    let args = ["release", id];
+    let output = run("scontrol", &args)?;
+    check("scontrol", &args, output).map(|_| ())
+}
+
+/// `sbatch --hold`, record the id with `record`, then release the job. The job cannot
+/// start (and its controller cannot write the manifest) before the id is recorded.
+pub fn submit_recorded<E: std::fmt::Display>(
+    script: &Path,
+    record: impl FnOnce(&str) -> Result<(), E>,
+) -> Result<String, SlurmError> {
+    let id = submit(script, &["--hold".to_string()])?;
+    let recorded = record(&id).map_err(|e| e.to_string());
+    let released = recorded.clone().map_err(|e| SlurmError::Failed {
+        command: "recording the job id".into(),
+        status: "error".into(),
+        stderr: e,
+    });
+    match released.and_then(|()| release(&id)) {
+        Ok(()) => Ok(id),
+        Err(err) => {
+            // Never leave a held job behind that nothing knows about.
+            let _ = cancel(std::slice::from_ref(&id));
+            Err(err)
+        }
+    }
+}
+
 /// `scancel <ids>`.
 pub fn cancel(ids: &[String]) -> Result<(), SlurmError> {
     if ids.is_empty() {
