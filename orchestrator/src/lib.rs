@@ -11,3 +11,5 @@ pub mod rundir;
 pub mod slurm;
 pub mod spec;
 pub mod sweep;
+pub mod controller;
+pub mod metrics_file;

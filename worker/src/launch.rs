@@ -30,8 +30,18 @@ impl RankEnv {
     /// Testable core of [`RankEnv::from_env`].
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<RankEnv> {
         let sets = [
-            (RankSource::Controller, env::RANK, env::WORLD_SIZE, env::LOCAL_RANK),
-            (RankSource::Slurm, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+            (
+                RankSource::Controller,
+                env::RANK,
+                env::WORLD_SIZE,
+                env::LOCAL_RANK,
+            ),
+            (
+                RankSource::Slurm,
+                "SLURM_PROCID",
+                "SLURM_NTASKS",
+                "SLURM_LOCALID",
+            ),
             (RankSource::Torchrun, "RANK", "WORLD_SIZE", "LOCAL_RANK"),
         ];
         for (source, rank_var, world_var, local_var) in sets {
@@ -53,9 +63,19 @@ impl RankEnv {
             if world_size == 0 || rank >= world_size {
                 bail!("{rank_var}={rank} is not a rank of a world of {world_var}={world_size}");
             }
-            return Ok(RankEnv { rank, world_size, local_rank, source });
+            return Ok(RankEnv {
+                rank,
+                world_size,
+                local_rank,
+                source,
+            });
         }
-        Ok(RankEnv { rank: 0, world_size: 1, local_rank: 0, source: RankSource::SingleProcess })
+        Ok(RankEnv {
+            rank: 0,
+            world_size: 1,
+            local_rank: 0,
+            source: RankSource::SingleProcess,
+        })
     }
 }
 
@@ -65,8 +85,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> =
-            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         move |k| map.get(k).cloned()
     }
 
@@ -79,7 +101,10 @@ mod tests {
             ("SLURM_NTASKS", "4"),
         ]))
         .unwrap();
-        assert_eq!((env.rank, env.world_size, env.source), (1, 2, RankSource::Controller));
+        assert_eq!(
+            (env.rank, env.world_size, env.source),
+            (1, 2, RankSource::Controller)
+        );
     }
 
     #[test]
@@ -90,9 +115,11 @@ mod tests {
             ("SLURM_LOCALID", "1"),
         ]))
         .unwrap();
-        assert_eq!((slurm.rank, slurm.local_rank, slurm.source), (3, 1, RankSource::Slurm));
-        let torchrun =
-            RankEnv::from_lookup(lookup(&[("RANK", "1"), ("WORLD_SIZE", "2")])).unwrap();
+        assert_eq!(
+            (slurm.rank, slurm.local_rank, slurm.source),
+            (3, 1, RankSource::Slurm)
+        );
+        let torchrun = RankEnv::from_lookup(lookup(&[("RANK", "1"), ("WORLD_SIZE", "2")])).unwrap();
         assert_eq!((torchrun.rank, torchrun.local_rank), (1, 1));
         let single = RankEnv::from_lookup(lookup(&[])).unwrap();
         assert_eq!((single.rank, single.world_size), (0, 1));

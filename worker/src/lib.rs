@@ -3,7 +3,27 @@
 //! * [`launch`]: who am I (rank, world, local rank) from the controller, Slurm or torchrun env.
 //! * [`report`]: where log lines and metrics go ([`report::Reporter`]).
 //! * [`collectives`]: all-gather / reduce-scatter / all-reduce / broadcast over NCCL or CPU sockets.
+//! * [`model`]: the transformer and the MLP, plain forward code with PyTorch parameter names.
+//! * [`fsdp`]: units, flat sharded parameters, gather/free/reduce per strategy.
+//! * [`optim`], [`schedule`], [`scaler`]: AdamW, the LR schedule, fp16 loss scaling.
+//! * [`data`]: deterministic per-rank batches.
+//! * [`train`]: the training loop; [`reference`]: unsharded single-process ground truth.
+//! * [`controller_client`]: registration, reports and heartbeats through the shardrun controller.
+//! * [`world`]: torchrun-style rendezvous on `MASTER_ADDR`/`MASTER_PORT` (no controller).
+//! * [`metrics`]: memory, throughput, MFU; [`params_file`]: weights dumped as safetensors.
 
 pub mod collectives;
+pub mod controller_client;
+pub mod data;
+pub mod fsdp;
 pub mod launch;
+pub mod metrics;
+pub mod model;
+pub mod optim;
+pub mod params_file;
+pub mod reference;
 pub mod report;
+pub mod scaler;
+pub mod schedule;
+pub mod train;
+pub mod world;

@@ -1,6 +1,153 @@
-//! `shardrun-worker` binary (placeholder until the training loop lands).
+//! `shardrun-worker`: one rank of an FSDP training job.
+//!
+//! ```text
+//! shardrun-worker [--config FILE] [--metrics-file F] [--dump-params F] [--reference]
+//! ```
+//!
+//! The config comes from `--config` or `SHARDRUN_CONFIG`; the rank from the controller, Slurm
+//! or torchrun variables ([`launch::RankEnv`]). The world is joined through the controller
+//! when `SHARDRUN_CONTROLLER` is set, else through `MASTER_ADDR`/`MASTER_PORT`, else it is
+//! this process alone.
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use shardrun_protocol::config::TrainConfig;
+use shardrun_protocol::env;
+use shardrun_worker::collectives::Communicator;
+use shardrun_worker::fsdp::ProcessGroups;
+use shardrun_worker::launch::RankEnv;
+use shardrun_worker::report::{Reporter, StdoutReporter};
+use shardrun_worker::train::Trainer;
+use shardrun_worker::{params_file, reference, world};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Overrides the fp16 loss scaler's initial scale (GradScaler's `init_scale`, 2^16).
+const FP16_INITIAL_SCALE: &str = "SHARDRUN_FP16_INITIAL_SCALE";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "shardrun-worker",
+    version,
+    about = "One rank of a shardrun FSDP training job."
+)]
+struct Args {
+    /// Resolved training config (JSON, as the orchestrator writes `train_config.json`).
+    #[arg(long, env = env::CONFIG_FILE)]
+    config: PathBuf,
+    /// Append one JSON metrics record per logged step to this file (standalone runs).
+    #[arg(long)]
+    metrics_file: Option<PathBuf>,
+    /// After training, write the final unsharded parameters (fp32 safetensors) here (rank 0).
+    #[arg(long)]
+    dump_params: Option<PathBuf>,
+    /// Train the unsharded model in this one process instead (the equivalence ground truth).
+    #[arg(long)]
+    reference: bool,
+}
 
 fn main() {
-    eprintln!("shardrun-worker: the training loop is not available in this build yet");
-    std::process::exit(2);
+    if let Err(error) = run() {
+        eprintln!("shardrun-worker: error: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
+    let args = Args::parse();
+    let config = load_config(&args.config)?;
+    tch::set_num_threads(i32::try_from(config.threads_per_rank.max(1)).unwrap_or(1));
+    let rank_env = RankEnv::from_env()?;
+
+    if args.reference {
+        let reporter = StdoutReporter::new(0, args.metrics_file.clone())
+            .context("cannot open the metrics file")?;
+        let params = reference::train_reference(&config, &reporter)?;
+        if let Some(path) = &args.dump_params {
+            params_file::write(path, &params)?;
+        }
+        return Ok(());
+    }
+
+    let (reporter, world) = connect_world(&config, &rank_env, &args)?;
+    let groups =
+        ProcessGroups::for_strategy(world, config.fsdp.strategy, config.fsdp.shard_group_size)?;
+    let mut trainer = Trainer::new(config, groups, reporter.clone())?;
+    if let Ok(scale) = std::env::var(FP16_INITIAL_SCALE) {
+        let scale: f64 = scale
+            .parse()
+            .ok()
+            .filter(|s: &f64| s.is_finite() && *s > 0.0)
+            .with_context(|| format!("{FP16_INITIAL_SCALE}={scale:?} is not a positive number"))?;
+        trainer.set_initial_loss_scale(scale);
+    }
+    let outcome = trainer.run(None)?;
+    if let Some(path) = &args.dump_params {
+        // Every rank takes part in the gathers; rank 0 writes.
+        let params = trainer.engine().full_parameters()?;
+        if rank_env.rank == 0 {
+            params_file::write(path, &params)?;
+        }
+    }
+    // Leave together: no rank closes its sockets while a peer may still be inside the last
+    // collective.
+    trainer.engine().groups().world.barrier()?;
+    if outcome.preempted {
+        reporter.log(
+            shardrun_protocol::messages::LogLevel::Info,
+            "stopped early for preemption",
+        );
+    }
+    Ok(())
+}
+
+fn load_config(path: &std::path::Path) -> Result<TrainConfig> {
+    let text = std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "cannot read the config {}: pass --config or set {}",
+            path.display(),
+            env::CONFIG_FILE
+        )
+    })?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a valid resolved training config", path.display()))
+}
+
+/// Joins the job's world: where reports go, and the world communicator.
+///
+/// The controller client (wip-c) plugs in as the first arm: it registers with the controller
+/// (sending `Prepared::collective_addr` / `nccl_unique_id`), receives the `StartInfo`, and
+/// returns itself as the `Reporter` and `prepared.connect(&start, rank)` as the communicator.
+fn connect_world(
+    config: &TrainConfig,
+    rank_env: &RankEnv,
+    args: &Args,
+) -> Result<(Arc<dyn Reporter>, Arc<dyn Communicator>)> {
+    if std::env::var_os(env::CONTROLLER_ADDR).is_some() {
+        bail!(
+            "{} is set but this build has no controller client yet",
+            env::CONTROLLER_ADDR
+        );
+    }
+    let reporter: Arc<dyn Reporter> = Arc::new(
+        StdoutReporter::new(rank_env.rank, args.metrics_file.clone())
+            .context("cannot open the metrics file")?,
+    );
+    let master = (
+        std::env::var("MASTER_ADDR").ok(),
+        std::env::var("MASTER_PORT").ok(),
+    );
+    let comm: Box<dyn Communicator> = match master {
+        (Some(addr), Some(port)) => {
+            let port: u16 = port.trim().parse().with_context(|| format!("MASTER_PORT={port:?} is not a port number"))?;
+            world::standalone(config.device, rank_env.rank, rank_env.local_rank, rank_env.world_size, &addr, port)?
+        }
+        _ if rank_env.world_size == 1 => world::standalone(config.device, 0, 0, 1, "127.0.0.1", 0)?,
+        _ => bail!(
+            "rank {} of {} has no way to find its peers: set MASTER_ADDR and MASTER_PORT, or run under `shardrun`",
+            rank_env.rank,
+            rank_env.world_size
+        ),
+    };
+    Ok((reporter, Arc::from(comm)))
 }

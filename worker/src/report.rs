@@ -29,7 +29,12 @@ pub struct StdoutReporter {
 impl StdoutReporter {
     pub fn new(rank: u64, metrics_file: Option<PathBuf>) -> std::io::Result<Self> {
         let metrics_file = metrics_file
-            .map(|path| std::fs::OpenOptions::new().create(true).append(true).open(path))
+            .map(|path| {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+            })
             .transpose()?
             .map(Mutex::new);
         Ok(StdoutReporter { rank, metrics_file })
@@ -57,7 +62,10 @@ impl Reporter for StdoutReporter {
     }
 
     fn checkpoint_saved(&self, step: u64, path: &str) {
-        self.log(LogLevel::Info, &format!("checkpoint of step {step} saved to {path}"));
+        self.log(
+            LogLevel::Info,
+            &format!("checkpoint of step {step} saved to {path}"),
+        );
     }
 
     fn summary(&self, summary: &TrainSummary) {

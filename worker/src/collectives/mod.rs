@@ -8,6 +8,15 @@
 //!   output is read or the input is modified; operations complete in issue order;
 //! * tensors are contiguous, on the backend's device, of one dtype (f32, bf16 or f16).
 
+mod bootstrap;
+pub mod cpu;
+mod dtype;
+pub mod nccl;
+mod single;
+
+pub use bootstrap::{prepare, CommOptions, Prepared};
+pub use single::SingleProcess;
+
 use tch::Tensor;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,10 +27,14 @@ pub enum ReduceOp {
     Max,
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CommError {
     #[error("peer rank {rank} ({addr}) {what}")]
-    Peer { rank: usize, addr: String, what: String },
+    Peer {
+        rank: usize,
+        addr: String,
+        what: String,
+    },
     #[error("collective timed out after {secs} s waiting for rank {rank}")]
     Timeout { rank: usize, secs: u64 },
     #[error("invalid collective call: {0}")]
@@ -59,11 +72,93 @@ pub trait Communicator: Send + Sync {
     fn all_gather(&self, input: &Tensor, output: &Tensor) -> Result<Work, CommError>;
     /// `input` has world_size × output.numel() elements; `output` receives this rank's chunk
     /// of the element-wise reduction of all ranks' inputs.
-    fn reduce_scatter(&self, input: &Tensor, output: &Tensor, op: ReduceOp)
-        -> Result<Work, CommError>;
+    fn reduce_scatter(
+        &self,
+        input: &Tensor,
+        output: &Tensor,
+        op: ReduceOp,
+    ) -> Result<Work, CommError>;
     /// In place.
     fn all_reduce(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work, CommError>;
     /// In place: every rank's `tensor` becomes `root`'s.
     fn broadcast(&self, tensor: &Tensor, root: usize) -> Result<Work, CommError>;
     fn barrier(&self) -> Result<(), CommError>;
+    /// A communicator over a subset of this one's ranks (HYBRID_SHARD: the shard group within
+    /// a node, the replicate group across nodes). Collective on `self`: every rank of `self`
+    /// calls it at the same point, each passing the parent ranks of its own group (which
+    /// contains the caller); the groups must partition the parent's ranks. The new
+    /// communicator's rank of a member is its index in `ranks` sorted ascending.
+    fn new_subgroup(&self, ranks: &[usize]) -> Result<Box<dyn Communicator>, CommError>;
+}
+
+/// The two groups of `rank` for HYBRID_SHARD with `shard_size` ranks per shard group:
+/// (shard group: `shard_size` consecutive ranks, replicate group: the ranks holding the same
+/// shard in every shard group). E.g. world 4, shard 2: rank 1 -> ([0, 1], [1, 3]).
+pub fn hybrid_groups(
+    rank: usize,
+    world_size: usize,
+    shard_size: usize,
+) -> Result<(Vec<usize>, Vec<usize>), CommError> {
+    if shard_size == 0 || world_size % shard_size != 0 || rank >= world_size {
+        return Err(CommError::Invalid(format!(
+            "HYBRID_SHARD needs the shard group size ({shard_size}) to divide the world size \
+             ({world_size}) and rank {rank} < world size"
+        )));
+    }
+    let first = rank / shard_size * shard_size;
+    let shard = (first..first + shard_size).collect();
+    let replicate = (rank % shard_size..world_size)
+        .step_by(shard_size)
+        .collect();
+    Ok((shard, replicate))
+}
+
+/// Checks a subgroup request common to all backends; returns the sorted member list and the
+/// caller's rank in it.
+pub(crate) fn subgroup_members(
+    parent_rank: usize,
+    parent_size: usize,
+    ranks: &[usize],
+) -> Result<(Vec<usize>, usize), CommError> {
+    let mut members = ranks.to_vec();
+    members.sort_unstable();
+    members.dedup();
+    if members.len() != ranks.len() {
+        return Err(CommError::Invalid(format!(
+            "subgroup {ranks:?} names a rank twice"
+        )));
+    }
+    if let Some(bad) = members.iter().find(|&&r| r >= parent_size) {
+        return Err(CommError::Invalid(format!(
+            "subgroup {ranks:?} names rank {bad}, outside a communicator of {parent_size}"
+        )));
+    }
+    let Some(my_index) = members.iter().position(|&r| r == parent_rank) else {
+        return Err(CommError::Invalid(format!(
+            "rank {parent_rank} asked for subgroup {ranks:?}, which does not contain it: each \
+             rank passes its own group"
+        )));
+    };
+    Ok((members, my_index))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hybrid_groups_of_four_in_two() {
+        assert_eq!(hybrid_groups(0, 4, 2).unwrap(), (vec![0, 1], vec![0, 2]));
+        assert_eq!(hybrid_groups(1, 4, 2).unwrap(), (vec![0, 1], vec![1, 3]));
+        assert_eq!(hybrid_groups(3, 4, 2).unwrap(), (vec![2, 3], vec![1, 3]));
+        assert!(hybrid_groups(0, 4, 3).is_err());
+    }
+
+    #[test]
+    fn subgroup_members_checks_the_request() {
+        assert_eq!(subgroup_members(2, 4, &[3, 2]).unwrap(), (vec![2, 3], 0));
+        assert!(subgroup_members(1, 4, &[2, 3]).is_err());
+        assert!(subgroup_members(1, 4, &[1, 1]).is_err());
+        assert!(subgroup_members(1, 4, &[1, 4]).is_err());
+    }
 }

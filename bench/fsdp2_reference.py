@@ -1,0 +1,165 @@
+"""PyTorch FSDP2 reference for shardrun's benchmark: the same transformer (PyTorch's FSDP2
+example model, causal attention), the same synthetic data, dtype and optimizer as
+`shardrun-worker`, wrapped with `fully_shard` per block plus the root, on gloo.
+
+    torchrun --nproc_per_node 2 bench/fsdp2_reference.py --dim 256 --n-layers 8 ...
+
+Prints one JSON line (rank 0) with the median step time, tokens/s and each rank's peak RSS.
+"""
+
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+MASK = (1 << 64) - 1
+
+
+def splitmix64(x: int) -> int:
+    """The worker's data hash (worker/src/data.rs), so both sides train on the same tokens."""
+    z = (x + 0x9E3779B97F4A7C15) & MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def samples(seed: int, first: int, count: int, seq_len: int, vocab: int):
+    """Arithmetic token sequences with a random start and stride per sample (data.rs)."""
+    rows = []
+    for i in range(first, first + count):
+        h = splitmix64(seed ^ splitmix64(i))
+        start = h % vocab
+        stride = 1 + splitmix64(h) % 7
+        rows.append([(start + j * stride) % vocab for j in range(seq_len + 1)])
+    t = torch.tensor(rows, dtype=torch.long)
+    return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, n_heads: int):
+        super().__init__()
+        self.n_heads = n_heads
+        self.wq = nn.Linear(dim, dim, bias=False)
+        self.wk = nn.Linear(dim, dim, bias=False)
+        self.wv = nn.Linear(dim, dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        heads = lambda t: t.view(b, s, self.n_heads, d // self.n_heads).transpose(1, 2)
+        y = F.scaled_dot_product_attention(heads(self.wq(x)), heads(self.wk(x)), heads(self.wv(x)), is_causal=True)
+        return self.wo(y.transpose(1, 2).contiguous().view(b, s, d))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, 4 * dim)
+        self.w2 = nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        return self.w2(F.gelu(self.w1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, n_heads: int):
+        super().__init__()
+        self.attention_norm = nn.LayerNorm(dim)
+        self.attention = Attention(dim, n_heads)
+        self.ffn_norm = nn.LayerNorm(dim)
+        self.feed_forward = FeedForward(dim)
+
+    def forward(self, h):
+        h = h + self.attention(self.attention_norm(h))
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, vocab: int, dim: int, n_layers: int, n_heads: int, max_seq_len: int):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(vocab, dim)
+        self.pos_embeddings = nn.Embedding(max_seq_len, dim)
+        self.layers = nn.ModuleList(Block(dim, n_heads) for _ in range(n_layers))
+        self.norm = nn.LayerNorm(dim)
+        self.output = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens, targets):
+        positions = torch.arange(tokens.shape[1])
+        h = self.tok_embeddings(tokens) + self.pos_embeddings(positions)
+        for layer in self.layers:
+            h = layer(h)
+        logits = self.output(self.norm(h))
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--n-layers", type=int, default=8)
+    p.add_argument("--n-heads", type=int, default=8)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--batch", type=int, default=8, help="per rank")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2, help="steps left out of the timing")
+    p.add_argument("--param-dtype", choices=["f32", "bf16"], default="f32")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(args.seed)
+    model = Transformer(args.vocab, args.dim, args.n_layers, args.n_heads, args.seq)
+    mp = None
+    if args.param_dtype == "bf16":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    kwargs = {"mp_policy": mp} if mp else {}
+    for layer in model.layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+    times, losses = [], []
+    for step in range(args.steps):
+        first = step * args.batch * world + rank * args.batch
+        tokens, targets = samples(args.seed, first, args.batch, args.seq, args.vocab)
+        dist.barrier()
+        start = time.perf_counter()
+        loss = model(tokens, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        dist.barrier()
+        times.append(time.perf_counter() - start)
+        losses.append(loss.item())
+
+    rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024], dtype=torch.float64)
+    all_rss = [torch.zeros_like(rss) for _ in range(world)]
+    dist.all_gather(all_rss, rss)
+    if rank == 0:
+        step_time = statistics.median(times[args.warmup:])
+        print(json.dumps({
+            "impl": "pytorch-fsdp2",
+            "step_time_s": step_time,
+            "tokens_per_s": args.batch * world * args.seq / step_time,
+            "peak_rss_bytes": [int(t.item()) for t in all_rss],
+            "first_loss": losses[0],
+            "last_loss": losses[-1],
+        }), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

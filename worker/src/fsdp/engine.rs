@@ -1,0 +1,520 @@
+//! The FSDP engine: one micro-step of forward and backward, segment by segment.
+//!
+//! Each segment's forward runs on a detached input that requires grad (a graph cut), so its
+//! backward can run on its own with the upstream gradient (`shim::grad`). That is what lets a
+//! unit be gathered just before its segment runs, freed right after, gathered again just
+//! before its backward, and reduce-scattered as soon as its last segment's backward is done.
+//!
+//! Visits: forward visits segments `0..k`, backward visits `k..2k` (segment `2k-1-v`).
+
+use super::flat::FlatLayout;
+use super::groups::ProcessGroups;
+use super::shim;
+use super::unit::{FlatUnit, PendingReduce};
+use super::wrap::plan_units;
+use super::FsdpError;
+use crate::collectives::{Communicator, ReduceOp};
+use crate::data::Batch;
+use crate::model::{Model, Params, SegmentSpec};
+use crate::optim::adamw_step;
+use shardrun_protocol::config::{OptimizerConfig, ShardingStrategy, WrapPolicy};
+use std::collections::HashMap;
+use tch::{Device, Kind, Tensor};
+
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    pub strategy: ShardingStrategy,
+    /// dtype of gathered parameters and of compute.
+    pub param_kind: Kind,
+    /// dtype gradients are reduced in.
+    pub reduce_kind: Kind,
+    pub activation_checkpointing: bool,
+    pub prefetch: bool,
+    /// At most this many units gathered ahead of the one computing.
+    pub max_gathers_in_flight: usize,
+    pub device: Device,
+}
+
+/// One unit's optimizer-relevant shard, as plain fp32 values (checkpoint export/import).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnitShardState {
+    pub param: Vec<f32>,
+    pub exp_avg: Vec<f32>,
+    pub exp_avg_sq: Vec<f32>,
+}
+
+/// What forward keeps of a segment for its backward.
+enum Saved {
+    /// The segment's graph: its (detached, requires-grad) input and its output.
+    Graph {
+        input: Option<Tensor>,
+        output: Tensor,
+    },
+    /// Activation checkpointing: only the input; backward recomputes the forward.
+    Checkpoint { input: Tensor },
+}
+
+pub struct FsdpEngine {
+    model: Box<dyn Model>,
+    segments: Vec<SegmentSpec>,
+    /// Units each segment reads.
+    segment_units: Vec<Vec<usize>>,
+    /// (unit, index in unit) of each parameter a segment reads.
+    segment_params: Vec<Vec<(usize, usize)>>,
+    units: Vec<FlatUnit>,
+    /// Every parameter by name: the leaf tensors viewing the gathered buffers.
+    param_map: HashMap<String, Tensor>,
+    /// Per unit: its last forward visit and its last backward visit.
+    last_forward: Vec<usize>,
+    last_backward: Vec<usize>,
+    groups: ProcessGroups,
+    options: EngineOptions,
+    /// AdamW steps taken (bias correction counts from these).
+    pub optimizer_steps: u64,
+}
+
+impl FsdpEngine {
+    /// Splits `model` into units and initialises this rank's shards (never the whole model).
+    pub fn new(
+        model: Box<dyn Model>,
+        policy: &WrapPolicy,
+        seed: u64,
+        groups: ProcessGroups,
+        options: EngineOptions,
+    ) -> Result<FsdpEngine, FsdpError> {
+        let specs = model.params();
+        let segments = model.segments();
+        let shard_count = groups.shard.world_size() as i64;
+        let shard_index = groups.shard.rank() as i64;
+        let mut units = Vec::new();
+        let mut location: HashMap<String, (usize, usize)> = HashMap::new();
+        for plan in plan_units(&specs, &segments, policy) {
+            let members: Vec<_> = plan.params.iter().map(|&i| &specs[i]).collect();
+            for (j, spec) in members.iter().enumerate() {
+                location.insert(spec.name.clone(), (units.len(), j));
+            }
+            let layout = FlatLayout::new(
+                &plan.name,
+                members.iter().map(|s| (s.name.clone(), s.shape.clone())),
+                shard_count,
+            );
+            units.push(FlatUnit::new(
+                layout,
+                &members,
+                shard_index,
+                seed,
+                options.device,
+                options.param_kind,
+                options.reduce_kind,
+            )?);
+        }
+        let mut segment_params = Vec::new();
+        let mut segment_units: Vec<Vec<usize>> = Vec::new();
+        for segment in &segments {
+            let params = segment
+                .params
+                .iter()
+                .map(|name| {
+                    location.get(name).copied().ok_or_else(|| {
+                        FsdpError::Invalid(format!(
+                            "segment {} reads unknown parameter {name}",
+                            segment.name
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut used: Vec<usize> = params.iter().map(|&(u, _)| u).collect();
+            used.sort_unstable();
+            used.dedup();
+            segment_units.push(used);
+            segment_params.push(params);
+        }
+        let k = segments.len();
+        let mut last_forward = vec![usize::MAX; units.len()];
+        let mut last_backward = vec![usize::MAX; units.len()];
+        for (s, used) in segment_units.iter().enumerate() {
+            for &u in used {
+                last_forward[u] = s;
+                // The lowest segment using a unit is the last one backward visits.
+                if last_backward[u] == usize::MAX {
+                    last_backward[u] = 2 * k - 1 - s;
+                }
+            }
+        }
+        let param_map = units
+            .iter()
+            .flat_map(|u| {
+                u.layout
+                    .params
+                    .iter()
+                    .zip(&u.params)
+                    .map(|(p, t)| (p.name.clone(), t.shallow_clone()))
+            })
+            .collect();
+        Ok(FsdpEngine {
+            model,
+            segments,
+            segment_units,
+            segment_params,
+            units,
+            param_map,
+            last_forward,
+            last_backward,
+            groups,
+            options,
+            optimizer_steps: 0,
+        })
+    }
+
+    fn segment_of_visit(&self, visit: usize) -> usize {
+        let k = self.segments.len();
+        if visit < k {
+            visit
+        } else {
+            2 * k - 1 - visit
+        }
+    }
+
+    fn reshards_after_forward(&self) -> bool {
+        matches!(
+            self.options.strategy,
+            ShardingStrategy::FullShard | ShardingStrategy::HybridShard
+        )
+    }
+
+    /// Gathers what `visit` reads, prefetching the next visits' units within the limit.
+    fn prepare(&mut self, visit: usize) -> Result<(), FsdpError> {
+        let shard = self.groups.shard.clone();
+        let needed = self.segment_units[self.segment_of_visit(visit)].clone();
+        for &u in &needed {
+            self.units[u].begin_gather(shard.as_ref())?;
+        }
+        if self.options.prefetch {
+            let limit = self.options.max_gathers_in_flight.max(1);
+            let mut in_flight = (0..self.units.len())
+                .filter(|u| !needed.contains(u) && self.units[*u].is_in_flight())
+                .count();
+            let last_visit = 2 * self.segments.len();
+            for next in visit + 1..(visit + 1 + limit).min(last_visit) {
+                for u in self.segment_units[self.segment_of_visit(next)].clone() {
+                    if in_flight < limit && self.units[u].is_sharded() {
+                        self.units[u].begin_gather(shard.as_ref())?;
+                        in_flight += 1;
+                    }
+                }
+            }
+        }
+        for &u in &needed {
+            self.units[u].finish_gather()?;
+        }
+        Ok(())
+    }
+
+    fn after_forward(&mut self, visit: usize) -> Result<(), FsdpError> {
+        if !self.reshards_after_forward() {
+            return Ok(());
+        }
+        let next = self.segment_of_visit(visit + 1);
+        for u in self.segment_units[visit].clone() {
+            // A unit the next visit reads (the root, around the loss) stays gathered.
+            if self.last_forward[u] == visit && !self.segment_units[next].contains(&u) {
+                self.units[u].release()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn after_backward(
+        &mut self,
+        visit: usize,
+        sync: bool,
+        pending: &mut Vec<(usize, PendingReduce)>,
+    ) -> Result<(), FsdpError> {
+        let strategy = self.options.strategy;
+        // FULL_SHARD/HYBRID_SHARD reduce every micro-step so unsharded gradients never
+        // outlive a unit's backward; the others skip communication until the last one
+        // (FSDP's no_sync), keeping unsharded gradients instead.
+        let reduce_now = sync
+            || matches!(
+                strategy,
+                ShardingStrategy::FullShard | ShardingStrategy::HybridShard
+            );
+        let shard = self.groups.shard.clone();
+        for u in self.segment_units[self.segment_of_visit(visit)].clone() {
+            if self.last_backward[u] != visit {
+                continue;
+            }
+            if strategy != ShardingStrategy::NoShard {
+                self.units[u].release()?;
+            }
+            if reduce_now || self.units[u].layout.shard_count == 1 {
+                if let Some(p) = self.units[u].reduce_grad(shard.as_ref())? {
+                    pending.push((u, p));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Forward and backward of one micro-batch; gradients of `loss · loss_factor` are added to
+    /// the gradient shards. `sync`: the last micro-step of an optimizer step (gradients are
+    /// fully reduced, across replicas too). Returns the (unscaled) local loss.
+    pub fn forward_backward(
+        &mut self,
+        batch: &Batch,
+        loss_factor: f64,
+        sync: bool,
+    ) -> Result<f64, FsdpError> {
+        let k = self.segments.len();
+        let targets = &batch.targets;
+        let mut x = batch.inputs_as(self.options.param_kind);
+        let mut saved = Vec::with_capacity(k);
+        let mut loss = 0.0;
+        for s in 0..k {
+            self.prepare(s)?;
+            let p = Params::new(&self.param_map);
+            if self.options.activation_checkpointing && self.segments[s].is_block {
+                let y = tch::no_grad(|| self.model.forward_segment(s, &p, &x, targets));
+                saved.push(Saved::Checkpoint {
+                    input: std::mem::replace(&mut x, y),
+                });
+            } else {
+                let input = (s > 0).then(|| x.detach().set_requires_grad(true));
+                let y = self
+                    .model
+                    .forward_segment(s, &p, input.as_ref().unwrap_or(&x), targets);
+                x = y.detach();
+                let output = if s + 1 == k {
+                    loss = x.double_value(&[]);
+                    y * loss_factor
+                } else {
+                    y
+                };
+                saved.push(Saved::Graph { input, output });
+            }
+            self.after_forward(s)?;
+        }
+
+        let mut upstream: Option<Tensor> = None;
+        let mut pending = Vec::new();
+        for s in (0..k).rev() {
+            let visit = 2 * k - 1 - s;
+            self.prepare(visit)?;
+            if s + 1 < k && upstream.is_none() {
+                return Err(FsdpError::Invalid(format!(
+                    "segment {} got no gradient from the segment after it",
+                    self.segments[s].name
+                )));
+            }
+            let (input, output) = match saved.pop() {
+                Some(Saved::Graph { input, output }) => (input, output),
+                Some(Saved::Checkpoint { input: x }) => {
+                    let input = (s > 0).then(|| x.detach().set_requires_grad(true));
+                    let p = Params::new(&self.param_map);
+                    let y =
+                        self.model
+                            .forward_segment(s, &p, input.as_ref().unwrap_or(&x), targets);
+                    (input, y)
+                }
+                None => {
+                    return Err(FsdpError::Invalid(
+                        "backward ran past the saved segments".into(),
+                    ))
+                }
+            };
+            let grads = {
+                let mut wrt: Vec<&Tensor> = input.iter().collect();
+                wrt.extend(
+                    self.segment_params[s]
+                        .iter()
+                        .map(|&(u, i)| &self.units[u].params[i]),
+                );
+                shim::grad(&output, upstream.as_ref(), &wrt)?
+            };
+            drop(output);
+            let mut grads = grads.into_iter();
+            if input.is_some() {
+                upstream = grads.next().flatten();
+            }
+            for (&(u, i), grad) in self.segment_params[s].iter().zip(grads) {
+                if let Some(grad) = grad {
+                    self.units[u].accumulate_grad(i, &grad);
+                }
+            }
+            self.after_backward(visit, sync, &mut pending)?;
+        }
+        for (u, p) in pending {
+            self.units[u].finish_reduce(p)?;
+        }
+        if sync {
+            self.sync_replicas()?;
+        }
+        Ok(loss)
+    }
+
+    /// Averages the gradient shards over the replicate group (NO_SHARD, HYBRID_SHARD).
+    fn sync_replicas(&mut self) -> Result<(), FsdpError> {
+        if self.groups.replicate.world_size() == 1 {
+            return Ok(());
+        }
+        let works = self
+            .units
+            .iter()
+            .map(|u| self.groups.replicate.all_reduce(&u.grad, ReduceOp::Avg))
+            .collect::<Result<Vec<_>, _>>()?;
+        for w in works {
+            w.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Squared L2 norm of the whole model's gradient (all shards of the shard group).
+    pub fn grad_norm_sq(&self) -> Result<f64, FsdpError> {
+        let local: f64 = self
+            .units
+            .iter()
+            .map(|u| u.grad.square().sum(Kind::Double).double_value(&[]))
+            .sum();
+        all_reduce_scalar(
+            self.groups.shard.as_ref(),
+            self.options.device,
+            local,
+            ReduceOp::Sum,
+        )
+    }
+
+    /// Whether every gradient element on this rank is finite.
+    pub fn grads_finite(&self) -> bool {
+        self.units
+            .iter()
+            .all(|u| u.grad.isfinite().all().int64_value(&[]) != 0)
+    }
+
+    pub fn scale_grads(&mut self, factor: f64) {
+        for u in &mut self.units {
+            let _ = u.grad.g_mul_scalar_(factor);
+        }
+    }
+
+    pub fn zero_grads(&mut self) {
+        for u in &mut self.units {
+            u.zero_grad();
+        }
+    }
+
+    /// AdamW on every shard, then gathered copies are stale.
+    pub fn optimizer_step(&mut self, config: &OptimizerConfig, lr: f64) {
+        self.optimizer_steps += 1;
+        let step = self.optimizer_steps;
+        for u in &mut self.units {
+            adamw_step(config, lr, step, &mut u.shard, &u.grad, &mut u.adam);
+            u.mark_stale();
+        }
+    }
+
+    /// Bytes of parameters, gradients and optimizer state resident on this rank.
+    pub fn model_state_bytes(&self) -> u64 {
+        self.units.iter().map(FlatUnit::resident_bytes).sum()
+    }
+
+    pub fn groups(&self) -> &ProcessGroups {
+        &self.groups
+    }
+
+    /// Each unit's layout: parameter names, shapes, offsets, padding, shard count.
+    pub fn layouts(&self) -> Vec<&FlatLayout> {
+        self.units.iter().map(|u| &u.layout).collect()
+    }
+
+    /// Which shard of every unit this rank holds.
+    pub fn shard_index(&self) -> usize {
+        self.groups.shard.rank()
+    }
+
+    /// This rank's fp32 parameter and AdamW shards of unit `unit`.
+    pub fn export_unit(&self, unit: usize) -> Result<UnitShardState, FsdpError> {
+        let u = self
+            .units
+            .get(unit)
+            .ok_or_else(|| FsdpError::Invalid(format!("no unit {unit}")))?;
+        let values = |t: &Tensor| -> Result<Vec<f32>, FsdpError> {
+            Ok(Vec::<f32>::try_from(&t.to_device(Device::Cpu))?)
+        };
+        Ok(UnitShardState {
+            param: values(&u.shard)?,
+            exp_avg: values(&u.adam.exp_avg)?,
+            exp_avg_sq: values(&u.adam.exp_avg_sq)?,
+        })
+    }
+
+    /// Loads this rank's shards of unit `unit` (lengths must match the layout's shard size).
+    pub fn import_unit(&mut self, unit: usize, state: &UnitShardState) -> Result<(), FsdpError> {
+        let u = self
+            .units
+            .get_mut(unit)
+            .ok_or_else(|| FsdpError::Invalid(format!("no unit {unit}")))?;
+        let n = u.layout.shard_numel() as usize;
+        for (what, values) in [
+            ("param", &state.param),
+            ("exp_avg", &state.exp_avg),
+            ("exp_avg_sq", &state.exp_avg_sq),
+        ] {
+            if values.len() != n {
+                return Err(FsdpError::Invalid(format!(
+                    "unit {}: {what} shard has {} values, the layout needs {n}",
+                    u.layout.unit,
+                    values.len()
+                )));
+            }
+        }
+        let device = u.shard.device();
+        tch::no_grad(|| {
+            u.shard
+                .copy_(&Tensor::from_slice(&state.param).to_device(device));
+            u.adam
+                .exp_avg
+                .copy_(&Tensor::from_slice(&state.exp_avg).to_device(device));
+            u.adam
+                .exp_avg_sq
+                .copy_(&Tensor::from_slice(&state.exp_avg_sq).to_device(device));
+        });
+        u.mark_stale();
+        Ok(())
+    }
+
+    /// Every parameter, unsharded, in fp32 on the CPU (all ranks of the shard group must call).
+    pub fn full_parameters(&self) -> Result<Vec<(String, Tensor)>, FsdpError> {
+        let mut out = Vec::new();
+        for u in &self.units {
+            let full = Tensor::empty([u.layout.padded_numel], (Kind::Float, u.shard.device()));
+            if u.layout.shard_count == 1 {
+                tch::no_grad(|| full.narrow(0, 0, u.layout.padded_numel).copy_(&u.shard));
+            } else {
+                self.groups.shard.all_gather(&u.shard, &full)?.wait()?;
+            }
+            for p in &u.layout.params {
+                let value = full
+                    .narrow(0, p.offset, p.numel)
+                    .view(p.shape.as_slice())
+                    .to_device(Device::Cpu);
+                out.push((p.name.clone(), value));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// All-reduce of one number (f32 on the wire, the collectives' dtypes).
+pub fn all_reduce_scalar(
+    comm: &dyn Communicator,
+    device: Device,
+    value: f64,
+    op: ReduceOp,
+) -> Result<f64, FsdpError> {
+    if comm.world_size() == 1 {
+        return Ok(value);
+    }
+    let t = Tensor::from_slice(&[value as f32]).to_device(device);
+    comm.all_reduce(&t, op)?.wait()?;
+    Ok(t.double_value(&[0]))
+}

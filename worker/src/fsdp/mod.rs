@@ -1,0 +1,35 @@
+//! Fully sharded data parallelism (ZeRO-3) over tch, apart from the model code:
+//!
+//! * [`wrap`]: auto-wrap policies, which parameters form which unit;
+//! * [`flat`]: a unit's flat-parameter layout and its even (padded) sharding;
+//! * [`unit`]: one unit at run time: shard, gradient shard, AdamW state, gather/free/reduce;
+//! * [`engine`]: forward and backward segment by segment, gathering units just in time
+//!   (with prefetch and a limit on gathers in flight), freeing them per strategy, and
+//!   reduce-scattering gradients as each unit's backward finishes;
+//! * [`groups`]: the process groups a strategy shards and replicates over;
+//! * [`shim`]: the storage and autograd entry points tch lacks (C++ in `worker/shim/`).
+
+pub mod engine;
+pub mod flat;
+pub mod groups;
+pub mod shim;
+pub mod unit;
+pub mod wrap;
+
+pub use engine::{EngineOptions, FsdpEngine, UnitShardState};
+pub use flat::{FlatLayout, FlatParam};
+pub use groups::ProcessGroups;
+
+use crate::collectives::CommError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FsdpError {
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    #[error(transparent)]
+    Shim(#[from] shim::ShimError),
+    #[error("torch: {0}")]
+    Torch(#[from] tch::TchError),
+    #[error("{0}")]
+    Invalid(String),
+}

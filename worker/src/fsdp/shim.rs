@@ -1,0 +1,106 @@
+//! Safe wrappers over `shim/storage_shim.cpp`: what tch does not expose.
+//!
+//! * [`release_storage`] / [`allocate_storage`]: drop and re-create the memory behind a
+//!   tensor's storage while every view of it (parameters, tensors autograd saved for backward)
+//!   keeps pointing at the same storage object. This is how FULL_SHARD frees gathered
+//!   parameters after forward without recomputing the forward in backward.
+//! * [`grad`]: backward of one unit seeded with the upstream gradient, returning gradients
+//!   rather than accumulating them into `.grad`.
+
+use std::ffi::{c_char, c_int, CStr};
+use tch::Tensor;
+
+#[derive(Debug, thiserror::Error)]
+#[error("libtorch: {0}")]
+pub struct ShimError(String);
+
+type CTensor = *mut torch_sys::C_tensor;
+
+extern "C" {
+    fn shardrun_free_error(message: *mut c_char);
+    fn shardrun_storage_release(tensor: CTensor) -> *mut c_char;
+    fn shardrun_storage_allocate(tensor: CTensor, nbytes: usize) -> *mut c_char;
+    fn shardrun_storage_nbytes(tensor: CTensor) -> usize;
+    fn shardrun_cuda_peak_allocated(device: c_int, peak: *mut i64) -> *mut c_char;
+    fn shardrun_grad(
+        output: CTensor,
+        upstream: CTensor,
+        inputs: *const CTensor,
+        n_inputs: c_int,
+        grads: *mut CTensor,
+    ) -> *mut c_char;
+}
+
+fn check(message: *mut c_char) -> Result<(), ShimError> {
+    if message.is_null() {
+        return Ok(());
+    }
+    // SAFETY: the shim returns a NUL-terminated string from strdup, freed right here.
+    let text = unsafe { CStr::from_ptr(message) }
+        .to_string_lossy()
+        .into_owned();
+    unsafe { shardrun_free_error(message) };
+    Err(ShimError(text))
+}
+
+/// Frees the memory of `tensor`'s storage. Every tensor sharing that storage must not be read
+/// until [`allocate_storage`] gives it memory again (reading it would be a use after free).
+pub fn release_storage(tensor: &Tensor) -> Result<(), ShimError> {
+    // SAFETY: the pointer is a live at::Tensor owned by `tensor`.
+    check(unsafe { shardrun_storage_release(tensor.as_ptr() as CTensor) })
+}
+
+/// Gives `tensor`'s storage fresh (uninitialised) memory of `nbytes` from its own allocator.
+pub fn allocate_storage(tensor: &Tensor, nbytes: usize) -> Result<(), ShimError> {
+    // SAFETY: as above.
+    check(unsafe { shardrun_storage_allocate(tensor.as_ptr() as CTensor, nbytes) })
+}
+
+/// Bytes currently held by `tensor`'s storage (0 once released).
+pub fn storage_nbytes(tensor: &Tensor) -> usize {
+    // SAFETY: as above; reads only the storage's size.
+    unsafe { shardrun_storage_nbytes(tensor.as_ptr() as CTensor) }
+}
+
+/// Gradients of `sum(output * upstream)` (or of the scalar `output` when `upstream` is
+/// `None`) with respect to `inputs`; `None` for inputs the output does not depend on.
+/// Frees the graph.
+pub fn grad(
+    output: &Tensor,
+    upstream: Option<&Tensor>,
+    inputs: &[&Tensor],
+) -> Result<Vec<Option<Tensor>>, ShimError> {
+    let input_ptrs: Vec<CTensor> = inputs.iter().map(|t| t.as_ptr() as CTensor).collect();
+    let mut grads: Vec<CTensor> = vec![std::ptr::null_mut(); inputs.len()];
+    let upstream = upstream.map_or(std::ptr::null_mut(), |g| g.as_ptr() as CTensor);
+    let n = c_int::try_from(inputs.len()).map_err(|_| ShimError("too many inputs".into()))?;
+    // SAFETY: all pointers are live at::Tensors; the shim writes `n` new at::Tensor* into
+    // `grads`, which we take ownership of.
+    check(unsafe {
+        shardrun_grad(
+            output.as_ptr() as CTensor,
+            upstream,
+            input_ptrs.as_ptr(),
+            n,
+            grads.as_mut_ptr(),
+        )
+    })?;
+    Ok(grads
+        .into_iter()
+        .map(|ptr| {
+            // SAFETY: each pointer was allocated by the shim with `new at::Tensor`.
+            let t = unsafe { Tensor::from_ptr(ptr) };
+            t.defined().then_some(t)
+        })
+        .collect())
+}
+
+/// Peak bytes allocated by libtorch's CUDA caching allocator on `device`.
+pub fn cuda_peak_allocated(device: usize) -> Result<u64, ShimError> {
+    let mut peak: i64 = 0;
+    let device =
+        c_int::try_from(device).map_err(|_| ShimError("device index out of range".into()))?;
+    // SAFETY: writes one i64 through a valid pointer.
+    check(unsafe { shardrun_cuda_peak_allocated(device, &mut peak) })?;
+    Ok(peak.max(0) as u64)
+}

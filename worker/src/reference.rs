@@ -1,0 +1,127 @@
+//! Plain single-process training of the unsharded model: the same initialisation, data,
+//! loss, AdamW, clipping and schedule as the sharded engine, written the obvious way
+//! (whole-model forward, one `backward`). The ground truth sharded runs must equal.
+
+use crate::data::{first_sample, Dataset};
+use crate::model::{self, Params};
+use crate::optim::{adamw_step, AdamWState};
+use crate::report::Reporter;
+use crate::schedule::Schedule;
+use crate::train::{device_of, TrainError};
+use shardrun_protocol::config::{DType, TrainConfig};
+use shardrun_protocol::messages::{LogLevel, StepMetrics};
+use std::collections::HashMap;
+use std::time::Instant;
+use tch::{Kind, Tensor};
+
+/// Trains `config` in one process on the whole global batch; returns the final parameters
+/// in model order.
+pub fn train_reference(
+    config: &TrainConfig,
+    reporter: &dyn Reporter,
+) -> Result<Vec<(String, Tensor)>, TrainError> {
+    let mp = &config.fsdp.mixed_precision;
+    if mp.param_dtype != DType::F32 || mp.reduce_dtype != DType::F32 {
+        return Err(TrainError::Config(
+            "reference training runs in fp32: set mixed_precision param_dtype and reduce_dtype to f32".into(),
+        ));
+    }
+    let device = device_of(config.device)?;
+    let model = model::build(&config.model);
+    let specs = model.params();
+    let params: HashMap<String, Tensor> = specs
+        .iter()
+        .map(|s| {
+            (
+                s.name.clone(),
+                s.initial_value(config.seed)
+                    .to_device(device)
+                    .set_requires_grad(true),
+            )
+        })
+        .collect();
+    let mut states: HashMap<String, AdamWState> = params
+        .iter()
+        .map(|(name, p)| (name.clone(), AdamWState::zeros_like(&p.detach())))
+        .collect();
+    let dataset = Dataset::new(config)?;
+    let schedule = Schedule::new(config.optimizer.lr, config.schedule.clone(), config.steps);
+    // The whole global micro-batch at once: every rank's samples.
+    let global_batch = config.batch.batch_size_per_device * config.batch.world_size;
+    let accum = config.batch.grad_accum_steps;
+    for step in 0..config.steps {
+        let started = Instant::now();
+        let lr = schedule.lr(step);
+        let mut loss_sum = 0.0;
+        for m in 0..accum {
+            let batch = dataset
+                .samples(
+                    first_sample(step * accum + m, global_batch, 1, 0),
+                    global_batch,
+                )?
+                .to_device(device);
+            let loss = model::forward(
+                model.as_ref(),
+                &Params::new(&params),
+                &batch.inputs,
+                &batch.targets,
+            );
+            loss_sum += loss.double_value(&[]);
+            (loss / accum as f64).backward();
+        }
+        let grad_norm = specs
+            .iter()
+            .map(|s| {
+                params[&s.name]
+                    .grad()
+                    .square()
+                    .sum(Kind::Double)
+                    .double_value(&[])
+            })
+            .sum::<f64>()
+            .sqrt();
+        let coef = config
+            .optimizer
+            .grad_clip
+            .map_or(1.0, |max| max / (grad_norm + 1e-6));
+        for spec in &specs {
+            let mut p = params[&spec.name].shallow_clone();
+            let mut grad = p.grad();
+            if coef < 1.0 {
+                let _ = tch::no_grad(|| grad.g_mul_scalar_(coef));
+            }
+            let state = states.get_mut(&spec.name).expect("one state per parameter");
+            adamw_step(&config.optimizer, lr, step + 1, &mut p, &grad, state);
+            p.zero_grad();
+        }
+        let loss = loss_sum / accum as f64;
+        let step_time = started.elapsed().as_secs_f64();
+        reporter.metrics(&StepMetrics {
+            rank: 0,
+            step: step + 1,
+            loss,
+            lr,
+            grad_norm,
+            step_time_s: step_time,
+            tokens_per_s: config.tokens_per_step() as f64 / step_time,
+            mfu: None,
+            model_state_bytes: config.model.num_params() * 16,
+            peak_memory_bytes: crate::metrics::peak_rss_bytes(),
+            loss_scale: None,
+        });
+        if (step + 1) % config.log_every.max(1) == 0 {
+            reporter.log(
+                LogLevel::Info,
+                &format!(
+                    "reference step {}/{} | loss {loss:.4} | grad norm {grad_norm:.3}",
+                    step + 1,
+                    config.steps
+                ),
+            );
+        }
+    }
+    Ok(specs
+        .iter()
+        .map(|s| (s.name.clone(), params[&s.name].detach()))
+        .collect())
+}

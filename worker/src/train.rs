@@ -1,0 +1,435 @@
+//! The training loop on top of the FSDP engine: micro-steps with gradient accumulation,
+//! fp16 loss scaling agreed across ranks, global-norm clipping, AdamW, the LR schedule,
+//! metrics every `log_every` steps, preemption at step boundaries, and a summary.
+
+use crate::collectives::ReduceOp;
+use crate::data::{first_sample, DataError, Dataset};
+use crate::fsdp::engine::all_reduce_scalar;
+use crate::fsdp::{EngineOptions, FsdpEngine, FsdpError, ProcessGroups};
+use crate::metrics;
+use crate::report::Reporter;
+use crate::scaler::LossScaler;
+use crate::schedule::Schedule;
+use shardrun_protocol::config::{DType, DeviceKind, ShardingStrategy, TrainConfig};
+use shardrun_protocol::messages::{LogLevel, StepMetrics, TrainSummary};
+use std::sync::Arc;
+use std::time::Instant;
+use tch::{Device, Kind};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Fsdp(#[from] FsdpError),
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
+    #[error("{0}")]
+    Config(String),
+}
+
+/// Everything beyond the engine's shards that a resumed run needs to continue exactly.
+/// The LR schedule and the data position are functions of `step`; training draws no random
+/// numbers (no dropout), so the seed is the whole RNG state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainState {
+    /// Optimizer steps completed (the next step to run).
+    pub step: u64,
+    /// AdamW steps taken (differs from `step` when fp16 overflow skipped some).
+    pub optimizer_steps: u64,
+    pub loss_scale: Option<f64>,
+    pub growth_tracker: u64,
+    pub seed: u64,
+    /// Global micro-batches consumed: the data position.
+    pub micro_batches_done: u64,
+}
+
+/// Why the checkpoint hook is called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaveReason {
+    Interval,
+    Preempt,
+    Final,
+}
+
+/// Saves checkpoints; every rank calls it at the same step boundary (it may run collectives).
+/// Returns the committed path (rank 0) for `Reporter::checkpoint_saved`.
+pub trait CheckpointHook {
+    fn save(&mut self, trainer: &Trainer, reason: SaveReason) -> Result<Option<String>, String>;
+}
+
+pub fn dtype_kind(dtype: DType) -> Kind {
+    match dtype {
+        DType::F32 => Kind::Float,
+        DType::Bf16 => Kind::BFloat16,
+        DType::F16 => Kind::Half,
+    }
+}
+
+pub fn device_of(kind: DeviceKind) -> Result<Device, TrainError> {
+    match kind {
+        DeviceKind::Cpu => Ok(Device::Cpu),
+        DeviceKind::Cuda if tch::Cuda::is_available() => Ok(Device::Cuda(0)),
+        DeviceKind::Cuda => Err(TrainError::Config(
+            "device is cuda but libtorch sees no CUDA device: check CUDA_VISIBLE_DEVICES and the driver, or run with device: cpu".into(),
+        )),
+    }
+}
+
+pub struct Trainer {
+    pub config: TrainConfig,
+    engine: FsdpEngine,
+    dataset: Dataset,
+    schedule: Schedule,
+    scaler: Option<LossScaler>,
+    reporter: Arc<dyn Reporter>,
+    rank: u64,
+    device: Device,
+    /// Optimizer steps completed.
+    step: u64,
+}
+
+/// How a run ended.
+pub struct TrainOutcome {
+    pub summary: TrainSummary,
+    pub preempted: bool,
+}
+
+impl Trainer {
+    pub fn new(
+        config: TrainConfig,
+        groups: ProcessGroups,
+        reporter: Arc<dyn Reporter>,
+    ) -> Result<Trainer, TrainError> {
+        let world = groups.world.world_size() as u64;
+        if config.batch.world_size != world {
+            return Err(TrainError::Config(format!(
+                "the config's batch plan is for {} ranks but this job has {world}: re-plan the batch for this world size",
+                config.batch.world_size
+            )));
+        }
+        let device = device_of(config.device)?;
+        let mp = &config.fsdp.mixed_precision;
+        let options = EngineOptions {
+            strategy: config.fsdp.strategy,
+            param_kind: dtype_kind(mp.param_dtype),
+            reduce_kind: dtype_kind(mp.reduce_dtype),
+            activation_checkpointing: config.fsdp.activation_checkpointing,
+            prefetch: config.fsdp.prefetch,
+            max_gathers_in_flight: config.fsdp.max_gathers_in_flight,
+            device,
+        };
+        let rank = groups.world.rank() as u64;
+        let model = crate::model::build(&config.model);
+        let engine = FsdpEngine::new(model, &config.fsdp.wrap, config.seed, groups, options)?;
+        let dataset = Dataset::new(&config)?;
+        let schedule = Schedule::new(config.optimizer.lr, config.schedule.clone(), config.steps);
+        let scaler = (mp.param_dtype == DType::F16).then(LossScaler::default);
+        Ok(Trainer {
+            config,
+            engine,
+            dataset,
+            schedule,
+            scaler,
+            reporter,
+            rank,
+            device,
+            step: 0,
+        })
+    }
+
+    /// Starts fp16 loss scaling at `scale` instead of GradScaler's 2^16 (no effect otherwise).
+    pub fn set_initial_loss_scale(&mut self, scale: f64) {
+        if let Some(scaler) = self.scaler.as_mut() {
+            scaler.scale = scale;
+        }
+    }
+
+    pub fn engine(&self) -> &FsdpEngine {
+        &self.engine
+    }
+
+    pub fn engine_mut(&mut self) -> &mut FsdpEngine {
+        &mut self.engine
+    }
+
+    pub fn train_state(&self) -> TrainState {
+        TrainState {
+            step: self.step,
+            optimizer_steps: self.engine.optimizer_steps,
+            loss_scale: self.scaler.as_ref().map(|s| s.scale),
+            growth_tracker: self.scaler.as_ref().map_or(0, |s| s.growth_tracker),
+            seed: self.config.seed,
+            micro_batches_done: self.step * self.config.batch.grad_accum_steps,
+        }
+    }
+
+    /// Continues from a checkpoint's state (the engine's shards are imported separately).
+    pub fn restore(&mut self, state: &TrainState) -> Result<(), TrainError> {
+        if state.seed != self.config.seed {
+            return Err(TrainError::Checkpoint(format!(
+                "checkpoint was trained with seed {} but the config says {}",
+                state.seed, self.config.seed
+            )));
+        }
+        self.step = state.step;
+        self.engine.optimizer_steps = state.optimizer_steps;
+        if let (Some(scaler), Some(scale)) = (self.scaler.as_mut(), state.loss_scale) {
+            scaler.scale = scale;
+            scaler.growth_tracker = state.growth_tracker;
+        }
+        Ok(())
+    }
+
+    fn world_all_reduce(&self, value: f64, op: ReduceOp) -> Result<f64, TrainError> {
+        Ok(all_reduce_scalar(
+            self.engine.groups().world.as_ref(),
+            self.device,
+            value,
+            op,
+        )?)
+    }
+
+    /// Trains until `config.steps` or an agreed preemption.
+    pub fn run(
+        &mut self,
+        mut hook: Option<&mut dyn CheckpointHook>,
+    ) -> Result<TrainOutcome, TrainError> {
+        let cfg = self.config.clone();
+        let (b, accum, world) = (
+            cfg.batch.batch_size_per_device,
+            cfg.batch.grad_accum_steps,
+            cfg.batch.world_size,
+        );
+        let tokens_per_step = cfg.tokens_per_step() as f64;
+        let seq_len = cfg.data.sequence_length(&cfg.model);
+        let low_precision = cfg.fsdp.mixed_precision.param_dtype != DType::F32;
+        let peak_flops = matches!(self.device, Device::Cuda(_))
+            .then(|| metrics::gpu_peak_flops(low_precision))
+            .flatten();
+        let (mut first_loss, mut last_loss) = (None, f64::NAN);
+        let mut throughput = Vec::new();
+        let mut preempted = false;
+        self.log(
+            LogLevel::Info,
+            &format!(
+                "training {} for {} steps: {:?} over {world} rank(s), {} parameters, {} unit(s)",
+                cfg.name,
+                cfg.steps,
+                cfg.fsdp.strategy,
+                cfg.model.num_params(),
+                self.engine.layouts().len()
+            ),
+        );
+        while self.step < cfg.steps {
+            // Ranks act on preemption only together, at the same step boundary.
+            let wants = if self.reporter.preempt_requested() {
+                1.0
+            } else {
+                0.0
+            };
+            if self.world_all_reduce(wants, ReduceOp::Max)? > 0.0 {
+                self.log(
+                    LogLevel::Warn,
+                    &format!(
+                        "preemption requested: checkpointing after step {}",
+                        self.step
+                    ),
+                );
+                self.save(&mut hook, SaveReason::Preempt)?;
+                preempted = true;
+                break;
+            }
+            let started = Instant::now();
+            let step = self.step;
+            let lr = self.schedule.lr(step);
+            let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale);
+            let mut local_loss = 0.0;
+            for m in 0..accum {
+                let micro = step * accum + m;
+                let batch = self
+                    .dataset
+                    .samples(first_sample(micro, b, world, self.rank), b)?
+                    .to_device(self.device);
+                local_loss +=
+                    self.engine
+                        .forward_backward(&batch, scale / accum as f64, m + 1 == accum)?;
+            }
+            let loss = self.world_all_reduce(local_loss / accum as f64, ReduceOp::Avg)?;
+
+            let mut skipped = false;
+            if let Some(scaler) = self.scaler.as_mut() {
+                let local_inf = if self.engine.grads_finite() { 0.0 } else { 1.0 };
+                let found_inf = all_reduce_scalar(
+                    self.engine.groups().world.as_ref(),
+                    self.device,
+                    local_inf,
+                    ReduceOp::Max,
+                )? > 0.0;
+                scaler.update(found_inf);
+                if found_inf {
+                    skipped = true;
+                } else {
+                    self.engine.scale_grads(1.0 / scale);
+                }
+            }
+            let mut grad_norm = 0.0;
+            if skipped {
+                self.log(LogLevel::Warn, &format!(
+                    "step {}: fp16 gradients overflowed on some rank; step skipped, loss scale now {}",
+                    step + 1, self.scaler.as_ref().map_or(0.0, |s| s.scale)
+                ));
+            } else {
+                grad_norm = self.engine.grad_norm_sq()?.sqrt();
+                if let Some(max_norm) = cfg.optimizer.grad_clip {
+                    let coef = max_norm / (grad_norm + 1e-6);
+                    if coef < 1.0 {
+                        self.engine.scale_grads(coef);
+                    }
+                }
+                self.engine.optimizer_step(&cfg.optimizer, lr);
+            }
+            self.engine.zero_grads();
+            self.step += 1;
+            let step_time = started.elapsed().as_secs_f64();
+
+            let tokens_per_s = tokens_per_step / step_time;
+            throughput.push(tokens_per_s);
+            first_loss.get_or_insert(loss);
+            last_loss = loss;
+            if self.step.is_multiple_of(cfg.log_every.max(1)) || self.step == cfg.steps {
+                let record = StepMetrics {
+                    rank: self.rank,
+                    step: self.step,
+                    loss,
+                    lr,
+                    grad_norm,
+                    step_time_s: step_time,
+                    tokens_per_s,
+                    mfu: peak_flops.map(|peak| {
+                        metrics::mfu(&cfg.model, seq_len, tokens_per_s / world as f64, peak)
+                    }),
+                    model_state_bytes: self.engine.model_state_bytes(),
+                    peak_memory_bytes: metrics::peak_memory_bytes(self.device),
+                    loss_scale: self.scaler.as_ref().map(|s| s.scale),
+                };
+                self.reporter.metrics(&record);
+                self.log(LogLevel::Info, &format_metrics(&record, cfg.steps));
+            }
+            if cfg
+                .checkpoint
+                .interval_steps
+                .is_some_and(|n| n > 0 && self.step.is_multiple_of(n))
+                && self.step < cfg.steps
+            {
+                self.save(&mut hook, SaveReason::Interval)?;
+            }
+        }
+        if !preempted && hook.is_some() {
+            self.save(&mut hook, SaveReason::Final)?;
+        }
+        let summary = self.summary(first_loss.unwrap_or(f64::NAN), last_loss, &throughput);
+        if self.rank == 0 {
+            self.reporter.summary(&summary);
+            self.reporter.log(LogLevel::Info, &format_summary(&summary));
+        }
+        Ok(TrainOutcome { summary, preempted })
+    }
+
+    fn save(
+        &mut self,
+        hook: &mut Option<&mut dyn CheckpointHook>,
+        reason: SaveReason,
+    ) -> Result<(), TrainError> {
+        let Some(hook) = hook.as_mut() else {
+            if reason == SaveReason::Preempt {
+                self.log(
+                    LogLevel::Warn,
+                    "no checkpoint directory configured: stopping without a checkpoint",
+                );
+            }
+            return Ok(());
+        };
+        if let Some(path) = hook.save(self, reason).map_err(TrainError::Checkpoint)? {
+            self.reporter.checkpoint_saved(self.step, &path);
+        }
+        Ok(())
+    }
+
+    fn summary(&self, first_loss: f64, last_loss: f64, throughput: &[f64]) -> TrainSummary {
+        let cfg = &self.config;
+        // Skip the first step (warm-up allocations) in the mean when there are others.
+        let steady = if throughput.len() > 1 {
+            &throughput[1..]
+        } else {
+            throughput
+        };
+        TrainSummary {
+            strategy: strategy_name(cfg.fsdp.strategy).to_string(),
+            world_size: cfg.batch.world_size,
+            steps: self.step,
+            first_loss,
+            last_loss,
+            model_state_bytes_per_rank: self.engine.model_state_bytes(),
+            unsharded_model_state_bytes: cfg.model.num_params() * 16,
+            peak_memory_bytes: metrics::peak_memory_bytes(self.device),
+            mean_tokens_per_s: steady.iter().sum::<f64>() / steady.len().max(1) as f64,
+        }
+    }
+
+    fn log(&self, level: LogLevel, text: &str) {
+        if self.rank == 0 || level != LogLevel::Info {
+            self.reporter.log(level, text);
+        }
+    }
+}
+
+pub fn strategy_name(strategy: ShardingStrategy) -> &'static str {
+    match strategy {
+        ShardingStrategy::FullShard => "FULL_SHARD",
+        ShardingStrategy::ShardGradOp => "SHARD_GRAD_OP",
+        ShardingStrategy::NoShard => "NO_SHARD",
+        ShardingStrategy::HybridShard => "HYBRID_SHARD",
+    }
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+pub fn format_metrics(m: &StepMetrics, steps: u64) -> String {
+    let mut line = format!(
+        "step {}/{steps} | loss {:.4} | lr {:.3e} | grad norm {:.3} | {:.3} s | {:.0} tok/s | state {:.1} MiB | peak {:.0} MiB",
+        m.step, m.loss, m.lr, m.grad_norm, m.step_time_s, m.tokens_per_s, mib(m.model_state_bytes), mib(m.peak_memory_bytes)
+    );
+    if let Some(mfu) = m.mfu {
+        line.push_str(&format!(" | MFU {:.1}%", mfu * 100.0));
+    }
+    if let Some(scale) = m.loss_scale {
+        line.push_str(&format!(" | loss scale {scale}"));
+    }
+    line
+}
+
+/// The end-of-training milestone, like seed 001's expected output.
+pub fn format_summary(s: &TrainSummary) -> String {
+    let savings = 100.0
+        * (1.0 - s.model_state_bytes_per_rank as f64 / s.unsharded_model_state_bytes.max(1) as f64);
+    let rule = "=".repeat(60);
+    format!(
+        "\n{rule}\nFSDP training complete\nSharding strategy: {} ({} rank(s), {} steps)\n\
+         Model state per rank: {:.1} MiB (vs {:.1} MiB unsharded)\nMemory savings: {:.1}%\n\
+         Peak memory per rank: {:.0} MiB\nInitial loss: {:.4}\nFinal loss:   {:.4}\n\
+         Mean throughput: {:.0} tokens/s\n{rule}",
+        s.strategy,
+        s.world_size,
+        s.steps,
+        mib(s.model_state_bytes_per_rank),
+        mib(s.unsharded_model_state_bytes),
+        savings,
+        mib(s.peak_memory_bytes),
+        s.first_loss,
+        s.last_loss,
+        s.mean_tokens_per_s
+    )
+}

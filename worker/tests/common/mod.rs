@@ -1,0 +1,267 @@
+//! Running the real `shardrun-worker` binary: N rank processes over real sockets
+//! (torchrun-style `MASTER_ADDR`/`MASTER_PORT` rendezvous), plus the single-process reference.
+
+#![allow(dead_code)]
+
+use shardrun_protocol::config::*;
+use shardrun_protocol::messages::StepMetrics;
+use shardrun_worker::params_file::{self, NamedValues};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const WORKER: &str = env!("CARGO_BIN_EXE_shardrun-worker");
+
+/// A transformer whose unit sizes (root 830, block 1290 elements) divide by neither 3 nor 4.
+pub fn tiny_transformer() -> ModelConfig {
+    ModelConfig::Transformer {
+        vocab_size: 37,
+        dim: 10,
+        n_layers: 2,
+        n_heads: 2,
+        max_seq_len: 7,
+    }
+}
+
+/// 20 fp32 steps on a global batch of 12 samples (divisible by 1, 2, 3 and 4 ranks).
+pub fn config(model: ModelConfig, strategy: ShardingStrategy, world: u64) -> TrainConfig {
+    let seq_len = 7;
+    TrainConfig {
+        name: "equivalence".into(),
+        model,
+        data: DataConfig::Synthetic { seq_len },
+        steps: 20,
+        seed: 7,
+        batch: BatchPlan {
+            total_batch_size: 12,
+            batch_size_per_device: 12 / world,
+            world_size: world,
+            grad_accum_steps: 1,
+        },
+        optimizer: OptimizerConfig {
+            lr: 3e-3,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            grad_clip: Some(1.0),
+        },
+        schedule: LrSchedule {
+            warmup_steps: 3,
+            decay: LrDecay::Cosine,
+            min_lr_ratio: 0.1,
+        },
+        fsdp: FsdpConfig {
+            strategy,
+            wrap: WrapPolicy::Block,
+            mixed_precision: MixedPrecision {
+                param_dtype: DType::F32,
+                reduce_dtype: DType::F32,
+                buffer_dtype: DType::F32,
+            },
+            activation_checkpointing: false,
+            prefetch: true,
+            max_gathers_in_flight: 2,
+            shard_group_size: (strategy == ShardingStrategy::HybridShard).then_some(2),
+        },
+        checkpoint: CheckpointConfig {
+            dir: None,
+            interval_steps: None,
+            interval_minutes: None,
+            keep: 1,
+            format: CheckpointFormat::Sharded,
+            resume: false,
+            from: None,
+        },
+        device: DeviceKind::Cpu,
+        threads_per_rank: 1,
+        log_every: 1,
+    }
+}
+
+/// What a run left behind.
+pub struct RunResult {
+    pub losses: Vec<f64>,
+    pub metrics: Vec<StepMetrics>,
+    pub params: BTreeMap<String, NamedValues>,
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local addr").port()
+}
+
+fn wait_all(mut children: Vec<(u64, Child)>, dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while !children.is_empty() {
+        let mut failed = None;
+        children.retain_mut(|(rank, child)| match child.try_wait() {
+            Ok(Some(status)) => {
+                if !status.success() {
+                    failed = Some((*rank, status));
+                }
+                false
+            }
+            Ok(None) => true,
+            Err(e) => panic!("waiting for rank {rank}: {e}"),
+        });
+        if let Some((rank, status)) = failed {
+            for (_, child) in &mut children {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            let log =
+                std::fs::read_to_string(dir.join(format!("rank{rank}.log"))).unwrap_or_default();
+            panic!("rank {rank} exited with {status}:\n{log}");
+        }
+        if Instant::now() > deadline {
+            for (_, child) in &mut children {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            panic!("ranks still running after 240 s in {}", dir.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn write_config(dir: &Path, name: &str, config: &TrainConfig) -> PathBuf {
+    let path = dir.join(format!("{name}.json"));
+    std::fs::write(
+        &path,
+        serde_json::to_string_pretty(config).expect("config serializes"),
+    )
+    .expect("write config");
+    path
+}
+
+fn read_result(metrics: &Path, params: &Path) -> RunResult {
+    let text = std::fs::read_to_string(metrics).expect("metrics file");
+    let metrics: Vec<StepMetrics> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("metrics line parses"))
+        .collect();
+    RunResult {
+        losses: metrics.iter().map(|m| m.loss).collect(),
+        params: params_file::read(params).expect("params file"),
+        metrics,
+    }
+}
+
+/// Trains `config` on `config.batch.world_size` rank processes.
+pub fn run_sharded(dir: &Path, name: &str, config: &TrainConfig) -> RunResult {
+    run_sharded_with_env(dir, name, config, &[])
+}
+
+/// [`run_sharded`] with extra environment variables for every rank.
+pub fn run_sharded_with_env(
+    dir: &Path,
+    name: &str,
+    config: &TrainConfig,
+    env: &[(&str, &str)],
+) -> RunResult {
+    let config_path = write_config(dir, name, config);
+    let port = free_port();
+    let world = config.batch.world_size;
+    let (metrics, params) = (
+        dir.join(format!("{name}.metrics.jsonl")),
+        dir.join(format!("{name}.safetensors")),
+    );
+    let children = (0..world)
+        .map(|rank| {
+            let log = std::fs::File::create(dir.join(format!("rank{rank}.log"))).expect("log file");
+            let mut cmd = Command::new(WORKER);
+            cmd.arg("--config")
+                .arg(&config_path)
+                .arg("--dump-params")
+                .arg(&params)
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", world.to_string())
+                .env("LOCAL_RANK", rank.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .envs(env.iter().copied())
+                .env_remove("SHARDRUN_CONTROLLER")
+                .stdout(Stdio::null())
+                .stderr(log);
+            if rank == 0 {
+                cmd.arg("--metrics-file").arg(&metrics);
+            }
+            (rank, cmd.spawn().expect("spawn shardrun-worker"))
+        })
+        .collect();
+    wait_all(children, dir);
+    read_result(&metrics, &params)
+}
+
+/// Trains `config` unsharded in one process (`--reference`).
+pub fn run_reference(dir: &Path, name: &str, config: &TrainConfig) -> RunResult {
+    let config_path = write_config(dir, name, config);
+    let (metrics, params) = (
+        dir.join(format!("{name}.metrics.jsonl")),
+        dir.join(format!("{name}.safetensors")),
+    );
+    let log = std::fs::File::create(dir.join(format!("{name}.log"))).expect("log file");
+    let child = Command::new(WORKER)
+        .arg("--config")
+        .arg(&config_path)
+        .arg("--reference")
+        .arg("--metrics-file")
+        .arg(&metrics)
+        .arg("--dump-params")
+        .arg(&params)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn reference");
+    wait_all(vec![(0, child)], dir);
+    read_result(&metrics, &params)
+}
+
+/// Largest relative difference: losses step by step, and every parameter as
+/// `max |a - b| / max |b|` over its elements.
+pub fn max_relative_difference(a: &RunResult, b: &RunResult) -> (f64, String) {
+    assert_eq!(
+        a.losses.len(),
+        b.losses.len(),
+        "same number of logged steps"
+    );
+    let mut worst = (0.0f64, String::new());
+    for (step, (x, y)) in a.losses.iter().zip(&b.losses).enumerate() {
+        let d = (x - y).abs() / y.abs().max(1e-12);
+        if d > worst.0 {
+            worst = (d, format!("loss at step {}: {x} vs {y}", step + 1));
+        }
+    }
+    assert_eq!(
+        a.params.keys().collect::<Vec<_>>(),
+        b.params.keys().collect::<Vec<_>>(),
+        "same parameter names"
+    );
+    for (name, pa) in &a.params {
+        let pb = &b.params[name];
+        assert_eq!(pa.shape, pb.shape, "shape of {name}");
+        let scale = pb
+            .values
+            .iter()
+            .fold(0.0f64, |m, v| m.max(f64::from(v.abs())))
+            .max(1e-12);
+        let diff = pa
+            .values
+            .iter()
+            .zip(&pb.values)
+            .fold(0.0f64, |m, (x, y)| m.max(f64::from((x - y).abs())));
+        if diff / scale > worst.0 {
+            worst = (diff / scale, format!("parameter {name}"));
+        }
+    }
+    worst
+}
+
+pub fn temp_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("shardrun-equivalence")
+        .tempdir()
+        .expect("temp dir")
+}
