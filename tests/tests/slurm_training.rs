@@ -2,14 +2,16 @@
 //! starts `shardrun controller`, which launches the workers with srun; the job COMPLETES
 //! and leaves its log and metrics in the run directory.
 //!
-//! Needs the controller (branch wip-c) and the worker (wip-b2); ignored until they are
-//! merged. Run with `cargo test --release -p shardrun-e2e --test slurm_training -- --ignored`.
+//! Ignored until the worker talks to the controller: with wip-c merged, the path runs up to
+//! the workers (sbatch → controller → srun → 2 workers), which then stop with "SHARDRUN_CONTROLLER
+//! is set but this build has no controller client yet". Run with
+//! `cargo test --release -p shardrun-e2e --test slurm_training -- --ignored`.
 
 use shardrun_e2e::*;
 use std::time::Duration;
 
 #[test]
-#[ignore = "needs the real controller (wip-c) and worker (wip-b2)"]
+#[ignore = "needs the worker's controller client (worker with SHARDRUN_CONTROLLER)"]
 fn tiny_mlp_trains_to_completion_under_slurm() {
     let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
     let dir = TestDir::new("slurm-train");
