@@ -28,17 +28,10 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     }
     let records = metrics_file::read_main_rank(&metrics_path)?;
     if records.is_empty() {
-        bail!(
-            "{} has no metrics records yet; try again after the first step",
-            metrics_path.display()
-        );
+        bail!("{} has no metrics records yet; try again after the first step", metrics_path.display());
     }
     let output = args.output.unwrap_or_else(|| args.run.join("metrics.svg"));
-    let title = args
-        .run
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let title = args.run.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     draw_file(&output, &title, &records)?;
     println!("wrote {} ({} steps)", output.display(), records.len());
     Ok(())
@@ -47,23 +40,12 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
 pub fn draw_file(output: &Path, title: &str, records: &[StepMetrics]) -> anyhow::Result<()> {
     let size = (1000, 700);
     match output.extension().and_then(|e| e.to_str()) {
-        Some("svg") => draw(
-            SVGBackend::new(output, size).into_drawing_area(),
-            title,
-            records,
-        ),
+        Some("svg") => draw(SVGBackend::new(output, size).into_drawing_area(), title, records),
         Some("png") => {
             register_system_font()?;
-            draw(
-                BitMapBackend::new(output, size).into_drawing_area(),
-                title,
-                records,
-            )
+            draw(BitMapBackend::new(output, size).into_drawing_area(), title, records)
         }
-        _ => bail!(
-            "cannot tell the format of {}: name it .svg or .png",
-            output.display()
-        ),
+        _ => bail!("cannot tell the format of {}: name it .svg or .png", output.display()),
     }
     .with_context(|| format!("cannot draw {}", output.display()))
 }
@@ -80,10 +62,7 @@ const FONT_CANDIDATES: &[&str] = &[
 /// registered by name. `SHARDRUN_PLOT_FONT` may name another `.ttf`.
 fn register_system_font() -> anyhow::Result<()> {
     let custom = std::env::var("SHARDRUN_PLOT_FONT").ok();
-    let candidates = custom
-        .iter()
-        .map(String::as_str)
-        .chain(FONT_CANDIDATES.iter().copied());
+    let candidates = custom.iter().map(String::as_str).chain(FONT_CANDIDATES.iter().copied());
     for path in candidates {
         if let Ok(bytes) = std::fs::read(path) {
             // Registered fonts must live for the whole program.
@@ -100,11 +79,7 @@ fn register_system_font() -> anyhow::Result<()> {
     )
 }
 
-fn draw<DB: DrawingBackend>(
-    root: DrawingArea<DB, Shift>,
-    title: &str,
-    records: &[StepMetrics],
-) -> anyhow::Result<()>
+fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, title: &str, records: &[StepMetrics]) -> anyhow::Result<()>
 where
     DB::ErrorType: 'static,
 {
@@ -113,10 +88,7 @@ where
     let root = root.titled(title, ("sans-serif", 24)).map_err(err)?;
     let (top, bottom) = root.split_vertically(root.dim_in_pixel().1 / 2);
     let loss: Vec<(f64, f64)> = records.iter().map(|m| (m.step as f64, m.loss)).collect();
-    let tput: Vec<(f64, f64)> = records
-        .iter()
-        .map(|m| (m.step as f64, m.tokens_per_s))
-        .collect();
+    let tput: Vec<(f64, f64)> = records.iter().map(|m| (m.step as f64, m.tokens_per_s)).collect();
     panel(&top, "loss", &loss, &RED).map_err(err)?;
     panel(&bottom, "tokens/s", &tput, &BLUE).map_err(err)?;
     root.present().map_err(err)?;
@@ -137,18 +109,13 @@ fn panel<DB: DrawingBackend>(
         .y_label_area_size(70)
         .build_cartesian_2d(x0..x1, y0..y1)?;
     chart.configure_mesh().x_desc("step").y_desc(label).draw()?;
-    chart.draw_series(LineSeries::new(
-        points.iter().copied(),
-        color.stroke_width(2),
-    ))?;
+    chart.draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))?;
     Ok(())
 }
 
 /// Min and max with some headroom; a flat or single-point series still gets a range.
 fn range(values: impl Iterator<Item = f64>) -> (f64, f64) {
-    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-        (lo.min(v), hi.max(v))
-    });
+    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
     if !lo.is_finite() {
         return (0.0, 1.0);
     }

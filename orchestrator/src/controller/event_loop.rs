@@ -118,15 +118,11 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
     };
     let config_text = std::fs::read_to_string(&paths.train_config)
         .map_err(file_err("read the training config", &paths.train_config))?;
-    let config: TrainConfig =
-        serde_json::from_str(&config_text).map_err(|source| ControllerError::Config {
-            path: paths.train_config.clone(),
-            source,
-        })?;
+    let config: TrainConfig = serde_json::from_str(&config_text)
+        .map_err(|source| ControllerError::Config { path: paths.train_config.clone(), source })?;
     let world_size = config.batch.world_size;
     let config_hash = config.config_hash();
-    let secret = secret::load_or_create(&paths.secret)
-        .map_err(file_err("create the secret", &paths.secret))?;
+    let secret = secret::load_or_create(&paths.secret).map_err(file_err("create the secret", &paths.secret))?;
 
     // Under Slurm the ranks may be on other nodes: listen everywhere, advertise the hostname.
     let (bind, advertise_host) = match opts.launch {
@@ -135,16 +131,10 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
     };
     let listener = TcpListener::bind(bind)
         .await
-        .map_err(|source| ControllerError::Bind {
-            addr: bind.to_string(),
-            source,
-        })?;
+        .map_err(|source| ControllerError::Bind { addr: bind.to_string(), source })?;
     let port = listener
         .local_addr()
-        .map_err(|source| ControllerError::Bind {
-            addr: bind.to_string(),
-            source,
-        })?
+        .map_err(|source| ControllerError::Bind { addr: bind.to_string(), source })?
         .port();
     let addr = format!("{advertise_host}:{port}");
     write_atomic(&paths.controller_addr, format!("{addr}\n").as_bytes())
@@ -156,8 +146,8 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
         metrics: paths.metrics.clone(),
     };
     let console = Console::new(config.steps, opts.progress_bar);
-    let (records, writer) = writer::spawn(&files, console, opts.echo)
-        .map_err(file_err("open the logs in", &paths.run_dir))?;
+    let (records, writer) =
+        writer::spawn(&files, console, opts.echo).map_err(file_err("open the logs in", &paths.run_dir))?;
     let say_tx = records.clone();
     let say = move |text: String| {
         let records = say_tx.clone();
@@ -178,12 +168,7 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
         handshake_timeout: shardrun_protocol::connection::HANDSHAKE_TIMEOUT,
         heartbeat_timeout: opts.timeouts.heartbeat,
     };
-    let server = tokio::spawn(server::serve(
-        listener,
-        server_opts,
-        events_tx.clone(),
-        records.clone(),
-    ));
+    let server = tokio::spawn(server::serve(listener, server_opts, events_tx.clone(), records.clone()));
     spawn_signal_forwarders(events_tx.clone())?;
 
     let spec = LaunchSpec {
@@ -192,10 +177,7 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
         env: vec![
             (env::CONTROLLER_ADDR.into(), addr.clone()),
             (env::SECRET_FILE.into(), paths.secret.display().to_string()),
-            (
-                env::CONFIG_FILE.into(),
-                paths.train_config.display().to_string(),
-            ),
+            (env::CONFIG_FILE.into(), paths.train_config.display().to_string()),
             (env::RUN_DIR.into(), paths.run_dir.display().to_string()),
         ],
         mode: opts.launch.clone(),
@@ -267,11 +249,7 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
             Some((proc, exit)) = exits.recv() => ServerEvent::Job(Event::ProcessExited { proc, exit }),
         };
         match event {
-            ServerEvent::Connected {
-                conn,
-                to_worker,
-                abort,
-            } => {
+            ServerEvent::Connected { conn, to_worker, abort } => {
                 conns.insert(conn, (to_worker, abort));
             }
             ServerEvent::Rejected { peer, reason } => {
@@ -378,10 +356,7 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
 
     if let Some(job_id) = requeue {
         // Requeueing kills this batch script; everything is on disk by now.
-        match std::process::Command::new("scontrol")
-            .args(["requeue", &job_id])
-            .status()
-        {
+        match std::process::Command::new("scontrol").args(["requeue", &job_id]).status() {
             Ok(s) if s.success() => {}
             Ok(s) => {
                 exit_code = 1;
@@ -393,18 +368,12 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
             }
         }
     }
-    Ok(RunReport {
-        outcome,
-        exit_code,
-        message,
-    })
+    Ok(RunReport { outcome, exit_code, message })
 }
 
 /// Turns SIGTERM / SIGINT into cancellation and SIGUSR2 into preemption. tokio's handlers
 /// only record the signal; the event loop acts on it.
-fn spawn_signal_forwarders(
-    events: mpsc::UnboundedSender<ServerEvent>,
-) -> Result<(), ControllerError> {
+fn spawn_signal_forwarders(events: mpsc::UnboundedSender<ServerEvent>) -> Result<(), ControllerError> {
     let kinds = [
         (SignalKind::terminate(), Some("SIGTERM")),
         (SignalKind::interrupt(), Some("SIGINT")),
@@ -416,9 +385,7 @@ fn spawn_signal_forwarders(
         tokio::spawn(async move {
             while stream.recv().await.is_some() {
                 let event = match cancel {
-                    Some(name) => Event::Cancel {
-                        signal: name.to_string(),
-                    },
+                    Some(name) => Event::Cancel { signal: name.to_string() },
                     None => Event::Preempt,
                 };
                 if events.send(ServerEvent::Job(event)).is_err() {
@@ -463,10 +430,7 @@ impl RejectionLog {
 }
 
 fn read_count(path: &Path) -> u32 {
-    std::fs::read_to_string(path)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
+    std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
 }
 
 /// Write to a temporary file next to `path`, then rename: readers never see half a file.

@@ -43,13 +43,7 @@ impl LogBook {
 
     /// Writes one line of `rank` (or of the launcher when `rank` is `None`) and returns the
     /// text as it appears after the rank prefix, for the console.
-    pub fn rank_line(
-        &mut self,
-        rank: Option<u64>,
-        source: Source,
-        time: f64,
-        text: &str,
-    ) -> std::io::Result<String> {
+    pub fn rank_line(&mut self, rank: Option<u64>, source: Source, time: f64, text: &str) -> std::io::Result<String> {
         let tag = match source {
             Source::Reported(LogLevel::Info) => "",
             Source::Reported(LogLevel::Debug) => "debug: ",
@@ -66,9 +60,7 @@ impl LogBook {
                 let file = match self.per_rank.get_mut(&rank) {
                     Some(f) => f,
                     None => {
-                        let f = BufWriter::new(append(
-                            &self.logs_dir.join(format!("rank-{rank}.log")),
-                        )?);
+                        let f = BufWriter::new(append(&self.logs_dir.join(format!("rank-{rank}.log")))?);
                         self.per_rank.entry(rank).or_insert(f)
                     }
                 };
@@ -85,18 +77,11 @@ impl LogBook {
     }
 
     pub fn controller_line(&mut self, text: &str) -> std::io::Result<()> {
-        writeln!(
-            self.merged,
-            "{} [controller] {text}",
-            clock::format_utc(clock::now())
-        )
+        writeln!(self.merged, "{} [controller] {text}", clock::format_utc(clock::now()))
     }
 
     pub fn recent(&self, rank: u64) -> Vec<String> {
-        self.recent
-            .get(&rank)
-            .map(|r| r.iter().cloned().collect())
-            .unwrap_or_default()
+        self.recent.get(&rank).map(|r| r.iter().cloned().collect()).unwrap_or_default()
     }
 
     pub fn flush(&mut self) -> std::io::Result<()> {
@@ -124,19 +109,11 @@ mod tests {
     #[test]
     fn merged_and_per_rank_files_with_recent_lines() {
         let dir = tempfile::tempdir().unwrap();
-        let mut book =
-            LogBook::open(&dir.path().join("train.log"), &dir.path().join("logs")).unwrap();
+        let mut book = LogBook::open(&dir.path().join("train.log"), &dir.path().join("logs")).unwrap();
         for i in 0..25 {
-            book.rank_line(
-                Some(1),
-                Source::Reported(LogLevel::Info),
-                0.0,
-                &format!("line {i}"),
-            )
-            .unwrap();
+            book.rank_line(Some(1), Source::Reported(LogLevel::Info), 0.0, &format!("line {i}")).unwrap();
         }
-        book.rank_line(Some(0), Source::Stderr, 0.0, "panicked")
-            .unwrap();
+        book.rank_line(Some(0), Source::Stderr, 0.0, "panicked").unwrap();
         book.controller_line("hello").unwrap();
         book.flush().unwrap();
         let merged = std::fs::read_to_string(dir.path().join("train.log")).unwrap();

@@ -19,17 +19,10 @@ pub const MAX_PENDING_HANDSHAKES: usize = 256;
 /// What the server tells the event loop.
 pub enum ServerEvent {
     /// A worker passed the handshake and registered; `to_worker` reaches it, `abort` drops it.
-    Connected {
-        conn: ConnId,
-        to_worker: mpsc::UnboundedSender<ToWorker>,
-        abort: AbortHandle,
-    },
+    Connected { conn: ConnId, to_worker: mpsc::UnboundedSender<ToWorker>, abort: AbortHandle },
     Job(Event),
     /// A connection that is not part of the job was refused.
-    Rejected {
-        peer: SocketAddr,
-        reason: String,
-    },
+    Rejected { peer: SocketAddr, reason: String },
 }
 
 #[derive(Debug, Clone)]
@@ -76,10 +69,7 @@ pub async fn serve(
             let (role, mut rx, mut tx) = match accepted {
                 Ok(halves) => halves,
                 Err(e) => {
-                    let _ = events.send(ServerEvent::Rejected {
-                        peer,
-                        reason: e.to_string(),
-                    });
+                    let _ = events.send(ServerEvent::Rejected { peer, reason: e.to_string() });
                     return;
                 }
             };
@@ -115,11 +105,7 @@ pub async fn serve(
                     read_worker(conn, rank, rx, opts.heartbeat_timeout, events_r, records).await;
                 }
             });
-            let _ = events.send(ServerEvent::Connected {
-                conn,
-                to_worker,
-                abort: reader.abort_handle(),
-            });
+            let _ = events.send(ServerEvent::Connected { conn, to_worker, abort: reader.abort_handle() });
             let _ = events.send(ServerEvent::Job(Event::Registered { conn, registration }));
             let _ = go.send(());
         });
@@ -158,12 +144,7 @@ async fn read_worker(
             Err(ConnectionError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => {
                 return job(Event::Disconnected { conn, error: None })
             }
-            Err(e) => {
-                return job(Event::Disconnected {
-                    conn,
-                    error: Some(e.to_string()),
-                })
-            }
+            Err(e) => return job(Event::Disconnected { conn, error: Some(e.to_string()) }),
         };
         let record = match msg {
             FromWorker::Log(line) => Record::Log { rank, line },
@@ -176,11 +157,7 @@ async fn read_worker(
                 continue;
             }
             FromWorker::Failed { error } => {
-                let line = LogLine {
-                    level: LogLevel::Error,
-                    time: super::clock::now(),
-                    text: error.clone(),
-                };
+                let line = LogLine { level: LogLevel::Error, time: super::clock::now(), text: error.clone() };
                 // The line first, so it is on disk before the failure is reported.
                 let _ = records.send(Record::Log { rank, line }).await;
                 job(Event::WorkerFailed { conn, error });
