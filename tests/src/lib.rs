@@ -285,3 +285,5 @@ pub fn states(json_lines: &str) -> Vec<(String, String)> {
         })
         .collect()
 }
+
+pub mod jobs;

@@ -25,15 +25,25 @@ pub enum ClientError {
     #[error("{var} is not set: the worker is started by `shardrun run` or the job's controller, which set it")]
     MissingEnv { var: &'static str },
     #[error("cannot read the job secret from {path} ({source}); is the run directory readable from this node?")]
-    Secret { path: String, source: std::io::Error },
+    Secret {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("cannot reach the shardrun controller at {addr} after {secs} s: {source}. Is the controller still running (see the run's train.log), and is {addr} reachable from this node?")]
-    Unreachable { addr: String, secs: u64, source: ConnectionError },
+    Unreachable {
+        addr: String,
+        secs: u64,
+        source: ConnectionError,
+    },
     #[error("the shardrun controller at {addr} refused this worker: {reason}")]
     Rejected { addr: String, reason: String },
     #[error("the controller at {addr} stopped the job before it started: {reason}")]
     Stopped { addr: String, reason: String },
     #[error("lost the connection to the controller at {addr} during the rendezvous: {source}")]
-    Rendezvous { addr: String, source: ConnectionError },
+    Rendezvous {
+        addr: String,
+        source: ConnectionError,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -43,22 +53,53 @@ pub struct ClientOptions {
     pub heartbeat_interval: Duration,
 }
 
+impl ClientOptions {
+    /// Defaults, with the connect timeout from [`env::CONNECT_TIMEOUT`] when set.
+    pub fn from_env() -> Self {
+        let mut opts = ClientOptions::default();
+        if let Some(secs) = std::env::var(env::CONNECT_TIMEOUT)
+            .ok()
+            .and_then(|s| s.trim().parse::<f64>().ok())
+        {
+            opts.connect_timeout = Duration::from_secs_f64(secs.max(0.0));
+        }
+        opts
+    }
+}
+
+/// This machine's name as peers on other nodes know it.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
 impl Default for ClientOptions {
     fn default() -> Self {
-        ClientOptions { connect_timeout: Duration::from_secs(30), heartbeat_interval: Duration::from_secs(2) }
+        ClientOptions {
+            connect_timeout: Duration::from_secs(30),
+            heartbeat_interval: Duration::from_secs(2),
+        }
     }
 }
 
 /// Where the controller is and the secret to present, from the controller's variables.
 pub fn endpoint_from_env() -> Result<(String, String), ClientError> {
-    let addr = std::env::var(env::CONTROLLER_ADDR)
-        .map_err(|_| ClientError::MissingEnv { var: env::CONTROLLER_ADDR })?;
+    let addr = std::env::var(env::CONTROLLER_ADDR).map_err(|_| ClientError::MissingEnv {
+        var: env::CONTROLLER_ADDR,
+    })?;
     if let Ok(secret) = std::env::var(env::SECRET) {
         return Ok((addr, secret));
     }
-    let path = std::env::var(env::SECRET_FILE).map_err(|_| ClientError::MissingEnv { var: env::SECRET_FILE })?;
-    let secret = std::fs::read_to_string(&path)
-        .map_err(|source| ClientError::Secret { path: path.clone(), source })?;
+    let path = std::env::var(env::SECRET_FILE).map_err(|_| ClientError::MissingEnv {
+        var: env::SECRET_FILE,
+    })?;
+    let secret = std::fs::read_to_string(&path).map_err(|source| ClientError::Secret {
+        path: path.clone(),
+        source,
+    })?;
     Ok((addr, secret.trim().to_string()))
 }
 
@@ -79,13 +120,25 @@ pub fn connect(
 ) -> Result<(Arc<ControllerClient>, StartInfo), ClientError> {
     let mut conn = connect_with_retry(addr, secret, opts.connect_timeout)?;
     let rank = registration.rank;
-    let lost = |source| ClientError::Rendezvous { addr: addr.to_string(), source };
-    conn.send(&FromWorker::Register(registration)).map_err(lost)?;
+    let (host, pid, device) = (
+        registration.host.clone(),
+        registration.pid,
+        registration.device.clone(),
+    );
+    let lost = |source| ClientError::Rendezvous {
+        addr: addr.to_string(),
+        source,
+    };
+    conn.send(&FromWorker::Register(registration))
+        .map_err(lost)?;
     let start = loop {
         match conn.recv::<ToWorker>().map_err(lost)? {
             ToWorker::Start(info) => break info,
             ToWorker::Shutdown { reason } => {
-                return Err(ClientError::Stopped { addr: addr.to_string(), reason })
+                return Err(ClientError::Stopped {
+                    addr: addr.to_string(),
+                    reason,
+                })
             }
             ToWorker::Preempt => {}
         }
@@ -99,18 +152,39 @@ pub fn connect(
     });
     spawn_reader(client.clone(), reader);
     spawn_heartbeat(Arc::downgrade(&client), opts.heartbeat_interval);
+    client.log(
+        LogLevel::Info,
+        &format!(
+            "rank {rank} of {} joined on {host} (pid {pid}, {device})",
+            start.world_size
+        ),
+    );
     Ok((client, start))
 }
 
-fn connect_with_retry(addr: &str, secret: &str, timeout: Duration) -> Result<BlockingConnection, ClientError> {
+fn connect_with_retry(
+    addr: &str,
+    secret: &str,
+    timeout: Duration,
+) -> Result<BlockingConnection, ClientError> {
     let deadline = Instant::now() + timeout;
     let mut wait = Duration::from_millis(50);
     loop {
-        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
-        match BlockingConnection::connect(addr, Role::Worker, secret, left.min(Duration::from_secs(10))) {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(100));
+        match BlockingConnection::connect(
+            addr,
+            Role::Worker,
+            secret,
+            left.min(Duration::from_secs(10)),
+        ) {
             Ok(conn) => return Ok(conn),
             Err(ConnectionError::Rejected(reason)) => {
-                return Err(ClientError::Rejected { addr: addr.to_string(), reason })
+                return Err(ClientError::Rejected {
+                    addr: addr.to_string(),
+                    reason,
+                })
             }
             Err(source) if Instant::now() >= deadline => {
                 return Err(ClientError::Unreachable {
@@ -128,37 +202,43 @@ fn connect_with_retry(addr: &str, secret: &str, timeout: Duration) -> Result<Blo
 }
 
 fn spawn_reader(client: Arc<ControllerClient>, mut reader: BlockingConnection) {
-    let _ = std::thread::Builder::new().name("controller-reader".into()).spawn(move || loop {
-        match reader.recv::<ToWorker>() {
-            Ok(ToWorker::Preempt) => client.preempt.store(true, Ordering::SeqCst),
-            Ok(ToWorker::Start(_)) => {}
-            Ok(ToWorker::Shutdown { reason }) => {
-                // The others may be blocked in a collective with a dead peer: leave now.
-                client.log(LogLevel::Warn, &format!("stopping: {reason}"));
-                std::process::exit(EXIT_SHUTDOWN);
+    let _ = std::thread::Builder::new()
+        .name("controller-reader".into())
+        .spawn(move || loop {
+            match reader.recv::<ToWorker>() {
+                Ok(ToWorker::Preempt) => client.preempt.store(true, Ordering::SeqCst),
+                Ok(ToWorker::Start(_)) => {}
+                Ok(ToWorker::Shutdown { reason }) => {
+                    // The others may be blocked in a collective with a dead peer: leave now.
+                    client.log(LogLevel::Warn, &format!("stopping: {reason}"));
+                    std::process::exit(EXIT_SHUTDOWN);
+                }
+                Err(e) => {
+                    // Without its controller the job cannot finish; do not train on as an orphan.
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "shardrun-worker: rank {}: lost the controller at {} ({e}); exiting",
+                        client.rank,
+                        client.addr
+                    );
+                    std::process::exit(EXIT_SHUTDOWN);
+                }
             }
-            Err(e) => {
-                // Without its controller the job cannot finish; do not train on as an orphan.
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "shardrun-worker: rank {}: lost the controller at {} ({e}); exiting",
-                    client.rank,
-                    client.addr
-                );
-                std::process::exit(EXIT_SHUTDOWN);
-            }
-        }
-    });
+        });
 }
 
 fn spawn_heartbeat(client: std::sync::Weak<ControllerClient>, every: Duration) {
-    let _ = std::thread::Builder::new().name("controller-heartbeat".into()).spawn(move || loop {
-        std::thread::sleep(every);
-        let Some(client) = client.upgrade() else { return };
-        if client.send(&FromWorker::Heartbeat).is_err() {
-            return;
-        }
-    });
+    let _ = std::thread::Builder::new()
+        .name("controller-heartbeat".into())
+        .spawn(move || loop {
+            std::thread::sleep(every);
+            let Some(client) = client.upgrade() else {
+                return;
+            };
+            if client.send(&FromWorker::Heartbeat).is_err() {
+                return;
+            }
+        });
 }
 
 impl ControllerClient {
@@ -191,17 +271,26 @@ impl ControllerClient {
 
     /// The last message before exiting with an error.
     pub fn failed(&self, error: &str) {
-        self.send_or_stderr(&FromWorker::Failed { error: error.to_string() });
+        self.send_or_stderr(&FromWorker::Failed {
+            error: error.to_string(),
+        });
     }
 }
 
 fn unix_now() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 impl Reporter for ControllerClient {
     fn log(&self, level: LogLevel, text: &str) {
-        let line = LogLine { level, time: unix_now(), text: text.to_string() };
+        let line = LogLine {
+            level,
+            time: unix_now(),
+            text: text.to_string(),
+        };
         self.send_or_stderr(&FromWorker::Log(line));
     }
 
@@ -210,7 +299,10 @@ impl Reporter for ControllerClient {
     }
 
     fn checkpoint_saved(&self, step: u64, path: &str) {
-        self.send_or_stderr(&FromWorker::CheckpointSaved { step, path: path.to_string() });
+        self.send_or_stderr(&FromWorker::CheckpointSaved {
+            step,
+            path: path.to_string(),
+        });
     }
 
     fn summary(&self, summary: &TrainSummary) {
@@ -229,7 +321,11 @@ mod tests {
     #[test]
     fn unreachable_controller_is_named() {
         // A port nobody listens on: bind, note it, close.
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let addr = format!("127.0.0.1:{port}");
         let reg = Registration {
             rank: 0,
@@ -242,9 +338,18 @@ mod tests {
             collective_addr: None,
             nccl_unique_id: None,
         };
-        let opts = ClientOptions { connect_timeout: Duration::from_millis(300), ..Default::default() };
-        let err = connect(&addr, "s", reg, &opts).err().expect("must fail").to_string();
+        let opts = ClientOptions {
+            connect_timeout: Duration::from_millis(300),
+            ..Default::default()
+        };
+        let err = connect(&addr, "s", reg, &opts)
+            .err()
+            .expect("must fail")
+            .to_string();
         assert!(err.contains(&addr), "{err}");
-        assert!(err.contains("cannot reach the shardrun controller"), "{err}");
+        assert!(
+            err.contains("cannot reach the shardrun controller"),
+            "{err}"
+        );
     }
 }

@@ -11,9 +11,12 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use shardrun_protocol::config::DeviceKind;
 use shardrun_protocol::config::TrainConfig;
 use shardrun_protocol::env;
-use shardrun_worker::collectives::Communicator;
+use shardrun_protocol::messages::Registration;
+use shardrun_worker::collectives::{prepare, Communicator};
+use shardrun_worker::controller_client::{self, ClientOptions, ControllerClient};
 use shardrun_worker::fsdp::ProcessGroups;
 use shardrun_worker::launch::RankEnv;
 use shardrun_worker::report::{Reporter, StdoutReporter};
@@ -69,7 +72,26 @@ fn run() -> Result<()> {
         return Ok(());
     }
 
-    let (reporter, world) = connect_world(&config, &rank_env, &args)?;
+    let (reporter, world, controller) = connect_world(&config, &rank_env, &args)?;
+    let result = train(config, world, reporter, &rank_env, &args);
+    // Under the controller, the last message says how this rank ended.
+    if let Some(controller) = controller {
+        match &result {
+            Ok(preempted) => controller.finished(*preempted),
+            Err(error) => controller.failed(&format!("{error:#}")),
+        }
+    }
+    result.map(|_| ())
+}
+
+/// Trains to the end (or to a preemption, then `Ok(true)`).
+fn train(
+    config: TrainConfig,
+    world: Arc<dyn Communicator>,
+    reporter: Arc<dyn Reporter>,
+    rank_env: &RankEnv,
+    args: &Args,
+) -> Result<bool> {
     let groups =
         ProcessGroups::for_strategy(world, config.fsdp.strategy, config.fsdp.shard_group_size)?;
     let mut trainer = Trainer::new(config, groups, reporter.clone())?;
@@ -98,7 +120,7 @@ fn run() -> Result<()> {
             "stopped early for preemption",
         );
     }
-    Ok(())
+    Ok(outcome.preempted)
 }
 
 fn load_config(path: &std::path::Path) -> Result<TrainConfig> {
@@ -113,21 +135,22 @@ fn load_config(path: &std::path::Path) -> Result<TrainConfig> {
         .with_context(|| format!("{} is not a valid resolved training config", path.display()))
 }
 
+/// Where reports go, the world communicator, and the controller when there is one.
+type World = (
+    Arc<dyn Reporter>,
+    Arc<dyn Communicator>,
+    Option<Arc<ControllerClient>>,
+);
+
 /// Joins the job's world: where reports go, and the world communicator.
 ///
 /// The controller client (wip-c) plugs in as the first arm: it registers with the controller
 /// (sending `Prepared::collective_addr` / `nccl_unique_id`), receives the `StartInfo`, and
 /// returns itself as the `Reporter` and `prepared.connect(&start, rank)` as the communicator.
-fn connect_world(
-    config: &TrainConfig,
-    rank_env: &RankEnv,
-    args: &Args,
-) -> Result<(Arc<dyn Reporter>, Arc<dyn Communicator>)> {
+fn connect_world(config: &TrainConfig, rank_env: &RankEnv, args: &Args) -> Result<World> {
     if std::env::var_os(env::CONTROLLER_ADDR).is_some() {
-        bail!(
-            "{} is set but this build has no controller client yet",
-            env::CONTROLLER_ADDR
-        );
+        let (client, comm) = join_through_controller(config, rank_env)?;
+        return Ok((client.clone(), Arc::from(comm), Some(client)));
     }
     let reporter: Arc<dyn Reporter> = Arc::new(
         StdoutReporter::new(rank_env.rank, args.metrics_file.clone())
@@ -149,5 +172,36 @@ fn connect_world(
             rank_env.world_size
         ),
     };
-    Ok((reporter, Arc::from(comm)))
+    Ok((reporter, Arc::from(comm), None))
+}
+
+/// Registers with the job's controller (with what the collectives prepared), waits for the
+/// whole world, and builds the communicator from the controller's `StartInfo`.
+fn join_through_controller(
+    config: &TrainConfig,
+    rank_env: &RankEnv,
+) -> Result<(Arc<ControllerClient>, Box<dyn Communicator>)> {
+    let (addr, secret) = controller_client::endpoint_from_env()?;
+    let loopback = addr.starts_with("127.") || addr.starts_with("localhost:");
+    let bind_host = if loopback { "127.0.0.1" } else { "0.0.0.0" };
+    let rank = rank_env.rank as usize;
+    let prepared = prepare(config.device, rank, rank_env.world_size as usize, bind_host)?;
+    let registration = Registration {
+        rank: rank_env.rank,
+        local_rank: rank_env.local_rank,
+        world_size: rank_env.world_size,
+        host: controller_client::hostname(),
+        pid: std::process::id(),
+        device: match config.device {
+            DeviceKind::Cpu => "cpu".to_string(),
+            DeviceKind::Cuda => "cuda:0".to_string(),
+        },
+        config_hash: config.config_hash(),
+        collective_addr: prepared.collective_addr.clone(),
+        nccl_unique_id: prepared.nccl_unique_id.clone(),
+    };
+    let (client, start) =
+        controller_client::connect(&addr, &secret, registration, &ClientOptions::from_env())?;
+    let comm = prepared.connect(&start, rank)?;
+    Ok((client, comm))
 }

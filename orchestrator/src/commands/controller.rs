@@ -32,7 +32,10 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         .ok()
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or(1);
-    let launch = LaunchMode::Slurm { nodes, gpus_per_task: config.device == DeviceKind::Cuda };
+    let launch = LaunchMode::Slurm {
+        nodes,
+        gpus_per_task: config.device == DeviceKind::Cuda,
+    };
     let opts = args.controller.options(&run, launch, false)?;
     supervise(&run, opts)
 }

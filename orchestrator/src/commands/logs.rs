@@ -23,7 +23,10 @@ pub struct Args {
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
     if !args.run.is_dir() {
-        bail!("no run directory at {}; list runs with `shardrun status`", args.run.display());
+        bail!(
+            "no run directory at {}; list runs with `shardrun status`",
+            args.run.display()
+        );
     }
     let path = match args.rank {
         Some(rank) => args.run.join("logs").join(format!("rank-{rank}.log")),
@@ -35,11 +38,17 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     loop {
         match std::fs::File::open(&path) {
             Ok(mut file) => {
-                file.seek(SeekFrom::Start(offset)).with_context(|| format!("cannot read {}", path.display()))?;
+                file.seek(SeekFrom::Start(offset))
+                    .with_context(|| format!("cannot read {}", path.display()))?;
                 let mut buf = Vec::new();
-                file.read_to_end(&mut buf).with_context(|| format!("cannot read {}", path.display()))?;
+                file.read_to_end(&mut buf)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
                 // Print whole lines only; a partial last line waits for its end.
-                let upto = if args.follow { buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1) } else { buf.len() };
+                let upto = if args.follow {
+                    buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1)
+                } else {
+                    buf.len()
+                };
                 let mut out = stdout.lock();
                 out.write_all(&buf[..upto]).ok();
                 out.flush().ok();
@@ -48,7 +57,11 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && args.follow => {}
             Err(e) => {
                 return Err(e).with_context(|| {
-                    format!("cannot read {} (has the job started yet? see `shardrun status {}`)", path.display(), args.run.display())
+                    format!(
+                        "cannot read {} (has the job started yet? see `shardrun status {}`)",
+                        path.display(),
+                        args.run.display()
+                    )
                 })
             }
         }

@@ -22,7 +22,17 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             args.path.display()
         );
     }
-    let header = ["run", "status", "step", "loss", "lr", "grad norm", "tokens/s", "MFU", "peak mem"];
+    let header = [
+        "run",
+        "status",
+        "step",
+        "loss",
+        "lr",
+        "grad norm",
+        "tokens/s",
+        "MFU",
+        "peak mem",
+    ];
     let rows: Vec<Vec<String>> = runs.iter().map(|run| row(run)).collect();
     print!("{}", table(&header, &rows));
     Ok(())
@@ -30,7 +40,10 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
 
 fn find_runs(path: &Path) -> anyhow::Result<Vec<PathBuf>> {
     if !path.is_dir() {
-        bail!("{} is not a directory; pass a run directory or a sweep directory", path.display());
+        bail!(
+            "{} is not a directory; pass a run directory or a sweep directory",
+            path.display()
+        );
     }
     if path.join("train_config.json").is_file() {
         return Ok(vec![path.to_path_buf()]);
@@ -44,7 +57,10 @@ fn find_runs(path: &Path) -> anyhow::Result<Vec<PathBuf>> {
 }
 
 fn row(run: &Path) -> Vec<String> {
-    let name = run.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = run
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let total = std::fs::read_to_string(run.join("train_config.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<TrainConfig>(&t).ok())
@@ -53,11 +69,29 @@ fn row(run: &Path) -> Vec<String> {
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
         .and_then(|v| v["status"].as_str().map(str::to_string))
-        .unwrap_or_else(|| if run.join("train.log").exists() { "running".into() } else { "not started".into() });
-    let latest = metrics_file::read_main_rank(&run.join("metrics.jsonl")).ok().and_then(|m| m.last().cloned());
+        .unwrap_or_else(|| {
+            if run.join("train.log").exists() {
+                "running".into()
+            } else {
+                "not started".into()
+            }
+        });
+    let latest = metrics_file::read_main_rank(&run.join("metrics.jsonl"))
+        .ok()
+        .and_then(|m| m.last().cloned());
     let dash = || "-".to_string();
     match latest {
-        None => vec![name, status, dash(), dash(), dash(), dash(), dash(), dash(), dash()],
+        None => vec![
+            name,
+            status,
+            dash(),
+            dash(),
+            dash(),
+            dash(),
+            dash(),
+            dash(),
+            dash(),
+        ],
         Some(m) => vec![
             name,
             status,
@@ -69,7 +103,9 @@ fn row(run: &Path) -> Vec<String> {
             format!("{:.2e}", m.lr),
             format!("{:.3}", m.grad_norm),
             group_thousands(m.tokens_per_s),
-            m.mfu.map(|x| format!("{:.1}%", x * 100.0)).unwrap_or_else(dash),
+            m.mfu
+                .map(|x| format!("{:.1}%", x * 100.0))
+                .unwrap_or_else(dash),
             format!("{:.0} MiB", m.peak_memory_bytes as f64 / 1048576.0),
         ],
     }
@@ -110,7 +146,16 @@ mod tests {
 
     #[test]
     fn aligned_table() {
-        let t = table(&["run", "status", "loss"], &[vec!["a".into(), "ok".into(), "1.5".into()], vec!["long-name".into(), "failed".into(), "10.25".into()]]);
-        assert_eq!(t, "run        status   loss\na          ok        1.5\nlong-name  failed  10.25\n");
+        let t = table(
+            &["run", "status", "loss"],
+            &[
+                vec!["a".into(), "ok".into(), "1.5".into()],
+                vec!["long-name".into(), "failed".into(), "10.25".into()],
+            ],
+        );
+        assert_eq!(
+            t,
+            "run        status   loss\na          ok        1.5\nlong-name  failed  10.25\n"
+        );
     }
 }

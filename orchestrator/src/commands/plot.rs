@@ -28,10 +28,17 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     }
     let records = metrics_file::read_main_rank(&metrics_path)?;
     if records.is_empty() {
-        bail!("{} has no metrics records yet; try again after the first step", metrics_path.display());
+        bail!(
+            "{} has no metrics records yet; try again after the first step",
+            metrics_path.display()
+        );
     }
     let output = args.output.unwrap_or_else(|| args.run.join("metrics.svg"));
-    let title = args.run.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let title = args
+        .run
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     draw_file(&output, &title, &records)?;
     println!("wrote {} ({} steps)", output.display(), records.len());
     Ok(())
@@ -39,13 +46,29 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
 
 pub fn draw_file(output: &Path, title: &str, records: &[StepMetrics]) -> anyhow::Result<()> {
     let size = (1000, 700);
+    // Text layout needs a font even for SVG; without one, SVG still gets the curves.
+    let font = register_system_font();
     match output.extension().and_then(|e| e.to_str()) {
-        Some("svg") => draw(SVGBackend::new(output, size).into_drawing_area(), title, records),
-        Some("png") => {
-            register_system_font()?;
-            draw(BitMapBackend::new(output, size).into_drawing_area(), title, records)
+        Some("svg") => {
+            if let Err(e) = &font {
+                eprintln!("warning: drawing without labels: {e}");
+            }
+            let area = SVGBackend::new(output, size).into_drawing_area();
+            draw(area, title, records, font.is_ok())
         }
-        _ => bail!("cannot tell the format of {}: name it .svg or .png", output.display()),
+        Some("png") => {
+            font?;
+            draw(
+                BitMapBackend::new(output, size).into_drawing_area(),
+                title,
+                records,
+                true,
+            )
+        }
+        _ => bail!(
+            "cannot tell the format of {}: name it .svg or .png",
+            output.display()
+        ),
     }
     .with_context(|| format!("cannot draw {}", output.display()))
 }
@@ -61,36 +84,56 @@ const FONT_CANDIDATES: &[&str] = &[
 /// Rasterising text into a PNG needs a font file; plotters' `ab_glyph` renderer takes one
 /// registered by name. `SHARDRUN_PLOT_FONT` may name another `.ttf`.
 fn register_system_font() -> anyhow::Result<()> {
+    static REGISTERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if REGISTERED.get() == Some(&true) {
+        return Ok(());
+    }
     let custom = std::env::var("SHARDRUN_PLOT_FONT").ok();
-    let candidates = custom.iter().map(String::as_str).chain(FONT_CANDIDATES.iter().copied());
+    let candidates = custom
+        .iter()
+        .map(String::as_str)
+        .chain(FONT_CANDIDATES.iter().copied());
     for path in candidates {
         if let Ok(bytes) = std::fs::read(path) {
             // Registered fonts must live for the whole program.
             let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
             if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
+                let _ = REGISTERED.set(true);
                 return Ok(());
             }
         }
     }
     bail!(
-        "PNG output needs a TrueType font and none was found (tried {}); install fonts-dejavu-core, \
-         set SHARDRUN_PLOT_FONT to a .ttf file, or write SVG (`-o plot.svg`)",
+        "labels need a TrueType font and none was found (tried {}); install fonts-dejavu-core \
+         or set SHARDRUN_PLOT_FONT to a .ttf file (SVG output works without one, unlabelled)",
         FONT_CANDIDATES.join(", ")
     )
 }
 
-fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, title: &str, records: &[StepMetrics]) -> anyhow::Result<()>
+fn draw<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    title: &str,
+    records: &[StepMetrics],
+    text: bool,
+) -> anyhow::Result<()>
 where
     DB::ErrorType: 'static,
 {
     let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("{e:?}");
     root.fill(&WHITE).map_err(err)?;
-    let root = root.titled(title, ("sans-serif", 24)).map_err(err)?;
+    let root = if text {
+        root.titled(title, ("sans-serif", 24)).map_err(err)?
+    } else {
+        root
+    };
     let (top, bottom) = root.split_vertically(root.dim_in_pixel().1 / 2);
     let loss: Vec<(f64, f64)> = records.iter().map(|m| (m.step as f64, m.loss)).collect();
-    let tput: Vec<(f64, f64)> = records.iter().map(|m| (m.step as f64, m.tokens_per_s)).collect();
-    panel(&top, "loss", &loss, &RED).map_err(err)?;
-    panel(&bottom, "tokens/s", &tput, &BLUE).map_err(err)?;
+    let tput: Vec<(f64, f64)> = records
+        .iter()
+        .map(|m| (m.step as f64, m.tokens_per_s))
+        .collect();
+    panel(&top, "loss", &loss, &RED, text).map_err(err)?;
+    panel(&bottom, "tokens/s", &tput, &BLUE, text).map_err(err)?;
     root.present().map_err(err)?;
     Ok(())
 }
@@ -100,22 +143,32 @@ fn panel<DB: DrawingBackend>(
     label: &str,
     points: &[(f64, f64)],
     color: &RGBColor,
+    text: bool,
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     let (x0, x1) = range(points.iter().map(|p| p.0));
     let (y0, y1) = range(points.iter().map(|p| p.1).filter(|y| y.is_finite()));
     let mut chart = ChartBuilder::on(area)
         .margin(15)
-        .x_label_area_size(35)
-        .y_label_area_size(70)
+        .x_label_area_size(if text { 35 } else { 0 })
+        .y_label_area_size(if text { 70 } else { 0 })
         .build_cartesian_2d(x0..x1, y0..y1)?;
-    chart.configure_mesh().x_desc("step").y_desc(label).draw()?;
-    chart.draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))?;
+    if text {
+        chart.configure_mesh().x_desc("step").y_desc(label).draw()?;
+    } else {
+        chart.configure_mesh().x_labels(0).y_labels(0).draw()?;
+    }
+    chart.draw_series(LineSeries::new(
+        points.iter().copied(),
+        color.stroke_width(2),
+    ))?;
     Ok(())
 }
 
 /// Min and max with some headroom; a flat or single-point series still gets a range.
 fn range(values: impl Iterator<Item = f64>) -> (f64, f64) {
-    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+        (lo.min(v), hi.max(v))
+    });
     if !lo.is_finite() {
         return (0.0, 1.0);
     }

@@ -67,7 +67,9 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         },
     )?;
     let gpus = (job.train.device == DeviceKind::Cuda).then(|| local_gpus(job.world_size));
-    let opts = args.controller.options(&run, LaunchMode::Local { gpus }, !args.no_progress)?;
+    let opts = args
+        .controller
+        .options(&run, LaunchMode::Local { gpus }, !args.no_progress)?;
     supervise(&run, opts)?;
     println!("run directory: {}", run.path().display());
     println!("  plot: shardrun plot {}", run.path().display());
@@ -77,9 +79,11 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
 /// The GPUs this process may use: `CUDA_VISIBLE_DEVICES` if set, else 0..n.
 fn local_gpus(n: u64) -> Vec<String> {
     match std::env::var("CUDA_VISIBLE_DEVICES") {
-        Ok(list) if !list.trim().is_empty() => {
-            list.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
-        }
+        Ok(list) if !list.trim().is_empty() => list
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect(),
         _ => (0..n).map(|i| i.to_string()).collect(),
     }
 }

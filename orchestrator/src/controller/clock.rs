@@ -3,7 +3,10 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub fn now() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 /// `2026-11-22 12:03:04.123` (UTC) for seconds since the Unix epoch.

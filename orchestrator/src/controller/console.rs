@@ -28,7 +28,11 @@ impl Console {
             bar.set_style(style);
             bar
         });
-        Console { bar, total_steps, first: None }
+        Console {
+            bar,
+            total_steps,
+            first: None,
+        }
     }
 
     /// A line for people; printed above the bar when there is one.
@@ -50,7 +54,9 @@ impl Console {
             m.lr,
             m.grad_norm,
             group_thousands(m.tokens_per_s),
-            m.mfu.map(|mfu| format!("  MFU {:.1}%", mfu * 100.0)).unwrap_or_default()
+            m.mfu
+                .map(|mfu| format!("  MFU {:.1}%", mfu * 100.0))
+                .unwrap_or_default()
         );
         if let Some(bar) = &self.bar {
             bar.set_position(m.step);
@@ -58,9 +64,14 @@ impl Console {
             return;
         }
         let first = *self.first.get_or_insert((Instant::now(), m.step));
-        let eta = eta_seconds(first.0.elapsed().as_secs_f64(), first.1, m.step, self.total_steps)
-            .map(|s| format!("  ETA {}", format_duration(s)))
-            .unwrap_or_default();
+        let eta = eta_seconds(
+            first.0.elapsed().as_secs_f64(),
+            first.1,
+            m.step,
+            self.total_steps,
+        )
+        .map(|s| format!("  ETA {}", format_duration(s)))
+        .unwrap_or_default();
         self.line(&format!(
             "{} step {}/{}  {summary}{eta}",
             clock::format_time_of_day(clock::now()),

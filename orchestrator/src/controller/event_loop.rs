@@ -55,7 +55,8 @@ impl Default for Timeouts {
             heartbeat: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(2),
             kill_grace: Duration::from_secs(3),
-            drain: Duration::from_secs(2),
+            // Only spent when a dead process's connection still has queued data to read.
+            drain: Duration::from_secs(5),
         }
     }
 }
@@ -118,11 +119,26 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
     };
     let config_text = std::fs::read_to_string(&paths.train_config)
         .map_err(file_err("read the training config", &paths.train_config))?;
-    let config: TrainConfig = serde_json::from_str(&config_text)
-        .map_err(|source| ControllerError::Config { path: paths.train_config.clone(), source })?;
+    let config: TrainConfig =
+        serde_json::from_str(&config_text).map_err(|source| ControllerError::Config {
+            path: paths.train_config.clone(),
+            source,
+        })?;
     let world_size = config.batch.world_size;
     let config_hash = config.config_hash();
-    let secret = secret::load_or_create(&paths.secret).map_err(file_err("create the secret", &paths.secret))?;
+    // A requeued job starts again in the same directory: the old verdict no longer holds.
+    match std::fs::remove_file(&paths.result) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(ControllerError::File {
+                what: "remove the previous",
+                path: paths.result.clone(),
+                source: e,
+            })
+        }
+        _ => {}
+    }
+    let secret = secret::load_or_create(&paths.secret)
+        .map_err(file_err("create the secret", &paths.secret))?;
 
     // Under Slurm the ranks may be on other nodes: listen everywhere, advertise the hostname.
     let (bind, advertise_host) = match opts.launch {
@@ -131,10 +147,16 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
     };
     let listener = TcpListener::bind(bind)
         .await
-        .map_err(|source| ControllerError::Bind { addr: bind.to_string(), source })?;
+        .map_err(|source| ControllerError::Bind {
+            addr: bind.to_string(),
+            source,
+        })?;
     let port = listener
         .local_addr()
-        .map_err(|source| ControllerError::Bind { addr: bind.to_string(), source })?
+        .map_err(|source| ControllerError::Bind {
+            addr: bind.to_string(),
+            source,
+        })?
         .port();
     let addr = format!("{advertise_host}:{port}");
     write_atomic(&paths.controller_addr, format!("{addr}\n").as_bytes())
@@ -146,8 +168,8 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
         metrics: paths.metrics.clone(),
     };
     let console = Console::new(config.steps, opts.progress_bar);
-    let (records, writer) =
-        writer::spawn(&files, console, opts.echo).map_err(file_err("open the logs in", &paths.run_dir))?;
+    let (records, writer) = writer::spawn(&files, console, opts.echo)
+        .map_err(file_err("open the logs in", &paths.run_dir))?;
     let say_tx = records.clone();
     let say = move |text: String| {
         let records = say_tx.clone();
@@ -168,7 +190,12 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
         handshake_timeout: shardrun_protocol::connection::HANDSHAKE_TIMEOUT,
         heartbeat_timeout: opts.timeouts.heartbeat,
     };
-    let server = tokio::spawn(server::serve(listener, server_opts, events_tx.clone(), records.clone()));
+    let server = tokio::spawn(server::serve(
+        listener,
+        server_opts,
+        events_tx.clone(),
+        records.clone(),
+    ));
     spawn_signal_forwarders(events_tx.clone())?;
 
     let spec = LaunchSpec {
@@ -177,7 +204,10 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
         env: vec![
             (env::CONTROLLER_ADDR.into(), addr.clone()),
             (env::SECRET_FILE.into(), paths.secret.display().to_string()),
-            (env::CONFIG_FILE.into(), paths.train_config.display().to_string()),
+            (
+                env::CONFIG_FILE.into(),
+                paths.train_config.display().to_string(),
+            ),
             (env::RUN_DIR.into(), paths.run_dir.display().to_string()),
         ],
         mode: opts.launch.clone(),
@@ -222,12 +252,17 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
                     }
                 }
                 Action::Say(text) => say(text).await,
-                Action::StopProcesses { force: true } => signal_all(libc::SIGKILL),
+                Action::StopProcesses { force: true } => {
+                    let _ = events_tx.send(ServerEvent::Job(Event::Escalated));
+                    signal_all(libc::SIGKILL)
+                }
                 Action::StopProcesses { force: false } => {
                     let signal_all = signal_all.clone();
                     let t = opts.timeouts.clone();
+                    let events_tx = events_tx.clone();
                     tokio::spawn(async move {
                         tokio::time::sleep(t.shutdown_grace).await;
+                        let _ = events_tx.send(ServerEvent::Job(Event::Escalated));
                         signal_all(libc::SIGTERM);
                         tokio::time::sleep(t.kill_grace).await;
                         signal_all(libc::SIGKILL);
@@ -245,11 +280,17 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
             }
         }
         let event = tokio::select! {
+            // Events first: an `Escalated` must be seen before the exits it causes.
+            biased;
             Some(ev) = events.recv() => ev,
             Some((proc, exit)) = exits.recv() => ServerEvent::Job(Event::ProcessExited { proc, exit }),
         };
         match event {
-            ServerEvent::Connected { conn, to_worker, abort } => {
+            ServerEvent::Connected {
+                conn,
+                to_worker,
+                abort,
+            } => {
                 conns.insert(conn, (to_worker, abort));
             }
             ServerEvent::Rejected { peer, reason } => {
@@ -356,7 +397,10 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
 
     if let Some(job_id) = requeue {
         // Requeueing kills this batch script; everything is on disk by now.
-        match std::process::Command::new("scontrol").args(["requeue", &job_id]).status() {
+        match std::process::Command::new("scontrol")
+            .args(["requeue", &job_id])
+            .status()
+        {
             Ok(s) if s.success() => {}
             Ok(s) => {
                 exit_code = 1;
@@ -368,12 +412,18 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
             }
         }
     }
-    Ok(RunReport { outcome, exit_code, message })
+    Ok(RunReport {
+        outcome,
+        exit_code,
+        message,
+    })
 }
 
 /// Turns SIGTERM / SIGINT into cancellation and SIGUSR2 into preemption. tokio's handlers
 /// only record the signal; the event loop acts on it.
-fn spawn_signal_forwarders(events: mpsc::UnboundedSender<ServerEvent>) -> Result<(), ControllerError> {
+fn spawn_signal_forwarders(
+    events: mpsc::UnboundedSender<ServerEvent>,
+) -> Result<(), ControllerError> {
     let kinds = [
         (SignalKind::terminate(), Some("SIGTERM")),
         (SignalKind::interrupt(), Some("SIGINT")),
@@ -385,7 +435,9 @@ fn spawn_signal_forwarders(events: mpsc::UnboundedSender<ServerEvent>) -> Result
         tokio::spawn(async move {
             while stream.recv().await.is_some() {
                 let event = match cancel {
-                    Some(name) => Event::Cancel { signal: name.to_string() },
+                    Some(name) => Event::Cancel {
+                        signal: name.to_string(),
+                    },
                     None => Event::Preempt,
                 };
                 if events.send(ServerEvent::Job(event)).is_err() {
@@ -430,7 +482,10 @@ impl RejectionLog {
 }
 
 fn read_count(path: &Path) -> u32 {
-    std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// Write to a temporary file next to `path`, then rename: readers never see half a file.

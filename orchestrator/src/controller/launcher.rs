@@ -43,10 +43,16 @@ pub struct LaunchSpec {
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
     #[error("cannot start `{program}`: {source}")]
-    Spawn { program: String, source: std::io::Error },
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Invalid(String),
 }
+
+/// A launched process and its rank, where known (local mode).
+pub type ProcRank = (ProcId, Option<u64>);
 
 /// What the launcher reports to the event loop.
 pub type ExitSender = mpsc::UnboundedSender<(ProcId, ExitInfo)>;
@@ -64,8 +70,11 @@ impl Launcher {
         spec: &LaunchSpec,
         exits: ExitSender,
         records: mpsc::Sender<Record>,
-    ) -> Result<(Launcher, Vec<(ProcId, Option<u64>)>), LaunchError> {
-        let mut launcher = Launcher { alive: Arc::default(), pipes: Vec::new() };
+    ) -> Result<(Launcher, Vec<ProcRank>), LaunchError> {
+        let mut launcher = Launcher {
+            alive: Arc::default(),
+            pipes: Vec::new(),
+        };
         let mut procs = Vec::new();
         match &spec.mode {
             LaunchMode::Local { gpus } => {
@@ -73,7 +82,10 @@ impl Launcher {
                     let mut cmd = Command::new(&spec.worker_bin);
                     cmd.envs(spec.env.iter().map(|(k, v)| (k, v)))
                         .env(shardrun_protocol::env::RANK, rank.to_string())
-                        .env(shardrun_protocol::env::WORLD_SIZE, spec.world_size.to_string())
+                        .env(
+                            shardrun_protocol::env::WORLD_SIZE,
+                            spec.world_size.to_string(),
+                        )
                         .env(shardrun_protocol::env::LOCAL_RANK, rank.to_string());
                     if let Some(gpus) = gpus.as_ref().filter(|g| !g.is_empty()) {
                         cmd.env("CUDA_VISIBLE_DEVICES", &gpus[rank as usize % gpus.len()]);
@@ -85,13 +97,23 @@ impl Launcher {
                             Ok(())
                         });
                     }
-                    launcher.start(rank, cmd, Labels::Rank(rank), &exits, &records, &spec.worker_bin)?;
+                    launcher.start(
+                        rank,
+                        cmd,
+                        Labels::Rank(rank),
+                        &exits,
+                        &records,
+                        &spec.worker_bin,
+                    )?;
                     procs.push((rank, Some(rank)));
                 }
             }
-            LaunchMode::Slurm { nodes, gpus_per_task } => {
+            LaunchMode::Slurm {
+                nodes,
+                gpus_per_task,
+            } => {
                 let nodes = (*nodes).max(1);
-                if spec.world_size % nodes != 0 {
+                if !spec.world_size.is_multiple_of(nodes) {
                     return Err(LaunchError::Invalid(format!(
                         "world size {} does not divide over {nodes} nodes; request a multiple of \
                          the node count",
@@ -118,23 +140,42 @@ impl Launcher {
         records: &mpsc::Sender<Record>,
         worker_bin: &std::path::Path,
     ) -> Result<(), LaunchError> {
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
         let program = format!("{}", cmd.as_std().get_program().to_string_lossy());
         let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
             program: if program == "srun" {
                 "srun (is this running inside a Slurm allocation?)".into()
             } else {
-                format!("{} (build it, or point SHARDRUN_WORKER_BIN at it)", worker_bin.display())
+                format!(
+                    "{} (build it, or point SHARDRUN_WORKER_BIN at it)",
+                    worker_bin.display()
+                )
             },
             source,
         })?;
         let pid = child.id().map(|p| p as i32).unwrap_or(0);
-        self.alive.lock().unwrap_or_else(|e| e.into_inner()).insert(proc, pid);
+        self.alive
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(proc, pid);
         if let Some(out) = child.stdout.take() {
-            self.pipes.push(tokio::spawn(forward_lines(out, labels, false, records.clone())));
+            self.pipes.push(tokio::spawn(forward_lines(
+                out,
+                labels,
+                false,
+                records.clone(),
+            )));
         }
         if let Some(err) = child.stderr.take() {
-            self.pipes.push(tokio::spawn(forward_lines(err, labels, true, records.clone())));
+            self.pipes.push(tokio::spawn(forward_lines(
+                err,
+                labels,
+                true,
+                records.clone(),
+            )));
         }
         let alive = self.alive.clone();
         let exits = exits.clone();
@@ -143,7 +184,10 @@ impl Launcher {
                 Ok(status) => ExitInfo::from_status(status),
                 Err(_) => ExitInfo::Code(-1),
             };
-            alive.lock().unwrap_or_else(|e| e.into_inner()).remove(&proc);
+            alive
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&proc);
             let _ = exits.send((proc, exit));
         });
         Ok(())
@@ -241,7 +285,12 @@ async fn forward_lines(
                 None => (None, text),
             },
         };
-        let record = Record::Raw { rank, stderr, text: text.to_string(), time: clock::now() };
+        let record = Record::Raw {
+            rank,
+            stderr,
+            text: text.to_string(),
+            time: clock::now(),
+        };
         if records.send(record).await.is_err() {
             return;
         }
@@ -256,7 +305,10 @@ mod tests {
 
     #[test]
     fn srun_labels() {
-        assert_eq!(parse_srun_label(" 3: loss 2.0: ok"), Some((3, "loss 2.0: ok")));
+        assert_eq!(
+            parse_srun_label(" 3: loss 2.0: ok"),
+            Some((3, "loss 2.0: ok"))
+        );
         assert_eq!(parse_srun_label("12: x"), Some((12, "x")));
         assert_eq!(parse_srun_label("srun: error: node1: task 1: Killed"), None);
     }

@@ -28,6 +28,8 @@ pub struct LogBook {
     logs_dir: PathBuf,
     per_rank: HashMap<u64, BufWriter<File>>,
     recent: HashMap<u64, VecDeque<String>>,
+    /// The last timestamp formatted (many lines share a millisecond under load).
+    stamp: (i64, String),
 }
 
 impl LogBook {
@@ -38,12 +40,19 @@ impl LogBook {
             logs_dir: logs_dir.to_path_buf(),
             per_rank: HashMap::new(),
             recent: HashMap::new(),
+            stamp: (-1, String::new()),
         })
     }
 
     /// Writes one line of `rank` (or of the launcher when `rank` is `None`) and returns the
     /// text as it appears after the rank prefix, for the console.
-    pub fn rank_line(&mut self, rank: Option<u64>, source: Source, time: f64, text: &str) -> std::io::Result<String> {
+    pub fn rank_line(
+        &mut self,
+        rank: Option<u64>,
+        source: Source,
+        time: f64,
+        text: &str,
+    ) -> std::io::Result<String> {
         let tag = match source {
             Source::Reported(LogLevel::Info) => "",
             Source::Reported(LogLevel::Debug) => "debug: ",
@@ -53,23 +62,34 @@ impl LogBook {
             Source::Stderr => "(stderr) ",
         };
         let body = format!("{tag}{text}");
-        let stamp = clock::format_utc(time);
+        let millis = (time * 1000.0).round() as i64;
+        if self.stamp.0 != millis {
+            self.stamp = (millis, clock::format_utc(time));
+        }
+        let stamp = &self.stamp.1;
         match rank {
             Some(rank) => {
                 writeln!(self.merged, "{stamp} [rank {rank}] {body}")?;
                 let file = match self.per_rank.get_mut(&rank) {
                     Some(f) => f,
                     None => {
-                        let f = BufWriter::new(append(&self.logs_dir.join(format!("rank-{rank}.log")))?);
+                        let f = BufWriter::new(append(
+                            &self.logs_dir.join(format!("rank-{rank}.log")),
+                        )?);
                         self.per_rank.entry(rank).or_insert(f)
                     }
                 };
                 writeln!(file, "{stamp} {body}")?;
                 let recent = self.recent.entry(rank).or_default();
-                if recent.len() == RECENT_LINES {
-                    recent.pop_front();
-                }
-                recent.push_back(body.clone());
+                // Reuse the oldest line's buffer: no allocation per line once full.
+                let mut slot = if recent.len() == RECENT_LINES {
+                    recent.pop_front().unwrap_or_default()
+                } else {
+                    String::new()
+                };
+                slot.clear();
+                slot.push_str(&body);
+                recent.push_back(slot);
             }
             None => writeln!(self.merged, "{stamp} [launcher] {body}")?,
         }
@@ -77,11 +97,18 @@ impl LogBook {
     }
 
     pub fn controller_line(&mut self, text: &str) -> std::io::Result<()> {
-        writeln!(self.merged, "{} [controller] {text}", clock::format_utc(clock::now()))
+        writeln!(
+            self.merged,
+            "{} [controller] {text}",
+            clock::format_utc(clock::now())
+        )
     }
 
     pub fn recent(&self, rank: u64) -> Vec<String> {
-        self.recent.get(&rank).map(|r| r.iter().cloned().collect()).unwrap_or_default()
+        self.recent
+            .get(&rank)
+            .map(|r| r.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     pub fn flush(&mut self) -> std::io::Result<()> {
@@ -109,11 +136,19 @@ mod tests {
     #[test]
     fn merged_and_per_rank_files_with_recent_lines() {
         let dir = tempfile::tempdir().unwrap();
-        let mut book = LogBook::open(&dir.path().join("train.log"), &dir.path().join("logs")).unwrap();
+        let mut book =
+            LogBook::open(&dir.path().join("train.log"), &dir.path().join("logs")).unwrap();
         for i in 0..25 {
-            book.rank_line(Some(1), Source::Reported(LogLevel::Info), 0.0, &format!("line {i}")).unwrap();
+            book.rank_line(
+                Some(1),
+                Source::Reported(LogLevel::Info),
+                0.0,
+                &format!("line {i}"),
+            )
+            .unwrap();
         }
-        book.rank_line(Some(0), Source::Stderr, 0.0, "panicked").unwrap();
+        book.rank_line(Some(0), Source::Stderr, 0.0, "panicked")
+            .unwrap();
         book.controller_line("hello").unwrap();
         book.flush().unwrap();
         let merged = std::fs::read_to_string(dir.path().join("train.log")).unwrap();

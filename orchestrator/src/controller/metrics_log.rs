@@ -12,7 +12,9 @@ pub struct MetricsLog {
 impl MetricsLog {
     pub fn open(path: &Path) -> std::io::Result<MetricsLog> {
         let file = OpenOptions::new().create(true).append(true).open(path)?;
-        Ok(MetricsLog { file: BufWriter::new(file) })
+        Ok(MetricsLog {
+            file: BufWriter::new(file),
+        })
     }
 
     pub fn record(&mut self, m: &StepMetrics) -> std::io::Result<()> {

@@ -13,9 +13,9 @@ pub mod console;
 pub mod event_loop;
 pub mod job;
 pub mod launcher;
-pub mod options;
 pub mod logbook;
 pub mod metrics_log;
+pub mod options;
 pub mod outcome;
 pub mod secret;
 pub mod server;
@@ -29,11 +29,21 @@ pub use writer::Echo;
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerError {
     #[error("cannot {what} {}: {source}", path.display())]
-    File { what: &'static str, path: std::path::PathBuf, source: std::io::Error },
+    File {
+        what: &'static str,
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     #[error("{} is not a valid training config ({source}); recreate the run with `shardrun run` or `shardrun submit`", path.display())]
-    Config { path: std::path::PathBuf, source: serde_json::Error },
+    Config {
+        path: std::path::PathBuf,
+        source: serde_json::Error,
+    },
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: String, source: std::io::Error },
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Launch(#[from] launcher::LaunchError),
     #[error("cannot start the controller's runtime: {0}")]

@@ -35,7 +35,12 @@ pub enum EchoArg {
 }
 
 impl ControllerArgs {
-    pub fn options(&self, run: &RunDir, launch: LaunchMode, progress_bar: bool) -> anyhow::Result<ControllerOptions> {
+    pub fn options(
+        &self,
+        run: &RunDir,
+        launch: LaunchMode,
+        progress_bar: bool,
+    ) -> anyhow::Result<ControllerOptions> {
         let grace = Duration::from_secs(self.grace);
         Ok(ControllerOptions {
             paths: run_paths(run),

@@ -61,12 +61,20 @@ pub enum FailureCause {
     /// The process exited 0 without telling the controller it finished.
     ExitedWithoutFinishing,
     /// The worker reported an error.
-    Reported { error: String },
-    ConnectionLost { why: String },
+    Reported {
+        error: String,
+    },
+    ConnectionLost {
+        why: String,
+    },
     HeartbeatLost,
-    RendezvousTimeout { missing: Vec<u64> },
+    RendezvousTimeout {
+        missing: Vec<u64>,
+    },
     /// A registration that cannot belong to this job.
-    Inconsistent { problem: String },
+    Inconsistent {
+        problem: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -81,7 +89,13 @@ pub struct Failure {
 impl Failure {
     /// A failure of the job as a whole (no single rank to blame).
     pub fn job(cause: FailureCause) -> Failure {
-        Failure { rank: None, host: None, pid: None, cause, exit: None }
+        Failure {
+            rank: None,
+            host: None,
+            pid: None,
+            cause,
+            exit: None,
+        }
     }
 
     /// One sentence: who, where, what, and what to look at next.
@@ -91,31 +105,32 @@ impl Failure {
             (Some(rank), _, _) => format!("rank {rank}"),
             _ => "the job".to_string(),
         };
-        let what = match &self.cause {
-            FailureCause::Exited => match &self.exit {
-                Some(exit) => format!("died with {exit}"),
-                None => "died".to_string(),
-            },
-            FailureCause::ExitedWithoutFinishing => {
-                "exited without reporting the end of training".to_string()
-            }
-            FailureCause::Reported { error } => format!("failed: {error}"),
-            FailureCause::ConnectionLost { why } => match &self.exit {
-                Some(exit) => format!("died with {exit} (its connection ended: {why})"),
-                None => format!("lost its connection to the controller ({why})"),
-            },
-            FailureCause::HeartbeatLost => {
-                "stopped sending heartbeats (hung or frozen process?)".to_string()
-            }
-            FailureCause::RendezvousTimeout { missing } => format!(
+        let what =
+            match &self.cause {
+                FailureCause::Exited => match &self.exit {
+                    Some(exit) => format!("died with {exit}"),
+                    None => "died".to_string(),
+                },
+                FailureCause::ExitedWithoutFinishing => {
+                    "exited without reporting the end of training".to_string()
+                }
+                FailureCause::Reported { error } => format!("failed: {error}"),
+                FailureCause::ConnectionLost { why } => match &self.exit {
+                    Some(exit) => format!("died with {exit} (its connection ended: {why})"),
+                    None => format!("lost its connection to the controller ({why})"),
+                },
+                FailureCause::HeartbeatLost => {
+                    "stopped sending heartbeats (hung or frozen process?)".to_string()
+                }
+                FailureCause::RendezvousTimeout { missing } => format!(
                 "timed out in the rendezvous: rank(s) {} never registered (did they start? see \
                  their lines in train.log and logs/)",
                 missing.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
             ),
-            FailureCause::Inconsistent { problem } => {
-                format!("cannot join this job: {problem}")
-            }
-        };
+                FailureCause::Inconsistent { problem } => {
+                    format!("cannot join this job: {problem}")
+                }
+            };
         format!("{who} {what}")
     }
 }
@@ -125,7 +140,9 @@ impl Failure {
 pub enum Outcome {
     Succeeded,
     Failed(Failure),
-    Cancelled { signal: String },
+    Cancelled {
+        signal: String,
+    },
     /// Every rank checkpointed and stopped on request.
     Preempted,
 }
@@ -152,7 +169,9 @@ mod tests {
             rank: Some(1),
             host: Some("gpu7".into()),
             pid: Some(42),
-            cause: FailureCause::ConnectionLost { why: "closed".into() },
+            cause: FailureCause::ConnectionLost {
+                why: "closed".into(),
+            },
             exit: Some(ExitInfo::Signal(9)),
         };
         assert_eq!(

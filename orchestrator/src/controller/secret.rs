@@ -36,7 +36,10 @@ mod tests {
         let path = dir.path().join("secret");
         let a = load_or_create(&path).unwrap();
         assert_eq!(a.len(), 64);
-        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
         assert_eq!(load_or_create(&path).unwrap(), a);
     }
 }

@@ -5,6 +5,7 @@
 
 use super::job::{ConnId, Event};
 use super::writer::Record;
+use futures::FutureExt;
 use shardrun_protocol::connection::{self, ConnectionError};
 use shardrun_protocol::messages::{FromWorker, LogLevel, LogLine, Role, ToWorker};
 use std::net::SocketAddr;
@@ -15,14 +16,40 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::AbortHandle;
 
 pub const MAX_PENDING_HANDSHAKES: usize = 256;
+/// Longer log lines are cut here (a frame may be up to 1 MiB; the queue holds thousands).
+pub const MAX_LOG_LINE: usize = 64 * 1024;
+/// Log lines of one connection handed to the writer at once, at most.
+const MAX_BATCH: usize = 256;
+
+fn truncate_line(mut line: LogLine) -> LogLine {
+    if line.text.len() > MAX_LOG_LINE {
+        let mut cut = MAX_LOG_LINE;
+        while !line.text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let dropped = line.text.len() - cut;
+        line.text.truncate(cut);
+        line.text.push_str(&format!(
+            " [... {dropped} more bytes cut by the controller]"
+        ));
+    }
+    line
+}
 
 /// What the server tells the event loop.
 pub enum ServerEvent {
     /// A worker passed the handshake and registered; `to_worker` reaches it, `abort` drops it.
-    Connected { conn: ConnId, to_worker: mpsc::UnboundedSender<ToWorker>, abort: AbortHandle },
+    Connected {
+        conn: ConnId,
+        to_worker: mpsc::UnboundedSender<ToWorker>,
+        abort: AbortHandle,
+    },
     Job(Event),
     /// A connection that is not part of the job was refused.
-    Rejected { peer: SocketAddr, reason: String },
+    Rejected {
+        peer: SocketAddr,
+        reason: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -69,7 +96,10 @@ pub async fn serve(
             let (role, mut rx, mut tx) = match accepted {
                 Ok(halves) => halves,
                 Err(e) => {
-                    let _ = events.send(ServerEvent::Rejected { peer, reason: e.to_string() });
+                    let _ = events.send(ServerEvent::Rejected {
+                        peer,
+                        reason: e.to_string(),
+                    });
                     return;
                 }
             };
@@ -105,7 +135,11 @@ pub async fn serve(
                     read_worker(conn, rank, rx, opts.heartbeat_timeout, events_r, records).await;
                 }
             });
-            let _ = events.send(ServerEvent::Connected { conn, to_worker, abort: reader.abort_handle() });
+            let _ = events.send(ServerEvent::Connected {
+                conn,
+                to_worker,
+                abort: reader.abort_handle(),
+            });
             let _ = events.send(ServerEvent::Job(Event::Registered { conn, registration }));
             let _ = go.send(());
         });
@@ -124,8 +158,12 @@ async fn read_worker(
         let _ = events.send(ServerEvent::Job(e));
     };
     let mut heartbeat_reported = false;
+    // A message read while collecting a batch of log lines, handled next.
+    let mut carried = None;
     loop {
-        let next = if heartbeat_reported {
+        let next = if let Some(next) = carried.take() {
+            next
+        } else if heartbeat_reported {
             rx.recv().await
         } else {
             match tokio::time::timeout(heartbeat_timeout, rx.recv()).await {
@@ -144,10 +182,30 @@ async fn read_worker(
             Err(ConnectionError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => {
                 return job(Event::Disconnected { conn, error: None })
             }
-            Err(e) => return job(Event::Disconnected { conn, error: Some(e.to_string()) }),
+            Err(e) => {
+                return job(Event::Disconnected {
+                    conn,
+                    error: Some(e.to_string()),
+                })
+            }
         };
         let record = match msg {
-            FromWorker::Log(line) => Record::Log { rank, line },
+            FromWorker::Log(line) => {
+                // Take every line already received in one go: one queue operation for many
+                // lines keeps ingest fast when ranks log heavily.
+                let mut lines = vec![truncate_line(line)];
+                while lines.len() < MAX_BATCH {
+                    match rx.recv().now_or_never() {
+                        Some(Ok(Some(FromWorker::Log(line)))) => lines.push(truncate_line(line)),
+                        Some(other) => {
+                            carried = Some(other);
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+                Record::Logs { rank, lines }
+            }
             FromWorker::Metrics(m) => Record::Metrics(m),
             FromWorker::Heartbeat | FromWorker::Register(_) => continue,
             FromWorker::CheckpointSaved { step, path } => Record::Checkpoint { rank, step, path },
@@ -157,9 +215,18 @@ async fn read_worker(
                 continue;
             }
             FromWorker::Failed { error } => {
-                let line = LogLine { level: LogLevel::Error, time: super::clock::now(), text: error.clone() };
+                let line = LogLine {
+                    level: LogLevel::Error,
+                    time: super::clock::now(),
+                    text: error.clone(),
+                };
                 // The line first, so it is on disk before the failure is reported.
-                let _ = records.send(Record::Log { rank, line }).await;
+                let _ = records
+                    .send(Record::Logs {
+                        rank,
+                        lines: vec![truncate_line(line)],
+                    })
+                    .await;
                 job(Event::WorkerFailed { conn, error });
                 continue;
             }
@@ -167,5 +234,28 @@ async fn read_worker(
         if records.send(record).await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_lines_are_cut_on_a_char_boundary() {
+        let text = "é".repeat(MAX_LOG_LINE); // 2 bytes each
+        let line = truncate_line(LogLine {
+            level: LogLevel::Info,
+            time: 0.0,
+            text,
+        });
+        assert!(line.text.len() < MAX_LOG_LINE + 64);
+        assert!(line.text.ends_with("more bytes cut by the controller]"));
+        let short = truncate_line(LogLine {
+            level: LogLevel::Info,
+            time: 0.0,
+            text: "ok".into(),
+        });
+        assert_eq!(short.text, "ok");
     }
 }

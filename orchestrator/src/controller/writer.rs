@@ -10,20 +10,40 @@ use shardrun_protocol::messages::{LogLevel, LogLine, StepMetrics, TrainSummary};
 use std::path::PathBuf;
 use tokio::sync::{mpsc, oneshot};
 
-/// Records queued at most before senders wait.
-pub const QUEUE_CAPACITY: usize = 16 * 1024;
+/// Records queued at most before senders wait. With lines capped at
+/// [`super::server::MAX_LOG_LINE`] this bounds the queue's memory.
+pub const QUEUE_CAPACITY: usize = 4096;
 
 pub enum Record {
-    Log { rank: u64, line: LogLine },
+    /// Reported lines of one rank, in order.
+    Logs {
+        rank: u64,
+        lines: Vec<LogLine>,
+    },
     /// Raw output of a worker process (`rank` unknown for the launcher's own lines).
-    Raw { rank: Option<u64>, stderr: bool, text: String, time: f64 },
+    Raw {
+        rank: Option<u64>,
+        stderr: bool,
+        text: String,
+        time: f64,
+    },
     Metrics(StepMetrics),
-    Summary { rank: u64, summary: TrainSummary },
-    Checkpoint { rank: u64, step: u64, path: String },
+    Summary {
+        rank: u64,
+        summary: TrainSummary,
+    },
+    Checkpoint {
+        rank: u64,
+        step: u64,
+        path: String,
+    },
     /// The controller's own message: train.log and the console.
     Controller(String),
     /// The last lines of a rank, for a failure report (after everything queued before).
-    Recent { rank: u64, reply: oneshot::Sender<Vec<String>> },
+    Recent {
+        rank: u64,
+        reply: oneshot::Sender<Vec<String>>,
+    },
     /// Answered once everything queued before is on disk.
     Flush(oneshot::Sender<()>),
     /// Write everything queued before, then end the thread.
@@ -54,37 +74,39 @@ pub fn spawn(
     let mut book = LogBook::open(&files.train_log, &files.logs_dir)?;
     let mut metrics = MetricsLog::open(&files.metrics)?;
     let (tx, mut rx) = mpsc::channel::<Record>(QUEUE_CAPACITY);
-    let handle = std::thread::Builder::new().name("run-dir-writer".into()).spawn(move || {
-        let mut failed_once = false;
-        while let Some(first) = rx.blocking_recv() {
-            let mut next = Some(first);
-            let mut result = Ok(());
-            let mut stop = false;
-            while let Some(record) = next.take() {
-                if matches!(record, Record::Stop) {
-                    stop = true;
-                    break;
+    let handle = std::thread::Builder::new()
+        .name("run-dir-writer".into())
+        .spawn(move || {
+            let mut failed_once = false;
+            while let Some(first) = rx.blocking_recv() {
+                let mut next = Some(first);
+                let mut result = Ok(());
+                let mut stop = false;
+                while let Some(record) = next.take() {
+                    if matches!(record, Record::Stop) {
+                        stop = true;
+                        break;
+                    }
+                    if let Err(e) = write(&mut book, &mut metrics, &mut console, echo, record) {
+                        result = Err(e);
+                    }
+                    next = rx.try_recv().ok();
                 }
-                if let Err(e) = write(&mut book, &mut metrics, &mut console, echo, record) {
-                    result = Err(e);
-                }
-                next = rx.try_recv().ok();
-            }
-            let flushed = book.flush().and_then(|()| metrics.flush());
-            if let Err(e) = result.and(flushed) {
-                if !failed_once {
-                    failed_once = true;
-                    console.line(&format!(
+                let flushed = book.flush().and_then(|()| metrics.flush());
+                if let Err(e) = result.and(flushed) {
+                    if !failed_once {
+                        failed_once = true;
+                        console.line(&format!(
                         "shardrun: cannot write the run directory's logs ({e}); is the disk full?"
                     ));
+                    }
+                }
+                if stop {
+                    break;
                 }
             }
-            if stop {
-                break;
-            }
-        }
-        console.finish();
-    })?;
+            console.finish();
+        })?;
     Ok((tx, handle))
 }
 
@@ -96,18 +118,36 @@ fn write(
     record: Record,
 ) -> std::io::Result<()> {
     match record {
-        Record::Log { rank, line } => {
-            let body = book.rank_line(Some(rank), Source::Reported(line.level), line.time, &line.text)?;
-            let loud = matches!(line.level, LogLevel::Warn | LogLevel::Error);
-            if echoes(echo, rank, loud) {
-                console.line(&format!("[rank {rank}] {body}"));
+        Record::Logs { rank, lines } => {
+            for line in lines {
+                let body = book.rank_line(
+                    Some(rank),
+                    Source::Reported(line.level),
+                    line.time,
+                    &line.text,
+                )?;
+                let loud = matches!(line.level, LogLevel::Warn | LogLevel::Error);
+                if echoes(echo, rank, loud) {
+                    console.line(&format!("[rank {rank}] {body}"));
+                }
             }
         }
-        Record::Raw { rank, stderr, text, time } => {
-            let source = if stderr { Source::Stderr } else { Source::Stdout };
+        Record::Raw {
+            rank,
+            stderr,
+            text,
+            time,
+        } => {
+            let source = if stderr {
+                Source::Stderr
+            } else {
+                Source::Stdout
+            };
             let body = book.rank_line(rank, source, time, &text)?;
             match rank {
-                Some(rank) if echoes(echo, rank, stderr) => console.line(&format!("[rank {rank}] {body}")),
+                Some(rank) if echoes(echo, rank, stderr) => {
+                    console.line(&format!("[rank {rank}] {body}"))
+                }
                 None if echo != Echo::None => console.line(&format!("[launcher] {body}")),
                 _ => {}
             }
@@ -132,12 +172,22 @@ fn write(
                 mib(summary.peak_memory_bytes),
                 summary.mean_tokens_per_s
             );
-            book.rank_line(Some(rank), Source::Reported(LogLevel::Info), super::clock::now(), &text)?;
+            book.rank_line(
+                Some(rank),
+                Source::Reported(LogLevel::Info),
+                super::clock::now(),
+                &text,
+            )?;
             console.line(&format!("[rank {rank}] {text}"));
         }
         Record::Checkpoint { rank, step, path } => {
             let text = format!("checkpoint of step {step} saved to {path}");
-            book.rank_line(Some(rank), Source::Reported(LogLevel::Info), super::clock::now(), &text)?;
+            book.rank_line(
+                Some(rank),
+                Source::Reported(LogLevel::Info),
+                super::clock::now(),
+                &text,
+            )?;
             console.line(&format!("[rank {rank}] {text}"));
         }
         Record::Controller(text) => {

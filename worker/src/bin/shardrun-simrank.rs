@@ -4,9 +4,11 @@
 //! and by the ingest benchmark (many ranks logging flat out).
 //!
 //! ```text
-//! shardrun-simrank [--steps N] [--lines-per-step L] [--step-ms MS] [--die-rank R --die-at-step K]
+//! shardrun-simrank [--steps N] [--lines-per-step L] [--step-ms MS] [--die-rank R --die-at-step K] [--raw]
 //! ```
-//! Rank, world size and the controller come from the same variables as the real worker.
+//! Every option can also come from a `SIMRANK_*` variable (the controller passes the
+//! environment, not arguments). Rank, world size and the controller come from the same
+//! variables as the real worker; the steps default to the config's.
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -19,20 +21,24 @@ use std::time::{Duration, Instant};
 
 #[derive(Debug, Parser)]
 struct Args {
-    #[arg(long, default_value_t = 10)]
-    steps: u64,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, env = "SIMRANK_STEPS")]
+    steps: Option<u64>,
+    #[arg(long, env = "SIMRANK_LINES_PER_STEP", default_value_t = 1)]
     lines_per_step: u64,
     /// Sleep this long per step (0: as fast as possible).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, env = "SIMRANK_STEP_MS", default_value_t = 0)]
     step_ms: u64,
     /// This rank SIGKILLs itself right after logging its lines of step `die_at_step`.
-    #[arg(long)]
+    #[arg(long, env = "SIMRANK_DIE_RANK")]
     die_rank: Option<u64>,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, env = "SIMRANK_DIE_AT_STEP", default_value_t = 1)]
     die_at_step: u64,
+    /// Busy computation per step (a stand-in for a training step, to measure what logging
+    /// costs it).
+    #[arg(long, env = "SIMRANK_COMPUTE_MS", default_value_t = 0)]
+    compute_ms: u64,
     /// Print one raw line on stdout per step too (raw output capture).
-    #[arg(long)]
+    #[arg(long, env = "SIMRANK_RAW")]
     raw: bool,
 }
 
@@ -48,32 +54,50 @@ fn run() -> Result<()> {
     let rank_env = RankEnv::from_env()?;
     let config_path = std::env::var(env::CONFIG_FILE).context("SHARDRUN_CONFIG is not set")?;
     let config: TrainConfig = serde_json::from_str(
-        &std::fs::read_to_string(&config_path).with_context(|| format!("cannot read {config_path}"))?,
+        &std::fs::read_to_string(&config_path)
+            .with_context(|| format!("cannot read {config_path}"))?,
     )?;
     let (addr, secret) = controller_client::endpoint_from_env()?;
     let registration = Registration {
         rank: rank_env.rank,
         local_rank: rank_env.local_rank,
         world_size: rank_env.world_size,
-        host: hostname(),
+        host: controller_client::hostname(),
         pid: std::process::id(),
         device: "cpu".into(),
         config_hash: config.config_hash(),
         collective_addr: None,
         nccl_unique_id: None,
     };
-    let (client, start) = controller_client::connect(&addr, &secret, registration, &ClientOptions::default())?;
-    client.log(LogLevel::Info, &format!("simulated rank started in a world of {}", start.world_size));
+    let (client, start) =
+        controller_client::connect(&addr, &secret, registration, &ClientOptions::from_env())?;
+    client.log(
+        LogLevel::Info,
+        &format!("simulated rank started in a world of {}", start.world_size),
+    );
     let began = Instant::now();
     let mut lines = 0u64;
-    for step in 1..=args.steps {
+    let steps = args.steps.unwrap_or(config.steps);
+    let mut step_time = 0.0;
+    let mut in_log_calls = 0.0;
+    for step in 1..=steps {
+        let step_began = Instant::now();
+        if args.compute_ms > 0 {
+            busy(Duration::from_millis(args.compute_ms));
+        }
+        let logging_began = Instant::now();
         for i in 0..args.lines_per_step {
-            client.log(LogLevel::Info, &format!("rank {} step {step} line {i}", rank_env.rank));
+            client.log(
+                LogLevel::Info,
+                &format!("rank {} step {step} line {i}", rank_env.rank),
+            );
             lines += 1;
         }
+        in_log_calls += logging_began.elapsed().as_secs_f64();
         if args.raw {
             println!("raw stdout of rank {} at step {step}", rank_env.rank);
         }
+        step_time += step_began.elapsed().as_secs_f64();
         client.metrics(&StepMetrics {
             rank: rank_env.rank,
             step,
@@ -101,11 +125,28 @@ fn run() -> Result<()> {
         }
     }
     let secs = began.elapsed().as_secs_f64();
-    client.log(LogLevel::Info, &format!("sent {lines} lines in {secs:.3} s ({:.0} lines/s)", lines as f64 / secs));
+    client.log(
+        LogLevel::Info,
+        &format!(
+            "sent {lines} lines in {secs:.3} s ({:.0} lines/s); mean step time {:.3} ms; \
+             {:.2} us per log call",
+            lines as f64 / secs,
+            step_time / steps.max(1) as f64 * 1000.0,
+            in_log_calls / lines.max(1) as f64 * 1e6
+        ),
+    );
     client.finished(false);
     Ok(())
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "localhost".into())
+/// Spins (does not sleep) for `d`, like a compute-bound step.
+fn busy(d: Duration) {
+    let until = Instant::now() + d;
+    let mut x = 0u64;
+    while Instant::now() < until {
+        for i in 0..1000u64 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+    }
 }
