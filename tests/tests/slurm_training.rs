@@ -2,16 +2,12 @@
 //! starts `shardrun controller`, which launches the workers with srun; the job COMPLETES
 //! and leaves its log and metrics in the run directory.
 //!
-//! Ignored until the worker talks to the controller: with wip-c merged, the path runs up to
-//! the workers (sbatch → controller → srun → 2 workers), which then stop with "SHARDRUN_CONTROLLER
-//! is set but this build has no controller client yet". Run with
-//! `cargo test --release -p shardrun-e2e --test slurm_training -- --ignored`.
+//! Needs the worker built too: `cargo build --release -p shardrun -p shardrun-worker`.
 
 use shardrun_e2e::*;
 use std::time::Duration;
 
 #[test]
-#[ignore = "needs the worker's controller client (worker with SHARDRUN_CONTROLLER)"]
 fn tiny_mlp_trains_to_completion_under_slurm() {
     let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
     let dir = TestDir::new("slurm-train");
