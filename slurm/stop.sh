@@ -11,6 +11,10 @@ dir="$SHARDRUN_SLURM_DIR"
 
 say() { echo "slurm/stop.sh: $*" >&2; }
 
+[ -d "$dir" ] || { say "nothing to stop: $dir does not exist"; exit 0; }
+exec 9>"$dir/lock"
+flock 9
+
 stop() { # <pid file> <program name>
     local pid
     [ -s "$1" ] || { say "$2 not running (no pid file)"; return 0; }
@@ -32,6 +36,8 @@ stop() { # <pid file> <program name>
 
 stop "$dir/pids/slurmd.pid" slurmd
 stop "$dir/pids/slurmctld.pid" slurmctld
+stop "$dir/pids/slurmdbd.pid" slurmdbd
+stop "$dir/pids/mariadbd.pid" mariadbd
 stop "$dir/pids/munged.pid" munged
 
 if [ "${1:-}" = "--purge" ]; then

@@ -834,6 +834,19 @@ impl ResolvedJob {
     }
 }
 
+/// A value as it is written in the spec (`FULL_SHARD`, `{kind: block}`), for messages.
+fn yaml_name<T: Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(other) => other
+            .to_string()
+            .replace('"', "")
+            .replace(':', ": ")
+            .replace(',', ", "),
+        Err(_) => String::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -954,18 +967,5 @@ mod tests {
             (j.preemption.signal_seconds, j.preemption.requeue),
             (30, false)
         );
-    }
-}
-
-/// A value as it is written in the spec (`FULL_SHARD`, `{kind: block}`), for messages.
-fn yaml_name<T: Serialize>(value: &T) -> String {
-    match serde_json::to_value(value) {
-        Ok(serde_json::Value::String(s)) => s,
-        Ok(other) => other
-            .to_string()
-            .replace('"', "")
-            .replace(':', ": ")
-            .replace(',', ", "),
-        Err(_) => String::new(),
     }
 }

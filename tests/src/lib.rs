@@ -208,11 +208,31 @@ impl SlurmCluster {
         let state_dir = std::env::var_os("SHARDRUN_SLURM_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/tmp/shardrun-slurm"));
+        Self::start_at(state_dir, None, false)
+    }
+
+    /// A second cluster with slurmdbd + MariaDB (so `sacct` works), in its own state folder
+    /// and on its own ports so it runs beside the default one.
+    pub fn start_with_accounting() -> anyhow::Result<SlurmCluster> {
+        Self::start_at(PathBuf::from("/tmp/shardrun-slurm-acct"), Some(6830), true)
+    }
+
+    fn start_at(
+        state_dir: PathBuf,
+        port: Option<u16>,
+        accounting: bool,
+    ) -> anyhow::Result<SlurmCluster> {
         let script = repo_root().join("slurm/start.sh");
-        let output = run_with_deadline(
-            Command::new(&script).env("SHARDRUN_SLURM_DIR", &state_dir),
-            Duration::from_secs(300),
-        )?;
+        let mut cmd = Command::new(&script);
+        cmd.env("SHARDRUN_SLURM_DIR", &state_dir);
+        if let Some(port) = port {
+            cmd.env("SHARDRUN_SLURM_PORT", port.to_string());
+        }
+        if accounting {
+            cmd.arg("--with-accounting")
+                .env("SHARDRUN_SLURM_MIN_JOB_AGE", "5");
+        }
+        let output = run_with_deadline(&mut cmd, Duration::from_secs(600))?;
         if !output.status.success() {
             bail!(
                 "{} failed:\n{}{}",

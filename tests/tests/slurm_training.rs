@@ -2,14 +2,12 @@
 //! starts `shardrun controller`, which launches the workers with srun; the job COMPLETES
 //! and leaves its log and metrics in the run directory.
 //!
-//! Needs the controller (branch wip-c) and the worker (wip-b2); ignored until they are
-//! merged. Run with `cargo test --release -p shardrun-e2e --test slurm_training -- --ignored`.
+//! Needs the worker built too: `cargo build --release -p shardrun -p shardrun-worker`.
 
 use shardrun_e2e::*;
 use std::time::Duration;
 
 #[test]
-#[ignore = "needs the real controller (wip-c) and worker (wip-b2)"]
 fn tiny_mlp_trains_to_completion_under_slurm() {
     let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
     let dir = TestDir::new("slurm-train");

@@ -29,6 +29,16 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     }
     let (statuses, source) =
         slurm::refresh(&runs).context("querying Slurm for the runs' states")?;
+    match source {
+        Some(QuerySource::Squeue) => eprintln!("(states from squeue)"),
+        Some(QuerySource::SqueueSacct) => {
+            eprintln!("(states from squeue, and sacct for ended jobs)")
+        }
+        Some(QuerySource::SqueueScontrol) => eprintln!(
+            "(states from squeue/scontrol: accounting is not enabled, sacct is not available)"
+        ),
+        None => {}
+    }
     if args.json {
         for s in &statuses {
             let line = serde_json::json!({
@@ -68,13 +78,6 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         if !s.detail.is_empty() {
             println!("{:<name_width$}  {:<13}  {:<10}  {}", "", "", "", s.detail);
         }
-    }
-    match source {
-        Some(QuerySource::Sacct) => eprintln!("(states from sacct)"),
-        Some(QuerySource::SqueueScontrol) => {
-            eprintln!("(states from squeue/scontrol: accounting is not enabled)")
-        }
-        None => {}
     }
     Ok(())
 }

@@ -57,13 +57,16 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             force: args.force,
         },
     )?;
-    match slurm::submit(&run.sbatch(), &[]) {
+    let recorded = slurm::submit_recorded(&run.sbatch(), |job_id| {
+        run.update_manifest(|m| {
+            m.state = RunState::Submitted;
+            m.slurm_job_ids.push(job_id.to_string());
+            m.error = None;
+        })
+        .map(|_| ())
+    });
+    match recorded {
         Ok(job_id) => {
-            run.update_manifest(|m| {
-                m.state = RunState::Submitted;
-                m.slurm_job_ids.push(job_id.clone());
-                m.error = None;
-            })?;
             println!("Submitted {} as Slurm job {job_id}", job.name);
             println!("  run directory  {}", run.path().display());
             println!(

@@ -130,15 +130,18 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     let script_path = arrays.join(format!("array-{stamp}.sbatch"));
     rundir::write_file(&script_path, script.as_bytes())?;
 
-    match slurm::submit(&script_path, &[]) {
+    let recorded = slurm::submit_recorded(&script_path, |job_id| {
+        for (task, run) in runs.iter().enumerate() {
+            run.update_manifest(|m| {
+                m.state = RunState::Submitted;
+                m.slurm_job_ids.push(format!("{job_id}_{task}"));
+                m.error = None;
+            })?;
+        }
+        Ok::<(), crate::rundir::RunDirError>(())
+    });
+    match recorded {
         Ok(job_id) => {
-            for (task, run) in runs.iter().enumerate() {
-                run.update_manifest(|m| {
-                    m.state = RunState::Submitted;
-                    m.slurm_job_ids.push(format!("{job_id}_{task}"));
-                    m.error = None;
-                })?;
-            }
             println!(
                 "Submitted {} point(s) as Slurm job array {job_id} (skipped {skipped})",
                 runs.len()

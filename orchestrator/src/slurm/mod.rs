@@ -7,7 +7,7 @@ mod parse;
 mod runs;
 mod state;
 
-pub use command::{cancel, query, submit, QuerySource};
+pub use command::{cancel, query, release, submit, submit_recorded, QuerySource};
 pub use parse::{parse_sacct, parse_sbatch_parsable, parse_scontrol, parse_squeue};
 pub use runs::{find_runs, refresh, RunStatus, RunsError};
 pub use state::{JobRecord, JobState};

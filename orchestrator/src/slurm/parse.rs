@@ -205,6 +205,18 @@ mod tests {
     }
 
     #[test]
+    fn sacct_recorded_output() {
+        // Recorded from slurm/start.sh --with-accounting: a COMPLETED job, an `exit 3`, a
+        // scancel'ed sleep and a throttled array.
+        let records = parse_sacct(include_str!("testdata/sacct_recorded.txt"));
+        assert_eq!(find(&records, "1").state, JobState::Completed);
+        assert_eq!(find(&records, "2").state, JobState::Failed);
+        assert_eq!(find(&records, "2").exit_code.as_deref(), Some("3:0"));
+        assert_eq!(find(&records, "3").state, JobState::Cancelled);
+        assert_eq!(find(&records, "4_0").state, JobState::Completed);
+    }
+
+    #[test]
     fn ranges_expand() {
         assert_eq!(expand_ranges("1-3,5"), vec![1, 2, 3, 5]);
         assert_eq!(expand_ranges("0-6:3"), vec![0, 3, 6]);

@@ -79,13 +79,25 @@ fn run_state_of(state: &JobState) -> RunState {
     }
 }
 
-/// What the controller wrote in `result.json`, read leniently: a `state`/`status` string
-/// and an `error` message if present.
-fn read_result(run: &RunDir) -> Option<(Option<String>, Option<String>)> {
+/// What the controller wrote in `result.json` (`{"status": "succeeded" | "failed" |
+/// "cancelled" | "preempted", "message": ...}`): the run's state and the message.
+fn read_result(run: &RunDir) -> Option<(Option<RunState>, Option<String>)> {
     let bytes = std::fs::read(run.result()).ok()?;
     let value: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-    let text = |key: &str| value.get(key).and_then(|v| v.as_str()).map(str::to_string);
-    Some((text("state").or_else(|| text("status")), text("error")))
+    let state = value
+        .get("status")
+        .and_then(|v| v.as_str())
+        .map(|status| match status {
+            "succeeded" => RunState::Completed,
+            "cancelled" => RunState::Cancelled,
+            "preempted" => RunState::Preempted,
+            _ => RunState::Failed,
+        });
+    let message = value
+        .get("message")
+        .and_then(|v| v.as_str())
+        .map(str::to_string);
+    Some((state, message))
 }
 
 /// Refresh the state of every run with one Slurm query; returns which command answered.
@@ -129,12 +141,9 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
                     .collect::<Vec<_>>()
                     .join(", ");
                 }
-                (None, Some((result_state, error))) if job_id.is_some() => {
-                    state = match result_state.as_deref().map(JobState::parse) {
-                        Some(s) if s.is_finished() => run_state_of(&s),
-                        _ => RunState::Failed,
-                    };
-                    detail = error.clone().unwrap_or_else(|| "from result.json".into());
+                (None, Some((result_state, message))) if job_id.is_some() => {
+                    state = result_state.unwrap_or(RunState::Failed);
+                    detail = message.clone().unwrap_or_else(|| "from result.json".into());
                 }
                 (None, None) if job_id.is_some() => {
                     state = RunState::Failed;
@@ -173,4 +182,38 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
         });
     }
     Ok((out, source))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_json_of_the_controller_maps_to_run_states() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("manifest.json"), "{}").unwrap();
+        let run = RunDir::open(dir.path()).unwrap();
+        for (status, state) in [
+            ("succeeded", RunState::Completed),
+            ("failed", RunState::Failed),
+            ("cancelled", RunState::Cancelled),
+            ("preempted", RunState::Preempted),
+        ] {
+            std::fs::write(
+                run.result(),
+                format!("{{\"status\": \"{status}\", \"message\": \"m\", \"exit_code\": 0}}"),
+            )
+            .unwrap();
+            assert_eq!(
+                read_result(&run),
+                Some((Some(state), Some("m".to_string())))
+            );
+        }
+        std::fs::write(run.result(), "{\"stat").unwrap();
+        assert_eq!(
+            read_result(&run),
+            None,
+            "a truncated result.json is ignored"
+        );
+    }
 }
