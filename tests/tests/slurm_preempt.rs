@@ -25,21 +25,32 @@ fn usr2_requeues_the_job_which_then_completes() {
     let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
     let run = dir.join("runs/preempt");
 
-    wait_for("the first attempt to train", Duration::from_secs(120), || (metric_steps(&run, 0).len() >= 5).then_some(()))
-        .unwrap();
+    wait_for(
+        "the first attempt to train",
+        Duration::from_secs(120),
+        || (metric_steps(&run, 0).len() >= 5).then_some(()),
+    )
+    .unwrap();
     let mut signal = cluster.command("scancel");
     signal.args(["--signal=USR2", "--batch", &job_id]);
     let out = run_with_deadline(&mut signal, Duration::from_secs(30)).unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
 
-    let count = wait_for_file(&run.join("requeue_count"), Duration::from_secs(60), |t| t.trim() == "1");
+    let count = wait_for_file(&run.join("requeue_count"), Duration::from_secs(60), |t| {
+        t.trim() == "1"
+    });
     let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
     count.unwrap_or_else(|e| panic!("{e}\n{}", log()));
-    let result = wait_for_file(&run.join("result.json"), Duration::from_secs(180), |t| t.contains("\"succeeded\""));
+    let result = wait_for_file(&run.join("result.json"), Duration::from_secs(180), |t| {
+        t.contains("\"succeeded\"")
+    });
     result.unwrap_or_else(|e| panic!("{e}\n{}", log()));
     let log = log();
     for rank in 0..2 {
-        assert!(log.contains(&format!("[rank {rank}] preempted at step")), "{log}");
+        assert!(
+            log.contains(&format!("[rank {rank}] preempted at step")),
+            "{log}"
+        );
     }
     assert!(log.contains("requeueing Slurm job"), "{log}");
     assert!(log.contains("training finished"), "{log}");
