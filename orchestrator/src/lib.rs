@@ -4,3 +4,12 @@
 
 pub mod cli;
 pub mod commands;
+
+pub mod controller;
+pub mod metrics_file;
+pub mod plan;
+pub mod render;
+pub mod rundir;
+pub mod slurm;
+pub mod spec;
+pub mod sweep;

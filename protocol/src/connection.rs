@@ -1,4 +1,452 @@
-//! Framing and handshake. Owned by the controller work (issue 4): length-delimited frames
-//! (4-byte big-endian length, `tokio_util::codec::LengthDelimitedCodec` compatible) with a
-//! size limit, a [`crate::messages::Hello`] / [`crate::messages::HelloReply`] handshake with
-//! a timeout, typed async connections for the controller and a blocking one for workers.
+//! Framing and handshake shared by the controller (async, tokio) and the workers (blocking).
+//!
+//! A frame is a 4-byte big-endian length followed by that many bytes of JSON: exactly what
+//! `tokio_util::codec::LengthDelimitedCodec` reads and writes with its defaults. Every
+//! connection starts with a [`Hello`] from the connecting side, answered by a
+//! [`HelloReply`]. Until the hello is accepted the frame limit is [`HANDSHAKE_FRAME_LIMIT`]
+//! (a few KiB), so a stranger on the port can make the controller hold at most that much;
+//! afterwards it is [`FRAME_LIMIT`].
+
+use crate::messages::{Hello, HelloReply, Role};
+use crate::PROTOCOL_VERSION;
+use futures::{SinkExt, StreamExt};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::io::{Read, Write};
+use std::marker::PhantomData;
+use std::net::{TcpStream as StdTcpStream, ToSocketAddrs};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
+
+/// Largest frame accepted after the handshake (a log line or a metrics record is far less).
+pub const FRAME_LIMIT: usize = 1 << 20;
+/// Largest frame accepted before the peer has proven it knows the secret.
+pub const HANDSHAKE_FRAME_LIMIT: usize = 4 << 10;
+/// How long a peer has to send its hello (and the controller to answer it).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionError {
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("frame of {size} bytes is over the limit of {limit} bytes")]
+    FrameTooLarge { size: usize, limit: usize },
+    #[error("malformed message: {0}")]
+    Malformed(String),
+    #[error("the peer closed the connection")]
+    Closed,
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("handshake rejected: {0}")]
+    Rejected(String),
+}
+
+/// Why a hello was refused; logged by the controller and sent back to the peer.
+fn check_hello(hello: &Hello, secret: &str) -> Result<(), String> {
+    if hello.magic != Hello::MAGIC {
+        return Err("not a shardrun peer (bad magic)".into());
+    }
+    if hello.version != PROTOCOL_VERSION {
+        return Err(format!(
+            "protocol version {} is not this controller's version {PROTOCOL_VERSION}: \
+             use the shardrun and shardrun-worker binaries of the same build",
+            hello.version
+        ));
+    }
+    if !constant_time_eq(hello.secret.as_bytes(), secret.as_bytes()) {
+        return Err("wrong secret (it is in the run directory's `secret` file)".into());
+    }
+    Ok(())
+}
+
+/// Compares without an early exit so the time taken says nothing about the secret.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// `LengthDelimitedCodec` with the wire's parameters and the given frame limit.
+pub fn codec(limit: usize) -> LengthDelimitedCodec {
+    LengthDelimitedCodec::builder()
+        .big_endian()
+        .length_field_length(4)
+        .max_frame_length(limit)
+        .new_codec()
+}
+
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ConnectionError> {
+    serde_json::from_slice(bytes).map_err(|e| ConnectionError::Malformed(e.to_string()))
+}
+
+fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, ConnectionError> {
+    serde_json::to_vec(msg).map_err(|e| ConnectionError::Malformed(e.to_string()))
+}
+
+fn map_codec_error(err: std::io::Error) -> ConnectionError {
+    // LengthDelimitedCodec reports an oversize frame as InvalidData.
+    if err.kind() == std::io::ErrorKind::InvalidData {
+        ConnectionError::Malformed(err.to_string())
+    } else {
+        ConnectionError::Io(err)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Async side (controller)
+
+/// Receiving half of an accepted connection, yielding messages of type `In`.
+pub struct AsyncReceiver<In, R = OwnedReadHalf> {
+    frames: FramedRead<R, LengthDelimitedCodec>,
+    _msg: PhantomData<fn() -> In>,
+}
+
+impl<In: DeserializeOwned, R: AsyncRead + Unpin> AsyncReceiver<In, R> {
+    /// The next message; `Ok(None)` when the peer closed the connection cleanly.
+    pub async fn recv(&mut self) -> Result<Option<In>, ConnectionError> {
+        match self.frames.next().await {
+            None => Ok(None),
+            Some(Err(e)) => Err(map_codec_error(e)),
+            Some(Ok(bytes)) => decode(&bytes).map(Some),
+        }
+    }
+}
+
+/// Sending half of an accepted connection, taking messages of type `Out`.
+pub struct AsyncSender<Out, W = OwnedWriteHalf> {
+    frames: FramedWrite<W, LengthDelimitedCodec>,
+    _msg: PhantomData<fn(Out)>,
+}
+
+impl<Out: Serialize, W: AsyncWrite + Unpin> AsyncSender<Out, W> {
+    pub async fn send(&mut self, msg: &Out) -> Result<(), ConnectionError> {
+        let bytes = encode(msg)?;
+        self.frames
+            .send(bytes::Bytes::from(bytes))
+            .await
+            .map_err(map_codec_error)
+    }
+}
+
+/// Controller side of the handshake: reads the peer's [`Hello`] within `timeout`, answers
+/// it, and on success returns the peer's role and the typed halves of the connection.
+/// A rejected peer gets a [`HelloReply::Rejected`] (best effort) and an error describing why.
+pub async fn accept<In, Out>(
+    stream: TcpStream,
+    secret: &str,
+    timeout: Duration,
+) -> Result<(Role, AsyncReceiver<In>, AsyncSender<Out>), ConnectionError> {
+    let (read, write) = stream.into_split();
+    let mut frames = FramedRead::new(read, codec(HANDSHAKE_FRAME_LIMIT));
+    let mut out = FramedWrite::new(write, codec(FRAME_LIMIT));
+    let first = tokio::time::timeout(timeout, frames.next())
+        .await
+        .map_err(|_| ConnectionError::Timeout(timeout))?;
+    let bytes = match first {
+        None => return Err(ConnectionError::Closed),
+        Some(Err(e)) => return Err(map_codec_error(e)),
+        Some(Ok(bytes)) => bytes,
+    };
+    let hello: Hello = decode(&bytes)?;
+    let verdict = check_hello(&hello, secret);
+    let reply = match &verdict {
+        Ok(()) => HelloReply::Accepted,
+        Err(reason) => HelloReply::Rejected {
+            reason: reason.clone(),
+        },
+    };
+    let reply_bytes = encode(&reply)?;
+    let sent = tokio::time::timeout(timeout, out.send(bytes::Bytes::from(reply_bytes))).await;
+    if let Err(reason) = verdict {
+        return Err(ConnectionError::Rejected(reason));
+    }
+    sent.map_err(|_| ConnectionError::Timeout(timeout))?
+        .map_err(map_codec_error)?;
+    frames.decoder_mut().set_max_frame_length(FRAME_LIMIT);
+    Ok((
+        hello.role,
+        AsyncReceiver {
+            frames,
+            _msg: PhantomData,
+        },
+        AsyncSender {
+            frames: out,
+            _msg: PhantomData,
+        },
+    ))
+}
+
+// ---------------------------------------------------------------------------------------
+// Blocking side (workers, clients, load generators)
+
+/// A blocking connection to the controller. Every [`BlockingConnection::send`] writes one
+/// whole frame with a single `write_all` before returning, so the data has reached the
+/// kernel even if the process dies right after.
+pub struct BlockingConnection {
+    stream: StdTcpStream,
+}
+
+impl BlockingConnection {
+    /// Connects to `addr` (`host:port`), presents `secret` and waits for the verdict.
+    pub fn connect(
+        addr: &str,
+        role: Role,
+        secret: &str,
+        timeout: Duration,
+    ) -> Result<BlockingConnection, ConnectionError> {
+        let mut last_err = None;
+        let mut stream = None;
+        for sock in addr.to_socket_addrs()? {
+            match StdTcpStream::connect_timeout(&sock, timeout) {
+                Ok(s) => {
+                    stream = Some(s);
+                    break;
+                }
+                Err(e) => last_err = Some(e),
+            }
+        }
+        let stream = match (stream, last_err) {
+            (Some(s), _) => s,
+            (None, Some(e)) => return Err(e.into()),
+            (None, None) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "the address resolves to nothing",
+                )
+                .into())
+            }
+        };
+        stream.set_nodelay(true)?;
+        let mut conn = BlockingConnection { stream };
+        conn.send(&Hello {
+            magic: Hello::MAGIC.into(),
+            version: PROTOCOL_VERSION,
+            role,
+            secret: secret.into(),
+        })?;
+        conn.stream.set_read_timeout(Some(timeout))?;
+        let reply: HelloReply = conn.recv_limited(HANDSHAKE_FRAME_LIMIT)?;
+        conn.stream.set_read_timeout(None)?;
+        match reply {
+            HelloReply::Accepted => Ok(conn),
+            HelloReply::Rejected { reason } => Err(ConnectionError::Rejected(reason)),
+        }
+    }
+
+    /// A second handle on the same socket (e.g. for a reader thread).
+    pub fn try_clone(&self) -> Result<BlockingConnection, ConnectionError> {
+        Ok(BlockingConnection {
+            stream: self.stream.try_clone()?,
+        })
+    }
+
+    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> Result<(), ConnectionError> {
+        Ok(self.stream.set_read_timeout(timeout)?)
+    }
+
+    pub fn send<T: Serialize>(&mut self, msg: &T) -> Result<(), ConnectionError> {
+        let frame = encode_frame(msg)?;
+        self.stream.write_all(&frame)?;
+        Ok(())
+    }
+
+    /// Writes an already encoded frame (see [`encode_frame`]).
+    pub fn send_frame(&mut self, frame: &[u8]) -> Result<(), ConnectionError> {
+        self.stream.write_all(frame)?;
+        Ok(())
+    }
+
+    pub fn recv<T: DeserializeOwned>(&mut self) -> Result<T, ConnectionError> {
+        self.recv_limited(FRAME_LIMIT)
+    }
+
+    fn recv_limited<T: DeserializeOwned>(&mut self, limit: usize) -> Result<T, ConnectionError> {
+        let mut len = [0u8; 4];
+        read_exact_or_closed(&mut self.stream, &mut len)?;
+        let size = u32::from_be_bytes(len) as usize;
+        if size > limit {
+            return Err(ConnectionError::FrameTooLarge { size, limit });
+        }
+        let mut buf = vec![0u8; size];
+        read_exact_or_closed(&mut self.stream, &mut buf)?;
+        decode(&buf)
+    }
+
+    pub fn shutdown(&self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// One frame (length prefix + JSON) ready for a single `write_all`.
+pub fn encode_frame<T: Serialize>(msg: &T) -> Result<Vec<u8>, ConnectionError> {
+    let mut frame = vec![0u8; 4];
+    serde_json::to_writer(&mut frame, msg)
+        .map_err(|e| ConnectionError::Malformed(e.to_string()))?;
+    let size = frame.len() - 4;
+    if size > FRAME_LIMIT {
+        return Err(ConnectionError::FrameTooLarge {
+            size,
+            limit: FRAME_LIMIT,
+        });
+    }
+    frame[..4].copy_from_slice(&(size as u32).to_be_bytes());
+    Ok(frame)
+}
+
+fn read_exact_or_closed(stream: &mut StdTcpStream, buf: &mut [u8]) -> Result<(), ConnectionError> {
+    match stream.read_exact(buf) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(ConnectionError::Closed),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            Err(ConnectionError::Timeout(
+                stream.read_timeout().ok().flatten().unwrap_or_default(),
+            ))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::messages::{FromWorker, LogLevel, LogLine, ToWorker};
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpListener;
+
+    const SECRET: &str = "s3cret";
+
+    async fn listener() -> (TcpListener, String) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        (l, addr)
+    }
+
+    type Accepted =
+        Result<(Role, AsyncReceiver<FromWorker>, AsyncSender<ToWorker>), ConnectionError>;
+
+    async fn accept_one(l: &TcpListener) -> Accepted {
+        let (s, _) = l.accept().await.unwrap();
+        accept::<FromWorker, ToWorker>(s, SECRET, Duration::from_secs(2)).await
+    }
+
+    #[tokio::test]
+    async fn blocking_worker_talks_to_async_controller() {
+        let (l, addr) = listener().await;
+        let worker = std::thread::spawn(move || {
+            let mut c =
+                BlockingConnection::connect(&addr, Role::Worker, SECRET, Duration::from_secs(2))
+                    .unwrap();
+            c.send(&FromWorker::Log(LogLine {
+                level: LogLevel::Info,
+                time: 1.5,
+                text: "hello ünïcode".into(),
+            }))
+            .unwrap();
+            let reply: ToWorker = c.recv().unwrap();
+            assert_eq!(reply, ToWorker::Preempt);
+        });
+        let (role, mut rx, mut tx) = accept_one(&l).await.unwrap();
+        assert_eq!(role, Role::Worker);
+        match rx.recv().await.unwrap() {
+            Some(FromWorker::Log(line)) => assert_eq!(line.text, "hello ünïcode"),
+            other => panic!("unexpected {other:?}"),
+        }
+        tx.send(&ToWorker::Preempt).await.unwrap();
+        worker.join().unwrap();
+        assert!(rx.recv().await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn wrong_secret_and_version_are_rejected_with_a_reason() {
+        let (l, addr) = listener().await;
+        let a = addr.clone();
+        let client = std::thread::spawn(move || {
+            BlockingConnection::connect(&a, Role::Worker, "nope", Duration::from_secs(2))
+                .err()
+                .unwrap()
+                .to_string()
+        });
+        assert!(matches!(
+            accept_one(&l).await,
+            Err(ConnectionError::Rejected(_))
+        ));
+        assert!(client.join().unwrap().contains("wrong secret"));
+
+        let client = tokio::spawn(async move {
+            let mut s = TcpStream::connect(&addr).await.unwrap();
+            let hello = Hello {
+                magic: Hello::MAGIC.into(),
+                version: PROTOCOL_VERSION + 1,
+                role: Role::Worker,
+                secret: SECRET.into(),
+            };
+            let frame = encode_frame(&hello).unwrap();
+            s.write_all(&frame).await.unwrap();
+        });
+        match accept_one(&l).await {
+            Err(ConnectionError::Rejected(reason)) => assert!(reason.contains("version")),
+            other => panic!("unexpected {:?}", other.err()),
+        }
+        client.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn oversize_length_prefix_is_refused_without_allocating() {
+        let (l, addr) = listener().await;
+        tokio::spawn(async move {
+            let mut s = TcpStream::connect(&addr).await.unwrap();
+            s.write_all(&(1u32 << 30).to_be_bytes()).await.unwrap();
+            s.write_all(b"xxxx").await.unwrap();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        });
+        assert!(matches!(
+            accept_one(&l).await,
+            Err(ConnectionError::Malformed(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn garbage_truncation_and_silence_are_errors() {
+        let (l, addr) = listener().await;
+        let a = addr.clone();
+        tokio::spawn(async move {
+            let mut s = TcpStream::connect(&a).await.unwrap();
+            s.write_all(&[0, 0, 0, 5, b'{', b'x', 0xff, 1, 2])
+                .await
+                .unwrap();
+        });
+        assert!(matches!(
+            accept_one(&l).await,
+            Err(ConnectionError::Malformed(_))
+        ));
+        let a = addr.clone();
+        tokio::spawn(async move {
+            let mut s = TcpStream::connect(&a).await.unwrap();
+            s.write_all(&[0, 0, 0, 100, b'{']).await.unwrap();
+        });
+        assert!(accept_one(&l).await.is_err());
+        let _silent = TcpStream::connect(&addr).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let r = accept::<FromWorker, ToWorker>(s, SECRET, Duration::from_millis(100)).await;
+        assert!(matches!(r, Err(ConnectionError::Timeout(_))));
+    }
+
+    #[test]
+    fn frames_match_length_delimited_codec() {
+        use bytes::BytesMut;
+        use tokio_util::codec::Decoder;
+        let frame = encode_frame(&ToWorker::Preempt).unwrap();
+        let mut buf = BytesMut::from(&frame[..]);
+        let payload = codec(FRAME_LIMIT).decode(&mut buf).unwrap().unwrap();
+        assert_eq!(decode::<ToWorker>(&payload).unwrap(), ToWorker::Preempt);
+    }
+}

@@ -16,3 +16,5 @@ pub const WORLD_SIZE: &str = "SHARDRUN_WORLD_SIZE";
 pub const LOCAL_RANK: &str = "SHARDRUN_LOCAL_RANK";
 /// Run directory (checkpoints default to `<run dir>/checkpoints`).
 pub const RUN_DIR: &str = "SHARDRUN_RUN_DIR";
+/// Seconds a worker keeps retrying to reach the controller before giving up (default 30).
+pub const CONNECT_TIMEOUT: &str = "SHARDRUN_CONNECT_TIMEOUT";

@@ -1,2 +1,289 @@
 //! Harness for end-to-end tests: locate the built binaries, give each test its own temp
-//! directory, run commands with deadlines, poll files.
+//! directory, run commands with deadlines, poll files, and kill whole process groups.
+//!
+//! The binaries are the release builds next to the test executable
+//! (`$CARGO_TARGET_DIR/release/`): build them first with
+//! `cargo build --release -p shardrun -p shardrun-worker`.
+
+use anyhow::{bail, Context};
+use std::ffi::OsStr;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The workspace root (for `slurm/`, `examples/`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// `$CARGO_TARGET_DIR/release`: the test executable lives in its `deps/`.
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe.parent().expect("test executable folder");
+    if deps.file_name() == Some(OsStr::new("deps")) {
+        deps.parent().expect("target profile folder").to_path_buf()
+    } else {
+        deps.to_path_buf()
+    }
+}
+
+/// Path of a built binary, or a panic that says how to build it.
+pub fn binary(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    assert!(
+        path.is_file(),
+        "{} is not built; run `cargo build --release -p shardrun -p shardrun-worker` first",
+        path.display()
+    );
+    path
+}
+
+pub fn shardrun() -> PathBuf {
+    binary("shardrun")
+}
+
+/// A temporary directory per test, removed at the end (kept with `SHARDRUN_KEEP_TEST_DIRS=1`).
+pub struct TestDir {
+    dir: tempfile::TempDir,
+}
+
+impl TestDir {
+    pub fn new(name: &str) -> TestDir {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("shardrun-{name}-"))
+            .tempdir()
+            .expect("create temp dir");
+        TestDir { dir }
+    }
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+    pub fn join(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+    /// Write a file relative to the test directory; returns its path.
+    pub fn write(&self, rel: &str, text: &str) -> PathBuf {
+        let path = self.join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).expect("create parent");
+        }
+        std::fs::write(&path, text).expect("write test file");
+        path
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        if std::env::var_os("SHARDRUN_KEEP_TEST_DIRS").is_some() {
+            let kept =
+                std::mem::replace(&mut self.dir, tempfile::tempdir().expect("temp dir")).keep();
+            eprintln!("kept test directory {}", kept.display());
+        }
+    }
+}
+
+/// A child in its own process group, killed with the whole group when dropped.
+pub struct GroupChild {
+    pub child: Child,
+}
+
+impl GroupChild {
+    pub fn spawn(cmd: &mut Command) -> anyhow::Result<GroupChild> {
+        let child = cmd
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("spawning {cmd:?}"))?;
+        Ok(GroupChild { child })
+    }
+
+    pub fn kill_group(&mut self) {
+        // The child leads its group, so -pid names the group.
+        let pid = self.child.id() as i32;
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for GroupChild {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.kill_group();
+        }
+    }
+}
+
+/// Run a command to completion with a deadline; past it the process group is killed and
+/// this is an error. Output is captured.
+pub fn run_with_deadline(cmd: &mut Command, deadline: Duration) -> anyhow::Result<Output> {
+    let description = format!("{cmd:?}");
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = GroupChild::spawn(cmd)?;
+    // Read pipes on threads so a chatty child cannot block on a full pipe.
+    let mut stdout = child.child.stdout.take().expect("piped stdout");
+    let mut stderr = child.child.stderr.take().expect("piped stderr");
+    let out_thread = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stdout, &mut buf);
+        buf
+    });
+    let err_thread = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stderr, &mut buf);
+        buf
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.child.try_wait()? {
+            break status;
+        }
+        if start.elapsed() > deadline {
+            child.kill_group();
+            bail!("{description} did not finish within {deadline:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stdout = out_thread.join().unwrap_or_default();
+    let stderr = err_thread.join().unwrap_or_default();
+    Ok(Output {
+        status,
+        stdout,
+        stderr,
+    })
+}
+
+/// Poll `probe` until it returns `Some`, or fail after `deadline` naming `what`.
+pub fn wait_for<T>(
+    what: &str,
+    deadline: Duration,
+    mut probe: impl FnMut() -> Option<T>,
+) -> anyhow::Result<T> {
+    let start = Instant::now();
+    loop {
+        if let Some(value) = probe() {
+            return Ok(value);
+        }
+        if start.elapsed() > deadline {
+            bail!("timed out after {deadline:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Wait until `path` exists and its contents satisfy `pred`; returns the contents.
+pub fn wait_for_file(
+    path: &Path,
+    deadline: Duration,
+    pred: impl Fn(&str) -> bool,
+) -> anyhow::Result<String> {
+    wait_for(&format!("{}", path.display()), deadline, || {
+        std::fs::read_to_string(path).ok().filter(|text| pred(text))
+    })
+}
+
+pub fn stdout_of(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+pub fn stderr_of(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// The project's single-node Slurm cluster (`slurm/start.sh`), shared by all tests on this
+/// machine: starting is idempotent, and it is left running for the next test binary
+/// (`slurm/stop.sh` stops it).
+pub struct SlurmCluster {
+    pub state_dir: PathBuf,
+}
+
+impl SlurmCluster {
+    pub fn start() -> anyhow::Result<SlurmCluster> {
+        let state_dir = std::env::var_os("SHARDRUN_SLURM_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/tmp/shardrun-slurm"));
+        Self::start_at(state_dir, None, false)
+    }
+
+    /// A second cluster with slurmdbd + MariaDB (so `sacct` works), in its own state folder
+    /// and on its own ports so it runs beside the default one.
+    pub fn start_with_accounting() -> anyhow::Result<SlurmCluster> {
+        Self::start_at(PathBuf::from("/tmp/shardrun-slurm-acct"), Some(6830), true)
+    }
+
+    fn start_at(
+        state_dir: PathBuf,
+        port: Option<u16>,
+        accounting: bool,
+    ) -> anyhow::Result<SlurmCluster> {
+        let script = repo_root().join("slurm/start.sh");
+        let mut cmd = Command::new(&script);
+        cmd.env("SHARDRUN_SLURM_DIR", &state_dir);
+        if let Some(port) = port {
+            cmd.env("SHARDRUN_SLURM_PORT", port.to_string());
+        }
+        if accounting {
+            cmd.arg("--with-accounting")
+                .env("SHARDRUN_SLURM_MIN_JOB_AGE", "5");
+        }
+        let output = run_with_deadline(&mut cmd, Duration::from_secs(600))?;
+        if !output.status.success() {
+            bail!(
+                "{} failed:\n{}{}",
+                script.display(),
+                stdout_of(&output),
+                stderr_of(&output)
+            );
+        }
+        Ok(SlurmCluster { state_dir })
+    }
+
+    pub fn slurm_conf(&self) -> PathBuf {
+        self.state_dir.join("etc/slurm.conf")
+    }
+
+    /// A command that talks to this cluster.
+    pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.env("SLURM_CONF", self.slurm_conf());
+        cmd
+    }
+
+    /// `shardrun <args>` against this cluster, run in `cwd`, with a deadline.
+    pub fn shardrun(&self, cwd: &Path, args: &[&str]) -> anyhow::Result<Output> {
+        let mut cmd = self.command(shardrun());
+        cmd.current_dir(cwd).args(args);
+        run_with_deadline(&mut cmd, Duration::from_secs(60))
+    }
+}
+
+/// Parse the Slurm job id out of `shardrun submit`'s "Submitted <name> as Slurm job <id>".
+pub fn submitted_job_id(stdout: &str) -> Option<String> {
+    stdout.lines().find_map(|l| {
+        l.split(" as Slurm job ")
+            .nth(1)
+            .map(|id| id.trim().to_string())
+    })
+}
+
+/// `shardrun status --json` lines → (name, state) pairs.
+pub fn states(json_lines: &str) -> Vec<(String, String)> {
+    json_lines
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| {
+            (
+                v["name"].as_str().unwrap_or("").to_string(),
+                v["state"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+pub mod jobs;

@@ -9,12 +9,14 @@
 //! * [`optim`], [`schedule`], [`scaler`]: AdamW, the LR schedule, fp16 loss scaling.
 //! * [`data`]: deterministic per-rank batches.
 //! * [`train`]: the training loop; [`reference`]: unsharded single-process ground truth.
+//! * [`controller_client`]: registration, reports and heartbeats through the shardrun controller.
 //! * [`world`]: how a rank without a controller joins the world (rendezvous, then collectives).
 //! * [`checkpointing`]: saves and restores through the `shardrun-checkpoint` format.
 //! * [`metrics`]: memory, throughput, MFU; [`params_file`]: weights dumped as safetensors.
 
 pub mod checkpointing;
 pub mod collectives;
+pub mod controller_client;
 pub mod data;
 pub mod fsdp;
 pub mod launch;

@@ -9,12 +9,15 @@
 //! when `SHARDRUN_CONTROLLER` is set, else through `MASTER_ADDR`/`MASTER_PORT`, else it is
 //! this process alone.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Parser;
+use shardrun_protocol::config::DeviceKind;
 use shardrun_protocol::config::TrainConfig;
 use shardrun_protocol::env;
+use shardrun_protocol::messages::Registration;
 use shardrun_worker::checkpointing::Checkpointer;
-use shardrun_worker::collectives::Communicator;
+use shardrun_worker::collectives::{prepare, Communicator};
+use shardrun_worker::controller_client::{self, ClientOptions, ControllerClient};
 use shardrun_worker::fsdp::ProcessGroups;
 use shardrun_worker::launch::RankEnv;
 use shardrun_worker::report::{Reporter, StdoutReporter};
@@ -70,7 +73,30 @@ fn run() -> Result<()> {
         return Ok(());
     }
 
-    let (reporter, world) = connect_world(&config, &rank_env, &args)?;
+    let Joined {
+        reporter,
+        world,
+        controller,
+    } = connect_world(&config, &rank_env, &args)?;
+    let result = train(config, world, reporter, &rank_env, &args);
+    // Under the controller, the last message says how this rank ended.
+    if let Some(controller) = controller {
+        match &result {
+            Ok(preempted) => controller.finished(*preempted),
+            Err(error) => controller.failed(&format!("{error:#}")),
+        }
+    }
+    result.map(|_| ())
+}
+
+/// Trains to the end (or to a preemption, then `Ok(true)`).
+fn train(
+    config: TrainConfig,
+    world: Arc<dyn Communicator>,
+    reporter: Arc<dyn Reporter>,
+    rank_env: &RankEnv,
+    args: &Args,
+) -> Result<bool> {
     let groups =
         ProcessGroups::for_strategy(world, config.fsdp.strategy, config.fsdp.shard_group_size)?;
     let mut trainer = Trainer::new(config, groups, reporter.clone())?;
@@ -105,7 +131,7 @@ fn run() -> Result<()> {
             "stopped early for preemption",
         );
     }
-    Ok(())
+    Ok(outcome.preempted)
 }
 
 fn load_config(path: &std::path::Path) -> Result<TrainConfig> {
@@ -122,19 +148,17 @@ fn load_config(path: &std::path::Path) -> Result<TrainConfig> {
 
 /// Joins the job's world: where reports go, and the world communicator.
 ///
-/// The controller client (wip-c) plugs in as the first arm: it registers with the controller
-/// (sending `Prepared::collective_addr` / `nccl_unique_id`), receives the `StartInfo`, and
-/// returns itself as the `Reporter` and `prepared.connect(&start, rank)` as the communicator.
-fn connect_world(
-    config: &TrainConfig,
-    rank_env: &RankEnv,
-    args: &Args,
-) -> Result<(Arc<dyn Reporter>, Arc<dyn Communicator>)> {
+/// Under a controller (`SHARDRUN_CONTROLLER`), the controller client registers (sending
+/// `Prepared::collective_addr` / `nccl_unique_id`), receives the `StartInfo`, and is the
+/// `Reporter`; otherwise reports go to stderr and the metrics file.
+fn connect_world(config: &TrainConfig, rank_env: &RankEnv, args: &Args) -> Result<Joined> {
     if std::env::var_os(env::CONTROLLER_ADDR).is_some() {
-        bail!(
-            "{} is set but this build has no controller client yet",
-            env::CONTROLLER_ADDR
-        );
+        let (client, comm) = join_through_controller(config, rank_env)?;
+        return Ok(Joined {
+            reporter: client.clone(),
+            world: Arc::from(comm),
+            controller: Some(client),
+        });
     }
     let reporter: Arc<dyn Reporter> = Arc::new(
         StdoutReporter::new(rank_env.rank, args.metrics_file.clone())
@@ -146,5 +170,48 @@ fn connect_world(
         rank_env.local_rank,
         rank_env.world_size,
     )?;
-    Ok((reporter, Arc::from(comm)))
+    Ok(Joined {
+        reporter,
+        world: Arc::from(comm),
+        controller: None,
+    })
+}
+
+/// A rank that has joined its world.
+struct Joined {
+    reporter: Arc<dyn Reporter>,
+    world: Arc<dyn Communicator>,
+    /// Set under a controller: told how the rank ended.
+    controller: Option<Arc<ControllerClient>>,
+}
+
+/// Registers with the job's controller (with what the collectives prepared), waits for the
+/// whole world, and builds the communicator from the controller's `StartInfo`.
+fn join_through_controller(
+    config: &TrainConfig,
+    rank_env: &RankEnv,
+) -> Result<(Arc<ControllerClient>, Box<dyn Communicator>)> {
+    let (addr, secret) = controller_client::endpoint_from_env()?;
+    let loopback = addr.starts_with("127.") || addr.starts_with("localhost:");
+    let bind_host = if loopback { "127.0.0.1" } else { "0.0.0.0" };
+    let rank = rank_env.rank as usize;
+    let prepared = prepare(config.device, rank, rank_env.world_size as usize, bind_host)?;
+    let registration = Registration {
+        rank: rank_env.rank,
+        local_rank: rank_env.local_rank,
+        world_size: rank_env.world_size,
+        host: controller_client::hostname(),
+        pid: std::process::id(),
+        device: match config.device {
+            DeviceKind::Cpu => "cpu".to_string(),
+            DeviceKind::Cuda => "cuda:0".to_string(),
+        },
+        config_hash: config.config_hash(),
+        collective_addr: prepared.collective_addr.clone(),
+        nccl_unique_id: prepared.nccl_unique_id.clone(),
+    };
+    let (client, start) =
+        controller_client::connect(&addr, &secret, registration, &ClientOptions::from_env())?;
+    let comm = prepared.connect(&start, rank)?;
+    Ok((client, comm))
 }

@@ -1,8 +1,62 @@
-//! `shardrun controller` (placeholder until its owner lands it).
+//! `shardrun controller --run-dir DIR`: the job controller inside a Slurm allocation, started
+//! (with `exec`) by the rendered sbatch script. Launches the ranks with `srun`.
+
+use crate::cli::ExitCode;
+use crate::controller::options::ControllerArgs;
+use crate::controller::{self, LaunchMode};
+use crate::rundir::{RunDir, RunState};
+use anyhow::Context;
+use shardrun_protocol::config::DeviceKind;
+use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// The run directory (`shardrun submit` wrote it; the sbatch script passes it).
+    #[arg(long, env = "SHARDRUN_RUN_DIR")]
+    pub run_dir: PathBuf,
+    #[command(flatten)]
+    pub controller: ControllerArgs,
+}
 
-pub fn execute(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`shardrun controller` is not available in this build yet")
+pub fn execute(args: Args) -> anyhow::Result<()> {
+    if std::env::var_os("SLURM_JOB_ID").is_none() {
+        anyhow::bail!(
+            "`shardrun controller` runs inside a Slurm allocation (no SLURM_JOB_ID here); \
+             on this machine use `shardrun run job.yaml`"
+        );
+    }
+    let run = RunDir::open(&args.run_dir)?;
+    let config = run.read_train_config()?;
+    let nodes = std::env::var("SLURM_JOB_NUM_NODES")
+        .or_else(|_| std::env::var("SLURM_NNODES"))
+        .ok()
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(1);
+    let launch = LaunchMode::Slurm {
+        nodes,
+        gpus_per_task: config.device == DeviceKind::Cuda,
+    };
+    let opts = args.controller.options(&run, launch, false)?;
+    supervise(&run, opts)
+}
+
+/// Runs the controller and records the run's state in its manifest; shared with `run`.
+pub fn supervise(run: &RunDir, opts: controller::ControllerOptions) -> anyhow::Result<()> {
+    let _ = run.update_manifest(|m| m.state = RunState::Running);
+    let report = controller::run(opts).context("the job controller failed")?;
+    let state = match &report.outcome {
+        controller::Outcome::Succeeded => RunState::Completed,
+        controller::Outcome::Failed(_) => RunState::Failed,
+        controller::Outcome::Cancelled { .. } => RunState::Cancelled,
+        controller::Outcome::Preempted => RunState::Preempted,
+    };
+    let message = report.message.clone();
+    let _ = run.update_manifest(|m| {
+        m.state = state;
+        m.error = (report.exit_code != 0).then(|| message.clone());
+    });
+    if report.exit_code != 0 {
+        return Err(anyhow::Error::new(ExitCode(report.exit_code)).context(report.message));
+    }
+    Ok(())
 }

@@ -1,8 +1,81 @@
-//! `shardrun logs` (placeholder until its owner lands it).
+//! `shardrun logs <run> [-f] [--rank N]`: print a run's merged train.log (or one rank's log),
+//! optionally following it as it grows, like `tail -f`.
+
+use anyhow::{bail, Context};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Run directory.
+    pub run: PathBuf,
+    /// Keep printing new lines as they are written (Ctrl-C to stop).
+    #[arg(long, short)]
+    pub follow: bool,
+    /// Only this rank's log (`logs/rank-N.log`).
+    #[arg(long)]
+    pub rank: Option<u64>,
+    /// Stop following once the run has ended (its result.json exists).
+    #[arg(long)]
+    pub until_done: bool,
+}
 
-pub fn execute(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`shardrun logs` is not available in this build yet")
+pub fn execute(args: Args) -> anyhow::Result<()> {
+    if !args.run.is_dir() {
+        bail!(
+            "no run directory at {}; list runs with `shardrun status`",
+            args.run.display()
+        );
+    }
+    let path = match args.rank {
+        Some(rank) => args.run.join("logs").join(format!("rank-{rank}.log")),
+        None => args.run.join("train.log"),
+    };
+    let result = args.run.join("result.json");
+    let mut offset = 0u64;
+    let stdout = std::io::stdout();
+    loop {
+        match std::fs::File::open(&path) {
+            Ok(mut file) => {
+                file.seek(SeekFrom::Start(offset))
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                let mut buf = Vec::new();
+                file.read_to_end(&mut buf)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                // Print whole lines only; a partial last line waits for its end.
+                let upto = if args.follow {
+                    buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1)
+                } else {
+                    buf.len()
+                };
+                let mut out = stdout.lock();
+                out.write_all(&buf[..upto]).ok();
+                out.flush().ok();
+                offset += upto as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && args.follow => {}
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "cannot read {} (has the job started yet? see `shardrun status {}`)",
+                        path.display(),
+                        args.run.display()
+                    )
+                })
+            }
+        }
+        if !args.follow {
+            return Ok(());
+        }
+        if args.until_done && result.exists() {
+            // One more pass catches lines written just before the result.
+            let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            if len <= offset {
+                return Ok(());
+            }
+            continue;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

@@ -1,13 +1,13 @@
 //! One module per subcommand; each exposes `execute(args) -> anyhow::Result<()>`.
-pub mod plan;
-pub mod render;
-pub mod submit;
-pub mod sweep;
-pub mod status;
 pub mod cancel;
-pub mod run;
+pub mod controller;
+pub mod export;
 pub mod logs;
 pub mod metrics;
+pub mod plan;
 pub mod plot;
-pub mod export;
-pub mod controller;
+pub mod render;
+pub mod run;
+pub mod status;
+pub mod submit;
+pub mod sweep;

@@ -1,8 +1,89 @@
-//! `shardrun run` (placeholder until its owner lands it).
+//! `shardrun run job.yaml [--nproc N] [--run-dir DIR]`: the whole job on this machine, with
+//! N CPU ranks or one rank per local GPU, no Slurm needed.
+
+use crate::commands::controller::supervise;
+use crate::commands::plan::load_and_resolve;
+use crate::controller::options::ControllerArgs;
+use crate::controller::LaunchMode;
+use crate::plan::Overrides;
+use crate::rundir::{NewRun, RunDir};
+use shardrun_protocol::config::DeviceKind;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Job spec (YAML).
+    pub spec: PathBuf,
+    /// Number of ranks (default: the spec's world size).
+    #[arg(long)]
+    pub nproc: Option<u64>,
+    /// Where to write the run (default: the spec's run root / name).
+    #[arg(long)]
+    pub run_dir: Option<PathBuf>,
+    /// Train on this device kind whatever the spec says.
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceArg>,
+    /// Replace an existing run directory of the same name.
+    #[arg(long)]
+    pub force: bool,
+    /// No progress bar, one summary line per step instead (automatic when not a terminal).
+    #[arg(long)]
+    pub no_progress: bool,
+    #[command(flatten)]
+    pub controller: ControllerArgs,
+}
 
-pub fn execute(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`shardrun run` is not available in this build yet")
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceArg {
+    Cpu,
+    Cuda,
+}
+
+pub fn execute(args: Args) -> anyhow::Result<()> {
+    let overrides = Overrides {
+        world_size: args.nproc,
+        device: args.device.map(|d| match d {
+            DeviceArg::Cpu => DeviceKind::Cpu,
+            DeviceArg::Cuda => DeviceKind::Cuda,
+        }),
+    };
+    let (loaded, job) = load_and_resolve(&args.spec, &overrides)?;
+    for warning in &job.warnings {
+        eprintln!("warning: {warning}");
+    }
+    let path = match &args.run_dir {
+        Some(dir) => dir.clone(),
+        None => RunDir::planned_path(&job)?,
+    };
+    let run = RunDir::create(
+        &path,
+        NewRun {
+            resolved: &job,
+            job_yaml: &loaded.source,
+            sbatch: None,
+            sweep_params: &BTreeMap::new(),
+            force: args.force,
+        },
+    )?;
+    let gpus = (job.train.device == DeviceKind::Cuda).then(|| local_gpus(job.world_size));
+    let opts = args
+        .controller
+        .options(&run, LaunchMode::Local { gpus }, !args.no_progress)?;
+    supervise(&run, opts)?;
+    println!("run directory: {}", run.path().display());
+    println!("  plot: shardrun plot {}", run.path().display());
+    Ok(())
+}
+
+/// The GPUs this process may use: `CUDA_VISIBLE_DEVICES` if set, else 0..n.
+fn local_gpus(n: u64) -> Vec<String> {
+    match std::env::var("CUDA_VISIBLE_DEVICES") {
+        Ok(list) if !list.trim().is_empty() => list
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect(),
+        _ => (0..n).map(|i| i.to_string()).collect(),
+    }
 }

@@ -1,0 +1,527 @@
+//! Wiring: sockets, processes, signals and timers feed [`JobState`]; its actions are carried
+//! out here. No decision is made in this file that [`super::job`] could make.
+
+use super::console::Console;
+use super::job::{Action, ConnId, Event, JobState};
+use super::launcher::{LaunchMode, LaunchSpec, Launcher};
+use super::outcome::Outcome;
+use super::server::{self, ServerEvent, ServerOptions};
+use super::writer::{self, Echo, Record, WriterFiles};
+use super::{clock, secret, ControllerError};
+use serde::Serialize;
+use shardrun_protocol::messages::ToWorker;
+use shardrun_protocol::{env, TrainConfig};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+
+/// Files of the run directory the controller reads and writes.
+#[derive(Debug, Clone)]
+pub struct RunPaths {
+    pub run_dir: PathBuf,
+    pub train_config: PathBuf,
+    pub secret: PathBuf,
+    pub controller_addr: PathBuf,
+    pub train_log: PathBuf,
+    pub logs_dir: PathBuf,
+    pub metrics: PathBuf,
+    pub result: PathBuf,
+    /// How many times the job was requeued after preemption.
+    pub requeue_count: PathBuf,
+}
+
+#[derive(Debug, Clone)]
+pub struct Timeouts {
+    /// All ranks must have registered this long after launch.
+    pub rendezvous: Duration,
+    /// A registered rank silent for this long is considered hung.
+    pub heartbeat: Duration,
+    /// After Shutdown, ranks get this long to exit before SIGTERM.
+    pub shutdown_grace: Duration,
+    /// After SIGTERM, this long before SIGKILL.
+    pub kill_grace: Duration,
+    /// After the last process exited, how long open connections may still deliver data.
+    pub drain: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            rendezvous: Duration::from_secs(300),
+            heartbeat: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(2),
+            kill_grace: Duration::from_secs(3),
+            // Only spent when a dead process's connection still has queued data to read.
+            drain: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ControllerOptions {
+    pub paths: RunPaths,
+    pub launch: LaunchMode,
+    pub worker_bin: PathBuf,
+    pub timeouts: Timeouts,
+    pub echo: Echo,
+    /// Draw a progress bar when stdout is a terminal (local mode).
+    pub progress_bar: bool,
+    /// Requeues allowed after preemption (Slurm only).
+    pub max_requeues: u32,
+}
+
+/// What the command needs to report and exit with.
+#[derive(Debug)]
+pub struct RunReport {
+    pub outcome: Outcome,
+    pub exit_code: i32,
+    /// One line for the user.
+    pub message: String,
+}
+
+/// `result.json`.
+#[derive(Serialize)]
+struct ResultFile<'a> {
+    #[serde(flatten)]
+    outcome: &'a Outcome,
+    exit_code: i32,
+    message: &'a str,
+    /// Last lines of the failed rank, when one failed.
+    last_lines: &'a [String],
+    requeued: bool,
+    world_size: u64,
+    config_hash: &'a str,
+    started_at: String,
+    ended_at: String,
+    duration_s: f64,
+}
+
+/// Runs a whole job; blocks until it is over.
+pub fn run(opts: ControllerOptions) -> Result<RunReport, ControllerError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(ControllerError::Runtime)?;
+    runtime.block_on(run_async(opts))
+}
+
+async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError> {
+    let started = clock::now();
+    let paths = &opts.paths;
+    let file_err = |what, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ControllerError::File { what, path, source }
+    };
+    let config_text = std::fs::read_to_string(&paths.train_config)
+        .map_err(file_err("read the training config", &paths.train_config))?;
+    let config: TrainConfig =
+        serde_json::from_str(&config_text).map_err(|source| ControllerError::Config {
+            path: paths.train_config.clone(),
+            source,
+        })?;
+    let world_size = config.batch.world_size;
+    let config_hash = config.config_hash();
+    // A requeued job starts again in the same directory: the old verdict no longer holds.
+    match std::fs::remove_file(&paths.result) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(ControllerError::File {
+                what: "remove the previous",
+                path: paths.result.clone(),
+                source: e,
+            })
+        }
+        _ => {}
+    }
+    let secret = secret::load_or_create(&paths.secret)
+        .map_err(file_err("create the secret", &paths.secret))?;
+
+    // Under Slurm the ranks may be on other nodes: listen everywhere, advertise the hostname.
+    let (bind, advertise_host) = match opts.launch {
+        LaunchMode::Local { .. } => ("127.0.0.1:0", "127.0.0.1".to_string()),
+        LaunchMode::Slurm { .. } => ("0.0.0.0:0", hostname()),
+    };
+    let listener = TcpListener::bind(bind)
+        .await
+        .map_err(|source| ControllerError::Bind {
+            addr: bind.to_string(),
+            source,
+        })?;
+    let port = listener
+        .local_addr()
+        .map_err(|source| ControllerError::Bind {
+            addr: bind.to_string(),
+            source,
+        })?
+        .port();
+    let addr = format!("{advertise_host}:{port}");
+    write_atomic(&paths.controller_addr, format!("{addr}\n").as_bytes())
+        .map_err(file_err("write", &paths.controller_addr))?;
+
+    let files = WriterFiles {
+        train_log: paths.train_log.clone(),
+        logs_dir: paths.logs_dir.clone(),
+        metrics: paths.metrics.clone(),
+    };
+    let console = Console::new(config.steps, opts.progress_bar);
+    let (records, writer) = writer::spawn(&files, console, opts.echo)
+        .map_err(file_err("open the logs in", &paths.run_dir))?;
+    let say_tx = records.clone();
+    let say = move |text: String| {
+        let records = say_tx.clone();
+        async move {
+            let _ = records.send(Record::Controller(text)).await;
+        }
+    };
+    say(format!(
+        "job {:?}: {world_size} rank(s), config {config_hash}, controller at {addr}, run directory {}",
+        config.name,
+        paths.run_dir.display()
+    ))
+    .await;
+
+    let (events_tx, mut events) = mpsc::unbounded_channel::<ServerEvent>();
+    let server_opts = ServerOptions {
+        secret: secret.clone(),
+        handshake_timeout: shardrun_protocol::connection::HANDSHAKE_TIMEOUT,
+        heartbeat_timeout: opts.timeouts.heartbeat,
+    };
+    let server = tokio::spawn(server::serve(
+        listener,
+        server_opts,
+        events_tx.clone(),
+        records.clone(),
+    ));
+    spawn_signal_forwarders(events_tx.clone())?;
+
+    let spec = LaunchSpec {
+        worker_bin: opts.worker_bin.clone(),
+        world_size,
+        env: vec![
+            (env::CONTROLLER_ADDR.into(), addr.clone()),
+            (env::SECRET_FILE.into(), paths.secret.display().to_string()),
+            (
+                env::CONFIG_FILE.into(),
+                paths.train_config.display().to_string(),
+            ),
+            (env::RUN_DIR.into(), paths.run_dir.display().to_string()),
+        ],
+        mode: opts.launch.clone(),
+    };
+    let (exit_tx, mut exits) = mpsc::unbounded_channel();
+    let (launcher, procs) = match Launcher::launch(&spec, exit_tx, records.clone()) {
+        Ok(launched) => launched,
+        Err(e) => {
+            say(format!("cannot launch the workers: {e}")).await;
+            server.abort();
+            drop(records);
+            let _ = writer.join();
+            return Err(e.into());
+        }
+    };
+    let signal_all = std::sync::Arc::new(launcher.signaller());
+
+    let mut state = JobState::new(world_size, config_hash.clone());
+    let mut conns: HashMap<ConnId, (mpsc::UnboundedSender<ToWorker>, AbortHandle)> = HashMap::new();
+    let mut rejections = RejectionLog::default();
+    let mut pending = state.handle(Event::Launched { procs });
+    {
+        let events_tx = events_tx.clone();
+        let after = opts.timeouts.rendezvous;
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let _ = events_tx.send(ServerEvent::Job(Event::RendezvousTimeout));
+        });
+    }
+
+    let outcome = 'job: loop {
+        for action in pending.drain(..) {
+            match action {
+                Action::Send { conn, msg } => {
+                    if let Some((tx, _)) = conns.get(&conn) {
+                        let _ = tx.send(msg);
+                    }
+                }
+                Action::Close { conn } => {
+                    if let Some((_, abort)) = conns.remove(&conn) {
+                        abort.abort();
+                    }
+                }
+                Action::Say(text) => say(text).await,
+                Action::StopProcesses { force: true } => {
+                    let _ = events_tx.send(ServerEvent::Job(Event::Escalated));
+                    signal_all(libc::SIGKILL)
+                }
+                Action::StopProcesses { force: false } => {
+                    let signal_all = signal_all.clone();
+                    let t = opts.timeouts.clone();
+                    let events_tx = events_tx.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(t.shutdown_grace).await;
+                        let _ = events_tx.send(ServerEvent::Job(Event::Escalated));
+                        signal_all(libc::SIGTERM);
+                        tokio::time::sleep(t.kill_grace).await;
+                        signal_all(libc::SIGKILL);
+                    });
+                }
+                Action::StartDrainTimer => {
+                    let events_tx = events_tx.clone();
+                    let after = opts.timeouts.drain;
+                    tokio::spawn(async move {
+                        tokio::time::sleep(after).await;
+                        let _ = events_tx.send(ServerEvent::Job(Event::DrainTimeout));
+                    });
+                }
+                Action::Finish(outcome) => break 'job outcome,
+            }
+        }
+        let event = tokio::select! {
+            // Events first: an `Escalated` must be seen before the exits it causes.
+            biased;
+            Some(ev) = events.recv() => ev,
+            Some((proc, exit)) = exits.recv() => ServerEvent::Job(Event::ProcessExited { proc, exit }),
+        };
+        match event {
+            ServerEvent::Connected {
+                conn,
+                to_worker,
+                abort,
+            } => {
+                conns.insert(conn, (to_worker, abort));
+            }
+            ServerEvent::Rejected { peer, reason } => {
+                if let Some(text) = rejections.note(peer, &reason) {
+                    say(text).await;
+                }
+            }
+            ServerEvent::Job(event) => {
+                if let Event::Disconnected { conn, .. } = &event {
+                    conns.remove(conn);
+                }
+                pending = state.handle(event);
+            }
+        }
+    };
+
+    // Every process has exited; their last output lines come before the verdict.
+    server.abort();
+    launcher.drain_output(opts.timeouts.drain).await;
+    signal_all(libc::SIGKILL); // nothing should be left; make sure of it
+
+    let mut last_lines = Vec::new();
+    let mut message = match &outcome {
+        Outcome::Succeeded => "training finished".to_string(),
+        Outcome::Failed(f) => f.describe(),
+        Outcome::Cancelled { signal } => format!("cancelled by {signal}; the workers were stopped"),
+        Outcome::Preempted => "preempted: the workers checkpointed and stopped".to_string(),
+    };
+    if let Outcome::Failed(f) = &outcome {
+        if let Some(rank) = f.rank {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            let _ = records.send(Record::Recent { rank, reply }).await;
+            last_lines = answer.await.unwrap_or_default();
+        }
+        let mut report = format!("job failed: {message}");
+        if let Some(rank) = f.rank {
+            if last_lines.is_empty() {
+                report.push_str(&format!("\nrank {rank} wrote no log lines"));
+            } else {
+                report.push_str(&format!("\nlast lines of rank {rank}:"));
+                for line in &last_lines {
+                    report.push_str(&format!("\n  | {line}"));
+                }
+            }
+        }
+        report.push_str(&format!(
+            "\nfull logs: {} and {}",
+            paths.train_log.display(),
+            paths.logs_dir.display()
+        ));
+        say(report).await;
+    }
+
+    let mut exit_code = outcome.exit_code();
+    let mut requeue = None;
+    if outcome == Outcome::Preempted {
+        match std::env::var("SLURM_JOB_ID") {
+            Ok(job_id) => {
+                let done = read_count(&paths.requeue_count);
+                if done < opts.max_requeues {
+                    write_atomic(&paths.requeue_count, format!("{}\n", done + 1).as_bytes())
+                        .map_err(file_err("write", &paths.requeue_count))?;
+                    message = format!(
+                        "{message}; requeueing Slurm job {job_id} ({} of {} requeues)",
+                        done + 1,
+                        opts.max_requeues
+                    );
+                    requeue = Some(job_id);
+                } else {
+                    exit_code = 1;
+                    message = format!(
+                        "{message}; no requeue left ({} used): resubmit the job to resume from its \
+                         last checkpoint",
+                        opts.max_requeues
+                    );
+                }
+            }
+            Err(_) => message = format!("{message}; run the same command again to resume"),
+        }
+    }
+    say(message.clone()).await;
+
+    let ended = clock::now();
+    let result = ResultFile {
+        outcome: &outcome,
+        exit_code,
+        message: &message,
+        last_lines: &last_lines,
+        requeued: requeue.is_some(),
+        world_size,
+        config_hash: &config_hash,
+        started_at: clock::format_utc(started),
+        ended_at: clock::format_utc(ended),
+        duration_s: ended - started,
+    };
+    let json = serde_json::to_vec_pretty(&result).unwrap_or_default();
+    write_atomic(&paths.result, &json).map_err(file_err("write", &paths.result))?;
+
+    for (_, abort) in conns.values() {
+        abort.abort();
+    }
+    let _ = records.send(Record::Stop).await;
+    let _ = tokio::task::spawn_blocking(move || writer.join()).await;
+
+    if let Some(job_id) = requeue {
+        // Requeueing kills this batch script; everything is on disk by now.
+        match std::process::Command::new("scontrol")
+            .args(["requeue", &job_id])
+            .status()
+        {
+            Ok(s) if s.success() => {}
+            Ok(s) => {
+                exit_code = 1;
+                eprintln!("shardrun: `scontrol requeue {job_id}` failed ({s}); resubmit the job to resume");
+            }
+            Err(e) => {
+                exit_code = 1;
+                eprintln!("shardrun: cannot run `scontrol requeue {job_id}` ({e}); resubmit the job to resume");
+            }
+        }
+    }
+    Ok(RunReport {
+        outcome,
+        exit_code,
+        message,
+    })
+}
+
+/// Turns SIGTERM / SIGINT into cancellation and SIGUSR2 into preemption. tokio's handlers
+/// only record the signal; the event loop acts on it.
+fn spawn_signal_forwarders(
+    events: mpsc::UnboundedSender<ServerEvent>,
+) -> Result<(), ControllerError> {
+    let kinds = [
+        (SignalKind::terminate(), Some("SIGTERM")),
+        (SignalKind::interrupt(), Some("SIGINT")),
+        (SignalKind::user_defined2(), None),
+    ];
+    for (kind, cancel) in kinds {
+        let mut stream = signal(kind).map_err(ControllerError::Runtime)?;
+        let events = events.clone();
+        tokio::spawn(async move {
+            while stream.recv().await.is_some() {
+                let event = match cancel {
+                    Some(name) => Event::Cancel {
+                        signal: name.to_string(),
+                    },
+                    None => Event::Preempt,
+                };
+                if events.send(ServerEvent::Job(event)).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    Ok(())
+}
+
+/// Logs refused connections without letting a flood of them fill train.log: the first few
+/// one by one, then a count at most every ten seconds.
+#[derive(Default)]
+struct RejectionLog {
+    total: u64,
+    unreported: u64,
+    last_report: Option<std::time::Instant>,
+}
+
+impl RejectionLog {
+    const INDIVIDUAL: u64 = 5;
+    const EVERY: Duration = Duration::from_secs(10);
+
+    fn note(&mut self, peer: std::net::SocketAddr, reason: &str) -> Option<String> {
+        self.total += 1;
+        if self.total <= Self::INDIVIDUAL {
+            return Some(format!("refused a connection from {peer}: {reason}"));
+        }
+        self.unreported += 1;
+        let due = self.last_report.is_none_or(|t| t.elapsed() >= Self::EVERY);
+        if !due {
+            return None;
+        }
+        self.last_report = Some(std::time::Instant::now());
+        let n = std::mem::take(&mut self.unreported);
+        Some(format!(
+            "refused {n} more connection(s) ({} in all; latest from {peer}: {reason})",
+            self.total
+        ))
+    }
+}
+
+fn read_count(path: &Path) -> u32 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Write to a temporary file next to `path`, then rename: readers never see half a file.
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// This machine's name, which the other nodes of the allocation can resolve.
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let name = if ok {
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        String::new()
+    };
+    if name.is_empty() {
+        "localhost".to_string()
+    } else {
+        name
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejections_are_summarised() {
+        let mut log = RejectionLog::default();
+        let peer: std::net::SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let printed = (0..1000).filter_map(|_| log.note(peer, "garbage")).count();
+        assert_eq!(printed, RejectionLog::INDIVIDUAL as usize + 1);
+    }
+}

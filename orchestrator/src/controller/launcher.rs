@@ -1,0 +1,323 @@
+//! Starting and stopping the worker processes: N child processes in local mode, one `srun`
+//! step with one task per rank under Slurm. Their raw stdout and stderr are read line by
+//! line into the run's logs (srun's `--label` says which rank a line is from).
+//!
+//! No orphans: every child runs in its own process group, which the controller signals as
+//! a whole, and local children get `PR_SET_PDEATHSIG` so they die with the controller even
+//! if it is SIGKILLed.
+
+use super::clock;
+use super::job::ProcId;
+use super::outcome::ExitInfo;
+use super::writer::Record;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::Command;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// Longest raw output line kept whole; longer ones are split (bounded memory).
+const MAX_RAW_LINE: usize = 16 * 1024;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum LaunchMode {
+    /// `nproc` child processes; `gpus`: bind rank i to `gpus[i % len]` via
+    /// `CUDA_VISIBLE_DEVICES` (None for CPU runs).
+    Local { gpus: Option<Vec<String>> },
+    /// One `srun` step inside the current allocation.
+    Slurm { nodes: u64, gpus_per_task: bool },
+}
+
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    pub worker_bin: PathBuf,
+    pub world_size: u64,
+    /// Environment common to every rank.
+    pub env: Vec<(String, String)>,
+    pub mode: LaunchMode,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("cannot start `{program}`: {source}")]
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// A launched process and its rank, where known (local mode).
+pub type ProcRank = (ProcId, Option<u64>);
+
+/// What the launcher reports to the event loop.
+pub type ExitSender = mpsc::UnboundedSender<(ProcId, ExitInfo)>;
+
+pub struct Launcher {
+    /// Process-group ids of processes not yet reaped. Removed before the exit is reported,
+    /// so a reaped (and maybe reused) pid is never signalled.
+    alive: Arc<Mutex<HashMap<ProcId, i32>>>,
+    pipes: Vec<JoinHandle<()>>,
+}
+
+impl Launcher {
+    /// Starts the processes; returns each process with its rank where known.
+    pub fn launch(
+        spec: &LaunchSpec,
+        exits: ExitSender,
+        records: mpsc::Sender<Record>,
+    ) -> Result<(Launcher, Vec<ProcRank>), LaunchError> {
+        let mut launcher = Launcher {
+            alive: Arc::default(),
+            pipes: Vec::new(),
+        };
+        let mut procs = Vec::new();
+        match &spec.mode {
+            LaunchMode::Local { gpus } => {
+                for rank in 0..spec.world_size {
+                    let mut cmd = Command::new(&spec.worker_bin);
+                    cmd.envs(spec.env.iter().map(|(k, v)| (k, v)))
+                        .env(shardrun_protocol::env::RANK, rank.to_string())
+                        .env(
+                            shardrun_protocol::env::WORLD_SIZE,
+                            spec.world_size.to_string(),
+                        )
+                        .env(shardrun_protocol::env::LOCAL_RANK, rank.to_string());
+                    if let Some(gpus) = gpus.as_ref().filter(|g| !g.is_empty()) {
+                        cmd.env("CUDA_VISIBLE_DEVICES", &gpus[rank as usize % gpus.len()]);
+                    }
+                    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+                    unsafe {
+                        cmd.pre_exec(|| {
+                            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                            Ok(())
+                        });
+                    }
+                    launcher.start(
+                        rank,
+                        cmd,
+                        Labels::Rank(rank),
+                        &exits,
+                        &records,
+                        &spec.worker_bin,
+                    )?;
+                    procs.push((rank, Some(rank)));
+                }
+            }
+            LaunchMode::Slurm {
+                nodes,
+                gpus_per_task,
+            } => {
+                let nodes = (*nodes).max(1);
+                if !spec.world_size.is_multiple_of(nodes) {
+                    return Err(LaunchError::Invalid(format!(
+                        "world size {} does not divide over {nodes} nodes; request a multiple of \
+                         the node count",
+                        spec.world_size
+                    )));
+                }
+                let mut cmd = Command::new("srun");
+                cmd.args(srun_args(spec.world_size, nodes, *gpus_per_task))
+                    .arg(&spec.worker_bin)
+                    .envs(spec.env.iter().map(|(k, v)| (k, v)));
+                launcher.start(0, cmd, Labels::Srun, &exits, &records, &spec.worker_bin)?;
+                procs.push((0, None));
+            }
+        }
+        Ok((launcher, procs))
+    }
+
+    fn start(
+        &mut self,
+        proc: ProcId,
+        mut cmd: Command,
+        labels: Labels,
+        exits: &ExitSender,
+        records: &mpsc::Sender<Record>,
+        worker_bin: &std::path::Path,
+    ) -> Result<(), LaunchError> {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        let program = format!("{}", cmd.as_std().get_program().to_string_lossy());
+        let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
+            program: if program == "srun" {
+                "srun (is this running inside a Slurm allocation?)".into()
+            } else {
+                format!(
+                    "{} (build it, or point SHARDRUN_WORKER_BIN at it)",
+                    worker_bin.display()
+                )
+            },
+            source,
+        })?;
+        let pid = child.id().map(|p| p as i32).unwrap_or(0);
+        self.alive
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(proc, pid);
+        if let Some(out) = child.stdout.take() {
+            self.pipes.push(tokio::spawn(forward_lines(
+                out,
+                labels,
+                false,
+                records.clone(),
+            )));
+        }
+        if let Some(err) = child.stderr.take() {
+            self.pipes.push(tokio::spawn(forward_lines(
+                err,
+                labels,
+                true,
+                records.clone(),
+            )));
+        }
+        let alive = self.alive.clone();
+        let exits = exits.clone();
+        tokio::spawn(async move {
+            let exit = match child.wait().await {
+                Ok(status) => ExitInfo::from_status(status),
+                Err(_) => ExitInfo::Code(-1),
+            };
+            alive
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&proc);
+            let _ = exits.send((proc, exit));
+        });
+        Ok(())
+    }
+
+    /// Signals the process group of every process still running.
+    pub fn signal_all(&self, signal: i32) {
+        signal_groups(&self.alive, signal);
+    }
+
+    /// A handle that can signal the processes from elsewhere (the stop escalation).
+    pub fn signaller(&self) -> impl Fn(i32) + Send + Sync + 'static {
+        let alive = self.alive.clone();
+        move |signal| signal_groups(&alive, signal)
+    }
+
+    /// Waits (at most `timeout`) until every output pipe reached end of file, so the last
+    /// lines of dead processes are in the logs.
+    pub async fn drain_output(self, timeout: std::time::Duration) {
+        let all = futures::future::join_all(self.pipes);
+        let _ = tokio::time::timeout(timeout, all).await;
+    }
+}
+
+fn signal_groups(alive: &Mutex<HashMap<ProcId, i32>>, signal: i32) {
+    for &pgid in alive.lock().unwrap_or_else(|e| e.into_inner()).values() {
+        if pgid > 0 {
+            // SAFETY: plain syscall on a process group we created and have not reaped.
+            unsafe {
+                libc::killpg(pgid, signal);
+            }
+        }
+    }
+}
+
+/// `srun` arguments for one task per rank, spread evenly, labelled output, and the step
+/// killed as a whole when one task fails.
+pub fn srun_args(world_size: u64, nodes: u64, gpus_per_task: bool) -> Vec<String> {
+    let mut args = vec![
+        format!("--ntasks={world_size}"),
+        format!("--nodes={nodes}"),
+        format!("--ntasks-per-node={}", world_size / nodes.max(1)),
+        "--kill-on-bad-exit=1".to_string(),
+        "--label".to_string(),
+        "--job-name=shardrun-worker".to_string(),
+    ];
+    if gpus_per_task {
+        // One GPU per task; this implies `--gpu-bind=per_task:1`, so Slurm sets each task's
+        // CUDA_VISIBLE_DEVICES to its own GPU.
+        args.push("--gpus-per-task=1".to_string());
+    }
+    args
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Labels {
+    /// Every line is this rank's.
+    Rank(u64),
+    /// srun `--label`: `"  3: text"` is rank 3's, anything else is srun's own.
+    Srun,
+}
+
+/// Splits `"  3: text"` into (3, "text").
+pub fn parse_srun_label(line: &str) -> Option<(u64, &str)> {
+    let (label, rest) = line.split_once(": ")?;
+    let rank = label.trim_start().parse().ok()?;
+    Some((rank, rest))
+}
+
+async fn forward_lines(
+    pipe: impl AsyncRead + Unpin,
+    labels: Labels,
+    stderr: bool,
+    records: mpsc::Sender<Record>,
+) {
+    let mut reader = BufReader::with_capacity(64 * 1024, pipe);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        // Read one line, but never more than MAX_RAW_LINE bytes of it at once.
+        let read = {
+            let mut limited = (&mut reader).take(MAX_RAW_LINE as u64);
+            limited.read_until(b'\n', &mut line).await
+        };
+        match read {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let text = String::from_utf8_lossy(&line);
+        let text = text.trim_end_matches(['\n', '\r']);
+        let (rank, text) = match labels {
+            Labels::Rank(rank) => (Some(rank), text),
+            Labels::Srun => match parse_srun_label(text) {
+                Some((rank, rest)) => (Some(rank), rest),
+                None => (None, text),
+            },
+        };
+        let record = Record::Raw {
+            rank,
+            stderr,
+            text: text.to_string(),
+            time: clock::now(),
+        };
+        if records.send(record).await.is_err() {
+            return;
+        }
+    }
+}
+
+use tokio::io::AsyncReadExt as _;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn srun_labels() {
+        assert_eq!(
+            parse_srun_label(" 3: loss 2.0: ok"),
+            Some((3, "loss 2.0: ok"))
+        );
+        assert_eq!(parse_srun_label("12: x"), Some((12, "x")));
+        assert_eq!(parse_srun_label("srun: error: node1: task 1: Killed"), None);
+    }
+
+    #[test]
+    fn srun_spreads_tasks_over_nodes() {
+        let args = srun_args(8, 2, true);
+        assert!(args.contains(&"--ntasks-per-node=4".to_string()));
+        assert!(args.contains(&"--gpus-per-task=1".to_string()));
+        assert!(args.contains(&"--kill-on-bad-exit=1".to_string()));
+    }
+}

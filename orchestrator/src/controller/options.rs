@@ -1,0 +1,96 @@
+//! Command-line options shared by `shardrun run` and `shardrun controller`, and the step
+//! from a run directory to [`ControllerOptions`].
+
+use super::{ControllerOptions, Echo, LaunchMode, RunPaths, Timeouts};
+use crate::rundir::RunDir;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ControllerArgs {
+    /// Fail the job if not every rank registered within this many seconds of launch.
+    #[arg(long, default_value_t = 300, value_name = "SECS")]
+    pub rendezvous_timeout: u64,
+    /// Consider a rank hung after this many seconds without any message from it.
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    pub heartbeat_timeout: u64,
+    /// Seconds a stopping rank gets before SIGTERM (and again before SIGKILL).
+    #[arg(long, default_value_t = 2, value_name = "SECS")]
+    pub grace: u64,
+    /// Which ranks' log lines are echoed on stdout (train.log always has every rank).
+    #[arg(long, value_enum, default_value_t = EchoArg::Rank0)]
+    pub echo: EchoArg,
+    /// Requeues allowed after preemption (Slurm only; the sbatch script sets it).
+    #[arg(long, env = "SHARDRUN_MAX_REQUEUES", default_value_t = 3)]
+    pub max_requeues: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EchoArg {
+    /// Rank 0's lines plus every rank's warnings, errors and stderr.
+    #[value(name = "0")]
+    Rank0,
+    All,
+    None,
+}
+
+impl ControllerArgs {
+    pub fn options(
+        &self,
+        run: &RunDir,
+        launch: LaunchMode,
+        progress_bar: bool,
+    ) -> anyhow::Result<ControllerOptions> {
+        let grace = Duration::from_secs(self.grace);
+        Ok(ControllerOptions {
+            paths: run_paths(run),
+            launch,
+            worker_bin: worker_bin()?,
+            timeouts: Timeouts {
+                rendezvous: Duration::from_secs(self.rendezvous_timeout),
+                heartbeat: Duration::from_secs(self.heartbeat_timeout.max(1)),
+                shutdown_grace: grace,
+                kill_grace: grace.max(Duration::from_secs(1)),
+                ..Timeouts::default()
+            },
+            echo: match self.echo {
+                EchoArg::Rank0 => Echo::Rank0,
+                EchoArg::All => Echo::All,
+                EchoArg::None => Echo::None,
+            },
+            progress_bar,
+            max_requeues: self.max_requeues,
+        })
+    }
+}
+
+pub fn run_paths(run: &RunDir) -> RunPaths {
+    RunPaths {
+        run_dir: run.path().to_path_buf(),
+        train_config: run.train_config(),
+        secret: run.secret(),
+        controller_addr: run.controller_addr(),
+        train_log: run.train_log(),
+        logs_dir: run.logs_dir(),
+        metrics: run.metrics(),
+        result: run.result(),
+        requeue_count: run.path().join("requeue_count"),
+    }
+}
+
+/// `$SHARDRUN_WORKER_BIN`, else `shardrun-worker` next to this executable.
+pub fn worker_bin() -> anyhow::Result<PathBuf> {
+    if let Some(path) = std::env::var_os("SHARDRUN_WORKER_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = crate::commands::render::shardrun_exe()?;
+    let bin = exe.with_file_name("shardrun-worker");
+    if !bin.is_file() {
+        anyhow::bail!(
+            "no worker binary at {}: build it (`cargo build --release -p shardrun-worker`) or set \
+             SHARDRUN_WORKER_BIN to its path",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}

@@ -1,0 +1,185 @@
+//! How a job ended, in words for people and as `result.json` for machines.
+
+use serde::Serialize;
+
+/// How a process ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExitInfo {
+    Code(i32),
+    Signal(i32),
+}
+
+impl ExitInfo {
+    pub fn from_status(status: std::process::ExitStatus) -> ExitInfo {
+        use std::os::unix::process::ExitStatusExt;
+        match (status.code(), status.signal()) {
+            (Some(code), _) => ExitInfo::Code(code),
+            (None, Some(sig)) => ExitInfo::Signal(sig),
+            (None, None) => ExitInfo::Code(-1),
+        }
+    }
+
+    pub fn success(&self) -> bool {
+        *self == ExitInfo::Code(0)
+    }
+}
+
+impl std::fmt::Display for ExitInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            ExitInfo::Code(code) => write!(f, "exit code {code}"),
+            ExitInfo::Signal(sig) => write!(f, "signal {sig} ({})", signal_name(sig)),
+        }
+    }
+}
+
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGUSR2 => "SIGUSR2",
+        _ => "signal",
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum FailureCause {
+    /// The process ended with a failure status (the status is in [`Failure::exit`]).
+    Exited,
+    /// The process exited 0 without telling the controller it finished.
+    ExitedWithoutFinishing,
+    /// The worker reported an error.
+    Reported {
+        error: String,
+    },
+    ConnectionLost {
+        why: String,
+    },
+    HeartbeatLost,
+    RendezvousTimeout {
+        missing: Vec<u64>,
+    },
+    /// A registration that cannot belong to this job.
+    Inconsistent {
+        problem: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Failure {
+    pub rank: Option<u64>,
+    pub host: Option<String>,
+    pub pid: Option<u32>,
+    pub cause: FailureCause,
+    pub exit: Option<ExitInfo>,
+}
+
+impl Failure {
+    /// A failure of the job as a whole (no single rank to blame).
+    pub fn job(cause: FailureCause) -> Failure {
+        Failure {
+            rank: None,
+            host: None,
+            pid: None,
+            cause,
+            exit: None,
+        }
+    }
+
+    /// One sentence: who, where, what, and what to look at next.
+    pub fn describe(&self) -> String {
+        let who = match (self.rank, &self.host, self.pid) {
+            (Some(rank), Some(host), Some(pid)) => format!("rank {rank} on {host} (pid {pid})"),
+            (Some(rank), _, _) => format!("rank {rank}"),
+            _ => "the job".to_string(),
+        };
+        let what =
+            match &self.cause {
+                FailureCause::Exited => match &self.exit {
+                    Some(exit) => format!("died with {exit}"),
+                    None => "died".to_string(),
+                },
+                FailureCause::ExitedWithoutFinishing => {
+                    "exited without reporting the end of training".to_string()
+                }
+                FailureCause::Reported { error } => format!("failed: {error}"),
+                FailureCause::ConnectionLost { why } => match &self.exit {
+                    Some(exit) => format!("died with {exit} (its connection ended: {why})"),
+                    None => format!("lost its connection to the controller ({why})"),
+                },
+                FailureCause::HeartbeatLost => {
+                    "stopped sending heartbeats (hung or frozen process?)".to_string()
+                }
+                FailureCause::RendezvousTimeout { missing } => format!(
+                "timed out in the rendezvous: rank(s) {} never registered (did they start? see \
+                 their lines in train.log and logs/)",
+                missing.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
+            ),
+                FailureCause::Inconsistent { problem } => {
+                    format!("cannot join this job: {problem}")
+                }
+            };
+        format!("{who} {what}")
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "status")]
+pub enum Outcome {
+    Succeeded,
+    Failed(Failure),
+    Cancelled {
+        signal: String,
+    },
+    /// Every rank checkpointed and stopped on request.
+    Preempted,
+}
+
+impl Outcome {
+    /// The controller's exit status: 0 only for success and for a preempted job that will be
+    /// requeued (the caller decides the latter).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Outcome::Succeeded | Outcome::Preempted => 0,
+            Outcome::Failed(_) => 1,
+            Outcome::Cancelled { .. } => 130,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptions_name_rank_host_and_status() {
+        let f = Failure {
+            rank: Some(1),
+            host: Some("gpu7".into()),
+            pid: Some(42),
+            cause: FailureCause::ConnectionLost {
+                why: "closed".into(),
+            },
+            exit: Some(ExitInfo::Signal(9)),
+        };
+        assert_eq!(
+            f.describe(),
+            "rank 1 on gpu7 (pid 42) died with signal 9 (SIGKILL) (its connection ended: closed)"
+        );
+        let json = serde_json::to_value(Outcome::Failed(f)).unwrap();
+        assert_eq!(json["status"], "failed");
+        assert_eq!(json["rank"], 1);
+    }
+}

@@ -1,0 +1,220 @@
+//! The one thread that writes a run's files and the console. Connections and output pipes
+//! hand it [`Record`]s through a bounded queue (so a flood of lines slows the senders down
+//! instead of growing memory); it writes everything queued, then flushes once the queue is
+//! empty, which keeps `tail -f` current without a system call per line under load.
+
+use super::console::Console;
+use super::logbook::{LogBook, Source};
+use super::metrics_log::MetricsLog;
+use shardrun_protocol::messages::{LogLevel, LogLine, StepMetrics, TrainSummary};
+use std::path::PathBuf;
+use tokio::sync::{mpsc, oneshot};
+
+/// Records queued at most before senders wait. With lines capped at
+/// [`super::server::MAX_LOG_LINE`] this bounds the queue's memory.
+pub const QUEUE_CAPACITY: usize = 4096;
+
+pub enum Record {
+    /// Reported lines of one rank, in order.
+    Logs {
+        rank: u64,
+        lines: Vec<LogLine>,
+    },
+    /// Raw output of a worker process (`rank` unknown for the launcher's own lines).
+    Raw {
+        rank: Option<u64>,
+        stderr: bool,
+        text: String,
+        time: f64,
+    },
+    Metrics(StepMetrics),
+    Summary {
+        rank: u64,
+        summary: TrainSummary,
+    },
+    Checkpoint {
+        rank: u64,
+        step: u64,
+        path: String,
+    },
+    /// The controller's own message: train.log and the console.
+    Controller(String),
+    /// The last lines of a rank, for a failure report (after everything queued before).
+    Recent {
+        rank: u64,
+        reply: oneshot::Sender<Vec<String>>,
+    },
+    /// Answered once everything queued before is on disk.
+    Flush(oneshot::Sender<()>),
+    /// Write everything queued before, then end the thread.
+    Stop,
+}
+
+/// Which ranks' lines also go to the console (train.log always has all of them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Echo {
+    /// Rank 0's lines, plus warnings, errors and raw stderr of every rank.
+    Rank0,
+    All,
+    /// Only controller messages and progress.
+    None,
+}
+
+pub struct WriterFiles {
+    pub train_log: PathBuf,
+    pub logs_dir: PathBuf,
+    pub metrics: PathBuf,
+}
+
+pub fn spawn(
+    files: &WriterFiles,
+    mut console: Console,
+    echo: Echo,
+) -> std::io::Result<(mpsc::Sender<Record>, std::thread::JoinHandle<()>)> {
+    let mut book = LogBook::open(&files.train_log, &files.logs_dir)?;
+    let mut metrics = MetricsLog::open(&files.metrics)?;
+    let (tx, mut rx) = mpsc::channel::<Record>(QUEUE_CAPACITY);
+    let handle = std::thread::Builder::new()
+        .name("run-dir-writer".into())
+        .spawn(move || {
+            let mut failed_once = false;
+            while let Some(first) = rx.blocking_recv() {
+                let mut next = Some(first);
+                let mut result = Ok(());
+                let mut stop = false;
+                while let Some(record) = next.take() {
+                    if matches!(record, Record::Stop) {
+                        stop = true;
+                        break;
+                    }
+                    if let Err(e) = write(&mut book, &mut metrics, &mut console, echo, record) {
+                        result = Err(e);
+                    }
+                    next = rx.try_recv().ok();
+                }
+                let flushed = book.flush().and_then(|()| metrics.flush());
+                if let Err(e) = result.and(flushed) {
+                    if !failed_once {
+                        failed_once = true;
+                        console.line(&format!(
+                        "shardrun: cannot write the run directory's logs ({e}); is the disk full?"
+                    ));
+                    }
+                }
+                if stop {
+                    break;
+                }
+            }
+            console.finish();
+        })?;
+    Ok((tx, handle))
+}
+
+fn write(
+    book: &mut LogBook,
+    metrics: &mut MetricsLog,
+    console: &mut Console,
+    echo: Echo,
+    record: Record,
+) -> std::io::Result<()> {
+    match record {
+        Record::Logs { rank, lines } => {
+            for line in lines {
+                let body = book.rank_line(
+                    Some(rank),
+                    Source::Reported(line.level),
+                    line.time,
+                    &line.text,
+                )?;
+                let loud = matches!(line.level, LogLevel::Warn | LogLevel::Error);
+                if echoes(echo, rank, loud) {
+                    console.line(&format!("[rank {rank}] {body}"));
+                }
+            }
+        }
+        Record::Raw {
+            rank,
+            stderr,
+            text,
+            time,
+        } => {
+            let source = if stderr {
+                Source::Stderr
+            } else {
+                Source::Stdout
+            };
+            let body = book.rank_line(rank, source, time, &text)?;
+            match rank {
+                Some(rank) if echoes(echo, rank, stderr) => {
+                    console.line(&format!("[rank {rank}] {body}"))
+                }
+                None if echo != Echo::None => console.line(&format!("[launcher] {body}")),
+                _ => {}
+            }
+        }
+        Record::Metrics(m) => {
+            metrics.record(&m)?;
+            if m.rank == 0 {
+                console.progress(&m);
+            }
+        }
+        Record::Summary { rank, summary } => {
+            let text = format!(
+                "summary: {} on {} ranks, {} steps, loss {:.4} -> {:.4}, model state {:.1} MiB/rank \
+                 (unsharded {:.1} MiB), peak memory {:.1} MiB, {:.0} tokens/s",
+                summary.strategy,
+                summary.world_size,
+                summary.steps,
+                summary.first_loss,
+                summary.last_loss,
+                mib(summary.model_state_bytes_per_rank),
+                mib(summary.unsharded_model_state_bytes),
+                mib(summary.peak_memory_bytes),
+                summary.mean_tokens_per_s
+            );
+            book.rank_line(
+                Some(rank),
+                Source::Reported(LogLevel::Info),
+                super::clock::now(),
+                &text,
+            )?;
+            console.line(&format!("[rank {rank}] {text}"));
+        }
+        Record::Checkpoint { rank, step, path } => {
+            let text = format!("checkpoint of step {step} saved to {path}");
+            book.rank_line(
+                Some(rank),
+                Source::Reported(LogLevel::Info),
+                super::clock::now(),
+                &text,
+            )?;
+            console.line(&format!("[rank {rank}] {text}"));
+        }
+        Record::Controller(text) => {
+            book.controller_line(&text)?;
+            console.line(&format!("shardrun: {text}"));
+        }
+        Record::Recent { rank, reply } => {
+            let _ = reply.send(book.recent(rank));
+        }
+        Record::Flush(reply) => {
+            book.flush()?;
+            metrics.flush()?;
+            let _ = reply.send(());
+        }
+        Record::Stop => {}
+    }
+    Ok(())
+}
+
+fn echoes(echo: Echo, rank: u64, loud: bool) -> bool {
+    match echo {
+        Echo::All => true,
+        Echo::Rank0 => rank == 0 || loud,
+        Echo::None => false,
+    }
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}

@@ -1,0 +1,58 @@
+//! Reading a run's `metrics.jsonl` back (for `shardrun plot` and `shardrun metrics`).
+
+use shardrun_protocol::messages::StepMetrics;
+use std::path::Path;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsFileError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// The records of the lowest rank that reported (rank 0 normally), in file order. A line
+/// that does not parse (the last one, while it is being written) is skipped.
+pub fn read_main_rank(path: &Path) -> Result<Vec<StepMetrics>, MetricsFileError> {
+    let text = std::fs::read_to_string(path).map_err(|source| MetricsFileError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let all: Vec<StepMetrics> = text
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    let Some(main) = all.iter().map(|m| m.rank).min() else {
+        return Ok(Vec::new());
+    };
+    Ok(all.into_iter().filter(|m| m.rank == main).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_lowest_rank_and_skips_partial_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        let rec = |rank: u64, step: u64| {
+            format!(
+                r#"{{"rank":{rank},"step":{step},"loss":1.0,"lr":0.1,"grad_norm":1.0,"step_time_s":0.1,"tokens_per_s":5.0,"mfu":null,"model_state_bytes":1,"peak_memory_bytes":2,"loss_scale":null}}"#
+            )
+        };
+        let text = format!(
+            "{}\n{}\n{}\n{{\"rank\":0,\"st",
+            rec(1, 1),
+            rec(0, 1),
+            rec(0, 2)
+        );
+        std::fs::write(&path, text).unwrap();
+        let got = read_main_rank(&path).unwrap();
+        assert_eq!(
+            got.iter().map(|m| (m.rank, m.step)).collect::<Vec<_>>(),
+            vec![(0, 1), (0, 2)]
+        );
+    }
+}

@@ -1,0 +1,238 @@
+//! The sbatch script, rendered from `templates/sbatch.sh` with askama. A pure function of
+//! the resolved job and where things live, so golden-file tests pin the exact output.
+
+use crate::plan::{PreemptionPlan, ResolvedJob, SlurmResources};
+use askama::Template;
+use std::path::{Path, PathBuf};
+
+/// What one script runs: a single run directory, or one of many by array task id.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ScriptTarget {
+    Single {
+        run_dir: PathBuf,
+    },
+    Array {
+        /// One run directory per line; task N runs line N+1.
+        points_file: PathBuf,
+        /// Where Slurm writes the tasks' `%x-%A_%a.out` files.
+        log_dir: PathBuf,
+        tasks: usize,
+        throttle: Option<u32>,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error("path {0} contains whitespace, quotes or `%`, which #SBATCH lines cannot carry\n  fix: use a run_root (and shardrun install path) without them")]
+    UnsafePath(PathBuf),
+    #[error("an array needs at least one task")]
+    EmptyArray,
+    #[error("rendering templates/sbatch.sh failed: {0}")]
+    Template(#[from] askama::Error),
+}
+
+#[derive(Template)]
+#[template(path = "sbatch.sh", escape = "none")]
+struct SbatchTemplate<'a> {
+    version: &'a str,
+    name: &'a str,
+    s: &'a SlurmResources,
+    preemption: &'a PreemptionPlan,
+    array: Option<String>,
+    output: String,
+    error: String,
+    /// Shell-quoted.
+    points_file: Option<String>,
+    run_dir: String,
+    shardrun: String,
+}
+
+/// Render the batch script. `shardrun_exe` is the absolute path of the binary the job runs
+/// as its controller (normally the one doing the rendering).
+pub fn render_sbatch(
+    job: &ResolvedJob,
+    target: &ScriptTarget,
+    shardrun_exe: &Path,
+) -> Result<String, RenderError> {
+    let (array, output, error, points_file, run_dir) = match target {
+        ScriptTarget::Single { run_dir } => {
+            let dir = sbatch_path(run_dir)?;
+            (
+                None,
+                format!("{dir}/%x-%j.out"),
+                format!("{dir}/%x-%j.err"),
+                None,
+                shell_quote(&dir),
+            )
+        }
+        ScriptTarget::Array {
+            points_file,
+            log_dir,
+            tasks,
+            throttle,
+        } => {
+            if *tasks == 0 {
+                return Err(RenderError::EmptyArray);
+            }
+            let dir = sbatch_path(log_dir)?;
+            let range = match throttle {
+                Some(t) => format!("0-{}%{t}", tasks - 1),
+                None => format!("0-{}", tasks - 1),
+            };
+            let points = shell_quote(&points_file.to_string_lossy());
+            (
+                Some(range),
+                format!("{dir}/%x-%A_%a.out"),
+                format!("{dir}/%x-%A_%a.err"),
+                Some(points),
+                String::new(),
+            )
+        }
+    };
+    let template = SbatchTemplate {
+        version: env!("CARGO_PKG_VERSION"),
+        name: &job.name,
+        s: &job.slurm,
+        preemption: &job.preemption,
+        array,
+        output,
+        error,
+        points_file,
+        run_dir,
+        shardrun: shell_quote(&shardrun_exe.to_string_lossy()),
+    };
+    let mut script = template.render()?;
+    if !script.ends_with('\n') {
+        script.push('\n');
+    }
+    Ok(script)
+}
+
+/// #SBATCH lines are not parsed by a shell: a path there must need no quoting at all.
+fn sbatch_path(path: &Path) -> Result<String, RenderError> {
+    let text = path.to_string_lossy();
+    if text
+        .chars()
+        .any(|c| c.is_whitespace() || matches!(c, '"' | '\'' | '%' | '\\'))
+    {
+        return Err(RenderError::UnsafePath(path.to_path_buf()));
+    }
+    Ok(text.into_owned())
+}
+
+/// Quote for POSIX sh: plain words stay as they are, anything else is single-quoted.
+pub fn shell_quote(text: &str) -> String {
+    let plain = !text.is_empty()
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+=:,@".contains(c));
+    if plain {
+        text.to_string()
+    } else {
+        format!("'{}'", text.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{resolve, Overrides};
+    use crate::spec::parse;
+
+    const EXE: &str = "/opt/shardrun/bin/shardrun";
+
+    fn resolved(text: &str) -> ResolvedJob {
+        resolve(
+            &parse(text, Path::new("job.yaml")).unwrap(),
+            &Overrides::default(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn demo_script() {
+        let job = resolved(include_str!("../../examples/demo.yaml"));
+        let script = render_sbatch(
+            &job,
+            &ScriptTarget::Single {
+                run_dir: "/home/me/runs/demo".into(),
+            },
+            Path::new(EXE),
+        )
+        .unwrap();
+        insta::assert_snapshot!(script);
+    }
+
+    #[test]
+    fn gpu_cluster_script_carries_every_flag() {
+        let job = resolved(include_str!("../../examples/gpu-cluster.yaml"));
+        let script = render_sbatch(
+            &job,
+            &ScriptTarget::Single {
+                run_dir: "/scratch/my-user/runs/llm-1b".into(),
+            },
+            Path::new(EXE),
+        )
+        .unwrap();
+        for flag in [
+            "--nodes=2",
+            "--ntasks-per-node=4",
+            "--gres=gpu:4",
+            "--cpus-per-task=8",
+            "--mem=200G",
+            "--time=1-00:00:00",
+            "--partition=gpu",
+            "--account=my-project",
+            "--qos=normal",
+            "--constraint=a100|h100",
+            "--exclusive",
+            "--signal=B:USR2@300",
+            "--requeue",
+            "--mail-type=END,FAIL",
+            "%x-%j.out",
+            "%x-%j.err",
+        ] {
+            assert!(
+                script.contains(&format!("#SBATCH {flag}")) || script.contains(flag),
+                "missing {flag}"
+            );
+        }
+        insta::assert_snapshot!(script);
+    }
+
+    #[test]
+    fn array_script() {
+        let job = resolved(include_str!("../../examples/sweep.yaml"));
+        let target = ScriptTarget::Array {
+            points_file: "/home/me/runs/mlp-sweep/arrays/points-1.txt".into(),
+            log_dir: "/home/me/runs/mlp-sweep/slurm".into(),
+            tasks: 12,
+            throttle: Some(4),
+        };
+        let script = render_sbatch(&job, &target, Path::new(EXE)).unwrap();
+        assert!(script.contains("#SBATCH --array=0-11%4"));
+        assert!(script.contains("%x-%A_%a.out"));
+        insta::assert_snapshot!(script);
+    }
+
+    #[test]
+    fn unsafe_paths_are_refused() {
+        let job = resolved(include_str!("../../examples/mlp.yaml"));
+        let err = render_sbatch(
+            &job,
+            &ScriptTarget::Single {
+                run_dir: "/home/me/my runs/x".into(),
+            },
+            Path::new(EXE),
+        )
+        .unwrap_err();
+        assert!(matches!(err, RenderError::UnsafePath(_)));
+    }
+
+    #[test]
+    fn shell_quoting() {
+        assert_eq!(shell_quote("/a/b-c_d.e"), "/a/b-c_d.e");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote(""), "''");
+    }
+}

@@ -1,0 +1,503 @@
+//! The run directory: everything about one run in one folder, created atomically.
+//!
+//! Layout (the controller writes the second group):
+//! ```text
+//! <run_root>/<name>/
+//!   job.yaml  resolved.json  train_config.json  plan.txt  job.sbatch  manifest.json  secret
+//!   train.log  logs/rank-N.log  metrics.jsonl  controller.addr  result.json  checkpoints/
+//! ```
+//! It is built as `<name>.tmp-XXXX` next to its final place and renamed, so a failure
+//! leaves nothing half-written under the real name.
+
+use crate::plan::ResolvedJob;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub const MANIFEST_VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunDirError {
+    #[error("run directory {0} already exists\n  fix: pick another `name`, remove it, or pass --force to replace it")]
+    Exists(PathBuf),
+    #[error("no run directory at {0} (no manifest.json)\n  fix: create one with `shardrun submit job.yaml` or `shardrun run job.yaml`")]
+    NotARunDir(PathBuf),
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path} is not valid: {source}\n  fix: the file was edited or truncated; recreate the run with --force")]
+    Corrupt {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> RunDirError + 'a {
+    move |source| RunDirError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Life cycle of a run as recorded in its manifest. The Slurm states are copied in by
+/// `shardrun status` once the job has ended, so the answer survives Slurm forgetting the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum RunState {
+    /// Directory written, not submitted (dry run or local run not started).
+    Created,
+    /// `sbatch` accepted it.
+    Submitted,
+    /// `sbatch` refused it or could not be run; see `error`.
+    SubmitFailed,
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+    Timeout,
+    Preempted,
+    OutOfMemory,
+    NodeFail,
+}
+
+impl RunState {
+    /// True when nothing more will happen to the run without a resubmission.
+    pub fn is_terminal(self) -> bool {
+        !matches!(
+            self,
+            RunState::Created | RunState::Submitted | RunState::Running
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub version: u32,
+    pub name: String,
+    pub state: RunState,
+    /// `TrainConfig::config_hash` of `train_config.json`.
+    pub config_hash: String,
+    /// Unix seconds.
+    pub created_at: u64,
+    pub updated_at: u64,
+    /// Every Slurm job id this run was submitted as, oldest first (`1234` or `1234_5` for
+    /// an array task).
+    #[serde(default)]
+    pub slurm_job_ids: Vec<String>,
+    /// Sweep points: the parameters this run got from the sweep, by dotted path.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sweep_params: BTreeMap<String, serde_json::Value>,
+    /// What went wrong (sbatch's stderr for `SUBMIT_FAILED`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// What goes into a new run directory.
+#[derive(Debug, Clone, Copy)]
+pub struct NewRun<'a> {
+    pub resolved: &'a ResolvedJob,
+    /// The spec text exactly as written (copied to `job.yaml`).
+    pub job_yaml: &'a str,
+    /// The rendered batch script, if the run is for Slurm.
+    pub sbatch: Option<&'a str>,
+    pub sweep_params: &'a BTreeMap<String, serde_json::Value>,
+    /// Replace an existing run directory of the same name.
+    pub force: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunDir {
+    path: PathBuf,
+}
+
+pub fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn random_suffix() -> String {
+    let mut rng = rand::rng();
+    (0..6)
+        .map(|_| char::from(b'a' + rng.random_range(0..26u8)))
+        .collect()
+}
+
+impl RunDir {
+    /// Absolute `<run_root>/<name>` for a resolved job (relative roots are relative to the
+    /// current directory).
+    pub fn planned_path(resolved: &ResolvedJob) -> Result<PathBuf, RunDirError> {
+        let path = resolved.run_root.join(&resolved.name);
+        std::path::absolute(&path).map_err(io_err("cannot resolve", &path))
+    }
+
+    /// Write a complete run directory at `path` (normally [`RunDir::planned_path`]).
+    pub fn create(path: &Path, new: NewRun<'_>) -> Result<RunDir, RunDirError> {
+        let path = std::path::absolute(path).map_err(io_err("cannot resolve", path))?;
+        if path.exists() && !new.force {
+            return Err(RunDirError::Exists(path));
+        }
+        let parent = path.parent().unwrap_or(Path::new("/")).to_path_buf();
+        fs::create_dir_all(&parent).map_err(io_err("cannot create", &parent))?;
+        let file_name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tmp = parent.join(format!("{file_name}.tmp-{}", random_suffix()));
+        let result = Self::fill(&tmp, &path, new)
+            .and_then(|()| Self::move_into_place(&tmp, &path, new.force));
+        if result.is_err() {
+            let _ = fs::remove_dir_all(&tmp);
+        }
+        result.map(|()| RunDir { path })
+    }
+
+    fn fill(tmp: &Path, final_path: &Path, new: NewRun<'_>) -> Result<(), RunDirError> {
+        fs::create_dir(tmp).map_err(io_err("cannot create", tmp))?;
+        let dir = RunDir {
+            path: tmp.to_path_buf(),
+        };
+        fs::create_dir(dir.logs_dir()).map_err(io_err("cannot create", &dir.logs_dir()))?;
+        // Paths inside the files name the final directory, not the temporary one.
+        let mut resolved = new.resolved.clone();
+        if let Some(ckpt) = resolved.train.checkpoint.dir.as_mut() {
+            if ckpt.is_relative() {
+                *ckpt = final_path.join(&*ckpt);
+            }
+        }
+        write_file(&dir.job_yaml(), new.job_yaml.as_bytes())?;
+        write_json(&dir.resolved_json(), &resolved)?;
+        write_json(&dir.train_config(), &resolved.train)?;
+        write_file(&dir.plan_txt(), resolved.summary().as_bytes())?;
+        if let Some(script) = new.sbatch {
+            write_file(&dir.sbatch(), script.as_bytes())?;
+        }
+        let mut secret = [0u8; 32];
+        rand::rng().fill(&mut secret);
+        let secret_path = dir.secret();
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&secret_path)
+            .map_err(io_err("cannot create", &secret_path))?;
+        file.write_all(hex::encode(secret).as_bytes())
+            .map_err(io_err("cannot write", &secret_path))?;
+        let now = now_unix();
+        dir.write_manifest(&Manifest {
+            version: MANIFEST_VERSION,
+            name: resolved.name.clone(),
+            state: RunState::Created,
+            config_hash: resolved.train.config_hash(),
+            created_at: now,
+            updated_at: now,
+            slurm_job_ids: Vec::new(),
+            sweep_params: new.sweep_params.clone(),
+            error: None,
+        })
+    }
+
+    fn move_into_place(tmp: &Path, path: &Path, force: bool) -> Result<(), RunDirError> {
+        let mut old = None;
+        if force && path.exists() {
+            let aside = path.with_file_name(format!(
+                "{}.old-{}",
+                path.file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                random_suffix()
+            ));
+            fs::rename(path, &aside).map_err(io_err("cannot move aside", path))?;
+            old = Some(aside);
+        }
+        // rename(2) refuses a non-empty target, so a directory that appeared meanwhile is
+        // never overwritten.
+        if let Err(e) = fs::rename(tmp, path) {
+            if let Some(aside) = &old {
+                let _ = fs::rename(aside, path);
+            }
+            return Err(if path.exists() {
+                RunDirError::Exists(path.to_path_buf())
+            } else {
+                io_err("cannot rename into", path)(e)
+            });
+        }
+        if let Some(aside) = old {
+            let _ = fs::remove_dir_all(aside);
+        }
+        Ok(())
+    }
+
+    /// Open an existing run directory (it must hold a `manifest.json`).
+    pub fn open(path: &Path) -> Result<RunDir, RunDirError> {
+        let path = std::path::absolute(path).map_err(io_err("cannot resolve", path))?;
+        let dir = RunDir { path };
+        if !dir.manifest_path().is_file() {
+            return Err(RunDirError::NotARunDir(dir.path));
+        }
+        Ok(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    pub fn job_yaml(&self) -> PathBuf {
+        self.path.join("job.yaml")
+    }
+    pub fn resolved_json(&self) -> PathBuf {
+        self.path.join("resolved.json")
+    }
+    /// The `TrainConfig` every worker reads.
+    pub fn train_config(&self) -> PathBuf {
+        self.path.join("train_config.json")
+    }
+    pub fn plan_txt(&self) -> PathBuf {
+        self.path.join("plan.txt")
+    }
+    pub fn sbatch(&self) -> PathBuf {
+        self.path.join("job.sbatch")
+    }
+    pub fn manifest_path(&self) -> PathBuf {
+        self.path.join("manifest.json")
+    }
+    /// Per-job secret for the controller/worker handshake (mode 0600).
+    pub fn secret(&self) -> PathBuf {
+        self.path.join("secret")
+    }
+    /// Merged log of all ranks, written by the controller.
+    pub fn train_log(&self) -> PathBuf {
+        self.path.join("train.log")
+    }
+    pub fn logs_dir(&self) -> PathBuf {
+        self.path.join("logs")
+    }
+    pub fn rank_log(&self, rank: u64) -> PathBuf {
+        self.logs_dir().join(format!("rank-{rank}.log"))
+    }
+    pub fn metrics(&self) -> PathBuf {
+        self.path.join("metrics.jsonl")
+    }
+    /// `host:port` of the running controller.
+    pub fn controller_addr(&self) -> PathBuf {
+        self.path.join("controller.addr")
+    }
+    /// Written by the controller when the job ends.
+    pub fn result(&self) -> PathBuf {
+        self.path.join("result.json")
+    }
+    pub fn checkpoints(&self) -> PathBuf {
+        self.path.join("checkpoints")
+    }
+    /// Slurm's `--output` file of job `job_id` (`<name>-<job id>.out`).
+    pub fn slurm_output(&self, name: &str, job_id: &str) -> PathBuf {
+        self.path.join(format!("{name}-{job_id}.out"))
+    }
+
+    pub fn read_manifest(&self) -> Result<Manifest, RunDirError> {
+        read_json(&self.manifest_path())
+    }
+
+    /// Replace the manifest atomically (write a temporary file, then rename).
+    pub fn write_manifest(&self, manifest: &Manifest) -> Result<(), RunDirError> {
+        write_json(&self.manifest_path(), manifest)
+    }
+
+    /// Read, change and write back the manifest, stamping `updated_at`.
+    pub fn update_manifest(
+        &self,
+        change: impl FnOnce(&mut Manifest),
+    ) -> Result<Manifest, RunDirError> {
+        let mut manifest = self.read_manifest()?;
+        change(&mut manifest);
+        manifest.updated_at = now_unix();
+        self.write_manifest(&manifest)?;
+        Ok(manifest)
+    }
+
+    pub fn read_resolved(&self) -> Result<ResolvedJob, RunDirError> {
+        read_json(&self.resolved_json())
+    }
+
+    pub fn read_train_config(&self) -> Result<shardrun_protocol::TrainConfig, RunDirError> {
+        read_json(&self.train_config())
+    }
+
+    pub fn read_secret(&self) -> Result<String, RunDirError> {
+        let path = self.secret();
+        fs::read_to_string(&path)
+            .map(|s| s.trim().to_string())
+            .map_err(io_err("cannot read", &path))
+    }
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, RunDirError> {
+    let bytes = fs::read(path).map_err(io_err("cannot read", path))?;
+    serde_json::from_slice(&bytes).map_err(|source| RunDirError::Corrupt {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), RunDirError> {
+    let mut bytes = serde_json::to_vec_pretty(value).map_err(|source| RunDirError::Corrupt {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    bytes.push(b'\n');
+    write_file(path, &bytes)
+}
+
+/// Write via a temporary file and rename, so readers never see half a file.
+pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), RunDirError> {
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp-{}",
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        random_suffix()
+    ));
+    let result = (|| {
+        let mut file = fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result.map_err(io_err("cannot write", path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{resolve, Overrides};
+    use crate::spec::parse;
+
+    fn job(root: &Path) -> ResolvedJob {
+        let yaml = include_str!("../../examples/demo.yaml");
+        let mut job = resolve(
+            &parse(yaml, Path::new("demo.yaml")).unwrap(),
+            &Overrides::default(),
+        )
+        .unwrap();
+        job.run_root = root.to_path_buf();
+        job
+    }
+
+    fn new_run<'a>(
+        job: &'a ResolvedJob,
+        params: &'a BTreeMap<String, serde_json::Value>,
+        force: bool,
+    ) -> NewRun<'a> {
+        NewRun {
+            resolved: job,
+            job_yaml: "name: demo\n",
+            sbatch: Some("#!/bin/bash\n"),
+            sweep_params: params,
+            force,
+        }
+    }
+
+    #[test]
+    fn creates_every_file_atomically() {
+        let tmp = tempfile::tempdir().unwrap();
+        let job = job(tmp.path());
+        let params = BTreeMap::new();
+        let path = RunDir::planned_path(&job).unwrap();
+        let run = RunDir::create(&path, new_run(&job, &params, false)).unwrap();
+        for file in [
+            run.job_yaml(),
+            run.resolved_json(),
+            run.train_config(),
+            run.plan_txt(),
+            run.sbatch(),
+            run.manifest_path(),
+            run.secret(),
+        ] {
+            assert!(file.is_file(), "{} missing", file.display());
+        }
+        assert!(run.logs_dir().is_dir());
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            fs::metadata(run.secret()).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(run.read_secret().unwrap().len(), 64);
+        let manifest = run.read_manifest().unwrap();
+        assert_eq!(manifest.state, RunState::Created);
+        let train = run.read_train_config().unwrap();
+        assert_eq!(manifest.config_hash, train.config_hash());
+        assert_eq!(train.checkpoint.dir, Some(path.join("checkpoints")));
+        let names: Vec<_> = fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            names,
+            vec![std::ffi::OsString::from("demo")],
+            "no temporary directory left"
+        );
+    }
+
+    #[test]
+    fn refuses_an_existing_run_unless_forced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let job = job(tmp.path());
+        let params = BTreeMap::new();
+        let path = RunDir::planned_path(&job).unwrap();
+        let run = RunDir::create(&path, new_run(&job, &params, false)).unwrap();
+        fs::write(run.path().join("marker"), "old").unwrap();
+        let err = RunDir::create(&path, new_run(&job, &params, false)).unwrap_err();
+        assert!(matches!(err, RunDirError::Exists(_)));
+        assert!(
+            run.path().join("marker").exists(),
+            "refusal must not touch the old run"
+        );
+        RunDir::create(&path, new_run(&job, &params, true)).unwrap();
+        assert!(!run.path().join("marker").exists());
+        assert_eq!(
+            fs::read_dir(tmp.path()).unwrap().count(),
+            1,
+            "no set-aside directory left"
+        );
+    }
+
+    #[test]
+    fn a_failed_create_leaves_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let blocker = tmp.path().join("file");
+        fs::write(&blocker, "").unwrap();
+        let job = job(&blocker);
+        let params = BTreeMap::new();
+        assert!(RunDir::create(&blocker.join("demo"), new_run(&job, &params, false)).is_err());
+        assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn open_refuses_a_folder_without_manifest_and_reports_corruption() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            RunDir::open(tmp.path()),
+            Err(RunDirError::NotARunDir(_))
+        ));
+        fs::write(tmp.path().join("manifest.json"), "{\"version\": 1, \"na").unwrap();
+        let run = RunDir::open(tmp.path()).unwrap();
+        assert!(matches!(
+            run.read_manifest(),
+            Err(RunDirError::Corrupt { .. })
+        ));
+    }
+}

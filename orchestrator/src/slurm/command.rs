@@ -1,0 +1,162 @@
+//! Running the Slurm commands. One batched query for many jobs: `sacct` when accounting
+//! works, else `squeue --states=all` plus `scontrol show job` for what squeue missed.
+
+use super::parse::{parse_sacct, parse_sbatch_parsable, parse_scontrol, parse_squeue};
+use super::{JobRecord, SlurmError};
+use std::collections::HashMap;
+use std::io::ErrorKind;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn run(program: &'static str, args: &[&str]) -> Result<Output, SlurmError> {
+    Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|source| match source.kind() {
+            ErrorKind::NotFound => SlurmError::NotInstalled { command: program },
+            _ => SlurmError::Spawn {
+                command: program,
+                source,
+            },
+        })
+}
+
+fn check(program: &str, args: &[&str], output: Output) -> Result<String, SlurmError> {
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(SlurmError::Failed {
+            command: format!("{program} {}", args.join(" ")),
+            status: output.status.to_string(),
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+        })
+    }
+}
+
+/// `sbatch --parsable [extra args] <script>` → the job id.
+pub fn submit(script: &Path, extra_args: &[String]) -> Result<String, SlurmError> {
+    if !script.is_file() {
+        return Err(SlurmError::MissingScript(script.to_path_buf()));
+    }
+    let script = script.to_string_lossy();
+    let mut args: Vec<&str> = vec!["--parsable"];
+    args.extend(extra_args.iter().map(String::as_str));
+    args.push(&script);
+    let output = run("sbatch", &args)?;
+    parse_sbatch_parsable(&check("sbatch", &args, output)?)
+}
+
+/// `scontrol release <id>`: let a job submitted with `--hold` start.
+pub fn release(id: &str) -> Result<(), SlurmError> {
+    let args = ["release", id];
+    let output = run("scontrol", &args)?;
+    check("scontrol", &args, output).map(|_| ())
+}
+
+/// `sbatch --hold`, record the id with `record`, then release the job. The job cannot
+/// start (and its controller cannot write the manifest) before the id is recorded.
+pub fn submit_recorded<E: std::fmt::Display>(
+    script: &Path,
+    record: impl FnOnce(&str) -> Result<(), E>,
+) -> Result<String, SlurmError> {
+    let id = submit(script, &["--hold".to_string()])?;
+    let recorded = record(&id).map_err(|e| e.to_string());
+    let released = recorded.clone().map_err(|e| SlurmError::Failed {
+        command: "recording the job id".into(),
+        status: "error".into(),
+        stderr: e,
+    });
+    match released.and_then(|()| release(&id)) {
+        Ok(()) => Ok(id),
+        Err(err) => {
+            // Never leave a held job behind that nothing knows about.
+            let _ = cancel(std::slice::from_ref(&id));
+            Err(err)
+        }
+    }
+}
+
+/// `scancel <ids>`.
+pub fn cancel(ids: &[String]) -> Result<(), SlurmError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let args: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let output = run("scancel", &args)?;
+    check("scancel", &args, output).map(|_| ())
+}
+
+/// Which commands answered a [`query`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuerySource {
+    /// `squeue` knew every job.
+    Squeue,
+    /// `squeue`, then `sacct` for the jobs slurmctld has forgotten.
+    SqueueSacct,
+    /// `squeue`, then `scontrol` because accounting is not enabled (sacct exits non-zero).
+    SqueueScontrol,
+}
+
+/// States of `ids` (`1234` or `1234_5`) in as few calls as possible. Ids no command knows
+/// are absent from the map.
+///
+/// `squeue` comes first because it is live: `sacct` lags slurmctld by seconds (a running
+/// job still reads PENDING there). sacct then answers for jobs slurmctld no longer holds;
+/// without accounting, `scontrol show job` is the last resort.
+pub fn query(ids: &[String]) -> Result<(HashMap<String, JobRecord>, QuerySource), SlurmError> {
+    let mut found = HashMap::new();
+    let wanted: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
+    let keep = |records: Vec<JobRecord>, found: &mut HashMap<String, JobRecord>| {
+        for r in records {
+            if wanted.contains(r.id.as_str()) && !found.contains_key(&r.id) {
+                found.insert(r.id.clone(), r);
+            }
+        }
+    };
+    if ids.is_empty() {
+        return Ok((found, QuerySource::Squeue));
+    }
+    // All jobs in one call, ended ones included while slurmctld remembers them; filtering
+    // here avoids squeue failing on an id it has already forgotten.
+    let args = ["-h", "-r", "--states=all", "-o", "%i|%T|%r"];
+    let output = run("squeue", &args)?;
+    keep(parse_squeue(&check("squeue", &args, output)?), &mut found);
+    if found.len() == wanted.len() {
+        return Ok((found, QuerySource::Squeue));
+    }
+
+    // Array tasks are asked for by their array's id; sacct then lists every task.
+    let mut jobs: Vec<&str> = ids
+        .iter()
+        .filter(|id| !found.contains_key(*id))
+        .map(|id| id.split('_').next().unwrap_or(id))
+        .collect();
+    jobs.sort_unstable();
+    jobs.dedup();
+    let job_list = jobs.join(",");
+    let sacct_args = [
+        "-n",
+        "-P",
+        "-X",
+        "-j",
+        &job_list,
+        "-o",
+        "JobID,State,ExitCode",
+    ];
+    // sacct exits non-zero when accounting storage is disabled (no slurmdbd).
+    if let Ok(output) = run("sacct", &sacct_args) {
+        if output.status.success() {
+            keep(
+                parse_sacct(&String::from_utf8_lossy(&output.stdout)),
+                &mut found,
+            );
+            return Ok((found, QuerySource::SqueueSacct));
+        }
+    }
+    let args = ["-o", "show", "job"];
+    let output = run("scontrol", &args)?;
+    if let Ok(text) = check("scontrol", &args, output) {
+        keep(parse_scontrol(&text), &mut found);
+    }
+    Ok((found, QuerySource::SqueueScontrol))
+}

@@ -1,0 +1,40 @@
+//! Thin wrappers over the Slurm commands (`sbatch`, `squeue`, `sacct`, `scontrol`,
+//! `scancel`) and parsers of their output. Parsers are pure and tested on outputs recorded
+//! from Slurm 22.05 (`testdata/`); the commands run with whatever `SLURM_CONF` is set.
+
+mod command;
+mod parse;
+mod runs;
+mod state;
+
+pub use command::{cancel, query, release, submit, submit_recorded, QuerySource};
+pub use parse::{parse_sacct, parse_sbatch_parsable, parse_scontrol, parse_squeue};
+pub use runs::{find_runs, refresh, RunStatus, RunsError};
+pub use state::{JobRecord, JobState};
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SlurmError {
+    #[error("`{command}` was not found on PATH\n  fix: run this on a Slurm login node, or start the project's local cluster with `slurm/start.sh` and `. slurm/env.sh`")]
+    NotInstalled { command: &'static str },
+    #[error("could not run `{command}`: {source}")]
+    Spawn {
+        command: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{command}` failed ({status}):\n{stderr}")]
+    Failed {
+        command: String,
+        status: String,
+        stderr: String,
+    },
+    #[error("`{command}` printed something shardrun does not understand: {output:?}")]
+    Unparsable {
+        command: &'static str,
+        output: String,
+    },
+    #[error("batch script {0} does not exist")]
+    MissingScript(PathBuf),
+}

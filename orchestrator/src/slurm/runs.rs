@@ -1,0 +1,219 @@
+//! The state of runs: their manifests, one batched Slurm query, and the controller's
+//! `result.json`. Ended states are written back to the manifest so the answer survives
+//! Slurm forgetting the job.
+
+use super::{query, JobRecord, JobState, QuerySource, SlurmError};
+use crate::rundir::{RunDir, RunDirError, RunState};
+use std::path::Path;
+
+#[derive(Debug, Clone)]
+pub struct RunStatus {
+    pub run: RunDir,
+    pub name: String,
+    pub state: RunState,
+    /// The Slurm job id the state refers to (latest submission).
+    pub job_id: Option<String>,
+    /// Slurm's record, when Slurm still knows the job.
+    pub slurm: Option<JobRecord>,
+    /// Human detail: pending reason, exit code, result summary, error.
+    pub detail: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunsError {
+    #[error(transparent)]
+    RunDir(#[from] RunDirError),
+    #[error(transparent)]
+    Slurm(#[from] SlurmError),
+}
+
+/// Run directories at or below `path` (a run directory, a sweep folder or a run root),
+/// at most three levels deep, sorted by path.
+pub fn find_runs(path: &Path) -> Vec<RunDir> {
+    fn walk(path: &Path, depth: usize, out: &mut Vec<RunDir>) {
+        if let Ok(run) = RunDir::open(path) {
+            out.push(run);
+            return;
+        }
+        if depth == 0 {
+            return;
+        }
+        let Ok(entries) = std::fs::read_dir(path) else {
+            return;
+        };
+        let mut children: Vec<_> = entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+            .collect();
+        children.sort();
+        for child in children {
+            // Temporary and set-aside directories of an interrupted create are not runs.
+            let name = child
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if !name.contains(".tmp-") && !name.contains(".old-") {
+                walk(&child, depth - 1, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(path, 3, &mut out);
+    out
+}
+
+fn run_state_of(state: &JobState) -> RunState {
+    match state {
+        JobState::Pending | JobState::Requeued | JobState::Suspended | JobState::Other(_) => {
+            RunState::Submitted
+        }
+        JobState::Configuring | JobState::Running | JobState::Completing => RunState::Running,
+        JobState::Completed => RunState::Completed,
+        JobState::Failed | JobState::BootFail | JobState::Deadline => RunState::Failed,
+        JobState::Cancelled => RunState::Cancelled,
+        JobState::Timeout => RunState::Timeout,
+        JobState::Preempted => RunState::Preempted,
+        JobState::NodeFail => RunState::NodeFail,
+        JobState::OutOfMemory => RunState::OutOfMemory,
+    }
+}
+
+/// What the controller wrote in `result.json` (`{"status": "succeeded" | "failed" |
+/// "cancelled" | "preempted", "message": ...}`): the run's state and the message.
+fn read_result(run: &RunDir) -> Option<(Option<RunState>, Option<String>)> {
+    let bytes = std::fs::read(run.result()).ok()?;
+    let value: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let state = value
+        .get("status")
+        .and_then(|v| v.as_str())
+        .map(|status| match status {
+            "succeeded" => RunState::Completed,
+            "cancelled" => RunState::Cancelled,
+            "preempted" => RunState::Preempted,
+            _ => RunState::Failed,
+        });
+    let message = value
+        .get("message")
+        .and_then(|v| v.as_str())
+        .map(str::to_string);
+    Some((state, message))
+}
+
+/// Refresh the state of every run with one Slurm query; returns which command answered.
+pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>), RunsError> {
+    let mut manifests = Vec::with_capacity(runs.len());
+    for run in runs {
+        manifests.push(run.read_manifest()?);
+    }
+    let active: Vec<String> = manifests
+        .iter()
+        .filter(|m| !m.state.is_terminal())
+        .filter_map(|m| m.slurm_job_ids.last().cloned())
+        .collect();
+    let (records, source) = if active.is_empty() {
+        (Default::default(), None)
+    } else {
+        let (r, s) = query(&active)?;
+        (r, Some(s))
+    };
+    let mut out = Vec::with_capacity(runs.len());
+    for (run, manifest) in runs.iter().zip(manifests) {
+        let job_id = manifest.slurm_job_ids.last().cloned();
+        let slurm = job_id.as_ref().and_then(|id| records.get(id)).cloned();
+        let result = read_result(run);
+        let mut state = manifest.state;
+        let mut detail = manifest.error.clone().unwrap_or_default();
+        if !state.is_terminal() {
+            match (&slurm, &result) {
+                (Some(record), _) => {
+                    state = run_state_of(&record.state);
+                    detail = [
+                        record.reason.clone(),
+                        record
+                            .exit_code
+                            .clone()
+                            .filter(|e| e != "0:0")
+                            .map(|e| format!("exit {e}")),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                }
+                (None, Some((result_state, message))) if job_id.is_some() => {
+                    state = result_state.unwrap_or(RunState::Failed);
+                    detail = message.clone().unwrap_or_else(|| "from result.json".into());
+                }
+                (None, None) if job_id.is_some() => {
+                    state = RunState::Failed;
+                    detail =
+                        "Slurm no longer knows the job and the controller wrote no result.json"
+                            .into();
+                }
+                _ => {}
+            }
+            if state.is_terminal() {
+                let detail_copy = detail.clone();
+                run.update_manifest(|m| {
+                    m.state = state;
+                    if !detail_copy.is_empty() {
+                        m.error = Some(detail_copy);
+                    }
+                })?;
+            }
+        }
+        if let Some((_, Some(error))) = &result {
+            if !detail.contains(error.as_str()) {
+                detail = if detail.is_empty() {
+                    error.clone()
+                } else {
+                    format!("{detail}; {error}")
+                };
+            }
+        }
+        out.push(RunStatus {
+            run: run.clone(),
+            name: manifest.name,
+            state,
+            job_id,
+            slurm,
+            detail,
+        });
+    }
+    Ok((out, source))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_json_of_the_controller_maps_to_run_states() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("manifest.json"), "{}").unwrap();
+        let run = RunDir::open(dir.path()).unwrap();
+        for (status, state) in [
+            ("succeeded", RunState::Completed),
+            ("failed", RunState::Failed),
+            ("cancelled", RunState::Cancelled),
+            ("preempted", RunState::Preempted),
+        ] {
+            std::fs::write(
+                run.result(),
+                format!("{{\"status\": \"{status}\", \"message\": \"m\", \"exit_code\": 0}}"),
+            )
+            .unwrap();
+            assert_eq!(
+                read_result(&run),
+                Some((Some(state), Some("m".to_string())))
+            );
+        }
+        std::fs::write(run.result(), "{\"stat").unwrap();
+        assert_eq!(
+            read_result(&run),
+            None,
+            "a truncated result.json is ignored"
+        );
+    }
+}

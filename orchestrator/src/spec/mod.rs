@@ -1,0 +1,199 @@
+//! The YAML job spec: what a person writes. Parsed with `deny_unknown_fields` so a typo is an
+//! error, never a silently ignored key; optional fields stay `None` here and get their
+//! defaults in [`crate::plan`], so the resolved config is explicit about every value.
+//!
+//! The full schema with every default is documented in `docs/job-spec.md`.
+
+mod error;
+mod locate;
+mod schema;
+
+pub use error::did_you_mean;
+pub use error::{SpecError, SpecErrorKind};
+pub use locate::locate_path;
+pub use schema::*;
+
+use std::path::{Path, PathBuf};
+
+/// A parsed job spec together with where it came from (for error locations).
+#[derive(Debug, Clone)]
+pub struct LoadedSpec {
+    pub spec: JobSpec,
+    /// File the spec was read from (`<string>` for specs parsed from memory).
+    pub path: PathBuf,
+    /// The YAML text, kept to point errors found after parsing at their line.
+    pub source: String,
+}
+
+impl LoadedSpec {
+    /// An error about `field` (dotted path) found after parsing, located in the source.
+    pub fn error_at(
+        &self,
+        field: &str,
+        why: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> SpecError {
+        let location = locate_path(&self.source, field);
+        SpecError {
+            file: self.path.clone(),
+            line: location.map(|l| l.0 as u32),
+            column: location.map(|l| l.1 as u32),
+            field: field.to_string(),
+            kind: SpecErrorKind::Invalid,
+            why: why.into(),
+            fix: fix.into(),
+        }
+    }
+}
+
+/// Read and parse a job spec file.
+pub fn load(path: &Path) -> Result<LoadedSpec, SpecError> {
+    let source = std::fs::read_to_string(path).map_err(|e| SpecError {
+        file: path.to_path_buf(),
+        line: None,
+        column: None,
+        field: String::new(),
+        kind: SpecErrorKind::Io,
+        why: format!("cannot read the file: {e}"),
+        fix: "check the path; `shardrun plan examples/demo.yaml` shows a working spec".into(),
+    })?;
+    parse(&source, path)
+}
+
+/// Parse a job spec from YAML text; `path` is only used in error messages.
+pub fn parse(source: &str, path: &Path) -> Result<LoadedSpec, SpecError> {
+    let spec: JobSpec =
+        serde_norway::from_str(source).map_err(|e| SpecError::from_yaml(&e, path, source))?;
+    let loaded = LoadedSpec {
+        spec,
+        path: path.to_path_buf(),
+        source: source.to_string(),
+    };
+    validate_name(&loaded)?;
+    Ok(loaded)
+}
+
+/// Job names become file names, `#SBATCH --job-name` and log prefixes: keep them plain.
+fn validate_name(loaded: &LoadedSpec) -> Result<(), SpecError> {
+    let name = &loaded.spec.name;
+    let ok = !name.is_empty()
+        && name.len() <= 100
+        && !name.starts_with(['.', '-'])
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(loaded.error_at(
+            "name",
+            format!("`{name}` is not a valid job name (it becomes a directory name and the Slurm job name)"),
+            "use letters, digits, `-`, `_` and `.` only, not starting with `.` or `-`, at most 100 characters",
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_str(yaml: &str) -> Result<LoadedSpec, SpecError> {
+        parse(yaml, Path::new("job.yaml"))
+    }
+
+    const MINIMAL: &str = "name: t\ntraining:\n  model: { kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }\n  steps: 2\n  total_batch_size: 4\n  batch_size_per_device: 2\n";
+
+    #[test]
+    fn every_example_parses_and_resolves() {
+        for (file, text) in [
+            ("demo.yaml", include_str!("../../../examples/demo.yaml")),
+            ("mlp.yaml", include_str!("../../../examples/mlp.yaml")),
+            ("sweep.yaml", include_str!("../../../examples/sweep.yaml")),
+            (
+                "gpu-cluster.yaml",
+                include_str!("../../../examples/gpu-cluster.yaml"),
+            ),
+        ] {
+            let loaded = parse(text, Path::new(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+            crate::plan::resolve(&loaded, &crate::plan::Overrides::default())
+                .unwrap_or_else(|e| panic!("{file}: {e}"));
+        }
+    }
+
+    #[test]
+    fn unknown_key_gets_did_you_mean_with_location() {
+        let yaml = MINIMAL.replace("  steps: 2\n", "  steps: 2\n  optimizer:\n    lrr: 0.1\n");
+        let err = parse_str(&yaml).unwrap_err();
+        assert_eq!(err.kind, SpecErrorKind::UnknownField);
+        assert_eq!(err.field, "training.optimizer");
+        assert_eq!((err.line, err.column), (Some(6), Some(5)));
+        assert!(err.why.contains("training.optimizer.lrr"), "{err}");
+        assert_eq!(err.fix, "did you mean `lr`?");
+        let text = err.to_string();
+        assert!(
+            text.starts_with("job.yaml:6:5: field `training.optimizer`"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn unknown_top_level_key() {
+        let err = parse_str(&format!("{MINIMAL}resource:\n  nodes: 2\n")).unwrap_err();
+        assert_eq!(err.kind, SpecErrorKind::UnknownField);
+        assert_eq!(err.line, Some(7));
+        assert_eq!(err.fix, "did you mean `resources`?");
+    }
+
+    #[test]
+    fn unknown_enum_value_suggests_the_closest() {
+        let yaml = MINIMAL.replace(
+            "  steps: 2\n",
+            "  steps: 2\n  fsdp:\n    strategy: FULL_SHAD\n",
+        );
+        let err = parse_str(&yaml).unwrap_err();
+        assert_eq!(err.kind, SpecErrorKind::WrongValue);
+        assert_eq!(err.field, "training.fsdp.strategy");
+        assert_eq!(err.line, Some(6));
+        assert_eq!(err.fix, "did you mean `FULL_SHARD`?");
+    }
+
+    #[test]
+    fn wrong_type_names_field_and_expected_type() {
+        let err = parse_str(&MINIMAL.replace("steps: 2", "steps: many")).unwrap_err();
+        assert_eq!(err.kind, SpecErrorKind::WrongValue);
+        assert_eq!(err.field, "training.steps");
+        assert_eq!(err.line, Some(4));
+        assert_eq!(err.fix, "write a whole number (0 or more) here");
+    }
+
+    #[test]
+    fn missing_field_says_what_to_add() {
+        let err = parse_str(&MINIMAL.replace("  steps: 2\n", "")).unwrap_err();
+        assert_eq!(err.kind, SpecErrorKind::MissingField);
+        assert!(err.why.contains("training.steps"), "{err}");
+        assert!(err.fix.starts_with("add `steps:`"), "{err}");
+    }
+
+    #[test]
+    fn malformed_yaml_has_line_and_column() {
+        let err = parse_str("name: t\n  bad: indent\n").unwrap_err();
+        assert_eq!(err.kind, SpecErrorKind::Syntax);
+        assert_eq!((err.line, err.column), (Some(2), Some(6)), "{err}");
+    }
+
+    #[test]
+    fn bad_names_are_refused() {
+        for name in ["", "a b", "../x", "-x", "x/y"] {
+            let yaml = MINIMAL.replace("name: t", &format!("name: {name:?}"));
+            let err = parse_str(&yaml).unwrap_err();
+            assert_eq!(err.field, "name", "{name}: {err}");
+            assert_eq!(err.line, Some(1));
+        }
+    }
+
+    #[test]
+    fn unreadable_file_is_an_error_not_a_panic() {
+        let err = load(Path::new("/nonexistent/job.yaml")).unwrap_err();
+        assert_eq!(err.kind, SpecErrorKind::Io);
+    }
+}

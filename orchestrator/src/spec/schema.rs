@@ -1,0 +1,242 @@
+//! The job spec's types, one struct per YAML section. `None` means "not written": the plan
+//! applies the documented default.
+
+use serde::{Deserialize, Serialize};
+use serde_norway::Value;
+use shardrun_protocol::config::{CheckpointFormat, DType, LrDecay, ShardingStrategy, WrapPolicy};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// Job name: run directory name, Slurm job name, log prefix.
+    pub name: String,
+    /// Folder under which run directories are created (default `runs/`, relative to the
+    /// directory `shardrun` is started from).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_root: Option<PathBuf>,
+    #[serde(default)]
+    pub resources: Resources,
+    #[serde(default)]
+    pub preemption: Preemption,
+    pub training: TrainingSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<SweepSpec>,
+}
+
+/// What to ask Slurm for. `gpus_per_node: 0` (the default) means CPU ranks:
+/// `tasks_per_node` ranks per node, each with `cpus_per_task` threads.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus_per_node: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks_per_node: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus_per_task: Option<u64>,
+    /// Memory per node in Slurm syntax (`16G`, `4000M`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem: Option<String>,
+    /// Memory of one GPU, only used to warn when the model state will not fit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_gb: Option<f64>,
+    /// Wall-clock limit in Slurm syntax (`MM`, `HH:MM:SS`, `D-HH:MM:SS`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclusive: Option<bool>,
+    /// Extra `#SBATCH` options, written as on the command line (`--mail-type=END`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_sbatch: Vec<String>,
+    /// Shell lines run before the controller starts (`module load cuda/12.4`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub setup: Vec<String>,
+}
+
+/// How the job reacts to the end of its time limit or to preemption.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Preemption {
+    /// Seconds before the time limit at which Slurm sends USR2 (the controller then
+    /// checkpoints and stops cleanly).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal_seconds: Option<u64>,
+    /// Let Slurm requeue the job after preemption or a node failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requeue: Option<bool>,
+    /// Give up after this many requeues.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_requeues: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainingSpec {
+    pub model: ModelSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<DataSpec>,
+    pub steps: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// Samples per optimizer step, over all ranks and accumulation steps.
+    pub total_batch_size: u64,
+    /// Samples per rank per micro-step.
+    pub batch_size_per_device: u64,
+    #[serde(default)]
+    pub optimizer: OptimizerSpec,
+    #[serde(default)]
+    pub schedule: ScheduleSpec,
+    #[serde(default)]
+    pub fsdp: FsdpSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads_per_rank: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_every: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ModelSpec {
+    Transformer {
+        vocab_size: u64,
+        dim: u64,
+        n_layers: u64,
+        n_heads: u64,
+        /// Defaults to the data's `seq_len`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_seq_len: Option<u64>,
+    },
+    Mlp {
+        input_dim: u64,
+        hidden_dim: u64,
+        output_dim: u64,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum DataSpec {
+    Synthetic {
+        /// Defaults to the model's `max_seq_len`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seq_len: Option<u64>,
+    },
+    TokenFile {
+        path: PathBuf,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seq_len: Option<u64>,
+    },
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizerSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beta1: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beta2: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eps: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_decay: Option<f64>,
+    /// Clip the global gradient norm to this; absent means no clipping.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_clip: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup_steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decay: Option<LrDecay>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_lr_ratio: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FsdpSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<ShardingStrategy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wrap: Option<WrapPolicy>,
+    #[serde(default)]
+    pub mixed_precision: MixedPrecisionSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activation_checkpointing: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefetch: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_gathers_in_flight: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_group_size: Option<u64>,
+}
+
+/// FSDP's `MixedPrecision`. `reduce_dtype` and `buffer_dtype` default to `param_dtype`,
+/// as in PyTorch.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MixedPrecisionSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub param_dtype: Option<DType>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reduce_dtype: Option<DType>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffer_dtype: Option<DType>,
+}
+
+/// Present = checkpointing on.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSpec {
+    /// Relative paths are relative to the run directory (default `checkpoints`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval_steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval_minutes: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<CheckpointFormat>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<PathBuf>,
+}
+
+/// Parameter sweep over dotted paths of this spec (`training.optimizer.lr`).
+/// Points = every entry of `list` (one empty entry when absent) × the cartesian product of
+/// `grid`; a grid value overrides a list value of the same path.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweepSpec {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub grid: BTreeMap<String, Vec<Value>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub list: Vec<BTreeMap<String, Value>>,
+    /// At most this many array tasks running at once (`--array=...%throttle`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throttle: Option<u32>,
+}

@@ -1,0 +1,342 @@
+//! Sweeps: a spec's `sweep:` section expanded into points, each a complete job keyed by a
+//! stable hash of its resolved parameters. Re-running a sweep compares these keys with the
+//! run directories already there, so only new, changed or failed points are submitted.
+
+use crate::plan::{self, Overrides, PlanError, ResolvedJob};
+use crate::spec::{JobSpec, LoadedSpec, SpecError, SpecErrorKind};
+use serde::Serialize;
+use serde_norway::Value;
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, HashSet};
+
+/// One point of a sweep: the parameters it sets and the job they resolve to.
+#[derive(Debug, Clone)]
+pub struct SweepPoint {
+    /// Dotted path → value, as written in the sweep (as JSON for the manifest).
+    pub params: BTreeMap<String, serde_json::Value>,
+    /// Stable key of the resolved point (hex): same parameters, same key, on any machine.
+    pub key: String,
+    /// `<name>-<key>`: run directory name and Slurm-visible job name of the point.
+    pub name: String,
+    pub job: ResolvedJob,
+}
+
+impl SweepPoint {
+    /// `training.optimizer.lr=0.001 training.seed=1`.
+    pub fn label(&self) -> String {
+        self.params
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SweepError {
+    #[error("{0}")]
+    Spec(#[from] SpecError),
+    #[error("sweep point {label}:\n{source}")]
+    Point {
+        label: String,
+        #[source]
+        source: Box<PlanError>,
+    },
+}
+
+/// Length of the hex key in run directory names (64 bits: collisions are not a concern
+/// for sweeps of any practical size).
+const KEY_LEN: usize = 16;
+
+/// Expand the spec's sweep into resolved points, in a stable order (list entries, then the
+/// grid in key order). A spec without `sweep:` is an error: use `shardrun submit`.
+pub fn expand(loaded: &LoadedSpec) -> Result<Vec<SweepPoint>, SweepError> {
+    let Some(sweep) = loaded.spec.sweep.clone() else {
+        return Err(loaded.error_at("sweep", "this spec has no `sweep:` section", "add `sweep: { grid: { training.optimizer.lr: [1.0e-3, 3.0e-4] } }`, or submit it as one job with `shardrun submit`").into());
+    };
+    if sweep.grid.is_empty() && sweep.list.is_empty() {
+        return Err(loaded
+            .error_at(
+                "sweep",
+                "the sweep has neither `grid` nor `list`",
+                "add `grid:` (every combination) or `list:` (explicit points)",
+            )
+            .into());
+    }
+    if let Some((path, _)) = sweep.grid.iter().find(|(_, values)| values.is_empty()) {
+        return Err(loaded
+            .error_at(
+                "sweep.grid",
+                format!("`{path}` has no values"),
+                "give at least one value, or remove the entry",
+            )
+            .into());
+    }
+    if sweep.throttle == Some(0) {
+        return Err(loaded
+            .error_at(
+                "sweep.throttle",
+                "a throttle of 0 would never run a task",
+                "use 1 or more, or remove it",
+            )
+            .into());
+    }
+    let mut base_spec = loaded.spec.clone();
+    base_spec.sweep = None;
+    let base = serde_norway::to_value(&base_spec)
+        .map_err(|e| loaded.error_at("sweep", format!("cannot apply the sweep: {e}"), ""))?;
+
+    // Check every path once on its own, so a typo is reported against its own key.
+    let mut checked = HashSet::new();
+    let firsts = sweep
+        .grid
+        .iter()
+        .map(|(k, v)| (k, &v[0]))
+        .chain(sweep.list.iter().flat_map(|entry| entry.iter()));
+    for (path, value) in firsts {
+        if checked.insert(path.clone()) {
+            let mut doc = base.clone();
+            apply(&mut doc, path, value.clone())
+                .and_then(|()| to_spec(doc))
+                .map_err(|why| sweep_key_error(loaded, path, why))?;
+        }
+    }
+
+    let list: Vec<BTreeMap<String, Value>> = if sweep.list.is_empty() {
+        vec![BTreeMap::new()]
+    } else {
+        sweep.list.clone()
+    };
+    let grid: Vec<(&String, &Vec<Value>)> = sweep.grid.iter().collect();
+    let grid_size: usize = grid.iter().map(|(_, v)| v.len()).product();
+    let mut points = Vec::with_capacity(list.len() * grid_size);
+    let mut seen = HashSet::new();
+    for entry in &list {
+        for index in 0..grid_size {
+            let mut params: BTreeMap<String, Value> = entry.clone();
+            let mut rest = index;
+            for (path, values) in grid.iter().rev() {
+                params.insert((*path).clone(), values[rest % values.len()].clone());
+                rest /= values.len();
+            }
+            let point = resolve_point(loaded, &base, params)?;
+            // Two sweep entries that resolve to the same job are one point.
+            if seen.insert(point.key.clone()) {
+                points.push(point);
+            }
+        }
+    }
+    Ok(points)
+}
+
+fn resolve_point(
+    loaded: &LoadedSpec,
+    base: &Value,
+    params: BTreeMap<String, Value>,
+) -> Result<SweepPoint, SweepError> {
+    let json_params: BTreeMap<String, serde_json::Value> = params
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                serde_json::to_value(v).unwrap_or(serde_json::Value::Null),
+            )
+        })
+        .collect();
+    let label = json_params
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut doc = base.clone();
+    for (path, value) in params {
+        apply(&mut doc, &path, value).map_err(|why| sweep_key_error(loaded, &path, why))?;
+    }
+    let spec = to_spec(doc).map_err(|why| {
+        SweepError::Spec(loaded.error_at(
+            "sweep",
+            format!("point {label}: {why}"),
+            "check the sweep values' types",
+        ))
+    })?;
+    let point_spec = LoadedSpec {
+        spec,
+        path: loaded.path.clone(),
+        source: loaded.source.clone(),
+    };
+    let mut job =
+        plan::resolve(&point_spec, &Overrides::default()).map_err(|source| SweepError::Point {
+            label: label.clone(),
+            source: Box::new(source),
+        })?;
+    let key = point_key(&job);
+    let name = format!("{}-{key}", loaded.spec.name);
+    job.name = name.clone();
+    job.train.name = name.clone();
+    Ok(SweepPoint {
+        params: json_params,
+        key,
+        name,
+        job,
+    })
+}
+
+/// Hash of everything that makes the point's run what it is (training config without its
+/// name, Slurm resources, preemption): a changed value anywhere gives a new key.
+pub fn point_key(job: &ResolvedJob) -> String {
+    #[derive(Serialize)]
+    struct Keyed<'a> {
+        train: &'a shardrun_protocol::TrainConfig,
+        slurm: &'a plan::SlurmResources,
+        preemption: &'a plan::PreemptionPlan,
+    }
+    let mut train = job.train.clone();
+    train.name.clear();
+    let bytes = serde_json::to_vec(&Keyed {
+        train: &train,
+        slurm: &job.slurm,
+        preemption: &job.preemption,
+    })
+    .unwrap_or_default();
+    hex::encode(Sha256::digest(&bytes))[..KEY_LEN].to_string()
+}
+
+/// Set `a.b.c` in a YAML document, creating sections that were left to their defaults.
+fn apply(doc: &mut Value, path: &str, value: Value) -> Result<(), String> {
+    let parts: Vec<&str> = path.split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        return Err(format!(
+            "`{path}` is not a dotted path like `training.optimizer.lr`"
+        ));
+    }
+    if parts[0] == "sweep" || parts[0] == "name" {
+        return Err(format!(
+            "`{path}` cannot be swept (points get their own names)"
+        ));
+    }
+    let mut cur = doc;
+    for (i, part) in parts.iter().enumerate() {
+        if cur.is_null() {
+            *cur = Value::Mapping(Default::default());
+        }
+        let Value::Mapping(map) = cur else {
+            return Err(format!(
+                "`{}` is a value, not a section",
+                parts[..i].join(".")
+            ));
+        };
+        let key = Value::String((*part).to_string());
+        if i + 1 == parts.len() {
+            map.insert(key, value);
+            return Ok(());
+        }
+        cur = map.entry(key).or_insert(Value::Null);
+    }
+    Ok(())
+}
+
+fn to_spec(doc: Value) -> Result<JobSpec, String> {
+    serde_norway::from_value(doc).map_err(|e| e.to_string())
+}
+
+fn sweep_key_error(loaded: &LoadedSpec, path: &str, why: String) -> SweepError {
+    let mut err = loaded.error_at(
+        "sweep",
+        format!("cannot sweep over `{path}`: {why}"),
+        "use a dotted path of a spec key, e.g. `training.optimizer.lr` (docs/job-spec.md)",
+    );
+    err.field = format!("sweep.{path}");
+    err.kind = SpecErrorKind::Invalid;
+    if let Some(unknown) = why
+        .split('`')
+        .nth(1)
+        .filter(|_| why.contains("unknown field"))
+    {
+        let expected: Vec<&str> = why.split('`').skip(3).step_by(2).collect();
+        if let Some(best) = crate::spec::did_you_mean(unknown, &expected) {
+            err.fix = format!(
+                "`{unknown}` is not a key there; did you mean `{}`?",
+                path.replace(unknown, best)
+            );
+        }
+    }
+    err.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::parse;
+    use std::path::Path;
+
+    fn points(yaml: &str) -> Result<Vec<SweepPoint>, SweepError> {
+        expand(&parse(yaml, Path::new("sweep.yaml")).unwrap())
+    }
+
+    #[test]
+    fn grid_times_list() {
+        let p = points(include_str!("../../examples/sweep.yaml")).unwrap();
+        assert_eq!(p.len(), 12);
+        let keys: HashSet<_> = p.iter().map(|p| p.key.clone()).collect();
+        assert_eq!(keys.len(), 12);
+        assert!(p
+            .iter()
+            .all(|p| p.name == format!("mlp-sweep-{}", p.key) && p.job.train.name == p.name));
+        let lrs: HashSet<String> = p
+            .iter()
+            .map(|p| p.job.train.optimizer.lr.to_string())
+            .collect();
+        assert_eq!(lrs.len(), 3);
+    }
+
+    #[test]
+    fn keys_are_stable_and_change_only_for_changed_points() {
+        let yaml = include_str!("../../examples/sweep.yaml");
+        let a = points(yaml).unwrap();
+        let b = points(yaml).unwrap();
+        assert_eq!(
+            a.iter().map(|p| &p.key).collect::<Vec<_>>(),
+            b.iter().map(|p| &p.key).collect::<Vec<_>>()
+        );
+        let changed =
+            points(&yaml.replace("[1.0e-3, 3.0e-4, 1.0e-4]", "[1.0e-3, 3.0e-4, 2.0e-4]")).unwrap();
+        let old: HashSet<_> = a.iter().map(|p| p.key.clone()).collect();
+        let new_points = changed.iter().filter(|p| !old.contains(&p.key)).count();
+        assert_eq!(
+            new_points, 4,
+            "only the 4 points with the changed lr get new keys"
+        );
+    }
+
+    #[test]
+    fn typo_in_a_swept_path_suggests_the_key() {
+        let yaml = include_str!("../../examples/sweep.yaml")
+            .replace("training.optimizer.lr:", "training.optimizer.lrate:");
+        let SweepError::Spec(err) = points(&yaml).unwrap_err() else {
+            panic!("expected a spec error")
+        };
+        assert_eq!(err.field, "sweep.training.optimizer.lrate");
+        assert!(
+            err.fix.contains("did you mean `training.optimizer.lr`"),
+            "{err}"
+        );
+        assert!(err.line.is_some());
+    }
+
+    #[test]
+    fn a_point_with_an_impossible_split_names_the_point() {
+        let yaml = include_str!("../../examples/sweep.yaml").replace(
+            "training.seed: [0, 1]",
+            "training.total_batch_size: [32, 33]",
+        );
+        let err = points(&yaml).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("training.total_batch_size=33"), "{text}");
+        assert!(text.contains("nearest 32 or 48"), "{text}");
+    }
+
+    #[test]
+    fn a_spec_without_sweep_is_refused() {
+        assert!(points(include_str!("../../examples/mlp.yaml")).is_err());
+    }
+}

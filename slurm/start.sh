@@ -1,0 +1,256 @@
+#!/usr/bin/env bash
+# Start a single-node Slurm cluster (munged, slurmctld, slurmd) for tests and trying shardrun.
+#
+#   slurm/start.sh            # idempotent: starts what is not running yet
+#   slurm/start.sh --with-accounting   # also MariaDB + slurmdbd, so `sacct` works
+#   . slurm/env.sh            # then sbatch/squeue/shardrun submit use this cluster
+#   slurm/stop.sh             # stops exactly what start.sh started
+#
+# Everything (configs, keys, spool, logs, pid files, fake GPU devices) lives under one folder:
+#   SHARDRUN_SLURM_DIR   state folder (default /tmp/shardrun-slurm)
+#   SHARDRUN_SLURM_PORT  slurmctld port (default 6817; slurmd uses the next one)
+#   SHARDRUN_SLURM_GPUS  fake GPUs on the node, exposed through gres (default 2)
+#   SHARDRUN_SLURM_MIN_JOB_AGE  seconds slurmctld keeps ended jobs (default 600)
+#   SHARDRUN_SLURM_CPUS  CPUs Slurm may hand out (default 8; more than the cores is fine for
+#                        one-thread test tasks thanks to SlurmdParameters=config_overrides)
+# Installs Debian's slurm-wlm and munge (and slurmdbd, mariadb-server for accounting) if they
+# are missing. Needs root (daemons run as root).
+set -euo pipefail
+
+accounting=0
+for arg in "$@"; do
+    case "$arg" in
+        --with-accounting) accounting=1 ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        *) echo "slurm/start.sh: unknown option $arg (try --help)" >&2; exit 2 ;;
+    esac
+done
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=env.sh
+. "$here/env.sh"
+dir="$SHARDRUN_SLURM_DIR"
+port="${SHARDRUN_SLURM_PORT:-6817}"
+gpus="${SHARDRUN_SLURM_GPUS:-2}"
+cpus="${SHARDRUN_SLURM_CPUS:-8}"
+min_job_age="${SHARDRUN_SLURM_MIN_JOB_AGE:-600}"
+host="$(hostname -s)"
+
+say() { echo "slurm/start.sh: $*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+[ "$(id -u)" -eq 0 ] || die "run as root (slurmd and munged need it); e.g. sudo $0"
+
+if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then
+    say "installing slurm-wlm and munge (Debian packages)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q slurm-wlm munge >/dev/null 2>&1 || {
+        apt-get update -q >/dev/null && apt-get install -y -q slurm-wlm munge >/dev/null
+    } || die "apt-get install slurm-wlm munge failed; install them by hand and re-run"
+fi
+
+if [ "$accounting" = 1 ] && { ! command -v slurmdbd >/dev/null || ! command -v mariadbd >/dev/null; }; then
+    say "installing slurmdbd and mariadb-server (Debian packages)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurmdbd mariadb-server >/dev/null 2>&1 \
+        || die "apt-get install slurmdbd mariadb-server failed; install them by hand and re-run"
+fi
+
+# A pid file names a live process of the expected program.
+running() { # <pid file> <program name>
+    local pid
+    [ -s "$1" ] || return 1
+    pid="$(cat "$1")"
+    [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q "$2"
+}
+
+mkdir -p "$dir"/{etc,munge/run,spool/ctld,spool/d,log,pids,dev}
+# One start or stop at a time (tests start the cluster from several processes at once).
+exec 9>"$dir/lock"
+flock 9
+chmod 755 "$dir" "$dir/munge" "$dir/munge/run"
+
+# The running daemons were configured with or without accounting; switching needs a restart.
+if [ -s "$dir/mode" ] && [ "$(cat "$dir/mode")" != "accounting=$accounting" ] && running "$dir/pids/slurmctld.pid" slurmctld; then
+    die "the cluster in $dir runs with $(cat "$dir/mode"); run slurm/stop.sh first to switch"
+fi
+echo "accounting=$accounting" >"$dir/mode"
+
+# --- munge -------------------------------------------------------------------------------
+socket="$dir/munge/run/munge.socket"
+if [ ! -s "$dir/munge/munge.key" ]; then
+    dd if=/dev/urandom of="$dir/munge/munge.key" bs=1024 count=1 status=none
+fi
+chmod 400 "$dir/munge/munge.key"
+if running "$dir/pids/munged.pid" munged; then
+    say "munged already running"
+else
+    rm -f "$socket" "$socket.lock"
+    # 9>&-: daemons must not inherit (and hold) the lock.
+    munged 9>&- --force --socket="$socket" --key-file="$dir/munge/munge.key" \
+        --pid-file="$dir/pids/munged.pid" --log-file="$dir/log/munged.log" \
+        --seed-file="$dir/munge/munge.seed"
+    say "munged started"
+fi
+for _ in $(seq 50); do [ -S "$socket" ] && break; sleep 0.1; done
+[ -S "$socket" ] || die "munged did not create $socket; see $dir/log/munged.log"
+
+# --- fake GPUs: gres needs character devices, /dev/null's numbers will do -------------------
+gres_line=""
+if [ "$gpus" -gt 0 ]; then
+    for i in $(seq 0 $((gpus - 1))); do
+        [ -c "$dir/dev/gpu$i" ] || mknod "$dir/dev/gpu$i" c 1 3
+    done
+    gres_line="Gres=gpu:$gpus"
+    {
+        echo "AutoDetect=off"
+        echo "Name=gpu File=$dir/dev/gpu[0-$((gpus - 1))]"
+    } >"$dir/etc/gres.conf"
+else
+    echo "AutoDetect=off" >"$dir/etc/gres.conf"
+fi
+
+# --- accounting: MariaDB and slurmdbd (optional) -------------------------------------------
+dbd_port=$((port + 2))
+db_port=$((port + 3))
+accounting_lines="AccountingStorageType=accounting_storage/none"
+if [ "$accounting" = 1 ]; then
+    db="$dir/mysql"
+    mkdir -p "$db"
+    if [ ! -d "$db/data/mysql" ]; then
+        mariadb-install-db --user=root --datadir="$db/data" --auth-root-authentication-method=socket \
+            >"$dir/log/mariadb-install.log" 2>&1 || die "mariadb-install-db failed; see $dir/log/mariadb-install.log"
+    fi
+    if running "$dir/pids/mariadbd.pid" mariadbd; then
+        say "mariadbd already running"
+    else
+        # Started in its own session so it outlives this script; its pid file is what stop.sh uses.
+        setsid mariadbd 9>&- --no-defaults --user=root --datadir="$db/data" --socket="$db/mysqld.sock" \
+            --port="$db_port" --bind-address=127.0.0.1 --pid-file="$dir/pids/mariadbd.pid" \
+            --log-error="$dir/log/mariadbd.log" </dev/null >/dev/null 2>&1 &
+        say "mariadbd started"
+    fi
+    for _ in $(seq 100); do
+        mariadb --no-defaults -S "$db/mysqld.sock" -u root -e 'select 1' >/dev/null 2>&1 && break
+        sleep 0.2
+    done
+    mariadb --no-defaults -S "$db/mysqld.sock" -u root -e \
+        "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'shardrun'; GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';" \
+        || die "MariaDB did not come up; see $dir/log/mariadbd.log"
+    cat >"$dir/etc/slurmdbd.conf" <<DBD
+AuthType=auth/munge
+AuthInfo=socket=$socket
+DbdHost=localhost
+DbdPort=$dbd_port
+SlurmUser=root
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$db_port
+StorageUser=slurm
+StoragePass=shardrun
+StorageLoc=slurm_acct_db
+PidFile=$dir/pids/slurmdbd.pid
+LogFile=$dir/log/slurmdbd.log
+DBD
+    chmod 600 "$dir/etc/slurmdbd.conf"
+    if running "$dir/pids/slurmdbd.pid" slurmdbd; then
+        say "slurmdbd already running"
+    else
+        # slurmdbd reads slurmdbd.conf from the folder of $SLURM_CONF.
+        slurmdbd 9>&- || die "slurmdbd failed to start; see $dir/log/slurmdbd.log"
+        say "slurmdbd started"
+    fi
+    for _ in $(seq 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$dbd_port") 2>/dev/null && break
+        sleep 0.2
+    done
+    # slurmctld authenticates to slurmdbd through munge: the password field names the socket.
+    accounting_lines="AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort=$dbd_port
+AccountingStoragePass=$socket"
+fi
+
+# --- slurm.conf ---------------------------------------------------------------------------
+memory="$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')"
+cat >"$dir/etc/slurm.conf.new" <<CONF
+# Written by slurm/start.sh; regenerated on every start.
+ClusterName=shardrun
+SlurmctldHost=$host
+SlurmctldPort=$port
+SlurmdPort=$((port + 1))
+AuthType=auth/munge
+AuthInfo=socket=$socket
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$dir/spool/ctld
+SlurmdSpoolDir=$dir/spool/d
+SlurmctldPidFile=$dir/pids/slurmctld.pid
+SlurmdPidFile=$dir/pids/slurmd.pid
+SlurmctldLogFile=$dir/log/slurmctld.log
+SlurmdLogFile=$dir/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+SchedulerParameters=batch_sched_delay=0
+SlurmdParameters=config_overrides
+ReturnToService=2
+JobAcctGatherType=jobacct_gather/none
+$accounting_lines
+# How long ended jobs stay visible to squeue/scontrol (status relies on them without sacct).
+MinJobAge=$min_job_age
+KillWait=5
+GresTypes=gpu
+NodeName=$host CPUs=$cpus RealMemory=${memory:-1000} $gres_line State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+CONF
+changed=1
+cmp -s "$dir/etc/slurm.conf.new" "$dir/etc/slurm.conf" 2>/dev/null && changed=0
+mv "$dir/etc/slurm.conf.new" "$dir/etc/slurm.conf"
+
+# --- daemons ------------------------------------------------------------------------------
+if running "$dir/pids/slurmctld.pid" slurmctld; then
+    if [ "$changed" = 1 ]; then
+        scontrol reconfigure && say "slurmctld already running; told it to re-read slurm.conf"
+    else
+        say "slurmctld already running"
+    fi
+else
+    slurmctld 9>&- -f "$SLURM_CONF" || die "slurmctld failed to start; see $dir/log/slurmctld.log"
+    say "slurmctld started"
+fi
+if running "$dir/pids/slurmd.pid" slurmd; then
+    say "slurmd already running"
+else
+    slurmd 9>&- -f "$SLURM_CONF" || die "slurmd failed to start; see $dir/log/slurmd.log"
+    say "slurmd started"
+fi
+
+# --- wait until the node takes jobs --------------------------------------------------------
+state=""
+for _ in $(seq 100); do
+    state="$(sinfo -h -n "$host" -o '%t' 2>/dev/null || true)"
+    case "$state" in
+        idle*|mix*|alloc*) break ;;
+        down*|drain*) scontrol update nodename="$host" state=resume >/dev/null 2>&1 || true ;;
+    esac
+    sleep 0.2
+done
+case "$state" in
+    idle*|mix*|alloc*) say "node $host is $state; run '. slurm/env.sh' to use this cluster" ;;
+    *) die "node $host is '${state:-unknown}' after 20 s; see $dir/log/slurmctld.log and $dir/log/slurmd.log" ;;
+esac
+
+if [ "$accounting" = 1 ]; then
+    # Jobs are only recorded once the cluster is known to the database.
+    sacctmgr -i add cluster shardrun >/dev/null 2>&1 || true
+    for _ in $(seq 50); do
+        sacct -n -X -j 1 >/dev/null 2>&1 && break
+        sleep 0.2
+    done
+    sacct -n -X >/dev/null 2>&1 && say "accounting is on: sacct works" \
+        || die "sacct does not answer; see $dir/log/slurmdbd.log and $dir/log/slurmctld.log"
+fi

@@ -1,0 +1,75 @@
+#!/bin/bash
+# Rendered by shardrun {{ version }} for job `{{ name }}`; edit the job spec, not this file.
+#SBATCH --job-name={{ name }}
+#SBATCH --nodes={{ s.nodes }}
+#SBATCH --ntasks-per-node={{ s.ntasks_per_node }}
+#SBATCH --cpus-per-task={{ s.cpus_per_task }}
+{%- if s.gpus_per_node > 0 %}
+#SBATCH --gres=gpu:{{ s.gpus_per_node }}
+{%- endif %}
+{%- if let Some(mem) = s.mem %}
+#SBATCH --mem={{ mem }}
+{%- endif %}
+{%- if let Some(time) = s.time %}
+#SBATCH --time={{ time }}
+{%- endif %}
+{%- if let Some(partition) = s.partition %}
+#SBATCH --partition={{ partition }}
+{%- endif %}
+{%- if let Some(account) = s.account %}
+#SBATCH --account={{ account }}
+{%- endif %}
+{%- if let Some(qos) = s.qos %}
+#SBATCH --qos={{ qos }}
+{%- endif %}
+{%- if let Some(reservation) = s.reservation %}
+#SBATCH --reservation={{ reservation }}
+{%- endif %}
+{%- if let Some(constraint) = s.constraint %}
+#SBATCH --constraint={{ constraint }}
+{%- endif %}
+{%- if s.exclusive %}
+#SBATCH --exclusive
+{%- endif %}
+{%- if let Some(array) = array %}
+#SBATCH --array={{ array }}
+{%- endif %}
+#SBATCH --output={{ output }}
+#SBATCH --error={{ error }}
+{#- USR2, not USR1: NCCL installs its own USR1 handler. B: sends it to the batch shell,
+    which `exec` below turns into the controller. #}
+#SBATCH --signal=B:USR2@{{ preemption.signal_seconds }}
+{%- if preemption.requeue %}
+#SBATCH --requeue
+{%- else %}
+#SBATCH --no-requeue
+{%- endif %}
+{%- for line in s.extra_sbatch %}
+#SBATCH {{ line }}
+{%- endfor %}
+
+set -eo pipefail
+{% if let Some(points) = points_file %}
+# Array task N runs the run directory on line N+1 of the points file.
+SHARDRUN_RUN_DIR="$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {{ points }})"
+if [ -z "$SHARDRUN_RUN_DIR" ]; then
+    echo "shardrun: no run directory for array task ${SLURM_ARRAY_TASK_ID} in "{{ points }} >&2
+    exit 2
+fi
+export SHARDRUN_RUN_DIR
+{%- else %}
+export SHARDRUN_RUN_DIR={{ run_dir }}
+{%- endif %}
+export OMP_NUM_THREADS={{ s.cpus_per_task }}
+export SHARDRUN_MAX_REQUEUES={{ preemption.max_requeues }}
+cd "$SHARDRUN_RUN_DIR"
+echo "shardrun: job ${SLURM_JOB_ID} on $(hostname) in ${SHARDRUN_RUN_DIR}"
+{%- if !s.setup.is_empty() %}
+
+# Set-up from resources.setup
+{%- for line in s.setup %}
+{{ line }}
+{%- endfor %}
+{%- endif %}
+
+exec {{ shardrun }} controller --run-dir "$SHARDRUN_RUN_DIR"

@@ -1,0 +1,138 @@
+//! `cargo bench -p shardrun-e2e --bench ingest`: two figures for the README.
+//!
+//! 1. **Ingest**: 64 simulated ranks (`shardrun-simrank`, the real protocol over real
+//!    sockets, `shardrun run` as the controller) log as fast as they can. The rate is what
+//!    reaches `train.log` on disk, measured by watching the file grow between 10% and 90% of
+//!    the expected lines (so process start-up and exit do not count).
+//! 2. **Logging overhead**: 2 ranks run steps of fixed busy computation, without logging
+//!    and with many log lines per step; the ranks report their mean step time.
+//!
+//! Needs the release binaries: `cargo build --release -p shardrun -p shardrun-worker`.
+
+use shardrun_e2e::jobs::*;
+use shardrun_e2e::*;
+use std::io::{Read, Seek, SeekFrom};
+use std::time::{Duration, Instant};
+
+fn main() {
+    let ranks: u64 = env_or("INGEST_RANKS", 64);
+    let lines_per_rank: u64 = env_or("INGEST_LINES_PER_RANK", 20_000);
+    let rate = ingest(ranks, lines_per_rank);
+    println!("ingest: {ranks} ranks x {lines_per_rank} lines: {rate:.0} lines/s into train.log (+ per-rank logs)");
+
+    let compute_ms: u64 = env_or("OVERHEAD_COMPUTE_MS", 20);
+    let heavy: u64 = env_or("OVERHEAD_LINES_PER_STEP", 100);
+    let (quiet, _) = step_time(compute_ms, 0);
+    for lines in [heavy / 10, heavy] {
+        let (loud, per_call_us) = step_time(compute_ms, lines);
+        println!(
+            "step time with {compute_ms} ms of compute: {quiet:.3} ms without logging, {loud:.3} ms with \
+             {lines} lines/step: {:+.2}% (inside the log calls: {per_call_us:.2} us per line, {:.2}% of the step)",
+            (loud / quiet - 1.0) * 100.0,
+            per_call_us * lines as f64 / 1000.0 / quiet * 100.0
+        );
+    }
+}
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn ingest(ranks: u64, lines_per_rank: u64) -> f64 {
+    let dir = TestDir::new("bench-ingest");
+    let steps = 100;
+    let spec = dir.write("bench.yaml", &tiny_mlp_spec("ingest", steps, ranks));
+    let envs = [
+        ("SHARDRUN_WORKER_BIN", simrank()),
+        (
+            "SIMRANK_LINES_PER_STEP",
+            (lines_per_rank / steps).to_string(),
+        ),
+    ];
+    let (mut cmd, run) = local_run_command(
+        &dir,
+        &spec,
+        &["--nproc", &ranks.to_string(), "--echo", "none"],
+        &envs,
+    );
+    cmd.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut job = GroupChild::spawn(&mut cmd).expect("start the job");
+    let expected = ranks * lines_per_rank;
+    let (lo, hi) = (expected / 10, expected * 9 / 10);
+    let log = run.join("train.log");
+    let (mut offset, mut lines) = (0u64, 0u64);
+    let (mut t_lo, mut t_hi) = (None, None);
+    let started = Instant::now();
+    while t_hi.is_none() {
+        if let Ok(mut f) = std::fs::File::open(&log) {
+            let _ = f.seek(SeekFrom::Start(offset));
+            let mut buf = Vec::new();
+            let _ = f.read_to_end(&mut buf);
+            offset += buf.len() as u64;
+            lines += buf.iter().filter(|&&b| b == b'\n').count() as u64;
+        }
+        let now = Instant::now();
+        if t_lo.is_none() && lines >= lo {
+            t_lo = Some((now, lines));
+        }
+        if lines >= hi {
+            t_hi = Some((now, lines));
+        }
+        if matches!(job.child.try_wait(), Ok(Some(_))) && t_hi.is_none() {
+            panic!(
+                "the job ended after {lines} of {expected} lines; see {}",
+                log.display()
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "benchmark took too long"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let status = job.child.wait().expect("wait for the job");
+    assert!(
+        status.success(),
+        "the benchmark job failed; see {}",
+        log.display()
+    );
+    let ((t0, n0), (t1, n1)) = (t_lo.unwrap(), t_hi.unwrap());
+    (n1 - n0) as f64 / (t1 - t0).as_secs_f64()
+}
+
+/// Mean step time (ms) and time per log call (us) over both ranks, from their final report.
+fn step_time(compute_ms: u64, lines_per_step: u64) -> (f64, f64) {
+    let dir = TestDir::new("bench-overhead");
+    let spec = dir.write("bench.yaml", &tiny_mlp_spec("overhead", 200, 2));
+    let envs = [
+        ("SHARDRUN_WORKER_BIN", simrank()),
+        ("SIMRANK_COMPUTE_MS", compute_ms.to_string()),
+        ("SIMRANK_LINES_PER_STEP", lines_per_step.to_string()),
+    ];
+    let (out, run) = run_local(
+        &dir,
+        &spec,
+        &["--nproc", "2", "--echo", "none"],
+        &envs,
+        Duration::from_secs(300),
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    let field = |after: &str| -> Vec<f64> {
+        log.lines()
+            .filter_map(|l| l.split(after).nth(1)?.split(' ').next()?.parse().ok())
+            .collect()
+    };
+    let (times, calls) = (field("mean step time "), field("ms; "));
+    assert_eq!(
+        (times.len(), calls.len()),
+        (2, 2),
+        "both ranks report their step time"
+    );
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    (mean(&times), mean(&calls))
+}

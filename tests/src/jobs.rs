@@ -1,0 +1,123 @@
+//! Helpers for the controller's end-to-end tests: tiny job specs, local runs, and looking at
+//! the processes of a run from the outside (`/proc`).
+
+use crate::{binary, run_with_deadline, shardrun, TestDir};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+/// A two-layer MLP small enough that a step takes milliseconds on CPU.
+pub fn tiny_mlp_spec(name: &str, steps: u64, ranks: u64) -> String {
+    let per_device = 4;
+    format!(
+        "name: {name}\nresources:\n  tasks_per_node: {ranks}\n  cpus_per_task: 1\n  time: \"00:05:00\"\n\
+         training:\n  model: {{ kind: mlp, input_dim: 16, hidden_dim: 32, output_dim: 16 }}\n  \
+         steps: {steps}\n  total_batch_size: {}\n  batch_size_per_device: {per_device}\n",
+        per_device * ranks
+    )
+}
+
+/// `shardrun run <spec> --run-dir <dir>/run ...` with extra arguments and environment.
+pub fn local_run_command(
+    dir: &TestDir,
+    spec: &Path,
+    args: &[&str],
+    envs: &[(&str, String)],
+) -> (Command, PathBuf) {
+    let run = dir.join("run");
+    let mut cmd = Command::new(shardrun());
+    cmd.current_dir(dir.path())
+        .arg("run")
+        .arg(spec)
+        .arg("--run-dir")
+        .arg(&run)
+        .args(args)
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())));
+    (cmd, run)
+}
+
+pub fn run_local(
+    dir: &TestDir,
+    spec: &Path,
+    args: &[&str],
+    envs: &[(&str, String)],
+    deadline: Duration,
+) -> (Output, PathBuf) {
+    let (mut cmd, run) = local_run_command(dir, spec, args, envs);
+    let out = run_with_deadline(&mut cmd, deadline).expect("shardrun run finished in time");
+    (out, run)
+}
+
+/// The simulated rank binary (speaks the real protocol, trains nothing).
+pub fn simrank() -> String {
+    binary("shardrun-simrank").display().to_string()
+}
+
+/// Pids of live processes whose environment has `key=value` (workers carry
+/// `SHARDRUN_RUN_DIR=<run>`), so a test can find a run's ranks or prove none is left.
+pub fn processes_with_env(key: &str, value: &str) -> Vec<(i32, Vec<(String, String)>)> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        // Zombies keep no environment; only running processes count.
+        let vars: Vec<(String, String)> = raw
+            .split(|&b| b == 0)
+            .filter_map(|kv| {
+                let kv = String::from_utf8_lossy(kv);
+                kv.split_once('=')
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+            })
+            .collect();
+        if vars.iter().any(|(k, v)| k == key && v == value) {
+            found.push((pid, vars));
+        }
+    }
+    found
+}
+
+/// The rank's pid among a run's live workers.
+pub fn worker_pid(run: &Path, rank: u64) -> Option<i32> {
+    processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string())
+        .into_iter()
+        .find(|(_, vars)| {
+            vars.iter()
+                .any(|(k, v)| k == "SHARDRUN_RANK" && *v == rank.to_string())
+        })
+        .map(|(pid, _)| pid)
+}
+
+/// Resident memory of a process in KiB (`VmRSS`).
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// The steps of `rank` in a run's metrics.jsonl, in file order.
+pub fn metric_steps(run: &Path, rank: u64) -> Vec<u64> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["rank"].as_u64() == Some(rank))
+        .filter_map(|v| v["step"].as_u64())
+        .collect()
+}
+
+pub fn result_json(run: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(run.join("result.json")).expect("result.json written");
+    serde_json::from_str(&text).expect("result.json is JSON")
+}

@@ -1,0 +1,133 @@
+//! A rank SIGKILLed at a random step: the job ends quickly, non-zero, naming the rank; no
+//! process is left; every line the rank wrote before dying is in train.log.
+//! (The deadlines are generous hang detectors, not performance assertions.)
+
+use shardrun_e2e::jobs::*;
+use shardrun_e2e::*;
+use std::time::{Duration, Instant};
+
+/// A cheap random number without a dependency: the clock's nanoseconds.
+fn random_below(n: u64) -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    u64::from(nanos) % n
+}
+
+fn assert_nothing_left(run: &std::path::Path) {
+    let left = wait_for(
+        "the run's processes to be gone",
+        Duration::from_secs(5),
+        || {
+            let left = processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string());
+            left.is_empty().then_some(())
+        },
+    );
+    assert!(
+        left.is_ok(),
+        "processes left: {:?}",
+        processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string())
+            .iter()
+            .map(|p| p.0)
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn killed_rank_loses_no_line_and_fails_the_job() {
+    let dir = TestDir::new("kill-sim");
+    let ranks = 3;
+    let victim = random_below(ranks);
+    let die_at = 2 + random_below(15);
+    let lines = 200;
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("kill", 400, ranks));
+    let envs = [
+        ("SHARDRUN_WORKER_BIN", simrank()),
+        ("SIMRANK_LINES_PER_STEP", lines.to_string()),
+        ("SIMRANK_STEP_MS", "20".to_string()),
+        ("SIMRANK_DIE_RANK", victim.to_string()),
+        ("SIMRANK_DIE_AT_STEP", die_at.to_string()),
+    ];
+    let (out, run) = run_local(
+        &dir,
+        &spec,
+        &["--nproc", &ranks.to_string()],
+        &envs,
+        Duration::from_secs(60),
+    );
+    let stdout = stdout_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{}", stderr_of(&out));
+    assert!(stdout.contains(&format!("rank {victim} on")), "{stdout}");
+    assert!(stdout.contains("signal 9 (SIGKILL)"), "{stdout}");
+    assert!(stderr_of(&out).contains(&format!("rank {victim}")));
+
+    let result = result_json(&run);
+    assert_eq!(
+        (result["status"].as_str(), result["rank"].as_u64()),
+        (Some("failed"), Some(victim))
+    );
+    assert_eq!(result["exit"]["signal"], 9);
+    assert!(!result["last_lines"].as_array().unwrap().is_empty());
+
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    for step in 1..=die_at {
+        for i in 0..lines {
+            let line = format!("[rank {victim}] rank {victim} step {step} line {i}\n");
+            assert!(log.contains(&line), "missing: {line}");
+        }
+    }
+    assert_nothing_left(&run);
+}
+
+#[test]
+fn sigkill_from_outside_stops_a_training_job_within_seconds() {
+    let dir = TestDir::new("kill-train");
+    let victim = random_below(2);
+    let kill_after = 3 + random_below(20);
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("killtrain", 100_000, 2));
+    let (mut cmd, run) = local_run_command(&dir, &spec, &["--nproc", "2"], &[]);
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut job = GroupChild::spawn(&mut cmd).unwrap();
+    wait_for(
+        "training to reach the chosen step",
+        Duration::from_secs(60),
+        || (metric_steps(&run, 0).len() as u64 >= kill_after).then_some(()),
+    )
+    .unwrap();
+    let pid = worker_pid(&run, victim).expect("the victim's pid");
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let killed = Instant::now();
+    let status = wait_for(
+        "the job to end after the kill",
+        Duration::from_secs(10),
+        || job.child.try_wait().ok().flatten(),
+    )
+    .unwrap_or_else(|e| panic!("{e}: the controller hangs after rank {victim} was killed"));
+    assert!(killed.elapsed() < Duration::from_secs(10));
+    assert_eq!(status.code(), Some(1));
+    let result = result_json(&run);
+    assert_eq!(result["rank"].as_u64(), Some(victim), "{result}");
+    assert!(
+        result["message"].as_str().unwrap().contains("SIGKILL"),
+        "{result}"
+    );
+    assert_nothing_left(&run);
+    // Rank 0 logs every step: the ones it reported are contiguous, none lost in the crash.
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    let logged: Vec<u64> = log
+        .lines()
+        .filter(|l| l.contains("[rank 0] step "))
+        .filter_map(|l| {
+            l.split("[rank 0] step ")
+                .nth(1)?
+                .split('/')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert!(!logged.is_empty());
+    assert_eq!(logged, (1..=logged.len() as u64).collect::<Vec<_>>());
+}

@@ -1,0 +1,150 @@
+//! Local mode end to end: `shardrun run` with real worker processes over real sockets, then
+//! the commands that read the run back (`logs`, `metrics`, `plot`).
+
+use shardrun_e2e::jobs::*;
+use shardrun_e2e::*;
+use std::process::Command;
+use std::time::Duration;
+
+#[test]
+fn two_rank_training_writes_logs_metrics_and_plots() {
+    let dir = TestDir::new("local-run");
+    let steps = 6;
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("tiny", steps, 2));
+    let (out, run) = run_local(
+        &dir,
+        &spec,
+        &["--nproc", "2"],
+        &[],
+        Duration::from_secs(120),
+    );
+    let stdout = stdout_of(&out);
+    assert!(
+        out.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        stderr_of(&out)
+    );
+    assert!(stdout.contains("training finished"), "{stdout}");
+
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    for rank in 0..2 {
+        assert!(
+            log.contains(&format!("[rank {rank}] rank {rank} of 2 joined")),
+            "{log}"
+        );
+        let own = std::fs::read_to_string(run.join(format!("logs/rank-{rank}.log"))).unwrap();
+        assert!(own.contains(&format!("rank {rank} of 2 joined")), "{own}");
+    }
+    assert_eq!(metric_steps(&run, 0), (1..=steps).collect::<Vec<_>>());
+    assert_eq!(result_json(&run)["status"], "succeeded");
+
+    let plot = |args: &[&str]| {
+        let out = run_with_deadline(Command::new(shardrun()).args(args), Duration::from_secs(30))
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr_of(&out));
+        stdout_of(&out)
+    };
+    let run_arg = run.to_string_lossy().to_string();
+    plot(&["plot", &run_arg]);
+    let svg = std::fs::read_to_string(run.join("metrics.svg")).unwrap();
+    assert!(
+        svg.contains("<svg") && svg.contains("polyline"),
+        "an SVG with curves"
+    );
+    let png = dir.join("curves.png");
+    let png_arg = png.to_string_lossy().to_string();
+    if std::path::Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").is_file() {
+        plot(&["plot", &run_arg, "-o", &png_arg]);
+        assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG"));
+    } else {
+        // Without a font, PNG refuses clearly instead of drawing a chart without labels.
+        let out = run_with_deadline(
+            Command::new(shardrun()).args(["plot", &run_arg, "-o", &png_arg]),
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        assert!(!out.status.success() && stderr_of(&out).contains("fonts-dejavu-core"));
+    }
+
+    let table = plot(&["metrics", &dir.path().to_string_lossy()]);
+    assert!(
+        table.contains(&format!("{steps}/{steps}")) && table.contains("succeeded"),
+        "{table}"
+    );
+    let logs = plot(&["logs", &run_arg]);
+    assert_eq!(logs, log);
+}
+
+#[test]
+fn raw_output_and_reported_lines_of_every_rank_arrive() {
+    let dir = TestDir::new("local-raw");
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("raw", 5, 3));
+    let envs = [
+        ("SHARDRUN_WORKER_BIN", simrank()),
+        ("SIMRANK_RAW", "true".to_string()),
+    ];
+    let (out, run) = run_local(
+        &dir,
+        &spec,
+        &["--nproc", "3"],
+        &envs,
+        Duration::from_secs(60),
+    );
+    assert!(
+        out.status.success(),
+        "{}{}",
+        stdout_of(&out),
+        stderr_of(&out)
+    );
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    for rank in 0..3 {
+        for step in 1..=5 {
+            assert!(
+                log.contains(&format!("[rank {rank}] rank {rank} step {step} line 0")),
+                "{log}"
+            );
+            let raw = format!("[rank {rank}] (stdout) raw stdout of rank {rank} at step {step}");
+            assert!(log.contains(&raw), "{log}");
+        }
+        assert_eq!(metric_steps(&run, rank), (1..=5).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn worker_that_cannot_reach_the_controller_names_the_address() {
+    let dir = TestDir::new("unreachable");
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("lost", 2, 1));
+    let plan = run_with_deadline(
+        Command::new(shardrun()).args(["plan", "--json"]).arg(&spec),
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    let resolved: serde_json::Value = serde_json::from_str(&stdout_of(&plan)).unwrap();
+    let config = dir.write("train_config.json", &resolved["train"].to_string());
+    // A port that was free a moment ago: nobody listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    for bin in ["shardrun-worker", "shardrun-simrank"] {
+        let out = run_with_deadline(
+            Command::new(binary(bin))
+                .env("SHARDRUN_CONTROLLER", &addr)
+                .env("SHARDRUN_SECRET", "x")
+                .env("SHARDRUN_CONNECT_TIMEOUT", "1")
+                .env("SHARDRUN_CONFIG", &config)
+                .env("SHARDRUN_RANK", "0")
+                .env("SHARDRUN_WORLD_SIZE", "1"),
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        let err = stderr_of(&out);
+        assert!(!out.status.success());
+        assert!(
+            err.contains(&format!("cannot reach the shardrun controller at {addr}")),
+            "{bin}: {err}"
+        );
+    }
+}

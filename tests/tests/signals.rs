@@ -1,0 +1,75 @@
+//! Signals to the controller: SIGTERM/SIGINT shut the workers down cleanly (none left);
+//! SIGUSR2 asks every rank to checkpoint and stop (preemption).
+
+use shardrun_e2e::jobs::*;
+use shardrun_e2e::*;
+use std::io::Read;
+use std::time::Duration;
+
+fn start_long_job(dir: &TestDir, name: &str) -> (GroupChild, std::path::PathBuf) {
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec(name, 100_000, 2));
+    let envs = [
+        ("SHARDRUN_WORKER_BIN", simrank()),
+        ("SIMRANK_STEP_MS", "10".to_string()),
+    ];
+    let (mut cmd, run) = local_run_command(dir, &spec, &["--nproc", "2"], &envs);
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let job = GroupChild::spawn(&mut cmd).unwrap();
+    wait_for("the job to be training", Duration::from_secs(30), || {
+        (metric_steps(&run, 1).len() >= 3).then_some(())
+    })
+    .unwrap();
+    (job, run)
+}
+
+fn finish(job: &mut GroupChild) -> (std::process::ExitStatus, String) {
+    let status = wait_for("the job to end", Duration::from_secs(20), || {
+        job.child.try_wait().ok().flatten()
+    })
+    .unwrap();
+    let mut stdout = String::new();
+    job.child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    (status, stdout)
+}
+
+#[test]
+fn sigterm_cancels_the_job_and_leaves_no_process() {
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        let dir = TestDir::new("cancel");
+        let (mut job, run) = start_long_job(&dir, "cancel");
+        unsafe { libc::kill(job.child.id() as i32, signal) };
+        let (status, stdout) = finish(&mut job);
+        assert_eq!(status.code(), Some(130), "{stdout}");
+        assert_eq!(result_json(&run)["status"], "cancelled");
+        let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+        assert!(log.contains("stopping: the job was cancelled"), "{log}");
+        assert!(processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string()).is_empty());
+    }
+}
+
+#[test]
+fn sigusr2_preempts_every_rank_at_a_step_boundary() {
+    let dir = TestDir::new("preempt");
+    let (mut job, run) = start_long_job(&dir, "preempt");
+    unsafe { libc::kill(job.child.id() as i32, libc::SIGUSR2) };
+    let (status, stdout) = finish(&mut job);
+    assert!(status.success(), "{stdout}");
+    assert!(
+        stdout.contains("run the same command again to resume"),
+        "{stdout}"
+    );
+    assert_eq!(result_json(&run)["status"], "preempted");
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    for rank in 0..2 {
+        assert!(
+            log.contains(&format!("[rank {rank}] preempted at step")),
+            "{log}"
+        );
+    }
+}

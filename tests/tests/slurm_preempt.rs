@@ -1,0 +1,57 @@
+//! Preemption on the real Slurm, controller side: `scancel --signal=USR2 --batch` reaches
+//! the controller (the batch shell `exec`s it), every rank is asked to stop at a step
+//! boundary, the controller requeues the job with `scontrol requeue`, and the requeued job
+//! runs in the same run directory to completion. The ranks are simulated (they acknowledge
+//! the preemption like the trainer does, without a checkpoint to write).
+
+use shardrun_e2e::jobs::*;
+use shardrun_e2e::*;
+use std::time::Duration;
+
+#[test]
+fn usr2_requeues_the_job_which_then_completes() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("slurm-preempt");
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("preempt", 150, 2));
+    let mut submit = cluster.command(shardrun());
+    submit
+        .current_dir(dir.path())
+        .args(["submit", &spec.to_string_lossy()])
+        // sbatch exports the submitting environment down to the srun tasks.
+        .env("SHARDRUN_WORKER_BIN", simrank())
+        .env("SIMRANK_STEP_MS", "40");
+    let out = run_with_deadline(&mut submit, Duration::from_secs(60)).unwrap();
+    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
+    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let run = dir.join("runs/preempt");
+
+    wait_for(
+        "the first attempt to train",
+        Duration::from_secs(120),
+        || (metric_steps(&run, 0).len() >= 5).then_some(()),
+    )
+    .unwrap();
+    let mut signal = cluster.command("scancel");
+    signal.args(["--signal=USR2", "--batch", &job_id]);
+    let out = run_with_deadline(&mut signal, Duration::from_secs(30)).unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+
+    let count = wait_for_file(&run.join("requeue_count"), Duration::from_secs(60), |t| {
+        t.trim() == "1"
+    });
+    let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
+    count.unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    let result = wait_for_file(&run.join("result.json"), Duration::from_secs(180), |t| {
+        t.contains("\"succeeded\"")
+    });
+    result.unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    let log = log();
+    for rank in 0..2 {
+        assert!(
+            log.contains(&format!("[rank {rank}] preempted at step")),
+            "{log}"
+        );
+    }
+    assert!(log.contains("requeueing Slurm job"), "{log}");
+    assert!(log.contains("training finished"), "{log}");
+}

@@ -1,0 +1,55 @@
+//! A real-Slurm 2-task job: `shardrun submit` → sbatch → `shardrun controller` → `srun` with
+//! one task per rank. Both ranks' lines reach train.log, every step reaches metrics.jsonl,
+//! the plot draws, and the job COMPLETES.
+
+use shardrun_e2e::jobs::*;
+use shardrun_e2e::*;
+use std::process::Command;
+use std::time::Duration;
+
+#[test]
+fn two_task_slurm_job_logs_both_ranks_and_completes() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("slurm-run");
+    let steps = 5;
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("srun2", steps, 2));
+    let out = cluster
+        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
+        .unwrap();
+    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
+    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let run = dir.join("runs/srun2");
+    let result = wait_for_file(&run.join("result.json"), Duration::from_secs(300), |t| {
+        t.ends_with('}')
+    });
+    let slurm_out =
+        std::fs::read_to_string(run.join(format!("srun2-{job_id}.out"))).unwrap_or_default();
+    let slurm_err =
+        std::fs::read_to_string(run.join(format!("srun2-{job_id}.err"))).unwrap_or_default();
+    let result =
+        result.unwrap_or_else(|e| panic!("{e}\nstdout:\n{slurm_out}\nstderr:\n{slurm_err}"));
+    assert!(
+        result.contains("\"succeeded\""),
+        "{result}\nstdout:\n{slurm_out}\nstderr:\n{slurm_err}"
+    );
+
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    for rank in 0..2 {
+        assert!(
+            log.contains(&format!("[rank {rank}] rank {rank} of 2 joined")),
+            "{log}"
+        );
+    }
+    assert_eq!(metric_steps(&run, 0), (1..=steps).collect::<Vec<_>>());
+    // The Slurm output file is the controller's stdout: human-readable, rank 0 by default.
+    assert!(slurm_out.contains("training finished"), "{slurm_out}");
+    assert!(slurm_out.contains("[rank 0]"), "{slurm_out}");
+
+    let plot = run_with_deadline(
+        Command::new(shardrun()).arg("plot").arg(&run),
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    assert!(plot.status.success(), "{}", stderr_of(&plot));
+    assert!(run.join("metrics.svg").is_file());
+}

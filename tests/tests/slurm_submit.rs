@@ -1,0 +1,217 @@
+//! `shardrun submit`, `status` and `cancel` against the project's real single-node Slurm
+//! (`slurm/start.sh`). The job bodies come from `resources.setup` lines so these tests do
+//! not depend on the training code; `slurm_training.rs` runs the real controller.
+
+use shardrun_e2e::*;
+use std::path::Path;
+use std::time::Duration;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A tiny valid spec whose job runs `setup` and never reaches the controller when the
+/// setup ends with `exit`.
+fn spec(name: &str, setup: &[&str]) -> String {
+    let lines: String = setup.iter().map(|l| format!("    - {l:?}\n")).collect();
+    format!(
+        "name: {name}\nresources:\n  tasks_per_node: 1\n  time: \"00:05:00\"\n  setup:\n{lines}training:\n  model: {{ kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }}\n  steps: 1\n  total_batch_size: 4\n  batch_size_per_device: 4\n"
+    )
+}
+
+fn state_of(cluster: &SlurmCluster, cwd: &Path, run: &Path) -> String {
+    let out = cluster
+        .shardrun(cwd, &["status", "--json", &run.to_string_lossy()])
+        .expect("status runs");
+    assert!(out.status.success(), "status failed: {}", stderr_of(&out));
+    states(&stdout_of(&out))
+        .first()
+        .map(|(_, s)| s.clone())
+        .unwrap_or_default()
+}
+
+fn wait_state(cluster: &SlurmCluster, cwd: &Path, run: &Path, want: &str) {
+    let mut last = String::new();
+    let result = wait_for(&format!("{} to be {want}", run.display()), DEADLINE, || {
+        last = state_of(cluster, cwd, run);
+        (last == want).then_some(())
+    });
+    if let Err(e) = result {
+        panic!("{e}; last state {last}");
+    }
+}
+
+#[test]
+fn rendered_script_runs_and_its_output_file_grows() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("submit-grows");
+    let spec = dir.write(
+        "job.yaml",
+        &spec(
+            "ticker",
+            &[
+                "for i in 1 2 3 4 5 6; do echo \"tick $i\"; sleep 0.5; done",
+                "exit 0",
+            ],
+        ),
+    );
+    let out = cluster
+        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
+        .unwrap();
+    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
+    let stdout = stdout_of(&out);
+    let job_id = submitted_job_id(&stdout).expect("job id printed");
+    let run = dir.join("runs/ticker");
+    let log = run.join(format!("ticker-{job_id}.out"));
+    assert!(
+        stdout.contains(&format!("tail -f {}", log.display())),
+        "{stdout}"
+    );
+
+    // The output file appears while the job runs and grows line by line.
+    let first = wait_for_file(&log, DEADLINE, |t| t.contains("tick 1")).unwrap();
+    assert!(
+        !first.contains("tick 6"),
+        "saw the whole output at once: {first}"
+    );
+    wait_for_file(&log, DEADLINE, |t| t.contains("tick 6")).unwrap();
+    assert!(std::fs::read_to_string(&log)
+        .unwrap()
+        .starts_with("shardrun: job "));
+    wait_state(&cluster, dir.path(), &run, "COMPLETED");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["slurm_job_ids"][0], job_id.as_str());
+    assert_eq!(
+        manifest["state"], "COMPLETED",
+        "status writes the ended state back"
+    );
+}
+
+#[test]
+fn status_reports_failed_and_cancelled() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("submit-states");
+    let failing = dir.write("fail.yaml", &spec("fails", &["exit 3"]));
+    let sleeping = dir.write("sleep.yaml", &spec("sleeps", &["sleep 300"]));
+    for spec in [&failing, &sleeping] {
+        let out = cluster
+            .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
+            .unwrap();
+        assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
+    }
+    wait_state(&cluster, dir.path(), &dir.join("runs/fails"), "FAILED");
+
+    let run = dir.join("runs/sleeps");
+    wait_state(&cluster, dir.path(), &run, "RUNNING");
+    let out = cluster
+        .shardrun(dir.path(), &["cancel", &run.to_string_lossy()])
+        .unwrap();
+    assert!(out.status.success(), "cancel failed: {}", stderr_of(&out));
+    wait_state(&cluster, dir.path(), &run, "CANCELLED");
+
+    // One batched query answers for the whole run root.
+    let out = cluster.shardrun(dir.path(), &["status", "--json"]).unwrap();
+    let mut all = states(&stdout_of(&out));
+    all.sort();
+    assert_eq!(
+        all,
+        vec![
+            ("fails".into(), "FAILED".into()),
+            ("sleeps".into(), "CANCELLED".into())
+        ]
+    );
+}
+
+#[test]
+fn sbatch_refusal_shows_its_stderr_and_marks_the_run_failed() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("submit-refused");
+    let text = spec("refused", &["exit 0"]).replace(
+        "  tasks_per_node: 1\n",
+        "  tasks_per_node: 1\n  partition: no-such-partition\n",
+    );
+    let spec = dir.write("job.yaml", &text);
+    let out = cluster
+        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = stderr_of(&out);
+    assert!(
+        stderr.contains("invalid partition"),
+        "sbatch's stderr is shown: {stderr}"
+    );
+    assert!(stderr.contains("--force"), "says what to do next: {stderr}");
+    let run = dir.join("runs/refused");
+    let manifest = std::fs::read_to_string(run.join("manifest.json")).unwrap();
+    assert!(manifest.contains("\"SUBMIT_FAILED\""), "{manifest}");
+    // The run directory is complete, and nothing temporary is left beside it.
+    for file in [
+        "job.yaml",
+        "resolved.json",
+        "train_config.json",
+        "plan.txt",
+        "job.sbatch",
+        "secret",
+    ] {
+        assert!(run.join(file).is_file(), "{file} missing");
+    }
+    assert_eq!(std::fs::read_dir(dir.join("runs")).unwrap().count(), 1);
+}
+
+#[test]
+fn missing_sbatch_is_explained() {
+    let dir = TestDir::new("submit-no-sbatch");
+    let spec = dir.write("job.yaml", &spec("nosbatch", &["exit 0"]));
+    let mut cmd = std::process::Command::new(shardrun());
+    cmd.current_dir(dir.path())
+        .env("PATH", "/nonexistent")
+        .args(["submit", &spec.to_string_lossy()]);
+    let out = run_with_deadline(&mut cmd, DEADLINE).unwrap();
+    assert!(!out.status.success());
+    let stderr = stderr_of(&out);
+    assert!(
+        stderr.contains("`sbatch` was not found on PATH") && stderr.contains("slurm/start.sh"),
+        "{stderr}"
+    );
+    let manifest = std::fs::read_to_string(dir.join("runs/nosbatch/manifest.json")).unwrap();
+    assert!(manifest.contains("\"SUBMIT_FAILED\""), "{manifest}");
+}
+
+#[test]
+fn an_existing_run_is_refused_unless_forced() {
+    let dir = TestDir::new("submit-exists");
+    let spec = dir.write("job.yaml", &spec("twice", &["exit 0"]));
+    let run = dir.join("runs/twice");
+    std::fs::create_dir_all(&run).unwrap();
+    std::fs::write(run.join("precious"), "keep me").unwrap();
+    let mut cmd = std::process::Command::new(shardrun());
+    cmd.current_dir(dir.path())
+        .args(["submit", &spec.to_string_lossy()]);
+    let out = run_with_deadline(&mut cmd, DEADLINE).unwrap();
+    assert!(!out.status.success());
+    assert!(stderr_of(&out).contains("already exists") && stderr_of(&out).contains("--force"));
+    assert_eq!(
+        std::fs::read_to_string(run.join("precious")).unwrap(),
+        "keep me"
+    );
+}
+
+#[test]
+fn dry_run_prints_the_script_and_writes_nothing() {
+    let dir = TestDir::new("submit-dry");
+    let spec = dir.write("job.yaml", &spec("dry", &["exit 0"]));
+    let mut cmd = std::process::Command::new(shardrun());
+    cmd.current_dir(dir.path())
+        .args(["submit", "--dry-run", &spec.to_string_lossy()]);
+    let out = run_with_deadline(&mut cmd, DEADLINE).unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let script = stdout_of(&out);
+    assert!(
+        script.starts_with("#!/bin/bash") && script.contains("#SBATCH --signal=B:USR2@"),
+        "{script}"
+    );
+    assert!(script.contains(&format!(
+        "exec {} controller --run-dir",
+        shardrun().canonicalize().unwrap().display()
+    )));
+    assert!(!dir.join("runs").exists());
+}

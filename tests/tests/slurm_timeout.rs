@@ -1,0 +1,45 @@
+//! The preemption warning and the time limit on the real Slurm: the batch shell gets USR2
+//! from `--signal=B:USR2@<seconds>` before the limit, and a job that runs past its limit is
+//! reported as TIMEOUT (not FAILED). Takes 1–2 minutes: Slurm's time limit is in minutes.
+
+use shardrun_e2e::*;
+use std::time::Duration;
+
+#[test]
+fn usr2_arrives_before_the_limit_and_the_job_ends_as_timeout() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("timeout");
+    // `wait` returns early when the trapped USR2 arrives; `|| true` keeps `set -e` calm.
+    let spec = dir.write(
+        "job.yaml",
+        "name: overtime\nresources:\n  time: \"1\"\n  setup:\n    - trap 'echo \"got USR2\"' USR2\n    - sleep 170 & wait $! || true\n    - sleep 170 & wait $! || true\n    - exit 0\npreemption:\n  signal_seconds: 30\n  requeue: false\ntraining:\n  model: { kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }\n  steps: 1\n  total_batch_size: 4\n  batch_size_per_device: 4\n",
+    );
+    let out = cluster
+        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
+        .unwrap();
+    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
+    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let run = dir.join("runs/overtime");
+    let script = std::fs::read_to_string(run.join("job.sbatch")).unwrap();
+    assert!(
+        script.contains("#SBATCH --signal=B:USR2@30") && script.contains("#SBATCH --no-requeue")
+    );
+
+    wait_for_file(
+        &run.join(format!("overtime-{job_id}.out")),
+        Duration::from_secs(120),
+        |t| t.contains("got USR2"),
+    )
+    .unwrap();
+    let state = wait_for("the job to end", Duration::from_secs(180), || {
+        let out = cluster
+            .shardrun(dir.path(), &["status", "--json", &run.to_string_lossy()])
+            .ok()?;
+        states(&stdout_of(&out))
+            .into_iter()
+            .map(|(_, s)| s)
+            .find(|s| s != "SUBMITTED" && s != "RUNNING")
+    })
+    .unwrap();
+    assert_eq!(state, "TIMEOUT");
+}

@@ -1,0 +1,355 @@
+//! The worker's side of the controller: handshake, registration, waiting for the start
+//! signal, then a [`Reporter`] over the same TCP connection, a heartbeat thread, and a reader
+//! thread that acts on [`ToWorker::Preempt`] and [`ToWorker::Shutdown`].
+//!
+//! Every report is one frame written with a single blocking `write_all` under a lock, so when
+//! `log` returns the line is in the kernel's socket buffer: a crash right after loses nothing.
+
+use crate::report::Reporter;
+use shardrun_protocol::connection::{encode_frame, BlockingConnection, ConnectionError};
+use shardrun_protocol::env;
+use shardrun_protocol::messages::{
+    FromWorker, LogLevel, LogLine, Registration, Role, StartInfo, StepMetrics, ToWorker,
+    TrainSummary,
+};
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Exit status of a worker stopped by the controller's [`ToWorker::Shutdown`].
+pub const EXIT_SHUTDOWN: i32 = 3;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("{var} is not set: the worker is started by `shardrun run` or the job's controller, which set it")]
+    MissingEnv { var: &'static str },
+    #[error("cannot read the job secret from {path} ({source}); is the run directory readable from this node?")]
+    Secret {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot reach the shardrun controller at {addr} after {secs} s: {source}. Is the controller still running (see the run's train.log), and is {addr} reachable from this node?")]
+    Unreachable {
+        addr: String,
+        secs: u64,
+        source: ConnectionError,
+    },
+    #[error("the shardrun controller at {addr} refused this worker: {reason}")]
+    Rejected { addr: String, reason: String },
+    #[error("the controller at {addr} stopped the job before it started: {reason}")]
+    Stopped { addr: String, reason: String },
+    #[error("lost the connection to the controller at {addr} during the rendezvous: {source}")]
+    Rendezvous {
+        addr: String,
+        source: ConnectionError,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Keep retrying to connect for this long (the controller may still be starting).
+    pub connect_timeout: Duration,
+    pub heartbeat_interval: Duration,
+}
+
+impl ClientOptions {
+    /// Defaults, with the connect timeout from [`env::CONNECT_TIMEOUT`] when set.
+    pub fn from_env() -> Self {
+        let mut opts = ClientOptions::default();
+        if let Some(secs) = std::env::var(env::CONNECT_TIMEOUT)
+            .ok()
+            .and_then(|s| s.trim().parse::<f64>().ok())
+        {
+            opts.connect_timeout = Duration::from_secs_f64(secs.max(0.0));
+        }
+        opts
+    }
+}
+
+/// This machine's name as peers on other nodes know it.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            connect_timeout: Duration::from_secs(30),
+            heartbeat_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Where the controller is and the secret to present, from the controller's variables.
+pub fn endpoint_from_env() -> Result<(String, String), ClientError> {
+    let addr = std::env::var(env::CONTROLLER_ADDR).map_err(|_| ClientError::MissingEnv {
+        var: env::CONTROLLER_ADDR,
+    })?;
+    if let Ok(secret) = std::env::var(env::SECRET) {
+        return Ok((addr, secret));
+    }
+    let path = std::env::var(env::SECRET_FILE).map_err(|_| ClientError::MissingEnv {
+        var: env::SECRET_FILE,
+    })?;
+    let secret = std::fs::read_to_string(&path).map_err(|source| ClientError::Secret {
+        path: path.clone(),
+        source,
+    })?;
+    Ok((addr, secret.trim().to_string()))
+}
+
+pub struct ControllerClient {
+    rank: u64,
+    addr: String,
+    conn: Mutex<BlockingConnection>,
+    preempt: AtomicBool,
+}
+
+/// Connects, registers and waits until the whole world has registered. Returns the reporter
+/// and what the collectives need. Starts the heartbeat and reader threads.
+pub fn connect(
+    addr: &str,
+    secret: &str,
+    registration: Registration,
+    opts: &ClientOptions,
+) -> Result<(Arc<ControllerClient>, StartInfo), ClientError> {
+    let mut conn = connect_with_retry(addr, secret, opts.connect_timeout)?;
+    let rank = registration.rank;
+    let (host, pid, device) = (
+        registration.host.clone(),
+        registration.pid,
+        registration.device.clone(),
+    );
+    let lost = |source| ClientError::Rendezvous {
+        addr: addr.to_string(),
+        source,
+    };
+    conn.send(&FromWorker::Register(registration))
+        .map_err(lost)?;
+    let start = loop {
+        match conn.recv::<ToWorker>().map_err(lost)? {
+            ToWorker::Start(info) => break info,
+            ToWorker::Shutdown { reason } => {
+                return Err(ClientError::Stopped {
+                    addr: addr.to_string(),
+                    reason,
+                })
+            }
+            ToWorker::Preempt => {}
+        }
+    };
+    let reader = conn.try_clone().map_err(lost)?;
+    let client = Arc::new(ControllerClient {
+        rank,
+        addr: addr.to_string(),
+        conn: Mutex::new(conn),
+        preempt: AtomicBool::new(false),
+    });
+    spawn_reader(client.clone(), reader);
+    spawn_heartbeat(Arc::downgrade(&client), opts.heartbeat_interval);
+    client.log(
+        LogLevel::Info,
+        &format!(
+            "rank {rank} of {} joined on {host} (pid {pid}, {device})",
+            start.world_size
+        ),
+    );
+    Ok((client, start))
+}
+
+fn connect_with_retry(
+    addr: &str,
+    secret: &str,
+    timeout: Duration,
+) -> Result<BlockingConnection, ClientError> {
+    let deadline = Instant::now() + timeout;
+    let mut wait = Duration::from_millis(50);
+    loop {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(100));
+        match BlockingConnection::connect(
+            addr,
+            Role::Worker,
+            secret,
+            left.min(Duration::from_secs(10)),
+        ) {
+            Ok(conn) => return Ok(conn),
+            Err(ConnectionError::Rejected(reason)) => {
+                return Err(ClientError::Rejected {
+                    addr: addr.to_string(),
+                    reason,
+                })
+            }
+            Err(source) if Instant::now() >= deadline => {
+                return Err(ClientError::Unreachable {
+                    addr: addr.to_string(),
+                    secs: timeout.as_secs(),
+                    source,
+                })
+            }
+            Err(_) => {
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+fn spawn_reader(client: Arc<ControllerClient>, mut reader: BlockingConnection) {
+    let _ = std::thread::Builder::new()
+        .name("controller-reader".into())
+        .spawn(move || loop {
+            match reader.recv::<ToWorker>() {
+                Ok(ToWorker::Preempt) => client.preempt.store(true, Ordering::SeqCst),
+                Ok(ToWorker::Start(_)) => {}
+                Ok(ToWorker::Shutdown { reason }) => {
+                    // The others may be blocked in a collective with a dead peer: leave now.
+                    client.log(LogLevel::Warn, &format!("stopping: {reason}"));
+                    std::process::exit(EXIT_SHUTDOWN);
+                }
+                Err(e) => {
+                    // Without its controller the job cannot finish; do not train on as an orphan.
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "shardrun-worker: rank {}: lost the controller at {} ({e}); exiting",
+                        client.rank,
+                        client.addr
+                    );
+                    std::process::exit(EXIT_SHUTDOWN);
+                }
+            }
+        });
+}
+
+fn spawn_heartbeat(client: std::sync::Weak<ControllerClient>, every: Duration) {
+    let _ = std::thread::Builder::new()
+        .name("controller-heartbeat".into())
+        .spawn(move || loop {
+            std::thread::sleep(every);
+            let Some(client) = client.upgrade() else {
+                return;
+            };
+            if client.send(&FromWorker::Heartbeat).is_err() {
+                return;
+            }
+        });
+}
+
+impl ControllerClient {
+    pub fn rank(&self) -> u64 {
+        self.rank
+    }
+
+    fn send(&self, msg: &FromWorker) -> Result<(), ConnectionError> {
+        let frame = encode_frame(msg)?;
+        let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        conn.send_frame(&frame)
+    }
+
+    /// Sends, or says on stderr (which the controller also captures) what could not be sent.
+    fn send_or_stderr(&self, msg: &FromWorker) {
+        if let Err(e) = self.send(msg) {
+            let _ = writeln!(
+                std::io::stderr(),
+                "shardrun-worker: rank {}: cannot reach the controller at {} ({e}): {msg:?}",
+                self.rank,
+                self.addr
+            );
+        }
+    }
+
+    /// The last message of a clean exit.
+    pub fn finished(&self, preempted: bool) {
+        self.send_or_stderr(&FromWorker::Finished { preempted });
+    }
+
+    /// The last message before exiting with an error.
+    pub fn failed(&self, error: &str) {
+        self.send_or_stderr(&FromWorker::Failed {
+            error: error.to_string(),
+        });
+    }
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+impl Reporter for ControllerClient {
+    fn log(&self, level: LogLevel, text: &str) {
+        let line = LogLine {
+            level,
+            time: unix_now(),
+            text: text.to_string(),
+        };
+        self.send_or_stderr(&FromWorker::Log(line));
+    }
+
+    fn metrics(&self, metrics: &StepMetrics) {
+        self.send_or_stderr(&FromWorker::Metrics(metrics.clone()));
+    }
+
+    fn checkpoint_saved(&self, step: u64, path: &str) {
+        self.send_or_stderr(&FromWorker::CheckpointSaved {
+            step,
+            path: path.to_string(),
+        });
+    }
+
+    fn summary(&self, summary: &TrainSummary) {
+        self.send_or_stderr(&FromWorker::Summary(summary.clone()));
+    }
+
+    fn preempt_requested(&self) -> bool {
+        self.preempt.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unreachable_controller_is_named() {
+        // A port nobody listens on: bind, note it, close.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let reg = Registration {
+            rank: 0,
+            local_rank: 0,
+            world_size: 1,
+            host: "h".into(),
+            pid: 1,
+            device: "cpu".into(),
+            config_hash: "x".into(),
+            collective_addr: None,
+            nccl_unique_id: None,
+        };
+        let opts = ClientOptions {
+            connect_timeout: Duration::from_millis(300),
+            ..Default::default()
+        };
+        let err = connect(&addr, "s", reg, &opts)
+            .err()
+            .expect("must fail")
+            .to_string();
+        assert!(err.contains(&addr), "{err}");
+        assert!(
+            err.contains("cannot reach the shardrun controller"),
+            "{err}"
+        );
+    }
+}
