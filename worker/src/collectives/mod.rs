@@ -6,7 +6,20 @@
 //! * every rank of a communicator issues the same operations in the same order;
 //! * operations are asynchronous: they return a [`Work`] that must be waited on before the
 //!   output is read or the input is modified; operations complete in issue order;
-//! * tensors are contiguous, on the backend's device, of one dtype (f32, bf16 or f16).
+//! * tensors are contiguous, on the backend's device, of one dtype (f32, bf16 or f16);
+//!   all-gather and reduce-scatter may run in place (the small tensor being this rank's
+//!   segment of the big one), as NCCL allows.
+//!
+//! Building one: [`prepare`] before the rendezvous (its `collective_addr` / `nccl_unique_id`
+//! go into the registration), [`Prepared::connect`] with the [`StartInfo`] after it. World
+//! size 1 on CPU is [`SingleProcess`]; HYBRID_SHARD's groups come from
+//! [`Communicator::new_subgroup`] with the ranks [`hybrid_groups`] names.
+//!
+//! * [`cpu`]: ring algorithms over TCP between processes, one thread per communicator;
+//! * [`nccl`]: NCCL through cudarc on libtorch's default stream;
+//! * `single`, `bootstrap`, `dtype`: world size 1, construction, argument checks.
+//!
+//! [`StartInfo`]: shardrun_protocol::messages::StartInfo
 
 mod bootstrap;
 pub mod cpu;

@@ -341,9 +341,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn missing_library_is_an_error_with_a_fix_not_a_panic() {
+    fn library_loading_and_ids_fail_with_a_fix_not_a_panic() {
         // Machines with a loadable libnccl.so (GPU hosts) have nothing to check here.
-        if let Err(e) = ensure_loadable() {
+        if ensure_loadable().is_ok() {
+            // Where libnccl loads, rank 0 can make an id (no GPU needed for that); without a
+            // GPU, joining is an error, not a crash.
+            let id = new_unique_id().unwrap();
+            assert_eq!(id.len(), UNIQUE_ID_BYTES);
+            if !tch::Cuda::is_available() {
+                let err = NcclCommunicator::new(&id, 0, 1).err().unwrap();
+                eprintln!("{err}");
+            }
+        } else if let Err(e) = ensure_loadable() {
             let text = e.to_string();
             assert!(
                 text.contains("libnccl.so") && text.contains("LD_LIBRARY_PATH"),

@@ -34,14 +34,7 @@ pub fn reduce(
         }
         Dtype::BF16 => {
             let (d, s) = (cast_mut::<bf16>(dst)?, cast::<bf16>(src)?);
-            widened(
-                d,
-                s,
-                op,
-                divisor,
-                |h, f| h.convert_to_f32_slice(f),
-                |h, f| h.convert_from_f32_slice(f),
-            );
+            widened(d, s, op, divisor, bf16_to_f32, bf16_from_f32);
         }
         Dtype::F16 => {
             let (d, s) = (cast_mut::<f16>(dst)?, cast::<f16>(src)?);
@@ -89,6 +82,25 @@ fn widened<H: Copy>(
             a[..n].iter_mut().for_each(|x| *x /= div);
         }
         from_f32(d, &a[..n]);
+    }
+}
+
+/// bf16 is the top half of an f32: widening is a shift.
+fn bf16_to_f32(h: &[bf16], f: &mut [f32]) {
+    for (f, h) in f.iter_mut().zip(h) {
+        *f = f32::from_bits(u32::from(h.to_bits()) << 16);
+    }
+}
+
+/// Round to nearest even, quieting NaNs; branch-free so the loop vectorizes (the per-element
+/// conversion in `half` does not, and made bf16 reductions conversion-bound).
+fn bf16_from_f32(h: &mut [bf16], f: &[f32]) {
+    for (h, f) in h.iter_mut().zip(f) {
+        let bits = f.to_bits();
+        let rounded = bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16;
+        let nan = (bits & 0x7FFF_FFFF) > 0x7F80_0000;
+        let out = if nan { (bits >> 16) | 0x40 } else { rounded };
+        *h = bf16::from_bits(out as u16);
     }
 }
 
@@ -192,6 +204,36 @@ mod tests {
         assert_eq!(d[0].to_f32(), 256.0);
         assert_eq!(d[1].to_f32(), 4.0);
         assert!(d[2].is_nan());
+    }
+
+    #[test]
+    fn bf16_conversions_match_half() {
+        let values = [
+            0.0f32,
+            -0.0,
+            1.0,
+            1.0 + 1.0 / 256.0,
+            1.0 + 3.0 / 256.0,
+            -3.3e38,
+            3.4e38,
+            f32::INFINITY,
+            1e-40,
+            257.0,
+            259.0,
+        ];
+        let mut narrow = vec![bf16::ZERO; values.len()];
+        bf16_from_f32(&mut narrow, &values);
+        for (n, v) in narrow.iter().zip(values) {
+            assert_eq!(n.to_bits(), bf16::from_f32(v).to_bits(), "{v}");
+        }
+        let mut nan = [bf16::ZERO];
+        bf16_from_f32(&mut nan, &[f32::NAN]);
+        assert!(nan[0].is_nan());
+        let mut wide = vec![0f32; values.len()];
+        bf16_to_f32(&narrow, &mut wide);
+        for (w, n) in wide.iter().zip(&narrow) {
+            assert_eq!(w.to_bits(), n.to_f32().to_bits());
+        }
     }
 
     #[test]
