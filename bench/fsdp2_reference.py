@@ -93,7 +93,7 @@ class Transformer(nn.Module):
         self.output = nn.Linear(dim, vocab, bias=False)
 
     def forward(self, tokens, targets):
-        positions = torch.arange(tokens.shape[1])
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
         h = self.tok_embeddings(tokens) + self.pos_embeddings(positions)
         for layer in self.layers:
             h = layer(h)
@@ -114,13 +114,19 @@ def main():
     p.add_argument("--param-dtype", choices=["f32", "bf16"], default="f32")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: NCCL, one GPU per rank (LOCAL_RANK)")
     args = p.parse_args()
 
+    cuda = args.device == "cuda"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda") if cuda else torch.device("cpu")
     torch.manual_seed(args.seed)
-    model = Transformer(args.vocab, args.dim, args.n_layers, args.n_heads, args.seq)
+    model = Transformer(args.vocab, args.dim, args.n_layers, args.n_heads, args.seq).to(device)
     mp = None
     if args.param_dtype == "bf16":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -134,6 +140,7 @@ def main():
     for step in range(args.steps):
         first = step * args.batch * world + rank * args.batch
         tokens, targets = samples(args.seed, first, args.batch, args.seq, args.vocab)
+        tokens, targets = tokens.to(device), targets.to(device)
         dist.barrier()
         start = time.perf_counter()
         loss = model(tokens, targets)
@@ -141,11 +148,14 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad()
+        if cuda:
+            torch.cuda.synchronize()
         dist.barrier()
         times.append(time.perf_counter() - start)
         losses.append(loss.item())
 
-    rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024], dtype=torch.float64)
+    peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rss = torch.tensor([peak], dtype=torch.float64, device=device)
     all_rss = [torch.zeros_like(rss) for _ in range(world)]
     dist.all_gather(all_rss, rss)
     if rank == 0:
@@ -154,6 +164,7 @@ def main():
             "impl": "pytorch-fsdp2",
             "step_time_s": step_time,
             "tokens_per_s": args.batch * world * args.seq / step_time,
+            # Peak RSS on CPU, peak allocated device memory on GPU.
             "peak_rss_bytes": [int(t.item()) for t in all_rss],
             "first_loss": losses[0],
             "last_loss": losses[-1],

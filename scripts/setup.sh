@@ -13,7 +13,7 @@ want_slurm=1
 step() { printf '\n==> %s\n' "$*"; }
 
 # -- 1. Debian packages -------------------------------------------------------------------
-packages=(build-essential pkg-config python3-venv)
+packages=(build-essential pkg-config python3-venv fonts-dejavu-core)
 (( want_slurm )) && packages+=(slurm-wlm munge)
 missing=()
 for p in "${packages[@]}"; do

@@ -22,6 +22,8 @@ step "cargo clippy -D warnings"
 cargo clippy --release --workspace --all-targets -- -D warnings
 
 step "cargo test (release)"
-# Python cross-checks inside the tests use the venv's interpreter.
+# The end-to-end tests drive the release binaries next to the test executables; build them
+# first. Python cross-checks inside the tests use the venv's interpreter.
 export SHARDRUN_PYTHON
+cargo build --release --workspace --bins
 cargo test --release --workspace -- --test-threads="${SHARDRUN_TEST_THREADS:-2}"

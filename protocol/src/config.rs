@@ -222,7 +222,12 @@ pub enum ShardingStrategy {
 impl ShardingStrategy {
     /// Bytes of model state per rank (fp32 params + grads + AdamW's two moments) for a model
     /// of `num_params` on `world_size` ranks (`shard_group` ranks per group for HYBRID_SHARD).
-    pub fn model_state_bytes_per_rank(self, num_params: u64, world_size: u64, shard_group: u64) -> u64 {
+    pub fn model_state_bytes_per_rank(
+        self,
+        num_params: u64,
+        world_size: u64,
+        shard_group: u64,
+    ) -> u64 {
         let per_param = 4 * 4; // param, grad, exp_avg, exp_avg_sq in fp32
         let n = match self {
             ShardingStrategy::FullShard | ShardingStrategy::ShardGradOp => world_size,
