@@ -27,7 +27,7 @@ done
 VENV=${SHARDRUN_VENV:-$HOME/.cache/shardrun/venv}
 PY=$VENV/bin/python
 [[ -x $PY ]] || { echo "no venv at $VENV: run scripts/setup.sh first" >&2; exit 1; }
-export LIBTORCH=${LIBTORCH:-$VENV/lib/python3.11/site-packages/torch}
+export LIBTORCH=${LIBTORCH:-$(echo "$VENV"/lib/python3*/site-packages/torch)}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/shardrun/target}
 cargo build --release -q -p shardrun-worker --bin shardrun-collective-bench
 BIN=$CARGO_TARGET_DIR/release/shardrun-collective-bench

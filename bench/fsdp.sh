@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${SHARDRUN_VENV:-$HOME/.cache/shardrun/venv}"
-export LIBTORCH="${LIBTORCH:-$VENV/lib/python3.11/site-packages/torch}"
+export LIBTORCH="${LIBTORCH:-$(echo "$VENV"/lib/python3*/site-packages/torch)}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/shardrun/target}"
 cargo build --release -p shardrun-worker
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)" >&2

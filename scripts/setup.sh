@@ -13,7 +13,7 @@ want_slurm=1
 step() { printf '\n==> %s\n' "$*"; }
 
 # -- 1. Debian packages -------------------------------------------------------------------
-packages=(build-essential pkg-config python3-venv fonts-dejavu-core)
+packages=(build-essential pkg-config fonts-dejavu-core)
 (( want_slurm )) && packages+=(slurm-wlm munge)
 missing=()
 for p in "${packages[@]}"; do
@@ -31,15 +31,20 @@ stamp="$SHARDRUN_VENV/.shardrun-torch-$SHARDRUN_TORCH_VERSION"
 if [[ ! -f "$stamp" ]]; then
   step "creating $SHARDRUN_VENV with torch==$SHARDRUN_TORCH_VERSION (about 5 GB, once)"
   mkdir -p "$SHARDRUN_CACHE"
-  python3 -m venv "$SHARDRUN_VENV"
+  python3 -m venv "$SHARDRUN_VENV" || {
+    echo "error: python3 -m venv failed: install Python 3 with venv (apt-get install python3-venv)" >&2
+    exit 1
+  }
   "$SHARDRUN_PYTHON" -m pip install -q --upgrade pip
   "$SHARDRUN_PYTHON" -m pip install -q "torch==$SHARDRUN_TORCH_VERSION" numpy safetensors
   touch "$stamp"
 fi
+# The venv may have been made just now: name its site-packages again.
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 # cudarc opens NCCL as `libnccl.so`; pip ships `libnccl.so.2`. A symlink folder next to the
 # venv lets GPU runs find it (the controller puts it on LD_LIBRARY_PATH).
-nccl_real="$SHARDRUN_VENV/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2"
+nccl_real="$SHARDRUN_SITE_PACKAGES/nvidia/nccl/lib/libnccl.so.2"
 if [[ -f "$nccl_real" ]]; then
   mkdir -p "$SHARDRUN_VENV/nccl-link"
   ln -sf "$nccl_real" "$SHARDRUN_VENV/nccl-link/libnccl.so"

@@ -242,10 +242,10 @@ impl Trainer {
         self.log(
             LogLevel::Info,
             &format!(
-                "training {} for {} steps: {:?} over {world} rank(s), {} parameters, {} unit(s)",
+                "training {} for {} steps: {} over {world} rank(s), {} parameters, {} unit(s)",
                 cfg.name,
                 cfg.steps,
-                cfg.fsdp.strategy,
+                strategy_name(cfg.fsdp.strategy),
                 cfg.model.num_params(),
                 self.engine.layouts().len()
             ),

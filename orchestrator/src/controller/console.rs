@@ -35,6 +35,11 @@ impl Console {
         }
     }
 
+    /// Whether progress is drawn as a bar (local mode on a terminal).
+    pub fn has_bar(&self) -> bool {
+        self.bar.is_some()
+    }
+
     /// A line for people; printed above the bar when there is one.
     pub fn line(&self, text: &str) {
         match &self.bar {

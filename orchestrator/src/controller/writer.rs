@@ -154,7 +154,9 @@ fn write(
         }
         Record::Metrics(m) => {
             metrics.record(&m)?;
-            if m.rank == 0 {
+            // Without a bar, rank 0's own step lines are already echoed when echo is on: a
+            // summary line per step would repeat each of them.
+            if m.rank == 0 && (console.has_bar() || echo == Echo::None) {
                 console.progress(&m);
             }
         }
