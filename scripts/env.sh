@@ -8,8 +8,12 @@ SHARDRUN_VENV="$SHARDRUN_CACHE/venv"
 SHARDRUN_PYTHON="$SHARDRUN_VENV/bin/python"
 SHARDRUN_TORCH_VERSION="2.11.0"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$SHARDRUN_CACHE/target}"
-# libtorch is the venv's torch package (whatever python3 minor version made the venv).
-SHARDRUN_SITE_PACKAGES="$(echo "$SHARDRUN_VENV"/lib/python3*/site-packages)"
+# libtorch is the venv's torch package. Its folder names the Python version of the venv:
+# ask the venv's python when it exists, else the python3 that scripts/setup.sh will use.
+_shardrun_py="$SHARDRUN_PYTHON"
+[[ -x "$_shardrun_py" ]] || _shardrun_py=python3
+SHARDRUN_SITE_PACKAGES="$SHARDRUN_VENV/lib/$("$_shardrun_py" -c 'import sys; print("python%d.%d" % sys.version_info[:2])')/site-packages"
+unset _shardrun_py
 export LIBTORCH="$SHARDRUN_SITE_PACKAGES/torch"
 # The release binaries (tests, demo and benchmarks all use the release profile).
 SHARDRUN_BIN="$CARGO_TARGET_DIR/release"
