@@ -193,7 +193,12 @@ fn killed_rank_zero_fails_every_other_rank_of_three() {
 }
 
 /// A rank that stops responding without closing its sockets (SIGSTOP) is caught by the
-/// collective timeout, and the ranks that do not talk to it directly learn it from the abort.
+/// collective timeout: no rank hangs, and every other rank fails with a timeout or with the
+/// abort a timed-out neighbour sent. Which rank a timeout names is whom that rank was waiting
+/// on, and whose timer fires first depends on scheduling (rank 3 can time out on rank 2,
+/// which is itself waiting on the stopped rank 1), so the ring cannot always name the stuck
+/// rank; in a job the controller does, from the heartbeats a stopped process no longer sends
+/// (`controller::job` tests `heartbeat_loss_and_reported_errors_fail_the_job`).
 #[test]
 fn stopped_rank_times_out_every_other_rank() {
     let (world, victim) = (4, 1);
@@ -218,8 +223,8 @@ fn stopped_rank_times_out_every_other_rank() {
         let err = read_all(child.stderr.as_mut());
         assert_eq!(status.code(), Some(1), "rank {rank}: {err}");
         assert!(
-            err.contains(&format!("waiting for rank {victim}")),
-            "rank {rank} should report the timeout on rank {victim}: {err}"
+            err.contains("timed out") || err.contains("peer rank"),
+            "rank {rank} should fail with a timeout or a peer's abort: {err}"
         );
     }
 }
