@@ -41,7 +41,8 @@ fn usr2_requeues_the_job_which_then_completes() {
     });
     let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
     count.unwrap_or_else(|e| panic!("{e}\n{}", log()));
-    let result = wait_for_file(&run.join("result.json"), Duration::from_secs(180), |t| {
+    // Slurm holds a requeued job back before it runs again (seen: up to ~3 min here).
+    let result = wait_for_file(&run.join("result.json"), Duration::from_secs(600), |t| {
         t.contains("\"succeeded\"")
     });
     result.unwrap_or_else(|e| panic!("{e}\n{}", log()));

@@ -85,7 +85,8 @@ fn usr2_checkpoints_requeues_and_resumes_with_uninterrupted_losses() {
         t.trim() == "1"
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", log()));
-    wait_for_file(&run.join("result.json"), Duration::from_secs(400), |t| {
+    // Slurm holds a requeued job back before it runs again (seen: up to ~3 min here).
+    wait_for_file(&run.join("result.json"), Duration::from_secs(600), |t| {
         t.contains("\"succeeded\"")
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", log()));
