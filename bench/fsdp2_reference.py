@@ -13,13 +13,17 @@ import math
 import os
 import resource
 import statistics
+import sys
 import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+# The model definition is shared with the checkpoint cross-check in tests/python.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+from shardrun_model import Transformer  # noqa: E402
 
 MASK = (1 << 64) - 1
 
@@ -44,61 +48,9 @@ def samples(seed: int, first: int, count: int, seq_len: int, vocab: int):
     return t[:, :-1].contiguous(), t[:, 1:].contiguous()
 
 
-class Attention(nn.Module):
-    def __init__(self, dim: int, n_heads: int):
-        super().__init__()
-        self.n_heads = n_heads
-        self.wq = nn.Linear(dim, dim, bias=False)
-        self.wk = nn.Linear(dim, dim, bias=False)
-        self.wv = nn.Linear(dim, dim, bias=False)
-        self.wo = nn.Linear(dim, dim, bias=False)
-
-    def forward(self, x):
-        b, s, d = x.shape
-        heads = lambda t: t.view(b, s, self.n_heads, d // self.n_heads).transpose(1, 2)
-        y = F.scaled_dot_product_attention(heads(self.wq(x)), heads(self.wk(x)), heads(self.wv(x)), is_causal=True)
-        return self.wo(y.transpose(1, 2).contiguous().view(b, s, d))
-
-
-class FeedForward(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.w1 = nn.Linear(dim, 4 * dim)
-        self.w2 = nn.Linear(4 * dim, dim)
-
-    def forward(self, x):
-        return self.w2(F.gelu(self.w1(x)))
-
-
-class Block(nn.Module):
-    def __init__(self, dim: int, n_heads: int):
-        super().__init__()
-        self.attention_norm = nn.LayerNorm(dim)
-        self.attention = Attention(dim, n_heads)
-        self.ffn_norm = nn.LayerNorm(dim)
-        self.feed_forward = FeedForward(dim)
-
-    def forward(self, h):
-        h = h + self.attention(self.attention_norm(h))
-        return h + self.feed_forward(self.ffn_norm(h))
-
-
-class Transformer(nn.Module):
-    def __init__(self, vocab: int, dim: int, n_layers: int, n_heads: int, max_seq_len: int):
-        super().__init__()
-        self.tok_embeddings = nn.Embedding(vocab, dim)
-        self.pos_embeddings = nn.Embedding(max_seq_len, dim)
-        self.layers = nn.ModuleList(Block(dim, n_heads) for _ in range(n_layers))
-        self.norm = nn.LayerNorm(dim)
-        self.output = nn.Linear(dim, vocab, bias=False)
-
-    def forward(self, tokens, targets):
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        h = self.tok_embeddings(tokens) + self.pos_embeddings(positions)
-        for layer in self.layers:
-            h = layer(h)
-        logits = self.output(self.norm(h))
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+def lm_loss(model, tokens, targets):
+    logits = model(tokens)
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
 
 
 def main():
@@ -143,7 +95,7 @@ def main():
         tokens, targets = tokens.to(device), targets.to(device)
         dist.barrier()
         start = time.perf_counter()
-        loss = model(tokens, targets)
+        loss = lm_loss(model, tokens, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

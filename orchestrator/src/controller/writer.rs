@@ -174,23 +174,11 @@ fn write(
                 mib(summary.peak_memory_bytes),
                 summary.mean_tokens_per_s
             );
-            book.rank_line(
-                Some(rank),
-                Source::Reported(LogLevel::Info),
-                super::clock::now(),
-                &text,
-            )?;
-            console.line(&format!("[rank {rank}] {text}"));
+            controller_noted_line(book, console, rank, &text)?;
         }
         Record::Checkpoint { rank, step, path } => {
             let text = format!("checkpoint of step {step} saved to {path}");
-            book.rank_line(
-                Some(rank),
-                Source::Reported(LogLevel::Info),
-                super::clock::now(),
-                &text,
-            )?;
-            console.line(&format!("[rank {rank}] {text}"));
+            controller_noted_line(book, console, rank, &text)?;
         }
         Record::Controller(text) => {
             book.controller_line(&text)?;
@@ -206,6 +194,24 @@ fn write(
         }
         Record::Stop => {}
     }
+    Ok(())
+}
+
+/// A line the controller writes on a rank's behalf from a structured message (summary,
+/// checkpoint): logged as that rank's info line and always echoed.
+fn controller_noted_line(
+    book: &mut LogBook,
+    console: &Console,
+    rank: u64,
+    text: &str,
+) -> std::io::Result<()> {
+    book.rank_line(
+        Some(rank),
+        Source::Reported(LogLevel::Info),
+        super::clock::now(),
+        text,
+    )?;
+    console.line(&format!("[rank {rank}] {text}"));
     Ok(())
 }
 
