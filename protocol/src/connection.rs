@@ -248,6 +248,13 @@ impl BlockingConnection {
         Ok(self.stream.set_read_timeout(timeout)?)
     }
 
+    /// `false` lets the kernel coalesce small frames written while earlier ones are
+    /// unacknowledged (Nagle): for one-way streams where a write should cost a copy, not a
+    /// trip through the network stack. Frames are in the kernel either way once written.
+    pub fn set_nodelay(&self, nodelay: bool) -> Result<(), ConnectionError> {
+        Ok(self.stream.set_nodelay(nodelay)?)
+    }
+
     pub fn send<T: Serialize>(&mut self, msg: &T) -> Result<(), ConnectionError> {
         let frame = encode_frame(msg)?;
         self.stream.write_all(&frame)?;

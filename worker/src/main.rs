@@ -26,6 +26,19 @@ use shardrun_worker::{params_file, reference, world};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+// jemalloc for the whole process (unprefixed `malloc`, so libtorch's tensors use it too).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's built-in options (`MALLOC_CONF` in the environment still overrides them).
+/// Freed pages are kept for reuse, never returned to the OS: every step frees and allocates
+/// the same tensor sizes again, and with glibc (or jemalloc's default decay) each of those
+/// pages came back as a page fault plus zeroing, 12-24% of a CPU step. RSS stays at the
+/// step's high-water mark instead of dropping between steps.
+#[allow(non_upper_case_globals)]
+#[no_mangle]
+pub static malloc_conf: &u8 = &b"dirty_decay_ms:-1,muzzy_decay_ms:-1\0"[0];
+
 /// Overrides the fp16 loss scaler's initial scale (GradScaler's `init_scale`, 2^16).
 const FP16_INITIAL_SCALE: &str = "SHARDRUN_FP16_INITIAL_SCALE";
 

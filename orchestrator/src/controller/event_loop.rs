@@ -7,7 +7,7 @@ use super::launcher::{LaunchMode, LaunchSpec, Launcher};
 use super::outcome::Outcome;
 use super::server::{self, ServerEvent, ServerOptions};
 use super::writer::{self, Echo, Record, WriterFiles};
-use super::{clock, secret, ControllerError};
+use super::{clock, priority, secret, ControllerError};
 use serde::Serialize;
 use shardrun_protocol::messages::ToWorker;
 use shardrun_protocol::{env, TrainConfig};
@@ -102,8 +102,10 @@ struct ResultFile<'a> {
 
 /// Runs a whole job; blocks until it is over.
 pub fn run(opts: ControllerOptions) -> Result<RunReport, ControllerError> {
+    priority::yield_to_training();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .on_thread_start(priority::yield_to_training)
         .enable_all()
         .build()
         .map_err(ControllerError::Runtime)?;

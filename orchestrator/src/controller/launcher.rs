@@ -9,6 +9,7 @@
 use super::clock;
 use super::job::ProcId;
 use super::outcome::ExitInfo;
+use super::priority;
 use super::writer::Record;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -144,6 +145,13 @@ impl Launcher {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
+        // SAFETY: one syscall, async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                priority::restore_normal();
+                Ok(())
+            });
+        }
         let program = format!("{}", cmd.as_std().get_program().to_string_lossy());
         let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
             program: if program == "srun" {

@@ -17,6 +17,7 @@ pub mod logbook;
 pub mod metrics_log;
 pub mod options;
 pub mod outcome;
+pub mod priority;
 pub mod secret;
 pub mod server;
 pub mod writer;

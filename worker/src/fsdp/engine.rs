@@ -352,18 +352,30 @@ impl FsdpEngine {
         Ok(loss)
     }
 
-    /// Averages the gradient shards over the replicate group (NO_SHARD, HYBRID_SHARD).
+    /// Averages the gradient shards over the replicate group (NO_SHARD, HYBRID_SHARD), on
+    /// the wire in `reduce_kind` like the shard group's reduce-scatter.
     fn sync_replicas(&mut self) -> Result<(), FsdpError> {
         if self.groups.replicate.world_size() == 1 {
             return Ok(());
         }
-        let works = self
-            .units
-            .iter()
-            .map(|u| self.groups.replicate.all_reduce(&u.grad, ReduceOp::Avg))
-            .collect::<Result<Vec<_>, _>>()?;
-        for w in works {
-            w.wait()?;
+        let reduce_kind = self.options.reduce_kind;
+        let mut works = Vec::with_capacity(self.units.len());
+        for u in &self.units {
+            let wire = if reduce_kind == u.grad.kind() {
+                u.grad.shallow_clone()
+            } else {
+                u.grad.to_kind(reduce_kind)
+            };
+            works.push((
+                self.groups.replicate.all_reduce(&wire, ReduceOp::Avg)?,
+                wire,
+            ));
+        }
+        for (u, (work, wire)) in self.units.iter_mut().zip(works) {
+            work.wait()?;
+            if wire.kind() != u.grad.kind() {
+                tch::no_grad(|| u.grad.copy_(&wire));
+            }
         }
         Ok(())
     }
