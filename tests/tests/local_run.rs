@@ -148,3 +148,33 @@ fn worker_that_cannot_reach_the_controller_names_the_address() {
         );
     }
 }
+
+#[test]
+fn lines_reach_train_log_while_the_rank_is_still_quiet() {
+    // Workers let the kernel coalesce their reports (Nagle). The last lines written before a
+    // long quiet stretch (a slow step, a hang) must still reach train.log during it, not
+    // wait for the rank's next write.
+    let dir = TestDir::new("local-quiet");
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("quiet", 2, 2));
+    let envs = [
+        ("SHARDRUN_WORKER_BIN", simrank()),
+        ("SIMRANK_LINES_PER_STEP", "50".to_string()),
+        // Each rank logs step 1's lines at once, then sleeps 6 s before step 2.
+        ("SIMRANK_STEP_MS", "6000".to_string()),
+    ];
+    let (mut cmd, run) = local_run_command(&dir, &spec, &["--nproc", "2"], &envs);
+    cmd.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut job = GroupChild::spawn(&mut cmd).unwrap();
+    let last_of_step_1 = |rank: u64| format!("[rank {rank}] rank {rank} step 1 line 49");
+    let log = wait_for_file(&run.join("train.log"), Duration::from_secs(60), |log| {
+        log.contains(&last_of_step_1(0)) && log.contains(&last_of_step_1(1))
+    })
+    .unwrap();
+    assert!(
+        !log.contains("step 2 line 0"),
+        "step 1's last lines arrived only with step 2's:\n{log}"
+    );
+    let status = job.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}

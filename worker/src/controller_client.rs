@@ -4,8 +4,9 @@
 //!
 //! Every report is one frame written with a single blocking `write_all` under a lock, so when
 //! `log` returns the line is in the kernel's socket buffer: a crash right after loses nothing.
-//! After the rendezvous the socket coalesces small frames (Nagle), which makes a log line cost
-//! ~2 us instead of ~12 us (`cargo bench -p shardrun-e2e --bench ingest`).
+//! After the rendezvous the socket coalesces small frames (Nagle); with the controller's
+//! threads at `SCHED_BATCH` (so a wake-up does not preempt the writer) a log line costs ~2 us
+//! instead of ~12 us (`cargo bench -p shardrun-e2e --bench ingest`).
 
 use crate::report::Reporter;
 use shardrun_protocol::connection::{encode_frame, BlockingConnection, ConnectionError};
