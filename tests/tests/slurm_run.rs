@@ -41,6 +41,17 @@ fn two_task_slurm_job_logs_both_ranks_and_completes() {
         );
     }
     assert_eq!(metric_steps(&run, 0), (1..=steps).collect::<Vec<_>>());
+    // Ranks on other nodes must reach the controller: under Slurm it listens on every
+    // interface and advertises the batch host's name, never a loopback address.
+    let addr = std::fs::read_to_string(run.join("controller.addr")).unwrap();
+    let (host, port) = addr
+        .trim()
+        .rsplit_once(':')
+        .expect("controller.addr is host:port");
+    let this_host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_eq!(host, this_host.trim(), "{addr}");
+    assert!(port.parse::<u16>().is_ok(), "{addr}");
+    assert!(!host.starts_with("127.") && host != "::1", "{addr}");
     // The Slurm output file is the controller's stdout: human-readable, rank 0 by default.
     assert!(slurm_out.contains("training finished"), "{slurm_out}");
     assert!(slurm_out.contains("[rank 0]"), "{slurm_out}");
