@@ -11,9 +11,12 @@ cd "$SHARDRUN_ROOT"
 
 step() { printf '\n==> %s\n' "$*"; }
 
-# The tests start the project's Slurm themselves (idempotent); stop it at the end so no
-# daemon outlives the run.
-trap '"$SHARDRUN_ROOT/slurm/stop.sh" >/dev/null 2>&1 || true' EXIT
+# The tests start the project's Slurm clusters themselves (idempotent); stop them at the end
+# so no daemon outlives the run: the default one and the two-node one (tests/src/lib.rs; its
+# namespaces, veth pair and /etc/hosts lines go with it).
+trap '"$SHARDRUN_ROOT/slurm/stop.sh" >/dev/null 2>&1 || true
+      SHARDRUN_SLURM_DIR=/tmp/shardrun-slurm-2n SHARDRUN_SLURM_PORT=6850 \
+          "$SHARDRUN_ROOT/slurm/stop.sh" >/dev/null 2>&1 || true' EXIT
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

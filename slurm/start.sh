@@ -3,6 +3,9 @@
 #
 #   slurm/start.sh            # idempotent: starts what is not running yet
 #   slurm/start.sh --with-accounting   # also MariaDB + slurmdbd, so `sacct` works
+#   slurm/start.sh --nodes 2  # this host plus a node in a network (and UTS) namespace
+#                               named <host>-n2, behind a veth pair: jobs span real
+#                               separate network stacks (multi-node tests)
 #   . slurm/env.sh            # then sbatch/squeue/shardrun submit use this cluster
 #   slurm/stop.sh             # stops exactly what start.sh started
 #
@@ -13,18 +16,26 @@
 #   SHARDRUN_SLURM_MIN_JOB_AGE  seconds slurmctld keeps ended jobs (default 600)
 #   SHARDRUN_SLURM_CPUS  CPUs Slurm may hand out (default 8; more than the cores is fine for
 #                        one-thread test tasks thanks to SlurmdParameters=config_overrides)
+#   SHARDRUN_SLURM_SUBNET  first three octets of the --nodes network (default 10.99.<port mod 250>)
 # Installs Debian's slurm-wlm and munge (and slurmdbd, mariadb-server for accounting) if they
 # are missing. Needs root (daemons run as root).
 set -euo pipefail
 
 accounting=0
-for arg in "$@"; do
-    case "$arg" in
+nodes=1
+while [ $# -gt 0 ]; do
+    case "$1" in
         --with-accounting) accounting=1 ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
-        *) echo "slurm/start.sh: unknown option $arg (try --help)" >&2; exit 2 ;;
+        --nodes) nodes="${2:-}"; shift ;;
+        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        *) echo "slurm/start.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
     esac
+    shift
 done
+case "$nodes" in
+    [1-9]) ;;
+    *) echo "slurm/start.sh: --nodes takes 1 to 9, not '$nodes'" >&2; exit 2 ;;
+esac
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=env.sh
@@ -35,6 +46,8 @@ gpus="${SHARDRUN_SLURM_GPUS:-2}"
 cpus="${SHARDRUN_SLURM_CPUS:-8}"
 min_job_age="${SHARDRUN_SLURM_MIN_JOB_AGE:-600}"
 host="$(hostname -s)"
+# One /24 per cluster port, so clusters on different ports do not clash.
+subnet="${SHARDRUN_SLURM_SUBNET:-10.99.$((port % 250))}"
 
 say() { echo "slurm/start.sh: $*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -70,10 +83,13 @@ flock 9
 chmod 755 "$dir" "$dir/munge" "$dir/munge/run"
 
 # The running daemons were configured with or without accounting; switching needs a restart.
-if [ -s "$dir/mode" ] && [ "$(cat "$dir/mode")" != "accounting=$accounting" ] && running "$dir/pids/slurmctld.pid" slurmctld; then
-    die "the cluster in $dir runs with $(cat "$dir/mode"); run slurm/stop.sh first to switch"
+mode="accounting=$accounting nodes=$nodes"
+old_mode="$(cat "$dir/mode" 2>/dev/null || true)"
+case "$old_mode" in *nodes=*|"") ;; *) old_mode="$old_mode nodes=1" ;; esac # older start.sh
+if [ -n "$old_mode" ] && [ "$old_mode" != "$mode" ] && running "$dir/pids/slurmctld.pid" slurmctld; then
+    die "the cluster in $dir runs with $old_mode; run slurm/stop.sh first to switch"
 fi
-echo "accounting=$accounting" >"$dir/mode"
+echo "$mode" >"$dir/mode"
 
 # --- munge -------------------------------------------------------------------------------
 socket="$dir/munge/run/munge.socket"
@@ -170,12 +186,68 @@ AccountingStoragePort=$dbd_port
 AccountingStoragePass=$socket"
 fi
 
+# --- extra nodes: network + UTS namespaces behind veth pairs (--nodes N) -------------------
+# Node 1 is this host at $subnet.1; node k is namespace shardrun-<port>-n<k> at $subnet.k,
+# with hostname <host>-n<k>. Names resolve both ways: /etc/netns/<ns>/hosts inside (ip netns
+# exec mounts it over /etc/hosts), marked lines appended to /etc/hosts outside.
+netns_of() { echo "shardrun-$port-n$1"; }
+node_name() { if [ "$1" = 1 ]; then echo "$host"; else echo "$host-n$1"; fi; }
+hosts_mark="# shardrun-slurm $dir"
+if [ "$nodes" -gt 1 ]; then
+    command -v ip >/dev/null || die "--nodes needs iproute2 (ip); apt-get install iproute2"
+    command -v unshare >/dev/null && command -v nsenter >/dev/null \
+        || die "--nodes needs unshare and nsenter (util-linux)"
+    for k in $(seq 2 "$nodes"); do
+        ns="$(netns_of "$k")"
+        outer="sr${port}n${k}o"; inner="sr${port}n${k}i"
+        if ! ip netns list | grep -qw "$ns"; then
+            ip netns add "$ns" || die "cannot create network namespace $ns (needs CAP_NET_ADMIN)"
+            ip link add "$outer" type veth peer name "$inner"
+            ip link set "$inner" netns "$ns"
+            ip netns exec "$ns" ip addr add "$subnet.$k/24" dev "$inner"
+            ip netns exec "$ns" ip link set "$inner" up
+            ip netns exec "$ns" ip link set lo up
+            # The first pair carries this host's address; the others route through it.
+            if [ "$k" = 2 ]; then
+                ip addr add "$subnet.1/24" dev "$outer"
+                ip link set "$outer" up
+            else
+                ip link set "$outer" up
+                ip route replace "$subnet.$k/32" dev "$outer"
+            fi
+            say "node $(node_name "$k") is namespace $ns at $subnet.$k"
+        fi
+        mkdir -p "/etc/netns/$ns"
+        {
+            echo "127.0.0.1 localhost"
+            for j in $(seq 1 "$nodes"); do echo "$subnet.$j $(node_name "$j")"; done
+        } >"/etc/netns/$ns/hosts"
+    done
+    grep -v -F "$hosts_mark" /etc/hosts >"$dir/hosts.new" || true
+    for j in $(seq 2 "$nodes"); do echo "$subnet.$j $(node_name "$j") $hosts_mark"; done >>"$dir/hosts.new"
+    cat "$dir/hosts.new" >/etc/hosts
+fi
+
 # --- slurm.conf ---------------------------------------------------------------------------
 memory="$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')"
+if [ "$nodes" = 1 ]; then
+    ctld_host="$host"
+    node_suffix=""
+    node_lines="NodeName=$host CPUs=$cpus RealMemory=${memory:-1000} $gres_line State=UNKNOWN"
+else
+    # Every daemon and step reaches slurmctld and the nodes through the veth network.
+    ctld_host="$host($subnet.1)"
+    node_suffix="-%n"
+    node_lines=""
+    for k in $(seq 1 "$nodes"); do
+        node_lines="$node_lines
+NodeName=$(node_name "$k") NodeAddr=$subnet.$k CPUs=$cpus RealMemory=${memory:-1000} $gres_line State=UNKNOWN"
+    done
+fi
 cat >"$dir/etc/slurm.conf.new" <<CONF
 # Written by slurm/start.sh; regenerated on every start.
 ClusterName=shardrun
-SlurmctldHost=$host
+SlurmctldHost=$ctld_host
 SlurmctldPort=$port
 SlurmdPort=$((port + 1))
 AuthType=auth/munge
@@ -184,11 +256,11 @@ CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=$dir/spool/ctld
-SlurmdSpoolDir=$dir/spool/d
+SlurmdSpoolDir=$dir/spool/d$node_suffix
 SlurmctldPidFile=$dir/pids/slurmctld.pid
-SlurmdPidFile=$dir/pids/slurmd.pid
+SlurmdPidFile=$dir/pids/slurmd$node_suffix.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
-SlurmdLogFile=$dir/log/slurmd.log
+SlurmdLogFile=$dir/log/slurmd$node_suffix.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
@@ -204,7 +276,7 @@ $accounting_lines
 MinJobAge=$min_job_age
 KillWait=5
 GresTypes=gpu
-NodeName=$host CPUs=$cpus RealMemory=${memory:-1000} $gres_line State=UNKNOWN
+$node_lines
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
 changed=1
@@ -222,27 +294,52 @@ else
     slurmctld 9>&- -f "$SLURM_CONF" || die "slurmctld failed to start; see $dir/log/slurmctld.log"
     say "slurmctld started"
 fi
-if running "$dir/pids/slurmd.pid" slurmd; then
-    say "slurmd already running"
+if [ "$nodes" = 1 ]; then
+    if running "$dir/pids/slurmd.pid" slurmd; then
+        say "slurmd already running"
+    else
+        slurmd 9>&- -f "$SLURM_CONF" || die "slurmd failed to start; see $dir/log/slurmd.log"
+        say "slurmd started"
+    fi
 else
-    slurmd 9>&- -f "$SLURM_CONF" || die "slurmd failed to start; see $dir/log/slurmd.log"
-    say "slurmd started"
+    for k in $(seq 1 "$nodes"); do
+        name="$(node_name "$k")"
+        if running "$dir/pids/slurmd-$name.pid" slurmd; then
+            say "slurmd of $name already running"
+        elif [ "$k" = 1 ]; then
+            mkdir -p "$dir/spool/d-$name"
+            slurmd 9>&- -N "$name" -f "$SLURM_CONF" || die "slurmd failed to start; see $dir/log/slurmd-$name.log"
+            say "slurmd of $name started"
+        else
+            # Its own network stack, hostname and /etc/hosts; the same files, cgroups, munge
+            # socket and binaries (nsenter, not `ip netns exec`, which remounts /sys).
+            ns="$(netns_of "$k")"
+            mkdir -p "$dir/spool/d-$name"
+            nsenter --net="/run/netns/$ns" unshare --uts --mount sh -c \
+                "mount --bind '/etc/netns/$ns/hosts' /etc/hosts && hostname '$name' && exec slurmd -N '$name' -f '$SLURM_CONF'" 9>&- \
+                || die "slurmd of $name failed to start; see $dir/log/slurmd-$name.log"
+            say "slurmd of $name started"
+        fi
+    done
 fi
 
-# --- wait until the node takes jobs --------------------------------------------------------
-state=""
-for _ in $(seq 100); do
-    state="$(sinfo -h -n "$host" -o '%t' 2>/dev/null || true)"
+# --- wait until every node takes jobs ------------------------------------------------------
+for k in $(seq 1 "$nodes"); do
+    name="$(node_name "$k")"
+    state=""
+    for _ in $(seq 100); do
+        state="$(sinfo -h -n "$name" -o '%t' 2>/dev/null || true)"
+        case "$state" in
+            idle*|mix*|alloc*) break ;;
+            down*|drain*) scontrol update nodename="$name" state=resume >/dev/null 2>&1 || true ;;
+        esac
+        sleep 0.2
+    done
     case "$state" in
-        idle*|mix*|alloc*) break ;;
-        down*|drain*) scontrol update nodename="$host" state=resume >/dev/null 2>&1 || true ;;
+        idle*|mix*|alloc*) say "node $name is $state; run '. slurm/env.sh' to use this cluster" ;;
+        *) die "node $name is '${state:-unknown}' after 20 s; see $dir/log/slurmctld.log and $dir/log/slurmd*.log" ;;
     esac
-    sleep 0.2
 done
-case "$state" in
-    idle*|mix*|alloc*) say "node $host is $state; run '. slurm/env.sh' to use this cluster" ;;
-    *) die "node $host is '${state:-unknown}' after 20 s; see $dir/log/slurmctld.log and $dir/log/slurmd.log" ;;
-esac
 
 if [ "$accounting" = 1 ]; then
     # Jobs are only recorded once the cluster is known to the database.

@@ -34,11 +34,30 @@ stop() { # <pid file> <program name>
     rm -f "$1"
 }
 
-stop "$dir/pids/slurmd.pid" slurmd
+for pidfile in "$dir"/pids/slurmd*.pid; do
+    [ -e "$pidfile" ] && stop "$pidfile" slurmd
+done
 stop "$dir/pids/slurmctld.pid" slurmctld
 stop "$dir/pids/slurmdbd.pid" slurmdbd
 stop "$dir/pids/mariadbd.pid" mariadbd
 stop "$dir/pids/munged.pid" munged
+
+# Extra nodes of `start.sh --nodes N`: their namespaces, veth pairs and /etc/hosts lines.
+port="${SHARDRUN_SLURM_PORT:-6817}"
+if command -v ip >/dev/null; then
+    for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^shardrun-$port-n" || true); do
+        ip netns del "$ns" && say "removed network namespace $ns"
+        rm -rf "/etc/netns/$ns"
+    done
+    for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep "^sr${port}n" || true); do
+        ip link del "$link" 2>/dev/null || true
+    done
+fi
+if grep -q -F "# shardrun-slurm $dir" /etc/hosts 2>/dev/null; then
+    grep -v -F "# shardrun-slurm $dir" /etc/hosts >"$dir/hosts.new" || true
+    cat "$dir/hosts.new" >/etc/hosts
+    rm -f "$dir/hosts.new"
+fi
 
 if [ "${1:-}" = "--purge" ]; then
     rm -rf "$dir"

@@ -196,6 +196,9 @@ pub fn stderr_of(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+/// slurmctld port of [`SlurmCluster::start_two_nodes`] (`scripts/test.sh` stops it by it).
+pub const TWO_NODE_PORT: u16 = 6850;
+
 /// The project's single-node Slurm cluster (`slurm/start.sh`), shared by all tests on this
 /// machine: starting is idempotent, and it is left running for the next test binary
 /// (`slurm/stop.sh` stops it).
@@ -217,14 +220,35 @@ impl SlurmCluster {
         Self::start_at(PathBuf::from("/tmp/shardrun-slurm-acct"), Some(6830), true)
     }
 
+    /// A cluster of two nodes: this host (`<host>`) and a network + UTS namespace behind a
+    /// veth pair (`<host>-n2`), in its own state folder and on its own ports. Jobs spanning
+    /// both cross two real network stacks, as on two machines (`slurm/start.sh --nodes 2`).
+    pub fn start_two_nodes() -> anyhow::Result<SlurmCluster> {
+        Self::start_with(
+            PathBuf::from("/tmp/shardrun-slurm-2n"),
+            Some(TWO_NODE_PORT),
+            false,
+            &["--nodes", "2"],
+        )
+    }
+
     fn start_at(
         state_dir: PathBuf,
         port: Option<u16>,
         accounting: bool,
     ) -> anyhow::Result<SlurmCluster> {
+        Self::start_with(state_dir, port, accounting, &[])
+    }
+
+    fn start_with(
+        state_dir: PathBuf,
+        port: Option<u16>,
+        accounting: bool,
+        args: &[&str],
+    ) -> anyhow::Result<SlurmCluster> {
         let script = repo_root().join("slurm/start.sh");
         let mut cmd = Command::new(&script);
-        cmd.env("SHARDRUN_SLURM_DIR", &state_dir);
+        cmd.env("SHARDRUN_SLURM_DIR", &state_dir).args(args);
         if let Some(port) = port {
             cmd.env("SHARDRUN_SLURM_PORT", port.to_string());
         }

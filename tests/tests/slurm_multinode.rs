@@ -1,0 +1,97 @@
+//! Two Slurm nodes with separate network stacks (this host and a network + UTS namespace
+//! behind a veth pair, `slurm/start.sh --nodes 2`): a job spanning both finds the controller
+//! through the batch host's name, its ranks reach each other's collective listeners across
+//! the nodes, and a rank dying on the far node fails the job naming that rank and node.
+
+use shardrun_e2e::jobs::*;
+use shardrun_e2e::*;
+use std::path::Path;
+use std::time::Duration;
+
+fn two_node_spec(name: &str, steps: u64) -> String {
+    format!(
+        "name: {name}\nresources:\n  nodes: 2\n  tasks_per_node: 1\n  cpus_per_task: 1\n  \
+         time: \"00:05:00\"\ntraining:\n  model: {{ kind: mlp, input_dim: 16, hidden_dim: 32, \
+         output_dim: 16 }}\n  steps: {steps}\n  total_batch_size: 8\n  batch_size_per_device: 4\n"
+    )
+}
+
+fn this_host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// Submits `spec` (with `envs` for the job), waits for its result.json.
+fn submit_and_wait(
+    cluster: &SlurmCluster,
+    dir: &TestDir,
+    name: &str,
+    spec: &Path,
+    envs: &[(&str, String)],
+) -> (String, String) {
+    let mut cmd = cluster.command(shardrun());
+    cmd.current_dir(dir.path())
+        .args(["submit", &spec.to_string_lossy()])
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())));
+    let out = run_with_deadline(&mut cmd, Duration::from_secs(60)).unwrap();
+    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
+    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let run = dir.join(format!("runs/{name}"));
+    let result = wait_for_file(&run.join("result.json"), Duration::from_secs(300), |t| {
+        t.ends_with('}')
+    });
+    let slurm_out =
+        std::fs::read_to_string(run.join(format!("{name}-{job_id}.out"))).unwrap_or_default();
+    let result = result.unwrap_or_else(|e| panic!("{e}\nSlurm output:\n{slurm_out}"));
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
+    (result, log)
+}
+
+#[test]
+fn training_spans_two_nodes_and_a_rank_dying_on_the_far_node_is_named() {
+    let cluster = SlurmCluster::start_two_nodes().expect("start the two-node Slurm cluster");
+    let (near, far) = (this_host(), format!("{}-n2", this_host()));
+
+    let dir = TestDir::new("slurm-2n");
+    let spec = dir.write("train.yaml", &two_node_spec("twonode", 5));
+    let (result, log) = submit_and_wait(&cluster, &dir, "twonode", &spec, &[]);
+    assert!(result.contains("\"succeeded\""), "{result}\n{log}");
+    assert!(
+        log.contains(&format!("rank 0 of 2 joined on {near} ")),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("rank 1 of 2 joined on {far} ")),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("registered on 2 host(s) ({near}, {far})")),
+        "{log}"
+    );
+    let run = dir.join("runs/twonode");
+    assert_eq!(metric_steps(&run, 0), (1..=5).collect::<Vec<_>>());
+
+    // Rank 1 (on the far node) SIGKILLs itself at step 3: srun's end or the dropped
+    // connection reaches the controller on this node, which names the rank and its node.
+    let spec = dir.write("die.yaml", &two_node_spec("farkill", 1000));
+    let envs = [
+        ("SHARDRUN_WORKER_BIN", simrank()),
+        ("SIMRANK_STEP_MS", "50".to_string()),
+        ("SIMRANK_DIE_RANK", "1".to_string()),
+        ("SIMRANK_DIE_AT_STEP", "3".to_string()),
+    ];
+    let (result, log) = submit_and_wait(&cluster, &dir, "farkill", &spec, &envs);
+    let parsed: serde_json::Value = serde_json::from_str(&result).unwrap();
+    assert_eq!(
+        (parsed["status"].as_str(), parsed["rank"].as_u64()),
+        (Some("failed"), Some(1)),
+        "{result}\n{log}"
+    );
+    assert!(result.contains(&far), "the far node is named: {result}");
+    for step in 1..=3 {
+        let line = format!("[rank 1] rank 1 step {step} line 0");
+        assert!(log.contains(&line), "missing {line}:\n{log}");
+    }
+}
