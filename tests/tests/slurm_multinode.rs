@@ -8,11 +8,14 @@ use shardrun_e2e::*;
 use std::path::Path;
 use std::time::Duration;
 
-fn two_node_spec(name: &str, steps: u64) -> String {
+/// The tiny MLP on 2 nodes × `per_node` ranks; `fsdp` is the `training.fsdp` mapping.
+fn two_node_spec(name: &str, steps: u64, per_node: u64, fsdp: &str) -> String {
     format!(
-        "name: {name}\nresources:\n  nodes: 2\n  tasks_per_node: 1\n  cpus_per_task: 1\n  \
+        "name: {name}\nresources:\n  nodes: 2\n  tasks_per_node: {per_node}\n  cpus_per_task: 1\n  \
          time: \"00:05:00\"\ntraining:\n  model: {{ kind: mlp, input_dim: 16, hidden_dim: 32, \
-         output_dim: 16 }}\n  steps: {steps}\n  total_batch_size: 8\n  batch_size_per_device: 4\n"
+         output_dim: 16 }}\n  steps: {steps}\n  total_batch_size: {}\n  batch_size_per_device: 4\n  \
+         fsdp: {fsdp}\n",
+        8 * per_node
     )
 }
 
@@ -55,7 +58,10 @@ fn training_spans_two_nodes_and_a_rank_dying_on_the_far_node_is_named() {
     let (near, far) = (this_host(), format!("{}-n2", this_host()));
 
     let dir = TestDir::new("slurm-2n");
-    let spec = dir.write("train.yaml", &two_node_spec("twonode", 5));
+    let spec = dir.write(
+        "train.yaml",
+        &two_node_spec("twonode", 5, 1, "{ strategy: FULL_SHARD }"),
+    );
     let (result, log) = submit_and_wait(&cluster, &dir, "twonode", &spec, &[]);
     assert!(result.contains("\"succeeded\""), "{result}\n{log}");
     assert!(
@@ -75,7 +81,10 @@ fn training_spans_two_nodes_and_a_rank_dying_on_the_far_node_is_named() {
 
     // Rank 1 (on the far node) SIGKILLs itself at step 3: srun's end or the dropped
     // connection reaches the controller on this node, which names the rank and its node.
-    let spec = dir.write("die.yaml", &two_node_spec("farkill", 1000));
+    let spec = dir.write(
+        "die.yaml",
+        &two_node_spec("farkill", 1000, 1, "{ strategy: FULL_SHARD }"),
+    );
     let envs = [
         ("SHARDRUN_WORKER_BIN", simrank()),
         ("SIMRANK_STEP_MS", "50".to_string()),
@@ -94,4 +103,27 @@ fn training_spans_two_nodes_and_a_rank_dying_on_the_far_node_is_named() {
         let line = format!("[rank 1] rank 1 step {step} line 0");
         assert!(log.contains(&line), "missing {line}:\n{log}");
     }
+}
+
+#[test]
+fn hybrid_shard_shards_within_a_node_and_replicates_across_nodes() {
+    let cluster = SlurmCluster::start_two_nodes().expect("start the two-node Slurm cluster");
+    let (near, far) = (this_host(), format!("{}-n2", this_host()));
+    let dir = TestDir::new("slurm-2n-hybrid");
+    // 2 nodes × 2 ranks: shard groups of 2 (the ranks per node), replicated across nodes.
+    let spec = dir.write(
+        "hybrid.yaml",
+        &two_node_spec("hybrid", 5, 2, "{ strategy: HYBRID_SHARD }"),
+    );
+    let (result, log) = submit_and_wait(&cluster, &dir, "hybrid", &spec, &[]);
+    assert!(result.contains("\"succeeded\""), "{result}\n{log}");
+    for (rank, host) in [(0, &near), (1, &near), (2, &far), (3, &far)] {
+        assert!(
+            log.contains(&format!("rank {rank} of 4 joined on {host} ")),
+            "rank {rank} on {host}:\n{log}"
+        );
+    }
+    assert!(log.contains("HYBRID_SHARD"), "{log}");
+    let run = dir.join("runs/hybrid");
+    assert_eq!(metric_steps(&run, 0), (1..=5).collect::<Vec<_>>());
 }
