@@ -16,6 +16,7 @@ use shardrun_protocol::config::TrainConfig;
 use shardrun_protocol::env;
 use shardrun_protocol::messages::Registration;
 use shardrun_worker::checkpointing::Checkpointer;
+use shardrun_worker::collectives::cpu::transport::listen_host;
 use shardrun_worker::collectives::{prepare, Communicator};
 use shardrun_worker::controller_client::{self, ClientOptions, ControllerClient};
 use shardrun_worker::fsdp::ProcessGroups;
@@ -205,8 +206,10 @@ fn join_through_controller(
     rank_env: &RankEnv,
 ) -> Result<(Arc<ControllerClient>, Box<dyn Communicator>)> {
     let (addr, secret) = controller_client::endpoint_from_env()?;
-    let loopback = addr.starts_with("127.") || addr.starts_with("localhost:");
-    let bind_host = if loopback { "127.0.0.1" } else { "0.0.0.0" };
+    let controller_host = addr
+        .rsplit_once(':')
+        .map_or(addr.as_str(), |(host, _)| host);
+    let bind_host = listen_host(controller_host);
     let rank = rank_env.rank as usize;
     let prepared = prepare(config.device, rank, rank_env.world_size as usize, bind_host)?;
     let registration = Registration {

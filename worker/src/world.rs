@@ -2,6 +2,7 @@
 //! the torchrun-style rendezvous ([`crate::rendezvous`], `MASTER_ADDR`/`MASTER_PORT`), and
 //! connect with the [`StartInfo`] it returns (the same message a controller sends).
 
+use crate::collectives::cpu::transport::listen_host;
 use crate::collectives::{prepare, CommError, Communicator};
 use crate::rendezvous::{self, RendezvousError, Standalone};
 use shardrun_protocol::config::TrainConfig;
@@ -41,11 +42,7 @@ pub fn standalone(
         };
         return Ok(prepared.connect(&single_peer(start, local_rank), 0)?);
     };
-    let loopback = matches!(
-        master.master_addr.as_str(),
-        "127.0.0.1" | "localhost" | "::1"
-    );
-    let bind_host = if loopback { "127.0.0.1" } else { "0.0.0.0" };
+    let bind_host = listen_host(&master.master_addr);
     let prepared = prepare(config.device, rank as usize, world_size as usize, bind_host)?;
     let me = Registration {
         rank,

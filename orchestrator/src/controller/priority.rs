@@ -2,9 +2,10 @@
 //! `SCHED_BATCH`: a log line that wakes the controller no longer preempts the rank that wrote
 //! it (the wake-up waits for the next scheduling point, a few ms at most), so a rank that logs
 //! heavily pays for copying its lines into the socket, not for the controller's work on them
-//! (100 lines per 20 ms step: +4.0% step time before, +1.6% after). Children inherit the
-//! policy (`SCHED_RESET_ON_FORK` only resets real-time ones), so the launcher gives workers
-//! and `srun` the normal policy back with [`restore_normal`] between fork and exec.
+//! (100 lines per 20 ms step: +4.0% step time before, +0.2-0.5% after, medians). Children
+//! inherit the policy (`SCHED_RESET_ON_FORK` only resets real-time ones), so the launcher
+//! gives workers and `srun` the normal policy back with [`restore_normal`] between fork and
+//! exec.
 
 fn set_policy(policy: libc::c_int) {
     let param = libc::sched_param { sched_priority: 0 };

@@ -270,15 +270,9 @@ impl Engine {
             .addr
             .rsplit_once(':')
             .map_or(me.addr.as_str(), |(h, _)| h);
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        // Listen like the world's listener did: on loopback for a single-machine job, else on
-        // every interface (advertising the hostname). Binding the advertised hostname itself
-        // would listen on 127.0.1.1 where /etc/hosts maps the hostname there, unreachable
-        // from other nodes.
-        let loopback = host == "localhost" || host == "::1" || host.starts_with("127.");
-        let bind_host = if loopback { host } else { "0.0.0.0" };
+        // Listen like the world's listener did (loopback, or every interface).
         let (listener, addr) = if group.len() > 1 {
-            let (l, a) = transport::bind(bind_host)?;
+            let (l, a) = transport::bind(transport::listen_host(host))?;
             (Some(l), a)
         } else {
             (None, String::new())

@@ -57,6 +57,20 @@ impl Link {
     }
 }
 
+/// Where a collective listener binds, given the host the job is reached at (the controller,
+/// `MASTER_ADDR`, or this rank's advertised address): loopback for a single-machine job,
+/// else every interface, the listener then advertising the hostname. Binding a hostname
+/// itself would listen on loopback where /etc/hosts maps it there (Debian's 127.0.1.1),
+/// unreachable from other nodes.
+pub fn listen_host(reached_at: &str) -> &'static str {
+    let host = reached_at.trim_start_matches('[').trim_end_matches(']');
+    if host == "localhost" || host == "::1" || host.starts_with("127.") {
+        "127.0.0.1"
+    } else {
+        "0.0.0.0"
+    }
+}
+
 /// Binds a listener for peers on `host` (an ephemeral port); returns it with the address
 /// peers should dial.
 pub fn bind(host: &str) -> Result<(TcpListener, String), CommError> {
@@ -353,6 +367,15 @@ pub fn decode_abort(payload: &[u8], from: &Link) -> CommError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listeners_bind_loopback_only_for_loopback_jobs() {
+        assert_eq!(listen_host("127.0.0.1"), "127.0.0.1");
+        assert_eq!(listen_host("localhost"), "127.0.0.1");
+        assert_eq!(listen_host("[::1]"), "127.0.0.1");
+        assert_eq!(listen_host("gpu-node-7"), "0.0.0.0");
+        assert_eq!(listen_host("10.1.2.3"), "0.0.0.0");
+    }
 
     #[test]
     fn strangers_on_the_port_are_dropped_and_the_peer_is_accepted() {
