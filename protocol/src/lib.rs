@@ -10,6 +10,7 @@
 pub mod config;
 pub mod connection;
 pub mod env;
+pub mod host;
 pub mod messages;
 
 pub use config::TrainConfig;

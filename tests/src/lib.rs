@@ -281,11 +281,26 @@ impl SlurmCluster {
 
     /// `shardrun <args>` against this cluster, run in `cwd`, with a deadline.
     pub fn shardrun(&self, cwd: &Path, args: &[&str]) -> anyhow::Result<Output> {
+        self.shardrun_with_env(cwd, args, &[])
+    }
+
+    /// [`Self::shardrun`] with extra environment (`sbatch` passes it on to the job).
+    pub fn shardrun_with_env(
+        &self,
+        cwd: &Path,
+        args: &[&str],
+        envs: &[(&str, String)],
+    ) -> anyhow::Result<Output> {
         let mut cmd = self.command(shardrun());
-        cmd.current_dir(cwd).args(args);
+        cmd.current_dir(cwd)
+            .args(args)
+            .envs(envs.iter().map(|(k, v)| (*k, v.as_str())));
         run_with_deadline(&mut cmd, Duration::from_secs(60))
     }
 }
+
+/// This machine's hostname, read as the controller and workers read it to advertise it.
+pub use shardrun_protocol::host::hostname;
 
 /// Parse the Slurm job id out of `shardrun submit`'s "Submitted <name> as Slurm job <id>".
 pub fn submitted_job_id(stdout: &str) -> Option<String> {

@@ -19,13 +19,6 @@ fn two_node_spec(name: &str, steps: u64, per_node: u64, fsdp: &str) -> String {
     )
 }
 
-fn this_host() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .unwrap()
-        .trim()
-        .to_string()
-}
-
 /// Submits `spec` (with `envs` for the job), waits for its result.json.
 fn submit_and_wait(
     cluster: &SlurmCluster,
@@ -34,11 +27,9 @@ fn submit_and_wait(
     spec: &Path,
     envs: &[(&str, String)],
 ) -> (String, String) {
-    let mut cmd = cluster.command(shardrun());
-    cmd.current_dir(dir.path())
-        .args(["submit", &spec.to_string_lossy()])
-        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())));
-    let out = run_with_deadline(&mut cmd, Duration::from_secs(60)).unwrap();
+    let out = cluster
+        .shardrun_with_env(dir.path(), &["submit", &spec.to_string_lossy()], envs)
+        .unwrap();
     assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
     let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
     let run = dir.join(format!("runs/{name}"));
@@ -55,7 +46,7 @@ fn submit_and_wait(
 #[test]
 fn training_spans_two_nodes_and_a_rank_dying_on_the_far_node_is_named() {
     let cluster = SlurmCluster::start_two_nodes().expect("start the two-node Slurm cluster");
-    let (near, far) = (this_host(), format!("{}-n2", this_host()));
+    let (near, far) = (hostname(), format!("{}-n2", hostname()));
 
     let dir = TestDir::new("slurm-2n");
     let spec = dir.write(
@@ -108,7 +99,7 @@ fn training_spans_two_nodes_and_a_rank_dying_on_the_far_node_is_named() {
 #[test]
 fn hybrid_shard_shards_within_a_node_and_replicates_across_nodes() {
     let cluster = SlurmCluster::start_two_nodes().expect("start the two-node Slurm cluster");
-    let (near, far) = (this_host(), format!("{}-n2", this_host()));
+    let (near, far) = (hostname(), format!("{}-n2", hostname()));
     let dir = TestDir::new("slurm-2n-hybrid");
     // 2 nodes × 2 ranks: shard groups of 2 (the ranks per node), replicated across nodes.
     let spec = dir.write(

@@ -48,8 +48,7 @@ fn two_task_slurm_job_logs_both_ranks_and_completes() {
         .trim()
         .rsplit_once(':')
         .expect("controller.addr is host:port");
-    let this_host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
-    assert_eq!(host, this_host.trim(), "{addr}");
+    assert_eq!(host, hostname(), "{addr}");
     assert!(port.parse::<u16>().is_ok(), "{addr}");
     assert!(!host.starts_with("127.") && host != "::1", "{addr}");
     // The Slurm output file is the controller's stdout: human-readable, rank 0 by default.

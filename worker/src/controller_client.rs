@@ -70,15 +70,6 @@ impl ClientOptions {
     }
 }
 
-/// This machine's name as peers on other nodes know it.
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".to_string())
-}
-
 impl Default for ClientOptions {
     fn default() -> Self {
         ClientOptions {

@@ -216,7 +216,7 @@ fn join_through_controller(
         rank: rank_env.rank,
         local_rank: rank_env.local_rank,
         world_size: rank_env.world_size,
-        host: controller_client::hostname(),
+        host: shardrun_protocol::host::hostname(),
         pid: std::process::id(),
         device: match config.device {
             DeviceKind::Cpu => "cpu".to_string(),

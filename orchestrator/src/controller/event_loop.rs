@@ -145,7 +145,7 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
     // Under Slurm the ranks may be on other nodes: listen everywhere, advertise the hostname.
     let (bind, advertise_host) = match opts.launch {
         LaunchMode::Local { .. } => ("127.0.0.1:0", "127.0.0.1".to_string()),
-        LaunchMode::Slurm { .. } => ("0.0.0.0:0", hostname()),
+        LaunchMode::Slurm { .. } => ("0.0.0.0:0", shardrun_protocol::host::hostname()),
     };
     let listener = TcpListener::bind(bind)
         .await
@@ -495,24 +495,6 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, path)
-}
-
-/// This machine's name, which the other nodes of the allocation can resolve.
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success.
-    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
-    let name = if ok {
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        String::new()
-    };
-    if name.is_empty() {
-        "localhost".to_string()
-    } else {
-        name
-    }
 }
 
 #[cfg(test)]

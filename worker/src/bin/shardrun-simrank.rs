@@ -62,7 +62,7 @@ fn run() -> Result<()> {
         rank: rank_env.rank,
         local_rank: rank_env.local_rank,
         world_size: rank_env.world_size,
-        host: controller_client::hostname(),
+        host: shardrun_protocol::host::hostname(),
         pid: std::process::id(),
         device: "cpu".into(),
         config_hash: config.config_hash(),

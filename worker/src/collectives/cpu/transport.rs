@@ -85,7 +85,7 @@ pub fn bind(host: &str) -> Result<(TcpListener, String), CommError> {
         .map_err(|e| CommError::Other(format!("listener address: {e}")))?
         .port();
     let advertised = match host {
-        "0.0.0.0" | "::" | "[::]" => hostname(),
+        "0.0.0.0" | "::" | "[::]" => shardrun_protocol::host::hostname(),
         _ => host.to_string(),
     };
     let addr = if advertised.contains(':') && !advertised.starts_with('[') {
@@ -94,18 +94,6 @@ pub fn bind(host: &str) -> Result<(TcpListener, String), CommError> {
         format!("{advertised}:{port}")
     };
     Ok((listener, addr))
-}
-
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    if rc == 0 && len > 0 {
-        String::from_utf8_lossy(&buf[..len]).into_owned()
-    } else {
-        "localhost".to_string()
-    }
 }
 
 fn hello(comm_id: u64, from: usize, to: usize) -> [u8; 32] {
