@@ -36,8 +36,19 @@ if [[ ! -f "$stamp" ]]; then
     exit 1
   }
   "$SHARDRUN_PYTHON" -m pip install -q --upgrade pip
-  "$SHARDRUN_PYTHON" -m pip install -q "torch==$SHARDRUN_TORCH_VERSION" numpy safetensors
+  "$SHARDRUN_PYTHON" -m pip install -q "torch==$SHARDRUN_TORCH_VERSION"
   touch "$stamp"
+fi
+# The Python side of the cross-checks: transformers (reference Llama models, chat templates),
+# tokenizers (reference token ids), safetensors and numpy. Pinned; the stamp names the list,
+# so changing it installs again.
+python_packages=(numpy==2.4.6 safetensors==0.8.0 transformers==5.23.0 tokenizers==0.23.3)
+packages_stamp="$SHARDRUN_VENV/.shardrun-packages-$(printf '%s\n' "${python_packages[@]}" | sha256sum | cut -c1-12)"
+if [[ ! -f "$packages_stamp" ]]; then
+  step "installing ${python_packages[*]} into $SHARDRUN_VENV"
+  "$SHARDRUN_PYTHON" -m pip install -q "${python_packages[@]}"
+  rm -f "$SHARDRUN_VENV"/.shardrun-packages-*
+  touch "$packages_stamp"
 fi
 # The venv may have been made just now: name its site-packages again.
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
