@@ -10,6 +10,7 @@ pub mod mlp;
 pub mod transformer;
 
 use shardrun_protocol::config::ModelConfig;
+pub use shardrun_protocol::units::SegmentSpec;
 use std::collections::HashMap;
 use tch::{Kind, Tensor};
 
@@ -90,16 +91,6 @@ impl ParamRng {
         let u2 = self.unit();
         (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
     }
-}
-
-/// One graph-cut piece of forward.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SegmentSpec {
-    pub name: String,
-    /// Names of the parameters this segment reads.
-    pub params: Vec<String>,
-    /// A repeated block: activation checkpointing applies to these.
-    pub is_block: bool,
 }
 
 /// Parameters by name, with candle-style prefixes (`p.pp("layers.0").get("ffn_norm.weight")`).
