@@ -245,3 +245,39 @@ pub(crate) fn linear(p: &Params, x: &Tensor) -> Tensor {
     let bias = p.map.get(&p.path("bias"));
     x.linear(p.get("weight"), bias)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardrun_protocol::config::DType;
+
+    /// The plan sizes units and activations from the footprint: its parameters and segments
+    /// must be the model's own, in the same order.
+    #[test]
+    fn every_models_footprint_lists_its_parameters_and_segments() {
+        for config in [
+            ModelConfig::Transformer {
+                vocab_size: 37,
+                dim: 12,
+                n_layers: 3,
+                n_heads: 2,
+                max_seq_len: 9,
+            },
+            ModelConfig::Mlp {
+                input_dim: 5,
+                hidden_dim: 7,
+                output_dim: 3,
+            },
+        ] {
+            let model = build(&config);
+            let footprint = config.footprint(DType::F32);
+            let params: Vec<(String, Vec<u64>)> = model
+                .params()
+                .into_iter()
+                .map(|p| (p.name, p.shape.iter().map(|&n| n as u64).collect()))
+                .collect();
+            assert_eq!(footprint.params, params, "{config:?}");
+            assert_eq!(footprint.segment_specs(), model.segments(), "{config:?}");
+        }
+    }
+}
