@@ -21,6 +21,9 @@ trap '"$SHARDRUN_ROOT/slurm/stop.sh" >/dev/null 2>&1 || true
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "code and docs speak of the product (scripts/check-wording.sh)"
+"$SHARDRUN_ROOT/scripts/check-wording.sh"
+
 step "minimum Rust version (rust-version in Cargo.toml)"
 "$SHARDRUN_ROOT/scripts/check-msrv.sh"
 

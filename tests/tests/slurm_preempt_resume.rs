@@ -1,4 +1,4 @@
-//! Preemption end to end on the real Slurm with the real worker (issue 5): a training job
+//! Preemption end to end on the real Slurm with the real worker: a training job
 //! signalled with `scancel --signal=USR2 --batch` checkpoints at an agreed step boundary,
 //! requeues itself, and the requeued job resumes from that checkpoint and finishes the
 //! remaining steps with exactly the losses of an uninterrupted local run of the same spec.
