@@ -63,7 +63,7 @@ pub struct Overrides {
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
     /// A value that parses but cannot run, located in the spec file.
-    #[error("{0}")]
+    #[error(transparent)]
     Invalid(#[from] SpecError),
 }
 
