@@ -8,6 +8,10 @@
 //! off the model's forward code: which tensors autograd saves for backward, which exist only
 //! while a segment runs. The memory plan multiplies them by the tokens a rank processes per
 //! micro-step.
+//!
+//! A new architecture adds its arm to [`ModelConfig::footprint`], its config to the worker's
+//! test that compares footprints with the models, and a job to `tests/tests/memory_plan.rs`,
+//! which checks the plan built from these figures against the peak of a real run.
 
 use crate::config::{DType, ModelConfig};
 use crate::units::SegmentSpec;
