@@ -194,10 +194,12 @@ DBD
         sleep 0.2
     done
     # slurmctld authenticates to slurmdbd through munge: the password field names the socket.
+    # Association limits (sacctmgr ... set MaxSubmitJobs=N) are enforced, as on real sites.
     accounting_lines="AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=$dbd_port
-AccountingStoragePass=$socket"
+AccountingStoragePass=$socket
+AccountingStorageEnforce=associations,limits"
 fi
 
 # --- extra nodes: network + UTS namespaces behind veth pairs (--nodes N) -------------------
@@ -300,6 +302,16 @@ cmp -s "$dir/etc/slurm.conf.new" "$dir/etc/slurm.conf" 2>/dev/null && changed=0
 mv "$dir/etc/slurm.conf.new" "$dir/etc/slurm.conf"
 
 # --- daemons ------------------------------------------------------------------------------
+if [ "$accounting" = 1 ]; then
+    # The cluster (with its root account and user) must be in the database before slurmctld
+    # registers: it enforces associations from its first job on.
+    for _ in $(seq 50); do
+        sacctmgr -n -P show cluster format=Cluster 2>/dev/null | grep -qx shardrun && break
+        sacctmgr -i add cluster shardrun >/dev/null 2>&1 || sleep 0.2
+    done
+    sacctmgr -n -P show cluster format=Cluster 2>/dev/null | grep -qx shardrun \
+        || die "sacctmgr cannot add the cluster to the database; see $dir/log/slurmdbd.log"
+fi
 if running "$dir/pids/slurmctld.pid" slurmctld; then
     if [ "$changed" = 1 ]; then
         scontrol reconfigure && say "slurmctld already running; told it to re-read slurm.conf"
@@ -358,8 +370,6 @@ for k in $(seq 1 "$nodes"); do
 done
 
 if [ "$accounting" = 1 ]; then
-    # Jobs are only recorded once the cluster is known to the database.
-    sacctmgr -i add cluster shardrun >/dev/null 2>&1 || true
     for _ in $(seq 50); do
         sacct -n -X -j 1 >/dev/null 2>&1 && break
         sleep 0.2

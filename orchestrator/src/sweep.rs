@@ -2,6 +2,10 @@
 //! stable hash of its resolved parameters. Re-running a sweep compares these keys with the
 //! run directories already there, so only new, changed or failed points are submitted.
 
+pub mod journal;
+pub mod point_dirs;
+pub mod split;
+
 use crate::plan::{self, Overrides, PlanError, ResolvedJob};
 use crate::spec::{JobSpec, LoadedSpec, SpecError, SpecErrorKind};
 use serde::Serialize;
@@ -80,6 +84,22 @@ pub fn expand(loaded: &LoadedSpec) -> Result<Vec<SweepPoint>, SweepError> {
                 "use 1 or more, or remove it",
             )
             .into());
+    }
+    if let Some(limits) = &sweep.limits {
+        for (key, value) in [
+            ("max_array_size", limits.max_array_size),
+            ("max_queued", limits.max_queued),
+        ] {
+            if value == Some(0) {
+                return Err(loaded
+                    .error_at(
+                        &format!("sweep.limits.{key}"),
+                        format!("a {key} of 0 would never submit a point"),
+                        "use 1 or more, or remove it to use the cluster's own limit",
+                    )
+                    .into());
+            }
+        }
     }
     let mut base_spec = loaded.spec.clone();
     base_spec.sweep = None;

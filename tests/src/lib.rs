@@ -234,8 +234,10 @@ impl SlurmCluster {
     /// Start the cluster `name` of the list (`slurm/test-clusters.sh start NAME`).
     pub fn start_named(name: &str) -> anyhow::Result<SlurmCluster> {
         let script = repo_root().join("slurm/test-clusters.sh");
-        let output =
-            run_with_deadline(Command::new(&script).args(["start", name]), Duration::from_secs(600))?;
+        let output = run_with_deadline(
+            Command::new(&script).args(["start", name]),
+            Duration::from_secs(600),
+        )?;
         if !output.status.success() {
             bail!(
                 "{} start {name} failed:\n{}{}",
@@ -249,7 +251,9 @@ impl SlurmCluster {
             .last()
             .map(|l| PathBuf::from(l.trim()))
             .filter(|p| p.is_absolute())
-            .with_context(|| format!("{} start {name} printed no state folder", script.display()))?;
+            .with_context(|| {
+                format!("{} start {name} printed no state folder", script.display())
+            })?;
         Ok(SlurmCluster {
             name: name.to_string(),
             state_dir,

@@ -91,7 +91,10 @@ fn stop_ends_every_daemon_of_the_accounting_cluster() {
     }
 
     let env = [
-        ("SHARDRUN_SLURM_DIR", cluster.state_dir.display().to_string()),
+        (
+            "SHARDRUN_SLURM_DIR",
+            cluster.state_dir.display().to_string(),
+        ),
         ("SHARDRUN_SLURM_PORT", listed_port("accounting")),
     ];
     let (ok, out) = slurm_script("stop.sh", &[], &env);
@@ -144,7 +147,10 @@ fn the_check_fails_while_a_listed_cluster_runs_and_stop_needs_no_pid_file() {
     let (ok, out) = slurm_script("test-clusters.sh", &["stop"], &env);
     assert!(ok, "stop failed:\n{out}");
     assert!(!alive(slurmd), "slurmd ({slurmd}) outlived stop:\n{out}");
-    assert!(out.contains(&format!("slurmd ({slurmd}) had no pid file")), "{out}");
+    assert!(
+        out.contains(&format!("slurmd ({slurmd}) had no pid file")),
+        "{out}"
+    );
     for (pid, program) in &running {
         assert!(!alive(*pid), "{program} ({pid}) outlived stop:\n{out}");
     }
