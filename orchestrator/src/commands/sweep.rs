@@ -382,24 +382,29 @@ impl Submitter<'_> {
         let job_id = match slurm::submit(&script_path, &sbatch_args) {
             Ok(id) => id,
             // sbatch may fail after slurmctld took the job (killed, timed out): look for it.
-            Err(err) => match slurm::jobs_by_comment()
-                .ok()
-                .and_then(|jobs| jobs.get(&record.tag).map(|j| j.array_job_id.clone()))
-            {
-                Some(id) => id,
-                None => {
-                    let message = err.to_string();
-                    record.state = ArrayState::Rejected;
-                    record.error = Some(message.clone());
-                    self.journal.write(&mut record)?;
-                    point_dirs::update_manifests(runs, |_, m| {
-                        m.state = RunState::SubmitFailed;
-                        m.error = Some(message.clone());
-                        m.sweep_array = Some(array.clone());
-                    })?;
-                    return Err(anyhow::Error::new(err));
+            Err(err) => {
+                match slurm::jobs_by_comment()
+                    .ok()
+                    .and_then(|jobs| jobs.get(&record.tag).map(|j| j.array_job_id.clone()))
+                {
+                    Some(id) => {
+                        println!("sbatch failed ({err}), but Slurm has array {}/{} as job {id}: going on", array.index, array.count);
+                        id
+                    }
+                    None => {
+                        let message = err.to_string();
+                        record.state = ArrayState::Rejected;
+                        record.error = Some(message.clone());
+                        self.journal.write(&mut record)?;
+                        point_dirs::update_manifests(runs, |_, m| {
+                            m.state = RunState::SubmitFailed;
+                            m.error = Some(message.clone());
+                            m.sweep_array = Some(array.clone());
+                        })?;
+                        return Err(anyhow::Error::new(err));
+                    }
                 }
-            },
+            }
         };
         record.job_id = Some(job_id.clone());
         record.state = ArrayState::Held;
