@@ -72,12 +72,12 @@ fn runs_of(sweep_dir: &Path) -> BTreeMap<String, (usize, Vec<String>)> {
     runs
 }
 
-/// Slurm's own record of the sweep's arrays: array job id -> (comment, task count), for the
-/// jobs named `name` (every task, pending or ended, as squeue lists them).
-fn slurm_arrays(cluster: &SlurmCluster, name: &str) -> BTreeMap<u64, (String, usize)> {
+/// Slurm's own record of the sweep's arrays: array job id -> (comment, task count, whether
+/// every task was cancelled), for the jobs named `name` (every task, pending or ended).
+fn slurm_arrays(cluster: &SlurmCluster, name: &str) -> BTreeMap<u64, (String, usize, bool)> {
     let out = cluster
         .command("squeue")
-        .args(["-h", "-r", "--states=all", "-n", name, "-o", "%F|%K|%k"])
+        .args(["-h", "-r", "--states=all", "-n", name, "-o", "%F|%T|%k"])
         .output()
         .expect("squeue runs");
     assert!(
@@ -85,44 +85,54 @@ fn slurm_arrays(cluster: &SlurmCluster, name: &str) -> BTreeMap<u64, (String, us
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let mut arrays: BTreeMap<u64, (String, usize)> = BTreeMap::new();
+    let mut arrays: BTreeMap<u64, (String, usize, bool)> = BTreeMap::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let fields: Vec<&str> = line.splitn(3, '|').collect();
         let entry = arrays
             .entry(fields[0].parse().unwrap())
-            .or_insert_with(|| (fields[2].to_string(), 0));
+            .or_insert_with(|| (fields[2].to_string(), 0, true));
         entry.1 += 1;
+        entry.2 &= fields[1] == "CANCELLED";
     }
     arrays
 }
 
-fn task_counts(arrays: &BTreeMap<u64, (String, usize)>) -> Vec<usize> {
-    arrays.values().map(|(_, n)| *n).collect()
+fn task_counts(arrays: &BTreeMap<u64, (String, usize, bool)>) -> Vec<usize> {
+    arrays.values().map(|(_, n, _)| *n).collect()
 }
 
-/// An `sbatch` first on PATH that counts its calls and, on call `nth`, runs `action` (a shell
-/// snippet; `$real` is Slurm's sbatch); every other call is Slurm's sbatch itself.
-fn sbatch_wrapper(dir: &TestDir, nth: usize, action: &str) -> (String, PathBuf) {
+/// A `program` first on PATH (in `dir/wrapper-bin`) that, on the `nth` of its calls for
+/// which the shell test `when` holds, runs `action` (a shell snippet; `$real` is Slurm's own
+/// program); every other call is Slurm's program itself. Returns the PATH to use.
+fn wrap(dir: &TestDir, program: &str, when: &str, nth: usize, action: &str) -> String {
     let real = std::env::split_paths(&std::env::var_os("PATH").unwrap())
-        .map(|p| p.join("sbatch"))
+        .map(|p| p.join(program))
         .find(|p| p.is_file())
-        .expect("sbatch on PATH");
+        .unwrap_or_else(|| panic!("{program} on PATH"));
     let bin = dir.join("wrapper-bin");
-    let count = dir.join("sbatch-calls");
+    let count = dir.join(format!("{program}-calls"));
     let script = format!(
-        "#!/bin/bash\nreal={real:?}\nn=$(( $(cat {count:?} 2>/dev/null || echo 0) + 1 ))\necho $n > {count:?}\nif [ $n = {nth} ]; then\n{action}\nfi\nexec \"$real\" \"$@\"\n",
+        "#!/bin/bash\nreal={real:?}\nif {when}; then\n  n=$(( $(cat {count:?} 2>/dev/null || echo 0) + 1 ))\n  echo $n > {count:?}\n  if [ $n = {nth} ]; then\n{action}\n  fi\nfi\nexec \"$real\" \"$@\"\n",
         real = real.display().to_string(),
         count = count.display().to_string(),
     );
-    let path = dir.write("wrapper-bin/sbatch", &script);
+    let path = dir.write(&format!("wrapper-bin/{program}"), &script);
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let search = format!(
+    format!(
         "{}:{}",
         bin.display(),
         std::env::var("PATH").unwrap_or_default()
-    );
-    (search, count)
+    )
+}
+
+/// The tasks of the sweep's arrays that did not end cancelled, per array (Slurm's view).
+fn arrays_run(cluster: &SlurmCluster, name: &str) -> Vec<usize> {
+    slurm_arrays(cluster, name)
+        .values()
+        .filter(|(_, _, cancelled)| !cancelled)
+        .map(|(_, n, _)| *n)
+        .collect()
 }
 
 #[test]
@@ -267,8 +277,10 @@ fn a_rejected_array_is_retried_by_the_next_sweep_exactly_once() {
     );
     let spec_arg = spec.to_string_lossy().into_owned();
     let sweep_dir = dir.join("runs/grid-rej");
-    let (path, _) = sbatch_wrapper(
+    let path = wrap(
         &dir,
+        "sbatch",
+        "true",
         2,
         &format!("scontrol update PartitionName={partition} State=DRAIN"),
     );
@@ -287,7 +299,8 @@ fn a_rejected_array_is_retried_by_the_next_sweep_exactly_once() {
     );
     assert_eq!(task_counts(&slurm_arrays(&cluster, "grid-rej")), [10]);
 
-    // Status shows the rejected array's points, with the array they were in.
+    // Status shows the rejected array's points, with the array they were in; array 3 was
+    // never tried, so its points have no run directory yet.
     let out = cluster
         .shardrun(
             dir.path(),
@@ -298,7 +311,7 @@ fn a_rejected_array_is_retried_by_the_next_sweep_exactly_once() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(lines.len(), 25, "{lines:?}");
+    assert_eq!(lines.len(), 20, "{lines:?}");
     let failed: Vec<&serde_json::Value> = lines
         .iter()
         .filter(|l| l["state"] == "SUBMIT_FAILED")
@@ -310,11 +323,6 @@ fn a_rejected_array_is_retried_by_the_next_sweep_exactly_once() {
             .as_str()
             .unwrap()
             .contains("Required partition not available")));
-    assert_eq!(
-        lines.iter().filter(|l| l["state"] == "CREATED").count(),
-        5,
-        "array 3 was never tried: {lines:?}"
-    );
 
     scontrol(&["update", &format!("PartitionName={partition}"), "State=UP"]);
     let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
@@ -325,11 +333,7 @@ fn a_rejected_array_is_retried_by_the_next_sweep_exactly_once() {
         10,
         "{stdout}"
     );
-    assert_eq!(
-        stdout.matches("submit (was CREATED)").count(),
-        5,
-        "{stdout}"
-    );
+    assert_eq!(stdout.matches("submit (new)").count(), 5, "{stdout}");
     assert!(
         stdout.contains("Submitted 15 point(s) as 2 job array(s)"),
         "{stdout}"
@@ -337,8 +341,14 @@ fn a_rejected_array_is_retried_by_the_next_sweep_exactly_once() {
     all_completed(&cluster, &dir, &sweep_dir, 25);
     let runs = runs_of(&sweep_dir);
     assert!(
-        runs.values().all(|(ran, ids)| *ran == 1 && ids.len() == 1),
-        "every point ran once and was submitted once: {runs:?}"
+        runs.values().all(|(ran, _)| *ran == 1),
+        "every point ran once: {runs:?}"
+    );
+    let submissions: Vec<usize> = runs.values().map(|(_, ids)| ids.len()).collect();
+    assert_eq!(
+        submissions.iter().filter(|n| **n == 1).count(),
+        25,
+        "each point has the one job id it ran as (a rejected array has none): {runs:?}"
     );
     assert_eq!(
         task_counts(&slurm_arrays(&cluster, "grid-rej")),
@@ -353,7 +363,7 @@ fn a_rejected_array_is_retried_by_the_next_sweep_exactly_once() {
 }
 
 #[test]
-fn a_sweep_killed_after_slurm_took_an_array_is_finished_by_the_next_one() {
+fn a_sweep_killed_right_after_sbatch_is_finished_by_the_next_one() {
     let cluster = SlurmCluster::start_small_arrays().expect("start the MaxArraySize=10 cluster");
     let dir = TestDir::new("sweep-killed");
     let spec = dir.write(
@@ -363,13 +373,18 @@ fn a_sweep_killed_after_slurm_took_an_array_is_finished_by_the_next_one() {
     let spec_arg = spec.to_string_lossy().into_owned();
     let sweep_dir = dir.join("runs/grid-kill");
     // The second sbatch reaches slurmctld, then shardrun dies before it hears the job id.
-    let (path, _) = sbatch_wrapper(&dir, 2, "\"$real\" \"$@\"; kill -9 $PPID; exit 1");
+    let path = wrap(
+        &dir,
+        "sbatch",
+        "true",
+        2,
+        "\"$real\" \"$@\"; kill -9 $PPID; exit 1",
+    );
     let out = cluster
         .shardrun_with_env(dir.path(), &["sweep", &spec_arg], &[("PATH", path)])
         .unwrap();
     assert!(!out.status.success(), "shardrun was killed");
-    let arrays = slurm_arrays(&cluster, "grid-kill");
-    assert_eq!(task_counts(&arrays), [10, 10]);
+    assert_eq!(task_counts(&slurm_arrays(&cluster, "grid-kill")), [10, 10]);
     let held = cluster
         .command("squeue")
         .args(["-h", "-n", "grid-kill", "-t", "PD", "-o", "%F|%r"])
@@ -382,14 +397,67 @@ fn a_sweep_killed_after_slurm_took_an_array_is_finished_by_the_next_one() {
     let stdout = stdout_of(&out);
     assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
     assert!(
-        stdout.contains("of an interrupted `shardrun sweep` was accepted by Slurm: its 10 point(s) are recorded and released"),
+        stdout.contains("of an interrupted `shardrun sweep` was held with its points not written: cancelled, its 10 point(s) are decided again"),
         "{stdout}"
+    );
+    assert_eq!(stdout.matches("submit (new)").count(), 15, "{stdout}");
+    assert!(
+        stdout.contains("Submitted 15 point(s) as 2 job array(s)"),
+        "{stdout}"
+    );
+    all_completed(&cluster, &dir, &sweep_dir, 25);
+    let runs = runs_of(&sweep_dir);
+    assert!(
+        runs.values().all(|(ran, ids)| *ran == 1 && ids.len() == 1),
+        "nothing ran twice, nothing was lost: {runs:?}"
     );
     assert_eq!(
-        stdout.matches("submit (was CREATED)").count(),
-        5,
+        arrays_run(&cluster, "grid-kill"),
+        [10, 10, 5],
+        "the held array was cancelled before it ran"
+    );
+    assert!(
+        std::fs::read_dir(&sweep_dir).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .contains(".tmp-")),
+        "no half-written point left"
+    );
+}
+
+#[test]
+fn a_sweep_killed_before_releasing_an_array_is_finished_by_the_next_one() {
+    let cluster = SlurmCluster::start_small_arrays().expect("start the MaxArraySize=10 cluster");
+    let dir = TestDir::new("sweep-killed-release");
+    let spec = dir.write(
+        "sweep.yaml",
+        &sweep_spec("grid-rel", "[1, 2, 3, 4, 5]", FIVE_LRS, ""),
+    );
+    let spec_arg = spec.to_string_lossy().into_owned();
+    let sweep_dir = dir.join("runs/grid-rel");
+    // Array 2's points are written with its job ids; shardrun dies before releasing it.
+    let path = wrap(
+        &dir,
+        "scontrol",
+        "[ \"$1\" = release ]",
+        2,
+        "kill -9 $PPID; exit 1",
+    );
+    let out = cluster
+        .shardrun_with_env(dir.path(), &["sweep", &spec_arg], &[("PATH", path)])
+        .unwrap();
+    assert!(!out.status.success(), "shardrun was killed");
+
+    let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert!(
+        stdout
+            .contains("of an interrupted `shardrun sweep` was accepted and recorded: released now"),
         "{stdout}"
     );
+    assert_eq!(stdout.matches("submit (new)").count(), 5, "{stdout}");
     assert!(
         stdout.contains("Submitted 5 point(s) as 1 job array(s)"),
         "{stdout}"
@@ -401,7 +469,7 @@ fn a_sweep_killed_after_slurm_took_an_array_is_finished_by_the_next_one() {
         "nothing ran twice, nothing was lost: {runs:?}"
     );
     assert_eq!(
-        task_counts(&slurm_arrays(&cluster, "grid-kill")),
+        task_counts(&slurm_arrays(&cluster, "grid-rel")),
         [10, 10, 5]
     );
 }
@@ -416,7 +484,7 @@ fn sbatch_killed_after_slurm_took_the_array_loses_nothing() {
     );
     let spec_arg = spec.to_string_lossy().into_owned();
     // The first sbatch dies by a signal after slurmctld accepted its array.
-    let (path, _) = sbatch_wrapper(&dir, 1, "\"$real\" \"$@\"; kill -9 $$");
+    let path = wrap(&dir, "sbatch", "true", 1, "\"$real\" \"$@\"; kill -9 $$");
     let out = cluster
         .shardrun_with_env(dir.path(), &["sweep", &spec_arg], &[("PATH", path)])
         .unwrap();

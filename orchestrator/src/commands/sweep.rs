@@ -12,7 +12,7 @@
 use crate::commands::render::shardrun_exe;
 use crate::plan::ResolvedJob;
 use crate::render::{render_sbatch, ScriptTarget};
-use crate::rundir::{self, ArrayRef, RunDir, RunState};
+use crate::rundir::{self, ArrayRef, Manifest, RunDir, RunState};
 use crate::slurm::{self, limits::Destination};
 use crate::spec;
 use crate::sweep::journal::{self, ArrayRecord, ArrayState, Journal};
@@ -190,7 +190,6 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(sweep_dir.join("slurm"))
         .context("creating the sweep's slurm log folder")?;
     let planned = &to_submit[..plan.submitted()];
-    let runs = run_dirs(&sweep_dir, planned)?;
 
     let mut after: Vec<String> = survey.active_arrays.iter().cloned().collect();
     let mut submitted: Vec<(ArrayRef, String, usize)> = Vec::new();
@@ -200,8 +199,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             index: k + 1,
             count: plan.arrays.len(),
         };
-        let job = &planned[range.start].0.job;
-        match submitter.submit(&array, job, &runs[range.clone()], &after) {
+        match submitter.submit(&array, &planned[range.clone()], &after) {
             Ok(job_id) => {
                 if throttle.is_some() {
                     after = vec![job_id.clone()];
@@ -311,24 +309,36 @@ fn array_range(tasks: usize, throttle: Option<u32>) -> String {
     }
 }
 
-/// The run directories of the points about to be submitted: new ones created in one batch,
-/// failed ones reused as they are (their checkpoints stay).
-fn run_dirs(sweep_dir: &Path, planned: &[(&SweepPoint, Decision)]) -> anyhow::Result<Vec<RunDir>> {
-    let new: Vec<&SweepPoint> = planned
-        .iter()
-        .filter(|(_, d)| *d == Decision::New)
-        .map(|(p, _)| *p)
-        .collect();
-    let mut created = point_dirs::create(sweep_dir, &new)
-        .context("writing the new points' run directories")?
-        .into_iter();
-    planned
-        .iter()
-        .map(|(point, decision)| match decision {
-            Decision::New => Ok(created.next().expect("one directory per new point")),
-            _ => Ok(RunDir::open(&sweep_dir.join(&point.name))?),
-        })
-        .collect()
+/// A point about to go into an array: a new one (written but for its manifest) or one
+/// retried in its existing run directory (checkpoints stay).
+enum Slot {
+    New(Box<point_dirs::NewPointDir>),
+    Existing(RunDir),
+}
+
+impl Slot {
+    fn path(&self) -> PathBuf {
+        match self {
+            Slot::New(dir) => dir.path().to_path_buf(),
+            Slot::Existing(run) => run.path().to_path_buf(),
+        }
+    }
+}
+
+/// Commit every slot's manifest in one batch, each changed by `change` (given the task index).
+fn commit(
+    sweep_dir: &Path,
+    slots: Vec<Slot>,
+    change: impl Fn(usize, &mut Manifest),
+) -> Result<(), rundir::RunDirError> {
+    let mut batch = point_dirs::Batch::new(sweep_dir);
+    for (task, slot) in slots.into_iter().enumerate() {
+        match slot {
+            Slot::New(dir) => batch.add_new(*dir, |m| change(task, m))?,
+            Slot::Existing(run) => batch.update(&run, |m| change(task, m))?,
+        }
+    }
+    batch.commit()
 }
 
 /// Submits one array at a time, recording it before and after sbatch.
@@ -341,23 +351,35 @@ struct Submitter<'a> {
 }
 
 impl Submitter<'_> {
-    /// Write the array's files and record, `sbatch --hold` it, record its points, release
-    /// it. On failure the points are SUBMIT_FAILED and the record says why.
+    /// Write the array's points and record, `sbatch --hold` it, write its points' manifests
+    /// with their job ids, release it. On failure its points are SUBMIT_FAILED and the record
+    /// says why.
     fn submit(
         &self,
         array: &ArrayRef,
-        job: &ResolvedJob,
-        runs: &[RunDir],
+        points: &[(&SweepPoint, Decision)],
         after: &[String],
     ) -> anyhow::Result<String> {
-        let paths: Vec<PathBuf> = runs.iter().map(|r| r.path().to_path_buf()).collect();
+        let slots = points
+            .iter()
+            .map(|(point, decision)| {
+                Ok(match decision {
+                    Decision::New => {
+                        Slot::New(Box::new(point_dirs::prepare(self.sweep_dir, point)?))
+                    }
+                    _ => Slot::Existing(RunDir::open(&self.sweep_dir.join(&point.name))?),
+                })
+            })
+            .collect::<Result<Vec<Slot>, rundir::RunDirError>>()
+            .context("writing the points' run directories")?;
+        let paths: Vec<PathBuf> = slots.iter().map(Slot::path).collect();
         self.journal.write_points(array, &paths)?;
-        let mut array_job = job.clone();
+        let mut array_job = points[0].0.job.clone();
         array_job.name = self.sweep_name.to_string();
         let target = ScriptTarget::Array {
             points_file: self.journal.points_path(array),
             log_dir: self.sweep_dir.join("slurm"),
-            tasks: runs.len(),
+            tasks: slots.len(),
             throttle: self.throttle,
         };
         let script = render_sbatch(&array_job, &target, &self.exe)?;
@@ -365,7 +387,7 @@ impl Submitter<'_> {
         rundir::write_file(&script_path, script.as_bytes())?;
         let mut record = ArrayRecord {
             array: array.clone(),
-            tasks: runs.len(),
+            tasks: slots.len(),
             tag: journal::tag(self.sweep_name, array),
             job_id: None,
             after: after.to_vec(),
@@ -382,105 +404,106 @@ impl Submitter<'_> {
         let job_id = match slurm::submit(&script_path, &sbatch_args) {
             Ok(id) => id,
             // sbatch may fail after slurmctld took the job (killed, timed out): look for it.
-            Err(err) => {
-                match slurm::jobs_by_comment()
-                    .ok()
-                    .and_then(|jobs| jobs.get(&record.tag).map(|j| j.array_job_id.clone()))
-                {
-                    Some(id) => {
-                        println!("sbatch failed ({err}), but Slurm has array {}/{} as job {id}: going on", array.index, array.count);
-                        id
-                    }
-                    None => {
-                        let message = err.to_string();
-                        record.state = ArrayState::Rejected;
-                        record.error = Some(message.clone());
-                        self.journal.write(&mut record)?;
-                        point_dirs::update_manifests(runs, |_, m| {
-                            m.state = RunState::SubmitFailed;
-                            m.error = Some(message.clone());
-                            m.sweep_array = Some(array.clone());
-                        })?;
-                        return Err(anyhow::Error::new(err));
-                    }
+            Err(err) => match slurm::jobs_by_comment()
+                .ok()
+                .and_then(|jobs| jobs.get(&record.tag).map(|j| j.array_job_id.clone()))
+            {
+                Some(id) => {
+                    println!(
+                        "sbatch failed ({err}), but Slurm has array {}/{} as job {id}: going on",
+                        array.index, array.count
+                    );
+                    id
                 }
-            }
+                None => {
+                    let message = err.to_string();
+                    record.state = ArrayState::Rejected;
+                    record.error = Some(message.clone());
+                    self.journal.write(&mut record)?;
+                    commit(self.sweep_dir, slots, |_, m| {
+                        m.state = RunState::SubmitFailed;
+                        m.error = Some(message.clone());
+                        m.sweep_array = Some(array.clone());
+                    })?;
+                    return Err(anyhow::Error::new(err));
+                }
+            },
         };
         record.job_id = Some(job_id.clone());
         record.state = ArrayState::Held;
         self.journal.write(&mut record)?;
-        adopt(self.journal, &mut record, runs, true)?;
+        let recorded = commit(self.sweep_dir, slots, |task, m| {
+            m.state = RunState::Submitted;
+            m.slurm_job_ids.push(format!("{job_id}_{task}"));
+            m.error = None;
+            m.sweep_array = Some(array.clone());
+        });
+        match recorded {
+            Ok(()) => release(self.journal, self.sweep_dir, &mut record, &paths, true)?,
+            Err(err) => {
+                cancel(
+                    self.journal,
+                    &mut record,
+                    &format!("its points could not be written: {err}"),
+                );
+                return Err(anyhow::Error::new(err).context(format!(
+                    "Slurm job {job_id} (array {array}) was cancelled: its points could not be written"
+                )));
+            }
+        }
         Ok(job_id)
     }
 }
 
-/// Record a held array's job ids in its points' manifests (those not recorded yet), then
-/// release it. If that fails the array is cancelled and its points are SUBMIT_FAILED.
-fn adopt(
+/// Let a held array whose points are recorded run; if that fails, cancel it and mark its
+/// points SUBMIT_FAILED.
+fn release(
     journal: &Journal,
+    sweep_dir: &Path,
     record: &mut ArrayRecord,
-    runs: &[RunDir],
+    points: &[PathBuf],
     held: bool,
 ) -> anyhow::Result<()> {
     let job_id = record
         .job_id
         .clone()
-        .expect("an adopted array has a job id");
-    let array = record.array.clone();
-    let recorded = (|| {
-        let unrecorded: Vec<(usize, RunDir)> = runs
-            .iter()
-            .enumerate()
-            .filter(|(i, run)| {
-                run.read_manifest()
-                    .map(|m| m.slurm_job_ids.last() != Some(&format!("{job_id}_{i}")))
-                    .unwrap_or(true)
-            })
-            .map(|(i, run)| (i, run.clone()))
-            .collect();
-        let dirs: Vec<RunDir> = unrecorded.iter().map(|(_, r)| r.clone()).collect();
-        point_dirs::update_manifests(&dirs, |k, m| {
-            m.state = RunState::Submitted;
-            m.slurm_job_ids
-                .push(format!("{job_id}_{}", unrecorded[k].0));
-            m.error = None;
-            m.sweep_array = Some(array.clone());
-        })
-        .map_err(anyhow::Error::new)?;
-        if held {
-            slurm::release(&job_id)?;
-        }
-        Ok::<(), anyhow::Error>(())
-    })();
-    match recorded {
-        Ok(()) => {
-            record.state = ArrayState::Released;
-            record.error = None;
-            journal.write(record)?;
-            Ok(())
-        }
-        Err(err) => {
-            // Never leave a held array behind that no point knows about.
-            let _ = slurm::cancel(std::slice::from_ref(&job_id));
-            let message = format!("{err:#}");
-            record.state = ArrayState::Rejected;
-            record.error = Some(message.clone());
-            journal.write(record)?;
-            point_dirs::update_manifests(runs, |_, m| {
+        .expect("a recorded array has a job id");
+    if held {
+        if let Err(err) = slurm::release(&job_id) {
+            let message = format!("`scontrol release {job_id}` failed: {err}");
+            cancel(journal, record, &message);
+            let runs: Vec<Slot> = points
+                .iter()
+                .filter_map(|p| RunDir::open(p).ok().map(Slot::Existing))
+                .collect();
+            commit(sweep_dir, runs, |_, m| {
                 m.state = RunState::SubmitFailed;
                 m.error = Some(message.clone());
-                m.sweep_array = Some(array.clone());
             })?;
-            Err(err.context(format!(
-                "Slurm job {job_id} (array {array}) was cancelled: its points could not be recorded"
-            )))
+            anyhow::bail!("{message}; Slurm job {job_id} was cancelled and its points are marked SUBMIT_FAILED");
         }
     }
+    record.state = ArrayState::Released;
+    record.error = None;
+    journal.write(record)?;
+    Ok(())
+}
+
+/// Cancel an array that must not run, and record why.
+fn cancel(journal: &Journal, record: &mut ArrayRecord, why: &str) {
+    if let Some(id) = &record.job_id {
+        let _ = slurm::cancel(std::slice::from_ref(id));
+    }
+    record.state = ArrayState::Rejected;
+    record.error = Some(why.to_string());
+    let _ = journal.write(record);
 }
 
 /// Finish the arrays an interrupted `shardrun sweep` left between "about to submit" and
-/// "released": one Slurm knows (by its comment) is recorded and released; one it never saw
-/// is dropped, its points decided afresh.
+/// "released". An array Slurm holds (found by its comment) whose points were all written
+/// with its job ids is released; one whose points were not written is cancelled (it never
+/// ran: it was held) and its points are decided afresh, as are those of an array Slurm never
+/// saw.
 fn resolve_interrupted(journal: &Journal, sweep_dir: &Path) -> anyhow::Result<()> {
     let mut pending: Vec<ArrayRecord> = journal
         .records()?
@@ -493,39 +516,57 @@ fn resolve_interrupted(journal: &Journal, sweep_dir: &Path) -> anyhow::Result<()
     let jobs = slurm::jobs_by_comment()
         .context("looking up the arrays of an interrupted `shardrun sweep` in Slurm")?;
     for record in &mut pending {
-        let runs: Vec<RunDir> = journal
-            .read_points(&record.array)?
+        let points = journal.read_points(&record.array)?;
+        let names: Vec<String> = points
             .iter()
-            .map(|p| RunDir::open(p))
-            .collect::<Result<_, _>>()
-            .with_context(|| {
-                format!(
-                    "a point of array {} in {} has no run directory",
-                    record.array,
-                    sweep_dir.display()
-                )
-            })?;
-        match jobs.get(&record.tag) {
-            Some(job) => {
-                record.job_id = Some(job.array_job_id.clone());
-                adopt(journal, record, &runs, job.held)?;
-                println!(
-                    "array {} (Slurm job {}) of an interrupted `shardrun sweep` was accepted by Slurm: its {} point(s) are recorded{}",
-                    record.array,
-                    job.array_job_id,
-                    runs.len(),
-                    if job.held { " and released" } else { "" }
-                );
-            }
-            None => {
-                record.state = ArrayState::Abandoned;
-                journal.write(record)?;
-                println!(
-                    "array {} of an interrupted `shardrun sweep` never reached Slurm: its {} point(s) are decided again",
-                    record.array,
-                    runs.len()
-                );
-            }
+            .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect();
+        let job = jobs.get(&record.tag).or_else(|| {
+            // Its id was recorded but the comment is gone: look it up by id.
+            record
+                .job_id
+                .as_ref()
+                .and_then(|id| jobs.values().find(|j| &j.array_job_id == id))
+        });
+        let Some(job) = job else {
+            record.state = ArrayState::Abandoned;
+            journal.write(record)?;
+            point_dirs::remove_leftovers(sweep_dir, &names);
+            println!(
+                "array {} of an interrupted `shardrun sweep` never reached Slurm: its {} point(s) are decided again",
+                record.array,
+                points.len()
+            );
+            continue;
+        };
+        record.job_id = Some(job.array_job_id.clone());
+        let recorded = points.iter().enumerate().all(|(task, path)| {
+            RunDir::open(path)
+                .and_then(|run| run.read_manifest())
+                .map(|m| m.slurm_job_ids.last() == Some(&format!("{}_{task}", job.array_job_id)))
+                .unwrap_or(false)
+        });
+        if recorded {
+            release(journal, sweep_dir, record, &points, job.held)?;
+            println!(
+                "array {} (Slurm job {}) of an interrupted `shardrun sweep` was accepted and recorded: {}",
+                record.array,
+                job.array_job_id,
+                if job.held { "released now" } else { "it was already released" }
+            );
+        } else {
+            cancel(
+                journal,
+                record,
+                "an interrupted `shardrun sweep` had not written its points yet",
+            );
+            point_dirs::remove_leftovers(sweep_dir, &names);
+            println!(
+                "array {} (Slurm job {}) of an interrupted `shardrun sweep` was held with its points not written: cancelled, its {} point(s) are decided again",
+                record.array,
+                job.array_job_id,
+                points.len()
+            );
         }
     }
     Ok(())

@@ -1,11 +1,14 @@
 //! Sweep points' run directories, written in batches. A point's directory holds only what is
 //! its own (`manifest.json`, `resolved.json`, `train_config.json`, `secret`); the spec and the
-//! batch script are the sweep folder's (`arrays/`). Thousands of small files are made durable
-//! with one `syncfs` per batch instead of an `fsync` each, and still appear atomically: each
-//! directory (each new manifest) is written under a temporary name, the batch is synced, then
-//! everything is renamed into place and synced again.
+//! batch script are the sweep folder's (`arrays/`).
+//!
+//! A new point is first written under a temporary name without its manifest ([`prepare`]);
+//! once its array has a Slurm job id, a [`Batch`] writes every manifest (new points' and the
+//! retried points' replacements) under temporary names, makes the whole batch durable with
+//! one `syncfs` instead of an `fsync` per file, and renames everything into place. A crash
+//! leaves each directory and manifest either whole under its real name or not there at all.
 
-use crate::rundir::{io_err, Manifest, RunDir, RunDirError, RunState, MANIFEST_VERSION};
+use crate::rundir::{io_err, now_unix, Manifest, RunDir, RunDirError, RunState, MANIFEST_VERSION};
 use crate::sweep::SweepPoint;
 use rand::Rng;
 use serde::Serialize;
@@ -51,50 +54,66 @@ fn suffix() -> String {
         .collect()
 }
 
-/// Create the run directories of new points in `sweep_dir` (named by each point's name).
-/// On error nothing of the batch is left under a final name that was not complete.
-pub fn create(sweep_dir: &Path, points: &[&SweepPoint]) -> Result<Vec<RunDir>, RunDirError> {
-    fs::create_dir_all(sweep_dir).map_err(io_err("cannot create", sweep_dir))?;
-    let mut built: Vec<(PathBuf, PathBuf)> = Vec::with_capacity(points.len());
-    let result = (|| {
-        for point in points {
-            let path = sweep_dir.join(&point.name);
-            let tmp = sweep_dir.join(format!("{}.tmp-{}", point.name, suffix()));
-            built.push((tmp.clone(), path.clone()));
-            fill(&tmp, &path, point)?;
-        }
-        sync_filesystem(sweep_dir)?;
-        for (tmp, path) in &built {
-            // rename(2) refuses a non-empty target: a directory made meanwhile stays.
-            fs::rename(tmp, path).map_err(|e| {
-                if path.exists() {
-                    RunDirError::Exists(path.clone())
-                } else {
-                    io_err("cannot rename into", path)(e)
-                }
-            })?;
-        }
-        sync_filesystem(sweep_dir)
-    })();
-    if let Err(err) = result {
-        for (tmp, _) in &built {
-            let _ = fs::remove_dir_all(tmp);
-        }
-        return Err(err);
-    }
-    built.iter().map(|(_, path)| RunDir::open(path)).collect()
+/// `<name>.tmp-`: the prefix of a point's directory while it is being written.
+fn tmp_prefix(name: &str) -> String {
+    format!("{name}.tmp-")
 }
 
-fn fill(tmp: &Path, final_path: &Path, point: &SweepPoint) -> Result<(), RunDirError> {
-    fs::create_dir(tmp).map_err(io_err("cannot create", tmp))?;
-    let dir = RunDir::at(tmp);
+/// A new point's run directory, written under a temporary name but for its manifest.
+/// Dropped without [`Batch::add_new`], it is removed.
+#[derive(Debug)]
+pub struct NewPointDir {
+    tmp: Option<PathBuf>,
+    path: PathBuf,
+    manifest: Manifest,
+}
+
+impl NewPointDir {
+    /// Where the directory will be once committed.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for NewPointDir {
+    fn drop(&mut self) {
+        if let Some(tmp) = self.tmp.take() {
+            let _ = fs::remove_dir_all(tmp);
+        }
+    }
+}
+
+/// Write the files of a new point's run directory in `sweep_dir`, all but its manifest.
+pub fn prepare(sweep_dir: &Path, point: &SweepPoint) -> Result<NewPointDir, RunDirError> {
+    let path = sweep_dir.join(&point.name);
+    let tmp = sweep_dir.join(format!("{}{}", tmp_prefix(&point.name), suffix()));
+    fs::create_dir(&tmp).map_err(io_err("cannot create", &tmp))?;
+    let dir = RunDir::at(&tmp);
     // Paths inside the files name the final directory, not the temporary one.
     let mut resolved = point.job.clone();
     if let Some(ckpt) = resolved.train.checkpoint.dir.as_mut() {
         if ckpt.is_relative() {
-            *ckpt = final_path.join(&*ckpt);
+            *ckpt = path.join(&*ckpt);
         }
     }
+    // From here on, dropping `new` removes the temporary directory.
+    let now = now_unix();
+    let new = NewPointDir {
+        tmp: Some(tmp.clone()),
+        path: path.clone(),
+        manifest: Manifest {
+            version: MANIFEST_VERSION,
+            name: resolved.name.clone(),
+            state: RunState::Created,
+            config_hash: resolved.train.config_hash(),
+            created_at: now,
+            updated_at: now,
+            slurm_job_ids: Vec::new(),
+            sweep_params: point.params.clone(),
+            error: None,
+            sweep_array: None,
+        },
+    };
     write_new(
         &dir.resolved_json(),
         &json(&dir.resolved_json(), &resolved)?,
@@ -108,58 +127,105 @@ fn fill(tmp: &Path, final_path: &Path, point: &SweepPoint) -> Result<(), RunDirE
     let mut secret = [0u8; 32];
     rand::rng().fill(&mut secret);
     write_new(&dir.secret(), hex::encode(secret).as_bytes(), 0o600)?;
-    let now = crate::rundir::now_unix();
-    let manifest = Manifest {
-        version: MANIFEST_VERSION,
-        name: resolved.name.clone(),
-        state: RunState::Created,
-        config_hash: resolved.train.config_hash(),
-        created_at: now,
-        updated_at: now,
-        slurm_job_ids: Vec::new(),
-        sweep_params: point.params.clone(),
-        error: None,
-        sweep_array: None,
-    };
-    write_new(
-        &dir.manifest_path(),
-        &json(&dir.manifest_path(), &manifest)?,
-        0o644,
-    )
+    Ok(new)
 }
 
-/// Change the manifests of `runs` (the closure gets each run's index), all durable together.
-/// Each manifest is replaced atomically; a crash leaves each either old or new.
-pub fn update_manifests(
-    runs: &[RunDir],
-    mut change: impl FnMut(usize, &mut Manifest),
-) -> Result<(), RunDirError> {
-    let Some(first) = runs.first() else {
-        return Ok(());
+/// Remove what a cut-short submission left of the points named `names` in `sweep_dir`
+/// (directories still under their temporary names).
+pub fn remove_leftovers(sweep_dir: &Path, names: &[String]) {
+    let Ok(entries) = fs::read_dir(sweep_dir) else {
+        return;
     };
-    let mut written: Vec<(PathBuf, PathBuf)> = Vec::with_capacity(runs.len());
-    let result = (|| {
-        for (i, run) in runs.iter().enumerate() {
-            let mut manifest = run.read_manifest()?;
-            change(i, &mut manifest);
-            manifest.updated_at = crate::rundir::now_unix();
-            let path = run.manifest_path();
-            let tmp = run.path().join(format!(".manifest.json.tmp-{}", suffix()));
-            written.push((tmp.clone(), path.clone()));
-            write_new(&tmp, &json(&path, &manifest)?, 0o644)?;
-        }
-        sync_filesystem(first.path())?;
-        for (tmp, path) in &written {
-            fs::rename(tmp, path).map_err(io_err("cannot replace", path))?;
-        }
-        sync_filesystem(first.path())
-    })();
-    if result.is_err() {
-        for (tmp, _) in &written {
-            let _ = fs::remove_file(tmp);
+    let prefixes: Vec<String> = names.iter().map(|n| tmp_prefix(n)).collect();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if prefixes.iter().any(|p| name.starts_with(p.as_str())) {
+            let _ = fs::remove_dir_all(entry.path());
         }
     }
-    result
+}
+
+/// Manifests (and new points' directories) written under temporary names, made durable and
+/// renamed into place together by [`Batch::commit`]. Dropped uncommitted, it removes them.
+#[derive(Debug)]
+pub struct Batch {
+    sync_dir: PathBuf,
+    /// (temporary, final) paths, renamed in order at commit.
+    pending: Vec<(PathBuf, PathBuf)>,
+}
+
+impl Batch {
+    /// A batch of files on the filesystem of `sync_dir` (the sweep folder).
+    pub fn new(sync_dir: &Path) -> Batch {
+        Batch {
+            sync_dir: sync_dir.to_path_buf(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// Give a new point its manifest (`change` sets state, job id, array); its directory
+    /// goes into place at commit.
+    pub fn add_new(
+        &mut self,
+        mut dir: NewPointDir,
+        change: impl FnOnce(&mut Manifest),
+    ) -> Result<(), RunDirError> {
+        let tmp = dir.tmp.take().expect("a prepared directory is added once");
+        change(&mut dir.manifest);
+        dir.manifest.updated_at = now_unix();
+        let manifest_path = RunDir::at(&tmp).manifest_path();
+        self.pending.push((tmp, dir.path.clone()));
+        write_new(&manifest_path, &json(&manifest_path, &dir.manifest)?, 0o644)
+    }
+
+    /// Replace an existing run's manifest at commit, changed by `change`.
+    pub fn update(
+        &mut self,
+        run: &RunDir,
+        change: impl FnOnce(&mut Manifest),
+    ) -> Result<(), RunDirError> {
+        let mut manifest = run.read_manifest()?;
+        change(&mut manifest);
+        manifest.updated_at = now_unix();
+        let path = run.manifest_path();
+        let tmp = run.path().join(format!(".manifest.json.tmp-{}", suffix()));
+        self.pending.push((tmp.clone(), path.clone()));
+        write_new(&tmp, &json(&path, &manifest)?, 0o644)
+    }
+
+    /// Sync the batch to disk, rename everything into place, sync the renames.
+    pub fn commit(mut self) -> Result<(), RunDirError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        sync_filesystem(&self.sync_dir)?;
+        let pending = std::mem::take(&mut self.pending);
+        for (i, (tmp, path)) in pending.iter().enumerate() {
+            // rename(2) refuses to replace a non-empty directory: a point directory made
+            // meanwhile stays as it is.
+            if let Err(e) = fs::rename(tmp, path) {
+                self.pending = pending[i..].to_vec();
+                return Err(if tmp.is_dir() && path.exists() {
+                    RunDirError::Exists(path.clone())
+                } else {
+                    io_err("cannot rename into", path)(e)
+                });
+            }
+        }
+        sync_filesystem(&self.sync_dir)
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        for (tmp, _) in &self.pending {
+            if tmp.is_dir() {
+                let _ = fs::remove_dir_all(tmp);
+            } else {
+                let _ = fs::remove_file(tmp);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -178,22 +244,41 @@ mod tests {
         .unwrap()
     }
 
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
     #[test]
-    fn a_point_holds_only_its_own_files() {
+    fn a_point_holds_only_its_own_files_once_committed() {
         let dir = tempfile::tempdir().unwrap();
         let points = points();
-        let refs: Vec<&SweepPoint> = points.iter().collect();
-        let runs = create(dir.path(), &refs).unwrap();
-        assert_eq!(runs.len(), points.len());
-        for (run, point) in runs.iter().zip(&points) {
-            assert_eq!(run.path(), dir.path().join(&point.name));
-            let mut files: Vec<String> = fs::read_dir(run.path())
-                .unwrap()
-                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .collect();
-            files.sort();
+        let prepared: Vec<NewPointDir> = points
+            .iter()
+            .map(|p| prepare(dir.path(), p).unwrap())
+            .collect();
+        assert!(
+            points.iter().all(|p| !dir.path().join(&p.name).exists()),
+            "nothing under a real name before the commit"
+        );
+        let mut batch = Batch::new(dir.path());
+        for (i, new) in prepared.into_iter().enumerate() {
+            batch
+                .add_new(new, |m| {
+                    m.state = RunState::Submitted;
+                    m.slurm_job_ids.push(format!("77_{i}"));
+                })
+                .unwrap();
+        }
+        batch.commit().unwrap();
+        for (i, point) in points.iter().enumerate() {
+            let run = RunDir::open(&dir.path().join(&point.name)).unwrap();
             assert_eq!(
-                files,
+                names(run.path()),
                 [
                     "manifest.json",
                     "resolved.json",
@@ -202,7 +287,8 @@ mod tests {
                 ]
             );
             let manifest = run.read_manifest().unwrap();
-            assert_eq!(manifest.state, RunState::Created);
+            assert_eq!(manifest.state, RunState::Submitted);
+            assert_eq!(manifest.slurm_job_ids, [format!("77_{i}")]);
             assert_eq!(manifest.sweep_params, point.params);
             let train = run.read_train_config().unwrap();
             assert_eq!(manifest.config_hash, train.config_hash());
@@ -214,62 +300,73 @@ mod tests {
                 0o600
             );
         }
-        let leftovers = fs::read_dir(dir.path())
-            .unwrap()
-            .filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .file_name()
-                    .to_string_lossy()
-                    .contains(".tmp-")
-            })
-            .count();
-        assert_eq!(leftovers, 0);
+        assert!(names(dir.path()).iter().all(|n| !n.contains(".tmp-")));
     }
 
     #[test]
-    fn an_existing_point_fails_the_batch_and_leaves_no_temporary_directory() {
+    fn an_uncommitted_batch_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let points = points();
+        let kept = prepare(dir.path(), &points[0]).unwrap();
+        {
+            let mut batch = Batch::new(dir.path());
+            batch
+                .add_new(prepare(dir.path(), &points[1]).unwrap(), |_| {})
+                .unwrap();
+            let _dropped = prepare(dir.path(), &points[2]).unwrap();
+        }
+        assert_eq!(names(dir.path()).len(), 1, "{:?}", names(dir.path()));
+        drop(kept);
+        assert!(names(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn a_point_made_meanwhile_is_not_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let points = points();
+        let prepared = prepare(dir.path(), &points[3]).unwrap();
         fs::create_dir(dir.path().join(&points[3].name)).unwrap();
         fs::write(dir.path().join(&points[3].name).join("keep"), "x").unwrap();
-        let refs: Vec<&SweepPoint> = points.iter().collect();
-        let err = create(dir.path(), &refs).unwrap_err();
+        let mut batch = Batch::new(dir.path());
+        batch.add_new(prepared, |_| {}).unwrap();
+        let err = batch.commit().unwrap_err();
         assert!(matches!(err, RunDirError::Exists(_)), "{err}");
         assert!(dir.path().join(&points[3].name).join("keep").exists());
-        let names: Vec<String> = fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        assert!(names.iter().all(|n| !n.contains(".tmp-")), "{names:?}");
+        assert_eq!(names(dir.path()), [points[3].name.clone()]);
     }
 
     #[test]
-    fn manifests_are_updated_together() {
+    fn existing_manifests_are_replaced_and_leftovers_removed() {
         let dir = tempfile::tempdir().unwrap();
         let points = points();
-        let refs: Vec<&SweepPoint> = points.iter().collect();
-        let runs = create(dir.path(), &refs).unwrap();
-        update_manifests(&runs, |i, m| {
-            m.state = RunState::Submitted;
-            m.slurm_job_ids.push(format!("77_{i}"));
-        })
-        .unwrap();
-        for (i, run) in runs.iter().enumerate() {
-            let m = run.read_manifest().unwrap();
-            assert_eq!(m.state, RunState::Submitted);
-            assert_eq!(m.slurm_job_ids, [format!("77_{i}")]);
-            let stray = fs::read_dir(run.path())
-                .unwrap()
-                .filter(|e| {
-                    e.as_ref()
-                        .unwrap()
-                        .file_name()
-                        .to_string_lossy()
-                        .contains(".tmp-")
-                })
-                .count();
-            assert_eq!(stray, 0);
-        }
+        let mut batch = Batch::new(dir.path());
+        batch
+            .add_new(prepare(dir.path(), &points[0]).unwrap(), |m| {
+                m.state = RunState::Failed
+            })
+            .unwrap();
+        batch.commit().unwrap();
+        let run = RunDir::open(&dir.path().join(&points[0].name)).unwrap();
+        let mut batch = Batch::new(dir.path());
+        batch
+            .update(&run, |m| {
+                m.state = RunState::Submitted;
+                m.slurm_job_ids.push("9_0".into());
+            })
+            .unwrap();
+        batch.commit().unwrap();
+        let manifest = run.read_manifest().unwrap();
+        assert_eq!(
+            (manifest.state, manifest.slurm_job_ids),
+            (RunState::Submitted, vec!["9_0".to_string()])
+        );
+        assert!(names(run.path()).iter().all(|n| !n.contains(".tmp-")));
+
+        // A directory a killed submission left under its temporary name.
+        let left = prepare(dir.path(), &points[1]).unwrap();
+        std::mem::forget(left);
+        assert_eq!(names(dir.path()).len(), 2);
+        remove_leftovers(dir.path(), &[points[1].name.clone()]);
+        assert_eq!(names(dir.path()), [points[0].name.clone()]);
     }
 }
