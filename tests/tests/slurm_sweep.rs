@@ -6,7 +6,7 @@
 
 use shardrun_e2e::*;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(180);
