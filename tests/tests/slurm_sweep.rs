@@ -236,6 +236,67 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
 }
 
 #[test]
+fn the_throttle_holds_across_the_arrays_of_a_sweep() {
+    let cluster = SlurmCluster::start_small_arrays().expect("start the MaxArraySize=10 cluster");
+    let dir = TestDir::new("sweep-throttle");
+    // 10 points in arrays of at most 4 (the spec's own limit, below the cluster's 10), at
+    // most 2 tasks at once; each task notes when it started and ended.
+    let spec = dir.write(
+        "sweep.yaml",
+        &(sweep_spec(
+            "grid-thr",
+            "[1, 2]",
+            FIVE_LRS,
+            "",
+        )
+        .replace(
+            "    - exit 0\n",
+            "    - 'echo \"start $(date +%s.%N)\" >> times.txt; sleep 2; echo \"end $(date +%s.%N)\" >> times.txt'\n    - exit 0\n",
+        )
+        + "  throttle: 2\n  limits:\n    max_array_size: 4\n"),
+    );
+    let spec_arg = spec.to_string_lossy().into_owned();
+    let sweep_dir = dir.join("runs/grid-thr");
+    let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert!(
+        stdout.contains("arrays of at most 4 tasks: sweep.limits.max_array_size=4 (job spec)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("Submitted 10 point(s) as 3 job array(s)"),
+        "{stdout}"
+    );
+    all_completed(&cluster, &dir, &sweep_dir, 10);
+    // Every task's [start, end] lies inside the time Slurm ran it, so more than 2 measured
+    // at once means more than 2 ran at once.
+    let mut events = Vec::new();
+    for entry in std::fs::read_dir(&sweep_dir).unwrap().flatten() {
+        let Ok(times) = std::fs::read_to_string(entry.path().join("times.txt")) else {
+            continue;
+        };
+        for line in times.lines() {
+            let (what, at) = line.split_once(' ').unwrap();
+            events.push((at.parse::<f64>().unwrap(), what == "start"));
+        }
+    }
+    assert_eq!(events.len(), 20, "every task started and ended once");
+    // At equal times an end comes first: those two tasks did not overlap.
+    events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let (mut running, mut most) = (0, 0);
+    for (_, start) in &events {
+        running += if *start { 1 } else { -1 };
+        most = most.max(running);
+    }
+    assert!(
+        most <= 2,
+        "{most} tasks of the sweep ran at once: {events:?}"
+    );
+    assert_eq!(task_counts(&slurm_arrays(&cluster, "grid-thr")), [4, 4, 2]);
+}
+
+#[test]
 fn a_rejected_array_is_retried_by_the_next_sweep_exactly_once() {
     let cluster = SlurmCluster::start_small_arrays().expect("start the MaxArraySize=10 cluster");
     let dir = TestDir::new("sweep-rejected");

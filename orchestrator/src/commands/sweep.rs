@@ -107,26 +107,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             waiting: 0,
         });
 
-    let array_of: HashMap<&str, usize> = plan
-        .arrays
-        .iter()
-        .enumerate()
-        .flat_map(|(k, range)| range.clone().map(move |i| (i, k)))
-        .map(|(i, k)| (to_submit[i].0.key.as_str(), k))
-        .collect();
-    for (point, decision) in points.iter().zip(&survey.decisions) {
-        let array = array_of.get(point.key.as_str());
-        let what = match (decision, array) {
-            (Decision::Skip(state), _) => format!("skip ({})", state_name(*state)),
-            (_, None) => "wait (no room now)".to_string(),
-            (Decision::New, Some(_)) => "submit (new)".to_string(),
-            (Decision::Retry(state), Some(_)) => format!("submit (was {})", state_name(*state)),
-        };
-        let array = array
-            .map(|k| format!("array {}/{}", k + 1, plan.arrays.len()))
-            .unwrap_or_default();
-        println!("{what:<22} {}  {array:<12} {}", point.key, point.label());
-    }
+    print_points(&points, &survey.decisions, &to_submit, &plan);
     report_stale(&sweep_dir, &points);
     let skipped = points.len() - to_submit.len();
     let Some(limits) = limits else {
@@ -139,11 +120,8 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     for line in limits.describe() {
         println!("limits: {line}");
     }
-    let throttle_note = throttle.map(|t| {
-        format!("throttle {t}: each array runs at most {t} tasks at once and starts after the previous one has ended")
-    });
-    if let Some(note) = &throttle_note {
-        println!("{note}");
+    if let Some(t) = throttle {
+        println!("throttle {t}: each array runs at most {t} tasks at once and starts after the sweep's previous array has ended");
     }
     if plan.arrays.is_empty() {
         println!(
@@ -155,26 +133,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     if args.dry_run {
-        println!(
-            "dry run: would submit {} point(s) as {} job array(s), skip {skipped}, leave {} waiting:",
-            plan.submitted(),
-            plan.arrays.len(),
-            plan.waiting
-        );
-        for (k, range) in plan.arrays.iter().enumerate() {
-            println!(
-                "  array {}/{}: {} point(s), --array={}{}",
-                k + 1,
-                plan.arrays.len(),
-                range.len(),
-                array_range(range.len(), throttle),
-                if throttle.is_some() && k > 0 {
-                    format!(", after array {k}")
-                } else {
-                    String::new()
-                }
-            );
-        }
+        print_arrays(&plan, throttle, skipped);
         return Ok(());
     }
 
@@ -191,7 +150,12 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         .context("creating the sweep's slurm log folder")?;
     let planned = &to_submit[..plan.submitted()];
 
-    let mut after: Vec<String> = survey.active_arrays.iter().cloned().collect();
+    // With a throttle, arrays run one after the other, the first after the sweep's arrays
+    // still queued from an earlier `shardrun sweep`.
+    let mut after: Vec<String> = match throttle {
+        Some(_) => survey.active_arrays.iter().cloned().collect(),
+        None => Vec::new(),
+    };
     let mut submitted: Vec<(ArrayRef, String, usize)> = Vec::new();
     for (k, range) in plan.arrays.iter().enumerate() {
         let array = ArrayRef {
@@ -206,19 +170,21 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                 }
                 submitted.push((array, job_id, range.len()));
             }
-            Err(err) => {
+            Err(failure) => {
                 let done: usize = submitted.iter().map(|(_, _, n)| n).sum();
-                let not_tried = plan.submitted() - range.end;
-                return Err(err.context(format!(
-                    "array {}/{} ({} point(s)) was not accepted; they are marked SUBMIT_FAILED. \
-                     {} point(s) in {} earlier array(s) were submitted; {} point(s) of later arrays and {} waiting were not. \
-                     The next `shardrun sweep {}` submits each of them once",
+                let what = if failure.rejected {
+                    "was not accepted; its points are marked SUBMIT_FAILED"
+                } else {
+                    "could not be submitted"
+                };
+                return Err(failure.error.context(format!(
+                    "array {}/{} ({} point(s)) {what}. {done} point(s) in {} earlier array(s) were submitted; \
+                     {} point(s) of later arrays and {} waiting were not. The next `shardrun sweep {}` submits each of them once",
                     array.index,
                     array.count,
                     range.len(),
-                    done,
                     submitted.len(),
-                    not_tried,
+                    plan.submitted() - range.end,
                     plan.waiting,
                     args.spec.display()
                 )));
@@ -253,6 +219,59 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     );
     println!("  status         shardrun status {}", sweep_dir.display());
     Ok(())
+}
+
+/// One line per point: what happens to it and in which array.
+fn print_points(
+    points: &[SweepPoint],
+    decisions: &[Decision],
+    to_submit: &[(&SweepPoint, Decision)],
+    plan: &ArrayPlan,
+) {
+    let array_of: HashMap<&str, usize> = plan
+        .arrays
+        .iter()
+        .enumerate()
+        .flat_map(|(k, range)| range.clone().map(move |i| (i, k)))
+        .map(|(i, k)| (to_submit[i].0.key.as_str(), k))
+        .collect();
+    for (point, decision) in points.iter().zip(decisions) {
+        let array = array_of.get(point.key.as_str());
+        let what = match (decision, array) {
+            (Decision::Skip(state), _) => format!("skip ({})", state_name(*state)),
+            (_, None) => "wait (no room now)".to_string(),
+            (Decision::New, Some(_)) => "submit (new)".to_string(),
+            (Decision::Retry(state), Some(_)) => format!("submit (was {})", state_name(*state)),
+        };
+        let array = array
+            .map(|k| format!("array {}/{}", k + 1, plan.arrays.len()))
+            .unwrap_or_default();
+        println!("{what:<22} {}  {array:<12} {}", point.key, point.label());
+    }
+}
+
+/// The arrays a dry run would submit.
+fn print_arrays(plan: &ArrayPlan, throttle: Option<u32>, skipped: usize) {
+    println!(
+        "dry run: would submit {} point(s) as {} job array(s), skip {skipped}, leave {} waiting:",
+        plan.submitted(),
+        plan.arrays.len(),
+        plan.waiting
+    );
+    for (k, range) in plan.arrays.iter().enumerate() {
+        let after = if throttle.is_some() && k > 0 {
+            format!(", after array {k}")
+        } else {
+            String::new()
+        };
+        println!(
+            "  array {}/{}: {} point(s), --array={}{after}",
+            k + 1,
+            plan.arrays.len(),
+            range.len(),
+            array_range(range.len(), throttle),
+        );
+    }
 }
 
 /// Order the points to submit by allocation shape (in order of first appearance, the
@@ -341,6 +360,29 @@ fn commit(
     batch.commit()
 }
 
+/// Why an array was not submitted.
+struct SubmitFailure {
+    /// sbatch refused it, or it was cancelled after: its points are SUBMIT_FAILED.
+    rejected: bool,
+    error: anyhow::Error,
+}
+
+impl<E: Into<anyhow::Error>> From<E> for SubmitFailure {
+    fn from(error: E) -> Self {
+        SubmitFailure {
+            rejected: false,
+            error: error.into(),
+        }
+    }
+}
+
+fn rejected(error: anyhow::Error) -> SubmitFailure {
+    SubmitFailure {
+        rejected: true,
+        error,
+    }
+}
+
 /// Submits one array at a time, recording it before and after sbatch.
 struct Submitter<'a> {
     journal: &'a Journal,
@@ -359,7 +401,7 @@ impl Submitter<'_> {
         array: &ArrayRef,
         points: &[(&SweepPoint, Decision)],
         after: &[String],
-    ) -> anyhow::Result<String> {
+    ) -> Result<String, SubmitFailure> {
         let slots = points
             .iter()
             .map(|(point, decision)| {
@@ -425,7 +467,7 @@ impl Submitter<'_> {
                         m.error = Some(message.clone());
                         m.sweep_array = Some(array.clone());
                     })?;
-                    return Err(anyhow::Error::new(err));
+                    return Err(rejected(anyhow::Error::new(err)));
                 }
             },
         };
@@ -438,19 +480,19 @@ impl Submitter<'_> {
             m.error = None;
             m.sweep_array = Some(array.clone());
         });
-        match recorded {
-            Ok(()) => release(self.journal, self.sweep_dir, &mut record, &paths, true)?,
-            Err(err) => {
-                cancel(
-                    self.journal,
-                    &mut record,
-                    &format!("its points could not be written: {err}"),
-                );
-                return Err(anyhow::Error::new(err).context(format!(
+        if let Err(err) = recorded {
+            cancel(
+                self.journal,
+                &mut record,
+                &format!("its points could not be written: {err}"),
+            );
+            return Err(anyhow::Error::new(err)
+                .context(format!(
                     "Slurm job {job_id} (array {array}) was cancelled: its points could not be written"
-                )));
-            }
+                ))
+                .into());
         }
+        release(self.journal, self.sweep_dir, &mut record, &paths, true).map_err(rejected)?;
         Ok(job_id)
     }
 }
