@@ -356,6 +356,30 @@ mod tests {
     }
 
     #[test]
+    fn sweep_limits_are_read_and_zero_is_refused() {
+        let yaml = include_str!("../../examples/sweep.yaml");
+        let with = |limits: &str| format!("{yaml}  limits: {limits}\n");
+        let loaded = parse(
+            &with("{ max_array_size: 500, max_queued: 2000 }"),
+            Path::new("s.yaml"),
+        )
+        .unwrap();
+        let limits = loaded.spec.sweep.as_ref().unwrap().limits.clone().unwrap();
+        assert_eq!(
+            (limits.max_array_size, limits.max_queued),
+            (Some(500), Some(2000))
+        );
+        assert!(expand(&loaded).is_ok());
+        let SweepError::Spec(err) = points(&with("{ max_array_size: 0 }")).unwrap_err() else {
+            panic!("expected a spec error")
+        };
+        assert_eq!(err.field, "sweep.limits.max_array_size");
+        assert!(err.line.is_some(), "{err}");
+        let err = parse(&with("{ max_arrays: 5 }"), Path::new("s.yaml")).unwrap_err();
+        assert!(err.to_string().contains("max_array_size"), "{err}");
+    }
+
+    #[test]
     fn a_spec_without_sweep_is_refused() {
         assert!(points(include_str!("../../examples/mlp.yaml")).is_err());
     }
