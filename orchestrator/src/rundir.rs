@@ -7,7 +7,9 @@
 //!   train.log  logs/rank-N.log  metrics.jsonl  controller.addr  result.json  checkpoints/
 //! ```
 //! It is built as `<name>.tmp-XXXX` next to its final place and renamed, so a failure
-//! leaves nothing half-written under the real name.
+//! leaves nothing half-written under the real name. A sweep point's directory holds only
+//! `manifest.json resolved.json train_config.json secret`: its spec and batch script are
+//! the sweep folder's (`sweep::point_dirs`, `sweep::journal`).
 
 use crate::plan::ResolvedJob;
 use rand::Rng;
