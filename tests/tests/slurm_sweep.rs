@@ -19,6 +19,12 @@ fn sweep_spec(name: &str, seeds: &str, lrs: &str, extra: &str) -> String {
     )
 }
 
+/// A sweep name of this test run alone: squeue still lists the jobs of earlier runs (ended
+/// jobs stay for `MinJobAge`), and tests find their arrays by job name.
+fn unique(name: &str) -> String {
+    format!("{name}-{}", std::process::id())
+}
+
 const FIVE_LRS: &str = "[1.0e-3, 1.0e-4, 1.0e-5, 1.0e-6, 1.0e-7]";
 
 /// `shardrun status --json <sweep dir>` as (name, state), once every one of `expected` points
@@ -139,12 +145,13 @@ fn arrays_run(cluster: &SlurmCluster, name: &str) -> Vec<usize> {
 fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
     let cluster = SlurmCluster::start_small_arrays().expect("start the MaxArraySize=10 cluster");
     let dir = TestDir::new("sweep-arrays");
+    let name = unique("grid25");
     let spec = dir.write(
         "sweep.yaml",
-        &sweep_spec("grid25", "[1, 2, 3, 4, 5]", FIVE_LRS, ""),
+        &sweep_spec(&name, "[1, 2, 3, 4, 5]", FIVE_LRS, ""),
     );
     let spec_arg = spec.to_string_lossy().into_owned();
-    let sweep_dir = dir.join("runs/grid25");
+    let sweep_dir = dir.join("runs").join(&name);
 
     let out = cluster
         .shardrun(dir.path(), &["sweep", "--dry-run", &spec_arg])
@@ -174,7 +181,7 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
         "{stdout}"
     );
     assert_eq!(
-        task_counts(&slurm_arrays(&cluster, "grid25")),
+        task_counts(&slurm_arrays(&cluster, &name)),
         [10, 10, 5],
         "Slurm holds three arrays of 10, 10 and 5 tasks"
     );
@@ -204,12 +211,12 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
     let stdout = stdout_of(&out);
     assert!(stdout.contains("Nothing to submit"), "{stdout}");
     assert_eq!(stdout.matches("skip (COMPLETED)").count(), 25, "{stdout}");
-    assert_eq!(slurm_arrays(&cluster, "grid25").len(), 3, "no new array");
+    assert_eq!(slurm_arrays(&cluster, &name).len(), 3, "no new array");
 
     // One grid value edited (seed 5 -> 6): exactly its 5 points are submitted.
     dir.write(
         "sweep.yaml",
-        &sweep_spec("grid25", "[1, 2, 3, 4, 6]", FIVE_LRS, ""),
+        &sweep_spec(&name, "[1, 2, 3, 4, 6]", FIVE_LRS, ""),
     );
     let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
     let stdout = stdout_of(&out);
@@ -225,7 +232,7 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
         stdout.contains("5 run(s) in") && stdout.contains("belong to no current point"),
         "{stdout}"
     );
-    let arrays = slurm_arrays(&cluster, "grid25");
+    let arrays = slurm_arrays(&cluster, &name);
     assert_eq!(task_counts(&arrays), [10, 10, 5, 5]);
     all_completed(&cluster, &dir, &sweep_dir, 30);
     let runs = runs_of(&sweep_dir);
@@ -239,12 +246,13 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
 fn the_throttle_holds_across_the_arrays_of_a_sweep() {
     let cluster = SlurmCluster::start_small_arrays().expect("start the MaxArraySize=10 cluster");
     let dir = TestDir::new("sweep-throttle");
+    let name = unique("grid-thr");
     // 10 points in arrays of at most 4 (the spec's own limit, below the cluster's 10), at
     // most 2 tasks at once; each task notes when it started and ended.
     let spec = dir.write(
         "sweep.yaml",
         &(sweep_spec(
-            "grid-thr",
+            &name,
             "[1, 2]",
             FIVE_LRS,
             "",
@@ -256,7 +264,7 @@ fn the_throttle_holds_across_the_arrays_of_a_sweep() {
         + "  throttle: 2\n  limits:\n    max_array_size: 4\n"),
     );
     let spec_arg = spec.to_string_lossy().into_owned();
-    let sweep_dir = dir.join("runs/grid-thr");
+    let sweep_dir = dir.join("runs").join(&name);
     let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
     let stdout = stdout_of(&out);
     assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
@@ -293,13 +301,14 @@ fn the_throttle_holds_across_the_arrays_of_a_sweep() {
         most <= 2,
         "{most} tasks of the sweep ran at once: {events:?}"
     );
-    assert_eq!(task_counts(&slurm_arrays(&cluster, "grid-thr")), [4, 4, 2]);
+    assert_eq!(task_counts(&slurm_arrays(&cluster, &name)), [4, 4, 2]);
 }
 
 #[test]
 fn a_rejected_array_is_retried_by_the_next_sweep_exactly_once() {
     let cluster = SlurmCluster::start_small_arrays().expect("start the MaxArraySize=10 cluster");
     let dir = TestDir::new("sweep-rejected");
+    let name = unique("grid-rej");
     // A partition of this test alone, drained between the first and the second array: Slurm
     // itself rejects the second one.
     let partition = format!("reject{}", std::process::id());
@@ -331,13 +340,13 @@ fn a_rejected_array_is_retried_by_the_next_sweep_exactly_once() {
 
     let spec = dir.write(
         "sweep.yaml",
-        &sweep_spec("grid-rej", "[1, 2, 3, 4, 5]", FIVE_LRS, "").replace(
+        &sweep_spec(&name, "[1, 2, 3, 4, 5]", FIVE_LRS, "").replace(
             "resources:\n",
             &format!("resources:\n  partition: {partition}\n"),
         ),
     );
     let spec_arg = spec.to_string_lossy().into_owned();
-    let sweep_dir = dir.join("runs/grid-rej");
+    let sweep_dir = dir.join("runs").join(&name);
     let path = wrap(
         &dir,
         "sbatch",
@@ -358,7 +367,7 @@ fn a_rejected_array_is_retried_by_the_next_sweep_exactly_once() {
         stderr.contains("Required partition not available"),
         "Slurm's own reason: {stderr}"
     );
-    assert_eq!(task_counts(&slurm_arrays(&cluster, "grid-rej")), [10]);
+    assert_eq!(task_counts(&slurm_arrays(&cluster, &name)), [10]);
 
     // Status shows the rejected array's points, with the array they were in; array 3 was
     // never tried, so its points have no run directory yet.
@@ -411,10 +420,7 @@ fn a_rejected_array_is_retried_by_the_next_sweep_exactly_once() {
         25,
         "each point has the one job id it ran as (a rejected array has none): {runs:?}"
     );
-    assert_eq!(
-        task_counts(&slurm_arrays(&cluster, "grid-rej")),
-        [10, 10, 5]
-    );
+    assert_eq!(task_counts(&slurm_arrays(&cluster, &name)), [10, 10, 5]);
     let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
     assert!(
         stdout_of(&out).contains("Nothing to submit"),
@@ -427,12 +433,13 @@ fn a_rejected_array_is_retried_by_the_next_sweep_exactly_once() {
 fn a_sweep_killed_right_after_sbatch_is_finished_by_the_next_one() {
     let cluster = SlurmCluster::start_small_arrays().expect("start the MaxArraySize=10 cluster");
     let dir = TestDir::new("sweep-killed");
+    let name = unique("grid-kill");
     let spec = dir.write(
         "sweep.yaml",
-        &sweep_spec("grid-kill", "[1, 2, 3, 4, 5]", FIVE_LRS, ""),
+        &sweep_spec(&name, "[1, 2, 3, 4, 5]", FIVE_LRS, ""),
     );
     let spec_arg = spec.to_string_lossy().into_owned();
-    let sweep_dir = dir.join("runs/grid-kill");
+    let sweep_dir = dir.join("runs").join(&name);
     // The second sbatch reaches slurmctld, then shardrun dies before it hears the job id.
     let path = wrap(
         &dir,
@@ -445,10 +452,10 @@ fn a_sweep_killed_right_after_sbatch_is_finished_by_the_next_one() {
         .shardrun_with_env(dir.path(), &["sweep", &spec_arg], &[("PATH", path)])
         .unwrap();
     assert!(!out.status.success(), "shardrun was killed");
-    assert_eq!(task_counts(&slurm_arrays(&cluster, "grid-kill")), [10, 10]);
+    assert_eq!(task_counts(&slurm_arrays(&cluster, &name)), [10, 10]);
     let held = cluster
         .command("squeue")
-        .args(["-h", "-n", "grid-kill", "-t", "PD", "-o", "%F|%r"])
+        .args(["-h", "-n", &name, "-t", "PD", "-o", "%F|%r"])
         .output()
         .unwrap();
     let held = String::from_utf8_lossy(&held.stdout).into_owned();
@@ -473,7 +480,7 @@ fn a_sweep_killed_right_after_sbatch_is_finished_by_the_next_one() {
         "nothing ran twice, nothing was lost: {runs:?}"
     );
     assert_eq!(
-        arrays_run(&cluster, "grid-kill"),
+        arrays_run(&cluster, &name),
         [10, 10, 5],
         "the held array was cancelled before it ran"
     );
@@ -491,12 +498,13 @@ fn a_sweep_killed_right_after_sbatch_is_finished_by_the_next_one() {
 fn a_sweep_killed_before_releasing_an_array_is_finished_by_the_next_one() {
     let cluster = SlurmCluster::start_small_arrays().expect("start the MaxArraySize=10 cluster");
     let dir = TestDir::new("sweep-killed-release");
+    let name = unique("grid-rel");
     let spec = dir.write(
         "sweep.yaml",
-        &sweep_spec("grid-rel", "[1, 2, 3, 4, 5]", FIVE_LRS, ""),
+        &sweep_spec(&name, "[1, 2, 3, 4, 5]", FIVE_LRS, ""),
     );
     let spec_arg = spec.to_string_lossy().into_owned();
-    let sweep_dir = dir.join("runs/grid-rel");
+    let sweep_dir = dir.join("runs").join(&name);
     // Array 2's points are written with its job ids; shardrun dies before releasing it.
     let path = wrap(
         &dir,
@@ -529,20 +537,15 @@ fn a_sweep_killed_before_releasing_an_array_is_finished_by_the_next_one() {
         runs.values().all(|(ran, ids)| *ran == 1 && ids.len() == 1),
         "nothing ran twice, nothing was lost: {runs:?}"
     );
-    assert_eq!(
-        task_counts(&slurm_arrays(&cluster, "grid-rel")),
-        [10, 10, 5]
-    );
+    assert_eq!(task_counts(&slurm_arrays(&cluster, &name)), [10, 10, 5]);
 }
 
 #[test]
 fn sbatch_killed_after_slurm_took_the_array_loses_nothing() {
     let cluster = SlurmCluster::start_small_arrays().expect("start the MaxArraySize=10 cluster");
     let dir = TestDir::new("sweep-sbatch-killed");
-    let spec = dir.write(
-        "sweep.yaml",
-        &sweep_spec("grid-sb", "[1, 2, 3]", FIVE_LRS, ""),
-    );
+    let name = unique("grid-sb");
+    let spec = dir.write("sweep.yaml", &sweep_spec(&name, "[1, 2, 3]", FIVE_LRS, ""));
     let spec_arg = spec.to_string_lossy().into_owned();
     // The first sbatch dies by a signal after slurmctld accepted its array.
     let path = wrap(&dir, "sbatch", "true", 1, "\"$real\" \"$@\"; kill -9 $$");
@@ -556,13 +559,13 @@ fn sbatch_killed_after_slurm_took_the_array_loses_nothing() {
         stdout.contains("Submitted 15 point(s) as 2 job array(s)"),
         "{stdout}"
     );
-    all_completed(&cluster, &dir, &dir.join("runs/grid-sb"), 15);
-    let runs = runs_of(&dir.join("runs/grid-sb"));
+    all_completed(&cluster, &dir, &dir.join("runs").join(&name), 15);
+    let runs = runs_of(&dir.join("runs").join(&name));
     assert!(
         runs.values().all(|(ran, ids)| *ran == 1 && ids.len() == 1),
         "{runs:?}"
     );
-    assert_eq!(task_counts(&slurm_arrays(&cluster, "grid-sb")), [10, 5]);
+    assert_eq!(task_counts(&slurm_arrays(&cluster, &name)), [10, 5]);
 }
 
 #[test]

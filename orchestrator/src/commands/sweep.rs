@@ -445,31 +445,43 @@ impl Submitter<'_> {
         }
         let job_id = match slurm::submit(&script_path, &sbatch_args) {
             Ok(id) => id,
-            // sbatch may fail after slurmctld took the job (killed, timed out): look for it.
-            Err(err) => match slurm::jobs_by_comment()
-                .ok()
-                .and_then(|jobs| jobs.get(&record.tag).map(|j| j.array_job_id.clone()))
-            {
-                Some(id) => {
-                    println!(
-                        "sbatch failed ({err}), but Slurm has array {}/{} as job {id}: going on",
-                        array.index, array.count
-                    );
-                    id
+            Err(err) => {
+                // sbatch may fail after slurmctld took the job (killed, timed out): look
+                // for it by its tag.
+                let lookup = slurm::jobs_by_comment();
+                let found = lookup
+                    .as_ref()
+                    .ok()
+                    .and_then(|jobs| jobs.get(&record.tag))
+                    .map(|job| job.array_job_id.clone());
+                match found {
+                    Some(id) => {
+                        println!(
+                            "sbatch failed ({err}), but Slurm has array {}/{} as job {id}: going on",
+                            array.index, array.count
+                        );
+                        id
+                    }
+                    None => {
+                        let message = err.to_string();
+                        // If Slurm could not be asked, the next `shardrun sweep` asks again
+                        // (and cancels the array should Slurm have it after all).
+                        record.state = if lookup.is_ok() {
+                            ArrayState::Rejected
+                        } else {
+                            ArrayState::Submitting
+                        };
+                        record.error = Some(message.clone());
+                        self.journal.write(&mut record)?;
+                        commit(self.sweep_dir, slots, |_, m| {
+                            m.state = RunState::SubmitFailed;
+                            m.error = Some(message.clone());
+                            m.sweep_array = Some(array.clone());
+                        })?;
+                        return Err(rejected(anyhow::Error::new(err)));
+                    }
                 }
-                None => {
-                    let message = err.to_string();
-                    record.state = ArrayState::Rejected;
-                    record.error = Some(message.clone());
-                    self.journal.write(&mut record)?;
-                    commit(self.sweep_dir, slots, |_, m| {
-                        m.state = RunState::SubmitFailed;
-                        m.error = Some(message.clone());
-                        m.sweep_array = Some(array.clone());
-                    })?;
-                    return Err(rejected(anyhow::Error::new(err)));
-                }
-            },
+            }
         };
         record.job_id = Some(job_id.clone());
         record.state = ArrayState::Held;
