@@ -1,6 +1,7 @@
 //! Thin wrappers over the Slurm commands (`sbatch`, `squeue`, `sacct`, `scontrol`,
-//! `scancel`, `sacctmgr`) and parsers of their output. Parsers are pure and tested on outputs recorded
-//! from Slurm 22.05 (`testdata/`); the commands run with whatever `SLURM_CONF` is set.
+//! `scancel`, `sacctmgr`) and parsers of their output. Parsers are pure and tested on
+//! outputs recorded from Slurm 22.05 (`testdata/`); the commands run with whatever
+//! `SLURM_CONF` is set.
 
 mod command;
 pub mod limits;
