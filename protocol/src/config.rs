@@ -238,12 +238,14 @@ impl ShardingStrategy {
     }
 }
 
-/// How the model is split into FSDP units. Every policy also has a root unit holding the
-/// parameters not claimed by any other unit.
+/// How the model is split into FSDP units. Parameters a policy does not claim form one unit
+/// per segment that reads them first (the embeddings, a block, the head), see
+/// [`crate::units`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum WrapPolicy {
-    /// One unit per transformer block (FSDP2's `fully_shard` per block + root).
+    /// One unit per segment: the embeddings, each transformer block, the head (torchtitan's
+    /// `fully_shard` on `tok_embeddings`, on each block and on `norm` + `output`).
     Block,
     /// Any module with at least `min_params` parameters (not already inside a unit) becomes
     /// a unit, innermost first (`size_based_auto_wrap_policy`).

@@ -15,11 +15,15 @@ pub struct Args {
     /// Print the resolved job as JSON instead of the human summary.
     #[arg(long)]
     pub json: bool,
+    /// Plan the job even when its peak memory per rank exceeds the GPU's.
+    #[arg(long)]
+    pub force: bool,
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
     let overrides = Overrides {
         world_size: args.nproc,
+        force: args.force,
         ..Overrides::default()
     };
     let (_, job) = load_and_resolve(&args.spec, &overrides)?;

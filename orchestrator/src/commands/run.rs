@@ -24,7 +24,8 @@ pub struct Args {
     /// Train on this device kind whatever the spec says.
     #[arg(long, value_enum)]
     pub device: Option<DeviceArg>,
-    /// Replace an existing run directory of the same name.
+    /// Replace an existing run directory of the same name, and run even when the job's peak
+    /// memory per rank exceeds the GPU's.
     #[arg(long)]
     pub force: bool,
     /// No progress bar, one summary line per step instead (automatic when not a terminal).
@@ -47,6 +48,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             DeviceArg::Cpu => DeviceKind::Cpu,
             DeviceArg::Cuda => DeviceKind::Cuda,
         }),
+        force: args.force,
     };
     let (loaded, job) = load_and_resolve(&args.spec, &overrides)?;
     for warning in &job.warnings {

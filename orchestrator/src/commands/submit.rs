@@ -14,7 +14,8 @@ use std::path::PathBuf;
 pub struct Args {
     /// Job spec (YAML), or an existing run directory to submit again (with --force).
     pub spec: PathBuf,
-    /// Replace an existing run directory of the same name.
+    /// Replace an existing run directory of the same name, and submit even when the job's
+    /// peak memory per rank exceeds the GPU's.
     #[arg(long)]
     pub force: bool,
     /// Print the sbatch script and the plan; write and submit nothing.
@@ -23,7 +24,11 @@ pub struct Args {
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
-    let (loaded, job) = load_and_resolve(&args.spec, &Overrides::default())?;
+    let overrides = Overrides {
+        force: args.force,
+        ..Overrides::default()
+    };
+    let (loaded, job) = load_and_resolve(&args.spec, &overrides)?;
     let path = RunDir::planned_path(&job)?;
     let script = render_sbatch(
         &job,

@@ -3,9 +3,22 @@
 //! Each segment's forward runs on a detached input that requires grad (a graph cut), so its
 //! backward can run on its own with the upstream gradient (`shim::grad`). That is what lets a
 //! unit be gathered just before its segment runs, freed right after, gathered again just
-//! before its backward, and reduce-scattered as soon as its last segment's backward is done.
+//! before its backward, and reduce-scattered as soon as its segment's backward is done.
 //!
 //! Visits: forward visits segments `0..k`, backward visits `k..2k` (segment `2k-1-v`).
+//!
+//! Memory stays bounded by a few units, whatever the model's size:
+//! * gathered parameters: a unit is gathered for the visits that read it and freed after
+//!   the last of a run of consecutive visits reading it (FULL_SHARD, HYBRID_SHARD; the other
+//!   strategies keep it from forward to its backward); at most `max_gathers_in_flight` units,
+//!   the running segment's included, are gathered at once;
+//! * unsharded gradients: a unit's flat gradient exists from its segment's backward until its
+//!   reduce-scatter completes, and at most [`REDUCE_SCATTERS_IN_FLIGHT`] reduce-scatters are
+//!   left running while the next segment's backward computes (PyTorch FSDP2 waits for the
+//!   previous reduce-scatter likewise). A unit read by two segments (a tied embedding and
+//!   output head) is reduce-scattered after each, the results added into its gradient shard.
+//!   Under no_sync (SHARD_GRAD_OP and NO_SHARD before the last micro-step) gradients are kept
+//!   unsharded across micro-steps instead: that is what no_sync trades memory for.
 
 use super::flat::FlatLayout;
 use super::groups::ProcessGroups;
@@ -18,7 +31,7 @@ use crate::data::Batch;
 use crate::model::{Model, Params, SegmentSpec};
 use crate::optim::adamw_step;
 use shardrun_protocol::config::{OptimizerConfig, ShardingStrategy, WrapPolicy};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use tch::{Device, Kind, Tensor};
 
 #[derive(Debug, Clone)]
@@ -30,7 +43,8 @@ pub struct EngineOptions {
     pub reduce_kind: Kind,
     pub activation_checkpointing: bool,
     pub prefetch: bool,
-    /// At most this many units gathered ahead of the one computing.
+    /// At most this many units gathered at once: the running segment's and those gathered
+    /// ahead of it (prefetched). The running segment's units are always gathered.
     pub max_gathers_in_flight: usize,
     pub device: Device,
 }
@@ -41,6 +55,23 @@ pub struct UnitShardState {
     pub param: Vec<f32>,
     pub exp_avg: Vec<f32>,
     pub exp_avg_sq: Vec<f32>,
+}
+
+/// Reduce-scatters left running while the next segment's backward computes; issuing another
+/// first waits for the oldest, so its unsharded gradient buffer is freed.
+pub const REDUCE_SCATTERS_IN_FLIGHT: usize = 1;
+
+/// Peaks of the memory the engine allocates beyond the persistent shards, since the last
+/// [`FsdpEngine::reset_memory_stats`]: what a test or a benchmark checks stays bounded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Bytes of gathered (unsharded) parameters alive at once.
+    pub gathered_bytes: u64,
+    /// Units holding gathered parameters (or an all-gather into them) at once.
+    pub gathered_units: usize,
+    /// Bytes of unsharded gradients alive at once: flat buffers not reduce-scattered yet,
+    /// reduce-scatters in flight (input and output).
+    pub unsharded_grad_bytes: u64,
 }
 
 /// What forward keeps of a segment for its backward.
@@ -64,11 +95,13 @@ pub struct FsdpEngine {
     units: Vec<FlatUnit>,
     /// Every parameter by name: the leaf tensors viewing the gathered buffers.
     param_map: HashMap<String, Tensor>,
-    /// Per unit: its last forward visit and its last backward visit.
-    last_forward: Vec<usize>,
+    /// Per unit: its last backward visit.
     last_backward: Vec<usize>,
     groups: ProcessGroups,
     options: EngineOptions,
+    memory: MemoryStats,
+    /// Reduce-scatters issued and not waited for yet, oldest first.
+    reducing: VecDeque<(usize, PendingReduce)>,
     /// AdamW steps taken (bias correction counts from these).
     pub optimizer_steps: u64,
 }
@@ -130,11 +163,9 @@ impl FsdpEngine {
             segment_params.push(params);
         }
         let k = segments.len();
-        let mut last_forward = vec![usize::MAX; units.len()];
         let mut last_backward = vec![usize::MAX; units.len()];
         for (s, used) in segment_units.iter().enumerate() {
             for &u in used {
-                last_forward[u] = s;
                 // The lowest segment using a unit is the last one backward visits.
                 if last_backward[u] == usize::MAX {
                     last_backward[u] = 2 * k - 1 - s;
@@ -158,10 +189,11 @@ impl FsdpEngine {
             segment_params,
             units,
             param_map,
-            last_forward,
             last_backward,
             groups,
             options,
+            memory: MemoryStats::default(),
+            reducing: VecDeque::new(),
             optimizer_steps: 0,
         })
     }
@@ -182,7 +214,15 @@ impl FsdpEngine {
         )
     }
 
-    /// Gathers what `visit` reads, prefetching the next visits' units within the limit.
+    /// Whether visit `visit + 1` (if any) reads unit `u`.
+    fn next_visit_reads(&self, visit: usize, u: usize) -> bool {
+        visit + 1 < 2 * self.segments.len()
+            && self.segment_units[self.segment_of_visit(visit + 1)].contains(&u)
+    }
+
+    /// Gathers what `visit` reads and, with prefetch, starts gathering the next visits'
+    /// units while fewer than `max_gathers_in_flight` units are gathered or gathering (the
+    /// ones `visit` reads count).
     fn prepare(&mut self, visit: usize) -> Result<(), FsdpError> {
         let shard = self.groups.shard.clone();
         let needed = self.segment_units[self.segment_of_visit(visit)].clone();
@@ -191,45 +231,51 @@ impl FsdpEngine {
         }
         if self.options.prefetch {
             let limit = self.options.max_gathers_in_flight.max(1);
-            let mut in_flight = (0..self.units.len())
-                .filter(|u| !needed.contains(u) && self.units[*u].is_in_flight())
-                .count();
+            // Units gathering ahead stay in flight until the visit that reads them waits.
+            let mut alive = needed.len()
+                + (0..self.units.len())
+                    .filter(|u| !needed.contains(u) && self.units[*u].is_in_flight())
+                    .count();
             let last_visit = 2 * self.segments.len();
-            for next in visit + 1..(visit + 1 + limit).min(last_visit) {
+            'ahead: for next in visit + 1..(visit + 1 + limit).min(last_visit) {
                 for u in self.segment_units[self.segment_of_visit(next)].clone() {
-                    if in_flight < limit && self.units[u].is_sharded() {
+                    if alive >= limit {
+                        break 'ahead;
+                    }
+                    if self.units[u].is_sharded() {
                         self.units[u].begin_gather(shard.as_ref())?;
-                        in_flight += 1;
+                        alive += 1;
                     }
                 }
             }
         }
+        self.note_memory();
         for &u in &needed {
             self.units[u].finish_gather()?;
         }
         Ok(())
     }
 
+    /// FULL_SHARD/HYBRID_SHARD free what this forward visit read unless the next visit
+    /// reads it too (the head, around the loss): a tied embedding is freed after the
+    /// embeddings and gathered again for the head.
     fn after_forward(&mut self, visit: usize) -> Result<(), FsdpError> {
         if !self.reshards_after_forward() {
             return Ok(());
         }
-        let next = self.segment_of_visit(visit + 1);
         for u in self.segment_units[visit].clone() {
-            // A unit the next visit reads (the root, around the loss) stays gathered.
-            if self.last_forward[u] == visit && !self.segment_units[next].contains(&u) {
+            if !self.next_visit_reads(visit, u) {
                 self.units[u].release()?;
             }
         }
         Ok(())
     }
 
-    fn after_backward(
-        &mut self,
-        visit: usize,
-        sync: bool,
-        pending: &mut Vec<(usize, PendingReduce)>,
-    ) -> Result<(), FsdpError> {
+    /// After a backward visit: frees the gathered units it read (unless the next visit
+    /// reads them; SHARD_GRAD_OP keeps a unit until its last backward visit) and issues
+    /// their gradients' reduce-scatter, waiting for older ones beyond
+    /// [`REDUCE_SCATTERS_IN_FLIGHT`].
+    fn after_backward(&mut self, visit: usize, sync: bool) -> Result<(), FsdpError> {
         let strategy = self.options.strategy;
         // FULL_SHARD/HYBRID_SHARD reduce every micro-step so unsharded gradients never
         // outlive a unit's backward; the others skip communication until the last one
@@ -241,19 +287,61 @@ impl FsdpEngine {
             );
         let shard = self.groups.shard.clone();
         for u in self.segment_units[self.segment_of_visit(visit)].clone() {
-            if self.last_backward[u] != visit {
+            if self.next_visit_reads(visit, u) {
                 continue;
             }
-            if strategy != ShardingStrategy::NoShard {
+            let done_with_params = self.reshards_after_forward() || self.last_backward[u] == visit;
+            if strategy != ShardingStrategy::NoShard && done_with_params {
                 self.units[u].release()?;
             }
-            if reduce_now || self.units[u].layout.shard_count == 1 {
+            if (reduce_now || self.units[u].layout.shard_count == 1)
+                && self.units[u].unsharded_grad_bytes() > 0
+            {
+                while self.reducing.len() >= REDUCE_SCATTERS_IN_FLIGHT {
+                    self.finish_oldest_reduce()?;
+                }
                 if let Some(p) = self.units[u].reduce_grad(shard.as_ref())? {
-                    pending.push((u, p));
+                    self.reducing.push_back((u, p));
+                    self.note_memory();
                 }
             }
         }
         Ok(())
+    }
+
+    /// Waits for the oldest reduce-scatter in flight and folds it into its gradient shard.
+    fn finish_oldest_reduce(&mut self) -> Result<(), FsdpError> {
+        if let Some((u, p)) = self.reducing.pop_front() {
+            self.units[u].finish_reduce(p)?;
+        }
+        Ok(())
+    }
+
+    /// Records the current gathered and unsharded-gradient memory into the peaks.
+    fn note_memory(&mut self) {
+        let mut now = MemoryStats::default();
+        for u in &self.units {
+            let gathered = u.gathered_bytes();
+            if gathered > 0 {
+                now.gathered_bytes += gathered;
+                now.gathered_units += 1;
+            }
+            now.unsharded_grad_bytes += u.unsharded_grad_bytes();
+        }
+        now.unsharded_grad_bytes += self.reducing.iter().map(|(_, p)| p.bytes()).sum::<u64>();
+        let peak = &mut self.memory;
+        peak.gathered_bytes = peak.gathered_bytes.max(now.gathered_bytes);
+        peak.gathered_units = peak.gathered_units.max(now.gathered_units);
+        peak.unsharded_grad_bytes = peak.unsharded_grad_bytes.max(now.unsharded_grad_bytes);
+    }
+
+    /// Peaks since the last [`FsdpEngine::reset_memory_stats`] (or the engine's creation).
+    pub fn memory_stats(&self) -> MemoryStats {
+        self.memory
+    }
+
+    pub fn reset_memory_stats(&mut self) {
+        self.memory = MemoryStats::default();
     }
 
     /// Forward and backward of one micro-batch; gradients of `loss · loss_factor` are added to
@@ -296,7 +384,6 @@ impl FsdpEngine {
         }
 
         let mut upstream: Option<Tensor> = None;
-        let mut pending = Vec::new();
         for s in (0..k).rev() {
             let visit = 2 * k - 1 - s;
             self.prepare(visit)?;
@@ -341,10 +428,11 @@ impl FsdpEngine {
                     self.units[u].accumulate_grad(i, &grad);
                 }
             }
-            self.after_backward(visit, sync, &mut pending)?;
+            self.note_memory();
+            self.after_backward(visit, sync)?;
         }
-        for (u, p) in pending {
-            self.units[u].finish_reduce(p)?;
+        while !self.reducing.is_empty() {
+            self.finish_oldest_reduce()?;
         }
         if sync {
             self.sync_replicas()?;
@@ -496,13 +584,28 @@ impl FsdpEngine {
 
     /// Every parameter, unsharded, in fp32 on the CPU (all ranks of the shard group must call).
     pub fn full_parameters(&self) -> Result<Vec<(String, Tensor)>, FsdpError> {
+        self.unsharded(|u| &u.shard)
+    }
+
+    /// Every parameter's accumulated gradient, unsharded, in fp32 on the CPU (all ranks of
+    /// the shard group must call).
+    pub fn full_gradients(&self) -> Result<Vec<(String, Tensor)>, FsdpError> {
+        self.unsharded(|u| &u.grad)
+    }
+
+    /// Gathers one fp32 shard tensor of every unit and cuts it into parameters.
+    fn unsharded(
+        &self,
+        shard_of: impl Fn(&FlatUnit) -> &Tensor,
+    ) -> Result<Vec<(String, Tensor)>, FsdpError> {
         let mut out = Vec::new();
         for u in &self.units {
-            let full = Tensor::empty([u.layout.padded_numel], (Kind::Float, u.shard.device()));
+            let shard = shard_of(u);
+            let full = Tensor::empty([u.layout.padded_numel], (Kind::Float, shard.device()));
             if u.layout.shard_count == 1 {
-                tch::no_grad(|| full.narrow(0, 0, u.layout.padded_numel).copy_(&u.shard));
+                tch::no_grad(|| full.narrow(0, 0, u.layout.padded_numel).copy_(shard));
             } else {
-                self.groups.shard.all_gather(&u.shard, &full)?.wait()?;
+                self.groups.shard.all_gather(shard, &full)?.wait()?;
             }
             for p in &u.layout.params {
                 let value = full
