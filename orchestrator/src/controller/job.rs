@@ -550,6 +550,7 @@ mod tests {
             config_hash: "abc".into(),
             collective_addr: Some(format!("node{rank}:9{rank}")),
             nccl_unique_id: None,
+            device_error: None,
         }
     }
 

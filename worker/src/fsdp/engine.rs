@@ -6,6 +6,11 @@
 //! before its backward, and reduce-scattered as soon as its last segment's backward is done.
 //!
 //! Visits: forward visits segments `0..k`, backward visits `k..2k` (segment `2k-1-v`).
+//!
+//! Nothing here reads a device value on the host: the loss comes back as a device scalar and
+//! the gradient norm as another, for the training loop to read once per step
+//! ([`crate::host`]). Collective calls run inside an [`EngineScope`], the only place the data
+//! communicator accepts them.
 
 use super::flat::FlatLayout;
 use super::groups::ProcessGroups;
@@ -13,10 +18,11 @@ use super::shim;
 use super::unit::{FlatUnit, PendingReduce};
 use super::wrap::plan_units;
 use super::FsdpError;
-use crate::collectives::{Communicator, ReduceOp};
+use crate::collectives::{EngineScope, ReduceOp};
 use crate::data::Batch;
+use crate::host;
 use crate::model::{Model, Params, SegmentSpec};
-use crate::optim::adamw_step;
+use crate::optim::adamw_step_fused;
 use shardrun_protocol::config::{OptimizerConfig, ShardingStrategy, WrapPolicy};
 use std::collections::HashMap;
 use tch::{Device, Kind, Tensor};
@@ -258,18 +264,20 @@ impl FsdpEngine {
 
     /// Forward and backward of one micro-batch; gradients of `loss · loss_factor` are added to
     /// the gradient shards. `sync`: the last micro-step of an optimizer step (gradients are
-    /// fully reduced, across replicas too). Returns the (unscaled) local loss.
+    /// fully reduced, across replicas too). Returns the (unscaled) local loss, an f64 scalar
+    /// on the device (not read: see [`crate::host`]).
     pub fn forward_backward(
         &mut self,
         batch: &Batch,
         loss_factor: f64,
         sync: bool,
-    ) -> Result<f64, FsdpError> {
+    ) -> Result<Tensor, FsdpError> {
+        let _engine = EngineScope::enter();
         let k = self.segments.len();
         let targets = &batch.targets;
         let mut x = batch.inputs_as(self.options.param_kind);
         let mut saved = Vec::with_capacity(k);
-        let mut loss = 0.0;
+        let mut loss = None;
         for s in 0..k {
             self.prepare(s)?;
             let p = Params::new(&self.param_map);
@@ -285,7 +293,7 @@ impl FsdpEngine {
                     .forward_segment(s, &p, input.as_ref().unwrap_or(&x), targets);
                 x = y.detach();
                 let output = if s + 1 == k {
-                    loss = x.double_value(&[]);
+                    loss = Some(x.to_kind(Kind::Double));
                     y * loss_factor
                 } else {
                     y
@@ -349,7 +357,13 @@ impl FsdpEngine {
         if sync {
             self.sync_replicas()?;
         }
-        Ok(loss)
+        loss.ok_or_else(|| {
+            FsdpError::Invalid(
+                "the model's last segment gave no loss (activation checkpointing of the loss \
+                 segment?)"
+                    .into(),
+            )
+        })
     }
 
     /// Averages the gradient shards over the replicate group (NO_SHARD, HYBRID_SHARD), on
@@ -380,26 +394,16 @@ impl FsdpEngine {
         Ok(())
     }
 
-    /// Squared L2 norm of the whole model's gradient (all shards of the shard group).
-    pub fn grad_norm_sq(&self) -> Result<f64, FsdpError> {
-        let local: f64 = self
-            .units
-            .iter()
-            .map(|u| u.grad.square().sum(Kind::Double).double_value(&[]))
-            .sum();
-        all_reduce_scalar(
-            self.groups.shard.as_ref(),
-            self.options.device,
-            local,
-            ReduceOp::Sum,
+    /// Squared L2 norm of this rank's gradient shards, an f64 scalar on the device. Not
+    /// finite exactly when some gradient element is not (squares of f32 values cannot
+    /// overflow an f64 sum), so it is the fp16 overflow check too. The global norm is the sum
+    /// over one replica of each shard (the training loop adds them on the control plane).
+    pub fn local_grad_norm_sq(&self) -> Tensor {
+        let device = self.options.device;
+        self.units.iter().fold(
+            Tensor::zeros([], (Kind::Double, device)),
+            |acc, u| acc + u.grad.square().sum(Kind::Double),
         )
-    }
-
-    /// Whether every gradient element on this rank is finite.
-    pub fn grads_finite(&self) -> bool {
-        self.units
-            .iter()
-            .all(|u| u.grad.isfinite().all().int64_value(&[]) != 0)
     }
 
     pub fn scale_grads(&mut self, factor: f64) {
@@ -414,14 +418,20 @@ impl FsdpEngine {
         }
     }
 
-    /// AdamW on every shard, then gathered copies are stale.
-    pub fn optimizer_step(&mut self, config: &OptimizerConfig, lr: f64) {
+    /// AdamW on every shard (one fused call for all units), then gathered copies are stale.
+    pub fn optimizer_step(&mut self, config: &OptimizerConfig, lr: f64) -> Result<(), FsdpError> {
         self.optimizer_steps += 1;
         let step = self.optimizer_steps;
+        let tensors: Vec<_> = self
+            .units
+            .iter()
+            .map(|u| (&u.shard, &u.grad, &u.adam))
+            .collect();
+        adamw_step_fused(config, lr, step, &tensors)?;
         for u in &mut self.units {
-            adamw_step(config, lr, step, &mut u.shard, &u.grad, &mut u.adam);
             u.mark_stale();
         }
+        Ok(())
     }
 
     /// Bytes of parameters, gradients and optimizer state resident on this rank.
@@ -449,9 +459,7 @@ impl FsdpEngine {
             .units
             .get(unit)
             .ok_or_else(|| FsdpError::Invalid(format!("no unit {unit}")))?;
-        let values = |t: &Tensor| -> Result<Vec<f32>, FsdpError> {
-            Ok(Vec::<f32>::try_from(&t.to_device(Device::Cpu))?)
-        };
+        let values = host::f32_values;
         Ok(UnitShardState {
             param: values(&u.shard)?,
             exp_avg: values(&u.adam.exp_avg)?,
@@ -496,6 +504,7 @@ impl FsdpEngine {
 
     /// Every parameter, unsharded, in fp32 on the CPU (all ranks of the shard group must call).
     pub fn full_parameters(&self) -> Result<Vec<(String, Tensor)>, FsdpError> {
+        let _engine = EngineScope::enter();
         let mut out = Vec::new();
         for u in &self.units {
             let full = Tensor::empty([u.layout.padded_numel], (Kind::Float, u.shard.device()));
@@ -504,29 +513,12 @@ impl FsdpEngine {
             } else {
                 self.groups.shard.all_gather(&u.shard, &full)?.wait()?;
             }
+            let full = host::to_cpu(&full)?;
             for p in &u.layout.params {
-                let value = full
-                    .narrow(0, p.offset, p.numel)
-                    .view(p.shape.as_slice())
-                    .to_device(Device::Cpu);
+                let value = full.narrow(0, p.offset, p.numel).view(p.shape.as_slice());
                 out.push((p.name.clone(), value));
             }
         }
         Ok(out)
     }
-}
-
-/// All-reduce of one number (f32 on the wire, the collectives' dtypes).
-pub fn all_reduce_scalar(
-    comm: &dyn Communicator,
-    device: Device,
-    value: f64,
-    op: ReduceOp,
-) -> Result<f64, FsdpError> {
-    if comm.world_size() == 1 {
-        return Ok(value);
-    }
-    let t = Tensor::from_slice(&[value as f32]).to_device(device);
-    comm.all_reduce(&t, op)?.wait()?;
-    Ok(t.double_value(&[0]))
 }
