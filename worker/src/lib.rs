@@ -3,7 +3,8 @@
 //! * [`launch`]: who am I (rank, world, local rank) from the controller, Slurm or torchrun env.
 //! * [`device`]: which GPU is mine (one per local rank); [`cuda`]: the CUDA runtime calls tch
 //!   lacks (current device, streams, events, memory).
-//! * [`fail_fast`]: on an error or panic, report and exit without collective teardown.
+//! * [`fail_fast`]: on an error or panic, report and exit without collective teardown;
+//!   [`fault`]: failures injected on purpose, to see how a job fails.
 //! * [`report`]: where log lines and metrics go ([`report::Reporter`]).
 //! * [`rendezvous`]: torchrun-style rendezvous (`MASTER_ADDR`/`MASTER_PORT`) without a controller.
 //! * [`collectives`]: all-gather / reduce-scatter / all-reduce / broadcast over NCCL or CPU sockets;
@@ -27,6 +28,7 @@ pub mod cuda;
 pub mod data;
 pub mod device;
 pub mod fail_fast;
+pub mod fault;
 pub mod fsdp;
 pub mod host;
 pub mod launch;

@@ -28,6 +28,8 @@ pub enum TrainError {
     Data(#[from] DataError),
     #[error("control communicator: {0}")]
     Control(#[from] CommError),
+    #[error("{0}")]
+    Injected(String),
     #[error("checkpoint: {0}")]
     Checkpoint(String),
     #[error("{0}")]
@@ -140,6 +142,8 @@ pub struct Trainer {
     device: Device,
     /// Optimizer steps completed.
     step: u64,
+    /// A failure to inject (`SHARDRUN_INJECT_FAILURE`), for failure-handling tests.
+    fault: Option<crate::fault::Injected>,
 }
 
 /// How a run ended.
@@ -179,6 +183,7 @@ impl Trainer {
         let dataset = Dataset::new(&config)?;
         let schedule = Schedule::new(config.optimizer.lr, config.schedule.clone(), config.steps);
         let scaler = (mp.param_dtype == DType::F16).then(LossScaler::default);
+        let fault = crate::fault::Injected::from_env().map_err(TrainError::Config)?;
         Ok(Trainer {
             config,
             engine,
@@ -189,6 +194,7 @@ impl Trainer {
             rank,
             device,
             step: 0,
+            fault,
         })
     }
 
@@ -296,6 +302,9 @@ impl Trainer {
                 break;
             }
             let step = self.step;
+            if let Some(fault) = &self.fault {
+                fault.check(self.rank, step + 1).map_err(TrainError::Injected)?;
+            }
             let lr = self.schedule.lr(step);
             let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale);
             let mut local_loss = Tensor::zeros([], (Kind::Double, self.device));
