@@ -43,6 +43,30 @@ pub struct Overrides {
     pub world_size: Option<u64>,
     /// Local mode: force the device kind (e.g. CPU on a machine without GPUs).
     pub device: Option<DeviceKind>,
+    /// `NCCL_*` variables of the shell that submits or runs the job: every rank gets them
+    /// (after the spec's `resources.env`, which wins), so NCCL settings reach the ranks even
+    /// where Slurm does not export the submitting environment.
+    pub submitting_env: Vec<(String, String)>,
+}
+
+impl Overrides {
+    /// No override, and the `NCCL_*` variables of this process's environment.
+    pub fn submitting() -> Overrides {
+        Overrides {
+            submitting_env: nccl_variables(std::env::vars()),
+            ..Overrides::default()
+        }
+    }
+}
+
+/// The `NCCL_*` variables among `vars`, sorted by name.
+pub fn nccl_variables(vars: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
+    let mut found: Vec<_> = vars
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("NCCL_"))
+        .collect();
+    found.sort();
+    found
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +96,10 @@ pub struct SlurmResources {
     pub exclusive: bool,
     pub extra_sbatch: Vec<String>,
     pub setup: Vec<String>,
+    /// Variables every rank gets (the controller sets them for each worker): the spec's
+    /// `resources.env` and the submitting shell's `NCCL_*`, sorted by name.
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -429,6 +457,25 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
             ));
         }
     }
+    for (name, value) in &res.env {
+        let valid_name = name.chars().next().is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
+            && name.chars().all(|c| c == '_' || c.is_ascii_alphanumeric());
+        if !valid_name || value.contains('\0') {
+            return Err(err(
+                "resources.env",
+                format!("`{name}` is not an environment variable name (or its value holds a NUL)"),
+                "use names of letters, digits and `_`, not starting with a digit".into(),
+            ));
+        }
+    }
+    let mut env: Vec<(String, String)> = overrides
+        .submitting_env
+        .iter()
+        .filter(|(k, _)| !res.env.contains_key(k))
+        .cloned()
+        .chain(res.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+        .collect();
+    env.sort();
     if res.setup.iter().any(|l| l.contains('\n')) {
         return Err(err(
             "resources.setup",
@@ -471,6 +518,7 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
         exclusive: res.exclusive.unwrap_or(false),
         extra_sbatch: res.extra_sbatch.clone(),
         setup: res.setup.clone(),
+        env,
     };
 
     let train = TrainConfig {
@@ -907,6 +955,7 @@ mod tests {
             &Overrides {
                 world_size: Some(2),
                 device: Some(DeviceKind::Cpu),
+                ..Overrides::default()
             },
         )
         .unwrap();

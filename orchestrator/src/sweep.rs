@@ -165,7 +165,7 @@ fn resolve_point(
         source: loaded.source.clone(),
     };
     let mut job =
-        plan::resolve(&point_spec, &Overrides::default()).map_err(|source| SweepError::Point {
+        plan::resolve(&point_spec, &Overrides::submitting()).map_err(|source| SweepError::Point {
             label: label.clone(),
             source: Box::new(source),
         })?;

@@ -20,7 +20,7 @@ pub struct Args {
 pub fn execute(args: Args) -> anyhow::Result<()> {
     let overrides = Overrides {
         world_size: args.nproc,
-        ..Overrides::default()
+        ..Overrides::submitting()
     };
     let (_, job) = load_and_resolve(&args.spec, &overrides)?;
     if args.json {

@@ -23,7 +23,7 @@ pub struct Args {
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
-    let (loaded, job) = load_and_resolve(&args.spec, &Overrides::default())?;
+    let (loaded, job) = load_and_resolve(&args.spec, &Overrides::submitting())?;
     let path = RunDir::planned_path(&job)?;
     let script = render_sbatch(
         &job,

@@ -75,6 +75,17 @@ pub enum FailureCause {
     Inconsistent {
         problem: String,
     },
+    /// The rank cannot use the device the job asks for (no GPU on its node, ...).
+    Device {
+        problem: String,
+    },
+    /// Heartbeats kept coming but the rank stayed at `step` for `secs` seconds.
+    Stalled {
+        step: u64,
+        secs: u64,
+        /// Where the other ranks were.
+        others: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -129,6 +140,18 @@ impl Failure {
             ),
                 FailureCause::Inconsistent { problem } => {
                     format!("cannot join this job: {problem}")
+                }
+                FailureCause::Device { problem } => format!("cannot use its device: {problem}"),
+                FailureCause::Stalled { step, secs, others } => {
+                    let others = if others.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({others})")
+                    };
+                    format!(
+                        "made no progress for {secs} s: still at step {step} while heartbeating{others}; \
+                         blocked in a collective or in I/O? (--progress-timeout)"
+                    )
                 }
             };
         format!("{who} {what}")
