@@ -54,7 +54,11 @@ fn nccl_link(torch_lib: &Path) -> Option<PathBuf> {
         torch_lib.join("../../nvidia/nccl/lib/libnccl.so.2"),
         torch_lib.join("libnccl.so.2"),
     ];
-    let real = candidates.iter().find(|p| p.is_file())?.canonicalize().ok()?;
+    let real = candidates
+        .iter()
+        .find(|p| p.is_file())?
+        .canonicalize()
+        .ok()?;
     println!("cargo:rerun-if-changed={}", real.display());
     let dir = PathBuf::from(std::env::var("OUT_DIR").ok()?).join("nccl");
     std::fs::create_dir_all(&dir).ok()?;

@@ -19,7 +19,9 @@ pub fn visible_gpus(visible: Option<&str>, driver_gpus: Option<usize>) -> Vec<St
             })
             .map(str::to_string)
             .collect(),
-        None => (0..driver_gpus.unwrap_or(0)).map(|i| i.to_string()).collect(),
+        None => (0..driver_gpus.unwrap_or(0))
+            .map(|i| i.to_string())
+            .collect(),
     }
 }
 
@@ -102,7 +104,11 @@ mod tests {
 
     #[test]
     fn no_gpu_is_one_clear_error_naming_the_machine() {
-        for (visible, driver) in [(None, None), (Some(""), Some(2)), (Some("NoDevFiles"), None)] {
+        for (visible, driver) in [
+            (None, None),
+            (Some(""), Some(2)),
+            (Some("NoDevFiles"), None),
+        ] {
             let err = assign(1, visible, driver, "login3").unwrap_err();
             assert!(
                 err.contains("(login3) has no GPU") && err.contains("--device cpu"),

@@ -458,7 +458,10 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
         }
     }
     for (name, value) in &res.env {
-        let valid_name = name.chars().next().is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
+        let valid_name = name
+            .chars()
+            .next()
+            .is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
             && name.chars().all(|c| c == '_' || c.is_ascii_alphanumeric());
         if !valid_name || value.contains('\0') {
             return Err(err(
@@ -1015,6 +1018,45 @@ mod tests {
         assert_eq!(
             (j.preemption.signal_seconds, j.preemption.requeue),
             (30, false)
+        );
+    }
+
+    #[test]
+    fn every_rank_gets_the_spec_env_and_the_submitting_nccl_variables() {
+        let yaml = "name: t\nresources:\n  tasks_per_node: 2\n  env: { NCCL_DEBUG: WARN, OMP_PROC_BIND: close }\ntraining:\n  model: { kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }\n  steps: 1\n  total_batch_size: 4\n  batch_size_per_device: 2\n";
+        let loaded = parse(yaml, Path::new("job.yaml")).expect("parses");
+        let submitting = nccl_variables([
+            ("NCCL_DEBUG".to_string(), "INFO".to_string()),
+            ("NCCL_SOCKET_IFNAME".to_string(), "ib0".to_string()),
+            ("HOME".to_string(), "/home/me".to_string()),
+        ]);
+        let job = resolve(
+            &loaded,
+            &Overrides {
+                submitting_env: submitting,
+                ..Overrides::default()
+            },
+        )
+        .unwrap();
+        let pair = |k: &str, v: &str| (k.to_string(), v.to_string());
+        assert_eq!(
+            job.slurm.env,
+            vec![
+                pair("NCCL_DEBUG", "WARN"),
+                pair("NCCL_SOCKET_IFNAME", "ib0"),
+                pair("OMP_PROC_BIND", "close"),
+            ]
+        );
+        let bad = yaml.replace("OMP_PROC_BIND", "2BAD");
+        let err = resolve(
+            &parse(&bad, Path::new("job.yaml")).unwrap(),
+            &Overrides::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("resources.env") && err.contains("2BAD"),
+            "{err}"
         );
     }
 }

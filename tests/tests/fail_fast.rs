@@ -51,7 +51,10 @@ fn fails_fast(name: &str, injected: &str, victim: u64, expected: &str) {
     assert!(left.is_ok(), "worker processes left after the job ended");
     // Steps before the failure were trained and logged (the failure was mid-training).
     assert!(metric_steps(&run, 0).len() >= 2, "{stdout}");
-    eprintln!("{name}: job ended {:.1} s after it started", took.as_secs_f64());
+    eprintln!(
+        "{name}: job ended {:.1} s after it started",
+        took.as_secs_f64()
+    );
 }
 
 #[test]

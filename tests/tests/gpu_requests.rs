@@ -95,7 +95,8 @@ fn a_slurm_gpu_job_without_usable_gpus_fails_once_naming_the_node() {
     assert!(!lines.is_empty(), "{log}");
     for line in &lines {
         assert!(
-            line.contains(&format!("rank {rank} on {host}")) && line.contains("cannot use its device"),
+            line.contains(&format!("rank {rank} on {host}"))
+                && line.contains("cannot use its device"),
             "{log}"
         );
     }

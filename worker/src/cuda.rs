@@ -7,7 +7,8 @@
 //! legacy default stream here is the one libtorch enqueues its kernels on.
 
 use cudarc::runtime::sys;
-use std::ffi::{c_void, CStr};
+use std::ffi::{c_char, c_void, CStr};
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -19,6 +20,36 @@ pub fn runtime_present() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
     // SAFETY: only tries to dlopen the library by its candidate names.
     *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+/// The file a loaded symbol comes from (`dladdr`).
+pub fn file_of_symbol(symbol: *const c_void) -> Option<PathBuf> {
+    let mut info = libc::Dl_info {
+        dli_fname: std::ptr::null(),
+        dli_fbase: std::ptr::null_mut(),
+        dli_sname: std::ptr::null(),
+        dli_saddr: std::ptr::null_mut(),
+    };
+    // SAFETY: dladdr only reads the loader's tables and fills `info`.
+    if unsafe { libc::dladdr(symbol, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dli_fname is a NUL-terminated path owned by the loader.
+    let name = unsafe { CStr::from_ptr(info.dli_fname as *const c_char) };
+    let path = PathBuf::from(name.to_string_lossy().into_owned());
+    Some(path.canonicalize().unwrap_or(path))
+}
+
+/// The CUDA runtime library these calls go to (libtorch's own, normally).
+pub fn runtime_file() -> Option<PathBuf> {
+    if !runtime_present() {
+        return None;
+    }
+    // SAFETY: the library is present; cudarc keeps it open for the process.
+    let library = unsafe { sys::culib() };
+    // SAFETY: only the symbol's address is taken, never called through this type.
+    let symbol = unsafe { library.get::<unsafe extern "C" fn()>(b"cudaGetDevice\0") }.ok()?;
+    file_of_symbol(*symbol as *const c_void)
 }
 
 fn runtime() -> Result<(), CudaError> {
@@ -85,7 +116,11 @@ pub fn device_name(index: usize) -> Result<String, CudaError> {
     check("cudaGetDeviceProperties", unsafe {
         sys::cudaGetDeviceProperties(buffer.as_mut_ptr().cast(), index)
     })?;
-    let bytes: Vec<u8> = buffer.iter().flat_map(|w| w.to_ne_bytes()).take(256).collect();
+    let bytes: Vec<u8> = buffer
+        .iter()
+        .flat_map(|w| w.to_ne_bytes())
+        .take(256)
+        .collect();
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
     Ok(String::from_utf8_lossy(&bytes[..end]).trim().to_string())
 }

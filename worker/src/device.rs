@@ -154,11 +154,13 @@ fn driver_version() -> Option<String> {
 mod tests {
     use super::*;
 
-    /// (what launched the rank, CUDA_VISIBLE_DEVICES, local rank, devices CUDA reports,
-    /// expected device or the start of the error).
+    /// What launched the rank, CUDA_VISIBLE_DEVICES, local rank, devices CUDA reports,
+    /// expected device or the start of the error.
+    type Launch<'a> = (&'a str, Option<&'a str>, u64, usize, Result<usize, &'a str>);
+
     #[test]
     fn the_device_of_each_launch() {
-        let table: &[(&str, Option<&str>, u64, usize, Result<usize, &str>)] = &[
+        let table: &[Launch] = &[
             // Slurm --gpus-per-task=1: each task sees its own GPU only.
             ("srun --gpus-per-task=1, task 3", Some("3"), 3, 1, Ok(0)),
             ("srun --gpus-per-task=1, task 0", Some("0"), 0, 1, Ok(0)),

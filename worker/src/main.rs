@@ -122,7 +122,10 @@ fn train(
 ) -> Result<bool> {
     if config.device == DeviceKind::Cuda && rank_env.rank == 0 && rank_env.world_size > 1 {
         if let Ok(nccl) = nccl::library::load() {
-            reporter.log(shardrun_protocol::messages::LogLevel::Info, &nccl.to_string());
+            reporter.log(
+                shardrun_protocol::messages::LogLevel::Info,
+                &nccl.to_string(),
+            );
         }
     }
     let groups =
@@ -243,7 +246,12 @@ fn join_through_controller(
     let bind_host = listen_host(controller_host);
     let rank = rank_env.rank as usize;
     let prepared = match &device {
-        Ok(_) => Some(prepare(config.device, rank, rank_env.world_size as usize, bind_host)?),
+        Ok(_) => Some(prepare(
+            config.device,
+            rank,
+            rank_env.world_size as usize,
+            bind_host,
+        )?),
         Err(_) => None,
     };
     let registration = Registration {
@@ -283,6 +291,10 @@ fn check_gpu() -> Result<()> {
         .and_then(|p| p.parent().map(|d| d.display().to_string()))
         .unwrap_or_else(|| "unknown".into());
     println!("libtorch: {torch_lib}");
+    match shardrun_worker::cuda::runtime_file() {
+        Some(path) => println!("cuda runtime: {}", path.display()),
+        None => println!("cuda runtime: not loadable (a CPU build of libtorch?)"),
+    }
     let nccl = nccl::library::load();
     match &nccl {
         Ok(nccl) => println!("nccl: {nccl}"),

@@ -104,7 +104,10 @@ mod tests {
     fn fused_adamw_matches_the_single_tensor_semantics() {
         tch::manual_seed(3);
         let sizes = [1i64, 7, 1000, 4099];
-        let start: Vec<Tensor> = sizes.iter().map(|&n| Tensor::randn([n], (Kind::Float, tch::Device::Cpu))).collect();
+        let start: Vec<Tensor> = sizes
+            .iter()
+            .map(|&n| Tensor::randn([n], (Kind::Float, tch::Device::Cpu)))
+            .collect();
         let mut single: Vec<Tensor> = start.iter().map(Tensor::copy).collect();
         let fused: Vec<Tensor> = start.iter().map(Tensor::copy).collect();
         let mut single_state: Vec<AdamWState> = single.iter().map(AdamWState::zeros_like).collect();
@@ -131,10 +134,22 @@ mod tests {
             let moved = (a - &start[i]).abs().max().double_value(&[]);
             let diff = (a - b).abs().max().double_value(&[]);
             assert!(moved > 1e-3, "tensor {i} barely moved ({moved})");
-            assert!(diff.is_finite() && diff <= 1e-6 * moved.max(1.0), "tensor {i}: {diff}");
-            let m = (&single_state[i].exp_avg - &fused_state[i].exp_avg).abs().max().double_value(&[]);
-            let v = (&single_state[i].exp_avg_sq - &fused_state[i].exp_avg_sq).abs().max().double_value(&[]);
-            assert!(m <= 1e-6 && v <= 1e-6, "tensor {i}: moments differ by {m}, {v}");
+            assert!(
+                diff.is_finite() && diff <= 1e-6 * moved.max(1.0),
+                "tensor {i}: {diff}"
+            );
+            let m = (&single_state[i].exp_avg - &fused_state[i].exp_avg)
+                .abs()
+                .max()
+                .double_value(&[]);
+            let v = (&single_state[i].exp_avg_sq - &fused_state[i].exp_avg_sq)
+                .abs()
+                .max()
+                .double_value(&[]);
+            assert!(
+                m <= 1e-6 && v <= 1e-6,
+                "tensor {i}: moments differ by {m}, {v}"
+            );
         }
     }
 }

@@ -10,10 +10,10 @@
 use crate::collectives::CommError;
 use crate::data::{first_sample, Batch, DataError, Dataset};
 use crate::fsdp::{EngineOptions, FsdpEngine, FsdpError, ProcessGroups};
-use crate::{control, host, metrics};
 use crate::report::Reporter;
 use crate::scaler::LossScaler;
 use crate::schedule::Schedule;
+use crate::{control, host, metrics};
 use shardrun_protocol::config::{DType, DeviceKind, ShardingStrategy, TrainConfig};
 use shardrun_protocol::messages::{LogLevel, StepMetrics, TrainSummary};
 use std::sync::Arc;
@@ -98,7 +98,10 @@ pub fn device_of(kind: DeviceKind) -> Result<Device, TrainError> {
 /// A micro-batch on the training device: on a GPU copied from pinned memory without blocking
 /// the host (the copy is queued before the forward kernels that read it).
 fn upload(batch: Batch, device: Device) -> Batch {
-    let copy = |t: &Tensor| t.pin_memory(device).to_device_(device, t.kind(), true, false);
+    let copy = |t: &Tensor| {
+        t.pin_memory(device)
+            .to_device_(device, t.kind(), true, false)
+    };
     match device {
         Device::Cuda(_) => Batch {
             inputs: copy(&batch.inputs),
@@ -303,7 +306,9 @@ impl Trainer {
             }
             let step = self.step;
             if let Some(fault) = &self.fault {
-                fault.check(self.rank, step + 1).map_err(TrainError::Injected)?;
+                fault
+                    .check(self.rank, step + 1)
+                    .map_err(TrainError::Injected)?;
             }
             let lr = self.schedule.lr(step);
             let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale);
@@ -315,11 +320,9 @@ impl Trainer {
                         .samples(first_sample(micro, b, world, self.rank), b)?,
                     self.device,
                 );
-                local_loss += self.engine.forward_backward(
-                    &batch,
-                    scale / accum as f64,
-                    m + 1 == accum,
-                )?;
+                local_loss +=
+                    self.engine
+                        .forward_backward(&batch, scale / accum as f64, m + 1 == accum)?;
             }
             // The step's one host read: this rank's loss and gradient norm² together.
             let stats = Tensor::stack(&[local_loss, self.engine.local_grad_norm_sq()], 0);

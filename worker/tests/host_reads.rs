@@ -20,12 +20,9 @@ use std::sync::Arc;
 fn train_in_threads(config: &TrainConfig) -> Vec<(u64, Vec<f64>)> {
     tch::set_num_threads(1);
     ranks_in_threads(config.batch.world_size as usize, |_, comms| {
-        let groups = ProcessGroups::for_strategy(
-            comms,
-            config.fsdp.strategy,
-            config.fsdp.shard_group_size,
-        )
-        .unwrap();
+        let groups =
+            ProcessGroups::for_strategy(comms, config.fsdp.strategy, config.fsdp.shard_group_size)
+                .unwrap();
         let recorder = Arc::new(Recorder::default());
         let mut trainer = Trainer::new(config.clone(), groups, recorder.clone()).unwrap();
         let before = host::reads();
@@ -61,10 +58,7 @@ fn one_host_read_per_optimizer_step() {
         ("HYBRID_SHARD 2x2, metrics every 2 steps", hybrid),
     ] {
         for (rank, (reads, losses)) in train_in_threads(&config).into_iter().enumerate() {
-            assert!(
-                losses.iter().all(|l| l.is_finite()),
-                "{what}: {losses:?}"
-            );
+            assert!(losses.iter().all(|l| l.is_finite()), "{what}: {losses:?}");
             assert_eq!(
                 reads, config.steps,
                 "{what}: rank {rank} read device values {reads} times in {} steps",

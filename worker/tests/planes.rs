@@ -28,8 +28,7 @@ fn broadcast_choice_over(comm: &dyn Communicator, step: u64) -> Result<u64, Comm
 fn a_control_value_on_the_data_communicator_is_refused_on_every_rank() {
     tch::set_num_threads(1);
     let outcomes = ranks_in_threads(2, |rank, comms| {
-        let groups =
-            ProcessGroups::for_strategy(comms, ShardingStrategy::FullShard, None).unwrap();
+        let groups = ProcessGroups::for_strategy(comms, ShardingStrategy::FullShard, None).unwrap();
         let mine = if rank == 0 { 41 } else { 0 };
         let on_data = broadcast_choice_over(groups.world.as_ref(), mine);
         let on_shard = broadcast_choice_over(groups.shard.as_ref(), mine);

@@ -55,7 +55,9 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     }
     // One GPU per rank, checked before anything is created.
     let gpus = match job.train.device {
-        DeviceKind::Cuda => Some(crate::gpus::for_local_run(job.world_size).map_err(anyhow::Error::msg)?),
+        DeviceKind::Cuda => {
+            Some(crate::gpus::for_local_run(job.world_size).map_err(anyhow::Error::msg)?)
+        }
         DeviceKind::Cpu => None,
     };
     let path = match &args.run_dir {

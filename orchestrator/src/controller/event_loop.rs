@@ -207,22 +207,30 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
     spawn_signal_forwarders(events_tx.clone())?;
 
     if !opts.rank_env.is_empty() {
-        let names: Vec<String> = opts.rank_env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let names: Vec<String> = opts
+            .rank_env
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
         say(format!("environment of every rank: {}", names.join(" "))).await;
     }
     let spec = LaunchSpec {
         worker_bin: opts.worker_bin.clone(),
         world_size,
-        env: opts.rank_env.iter().cloned().chain([
-            (env::CONTROLLER_ADDR.into(), addr.clone()),
-            (env::SECRET_FILE.into(), paths.secret.display().to_string()),
-            (
-                env::CONFIG_FILE.into(),
-                paths.train_config.display().to_string(),
-            ),
-            (env::RUN_DIR.into(), paths.run_dir.display().to_string()),
-        ])
-        .collect(),
+        env: opts
+            .rank_env
+            .iter()
+            .cloned()
+            .chain([
+                (env::CONTROLLER_ADDR.into(), addr.clone()),
+                (env::SECRET_FILE.into(), paths.secret.display().to_string()),
+                (
+                    env::CONFIG_FILE.into(),
+                    paths.train_config.display().to_string(),
+                ),
+                (env::RUN_DIR.into(), paths.run_dir.display().to_string()),
+            ])
+            .collect(),
         mode: opts.launch.clone(),
     };
     let (exit_tx, mut exits) = mpsc::unbounded_channel();

@@ -267,12 +267,7 @@ struct Progress {
 }
 
 impl Progress {
-    fn beat(
-        &mut self,
-        step: u64,
-        now: std::time::Instant,
-        timeout: Option<Duration>,
-    ) -> Beat {
+    fn beat(&mut self, step: u64, now: std::time::Instant, timeout: Option<Duration>) -> Beat {
         if self.step != Some(step) {
             *self = Progress {
                 step: Some(step),
@@ -304,7 +299,11 @@ mod tests {
         let at = |s: u64| t0 + Duration::from_secs(s);
         let mut p = Progress::default();
         assert_eq!(p.beat(0, at(0), limit), Beat::Advanced);
-        assert_eq!(p.beat(0, at(500), limit), Beat::Same, "step 0 is not judged");
+        assert_eq!(
+            p.beat(0, at(500), limit),
+            Beat::Same,
+            "step 0 is not judged"
+        );
         assert_eq!(p.beat(1, at(501), limit), Beat::Advanced);
         assert_eq!(p.beat(1, at(560), limit), Beat::Same);
         assert_eq!(p.beat(1, at(562), limit), Beat::Stalled(61));

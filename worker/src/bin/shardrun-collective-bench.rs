@@ -90,8 +90,8 @@ fn run(args: Args) -> Result<()> {
     let (kind, device) = match args.device {
         DeviceArg::Cpu => (DeviceKind::Cpu, Device::Cpu),
         DeviceArg::Cuda => {
-            let chosen = shardrun_worker::device::select_cuda(env.local_rank)
-                .map_err(anyhow::Error::msg)?;
+            let chosen =
+                shardrun_worker::device::select_cuda(env.local_rank).map_err(anyhow::Error::msg)?;
             eprintln!(
                 "rank {rank}: {chosen}; {}",
                 nccl::library::load().map_err(anyhow::Error::from)?

@@ -34,8 +34,8 @@ pub mod nccl;
 mod single;
 
 pub use bootstrap::{prepare, CommOptions, Comms, Prepared};
-pub(crate) use data_plane::EngineScope;
 pub use data_plane::DataPlane;
+pub(crate) use data_plane::EngineScope;
 pub use single::SingleProcess;
 
 use tch::Tensor;

@@ -400,10 +400,11 @@ impl FsdpEngine {
     /// over one replica of each shard (the training loop adds them on the control plane).
     pub fn local_grad_norm_sq(&self) -> Tensor {
         let device = self.options.device;
-        self.units.iter().fold(
-            Tensor::zeros([], (Kind::Double, device)),
-            |acc, u| acc + u.grad.square().sum(Kind::Double),
-        )
+        self.units
+            .iter()
+            .fold(Tensor::zeros([], (Kind::Double, device)), |acc, u| {
+                acc + u.grad.square().sum(Kind::Double)
+            })
     }
 
     pub fn scale_grads(&mut self, factor: f64) {

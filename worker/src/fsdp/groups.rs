@@ -11,7 +11,7 @@
 //! | HYBRID_SHARD | its node (`shard_group_size` ranks) | same position in every node |
 
 use super::FsdpError;
-use crate::collectives::{hybrid_groups, Communicator, Comms, DataPlane, SingleProcess};
+use crate::collectives::{hybrid_groups, Comms, Communicator, DataPlane, SingleProcess};
 use shardrun_protocol::config::ShardingStrategy;
 use std::sync::Arc;
 
@@ -37,7 +37,8 @@ impl ProcessGroups {
     ) -> Result<ProcessGroups, FsdpError> {
         let world: Arc<dyn Communicator> = Arc::new(DataPlane::new(comms.data));
         let control: Arc<dyn Communicator> = Arc::from(comms.control);
-        let alone = || -> Arc<dyn Communicator> { Arc::new(DataPlane::new(Box::new(SingleProcess))) };
+        let alone =
+            || -> Arc<dyn Communicator> { Arc::new(DataPlane::new(Box::new(SingleProcess))) };
         Ok(match strategy {
             ShardingStrategy::FullShard | ShardingStrategy::ShardGradOp => ProcessGroups {
                 shard: world.clone(),
@@ -62,8 +63,7 @@ impl ProcessGroups {
                 })?;
                 let (shard, replicate) =
                     hybrid_groups(world.rank(), world.world_size(), size as usize)?;
-                let control_shard: Arc<dyn Communicator> =
-                    Arc::from(control.new_subgroup(&shard)?);
+                let control_shard: Arc<dyn Communicator> = Arc::from(control.new_subgroup(&shard)?);
                 let shard: Arc<dyn Communicator> = Arc::from(world.new_subgroup(&shard)?);
                 let replicate: Arc<dyn Communicator> = Arc::from(world.new_subgroup(&replicate)?);
                 ProcessGroups {

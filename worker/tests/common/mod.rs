@@ -296,9 +296,7 @@ pub fn ranks_in_threads<T: Send>(
         let handles: Vec<_> = prepared
             .into_iter()
             .enumerate()
-            .map(|(rank, p)| {
-                scope.spawn(move || f(rank, p.connect(start, rank).expect("connect")))
-            })
+            .map(|(rank, p)| scope.spawn(move || f(rank, p.connect(start, rank).expect("connect"))))
             .collect();
         handles
             .into_iter()

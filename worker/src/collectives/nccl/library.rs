@@ -11,7 +11,7 @@
 
 use super::super::CommError;
 use cudarc::nccl::sys;
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_int, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -74,7 +74,7 @@ fn try_load() -> Result<Nccl, String> {
     // NCCL_VERSION(X, Y, Z) = X·10000 + Y·100 + Z since 2.9.
     let code = code.max(0) as u32;
     let version = (code / 10000, code / 100 % 100, code % 100);
-    let path = library_file(get_version as *const c_void)
+    let path = crate::cuda::file_of_symbol(get_version as *const c_void)
         .unwrap_or_else(|| PathBuf::from("libnccl.so (path unknown)"));
     if (version.0, version.1) < OLDEST {
         return Err(format!(
@@ -94,24 +94,6 @@ fn try_load() -> Result<Nccl, String> {
         path,
         torch_uses,
     })
-}
-
-/// The file a loaded symbol comes from (`dladdr`).
-fn library_file(symbol: *const c_void) -> Option<PathBuf> {
-    let mut info = libc::Dl_info {
-        dli_fname: std::ptr::null(),
-        dli_fbase: std::ptr::null_mut(),
-        dli_sname: std::ptr::null(),
-        dli_saddr: std::ptr::null_mut(),
-    };
-    // SAFETY: dladdr only reads the loader's tables and fills `info`.
-    if unsafe { libc::dladdr(symbol, &mut info) } == 0 || info.dli_fname.is_null() {
-        return None;
-    }
-    // SAFETY: dli_fname is a NUL-terminated path owned by the loader.
-    let name = unsafe { CStr::from_ptr(info.dli_fname as *const c_char) };
-    let path = PathBuf::from(name.to_string_lossy().into_owned());
-    Some(path.canonicalize().unwrap_or(path))
 }
 
 fn same_file(a: &Path, b: &Path) -> bool {
@@ -173,7 +155,9 @@ fn not_found() -> String {
             .join(", ")
     );
     if BUILD_LINK_DIR.is_empty() {
-        text.push_str("\n  - no link folder: this worker was built against a libtorch without NCCL beside it");
+        text.push_str(
+            "\n  - no link folder: this worker was built against a libtorch without NCCL beside it",
+        );
     } else {
         let link = Path::new(BUILD_LINK_DIR).join("libnccl.so");
         let state = match std::fs::metadata(&link) {

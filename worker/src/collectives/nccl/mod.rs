@@ -537,24 +537,20 @@ impl Communicator for NcclCommunicator {
             )));
         }
         let (ptr, count) = (tensor.data_ptr(), tensor.numel());
-        self.enqueue(
-            "broadcast",
-            vec![tensor.shallow_clone()],
-            |comm, stream| {
-                // SAFETY: in place on a contiguous device buffer of `count` elements.
-                unsafe {
-                    sys::ncclBroadcast(
-                        ptr,
-                        ptr,
-                        count,
-                        nccl_dtype(dtype),
-                        root as c_int,
-                        comm,
-                        stream,
-                    )
-                }
-            },
-        )
+        self.enqueue("broadcast", vec![tensor.shallow_clone()], |comm, stream| {
+            // SAFETY: in place on a contiguous device buffer of `count` elements.
+            unsafe {
+                sys::ncclBroadcast(
+                    ptr,
+                    ptr,
+                    count,
+                    nccl_dtype(dtype),
+                    root as c_int,
+                    comm,
+                    stream,
+                )
+            }
+        })
     }
 
     fn barrier(&self) -> Result<(), CommError> {

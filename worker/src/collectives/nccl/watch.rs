@@ -63,9 +63,13 @@ fn watchdog(device: usize) {
     loop {
         std::thread::sleep(WATCH_EVERY);
         for comm in live() {
+            // Finished, or aborted by a host wait that reports the error itself.
+            if comm.is_closed() {
+                continue;
+            }
             let problem = match comm.state() {
-                Err(e) if !comm.is_closed() => Some(e.to_string()),
-                _ => comm.reap().err().map(|e| e.to_string()).or_else(|| {
+                Err(e) => Some(e.to_string()),
+                Ok(_) => comm.reap().err().map(|e| e.to_string()).or_else(|| {
                     comm.overdue(Instant::now()).map(|(what, secs)| {
                         format!(
                             "NCCL {what} on {} has not completed after {secs} s (a peer died \
