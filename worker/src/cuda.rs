@@ -23,7 +23,7 @@ pub fn runtime_present() -> bool {
 }
 
 /// The file a loaded symbol comes from (`dladdr`).
-pub fn file_of_symbol(symbol: *const c_void) -> Option<PathBuf> {
+pub fn file_of_symbol(address: usize) -> Option<PathBuf> {
     let mut info = libc::Dl_info {
         dli_fname: std::ptr::null(),
         dli_fbase: std::ptr::null_mut(),
@@ -31,7 +31,8 @@ pub fn file_of_symbol(symbol: *const c_void) -> Option<PathBuf> {
         dli_saddr: std::ptr::null_mut(),
     };
     // SAFETY: dladdr only reads the loader's tables and fills `info`.
-    if unsafe { libc::dladdr(symbol, &mut info) } == 0 || info.dli_fname.is_null() {
+    if unsafe { libc::dladdr(address as *const c_void, &mut info) } == 0 || info.dli_fname.is_null()
+    {
         return None;
     }
     // SAFETY: dli_fname is a NUL-terminated path owned by the loader.
@@ -49,7 +50,7 @@ pub fn runtime_file() -> Option<PathBuf> {
     let library = unsafe { sys::culib() };
     // SAFETY: only the symbol's address is taken, never called through this type.
     let symbol = unsafe { library.get::<unsafe extern "C" fn()>(b"cudaGetDevice\0") }.ok()?;
-    file_of_symbol(*symbol as *const c_void)
+    file_of_symbol(*symbol as usize)
 }
 
 fn runtime() -> Result<(), CudaError> {

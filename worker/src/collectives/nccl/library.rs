@@ -11,7 +11,7 @@
 
 use super::super::CommError;
 use cudarc::nccl::sys;
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -74,7 +74,7 @@ fn try_load() -> Result<Nccl, String> {
     // NCCL_VERSION(X, Y, Z) = X·10000 + Y·100 + Z since 2.9.
     let code = code.max(0) as u32;
     let version = (code / 10000, code / 100 % 100, code % 100);
-    let path = crate::cuda::file_of_symbol(get_version as *const c_void)
+    let path = crate::cuda::file_of_symbol(get_version as usize)
         .unwrap_or_else(|| PathBuf::from("libnccl.so (path unknown)"));
     if (version.0, version.1) < OLDEST {
         return Err(format!(
