@@ -142,6 +142,44 @@ pub fn chosen() -> Option<&'static Chosen> {
     CHOSEN.get()
 }
 
+/// `shardrun-worker --check-gpu`: what a rank would use on a GPU run (libtorch, the CUDA
+/// runtime, NCCL, its device), one line each on stdout; an error when the device or NCCL is
+/// unusable.
+pub fn check_gpu(local_rank: u64) -> Result<(), String> {
+    use crate::collectives::nccl::library;
+    let torch_lib = library::mapped("libtorch_cpu.so")
+        .into_iter()
+        .next()
+        .and_then(|p| p.parent().map(|d| d.display().to_string()))
+        .unwrap_or_else(|| "unknown".into());
+    println!("libtorch: {torch_lib}");
+    match cuda::runtime_file() {
+        Some(path) => println!("cuda runtime: {}", path.display()),
+        None => println!("cuda runtime: not loadable (a CPU build of libtorch?)"),
+    }
+    let nccl = library::load();
+    match &nccl {
+        Ok(nccl) => println!("nccl: {nccl}"),
+        Err(e) => println!("nccl: {e}"),
+    }
+    let device = select_cuda(local_rank);
+    match &device {
+        Ok(chosen) => {
+            println!("device: {chosen}");
+            if let Ok((free, total)) = cuda::memory_info() {
+                let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+                println!("memory: {:.1} GiB free of {:.1} GiB", gib(free), gib(total));
+            }
+        }
+        Err(e) => println!("device: {e}"),
+    }
+    match (nccl, device) {
+        (Ok(_), Ok(_)) => Ok(()),
+        (Err(e), _) => Err(e.to_string()),
+        (_, Err(e)) => Err(e),
+    }
+}
+
 fn driver_version() -> Option<String> {
     let text = std::fs::read_to_string("/proc/driver/nvidia/version").ok()?;
     text.split_whitespace()

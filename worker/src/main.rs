@@ -80,7 +80,7 @@ fn main() {
 fn run() -> Result<()> {
     let args = Args::parse();
     if args.check_gpu {
-        return check_gpu();
+        return device::check_gpu(RankEnv::from_env()?.local_rank).map_err(anyhow::Error::msg);
     }
     let config = load_config(args.config.as_deref().unwrap_or(std::path::Path::new("")))?;
     tch::set_num_threads(i32::try_from(config.threads_per_rank.max(1)).unwrap_or(1));
@@ -279,41 +279,4 @@ fn join_through_controller(
     };
     let comms = prepared.connect(start, rank)?;
     Ok((client.clone(), comms))
-}
-
-/// `--check-gpu`: what this rank would use on a GPU run, one line each; fails when the device
-/// or NCCL is unusable.
-fn check_gpu() -> Result<()> {
-    let rank_env = RankEnv::from_env()?;
-    let torch_lib = nccl::library::mapped("libtorch_cpu.so")
-        .into_iter()
-        .next()
-        .and_then(|p| p.parent().map(|d| d.display().to_string()))
-        .unwrap_or_else(|| "unknown".into());
-    println!("libtorch: {torch_lib}");
-    match shardrun_worker::cuda::runtime_file() {
-        Some(path) => println!("cuda runtime: {}", path.display()),
-        None => println!("cuda runtime: not loadable (a CPU build of libtorch?)"),
-    }
-    let nccl = nccl::library::load();
-    match &nccl {
-        Ok(nccl) => println!("nccl: {nccl}"),
-        Err(e) => println!("nccl: {e}"),
-    }
-    let device = device::select_cuda(rank_env.local_rank);
-    match &device {
-        Ok(chosen) => {
-            println!("device: {chosen}");
-            if let Ok((free, total)) = shardrun_worker::cuda::memory_info() {
-                let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
-                println!("memory: {:.1} GiB free of {:.1} GiB", gib(free), gib(total));
-            }
-        }
-        Err(e) => println!("device: {e}"),
-    }
-    match (nccl, device) {
-        (Ok(_), Ok(_)) => Ok(()),
-        (Err(e), _) => Err(e.into()),
-        (_, Err(e)) => Err(anyhow::Error::msg(e)),
-    }
 }
