@@ -48,6 +48,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                 "slurm_state": s.slurm.as_ref().map(|r| r.state.to_string()),
                 "detail": s.detail,
                 "run_dir": s.run.path(),
+                "array": s.array,
             });
             println!("{line}");
         }
@@ -59,24 +60,57 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         .max()
         .unwrap_or(4)
         .max(4);
+    // Sweep points: which of the sweep's job arrays each is in (`<k>/<n>`).
+    let arrays: Vec<String> = statuses
+        .iter()
+        .map(|s| {
+            s.array
+                .as_ref()
+                .map(|a| format!("{}/{}", a.index, a.count))
+                .unwrap_or_else(|| "-".into())
+        })
+        .collect();
+    let array_width = if statuses.iter().any(|s| s.array.is_some()) {
+        arrays.iter().map(String::len).max().unwrap_or(0).max(5) + 2
+    } else {
+        0
+    };
+    let array_column = |text: &str| {
+        if array_width == 0 {
+            String::new()
+        } else {
+            format!("{text:<array_width$}")
+        }
+    };
     println!(
-        "{:<name_width$}  {:<13}  {:<10}  DETAIL / RUN DIRECTORY",
-        "RUN", "STATE", "JOB"
+        "{:<name_width$}  {:<13}  {:<10}  {}DETAIL / RUN DIRECTORY",
+        "RUN",
+        "STATE",
+        "JOB",
+        array_column("ARRAY")
     );
-    for s in &statuses {
+    for (s, array) in statuses.iter().zip(&arrays) {
         let state = serde_json::to_value(s.state)
             .ok()
             .and_then(|v| v.as_str().map(str::to_string))
             .unwrap_or_default();
         println!(
-            "{:<name_width$}  {:<13}  {:<10}  {}",
+            "{:<name_width$}  {:<13}  {:<10}  {}{}",
             s.name,
             state,
             s.job_id.as_deref().unwrap_or("-"),
+            array_column(array),
             s.run.path().display()
         );
         if !s.detail.is_empty() {
-            println!("{:<name_width$}  {:<13}  {:<10}  {}", "", "", "", s.detail);
+            println!(
+                "{:<name_width$}  {:<13}  {:<10}  {}{}",
+                "",
+                "",
+                "",
+                array_column(""),
+                s.detail
+            );
         }
     }
     Ok(())
