@@ -6,6 +6,7 @@ pub mod cli;
 pub mod commands;
 
 pub mod controller;
+pub mod gpus;
 pub mod metrics_file;
 pub mod plan;
 pub mod render;

@@ -184,11 +184,12 @@ fn resolve_point(
         path: loaded.path.clone(),
         source: loaded.source.clone(),
     };
-    let mut job =
-        plan::resolve(&point_spec, &Overrides::default()).map_err(|source| SweepError::Point {
+    let mut job = plan::resolve(&point_spec, &Overrides::submitting()).map_err(|source| {
+        SweepError::Point {
             label: label.clone(),
             source: Box::new(source),
-        })?;
+        }
+    })?;
     let key = point_key(&job);
     let name = format!("{}-{key}", loaded.spec.name);
     job.name = name.clone();

@@ -42,8 +42,10 @@ pub enum FromWorker {
     Log(LogLine),
     /// One metrics record (every `log_every` steps).
     Metrics(StepMetrics),
-    /// Liveness while no other message is due (e.g. inside a long step).
-    Heartbeat,
+    /// Liveness while no other message is due (e.g. inside a long step), with the number of
+    /// optimizer steps this rank has completed: a rank that keeps heartbeating but stops
+    /// making progress (blocked in a collective, stuck in I/O) is seen by its step.
+    Heartbeat { step: u64 },
     /// A checkpoint of `step` was committed (rank 0 sends this).
     CheckpointSaved { step: u64, path: String },
     /// End-of-training summary (rank 0 sends this).
@@ -62,8 +64,13 @@ pub struct Registration {
     pub world_size: u64,
     pub host: String,
     pub pid: u32,
-    /// `cpu` or `cuda:<visible index>` (plus the GPU name when known).
+    /// `cpu` or `cuda:<visible index>` (plus the GPU name and what the rank was given).
     pub device: String,
+    /// Set when this rank cannot use the device the job asks for (`device: cuda` on a node
+    /// without a usable GPU): the controller fails the job once, naming the node, instead of
+    /// every rank failing on its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_error: Option<String>,
     /// [`crate::TrainConfig::config_hash`] of the config this worker loaded.
     pub config_hash: String,
     /// `host:port` where this rank's CPU collective backend accepts peers (CPU runs).
@@ -105,8 +112,19 @@ pub struct StepMetrics {
     pub mfu: Option<f64>,
     /// This rank's resident parameter, gradient and optimizer tensors.
     pub model_state_bytes: u64,
-    /// Peak RSS on CPU, peak device memory on GPU.
+    /// Peak RSS on CPU; on GPU, the peak bytes libtorch's allocator handed out
+    /// (`torch.cuda.max_memory_allocated`).
     pub peak_memory_bytes: u64,
+    /// GPU: the peak bytes libtorch's allocator reserved from the device
+    /// (`torch.cuda.max_memory_reserved`), which is what other users of the GPU cannot have.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_reserved_bytes: Option<u64>,
+    /// GPU: bytes in use on the device now by everyone (the CUDA context, NCCL's buffers,
+    /// libtorch's cache, other processes), and the device's total.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_used_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_total_bytes: Option<u64>,
     /// fp16 dynamic loss scale, when used.
     pub loss_scale: Option<f64>,
 }

@@ -16,7 +16,7 @@ use shardrun_protocol::messages::{
     TrainSummary,
 };
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -102,6 +102,8 @@ pub struct ControllerClient {
     addr: String,
     conn: Mutex<BlockingConnection>,
     preempt: AtomicBool,
+    /// Optimizer steps done, sent with every heartbeat.
+    steps_done: AtomicU64,
 }
 
 /// Connects, registers and waits until the whole world has registered. Returns the reporter
@@ -148,6 +150,7 @@ pub fn connect(
         addr: addr.to_string(),
         conn: Mutex::new(conn),
         preempt: AtomicBool::new(false),
+        steps_done: AtomicU64::new(0),
     });
     spawn_reader(client.clone(), reader);
     spawn_heartbeat(Arc::downgrade(&client), opts.heartbeat_interval);
@@ -234,7 +237,8 @@ fn spawn_heartbeat(client: std::sync::Weak<ControllerClient>, every: Duration) {
             let Some(client) = client.upgrade() else {
                 return;
             };
-            if client.send(&FromWorker::Heartbeat).is_err() {
+            let step = client.steps_done.load(Ordering::Relaxed);
+            if client.send(&FromWorker::Heartbeat { step }).is_err() {
                 return;
             }
         });
@@ -311,6 +315,10 @@ impl Reporter for ControllerClient {
     fn preempt_requested(&self) -> bool {
         self.preempt.load(Ordering::SeqCst)
     }
+
+    fn step_done(&self, step: u64) {
+        self.steps_done.store(step, Ordering::Relaxed);
+    }
 }
 
 #[cfg(test)]
@@ -336,6 +344,7 @@ mod tests {
             config_hash: "x".into(),
             collective_addr: None,
             nccl_unique_id: None,
+            device_error: None,
         };
         let opts = ClientOptions {
             connect_timeout: Duration::from_millis(300),

@@ -32,9 +32,24 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         .ok()
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or(1);
+    // The GPUs per node the sbatch script asked for; the step asks for them the same way.
+    let gpus_per_node = match config.device {
+        DeviceKind::Cpu => 0,
+        DeviceKind::Cuda => run
+            .read_resolved()
+            .map(|job| job.slurm.gpus_per_node)
+            .ok()
+            .filter(|&n| n > 0)
+            .or_else(|| {
+                std::env::var("SLURM_GPUS_ON_NODE")
+                    .ok()
+                    .and_then(|n| n.trim().parse().ok())
+            })
+            .unwrap_or(0),
+    };
     let launch = LaunchMode::Slurm {
         nodes,
-        gpus_per_task: config.device == DeviceKind::Cuda,
+        gpus_per_node,
     };
     let opts = args.controller.options(&run, launch, false)?;
     supervise(&run, opts)

@@ -24,7 +24,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     let overrides = Overrides {
         world_size: args.nproc,
         force: args.force,
-        ..Overrides::default()
+        ..Overrides::submitting()
     };
     let (_, job) = load_and_resolve(&args.spec, &overrides)?;
     if args.json {

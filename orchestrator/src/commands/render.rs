@@ -14,7 +14,7 @@ pub struct Args {
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
-    let (_, job) = load_and_resolve(&args.spec, &Overrides::default())?;
+    let (_, job) = load_and_resolve(&args.spec, &Overrides::submitting())?;
     let run_dir = RunDir::planned_path(&job)?;
     let script = render_sbatch(&job, &ScriptTarget::Single { run_dir }, &shardrun_exe()?)?;
     print!("{script}");

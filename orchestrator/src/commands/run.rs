@@ -49,11 +49,19 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             DeviceArg::Cuda => DeviceKind::Cuda,
         }),
         force: args.force,
+        ..Overrides::submitting()
     };
     let (loaded, job) = load_and_resolve(&args.spec, &overrides)?;
     for warning in &job.warnings {
         eprintln!("warning: {warning}");
     }
+    // One GPU per rank, checked before anything is created.
+    let gpus = match job.train.device {
+        DeviceKind::Cuda => {
+            Some(crate::gpus::for_local_run(job.world_size).map_err(anyhow::Error::msg)?)
+        }
+        DeviceKind::Cpu => None,
+    };
     let path = match &args.run_dir {
         Some(dir) => dir.clone(),
         None => RunDir::planned_path(&job)?,
@@ -68,7 +76,6 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             force: args.force,
         },
     )?;
-    let gpus = (job.train.device == DeviceKind::Cuda).then(|| local_gpus(job.world_size));
     let opts = args
         .controller
         .options(&run, LaunchMode::Local { gpus }, !args.no_progress)?;
@@ -76,16 +83,4 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     println!("run directory: {}", run.path().display());
     println!("  plot: shardrun plot {}", run.path().display());
     Ok(())
-}
-
-/// The GPUs this process may use: `CUDA_VISIBLE_DEVICES` if set, else 0..n.
-fn local_gpus(n: u64) -> Vec<String> {
-    match std::env::var("CUDA_VISIBLE_DEVICES") {
-        Ok(list) if !list.trim().is_empty() => list
-            .split(',')
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect(),
-        _ => (0..n).map(|i| i.to_string()).collect(),
-    }
 }

@@ -26,7 +26,7 @@ pub struct Args {
 pub fn execute(args: Args) -> anyhow::Result<()> {
     let overrides = Overrides {
         force: args.force,
-        ..Overrides::default()
+        ..Overrides::submitting()
     };
     let (loaded, job) = load_and_resolve(&args.spec, &overrides)?;
     let path = RunDir::planned_path(&job)?;

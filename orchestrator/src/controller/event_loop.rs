@@ -40,6 +40,8 @@ pub struct Timeouts {
     pub rendezvous: Duration,
     /// A registered rank silent for this long is considered hung.
     pub heartbeat: Duration,
+    /// A rank heartbeating at the same step for this long is not making progress.
+    pub progress: Option<Duration>,
     /// After Shutdown, ranks get this long to exit before SIGTERM.
     pub shutdown_grace: Duration,
     /// After SIGTERM, this long before SIGKILL.
@@ -53,6 +55,7 @@ impl Default for Timeouts {
         Timeouts {
             rendezvous: Duration::from_secs(300),
             heartbeat: Duration::from_secs(60),
+            progress: Some(Duration::from_secs(1800)),
             shutdown_grace: Duration::from_secs(2),
             kill_grace: Duration::from_secs(3),
             // Only spent when a dead process's connection still has queued data to read.
@@ -72,6 +75,8 @@ pub struct ControllerOptions {
     pub progress_bar: bool,
     /// Requeues allowed after preemption (Slurm only).
     pub max_requeues: u32,
+    /// Variables set for every rank (`resources.env`, and `NCCL_*` of the submitting shell).
+    pub rank_env: Vec<(String, String)>,
 }
 
 /// What the command needs to report and exit with.
@@ -191,6 +196,7 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
         secret: secret.clone(),
         handshake_timeout: shardrun_protocol::connection::HANDSHAKE_TIMEOUT,
         heartbeat_timeout: opts.timeouts.heartbeat,
+        progress_timeout: opts.timeouts.progress,
     };
     let server = tokio::spawn(server::serve(
         listener,
@@ -200,18 +206,31 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
     ));
     spawn_signal_forwarders(events_tx.clone())?;
 
+    if !opts.rank_env.is_empty() {
+        let names: Vec<String> = opts
+            .rank_env
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        say(format!("environment of every rank: {}", names.join(" "))).await;
+    }
     let spec = LaunchSpec {
         worker_bin: opts.worker_bin.clone(),
         world_size,
-        env: vec![
-            (env::CONTROLLER_ADDR.into(), addr.clone()),
-            (env::SECRET_FILE.into(), paths.secret.display().to_string()),
-            (
-                env::CONFIG_FILE.into(),
-                paths.train_config.display().to_string(),
-            ),
-            (env::RUN_DIR.into(), paths.run_dir.display().to_string()),
-        ],
+        env: opts
+            .rank_env
+            .iter()
+            .cloned()
+            .chain([
+                (env::CONTROLLER_ADDR.into(), addr.clone()),
+                (env::SECRET_FILE.into(), paths.secret.display().to_string()),
+                (
+                    env::CONFIG_FILE.into(),
+                    paths.train_config.display().to_string(),
+                ),
+                (env::RUN_DIR.into(), paths.run_dir.display().to_string()),
+            ])
+            .collect(),
         mode: opts.launch.clone(),
     };
     let (exit_tx, mut exits) = mpsc::unbounded_channel();

@@ -39,6 +39,18 @@ pub enum Event {
     HeartbeatLost {
         conn: ConnId,
     },
+    /// The rank's heartbeats say it completed `step` optimizer steps.
+    Progress {
+        conn: ConnId,
+        step: u64,
+    },
+    /// The rank heartbeats but has stayed at `step` for `secs` seconds (past the progress
+    /// timeout).
+    Stalled {
+        conn: ConnId,
+        step: u64,
+        secs: u64,
+    },
     ProcessExited {
         proc: ProcId,
         exit: ExitInfo,
@@ -94,6 +106,8 @@ struct RankState {
     conn: ConnId,
     connected: bool,
     finished: Option<bool>,
+    /// Optimizer steps completed, as its heartbeats last said.
+    step: u64,
 }
 
 #[derive(Debug)]
@@ -206,6 +220,26 @@ impl JobState {
                     }
                 }
             }
+            Event::Progress { conn, step } => {
+                if let Some(r) = self
+                    .conn_rank
+                    .get(&conn)
+                    .and_then(|rank| self.ranks.get_mut(rank))
+                {
+                    r.step = step;
+                }
+            }
+            Event::Stalled { conn, step, secs } => {
+                if let Some(rank) = self.conn_rank.get(&conn).copied() {
+                    if self.ranks.get(&rank).is_some_and(|r| r.finished.is_none()) {
+                        let others = self.steps_of_others(rank);
+                        self.fail(
+                            self.failure_of(rank, FailureCause::Stalled { step, secs, others }),
+                            &mut out,
+                        );
+                    }
+                }
+            }
             Event::ProcessExited { proc, exit } => self.on_exit(proc, exit, &mut out),
             Event::RendezvousTimeout => {
                 if self.phase == Phase::Rendezvous {
@@ -261,12 +295,31 @@ impl JobState {
     }
 
     fn on_register(&mut self, conn: ConnId, reg: Registration, out: &mut Vec<Action>) {
+        if self.phase == Phase::Stopping {
+            // The job is failing already (often: every rank of a node has the same problem).
+            out.push(Action::Close { conn });
+            return;
+        }
         if self.phase != Phase::Rendezvous {
             out.push(Action::Say(format!(
                 "rank {} ({}, pid {}) registered after the rendezvous closed; ignoring it",
                 reg.rank, reg.host, reg.pid
             )));
             out.push(Action::Close { conn });
+            return;
+        }
+        if let Some(problem) = &reg.device_error {
+            out.push(Action::Close { conn });
+            let failure = Failure {
+                rank: Some(reg.rank),
+                host: Some(reg.host.clone()),
+                pid: Some(reg.pid),
+                cause: FailureCause::Device {
+                    problem: problem.clone(),
+                },
+                exit: None,
+            };
+            self.fail(failure, out);
             return;
         }
         let problem = if reg.world_size != self.world_size {
@@ -314,6 +367,7 @@ impl JobState {
                 conn,
                 connected: true,
                 finished: None,
+                step: 0,
             },
         );
         if self.ranks.len() as u64 == self.world_size {
@@ -460,6 +514,29 @@ impl JobState {
         self.failure = Some(cause);
     }
 
+    /// "ranks 0-2 at step 12, rank 3 at step 11": where the ranks other than `rank` are.
+    fn steps_of_others(&self, rank: u64) -> String {
+        let mut by_step: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for (r, state) in &self.ranks {
+            if *r != rank {
+                by_step.entry(state.step).or_default().push(*r);
+            }
+        }
+        by_step
+            .iter()
+            .map(|(step, ranks)| {
+                let list = ranks
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let noun = if ranks.len() == 1 { "rank" } else { "ranks" };
+                format!("{noun} {list} at step {step}")
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
     fn failure_of(&self, rank: u64, cause: FailureCause) -> Failure {
         let reg = self.ranks.get(&rank).map(|r| &r.registration);
         Failure {
@@ -550,6 +627,7 @@ mod tests {
             config_hash: "abc".into(),
             collective_addr: Some(format!("node{rank}:9{rank}")),
             nccl_unique_id: None,
+            device_error: None,
         }
     }
 
@@ -1017,5 +1095,92 @@ mod tests {
         assert!(actions
             .iter()
             .any(|a| matches!(a, Action::Say(t) if t.contains("out of memory"))));
+    }
+
+    #[test]
+    fn a_node_without_a_usable_gpu_fails_the_job_once_before_it_starts() {
+        let mut s = JobState::new(2, "abc");
+        s.handle(Event::Launched {
+            procs: vec![(0, Some(0)), (1, Some(1))],
+        });
+        let problem = "node node0: `device: cuda`, but no NVIDIA driver is loaded on this node";
+        let bad = |rank| Registration {
+            device_error: Some(problem.into()),
+            ..reg(rank)
+        };
+        let first = s.handle(Event::Registered {
+            conn: 10,
+            registration: bad(0),
+        });
+        let says: Vec<&String> = first
+            .iter()
+            .filter_map(|a| match a {
+                Action::Say(t) => Some(t),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(says.len(), 1, "{first:?}");
+        assert!(
+            says[0].contains("rank 0 on node0") && says[0].contains("cannot use its device"),
+            "{}",
+            says[0]
+        );
+        assert!(says[0].contains(problem));
+        assert!(!first.iter().any(|a| matches!(
+            a,
+            Action::Send {
+                msg: ToWorker::Start(_),
+                ..
+            }
+        )));
+        // The other rank of the node has the same problem: closed, nothing said again.
+        let second = s.handle(Event::Registered {
+            conn: 11,
+            registration: bad(1),
+        });
+        assert_eq!(second, vec![Action::Close { conn: 11 }]);
+        s.handle(Event::ProcessExited {
+            proc: 0,
+            exit: ExitInfo::Code(1),
+        });
+        let end = s.handle(Event::ProcessExited {
+            proc: 1,
+            exit: ExitInfo::Code(1),
+        });
+        let f = failure(&end).expect("the job failed");
+        assert_eq!(f.rank, Some(0));
+        assert!(matches!(f.cause, FailureCause::Device { .. }));
+    }
+
+    #[test]
+    fn a_rank_that_stops_making_progress_is_named_with_where_the_others_are() {
+        let mut s = running();
+        for (conn, step) in [(10, 7), (11, 6)] {
+            assert!(s.handle(Event::Progress { conn, step }).is_empty());
+        }
+        let actions = s.handle(Event::Stalled {
+            conn: 11,
+            step: 6,
+            secs: 1800,
+        });
+        let text = actions
+            .iter()
+            .find_map(|a| match a {
+                Action::Say(t) => Some(t.clone()),
+                _ => None,
+            })
+            .expect("the failure is said");
+        assert!(text.starts_with("rank 1 on node1"), "{text}");
+        assert!(
+            text.contains("no progress for 1800 s") && text.contains("rank 0 at step 7"),
+            "{text}"
+        );
+        assert!(actions.iter().any(|a| matches!(
+            a,
+            Action::Send {
+                msg: ToWorker::Shutdown { .. },
+                ..
+            }
+        )));
     }
 }

@@ -14,6 +14,10 @@ pub struct ControllerArgs {
     /// Consider a rank hung after this many seconds without any message from it.
     #[arg(long, default_value_t = 60, value_name = "SECS")]
     pub heartbeat_timeout: u64,
+    /// Fail the job when a rank's step has not advanced for this many seconds while it still
+    /// heartbeats (stuck in a collective or in I/O); 0: never.
+    #[arg(long, default_value_t = 1800, value_name = "SECS")]
+    pub progress_timeout: u64,
     /// Seconds a stopping rank gets before SIGTERM (and again before SIGKILL).
     #[arg(long, default_value_t = 2, value_name = "SECS")]
     pub grace: u64,
@@ -49,6 +53,8 @@ impl ControllerArgs {
             timeouts: Timeouts {
                 rendezvous: Duration::from_secs(self.rendezvous_timeout),
                 heartbeat: Duration::from_secs(self.heartbeat_timeout.max(1)),
+                progress: (self.progress_timeout > 0)
+                    .then(|| Duration::from_secs(self.progress_timeout)),
                 shutdown_grace: grace,
                 kill_grace: grace.max(Duration::from_secs(1)),
                 ..Timeouts::default()
@@ -60,6 +66,10 @@ impl ControllerArgs {
             },
             progress_bar,
             max_requeues: self.max_requeues,
+            rank_env: run
+                .read_resolved()
+                .map(|job| job.slurm.env)
+                .unwrap_or_default(),
         })
     }
 }

@@ -75,6 +75,17 @@ pub enum FailureCause {
     Inconsistent {
         problem: String,
     },
+    /// The rank cannot use the device the job asks for (no GPU on its node, ...).
+    Device {
+        problem: String,
+    },
+    /// Heartbeats kept coming but the rank stayed at `step` for `secs` seconds.
+    Stalled {
+        step: u64,
+        secs: u64,
+        /// Where the other ranks were.
+        others: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -105,32 +116,45 @@ impl Failure {
             (Some(rank), _, _) => format!("rank {rank}"),
             _ => "the job".to_string(),
         };
-        let what =
-            match &self.cause {
-                FailureCause::Exited => match &self.exit {
-                    Some(exit) => format!("died with {exit}"),
-                    None => "died".to_string(),
-                },
-                FailureCause::ExitedWithoutFinishing => {
-                    "exited without reporting the end of training".to_string()
-                }
-                FailureCause::Reported { error } => format!("failed: {error}"),
-                FailureCause::ConnectionLost { why } => match &self.exit {
-                    Some(exit) => format!("died with {exit} (its connection ended: {why})"),
-                    None => format!("lost its connection to the controller ({why})"),
-                },
-                FailureCause::HeartbeatLost => {
-                    "stopped sending heartbeats (hung or frozen process?)".to_string()
-                }
-                FailureCause::RendezvousTimeout { missing } => format!(
+        let what = match &self.cause {
+            FailureCause::Exited => match &self.exit {
+                Some(exit) => format!("died with {exit}"),
+                None => "died".to_string(),
+            },
+            FailureCause::ExitedWithoutFinishing => {
+                "exited without reporting the end of training".to_string()
+            }
+            FailureCause::Reported { error } => format!("failed: {error}"),
+            FailureCause::ConnectionLost { why } => match &self.exit {
+                Some(exit) => format!("died with {exit} (its connection ended: {why})"),
+                None => format!("lost its connection to the controller ({why})"),
+            },
+            FailureCause::HeartbeatLost => {
+                "stopped sending heartbeats (hung or frozen process?)".to_string()
+            }
+            FailureCause::RendezvousTimeout { missing } => {
+                format!(
                 "timed out in the rendezvous: rank(s) {} never registered (did they start? see \
                  their lines in train.log and logs/)",
                 missing.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
-            ),
-                FailureCause::Inconsistent { problem } => {
-                    format!("cannot join this job: {problem}")
-                }
-            };
+            )
+            }
+            FailureCause::Inconsistent { problem } => {
+                format!("cannot join this job: {problem}")
+            }
+            FailureCause::Device { problem } => format!("cannot use its device: {problem}"),
+            FailureCause::Stalled { step, secs, others } => {
+                let others = if others.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({others})")
+                };
+                format!(
+                        "made no progress for {secs} s: still at step {step} while heartbeating{others}; \
+                         blocked in a collective or in I/O? (--progress-timeout)"
+                    )
+            }
+        };
         format!("{who} {what}")
     }
 }

@@ -58,6 +58,30 @@ pub struct Overrides {
     pub device: Option<DeviceKind>,
     /// Plan the job even when its peak memory per rank exceeds the GPU's (`--force`).
     pub force: bool,
+    /// `NCCL_*` variables of the shell that submits or runs the job: every rank gets them
+    /// (after the spec's `resources.env`, which wins), so NCCL settings reach the ranks even
+    /// where Slurm does not export the submitting environment.
+    pub submitting_env: Vec<(String, String)>,
+}
+
+impl Overrides {
+    /// No override, and the `NCCL_*` variables of this process's environment.
+    pub fn submitting() -> Overrides {
+        Overrides {
+            submitting_env: nccl_variables(std::env::vars()),
+            ..Overrides::default()
+        }
+    }
+}
+
+/// The `NCCL_*` variables among `vars`, sorted by name.
+pub fn nccl_variables(vars: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
+    let mut found: Vec<_> = vars
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("NCCL_"))
+        .collect();
+    found.sort();
+    found
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +111,10 @@ pub struct SlurmResources {
     pub exclusive: bool,
     pub extra_sbatch: Vec<String>,
     pub setup: Vec<String>,
+    /// Variables every rank gets (the controller sets them for each worker): the spec's
+    /// `resources.env` and the submitting shell's `NCCL_*`, sorted by name.
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -347,7 +375,7 @@ mod tests {
             &Overrides {
                 world_size: Some(2),
                 device: Some(DeviceKind::Cpu),
-                force: false,
+                ..Overrides::default()
             },
         )
         .unwrap();
@@ -506,6 +534,44 @@ mod tests {
         assert_eq!(
             (j.preemption.signal_seconds, j.preemption.requeue),
             (30, false)
+        );
+    }
+    #[test]
+    fn every_rank_gets_the_spec_env_and_the_submitting_nccl_variables() {
+        let yaml = "name: t\nresources:\n  tasks_per_node: 2\n  env: { NCCL_DEBUG: WARN, OMP_PROC_BIND: close }\ntraining:\n  model: { kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }\n  steps: 1\n  total_batch_size: 4\n  batch_size_per_device: 2\n";
+        let loaded = parse(yaml, Path::new("job.yaml")).expect("parses");
+        let submitting = nccl_variables([
+            ("NCCL_DEBUG".to_string(), "INFO".to_string()),
+            ("NCCL_SOCKET_IFNAME".to_string(), "ib0".to_string()),
+            ("HOME".to_string(), "/home/me".to_string()),
+        ]);
+        let job = resolve(
+            &loaded,
+            &Overrides {
+                submitting_env: submitting,
+                ..Overrides::default()
+            },
+        )
+        .unwrap();
+        let pair = |k: &str, v: &str| (k.to_string(), v.to_string());
+        assert_eq!(
+            job.slurm.env,
+            vec![
+                pair("NCCL_DEBUG", "WARN"),
+                pair("NCCL_SOCKET_IFNAME", "ib0"),
+                pair("OMP_PROC_BIND", "close"),
+            ]
+        );
+        let bad = yaml.replace("OMP_PROC_BIND", "2BAD");
+        let err = resolve(
+            &parse(&bad, Path::new("job.yaml")).unwrap(),
+            &Overrides::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("resources.env") && err.contains("2BAD"),
+            "{err}"
         );
     }
 }

@@ -65,6 +65,10 @@ pub struct Resources {
     /// Shell lines run before the controller starts (`module load cuda/12.4`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub setup: Vec<String>,
+    /// Environment variables for every rank (`NCCL_SOCKET_IFNAME: ib0`, `NCCL_DEBUG: WARN`).
+    /// `NCCL_*` variables of the shell that submits the job are passed too; these win.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
 }
 
 /// How the job reacts to the end of its time limit or to preemption.

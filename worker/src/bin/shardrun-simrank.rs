@@ -68,6 +68,7 @@ fn run() -> Result<()> {
         config_hash: config.config_hash(),
         collective_addr: None,
         nccl_unique_id: None,
+        device_error: None,
     };
     let (client, start) =
         controller_client::connect(&addr, &secret, registration, &ClientOptions::from_env())?;
@@ -109,6 +110,9 @@ fn run() -> Result<()> {
             mfu: None,
             model_state_bytes: 0,
             peak_memory_bytes: 0,
+            peak_reserved_bytes: None,
+            device_used_bytes: None,
+            device_total_bytes: None,
             loss_scale: None,
         });
         if args.die_rank == Some(rank_env.rank) && step == args.die_at_step {

@@ -19,6 +19,11 @@
 //!   output head) is reduce-scattered after each, the results added into its gradient shard.
 //!   Under no_sync (SHARD_GRAD_OP and NO_SHARD before the last micro-step) gradients are kept
 //!   unsharded across micro-steps instead: that is what no_sync trades memory for.
+//!
+//! Nothing here reads a device value on the host: the loss comes back as a device scalar and
+//! the gradient norm as another, for the training loop to read once per step
+//! ([`crate::host`]). Collective calls run inside an [`EngineScope`], the only place the data
+//! communicator accepts them.
 
 use super::flat::FlatLayout;
 use super::groups::ProcessGroups;
@@ -26,10 +31,11 @@ use super::shim;
 use super::unit::{FlatUnit, PendingReduce};
 use super::wrap::plan_units;
 use super::FsdpError;
-use crate::collectives::{Communicator, ReduceOp};
+use crate::collectives::{EngineScope, ReduceOp};
 use crate::data::Batch;
+use crate::host;
 use crate::model::{Model, Params, SegmentSpec};
-use crate::optim::adamw_step;
+use crate::optim::adamw_step_fused;
 use shardrun_protocol::config::{OptimizerConfig, ShardingStrategy, WrapPolicy};
 use std::collections::{HashMap, VecDeque};
 use tch::{Device, Kind, Tensor};
@@ -346,18 +352,20 @@ impl FsdpEngine {
 
     /// Forward and backward of one micro-batch; gradients of `loss · loss_factor` are added to
     /// the gradient shards. `sync`: the last micro-step of an optimizer step (gradients are
-    /// fully reduced, across replicas too). Returns the (unscaled) local loss.
+    /// fully reduced, across replicas too). Returns the (unscaled) local loss, an f64 scalar
+    /// on the device (not read: see [`crate::host`]).
     pub fn forward_backward(
         &mut self,
         batch: &Batch,
         loss_factor: f64,
         sync: bool,
-    ) -> Result<f64, FsdpError> {
+    ) -> Result<Tensor, FsdpError> {
+        let _engine = EngineScope::enter();
         let k = self.segments.len();
         let targets = &batch.targets;
         let mut x = batch.inputs_as(self.options.param_kind);
         let mut saved = Vec::with_capacity(k);
-        let mut loss = 0.0;
+        let mut loss = None;
         for s in 0..k {
             self.prepare(s)?;
             let p = Params::new(&self.param_map);
@@ -373,7 +381,7 @@ impl FsdpEngine {
                     .forward_segment(s, &p, input.as_ref().unwrap_or(&x), targets);
                 x = y.detach();
                 let output = if s + 1 == k {
-                    loss = x.double_value(&[]);
+                    loss = Some(x.to_kind(Kind::Double));
                     y * loss_factor
                 } else {
                     y
@@ -437,7 +445,13 @@ impl FsdpEngine {
         if sync {
             self.sync_replicas()?;
         }
-        Ok(loss)
+        loss.ok_or_else(|| {
+            FsdpError::Invalid(
+                "the model's last segment gave no loss (activation checkpointing of the loss \
+                 segment?)"
+                    .into(),
+            )
+        })
     }
 
     /// Averages the gradient shards over the replicate group (NO_SHARD, HYBRID_SHARD), on
@@ -468,26 +482,17 @@ impl FsdpEngine {
         Ok(())
     }
 
-    /// Squared L2 norm of the whole model's gradient (all shards of the shard group).
-    pub fn grad_norm_sq(&self) -> Result<f64, FsdpError> {
-        let local: f64 = self
-            .units
-            .iter()
-            .map(|u| u.grad.square().sum(Kind::Double).double_value(&[]))
-            .sum();
-        all_reduce_scalar(
-            self.groups.shard.as_ref(),
-            self.options.device,
-            local,
-            ReduceOp::Sum,
-        )
-    }
-
-    /// Whether every gradient element on this rank is finite.
-    pub fn grads_finite(&self) -> bool {
+    /// Squared L2 norm of this rank's gradient shards, an f64 scalar on the device. Not
+    /// finite exactly when some gradient element is not (squares of f32 values cannot
+    /// overflow an f64 sum), so it is the fp16 overflow check too. The global norm is the sum
+    /// over one replica of each shard (the training loop adds them on the control plane).
+    pub fn local_grad_norm_sq(&self) -> Tensor {
+        let device = self.options.device;
         self.units
             .iter()
-            .all(|u| u.grad.isfinite().all().int64_value(&[]) != 0)
+            .fold(Tensor::zeros([], (Kind::Double, device)), |acc, u| {
+                acc + u.grad.square().sum(Kind::Double)
+            })
     }
 
     pub fn scale_grads(&mut self, factor: f64) {
@@ -502,14 +507,20 @@ impl FsdpEngine {
         }
     }
 
-    /// AdamW on every shard, then gathered copies are stale.
-    pub fn optimizer_step(&mut self, config: &OptimizerConfig, lr: f64) {
+    /// AdamW on every shard (one fused call for all units), then gathered copies are stale.
+    pub fn optimizer_step(&mut self, config: &OptimizerConfig, lr: f64) -> Result<(), FsdpError> {
         self.optimizer_steps += 1;
         let step = self.optimizer_steps;
+        let tensors: Vec<_> = self
+            .units
+            .iter()
+            .map(|u| (&u.shard, &u.grad, &u.adam))
+            .collect();
+        adamw_step_fused(config, lr, step, &tensors)?;
         for u in &mut self.units {
-            adamw_step(config, lr, step, &mut u.shard, &u.grad, &mut u.adam);
             u.mark_stale();
         }
+        Ok(())
     }
 
     /// Bytes of parameters, gradients and optimizer state resident on this rank.
@@ -537,9 +548,7 @@ impl FsdpEngine {
             .units
             .get(unit)
             .ok_or_else(|| FsdpError::Invalid(format!("no unit {unit}")))?;
-        let values = |t: &Tensor| -> Result<Vec<f32>, FsdpError> {
-            Ok(Vec::<f32>::try_from(&t.to_device(Device::Cpu))?)
-        };
+        let values = host::f32_values;
         Ok(UnitShardState {
             param: values(&u.shard)?,
             exp_avg: values(&u.adam.exp_avg)?,
@@ -598,6 +607,7 @@ impl FsdpEngine {
         &self,
         shard_of: impl Fn(&FlatUnit) -> &Tensor,
     ) -> Result<Vec<(String, Tensor)>, FsdpError> {
+        let _engine = EngineScope::enter();
         let mut out = Vec::new();
         for u in &self.units {
             let shard = shard_of(u);
@@ -607,29 +617,12 @@ impl FsdpEngine {
             } else {
                 self.groups.shard.all_gather(shard, &full)?.wait()?;
             }
+            let full = host::to_cpu(&full)?;
             for p in &u.layout.params {
-                let value = full
-                    .narrow(0, p.offset, p.numel)
-                    .view(p.shape.as_slice())
-                    .to_device(Device::Cpu);
+                let value = full.narrow(0, p.offset, p.numel).view(p.shape.as_slice());
                 out.push((p.name.clone(), value));
             }
         }
         Ok(out)
     }
-}
-
-/// All-reduce of one number (f32 on the wire, the collectives' dtypes).
-pub fn all_reduce_scalar(
-    comm: &dyn Communicator,
-    device: Device,
-    value: f64,
-    op: ReduceOp,
-) -> Result<f64, FsdpError> {
-    if comm.world_size() == 1 {
-        return Ok(value);
-    }
-    let t = Tensor::from_slice(&[value as f32]).to_device(device);
-    comm.all_reduce(&t, op)?.wait()?;
-    Ok(t.double_value(&[0]))
 }

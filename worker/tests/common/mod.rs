@@ -271,3 +271,58 @@ pub fn temp_dir() -> tempfile::TempDir {
         .tempdir()
         .expect("temp dir")
 }
+
+/// Runs `f` as every rank of a `world`-rank CPU job inside this process, one thread per rank,
+/// over real sockets (the same `prepare` / `connect` a worker process goes through).
+pub fn ranks_in_threads<T: Send>(
+    world: usize,
+    f: impl Fn(usize, shardrun_worker::collectives::Comms) -> T + Sync,
+) -> Vec<T> {
+    use shardrun_protocol::messages::{PeerInfo, StartInfo};
+    use shardrun_worker::collectives::prepare;
+    let prepared: Vec<_> = (0..world)
+        .map(|r| prepare(DeviceKind::Cpu, r, world, "127.0.0.1").expect("prepare"))
+        .collect();
+    let start = StartInfo {
+        world_size: world as u64,
+        peers: prepared
+            .iter()
+            .enumerate()
+            .map(|(r, p)| PeerInfo {
+                rank: r as u64,
+                local_rank: r as u64,
+                host: "127.0.0.1".into(),
+                collective_addr: p.collective_addr.clone(),
+            })
+            .collect(),
+        nccl_unique_id: None,
+    };
+    let (start, f) = (&start, &f);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = prepared
+            .into_iter()
+            .enumerate()
+            .map(|(rank, p)| scope.spawn(move || f(rank, p.connect(start, rank).expect("connect"))))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
+}
+
+/// A reporter that keeps the metrics records (in-process runs).
+#[derive(Default)]
+pub struct Recorder(pub std::sync::Mutex<Vec<StepMetrics>>);
+
+impl shardrun_worker::report::Reporter for Recorder {
+    fn log(&self, _: shardrun_protocol::messages::LogLevel, _: &str) {}
+    fn metrics(&self, m: &StepMetrics) {
+        self.0.lock().unwrap().push(m.clone());
+    }
+    fn checkpoint_saved(&self, _: u64, _: &str) {}
+    fn summary(&self, _: &shardrun_protocol::messages::TrainSummary) {}
+    fn preempt_requested(&self) -> bool {
+        false
+    }
+}
