@@ -9,6 +9,7 @@ pub mod controller;
 pub mod metrics_file;
 pub mod plan;
 pub mod render;
+pub mod rerun;
 pub mod rundir;
 pub mod slurm;
 pub mod spec;

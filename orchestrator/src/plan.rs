@@ -109,6 +109,9 @@ pub struct ResolvedJob {
     pub tokens_per_step: u64,
     pub memory: MemoryEstimate,
     pub warnings: Vec<String>,
+    /// The `--set` arguments applied over the spec file, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<String>,
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -346,13 +349,16 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
 
     // --- checkpoints ----------------------------------------------------------------------
     let checkpoint = match &t.checkpoint {
+        // Checkpoints "off" means no periodic saves. The ranks still save at the end and on
+        // preemption into the run directory, and a re-run or requeue resumes from there:
+        // opting out of resuming takes `checkpoint: { resume: false }`.
         None => CheckpointConfig {
             dir: None,
             interval_steps: None,
             interval_minutes: None,
             keep: defaults::CHECKPOINT_KEEP,
             format: CheckpointFormat::Sharded,
-            resume: false,
+            resume: true,
             from: None,
         },
         Some(c) => {
@@ -558,6 +564,7 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
             gpu_memory_bytes,
         },
         warnings,
+        overrides: loaded.overrides.iter().map(|o| o.arg.clone()).collect(),
     })
 }
 
@@ -812,7 +819,7 @@ impl ResolvedJob {
                         .chain(t.checkpoint.interval_minutes.map(|m| format!("{m} min")))
                         .collect();
                     format!(
-                        "{}{} every {}, keep {}",
+                        "{}{} every {}, keep {}{}",
                         dir.display(),
                         if dir.is_relative() {
                             " (in the run directory)"
@@ -820,10 +827,20 @@ impl ResolvedJob {
                             ""
                         },
                         every.join(" or "),
-                        t.checkpoint.keep
+                        t.checkpoint.keep,
+                        if t.checkpoint.resume {
+                            ""
+                        } else {
+                            "; never resumes (resume: false)"
+                        }
                     )
                 }
-                None => "off".into(),
+                None if t.checkpoint.resume => {
+                    "no periodic saves; the final and preemption checkpoints go to the run \
+                     directory, and a re-run or requeue resumes from them"
+                        .into()
+                }
+                None => "off; never resumes (resume: false)".into(),
             }
         );
         let _ = writeln!(out, "  slurm          time {}, partition {}, USR2 {} s before the limit, requeue {} (max {})", s.time.as_deref().unwrap_or("(partition default)"), s.partition.as_deref().unwrap_or("(default)"), self.preemption.signal_seconds, self.preemption.requeue, self.preemption.max_requeues);

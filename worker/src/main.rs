@@ -23,7 +23,7 @@ use shardrun_worker::fsdp::ProcessGroups;
 use shardrun_worker::launch::RankEnv;
 use shardrun_worker::report::{Reporter, StdoutReporter};
 use shardrun_worker::train::{CheckpointHook, Trainer};
-use shardrun_worker::{params_file, reference, world};
+use shardrun_worker::{params_file, reference, stop, world};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -65,14 +65,21 @@ struct Args {
 }
 
 fn main() {
-    if let Err(error) = run() {
-        eprintln!("shardrun-worker: error: {error:#}");
-        std::process::exit(1);
+    match run() {
+        Ok(0) => {}
+        // Stopped on request: the status says by what (see `stop::StopCause::exit_code`).
+        Ok(code) => std::process::exit(code),
+        Err(error) => {
+            eprintln!("shardrun-worker: error: {error:#}");
+            std::process::exit(1);
+        }
     }
 }
 
-fn run() -> Result<()> {
+/// Trains; `Ok` with the exit status (0 unless stopped on request).
+fn run() -> Result<i32> {
     let args = Args::parse();
+    stop::install_signal_handlers().context("cannot install the SIGINT/SIGTERM handlers")?;
     let config = load_config(&args.config)?;
     tch::set_num_threads(i32::try_from(config.threads_per_rank.max(1)).unwrap_or(1));
     let rank_env = RankEnv::from_env()?;
@@ -84,7 +91,7 @@ fn run() -> Result<()> {
         if let Some(path) = &args.dump_params {
             params_file::write(path, &params)?;
         }
-        return Ok(());
+        return Ok(0);
     }
 
     let Joined {
@@ -92,28 +99,32 @@ fn run() -> Result<()> {
         world,
         controller,
     } = connect_world(&config, &rank_env, &args)?;
-    let result = train(config, world, reporter, &rank_env, &args);
-    // Under the controller, the last message says how this rank ended.
-    if let Some(controller) = controller {
-        match &result {
-            Ok(preempted) => controller.finished(*preempted),
-            Err(error) => controller.failed(&format!("{error:#}")),
-        }
+    let result = train(
+        config,
+        world,
+        reporter,
+        &rank_env,
+        &args,
+        controller.as_deref(),
+    );
+    if let (Some(controller), Err(error)) = (&controller, &result) {
+        controller.failed(&format!("{error:#}"));
     }
-    result.map(|_| ())
+    result
 }
 
-/// Trains to the end (or to a preemption, then `Ok(true)`).
+/// Trains to the end, to a preemption or to an agreed stop; returns the exit status.
 fn train(
     config: TrainConfig,
     world: Arc<dyn Communicator>,
     reporter: Arc<dyn Reporter>,
     rank_env: &RankEnv,
     args: &Args,
-) -> Result<bool> {
+    controller: Option<&ControllerClient>,
+) -> Result<i32> {
     let groups =
         ProcessGroups::for_strategy(world, config.fsdp.strategy, config.fsdp.shard_group_size)?;
-    let mut trainer = Trainer::new(config, groups, reporter.clone())?;
+    let mut trainer = Trainer::new(config, groups, reporter)?;
     if let Ok(scale) = std::env::var(FP16_INITIAL_SCALE) {
         let scale: f64 = scale
             .parse()
@@ -136,16 +147,19 @@ fn train(
             params_file::write(path, &params)?;
         }
     }
+    // Under the controller, the last message says how this rank ended. It goes before the
+    // barrier: once one rank exits non-zero, srun kills the others (--kill-on-bad-exit),
+    // and their last message must already be out.
+    if let Some(controller) = controller {
+        match &outcome.stopped {
+            Some(cause) => controller.stopped(outcome.step, cause),
+            None => controller.finished(outcome.preempted),
+        }
+    }
     // Leave together: no rank closes its sockets while a peer may still be inside the last
     // collective.
     trainer.engine().groups().world.barrier()?;
-    if outcome.preempted {
-        reporter.log(
-            shardrun_protocol::messages::LogLevel::Info,
-            "stopped early for preemption",
-        );
-    }
-    Ok(outcome.preempted)
+    Ok(outcome.stopped.map_or(0, |cause| cause.exit_code()))
 }
 
 fn load_config(path: &std::path::Path) -> Result<TrainConfig> {

@@ -29,16 +29,6 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     }
     let (statuses, source) =
         slurm::refresh(&runs).context("querying Slurm for the runs' states")?;
-    match source {
-        Some(QuerySource::Squeue) => eprintln!("(states from squeue)"),
-        Some(QuerySource::SqueueSacct) => {
-            eprintln!("(states from squeue, and sacct for ended jobs)")
-        }
-        Some(QuerySource::SqueueScontrol) => eprintln!(
-            "(states from squeue/scontrol: accounting is not enabled, sacct is not available)"
-        ),
-        None => {}
-    }
     if args.json {
         for s in &statuses {
             let line = serde_json::json!({
@@ -53,31 +43,116 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let name_width = statuses
+    let cwd = std::env::current_dir().ok();
+    let rows: Vec<[String; 5]> = statuses
         .iter()
-        .map(|s| s.name.len())
-        .max()
-        .unwrap_or(4)
-        .max(4);
-    println!(
-        "{:<name_width$}  {:<13}  {:<10}  DETAIL / RUN DIRECTORY",
-        "RUN", "STATE", "JOB"
+        .map(|s| {
+            let state = serde_json::to_value(s.state)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            let path = s.run.path();
+            let shown = cwd
+                .as_deref()
+                .and_then(|cwd| path.strip_prefix(cwd).ok())
+                .unwrap_or(path);
+            [
+                s.name.clone(),
+                state,
+                s.job_id.clone().unwrap_or_else(|| "-".into()),
+                shown.display().to_string(),
+                s.detail.clone(),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table(["RUN", "STATE", "JOB", "RUN DIRECTORY", "DETAIL"], &rows)
     );
-    for s in &statuses {
-        let state = serde_json::to_value(s.state)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
-        println!(
-            "{:<name_width$}  {:<13}  {:<10}  {}",
-            s.name,
-            state,
-            s.job_id.as_deref().unwrap_or("-"),
-            s.run.path().display()
-        );
-        if !s.detail.is_empty() {
-            println!("{:<name_width$}  {:<13}  {:<10}  {}", "", "", "", s.detail);
+    let note = match source {
+        Some(QuerySource::Squeue) => Some("states from squeue"),
+        Some(QuerySource::SqueueSacct) => Some("states from squeue, and sacct for ended jobs"),
+        Some(QuerySource::SqueueScontrol) => {
+            Some("states from squeue/scontrol: accounting is not enabled, sacct is not available")
         }
+        None => None,
+    };
+    if let Some(note) = note {
+        println!("({note})");
     }
     Ok(())
+}
+
+/// Columns padded to their widest cell (counted in characters), two spaces apart; the last
+/// column is not padded.
+fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
+    let mut widths = header.map(|h| h.chars().count());
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let header = header.map(str::to_string);
+    for row in std::iter::once(&header).chain(rows) {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i + 1 == N {
+                line.push_str(cell);
+            } else {
+                let pad = widths[i] - cell.chars().count();
+                line.push_str(cell);
+                line.push_str(&" ".repeat(pad + 2));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_line_up_whatever_the_cell_lengths() {
+        let rows = [
+            [
+                "demo".to_string(),
+                "COMPLETED".into(),
+                "-".into(),
+                "runs/demo".into(),
+                "training finished".into(),
+            ],
+            [
+                "a-much-longer-name".to_string(),
+                "RUNNING".into(),
+                "12345".into(),
+                "runs/a-much-longer-name".into(),
+                String::new(),
+            ],
+        ];
+        let text = table(["RUN", "STATE", "JOB", "RUN DIRECTORY", "DETAIL"], &rows);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3);
+        // Every column starts at the same character in every line.
+        for word in ["STATE", "JOB", "RUN DIRECTORY", "DETAIL"] {
+            let at = lines[0].find(word).unwrap();
+            let column = ["STATE", "JOB", "RUN DIRECTORY", "DETAIL"]
+                .iter()
+                .position(|w| *w == word)
+                .unwrap()
+                + 1;
+            for (line, row) in lines[1..].iter().zip(&rows) {
+                if !row[column].is_empty() {
+                    assert_eq!(line.find(row[column].as_str()), Some(at), "{text}");
+                }
+            }
+        }
+        assert!(
+            lines[1].ends_with("runs/demo                training finished"),
+            "{text}"
+        );
+    }
 }
