@@ -67,7 +67,8 @@ impl Resume {
                 self.ended
             ),
         };
-        if let Some(step) = self.last_step {
+        let saved = self.checkpoint.as_ref().map_or(0, |c| c.step);
+        if let Some(step) = self.last_step.filter(|&step| step > saved) {
             if !line.contains(&format!("after step {step}")) {
                 let _ = write!(line, "; it had logged step {step}");
             }
@@ -249,6 +250,14 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<Prepared, RerunError> {
         _ if !resumes && started(state) => return Err(RerunError::NoResume { path: shown, ended }),
         _ => {}
     }
+    let ended = if state == RunState::Completed {
+        format!(
+            "finished its {} steps, and the spec now asks for {asked}",
+            recorded.train.steps
+        )
+    } else {
+        ended
+    };
     let last_step = last_logged_step(&run);
     run.update_spec(new)?;
     Ok(Prepared::Resume(Resume {
