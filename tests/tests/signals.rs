@@ -45,10 +45,26 @@ fn sigterm_cancels_the_job_and_leaves_no_process() {
         let (mut job, run) = start_long_job(&dir, "cancel");
         unsafe { libc::kill(job.child.id() as i32, signal) };
         let (status, stdout) = finish(&mut job);
-        assert_eq!(status.code(), Some(130), "{stdout}");
+        assert_eq!(status.code(), Some(128 + signal), "{stdout}");
         assert_eq!(result_json(&run)["status"], "cancelled");
         let log = std::fs::read_to_string(run.join("train.log")).unwrap();
-        assert!(log.contains("stopping: the job was cancelled"), "{log}");
+        // Each rank stops at a step boundary and says why, in one line.
+        let name = if signal == libc::SIGTERM {
+            "SIGTERM"
+        } else {
+            "SIGINT"
+        };
+        for rank in 0..2 {
+            let stops = log
+                .lines()
+                .filter(|l| l.contains(&format!("[rank {rank}] warning: stopping after step ")))
+                .collect::<Vec<_>>();
+            assert_eq!(stops.len(), 1, "{log}");
+            assert!(
+                stops[0].ends_with(&format!("the job was cancelled ({name})")),
+                "{log}"
+            );
+        }
         assert!(processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string()).is_empty());
     }
 }
