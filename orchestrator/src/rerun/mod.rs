@@ -368,3 +368,176 @@ pub fn describe_contents(path: &Path) -> String {
     parts.push("its logs".into());
     format!("{} ({})", path.display(), parts.join(", "))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{resolve, Overrides};
+    use crate::spec::{overrides, parse};
+    use std::collections::BTreeMap;
+
+    fn resolved(root: &Path, sets: &[&str]) -> ResolvedJob {
+        let loaded = parse(
+            include_str!("../../../examples/demo.yaml"),
+            Path::new("demo.yaml"),
+        )
+        .unwrap();
+        let sets: Vec<_> = sets.iter().map(|s| overrides::parse(s).unwrap()).collect();
+        let mut job = resolve(
+            &overrides::apply(loaded, &sets).unwrap(),
+            &Overrides::default(),
+        )
+        .unwrap();
+        job.run_root = root.to_path_buf();
+        job
+    }
+
+    fn new_run<'a>(
+        job: &'a ResolvedJob,
+        params: &'a BTreeMap<String, serde_json::Value>,
+    ) -> NewRun<'a> {
+        NewRun {
+            resolved: job,
+            job_yaml: "name: demo\n",
+            sbatch: None,
+            sweep_params: params,
+            force: false,
+        }
+    }
+
+    /// A run directory whose run ended in `state` (nothing trained, no checkpoint).
+    fn existing(root: &Path, state: RunState, sets: &[&str]) -> RunDir {
+        let job = resolved(root, sets);
+        let params = BTreeMap::new();
+        let run =
+            RunDir::create(&RunDir::planned_path(&job).unwrap(), new_run(&job, &params)).unwrap();
+        run.update_manifest(|m| m.state = state).unwrap();
+        run
+    }
+
+    #[test]
+    fn a_run_whose_controller_holds_the_lock_is_not_touched() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = existing(tmp.path(), RunState::Running, &[]);
+        let _lock = RunLock::acquire(run.path()).unwrap();
+        let job = resolved(tmp.path(), &[]);
+        let params = BTreeMap::new();
+        let err = prepare(run.path(), new_run(&job, &params)).unwrap_err();
+        assert!(matches!(err, RerunError::StillRunning { .. }), "{err}");
+        assert!(
+            err.to_string().contains("its controller is running (pid "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_run_whose_controller_died_resumes_and_says_so() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = existing(tmp.path(), RunState::Running, &[]);
+        let job = resolved(tmp.path(), &["training.log_every=5"]);
+        let params = BTreeMap::new();
+        let Prepared::Resume(resume) = prepare(run.path(), new_run(&job, &params)).unwrap() else {
+            panic!("expected a resume")
+        };
+        assert_eq!(resume.checkpoint, None);
+        assert!(
+            resume.headline().starts_with(&format!(
+                "starting {} again from step 1 (it has no checkpoint yet): it stopped without recording how",
+                run.path().display()
+            )),
+            "{}",
+            resume.headline()
+        );
+        assert_eq!(
+            resume.applied_lines(),
+            vec!["  changed on resume: training.log_every: 1 → 5".to_string()]
+        );
+        assert_eq!(
+            run.read_train_config().unwrap().log_every,
+            5,
+            "the safe change is applied"
+        );
+    }
+
+    #[test]
+    fn an_unsafe_change_is_refused_and_nothing_is_written() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = existing(tmp.path(), RunState::Cancelled, &[]);
+        let before = std::fs::read(run.train_config()).unwrap();
+        let job = resolved(tmp.path(), &["training.seed=7", "training.steps=300"]);
+        let params = BTreeMap::new();
+        let err = prepare(run.path(), new_run(&job, &params)).unwrap_err();
+        let RerunError::Changed { fields, .. } = &err else {
+            panic!("{err}")
+        };
+        assert_eq!(
+            fields.iter().map(|f| f.to_string()).collect::<Vec<_>>(),
+            vec!["training.seed: 0 → 7"],
+            "only the unsafe field is listed"
+        );
+        assert_eq!(std::fs::read(run.train_config()).unwrap(), before);
+    }
+
+    #[test]
+    fn resume_false_does_not_resume_and_a_finished_run_needs_a_checkpoint_to_go_on() {
+        let tmp = tempfile::tempdir().unwrap();
+        let sets = ["training.checkpoint.resume=false"];
+        let run = existing(tmp.path(), RunState::Cancelled, &sets);
+        let job = resolved(tmp.path(), &sets);
+        let params = BTreeMap::new();
+        let err = prepare(run.path(), new_run(&job, &params)).unwrap_err();
+        assert!(matches!(err, RerunError::NoResume { .. }), "{err}");
+        assert!(err.to_string().contains("--force"), "{err}");
+
+        let tmp = tempfile::tempdir().unwrap();
+        let run = existing(tmp.path(), RunState::Completed, &[]);
+        let same = resolved(tmp.path(), &[]);
+        let Prepared::Finished(finished) = prepare(run.path(), new_run(&same, &params)).unwrap()
+        else {
+            panic!("expected finished")
+        };
+        assert_eq!((finished.steps_done, finished.steps_asked), (200, 200));
+        let longer = resolved(tmp.path(), &["training.steps=300"]);
+        let err = prepare(run.path(), new_run(&longer, &params)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                RerunError::NothingToContinue {
+                    done: 200,
+                    asked: 300,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn force_says_what_it_deletes_and_a_non_run_folder_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = existing(tmp.path(), RunState::Failed, &[]);
+        std::fs::write(
+            run.metrics(),
+            r#"{"rank":0,"step":7,"loss":1.0,"lr":0.1,"grad_norm":1.0,"step_time_s":0.1,"tokens_per_s":5.0,"mfu":null,"model_state_bytes":1,"peak_memory_bytes":2,"loss_scale":null}"#,
+        )
+        .unwrap();
+        let job = resolved(tmp.path(), &["training.seed=9"]);
+        let params = BTreeMap::new();
+        let mut forced = new_run(&job, &params);
+        forced.force = true;
+        let Prepared::Replaced { deleted, run: new } = prepare(run.path(), forced).unwrap() else {
+            panic!("expected a replaced run")
+        };
+        assert_eq!(
+            deleted,
+            format!("{} (metrics up to step 7, its logs)", run.path().display())
+        );
+        assert!(!new.metrics().exists());
+        assert_eq!(new.read_train_config().unwrap().seed, 9);
+
+        let plain = tmp.path().join("plain");
+        std::fs::create_dir(&plain).unwrap();
+        let err = prepare(&plain, new_run(&job, &params)).unwrap_err();
+        assert!(err.to_string().contains("is not a run directory"), "{err}");
+    }
+}
