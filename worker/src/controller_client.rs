@@ -257,36 +257,42 @@ impl ControllerClient {
         conn.send_frame(&frame)
     }
 
-    /// Sends, or says on stderr (which the controller also captures) what could not be sent.
-    fn send_or_stderr(&self, msg: &FromWorker) {
-        if let Err(e) = self.send(msg) {
-            let _ = writeln!(
-                std::io::stderr(),
-                "shardrun-worker: rank {}: cannot reach the controller at {} ({e}): {msg:?}",
-                self.rank,
-                self.addr
-            );
+    /// Sends, or says on stderr (which the controller also captures) what could not be sent;
+    /// true when sent.
+    fn send_or_stderr(&self, msg: &FromWorker) -> bool {
+        match self.send(msg) {
+            Ok(()) => true,
+            Err(e) => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "shardrun-worker: rank {}: cannot reach the controller at {} ({e}): {msg:?}",
+                    self.rank,
+                    self.addr
+                );
+                false
+            }
         }
     }
 
     /// The last message of a clean exit.
     pub fn finished(&self, preempted: bool) {
-        self.send_or_stderr(&FromWorker::Finished { preempted });
+        let _ = self.send_or_stderr(&FromWorker::Finished { preempted });
     }
 
     /// The last message before exiting on request at a step boundary.
     pub fn stopped(&self, step: u64, cause: &StopCause) {
-        self.send_or_stderr(&FromWorker::Stopped {
+        let _ = self.send_or_stderr(&FromWorker::Stopped {
             step,
             reason: cause.to_string(),
         });
     }
 
-    /// The last message before exiting with an error.
-    pub fn failed(&self, error: &str) {
+    /// The last message before exiting with an error; true when the controller has it (and
+    /// logs it: the rank need not print it again).
+    pub fn failed(&self, error: &str) -> bool {
         self.send_or_stderr(&FromWorker::Failed {
             error: error.to_string(),
-        });
+        })
     }
 }
 
@@ -304,22 +310,22 @@ impl Reporter for ControllerClient {
             time: unix_now(),
             text: text.to_string(),
         };
-        self.send_or_stderr(&FromWorker::Log(line));
+        let _ = self.send_or_stderr(&FromWorker::Log(line));
     }
 
     fn metrics(&self, metrics: &StepMetrics) {
-        self.send_or_stderr(&FromWorker::Metrics(metrics.clone()));
+        let _ = self.send_or_stderr(&FromWorker::Metrics(metrics.clone()));
     }
 
     fn checkpoint_saved(&self, step: u64, path: &str) {
-        self.send_or_stderr(&FromWorker::CheckpointSaved {
+        let _ = self.send_or_stderr(&FromWorker::CheckpointSaved {
             step,
             path: path.to_string(),
         });
     }
 
     fn summary(&self, summary: &TrainSummary) {
-        self.send_or_stderr(&FromWorker::Summary(summary.clone()));
+        let _ = self.send_or_stderr(&FromWorker::Summary(summary.clone()));
     }
 
     fn preempt_requested(&self) -> bool {

@@ -108,7 +108,10 @@ fn run() -> Result<i32> {
         controller.as_deref(),
     );
     if let (Some(controller), Err(error)) = (&controller, &result) {
-        controller.failed(&format!("{error:#}"));
+        if controller.failed(&format!("{error:#}")) {
+            // The controller logs it for this rank: one line, not a second copy on stderr.
+            return Ok(1);
+        }
     }
     result
 }
