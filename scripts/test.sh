@@ -21,7 +21,13 @@ trap '"$SHARDRUN_ROOT/slurm/stop.sh" >/dev/null 2>&1 || true
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "cargo clippy -D warnings"
+step "code and docs speak of the product (scripts/check-wording.sh)"
+"$SHARDRUN_ROOT/scripts/check-wording.sh"
+
+step "minimum Rust version (rust-version in Cargo.toml)"
+"$SHARDRUN_ROOT/scripts/check-msrv.sh"
+
+step "cargo clippy -D warnings (incompatible_msrv included)"
 cargo clippy --release --workspace --all-targets -- -D warnings
 
 step "cargo test (release)"

@@ -62,7 +62,7 @@ pub enum ModelConfig {
         n_heads: u64,
         max_seq_len: u64,
     },
-    /// Seed 000's MLP: `layer1: Linear(input, hidden)`, ReLU, `layer2: Linear(hidden, output)`,
+    /// The MLP of PyTorch's FSDP tutorial: `layer1: Linear(input, hidden)`, ReLU, `layer2: Linear(hidden, output)`,
     /// trained with MSE loss.
     Mlp {
         input_dim: u64,

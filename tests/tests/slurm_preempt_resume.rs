@@ -9,7 +9,6 @@
 
 use shardrun_e2e::jobs::*;
 use shardrun_e2e::*;
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -26,8 +25,9 @@ fn spec() -> String {
     )
 }
 
-/// Rank 0's loss per step; a step logged twice (it cannot be, but if) keeps its last value.
-fn losses(run: &Path) -> BTreeMap<u64, f64> {
+/// Rank 0's (step, loss) records in the order they were logged, every one of them: a step
+/// replayed after the requeue shows up twice.
+fn losses(run: &Path) -> Vec<(u64, f64)> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
         .unwrap_or_default()
         .lines()
@@ -57,11 +57,7 @@ fn usr2_checkpoints_requeues_and_resumes_with_uninterrupted_losses() {
         stderr_of(&out)
     );
     let reference = losses(&reference_run);
-    assert_eq!(
-        reference.len() as u64,
-        STEPS,
-        "reference run logged every step"
-    );
+    assert_each_step_once(&reference, "the uninterrupted run");
 
     let out = cluster
         .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
@@ -124,18 +120,34 @@ fn usr2_checkpoints_requeues_and_resumes_with_uninterrupted_losses() {
     );
     // Every step ran exactly once across the two attempts, and each loss is the
     // uninterrupted run's (same arithmetic on CPU: equal up to 1e-6 relative).
-    assert_eq!(
-        metric_steps(&run, 0),
-        (1..=STEPS).collect::<Vec<_>>(),
-        "every step logged once, in order"
-    );
     let interrupted = losses(&run);
-    assert_eq!(interrupted.len() as u64, STEPS, "every step logged once");
-    for (step, expected) in &reference {
-        let got = interrupted[step];
+    assert_each_step_once(&interrupted, "the preempted and requeued run");
+    for ((step, got), (_, expected)) in interrupted.iter().zip(&reference) {
         assert!(
             (got - expected).abs() <= 1e-6 * expected.abs().max(1.0),
             "step {step} (preempted after {preempted_at}): loss {got} vs uninterrupted {expected}"
+        );
+    }
+}
+
+/// Steps 1..=STEPS, each exactly once and in order: none lost, none replayed.
+fn assert_each_step_once(records: &[(u64, f64)], what: &str) {
+    let steps: Vec<u64> = records.iter().map(|(step, _)| *step).collect();
+    let expected: Vec<u64> = (1..=STEPS).collect();
+    if steps != expected {
+        let mut seen = std::collections::BTreeMap::<u64, usize>::new();
+        for step in &steps {
+            *seen.entry(*step).or_default() += 1;
+        }
+        let twice: Vec<_> = seen
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(s, _)| s)
+            .collect();
+        let missing: Vec<_> = expected.iter().filter(|s| !seen.contains_key(s)).collect();
+        panic!(
+            "{what}: {} records; steps logged more than once: {twice:?}; missing: {missing:?}",
+            steps.len()
         );
     }
 }

@@ -59,7 +59,7 @@ enum Source {
         tokens: u64,
         vocab: u64,
     },
-    /// Seed 000's MLP data: inputs and targets uniform in [-1, 1).
+    /// The FSDP tutorial MLP's data: inputs and targets uniform in [-1, 1).
     SyntheticVectors { input_dim: u64, output_dim: u64 },
 }
 

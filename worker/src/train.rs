@@ -507,7 +507,8 @@ pub fn format_metrics(m: &StepMetrics, steps: u64) -> String {
     line
 }
 
-/// The end-of-training milestone, like seed 001's expected output.
+/// The end-of-training summary people read: strategy, memory per rank against unsharded,
+/// first and last loss, throughput.
 pub fn format_summary(s: &TrainSummary) -> String {
     let savings = 100.0
         * (1.0 - s.model_state_bytes_per_rank as f64 / s.unsharded_model_state_bytes.max(1) as f64);

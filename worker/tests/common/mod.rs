@@ -220,7 +220,8 @@ pub fn run_reference(dir: &Path, name: &str, config: &TrainConfig) -> RunResult 
 }
 
 /// Largest relative difference: losses step by step, and every parameter as
-/// `max |a - b| / max |b|` over its elements.
+/// `max |a - b| / max |b|` over its elements. A NaN or an infinity on either side is never a
+/// small difference: it panics, naming the step or the parameter.
 pub fn max_relative_difference(a: &RunResult, b: &RunResult) -> (f64, String) {
     assert_eq!(
         a.losses.len(),
@@ -229,6 +230,11 @@ pub fn max_relative_difference(a: &RunResult, b: &RunResult) -> (f64, String) {
     );
     let mut worst = (0.0f64, String::new());
     for (step, (x, y)) in a.losses.iter().zip(&b.losses).enumerate() {
+        assert!(
+            x.is_finite() && y.is_finite(),
+            "loss at step {} is not finite: {x} vs {y}",
+            step + 1
+        );
         let d = (x - y).abs() / y.abs().max(1e-12);
         if d > worst.0 {
             worst = (d, format!("loss at step {}: {x} vs {y}", step + 1));
@@ -242,16 +248,16 @@ pub fn max_relative_difference(a: &RunResult, b: &RunResult) -> (f64, String) {
     for (name, pa) in &a.params {
         let pb = &b.params[name];
         assert_eq!(pa.shape, pb.shape, "shape of {name}");
-        let scale = pb
-            .values
-            .iter()
-            .fold(0.0f64, |m, v| m.max(f64::from(v.abs())))
-            .max(1e-12);
-        let diff = pa
-            .values
-            .iter()
-            .zip(&pb.values)
-            .fold(0.0f64, |m, (x, y)| m.max(f64::from((x - y).abs())));
+        let mut scale = 1e-12f64;
+        let mut diff = 0.0f64;
+        for (i, (x, y)) in pa.values.iter().zip(&pb.values).enumerate() {
+            assert!(
+                x.is_finite() && y.is_finite(),
+                "parameter {name} element {i} is not finite: {x} vs {y}"
+            );
+            scale = scale.max(f64::from(y.abs()));
+            diff = diff.max(f64::from((x - y).abs()));
+        }
         if diff / scale > worst.0 {
             worst = (diff / scale, format!("parameter {name}"));
         }

@@ -1,0 +1,65 @@
+//! Checkpoints: where, how often, how many, which format, resume or start from.
+
+use super::{defaults, PlanError, Section};
+use shardrun_protocol::config::{CheckpointConfig, CheckpointFormat};
+use std::cmp::Ordering;
+use std::path::PathBuf;
+
+pub fn resolve_checkpoint(s: &Section) -> Result<CheckpointConfig, PlanError> {
+    let t = &s.spec().training;
+    // Checkpoints "off" means no periodic saves. The ranks still save at the end and on
+    // preemption into the run directory, and a re-run or requeue resumes from there: opting
+    // out of resuming takes `checkpoint: { resume: false }`.
+    let Some(c) = &t.checkpoint else {
+        return Ok(CheckpointConfig {
+            dir: None,
+            interval_steps: None,
+            interval_minutes: None,
+            keep: defaults::CHECKPOINT_KEEP,
+            format: CheckpointFormat::Sharded,
+            resume: true,
+            from: None,
+        });
+    };
+    if c.interval_steps == Some(0) {
+        return Err(s.err(
+            "training.checkpoint.interval_steps",
+            "interval of 0 steps",
+            "use 1 or more, or remove it",
+        ));
+    }
+    if c.interval_minutes
+        .is_some_and(|m| m.partial_cmp(&0.0) != Some(Ordering::Greater))
+    {
+        return Err(s.err(
+            "training.checkpoint.interval_minutes",
+            "interval must be positive",
+            "use e.g. `interval_minutes: 30`",
+        ));
+    }
+    if c.keep == Some(0) {
+        return Err(s.err(
+            "training.checkpoint.keep",
+            "keeping 0 checkpoints deletes each one as it is written",
+            "keep at least 1",
+        ));
+    }
+    let interval_steps = match (c.interval_steps, c.interval_minutes) {
+        // Neither given: one checkpoint at the end.
+        (None, None) => Some(t.steps),
+        (steps, _) => steps,
+    };
+    Ok(CheckpointConfig {
+        dir: Some(
+            c.dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(defaults::CHECKPOINT_DIR)),
+        ),
+        interval_steps,
+        interval_minutes: c.interval_minutes,
+        keep: c.keep.unwrap_or(defaults::CHECKPOINT_KEEP),
+        format: c.format.unwrap_or(CheckpointFormat::Sharded),
+        resume: c.resume.unwrap_or(true),
+        from: c.from.clone(),
+    })
+}

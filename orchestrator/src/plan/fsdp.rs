@@ -1,0 +1,75 @@
+//! FSDP: strategy, wrapping, mixed precision, prefetching, HYBRID_SHARD's groups.
+
+use super::ranks::Ranks;
+use super::{defaults, PlanError, Section};
+use shardrun_protocol::config::{
+    DType, FsdpConfig, MixedPrecision, ModelConfig, ShardingStrategy, WrapPolicy,
+};
+
+pub fn resolve_fsdp(
+    s: &Section,
+    ranks: &Ranks,
+    model: &ModelConfig,
+    warnings: &mut Vec<String>,
+) -> Result<FsdpConfig, PlanError> {
+    let f = &s.spec().training.fsdp;
+    let world_size = ranks.world_size;
+    let strategy = f.strategy.unwrap_or(ShardingStrategy::FullShard);
+    let param_dtype = f.mixed_precision.param_dtype.unwrap_or(DType::F32);
+    let shard_group_size = match strategy {
+        ShardingStrategy::HybridShard => {
+            let group = f.shard_group_size.unwrap_or(ranks.ntasks_per_node);
+            if group == 0 || !world_size.is_multiple_of(group) {
+                return Err(s.err(
+                    "training.fsdp.shard_group_size",
+                    format!(
+                        "shard groups of {group} ranks do not divide the world size {world_size}"
+                    ),
+                    format!(
+                        "use a divisor of {world_size}, usually the ranks per node ({})",
+                        ranks.ntasks_per_node
+                    ),
+                ));
+            }
+            Some(group)
+        }
+        _ => {
+            if f.shard_group_size.is_some() {
+                warnings.push(
+                    "`training.fsdp.shard_group_size` only applies to HYBRID_SHARD; ignored".into(),
+                );
+            }
+            None
+        }
+    };
+    let max_gathers = f
+        .max_gathers_in_flight
+        .unwrap_or(defaults::MAX_GATHERS_IN_FLIGHT);
+    if max_gathers == 0 {
+        return Err(s.err(
+            "training.fsdp.max_gathers_in_flight",
+            "0 gathers in flight would never compute",
+            "use 1 or more (default 2)",
+        ));
+    }
+    let wrap = f.wrap.clone().unwrap_or(match model {
+        ModelConfig::Transformer { .. } => WrapPolicy::Block,
+        // The MLP has no blocks: each linear layer is its own unit.
+        ModelConfig::Mlp { .. } => WrapPolicy::ModuleNames {
+            patterns: vec!["layer1".into(), "layer2".into()],
+        },
+    });
+    Ok(FsdpConfig {
+        strategy,
+        wrap,
+        mixed_precision: MixedPrecision {
+            param_dtype,
+            reduce_dtype: f.mixed_precision.reduce_dtype.unwrap_or(param_dtype),
+            buffer_dtype: f.mixed_precision.buffer_dtype.unwrap_or(param_dtype),
+        },
+        activation_checkpointing: f.activation_checkpointing.unwrap_or(false),
+        prefetch: f.prefetch.unwrap_or(true),
+        max_gathers_in_flight: max_gathers,
+        shard_group_size,
+    })
+}

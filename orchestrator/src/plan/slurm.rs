@@ -1,0 +1,149 @@
+//! What the sbatch script asks Slurm for, and how the job reacts to its time limit.
+
+use super::ranks::Ranks;
+use super::{defaults, Overrides, PlanError, PreemptionPlan, Section, SlurmResources};
+
+pub fn resolve_slurm(
+    s: &Section,
+    ranks: &Ranks,
+    overrides: &Overrides,
+) -> Result<SlurmResources, PlanError> {
+    let res = &s.spec().resources;
+    let time_limit_seconds = match &res.time {
+        None => None,
+        Some(time) => Some(parse_slurm_time(time).ok_or_else(|| {
+            s.err(
+                "resources.time",
+                format!("`{time}` is not a Slurm time limit"),
+                "write `MM`, `HH:MM:SS` or `D-HH:MM:SS`, e.g. `time: \"02:00:00\"` (quoted)",
+            )
+        })?),
+    };
+    if let Some(mem) = &res.mem {
+        if !valid_mem(mem) {
+            return Err(s.err(
+                "resources.mem",
+                format!("`{mem}` is not a Slurm memory size"),
+                "write a number with an optional K/M/G/T suffix, e.g. `mem: 16G`",
+            ));
+        }
+    }
+    for (i, line) in res.extra_sbatch.iter().enumerate() {
+        if !line.starts_with('-') || line.contains('\n') {
+            return Err(s.err(
+                "resources.extra_sbatch",
+                format!("entry {i} `{line}` is not one sbatch option"),
+                "write each option as on the command line, e.g. `--mail-type=END`",
+            ));
+        }
+    }
+    if res.setup.iter().any(|l| l.contains('\n')) {
+        return Err(s.err(
+            "resources.setup",
+            "a setup entry spans several lines",
+            "write one shell line per list entry",
+        ));
+    }
+    Ok(SlurmResources {
+        nodes: ranks.nodes,
+        ntasks_per_node: ranks.ntasks_per_node,
+        // Local runs (`--nproc`) ask Slurm for no GPUs.
+        gpus_per_node: if overrides.world_size.is_some() {
+            0
+        } else {
+            ranks.gpus_per_node
+        },
+        cpus_per_task: ranks.cpus_per_task,
+        mem: res.mem.clone(),
+        time: res.time.clone(),
+        time_limit_seconds,
+        partition: res.partition.clone(),
+        account: res.account.clone(),
+        qos: res.qos.clone(),
+        reservation: res.reservation.clone(),
+        constraint: res.constraint.clone(),
+        exclusive: res.exclusive.unwrap_or(false),
+        extra_sbatch: res.extra_sbatch.clone(),
+        setup: res.setup.clone(),
+    })
+}
+
+pub fn resolve_preemption(
+    s: &Section,
+    time_limit_seconds: Option<u64>,
+) -> Result<PreemptionPlan, PlanError> {
+    let p = &s.spec().preemption;
+    let signal_seconds = match (p.signal_seconds, time_limit_seconds) {
+        (Some(secs), Some(limit)) if secs >= limit => {
+            return Err(s.err(
+                "preemption.signal_seconds",
+                format!("the warning comes {secs} s before a time limit of {limit} s, i.e. before the job starts"),
+                format!("use fewer than {limit} seconds, or a longer `resources.time`"),
+            ));
+        }
+        (Some(secs), _) => secs,
+        // Small limits (tests, debug queues) get the warning halfway instead.
+        (None, Some(limit)) => defaults::SIGNAL_SECONDS.min(limit / 2),
+        (None, None) => defaults::SIGNAL_SECONDS,
+    };
+    Ok(PreemptionPlan {
+        signal_seconds,
+        requeue: p.requeue.unwrap_or(true),
+        max_requeues: p.max_requeues.unwrap_or(defaults::MAX_REQUEUES),
+    })
+}
+
+/// Slurm time limits: `M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S` → seconds.
+pub fn parse_slurm_time(s: &str) -> Option<u64> {
+    let num = |x: &str| -> Option<u64> {
+        if x.is_empty() || !x.bytes().all(|b| b.is_ascii_digit()) {
+            None
+        } else {
+            x.parse().ok()
+        }
+    };
+    let (days, rest) = match s.split_once('-') {
+        Some((d, rest)) => (Some(num(d)?), rest),
+        None => (None, s),
+    };
+    let parts: Vec<u64> = rest.split(':').map(num).collect::<Option<_>>()?;
+    let secs = match (days, parts.as_slice()) {
+        (None, [m]) => m * 60,
+        (None, [m, s]) => m * 60 + s,
+        (None, [h, m, s]) => h * 3600 + m * 60 + s,
+        (Some(d), [h]) => d * 86400 + h * 3600,
+        (Some(d), [h, m]) => d * 86400 + h * 3600 + m * 60,
+        (Some(d), [h, m, s]) => d * 86400 + h * 3600 + m * 60 + s,
+        _ => return None,
+    };
+    (secs > 0).then_some(secs)
+}
+
+fn valid_mem(mem: &str) -> bool {
+    let digits = mem.trim_end_matches(['K', 'M', 'G', 'T', 'k', 'm', 'g', 't']);
+    !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && mem.len() - digits.len() <= 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slurm_time_formats() {
+        assert_eq!(parse_slurm_time("30"), Some(1800));
+        assert_eq!(parse_slurm_time("01:30"), Some(90));
+        assert_eq!(parse_slurm_time("02:00:00"), Some(7200));
+        assert_eq!(parse_slurm_time("1-00:00:00"), Some(86400));
+        assert_eq!(parse_slurm_time("1-2"), Some(93600));
+        assert_eq!(parse_slurm_time("two hours"), None);
+        assert_eq!(parse_slurm_time("0"), None);
+    }
+
+    #[test]
+    fn memory_sizes() {
+        assert!(valid_mem("16G") && valid_mem("4000") && valid_mem("512m"));
+        assert!(!valid_mem("") && !valid_mem("G") && !valid_mem("16GB") && !valid_mem("1.5G"));
+    }
+}

@@ -1,0 +1,117 @@
+//! The plan as people read it (`shardrun plan`, `plan.txt`).
+
+use super::{yaml_name, ResolvedJob, GIB};
+use std::fmt::Write as _;
+
+impl ResolvedJob {
+    /// The plan as people read it (`shardrun plan`, `plan.txt`).
+    pub fn summary(&self) -> String {
+        let mut out = String::new();
+        let s = &self.slurm;
+        let t = &self.train;
+        let b = &t.batch;
+        let _ = writeln!(out, "job {}", self.name);
+        let ranks = if s.gpus_per_node > 0 {
+            format!("{} GPU(s)", s.gpus_per_node)
+        } else {
+            format!("{} CPU rank(s)", s.ntasks_per_node)
+        };
+        let _ = writeln!(
+            out,
+            "  ranks          {} = {} node(s) × {ranks}, {} CPU(s) per rank, device {}",
+            self.world_size,
+            s.nodes,
+            s.cpus_per_task,
+            yaml_name(&t.device)
+        );
+        let _ = writeln!(
+            out,
+            "  batch          {} total = {} per device × {} ranks × {} accumulation step(s)",
+            b.total_batch_size, b.batch_size_per_device, b.world_size, b.grad_accum_steps
+        );
+        let _ = writeln!(out, "  tokens/step    {}", self.tokens_per_step);
+        let _ = writeln!(
+            out,
+            "  steps          {} ({} tokens in all)",
+            t.steps,
+            self.tokens_per_step * t.steps
+        );
+        let _ = writeln!(
+            out,
+            "  model          {}: {} parameters",
+            yaml_name(&t.model),
+            self.memory.num_params
+        );
+        let _ = writeln!(out, "  fsdp           {}, wrap {}, params {} / reduce {}, activation checkpointing {}, prefetch {}", yaml_name(&t.fsdp.strategy), yaml_name(&t.fsdp.wrap), yaml_name(&t.fsdp.mixed_precision.param_dtype), yaml_name(&t.fsdp.mixed_precision.reduce_dtype), t.fsdp.activation_checkpointing, t.fsdp.prefetch);
+        let _ = writeln!(
+            out,
+            "  optimizer      AdamW lr {} betas ({}, {}) weight decay {}, warmup {} then {} to ×{}",
+            t.optimizer.lr,
+            t.optimizer.beta1,
+            t.optimizer.beta2,
+            t.optimizer.weight_decay,
+            t.schedule.warmup_steps,
+            yaml_name(&t.schedule.decay),
+            t.schedule.min_lr_ratio
+        );
+        let _ = writeln!(out, "  memory/rank    model state (fp32 params + grads + AdamW moments), activations not included:");
+        for (strategy, bytes) in &self.memory.per_strategy {
+            let mark = if *strategy == self.memory.strategy {
+                "  <- chosen"
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                out,
+                "    {:<14} {:>10.3} GiB{mark}",
+                yaml_name(strategy),
+                *bytes as f64 / GIB
+            );
+        }
+        if let Some(limit) = self.memory.gpu_memory_bytes {
+            let _ = writeln!(out, "    GPU memory     {:>10.3} GiB", limit as f64 / GIB);
+        }
+        let _ = writeln!(
+            out,
+            "  checkpoints    {}",
+            match &t.checkpoint.dir {
+                Some(dir) => {
+                    let every: Vec<String> = t
+                        .checkpoint
+                        .interval_steps
+                        .map(|s| format!("{s} steps"))
+                        .into_iter()
+                        .chain(t.checkpoint.interval_minutes.map(|m| format!("{m} min")))
+                        .collect();
+                    format!(
+                        "{}{} every {}, keep {}{}",
+                        dir.display(),
+                        if dir.is_relative() {
+                            " (in the run directory)"
+                        } else {
+                            ""
+                        },
+                        every.join(" or "),
+                        t.checkpoint.keep,
+                        if t.checkpoint.resume {
+                            ""
+                        } else {
+                            "; never resumes (resume: false)"
+                        }
+                    )
+                }
+                None if t.checkpoint.resume => {
+                    "no periodic saves; the final and preemption checkpoints go to the run \
+                     directory, and a re-run or requeue resumes from them"
+                        .into()
+                }
+                None => "off; never resumes (resume: false)".into(),
+            }
+        );
+        let _ = writeln!(out, "  slurm          time {}, partition {}, USR2 {} s before the limit, requeue {} (max {})", s.time.as_deref().unwrap_or("(partition default)"), s.partition.as_deref().unwrap_or("(default)"), self.preemption.signal_seconds, self.preemption.requeue, self.preemption.max_requeues);
+        for w in &self.warnings {
+            let _ = writeln!(out, "warning: {w}");
+        }
+        out
+    }
+}
