@@ -606,9 +606,11 @@ impl JobState {
             })
             .collect();
         let step = stopped.iter().map(|(_, step, _)| *step).min();
+        // A cancel that came during the last step finds the ranks finished: the run is.
+        let completed = all_ended && stopped.is_empty();
         let outcome = if let Some(f) = self.failure.take() {
             Outcome::Failed(f)
-        } else if let Some(by) = self.cancelled.take() {
+        } else if let Some(by) = self.cancelled.take().filter(|_| !completed) {
             Outcome::Cancelled { by, step }
         } else if all_ended && !stopped.is_empty() {
             let by = stopped
@@ -1032,6 +1034,28 @@ mod tests {
         };
         assert_eq!(outcome.exit_code(), 143);
         assert_eq!(actions, vec![Action::Finish(outcome)]);
+    }
+
+    #[test]
+    fn a_cancel_during_the_last_step_finds_the_run_finished() {
+        let mut s = running();
+        s.handle(Event::Cancel {
+            signal: "SIGINT".into(),
+        });
+        for (conn, proc) in [(10, 0), (11, 1)] {
+            s.handle(Event::Finished {
+                conn,
+                preempted: false,
+            });
+            s.handle(Event::Disconnected { conn, error: None });
+            let actions = s.handle(Event::ProcessExited {
+                proc,
+                exit: ExitInfo::Code(0),
+            });
+            if proc == 1 {
+                assert_eq!(actions, vec![Action::Finish(Outcome::Succeeded)]);
+            }
+        }
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! ```text
 //! <run_root>/<name>/
 //!   job.yaml  resolved.json  train_config.json  plan.txt  job.sbatch  manifest.json  secret
-//!   train.log  logs/rank-N.log  metrics.jsonl  controller.addr  result.json  checkpoints/
+//!   train.log  logs/rank-N.log  metrics.jsonl  controller.addr  controller.lock  result.json
+//!   requeue_count  checkpoints/
 //! ```
 //! It is built as `<name>.tmp-XXXX` next to its final place and renamed, so a failure
 //! leaves nothing half-written under the real name. A re-run that continues the run rewrites
