@@ -26,7 +26,8 @@ pub enum Command {
     Render(commands::render::Args),
     /// Validate, create the run directory and submit the job with sbatch.
     Submit(commands::submit::Args),
-    /// Expand the spec's sweep and submit new, changed or failed points as one job array.
+    /// Expand the spec's sweep and submit new, changed or failed points as job arrays within
+    /// the cluster's limits.
     Sweep(commands::sweep::Args),
     /// Show the state of runs (one batched squeue/sacct query).
     Status(commands::status::Args),

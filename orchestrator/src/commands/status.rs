@@ -38,13 +38,21 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                 "slurm_state": s.slurm.as_ref().map(|r| r.state.to_string()),
                 "detail": s.detail,
                 "run_dir": s.run.path(),
+                "array": s.array,
             });
             println!("{line}");
         }
         return Ok(());
     }
     let cwd = std::env::current_dir().ok();
-    let rows: Vec<[String; 5]> = statuses
+    // Sweep points: which of the sweep's job arrays each is in (`<k>/<n>`).
+    let with_arrays = statuses.iter().any(|s| s.array.is_some());
+    let mut header = vec!["RUN", "STATE", "JOB"];
+    if with_arrays {
+        header.push("ARRAY");
+    }
+    header.extend(["RUN DIRECTORY", "DETAIL"]);
+    let rows: Vec<Vec<String>> = statuses
         .iter()
         .map(|s| {
             let state = serde_json::to_value(s.state)
@@ -56,19 +64,24 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                 .as_deref()
                 .and_then(|cwd| path.strip_prefix(cwd).ok())
                 .unwrap_or(path);
-            [
+            let mut row = vec![
                 s.name.clone(),
                 state,
                 s.job_id.clone().unwrap_or_else(|| "-".into()),
-                shown.display().to_string(),
-                s.detail.clone(),
-            ]
+            ];
+            if with_arrays {
+                row.push(
+                    s.array
+                        .as_ref()
+                        .map(|a| format!("{}/{}", a.index, a.count))
+                        .unwrap_or_else(|| "-".into()),
+                );
+            }
+            row.extend([shown.display().to_string(), s.detail.clone()]);
+            row
         })
         .collect();
-    print!(
-        "{}",
-        table(["RUN", "STATE", "JOB", "RUN DIRECTORY", "DETAIL"], &rows)
-    );
+    print!("{}", table(&header, &rows));
     let note = match source {
         Some(QuerySource::Squeue) => Some("states from squeue"),
         Some(QuerySource::SqueueSacct) => Some("states from squeue, and sacct for ended jobs"),
@@ -85,24 +98,21 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
 
 /// Columns padded to their widest cell (counted in characters), two spaces apart; the last
 /// column is not padded.
-fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
-    let mut widths = header.map(|h| h.chars().count());
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
     }
+    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
     let mut out = String::new();
-    let header = header.map(str::to_string);
     for row in std::iter::once(&header).chain(rows) {
         let mut line = String::new();
         for (i, cell) in row.iter().enumerate() {
-            if i + 1 == N {
-                line.push_str(cell);
-            } else {
-                let pad = widths[i] - cell.chars().count();
-                line.push_str(cell);
-                line.push_str(&" ".repeat(pad + 2));
+            line.push_str(cell);
+            if i + 1 < row.len() {
+                line.push_str(&" ".repeat(widths[i] - cell.chars().count() + 2));
             }
         }
         out.push_str(line.trim_end());
@@ -117,33 +127,24 @@ mod tests {
 
     #[test]
     fn columns_line_up_whatever_the_cell_lengths() {
+        let header = ["RUN", "STATE", "JOB", "RUN DIRECTORY", "DETAIL"];
+        let row = |cells: [&str; 5]| cells.iter().map(|c| c.to_string()).collect::<Vec<_>>();
         let rows = [
-            [
-                "demo".to_string(),
-                "COMPLETED".into(),
-                "-".into(),
-                "runs/demo".into(),
-                "training finished".into(),
-            ],
-            [
-                "a-much-longer-name".to_string(),
-                "RUNNING".into(),
-                "12345".into(),
-                "runs/a-much-longer-name".into(),
-                String::new(),
-            ],
+            row(["demo", "COMPLETED", "-", "runs/demo", "training finished"]),
+            row([
+                "a-much-longer-name",
+                "RUNNING",
+                "12345",
+                "runs/a-much-longer-name",
+                "",
+            ]),
         ];
-        let text = table(["RUN", "STATE", "JOB", "RUN DIRECTORY", "DETAIL"], &rows);
+        let text = table(&header, &rows);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3);
         // Every column starts at the same character in every line.
-        for word in ["STATE", "JOB", "RUN DIRECTORY", "DETAIL"] {
+        for (column, word) in header.iter().enumerate().skip(1) {
             let at = lines[0].find(word).unwrap();
-            let column = ["STATE", "JOB", "RUN DIRECTORY", "DETAIL"]
-                .iter()
-                .position(|w| *w == word)
-                .unwrap()
-                + 1;
             for (line, row) in lines[1..].iter().zip(&rows) {
                 if !row[column].is_empty() {
                     assert_eq!(line.find(row[column].as_str()), Some(at), "{text}");

@@ -8,8 +8,11 @@
 //!   requeue_count  checkpoints/
 //! ```
 //! It is built as `<name>.tmp-XXXX` next to its final place and renamed, so a failure
-//! leaves nothing half-written under the real name. A re-run that continues the run rewrites
-//! the spec files in place ([`RunDir::update_spec`]); [`lock`] tells a live run from a dead one.
+//! leaves nothing half-written under the real name. A sweep point's directory holds only
+//! `manifest.json resolved.json train_config.json secret`: its spec and batch script are
+//! the sweep folder's (`sweep::point_dirs`, `sweep::journal`). A re-run that continues a run
+//! rewrites the spec files in place ([`RunDir::update_spec`]); [`lock`] tells a live run from
+//! a dead one.
 
 mod lock;
 
@@ -48,7 +51,10 @@ pub enum RunDirError {
     },
 }
 
-fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> RunDirError + 'a {
+pub(crate) fn io_err<'a>(
+    what: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> RunDirError + 'a {
     move |source| RunDirError::Io {
         what,
         path: path.to_path_buf(),
@@ -107,6 +113,31 @@ pub struct Manifest {
     /// What went wrong (sbatch's stderr for `SUBMIT_FAILED`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Sweep points: the job array this point was last put in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep_array: Option<ArrayRef>,
+}
+
+/// Array `index` of the `count` job arrays one `shardrun sweep` (its `submission`) split its
+/// points into; its files are `arrays/<submission>-<index>.*` in the sweep folder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrayRef {
+    pub submission: String,
+    pub index: usize,
+    pub count: usize,
+}
+
+impl ArrayRef {
+    /// `<submission>-<index>`: the stem of the array's files.
+    pub fn id(&self) -> String {
+        format!("{}-{}", self.submission, self.index)
+    }
+}
+
+impl std::fmt::Display for ArrayRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{} of {}", self.index, self.count, self.submission)
+    }
 }
 
 /// What goes into a new run directory.
@@ -199,6 +230,7 @@ impl RunDir {
             slurm_job_ids: Vec::new(),
             sweep_params: new.sweep_params.clone(),
             error: None,
+            sweep_array: None,
         })
     }
 
@@ -269,6 +301,14 @@ impl RunDir {
             let _ = fs::remove_dir_all(aside);
         }
         Ok(())
+    }
+
+    /// The paths of a run directory at `path` whose files are still being written (sweep
+    /// points are created in batches, see `sweep::point_dirs`).
+    pub fn at(path: &Path) -> RunDir {
+        RunDir {
+            path: path.to_path_buf(),
+        }
     }
 
     /// Open an existing run directory (it must hold a `manifest.json`).
