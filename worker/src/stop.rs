@@ -14,7 +14,8 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Duration;
 
 pub use shardrun_protocol::messages::EXIT_STOPPED;
 
@@ -102,6 +103,8 @@ pub struct StopSwitch {
     /// The first stop signal's number (0: none); written by the signal handler.
     signal: Arc<AtomicUsize>,
     other: Mutex<Option<StopCause>>,
+    /// Notified when `other` is set.
+    other_set: Condvar,
 }
 
 impl StopSwitch {
@@ -126,6 +129,23 @@ impl StopSwitch {
         }
         let mut other = self.other.lock().unwrap_or_else(|e| e.into_inner());
         other.get_or_insert(cause);
+        self.other_set.notify_all();
+    }
+
+    /// This rank's own stop cause, waiting up to `timeout` for one to arrive. When the ranks
+    /// agree to stop because another rank was asked, the controller's request to this rank
+    /// (it asks every rank) is usually still in flight: waiting for it lets each rank say why
+    /// in its own words. A signal to one rank alone never arrives here: then `None`.
+    pub fn wait_for_cause(&self, timeout: Duration) -> Option<StopCause> {
+        if let Some(StopRequest::Stop(cause)) = self.requested() {
+            return Some(cause);
+        }
+        let other = self.other.lock().unwrap_or_else(|e| e.into_inner());
+        let (other, _) = self
+            .other_set
+            .wait_timeout_while(other, timeout, |other| other.is_none())
+            .unwrap_or_else(|e| e.into_inner());
+        other.clone()
     }
 
     /// The strongest request so far: a stop (a signal first), else a preemption.
@@ -194,6 +214,21 @@ mod tests {
             switch.requested(),
             Some(StopRequest::Stop(StopCause::Signal(libc::SIGTERM)))
         );
+    }
+
+    #[test]
+    fn a_cause_arriving_from_another_thread_ends_the_wait() {
+        let switch = Arc::new(StopSwitch::new());
+        assert_eq!(switch.wait_for_cause(Duration::from_millis(10)), None);
+        let from_reader = switch.clone();
+        let reader = std::thread::spawn(move || {
+            from_reader.request_stop(StopCause::Controller("rank 1 failed".into()))
+        });
+        assert_eq!(
+            switch.wait_for_cause(Duration::from_secs(600)),
+            Some(StopCause::Controller("rank 1 failed".into()))
+        );
+        reader.join().unwrap();
     }
 
     #[test]

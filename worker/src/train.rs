@@ -65,6 +65,10 @@ pub trait CheckpointHook {
     }
 }
 
+/// How long a rank that learns of a stop from a peer waits for its own copy of the request
+/// (the controller asks every rank), to say why in its own words.
+const PEER_CAUSE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub fn dtype_kind(dtype: DType) -> Kind {
     match dtype {
         DType::F32 => Kind::Float,
@@ -428,7 +432,14 @@ impl Trainer {
                 .then_some(StopRequest::Preempt)
         });
         let code = self.world_all_reduce(StopRequest::code(own.as_ref()), ReduceOp::Max)?;
-        Ok(StopRequest::agreed(code, own))
+        Ok(match StopRequest::agreed(code, own) {
+            Some(StopRequest::Stop(StopCause::Peer)) => Some(StopRequest::Stop(
+                stop::process()
+                    .wait_for_cause(PEER_CAUSE_WAIT)
+                    .unwrap_or(StopCause::Peer),
+            )),
+            agreed => agreed,
+        })
     }
 
     fn save(
