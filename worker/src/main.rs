@@ -79,7 +79,6 @@ fn main() {
 /// Trains; `Ok` with the exit status (0 unless stopped on request).
 fn run() -> Result<i32> {
     let args = Args::parse();
-    stop::install_signal_handlers().context("cannot install the SIGINT/SIGTERM handlers")?;
     let config = load_config(&args.config)?;
     tch::set_num_threads(i32::try_from(config.threads_per_rank.max(1)).unwrap_or(1));
     let rank_env = RankEnv::from_env()?;
@@ -94,6 +93,8 @@ fn run() -> Result<i32> {
         return Ok(0);
     }
 
+    // From here SIGINT and SIGTERM stop the ranks together at a step boundary.
+    stop::install_signal_handlers().context("cannot install the SIGINT/SIGTERM handlers")?;
     let Joined {
         reporter,
         world,
