@@ -10,6 +10,7 @@ pub mod gpus;
 pub mod metrics_file;
 pub mod plan;
 pub mod render;
+pub mod rerun;
 pub mod rundir;
 pub mod slurm;
 pub mod spec;

@@ -183,6 +183,7 @@ fn resolve_point(
         spec,
         path: loaded.path.clone(),
         source: loaded.source.clone(),
+        overrides: loaded.overrides.clone(),
     };
     let mut job = plan::resolve(&point_spec, &Overrides::submitting()).map_err(|source| {
         SweepError::Point {
@@ -222,38 +223,14 @@ pub fn point_key(job: &ResolvedJob) -> String {
     hex::encode(Sha256::digest(&bytes))[..KEY_LEN].to_string()
 }
 
-/// Set `a.b.c` in a YAML document, creating sections that were left to their defaults.
+/// Set `a.b.c` in a YAML document (as `--set` does), except the keys points cannot vary.
 fn apply(doc: &mut Value, path: &str, value: Value) -> Result<(), String> {
-    let parts: Vec<&str> = path.split('.').collect();
-    if parts.iter().any(|p| p.is_empty()) {
-        return Err(format!(
-            "`{path}` is not a dotted path like `training.optimizer.lr`"
-        ));
-    }
-    if parts[0] == "sweep" || parts[0] == "name" {
+    if matches!(path.split('.').next(), Some("sweep" | "name")) {
         return Err(format!(
             "`{path}` cannot be swept (points get their own names)"
         ));
     }
-    let mut cur = doc;
-    for (i, part) in parts.iter().enumerate() {
-        if cur.is_null() {
-            *cur = Value::Mapping(Default::default());
-        }
-        let Value::Mapping(map) = cur else {
-            return Err(format!(
-                "`{}` is a value, not a section",
-                parts[..i].join(".")
-            ));
-        };
-        let key = Value::String((*part).to_string());
-        if i + 1 == parts.len() {
-            map.insert(key, value);
-            return Ok(());
-        }
-        cur = map.entry(key).or_insert(Value::Null);
-    }
-    Ok(())
+    crate::spec::overrides::set_path(doc, path, value)
 }
 
 fn to_spec(doc: Value) -> Result<JobSpec, String> {

@@ -53,6 +53,10 @@ pub enum FromWorker {
     /// Last message before a clean exit. `preempted`: stopped early after checkpointing
     /// because the controller asked ([`ToWorker::Preempt`]).
     Finished { preempted: bool },
+    /// Last message before exiting on request at a step boundary, without finishing:
+    /// every rank agreed to stop after optimizer step `step` (a cancel, a signal, a failed
+    /// peer). Nothing is wrong with this rank; `reason` says who asked.
+    Stopped { step: u64, reason: String },
     /// The worker hit an error and is about to exit non-zero.
     Failed { error: String },
 }
@@ -144,6 +148,16 @@ pub struct TrainSummary {
     pub mean_tokens_per_s: f64,
 }
 
+/// Exit status of a worker that stopped at a step boundary on the controller's request
+/// (after [`FromWorker::Stopped`]). One stopped by SIGINT or SIGTERM exits with 128 + the
+/// signal's number instead, as shells report it; a failed worker exits with 1.
+pub const EXIT_STOPPED: i32 = 3;
+
+/// Whether a worker's exit status says it stopped on request rather than failed.
+pub fn is_stop_status(code: i32) -> bool {
+    code == EXIT_STOPPED || code == 128 + 2 || code == 128 + 15
+}
+
 /// Controller → worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ToWorker {
@@ -152,7 +166,8 @@ pub enum ToWorker {
     /// Preemption or time limit: agree on the next step boundary, checkpoint, exit cleanly
     /// with [`FromWorker::Finished`] `{ preempted: true }`.
     Preempt,
-    /// Stop now (another rank failed, or the job was cancelled).
+    /// Stop (another rank failed, or the job was cancelled): at the next step boundary,
+    /// answered with [`FromWorker::Stopped`]; a rank that cannot get there is killed.
     Shutdown { reason: String },
 }
 

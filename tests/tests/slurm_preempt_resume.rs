@@ -1,7 +1,9 @@
-//! Preemption end to end on the real Slurm with the real worker: a training job
-//! signalled with `scancel --signal=USR2 --batch` checkpoints at an agreed step boundary,
-//! requeues itself, and the requeued job resumes from that checkpoint and finishes the
-//! remaining steps with exactly the losses of an uninterrupted local run of the same spec.
+//! Preemption end to end on the real Slurm with the real worker: a training job signalled
+//! with `scancel --signal=USR2 --batch` checkpoints at an agreed step boundary, requeues
+//! itself, and the requeued job resumes from that checkpoint and finishes the remaining
+//! steps with exactly the losses of an uninterrupted local run of the same spec. The spec
+//! has no `checkpoint:` block (no periodic saves): the preemption checkpoint is written to
+//! the run directory and resumed from all the same.
 //!
 //! Needs the worker built: `cargo build --release -p shardrun -p shardrun-worker`.
 
@@ -13,14 +15,13 @@ use std::time::Duration;
 const STEPS: u64 = 3000;
 
 /// An MLP big enough that 3,000 steps take tens of seconds on 2 CPU ranks (so the signal
-/// lands mid-run), with checkpoints on (the preemption checkpoint is the only one written
-/// before the end).
+/// lands mid-run), without a `checkpoint:` block: the preemption checkpoint is the only one
+/// written before the end.
 fn spec() -> String {
     format!(
         "name: resume\nresources:\n  tasks_per_node: 2\n  cpus_per_task: 1\n  time: \"00:10:00\"\n\
          training:\n  model: {{ kind: mlp, input_dim: 256, hidden_dim: 1024, output_dim: 256 }}\n  \
-         steps: {STEPS}\n  total_batch_size: 64\n  batch_size_per_device: 32\n  \
-         checkpoint: {{ keep: 2 }}\n"
+         steps: {STEPS}\n  total_batch_size: 64\n  batch_size_per_device: 32\n"
     )
 }
 
@@ -107,6 +108,16 @@ fn usr2_checkpoints_requeues_and_resumes_with_uninterrupted_losses() {
         "preempted mid-run, at step {preempted_at}"
     );
 
+    // The preemption checkpoint went to the run directory (no `checkpoint:` block), and the
+    // requeued job started right after it.
+    assert!(
+        log.contains(&format!(
+            "the run was preempted after step {preempted_at}; its newest checkpoint is step \
+             {preempted_at} ({}/checkpoints/step-{preempted_at})",
+            run.display()
+        )),
+        "{log}"
+    );
     // Every step ran exactly once across the two attempts, and each loss is the
     // uninterrupted run's (same arithmetic on CPU: equal up to 1e-6 relative).
     let interrupted = losses(&run);

@@ -59,12 +59,15 @@ pub struct Checkpointer {
 }
 
 impl Checkpointer {
-    /// `None` when the config names no checkpoint folder and no run directory is known.
+    /// The run's checkpointer. Under the controller the run directory is always known, so
+    /// even with periodic saves off (no `checkpoint.dir`) the final and preemption
+    /// checkpoints are written to `<run dir>/checkpoints`, and a re-run or a requeued job
+    /// resumes from them unless `checkpoint.resume` is false. `None` when the config names
+    /// no folder and no run directory is known (a standalone rank).
     pub fn from_config(config: &TrainConfig) -> Option<Checkpointer> {
         let c = &config.checkpoint;
-        let root = c.dir.clone().or_else(|| {
-            std::env::var_os(env::RUN_DIR).map(|run| PathBuf::from(run).join("checkpoints"))
-        })?;
+        let run_dir = std::env::var_os(env::RUN_DIR).map(PathBuf::from);
+        let root = c.root(run_dir.as_deref())?;
         Some(Checkpointer {
             root,
             format: c.format,

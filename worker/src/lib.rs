@@ -15,6 +15,7 @@
 //! * [`data`]: deterministic per-rank batches.
 //! * [`train`]: the training loop; [`reference`]: unsharded single-process ground truth.
 //! * [`controller_client`]: registration, reports and heartbeats through the shardrun controller.
+//! * [`stop`]: stop requests (signals, the controller) acted on at step boundaries.
 //! * [`world`]: how a rank without a controller joins the world (rendezvous, then collectives).
 //! * [`checkpointing`]: saves and restores through the `shardrun-checkpoint` format.
 //! * [`metrics`]: memory, throughput, MFU; [`params_file`]: weights dumped as safetensors.
@@ -41,5 +42,6 @@ pub mod rendezvous;
 pub mod report;
 pub mod scaler;
 pub mod schedule;
+pub mod stop;
 pub mod train;
 pub mod world;

@@ -24,7 +24,7 @@ use shardrun_worker::fsdp::ProcessGroups;
 use shardrun_worker::launch::RankEnv;
 use shardrun_worker::report::{Reporter, StdoutReporter};
 use shardrun_worker::train::{CheckpointHook, Trainer};
-use shardrun_worker::{device, fail_fast, params_file, reference, world};
+use shardrun_worker::{device, fail_fast, params_file, reference, stop, world};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -71,16 +71,23 @@ struct Args {
 
 fn main() {
     fail_fast::install_panic_hook();
-    if let Err(error) = run() {
-        eprintln!("shardrun-worker: error: {error:#}");
-        std::process::exit(1);
+    match run() {
+        Ok(0) => {}
+        // Stopped on request: the status says by what (see `stop::StopCause::exit_code`).
+        Ok(code) => std::process::exit(code),
+        Err(error) => {
+            eprintln!("shardrun-worker: error: {error:#}");
+            std::process::exit(1);
+        }
     }
 }
 
-fn run() -> Result<()> {
+/// Trains; `Ok` with the exit status (0 unless stopped on request).
+fn run() -> Result<i32> {
     let args = Args::parse();
     if args.check_gpu {
-        return device::check_gpu(RankEnv::from_env()?.local_rank).map_err(anyhow::Error::msg);
+        device::check_gpu(RankEnv::from_env()?.local_rank).map_err(anyhow::Error::msg)?;
+        return Ok(0);
     }
     let config = load_config(args.config.as_deref().unwrap_or(std::path::Path::new("")))?;
     tch::set_num_threads(i32::try_from(config.threads_per_rank.max(1)).unwrap_or(1));
@@ -93,33 +100,42 @@ fn run() -> Result<()> {
         if let Some(path) = &args.dump_params {
             params_file::write(path, &params)?;
         }
-        return Ok(());
+        return Ok(0);
     }
 
+    // From here SIGINT and SIGTERM stop the ranks together at a step boundary.
+    stop::install_signal_handlers().context("cannot install the SIGINT/SIGTERM handlers")?;
     let Joined {
         reporter,
         comms,
         controller,
     } = connect_world(&config, &rank_env, &args)?;
-    let result = train(config, comms, reporter, &rank_env, &args);
-    // Under the controller, the last message says how this rank ended.
-    if let Some(controller) = controller {
-        match &result {
-            Ok(preempted) => controller.finished(*preempted),
-            Err(error) => controller.failed(&format!("{error:#}")),
+    let result = train(
+        config,
+        comms,
+        reporter,
+        &rank_env,
+        &args,
+        controller.as_deref(),
+    );
+    if let (Some(controller), Err(error)) = (&controller, &result) {
+        if controller.failed(&format!("{error:#}")) {
+            // The controller logs it for this rank: one line, not a second copy on stderr.
+            return Ok(1);
         }
     }
-    result.map(|_| ())
+    result
 }
 
-/// Trains to the end (or to a preemption, then `Ok(true)`).
+/// Trains to the end, to a preemption or to an agreed stop; returns the exit status.
 fn train(
     config: TrainConfig,
     comms: Comms,
     reporter: Arc<dyn Reporter>,
     rank_env: &RankEnv,
     args: &Args,
-) -> Result<bool> {
+    controller: Option<&ControllerClient>,
+) -> Result<i32> {
     if config.device == DeviceKind::Cuda && rank_env.rank == 0 && rank_env.world_size > 1 {
         if let Ok(nccl) = nccl::library::load() {
             reporter.log(
@@ -130,7 +146,7 @@ fn train(
     }
     let groups =
         ProcessGroups::for_strategy(comms, config.fsdp.strategy, config.fsdp.shard_group_size)?;
-    let mut trainer = Trainer::new(config, groups, reporter.clone())?;
+    let mut trainer = Trainer::new(config, groups, reporter)?;
     if let Ok(scale) = std::env::var(FP16_INITIAL_SCALE) {
         let scale: f64 = scale
             .parse()
@@ -157,16 +173,19 @@ fn train(
             params_file::write(path, &params)?;
         }
     }
+    // Under the controller, the last message says how this rank ended. It goes before the
+    // barrier: once one rank exits non-zero, srun kills the others (--kill-on-bad-exit),
+    // and their last message must already be out.
+    if let Some(controller) = controller {
+        match &outcome.stopped {
+            Some(cause) => controller.stopped(outcome.step, cause),
+            None => controller.finished(outcome.preempted),
+        }
+    }
     // Leave together: no rank closes its sockets while a peer may still be inside the last
     // collective; then (and only then) NCCL communicators are destroyed.
     trainer.engine().groups().leave_together()?;
-    if outcome.preempted {
-        reporter.log(
-            shardrun_protocol::messages::LogLevel::Info,
-            "stopped early for preemption",
-        );
-    }
-    Ok(outcome.preempted)
+    Ok(outcome.stopped.map_or(0, |cause| cause.exit_code()))
 }
 
 fn load_config(path: &std::path::Path) -> Result<TrainConfig> {
@@ -195,7 +214,9 @@ fn connect_world(config: &TrainConfig, rank_env: &RankEnv, args: &Args) -> Resul
     if std::env::var_os(env::CONTROLLER_ADDR).is_some() {
         let (client, comms) = join_through_controller(config, rank_env, device)?;
         let report = client.clone();
-        fail_fast::report_to(move |error| report.failed(error));
+        fail_fast::report_to(move |error| {
+            report.failed(error);
+        });
         return Ok(Joined {
             reporter: client.clone(),
             comms,

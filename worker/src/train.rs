@@ -1,6 +1,7 @@
 //! The training loop on top of the FSDP engine: micro-steps with gradient accumulation,
 //! fp16 loss scaling agreed across ranks, global-norm clipping, AdamW, the LR schedule,
-//! metrics every `log_every` steps, preemption at step boundaries, and a summary.
+//! metrics every `log_every` steps, stops and preemption agreed at step boundaries, and a
+//! summary when training finishes.
 //!
 //! One host read per optimizer step: the micro-steps' losses and the gradient norm stay on
 //! the device until the end of backward, are read together ([`crate::host::read`]), and are
@@ -13,6 +14,7 @@ use crate::fsdp::{EngineOptions, FsdpEngine, FsdpError, ProcessGroups};
 use crate::report::Reporter;
 use crate::scaler::LossScaler;
 use crate::schedule::Schedule;
+use crate::stop::{self, StopCause, StopRequest};
 use crate::{control, host, metrics};
 use shardrun_protocol::config::{DType, DeviceKind, ShardingStrategy, TrainConfig};
 use shardrun_protocol::messages::{LogLevel, StepMetrics, TrainSummary};
@@ -70,6 +72,10 @@ pub trait CheckpointHook {
         None
     }
 }
+
+/// How long a rank that learns of a stop from a peer waits for its own copy of the request
+/// (the controller asks every rank), to say why in its own words.
+const PEER_CAUSE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub fn dtype_kind(dtype: DType) -> Kind {
     match dtype {
@@ -152,7 +158,13 @@ pub struct Trainer {
 /// How a run ended.
 pub struct TrainOutcome {
     pub summary: TrainSummary,
+    /// Checkpointed and stopped early on a preemption request.
     pub preempted: bool,
+    /// Stopped early on request without a checkpoint, and why (this rank's cause, or
+    /// [`StopCause::Peer`]).
+    pub stopped: Option<StopCause>,
+    /// Optimizer steps completed when it ended.
+    pub step: u64,
 }
 
 impl Trainer {
@@ -270,12 +282,17 @@ impl Trainer {
         let (mut first_loss, mut last_loss) = (None, f64::NAN);
         let mut throughput = Vec::new();
         let mut preempted = false;
+        let mut stopped = None;
+        let first_step = self.step;
+        let span = match self.step {
+            0 => format!("for {} steps", cfg.steps),
+            done => format!("from step {} to {}", done + 1, cfg.steps),
+        };
         self.log(
             LogLevel::Info,
             &format!(
-                "training {} for {} steps: {} over {world} rank(s), {} parameters, {} unit(s)",
+                "training {} {span}: {} over {world} rank(s), {} parameters, {} unit(s)",
                 cfg.name,
-                cfg.steps,
                 strategy_name(cfg.fsdp.strategy),
                 cfg.model.num_params(),
                 self.engine.layouts().len()
@@ -286,23 +303,37 @@ impl Trainer {
         // synchronisation of its own.
         let mut boundary = Instant::now();
         while self.step < cfg.steps {
-            // Ranks act on preemption only together, at the same step boundary.
-            let wants = if self.reporter.preempt_requested() {
-                1.0
-            } else {
-                0.0
-            };
-            if self.agree_max(wants)? > 0.0 {
-                self.log(
-                    LogLevel::Warn,
-                    &format!(
-                        "preemption requested: checkpointing after step {}",
-                        self.step
-                    ),
-                );
-                self.save(&mut hook, SaveReason::Preempt)?;
-                preempted = true;
-                break;
+            match self.agree_on_stop()? {
+                None => {}
+                Some(StopRequest::Preempt) => {
+                    preempted = true;
+                    if self.step == first_step {
+                        // Nothing trained since the start or the restored checkpoint.
+                        self.log(
+                            LogLevel::Warn,
+                            &format!("preemption requested at step {}: stopping", self.step),
+                        );
+                        break;
+                    }
+                    self.log(
+                        LogLevel::Warn,
+                        &format!(
+                            "preemption requested: checkpointing after step {} and stopping",
+                            self.step
+                        ),
+                    );
+                    self.save(&mut hook, SaveReason::Preempt)?;
+                    break;
+                }
+                Some(StopRequest::Stop(cause)) => {
+                    // One line per rank: each says who asked it (or that a peer was asked).
+                    self.log(
+                        LogLevel::Warn,
+                        &format!("stopping after step {}: {cause}", self.step),
+                    );
+                    stopped = Some(cause);
+                    break;
+                }
             }
             let step = self.step;
             if let Some(fault) = &self.fault {
@@ -421,15 +452,53 @@ impl Trainer {
                 }
             }
         }
-        if !preempted && hook.is_some() {
+        let finished = !preempted && stopped.is_none();
+        // A run resumed at its last step trained nothing: its final checkpoint is on disk.
+        let trained = self.step > first_step;
+        if finished && trained && hook.is_some() {
             self.save(&mut hook, SaveReason::Final)?;
         }
         let summary = self.summary(first_loss.unwrap_or(f64::NAN), last_loss, &throughput);
-        if self.rank == 0 {
-            self.reporter.summary(&summary);
-            self.reporter.log(LogLevel::Info, &format_summary(&summary));
+        if finished && self.rank == 0 {
+            if trained {
+                self.reporter.summary(&summary);
+                self.reporter.log(LogLevel::Info, &format_summary(&summary));
+            } else {
+                self.reporter.log(
+                    LogLevel::Info,
+                    &format!(
+                        "nothing to train: already at step {} of {}",
+                        self.step, cfg.steps
+                    ),
+                );
+            }
         }
-        Ok(TrainOutcome { summary, preempted })
+        Ok(TrainOutcome {
+            summary,
+            preempted,
+            stopped,
+            step: self.step,
+        })
+    }
+
+    /// Whether to stop at this step boundary, agreed by all ranks (one all-reduce), so that
+    /// they all stop after the same step: any rank asked (by a signal, the controller, or its
+    /// reporter's preemption request) is enough.
+    fn agree_on_stop(&self) -> Result<Option<StopRequest>, TrainError> {
+        let own = stop::process().requested().or_else(|| {
+            self.reporter
+                .preempt_requested()
+                .then_some(StopRequest::Preempt)
+        });
+        let code = self.agree_max(StopRequest::code(own.as_ref()))?;
+        Ok(match StopRequest::agreed(code, own) {
+            Some(StopRequest::Stop(StopCause::Peer)) => Some(StopRequest::Stop(
+                stop::process()
+                    .wait_for_cause(PEER_CAUSE_WAIT)
+                    .unwrap_or(StopCause::Peer),
+            )),
+            agreed => agreed,
+        })
     }
 
     fn save(

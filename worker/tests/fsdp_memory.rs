@@ -10,9 +10,10 @@
 //! * `max_gathers_in_flight` bounds the gathered units, the running segment's included;
 //! * wrapping finer than a block still gathers the whole block (what the docs say).
 
+use shardrun_protocol::config::DeviceKind;
 use shardrun_protocol::config::{ShardingStrategy, WrapPolicy};
-use shardrun_worker::collectives::cpu::{transport, CpuCommunicator, Member};
-use shardrun_worker::collectives::{CommOptions, Communicator, SingleProcess};
+use shardrun_protocol::messages::{PeerInfo, StartInfo};
+use shardrun_worker::collectives::{prepare, Comms};
 use shardrun_worker::data::Batch;
 use shardrun_worker::fsdp::{EngineOptions, FsdpEngine, MemoryStats, ProcessGroups};
 use shardrun_worker::model::transformer::Transformer;
@@ -166,35 +167,36 @@ struct RankResult {
 /// A ring of `world` CPU communicators, one per thread, each running `body` on its rank.
 fn on_ranks<T: Send + 'static>(
     world: usize,
-    body: impl Fn(Box<dyn Communicator>) -> T + Send + Sync + 'static,
+    body: impl Fn(Comms) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
     tch::set_num_threads(1);
     if world == 1 {
-        return vec![body(Box::new(SingleProcess))];
+        return vec![body(Comms::single_process())];
     }
-    let bound: Vec<_> = (0..world)
-        .map(|_| transport::bind("127.0.0.1").expect("bind a collective listener"))
+    let prepared: Vec<_> = (0..world)
+        .map(|r| prepare(DeviceKind::Cpu, r, world, "127.0.0.1").expect("prepare"))
         .collect();
-    let members: Vec<Member> = bound
-        .iter()
-        .enumerate()
-        .map(|(rank, (_, addr))| Member {
-            rank,
-            addr: addr.clone(),
-        })
-        .collect();
+    let start = StartInfo {
+        world_size: world as u64,
+        peers: prepared
+            .iter()
+            .enumerate()
+            .map(|(r, p)| PeerInfo {
+                rank: r as u64,
+                local_rank: r as u64,
+                host: "127.0.0.1".into(),
+                collective_addr: p.collective_addr.clone(),
+            })
+            .collect(),
+        nccl_unique_id: None,
+    };
     let body = Arc::new(body);
-    let threads: Vec<_> = bound
+    let threads: Vec<_> = prepared
         .into_iter()
         .enumerate()
-        .map(|(rank, (listener, _))| {
-            let (members, body) = (members.clone(), body.clone());
-            std::thread::spawn(move || {
-                let comm =
-                    CpuCommunicator::connect(listener, members, rank, CommOptions::default())
-                        .expect("connect the ring");
-                body(Box::new(comm))
-            })
+        .map(|(rank, p)| {
+            let (start, body) = (start.clone(), body.clone());
+            std::thread::spawn(move || body(p.connect(&start, rank).expect("connect the rings")))
         })
         .collect();
     threads
@@ -224,10 +226,10 @@ fn step(
         })
         .collect();
     let setup = setup.clone();
-    on_ranks(world, move |comm| {
-        let rank = comm.rank();
-        let groups = ProcessGroups::for_strategy(Arc::from(comm), setup.strategy, None)
-            .expect("process groups");
+    on_ranks(world, move |comms| {
+        let rank = comms.control.rank();
+        let groups =
+            ProcessGroups::for_strategy(comms, setup.strategy, None).expect("process groups");
         let options = EngineOptions {
             strategy: setup.strategy,
             param_kind: Kind::Float,
@@ -260,7 +262,7 @@ fn step(
                 .map(|l| (l.unit.clone(), l.padded_numel))
                 .collect(),
             shard_count: layouts[0].shard_count,
-            loss,
+            loss: loss.double_value(&[]),
             grads,
         }
     })

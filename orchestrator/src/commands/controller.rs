@@ -1,7 +1,7 @@
 //! `shardrun controller --run-dir DIR`: the job controller inside a Slurm allocation, started
 //! (with `exec`) by the rendered sbatch script. Launches the ranks with `srun`.
 
-use crate::cli::ExitCode;
+use crate::cli::{AlreadySaid, ExitCode};
 use crate::controller::options::ControllerArgs;
 use crate::controller::{self, LaunchMode};
 use crate::rundir::{RunDir, RunState};
@@ -70,6 +70,10 @@ pub fn supervise(run: &RunDir, opts: controller::ControllerOptions) -> anyhow::R
         m.state = state;
         m.error = (report.exit_code != 0).then(|| message.clone());
     });
+    if let controller::Outcome::Cancelled { .. } = report.outcome {
+        // Not an error: the controller's last line said where it stopped and what is left.
+        return Err(AlreadySaid(report.exit_code).into());
+    }
     if report.exit_code != 0 {
         return Err(anyhow::Error::new(ExitCode(report.exit_code)).context(report.message));
     }

@@ -18,9 +18,14 @@ pub struct ControllerArgs {
     /// heartbeats (stuck in a collective or in I/O); 0: never.
     #[arg(long, default_value_t = 1800, value_name = "SECS")]
     pub progress_timeout: u64,
-    /// Seconds a stopping rank gets before SIGTERM (and again before SIGKILL).
+    /// Seconds the ranks of a failed job get to exit before SIGTERM (and again before
+    /// SIGKILL).
     #[arg(long, default_value_t = 2, value_name = "SECS")]
     pub grace: u64,
+    /// Seconds the ranks of a cancelled job (Ctrl-C, SIGTERM) get to reach their next step
+    /// boundary and stop there before they are killed.
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    pub stop_timeout: u64,
     /// Which ranks' log lines are echoed on stdout (train.log always has every rank).
     #[arg(long, value_enum, default_value_t = EchoArg::Rank0)]
     pub echo: EchoArg,
@@ -56,6 +61,7 @@ impl ControllerArgs {
                 progress: (self.progress_timeout > 0)
                     .then(|| Duration::from_secs(self.progress_timeout)),
                 shutdown_grace: grace,
+                step_boundary: Duration::from_secs(self.stop_timeout),
                 kill_grace: grace.max(Duration::from_secs(1)),
                 ..Timeouts::default()
             },
@@ -84,7 +90,7 @@ pub fn run_paths(run: &RunDir) -> RunPaths {
         logs_dir: run.logs_dir(),
         metrics: run.metrics(),
         result: run.result(),
-        requeue_count: run.path().join("requeue_count"),
+        requeue_count: run.requeue_count(),
     }
 }
 

@@ -23,6 +23,11 @@ impl ExitInfo {
     pub fn success(&self) -> bool {
         *self == ExitInfo::Code(0)
     }
+
+    /// The status of a worker that stopped on request (not a failure, if it said so).
+    pub fn is_stop_status(&self) -> bool {
+        matches!(*self, ExitInfo::Code(code) if shardrun_protocol::messages::is_stop_status(code))
+    }
 }
 
 impl std::fmt::Display for ExitInfo {
@@ -164,21 +169,26 @@ impl Failure {
 pub enum Outcome {
     Succeeded,
     Failed(Failure),
+    /// Stopped on request without a checkpoint: by a signal to the controller, or by one
+    /// to a rank (`"SIGTERM to rank 1"`); `step`: the step the ranks agreed to stop after.
     Cancelled {
-        signal: String,
+        by: String,
+        step: Option<u64>,
     },
     /// Every rank checkpointed and stopped on request.
     Preempted,
 }
 
 impl Outcome {
-    /// The controller's exit status: 0 only for success and for a preempted job that will be
-    /// requeued (the caller decides the latter).
+    /// The controller's exit status: 0 for success and for a preempted job that will be
+    /// requeued (the caller decides the latter), 1 for a failure, and for a cancel 128 + the
+    /// signal's number as shells report it (130 for SIGINT, 143 for SIGTERM).
     pub fn exit_code(&self) -> i32 {
         match self {
             Outcome::Succeeded | Outcome::Preempted => 0,
             Outcome::Failed(_) => 1,
-            Outcome::Cancelled { .. } => 130,
+            Outcome::Cancelled { by, .. } if by.starts_with("SIGTERM") => 128 + libc::SIGTERM,
+            Outcome::Cancelled { .. } => 128 + libc::SIGINT,
         }
     }
 }

@@ -227,6 +227,10 @@ async fn read_worker(
                 job(Event::Finished { conn, preempted });
                 continue;
             }
+            FromWorker::Stopped { step, reason } => {
+                job(Event::Stopped { conn, step, reason });
+                continue;
+            }
             FromWorker::Failed { error } => {
                 let line = LogLine {
                     level: LogLevel::Error,

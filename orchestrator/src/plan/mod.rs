@@ -173,6 +173,9 @@ pub struct ResolvedJob {
     pub tokens_per_step: u64,
     pub memory: MemoryEstimate,
     pub warnings: Vec<String>,
+    /// The `--set` arguments applied over the spec file, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<String>,
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -299,6 +302,7 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
         tokens_per_step,
         memory,
         warnings,
+        overrides: loaded.overrides.iter().map(|o| o.arg.clone()).collect(),
     })
 }
 

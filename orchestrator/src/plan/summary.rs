@@ -104,7 +104,7 @@ impl ResolvedJob {
                         .chain(t.checkpoint.interval_minutes.map(|m| format!("{m} min")))
                         .collect();
                     format!(
-                        "{}{} every {}, keep {}",
+                        "{}{} every {}, keep {}{}",
                         dir.display(),
                         if dir.is_relative() {
                             " (in the run directory)"
@@ -112,10 +112,20 @@ impl ResolvedJob {
                             ""
                         },
                         every.join(" or "),
-                        t.checkpoint.keep
+                        t.checkpoint.keep,
+                        if t.checkpoint.resume {
+                            ""
+                        } else {
+                            "; never resumes (resume: false)"
+                        }
                     )
                 }
-                None => "off".into(),
+                None if t.checkpoint.resume => {
+                    "no periodic saves; the final and preemption checkpoints go to the run \
+                     directory, and a re-run or requeue resumes from them"
+                        .into()
+                }
+                None => "off; never resumes (resume: false)".into(),
             }
         );
         let _ = writeln!(out, "  slurm          time {}, partition {}, USR2 {} s before the limit, requeue {} (max {})", s.time.as_deref().unwrap_or("(partition default)"), s.partition.as_deref().unwrap_or("(default)"), self.preemption.signal_seconds, self.preemption.requeue, self.preemption.max_requeues);
