@@ -29,7 +29,19 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     }
     let (statuses, source) =
         slurm::refresh(&runs).context("querying Slurm for the runs' states")?;
+    let note = match source {
+        Some(QuerySource::Squeue) => Some("states from squeue"),
+        Some(QuerySource::SqueueSacct) => Some("states from squeue, and sacct for ended jobs"),
+        Some(QuerySource::SqueueScontrol) => {
+            Some("states from squeue/scontrol: accounting is not enabled, sacct is not available")
+        }
+        None => None,
+    };
     if args.json {
+        // stdout stays pure JSON; where the states came from is a diagnostic.
+        if let Some(note) = note {
+            eprintln!("({note})");
+        }
         for s in &statuses {
             let line = serde_json::json!({
                 "name": s.name,
@@ -82,14 +94,6 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         })
         .collect();
     print!("{}", table(&header, &rows));
-    let note = match source {
-        Some(QuerySource::Squeue) => Some("states from squeue"),
-        Some(QuerySource::SqueueSacct) => Some("states from squeue, and sacct for ended jobs"),
-        Some(QuerySource::SqueueScontrol) => {
-            Some("states from squeue/scontrol: accounting is not enabled, sacct is not available")
-        }
-        None => None,
-    };
     if let Some(note) = note {
         println!("({note})");
     }
