@@ -111,7 +111,7 @@ pub struct StepMetrics {
     pub loss_scale: Option<f64>,
 }
 
-/// End-of-training summary in the spirit of seed 001's milestone output.
+/// End-of-training summary: strategy, memory saved, losses, throughput.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainSummary {
     pub strategy: String,

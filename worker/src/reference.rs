@@ -7,7 +7,9 @@ use crate::model::{self, Params};
 use crate::optim::{adamw_step, AdamWState};
 use crate::report::Reporter;
 use crate::schedule::Schedule;
-use crate::train::{device_of, TrainError};
+use crate::fsdp::FsdpError;
+use crate::train::{device_of, dtype_kind, TrainError};
+use shardrun_models::source::ParamSource;
 use shardrun_protocol::config::{DType, TrainConfig};
 use shardrun_protocol::messages::{LogLevel, StepMetrics};
 use std::collections::HashMap;
@@ -28,19 +30,20 @@ pub fn train_reference(
     }
     crate::train::check_config(config)?;
     let device = device_of(config.device)?;
-    let model = model::build(&config.model);
+    let model = model::build(&config.model, dtype_kind(mp.buffer_dtype));
     let specs = model.params();
-    let params: HashMap<String, Tensor> = specs
-        .iter()
-        .map(|s| {
-            (
-                s.name.clone(),
-                s.initial_value(config.seed)
-                    .to_device(device)
-                    .set_requires_grad(true),
-            )
-        })
-        .collect();
+    let source = ParamSource::for_model(&config.model, config.seed).map_err(FsdpError::from)?;
+    let mut params: HashMap<String, Tensor> = HashMap::new();
+    for s in &specs {
+        let mut values = vec![0.0f32; s.numel() as usize];
+        source
+            .fill(s, 0..s.numel() as u64, &mut values)
+            .map_err(FsdpError::from)?;
+        let value = Tensor::from_slice(&values)
+            .view(s.shape.as_slice())
+            .to_device(device);
+        params.insert(s.name.clone(), value.set_requires_grad(true));
+    }
     let mut states: HashMap<String, AdamWState> = params
         .iter()
         .map(|(name, p)| (name.clone(), AdamWState::zeros_like(&p.detach())))
@@ -61,12 +64,7 @@ pub fn train_reference(
                     global_batch,
                 )?
                 .to_device(device);
-            let loss = model::forward(
-                model.as_ref(),
-                &Params::new(&params),
-                &batch.inputs,
-                &batch.targets,
-            );
+            let loss = model::forward(model.as_ref(), &Params::new(&params), &batch);
             loss_sum += loss.double_value(&[]);
             (loss / accum as f64).backward();
         }
@@ -92,7 +90,20 @@ pub fn train_reference(
                 let _ = tch::no_grad(|| grad.g_mul_scalar_(coef));
             }
             let state = states.get_mut(&spec.name).expect("one state per parameter");
-            adamw_step(&config.optimizer, lr, step + 1, &mut p, &grad, state);
+            let decayed = if config.optimizer.decays(spec.kind) {
+                vec![0..spec.numel()]
+            } else {
+                Vec::new()
+            };
+            adamw_step(
+                &config.optimizer,
+                lr,
+                step + 1,
+                &mut p,
+                &grad,
+                state,
+                &decayed,
+            );
             p.zero_grad();
         }
         let loss = loss_sum / accum as f64;

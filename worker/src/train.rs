@@ -10,6 +10,7 @@ use crate::metrics;
 use crate::report::Reporter;
 use crate::scaler::LossScaler;
 use crate::schedule::Schedule;
+use shardrun_models::source::ParamSource;
 use shardrun_protocol::config::{DType, DeviceKind, ShardingStrategy, TrainConfig};
 use shardrun_protocol::messages::{LogLevel, StepMetrics, TrainSummary};
 use std::sync::Arc;
@@ -100,8 +101,10 @@ pub fn check_config(config: &TrainConfig) -> Result<(), TrainError> {
             "fsdp.max_gathers_in_flight must be at least 1".into(),
         ));
     }
-    crate::model::check(&config.model, config.data.sequence_length(&config.model))
-        .map_err(TrainError::Config)
+    config
+        .model
+        .validate(config.data.sequence_length(&config.model))
+        .map_err(|why| TrainError::Config(format!("model: {why}")))
 }
 
 pub struct Trainer {
@@ -149,8 +152,27 @@ impl Trainer {
             device,
         };
         let rank = groups.world.rank() as u64;
-        let model = crate::model::build(&config.model);
-        let engine = FsdpEngine::new(model, &config.fsdp.wrap, config.seed, groups, options)?;
+        let model = crate::model::build(&config.model, dtype_kind(mp.buffer_dtype));
+        let rss_before = metrics::rss_bytes();
+        let started = Instant::now();
+        let source = ParamSource::for_model(&config.model, config.seed).map_err(FsdpError::from)?;
+        let engine = FsdpEngine::new(model, &config.fsdp.wrap, &source, groups, options)?;
+        let shard_params: i64 = engine
+            .layouts()
+            .iter()
+            .map(|l| l.shard_numel())
+            .sum();
+        reporter.log(
+            LogLevel::Info,
+            &format!(
+                "rank {rank}: {} parameters of this rank's shards {} in {:.2} s (RSS {:.0} MiB before, peak {:.0} MiB after)",
+                shard_params,
+                source.describe(),
+                started.elapsed().as_secs_f64(),
+                mib(rss_before),
+                mib(metrics::peak_rss_bytes()),
+            ),
+        );
         let dataset = Dataset::new(&config)?;
         let schedule = Schedule::new(config.optimizer.lr, config.schedule.clone(), config.steps);
         let scaler = (mp.param_dtype == DType::F16).then(LossScaler::default);
@@ -449,7 +471,7 @@ pub fn format_metrics(m: &StepMetrics, steps: u64) -> String {
     line
 }
 
-/// The end-of-training milestone, like seed 001's expected output.
+/// The end-of-training summary: strategy, memory saved, losses, throughput.
 pub fn format_summary(s: &TrainSummary) -> String {
     let savings = 100.0
         * (1.0 - s.model_state_bytes_per_rank as f64 / s.unsharded_model_state_bytes.max(1) as f64);

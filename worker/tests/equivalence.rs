@@ -74,7 +74,7 @@ fn other_wrap_policies_and_the_mlp_equal_reference() {
         let (worst, what) = max_relative_difference(&sharded, &reference);
         assert!(worst <= TOLERANCE, "{name}: {what} differs by {worst:e}");
     }
-    // Seed 000's MLP (MSE), 3 ranks, size-based units for its two layers.
+    // The MLP of PyTorch's FSDP tutorial (MSE), 3 ranks, size-based units for its two layers.
     let mlp = shardrun_protocol::config::ModelConfig::Mlp {
         input_dim: 13,
         hidden_dim: 29,

@@ -16,7 +16,8 @@ use super::FsdpError;
 use crate::collectives::{Communicator, ReduceOp};
 use crate::data::Batch;
 use crate::model::{Model, Params, SegmentSpec};
-use crate::optim::adamw_step;
+use crate::optim::{adamw_step, decayed_ranges};
+use shardrun_models::source::ParamSource;
 use shardrun_protocol::config::{OptimizerConfig, ShardingStrategy, WrapPolicy};
 use std::collections::HashMap;
 use tch::{Device, Kind, Tensor};
@@ -74,11 +75,12 @@ pub struct FsdpEngine {
 }
 
 impl FsdpEngine {
-    /// Splits `model` into units and initialises this rank's shards (never the whole model).
+    /// Splits `model` into units and fills this rank's shards from `source` (never the whole
+    /// model).
     pub fn new(
         model: Box<dyn Model>,
         policy: &WrapPolicy,
-        seed: u64,
+        source: &ParamSource,
         groups: ProcessGroups,
         options: EngineOptions,
     ) -> Result<FsdpEngine, FsdpError> {
@@ -102,7 +104,7 @@ impl FsdpEngine {
                 layout,
                 &members,
                 shard_index,
-                seed,
+                source,
                 options.device,
                 options.param_kind,
                 options.reduce_kind,
@@ -266,7 +268,6 @@ impl FsdpEngine {
         sync: bool,
     ) -> Result<f64, FsdpError> {
         let k = self.segments.len();
-        let targets = &batch.targets;
         let mut x = batch.inputs_as(self.options.param_kind);
         let mut saved = Vec::with_capacity(k);
         let mut loss = 0.0;
@@ -274,7 +275,7 @@ impl FsdpEngine {
             self.prepare(s)?;
             let p = Params::new(&self.param_map);
             if self.options.activation_checkpointing && self.segments[s].is_block {
-                let y = tch::no_grad(|| self.model.forward_segment(s, &p, &x, targets));
+                let y = tch::no_grad(|| self.model.forward_segment(s, &p, &x, batch));
                 saved.push(Saved::Checkpoint {
                     input: std::mem::replace(&mut x, y),
                 });
@@ -282,7 +283,7 @@ impl FsdpEngine {
                 let input = (s > 0).then(|| x.detach().set_requires_grad(true));
                 let y = self
                     .model
-                    .forward_segment(s, &p, input.as_ref().unwrap_or(&x), targets);
+                    .forward_segment(s, &p, input.as_ref().unwrap_or(&x), batch);
                 x = y.detach();
                 let output = if s + 1 == k {
                     loss = x.double_value(&[]);
@@ -313,7 +314,7 @@ impl FsdpEngine {
                     let p = Params::new(&self.param_map);
                     let y =
                         self.model
-                            .forward_segment(s, &p, input.as_ref().unwrap_or(&x), targets);
+                            .forward_segment(s, &p, input.as_ref().unwrap_or(&x), batch);
                     (input, y)
                 }
                 None => {
@@ -418,8 +419,10 @@ impl FsdpEngine {
     pub fn optimizer_step(&mut self, config: &OptimizerConfig, lr: f64) {
         self.optimizer_steps += 1;
         let step = self.optimizer_steps;
+        let shard_index = self.shard_index() as i64;
         for u in &mut self.units {
-            adamw_step(config, lr, step, &mut u.shard, &u.grad, &mut u.adam);
+            let decayed = decayed_ranges(&u.layout, &u.kinds, shard_index, config);
+            adamw_step(config, lr, step, &mut u.shard, &u.grad, &mut u.adam, &decayed);
             u.mark_stale();
         }
     }

@@ -30,6 +30,8 @@ pub enum FsdpError {
     Shim(#[from] shim::ShimError),
     #[error("torch: {0}")]
     Torch(#[from] tch::TchError),
+    #[error(transparent)]
+    Load(#[from] shardrun_models::hf::HfError),
     #[error("{0}")]
     Invalid(String),
 }

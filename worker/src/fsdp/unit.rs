@@ -6,7 +6,8 @@ use super::flat::FlatLayout;
 use super::shim;
 use super::FsdpError;
 use crate::collectives::{Communicator, ReduceOp, Work};
-use crate::model::ParamSpec;
+use crate::model::{ParamKind, ParamSpec};
+use shardrun_models::source::ParamSource;
 use crate::optim::AdamWState;
 use tch::{Device, Kind, Tensor};
 
@@ -28,6 +29,8 @@ pub struct PendingReduce {
 
 pub struct FlatUnit {
     pub layout: FlatLayout,
+    /// Kind of each parameter of the layout (weight decay groups).
+    pub kinds: Vec<ParamKind>,
     /// This rank's part of the flat fp32 parameters, `layout.shard_numel()` elements.
     pub shard: Tensor,
     /// This rank's part of the reduced fp32 gradients (accumulated over micro-steps).
@@ -48,27 +51,19 @@ pub struct FlatUnit {
 }
 
 impl FlatUnit {
-    /// Builds the unit holding shard `shard_index` of `layout`, initialising only the
-    /// parameters overlapping that shard.
+    /// Builds the unit holding shard `shard_index` of `layout`, taking from `source` only
+    /// the element ranges of the parameters that overlap that shard.
     pub fn new(
         layout: FlatLayout,
         specs: &[&ParamSpec],
         shard_index: i64,
-        seed: u64,
+        source: &ParamSource,
         device: Device,
         param_kind: Kind,
         reduce_kind: Kind,
     ) -> Result<FlatUnit, FsdpError> {
-        let (start, end) = layout.shard_range(shard_index);
         let shard = Tensor::zeros([layout.shard_numel()], (Kind::Float, device));
-        for (p, spec) in layout.params.iter().zip(specs) {
-            if let Some((in_param, in_shard, len)) = FlatLayout::overlap(p, start, end) {
-                let value = spec.initial_value(seed).view([-1]).narrow(0, in_param, len);
-                shard
-                    .narrow(0, in_shard, len)
-                    .copy_(&value.to_device(device));
-            }
-        }
+        fill_shard(&shard, &layout, specs, shard_index, source)?;
         let aliases_shard = layout.shard_count == 1 && param_kind == Kind::Float;
         let gathered = if aliases_shard {
             shard.shallow_clone()
@@ -98,6 +93,7 @@ impl FlatUnit {
         };
         let written = vec![false; layout.params.len()];
         Ok(FlatUnit {
+            kinds: specs.iter().map(|s| s.kind).collect(),
             grad: shard.zeros_like(),
             adam: AdamWState::zeros_like(&shard),
             layout,
@@ -260,4 +256,37 @@ impl FlatUnit {
     pub fn zero_grad(&mut self) {
         let _ = self.grad.zero_();
     }
+}
+
+/// Writes shard `shard_index` of `layout` into `shard` (fp32, padding left as it is): each
+/// overlapping parameter range straight from `source`, on the CPU into the shard's own
+/// memory, so loading holds the shard and nothing of the model besides.
+fn fill_shard(
+    shard: &Tensor,
+    layout: &FlatLayout,
+    specs: &[&ParamSpec],
+    shard_index: i64,
+    source: &ParamSource,
+) -> Result<(), FsdpError> {
+    let (start, end) = layout.shard_range(shard_index);
+    let mut staging = Vec::new();
+    for (p, spec) in layout.params.iter().zip(specs) {
+        let Some((in_param, in_shard, len)) = FlatLayout::overlap(p, start, end) else {
+            continue;
+        };
+        let range = in_param as u64..(in_param + len) as u64;
+        let mut dst = shard.narrow(0, in_shard, len);
+        if dst.device() == Device::Cpu {
+            // SAFETY: `dst` is a contiguous fp32 CPU view of `len` elements of `shard`,
+            // which outlives this borrow; nothing else reads or writes it meanwhile.
+            let values =
+                unsafe { std::slice::from_raw_parts_mut(dst.data_ptr() as *mut f32, len as usize) };
+            source.fill(spec, range, values)?;
+        } else {
+            staging.resize(len as usize, 0.0f32);
+            source.fill(spec, range, &mut staging)?;
+            tch::no_grad(|| dst.copy_(&Tensor::from_slice(&staging)));
+        }
+    }
+    Ok(())
 }

@@ -128,9 +128,10 @@ pub fn glob_match(pattern: &str, path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{transformer::Transformer, Model};
+    use shardrun_models::transformer::Transformer;
+    use shardrun_models::ModelDescription;
 
-    fn tiny() -> Transformer {
+    fn tiny() -> ModelDescription {
         Transformer {
             vocab_size: 11,
             dim: 8,
@@ -138,9 +139,10 @@ mod tests {
             n_heads: 2,
             max_seq_len: 4,
         }
+        .describe()
     }
 
-    fn names(m: &Transformer, units: &[UnitPlan]) -> Vec<String> {
+    fn names(m: &ModelDescription, units: &[UnitPlan]) -> Vec<String> {
         let _ = m;
         units.iter().map(|u| u.name.clone()).collect()
     }
@@ -148,10 +150,10 @@ mod tests {
     #[test]
     fn block_policy_is_one_unit_per_block_plus_root() {
         let m = tiny();
-        let units = plan_units(&m.params(), &m.segments(), &WrapPolicy::Block);
+        let units = plan_units(&m.params, &m.segments, &WrapPolicy::Block);
         assert_eq!(names(&m, &units), vec!["root", "layers.0", "layers.1"]);
         let root = &units[0];
-        let p = m.params();
+        let p = &m.params;
         let root_names: Vec<&str> = root.params.iter().map(|&i| p[i].name.as_str()).collect();
         assert_eq!(
             root_names,
@@ -174,7 +176,7 @@ mod tests {
         let policy = WrapPolicy::ModuleNames {
             patterns: vec!["layers.*.feed_forward".into()],
         };
-        let units = plan_units(&m.params(), &m.segments(), &policy);
+        let units = plan_units(&m.params, &m.segments, &policy);
         assert_eq!(
             names(&m, &units),
             vec!["root", "layers.0.feed_forward", "layers.1.feed_forward"]
@@ -187,7 +189,7 @@ mod tests {
         // w1/w2 of dim 8: 8*32+32 = 288 and 32*8+8 = 264 parameters; the attention
         // projections have 64 each; tok_embeddings 88.
         let policy = WrapPolicy::SizeBased { min_params: 250 };
-        let units = plan_units(&m.params(), &m.segments(), &policy);
+        let units = plan_units(&m.params, &m.segments, &policy);
         assert_eq!(
             names(&m, &units),
             vec![
