@@ -23,9 +23,7 @@ pub mod source;
 pub mod transformer;
 
 pub use llama::{LlamaConfig, LlamaFamily, LlamaModel, Rope, RopeScaling};
-pub use param::{
-    Builder, Init, ModelDescription, ParamKind, ParamSpec, SegmentSpec, TiedParam,
-};
+pub use param::{Builder, Init, ModelDescription, ParamKind, ParamSpec, SegmentSpec, TiedParam};
 
 use serde::{Deserialize, Serialize};
 
@@ -208,10 +206,7 @@ mod tests {
             max_seq_len: 256,
         };
         let block = 4 * 256 * 256 + (256 * 1024 + 1024 + 1024 * 256 + 256) + 4 * 256;
-        assert_eq!(
-            m.num_params(),
-            8192 * 256 * 2 + 256 * 256 + 8 * block + 512
-        );
+        assert_eq!(m.num_params(), 8192 * 256 * 2 + 256 * 256 + 8 * block + 512);
         // torchtitan's 6·N (N without the embedding tables) + 12·L·d·T.
         let n = m.num_params() - 8192 * 256 - 256 * 256;
         assert_eq!(

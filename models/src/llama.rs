@@ -16,9 +16,7 @@
 //! `initializer_range` for linear and embedding weights (the padding row zero), zeros for
 //! biases, ones for norms.
 
-use crate::param::{
-    Builder, Init, ModelDescription, ParamKind, ParamSpec, SegmentSpec, TiedParam,
-};
+use crate::param::{Builder, Init, ModelDescription, ParamKind, ParamSpec, SegmentSpec, TiedParam};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -295,7 +293,10 @@ impl LlamaConfig {
             params,
             segments,
             tied,
-            attention_flops_per_token_per_position: 12 * self.n_layers * self.n_heads * self.head_dim,
+            attention_flops_per_token_per_position: 12
+                * self.n_layers
+                * self.n_heads
+                * self.head_dim,
         }
     }
 }
@@ -378,7 +379,10 @@ mod tests {
             ]
         );
         let bias = d.param("model.layers.1.self_attn.k_proj.bias").unwrap();
-        assert_eq!((bias.kind, bias.init, &bias.shape), (ParamKind::Bias, Init::Zeros, &vec![8]));
+        assert_eq!(
+            (bias.kind, bias.init, &bias.shape),
+            (ParamKind::Bias, Init::Zeros, &vec![8])
+        );
     }
 
     #[test]

@@ -38,7 +38,10 @@ pub enum Init {
     Uniform(f64),
     /// `N(0, std²)`, with one row left at zero: an embedding's padding row, as `transformers`
     /// initialises `nn.Embedding(padding_idx=...)`.
-    Normal { std: f64, zero_row: Option<u64> },
+    Normal {
+        std: f64,
+        zero_row: Option<u64>,
+    },
     Ones,
     Zeros,
 }

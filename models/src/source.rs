@@ -38,7 +38,12 @@ impl ParamSource {
     }
 
     /// Elements `range` of the flattened value of `spec`, as f32, into `out`.
-    pub fn fill(&self, spec: &ParamSpec, range: Range<u64>, out: &mut [f32]) -> Result<(), HfError> {
+    pub fn fill(
+        &self,
+        spec: &ParamSpec,
+        range: Range<u64>,
+        out: &mut [f32],
+    ) -> Result<(), HfError> {
         match self {
             ParamSource::Init { seed } => {
                 crate::init::fill(spec, *seed, range, out);

@@ -46,8 +46,18 @@ impl Transformer {
         let root = Builder::root();
         let names = |specs: &[ParamSpec]| specs.iter().map(|s| s.name.clone()).collect();
         let embeddings = vec![
-            root.embedding("tok_embeddings", self.vocab_size, self.dim, Init::normal(1.0)),
-            root.embedding("pos_embeddings", self.max_seq_len, self.dim, Init::normal(1.0)),
+            root.embedding(
+                "tok_embeddings",
+                self.vocab_size,
+                self.dim,
+                Init::normal(1.0),
+            ),
+            root.embedding(
+                "pos_embeddings",
+                self.max_seq_len,
+                self.dim,
+                Init::normal(1.0),
+            ),
         ];
         let mut segments = vec![SegmentSpec {
             name: "embeddings".into(),

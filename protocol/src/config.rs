@@ -49,7 +49,9 @@ impl TrainConfig {
 
 /// The model, described once in the `shardrun-models` crate (parameters, segments,
 /// parameter count, FLOPs) for the orchestrator and the worker alike.
-pub use shardrun_models::{LlamaConfig, LlamaFamily, LlamaModel, ModelConfig, ParamKind, Rope, RopeScaling};
+pub use shardrun_models::{
+    LlamaConfig, LlamaFamily, LlamaModel, ModelConfig, ParamKind, Rope, RopeScaling,
+};
 
 /// Where training data comes from. Each rank reads its own disjoint part of every global
 /// batch (rank r takes samples `r*per_device .. (r+1)*per_device` of each micro-batch).

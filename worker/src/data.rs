@@ -77,11 +77,12 @@ impl Dataset {
     pub fn new(config: &TrainConfig) -> Result<Dataset, DataError> {
         let seq_len = config.data.sequence_length(&config.model);
         let source = match (&config.data, &config.model) {
-            (DataConfig::Synthetic { .. }, ModelConfig::Transformer { .. } | ModelConfig::Llama(_)) => {
-                Source::SyntheticTokens {
-                    vocab: config.model.vocab_size().unwrap_or(1),
-                }
-            }
+            (
+                DataConfig::Synthetic { .. },
+                ModelConfig::Transformer { .. } | ModelConfig::Llama(_),
+            ) => Source::SyntheticTokens {
+                vocab: config.model.vocab_size().unwrap_or(1),
+            },
             (
                 DataConfig::Synthetic { .. },
                 ModelConfig::Mlp {
@@ -93,7 +94,10 @@ impl Dataset {
                 input_dim: *input_dim,
                 output_dim: *output_dim,
             },
-            (DataConfig::TokenFile { path, .. }, ModelConfig::Transformer { .. } | ModelConfig::Llama(_)) => {
+            (
+                DataConfig::TokenFile { path, .. },
+                ModelConfig::Transformer { .. } | ModelConfig::Llama(_),
+            ) => {
                 let vocab_size = config.model.vocab_size().unwrap_or(1);
                 let io = |source| DataError::Io {
                     path: path.clone(),

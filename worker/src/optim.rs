@@ -70,7 +70,9 @@ pub fn adamw_step(
         if factor != 1.0 {
             let flat = param.view([-1]);
             for r in decayed {
-                let _ = flat.narrow(0, r.start, r.end - r.start).g_mul_scalar_(factor);
+                let _ = flat
+                    .narrow(0, r.start, r.end - r.start)
+                    .g_mul_scalar_(factor);
             }
         }
         let _ = state.exp_avg.lerp_(grad, 1.0 - config.beta1);

@@ -3,11 +3,11 @@
 //! (whole-model forward, one `backward`). The ground truth sharded runs must equal.
 
 use crate::data::{first_sample, Dataset};
+use crate::fsdp::FsdpError;
 use crate::model::{self, Params};
 use crate::optim::{adamw_step, AdamWState};
 use crate::report::Reporter;
 use crate::schedule::Schedule;
-use crate::fsdp::FsdpError;
 use crate::train::{device_of, dtype_kind, TrainError};
 use shardrun_models::source::ParamSource;
 use shardrun_protocol::config::{DType, TrainConfig};
@@ -33,17 +33,8 @@ pub fn train_reference(
     let model = model::build(&config.model, dtype_kind(mp.buffer_dtype));
     let specs = model.params();
     let source = ParamSource::for_model(&config.model, config.seed).map_err(FsdpError::from)?;
-    let mut params: HashMap<String, Tensor> = HashMap::new();
-    for s in &specs {
-        let mut values = vec![0.0f32; s.numel() as usize];
-        source
-            .fill(s, 0..s.numel() as u64, &mut values)
-            .map_err(FsdpError::from)?;
-        let value = Tensor::from_slice(&values)
-            .view(s.shape.as_slice())
-            .to_device(device);
-        params.insert(s.name.clone(), value.set_requires_grad(true));
-    }
+    let params =
+        model::full_parameters(model.as_ref(), &source, device).map_err(FsdpError::from)?;
     let mut states: HashMap<String, AdamWState> = params
         .iter()
         .map(|(name, p)| (name.clone(), AdamWState::zeros_like(&p.detach())))

@@ -153,24 +153,18 @@ impl Trainer {
         };
         let rank = groups.world.rank() as u64;
         let model = crate::model::build(&config.model, dtype_kind(mp.buffer_dtype));
-        let rss_before = metrics::rss_bytes();
-        let started = Instant::now();
         let source = ParamSource::for_model(&config.model, config.seed).map_err(FsdpError::from)?;
         let engine = FsdpEngine::new(model, &config.fsdp.wrap, &source, groups, options)?;
-        let shard_params: i64 = engine
-            .layouts()
-            .iter()
-            .map(|l| l.shard_numel())
-            .sum();
+        let l = engine.loading;
         reporter.log(
             LogLevel::Info,
             &format!(
-                "rank {rank}: {} parameters of this rank's shards {} in {:.2} s (RSS {:.0} MiB before, peak {:.0} MiB after)",
-                shard_params,
+                "rank {rank}: shards of {} parameters {} in {:.2} s; resident memory {:.0} MiB before, peak {:.0} MiB while loading",
+                l.shard_elements,
                 source.describe(),
-                started.elapsed().as_secs_f64(),
-                mib(rss_before),
-                mib(metrics::peak_rss_bytes()),
+                l.seconds,
+                mib(l.rss_before_bytes),
+                mib(l.peak_rss_bytes),
             ),
         );
         let dataset = Dataset::new(&config)?;

@@ -60,7 +60,11 @@ impl<'a> Keys<'a> {
             None => Ok(None),
             Some(v) => v
                 .as_u64()
-                .or_else(|| v.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0).map(|f| f as u64))
+                .or_else(|| {
+                    v.as_f64()
+                        .filter(|f| f.fract() == 0.0 && *f >= 0.0)
+                        .map(|f| f as u64)
+                })
                 .map(Some)
                 .ok_or_else(|| self.err(key, format!("is {v}, expected a whole number"))),
         }
@@ -466,11 +470,17 @@ mod tests {
         let mut v = base();
         v["model_type"] = json!("gpt2");
         let e = parse(v).unwrap_err().to_string();
-        assert!(e.contains("`model_type`") && e.contains("llama, mistral, qwen2"), "{e}");
+        assert!(
+            e.contains("`model_type`") && e.contains("llama, mistral, qwen2"),
+            "{e}"
+        );
         let mut v = base();
         v["rope_scaling"]["rope_type"] = json!("yarn");
         let e = parse(v).unwrap_err().to_string();
-        assert!(e.contains("`rope_scaling.rope_type`") && e.contains("\"yarn\""), "{e}");
+        assert!(
+            e.contains("`rope_scaling.rope_type`") && e.contains("\"yarn\""),
+            "{e}"
+        );
         let mut v = base();
         v.as_object_mut().unwrap().remove("hidden_size");
         let e = parse(v).unwrap_err().to_string();
@@ -491,7 +501,10 @@ mod tests {
         let mut v = base();
         v["model_type"] = json!("qwen2");
         let q = parse(v.clone()).unwrap();
-        assert_eq!((q.qkv_bias, q.o_proj_bias, q.sliding_window), (true, false, None));
+        assert_eq!(
+            (q.qkv_bias, q.o_proj_bias, q.sliding_window),
+            (true, false, None)
+        );
         v["use_sliding_window"] = json!(true);
         v["max_window_layers"] = json!(1);
         v["sliding_window"] = json!(32);

@@ -169,7 +169,9 @@ impl HfWeights {
         let index: IndexFile = serde_json::from_str(&text).map_err(|e| {
             HfError::folder(
                 index_path,
-                format!("is not a safetensors index ({e}): it needs a `weight_map` of tensor → file"),
+                format!(
+                    "is not a safetensors index ({e}): it needs a `weight_map` of tensor → file"
+                ),
             )
         })?;
         let mut names_by_file: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
@@ -324,9 +326,10 @@ impl HfWeights {
 
     /// Elements `range` of the flattened tensor `name`, converted to f32, into `out`.
     pub fn read(&self, name: &str, range: Range<u64>, out: &mut [f32]) -> Result<(), HfError> {
-        let t = self.tensors.get(name).ok_or_else(|| {
-            HfError::tensor(&self.source, name, "is not in the folder's weights")
-        })?;
+        let t = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| HfError::tensor(&self.source, name, "is not in the folder's weights"))?;
         if range.end > t.numel() || out.len() as u64 != range.end - range.start {
             return Err(HfError::tensor(
                 &t.file,

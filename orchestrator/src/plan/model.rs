@@ -147,7 +147,10 @@ pub fn resolve_pretrained_from(
     let ModelConfig::Llama(llama) = model else {
         return Err(s.err(
             field,
-            format!("{} is a Hugging Face folder, but the model is not a Llama-family model", dir.display()),
+            format!(
+                "{} is a Hugging Face folder, but the model is not a Llama-family model",
+                dir.display()
+            ),
             "use `model: { kind: hf, path: <folder> }` to train the folder's model",
         ));
     };
@@ -327,7 +330,12 @@ fn architecture_differences(folder: &LlamaConfig, spec: &LlamaConfig) -> Vec<Str
         return Vec::new();
     };
     a.iter()
-        .filter(|(key, _)| !matches!(key.as_str(), "initializer_range" | "max_position_embeddings"))
+        .filter(|(key, _)| {
+            !matches!(
+                key.as_str(),
+                "initializer_range" | "max_position_embeddings"
+            )
+        })
         .filter(|(key, value)| b.get(*key) != Some(value))
         .map(|(key, value)| {
             format!(

@@ -72,6 +72,21 @@ pub struct FsdpEngine {
     options: EngineOptions,
     /// AdamW steps taken (bias correction counts from these).
     pub optimizer_steps: u64,
+    /// How filling this rank's shards went.
+    pub loading: LoadingStats,
+}
+
+/// Time and memory of filling the shards from their source, before the gradient shards and
+/// AdamW state are allocated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadingStats {
+    pub seconds: f64,
+    /// Resident memory before the first shard was allocated.
+    pub rss_before_bytes: u64,
+    /// Peak resident memory (`VmHWM`) once every shard was filled.
+    pub peak_rss_bytes: u64,
+    /// Elements of this rank's shards.
+    pub shard_elements: u64,
 }
 
 impl FsdpEngine {
@@ -86,6 +101,8 @@ impl FsdpEngine {
     ) -> Result<FsdpEngine, FsdpError> {
         let specs = model.params();
         let segments = model.segments();
+        let started = std::time::Instant::now();
+        let rss_before_bytes = crate::metrics::rss_bytes();
         let shard_count = groups.shard.world_size() as i64;
         let shard_index = groups.shard.rank() as i64;
         let mut units = Vec::new();
@@ -109,6 +126,15 @@ impl FsdpEngine {
                 options.param_kind,
                 options.reduce_kind,
             )?);
+        }
+        let loading = LoadingStats {
+            seconds: started.elapsed().as_secs_f64(),
+            rss_before_bytes,
+            peak_rss_bytes: crate::metrics::peak_rss_bytes(),
+            shard_elements: units.iter().map(|u| u.layout.shard_numel() as u64).sum(),
+        };
+        for u in &mut units {
+            u.allocate_state();
         }
         let mut segment_params = Vec::new();
         let mut segment_units: Vec<Vec<usize>> = Vec::new();
@@ -165,6 +191,7 @@ impl FsdpEngine {
             groups,
             options,
             optimizer_steps: 0,
+            loading,
         })
     }
 
@@ -312,9 +339,9 @@ impl FsdpEngine {
                 Some(Saved::Checkpoint { input: x }) => {
                     let input = (s > 0).then(|| x.detach().set_requires_grad(true));
                     let p = Params::new(&self.param_map);
-                    let y =
-                        self.model
-                            .forward_segment(s, &p, input.as_ref().unwrap_or(&x), batch);
+                    let y = self
+                        .model
+                        .forward_segment(s, &p, input.as_ref().unwrap_or(&x), batch);
                     (input, y)
                 }
                 None => {
@@ -422,7 +449,15 @@ impl FsdpEngine {
         let shard_index = self.shard_index() as i64;
         for u in &mut self.units {
             let decayed = decayed_ranges(&u.layout, &u.kinds, shard_index, config);
-            adamw_step(config, lr, step, &mut u.shard, &u.grad, &mut u.adam, &decayed);
+            adamw_step(
+                config,
+                lr,
+                step,
+                &mut u.shard,
+                &u.grad,
+                &mut u.adam,
+                &decayed,
+            );
             u.mark_stale();
         }
     }

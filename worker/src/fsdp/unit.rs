@@ -7,8 +7,8 @@ use super::shim;
 use super::FsdpError;
 use crate::collectives::{Communicator, ReduceOp, Work};
 use crate::model::{ParamKind, ParamSpec};
-use shardrun_models::source::ParamSource;
 use crate::optim::AdamWState;
+use shardrun_models::source::ParamSource;
 use tch::{Device, Kind, Tensor};
 
 enum Gather {
@@ -94,8 +94,10 @@ impl FlatUnit {
         let written = vec![false; layout.params.len()];
         Ok(FlatUnit {
             kinds: specs.iter().map(|s| s.kind).collect(),
-            grad: shard.zeros_like(),
-            adam: AdamWState::zeros_like(&shard),
+            // Allocated by `allocate_state` once every unit's shard is loaded: loading then
+            // holds the shards alone.
+            grad: Tensor::zeros([0], (Kind::Float, device)),
+            adam: AdamWState::zeros_like(&Tensor::zeros([0], (Kind::Float, device))),
             layout,
             shard,
             gathered,
@@ -106,6 +108,12 @@ impl FlatUnit {
             state,
             reduce_kind,
         })
+    }
+
+    /// Allocates the gradient shard and the AdamW state (zeros), shaped like the shard.
+    pub fn allocate_state(&mut self) {
+        self.grad = self.shard.zeros_like();
+        self.adam = AdamWState::zeros_like(&self.shard);
     }
 
     pub fn is_sharded(&self) -> bool {

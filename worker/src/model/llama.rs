@@ -134,7 +134,9 @@ impl Attention {
             None,
             self.n_kv_heads < self.n_heads,
         );
-        let y = y.transpose(1, 2).reshape([b, s, self.n_heads * self.head_dim]);
+        let y = y
+            .transpose(1, 2)
+            .reshape([b, s, self.n_heads * self.head_dim]);
         linear(&p.pp("o_proj"), &y)
     }
 }

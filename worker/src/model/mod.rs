@@ -13,6 +13,8 @@ pub mod mlp;
 pub mod transformer;
 
 use crate::data::Batch;
+use shardrun_models::hf::HfError;
+use shardrun_models::source::ParamSource;
 use shardrun_protocol::config::ModelConfig;
 use std::collections::HashMap;
 use tch::{Kind, Tensor};
@@ -125,6 +127,25 @@ pub fn output(model: &dyn Model, p: &Params, batch: &Batch) -> Tensor {
         x = model.forward_segment(i, p, &x, batch);
     }
     model.output(p, &x, batch)
+}
+
+/// Every parameter of `model`, whole, from `source` (single-process use: the reference
+/// trainer, tests), as leaves that require grad.
+pub fn full_parameters(
+    model: &dyn Model,
+    source: &ParamSource,
+    device: tch::Device,
+) -> Result<HashMap<String, Tensor>, HfError> {
+    let mut params = HashMap::new();
+    for spec in &model.description().params {
+        let mut values = vec![0.0f32; spec.numel() as usize];
+        source.fill(spec, 0..spec.numel() as u64, &mut values)?;
+        let value = Tensor::from_slice(&values)
+            .view(spec.shape.as_slice())
+            .to_device(device);
+        params.insert(spec.name.clone(), value.set_requires_grad(true));
+    }
+    Ok(params)
 }
 
 /// `x @ weight.T + bias` with the module's parameters (the bias when it has one).
