@@ -2,6 +2,7 @@
 `transformers` and PyTorch compute on them: the ground truth of shardrun's Llama tests.
 
     hf_models.py make --out DIR              the test folders (see FOLDERS) + tokenizer files
+    hf_models.py make-small --out DIR        a 4 M-parameter Llama with a tokenizer (the local example)
     hf_models.py make-big --out DIR --mb 500 one fp32 Llama folder of about that size
     hf_models.py make-bad --good DIR --out DIR
                                              broken copies of DIR and, in manifest.json, what
@@ -125,6 +126,15 @@ def cmd_make(args):
         if old:
             to_4x_dialect(out)
     print(json.dumps(sorted(FOLDERS)))
+
+
+def cmd_make_small(args):
+    model = build("llama", vocab_size=VOCAB, hidden_size=256, intermediate_size=688, num_hidden_layers=6,
+                  num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512)
+    randomize(model, seed=7)
+    model.save_pretrained(args.out)
+    save_tokenizer(args.out)
+    print(json.dumps({"params": sum(p.numel() for p in model.parameters())}))
 
 
 def cmd_make_big(args):
@@ -319,6 +329,8 @@ def main():
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("make")
     s.add_argument("--out", required=True)
+    s = sub.add_parser("make-small")
+    s.add_argument("--out", required=True)
     s = sub.add_parser("make-big")
     s.add_argument("--out", required=True)
     s.add_argument("--mb", type=float, default=500)
@@ -340,7 +352,7 @@ def main():
     s.add_argument("--model", required=True)
     args = p.parse_args()
     torch.manual_seed(0)
-    {"make": cmd_make, "make-big": cmd_make_big, "make-bad": cmd_make_bad, "logits": cmd_logits,
+    {"make": cmd_make, "make-small": cmd_make_small, "make-big": cmd_make_big, "make-bad": cmd_make_bad, "logits": cmd_logits,
      "step": cmd_step, "load": cmd_load}[args.cmd](args)
 
 

@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 
 /// safetensors refuses larger headers; so do we, before allocating.
 const MAX_HEADER_BYTES: u64 = 100_000_000;
-/// Elements converted per mapped chunk: bounds what a read adds to memory (64 MiB of f32).
-const CHUNK_ELEMENTS: u64 = 16 << 20;
+/// Elements converted per mapped chunk: bounds what a read maps at once (16 MiB of f32).
+const CHUNK_ELEMENTS: u64 = 4 << 20;
 
 /// Element types the weights may be stored in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -193,11 +193,8 @@ fn open_folder(s: &Section, field: &str, dir: &Path) -> Result<hf::HfFolder, Pla
                 "change `{key}` in {}, or use a folder of a supported model",
                 path.display()
             ),
-            HfError::Tensor { .. } => {
-                "the weights and config.json must be those of one model: copy the folder again from its source".to_string()
-            }
-            HfError::Io { .. } | HfError::Folder { .. } => format!(
-                "point `{field}` at a Hugging Face model folder (config.json with model.safetensors or model.safetensors.index.json)"
+            HfError::Tensor { .. } | HfError::Io { .. } | HfError::Folder { .. } => format!(
+                "repair the folder as said, or point `{field}` at another Hugging Face model folder (config.json with model.safetensors or model.safetensors.index.json)"
             ),
         };
         s.err(field, e.to_string(), fix)
@@ -345,4 +342,140 @@ fn architecture_differences(folder: &LlamaConfig, spec: &LlamaConfig) -> Vec<Str
             )
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::plan::{resolve, Overrides, PlanError};
+    use crate::spec::parse;
+    use shardrun_models::hf::config::config_json;
+    use shardrun_models::hf::{save_folder, SaveOptions, StoredDtype};
+    use shardrun_protocol::config::{LlamaFamily, ModelConfig, RopeScaling, WrapPolicy};
+    use std::path::Path;
+
+    fn job(model: &str, data: &str, extra: &str) -> Result<crate::plan::ResolvedJob, PlanError> {
+        let yaml = format!(
+            "name: t\ntraining:\n  model: {model}\n{data}  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 2\n{extra}"
+        );
+        resolve(
+            &parse(&yaml, Path::new("/specs/job.yaml")).expect("parses"),
+            &Overrides::default(),
+        )
+    }
+
+    const LLAMA: &str = "{ kind: llama, vocab_size: 100, dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 128, rope_scaling: { rope_type: linear, factor: 2.0 } }";
+    const DATA: &str = "  data: { kind: synthetic, seq_len: 16 }\n";
+
+    /// A folder with `llama`'s architecture (zero weights), as transformers would save it.
+    fn folder(dir: &Path, model: &ModelConfig) {
+        let ModelConfig::Llama(m) = model else {
+            panic!("a Llama")
+        };
+        let d = m.architecture.describe();
+        let tensors: Vec<(String, Vec<u64>)> = d
+            .params
+            .iter()
+            .map(|p| (p.name.clone(), p.shape.iter().map(|&x| x as u64).collect()))
+            .collect();
+        save_folder(
+            dir,
+            &config_json(&m.architecture, "float32"),
+            &tensors,
+            |name, values| {
+                let (_, shape) = tensors.iter().find(|(n, _)| n == name).unwrap();
+                values.resize(shape.iter().product::<u64>() as usize, 0.0);
+                Ok(())
+            },
+            None,
+            &SaveOptions {
+                dtype: StoredDtype::Bf16,
+                max_shard_bytes: 10_000,
+            },
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn llama_from_scratch_takes_transformers_defaults() {
+        let j = job(LLAMA, DATA, "").unwrap();
+        let ModelConfig::Llama(m) = &j.train.model else {
+            panic!("{:?}", j.train.model)
+        };
+        let a = &m.architecture;
+        assert_eq!(
+            (
+                a.model_type,
+                a.head_dim,
+                a.n_kv_heads,
+                a.max_position_embeddings
+            ),
+            (LlamaFamily::Llama, 16, 2, 16)
+        );
+        assert_eq!(a.rope.scaling, RopeScaling::Linear { factor: 2.0 });
+        assert_eq!(
+            (a.norm_eps, a.rope.theta, a.tie_embeddings),
+            (1e-6, 10_000.0, false)
+        );
+        assert_eq!(m.pretrained, None);
+        assert_eq!(j.train.fsdp.wrap, WrapPolicy::Block);
+        // embed + head 2·6400, per layer q/o 2·4096, k/v 2·2048, MLP 3·8192, norms 128; final norm.
+        assert_eq!(
+            j.memory.num_params,
+            12800 + 2 * (8192 + 4096 + 24576 + 128) + 64
+        );
+    }
+
+    #[test]
+    fn llama_errors_name_the_key() {
+        let PlanError::Invalid(e) = job(LLAMA, "", "").unwrap_err();
+        assert_eq!(e.field, "training.data");
+        let qwen = LLAMA.replace(
+            "kind: llama,",
+            "kind: llama, model_type: qwen2, mlp_bias: true,",
+        );
+        let PlanError::Invalid(e) = job(&qwen, DATA, "").unwrap_err();
+        assert_eq!(e.field, "training.model.mlp_bias");
+        let odd = LLAMA.replace("n_kv_heads: 2", "n_kv_heads: 3");
+        let PlanError::Invalid(e) = job(&odd, DATA, "").unwrap_err();
+        assert!(e.why.contains("num_key_value_heads 3"), "{e}");
+        let PlanError::Invalid(e) =
+            job("{ kind: hf, path: /nonexistent/model }", DATA, "").unwrap_err();
+        assert_eq!(e.field, "training.model.path");
+        assert!(e.why.contains("/nonexistent/model/config.json"), "{e}");
+    }
+
+    #[test]
+    fn hf_folder_resolves_to_its_architecture_and_weights() {
+        let tmp = tempfile::tempdir().unwrap();
+        let scratch = job(LLAMA, DATA, "").unwrap();
+        let dir = tmp.path().join("model");
+        folder(&dir, &scratch.train.model);
+        assert!(dir.join("model.safetensors.index.json").is_file());
+        let j = job(
+            &format!("{{ kind: hf, path: {} }}", dir.display()),
+            DATA,
+            "",
+        )
+        .unwrap();
+        let (ModelConfig::Llama(a), ModelConfig::Llama(b)) = (&j.train.model, &scratch.train.model)
+        else {
+            panic!()
+        };
+        assert_eq!(a.architecture, b.architecture);
+        assert_eq!(a.pretrained.as_deref(), Some(dir.as_path()));
+
+        // The same folder as `checkpoint.from` of the same architecture: its weights start
+        // the run; of another architecture: an error listing what differs.
+        let from = format!("  checkpoint: {{ from: {} }}\n", dir.display());
+        let j = job(LLAMA, DATA, &from).unwrap();
+        let ModelConfig::Llama(m) = &j.train.model else {
+            panic!()
+        };
+        assert_eq!(m.pretrained.as_deref(), Some(dir.as_path()));
+        assert_eq!(j.train.checkpoint.from, None);
+        let other = LLAMA.replace("ffn_dim: 128", "ffn_dim: 96");
+        let PlanError::Invalid(e) = job(&other, DATA, &from).unwrap_err();
+        assert_eq!(e.field, "training.checkpoint.from");
+        assert!(e.why.contains("ffn_dim 128 (folder) vs 96 (spec)"), "{e}");
+    }
 }

@@ -74,7 +74,9 @@ impl FlatUnit {
             .params
             .iter()
             .map(|p| {
-                let mut leaf = Tensor::zeros(p.shape.as_slice(), (param_kind, device));
+                // An empty leaf re-pointed at its range: allocating the parameter's own
+                // (unsharded) size here would put a whole tensor in memory for nothing.
+                let mut leaf = Tensor::empty([0], (param_kind, device));
                 leaf.set_data(
                     &gathered
                         .narrow(0, p.offset, p.numel)
