@@ -81,10 +81,11 @@ pub fn train_reference(
                 let _ = tch::no_grad(|| grad.g_mul_scalar_(coef));
             }
             let state = states.get_mut(&spec.name).expect("one state per parameter");
-            let decayed = if config.optimizer.decays(spec.kind) {
-                vec![0..spec.numel()]
+            let whole = 0..spec.numel();
+            let decayed: &[std::ops::Range<i64>] = if config.optimizer.decays(spec.kind) {
+                std::slice::from_ref(&whole)
             } else {
-                Vec::new()
+                &[]
             };
             adamw_step(
                 &config.optimizer,
@@ -93,7 +94,7 @@ pub fn train_reference(
                 &mut p,
                 &grad,
                 state,
-                &decayed,
+                decayed,
             );
             p.zero_grad();
         }

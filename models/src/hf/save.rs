@@ -97,12 +97,14 @@ pub fn save_folder(
 }
 
 type Contents = (Vec<(String, u64)>, Vec<String>);
+/// Fills the buffer with one tensor's f32 values, by name.
+type Values<'a> = dyn FnMut(&str, &mut Vec<f32>) -> Result<(), String> + 'a;
 
 fn write_contents(
     dir: &Path,
     config: &Value,
     tensors: &[(String, Vec<u64>)],
-    values: &mut dyn FnMut(&str, &mut Vec<f32>) -> Result<(), String>,
+    values: &mut Values,
     copy_from: Option<&Path>,
     options: &SaveOptions,
 ) -> Result<Contents, HfError> {
