@@ -8,7 +8,7 @@
                                              broken copies of DIR and, in manifest.json, what
                                              each error must name
     hf_models.py logits --model DIR --ids IDS.json --out F.safetensors [--inv-freq-dtype bf16]
-                                             [--documents DOCS.json]
+                                             [--documents DOCS.json] [--state-dict F]
     hf_models.py step --model DIR --batch BATCH.json --config train_config.json --out F.safetensors
                                              one AdamW step (clipping, two parameter groups)
     hf_models.py load --model DIR            from_pretrained + fully_shard time and peak RSS
@@ -245,6 +245,9 @@ def load(folder):
 
 def cmd_logits(args):
     model = load(args.model)
+    if args.state_dict:
+        # A shardrun full checkpoint's model.safetensors: a state dict with the model's own names.
+        model.load_state_dict(load_file(args.state_dict), strict=True)
     if args.inv_freq_dtype:
         rotary = model.model.rotary_emb
         rotary.inv_freq = rotary.inv_freq.to(getattr(torch, args.inv_freq_dtype))
@@ -342,6 +345,7 @@ def main():
     s.add_argument("--ids", required=True)
     s.add_argument("--out", required=True)
     s.add_argument("--inv-freq-dtype")
+    s.add_argument("--state-dict", help="load these weights (strict) over the folder's")
     s.add_argument("--documents")
     s = sub.add_parser("step")
     s.add_argument("--model", required=True)

@@ -41,7 +41,7 @@ fn shardrun(args: &[&str]) -> String {
     text
 }
 
-fn spec(work: &Path, name: &str, source: &Path, checkpoint_dir: &str) -> PathBuf {
+fn spec(work: &Path, name: &str, source: &Path, checkpoint: &str) -> PathBuf {
     let path = work.join(format!("{name}.yaml"));
     std::fs::write(
         &path,
@@ -57,7 +57,7 @@ training:
   batch_size_per_device: 2
   optimizer: {{ lr: 3.0e-3, weight_decay: 0.1, grad_clip: 1.0 }}
   fsdp: {{ strategy: FULL_SHARD }}
-  checkpoint: {{ dir: {checkpoint_dir}, interval_steps: 3, keep: 2 }}
+  checkpoint: {{ {checkpoint}, interval_steps: 3, keep: 2 }}
 ",
             runs = work.join("runs").display(),
             source = source.display(),
@@ -118,11 +118,11 @@ fn logits_of(model: &dyn model::Model, params: &HashMap<String, Tensor>) -> Vec<
     Vec::<f32>::try_from(&logits.reshape([-1])).unwrap()
 }
 
-fn transformers_logits(dir: &Path, work: &Path) -> Vec<f32> {
+fn transformers_logits(dir: &Path, work: &Path, extra: &[&str]) -> Vec<f32> {
     let ids_path = work.join("ids.json");
     std::fs::write(&ids_path, serde_json::to_string(&IDS).unwrap()).unwrap();
     let out = work.join("logits.safetensors");
-    run_script(&[
+    let mut args = vec![
         "logits",
         "--model",
         dir.to_str().unwrap(),
@@ -130,7 +130,9 @@ fn transformers_logits(dir: &Path, work: &Path) -> Vec<f32> {
         ids_path.to_str().unwrap(),
         "--out",
         out.to_str().unwrap(),
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    run_script(&args);
     read_tensors(&out).remove("logits").unwrap().1
 }
 
@@ -138,7 +140,7 @@ fn transformers_logits(dir: &Path, work: &Path) -> Vec<f32> {
 fn fine_tune_export_load_in_transformers_and_resume() {
     let work = temp_dir();
     let source = folder("llama-gqa");
-    let spec_a = spec(work.path(), "tune", &source, "checkpoints");
+    let spec_a = spec(work.path(), "tune", &source, "dir: checkpoints");
     shardrun(&["run", spec_a.to_str().unwrap(), "--nproc", "2"]);
     let run = work.path().join("runs/tune");
     let uninterrupted = losses(&run);
@@ -162,7 +164,7 @@ fn fine_tune_export_load_in_transformers_and_resume() {
         exported.to_str().unwrap(),
     ]);
     assert!(printed.contains("from_pretrained"), "{printed}");
-    let theirs = transformers_logits(&exported, work.path());
+    let theirs = transformers_logits(&exported, work.path(), &[]);
     let diff = max_abs_difference("exported logits", &ours, &theirs);
     assert!(
         diff <= 1e-5,
@@ -229,7 +231,7 @@ fn fine_tune_export_load_in_transformers_and_resume() {
             "{name}: bf16 rounding"
         );
     }
-    let theirs = transformers_logits(&split, work.path());
+    let theirs = transformers_logits(&split, work.path(), &[]);
     let ours_bf16 = logits_of(model.as_ref(), &rounded);
     let diff = max_abs_difference("bf16 export logits", &ours_bf16, &theirs);
     assert!(
@@ -251,7 +253,7 @@ fn fine_tune_export_load_in_transformers_and_resume() {
         work.path(),
         "resumed",
         &source,
-        resume_dir.to_str().unwrap(),
+        &format!("dir: {}, format: full", resume_dir.display()),
     );
     let printed = shardrun(&["run", spec_b.to_str().unwrap(), "--nproc", "2"]);
     let resumed = losses(&work.path().join("runs/resumed"));
@@ -263,6 +265,19 @@ fn fine_tune_export_load_in_transformers_and_resume() {
     for ((step, a), (_, b)) in resumed.iter().zip(&uninterrupted[3..]) {
         assert_eq!(a, b, "step {step}: resumed loss {a} vs uninterrupted {b}");
     }
+    // The resumed run saved full checkpoints: a state dict with transformers' own names that
+    // `load_state_dict(strict=True)` takes, holding the same final weights.
+    let full = resume_dir.join("step-6/model.safetensors");
+    let theirs = transformers_logits(
+        &source,
+        work.path(),
+        &["--state-dict", full.to_str().unwrap()],
+    );
+    let diff = max_abs_difference("full checkpoint logits", &ours, &theirs);
+    assert!(
+        diff <= 1e-5,
+        "the full checkpoint in transformers differs by {diff:e}"
+    );
 }
 
 #[test]

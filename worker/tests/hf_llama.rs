@@ -8,7 +8,8 @@
 //! * `buffer_dtype: bf16` rounds the rotary frequencies as FSDP's cast of the buffer does;
 //! * one optimizer step (loss, global gradient norm, every parameter after AdamW with clipping
 //!   and the no-decay group) equals PyTorch's `torch.optim.AdamW` on the HF model (≤ 1e-5),
-//!   on 1 rank and on 2 ranks with FULL_SHARD, weights loaded shard by shard.
+//!   on 1 rank and on 2 ranks with FULL_SHARD (with and without activation checkpointing),
+//!   weights loaded shard by shard.
 
 mod common;
 mod hf_common;
@@ -206,11 +207,14 @@ fn step_matches_pytorch(name: &str, work: &Path) {
         .fill(&spec, 0..before.len() as u64, &mut before)
         .unwrap();
 
-    for world in [1, 2] {
-        let cfg = step_config(world);
+    // 1 rank, 2 ranks, 2 ranks recomputing each decoder layer in backward.
+    for (world, checkpointing) in [(1, false), (2, false), (2, true)] {
+        let mut cfg = step_config(world);
+        cfg.fsdp.activation_checkpointing = checkpointing;
+        cfg.name.push_str(if checkpointing { "-ac" } else { "" });
         let run = run_sharded(work, &cfg.name, &cfg);
         let m = &run.metrics[0];
-        let what = format!("{name} on {world} rank(s)");
+        let what = format!("{name} on {world} rank(s), activation checkpointing {checkpointing}");
         assert!(norm > 0.5, "{what}: clipping at 0.5 must act (norm {norm})");
         assert!(
             relative("loss", m.loss, loss) <= 1e-5,
