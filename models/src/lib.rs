@@ -5,6 +5,7 @@
 //!
 //! * [`param`]: parameter and segment descriptions, counted and checked;
 //! * [`init`]: from-scratch values as a counter-based generator (any element range alone);
+//! * [`footprint`]: parameters, segments and activation bytes for the memory plan;
 //! * [`source`]: where a run's initial values come from (the generator or a folder);
 //! * [`transformer`], [`mlp`], [`llama`]: the architectures;
 //! * [`hf`]: Hugging Face folders: `config.json` in both dialects, safetensors weights
@@ -14,6 +15,7 @@
 //! Adding an architecture: a module here with its config and `describe()`, a variant of
 //! [`ModelConfig`], and its forward file in the worker.
 
+pub mod footprint;
 pub mod hf;
 pub mod init;
 pub mod llama;

@@ -16,6 +16,7 @@
 //! `initializer_range` for linear and embedding weights (the padding row zero), zeros for
 //! biases, ones for norms.
 
+use crate::footprint::{Activations, F32};
 use crate::param::{Builder, Init, ModelDescription, ParamKind, ParamSpec, SegmentSpec, TiedParam};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -298,6 +299,57 @@ impl LlamaConfig {
                 * self.n_heads
                 * self.head_dim,
         }
+    }
+
+    /// Activation bytes per token of each segment when computing in `c`-byte floats, and the
+    /// batch's bytes per token (for the memory plan, [`crate::footprint`]), read off the
+    /// worker's forward (`worker/src/model/llama.rs`).
+    pub fn activations(&self, c: u64) -> (Vec<Activations>, u64) {
+        let d = self.dim;
+        let q = self.n_heads * self.head_dim;
+        let kv = self.n_kv_heads * self.head_dim;
+        let f = self.ffn_dim;
+        // RMSNorm keeps its input in fp32 for backward (a copy when computing in a narrower
+        // dtype; the input itself in fp32, which for the first norm is the segment's input),
+        // its rsqrt, and the normalised value before the weight.
+        let narrow = c < F32;
+        let mut segments = vec![Activations {
+            // The lookup keeps only the token ids (the batch).
+            saved: 0,
+            output: d * c,
+            transient: 0,
+        }];
+        for _ in 0..self.n_layers {
+            segments.push(Activations {
+                // Per token: each norm's normalised value and output (4·dim); q, k, v, the
+                // rotated halves and the rotated q and k RoPE's products keep (2·q + 2·kv),
+                // attention's output and its contiguous copy for o_proj (2·q), q's and k's
+                // and v's projections (q + 2·kv); the MLP's gate, silu(gate), up and their
+                // product (4·ffn). In fp32: the norms' inputs (two copies when narrower, the
+                // residual sum alone in fp32), their rsqrt, attention's log-sum-exp per head.
+                saved: c * (4 * d + 5 * q + 4 * kv + 4 * f)
+                    + if narrow { 2 * d * F32 } else { d * F32 }
+                    + 2 * F32
+                    + self.n_heads * F32,
+                output: d * c,
+                // Backward of the MLP: the upstream gradient and the gradients of the
+                // product, silu's output, up and gate; forward of RoPE: its two products.
+                transient: (3 * f + d).max(3 * q) * c,
+            });
+        }
+        segments.push(Activations {
+            // The final norm's normalised value and output (read by lm_head), its fp32 input
+            // copy and rsqrt, and the fp32 log-probabilities the loss keeps.
+            saved: 2 * d * c + if narrow { d * F32 } else { 0 } + F32 + self.vocab_size * F32,
+            output: 0,
+            // Backward: the gradients of the log-probabilities and of the logits (fp32), the
+            // logits' gradient cast back to the compute dtype, the normed output's gradient.
+            transient: 2 * self.vocab_size * F32
+                + if narrow { self.vocab_size * c } else { 0 }
+                + d * c,
+        });
+        // int64 token ids and targets.
+        (segments, 16)
     }
 }
 

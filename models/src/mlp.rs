@@ -1,6 +1,7 @@
 //! The MLP of PyTorch's FSDP tutorial: `layer2(relu(layer1(x)))`, trained with MSE against
 //! random targets. Each layer is a segment of its own.
 
+use crate::footprint::{Activations, F32};
 use crate::param::{Builder, Init, ModelDescription, SegmentSpec};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,5 +35,34 @@ impl Mlp {
             tied: Vec::new(),
             attention_flops_per_token_per_position: 0,
         }
+    }
+
+    /// Activation bytes per sample of each layer when computing in `c`-byte floats, and the
+    /// batch's bytes per sample (for the memory plan, [`crate::footprint`]).
+    pub fn activations(&self, c: u64) -> (Vec<Activations>, u64) {
+        let (input, hidden, output) = (
+            self.input_dim as u64,
+            self.hidden_dim as u64,
+            self.output_dim as u64,
+        );
+        let layers = vec![
+            Activations {
+                // ReLU keeps its output, which is the segment's output; the linear layer
+                // keeps its input, the batch.
+                saved: 0,
+                output: hidden * c,
+                // The linear output before ReLU; in backward the two hidden gradients.
+                transient: 2 * hidden * c,
+            },
+            Activations {
+                // The MSE loss keeps its (fp32) input.
+                saved: output * F32,
+                output: 0,
+                transient: 2 * output * F32 + hidden * c,
+            },
+        ];
+        // fp32 input vector and target vector (and the input cast to the compute dtype).
+        let batch = (input + output) * F32 + if c < F32 { input * c } else { 0 };
+        (layers, batch)
     }
 }

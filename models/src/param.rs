@@ -84,8 +84,8 @@ impl ParamSpec {
     }
 }
 
-/// One graph-cut piece of forward: its boundaries carry one activation tensor.
-#[derive(Debug, Clone, PartialEq)]
+/// One graph-cut piece of forward: the activations crossing its boundary are one tensor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SegmentSpec {
     pub name: String,
     /// Names of the parameters this segment reads.

@@ -12,6 +12,7 @@
 //! Parameter names are that module's paths, so checkpoints map 1:1 to its state dict;
 //! initialisation is PyTorch's module defaults.
 
+use crate::footprint::{Activations, F32};
 use crate::param::{Builder, Init, ModelDescription, ParamSpec, SegmentSpec};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,5 +90,46 @@ impl Transformer {
             tied: Vec::new(),
             attention_flops_per_token_per_position: 12 * (self.n_layers * self.dim) as u64,
         }
+    }
+
+    /// Activation bytes per token of each segment when computing in `c`-byte floats, and the
+    /// batch's bytes per token (for the memory plan, [`crate::footprint`]).
+    pub fn activations(&self, c: u64) -> (Vec<Activations>, u64) {
+        let (d, vocab) = (self.dim as u64, self.vocab_size as u64);
+        let mut segments = vec![Activations {
+            // The lookups save only the token ids (the batch); the token embedding exists
+            // before the position embedding is added.
+            saved: 0,
+            output: d * c,
+            transient: d * c,
+        }];
+        for _ in 0..self.n_layers {
+            segments.push(Activations {
+                // Saved for backward, per token: attention_norm's output (read by wq, wk,
+                // wv), q, k and v, attention's output and its contiguous copy (read by wo),
+                // the residual sum (read by ffn_norm), ffn_norm's output (read by w1), w1's
+                // output (read by GELU) and GELU's output (read by w2): 16·dim; in fp32 the
+                // two LayerNorms' mean and rstd and attention's log-sum-exp per head.
+                saved: 16 * d * c + (4 + self.n_heads as u64) * F32,
+                output: d * c,
+                // Backward of the MLP: the upstream gradient and the gradients of GELU's
+                // input and output (4·dim each), less w1's output once GELU's backward
+                // released it.
+                transient: 5 * d * c,
+            });
+        }
+        segments.push(Activations {
+            // The final norm's output (read by the output projection) and statistics, the
+            // log-probabilities (fp32: the logits are cast up when the compute dtype is
+            // narrower, then log-softmax keeps its fp32 output for backward).
+            saved: d * c + 2 * F32 + vocab * F32,
+            output: 0,
+            // Backward: the gradient of the log-probabilities and of the logits (fp32), the
+            // logits' gradient cast back to the compute dtype, the gradient of the norm's
+            // output.
+            transient: 2 * vocab * F32 + if c < F32 { vocab * c } else { 0 } + d * c,
+        });
+        // int64 token ids and targets.
+        (segments, 16)
     }
 }

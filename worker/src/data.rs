@@ -63,7 +63,7 @@ enum Source {
         tokens: u64,
         vocab: u64,
     },
-    /// Data for the MLP of PyTorch's FSDP tutorial: inputs and targets uniform in [-1, 1).
+    /// The FSDP tutorial MLP's data: inputs and targets uniform in [-1, 1).
     SyntheticVectors { input_dim: u64, output_dim: u64 },
 }
 

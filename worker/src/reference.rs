@@ -111,6 +111,9 @@ pub fn train_reference(
             mfu: None,
             model_state_bytes: config.model.num_params() * 16,
             peak_memory_bytes: crate::metrics::peak_rss_bytes(),
+            peak_reserved_bytes: None,
+            device_used_bytes: None,
+            device_total_bytes: None,
             loss_scale: None,
         });
         if (step + 1) % config.log_every.max(1) == 0 {

@@ -16,7 +16,7 @@ pub mod shim;
 pub mod unit;
 pub mod wrap;
 
-pub use engine::{EngineOptions, FsdpEngine, LoadingStats, UnitShardState};
+pub use engine::{EngineOptions, FsdpEngine, LoadingStats, MemoryStats, UnitShardState};
 pub use flat::{FlatLayout, FlatParam};
 pub use groups::ProcessGroups;
 

@@ -1,0 +1,149 @@
+//! What `shardrun plan` prints for each kind of mistake in a job spec, exactly: where (file,
+//! line, column, field), why, and the fix, each said once.
+
+use std::process::Command;
+
+const SHARDRUN: &str = env!("CARGO_BIN_EXE_shardrun");
+
+const VALID: &str = "name: t
+training:
+  model: { kind: transformer, vocab_size: 128, dim: 64, n_layers: 2, n_heads: 4, max_seq_len: 16 }
+  steps: 2
+  total_batch_size: 4
+  batch_size_per_device: 2
+";
+
+/// `shardrun plan job.yaml` on `yaml`, run where `job.yaml` is; returns (exit code, stderr).
+fn plan(yaml: &str) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("job.yaml"), yaml).unwrap();
+    let out = Command::new(SHARDRUN)
+        .current_dir(dir.path())
+        .args(["plan", "job.yaml"])
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+fn assert_error(yaml: &str, expected: &str) {
+    let (code, stderr) = plan(yaml);
+    assert_eq!(stderr, expected, "stderr was:\n{stderr}");
+    assert_ne!(code, 0);
+}
+
+#[test]
+fn a_valid_spec_prints_no_error() {
+    let (code, stderr) = plan(VALID);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+}
+
+#[test]
+fn unreadable_file() {
+    let out = Command::new(SHARDRUN)
+        .args(["plan", "/nonexistent/job.yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8(out.stderr).unwrap(),
+        "error: /nonexistent/job.yaml: cannot read the file: No such file or directory (os error 2)\n  \
+         fix: check the path; `shardrun plan examples/demo.yaml` shows a working spec\n"
+    );
+}
+
+#[test]
+fn malformed_yaml() {
+    assert_error(
+        "name: t\n  bad: indent\n",
+        "error: job.yaml:2:6: not valid YAML: mapping values are not allowed in this context\n  \
+         fix: check indentation (spaces only) and quoting around this position\n",
+    );
+}
+
+#[test]
+fn unknown_field() {
+    assert_error(
+        &VALID.replace("  steps: 2\n", "  steps: 2\n  optimizer:\n    lrr: 0.1\n"),
+        "error: job.yaml:6:5: field `training.optimizer`: unknown key `training.optimizer.lrr`\n  \
+         fix: did you mean `lr`?\n",
+    );
+}
+
+#[test]
+fn missing_field() {
+    assert_error(
+        &VALID.replace("  steps: 2\n", ""),
+        "error: job.yaml:3:3: field `training`: required key `training.steps` is missing\n  \
+         fix: add `steps:` here; docs/job-spec.md lists every key with its default\n",
+    );
+}
+
+#[test]
+fn wrong_value() {
+    assert_error(
+        &VALID.replace("steps: 2", "steps: many"),
+        "error: job.yaml:4:10: field `training.steps`: invalid type: string \"many\", expected u64\n  \
+         fix: write a whole number (0 or more) here\n",
+    );
+}
+
+#[test]
+fn heads_that_do_not_divide_the_width() {
+    assert_error(
+        &VALID.replace("n_heads: 4", "n_heads: 5"),
+        "error: job.yaml:3:3: field `training.model.n_heads`: dim 64 is not divisible by 5 heads\n  \
+         fix: use a number of heads that divides 64\n",
+    );
+}
+
+#[test]
+fn a_total_batch_that_does_not_split() {
+    assert_error(
+        &VALID.replace("total_batch_size: 4", "total_batch_size: 5"),
+        "error: job.yaml:5:3: field `training.total_batch_size`: total batch 5 does not split into \
+         per-device batches of 2 on 1 ranks (5 / 2 is not a whole number of accumulation steps)\n  \
+         fix: set `total_batch_size` to a multiple of 2 × 1 = 2: nearest 4 or 6; or keep it and use \
+         `batch_size_per_device` in [1, 5]\n",
+    );
+}
+
+/// `shardrun plan job.yaml --set ...` on the valid spec; returns (exit code, stdout, stderr).
+fn plan_with(sets: &[&str]) -> (i32, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("job.yaml"), VALID).unwrap();
+    let mut cmd = Command::new(SHARDRUN);
+    cmd.current_dir(dir.path()).args(["plan", "job.yaml"]);
+    for set in sets {
+        cmd.args(["--set", set]);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn a_set_flag_gets_the_files_explanation_and_names_the_flag() {
+    let (code, _, stderr) = plan_with(&["training.stepz=5"]);
+    assert_ne!(code, 0);
+    assert_eq!(
+        stderr,
+        "error: --set training.stepz=5: field `training`: unknown key `training.stepz`\n  \
+         fix: did you mean `training.steps`?\n"
+    );
+    let (_, _, stderr) = plan_with(&["training.total_batch_size=5"]);
+    assert_eq!(
+        stderr,
+        "error: --set training.total_batch_size=5: field `training.total_batch_size`: total \
+         batch 5 does not split into per-device batches of 2 on 1 ranks (5 / 2 is not a whole \
+         number of accumulation steps)\n  fix: set `total_batch_size` to a multiple of 2 × 1 = 2: \
+         nearest 4 or 6; or keep it and use `batch_size_per_device` in [1, 5]\n"
+    );
+    let (code, stdout, stderr) = plan_with(&["training.steps=20000", "training.seed=3"]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    assert!(stdout.contains("20000"), "{stdout}");
+}
