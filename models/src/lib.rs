@@ -12,8 +12,10 @@
 //!   (single file or sharded index) checked against the architecture and read by byte range,
 //!   and written back.
 //!
-//! Adding an architecture: a module here with its config and `describe()`, a variant of
-//! [`ModelConfig`], and its forward file in the worker.
+//! Adding an architecture: a module here with its config, `describe()` (parameters and
+//! segments) and `activations()` (bytes per token of each segment, for the memory plan), a
+//! variant of [`ModelConfig`], its forward file in the worker (`worker/src/model/`), and a
+//! job in `tests/tests/memory_plan.rs` checking its activation figures against a real run.
 
 pub mod footprint;
 pub mod hf;
