@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import socket
 import statistics
 import subprocess
@@ -82,12 +83,19 @@ def train_config(vocab, dim, layers, heads, seq, batch, dtype, steps, world, mod
     }
 
 
+def children_cpu_s():
+    """CPU seconds (user + system) of every waited-for descendant so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def run_ours(worker, cfg, steps, warmup, world, tmp):
     path = os.path.join(tmp, "config.json")
     with open(path, "w") as f:
         json.dump(cfg, f)
     port = free_port()
     procs, metric_files = [], []
+    cpu_before = children_cpu_s()
     for rank in range(world):
         mf = os.path.join(tmp, f"metrics{rank}.jsonl")
         if os.path.exists(mf):
@@ -102,6 +110,7 @@ def run_ours(worker, cfg, steps, warmup, world, tmp):
         _, err = p.communicate()
         if p.returncode != 0:
             sys.exit(f"shardrun-worker rank {rank} failed:\n{err}")
+    cpu = children_cpu_s() - cpu_before
     records = [[json.loads(l) for l in open(mf)] for mf in metric_files]
     times = [r["step_time_s"] for r in records[0]][warmup:]
     step_time = statistics.median(times)
@@ -112,6 +121,7 @@ def run_ours(worker, cfg, steps, warmup, world, tmp):
         "peak_rss_bytes": [r[-1]["peak_memory_bytes"] for r in records],
         "first_loss": records[0][0]["loss"],
         "last_loss": records[0][-1]["loss"],
+        "cpu_s": cpu,
     }
 
 
@@ -122,23 +132,37 @@ def run_pytorch(python, name, script, script_args):
     # gloo on this machine now and then aborts a rank ("terminate called without an active
     # exception"), sometimes after the result was printed: keep a printed result, else retry.
     for attempt in range(3):
+        cpu_before = children_cpu_s()
         out = subprocess.run(cmd, env=env, capture_output=True, text=True)
         lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
         if lines:
-            return json.loads(lines[-1])
+            return dict(json.loads(lines[-1]), cpu_s=children_cpu_s() - cpu_before)
         print(f"PyTorch FSDP2 reference failed on {name} (attempt {attempt + 1}):\n{out.stderr[-2000:]}",
               file=sys.stderr, flush=True)
     sys.exit(f"PyTorch FSDP2 reference failed 3 times on {name}")
 
 
 def compare(args, name, cfg, script, script_args, world, tmp):
-    """Alternate ours and PyTorch's `--rounds` times; keep each side's best median."""
+    """Alternate ours and PyTorch's `--rounds` times; keep each side's best median step time.
+    Then each side once more with only `--warmup` steps: the CPU seconds the other steps cost
+    (both processes of a side, all their threads; start-up cancels out) are a per-step figure
+    that other load on the machine does not change, unlike wall-clock step time."""
     ours_runs, theirs_runs = [], []
     for _ in range(args.rounds):
         ours_runs.append(run_ours(args.worker, cfg, args.steps, args.warmup, world, tmp))
         theirs_runs.append(run_pytorch(sys.executable, name, script, script_args))
     ours = min(ours_runs, key=lambda r: r["step_time_s"])
     theirs = min(theirs_runs, key=lambda r: r["step_time_s"])
+    short = args.warmup
+    short_cfg = dict(cfg, steps=short)
+    short_args = [a if prev != "--steps" else short for prev, a in zip([None] + script_args[:-1], script_args)]
+    short_args = [0 if prev == "--warmup" else a for prev, a in zip([None] + short_args[:-1], short_args)]
+    ours_short = run_ours(args.worker, short_cfg, short, 0, world, tmp)
+    theirs_short = run_pytorch(sys.executable, name, script, short_args)
+    full_cpu = lambda runs: statistics.median(r["cpu_s"] for r in runs)
+    timed = (args.steps - args.warmup) * world
+    ours["cpu_s_per_step_rank"] = (full_cpu(ours_runs) - ours_short["cpu_s"]) / timed
+    theirs["cpu_s_per_step_rank"] = (full_cpu(theirs_runs) - theirs_short["cpu_s"]) / timed
     print(f"{name}: ours {json.dumps(ours)}\n{name}: pytorch {json.dumps(theirs)}", file=sys.stderr, flush=True)
     return name, ours, theirs
 
@@ -237,10 +261,13 @@ def main():
         loads = load_benchmark(args, tmp) if args.load_mb else []
     mib = lambda b: max(b) / 2**20
     print(f"machine: {os.cpu_count()} CPUs; 2 ranks x 1 thread")
-    print("| config | shardrun step | FSDP2 step | step ratio | shardrun tok/s | FSDP2 tok/s | shardrun peak RSS/rank | FSDP2 peak RSS/rank | RSS ratio | loss first→last (ours / FSDP2) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    print("| config | shardrun step | FSDP2 step | step ratio | CPU s/step/rank (ours / FSDP2) | CPU ratio | shardrun tok/s | FSDP2 tok/s | shardrun peak RSS/rank | FSDP2 peak RSS/rank | RSS ratio | loss first→last (ours / FSDP2) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, o, t in rows:
+        oc, tc = o.get("cpu_s_per_step_rank", float("nan")), t.get("cpu_s_per_step_rank", float("nan"))
         print(f"| {name} | {o['step_time_s']:.3f} s | {t['step_time_s']:.3f} s | {o['step_time_s'] / t['step_time_s']:.2f} "
+              f"| {oc:.3f} / {tc:.3f} | {oc / tc:.2f} "
               f"| {o['tokens_per_s']:,.0f} | {t['tokens_per_s']:,.0f} | {mib(o['peak_rss_bytes']):,.0f} MiB "
               f"| {mib(t['peak_rss_bytes']):,.0f} MiB | {mib(o['peak_rss_bytes']) / mib(t['peak_rss_bytes']):.2f} "
               f"| {o['first_loss']:.3f}→{o['last_loss']:.3f} / {t['first_loss']:.3f}→{t['last_loss']:.3f} |")

@@ -4,7 +4,8 @@
 //! thread count gets bit-identical weights.
 //!
 //! Uniform numbers are splitmix64 of `key + counter · γ` (SplitMix's own output function,
-//! used as a keyed hash of the counter); normals are Box-Muller on two such numbers.
+//! used as a keyed hash of the counter); normals are Box-Muller on two such numbers, whose
+//! cosine and sine give elements `2j` and `2j + 1` (counters `2j`, `2j + 1`).
 
 use crate::param::{Init, ParamSpec};
 use std::ops::Range;
@@ -46,12 +47,20 @@ pub fn fill(spec: &ParamSpec, seed: u64, range: Range<u64>, out: &mut [f32]) {
     let key = param_key(seed, &spec.name);
     let row_len = spec.shape.iter().skip(1).product::<i64>().max(1) as u64;
     let init = spec.init;
-    let fill_chunk = |first: u64, chunk: &mut [f32]| {
-        for (i, v) in (first..).zip(chunk.iter_mut()) {
-            *v = value(init, key, row_len, i);
+    let fill_chunk = |first: u64, chunk: &mut [f32]| match init {
+        Init::Normal { std, zero_row } => {
+            fill_normal(key, std, first, chunk);
+            if let Some(row) = zero_row {
+                zero_row_in(row, row_len, first, chunk);
+            }
+        }
+        _ => {
+            for (i, v) in (first..).zip(chunk.iter_mut()) {
+                *v = value(init, key, i);
+            }
         }
     };
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(16));
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
     if out.len() < PARALLEL_ELEMENTS || threads == 1 {
         fill_chunk(range.start, out);
         return;
@@ -65,20 +74,56 @@ pub fn fill(spec: &ParamSpec, seed: u64, range: Range<u64>, out: &mut [f32]) {
     });
 }
 
-fn value(init: Init, key: u64, row_len: u64, i: u64) -> f32 {
+fn value(init: Init, key: u64, i: u64) -> f32 {
     match init {
         Init::Uniform(bound) => ((2.0 * unit(key, 2 * i) - 1.0) * bound) as f32,
-        Init::Normal { std, zero_row } => {
-            if zero_row.is_some_and(|row| i / row_len == row) {
-                return 0.0;
-            }
-            let u1 = 1.0 - unit(key, 2 * i); // (0, 1]: the logarithm stays finite
-            let u2 = unit(key, 2 * i + 1);
-            let normal = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
-            (normal * std) as f32
+        Init::Normal { std, .. } => {
+            let (c, s) = normal_pair(key, i / 2);
+            (if i % 2 == 0 { c } else { s } * std) as f32
         }
         Init::Ones => 1.0,
         Init::Zeros => 0.0,
+    }
+}
+
+/// Box-Muller on counters `2j` and `2j + 1`: two independent standard normals.
+fn normal_pair(key: u64, j: u64) -> (f64, f64) {
+    let u1 = 1.0 - unit(key, 2 * j); // (0, 1]: the logarithm stays finite
+    let u2 = unit(key, 2 * j + 1);
+    let r = (-2.0 * u1.ln()).sqrt();
+    let (s, c) = (std::f64::consts::TAU * u2).sin_cos();
+    (r * c, r * s)
+}
+
+/// Elements `first..` of a normal parameter into `out`, a pair of elements per Box-Muller.
+fn fill_normal(key: u64, std: f64, first: u64, out: &mut [f32]) {
+    let mut i = first;
+    let skip = usize::from(i % 2 == 1).min(out.len());
+    let (head, rest) = out.split_at_mut(skip);
+    if let [v] = head {
+        *v = (normal_pair(key, i / 2).1 * std) as f32;
+        i += 1;
+    }
+    let mut pairs = rest.chunks_exact_mut(2);
+    for pair in &mut pairs {
+        let (c, s) = normal_pair(key, i / 2);
+        pair[0] = (c * std) as f32;
+        pair[1] = (s * std) as f32;
+        i += 2;
+    }
+    if let [v] = pairs.into_remainder() {
+        *v = (normal_pair(key, i / 2).0 * std) as f32;
+    }
+}
+
+/// Zeros the elements of row `row` (rows of `row_len`) that fall in `out` (elements `first..`).
+fn zero_row_in(row: u64, row_len: u64, first: u64, out: &mut [f32]) {
+    let (lo, hi) = (row * row_len, (row + 1) * row_len);
+    let end = first + out.len() as u64;
+    if lo < end && first < hi {
+        let a = (lo.max(first) - first) as usize;
+        let b = (hi.min(end) - first) as usize;
+        out[a..b].fill(0.0);
     }
 }
 
@@ -107,9 +152,17 @@ mod tests {
 
     #[test]
     fn any_range_equals_the_same_part_of_the_whole() {
-        let s = spec(Init::normal(0.02), vec![300, 7000]);
+        let s = spec(
+            Init::Normal {
+                std: 0.02,
+                zero_row: Some(5),
+            },
+            vec![300, 7000],
+        );
         let whole = initial_values(&s, 5);
-        // Long enough to be filled by several threads, starting mid-row.
+        assert!(whole[35_000..42_000].iter().all(|&v| v == 0.0));
+        // Long enough to be filled by several threads, starting mid-row at an odd element
+        // (half of a Box-Muller pair), across the padding row.
         let range = 12_345..12_345 + 1_500_000;
         let mut part = vec![0.0; range.end - range.start];
         fill(&s, 5, range.start as u64..range.end as u64, &mut part);

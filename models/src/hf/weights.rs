@@ -66,6 +66,14 @@ impl StoredDtype {
     /// Little-endian bytes of this dtype → f32.
     fn decode(self, bytes: &[u8], out: &mut [f32]) {
         match self {
+            StoredDtype::F32 if cfg!(target_endian = "little") => {
+                // SAFETY: `out` is plain f32 memory viewed as its bytes (any bit pattern is a
+                // valid f32); on a little-endian host the file's bytes are the values.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 4)
+                };
+                dst.copy_from_slice(&bytes[..dst.len()]);
+            }
             StoredDtype::F32 => {
                 for (v, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
                     *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);

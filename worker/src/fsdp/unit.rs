@@ -74,7 +74,7 @@ impl FlatUnit {
         param_kind: Kind,
         reduce_kind: Kind,
     ) -> Result<FlatUnit, FsdpError> {
-        let shard = Tensor::zeros([layout.shard_numel()], (Kind::Float, device));
+        let shard = Tensor::empty([layout.shard_numel()], (Kind::Float, device));
         fill_shard(&shard, &layout, specs, shard_index, source)?;
         let aliases_shard = layout.shard_count == 1 && param_kind == Kind::Float;
         let gathered = if aliases_shard {
@@ -292,9 +292,9 @@ impl FlatUnit {
     }
 }
 
-/// Writes shard `shard_index` of `layout` into `shard` (fp32, padding left as it is): each
-/// overlapping parameter range straight from `source`, on the CPU into the shard's own
-/// memory, so loading holds the shard and nothing of the model besides.
+/// Writes shard `shard_index` of `layout` into `shard` (fp32): each overlapping parameter
+/// range straight from `source` (on the CPU into the shard's own memory, so loading holds the
+/// shard and nothing of the model besides), and zeros in the padding after the last one.
 fn fill_shard(
     shard: &Tensor,
     layout: &FlatLayout,
@@ -321,6 +321,11 @@ fn fill_shard(
             source.fill(spec, range, &mut staging)?;
             tch::no_grad(|| dst.copy_(&Tensor::from_slice(&staging)));
         }
+    }
+    // Parameters lie back to back from 0 to `numel`; only the tail is padding.
+    let filled = (layout.numel - start).clamp(0, end - start);
+    if filled < end - start {
+        let _ = shard.narrow(0, filled, end - start - filled).zero_();
     }
     Ok(())
 }
