@@ -79,7 +79,7 @@ fn value(init: Init, key: u64, i: u64) -> f32 {
         Init::Uniform(bound) => ((2.0 * unit(key, 2 * i) - 1.0) * bound) as f32,
         Init::Normal { std, .. } => {
             let (c, s) = normal_pair(key, i / 2);
-            (if i % 2 == 0 { c } else { s } * std) as f32
+            (if i.is_multiple_of(2) { c } else { s } * std) as f32
         }
         Init::Ones => 1.0,
         Init::Zeros => 0.0,
