@@ -32,8 +32,8 @@ fn layout(shards: u64) -> Layout {
     .unwrap()
 }
 
-/// A sharded checkpoint of the FSDP tutorial's MLP shape on `world` ranks; element `i` of a unit is
-/// `step + i / 1000`.
+/// A sharded checkpoint shaped like the MLP of PyTorch's FSDP tutorial on `world` ranks;
+/// element `i` of a unit is `step + i / 1000`.
 fn save(root: &Path, step: u64, world: u64) {
     let layout = layout(world);
     let target = SaveTarget::new(root, step, world);

@@ -47,77 +47,11 @@ impl TrainConfig {
     }
 }
 
-/// Model architecture. Parameter names follow PyTorch module paths of the equivalent
-/// `nn.Module` (see the worker's `model` module), so checkpoints map 1:1.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum ModelConfig {
-    /// PyTorch's FSDP2-example transformer: token + position embeddings, `n_layers` blocks of
-    /// LayerNorm → causal multi-head attention → LayerNorm → GELU MLP (4×dim), final norm,
-    /// output projection.
-    Transformer {
-        vocab_size: u64,
-        dim: u64,
-        n_layers: u64,
-        n_heads: u64,
-        max_seq_len: u64,
-    },
-    /// The MLP of PyTorch's FSDP tutorial: `layer1: Linear(input, hidden)`, ReLU, `layer2: Linear(hidden, output)`,
-    /// trained with MSE loss.
-    Mlp {
-        input_dim: u64,
-        hidden_dim: u64,
-        output_dim: u64,
-    },
-}
-
-impl ModelConfig {
-    /// Number of parameters of the unsharded model.
-    pub fn num_params(&self) -> u64 {
-        match *self {
-            ModelConfig::Transformer {
-                vocab_size,
-                dim,
-                n_layers,
-                max_seq_len,
-                ..
-            } => {
-                let attention = 4 * dim * dim; // wq, wk, wv, wo (no bias)
-                let mlp = dim * 4 * dim + 4 * dim + 4 * dim * dim + dim; // w1, b1, w2, b2
-                let norms = 2 * 2 * dim; // two LayerNorms with weight and bias
-                let block = attention + mlp + norms;
-                vocab_size * dim            // tok_embeddings
-                    + max_seq_len * dim     // pos_embeddings
-                    + n_layers * block
-                    + 2 * dim               // final norm
-                    + dim * vocab_size // output (no bias)
-            }
-            ModelConfig::Mlp {
-                input_dim,
-                hidden_dim,
-                output_dim,
-            } => input_dim * hidden_dim + hidden_dim + hidden_dim * output_dim + output_dim,
-        }
-    }
-
-    /// FLOPs per token for one forward+backward (torchtitan's formula: 6·N + 12·L·d·T, where
-    /// N excludes the embedding tables). For the MLP: 6·N per sample.
-    pub fn flops_per_token(&self, seq_len: u64) -> f64 {
-        match *self {
-            ModelConfig::Transformer {
-                vocab_size,
-                dim,
-                n_layers,
-                max_seq_len,
-                ..
-            } => {
-                let n = self.num_params() - vocab_size * dim - max_seq_len * dim;
-                6.0 * n as f64 + 12.0 * (n_layers * dim * seq_len) as f64
-            }
-            ModelConfig::Mlp { .. } => 6.0 * self.num_params() as f64,
-        }
-    }
-}
+/// The model, described once in the `shardrun-models` crate (parameters, segments,
+/// parameter count, FLOPs) for the orchestrator and the worker alike.
+pub use shardrun_models::{
+    LlamaConfig, LlamaFamily, LlamaModel, ModelConfig, ParamKind, Rope, RopeScaling,
+};
 
 /// Where training data comes from. Each rank reads its own disjoint part of every global
 /// batch (rank r takes samples `r*per_device .. (r+1)*per_device` of each micro-batch).
@@ -167,6 +101,23 @@ pub struct OptimizerConfig {
     /// Clip the global gradient norm (of the whole model, across shards) to this; `None`
     /// disables clipping (the norm is still computed and reported).
     pub grad_clip: Option<f64>,
+    /// Kinds of parameters AdamW applies no weight decay to (a second parameter group, as
+    /// `transformers`' Trainer and torchtitan make one for biases and norms). Absent in a
+    /// config: biases and norms.
+    #[serde(default = "default_no_weight_decay")]
+    pub no_weight_decay: Vec<ParamKind>,
+}
+
+/// Biases and normalisation weights: what `transformers`' Trainer leaves undecayed.
+pub fn default_no_weight_decay() -> Vec<ParamKind> {
+    vec![ParamKind::Bias, ParamKind::Norm]
+}
+
+impl OptimizerConfig {
+    /// Whether parameters of `kind` are decayed.
+    pub fn decays(&self, kind: ParamKind) -> bool {
+        !self.no_weight_decay.contains(&kind)
+    }
 }
 
 /// Linear warmup from 0 to `lr` over `warmup_steps`, then `decay` down to
@@ -272,7 +223,8 @@ impl DType {
 }
 
 /// FSDP's `MixedPrecision`: shards and optimizer state stay fp32; parameters are cast to
-/// `param_dtype` for gather and compute, gradients reduced in `reduce_dtype`.
+/// `param_dtype` for gather and compute, gradients reduced in `reduce_dtype`, buffers (the
+/// Llama model's rotary frequencies) held in `buffer_dtype`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MixedPrecision {
@@ -328,34 +280,4 @@ pub enum CheckpointFormat {
 pub enum DeviceKind {
     Cpu,
     Cuda,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn transformer_param_count_matches_pytorch() {
-        // Module by module, as in PyTorch's FSDP2 example model.py: bias-free attention
-        // projections, biased MLP, LayerNorms with weight and bias, untied output.
-        let m = ModelConfig::Transformer {
-            vocab_size: 8192,
-            dim: 256,
-            n_layers: 8,
-            n_heads: 8,
-            max_seq_len: 256,
-        };
-        let block = 4 * 256 * 256 + (256 * 1024 + 1024 + 1024 * 256 + 256) + 4 * 256;
-        assert_eq!(m.num_params(), 8192 * 256 * 2 + 256 * 256 + 8 * block + 512);
-    }
-
-    #[test]
-    fn mlp_param_count() {
-        let m = ModelConfig::Mlp {
-            input_dim: 1024,
-            hidden_dim: 4096,
-            output_dim: 1024,
-        };
-        assert_eq!(m.num_params(), 1024 * 4096 + 4096 + 4096 * 1024 + 1024);
-    }
 }

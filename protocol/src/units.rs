@@ -16,18 +16,10 @@
 //! gradient after each use, adding the results into the one gradient shard.
 
 use crate::config::WrapPolicy;
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
-/// One graph-cut piece of forward: the activations crossing its boundary are one tensor.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SegmentSpec {
-    pub name: String,
-    /// Names of the parameters this segment reads.
-    pub params: Vec<String>,
-    /// A repeated block: activation checkpointing applies to these.
-    pub is_block: bool,
-}
+/// One graph-cut piece of forward, as each architecture describes it (`shardrun_models`).
+pub use shardrun_models::SegmentSpec;
 
 /// One unit: a name (its module path, or the segment it belongs to) and its parameters as
 /// indices into the model's parameter list, in model order.

@@ -1,7 +1,7 @@
 //! The memory plan against real runs: the peak per rank `shardrun plan --json` predicts for a
 //! job equals, within 15%, the peak its workers report when `shardrun run` trains it on 2 CPU
 //! ranks, for FULL_SHARD, SHARD_GRAD_OP and NO_SHARD on two model sizes, and with activation
-//! checkpointing.
+//! checkpointing; for the transformer and for a Llama (grouped-query attention, SwiGLU).
 //!
 //! How the peak is measured: a CPU worker reports its peak resident set size (`VmHWM`). The
 //! plan models the memory the job uses, so the baseline every process has before it holds
@@ -28,19 +28,27 @@ struct Case {
     batch_per_rank: u64,
     strategy: &'static str,
     checkpointing: bool,
+    /// A Llama model instead of the transformer: its key/value heads and MLP width.
+    llama: Option<(u64, u64)>,
 }
 
 fn spec(c: &Case) -> String {
+    let model = match c.llama {
+        None => format!(
+            "{{ kind: transformer, vocab_size: {}, dim: {}, n_layers: {}, n_heads: {}, max_seq_len: 128 }}",
+            c.vocab, c.dim, c.layers, c.heads
+        ),
+        Some((kv_heads, ffn)) => format!(
+            "{{ kind: llama, vocab_size: {}, dim: {}, n_layers: {}, n_heads: {}, n_kv_heads: {kv_heads}, ffn_dim: {ffn} }}",
+            c.vocab, c.dim, c.layers, c.heads
+        ),
+    };
     format!(
         "name: {}\nresources: {{ tasks_per_node: 2, cpus_per_task: 1 }}\ntraining:\n  \
-         model: {{ kind: transformer, vocab_size: {}, dim: {}, n_layers: {}, n_heads: {}, max_seq_len: 128 }}\n  \
+         model: {model}\n  \
          data: {{ kind: synthetic, seq_len: 128 }}\n  steps: 2\n  total_batch_size: {}\n  \
          batch_size_per_device: {}\n  fsdp: {{ strategy: {}, activation_checkpointing: {} }}\n",
         c.name,
-        c.vocab,
-        c.dim,
-        c.layers,
-        c.heads,
         2 * c.batch_per_rank,
         c.batch_per_rank,
         c.strategy,
@@ -103,6 +111,12 @@ fn planned_peak_memory_matches_real_cpu_runs_within_15_percent() {
         batch_per_rank: 4,
         strategy,
         checkpointing,
+        llama: None,
+    };
+    // Grouped-query attention, SwiGLU: the Llama architecture's own activation figures.
+    let llama = |name, strategy, checkpointing| Case {
+        llama: Some((2, 688)),
+        ..small(name, strategy, checkpointing)
     };
     let large = |name, strategy| Case {
         name,
@@ -113,6 +127,7 @@ fn planned_peak_memory_matches_real_cpu_runs_within_15_percent() {
         batch_per_rank: 1,
         strategy,
         checkpointing: false,
+        llama: None,
     };
     let cases = [
         small("small-full", "FULL_SHARD", false),
@@ -122,6 +137,9 @@ fn planned_peak_memory_matches_real_cpu_runs_within_15_percent() {
         large("large-full", "FULL_SHARD"),
         large("large-zero2", "SHARD_GRAD_OP"),
         large("large-noshard", "NO_SHARD"),
+        llama("llama-full", "FULL_SHARD", false),
+        llama("llama-zero2", "SHARD_GRAD_OP", false),
+        llama("llama-full-ac", "FULL_SHARD", true),
     ];
     let baseline_spec = dir.write(
         "baseline.yaml",
@@ -134,6 +152,7 @@ fn planned_peak_memory_matches_real_cpu_runs_within_15_percent() {
             batch_per_rank: 1,
             strategy: "FULL_SHARD",
             checkpointing: false,
+            llama: None,
         }),
     );
     let baseline = measured_peak(&dir, &baseline_spec);

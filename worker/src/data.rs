@@ -43,10 +43,14 @@ pub fn splitmix64(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// One batch: model inputs and loss targets.
+/// One batch: model inputs and loss targets (token ids: `-100` = no loss, as `transformers`'
+/// labels), and for packed sequences each token's position and document (i64, like the
+/// inputs): attention stays within a document and RoPE counts positions from its start.
 pub struct Batch {
     pub inputs: Tensor,
     pub targets: Tensor,
+    pub position_ids: Option<Tensor>,
+    pub document_ids: Option<Tensor>,
 }
 
 enum Source {
@@ -73,9 +77,12 @@ impl Dataset {
     pub fn new(config: &TrainConfig) -> Result<Dataset, DataError> {
         let seq_len = config.data.sequence_length(&config.model);
         let source = match (&config.data, &config.model) {
-            (DataConfig::Synthetic { .. }, ModelConfig::Transformer { vocab_size, .. }) => {
-                Source::SyntheticTokens { vocab: *vocab_size }
-            }
+            (
+                DataConfig::Synthetic { .. },
+                ModelConfig::Transformer { .. } | ModelConfig::Llama(_),
+            ) => Source::SyntheticTokens {
+                vocab: config.model.vocab_size().unwrap_or(1),
+            },
             (
                 DataConfig::Synthetic { .. },
                 ModelConfig::Mlp {
@@ -87,7 +94,11 @@ impl Dataset {
                 input_dim: *input_dim,
                 output_dim: *output_dim,
             },
-            (DataConfig::TokenFile { path, .. }, ModelConfig::Transformer { vocab_size, .. }) => {
+            (
+                DataConfig::TokenFile { path, .. },
+                ModelConfig::Transformer { .. } | ModelConfig::Llama(_),
+            ) => {
+                let vocab_size = config.model.vocab_size().unwrap_or(1);
                 let io = |source| DataError::Io {
                     path: path.clone(),
                     source,
@@ -105,7 +116,7 @@ impl Dataset {
                     path: path.clone(),
                     file,
                     tokens,
-                    vocab: *vocab_size,
+                    vocab: vocab_size,
                 }
             }
             (DataConfig::TokenFile { .. }, ModelConfig::Mlp { .. }) => {
@@ -189,6 +200,8 @@ impl Dataset {
                 Ok(Batch {
                     inputs: Tensor::from_slice(&inputs).view([n, *input_dim as i64]),
                     targets: Tensor::from_slice(&targets).view([n, *output_dim as i64]),
+                    position_ids: None,
+                    document_ids: None,
                 })
             }
         }
@@ -200,6 +213,8 @@ impl Dataset {
         Batch {
             inputs: all.narrow(1, 0, seq).contiguous(),
             targets: all.narrow(1, 1, seq).contiguous(),
+            position_ids: None,
+            document_ids: None,
         }
     }
 }
@@ -214,6 +229,8 @@ impl Batch {
         Batch {
             inputs: self.inputs.to_device(device),
             targets: self.targets.to_device(device),
+            position_ids: self.position_ids.as_ref().map(|t| t.to_device(device)),
+            document_ids: self.document_ids.as_ref().map(|t| t.to_device(device)),
         }
     }
 

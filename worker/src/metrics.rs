@@ -10,12 +10,21 @@ use tch::Device;
 
 /// Peak resident set size of this process (`VmHWM`), in bytes.
 pub fn peak_rss_bytes() -> u64 {
+    status_kib("VmHWM:")
+}
+
+/// Resident set size of this process now (`VmRSS`), in bytes.
+pub fn rss_bytes() -> u64 {
+    status_kib("VmRSS:")
+}
+
+fn status_kib(field: &str) -> u64 {
     let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
         return 0;
     };
     status
         .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .find_map(|line| line.strip_prefix(field))
         .and_then(|rest| {
             rest.trim()
                 .trim_end_matches("kB")

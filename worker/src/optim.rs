@@ -2,9 +2,17 @@
 //! path, one flat fp32 tensor at a time (a whole parameter in the reference trainer);
 //! [`adamw_step_fused`] is the fused path the FSDP engine takes for all its shards at once
 //! (one multi-tensor kernel launch on CUDA instead of about ten kernels per unit).
+//!
+//! Parameter groups: weight decay applies only to the element ranges of the parameters whose
+//! kind decays (`optimizer.no_weight_decay`, biases and norms by default), which is
+//! `torch.optim.AdamW` with two groups, one of them at `weight_decay = 0`. The decay is
+//! decoupled (applied to the parameter before the Adam update), so the engine applies it by
+//! range and runs the fused update without it.
 
 use crate::fsdp::shim::{self, AdamWStep, ShimError};
-use shardrun_protocol::config::OptimizerConfig;
+use crate::fsdp::FlatLayout;
+use shardrun_protocol::config::{OptimizerConfig, ParamKind};
+use std::ops::Range;
 use tch::{Kind, Tensor};
 
 /// One parameter tensor's AdamW state.
@@ -27,7 +35,49 @@ impl AdamWState {
     }
 }
 
-/// Updates `param` in place from `grad`; `step` counts from 1 (bias correction).
+/// The element ranges of shard `shard_index` of `layout` that belong to parameters of a
+/// decayed kind (`kinds[i]` is the kind of `layout.params[i]`), adjacent ranges merged.
+pub fn decayed_ranges(
+    layout: &FlatLayout,
+    kinds: &[ParamKind],
+    shard_index: i64,
+    config: &OptimizerConfig,
+) -> Vec<Range<i64>> {
+    let (start, end) = layout.shard_range(shard_index);
+    let mut ranges: Vec<Range<i64>> = Vec::new();
+    for (p, &kind) in layout.params.iter().zip(kinds) {
+        if !config.decays(kind) {
+            continue;
+        }
+        if let Some((_, in_shard, len)) = FlatLayout::overlap(p, start, end) {
+            match ranges.last_mut() {
+                Some(last) if last.end == in_shard => last.end = in_shard + len,
+                _ => ranges.push(in_shard..in_shard + len),
+            }
+        }
+    }
+    ranges
+}
+
+/// AdamW's decoupled weight decay, `param *= 1 - lr · weight_decay`, on the elements in
+/// `decayed` (ranges of the flattened `param`) only.
+pub fn decay_weights(config: &OptimizerConfig, lr: f64, param: &Tensor, decayed: &[Range<i64>]) {
+    let factor = 1.0 - lr * config.weight_decay;
+    if factor == 1.0 {
+        return;
+    }
+    tch::no_grad(|| {
+        let flat = param.view([-1]);
+        for r in decayed {
+            let _ = flat
+                .narrow(0, r.start, r.end - r.start)
+                .g_mul_scalar_(factor);
+        }
+    });
+}
+
+/// Updates `param` in place from `grad`; `step` counts from 1 (bias correction). Weight
+/// decay applies to the elements in `decayed` only (ranges of the flattened `param`).
 pub fn adamw_step(
     config: &OptimizerConfig,
     lr: f64,
@@ -35,9 +85,10 @@ pub fn adamw_step(
     param: &mut Tensor,
     grad: &Tensor,
     state: &mut AdamWState,
+    decayed: &[Range<i64>],
 ) {
+    decay_weights(config, lr, param, decayed);
     tch::no_grad(|| {
-        let _ = param.g_mul_scalar_(1.0 - lr * config.weight_decay);
         let _ = state.exp_avg.lerp_(grad, 1.0 - config.beta1);
         let _ = state.exp_avg_sq.g_mul_scalar_(config.beta2);
         let _ = state
@@ -53,7 +104,9 @@ pub fn adamw_step(
 
 /// [`adamw_step`] on every `(param, grad, state)` at once, through libtorch's fused AdamW
 /// (`torch.optim.AdamW(fused=True)`): the same update, up to the rounding of the fused
-/// kernel's arithmetic. All tensors are fp32 on one device.
+/// kernel's arithmetic, with `config.weight_decay` on every element (callers that exempt
+/// some parameters apply [`decay_weights`] first and pass a config without decay). All
+/// tensors are fp32 on one device.
 pub fn adamw_step_fused(
     config: &OptimizerConfig,
     lr: f64,
@@ -95,6 +148,7 @@ mod tests {
             eps: 1e-8,
             weight_decay: 0.1,
             grad_clip: None,
+            no_weight_decay: Vec::new(),
         }
     }
 
@@ -120,7 +174,8 @@ mod tests {
                 .map(|&n| Tensor::randn([n], (Kind::Float, tch::Device::Cpu)) * (step as f64))
                 .collect();
             for ((p, g), s) in single.iter_mut().zip(&grads).zip(single_state.iter_mut()) {
-                adamw_step(&cfg, lr, step, p, g, s);
+                let whole = 0..p.numel() as i64;
+                adamw_step(&cfg, lr, step, p, g, s, std::slice::from_ref(&whole));
             }
             let list: Vec<_> = fused
                 .iter()
@@ -151,5 +206,38 @@ mod tests {
                 "tensor {i}: moments differ by {m}, {v}"
             );
         }
+    }
+
+    #[test]
+    fn decayed_ranges_follow_kinds_and_the_shard() {
+        // w (6 elements, decayed), b (3, bias), n (2, norm), v (5, decayed); 2 shards of 8.
+        let layout = FlatLayout::new(
+            "u",
+            [
+                ("w".to_string(), vec![2, 3]),
+                ("b".to_string(), vec![3]),
+                ("n".to_string(), vec![2]),
+                ("v".to_string(), vec![5]),
+            ],
+            2,
+        );
+        let kinds = [
+            ParamKind::Weight,
+            ParamKind::Bias,
+            ParamKind::Norm,
+            ParamKind::Weight,
+        ];
+        let cfg = OptimizerConfig {
+            no_weight_decay: vec![ParamKind::Bias, ParamKind::Norm],
+            ..config()
+        };
+        assert_eq!(decayed_ranges(&layout, &kinds, 0, &cfg), vec![0..6]);
+        assert_eq!(decayed_ranges(&layout, &kinds, 1, &cfg), vec![3..8]);
+        let all = OptimizerConfig {
+            no_weight_decay: Vec::new(),
+            ..cfg
+        };
+        assert_eq!(decayed_ranges(&layout, &kinds, 0, &all), vec![0..8]);
+        assert_eq!(decayed_ranges(&layout, &kinds, 1, &all), vec![0..8]);
     }
 }

@@ -3,11 +3,13 @@
 //! (whole-model forward, one `backward`). The ground truth sharded runs must equal.
 
 use crate::data::{first_sample, Dataset};
+use crate::fsdp::FsdpError;
 use crate::model::{self, Params};
 use crate::optim::{adamw_step, AdamWState};
 use crate::report::Reporter;
 use crate::schedule::Schedule;
-use crate::train::{device_of, TrainError};
+use crate::train::{device_of, dtype_kind, TrainError};
+use shardrun_models::source::ParamSource;
 use shardrun_protocol::config::{DType, TrainConfig};
 use shardrun_protocol::messages::{LogLevel, StepMetrics};
 use std::collections::HashMap;
@@ -28,19 +30,11 @@ pub fn train_reference(
     }
     crate::train::check_config(config)?;
     let device = device_of(config.device)?;
-    let model = model::build(&config.model);
+    let model = model::build(&config.model, dtype_kind(mp.buffer_dtype));
     let specs = model.params();
-    let params: HashMap<String, Tensor> = specs
-        .iter()
-        .map(|s| {
-            (
-                s.name.clone(),
-                s.initial_value(config.seed)
-                    .to_device(device)
-                    .set_requires_grad(true),
-            )
-        })
-        .collect();
+    let source = ParamSource::for_model(&config.model, config.seed).map_err(FsdpError::from)?;
+    let params =
+        model::full_parameters(model.as_ref(), &source, device).map_err(FsdpError::from)?;
     let mut states: HashMap<String, AdamWState> = params
         .iter()
         .map(|(name, p)| (name.clone(), AdamWState::zeros_like(&p.detach())))
@@ -61,12 +55,7 @@ pub fn train_reference(
                     global_batch,
                 )?
                 .to_device(device);
-            let loss = model::forward(
-                model.as_ref(),
-                &Params::new(&params),
-                &batch.inputs,
-                &batch.targets,
-            );
+            let loss = model::forward(model.as_ref(), &Params::new(&params), &batch);
             loss_sum += loss.double_value(&[]);
             (loss / accum as f64).backward();
         }
@@ -92,7 +81,21 @@ pub fn train_reference(
                 let _ = tch::no_grad(|| grad.g_mul_scalar_(coef));
             }
             let state = states.get_mut(&spec.name).expect("one state per parameter");
-            adamw_step(&config.optimizer, lr, step + 1, &mut p, &grad, state);
+            let whole = 0..spec.numel();
+            let decayed: &[std::ops::Range<i64>] = if config.optimizer.decays(spec.kind) {
+                std::slice::from_ref(&whole)
+            } else {
+                &[]
+            };
+            adamw_step(
+                &config.optimizer,
+                lr,
+                step + 1,
+                &mut p,
+                &grad,
+                state,
+                decayed,
+            );
             p.zero_grad();
         }
         let loss = loss_sum / accum as f64;

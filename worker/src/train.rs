@@ -16,6 +16,7 @@ use crate::scaler::LossScaler;
 use crate::schedule::Schedule;
 use crate::stop::{self, StopCause, StopRequest};
 use crate::{control, host, metrics};
+use shardrun_models::source::ParamSource;
 use shardrun_protocol::config::{DType, DeviceKind, ShardingStrategy, TrainConfig};
 use shardrun_protocol::messages::{LogLevel, StepMetrics, TrainSummary};
 use std::sync::Arc;
@@ -112,6 +113,8 @@ fn upload(batch: Batch, device: Device) -> Batch {
         Device::Cuda(_) => Batch {
             inputs: copy(&batch.inputs),
             targets: copy(&batch.targets),
+            position_ids: batch.position_ids.as_ref().map(copy),
+            document_ids: batch.document_ids.as_ref().map(copy),
         },
         _ => batch,
     }
@@ -136,8 +139,10 @@ pub fn check_config(config: &TrainConfig) -> Result<(), TrainError> {
             "fsdp.max_gathers_in_flight must be at least 1".into(),
         ));
     }
-    crate::model::check(&config.model, config.data.sequence_length(&config.model))
-        .map_err(TrainError::Config)
+    config
+        .model
+        .validate(config.data.sequence_length(&config.model))
+        .map_err(|why| TrainError::Config(format!("model: {why}")))
 }
 
 pub struct Trainer {
@@ -193,8 +198,21 @@ impl Trainer {
             device,
         };
         let rank = groups.world.rank() as u64;
-        let model = crate::model::build(&config.model);
-        let engine = FsdpEngine::new(model, &config.fsdp.wrap, config.seed, groups, options)?;
+        let model = crate::model::build(&config.model, dtype_kind(mp.buffer_dtype));
+        let source = ParamSource::for_model(&config.model, config.seed).map_err(FsdpError::from)?;
+        let engine = FsdpEngine::new(model, &config.fsdp.wrap, &source, groups, options)?;
+        let l = engine.loading;
+        reporter.log(
+            LogLevel::Info,
+            &format!(
+                "rank {rank}: shards of {} parameters {} in {:.2} s; resident memory {:.0} MiB before, peak {:.0} MiB while loading",
+                l.shard_elements,
+                source.describe(),
+                l.seconds,
+                mib(l.rss_before_bytes),
+                mib(l.peak_rss_bytes),
+            ),
+        );
         let dataset = Dataset::new(&config)?;
         let schedule = Schedule::new(config.optimizer.lr, config.schedule.clone(), config.steps);
         let scaler = (mp.param_dtype == DType::F16).then(LossScaler::default);

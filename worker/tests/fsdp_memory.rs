@@ -10,14 +10,18 @@
 //! * `max_gathers_in_flight` bounds the gathered units, the running segment's included;
 //! * wrapping finer than a block still gathers the whole block (what the docs say).
 
+use shardrun_models::source::ParamSource;
+use shardrun_models::{Builder, TiedParam};
 use shardrun_protocol::config::DeviceKind;
+use shardrun_protocol::config::ModelConfig;
 use shardrun_protocol::config::{ShardingStrategy, WrapPolicy};
 use shardrun_protocol::messages::{PeerInfo, StartInfo};
 use shardrun_worker::collectives::{prepare, Comms};
 use shardrun_worker::data::Batch;
 use shardrun_worker::fsdp::{EngineOptions, FsdpEngine, MemoryStats, ProcessGroups};
-use shardrun_worker::model::transformer::Transformer;
-use shardrun_worker::model::{self, Init, Model, ParamSpec, Params, SegmentSpec};
+use shardrun_worker::model::{
+    self, Init, Model, ModelDescription, ParamKind, ParamSpec, Params, SegmentSpec,
+};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tch::{Device, Kind, Tensor};
@@ -28,77 +32,76 @@ const SEED: u64 = 11;
 /// `h = E[tokens]`, blocks `h + tanh(W h + b)`, `logits = (h * g) Eᵀ`, cross-entropy.
 struct TiedLm {
     vocab: i64,
-    dim: i64,
     layers: i64,
+    description: ModelDescription,
 }
 
 impl TiedLm {
-    fn block_specs(&self, i: i64) -> Vec<ParamSpec> {
-        let bound = 1.0 / (self.dim as f64).sqrt();
-        vec![
-            ParamSpec {
-                name: format!("layers.{i}.proj.weight"),
-                shape: vec![self.dim, self.dim],
-                init: Init::Uniform(bound),
-            },
-            ParamSpec {
-                name: format!("layers.{i}.proj.bias"),
-                shape: vec![self.dim],
-                init: Init::Uniform(bound),
-            },
-        ]
-    }
-}
-
-impl Model for TiedLm {
-    fn params(&self) -> Vec<ParamSpec> {
-        let mut specs = vec![ParamSpec {
-            name: "embed.weight".into(),
-            shape: vec![self.vocab, self.dim],
-            init: Init::Normal(0.5),
-        }];
-        for i in 0..self.layers {
-            specs.extend(self.block_specs(i));
-        }
-        specs.push(ParamSpec {
-            name: "norm.weight".into(),
-            shape: vec![self.dim],
-            init: Init::Uniform(1.0),
-        });
-        specs
-    }
-
-    fn segments(&self) -> Vec<SegmentSpec> {
+    fn new(vocab: i64, dim: i64, layers: i64) -> Self {
+        let bound = Init::Uniform(1.0 / (dim as f64).sqrt());
+        let root = Builder::root();
+        let embed = root.embedding("embed", vocab, dim, Init::normal(0.5));
         let mut segments = vec![SegmentSpec {
             name: "embeddings".into(),
-            params: vec!["embed.weight".into()],
+            params: vec![embed.name.clone()],
             is_block: false,
         }];
-        for i in 0..self.layers {
+        let mut params = vec![embed];
+        for i in 0..layers {
+            let block = root
+                .pp(&format!("layers.{i}"))
+                .linear("proj", dim, dim, true, bound, bound);
             segments.push(SegmentSpec {
                 name: format!("layers.{i}"),
-                params: self.block_specs(i).into_iter().map(|s| s.name).collect(),
+                params: block.iter().map(|s| s.name.clone()).collect(),
                 is_block: true,
             });
+            params.extend(block);
         }
+        params.push(ParamSpec::new(
+            "norm.weight",
+            vec![dim],
+            Init::Uniform(1.0),
+            ParamKind::Norm,
+        ));
         segments.push(SegmentSpec {
             name: "head".into(),
             params: vec!["norm.weight".into(), "embed.weight".into()],
             is_block: false,
         });
-        segments
+        TiedLm {
+            vocab,
+            layers,
+            description: ModelDescription {
+                params,
+                segments,
+                tied: vec![TiedParam {
+                    alias: "head.weight".into(),
+                    param: "embed.weight".into(),
+                }],
+                attention_flops_per_token_per_position: 0,
+            },
+        }
     }
 
-    fn forward_segment(&self, index: usize, p: &Params, x: &Tensor, targets: &Tensor) -> Tensor {
+    fn logits(&self, p: &Params, x: &Tensor) -> Tensor {
+        let h = x * p.get("norm.weight");
+        h.matmul(&p.get("embed.weight").tr()).view([-1, self.vocab])
+    }
+}
+
+impl Model for TiedLm {
+    fn description(&self) -> &ModelDescription {
+        &self.description
+    }
+
+    fn forward_segment(&self, index: usize, p: &Params, x: &Tensor, batch: &Batch) -> Tensor {
         let last = self.layers as usize + 1;
         match index {
             0 => Tensor::embedding(p.get("embed.weight"), x, -1, false, false),
-            i if i == last => {
-                let h = x * p.get("norm.weight");
-                h.matmul(&p.get("embed.weight").tr())
-                    .view([-1, self.vocab])
-                    .cross_entropy_for_logits(&targets.reshape([-1]))
-            }
+            i if i == last => self
+                .logits(p, x)
+                .cross_entropy_for_logits(&batch.targets.reshape([-1])),
             i => {
                 let p = p.pp(&format!("layers.{}", i - 1));
                 x + x
@@ -108,19 +111,26 @@ impl Model for TiedLm {
         }
     }
 
+    fn output(&self, p: &Params, x: &Tensor, _batch: &Batch) -> Tensor {
+        self.logits(p, x)
+    }
+
     fn input_kind(&self) -> Kind {
         Kind::Int64
     }
 }
 
-fn transformer(n_layers: i64) -> Transformer {
-    Transformer {
-        vocab_size: 16,
-        dim: 32,
-        n_layers,
-        n_heads: 2,
-        max_seq_len: 8,
-    }
+fn transformer(n_layers: u64) -> Box<dyn Model> {
+    model::build(
+        &ModelConfig::Transformer {
+            vocab_size: 16,
+            dim: 32,
+            n_layers,
+            n_heads: 2,
+            max_seq_len: 8,
+        },
+        Kind::Float,
+    )
 }
 
 /// `samples` sequences of `seq` token ids below `vocab`, next-token targets; deterministic.
@@ -132,6 +142,8 @@ fn token_batch(vocab: i64, samples: i64, seq: i64) -> Batch {
     Batch {
         inputs: all.narrow(1, 0, seq).contiguous(),
         targets: all.narrow(1, 1, seq).contiguous(),
+        position_ids: None,
+        document_ids: None,
     }
 }
 
@@ -239,12 +251,20 @@ fn step(
             max_gathers_in_flight: setup.max_gathers_in_flight,
             device: Device::Cpu,
         };
-        let mut engine =
-            FsdpEngine::new(make(), &setup.wrap, SEED, groups, options).expect("engine");
+        let mut engine = FsdpEngine::new(
+            make(),
+            &setup.wrap,
+            &ParamSource::Init { seed: SEED },
+            groups,
+            options,
+        )
+        .expect("engine");
         let (shape, inputs, targets) = &parts[rank];
         let batch = Batch {
             inputs: Tensor::from_slice(inputs).view(shape.as_slice()),
             targets: Tensor::from_slice(targets).view(shape.as_slice()),
+            position_ids: None,
+            document_ids: None,
         };
         let loss = engine.forward_backward(&batch, 1.0, true).expect("step");
         let stats = engine.memory_stats();
@@ -271,16 +291,9 @@ fn step(
 /// Gradients of the mean loss over the whole batch, by autograd on the unsharded model.
 fn autograd_gradients(model: &dyn Model, batch: &Batch) -> Vec<(String, Vec<f32>)> {
     let specs = model.params();
-    let params: HashMap<String, Tensor> = specs
-        .iter()
-        .map(|s| {
-            (
-                s.name.clone(),
-                s.initial_value(SEED).set_requires_grad(true),
-            )
-        })
-        .collect();
-    let loss = model::forward(model, &Params::new(&params), &batch.inputs, &batch.targets);
+    let params = model::full_parameters(model, &ParamSource::Init { seed: SEED }, Device::Cpu)
+        .expect("initial values");
+    let loss = model::forward(model, &Params::new(&params), batch);
     loss.backward();
     specs
         .iter()
@@ -335,12 +348,7 @@ fn whole_model_grad_bytes(r: &RankResult) -> u64 {
 fn unsharded_gradients_stay_a_few_units_not_the_whole_model() {
     let batch = token_batch(16, 4, 8);
     for strategy in [ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp] {
-        let results = step(
-            2,
-            &Setup::new(strategy),
-            || Box::new(transformer(16)),
-            &batch,
-        );
+        let results = step(2, &Setup::new(strategy), || transformer(16), &batch);
         for (rank, r) in results.iter().enumerate() {
             let (peak, bound, whole) = (
                 r.stats.unsharded_grad_bytes,
@@ -371,12 +379,7 @@ fn embeddings_and_head_are_gathered_only_around_their_segments() {
     // embeddings and the head while a block computes.
     let mut setup = Setup::new(ShardingStrategy::FullShard);
     setup.prefetch = false;
-    let results = step(
-        2,
-        &setup,
-        || Box::new(transformer(4)),
-        &token_batch(16, 4, 8),
-    );
+    let results = step(2, &setup, || transformer(4), &token_batch(16, 4, 8));
     for r in &results {
         let names: Vec<&str> = r.units.iter().map(|u| u.0.as_str()).collect();
         assert_eq!(
@@ -398,13 +401,7 @@ fn embeddings_and_head_are_gathered_only_around_their_segments() {
 
 #[test]
 fn tied_embedding_and_head_get_both_gradients_with_bounded_memory() {
-    let make = || -> Box<dyn Model> {
-        Box::new(TiedLm {
-            vocab: 24,
-            dim: 32,
-            layers: 6,
-        })
-    };
+    let make = || -> Box<dyn Model> { Box::new(TiedLm::new(24, 32, 6)) };
     let batch = token_batch(24, 6, 5);
     let want = autograd_gradients(make().as_ref(), &batch);
     for (world, strategy) in [
@@ -445,7 +442,7 @@ fn max_gathers_in_flight_bounds_the_gathered_units() {
     for limit in 1..=3 {
         let mut setup = Setup::new(ShardingStrategy::FullShard);
         setup.max_gathers_in_flight = limit;
-        let results = step(2, &setup, || Box::new(transformer(6)), &batch);
+        let results = step(2, &setup, || transformer(6), &batch);
         for r in &results {
             eprintln!("max_gathers_in_flight {limit}: {:?}", r.stats);
             assert_eq!(
@@ -469,7 +466,7 @@ fn wrapping_finer_than_a_block_still_gathers_the_whole_block() {
             prefetch: false,
             max_gathers_in_flight: 1,
         };
-        let results = step(2, &setup, || Box::new(transformer(3)), &batch);
+        let results = step(2, &setup, || transformer(3), &batch);
         (results[0].stats, results[0].units.len())
     };
     let (block, block_units) = peak(WrapPolicy::Block);

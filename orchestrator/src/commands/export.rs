@@ -1,24 +1,68 @@
-//! `shardrun export <run dir | checkpoint folder> [--out DIR]`: the newest valid sharded
-//! checkpoint becomes a full one (`model.safetensors` with PyTorch names, loadable by
-//! `safetensors.torch.load_file` + `load_state_dict`), unit by unit, on the login node:
-//! no GPU, no libtorch.
+//! `shardrun export <run dir | checkpoint folder> [--out DIR] [--format hf|full]`: the newest
+//! valid checkpoint, on the login node (no GPU, no libtorch), as
+//!
+//! * `hf` (the default for Llama-family models): a Hugging Face folder that
+//!   `transformers.AutoModelForCausalLM.from_pretrained` loads: `config.json`, the weights
+//!   (split with an index past `--max-shard-size`), and the tokenizer and generation files of
+//!   the folder the run started from;
+//! * `full` (the default otherwise): a full shardrun checkpoint (`model.safetensors` with
+//!   PyTorch names, `optimizer.safetensors`), unit by unit.
 
 use anyhow::{bail, Context, Result};
 use shardrun_checkpoint::naming::{COMPLETE_FILE, METADATA_FILE};
-use shardrun_checkpoint::{export_full, resolve, Verify};
-use shardrun_protocol::config::CheckpointFormat;
+use shardrun_checkpoint::{export_full, resolve, Checkpoint, StateKind, UnitLayout, Verify};
+use shardrun_models::hf::config::{config_json, saved_dtype};
+use shardrun_models::hf::{self, SaveOptions, StoredDtype};
+use shardrun_protocol::config::{CheckpointFormat, LlamaModel, ModelConfig};
 use shardrun_protocol::TrainConfig;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+const CONFIG_FILE: &str = "train_config.json";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    /// A Hugging Face model folder (Llama-family models).
+    Hf,
+    /// A full shardrun checkpoint.
+    Full,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportDtype {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl From<ExportDtype> for StoredDtype {
+    fn from(d: ExportDtype) -> StoredDtype {
+        match d {
+            ExportDtype::F32 => StoredDtype::F32,
+            ExportDtype::Bf16 => StoredDtype::Bf16,
+            ExportDtype::F16 => StoredDtype::F16,
+        }
+    }
+}
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// A run directory, a folder of `step-<N>/` checkpoints, or one checkpoint folder.
     pub path: PathBuf,
-    /// Where to put the full checkpoint (as `<DIR>/step-<N>/`). Default: `export/` next to
-    /// the checkpoints.
+    /// Where to write. Default: `export/hf-step-<N>/` (hf) or `export/step-<N>/` (full) next
+    /// to the checkpoints.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// `hf` for Llama-family models, else `full`, unless given.
+    #[arg(long, value_enum)]
+    pub format: Option<ExportFormat>,
+    /// dtype of the exported weights (hf): default the dtype of the folder the run started
+    /// from, else f32.
+    #[arg(long, value_enum)]
+    pub dtype: Option<ExportDtype>,
+    /// Split the weights into files of at most this size (hf), e.g. `5GB`, `500MB`.
+    #[arg(long, default_value = "5GB", value_parser = parse_size)]
+    pub max_shard_size: u64,
 }
 
 pub fn execute(args: Args) -> Result<()> {
@@ -28,6 +72,28 @@ pub fn execute(args: Args) -> Result<()> {
         eprintln!("warning: {message}");
     }
     let source = found.checkpoint.context("no valid checkpoint found")?;
+    let run_config = find_run_config(&args.path, source.dir())?;
+    let llama = match run_config.as_ref().map(|c| &c.model) {
+        Some(ModelConfig::Llama(m)) => Some(m.clone()),
+        _ => None,
+    };
+    let format = args.format.unwrap_or(if llama.is_some() {
+        ExportFormat::Hf
+    } else {
+        ExportFormat::Full
+    });
+    match (format, llama) {
+        (ExportFormat::Full, _) => export_full_checkpoint(&source, args.out),
+        (ExportFormat::Hf, Some(model)) => export_hf(&source, &model, &args),
+        (ExportFormat::Hf, None) => bail!(
+            "{}: a Hugging Face folder needs a Llama-family model and the run's {CONFIG_FILE} (looked for it in {} and the folders above the checkpoint); use --format full for other models",
+            source.dir().display(),
+            args.path.display()
+        ),
+    }
+}
+
+fn export_full_checkpoint(source: &Checkpoint, out: Option<PathBuf>) -> Result<()> {
     let meta = source.metadata();
     if meta.format == CheckpointFormat::Full {
         println!(
@@ -40,13 +106,9 @@ pub fn execute(args: Args) -> Result<()> {
         );
         return Ok(());
     }
-    let out_root = match args.out {
-        Some(out) => out,
-        None => checkpoints_root(source.dir()).join("export"),
-    };
-
+    let out_root = out.unwrap_or_else(|| checkpoints_root(source.dir()).join("export"));
     let started = Instant::now();
-    let committed = export_full(&source, &out_root).with_context(|| {
+    let committed = export_full(source, &out_root).with_context(|| {
         format!(
             "exporting {} to {}",
             source.dir().display(),
@@ -78,6 +140,186 @@ pub fn execute(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// Writes the checkpoint's parameters as a Hugging Face folder, one tensor in memory at a time.
+fn export_hf(source: &Checkpoint, model: &LlamaModel, args: &Args) -> Result<()> {
+    let started = Instant::now();
+    let meta = source.metadata();
+    let pretrained_config = match &model.pretrained {
+        Some(dir) => {
+            let path = dir.join(hf::CONFIG_FILE);
+            let text = std::fs::read_to_string(&path).with_context(|| {
+                format!(
+                    "reading {} (the folder the run started from; its config.json and tokenizer files go into the export)",
+                    path.display()
+                )
+            })?;
+            Some(
+                serde_json::from_str::<serde_json::Value>(&text)
+                    .with_context(|| format!("{} is not valid JSON", path.display()))?,
+            )
+        }
+        None => None,
+    };
+    let dtype: StoredDtype = match args.dtype {
+        Some(d) => d.into(),
+        None => pretrained_config
+            .as_ref()
+            .and_then(saved_dtype)
+            .and_then(StoredDtype::from_torch_name)
+            .unwrap_or(StoredDtype::F32),
+    };
+    // The source folder's own config.json (every key it had: token ids, architectures...)
+    // with the dtype of these weights; from scratch, one written from the architecture.
+    let config = match pretrained_config {
+        Some(mut value) => {
+            let map = value
+                .as_object_mut()
+                .context("the source config.json is not a JSON object")?;
+            for key in ["dtype", "torch_dtype"] {
+                if map.contains_key(key) || key == "dtype" {
+                    map.insert(key.into(), dtype.torch_name().into());
+                }
+            }
+            value
+        }
+        None => config_json(&model.architecture, dtype.torch_name()),
+    };
+    let description = model.architecture.describe();
+    let layout = source.layout();
+    let tensors: Vec<(String, Vec<u64>)> = description
+        .params
+        .iter()
+        .map(|p| (p.name.clone(), p.shape.iter().map(|&d| d as u64).collect()))
+        .collect();
+    for (name, shape) in &tensors {
+        match layout.params().find(|(_, slot)| &slot.name == name) {
+            Some((_, slot)) if &slot.shape == shape => {}
+            Some((_, slot)) => bail!(
+                "{}: parameter {name} has shape {:?} in the checkpoint but {shape:?} in the run's model",
+                source.dir().display(),
+                slot.shape
+            ),
+            None => bail!(
+                "{}: the checkpoint has no parameter {name}; was it saved by this run?",
+                source.dir().display()
+            ),
+        }
+    }
+    let out = args.out.clone().unwrap_or_else(|| {
+        checkpoints_root(source.dir())
+            .join("export")
+            .join(format!("hf-step-{}", meta.step))
+    });
+    let mut bytes = Vec::new();
+    let read = |name: &str, values: &mut Vec<f32>| -> Result<(), String> {
+        let (_, shape) = tensors
+            .iter()
+            .find(|(n, _)| n == name)
+            .ok_or_else(|| format!("{name} is not a parameter"))?;
+        let unit = UnitLayout::packed(name, [(name.to_string(), shape.clone())], 1)
+            .map_err(|e| e.to_string())?;
+        bytes.resize(unit.numel as usize * 4, 0);
+        source
+            .read_unit_range(StateKind::Param, &unit, 0..unit.numel, &mut bytes)
+            .map_err(|e| e.to_string())?;
+        values.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        );
+        Ok(())
+    };
+    let saved = hf::save_folder(
+        &out,
+        &config,
+        &tensors,
+        read,
+        model.pretrained.as_deref(),
+        &SaveOptions {
+            dtype,
+            max_shard_bytes: args.max_shard_size,
+        },
+    )
+    .with_context(|| format!("exporting {} to {}", source.dir().display(), out.display()))?;
+    let total: u64 = saved.weight_files.iter().map(|(_, size)| size).sum();
+    println!(
+        "Exported step {} ({:.1} M parameters, {}) from {} as a Hugging Face folder:",
+        meta.step,
+        description.num_params() as f64 / 1e6,
+        dtype.torch_name(),
+        source.dir().display()
+    );
+    for (file, size) in &saved.weight_files {
+        println!(
+            "  {}  {:.1} MB",
+            saved.dir.join(file).display(),
+            *size as f64 / 1e6
+        );
+    }
+    if !saved.copied.is_empty() {
+        println!(
+            "  copied from the source folder: {}",
+            saved.copied.join(", ")
+        );
+    }
+    println!(
+        "in {:.1} s ({:.0} MB/s). In Python:\n  transformers.AutoModelForCausalLM.from_pretrained({:?})",
+        started.elapsed().as_secs_f64(),
+        total as f64 / 1e6 / started.elapsed().as_secs_f64().max(1e-9),
+        saved.dir
+    );
+    Ok(())
+}
+
+/// `5GB`, `500MB`, `10KiB` or plain bytes, as `save_pretrained(max_shard_size=...)` reads.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size like 5GB or 500MB"))?;
+    let scale = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 1.0,
+        "KB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "KIB" => 1024.0,
+        "MIB" => 1024.0 * 1024.0,
+        "GIB" => 1024.0 * 1024.0 * 1024.0,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?}: use B, KB, MB, GB, KiB, MiB or GiB"
+            ))
+        }
+    };
+    let bytes = number * scale;
+    if bytes < 1.0 {
+        return Err(format!("{text:?} is not a positive size"));
+    }
+    Ok(bytes as u64)
+}
+
+/// The run's `train_config.json`: in `path` (a run directory) or in a folder above the
+/// checkpoint (`<run>/checkpoints/step-N`).
+fn find_run_config(path: &Path, checkpoint_dir: &Path) -> Result<Option<TrainConfig>> {
+    let candidates = std::iter::once(path).chain(checkpoint_dir.ancestors().take(4));
+    for dir in candidates {
+        let config_path = dir.join(CONFIG_FILE);
+        if config_path.is_file() {
+            let text = std::fs::read(&config_path)
+                .with_context(|| format!("reading {}", config_path.display()))?;
+            let config: TrainConfig = serde_json::from_slice(&text).with_context(|| {
+                format!("{} is not a valid training config", config_path.display())
+            })?;
+            return Ok(Some(config));
+        }
+    }
+    Ok(None)
+}
+
 /// What the user pointed at, as a path [`resolve`] understands: a checkpoint folder, a folder
 /// of them, or a run directory (its config's checkpoint dir, else `<run dir>/checkpoints`).
 fn checkpoint_location(path: &Path) -> Result<PathBuf> {
@@ -93,7 +335,7 @@ fn checkpoint_location(path: &Path) -> Result<PathBuf> {
     {
         return Ok(path.to_owned());
     }
-    let config_path = path.join("train_config.json");
+    let config_path = path.join(CONFIG_FILE);
     if config_path.exists() {
         let text = std::fs::read(&config_path)
             .with_context(|| format!("reading {}", config_path.display()))?;
@@ -130,4 +372,19 @@ fn checkpoints_root(checkpoint_dir: &Path) -> PathBuf {
         .parent()
         .map(Path::to_owned)
         .unwrap_or_else(|| PathBuf::from("."))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_as_save_pretrained_reads_them() {
+        assert_eq!(parse_size("5GB"), Ok(5_000_000_000));
+        assert_eq!(parse_size("500MB"), Ok(500_000_000));
+        assert_eq!(parse_size("2KiB"), Ok(2048));
+        assert_eq!(parse_size("123"), Ok(123));
+        assert!(parse_size("5 parsecs").is_err());
+        assert!(parse_size("0").is_err());
+    }
 }

@@ -12,8 +12,8 @@ pub fn resolve_data(
     match &s.spec().training.data {
         None | Some(DataSpec::Synthetic { .. }) => Ok(DataConfig::Synthetic { seq_len }),
         Some(DataSpec::TokenFile { path, .. }) => {
-            if let ModelConfig::Transformer { vocab_size, .. } = model {
-                if *vocab_size > 65536 {
+            if let Some(vocab_size) = model.vocab_size() {
+                if vocab_size > 65536 {
                     return Err(s.err(
                         "training.model.vocab_size",
                         format!("vocab_size {vocab_size} does not fit the token file's u16 ids"),

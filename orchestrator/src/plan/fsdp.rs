@@ -54,7 +54,7 @@ pub fn resolve_fsdp(
         ));
     }
     let wrap = f.wrap.clone().unwrap_or(match model {
-        ModelConfig::Transformer { .. } => WrapPolicy::Block,
+        ModelConfig::Transformer { .. } | ModelConfig::Llama(_) => WrapPolicy::Block,
         // The MLP has no blocks: each linear layer is its own unit.
         ModelConfig::Mlp { .. } => WrapPolicy::ModuleNames {
             patterns: vec!["layer1".into(), "layer2".into()],
@@ -68,7 +68,9 @@ pub fn resolve_fsdp(
         mixed_precision: MixedPrecision {
             param_dtype,
             reduce_dtype: f.mixed_precision.reduce_dtype.unwrap_or(param_dtype),
-            buffer_dtype: f.mixed_precision.buffer_dtype.unwrap_or(param_dtype),
+            // Buffers (the rotary frequencies) stay fp32 unless asked: PyTorch's FSDP casts
+            // buffers only when `buffer_dtype` is set.
+            buffer_dtype: f.mixed_precision.buffer_dtype.unwrap_or(DType::F32),
         },
         activation_checkpointing,
         prefetch: f.prefetch.unwrap_or(true),
@@ -86,7 +88,7 @@ fn warn_about_memory_options(
     activation_checkpointing: bool,
     warnings: &mut Vec<String>,
 ) {
-    let footprint = model.footprint(DType::F32);
+    let footprint = model.footprint(DType::F32.size_bytes());
     let (sizes, segments) = (footprint.param_sizes(), footprint.segment_specs());
     let split = segments_split_finer(&sizes, &segments, &plan_units(&sizes, &segments, wrap));
     if let Some((segment, units)) = split.first() {

@@ -217,7 +217,7 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
         t.batch_size_per_device,
         ranks.world_size,
     )?;
-    let (model, seq_len) = model::resolve_model(&s)?;
+    let (mut model, seq_len) = model::resolve_model(&s, &mut warnings)?;
     let data = data::resolve_data(&s, &model, seq_len)?;
     if t.steps == 0 {
         return Err(s.err(
@@ -229,7 +229,19 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
     let optimizer = optimizer::resolve_optimizer(&s)?;
     let schedule = optimizer::resolve_schedule(&s)?;
     let fsdp = fsdp::resolve_fsdp(&s, &ranks, &model, &mut warnings)?;
-    let checkpoint = checkpoint::resolve_checkpoint(&s)?;
+    let mut checkpoint = checkpoint::resolve_checkpoint(&s)?;
+    // An HF folder as `checkpoint.from` is where the model's weights start, not a checkpoint.
+    if model::resolve_pretrained_from(
+        &s,
+        &mut model,
+        checkpoint.from.as_deref(),
+        seq_len,
+        &mut warnings,
+    )?
+    .is_some()
+    {
+        checkpoint.from = None;
+    }
     let slurm = slurm::resolve_slurm(&s, &ranks, overrides)?;
     let preemption = slurm::resolve_preemption(&s, slurm.time_limit_seconds)?;
 
@@ -256,7 +268,7 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
 
     let footprint = train
         .model
-        .footprint(train.fsdp.mixed_precision.param_dtype);
+        .footprint(train.fsdp.mixed_precision.param_dtype.size_bytes());
     let memory = memory::estimate_memory(
         &memory::MemoryInputs {
             footprint: &footprint,

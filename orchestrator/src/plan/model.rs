@@ -1,11 +1,22 @@
-//! The model: architecture sizes checked, and the sequence length agreed with the data.
+//! The model: architecture sizes checked, the sequence length agreed with the data, and
+//! Hugging Face folders resolved on the login node into an explicit architecture plus the
+//! folder its weights come from. Every problem with a folder (unsupported `model_type` or
+//! rope type, a window the sequences exceed, missing, extra or mis-shaped tensors, a
+//! truncated file) is found here, before any rank starts.
 
 use super::{PlanError, Section};
-use crate::spec::{DataSpec, ModelSpec};
-use shardrun_protocol::config::ModelConfig;
+use crate::spec::{DataSpec, LlamaSpec, ModelSpec};
+use shardrun_models::hf::{self, HfError};
+use shardrun_protocol::config::{
+    LlamaConfig, LlamaFamily, LlamaModel, ModelConfig, Rope, RopeScaling,
+};
+use std::path::{Path, PathBuf};
 
 /// The model and the sequence length the data will use.
-pub fn resolve_model(s: &Section) -> Result<(ModelConfig, u64), PlanError> {
+pub fn resolve_model(
+    s: &Section,
+    warnings: &mut Vec<String>,
+) -> Result<(ModelConfig, u64), PlanError> {
     let t = &s.spec().training;
     let data_seq = match &t.data {
         Some(DataSpec::Synthetic { seq_len }) | Some(DataSpec::TokenFile { seq_len, .. }) => {
@@ -13,27 +24,25 @@ pub fn resolve_model(s: &Section) -> Result<(ModelConfig, u64), PlanError> {
         }
         None => None,
     };
-    match t.model {
+    match &t.model {
         ModelSpec::Mlp {
             input_dim,
             hidden_dim,
             output_dim,
         } => {
-            if input_dim == 0 || hidden_dim == 0 || output_dim == 0 {
-                return Err(s.err(
+            let model = ModelConfig::Mlp {
+                input_dim: *input_dim,
+                hidden_dim: *hidden_dim,
+                output_dim: *output_dim,
+            };
+            model.validate(1).map_err(|why| {
+                s.err(
                     "training.model",
-                    "a layer dimension is 0",
+                    why,
                     "use positive `input_dim`, `hidden_dim`, `output_dim`",
-                ));
-            }
-            Ok((
-                ModelConfig::Mlp {
-                    input_dim,
-                    hidden_dim,
-                    output_dim,
-                },
-                1,
-            ))
+                )
+            })?;
+            Ok((model, 1))
         }
         ModelSpec::Transformer {
             vocab_size,
@@ -42,6 +51,7 @@ pub fn resolve_model(s: &Section) -> Result<(ModelConfig, u64), PlanError> {
             n_heads,
             max_seq_len,
         } => {
+            let (vocab_size, dim, n_layers, n_heads) = (*vocab_size, *dim, *n_layers, *n_heads);
             if vocab_size == 0 || dim == 0 || n_layers == 0 || n_heads == 0 {
                 return Err(s.err(
                     "training.model",
@@ -49,14 +59,14 @@ pub fn resolve_model(s: &Section) -> Result<(ModelConfig, u64), PlanError> {
                     "use positive `vocab_size`, `dim`, `n_layers`, `n_heads`",
                 ));
             }
-            if dim % n_heads != 0 {
+            if !dim.is_multiple_of(n_heads) {
                 return Err(s.err(
                     "training.model.n_heads",
                     format!("dim {dim} is not divisible by {n_heads} heads"),
                     format!("use a number of heads that divides {dim}"),
                 ));
             }
-            let (max_seq_len, seq_len) = match (max_seq_len, data_seq) {
+            let (max_seq_len, seq_len) = match (*max_seq_len, data_seq) {
                 (Some(m), Some(s)) => (m, s),
                 (Some(m), None) => (m, m),
                 (None, Some(s)) => (s, s),
@@ -88,5 +98,384 @@ pub fn resolve_model(s: &Section) -> Result<(ModelConfig, u64), PlanError> {
                 seq_len,
             ))
         }
+        ModelSpec::Llama(spec) => {
+            let seq_len = llama_seq_len(s, data_seq, spec.max_position_embeddings)?;
+            let architecture = llama_from_spec(s, spec, seq_len)?;
+            architecture
+                .validate(seq_len)
+                .map_err(|why| s.err("training.model", why, "change the model's sizes"))?;
+            Ok((
+                ModelConfig::Llama(LlamaModel {
+                    architecture,
+                    pretrained: None,
+                }),
+                seq_len,
+            ))
+        }
+        ModelSpec::Hf { path } => {
+            let dir = s.spec_relative(path);
+            let folder = open_folder(s, "training.model.path", &dir)?;
+            let seq_len = llama_seq_len(s, data_seq, Some(folder.config.max_position_embeddings))?;
+            check_sequences(s, &folder.config, seq_len, warnings)?;
+            warnings.extend(folder.notes);
+            Ok((
+                ModelConfig::Llama(LlamaModel {
+                    architecture: folder.config,
+                    pretrained: Some(dir),
+                }),
+                seq_len,
+            ))
+        }
+    }
+}
+
+/// `checkpoint.from` naming a Hugging Face folder: the model starts from its weights, which
+/// must be those of the architecture the spec describes. Returns the folder when it is one.
+pub fn resolve_pretrained_from(
+    s: &Section,
+    model: &mut ModelConfig,
+    from: Option<&Path>,
+    seq_len: u64,
+    warnings: &mut Vec<String>,
+) -> Result<Option<PathBuf>, PlanError> {
+    let Some(from) = from else { return Ok(None) };
+    let dir = s.spec_relative(from);
+    if !hf::is_hf_folder(&dir) {
+        return Ok(None);
+    }
+    let field = "training.checkpoint.from";
+    let ModelConfig::Llama(llama) = model else {
+        return Err(s.err(
+            field,
+            format!(
+                "{} is a Hugging Face folder, but the model is not a Llama-family model",
+                dir.display()
+            ),
+            "use `model: { kind: hf, path: <folder> }` to train the folder's model",
+        ));
+    };
+    if let Some(pretrained) = &llama.pretrained {
+        return Err(s.err(
+            field,
+            format!(
+                "the model already starts from {}; a second Hugging Face folder would replace its weights",
+                pretrained.display()
+            ),
+            "keep one: `model.path` or `checkpoint.from`",
+        ));
+    }
+    let folder = open_folder(s, field, &dir)?;
+    let differences = architecture_differences(&folder.config, &llama.architecture);
+    if !differences.is_empty() {
+        return Err(s.err(
+            field,
+            format!(
+                "{}'s config.json describes another model than `training.model`: {}",
+                dir.display(),
+                differences.join(", ")
+            ),
+            format!(
+                "use `model: {{ kind: hf, path: {} }}` to train the folder's own architecture",
+                dir.display()
+            ),
+        ));
+    }
+    check_sequences(s, &folder.config, seq_len, warnings)?;
+    warnings.extend(folder.notes);
+    llama.pretrained = Some(dir.clone());
+    Ok(Some(dir))
+}
+
+fn open_folder(s: &Section, field: &str, dir: &Path) -> Result<hf::HfFolder, PlanError> {
+    hf::open_folder(dir).map_err(|e| {
+        let fix = match &e {
+            HfError::Config { key, path, .. } => format!(
+                "change `{key}` in {}, or use a folder of a supported model",
+                path.display()
+            ),
+            HfError::Tensor { .. } | HfError::Io { .. } | HfError::Folder { .. } => format!(
+                "repair the folder as said, or point `{field}` at another Hugging Face model folder (config.json with model.safetensors or model.safetensors.index.json)"
+            ),
+        };
+        s.err(field, e.to_string(), fix)
+    })
+}
+
+fn check_sequences(
+    s: &Section,
+    config: &LlamaConfig,
+    seq_len: u64,
+    warnings: &mut Vec<String>,
+) -> Result<(), PlanError> {
+    config.validate(seq_len).map_err(|why| {
+        s.err(
+            "training.data.seq_len",
+            why,
+            "train on shorter sequences, or on another model",
+        )
+    })?;
+    if seq_len > config.max_position_embeddings {
+        warnings.push(format!(
+            "seq_len {seq_len} is longer than the model's max_position_embeddings ({}): positions past it were never trained",
+            config.max_position_embeddings
+        ));
+    }
+    Ok(())
+}
+
+/// A Llama model trains on the sequence length the data says: no default, since a folder's
+/// `max_position_embeddings` (up to 131072) is rarely what fits.
+fn llama_seq_len(
+    s: &Section,
+    data_seq: Option<u64>,
+    max_positions: Option<u64>,
+) -> Result<u64, PlanError> {
+    match data_seq {
+        Some(0) => Err(s.err(
+            "training.data.seq_len",
+            "seq_len is 0",
+            "train on sequences of at least 1 token",
+        )),
+        Some(n) => Ok(n),
+        None => Err(s.err(
+            "training.data",
+            "a Llama-family model needs the sequence length to train on",
+            match max_positions {
+                Some(m) => format!("add `data: {{ kind: synthetic, seq_len: 2048 }}` (or a token_file with `seq_len`); the model was trained on up to {m} positions"),
+                None => "add `data: { kind: synthetic, seq_len: 2048 }` (or a token_file with `seq_len`)".to_string(),
+            },
+        )),
+    }
+}
+
+fn llama_from_spec(s: &Section, m: &LlamaSpec, seq_len: u64) -> Result<LlamaConfig, PlanError> {
+    let family = m.model_type.unwrap_or(LlamaFamily::Llama);
+    let (qkv_bias, o_proj_bias, mlp_bias) = match family {
+        LlamaFamily::Llama => {
+            let attention = m.attention_bias.unwrap_or(false);
+            (attention, attention, m.mlp_bias.unwrap_or(false))
+        }
+        other => {
+            if m.attention_bias.is_some() || m.mlp_bias.is_some() {
+                let field = if m.attention_bias.is_some() {
+                    "training.model.attention_bias"
+                } else {
+                    "training.model.mlp_bias"
+                };
+                return Err(s.err(
+                    field,
+                    format!(
+                        "model_type {} fixes its biases (Mistral: none, Qwen2: q/k/v)",
+                        other.model_type()
+                    ),
+                    "remove the key, or use `model_type: llama`",
+                ));
+            }
+            (other == LlamaFamily::Qwen2, false, false)
+        }
+    };
+    if m.n_heads == 0 {
+        return Err(s.err("training.model.n_heads", "0 heads", "use 1 or more"));
+    }
+    let head_dim = match m.head_dim {
+        Some(h) => h,
+        None if m.dim.is_multiple_of(m.n_heads) => m.dim / m.n_heads,
+        None => {
+            return Err(s.err(
+                "training.model.n_heads",
+                format!("dim {} is not divisible by {} heads", m.dim, m.n_heads),
+                format!(
+                    "use a number of heads that divides {}, or give `head_dim`",
+                    m.dim
+                ),
+            ))
+        }
+    };
+    let max_position_embeddings = m.max_position_embeddings.unwrap_or(seq_len);
+    let scaling = m.rope_scaling.unwrap_or(RopeScaling::Default);
+    Ok(LlamaConfig {
+        model_type: family,
+        vocab_size: m.vocab_size,
+        dim: m.dim,
+        n_layers: m.n_layers,
+        n_heads: m.n_heads,
+        n_kv_heads: m.n_kv_heads.unwrap_or(m.n_heads),
+        head_dim,
+        ffn_dim: m.ffn_dim,
+        norm_eps: m.norm_eps.unwrap_or(1e-6),
+        rope: Rope {
+            theta: m.rope_theta.unwrap_or(10_000.0),
+            scaling,
+        },
+        max_position_embeddings,
+        tie_embeddings: m.tie_embeddings.unwrap_or(false),
+        qkv_bias,
+        o_proj_bias,
+        mlp_bias,
+        initializer_range: m.initializer_range.unwrap_or(0.02),
+        pad_token_id: m.pad_token_id,
+        sliding_window: None,
+    })
+}
+
+/// Keys on which two architectures differ (initialisation settings aside: loaded weights
+/// make them moot).
+fn architecture_differences(folder: &LlamaConfig, spec: &LlamaConfig) -> Vec<String> {
+    let a = serde_json::to_value(folder).expect("configs serialize");
+    let b = serde_json::to_value(spec).expect("configs serialize");
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return Vec::new();
+    };
+    a.iter()
+        .filter(|(key, _)| {
+            !matches!(
+                key.as_str(),
+                "initializer_range" | "max_position_embeddings"
+            )
+        })
+        .filter(|(key, value)| b.get(*key) != Some(value))
+        .map(|(key, value)| {
+            format!(
+                "{key} {} (folder) vs {} (spec)",
+                value,
+                b.get(key).cloned().unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::plan::{resolve, Overrides, PlanError};
+    use crate::spec::parse;
+    use shardrun_models::hf::config::config_json;
+    use shardrun_models::hf::{save_folder, SaveOptions, StoredDtype};
+    use shardrun_protocol::config::{LlamaFamily, ModelConfig, RopeScaling, WrapPolicy};
+    use std::path::Path;
+
+    fn job(model: &str, data: &str, extra: &str) -> Result<crate::plan::ResolvedJob, PlanError> {
+        let yaml = format!(
+            "name: t\ntraining:\n  model: {model}\n{data}  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 2\n{extra}"
+        );
+        resolve(
+            &parse(&yaml, Path::new("/specs/job.yaml")).expect("parses"),
+            &Overrides::default(),
+        )
+    }
+
+    const LLAMA: &str = "{ kind: llama, vocab_size: 100, dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 128, rope_scaling: { rope_type: linear, factor: 2.0 } }";
+    const DATA: &str = "  data: { kind: synthetic, seq_len: 16 }\n";
+
+    /// A folder with `llama`'s architecture (zero weights), as transformers would save it.
+    fn folder(dir: &Path, model: &ModelConfig) {
+        let ModelConfig::Llama(m) = model else {
+            panic!("a Llama")
+        };
+        let d = m.architecture.describe();
+        let tensors: Vec<(String, Vec<u64>)> = d
+            .params
+            .iter()
+            .map(|p| (p.name.clone(), p.shape.iter().map(|&x| x as u64).collect()))
+            .collect();
+        save_folder(
+            dir,
+            &config_json(&m.architecture, "float32"),
+            &tensors,
+            |name, values| {
+                let (_, shape) = tensors.iter().find(|(n, _)| n == name).unwrap();
+                values.resize(shape.iter().product::<u64>() as usize, 0.0);
+                Ok(())
+            },
+            None,
+            &SaveOptions {
+                dtype: StoredDtype::Bf16,
+                max_shard_bytes: 10_000,
+            },
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn llama_from_scratch_takes_transformers_defaults() {
+        let j = job(LLAMA, DATA, "").unwrap();
+        let ModelConfig::Llama(m) = &j.train.model else {
+            panic!("{:?}", j.train.model)
+        };
+        let a = &m.architecture;
+        assert_eq!(
+            (
+                a.model_type,
+                a.head_dim,
+                a.n_kv_heads,
+                a.max_position_embeddings
+            ),
+            (LlamaFamily::Llama, 16, 2, 16)
+        );
+        assert_eq!(a.rope.scaling, RopeScaling::Linear { factor: 2.0 });
+        assert_eq!(
+            (a.norm_eps, a.rope.theta, a.tie_embeddings),
+            (1e-6, 10_000.0, false)
+        );
+        assert_eq!(m.pretrained, None);
+        assert_eq!(j.train.fsdp.wrap, WrapPolicy::Block);
+        // embed + head 2·6400, per layer q/o 2·4096, k/v 2·2048, MLP 3·8192, norms 128; final norm.
+        assert_eq!(
+            j.memory.num_params,
+            12800 + 2 * (8192 + 4096 + 24576 + 128) + 64
+        );
+    }
+
+    #[test]
+    fn llama_errors_name_the_key() {
+        let PlanError::Invalid(e) = job(LLAMA, "", "").unwrap_err();
+        assert_eq!(e.field, "training.data");
+        let qwen = LLAMA.replace(
+            "kind: llama,",
+            "kind: llama, model_type: qwen2, mlp_bias: true,",
+        );
+        let PlanError::Invalid(e) = job(&qwen, DATA, "").unwrap_err();
+        assert_eq!(e.field, "training.model.mlp_bias");
+        let odd = LLAMA.replace("n_kv_heads: 2", "n_kv_heads: 3");
+        let PlanError::Invalid(e) = job(&odd, DATA, "").unwrap_err();
+        assert!(e.why.contains("num_key_value_heads 3"), "{e}");
+        let PlanError::Invalid(e) =
+            job("{ kind: hf, path: /nonexistent/model }", DATA, "").unwrap_err();
+        assert_eq!(e.field, "training.model.path");
+        assert!(e.why.contains("/nonexistent/model/config.json"), "{e}");
+    }
+
+    #[test]
+    fn hf_folder_resolves_to_its_architecture_and_weights() {
+        let tmp = tempfile::tempdir().unwrap();
+        let scratch = job(LLAMA, DATA, "").unwrap();
+        let dir = tmp.path().join("model");
+        folder(&dir, &scratch.train.model);
+        assert!(dir.join("model.safetensors.index.json").is_file());
+        let j = job(
+            &format!("{{ kind: hf, path: {} }}", dir.display()),
+            DATA,
+            "",
+        )
+        .unwrap();
+        let (ModelConfig::Llama(a), ModelConfig::Llama(b)) = (&j.train.model, &scratch.train.model)
+        else {
+            panic!()
+        };
+        assert_eq!(a.architecture, b.architecture);
+        assert_eq!(a.pretrained.as_deref(), Some(dir.as_path()));
+
+        // The same folder as `checkpoint.from` of the same architecture: its weights start
+        // the run; of another architecture: an error listing what differs.
+        let from = format!("  checkpoint: {{ from: {} }}\n", dir.display());
+        let j = job(LLAMA, DATA, &from).unwrap();
+        let ModelConfig::Llama(m) = &j.train.model else {
+            panic!()
+        };
+        assert_eq!(m.pretrained.as_deref(), Some(dir.as_path()));
+        assert_eq!(j.train.checkpoint.from, None);
+        let other = LLAMA.replace("ffn_dim: 128", "ffn_dim: 96");
+        let PlanError::Invalid(e) = job(&other, DATA, &from).unwrap_err();
+        assert_eq!(e.field, "training.checkpoint.from");
+        assert!(e.why.contains("ffn_dim 128 (folder) vs 96 (spec)"), "{e}");
     }
 }

@@ -1,7 +1,7 @@
 //! AdamW's hyper-parameters and the learning-rate schedule.
 
 use super::{defaults, PlanError, Section};
-use shardrun_protocol::config::{LrDecay, LrSchedule, OptimizerConfig};
+use shardrun_protocol::config::{default_no_weight_decay, LrDecay, LrSchedule, OptimizerConfig};
 use std::cmp::Ordering;
 
 pub fn resolve_optimizer(s: &Section) -> Result<OptimizerConfig, PlanError> {
@@ -13,6 +13,10 @@ pub fn resolve_optimizer(s: &Section) -> Result<OptimizerConfig, PlanError> {
         eps: o.eps.unwrap_or(defaults::EPS),
         weight_decay: o.weight_decay.unwrap_or(defaults::WEIGHT_DECAY),
         grad_clip: o.grad_clip,
+        no_weight_decay: o
+            .no_weight_decay
+            .clone()
+            .unwrap_or_else(default_no_weight_decay),
     };
     if !(optimizer.lr.is_finite() && optimizer.lr > 0.0) {
         return Err(s.err(

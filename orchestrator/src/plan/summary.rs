@@ -39,17 +39,27 @@ impl ResolvedJob {
         let _ = writeln!(
             out,
             "  model          {}: {} parameters",
-            yaml_name(&t.model),
+            t.model.summary(),
             self.memory.num_params
         );
         let _ = writeln!(out, "  fsdp           {}, wrap {}, params {} / reduce {}, activation checkpointing {}, prefetch {}", yaml_name(&t.fsdp.strategy), yaml_name(&t.fsdp.wrap), yaml_name(&t.fsdp.mixed_precision.param_dtype), yaml_name(&t.fsdp.mixed_precision.reduce_dtype), t.fsdp.activation_checkpointing, t.fsdp.prefetch);
         let _ = writeln!(
             out,
-            "  optimizer      AdamW lr {} betas ({}, {}) weight decay {}, warmup {} then {} to ×{}",
+            "  optimizer      AdamW lr {} betas ({}, {}) weight decay {} (none on {}), warmup {} then {} to ×{}",
             t.optimizer.lr,
             t.optimizer.beta1,
             t.optimizer.beta2,
             t.optimizer.weight_decay,
+            if t.optimizer.no_weight_decay.is_empty() {
+                "no parameter kind".to_string()
+            } else {
+                t.optimizer
+                    .no_weight_decay
+                    .iter()
+                    .map(yaml_name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
             t.schedule.warmup_steps,
             yaml_name(&t.schedule.decay),
             t.schedule.min_lr_ratio

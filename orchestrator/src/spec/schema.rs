@@ -3,7 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 use serde_norway::Value;
-use shardrun_protocol::config::{CheckpointFormat, DType, LrDecay, ShardingStrategy, WrapPolicy};
+use shardrun_protocol::config::{
+    CheckpointFormat, DType, LrDecay, ParamKind, ShardingStrategy, WrapPolicy,
+};
+use shardrun_protocol::config::{LlamaFamily, RopeScaling};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -131,6 +134,56 @@ pub enum ModelSpec {
         hidden_dim: u64,
         output_dim: u64,
     },
+    /// A Llama-family model from scratch (`transformers`' initialisation).
+    Llama(LlamaSpec),
+    /// A Hugging Face model folder: architecture from its `config.json`, initial weights
+    /// from its safetensors files.
+    Hf {
+        /// Relative paths are relative to the spec file.
+        path: PathBuf,
+    },
+}
+
+/// A Llama-family architecture, in the job spec's words; unset keys take `transformers`'
+/// defaults (docs/job-spec.md lists them).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlamaSpec {
+    /// `llama` (default), `mistral` or `qwen2` (q/k/v biases).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_type: Option<LlamaFamily>,
+    pub vocab_size: u64,
+    pub dim: u64,
+    pub n_layers: u64,
+    pub n_heads: u64,
+    /// Key/value heads: fewer than `n_heads` is grouped-query attention. Default `n_heads`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_kv_heads: Option<u64>,
+    /// Default `dim / n_heads`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<u64>,
+    pub ffn_dim: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub norm_eps: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_theta: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<RopeScaling>,
+    /// Default: the data's `seq_len`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_position_embeddings: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tie_embeddings: Option<bool>,
+    /// Biases on the q, k, v and o projections (`model_type: llama` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_bias: Option<bool>,
+    /// Biases in the MLP (`model_type: llama` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlp_bias: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initializer_range: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pad_token_id: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -164,6 +217,10 @@ pub struct OptimizerSpec {
     /// Clip the global gradient norm to this; absent means no clipping.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grad_clip: Option<f64>,
+    /// Parameter kinds (`weight`, `bias`, `norm`, `embedding`) without weight decay; default
+    /// `[bias, norm]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_weight_decay: Option<Vec<ParamKind>>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -196,8 +253,8 @@ pub struct FsdpSpec {
     pub shard_group_size: Option<u64>,
 }
 
-/// FSDP's `MixedPrecision`. `reduce_dtype` and `buffer_dtype` default to `param_dtype`,
-/// as in PyTorch.
+/// FSDP's `MixedPrecision`. `reduce_dtype` defaults to `param_dtype` and `buffer_dtype` to
+/// `f32` (buffers uncast), as in PyTorch.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MixedPrecisionSpec {

@@ -35,7 +35,8 @@ use crate::collectives::{EngineScope, ReduceOp};
 use crate::data::Batch;
 use crate::host;
 use crate::model::{Model, Params, SegmentSpec};
-use crate::optim::adamw_step_fused;
+use crate::optim::{adamw_step_fused, decay_weights, decayed_ranges};
+use shardrun_models::source::ParamSource;
 use shardrun_protocol::config::{OptimizerConfig, ShardingStrategy, WrapPolicy};
 use std::collections::{HashMap, VecDeque};
 use tch::{Device, Kind, Tensor};
@@ -110,19 +111,37 @@ pub struct FsdpEngine {
     reducing: VecDeque<(usize, PendingReduce)>,
     /// AdamW steps taken (bias correction counts from these).
     pub optimizer_steps: u64,
+    /// How filling this rank's shards went.
+    pub loading: LoadingStats,
+}
+
+/// Time and memory of filling the shards from their source, before the gradient shards and
+/// AdamW state are allocated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadingStats {
+    pub seconds: f64,
+    /// Resident memory before the first shard was allocated.
+    pub rss_before_bytes: u64,
+    /// Peak resident memory (`VmHWM`) once every shard was filled.
+    pub peak_rss_bytes: u64,
+    /// Elements of this rank's shards.
+    pub shard_elements: u64,
 }
 
 impl FsdpEngine {
-    /// Splits `model` into units and initialises this rank's shards (never the whole model).
+    /// Splits `model` into units and fills this rank's shards from `source` (never the whole
+    /// model).
     pub fn new(
         model: Box<dyn Model>,
         policy: &WrapPolicy,
-        seed: u64,
+        source: &ParamSource,
         groups: ProcessGroups,
         options: EngineOptions,
     ) -> Result<FsdpEngine, FsdpError> {
         let specs = model.params();
         let segments = model.segments();
+        let started = std::time::Instant::now();
+        let rss_before_bytes = crate::metrics::rss_bytes();
         let shard_count = groups.shard.world_size() as i64;
         let shard_index = groups.shard.rank() as i64;
         let mut units = Vec::new();
@@ -141,11 +160,20 @@ impl FsdpEngine {
                 layout,
                 &members,
                 shard_index,
-                seed,
+                source,
                 options.device,
                 options.param_kind,
                 options.reduce_kind,
             )?);
+        }
+        let loading = LoadingStats {
+            seconds: started.elapsed().as_secs_f64(),
+            rss_before_bytes,
+            peak_rss_bytes: crate::metrics::peak_rss_bytes(),
+            shard_elements: units.iter().map(|u| u.layout.shard_numel() as u64).sum(),
+        };
+        for u in &mut units {
+            u.allocate_state();
         }
         let mut segment_params = Vec::new();
         let mut segment_units: Vec<Vec<usize>> = Vec::new();
@@ -201,6 +229,7 @@ impl FsdpEngine {
             memory: MemoryStats::default(),
             reducing: VecDeque::new(),
             optimizer_steps: 0,
+            loading,
         })
     }
 
@@ -362,7 +391,6 @@ impl FsdpEngine {
     ) -> Result<Tensor, FsdpError> {
         let _engine = EngineScope::enter();
         let k = self.segments.len();
-        let targets = &batch.targets;
         let mut x = batch.inputs_as(self.options.param_kind);
         let mut saved = Vec::with_capacity(k);
         let mut loss = None;
@@ -370,7 +398,7 @@ impl FsdpEngine {
             self.prepare(s)?;
             let p = Params::new(&self.param_map);
             if self.options.activation_checkpointing && self.segments[s].is_block {
-                let y = tch::no_grad(|| self.model.forward_segment(s, &p, &x, targets));
+                let y = tch::no_grad(|| self.model.forward_segment(s, &p, &x, batch));
                 saved.push(Saved::Checkpoint {
                     input: std::mem::replace(&mut x, y),
                 });
@@ -378,7 +406,7 @@ impl FsdpEngine {
                 let input = (s > 0).then(|| x.detach().set_requires_grad(true));
                 let y = self
                     .model
-                    .forward_segment(s, &p, input.as_ref().unwrap_or(&x), targets);
+                    .forward_segment(s, &p, input.as_ref().unwrap_or(&x), batch);
                 x = y.detach();
                 let output = if s + 1 == k {
                     loss = Some(x.to_kind(Kind::Double));
@@ -406,9 +434,9 @@ impl FsdpEngine {
                 Some(Saved::Checkpoint { input: x }) => {
                     let input = (s > 0).then(|| x.detach().set_requires_grad(true));
                     let p = Params::new(&self.param_map);
-                    let y =
-                        self.model
-                            .forward_segment(s, &p, input.as_ref().unwrap_or(&x), targets);
+                    let y = self
+                        .model
+                        .forward_segment(s, &p, input.as_ref().unwrap_or(&x), batch);
                     (input, y)
                 }
                 None => {
@@ -511,12 +539,23 @@ impl FsdpEngine {
     pub fn optimizer_step(&mut self, config: &OptimizerConfig, lr: f64) -> Result<(), FsdpError> {
         self.optimizer_steps += 1;
         let step = self.optimizer_steps;
+        // Decoupled decay first, only on the decayed parameters' ranges (the no-decay group
+        // at weight_decay 0), then one fused Adam update without decay.
+        let shard_index = self.shard_index() as i64;
+        for u in &self.units {
+            let decayed = decayed_ranges(&u.layout, &u.kinds, shard_index, config);
+            decay_weights(config, lr, &u.shard, &decayed);
+        }
+        let adam = OptimizerConfig {
+            weight_decay: 0.0,
+            ..config.clone()
+        };
         let tensors: Vec<_> = self
             .units
             .iter()
             .map(|u| (&u.shard, &u.grad, &u.adam))
             .collect();
-        adamw_step_fused(config, lr, step, &tensors)?;
+        adamw_step_fused(&adam, lr, step, &tensors)?;
         for u in &mut self.units {
             u.mark_stale();
         }

@@ -16,7 +16,7 @@ pub mod shim;
 pub mod unit;
 pub mod wrap;
 
-pub use engine::{EngineOptions, FsdpEngine, MemoryStats, UnitShardState};
+pub use engine::{EngineOptions, FsdpEngine, LoadingStats, MemoryStats, UnitShardState};
 pub use flat::{FlatLayout, FlatParam};
 pub use groups::ProcessGroups;
 
@@ -30,6 +30,8 @@ pub enum FsdpError {
     Shim(#[from] shim::ShimError),
     #[error("torch: {0}")]
     Torch(#[from] tch::TchError),
+    #[error(transparent)]
+    Load(#[from] shardrun_models::hf::HfError),
     #[error("{0}")]
     Invalid(String),
 }

@@ -6,8 +6,9 @@ use super::flat::FlatLayout;
 use super::shim;
 use super::FsdpError;
 use crate::collectives::{Communicator, ReduceOp, Work};
-use crate::model::ParamSpec;
+use crate::model::{ParamKind, ParamSpec};
 use crate::optim::AdamWState;
+use shardrun_models::source::ParamSource;
 use tch::{Device, Kind, Tensor};
 
 enum Gather {
@@ -40,6 +41,8 @@ fn tensor_bytes(t: &Tensor) -> u64 {
 
 pub struct FlatUnit {
     pub layout: FlatLayout,
+    /// Kind of each parameter of the layout (weight decay groups).
+    pub kinds: Vec<ParamKind>,
     /// This rank's part of the flat fp32 parameters, `layout.shard_numel()` elements.
     pub shard: Tensor,
     /// This rank's part of the reduced fp32 gradients (accumulated over micro-steps).
@@ -60,27 +63,19 @@ pub struct FlatUnit {
 }
 
 impl FlatUnit {
-    /// Builds the unit holding shard `shard_index` of `layout`, initialising only the
-    /// parameters overlapping that shard.
+    /// Builds the unit holding shard `shard_index` of `layout`, taking from `source` only
+    /// the element ranges of the parameters that overlap that shard.
     pub fn new(
         layout: FlatLayout,
         specs: &[&ParamSpec],
         shard_index: i64,
-        seed: u64,
+        source: &ParamSource,
         device: Device,
         param_kind: Kind,
         reduce_kind: Kind,
     ) -> Result<FlatUnit, FsdpError> {
-        let (start, end) = layout.shard_range(shard_index);
-        let shard = Tensor::zeros([layout.shard_numel()], (Kind::Float, device));
-        for (p, spec) in layout.params.iter().zip(specs) {
-            if let Some((in_param, in_shard, len)) = FlatLayout::overlap(p, start, end) {
-                let value = spec.initial_value(seed).view([-1]).narrow(0, in_param, len);
-                shard
-                    .narrow(0, in_shard, len)
-                    .copy_(&value.to_device(device));
-            }
-        }
+        let shard = Tensor::empty([layout.shard_numel()], (Kind::Float, device));
+        fill_shard(&shard, &layout, specs, shard_index, source)?;
         let aliases_shard = layout.shard_count == 1 && param_kind == Kind::Float;
         let gathered = if aliases_shard {
             shard.shallow_clone()
@@ -91,7 +86,9 @@ impl FlatUnit {
             .params
             .iter()
             .map(|p| {
-                let mut leaf = Tensor::zeros(p.shape.as_slice(), (param_kind, device));
+                // An empty leaf re-pointed at its range: allocating the parameter's own
+                // (unsharded) size here would put a whole tensor in memory for nothing.
+                let mut leaf = Tensor::empty([0], (param_kind, device));
                 leaf.set_data(
                     &gathered
                         .narrow(0, p.offset, p.numel)
@@ -110,8 +107,11 @@ impl FlatUnit {
         };
         let written = vec![false; layout.params.len()];
         Ok(FlatUnit {
-            grad: shard.zeros_like(),
-            adam: AdamWState::zeros_like(&shard),
+            kinds: specs.iter().map(|s| s.kind).collect(),
+            // Allocated by `allocate_state` once every unit's shard is loaded: loading then
+            // holds the shards alone.
+            grad: Tensor::zeros([0], (Kind::Float, device)),
+            adam: AdamWState::zeros_like(&Tensor::zeros([0], (Kind::Float, device))),
             layout,
             shard,
             gathered,
@@ -122,6 +122,12 @@ impl FlatUnit {
             state,
             reduce_kind,
         })
+    }
+
+    /// Allocates the gradient shard and the AdamW state (zeros), shaped like the shard.
+    pub fn allocate_state(&mut self) {
+        self.grad = self.shard.zeros_like();
+        self.adam = AdamWState::zeros_like(&self.shard);
     }
 
     pub fn is_sharded(&self) -> bool {
@@ -284,4 +290,42 @@ impl FlatUnit {
     pub fn zero_grad(&mut self) {
         let _ = self.grad.zero_();
     }
+}
+
+/// Writes shard `shard_index` of `layout` into `shard` (fp32): each overlapping parameter
+/// range straight from `source` (on the CPU into the shard's own memory, so loading holds the
+/// shard and nothing of the model besides), and zeros in the padding after the last one.
+fn fill_shard(
+    shard: &Tensor,
+    layout: &FlatLayout,
+    specs: &[&ParamSpec],
+    shard_index: i64,
+    source: &ParamSource,
+) -> Result<(), FsdpError> {
+    let (start, end) = layout.shard_range(shard_index);
+    let mut staging = Vec::new();
+    for (p, spec) in layout.params.iter().zip(specs) {
+        let Some((in_param, in_shard, len)) = FlatLayout::overlap(p, start, end) else {
+            continue;
+        };
+        let range = in_param as u64..(in_param + len) as u64;
+        let mut dst = shard.narrow(0, in_shard, len);
+        if dst.device() == Device::Cpu {
+            // SAFETY: `dst` is a contiguous fp32 CPU view of `len` elements of `shard`,
+            // which outlives this borrow; nothing else reads or writes it meanwhile.
+            let values =
+                unsafe { std::slice::from_raw_parts_mut(dst.data_ptr() as *mut f32, len as usize) };
+            source.fill(spec, range, values)?;
+        } else {
+            staging.resize(len as usize, 0.0f32);
+            source.fill(spec, range, &mut staging)?;
+            tch::no_grad(|| dst.copy_(&Tensor::from_slice(&staging)));
+        }
+    }
+    // Parameters lie back to back from 0 to `numel`; only the tail is padding.
+    let filled = (layout.numel - start).clamp(0, end - start);
+    if filled < end - start {
+        let _ = shard.narrow(0, filled, end - start - filled).zero_();
+    }
+    Ok(())
 }

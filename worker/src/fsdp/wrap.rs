@@ -21,9 +21,10 @@ pub fn plan_units(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{transformer::Transformer, Model};
+    use shardrun_models::transformer::Transformer;
+    use shardrun_models::ModelDescription;
 
-    fn tiny() -> Transformer {
+    fn tiny() -> ModelDescription {
         Transformer {
             vocab_size: 11,
             dim: 8,
@@ -31,6 +32,7 @@ mod tests {
             n_heads: 2,
             max_seq_len: 4,
         }
+        .describe()
     }
 
     fn names(units: &[UnitPlan]) -> Vec<&str> {
@@ -40,8 +42,8 @@ mod tests {
     #[test]
     fn block_policy_is_torchtitans_embeddings_blocks_and_head() {
         let m = tiny();
-        let p = m.params();
-        let units = plan_units(&p, &m.segments(), &WrapPolicy::Block);
+        let p = m.params.clone();
+        let units = plan_units(&p, &m.segments, &WrapPolicy::Block);
         assert_eq!(
             names(&units),
             vec!["embeddings", "layers.0", "layers.1", "head"]
@@ -64,7 +66,7 @@ mod tests {
         // w1/w2 of dim 8: 8*32+32 = 288 and 32*8+8 = 264 parameters; the attention
         // projections have 64 each; tok_embeddings 88. The norms are left to their block.
         let policy = WrapPolicy::SizeBased { min_params: 250 };
-        let units = plan_units(&m.params(), &m.segments(), &policy);
+        let units = plan_units(&m.params.clone(), &m.segments, &policy);
         assert_eq!(
             names(&units),
             vec![

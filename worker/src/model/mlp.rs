@@ -1,43 +1,31 @@
-//! The MLP of PyTorch's FSDP tutorial: `layer2(relu(layer1(x)))`, trained with MSE against random targets.
+//! Forward of the MLP of PyTorch's FSDP tutorial (described in `shardrun_models::mlp`):
+//! `layer2(relu(layer1(x)))`, trained with MSE against random targets.
 
-use super::{linear, linear_specs, Model, ParamSpec, Params, SegmentSpec};
+use super::{linear, Model, ModelDescription, Params};
+use crate::data::Batch;
 use tch::{Kind, Tensor};
 
 #[derive(Debug, Clone)]
 pub struct Mlp {
-    pub input_dim: i64,
-    pub hidden_dim: i64,
-    pub output_dim: i64,
+    pub description: ModelDescription,
 }
 
 impl Model for Mlp {
-    fn params(&self) -> Vec<ParamSpec> {
-        let mut specs = linear_specs("layer1", self.input_dim, self.hidden_dim, true);
-        specs.extend(linear_specs(
-            "layer2",
-            self.hidden_dim,
-            self.output_dim,
-            true,
-        ));
-        specs
+    fn description(&self) -> &ModelDescription {
+        &self.description
     }
 
-    fn segments(&self) -> Vec<SegmentSpec> {
-        let segment = |name: &str| SegmentSpec {
-            name: name.into(),
-            params: vec![format!("{name}.weight"), format!("{name}.bias")],
-            is_block: false,
-        };
-        vec![segment("layer1"), segment("layer2")]
-    }
-
-    fn forward_segment(&self, index: usize, p: &Params, x: &Tensor, targets: &Tensor) -> Tensor {
+    fn forward_segment(&self, index: usize, p: &Params, x: &Tensor, batch: &Batch) -> Tensor {
         match index {
             0 => linear(&p.pp("layer1"), x).relu(),
-            _ => linear(&p.pp("layer2"), x)
-                .to_kind(Kind::Float)
-                .mse_loss(targets, tch::Reduction::Mean),
+            _ => self
+                .output(p, x, batch)
+                .mse_loss(&batch.targets, tch::Reduction::Mean),
         }
+    }
+
+    fn output(&self, p: &Params, x: &Tensor, _batch: &Batch) -> Tensor {
+        linear(&p.pp("layer2"), x).to_kind(Kind::Float)
     }
 
     fn input_kind(&self) -> Kind {

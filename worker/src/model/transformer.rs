@@ -1,4 +1,5 @@
-//! The transformer of PyTorch's FSDP2 example (`examples/distributed/FSDP2/model.py`):
+//! Forward of the transformer of PyTorch's FSDP2 example (described in
+//! `shardrun_models::transformer`):
 //!
 //! ```text
 //! h = tok_embeddings(tokens) + pos_embeddings(positions)
@@ -8,47 +9,21 @@
 //! logits = output(norm(h))                      # no bias
 //! loss = cross_entropy(logits, next tokens)
 //! ```
-//!
-//! Parameter names are that module's paths, so checkpoints map 1:1 to PyTorch state dicts.
 
-use super::{linear, linear_specs, Init, Model, ParamSpec, Params, SegmentSpec};
+use super::{linear, token_loss, Model, ModelDescription, Params};
+use crate::data::Batch;
 use tch::{Kind, Tensor};
 
 #[derive(Debug, Clone)]
 pub struct Transformer {
+    pub description: ModelDescription,
     pub vocab_size: i64,
-    pub dim: i64,
-    pub n_layers: i64,
     pub n_heads: i64,
-    pub max_seq_len: i64,
 }
 
 const NORM_EPS: f64 = 1e-5;
 
 impl Transformer {
-    fn block_specs(&self, i: i64) -> Vec<ParamSpec> {
-        let d = self.dim;
-        let path = format!("layers.{i}");
-        let mut specs = layer_norm_specs(&format!("{path}.attention_norm"), d);
-        for w in ["wq", "wk", "wv", "wo"] {
-            specs.extend(linear_specs(&format!("{path}.attention.{w}"), d, d, false));
-        }
-        specs.extend(layer_norm_specs(&format!("{path}.ffn_norm"), d));
-        specs.extend(linear_specs(
-            &format!("{path}.feed_forward.w1"),
-            d,
-            4 * d,
-            true,
-        ));
-        specs.extend(linear_specs(
-            &format!("{path}.feed_forward.w2"),
-            4 * d,
-            d,
-            true,
-        ));
-        specs
-    }
-
     fn embed(&self, p: &Params, tokens: &Tensor) -> Tensor {
         let seq_len = tokens.size()[1];
         let positions = Tensor::arange(seq_len, (Kind::Int64, tokens.device()));
@@ -83,20 +58,8 @@ impl Transformer {
         linear(&p.pp("wo"), &y.transpose(1, 2).contiguous().view([b, s, d]))
     }
 
-    fn head(&self, p: &Params, h: &Tensor, targets: &Tensor) -> Tensor {
-        let logits = linear(&p.pp("output"), &layer_norm(&p.pp("norm"), h));
-        // Loss in fp32 whatever the parameter dtype (bf16 logits lose the small differences
-        // softmax depends on).
-        logits
-            .view([-1, self.vocab_size])
-            .to_kind(Kind::Float)
-            .cross_entropy_loss::<Tensor>(
-                &targets.view([-1]),
-                None,
-                tch::Reduction::Mean,
-                -100,
-                0.0,
-            )
+    fn logits(&self, p: &Params, h: &Tensor) -> Tensor {
+        linear(&p.pp("output"), &layer_norm(&p.pp("norm"), h))
     }
 }
 
@@ -115,79 +78,22 @@ fn layer_norm(p: &Params, x: &Tensor) -> Tensor {
     )
 }
 
-fn layer_norm_specs(path: &str, dim: i64) -> Vec<ParamSpec> {
-    vec![
-        ParamSpec {
-            name: format!("{path}.weight"),
-            shape: vec![dim],
-            init: Init::Ones,
-        },
-        ParamSpec {
-            name: format!("{path}.bias"),
-            shape: vec![dim],
-            init: Init::Zeros,
-        },
-    ]
-}
-
 impl Model for Transformer {
-    /// In the order PyTorch's `named_parameters()` lists them.
-    fn params(&self) -> Vec<ParamSpec> {
-        let d = self.dim;
-        let mut specs = vec![
-            ParamSpec {
-                name: "tok_embeddings.weight".into(),
-                shape: vec![self.vocab_size, d],
-                init: Init::Normal(1.0),
-            },
-            ParamSpec {
-                name: "pos_embeddings.weight".into(),
-                shape: vec![self.max_seq_len, d],
-                init: Init::Normal(1.0),
-            },
-        ];
-        for i in 0..self.n_layers {
-            specs.extend(self.block_specs(i));
-        }
-        specs.extend(layer_norm_specs("norm", d));
-        specs.extend(linear_specs("output", d, self.vocab_size, false));
-        specs
+    fn description(&self) -> &ModelDescription {
+        &self.description
     }
 
-    fn segments(&self) -> Vec<SegmentSpec> {
-        let names = |specs: Vec<ParamSpec>| specs.into_iter().map(|s| s.name).collect();
-        let mut segments = vec![SegmentSpec {
-            name: "embeddings".into(),
-            params: vec![
-                "tok_embeddings.weight".into(),
-                "pos_embeddings.weight".into(),
-            ],
-            is_block: false,
-        }];
-        for i in 0..self.n_layers {
-            segments.push(SegmentSpec {
-                name: format!("layers.{i}"),
-                params: names(self.block_specs(i)),
-                is_block: true,
-            });
-        }
-        let mut head = names(layer_norm_specs("norm", self.dim));
-        head.push("output.weight".into());
-        segments.push(SegmentSpec {
-            name: "head".into(),
-            params: head,
-            is_block: false,
-        });
-        segments
-    }
-
-    fn forward_segment(&self, index: usize, p: &Params, x: &Tensor, targets: &Tensor) -> Tensor {
-        let last = self.n_layers as usize + 1;
+    fn forward_segment(&self, index: usize, p: &Params, x: &Tensor, batch: &Batch) -> Tensor {
+        let last = self.description.segments.len() - 1;
         match index {
             0 => self.embed(p, x),
-            i if i == last => self.head(p, x, targets),
+            i if i == last => token_loss(&self.logits(p, x), &batch.targets),
             i => self.block(&p.pp(&format!("layers.{}", i - 1)), x),
         }
+    }
+
+    fn output(&self, p: &Params, x: &Tensor, _batch: &Batch) -> Tensor {
+        self.logits(p, x).to_kind(Kind::Float)
     }
 
     fn input_kind(&self) -> Kind {

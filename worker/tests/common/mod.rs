@@ -46,6 +46,7 @@ pub fn config(model: ModelConfig, strategy: ShardingStrategy, world: u64) -> Tra
             eps: 1e-8,
             weight_decay: 0.1,
             grad_clip: Some(1.0),
+            no_weight_decay: default_no_weight_decay(),
         },
         schedule: LrSchedule {
             warmup_steps: 3,

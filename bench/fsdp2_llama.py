@@ -1,0 +1,106 @@
+"""PyTorch FSDP2 reference for shardrun's Llama benchmark: `transformers`' own
+`LlamaForCausalLM` (SDPA attention), `fully_shard` per decoder layer plus the root, on gloo,
+with the same synthetic data, dtype policy, AdamW (no weight decay on biases and norms, as
+the worker's default) and clipping as `shardrun-worker`.
+
+    torchrun --nproc_per_node 2 bench/fsdp2_llama.py --dim 512 --n-layers 8 ...
+
+Prints one JSON line (rank 0) with the median step time, tokens/s and each rank's peak RSS.
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from transformers import LlamaConfig, LlamaForCausalLM
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fsdp2_reference import samples  # noqa: E402  (the worker's synthetic tokens)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--dim", type=int, default=512)
+    p.add_argument("--n-layers", type=int, default=8)
+    p.add_argument("--n-heads", type=int, default=8)
+    p.add_argument("--n-kv-heads", type=int, default=2)
+    p.add_argument("--ffn-dim", type=int, default=1024)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--batch", type=int, default=4, help="per rank")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--param-dtype", choices=["f32", "bf16"], default="f32")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(args.seed)
+    config = LlamaConfig(
+        vocab_size=args.vocab, hidden_size=args.dim, intermediate_size=args.ffn_dim,
+        num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads,
+        num_key_value_heads=args.n_kv_heads, max_position_embeddings=args.seq,
+        tie_word_embeddings=False, use_cache=False)
+    config._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(config)
+    mp = None
+    if args.param_dtype == "bf16":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    kwargs = {"mp_policy": mp} if mp else {}
+    for layer in model.model.layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    params = dict(model.named_parameters())
+    no_decay = [n for n in params if n.endswith("bias") or "norm" in n]
+    opt = torch.optim.AdamW(
+        [{"params": [p for n, p in params.items() if n not in no_decay], "weight_decay": 0.1},
+         {"params": [params[n] for n in no_decay], "weight_decay": 0.0}],
+        lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+
+    times, losses = [], []
+    for step in range(args.steps):
+        first = step * args.batch * world + rank * args.batch
+        tokens, targets = samples(args.seed, first, args.batch, args.seq, args.vocab)
+        dist.barrier()
+        start = time.perf_counter()
+        logits = model(input_ids=tokens).logits
+        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        dist.barrier()
+        times.append(time.perf_counter() - start)
+        losses.append(loss.item())
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rss = torch.tensor([peak], dtype=torch.float64)
+    all_rss = [torch.zeros_like(rss) for _ in range(world)]
+    dist.all_gather(all_rss, rss)
+    if rank == 0:
+        step_time = statistics.median(times[args.warmup:])
+        print(json.dumps({
+            "impl": "pytorch-fsdp2-transformers-llama",
+            "params": sum(p.numel() for p in model.parameters()),
+            "step_time_s": step_time,
+            "tokens_per_s": args.batch * world * args.seq / step_time,
+            "peak_rss_bytes": [int(t.item()) for t in all_rss],
+            "first_loss": losses[0],
+            "last_loss": losses[-1],
+        }), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

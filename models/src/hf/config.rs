@@ -1,0 +1,513 @@
+//! `config.json` of a Llama-family folder → [`LlamaConfig`], in both dialects:
+//! transformers 4.x (`rope_theta`, `rope_scaling`, `torch_dtype`) and 5.x (`rope_parameters`,
+//! `dtype`). Keys that are absent take the default of the `transformers` config class of the
+//! folder's `model_type`, as `from_pretrained` would; anything this architecture cannot
+//! honour (another `model_type`, another activation, a rope type without an implementation
+//! here, quantised weights, attention dropout) is an error naming the key.
+
+use super::HfError;
+use crate::llama::{LlamaConfig, LlamaFamily, Rope, RopeScaling};
+use serde_json::{json, Map, Value};
+use std::path::Path;
+
+pub const CONFIG_FILE: &str = "config.json";
+
+const SUPPORTED_TYPES: &str = "llama, mistral, qwen2 (Llama 1-3, CodeLlama, SmolLM, TinyLlama, Mistral, Qwen2 and their fine-tunes)";
+const SUPPORTED_ROPE: &str = "default, linear, llama3";
+
+/// Reads and parses `<dir>/config.json`.
+pub fn read_config(dir: &Path) -> Result<LlamaConfig, HfError> {
+    let path = dir.join(CONFIG_FILE);
+    let text = std::fs::read_to_string(&path).map_err(HfError::io("read", &path))?;
+    let value: Value = serde_json::from_str(&text).map_err(|e| {
+        HfError::folder(
+            &path,
+            format!("is not valid JSON ({e}): copy config.json again from the model's source"),
+        )
+    })?;
+    parse_config(&value, &path)
+}
+
+/// The dtype the folder's weights were saved in (`dtype` in 5.x, `torch_dtype` in 4.x), as
+/// written there (`bfloat16`, `float32`, ...).
+pub fn saved_dtype(config: &Value) -> Option<&str> {
+    config
+        .get("dtype")
+        .or_else(|| config.get("torch_dtype"))
+        .and_then(Value::as_str)
+}
+
+/// Typed access to the keys of one JSON object, with errors naming `path` and the key.
+struct Keys<'a> {
+    map: &'a Map<String, Value>,
+    path: &'a Path,
+    /// Prefix for nested objects (`rope_scaling.`).
+    prefix: &'a str,
+}
+
+impl<'a> Keys<'a> {
+    fn err(&self, key: &str, why: impl Into<String>) -> HfError {
+        HfError::config(self.path, &format!("{}{key}", self.prefix), why)
+    }
+
+    /// The value of `key`, `None` when absent or null.
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    fn u64_opt(&self, key: &str) -> Result<Option<u64>, HfError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .or_else(|| {
+                    v.as_f64()
+                        .filter(|f| f.fract() == 0.0 && *f >= 0.0)
+                        .map(|f| f as u64)
+                })
+                .map(Some)
+                .ok_or_else(|| self.err(key, format!("is {v}, expected a whole number"))),
+        }
+    }
+
+    fn u64_req(&self, key: &str) -> Result<u64, HfError> {
+        self.u64_opt(key)?.ok_or_else(|| {
+            self.err(
+                key,
+                "is missing: a Llama-family config.json states it; is this the model's own config.json?",
+            )
+        })
+    }
+
+    fn f64_opt(&self, key: &str) -> Result<Option<f64>, HfError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.err(key, format!("is {v}, expected a number"))),
+        }
+    }
+
+    fn f64_req(&self, key: &str) -> Result<f64, HfError> {
+        self.f64_opt(key)?
+            .ok_or_else(|| self.err(key, "is missing: this rope type needs it"))
+    }
+
+    fn bool_or(&self, key: &str, default: bool) -> Result<bool, HfError> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| self.err(key, format!("is {v}, expected true or false"))),
+        }
+    }
+
+    fn str_opt(&self, key: &str) -> Result<Option<&'a str>, HfError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.err(key, format!("is {v}, expected a string"))),
+        }
+    }
+}
+
+/// Defaults of `transformers`' config classes for keys a config.json may leave out.
+struct FamilyDefaults {
+    max_position_embeddings: u64,
+    /// `None`: as many key/value heads as query heads.
+    n_kv_heads: Option<u64>,
+    /// Mistral's window applies unless the config says `null`.
+    sliding_window: Option<u64>,
+}
+
+fn defaults(family: LlamaFamily) -> FamilyDefaults {
+    match family {
+        LlamaFamily::Llama => FamilyDefaults {
+            max_position_embeddings: 2048,
+            n_kv_heads: None,
+            sliding_window: None,
+        },
+        LlamaFamily::Mistral => FamilyDefaults {
+            max_position_embeddings: 4096 * 32,
+            n_kv_heads: Some(8),
+            sliding_window: Some(4096),
+        },
+        LlamaFamily::Qwen2 => FamilyDefaults {
+            max_position_embeddings: 32768,
+            n_kv_heads: Some(32),
+            sliding_window: None,
+        },
+    }
+}
+
+/// Parses a `config.json` value (its file is `path`, for messages).
+pub fn parse_config(value: &Value, path: &Path) -> Result<LlamaConfig, HfError> {
+    let map = value
+        .as_object()
+        .ok_or_else(|| HfError::folder(path, "is not a JSON object"))?;
+    let k = Keys {
+        map,
+        path,
+        prefix: "",
+    };
+    let model_type = match k.str_opt("model_type")? {
+        Some("llama") => LlamaFamily::Llama,
+        Some("mistral") => LlamaFamily::Mistral,
+        Some("qwen2") => LlamaFamily::Qwen2,
+        Some(other) => {
+            return Err(k.err(
+                "model_type",
+                format!("\"{other}\" is not supported; supported model types: {SUPPORTED_TYPES}"),
+            ))
+        }
+        None => {
+            return Err(k.err(
+                "model_type",
+                format!("is missing; supported model types: {SUPPORTED_TYPES}"),
+            ))
+        }
+    };
+    let family = defaults(model_type);
+    if let Some(act) = k.str_opt("hidden_act")?.filter(|a| *a != "silu") {
+        return Err(k.err(
+            "hidden_act",
+            format!("\"{act}\" is not supported: the Llama MLP here is SwiGLU (silu)"),
+        ));
+    }
+    if k.get("quantization_config").is_some() {
+        return Err(k.err(
+            "quantization_config",
+            "quantised weights are not supported: use the model's bf16 or fp32 weights",
+        ));
+    }
+    if let Some(p) = k.f64_opt("attention_dropout")?.filter(|&p| p != 0.0) {
+        return Err(k.err(
+            "attention_dropout",
+            format!("{p} is not supported: training runs without dropout (set it to 0.0)"),
+        ));
+    }
+
+    let vocab_size = k.u64_req("vocab_size")?;
+    let dim = k.u64_req("hidden_size")?;
+    let ffn_dim = k.u64_req("intermediate_size")?;
+    let n_layers = k.u64_req("num_hidden_layers")?;
+    let n_heads = k.u64_req("num_attention_heads")?;
+    if n_heads == 0 {
+        return Err(k.err("num_attention_heads", "is 0"));
+    }
+    let n_kv_heads = k
+        .u64_opt("num_key_value_heads")?
+        .or(family.n_kv_heads)
+        .unwrap_or(n_heads);
+    let head_dim = match k.u64_opt("head_dim")? {
+        Some(h) => h,
+        None if dim.is_multiple_of(n_heads) => dim / n_heads,
+        None => {
+            return Err(k.err(
+                "head_dim",
+                format!(
+                    "is not given and hidden_size {dim} is not a multiple of num_attention_heads {n_heads}"
+                ),
+            ))
+        }
+    };
+    let max_position_embeddings = k
+        .u64_opt("max_position_embeddings")?
+        .unwrap_or(family.max_position_embeddings);
+    let (qkv_bias, o_proj_bias, mlp_bias) = match model_type {
+        LlamaFamily::Llama => {
+            let attention = k.bool_or("attention_bias", false)?;
+            (attention, attention, k.bool_or("mlp_bias", false)?)
+        }
+        LlamaFamily::Mistral => (false, false, false),
+        LlamaFamily::Qwen2 => (true, false, false),
+    };
+    let sliding_window = match model_type {
+        LlamaFamily::Llama => None,
+        LlamaFamily::Mistral => {
+            if map.contains_key("sliding_window") {
+                k.u64_opt("sliding_window")?
+            } else {
+                family.sliding_window
+            }
+        }
+        LlamaFamily::Qwen2 => qwen2_window(&k, n_layers)?,
+    };
+    Ok(LlamaConfig {
+        model_type,
+        vocab_size,
+        dim,
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        ffn_dim,
+        norm_eps: k.f64_opt("rms_norm_eps")?.unwrap_or(1e-6),
+        rope: rope(&k, max_position_embeddings)?,
+        max_position_embeddings,
+        tie_embeddings: k.bool_or("tie_word_embeddings", false)?,
+        qkv_bias,
+        o_proj_bias,
+        mlp_bias,
+        initializer_range: k.f64_opt("initializer_range")?.unwrap_or(0.02),
+        pad_token_id: k.u64_opt("pad_token_id")?,
+        sliding_window,
+    })
+}
+
+/// Qwen2 slides its window only where `use_sliding_window` is on, in the layers from
+/// `max_window_layers` (or those `layer_types` marks `sliding_attention`, 5.x).
+fn qwen2_window(k: &Keys, n_layers: u64) -> Result<Option<u64>, HfError> {
+    if !k.bool_or("use_sliding_window", false)? {
+        return Ok(None);
+    }
+    let window = k.u64_opt("sliding_window")?.unwrap_or(4096);
+    let sliding_layers = match k.get("layer_types").and_then(Value::as_array) {
+        Some(types) => types
+            .iter()
+            .any(|t| t.as_str() == Some("sliding_attention")),
+        None => k.u64_opt("max_window_layers")?.unwrap_or(28) < n_layers,
+    };
+    Ok(sliding_layers.then_some(window))
+}
+
+/// The rotary settings: 4.x's `rope_scaling` wins over 5.x's `rope_parameters` (as
+/// `transformers` does), `rope_theta` inside them over the top-level key.
+fn rope(k: &Keys, max_position_embeddings: u64) -> Result<Rope, HfError> {
+    let (key, params) = match (k.get("rope_scaling"), k.get("rope_parameters")) {
+        (Some(v), _) => ("rope_scaling", v),
+        (None, Some(v)) => ("rope_parameters", v),
+        (None, None) => ("rope_parameters", &Value::Null),
+    };
+    let empty = Map::new();
+    let map = match params {
+        Value::Null => &empty,
+        Value::Object(map) => map,
+        other => return Err(k.err(key, format!("is {other}, expected an object"))),
+    };
+    let prefix = format!("{key}.");
+    let p = Keys {
+        map,
+        path: k.path,
+        prefix: &prefix,
+    };
+    if map.values().any(Value::is_object) {
+        return Err(k.err(
+            key,
+            "holds rotary settings per layer type; this architecture has one for all layers",
+        ));
+    }
+    let theta = match p.f64_opt("rope_theta")? {
+        Some(t) => t,
+        None => k.f64_opt("rope_theta")?.unwrap_or(10_000.0),
+    };
+    if let Some(f) = p
+        .f64_opt("partial_rotary_factor")?
+        .or(k.f64_opt("partial_rotary_factor")?)
+        .filter(|&f| f != 1.0)
+    {
+        return Err(p.err(
+            "partial_rotary_factor",
+            format!("{f} is not supported: rotary embeddings here cover the whole head"),
+        ));
+    }
+    let rope_type = match p.str_opt("rope_type")? {
+        Some(t) => t,
+        None => p.str_opt("type")?.unwrap_or("default"),
+    };
+    let scaling = match rope_type {
+        "default" => RopeScaling::Default,
+        "linear" => RopeScaling::Linear {
+            factor: p.f64_req("factor")?,
+        },
+        "llama3" => RopeScaling::Llama3 {
+            factor: p.f64_req("factor")?,
+            low_freq_factor: p.f64_req("low_freq_factor")?,
+            high_freq_factor: p.f64_req("high_freq_factor")?,
+            original_max_position_embeddings: p
+                .u64_opt("original_max_position_embeddings")?
+                .unwrap_or(max_position_embeddings),
+        },
+        other => {
+            return Err(p.err(
+                "rope_type",
+                format!("\"{other}\" is not supported; supported rope types: {SUPPORTED_ROPE}"),
+            ))
+        }
+    };
+    Ok(Rope { theta, scaling })
+}
+
+/// A `config.json` for a model trained from scratch, in the transformers 5.x dialect with the
+/// 4.x keys beside it (`rope_theta`, `rope_scaling`, `torch_dtype`), so both read it.
+pub fn config_json(config: &LlamaConfig, dtype: &str) -> Value {
+    let (rope_type, mut scaling) = match config.rope.scaling {
+        RopeScaling::Default => ("default", Map::new()),
+        RopeScaling::Linear { factor } => {
+            let mut m = Map::new();
+            m.insert("factor".into(), json!(factor));
+            ("linear", m)
+        }
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            let mut m = Map::new();
+            m.insert("factor".into(), json!(factor));
+            m.insert("low_freq_factor".into(), json!(low_freq_factor));
+            m.insert("high_freq_factor".into(), json!(high_freq_factor));
+            m.insert(
+                "original_max_position_embeddings".into(),
+                json!(original_max_position_embeddings),
+            );
+            ("llama3", m)
+        }
+    };
+    scaling.insert("rope_type".into(), json!(rope_type));
+    let rope_scaling = (rope_type != "default").then(|| Value::Object(scaling.clone()));
+    scaling.insert("rope_theta".into(), json!(config.rope.theta));
+    let mut v = json!({
+        "architectures": [config.model_type.architecture()],
+        "model_type": config.model_type.model_type(),
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.dim,
+        "intermediate_size": config.ffn_dim,
+        "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads,
+        "num_key_value_heads": config.n_kv_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": config.max_position_embeddings,
+        "initializer_range": config.initializer_range,
+        "rms_norm_eps": config.norm_eps,
+        "tie_word_embeddings": config.tie_embeddings,
+        "pad_token_id": config.pad_token_id,
+        "attention_dropout": 0.0,
+        "rope_theta": config.rope.theta,
+        "rope_scaling": rope_scaling,
+        "rope_parameters": Value::Object(scaling),
+        "dtype": dtype,
+        "torch_dtype": dtype,
+        "use_cache": true,
+    });
+    let map = v.as_object_mut().expect("a JSON object");
+    match config.model_type {
+        LlamaFamily::Llama => {
+            map.insert("attention_bias".into(), json!(config.qkv_bias));
+            map.insert("mlp_bias".into(), json!(config.mlp_bias));
+        }
+        LlamaFamily::Mistral => {
+            map.insert("sliding_window".into(), json!(config.sliding_window));
+        }
+        LlamaFamily::Qwen2 => {
+            map.insert(
+                "use_sliding_window".into(),
+                json!(config.sliding_window.is_some()),
+            );
+            map.insert("sliding_window".into(), json!(config.sliding_window));
+            map.insert("max_window_layers".into(), json!(0));
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(v: Value) -> Result<LlamaConfig, HfError> {
+        parse_config(&v, Path::new("/m/config.json"))
+    }
+
+    fn base() -> Value {
+        json!({
+            "model_type": "llama", "vocab_size": 128, "hidden_size": 64,
+            "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+            "max_position_embeddings": 131072, "tie_word_embeddings": true,
+            "torch_dtype": "bfloat16"
+        })
+    }
+
+    #[test]
+    fn both_dialects_give_the_same_architecture() {
+        let old = parse(base()).unwrap();
+        let mut new = base();
+        let m = new.as_object_mut().unwrap();
+        m.remove("rope_theta");
+        let mut params = m.remove("rope_scaling").unwrap();
+        params["rope_theta"] = json!(500000.0);
+        m.insert("rope_parameters".into(), params);
+        assert_eq!(parse(new).unwrap(), old);
+        assert_eq!(old.head_dim, 16);
+        assert_eq!(old.n_kv_heads, 2);
+        assert!(old.tie_embeddings);
+        assert_eq!(
+            old.rope,
+            Rope {
+                theta: 500000.0,
+                scaling: RopeScaling::Llama3 {
+                    factor: 8.0,
+                    low_freq_factor: 1.0,
+                    high_freq_factor: 4.0,
+                    original_max_position_embeddings: 8192
+                }
+            }
+        );
+        // What an export writes reads back as the same architecture.
+        assert_eq!(parse(config_json(&old, "float32")).unwrap(), old);
+    }
+
+    #[test]
+    fn unsupported_settings_name_their_key() {
+        let mut v = base();
+        v["model_type"] = json!("gpt2");
+        let e = parse(v).unwrap_err().to_string();
+        assert!(
+            e.contains("`model_type`") && e.contains("llama, mistral, qwen2"),
+            "{e}"
+        );
+        let mut v = base();
+        v["rope_scaling"]["rope_type"] = json!("yarn");
+        let e = parse(v).unwrap_err().to_string();
+        assert!(
+            e.contains("`rope_scaling.rope_type`") && e.contains("\"yarn\""),
+            "{e}"
+        );
+        let mut v = base();
+        v.as_object_mut().unwrap().remove("hidden_size");
+        let e = parse(v).unwrap_err().to_string();
+        assert!(e.contains("`hidden_size`: is missing"), "{e}");
+        let mut v = base();
+        v["hidden_act"] = json!("gelu");
+        assert!(parse(v).unwrap_err().to_string().contains("`hidden_act`"));
+    }
+
+    #[test]
+    fn mistral_window_and_qwen2_biases() {
+        let mut v = base();
+        v["model_type"] = json!("mistral");
+        let m = parse(v.clone()).unwrap();
+        assert_eq!(m.sliding_window, Some(4096), "MistralConfig's default");
+        v["sliding_window"] = Value::Null;
+        assert_eq!(parse(v).unwrap().sliding_window, None);
+        let mut v = base();
+        v["model_type"] = json!("qwen2");
+        let q = parse(v.clone()).unwrap();
+        assert_eq!(
+            (q.qkv_bias, q.o_proj_bias, q.sliding_window),
+            (true, false, None)
+        );
+        v["use_sliding_window"] = json!(true);
+        v["max_window_layers"] = json!(1);
+        v["sliding_window"] = json!(32);
+        assert_eq!(parse(v).unwrap().sliding_window, Some(32));
+    }
+}

@@ -1,0 +1,119 @@
+//! Hugging Face model folders, as `transformers`' `save_pretrained` writes them and
+//! `from_pretrained` reads them:
+//!
+//! ```text
+//! <folder>/
+//!   config.json                          architecture (transformers 4.x or 5.x dialect)
+//!   model.safetensors                    all weights, or, past a size limit:
+//!   model.safetensors.index.json         {"weight_map": {tensor: file}}
+//!   model-00001-of-00003.safetensors ...
+//!   tokenizer.json, tokenizer_config.json, generation_config.json, ...
+//! ```
+//!
+//! * [`config`]: `config.json` → [`crate::LlamaConfig`] (and back, for exports);
+//! * [`weights`]: the safetensors files checked against the architecture's parameters and
+//!   read by element range, one mapped byte range at a time;
+//! * [`save`]: writing a folder back, split into shards with an index past a size limit.
+
+pub mod config;
+pub mod save;
+pub mod weights;
+
+pub use config::{read_config, CONFIG_FILE};
+pub use save::{save_folder, SaveOptions, SavedFolder};
+pub use weights::{HfWeights, StoredDtype};
+
+use std::path::{Path, PathBuf};
+
+pub const SINGLE_FILE: &str = "model.safetensors";
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// Why a folder cannot be used; every message names the file (and the key or tensor) and says
+/// what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum HfError {
+    #[error("cannot {action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: `{key}`: {why}")]
+    Config {
+        path: PathBuf,
+        key: String,
+        why: String,
+    },
+    #[error("{file}: tensor `{tensor}`: {why}")]
+    Tensor {
+        file: PathBuf,
+        tensor: String,
+        why: String,
+    },
+    #[error("{path}: {why}")]
+    Folder { path: PathBuf, why: String },
+}
+
+impl HfError {
+    pub(crate) fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> HfError {
+        let path = path.to_path_buf();
+        move |source| HfError::Io {
+            action,
+            path,
+            source,
+        }
+    }
+
+    pub(crate) fn config(path: &Path, key: &str, why: impl Into<String>) -> HfError {
+        HfError::Config {
+            path: path.to_path_buf(),
+            key: key.to_string(),
+            why: why.into(),
+        }
+    }
+
+    pub(crate) fn tensor(file: &Path, tensor: &str, why: impl Into<String>) -> HfError {
+        HfError::Tensor {
+            file: file.to_path_buf(),
+            tensor: tensor.to_string(),
+            why: why.into(),
+        }
+    }
+
+    pub(crate) fn folder(path: &Path, why: impl Into<String>) -> HfError {
+        HfError::Folder {
+            path: path.to_path_buf(),
+            why: why.into(),
+        }
+    }
+}
+
+/// Whether `dir` looks like a Hugging Face model folder (a `config.json` next to weights).
+pub fn is_hf_folder(dir: &Path) -> bool {
+    dir.join(CONFIG_FILE).is_file()
+        && (dir.join(SINGLE_FILE).is_file() || dir.join(INDEX_FILE).is_file())
+}
+
+/// A folder's architecture and weights, checked against each other.
+#[derive(Debug)]
+pub struct HfFolder {
+    pub dir: PathBuf,
+    pub config: crate::LlamaConfig,
+    pub weights: HfWeights,
+    /// Things accepted but worth saying (tensors ignored, and why).
+    pub notes: Vec<String>,
+}
+
+/// Opens `dir`: parses `config.json`, reads every weight file's header, and checks that the
+/// tensors are exactly the parameters the config describes, with the same shapes.
+pub fn open_folder(dir: &Path) -> Result<HfFolder, HfError> {
+    let config = read_config(dir)?;
+    let weights = HfWeights::open(dir)?;
+    let notes = weights.check(&config.describe(), dir)?;
+    Ok(HfFolder {
+        dir: dir.to_path_buf(),
+        config,
+        weights,
+        notes,
+    })
+}

@@ -1,0 +1,239 @@
+//! Writing a Hugging Face folder that `from_pretrained` loads: `config.json`, the weights as
+//! `model.safetensors` (or, past `max_shard_bytes`, `model-0000i-of-0000n.safetensors` with a
+//! `model.safetensors.index.json`, as `save_pretrained` splits them), and the tokenizer and
+//! generation files of the folder the model came from. Tensors are streamed one at a time,
+//! so nothing holds the whole model. The folder is written under a temporary name, fsynced,
+//! and renamed into place: an interrupted export leaves no half folder.
+
+use super::weights::StoredDtype;
+use super::{HfError, CONFIG_FILE, INDEX_FILE, SINGLE_FILE};
+use safetensors::tensor::{Metadata, TensorInfo};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SaveOptions {
+    pub dtype: StoredDtype,
+    /// Split the weights into files of at most this many bytes (a larger tensor gets a file
+    /// of its own), as `save_pretrained(max_shard_size=...)`.
+    pub max_shard_bytes: u64,
+}
+
+/// What was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SavedFolder {
+    pub dir: PathBuf,
+    /// Weight files with their sizes.
+    pub weight_files: Vec<(String, u64)>,
+    /// Files copied from the source folder.
+    pub copied: Vec<String>,
+}
+
+/// Whether a file of a model folder belongs to its tokenizer or generation settings (what an
+/// export copies along).
+pub fn is_tokenizer_or_generation_file(name: &str) -> bool {
+    name.starts_with("tokenizer")
+        || name.ends_with(".jinja")
+        || name.ends_with(".tiktoken")
+        || matches!(
+            name,
+            "special_tokens_map.json"
+                | "added_tokens.json"
+                | "vocab.json"
+                | "vocab.txt"
+                | "merges.txt"
+                | "generation_config.json"
+                | "chat_template.json"
+                | "preprocessor_config.json"
+        )
+}
+
+/// Writes the folder `out` (which must not exist). `tensors` are (name, shape) in file
+/// order; `values(name, buf)` fills `buf` with one tensor's f32 values.
+pub fn save_folder(
+    out: &Path,
+    config: &Value,
+    tensors: &[(String, Vec<u64>)],
+    mut values: impl FnMut(&str, &mut Vec<f32>) -> Result<(), String>,
+    copy_from: Option<&Path>,
+    options: &SaveOptions,
+) -> Result<SavedFolder, HfError> {
+    if out.exists() {
+        return Err(HfError::folder(
+            out,
+            "already exists: remove it or choose another --out",
+        ));
+    }
+    let name = out
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| HfError::folder(out, "is not a folder name"))?;
+    let parent = out.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(HfError::io("create", parent))?;
+    let tmp = parent.join(format!(".{name}.partial-{}", std::process::id()));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(HfError::io("remove", &tmp))?;
+    }
+    std::fs::create_dir(&tmp).map_err(HfError::io("create", &tmp))?;
+    let written = write_contents(&tmp, config, tensors, &mut values, copy_from, options);
+    let (weight_files, copied) = match written {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+    };
+    sync_dir(&tmp)?;
+    std::fs::rename(&tmp, out).map_err(HfError::io("rename into place", out))?;
+    sync_dir(parent)?;
+    Ok(SavedFolder {
+        dir: out.to_path_buf(),
+        weight_files,
+        copied,
+    })
+}
+
+type Contents = (Vec<(String, u64)>, Vec<String>);
+/// Fills the buffer with one tensor's f32 values, by name.
+type Values<'a> = dyn FnMut(&str, &mut Vec<f32>) -> Result<(), String> + 'a;
+
+fn write_contents(
+    dir: &Path,
+    config: &Value,
+    tensors: &[(String, Vec<u64>)],
+    values: &mut Values,
+    copy_from: Option<&Path>,
+    options: &SaveOptions,
+) -> Result<Contents, HfError> {
+    let elt = options.dtype.size();
+    let bytes_of = |shape: &[u64]| shape.iter().product::<u64>() * elt;
+    // Greedy split in order, as save_pretrained does.
+    let mut groups: Vec<Vec<usize>> = vec![Vec::new()];
+    let mut group_bytes = 0;
+    for (i, (_, shape)) in tensors.iter().enumerate() {
+        let b = bytes_of(shape);
+        if group_bytes > 0 && group_bytes + b > options.max_shard_bytes {
+            groups.push(Vec::new());
+            group_bytes = 0;
+        }
+        groups.last_mut().expect("one group").push(i);
+        group_bytes += b;
+    }
+    let n = groups.len();
+    let file_name = |g: usize| {
+        if n == 1 {
+            SINGLE_FILE.to_string()
+        } else {
+            format!("model-{:05}-of-{n:05}.safetensors", g + 1)
+        }
+    };
+    let mut weight_files = Vec::new();
+    let mut weight_map = BTreeMap::new();
+    let mut f32_buf = Vec::new();
+    let mut byte_buf = Vec::new();
+    for (g, members) in groups.iter().enumerate() {
+        let fname = file_name(g);
+        let path = dir.join(&fname);
+        let mut offset = 0usize;
+        let mut infos = Vec::new();
+        for &i in members {
+            let (tname, shape) = &tensors[i];
+            let len = bytes_of(shape) as usize;
+            infos.push((
+                tname.clone(),
+                TensorInfo {
+                    dtype: options.dtype.safetensors(),
+                    shape: shape.iter().map(|&d| d as usize).collect(),
+                    data_offsets: (offset, offset + len),
+                },
+            ));
+            offset += len;
+            weight_map.insert(tname.clone(), fname.clone());
+        }
+        let mut meta = HashMap::new();
+        meta.insert("format".to_string(), "pt".to_string());
+        let metadata = Metadata::new(Some(meta), infos)
+            .map_err(|e| HfError::folder(&path, format!("cannot build the header: {e}")))?;
+        let mut header = serde_json::to_vec(&metadata)
+            .map_err(|e| HfError::folder(&path, format!("cannot encode the header: {e}")))?;
+        header.resize(header.len().next_multiple_of(8), b' ');
+        let file = File::create(&path).map_err(HfError::io("create", &path))?;
+        let mut w = BufWriter::with_capacity(8 << 20, file);
+        let io = HfError::io("write", &path);
+        let put = |w: &mut BufWriter<File>, bytes: &[u8]| w.write_all(bytes);
+        put(&mut w, &(header.len() as u64).to_le_bytes())
+            .and_then(|()| put(&mut w, &header))
+            .map_err(io)?;
+        // Data in the header's offset order, which is the order tensors were listed in.
+        for &i in members {
+            let (tname, shape) = &tensors[i];
+            let numel = shape.iter().product::<u64>() as usize;
+            f32_buf.clear();
+            values(tname, &mut f32_buf).map_err(|why| HfError::tensor(&path, tname, why))?;
+            if f32_buf.len() != numel {
+                return Err(HfError::tensor(
+                    &path,
+                    tname,
+                    format!("{} values given for {numel} elements", f32_buf.len()),
+                ));
+            }
+            options.dtype.encode(&f32_buf, &mut byte_buf);
+            put(&mut w, &byte_buf).map_err(HfError::io("write", &path))?;
+        }
+        let file = w
+            .into_inner()
+            .map_err(|e| HfError::io("write", &path)(e.into_error()))?;
+        file.sync_all().map_err(HfError::io("fsync", &path))?;
+        let size = file.metadata().map_err(HfError::io("stat", &path))?.len();
+        weight_files.push((fname, size));
+    }
+    if n > 1 {
+        let total: u64 = tensors.iter().map(|(_, s)| bytes_of(s)).sum();
+        let index = json!({ "metadata": { "total_size": total }, "weight_map": weight_map });
+        write_json(&dir.join(INDEX_FILE), &index)?;
+    }
+    write_json(&dir.join(CONFIG_FILE), config)?;
+    let mut copied = Vec::new();
+    if let Some(src) = copy_from {
+        let entries = std::fs::read_dir(src).map_err(HfError::io("list", src))?;
+        let mut names: Vec<String> = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(HfError::io("list", src))?;
+            let is_file = entry.file_type().map(|t| t.is_file()).unwrap_or(false);
+            if let (true, Some(fname)) = (is_file, entry.file_name().to_str()) {
+                if is_tokenizer_or_generation_file(fname) {
+                    names.push(fname.to_string());
+                }
+            }
+        }
+        names.sort();
+        for fname in names {
+            let from = src.join(&fname);
+            let to = dir.join(&fname);
+            std::fs::copy(&from, &to).map_err(HfError::io("copy", &from))?;
+            File::open(&to)
+                .and_then(|f| f.sync_all())
+                .map_err(HfError::io("fsync", &to))?;
+            copied.push(fname);
+        }
+    }
+    Ok((weight_files, copied))
+}
+
+fn write_json(path: &Path, value: &Value) -> Result<(), HfError> {
+    let mut text = serde_json::to_string_pretty(value).expect("JSON values serialize");
+    text.push('\n');
+    let mut file = File::create(path).map_err(HfError::io("create", path))?;
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(HfError::io("write", path))
+}
+
+fn sync_dir(dir: &Path) -> Result<(), HfError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(HfError::io("fsync", dir))
+}

@@ -1,0 +1,448 @@
+//! A folder's safetensors weights: `model.safetensors`, or the files a sharded
+//! `model.safetensors.index.json` names. Opening reads only headers (and file sizes, so a
+//! truncated file is found before anything is loaded); [`HfWeights::check`] compares the
+//! tensors with an architecture's parameters; [`HfWeights::read`] converts any element range
+//! of one tensor to f32, mapping only the bytes of that range, a bounded chunk at a time. A
+//! rank therefore reads exactly its own shards and never holds more than its shards plus
+//! one chunk.
+
+use super::{HfError, INDEX_FILE, SINGLE_FILE};
+use crate::param::ModelDescription;
+use safetensors::tensor::{Dtype, Metadata};
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// safetensors refuses larger headers; so do we, before allocating.
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+/// Elements converted per mapped chunk: bounds what a read maps at once (16 MiB of f32).
+const CHUNK_ELEMENTS: u64 = 4 << 20;
+
+/// Element types the weights may be stored in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoredDtype {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl StoredDtype {
+    pub fn size(self) -> u64 {
+        match self {
+            StoredDtype::F32 => 4,
+            StoredDtype::Bf16 | StoredDtype::F16 => 2,
+        }
+    }
+
+    /// As `transformers` writes it in `config.json` (`torch_dtype`).
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            StoredDtype::F32 => "float32",
+            StoredDtype::Bf16 => "bfloat16",
+            StoredDtype::F16 => "float16",
+        }
+    }
+
+    pub fn from_torch_name(name: &str) -> Option<StoredDtype> {
+        match name {
+            "float32" | "float" => Some(StoredDtype::F32),
+            "bfloat16" => Some(StoredDtype::Bf16),
+            "float16" | "half" => Some(StoredDtype::F16),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn safetensors(self) -> Dtype {
+        match self {
+            StoredDtype::F32 => Dtype::F32,
+            StoredDtype::Bf16 => Dtype::BF16,
+            StoredDtype::F16 => Dtype::F16,
+        }
+    }
+
+    /// Little-endian bytes of this dtype → f32.
+    fn decode(self, bytes: &[u8], out: &mut [f32]) {
+        match self {
+            StoredDtype::F32 if cfg!(target_endian = "little") => {
+                // SAFETY: `out` is plain f32 memory viewed as its bytes (any bit pattern is a
+                // valid f32); on a little-endian host the file's bytes are the values.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 4)
+                };
+                dst.copy_from_slice(&bytes[..dst.len()]);
+            }
+            StoredDtype::F32 => {
+                for (v, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                    *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            StoredDtype::Bf16 => {
+                for (v, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *v = half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+                }
+            }
+            StoredDtype::F16 => {
+                for (v, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *v = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+                }
+            }
+        }
+    }
+
+    /// f32 → little-endian bytes of this dtype (round to nearest even, as `tensor.to()`).
+    pub fn encode(self, values: &[f32], out: &mut Vec<u8>) {
+        out.clear();
+        out.reserve(values.len() * self.size() as usize);
+        match self {
+            StoredDtype::F32 => values
+                .iter()
+                .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+            StoredDtype::Bf16 => values.iter().for_each(|v| {
+                out.extend_from_slice(&half::bf16::from_f32(*v).to_bits().to_le_bytes())
+            }),
+            StoredDtype::F16 => values.iter().for_each(|v| {
+                out.extend_from_slice(&half::f16::from_f32(*v).to_bits().to_le_bytes())
+            }),
+        }
+    }
+}
+
+/// Where one tensor's bytes are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredTensor {
+    pub file: PathBuf,
+    pub dtype: StoredDtype,
+    pub shape: Vec<u64>,
+    /// Byte position of element 0 in the file.
+    pub start: u64,
+}
+
+impl StoredTensor {
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().product()
+    }
+}
+
+/// Every tensor of a folder's weight files, by name.
+#[derive(Debug)]
+pub struct HfWeights {
+    /// What the tensors were listed from (`model.safetensors` or the index), for messages.
+    source: PathBuf,
+    tensors: BTreeMap<String, StoredTensor>,
+    files: HashMap<PathBuf, File>,
+}
+
+#[derive(Deserialize)]
+struct IndexFile {
+    weight_map: BTreeMap<String, String>,
+}
+
+impl HfWeights {
+    /// Reads the headers of `<dir>/model.safetensors`, or of every file
+    /// `<dir>/model.safetensors.index.json` names.
+    pub fn open(dir: &Path) -> Result<HfWeights, HfError> {
+        let index_path = dir.join(INDEX_FILE);
+        let single = dir.join(SINGLE_FILE);
+        if index_path.is_file() {
+            Self::open_index(dir, &index_path)
+        } else if single.is_file() {
+            let (file, tensors) = read_header(&single)?;
+            let mut files = HashMap::new();
+            files.insert(single.clone(), file);
+            Ok(HfWeights {
+                source: single,
+                tensors,
+                files,
+            })
+        } else if dir.join("pytorch_model.bin").is_file()
+            || dir.join("pytorch_model.bin.index.json").is_file()
+        {
+            Err(HfError::folder(
+                dir,
+                "holds PyTorch pickle weights (pytorch_model.bin); shardrun reads safetensors. Convert once with: python -c \"import sys, transformers as t; t.AutoModelForCausalLM.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[2])\" <folder> <new folder>",
+            ))
+        } else {
+            Err(HfError::folder(
+                dir,
+                format!("has no {SINGLE_FILE} and no {INDEX_FILE}: is this a Hugging Face model folder?"),
+            ))
+        }
+    }
+
+    fn open_index(dir: &Path, index_path: &Path) -> Result<HfWeights, HfError> {
+        let text = std::fs::read_to_string(index_path).map_err(HfError::io("read", index_path))?;
+        let index: IndexFile = serde_json::from_str(&text).map_err(|e| {
+            HfError::folder(
+                index_path,
+                format!(
+                    "is not a safetensors index ({e}): it needs a `weight_map` of tensor → file"
+                ),
+            )
+        })?;
+        let mut names_by_file: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (tensor, file) in &index.weight_map {
+            if file.contains('/') || file.starts_with('.') {
+                return Err(HfError::tensor(
+                    index_path,
+                    tensor,
+                    format!("is mapped to \"{file}\", which is not a file of this folder"),
+                ));
+            }
+            names_by_file.entry(file.as_str()).or_default().push(tensor);
+        }
+        let mut tensors = BTreeMap::new();
+        let mut files = HashMap::new();
+        for (file_name, listed) in names_by_file {
+            let path = dir.join(file_name);
+            if !path.is_file() {
+                return Err(HfError::tensor(
+                    index_path,
+                    listed[0],
+                    format!(
+                        "is in {file_name} according to the index, but {} does not exist: copy the missing file",
+                        path.display()
+                    ),
+                ));
+            }
+            let (file, in_file) = read_header(&path)?;
+            for name in listed {
+                if !in_file.contains_key(name) {
+                    return Err(HfError::tensor(
+                        &path,
+                        name,
+                        format!("is missing from the file, though {INDEX_FILE} says it is here"),
+                    ));
+                }
+            }
+            for (name, tensor) in in_file {
+                if let Some(other) = tensors.get(&name).map(|t: &StoredTensor| t.file.clone()) {
+                    return Err(HfError::tensor(
+                        &path,
+                        &name,
+                        format!("is also in {}: which one is meant?", other.display()),
+                    ));
+                }
+                tensors.insert(name, tensor);
+            }
+            files.insert(path, file);
+        }
+        Ok(HfWeights {
+            source: index_path.to_path_buf(),
+            tensors,
+            files,
+        })
+    }
+
+    pub fn tensors(&self) -> &BTreeMap<String, StoredTensor> {
+        &self.tensors
+    }
+
+    pub fn get(&self, name: &str) -> Option<&StoredTensor> {
+        self.tensors.get(name)
+    }
+
+    /// Total bytes of all tensors on disk.
+    pub fn total_bytes(&self) -> u64 {
+        self.tensors
+            .values()
+            .map(|t| t.numel() * t.dtype.size())
+            .sum()
+    }
+
+    /// The dtype most tensors are stored in.
+    pub fn main_dtype(&self) -> Option<StoredDtype> {
+        let mut counts: Vec<(StoredDtype, u64)> = Vec::new();
+        for t in self.tensors.values() {
+            match counts.iter_mut().find(|(d, _)| *d == t.dtype) {
+                Some((_, n)) => *n += t.numel(),
+                None => counts.push((t.dtype, t.numel())),
+            }
+        }
+        counts.into_iter().max_by_key(|(_, n)| *n).map(|(d, _)| d)
+    }
+
+    /// Checks that the stored tensors are exactly `model`'s parameters with the same shapes.
+    /// Tensors `transformers` itself ignores are accepted and returned as notes: the output
+    /// head of a tied model (`lm_head.weight`, some exports keep it) and rotary `inv_freq`
+    /// buffers of old checkpoints.
+    pub fn check(&self, model: &ModelDescription, dir: &Path) -> Result<Vec<String>, HfError> {
+        let config = dir.join(super::CONFIG_FILE);
+        for p in &model.params {
+            let Some(t) = self.tensors.get(&p.name) else {
+                let alias = model.tied.iter().find(|t| t.param == p.name);
+                let why = match alias {
+                    Some(t) if self.tensors.contains_key(&t.alias) => format!(
+                        "is missing, but {} is there: config.json says tie_word_embeddings: true, the weights say false. Fix tie_word_embeddings in {}",
+                        t.alias,
+                        config.display()
+                    ),
+                    _ if p.name == crate::llama::LM_HEAD => format!(
+                        "is missing: {} says tie_word_embeddings: false (or leaves it out). If the output head is the token embedding, set it to true",
+                        config.display()
+                    ),
+                    _ => format!(
+                        "is missing: {} describes a model with this parameter. Is the folder complete, and is config.json the one of these weights?",
+                        config.display()
+                    ),
+                };
+                return Err(HfError::tensor(&self.source, &p.name, why));
+            };
+            let expected: Vec<u64> = p.shape.iter().map(|&d| d as u64).collect();
+            if t.shape != expected {
+                return Err(HfError::tensor(
+                    &t.file,
+                    &p.name,
+                    format!(
+                        "has shape {:?} but {} implies {expected:?}: the config does not describe these weights",
+                        t.shape,
+                        config.display()
+                    ),
+                ));
+            }
+        }
+        let mut notes = Vec::new();
+        for (name, t) in &self.tensors {
+            if model.param(name).is_some() {
+                continue;
+            }
+            if model.tied.iter().any(|tied| &tied.alias == name) {
+                notes.push(format!(
+                    "{name} in {} ignored: the model ties it to the token embedding (tie_word_embeddings)",
+                    t.file.display()
+                ));
+            } else if name.ends_with("rotary_emb.inv_freq") {
+                notes.push(format!(
+                    "{name} in {} ignored: rotary frequencies are computed from config.json",
+                    t.file.display()
+                ));
+            } else {
+                return Err(HfError::tensor(
+                    &t.file,
+                    name,
+                    format!(
+                        "is not a parameter of the model {} describes: is config.json the one of these weights?",
+                        config.display()
+                    ),
+                ));
+            }
+        }
+        Ok(notes)
+    }
+
+    /// Elements `range` of the flattened tensor `name`, converted to f32, into `out`.
+    pub fn read(&self, name: &str, range: Range<u64>, out: &mut [f32]) -> Result<(), HfError> {
+        let t = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| HfError::tensor(&self.source, name, "is not in the folder's weights"))?;
+        if range.end > t.numel() || out.len() as u64 != range.end - range.start {
+            return Err(HfError::tensor(
+                &t.file,
+                name,
+                format!(
+                    "elements {range:?} asked of a tensor of {} into {} values",
+                    t.numel(),
+                    out.len()
+                ),
+            ));
+        }
+        let file = &self.files[&t.file];
+        let size = t.dtype.size();
+        let mut done = 0u64;
+        while done < out.len() as u64 {
+            let n = CHUNK_ELEMENTS.min(out.len() as u64 - done);
+            let offset = t.start + (range.start + done) * size;
+            // SAFETY: a private read-only mapping of a range the header check found inside
+            // the file. If another process truncated the file meanwhile, reading the mapping
+            // would fault (SIGBUS) rather than return wrong values.
+            let map = unsafe {
+                memmap2::MmapOptions::new()
+                    .offset(offset)
+                    .len((n * size) as usize)
+                    .map(file)
+            }
+            .map_err(HfError::io("map", &t.file))?;
+            t.dtype
+                .decode(&map, &mut out[done as usize..(done + n) as usize]);
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+/// Parses one file's header and checks its size; tensors in dtypes other than f32, bf16 and
+/// f16 are errors.
+fn read_header(path: &Path) -> Result<(File, BTreeMap<String, StoredTensor>), HfError> {
+    let file = File::open(path).map_err(HfError::io("open", path))?;
+    let size = file.metadata().map_err(HfError::io("stat", path))?.len();
+    let not_safetensors = |why: String| {
+        HfError::folder(
+            path,
+            format!("{why}: the file is truncated or not a safetensors file; copy it again"),
+        )
+    };
+    if size < 8 {
+        return Err(not_safetensors(format!("only {size} bytes")));
+    }
+    let mut len = [0u8; 8];
+    file.read_exact_at(&mut len, 0)
+        .map_err(HfError::io("read", path))?;
+    let header_len = u64::from_le_bytes(len);
+    if header_len > MAX_HEADER_BYTES || 8 + header_len > size {
+        return Err(not_safetensors(format!(
+            "a header of {header_len} bytes in a file of {size}"
+        )));
+    }
+    let mut header = vec![0u8; header_len as usize];
+    file.read_exact_at(&mut header, 8)
+        .map_err(HfError::io("read", path))?;
+    let metadata: Metadata = serde_json::from_slice(&header)
+        .map_err(|e| not_safetensors(format!("an unreadable header ({e})")))?;
+    let data_start = 8 + header_len;
+    let mut tensors = BTreeMap::new();
+    for (name, info) in metadata.tensors() {
+        let dtype = match info.dtype {
+            Dtype::F32 => StoredDtype::F32,
+            Dtype::BF16 => StoredDtype::Bf16,
+            Dtype::F16 => StoredDtype::F16,
+            other => {
+                return Err(HfError::tensor(
+                    path,
+                    &name,
+                    format!("is stored as {other:?}; shardrun reads F32, BF16 and F16 weights"),
+                ))
+            }
+        };
+        let (begin, end) = (info.data_offsets.0 as u64, info.data_offsets.1 as u64);
+        if data_start + end > size {
+            return Err(HfError::tensor(
+                path,
+                &name,
+                format!(
+                    "is cut off: its bytes end at {} but the file has {size} bytes. The file is truncated; copy it again",
+                    data_start + end
+                ),
+            ));
+        }
+        tensors.insert(
+            name,
+            StoredTensor {
+                file: path.to_path_buf(),
+                dtype,
+                shape: info.shape.iter().map(|&d| d as u64).collect(),
+                start: data_start + begin,
+            },
+        );
+    }
+    let expected = data_start + metadata.data_len() as u64;
+    if size > expected {
+        return Err(not_safetensors(format!(
+            "{} bytes after the last tensor",
+            size - expected
+        )));
+    }
+    Ok((file, tensors))
+}

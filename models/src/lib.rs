@@ -1,0 +1,232 @@
+//! The models shardrun trains, described once for the orchestrator (no libtorch) and the
+//! worker: which parameters a model has (names, shapes, initialisation, kind), how forward is
+//! cut into segments, how many parameters and FLOPs it has, and how a Hugging Face folder maps
+//! onto it. The worker adds only the forward code (`worker/src/model/`).
+//!
+//! * [`param`]: parameter and segment descriptions, counted and checked;
+//! * [`init`]: from-scratch values as a counter-based generator (any element range alone);
+//! * [`footprint`]: parameters, segments and activation bytes for the memory plan;
+//! * [`source`]: where a run's initial values come from (the generator or a folder);
+//! * [`transformer`], [`mlp`], [`llama`]: the architectures;
+//! * [`hf`]: Hugging Face folders: `config.json` in both dialects, safetensors weights
+//!   (single file or sharded index) checked against the architecture and read by byte range,
+//!   and written back.
+//!
+//! Adding an architecture: a module here with its config, `describe()` (parameters and
+//! segments) and `activations()` (bytes per token of each segment, for the memory plan), a
+//! variant of [`ModelConfig`], its forward file in the worker (`worker/src/model/`), and a
+//! job in `tests/tests/memory_plan.rs` checking its activation figures against a real run.
+
+pub mod footprint;
+pub mod hf;
+pub mod init;
+pub mod llama;
+pub mod mlp;
+pub mod param;
+pub mod source;
+pub mod transformer;
+
+pub use llama::{LlamaConfig, LlamaFamily, LlamaModel, Rope, RopeScaling};
+pub use param::{Builder, Init, ModelDescription, ParamKind, ParamSpec, SegmentSpec, TiedParam};
+
+use serde::{Deserialize, Serialize};
+
+/// The model of a job, fully resolved (every size explicit). Parameter names follow the
+/// PyTorch modules the architectures mirror, so checkpoints map 1:1 to their state dicts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ModelConfig {
+    /// PyTorch's FSDP2-example transformer ([`transformer`]).
+    Transformer {
+        vocab_size: u64,
+        dim: u64,
+        n_layers: u64,
+        n_heads: u64,
+        max_seq_len: u64,
+    },
+    /// The MLP of PyTorch's FSDP tutorial ([`mlp`]), trained with MSE loss.
+    Mlp {
+        input_dim: u64,
+        hidden_dim: u64,
+        output_dim: u64,
+    },
+    /// A Llama-family causal language model ([`llama`]), from scratch or from a Hugging Face
+    /// folder.
+    Llama(LlamaModel),
+}
+
+impl ModelConfig {
+    /// Parameters, segments and tied names: everything but the forward code.
+    pub fn describe(&self) -> ModelDescription {
+        match self {
+            ModelConfig::Transformer {
+                vocab_size,
+                dim,
+                n_layers,
+                n_heads,
+                max_seq_len,
+            } => transformer::Transformer {
+                vocab_size: *vocab_size as i64,
+                dim: *dim as i64,
+                n_layers: *n_layers as i64,
+                n_heads: *n_heads as i64,
+                max_seq_len: *max_seq_len as i64,
+            }
+            .describe(),
+            ModelConfig::Mlp {
+                input_dim,
+                hidden_dim,
+                output_dim,
+            } => mlp::Mlp {
+                input_dim: *input_dim as i64,
+                hidden_dim: *hidden_dim as i64,
+                output_dim: *output_dim as i64,
+            }
+            .describe(),
+            ModelConfig::Llama(m) => m.architecture.describe(),
+        }
+    }
+
+    /// Number of parameters of the unsharded model.
+    pub fn num_params(&self) -> u64 {
+        self.describe().num_params()
+    }
+
+    /// FLOPs per token (per sample for the MLP) of forward + backward at `seq_len`.
+    pub fn flops_per_token(&self, seq_len: u64) -> f64 {
+        self.describe().flops_per_token(seq_len)
+    }
+
+    /// Vocabulary of a language model; `None` for the MLP, whose samples are vectors.
+    pub fn vocab_size(&self) -> Option<u64> {
+        match self {
+            ModelConfig::Transformer { vocab_size, .. } => Some(*vocab_size),
+            ModelConfig::Llama(m) => Some(m.architecture.vocab_size),
+            ModelConfig::Mlp { .. } => None,
+        }
+    }
+
+    /// One line for people (`shardrun plan`).
+    pub fn summary(&self) -> String {
+        match self {
+            ModelConfig::Transformer {
+                vocab_size,
+                dim,
+                n_layers,
+                n_heads,
+                max_seq_len,
+            } => format!(
+                "transformer: dim {dim}, {n_layers} layers, {n_heads} heads, vocab {vocab_size}, max_seq_len {max_seq_len}"
+            ),
+            ModelConfig::Mlp {
+                input_dim,
+                hidden_dim,
+                output_dim,
+            } => format!("mlp: {input_dim} → {hidden_dim} → {output_dim}"),
+            ModelConfig::Llama(m) => {
+                let c = &m.architecture;
+                let rope = match c.rope.scaling {
+                    RopeScaling::Default => String::new(),
+                    RopeScaling::Linear { factor } => format!(" linear ×{factor}"),
+                    RopeScaling::Llama3 { factor, .. } => format!(" llama3 ×{factor}"),
+                };
+                let from = match &m.pretrained {
+                    Some(dir) => format!(" from {}", dir.display()),
+                    None => " from scratch".to_string(),
+                };
+                format!(
+                    "{}{from}: dim {}, {} layers, {} heads ({} key/value) of {}, ffn {}, vocab {}, rope θ {}{rope}{}",
+                    c.model_type.model_type(),
+                    c.dim,
+                    c.n_layers,
+                    c.n_heads,
+                    c.n_kv_heads,
+                    c.head_dim,
+                    c.ffn_dim,
+                    c.vocab_size,
+                    c.rope.theta,
+                    if c.tie_embeddings { ", tied embeddings" } else { "" }
+                )
+            }
+        }
+    }
+
+    /// What the forward code would otherwise find out deep inside libtorch: sizes that do not
+    /// divide, sequences longer than the model takes, empty layers.
+    pub fn validate(&self, seq_len: u64) -> Result<(), String> {
+        match *self {
+            ModelConfig::Transformer {
+                vocab_size,
+                dim,
+                n_layers,
+                n_heads,
+                max_seq_len,
+            } => {
+                if vocab_size == 0 || dim == 0 || n_layers == 0 || n_heads == 0 || max_seq_len == 0
+                {
+                    return Err(
+                        "vocab_size, dim, n_layers, n_heads and max_seq_len must be positive"
+                            .into(),
+                    );
+                }
+                if !dim.is_multiple_of(n_heads) {
+                    return Err(format!("dim {dim} is not divisible by n_heads {n_heads}"));
+                }
+                if seq_len > max_seq_len {
+                    return Err(format!(
+                        "seq_len {seq_len} exceeds the model's max_seq_len {max_seq_len} (the position table)"
+                    ));
+                }
+                Ok(())
+            }
+            ModelConfig::Mlp {
+                input_dim,
+                hidden_dim,
+                output_dim,
+            } => {
+                if input_dim == 0 || hidden_dim == 0 || output_dim == 0 {
+                    return Err("the MLP's dimensions must be positive".into());
+                }
+                Ok(())
+            }
+            ModelConfig::Llama(ref m) => m.architecture.validate(seq_len),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transformer_param_count_matches_pytorch() {
+        // Module by module, as in PyTorch's FSDP2 example model.py: bias-free attention
+        // projections, biased MLP, LayerNorms with weight and bias, untied output.
+        let m = ModelConfig::Transformer {
+            vocab_size: 8192,
+            dim: 256,
+            n_layers: 8,
+            n_heads: 8,
+            max_seq_len: 256,
+        };
+        let block = 4 * 256 * 256 + (256 * 1024 + 1024 + 1024 * 256 + 256) + 4 * 256;
+        assert_eq!(m.num_params(), 8192 * 256 * 2 + 256 * 256 + 8 * block + 512);
+        // torchtitan's 6·N (N without the embedding tables) + 12·L·d·T.
+        let n = m.num_params() - 8192 * 256 - 256 * 256;
+        assert_eq!(
+            m.flops_per_token(256),
+            6.0 * n as f64 + 12.0 * (8 * 256 * 256) as f64
+        );
+    }
+
+    #[test]
+    fn mlp_param_count() {
+        let m = ModelConfig::Mlp {
+            input_dim: 1024,
+            hidden_dim: 4096,
+            output_dim: 1024,
+        };
+        assert_eq!(m.num_params(), 1024 * 4096 + 4096 + 4096 * 1024 + 1024);
+        assert_eq!(m.flops_per_token(1), 6.0 * m.num_params() as f64);
+    }
+}

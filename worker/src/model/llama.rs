@@ -1,0 +1,268 @@
+//! Forward of the Llama architecture (described in `shardrun_models::llama`), one type per
+//! layer as in `transformers`' `modeling_llama.py`; Mistral and Qwen2 are the same code with
+//! their flags (biases) from the config.
+//!
+//! ```text
+//! LlamaForCausalLM
+//!   model.embed_tokens      embedding (the pad row gets no gradient)
+//!   model.layers.i          LlamaDecoderLayer:
+//!       h = h + self_attn(input_layernorm(h))            RMSNorm, q/k/v/o, RoPE, causal GQA
+//!       h = h + mlp(post_attention_layernorm(h))         down(silu(gate(x)) * up(x))
+//!   model.norm, lm_head     RMSNorm, projection to the vocabulary (the embedding when tied)
+//! ```
+//!
+//! Packed sequences: when the batch carries `document_ids`, attention stays within each
+//! document (a block-diagonal causal mask); `position_ids` give each token's RoPE position.
+
+use super::{linear, token_loss, Model, ModelDescription, Params};
+use crate::data::Batch;
+use shardrun_models::llama::{EMBED_TOKENS, LM_HEAD};
+use shardrun_models::{LlamaConfig, RopeScaling};
+use tch::{Device, Kind, Tensor};
+
+/// `LlamaRMSNorm`: normalised in fp32, scaled in the compute dtype.
+pub struct RmsNorm {
+    eps: f64,
+}
+
+impl RmsNorm {
+    pub fn forward(&self, p: &Params, x: &Tensor) -> Tensor {
+        let kind = x.kind();
+        let h = x.to_kind(Kind::Float);
+        let variance = h.square().mean_dim(-1, true, Kind::Float);
+        let h = h * (variance + self.eps).rsqrt();
+        p.get("weight") * h.to_kind(kind)
+    }
+}
+
+/// `LlamaRotaryEmbedding`: the inverse frequencies are the model's buffer, held in
+/// `buffer_dtype`; cos and sin are computed from them in fp32 and cast to the compute dtype.
+pub struct RotaryEmbedding {
+    /// The buffer's values (rounded through `buffer_dtype`) as fp32.
+    inv_freq: Vec<f32>,
+}
+
+impl RotaryEmbedding {
+    pub fn new(config: &LlamaConfig, buffer_kind: Kind) -> Self {
+        let inv_freq = inverse_frequencies(config)
+            .to_kind(buffer_kind)
+            .to_kind(Kind::Float);
+        RotaryEmbedding {
+            inv_freq: Vec::<f32>::try_from(&inv_freq).expect("a 1-d fp32 tensor"),
+        }
+    }
+
+    /// cos and sin of shape (batch or 1, seq, head_dim) for `positions` (batch or 1, seq).
+    pub fn cos_sin(&self, positions: &Tensor, kind: Kind) -> (Tensor, Tensor) {
+        let inv_freq = Tensor::from_slice(&self.inv_freq).to_device(positions.device());
+        let freqs = positions.unsqueeze(-1).to_kind(Kind::Float) * inv_freq;
+        let emb = Tensor::cat(&[&freqs, &freqs], -1);
+        (emb.cos().to_kind(kind), emb.sin().to_kind(kind))
+    }
+}
+
+/// `transformers`' rope init functions, op for op in fp32 (`default`, `linear`, `llama3`).
+fn inverse_frequencies(config: &LlamaConfig) -> Tensor {
+    let dim = config.head_dim as i64;
+    let exponents = Tensor::arange_start_step(0, dim, 2, (Kind::Int64, Device::Cpu))
+        .to_kind(Kind::Float)
+        / dim as f64;
+    let inv_freq = Tensor::pow_scalar(config.rope.theta, &exponents).reciprocal();
+    match config.rope.scaling {
+        RopeScaling::Default => inv_freq,
+        RopeScaling::Linear { factor } => inv_freq / factor,
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            let old_context = original_max_position_embeddings as f64;
+            let low_freq_wavelen = old_context / low_freq_factor;
+            let high_freq_wavelen = old_context / high_freq_factor;
+            let wavelen = inv_freq.reciprocal() * (2.0 * std::f64::consts::PI);
+            let scaled = (&inv_freq / factor).where_self(&wavelen.gt(low_freq_wavelen), &inv_freq);
+            let smooth = (wavelen.reciprocal() * old_context - low_freq_factor)
+                / (high_freq_factor - low_freq_factor);
+            let smoothed = (-&smooth + 1.0) * &scaled / factor + &smooth * &scaled;
+            let medium = wavelen
+                .lt(high_freq_wavelen)
+                .logical_not()
+                .logical_and(&wavelen.gt(low_freq_wavelen).logical_not());
+            smoothed.where_self(&medium, &scaled)
+        }
+    }
+}
+
+fn rotate_half(x: &Tensor) -> Tensor {
+    let half = x.size()[x.dim() - 1] / 2;
+    let x1 = x.narrow(-1, 0, half);
+    let x2 = x.narrow(-1, half, half);
+    Tensor::cat(&[&(-x2), &x1], -1)
+}
+
+/// `LlamaAttention`: projections, RoPE, grouped-query scaled-dot-product attention.
+pub struct Attention {
+    n_heads: i64,
+    n_kv_heads: i64,
+    head_dim: i64,
+}
+
+impl Attention {
+    pub fn forward(
+        &self,
+        p: &Params,
+        x: &Tensor,
+        (cos, sin): (&Tensor, &Tensor),
+        mask: Option<&Tensor>,
+    ) -> Tensor {
+        let (b, s, _) = x.size3().expect("activations are (batch, seq, dim)");
+        let heads = |t: Tensor, n: i64| t.view([b, s, n, self.head_dim]).transpose(1, 2);
+        let q = heads(linear(&p.pp("q_proj"), x), self.n_heads);
+        let k = heads(linear(&p.pp("k_proj"), x), self.n_kv_heads);
+        let v = heads(linear(&p.pp("v_proj"), x), self.n_kv_heads);
+        let (cos, sin) = (cos.unsqueeze(1), sin.unsqueeze(1));
+        let q = &q * &cos + rotate_half(&q) * &sin;
+        let k = &k * &cos + rotate_half(&k) * &sin;
+        let y = Tensor::scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            mask,
+            0.0,
+            mask.is_none(),
+            None,
+            self.n_kv_heads < self.n_heads,
+        );
+        let y = y
+            .transpose(1, 2)
+            .reshape([b, s, self.n_heads * self.head_dim]);
+        linear(&p.pp("o_proj"), &y)
+    }
+}
+
+/// `LlamaMLP`: SwiGLU.
+pub struct Mlp;
+
+impl Mlp {
+    pub fn forward(&self, p: &Params, x: &Tensor) -> Tensor {
+        let gate = linear(&p.pp("gate_proj"), x).silu();
+        linear(&p.pp("down_proj"), &(gate * linear(&p.pp("up_proj"), x)))
+    }
+}
+
+/// `LlamaDecoderLayer`: pre-norm attention and MLP, each with a residual.
+pub struct DecoderLayer {
+    norm: RmsNorm,
+    attention: Attention,
+    mlp: Mlp,
+}
+
+impl DecoderLayer {
+    pub fn forward(
+        &self,
+        p: &Params,
+        h: &Tensor,
+        rope: (&Tensor, &Tensor),
+        mask: Option<&Tensor>,
+    ) -> Tensor {
+        let attn_in = self.norm.forward(&p.pp("input_layernorm"), h);
+        let h = h + self
+            .attention
+            .forward(&p.pp("self_attn"), &attn_in, rope, mask);
+        let mlp_in = self.norm.forward(&p.pp("post_attention_layernorm"), &h);
+        &h + self.mlp.forward(&p.pp("mlp"), &mlp_in)
+    }
+}
+
+/// `LlamaForCausalLM`, segment by segment: the embedding, each decoder layer, the head.
+pub struct Llama {
+    description: ModelDescription,
+    layer: DecoderLayer,
+    rotary: RotaryEmbedding,
+    norm: RmsNorm,
+    tie_embeddings: bool,
+    padding_idx: i64,
+}
+
+impl Llama {
+    pub fn new(config: &LlamaConfig, buffer_kind: Kind) -> Self {
+        let norm = || RmsNorm {
+            eps: config.norm_eps,
+        };
+        Llama {
+            description: config.describe(),
+            layer: DecoderLayer {
+                norm: norm(),
+                attention: Attention {
+                    n_heads: config.n_heads as i64,
+                    n_kv_heads: config.n_kv_heads as i64,
+                    head_dim: config.head_dim as i64,
+                },
+                mlp: Mlp,
+            },
+            rotary: RotaryEmbedding::new(config, buffer_kind),
+            norm: norm(),
+            tie_embeddings: config.tie_embeddings,
+            padding_idx: config.pad_token_id.map_or(-1, |p| p as i64),
+        }
+    }
+
+    /// RoPE positions: the batch's `position_ids`, else 0..seq for every row.
+    fn positions(batch: &Batch, seq_len: i64, device: Device) -> Tensor {
+        match &batch.position_ids {
+            Some(ids) => ids.to_device(device),
+            None => Tensor::arange(seq_len, (Kind::Int64, device)).unsqueeze(0),
+        }
+    }
+
+    /// With `document_ids`: token i attends to token j iff j ≤ i and both are in the same
+    /// document (true = attend). Without: `None`, plain causal attention.
+    fn document_mask(batch: &Batch, device: Device) -> Option<Tensor> {
+        let docs = batch.document_ids.as_ref()?.to_device(device);
+        let s = docs.size()[1];
+        let same = docs.unsqueeze(2).eq_tensor(&docs.unsqueeze(1));
+        let causal = Tensor::ones([s, s], (Kind::Bool, device)).tril(0);
+        Some(same.logical_and(&causal).unsqueeze(1))
+    }
+
+    fn logits(&self, p: &Params, h: &Tensor) -> Tensor {
+        let h = self.norm.forward(&p.pp("model.norm"), h);
+        let head = if self.tie_embeddings {
+            p.get(EMBED_TOKENS)
+        } else {
+            p.get(LM_HEAD)
+        };
+        h.linear::<Tensor>(head, None)
+    }
+}
+
+impl Model for Llama {
+    fn description(&self) -> &ModelDescription {
+        &self.description
+    }
+
+    fn forward_segment(&self, index: usize, p: &Params, x: &Tensor, batch: &Batch) -> Tensor {
+        let last = self.description.segments.len() - 1;
+        match index {
+            0 => Tensor::embedding(p.get(EMBED_TOKENS), x, self.padding_idx, false, false),
+            i if i == last => token_loss(&self.logits(p, x), &batch.targets),
+            i => {
+                let (_, s, _) = x.size3().expect("activations are (batch, seq, dim)");
+                let positions = Self::positions(batch, s, x.device());
+                let (cos, sin) = self.rotary.cos_sin(&positions, x.kind());
+                let mask = Self::document_mask(batch, x.device());
+                let p = p.pp(&format!("model.layers.{}", i - 1));
+                self.layer.forward(&p, x, (&cos, &sin), mask.as_ref())
+            }
+        }
+    }
+
+    fn output(&self, p: &Params, x: &Tensor, _batch: &Batch) -> Tensor {
+        self.logits(p, x).to_kind(Kind::Float)
+    }
+
+    fn input_kind(&self) -> Kind {
+        Kind::Int64
+    }
+}

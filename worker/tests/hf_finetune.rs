@@ -1,0 +1,296 @@
+//! Fine-tuning a Hugging Face folder end to end, through the real binaries: `shardrun run` on
+//! 2 CPU ranks (FULL_SHARD, gradient accumulation, sharded checkpoints), `shardrun export` to
+//! a Hugging Face folder, and `transformers.AutoModelForCausalLM.from_pretrained` on it:
+//!
+//! * the exported model's logits equal the worker's on the trained weights (≤ 1e-5), and the
+//!   tokenizer and generation files came along;
+//! * a bf16 export split into several files with an index loads in `transformers` and holds
+//!   exactly the bf16 rounding of the trained weights;
+//! * resuming from the mid-run checkpoint gives the uninterrupted run's losses, bit for bit.
+
+mod common;
+mod hf_common;
+
+use common::{temp_dir, WORKER};
+use hf_common::*;
+use shardrun_checkpoint::{Checkpoint, StateKind, UnitLayout, Verify};
+use shardrun_models::source::ParamSource;
+use shardrun_worker::data::Batch;
+use shardrun_worker::model::{self, Params};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use tch::{Kind, Tensor};
+
+const IDS: [[i64; 12]; 2] = [
+    [1, 5, 17, 0, 42, 95, 3, 3, 60, 7, 0, 88],
+    [2, 90, 44, 13, 13, 8, 71, 0, 29, 50, 64, 11],
+];
+
+fn shardrun(args: &[&str]) -> String {
+    let bin = Path::new(WORKER).with_file_name("shardrun");
+    assert!(
+        bin.is_file(),
+        "{} is not built: run `cargo build --release -p shardrun` first",
+        bin.display()
+    );
+    let out = Command::new(&bin).args(args).output().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "shardrun {args:?} failed:\n{text}");
+    text
+}
+
+fn spec(work: &Path, name: &str, source: &Path, checkpoint: &str) -> PathBuf {
+    let path = work.join(format!("{name}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            "name: {name}
+run_root: {runs}
+resources: {{ tasks_per_node: 2 }}
+training:
+  model: {{ kind: hf, path: {source} }}
+  data: {{ kind: synthetic, seq_len: 12 }}
+  steps: 6
+  total_batch_size: 8
+  batch_size_per_device: 2
+  optimizer: {{ lr: 3.0e-3, weight_decay: 0.1, grad_clip: 1.0 }}
+  fsdp: {{ strategy: FULL_SHARD }}
+  checkpoint: {{ {checkpoint}, interval_steps: 3, keep: 2 }}
+",
+            runs = work.join("runs").display(),
+            source = source.display(),
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// Rank 0's loss of every step, in order.
+fn losses(run: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["rank"] == 0)
+        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
+        .collect()
+}
+
+/// The parameters a checkpoint holds, by name, as the worker reads them.
+fn checkpoint_params(dir: &Path) -> HashMap<String, Tensor> {
+    let checkpoint = Checkpoint::open(dir, Verify::Checksums).unwrap();
+    let mut params = HashMap::new();
+    for (_, slot) in checkpoint.layout().params() {
+        let unit =
+            UnitLayout::packed(&slot.name, [(slot.name.clone(), slot.shape.clone())], 1).unwrap();
+        let mut bytes = vec![0u8; slot.numel as usize * 4];
+        checkpoint
+            .read_unit_range(StateKind::Param, &unit, 0..slot.numel, &mut bytes)
+            .unwrap();
+        let values: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let shape: Vec<i64> = slot.shape.iter().map(|&d| d as i64).collect();
+        params.insert(
+            slot.name.clone(),
+            Tensor::from_slice(&values).view(shape.as_slice()),
+        );
+    }
+    params
+}
+
+fn ids_batch() -> Batch {
+    let flat: Vec<i64> = IDS.iter().flatten().copied().collect();
+    let inputs = Tensor::from_slice(&flat).view([2, 12]);
+    Batch {
+        targets: inputs.shallow_clone(),
+        inputs,
+        position_ids: None,
+        document_ids: None,
+    }
+}
+
+fn logits_of(model: &dyn model::Model, params: &HashMap<String, Tensor>) -> Vec<f32> {
+    let logits = tch::no_grad(|| model::output(model, &Params::new(params), &ids_batch()));
+    Vec::<f32>::try_from(&logits.reshape([-1])).unwrap()
+}
+
+fn transformers_logits(dir: &Path, work: &Path, extra: &[&str]) -> Vec<f32> {
+    let ids_path = work.join("ids.json");
+    std::fs::write(&ids_path, serde_json::to_string(&IDS).unwrap()).unwrap();
+    let out = work.join("logits.safetensors");
+    let mut args = vec![
+        "logits",
+        "--model",
+        dir.to_str().unwrap(),
+        "--ids",
+        ids_path.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    run_script(&args);
+    read_tensors(&out).remove("logits").unwrap().1
+}
+
+#[test]
+fn fine_tune_export_load_in_transformers_and_resume() {
+    let work = temp_dir();
+    let source = folder("llama-gqa");
+    let spec_a = spec(work.path(), "tune", &source, "dir: checkpoints");
+    shardrun(&["run", spec_a.to_str().unwrap(), "--nproc", "2"]);
+    let run = work.path().join("runs/tune");
+    let uninterrupted = losses(&run);
+    assert_eq!(
+        uninterrupted.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        (1..=6).collect::<Vec<_>>()
+    );
+
+    // The worker's logits on the trained weights (the final checkpoint, read by name).
+    let config = hf_model(&source);
+    let model = model::build(&config, Kind::Float);
+    let trained = checkpoint_params(&run.join("checkpoints/step-6"));
+    let ours = logits_of(model.as_ref(), &trained);
+
+    // Export and load in transformers.
+    let exported = work.path().join("exported");
+    let printed = shardrun(&[
+        "export",
+        run.to_str().unwrap(),
+        "--out",
+        exported.to_str().unwrap(),
+    ]);
+    assert!(printed.contains("from_pretrained"), "{printed}");
+    let theirs = transformers_logits(&exported, work.path(), &[]);
+    let diff = max_abs_difference("exported logits", &ours, &theirs);
+    assert!(
+        diff <= 1e-5,
+        "transformers on the export differs by {diff:e}"
+    );
+    let initial = {
+        let source = ParamSource::for_model(&config, 0).unwrap();
+        let params = model::full_parameters(model.as_ref(), &source, tch::Device::Cpu).unwrap();
+        logits_of(model.as_ref(), &params)
+    };
+    assert!(
+        max_abs_difference("trained vs initial", &ours, &initial) > 1e-3,
+        "the export must hold the trained weights, not the initial ones"
+    );
+    for file in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "generation_config.json",
+    ] {
+        assert_eq!(
+            std::fs::read(exported.join(file)).unwrap(),
+            std::fs::read(source.join(file)).unwrap(),
+            "{file} copied from the source folder"
+        );
+    }
+
+    // bf16, split into files of at most 20 KB with an index, as save_pretrained splits.
+    let split = work.path().join("exported-bf16");
+    shardrun(&[
+        "export",
+        run.to_str().unwrap(),
+        "--out",
+        split.to_str().unwrap(),
+        "--dtype",
+        "bf16",
+        "--max-shard-size",
+        "20KB",
+    ]);
+    let index: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(split.join("model.safetensors.index.json")).unwrap(),
+    )
+    .unwrap();
+    let files: std::collections::BTreeSet<&str> = index["weight_map"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(files.len() >= 3, "split into several files: {files:?}");
+    let rounded: HashMap<String, Tensor> = trained
+        .iter()
+        .map(|(k, v)| (k.clone(), v.to_kind(Kind::BFloat16).to_kind(Kind::Float)))
+        .collect();
+    let exported_bf16 = ParamSource::pretrained(&split, &config).unwrap();
+    let read_back =
+        model::full_parameters(model.as_ref(), &exported_bf16, tch::Device::Cpu).unwrap();
+    for (name, value) in &rounded {
+        let a = Vec::<f32>::try_from(&value.reshape([-1])).unwrap();
+        let b = Vec::<f32>::try_from(&read_back[name].detach().reshape([-1])).unwrap();
+        assert_eq!(
+            max_abs_difference(name, &a, &b),
+            0.0,
+            "{name}: bf16 rounding"
+        );
+    }
+    let theirs = transformers_logits(&split, work.path(), &[]);
+    let ours_bf16 = logits_of(model.as_ref(), &rounded);
+    let diff = max_abs_difference("bf16 export logits", &ours_bf16, &theirs);
+    assert!(
+        diff <= 1e-4,
+        "transformers on the bf16 export differs by {diff:e}"
+    );
+
+    // Resume from step 3 alone: steps 4-6 repeat the uninterrupted run exactly.
+    let resume_dir = work.path().join("resume-checkpoints");
+    std::fs::create_dir_all(&resume_dir).unwrap();
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(run.join("checkpoints/step-3"))
+        .arg(&resume_dir)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let spec_b = spec(
+        work.path(),
+        "resumed",
+        &source,
+        &format!("dir: {}, format: full", resume_dir.display()),
+    );
+    let printed = shardrun(&["run", spec_b.to_str().unwrap(), "--nproc", "2"]);
+    let resumed = losses(&work.path().join("runs/resumed"));
+    assert_eq!(
+        resumed.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        vec![4, 5, 6],
+        "{printed}"
+    );
+    for ((step, a), (_, b)) in resumed.iter().zip(&uninterrupted[3..]) {
+        assert_eq!(a, b, "step {step}: resumed loss {a} vs uninterrupted {b}");
+    }
+    // The resumed run saved full checkpoints: a state dict with transformers' own names that
+    // `load_state_dict(strict=True)` takes, holding the same final weights.
+    let full = resume_dir.join("step-6/model.safetensors");
+    let theirs = transformers_logits(
+        &source,
+        work.path(),
+        &["--state-dict", full.to_str().unwrap()],
+    );
+    let diff = max_abs_difference("full checkpoint logits", &ours, &theirs);
+    assert!(
+        diff <= 1e-5,
+        "the full checkpoint in transformers differs by {diff:e}"
+    );
+}
+
+#[test]
+fn the_local_llama_example_plans_on_the_folder_its_comment_makes() {
+    let work = temp_dir();
+    let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/llama-local.yaml");
+    let spec = work.path().join("llama-local.yaml");
+    std::fs::copy(&example, &spec).unwrap();
+    let models = work.path().join("models/tiny-llama");
+    run_script(&["make-small", "--out", models.to_str().unwrap()]);
+    let plan = shardrun(&["plan", spec.to_str().unwrap()]);
+    assert!(
+        plan.contains("llama from") && plan.contains("(2 key/value)"),
+        "{plan}"
+    );
+}
