@@ -203,7 +203,8 @@ fn remove_stale_builds(cache_dir: &Path, name: &str) {
 
 pub fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut file = File::create(path).map_err(DataError::io("create", path))?;
-    file.write_all(bytes).map_err(DataError::io("write", path))?;
+    file.write_all(bytes)
+        .map_err(DataError::io("write", path))?;
     file.sync_all().map_err(DataError::io("sync", path))
 }
 

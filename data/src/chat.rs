@@ -20,7 +20,14 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 /// Roles a message may have.
-pub const ROLES: [&str; 6] = ["system", "developer", "user", "assistant", "tool", "ipython"];
+pub const ROLES: [&str; 6] = [
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "ipython",
+];
 
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -69,9 +76,12 @@ impl ChatTemplate {
             })?;
         env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |message: String| -> Result<Value, Error> {
-            Err(Error::new(ErrorKind::InvalidOperation, message))
-        });
+        env.add_function(
+            "raise_exception",
+            |message: String| -> Result<Value, Error> {
+                Err(Error::new(ErrorKind::InvalidOperation, message))
+            },
+        );
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
         env.add_template_owned(TEMPLATE_NAME, source)
@@ -158,10 +168,7 @@ pub fn messages_of(record: &Value, field: &str) -> std::result::Result<Vec<Value
     if messages.kind() != ValueKind::Seq {
         return Err(format!("field `{field}` is not a list of messages"));
     }
-    let list: Vec<Value> = messages
-        .try_iter()
-        .map_err(|e| e.to_string())?
-        .collect();
+    let list: Vec<Value> = messages.try_iter().map_err(|e| e.to_string())?.collect();
     if list.is_empty() {
         return Err(format!("field `{field}` holds no messages"));
     }
@@ -185,11 +192,7 @@ pub fn messages_of(record: &Value, field: &str) -> std::result::Result<Vec<Value
 }
 
 fn role(message: &Value) -> Option<String> {
-    message
-        .get_attr("role")
-        .ok()?
-        .as_str()
-        .map(str::to_string)
+    message.get_attr("role").ok()?.as_str().map(str::to_string)
 }
 
 fn find_in_folder(tokenizer: &TextTokenizer) -> Result<(PathBuf, String)> {
@@ -256,12 +259,7 @@ fn strftime_now(format: String) -> std::result::Result<String, Error> {
         let now = libc::time(std::ptr::null_mut());
         let mut tm: libc::tm = std::mem::zeroed();
         libc::localtime_r(&now, &mut tm);
-        libc::strftime(
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            c_format.as_ptr(),
-            &tm,
-        )
+        libc::strftime(buf.as_mut_ptr().cast(), buf.len(), c_format.as_ptr(), &tm)
     };
     buf.truncate(written);
     Ok(String::from_utf8_lossy(&buf).into_owned())
@@ -307,7 +305,12 @@ struct JsonStyle {
 }
 
 impl JsonStyle {
-    fn write(&self, value: &Value, depth: usize, out: &mut String) -> std::result::Result<(), Error> {
+    fn write(
+        &self,
+        value: &Value,
+        depth: usize,
+        out: &mut String,
+    ) -> std::result::Result<(), Error> {
         match value.kind() {
             ValueKind::Undefined | ValueKind::None => out.push_str("null"),
             ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),

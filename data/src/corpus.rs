@@ -25,7 +25,10 @@ enum Tokens {
     /// `tokens.u32` of the cache.
     Cached(Mapped),
     /// The input files, one document each.
-    Files { maps: Vec<Mapped>, dtype: TokenDtype },
+    Files {
+        maps: Vec<Mapped>,
+        dtype: TokenDtype,
+    },
 }
 
 enum Offsets {
@@ -98,7 +101,12 @@ impl Corpus {
                 } else {
                     None
                 };
-                (Tokens::Cached(tokens), Offsets::Mapped(offsets), lines, mask)
+                (
+                    Tokens::Cached(tokens),
+                    Offsets::Mapped(offsets),
+                    lines,
+                    mask,
+                )
             }
         };
         Ok(Corpus {
@@ -183,9 +191,7 @@ impl Corpus {
 
     /// Whether token `position` is a training target.
     pub fn trains_on(&self, position: u64) -> bool {
-        self.mask
-            .as_ref()
-            .is_none_or(|m| m[position as usize] != 0)
+        self.mask.as_ref().is_none_or(|m| m[position as usize] != 0)
     }
 
     pub fn has_mask(&self) -> bool {

@@ -109,7 +109,10 @@ impl Dataset {
                 check_vocab(&corpus, vocab_size)?;
                 fingerprint.update(format!("|validation {}", corpus.manifest.content_hash));
                 let set = DocSet::everything(&corpus);
-                (DocSet::everything(&train_corpus), Some((Arc::new(corpus), set)))
+                (
+                    DocSet::everything(&train_corpus),
+                    Some((Arc::new(corpus), set)),
+                )
             }
         };
         let pack = |corpus: Arc<Corpus>, set| {
@@ -131,7 +134,12 @@ impl Dataset {
             "|seq_len {}|packing {:?}|document_mask {}|shuffle {}",
             config.seq_len, config.packing, config.document_mask, config.shuffle
         ));
-        summary.push(describe("training data", &train, train_prepared.seconds, train_prepared.built));
+        summary.push(describe(
+            "training data",
+            &train,
+            train_prepared.seconds,
+            train_prepared.built,
+        ));
         if let Some(v) = &validation {
             if v.sequences() == 0 {
                 return Err(DataError::NotEnoughData {
@@ -232,9 +240,7 @@ fn check_vocab(corpus: &Corpus, vocab_size: Option<u64>) -> Result<()> {
     if max < vocab {
         return Ok(());
     }
-    let (d, i, token) = corpus
-        .first_token_at_least(vocab)
-        .unwrap_or((0, 0, max));
+    let (d, i, token) = corpus.first_token_at_least(vocab).unwrap_or((0, 0, max));
     Err(DataError::TokenOutOfRange {
         origin: corpus.origin(d),
         token,

@@ -167,7 +167,10 @@ impl<'a> DocumentReader<'a> {
             let text = match std::str::from_utf8(bytes) {
                 Ok(text) => text,
                 Err(e) => {
-                    let why = format!("not UTF-8 text (bad byte at column {})", e.valid_up_to() + 1);
+                    let why = format!(
+                        "not UTF-8 text (bad byte at column {})",
+                        e.valid_up_to() + 1
+                    );
                     // `bad` needs `&mut self`: release the borrow of the line buffer first.
                     self.bad(origin, why)?;
                     return Ok(true);
@@ -250,24 +253,22 @@ fn parse_record(source: &DataSource, line: &str) -> std::result::Result<Body, St
     match source {
         DataSource::Text { .. } => Ok(Body::Text(line.to_string())),
         DataSource::Jsonl { text, .. } => {
-            let record: serde_json::Value = serde_json::from_str(line)
-                .map_err(|e| format!("not a JSON record ({e})"))?;
+            let record: serde_json::Value =
+                serde_json::from_str(line).map_err(|e| format!("not a JSON record ({e})"))?;
             if !record.is_object() {
                 return Err("the record is not a JSON object".into());
             }
             match text {
                 JsonlText::Field { field } => Ok(Body::Text(string_field(&record, field)?)),
-                JsonlText::PromptCompletion { prompt, completion } => {
-                    Ok(Body::PromptCompletion {
-                        prompt: string_field(&record, prompt)?,
-                        completion: string_field(&record, completion)?,
-                    })
-                }
+                JsonlText::PromptCompletion { prompt, completion } => Ok(Body::PromptCompletion {
+                    prompt: string_field(&record, prompt)?,
+                    completion: string_field(&record, completion)?,
+                }),
             }
         }
         DataSource::Chat { messages_field, .. } => {
-            let record: minijinja::Value = serde_json::from_str(line)
-                .map_err(|e| format!("not a JSON record ({e})"))?;
+            let record: minijinja::Value =
+                serde_json::from_str(line).map_err(|e| format!("not a JSON record ({e})"))?;
             Ok(Body::Chat(messages_of(&record, messages_field)?))
         }
         DataSource::Tokens { .. } => Err("token files hold no text records".into()),
@@ -342,7 +343,11 @@ mod tests {
     fn lines_become_documents_and_bad_ones_stop_or_skip() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("d.jsonl");
-        std::fs::write(&path, "{\"text\": \"one\"}\n\n{oops\n{\"text\": \"two\"}\r\n").unwrap();
+        std::fs::write(
+            &path,
+            "{\"text\": \"one\"}\n\n{oops\n{\"text\": \"two\"}\r\n",
+        )
+        .unwrap();
         let files = vec![crate::files::stat(&path).unwrap()];
         let source = DataSource::Jsonl {
             files: vec![path.clone()],
@@ -353,7 +358,8 @@ mod tests {
         let mut reader = DocumentReader::new(&files, &source, OnBadRecord::Stop);
         let err = reader.next_batch(1 << 20).err().unwrap();
         assert!(
-            err.to_string().starts_with(&format!("{}:3: not a JSON record", path.display())),
+            err.to_string()
+                .starts_with(&format!("{}:3: not a JSON record", path.display())),
             "{err}"
         );
         let mut reader = DocumentReader::new(&files, &source, OnBadRecord::Skip);

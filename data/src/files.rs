@@ -45,17 +45,20 @@ pub fn expand(patterns: &[PathBuf]) -> Result<Vec<DataFile>> {
             }
             found
         } else {
-            if pattern.is_dir() {
-                return Err(DataError::Folder {
-                    path: pattern.clone(),
-                });
+            match std::fs::metadata(pattern) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(DataError::NoFiles {
+                        pattern: text.to_string(),
+                    })
+                }
+                Err(e) => return Err(DataError::io("read", pattern)(e)),
+                Ok(meta) if meta.is_dir() => {
+                    return Err(DataError::Folder {
+                        path: pattern.clone(),
+                    })
+                }
+                Ok(_) => vec![pattern.clone()],
             }
-            if !pattern.exists() {
-                return Err(DataError::NoFiles {
-                    pattern: text.to_string(),
-                });
-            }
-            vec![pattern.clone()]
         };
         if matched.is_empty() {
             return Err(DataError::NoFiles {

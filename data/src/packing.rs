@@ -38,9 +38,14 @@ pub struct Packed {
 }
 
 enum Layout {
-    Stream { sequences: u64 },
+    Stream {
+        sequences: u64,
+    },
     /// Sequence `k` holds documents `members[starts[k]..starts[k + 1]]`.
-    Whole { starts: Vec<u64>, members: Vec<u64> },
+    Whole {
+        starts: Vec<u64>,
+        members: Vec<u64>,
+    },
 }
 
 /// One output row of a batch.
@@ -157,7 +162,12 @@ impl Packed {
             let d = self.corpus.doc_containing(position, run.first, run.end);
             let doc_end = self.corpus.doc_start(d + 1);
             let take = (doc_end - position).min(end - at);
-            self.read_piece(position, position + take, position + take == doc_end, window);
+            self.read_piece(
+                position,
+                position + take,
+                position + take == doc_end,
+                window,
+            );
             at += take;
         }
     }

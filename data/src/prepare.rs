@@ -13,9 +13,7 @@ use crate::tokenizer::{read_tokenizer_json, tokenizer_json_path, TextTokenizer, 
 use crate::writer::CorpusWriter;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
-use shardrun_protocol::config::{
-    DataSource, JsonlText, OnBadRecord, TokenDtype, TokenizerConfig,
-};
+use shardrun_protocol::config::{DataSource, JsonlText, OnBadRecord, TokenDtype, TokenizerConfig};
 use std::path::Path;
 use std::time::Instant;
 

@@ -75,6 +75,9 @@ mod tests {
             let p = permutation(4, seed);
             counts[p.iter().position(|&x| x == 0).unwrap()] += 1;
         }
-        assert!(counts.iter().all(|&c| (850..1150).contains(&c)), "{counts:?}");
+        assert!(
+            counts.iter().all(|&c| (850..1150).contains(&c)),
+            "{counts:?}"
+        );
     }
 }

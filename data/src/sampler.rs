@@ -10,6 +10,12 @@ use crate::error::{DataError, Result};
 use crate::rng::{permutation, splitmix64};
 use std::sync::{Arc, Mutex};
 
+/// First global sample rank `rank` reads in micro-batch `micro` of the optimizer step that
+/// starts at global sample `step_start` (`per_device` samples per rank per micro-batch).
+pub fn first_sample(step_start: u64, micro: u64, per_device: u64, world: u64, rank: u64) -> u64 {
+    step_start + micro * per_device * world + rank * per_device
+}
+
 pub struct EpochOrder {
     sequences: u64,
     seed: u64,

@@ -206,9 +206,7 @@ fn load_hugging_face(
                     .id_to_token(id)
                     .ok_or_else(|| DataError::Tokenizer {
                         path: folder.join(name),
-                        why: format!(
-                            "`{id_key}` is {id}, beyond the tokenizer's {vocab_size} ids"
-                        ),
+                        why: format!("`{id_key}` is {id}, beyond the tokenizer's {vocab_size} ids"),
                     })?;
                 return Ok(Some(SpecialToken {
                     id,
@@ -229,7 +227,11 @@ fn load_hugging_face(
     let fingerprint = {
         let mut h = Sha256::new();
         h.update(&bytes);
-        h.update(format!("|eos {}|bos {:?}", eos.id, bos.as_ref().map(|b| b.id)));
+        h.update(format!(
+            "|eos {}|bos {:?}",
+            eos.id,
+            bos.as_ref().map(|b| b.id)
+        ));
         hex::encode(&h.finalize()[..12])
     };
     Ok(TextTokenizer {

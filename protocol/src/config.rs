@@ -179,9 +179,15 @@ pub struct DatasetConfig {
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum DataSource {
     /// Plain UTF-8 text: one document per file, per line, or per separator.
-    Text { files: Vec<PathBuf>, split: TextSplit },
+    Text {
+        files: Vec<PathBuf>,
+        split: TextSplit,
+    },
     /// One JSON object per line.
-    Jsonl { files: Vec<PathBuf>, text: JsonlText },
+    Jsonl {
+        files: Vec<PathBuf>,
+        text: JsonlText,
+    },
     /// One JSON object per line holding a list of `{role, content}` messages, rendered with
     /// the tokenizer's chat template; the loss covers the assistant turns only.
     Chat {
