@@ -87,6 +87,15 @@ pub struct DataPosition {
     pub samples_done: u64,
     /// Global micro-batches consumed (depends on the batch plan that wrote it).
     pub micro_batches_done: u64,
+    /// Epochs of the training documents completed (absent for synthetic data, and in
+    /// checkpoints written before epochs were recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
+    /// Fingerprint of the training data's sample stream (tokens, validation split, packing,
+    /// sequence length): resuming on other data is refused. Absent for synthetic data and in
+    /// older checkpoints, which resume unchecked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_fingerprint: Option<String>,
 }
 
 /// `GradScaler`-style state.

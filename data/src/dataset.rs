@@ -255,7 +255,9 @@ fn check_vocab(corpus: &Corpus, vocab_size: Option<u64>) -> Result<()> {
     })
 }
 
-fn describe(what: &str, packed: &Packed, seconds: f64, built: bool) -> String {
+/// One line about a packed set; `cache`: (seconds, built) when the line should say where
+/// its cache is and whether it was just prepared.
+fn describe(what: &str, packed: &Packed, cache: Option<(f64, bool)>) -> String {
     let set = packed.set();
     let corpus = packed.corpus();
     let m = &corpus.manifest;
@@ -267,17 +269,29 @@ fn describe(what: &str, packed: &Packed, seconds: f64, built: bool) -> String {
     } else {
         String::new()
     };
-    let cache = if built {
-        format!("prepared in {seconds:.1} s")
-    } else {
-        "cached".to_string()
+    let cache = match cache {
+        Some((seconds, true)) => format!(" (prepared in {seconds:.1} s: {})", corpus.dir.display()),
+        Some((_, false)) => format!(" (cached: {})", corpus.dir.display()),
+        None => String::new(),
     };
     format!(
-        "{what}: {} document(s), {} tokens{trained}, {} sequence(s) of {} per epoch ({cache}: {})",
-        set.documents,
-        set.tokens,
-        packed.sequences(),
+        "{what}: {} document(s), {} tokens{trained}, {} sequence(s) of {} per epoch{cache}",
+        thousands(set.documents),
+        thousands(set.tokens),
+        thousands(packed.sequences()),
         packed.seq_len(),
-        corpus.dir.display()
     )
+}
+
+/// `1234567` as `1,234,567`.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }

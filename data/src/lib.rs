@@ -34,3 +34,8 @@ pub use error::{DataError, Origin};
 pub use progress::{Observer, Quiet, Stderr};
 pub use rng::splitmix64;
 pub use tokenize::default_threads;
+
+/// xxh3-64 of `bytes`: a fast, stable digest (batch logs compare samples across runs).
+pub fn digest(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes)
+}

@@ -88,7 +88,7 @@ impl<'a> Progress<'a> {
                 self.bytes as f64 / 1e6,
                 self.total_bytes as f64 / 1e6,
                 self.bytes as f64 / 1e6 / seconds.max(1e-9),
-                self.tokens
+                crate::dataset::thousands(self.tokens)
             ));
         }
     }

@@ -8,6 +8,7 @@ pub mod commands;
 pub mod controller;
 pub mod metrics_file;
 pub mod plan;
+pub mod prepare;
 pub mod render;
 pub mod rundir;
 pub mod slurm;

@@ -12,7 +12,8 @@ use crate::report::Reporter;
 use shardrun_protocol::connection::{encode_frame, BlockingConnection, ConnectionError};
 use shardrun_protocol::env;
 use shardrun_protocol::messages::{
-    FromWorker, LogLevel, LogLine, Registration, Role, StartInfo, StepMetrics, ToWorker,
+    EvalMetrics, FromWorker, LogLevel, LogLine, Registration, Role, StartInfo, StepMetrics,
+    ToWorker,
     TrainSummary,
 };
 use std::io::Write;
@@ -306,6 +307,10 @@ impl Reporter for ControllerClient {
 
     fn summary(&self, summary: &TrainSummary) {
         self.send_or_stderr(&FromWorker::Summary(summary.clone()));
+    }
+
+    fn eval(&self, metrics: &EvalMetrics) {
+        self.send_or_stderr(&FromWorker::Eval(metrics.clone()));
     }
 
     fn preempt_requested(&self) -> bool {

@@ -7,7 +7,8 @@
 //! * [`model`]: the transformer and the MLP, plain forward code with PyTorch parameter names.
 //! * [`fsdp`]: units, flat sharded parameters, gather/free/reduce per strategy.
 //! * [`optim`], [`schedule`], [`scaler`]: AdamW, the LR schedule, fp16 loss scaling.
-//! * [`data`]: deterministic per-rank batches.
+//! * [`data`]: deterministic per-rank batches (documents through `shardrun-data`);
+//!   [`evaluate`]: validation loss and perplexity.
 //! * [`train`]: the training loop; [`reference`]: unsharded single-process ground truth.
 //! * [`controller_client`]: registration, reports and heartbeats through the shardrun controller.
 //! * [`world`]: how a rank without a controller joins the world (rendezvous, then collectives).
@@ -18,6 +19,7 @@ pub mod checkpointing;
 pub mod collectives;
 pub mod controller_client;
 pub mod data;
+pub mod evaluate;
 pub mod fsdp;
 pub mod launch;
 pub mod metrics;

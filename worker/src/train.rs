@@ -3,15 +3,16 @@
 //! metrics every `log_every` steps, preemption at step boundaries, and a summary.
 
 use crate::collectives::ReduceOp;
-use crate::data::{first_sample, DataError, Dataset};
+use crate::data::{first_sample, Batch, BatchLog, DataError, Dataset};
+use crate::evaluate::Evaluator;
 use crate::fsdp::engine::all_reduce_scalar;
 use crate::fsdp::{EngineOptions, FsdpEngine, FsdpError, ProcessGroups};
 use crate::metrics;
-use crate::report::Reporter;
+use crate::report::{Reporter, ReporterObserver};
 use crate::scaler::LossScaler;
 use crate::schedule::Schedule;
 use shardrun_protocol::config::{DType, DeviceKind, ShardingStrategy, TrainConfig};
-use shardrun_protocol::messages::{LogLevel, StepMetrics, TrainSummary};
+use shardrun_protocol::messages::{EvalMetrics, LogLevel, StepMetrics, TrainSummary};
 use std::sync::Arc;
 use std::time::Instant;
 use tch::{Device, Kind};
@@ -29,8 +30,8 @@ pub enum TrainError {
 }
 
 /// Everything beyond the engine's shards that a resumed run needs to continue exactly.
-/// The LR schedule and the data position are functions of `step`; training draws no random
-/// numbers (no dropout), so the seed is the whole RNG state.
+/// The LR schedule is a function of `step`, the data of `samples_done`; training draws no
+/// random numbers (no dropout), so the seed is the whole RNG state.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainState {
     /// Optimizer steps completed (the next step to run).
@@ -40,8 +41,15 @@ pub struct TrainState {
     pub loss_scale: Option<f64>,
     pub growth_tracker: u64,
     pub seed: u64,
-    /// Global micro-batches consumed: the data position.
+    /// Global micro-batches consumed.
     pub micro_batches_done: u64,
+    /// Global samples consumed: the data position (whatever the world size).
+    pub samples_done: u64,
+    /// Identifies the training data's sample stream ([`shardrun_data::Dataset::fingerprint`]);
+    /// `None` for synthetic data.
+    pub data_fingerprint: Option<String>,
+    /// Epochs of the training documents completed (`None` for synthetic data).
+    pub epoch: Option<u64>,
 }
 
 /// Why the checkpoint hook is called.
@@ -115,6 +123,11 @@ pub struct Trainer {
     device: Device,
     /// Optimizer steps completed.
     step: u64,
+    /// Global samples consumed (the next step starts at this sample).
+    samples_done: u64,
+    evaluator: Option<Evaluator>,
+    last_eval: Option<EvalMetrics>,
+    batch_log: Option<BatchLog>,
 }
 
 /// How a run ended.
@@ -151,7 +164,16 @@ impl Trainer {
         let rank = groups.world.rank() as u64;
         let model = crate::model::build(&config.model);
         let engine = FsdpEngine::new(model, &config.fsdp.wrap, config.seed, groups, options)?;
-        let dataset = Dataset::new(&config)?;
+        let dataset = Dataset::open(&config, &ReporterObserver::new(reporter.as_ref(), rank))?;
+        if let Some(documents) = dataset.documents() {
+            for line in documents.summary() {
+                if rank == 0 || line.starts_with("warning") {
+                    reporter.log(LogLevel::Info, line);
+                }
+            }
+        }
+        let evaluator = Evaluator::from_config(&config);
+        let batch_log = BatchLog::from_env(rank).map_err(TrainError::Config)?;
         let schedule = Schedule::new(config.optimizer.lr, config.schedule.clone(), config.steps);
         let scaler = (mp.param_dtype == DType::F16).then(LossScaler::default);
         Ok(Trainer {
@@ -164,6 +186,10 @@ impl Trainer {
             rank,
             device,
             step: 0,
+            samples_done: 0,
+            evaluator,
+            last_eval: None,
+            batch_log,
         })
     }
 
@@ -190,7 +216,19 @@ impl Trainer {
             growth_tracker: self.scaler.as_ref().map_or(0, |s| s.growth_tracker),
             seed: self.config.seed,
             micro_batches_done: self.step * self.config.batch.grad_accum_steps,
+            samples_done: self.samples_done,
+            data_fingerprint: self.data_fingerprint(),
+            epoch: self
+                .dataset
+                .documents()
+                .map(|d| d.epoch_of(self.samples_done)),
         }
+    }
+
+    fn data_fingerprint(&self) -> Option<String> {
+        self.dataset
+            .documents()
+            .map(|d| d.fingerprint().to_string())
     }
 
     /// Continues from a checkpoint's state (the engine's shards are imported separately).
@@ -201,7 +239,19 @@ impl Trainer {
                 state.seed, self.config.seed
             )));
         }
+        let current = self.data_fingerprint();
+        if let (Some(saved), Some(now)) = (&state.data_fingerprint, &current) {
+            if saved != now {
+                return Err(TrainError::Checkpoint(format!(
+                    "the training data changed since this checkpoint was saved (data {saved}, \
+                     now {now}: other tokens, split, seq_len or packing), so the run would not \
+                     see the samples an uninterrupted run sees; restore the data and settings, \
+                     or start a new run from these weights with `checkpoint.from`"
+                )));
+            }
+        }
         self.step = state.step;
+        self.samples_done = state.samples_done;
         self.engine.optimizer_steps = state.optimizer_steps;
         if let (Some(scaler), Some(scale)) = (self.scaler.as_mut(), state.loss_scale) {
             scaler.scale = scale;
@@ -250,6 +300,7 @@ impl Trainer {
                 self.engine.layouts().len()
             ),
         );
+        let run_start = self.step;
         while self.step < cfg.steps {
             // Ranks act on preemption only together, at the same step boundary.
             let wants = if self.reporter.preempt_requested() {
@@ -273,18 +324,45 @@ impl Trainer {
             let step = self.step;
             let lr = self.schedule.lr(step);
             let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale);
-            let mut local_loss = 0.0;
+            self.note_epoch(step, step == run_start);
+            let step_start = self.samples_done;
+            let loading = Instant::now();
+            let mut batches = Vec::with_capacity(accum as usize);
             for m in 0..accum {
-                let micro = step * accum + m;
-                let batch = self
-                    .dataset
-                    .samples(first_sample(micro, b, world, self.rank), b)?
-                    .to_device(self.device);
-                local_loss +=
-                    self.engine
-                        .forward_backward(&batch, scale / accum as f64, m + 1 == accum)?;
+                let first = first_sample(step_start, m, b, world, self.rank);
+                batches.push(self.dataset.samples(first, b)?.to_device(self.device));
             }
-            let loss = self.world_all_reduce(local_loss / accum as f64, ReduceOp::Avg)?;
+            let data_time = loading.elapsed().as_secs_f64();
+            if let Some(log) = &self.batch_log {
+                for (m, batch) in batches.iter().enumerate() {
+                    log.record(step + 1, m as u64, first_sample(step_start, m as u64, b, world, self.rank), batch);
+                }
+            }
+            // The loss is a mean over the step's target tokens (all ranks, all micro-batches),
+            // so micro-batch i weighs n_i / N whatever the world size or accumulation: with
+            // padding and loss masks, micro-batches hold different numbers of targets.
+            let local_tokens: u64 = batches.iter().map(|b| b.loss_tokens).sum();
+            let global_tokens = if self.dataset.documents().is_some() {
+                self.world_all_reduce(local_tokens as f64, ReduceOp::Sum)?
+            } else {
+                (local_tokens * world) as f64
+            };
+            let mut loss_sum = 0.0;
+            for (m, batch) in batches.iter().enumerate() {
+                let factor = token_share(scale, world, batch, global_tokens);
+                let loss = self.engine.forward_backward(batch, factor, m as u64 + 1 == accum)?;
+                if batch.loss_tokens > 0 {
+                    loss_sum += loss * batch.loss_tokens as f64;
+                }
+            }
+            if global_tokens == 0.0 {
+                self.log(
+                    LogLevel::Warn,
+                    &format!("step {}: no target tokens in the whole batch", step + 1),
+                );
+            }
+            let loss = self.world_all_reduce(loss_sum, ReduceOp::Sum)? / global_tokens.max(1.0);
+            self.samples_done = step_start + cfg.batch.total_batch_size;
 
             let mut skipped = false;
             if let Some(scaler) = self.scaler.as_mut() {
@@ -341,9 +419,20 @@ impl Trainer {
                     model_state_bytes: self.engine.model_state_bytes(),
                     peak_memory_bytes: metrics::peak_memory_bytes(self.device),
                     loss_scale: self.scaler.as_ref().map(|s| s.scale),
+                    epoch: self.dataset.documents().map(|d| {
+                        self.samples_done as f64 / d.samples_per_epoch() as f64
+                    }),
+                    data_time_s: Some(data_time),
                 };
                 self.reporter.metrics(&record);
                 self.log(LogLevel::Info, &format_metrics(&record, cfg.steps));
+            }
+            if self
+                .evaluator
+                .as_ref()
+                .is_some_and(|e| e.due(self.step, cfg.steps))
+            {
+                self.evaluate()?;
             }
             if cfg
                 .checkpoint
@@ -371,6 +460,44 @@ impl Trainer {
             self.reporter.log(LogLevel::Info, &format_summary(&summary));
         }
         Ok(TrainOutcome { summary, preempted })
+    }
+
+    /// Evaluates on the validation data; rank 0 reports it.
+    fn evaluate(&mut self) -> Result<(), TrainError> {
+        let Some(evaluator) = self.evaluator.as_ref() else {
+            return Ok(());
+        };
+        let result = evaluator.evaluate(&mut self.engine, &self.dataset, self.step, self.device)?;
+        if self.rank == 0 {
+            self.reporter.eval(&result);
+            self.reporter.log(LogLevel::Info, &format_eval(&result));
+        }
+        self.last_eval = Some(result);
+        Ok(())
+    }
+
+    /// Says when an epoch of the training data begins (and where a resumed run is).
+    fn note_epoch(&self, step: u64, first_of_run: bool) {
+        let Some(documents) = self.dataset.documents() else {
+            return;
+        };
+        let epoch = documents.epoch_of(self.samples_done);
+        let previous = self
+            .samples_done
+            .checked_sub(self.config.batch.total_batch_size)
+            .map(|s| documents.epoch_of(s));
+        if first_of_run || previous != Some(epoch) {
+            self.log(
+                LogLevel::Info,
+                &format!(
+                    "epoch {} of the training data at step {} (sample {}; {} sequences per epoch)",
+                    epoch + 1,
+                    step + 1,
+                    self.samples_done,
+                    documents.samples_per_epoch()
+                ),
+            );
+        }
     }
 
     fn save(
@@ -411,6 +538,8 @@ impl Trainer {
             unsharded_model_state_bytes: cfg.model.num_params() * 16,
             peak_memory_bytes: metrics::peak_memory_bytes(self.device),
             mean_tokens_per_s: steady.iter().sum::<f64>() / steady.len().max(1) as f64,
+            eval_loss: self.last_eval.as_ref().map(|e| e.eval_loss),
+            eval_perplexity: self.last_eval.as_ref().map(|e| e.eval_perplexity),
         }
     }
 
@@ -420,6 +549,23 @@ impl Trainer {
             self.reporter.log(level, text);
         }
     }
+}
+
+/// Loss factor of one micro-batch: its share of the step's target tokens, times the world
+/// size (the reduce-scatter averages over ranks) and the fp16 loss scale.
+fn token_share(scale: f64, world: u64, batch: &Batch, global_tokens: f64) -> f64 {
+    if global_tokens > 0.0 {
+        scale * world as f64 * batch.loss_tokens as f64 / global_tokens
+    } else {
+        0.0
+    }
+}
+
+pub fn format_eval(e: &EvalMetrics) -> String {
+    format!(
+        "eval after step {} | loss {:.4} | perplexity {:.2} | {} tokens | {:.2} s",
+        e.step, e.eval_loss, e.eval_perplexity, e.eval_tokens, e.eval_time_s
+    )
 }
 
 pub fn strategy_name(strategy: ShardingStrategy) -> &'static str {
@@ -457,7 +603,7 @@ pub fn format_summary(s: &TrainSummary) -> String {
     format!(
         "\n{rule}\nFSDP training complete\nSharding strategy: {} ({} rank(s), {} steps)\n\
          Model state per rank: {:.1} MiB (vs {:.1} MiB unsharded)\nMemory savings: {:.1}%\n\
-         Peak memory per rank: {:.0} MiB\nInitial loss: {:.4}\nFinal loss:   {:.4}\n\
+         Peak memory per rank: {:.0} MiB\nInitial loss: {:.4}\nFinal loss:   {:.4}\n{}\
          Mean throughput: {:.0} tokens/s\n{rule}",
         s.strategy,
         s.world_size,
@@ -468,6 +614,12 @@ pub fn format_summary(s: &TrainSummary) -> String {
         mib(s.peak_memory_bytes),
         s.first_loss,
         s.last_loss,
+        match (s.eval_loss, s.eval_perplexity) {
+            (Some(loss), Some(ppl)) => {
+                format!("Validation loss: {loss:.4} (perplexity {ppl:.2})\n")
+            }
+            _ => String::new(),
+        },
         s.mean_tokens_per_s
     )
 }

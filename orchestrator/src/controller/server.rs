@@ -207,6 +207,7 @@ async fn read_worker(
                 Record::Logs { rank, lines }
             }
             FromWorker::Metrics(m) => Record::Metrics(m),
+            FromWorker::Eval(e) => Record::Eval(e),
             FromWorker::Heartbeat | FromWorker::Register(_) => continue,
             FromWorker::CheckpointSaved { step, path } => Record::Checkpoint { rank, step, path },
             FromWorker::Summary(summary) => Record::Summary { rank, summary },

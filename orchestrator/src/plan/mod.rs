@@ -46,6 +46,8 @@ pub mod defaults {
     pub const SIGNAL_SECONDS: u64 = 120;
     pub const MAX_REQUEUES: u32 = 3;
     pub const LOG_EVERY: u64 = 1;
+    /// Tokenized data, under the run root (shared by every run and sweep point there).
+    pub const DATA_CACHE_DIR: &str = "data-cache";
 }
 
 /// What the caller decides instead of the spec.
@@ -164,7 +166,8 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
         ranks.world_size,
     )?;
     let (model, seq_len) = model::resolve_model(&s)?;
-    let data = data::resolve_data(&s, &model, seq_len)?;
+    // No model kind has a folder of its own yet to take the tokenizer from.
+    let data = data::resolve_data(&s, &model, seq_len, None)?;
     if t.steps == 0 {
         return Err(s.err(
             "training.steps",

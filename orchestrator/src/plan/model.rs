@@ -1,18 +1,13 @@
 //! The model: architecture sizes checked, and the sequence length agreed with the data.
 
 use super::{PlanError, Section};
-use crate::spec::{DataSpec, ModelSpec};
+use crate::spec::ModelSpec;
 use shardrun_protocol::config::ModelConfig;
 
 /// The model and the sequence length the data will use.
 pub fn resolve_model(s: &Section) -> Result<(ModelConfig, u64), PlanError> {
     let t = &s.spec().training;
-    let data_seq = match &t.data {
-        Some(DataSpec::Synthetic { seq_len }) | Some(DataSpec::TokenFile { seq_len, .. }) => {
-            *seq_len
-        }
-        None => None,
-    };
+    let data_seq = t.data.as_ref().and_then(|d| d.seq_len);
     match t.model {
         ModelSpec::Mlp {
             input_dim,

@@ -110,6 +110,8 @@ fn run() -> Result<()> {
             model_state_bytes: 0,
             peak_memory_bytes: 0,
             loss_scale: None,
+            epoch: None,
+            data_time_s: None,
         });
         if args.die_rank == Some(rank_env.rank) && step == args.die_at_step {
             // SAFETY: plain syscall on our own pid.

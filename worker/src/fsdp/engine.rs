@@ -71,6 +71,8 @@ pub struct FsdpEngine {
     options: EngineOptions,
     /// AdamW steps taken (bias correction counts from these).
     pub optimizer_steps: u64,
+    /// Inside [`FsdpEngine::forward_only`]: no backward visits follow, so none is prefetched.
+    forward_only: bool,
 }
 
 impl FsdpEngine {
@@ -163,6 +165,7 @@ impl FsdpEngine {
             groups,
             options,
             optimizer_steps: 0,
+            forward_only: false,
         })
     }
 
@@ -194,7 +197,11 @@ impl FsdpEngine {
             let mut in_flight = (0..self.units.len())
                 .filter(|u| !needed.contains(u) && self.units[*u].is_in_flight())
                 .count();
-            let last_visit = 2 * self.segments.len();
+            let last_visit = if self.forward_only {
+                self.segments.len()
+            } else {
+                2 * self.segments.len()
+            };
             for next in visit + 1..(visit + 1 + limit).min(last_visit) {
                 for u in self.segment_units[self.segment_of_visit(next)].clone() {
                     if in_flight < limit && self.units[u].is_sharded() {
@@ -350,6 +357,32 @@ impl FsdpEngine {
             self.sync_replicas()?;
         }
         Ok(loss)
+    }
+
+    /// The loss of `batch` without gradients (evaluation). Units are gathered segment by
+    /// segment as in training and none stays gathered afterwards; gradients, optimizer state
+    /// and the shards are untouched.
+    pub fn forward_only(&mut self, batch: &Batch) -> Result<f64, FsdpError> {
+        self.forward_only = true;
+        let loss = self.forward_segments_without_grad(batch);
+        self.forward_only = false;
+        for unit in &mut self.units {
+            if !unit.is_sharded() {
+                unit.release()?;
+            }
+        }
+        loss
+    }
+
+    fn forward_segments_without_grad(&mut self, batch: &Batch) -> Result<f64, FsdpError> {
+        let mut x = batch.inputs_as(self.options.param_kind);
+        for s in 0..self.segments.len() {
+            self.prepare(s)?;
+            let p = Params::new(&self.param_map);
+            x = tch::no_grad(|| self.model.forward_segment(s, &p, &x, &batch.targets));
+            self.after_forward(s)?;
+        }
+        Ok(x.double_value(&[]))
     }
 
     /// Averages the gradient shards over the replicate group (NO_SHARD, HYBRID_SHARD), on
