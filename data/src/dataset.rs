@@ -137,8 +137,7 @@ impl Dataset {
         summary.push(describe(
             "training data",
             &train,
-            train_prepared.seconds,
-            train_prepared.built,
+            Some((train_prepared.seconds, train_prepared.built)),
         ));
         if let Some(v) = &validation {
             if v.sequences() == 0 {
@@ -147,7 +146,16 @@ impl Dataset {
                     fix: "hold out more (`data.validation.fraction`) or give other files".into(),
                 });
             }
-            summary.push(describe("validation data", v, 0.0, false));
+            let held_out = matches!(
+                config.validation.as_ref().map(|v| &v.held_out),
+                Some(HeldOut::Fraction { .. })
+            );
+            let (what, cache) = if held_out {
+                ("validation data (held-out documents)", None)
+            } else {
+                ("validation data", Some((0.0, false)))
+            };
+            summary.push(describe(what, v, cache));
         }
         for packed in std::iter::once(&train).chain(validation.as_ref()) {
             if packed.skipped_too_long > 0 {

@@ -71,21 +71,59 @@ fn only_a_change_of_data_or_tokenizer_tokenizes_again() {
     assert_eq!(touched.fingerprint(), edited.fingerprint());
 }
 
+/// Reports when a preparation starts waiting for the lock.
+struct Waiting(std::sync::mpsc::Sender<()>);
+
+impl shardrun_data::Observer for Waiting {
+    fn line(&self, text: &str) {
+        if text.starts_with("waiting for another process") {
+            let _ = self.0.send(());
+        }
+    }
+}
+
 #[test]
-fn concurrent_preparations_tokenize_once() {
+fn concurrent_preparations_wait_for_the_first_and_tokenize_once() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = dir.path().join("cache");
     let files = write_corpus(dir.path());
+    // The cache's name does not depend on where it is: learn it from a first copy.
+    let probe = dataset(
+        text_files(files.clone(), TextSplit::Line),
+        hf("bpe"),
+        16,
+        &dir.path().join("probe"),
+    );
+    let probed = Dataset::open(&probe, 0, None, 1, &Quiet).unwrap();
+    let name = probed.train().corpus().dir.file_name().unwrap().to_owned();
+
+    // Hold the lock as a preparing process would, start four preparations, and let go once
+    // every one of them is waiting.
+    let cache = dir.path().join("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    let lock =
+        std::fs::File::create(cache.join(format!(".{}.lock", name.to_str().unwrap()))).unwrap();
+    lock.lock().unwrap();
     let config = dataset(text_files(files, TextSplit::Line), hf("bpe"), 16, &cache);
+    let (tx, rx) = std::sync::mpsc::channel();
     let results: Vec<(bool, String)> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..4)
             .map(|_| {
-                scope.spawn(|| {
-                    let d = Dataset::open(&config, 0, None, 1, &Quiet).unwrap();
+                let waiting = Waiting(tx.clone());
+                let config = &config;
+                scope.spawn(move || {
+                    let d = Dataset::open(config, 0, None, 1, &waiting).unwrap();
                     (d.built(), d.fingerprint().to_string())
                 })
             })
             .collect();
+        for _ in 0..4 {
+            rx.recv().unwrap();
+        }
+        assert!(
+            cache_entries(&cache).is_empty(),
+            "nobody builds while the lock is held"
+        );
+        lock.unlock().unwrap();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert_eq!(
@@ -93,7 +131,7 @@ fn concurrent_preparations_tokenize_once() {
         1,
         "{results:?}"
     );
-    assert!(results.iter().all(|(_, f)| *f == results[0].1));
+    assert!(results.iter().all(|(_, f)| f == probed.fingerprint()));
     assert_eq!(
         cache_entries(&cache).len(),
         1,

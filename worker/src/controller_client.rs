@@ -13,8 +13,7 @@ use shardrun_protocol::connection::{encode_frame, BlockingConnection, Connection
 use shardrun_protocol::env;
 use shardrun_protocol::messages::{
     EvalMetrics, FromWorker, LogLevel, LogLine, Registration, Role, StartInfo, StepMetrics,
-    ToWorker,
-    TrainSummary,
+    ToWorker, TrainSummary,
 };
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};

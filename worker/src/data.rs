@@ -41,9 +41,14 @@ pub struct Batch {
 enum Source {
     /// Arithmetic token sequences `t[j+1] = (t[j] + stride) mod vocab` with a random start and
     /// stride per sample: random-looking, yet learnable, so a falling loss means training works.
-    SyntheticTokens { vocab: u64 },
+    SyntheticTokens {
+        vocab: u64,
+    },
     /// Seed 000's MLP data: inputs and targets uniform in [-1, 1).
-    SyntheticVectors { input_dim: u64, output_dim: u64 },
+    SyntheticVectors {
+        input_dim: u64,
+        output_dim: u64,
+    },
     Documents(Box<shardrun_data::Dataset>),
 }
 
@@ -203,8 +208,8 @@ impl Batch {
         ];
         for t in tensors.into_iter().flatten() {
             let r = t.get(row).to_device(tch::Device::Cpu).contiguous();
-            let values: Vec<f64> = Vec::<f64>::try_from(r.to_kind(Kind::Double).flatten(0, -1))
-                .unwrap_or_default();
+            let values: Vec<f64> =
+                Vec::<f64>::try_from(r.to_kind(Kind::Double).flatten(0, -1)).unwrap_or_default();
             for v in values {
                 bytes.extend_from_slice(&v.to_le_bytes());
             }

@@ -55,7 +55,12 @@ pub fn train_reference(
         let lr = schedule.lr(step);
         let step_start = step * config.batch.total_batch_size;
         let batches = (0..accum)
-            .map(|m| dataset.samples(first_sample(step_start, m, global_batch, 1, 0), global_batch))
+            .map(|m| {
+                dataset.samples(
+                    first_sample(step_start, m, global_batch, 1, 0),
+                    global_batch,
+                )
+            })
             .collect::<Result<Vec<_>, _>>()?;
         // The mean over the step's target tokens: micro-batch i weighs n_i / N.
         let tokens: u64 = batches.iter().map(|b| b.loss_tokens).sum();
@@ -112,9 +117,9 @@ pub fn train_reference(
             model_state_bytes: config.model.num_params() * 16,
             peak_memory_bytes: crate::metrics::peak_rss_bytes(),
             loss_scale: None,
-            epoch: dataset
-                .documents()
-                .map(|d| (step_start + config.batch.total_batch_size) as f64 / d.samples_per_epoch() as f64),
+            epoch: dataset.documents().map(|d| {
+                (step_start + config.batch.total_batch_size) as f64 / d.samples_per_epoch() as f64
+            }),
             data_time_s: None,
         });
         if (step + 1) % config.log_every.max(1) == 0 {

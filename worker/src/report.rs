@@ -18,7 +18,10 @@ pub trait Reporter: Send + Sync {
     fn eval(&self, metrics: &EvalMetrics) {
         self.log(
             LogLevel::Info,
-            &format!("eval after step {}: loss {:.4}", metrics.step, metrics.eval_loss),
+            &format!(
+                "eval after step {}: loss {:.4}",
+                metrics.step, metrics.eval_loss
+            ),
         );
     }
     /// True once the controller asked for preemption (checkpoint at the next step boundary,

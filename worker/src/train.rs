@@ -335,7 +335,12 @@ impl Trainer {
             let data_time = loading.elapsed().as_secs_f64();
             if let Some(log) = &self.batch_log {
                 for (m, batch) in batches.iter().enumerate() {
-                    log.record(step + 1, m as u64, first_sample(step_start, m as u64, b, world, self.rank), batch);
+                    log.record(
+                        step + 1,
+                        m as u64,
+                        first_sample(step_start, m as u64, b, world, self.rank),
+                        batch,
+                    );
                 }
             }
             // The loss is a mean over the step's target tokens (all ranks, all micro-batches),
@@ -350,7 +355,9 @@ impl Trainer {
             let mut loss_sum = 0.0;
             for (m, batch) in batches.iter().enumerate() {
                 let factor = token_share(scale, world, batch, global_tokens);
-                let loss = self.engine.forward_backward(batch, factor, m as u64 + 1 == accum)?;
+                let loss = self
+                    .engine
+                    .forward_backward(batch, factor, m as u64 + 1 == accum)?;
                 if batch.loss_tokens > 0 {
                     loss_sum += loss * batch.loss_tokens as f64;
                 }
@@ -419,9 +426,10 @@ impl Trainer {
                     model_state_bytes: self.engine.model_state_bytes(),
                     peak_memory_bytes: metrics::peak_memory_bytes(self.device),
                     loss_scale: self.scaler.as_ref().map(|s| s.scale),
-                    epoch: self.dataset.documents().map(|d| {
-                        self.samples_done as f64 / d.samples_per_epoch() as f64
-                    }),
+                    epoch: self
+                        .dataset
+                        .documents()
+                        .map(|d| self.samples_done as f64 / d.samples_per_epoch() as f64),
                     data_time_s: Some(data_time),
                 };
                 self.reporter.metrics(&record);

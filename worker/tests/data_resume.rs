@@ -91,12 +91,17 @@ fn batch_log(prefix: &Path, world: u64) -> BTreeMap<(u64, u64), String> {
     let mut samples = BTreeMap::new();
     for rank in 0..world {
         let path = PathBuf::from(format!("{}.rank{rank}", prefix.display()));
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         for line in text.lines() {
             let f: Vec<&str> = line.split(' ').collect();
             let key = (f[0].parse().unwrap(), f[2].parse().unwrap());
             let before = samples.insert(key, f[3].to_string());
-            assert!(before.is_none(), "sample {key:?} read twice ({})", path.display());
+            assert!(
+                before.is_none(),
+                "sample {key:?} read twice ({})",
+                path.display()
+            );
         }
     }
     samples
@@ -120,13 +125,24 @@ fn a_killed_run_resumed_on_another_world_size_reads_the_same_samples() {
 
     let straight = run(dir, "straight", &base, &dir.join("straight"));
     let straight_samples = batch_log(&dir.join("straight"), 2);
-    assert_eq!(straight_samples.len(), 12 * 12, "12 steps of 12 samples, each once");
+    assert_eq!(
+        straight_samples.len(),
+        12 * 12,
+        "12 steps of 12 samples, each once"
+    );
     assert_eq!(
         straight.evals.iter().map(|e| e.step).collect::<Vec<_>>(),
         vec![4, 8, 12]
     );
-    assert!(straight.evals.iter().all(|e| e.eval_loss.is_finite() && e.eval_tokens > 0));
-    assert!(straight.evals[2].eval_loss < straight.evals[0].eval_loss, "{:?}", straight.evals);
+    assert!(straight
+        .evals
+        .iter()
+        .all(|e| e.eval_loss.is_finite() && e.eval_tokens > 0));
+    assert!(
+        straight.evals[2].eval_loss < straight.evals[0].eval_loss,
+        "{:?}",
+        straight.evals
+    );
 
     // The same job with checkpoints, killed once its step-4 checkpoint is complete.
     let mut checkpointed = base.clone();
@@ -140,9 +156,14 @@ fn a_killed_run_resumed_on_another_world_size_reads_the_same_samples() {
     let marker = dir.join("checkpoints/step-4").join(COMPLETE_FILE);
     let deadline = Instant::now() + Duration::from_secs(240);
     while !marker.exists() {
-        assert!(Instant::now() < deadline, "no step-4 checkpoint after 240 s");
         assert!(
-            children.iter_mut().all(|(_, c)| c.try_wait().unwrap().is_none()),
+            Instant::now() < deadline,
+            "no step-4 checkpoint after 240 s"
+        );
+        assert!(
+            children
+                .iter_mut()
+                .all(|(_, c)| c.try_wait().unwrap().is_none()),
             "a rank exited before the checkpoint"
         );
         std::thread::sleep(Duration::from_millis(10));
@@ -158,7 +179,10 @@ fn a_killed_run_resumed_on_another_world_size_reads_the_same_samples() {
     let resumed = run(dir, "resumed", &resumed_config, &dir.join("resumed"));
     let resumed_samples = batch_log(&dir.join("resumed"), 3);
     let first_resumed_step = *resumed_samples.keys().map(|(s, _)| s).min().unwrap();
-    assert!(first_resumed_step > 4, "resumed from a checkpoint, at step {first_resumed_step}");
+    assert!(
+        first_resumed_step > 4,
+        "resumed from a checkpoint, at step {first_resumed_step}"
+    );
     for (key, digest) in killed.iter().chain(&resumed_samples) {
         assert_eq!(
             Some(digest),
@@ -180,11 +204,20 @@ fn a_killed_run_resumed_on_another_world_size_reads_the_same_samples() {
     let resumed_losses: Vec<f64> = resumed.metrics.iter().map(|m| m.loss).collect();
     let straight_tail = &straight.losses[12 - resumed_losses.len()..];
     for (a, b) in resumed_losses.iter().zip(straight_tail) {
-        assert!((a - b).abs() <= 1e-5 * b.abs(), "{resumed_losses:?} vs {straight_tail:?}");
+        assert!(
+            (a - b).abs() <= 1e-5 * b.abs(),
+            "{resumed_losses:?} vs {straight_tail:?}"
+        );
     }
-    let (a, b) = (resumed.evals.last().unwrap(), straight.evals.last().unwrap());
+    let (a, b) = (
+        resumed.evals.last().unwrap(),
+        straight.evals.last().unwrap(),
+    );
     assert_eq!((a.step, a.eval_tokens), (b.step, b.eval_tokens));
-    assert!((a.eval_loss - b.eval_loss).abs() <= 1e-5 * b.eval_loss, "{a:?} vs {b:?}");
+    assert!(
+        (a.eval_loss - b.eval_loss).abs() <= 1e-5 * b.eval_loss,
+        "{a:?} vs {b:?}"
+    );
     assert!(resumed.metrics.last().unwrap().epoch.unwrap() > 0.0);
 }
 
@@ -234,7 +267,10 @@ fn hybrid_shard_replicas_read_disjoint_samples_and_masked_data_matches_the_refer
     hybrid.fsdp.shard_group_size = Some(2);
     let four = run(dir, "hybrid", &hybrid, &dir.join("hybrid"));
     // Every sample of every step read by exactly one rank (batch_log checks), the same ones.
-    assert_eq!(batch_log(&dir.join("hybrid"), 4), batch_log(&dir.join("two"), 2));
+    assert_eq!(
+        batch_log(&dir.join("hybrid"), 4),
+        batch_log(&dir.join("two"), 2)
+    );
     for (name, run) in [("2 ranks", &two), ("HYBRID_SHARD 4 ranks", &four)] {
         let (worst, at) = max_relative_difference(run, &reference);
         assert!(worst <= 1e-5, "{name}: {worst:e} at {at}");

@@ -137,10 +137,7 @@ where
     };
     let (top, bottom) = root.split_vertically(root.dim_in_pixel().1 / 2);
     let loss: Vec<(f64, f64)> = records.iter().map(|m| (m.step as f64, m.loss)).collect();
-    let eval: Vec<(f64, f64)> = evals
-        .iter()
-        .map(|e| (e.step as f64, e.eval_loss))
-        .collect();
+    let eval: Vec<(f64, f64)> = evals.iter().map(|e| (e.step as f64, e.eval_loss)).collect();
     let tput: Vec<(f64, f64)> = records
         .iter()
         .map(|m| (m.step as f64, m.tokens_per_s))
@@ -209,11 +206,7 @@ fn panel<DB: DrawingBackend>(
             });
         }
         if s.points.len() <= 200 && series.len() > 1 {
-            chart.draw_series(
-                s.points
-                    .iter()
-                    .map(|&p| Circle::new(p, 3, color.filled())),
-            )?;
+            chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
         }
     }
     if series.len() > 1 && text {

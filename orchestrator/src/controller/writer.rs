@@ -170,7 +170,9 @@ fn write(
         }
         Record::Summary { rank, summary } => {
             let eval = match (summary.eval_loss, summary.eval_perplexity) {
-                (Some(loss), Some(ppl)) => format!(", validation loss {loss:.4} (perplexity {ppl:.2})"),
+                (Some(loss), Some(ppl)) => {
+                    format!(", validation loss {loss:.4} (perplexity {ppl:.2})")
+                }
                 _ => String::new(),
             };
             let text = format!(

@@ -5,8 +5,8 @@
 use super::{defaults, PlanError, Section};
 use crate::spec::{DataKind, DataSpec, TextSplitKind, TokenizerKind};
 use shardrun_protocol::config::{
-    DataConfig, DataSource, DatasetConfig, HeldOut, JsonlText, ModelConfig, OnBadRecord,
-    Packing, TextSplit, TokenDtype, TokenizerConfig, ValidationConfig,
+    DataConfig, DataSource, DatasetConfig, HeldOut, JsonlText, ModelConfig, OnBadRecord, Packing,
+    TextSplit, TokenDtype, TokenizerConfig, ValidationConfig,
 };
 use std::path::{Path, PathBuf};
 
@@ -105,7 +105,11 @@ fn check_keys(s: &Section, spec: &DataSpec) -> Result<(), PlanError> {
         ("separator", spec.separator.is_some(), &[Text]),
         ("field", spec.field.is_some(), &[Jsonl]),
         ("prompt_field", spec.prompt_field.is_some(), &[Jsonl]),
-        ("completion_field", spec.completion_field.is_some(), &[Jsonl]),
+        (
+            "completion_field",
+            spec.completion_field.is_some(),
+            &[Jsonl],
+        ),
         ("messages_field", spec.messages_field.is_some(), &[Chat]),
         ("chat_template", spec.chat_template.is_some(), &[Chat]),
         ("dtype", spec.dtype.is_some(), &[Tokens]),
@@ -176,14 +180,12 @@ fn source(s: &Section, spec: &DataSpec, files: Vec<PathBuf>) -> Result<DataSourc
                     prompt: prompt.clone(),
                     completion: completion.clone(),
                 },
-                (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
-                    return Err(s.err(
-                        "training.data.field",
-                        "`field` (train on all of one field) and `prompt_field`/`completion_field` \
+                (Some(_), Some(_), _) | (Some(_), _, Some(_)) => return Err(s.err(
+                    "training.data.field",
+                    "`field` (train on all of one field) and `prompt_field`/`completion_field` \
                          (train on the completion) exclude each other",
-                        "keep one of them",
-                    ))
-                }
+                    "keep one of them",
+                )),
                 (None, Some(_), None) | (None, None, Some(_)) => {
                     return Err(s.err(
                         "training.data.prompt_field",
@@ -235,18 +237,17 @@ fn tokenizer(
             Ok(TokenizerConfig::Bytes)
         }
         TokenizerKind::Hf => {
-            let path = match (t.and_then(|t| t.path.as_deref()), model_folder) {
-                (Some(path), _) => s.spec_relative(path),
-                (None, Some(folder)) => folder.to_path_buf(),
-                (None, None) => {
-                    return Err(s.err(
+            let path =
+                match (t.and_then(|t| t.path.as_deref()), model_folder) {
+                    (Some(path), _) => s.spec_relative(path),
+                    (None, Some(folder)) => folder.to_path_buf(),
+                    (None, None) => return Err(s.err(
                         "training.data.tokenizer",
                         "text data needs a tokenizer and the model has no folder to take it from",
                         "add `tokenizer: { path: <folder with tokenizer.json> }` (a Hugging Face \
                          model or tokenizer folder), or `tokenizer: { kind: bytes }`",
-                    ))
-                }
-            };
+                    )),
+                };
             Ok(TokenizerConfig::HuggingFace {
                 path,
                 bos_token: t.and_then(|t| t.bos_token.clone()),
@@ -349,7 +350,10 @@ mod tests {
             }
         );
         assert_eq!(d.seq_len, 16);
-        assert_eq!((d.packing, d.shuffle, d.document_mask), (Packing::Stream, true, false));
+        assert_eq!(
+            (d.packing, d.shuffle, d.document_mask),
+            (Packing::Stream, true, false)
+        );
         assert_eq!(d.cache_dir, Path::new("/tmp/runs/data-cache"));
         assert_eq!(d.on_bad_record, OnBadRecord::Stop);
         assert_eq!(
@@ -360,13 +364,22 @@ mod tests {
 
     #[test]
     fn keys_that_do_not_apply_are_located_errors() {
-        let e = err("    kind: text\n    files: [a.txt]\n    tokenizer: { kind: bytes }\n    field: body\n");
+        let e = err(
+            "    kind: text\n    files: [a.txt]\n    tokenizer: { kind: bytes }\n    field: body\n",
+        );
         assert_eq!(e.field, "training.data.field");
         assert_eq!(e.line, Some(9));
-        assert!(e.why.contains("`field` does not apply to `text` data (it applies to jsonl)"), "{e}");
+        assert!(
+            e.why
+                .contains("`field` does not apply to `text` data (it applies to jsonl)"),
+            "{e}"
+        );
 
         let e = err("    kind: jsonl\n    files: [a.jsonl]\n    tokenizer: { kind: bytes }\n    prompt_field: q\n");
-        assert!(e.fix.contains("both `prompt_field` and `completion_field`"), "{e}");
+        assert!(
+            e.fix.contains("both `prompt_field` and `completion_field`"),
+            "{e}"
+        );
 
         let e = err("    kind: text\n    files: [a.txt]\n");
         assert_eq!(e.field, "training.data.tokenizer");
@@ -400,11 +413,18 @@ mod tests {
             }
         );
         assert_eq!(d.tokenizer, TokenizerConfig::Bytes);
-        let DataConfig::Dataset(d) = data("    kind: tokens\n    files: [/data/train.bin]\n").unwrap()
+        let DataConfig::Dataset(d) =
+            data("    kind: tokens\n    files: [/data/train.bin]\n").unwrap()
         else {
             panic!()
         };
         assert_eq!(d.tokenizer, TokenizerConfig::PreTokenized);
-        assert!(matches!(d.source, DataSource::Tokens { dtype: TokenDtype::U16, .. }));
+        assert!(matches!(
+            d.source,
+            DataSource::Tokens {
+                dtype: TokenDtype::U16,
+                ..
+            }
+        ));
     }
 }
