@@ -256,3 +256,32 @@ mod hex_bytes {
         hex::decode(text).map_err(serde::de::Error::custom)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_positions_of_older_checkpoints_still_read() {
+        // What checkpoints held before epochs and data fingerprints were recorded.
+        let old: DataPosition =
+            serde_json::from_str(r#"{"samples_done": 48, "micro_batches_done": 8}"#).unwrap();
+        assert_eq!(
+            (old.samples_done, old.epoch, old.data_fingerprint),
+            (48, None, None)
+        );
+        let new = DataPosition {
+            samples_done: 96,
+            micro_batches_done: 16,
+            epoch: Some(2),
+            data_fingerprint: Some("0123456789abcdef".into()),
+        };
+        let json = serde_json::to_string(&new).unwrap();
+        assert_eq!(serde_json::from_str::<DataPosition>(&json).unwrap(), new);
+        // An unknown field is still refused (a newer format), not silently dropped.
+        assert!(serde_json::from_str::<DataPosition>(
+            r#"{"samples_done": 1, "micro_batches_done": 1, "shard_cursor": 3}"#
+        )
+        .is_err());
+    }
+}

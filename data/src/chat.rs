@@ -332,7 +332,7 @@ impl JsonStyle {
             ValueKind::Map => {
                 let mut keys: Vec<Value> = value.try_iter()?.collect();
                 if self.sort_keys {
-                    keys.sort_by(|a, b| a.to_string().cmp(&b.to_string()));
+                    keys.sort_by_key(|k| k.to_string());
                 }
                 self.container('{', '}', keys.len(), depth, out, |i, out| {
                     let k = &keys[i];

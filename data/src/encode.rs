@@ -42,8 +42,8 @@ impl Encoder<'_> {
             Body::PromptCompletion { prompt, completion } => {
                 let text = format!("{prompt}{completion}");
                 let encoding = self.tokenizer.encode(&text, true, true)?;
-                let completion_span = [prompt.len()..text.len()];
-                let mut mask = mask_of(&encoding.offsets, &completion_span);
+                let completion = prompt.len()..text.len();
+                let mut mask = mask_of(&encoding.offsets, std::slice::from_ref(&completion));
                 let mut tokens = encoding.ids;
                 end_with(&mut tokens, Some(&mut mask), eos, 1);
                 Ok(Encoded { tokens, mask })
@@ -120,7 +120,7 @@ mod tests {
     #[test]
     fn overlap_rule() {
         let offsets = [(0, 2), (2, 5), (5, 6), (0, 0)];
-        assert_eq!(mask_of(&offsets, &[3..6]), [0, 1, 1, 0]);
+        assert_eq!(mask_of(&offsets, &[3..6, 9..9]), [0, 1, 1, 0]);
         assert_eq!(mask_of(&offsets, &[]), [0, 0, 0, 0]);
     }
 }

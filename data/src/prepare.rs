@@ -277,7 +277,7 @@ fn check_token_file(
     if file.size == 0 {
         return bad("the file is empty".into());
     }
-    if file.size % width != 0 {
+    if !file.size.is_multiple_of(width) {
         return bad(format!(
             "its size ({} bytes) is not a whole number of {}-byte ids: not a {} token file",
             file.size,

@@ -139,7 +139,7 @@ pub enum DataConfig {
     Synthetic { seq_len: u64 },
     /// Documents from files: tokenized once into a cache, packed into fixed-length
     /// sequences, shuffled per epoch (crate `shardrun-data`).
-    Dataset(DatasetConfig),
+    Dataset(Box<DatasetConfig>),
 }
 
 impl DataConfig {
@@ -507,6 +507,42 @@ mod tests {
         };
         let block = 4 * 256 * 256 + (256 * 1024 + 1024 + 1024 * 256 + 256) + 4 * 256;
         assert_eq!(m.num_params(), 8192 * 256 * 2 + 256 * 256 + 8 * block + 512);
+    }
+
+    #[test]
+    fn dataset_configs_round_trip_as_tagged_json() {
+        let data = DataConfig::Dataset(Box::new(DatasetConfig {
+            source: DataSource::Jsonl {
+                files: vec!["/d/*.jsonl".into()],
+                text: JsonlText::PromptCompletion {
+                    prompt: "q".into(),
+                    completion: "a".into(),
+                },
+            },
+            seq_len: 128,
+            tokenizer: TokenizerConfig::Bytes,
+            packing: Packing::WholeDocuments,
+            document_mask: false,
+            shuffle: true,
+            validation: Some(ValidationConfig {
+                held_out: HeldOut::Fraction { fraction: 0.05 },
+                every_steps: Some(10),
+                max_batches: None,
+            }),
+            cache_dir: "/runs/data-cache".into(),
+            on_bad_record: OnBadRecord::Skip,
+        }));
+        let json = serde_json::to_value(&data).unwrap();
+        assert_eq!(json["kind"], "dataset");
+        assert_eq!(json["source"]["kind"], "jsonl");
+        assert_eq!(json["source"]["text"]["format"], "prompt_completion");
+        assert_eq!(
+            serde_json::from_value::<DataConfig>(json.clone()).unwrap(),
+            data
+        );
+        let mut typo = json;
+        typo["shufle"] = serde_json::json!(true);
+        assert!(serde_json::from_value::<DataConfig>(typo).is_err());
     }
 
     #[test]

@@ -49,7 +49,7 @@ fn data_config(dir: &Path, files: Vec<PathBuf>) -> TrainConfig {
         max_seq_len: 32,
     };
     let mut c = config(model, ShardingStrategy::FullShard, 2);
-    c.data = DataConfig::Dataset(DatasetConfig {
+    c.data = DataConfig::Dataset(Box::new(DatasetConfig {
         source: DataSource::Text {
             files,
             split: TextSplit::File,
@@ -66,7 +66,7 @@ fn data_config(dir: &Path, files: Vec<PathBuf>) -> TrainConfig {
         }),
         cache_dir: dir.join("cache"),
         on_bad_record: OnBadRecord::Stop,
-    });
+    }));
     c.steps = 12;
     // 12 samples per step: 2 ranks × 3 × 2 micro-steps, or 3 ranks × 2 × 2.
     c.batch = BatchPlan {

@@ -71,7 +71,7 @@ pub fn resolve_data(
                 .join(defaults::DATA_CACHE_DIR)
         }
     };
-    Ok(DataConfig::Dataset(DatasetConfig {
+    Ok(DataConfig::Dataset(Box::new(DatasetConfig {
         source,
         seq_len,
         tokenizer,
@@ -81,7 +81,7 @@ pub fn resolve_data(
         validation,
         cache_dir,
         on_bad_record: spec.on_bad_record.unwrap_or(OnBadRecord::Stop),
-    }))
+    })))
 }
 
 fn kind_name(kind: DataKind) -> &'static str {
