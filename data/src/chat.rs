@@ -108,13 +108,24 @@ impl ChatTemplate {
         messages: &[Value],
         add_generation_prompt: bool,
     ) -> std::result::Result<String, String> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with the tool definitions a record offers (`tools=` of
+    /// `apply_chat_template`).
+    pub fn render_with_tools(
+        &self,
+        messages: &[Value],
+        tools: Option<&Value>,
+        add_generation_prompt: bool,
+    ) -> std::result::Result<String, String> {
         let mut context = self.variables.clone();
         context.insert("messages".into(), Value::from(messages.to_vec()));
         context.insert(
             "add_generation_prompt".into(),
             Value::from(add_generation_prompt),
         );
-        context.insert("tools".into(), Value::from(()));
+        context.insert("tools".into(), tools.cloned().unwrap_or(Value::from(())));
         context.insert("documents".into(), Value::from(()));
         let template = self
             .env
@@ -129,15 +140,16 @@ impl ChatTemplate {
     pub fn render_for_training(
         &self,
         messages: &[Value],
+        tools: Option<&Value>,
     ) -> std::result::Result<(String, Vec<Range<usize>>), String> {
-        let full = self.render(messages, false)?;
+        let full = self.render_with_tools(messages, tools, false)?;
         let mut spans = Vec::new();
         for (i, message) in messages.iter().enumerate() {
             if role(message).as_deref() != Some("assistant") {
                 continue;
             }
-            let prompt = self.render(&messages[..i], true)?;
-            let through = self.render(&messages[..=i], false)?;
+            let prompt = self.render_with_tools(&messages[..i], tools, true)?;
+            let through = self.render_with_tools(&messages[..=i], tools, false)?;
             if !through.starts_with(&prompt) || !full.starts_with(&through) {
                 return Err(format!(
                     "the chat template renders message {} differently once later messages follow, \
@@ -476,7 +488,7 @@ mod tests {
         let m = messages(
             r#"{"messages": [{"role": "user", "content": " hi "}, {"role": "assistant", "content": "yo"}]}"#,
         );
-        let (text, spans) = t.render_for_training(&m).unwrap();
+        let (text, spans) = t.render_for_training(&m, None).unwrap();
         assert_eq!(text, "<user>hi\n<assistant>yo</s>\n");
         assert_eq!(&text[spans[0].clone()], "yo</s>");
         let record: Value =

@@ -16,8 +16,12 @@ pub enum Body {
     Text(String),
     /// Trained on the completion only.
     PromptCompletion { prompt: String, completion: String },
-    /// Messages for the chat template; trained on the assistant's turns only.
-    Chat(Vec<minijinja::Value>),
+    /// Messages for the chat template (and the record's `tools`, when it has them); trained
+    /// on the assistant's turns only.
+    Chat {
+        messages: Vec<minijinja::Value>,
+        tools: Option<minijinja::Value>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -269,7 +273,14 @@ fn parse_record(source: &DataSource, line: &str) -> std::result::Result<Body, St
         DataSource::Chat { messages_field, .. } => {
             let record: minijinja::Value =
                 serde_json::from_str(line).map_err(|e| format!("not a JSON record ({e})"))?;
-            Ok(Body::Chat(messages_of(&record, messages_field)?))
+            let tools = record
+                .get_attr("tools")
+                .ok()
+                .filter(|t| !t.is_undefined() && !t.is_none());
+            Ok(Body::Chat {
+                messages: messages_of(&record, messages_field)?,
+                tools,
+            })
         }
         DataSource::Tokens { .. } => Err("token files hold no text records".into()),
     }

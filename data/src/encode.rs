@@ -48,11 +48,11 @@ impl Encoder<'_> {
                 end_with(&mut tokens, Some(&mut mask), eos, 1);
                 Ok(Encoded { tokens, mask })
             }
-            Body::Chat(messages) => {
+            Body::Chat { messages, tools } => {
                 let template = self
                     .chat
                     .ok_or_else(|| "chat records need a chat template".to_string())?;
-                let (text, spans) = template.render_for_training(messages)?;
+                let (text, spans) = template.render_for_training(messages, tools.as_ref())?;
                 let encoding = self.tokenizer.encode(&text, false, true)?;
                 let mut mask = mask_of(&encoding.offsets, &spans);
                 let mut tokens = encoding.ids;

@@ -285,29 +285,33 @@ fn check_token_file(
             format!("{dtype:?}").to_lowercase()
         ));
     }
-    let bytes = match std::fs::read(&file.path) {
-        Ok(bytes) => bytes,
+    // In chunks: token files are often larger than memory.
+    let mut max = 0u64;
+    let hash = match read_chunks(&file.path, |chunk| {
+        let chunk_max = match dtype {
+            TokenDtype::U16 => chunk
+                .chunks_exact(2)
+                .map(|c| u64::from(u16::from_le_bytes([c[0], c[1]])))
+                .max(),
+            TokenDtype::U32 => chunk
+                .chunks_exact(4)
+                .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                .max(),
+        };
+        max = max.max(chunk_max.unwrap_or(0));
+    }) {
+        Ok(hash) => hash,
         Err(e) => return bad(format!("cannot be read: {e}")),
-    };
-    let max = match dtype {
-        TokenDtype::U16 => bytes
-            .chunks_exact(2)
-            .map(|c| u64::from(u16::from_le_bytes([c[0], c[1]])))
-            .max(),
-        TokenDtype::U32 => bytes
-            .chunks_exact(4)
-            .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
-            .max(),
     };
     Ok(Ok((
         FileEntry {
             path: file.path.clone(),
             size: file.size,
             mtime_ns: file.mtime_ns,
-            xxh3: format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes)),
+            xxh3: hash,
             tokens: Some(file.size / width),
         },
-        max.unwrap_or(0),
+        max,
     )))
 }
 
@@ -321,11 +325,8 @@ fn hash_files(files: &[DataFile], threads: usize) -> Result<Vec<FileEntry>> {
         files
             .par_iter()
             .map(|f| {
-                let xxh3 = match std::fs::read(&f.path) {
-                    Ok(bytes) => format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes)),
-                    // A skipped unreadable file has no hash.
-                    Err(_) => String::new(),
-                };
+                // A skipped unreadable file has no hash.
+                let xxh3 = read_chunks(&f.path, |_| {}).unwrap_or_default();
                 Ok(FileEntry {
                     path: f.path.clone(),
                     size: f.size,
@@ -336,6 +337,34 @@ fn hash_files(files: &[DataFile], threads: usize) -> Result<Vec<FileEntry>> {
             })
             .collect()
     })
+}
+
+/// Reads `path` in chunks (a whole number of 4-byte ids each), handing each to `each`;
+/// returns the xxh3-64 of the whole file.
+fn read_chunks(path: &Path, mut each: impl FnMut(&[u8])) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut hash = xxhash_rust::xxh3::Xxh3::new();
+    let mut buf = vec![0u8; 8 << 20];
+    loop {
+        let mut filled = 0;
+        while filled < buf.len() {
+            let n = file.read(&mut buf[filled..])?;
+            if n == 0 {
+                break;
+            }
+            filled += n;
+        }
+        if filled == 0 {
+            break;
+        }
+        hash.update(&buf[..filled]);
+        each(&buf[..filled]);
+        if filled < buf.len() {
+            break;
+        }
+    }
+    Ok(format!("{:016x}", hash.digest()))
 }
 
 fn examples(skipped: &[Skipped]) -> Vec<String> {

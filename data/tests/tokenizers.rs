@@ -125,8 +125,11 @@ fn chat_renders_as_transformers_and_the_mask_is_the_assistant_tokens() {
         for (line, chat) in lines.lines().zip(chats) {
             let record: minijinja::Value = serde_json::from_str(line).unwrap();
             let messages = messages_of(&record, "messages").unwrap();
+            let tools = record.get_attr("tools").ok().filter(|t| !t.is_undefined());
             assert_eq!(
-                template.render(&messages, false).unwrap(),
+                template
+                    .render_with_tools(&messages, tools.as_ref(), false)
+                    .unwrap(),
                 chat["text"].as_str().unwrap(),
                 "{name}: rendering"
             );

@@ -51,7 +51,14 @@ SAMPLES = {
 
 LINES = "first line\n\n  second line with spaces  \r\nthird: 日本語 👍\n   \nlast\n"
 
-CHATML = """{%- if messages[0]['role'] == 'system' %}
+CHATML = """{%- if tools %}
+    {{- '<|im_start|>system\n# Tools\n<tools>' }}
+    {%- for tool in tools %}
+        {{- '\n' }}{{- tool | tojson }}
+    {%- endfor %}
+    {{- '\n</tools><|im_end|>\n' }}
+{%- endif %}
+{%- if messages[0]['role'] == 'system' %}
     {%- set system_message = messages[0]['content'].strip() %}
     {%- set loop_messages = messages[1:] %}
 {%- else %}
@@ -84,17 +91,29 @@ CHATML = """{%- if messages[0]['role'] == 'system' %}
 LLAMA2 = """{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = '<<SYS>>\\n' + messages[0]['content'].strip() + '\\n<</SYS>>\\n\\n' %}{% else %}{% set loop_messages = messages %}{% set system_message = '' %}{% endif %}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == 0 %}{% set content = system_message + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{% generation %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endgeneration %}{% endif %}{% endfor %}"""
 
 CHATS = [
-    [
+    {"messages": [
         {"role": "system", "content": "  You write Python.  "},
         {"role": "user", "content": "Sum a list?"},
         {"role": "assistant", "content": "Use `sum(xs)`; it's O(n). 👍"},
         {"role": "user", "content": "And in 日本語?"},
         {"role": "assistant", "content": "<think>translate</think>  合計は sum(xs) です。  "},
-    ],
-    [
+    ]},
+    {"messages": [
         {"role": "user", "content": "Say nothing but OK."},
         {"role": "assistant", "content": "OK"},
-    ],
+    ]},
+    # Tool definitions are rendered with `tojson` (Python's json.dumps, key order kept).
+    {"messages": [
+        {"role": "user", "content": "Weather in Zürich?"},
+        {"role": "assistant", "content": "Let me check: get_weather(\"Zürich\")"},
+    ], "tools": [
+        {"type": "function", "function": {
+            "name": "get_weather",
+            "description": "Weather at a place, \"now\"\n(cached 5 min)",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "default": 1, "scale": 0.5}},
+                           "required": ["city"]},
+        }},
+    ]},
 ]
 
 
@@ -189,14 +208,19 @@ def without_eos_in_tokenizer_config(source, out):
 
 def chat_expectations(fast, template_with_tags, chats):
     out = []
-    for messages in chats:
-        text = fast.apply_chat_template(messages, tokenize=False, chat_template=template_with_tags)
+    for record in chats:
+        messages, tools = record["messages"], record.get("tools")
+        text = fast.apply_chat_template(
+            messages, tools=tools, tokenize=False, chat_template=template_with_tags
+        )
         plain = fast.apply_chat_template(
-            messages, tokenize=False, chat_template=without_generation_tags(template_with_tags)
+            messages, tools=tools, tokenize=False,
+            chat_template=without_generation_tags(template_with_tags),
         )
         assert text == plain, "the markers must not change the rendering"
         encoded = fast.apply_chat_template(
             messages,
+            tools=tools,
             tokenize=True,
             return_dict=True,
             return_assistant_tokens_mask=True,
@@ -233,8 +257,8 @@ def main():
         # The ground truth for plain text: Python `tokenizers` on the saved file.
         tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
         with open(os.path.join(out, f"chat_{name}.jsonl"), "w", encoding="utf-8") as f:
-            for messages in CHATS:
-                f.write(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
+            for record in CHATS:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
         expected["tokenizers"][name] = {
             "eos_id": fast.convert_tokens_to_ids(fast.eos_token),
             "samples": {s: tok.encode(SAMPLES[s]).ids for s in sorted(SAMPLES)},
