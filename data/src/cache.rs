@@ -14,8 +14,9 @@
 //!                                  complete (fsynced first), removed if the build fails
 //! ```
 //!
-//! The key uses each file's size and modification time (not its contents, which would mean
-//! reading every byte on every start); the manifest records a content hash of every file.
+//! The key uses each file's size, modification and status-change times (not its contents,
+//! which would mean reading every byte on every start; any write or replacement changes the
+//! status-change time); the manifest records a content hash of every file.
 
 use crate::error::{DataError, Result};
 use crate::files::DataFile;

@@ -1,5 +1,6 @@
-//! `data.files`: patterns expanded to files, and what identifies each file's version (size
-//! and modification time) without reading it.
+//! `data.files`: patterns expanded to files, and what identifies each file's version without
+//! reading it: size, modification time, and status-change time (which no tool can set back,
+//! so a file replaced or rewritten keeping its size and modification time is still noticed).
 
 use crate::error::{DataError, Result};
 use serde::{Deserialize, Serialize};
@@ -13,6 +14,8 @@ pub struct DataFile {
     pub size: u64,
     /// Modification time, nanoseconds since the epoch.
     pub mtime_ns: i128,
+    /// Status-change time, nanoseconds since the epoch.
+    pub ctime_ns: i128,
 }
 
 /// Every file the patterns name, each once, in pattern order and sorted within a pattern
@@ -81,6 +84,7 @@ pub fn stat(path: &Path) -> Result<DataFile> {
         path: path.to_path_buf(),
         size: meta.len(),
         mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+        ctime_ns: i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec()),
     })
 }
 

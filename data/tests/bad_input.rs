@@ -251,6 +251,37 @@ fn token_ids_beyond_the_vocabulary() {
         "{err}"
     );
     assert!(open(&c, Some(50_001)).is_ok());
+
+    // u32 ids past 65,535 (Qwen's 151,936-id vocabulary): read back as they are.
+    let big = dir.path().join("big.bin");
+    let ids = [7u32, 151_935, 128_000, 65_536];
+    std::fs::write(
+        &big,
+        ids.iter()
+            .flat_map(|t| t.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    let c = dataset(
+        DataSource::Tokens {
+            files: vec![big],
+            dtype: TokenDtype::U32,
+        },
+        TokenizerConfig::PreTokenized,
+        3,
+        &dir.path().join("cache3"),
+    );
+    let data = open(&c, Some(151_936)).unwrap();
+    assert_eq!(data.samples_per_epoch(), 2);
+    let batch = data.training_batch(0, 2);
+    let mut seen: Vec<i64> = batch.inputs.iter().copied().filter(|&t| t != 0).collect();
+    seen.sort();
+    assert_eq!(seen, [7, 65_536, 128_000, 151_935]);
+    let err = open(&c, Some(151_935)).err().unwrap().to_string();
+    assert!(
+        err.contains("token id 151935 is outside the model's vocabulary (vocab_size 151935)"),
+        "{err}"
+    );
     let odd = write(dir.path(), "odd.bin", "abc");
     let c = dataset(
         tokens(vec![odd.clone()]),

@@ -165,10 +165,12 @@ impl Trainer {
         let model = crate::model::build(&config.model);
         let engine = FsdpEngine::new(model, &config.fsdp.wrap, config.seed, groups, options)?;
         let dataset = Dataset::open(&config, &ReporterObserver::new(reporter.as_ref(), rank))?;
-        if let Some(documents) = dataset.documents() {
+        // Every rank reads the same data: rank 0 describes it.
+        if let Some(documents) = dataset.documents().filter(|_| rank == 0) {
             for line in documents.summary() {
-                if rank == 0 || line.starts_with("warning") {
-                    reporter.log(LogLevel::Info, line);
+                match line.strip_prefix("warning: ") {
+                    Some(warning) => reporter.log(LogLevel::Warn, warning),
+                    None => reporter.log(LogLevel::Info, line),
                 }
             }
         }
