@@ -1,48 +1,216 @@
 #!/usr/bin/env bash
-# GPU check and benchmark on a machine with one NVIDIA GPU and PyTorch 2.11 installed
-# (`python3 -c 'import torch'` works). Runs from a folder holding the release binaries
-# (default .device-bin: shardrun, shardrun-worker, shardrun-collective-bench):
-#   1. NCCL self-test of the collectives at world size 1;
-#   2. bench/gpu-bench.yaml through `shardrun run --device cuda` (controller + worker);
-#   3. PyTorch FSDP2 on the same model, data and dtype (bench/fsdp2_reference.py, NCCL).
-# Usage: bench/gpu.sh [BIN_DIR] [OUT_DIR]
-set -euo pipefail
-bin="$(cd "${1:-.device-bin}" && pwd)"
+# The whole GPU check of shardrun, in one command, on a machine with NVIDIA GPUs and PyTorch
+# 2.11 (`python3 -c 'import torch'` works there):
+#   1. NCCL and the device: `shardrun-worker --check-gpu` (which NCCL loads, which GPU a rank
+#      gets, its memory);
+#   2. the NCCL communicator: every collective, exact, on its own stream (world size 1, and N
+#      ranks on N GPUs), then its bandwidth;
+#   3. the worker's unit tests that take the CUDA branches (devices, runtime, NCCL);
+#   4. training through `shardrun run --device cuda`: every strategy at world size 1 in bf16
+#      and in fp16 with loss scaling (and FULL_SHARD / HYBRID_SHARD on all N GPUs); fp32
+#      FULL_SHARD against the unsharded single-process reference;
+#   5. checkpoint save -> resume equals an uninterrupted run; export -> PyTorch reproduces
+#      the worker's next loss from the exported weights;
+#   6. bench/gpu-bench.yaml (270 M parameters, bf16) next to PyTorch FSDP2 on the same model,
+#      data, dtype and optimizer: step time, tokens/s, MFU, peak memory.
+# Prints ok/FAIL per check and the benchmark table; exits 1 if any check failed.
+#
+# Usage:
+#   bench/gpu.sh [BIN_DIR] [OUT_DIR]    run everything (BIN_DIR: shardrun, shardrun-worker,
+#                                       shardrun-collective-bench and tests/, as `stage` makes;
+#                                       default: build here with cargo, else .device-bin)
+#   bench/gpu.sh stage [DIR]            on the build machine: copy the release binaries and
+#                                       the worker's test executable into DIR (.device-bin)
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+if [[ "${1:-}" == "stage" ]]; then
+  set -e
+  dest="${2:-.device-bin}"
+  source scripts/env.sh
+  cargo build --release --workspace --bins
+  mkdir -p "$dest/tests"
+  cp "$CARGO_TARGET_DIR"/release/{shardrun,shardrun-worker,shardrun-collective-bench} "$dest/"
+  exe=$(cargo test --release -p shardrun-worker --lib --no-run --message-format=json 2>/dev/null \
+    | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["lib"]:
+        print(m["executable"])')
+  cp "$exe" "$dest/tests/shardrun-worker-unit-tests"
+  # Without debug info the four fit in ~16 MB (a lent GPU machine takes 64 MiB of files).
+  strip -g "$dest"/{shardrun,shardrun-worker,shardrun-collective-bench} "$dest/tests/shardrun-worker-unit-tests"
+  echo "staged into $dest ($(du -sh "$dest" | cut -f1))"
+  exit 0
+fi
+
 out="${2:-${OUT:-/tmp/shardrun-gpu}}"
 mkdir -p "$out"
-torch_dir=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))')
-# libtorch for the binaries; cudarc opens NCCL as `libnccl.so`, pip ships `libnccl.so.2`.
-mkdir -p /tmp/shardrun-nccl
-ln -sf "$torch_dir/../nvidia/nccl/lib/libnccl.so.2" /tmp/shardrun-nccl/libnccl.so
-export LD_LIBRARY_PATH="$torch_dir/lib:/tmp/shardrun-nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+out="$(cd "$out" && pwd)"
+if [[ -n "${1:-}" ]]; then
+  bin="$(cd "$1" && pwd)"
+elif command -v cargo >/dev/null; then
+  bench/gpu.sh stage "$out/bin" >"$out/build.txt" 2>&1 || { tail -30 "$out/build.txt"; exit 1; }
+  bin="$out/bin"
+else
+  bin="$(cd .device-bin && pwd)"
+fi
+python="${SHARDRUN_GPU_PYTHON:-python3}"
+torch_dir=$("$python" -c 'import torch, os; print(os.path.dirname(torch.__file__))')
+# libtorch for the binaries. A worker built against another libtorch finds NCCL as
+# `libnccl.so` on the loader path: a link to this torch's pip NCCL.
+mkdir -p "$out/nccl-link"
+ln -sf "$torch_dir/../nvidia/nccl/lib/libnccl.so.2" "$out/nccl-link/libnccl.so"
+export LD_LIBRARY_PATH="$torch_dir/lib:$out/nccl-link${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export SHARDRUN_WORKER_BIN="$bin/shardrun-worker"
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+echo "binaries: $bin; torch: $torch_dir; $gpus GPU(s); output: $out"
 
-echo "== NCCL self-test (world size 1)"
-"$bin/shardrun-collective-bench" --device cuda check 2>&1 | tail -3
-"$bin/shardrun-collective-bench" --device cuda bench --mib 256 2>&1 | tee "$out/nccl-bench.jsonl"
+failures=()
+# check NAME COMMAND...: runs it, keeps its output in $out/logs/NAME.txt, says ok or FAIL.
+check() {
+  local name="$1"; shift
+  mkdir -p "$out/logs"
+  local log="$out/logs/${name// /_}.txt"
+  local started=$SECONDS
+  if "$@" >"$log" 2>&1; then
+    printf 'ok    %-58s %4ds\n' "$name" $((SECONDS - started))
+  else
+    printf 'FAIL  %-58s %4ds  (%s)\n' "$name" $((SECONDS - started)) "$log"
+    tail -15 "$log" | sed 's/^/      | /'
+    failures+=("$name")
+  fi
+}
 
-echo "== shardrun run --device cuda"
-"$bin/shardrun" run bench/gpu-bench.yaml --nproc 1 --device cuda --run-dir "$out/run" --force --no-progress \
-  > "$out/shardrun-run.txt" 2>&1 || { tail -40 "$out/shardrun-run.txt"; exit 1; }
-tail -14 "$out/shardrun-run.txt"
-cp "$out/run/metrics.jsonl" "$out/metrics.jsonl"
+# A small transformer job for the correctness runs (seconds each).
+spec() { # spec NAME STRATEGY DTYPE STEPS [extra training lines]
+  local f="$out/specs/$1.yaml"
+  mkdir -p "$out/specs"
+  local reduce=f32
+  [[ "$3" == f16 ]] && reduce=f16
+  cat >"$f" <<EOF
+name: $1
+resources: { nodes: 1, gpus_per_node: 1 }
+training:
+  model: { kind: transformer, vocab_size: 2048, dim: 256, n_layers: 4, n_heads: 4, max_seq_len: 128 }
+  data: { kind: synthetic, seq_len: 128 }
+  steps: $4
+  seed: 3
+  total_batch_size: 8
+  batch_size_per_device: 8
+  optimizer: { lr: 1.0e-3, grad_clip: 1.0 }
+  schedule: { warmup_steps: 2, decay: constant }
+  fsdp:
+    strategy: $2
+    shard_group_size: 1
+    mixed_precision: { param_dtype: $3, reduce_dtype: $reduce }
+${5:-}
+EOF
+  echo "$f"
+}
 
-echo "== PyTorch FSDP2 reference"
-PYTHONUNBUFFERED=1 torchrun --standalone --nproc_per_node 1 bench/fsdp2_reference.py --device cuda \
-  --vocab 32768 --dim 1024 --n-layers 16 --n-heads 16 --seq 1024 --batch 8 --param-dtype bf16 \
-  --steps 30 --warmup 5 2>&1 | grep '^{' | tee "$out/pytorch.json"
+run_job() { # run_job NAME SPEC NPROC: shardrun run, then the loss must fall
+  "$bin/shardrun" run "$2" --device cuda --nproc "$3" --run-dir "$out/runs/$1" --force --no-progress \
+    && "$python" bench/gpu_checks.py trains "$out/runs/$1/metrics.jsonl"
+}
 
-python3 - "$out" <<'PY'
-import json, statistics, sys
-out = sys.argv[1]
-ours = [json.loads(l) for l in open(f"{out}/metrics.jsonl")]
-steady = [m for m in ours if m["step"] > 5]
-step = statistics.median(m["step_time_s"] for m in steady)
-tps = statistics.median(m["tokens_per_s"] for m in steady)
-mfu = statistics.median((m.get("mfu") or 0) for m in steady)
-peak = max(m["peak_memory_bytes"] for m in ours)
-ref = json.loads(open(f"{out}/pytorch.json").read().strip().splitlines()[-1])
-print(f"shardrun: step {step:.4f} s, {tps:,.0f} tok/s, MFU {mfu:.1%}, peak {peak/2**30:.2f} GiB")
-print(f"FSDP2:    step {ref['step_time_s']:.4f} s, {ref['tokens_per_s']:,.0f} tok/s, peak {ref['peak_rss_bytes'][0]/2**30:.2f} GiB")
-print(f"ratio (ours / FSDP2): step {step/ref['step_time_s']:.2f}, memory {peak/ref['peak_rss_bytes'][0]:.2f}")
-PY
+echo "== 1-3: NCCL, the device, the communicator"
+check "check-gpu (NCCL loads, rank 0 gets its GPU)" "$bin/shardrun-worker" --check-gpu
+check "NCCL collectives, 1 rank" "$bin/shardrun-collective-bench" --device cuda check
+if (( gpus >= 2 )); then
+  ranks_check() {
+    local port=$((29500 + RANDOM % 1000)) pids=() rc=0
+    for ((r = 0; r < gpus; r++)); do
+      RANK=$r WORLD_SIZE=$gpus LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+        "$bin/shardrun-collective-bench" --device cuda check & pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    return $rc
+  }
+  check "NCCL collectives and HYBRID groups, $gpus ranks" ranks_check
+fi
+check "NCCL bandwidth, 256 MiB" bash -c "'$bin/shardrun-collective-bench' --device cuda bench --mib 256 | tee '$out/nccl-bench.jsonl'"
+if [[ -x "$bin/tests/shardrun-worker-unit-tests" ]]; then
+  check "worker unit tests on CUDA" "$bin/tests/shardrun-worker-unit-tests" --test-threads 1
+else
+  echo "(no $bin/tests/shardrun-worker-unit-tests: stage with \`bench/gpu.sh stage\` to run the unit tests here)"
+fi
+
+echo "== 4: training on the GPU"
+for strategy in FULL_SHARD SHARD_GRAD_OP NO_SHARD HYBRID_SHARD; do
+  for dtype in bf16 f16; do
+    name="${strategy,,}-$dtype"
+    check "$strategy $dtype, 1 GPU" run_job "$name" "$(spec "$name" "$strategy" "$dtype" 20)" 1
+  done
+done
+if (( gpus >= 2 )); then
+  for strategy in FULL_SHARD HYBRID_SHARD; do
+    name="${strategy,,}-bf16-x$gpus"
+    f=$(spec "$name" "$strategy" bf16 20)
+    sed -i "s/total_batch_size: 8/total_batch_size: $((8 * gpus))/; s/shard_group_size: 1/shard_group_size: $(( gpus / 2 > 0 ? gpus / 2 : 1 ))/" "$f"
+    check "$strategy bf16, $gpus GPUs" run_job "$name" "$f" "$gpus"
+  done
+fi
+# fp32 FULL_SHARD against the unsharded reference in one process, both on the GPU.
+reference_check() {
+  local f; f=$(spec fp32 FULL_SHARD f32 10)
+  run_job fp32 "$f" 1 || return 1
+  "$bin/shardrun-worker" --config "$out/runs/fp32/train_config.json" --reference \
+    --metrics-file "$out/runs/fp32-reference.jsonl" || return 1
+  "$python" bench/gpu_checks.py same "$out/runs/fp32/metrics.jsonl" "$out/runs/fp32-reference.jsonl" --rtol 1e-4
+}
+check "fp32 FULL_SHARD = unsharded reference" reference_check
+
+echo "== 5: checkpoints"
+# Train 6 steps saving at 3, then the same job for 10 steps resumes from step 6 (a re-run
+# continues the newest checkpoint of its folder); it must match 10 uninterrupted steps.
+resume_check() {
+  local ck="$out/runs/resume-checkpoints"
+  rm -rf "$ck" "$out/runs/straight" "$out/runs/first" "$out/runs/second"
+  local more="  checkpoint: { dir: $ck, interval_steps: 3, keep: 3 }"
+  run_job straight "$(spec straight FULL_SHARD bf16 10)" 1 || return 1
+  run_job first "$(spec first FULL_SHARD bf16 6 "$more")" 1 || return 1
+  "$bin/shardrun" run "$(spec second FULL_SHARD bf16 10 "$more")" --device cuda --nproc 1 \
+    --run-dir "$out/runs/second" --force --no-progress || return 1
+  grep -q "resumed from checkpoint" "$out/runs/second/train.log" || { echo "no resume"; return 1; }
+  "$python" bench/gpu_checks.py same "$out/runs/second/metrics.jsonl" "$out/runs/straight/metrics.jsonl" --after 6 --rtol 1e-3
+}
+check "save -> resume equals an uninterrupted run" resume_check
+export_check() {
+  local ck="$out/runs/export-checkpoints"
+  rm -rf "$ck"
+  run_job exported "$(spec exported FULL_SHARD f32 6 "  checkpoint: { dir: $ck, interval_steps: 5, keep: 2 }")" 1 || return 1
+  "$bin/shardrun" export "$ck/step-5" --out "$out/runs/export" || return 1
+  "$python" bench/gpu_checks.py exported "$out/runs/export/step-5" "$out/runs/exported/train_config.json" \
+    "$out/runs/exported/metrics.jsonl" --rtol 1e-3
+}
+check "export -> PyTorch reproduces the next loss" export_check
+
+echo "== 6: benchmark (bench/gpu-bench.yaml) vs PyTorch FSDP2"
+n=$(( gpus > 0 ? gpus : 1 ))
+bench_ours() {
+  # 8 sequences per GPU, as the PyTorch side.
+  sed "s/total_batch_size: 8/total_batch_size: $((8 * n))/" bench/gpu-bench.yaml >"$out/specs/gpu-bench.yaml"
+  "$bin/shardrun" run "$out/specs/gpu-bench.yaml" --device cuda --nproc "$n" --run-dir "$out/bench" \
+    --force --no-progress
+}
+bench_ref() {
+  PYTHONUNBUFFERED=1 "$python" -m torch.distributed.run --standalone --nproc_per_node "$n" \
+    bench/fsdp2_reference.py --device cuda --vocab 32768 --dim 1024 --n-layers 16 --n-heads 16 \
+    --seq 1024 --batch 8 --param-dtype bf16 --steps 30 --warmup 5 | tee "$out/pytorch.json"
+}
+check "shardrun on bench/gpu-bench.yaml, $n GPU(s)" bench_ours
+check "PyTorch FSDP2, same model, $n GPU(s)" bench_ref
+if [[ -f "$out/bench/metrics.jsonl" && -s "$out/pytorch.json" ]]; then
+  grep -m1 "MFU is" "$out/bench/train.log" | sed 's/^.*\] //'
+  "$python" bench/gpu_checks.py table "$out" | tee "$out/table.md"
+fi
+
+echo
+if (( ${#failures[@]} )); then
+  echo "${#failures[@]} check(s) failed: ${failures[*]}"
+  exit 1
+fi
+echo "every GPU check passed; figures in $out/table.md and $out/summary.json"

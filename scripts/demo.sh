@@ -24,5 +24,12 @@ The run directory is $run_dir:
   train.log       every rank's log lines   (shardrun logs $run_dir, or tail -f $run_dir/train.log)
   metrics.jsonl   one JSON record per step (shardrun metrics $run_dir)
   metrics.svg     loss and throughput       (shardrun plot $run_dir -o curve.png)
-  checkpoints/    sharded checkpoints; a second run with the same --run-dir resumes
+  checkpoints/    sharded checkpoints       (shardrun export $run_dir: one model.safetensors)
+
+The same command again continues this run (the demo passes --force to start over each time):
+  shardrun run examples/demo.yaml --run-dir $run_dir
+      it is finished: says so and trains nothing
+  shardrun run examples/demo.yaml --run-dir $run_dir --set training.steps=400
+      trains on from its last checkpoint (step 200) to step 400
+  after a Ctrl-C or a failure, the same command resumes from the last checkpoint
 TXT

@@ -53,14 +53,6 @@ fi
 # The venv may have been made just now: name its site-packages again.
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
-# cudarc opens NCCL as `libnccl.so`; pip ships `libnccl.so.2`. A symlink folder next to the
-# venv lets GPU runs find it (the controller puts it on LD_LIBRARY_PATH).
-nccl_real="$SHARDRUN_SITE_PACKAGES/nvidia/nccl/lib/libnccl.so.2"
-if [[ -f "$nccl_real" ]]; then
-  mkdir -p "$SHARDRUN_VENV/nccl-link"
-  ln -sf "$nccl_real" "$SHARDRUN_VENV/nccl-link/libnccl.so"
-fi
-
 # -- 3. Build ------------------------------------------------------------------------------
 if ! command -v cargo >/dev/null; then
   echo "error: cargo not found. Install Rust (https://rustup.rs) and run this again." >&2

@@ -11,17 +11,35 @@ cd "$SHARDRUN_ROOT"
 
 step() { printf '\n==> %s\n' "$*"; }
 
-# The tests start the project's Slurm clusters themselves (idempotent); stop them at the end
-# so no daemon outlives the run: the default one and the two-node one (tests/src/lib.rs; its
-# namespaces, veth pair and /etc/hosts lines go with it).
-trap '"$SHARDRUN_ROOT/slurm/stop.sh" >/dev/null 2>&1 || true
-      SHARDRUN_SLURM_DIR=/tmp/shardrun-slurm-2n SHARDRUN_SLURM_PORT=6850 \
-          "$SHARDRUN_ROOT/slurm/stop.sh" >/dev/null 2>&1 || true' EXIT
+# The tests start the project's Slurm clusters themselves (idempotent; the list is
+# slurm/test-clusters.txt, read by tests/src/lib.rs too). However this script ends (success,
+# failure, Ctrl-C), every one of them is stopped, and the run fails if any of their daemons
+# is still alive afterwards.
+stop_test_clusters() {
+    local status=$?
+    trap - EXIT
+    step "stopping the test clusters"
+    "$SHARDRUN_ROOT/slurm/test-clusters.sh" stop || true
+    if ! "$SHARDRUN_ROOT/slurm/test-clusters.sh" check; then
+        echo "scripts/test.sh: test clusters left daemons running (see above)" >&2
+        [ "$status" != 0 ] || status=1
+    fi
+    exit "$status"
+}
+trap stop_test_clusters EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "cargo clippy -D warnings"
+step "code and docs speak of the product (scripts/check-wording.sh)"
+"$SHARDRUN_ROOT/scripts/check-wording.sh"
+
+step "minimum Rust version (rust-version in Cargo.toml)"
+"$SHARDRUN_ROOT/scripts/check-msrv.sh"
+
+step "cargo clippy -D warnings (incompatible_msrv included)"
 cargo clippy --release --workspace --all-targets -- -D warnings
 
 step "cargo test (release)"

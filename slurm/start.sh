@@ -17,6 +17,10 @@
 #   SHARDRUN_SLURM_CPUS  CPUs Slurm may hand out (default 8; more than the cores is fine for
 #                        one-thread test tasks thanks to SlurmdParameters=config_overrides)
 #   SHARDRUN_SLURM_SUBNET  first three octets of the --nodes network (default 10.99.<port mod 250>)
+#   SHARDRUN_SLURM_MAX_ARRAY_SIZE  Slurm's MaxArraySize: array indices stay below it (default
+#                        1001, Slurm's own)
+#   SHARDRUN_SLURM_MAX_JOB_COUNT   Slurm's MaxJobCount: jobs (array tasks count one each)
+#                        slurmctld holds at once (default 10000, Slurm's own)
 # Installs Debian's slurm-wlm and munge (and slurmdbd, mariadb-server for accounting) if they
 # are missing. Needs root (daemons run as root).
 set -euo pipefail
@@ -27,7 +31,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --with-accounting) accounting=1 ;;
         --nodes) nodes="${2:-}"; shift ;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
         *) echo "slurm/start.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
     esac
     shift
@@ -45,12 +49,20 @@ port="${SHARDRUN_SLURM_PORT:-6817}"
 gpus="${SHARDRUN_SLURM_GPUS:-2}"
 cpus="${SHARDRUN_SLURM_CPUS:-8}"
 min_job_age="${SHARDRUN_SLURM_MIN_JOB_AGE:-600}"
+max_array_size="${SHARDRUN_SLURM_MAX_ARRAY_SIZE:-1001}"
+max_job_count="${SHARDRUN_SLURM_MAX_JOB_COUNT:-10000}"
 host="$(hostname -s)"
 # One /24 per cluster port, so clusters on different ports do not clash.
 subnet="${SHARDRUN_SLURM_SUBNET:-10.99.$((port % 250))}"
 
 say() { echo "slurm/start.sh: $*" >&2; }
 die() { say "error: $*"; exit 1; }
+
+for setting in "max_array_size=$max_array_size" "max_job_count=$max_job_count"; do
+    case "${setting#*=}" in
+        ''|*[!0-9]*|0) die "SHARDRUN_SLURM_$(echo "${setting%%=*}" | tr a-z A-Z) must be a whole number above 0, not '${setting#*=}'" ;;
+    esac
+done
 
 [ "$(id -u)" -eq 0 ] || die "run as root (slurmd and munged need it); e.g. sudo $0"
 
@@ -68,12 +80,11 @@ if [ "$accounting" = 1 ] && { ! command -v slurmdbd >/dev/null || ! command -v m
         || die "apt-get install slurmdbd mariadb-server failed; install them by hand and re-run"
 fi
 
-# A pid file names a live process of the expected program.
+# shellcheck source=daemons.sh
+. "$here/daemons.sh"
+# A pid file names a live process of the expected program, of this cluster.
 running() { # <pid file> <program name>
-    local pid
-    [ -s "$1" ] || return 1
-    pid="$(cat "$1")"
-    [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q "$2"
+    [ -s "$1" ] && cluster_pid "$2" "$(cat "$1")" "$dir"
 }
 
 mkdir -p "$dir"/{etc,munge/run,spool/ctld,spool/d,log,pids,dev}
@@ -82,8 +93,11 @@ exec 9>"$dir/lock"
 flock 9
 chmod 755 "$dir" "$dir/munge" "$dir/munge/run"
 
-# The running daemons were configured with or without accounting; switching needs a restart.
+# The running daemons were configured with or without accounting, with their nodes and
+# limits; switching needs a restart. Limits left at Slurm's defaults are not named.
 mode="accounting=$accounting nodes=$nodes"
+[ "$max_array_size" = 1001 ] || mode="$mode max_array_size=$max_array_size"
+[ "$max_job_count" = 10000 ] || mode="$mode max_job_count=$max_job_count"
 old_mode="$(cat "$dir/mode" 2>/dev/null || true)"
 case "$old_mode" in *nodes=*|"") ;; *) old_mode="$old_mode nodes=1" ;; esac # older start.sh
 if [ -n "$old_mode" ] && [ "$old_mode" != "$mode" ] && running "$dir/pids/slurmctld.pid" slurmctld; then
@@ -180,10 +194,12 @@ DBD
         sleep 0.2
     done
     # slurmctld authenticates to slurmdbd through munge: the password field names the socket.
+    # Association limits (sacctmgr ... set MaxSubmitJobs=N) are enforced, as on real sites.
     accounting_lines="AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=$dbd_port
-AccountingStoragePass=$socket"
+AccountingStoragePass=$socket
+AccountingStorageEnforce=associations,limits"
 fi
 
 # --- extra nodes: network + UTS namespaces behind veth pairs (--nodes N) -------------------
@@ -274,6 +290,8 @@ JobAcctGatherType=jobacct_gather/none
 $accounting_lines
 # How long ended jobs stay visible to squeue/scontrol (status relies on them without sacct).
 MinJobAge=$min_job_age
+MaxArraySize=$max_array_size
+MaxJobCount=$max_job_count
 KillWait=5
 GresTypes=gpu
 $node_lines
@@ -284,6 +302,16 @@ cmp -s "$dir/etc/slurm.conf.new" "$dir/etc/slurm.conf" 2>/dev/null && changed=0
 mv "$dir/etc/slurm.conf.new" "$dir/etc/slurm.conf"
 
 # --- daemons ------------------------------------------------------------------------------
+if [ "$accounting" = 1 ]; then
+    # The cluster (with its root account and user) must be in the database before slurmctld
+    # registers: it enforces associations from its first job on.
+    for _ in $(seq 50); do
+        sacctmgr -n -P show cluster format=Cluster 2>/dev/null | grep -qx shardrun && break
+        sacctmgr -i add cluster shardrun >/dev/null 2>&1 || sleep 0.2
+    done
+    sacctmgr -n -P show cluster format=Cluster 2>/dev/null | grep -qx shardrun \
+        || die "sacctmgr cannot add the cluster to the database; see $dir/log/slurmdbd.log"
+fi
 if running "$dir/pids/slurmctld.pid" slurmctld; then
     if [ "$changed" = 1 ]; then
         scontrol reconfigure && say "slurmctld already running; told it to re-read slurm.conf"
@@ -342,8 +370,6 @@ for k in $(seq 1 "$nodes"); do
 done
 
 if [ "$accounting" = 1 ]; then
-    # Jobs are only recorded once the cluster is known to the database.
-    sacctmgr -i add cluster shardrun >/dev/null 2>&1 || true
     for _ in $(seq 50); do
         sacct -n -X -j 1 >/dev/null 2>&1 && break
         sleep 0.2

@@ -32,7 +32,8 @@ impl ParamSlot {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UnitLayout {
-    /// Module path of the unit (`layers.3`, or `root`), for messages.
+    /// Name of the unit (a module path such as `layers.3`, or a segment such as `head`), for
+    /// messages.
     pub name: String,
     pub params: Vec<ParamSlot>,
     /// Elements of the flat buffer before padding (including any alignment gaps).

@@ -1,4 +1,4 @@
-//! Checkpoint format of shardrun (issue 5; `docs/checkpoints.md` describes it for people).
+//! Checkpoint format of shardrun (`docs/checkpoints.md` describes it for people).
 //!
 //! A checkpoint is a `step-<N>/` folder of safetensors files plus `metadata.json` and a
 //! `COMPLETE` marker written last. Everything here works on raw little-endian f32 bytes and

@@ -2,9 +2,10 @@
 //! files, at each commit stage): the previous checkpoint stays valid and is what resume
 //! picks; the next save of the same step succeeds.
 //!
-//! The writer is this test binary itself, re-run with `CKPT_CHILD_ROOT` set: it saves step 20
-//! on 2 ranks (sequentially), printing a marker before each part; with `CKPT_CHILD_PAUSE`
-//! equal to a marker it stops there until killed.
+//! The writer is this test binary itself, re-run for its ignored `child_writer` with
+//! `CKPT_CHILD_ROOT` set: it saves step 20 on 2 ranks (sequentially), printing a marker before
+//! each part; with `CKPT_CHILD_PAUSE` equal to a marker it stops there until killed. Ignored,
+//! so it is never counted as a test of its own.
 
 mod common;
 
@@ -42,12 +43,12 @@ fn marker(name: &str) {
     }
 }
 
-/// The writer process.
+/// The writer process (started by the tests below, never on its own).
 #[test]
+#[ignore = "the writer process the kill tests start; it needs CKPT_CHILD_ROOT"]
 fn child_writer() {
-    let Ok(root) = std::env::var("CKPT_CHILD_ROOT") else {
-        return;
-    };
+    let root = std::env::var("CKPT_CHILD_ROOT")
+        .expect("child_writer is the kill tests' writer process: run them, not it");
     let layout = big_layout();
     let target = SaveTarget::new(&root, 20, 2);
     target.prepare().unwrap();
@@ -81,7 +82,13 @@ fn child_writer() {
 /// Start the writer, wait for `pause_at` (or `delay` after it for a kill mid-write), SIGKILL.
 fn kill_writer_at(root: &std::path::Path, pause_at: &str, delay: Option<Duration>) {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_writer", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "child_writer",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("CKPT_CHILD_ROOT", root)
         .env(
             "CKPT_CHILD_PAUSE",
@@ -93,17 +100,20 @@ fn kill_writer_at(root: &std::path::Path, pause_at: &str, delay: Option<Duration
         .unwrap();
     let stdout = child.stdout.take().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
+    let mut reached = false;
     for line in BufReader::new(stdout).lines() {
         let line = line.unwrap();
         assert!(Instant::now() < deadline, "writer never reached {pause_at}");
         // libtest may print "test child_writer ... " on the same line as the first marker.
         if line.ends_with(&format!("MARK {pause_at}")) {
+            reached = true;
             if let Some(delay) = delay {
                 std::thread::sleep(delay);
             }
             break;
         }
     }
+    assert!(reached, "the writer ended before reaching {pause_at}");
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
 }

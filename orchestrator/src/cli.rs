@@ -28,7 +28,8 @@ pub enum Command {
     Render(commands::render::Args),
     /// Validate, create the run directory and submit the job with sbatch.
     Submit(commands::submit::Args),
-    /// Expand the spec's sweep and submit new, changed or failed points as one job array.
+    /// Expand the spec's sweep and submit new, changed or failed points as job arrays within
+    /// the cluster's limits.
     Sweep(commands::sweep::Args),
     /// Show the state of runs (one batched squeue/sacct query).
     Status(commands::status::Args),
@@ -70,6 +71,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 /// Exit status for an error: a command may attach [`ExitCode`] to say which (the controller
 /// exits with the failed rank's status class); everything else is 1.
 pub fn exit_code(err: &anyhow::Error) -> i32 {
+    if let Some(said) = err.downcast_ref::<AlreadySaid>() {
+        return said.0;
+    }
     err.downcast_ref::<ExitCode>().map(|c| c.0).unwrap_or(1)
 }
 
@@ -77,3 +81,14 @@ pub fn exit_code(err: &anyhow::Error) -> i32 {
 #[derive(Debug, thiserror::Error)]
 #[error("exit code {0}")]
 pub struct ExitCode(pub i32);
+
+/// An ending already told to the user (a cancelled job's controller said how it stopped):
+/// the process exits with this status and prints nothing more.
+#[derive(Debug, thiserror::Error)]
+#[error("exit code {0}")]
+pub struct AlreadySaid(pub i32);
+
+/// Whether `main` should print the error (not when [`AlreadySaid`]).
+pub fn should_print(err: &anyhow::Error) -> bool {
+    err.downcast_ref::<AlreadySaid>().is_none()
+}

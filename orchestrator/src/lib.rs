@@ -6,10 +6,12 @@ pub mod cli;
 pub mod commands;
 
 pub mod controller;
+pub mod gpus;
 pub mod metrics_file;
 pub mod plan;
 pub mod prepare;
 pub mod render;
+pub mod rerun;
 pub mod rundir;
 pub mod slurm;
 pub mod spec;

@@ -5,7 +5,9 @@ use clap::Parser;
 fn main() {
     let cli = shardrun::cli::Cli::parse();
     if let Err(err) = shardrun::cli::run(cli) {
-        eprintln!("error: {err:#}");
+        if shardrun::cli::should_print(&err) {
+            eprintln!("error: {err:#}");
+        }
         std::process::exit(shardrun::cli::exit_code(&err));
     }
 }

@@ -14,19 +14,36 @@ pub enum MetricsFileError {
     },
 }
 
-/// The step records of the lowest rank that reported (rank 0 normally), in file order. A
-/// line that does not parse (the last one, while it is being written) is skipped.
+/// The step records of the lowest rank that reported (rank 0 normally), one per step in step
+/// order. A resumed run repeats the steps after its checkpoint, appending them again: the
+/// later attempt's records replace the earlier ones from the step it resumed at. A line
+/// that does not parse (the last one, while it is being written) is skipped.
 pub fn read_main_rank(path: &Path) -> Result<Vec<StepMetrics>, MetricsFileError> {
     let all: Vec<StepMetrics> = read_kind(path)?;
     let Some(main) = all.iter().map(|m| m.rank).min() else {
         return Ok(Vec::new());
     };
-    Ok(all.into_iter().filter(|m| m.rank == main).collect())
+    let mut kept: Vec<StepMetrics> = Vec::new();
+    for m in all.into_iter().filter(|m| m.rank == main) {
+        if let Some(cut) = kept.iter().position(|k| k.step >= m.step) {
+            kept.truncate(cut);
+        }
+        kept.push(m);
+    }
+    Ok(kept)
 }
 
-/// The evaluation records, in file order (rank 0 sends them).
+/// The evaluation records (rank 0 sends them) in step order; a resumed run's evaluations
+/// replace those of the steps it repeated, as for step records.
 pub fn read_evals(path: &Path) -> Result<Vec<EvalMetrics>, MetricsFileError> {
-    read_kind(path)
+    let mut kept: Vec<EvalMetrics> = Vec::new();
+    for e in read_kind::<EvalMetrics>(path)? {
+        if let Some(cut) = kept.iter().position(|k| k.step >= e.step) {
+            kept.truncate(cut);
+        }
+        kept.push(e);
+    }
+    Ok(kept)
 }
 
 fn read_kind<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>, MetricsFileError> {
@@ -69,5 +86,32 @@ mod tests {
         let evals = read_evals(&path).unwrap();
         assert_eq!(evals.len(), 1);
         assert_eq!((evals[0].step, evals[0].eval_loss), (2, 2.5));
+    }
+
+    #[test]
+    fn a_resumed_run_replaces_the_steps_it_repeated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        let rec = |step: u64, loss: f64| {
+            format!(
+                r#"{{"rank":0,"step":{step},"loss":{loss},"lr":0.1,"grad_norm":1.0,"step_time_s":0.1,"tokens_per_s":5.0,"mfu":null,"model_state_bytes":1,"peak_memory_bytes":2,"loss_scale":null}}"#
+            )
+        };
+        // Steps 1-4, stopped; resumed from the checkpoint of step 2.
+        let lines = [
+            rec(1, 9.0),
+            rec(2, 8.0),
+            rec(3, 7.5),
+            rec(4, 7.4),
+            rec(3, 7.0),
+            rec(4, 6.0),
+        ];
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        let got: Vec<(u64, f64)> = read_main_rank(&path)
+            .unwrap()
+            .iter()
+            .map(|m| (m.step, m.loss))
+            .collect();
+        assert_eq!(got, vec![(1, 9.0), (2, 8.0), (3, 7.0), (4, 6.0)]);
     }
 }

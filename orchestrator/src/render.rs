@@ -23,7 +23,7 @@ pub enum ScriptTarget {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
-    #[error("path {0} contains whitespace, quotes or `%`, which #SBATCH lines cannot carry\n  fix: use a run_root (and shardrun install path) without them")]
+    #[error("path {0} contains a control character, a backslash, or both kinds of quotes, which #SBATCH lines cannot carry\n  fix: use a run_root without them")]
     UnsafePath(PathBuf),
     #[error("an array needs at least one task")]
     EmptyArray,
@@ -55,16 +55,13 @@ pub fn render_sbatch(
     shardrun_exe: &Path,
 ) -> Result<String, RenderError> {
     let (array, output, error, points_file, run_dir) = match target {
-        ScriptTarget::Single { run_dir } => {
-            let dir = sbatch_path(run_dir)?;
-            (
-                None,
-                format!("{dir}/%x-%j.out"),
-                format!("{dir}/%x-%j.err"),
-                None,
-                shell_quote(&dir),
-            )
-        }
+        ScriptTarget::Single { run_dir } => (
+            None,
+            sbatch_file_pattern(run_dir, "%x-%j.out")?,
+            sbatch_file_pattern(run_dir, "%x-%j.err")?,
+            None,
+            shell_quote(&run_dir.to_string_lossy()),
+        ),
         ScriptTarget::Array {
             points_file,
             log_dir,
@@ -74,7 +71,6 @@ pub fn render_sbatch(
             if *tasks == 0 {
                 return Err(RenderError::EmptyArray);
             }
-            let dir = sbatch_path(log_dir)?;
             let range = match throttle {
                 Some(t) => format!("0-{}%{t}", tasks - 1),
                 None => format!("0-{}", tasks - 1),
@@ -82,8 +78,8 @@ pub fn render_sbatch(
             let points = shell_quote(&points_file.to_string_lossy());
             (
                 Some(range),
-                format!("{dir}/%x-%A_%a.out"),
-                format!("{dir}/%x-%A_%a.err"),
+                sbatch_file_pattern(log_dir, "%x-%A_%a.out")?,
+                sbatch_file_pattern(log_dir, "%x-%A_%a.err")?,
                 Some(points),
                 String::new(),
             )
@@ -108,16 +104,28 @@ pub fn render_sbatch(
     Ok(script)
 }
 
-/// #SBATCH lines are not parsed by a shell: a path there must need no quoting at all.
-fn sbatch_path(path: &Path) -> Result<String, RenderError> {
-    let text = path.to_string_lossy();
-    if text
-        .chars()
-        .any(|c| c.is_whitespace() || matches!(c, '"' | '\'' | '%' | '\\'))
+/// `<dir>/<pattern>` as one word of an #SBATCH line. sbatch splits those lines itself: single
+/// or double quotes group a word as in a shell, an unquoted `#` starts a comment, and Slurm
+/// reads `%` in file names as a pattern (`%%` is a literal `%`). Plain paths stay unquoted.
+fn sbatch_file_pattern(dir: &Path, pattern: &str) -> Result<String, RenderError> {
+    let text = dir.to_string_lossy();
+    if text.chars().any(|c| c.is_control() || c == '\\')
+        || (text.contains('"') && text.contains('\''))
     {
-        return Err(RenderError::UnsafePath(path.to_path_buf()));
+        return Err(RenderError::UnsafePath(dir.to_path_buf()));
     }
-    Ok(text.into_owned())
+    let word = format!("{}/{pattern}", text.replace('%', "%%"));
+    Ok(
+        if word
+            .chars()
+            .any(|c| c.is_whitespace() || "'\"#".contains(c))
+        {
+            let quote = if word.contains('"') { '\'' } else { '"' };
+            format!("{quote}{word}{quote}")
+        } else {
+            word
+        },
+    )
 }
 
 /// Quote for POSIX sh: plain words stay as they are, anything else is single-quoted.
@@ -216,17 +224,63 @@ mod tests {
     }
 
     #[test]
-    fn unsafe_paths_are_refused() {
+    fn paths_sbatch_cannot_carry_are_refused() {
         let job = resolved(include_str!("../../examples/mlp.yaml"));
-        let err = render_sbatch(
+        for dir in [
+            "/home/me/it's a \"run\"/x",
+            "/home/me/a\\b/x",
+            "/home/me/a\nb/x",
+        ] {
+            let err = render_sbatch(
+                &job,
+                &ScriptTarget::Single {
+                    run_dir: dir.into(),
+                },
+                Path::new(EXE),
+            )
+            .unwrap_err();
+            assert!(matches!(err, RenderError::UnsafePath(_)), "{dir:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn paths_with_spaces_quotes_and_percent_are_quoted_for_sbatch_and_the_shell() {
+        let job = resolved(include_str!("../../examples/sweep.yaml"));
+        let target = ScriptTarget::Array {
+            points_file: "/home/me/it's a 100% #1 root/grid/arrays/1-1-1.points".into(),
+            log_dir: "/home/me/it's a 100% #1 root/grid/slurm".into(),
+            tasks: 3,
+            throttle: None,
+        };
+        let script = render_sbatch(&job, &target, Path::new(EXE)).unwrap();
+        // sbatch groups a double-quoted word and reads `%%` as a literal `%`.
+        assert!(
+            script.contains(
+                "#SBATCH --output=\"/home/me/it's a 100%% #1 root/grid/slurm/%x-%A_%a.out\"\n"
+            ),
+            "{script}"
+        );
+        // The shell reads the points file through a single-quoted word.
+        assert!(
+            script.contains(r#"p" '/home/me/it'\''s a 100% #1 root/grid/arrays/1-1-1.points')"#),
+            "{script}"
+        );
+        let single = render_sbatch(
             &job,
             &ScriptTarget::Single {
-                run_dir: "/home/me/my runs/x".into(),
+                run_dir: "/runs/a \"quoted\" run".into(),
             },
             Path::new(EXE),
         )
-        .unwrap_err();
-        assert!(matches!(err, RenderError::UnsafePath(_)));
+        .unwrap();
+        assert!(
+            single.contains("#SBATCH --error='/runs/a \"quoted\" run/%x-%j.err'\n"),
+            "{single}"
+        );
+        assert!(
+            single.contains("export SHARDRUN_RUN_DIR='/runs/a \"quoted\" run'\n"),
+            "{single}"
+        );
     }
 
     #[test]

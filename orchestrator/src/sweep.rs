@@ -2,6 +2,10 @@
 //! stable hash of its resolved parameters. Re-running a sweep compares these keys with the
 //! run directories already there, so only new, changed or failed points are submitted.
 
+pub mod journal;
+pub mod point_dirs;
+pub mod split;
+
 use crate::plan::{self, Overrides, PlanError, ResolvedJob};
 use crate::spec::{JobSpec, LoadedSpec, SpecError, SpecErrorKind};
 use serde::Serialize;
@@ -80,6 +84,22 @@ pub fn expand(loaded: &LoadedSpec) -> Result<Vec<SweepPoint>, SweepError> {
                 "use 1 or more, or remove it",
             )
             .into());
+    }
+    if let Some(limits) = &sweep.limits {
+        for (key, value) in [
+            ("max_array_size", limits.max_array_size),
+            ("max_queued", limits.max_queued),
+        ] {
+            if value == Some(0) {
+                return Err(loaded
+                    .error_at(
+                        &format!("sweep.limits.{key}"),
+                        format!("a {key} of 0 would never submit a point"),
+                        "use 1 or more, or remove it to use the cluster's own limit",
+                    )
+                    .into());
+            }
+        }
     }
     let mut base_spec = loaded.spec.clone();
     base_spec.sweep = None;
@@ -163,12 +183,14 @@ fn resolve_point(
         spec,
         path: loaded.path.clone(),
         source: loaded.source.clone(),
+        overrides: loaded.overrides.clone(),
     };
-    let mut job =
-        plan::resolve(&point_spec, &Overrides::default()).map_err(|source| SweepError::Point {
+    let mut job = plan::resolve(&point_spec, &Overrides::submitting()).map_err(|source| {
+        SweepError::Point {
             label: label.clone(),
             source: Box::new(source),
-        })?;
+        }
+    })?;
     let key = point_key(&job);
     let name = format!("{}-{key}", loaded.spec.name);
     job.name = name.clone();
@@ -201,38 +223,14 @@ pub fn point_key(job: &ResolvedJob) -> String {
     hex::encode(Sha256::digest(&bytes))[..KEY_LEN].to_string()
 }
 
-/// Set `a.b.c` in a YAML document, creating sections that were left to their defaults.
+/// Set `a.b.c` in a YAML document (as `--set` does), except the keys points cannot vary.
 fn apply(doc: &mut Value, path: &str, value: Value) -> Result<(), String> {
-    let parts: Vec<&str> = path.split('.').collect();
-    if parts.iter().any(|p| p.is_empty()) {
-        return Err(format!(
-            "`{path}` is not a dotted path like `training.optimizer.lr`"
-        ));
-    }
-    if parts[0] == "sweep" || parts[0] == "name" {
+    if matches!(path.split('.').next(), Some("sweep" | "name")) {
         return Err(format!(
             "`{path}` cannot be swept (points get their own names)"
         ));
     }
-    let mut cur = doc;
-    for (i, part) in parts.iter().enumerate() {
-        if cur.is_null() {
-            *cur = Value::Mapping(Default::default());
-        }
-        let Value::Mapping(map) = cur else {
-            return Err(format!(
-                "`{}` is a value, not a section",
-                parts[..i].join(".")
-            ));
-        };
-        let key = Value::String((*part).to_string());
-        if i + 1 == parts.len() {
-            map.insert(key, value);
-            return Ok(());
-        }
-        cur = map.entry(key).or_insert(Value::Null);
-    }
-    Ok(())
+    crate::spec::overrides::set_path(doc, path, value)
 }
 
 fn to_spec(doc: Value) -> Result<JobSpec, String> {
@@ -333,6 +331,30 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains("training.total_batch_size=33"), "{text}");
         assert!(text.contains("nearest 32 or 48"), "{text}");
+    }
+
+    #[test]
+    fn sweep_limits_are_read_and_zero_is_refused() {
+        let yaml = include_str!("../../examples/sweep.yaml");
+        let with = |limits: &str| format!("{yaml}  limits: {limits}\n");
+        let loaded = parse(
+            &with("{ max_array_size: 500, max_queued: 2000 }"),
+            Path::new("s.yaml"),
+        )
+        .unwrap();
+        let limits = loaded.spec.sweep.as_ref().unwrap().limits.clone().unwrap();
+        assert_eq!(
+            (limits.max_array_size, limits.max_queued),
+            (Some(500), Some(2000))
+        );
+        assert!(expand(&loaded).is_ok());
+        let SweepError::Spec(err) = points(&with("{ max_array_size: 0 }")).unwrap_err() else {
+            panic!("expected a spec error")
+        };
+        assert_eq!(err.field, "sweep.limits.max_array_size");
+        assert!(err.line.is_some(), "{err}");
+        let err = parse(&with("{ max_arrays: 5 }"), Path::new("s.yaml")).unwrap_err();
+        assert!(err.to_string().contains("max_array_size"), "{err}");
     }
 
     #[test]

@@ -108,3 +108,42 @@ fn a_total_batch_that_does_not_split() {
          `batch_size_per_device` in [1, 5]\n",
     );
 }
+
+/// `shardrun plan job.yaml --set ...` on the valid spec; returns (exit code, stdout, stderr).
+fn plan_with(sets: &[&str]) -> (i32, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("job.yaml"), VALID).unwrap();
+    let mut cmd = Command::new(SHARDRUN);
+    cmd.current_dir(dir.path()).args(["plan", "job.yaml"]);
+    for set in sets {
+        cmd.args(["--set", set]);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn a_set_flag_gets_the_files_explanation_and_names_the_flag() {
+    let (code, _, stderr) = plan_with(&["training.stepz=5"]);
+    assert_ne!(code, 0);
+    assert_eq!(
+        stderr,
+        "error: --set training.stepz=5: field `training`: unknown key `training.stepz`\n  \
+         fix: did you mean `training.steps`?\n"
+    );
+    let (_, _, stderr) = plan_with(&["training.total_batch_size=5"]);
+    assert_eq!(
+        stderr,
+        "error: --set training.total_batch_size=5: field `training.total_batch_size`: total \
+         batch 5 does not split into per-device batches of 2 on 1 ranks (5 / 2 is not a whole \
+         number of accumulation steps)\n  fix: set `total_batch_size` to a multiple of 2 × 1 = 2: \
+         nearest 4 or 6; or keep it and use `batch_size_per_device` in [1, 5]\n"
+    );
+    let (code, stdout, stderr) = plan_with(&["training.steps=20000", "training.seed=3"]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    assert!(stdout.contains("20000"), "{stdout}");
+}

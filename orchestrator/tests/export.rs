@@ -32,7 +32,7 @@ fn layout(shards: u64) -> Layout {
     .unwrap()
 }
 
-/// A sharded checkpoint of seed 000's MLP shape on `world` ranks; element `i` of a unit is
+/// A sharded checkpoint of the FSDP tutorial's MLP shape on `world` ranks; element `i` of a unit is
 /// `step + i / 1000`.
 fn save(root: &Path, step: u64, world: u64) {
     let layout = layout(world);

@@ -62,7 +62,7 @@ pub enum ModelConfig {
         n_heads: u64,
         max_seq_len: u64,
     },
-    /// Seed 000's MLP: `layer1: Linear(input, hidden)`, ReLU, `layer2: Linear(hidden, output)`,
+    /// The MLP of PyTorch's FSDP tutorial: `layer1: Linear(input, hidden)`, ReLU, `layer2: Linear(hidden, output)`,
     /// trained with MSE loss.
     Mlp {
         input_dim: u64,
@@ -419,12 +419,14 @@ impl ShardingStrategy {
     }
 }
 
-/// How the model is split into FSDP units. Every policy also has a root unit holding the
-/// parameters not claimed by any other unit.
+/// How the model is split into FSDP units. Parameters a policy does not claim form one unit
+/// per segment that reads them first (the embeddings, a block, the head), see
+/// [`crate::units`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum WrapPolicy {
-    /// One unit per transformer block (FSDP2's `fully_shard` per block + root).
+    /// One unit per segment: the embeddings, each transformer block, the head (torchtitan's
+    /// `fully_shard` on `tok_embeddings`, on each block and on `norm` + `output`).
     Block,
     /// Any module with at least `min_params` parameters (not already inside a unit) becomes
     /// a unit, innermost first (`size_based_auto_wrap_policy`).
@@ -460,20 +462,39 @@ pub struct MixedPrecision {
     pub buffer_dtype: DType,
 }
 
+/// Checkpoints. "Off" (no `checkpoint:` block in the spec) means no periodic saves: `dir` is
+/// `None`, but a rank started by the controller still knows its run directory and saves
+/// there the checkpoints a re-run needs (at the end and on preemption), and resumes from
+/// them: see [`CheckpointConfig::root`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointConfig {
-    /// Folder of `step-N/` checkpoints; `None` disables checkpointing.
+    /// Folder of `step-N/` checkpoints; `None`: `<run dir>/checkpoints` under a controller,
+    /// no checkpoints at all for a rank started without one.
     pub dir: Option<PathBuf>,
     pub interval_steps: Option<u64>,
     pub interval_minutes: Option<f64>,
     /// Keep this many newest complete checkpoints.
     pub keep: usize,
     pub format: CheckpointFormat,
-    /// Resume from the newest valid checkpoint in `dir` if there is one.
+    /// Resume from the newest valid checkpoint of the run if there is one (a re-run, a
+    /// requeue after preemption). `false` is the only way to opt out.
     pub resume: bool,
-    /// Start from this checkpoint instead (fine-tuning); overrides `resume`.
+    /// Start from this checkpoint instead (fine-tuning) while the run has none of its own.
     pub from: Option<PathBuf>,
+}
+
+/// The folder of a run's checkpoints when the config does not name one.
+pub const RUN_CHECKPOINTS: &str = "checkpoints";
+
+impl CheckpointConfig {
+    /// Where the run's checkpoints live: `dir`, else `<run_dir>/checkpoints` when the run
+    /// directory is known (a rank under the controller, the orchestrator), else nowhere.
+    pub fn root(&self, run_dir: Option<&std::path::Path>) -> Option<PathBuf> {
+        self.dir
+            .clone()
+            .or_else(|| run_dir.map(|run| run.join(RUN_CHECKPOINTS)))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,12 +6,17 @@
 //! * [`connection`]: length-delimited frames, the handshake (version, role, secret) and
 //!   typed connections, async for the controller and blocking for the worker.
 //! * [`env`]: the environment variable names both sides agree on.
+//! * [`units`]: how a model's parameters form FSDP units (the plan and the worker agree).
+//! * [`footprint`]: an architecture's parameters, segments and activation memory, for the
+//!   memory plan.
 
 pub mod config;
 pub mod connection;
 pub mod env;
+pub mod footprint;
 pub mod host;
 pub mod messages;
+pub mod units;
 
 pub use config::TrainConfig;
 pub use messages::{FromWorker, ToWorker};

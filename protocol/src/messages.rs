@@ -44,8 +44,10 @@ pub enum FromWorker {
     Metrics(StepMetrics),
     /// One evaluation on the validation data (rank 0 sends this).
     Eval(EvalMetrics),
-    /// Liveness while no other message is due (e.g. inside a long step).
-    Heartbeat,
+    /// Liveness while no other message is due (e.g. inside a long step), with the number of
+    /// optimizer steps this rank has completed: a rank that keeps heartbeating but stops
+    /// making progress (blocked in a collective, stuck in I/O) is seen by its step.
+    Heartbeat { step: u64 },
     /// A checkpoint of `step` was committed (rank 0 sends this).
     CheckpointSaved { step: u64, path: String },
     /// End-of-training summary (rank 0 sends this).
@@ -53,6 +55,10 @@ pub enum FromWorker {
     /// Last message before a clean exit. `preempted`: stopped early after checkpointing
     /// because the controller asked ([`ToWorker::Preempt`]).
     Finished { preempted: bool },
+    /// Last message before exiting on request at a step boundary, without finishing:
+    /// every rank agreed to stop after optimizer step `step` (a cancel, a signal, a failed
+    /// peer). Nothing is wrong with this rank; `reason` says who asked.
+    Stopped { step: u64, reason: String },
     /// The worker hit an error and is about to exit non-zero.
     Failed { error: String },
 }
@@ -64,8 +70,13 @@ pub struct Registration {
     pub world_size: u64,
     pub host: String,
     pub pid: u32,
-    /// `cpu` or `cuda:<visible index>` (plus the GPU name when known).
+    /// `cpu` or `cuda:<visible index>` (plus the GPU name and what the rank was given).
     pub device: String,
+    /// Set when this rank cannot use the device the job asks for (`device: cuda` on a node
+    /// without a usable GPU): the controller fails the job once, naming the node, instead of
+    /// every rank failing on its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_error: Option<String>,
     /// [`crate::TrainConfig::config_hash`] of the config this worker loaded.
     pub config_hash: String,
     /// `host:port` where this rank's CPU collective backend accepts peers (CPU runs).
@@ -107,8 +118,19 @@ pub struct StepMetrics {
     pub mfu: Option<f64>,
     /// This rank's resident parameter, gradient and optimizer tensors.
     pub model_state_bytes: u64,
-    /// Peak RSS on CPU, peak device memory on GPU.
+    /// Peak RSS on CPU; on GPU, the peak bytes libtorch's allocator handed out
+    /// (`torch.cuda.max_memory_allocated`).
     pub peak_memory_bytes: u64,
+    /// GPU: the peak bytes libtorch's allocator reserved from the device
+    /// (`torch.cuda.max_memory_reserved`), which is what other users of the GPU cannot have.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_reserved_bytes: Option<u64>,
+    /// GPU: bytes in use on the device now by everyone (the CUDA context, NCCL's buffers,
+    /// libtorch's cache, other processes), and the device's total.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_used_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_total_bytes: Option<u64>,
     /// fp16 dynamic loss scale, when used.
     pub loss_scale: Option<f64>,
     /// Epochs of the training data done after this step (1.5: half-way through the second);
@@ -137,7 +159,7 @@ pub struct EvalMetrics {
     pub eval_time_s: f64,
 }
 
-/// End-of-training summary in the spirit of seed 001's milestone output.
+/// End-of-training summary: strategy, memory saved by sharding, first and last loss.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainSummary {
     pub strategy: String,
@@ -157,6 +179,16 @@ pub struct TrainSummary {
     pub eval_perplexity: Option<f64>,
 }
 
+/// Exit status of a worker that stopped at a step boundary on the controller's request
+/// (after [`FromWorker::Stopped`]). One stopped by SIGINT or SIGTERM exits with 128 + the
+/// signal's number instead, as shells report it; a failed worker exits with 1.
+pub const EXIT_STOPPED: i32 = 3;
+
+/// Whether a worker's exit status says it stopped on request rather than failed.
+pub fn is_stop_status(code: i32) -> bool {
+    code == EXIT_STOPPED || code == 128 + 2 || code == 128 + 15
+}
+
 /// Controller → worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ToWorker {
@@ -165,7 +197,8 @@ pub enum ToWorker {
     /// Preemption or time limit: agree on the next step boundary, checkpoint, exit cleanly
     /// with [`FromWorker::Finished`] `{ preempted: true }`.
     Preempt,
-    /// Stop now (another rank failed, or the job was cancelled).
+    /// Stop (another rank failed, or the job was cancelled): at the next step boundary,
+    /// answered with [`FromWorker::Stopped`]; a rank that cannot get there is killed.
     Shutdown { reason: String },
 }
 

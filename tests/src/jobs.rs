@@ -121,3 +121,74 @@ pub fn result_json(run: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(run.join("result.json")).expect("result.json written");
     serde_json::from_str(&text).expect("result.json is JSON")
 }
+
+/// Rank 0's loss per step from a run's metrics.jsonl. A resumed run logs again the steps
+/// after its checkpoint: the later record of a step wins, as `shardrun plot` reads them.
+pub fn losses(run: &Path) -> std::collections::BTreeMap<u64, f64> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["rank"].as_u64() == Some(0))
+        .filter_map(|v| Some((v["step"].as_u64()?, v["loss"].as_f64()?)))
+        .collect()
+}
+
+/// Every step of `reference` has the same loss in `got` (within `tolerance`, relative to
+/// losses above 1), and `got` has no other step. NaN or inf anywhere fails.
+pub fn assert_same_losses(
+    got: &std::collections::BTreeMap<u64, f64>,
+    reference: &std::collections::BTreeMap<u64, f64>,
+    tolerance: f64,
+    what: &str,
+) {
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        reference.keys().collect::<Vec<_>>(),
+        "{what}: the steps logged differ from the uninterrupted run's"
+    );
+    for (step, expected) in reference {
+        let loss = got[step];
+        assert!(
+            expected.is_finite() && (loss - expected).abs() <= tolerance * expected.abs().max(1.0),
+            "{what}: step {step}: loss {loss} vs uninterrupted {expected}"
+        );
+    }
+}
+
+/// The text of a run's logs: train.log and every logs/rank-N.log.
+pub fn all_logs(run: &Path) -> String {
+    let mut text = std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
+    if let Ok(entries) = std::fs::read_dir(run.join("logs")) {
+        for entry in entries.flatten() {
+            text.push_str(&std::fs::read_to_string(entry.path()).unwrap_or_default());
+        }
+    }
+    text
+}
+
+/// No Rust panic and no backtrace in `text` (a clean stop prints neither).
+pub fn assert_no_panic(text: &str, what: &str) {
+    for bad in ["panicked", "backtrace", "RUST_BACKTRACE"] {
+        assert!(!text.contains(bad), "{what} contains {bad:?}:\n{text}");
+    }
+}
+
+/// Signal every live `shardrun-worker` of a run (e.g. SIGSTOP to hold them at a known
+/// point); the controller and srun, which carry the same variable under Slurm, are left
+/// alone. Returns how many were signalled.
+pub fn signal_workers(run: &Path, signal: i32) -> usize {
+    let workers: Vec<i32> = processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string())
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim() == "shardrun-worker")
+        })
+        .collect();
+    for pid in &workers {
+        // SAFETY: plain syscall on a pid just read from /proc.
+        unsafe { libc::kill(*pid, signal) };
+    }
+    workers.len()
+}

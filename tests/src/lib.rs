@@ -196,76 +196,68 @@ pub fn stderr_of(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-/// slurmctld port of [`SlurmCluster::start_two_nodes`] (`scripts/test.sh` stops it by it).
-pub const TWO_NODE_PORT: u16 = 6850;
-
-/// The project's single-node Slurm cluster (`slurm/start.sh`), shared by all tests on this
-/// machine: starting is idempotent, and it is left running for the next test binary
-/// (`slurm/stop.sh` stops it).
+/// A Slurm cluster of `slurm/start.sh` that the tests start, named in the one list of test
+/// clusters (`slurm/test-clusters.txt`, or `$SHARDRUN_TEST_CLUSTERS`) that `scripts/test.sh`
+/// also reads to stop every one of them when it exits. Starting is idempotent and a cluster is
+/// left running for the next test binary.
 pub struct SlurmCluster {
+    pub name: String,
     pub state_dir: PathBuf,
 }
 
 impl SlurmCluster {
+    /// The single-node cluster (`default`; `SHARDRUN_SLURM_DIR` and `SHARDRUN_SLURM_PORT`
+    /// move it).
     pub fn start() -> anyhow::Result<SlurmCluster> {
-        let state_dir = std::env::var_os("SHARDRUN_SLURM_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("/tmp/shardrun-slurm"));
-        Self::start_at(state_dir, None, false)
+        Self::start_named("default")
     }
 
-    /// A second cluster with slurmdbd + MariaDB (so `sacct` works), in its own state folder
-    /// and on its own ports so it runs beside the default one.
+    /// A cluster with slurmdbd + MariaDB (so `sacct` works, and `sacctmgr` limits apply), in
+    /// its own state folder and on its own ports so it runs beside the default one.
     pub fn start_with_accounting() -> anyhow::Result<SlurmCluster> {
-        Self::start_at(PathBuf::from("/tmp/shardrun-slurm-acct"), Some(6830), true)
+        Self::start_named("accounting")
     }
 
     /// A cluster of two nodes: this host (`<host>`) and a network + UTS namespace behind a
     /// veth pair (`<host>-n2`), in its own state folder and on its own ports. Jobs spanning
     /// both cross two real network stacks, as on two machines (`slurm/start.sh --nodes 2`).
     pub fn start_two_nodes() -> anyhow::Result<SlurmCluster> {
-        Self::start_with(
-            PathBuf::from("/tmp/shardrun-slurm-2n"),
-            Some(TWO_NODE_PORT),
-            false,
-            &["--nodes", "2"],
-        )
+        Self::start_named("two-nodes")
     }
 
-    fn start_at(
-        state_dir: PathBuf,
-        port: Option<u16>,
-        accounting: bool,
-    ) -> anyhow::Result<SlurmCluster> {
-        Self::start_with(state_dir, port, accounting, &[])
+    /// A single-node cluster whose `MaxArraySize` is 10 (array indices 0-9), as a site with
+    /// small limits: sweeps must split into several arrays.
+    pub fn start_small_arrays() -> anyhow::Result<SlurmCluster> {
+        Self::start_named("small-arrays")
     }
 
-    fn start_with(
-        state_dir: PathBuf,
-        port: Option<u16>,
-        accounting: bool,
-        args: &[&str],
-    ) -> anyhow::Result<SlurmCluster> {
-        let script = repo_root().join("slurm/start.sh");
-        let mut cmd = Command::new(&script);
-        cmd.env("SHARDRUN_SLURM_DIR", &state_dir).args(args);
-        if let Some(port) = port {
-            cmd.env("SHARDRUN_SLURM_PORT", port.to_string());
-        }
-        if accounting {
-            cmd.arg("--with-accounting")
-                .env("SHARDRUN_SLURM_MIN_JOB_AGE", "5");
-        }
-        let output = run_with_deadline(&mut cmd, Duration::from_secs(600))?;
+    /// Start the cluster `name` of the list (`slurm/test-clusters.sh start NAME`).
+    pub fn start_named(name: &str) -> anyhow::Result<SlurmCluster> {
+        let script = repo_root().join("slurm/test-clusters.sh");
+        let output = run_with_deadline(
+            Command::new(&script).args(["start", name]),
+            Duration::from_secs(600),
+        )?;
         if !output.status.success() {
             bail!(
-                "{} failed:\n{}{}",
+                "{} start {name} failed:\n{}{}",
                 script.display(),
                 stdout_of(&output),
                 stderr_of(&output)
             );
         }
-        Ok(SlurmCluster { state_dir })
+        let state_dir = stdout_of(&output)
+            .lines()
+            .last()
+            .map(|l| PathBuf::from(l.trim()))
+            .filter(|p| p.is_absolute())
+            .with_context(|| {
+                format!("{} start {name} printed no state folder", script.display())
+            })?;
+        Ok(SlurmCluster {
+            name: name.to_string(),
+            state_dir,
+        })
     }
 
     pub fn slurm_conf(&self) -> PathBuf {

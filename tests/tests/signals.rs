@@ -45,10 +45,26 @@ fn sigterm_cancels_the_job_and_leaves_no_process() {
         let (mut job, run) = start_long_job(&dir, "cancel");
         unsafe { libc::kill(job.child.id() as i32, signal) };
         let (status, stdout) = finish(&mut job);
-        assert_eq!(status.code(), Some(130), "{stdout}");
+        assert_eq!(status.code(), Some(128 + signal), "{stdout}");
         assert_eq!(result_json(&run)["status"], "cancelled");
         let log = std::fs::read_to_string(run.join("train.log")).unwrap();
-        assert!(log.contains("stopping: the job was cancelled"), "{log}");
+        // Each rank stops at a step boundary and says why, in one line.
+        let name = if signal == libc::SIGTERM {
+            "SIGTERM"
+        } else {
+            "SIGINT"
+        };
+        for rank in 0..2 {
+            let stops = log
+                .lines()
+                .filter(|l| l.contains(&format!("[rank {rank}] warning: stopping after step ")))
+                .collect::<Vec<_>>();
+            assert_eq!(stops.len(), 1, "{log}");
+            assert!(
+                stops[0].ends_with(&format!("the job was cancelled ({name})")),
+                "{log}"
+            );
+        }
         assert!(processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string()).is_empty());
     }
 }
@@ -72,4 +88,75 @@ fn sigusr2_preempts_every_rank_at_a_step_boundary() {
             "{log}"
         );
     }
+}
+
+/// Ranks in a step longer than anyone would wait (simulated: 60 s per step).
+fn start_slow_job(dir: &TestDir, name: &str, args: &[&str]) -> (GroupChild, std::path::PathBuf) {
+    let spec = dir.write("slow.yaml", &tiny_mlp_spec(name, 100, 2));
+    let envs = [
+        ("SHARDRUN_WORKER_BIN", simrank()),
+        ("SIMRANK_STEP_MS", "60000".to_string()),
+    ];
+    let mut all = vec!["--nproc", "2"];
+    all.extend_from_slice(args);
+    let (mut cmd, run) = local_run_command(dir, &spec, &all, &envs);
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let job = GroupChild::spawn(&mut cmd).unwrap();
+    wait_for("both ranks' first step", Duration::from_secs(30), || {
+        (metric_steps(&run, 0).len() == 1 && metric_steps(&run, 1).len() == 1).then_some(())
+    })
+    .unwrap();
+    (job, run)
+}
+
+#[test]
+fn a_second_ctrl_c_kills_the_ranks_at_once() {
+    let dir = TestDir::new("second-ctrl-c");
+    let (mut job, run) = start_slow_job(&dir, "twice", &[]);
+    let pid = job.child.id() as i32;
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    // The first one is acknowledged; the ranks are still in their step.
+    wait_for_file(&run.join("train.log"), Duration::from_secs(10), |log| {
+        log.contains("received SIGINT")
+    })
+    .unwrap();
+    assert!(job.child.try_wait().unwrap().is_none());
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let (status, stdout) = finish(&mut job);
+    assert_eq!(status.code(), Some(130), "{stdout}");
+    assert!(
+        stdout.contains("SIGINT again: killing the workers now"),
+        "{stdout}"
+    );
+    for rank in 0..2 {
+        assert!(
+            stdout.contains(&format!("rank {rank} on "))
+                && stdout.contains("did not stop in time: killing it"),
+            "each rank killed is named: {stdout}"
+        );
+    }
+    assert_eq!(result_json(&run)["status"], "cancelled");
+    assert!(processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string()).is_empty());
+}
+
+#[test]
+fn ranks_that_cannot_reach_a_step_boundary_are_killed_after_the_stop_timeout() {
+    let dir = TestDir::new("stop-timeout");
+    let (mut job, run) = start_slow_job(&dir, "stuck", &["--stop-timeout", "2"]);
+    unsafe { libc::kill(job.child.id() as i32, libc::SIGTERM) };
+    let (status, stdout) = finish(&mut job);
+    assert_eq!(status.code(), Some(143), "{stdout}");
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    for rank in 0..2 {
+        assert_eq!(
+            log.lines()
+                .filter(|l| l.contains(&format!("rank {rank} on "))
+                    && l.ends_with("did not stop in time: killing it"))
+                .count(),
+            1,
+            "{log}"
+        );
+    }
+    assert!(processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string()).is_empty());
 }

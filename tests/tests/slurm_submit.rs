@@ -139,7 +139,10 @@ fn sbatch_refusal_shows_its_stderr_and_marks_the_run_failed() {
         stderr.contains("invalid partition"),
         "sbatch's stderr is shown: {stderr}"
     );
-    assert!(stderr.contains("--force"), "says what to do next: {stderr}");
+    assert!(
+        stderr.contains("Fix the cause, then run `shardrun submit"),
+        "says what to do next: {stderr}"
+    );
     let run = dir.join("runs/refused");
     let manifest = std::fs::read_to_string(run.join("manifest.json")).unwrap();
     assert!(manifest.contains("\"SUBMIT_FAILED\""), "{manifest}");

@@ -1,91 +1,611 @@
-//! `shardrun sweep` against the real single-node Slurm: one job array runs every point, and
-//! re-running after a change submits only the changed point.
+//! `shardrun sweep` against the real Slurm: sweeps split into job arrays within the
+//! cluster's limits (`MaxArraySize=10` on the `small-arrays` cluster), re-runs that submit only
+//! what changed or failed, and submissions cut short (an array rejected, sbatch or shardrun
+//! killed) that the next sweep finishes with every point run exactly once. Slurm's own view
+//! (`squeue`) is the ground truth for what was submitted.
 
 use shardrun_e2e::*;
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Duration;
 
-const DEADLINE: Duration = Duration::from_secs(90);
+const DEADLINE: Duration = Duration::from_secs(180);
 
-fn sweep_spec(seeds: &str) -> String {
+/// A sweep of `seeds` x `lrs` whose points each append one line to `ran.txt` in their run
+/// directory and end before training (`exit 0`), so a point that ran twice shows.
+fn sweep_spec(name: &str, seeds: &str, lrs: &str, extra: &str) -> String {
     format!(
-        "name: grid\nresources:\n  tasks_per_node: 1\n  time: \"00:05:00\"\n  setup:\n    - 'echo \"task $SLURM_ARRAY_TASK_ID\" > ran.txt'\n    - exit 0\ntraining:\n  model: {{ kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }}\n  steps: 1\n  total_batch_size: 4\n  batch_size_per_device: 4\nsweep:\n  grid:\n    training.seed: {seeds}\n    training.optimizer.lr: [1.0e-3, 1.0e-4]\n  throttle: 2\n"
+        "name: {name}\n{extra}resources:\n  tasks_per_node: 1\n  time: \"00:05:00\"\n  setup:\n    - 'echo \"task $SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_JOB_ID\" >> ran.txt'\n    - exit 0\ntraining:\n  model: {{ kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }}\n  steps: 1\n  total_batch_size: 4\n  batch_size_per_device: 4\nsweep:\n  grid:\n    training.seed: {seeds}\n    training.optimizer.lr: {lrs}\n"
     )
 }
 
-fn all_completed(cluster: &SlurmCluster, dir: &TestDir, expected: usize) -> Vec<(String, String)> {
-    let sweep_dir = dir.join("runs/grid");
-    wait_for("every point to complete", DEADLINE, || {
+/// A sweep name of this test run alone: squeue still lists the jobs of earlier runs (ended
+/// jobs stay for `MinJobAge`), and tests find their arrays by job name.
+fn unique(name: &str) -> String {
+    format!("{name}-{}", std::process::id())
+}
+
+const FIVE_LRS: &str = "[1.0e-3, 1.0e-4, 1.0e-5, 1.0e-6, 1.0e-7]";
+
+/// `shardrun status --json <sweep dir>` as (name, state), once every one of `expected` points
+/// satisfies `done`.
+fn wait_for_points(
+    cluster: &SlurmCluster,
+    dir: &TestDir,
+    sweep_dir: &Path,
+    expected: usize,
+    done: impl Fn(&str) -> bool,
+) -> Vec<(String, String)> {
+    let mut last = Vec::new();
+    wait_for("every point to end", DEADLINE, || {
         let out = cluster
             .shardrun(
                 dir.path(),
                 &["status", "--json", &sweep_dir.to_string_lossy()],
             )
             .ok()?;
-        let s = states(&stdout_of(&out));
-        (s.len() == expected && s.iter().all(|(_, state)| state == "COMPLETED")).then_some(s)
+        last = states(&stdout_of(&out));
+        (last.len() == expected && last.iter().all(|(_, s)| done(s))).then(|| last.clone())
     })
-    .unwrap()
+    .unwrap_or_else(|e| panic!("{e}; last status: {last:?}"))
+}
+
+fn all_completed(cluster: &SlurmCluster, dir: &TestDir, sweep_dir: &Path, expected: usize) {
+    wait_for_points(cluster, dir, sweep_dir, expected, |s| s == "COMPLETED");
+}
+
+/// Every point's run directory: how many times it ran (lines of `ran.txt`) and the Slurm job
+/// ids its manifest records.
+fn runs_of(sweep_dir: &Path) -> BTreeMap<String, (usize, Vec<String>)> {
+    let mut runs = BTreeMap::new();
+    for entry in std::fs::read_dir(sweep_dir).unwrap().flatten() {
+        let manifest = entry.path().join("manifest.json");
+        let Ok(text) = std::fs::read_to_string(&manifest) else {
+            continue;
+        };
+        let manifest: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let ids = manifest["slurm_job_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect();
+        let ran = std::fs::read_to_string(entry.path().join("ran.txt"))
+            .map(|t| t.lines().count())
+            .unwrap_or(0);
+        runs.insert(entry.file_name().to_string_lossy().into_owned(), (ran, ids));
+    }
+    runs
+}
+
+/// Slurm's own record of the sweep's arrays: array job id -> (comment, task count, whether
+/// every task was cancelled), for the jobs named `name` (every task, pending or ended).
+fn slurm_arrays(cluster: &SlurmCluster, name: &str) -> BTreeMap<u64, (String, usize, bool)> {
+    let out = cluster
+        .command("squeue")
+        .args(["-h", "-r", "--states=all", "-n", name, "-o", "%F|%T|%k"])
+        .output()
+        .expect("squeue runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut arrays: BTreeMap<u64, (String, usize, bool)> = BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let fields: Vec<&str> = line.splitn(3, '|').collect();
+        let entry = arrays
+            .entry(fields[0].parse().unwrap())
+            .or_insert_with(|| (fields[2].to_string(), 0, true));
+        entry.1 += 1;
+        entry.2 &= fields[1] == "CANCELLED";
+    }
+    arrays
+}
+
+fn task_counts(arrays: &BTreeMap<u64, (String, usize, bool)>) -> Vec<usize> {
+    arrays.values().map(|(_, n, _)| *n).collect()
+}
+
+/// A `program` first on PATH (in `dir/wrapper-bin`) that, on the `nth` of its calls for
+/// which the shell test `when` holds, runs `action` (a shell snippet; `$real` is Slurm's own
+/// program); every other call is Slurm's program itself. Returns the PATH to use.
+fn wrap(dir: &TestDir, program: &str, when: &str, nth: usize, action: &str) -> String {
+    let real = std::env::split_paths(&std::env::var_os("PATH").unwrap())
+        .map(|p| p.join(program))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{program} on PATH"));
+    let bin = dir.join("wrapper-bin");
+    let count = dir.join(format!("{program}-calls"));
+    let script = format!(
+        "#!/bin/bash\nreal={real:?}\nif {when}; then\n  n=$(( $(cat {count:?} 2>/dev/null || echo 0) + 1 ))\n  echo $n > {count:?}\n  if [ $n = {nth} ]; then\n{action}\n  fi\nfi\nexec \"$real\" \"$@\"\n",
+        real = real.display().to_string(),
+        count = count.display().to_string(),
+    );
+    let path = dir.write(&format!("wrapper-bin/{program}"), &script);
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+/// The tasks of the sweep's arrays that did not end cancelled, per array (Slurm's view).
+fn arrays_run(cluster: &SlurmCluster, name: &str) -> Vec<usize> {
+    slurm_arrays(cluster, name)
+        .values()
+        .filter(|(_, _, cancelled)| !cancelled)
+        .map(|(_, n, _)| *n)
+        .collect()
 }
 
 #[test]
-fn array_runs_every_point_and_a_rerun_submits_only_the_changed_one() {
-    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
-    let dir = TestDir::new("sweep");
-    let spec = dir.write("sweep.yaml", &sweep_spec("[1, 2]"));
+fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
+    let cluster = SlurmCluster::start_small_arrays().expect("start the MaxArraySize=10 cluster");
+    let dir = TestDir::new("sweep-arrays");
+    let name = unique("grid25");
+    let spec = dir.write(
+        "sweep.yaml",
+        &sweep_spec(&name, "[1, 2, 3, 4, 5]", FIVE_LRS, ""),
+    );
     let spec_arg = spec.to_string_lossy().into_owned();
+    let sweep_dir = dir.join("runs").join(&name);
 
     let out = cluster
         .shardrun(dir.path(), &["sweep", "--dry-run", &spec_arg])
         .unwrap();
+    let stdout = stdout_of(&out);
     assert!(out.status.success(), "{}", stderr_of(&out));
-    assert_eq!(stdout_of(&out).matches("submit (new)").count(), 4);
-    assert!(!dir.join("runs").exists(), "dry run writes nothing");
+    assert_eq!(stdout.matches("submit (new)").count(), 25, "{stdout}");
+    assert!(
+        stdout.contains("arrays of at most 10 tasks: MaxArraySize=10 (scontrol show config)"),
+        "{stdout}"
+    );
+    for line in [
+        "would submit 25 point(s) as 3 job array(s)",
+        "array 1/3: 10 point(s), --array=0-9",
+        "array 2/3: 10 point(s), --array=0-9",
+        "array 3/3: 5 point(s), --array=0-4",
+    ] {
+        assert!(stdout.contains(line), "missing {line:?} in {stdout}");
+    }
+    assert!(!dir.join("runs").exists(), "a dry run writes nothing");
 
     let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
-    assert!(out.status.success(), "{}", stderr_of(&out));
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
     assert!(
-        stdout_of(&out).contains("Submitted 4 point(s) as Slurm job array"),
-        "{}",
-        stdout_of(&out)
+        stdout.contains("Submitted 25 point(s) as 3 job array(s)"),
+        "{stdout}"
     );
-    let first = all_completed(&cluster, &dir, 4);
-    // Every point ran in its own run directory, as its own array task.
-    let mut tasks = Vec::new();
-    for (name, _) in &first {
-        let ran =
-            std::fs::read_to_string(dir.join("runs/grid").join(name).join("ran.txt")).unwrap();
-        tasks.push(ran.trim().to_string());
-    }
-    tasks.sort();
-    assert_eq!(tasks, ["task 0", "task 1", "task 2", "task 3"]);
+    assert_eq!(
+        task_counts(&slurm_arrays(&cluster, &name)),
+        [10, 10, 5],
+        "Slurm holds three arrays of 10, 10 and 5 tasks"
+    );
+    all_completed(&cluster, &dir, &sweep_dir, 25);
+    let runs = runs_of(&sweep_dir);
+    assert_eq!(runs.len(), 25);
+    assert!(
+        runs.values().all(|(ran, ids)| *ran == 1 && ids.len() == 1),
+        "every point ran once, submitted once: {runs:?}"
+    );
 
-    // Same spec again: nothing to do.
+    // `shardrun status` lists all 25 and which array each is in.
+    let out = cluster
+        .shardrun(dir.path(), &["status", &sweep_dir.to_string_lossy()])
+        .unwrap();
+    let table = stdout_of(&out);
+    assert!(
+        table.starts_with("RUN") && table.contains("ARRAY"),
+        "{table}"
+    );
+    assert_eq!(table.matches(" 1/3 ").count(), 10, "{table}");
+    assert_eq!(table.matches(" 2/3 ").count(), 10, "{table}");
+    assert_eq!(table.matches(" 3/3 ").count(), 5, "{table}");
+
+    // The same spec again submits nothing.
+    let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
+    let stdout = stdout_of(&out);
+    assert!(stdout.contains("Nothing to submit"), "{stdout}");
+    assert_eq!(stdout.matches("skip (COMPLETED)").count(), 25, "{stdout}");
+    assert_eq!(slurm_arrays(&cluster, &name).len(), 3, "no new array");
+
+    // One grid value edited (seed 5 -> 6): exactly its 5 points are submitted.
+    dir.write(
+        "sweep.yaml",
+        &sweep_spec(&name, "[1, 2, 3, 4, 6]", FIVE_LRS, ""),
+    );
+    let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert_eq!(stdout.matches("skip (COMPLETED)").count(), 20, "{stdout}");
+    assert_eq!(stdout.matches("submit (new)").count(), 5, "{stdout}");
+    assert!(stdout.contains("training.seed=6"), "{stdout}");
+    assert!(
+        stdout.contains("Submitted 5 point(s) as 1 job array(s)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("5 run(s) in") && stdout.contains("belong to no current point"),
+        "{stdout}"
+    );
+    let arrays = slurm_arrays(&cluster, &name);
+    assert_eq!(task_counts(&arrays), [10, 10, 5, 5]);
+    all_completed(&cluster, &dir, &sweep_dir, 30);
+    let runs = runs_of(&sweep_dir);
+    assert!(
+        runs.values().all(|(ran, ids)| *ran == 1 && ids.len() == 1),
+        "{runs:?}"
+    );
+}
+
+#[test]
+fn the_throttle_holds_across_the_arrays_of_a_sweep() {
+    let cluster = SlurmCluster::start_small_arrays().expect("start the MaxArraySize=10 cluster");
+    let dir = TestDir::new("sweep-throttle");
+    let name = unique("grid-thr");
+    // 10 points in arrays of at most 4 (the spec's own limit, below the cluster's 10), at
+    // most 2 tasks at once; each task notes when it started and ended.
+    let spec = dir.write(
+        "sweep.yaml",
+        &(sweep_spec(
+            &name,
+            "[1, 2]",
+            FIVE_LRS,
+            "",
+        )
+        .replace(
+            "    - exit 0\n",
+            "    - 'echo \"start $(date +%s.%N)\" >> times.txt; sleep 2; echo \"end $(date +%s.%N)\" >> times.txt'\n    - exit 0\n",
+        )
+        + "  throttle: 2\n  limits:\n    max_array_size: 4\n"),
+    );
+    let spec_arg = spec.to_string_lossy().into_owned();
+    let sweep_dir = dir.join("runs").join(&name);
+    let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert!(
+        stdout.contains("arrays of at most 4 tasks: sweep.limits.max_array_size=4 (job spec)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("Submitted 10 point(s) as 3 job array(s)"),
+        "{stdout}"
+    );
+    all_completed(&cluster, &dir, &sweep_dir, 10);
+    // Every task's [start, end] lies inside the time Slurm ran it, so more than 2 measured
+    // at once means more than 2 ran at once.
+    let mut events = Vec::new();
+    for entry in std::fs::read_dir(&sweep_dir).unwrap().flatten() {
+        let Ok(times) = std::fs::read_to_string(entry.path().join("times.txt")) else {
+            continue;
+        };
+        for line in times.lines() {
+            let (what, at) = line.split_once(' ').unwrap();
+            events.push((at.parse::<f64>().unwrap(), what == "start"));
+        }
+    }
+    assert_eq!(events.len(), 20, "every task started and ended once");
+    // At equal times an end comes first: those two tasks did not overlap.
+    events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let (mut running, mut most) = (0, 0);
+    for (_, start) in &events {
+        running += if *start { 1 } else { -1 };
+        most = most.max(running);
+    }
+    assert!(
+        most <= 2,
+        "{most} tasks of the sweep ran at once: {events:?}"
+    );
+    assert_eq!(task_counts(&slurm_arrays(&cluster, &name)), [4, 4, 2]);
+}
+
+#[test]
+fn a_rejected_array_is_retried_by_the_next_sweep_exactly_once() {
+    let cluster = SlurmCluster::start_small_arrays().expect("start the MaxArraySize=10 cluster");
+    let dir = TestDir::new("sweep-rejected");
+    let name = unique("grid-rej");
+    // A partition of this test alone, drained between the first and the second array: Slurm
+    // itself rejects the second one.
+    let partition = format!("reject{}", std::process::id());
+    let scontrol = |args: &[&str]| {
+        let out = cluster.command("scontrol").args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "scontrol {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    scontrol(&[
+        "create",
+        &format!("PartitionName={partition}"),
+        "Nodes=ALL",
+        "State=UP",
+    ]);
+    struct DeletePartition<'a>(&'a SlurmCluster, String);
+    impl Drop for DeletePartition<'_> {
+        fn drop(&mut self) {
+            let _ = self
+                .0
+                .command("scontrol")
+                .args(["delete", &format!("PartitionName={}", self.1)])
+                .output();
+        }
+    }
+    let _cleanup = DeletePartition(&cluster, partition.clone());
+
+    let spec = dir.write(
+        "sweep.yaml",
+        &sweep_spec(&name, "[1, 2, 3, 4, 5]", FIVE_LRS, "").replace(
+            "resources:\n",
+            &format!("resources:\n  partition: {partition}\n"),
+        ),
+    );
+    let spec_arg = spec.to_string_lossy().into_owned();
+    let sweep_dir = dir.join("runs").join(&name);
+    let path = wrap(
+        &dir,
+        "sbatch",
+        "true",
+        2,
+        &format!("scontrol update PartitionName={partition} State=DRAIN"),
+    );
+    let out = cluster
+        .shardrun_with_env(dir.path(), &["sweep", &spec_arg], &[("PATH", path)])
+        .unwrap();
+    let (stdout, stderr) = (stdout_of(&out), stderr_of(&out));
+    assert!(!out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("array 2/3 (10 point(s)) was not accepted"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("Required partition not available"),
+        "Slurm's own reason: {stderr}"
+    );
+    assert_eq!(task_counts(&slurm_arrays(&cluster, &name)), [10]);
+
+    // Status shows the rejected array's points, with the array they were in; array 3 was
+    // never tried, so its points have no run directory yet.
+    let out = cluster
+        .shardrun(
+            dir.path(),
+            &["status", "--json", &sweep_dir.to_string_lossy()],
+        )
+        .unwrap();
+    let lines: Vec<serde_json::Value> = stdout_of(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 20, "{lines:?}");
+    let failed: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["state"] == "SUBMIT_FAILED")
+        .collect();
+    assert_eq!(failed.len(), 10, "{lines:?}");
+    assert!(failed.iter().all(|l| l["array"]["index"] == 2
+        && l["array"]["count"] == 3
+        && l["detail"]
+            .as_str()
+            .unwrap()
+            .contains("Required partition not available")));
+
+    scontrol(&["update", &format!("PartitionName={partition}"), "State=UP"]);
+    let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert_eq!(
+        stdout.matches("submit (was SUBMIT_FAILED)").count(),
+        10,
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches("submit (new)").count(), 5, "{stdout}");
+    assert!(
+        stdout.contains("Submitted 15 point(s) as 2 job array(s)"),
+        "{stdout}"
+    );
+    all_completed(&cluster, &dir, &sweep_dir, 25);
+    let runs = runs_of(&sweep_dir);
+    assert!(
+        runs.values().all(|(ran, _)| *ran == 1),
+        "every point ran once: {runs:?}"
+    );
+    let submissions: Vec<usize> = runs.values().map(|(_, ids)| ids.len()).collect();
+    assert_eq!(
+        submissions.iter().filter(|n| **n == 1).count(),
+        25,
+        "each point has the one job id it ran as (a rejected array has none): {runs:?}"
+    );
+    assert_eq!(task_counts(&slurm_arrays(&cluster, &name)), [10, 10, 5]);
     let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
     assert!(
         stdout_of(&out).contains("Nothing to submit"),
         "{}",
         stdout_of(&out)
     );
-    assert_eq!(stdout_of(&out).matches("skip (COMPLETED)").count(), 4);
+}
 
-    // Change one seed: two points (seed 2 × both lrs) change, the other two are skipped.
-    dir.write("sweep.yaml", &sweep_spec("[1, 3]"));
+#[test]
+fn a_sweep_killed_right_after_sbatch_is_finished_by_the_next_one() {
+    let cluster = SlurmCluster::start_small_arrays().expect("start the MaxArraySize=10 cluster");
+    let dir = TestDir::new("sweep-killed");
+    let name = unique("grid-kill");
+    let spec = dir.write(
+        "sweep.yaml",
+        &sweep_spec(&name, "[1, 2, 3, 4, 5]", FIVE_LRS, ""),
+    );
+    let spec_arg = spec.to_string_lossy().into_owned();
+    let sweep_dir = dir.join("runs").join(&name);
+    // The second sbatch reaches slurmctld, then shardrun dies before it hears the job id.
+    let path = wrap(
+        &dir,
+        "sbatch",
+        "true",
+        2,
+        "\"$real\" \"$@\"; kill -9 $PPID; exit 1",
+    );
+    let out = cluster
+        .shardrun_with_env(dir.path(), &["sweep", &spec_arg], &[("PATH", path)])
+        .unwrap();
+    assert!(!out.status.success(), "shardrun was killed");
+    assert_eq!(task_counts(&slurm_arrays(&cluster, &name)), [10, 10]);
+    let held = cluster
+        .command("squeue")
+        .args(["-h", "-n", &name, "-t", "PD", "-o", "%F|%r"])
+        .output()
+        .unwrap();
+    let held = String::from_utf8_lossy(&held.stdout).into_owned();
+    assert!(held.contains("JobHeldUser"), "array 2 waits held: {held}");
+
     let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
     let stdout = stdout_of(&out);
-    assert!(out.status.success(), "{}", stderr_of(&out));
-    assert_eq!(stdout.matches("skip (COMPLETED)").count(), 2, "{stdout}");
-    assert_eq!(stdout.matches("submit (new)").count(), 2, "{stdout}");
-    assert!(stdout.contains("Submitted 2 point(s)"), "{stdout}");
-    let after = all_completed(&cluster, &dir, 6);
-    assert_eq!(after.len(), 6, "old points stay, new ones added");
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert!(
+        stdout.contains("of an interrupted `shardrun sweep` was held with its points not written: cancelled, its 10 point(s) are decided again"),
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches("submit (new)").count(), 15, "{stdout}");
+    assert!(
+        stdout.contains("Submitted 15 point(s) as 2 job array(s)"),
+        "{stdout}"
+    );
+    all_completed(&cluster, &dir, &sweep_dir, 25);
+    let runs = runs_of(&sweep_dir);
+    assert!(
+        runs.values().all(|(ran, ids)| *ran == 1 && ids.len() == 1),
+        "nothing ran twice, nothing was lost: {runs:?}"
+    );
+    assert_eq!(
+        arrays_run(&cluster, &name),
+        [10, 10, 5],
+        "the held array was cancelled before it ran"
+    );
+    assert!(
+        std::fs::read_dir(&sweep_dir).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .contains(".tmp-")),
+        "no half-written point left"
+    );
+}
+
+#[test]
+fn a_sweep_killed_before_releasing_an_array_is_finished_by_the_next_one() {
+    let cluster = SlurmCluster::start_small_arrays().expect("start the MaxArraySize=10 cluster");
+    let dir = TestDir::new("sweep-killed-release");
+    let name = unique("grid-rel");
+    let spec = dir.write(
+        "sweep.yaml",
+        &sweep_spec(&name, "[1, 2, 3, 4, 5]", FIVE_LRS, ""),
+    );
+    let spec_arg = spec.to_string_lossy().into_owned();
+    let sweep_dir = dir.join("runs").join(&name);
+    // Array 2's points are written with its job ids; shardrun dies before releasing it.
+    let path = wrap(
+        &dir,
+        "scontrol",
+        "[ \"$1\" = release ]",
+        2,
+        "kill -9 $PPID; exit 1",
+    );
+    let out = cluster
+        .shardrun_with_env(dir.path(), &["sweep", &spec_arg], &[("PATH", path)])
+        .unwrap();
+    assert!(!out.status.success(), "shardrun was killed");
+
+    let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert!(
+        stdout
+            .contains("of an interrupted `shardrun sweep` was accepted and recorded: released now"),
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches("submit (new)").count(), 5, "{stdout}");
+    assert!(
+        stdout.contains("Submitted 5 point(s) as 1 job array(s)"),
+        "{stdout}"
+    );
+    all_completed(&cluster, &dir, &sweep_dir, 25);
+    let runs = runs_of(&sweep_dir);
+    assert!(
+        runs.values().all(|(ran, ids)| *ran == 1 && ids.len() == 1),
+        "nothing ran twice, nothing was lost: {runs:?}"
+    );
+    assert_eq!(task_counts(&slurm_arrays(&cluster, &name)), [10, 10, 5]);
+}
+
+#[test]
+fn sbatch_killed_after_slurm_took_the_array_loses_nothing() {
+    let cluster = SlurmCluster::start_small_arrays().expect("start the MaxArraySize=10 cluster");
+    let dir = TestDir::new("sweep-sbatch-killed");
+    let name = unique("grid-sb");
+    let spec = dir.write("sweep.yaml", &sweep_spec(&name, "[1, 2, 3]", FIVE_LRS, ""));
+    let spec_arg = spec.to_string_lossy().into_owned();
+    // The first sbatch dies by a signal after slurmctld accepted its array.
+    let path = wrap(&dir, "sbatch", "true", 1, "\"$real\" \"$@\"; kill -9 $$");
+    let out = cluster
+        .shardrun_with_env(dir.path(), &["sweep", &spec_arg], &[("PATH", path)])
+        .unwrap();
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert!(stdout.contains("but Slurm has array 1/2"), "{stdout}");
+    assert!(
+        stdout.contains("Submitted 15 point(s) as 2 job array(s)"),
+        "{stdout}"
+    );
+    all_completed(&cluster, &dir, &dir.join("runs").join(&name), 15);
+    let runs = runs_of(&dir.join("runs").join(&name));
+    assert!(
+        runs.values().all(|(ran, ids)| *ran == 1 && ids.len() == 1),
+        "{runs:?}"
+    );
+    assert_eq!(task_counts(&slurm_arrays(&cluster, &name)), [10, 5]);
+}
+
+#[test]
+fn a_run_root_with_a_space_and_a_quote() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("sweep-quoted");
+    let spec = dir.write(
+        "sweep.yaml",
+        &sweep_spec(
+            "grid",
+            "[1, 2]",
+            "[1.0e-3, 1.0e-4]",
+            "run_root: \"runs/it's a root\"\n",
+        ),
+    );
+    let out = cluster
+        .shardrun(dir.path(), &["sweep", &spec.to_string_lossy()])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        stdout_of(&out),
+        stderr_of(&out)
+    );
+    let sweep_dir = dir.join("runs/it's a root/grid");
+    all_completed(&cluster, &dir, &sweep_dir, 4);
+    let runs = runs_of(&sweep_dir);
+    assert_eq!(runs.len(), 4);
+    assert!(runs.values().all(|(ran, _)| *ran == 1), "{runs:?}");
+    // Slurm wrote each task's output where the script said.
+    let logs = std::fs::read_dir(sweep_dir.join("slurm")).unwrap().count();
+    assert_eq!(logs, 8, "an .out and an .err per task");
 }
 
 #[test]
 fn failed_points_are_resubmitted() {
     let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
     let dir = TestDir::new("sweep-retry");
-    // The point with seed 2 fails the first time only (its run directory remembers).
-    let text = sweep_spec("[1, 2]").replace(
+    // The points with seed 2 fail the first time only (their run directory remembers).
+    let text = sweep_spec("grid", "[1, 2]", "[1.0e-3, 1.0e-4]", "").replace(
         "    - exit 0\n",
         "    - 'if [ \"$(grep -o seed.:.2 train_config.json)\" ] && [ ! -e tried ]; then touch tried; exit 5; fi'\n    - exit 0\n",
     );
@@ -94,17 +614,9 @@ fn failed_points_are_resubmitted() {
     let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
     let sweep_dir = dir.join("runs/grid");
-    let ended = wait_for("every point to end", DEADLINE, || {
-        let out = cluster
-            .shardrun(
-                dir.path(),
-                &["status", "--json", &sweep_dir.to_string_lossy()],
-            )
-            .ok()?;
-        let s = states(&stdout_of(&out));
-        (s.len() == 4 && s.iter().all(|(_, st)| st == "COMPLETED" || st == "FAILED")).then_some(s)
-    })
-    .unwrap();
+    let ended = wait_for_points(&cluster, &dir, &sweep_dir, 4, |s| {
+        s == "COMPLETED" || s == "FAILED"
+    });
     assert_eq!(
         ended.iter().filter(|(_, s)| s == "FAILED").count(),
         2,
@@ -114,5 +626,5 @@ fn failed_points_are_resubmitted() {
     let stdout = stdout_of(&out);
     assert_eq!(stdout.matches("submit (was FAILED)").count(), 2, "{stdout}");
     assert_eq!(stdout.matches("skip (COMPLETED)").count(), 2, "{stdout}");
-    all_completed(&cluster, &dir, 4);
+    all_completed(&cluster, &dir, &sweep_dir, 4);
 }

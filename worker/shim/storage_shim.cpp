@@ -3,11 +3,16 @@
 //   still holds views of it (FULL_SHARD frees gathered parameters after forward without
 //   recomputing the forward in backward);
 // * backward of one unit seeded with an upstream gradient (torch::autograd::grad), returning
-//   the gradients instead of accumulating them into `.grad`.
+//   the gradients instead of accumulating them into `.grad`;
+// * AdamW over all units at once (`_fused_adamw_`, which tch does not generate);
+// * the CUDA caching allocator's statistics.
 // Every entry point catches C++ exceptions and returns them as a malloc'ed message
 // (nullptr on success); the caller frees it with shardrun_free_error.
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/_fused_adamw.h>
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -40,6 +45,8 @@ char* shardrun_storage_allocate(const at::Tensor* tensor, size_t nbytes) {
     c10::StorageImpl* storage = tensor->storage().unsafeGetStorageImpl();
     c10::Allocator* allocator = storage->allocator();
     if (allocator == nullptr) return error_message("storage has no allocator");
+    // The CUDA caching allocator allocates on the *current* device: make it the storage's.
+    c10::DeviceGuard guard(storage->device());
     storage->set_data_ptr_noswap(allocator->allocate(nbytes));
     storage->set_nbytes(nbytes);
     return nullptr;
@@ -71,12 +78,45 @@ char* shardrun_grad(const at::Tensor* output, const at::Tensor* upstream,
   }
 }
 
-// Peak bytes the CUDA caching allocator handed out on `device` (torch.cuda.max_memory_allocated).
-char* shardrun_cuda_peak_allocated(int device, int64_t* peak) {
+// AdamW (torch.optim.AdamW(fused=True)) on n flat tensors in one call: one multi-tensor
+// kernel launch on CUDA instead of ~10 kernels per tensor. `step` is the step count (a float
+// tensor on the tensors' device) shared by all of them.
+char* shardrun_fused_adamw(const at::Tensor* const* params, const at::Tensor* const* grads,
+                           const at::Tensor* const* exp_avgs,
+                           const at::Tensor* const* exp_avg_sqs, int n, const at::Tensor* step,
+                           double lr, double beta1, double beta2, double weight_decay,
+                           double eps) {
+  try {
+    std::vector<at::Tensor> p, g, m, v, steps, unused;
+    for (int i = 0; i < n; ++i) {
+      p.push_back(*params[i]);
+      g.push_back(*grads[i]);
+      m.push_back(*exp_avgs[i]);
+      v.push_back(*exp_avg_sqs[i]);
+      steps.push_back(*step);
+    }
+    at::NoGradGuard no_grad;
+    at::_fused_adamw_(p, g, m, v, unused, steps, lr, beta1, beta2, weight_decay, eps,
+                      /*amsgrad=*/false, /*maximize=*/false);
+    return nullptr;
+  } catch (const std::exception& e) {
+    return error_message(e.what());
+  }
+}
+
+// The CUDA caching allocator on `device`: bytes allocated (handed to tensors) and reserved
+// (taken from the device), now and at their peak (torch.cuda.memory_allocated,
+// max_memory_allocated, memory_reserved, max_memory_reserved).
+char* shardrun_cuda_memory(int device, int64_t* allocated, int64_t* peak_allocated,
+                           int64_t* reserved, int64_t* peak_reserved) {
   try {
     auto stats = c10::getDeviceAllocator(c10::DeviceType::CUDA)
                      ->getDeviceStats(static_cast<c10::DeviceIndex>(device));
-    *peak = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+    const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    *allocated = stats.allocated_bytes[all].current;
+    *peak_allocated = stats.allocated_bytes[all].peak;
+    *reserved = stats.reserved_bytes[all].current;
+    *peak_reserved = stats.reserved_bytes[all].peak;
     return nullptr;
   } catch (const std::exception& e) {
     return error_message(e.what());

@@ -4,10 +4,11 @@
 //! the run, or `checkpoint.from` for fine-tuning).
 //!
 //! Every rank calls [`Checkpointer::save`] and [`Checkpointer::restore`] at the same point:
-//! they run collectives (barriers, per-unit all-gathers for the full format, a broadcast of
-//! which checkpoint to load).
+//! they run collectives, all on the control communicator (CPU): barriers, per-unit gathers
+//! of CPU shards for the full format, a broadcast of which checkpoint to load.
 
 use crate::collectives::Communicator;
+use crate::control;
 use crate::fsdp::{FlatLayout, FsdpEngine, UnitShardState};
 use crate::schedule::Schedule;
 use crate::train::{CheckpointHook, SaveReason, TrainState, Trainer};
@@ -58,12 +59,15 @@ pub struct Checkpointer {
 }
 
 impl Checkpointer {
-    /// `None` when the config names no checkpoint folder and no run directory is known.
+    /// The run's checkpointer. Under the controller the run directory is always known, so
+    /// even with periodic saves off (no `checkpoint.dir`) the final and preemption
+    /// checkpoints are written to `<run dir>/checkpoints`, and a re-run or a requeued job
+    /// resumes from them unless `checkpoint.resume` is false. `None` when the config names
+    /// no folder and no run directory is known (a standalone rank).
     pub fn from_config(config: &TrainConfig) -> Option<Checkpointer> {
         let c = &config.checkpoint;
-        let root = c.dir.clone().or_else(|| {
-            std::env::var_os(env::RUN_DIR).map(|run| PathBuf::from(run).join("checkpoints"))
-        })?;
+        let run_dir = std::env::var_os(env::RUN_DIR).map(PathBuf::from);
+        let root = c.root(run_dir.as_deref())?;
         Some(Checkpointer {
             root,
             format: c.format,
@@ -90,7 +94,7 @@ impl Checkpointer {
         &mut self,
         trainer: &mut Trainer,
     ) -> Result<Option<Restored>, CheckpointingError> {
-        let world = trainer.engine().groups().world.clone();
+        let world = trainer.engine().groups().control.clone();
         let choice = if world.rank() == 0 {
             self.choose(trainer)
         } else {
@@ -223,13 +227,16 @@ impl Checkpointer {
         let started = Instant::now();
         let engine = trainer.engine();
         let groups = engine.groups();
-        let (rank, world_size) = (groups.world.rank() as u64, groups.world.world_size() as u64);
+        let (rank, world_size) = (
+            groups.control.rank() as u64,
+            groups.control.world_size() as u64,
+        );
         let state = trainer.train_state();
         let target = SaveTarget::new(&self.root, state.step, world_size);
         if rank == 0 {
             target.prepare()?;
         }
-        groups.world.barrier()?;
+        groups.control.barrier()?;
 
         let layout = engine_layout(engine);
         let mut files = Vec::new();
@@ -263,7 +270,7 @@ impl Checkpointer {
                     for (u, unit) in layout.units.iter().enumerate() {
                         let s = engine.export_unit(u)?;
                         let gather = |values: &[f32]| -> Result<Vec<u8>, CheckpointingError> {
-                            if groups.shard.world_size() == 1 {
+                            if groups.control_shard.world_size() == 1 {
                                 return Ok(bytes(values));
                             }
                             let full = Tensor::zeros(
@@ -271,7 +278,7 @@ impl Checkpointer {
                                 (Kind::Float, tch::Device::Cpu),
                             );
                             groups
-                                .shard
+                                .control_shard
                                 .all_gather(&Tensor::from_slice(values), &full)?
                                 .wait()?;
                             Ok(bytes(
@@ -297,7 +304,7 @@ impl Checkpointer {
         // Training draws no random numbers (data and init are functions of the seed and the
         // sample index), so there is no generator state to keep per rank.
         write_rank_report(&target, rank, Vec::new(), files)?;
-        groups.world.barrier()?;
+        groups.control.barrier()?;
 
         let mut path = None;
         if rank == 0 {
@@ -358,10 +365,11 @@ enum Choice {
     From(u64),
 }
 
-/// Rank 0 tells every rank what to load: a code and the step in 16-bit pieces (exact in the
-/// f32 the collectives carry). `None` on rank 0 (it failed) reaches the others as code 3.
+/// Rank 0 tells every rank what to load, over the control communicator: a code and the step
+/// (exact in the f64 control values carry). `None` on rank 0 (it failed) reaches the others
+/// as code 3.
 fn broadcast_choice(
-    world: &dyn Communicator,
+    control: &dyn Communicator,
     choice: Option<&Choice>,
 ) -> Result<Choice, CheckpointingError> {
     let (code, step) = match choice {
@@ -370,15 +378,8 @@ fn broadcast_choice(
         Some(Choice::From(step)) => (2.0, *step),
         None => (3.0, 0),
     };
-    let pieces: Vec<f32> = std::iter::once(code)
-        .chain((0..4).map(|i| ((step >> (16 * i)) & 0xffff) as f32))
-        .collect();
-    let message = Tensor::from_slice(&pieces);
-    if world.world_size() > 1 {
-        world.broadcast(&message, 0)?.wait()?;
-    }
-    let values = Vec::<f32>::try_from(&message).map_err(crate::fsdp::FsdpError::from)?;
-    let step = (0..4).fold(0u64, |acc, i| acc | ((values[1 + i] as u64) << (16 * i)));
+    let values = control::broadcast(control, &[code, step as f64], 0)?;
+    let step = values[1] as u64;
     match values[0] as u32 {
         0 => Ok(Choice::Nothing),
         1 => Ok(Choice::Resume(step)),

@@ -1,6 +1,8 @@
 //! The worker's side of the controller: handshake, registration, waiting for the start
 //! signal, then a [`Reporter`] over the same TCP connection, a heartbeat thread, and a reader
-//! thread that acts on [`ToWorker::Preempt`] and [`ToWorker::Shutdown`].
+//! thread that turns [`ToWorker::Preempt`] and [`ToWorker::Shutdown`] (and a lost
+//! connection) into requests on the process's [`stop`] switch, which the training loop acts
+//! on at its next step boundary. The reader never exits the process itself: see [`stop`].
 //!
 //! Every report is one frame written with a single blocking `write_all` under a lock, so when
 //! `log` returns the line is in the kernel's socket buffer: a crash right after loses nothing.
@@ -9,6 +11,7 @@
 //! instead of ~12 us (`cargo bench -p shardrun-e2e --bench ingest`).
 
 use crate::report::Reporter;
+use crate::stop::{self, StopCause, StopRequest};
 use shardrun_protocol::connection::{encode_frame, BlockingConnection, ConnectionError};
 use shardrun_protocol::env;
 use shardrun_protocol::messages::{
@@ -16,12 +19,9 @@ use shardrun_protocol::messages::{
     ToWorker, TrainSummary,
 };
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-/// Exit status of a worker stopped by the controller's [`ToWorker::Shutdown`].
-pub const EXIT_SHUTDOWN: i32 = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -101,7 +101,8 @@ pub struct ControllerClient {
     rank: u64,
     addr: String,
     conn: Mutex<BlockingConnection>,
-    preempt: AtomicBool,
+    /// Optimizer steps done, sent with every heartbeat.
+    steps_done: AtomicU64,
 }
 
 /// Connects, registers and waits until the whole world has registered. Returns the reporter
@@ -147,7 +148,7 @@ pub fn connect(
         rank,
         addr: addr.to_string(),
         conn: Mutex::new(conn),
-        preempt: AtomicBool::new(false),
+        steps_done: AtomicU64::new(0),
     });
     spawn_reader(client.clone(), reader);
     spawn_heartbeat(Arc::downgrade(&client), opts.heartbeat_interval);
@@ -185,6 +186,13 @@ fn connect_with_retry(
                     reason,
                 })
             }
+            // A Ctrl-C while the controller is still starting: give up now.
+            Err(_) if matches!(stop::process().requested(), Some(StopRequest::Stop(_))) => {
+                return Err(ClientError::Stopped {
+                    addr: addr.to_string(),
+                    reason: "asked to stop while connecting".into(),
+                })
+            }
             Err(source) if Instant::now() >= deadline => {
                 return Err(ClientError::Unreachable {
                     addr: addr.to_string(),
@@ -205,22 +213,24 @@ fn spawn_reader(client: Arc<ControllerClient>, mut reader: BlockingConnection) {
         .name("controller-reader".into())
         .spawn(move || loop {
             match reader.recv::<ToWorker>() {
-                Ok(ToWorker::Preempt) => client.preempt.store(true, Ordering::SeqCst),
+                Ok(ToWorker::Preempt) => stop::process().request_preempt(),
                 Ok(ToWorker::Start(_)) => {}
                 Ok(ToWorker::Shutdown { reason }) => {
-                    // The others may be blocked in a collective with a dead peer: leave now.
-                    client.log(LogLevel::Warn, &format!("stopping: {reason}"));
-                    std::process::exit(EXIT_SHUTDOWN);
+                    // A rank that cannot reach the step boundary (blocked in a collective
+                    // with a dead peer) is killed by the controller after its grace period.
+                    stop::process().request_stop(StopCause::Controller(reason));
                 }
                 Err(e) => {
                     // Without its controller the job cannot finish; do not train on as an orphan.
                     let _ = writeln!(
                         std::io::stderr(),
-                        "shardrun-worker: rank {}: lost the controller at {} ({e}); exiting",
+                        "shardrun-worker: rank {}: lost the controller at {} ({e}); stopping at \
+                         the next step boundary",
                         client.rank,
                         client.addr
                     );
-                    std::process::exit(EXIT_SHUTDOWN);
+                    stop::process().request_stop(StopCause::LostController(e.to_string()));
+                    return;
                 }
             }
         });
@@ -234,7 +244,8 @@ fn spawn_heartbeat(client: std::sync::Weak<ControllerClient>, every: Duration) {
             let Some(client) = client.upgrade() else {
                 return;
             };
-            if client.send(&FromWorker::Heartbeat).is_err() {
+            let step = client.steps_done.load(Ordering::Relaxed);
+            if client.send(&FromWorker::Heartbeat { step }).is_err() {
                 return;
             }
         });
@@ -251,28 +262,42 @@ impl ControllerClient {
         conn.send_frame(&frame)
     }
 
-    /// Sends, or says on stderr (which the controller also captures) what could not be sent.
-    fn send_or_stderr(&self, msg: &FromWorker) {
-        if let Err(e) = self.send(msg) {
-            let _ = writeln!(
-                std::io::stderr(),
-                "shardrun-worker: rank {}: cannot reach the controller at {} ({e}): {msg:?}",
-                self.rank,
-                self.addr
-            );
+    /// Sends, or says on stderr (which the controller also captures) what could not be sent;
+    /// true when sent.
+    fn send_or_stderr(&self, msg: &FromWorker) -> bool {
+        match self.send(msg) {
+            Ok(()) => true,
+            Err(e) => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "shardrun-worker: rank {}: cannot reach the controller at {} ({e}): {msg:?}",
+                    self.rank,
+                    self.addr
+                );
+                false
+            }
         }
     }
 
     /// The last message of a clean exit.
     pub fn finished(&self, preempted: bool) {
-        self.send_or_stderr(&FromWorker::Finished { preempted });
+        let _ = self.send_or_stderr(&FromWorker::Finished { preempted });
     }
 
-    /// The last message before exiting with an error.
-    pub fn failed(&self, error: &str) {
+    /// The last message before exiting on request at a step boundary.
+    pub fn stopped(&self, step: u64, cause: &StopCause) {
+        let _ = self.send_or_stderr(&FromWorker::Stopped {
+            step,
+            reason: cause.to_string(),
+        });
+    }
+
+    /// The last message before exiting with an error; true when the controller has it (and
+    /// logs it: the rank need not print it again).
+    pub fn failed(&self, error: &str) -> bool {
         self.send_or_stderr(&FromWorker::Failed {
             error: error.to_string(),
-        });
+        })
     }
 }
 
@@ -290,22 +315,22 @@ impl Reporter for ControllerClient {
             time: unix_now(),
             text: text.to_string(),
         };
-        self.send_or_stderr(&FromWorker::Log(line));
+        let _ = self.send_or_stderr(&FromWorker::Log(line));
     }
 
     fn metrics(&self, metrics: &StepMetrics) {
-        self.send_or_stderr(&FromWorker::Metrics(metrics.clone()));
+        let _ = self.send_or_stderr(&FromWorker::Metrics(metrics.clone()));
     }
 
     fn checkpoint_saved(&self, step: u64, path: &str) {
-        self.send_or_stderr(&FromWorker::CheckpointSaved {
+        let _ = self.send_or_stderr(&FromWorker::CheckpointSaved {
             step,
             path: path.to_string(),
         });
     }
 
     fn summary(&self, summary: &TrainSummary) {
-        self.send_or_stderr(&FromWorker::Summary(summary.clone()));
+        let _ = self.send_or_stderr(&FromWorker::Summary(summary.clone()));
     }
 
     fn eval(&self, metrics: &EvalMetrics) {
@@ -313,7 +338,11 @@ impl Reporter for ControllerClient {
     }
 
     fn preempt_requested(&self) -> bool {
-        self.preempt.load(Ordering::SeqCst)
+        stop::process().requested() == Some(StopRequest::Preempt)
+    }
+
+    fn step_done(&self, step: u64) {
+        self.steps_done.store(step, Ordering::Relaxed);
     }
 }
 
@@ -340,6 +369,7 @@ mod tests {
             config_hash: "x".into(),
             collective_addr: None,
             nccl_unique_id: None,
+            device_error: None,
         };
         let opts = ClientOptions {
             connect_timeout: Duration::from_millis(300),

@@ -44,7 +44,7 @@ enum Source {
     SyntheticTokens {
         vocab: u64,
     },
-    /// Seed 000's MLP data: inputs and targets uniform in [-1, 1).
+    /// The FSDP tutorial MLP's data: inputs and targets uniform in [-1, 1).
     SyntheticVectors {
         input_dim: u64,
         output_dim: u64,
@@ -163,6 +163,23 @@ impl Dataset {
 }
 
 impl Batch {
+    /// A batch without document structure: token ids and their targets (-100 where there
+    /// is no loss), or the MLP's feature rows.
+    pub fn new(inputs: Tensor, targets: Tensor) -> Batch {
+        let loss_tokens = if targets.is_floating_point() {
+            targets.size().first().copied().unwrap_or(0) as u64
+        } else {
+            targets.ne(-100).sum(Kind::Int64).int64_value(&[]) as u64
+        };
+        Batch {
+            inputs,
+            targets,
+            position_ids: None,
+            document_ids: None,
+            loss_tokens,
+        }
+    }
+
     /// Tensors of a host batch (one copy each).
     pub fn from_host(host: &HostBatch) -> Batch {
         let shape = [host.rows as i64, host.seq_len as i64];

@@ -6,9 +6,10 @@
 //! so every rank runs the same number of forward passes (the FSDP gathers are collective);
 //! rows past the end of the validation set are padding without targets.
 
-use crate::collectives::{Communicator, ReduceOp};
 use crate::data::{Batch, Dataset};
-use crate::fsdp::{FsdpEngine, FsdpError};
+use crate::fsdp::FsdpEngine;
+use crate::train::TrainError;
+use crate::{control, host};
 use shardrun_protocol::config::{DataConfig, TrainConfig};
 use shardrun_protocol::messages::EvalMetrics;
 use std::time::Instant;
@@ -39,19 +40,22 @@ impl Evaluator {
         step == last || self.every_steps.is_some_and(|n| step.is_multiple_of(n))
     }
 
-    /// The validation loss after `step`, agreed by every rank.
+    /// The validation loss after `step`, agreed by every rank: the losses stay on the
+    /// device until one read at the end, summed across ranks on the control communicator.
     pub fn evaluate(
         &self,
         engine: &mut FsdpEngine,
         data: &Dataset,
         step: u64,
         device: Device,
-    ) -> Result<EvalMetrics, FsdpError> {
+    ) -> Result<EvalMetrics, TrainError> {
         let started = Instant::now();
-        let world = engine.groups().world.clone();
-        let (rank, size) = (world.rank() as u64, world.world_size() as u64);
+        let (rank, size) = {
+            let world = &engine.groups().world;
+            (world.rank() as u64, world.world_size() as u64)
+        };
         let Some(documents) = data.documents() else {
-            return Err(FsdpError::Invalid("evaluation needs document data".into()));
+            return Err(TrainError::Config("evaluation needs document data".into()));
         };
         let sequences = documents.validation().map_or(0, |v| v.sequences());
         let global = self.per_device * size;
@@ -59,44 +63,29 @@ impl Evaluator {
         if let Some(max) = self.max_batches {
             batches = batches.min(max.max(1));
         }
-        let (mut loss_sum, mut tokens) = (0.0f64, 0u64);
+        let mut loss_sum = Tensor::zeros([], (Kind::Double, device));
+        let mut tokens = 0u64;
         for g in 0..batches {
             let first = g * global + rank * self.per_device;
-            let host = documents.validation_batch(first, self.per_device);
-            let batch = Batch::from_host(&host).to_device(device);
+            let host_batch = documents.validation_batch(first, self.per_device);
+            let batch = Batch::from_host(&host_batch).to_device(device);
             let loss = engine.forward_only(&batch)?;
             // A batch of padding only has no loss (its mean is NaN).
-            if host.loss_tokens > 0 {
-                loss_sum += loss * host.loss_tokens as f64;
-                tokens += host.loss_tokens;
+            if host_batch.loss_tokens > 0 {
+                loss_sum += loss * host_batch.loss_tokens as f64;
+                tokens += host_batch.loss_tokens;
             }
         }
-        let (loss_sum, tokens) = sum_across(world.as_ref(), device, loss_sum, tokens as f64)?;
-        let eval_loss = loss_sum / tokens.max(1.0);
+        let local = host::read(&loss_sum)?[0];
+        let agreed = control::sum(engine.groups().control.as_ref(), &[local, tokens as f64])?;
+        let eval_loss = agreed[0] / agreed[1].max(1.0);
         Ok(EvalMetrics {
             rank,
             step,
             eval_loss,
             eval_perplexity: eval_loss.exp(),
-            eval_tokens: tokens as u64,
+            eval_tokens: agreed[1] as u64,
             eval_time_s: started.elapsed().as_secs_f64(),
         })
     }
-}
-
-/// Both sums over every rank in one all-reduce (f64 on the wire would be exact, but the
-/// collectives carry f32: 24 bits of mantissa for the token count).
-pub fn sum_across(
-    comm: &dyn Communicator,
-    device: Device,
-    a: f64,
-    b: f64,
-) -> Result<(f64, f64), FsdpError> {
-    if comm.world_size() == 1 {
-        return Ok((a, b));
-    }
-    let t = Tensor::from_slice(&[a as f32, b as f32]).to_device(device);
-    comm.all_reduce(&t, ReduceOp::Sum)?.wait()?;
-    let values = Vec::<f32>::try_from(t.to_device(Device::Cpu).to_kind(Kind::Float))?;
-    Ok((f64::from(values[0]), f64::from(values[1])))
 }

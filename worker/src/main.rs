@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! shardrun-worker [--config FILE] [--metrics-file F] [--dump-params F] [--reference]
+//! shardrun-worker --check-gpu
 //! ```
 //!
 //! The config comes from `--config` or `SHARDRUN_CONFIG`; the rank from the controller, Slurm
@@ -17,13 +18,13 @@ use shardrun_protocol::env;
 use shardrun_protocol::messages::Registration;
 use shardrun_worker::checkpointing::Checkpointer;
 use shardrun_worker::collectives::cpu::transport::listen_host;
-use shardrun_worker::collectives::{prepare, Communicator};
+use shardrun_worker::collectives::{nccl, prepare, Comms};
 use shardrun_worker::controller_client::{self, ClientOptions, ControllerClient};
 use shardrun_worker::fsdp::ProcessGroups;
 use shardrun_worker::launch::RankEnv;
 use shardrun_worker::report::{Reporter, StdoutReporter};
 use shardrun_worker::train::{CheckpointHook, Trainer};
-use shardrun_worker::{params_file, reference, world};
+use shardrun_worker::{device, fail_fast, params_file, reference, stop, world};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -51,8 +52,8 @@ const FP16_INITIAL_SCALE: &str = "SHARDRUN_FP16_INITIAL_SCALE";
 )]
 struct Args {
     /// Resolved training config (JSON, as the orchestrator writes `train_config.json`).
-    #[arg(long, env = env::CONFIG_FILE)]
-    config: PathBuf,
+    #[arg(long, env = env::CONFIG_FILE, required_unless_present = "check_gpu")]
+    config: Option<PathBuf>,
     /// Append one JSON metrics record per logged step to this file (standalone runs).
     #[arg(long)]
     metrics_file: Option<PathBuf>,
@@ -62,18 +63,33 @@ struct Args {
     /// Train the unsharded model in this one process instead (the equivalence ground truth).
     #[arg(long)]
     reference: bool,
+    /// Report what a GPU run of this rank would use (its device, the CUDA runtime, NCCL) and
+    /// exit: 0 when everything is usable.
+    #[arg(long)]
+    check_gpu: bool,
 }
 
 fn main() {
-    if let Err(error) = run() {
-        eprintln!("shardrun-worker: error: {error:#}");
-        std::process::exit(1);
+    fail_fast::install_panic_hook();
+    match run() {
+        Ok(0) => {}
+        // Stopped on request: the status says by what (see `stop::StopCause::exit_code`).
+        Ok(code) => std::process::exit(code),
+        Err(error) => {
+            eprintln!("shardrun-worker: error: {error:#}");
+            std::process::exit(1);
+        }
     }
 }
 
-fn run() -> Result<()> {
+/// Trains; `Ok` with the exit status (0 unless stopped on request).
+fn run() -> Result<i32> {
     let args = Args::parse();
-    let config = load_config(&args.config)?;
+    if args.check_gpu {
+        device::check_gpu(RankEnv::from_env()?.local_rank).map_err(anyhow::Error::msg)?;
+        return Ok(0);
+    }
+    let config = load_config(args.config.as_deref().unwrap_or(std::path::Path::new("")))?;
     tch::set_num_threads(i32::try_from(config.threads_per_rank.max(1)).unwrap_or(1));
     let rank_env = RankEnv::from_env()?;
 
@@ -84,36 +100,53 @@ fn run() -> Result<()> {
         if let Some(path) = &args.dump_params {
             params_file::write(path, &params)?;
         }
-        return Ok(());
+        return Ok(0);
     }
 
+    // From here SIGINT and SIGTERM stop the ranks together at a step boundary.
+    stop::install_signal_handlers().context("cannot install the SIGINT/SIGTERM handlers")?;
     let Joined {
         reporter,
-        world,
+        comms,
         controller,
     } = connect_world(&config, &rank_env, &args)?;
-    let result = train(config, world, reporter, &rank_env, &args);
-    // Under the controller, the last message says how this rank ended.
-    if let Some(controller) = controller {
-        match &result {
-            Ok(preempted) => controller.finished(*preempted),
-            Err(error) => controller.failed(&format!("{error:#}")),
+    let result = train(
+        config,
+        comms,
+        reporter,
+        &rank_env,
+        &args,
+        controller.as_deref(),
+    );
+    if let (Some(controller), Err(error)) = (&controller, &result) {
+        if controller.failed(&format!("{error:#}")) {
+            // The controller logs it for this rank: one line, not a second copy on stderr.
+            return Ok(1);
         }
     }
-    result.map(|_| ())
+    result
 }
 
-/// Trains to the end (or to a preemption, then `Ok(true)`).
+/// Trains to the end, to a preemption or to an agreed stop; returns the exit status.
 fn train(
     config: TrainConfig,
-    world: Arc<dyn Communicator>,
+    comms: Comms,
     reporter: Arc<dyn Reporter>,
     rank_env: &RankEnv,
     args: &Args,
-) -> Result<bool> {
+    controller: Option<&ControllerClient>,
+) -> Result<i32> {
+    if config.device == DeviceKind::Cuda && rank_env.rank == 0 && rank_env.world_size > 1 {
+        if let Ok(nccl) = nccl::library::load() {
+            reporter.log(
+                shardrun_protocol::messages::LogLevel::Info,
+                &nccl.to_string(),
+            );
+        }
+    }
     let groups =
-        ProcessGroups::for_strategy(world, config.fsdp.strategy, config.fsdp.shard_group_size)?;
-    let mut trainer = Trainer::new(config, groups, reporter.clone())?;
+        ProcessGroups::for_strategy(comms, config.fsdp.strategy, config.fsdp.shard_group_size)?;
+    let mut trainer = Trainer::new(config, groups, reporter)?;
     if let Ok(scale) = std::env::var(FP16_INITIAL_SCALE) {
         let scale: f64 = scale
             .parse()
@@ -128,7 +161,11 @@ fn train(
             .restore(&mut trainer)
             .with_context(|| format!("restoring from {}", checkpointer.root().display()))?;
     }
-    let outcome = trainer.run(checkpointer.as_mut().map(|c| c as &mut dyn CheckpointHook))?;
+    // A failure mid-training leaves peers inside collectives with this rank: report and
+    // exit without tearing anything down (see fail_fast).
+    let outcome = trainer
+        .run(checkpointer.as_mut().map(|c| c as &mut dyn CheckpointHook))
+        .unwrap_or_else(|error| fail_fast::fail(&format!("{error:#}")));
     if let Some(path) = &args.dump_params {
         // Every rank takes part in the gathers; rank 0 writes.
         let params = trainer.engine().full_parameters()?;
@@ -136,16 +173,19 @@ fn train(
             params_file::write(path, &params)?;
         }
     }
-    // Leave together: no rank closes its sockets while a peer may still be inside the last
-    // collective.
-    trainer.engine().groups().world.barrier()?;
-    if outcome.preempted {
-        reporter.log(
-            shardrun_protocol::messages::LogLevel::Info,
-            "stopped early for preemption",
-        );
+    // Under the controller, the last message says how this rank ended. It goes before the
+    // barrier: once one rank exits non-zero, srun kills the others (--kill-on-bad-exit),
+    // and their last message must already be out.
+    if let Some(controller) = controller {
+        match &outcome.stopped {
+            Some(cause) => controller.stopped(outcome.step, cause),
+            None => controller.finished(outcome.preempted),
+        }
     }
-    Ok(outcome.preempted)
+    // Leave together: no rank closes its sockets while a peer may still be inside the last
+    // collective; then (and only then) NCCL communicators are destroyed.
+    trainer.engine().groups().leave_together()?;
+    Ok(outcome.stopped.map_or(0, |cause| cause.exit_code()))
 }
 
 fn load_config(path: &std::path::Path) -> Result<TrainConfig> {
@@ -166,27 +206,38 @@ fn load_config(path: &std::path::Path) -> Result<TrainConfig> {
 /// `Prepared::collective_addr` / `nccl_unique_id`), receives the `StartInfo`, and is the
 /// `Reporter`; otherwise reports go to stderr and the metrics file.
 fn connect_world(config: &TrainConfig, rank_env: &RankEnv, args: &Args) -> Result<Joined> {
+    // This rank's GPU becomes the current device before anything touches CUDA or NCCL.
+    let device = match config.device {
+        DeviceKind::Cpu => Ok("cpu".to_string()),
+        DeviceKind::Cuda => device::select_cuda(rank_env.local_rank).map(|d| d.to_string()),
+    };
     if std::env::var_os(env::CONTROLLER_ADDR).is_some() {
-        let (client, comm) = join_through_controller(config, rank_env)?;
+        let (client, comms) = join_through_controller(config, rank_env, device)?;
+        let report = client.clone();
+        fail_fast::report_to(move |error| {
+            report.failed(error);
+        });
         return Ok(Joined {
             reporter: client.clone(),
-            world: Arc::from(comm),
+            comms,
             controller: Some(client),
         });
     }
+    let device = device.map_err(anyhow::Error::msg)?;
     let reporter: Arc<dyn Reporter> = Arc::new(
         StdoutReporter::new(rank_env.rank, args.metrics_file.clone())
             .context("cannot open the metrics file")?,
     );
-    let comm = world::standalone(
+    let comms = world::standalone(
         config,
         rank_env.rank,
         rank_env.local_rank,
         rank_env.world_size,
+        &device,
     )?;
     Ok(Joined {
         reporter,
-        world: Arc::from(comm),
+        comms,
         controller: None,
     })
 }
@@ -194,40 +245,59 @@ fn connect_world(config: &TrainConfig, rank_env: &RankEnv, args: &Args) -> Resul
 /// A rank that has joined its world.
 struct Joined {
     reporter: Arc<dyn Reporter>,
-    world: Arc<dyn Communicator>,
+    comms: Comms,
     /// Set under a controller: told how the rank ended.
     controller: Option<Arc<ControllerClient>>,
 }
 
 /// Registers with the job's controller (with what the collectives prepared), waits for the
-/// whole world, and builds the communicator from the controller's `StartInfo`.
+/// whole world, and builds the communicators from the controller's `StartInfo`.
+///
+/// A rank that cannot use its device registers saying why and exits quietly: the controller
+/// fails the job once, naming the node, instead of every rank printing the same error.
 fn join_through_controller(
     config: &TrainConfig,
     rank_env: &RankEnv,
-) -> Result<(Arc<ControllerClient>, Box<dyn Communicator>)> {
+    device: Result<String, String>,
+) -> Result<(Arc<ControllerClient>, Comms)> {
     let (addr, secret) = controller_client::endpoint_from_env()?;
     let controller_host = addr
         .rsplit_once(':')
         .map_or(addr.as_str(), |(host, _)| host);
     let bind_host = listen_host(controller_host);
     let rank = rank_env.rank as usize;
-    let prepared = prepare(config.device, rank, rank_env.world_size as usize, bind_host)?;
+    let prepared = match &device {
+        Ok(_) => Some(prepare(
+            config.device,
+            rank,
+            rank_env.world_size as usize,
+            bind_host,
+        )?),
+        Err(_) => None,
+    };
     let registration = Registration {
         rank: rank_env.rank,
         local_rank: rank_env.local_rank,
         world_size: rank_env.world_size,
         host: shardrun_protocol::host::hostname(),
         pid: std::process::id(),
-        device: match config.device {
-            DeviceKind::Cpu => "cpu".to_string(),
-            DeviceKind::Cuda => "cuda:0".to_string(),
-        },
+        device: device.clone().unwrap_or_else(|_| "none".to_string()),
+        device_error: device.clone().err(),
         config_hash: config.config_hash(),
-        collective_addr: prepared.collective_addr.clone(),
-        nccl_unique_id: prepared.nccl_unique_id.clone(),
+        collective_addr: prepared.as_ref().and_then(|p| p.collective_addr.clone()),
+        nccl_unique_id: prepared.as_ref().and_then(|p| p.nccl_unique_id.clone()),
     };
-    let (client, start) =
-        controller_client::connect(&addr, &secret, registration, &ClientOptions::from_env())?;
-    let comm = prepared.connect(&start, rank)?;
-    Ok((client, comm))
+    let joined =
+        controller_client::connect(&addr, &secret, registration, &ClientOptions::from_env());
+    let (Some(prepared), Ok((client, start))) = (prepared, joined.as_ref()) else {
+        if device.is_err() {
+            std::process::exit(fail_fast::EXIT_FAILED);
+        }
+        return Err(joined.err().map_or_else(
+            || anyhow::anyhow!("internal error: joined without preparing"),
+            anyhow::Error::from,
+        ));
+    };
+    let comms = prepared.connect(start, rank)?;
+    Ok((client.clone(), comms))
 }

@@ -116,6 +116,9 @@ pub fn train_reference(
             mfu: None,
             model_state_bytes: config.model.num_params() * 16,
             peak_memory_bytes: crate::metrics::peak_rss_bytes(),
+            peak_reserved_bytes: None,
+            device_used_bytes: None,
+            device_total_bytes: None,
             loss_scale: None,
             epoch: dataset.documents().map(|d| {
                 (step_start + config.batch.total_batch_size) as f64 / d.samples_per_epoch() as f64

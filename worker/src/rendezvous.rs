@@ -325,6 +325,7 @@ mod tests {
             config_hash: hash.into(),
             collective_addr: Some(format!("127.0.0.1:{}", 4000 + rank)),
             nccl_unique_id: (rank == 0).then(|| vec![7; 128]),
+            device_error: None,
         }
     }
 

@@ -27,6 +27,9 @@ pub trait Reporter: Send + Sync {
     /// True once the controller asked for preemption (checkpoint at the next step boundary,
     /// then exit cleanly). Ranks must agree on it collectively before acting.
     fn preempt_requested(&self) -> bool;
+    /// `step` optimizer steps are done (heartbeats carry it, so the controller sees a rank
+    /// that keeps beating but stops making progress).
+    fn step_done(&self, _step: u64) {}
 }
 
 /// Data preparation's messages into a rank's log: rank 0 tells, every rank warns.

@@ -1,21 +1,27 @@
 //! The training loop on top of the FSDP engine: micro-steps with gradient accumulation,
 //! fp16 loss scaling agreed across ranks, global-norm clipping, AdamW, the LR schedule,
-//! metrics every `log_every` steps, preemption at step boundaries, and a summary.
+//! metrics every `log_every` steps, stops and preemption agreed at step boundaries, and a
+//! summary when training finishes.
+//!
+//! One host read per optimizer step: the micro-steps' losses and the gradient norm stay on
+//! the device until the end of backward, are read together ([`crate::host::read`]), and are
+//! agreed across ranks on the control communicator (CPU). Clipping and the fp16 scaler's
+//! decision then come from those host numbers, without reading the device again.
 
-use crate::collectives::ReduceOp;
+use crate::collectives::CommError;
 use crate::data::{first_sample, Batch, BatchLog, DataError, Dataset};
 use crate::evaluate::Evaluator;
-use crate::fsdp::engine::all_reduce_scalar;
 use crate::fsdp::{EngineOptions, FsdpEngine, FsdpError, ProcessGroups};
-use crate::metrics;
 use crate::report::{Reporter, ReporterObserver};
 use crate::scaler::LossScaler;
 use crate::schedule::Schedule;
+use crate::stop::{self, StopCause, StopRequest};
+use crate::{control, host, metrics};
 use shardrun_protocol::config::{DType, DeviceKind, ShardingStrategy, TrainConfig};
 use shardrun_protocol::messages::{EvalMetrics, LogLevel, StepMetrics, TrainSummary};
 use std::sync::Arc;
 use std::time::Instant;
-use tch::{Device, Kind};
+use tch::{Device, Kind, Tensor};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
@@ -23,6 +29,10 @@ pub enum TrainError {
     Fsdp(#[from] FsdpError),
     #[error(transparent)]
     Data(#[from] DataError),
+    #[error("control communicator: {0}")]
+    Control(#[from] CommError),
+    #[error("{0}")]
+    Injected(String),
     #[error("checkpoint: {0}")]
     Checkpoint(String),
     #[error("{0}")]
@@ -71,6 +81,10 @@ pub trait CheckpointHook {
     }
 }
 
+/// How long a rank that learns of a stop from a peer waits for its own copy of the request
+/// (the controller asks every rank), to say why in its own words.
+const PEER_CAUSE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub fn dtype_kind(dtype: DType) -> Kind {
     match dtype {
         DType::F32 => Kind::Float,
@@ -79,13 +93,38 @@ pub fn dtype_kind(dtype: DType) -> Kind {
     }
 }
 
+/// This rank's device: the CPU, or its own GPU (chosen from the launcher's variables by
+/// [`crate::device::select_cuda`], normally at start-up, before anything touched CUDA).
 pub fn device_of(kind: DeviceKind) -> Result<Device, TrainError> {
     match kind {
         DeviceKind::Cpu => Ok(Device::Cpu),
-        DeviceKind::Cuda if tch::Cuda::is_available() => Ok(Device::Cuda(0)),
-        DeviceKind::Cuda => Err(TrainError::Config(
-            "device is cuda but libtorch sees no CUDA device: check CUDA_VISIBLE_DEVICES and the driver, or run with device: cpu".into(),
-        )),
+        DeviceKind::Cuda => {
+            let local_rank = crate::launch::RankEnv::from_env()
+                .map(|e| e.local_rank)
+                .unwrap_or(0);
+            crate::device::select_cuda(local_rank)
+                .map(|chosen| Device::Cuda(chosen.index))
+                .map_err(TrainError::Config)
+        }
+    }
+}
+
+/// A micro-batch on the training device: on a GPU copied from pinned memory without blocking
+/// the host (the copy is queued before the forward kernels that read it).
+fn upload(batch: Batch, device: Device) -> Batch {
+    let copy = |t: &Tensor| {
+        t.pin_memory(device)
+            .to_device_(device, t.kind(), true, false)
+    };
+    match device {
+        Device::Cuda(_) => Batch {
+            inputs: copy(&batch.inputs),
+            targets: copy(&batch.targets),
+            position_ids: batch.position_ids.as_ref().map(copy),
+            document_ids: batch.document_ids.as_ref().map(copy),
+            loss_tokens: batch.loss_tokens,
+        },
+        _ => batch,
     }
 }
 
@@ -128,12 +167,20 @@ pub struct Trainer {
     evaluator: Option<Evaluator>,
     last_eval: Option<EvalMetrics>,
     batch_log: Option<BatchLog>,
+    /// A failure to inject (`SHARDRUN_INJECT_FAILURE`), for failure-handling tests.
+    fault: Option<crate::fault::Injected>,
 }
 
 /// How a run ended.
 pub struct TrainOutcome {
     pub summary: TrainSummary,
+    /// Checkpointed and stopped early on a preemption request.
     pub preempted: bool,
+    /// Stopped early on request without a checkpoint, and why (this rank's cause, or
+    /// [`StopCause::Peer`]).
+    pub stopped: Option<StopCause>,
+    /// Optimizer steps completed when it ended.
+    pub step: u64,
 }
 
 impl Trainer {
@@ -178,6 +225,7 @@ impl Trainer {
         let batch_log = BatchLog::from_env(rank).map_err(TrainError::Config)?;
         let schedule = Schedule::new(config.optimizer.lr, config.schedule.clone(), config.steps);
         let scaler = (mp.param_dtype == DType::F16).then(LossScaler::default);
+        let fault = crate::fault::Injected::from_env().map_err(TrainError::Config)?;
         Ok(Trainer {
             config,
             engine,
@@ -192,6 +240,7 @@ impl Trainer {
             evaluator,
             last_eval: None,
             batch_log,
+            fault,
         })
     }
 
@@ -262,13 +311,9 @@ impl Trainer {
         Ok(())
     }
 
-    fn world_all_reduce(&self, value: f64, op: ReduceOp) -> Result<f64, TrainError> {
-        Ok(all_reduce_scalar(
-            self.engine.groups().world.as_ref(),
-            self.device,
-            value,
-            op,
-        )?)
+    /// The largest of every rank's `value`, on the control communicator.
+    fn agree_max(&self, value: f64) -> Result<f64, TrainError> {
+        Ok(control::max(self.engine.groups().control.as_ref(), value)?)
     }
 
     /// Trains until `config.steps` or an agreed preemption.
@@ -284,136 +329,175 @@ impl Trainer {
         );
         let tokens_per_step = cfg.tokens_per_step() as f64;
         let seq_len = cfg.data.sequence_length(&cfg.model);
-        let low_precision = cfg.fsdp.mixed_precision.param_dtype != DType::F32;
-        let peak_flops = matches!(self.device, Device::Cuda(_))
-            .then(|| metrics::gpu_peak_flops(low_precision))
-            .flatten();
+        let peak_flops = metrics::PeakFlops::of(self.device, cfg.fsdp.mixed_precision.param_dtype);
+        if let Some(note) = peak_flops.note() {
+            self.log(LogLevel::Info, &note);
+        }
+        let peak_flops = peak_flops.flops();
         let (mut first_loss, mut last_loss) = (None, f64::NAN);
         let mut throughput = Vec::new();
         let mut preempted = false;
+        let mut stopped = None;
+        let first_step = self.step;
+        let span = match self.step {
+            0 => format!("for {} steps", cfg.steps),
+            done => format!("from step {} to {}", done + 1, cfg.steps),
+        };
         self.log(
             LogLevel::Info,
             &format!(
-                "training {} for {} steps: {} over {world} rank(s), {} parameters, {} unit(s)",
+                "training {} {span}: {} over {world} rank(s), {} parameters, {} unit(s)",
                 cfg.name,
-                cfg.steps,
                 strategy_name(cfg.fsdp.strategy),
                 cfg.model.num_params(),
                 self.engine.layouts().len()
             ),
         );
-        let run_start = self.step;
+        // Step times run from one step's host read to the next: the device has then run
+        // everything queued in between, the optimizer of the step before included, without a
+        // synchronisation of its own.
+        let mut boundary = Instant::now();
         while self.step < cfg.steps {
-            // Ranks act on preemption only together, at the same step boundary.
-            let wants = if self.reporter.preempt_requested() {
-                1.0
-            } else {
-                0.0
-            };
-            if self.world_all_reduce(wants, ReduceOp::Max)? > 0.0 {
-                self.log(
-                    LogLevel::Warn,
-                    &format!(
-                        "preemption requested: checkpointing after step {}",
-                        self.step
-                    ),
-                );
-                self.save(&mut hook, SaveReason::Preempt)?;
-                preempted = true;
-                break;
+            match self.agree_on_stop()? {
+                None => {}
+                Some(StopRequest::Preempt) => {
+                    preempted = true;
+                    if self.step == first_step {
+                        // Nothing trained since the start or the restored checkpoint.
+                        self.log(
+                            LogLevel::Warn,
+                            &format!("preemption requested at step {}: stopping", self.step),
+                        );
+                        break;
+                    }
+                    self.log(
+                        LogLevel::Warn,
+                        &format!(
+                            "preemption requested: checkpointing after step {} and stopping",
+                            self.step
+                        ),
+                    );
+                    self.save(&mut hook, SaveReason::Preempt)?;
+                    break;
+                }
+                Some(StopRequest::Stop(cause)) => {
+                    // One line per rank: each says who asked it (or that a peer was asked).
+                    self.log(
+                        LogLevel::Warn,
+                        &format!("stopping after step {}: {cause}", self.step),
+                    );
+                    stopped = Some(cause);
+                    break;
+                }
             }
-            let started = Instant::now();
             let step = self.step;
+            if let Some(fault) = &self.fault {
+                fault
+                    .check(self.rank, step + 1)
+                    .map_err(TrainError::Injected)?;
+            }
             let lr = self.schedule.lr(step);
             let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale);
-            self.note_epoch(step, step == run_start);
+            self.note_epoch(step, step == first_step);
             let step_start = self.samples_done;
             let loading = Instant::now();
             let mut batches = Vec::with_capacity(accum as usize);
             for m in 0..accum {
                 let first = first_sample(step_start, m, b, world, self.rank);
-                batches.push(self.dataset.samples(first, b)?.to_device(self.device));
+                let batch = self.dataset.samples(first, b)?;
+                if let Some(log) = &self.batch_log {
+                    log.record(step + 1, m, first, &batch);
+                }
+                batches.push(upload(batch, self.device));
             }
             let data_time = loading.elapsed().as_secs_f64();
-            if let Some(log) = &self.batch_log {
-                for (m, batch) in batches.iter().enumerate() {
-                    log.record(
-                        step + 1,
-                        m as u64,
-                        first_sample(step_start, m as u64, b, world, self.rank),
-                        batch,
-                    );
-                }
-            }
             // The loss is a mean over the step's target tokens (all ranks, all micro-batches),
             // so micro-batch i weighs n_i / N whatever the world size or accumulation: with
             // padding and loss masks, micro-batches hold different numbers of targets.
             let local_tokens: u64 = batches.iter().map(|b| b.loss_tokens).sum();
             let global_tokens = if self.dataset.documents().is_some() {
-                self.world_all_reduce(local_tokens as f64, ReduceOp::Sum)?
+                control::sum(
+                    self.engine.groups().control.as_ref(),
+                    &[local_tokens as f64],
+                )?[0]
             } else {
                 (local_tokens * world) as f64
             };
-            let mut loss_sum = 0.0;
+            let mut local_loss = Tensor::zeros([], (Kind::Double, self.device));
             for (m, batch) in batches.iter().enumerate() {
                 let factor = token_share(scale, world, batch, global_tokens);
                 let loss = self
                     .engine
                     .forward_backward(batch, factor, m as u64 + 1 == accum)?;
+                // A micro-batch without targets has no gradient and a NaN mean.
                 if batch.loss_tokens > 0 {
-                    loss_sum += loss * batch.loss_tokens as f64;
+                    local_loss += loss * batch.loss_tokens as f64;
                 }
             }
+            // The step's one host read: this rank's loss and gradient norm² together.
+            let stats = Tensor::stack(&[local_loss, self.engine.local_grad_norm_sq()], 0);
+            let stats = host::read(&stats)?;
+            let (local_loss, local_norm_sq) = (stats[0], stats[1]);
+            let now = Instant::now();
+            let step_time = now.duration_since(boundary).as_secs_f64();
+            boundary = now;
+            // One replica of each shard counts towards the norm; a non-finite norm is an
+            // overflow (fp16) on this rank.
+            let counted = self.engine.groups().replicate.rank() == 0;
+            let agreed = control::sum(
+                self.engine.groups().control.as_ref(),
+                &[
+                    local_loss,
+                    if counted { local_norm_sq } else { 0.0 },
+                    if local_norm_sq.is_finite() { 0.0 } else { 1.0 },
+                ],
+            )?;
             if global_tokens == 0.0 {
                 self.log(
                     LogLevel::Warn,
                     &format!("step {}: no target tokens in the whole batch", step + 1),
                 );
             }
-            let loss = self.world_all_reduce(loss_sum, ReduceOp::Sum)? / global_tokens.max(1.0);
+            let loss = agreed[0] / global_tokens.max(1.0);
             self.samples_done = step_start + cfg.batch.total_batch_size;
-
+            // Gradients carry the fp16 loss scale until they are unscaled below.
+            let mut grad_norm = agreed[1].sqrt() / scale;
             let mut skipped = false;
             if let Some(scaler) = self.scaler.as_mut() {
-                let local_inf = if self.engine.grads_finite() { 0.0 } else { 1.0 };
-                let found_inf = all_reduce_scalar(
-                    self.engine.groups().world.as_ref(),
-                    self.device,
-                    local_inf,
-                    ReduceOp::Max,
-                )? > 0.0;
+                let found_inf = agreed[2] > 0.0;
                 scaler.update(found_inf);
-                if found_inf {
-                    skipped = true;
-                } else {
-                    self.engine.scale_grads(1.0 / scale);
-                }
+                skipped = found_inf;
             }
-            let mut grad_norm = 0.0;
             if skipped {
+                grad_norm = 0.0;
                 self.log(LogLevel::Warn, &format!(
                     "step {}: fp16 gradients overflowed on some rank; step skipped, loss scale now {}",
                     step + 1, self.scaler.as_ref().map_or(0.0, |s| s.scale)
                 ));
             } else {
-                grad_norm = self.engine.grad_norm_sq()?.sqrt();
+                // Unscaling and clipping in one multiplication.
+                let mut factor = 1.0 / scale;
                 if let Some(max_norm) = cfg.optimizer.grad_clip {
                     let coef = max_norm / (grad_norm + 1e-6);
                     if coef < 1.0 {
-                        self.engine.scale_grads(coef);
+                        factor *= coef;
                     }
                 }
-                self.engine.optimizer_step(&cfg.optimizer, lr);
+                if factor != 1.0 {
+                    self.engine.scale_grads(factor);
+                }
+                self.engine.optimizer_step(&cfg.optimizer, lr)?;
             }
             self.engine.zero_grads();
             self.step += 1;
-            let step_time = started.elapsed().as_secs_f64();
+            self.reporter.step_done(self.step);
 
             let tokens_per_s = tokens_per_step / step_time;
             throughput.push(tokens_per_s);
             first_loss.get_or_insert(loss);
             last_loss = loss;
             if self.step.is_multiple_of(cfg.log_every.max(1)) || self.step == cfg.steps {
+                let memory = metrics::Memory::of(self.device);
                 let record = StepMetrics {
                     rank: self.rank,
                     step: self.step,
@@ -426,7 +510,10 @@ impl Trainer {
                         metrics::mfu(&cfg.model, seq_len, tokens_per_s / world as f64, peak)
                     }),
                     model_state_bytes: self.engine.model_state_bytes(),
-                    peak_memory_bytes: metrics::peak_memory_bytes(self.device),
+                    peak_memory_bytes: memory.peak,
+                    peak_reserved_bytes: memory.peak_reserved,
+                    device_used_bytes: memory.device_used,
+                    device_total_bytes: memory.device_total,
                     loss_scale: self.scaler.as_ref().map(|s| s.scale),
                     epoch: self
                         .dataset
@@ -451,25 +538,65 @@ impl Trainer {
                 && self.step < cfg.steps
             {
                 self.save(&mut hook, SaveReason::Interval)?;
+                boundary = Instant::now();
             } else if self.step < cfg.steps {
                 // Wall-time interval: rank 0's clock decides, all ranks follow together.
                 if let Some(due) = hook.as_ref().and_then(|h| h.time_due()) {
                     let due = if self.rank == 0 && due { 1.0 } else { 0.0 };
-                    if self.world_all_reduce(due, ReduceOp::Max)? > 0.0 {
+                    if self.agree_max(due)? > 0.0 {
                         self.save(&mut hook, SaveReason::Interval)?;
+                        boundary = Instant::now();
                     }
                 }
             }
         }
-        if !preempted && hook.is_some() {
+        let finished = !preempted && stopped.is_none();
+        // A run resumed at its last step trained nothing: its final checkpoint is on disk.
+        let trained = self.step > first_step;
+        if finished && trained && hook.is_some() {
             self.save(&mut hook, SaveReason::Final)?;
         }
         let summary = self.summary(first_loss.unwrap_or(f64::NAN), last_loss, &throughput);
-        if self.rank == 0 {
-            self.reporter.summary(&summary);
-            self.reporter.log(LogLevel::Info, &format_summary(&summary));
+        if finished && self.rank == 0 {
+            if trained {
+                self.reporter.summary(&summary);
+                self.reporter.log(LogLevel::Info, &format_summary(&summary));
+            } else {
+                self.reporter.log(
+                    LogLevel::Info,
+                    &format!(
+                        "nothing to train: already at step {} of {}",
+                        self.step, cfg.steps
+                    ),
+                );
+            }
         }
-        Ok(TrainOutcome { summary, preempted })
+        Ok(TrainOutcome {
+            summary,
+            preempted,
+            stopped,
+            step: self.step,
+        })
+    }
+
+    /// Whether to stop at this step boundary, agreed by all ranks (one all-reduce), so that
+    /// they all stop after the same step: any rank asked (by a signal, the controller, or its
+    /// reporter's preemption request) is enough.
+    fn agree_on_stop(&self) -> Result<Option<StopRequest>, TrainError> {
+        let own = stop::process().requested().or_else(|| {
+            self.reporter
+                .preempt_requested()
+                .then_some(StopRequest::Preempt)
+        });
+        let code = self.agree_max(StopRequest::code(own.as_ref()))?;
+        Ok(match StopRequest::agreed(code, own) {
+            Some(StopRequest::Stop(StopCause::Peer)) => Some(StopRequest::Stop(
+                stop::process()
+                    .wait_for_cause(PEER_CAUSE_WAIT)
+                    .unwrap_or(StopCause::Peer),
+            )),
+            agreed => agreed,
+        })
     }
 
     /// Evaluates on the validation data; rank 0 reports it.
@@ -546,7 +673,7 @@ impl Trainer {
             last_loss,
             model_state_bytes_per_rank: self.engine.model_state_bytes(),
             unsharded_model_state_bytes: cfg.model.num_params() * 16,
-            peak_memory_bytes: metrics::peak_memory_bytes(self.device),
+            peak_memory_bytes: metrics::Memory::of(self.device).peak,
             mean_tokens_per_s: steady.iter().sum::<f64>() / steady.len().max(1) as f64,
             eval_loss: self.last_eval.as_ref().map(|e| e.eval_loss),
             eval_perplexity: self.last_eval.as_ref().map(|e| e.eval_perplexity),
@@ -596,6 +723,17 @@ pub fn format_metrics(m: &StepMetrics, steps: u64) -> String {
         "step {}/{steps} | loss {:.4} | lr {:.3e} | grad norm {:.3} | {:.3} s | {:.0} tok/s | state {:.1} MiB | peak {:.0} MiB",
         m.step, m.loss, m.lr, m.grad_norm, m.step_time_s, m.tokens_per_s, mib(m.model_state_bytes), mib(m.peak_memory_bytes)
     );
+    if let Some(reserved) = m.peak_reserved_bytes {
+        line.push_str(&format!(" allocated, {:.0} MiB reserved", mib(reserved)));
+    }
+    if let (Some(used), Some(total)) = (m.device_used_bytes, m.device_total_bytes) {
+        let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+        line.push_str(&format!(
+            " | GPU {:.1}/{:.1} GiB in use",
+            gib(used),
+            gib(total)
+        ));
+    }
     if let Some(mfu) = m.mfu {
         line.push_str(&format!(" | MFU {:.1}%", mfu * 100.0));
     }
@@ -605,7 +743,8 @@ pub fn format_metrics(m: &StepMetrics, steps: u64) -> String {
     line
 }
 
-/// The end-of-training milestone, like seed 001's expected output.
+/// The end-of-training summary people read: strategy, memory per rank against unsharded,
+/// first and last loss, throughput.
 pub fn format_summary(s: &TrainSummary) -> String {
     let savings = 100.0
         * (1.0 - s.model_state_bytes_per_rank as f64 / s.unsharded_model_state_bytes.max(1) as f64);

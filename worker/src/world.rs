@@ -3,7 +3,7 @@
 //! connect with the [`StartInfo`] it returns (the same message a controller sends).
 
 use crate::collectives::cpu::transport::listen_host;
-use crate::collectives::{prepare, CommError, Communicator};
+use crate::collectives::{prepare, CommError, Comms};
 use crate::rendezvous::{self, RendezvousError, Standalone};
 use shardrun_protocol::config::TrainConfig;
 use shardrun_protocol::messages::{Registration, StartInfo};
@@ -22,14 +22,15 @@ pub enum WorldError {
 /// How long ranks wait for each other at the rendezvous.
 const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// The world communicator of this rank: through `MASTER_ADDR`/`MASTER_PORT` when set, else
-/// this process alone (world size 1).
+/// The communicators of this rank: through `MASTER_ADDR`/`MASTER_PORT` when set, else this
+/// process alone (world size 1). `device` describes this rank's device for the registration.
 pub fn standalone(
     config: &TrainConfig,
     rank: u64,
     local_rank: u64,
     world_size: u64,
-) -> Result<Box<dyn Communicator>, WorldError> {
+    device: &str,
+) -> Result<Comms, WorldError> {
     let Some(master) = Standalone::from_env(RENDEZVOUS_TIMEOUT)? else {
         if world_size > 1 {
             return Err(WorldError::NoRendezvous { rank, world_size });
@@ -38,7 +39,7 @@ pub fn standalone(
         let start = StartInfo {
             world_size: 1,
             peers: Vec::new(),
-            nccl_unique_id: prepared.nccl_unique_id.clone(),
+            nccl_unique_id: None,
         };
         return Ok(prepared.connect(&single_peer(start, local_rank), 0)?);
     };
@@ -50,10 +51,11 @@ pub fn standalone(
         world_size,
         host: bind_host.to_string(),
         pid: std::process::id(),
-        device: format!("{:?}", config.device).to_lowercase(),
+        device: device.to_string(),
         config_hash: config.config_hash(),
         collective_addr: prepared.collective_addr.clone(),
         nccl_unique_id: prepared.nccl_unique_id.clone(),
+        device_error: None,
     };
     let start = rendezvous::rendezvous(&master, me)?;
     Ok(prepared.connect(&start, rank as usize)?)

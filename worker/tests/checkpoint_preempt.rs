@@ -10,7 +10,6 @@ use shardrun_checkpoint::{find_latest, Verify};
 use shardrun_protocol::config::{CheckpointFormat, ShardingStrategy, TrainConfig};
 use shardrun_protocol::messages::{LogLevel, StepMetrics, TrainSummary};
 use shardrun_worker::checkpointing::Checkpointer;
-use shardrun_worker::collectives::{Communicator, SingleProcess};
 use shardrun_worker::fsdp::ProcessGroups;
 use shardrun_worker::report::Reporter;
 use shardrun_worker::train::{CheckpointHook, Trainer};
@@ -51,8 +50,7 @@ fn reporter(preempt_at: u64) -> Arc<PreemptingReporter> {
 }
 
 fn trainer(config: &TrainConfig, reporter: Arc<PreemptingReporter>) -> Trainer {
-    let world: Arc<dyn Communicator> = Arc::new(SingleProcess);
-    let groups = ProcessGroups::for_strategy(world, config.fsdp.strategy, None).unwrap();
+    let groups = ProcessGroups::single_process(config.fsdp.strategy).unwrap();
     Trainer::new(config.clone(), groups, reporter).unwrap()
 }
 

@@ -73,3 +73,42 @@ fn impossible_model_and_batch_settings_are_explained() {
         "{err}"
     );
 }
+
+/// NCCL is found as a launcher starts the worker (the controller's children and srun tasks
+/// get no LD_LIBRARY_PATH from shardrun): with an empty environment, `--check-gpu` loads the
+/// `libnccl.so.2` pip installed beside the libtorch the worker runs with. No GPU is needed to
+/// load it; without one, the device line says why and the status is non-zero.
+#[test]
+fn nccl_loads_with_nothing_in_the_environment() {
+    let out = Command::new(WORKER)
+        .arg("--check-gpu")
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .expect("run worker");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let nccl = text
+        .lines()
+        .find_map(|l| l.strip_prefix("nccl: "))
+        .unwrap_or_else(|| panic!("no nccl line:\n{text}"));
+    assert!(
+        nccl.starts_with("NCCL 2.") && nccl.contains("/nvidia/nccl/lib/libnccl.so.2"),
+        "{nccl}\n(pip's NCCL comes with torch's CUDA wheel: scripts/setup.sh installs it)"
+    );
+    let torch = text
+        .lines()
+        .find_map(|l| l.strip_prefix("libtorch: "))
+        .expect("libtorch line");
+    let site_packages = std::path::Path::new(torch)
+        .ancestors()
+        .nth(2)
+        .expect("torch/lib under site-packages");
+    assert!(
+        nccl.contains(&site_packages.display().to_string()),
+        "NCCL {nccl} is not the one beside libtorch {torch}"
+    );
+    if !tch::Cuda::is_available() {
+        assert_eq!(out.status.code(), Some(1), "{text}");
+        assert!(text.contains("device: node "), "{text}");
+    }
+}

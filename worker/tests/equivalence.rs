@@ -74,7 +74,7 @@ fn other_wrap_policies_and_the_mlp_equal_reference() {
         let (worst, what) = max_relative_difference(&sharded, &reference);
         assert!(worst <= TOLERANCE, "{name}: {what} differs by {worst:e}");
     }
-    // Seed 000's MLP (MSE), 3 ranks, size-based units for its two layers.
+    // The MLP of PyTorch's FSDP tutorial (MSE), 3 ranks, size-based units for its two layers.
     let mlp = shardrun_protocol::config::ModelConfig::Mlp {
         input_dim: 13,
         hidden_dim: 29,
@@ -200,4 +200,39 @@ fn replicas_average_gradients_in_the_reduce_dtype() {
         assert!(worst > 1e-6, "{name}: bf16 reduction changed nothing");
         assert!(worst < 5e-2, "{name}: {what} differs by {worst:e}");
     }
+}
+
+/// Two runs that diverged to NaN or infinity are never "equal": the comparison fails naming
+/// what went non-finite, whichever side it is on.
+#[test]
+fn non_finite_values_fail_the_comparison() {
+    use shardrun_worker::params_file::NamedValues;
+    let run = |loss: f64, value: f32| RunResult {
+        losses: vec![1.0, loss],
+        metrics: Vec::new(),
+        evals: Vec::new(),
+        params: [(
+            "layers.0.w".to_string(),
+            NamedValues {
+                shape: vec![2],
+                values: vec![0.5, value],
+            },
+        )]
+        .into(),
+    };
+    let fails = |a: RunResult, b: RunResult| {
+        std::panic::catch_unwind(|| max_relative_difference(&a, &b))
+            .expect_err("a non-finite value must fail the comparison")
+            .downcast::<String>()
+            .map(|m| *m)
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        max_relative_difference(&run(2.0, 1.0), &run(2.0, 1.0)).0,
+        0.0
+    );
+    assert!(fails(run(f64::NAN, 1.0), run(2.0, 1.0)).contains("loss at step 2"));
+    assert!(fails(run(2.0, 1.0), run(f64::INFINITY, 1.0)).contains("loss at step 2"));
+    assert!(fails(run(2.0, f32::NAN), run(2.0, 1.0)).contains("parameter layers.0.w element 1"));
+    assert!(fails(run(2.0, 1.0), run(2.0, f32::NEG_INFINITY)).contains("parameter layers.0.w"));
 }

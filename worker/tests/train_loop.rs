@@ -7,7 +7,6 @@ mod common;
 use common::*;
 use shardrun_protocol::config::ShardingStrategy;
 use shardrun_protocol::messages::{LogLevel, StepMetrics, TrainSummary};
-use shardrun_worker::collectives::{Communicator, SingleProcess};
 use shardrun_worker::fsdp::ProcessGroups;
 use shardrun_worker::report::Reporter;
 use shardrun_worker::train::{CheckpointHook, SaveReason, Trainer};
@@ -46,12 +45,7 @@ impl CheckpointHook for &Recorder {
 }
 
 fn single() -> ProcessGroups {
-    let one: Arc<dyn Communicator> = Arc::new(SingleProcess);
-    ProcessGroups {
-        world: one.clone(),
-        shard: one.clone(),
-        replicate: one,
-    }
+    ProcessGroups::single_process(ShardingStrategy::FullShard).unwrap()
 }
 
 #[test]

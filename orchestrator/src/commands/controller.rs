@@ -1,7 +1,7 @@
 //! `shardrun controller --run-dir DIR`: the job controller inside a Slurm allocation, started
 //! (with `exec`) by the rendered sbatch script. Launches the ranks with `srun`.
 
-use crate::cli::ExitCode;
+use crate::cli::{AlreadySaid, ExitCode};
 use crate::controller::options::ControllerArgs;
 use crate::controller::{self, LaunchMode};
 use crate::rundir::{RunDir, RunState};
@@ -32,9 +32,24 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         .ok()
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or(1);
+    // The GPUs per node the sbatch script asked for; the step asks for them the same way.
+    let gpus_per_node = match config.device {
+        DeviceKind::Cpu => 0,
+        DeviceKind::Cuda => run
+            .read_resolved()
+            .map(|job| job.slurm.gpus_per_node)
+            .ok()
+            .filter(|&n| n > 0)
+            .or_else(|| {
+                std::env::var("SLURM_GPUS_ON_NODE")
+                    .ok()
+                    .and_then(|n| n.trim().parse().ok())
+            })
+            .unwrap_or(0),
+    };
     let launch = LaunchMode::Slurm {
         nodes,
-        gpus_per_task: config.device == DeviceKind::Cuda,
+        gpus_per_node,
     };
     let opts = args.controller.options(&run, launch, false)?;
     supervise(&run, opts)
@@ -64,6 +79,10 @@ pub fn supervise(run: &RunDir, opts: controller::ControllerOptions) -> anyhow::R
         m.state = state;
         m.error = (report.exit_code != 0).then(|| message.clone());
     });
+    if let controller::Outcome::Cancelled { .. } = report.outcome {
+        // Not an error: the controller's last line said where it stopped and what is left.
+        return Err(AlreadySaid(report.exit_code).into());
+    }
     if report.exit_code != 0 {
         return Err(anyhow::Error::new(ExitCode(report.exit_code)).context(report.message));
     }

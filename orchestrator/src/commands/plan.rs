@@ -1,7 +1,7 @@
 //! `shardrun plan job.yaml`: check a spec and print the resolved plan.
 
 use crate::plan::{self, Overrides, ResolvedJob};
-use crate::spec::{self, LoadedSpec};
+use crate::spec::{self, overrides, LoadedSpec, Override};
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 
@@ -15,14 +15,36 @@ pub struct Args {
     /// Print the resolved job as JSON instead of the human summary.
     #[arg(long)]
     pub json: bool,
+    /// Plan the job even when its peak memory per rank exceeds the GPU's.
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub set: SetArgs,
+}
+
+/// `--set`, shared by `plan`, `render`, `submit` and `run`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct SetArgs {
+    /// Replace a value of the spec: a dotted path as in sweeps and a YAML value
+    /// (`--set training.steps=20000`); repeatable, later ones win. Recorded in the run's
+    /// job.yaml and resolved.json.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+}
+
+impl SetArgs {
+    pub fn parsed(&self) -> Result<Vec<Override>, crate::spec::SpecError> {
+        self.set.iter().map(|arg| overrides::parse(arg)).collect()
+    }
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
     let overrides = Overrides {
         world_size: args.nproc,
-        ..Overrides::default()
+        force: args.force,
+        ..Overrides::submitting()
     };
-    let (_, job) = load_and_resolve(&args.spec, &overrides)?;
+    let (_, job) = load_and_resolve(&args.spec, &overrides, &args.set)?;
     if args.json {
         println!(
             "{}",
@@ -43,12 +65,14 @@ pub fn spec_path(path: &Path) -> PathBuf {
     }
 }
 
-/// Load and resolve in one step; errors already carry file, line, field and fix.
+/// Load, apply `--set` and resolve in one step; errors already carry file (or flag), line,
+/// field and fix. The resolved job records the `--set` arguments.
 pub fn load_and_resolve(
     path: &Path,
     overrides: &Overrides,
+    set: &SetArgs,
 ) -> anyhow::Result<(LoadedSpec, ResolvedJob)> {
-    let loaded = spec::load(&spec_path(path))?;
+    let loaded = spec::load_with(&spec_path(path), &set.parsed()?)?;
     let job = plan::resolve(&loaded, overrides)?;
     Ok((loaded, job))
 }

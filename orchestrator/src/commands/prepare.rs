@@ -2,7 +2,7 @@
 //! node), so the job starts training at once; a later run with the same files and tokenizer
 //! reuses the cache.
 
-use crate::commands::plan::load_and_resolve;
+use crate::commands::plan::{load_and_resolve, SetArgs};
 use crate::plan::Overrides;
 use std::path::PathBuf;
 
@@ -13,10 +13,13 @@ pub struct Args {
     /// Tokenization threads (default: every CPU this process may use).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// The same `--set` overrides the job will be submitted with.
+    #[command(flatten)]
+    pub set: SetArgs,
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
-    let (_, job) = load_and_resolve(&args.spec, &Overrides::default())?;
+    let (_, job) = load_and_resolve(&args.spec, &Overrides::default(), &args.set)?;
     for line in crate::prepare::prepare_data(&job.train, args.threads)? {
         println!("{line}");
     }

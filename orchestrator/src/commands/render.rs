@@ -1,6 +1,6 @@
 //! `shardrun render job.yaml`: print the sbatch script the job would be submitted with.
 
-use crate::commands::plan::load_and_resolve;
+use crate::commands::plan::{load_and_resolve, SetArgs};
 use crate::plan::Overrides;
 use crate::render::{render_sbatch, ScriptTarget};
 use crate::rundir::RunDir;
@@ -11,10 +11,12 @@ use std::path::{Path, PathBuf};
 pub struct Args {
     /// Job spec (YAML), or a run directory (its `job.yaml` is used).
     pub spec: PathBuf,
+    #[command(flatten)]
+    pub set: SetArgs,
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
-    let (_, job) = load_and_resolve(&args.spec, &Overrides::default())?;
+    let (_, job) = load_and_resolve(&args.spec, &Overrides::submitting(), &args.set)?;
     let run_dir = RunDir::planned_path(&job)?;
     let script = render_sbatch(&job, &ScriptTarget::Single { run_dir }, &shardrun_exe()?)?;
     print!("{script}");

@@ -1,19 +1,23 @@
-//! `shardrun run job.yaml [--nproc N] [--run-dir DIR]`: the whole job on this machine, with
-//! N CPU ranks or one rank per local GPU, no Slurm needed.
+//! `shardrun run job.yaml [--nproc N] [--run-dir DIR] [--set key=value]`: the whole job on
+//! this machine, with N CPU ranks or one rank per local GPU, no Slurm needed. Run again on
+//! the same run directory, it continues the run (see [`crate::rerun`]).
 
 use crate::commands::controller::supervise;
-use crate::commands::plan::load_and_resolve;
+use crate::commands::plan::{load_and_resolve, SetArgs};
 use crate::controller::options::ControllerArgs;
 use crate::controller::LaunchMode;
-use crate::plan::Overrides;
+use crate::plan::{Overrides, ResolvedJob};
+use crate::rerun::{self, Prepared};
 use crate::rundir::{NewRun, RunDir};
+use crate::spec::overrides;
 use shardrun_protocol::config::DeviceKind;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Job spec (YAML).
+    /// Job spec (YAML), or a run directory (its `job.yaml` is used, and it is the run
+    /// directory).
     pub spec: PathBuf,
     /// Number of ranks (default: the spec's world size).
     #[arg(long)]
@@ -24,12 +28,16 @@ pub struct Args {
     /// Train on this device kind whatever the spec says.
     #[arg(long, value_enum)]
     pub device: Option<DeviceArg>,
-    /// Replace an existing run directory of the same name.
+    /// Delete the run directory's run (checkpoints, logs, metrics) and start over at step 1,
+    /// and run even when the job's peak memory per rank exceeds the GPU's. Without it, a run
+    /// directory holding an interrupted run resumes it.
     #[arg(long)]
     pub force: bool,
     /// No progress bar, one summary line per step instead (automatic when not a terminal).
     #[arg(long)]
     pub no_progress: bool,
+    #[command(flatten)]
+    pub set: SetArgs,
     #[command(flatten)]
     pub controller: ControllerArgs,
 }
@@ -47,26 +55,38 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             DeviceArg::Cpu => DeviceKind::Cpu,
             DeviceArg::Cuda => DeviceKind::Cuda,
         }),
+        force: args.force,
+        ..Overrides::submitting()
     };
-    let (loaded, job) = load_and_resolve(&args.spec, &overrides)?;
-    for warning in &job.warnings {
-        eprintln!("warning: {warning}");
-    }
+    let (loaded, job) = load_and_resolve(&args.spec, &overrides, &args.set)?;
+    // One GPU per rank, checked before anything is created.
+    let gpus = match job.train.device {
+        DeviceKind::Cuda => {
+            Some(crate::gpus::for_local_run(job.world_size).map_err(anyhow::Error::msg)?)
+        }
+        DeviceKind::Cpu => None,
+    };
     let path = match &args.run_dir {
         Some(dir) => dir.clone(),
-        None => RunDir::planned_path(&job)?,
+        None => run_path(&args.spec, &job)?,
     };
-    let run = RunDir::create(
+    let job_yaml = overrides::recorded_yaml(&loaded);
+    let prepared = rerun::prepare(
         &path,
         NewRun {
             resolved: &job,
-            job_yaml: &loaded.source,
+            job_yaml: &job_yaml,
             sbatch: None,
             sweep_params: &BTreeMap::new(),
             force: args.force,
         },
     )?;
-    let gpus = (job.train.device == DeviceKind::Cuda).then(|| local_gpus(job.world_size));
+    let Some(run) = announce(prepared) else {
+        return Ok(());
+    };
+    for warning in &job.warnings {
+        eprintln!("warning: {warning}");
+    }
     let opts = args
         .controller
         .options(&run, LaunchMode::Local { gpus }, !args.no_progress)?;
@@ -76,14 +96,33 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The GPUs this process may use: `CUDA_VISIBLE_DEVICES` if set, else 0..n.
-fn local_gpus(n: u64) -> Vec<String> {
-    match std::env::var("CUDA_VISIBLE_DEVICES") {
-        Ok(list) if !list.trim().is_empty() => list
-            .split(',')
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect(),
-        _ => (0..n).map(|i| i.to_string()).collect(),
+/// The run directory of a spec: the spec's own folder when given a run directory, else
+/// `<run_root>/<name>`.
+pub fn run_path(spec: &Path, job: &ResolvedJob) -> anyhow::Result<PathBuf> {
+    if spec.is_dir() && RunDir::open(spec).is_ok() {
+        return Ok(std::path::absolute(spec)?);
+    }
+    Ok(RunDir::planned_path(job)?)
+}
+
+/// Says first what a re-run does (resume, start over, nothing); the run to start, if any.
+pub fn announce(prepared: Prepared) -> Option<RunDir> {
+    match prepared {
+        Prepared::New(run) => Some(run),
+        Prepared::Replaced { run, deleted } => {
+            println!("--force: deleted {deleted}; starting over at step 1");
+            Some(run)
+        }
+        Prepared::Resume(resume) => {
+            println!("{}", resume.headline());
+            for line in resume.applied_lines() {
+                println!("{line}");
+            }
+            Some(resume.run)
+        }
+        Prepared::Finished(finished) => {
+            println!("{}", finished.message());
+            None
+        }
     }
 }

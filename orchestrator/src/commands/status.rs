@@ -29,16 +29,6 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     }
     let (statuses, source) =
         slurm::refresh(&runs).context("querying Slurm for the runs' states")?;
-    match source {
-        Some(QuerySource::Squeue) => eprintln!("(states from squeue)"),
-        Some(QuerySource::SqueueSacct) => {
-            eprintln!("(states from squeue, and sacct for ended jobs)")
-        }
-        Some(QuerySource::SqueueScontrol) => eprintln!(
-            "(states from squeue/scontrol: accounting is not enabled, sacct is not available)"
-        ),
-        None => {}
-    }
     if args.json {
         for s in &statuses {
             let line = serde_json::json!({
@@ -48,36 +38,122 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                 "slurm_state": s.slurm.as_ref().map(|r| r.state.to_string()),
                 "detail": s.detail,
                 "run_dir": s.run.path(),
+                "array": s.array,
             });
             println!("{line}");
         }
         return Ok(());
     }
-    let name_width = statuses
+    let cwd = std::env::current_dir().ok();
+    // Sweep points: which of the sweep's job arrays each is in (`<k>/<n>`).
+    let with_arrays = statuses.iter().any(|s| s.array.is_some());
+    let mut header = vec!["RUN", "STATE", "JOB"];
+    if with_arrays {
+        header.push("ARRAY");
+    }
+    header.extend(["RUN DIRECTORY", "DETAIL"]);
+    let rows: Vec<Vec<String>> = statuses
         .iter()
-        .map(|s| s.name.len())
-        .max()
-        .unwrap_or(4)
-        .max(4);
-    println!(
-        "{:<name_width$}  {:<13}  {:<10}  DETAIL / RUN DIRECTORY",
-        "RUN", "STATE", "JOB"
-    );
-    for s in &statuses {
-        let state = serde_json::to_value(s.state)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
-        println!(
-            "{:<name_width$}  {:<13}  {:<10}  {}",
-            s.name,
-            state,
-            s.job_id.as_deref().unwrap_or("-"),
-            s.run.path().display()
-        );
-        if !s.detail.is_empty() {
-            println!("{:<name_width$}  {:<13}  {:<10}  {}", "", "", "", s.detail);
+        .map(|s| {
+            let state = serde_json::to_value(s.state)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            let path = s.run.path();
+            let shown = cwd
+                .as_deref()
+                .and_then(|cwd| path.strip_prefix(cwd).ok())
+                .unwrap_or(path);
+            let mut row = vec![
+                s.name.clone(),
+                state,
+                s.job_id.clone().unwrap_or_else(|| "-".into()),
+            ];
+            if with_arrays {
+                row.push(
+                    s.array
+                        .as_ref()
+                        .map(|a| format!("{}/{}", a.index, a.count))
+                        .unwrap_or_else(|| "-".into()),
+                );
+            }
+            row.extend([shown.display().to_string(), s.detail.clone()]);
+            row
+        })
+        .collect();
+    print!("{}", table(&header, &rows));
+    let note = match source {
+        Some(QuerySource::Squeue) => Some("states from squeue"),
+        Some(QuerySource::SqueueSacct) => Some("states from squeue, and sacct for ended jobs"),
+        Some(QuerySource::SqueueScontrol) => {
+            Some("states from squeue/scontrol: accounting is not enabled, sacct is not available")
         }
+        None => None,
+    };
+    if let Some(note) = note {
+        println!("({note})");
     }
     Ok(())
+}
+
+/// Columns padded to their widest cell (counted in characters), two spaces apart; the last
+/// column is not padded.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    let mut out = String::new();
+    for row in std::iter::once(&header).chain(rows) {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            line.push_str(cell);
+            if i + 1 < row.len() {
+                line.push_str(&" ".repeat(widths[i] - cell.chars().count() + 2));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_line_up_whatever_the_cell_lengths() {
+        let header = ["RUN", "STATE", "JOB", "RUN DIRECTORY", "DETAIL"];
+        let row = |cells: [&str; 5]| cells.iter().map(|c| c.to_string()).collect::<Vec<_>>();
+        let rows = [
+            row(["demo", "COMPLETED", "-", "runs/demo", "training finished"]),
+            row([
+                "a-much-longer-name",
+                "RUNNING",
+                "12345",
+                "runs/a-much-longer-name",
+                "",
+            ]),
+        ];
+        let text = table(&header, &rows);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3);
+        // Every column starts at the same character in every line.
+        for (column, word) in header.iter().enumerate().skip(1) {
+            let at = lines[0].find(word).unwrap();
+            for (line, row) in lines[1..].iter().zip(&rows) {
+                if !row[column].is_empty() {
+                    assert_eq!(line.find(row[column].as_str()), Some(at), "{text}");
+                }
+            }
+        }
+        assert!(
+            lines[1].ends_with("runs/demo                training finished"),
+            "{text}"
+        );
+    }
 }

@@ -1,30 +1,44 @@
-//! `shardrun submit job.yaml`: validate, write the run directory, `sbatch --parsable`.
+//! `shardrun submit job.yaml [--set key=value]`: validate, write the run directory,
+//! `sbatch --parsable`. Submitted again on the same run directory, it continues the run
+//! (see [`crate::rerun`]): the new job resumes from the run's newest checkpoint.
 
-use crate::commands::plan::load_and_resolve;
+use crate::commands::plan::{load_and_resolve, SetArgs};
 use crate::commands::render::shardrun_exe;
+use crate::commands::run::{announce, run_path};
 use crate::plan::Overrides;
 use crate::render::{render_sbatch, ScriptTarget};
-use crate::rundir::{NewRun, RunDir, RunDirError, RunState};
+use crate::rerun;
+use crate::rundir::{NewRun, RunState};
 use crate::slurm;
+use crate::spec::overrides;
 use anyhow::Context;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Job spec (YAML), or an existing run directory to submit again (with --force).
+    /// Job spec (YAML), or a run directory (its `job.yaml` is used, and it is the run
+    /// directory).
     pub spec: PathBuf,
-    /// Replace an existing run directory of the same name.
+    /// Delete the run directory's run (checkpoints, logs, metrics) and start over at step 1,
+    /// and submit even when the job's peak memory per rank exceeds the GPU's. Without it, a
+    /// run directory holding an interrupted run resumes it.
     #[arg(long)]
     pub force: bool,
     /// Print the sbatch script and the plan; write and submit nothing.
     #[arg(long)]
     pub dry_run: bool,
+    #[command(flatten)]
+    pub set: SetArgs,
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
-    let (loaded, job) = load_and_resolve(&args.spec, &Overrides::default())?;
-    let path = RunDir::planned_path(&job)?;
+    let overrides = Overrides {
+        force: args.force,
+        ..Overrides::submitting()
+    };
+    let (loaded, job) = load_and_resolve(&args.spec, &overrides, &args.set)?;
+    let path = run_path(&args.spec, &job)?;
     let script = render_sbatch(
         &job,
         &ScriptTarget::Single {
@@ -41,22 +55,32 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    for warning in &job.warnings {
-        eprintln!("warning: {warning}");
-    }
-    if path.exists() && !args.force {
-        return Err(RunDirError::Exists(path).into());
-    }
-    let run = RunDir::create(
+    let job_yaml = overrides::recorded_yaml(&loaded);
+    let prepared = rerun::prepare(
         &path,
         NewRun {
             resolved: &job,
-            job_yaml: &loaded.source,
+            job_yaml: &job_yaml,
             sbatch: Some(&script),
             sweep_params: &BTreeMap::new(),
             force: args.force,
         },
     )?;
+    let Some(run) = announce(prepared) else {
+        return Ok(());
+    };
+    for warning in &job.warnings {
+        eprintln!("warning: {warning}");
+    }
+    // A new job: its requeues are counted afresh, and the old verdict no longer holds.
+    for stale in [run.requeue_count(), run.result()] {
+        match std::fs::remove_file(&stale) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("cannot remove {}", stale.display()))
+            }
+            _ => {}
+        }
+    }
     let recorded = slurm::submit_recorded(&run.sbatch(), |job_id| {
         run.update_manifest(|m| {
             m.state = RunState::Submitted;
@@ -84,7 +108,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             })
             .context("also failed to mark the run directory as SUBMIT_FAILED")?;
             Err(anyhow::Error::new(err).context(format!(
-                "sbatch did not accept the job; {} is kept and marked SUBMIT_FAILED. Fix the cause, then run `shardrun submit {} --force`",
+                "sbatch did not accept the job; {} is kept and marked SUBMIT_FAILED. Fix the cause, then run `shardrun submit {}` again",
                 run.path().display(),
                 args.spec.display()
             )))

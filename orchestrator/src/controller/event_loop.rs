@@ -8,6 +8,7 @@ use super::outcome::Outcome;
 use super::server::{self, ServerEvent, ServerOptions};
 use super::writer::{self, Echo, Record, WriterFiles};
 use super::{clock, priority, secret, ControllerError};
+use crate::rundir::RunLock;
 use serde::Serialize;
 use shardrun_protocol::messages::ToWorker;
 use shardrun_protocol::{env, TrainConfig};
@@ -40,8 +41,13 @@ pub struct Timeouts {
     pub rendezvous: Duration,
     /// A registered rank silent for this long is considered hung.
     pub heartbeat: Duration,
-    /// After Shutdown, ranks get this long to exit before SIGTERM.
+    /// A rank heartbeating at the same step for this long is not making progress.
+    pub progress: Option<Duration>,
+    /// After Shutdown for a failure, ranks get this long to exit before SIGTERM.
     pub shutdown_grace: Duration,
+    /// After Shutdown for a cancel, ranks get this long to reach their next step boundary
+    /// and exit before SIGTERM.
+    pub step_boundary: Duration,
     /// After SIGTERM, this long before SIGKILL.
     pub kill_grace: Duration,
     /// After the last process exited, how long open connections may still deliver data.
@@ -53,7 +59,9 @@ impl Default for Timeouts {
         Timeouts {
             rendezvous: Duration::from_secs(300),
             heartbeat: Duration::from_secs(60),
+            progress: Some(Duration::from_secs(1800)),
             shutdown_grace: Duration::from_secs(2),
+            step_boundary: Duration::from_secs(60),
             kill_grace: Duration::from_secs(3),
             // Only spent when a dead process's connection still has queued data to read.
             drain: Duration::from_secs(5),
@@ -72,6 +80,8 @@ pub struct ControllerOptions {
     pub progress_bar: bool,
     /// Requeues allowed after preemption (Slurm only).
     pub max_requeues: u32,
+    /// Variables set for every rank (`resources.env`, and `NCCL_*` of the submitting shell).
+    pub rank_env: Vec<(String, String)>,
 }
 
 /// What the command needs to report and exit with.
@@ -89,6 +99,11 @@ struct ResultFile<'a> {
     #[serde(flatten)]
     outcome: &'a Outcome,
     exit_code: i32,
+    /// How the run ended, in a few words (`"was cancelled by SIGINT after step 150"`); a
+    /// re-run quotes it.
+    ended: &'a str,
+    /// The newest checkpoint the run left.
+    checkpoint: Option<CheckpointLeft>,
     message: &'a str,
     /// Last lines of the failed rank, when one failed.
     last_lines: &'a [String],
@@ -128,6 +143,8 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
         })?;
     let world_size = config.batch.world_size;
     let config_hash = config.config_hash();
+    // One controller per run directory; held until this function returns.
+    let lock = RunLock::acquire(&paths.run_dir)?;
     // A requeued job starts again in the same directory: the old verdict no longer holds.
     match std::fs::remove_file(&paths.result) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -191,6 +208,7 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
         secret: secret.clone(),
         handshake_timeout: shardrun_protocol::connection::HANDSHAKE_TIMEOUT,
         heartbeat_timeout: opts.timeouts.heartbeat,
+        progress_timeout: opts.timeouts.progress,
     };
     let server = tokio::spawn(server::serve(
         listener,
@@ -200,18 +218,31 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
     ));
     spawn_signal_forwarders(events_tx.clone())?;
 
+    if !opts.rank_env.is_empty() {
+        let names: Vec<String> = opts
+            .rank_env
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        say(format!("environment of every rank: {}", names.join(" "))).await;
+    }
     let spec = LaunchSpec {
         worker_bin: opts.worker_bin.clone(),
         world_size,
-        env: vec![
-            (env::CONTROLLER_ADDR.into(), addr.clone()),
-            (env::SECRET_FILE.into(), paths.secret.display().to_string()),
-            (
-                env::CONFIG_FILE.into(),
-                paths.train_config.display().to_string(),
-            ),
-            (env::RUN_DIR.into(), paths.run_dir.display().to_string()),
-        ],
+        env: opts
+            .rank_env
+            .iter()
+            .cloned()
+            .chain([
+                (env::CONTROLLER_ADDR.into(), addr.clone()),
+                (env::SECRET_FILE.into(), paths.secret.display().to_string()),
+                (
+                    env::CONFIG_FILE.into(),
+                    paths.train_config.display().to_string(),
+                ),
+                (env::RUN_DIR.into(), paths.run_dir.display().to_string()),
+            ])
+            .collect(),
         mode: opts.launch.clone(),
     };
     let (exit_tx, mut exits) = mpsc::unbounded_channel();
@@ -258,12 +289,17 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
                     let _ = events_tx.send(ServerEvent::Job(Event::Escalated));
                     signal_all(libc::SIGKILL)
                 }
-                Action::StopProcesses { force: false } => {
+                Action::StopProcesses { force: false } | Action::StopAtStepBoundary => {
                     let signal_all = signal_all.clone();
                     let t = opts.timeouts.clone();
+                    let grace = if matches!(action, Action::StopAtStepBoundary) {
+                        t.step_boundary
+                    } else {
+                        t.shutdown_grace
+                    };
                     let events_tx = events_tx.clone();
                     tokio::spawn(async move {
-                        tokio::time::sleep(t.shutdown_grace).await;
+                        tokio::time::sleep(grace).await;
                         let _ = events_tx.send(ServerEvent::Job(Event::Escalated));
                         signal_all(libc::SIGTERM);
                         tokio::time::sleep(t.kill_grace).await;
@@ -315,11 +351,27 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
     signal_all(libc::SIGKILL); // nothing should be left; make sure of it
 
     let mut last_lines = Vec::new();
+    let checkpoint = config
+        .checkpoint
+        .root(Some(&paths.run_dir))
+        .and_then(|root| newest_checkpoint(&root));
+    let how_it_ended = ended_in_words(&outcome, checkpoint.as_ref());
     let mut message = match &outcome {
         Outcome::Succeeded => "training finished".to_string(),
         Outcome::Failed(f) => f.describe(),
-        Outcome::Cancelled { signal } => format!("cancelled by {signal}; the workers were stopped"),
-        Outcome::Preempted => "preempted: the workers checkpointed and stopped".to_string(),
+        Outcome::Cancelled { .. } | Outcome::Preempted => {
+            let resumes = config.checkpoint.resume;
+            let left = match (&checkpoint, resumes) {
+                (_, false) => "; it does not resume (`checkpoint.resume: false`)".to_string(),
+                (Some(c), true) => format!(
+                    "; its newest checkpoint is step {} ({})",
+                    c.step,
+                    c.path.display()
+                ),
+                (None, true) => "; it has no checkpoint yet".to_string(),
+            };
+            format!("the run {how_it_ended}{left}")
+        }
     };
     if let Outcome::Failed(f) = &outcome {
         if let Some(rank) = f.rank {
@@ -356,7 +408,8 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
                     write_atomic(&paths.requeue_count, format!("{}\n", done + 1).as_bytes())
                         .map_err(file_err("write", &paths.requeue_count))?;
                     message = format!(
-                        "{message}; requeueing Slurm job {job_id} ({} of {} requeues)",
+                        "{message}; requeueing Slurm job {job_id} ({} of {} requeues), which \
+                         resumes from it",
                         done + 1,
                         opts.max_requeues
                     );
@@ -370,8 +423,11 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
                     );
                 }
             }
-            Err(_) => message = format!("{message}; run the same command again to resume"),
+            Err(_) => message = format!("{message}; {}", how_to_resume(&opts.launch)),
         }
+    }
+    if matches!(outcome, Outcome::Cancelled { .. }) && config.checkpoint.resume {
+        message = format!("{message}; {}", how_to_resume(&opts.launch));
     }
     say(message.clone()).await;
 
@@ -379,6 +435,8 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
     let result = ResultFile {
         outcome: &outcome,
         exit_code,
+        ended: &how_it_ended,
+        checkpoint: checkpoint.clone(),
         message: &message,
         last_lines: &last_lines,
         requeued: requeue.is_some(),
@@ -396,6 +454,8 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
     }
     let _ = records.send(Record::Stop).await;
     let _ = tokio::task::spawn_blocking(move || writer.join()).await;
+    // The requeued job's controller takes the run directory over.
+    drop(lock);
 
     if let Some(job_id) = requeue {
         // Requeueing kills this batch script; everything is on disk by now.
@@ -419,6 +479,47 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
         exit_code,
         message,
     })
+}
+
+/// The newest checkpoint a run left, as `result.json` records it.
+#[derive(Debug, Clone, Serialize)]
+struct CheckpointLeft {
+    step: u64,
+    path: PathBuf,
+}
+
+/// Checked by its seal and sizes only: the controller does not read the whole checkpoint.
+fn newest_checkpoint(root: &Path) -> Option<CheckpointLeft> {
+    let found = shardrun_checkpoint::find_latest(root, shardrun_checkpoint::Verify::Structure)
+        .ok()?
+        .checkpoint?;
+    Some(CheckpointLeft {
+        step: found.step(),
+        path: found.dir().to_path_buf(),
+    })
+}
+
+/// How the run ended, in a few words that follow "the run" / "it".
+fn ended_in_words(outcome: &Outcome, checkpoint: Option<&CheckpointLeft>) -> String {
+    match outcome {
+        Outcome::Succeeded => "finished".into(),
+        Outcome::Failed(f) => format!("failed: {}", f.describe()),
+        Outcome::Cancelled { by, step } => match step {
+            Some(step) => format!("was cancelled by {by} after step {step}"),
+            None => format!("was cancelled by {by}"),
+        },
+        Outcome::Preempted => match checkpoint {
+            Some(c) => format!("was preempted after step {}", c.step),
+            None => "was preempted".into(),
+        },
+    }
+}
+
+fn how_to_resume(launch: &LaunchMode) -> &'static str {
+    match launch {
+        LaunchMode::Local { .. } => "run the same command again to resume",
+        LaunchMode::Slurm { .. } => "submit the same spec again (`shardrun submit`) to resume",
+    }
 }
 
 /// Turns SIGTERM / SIGINT into cancellation and SIGUSR2 into preemption. tokio's handlers

@@ -26,6 +26,12 @@ pub enum Event {
         conn: ConnId,
         preempted: bool,
     },
+    /// The rank stopped at a step boundary on request, after optimizer step `step`.
+    Stopped {
+        conn: ConnId,
+        step: u64,
+        reason: String,
+    },
     WorkerFailed {
         conn: ConnId,
         error: String,
@@ -38,6 +44,18 @@ pub enum Event {
     /// Nothing arrived on the connection for the heartbeat timeout.
     HeartbeatLost {
         conn: ConnId,
+    },
+    /// The rank's heartbeats say it completed `step` optimizer steps.
+    Progress {
+        conn: ConnId,
+        step: u64,
+    },
+    /// The rank heartbeats but has stayed at `step` for `secs` seconds (past the progress
+    /// timeout).
+    Stalled {
+        conn: ConnId,
+        step: u64,
+        secs: u64,
     },
     ProcessExited {
         proc: ProcId,
@@ -73,6 +91,9 @@ pub enum Action {
     StopProcesses {
         force: bool,
     },
+    /// The ranks were asked to stop at their next step boundary (a cancel): give them the
+    /// step-boundary timeout, then stop the processes that are left as above.
+    StopAtStepBoundary,
     /// All processes exited but some connections are still open: wait a little for their
     /// last bytes, then send [`Event::DrainTimeout`].
     StartDrainTimer,
@@ -88,12 +109,43 @@ pub enum Phase {
     Done,
 }
 
+/// How a rank said it ended (its last message).
+#[derive(Debug, Clone, PartialEq)]
+enum RankEnd {
+    Finished { preempted: bool },
+    Stopped { step: u64, reason: String },
+    Failed,
+}
+
 #[derive(Debug, Clone)]
 struct RankState {
     registration: Registration,
     conn: ConnId,
     connected: bool,
-    finished: Option<bool>,
+    /// Optimizer steps completed, as its heartbeats last said.
+    step: u64,
+    end: Option<RankEnd>,
+}
+
+impl RankState {
+    /// Ended by its own account: finished, preempted or stopped on request.
+    fn ended_well(&self) -> bool {
+        matches!(
+            self.end,
+            Some(RankEnd::Finished { .. } | RankEnd::Stopped { .. })
+        )
+    }
+
+    /// Whether its process ending with `exit` is what its last message announced.
+    fn exit_expected(&self, exit: &ExitInfo) -> bool {
+        match self.end {
+            Some(RankEnd::Finished { .. }) => exit.success(),
+            // A stopped rank exits non-zero on purpose, and srun may kill it once another
+            // stopped rank exited (--kill-on-bad-exit): it had already stopped.
+            Some(RankEnd::Stopped { .. }) => true,
+            _ => false,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -161,13 +213,13 @@ impl JobState {
                 self.on_register(conn, registration, &mut out)
             }
             Event::Finished { conn, preempted } => {
-                if let Some(rank) = self.conn_rank.get(&conn).copied() {
-                    if let Some(r) = self.ranks.get_mut(&rank) {
-                        r.finished = Some(preempted);
-                    }
-                }
+                self.set_end(conn, RankEnd::Finished { preempted });
+            }
+            Event::Stopped { conn, step, reason } => {
+                self.set_end(conn, RankEnd::Stopped { step, reason });
             }
             Event::WorkerFailed { conn, error } => {
+                self.set_end(conn, RankEnd::Failed);
                 if let Some(rank) = self.conn_rank.get(&conn).copied() {
                     self.fail(
                         self.failure_of(rank, FailureCause::Reported { error }),
@@ -183,7 +235,7 @@ impl JobState {
                     return out;
                 };
                 r.connected = false;
-                if r.finished.is_none() && !matches!(self.phase, Phase::Stopping) {
+                if r.end.is_none() && !matches!(self.phase, Phase::Stopping) {
                     let exit = self.exits.get(&rank).cloned();
                     let mut failure = match (&exit, error) {
                         (Some(e), None) if e.success() => {
@@ -201,8 +253,28 @@ impl JobState {
             }
             Event::HeartbeatLost { conn } => {
                 if let Some(rank) = self.conn_rank.get(&conn).copied() {
-                    if self.ranks.get(&rank).is_some_and(|r| r.finished.is_none()) {
+                    if self.ranks.get(&rank).is_some_and(|r| r.end.is_none()) {
                         self.fail(self.failure_of(rank, FailureCause::HeartbeatLost), &mut out);
+                    }
+                }
+            }
+            Event::Progress { conn, step } => {
+                if let Some(r) = self
+                    .conn_rank
+                    .get(&conn)
+                    .and_then(|rank| self.ranks.get_mut(rank))
+                {
+                    r.step = step;
+                }
+            }
+            Event::Stalled { conn, step, secs } => {
+                if let Some(rank) = self.conn_rank.get(&conn).copied() {
+                    if self.ranks.get(&rank).is_some_and(|r| r.end.is_none()) {
+                        let others = self.steps_of_others(rank);
+                        self.fail(
+                            self.failure_of(rank, FailureCause::Stalled { step, secs, others }),
+                            &mut out,
+                        );
                     }
                 }
             }
@@ -231,13 +303,28 @@ impl JobState {
                     out.push(Action::StopProcesses { force: true });
                 } else {
                     out.push(Action::Say(format!(
-                        "received {signal}: shutting the workers down (send it again to kill them)"
+                        "received {signal}: the ranks stop at their next step boundary (send it \
+                         again to kill them now)"
                     )));
                     self.cancelled.get_or_insert(signal.clone());
                     self.stop(&format!("the job was cancelled ({signal})"), &mut out);
                 }
             }
-            Event::Escalated => self.escalated = true,
+            Event::Escalated => {
+                self.escalated = true;
+                // One line for each rank that is killed rather than stopped, saying so.
+                for r in self
+                    .ranks
+                    .values()
+                    .filter(|r| r.connected && r.end.is_none())
+                {
+                    let reg = &r.registration;
+                    out.push(Action::Say(format!(
+                        "rank {} on {} (pid {}) did not stop in time: killing it",
+                        reg.rank, reg.host, reg.pid
+                    )));
+                }
+            }
             Event::Preempt => {
                 if !self.preempting && self.failure.is_none() && self.cancelled.is_none() {
                     self.preempting = true;
@@ -261,12 +348,31 @@ impl JobState {
     }
 
     fn on_register(&mut self, conn: ConnId, reg: Registration, out: &mut Vec<Action>) {
+        if self.phase == Phase::Stopping {
+            // The job is failing already (often: every rank of a node has the same problem).
+            out.push(Action::Close { conn });
+            return;
+        }
         if self.phase != Phase::Rendezvous {
             out.push(Action::Say(format!(
                 "rank {} ({}, pid {}) registered after the rendezvous closed; ignoring it",
                 reg.rank, reg.host, reg.pid
             )));
             out.push(Action::Close { conn });
+            return;
+        }
+        if let Some(problem) = &reg.device_error {
+            out.push(Action::Close { conn });
+            let failure = Failure {
+                rank: Some(reg.rank),
+                host: Some(reg.host.clone()),
+                pid: Some(reg.pid),
+                cause: FailureCause::Device {
+                    problem: problem.clone(),
+                },
+                exit: None,
+            };
+            self.fail(failure, out);
             return;
         }
         let problem = if reg.world_size != self.world_size {
@@ -313,7 +419,8 @@ impl JobState {
                 registration: reg,
                 conn,
                 connected: true,
-                finished: None,
+                end: None,
+                step: 0,
             },
         );
         if self.ranks.len() as u64 == self.world_size {
@@ -385,26 +492,31 @@ impl JobState {
             self.maybe_blame_killed_rank(rank, &exit, out);
             return;
         }
-        let finished_cleanly = match rank {
-            Some(rank) => self.ranks.get(&rank).is_some_and(|r| r.finished.is_some()),
+        let as_announced = match rank {
+            Some(rank) => self
+                .ranks
+                .get(&rank)
+                .is_some_and(|r| r.exit_expected(&exit)),
             None => {
                 self.ranks.len() as u64 == self.world_size
-                    && self.ranks.values().all(|r| r.finished.is_some())
+                    && self.ranks.values().all(|r| r.ended_well())
+                    && (exit.success()
+                        || self
+                            .ranks
+                            .values()
+                            .any(|r| matches!(r.end, Some(RankEnd::Stopped { .. }))))
             }
         };
-        if exit.success() && finished_cleanly {
+        if as_announced {
             return;
         }
-        // A clean exit can overtake the last messages still queued in the socket: the
-        // rank's (or, under srun, any rank's) connection closing decides instead.
+        // A clean exit (or a stop's) can overtake the last messages still queued in the
+        // socket: the rank's (or, under srun, any rank's) connection closing decides instead.
         let still_reading = match rank {
             Some(rank) => self.ranks.get(&rank).is_some_and(|r| r.connected),
-            None => self
-                .ranks
-                .values()
-                .any(|r| r.connected && r.finished.is_none()),
+            None => self.ranks.values().any(|r| r.connected && r.end.is_none()),
         };
-        if exit.success() && still_reading {
+        if (exit.success() || exit.is_stop_status()) && still_reading {
             return;
         }
         let cause = if exit.success() {
@@ -422,7 +534,7 @@ impl JobState {
             if let Some(r) = self
                 .ranks
                 .values()
-                .find(|r| r.finished.is_none() && !r.connected)
+                .find(|r| r.end.is_none() && !r.connected)
             {
                 failure.rank = Some(r.registration.rank);
                 failure.host = Some(r.registration.host.clone());
@@ -460,6 +572,29 @@ impl JobState {
         self.failure = Some(cause);
     }
 
+    /// "ranks 0-2 at step 12, rank 3 at step 11": where the ranks other than `rank` are.
+    fn steps_of_others(&self, rank: u64) -> String {
+        let mut by_step: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for (r, state) in &self.ranks {
+            if *r != rank {
+                by_step.entry(state.step).or_default().push(*r);
+            }
+        }
+        by_step
+            .iter()
+            .map(|(step, ranks)| {
+                let list = ranks
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let noun = if ranks.len() == 1 { "rank" } else { "ranks" };
+                format!("{noun} {list} at step {step}")
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
     fn failure_of(&self, rank: u64, cause: FailureCause) -> Failure {
         let reg = self.ranks.get(&rank).map(|r| &r.registration);
         Failure {
@@ -489,11 +624,12 @@ impl JobState {
             return;
         }
         self.stop_requested = true;
+        let was_running = self.phase == Phase::Running;
         self.phase = Phase::Stopping;
         for r in self
             .ranks
             .values()
-            .filter(|r| r.connected && r.finished.is_none())
+            .filter(|r| r.connected && r.end.is_none())
         {
             out.push(Action::Send {
                 conn: r.conn,
@@ -502,7 +638,21 @@ impl JobState {
                 },
             });
         }
-        out.push(Action::StopProcesses { force: false });
+        // After a failure the others are likely blocked in a collective with the dead rank:
+        // they get the short grace. A cancelled job's ranks can finish their step.
+        out.push(if self.failure.is_none() && was_running {
+            Action::StopAtStepBoundary
+        } else {
+            Action::StopProcesses { force: false }
+        });
+    }
+
+    fn set_end(&mut self, conn: ConnId, end: RankEnd) {
+        if let Some(rank) = self.conn_rank.get(&conn).copied() {
+            if let Some(r) = self.ranks.get_mut(&rank) {
+                r.end.get_or_insert(end);
+            }
+        }
     }
 
     fn check_done(&mut self, out: &mut Vec<Action>) {
@@ -518,15 +668,42 @@ impl JobState {
 
     fn finish(&mut self, out: &mut Vec<Action>) {
         self.phase = Phase::Done;
-        let all_finished = self.ranks.len() as u64 == self.world_size
-            && self.ranks.values().all(|r| r.finished.is_some());
+        let all_ended = self.ranks.len() as u64 == self.world_size
+            && self.ranks.values().all(|r| r.ended_well());
+        // The ranks agree on the step to stop after; the first one that names its own
+        // cause (not "another rank was asked") says who asked.
+        let stopped: Vec<(u64, u64, &str)> = self
+            .ranks
+            .values()
+            .filter_map(|r| match &r.end {
+                Some(RankEnd::Stopped { step, reason }) => {
+                    Some((r.registration.rank, *step, reason.as_str()))
+                }
+                _ => None,
+            })
+            .collect();
+        let step = stopped.iter().map(|(_, step, _)| *step).min();
+        // A cancel that came during the last step finds the ranks finished: the run is.
+        let completed = all_ended && stopped.is_empty();
         let outcome = if let Some(f) = self.failure.take() {
             Outcome::Failed(f)
-        } else if let Some(signal) = self.cancelled.take() {
-            Outcome::Cancelled { signal }
-        } else if all_finished && self.ranks.values().any(|r| r.finished == Some(true)) {
+        } else if let Some(by) = self.cancelled.take().filter(|_| !completed) {
+            Outcome::Cancelled { by, step }
+        } else if all_ended && !stopped.is_empty() {
+            let by = stopped
+                .iter()
+                .find(|(_, _, reason)| !reason.starts_with("another rank"))
+                .map(|(rank, _, reason)| format!("{reason} to rank {rank}"))
+                .unwrap_or_else(|| "a request to the ranks".to_string());
+            Outcome::Cancelled { by, step }
+        } else if all_ended
+            && self
+                .ranks
+                .values()
+                .any(|r| r.end == Some(RankEnd::Finished { preempted: true }))
+        {
             Outcome::Preempted
-        } else if all_finished {
+        } else if all_ended {
             Outcome::Succeeded
         } else {
             Outcome::Failed(Failure::job(FailureCause::ExitedWithoutFinishing))
@@ -550,6 +727,7 @@ mod tests {
             config_hash: "abc".into(),
             collective_addr: Some(format!("node{rank}:9{rank}")),
             nccl_unique_id: None,
+            device_error: None,
         }
     }
 
@@ -718,7 +896,7 @@ mod tests {
         let mut s = running();
         let actions = s.handle(Event::ProcessExited {
             proc: 0,
-            exit: ExitInfo::Code(3),
+            exit: ExitInfo::Code(1),
         });
         assert!(actions.contains(&Action::StopProcesses { force: false }));
         s.handle(Event::Disconnected {
@@ -734,7 +912,7 @@ mod tests {
             error: None,
         });
         let f = failure(&actions).unwrap();
-        assert_eq!((f.rank, f.exit), (Some(0), Some(ExitInfo::Code(3))));
+        assert_eq!((f.rank, f.exit), (Some(0), Some(ExitInfo::Code(1))));
     }
 
     #[test]
@@ -891,8 +1069,135 @@ mod tests {
         assert_eq!(
             actions,
             vec![Action::Finish(Outcome::Cancelled {
-                signal: "SIGINT".into()
+                by: "SIGINT".into(),
+                step: None
             })]
+        );
+    }
+
+    #[test]
+    fn a_cancel_lets_the_ranks_stop_at_a_step_boundary() {
+        let mut s = running();
+        let actions = s.handle(Event::Cancel {
+            signal: "SIGTERM".into(),
+        });
+        assert!(actions.contains(&Action::StopAtStepBoundary), "{actions:?}");
+        // Each rank stops after the agreed step, exits with a stop status, possibly before
+        // its message is read.
+        for (conn, proc) in [(10, 0), (11, 1)] {
+            assert!(s
+                .handle(Event::ProcessExited {
+                    proc,
+                    exit: ExitInfo::Code(3),
+                })
+                .iter()
+                .all(|a| !matches!(a, Action::Say(_))));
+            s.handle(Event::Stopped {
+                conn,
+                step: 150,
+                reason: "the job was cancelled (SIGTERM)".into(),
+            });
+        }
+        s.handle(Event::Disconnected {
+            conn: 10,
+            error: None,
+        });
+        let actions = s.handle(Event::Disconnected {
+            conn: 11,
+            error: None,
+        });
+        let outcome = Outcome::Cancelled {
+            by: "SIGTERM".into(),
+            step: Some(150),
+        };
+        assert_eq!(outcome.exit_code(), 143);
+        assert_eq!(actions, vec![Action::Finish(outcome)]);
+    }
+
+    #[test]
+    fn a_cancel_during_the_last_step_finds_the_run_finished() {
+        let mut s = running();
+        s.handle(Event::Cancel {
+            signal: "SIGINT".into(),
+        });
+        for (conn, proc) in [(10, 0), (11, 1)] {
+            s.handle(Event::Finished {
+                conn,
+                preempted: false,
+            });
+            s.handle(Event::Disconnected { conn, error: None });
+            let actions = s.handle(Event::ProcessExited {
+                proc,
+                exit: ExitInfo::Code(0),
+            });
+            if proc == 1 {
+                assert_eq!(actions, vec![Action::Finish(Outcome::Succeeded)]);
+            }
+        }
+    }
+
+    #[test]
+    fn ranks_stopped_by_their_own_signal_end_the_job_cancelled_not_failed() {
+        let mut s = running();
+        s.handle(Event::Stopped {
+            conn: 11,
+            step: 7,
+            reason: "SIGTERM".into(),
+        });
+        s.handle(Event::Stopped {
+            conn: 10,
+            step: 7,
+            reason: "another rank was asked to stop".into(),
+        });
+        assert!(s
+            .handle(Event::ProcessExited {
+                proc: 1,
+                exit: ExitInfo::Code(143),
+            })
+            .is_empty());
+        s.handle(Event::ProcessExited {
+            proc: 0,
+            exit: ExitInfo::Code(3),
+        });
+        s.handle(Event::Disconnected {
+            conn: 10,
+            error: None,
+        });
+        let actions = s.handle(Event::Disconnected {
+            conn: 11,
+            error: None,
+        });
+        assert_eq!(
+            actions,
+            vec![Action::Finish(Outcome::Cancelled {
+                by: "SIGTERM to rank 1".into(),
+                step: Some(7)
+            })]
+        );
+    }
+
+    #[test]
+    fn ranks_that_do_not_stop_in_time_are_named_when_killed() {
+        let mut s = running();
+        s.handle(Event::Cancel {
+            signal: "SIGINT".into(),
+        });
+        s.handle(Event::Stopped {
+            conn: 10,
+            step: 3,
+            reason: "the job was cancelled (SIGINT)".into(),
+        });
+        let said: Vec<String> = s
+            .handle(Event::Escalated)
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::Say(t) => Some(t),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            said,
+            vec!["rank 1 on node1 (pid 101) did not stop in time: killing it".to_string()]
         );
     }
 
@@ -1017,5 +1322,92 @@ mod tests {
         assert!(actions
             .iter()
             .any(|a| matches!(a, Action::Say(t) if t.contains("out of memory"))));
+    }
+
+    #[test]
+    fn a_node_without_a_usable_gpu_fails_the_job_once_before_it_starts() {
+        let mut s = JobState::new(2, "abc");
+        s.handle(Event::Launched {
+            procs: vec![(0, Some(0)), (1, Some(1))],
+        });
+        let problem = "node node0: `device: cuda`, but no NVIDIA driver is loaded on this node";
+        let bad = |rank| Registration {
+            device_error: Some(problem.into()),
+            ..reg(rank)
+        };
+        let first = s.handle(Event::Registered {
+            conn: 10,
+            registration: bad(0),
+        });
+        let says: Vec<&String> = first
+            .iter()
+            .filter_map(|a| match a {
+                Action::Say(t) => Some(t),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(says.len(), 1, "{first:?}");
+        assert!(
+            says[0].contains("rank 0 on node0") && says[0].contains("cannot use its device"),
+            "{}",
+            says[0]
+        );
+        assert!(says[0].contains(problem));
+        assert!(!first.iter().any(|a| matches!(
+            a,
+            Action::Send {
+                msg: ToWorker::Start(_),
+                ..
+            }
+        )));
+        // The other rank of the node has the same problem: closed, nothing said again.
+        let second = s.handle(Event::Registered {
+            conn: 11,
+            registration: bad(1),
+        });
+        assert_eq!(second, vec![Action::Close { conn: 11 }]);
+        s.handle(Event::ProcessExited {
+            proc: 0,
+            exit: ExitInfo::Code(1),
+        });
+        let end = s.handle(Event::ProcessExited {
+            proc: 1,
+            exit: ExitInfo::Code(1),
+        });
+        let f = failure(&end).expect("the job failed");
+        assert_eq!(f.rank, Some(0));
+        assert!(matches!(f.cause, FailureCause::Device { .. }));
+    }
+
+    #[test]
+    fn a_rank_that_stops_making_progress_is_named_with_where_the_others_are() {
+        let mut s = running();
+        for (conn, step) in [(10, 7), (11, 6)] {
+            assert!(s.handle(Event::Progress { conn, step }).is_empty());
+        }
+        let actions = s.handle(Event::Stalled {
+            conn: 11,
+            step: 6,
+            secs: 1800,
+        });
+        let text = actions
+            .iter()
+            .find_map(|a| match a {
+                Action::Say(t) => Some(t.clone()),
+                _ => None,
+            })
+            .expect("the failure is said");
+        assert!(text.starts_with("rank 1 on node1"), "{text}");
+        assert!(
+            text.contains("no progress for 1800 s") && text.contains("rank 0 at step 7"),
+            "{text}"
+        );
+        assert!(actions.iter().any(|a| matches!(
+            a,
+            Action::Send {
+                msg: ToWorker::Shutdown { .. },
+                ..
+            }
+        )));
     }
 }

@@ -25,11 +25,12 @@ const MAX_RAW_LINE: usize = 16 * 1024;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum LaunchMode {
-    /// `nproc` child processes; `gpus`: bind rank i to `gpus[i % len]` via
-    /// `CUDA_VISIBLE_DEVICES` (None for CPU runs).
+    /// `nproc` child processes; `gpus`: rank i gets `gpus[i]` as its `CUDA_VISIBLE_DEVICES`
+    /// (one GPU per rank; None for CPU runs).
     Local { gpus: Option<Vec<String>> },
-    /// One `srun` step inside the current allocation.
-    Slurm { nodes: u64, gpus_per_task: bool },
+    /// One `srun` step inside the current allocation; `gpus_per_node` as the sbatch script
+    /// asked (`--gres=gpu:N`), 0 for CPU ranks.
+    Slurm { nodes: u64, gpus_per_node: u64 },
 }
 
 #[derive(Debug, Clone)]
@@ -79,6 +80,15 @@ impl Launcher {
         let mut procs = Vec::new();
         match &spec.mode {
             LaunchMode::Local { gpus } => {
+                if let Some(gpus) = gpus {
+                    if (gpus.len() as u64) < spec.world_size {
+                        return Err(LaunchError::Invalid(format!(
+                            "{} ranks but {} GPU(s): one GPU per rank",
+                            spec.world_size,
+                            gpus.len()
+                        )));
+                    }
+                }
                 for rank in 0..spec.world_size {
                     let mut cmd = Command::new(&spec.worker_bin);
                     cmd.envs(spec.env.iter().map(|(k, v)| (k, v)))
@@ -88,8 +98,8 @@ impl Launcher {
                             spec.world_size.to_string(),
                         )
                         .env(shardrun_protocol::env::LOCAL_RANK, rank.to_string());
-                    if let Some(gpus) = gpus.as_ref().filter(|g| !g.is_empty()) {
-                        cmd.env("CUDA_VISIBLE_DEVICES", &gpus[rank as usize % gpus.len()]);
+                    if let Some(gpus) = gpus {
+                        cmd.env("CUDA_VISIBLE_DEVICES", &gpus[rank as usize]);
                     }
                     // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
                     unsafe {
@@ -111,7 +121,7 @@ impl Launcher {
             }
             LaunchMode::Slurm {
                 nodes,
-                gpus_per_task,
+                gpus_per_node,
             } => {
                 let nodes = (*nodes).max(1);
                 if !spec.world_size.is_multiple_of(nodes) {
@@ -122,7 +132,7 @@ impl Launcher {
                     )));
                 }
                 let mut cmd = Command::new("srun");
-                cmd.args(srun_args(spec.world_size, nodes, *gpus_per_task))
+                cmd.args(srun_args(spec.world_size, nodes, *gpus_per_node))
                     .arg(&spec.worker_bin)
                     .envs(spec.env.iter().map(|(k, v)| (k, v)));
                 launcher.start(0, cmd, Labels::Srun, &exits, &records, &spec.worker_bin)?;
@@ -231,9 +241,14 @@ fn signal_groups(alive: &Mutex<HashMap<ProcId, i32>>, signal: i32) {
     }
 }
 
-/// `srun` arguments for one task per rank, spread evenly, labelled output, and the step
-/// killed as a whole when one task fails.
-pub fn srun_args(world_size: u64, nodes: u64, gpus_per_task: bool) -> Vec<String> {
+/// `srun` arguments for one task per rank, spread evenly, labelled output, the step killed
+/// as a whole when one task fails, and the controller's environment (the workers' variables,
+/// `NCCL_*`) passed to every task even where the job was submitted with `--export=NONE`.
+///
+/// GPUs are asked for the way the sbatch script asks (`--gres=gpu:N` per node): every task
+/// of a node sees the node's GPUs, and each worker takes the one at its `SLURM_LOCALID`, as
+/// torchrun's ranks do; NCCL sees every GPU of the node for its topology.
+pub fn srun_args(world_size: u64, nodes: u64, gpus_per_node: u64) -> Vec<String> {
     let mut args = vec![
         format!("--ntasks={world_size}"),
         format!("--nodes={nodes}"),
@@ -241,11 +256,10 @@ pub fn srun_args(world_size: u64, nodes: u64, gpus_per_task: bool) -> Vec<String
         "--kill-on-bad-exit=1".to_string(),
         "--label".to_string(),
         "--job-name=shardrun-worker".to_string(),
+        "--export=ALL".to_string(),
     ];
-    if gpus_per_task {
-        // One GPU per task; this implies `--gpu-bind=per_task:1`, so Slurm sets each task's
-        // CUDA_VISIBLE_DEVICES to its own GPU.
-        args.push("--gpus-per-task=1".to_string());
+    if gpus_per_node > 0 {
+        args.push(format!("--gres=gpu:{gpus_per_node}"));
     }
     args
 }
@@ -323,9 +337,11 @@ mod tests {
 
     #[test]
     fn srun_spreads_tasks_over_nodes() {
-        let args = srun_args(8, 2, true);
+        let args = srun_args(8, 2, 4);
         assert!(args.contains(&"--ntasks-per-node=4".to_string()));
-        assert!(args.contains(&"--gpus-per-task=1".to_string()));
+        assert!(args.contains(&"--gres=gpu:4".to_string()));
         assert!(args.contains(&"--kill-on-bad-exit=1".to_string()));
+        assert!(args.contains(&"--export=ALL".to_string()));
+        assert!(!srun_args(2, 1, 0).iter().any(|a| a.contains("gpu")));
     }
 }

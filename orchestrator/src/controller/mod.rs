@@ -49,4 +49,6 @@ pub enum ControllerError {
     Launch(#[from] launcher::LaunchError),
     #[error("cannot start the controller's runtime: {0}")]
     Runtime(std::io::Error),
+    #[error(transparent)]
+    Busy(#[from] crate::rundir::LockError),
 }

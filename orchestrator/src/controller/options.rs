@@ -14,9 +14,18 @@ pub struct ControllerArgs {
     /// Consider a rank hung after this many seconds without any message from it.
     #[arg(long, default_value_t = 60, value_name = "SECS")]
     pub heartbeat_timeout: u64,
-    /// Seconds a stopping rank gets before SIGTERM (and again before SIGKILL).
+    /// Fail the job when a rank's step has not advanced for this many seconds while it still
+    /// heartbeats (stuck in a collective or in I/O); 0: never.
+    #[arg(long, default_value_t = 1800, value_name = "SECS")]
+    pub progress_timeout: u64,
+    /// Seconds the ranks of a failed job get to exit before SIGTERM (and again before
+    /// SIGKILL).
     #[arg(long, default_value_t = 2, value_name = "SECS")]
     pub grace: u64,
+    /// Seconds the ranks of a cancelled job (Ctrl-C, SIGTERM) get to reach their next step
+    /// boundary and stop there before they are killed.
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    pub stop_timeout: u64,
     /// Which ranks' log lines are echoed on stdout (train.log always has every rank).
     #[arg(long, value_enum, default_value_t = EchoArg::Rank0)]
     pub echo: EchoArg,
@@ -49,7 +58,10 @@ impl ControllerArgs {
             timeouts: Timeouts {
                 rendezvous: Duration::from_secs(self.rendezvous_timeout),
                 heartbeat: Duration::from_secs(self.heartbeat_timeout.max(1)),
+                progress: (self.progress_timeout > 0)
+                    .then(|| Duration::from_secs(self.progress_timeout)),
                 shutdown_grace: grace,
+                step_boundary: Duration::from_secs(self.stop_timeout),
                 kill_grace: grace.max(Duration::from_secs(1)),
                 ..Timeouts::default()
             },
@@ -60,6 +72,10 @@ impl ControllerArgs {
             },
             progress_bar,
             max_requeues: self.max_requeues,
+            rank_env: run
+                .read_resolved()
+                .map(|job| job.slurm.env)
+                .unwrap_or_default(),
         })
     }
 }
@@ -74,7 +90,7 @@ pub fn run_paths(run: &RunDir) -> RunPaths {
         logs_dir: run.logs_dir(),
         metrics: run.metrics(),
         result: run.result(),
-        requeue_count: run.path().join("requeue_count"),
+        requeue_count: run.requeue_count(),
     }
 }
 

@@ -23,6 +23,11 @@ impl ExitInfo {
     pub fn success(&self) -> bool {
         *self == ExitInfo::Code(0)
     }
+
+    /// The status of a worker that stopped on request (not a failure, if it said so).
+    pub fn is_stop_status(&self) -> bool {
+        matches!(*self, ExitInfo::Code(code) if shardrun_protocol::messages::is_stop_status(code))
+    }
 }
 
 impl std::fmt::Display for ExitInfo {
@@ -75,6 +80,17 @@ pub enum FailureCause {
     Inconsistent {
         problem: String,
     },
+    /// The rank cannot use the device the job asks for (no GPU on its node, ...).
+    Device {
+        problem: String,
+    },
+    /// Heartbeats kept coming but the rank stayed at `step` for `secs` seconds.
+    Stalled {
+        step: u64,
+        secs: u64,
+        /// Where the other ranks were.
+        others: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -105,32 +121,45 @@ impl Failure {
             (Some(rank), _, _) => format!("rank {rank}"),
             _ => "the job".to_string(),
         };
-        let what =
-            match &self.cause {
-                FailureCause::Exited => match &self.exit {
-                    Some(exit) => format!("died with {exit}"),
-                    None => "died".to_string(),
-                },
-                FailureCause::ExitedWithoutFinishing => {
-                    "exited without reporting the end of training".to_string()
-                }
-                FailureCause::Reported { error } => format!("failed: {error}"),
-                FailureCause::ConnectionLost { why } => match &self.exit {
-                    Some(exit) => format!("died with {exit} (its connection ended: {why})"),
-                    None => format!("lost its connection to the controller ({why})"),
-                },
-                FailureCause::HeartbeatLost => {
-                    "stopped sending heartbeats (hung or frozen process?)".to_string()
-                }
-                FailureCause::RendezvousTimeout { missing } => format!(
+        let what = match &self.cause {
+            FailureCause::Exited => match &self.exit {
+                Some(exit) => format!("died with {exit}"),
+                None => "died".to_string(),
+            },
+            FailureCause::ExitedWithoutFinishing => {
+                "exited without reporting the end of training".to_string()
+            }
+            FailureCause::Reported { error } => format!("failed: {error}"),
+            FailureCause::ConnectionLost { why } => match &self.exit {
+                Some(exit) => format!("died with {exit} (its connection ended: {why})"),
+                None => format!("lost its connection to the controller ({why})"),
+            },
+            FailureCause::HeartbeatLost => {
+                "stopped sending heartbeats (hung or frozen process?)".to_string()
+            }
+            FailureCause::RendezvousTimeout { missing } => {
+                format!(
                 "timed out in the rendezvous: rank(s) {} never registered (did they start? see \
                  their lines in train.log and logs/)",
                 missing.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
-            ),
-                FailureCause::Inconsistent { problem } => {
-                    format!("cannot join this job: {problem}")
-                }
-            };
+            )
+            }
+            FailureCause::Inconsistent { problem } => {
+                format!("cannot join this job: {problem}")
+            }
+            FailureCause::Device { problem } => format!("cannot use its device: {problem}"),
+            FailureCause::Stalled { step, secs, others } => {
+                let others = if others.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({others})")
+                };
+                format!(
+                        "made no progress for {secs} s: still at step {step} while heartbeating{others}; \
+                         blocked in a collective or in I/O? (--progress-timeout)"
+                    )
+            }
+        };
         format!("{who} {what}")
     }
 }
@@ -140,21 +169,26 @@ impl Failure {
 pub enum Outcome {
     Succeeded,
     Failed(Failure),
+    /// Stopped on request without a checkpoint: by a signal to the controller, or by one
+    /// to a rank (`"SIGTERM to rank 1"`); `step`: the step the ranks agreed to stop after.
     Cancelled {
-        signal: String,
+        by: String,
+        step: Option<u64>,
     },
     /// Every rank checkpointed and stopped on request.
     Preempted,
 }
 
 impl Outcome {
-    /// The controller's exit status: 0 only for success and for a preempted job that will be
-    /// requeued (the caller decides the latter).
+    /// The controller's exit status: 0 for success and for a preempted job that will be
+    /// requeued (the caller decides the latter), 1 for a failure, and for a cancel 128 + the
+    /// signal's number as shells report it (130 for SIGINT, 143 for SIGTERM).
     pub fn exit_code(&self) -> i32 {
         match self {
             Outcome::Succeeded | Outcome::Preempted => 0,
             Outcome::Failed(_) => 1,
-            Outcome::Cancelled { .. } => 130,
+            Outcome::Cancelled { by, .. } if by.starts_with("SIGTERM") => 128 + libc::SIGTERM,
+            Outcome::Cancelled { .. } => 128 + libc::SIGINT,
         }
     }
 }

@@ -58,6 +58,9 @@ pub struct ServerOptions {
     pub handshake_timeout: Duration,
     /// A worker silent for this long is considered hung.
     pub heartbeat_timeout: Duration,
+    /// A worker whose heartbeats carry the same step for this long (after its first step)
+    /// is not making progress; `None`: never judged.
+    pub progress_timeout: Option<Duration>,
 }
 
 pub async fn serve(
@@ -132,7 +135,8 @@ pub async fn serve(
             let (go, started) = tokio::sync::oneshot::channel::<()>();
             let reader = tokio::spawn(async move {
                 if started.await.is_ok() {
-                    read_worker(conn, rank, rx, opts.heartbeat_timeout, events_r, records).await;
+                    let timeouts = (opts.heartbeat_timeout, opts.progress_timeout);
+                    read_worker(conn, rank, rx, timeouts, events_r, records).await;
                 }
             });
             let _ = events.send(ServerEvent::Connected {
@@ -150,7 +154,7 @@ async fn read_worker(
     conn: ConnId,
     rank: u64,
     mut rx: connection::AsyncReceiver<FromWorker>,
-    heartbeat_timeout: Duration,
+    (heartbeat_timeout, progress_timeout): (Duration, Option<Duration>),
     events: mpsc::UnboundedSender<ServerEvent>,
     records: mpsc::Sender<Record>,
 ) {
@@ -158,6 +162,7 @@ async fn read_worker(
         let _ = events.send(ServerEvent::Job(e));
     };
     let mut heartbeat_reported = false;
+    let mut progress = Progress::default();
     // A message read while collecting a batch of log lines, handled next.
     let mut carried = None;
     loop {
@@ -208,11 +213,23 @@ async fn read_worker(
             }
             FromWorker::Metrics(m) => Record::Metrics(m),
             FromWorker::Eval(e) => Record::Eval(e),
-            FromWorker::Heartbeat | FromWorker::Register(_) => continue,
+            FromWorker::Heartbeat { step } => {
+                match progress.beat(step, std::time::Instant::now(), progress_timeout) {
+                    Beat::Advanced => job(Event::Progress { conn, step }),
+                    Beat::Stalled(secs) => job(Event::Stalled { conn, step, secs }),
+                    Beat::Same => {}
+                }
+                continue;
+            }
+            FromWorker::Register(_) => continue,
             FromWorker::CheckpointSaved { step, path } => Record::Checkpoint { rank, step, path },
             FromWorker::Summary(summary) => Record::Summary { rank, summary },
             FromWorker::Finished { preempted } => {
                 job(Event::Finished { conn, preempted });
+                continue;
+            }
+            FromWorker::Stopped { step, reason } => {
+                job(Event::Stopped { conn, step, reason });
                 continue;
             }
             FromWorker::Failed { error } => {
@@ -238,9 +255,67 @@ async fn read_worker(
     }
 }
 
+/// What a heartbeat's step says about a rank's progress.
+#[derive(Debug, PartialEq, Eq)]
+enum Beat {
+    Advanced,
+    Same,
+    /// The same step for this many seconds, past the progress timeout (reported once).
+    Stalled(u64),
+}
+
+#[derive(Default)]
+struct Progress {
+    step: Option<u64>,
+    since: Option<std::time::Instant>,
+    reported: bool,
+}
+
+impl Progress {
+    fn beat(&mut self, step: u64, now: std::time::Instant, timeout: Option<Duration>) -> Beat {
+        if self.step != Some(step) {
+            *self = Progress {
+                step: Some(step),
+                since: Some(now),
+                reported: false,
+            };
+            return Beat::Advanced;
+        }
+        // Before its first step a rank builds, restores and warms up: not judged here.
+        let held = self.since.map_or(Duration::ZERO, |t| now.duration_since(t));
+        match timeout {
+            Some(limit) if step > 0 && !self.reported && held >= limit => {
+                self.reported = true;
+                Beat::Stalled(held.as_secs())
+            }
+            _ => Beat::Same,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_step_held_past_the_timeout_is_reported_once() {
+        let t0 = std::time::Instant::now();
+        let limit = Some(Duration::from_secs(60));
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut p = Progress::default();
+        assert_eq!(p.beat(0, at(0), limit), Beat::Advanced);
+        assert_eq!(
+            p.beat(0, at(500), limit),
+            Beat::Same,
+            "step 0 is not judged"
+        );
+        assert_eq!(p.beat(1, at(501), limit), Beat::Advanced);
+        assert_eq!(p.beat(1, at(560), limit), Beat::Same);
+        assert_eq!(p.beat(1, at(562), limit), Beat::Stalled(61));
+        assert_eq!(p.beat(1, at(900), limit), Beat::Same, "reported once");
+        assert_eq!(p.beat(2, at(901), limit), Beat::Advanced);
+        assert_eq!(p.beat(2, at(5000), None), Beat::Same, "no timeout set");
+    }
 
     #[test]
     fn long_lines_are_cut_on_a_char_boundary() {

@@ -7,6 +7,9 @@ use std::path::PathBuf;
 
 pub fn resolve_checkpoint(s: &Section) -> Result<CheckpointConfig, PlanError> {
     let t = &s.spec().training;
+    // Checkpoints "off" means no periodic saves. The ranks still save at the end and on
+    // preemption into the run directory, and a re-run or requeue resumes from there: opting
+    // out of resuming takes `checkpoint: { resume: false }`.
     let Some(c) = &t.checkpoint else {
         return Ok(CheckpointConfig {
             dir: None,
@@ -14,7 +17,7 @@ pub fn resolve_checkpoint(s: &Section) -> Result<CheckpointConfig, PlanError> {
             interval_minutes: None,
             keep: defaults::CHECKPOINT_KEEP,
             format: CheckpointFormat::Sharded,
-            resume: false,
+            resume: true,
             from: None,
         });
     };
@@ -59,4 +62,39 @@ pub fn resolve_checkpoint(s: &Section) -> Result<CheckpointConfig, PlanError> {
         resume: c.resume.unwrap_or(true),
         from: c.from.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::plan::{resolve, Overrides};
+    use crate::spec::parse;
+    use std::path::Path;
+
+    fn checkpoint(block: &str) -> shardrun_protocol::config::CheckpointConfig {
+        let yaml = format!(
+            "name: t\ntraining:\n  model: {{ kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }}\n  steps: 10\n  total_batch_size: 4\n  batch_size_per_device: 4\n{block}"
+        );
+        let loaded = parse(&yaml, Path::new("job.yaml")).unwrap();
+        resolve(&loaded, &Overrides::default())
+            .unwrap()
+            .train
+            .checkpoint
+    }
+
+    #[test]
+    fn one_resume_rule_with_or_without_a_block() {
+        // Off: no folder, no periodic saves, but a re-run or requeue resumes.
+        let off = checkpoint("");
+        assert_eq!(
+            (off.dir, off.interval_steps, off.resume),
+            (None, None, true)
+        );
+        let on = checkpoint("  checkpoint: { interval_steps: 5 }\n");
+        assert_eq!(
+            (on.dir.as_deref(), on.interval_steps, on.resume),
+            (Some(Path::new("checkpoints")), Some(5), true)
+        );
+        // The only way out.
+        assert!(!checkpoint("  checkpoint: { resume: false }\n").resume);
+    }
 }

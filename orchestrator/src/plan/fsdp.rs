@@ -5,6 +5,7 @@ use super::{defaults, PlanError, Section};
 use shardrun_protocol::config::{
     DType, FsdpConfig, MixedPrecision, ModelConfig, ShardingStrategy, WrapPolicy,
 };
+use shardrun_protocol::units::{plan_units, segments_split_finer};
 
 pub fn resolve_fsdp(
     s: &Section,
@@ -59,6 +60,8 @@ pub fn resolve_fsdp(
             patterns: vec!["layer1".into(), "layer2".into()],
         },
     });
+    let activation_checkpointing = f.activation_checkpointing.unwrap_or(false);
+    warn_about_memory_options(model, &wrap, activation_checkpointing, warnings);
     Ok(FsdpConfig {
         strategy,
         wrap,
@@ -67,9 +70,39 @@ pub fn resolve_fsdp(
             reduce_dtype: f.mixed_precision.reduce_dtype.unwrap_or(param_dtype),
             buffer_dtype: f.mixed_precision.buffer_dtype.unwrap_or(param_dtype),
         },
-        activation_checkpointing: f.activation_checkpointing.unwrap_or(false),
+        activation_checkpointing,
         prefetch: f.prefetch.unwrap_or(true),
         max_gathers_in_flight: max_gathers,
         shard_group_size,
     })
+}
+
+/// Options that are valid but do not save the memory people expect: wrapping finer than the
+/// model's segments (a segment's units are gathered together for its forward and backward),
+/// and activation checkpointing on a model without blocks (it recomputes blocks only).
+fn warn_about_memory_options(
+    model: &ModelConfig,
+    wrap: &WrapPolicy,
+    activation_checkpointing: bool,
+    warnings: &mut Vec<String>,
+) {
+    let footprint = model.footprint(DType::F32);
+    let (sizes, segments) = (footprint.param_sizes(), footprint.segment_specs());
+    let split = segments_split_finer(&sizes, &segments, &plan_units(&sizes, &segments, wrap));
+    if let Some((segment, units)) = split.first() {
+        warnings.push(format!(
+            "`training.fsdp.wrap` splits {} of the model's segments into several units ({segment}: {}): a segment's units are gathered together for its forward and its backward, so units finer than a segment save no memory, they only split the communication; use `{{kind: block}}` for one unit per segment",
+            split.len(),
+            units.join(", ")
+        ));
+    }
+    if activation_checkpointing && !segments.iter().any(|s| s.is_block) {
+        let kind = serde_json::to_value(model)
+            .ok()
+            .and_then(|v| v["kind"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        warnings.push(format!(
+            "`training.fsdp.activation_checkpointing` recomputes transformer blocks, and the {kind} model has none: it changes nothing"
+        ));
+    }
 }

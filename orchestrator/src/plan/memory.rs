@@ -1,63 +1,303 @@
-//! Memory per rank: the model state each strategy keeps, against the GPU's memory.
+//! Peak memory per rank, per strategy: what the worker's FSDP engine allocates, step by step,
+//! from the model's footprint (parameters, segments, activation bytes per token) and the
+//! job's batch, dtypes and FSDP options.
+//!
+//! * **state at rest**: fp32 parameter shard, gradient shard and AdamW's two moments
+//!   (16 bytes per parameter, divided over the shard group), plus NO_SHARD's persistent
+//!   low-precision copy of the parameters;
+//! * **gathered parameters** (in the parameter dtype): FULL_SHARD and HYBRID_SHARD hold the
+//!   running segment's units and the ones prefetched for the next visits, at most
+//!   `max_gathers_in_flight` units; SHARD_GRAD_OP keeps every unit gathered from its forward
+//!   to its backward, so the whole model at the turn from forward to backward;
+//! * **gradient buffers**: the running segment's parameter gradients (parameter dtype) and
+//!   its units' flat unsharded gradients (reduce dtype), one reduce-scatter in flight (input
+//!   and output), and under SHARD_GRAD_OP with accumulation the whole model's unsharded
+//!   gradients kept between micro-steps (no_sync);
+//! * **activations**: each segment's saved tensors and output over the rank's tokens per
+//!   micro-step (with activation checkpointing a block keeps only its output and recomputes
+//!   the rest in its backward), plus the running segment's temporaries.
+//!
+//! The peak is the largest sum over the visits of one step (each segment's forward, each
+//! segment's backward, then the replicas' all-reduce and the optimizer). Not modelled: the
+//! CUDA context and NCCL's buffers, allocator caching and fragmentation, libtorch's own
+//! workspaces (the plan keeps [`GPU_RESERVED_BYTES`] of a GPU for them).
 
-use super::{yaml_name, MemoryEstimate, GIB};
-use shardrun_protocol::config::{DeviceKind, ShardingStrategy};
+use super::{yaml_name, MemoryEstimate, MemoryParts, StrategyMemory, GIB};
+use shardrun_protocol::config::{DeviceKind, FsdpConfig, ShardingStrategy};
+use shardrun_protocol::footprint::Footprint;
+use shardrun_protocol::units::{plan_units, segment_units};
+
+/// What a GPU loses before the job allocates anything: the CUDA context and NCCL's buffers.
+pub const GPU_RESERVED_BYTES: u64 = 1 << 30;
 
 /// What the plan knows when it estimates memory.
-pub struct MemoryInputs {
-    pub num_params: u64,
-    pub strategy: ShardingStrategy,
+pub struct MemoryInputs<'a> {
+    pub footprint: &'a Footprint,
+    pub fsdp: &'a FsdpConfig,
     pub world_size: u64,
     /// Ranks per shard group (HYBRID_SHARD), else ranks per node.
     pub shard_group: u64,
+    /// Tokens (samples, for models without sequences) one rank processes per micro-step.
+    pub tokens_per_micro_batch: u64,
+    pub grad_accum_steps: u64,
     pub device: DeviceKind,
     pub gpu_memory_gb: Option<f64>,
 }
 
 pub fn estimate_memory(m: &MemoryInputs, warnings: &mut Vec<String>) -> MemoryEstimate {
-    let per_strategy: Vec<_> = [
+    let per_strategy: Vec<StrategyMemory> = [
         ShardingStrategy::FullShard,
         ShardingStrategy::ShardGradOp,
         ShardingStrategy::HybridShard,
         ShardingStrategy::NoShard,
     ]
     .into_iter()
-    .map(|s| {
-        (
-            s,
-            s.model_state_bytes_per_rank(m.num_params, m.world_size, m.shard_group),
-        )
-    })
+    .map(|s| strategy_memory(s, m))
     .collect();
-    let bytes_per_rank =
-        m.strategy
-            .model_state_bytes_per_rank(m.num_params, m.world_size, m.shard_group);
+    let chosen = strategy_memory(m.fsdp.strategy, m);
     let gpu_memory_bytes = m.gpu_memory_gb.map(|gb| (gb * GIB) as u64);
-    if let Some(limit) = gpu_memory_bytes {
-        if m.device == DeviceKind::Cpu {
-            warnings.push(
-                "`resources.gpu_memory_gb` is set but the job runs CPU ranks; it is ignored".into(),
-            );
-        } else if bytes_per_rank > limit {
-            let fits: Vec<String> = per_strategy
-                .iter()
-                .filter(|(_, b)| *b <= limit)
-                .map(|(s, _)| yaml_name(s))
-                .collect();
-            warnings.push(format!(
-                "model state needs {:.2} GiB per rank with {} but a GPU has {:.2} GiB: the job will run out of memory. {}",
-                bytes_per_rank as f64 / GIB,
-                yaml_name(&m.strategy),
-                limit as f64 / GIB,
-                if fits.is_empty() { "Use more GPUs or a smaller model.".to_string() } else { format!("Strategies that fit: {}.", fits.join(", ")) }
-            ));
-        }
+    if gpu_memory_bytes.is_some() && m.device == DeviceKind::Cpu {
+        warnings.push(
+            "`resources.gpu_memory_gb` is set but the job runs CPU ranks; it is ignored".into(),
+        );
     }
     MemoryEstimate {
-        num_params: m.num_params,
-        strategy: m.strategy,
-        bytes_per_rank,
+        num_params: m.footprint.num_params(),
+        strategy: m.fsdp.strategy,
+        chosen,
         per_strategy,
-        gpu_memory_bytes,
+        gpu_memory_bytes: gpu_memory_bytes.filter(|_| m.device == DeviceKind::Cuda),
+    }
+}
+
+impl MemoryEstimate {
+    /// GPU memory the job may use: the GPU's, less what CUDA and NCCL take.
+    pub fn usable_gpu_bytes(&self) -> Option<u64> {
+        self.gpu_memory_bytes
+            .map(|b| b.saturating_sub(GPU_RESERVED_BYTES))
+    }
+
+    /// Whether the chosen strategy's peak fits the GPU (`None`: no GPU memory given).
+    pub fn fits(&self) -> Option<bool> {
+        self.usable_gpu_bytes()
+            .map(|usable| self.chosen.peak <= usable)
+    }
+
+    /// Why the job cannot run and what would fit, when the peak exceeds the GPU.
+    pub fn does_not_fit(&self) -> Option<(String, String)> {
+        let usable = self.usable_gpu_bytes()?;
+        if self.chosen.peak <= usable {
+            return None;
+        }
+        let fits: Vec<String> = self
+            .per_strategy
+            .iter()
+            .filter(|s| s.peak <= usable)
+            .map(|s| format!("{} ({:.1} GiB)", yaml_name(&s.strategy), gib(s.peak)))
+            .collect();
+        let why = format!(
+            "peak memory per rank {:.1} GiB with {} (state {:.1} + gathered parameters {:.1} + gradient buffers {:.1} + activations {:.1} GiB at the peak) exceeds the {:.1} GiB a GPU has for the job ({:.1} GiB less {:.1} GiB for CUDA and NCCL)",
+            gib(self.chosen.peak),
+            yaml_name(&self.strategy),
+            gib(self.chosen.at_peak.state),
+            gib(self.chosen.at_peak.gathered),
+            gib(self.chosen.at_peak.gradients),
+            gib(self.chosen.at_peak.activations),
+            gib(usable),
+            gib(self.gpu_memory_bytes.unwrap_or(0)),
+            gib(GPU_RESERVED_BYTES),
+        );
+        let fix = if fits.is_empty() {
+            "use more GPUs, activation checkpointing, a smaller batch_size_per_device or bf16 parameters".to_string()
+        } else {
+            format!(
+                "use {}, or more GPUs, activation checkpointing, a smaller batch_size_per_device",
+                fits.join(" or ")
+            )
+        };
+        Some((why, format!("{fix}; or pass --force to run it anyway")))
+    }
+}
+
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / GIB
+}
+
+impl MemoryParts {
+    fn total(&self) -> u64 {
+        self.state + self.gathered + self.gradients + self.activations
+    }
+}
+
+/// One unit as the engine holds it under a strategy.
+struct Unit {
+    /// Elements, padded to a multiple of the shard count.
+    padded: u64,
+}
+
+fn strategy_memory(strategy: ShardingStrategy, m: &MemoryInputs) -> StrategyMemory {
+    let f = m.footprint;
+    let fsdp = m.fsdp;
+    let shards = match strategy {
+        ShardingStrategy::FullShard | ShardingStrategy::ShardGradOp => m.world_size,
+        ShardingStrategy::HybridShard => m.shard_group,
+        ShardingStrategy::NoShard => 1,
+    }
+    .max(1);
+    let replicas = m.world_size / shards;
+    let param_bytes = fsdp.mixed_precision.param_dtype.size_bytes();
+    let reduce_bytes = fsdp.mixed_precision.reduce_dtype.size_bytes();
+    // A shard group of one in fp32 computes on its shard: nothing is gathered.
+    let aliases = shards == 1 && param_bytes == 4;
+
+    let sizes = f.param_sizes();
+    let specs = f.segment_specs();
+    let plans = plan_units(&sizes, &specs, &fsdp.wrap);
+    let units: Vec<Unit> = plans
+        .iter()
+        .map(|u| {
+            let numel: u64 = u.params.iter().map(|&i| sizes[i].1).sum();
+            Unit {
+                padded: numel.div_ceil(shards) * shards,
+            }
+        })
+        .collect();
+    let reads = segment_units(&sizes, &specs, &plans);
+    let k = specs.len();
+    let all: u64 = units.iter().map(|u| u.padded).sum();
+
+    let state = all / shards * 16
+        + if strategy == ShardingStrategy::NoShard && !aliases {
+            all * param_bytes // the low-precision copy NO_SHARD never frees
+        } else {
+            0
+        };
+    let unit_bytes = |set: &[usize], per_element: u64| -> u64 {
+        set.iter().map(|&u| units[u].padded * per_element).sum()
+    };
+
+    // Visit v < k is segment v's forward; visit v >= k is segment 2k-1-v's backward.
+    let segment_of = |v: usize| if v < k { v } else { 2 * k - 1 - v };
+    let gathered_at = |v: usize| -> u64 {
+        if aliases || strategy == ShardingStrategy::NoShard {
+            return 0; // NO_SHARD's copy is counted in the state
+        }
+        let s = segment_of(v);
+        let mut alive: Vec<usize> = match strategy {
+            // Every unit of the segments up to this one stays gathered until its backward.
+            ShardingStrategy::ShardGradOp => {
+                let mut set: Vec<usize> = reads[..=s].iter().flatten().copied().collect();
+                set.sort_unstable();
+                set.dedup();
+                set
+            }
+            _ => reads[s].clone(),
+        };
+        if fsdp.prefetch {
+            let limit = fsdp.max_gathers_in_flight.max(1);
+            let mut in_window = reads[s].len();
+            'ahead: for next in v + 1..(v + 1 + limit).min(2 * k) {
+                for &u in &reads[segment_of(next)] {
+                    if in_window >= limit {
+                        break 'ahead;
+                    }
+                    if !alive.contains(&u) {
+                        alive.push(u);
+                        in_window += 1;
+                    }
+                }
+            }
+        }
+        unit_bytes(&alive, param_bytes)
+    };
+    // Unsharded gradients SHARD_GRAD_OP keeps between micro-steps under no_sync.
+    let no_sync =
+        if strategy == ShardingStrategy::ShardGradOp && m.grad_accum_steps > 1 && shards > 1 {
+            all * reduce_bytes
+        } else {
+            0
+        };
+    let in_flight = |u: usize| -> u64 {
+        if shards == 1 {
+            0 // folded into the gradient shard at once
+        } else {
+            units[u].padded * reduce_bytes + units[u].padded / shards * reduce_bytes
+        }
+    };
+
+    let tokens = m.tokens_per_micro_batch;
+    let checkpointed = |s: usize| fsdp.activation_checkpointing && specs[s].is_block;
+    let kept = |s: usize| {
+        let seg = &f.segments[s];
+        if checkpointed(s) {
+            seg.output
+        } else {
+            seg.saved + seg.output
+        }
+    };
+    // Bytes per token of every segment before `s` keeps for its backward.
+    let before = |s: usize| -> u64 { (0..s).map(kept).sum::<u64>() };
+    let running = |s: usize| {
+        let seg = &f.segments[s];
+        seg.saved + seg.output + seg.transient
+    };
+
+    let mut peak = MemoryParts::default();
+    let mut consider = |parts: MemoryParts| {
+        if parts.total() > peak.total() {
+            peak = parts;
+        }
+    };
+    for v in 0..2 * k {
+        let s = segment_of(v);
+        let activations = tokens * (f.batch + before(s) + running(s));
+        let gradients = if v < k {
+            no_sync
+        } else {
+            // The segment's parameter gradients from autograd and its units' flat buffers,
+            // while the previous visit's last reduce-scatter is in flight.
+            let autograd: u64 = specs[s]
+                .params
+                .iter()
+                .filter_map(|n| sizes.iter().find(|p| &p.0 == n))
+                .map(|p| p.1 * param_bytes)
+                .sum();
+            let previous = if s + 1 < k {
+                reads[s + 1]
+                    .iter()
+                    .map(|&u| in_flight(u))
+                    .max()
+                    .unwrap_or(0)
+            } else {
+                0
+            };
+            no_sync.max(unit_bytes(&reads[s], reduce_bytes)) + autograd + previous
+        };
+        consider(MemoryParts {
+            state,
+            gathered: gathered_at(v),
+            gradients,
+            activations,
+        });
+    }
+    // After backward: the replicas' all-reduce copies gradients to the reduce dtype when it
+    // differs; AdamW holds two temporaries the size of a unit's shard (the denominator and
+    // the scaled first moment).
+    let replica_copies = if replicas > 1 && reduce_bytes != 4 {
+        all / shards * reduce_bytes
+    } else {
+        0
+    };
+    let largest_shard = units.iter().map(|u| u.padded / shards).max().unwrap_or(0);
+    consider(MemoryParts {
+        state,
+        gradients: replica_copies.max(2 * largest_shard * 4),
+        ..MemoryParts::default()
+    });
+
+    StrategyMemory {
+        strategy,
+        peak: peak.total(),
+        at_peak: peak,
     }
 }

@@ -58,6 +58,32 @@ pub struct Overrides {
     pub world_size: Option<u64>,
     /// Local mode: force the device kind (e.g. CPU on a machine without GPUs).
     pub device: Option<DeviceKind>,
+    /// Plan the job even when its peak memory per rank exceeds the GPU's (`--force`).
+    pub force: bool,
+    /// `NCCL_*` variables of the shell that submits or runs the job: every rank gets them
+    /// (after the spec's `resources.env`, which wins), so NCCL settings reach the ranks even
+    /// where Slurm does not export the submitting environment.
+    pub submitting_env: Vec<(String, String)>,
+}
+
+impl Overrides {
+    /// No override, and the `NCCL_*` variables of this process's environment.
+    pub fn submitting() -> Overrides {
+        Overrides {
+            submitting_env: nccl_variables(std::env::vars()),
+            ..Overrides::default()
+        }
+    }
+}
+
+/// The `NCCL_*` variables among `vars`, sorted by name.
+pub fn nccl_variables(vars: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
+    let mut found: Vec<_> = vars
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("NCCL_"))
+        .collect();
+    found.sort();
+    found
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +113,10 @@ pub struct SlurmResources {
     pub exclusive: bool,
     pub extra_sbatch: Vec<String>,
     pub setup: Vec<String>,
+    /// Variables every rank gets (the controller sets them for each worker): the spec's
+    /// `resources.env` and the submitting shell's `NCCL_*`, sorted by name.
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -97,16 +127,37 @@ pub struct PreemptionPlan {
     pub max_requeues: u32,
 }
 
-/// Model-state memory per rank (fp32 params + grads + AdamW moments, sharded by the
-/// strategy); activations and communication buffers come on top.
+/// Peak memory per rank as [`memory`] models it, for the chosen strategy and every other.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MemoryEstimate {
     pub num_params: u64,
     pub strategy: ShardingStrategy,
-    pub bytes_per_rank: u64,
-    /// The same for every strategy, to compare.
-    pub per_strategy: Vec<(ShardingStrategy, u64)>,
+    pub chosen: StrategyMemory,
+    /// Every strategy, to compare.
+    pub per_strategy: Vec<StrategyMemory>,
+    /// Memory of one GPU (`resources.gpu_memory_gb`) for GPU jobs.
     pub gpu_memory_bytes: Option<u64>,
+}
+
+/// One strategy's peak memory per rank and what it is made of at that moment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StrategyMemory {
+    pub strategy: ShardingStrategy,
+    pub peak: u64,
+    pub at_peak: MemoryParts,
+}
+
+/// Bytes per rank at one moment of a step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryParts {
+    /// fp32 parameter, gradient and AdamW shards (and NO_SHARD's low-precision copy).
+    pub state: u64,
+    /// Unsharded parameters gathered for compute.
+    pub gathered: u64,
+    /// Unsharded gradients and reduce-scatters in flight.
+    pub gradients: u64,
+    /// Activations kept for backward, the running segment's temporaries and the batch.
+    pub activations: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -124,6 +175,9 @@ pub struct ResolvedJob {
     pub tokens_per_step: u64,
     pub memory: MemoryEstimate,
     pub warnings: Vec<String>,
+    /// The `--set` arguments applied over the spec file, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<String>,
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -203,17 +257,29 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
         fsdp,
     };
 
+    let footprint = train
+        .model
+        .footprint(train.fsdp.mixed_precision.param_dtype);
     let memory = memory::estimate_memory(
         &memory::MemoryInputs {
-            num_params: train.model.num_params(),
-            strategy: train.fsdp.strategy,
+            footprint: &footprint,
+            fsdp: &train.fsdp,
             world_size: ranks.world_size,
             shard_group: train.fsdp.shard_group_size.unwrap_or(ranks.ntasks_per_node),
+            tokens_per_micro_batch: train.batch.batch_size_per_device
+                * train.data.sequence_length(&train.model),
+            grad_accum_steps,
             device: ranks.device,
             gpu_memory_gb: spec.resources.gpu_memory_gb,
         },
         &mut warnings,
     );
+    if let Some((why, fix)) = memory.does_not_fit() {
+        if !overrides.force {
+            return Err(s.err("resources.gpu_memory_gb", why, fix));
+        }
+        warnings.push(format!("{why}: planned anyway (--force)"));
+    }
     if let Some(threads) = t
         .threads_per_rank
         .filter(|&n| n as u64 > ranks.cpus_per_task)
@@ -239,6 +305,7 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
         tokens_per_step,
         memory,
         warnings,
+        overrides: loaded.overrides.iter().map(|o| o.arg.clone()).collect(),
     })
 }
 
@@ -315,6 +382,7 @@ mod tests {
             &Overrides {
                 world_size: Some(2),
                 device: Some(DeviceKind::Cpu),
+                ..Overrides::default()
             },
         )
         .unwrap();
@@ -324,26 +392,136 @@ mod tests {
         );
     }
 
+    fn resolve_yaml(yaml: &str, force: bool) -> Result<ResolvedJob, PlanError> {
+        let loaded = parse(yaml, Path::new("j.yaml")).expect("parses");
+        resolve(
+            &loaded,
+            &Overrides {
+                force,
+                ..Overrides::default()
+            },
+        )
+    }
+
     #[test]
-    fn warns_when_model_state_does_not_fit_the_gpu() {
-        let yaml = "name: t\nresources:\n  gpus_per_node: 2\n  gpu_memory_gb: 0.001\ntraining:\n  model: { kind: mlp, input_dim: 1024, hidden_dim: 1024, output_dim: 1024 }\n  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 1\n";
-        let j = resolve(
-            &parse(yaml, Path::new("j.yaml")).unwrap(),
-            &Overrides::default(),
+    fn a_job_that_does_not_fit_the_gpu_is_refused_unless_forced() {
+        let yaml = "name: t\nresources:\n  gpus_per_node: 2\n  gpu_memory_gb: 1.5\ntraining:\n  model: { kind: mlp, input_dim: 4096, hidden_dim: 8192, output_dim: 4096 }\n  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 1\n";
+        let PlanError::Invalid(err) = resolve_yaml(yaml, false).unwrap_err();
+        assert_eq!(err.field, "resources.gpu_memory_gb");
+        assert_eq!(err.line, Some(4));
+        assert!(
+            err.why.contains("with FULL_SHARD") && err.why.contains("exceeds the 0.5 GiB"),
+            "{err}"
+        );
+        assert!(err.fix.contains("--force"), "{err}");
+        let forced = resolve_yaml(yaml, true).expect("--force plans it");
+        assert_eq!(forced.memory.fits(), Some(false));
+        assert!(
+            forced.warnings.iter().any(|w| w.contains("planned anyway")),
+            "{:?}",
+            forced.warnings
+        );
+        assert!(forced.summary().contains("warning: peak memory per rank"));
+        // Twice the GPU memory and it fits.
+        let roomy = resolve_yaml(&yaml.replace("1.5", "3"), false).expect("fits");
+        assert_eq!(roomy.memory.fits(), Some(true));
+    }
+
+    /// A 65-billion-parameter transformer (LLaMA-65B's sizes: dim 8192, 80 layers, 64 heads,
+    /// vocab 32000, sequences of 2048) on 2 nodes of 8 80-GiB GPUs, bf16 compute.
+    fn llm_65b(strategy: &str, checkpointing: bool) -> String {
+        format!("name: big\nresources:\n  nodes: 2\n  gpus_per_node: 8\n  gpu_memory_gb: 80\ntraining:\n  model: {{ kind: transformer, vocab_size: 32000, dim: 8192, n_layers: 80, n_heads: 64, max_seq_len: 2048 }}\n  steps: 1\n  total_batch_size: 16\n  batch_size_per_device: 1\n  fsdp:\n    strategy: {strategy}\n    mixed_precision: {{ param_dtype: bf16, reduce_dtype: f32 }}\n    activation_checkpointing: {checkpointing}\n")
+    }
+
+    #[test]
+    fn shard_grad_op_keeps_the_whole_model_gathered_and_does_not_fit_65b_on_16_gpus() {
+        let full = resolve_yaml(&llm_65b("FULL_SHARD", true), false).expect("FULL_SHARD fits");
+        let n = full.memory.num_params;
+        assert!((64_000_000_000..66_000_000_000).contains(&n), "{n}");
+        let by = |s: ShardingStrategy| {
+            full.memory
+                .per_strategy
+                .iter()
+                .find(|m| m.strategy == s)
+                .cloned()
+                .unwrap()
+        };
+        let (fsdp, zero2) = (
+            by(ShardingStrategy::FullShard),
+            by(ShardingStrategy::ShardGradOp),
+        );
+        // Both hold the same sharded state; SHARD_GRAD_OP also every parameter in bf16.
+        assert_eq!(fsdp.at_peak.state, zero2.at_peak.state);
+        // 16 bytes per parameter over 16 ranks, plus each unit's padding.
+        assert!(
+            (n..n + 100 * 16 * 16).contains(&fsdp.at_peak.state),
+            "{fsdp:?}"
+        );
+        assert!(zero2.at_peak.gathered > 19 * n / 10, "{zero2:?}");
+        assert!(fsdp.at_peak.gathered < n / 16, "{fsdp:?}");
+        assert!(
+            fsdp.peak < 79 << 30 && zero2.peak > 130 << 30,
+            "{fsdp:?} {zero2:?}"
+        );
+        let PlanError::Invalid(err) =
+            resolve_yaml(&llm_65b("SHARD_GRAD_OP", true), false).unwrap_err();
+        assert!(err.why.contains("with SHARD_GRAD_OP"), "{err}");
+        assert!(err.fix.contains("use FULL_SHARD"), "{err}");
+        // Without activation checkpointing 80 blocks keep their activations: FULL_SHARD no
+        // longer fits either.
+        let plain = resolve_yaml(&llm_65b("FULL_SHARD", false), true).unwrap();
+        assert!(
+            plain.memory.chosen.at_peak.activations > 10 * fsdp.at_peak.activations,
+            "{:?} vs {fsdp:?}",
+            plain.memory.chosen
+        );
+        assert_eq!(plain.memory.fits(), Some(false));
+    }
+
+    #[test]
+    fn wrapping_finer_than_a_block_and_checkpointing_without_blocks_warn() {
+        let transformer = |wrap: &str| {
+            format!("name: t\nresources:\n  tasks_per_node: 2\ntraining:\n  model: {{ kind: transformer, vocab_size: 128, dim: 32, n_layers: 2, n_heads: 4, max_seq_len: 16 }}\n  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 1\n  fsdp: {{ wrap: {wrap} }}\n")
+        };
+        let finer = |j: &ResolvedJob| j.warnings.iter().any(|w| w.contains("save no memory"));
+        let j = resolve_yaml(
+            &transformer("{ kind: module_names, patterns: [\"layers.*.attention\"] }"),
+            false,
         )
         .unwrap();
-        assert_eq!(
-            j.memory.bytes_per_rank,
-            ShardingStrategy::FullShard.model_state_bytes_per_rank(j.memory.num_params, 2, 2)
-        );
+        assert!(finer(&j), "{:?}", j.warnings);
         assert!(
             j.warnings
                 .iter()
-                .any(|w| w.contains("will run out of memory")),
+                .any(|w| w.contains("(layers.0: layers.0, layers.0.attention)")),
             "{:?}",
             j.warnings
         );
-        assert!(j.summary().contains("warning: model state needs"));
+        let j = resolve_yaml(
+            &transformer("{ kind: size_based, min_params: 1000 }"),
+            false,
+        )
+        .unwrap();
+        assert!(finer(&j), "{:?}", j.warnings);
+        for quiet in [
+            "{ kind: block }",
+            "{ kind: module_names, patterns: [\"layers.*\"] }",
+            "{ kind: size_based, min_params: 100000 }",
+        ] {
+            let j = resolve_yaml(&transformer(quiet), false).unwrap();
+            assert!(!finer(&j), "{quiet}: {:?}", j.warnings);
+        }
+        let mlp = "name: t\ntraining:\n  model: { kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }\n  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 2\n  fsdp: { activation_checkpointing: true }\n";
+        let j = resolve_yaml(mlp, false).unwrap();
+        assert!(
+            j.warnings
+                .iter()
+                .any(|w| w.contains("the mlp model has none: it changes nothing")),
+            "{:?}",
+            j.warnings
+        );
+        let j = resolve_yaml(&mlp.replace("true", "false"), false).unwrap();
+        assert!(j.warnings.is_empty(), "{:?}", j.warnings);
     }
 
     #[test]
@@ -363,6 +541,44 @@ mod tests {
         assert_eq!(
             (j.preemption.signal_seconds, j.preemption.requeue),
             (30, false)
+        );
+    }
+    #[test]
+    fn every_rank_gets_the_spec_env_and_the_submitting_nccl_variables() {
+        let yaml = "name: t\nresources:\n  tasks_per_node: 2\n  env: { NCCL_DEBUG: WARN, OMP_PROC_BIND: close }\ntraining:\n  model: { kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }\n  steps: 1\n  total_batch_size: 4\n  batch_size_per_device: 2\n";
+        let loaded = parse(yaml, Path::new("job.yaml")).expect("parses");
+        let submitting = nccl_variables([
+            ("NCCL_DEBUG".to_string(), "INFO".to_string()),
+            ("NCCL_SOCKET_IFNAME".to_string(), "ib0".to_string()),
+            ("HOME".to_string(), "/home/me".to_string()),
+        ]);
+        let job = resolve(
+            &loaded,
+            &Overrides {
+                submitting_env: submitting,
+                ..Overrides::default()
+            },
+        )
+        .unwrap();
+        let pair = |k: &str, v: &str| (k.to_string(), v.to_string());
+        assert_eq!(
+            job.slurm.env,
+            vec![
+                pair("NCCL_DEBUG", "WARN"),
+                pair("NCCL_SOCKET_IFNAME", "ib0"),
+                pair("OMP_PROC_BIND", "close"),
+            ]
+        );
+        let bad = yaml.replace("OMP_PROC_BIND", "2BAD");
+        let err = resolve(
+            &parse(&bad, Path::new("job.yaml")).unwrap(),
+            &Overrides::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("resources.env") && err.contains("2BAD"),
+            "{err}"
         );
     }
 }

@@ -44,6 +44,29 @@ pub fn resolve_slurm(
             "write one shell line per list entry",
         ));
     }
+    for (name, value) in &res.env {
+        let valid_name = name
+            .chars()
+            .next()
+            .is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
+            && name.chars().all(|c| c == '_' || c.is_ascii_alphanumeric());
+        if !valid_name || value.contains('\0') {
+            return Err(s.err(
+                "resources.env",
+                format!("`{name}` is not an environment variable name (or its value holds a NUL)"),
+                "use names of letters, digits and `_`, not starting with a digit",
+            ));
+        }
+    }
+    // The spec's variables win over the submitting shell's.
+    let mut env: Vec<(String, String)> = overrides
+        .submitting_env
+        .iter()
+        .filter(|(k, _)| !res.env.contains_key(k))
+        .cloned()
+        .chain(res.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+        .collect();
+    env.sort();
     Ok(SlurmResources {
         nodes: ranks.nodes,
         ntasks_per_node: ranks.ntasks_per_node,
@@ -65,6 +88,7 @@ pub fn resolve_slurm(
         exclusive: res.exclusive.unwrap_or(false),
         extra_sbatch: res.extra_sbatch.clone(),
         setup: res.setup.clone(),
+        env,
     })
 }
 

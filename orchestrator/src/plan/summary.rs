@@ -54,22 +54,42 @@ impl ResolvedJob {
             yaml_name(&t.schedule.decay),
             t.schedule.min_lr_ratio
         );
-        let _ = writeln!(out, "  memory/rank    model state (fp32 params + grads + AdamW moments), activations not included:");
-        for (strategy, bytes) in &self.memory.per_strategy {
-            let mark = if *strategy == self.memory.strategy {
+        let _ = writeln!(
+            out,
+            "  memory/rank    peak per rank = state + gathered parameters + gradient buffers + activations, at the peak ({}activation checkpointing):",
+            if t.fsdp.activation_checkpointing { "" } else { "no " }
+        );
+        for m in &self.memory.per_strategy {
+            let mark = if m.strategy == self.memory.strategy {
                 "  <- chosen"
             } else {
                 ""
             };
+            let (unit, scale) = if m.peak as f64 >= GIB {
+                ("GiB", GIB)
+            } else {
+                ("MiB", (1u64 << 20) as f64)
+            };
+            let p = &m.at_peak;
+            let x = |bytes: u64| bytes as f64 / scale;
             let _ = writeln!(
                 out,
-                "    {:<14} {:>10.3} GiB{mark}",
-                yaml_name(strategy),
-                *bytes as f64 / GIB
+                "    {:<14} {:>8.2} {unit} = {:.2} state + {:.2} gathered + {:.2} gradients + {:.2} activations{mark}",
+                yaml_name(&m.strategy),
+                x(m.peak),
+                x(p.state),
+                x(p.gathered),
+                x(p.gradients),
+                x(p.activations),
             );
         }
-        if let Some(limit) = self.memory.gpu_memory_bytes {
-            let _ = writeln!(out, "    GPU memory     {:>10.3} GiB", limit as f64 / GIB);
+        if let Some(usable) = self.memory.usable_gpu_bytes() {
+            let _ = writeln!(
+                out,
+                "    GPU memory     {:>8.2} GiB, {:.2} GiB for the job after CUDA and NCCL",
+                self.memory.gpu_memory_bytes.unwrap_or(0) as f64 / GIB,
+                usable as f64 / GIB
+            );
         }
         let _ = writeln!(
             out,
@@ -84,7 +104,7 @@ impl ResolvedJob {
                         .chain(t.checkpoint.interval_minutes.map(|m| format!("{m} min")))
                         .collect();
                     format!(
-                        "{}{} every {}, keep {}",
+                        "{}{} every {}, keep {}{}",
                         dir.display(),
                         if dir.is_relative() {
                             " (in the run directory)"
@@ -92,10 +112,20 @@ impl ResolvedJob {
                             ""
                         },
                         every.join(" or "),
-                        t.checkpoint.keep
+                        t.checkpoint.keep,
+                        if t.checkpoint.resume {
+                            ""
+                        } else {
+                            "; never resumes (resume: false)"
+                        }
                     )
                 }
-                None => "off".into(),
+                None if t.checkpoint.resume => {
+                    "no periodic saves; the final and preemption checkpoints go to the run \
+                     directory, and a re-run or requeue resumes from them"
+                        .into()
+                }
+                None => "off; never resumes (resume: false)".into(),
             }
         );
         let _ = writeln!(out, "  slurm          time {}, partition {}, USR2 {} s before the limit, requeue {} (max {})", s.time.as_deref().unwrap_or("(partition default)"), s.partition.as_deref().unwrap_or("(default)"), self.preemption.signal_seconds, self.preemption.requeue, self.preemption.max_requeues);

@@ -1,14 +1,17 @@
 //! Running the Slurm commands. One batched query for many jobs: `sacct` when accounting
 //! works, else `squeue --states=all` plus `scontrol show job` for what squeue missed.
 
-use super::parse::{parse_sacct, parse_sbatch_parsable, parse_scontrol, parse_squeue};
+use super::parse::{
+    parse_commented_jobs, parse_sacct, parse_sbatch_parsable, parse_scontrol, parse_squeue,
+    CommentedJob,
+};
 use super::{JobRecord, SlurmError};
 use std::collections::HashMap;
 use std::io::ErrorKind;
 use std::path::Path;
 use std::process::{Command, Output};
 
-fn run(program: &'static str, args: &[&str]) -> Result<Output, SlurmError> {
+pub(super) fn run(program: &'static str, args: &[&str]) -> Result<Output, SlurmError> {
     Command::new(program)
         .args(args)
         .output()
@@ -21,7 +24,7 @@ fn run(program: &'static str, args: &[&str]) -> Result<Output, SlurmError> {
         })
 }
 
-fn check(program: &str, args: &[&str], output: Output) -> Result<String, SlurmError> {
+pub(super) fn check(program: &str, args: &[&str], output: Output) -> Result<String, SlurmError> {
     if output.status.success() {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     } else {
@@ -74,6 +77,19 @@ pub fn submit_recorded<E: std::fmt::Display>(
             Err(err)
         }
     }
+}
+
+/// The user's jobs that slurmctld holds and that carry a `--comment`, by comment (the first
+/// of each: an array's tasks share it).
+pub fn jobs_by_comment() -> Result<HashMap<String, CommentedJob>, SlurmError> {
+    let user = super::limits::current_user();
+    let args = ["-h", "--states=all", "-u", &user, "-o", "%F|%T|%r|%k"];
+    let output = run("squeue", &args)?;
+    let mut jobs = HashMap::new();
+    for job in parse_commented_jobs(&check("squeue", &args, output)?) {
+        jobs.entry(job.comment.clone()).or_insert(job);
+    }
+    Ok(jobs)
 }
 
 /// `scancel <ids>`.

@@ -1,14 +1,19 @@
 //! Thin wrappers over the Slurm commands (`sbatch`, `squeue`, `sacct`, `scontrol`,
-//! `scancel`) and parsers of their output. Parsers are pure and tested on outputs recorded
-//! from Slurm 22.05 (`testdata/`); the commands run with whatever `SLURM_CONF` is set.
+//! `scancel`, `sacctmgr`) and parsers of their output. Parsers are pure and tested on
+//! outputs recorded from Slurm 22.05 (`testdata/`); the commands run with whatever
+//! `SLURM_CONF` is set.
 
 mod command;
+pub mod limits;
 mod parse;
 mod runs;
 mod state;
 
-pub use command::{cancel, query, release, submit, submit_recorded, QuerySource};
-pub use parse::{parse_sacct, parse_sbatch_parsable, parse_scontrol, parse_squeue};
+pub use command::{cancel, jobs_by_comment, query, release, submit, submit_recorded, QuerySource};
+pub use parse::{
+    parse_commented_jobs, parse_sacct, parse_sbatch_parsable, parse_scontrol, parse_squeue,
+    CommentedJob,
+};
 pub use runs::{find_runs, refresh, RunStatus, RunsError};
 pub use state::{JobRecord, JobState};
 

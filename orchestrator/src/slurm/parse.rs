@@ -107,6 +107,38 @@ pub fn parse_scontrol(stdout: &str) -> Vec<JobRecord> {
     records
 }
 
+/// A job of the user as `squeue -o '%F|%T|%r|%k'` shows it: array job id, state, reason,
+/// comment (last, since a comment may hold `|`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommentedJob {
+    /// The array's job id (`%F`; a plain job's own id).
+    pub array_job_id: String,
+    pub state: JobState,
+    /// Held by `sbatch --hold` (`JobHeldUser`) and not started.
+    pub held: bool,
+    pub comment: String,
+}
+
+/// `squeue -h --states=all -u <user> -o '%F|%T|%r|%k'`; jobs without a comment are left out.
+pub fn parse_commented_jobs(stdout: &str) -> Vec<CommentedJob> {
+    stdout
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.trim_end().splitn(4, '|');
+            let id = fields.next()?.trim();
+            let state = JobState::parse(fields.next()?);
+            let reason = fields.next()?.trim();
+            let comment = fields.next()?.trim();
+            (!id.is_empty() && !comment.is_empty() && comment != "(null)").then(|| CommentedJob {
+                array_job_id: id.to_string(),
+                held: state == JobState::Pending && reason == "JobHeldUser",
+                state,
+                comment: comment.to_string(),
+            })
+        })
+        .collect()
+}
+
 /// `12_[1-3,5%2]` → `12_1`, `12_2`, `12_3`, `12_5`; plain ids stay as they are.
 fn expand_array_id(id: &str) -> Vec<String> {
     match id.split_once("_[") {
@@ -214,6 +246,28 @@ mod tests {
         assert_eq!(find(&records, "2").exit_code.as_deref(), Some("3:0"));
         assert_eq!(find(&records, "3").state, JobState::Cancelled);
         assert_eq!(find(&records, "4_0").state, JobState::Completed);
+    }
+
+    #[test]
+    fn commented_jobs_recorded() {
+        // Recorded: a held array and a running one with shardrun's tags, a job whose comment
+        // holds `|`, and one without a comment.
+        let jobs = parse_commented_jobs(include_str!("testdata/squeue_comments.txt"));
+        assert_eq!(jobs.len(), 5, "{jobs:?}");
+        assert!(
+            !jobs.iter().any(|j| j.array_job_id == "1"),
+            "no comment, left out"
+        );
+        let held = jobs.iter().find(|j| j.array_job_id == "2").unwrap();
+        assert!(held.held);
+        assert_eq!(held.comment, "shardrun-sweep:grid:1763880000-4242-2");
+        let running = jobs.iter().find(|j| j.array_job_id == "3").unwrap();
+        assert!(!running.held);
+        assert_eq!(running.state, JobState::Running);
+        assert_eq!(
+            jobs.iter().find(|j| j.array_job_id == "4").unwrap().comment,
+            "a|b c"
+        );
     }
 
     #[test]

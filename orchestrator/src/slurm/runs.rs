@@ -3,7 +3,7 @@
 //! Slurm forgetting the job.
 
 use super::{query, JobRecord, JobState, QuerySource, SlurmError};
-use crate::rundir::{RunDir, RunDirError, RunState};
+use crate::rundir::{ArrayRef, RunDir, RunDirError, RunState};
 use std::path::Path;
 
 #[derive(Debug, Clone)]
@@ -17,6 +17,8 @@ pub struct RunStatus {
     pub slurm: Option<JobRecord>,
     /// Human detail: pending reason, exit code, result summary, error.
     pub detail: String,
+    /// Sweep points: the job array the point was last put in.
+    pub array: Option<ArrayRef>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -179,6 +181,7 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
             job_id,
             slurm,
             detail,
+            array: manifest.sweep_array,
         });
     }
     Ok((out, source))

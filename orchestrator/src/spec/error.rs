@@ -21,6 +21,7 @@ pub enum SpecErrorKind {
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub struct SpecError {
+    /// The file the error is in, or the flag that set the value (`--set training.steps=x`).
     pub file: PathBuf,
     /// 1-based line and column, when known.
     pub line: Option<u32>,

@@ -6,11 +6,13 @@
 
 mod error;
 mod locate;
+pub mod overrides;
 mod schema;
 
 pub use error::did_you_mean;
 pub use error::{SpecError, SpecErrorKind};
 pub use locate::locate_path;
+pub use overrides::Override;
 pub use schema::*;
 
 use std::path::{Path, PathBuf};
@@ -23,6 +25,8 @@ pub struct LoadedSpec {
     pub path: PathBuf,
     /// The YAML text, kept to point errors found after parsing at their line.
     pub source: String,
+    /// `--set` values applied on top of the file, in order; errors about them name the flag.
+    pub overrides: Vec<Override>,
 }
 
 impl LoadedSpec {
@@ -33,6 +37,17 @@ impl LoadedSpec {
         why: impl Into<String>,
         fix: impl Into<String>,
     ) -> SpecError {
+        if let Some(o) = self.overrides.iter().rev().find(|o| o.covers(field)) {
+            return SpecError {
+                file: PathBuf::from(o.flag()),
+                line: None,
+                column: None,
+                field: field.to_string(),
+                kind: SpecErrorKind::Invalid,
+                why: why.into(),
+                fix: fix.into(),
+            };
+        }
         let location = locate_path(&self.source, field);
         SpecError {
             file: self.path.clone(),
@@ -44,6 +59,11 @@ impl LoadedSpec {
             fix: fix.into(),
         }
     }
+}
+
+/// Read and parse a job spec file, then apply `--set` overrides.
+pub fn load_with(path: &Path, overrides: &[Override]) -> Result<LoadedSpec, SpecError> {
+    overrides::apply(load(path)?, overrides)
 }
 
 /// Read and parse a job spec file.
@@ -68,6 +88,7 @@ pub fn parse(source: &str, path: &Path) -> Result<LoadedSpec, SpecError> {
         spec,
         path: path.to_path_buf(),
         source: source.to_string(),
+        overrides: Vec::new(),
     };
     validate_name(&loaded)?;
     Ok(loaded)

@@ -68,6 +68,10 @@ pub struct Resources {
     /// Shell lines run before the controller starts (`module load cuda/12.4`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub setup: Vec<String>,
+    /// Environment variables for every rank (`NCCL_SOCKET_IFNAME: ib0`, `NCCL_DEBUG: WARN`).
+    /// `NCCL_*` variables of the shell that submits the job are passed too; these win.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
 }
 
 /// How the job reacts to the end of its time limit or to preemption.
@@ -330,7 +334,24 @@ pub struct SweepSpec {
     pub grid: BTreeMap<String, Vec<Value>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub list: Vec<BTreeMap<String, Value>>,
-    /// At most this many array tasks running at once (`--array=...%throttle`).
+    /// At most this many array tasks running at once, across all of the sweep's arrays.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub throttle: Option<u32>,
+    /// Submission limits for sites whose `scontrol`/`sacctmgr` do not show them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<SweepLimits>,
+}
+
+/// Limits a sweep's submission keeps to, besides those read from the cluster (the smaller
+/// wins).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweepLimits {
+    /// Most tasks in one job array (Slurm's `MaxArraySize`: indices stay below it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_array_size: Option<u64>,
+    /// Most of your jobs queued (pending or running) at once, each array task counted
+    /// (Slurm's `MaxSubmitJobs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_queued: Option<u64>,
 }

@@ -9,6 +9,8 @@
 //! MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 RANK=1 WORLD_SIZE=2 shardrun-collective-bench check
 //! shardrun-collective-bench --device cuda check        # NCCL self-test, world size 1
 //! ```
+//! On CUDA the communicator is always NCCL, a one-rank one at world size 1 (training needs
+//! none there, but this is how one GPU exercises the NCCL path: streams, events, deadlines).
 //! * `check`: every collective on several sizes and dtypes, results compared exactly;
 //! * `bench`: all-gather / reduce-scatter / all-reduce bandwidth, one JSON line per op;
 //! * `soak`: all-reduce in a loop until an error (used by the dead-peer test).
@@ -17,6 +19,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use shardrun_protocol::config::DeviceKind;
 use shardrun_protocol::messages::{PeerInfo, Registration, StartInfo};
+use shardrun_worker::collectives::nccl::{self, NcclCommunicator};
 use shardrun_worker::collectives::{self, hybrid_groups, Communicator, ReduceOp, Work};
 use shardrun_worker::launch::RankEnv;
 use shardrun_worker::rendezvous::{rendezvous, Standalone};
@@ -87,13 +90,25 @@ fn run(args: Args) -> Result<()> {
     let (kind, device) = match args.device {
         DeviceArg::Cpu => (DeviceKind::Cpu, Device::Cpu),
         DeviceArg::Cuda => {
-            if !tch::Cuda::is_available() {
-                bail!("--device cuda: libtorch sees no CUDA device (is this a GPU machine?)");
-            }
-            (DeviceKind::Cuda, Device::Cuda(0))
+            let chosen =
+                shardrun_worker::device::select_cuda(env.local_rank).map_err(anyhow::Error::msg)?;
+            eprintln!(
+                "rank {rank}: {chosen}; {}",
+                nccl::library::load().map_err(anyhow::Error::from)?
+            );
+            (DeviceKind::Cuda, Device::Cuda(chosen.index))
         }
     };
     let timeout = Duration::from_secs(args.timeout_s);
+    if world == 1 && matches!(args.device, DeviceArg::Cuda) {
+        let id = nccl::new_unique_id()?;
+        let comm = NcclCommunicator::new(&id, 0, 1, timeout)?;
+        let result = execute(&args.mode, &comm, device);
+        if result.is_ok() {
+            comm.finish()?;
+        }
+        return result;
+    }
     let prepared = collectives::prepare(kind, rank, world, &args.bind_host)?
         .with_options(collectives::CommOptions { timeout });
     let start = if world == 1 {
@@ -120,12 +135,22 @@ fn run(args: Args) -> Result<()> {
             config_hash: "collective-bench".into(),
             collective_addr: prepared.collective_addr.clone(),
             nccl_unique_id: prepared.nccl_unique_id.clone(),
+            device_error: None,
         };
         rendezvous(&config, me)?
     };
-    let comm = prepared.connect(&start, rank)?;
-    match args.mode {
-        Mode::Check => check(comm.as_ref(), device),
+    let comms = prepared.connect(&start, rank)?;
+    let result = execute(&args.mode, comms.data.as_ref(), device);
+    if result.is_ok() {
+        comms.control.barrier()?;
+        comms.data.finish()?;
+    }
+    result
+}
+
+fn execute(mode: &Mode, comm: &dyn Communicator, device: Device) -> Result<()> {
+    match *mode {
+        Mode::Check => check(comm, device),
         Mode::Bench {
             mib,
             warmup,
@@ -136,16 +161,9 @@ fn run(args: Args) -> Result<()> {
                 DtypeArg::F32 => (Kind::Float, "f32"),
                 DtypeArg::Bf16 => (Kind::BFloat16, "bf16"),
             };
-            bench(
-                comm.as_ref(),
-                device,
-                mib << 20,
-                warmup,
-                iters,
-                (kind, label),
-            )
+            bench(comm, device, mib << 20, warmup, iters, (kind, label))
         }
-        Mode::Soak => soak(comm.as_ref(), device),
+        Mode::Soak => soak(comm, device),
     }
 }
 

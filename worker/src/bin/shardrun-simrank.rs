@@ -17,6 +17,7 @@ use shardrun_protocol::{env, TrainConfig};
 use shardrun_worker::controller_client::{self, ClientOptions};
 use shardrun_worker::launch::RankEnv;
 use shardrun_worker::report::Reporter;
+use shardrun_worker::stop::{self, StopRequest};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Parser)]
@@ -43,14 +44,20 @@ struct Args {
 }
 
 fn main() {
-    if let Err(e) = run() {
-        eprintln!("shardrun-simrank: error: {e:#}");
-        std::process::exit(1);
+    match run() {
+        Ok(0) => {}
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("shardrun-simrank: error: {e:#}");
+            std::process::exit(1);
+        }
     }
 }
 
-fn run() -> Result<()> {
+/// Runs; `Ok` with the exit status (0 unless stopped on request, like the real worker).
+fn run() -> Result<i32> {
     let args = Args::parse();
+    stop::install_signal_handlers()?;
     let rank_env = RankEnv::from_env()?;
     let config_path = std::env::var(env::CONFIG_FILE).context("SHARDRUN_CONFIG is not set")?;
     let config: TrainConfig = serde_json::from_str(
@@ -68,6 +75,7 @@ fn run() -> Result<()> {
         config_hash: config.config_hash(),
         collective_addr: None,
         nccl_unique_id: None,
+        device_error: None,
     };
     let (client, start) =
         controller_client::connect(&addr, &secret, registration, &ClientOptions::from_env())?;
@@ -109,6 +117,9 @@ fn run() -> Result<()> {
             mfu: None,
             model_state_bytes: 0,
             peak_memory_bytes: 0,
+            peak_reserved_bytes: None,
+            device_used_bytes: None,
+            device_total_bytes: None,
             loss_scale: None,
             epoch: None,
             data_time_s: None,
@@ -117,10 +128,22 @@ fn run() -> Result<()> {
             // SAFETY: plain syscall on our own pid.
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         }
-        if client.preempt_requested() {
-            client.log(LogLevel::Info, &format!("preempted at step {step}"));
-            client.finished(true);
-            return Ok(());
+        // Stop requests act at the step boundary, as in the trainer (one rank: no agreement).
+        match stop::process().requested() {
+            None => {}
+            Some(StopRequest::Preempt) => {
+                client.log(LogLevel::Info, &format!("preempted at step {step}"));
+                client.finished(true);
+                return Ok(0);
+            }
+            Some(StopRequest::Stop(cause)) => {
+                client.log(
+                    LogLevel::Warn,
+                    &format!("stopping after step {step}: {cause}"),
+                );
+                client.stopped(step, &cause);
+                return Ok(cause.exit_code());
+            }
         }
         if args.step_ms > 0 {
             std::thread::sleep(Duration::from_millis(args.step_ms));
@@ -138,7 +161,7 @@ fn run() -> Result<()> {
         ),
     );
     client.finished(false);
-    Ok(())
+    Ok(0)
 }
 
 /// Spins (does not sleep) for `d`, like a compute-bound step.

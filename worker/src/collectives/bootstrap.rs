@@ -1,6 +1,7 @@
-//! Building a communicator in two steps around the rendezvous: [`prepare`] before it (the CPU
-//! backend binds its listener so the address can go into the registration; NCCL rank 0 makes
-//! the unique id), [`Prepared::connect`] after it, with every rank's [`StartInfo`].
+//! Building a job's communicators in two steps around the rendezvous: [`prepare`] before it
+//! (the control ring binds its listener so the address can go into the registration; NCCL
+//! rank 0 makes the unique id), [`Prepared::connect`] after it, with every rank's
+//! [`StartInfo`].
 
 use super::cpu::{CpuCommunicator, Member};
 use super::nccl::{self, NcclCommunicator};
@@ -27,10 +28,29 @@ impl Default for CommOptions {
     }
 }
 
+/// A job's two communicators.
+pub struct Comms {
+    /// Control values and CPU tensors: always the CPU ring (or this process alone).
+    pub control: Box<dyn Communicator>,
+    /// The FSDP engine's tensors: NCCL on GPUs, a second CPU ring on CPUs, this process
+    /// alone at world size 1. Wrap it in a [`super::DataPlane`] (the process groups do).
+    pub data: Box<dyn Communicator>,
+}
+
+impl Comms {
+    /// This process alone, on any device: no communicator at all.
+    pub fn single_process() -> Comms {
+        Comms {
+            control: Box::new(SingleProcess),
+            data: Box::new(SingleProcess),
+        }
+    }
+}
+
 /// What a rank has ready before the rendezvous.
 #[derive(Debug)]
 pub struct Prepared {
-    /// `host:port` of this rank's CPU collective listener (goes into the registration).
+    /// `host:port` of this rank's control ring listener (goes into the registration).
     pub collective_addr: Option<String>,
     /// NCCL unique id (rank 0 of a GPU run; goes into the registration).
     pub nccl_unique_id: Option<Vec<u8>>,
@@ -41,8 +61,9 @@ pub struct Prepared {
     options: CommOptions,
 }
 
-/// Before rendezvous: a CPU rank of a multi-rank job binds its collective listener on
-/// `bind_host` (an ephemeral port); NCCL rank 0 makes the unique id.
+/// Before rendezvous: every rank of a multi-rank job binds its control ring listener on
+/// `bind_host` (an ephemeral port); rank 0 of a multi-rank GPU job makes the NCCL unique id
+/// (loading NCCL, so a missing library fails here, before anyone waits).
 pub fn prepare(
     device: DeviceKind,
     rank: usize,
@@ -63,15 +84,13 @@ pub fn prepare(
         listener: None,
         options: CommOptions::default(),
     };
-    match device {
-        DeviceKind::Cpu if world_size > 1 => {
-            let (listener, addr) = super::cpu::transport::bind(bind_host)?;
-            prepared.listener = Some(listener);
-            prepared.collective_addr = Some(addr);
+    if world_size > 1 {
+        let (listener, addr) = super::cpu::transport::bind(bind_host)?;
+        prepared.listener = Some(listener);
+        prepared.collective_addr = Some(addr);
+        if device == DeviceKind::Cuda && rank == 0 {
+            prepared.nccl_unique_id = Some(nccl::new_unique_id()?);
         }
-        DeviceKind::Cpu => {}
-        DeviceKind::Cuda if rank == 0 => prepared.nccl_unique_id = Some(nccl::new_unique_id()?),
-        DeviceKind::Cuda => {}
     }
     Ok(prepared)
 }
@@ -83,12 +102,9 @@ impl Prepared {
     }
 
     /// After rendezvous: connect to the peers named in `start` (collective on all ranks).
-    /// `rank` must be the rank given to [`prepare`].
-    pub fn connect(
-        self,
-        start: &StartInfo,
-        rank: usize,
-    ) -> Result<Box<dyn Communicator>, CommError> {
+    /// `rank` must be the rank given to [`prepare`]. On a GPU the current CUDA device must be
+    /// this rank's already (NCCL binds its communicator to it).
+    pub fn connect(self, start: &StartInfo, rank: usize) -> Result<Comms, CommError> {
         if rank != self.rank || start.world_size as usize != self.world_size {
             return Err(CommError::Invalid(format!(
                 "prepared as rank {} of {}, connecting as rank {rank} of {}",
@@ -108,35 +124,41 @@ impl Prepared {
                 self.world_size
             )));
         }
-        match self.device {
-            DeviceKind::Cpu if self.world_size == 1 => Ok(Box::new(SingleProcess)),
+        if self.world_size == 1 {
+            return Ok(Comms::single_process());
+        }
+        let members = start
+            .peers
+            .iter()
+            .map(|p| {
+                let addr = p.collective_addr.clone().ok_or_else(|| {
+                    CommError::Invalid(format!(
+                        "rank {} registered no collective address (every rank of a multi-rank \
+                         job has a control ring listener)",
+                        p.rank
+                    ))
+                })?;
+                Ok(Member {
+                    rank: p.rank as usize,
+                    addr,
+                })
+            })
+            .collect::<Result<Vec<_>, CommError>>()?;
+        let listener = self
+            .listener
+            .ok_or_else(|| CommError::Invalid("prepared without a listener".to_string()))?;
+        let control: Box<dyn Communicator> = Box::new(CpuCommunicator::connect(
+            listener,
+            members,
+            rank,
+            self.options.clone(),
+        )?);
+        let data = match self.device {
+            // A second ring, so the engine's traffic and the control values never queue
+            // behind each other (as NCCL and the control ring do not on GPUs).
             DeviceKind::Cpu => {
-                let members = start
-                    .peers
-                    .iter()
-                    .map(|p| {
-                        let addr = p.collective_addr.clone().ok_or_else(|| {
-                            CommError::Invalid(format!(
-                                "rank {} registered no collective address (a CPU run needs one \
-                                 per rank)",
-                                p.rank
-                            ))
-                        })?;
-                        Ok(Member {
-                            rank: p.rank as usize,
-                            addr,
-                        })
-                    })
-                    .collect::<Result<Vec<_>, CommError>>()?;
-                let listener = self
-                    .listener
-                    .ok_or_else(|| CommError::Invalid("prepared without a listener".to_string()))?;
-                Ok(Box::new(CpuCommunicator::connect(
-                    listener,
-                    members,
-                    rank,
-                    self.options,
-                )?))
+                let all: Vec<usize> = (0..self.world_size).collect();
+                control.new_subgroup(&all)?
             }
             DeviceKind::Cuda => {
                 let id = start.nccl_unique_id.as_deref().ok_or_else(|| {
@@ -146,8 +168,14 @@ impl Prepared {
                             .to_string(),
                     )
                 })?;
-                Ok(Box::new(NcclCommunicator::new(id, rank, self.world_size)?))
+                Box::new(NcclCommunicator::new(
+                    id,
+                    rank,
+                    self.world_size,
+                    self.options.timeout,
+                )?)
             }
-        }
+        };
+        Ok(Comms { control, data })
     }
 }

@@ -8,6 +8,8 @@ use tch::{Device, Kind, Tensor};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dtype {
     F32,
+    /// Control values (losses, norms, flags, step numbers) on the CPU communicator.
+    F64,
     BF16,
     F16,
 }
@@ -16,10 +18,11 @@ impl Dtype {
     pub fn of(tensor: &Tensor, what: &str) -> Result<Dtype, CommError> {
         match tensor.kind() {
             Kind::Float => Ok(Dtype::F32),
+            Kind::Double => Ok(Dtype::F64),
             Kind::BFloat16 => Ok(Dtype::BF16),
             Kind::Half => Ok(Dtype::F16),
             other => Err(CommError::Invalid(format!(
-                "{what} has dtype {other:?}; collectives take f32, bf16 or f16"
+                "{what} has dtype {other:?}; collectives take f32, f64, bf16 or f16"
             ))),
         }
     }
@@ -27,6 +30,7 @@ impl Dtype {
     pub fn size(self) -> usize {
         match self {
             Dtype::F32 => 4,
+            Dtype::F64 => 8,
             Dtype::BF16 | Dtype::F16 => 2,
         }
     }

@@ -5,29 +5,37 @@
 //! Semantics (the same as `torch.distributed`'s):
 //! * every rank of a communicator issues the same operations in the same order;
 //! * operations are asynchronous: they return a [`Work`] that must be waited on before the
-//!   output is read or the input is modified; operations complete in issue order;
-//! * tensors are contiguous, on the backend's device, of one dtype (f32, bf16 or f16);
+//!   output is used or the input is modified; operations complete in issue order;
+//! * tensors are contiguous, on the backend's device, of one dtype (f32, f64, bf16 or f16);
 //!   all-gather and reduce-scatter may run in place (the small tensor being this rank's
 //!   segment of the big one), as NCCL allows.
 //!
-//! Building one: [`prepare`] before the rendezvous (its `collective_addr` / `nccl_unique_id`
+//! Every job has two communicators ([`Comms`]): the *control* one, always the CPU ring, for
+//! control values, and the *data* one (NCCL on GPUs) for the FSDP engine's tensors only, which
+//! [`DataPlane`] enforces.
+//!
+//! Building them: [`prepare`] before the rendezvous (its `collective_addr` / `nccl_unique_id`
 //! go into the registration), [`Prepared::connect`] with the [`StartInfo`] after it. World
-//! size 1 on CPU is [`SingleProcess`]; HYBRID_SHARD's groups come from
-//! [`Communicator::new_subgroup`] with the ranks [`hybrid_groups`] names.
+//! size 1 is [`SingleProcess`] on every device (no NCCL communicator); HYBRID_SHARD's groups
+//! come from [`Communicator::new_subgroup`] with the ranks [`hybrid_groups`] names.
 //!
 //! * [`cpu`]: ring algorithms over TCP between processes, one thread per communicator;
-//! * [`nccl`]: NCCL through cudarc on libtorch's default stream;
-//! * `single`, `bootstrap`, `dtype`: world size 1, construction, argument checks.
+//! * [`nccl`]: NCCL through cudarc on its own stream, with deadlines and abort;
+//! * `single`, `bootstrap`, `dtype`, `data_plane`: world size 1, construction, argument
+//!   checks, the engine-only rule.
 //!
 //! [`StartInfo`]: shardrun_protocol::messages::StartInfo
 
 mod bootstrap;
 pub mod cpu;
+mod data_plane;
 mod dtype;
 pub mod nccl;
 mod single;
 
-pub use bootstrap::{prepare, CommOptions, Prepared};
+pub use bootstrap::{prepare, CommOptions, Comms, Prepared};
+pub use data_plane::DataPlane;
+pub(crate) use data_plane::EngineScope;
 pub use single::SingleProcess;
 
 use tch::Tensor;
@@ -58,7 +66,10 @@ pub enum CommError {
     Other(String),
 }
 
-/// A pending collective. Dropping it without waiting is a bug in the caller.
+/// A pending collective. Dropping it without waiting is a bug in the caller. On the CPU
+/// backend `wait` returns when the operation is done; on NCCL it orders the work libtorch
+/// queues afterwards after the collective, without blocking the host (host reads of device
+/// values wait for collectives first: [`nccl::watch::wait_all`]).
 #[must_use = "wait on collective work before using its output"]
 pub struct Work(Box<dyn FnOnce() -> Result<(), CommError> + Send>);
 
@@ -102,6 +113,12 @@ pub trait Communicator: Send + Sync {
     /// contains the caller); the groups must partition the parent's ranks. The new
     /// communicator's rank of a member is its index in `ranks` sorted ascending.
     fn new_subgroup(&self, ranks: &[usize]) -> Result<Box<dyn Communicator>, CommError>;
+    /// The clean end, once every rank has finished its collectives (after a barrier on the
+    /// control communicator). NCCL finalizes and destroys here and only here; dropped any
+    /// other way, a communicator is aborted, which never waits for peers.
+    fn finish(&self) -> Result<(), CommError> {
+        Ok(())
+    }
 }
 
 /// The two groups of `rank` for HYBRID_SHARD with `shard_size` ranks per shard group:

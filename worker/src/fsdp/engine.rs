@@ -3,9 +3,27 @@
 //! Each segment's forward runs on a detached input that requires grad (a graph cut), so its
 //! backward can run on its own with the upstream gradient (`shim::grad`). That is what lets a
 //! unit be gathered just before its segment runs, freed right after, gathered again just
-//! before its backward, and reduce-scattered as soon as its last segment's backward is done.
+//! before its backward, and reduce-scattered as soon as its segment's backward is done.
 //!
 //! Visits: forward visits segments `0..k`, backward visits `k..2k` (segment `2k-1-v`).
+//!
+//! Memory stays bounded by a few units, whatever the model's size:
+//! * gathered parameters: a unit is gathered for the visits that read it and freed after
+//!   the last of a run of consecutive visits reading it (FULL_SHARD, HYBRID_SHARD; the other
+//!   strategies keep it from forward to its backward); at most `max_gathers_in_flight` units,
+//!   the running segment's included, are gathered at once;
+//! * unsharded gradients: a unit's flat gradient exists from its segment's backward until its
+//!   reduce-scatter completes, and at most [`REDUCE_SCATTERS_IN_FLIGHT`] reduce-scatters are
+//!   left running while the next segment's backward computes (PyTorch FSDP2 waits for the
+//!   previous reduce-scatter likewise). A unit read by two segments (a tied embedding and
+//!   output head) is reduce-scattered after each, the results added into its gradient shard.
+//!   Under no_sync (SHARD_GRAD_OP and NO_SHARD before the last micro-step) gradients are kept
+//!   unsharded across micro-steps instead: that is what no_sync trades memory for.
+//!
+//! Nothing here reads a device value on the host: the loss comes back as a device scalar and
+//! the gradient norm as another, for the training loop to read once per step
+//! ([`crate::host`]). Collective calls run inside an [`EngineScope`], the only place the data
+//! communicator accepts them.
 
 use super::flat::FlatLayout;
 use super::groups::ProcessGroups;
@@ -13,12 +31,13 @@ use super::shim;
 use super::unit::{FlatUnit, PendingReduce};
 use super::wrap::plan_units;
 use super::FsdpError;
-use crate::collectives::{Communicator, ReduceOp};
+use crate::collectives::{EngineScope, ReduceOp};
 use crate::data::Batch;
+use crate::host;
 use crate::model::{Model, Params, SegmentSpec};
-use crate::optim::adamw_step;
+use crate::optim::adamw_step_fused;
 use shardrun_protocol::config::{OptimizerConfig, ShardingStrategy, WrapPolicy};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use tch::{Device, Kind, Tensor};
 
 #[derive(Debug, Clone)]
@@ -30,7 +49,8 @@ pub struct EngineOptions {
     pub reduce_kind: Kind,
     pub activation_checkpointing: bool,
     pub prefetch: bool,
-    /// At most this many units gathered ahead of the one computing.
+    /// At most this many units gathered at once: the running segment's and those gathered
+    /// ahead of it (prefetched). The running segment's units are always gathered.
     pub max_gathers_in_flight: usize,
     pub device: Device,
 }
@@ -41,6 +61,23 @@ pub struct UnitShardState {
     pub param: Vec<f32>,
     pub exp_avg: Vec<f32>,
     pub exp_avg_sq: Vec<f32>,
+}
+
+/// Reduce-scatters left running while the next segment's backward computes; issuing another
+/// first waits for the oldest, so its unsharded gradient buffer is freed.
+pub const REDUCE_SCATTERS_IN_FLIGHT: usize = 1;
+
+/// Peaks of the memory the engine allocates beyond the persistent shards, since the last
+/// [`FsdpEngine::reset_memory_stats`]: what a test or a benchmark checks stays bounded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Bytes of gathered (unsharded) parameters alive at once.
+    pub gathered_bytes: u64,
+    /// Units holding gathered parameters (or an all-gather into them) at once.
+    pub gathered_units: usize,
+    /// Bytes of unsharded gradients alive at once: flat buffers not reduce-scattered yet,
+    /// reduce-scatters in flight (input and output).
+    pub unsharded_grad_bytes: u64,
 }
 
 /// What forward keeps of a segment for its backward.
@@ -64,11 +101,13 @@ pub struct FsdpEngine {
     units: Vec<FlatUnit>,
     /// Every parameter by name: the leaf tensors viewing the gathered buffers.
     param_map: HashMap<String, Tensor>,
-    /// Per unit: its last forward visit and its last backward visit.
-    last_forward: Vec<usize>,
+    /// Per unit: its last backward visit.
     last_backward: Vec<usize>,
     groups: ProcessGroups,
     options: EngineOptions,
+    memory: MemoryStats,
+    /// Reduce-scatters issued and not waited for yet, oldest first.
+    reducing: VecDeque<(usize, PendingReduce)>,
     /// AdamW steps taken (bias correction counts from these).
     pub optimizer_steps: u64,
     /// Inside [`FsdpEngine::forward_only`]: no backward visits follow, so none is prefetched.
@@ -132,11 +171,9 @@ impl FsdpEngine {
             segment_params.push(params);
         }
         let k = segments.len();
-        let mut last_forward = vec![usize::MAX; units.len()];
         let mut last_backward = vec![usize::MAX; units.len()];
         for (s, used) in segment_units.iter().enumerate() {
             for &u in used {
-                last_forward[u] = s;
                 // The lowest segment using a unit is the last one backward visits.
                 if last_backward[u] == usize::MAX {
                     last_backward[u] = 2 * k - 1 - s;
@@ -160,10 +197,11 @@ impl FsdpEngine {
             segment_params,
             units,
             param_map,
-            last_forward,
             last_backward,
             groups,
             options,
+            memory: MemoryStats::default(),
+            reducing: VecDeque::new(),
             optimizer_steps: 0,
             forward_only: false,
         })
@@ -185,7 +223,15 @@ impl FsdpEngine {
         )
     }
 
-    /// Gathers what `visit` reads, prefetching the next visits' units within the limit.
+    /// Whether visit `visit + 1` (if any) reads unit `u`.
+    fn next_visit_reads(&self, visit: usize, u: usize) -> bool {
+        visit + 1 < 2 * self.segments.len()
+            && self.segment_units[self.segment_of_visit(visit + 1)].contains(&u)
+    }
+
+    /// Gathers what `visit` reads and, with prefetch, starts gathering the next visits'
+    /// units while fewer than `max_gathers_in_flight` units are gathered or gathering (the
+    /// ones `visit` reads count).
     fn prepare(&mut self, visit: usize) -> Result<(), FsdpError> {
         let shard = self.groups.shard.clone();
         let needed = self.segment_units[self.segment_of_visit(visit)].clone();
@@ -194,49 +240,55 @@ impl FsdpEngine {
         }
         if self.options.prefetch {
             let limit = self.options.max_gathers_in_flight.max(1);
-            let mut in_flight = (0..self.units.len())
-                .filter(|u| !needed.contains(u) && self.units[*u].is_in_flight())
-                .count();
+            // Units gathering ahead stay in flight until the visit that reads them waits.
+            let mut alive = needed.len()
+                + (0..self.units.len())
+                    .filter(|u| !needed.contains(u) && self.units[*u].is_in_flight())
+                    .count();
             let last_visit = if self.forward_only {
                 self.segments.len()
             } else {
                 2 * self.segments.len()
             };
-            for next in visit + 1..(visit + 1 + limit).min(last_visit) {
+            'ahead: for next in visit + 1..(visit + 1 + limit).min(last_visit) {
                 for u in self.segment_units[self.segment_of_visit(next)].clone() {
-                    if in_flight < limit && self.units[u].is_sharded() {
+                    if alive >= limit {
+                        break 'ahead;
+                    }
+                    if self.units[u].is_sharded() {
                         self.units[u].begin_gather(shard.as_ref())?;
-                        in_flight += 1;
+                        alive += 1;
                     }
                 }
             }
         }
+        self.note_memory();
         for &u in &needed {
             self.units[u].finish_gather()?;
         }
         Ok(())
     }
 
+    /// FULL_SHARD/HYBRID_SHARD free what this forward visit read unless the next visit
+    /// reads it too (the head, around the loss): a tied embedding is freed after the
+    /// embeddings and gathered again for the head.
     fn after_forward(&mut self, visit: usize) -> Result<(), FsdpError> {
         if !self.reshards_after_forward() {
             return Ok(());
         }
-        let next = self.segment_of_visit(visit + 1);
         for u in self.segment_units[visit].clone() {
-            // A unit the next visit reads (the root, around the loss) stays gathered.
-            if self.last_forward[u] == visit && !self.segment_units[next].contains(&u) {
+            if !self.next_visit_reads(visit, u) {
                 self.units[u].release()?;
             }
         }
         Ok(())
     }
 
-    fn after_backward(
-        &mut self,
-        visit: usize,
-        sync: bool,
-        pending: &mut Vec<(usize, PendingReduce)>,
-    ) -> Result<(), FsdpError> {
+    /// After a backward visit: frees the gathered units it read (unless the next visit
+    /// reads them; SHARD_GRAD_OP keeps a unit until its last backward visit) and issues
+    /// their gradients' reduce-scatter, waiting for older ones beyond
+    /// [`REDUCE_SCATTERS_IN_FLIGHT`].
+    fn after_backward(&mut self, visit: usize, sync: bool) -> Result<(), FsdpError> {
         let strategy = self.options.strategy;
         // FULL_SHARD/HYBRID_SHARD reduce every micro-step so unsharded gradients never
         // outlive a unit's backward; the others skip communication until the last one
@@ -248,35 +300,79 @@ impl FsdpEngine {
             );
         let shard = self.groups.shard.clone();
         for u in self.segment_units[self.segment_of_visit(visit)].clone() {
-            if self.last_backward[u] != visit {
+            if self.next_visit_reads(visit, u) {
                 continue;
             }
-            if strategy != ShardingStrategy::NoShard {
+            let done_with_params = self.reshards_after_forward() || self.last_backward[u] == visit;
+            if strategy != ShardingStrategy::NoShard && done_with_params {
                 self.units[u].release()?;
             }
-            if reduce_now || self.units[u].layout.shard_count == 1 {
+            if (reduce_now || self.units[u].layout.shard_count == 1)
+                && self.units[u].unsharded_grad_bytes() > 0
+            {
+                while self.reducing.len() >= REDUCE_SCATTERS_IN_FLIGHT {
+                    self.finish_oldest_reduce()?;
+                }
                 if let Some(p) = self.units[u].reduce_grad(shard.as_ref())? {
-                    pending.push((u, p));
+                    self.reducing.push_back((u, p));
+                    self.note_memory();
                 }
             }
         }
         Ok(())
     }
 
+    /// Waits for the oldest reduce-scatter in flight and folds it into its gradient shard.
+    fn finish_oldest_reduce(&mut self) -> Result<(), FsdpError> {
+        if let Some((u, p)) = self.reducing.pop_front() {
+            self.units[u].finish_reduce(p)?;
+        }
+        Ok(())
+    }
+
+    /// Records the current gathered and unsharded-gradient memory into the peaks.
+    fn note_memory(&mut self) {
+        let mut now = MemoryStats::default();
+        for u in &self.units {
+            let gathered = u.gathered_bytes();
+            if gathered > 0 {
+                now.gathered_bytes += gathered;
+                now.gathered_units += 1;
+            }
+            now.unsharded_grad_bytes += u.unsharded_grad_bytes();
+        }
+        now.unsharded_grad_bytes += self.reducing.iter().map(|(_, p)| p.bytes()).sum::<u64>();
+        let peak = &mut self.memory;
+        peak.gathered_bytes = peak.gathered_bytes.max(now.gathered_bytes);
+        peak.gathered_units = peak.gathered_units.max(now.gathered_units);
+        peak.unsharded_grad_bytes = peak.unsharded_grad_bytes.max(now.unsharded_grad_bytes);
+    }
+
+    /// Peaks since the last [`FsdpEngine::reset_memory_stats`] (or the engine's creation).
+    pub fn memory_stats(&self) -> MemoryStats {
+        self.memory
+    }
+
+    pub fn reset_memory_stats(&mut self) {
+        self.memory = MemoryStats::default();
+    }
+
     /// Forward and backward of one micro-batch; gradients of `loss · loss_factor` are added to
     /// the gradient shards. `sync`: the last micro-step of an optimizer step (gradients are
-    /// fully reduced, across replicas too). Returns the (unscaled) local loss.
+    /// fully reduced, across replicas too). Returns the (unscaled) local loss, an f64 scalar
+    /// on the device (not read: see [`crate::host`]).
     pub fn forward_backward(
         &mut self,
         batch: &Batch,
         loss_factor: f64,
         sync: bool,
-    ) -> Result<f64, FsdpError> {
+    ) -> Result<Tensor, FsdpError> {
+        let _engine = EngineScope::enter();
         let k = self.segments.len();
         let targets = &batch.targets;
         let mut x = batch.inputs_as(self.options.param_kind);
         let mut saved = Vec::with_capacity(k);
-        let mut loss = 0.0;
+        let mut loss = None;
         for s in 0..k {
             self.prepare(s)?;
             let p = Params::new(&self.param_map);
@@ -292,7 +388,7 @@ impl FsdpEngine {
                     .forward_segment(s, &p, input.as_ref().unwrap_or(&x), targets);
                 x = y.detach();
                 let output = if s + 1 == k {
-                    loss = x.double_value(&[]);
+                    loss = Some(x.to_kind(Kind::Double));
                     y * loss_factor
                 } else {
                     y
@@ -303,7 +399,6 @@ impl FsdpEngine {
         }
 
         let mut upstream: Option<Tensor> = None;
-        let mut pending = Vec::new();
         for s in (0..k).rev() {
             let visit = 2 * k - 1 - s;
             self.prepare(visit)?;
@@ -348,21 +443,30 @@ impl FsdpEngine {
                     self.units[u].accumulate_grad(i, &grad);
                 }
             }
-            self.after_backward(visit, sync, &mut pending)?;
+            self.note_memory();
+            self.after_backward(visit, sync)?;
         }
-        for (u, p) in pending {
-            self.units[u].finish_reduce(p)?;
+        while !self.reducing.is_empty() {
+            self.finish_oldest_reduce()?;
         }
         if sync {
             self.sync_replicas()?;
         }
-        Ok(loss)
+        loss.ok_or_else(|| {
+            FsdpError::Invalid(
+                "the model's last segment gave no loss (activation checkpointing of the loss \
+                 segment?)"
+                    .into(),
+            )
+        })
     }
 
     /// The loss of `batch` without gradients (evaluation). Units are gathered segment by
     /// segment as in training and none stays gathered afterwards; gradients, optimizer state
     /// and the shards are untouched.
-    pub fn forward_only(&mut self, batch: &Batch) -> Result<f64, FsdpError> {
+    /// The loss is an f64 scalar on the device (not read: see [`crate::host`]).
+    pub fn forward_only(&mut self, batch: &Batch) -> Result<Tensor, FsdpError> {
+        let _engine = EngineScope::enter();
         self.forward_only = true;
         let loss = self.forward_segments_without_grad(batch);
         self.forward_only = false;
@@ -374,7 +478,7 @@ impl FsdpEngine {
         loss
     }
 
-    fn forward_segments_without_grad(&mut self, batch: &Batch) -> Result<f64, FsdpError> {
+    fn forward_segments_without_grad(&mut self, batch: &Batch) -> Result<Tensor, FsdpError> {
         let mut x = batch.inputs_as(self.options.param_kind);
         for s in 0..self.segments.len() {
             self.prepare(s)?;
@@ -382,7 +486,7 @@ impl FsdpEngine {
             x = tch::no_grad(|| self.model.forward_segment(s, &p, &x, &batch.targets));
             self.after_forward(s)?;
         }
-        Ok(x.double_value(&[]))
+        Ok(x.to_kind(Kind::Double))
     }
 
     /// Averages the gradient shards over the replicate group (NO_SHARD, HYBRID_SHARD), on
@@ -413,26 +517,17 @@ impl FsdpEngine {
         Ok(())
     }
 
-    /// Squared L2 norm of the whole model's gradient (all shards of the shard group).
-    pub fn grad_norm_sq(&self) -> Result<f64, FsdpError> {
-        let local: f64 = self
-            .units
-            .iter()
-            .map(|u| u.grad.square().sum(Kind::Double).double_value(&[]))
-            .sum();
-        all_reduce_scalar(
-            self.groups.shard.as_ref(),
-            self.options.device,
-            local,
-            ReduceOp::Sum,
-        )
-    }
-
-    /// Whether every gradient element on this rank is finite.
-    pub fn grads_finite(&self) -> bool {
+    /// Squared L2 norm of this rank's gradient shards, an f64 scalar on the device. Not
+    /// finite exactly when some gradient element is not (squares of f32 values cannot
+    /// overflow an f64 sum), so it is the fp16 overflow check too. The global norm is the sum
+    /// over one replica of each shard (the training loop adds them on the control plane).
+    pub fn local_grad_norm_sq(&self) -> Tensor {
+        let device = self.options.device;
         self.units
             .iter()
-            .all(|u| u.grad.isfinite().all().int64_value(&[]) != 0)
+            .fold(Tensor::zeros([], (Kind::Double, device)), |acc, u| {
+                acc + u.grad.square().sum(Kind::Double)
+            })
     }
 
     pub fn scale_grads(&mut self, factor: f64) {
@@ -447,14 +542,20 @@ impl FsdpEngine {
         }
     }
 
-    /// AdamW on every shard, then gathered copies are stale.
-    pub fn optimizer_step(&mut self, config: &OptimizerConfig, lr: f64) {
+    /// AdamW on every shard (one fused call for all units), then gathered copies are stale.
+    pub fn optimizer_step(&mut self, config: &OptimizerConfig, lr: f64) -> Result<(), FsdpError> {
         self.optimizer_steps += 1;
         let step = self.optimizer_steps;
+        let tensors: Vec<_> = self
+            .units
+            .iter()
+            .map(|u| (&u.shard, &u.grad, &u.adam))
+            .collect();
+        adamw_step_fused(config, lr, step, &tensors)?;
         for u in &mut self.units {
-            adamw_step(config, lr, step, &mut u.shard, &u.grad, &mut u.adam);
             u.mark_stale();
         }
+        Ok(())
     }
 
     /// Bytes of parameters, gradients and optimizer state resident on this rank.
@@ -482,9 +583,7 @@ impl FsdpEngine {
             .units
             .get(unit)
             .ok_or_else(|| FsdpError::Invalid(format!("no unit {unit}")))?;
-        let values = |t: &Tensor| -> Result<Vec<f32>, FsdpError> {
-            Ok(Vec::<f32>::try_from(&t.to_device(Device::Cpu))?)
-        };
+        let values = host::f32_values;
         Ok(UnitShardState {
             param: values(&u.shard)?,
             exp_avg: values(&u.adam.exp_avg)?,
@@ -529,37 +628,36 @@ impl FsdpEngine {
 
     /// Every parameter, unsharded, in fp32 on the CPU (all ranks of the shard group must call).
     pub fn full_parameters(&self) -> Result<Vec<(String, Tensor)>, FsdpError> {
+        self.unsharded(|u| &u.shard)
+    }
+
+    /// Every parameter's accumulated gradient, unsharded, in fp32 on the CPU (all ranks of
+    /// the shard group must call).
+    pub fn full_gradients(&self) -> Result<Vec<(String, Tensor)>, FsdpError> {
+        self.unsharded(|u| &u.grad)
+    }
+
+    /// Gathers one fp32 shard tensor of every unit and cuts it into parameters.
+    fn unsharded(
+        &self,
+        shard_of: impl Fn(&FlatUnit) -> &Tensor,
+    ) -> Result<Vec<(String, Tensor)>, FsdpError> {
+        let _engine = EngineScope::enter();
         let mut out = Vec::new();
         for u in &self.units {
-            let full = Tensor::empty([u.layout.padded_numel], (Kind::Float, u.shard.device()));
+            let shard = shard_of(u);
+            let full = Tensor::empty([u.layout.padded_numel], (Kind::Float, shard.device()));
             if u.layout.shard_count == 1 {
-                tch::no_grad(|| full.narrow(0, 0, u.layout.padded_numel).copy_(&u.shard));
+                tch::no_grad(|| full.narrow(0, 0, u.layout.padded_numel).copy_(shard));
             } else {
-                self.groups.shard.all_gather(&u.shard, &full)?.wait()?;
+                self.groups.shard.all_gather(shard, &full)?.wait()?;
             }
+            let full = host::to_cpu(&full)?;
             for p in &u.layout.params {
-                let value = full
-                    .narrow(0, p.offset, p.numel)
-                    .view(p.shape.as_slice())
-                    .to_device(Device::Cpu);
+                let value = full.narrow(0, p.offset, p.numel).view(p.shape.as_slice());
                 out.push((p.name.clone(), value));
             }
         }
         Ok(out)
     }
-}
-
-/// All-reduce of one number (f32 on the wire, the collectives' dtypes).
-pub fn all_reduce_scalar(
-    comm: &dyn Communicator,
-    device: Device,
-    value: f64,
-    op: ReduceOp,
-) -> Result<f64, FsdpError> {
-    if comm.world_size() == 1 {
-        return Ok(value);
-    }
-    let t = Tensor::from_slice(&[value as f32]).to_device(device);
-    comm.all_reduce(&t, op)?.wait()?;
-    Ok(t.double_value(&[0]))
 }

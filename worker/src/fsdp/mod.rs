@@ -16,7 +16,7 @@ pub mod shim;
 pub mod unit;
 pub mod wrap;
 
-pub use engine::{EngineOptions, FsdpEngine, UnitShardState};
+pub use engine::{EngineOptions, FsdpEngine, MemoryStats, UnitShardState};
 pub use flat::{FlatLayout, FlatParam};
 pub use groups::ProcessGroups;
 

@@ -6,6 +6,8 @@
 //!   parameters after forward without recomputing the forward in backward.
 //! * [`grad`]: backward of one unit seeded with the upstream gradient, returning gradients
 //!   rather than accumulating them into `.grad`.
+//! * [`fused_adamw`]: AdamW on many tensors in one call (`_fused_adamw_`).
+//! * [`cuda_memory`]: the CUDA caching allocator's statistics.
 
 use std::ffi::{c_char, c_int, CStr};
 use tch::Tensor;
@@ -21,7 +23,27 @@ extern "C" {
     fn shardrun_storage_release(tensor: CTensor) -> *mut c_char;
     fn shardrun_storage_allocate(tensor: CTensor, nbytes: usize) -> *mut c_char;
     fn shardrun_storage_nbytes(tensor: CTensor) -> usize;
-    fn shardrun_cuda_peak_allocated(device: c_int, peak: *mut i64) -> *mut c_char;
+    fn shardrun_cuda_memory(
+        device: c_int,
+        allocated: *mut i64,
+        peak_allocated: *mut i64,
+        reserved: *mut i64,
+        peak_reserved: *mut i64,
+    ) -> *mut c_char;
+    #[allow(clippy::too_many_arguments)]
+    fn shardrun_fused_adamw(
+        params: *const CTensor,
+        grads: *const CTensor,
+        exp_avgs: *const CTensor,
+        exp_avg_sqs: *const CTensor,
+        n: c_int,
+        step: CTensor,
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        weight_decay: f64,
+        eps: f64,
+    ) -> *mut c_char;
     fn shardrun_grad(
         output: CTensor,
         upstream: CTensor,
@@ -95,12 +117,71 @@ pub fn grad(
         .collect())
 }
 
-/// Peak bytes allocated by libtorch's CUDA caching allocator on `device`.
-pub fn cuda_peak_allocated(device: usize) -> Result<u64, ShimError> {
-    let mut peak: i64 = 0;
+/// The CUDA caching allocator on one device, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaMemory {
+    pub allocated: u64,
+    pub peak_allocated: u64,
+    pub reserved: u64,
+    pub peak_reserved: u64,
+}
+
+pub fn cuda_memory(device: usize) -> Result<CudaMemory, ShimError> {
     let device =
         c_int::try_from(device).map_err(|_| ShimError("device index out of range".into()))?;
-    // SAFETY: writes one i64 through a valid pointer.
-    check(unsafe { shardrun_cuda_peak_allocated(device, &mut peak) })?;
-    Ok(peak.max(0) as u64)
+    let mut v = [0i64; 4];
+    let [a, b, c, d] = &mut v;
+    // SAFETY: writes four i64 through valid pointers.
+    check(unsafe { shardrun_cuda_memory(device, a, b, c, d) })?;
+    let bytes = |x: i64| x.max(0) as u64;
+    Ok(CudaMemory {
+        allocated: bytes(v[0]),
+        peak_allocated: bytes(v[1]),
+        reserved: bytes(v[2]),
+        peak_reserved: bytes(v[3]),
+    })
+}
+
+/// Hyper-parameters of one AdamW step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWStep {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub weight_decay: f64,
+    pub eps: f64,
+}
+
+/// `torch.optim.AdamW(fused=True)` on every `(param, grad, exp_avg, exp_avg_sq)` at once;
+/// `step` (a float scalar tensor on their device) counts from 1.
+pub fn fused_adamw(
+    tensors: &[(&Tensor, &Tensor, &Tensor, &Tensor)],
+    step: &Tensor,
+    hyper: AdamWStep,
+) -> Result<(), ShimError> {
+    let ptrs = |pick: fn(&(&Tensor, &Tensor, &Tensor, &Tensor)) -> *mut torch_sys::C_tensor| {
+        tensors.iter().map(pick).collect::<Vec<CTensor>>()
+    };
+    let params = ptrs(|t| t.0.as_ptr() as CTensor);
+    let grads = ptrs(|t| t.1.as_ptr() as CTensor);
+    let exp_avgs = ptrs(|t| t.2.as_ptr() as CTensor);
+    let exp_avg_sqs = ptrs(|t| t.3.as_ptr() as CTensor);
+    let n = c_int::try_from(tensors.len()).map_err(|_| ShimError("too many tensors".into()))?;
+    // SAFETY: four arrays of `n` live at::Tensor pointers and a live step tensor; the shim
+    // updates the tensors in place and keeps no pointer.
+    check(unsafe {
+        shardrun_fused_adamw(
+            params.as_ptr(),
+            grads.as_ptr(),
+            exp_avgs.as_ptr(),
+            exp_avg_sqs.as_ptr(),
+            n,
+            step.as_ptr() as CTensor,
+            hyper.lr,
+            hyper.beta1,
+            hyper.beta2,
+            hyper.weight_decay,
+            hyper.eps,
+        )
+    })
 }

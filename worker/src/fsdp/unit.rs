@@ -22,8 +22,20 @@ enum Gather {
 /// A reduce-scatter issued for this unit's gradients, to be folded into the gradient shard.
 pub struct PendingReduce {
     work: Work,
-    _input: Tensor,
+    /// The unsharded gradients; must outlive the collective.
+    input: Tensor,
     output: Tensor,
+}
+
+impl PendingReduce {
+    /// Bytes held until it completes: the unsharded input and the shard-sized output.
+    pub fn bytes(&self) -> u64 {
+        tensor_bytes(&self.input) + tensor_bytes(&self.output)
+    }
+}
+
+fn tensor_bytes(t: &Tensor) -> u64 {
+    (t.numel() * t.kind().elt_size_in_bytes()) as u64
 }
 
 pub struct FlatUnit {
@@ -234,7 +246,7 @@ impl FlatUnit {
         let work = comm.reduce_scatter(&unreduced, &output, ReduceOp::Avg)?;
         Ok(Some(PendingReduce {
             work,
-            _input: unreduced,
+            input: unreduced,
             output,
         }))
     }
@@ -245,16 +257,28 @@ impl FlatUnit {
         Ok(())
     }
 
-    /// Bytes this unit keeps resident between steps: shard, gradient shard, AdamW state and
-    /// whatever gathered memory is still held.
-    pub fn resident_bytes(&self) -> u64 {
-        let bytes = |t: &Tensor| (t.numel() * t.kind().elt_size_in_bytes()) as u64;
-        let gathered = if self.aliases_shard {
+    /// Bytes of gathered parameters this unit holds now (0 when released or when it
+    /// computes on its shard directly).
+    pub fn gathered_bytes(&self) -> u64 {
+        if self.aliases_shard {
             0
         } else {
             shim::storage_nbytes(&self.gathered) as u64
-        };
-        bytes(&self.shard) + bytes(&self.grad) + self.adam.bytes() + gathered
+        }
+    }
+
+    /// Bytes of unsharded gradients waiting for their reduce-scatter.
+    pub fn unsharded_grad_bytes(&self) -> u64 {
+        self.unreduced.as_ref().map_or(0, tensor_bytes)
+    }
+
+    /// Bytes this unit keeps resident between steps: shard, gradient shard, AdamW state and
+    /// whatever gathered memory is still held.
+    pub fn resident_bytes(&self) -> u64 {
+        tensor_bytes(&self.shard)
+            + tensor_bytes(&self.grad)
+            + self.adam.bytes()
+            + self.gathered_bytes()
     }
 
     pub fn zero_grad(&mut self) {

@@ -1,128 +1,21 @@
-//! Auto-wrap policies: which parameters form which FSDP unit.
-//!
-//! Modules are the prefixes of parameter names (`layers.0.attention` owns
-//! `layers.0.attention.wq.weight`). Policies claim modules innermost first, like PyTorch's
-//! recursive wrapping; whatever no unit claims goes to the root unit.
+//! Auto-wrap policies: which parameters form which FSDP unit. The rules live in
+//! [`shardrun_protocol::units`] (the plan uses them too); this applies them to a model.
 
 use crate::model::{ParamSpec, SegmentSpec};
 use shardrun_protocol::config::WrapPolicy;
-use std::collections::BTreeSet;
+pub use shardrun_protocol::units::UnitPlan;
 
-/// One unit: a name (its module path, or `root`) and its parameters as indices into the
-/// model's parameter list, in model order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnitPlan {
-    pub name: String,
-    pub params: Vec<usize>,
-}
-
-pub const ROOT: &str = "root";
-
-/// Splits the model's parameters into units; units are ordered by their first parameter
-/// (model order, which is forward order).
+/// Splits the model's parameters into units, ordered by their first parameter.
 pub fn plan_units(
     params: &[ParamSpec],
     segments: &[SegmentSpec],
     policy: &WrapPolicy,
 ) -> Vec<UnitPlan> {
-    let mut owner: Vec<Option<usize>> = vec![None; params.len()];
-    let mut units: Vec<UnitPlan> = Vec::new();
-    let mut claim = |module: &str, members: Vec<usize>, owner: &mut Vec<Option<usize>>| {
-        let members: Vec<usize> = members
-            .into_iter()
-            .filter(|&i| owner[i].is_none())
-            .collect();
-        if members.is_empty() {
-            return;
-        }
-        for &i in &members {
-            owner[i] = Some(units.len());
-        }
-        units.push(UnitPlan {
-            name: module.to_string(),
-            params: members,
-        });
-    };
-    let index_of = |name: &str| params.iter().position(|p| p.name == name);
-    match policy {
-        WrapPolicy::Block => {
-            for segment in segments.iter().filter(|s| s.is_block) {
-                let members = segment.params.iter().filter_map(|n| index_of(n)).collect();
-                claim(&segment.name, members, &mut owner);
-            }
-        }
-        WrapPolicy::SizeBased { min_params } => {
-            for module in modules_innermost_first(params) {
-                let members: Vec<usize> = members_of(params, &module)
-                    .into_iter()
-                    .filter(|&i| owner[i].is_none())
-                    .collect();
-                let count: i64 = members.iter().map(|&i| params[i].numel()).sum();
-                if count as u64 >= *min_params {
-                    claim(&module, members, &mut owner);
-                }
-            }
-        }
-        WrapPolicy::ModuleNames { patterns } => {
-            for module in modules_innermost_first(params) {
-                if patterns.iter().any(|p| glob_match(p, &module)) {
-                    claim(&module, members_of(params, &module), &mut owner);
-                }
-            }
-        }
-    }
-    let rest: Vec<usize> = (0..params.len()).filter(|&i| owner[i].is_none()).collect();
-    claim(ROOT, rest, &mut owner);
-    units.sort_by_key(|u| u.params[0]);
-    units
-}
-
-/// Every module path that owns parameters (directly or below), deepest first, then in
-/// model order.
-fn modules_innermost_first(params: &[ParamSpec]) -> Vec<String> {
-    let mut seen = BTreeSet::new();
-    let mut modules: Vec<(usize, usize, String)> = Vec::new();
-    for (index, p) in params.iter().enumerate() {
-        let parts: Vec<&str> = p.name.split('.').collect();
-        for depth in 1..parts.len() {
-            let module = parts[..depth].join(".");
-            if seen.insert(module.clone()) {
-                modules.push((depth, index, module));
-            }
-        }
-    }
-    modules.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    modules.into_iter().map(|(_, _, m)| m).collect()
-}
-
-fn members_of(params: &[ParamSpec], module: &str) -> Vec<usize> {
-    let prefix = format!("{module}.");
-    (0..params.len())
-        .filter(|&i| params[i].name.starts_with(&prefix))
-        .collect()
-}
-
-/// `*` matches one path component or part of one (never a `.`); everything else literally.
-pub fn glob_match(pattern: &str, path: &str) -> bool {
-    fn go(p: &[u8], s: &[u8]) -> bool {
-        match p.split_first() {
-            None => s.is_empty(),
-            Some((b'*', rest)) => {
-                let mut i = 0;
-                loop {
-                    if go(rest, &s[i..]) {
-                        return true;
-                    }
-                    if i == s.len() || s[i] == b'.' {
-                        return false;
-                    }
-                    i += 1;
-                }
-            }
-            Some((c, rest)) => s.first() == Some(c) && go(rest, &s[1..]),
-        }
-    }
-    go(pattern.as_bytes(), path.as_bytes())
+    let sizes: Vec<(String, u64)> = params
+        .iter()
+        .map(|p| (p.name.clone(), p.numel() as u64))
+        .collect();
+    shardrun_protocol::units::plan_units(&sizes, segments, policy)
 }
 
 #[cfg(test)]
@@ -140,44 +33,28 @@ mod tests {
         }
     }
 
-    fn names(m: &Transformer, units: &[UnitPlan]) -> Vec<String> {
-        let _ = m;
-        units.iter().map(|u| u.name.clone()).collect()
+    fn names(units: &[UnitPlan]) -> Vec<&str> {
+        units.iter().map(|u| u.name.as_str()).collect()
     }
 
     #[test]
-    fn block_policy_is_one_unit_per_block_plus_root() {
+    fn block_policy_is_torchtitans_embeddings_blocks_and_head() {
         let m = tiny();
-        let units = plan_units(&m.params(), &m.segments(), &WrapPolicy::Block);
-        assert_eq!(names(&m, &units), vec!["root", "layers.0", "layers.1"]);
-        let root = &units[0];
         let p = m.params();
-        let root_names: Vec<&str> = root.params.iter().map(|&i| p[i].name.as_str()).collect();
+        let units = plan_units(&p, &m.segments(), &WrapPolicy::Block);
         assert_eq!(
-            root_names,
-            vec![
-                "tok_embeddings.weight",
-                "pos_embeddings.weight",
-                "norm.weight",
-                "norm.bias",
-                "output.weight"
-            ]
+            names(&units),
+            vec!["embeddings", "layers.0", "layers.1", "head"]
         );
-    }
-
-    #[test]
-    fn module_name_patterns_match_whole_components() {
-        assert!(glob_match("layers.*", "layers.10"));
-        assert!(!glob_match("layers.*", "layers.1.attention"));
-        assert!(glob_match("layers.*.feed_forward", "layers.1.feed_forward"));
-        let m = tiny();
-        let policy = WrapPolicy::ModuleNames {
-            patterns: vec!["layers.*.feed_forward".into()],
-        };
-        let units = plan_units(&m.params(), &m.segments(), &policy);
+        let members =
+            |u: &UnitPlan| -> Vec<&str> { u.params.iter().map(|&i| p[i].name.as_str()).collect() };
         assert_eq!(
-            names(&m, &units),
-            vec!["root", "layers.0.feed_forward", "layers.1.feed_forward"]
+            members(&units[0]),
+            vec!["tok_embeddings.weight", "pos_embeddings.weight"]
+        );
+        assert_eq!(
+            members(&units[3]),
+            vec!["norm.weight", "norm.bias", "output.weight"]
         );
     }
 
@@ -185,19 +62,22 @@ mod tests {
     fn size_based_claims_innermost_modules_first() {
         let m = tiny();
         // w1/w2 of dim 8: 8*32+32 = 288 and 32*8+8 = 264 parameters; the attention
-        // projections have 64 each; tok_embeddings 88.
+        // projections have 64 each; tok_embeddings 88. The norms are left to their block.
         let policy = WrapPolicy::SizeBased { min_params: 250 };
         let units = plan_units(&m.params(), &m.segments(), &policy);
         assert_eq!(
-            names(&m, &units),
+            names(&units),
             vec![
-                "root",
+                "embeddings",
+                "layers.0",
                 "layers.0.attention",
                 "layers.0.feed_forward.w1",
                 "layers.0.feed_forward.w2",
+                "layers.1",
                 "layers.1.attention",
                 "layers.1.feed_forward.w1",
                 "layers.1.feed_forward.w2",
+                "head",
             ]
         );
     }

@@ -1,4 +1,4 @@
-//! Seed 000's MLP: `layer2(relu(layer1(x)))`, trained with MSE against random targets.
+//! The MLP of PyTorch's FSDP tutorial: `layer2(relu(layer1(x)))`, trained with MSE against random targets.
 
 use super::{linear, linear_specs, Model, ParamSpec, Params, SegmentSpec};
 use tch::{Kind, Tensor};

@@ -10,6 +10,7 @@ pub mod mlp;
 pub mod transformer;
 
 use shardrun_protocol::config::ModelConfig;
+pub use shardrun_protocol::units::SegmentSpec;
 use std::collections::HashMap;
 use tch::{Kind, Tensor};
 
@@ -90,16 +91,6 @@ impl ParamRng {
         let u2 = self.unit();
         (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
     }
-}
-
-/// One graph-cut piece of forward.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SegmentSpec {
-    pub name: String,
-    /// Names of the parameters this segment reads.
-    pub params: Vec<String>,
-    /// A repeated block: activation checkpointing applies to these.
-    pub is_block: bool,
 }
 
 /// Parameters by name, with candle-style prefixes (`p.pp("layers.0").get("ffn_norm.weight")`).
@@ -253,4 +244,40 @@ pub(crate) fn linear_specs(path: &str, in_dim: i64, out_dim: i64, bias: bool) ->
 pub(crate) fn linear(p: &Params, x: &Tensor) -> Tensor {
     let bias = p.map.get(&p.path("bias"));
     x.linear(p.get("weight"), bias)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardrun_protocol::config::DType;
+
+    /// The plan sizes units and activations from the footprint: its parameters and segments
+    /// must be the model's own, in the same order.
+    #[test]
+    fn every_models_footprint_lists_its_parameters_and_segments() {
+        for config in [
+            ModelConfig::Transformer {
+                vocab_size: 37,
+                dim: 12,
+                n_layers: 3,
+                n_heads: 2,
+                max_seq_len: 9,
+            },
+            ModelConfig::Mlp {
+                input_dim: 5,
+                hidden_dim: 7,
+                output_dim: 3,
+            },
+        ] {
+            let model = build(&config);
+            let footprint = config.footprint(DType::F32);
+            let params: Vec<(String, Vec<u64>)> = model
+                .params()
+                .into_iter()
+                .map(|p| (p.name, p.shape.iter().map(|&n| n as u64).collect()))
+                .collect();
+            assert_eq!(footprint.params, params, "{config:?}");
+            assert_eq!(footprint.segment_specs(), model.segments(), "{config:?}");
+        }
+    }
 }

@@ -242,7 +242,8 @@ pub fn run_reference(dir: &Path, name: &str, config: &TrainConfig) -> RunResult 
 }
 
 /// Largest relative difference: losses step by step, and every parameter as
-/// `max |a - b| / max |b|` over its elements.
+/// `max |a - b| / max |b|` over its elements. A NaN or an infinity on either side is never a
+/// small difference: it panics, naming the step or the parameter.
 pub fn max_relative_difference(a: &RunResult, b: &RunResult) -> (f64, String) {
     assert_eq!(
         a.losses.len(),
@@ -251,6 +252,11 @@ pub fn max_relative_difference(a: &RunResult, b: &RunResult) -> (f64, String) {
     );
     let mut worst = (0.0f64, String::new());
     for (step, (x, y)) in a.losses.iter().zip(&b.losses).enumerate() {
+        assert!(
+            x.is_finite() && y.is_finite(),
+            "loss at step {} is not finite: {x} vs {y}",
+            step + 1
+        );
         let d = (x - y).abs() / y.abs().max(1e-12);
         if d > worst.0 {
             worst = (d, format!("loss at step {}: {x} vs {y}", step + 1));
@@ -264,16 +270,16 @@ pub fn max_relative_difference(a: &RunResult, b: &RunResult) -> (f64, String) {
     for (name, pa) in &a.params {
         let pb = &b.params[name];
         assert_eq!(pa.shape, pb.shape, "shape of {name}");
-        let scale = pb
-            .values
-            .iter()
-            .fold(0.0f64, |m, v| m.max(f64::from(v.abs())))
-            .max(1e-12);
-        let diff = pa
-            .values
-            .iter()
-            .zip(&pb.values)
-            .fold(0.0f64, |m, (x, y)| m.max(f64::from((x - y).abs())));
+        let mut scale = 1e-12f64;
+        let mut diff = 0.0f64;
+        for (i, (x, y)) in pa.values.iter().zip(&pb.values).enumerate() {
+            assert!(
+                x.is_finite() && y.is_finite(),
+                "parameter {name} element {i} is not finite: {x} vs {y}"
+            );
+            scale = scale.max(f64::from(y.abs()));
+            diff = diff.max(f64::from((x - y).abs()));
+        }
         if diff / scale > worst.0 {
             worst = (diff / scale, format!("parameter {name}"));
         }
@@ -286,4 +292,59 @@ pub fn temp_dir() -> tempfile::TempDir {
         .prefix("shardrun-equivalence")
         .tempdir()
         .expect("temp dir")
+}
+
+/// Runs `f` as every rank of a `world`-rank CPU job inside this process, one thread per rank,
+/// over real sockets (the same `prepare` / `connect` a worker process goes through).
+pub fn ranks_in_threads<T: Send>(
+    world: usize,
+    f: impl Fn(usize, shardrun_worker::collectives::Comms) -> T + Sync,
+) -> Vec<T> {
+    use shardrun_protocol::messages::{PeerInfo, StartInfo};
+    use shardrun_worker::collectives::prepare;
+    let prepared: Vec<_> = (0..world)
+        .map(|r| prepare(DeviceKind::Cpu, r, world, "127.0.0.1").expect("prepare"))
+        .collect();
+    let start = StartInfo {
+        world_size: world as u64,
+        peers: prepared
+            .iter()
+            .enumerate()
+            .map(|(r, p)| PeerInfo {
+                rank: r as u64,
+                local_rank: r as u64,
+                host: "127.0.0.1".into(),
+                collective_addr: p.collective_addr.clone(),
+            })
+            .collect(),
+        nccl_unique_id: None,
+    };
+    let (start, f) = (&start, &f);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = prepared
+            .into_iter()
+            .enumerate()
+            .map(|(rank, p)| scope.spawn(move || f(rank, p.connect(start, rank).expect("connect"))))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
+}
+
+/// A reporter that keeps the metrics records (in-process runs).
+#[derive(Default)]
+pub struct Recorder(pub std::sync::Mutex<Vec<StepMetrics>>);
+
+impl shardrun_worker::report::Reporter for Recorder {
+    fn log(&self, _: shardrun_protocol::messages::LogLevel, _: &str) {}
+    fn metrics(&self, m: &StepMetrics) {
+        self.0.lock().unwrap().push(m.clone());
+    }
+    fn checkpoint_saved(&self, _: u64, _: &str) {}
+    fn summary(&self, _: &shardrun_protocol::messages::TrainSummary) {}
+    fn preempt_requested(&self) -> bool {
+        false
+    }
 }

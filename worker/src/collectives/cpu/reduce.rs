@@ -32,6 +32,20 @@ pub fn reduce(
                 d.iter_mut().for_each(|x| *x /= div);
             }
         }
+        Dtype::F64 => {
+            let (d, s) = (cast_mut::<f64>(dst)?, cast::<f64>(src)?);
+            match op {
+                ReduceOp::Sum | ReduceOp::Avg => d.iter_mut().zip(s).for_each(|(d, s)| *d += *s),
+                ReduceOp::Max => d.iter_mut().zip(s).for_each(|(d, &s)| {
+                    if s > *d || s.is_nan() {
+                        *d = s
+                    }
+                }),
+            }
+            if let Some(div) = divisor {
+                d.iter_mut().for_each(|x| *x /= f64::from(div));
+            }
+        }
         Dtype::BF16 => {
             let (d, s) = (cast_mut::<bf16>(dst)?, cast::<bf16>(src)?);
             widened(d, s, op, divisor, bf16_to_f32, bf16_from_f32);
@@ -130,6 +144,7 @@ fn cast_mut<T: Element>(bytes: &mut [u8]) -> Result<&mut [T], CommError> {
 /// Types whose every bit pattern is a value.
 trait Element: Copy {}
 impl Element for f32 {}
+impl Element for f64 {}
 impl Element for bf16 {}
 impl Element for f16 {}
 

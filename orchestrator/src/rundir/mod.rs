@@ -4,10 +4,19 @@
 //! ```text
 //! <run_root>/<name>/
 //!   job.yaml  resolved.json  train_config.json  plan.txt  job.sbatch  manifest.json  secret
-//!   train.log  logs/rank-N.log  metrics.jsonl  controller.addr  result.json  checkpoints/
+//!   train.log  logs/rank-N.log  metrics.jsonl  controller.addr  controller.lock  result.json
+//!   requeue_count  checkpoints/
 //! ```
 //! It is built as `<name>.tmp-XXXX` next to its final place and renamed, so a failure
-//! leaves nothing half-written under the real name.
+//! leaves nothing half-written under the real name. A sweep point's directory holds only
+//! `manifest.json resolved.json train_config.json secret`: its spec and batch script are
+//! the sweep folder's (`sweep::point_dirs`, `sweep::journal`). A re-run that continues a run
+//! rewrites the spec files in place ([`RunDir::update_spec`]); [`lock`] tells a live run from
+//! a dead one.
+
+mod lock;
+
+pub use lock::{LockError, RunLock, LOCK_FILE};
 
 use crate::plan::ResolvedJob;
 use rand::Rng;
@@ -23,7 +32,7 @@ pub const MANIFEST_VERSION: u32 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunDirError {
-    #[error("run directory {0} already exists\n  fix: pick another `name`, remove it, or pass --force to replace it")]
+    #[error("{0} already exists and is not a run directory (no manifest.json)\n  fix: pick another `name` or --run-dir, remove it, or pass --force to replace it")]
     Exists(PathBuf),
     #[error("no run directory at {0} (no manifest.json)\n  fix: create one with `shardrun submit job.yaml` or `shardrun run job.yaml`")]
     NotARunDir(PathBuf),
@@ -42,7 +51,10 @@ pub enum RunDirError {
     },
 }
 
-fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> RunDirError + 'a {
+pub(crate) fn io_err<'a>(
+    what: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> RunDirError + 'a {
     move |source| RunDirError::Io {
         what,
         path: path.to_path_buf(),
@@ -101,6 +113,31 @@ pub struct Manifest {
     /// What went wrong (sbatch's stderr for `SUBMIT_FAILED`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Sweep points: the job array this point was last put in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep_array: Option<ArrayRef>,
+}
+
+/// Array `index` of the `count` job arrays one `shardrun sweep` (its `submission`) split its
+/// points into; its files are `arrays/<submission>-<index>.*` in the sweep folder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrayRef {
+    pub submission: String,
+    pub index: usize,
+    pub count: usize,
+}
+
+impl ArrayRef {
+    /// `<submission>-<index>`: the stem of the array's files.
+    pub fn id(&self) -> String {
+        format!("{}-{}", self.submission, self.index)
+    }
+}
+
+impl std::fmt::Display for ArrayRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{} of {}", self.index, self.count, self.submission)
+    }
 }
 
 /// What goes into a new run directory.
@@ -170,20 +207,7 @@ impl RunDir {
             path: tmp.to_path_buf(),
         };
         fs::create_dir(dir.logs_dir()).map_err(io_err("cannot create", &dir.logs_dir()))?;
-        // Paths inside the files name the final directory, not the temporary one.
-        let mut resolved = new.resolved.clone();
-        if let Some(ckpt) = resolved.train.checkpoint.dir.as_mut() {
-            if ckpt.is_relative() {
-                *ckpt = final_path.join(&*ckpt);
-            }
-        }
-        write_file(&dir.job_yaml(), new.job_yaml.as_bytes())?;
-        write_json(&dir.resolved_json(), &resolved)?;
-        write_json(&dir.train_config(), &resolved.train)?;
-        write_file(&dir.plan_txt(), resolved.summary().as_bytes())?;
-        if let Some(script) = new.sbatch {
-            write_file(&dir.sbatch(), script.as_bytes())?;
-        }
+        let resolved = dir.write_spec_files(final_path, new)?;
         let mut secret = [0u8; 32];
         rand::rng().fill(&mut secret);
         let secret_path = dir.secret();
@@ -206,7 +230,46 @@ impl RunDir {
             slurm_job_ids: Vec::new(),
             sweep_params: new.sweep_params.clone(),
             error: None,
+            sweep_array: None,
         })
+    }
+
+    /// The resolved job as this run directory records it: a relative checkpoint folder is
+    /// made absolute (workers may run elsewhere).
+    pub fn recorded(resolved: &ResolvedJob, run_path: &Path) -> ResolvedJob {
+        let mut resolved = resolved.clone();
+        if let Some(ckpt) = resolved.train.checkpoint.dir.as_mut() {
+            if ckpt.is_relative() {
+                *ckpt = run_path.join(&*ckpt);
+            }
+        }
+        resolved
+    }
+
+    /// `job.yaml`, `resolved.json`, `train_config.json`, `plan.txt` and `job.sbatch`, each
+    /// replaced atomically; paths inside name `final_path`.
+    fn write_spec_files(
+        &self,
+        final_path: &Path,
+        new: NewRun<'_>,
+    ) -> Result<ResolvedJob, RunDirError> {
+        let resolved = Self::recorded(new.resolved, final_path);
+        write_file(&self.job_yaml(), new.job_yaml.as_bytes())?;
+        write_json(&self.resolved_json(), &resolved)?;
+        write_json(&self.train_config(), &resolved.train)?;
+        write_file(&self.plan_txt(), resolved.summary().as_bytes())?;
+        if let Some(script) = new.sbatch {
+            write_file(&self.sbatch(), script.as_bytes())?;
+        }
+        Ok(resolved)
+    }
+
+    /// A re-run continues this run with `new` (its spec may differ in the fields that are
+    /// safe to change on resume): the spec files and the manifest's config hash follow.
+    pub fn update_spec(&self, new: NewRun<'_>) -> Result<(), RunDirError> {
+        let resolved = self.write_spec_files(&self.path, new)?;
+        self.update_manifest(|m| m.config_hash = resolved.train.config_hash())
+            .map(|_| ())
     }
 
     fn move_into_place(tmp: &Path, path: &Path, force: bool) -> Result<(), RunDirError> {
@@ -238,6 +301,14 @@ impl RunDir {
             let _ = fs::remove_dir_all(aside);
         }
         Ok(())
+    }
+
+    /// The paths of a run directory at `path` whose files are still being written (sweep
+    /// points are created in batches, see `sweep::point_dirs`).
+    pub fn at(path: &Path) -> RunDir {
+        RunDir {
+            path: path.to_path_buf(),
+        }
     }
 
     /// Open an existing run directory (it must hold a `manifest.json`).
@@ -297,8 +368,17 @@ impl RunDir {
     pub fn result(&self) -> PathBuf {
         self.path.join("result.json")
     }
+    /// How many times the controller requeued the current Slurm job after preemption.
+    pub fn requeue_count(&self) -> PathBuf {
+        self.path.join("requeue_count")
+    }
+    /// Where this run's checkpoints are: `checkpoint.dir` of its config, else
+    /// `checkpoints/` here (the controller's ranks save there even with periodic saves off).
     pub fn checkpoints(&self) -> PathBuf {
-        self.path.join("checkpoints")
+        self.read_train_config()
+            .ok()
+            .and_then(|config| config.checkpoint.root(Some(&self.path)))
+            .unwrap_or_else(|| self.path.join(shardrun_protocol::config::RUN_CHECKPOINTS))
     }
     /// Slurm's `--output` file of job `job_id` (`<name>-<job id>.out`).
     pub fn slurm_output(&self, name: &str, job_id: &str) -> PathBuf {
@@ -387,7 +467,7 @@ mod tests {
     use crate::spec::parse;
 
     fn job(root: &Path) -> ResolvedJob {
-        let yaml = include_str!("../../examples/demo.yaml");
+        let yaml = include_str!("../../../examples/demo.yaml");
         let mut job = resolve(
             &parse(yaml, Path::new("demo.yaml")).unwrap(),
             &Overrides::default(),

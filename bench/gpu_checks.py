@@ -1,0 +1,151 @@
+"""The checks and the table of bench/gpu.sh, on the files shardrun runs leave behind.
+
+    gpu_checks.py trains METRICS                      losses finite, and the last below the first
+    gpu_checks.py same A B [--after N] [--rtol R]     two runs' losses agree step by step
+    gpu_checks.py exported CHECKPOINT CONFIG METRICS  PyTorch, given the exported weights of step
+                                                      N, reproduces the worker's loss at step N+1
+    gpu_checks.py table OUT                           shardrun vs PyTorch FSDP2 on the benchmark
+
+Exits 1 with the reason when a check fails.
+"""
+
+import json
+import math
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def metrics(path):
+    """Rank 0's records, one per step (the controller's metrics.jsonl has every rank's)."""
+    with open(path) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    return [r for r in records if r.get("rank", 0) == 0]
+
+
+def fail(why):
+    print(f"FAIL: {why}")
+    sys.exit(1)
+
+
+def trains(path):
+    losses = [m["loss"] for m in metrics(path)]
+    if len(losses) < 2 or not all(math.isfinite(l) for l in losses):
+        fail(f"{path}: losses {losses}")
+    if not losses[-1] < losses[0]:
+        fail(f"{path}: the loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})")
+    print(f"ok: {len(losses)} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+
+
+def same(a, b, after=0, rtol=1e-3):
+    la = {m["step"]: m["loss"] for m in metrics(a)}
+    lb = {m["step"]: m["loss"] for m in metrics(b)}
+    steps = sorted(s for s in set(la) & set(lb) if s > after)
+    if not steps:
+        fail(f"{a} and {b} share no step after {after}")
+    worst = max(abs(la[s] - lb[s]) / max(abs(lb[s]), 1e-12) for s in steps)
+    if not math.isfinite(worst) or worst > rtol:
+        fail(f"losses differ by {worst:.2e} (relative) over steps {steps}: "
+             f"{[la[s] for s in steps]} vs {[lb[s] for s in steps]}")
+    print(f"ok: steps {steps[0]}-{steps[-1]} agree to {worst:.1e}")
+
+
+def exported(checkpoint, config_path, metrics_path, rtol=1e-3):
+    import torch
+    import torch.nn.functional as F
+    from safetensors.torch import load_file
+
+    sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+    sys.path.insert(0, HERE)
+    from fsdp2_reference import samples
+    from shardrun_model import Transformer
+
+    with open(config_path) as f:
+        config = json.load(f)
+    m, batch = config["model"], config["batch"]
+    with open(os.path.join(checkpoint, "metadata.json")) as f:
+        step = json.load(f)["step"]
+    model = Transformer(m["vocab_size"], m["dim"], m["n_layers"], m["n_heads"], m["max_seq_len"])
+    model.load_state_dict(load_file(os.path.join(checkpoint, "model.safetensors")), strict=True)
+    device = "cuda" if config["device"] == "cuda" else "cpu"
+    model = model.to(device)
+    global_batch = batch["batch_size_per_device"] * batch["world_size"]
+    seq = config["data"]["seq_len"]
+    tokens, targets = samples(config["seed"], step * global_batch, global_batch, seq, m["vocab_size"])
+    with torch.no_grad():
+        logits = model(tokens.to(device))
+        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.to(device).view(-1)).item()
+    worker = {r["step"]: r["loss"] for r in metrics(metrics_path)}.get(step + 1)
+    if worker is None:
+        fail(f"{metrics_path} has no step {step + 1}")
+    diff = abs(loss - worker) / abs(worker)
+    if not diff <= rtol:
+        fail(f"PyTorch's loss from the step-{step} weights is {loss:.6f}, the worker's {worker:.6f}")
+    print(f"ok: PyTorch {loss:.6f} vs worker {worker:.6f} at step {step + 1} ({diff:.1e})")
+
+
+def table(out):
+    ours = metrics(os.path.join(out, "bench", "metrics.jsonl"))
+    steady = [m for m in ours if m["step"] > 5] or ours
+    step = statistics.median(m["step_time_s"] for m in steady)
+    tps = statistics.median(m["tokens_per_s"] for m in steady)
+    mfus = [m["mfu"] for m in steady if m.get("mfu") is not None]
+    mfu = statistics.median(mfus) if mfus else None
+    peak = max(m["peak_memory_bytes"] for m in ours)
+    reserved = max((m.get("peak_reserved_bytes") or 0) for m in ours)
+    with open(os.path.join(out, "pytorch.json")) as f:
+        ref = json.loads([l for l in f.read().splitlines() if l.startswith("{")][-1])
+    ref_peak = max(ref["peak_rss_bytes"])
+    ref_reserved = max(ref.get("peak_reserved_bytes", [0]))
+    gib = 2**30
+    fmt = lambda x: "n/a" if x is None else f"{x:.1%}"
+    ref_mfu = None if mfu is None else mfu * ref["tokens_per_s"] / tps
+    rows = [
+        ("", "shardrun", "PyTorch FSDP2", "ratio"),
+        ("step time (median)", f"{step:.4f} s", f"{ref['step_time_s']:.4f} s", f"{step / ref['step_time_s']:.2f}"),
+        ("tokens/s", f"{tps:,.0f}", f"{ref['tokens_per_s']:,.0f}", f"{tps / ref['tokens_per_s']:.2f}"),
+        ("MFU", fmt(mfu), fmt(ref_mfu), ""),
+        ("peak allocated", f"{peak / gib:.2f} GiB", f"{ref_peak / gib:.2f} GiB", f"{peak / ref_peak:.2f}"),
+        ("peak reserved", f"{reserved / gib:.2f} GiB", f"{ref_reserved / gib:.2f} GiB",
+         f"{reserved / ref_reserved:.2f}" if ref_reserved else ""),
+        ("loss first -> last", f"{ours[0]['loss']:.4f} -> {ours[-1]['loss']:.4f}",
+         f"{ref['first_loss']:.4f} -> {ref['last_loss']:.4f}", ""),
+    ]
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump({"shardrun": {"step_time_s": step, "tokens_per_s": tps, "mfu": mfu,
+                                "peak_allocated_bytes": peak, "peak_reserved_bytes": reserved},
+                   "pytorch_fsdp2": ref}, f, indent=2)
+
+
+def main(argv):
+    if len(argv) < 2:
+        fail(__doc__)
+    cmd, args = argv[1], argv[2:]
+    options = {}
+    rest = []
+    i = 0
+    while i < len(args):
+        if args[i].startswith("--"):
+            options[args[i][2:]] = float(args[i + 1])
+            i += 2
+        else:
+            rest.append(args[i])
+            i += 1
+    if cmd == "trains":
+        trains(*rest)
+    elif cmd == "same":
+        same(*rest, after=int(options.get("after", 0)), rtol=options.get("rtol", 1e-3))
+    elif cmd == "exported":
+        exported(*rest, rtol=options.get("rtol", 1e-3))
+    elif cmd == "table":
+        table(*rest)
+    else:
+        fail(f"unknown check {cmd}")
+
+
+if __name__ == "__main__":
+    main(sys.argv)

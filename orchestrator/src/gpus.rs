@@ -1,0 +1,119 @@
+//! The GPUs of this machine for a local run (`shardrun run --device cuda`): one rank per GPU,
+//! each rank given its own through `CUDA_VISIBLE_DEVICES`, never more ranks than GPUs. Counted
+//! without CUDA (the orchestrator does not link it): `CUDA_VISIBLE_DEVICES` when set, else the
+//! NVIDIA driver's list of GPUs.
+
+use std::path::Path;
+
+/// The GPUs a local run may use, as `CUDA_VISIBLE_DEVICES` entries (indices or UUIDs).
+/// `visible`: the caller's `CUDA_VISIBLE_DEVICES`; `driver_gpus`: how many GPUs the driver
+/// lists, when it is loaded.
+pub fn visible_gpus(visible: Option<&str>, driver_gpus: Option<usize>) -> Vec<String> {
+    match visible {
+        // CUDA honours entries up to the first one that is not an index or a UUID.
+        Some(list) => list
+            .split(',')
+            .map(str::trim)
+            .take_while(|e| {
+                e.parse::<u32>().is_ok() || e.starts_with("GPU-") || e.starts_with("MIG-")
+            })
+            .map(str::to_string)
+            .collect(),
+        None => (0..driver_gpus.unwrap_or(0))
+            .map(|i| i.to_string())
+            .collect(),
+    }
+}
+
+/// One GPU per rank for `world` ranks on this machine, or why not.
+pub fn assign(
+    world: u64,
+    visible: Option<&str>,
+    driver_gpus: Option<usize>,
+    host: &str,
+) -> Result<Vec<String>, String> {
+    let gpus = visible_gpus(visible, driver_gpus);
+    let seen = match visible {
+        Some(v) => format!("CUDA_VISIBLE_DEVICES={v}"),
+        None => match driver_gpus {
+            Some(n) => format!("the NVIDIA driver lists {n}"),
+            None => "no NVIDIA driver is loaded".to_string(),
+        },
+    };
+    if gpus.is_empty() {
+        return Err(format!(
+            "`device: cuda`, but this machine ({host}) has no GPU for it ({seen}): run on a GPU \
+             machine, or pass --device cpu"
+        ));
+    }
+    if world > gpus.len() as u64 {
+        return Err(format!(
+            "{world} ranks with `device: cuda`, but this machine ({host}) has {} GPU(s) ({seen}): \
+             one rank per GPU, so pass --nproc {} (or fewer), or --device cpu",
+            gpus.len(),
+            gpus.len()
+        ));
+    }
+    Ok(gpus.into_iter().take(world as usize).collect())
+}
+
+/// How many GPUs the loaded NVIDIA driver lists (`/proc/driver/nvidia/gpus/<bus id>/`).
+pub fn driver_gpu_count() -> Option<usize> {
+    let dir = Path::new("/proc/driver/nvidia/gpus");
+    let entries = std::fs::read_dir(dir).ok()?;
+    Some(entries.flatten().count())
+}
+
+/// [`assign`] for this process's environment and machine.
+pub fn for_local_run(world: u64) -> Result<Vec<String>, String> {
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    assign(
+        world,
+        visible.as_deref(),
+        driver_gpu_count(),
+        &shardrun_protocol::host::hostname(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_gpu_per_rank_never_more_ranks_than_gpus() {
+        assert_eq!(
+            assign(2, None, Some(4), "h").unwrap(),
+            vec!["0".to_string(), "1".to_string()]
+        );
+        assert_eq!(
+            assign(2, Some("3,1"), Some(4), "h").unwrap(),
+            vec!["3".to_string(), "1".to_string()]
+        );
+        assert_eq!(
+            assign(1, Some("GPU-aa11,GPU-bb22"), None, "h").unwrap(),
+            vec!["GPU-aa11".to_string()]
+        );
+        let err = assign(4, Some("0,1"), Some(8), "gpu7").unwrap_err();
+        assert!(
+            err.contains("4 ranks") && err.contains("gpu7") && err.contains("--nproc 2"),
+            "{err}"
+        );
+        let err = assign(3, None, Some(2), "h").unwrap_err();
+        assert!(err.contains("the NVIDIA driver lists 2"), "{err}");
+    }
+
+    #[test]
+    fn no_gpu_is_one_clear_error_naming_the_machine() {
+        for (visible, driver) in [
+            (None, None),
+            (Some(""), Some(2)),
+            (Some("NoDevFiles"), None),
+        ] {
+            let err = assign(1, visible, driver, "login3").unwrap_err();
+            assert!(
+                err.contains("(login3) has no GPU") && err.contains("--device cpu"),
+                "{err}"
+            );
+        }
+    }
+}

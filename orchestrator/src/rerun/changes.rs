@@ -1,0 +1,243 @@
+//! What differs between the job a run directory started with and the job a re-run asks for,
+//! field by field, named as the spec names them, and which differences a resumed run can
+//! take: those that change where, how fast or for how long it trains, not what it computes.
+
+use crate::plan::ResolvedJob;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// One field that differs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldChange {
+    /// As the spec names it (`training.optimizer.lr`, `resources.nodes`, `world size`).
+    pub field: String,
+    pub was: Value,
+    pub now: Value,
+    /// Applied on resume (else the re-run is refused).
+    pub safe: bool,
+}
+
+impl fmt::Display for FieldChange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} → {}",
+            self.field,
+            show(&self.was),
+            show(&self.now)
+        )
+    }
+}
+
+fn show(value: &Value) -> String {
+    match value {
+        Value::Null => "(not set)".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Resolved fields that follow from others, or name the run rather than describe it.
+const IGNORED: &[&str] = &[
+    "name",
+    "run_root",
+    "world_size",
+    "grad_accum_steps",
+    "tokens_per_step",
+    "memory",
+    "warnings",
+    "overrides",
+    "train.batch.grad_accum_steps",
+    "slurm.time_limit_seconds",
+];
+
+/// Resolved fields (and sections) a resumed run may take. The checkpoint reshards to any
+/// world size; the LR schedule follows `steps`; the rest is scheduling and bookkeeping.
+const SAFE: &[&str] = &[
+    "train.name",
+    "train.steps",
+    "train.batch.world_size",
+    "train.batch.batch_size_per_device",
+    "train.checkpoint.interval_steps",
+    "train.checkpoint.interval_minutes",
+    "train.checkpoint.keep",
+    "train.checkpoint.format",
+    "train.log_every",
+    "train.threads_per_rank",
+    "train.device",
+    "train.fsdp.shard_group_size",
+    "train.fsdp.prefetch",
+    "train.fsdp.max_gathers_in_flight",
+    "train.fsdp.activation_checkpointing",
+    "slurm",
+    "preemption",
+];
+
+/// In words, for the refusal's hint.
+pub const SAFE_IN_WORDS: &str = "training.steps, the world size and resources, \
+    training.batch_size_per_device, the checkpoint interval, keep and format, log_every, \
+    threads_per_rank, and FSDP's prefetch, max_gathers_in_flight and activation_checkpointing";
+
+/// Every field that differs between `was` and `now`, in the spec's order of sections.
+pub fn between(was: &ResolvedJob, now: &ResolvedJob) -> Vec<FieldChange> {
+    let (mut a, mut b) = (BTreeMap::new(), BTreeMap::new());
+    flatten("", &serde_json::to_value(was).unwrap_or_default(), &mut a);
+    flatten("", &serde_json::to_value(now).unwrap_or_default(), &mut b);
+    let mut paths: Vec<&String> = a.keys().chain(b.keys()).collect();
+    paths.sort();
+    paths.dedup();
+    paths
+        .into_iter()
+        .filter(|path| !under(path, IGNORED))
+        .filter_map(|path| {
+            let was = a.get(path).cloned().unwrap_or(Value::Null);
+            let now = b.get(path).cloned().unwrap_or(Value::Null);
+            (was != now).then(|| FieldChange {
+                field: spec_name(path),
+                was,
+                now,
+                safe: under(path, SAFE),
+            })
+        })
+        .collect()
+}
+
+fn under(path: &str, prefixes: &[&str]) -> bool {
+    prefixes.iter().any(|p| {
+        path == *p
+            || path
+                .strip_prefix(p)
+                .is_some_and(|rest| rest.starts_with('.'))
+    })
+}
+
+/// Objects are walked; anything else (lists included) is one value.
+fn flatten(prefix: &str, value: &Value, out: &mut BTreeMap<String, Value>) {
+    match value {
+        Value::Object(map) => {
+            for (key, v) in map {
+                let path = if prefix.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{prefix}.{key}")
+                };
+                flatten(&path, v, out);
+            }
+        }
+        other => {
+            out.insert(prefix.to_string(), other.clone());
+        }
+    }
+}
+
+/// A resolved path as the spec spells it.
+fn spec_name(path: &str) -> String {
+    let renamed = [
+        ("train.batch.world_size", "world size"),
+        ("train.batch.total_batch_size", "training.total_batch_size"),
+        (
+            "train.batch.batch_size_per_device",
+            "training.batch_size_per_device",
+        ),
+        ("train.device", "device"),
+        ("slurm.ntasks_per_node", "resources.tasks_per_node"),
+    ];
+    if let Some((_, name)) = renamed.iter().find(|(from, _)| *from == path) {
+        return name.to_string();
+    }
+    for (from, to) in [("train.", "training."), ("slurm.", "resources.")] {
+        if let Some(rest) = path.strip_prefix(from) {
+            return format!("{to}{rest}");
+        }
+    }
+    path.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{resolve, Overrides};
+    use crate::spec::{overrides, parse};
+    use std::path::Path;
+
+    fn job(sets: &[&str], nproc: Option<u64>) -> ResolvedJob {
+        let loaded = parse(
+            include_str!("../../../examples/demo.yaml"),
+            Path::new("demo.yaml"),
+        )
+        .unwrap();
+        let sets: Vec<_> = sets.iter().map(|s| overrides::parse(s).unwrap()).collect();
+        let loaded = overrides::apply(loaded, &sets).unwrap();
+        resolve(
+            &loaded,
+            &Overrides {
+                world_size: nproc,
+                ..Overrides::default()
+            },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_same_job_has_no_changes() {
+        assert_eq!(between(&job(&[], None), &job(&[], None)), vec![]);
+    }
+
+    #[test]
+    fn longer_training_and_another_world_are_safe_and_named_as_in_the_spec() {
+        let changes = between(
+            &job(&[], None),
+            &job(
+                &[
+                    "training.steps=400",
+                    "training.log_every=10",
+                    "resources.time=\"01:00:00\"",
+                ],
+                Some(1),
+            ),
+        );
+        let named: Vec<String> = changes.iter().map(|c| c.to_string()).collect();
+        assert_eq!(
+            named,
+            vec![
+                "resources.tasks_per_node: 2 → 1",
+                "resources.time: 00:10:00 → 01:00:00",
+                "world size: 2 → 1",
+                "training.log_every: 1 → 10",
+                "training.steps: 200 → 400",
+            ]
+        );
+        assert!(changes.iter().all(|c| c.safe), "{changes:?}");
+    }
+
+    #[test]
+    fn what_the_model_computes_is_not_safe() {
+        let changes = between(
+            &job(&[], None),
+            &job(
+                &[
+                    "training.optimizer.lr=0.002",
+                    "training.model.dim=128",
+                    "training.total_batch_size=32",
+                    "training.fsdp.strategy=NO_SHARD",
+                ],
+                None,
+            ),
+        );
+        let unsafe_fields: Vec<&str> = changes
+            .iter()
+            .filter(|c| !c.safe)
+            .map(|c| c.field.as_str())
+            .collect();
+        assert_eq!(
+            unsafe_fields,
+            vec![
+                "training.total_batch_size",
+                "training.fsdp.strategy",
+                "training.model.dim",
+                "training.optimizer.lr"
+            ]
+        );
+    }
+}

@@ -1,0 +1,543 @@
+//! Running a spec whose run directory already holds a run: the same command again continues
+//! it. An interrupted run (cancelled, failed, preempted, timed out, its node or controller
+//! lost) resumes from its newest checkpoint; a finished run is left alone, unless the spec
+//! now asks for more steps; a run still going is not touched; a spec that changed in what
+//! the run computes is refused, naming the fields ([`changes`] says which are safe to change
+//! on resume, and those are applied). `--force` deletes the run and starts over, saying what
+//! it deletes. `shardrun run` and `shardrun submit` both decide through [`prepare`].
+
+pub mod changes;
+
+use crate::plan::ResolvedJob;
+use crate::rundir::{NewRun, RunDir, RunDirError, RunLock, RunState};
+use crate::slurm;
+pub use changes::FieldChange;
+use shardrun_checkpoint::{find_latest, Verify};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// A checkpoint of the run: the step it holds and its folder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointAt {
+    pub step: u64,
+    pub dir: PathBuf,
+}
+
+/// What [`prepare`] made of the run directory.
+#[derive(Debug)]
+pub enum Prepared {
+    /// There was none: a new run.
+    New(RunDir),
+    /// `--force`: the old run was deleted (`deleted` says what it held); a new run.
+    Replaced { run: RunDir, deleted: String },
+    /// An interrupted run (or one asked to train longer), ready to continue.
+    Resume(Resume),
+    /// The run already trained every step asked for: nothing to do.
+    Finished(Finished),
+}
+
+#[derive(Debug)]
+pub struct Resume {
+    pub run: RunDir,
+    /// What the ranks will load (the newest checkpoint by its seal and sizes; the ranks
+    /// verify checksums and fall back to an older one if this one is damaged, saying so).
+    pub checkpoint: Option<CheckpointAt>,
+    /// How the run ended last time, in words (`"was cancelled by SIGINT after step 150"`).
+    pub ended: String,
+    /// The last step the run logged, if any.
+    pub last_step: Option<u64>,
+    /// Differences from the run's recorded spec that are safe on resume: applied.
+    pub applied: Vec<FieldChange>,
+}
+
+impl Resume {
+    /// The first line a re-run prints: the step, the checkpoint, and why it stopped.
+    pub fn headline(&self) -> String {
+        let path = self.run.path().display();
+        let mut line = match &self.checkpoint {
+            Some(c) => format!(
+                "resuming {path} at step {} from its checkpoint of step {} ({}): it {}",
+                c.step + 1,
+                c.step,
+                c.dir.display(),
+                self.ended
+            ),
+            None => format!(
+                "starting {path} again from step 1 (it has no checkpoint yet): it {}",
+                self.ended
+            ),
+        };
+        let saved = self.checkpoint.as_ref().map_or(0, |c| c.step);
+        if let Some(step) = self.last_step.filter(|&step| step > saved) {
+            if !line.contains(&format!("after step {step}")) {
+                let _ = write!(line, "; it had logged step {step}");
+            }
+        }
+        line
+    }
+
+    /// One line per safe change that was applied.
+    pub fn applied_lines(&self) -> Vec<String> {
+        self.applied
+            .iter()
+            .map(|c| format!("  changed on resume: {c}"))
+            .collect()
+    }
+}
+
+#[derive(Debug)]
+pub struct Finished {
+    pub run: RunDir,
+    /// Steps the run has trained.
+    pub steps_done: u64,
+    /// Steps the spec asks for now.
+    pub steps_asked: u64,
+    pub checkpoint: Option<CheckpointAt>,
+}
+
+impl Finished {
+    /// What a re-run of a finished run prints (and exits 0).
+    pub fn message(&self) -> String {
+        let path = self.run.path().display();
+        let mut text = if self.steps_asked < self.steps_done {
+            format!(
+                "{path} has trained {} steps and the spec asks for {}: nothing to do",
+                self.steps_done, self.steps_asked
+            )
+        } else {
+            format!(
+                "{path} is finished: it trained all {} steps; nothing to do",
+                self.steps_done
+            )
+        };
+        if let Some(c) = &self.checkpoint {
+            let _ = write!(
+                text,
+                "\n  its last checkpoint: {} (step {})",
+                c.dir.display(),
+                c.step
+            );
+        }
+        let _ = write!(
+            text,
+            "\n  to train it longer: add `--set training.steps=<more than {}>` (it continues from its last checkpoint)\n  to start it over: add --force",
+            self.steps_done
+        );
+        text
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RerunError {
+    #[error(transparent)]
+    RunDir(#[from] RunDirError),
+    #[error("{path} is still running: {how}\n  fix: wait for it to end (`shardrun status {path}`), or stop it (`shardrun cancel {path}`, or Ctrl-C where it runs) and run this again to resume it")]
+    StillRunning { path: String, how: String },
+    #[error("{path} holds a run started with a different spec; these fields differ (run → now):\n{}\n  fix: undo these changes to continue the run (its spec is {path}/job.yaml); to start a new run instead, give it another `name` (or --run-dir); to delete this one and start over, add --force\n  (safe to change on resume, and applied: {})", list(.fields), changes::SAFE_IN_WORDS)]
+    Changed {
+        path: String,
+        fields: Vec<FieldChange>,
+    },
+    #[error("{path} {ended}, and its spec says `checkpoint.resume: false`: it does not resume\n  fix: add --force to delete it and start over, or remove `resume: false` to continue it from its last checkpoint")]
+    NoResume { path: String, ended: String },
+    #[error("{path} finished {done} steps but has no checkpoint to continue from to step {asked}\n  fix: add --force to start over with {asked} steps")]
+    NothingToContinue { path: String, done: u64, asked: u64 },
+    #[error("cannot ask Slurm whether {path} is still running: {source}")]
+    Slurm {
+        path: String,
+        #[source]
+        source: slurm::RunsError,
+    },
+}
+
+fn list(fields: &[FieldChange]) -> String {
+    fields
+        .iter()
+        .map(|c| format!("  {c}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Decide what running `new` in `path` means, and get the run directory ready for it: a new
+/// run, a resumed one (its spec files rewritten with the safe changes), or nothing to do.
+/// Refuses, touching nothing, when the run is still going or its spec changed unsafely.
+pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<Prepared, RerunError> {
+    let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    if new.force && path.exists() {
+        let deleted = describe_contents(&path);
+        let run = RunDir::create(&path, new)?;
+        return Ok(Prepared::Replaced { run, deleted });
+    }
+    if !path.exists() {
+        return Ok(Prepared::New(RunDir::create(&path, new)?));
+    }
+    let run = match RunDir::open(&path) {
+        Ok(run) => run,
+        Err(RunDirError::NotARunDir(_)) => return Err(RunDirError::Exists(path).into()),
+        Err(e) => return Err(e.into()),
+    };
+    let shown = path.display().to_string();
+    if let Some(holder) = RunLock::holder(&path) {
+        return Err(RerunError::StillRunning {
+            path: shown,
+            how: format!("its controller is running ({holder})"),
+        });
+    }
+    let manifest = run.read_manifest()?;
+    let mut state = manifest.state;
+    let mut detail = manifest.error.clone();
+    if !state.is_terminal() && !manifest.slurm_job_ids.is_empty() {
+        let (statuses, _) =
+            slurm::refresh(std::slice::from_ref(&run)).map_err(|source| RerunError::Slurm {
+                path: shown.clone(),
+                source,
+            })?;
+        if let Some(status) = statuses.into_iter().next() {
+            if !status.state.is_terminal() {
+                let job = status.job_id.unwrap_or_default();
+                let slurm_state = status
+                    .slurm
+                    .map(|r| r.state.to_string())
+                    .unwrap_or_else(|| "SUBMITTED".into());
+                return Err(RerunError::StillRunning {
+                    path: shown,
+                    how: format!("Slurm job {job} is {slurm_state}"),
+                });
+            }
+            state = status.state;
+            detail = Some(status.detail).filter(|d| !d.is_empty());
+        }
+    }
+
+    let recorded = run.read_resolved()?;
+    let target = RunDir::recorded(new.resolved, &path);
+    let all = changes::between(&recorded, &target);
+    let (applied, refused): (Vec<_>, Vec<_>) = all.into_iter().partition(|c| c.safe);
+    if !refused.is_empty() {
+        return Err(RerunError::Changed {
+            path: shown,
+            fields: refused,
+        });
+    }
+
+    let resumes = target.train.checkpoint.resume;
+    let checkpoint = newest_checkpoint(&run, &target).filter(|_| resumes);
+    let ended = how_it_ended(&run, state, detail.as_deref(), checkpoint.as_ref());
+    let asked = target.train.steps;
+    let done = match (&checkpoint, state) {
+        (c, RunState::Completed) => {
+            Some(recorded.train.steps.max(c.as_ref().map_or(0, |c| c.step)))
+        }
+        (Some(c), _) => Some(c.step),
+        (None, _) => None,
+    };
+    if let Some(done) = done.filter(|&done| done >= asked) {
+        return Ok(Prepared::Finished(Finished {
+            run,
+            steps_done: done,
+            steps_asked: asked,
+            checkpoint,
+        }));
+    }
+    match (state, &checkpoint) {
+        (RunState::Completed, None) => {
+            return Err(RerunError::NothingToContinue {
+                path: shown,
+                done: recorded.train.steps,
+                asked,
+            })
+        }
+        _ if !resumes && started(state) => return Err(RerunError::NoResume { path: shown, ended }),
+        _ => {}
+    }
+    let ended = if state == RunState::Completed {
+        format!(
+            "finished its {} steps, and the spec now asks for {asked}",
+            recorded.train.steps
+        )
+    } else {
+        ended
+    };
+    let last_step = last_logged_step(&run);
+    run.update_spec(new)?;
+    Ok(Prepared::Resume(Resume {
+        run,
+        checkpoint,
+        ended,
+        last_step,
+        applied,
+    }))
+}
+
+/// Whether the run ever reached its controller (else there is nothing to resume or lose).
+fn started(state: RunState) -> bool {
+    !matches!(state, RunState::Created | RunState::SubmitFailed)
+}
+
+/// The newest committed checkpoint of the run, checked by its seal and sizes (cheap on a
+/// login node; the ranks verify checksums before loading).
+pub fn newest_checkpoint(run: &RunDir, job: &ResolvedJob) -> Option<CheckpointAt> {
+    let root = job.train.checkpoint.root(Some(run.path()))?;
+    let found = find_latest(&root, Verify::Structure).ok()?;
+    found.checkpoint.map(|c| CheckpointAt {
+        step: c.step(),
+        dir: c.dir().to_path_buf(),
+    })
+}
+
+/// The last step rank 0 logged (the latest attempt's, when steps were repeated).
+fn last_logged_step(run: &RunDir) -> Option<u64> {
+    crate::metrics_file::read_main_rank(&run.metrics())
+        .ok()?
+        .last()
+        .map(|m| m.step)
+}
+
+/// "was cancelled by SIGINT after step 150": the controller's own words from `result.json`
+/// when it wrote them, else what the manifest and Slurm say.
+fn how_it_ended(
+    run: &RunDir,
+    state: RunState,
+    detail: Option<&str>,
+    checkpoint: Option<&CheckpointAt>,
+) -> String {
+    let from_result = std::fs::read(run.result())
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+        .and_then(|v| v.get("ended").and_then(|e| e.as_str()).map(str::to_string));
+    if let Some(ended) = from_result {
+        return ended;
+    }
+    let what = match state {
+        RunState::Created => "was created but never started",
+        RunState::Submitted | RunState::Running => {
+            "stopped without recording how (its controller was killed, or its node was lost)"
+        }
+        RunState::SubmitFailed => "was not accepted by sbatch",
+        RunState::Completed => "finished",
+        RunState::Failed => "failed",
+        RunState::Cancelled => "was cancelled",
+        RunState::Timeout => "reached its time limit",
+        RunState::Preempted => "was preempted",
+        RunState::OutOfMemory => "ran out of memory",
+        RunState::NodeFail => "lost its node",
+    };
+    let mut text = what.to_string();
+    if let Some(detail) = detail.filter(|d| !d.is_empty()) {
+        let _ = write!(text, " ({detail})");
+    }
+    if state == RunState::Preempted {
+        if let Some(c) = checkpoint {
+            let _ = write!(text, " after step {}", c.step);
+        }
+    }
+    text
+}
+
+/// What `--force` deletes, in a few words: the checkpoints and the logs of the run.
+pub fn describe_contents(path: &Path) -> String {
+    let Ok(run) = RunDir::open(path) else {
+        return format!("{} (not a run directory)", path.display());
+    };
+    let mut parts = Vec::new();
+    let root = run.checkpoints();
+    let mut steps: Vec<u64> = std::fs::read_dir(&root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| shardrun_checkpoint::naming::step_of_dir(&e.path()))
+        .collect();
+    steps.sort_unstable();
+    if !steps.is_empty() {
+        parts.push(format!(
+            "{} checkpoint(s) ({})",
+            steps.len(),
+            steps
+                .iter()
+                .map(|s| format!("step {s}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        if !root.starts_with(run.path()) {
+            parts.push(format!("in {}", root.display()));
+        }
+    }
+    if let Some(step) = last_logged_step(&run) {
+        parts.push(format!("metrics up to step {step}"));
+    }
+    parts.push("its logs".into());
+    format!("{} ({})", path.display(), parts.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{resolve, Overrides};
+    use crate::spec::{overrides, parse};
+    use std::collections::BTreeMap;
+
+    fn resolved(root: &Path, sets: &[&str]) -> ResolvedJob {
+        let loaded = parse(
+            include_str!("../../../examples/demo.yaml"),
+            Path::new("demo.yaml"),
+        )
+        .unwrap();
+        let sets: Vec<_> = sets.iter().map(|s| overrides::parse(s).unwrap()).collect();
+        let mut job = resolve(
+            &overrides::apply(loaded, &sets).unwrap(),
+            &Overrides::default(),
+        )
+        .unwrap();
+        job.run_root = root.to_path_buf();
+        job
+    }
+
+    fn new_run<'a>(
+        job: &'a ResolvedJob,
+        params: &'a BTreeMap<String, serde_json::Value>,
+    ) -> NewRun<'a> {
+        NewRun {
+            resolved: job,
+            job_yaml: "name: demo\n",
+            sbatch: None,
+            sweep_params: params,
+            force: false,
+        }
+    }
+
+    /// A run directory whose run ended in `state` (nothing trained, no checkpoint).
+    fn existing(root: &Path, state: RunState, sets: &[&str]) -> RunDir {
+        let job = resolved(root, sets);
+        let params = BTreeMap::new();
+        let run =
+            RunDir::create(&RunDir::planned_path(&job).unwrap(), new_run(&job, &params)).unwrap();
+        run.update_manifest(|m| m.state = state).unwrap();
+        run
+    }
+
+    #[test]
+    fn a_run_whose_controller_holds_the_lock_is_not_touched() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = existing(tmp.path(), RunState::Running, &[]);
+        let _lock = RunLock::acquire(run.path()).unwrap();
+        let job = resolved(tmp.path(), &[]);
+        let params = BTreeMap::new();
+        let err = prepare(run.path(), new_run(&job, &params)).unwrap_err();
+        assert!(matches!(err, RerunError::StillRunning { .. }), "{err}");
+        assert!(
+            err.to_string().contains("its controller is running (pid "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_run_whose_controller_died_resumes_and_says_so() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = existing(tmp.path(), RunState::Running, &[]);
+        let job = resolved(tmp.path(), &["training.log_every=5"]);
+        let params = BTreeMap::new();
+        let Prepared::Resume(resume) = prepare(run.path(), new_run(&job, &params)).unwrap() else {
+            panic!("expected a resume")
+        };
+        assert_eq!(resume.checkpoint, None);
+        assert!(
+            resume.headline().starts_with(&format!(
+                "starting {} again from step 1 (it has no checkpoint yet): it stopped without recording how",
+                run.path().display()
+            )),
+            "{}",
+            resume.headline()
+        );
+        assert_eq!(
+            resume.applied_lines(),
+            vec!["  changed on resume: training.log_every: 1 → 5".to_string()]
+        );
+        assert_eq!(
+            run.read_train_config().unwrap().log_every,
+            5,
+            "the safe change is applied"
+        );
+    }
+
+    #[test]
+    fn an_unsafe_change_is_refused_and_nothing_is_written() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = existing(tmp.path(), RunState::Cancelled, &[]);
+        let before = std::fs::read(run.train_config()).unwrap();
+        let job = resolved(tmp.path(), &["training.seed=7", "training.steps=300"]);
+        let params = BTreeMap::new();
+        let err = prepare(run.path(), new_run(&job, &params)).unwrap_err();
+        let RerunError::Changed { fields, .. } = &err else {
+            panic!("{err}")
+        };
+        assert_eq!(
+            fields.iter().map(|f| f.to_string()).collect::<Vec<_>>(),
+            vec!["training.seed: 0 → 7"],
+            "only the unsafe field is listed"
+        );
+        assert_eq!(std::fs::read(run.train_config()).unwrap(), before);
+    }
+
+    #[test]
+    fn resume_false_does_not_resume_and_a_finished_run_needs_a_checkpoint_to_go_on() {
+        let tmp = tempfile::tempdir().unwrap();
+        let sets = ["training.checkpoint.resume=false"];
+        let run = existing(tmp.path(), RunState::Cancelled, &sets);
+        let job = resolved(tmp.path(), &sets);
+        let params = BTreeMap::new();
+        let err = prepare(run.path(), new_run(&job, &params)).unwrap_err();
+        assert!(matches!(err, RerunError::NoResume { .. }), "{err}");
+        assert!(err.to_string().contains("--force"), "{err}");
+
+        let tmp = tempfile::tempdir().unwrap();
+        let run = existing(tmp.path(), RunState::Completed, &[]);
+        let same = resolved(tmp.path(), &[]);
+        let Prepared::Finished(finished) = prepare(run.path(), new_run(&same, &params)).unwrap()
+        else {
+            panic!("expected finished")
+        };
+        assert_eq!((finished.steps_done, finished.steps_asked), (200, 200));
+        let longer = resolved(tmp.path(), &["training.steps=300"]);
+        let err = prepare(run.path(), new_run(&longer, &params)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                RerunError::NothingToContinue {
+                    done: 200,
+                    asked: 300,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn force_says_what_it_deletes_and_a_non_run_folder_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = existing(tmp.path(), RunState::Failed, &[]);
+        std::fs::write(
+            run.metrics(),
+            r#"{"rank":0,"step":7,"loss":1.0,"lr":0.1,"grad_norm":1.0,"step_time_s":0.1,"tokens_per_s":5.0,"mfu":null,"model_state_bytes":1,"peak_memory_bytes":2,"loss_scale":null}"#,
+        )
+        .unwrap();
+        let job = resolved(tmp.path(), &["training.seed=9"]);
+        let params = BTreeMap::new();
+        let mut forced = new_run(&job, &params);
+        forced.force = true;
+        let Prepared::Replaced { deleted, run: new } = prepare(run.path(), forced).unwrap() else {
+            panic!("expected a replaced run")
+        };
+        assert_eq!(
+            deleted,
+            format!("{} (metrics up to step 7, its logs)", run.path().display())
+        );
+        assert!(!new.metrics().exists());
+        assert_eq!(new.read_train_config().unwrap().seed, 9);
+
+        let plain = tmp.path().join("plain");
+        std::fs::create_dir(&plain).unwrap();
+        let err = prepare(&plain, new_run(&job, &params)).unwrap_err();
+        assert!(err.to_string().contains("is not a run directory"), "{err}");
+    }
+}

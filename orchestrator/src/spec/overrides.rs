@@ -1,0 +1,292 @@
+//! `--set dotted.key=value` on the command line: a value of the spec replaced without editing
+//! the file. Paths are the sweep's (`training.optimizer.lr`), values are YAML (`20000`,
+//! `3.0e-4`, `true`, `bf16`, `{kind: block}`). Each override is checked as the file would
+//! be, and its errors name the flag instead of a line of the file.
+
+use super::{JobSpec, LoadedSpec, SpecError, SpecErrorKind};
+use serde_norway::Value;
+use std::path::PathBuf;
+
+/// One `--set path=value`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Override {
+    /// Dotted path of a spec key.
+    pub path: String,
+    pub value: Value,
+    /// The argument as given (`training.steps=20000`), for messages.
+    pub arg: String,
+}
+
+impl Override {
+    /// `--set training.steps=20000`, as errors name it.
+    pub fn flag(&self) -> String {
+        format!("--set {}", self.arg)
+    }
+
+    /// Whether an error about `field` is about this override's value: the same key, a key
+    /// inside the value it set, or the section it set a key of.
+    pub fn covers(&self, field: &str) -> bool {
+        let inside = |outer: &str, inner: &str| {
+            inner == outer
+                || inner
+                    .strip_prefix(outer)
+                    .is_some_and(|rest| rest.starts_with('.'))
+        };
+        inside(&self.path, field) || (!field.is_empty() && inside(field, &self.path))
+    }
+}
+
+/// Parses `path=value` (the value is YAML; an empty value is YAML's null).
+pub fn parse(arg: &str) -> Result<Override, SpecError> {
+    let flag_error = |why: String, fix: &str| SpecError {
+        file: PathBuf::from(format!("--set {arg}")),
+        line: None,
+        column: None,
+        field: String::new(),
+        kind: SpecErrorKind::Invalid,
+        why,
+        fix: fix.to_string(),
+    };
+    let Some((path, text)) = arg.split_once('=') else {
+        return Err(flag_error(
+            "not of the form `dotted.key=value`".into(),
+            "write e.g. `--set training.steps=20000` or `--set training.optimizer.lr=3.0e-4`",
+        ));
+    };
+    let path = path.trim();
+    if path.is_empty() || path.split('.').any(|part| part.trim().is_empty()) {
+        return Err(flag_error(
+            format!("`{path}` is not a dotted path like `training.optimizer.lr`"),
+            "name a key of the spec by its sections, as sweeps do (docs/job-spec.md)",
+        ));
+    }
+    let value: Value = serde_norway::from_str(text).map_err(|e| {
+        flag_error(
+            format!("the value `{text}` is not valid YAML: {e}"),
+            "quote strings that contain YAML syntax, e.g. `--set 'resources.time=\"02:00:00\"'`",
+        )
+    })?;
+    Ok(Override {
+        path: path.to_string(),
+        value,
+        arg: arg.to_string(),
+    })
+}
+
+/// The spec with every override applied in order (a later one wins). Each is checked on its
+/// own against the schema, so a typo or a value of the wrong type is reported against its
+/// flag, with the same explanation and fix a file would get.
+pub fn apply(mut loaded: LoadedSpec, overrides: &[Override]) -> Result<LoadedSpec, SpecError> {
+    for o in overrides {
+        let mut doc = serde_norway::to_value(&loaded.spec).map_err(|e| SpecError {
+            file: PathBuf::from(o.flag()),
+            line: None,
+            column: None,
+            field: o.path.clone(),
+            kind: SpecErrorKind::Invalid,
+            why: format!("cannot apply it: {e}"),
+            fix: String::new(),
+        })?;
+        set_path(&mut doc, &o.path, o.value.clone()).map_err(|why| SpecError {
+            file: PathBuf::from(o.flag()),
+            line: None,
+            column: None,
+            field: o.path.clone(),
+            kind: SpecErrorKind::Invalid,
+            why,
+            fix: "set a key inside it instead, e.g. `training.optimizer.lr`".into(),
+        })?;
+        // Through YAML text, so the error carries the field's path as a file's would.
+        let text = serde_norway::to_string(&doc).unwrap_or_default();
+        let spec: JobSpec = serde_norway::from_str(&text).map_err(|e| {
+            let mut err = SpecError::from_yaml(&e, &PathBuf::from(o.flag()), &text);
+            err.line = None;
+            err.column = None;
+            if err.kind == SpecErrorKind::UnknownField {
+                err.fix = full_path_fix(&err.field, &err.fix);
+            }
+            err
+        })?;
+        loaded.spec = spec;
+        loaded.overrides.push(o.clone());
+    }
+    if !overrides.is_empty() {
+        super::validate_name(&loaded)?;
+    }
+    Ok(loaded)
+}
+
+/// `did you mean `steps`?` about a key under `training` → `did you mean `training.steps`?`.
+fn full_path_fix(parent: &str, fix: &str) -> String {
+    match fix
+        .strip_prefix("did you mean `")
+        .and_then(|s| s.strip_suffix("`?"))
+    {
+        Some(key) if !parent.is_empty() => format!("did you mean `{parent}.{key}`?"),
+        _ => fix.to_string(),
+    }
+}
+
+/// Sets `a.b.c` in a YAML document, creating the sections left to their defaults.
+pub fn set_path(doc: &mut Value, path: &str, value: Value) -> Result<(), String> {
+    let parts: Vec<&str> = path.split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        return Err(format!(
+            "`{path}` is not a dotted path like `training.optimizer.lr`"
+        ));
+    }
+    let mut cur = doc;
+    for (i, part) in parts.iter().enumerate() {
+        if cur.is_null() {
+            *cur = Value::Mapping(Default::default());
+        }
+        let Value::Mapping(map) = cur else {
+            return Err(format!(
+                "`{}` is a value, not a section",
+                parts[..i].join(".")
+            ));
+        };
+        let key = Value::String((*part).to_string());
+        if i + 1 == parts.len() {
+            map.insert(key, value);
+            return Ok(());
+        }
+        cur = map.entry(key).or_insert(Value::Null);
+    }
+    Ok(())
+}
+
+/// What `job.yaml` of a run records: the spec text as written when nothing was overridden,
+/// else the spec with the overrides applied, under a comment naming them.
+pub fn recorded_yaml(loaded: &LoadedSpec) -> String {
+    if loaded.overrides.is_empty() {
+        return loaded.source.clone();
+    }
+    let flags: Vec<String> = loaded.overrides.iter().map(Override::flag).collect();
+    let body = serde_norway::to_string(&loaded.spec).unwrap_or_default();
+    format!(
+        "# {} with {} (written out again: its comments are not kept)\n{body}",
+        loaded.path.display(),
+        flags.join(" ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{resolve, Overrides};
+    use crate::spec::parse as parse_spec;
+    use std::path::Path;
+
+    const DEMO: &str = include_str!("../../../examples/demo.yaml");
+
+    fn with(args: &[&str]) -> Result<LoadedSpec, SpecError> {
+        let loaded = parse_spec(DEMO, Path::new("demo.yaml")).unwrap();
+        let overrides: Vec<Override> = args.iter().map(|a| parse(a)).collect::<Result<_, _>>()?;
+        apply(loaded, &overrides)
+    }
+
+    #[test]
+    fn values_are_yaml_typed_and_later_flags_win() {
+        let loaded = with(&[
+            "training.steps=20000",
+            "training.optimizer.lr=3.0e-4",
+            "training.fsdp.activation_checkpointing=true",
+            "training.fsdp.wrap={kind: size_based, min_params: 1000}",
+            "training.seed=1",
+            "training.seed=2",
+            "resources.time=\"01:00:00\"",
+        ])
+        .unwrap();
+        let t = &loaded.spec.training;
+        assert_eq!(t.steps, 20000);
+        assert_eq!(t.optimizer.lr, Some(3.0e-4));
+        assert_eq!(t.fsdp.activation_checkpointing, Some(true));
+        assert_eq!(t.seed, Some(2));
+        assert_eq!(loaded.spec.resources.time.as_deref(), Some("01:00:00"));
+        assert_eq!(
+            t.fsdp.wrap,
+            Some(shardrun_protocol::config::WrapPolicy::SizeBased { min_params: 1000 })
+        );
+        // Sections the file left out are created.
+        let loaded = with(&["preemption.max_requeues=7"]).unwrap();
+        assert_eq!(loaded.spec.preemption.max_requeues, Some(7));
+    }
+
+    #[test]
+    fn errors_name_the_flag_with_the_files_explanation() {
+        let err = with(&["training.stepz=5"]).unwrap_err();
+        assert_eq!(err.kind, SpecErrorKind::UnknownField);
+        assert_eq!(err.fix, "did you mean `training.steps`?");
+        assert!(
+            err.to_string().starts_with(
+                "--set training.stepz=5: field `training`: unknown key `training.stepz`"
+            ),
+            "{err}"
+        );
+        let err = with(&["training.steps=many"]).unwrap_err();
+        assert_eq!(err.field, "training.steps");
+        assert_eq!(err.fix, "write a whole number (0 or more) here");
+        assert_eq!(err.line, None);
+        assert!(
+            err.to_string().starts_with("--set training.steps=many: "),
+            "{err}"
+        );
+        let err = with(&["training.fsdp.strategy=FULL_SHAD"]).unwrap_err();
+        assert_eq!(err.fix, "did you mean `FULL_SHARD`?");
+        let err = with(&["training.steps"]).unwrap_err();
+        assert!(err.to_string().contains("dotted.key=value"), "{err}");
+        let err = with(&["training.steps.max=3"]).unwrap_err();
+        assert!(err.why.contains("is a value, not a section"), "{err}");
+    }
+
+    #[test]
+    fn errors_found_by_the_plan_point_at_the_flag() {
+        let loaded = with(&["training.total_batch_size=20"]).unwrap();
+        let err = resolve(&loaded, &Overrides::default()).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with(
+                "--set training.total_batch_size=20: field `training.total_batch_size`: total batch 20"
+            ),
+            "{text}"
+        );
+        let loaded = with(&["training.schedule.min_lr_ratio=2"]).unwrap();
+        let text = resolve(&loaded, &Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.starts_with("--set training.schedule.min_lr_ratio=2: "),
+            "{text}"
+        );
+        // A field the flag did not touch is still located in the file.
+        let loaded = with(&["training.steps=10"]).unwrap();
+        let text = resolve(&loaded, &Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.starts_with("demo.yaml:"),
+            "20 warmup steps in the file, 10 steps from the flag: {text}"
+        );
+    }
+
+    #[test]
+    fn the_recorded_yaml_reads_back_to_the_same_spec() {
+        let loaded = with(&["training.steps=400", "resources.time=\"00:30:00\""]).unwrap();
+        let text = recorded_yaml(&loaded);
+        assert!(
+            text.starts_with(
+                "# demo.yaml with --set training.steps=400 --set resources.time=\"00:30:00\""
+            ),
+            "{text}"
+        );
+        let again = parse_spec(&text, Path::new("job.yaml")).unwrap();
+        assert_eq!(again.spec, loaded.spec);
+        let plain = with(&[]).unwrap();
+        assert_eq!(
+            recorded_yaml(&plain),
+            DEMO,
+            "without --set, the text as written"
+        );
+    }
+}

@@ -1,0 +1,65 @@
+//! A job whose planned peak memory per rank exceeds its GPUs' is refused by every command
+//! that would start it (`plan`, `submit`, `run`), naming the field and the way out, and goes
+//! ahead with `--force`.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+const SHARDRUN: &str = env!("CARGO_BIN_EXE_shardrun");
+
+/// Two 1.5 GiB GPUs for an MLP of 67 M parameters: about 1 GiB of FULL_SHARD state per rank
+/// alone, and the plan keeps 1 GiB of each GPU for CUDA and NCCL.
+const SPEC: &str = "name: too-big\nresources:\n  gpus_per_node: 2\n  gpu_memory_gb: 1.5\ntraining:\n  model: { kind: mlp, input_dim: 4096, hidden_dim: 8192, output_dim: 4096 }\n  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 1\n";
+
+fn shardrun(dir: &Path, args: &[&str]) -> Output {
+    Command::new(SHARDRUN)
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("run shardrun")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn plan_submit_and_run_refuse_a_job_that_does_not_fit_unless_forced() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("job.yaml"), SPEC).unwrap();
+    for args in [
+        &["plan", "job.yaml"][..],
+        &["submit", "job.yaml"],
+        &["submit", "job.yaml", "--dry-run"],
+        &["run", "job.yaml"],
+    ] {
+        let out = shardrun(dir.path(), args);
+        let text = text(&out);
+        assert!(!out.status.success(), "{args:?} went ahead:\n{text}");
+        assert!(
+            text.contains("job.yaml:4:")
+                && text.contains("resources.gpu_memory_gb")
+                && text.contains("exceeds the 0.5 GiB a GPU has for the job")
+                && text.contains("--force"),
+            "{args:?}:\n{text}"
+        );
+        assert!(
+            !dir.path().join("runs").exists(),
+            "{args:?} wrote a run directory"
+        );
+    }
+    let out = shardrun(dir.path(), &["plan", "job.yaml", "--force"]);
+    let text = text(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("warning: peak memory per rank") && text.contains("planned anyway"),
+        "{text}"
+    );
+    let out = shardrun(dir.path(), &["submit", "job.yaml", "--force", "--dry-run"]);
+    assert!(out.status.success(), "{}", self::text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("#SBATCH"));
+}

@@ -1,0 +1,78 @@
+//! A rank that fails with an error or a panic (not a kill) in the middle of training, while
+//! the other ranks are already inside the step's collectives waiting for it: the job ends
+//! within seconds, the controller names that rank and its error, and no process is left.
+//! The failure is injected with `SHARDRUN_INJECT_FAILURE` into the real worker; the job would
+//! otherwise train for 100,000 steps. (The deadline is a hang detector, not a timing claim.)
+
+use shardrun_e2e::jobs::*;
+use shardrun_e2e::*;
+use std::time::{Duration, Instant};
+
+fn fails_fast(name: &str, injected: &str, victim: u64, expected: &str) {
+    let dir = TestDir::new(name);
+    let ranks = 3;
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec(name, 100_000, ranks));
+    let started = Instant::now();
+    let (out, run) = run_local(
+        &dir,
+        &spec,
+        &["--nproc", &ranks.to_string()],
+        &[("SHARDRUN_INJECT_FAILURE", injected.to_string())],
+        Duration::from_secs(120),
+    );
+    let took = started.elapsed();
+    let stdout = stdout_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{}", stderr_of(&out));
+    let result = result_json(&run);
+    assert_eq!(
+        (result["status"].as_str(), result["rank"].as_u64()),
+        (Some("failed"), Some(victim)),
+        "{result}"
+    );
+    let message = result["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("rank {victim} on")) && message.contains(expected),
+        "{message}"
+    );
+    // The others were cut off by the controller, not left to find out on their own.
+    assert!(
+        stdout.contains(&format!("job failed: rank {victim} on")),
+        "{stdout}"
+    );
+    let left = wait_for(
+        "the run's processes to be gone",
+        Duration::from_secs(5),
+        || {
+            processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string())
+                .is_empty()
+                .then_some(())
+        },
+    );
+    assert!(left.is_ok(), "worker processes left after the job ended");
+    // Steps before the failure were trained and logged (the failure was mid-training).
+    assert!(metric_steps(&run, 0).len() >= 2, "{stdout}");
+    eprintln!(
+        "{name}: job ended {:.1} s after it started",
+        took.as_secs_f64()
+    );
+}
+
+#[test]
+fn a_rank_returning_an_error_mid_training_ends_the_job_naming_it() {
+    fails_fast(
+        "fail-error",
+        "1:3",
+        1,
+        "failed: injected failure of rank 1 at step 3",
+    );
+}
+
+#[test]
+fn a_rank_panicking_mid_training_ends_the_job_naming_the_panic() {
+    fails_fast(
+        "fail-panic",
+        "2:4:panic",
+        2,
+        "panicked in thread main: injected failure of rank 2 at step 4",
+    );
+}

@@ -1,0 +1,104 @@
+//! GPU jobs where the GPUs are not usable, on this machine and on the project's real Slurm
+//! (whose node has two fake GPUs through gres, as character devices no CUDA can use):
+//! * `shardrun run --device cuda` refuses more ranks than the machine has GPUs (here: any),
+//!   with one error naming the machine, before creating anything;
+//! * a submitted GPU job gets its GPUs from Slurm (`--gres=gpu:N` in the script and for the
+//!   step alike), every rank finds them unusable, and the controller fails the job once,
+//!   naming the node and what the rank was given, before training.
+
+use shardrun_e2e::jobs::*;
+use shardrun_e2e::*;
+use std::path::Path;
+use std::time::Duration;
+
+#[test]
+fn local_runs_refuse_more_ranks_than_gpus_naming_the_machine() {
+    let dir = TestDir::new("gpu-local");
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("gpulocal", 5, 2));
+    let gpus = std::fs::read_dir("/proc/driver/nvidia/gpus").map_or(0, |d| d.count());
+    let ranks = (gpus + 1).to_string();
+    let (out, run) = run_local(
+        &dir,
+        &spec,
+        &["--device", "cuda", "--nproc", &ranks],
+        &[],
+        Duration::from_secs(60),
+    );
+    let stderr = stderr_of(&out);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    let host = hostname();
+    let expected = if gpus == 0 {
+        format!("this machine ({host}) has no GPU")
+    } else {
+        format!("this machine ({host}) has {gpus} GPU(s)")
+    };
+    assert_eq!(stderr.matches(&expected).count(), 1, "{stderr}");
+    assert!(stderr.contains("--device cpu"), "{stderr}");
+    assert!(!run.exists(), "nothing is created for a refused run");
+}
+
+fn gpu_spec(name: &str) -> String {
+    format!(
+        "name: {name}\nresources:\n  nodes: 1\n  gpus_per_node: 2\n  cpus_per_task: 1\n  \
+         time: \"00:05:00\"\ntraining:\n  model: {{ kind: mlp, input_dim: 16, hidden_dim: 32, \
+         output_dim: 16 }}\n  steps: 5\n  total_batch_size: 8\n  batch_size_per_device: 4\n"
+    )
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+#[test]
+fn a_slurm_gpu_job_without_usable_gpus_fails_once_naming_the_node() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("gpu-slurm");
+    let spec = dir.write("gpu.yaml", &gpu_spec("gpujob"));
+    let out = cluster
+        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
+        .unwrap();
+    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
+    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let run = dir.join("runs/gpujob");
+    let script = read(&run.join("job.sbatch"));
+    assert!(script.contains("#SBATCH --gres=gpu:2"), "{script}");
+    let result = wait_for_file(&run.join("result.json"), Duration::from_secs(240), |t| {
+        t.ends_with('}')
+    });
+    let slurm_out = read(&run.join(format!("gpujob-{job_id}.out")));
+    let slurm_err = read(&run.join(format!("gpujob-{job_id}.err")));
+    let result =
+        result.unwrap_or_else(|e| panic!("{e}\nstdout:\n{slurm_out}\nstderr:\n{slurm_err}"));
+    let json: serde_json::Value = serde_json::from_str(&result).unwrap();
+    assert_eq!(json["status"], "failed", "{result}");
+    assert_eq!(
+        json["cause"]["kind"], "device",
+        "{result}\n{slurm_out}\n{slurm_err}"
+    );
+    let message = json["message"].as_str().unwrap_or_default();
+    let host = hostname();
+    assert!(
+        message.contains(&format!("node {host}: `device: cuda`, but"))
+            && message.contains("cannot use its device"),
+        "{message}"
+    );
+    // Slurm gave the step both GPUs of the node, and every task sees both.
+    assert!(message.contains("CUDA_VISIBLE_DEVICES=0,1"), "{message}");
+    // One rank named, by the controller (as it happened and in the verdict); the other
+    // rank, with the same problem, says nothing.
+    let rank = json["rank"].as_u64().expect("a rank is named");
+    let log = read(&run.join("train.log"));
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("`device: cuda`, but"))
+        .collect();
+    assert!(!lines.is_empty(), "{log}");
+    for line in &lines {
+        assert!(
+            line.contains(&format!("rank {rank} on {host}"))
+                && line.contains("cannot use its device"),
+            "{log}"
+        );
+    }
+    assert!(!log.contains("step 1/"), "no training step ran:\n{log}");
+}

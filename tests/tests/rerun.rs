@@ -1,0 +1,360 @@
+//! Re-running a local run with the real worker: the same command again continues it.
+//!
+//! A run stopped after its first checkpoint (Ctrl-C's SIGINT or SIGTERM to `shardrun run`,
+//! or one rank SIGKILLed) is run again with the same command: it resumes at the step after
+//! its newest checkpoint, says so on its first line, and the losses of the two halves
+//! together are the losses of an uninterrupted run of the same spec. Neither half panics.
+//! A finished run run again trains nothing; with more steps it continues; a changed spec is
+//! refused field by field; --force starts over.
+//!
+//! Needs the binaries built: `cargo build --release -p shardrun -p shardrun-worker`.
+
+use shardrun_e2e::jobs::*;
+use shardrun_e2e::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Output, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+const STEPS: u64 = 1500;
+const INTERVAL: u64 = 20;
+const DEADLINE: Duration = Duration::from_secs(300);
+
+/// A small MLP on 2 CPU ranks: milliseconds per step, a checkpoint every 20 steps.
+fn spec(name: &str) -> String {
+    format!(
+        "name: {name}\nresources: {{ tasks_per_node: 2, cpus_per_task: 1, time: \"00:10:00\" }}\n\
+         training:\n  model: {{ kind: mlp, input_dim: 64, hidden_dim: 256, output_dim: 64 }}\n  \
+         steps: {STEPS}\n  total_batch_size: 16\n  batch_size_per_device: 8\n  \
+         checkpoint: {{ interval_steps: {INTERVAL}, keep: 2 }}\n"
+    )
+}
+
+/// The uninterrupted run's losses, computed once for every test of this file.
+fn reference() -> &'static BTreeMap<u64, f64> {
+    static REFERENCE: OnceLock<BTreeMap<u64, f64>> = OnceLock::new();
+    REFERENCE.get_or_init(|| {
+        let dir = TestDir::new("rerun-reference");
+        let spec = dir.write("job.yaml", &spec("reference"));
+        let (out, run) = run_local(&dir, &spec, &["--no-progress"], &[], DEADLINE);
+        assert!(out.status.success(), "reference run: {}", stderr_of(&out));
+        let losses = losses(&run);
+        assert_eq!(
+            losses.len() as u64,
+            STEPS,
+            "the reference logged every step"
+        );
+        losses
+    })
+}
+
+/// Starts `shardrun run`, waits for its first checkpoint, then holds the ranks (SIGSTOP) so
+/// that `interrupt` lands mid-run whatever the machine's load, lets them go, and waits for
+/// the end. Returns the first half's output.
+fn interrupted(dir: &TestDir, spec: &Path, interrupt: impl FnOnce(u32, &Path)) -> Output {
+    let (mut cmd, run) = local_run_command(dir, spec, &["--no-progress"], &[]);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut job = GroupChild::spawn(&mut cmd).unwrap();
+    // Read the pipes all along: a full pipe would block the run.
+    let mut stdout = job.child.stdout.take().unwrap();
+    let mut stderr = job.child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stdout, &mut buf);
+        buf
+    });
+    let err = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stderr, &mut buf);
+        buf
+    });
+    let first = run.join(format!("checkpoints/step-{INTERVAL}"));
+    wait_for("the first checkpoint", DEADLINE, || {
+        first.is_dir().then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", all_logs(&run)));
+    assert_eq!(signal_workers(&run, libc::SIGSTOP), 2, "both ranks held");
+    interrupt(job.child.id(), &run);
+    signal_workers(&run, libc::SIGCONT);
+    let status = wait_for("the interrupted run to end", DEADLINE, || {
+        job.child.try_wait().ok().flatten()
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", all_logs(&run)));
+    Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }
+}
+
+/// The second half: the same command again. Checks its first line names the step after the
+/// newest checkpoint, that the run resumed there, and that the whole run has the
+/// uninterrupted run's losses, with no panic in either half.
+fn resumed_to_the_end(dir: &TestDir, spec: &Path, first: &Output, why: &str) {
+    let run = dir.join("run");
+    let first_text = format!("{}{}", stdout_of(first), stderr_of(first));
+    let steps_before = metric_steps(&run, 0);
+    let (second, _) = run_local(dir, spec, &["--no-progress"], &[], DEADLINE);
+    let stdout = stdout_of(&second);
+    assert!(
+        second.status.success(),
+        "the re-run failed:\n{stdout}\n{}",
+        stderr_of(&second)
+    );
+    let headline = stdout.lines().next().unwrap_or_default();
+    assert!(
+        headline.starts_with(&format!("resuming {} at step ", run.display())),
+        "the first line says it resumes: {headline}"
+    );
+    assert!(
+        headline.contains(why),
+        "the first line says why it stopped ({why}): {headline}"
+    );
+    let resumed_at: u64 = headline
+        .split(" at step ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no step in {headline}"));
+    let checkpoint = resumed_at - 1;
+    assert!(
+        headline.contains(&format!("from its checkpoint of step {checkpoint} (")),
+        "{headline}"
+    );
+    assert!(
+        checkpoint >= INTERVAL && checkpoint.is_multiple_of(INTERVAL),
+        "resumed from an interval checkpoint: {headline}"
+    );
+    assert!(
+        steps_before
+            .last()
+            .is_some_and(|&last| last >= checkpoint && last < STEPS),
+        "the first half stopped mid-run after the checkpoint: {steps_before:?}"
+    );
+    // The second half's records follow the first half's, from the step after the checkpoint.
+    let after = metric_steps(&run, 0)[steps_before.len()..].to_vec();
+    assert_eq!(after, (resumed_at..=STEPS).collect::<Vec<_>>());
+    assert_same_losses(&losses(&run), reference(), 1e-6, "first half + second half");
+    assert_no_panic(&first_text, "the first half's output");
+    assert_no_panic(
+        &format!("{stdout}{}", stderr_of(&second)),
+        "the second half's output",
+    );
+    assert_no_panic(&all_logs(&run), "the run's logs");
+}
+
+#[test]
+fn ctrl_c_then_the_same_command_resumes_after_the_last_checkpoint() {
+    let dir = TestDir::new("rerun-sigint");
+    let spec = dir.write("job.yaml", &spec("sigint"));
+    let first = interrupted(&dir, &spec, |pid, _| unsafe {
+        libc::kill(pid as i32, libc::SIGINT);
+    });
+    let stdout = stdout_of(&first);
+    assert_eq!(
+        first.status.code(),
+        Some(130),
+        "{stdout}{}",
+        stderr_of(&first)
+    );
+    // One line per rank, and one from the controller naming the step and the checkpoint.
+    let log = std::fs::read_to_string(dir.join("run/train.log")).unwrap();
+    for rank in 0..2 {
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(&format!("[rank {rank}] warning: stopping after step ")))
+            .collect();
+        assert_eq!(lines.len(), 1, "{log}");
+        assert!(
+            lines[0].ends_with("the job was cancelled (SIGINT)"),
+            "{}",
+            lines[0]
+        );
+    }
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("was cancelled by SIGINT after step ")
+            && last.contains("its newest checkpoint is step ")
+            && last.contains("run the same command again to resume"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("FSDP training complete"), "{stdout}");
+    assert!(
+        !stderr_of(&first).contains("error:"),
+        "a cancel is not an error: {}",
+        stderr_of(&first)
+    );
+    resumed_to_the_end(&dir, &spec, &first, "was cancelled by SIGINT after step ");
+}
+
+#[test]
+fn sigterm_then_the_same_command_resumes_after_the_last_checkpoint() {
+    let dir = TestDir::new("rerun-sigterm");
+    let spec = dir.write("job.yaml", &spec("sigterm"));
+    let first = interrupted(&dir, &spec, |pid, _| unsafe {
+        libc::kill(pid as i32, libc::SIGTERM);
+    });
+    assert_eq!(
+        first.status.code(),
+        Some(143),
+        "{}{}",
+        stdout_of(&first),
+        stderr_of(&first)
+    );
+    assert_eq!(result_json(&dir.join("run"))["status"], "cancelled");
+    resumed_to_the_end(&dir, &spec, &first, "was cancelled by SIGTERM after step ");
+}
+
+#[test]
+fn a_killed_rank_then_the_same_command_resumes_from_the_last_checkpoint() {
+    let dir = TestDir::new("rerun-sigkill");
+    let spec = dir.write("job.yaml", &spec("sigkill"));
+    let first = interrupted(&dir, &spec, |_, run| {
+        let pid = worker_pid(run, 1).expect("rank 1's pid");
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    });
+    assert_eq!(
+        first.status.code(),
+        Some(1),
+        "{}{}",
+        stdout_of(&first),
+        stderr_of(&first)
+    );
+    assert_eq!(result_json(&dir.join("run"))["status"], "failed");
+    resumed_to_the_end(&dir, &spec, &first, "failed: rank 1 on ");
+}
+
+/// A spec whose LR does not depend on `steps`, so that training longer continues exactly
+/// like a run that was longer from the start.
+fn constant_lr_spec(name: &str, steps: u64) -> String {
+    format!(
+        "name: {name}\nresources: {{ tasks_per_node: 2, cpus_per_task: 1 }}\n\
+         training:\n  model: {{ kind: mlp, input_dim: 16, hidden_dim: 32, output_dim: 16 }}\n  \
+         steps: {steps}\n  total_batch_size: 8\n  batch_size_per_device: 4\n  \
+         schedule: {{ decay: constant }}\n"
+    )
+}
+
+#[test]
+fn a_finished_run_is_left_alone_trained_longer_on_request_refused_when_changed_and_forced_anew() {
+    let dir = TestDir::new("rerun-finished");
+    let spec = dir.write("job.yaml", &constant_lr_spec("finished", 30));
+    let run = dir.join("run");
+    let (out, _) = run_local(&dir, &spec, &["--no-progress"], &[], DEADLINE);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(stdout_of(&out).contains("FSDP training complete"));
+    let files = |names: &[&str]| -> Vec<Vec<u8>> {
+        names
+            .iter()
+            .map(|n| std::fs::read(run.join(n)).unwrap_or_default())
+            .collect()
+    };
+    let kept = ["metrics.jsonl", "train.log", "job.yaml", "manifest.json"];
+    let before = files(&kept);
+
+    // The same command again: nothing to do, exit 0, nothing touched.
+    let (out, _) = run_local(&dir, &spec, &["--no-progress"], &[], DEADLINE);
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert!(
+        stdout.lines().next().is_some_and(|l| l
+            == format!(
+                "{} is finished: it trained all 30 steps; nothing to do",
+                run.display()
+            )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("--set training.steps="),
+        "says how to train longer: {stdout}"
+    );
+    assert_eq!(files(&kept), before, "a finished run is not touched");
+
+    // A changed spec is refused, naming every changed field, touching nothing.
+    let (out, _) = run_local(
+        &dir,
+        &spec,
+        &[
+            "--set",
+            "training.optimizer.lr=0.01",
+            "--set",
+            "training.seed=3",
+        ],
+        &[],
+        DEADLINE,
+    );
+    let stderr = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("holds a run started with a different spec"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("  training.optimizer.lr: 0.0003 → 0.01\n"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("  training.seed: 0 → 3\n"), "{stderr}");
+    assert!(stderr.contains("--force"), "{stderr}");
+    assert_eq!(files(&kept), before, "a refused re-run touches nothing");
+
+    // Train it longer: continues from the last checkpoint (step 30) to the new end, exactly
+    // like a run of 45 steps from the start.
+    let (out, _) = run_local(
+        &dir,
+        &spec,
+        &["--no-progress", "--set", "training.steps=45"],
+        &[],
+        DEADLINE,
+    );
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    let mut lines = stdout.lines();
+    assert_eq!(
+        lines.next().unwrap_or_default(),
+        format!(
+            "resuming {} at step 31 from its checkpoint of step 30 ({}/checkpoints/step-30): \
+             it finished its 30 steps, and the spec now asks for 45",
+            run.display(),
+            run.display()
+        )
+    );
+    assert_eq!(
+        lines.next().unwrap_or_default(),
+        "  changed on resume: training.steps: 30 → 45"
+    );
+    assert_eq!(metric_steps(&run, 0), (1..=45).collect::<Vec<_>>());
+    let job_yaml = std::fs::read_to_string(run.join("job.yaml")).unwrap();
+    assert!(
+        job_yaml.contains("--set training.steps=45") && job_yaml.contains("steps: 45"),
+        "{job_yaml}"
+    );
+    let resolved = std::fs::read_to_string(run.join("resolved.json")).unwrap();
+    assert!(resolved.contains("\"training.steps=45\""), "{resolved}");
+
+    let other = TestDir::new("rerun-longer-reference");
+    let long_spec = other.write("job.yaml", &constant_lr_spec("longer", 45));
+    let (out, reference_run) = run_local(&other, &long_spec, &["--no-progress"], &[], DEADLINE);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_same_losses(
+        &losses(&run),
+        &losses(&reference_run),
+        1e-6,
+        "30 steps, then 15 more",
+    );
+
+    // --force deletes the run, says what it deleted, and starts at step 1.
+    let (out, _) = run_local(&dir, &spec, &["--no-progress", "--force"], &[], DEADLINE);
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    let first = stdout.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with(&format!("--force: deleted {} (", run.display()))
+            && first.contains("2 checkpoint(s) (step 30, step 45)")
+            && first.contains("metrics up to step 45")
+            && first.ends_with("starting over at step 1"),
+        "{first}"
+    );
+    assert_eq!(metric_steps(&run, 0), (1..=30).collect::<Vec<_>>());
+    assert_no_panic(&all_logs(&run), "the run's logs");
+}

@@ -1,0 +1,149 @@
+//! Re-submitting a cancelled job on the real Slurm: `scancel` stops the ranks at a step
+//! boundary (SIGTERM to the batch shell, which is the controller, and to the tasks), and
+//! `shardrun submit` of the same spec submits a new job that resumes from the run's newest
+//! checkpoint, so that the two jobs together have the losses of an uninterrupted run.
+//!
+//! Needs the worker built: `cargo build --release -p shardrun -p shardrun-worker`.
+
+use shardrun_e2e::jobs::*;
+use shardrun_e2e::*;
+use std::time::Duration;
+
+const STEPS: u64 = 1500;
+const INTERVAL: u64 = 20;
+
+fn spec() -> String {
+    format!(
+        "name: rerun\nresources: {{ tasks_per_node: 2, cpus_per_task: 1, time: \"00:10:00\" }}\n\
+         training:\n  model: {{ kind: mlp, input_dim: 64, hidden_dim: 256, output_dim: 64 }}\n  \
+         steps: {STEPS}\n  total_batch_size: 16\n  batch_size_per_device: 8\n  \
+         checkpoint: {{ interval_steps: {INTERVAL}, keep: 2 }}\n"
+    )
+}
+
+#[test]
+fn scancel_then_submit_of_the_same_spec_resumes_with_the_uninterrupted_losses() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("slurm-rerun");
+    let spec = dir.write("rerun.yaml", &spec());
+    let spec_arg = spec.to_string_lossy().to_string();
+
+    // The uninterrupted run, locally (the same arithmetic as under Slurm).
+    let (out, reference_run) = run_local(
+        &dir,
+        &spec,
+        &["--no-progress"],
+        &[],
+        Duration::from_secs(300),
+    );
+    assert!(out.status.success(), "reference run: {}", stderr_of(&out));
+    let reference = losses(&reference_run);
+    assert_eq!(reference.len() as u64, STEPS);
+
+    let out = cluster
+        .shardrun(dir.path(), &["submit", &spec_arg])
+        .unwrap();
+    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
+    let first_job = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let run = dir.join("runs/rerun");
+    let logs = || {
+        let mut text = all_logs(&run);
+        for entry in std::fs::read_dir(&run).into_iter().flatten().flatten() {
+            if entry.path().extension().is_some_and(|e| e == "out") {
+                text.push_str(&std::fs::read_to_string(entry.path()).unwrap_or_default());
+            }
+        }
+        text
+    };
+    let first = run.join(format!("checkpoints/step-{INTERVAL}"));
+    wait_for("the first checkpoint", Duration::from_secs(180), || {
+        first.is_dir().then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+
+    // While it runs, submitting again is refused and changes nothing.
+    let out = cluster
+        .shardrun(dir.path(), &["submit", &spec_arg])
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr_of(&out).contains("is still running"),
+        "{}",
+        stderr_of(&out)
+    );
+
+    // Hold the ranks so the cancel lands mid-run whatever the load; Slurm sends SIGCONT with
+    // its SIGTERM.
+    assert_eq!(signal_workers(&run, libc::SIGSTOP), 2, "both ranks held");
+    let mut cancel = cluster.command("scancel");
+    cancel.arg(&first_job);
+    let out = run_with_deadline(&mut cancel, Duration::from_secs(30)).unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    signal_workers(&run, libc::SIGCONT);
+    wait_for("Slurm to end the job", Duration::from_secs(120), || {
+        let out = cluster
+            .shardrun(dir.path(), &["status", "--json", &run.to_string_lossy()])
+            .ok()?;
+        (states(&stdout_of(&out)) == vec![("rerun".to_string(), "CANCELLED".to_string())])
+            .then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    let result = result_json(&run);
+    assert_eq!(result["status"], "cancelled", "{result}");
+    let stopped_after = result["step"].as_u64().expect("the step it stopped after");
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    for rank in 0..2 {
+        assert!(
+            log.contains(&format!(
+                "[rank {rank}] warning: stopping after step {stopped_after}: "
+            )),
+            "each rank says it stopped at the agreed step:\n{log}"
+        );
+    }
+
+    // The same command again: a new job that resumes.
+    let out = cluster
+        .shardrun(dir.path(), &["submit", &spec_arg])
+        .unwrap();
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "resubmit failed: {}", stderr_of(&out));
+    let headline = stdout.lines().next().unwrap_or_default();
+    assert!(
+        headline.starts_with(&format!("resuming {} at step ", run.display()))
+            && headline.contains("was cancelled by SIGTERM after step "),
+        "{headline}"
+    );
+    let resumed_at: u64 = headline
+        .split(" at step ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(
+        resumed_at > INTERVAL && resumed_at <= stopped_after + 1,
+        "{headline}"
+    );
+    let second_job = submitted_job_id(&stdout).expect("job id printed");
+    assert_ne!(second_job, first_job);
+    wait_for_file(&run.join("result.json"), Duration::from_secs(600), |t| {
+        t.contains("\"succeeded\"")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    let manifest = std::fs::read_to_string(run.join("manifest.json")).unwrap();
+    assert!(
+        manifest.contains(&format!("\"{first_job}\""))
+            && manifest.contains(&format!("\"{second_job}\"")),
+        "the manifest keeps both jobs: {manifest}"
+    );
+    assert!(
+        logs().contains(&format!(
+            "resumed from checkpoint {}/checkpoints/step-{}",
+            run.display(),
+            resumed_at - 1
+        )),
+        "{}",
+        logs()
+    );
+    assert_same_losses(&losses(&run), &reference, 1e-6, "two Slurm jobs");
+    assert_no_panic(&logs(), "the run's logs and Slurm output");
+}

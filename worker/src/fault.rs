@@ -1,0 +1,78 @@
+//! Injected failures, to see how a job fails: `SHARDRUN_INJECT_FAILURE=<rank>:<step>` makes
+//! that rank fail with an error when it starts optimizer step `<step>` (counted from 1),
+//! `<rank>:<step>:panic` makes it panic there, while the other ranks go on into the step's
+//! collectives. Unset, it does nothing; a malformed value is an error before training.
+
+/// The variable that asks for an injected failure.
+pub const VAR: &str = "SHARDRUN_INJECT_FAILURE";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum How {
+    Error,
+    Panic,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Injected {
+    pub rank: u64,
+    pub step: u64,
+    pub how: How,
+}
+
+impl Injected {
+    pub fn from_env() -> Result<Option<Injected>, String> {
+        match std::env::var(VAR) {
+            Ok(text) => Self::parse(&text).map(Some),
+            Err(_) => Ok(None),
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Injected, String> {
+        let bad = || format!("{VAR}={text:?}: expected <rank>:<step> or <rank>:<step>:panic");
+        let mut parts = text.trim().split(':');
+        let rank = parts.next().and_then(|r| r.parse().ok()).ok_or_else(bad)?;
+        let step = parts
+            .next()
+            .and_then(|s| s.parse().ok())
+            .filter(|&s| s > 0)
+            .ok_or_else(bad)?;
+        let how = match parts.next() {
+            None | Some("error") => How::Error,
+            Some("panic") => How::Panic,
+            Some(_) => return Err(bad()),
+        };
+        if parts.next().is_some() {
+            return Err(bad());
+        }
+        Ok(Injected { rank, step, how })
+    }
+
+    /// Fails (or panics) when `rank` starts `step` (1-based) and this is the chosen pair.
+    pub fn check(&self, rank: u64, step: u64) -> Result<(), String> {
+        if (rank, step) != (self.rank, self.step) {
+            return Ok(());
+        }
+        let what = format!("injected failure of rank {rank} at step {step} ({VAR})");
+        match self.how {
+            How::Error => Err(what),
+            How::Panic => panic!("{what}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_fires_once() {
+        let f = Injected::parse("1:3").unwrap();
+        assert_eq!((f.rank, f.step, f.how), (1, 3, How::Error));
+        assert!(f.check(1, 2).is_ok() && f.check(0, 3).is_ok());
+        assert!(f.check(1, 3).unwrap_err().contains("rank 1 at step 3"));
+        assert_eq!(Injected::parse("0:1:panic").unwrap().how, How::Panic);
+        for bad in ["", "1", "1:0", "x:2", "1:2:boom", "1:2:panic:3"] {
+            assert!(Injected::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

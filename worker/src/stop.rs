@@ -1,0 +1,249 @@
+//! Stopping a rank cleanly. A stop is asked for by a signal to this process (SIGINT,
+//! SIGTERM), by the controller (the job was cancelled, another rank failed, preemption), or
+//! by losing the controller. Asking only raises a flag in the process's [`StopSwitch`]: the
+//! training loop reads it at the next step boundary, where the ranks agree with one
+//! all-reduce, so every rank stops after the same step, and the main thread returns and
+//! exits normally.
+//!
+//! Nothing here exits the process. An exit from another thread while the main thread is
+//! inside libtorch runs libtorch's static destructors under it, which is how an interrupted
+//! run used to end with every rank panicking ("Invalid (backend, op) pair") and a backtrace.
+//! The one exception is a second SIGINT, which terminates at once (the default action), as
+//! a second Ctrl-C does under torchrun. SIGTERM never does: Slurm sends it more than once
+//! (to the task, and again through srun) and escalates to SIGKILL by itself.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Duration;
+
+pub use shardrun_protocol::messages::EXIT_STOPPED;
+
+/// Why a rank stops before the end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopCause {
+    /// SIGINT or SIGTERM to this process.
+    Signal(i32),
+    /// The controller asked; its reason ("the job was cancelled (SIGINT)").
+    Controller(String),
+    /// The connection to the controller broke; what broke it.
+    LostController(String),
+    /// Another rank was asked to stop (learned when the ranks agreed).
+    Peer,
+}
+
+impl StopCause {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            StopCause::Signal(signal) => 128 + signal,
+            _ => EXIT_STOPPED,
+        }
+    }
+}
+
+impl fmt::Display for StopCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StopCause::Signal(signal) => f.write_str(signal_name(*signal)),
+            StopCause::Controller(reason) => f.write_str(reason),
+            StopCause::LostController(why) => write!(f, "lost the controller ({why})"),
+            StopCause::Peer => f.write_str("another rank was asked to stop"),
+        }
+    }
+}
+
+pub fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        _ => "a signal",
+    }
+}
+
+/// What the training loop is asked to do at its next step boundary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopRequest {
+    /// Checkpoint, then stop (Slurm's time limit or preemption ahead).
+    Preempt,
+    /// Stop without a checkpoint: the run resumes from its last one.
+    Stop(StopCause),
+}
+
+impl StopRequest {
+    /// A number the ranks reduce with `max` to agree: a stop outranks a preemption (a
+    /// cancelled job need not save), both outrank carrying on.
+    pub fn code(request: Option<&StopRequest>) -> f64 {
+        match request {
+            None => 0.0,
+            Some(StopRequest::Preempt) => 1.0,
+            Some(StopRequest::Stop(_)) => 2.0,
+        }
+    }
+
+    /// The agreed request from the reduced code; `own` is this rank's request, which gives
+    /// the cause when it is the one that won.
+    pub fn agreed(code: f64, own: Option<StopRequest>) -> Option<StopRequest> {
+        if code >= 2.0 {
+            Some(match own {
+                Some(StopRequest::Stop(cause)) => StopRequest::Stop(cause),
+                _ => StopRequest::Stop(StopCause::Peer),
+            })
+        } else if code >= 1.0 {
+            Some(StopRequest::Preempt)
+        } else {
+            None
+        }
+    }
+}
+
+/// The flags a stop request raises. Cheap to read: the training loop reads it every step.
+#[derive(Debug, Default)]
+pub struct StopSwitch {
+    preempt: AtomicBool,
+    /// The first stop signal's number (0: none); written by the signal handler.
+    signal: Arc<AtomicUsize>,
+    other: Mutex<Option<StopCause>>,
+    /// Notified when `other` is set.
+    other_set: Condvar,
+}
+
+impl StopSwitch {
+    pub fn new() -> StopSwitch {
+        StopSwitch::default()
+    }
+
+    pub fn request_preempt(&self) {
+        self.preempt.store(true, Ordering::SeqCst);
+    }
+
+    /// Asks for a stop; the first cause asked for is the one reported.
+    pub fn request_stop(&self, cause: StopCause) {
+        if let StopCause::Signal(signal) = cause {
+            let _ = self.signal.compare_exchange(
+                0,
+                signal as usize,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            );
+            return;
+        }
+        let mut other = self.other.lock().unwrap_or_else(|e| e.into_inner());
+        other.get_or_insert(cause);
+        self.other_set.notify_all();
+    }
+
+    /// This rank's own stop cause, waiting up to `timeout` for one to arrive. When the ranks
+    /// agree to stop because another rank was asked, the controller's request to this rank
+    /// (it asks every rank) is usually still in flight: waiting for it lets each rank say why
+    /// in its own words. A signal to one rank alone never arrives here: then `None`.
+    pub fn wait_for_cause(&self, timeout: Duration) -> Option<StopCause> {
+        if let Some(StopRequest::Stop(cause)) = self.requested() {
+            return Some(cause);
+        }
+        let other = self.other.lock().unwrap_or_else(|e| e.into_inner());
+        let (other, _) = self
+            .other_set
+            .wait_timeout_while(other, timeout, |other| other.is_none())
+            .unwrap_or_else(|e| e.into_inner());
+        other.clone()
+    }
+
+    /// The strongest request so far: a stop (a signal first), else a preemption.
+    pub fn requested(&self) -> Option<StopRequest> {
+        match self.signal.load(Ordering::SeqCst) {
+            0 => {}
+            signal => return Some(StopRequest::Stop(StopCause::Signal(signal as i32))),
+        }
+        if let Some(cause) = self.other.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Some(StopRequest::Stop(cause));
+        }
+        self.preempt
+            .load(Ordering::SeqCst)
+            .then_some(StopRequest::Preempt)
+    }
+}
+
+/// The switch of this process, shared by the signal handlers, the controller client and the
+/// training loop.
+pub fn process() -> &'static StopSwitch {
+    static SWITCH: OnceLock<StopSwitch> = OnceLock::new();
+    SWITCH.get_or_init(StopSwitch::new)
+}
+
+/// SIGINT and SIGTERM ask [`process`]'s switch for a stop; a second SIGINT terminates.
+pub fn install_signal_handlers() -> std::io::Result<()> {
+    let first = process().signal.clone();
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        let first = first.clone();
+        // SAFETY: the action is one atomic compare-exchange, which is async-signal-safe.
+        unsafe {
+            signal_hook::low_level::register(signal, move || {
+                let _ =
+                    first.compare_exchange(0, signal as usize, Ordering::SeqCst, Ordering::SeqCst);
+            })?;
+        }
+    }
+    // Registered before the flag is set below, so it sees the state before this SIGINT.
+    let interrupted = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register_conditional_default(libc::SIGINT, interrupted.clone())?;
+    signal_hook::flag::register(libc::SIGINT, interrupted)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stop_outranks_a_preemption_and_the_first_cause_is_kept() {
+        let switch = StopSwitch::new();
+        assert_eq!(switch.requested(), None);
+        switch.request_preempt();
+        assert_eq!(switch.requested(), Some(StopRequest::Preempt));
+        switch.request_stop(StopCause::Controller("the job was cancelled".into()));
+        switch.request_stop(StopCause::LostController("reset".into()));
+        assert_eq!(
+            switch.requested(),
+            Some(StopRequest::Stop(StopCause::Controller(
+                "the job was cancelled".into()
+            )))
+        );
+        switch.request_stop(StopCause::Signal(libc::SIGTERM));
+        switch.request_stop(StopCause::Signal(libc::SIGINT));
+        assert_eq!(
+            switch.requested(),
+            Some(StopRequest::Stop(StopCause::Signal(libc::SIGTERM)))
+        );
+    }
+
+    #[test]
+    fn a_cause_arriving_from_another_thread_ends_the_wait() {
+        let switch = Arc::new(StopSwitch::new());
+        assert_eq!(switch.wait_for_cause(Duration::from_millis(10)), None);
+        let from_reader = switch.clone();
+        let reader = std::thread::spawn(move || {
+            from_reader.request_stop(StopCause::Controller("rank 1 failed".into()))
+        });
+        assert_eq!(
+            switch.wait_for_cause(Duration::from_secs(600)),
+            Some(StopCause::Controller("rank 1 failed".into()))
+        );
+        reader.join().unwrap();
+    }
+
+    #[test]
+    fn ranks_agree_on_the_strongest_request() {
+        let preempt = Some(StopRequest::Preempt);
+        assert_eq!(
+            StopRequest::agreed(2.0, preempt.clone()),
+            Some(StopRequest::Stop(StopCause::Peer))
+        );
+        assert_eq!(StopRequest::agreed(1.0, None), preempt);
+        assert_eq!(StopRequest::agreed(0.0, None), None);
+        let own = StopRequest::Stop(StopCause::Signal(libc::SIGINT));
+        assert_eq!(StopRequest::agreed(2.0, Some(own.clone())), Some(own));
+        assert_eq!(StopCause::Signal(libc::SIGINT).exit_code(), 130);
+        assert_eq!(StopCause::Signal(libc::SIGTERM).exit_code(), 143);
+        assert_eq!(StopCause::Peer.exit_code(), EXIT_STOPPED);
+    }
+}
