@@ -235,6 +235,8 @@ fn run(o: &Options) -> Result<Figures, Box<dyn std::error::Error>> {
                 data: DataPosition {
                     samples_done: 0,
                     micro_batches_done: 0,
+                    epoch: None,
+                    data_fingerprint: None,
                 },
                 seed: 0,
                 loss_scale: None,

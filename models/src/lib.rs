@@ -106,6 +106,24 @@ impl ModelConfig {
         }
     }
 
+    /// Whether the model reads per-document `position_ids` and `document_ids` (positions
+    /// restarting per document, attention kept within it): what `data.document_mask` needs.
+    /// The FSDP2-example transformer has learned absolute positions and a plain causal mask.
+    pub fn supports_document_mask(&self) -> bool {
+        match self {
+            ModelConfig::Llama(_) => true,
+            ModelConfig::Transformer { .. } | ModelConfig::Mlp { .. } => false,
+        }
+    }
+
+    /// The Hugging Face folder the weights start from, which also holds the tokenizer.
+    pub fn pretrained_folder(&self) -> Option<&std::path::Path> {
+        match self {
+            ModelConfig::Llama(m) => m.pretrained.as_deref(),
+            ModelConfig::Transformer { .. } | ModelConfig::Mlp { .. } => None,
+        }
+    }
+
     /// One line for people (`shardrun plan`).
     pub fn summary(&self) -> String {
         match self {

@@ -22,6 +22,8 @@ pub struct Cli {
 pub enum Command {
     /// Check a job spec and print the resolved plan (world size, accumulation, memory).
     Plan(commands::plan::Args),
+    /// Tokenize the job's data into its cache now (on the login node), before submitting.
+    Prepare(commands::prepare::Args),
     /// Print the sbatch script a job spec renders to.
     Render(commands::render::Args),
     /// Validate, create the run directory and submit the job with sbatch.
@@ -51,6 +53,7 @@ pub enum Command {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Plan(args) => commands::plan::execute(args),
+        Command::Prepare(args) => commands::prepare::execute(args),
         Command::Render(args) => commands::render::execute(args),
         Command::Submit(args) => commands::submit::execute(args),
         Command::Sweep(args) => commands::sweep::execute(args),

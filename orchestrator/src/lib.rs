@@ -9,6 +9,7 @@ pub mod controller;
 pub mod gpus;
 pub mod metrics_file;
 pub mod plan;
+pub mod prepare;
 pub mod render;
 pub mod rerun;
 pub mod rundir;

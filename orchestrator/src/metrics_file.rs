@@ -1,6 +1,8 @@
-//! Reading a run's `metrics.jsonl` back (for `shardrun plot` and `shardrun metrics`).
+//! Reading a run's `metrics.jsonl` back (for `shardrun plot` and `shardrun metrics`): step
+//! records and evaluation records, each line read as the kind it parses as.
 
-use shardrun_protocol::messages::StepMetrics;
+use serde::de::DeserializeOwned;
+use shardrun_protocol::messages::{EvalMetrics, StepMetrics};
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
@@ -12,19 +14,12 @@ pub enum MetricsFileError {
     },
 }
 
-/// The records of the lowest rank that reported (rank 0 normally), one per step in step
+/// The step records of the lowest rank that reported (rank 0 normally), one per step in step
 /// order. A resumed run repeats the steps after its checkpoint, appending them again: the
 /// later attempt's records replace the earlier ones from the step it resumed at. A line
 /// that does not parse (the last one, while it is being written) is skipped.
 pub fn read_main_rank(path: &Path) -> Result<Vec<StepMetrics>, MetricsFileError> {
-    let text = std::fs::read_to_string(path).map_err(|source| MetricsFileError::Read {
-        path: path.display().to_string(),
-        source,
-    })?;
-    let all: Vec<StepMetrics> = text
-        .lines()
-        .filter_map(|line| serde_json::from_str(line).ok())
-        .collect();
+    let all: Vec<StepMetrics> = read_kind(path)?;
     let Some(main) = all.iter().map(|m| m.rank).min() else {
         return Ok(Vec::new());
     };
@@ -36,6 +31,30 @@ pub fn read_main_rank(path: &Path) -> Result<Vec<StepMetrics>, MetricsFileError>
         kept.push(m);
     }
     Ok(kept)
+}
+
+/// The evaluation records (rank 0 sends them) in step order; a resumed run's evaluations
+/// replace those of the steps it repeated, as for step records.
+pub fn read_evals(path: &Path) -> Result<Vec<EvalMetrics>, MetricsFileError> {
+    let mut kept: Vec<EvalMetrics> = Vec::new();
+    for e in read_kind::<EvalMetrics>(path)? {
+        if let Some(cut) = kept.iter().position(|k| k.step >= e.step) {
+            kept.truncate(cut);
+        }
+        kept.push(e);
+    }
+    Ok(kept)
+}
+
+fn read_kind<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>, MetricsFileError> {
+    let text = std::fs::read_to_string(path).map_err(|source| MetricsFileError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    Ok(text
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect())
 }
 
 #[cfg(test)]
@@ -51,8 +70,9 @@ mod tests {
                 r#"{{"rank":{rank},"step":{step},"loss":1.0,"lr":0.1,"grad_norm":1.0,"step_time_s":0.1,"tokens_per_s":5.0,"mfu":null,"model_state_bytes":1,"peak_memory_bytes":2,"loss_scale":null}}"#
             )
         };
+        let eval = r#"{"rank":0,"step":2,"eval_loss":2.5,"eval_perplexity":12.18,"eval_tokens":100,"eval_time_s":0.5}"#;
         let text = format!(
-            "{}\n{}\n{}\n{{\"rank\":0,\"st",
+            "{}\n{}\n{}\n{eval}\n{{\"rank\":0,\"st",
             rec(1, 1),
             rec(0, 1),
             rec(0, 2)
@@ -63,6 +83,9 @@ mod tests {
             got.iter().map(|m| (m.rank, m.step)).collect::<Vec<_>>(),
             vec![(0, 1), (0, 2)]
         );
+        let evals = read_evals(&path).unwrap();
+        assert_eq!(evals.len(), 1);
+        assert_eq!((evals[0].step, evals[0].eval_loss), (2, 2.5));
     }
 
     #[test]

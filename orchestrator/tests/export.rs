@@ -69,6 +69,8 @@ fn save(root: &Path, step: u64, world: u64) {
             data: DataPosition {
                 samples_done: step,
                 micro_batches_done: step,
+                epoch: None,
+                data_fingerprint: None,
             },
             seed: 0,
             loss_scale: None,

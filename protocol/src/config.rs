@@ -62,9 +62,9 @@ pub enum DataConfig {
     /// world size sees the same global batches. Transformer: random tokens, next-token
     /// targets. MLP: random inputs and targets.
     Synthetic { seq_len: u64 },
-    /// A flat file of little-endian `u16` token ids (nanoGPT's `.bin` format); sample `i` is
-    /// the window starting at `i * seq_len`, wrapping around.
-    TokenFile { path: PathBuf, seq_len: u64 },
+    /// Documents from files: tokenized once into a cache, packed into fixed-length
+    /// sequences, shuffled per epoch (crate `shardrun-data`).
+    Dataset(Box<DatasetConfig>),
 }
 
 impl DataConfig {
@@ -72,11 +72,183 @@ impl DataConfig {
     pub fn sequence_length(&self, model: &ModelConfig) -> u64 {
         match (self, model) {
             (_, ModelConfig::Mlp { .. }) => 1,
-            (DataConfig::Synthetic { seq_len } | DataConfig::TokenFile { seq_len, .. }, _) => {
-                *seq_len
-            }
+            (DataConfig::Synthetic { seq_len }, _) => *seq_len,
+            (DataConfig::Dataset(d), _) => d.seq_len,
         }
     }
+}
+
+/// A dataset of documents, everything explicit (the orchestrator applies the defaults).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetConfig {
+    pub source: DataSource,
+    /// Tokens per training sequence (the model's context for one sample).
+    pub seq_len: u64,
+    pub tokenizer: TokenizerConfig,
+    pub packing: Packing,
+    /// Positions restart at every document and attention stays within it (the model gets
+    /// `position_ids` and `document_ids`); the token after a document's end is not a target.
+    pub document_mask: bool,
+    /// A seeded permutation of the sequences per epoch (else file order).
+    pub shuffle: bool,
+    pub validation: Option<ValidationConfig>,
+    /// Folder of tokenized caches, one sub-folder per (files, tokenizer, options).
+    pub cache_dir: PathBuf,
+    pub on_bad_record: OnBadRecord,
+}
+
+/// The files and how to read documents out of them. `files` are absolute paths or glob
+/// patterns (`/data/**/*.jsonl`), matched in sorted order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum DataSource {
+    /// Plain UTF-8 text: one document per file, per line, or per separator.
+    Text {
+        files: Vec<PathBuf>,
+        split: TextSplit,
+    },
+    /// One JSON object per line.
+    Jsonl {
+        files: Vec<PathBuf>,
+        text: JsonlText,
+    },
+    /// One JSON object per line holding a list of `{role, content}` messages, rendered with
+    /// the tokenizer's chat template; the loss covers the assistant turns only.
+    Chat {
+        files: Vec<PathBuf>,
+        messages_field: String,
+        /// A Jinja file instead of the tokenizer folder's own template.
+        chat_template: Option<PathBuf>,
+    },
+    /// Pre-tokenized files of little-endian ids (nanoGPT's `.bin` is `u16`); one document
+    /// per file, used as they are (no end-of-document token added).
+    Tokens {
+        files: Vec<PathBuf>,
+        dtype: TokenDtype,
+    },
+}
+
+impl DataSource {
+    pub fn files(&self) -> &[PathBuf] {
+        match self {
+            DataSource::Text { files, .. }
+            | DataSource::Jsonl { files, .. }
+            | DataSource::Chat { files, .. }
+            | DataSource::Tokens { files, .. } => files,
+        }
+    }
+
+    /// The same reading rules over other files (separate validation files).
+    pub fn with_files(&self, files: Vec<PathBuf>) -> DataSource {
+        let mut other = self.clone();
+        match &mut other {
+            DataSource::Text { files: f, .. }
+            | DataSource::Jsonl { files: f, .. }
+            | DataSource::Chat { files: f, .. }
+            | DataSource::Tokens { files: f, .. } => *f = files,
+        }
+        other
+    }
+
+    /// The spec's name of the kind (`text`, `jsonl`, `chat`, `tokens`).
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            DataSource::Text { .. } => "text",
+            DataSource::Jsonl { .. } => "jsonl",
+            DataSource::Chat { .. } => "chat",
+            DataSource::Tokens { .. } => "tokens",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "by", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TextSplit {
+    /// A whole file is one document.
+    File,
+    /// Every non-blank line is a document.
+    Line,
+    /// Documents are separated by this string (blank pieces are dropped).
+    Separator { separator: String },
+}
+
+/// Which fields of a JSONL record hold the text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "format", rename_all = "snake_case", deny_unknown_fields)]
+pub enum JsonlText {
+    /// One text field, trained on in full. A dotted name reaches into nested objects.
+    Field { field: String },
+    /// `prompt + completion` is the document; the loss covers the completion only.
+    PromptCompletion { prompt: String, completion: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenDtype {
+    U16,
+    U32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TokenizerConfig {
+    /// A Hugging Face tokenizer: `tokenizer.json` in `path` (a folder, or the file itself),
+    /// with `tokenizer_config.json`, `config.json` and `generation_config.json` next to it
+    /// for the special tokens. The overrides name special tokens by their text.
+    HuggingFace {
+        path: PathBuf,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+    },
+    /// UTF-8 bytes as ids 0..=255 and 256 as the end of a document.
+    Bytes,
+    /// `tokens` data: the ids are already in the files.
+    PreTokenized,
+}
+
+/// How documents become fixed-length sequences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Packing {
+    /// Documents (each ending with the end-of-document token) are concatenated and cut
+    /// into sequences; a document may continue into the next sequence (GPT-style
+    /// pre-training, torchtitan, nanoGPT). Only the last sequence is padded.
+    Stream,
+    /// Whole documents are placed into sequences (best-fit decreasing) and never split;
+    /// the rest of a sequence is padding. A document longer than a sequence is an error.
+    WholeDocuments,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnBadRecord {
+    /// The first bad record stops the preparation with an error naming it.
+    Stop,
+    /// Bad records are skipped, counted and the first ones named.
+    Skip,
+}
+
+/// Evaluation on held-out data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ValidationConfig {
+    pub held_out: HeldOut,
+    /// Evaluate every this many optimizer steps (and always after the last step).
+    pub every_steps: Option<u64>,
+    /// At most this many global batches per evaluation (all of the validation set if
+    /// `None`).
+    pub max_batches: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum HeldOut {
+    /// This fraction of the documents (chosen by a fixed hash of the document index, so the
+    /// same documents whatever the seed) never trains and is evaluated on.
+    Fraction { fraction: f64 },
+    /// Separate files, read with the same rules as the training files.
+    Files { files: Vec<PathBuf> },
 }
 
 /// The batch arithmetic, already checked: `total = per_device × world_size × grad_accum_steps`.
@@ -280,4 +452,45 @@ pub enum CheckpointFormat {
 pub enum DeviceKind {
     Cpu,
     Cuda,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dataset_configs_round_trip_as_tagged_json() {
+        let data = DataConfig::Dataset(Box::new(DatasetConfig {
+            source: DataSource::Jsonl {
+                files: vec!["/d/*.jsonl".into()],
+                text: JsonlText::PromptCompletion {
+                    prompt: "q".into(),
+                    completion: "a".into(),
+                },
+            },
+            seq_len: 128,
+            tokenizer: TokenizerConfig::Bytes,
+            packing: Packing::WholeDocuments,
+            document_mask: false,
+            shuffle: true,
+            validation: Some(ValidationConfig {
+                held_out: HeldOut::Fraction { fraction: 0.05 },
+                every_steps: Some(10),
+                max_batches: None,
+            }),
+            cache_dir: "/runs/data-cache".into(),
+            on_bad_record: OnBadRecord::Skip,
+        }));
+        let json = serde_json::to_value(&data).unwrap();
+        assert_eq!(json["kind"], "dataset");
+        assert_eq!(json["source"]["kind"], "jsonl");
+        assert_eq!(json["source"]["text"]["format"], "prompt_completion");
+        assert_eq!(
+            serde_json::from_value::<DataConfig>(json.clone()).unwrap(),
+            data
+        );
+        let mut typo = json;
+        typo["shufle"] = serde_json::json!(true);
+        assert!(serde_json::from_value::<DataConfig>(typo).is_err());
+    }
 }

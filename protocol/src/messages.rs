@@ -42,6 +42,8 @@ pub enum FromWorker {
     Log(LogLine),
     /// One metrics record (every `log_every` steps).
     Metrics(StepMetrics),
+    /// One evaluation on the validation data (rank 0 sends this).
+    Eval(EvalMetrics),
     /// Liveness while no other message is due (e.g. inside a long step), with the number of
     /// optimizer steps this rank has completed: a rank that keeps heartbeating but stops
     /// making progress (blocked in a collective, stuck in I/O) is seen by its step.
@@ -131,6 +133,30 @@ pub struct StepMetrics {
     pub device_total_bytes: Option<u64>,
     /// fp16 dynamic loss scale, when used.
     pub loss_scale: Option<f64>,
+    /// Epochs of the training data done after this step (1.5: half-way through the second);
+    /// `None` for synthetic data, which has no epochs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<f64>,
+    /// Seconds of the step spent making this rank's batches (reading the token cache,
+    /// packing, building tensors): the data loader's cost, as torchtitan reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_time_s: Option<f64>,
+}
+
+/// The loss on the validation data after `step`, over every validation token (all ranks).
+/// Its field names differ from [`StepMetrics`]' so the two kinds of `metrics.jsonl` lines
+/// never read as each other.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalMetrics {
+    pub rank: u64,
+    pub step: u64,
+    /// Mean cross-entropy per target token.
+    pub eval_loss: f64,
+    /// `exp(eval_loss)`.
+    pub eval_perplexity: f64,
+    /// Target tokens evaluated.
+    pub eval_tokens: u64,
+    pub eval_time_s: f64,
 }
 
 /// End-of-training summary: strategy, memory saved by sharding, first and last loss.
@@ -146,6 +172,11 @@ pub struct TrainSummary {
     pub unsharded_model_state_bytes: u64,
     pub peak_memory_bytes: u64,
     pub mean_tokens_per_s: f64,
+    /// The last evaluation, when the data has a validation split.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_loss: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_perplexity: Option<f64>,
 }
 
 /// Exit status of a worker that stopped at a step boundary on the controller's request

@@ -155,6 +155,9 @@ impl Checkpointer {
                     growth_tracker: t.loss_scale.as_ref().map_or(0, |s| s.growth_tracker),
                     seed: t.seed,
                     micro_batches_done: t.data.micro_batches_done,
+                    samples_done: t.data.samples_done,
+                    data_fingerprint: t.data.data_fingerprint.clone(),
+                    epoch: t.data.epoch,
                 })
                 .map_err(|e| CheckpointingError::Other(e.to_string()))?;
         }
@@ -421,8 +424,10 @@ fn trainer_state(config: &TrainConfig, state: &TrainState) -> TrainerState {
             last_lr: schedule.lr(state.step.saturating_sub(1)),
         },
         data: DataPosition {
-            samples_done: state.step * config.batch.total_batch_size,
+            samples_done: state.samples_done,
             micro_batches_done: state.micro_batches_done,
+            epoch: state.epoch,
+            data_fingerprint: state.data_fingerprint.clone(),
         },
         seed: state.seed,
         loss_scale: state.loss_scale.map(|scale| LossScaleState {

@@ -15,8 +15,8 @@ use crate::stop::{self, StopCause, StopRequest};
 use shardrun_protocol::connection::{encode_frame, BlockingConnection, ConnectionError};
 use shardrun_protocol::env;
 use shardrun_protocol::messages::{
-    FromWorker, LogLevel, LogLine, Registration, Role, StartInfo, StepMetrics, ToWorker,
-    TrainSummary,
+    EvalMetrics, FromWorker, LogLevel, LogLine, Registration, Role, StartInfo, StepMetrics,
+    ToWorker, TrainSummary,
 };
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -331,6 +331,10 @@ impl Reporter for ControllerClient {
 
     fn summary(&self, summary: &TrainSummary) {
         let _ = self.send_or_stderr(&FromWorker::Summary(summary.clone()));
+    }
+
+    fn eval(&self, metrics: &EvalMetrics) {
+        self.send_or_stderr(&FromWorker::Eval(metrics.clone()));
     }
 
     fn preempt_requested(&self) -> bool {

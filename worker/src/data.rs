@@ -1,70 +1,55 @@
-//! Training data, a pure function of (seed, global sample index): every world size and
-//! strategy sees the same global batches, and the data position of a run is just its step.
+//! Training data as tensors, a pure function of (seed, global sample index): every world
+//! size and strategy sees the same global batches, and the data position of a run is the
+//! number of global samples it has consumed.
 //!
-//! Sample `i` of the job: rank `r` reads samples `r·b .. (r+1)·b` of each global micro-batch
-//! (`b` = batch size per device), micro-batch `m` of optimizer step `s` being global
-//! micro-batch `s·accum + m`.
+//! Rank `r` reads samples `r·b .. (r+1)·b` of each global micro-batch (`b` = batch size per
+//! device); micro-batch `m` of the optimizer step starting at global sample `s` starts at
+//! `s + m·b·W` ([`shardrun_data::sampler::first_sample`]).
+//!
+//! Real documents come from `shardrun-data` (tokenized once, packed, shuffled per epoch);
+//! synthetic tokens and vectors are generated here.
 
+use shardrun_data::{HostBatch, Observer};
 use shardrun_protocol::config::{DataConfig, ModelConfig, TrainConfig};
-use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
 use tch::{Kind, Tensor};
+
+pub use shardrun_data::sampler::first_sample;
+pub use shardrun_data::splitmix64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
-    #[error("cannot read token file {path}: {source}. Check `data.path` in the job spec")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("token file {path} holds {tokens} tokens; a sample needs {needed} (seq_len + 1)")]
-    TooShort {
-        path: PathBuf,
-        tokens: u64,
-        needed: u64,
-    },
-    #[error("token file {path} has token id {token} at position {position}, but the model's vocab_size is {vocab}")]
-    TokenOutOfRange {
-        path: PathBuf,
-        token: u16,
-        position: u64,
-        vocab: u64,
-    },
-    #[error("a token file feeds a transformer, not the MLP")]
-    TokenFileForMlp,
+    #[error(transparent)]
+    Documents(#[from] shardrun_data::DataError),
+    #[error("documents feed a token model (kind: transformer), not the MLP: use `data: {{kind: synthetic}}` for the MLP")]
+    DocumentsForMlp,
 }
 
-/// The splitmix64 mixer: a tiny, well-distributed, portable hash (the Python benchmark
-/// reference reimplements it to see the same data).
-pub fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// One batch: model inputs and loss targets (token ids: `-100` = no loss, as `transformers`'
-/// labels), and for packed sequences each token's position and document (i64, like the
-/// inputs): attention stays within a document and RoPE counts positions from its start.
+/// One batch, in the `transformers` conventions the models follow: `inputs` and `targets`
+/// are `[batch, seq]` ids with -100 in `targets` where there is no loss (the head averages
+/// over the other targets); with the document mask, `position_ids` restart at every document
+/// and `document_ids` say which document of its row each token belongs to (for a
+/// block-diagonal attention mask). The MLP's batches are float features instead.
 pub struct Batch {
     pub inputs: Tensor,
     pub targets: Tensor,
     pub position_ids: Option<Tensor>,
     pub document_ids: Option<Tensor>,
+    /// Targets that carry loss (not -100); all of them for synthetic data.
+    pub loss_tokens: u64,
 }
 
 enum Source {
     /// Arithmetic token sequences `t[j+1] = (t[j] + stride) mod vocab` with a random start and
     /// stride per sample: random-looking, yet learnable, so a falling loss means training works.
-    SyntheticTokens { vocab: u64 },
-    TokenFile {
-        path: PathBuf,
-        file: std::fs::File,
-        tokens: u64,
+    SyntheticTokens {
         vocab: u64,
     },
     /// The FSDP tutorial MLP's data: inputs and targets uniform in [-1, 1).
-    SyntheticVectors { input_dim: u64, output_dim: u64 },
+    SyntheticVectors {
+        input_dim: u64,
+        output_dim: u64,
+    },
+    Documents(Box<shardrun_data::Dataset>),
 }
 
 pub struct Dataset {
@@ -74,7 +59,14 @@ pub struct Dataset {
 }
 
 impl Dataset {
+    /// The config's data, quietly (tests, the reference trainer).
     pub fn new(config: &TrainConfig) -> Result<Dataset, DataError> {
+        Dataset::open(config, &shardrun_data::Quiet)
+    }
+
+    /// The config's data. Documents are prepared first if no one has (normally the job's
+    /// controller has: then this only maps the cache).
+    pub fn open(config: &TrainConfig, observer: &dyn Observer) -> Result<Dataset, DataError> {
         let seq_len = config.data.sequence_length(&config.model);
         let source = match (&config.data, &config.model) {
             (
@@ -94,33 +86,17 @@ impl Dataset {
                 input_dim: *input_dim,
                 output_dim: *output_dim,
             },
-            (
-                DataConfig::TokenFile { path, .. },
-                ModelConfig::Transformer { .. } | ModelConfig::Llama(_),
-            ) => {
-                let vocab_size = config.model.vocab_size().unwrap_or(1);
-                let io = |source| DataError::Io {
-                    path: path.clone(),
-                    source,
-                };
-                let file = std::fs::File::open(path).map_err(io)?;
-                let tokens = file.metadata().map_err(io)?.len() / 2;
-                if tokens < seq_len + 1 {
-                    return Err(DataError::TooShort {
-                        path: path.clone(),
-                        tokens,
-                        needed: seq_len + 1,
-                    });
-                }
-                Source::TokenFile {
-                    path: path.clone(),
-                    file,
-                    tokens,
-                    vocab: vocab_size,
-                }
+            (DataConfig::Dataset(d), ModelConfig::Transformer { .. } | ModelConfig::Llama(_)) => {
+                Source::Documents(Box::new(shardrun_data::Dataset::open(
+                    d,
+                    config.seed,
+                    config.model.vocab_size(),
+                    shardrun_data::default_threads(),
+                    observer,
+                )?))
             }
-            (DataConfig::TokenFile { .. }, ModelConfig::Mlp { .. }) => {
-                return Err(DataError::TokenFileForMlp)
+            (DataConfig::Dataset(_), ModelConfig::Mlp { .. }) => {
+                return Err(DataError::DocumentsForMlp)
             }
         };
         Ok(Dataset {
@@ -128,6 +104,14 @@ impl Dataset {
             seed: config.seed,
             seq_len,
         })
+    }
+
+    /// The documents behind this dataset, when it has some.
+    pub fn documents(&self) -> Option<&shardrun_data::Dataset> {
+        match &self.source {
+            Source::Documents(d) => Some(d),
+            _ => None,
+        }
     }
 
     /// Samples `first .. first + count` of the job, stacked into one batch.
@@ -143,45 +127,17 @@ impl Dataset {
                     tokens
                         .extend((0..=self.seq_len).map(|j| ((start + j * stride) % vocab) as i64));
                 }
-                Ok(self.token_batch(tokens, n))
+                let seq = self.seq_len as i64;
+                let all = Tensor::from_slice(&tokens).view([n, seq + 1]);
+                Ok(Batch {
+                    inputs: all.narrow(1, 0, seq).contiguous(),
+                    targets: all.narrow(1, 1, seq).contiguous(),
+                    position_ids: None,
+                    document_ids: None,
+                    loss_tokens: count * self.seq_len,
+                })
             }
-            Source::TokenFile {
-                path,
-                file,
-                tokens: total,
-                vocab,
-            } => {
-                let window = (self.seq_len + 1) as usize;
-                let mut tokens = Vec::with_capacity(count as usize * window);
-                let mut bytes = vec![0u8; window * 2];
-                for i in first..first + count {
-                    let start = (i * self.seq_len) % total;
-                    // A window that runs past the end wraps to the start of the file.
-                    let head = (window as u64).min(total - start) as usize;
-                    let read = |buf: &mut [u8], at: u64| {
-                        file.read_exact_at(buf, at * 2)
-                            .map_err(|source| DataError::Io {
-                                path: path.clone(),
-                                source,
-                            })
-                    };
-                    read(&mut bytes[..head * 2], start)?;
-                    read(&mut bytes[head * 2..], 0)?;
-                    for (j, pair) in bytes.chunks_exact(2).enumerate() {
-                        let token = u16::from_le_bytes([pair[0], pair[1]]);
-                        if u64::from(token) >= *vocab {
-                            return Err(DataError::TokenOutOfRange {
-                                path: path.clone(),
-                                token,
-                                position: (start + j as u64) % total,
-                                vocab: *vocab,
-                            });
-                        }
-                        tokens.push(i64::from(token));
-                    }
-                }
-                Ok(self.token_batch(tokens, n))
-            }
+            Source::Documents(d) => Ok(Batch::from_host(&d.training_batch(first, count))),
             Source::SyntheticVectors {
                 input_dim,
                 output_dim,
@@ -202,35 +158,52 @@ impl Dataset {
                     targets: Tensor::from_slice(&targets).view([n, *output_dim as i64]),
                     position_ids: None,
                     document_ids: None,
+                    loss_tokens: count,
                 })
             }
         }
     }
-
-    fn token_batch(&self, tokens: Vec<i64>, n: i64) -> Batch {
-        let seq = self.seq_len as i64;
-        let all = Tensor::from_slice(&tokens).view([n, seq + 1]);
-        Batch {
-            inputs: all.narrow(1, 0, seq).contiguous(),
-            targets: all.narrow(1, 1, seq).contiguous(),
-            position_ids: None,
-            document_ids: None,
-        }
-    }
-}
-
-/// First global sample index `rank` reads for global micro-batch `micro`.
-pub fn first_sample(micro: u64, batch_per_device: u64, world_size: u64, rank: u64) -> u64 {
-    micro * batch_per_device * world_size + rank * batch_per_device
 }
 
 impl Batch {
-    pub fn to_device(&self, device: tch::Device) -> Batch {
+    /// A batch without document structure: token ids and their targets (-100 where there
+    /// is no loss), or the MLP's feature rows.
+    pub fn new(inputs: Tensor, targets: Tensor) -> Batch {
+        let loss_tokens = if targets.is_floating_point() {
+            targets.size().first().copied().unwrap_or(0) as u64
+        } else {
+            targets.ne(-100).sum(Kind::Int64).int64_value(&[]) as u64
+        };
         Batch {
-            inputs: self.inputs.to_device(device),
-            targets: self.targets.to_device(device),
-            position_ids: self.position_ids.as_ref().map(|t| t.to_device(device)),
-            document_ids: self.document_ids.as_ref().map(|t| t.to_device(device)),
+            inputs,
+            targets,
+            position_ids: None,
+            document_ids: None,
+            loss_tokens,
+        }
+    }
+
+    /// Tensors of a host batch (one copy each).
+    pub fn from_host(host: &HostBatch) -> Batch {
+        let shape = [host.rows as i64, host.seq_len as i64];
+        let tensor = |values: &[i64]| Tensor::from_slice(values).view(shape);
+        Batch {
+            inputs: tensor(&host.inputs),
+            targets: tensor(&host.targets),
+            position_ids: host.position_ids.as_deref().map(tensor),
+            document_ids: host.document_ids.as_deref().map(tensor),
+            loss_tokens: host.loss_tokens,
+        }
+    }
+
+    pub fn to_device(&self, device: tch::Device) -> Batch {
+        let move_to = |t: &Tensor| t.to_device(device);
+        Batch {
+            inputs: move_to(&self.inputs),
+            targets: move_to(&self.targets),
+            position_ids: self.position_ids.as_ref().map(move_to),
+            document_ids: self.document_ids.as_ref().map(move_to),
+            loss_tokens: self.loss_tokens,
         }
     }
 
@@ -242,6 +215,71 @@ impl Batch {
             self.inputs.shallow_clone()
         }
     }
+
+    /// A digest of row `row` (inputs, targets, positions, document ids): equal digests, equal
+    /// samples (the batch log compares runs with it).
+    pub fn row_digest(&self, row: i64) -> u64 {
+        let mut bytes = Vec::new();
+        let tensors = [
+            Some(&self.inputs),
+            Some(&self.targets),
+            self.position_ids.as_ref(),
+            self.document_ids.as_ref(),
+        ];
+        for t in tensors.into_iter().flatten() {
+            let r = t.get(row).to_device(tch::Device::Cpu).contiguous();
+            let values: Vec<f64> =
+                Vec::<f64>::try_from(r.to_kind(Kind::Double).flatten(0, -1)).unwrap_or_default();
+            for v in values {
+                bytes.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        shardrun_data::digest(&bytes)
+    }
+}
+
+/// Names a file prefix: every rank appends one line per sample it trains on to
+/// `<prefix>.rank<r>` (`step micro sample digest`), to compare what two runs fed the model.
+pub const BATCH_LOG: &str = "SHARDRUN_BATCH_LOG";
+
+/// The per-rank batch log ([`BATCH_LOG`]).
+pub struct BatchLog {
+    file: std::sync::Mutex<std::fs::File>,
+}
+
+impl BatchLog {
+    /// `None` unless [`BATCH_LOG`] is set.
+    pub fn from_env(rank: u64) -> Result<Option<BatchLog>, String> {
+        let Some(prefix) = std::env::var_os(BATCH_LOG) else {
+            return Ok(None);
+        };
+        let mut path = prefix;
+        path.push(format!(".rank{rank}"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| format!("{BATCH_LOG}: cannot open {}: {e}", path.to_string_lossy()))?;
+        Ok(Some(BatchLog {
+            file: std::sync::Mutex::new(file),
+        }))
+    }
+
+    /// One line per row of `batch`, whose first row is global sample `first`.
+    pub fn record(&self, step: u64, micro: u64, first: u64, batch: &Batch) {
+        use std::io::Write;
+        let rows = batch.inputs.size().first().copied().unwrap_or(0);
+        let mut text = String::new();
+        for r in 0..rows {
+            text.push_str(&format!(
+                "{step} {micro} {} {:016x}\n",
+                first + r as u64,
+                batch.row_digest(r)
+            ));
+        }
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = file.write_all(text.as_bytes());
+    }
 }
 
 #[cfg(test)]
@@ -249,14 +287,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn splitmix_matches_reference_values() {
-        // First output of splitmix64 seeded with 0 (Vigna's reference implementation).
-        assert_eq!(splitmix64(0), 0xe220_a839_7b1d_cdaf);
-    }
-
-    #[test]
     fn sample_slices_cover_the_global_micro_batch() {
-        let firsts: Vec<u64> = (0..3).map(|r| first_sample(5, 4, 3, r)).collect();
-        assert_eq!(firsts, vec![60, 64, 68]);
+        let firsts: Vec<u64> = (0..3).map(|r| first_sample(100, 5, 4, 3, r)).collect();
+        assert_eq!(firsts, vec![160, 164, 168]);
     }
 }

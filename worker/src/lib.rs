@@ -12,7 +12,8 @@
 //! * [`model`]: the transformer and the MLP, plain forward code with PyTorch parameter names.
 //! * [`fsdp`]: units, flat sharded parameters, gather/free/reduce per strategy.
 //! * [`optim`], [`schedule`], [`scaler`]: AdamW, the LR schedule, fp16 loss scaling.
-//! * [`data`]: deterministic per-rank batches.
+//! * [`data`]: deterministic per-rank batches (documents through `shardrun-data`);
+//!   [`evaluate`]: validation loss and perplexity.
 //! * [`train`]: the training loop; [`reference`]: unsharded single-process ground truth.
 //! * [`controller_client`]: registration, reports and heartbeats through the shardrun controller.
 //! * [`stop`]: stop requests (signals, the controller) acted on at step boundaries.
@@ -28,6 +29,7 @@ pub mod controller_client;
 pub mod cuda;
 pub mod data;
 pub mod device;
+pub mod evaluate;
 pub mod fail_fast;
 pub mod fault;
 pub mod fsdp;

@@ -47,17 +47,25 @@ pub fn train_reference(
     for step in 0..config.steps {
         let started = Instant::now();
         let lr = schedule.lr(step);
-        let mut loss_sum = 0.0;
-        for m in 0..accum {
-            let batch = dataset
-                .samples(
-                    first_sample(step * accum + m, global_batch, 1, 0),
+        let step_start = step * config.batch.total_batch_size;
+        let batches = (0..accum)
+            .map(|m| {
+                dataset.samples(
+                    first_sample(step_start, m, global_batch, 1, 0),
                     global_batch,
-                )?
-                .to_device(device);
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // The mean over the step's target tokens: micro-batch i weighs n_i / N.
+        let tokens: u64 = batches.iter().map(|b| b.loss_tokens).sum();
+        let mut loss_sum = 0.0;
+        for batch in &batches {
+            let batch = batch.to_device(device);
             let loss = model::forward(model.as_ref(), &Params::new(&params), &batch);
-            loss_sum += loss.double_value(&[]);
-            (loss / accum as f64).backward();
+            if batch.loss_tokens > 0 {
+                loss_sum += loss.double_value(&[]) * batch.loss_tokens as f64;
+                (loss * (batch.loss_tokens as f64 / tokens as f64)).backward();
+            }
         }
         let grad_norm = specs
             .iter()
@@ -98,7 +106,7 @@ pub fn train_reference(
             );
             p.zero_grad();
         }
-        let loss = loss_sum / accum as f64;
+        let loss = loss_sum / tokens.max(1) as f64;
         let step_time = started.elapsed().as_secs_f64();
         reporter.metrics(&StepMetrics {
             rank: 0,
@@ -115,6 +123,10 @@ pub fn train_reference(
             device_used_bytes: None,
             device_total_bytes: None,
             loss_scale: None,
+            epoch: dataset.documents().map(|d| {
+                (step_start + config.batch.total_batch_size) as f64 / d.samples_per_epoch() as f64
+            }),
+            data_time_s: None,
         });
         if (step + 1) % config.log_every.max(1) == 0 {
             reporter.log(

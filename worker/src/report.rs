@@ -2,7 +2,7 @@
 //! controller client implements it over TCP, [`StdoutReporter`] serves standalone runs
 //! (torchrun-style launches and tests).
 
-use shardrun_protocol::messages::{LogLevel, StepMetrics, TrainSummary};
+use shardrun_protocol::messages::{EvalMetrics, LogLevel, StepMetrics, TrainSummary};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -14,12 +14,44 @@ pub trait Reporter: Send + Sync {
     fn metrics(&self, metrics: &StepMetrics);
     fn checkpoint_saved(&self, step: u64, path: &str);
     fn summary(&self, summary: &TrainSummary);
+    /// One evaluation on the validation data (rank 0 reports it).
+    fn eval(&self, metrics: &EvalMetrics) {
+        self.log(
+            LogLevel::Info,
+            &format!(
+                "eval after step {}: loss {:.4}",
+                metrics.step, metrics.eval_loss
+            ),
+        );
+    }
     /// True once the controller asked for preemption (checkpoint at the next step boundary,
     /// then exit cleanly). Ranks must agree on it collectively before acting.
     fn preempt_requested(&self) -> bool;
     /// `step` optimizer steps are done (heartbeats carry it, so the controller sees a rank
     /// that keeps beating but stops making progress).
     fn step_done(&self, _step: u64) {}
+}
+
+/// Data preparation's messages into a rank's log: rank 0 tells, every rank warns.
+pub struct ReporterObserver<'a> {
+    reporter: &'a dyn Reporter,
+    rank: u64,
+}
+
+impl<'a> ReporterObserver<'a> {
+    pub fn new(reporter: &'a dyn Reporter, rank: u64) -> Self {
+        ReporterObserver { reporter, rank }
+    }
+}
+
+impl shardrun_data::Observer for ReporterObserver<'_> {
+    fn line(&self, text: &str) {
+        if let Some(warning) = text.strip_prefix("warning: ") {
+            self.reporter.log(LogLevel::Warn, warning);
+        } else if self.rank == 0 {
+            self.reporter.log(LogLevel::Info, text);
+        }
+    }
 }
 
 /// Standalone runs: log lines to stderr as `[rank R] text`, metrics as JSON lines appended to
@@ -44,6 +76,16 @@ impl StdoutReporter {
     }
 }
 
+impl StdoutReporter {
+    /// One line of the metrics file, when there is one.
+    fn append(&self, line: &str) {
+        if let Some(file) = &self.metrics_file {
+            let mut file = file.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = writeln!(file, "{line}");
+        }
+    }
+}
+
 impl Reporter for StdoutReporter {
     fn log(&self, level: LogLevel, text: &str) {
         let tag = match level {
@@ -57,11 +99,11 @@ impl Reporter for StdoutReporter {
     }
 
     fn metrics(&self, metrics: &StepMetrics) {
-        if let Some(file) = &self.metrics_file {
-            let line = serde_json::to_string(metrics).expect("metrics serialize");
-            let mut file = file.lock().unwrap_or_else(|e| e.into_inner());
-            let _ = writeln!(file, "{line}");
-        }
+        self.append(&serde_json::to_string(metrics).expect("metrics serialize"));
+    }
+
+    fn eval(&self, metrics: &EvalMetrics) {
+        self.append(&serde_json::to_string(metrics).expect("metrics serialize"));
     }
 
     fn checkpoint_saved(&self, step: u64, path: &str) {

@@ -9,16 +9,17 @@
 //! decision then come from those host numbers, without reading the device again.
 
 use crate::collectives::CommError;
-use crate::data::{first_sample, Batch, DataError, Dataset};
+use crate::data::{first_sample, Batch, BatchLog, DataError, Dataset};
+use crate::evaluate::Evaluator;
 use crate::fsdp::{EngineOptions, FsdpEngine, FsdpError, ProcessGroups};
-use crate::report::Reporter;
+use crate::report::{Reporter, ReporterObserver};
 use crate::scaler::LossScaler;
 use crate::schedule::Schedule;
 use crate::stop::{self, StopCause, StopRequest};
 use crate::{control, host, metrics};
 use shardrun_models::source::ParamSource;
 use shardrun_protocol::config::{DType, DeviceKind, ShardingStrategy, TrainConfig};
-use shardrun_protocol::messages::{LogLevel, StepMetrics, TrainSummary};
+use shardrun_protocol::messages::{EvalMetrics, LogLevel, StepMetrics, TrainSummary};
 use std::sync::Arc;
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
@@ -40,8 +41,8 @@ pub enum TrainError {
 }
 
 /// Everything beyond the engine's shards that a resumed run needs to continue exactly.
-/// The LR schedule and the data position are functions of `step`; training draws no random
-/// numbers (no dropout), so the seed is the whole RNG state.
+/// The LR schedule is a function of `step`, the data of `samples_done`; training draws no
+/// random numbers (no dropout), so the seed is the whole RNG state.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainState {
     /// Optimizer steps completed (the next step to run).
@@ -51,8 +52,15 @@ pub struct TrainState {
     pub loss_scale: Option<f64>,
     pub growth_tracker: u64,
     pub seed: u64,
-    /// Global micro-batches consumed: the data position.
+    /// Global micro-batches consumed.
     pub micro_batches_done: u64,
+    /// Global samples consumed: the data position (whatever the world size).
+    pub samples_done: u64,
+    /// Identifies the training data's sample stream ([`shardrun_data::Dataset::fingerprint`]);
+    /// `None` for synthetic data.
+    pub data_fingerprint: Option<String>,
+    /// Epochs of the training documents completed (`None` for synthetic data).
+    pub epoch: Option<u64>,
 }
 
 /// Why the checkpoint hook is called.
@@ -115,6 +123,7 @@ fn upload(batch: Batch, device: Device) -> Batch {
             targets: copy(&batch.targets),
             position_ids: batch.position_ids.as_ref().map(copy),
             document_ids: batch.document_ids.as_ref().map(copy),
+            loss_tokens: batch.loss_tokens,
         },
         _ => batch,
     }
@@ -156,6 +165,11 @@ pub struct Trainer {
     device: Device,
     /// Optimizer steps completed.
     step: u64,
+    /// Global samples consumed (the next step starts at this sample).
+    samples_done: u64,
+    evaluator: Option<Evaluator>,
+    last_eval: Option<EvalMetrics>,
+    batch_log: Option<BatchLog>,
     /// A failure to inject (`SHARDRUN_INJECT_FAILURE`), for failure-handling tests.
     fault: Option<crate::fault::Injected>,
 }
@@ -213,7 +227,18 @@ impl Trainer {
                 mib(l.peak_rss_bytes),
             ),
         );
-        let dataset = Dataset::new(&config)?;
+        let dataset = Dataset::open(&config, &ReporterObserver::new(reporter.as_ref(), rank))?;
+        // Every rank reads the same data: rank 0 describes it.
+        if let Some(documents) = dataset.documents().filter(|_| rank == 0) {
+            for line in documents.summary() {
+                match line.strip_prefix("warning: ") {
+                    Some(warning) => reporter.log(LogLevel::Warn, warning),
+                    None => reporter.log(LogLevel::Info, line),
+                }
+            }
+        }
+        let evaluator = Evaluator::from_config(&config);
+        let batch_log = BatchLog::from_env(rank).map_err(TrainError::Config)?;
         let schedule = Schedule::new(config.optimizer.lr, config.schedule.clone(), config.steps);
         let scaler = (mp.param_dtype == DType::F16).then(LossScaler::default);
         let fault = crate::fault::Injected::from_env().map_err(TrainError::Config)?;
@@ -227,6 +252,10 @@ impl Trainer {
             rank,
             device,
             step: 0,
+            samples_done: 0,
+            evaluator,
+            last_eval: None,
+            batch_log,
             fault,
         })
     }
@@ -254,7 +283,19 @@ impl Trainer {
             growth_tracker: self.scaler.as_ref().map_or(0, |s| s.growth_tracker),
             seed: self.config.seed,
             micro_batches_done: self.step * self.config.batch.grad_accum_steps,
+            samples_done: self.samples_done,
+            data_fingerprint: self.data_fingerprint(),
+            epoch: self
+                .dataset
+                .documents()
+                .map(|d| d.epoch_of(self.samples_done)),
         }
+    }
+
+    fn data_fingerprint(&self) -> Option<String> {
+        self.dataset
+            .documents()
+            .map(|d| d.fingerprint().to_string())
     }
 
     /// Continues from a checkpoint's state (the engine's shards are imported separately).
@@ -265,7 +306,19 @@ impl Trainer {
                 state.seed, self.config.seed
             )));
         }
+        let current = self.data_fingerprint();
+        if let (Some(saved), Some(now)) = (&state.data_fingerprint, &current) {
+            if saved != now {
+                return Err(TrainError::Checkpoint(format!(
+                    "the training data changed since this checkpoint was saved (data {saved}, \
+                     now {now}: other tokens, split, seq_len or packing), so the run would not \
+                     see the samples an uninterrupted run sees; restore the data and settings, \
+                     or start a new run from these weights with `checkpoint.from`"
+                )));
+            }
+        }
         self.step = state.step;
+        self.samples_done = state.samples_done;
         self.engine.optimizer_steps = state.optimizer_steps;
         if let (Some(scaler), Some(scale)) = (self.scaler.as_mut(), state.loss_scale) {
             scaler.scale = scale;
@@ -361,22 +414,46 @@ impl Trainer {
             }
             let lr = self.schedule.lr(step);
             let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale);
-            let mut local_loss = Tensor::zeros([], (Kind::Double, self.device));
+            self.note_epoch(step, step == first_step);
+            let step_start = self.samples_done;
+            let loading = Instant::now();
+            let mut batches = Vec::with_capacity(accum as usize);
             for m in 0..accum {
-                let micro = step * accum + m;
-                let batch = upload(
-                    self.dataset
-                        .samples(first_sample(micro, b, world, self.rank), b)?,
-                    self.device,
-                );
-                local_loss +=
-                    self.engine
-                        .forward_backward(&batch, scale / accum as f64, m + 1 == accum)?;
+                let first = first_sample(step_start, m, b, world, self.rank);
+                let batch = self.dataset.samples(first, b)?;
+                if let Some(log) = &self.batch_log {
+                    log.record(step + 1, m, first, &batch);
+                }
+                batches.push(upload(batch, self.device));
+            }
+            let data_time = loading.elapsed().as_secs_f64();
+            // The loss is a mean over the step's target tokens (all ranks, all micro-batches),
+            // so micro-batch i weighs n_i / N whatever the world size or accumulation: with
+            // padding and loss masks, micro-batches hold different numbers of targets.
+            let local_tokens: u64 = batches.iter().map(|b| b.loss_tokens).sum();
+            let global_tokens = if self.dataset.documents().is_some() {
+                control::sum(
+                    self.engine.groups().control.as_ref(),
+                    &[local_tokens as f64],
+                )?[0]
+            } else {
+                (local_tokens * world) as f64
+            };
+            let mut local_loss = Tensor::zeros([], (Kind::Double, self.device));
+            for (m, batch) in batches.iter().enumerate() {
+                let factor = token_share(scale, world, batch, global_tokens);
+                let loss = self
+                    .engine
+                    .forward_backward(batch, factor, m as u64 + 1 == accum)?;
+                // A micro-batch without targets has no gradient and a NaN mean.
+                if batch.loss_tokens > 0 {
+                    local_loss += loss * batch.loss_tokens as f64;
+                }
             }
             // The step's one host read: this rank's loss and gradient norm² together.
             let stats = Tensor::stack(&[local_loss, self.engine.local_grad_norm_sq()], 0);
             let stats = host::read(&stats)?;
-            let (local_loss, local_norm_sq) = (stats[0] / accum as f64, stats[1]);
+            let (local_loss, local_norm_sq) = (stats[0], stats[1]);
             let now = Instant::now();
             let step_time = now.duration_since(boundary).as_secs_f64();
             boundary = now;
@@ -391,7 +468,14 @@ impl Trainer {
                     if local_norm_sq.is_finite() { 0.0 } else { 1.0 },
                 ],
             )?;
-            let loss = agreed[0] / world as f64;
+            if global_tokens == 0.0 {
+                self.log(
+                    LogLevel::Warn,
+                    &format!("step {}: no target tokens in the whole batch", step + 1),
+                );
+            }
+            let loss = agreed[0] / global_tokens.max(1.0);
+            self.samples_done = step_start + cfg.batch.total_batch_size;
             // Gradients carry the fp16 loss scale until they are unscaled below.
             let mut grad_norm = agreed[1].sqrt() / scale;
             let mut skipped = false;
@@ -447,9 +531,21 @@ impl Trainer {
                     device_used_bytes: memory.device_used,
                     device_total_bytes: memory.device_total,
                     loss_scale: self.scaler.as_ref().map(|s| s.scale),
+                    epoch: self
+                        .dataset
+                        .documents()
+                        .map(|d| self.samples_done as f64 / d.samples_per_epoch() as f64),
+                    data_time_s: Some(data_time),
                 };
                 self.reporter.metrics(&record);
                 self.log(LogLevel::Info, &format_metrics(&record, cfg.steps));
+            }
+            if self
+                .evaluator
+                .as_ref()
+                .is_some_and(|e| e.due(self.step, cfg.steps))
+            {
+                self.evaluate()?;
             }
             if cfg
                 .checkpoint
@@ -519,6 +615,44 @@ impl Trainer {
         })
     }
 
+    /// Evaluates on the validation data; rank 0 reports it.
+    fn evaluate(&mut self) -> Result<(), TrainError> {
+        let Some(evaluator) = self.evaluator.as_ref() else {
+            return Ok(());
+        };
+        let result = evaluator.evaluate(&mut self.engine, &self.dataset, self.step, self.device)?;
+        if self.rank == 0 {
+            self.reporter.eval(&result);
+            self.reporter.log(LogLevel::Info, &format_eval(&result));
+        }
+        self.last_eval = Some(result);
+        Ok(())
+    }
+
+    /// Says when an epoch of the training data begins (and where a resumed run is).
+    fn note_epoch(&self, step: u64, first_of_run: bool) {
+        let Some(documents) = self.dataset.documents() else {
+            return;
+        };
+        let epoch = documents.epoch_of(self.samples_done);
+        let previous = self
+            .samples_done
+            .checked_sub(self.config.batch.total_batch_size)
+            .map(|s| documents.epoch_of(s));
+        if first_of_run || previous != Some(epoch) {
+            self.log(
+                LogLevel::Info,
+                &format!(
+                    "epoch {} of the training data at step {} (sample {}; {} sequences per epoch)",
+                    epoch + 1,
+                    step + 1,
+                    self.samples_done,
+                    documents.samples_per_epoch()
+                ),
+            );
+        }
+    }
+
     fn save(
         &mut self,
         hook: &mut Option<&mut dyn CheckpointHook>,
@@ -557,6 +691,8 @@ impl Trainer {
             unsharded_model_state_bytes: cfg.model.num_params() * 16,
             peak_memory_bytes: metrics::Memory::of(self.device).peak,
             mean_tokens_per_s: steady.iter().sum::<f64>() / steady.len().max(1) as f64,
+            eval_loss: self.last_eval.as_ref().map(|e| e.eval_loss),
+            eval_perplexity: self.last_eval.as_ref().map(|e| e.eval_perplexity),
         }
     }
 
@@ -566,6 +702,23 @@ impl Trainer {
             self.reporter.log(level, text);
         }
     }
+}
+
+/// Loss factor of one micro-batch: its share of the step's target tokens, times the world
+/// size (the reduce-scatter averages over ranks) and the fp16 loss scale.
+fn token_share(scale: f64, world: u64, batch: &Batch, global_tokens: f64) -> f64 {
+    if global_tokens > 0.0 {
+        scale * world as f64 * batch.loss_tokens as f64 / global_tokens
+    } else {
+        0.0
+    }
+}
+
+pub fn format_eval(e: &EvalMetrics) -> String {
+    format!(
+        "eval after step {} | loss {:.4} | perplexity {:.2} | {} tokens | {:.2} s",
+        e.step, e.eval_loss, e.eval_perplexity, e.eval_tokens, e.eval_time_s
+    )
 }
 
 pub fn strategy_name(strategy: ShardingStrategy) -> &'static str {
@@ -615,7 +768,7 @@ pub fn format_summary(s: &TrainSummary) -> String {
     format!(
         "\n{rule}\nFSDP training complete\nSharding strategy: {} ({} rank(s), {} steps)\n\
          Model state per rank: {:.1} MiB (vs {:.1} MiB unsharded)\nMemory savings: {:.1}%\n\
-         Peak memory per rank: {:.0} MiB\nInitial loss: {:.4}\nFinal loss:   {:.4}\n\
+         Peak memory per rank: {:.0} MiB\nInitial loss: {:.4}\nFinal loss:   {:.4}\n{}\
          Mean throughput: {:.0} tokens/s\n{rule}",
         s.strategy,
         s.world_size,
@@ -626,6 +779,12 @@ pub fn format_summary(s: &TrainSummary) -> String {
         mib(s.peak_memory_bytes),
         s.first_loss,
         s.last_loss,
+        match (s.eval_loss, s.eval_perplexity) {
+            (Some(loss), Some(ppl)) => {
+                format!("Validation loss: {loss:.4} (perplexity {ppl:.2})\n")
+            }
+            _ => String::new(),
+        },
         s.mean_tokens_per_s
     )
 }

@@ -210,6 +210,7 @@ fn non_finite_values_fail_the_comparison() {
     let run = |loss: f64, value: f32| RunResult {
         losses: vec![1.0, loss],
         metrics: Vec::new(),
+        evals: Vec::new(),
         params: [(
             "layers.0.w".to_string(),
             NamedValues {

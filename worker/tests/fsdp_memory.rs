@@ -139,12 +139,10 @@ fn token_batch(vocab: i64, samples: i64, seq: i64) -> Batch {
         .map(|i| (i * 7 + i / 3) % vocab)
         .collect();
     let all = Tensor::from_slice(&ids).view([samples, seq + 1]);
-    Batch {
-        inputs: all.narrow(1, 0, seq).contiguous(),
-        targets: all.narrow(1, 1, seq).contiguous(),
-        position_ids: None,
-        document_ids: None,
-    }
+    Batch::new(
+        all.narrow(1, 0, seq).contiguous(),
+        all.narrow(1, 1, seq).contiguous(),
+    )
 }
 
 #[derive(Clone)]
@@ -260,12 +258,10 @@ fn step(
         )
         .expect("engine");
         let (shape, inputs, targets) = &parts[rank];
-        let batch = Batch {
-            inputs: Tensor::from_slice(inputs).view(shape.as_slice()),
-            targets: Tensor::from_slice(targets).view(shape.as_slice()),
-            position_ids: None,
-            document_ids: None,
-        };
+        let batch = Batch::new(
+            Tensor::from_slice(inputs).view(shape.as_slice()),
+            Tensor::from_slice(targets).view(shape.as_slice()),
+        );
         let loss = engine.forward_backward(&batch, 1.0, true).expect("step");
         let stats = engine.memory_stats();
         let grads = engine

@@ -105,12 +105,7 @@ fn checkpoint_params(dir: &Path) -> HashMap<String, Tensor> {
 fn ids_batch() -> Batch {
     let flat: Vec<i64> = IDS.iter().flatten().copied().collect();
     let inputs = Tensor::from_slice(&flat).view([2, 12]);
-    Batch {
-        targets: inputs.shallow_clone(),
-        inputs,
-        position_ids: None,
-        document_ids: None,
-    }
+    Batch::new(inputs.shallow_clone(), inputs)
 }
 
 fn logits_of(model: &dyn model::Model, params: &HashMap<String, Tensor>) -> Vec<f32> {

@@ -32,12 +32,7 @@ const IDS: [[i64; 12]; 2] = [
 fn ids_batch(ids: &[[i64; 12]]) -> Batch {
     let flat: Vec<i64> = ids.iter().flatten().copied().collect();
     let inputs = Tensor::from_slice(&flat).view([ids.len() as i64, 12]);
-    Batch {
-        targets: inputs.shallow_clone(),
-        inputs,
-        position_ids: None,
-        document_ids: None,
-    }
+    Batch::new(inputs.shallow_clone(), inputs)
 }
 
 /// The worker's fp32 logits for `batch` on the weights of `dir`.

@@ -131,6 +131,8 @@ pub fn trainer(step: u64) -> TrainerState {
         data: DataPosition {
             samples_done: step * 16,
             micro_batches_done: step * 2,
+            epoch: None,
+            data_fingerprint: None,
         },
         seed: 7,
         loss_scale: None,

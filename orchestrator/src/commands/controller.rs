@@ -58,6 +58,15 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
 /// Runs the controller and records the run's state in its manifest; shared with `run`.
 pub fn supervise(run: &RunDir, opts: controller::ControllerOptions) -> anyhow::Result<()> {
     let _ = run.update_manifest(|m| m.state = RunState::Running);
+    // One process tokenizes, before any rank starts.
+    if let Err(e) = crate::prepare::before_launch(&run.read_train_config()?) {
+        let message = format!("{e:#}");
+        let _ = run.update_manifest(|m| {
+            m.state = RunState::Failed;
+            m.error = Some(message);
+        });
+        return Err(e);
+    }
     let report = controller::run(opts).context("the job controller failed")?;
     let state = match &report.outcome {
         controller::Outcome::Succeeded => RunState::Completed,

@@ -29,6 +29,8 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         "loss",
         "lr",
         "grad norm",
+        "eval loss",
+        "ppl",
         "tokens/s",
         "MFU",
         "peak mem",
@@ -76,10 +78,21 @@ fn row(run: &Path) -> Vec<String> {
                 "not started".into()
             }
         });
-    let latest = metrics_file::read_main_rank(&run.join("metrics.jsonl"))
+    let metrics = run.join("metrics.jsonl");
+    let latest = metrics_file::read_main_rank(&metrics)
         .ok()
         .and_then(|m| m.last().cloned());
+    let eval = metrics_file::read_evals(&metrics)
+        .ok()
+        .and_then(|e| e.last().cloned());
     let dash = || "-".to_string();
+    let (eval_loss, perplexity) = match &eval {
+        Some(e) => (
+            format!("{:.4}", e.eval_loss),
+            format!("{:.2}", e.eval_perplexity),
+        ),
+        None => (dash(), dash()),
+    };
     match latest {
         None => vec![
             name,
@@ -88,6 +101,8 @@ fn row(run: &Path) -> Vec<String> {
             dash(),
             dash(),
             dash(),
+            eval_loss,
+            perplexity,
             dash(),
             dash(),
             dash(),
@@ -102,6 +117,8 @@ fn row(run: &Path) -> Vec<String> {
             format!("{:.4}", m.loss),
             format!("{:.2e}", m.lr),
             format!("{:.3}", m.grad_norm),
+            eval_loss,
+            perplexity,
             group_thousands(m.tokens_per_s),
             m.mfu
                 .map(|x| format!("{:.1}%", x * 100.0))

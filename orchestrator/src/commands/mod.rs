@@ -6,6 +6,7 @@ pub mod logs;
 pub mod metrics;
 pub mod plan;
 pub mod plot;
+pub mod prepare;
 pub mod render;
 pub mod run;
 pub mod status;

@@ -5,7 +5,7 @@ use crate::metrics_file;
 use anyhow::{bail, Context};
 use plotters::coord::Shift;
 use plotters::prelude::*;
-use shardrun_protocol::messages::StepMetrics;
+use shardrun_protocol::messages::{EvalMetrics, StepMetrics};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, clap::Args)]
@@ -33,18 +33,25 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             metrics_path.display()
         );
     }
+    let evals = metrics_file::read_evals(&metrics_path)?;
     let output = args.output.unwrap_or_else(|| args.run.join("metrics.svg"));
     let title = args
         .run
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    draw_file(&output, &title, &records)?;
+    draw_file(&output, &title, &records, &evals)?;
     println!("wrote {} ({} steps)", output.display(), records.len());
     Ok(())
 }
 
-pub fn draw_file(output: &Path, title: &str, records: &[StepMetrics]) -> anyhow::Result<()> {
+/// Loss (training, and validation where evaluated) over throughput, by step.
+pub fn draw_file(
+    output: &Path,
+    title: &str,
+    records: &[StepMetrics],
+    evals: &[EvalMetrics],
+) -> anyhow::Result<()> {
     let size = (1000, 700);
     // Text layout needs a font even for SVG; without one, SVG still gets the curves.
     let font = register_system_font();
@@ -54,7 +61,7 @@ pub fn draw_file(output: &Path, title: &str, records: &[StepMetrics]) -> anyhow:
                 eprintln!("warning: drawing without labels: {e}");
             }
             let area = SVGBackend::new(output, size).into_drawing_area();
-            draw(area, title, records, font.is_ok())
+            draw(area, title, records, evals, font.is_ok())
         }
         Some("png") => {
             font?;
@@ -62,6 +69,7 @@ pub fn draw_file(output: &Path, title: &str, records: &[StepMetrics]) -> anyhow:
                 BitMapBackend::new(output, size).into_drawing_area(),
                 title,
                 records,
+                evals,
                 true,
             )
         }
@@ -114,6 +122,7 @@ fn draw<DB: DrawingBackend>(
     root: DrawingArea<DB, Shift>,
     title: &str,
     records: &[StepMetrics],
+    evals: &[EvalMetrics],
     text: bool,
 ) -> anyhow::Result<()>
 where
@@ -128,25 +137,53 @@ where
     };
     let (top, bottom) = root.split_vertically(root.dim_in_pixel().1 / 2);
     let loss: Vec<(f64, f64)> = records.iter().map(|m| (m.step as f64, m.loss)).collect();
+    let eval: Vec<(f64, f64)> = evals.iter().map(|e| (e.step as f64, e.eval_loss)).collect();
     let tput: Vec<(f64, f64)> = records
         .iter()
         .map(|m| (m.step as f64, m.tokens_per_s))
         .collect();
-    panel(&top, "loss", &loss, &RED, text).map_err(err)?;
-    panel(&bottom, "tokens/s", &tput, &BLUE, text).map_err(err)?;
+    let training = Series {
+        name: "training",
+        points: &loss,
+        color: RED,
+    };
+    let validation = Series {
+        name: "validation",
+        points: &eval,
+        color: GREEN,
+    };
+    let loss_series: &[Series] = if eval.is_empty() {
+        &[training]
+    } else {
+        &[training, validation]
+    };
+    panel(&top, "loss", loss_series, text).map_err(err)?;
+    let throughput = Series {
+        name: "tokens/s",
+        points: &tput,
+        color: BLUE,
+    };
+    panel(&bottom, "tokens/s", &[throughput], text).map_err(err)?;
     root.present().map_err(err)?;
     Ok(())
+}
+
+/// One curve of a panel (points are marked too: an evaluation every K steps is a few dots).
+struct Series<'a> {
+    name: &'static str,
+    points: &'a [(f64, f64)],
+    color: RGBColor,
 }
 
 fn panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     label: &str,
-    points: &[(f64, f64)],
-    color: &RGBColor,
+    series: &[Series],
     text: bool,
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
-    let (x0, x1) = range(points.iter().map(|p| p.0));
-    let (y0, y1) = range(points.iter().map(|p| p.1).filter(|y| y.is_finite()));
+    let all = || series.iter().flat_map(|s| s.points.iter());
+    let (x0, x1) = range(all().map(|p| p.0));
+    let (y0, y1) = range(all().map(|p| p.1).filter(|y| y.is_finite()));
     let mut chart = ChartBuilder::on(area)
         .margin(15)
         .x_label_area_size(if text { 35 } else { 0 })
@@ -157,10 +194,28 @@ fn panel<DB: DrawingBackend>(
     } else {
         chart.configure_mesh().x_labels(0).y_labels(0).draw()?;
     }
-    chart.draw_series(LineSeries::new(
-        points.iter().copied(),
-        color.stroke_width(2),
-    ))?;
+    for s in series {
+        let color = s.color;
+        let drawn = chart.draw_series(LineSeries::new(
+            s.points.iter().copied(),
+            color.stroke_width(2),
+        ))?;
+        if series.len() > 1 {
+            drawn.label(s.name).legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        }
+        if s.points.len() <= 200 && series.len() > 1 {
+            chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+        }
+    }
+    if series.len() > 1 && text {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+    }
     Ok(())
 }
 

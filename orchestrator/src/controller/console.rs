@@ -4,7 +4,7 @@
 
 use super::clock;
 use indicatif::{ProgressBar, ProgressStyle};
-use shardrun_protocol::messages::StepMetrics;
+use shardrun_protocol::messages::{EvalMetrics, StepMetrics};
 use std::io::Write;
 use std::time::Instant;
 
@@ -54,13 +54,16 @@ impl Console {
 
     pub fn progress(&mut self, m: &StepMetrics) {
         let summary = format!(
-            "loss {:.4}  lr {:.2e}  grad norm {:.3}  {} tok/s{}",
+            "loss {:.4}  lr {:.2e}  grad norm {:.3}  {} tok/s{}{}",
             m.loss,
             m.lr,
             m.grad_norm,
             group_thousands(m.tokens_per_s),
             m.mfu
                 .map(|mfu| format!("  MFU {:.1}%", mfu * 100.0))
+                .unwrap_or_default(),
+            m.epoch
+                .map(|e| format!("  epoch {e:.2}"))
                 .unwrap_or_default()
         );
         if let Some(bar) = &self.bar {
@@ -90,6 +93,19 @@ impl Console {
             bar.abandon();
         }
     }
+}
+
+/// An evaluation for the console and the job's output file.
+pub fn format_eval(e: &EvalMetrics) -> String {
+    format!(
+        "{} eval after step {}  loss {:.4}  perplexity {:.2}  ({} tokens, {:.1} s)",
+        clock::format_time_of_day(clock::now()),
+        e.step,
+        e.eval_loss,
+        e.eval_perplexity,
+        group_thousands(e.eval_tokens as f64),
+        e.eval_time_s
+    )
 }
 
 fn eta_seconds(elapsed: f64, first_step: u64, step: u64, total: u64) -> Option<f64> {

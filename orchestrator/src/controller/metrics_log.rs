@@ -1,6 +1,7 @@
-//! `metrics.jsonl`: one [`StepMetrics`] JSON object per line, as the workers sent them.
+//! `metrics.jsonl`: one JSON object per line, as the workers sent them: a [`StepMetrics`]
+//! per logged step and an [`EvalMetrics`] per evaluation (told apart by their fields).
 
-use shardrun_protocol::messages::StepMetrics;
+use serde::Serialize;
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::Path;
@@ -17,7 +18,7 @@ impl MetricsLog {
         })
     }
 
-    pub fn record(&mut self, m: &StepMetrics) -> std::io::Result<()> {
+    pub fn record<T: Serialize>(&mut self, m: &T) -> std::io::Result<()> {
         serde_json::to_writer(&mut self.file, m)?;
         self.file.write_all(b"\n")
     }

@@ -212,6 +212,7 @@ async fn read_worker(
                 Record::Logs { rank, lines }
             }
             FromWorker::Metrics(m) => Record::Metrics(m),
+            FromWorker::Eval(e) => Record::Eval(e),
             FromWorker::Heartbeat { step } => {
                 match progress.beat(step, std::time::Instant::now(), progress_timeout) {
                     Beat::Advanced => job(Event::Progress { conn, step }),

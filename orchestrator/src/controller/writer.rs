@@ -6,7 +6,7 @@
 use super::console::Console;
 use super::logbook::{LogBook, Source};
 use super::metrics_log::MetricsLog;
-use shardrun_protocol::messages::{LogLevel, LogLine, StepMetrics, TrainSummary};
+use shardrun_protocol::messages::{EvalMetrics, LogLevel, LogLine, StepMetrics, TrainSummary};
 use std::path::PathBuf;
 use tokio::sync::{mpsc, oneshot};
 
@@ -28,6 +28,7 @@ pub enum Record {
         time: f64,
     },
     Metrics(StepMetrics),
+    Eval(EvalMetrics),
     Summary {
         rank: u64,
         summary: TrainSummary,
@@ -160,10 +161,23 @@ fn write(
                 console.progress(&m);
             }
         }
+        Record::Eval(e) => {
+            metrics.record(&e)?;
+            // As for step records: rank 0's own eval line is echoed unless there is a bar.
+            if console.has_bar() || echo == Echo::None {
+                console.line(&super::console::format_eval(&e));
+            }
+        }
         Record::Summary { rank, summary } => {
+            let eval = match (summary.eval_loss, summary.eval_perplexity) {
+                (Some(loss), Some(ppl)) => {
+                    format!(", validation loss {loss:.4} (perplexity {ppl:.2})")
+                }
+                _ => String::new(),
+            };
             let text = format!(
                 "summary: {} on {} ranks, {} steps, loss {:.4} -> {:.4}, model state {:.1} MiB/rank \
-                 (unsharded {:.1} MiB), peak memory {:.1} MiB, {:.0} tokens/s",
+                 (unsharded {:.1} MiB), peak memory {:.1} MiB, {:.0} tokens/s{eval}",
                 summary.strategy,
                 summary.world_size,
                 summary.steps,

@@ -46,6 +46,8 @@ pub mod defaults {
     pub const SIGNAL_SECONDS: u64 = 120;
     pub const MAX_REQUEUES: u32 = 3;
     pub const LOG_EVERY: u64 = 1;
+    /// Tokenized data, under the run root (shared by every run and sweep point there).
+    pub const DATA_CACHE_DIR: &str = "data-cache";
 }
 
 /// What the caller decides instead of the spec.
@@ -218,7 +220,6 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
         ranks.world_size,
     )?;
     let (mut model, seq_len) = model::resolve_model(&s, &mut warnings)?;
-    let data = data::resolve_data(&s, &model, seq_len)?;
     if t.steps == 0 {
         return Err(s.err(
             "training.steps",
@@ -242,6 +243,8 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
     {
         checkpoint.from = None;
     }
+    // Text data takes its tokenizer from the Hugging Face folder the weights come from.
+    let data = data::resolve_data(&s, &model, seq_len, model.pretrained_folder())?;
     let slurm = slurm::resolve_slurm(&s, &ranks, overrides)?;
     let preemption = slurm::resolve_preemption(&s, slurm.time_limit_seconds)?;
 

@@ -5,7 +5,7 @@
 //! truncated file) is found here, before any rank starts.
 
 use super::{PlanError, Section};
-use crate::spec::{DataSpec, LlamaSpec, ModelSpec};
+use crate::spec::{LlamaSpec, ModelSpec};
 use shardrun_models::hf::{self, HfError};
 use shardrun_protocol::config::{
     LlamaConfig, LlamaFamily, LlamaModel, ModelConfig, Rope, RopeScaling,
@@ -18,12 +18,7 @@ pub fn resolve_model(
     warnings: &mut Vec<String>,
 ) -> Result<(ModelConfig, u64), PlanError> {
     let t = &s.spec().training;
-    let data_seq = match &t.data {
-        Some(DataSpec::Synthetic { seq_len }) | Some(DataSpec::TokenFile { seq_len, .. }) => {
-            *seq_len
-        }
-        None => None,
-    };
+    let data_seq = t.data.as_ref().and_then(|d| d.seq_len);
     match &t.model {
         ModelSpec::Mlp {
             input_dim,
@@ -241,8 +236,8 @@ fn llama_seq_len(
             "training.data",
             "a Llama-family model needs the sequence length to train on",
             match max_positions {
-                Some(m) => format!("add `data: {{ kind: synthetic, seq_len: 2048 }}` (or a token_file with `seq_len`); the model was trained on up to {m} positions"),
-                None => "add `data: { kind: synthetic, seq_len: 2048 }` (or a token_file with `seq_len`)".to_string(),
+                Some(m) => format!("add `data: {{ kind: synthetic, seq_len: 2048 }}` (or `seq_len` in your data section); the model was trained on up to {m} positions"),
+                None => "add `data: { kind: synthetic, seq_len: 2048 }` (or `seq_len` in your data section)".to_string(),
             },
         )),
     }

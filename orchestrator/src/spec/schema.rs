@@ -4,7 +4,8 @@
 use serde::{Deserialize, Serialize};
 use serde_norway::Value;
 use shardrun_protocol::config::{
-    CheckpointFormat, DType, LrDecay, ParamKind, ShardingStrategy, WrapPolicy,
+    CheckpointFormat, DType, LrDecay, OnBadRecord, Packing, ParamKind, ShardingStrategy,
+    TokenDtype, WrapPolicy,
 };
 use shardrun_protocol::config::{LlamaFamily, RopeScaling};
 use std::collections::BTreeMap;
@@ -186,19 +187,110 @@ pub struct LlamaSpec {
     pub pad_token_id: Option<u64>,
 }
 
+/// `training.data`: one flat section whose keys depend on `kind` (the plan refuses keys
+/// that do not apply to it, naming the kinds they do apply to).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum DataSpec {
-    Synthetic {
-        /// Defaults to the model's `max_seq_len`.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        seq_len: Option<u64>,
-    },
-    TokenFile {
-        path: PathBuf,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        seq_len: Option<u64>,
-    },
+#[serde(deny_unknown_fields)]
+pub struct DataSpec {
+    pub kind: DataKind,
+    /// Tokens per sample; defaults to the model's `max_seq_len`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq_len: Option<u64>,
+    /// Paths or glob patterns, relative to the spec file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<Vec<PathBuf>>,
+    /// `text`: one document per `file` (default), `line`, or `separator`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<TextSplitKind>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub separator: Option<String>,
+    /// `jsonl`: the text field (default `text`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// `jsonl`: prompt and completion fields (loss on the completion only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_field: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_field: Option<String>,
+    /// `chat`: the list of messages (default `messages`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages_field: Option<String>,
+    /// `chat`: a Jinja template instead of the tokenizer folder's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<PathBuf>,
+    /// `tokens`: `u16` (default, nanoGPT) or `u32`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<TokenDtype>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<TokenizerSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packing: Option<Packing>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub document_mask: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shuffle: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation: Option<ValidationSpec>,
+    /// Where tokenized data is cached (default `<run_root>/data-cache`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_dir: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_bad_record: Option<OnBadRecord>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DataKind {
+    Synthetic,
+    Text,
+    Jsonl,
+    Chat,
+    Tokens,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TextSplitKind {
+    File,
+    Line,
+    Separator,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizerSpec {
+    /// `hf` (default): a Hugging Face tokenizer folder; `bytes`: UTF-8 bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<TokenizerKind>,
+    /// The folder holding `tokenizer.json` (or the file); defaults to the model's folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bos_token: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eos_token: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenizerKind {
+    Hf,
+    Bytes,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ValidationSpec {
+    /// Hold out this fraction of the documents...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<f64>,
+    /// ...or evaluate on these files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<Vec<PathBuf>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every_steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_batches: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

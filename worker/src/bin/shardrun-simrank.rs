@@ -121,6 +121,8 @@ fn run() -> Result<i32> {
             device_used_bytes: None,
             device_total_bytes: None,
             loss_scale: None,
+            epoch: None,
+            data_time_s: None,
         });
         if args.die_rank == Some(rank_env.rank) && step == args.die_at_step {
             // SAFETY: plain syscall on our own pid.

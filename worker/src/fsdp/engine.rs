@@ -113,6 +113,8 @@ pub struct FsdpEngine {
     pub optimizer_steps: u64,
     /// How filling this rank's shards went.
     pub loading: LoadingStats,
+    /// Inside [`FsdpEngine::forward_only`]: no backward visits follow, so none is prefetched.
+    forward_only: bool,
 }
 
 /// Time and memory of filling the shards from their source, before the gradient shards and
@@ -230,6 +232,7 @@ impl FsdpEngine {
             reducing: VecDeque::new(),
             optimizer_steps: 0,
             loading,
+            forward_only: false,
         })
     }
 
@@ -271,7 +274,11 @@ impl FsdpEngine {
                 + (0..self.units.len())
                     .filter(|u| !needed.contains(u) && self.units[*u].is_in_flight())
                     .count();
-            let last_visit = 2 * self.segments.len();
+            let last_visit = if self.forward_only {
+                self.segments.len()
+            } else {
+                2 * self.segments.len()
+            };
             'ahead: for next in visit + 1..(visit + 1 + limit).min(last_visit) {
                 for u in self.segment_units[self.segment_of_visit(next)].clone() {
                     if alive >= limit {
@@ -480,6 +487,34 @@ impl FsdpEngine {
                     .into(),
             )
         })
+    }
+
+    /// The loss of `batch` without gradients (evaluation). Units are gathered segment by
+    /// segment as in training and none stays gathered afterwards; gradients, optimizer state
+    /// and the shards are untouched.
+    /// The loss is an f64 scalar on the device (not read: see [`crate::host`]).
+    pub fn forward_only(&mut self, batch: &Batch) -> Result<Tensor, FsdpError> {
+        let _engine = EngineScope::enter();
+        self.forward_only = true;
+        let loss = self.forward_segments_without_grad(batch);
+        self.forward_only = false;
+        for unit in &mut self.units {
+            if !unit.is_sharded() {
+                unit.release()?;
+            }
+        }
+        loss
+    }
+
+    fn forward_segments_without_grad(&mut self, batch: &Batch) -> Result<Tensor, FsdpError> {
+        let mut x = batch.inputs_as(self.options.param_kind);
+        for s in 0..self.segments.len() {
+            self.prepare(s)?;
+            let p = Params::new(&self.param_map);
+            x = tch::no_grad(|| self.model.forward_segment(s, &p, &x, batch));
+            self.after_forward(s)?;
+        }
+        Ok(x.to_kind(Kind::Double))
     }
 
     /// Averages the gradient shards over the replicate group (NO_SHARD, HYBRID_SHARD), on

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use shardrun_protocol::config::*;
-use shardrun_protocol::messages::StepMetrics;
+use shardrun_protocol::messages::{EvalMetrics, StepMetrics};
 use shardrun_worker::params_file::{self, NamedValues};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -85,6 +85,8 @@ pub fn config(model: ModelConfig, strategy: ShardingStrategy, world: u64) -> Tra
 pub struct RunResult {
     pub losses: Vec<f64>,
     pub metrics: Vec<StepMetrics>,
+    /// Evaluations on the validation data, when the data has some.
+    pub evals: Vec<EvalMetrics>,
     pub params: BTreeMap<String, NamedValues>,
 }
 
@@ -139,13 +141,19 @@ fn write_config(dir: &Path, name: &str, config: &TrainConfig) -> PathBuf {
 
 fn read_result(metrics: &Path, params: &Path) -> RunResult {
     let text = std::fs::read_to_string(metrics).expect("metrics file");
-    let metrics: Vec<StepMetrics> = text
-        .lines()
+    let (evals, steps): (Vec<&str>, Vec<&str>) =
+        text.lines().partition(|l| l.contains("\"eval_loss\""));
+    let metrics: Vec<StepMetrics> = steps
+        .iter()
         .map(|l| serde_json::from_str(l).expect("metrics line parses"))
         .collect();
     RunResult {
         losses: metrics.iter().map(|m| m.loss).collect(),
         params: params_file::read(params).expect("params file"),
+        evals: evals
+            .iter()
+            .map(|l| serde_json::from_str(l).expect("eval line parses"))
+            .collect(),
         metrics,
     }
 }
@@ -162,6 +170,22 @@ pub fn run_sharded_with_env(
     config: &TrainConfig,
     env: &[(&str, &str)],
 ) -> RunResult {
+    let children = spawn_sharded(dir, name, config, env);
+    wait_all(children, dir);
+    read_result(
+        &dir.join(format!("{name}.metrics.jsonl")),
+        &dir.join(format!("{name}.safetensors")),
+    )
+}
+
+/// Starts `config.batch.world_size` rank processes (rank 0 writes
+/// `<name>.metrics.jsonl`, the final weights go to `<name>.safetensors`).
+pub fn spawn_sharded(
+    dir: &Path,
+    name: &str,
+    config: &TrainConfig,
+    env: &[(&str, &str)],
+) -> Vec<(u64, Child)> {
     let config_path = write_config(dir, name, config);
     let port = free_port();
     let world = config.batch.world_size;
@@ -169,7 +193,7 @@ pub fn run_sharded_with_env(
         dir.join(format!("{name}.metrics.jsonl")),
         dir.join(format!("{name}.safetensors")),
     );
-    let children = (0..world)
+    (0..world)
         .map(|rank| {
             let log = std::fs::File::create(dir.join(format!("rank{rank}.log"))).expect("log file");
             let mut cmd = Command::new(WORKER);
@@ -191,9 +215,7 @@ pub fn run_sharded_with_env(
             }
             (rank, cmd.spawn().expect("spawn shardrun-worker"))
         })
-        .collect();
-    wait_all(children, dir);
-    read_result(&metrics, &params)
+        .collect()
 }
 
 /// Trains `config` unsharded in one process (`--reference`).

@@ -1,0 +1,295 @@
+//! The tokenized cache: one folder per (data files as they are now, tokenizer, reading
+//! options), named by a hash of all of them, so any change lands in a new folder and nothing
+//! stale is ever read.
+//!
+//! ```text
+//! <cache_dir>/<kind>-<key>/        complete; never changed once it exists
+//!     manifest.json                what it was built from and what it holds
+//!     tokens.u32                   every document's ids, little-endian, back to back
+//!     documents.u64                n + 1 offsets into tokens.u32
+//!     lines.u64                    per document: file index << 40 | line (for error messages)
+//!     loss_mask.u8                 1 where a token is a training target (masked kinds only)
+//! <cache_dir>/.<kind>-<key>.lock   held while building: other processes wait on it
+//! <cache_dir>/.<kind>-<key>.tmp-<pid>/   the folder being built, renamed into place when
+//!                                  complete (fsynced first), removed if the build fails
+//! ```
+//!
+//! The key uses each file's size, modification and status-change times (not its contents,
+//! which would mean reading every byte on every start; any write or replacement changes the
+//! status-change time); the manifest records a content hash of every file.
+
+use crate::error::{DataError, Result};
+use crate::files::DataFile;
+use crate::progress::Observer;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Bumped when the cache layout or the way documents are tokenized changes.
+pub const FORMAT_VERSION: u32 = 1;
+pub const MANIFEST: &str = "manifest.json";
+pub const TOKENS: &str = "tokens.u32";
+pub const DOCUMENTS: &str = "documents.u64";
+pub const LINES: &str = "lines.u64";
+pub const LOSS_MASK: &str = "loss_mask.u8";
+
+/// Bits of a `lines.u64` entry holding the line; the file index sits above them.
+pub const LINE_BITS: u32 = 40;
+
+/// One input file of a cache.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    pub path: PathBuf,
+    pub size: u64,
+    pub mtime_ns: i128,
+    /// xxh3-64 of the file's bytes.
+    pub xxh3: String,
+    /// Tokens of this file (pre-tokenized files only: it is one document).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+}
+
+/// What a cache folder holds, written last.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format_version: u32,
+    pub name: String,
+    /// `text`, `jsonl`, `chat` or `tokens`.
+    pub kind: String,
+    pub files: Vec<FileEntry>,
+    pub tokenizer: String,
+    pub documents: u64,
+    pub tokens: u64,
+    pub max_token_id: u64,
+    pub loss_mask: bool,
+    /// Tokens that are training targets (all of them without a loss mask).
+    pub trained_tokens: u64,
+    /// `u16`/`u32` when the tokens are read from the input files themselves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_files_dtype: Option<shardrun_protocol::config::TokenDtype>,
+    pub skipped_records: u64,
+    /// The first skipped records, `file:line: why`.
+    pub skipped_examples: Vec<String>,
+    /// xxh3-128 of the tokens, document offsets and loss mask: equal hashes, equal data.
+    pub content_hash: String,
+    pub input_bytes: u64,
+    pub seconds: f64,
+    pub created_unix_s: f64,
+}
+
+/// What names a cache folder: the inputs that decide its contents.
+#[derive(Debug, Serialize)]
+pub struct KeyInputs<'a> {
+    pub format_version: u32,
+    /// The reading options (the source with its patterns left out: the files are below).
+    pub source: serde_json::Value,
+    pub on_bad_record: shardrun_protocol::config::OnBadRecord,
+    pub files: &'a [DataFile],
+    /// sha256 of every tokenizer and template file that can change the ids.
+    pub tokenizer: Vec<(String, String)>,
+}
+
+impl KeyInputs<'_> {
+    /// `<kind>-<16 hex digits>`.
+    pub fn name(&self, kind: &str) -> String {
+        let json = serde_json::to_vec(self).expect("key inputs serialize");
+        format!("{kind}-{}", hex::encode(&Sha256::digest(&json)[..8]))
+    }
+}
+
+/// The complete cache folder `name` under `cache_dir`, built by `build` (into a temporary
+/// folder it is given) if it does not exist yet. Concurrent callers, on this machine or
+/// others sharing the folder, build it once: the others wait on the lock and then read it.
+/// Returns the folder, its manifest, and whether this call built it.
+pub fn open_or_build(
+    cache_dir: &Path,
+    name: &str,
+    observer: &dyn Observer,
+    build: impl FnOnce(&Path) -> Result<Manifest>,
+) -> Result<(PathBuf, Manifest, bool)> {
+    let dir = cache_dir.join(name);
+    if let Some(manifest) = read_manifest(&dir)? {
+        return Ok((dir, manifest, false));
+    }
+    std::fs::create_dir_all(cache_dir).map_err(DataError::io("create", cache_dir))?;
+    let lock_path = cache_dir.join(format!(".{name}.lock"));
+    let lock = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(DataError::io("create", &lock_path))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            observer.line(&format!(
+                "waiting for another process that is preparing {} (lock {})",
+                dir.display(),
+                lock_path.display()
+            ));
+            lock.lock().map_err(DataError::io("lock", &lock_path))?;
+        }
+        // Some shared file systems refuse locks: building twice is wasted work, never a
+        // torn cache (the folder appears by one rename).
+        Err(std::fs::TryLockError::Error(e)) => observer.line(&format!(
+            "warning: cannot lock {} ({e}); other processes may prepare the same data at once",
+            lock_path.display()
+        )),
+    }
+    if let Some(manifest) = read_manifest(&dir)? {
+        return Ok((dir, manifest, false));
+    }
+    remove_stale_builds(cache_dir, name);
+    let tmp = cache_dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir(&tmp).map_err(DataError::io("create", &tmp))?;
+    let guard = RemoveOnDrop(Some(tmp.clone()));
+    let manifest = build(&tmp)?;
+    write_durably(&tmp.join(MANIFEST), &manifest_json(&manifest))?;
+    sync_dir(&tmp)?;
+    std::fs::rename(&tmp, &dir).map_err(DataError::io("rename into place", &dir))?;
+    guard.disarm();
+    sync_dir(cache_dir)?;
+    Ok((dir, manifest, true))
+}
+
+/// The manifest of a complete cache folder, `None` if the folder does not exist.
+pub fn read_manifest(dir: &Path) -> Result<Option<Manifest>> {
+    let path = dir.join(MANIFEST);
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !dir.exists() => return Ok(None),
+        Err(e) => {
+            return Err(DataError::Cache {
+                path: dir.to_path_buf(),
+                why: format!("{MANIFEST} cannot be read ({e}); remove the folder to rebuild it"),
+            })
+        }
+    };
+    let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| DataError::Cache {
+        path: dir.to_path_buf(),
+        why: format!("{MANIFEST} is damaged ({e}); remove the folder to rebuild it"),
+    })?;
+    if manifest.format_version != FORMAT_VERSION {
+        return Err(DataError::Cache {
+            path: dir.to_path_buf(),
+            why: format!(
+                "written in cache format {}, this shardrun reads {FORMAT_VERSION}; remove the folder to rebuild it",
+                manifest.format_version
+            ),
+        });
+    }
+    Ok(Some(manifest))
+}
+
+fn manifest_json(manifest: &Manifest) -> Vec<u8> {
+    let mut json = serde_json::to_vec_pretty(manifest).expect("manifest serializes");
+    json.push(b'\n');
+    json
+}
+
+/// Leftovers of builds that were killed (only ever removed under the lock).
+fn remove_stale_builds(cache_dir: &Path, name: &str) {
+    let prefix = format!(".{name}.tmp-");
+    if let Ok(entries) = std::fs::read_dir(cache_dir) {
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+}
+
+pub fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut file = File::create(path).map_err(DataError::io("create", path))?;
+    file.write_all(bytes)
+        .map_err(DataError::io("write", path))?;
+    file.sync_all().map_err(DataError::io("sync", path))
+}
+
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(DataError::io("sync", dir))
+}
+
+/// Removes a folder unless disarmed: a failed or panicking build leaves nothing behind.
+struct RemoveOnDrop(Option<PathBuf>);
+
+impl RemoveOnDrop {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_dir_all(path);
+        }
+    }
+}
+
+pub fn now_unix_s() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::progress::Quiet;
+
+    fn manifest(name: &str) -> Manifest {
+        Manifest {
+            format_version: FORMAT_VERSION,
+            name: name.into(),
+            kind: "text".into(),
+            files: vec![],
+            tokenizer: "t".into(),
+            documents: 1,
+            tokens: 2,
+            max_token_id: 1,
+            loss_mask: false,
+            trained_tokens: 2,
+            token_files_dtype: None,
+            skipped_records: 0,
+            skipped_examples: vec![],
+            content_hash: "h".into(),
+            input_bytes: 2,
+            seconds: 0.0,
+            created_unix_s: 0.0,
+        }
+    }
+
+    #[test]
+    fn failed_build_leaves_nothing_and_second_open_reuses() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = open_or_build(dir.path(), "text-1", &Quiet, |tmp| {
+            std::fs::write(tmp.join(TOKENS), b"half").unwrap();
+            Err(DataError::Config("boom".into()))
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("boom"));
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| !n.ends_with(".lock"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+
+        let (path, m, built) =
+            open_or_build(dir.path(), "text-1", &Quiet, |_| Ok(manifest("text-1"))).unwrap();
+        assert!(built && path.join(MANIFEST).is_file());
+        let (_, again, built) = open_or_build(dir.path(), "text-1", &Quiet, |_| {
+            panic!("must not build twice")
+        })
+        .unwrap();
+        assert!(!built);
+        assert_eq!(again, m);
+    }
+}

@@ -1,0 +1,238 @@
+//! A prepared corpus, memory-mapped: documents of token ids back to back, their offsets,
+//! where each came from, and the loss mask. Every rank of a node maps the same files, so the
+//! page cache holds one copy.
+//!
+//! Pre-tokenized (`tokens`) data is read from the input files themselves: each file is one
+//! document, and the cache folder holds only the manifest of the checked files.
+
+use crate::cache::{Manifest, DOCUMENTS, LINES, LINE_BITS, LOSS_MASK, TOKENS};
+use crate::error::{DataError, Origin, Result};
+use memmap2::Mmap;
+use shardrun_protocol::config::TokenDtype;
+use std::path::{Path, PathBuf};
+
+pub struct Corpus {
+    pub manifest: Manifest,
+    pub dir: PathBuf,
+    tokens: Tokens,
+    /// `documents + 1` offsets.
+    offsets: Offsets,
+    lines: Option<Mmap>,
+    mask: Option<Mmap>,
+}
+
+enum Tokens {
+    /// `tokens.u32` of the cache.
+    Cached(Mapped),
+    /// The input files, one document each.
+    Files {
+        maps: Vec<Mapped>,
+        dtype: TokenDtype,
+    },
+}
+
+enum Offsets {
+    Mapped(Mapped),
+    Owned(Vec<u64>),
+}
+
+/// A read-only mapping (empty files have none).
+struct Mapped(Option<Mmap>);
+
+impl Mapped {
+    fn open(path: &Path, expected_len: Option<u64>) -> Result<Mapped> {
+        let file = std::fs::File::open(path).map_err(DataError::io("open", path))?;
+        let len = file.metadata().map_err(DataError::io("read", path))?.len();
+        if let Some(expected) = expected_len.filter(|&e| e != len) {
+            return Err(DataError::Cache {
+                path: path.to_path_buf(),
+                why: format!(
+                    "is {len} bytes, the manifest says {expected}; the file changed since it was \
+                     prepared: remove the cache folder (or restore the file) and prepare again"
+                ),
+            });
+        }
+        if len == 0 {
+            return Ok(Mapped(None));
+        }
+        // SAFETY: cache files are never written once their folder is in place; input token
+        // files must not change while training reads them (as with numpy.memmap in nanoGPT),
+        // and their size is checked against the manifest when opened.
+        let map = unsafe { Mmap::map(&file) }.map_err(DataError::io("map", path))?;
+        Ok(Mapped(Some(map)))
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.0.as_deref().unwrap_or(&[])
+    }
+}
+
+fn u64_at(bytes: &[u8], i: u64) -> u64 {
+    let at = i as usize * 8;
+    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
+}
+
+impl Corpus {
+    pub fn open(dir: &Path, manifest: Manifest) -> Result<Corpus> {
+        let n = manifest.documents;
+        let (tokens, offsets, lines, mask) = match manifest.token_files_dtype {
+            Some(dtype) => {
+                let width = dtype_width(dtype);
+                let mut maps = Vec::new();
+                let mut offsets = vec![0u64];
+                for f in &manifest.files {
+                    let count = f.tokens.unwrap_or(f.size / width);
+                    maps.push(Mapped::open(&f.path, Some(f.size))?);
+                    offsets.push(offsets.last().copied().unwrap_or(0) + count);
+                }
+                (
+                    Tokens::Files { maps, dtype },
+                    Offsets::Owned(offsets),
+                    None,
+                    None,
+                )
+            }
+            None => {
+                let tokens = Mapped::open(&dir.join(TOKENS), Some(manifest.tokens * 4))?;
+                let offsets = Mapped::open(&dir.join(DOCUMENTS), Some((n + 1) * 8))?;
+                let lines = Mapped::open(&dir.join(LINES), Some(n * 8))?.0;
+                let mask = if manifest.loss_mask {
+                    Mapped::open(&dir.join(LOSS_MASK), Some(manifest.tokens))?.0
+                } else {
+                    None
+                };
+                (
+                    Tokens::Cached(tokens),
+                    Offsets::Mapped(offsets),
+                    lines,
+                    mask,
+                )
+            }
+        };
+        Ok(Corpus {
+            manifest,
+            dir: dir.to_path_buf(),
+            tokens,
+            offsets,
+            lines,
+            mask,
+        })
+    }
+
+    pub fn documents(&self) -> u64 {
+        self.manifest.documents
+    }
+
+    pub fn tokens(&self) -> u64 {
+        self.manifest.tokens
+    }
+
+    /// Where document `d` starts (`d == documents()` gives the end of the last one).
+    pub fn doc_start(&self, d: u64) -> u64 {
+        match &self.offsets {
+            Offsets::Mapped(m) => u64_at(m.bytes(), d),
+            Offsets::Owned(v) => v[d as usize],
+        }
+    }
+
+    pub fn doc_len(&self, d: u64) -> u64 {
+        self.doc_start(d + 1) - self.doc_start(d)
+    }
+
+    /// The document holding token `position`, searched within documents `lo..hi`.
+    pub fn doc_containing(&self, position: u64, mut lo: u64, mut hi: u64) -> u64 {
+        // Last d in lo..hi with doc_start(d) <= position.
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if self.doc_start(mid) <= position {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    /// Appends tokens `start..end` to `out`.
+    pub fn copy_tokens(&self, start: u64, end: u64, out: &mut Vec<u32>) {
+        match &self.tokens {
+            Tokens::Cached(m) => {
+                let bytes = &m.bytes()[start as usize * 4..end as usize * 4];
+                out.extend(
+                    bytes
+                        .chunks_exact(4)
+                        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                );
+            }
+            Tokens::Files { maps, dtype } => {
+                let mut at = start;
+                while at < end {
+                    let d = self.doc_containing(at, 0, self.documents());
+                    let (first, stop) = (self.doc_start(d), self.doc_start(d + 1).min(end));
+                    let bytes = maps[d as usize].bytes();
+                    let (lo, hi) = ((at - first) as usize, (stop - first) as usize);
+                    match dtype {
+                        TokenDtype::U16 => out.extend(
+                            bytes[lo * 2..hi * 2]
+                                .chunks_exact(2)
+                                .map(|c| u32::from(u16::from_le_bytes([c[0], c[1]]))),
+                        ),
+                        TokenDtype::U32 => out.extend(
+                            bytes[lo * 4..hi * 4]
+                                .chunks_exact(4)
+                                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                        ),
+                    }
+                    at = stop;
+                }
+            }
+        }
+    }
+
+    /// Whether token `position` is a training target.
+    pub fn trains_on(&self, position: u64) -> bool {
+        self.mask.as_ref().is_none_or(|m| m[position as usize] != 0)
+    }
+
+    pub fn has_mask(&self) -> bool {
+        self.mask.is_some()
+    }
+
+    /// The file and line document `d` was read from.
+    pub fn origin(&self, d: u64) -> Origin {
+        let (file, line) = match &self.lines {
+            Some(lines) => {
+                let entry = u64_at(lines, d);
+                (entry >> LINE_BITS, entry & ((1 << LINE_BITS) - 1))
+            }
+            None => (d, 0),
+        };
+        let path = self
+            .manifest
+            .files
+            .get(file as usize)
+            .map(|f| f.path.clone())
+            .unwrap_or_default();
+        Origin { path, line }
+    }
+
+    /// The first token `>= vocab_size`, as (document, position in it, id).
+    pub fn first_token_at_least(&self, vocab_size: u64) -> Option<(u64, u64, u64)> {
+        let mut buf = Vec::new();
+        for d in 0..self.documents() {
+            buf.clear();
+            self.copy_tokens(self.doc_start(d), self.doc_start(d + 1), &mut buf);
+            if let Some(i) = buf.iter().position(|&t| u64::from(t) >= vocab_size) {
+                return Some((d, i as u64, u64::from(buf[i])));
+            }
+        }
+        None
+    }
+}
+
+pub fn dtype_width(dtype: TokenDtype) -> u64 {
+    match dtype {
+        TokenDtype::U16 => 2,
+        TokenDtype::U32 => 4,
+    }
+}

@@ -1,0 +1,305 @@
+//! A dataset ready to train on: prepared corpora, the validation split, packing and the
+//! per-epoch order, filling batches by global sample index.
+
+use crate::corpus::Corpus;
+use crate::error::{DataError, Result};
+use crate::packing::{Packed, Row, IGNORE, PAD};
+use crate::prepare::{prepare_source, Prepared, SourceSpec};
+use crate::progress::Observer;
+use crate::sampler::EpochOrder;
+use crate::split::{hold_out, DocSet};
+use sha2::{Digest, Sha256};
+use shardrun_protocol::config::{DatasetConfig, HeldOut};
+use std::sync::Arc;
+
+/// Rows of token ids ready to become tensors, row-major `[rows, seq_len]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostBatch {
+    pub rows: usize,
+    pub seq_len: usize,
+    pub inputs: Vec<i64>,
+    /// Next-token ids, -100 where there is no loss.
+    pub targets: Vec<i64>,
+    /// Positions restarting per document (document mask only).
+    pub position_ids: Option<Vec<i64>>,
+    /// Document of each token within its row (document mask only).
+    pub document_ids: Option<Vec<i64>>,
+    /// Targets that are not -100.
+    pub loss_tokens: u64,
+}
+
+impl HostBatch {
+    fn new(rows: usize, seq_len: usize, document_mask: bool) -> HostBatch {
+        let n = rows * seq_len;
+        HostBatch {
+            rows,
+            seq_len,
+            inputs: vec![PAD; n],
+            targets: vec![IGNORE; n],
+            position_ids: document_mask.then(|| vec![0; n]),
+            document_ids: document_mask.then(|| vec![0; n]),
+            loss_tokens: 0,
+        }
+    }
+
+    fn row(&mut self, r: usize) -> Row<'_> {
+        let range = r * self.seq_len..(r + 1) * self.seq_len;
+        Row {
+            inputs: &mut self.inputs[range.clone()],
+            targets: &mut self.targets[range.clone()],
+            positions: self.position_ids.as_mut().map(|p| &mut p[range.clone()]),
+            documents: self.document_ids.as_mut().map(|d| &mut d[range]),
+        }
+    }
+}
+
+pub struct Dataset {
+    train: Packed,
+    validation: Option<Packed>,
+    order: EpochOrder,
+    document_mask: bool,
+    fingerprint: String,
+    summary: Vec<String>,
+    built: bool,
+}
+
+impl Dataset {
+    /// Prepares what is not prepared yet (see [`crate::prepare`]), then packs. `vocab_size`:
+    /// the model's, every id must be below it.
+    pub fn open(
+        config: &DatasetConfig,
+        seed: u64,
+        vocab_size: Option<u64>,
+        threads: usize,
+        observer: &dyn Observer,
+    ) -> Result<Dataset> {
+        if config.seq_len == 0 {
+            return Err(DataError::Config("data.seq_len must be positive".into()));
+        }
+        let spec = |source, what| SourceSpec {
+            source,
+            tokenizer: &config.tokenizer,
+            on_bad_record: config.on_bad_record,
+            cache_dir: &config.cache_dir,
+            threads,
+            what,
+        };
+        let train_prepared = prepare_source(&spec(&config.source, "training data"), observer)?;
+        let mut built = train_prepared.built;
+        let mut summary = Vec::new();
+        let mut fingerprint = Sha256::new();
+        fingerprint.update(train_prepared.corpus.manifest.content_hash.as_bytes());
+        let train_corpus = Arc::new(train_prepared.corpus);
+        check_vocab(&train_corpus, vocab_size)?;
+        let (train_set, validation) = match config.validation.as_ref().map(|v| &v.held_out) {
+            None => (DocSet::everything(&train_corpus), None),
+            Some(HeldOut::Fraction { fraction }) => {
+                fingerprint.update(format!("|fraction {fraction}"));
+                let (train, held) = hold_out(&train_corpus, *fraction)?;
+                (train, Some((train_corpus.clone(), held)))
+            }
+            Some(HeldOut::Files { files }) => {
+                let source = config.source.with_files(files.clone());
+                let Prepared {
+                    corpus,
+                    built: validation_built,
+                    ..
+                } = prepare_source(&spec(&source, "validation data"), observer)?;
+                built |= validation_built;
+                check_vocab(&corpus, vocab_size)?;
+                fingerprint.update(format!("|validation {}", corpus.manifest.content_hash));
+                let set = DocSet::everything(&corpus);
+                (
+                    DocSet::everything(&train_corpus),
+                    Some((Arc::new(corpus), set)),
+                )
+            }
+        };
+        let pack = |corpus: Arc<Corpus>, set| {
+            Packed::new(
+                corpus,
+                set,
+                config.seq_len,
+                config.packing,
+                config.document_mask,
+                config.on_bad_record,
+            )
+        };
+        let train = pack(train_corpus.clone(), train_set)?;
+        let validation = validation
+            .map(|(corpus, set)| pack(corpus, set))
+            .transpose()?;
+        let order = EpochOrder::new(train.sequences(), seed, config.shuffle)?;
+        fingerprint.update(format!(
+            "|seq_len {}|packing {:?}|document_mask {}|shuffle {}",
+            config.seq_len, config.packing, config.document_mask, config.shuffle
+        ));
+        summary.push(describe(
+            "training data",
+            &train,
+            Some((train_prepared.seconds, train_prepared.built)),
+        ));
+        if let Some(v) = &validation {
+            if v.sequences() == 0 {
+                return Err(DataError::NotEnoughData {
+                    why: "the validation data makes no sequence".into(),
+                    fix: "hold out more (`data.validation.fraction`) or give other files".into(),
+                });
+            }
+            let held_out = matches!(
+                config.validation.as_ref().map(|v| &v.held_out),
+                Some(HeldOut::Fraction { .. })
+            );
+            let (what, cache) = if held_out {
+                ("validation data (held-out documents)", None)
+            } else {
+                ("validation data", Some((0.0, false)))
+            };
+            summary.push(describe(what, v, cache));
+        }
+        for packed in std::iter::once(&train).chain(validation.as_ref()) {
+            if packed.skipped_too_long > 0 {
+                summary.push(format!(
+                    "warning: {} document(s) longer than seq_len {} left out (data.on_bad_record: skip)",
+                    packed.skipped_too_long, config.seq_len
+                ));
+            }
+        }
+        Ok(Dataset {
+            train,
+            validation,
+            order,
+            document_mask: config.document_mask,
+            fingerprint: hex::encode(&fingerprint.finalize()[..8]),
+            summary,
+            built,
+        })
+    }
+
+    /// Identifies the sample stream (tokens, split, packing): a resumed run must find the
+    /// same one.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// Lines describing the data, for the log.
+    pub fn summary(&self) -> &[String] {
+        &self.summary
+    }
+
+    /// Whether opening tokenized anything (false: every cache was there).
+    pub fn built(&self) -> bool {
+        self.built
+    }
+
+    pub fn samples_per_epoch(&self) -> u64 {
+        self.order.sequences_per_epoch()
+    }
+
+    pub fn seq_len(&self) -> u64 {
+        self.train.seq_len()
+    }
+
+    pub fn train(&self) -> &Packed {
+        &self.train
+    }
+
+    /// Epoch of global sample `sample` (0-based).
+    pub fn epoch_of(&self, sample: u64) -> u64 {
+        sample / self.samples_per_epoch()
+    }
+
+    /// Training samples `first .. first + count` (global indices).
+    pub fn training_batch(&self, first: u64, count: u64) -> HostBatch {
+        let mut batch = HostBatch::new(count as usize, self.seq_len() as usize, self.document_mask);
+        for r in 0..count {
+            let (_, sequence) = self.order.locate(first + r);
+            batch.loss_tokens += self.train.fill(sequence, batch.row(r as usize));
+        }
+        batch
+    }
+
+    pub fn validation(&self) -> Option<&Packed> {
+        self.validation.as_ref()
+    }
+
+    /// Validation sequences `first .. first + count` in order; rows past the end are padding
+    /// with no targets (every rank runs the same number of batches).
+    pub fn validation_batch(&self, first: u64, count: u64) -> HostBatch {
+        let mut batch = HostBatch::new(count as usize, self.seq_len() as usize, self.document_mask);
+        if let Some(v) = &self.validation {
+            for r in 0..count {
+                let k = first + r;
+                if k < v.sequences() {
+                    batch.loss_tokens += v.fill(k, batch.row(r as usize));
+                }
+            }
+        }
+        batch
+    }
+}
+
+/// Every id must be below the model's vocabulary size; name the first one that is not.
+fn check_vocab(corpus: &Corpus, vocab_size: Option<u64>) -> Result<()> {
+    let Some(vocab) = vocab_size else {
+        return Ok(());
+    };
+    let max = corpus.manifest.max_token_id;
+    if max < vocab {
+        return Ok(());
+    }
+    let (d, i, token) = corpus.first_token_at_least(vocab).unwrap_or((0, 0, max));
+    Err(DataError::TokenOutOfRange {
+        origin: corpus.origin(d),
+        token,
+        vocab_size: vocab,
+        fix: format!(
+            "it is token {} of that document, and the data has ids up to {max} ({}); raise the \
+             model's vocab_size to at least {}, or use the tokenizer the model was made for",
+            i + 1,
+            corpus.manifest.tokenizer,
+            max + 1
+        ),
+    })
+}
+
+/// One line about a packed set; `cache`: (seconds, built) when the line should say where
+/// its cache is and whether it was just prepared.
+fn describe(what: &str, packed: &Packed, cache: Option<(f64, bool)>) -> String {
+    let set = packed.set();
+    let corpus = packed.corpus();
+    let m = &corpus.manifest;
+    let trained = if m.loss_mask {
+        format!(
+            ", {:.0}% of them trained on",
+            100.0 * m.trained_tokens as f64 / m.tokens.max(1) as f64
+        )
+    } else {
+        String::new()
+    };
+    let cache = match cache {
+        Some((seconds, true)) => format!(" (prepared in {seconds:.1} s: {})", corpus.dir.display()),
+        Some((_, false)) => format!(" (cached: {})", corpus.dir.display()),
+        None => String::new(),
+    };
+    format!(
+        "{what}: {} document(s), {} tokens{trained}, {} sequence(s) of {} per epoch{cache}",
+        thousands(set.documents),
+        thousands(set.tokens),
+        thousands(packed.sequences()),
+        packed.seq_len(),
+    )
+}
+
+/// `1234567` as `1,234,567`.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}

@@ -1,0 +1,126 @@
+//! One document to token ids plus, where only part of it is trained on, a loss mask.
+//!
+//! Every document ends with the end-of-document token (added unless the tokenizer's
+//! post-processor already ended it with one). Text is encoded like `tokenizer(text)` in
+//! `transformers` (special tokens on: BOS for Llama-style tokenizers); a chat is rendered by
+//! its template, which writes its own special tokens, and encoded like
+//! `apply_chat_template(tokenize=True)` (special tokens off). A token is trained on when the
+//! text it covers overlaps the completion or an assistant turn; the end-of-document token of a
+//! prompt/completion record is trained on (the model learns to stop), the one appended to a
+//! chat is not (the template's own end-of-turn token already is).
+
+use crate::chat::ChatTemplate;
+use crate::documents::{Body, Document};
+use crate::tokenizer::TextTokenizer;
+use std::ops::Range;
+
+/// Token ids of one document; `mask[i]` is 1 where token `i` is a training target. An empty
+/// mask means every token is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Encoded {
+    pub tokens: Vec<u32>,
+    pub mask: Vec<u8>,
+}
+
+pub struct Encoder<'a> {
+    pub tokenizer: &'a TextTokenizer,
+    pub chat: Option<&'a ChatTemplate>,
+}
+
+impl Encoder<'_> {
+    pub fn encode(&self, document: &Document) -> Result<Encoded, String> {
+        let eos = self.tokenizer.eos.id;
+        match &document.body {
+            Body::Text(text) => {
+                let mut tokens = self.tokenizer.encode(text, true, false)?.ids;
+                end_with(&mut tokens, None, eos, 1);
+                Ok(Encoded {
+                    tokens,
+                    mask: Vec::new(),
+                })
+            }
+            Body::PromptCompletion { prompt, completion } => {
+                let text = format!("{prompt}{completion}");
+                let encoding = self.tokenizer.encode(&text, true, true)?;
+                let completion = prompt.len()..text.len();
+                let mut mask = mask_of(&encoding.offsets, std::slice::from_ref(&completion));
+                let mut tokens = encoding.ids;
+                end_with(&mut tokens, Some(&mut mask), eos, 1);
+                Ok(Encoded { tokens, mask })
+            }
+            Body::Chat { messages, tools } => {
+                let template = self
+                    .chat
+                    .ok_or_else(|| "chat records need a chat template".to_string())?;
+                let (text, spans) = template.render_for_training(messages, tools.as_ref())?;
+                let encoding = self.tokenizer.encode(&text, false, true)?;
+                let mut mask = mask_of(&encoding.offsets, &spans);
+                let mut tokens = encoding.ids;
+                end_with(&mut tokens, Some(&mut mask), eos, 0);
+                Ok(Encoded { tokens, mask })
+            }
+        }
+    }
+}
+
+/// 1 for every token whose text overlaps one of `spans` (as `transformers` marks a token
+/// holding any character of a generation span).
+pub fn mask_of(offsets: &[(usize, usize)], spans: &[Range<usize>]) -> Vec<u8> {
+    offsets
+        .iter()
+        .map(|&(start, end)| {
+            let hit = end > start && spans.iter().any(|s| start < s.end && s.start < end);
+            u8::from(hit)
+        })
+        .collect()
+}
+
+/// Appends `eos` unless the tokens already end with it (the mask gets `eos_mask` for it).
+fn end_with(tokens: &mut Vec<u32>, mask: Option<&mut Vec<u8>>, eos: u32, eos_mask: u8) {
+    if tokens.last() != Some(&eos) {
+        tokens.push(eos);
+        if let Some(mask) = mask {
+            mask.push(eos_mask);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardrun_protocol::config::TokenizerConfig;
+
+    fn doc(body: Body) -> Document {
+        Document {
+            body,
+            file: 0,
+            line: 1,
+        }
+    }
+
+    #[test]
+    fn completion_and_its_end_are_the_targets() {
+        let bytes = TextTokenizer::load(&TokenizerConfig::Bytes).unwrap();
+        let encoder = Encoder {
+            tokenizer: &bytes,
+            chat: None,
+        };
+        let e = encoder
+            .encode(&doc(Body::PromptCompletion {
+                prompt: "Q?".into(),
+                completion: "A".into(),
+            }))
+            .unwrap();
+        assert_eq!(e.tokens, [b'Q' as u32, b'?' as u32, b'A' as u32, 256]);
+        assert_eq!(e.mask, [0, 0, 1, 1]);
+        let e = encoder.encode(&doc(Body::Text("hi".into()))).unwrap();
+        assert_eq!((e.tokens, e.mask), (vec![104, 105, 256], vec![]));
+    }
+
+    #[test]
+    fn overlap_rule() {
+        let offsets = [(0, 2), (2, 5), (5, 6), (0, 0)];
+        assert_eq!(mask_of(&offsets, &[3..6, 9..9]), [0, 1, 1, 0]);
+        assert_eq!(mask_of(&offsets, &[]), [0, 0, 0, 0]);
+    }
+}

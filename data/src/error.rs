@@ -1,0 +1,105 @@
+//! What can go wrong with data, each error naming the file (and record) and what to do.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// Where a document came from: a file, and the line its record starts on (0 when the whole
+/// file is the document).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    pub path: PathBuf,
+    pub line: u64,
+}
+
+impl Origin {
+    pub fn new(path: &Path, line: u64) -> Origin {
+        Origin {
+            path: path.to_path_buf(),
+            line,
+        }
+    }
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line == 0 {
+            write!(f, "{}", self.path.display())
+        } else {
+            write!(f, "{}:{}", self.path.display(), self.line)
+        }
+    }
+}
+
+const SKIP_HINT: &str = "fix or remove it, or set `data.on_bad_record: skip` to skip bad records";
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("no file matches `{pattern}` (data.files): check the path; relative paths are relative to the job spec")]
+    NoFiles { pattern: String },
+    #[error("{} is a folder: name the files in it, e.g. `{}/**/*.txt`", path.display(), path.display())]
+    Folder { path: PathBuf },
+    #[error("`{pattern}` is not a valid file pattern: {why}")]
+    Pattern { pattern: String, why: String },
+    #[error("cannot {doing} {}: {source}", path.display())]
+    Io {
+        doing: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A record (or a whole file) that cannot be used; `on_bad_record: skip` skips these.
+    #[error("{origin}: {why}; {SKIP_HINT}")]
+    BadRecord { origin: Origin, why: String },
+    #[error("tokenizer {}: {why}", path.display())]
+    Tokenizer { path: PathBuf, why: String },
+    #[error("chat template {}: {why}", path.display())]
+    ChatTemplate { path: PathBuf, why: String },
+    #[error("{origin}: token id {token} is outside the model's vocabulary (vocab_size {vocab_size}); {fix}")]
+    TokenOutOfRange {
+        origin: Origin,
+        token: u64,
+        vocab_size: u64,
+        fix: String,
+    },
+    #[error("{origin}: a document of {tokens} tokens does not fit a sequence of {seq_len} (packing: whole_documents); raise `seq_len`, use `packing: stream` (documents continue into the next sequence), or set `data.on_bad_record: skip` to leave it out")]
+    DocumentTooLong {
+        origin: Origin,
+        tokens: u64,
+        seq_len: u64,
+    },
+    #[error("data cache {}: {why}", path.display())]
+    Cache { path: PathBuf, why: String },
+    #[error("{why}; {fix}")]
+    NotEnoughData { why: String, fix: String },
+    #[error("{0}")]
+    Config(String),
+}
+
+impl DataError {
+    pub fn io<'a>(
+        doing: &'static str,
+        path: &'a Path,
+    ) -> impl FnOnce(std::io::Error) -> DataError + 'a {
+        move |source| DataError::Io {
+            doing,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    pub fn bad(origin: Origin, why: impl Into<String>) -> DataError {
+        DataError::BadRecord {
+            origin,
+            why: why.into(),
+        }
+    }
+
+    /// Whether `on_bad_record: skip` may skip this error's record.
+    pub fn is_skippable(&self) -> bool {
+        matches!(
+            self,
+            DataError::BadRecord { .. } | DataError::DocumentTooLong { .. }
+        )
+    }
+}
+
+pub type Result<T, E = DataError> = std::result::Result<T, E>;

@@ -1,0 +1,376 @@
+//! From a source in the spec to a memory-mapped [`Corpus`]: the cache folder if it exists,
+//! else tokenize (or check pre-tokenized files) into it, once per cache across processes.
+
+use crate::cache::{self, FileEntry, KeyInputs, Manifest, FORMAT_VERSION};
+use crate::chat::ChatTemplate;
+use crate::corpus::{dtype_width, Corpus};
+use crate::documents::Skipped;
+use crate::encode::Encoder;
+use crate::error::{DataError, Origin, Result};
+use crate::files::{self, DataFile};
+use crate::progress::Observer;
+use crate::tokenizer::{read_tokenizer_json, tokenizer_json_path, TextTokenizer, FOLDER_FILES};
+use crate::writer::CorpusWriter;
+use rayon::prelude::*;
+use sha2::{Digest, Sha256};
+use shardrun_protocol::config::{DataSource, JsonlText, OnBadRecord, TokenDtype, TokenizerConfig};
+use std::path::Path;
+use std::time::Instant;
+
+/// Skipped records named in the manifest and the log (the rest are counted).
+const SKIPPED_SHOWN: usize = 20;
+
+/// A prepared source and whether this call did the work.
+pub struct Prepared {
+    pub corpus: Corpus,
+    pub built: bool,
+    /// Time spent finding (and, if `built`, building) the cache.
+    pub seconds: f64,
+}
+
+/// How one source is read and tokenized.
+pub struct SourceSpec<'a> {
+    pub source: &'a DataSource,
+    pub tokenizer: &'a TokenizerConfig,
+    pub on_bad_record: OnBadRecord,
+    pub cache_dir: &'a Path,
+    /// Tokenization threads.
+    pub threads: usize,
+    /// `training data`, `validation data`: for messages.
+    pub what: &'a str,
+}
+
+pub fn prepare_source(spec: &SourceSpec<'_>, observer: &dyn Observer) -> Result<Prepared> {
+    let started = Instant::now();
+    let files = files::expand(spec.source.files())?;
+    let key = KeyInputs {
+        format_version: FORMAT_VERSION,
+        source: serde_json::to_value(spec.source.with_files(Vec::new()))
+            .expect("sources serialize"),
+        on_bad_record: spec.on_bad_record,
+        files: &files,
+        tokenizer: tokenizer_key(spec.tokenizer, spec.source)?,
+    };
+    let name = key.name(spec.source.kind_name());
+    let (dir, manifest, built) = cache::open_or_build(spec.cache_dir, &name, observer, |tmp| {
+        observer.line(&format!(
+            "preparing {} ({} file(s), {:.1} MB) into {}",
+            spec.what,
+            files.len(),
+            files.iter().map(|f| f.size).sum::<u64>() as f64 / 1e6,
+            spec.cache_dir.join(&name).display()
+        ));
+        let mut manifest = match spec.source {
+            DataSource::Tokens { dtype, .. } => check_token_files(&files, *dtype, spec)?,
+            _ => tokenize_files(tmp, &files, spec, observer)?,
+        };
+        manifest.name = name.clone();
+        manifest.seconds = started.elapsed().as_secs_f64();
+        Ok(manifest)
+    })?;
+    if built && manifest.skipped_records > 0 {
+        let shown = &manifest.skipped_examples[..manifest.skipped_examples.len().min(3)];
+        observer.line(&format!(
+            "warning: skipped {} bad record(s) of the {} (data.on_bad_record: skip; the first {} \
+             are in {}): {}",
+            manifest.skipped_records,
+            spec.what,
+            manifest.skipped_examples.len(),
+            dir.join(cache::MANIFEST).display(),
+            shown.join("; ")
+        ));
+    }
+    let corpus = Corpus::open(&dir, manifest)?;
+    Ok(Prepared {
+        corpus,
+        built,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Hashes of the files that decide the ids (tokenizer, special tokens, chat template).
+fn tokenizer_key(config: &TokenizerConfig, source: &DataSource) -> Result<Vec<(String, String)>> {
+    let sha = |bytes: &[u8]| hex::encode(&Sha256::digest(bytes)[..16]);
+    let mut key = Vec::new();
+    match config {
+        TokenizerConfig::HuggingFace {
+            path,
+            bos_token,
+            eos_token,
+        } => {
+            let file = tokenizer_json_path(path);
+            key.push(("tokenizer.json".into(), sha(&read_tokenizer_json(&file)?)));
+            let folder = file.parent().unwrap_or(Path::new("."));
+            for name in &FOLDER_FILES[1..] {
+                if let Ok(bytes) = std::fs::read(folder.join(name)) {
+                    key.push((name.to_string(), sha(&bytes)));
+                }
+            }
+            key.push(("bos_token".into(), format!("{bos_token:?}")));
+            key.push(("eos_token".into(), format!("{eos_token:?}")));
+        }
+        TokenizerConfig::Bytes => key.push(("bytes".into(), "1".into())),
+        TokenizerConfig::PreTokenized => {}
+    }
+    if let DataSource::Chat {
+        chat_template: Some(path),
+        ..
+    } = source
+    {
+        let bytes = std::fs::read(path).map_err(|e| DataError::ChatTemplate {
+            path: path.clone(),
+            why: format!("cannot be read: {e}"),
+        })?;
+        key.push(("chat_template".into(), sha(&bytes)));
+    }
+    Ok(key)
+}
+
+fn tokenize_files(
+    tmp: &Path,
+    files: &[DataFile],
+    spec: &SourceSpec<'_>,
+    observer: &dyn Observer,
+) -> Result<Manifest> {
+    let tokenizer = TextTokenizer::load(spec.tokenizer)?;
+    let chat = match spec.source {
+        DataSource::Chat { chat_template, .. } => {
+            Some(ChatTemplate::load(&tokenizer, chat_template.as_deref())?)
+        }
+        _ => None,
+    };
+    let with_mask = matches!(
+        spec.source,
+        DataSource::Chat { .. }
+            | DataSource::Jsonl {
+                text: JsonlText::PromptCompletion { .. },
+                ..
+            }
+    );
+    let mut writer = CorpusWriter::create(tmp, with_mask)?;
+    let encoder = Encoder {
+        tokenizer: &tokenizer,
+        chat: chat.as_ref(),
+    };
+    let skipped = crate::tokenize::tokenize(
+        files,
+        spec.source,
+        &encoder,
+        spec.on_bad_record,
+        spec.threads,
+        &mut writer,
+        spec.what,
+        observer,
+    )?;
+    let written = writer.finish()?;
+    if written.documents == 0 {
+        return Err(DataError::NotEnoughData {
+            why: format!(
+                "the {} holds no documents ({} file(s){})",
+                spec.what,
+                files.len(),
+                if skipped.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {} bad record(s) skipped", skipped.len())
+                }
+            ),
+            fix: "check `data.files` and how documents are read (`split`, `field`)".into(),
+        });
+    }
+    let mut tokenizer_text = tokenizer.description.clone();
+    if let Some(chat) = &chat {
+        tokenizer_text.push_str(&format!("; chat template {}", chat.path.display()));
+    }
+    Ok(Manifest {
+        format_version: FORMAT_VERSION,
+        name: String::new(),
+        kind: spec.source.kind_name().into(),
+        files: hash_files(files, spec.threads)?,
+        tokenizer: tokenizer_text,
+        documents: written.documents,
+        tokens: written.tokens,
+        max_token_id: written.max_token_id,
+        loss_mask: with_mask,
+        trained_tokens: written.trained_tokens,
+        token_files_dtype: None,
+        skipped_records: skipped.len() as u64,
+        skipped_examples: examples(&skipped),
+        content_hash: written.content_hash,
+        input_bytes: files.iter().map(|f| f.size).sum(),
+        seconds: 0.0,
+        created_unix_s: cache::now_unix_s(),
+    })
+}
+
+/// Pre-tokenized files are read in place: check each one (whole number of ids, not empty)
+/// and record its largest id, so the vocabulary check needs no second pass.
+fn check_token_files(
+    files: &[DataFile],
+    dtype: TokenDtype,
+    spec: &SourceSpec<'_>,
+) -> Result<Manifest> {
+    let width = dtype_width(dtype);
+    let checked: Vec<std::result::Result<(FileEntry, u64), Skipped>> = files
+        .par_iter()
+        .map(|f| check_token_file(f, dtype))
+        .collect::<Result<_>>()?;
+    let mut entries = Vec::new();
+    let mut skipped = Vec::new();
+    let mut max_token_id = 0;
+    for item in checked {
+        match item {
+            Ok((entry, max)) => {
+                max_token_id = max_token_id.max(max);
+                entries.push(entry);
+            }
+            Err(s) => match spec.on_bad_record {
+                OnBadRecord::Stop => return Err(DataError::bad(s.origin, s.why)),
+                OnBadRecord::Skip => skipped.push(s),
+            },
+        }
+    }
+    if entries.is_empty() {
+        return Err(DataError::NotEnoughData {
+            why: format!("the {} has no usable token file", spec.what),
+            fix: "check `data.files`".into(),
+        });
+    }
+    let tokens: u64 = entries.iter().map(|e| e.size / width).sum();
+    let mut hash = xxhash_rust::xxh3::Xxh3::new();
+    for e in &entries {
+        hash.update(e.xxh3.as_bytes());
+    }
+    Ok(Manifest {
+        format_version: FORMAT_VERSION,
+        name: String::new(),
+        kind: "tokens".into(),
+        files: entries.clone(),
+        tokenizer: format!("pre-tokenized ({dtype:?} ids)").to_lowercase(),
+        documents: entries.len() as u64,
+        tokens,
+        max_token_id,
+        loss_mask: false,
+        trained_tokens: tokens,
+        token_files_dtype: Some(dtype),
+        skipped_records: skipped.len() as u64,
+        skipped_examples: examples(&skipped),
+        content_hash: format!("{:032x}", hash.digest128()),
+        input_bytes: entries.iter().map(|e| e.size).sum(),
+        seconds: 0.0,
+        created_unix_s: cache::now_unix_s(),
+    })
+}
+
+/// One token file's entry and largest id, or why it cannot be used.
+fn check_token_file(
+    file: &DataFile,
+    dtype: TokenDtype,
+) -> Result<std::result::Result<(FileEntry, u64), Skipped>> {
+    let width = dtype_width(dtype);
+    let bad = |why: String| {
+        Ok(Err(Skipped {
+            origin: Origin::new(&file.path, 0),
+            why,
+        }))
+    };
+    if file.size == 0 {
+        return bad("the file is empty".into());
+    }
+    if !file.size.is_multiple_of(width) {
+        return bad(format!(
+            "its size ({} bytes) is not a whole number of {}-byte ids: not a {} token file",
+            file.size,
+            width,
+            format!("{dtype:?}").to_lowercase()
+        ));
+    }
+    // In chunks: token files are often larger than memory.
+    let mut max = 0u64;
+    let hash = match read_chunks(&file.path, |chunk| {
+        let chunk_max = match dtype {
+            TokenDtype::U16 => chunk
+                .chunks_exact(2)
+                .map(|c| u64::from(u16::from_le_bytes([c[0], c[1]])))
+                .max(),
+            TokenDtype::U32 => chunk
+                .chunks_exact(4)
+                .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                .max(),
+        };
+        max = max.max(chunk_max.unwrap_or(0));
+    }) {
+        Ok(hash) => hash,
+        Err(e) => return bad(format!("cannot be read: {e}")),
+    };
+    Ok(Ok((
+        FileEntry {
+            path: file.path.clone(),
+            size: file.size,
+            mtime_ns: file.mtime_ns,
+            xxh3: hash,
+            tokens: Some(file.size / width),
+        },
+        max,
+    )))
+}
+
+/// Content hashes of the input files (read again: they are in the page cache by now).
+fn hash_files(files: &[DataFile], threads: usize) -> Result<Vec<FileEntry>> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .build()
+        .map_err(|e| DataError::Config(format!("cannot start hashing threads: {e}")))?;
+    pool.install(|| {
+        files
+            .par_iter()
+            .map(|f| {
+                // A skipped unreadable file has no hash.
+                let xxh3 = read_chunks(&f.path, |_| {}).unwrap_or_default();
+                Ok(FileEntry {
+                    path: f.path.clone(),
+                    size: f.size,
+                    mtime_ns: f.mtime_ns,
+                    xxh3,
+                    tokens: None,
+                })
+            })
+            .collect()
+    })
+}
+
+/// Reads `path` in chunks (a whole number of 4-byte ids each), handing each to `each`;
+/// returns the xxh3-64 of the whole file.
+fn read_chunks(path: &Path, mut each: impl FnMut(&[u8])) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut hash = xxhash_rust::xxh3::Xxh3::new();
+    let mut buf = vec![0u8; 8 << 20];
+    loop {
+        let mut filled = 0;
+        while filled < buf.len() {
+            let n = file.read(&mut buf[filled..])?;
+            if n == 0 {
+                break;
+            }
+            filled += n;
+        }
+        if filled == 0 {
+            break;
+        }
+        hash.update(&buf[..filled]);
+        each(&buf[..filled]);
+        if filled < buf.len() {
+            break;
+        }
+    }
+    Ok(format!("{:016x}", hash.digest()))
+}
+
+fn examples(skipped: &[Skipped]) -> Vec<String> {
+    skipped
+        .iter()
+        .take(SKIPPED_SHOWN)
+        .map(|s| format!("{}: {}", s.origin, s.why))
+        .collect()
+}

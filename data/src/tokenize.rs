@@ -1,0 +1,112 @@
+//! The one-time tokenization: a reader thread reads documents in batches, every core encodes
+//! a batch (rayon), and the results are written in document order, so the cache is the same
+//! whatever the number of threads.
+
+use crate::documents::{DocumentReader, ReadBatch, Skipped};
+use crate::encode::{Encoded, Encoder};
+use crate::error::{DataError, Origin, Result};
+use crate::files::DataFile;
+use crate::progress::{Observer, Progress};
+use crate::writer::CorpusWriter;
+use rayon::prelude::*;
+use shardrun_protocol::config::{DataSource, OnBadRecord};
+use std::sync::mpsc;
+
+/// Input bytes per batch: enough documents to keep every core busy, few enough to bound
+/// memory (a batch, its tokens and the next batch being read).
+const BATCH_BYTES: u64 = 16 << 20;
+
+/// Threads for tokenization: every CPU this process may use (`sched_getaffinity` and cgroup
+/// quotas, which is what a Slurm allocation grants), capped by `SLURM_CPUS_ON_NODE`.
+pub fn default_threads() -> usize {
+    let available = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let slurm = std::env::var("SLURM_CPUS_ON_NODE")
+        .ok()
+        .and_then(|n| n.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0);
+    slurm.map_or(available, |n| n.min(available))
+}
+
+/// Tokenizes every document of `files` into `writer`; returns the records skipped.
+#[allow(clippy::too_many_arguments)]
+pub fn tokenize(
+    files: &[DataFile],
+    source: &DataSource,
+    encoder: &Encoder<'_>,
+    policy: OnBadRecord,
+    threads: usize,
+    writer: &mut CorpusWriter,
+    what: &str,
+    observer: &dyn Observer,
+) -> Result<Vec<Skipped>> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .thread_name(|i| format!("tokenize-{i}"))
+        .build()
+        .map_err(|e| DataError::Config(format!("cannot start tokenizer threads: {e}")))?;
+    let total: u64 = files.iter().map(|f| f.size).sum();
+    let mut progress = Progress::new(observer, what, total);
+    let mut skipped = Vec::new();
+    let result = std::thread::scope(|scope| -> Result<()> {
+        let (tx, rx) = mpsc::sync_channel::<Result<ReadBatch>>(1);
+        let reader = scope.spawn(move || {
+            let mut reader = DocumentReader::new(files, source, policy);
+            loop {
+                let next = reader.next_batch(BATCH_BYTES);
+                let done = !matches!(next, Ok(Some(_)));
+                // A closed channel means the consumer stopped on an error: stop reading.
+                if tx.send(next.map(|b| b.unwrap_or(empty_batch()))).is_err() || done {
+                    break;
+                }
+            }
+            reader.skipped
+        });
+        let outcome = (|| -> Result<()> {
+            for batch in rx.iter() {
+                let batch = batch?;
+                if batch.documents.is_empty() && batch.bytes == 0 {
+                    break;
+                }
+                let encoded: Vec<std::result::Result<Encoded, String>> = pool.install(|| {
+                    batch
+                        .documents
+                        .par_iter()
+                        .map(|d| encoder.encode(d))
+                        .collect()
+                });
+                let before = writer.written().tokens;
+                for (document, result) in batch.documents.iter().zip(encoded) {
+                    match result {
+                        Ok(e) => writer.push(&e, document.file, document.line)?,
+                        Err(why) => {
+                            let origin =
+                                Origin::new(&files[document.file as usize].path, document.line);
+                            match policy {
+                                OnBadRecord::Stop => return Err(DataError::bad(origin, why)),
+                                OnBadRecord::Skip => skipped.push(Skipped { origin, why }),
+                            }
+                        }
+                    }
+                }
+                progress.advance(batch.bytes, writer.written().tokens - before);
+            }
+            Ok(())
+        })();
+        // Dropping the receiver unblocks a reader waiting to send.
+        drop(rx);
+        let mut read_skipped = reader.join().expect("the document reader does not panic");
+        read_skipped.append(&mut skipped);
+        skipped = read_skipped;
+        outcome
+    });
+    progress.finish();
+    result?;
+    Ok(skipped)
+}
+
+fn empty_batch() -> ReadBatch {
+    ReadBatch {
+        documents: Vec::new(),
+        bytes: 0,
+    }
+}

@@ -1,0 +1,300 @@
+//! Bad input: each case is an error naming the file (and the record's line) with what to do,
+//! `on_bad_record: skip` skips what can be skipped, and a failed preparation leaves nothing
+//! in the cache folder but its lock file.
+
+mod common;
+
+use common::*;
+use shardrun_data::{DataError, Dataset, Quiet};
+use shardrun_protocol::config::*;
+use std::path::{Path, PathBuf};
+
+fn jsonl(files: Vec<PathBuf>) -> DataSource {
+    DataSource::Jsonl {
+        files,
+        text: JsonlText::Field {
+            field: "text".into(),
+        },
+    }
+}
+
+fn open(config: &DatasetConfig, vocab: Option<u64>) -> Result<Dataset, DataError> {
+    Dataset::open(config, 0, vocab, 2, &Quiet)
+}
+
+/// The error of opening `config`, checked to leave no cache behind.
+fn fails(config: &DatasetConfig, vocab: Option<u64>) -> String {
+    let err = open(config, vocab).err().expect("must fail").to_string();
+    let left = cache_entries(&config.cache_dir);
+    assert!(left.is_empty(), "a failed preparation left {left:?}");
+    err
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn unreadable_empty_and_missing_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let good = write(dir.path(), "good.txt", "some text\n");
+
+    // Running as root reads anything: a symlink loop is a file no one can read.
+    let looped = dir.path().join("loop.txt");
+    std::os::unix::fs::symlink(&looped, &looped).unwrap();
+    let c = dataset(
+        text_files(vec![good.clone(), looped.clone()], TextSplit::File),
+        TokenizerConfig::Bytes,
+        8,
+        &cache,
+    );
+    let err = fails(&c, None);
+    assert!(
+        err.starts_with(&format!(
+            "cannot read {}: Too many levels of symbolic links",
+            looped.display()
+        )),
+        "{err}"
+    );
+
+    let empty = write(dir.path(), "empty.txt", "");
+    let c = dataset(
+        text_files(vec![good.clone(), empty.clone()], TextSplit::File),
+        TokenizerConfig::Bytes,
+        8,
+        &cache,
+    );
+    let err = fails(&c, None);
+    assert_eq!(
+        err,
+        format!(
+            "{}: the file is empty; fix or remove it, or set `data.on_bad_record: skip` to skip bad records",
+            empty.display()
+        )
+    );
+    let mut skipping = c.clone();
+    skipping.on_bad_record = OnBadRecord::Skip;
+    let data = open(&skipping, None).unwrap();
+    assert_eq!(data.train().corpus().manifest.skipped_records, 1);
+    assert_eq!(data.train().corpus().documents(), 1);
+
+    let c = dataset(
+        text_files(vec![dir.path().join("nope/*.txt")], TextSplit::File),
+        TokenizerConfig::Bytes,
+        8,
+        &dir.path().join("cache2"),
+    );
+    assert!(fails(&c, None).starts_with("no file matches"));
+}
+
+#[test]
+fn jsonl_records_that_are_not_json_or_lack_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let path = write(
+        dir.path(),
+        "d.jsonl",
+        "{\"text\": \"one\"}\n{\"text\": \"two\"}\n{\"text\": \"thr\n{\"text\": \"four\"}\n",
+    );
+    let c = dataset(jsonl(vec![path.clone()]), TokenizerConfig::Bytes, 8, &cache);
+    let err = fails(&c, None);
+    assert!(
+        err.starts_with(&format!("{}:3: not a JSON record (", path.display())),
+        "{err}"
+    );
+    assert!(
+        err.ends_with("or set `data.on_bad_record: skip` to skip bad records"),
+        "{err}"
+    );
+
+    let mut skipping = c.clone();
+    skipping.on_bad_record = OnBadRecord::Skip;
+    let data = open(&skipping, None).unwrap();
+    let m = &data.train().corpus().manifest;
+    assert_eq!((m.documents, m.skipped_records), (3, 1));
+    assert!(m.skipped_examples[0].starts_with(&format!("{}:3:", path.display())));
+
+    let missing = write(
+        dir.path(),
+        "m.jsonl",
+        "{\"text\": \"ok\"}\n{\"body\": \"no text\"}\n",
+    );
+    let c = dataset(
+        jsonl(vec![missing.clone()]),
+        TokenizerConfig::Bytes,
+        8,
+        &dir.path().join("cache2"),
+    );
+    let err = fails(&c, None);
+    assert!(
+        err.starts_with(&format!(
+            "{}:2: no field `text` in the record (it has: body)",
+            missing.display()
+        )),
+        "{err}"
+    );
+}
+
+#[test]
+fn chat_record_with_an_unknown_role() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "chat.jsonl",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}\n\
+         {\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"robot\", \"content\": \"beep\"}]}\n",
+    );
+    let source = DataSource::Chat {
+        files: vec![path.clone()],
+        messages_field: "messages".into(),
+        chat_template: None,
+    };
+    let c = dataset(source, hf("bpe"), 32, &dir.path().join("cache"));
+    let err = fails(&c, None);
+    assert!(
+        err.starts_with(&format!(
+            "{}:2: message 2 has role `robot`; chat data takes the roles system, developer, user, assistant, tool, ipython",
+            path.display()
+        )),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_document_longer_than_a_sequence_when_documents_stay_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "lines.txt",
+        "short\nshort too\nthis line is far too long\nok\n",
+    );
+    let mut c = dataset(
+        text_files(vec![path.clone()], TextSplit::Line),
+        TokenizerConfig::Bytes,
+        12,
+        &dir.path().join("cache"),
+    );
+    c.packing = Packing::WholeDocuments;
+    let err = open(&c, None).err().unwrap().to_string();
+    assert!(
+        err.starts_with(&format!(
+            "{}:3: a document of 26 tokens does not fit a sequence of 12 (packing: whole_documents)",
+            path.display()
+        )),
+        "{err}"
+    );
+    c.on_bad_record = OnBadRecord::Skip;
+    let data = open(&c, None).unwrap();
+    assert_eq!(data.train().skipped_too_long, 1);
+    assert!(data
+        .summary()
+        .iter()
+        .any(|l| l.contains("1 document(s) longer than seq_len 12 left out")));
+}
+
+#[test]
+fn token_ids_beyond_the_vocabulary() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    // Bytes are ids 0..=255 and the end of a document is 256: with a vocabulary of 200 the
+    // first id beyond it ends line 1 (and line 2's `é` is 195, 169).
+    let path = write(dir.path(), "t.txt", "plain ascii\ncaf\u{e9}\n");
+    let c = dataset(
+        text_files(vec![path.clone()], TextSplit::Line),
+        TokenizerConfig::Bytes,
+        8,
+        &cache,
+    );
+    let err = open(&c, Some(200)).err().unwrap().to_string();
+    assert!(
+        err.starts_with(&format!(
+            "{}:1: token id 256 is outside the model's vocabulary (vocab_size 200)",
+            path.display()
+        )),
+        "{err}"
+    );
+    assert!(err.contains("it is token 12 of that document"), "{err}");
+    assert!(
+        err.contains("raise the model's vocab_size to at least 257"),
+        "{err}"
+    );
+
+    // Pre-tokenized: u16 ids checked against the model too, and a file that is not whole ids.
+    let bin = dir.path().join("train.bin");
+    std::fs::write(
+        &bin,
+        [1u16, 2, 50_000, 3]
+            .iter()
+            .flat_map(|t| t.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    let tokens = |files| DataSource::Tokens {
+        files,
+        dtype: TokenDtype::U16,
+    };
+    let c = dataset(
+        tokens(vec![bin.clone()]),
+        TokenizerConfig::PreTokenized,
+        2,
+        &cache,
+    );
+    let err = open(&c, Some(32_000)).err().unwrap().to_string();
+    assert!(
+        err.starts_with(&format!(
+            "{}: token id 50000 is outside the model's vocabulary (vocab_size 32000)",
+            bin.display()
+        )),
+        "{err}"
+    );
+    assert!(open(&c, Some(50_001)).is_ok());
+
+    // u32 ids past 65,535 (Qwen's 151,936-id vocabulary): read back as they are.
+    let big = dir.path().join("big.bin");
+    let ids = [7u32, 151_935, 128_000, 65_536];
+    std::fs::write(
+        &big,
+        ids.iter()
+            .flat_map(|t| t.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    let c = dataset(
+        DataSource::Tokens {
+            files: vec![big],
+            dtype: TokenDtype::U32,
+        },
+        TokenizerConfig::PreTokenized,
+        3,
+        &dir.path().join("cache3"),
+    );
+    let data = open(&c, Some(151_936)).unwrap();
+    assert_eq!(data.samples_per_epoch(), 2);
+    let batch = data.training_batch(0, 2);
+    let mut seen: Vec<i64> = batch.inputs.iter().copied().filter(|&t| t != 0).collect();
+    seen.sort();
+    assert_eq!(seen, [7, 65_536, 128_000, 151_935]);
+    let err = open(&c, Some(151_935)).err().unwrap().to_string();
+    assert!(
+        err.contains("token id 151935 is outside the model's vocabulary (vocab_size 151935)"),
+        "{err}"
+    );
+    let odd = write(dir.path(), "odd.bin", "abc");
+    let c = dataset(
+        tokens(vec![odd.clone()]),
+        TokenizerConfig::PreTokenized,
+        2,
+        &dir.path().join("cache2"),
+    );
+    let err = fails(&c, None);
+    assert!(
+        err.starts_with(&format!(
+            "{}: its size (3 bytes) is not a whole number of 2-byte ids",
+            odd.display()
+        )),
+        "{err}"
+    );
+}

@@ -1,0 +1,140 @@
+//! The cache: a second run with nothing changed tokenizes nothing; editing a data file or
+//! swapping the tokenizer tokenizes again into a new folder; processes preparing the same
+//! data at once do the work once.
+
+mod common;
+
+use common::*;
+use shardrun_data::{Dataset, Quiet};
+use shardrun_protocol::config::*;
+use std::path::Path;
+use std::time::Instant;
+
+fn write_corpus(dir: &Path) -> Vec<std::path::PathBuf> {
+    let a = dir.join("a.txt");
+    let b = dir.join("b.txt");
+    std::fs::write(&a, "def add(a, b):\n    return a + b\n".repeat(50)).unwrap();
+    std::fs::write(&b, "The tokenizer runs once per data version.\n".repeat(50)).unwrap();
+    vec![a, b]
+}
+
+#[test]
+fn only_a_change_of_data_or_tokenizer_tokenizes_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let files = write_corpus(dir.path());
+    let config = |tokenizer: &str| {
+        dataset(
+            text_files(files.clone(), TextSplit::File),
+            hf(tokenizer),
+            32,
+            &cache,
+        )
+    };
+    let first = Dataset::open(&config("bpe"), 0, None, 2, &Quiet).unwrap();
+    assert!(first.built());
+
+    let started = Instant::now();
+    let second = Dataset::open(&config("bpe"), 0, None, 2, &Quiet).unwrap();
+    let reopen = started.elapsed();
+    assert!(!second.built(), "nothing changed: nothing is tokenized");
+    assert_eq!(second.fingerprint(), first.fingerprint());
+    // Not a timed assertion (the benchmark measures it): shown for the record.
+    eprintln!(
+        "reopening the prepared data took {:.1} ms",
+        reopen.as_secs_f64() * 1e3
+    );
+
+    // Edit one file: a new cache folder; the old one is left as it was.
+    std::fs::write(&files[1], "An edited document.\n".repeat(40)).unwrap();
+    let edited = Dataset::open(&config("bpe"), 0, None, 2, &Quiet).unwrap();
+    assert!(edited.built(), "an edited file is tokenized again");
+    assert_ne!(edited.fingerprint(), first.fingerprint());
+    assert_ne!(edited.train().corpus().dir, first.train().corpus().dir);
+    assert!(first.train().corpus().dir.join("manifest.json").is_file());
+
+    // Another tokenizer over the same files.
+    let swapped = Dataset::open(&config("metaspace"), 0, None, 2, &Quiet).unwrap();
+    assert!(swapped.built(), "another tokenizer tokenizes again");
+    assert_ne!(swapped.fingerprint(), edited.fingerprint());
+
+    // Back to the first tokenizer: that version is cached.
+    let again = Dataset::open(&config("bpe"), 0, None, 2, &Quiet).unwrap();
+    assert!(!again.built());
+    assert_eq!(again.fingerprint(), edited.fingerprint());
+
+    // Rewriting a file with the same bytes re-tokenizes (its time changed) into the same
+    // tokens: the sample stream a checkpoint records is unchanged.
+    let bytes = std::fs::read(&files[0]).unwrap();
+    std::fs::write(&files[0], &bytes).unwrap();
+    let touched = Dataset::open(&config("bpe"), 0, None, 2, &Quiet).unwrap();
+    assert_eq!(touched.fingerprint(), edited.fingerprint());
+}
+
+/// Reports when a preparation starts waiting for the lock.
+struct Waiting(std::sync::mpsc::Sender<()>);
+
+impl shardrun_data::Observer for Waiting {
+    fn line(&self, text: &str) {
+        if text.starts_with("waiting for another process") {
+            let _ = self.0.send(());
+        }
+    }
+}
+
+#[test]
+fn concurrent_preparations_wait_for_the_first_and_tokenize_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = write_corpus(dir.path());
+    // The cache's name does not depend on where it is: learn it from a first copy.
+    let probe = dataset(
+        text_files(files.clone(), TextSplit::Line),
+        hf("bpe"),
+        16,
+        &dir.path().join("probe"),
+    );
+    let probed = Dataset::open(&probe, 0, None, 1, &Quiet).unwrap();
+    let name = probed.train().corpus().dir.file_name().unwrap().to_owned();
+
+    // Hold the lock as a preparing process would, start four preparations, and let go once
+    // every one of them is waiting.
+    let cache = dir.path().join("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    let lock =
+        std::fs::File::create(cache.join(format!(".{}.lock", name.to_str().unwrap()))).unwrap();
+    lock.lock().unwrap();
+    let config = dataset(text_files(files, TextSplit::Line), hf("bpe"), 16, &cache);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let results: Vec<(bool, String)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let waiting = Waiting(tx.clone());
+                let config = &config;
+                scope.spawn(move || {
+                    let d = Dataset::open(config, 0, None, 1, &waiting).unwrap();
+                    (d.built(), d.fingerprint().to_string())
+                })
+            })
+            .collect();
+        for _ in 0..4 {
+            rx.recv().unwrap();
+        }
+        assert!(
+            cache_entries(&cache).is_empty(),
+            "nobody builds while the lock is held"
+        );
+        lock.unlock().unwrap();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(
+        results.iter().filter(|(built, _)| *built).count(),
+        1,
+        "{results:?}"
+    );
+    assert!(results.iter().all(|(_, f)| f == probed.fingerprint()));
+    assert_eq!(
+        cache_entries(&cache).len(),
+        1,
+        "one complete folder, no leftovers"
+    );
+}

@@ -1,0 +1,186 @@
+//! Our ids against Python's: every sample document (text, code, CJK, emoji, combining marks)
+//! tokenized through the whole data path (files, cache, memory map) equals Python
+//! `tokenizers`' `encode` of it, for a byte-level BPE and a Metaspace (SentencePiece-style)
+//! tokenizer; chat records render exactly as `transformers`' `apply_chat_template`, and the
+//! loss mask covers exactly the tokens its `{% generation %}` assistant mask covers.
+
+mod common;
+
+use common::*;
+use shardrun_data::chat::{messages_of, ChatTemplate};
+use shardrun_data::tokenizer::TextTokenizer;
+use shardrun_data::{Dataset, Quiet};
+use shardrun_protocol::config::*;
+
+/// `ids` + the end-of-document token, as every document is stored.
+fn with_eos(mut ids: Vec<u32>, eos: u32) -> Vec<u32> {
+    if ids.last() != Some(&eos) {
+        ids.push(eos);
+    }
+    ids
+}
+
+#[test]
+fn token_ids_equal_python_tokenizers_on_text_code_and_unicode() {
+    let expected = expected();
+    let samples: Vec<String> = expected["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect();
+    for name in ["bpe", "metaspace"] {
+        let want = &expected["tokenizers"][name];
+        let eos = want["eos_id"].as_u64().unwrap() as u32;
+        let cache = tempfile::tempdir().unwrap();
+
+        let files = samples
+            .iter()
+            .map(|s| fixture().join("samples").join(s))
+            .collect();
+        let config = dataset(
+            text_files(files, TextSplit::File),
+            hf(name),
+            64,
+            cache.path(),
+        );
+        let data = Dataset::open(&config, 0, None, 2, &Quiet).unwrap();
+        let docs = documents(data.train().corpus());
+        assert_eq!(docs.len(), samples.len());
+        for (sample, (tokens, _)) in samples.iter().zip(&docs) {
+            let python = with_eos(ids(&want["samples"][sample]), eos);
+            assert_eq!(tokens, &python, "{name}: {sample}");
+        }
+
+        let config = dataset(
+            text_files(vec![fixture().join("lines.txt")], TextSplit::Line),
+            hf(name),
+            64,
+            cache.path(),
+        );
+        let data = Dataset::open(&config, 0, None, 2, &Quiet).unwrap();
+        let docs = documents(data.train().corpus());
+        let lines = want["lines"].as_array().unwrap();
+        assert_eq!(
+            docs.len(),
+            lines.len(),
+            "{name}: one document per non-blank line"
+        );
+        for (i, ((tokens, _), line)) in docs.iter().zip(lines).enumerate() {
+            assert_eq!(
+                tokens,
+                &with_eos(ids(line), eos),
+                "{name}: line document {i}"
+            );
+        }
+    }
+}
+
+#[test]
+fn end_of_document_comes_from_the_tokenizer_or_the_model_config() {
+    let eos = |folder: &str| TextTokenizer::load(&hf(folder)).unwrap().eos;
+    let bpe = eos("bpe");
+    assert_eq!(
+        (bpe.text.as_str(), bpe.source.as_str()),
+        ("<|im_end|>", "tokenizer_config.json")
+    );
+    let llama = eos("metaspace");
+    assert_eq!((llama.id, llama.text.as_str()), (2, "</s>"));
+    // Not in tokenizer_config.json: the model's config.json names it by id.
+    let from_config = eos("metaspace_config_eos");
+    assert_eq!(
+        (
+            from_config.id,
+            from_config.text.as_str(),
+            from_config.source.as_str()
+        ),
+        (2, "</s>", "config.json")
+    );
+    let overridden = TextTokenizer::load(&TokenizerConfig::HuggingFace {
+        path: fixture().join("bpe"),
+        bos_token: None,
+        eos_token: Some("<|endoftext|>".into()),
+    })
+    .unwrap()
+    .eos;
+    assert_eq!(
+        (overridden.id, overridden.text.as_str()),
+        (0, "<|endoftext|>")
+    );
+}
+
+#[test]
+fn chat_renders_as_transformers_and_the_mask_is_the_assistant_tokens() {
+    let expected = expected();
+    for name in ["bpe", "metaspace"] {
+        let want = &expected["tokenizers"][name];
+        let eos = want["eos_id"].as_u64().unwrap() as u32;
+        let chats = want["chats"].as_array().unwrap();
+        let records = fixture().join(format!("chat_{name}.jsonl"));
+
+        // The rendering itself, message for message.
+        let tokenizer = TextTokenizer::load(&hf(name)).unwrap();
+        let template = ChatTemplate::load(&tokenizer, None).unwrap();
+        let lines = std::fs::read_to_string(&records).unwrap();
+        for (line, chat) in lines.lines().zip(chats) {
+            let record: minijinja::Value = serde_json::from_str(line).unwrap();
+            let messages = messages_of(&record, "messages").unwrap();
+            let tools = record.get_attr("tools").ok().filter(|t| !t.is_undefined());
+            assert_eq!(
+                template
+                    .render_with_tools(&messages, tools.as_ref(), false)
+                    .unwrap(),
+                chat["text"].as_str().unwrap(),
+                "{name}: rendering"
+            );
+        }
+
+        // Through the data path: ids and loss mask.
+        let cache = tempfile::tempdir().unwrap();
+        let source = DataSource::Chat {
+            files: vec![records],
+            messages_field: "messages".into(),
+            chat_template: None,
+        };
+        let data = Dataset::open(
+            &dataset(source, hf(name), 64, cache.path()),
+            0,
+            None,
+            2,
+            &Quiet,
+        )
+        .unwrap();
+        let docs = documents(data.train().corpus());
+        assert_eq!(docs.len(), chats.len());
+        for (i, ((tokens, mask), chat)) in docs.iter().zip(chats).enumerate() {
+            let python = ids(&chat["ids"]);
+            let python_mask: Vec<bool> = chat["assistant_mask"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m.as_u64() == Some(1))
+                .collect();
+            assert!(
+                python_mask.iter().any(|&m| m),
+                "the record has assistant tokens"
+            );
+            // The document ends with the end-of-document token, not trained on.
+            let appended = tokens.len() - python.len();
+            assert_eq!(
+                &tokens[..python.len()],
+                python.as_slice(),
+                "{name}: chat {i} ids"
+            );
+            assert_eq!(
+                &mask[..python.len()],
+                python_mask.as_slice(),
+                "{name}: chat {i} mask"
+            );
+            if appended == 1 {
+                assert_eq!((tokens.last(), mask.last()), (Some(&eos), Some(&false)));
+            } else {
+                assert_eq!(appended, 0, "{name}: chat {i}");
+            }
+        }
+    }
+}

@@ -1,0 +1,27 @@
+//! `shardrun prepare job.yaml`: tokenize the job's data ahead of submission (on the login
+//! node), so the job starts training at once; a later run with the same files and tokenizer
+//! reuses the cache.
+
+use crate::commands::plan::{load_and_resolve, SetArgs};
+use crate::plan::Overrides;
+use std::path::PathBuf;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Job spec (YAML), or a run directory (its `job.yaml` is used).
+    pub spec: PathBuf,
+    /// Tokenization threads (default: every CPU this process may use).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// The same `--set` overrides the job will be submitted with.
+    #[command(flatten)]
+    pub set: SetArgs,
+}
+
+pub fn execute(args: Args) -> anyhow::Result<()> {
+    let (_, job) = load_and_resolve(&args.spec, &Overrides::default(), &args.set)?;
+    for line in crate::prepare::prepare_data(&job.train, args.threads)? {
+        println!("{line}");
+    }
+    Ok(())
+}

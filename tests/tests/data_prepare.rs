@@ -1,0 +1,195 @@
+//! Real data through the real binaries: `shardrun prepare` run by several processes at once
+//! tokenizes once; `shardrun run` on text with a validation split trains, evaluates and
+//! reports the validation loss everywhere people look (metrics.jsonl, the console, the
+//! summary, `shardrun metrics`); bad data fails the job before any rank starts, naming the
+//! record, and leaves no cache behind.
+
+use shardrun_e2e::jobs::*;
+use shardrun_e2e::*;
+use std::process::Command;
+use std::time::Duration;
+
+/// A tiny transformer on `files` read as text with the byte tokenizer.
+fn text_spec(name: &str, files: &str, extra: &str) -> String {
+    format!(
+        "name: {name}\nresources:\n  tasks_per_node: 2\n  time: \"00:05:00\"\ntraining:\n  \
+         model: {{ kind: transformer, vocab_size: 257, dim: 16, n_layers: 1, n_heads: 2, max_seq_len: 32 }}\n  \
+         data:\n    kind: text\n    files: [{files}]\n    split: line\n    tokenizer: {{ kind: bytes }}\n{extra}  \
+         steps: 6\n  total_batch_size: 8\n  batch_size_per_device: 4\n"
+    )
+}
+
+/// Some real text: the lines of the GNU GPL every Debian machine has.
+fn corpus(dir: &TestDir) -> std::path::PathBuf {
+    let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3")
+        .expect("/usr/share/common-licenses/GPL-3 is missing (Debian's base-files has it)");
+    dir.write("data/gpl.txt", &text)
+}
+
+fn shardrun_in(dir: &TestDir, args: &[&str]) -> std::process::Output {
+    run_with_deadline(
+        Command::new(shardrun()).current_dir(dir.path()).args(args),
+        Duration::from_secs(180),
+    )
+    .unwrap()
+}
+
+#[test]
+fn concurrent_prepares_tokenize_once() {
+    let dir = TestDir::new("data-prepare");
+    corpus(&dir);
+    let spec = dir.write("job.yaml", &text_spec("prep", "data/*.txt", ""));
+    let spec = spec.to_string_lossy().to_string();
+    let children: Vec<_> = (0..3)
+        .map(|_| {
+            std::thread::spawn({
+                let (spec, path) = (spec.clone(), dir.path().to_path_buf());
+                move || {
+                    run_with_deadline(
+                        Command::new(shardrun())
+                            .current_dir(&path)
+                            .args(["prepare", &spec]),
+                        Duration::from_secs(180),
+                    )
+                    .unwrap()
+                }
+            })
+        })
+        .collect();
+    let outputs: Vec<_> = children.into_iter().map(|c| c.join().unwrap()).collect();
+    for out in &outputs {
+        assert!(out.status.success(), "{}", stderr_of(out));
+        assert!(
+            stdout_of(out).contains("training data: "),
+            "{}",
+            stdout_of(out)
+        );
+    }
+    let tokenized = outputs
+        .iter()
+        .filter(|o| stdout_of(o).contains("preparing training data"))
+        .count();
+    assert_eq!(tokenized, 1, "exactly one process tokenizes");
+    let cache: Vec<_> = std::fs::read_dir(dir.join("runs/data-cache"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.ends_with(".lock"))
+        .collect();
+    assert_eq!(cache.len(), 1, "{cache:?}");
+
+    // Nothing changed: the next one only reads the cache.
+    let again = shardrun_in(&dir, &["prepare", &spec]);
+    assert!(
+        stdout_of(&again).contains("(cached: "),
+        "{}",
+        stdout_of(&again)
+    );
+}
+
+#[test]
+fn a_run_on_text_reports_its_validation_loss() {
+    let dir = TestDir::new("data-run");
+    corpus(&dir);
+    let spec = dir.write(
+        "job.yaml",
+        &text_spec(
+            "textrun",
+            "data/*.txt",
+            "    validation: { fraction: 0.1, every_steps: 3 }\n",
+        ),
+    );
+    let (out, run) = run_local(
+        &dir,
+        &spec,
+        &["--no-progress"],
+        &[],
+        Duration::from_secs(240),
+    );
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}\n{}", stderr_of(&out));
+    // The controller prepared the data before the ranks started.
+    let prepared = stdout
+        .find("shardrun: training data: ")
+        .expect("data summary");
+    let joined = stdout.find("all 2 ranks registered").expect("ranks joined");
+    assert!(prepared < joined, "{stdout}");
+    assert!(stdout.contains("validation loss "), "{stdout}");
+
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let evals: Vec<serde_json::Value> = metrics
+        .lines()
+        .filter(|l| l.contains("\"eval_loss\""))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        evals
+            .iter()
+            .map(|e| e["step"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        vec![3, 6]
+    );
+    for e in &evals {
+        let (loss, ppl) = (
+            e["eval_loss"].as_f64().unwrap(),
+            e["eval_perplexity"].as_f64().unwrap(),
+        );
+        assert!(
+            loss.is_finite() && (ppl - loss.exp()).abs() < 1e-6 * ppl,
+            "{e}"
+        );
+    }
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(log.contains("eval after step 6 | loss"), "{log}");
+    assert!(
+        log.contains("epoch 1 of the training data at step 1"),
+        "{log}"
+    );
+
+    let table = shardrun_in(&dir, &["metrics", &run.to_string_lossy()]);
+    let table = stdout_of(&table);
+    let last = evals[1]["eval_loss"].as_f64().unwrap();
+    assert!(table.contains("eval loss"), "{table}");
+    assert!(table.contains(&format!("{last:.4}")), "{table}");
+}
+
+#[test]
+fn bad_data_fails_the_job_before_any_rank_starts() {
+    let dir = TestDir::new("data-bad");
+    dir.write(
+        "data/d.jsonl",
+        "{\"text\": \"fine\"}\n{\"text\": 3}\n{\"text\": \"never read\"}\n",
+    );
+    let spec = text_spec("bad", "data/d.jsonl", "")
+        .replace("kind: text", "kind: jsonl")
+        .replace("    split: line\n", "");
+    let spec = dir.write("job.yaml", &spec);
+    let (out, run) = run_local(
+        &dir,
+        &spec,
+        &["--no-progress"],
+        &[],
+        Duration::from_secs(120),
+    );
+    assert!(!out.status.success());
+    let stderr = stderr_of(&out);
+    let file = dir.join("data/d.jsonl");
+    assert!(
+        stderr.contains(&format!(
+            "{}:2: field `text` is a number, not a string; fix or remove it, or set `data.on_bad_record: skip`",
+            file.display()
+        )),
+        "{stderr}"
+    );
+    assert!(!run.join("train.log").exists(), "no rank was started");
+    let manifest = std::fs::read_to_string(run.join("manifest.json")).unwrap();
+    assert!(manifest.contains("\"FAILED\""), "{manifest}");
+    let cache: Vec<_> = std::fs::read_dir(dir.join("runs/data-cache"))
+        .map(|entries| {
+            entries
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .filter(|n| !n.ends_with(".lock"))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(cache.is_empty(), "nothing half-written: {cache:?}");
+}

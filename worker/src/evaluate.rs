@@ -1,0 +1,91 @@
+//! Evaluation on the validation data: the mean loss per target token over the validation
+//! sequences (all of them, or the first `max_batches` global batches), and its perplexity,
+//! every `every_steps` optimizer steps and after the last one.
+//!
+//! Ranks split each global batch as in training (rank `r` takes sequences `g·b·W + r·b ..`),
+//! so every rank runs the same number of forward passes (the FSDP gathers are collective);
+//! rows past the end of the validation set are padding without targets.
+
+use crate::data::{Batch, Dataset};
+use crate::fsdp::FsdpEngine;
+use crate::train::TrainError;
+use crate::{control, host};
+use shardrun_protocol::config::{DataConfig, TrainConfig};
+use shardrun_protocol::messages::EvalMetrics;
+use std::time::Instant;
+use tch::{Device, Kind, Tensor};
+
+pub struct Evaluator {
+    every_steps: Option<u64>,
+    max_batches: Option<u64>,
+    per_device: u64,
+}
+
+impl Evaluator {
+    /// `None` when the data has no validation split.
+    pub fn from_config(config: &TrainConfig) -> Option<Evaluator> {
+        let DataConfig::Dataset(d) = &config.data else {
+            return None;
+        };
+        let v = d.validation.as_ref()?;
+        Some(Evaluator {
+            every_steps: v.every_steps.filter(|&n| n > 0),
+            max_batches: v.max_batches,
+            per_device: config.batch.batch_size_per_device,
+        })
+    }
+
+    /// Whether to evaluate after optimizer step `step` (1-based) of `last`.
+    pub fn due(&self, step: u64, last: u64) -> bool {
+        step == last || self.every_steps.is_some_and(|n| step.is_multiple_of(n))
+    }
+
+    /// The validation loss after `step`, agreed by every rank: the losses stay on the
+    /// device until one read at the end, summed across ranks on the control communicator.
+    pub fn evaluate(
+        &self,
+        engine: &mut FsdpEngine,
+        data: &Dataset,
+        step: u64,
+        device: Device,
+    ) -> Result<EvalMetrics, TrainError> {
+        let started = Instant::now();
+        let (rank, size) = {
+            let world = &engine.groups().world;
+            (world.rank() as u64, world.world_size() as u64)
+        };
+        let Some(documents) = data.documents() else {
+            return Err(TrainError::Config("evaluation needs document data".into()));
+        };
+        let sequences = documents.validation().map_or(0, |v| v.sequences());
+        let global = self.per_device * size;
+        let mut batches = sequences.div_ceil(global);
+        if let Some(max) = self.max_batches {
+            batches = batches.min(max.max(1));
+        }
+        let mut loss_sum = Tensor::zeros([], (Kind::Double, device));
+        let mut tokens = 0u64;
+        for g in 0..batches {
+            let first = g * global + rank * self.per_device;
+            let host_batch = documents.validation_batch(first, self.per_device);
+            let batch = Batch::from_host(&host_batch).to_device(device);
+            let loss = engine.forward_only(&batch)?;
+            // A batch of padding only has no loss (its mean is NaN).
+            if host_batch.loss_tokens > 0 {
+                loss_sum += loss * host_batch.loss_tokens as f64;
+                tokens += host_batch.loss_tokens;
+            }
+        }
+        let local = host::read(&loss_sum)?[0];
+        let agreed = control::sum(engine.groups().control.as_ref(), &[local, tokens as f64])?;
+        let eval_loss = agreed[0] / agreed[1].max(1.0);
+        Ok(EvalMetrics {
+            rank,
+            step,
+            eval_loss,
+            eval_perplexity: eval_loss.exp(),
+            eval_tokens: agreed[1] as u64,
+            eval_time_s: started.elapsed().as_secs_f64(),
+        })
+    }
+}
