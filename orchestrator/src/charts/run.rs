@@ -115,7 +115,7 @@ impl RunFigure {
         } else {
             Vec::new()
         };
-        let mut keep: Vec<f64> = smoothed.iter().map(|p| p.1).collect();
+        let mut keep = ends(&smoothed);
         keep.extend(evals.iter().map(|p| p.1));
         let range = value_range(
             &raw.iter().map(|p| p.1).collect::<Vec<_>>(),
@@ -246,8 +246,20 @@ impl RunFigure {
     }
 }
 
-/// A panel of one series: raw (faint when smoothed) and its EMA; spikes beyond the 1st and
-/// 99th percentiles are cut at the panel's edge when smoothed.
+/// Where a smoothed curve starts and ends: always inside the panel (the first value is the
+/// run's first, a loss's starting point; the last is where the run stands). In between it
+/// may leave the panel after a spike, and is cut there like the raw curve.
+fn ends(smoothed: &[Point]) -> Vec<f64> {
+    smoothed
+        .first()
+        .into_iter()
+        .chain(smoothed.last())
+        .map(|p| p.1)
+        .collect()
+}
+
+/// A panel of one series: raw (faint when smoothed) and its EMA; in a long run, spikes beyond
+/// the 1st and 99th percentiles are cut at the panel's edge when smoothed.
 fn series_panel(
     title: &str,
     label: &str,
@@ -264,7 +276,7 @@ fn series_panel(
     };
     let range = value_range(
         &raw.iter().map(|p| p.1).collect::<Vec<_>>(),
-        &smoothed.iter().map(|p| p.1).collect::<Vec<_>>(),
+        &ends(&smoothed),
         !smoothed.is_empty(),
     );
     let mut curves = vec![Curve {
@@ -445,5 +457,111 @@ mod tests {
             (loss.curves[0].points[0].1 - 1.0).abs() < 1e-12,
             "log10(10)"
         );
+    }
+
+    /// (frames, data polylines and circles) of an SVG plotters wrote.
+    type Shapes = (Vec<[f64; 4]>, Vec<(String, Vec<(f64, f64)>)>);
+
+    fn shapes(svg: &str) -> Shapes {
+        let attr = |tag: &str, name: &str| -> Option<String> {
+            let key = format!(" {name}=\"");
+            let start = tag.find(&key)? + key.len();
+            Some(tag[start..start + tag[start..].find('"')?].to_string())
+        };
+        let num = |tag: &str, name: &str| attr(tag, name).unwrap().parse::<f64>().unwrap();
+        let (mut frames, mut marks) = (Vec::new(), Vec::new());
+        for tag in svg.split('<').map(|t| t.split('>').next().unwrap_or("")) {
+            let stroke = attr(tag, "stroke").unwrap_or_default();
+            if tag.starts_with("rect") && stroke == "#555555" {
+                frames.push([
+                    num(tag, "x"),
+                    num(tag, "y"),
+                    num(tag, "x") + num(tag, "width"),
+                    num(tag, "y") + num(tag, "height"),
+                ]);
+            } else if tag.starts_with("polyline") && stroke != "#555555" && stroke != "#E4E4E4" {
+                let points = attr(tag, "points")
+                    .unwrap()
+                    .split_whitespace()
+                    .map(|p| {
+                        let (x, y) = p.split_once(',').unwrap();
+                        (x.parse().unwrap(), y.parse().unwrap())
+                    })
+                    .collect();
+                marks.push((stroke, points));
+            } else if tag.starts_with("circle") {
+                marks.push((stroke, vec![(num(tag, "cx"), num(tag, "cy"))]));
+            }
+        }
+        (frames, marks)
+    }
+
+    #[test]
+    fn spikes_and_gaps_are_cut_at_the_panel_edge_never_drawn_across_another_panel() {
+        let steps: Vec<StepRecord> = (1..=300)
+            .map(|s| {
+                let mut r = record(s, 3.0 - s as f64 * 0.001 + (s % 7) as f64 * 0.01);
+                // Three spikes far above everything else.
+                r.tokens_per_s = if s % 100 == 50 {
+                    1e9
+                } else {
+                    1000.0 + (s % 5) as f64
+                };
+                r.grad_norm = if s == 200 {
+                    f64::NAN
+                } else {
+                    1.0 + (s % 3) as f64 * 0.1
+                };
+                r.loss = if s == 120 { 1e6 } else { r.loss };
+                r
+            })
+            .collect();
+        let figure = RunFigure {
+            title: "spiky".into(),
+            steps,
+            evals: Vec::new(),
+            events: Vec::new(),
+            smoothing: 0.6,
+            log_loss: false,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spiky.svg");
+        canvas::save(&figure, &path).unwrap();
+        let (frames, marks) = shapes(&std::fs::read_to_string(&path).unwrap());
+        assert_eq!(frames.len(), 5);
+        let inside = |f: &[f64; 4], (x, y): (f64, f64)| {
+            x >= f[0] - 1.0 && x <= f[2] + 1.0 && y >= f[1] - 1.0 && y <= f[3] + 1.0
+        };
+        for (stroke, points) in &marks {
+            assert!(
+                frames.iter().any(|f| points.iter().all(|p| inside(f, *p))),
+                "{stroke} drawn outside every panel: {points:?}"
+            );
+        }
+        // The throughput spikes are cut where they cross the top edge: the raw curve stops
+        // there and resumes where it comes back, never running along the edge (a value
+        // pinned to the edge would read as a value).
+        let throughput = &frames[3];
+        let on_edge = |p: &(f64, f64)| (p.1 - throughput[1]).abs() <= 1.0;
+        let raw: Vec<&Vec<(f64, f64)>> = marks
+            .iter()
+            .filter(|(stroke, points)| {
+                stroke == "#9467BD" && points.iter().all(|p| inside(throughput, *p))
+            })
+            .map(|(_, points)| points)
+            .collect();
+        assert!(
+            raw.iter()
+                .filter(|points| points.iter().any(on_edge))
+                .count()
+                >= 6,
+            "each spike leaves and re-enters the panel: {raw:?}"
+        );
+        for points in &raw {
+            assert!(
+                !points.windows(2).any(|w| on_edge(&w[0]) && on_edge(&w[1])),
+                "a stretch drawn along the edge: {points:?}"
+            );
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! The arithmetic of a chart, apart from drawing: smoothing, the range an axis shows, tick
-//! positions and labels, and clipping a curve to its panel (a point outside the panel is
-//! cut where the curve crosses the panel's edge, never drawn over a neighbouring panel).
+//! positions and labels, and clipping a curve to its panel: a curve leaving the panel is
+//! cut where it crosses the edge and resumes where it comes back (plotters alone would pin
+//! each outside point to the edge, drawing a false value along it).
 
 /// A point of a curve: (step, value).
 pub type Point = (f64, f64);

@@ -83,9 +83,25 @@ impl SweepFigure {
         panels
     }
 
+    /// The points in the order of their swept values (numbers by value), as a legend reads.
+    fn sorted(&self) -> Vec<&SweepPoint> {
+        let keys = self.swept();
+        let mut points: Vec<&SweepPoint> = self.points.iter().collect();
+        points.sort_by(|a, b| {
+            keys.iter()
+                .map(|k| compare_values(a.params.get(k), b.params.get(k)))
+                .find(|o| o.is_ne())
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        points
+    }
+
     fn overlay(&self) -> Panel {
-        let with_steps: Vec<&SweepPoint> =
-            self.points.iter().filter(|p| !p.steps.is_empty()).collect();
+        let with_steps: Vec<&SweepPoint> = self
+            .sorted()
+            .into_iter()
+            .filter(|p| !p.steps.is_empty())
+            .collect();
         let first = with_steps
             .iter()
             .filter_map(|p| p.steps.first())
@@ -103,6 +119,9 @@ impl SweepFigure {
         };
         let mut curves = Vec::new();
         let mut all = Vec::new();
+        // Where each curve starts stays in view; a point that diverges leaves the panel
+        // (cut at its edge) rather than squash every other curve to a line.
+        let mut starts = Vec::new();
         for (i, point) in with_steps.iter().enumerate() {
             let raw: Vec<Point> = point
                 .steps
@@ -115,6 +134,7 @@ impl SweepFigure {
                 raw
             };
             all.extend(shown.iter().map(|p| p.1));
+            starts.extend(shown.iter().map(|p| p.1).find(|v| v.is_finite()));
             let label = match i {
                 i if i < MAX_LEGEND => Some(self.label(point)),
                 i if i == MAX_LEGEND => Some(format!(
@@ -140,7 +160,7 @@ impl SweepFigure {
             title,
             x: Axis::steps(first, last),
             y: Axis::values(
-                value_range(&all, &[], self.smoothing == 0.0),
+                value_range(&all, &starts, true),
                 self.log_loss,
                 if self.log_loss {
                     "loss (log scale)"
@@ -294,6 +314,14 @@ fn short_names(keys: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// Numbers by value, anything else by its text; a missing value first.
+fn compare_values(a: Option<&Value>, b: Option<&Value>) -> std::cmp::Ordering {
+    match (a.and_then(Value::as_f64), b.and_then(Value::as_f64)) {
+        (Some(x), Some(y)) => x.total_cmp(&y),
+        _ => a.map(value_text).cmp(&b.map(value_text)),
+    }
+}
+
 /// A parameter's value as written in a spec: numbers as numbers, strings without quotes.
 fn value_text(v: &Value) -> String {
     match v {
@@ -397,6 +425,11 @@ mod tests {
         let panels = figure.panels();
         assert_eq!(panels.len(), 2);
         assert_eq!(panels[0].curves.len(), 6);
+        assert_eq!(
+            panels[0].curves[0].label.clone(),
+            Some(format!("lr={}, seed=0", serde_json::json!(1e-5))),
+            "sorted by value"
+        );
         let finals = &panels[1];
         assert_eq!(finals.x.format, TickFormat::Log10, "lr spans two decades");
         assert_eq!(
