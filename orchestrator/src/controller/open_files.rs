@@ -1,11 +1,12 @@
-//! The controller of a big job holds three descriptors per rank (its connection, its log
-//! and its metrics file): 1,500 at 512 ranks, past the usual soft limit of 1,024 open files.
+//! The controller of a big job holds up to five descriptors per rank (its connection, its
+//! log and metrics files, and in local mode its stdout and stderr pipes): 2,500 at 512
+//! ranks, past the usual soft limit of 1,024 open files.
 //! The hard limit is what the site allows; the soft one is only a default, raised here to
 //! the hard one when the job needs more, as servers commonly do.
 
 /// Descriptors the controller needs for a job of `world_size` ranks.
 pub fn needed(world_size: u64) -> u64 {
-    3 * world_size + 64
+    5 * world_size + 64
 }
 
 fn current() -> Option<libc::rlimit> {
