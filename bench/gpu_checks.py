@@ -19,10 +19,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def metrics(path):
-    """Rank 0's records, one per step (the controller's metrics.jsonl has every rank's)."""
+    """The step records, one per step: the controller's metrics.jsonl folds every rank's
+    into one (a standalone run's file has its rank's own); evaluation lines are skipped."""
     with open(path) as f:
         records = [json.loads(line) for line in f if line.strip()]
-    return [r for r in records if r.get("rank", 0) == 0]
+    return [r for r in records if r.get("rank", 0) == 0 and "loss" in r]
+
+
+def field(record, *names):
+    """The first of `names` a record has: step records of the controller's metrics.jsonl
+    (`step_time_max_s`, `peak_memory_max_bytes`) or a rank's own (`step_time_s`, ...)."""
+    for name in names:
+        if record.get(name) is not None:
+            return record[name]
+    return None
 
 
 def fail(why):
@@ -89,12 +99,12 @@ def exported(checkpoint, config_path, metrics_path, rtol=1e-3):
 def table(out):
     ours = metrics(os.path.join(out, "bench", "metrics.jsonl"))
     steady = [m for m in ours if m["step"] > 5] or ours
-    step = statistics.median(m["step_time_s"] for m in steady)
+    step = statistics.median(field(m, "step_time_max_s", "step_time_s") for m in steady)
     tps = statistics.median(m["tokens_per_s"] for m in steady)
     mfus = [m["mfu"] for m in steady if m.get("mfu") is not None]
     mfu = statistics.median(mfus) if mfus else None
-    peak = max(m["peak_memory_bytes"] for m in ours)
-    reserved = max((m.get("peak_reserved_bytes") or 0) for m in ours)
+    peak = max(field(m, "peak_memory_max_bytes", "peak_memory_bytes") for m in ours)
+    reserved = max((field(m, "peak_reserved_max_bytes", "peak_reserved_bytes") or 0) for m in ours)
     with open(os.path.join(out, "pytorch.json")) as f:
         ref = json.loads([l for l in f.read().splitlines() if l.startswith("{")][-1])
     ref_peak = max(ref["peak_rss_bytes"])

@@ -107,7 +107,14 @@ impl Checkpoint {
             }
         }
         if verify == Verify::Checksums {
+            let started = std::time::Instant::now();
             verify_checksums(dir, &entries)?;
+            tracing::debug!(
+                dir = %dir.display(),
+                files = entries.len(),
+                seconds = started.elapsed().as_secs_f64(),
+                "checkpoint checksums verified"
+            );
         }
         let files = entries
             .iter()

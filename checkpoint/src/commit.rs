@@ -78,7 +78,14 @@ pub fn commit_observed(
     on_stage: &mut dyn FnMut(CommitStage),
 ) -> Result<Committed> {
     let partial = target.partial_dir();
+    let started = std::time::Instant::now();
     let metadata = collect_metadata(target, request)?;
+    tracing::debug!(
+        dir = %partial.display(),
+        files = metadata.files.len(),
+        seconds = started.elapsed().as_secs_f64(),
+        "checkpoint verify: every rank's files are there with the sizes they reported"
+    );
     let json = metadata.to_json();
     write_new(&partial.join(METADATA_FILE), &json)?;
     // The reports are merged; dropping them leaves exactly the files the metadata lists.
@@ -101,12 +108,20 @@ pub fn commit_observed(
         complete_marker(target.step, &json).as_bytes(),
     )?;
     sync_dir(&partial)?;
+    tracing::debug!(dir = %partial.display(), "checkpoint sealed (metadata.json, COMPLETE, fsynced)");
     on_stage(CommitStage::Complete);
     if last == CommitStage::Complete {
         return Ok(committed);
     }
 
+    let renaming = std::time::Instant::now();
     committed.dir = rename_into_place(target)?;
+    tracing::debug!(
+        from = %partial.display(),
+        to = %committed.dir.display(),
+        seconds = renaming.elapsed().as_secs_f64(),
+        "checkpoint rename"
+    );
     on_stage(CommitStage::Rename);
     if last == CommitStage::Rename {
         return Ok(committed);
@@ -122,6 +137,11 @@ pub fn commit_observed(
     }
 
     committed.pruned = prune(&target.root, target.step, request.keep)?;
+    tracing::debug!(
+        removed = committed.pruned.len(),
+        keep = request.keep,
+        "checkpoint prune"
+    );
     on_stage(CommitStage::Prune);
     Ok(committed)
 }

@@ -57,6 +57,8 @@ pub struct TensorFileWriter {
     specs: Vec<TensorSpec>,
     next: usize,
     size: u64,
+    /// When the file was created: the write phase's duration in the diagnostics.
+    created: std::time::Instant,
 }
 
 impl TensorFileWriter {
@@ -92,6 +94,7 @@ impl TensorFileWriter {
             specs,
             next: 0,
             size: 0,
+            created: std::time::Instant::now(),
         };
         writer.put(&(header.len() as u64).to_le_bytes())?;
         writer.put(&header)?;
@@ -159,8 +162,20 @@ impl TensorFileWriter {
             .out
             .into_inner()
             .map_err(|e| CheckpointError::io(&self.path, "cannot write")(e.into_error()))?;
+        tracing::debug!(
+            file = %self.path.display(),
+            bytes = self.size,
+            seconds = self.created.elapsed().as_secs_f64(),
+            "checkpoint write"
+        );
+        let syncing = std::time::Instant::now();
         file.sync_all()
             .map_err(CheckpointError::io(&self.path, "cannot fsync"))?;
+        tracing::debug!(
+            file = %self.path.display(),
+            seconds = syncing.elapsed().as_secs_f64(),
+            "checkpoint fsync"
+        );
         Ok(FileDigest {
             size: self.size,
             sha256: hex::encode(self.hasher.finalize()),

@@ -14,6 +14,10 @@ use clap::{Parser, Subcommand};
                   submit it with `shardrun submit job.yaml`."
 )]
 pub struct Cli {
+    /// Show diagnostics on stderr (-v info, -vv debug, -vvv trace), for this command and
+    /// every process it starts (sets RUST_LOG; ranks write theirs to logs/rank-N.debug.log).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -45,6 +49,8 @@ pub enum Command {
     Plot(commands::plot::Args),
     /// Turn a sharded checkpoint into a full `model.safetensors` (no GPU needed).
     Export(commands::export::Args),
+    /// Print a completion script for a shell: `shardrun completions bash > ...`.
+    Completions(commands::completions::Args),
     /// The in-allocation job controller started by the rendered sbatch script.
     #[command(hide = true)]
     Controller(commands::controller::Args),
@@ -64,17 +70,28 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Metrics(args) => commands::metrics::execute(args),
         Command::Plot(args) => commands::plot::execute(args),
         Command::Export(args) => commands::export::execute(args),
+        Command::Completions(args) => commands::completions::execute(args),
         Command::Controller(args) => commands::controller::execute(args),
     }
 }
 
+/// Exit statuses scripts can rely on (docs/cli.md): 0 success; [`EXIT_FAILURE`] for any
+/// error said on stderr (a failed job included); [`EXIT_USAGE`] for a command line clap
+/// refuses; [`EXIT_NO_RUN`] when the path given holds no run directory; 130 and 143 for a
+/// job cancelled by SIGINT or SIGTERM (`run`, `controller`).
+pub const EXIT_FAILURE: i32 = 1;
+pub const EXIT_USAGE: i32 = 2;
+pub const EXIT_NO_RUN: i32 = 4;
+
 /// Exit status for an error: a command may attach [`ExitCode`] to say which (the controller
-/// exits with the failed rank's status class); everything else is 1.
+/// exits with the failed rank's status class); everything else is [`EXIT_FAILURE`].
 pub fn exit_code(err: &anyhow::Error) -> i32 {
     if let Some(said) = err.downcast_ref::<AlreadySaid>() {
         return said.0;
     }
-    err.downcast_ref::<ExitCode>().map(|c| c.0).unwrap_or(1)
+    err.downcast_ref::<ExitCode>()
+        .map(|c| c.0)
+        .unwrap_or(EXIT_FAILURE)
 }
 
 /// Attach with `anyhow::Error::new(ExitCode(n)).context(...)` to choose the exit status.

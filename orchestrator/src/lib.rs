@@ -2,10 +2,13 @@
 //! status on the login node; the job controller (rendezvous, launching, logs, metrics)
 //! inside the allocation or in local mode.
 
+pub mod charts;
 pub mod cli;
 pub mod commands;
 
 pub mod controller;
+pub mod diagnostics;
+pub mod events_file;
 pub mod gpus;
 pub mod metrics_file;
 pub mod plan;
@@ -15,4 +18,6 @@ pub mod rerun;
 pub mod rundir;
 pub mod slurm;
 pub mod spec;
+pub mod step_record;
+pub mod stragglers;
 pub mod sweep;

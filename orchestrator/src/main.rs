@@ -4,6 +4,7 @@ use clap::Parser;
 
 fn main() {
     let cli = shardrun::cli::Cli::parse();
+    shardrun::diagnostics::init(cli.verbose);
     if let Err(err) = shardrun::cli::run(cli) {
         if shardrun::cli::should_print(&err) {
             eprintln!("error: {err:#}");

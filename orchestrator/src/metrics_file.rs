@@ -1,8 +1,12 @@
-//! Reading a run's `metrics.jsonl` back (for `shardrun plot` and `shardrun metrics`): step
-//! records and evaluation records, each line read as the kind it parses as.
+//! Reading a run's `metrics.jsonl` back (for `shardrun metrics`, `plot` and re-runs): the
+//! job's step records ([`StepRecord`]) and evaluation records, each line read as the kind it
+//! parses as. Files written before step records existed hold every rank's own record per
+//! step; those are folded into step records on the way in, so old runs read the same.
 
-use serde::de::DeserializeOwned;
-use shardrun_protocol::messages::{EvalMetrics, StepMetrics};
+use crate::step_record::StepRecord;
+use serde::Deserialize;
+use shardrun_protocol::messages::StepMetrics;
+use std::collections::BTreeMap;
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
@@ -14,104 +18,178 @@ pub enum MetricsFileError {
     },
 }
 
-/// The step records of the lowest rank that reported (rank 0 normally), one per step in step
-/// order. A resumed run repeats the steps after its checkpoint, appending them again: the
-/// later attempt's records replace the earlier ones from the step it resumed at. A line
-/// that does not parse (the last one, while it is being written) is skipped.
-pub fn read_main_rank(path: &Path) -> Result<Vec<StepMetrics>, MetricsFileError> {
-    let all: Vec<StepMetrics> = read_kind(path)?;
-    let Some(main) = all.iter().map(|m| m.rank).min() else {
-        return Ok(Vec::new());
-    };
-    let mut kept: Vec<StepMetrics> = Vec::new();
-    for m in all.into_iter().filter(|m| m.rank == main) {
-        if let Some(cut) = kept.iter().position(|k| k.step >= m.step) {
-            kept.truncate(cut);
-        }
-        kept.push(m);
-    }
-    Ok(kept)
+/// The loss on held-out data after `step` (rank 0 reports it; its lines are told from step
+/// records by their fields).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct EvalRecord {
+    pub step: u64,
+    pub eval_loss: f64,
+    #[serde(default)]
+    pub eval_perplexity: Option<f64>,
 }
 
-/// The evaluation records (rank 0 sends them) in step order; a resumed run's evaluations
-/// replace those of the steps it repeated, as for step records.
-pub fn read_evals(path: &Path) -> Result<Vec<EvalMetrics>, MetricsFileError> {
-    let mut kept: Vec<EvalMetrics> = Vec::new();
-    for e in read_kind::<EvalMetrics>(path)? {
-        if let Some(cut) = kept.iter().position(|k| k.step >= e.step) {
-            kept.truncate(cut);
-        }
-        kept.push(e);
-    }
-    Ok(kept)
+/// What a run logged, one record per step in step order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunMetrics {
+    pub steps: Vec<StepRecord>,
+    pub evals: Vec<EvalRecord>,
 }
 
-fn read_kind<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>, MetricsFileError> {
+impl RunMetrics {
+    pub fn last(&self) -> Option<&StepRecord> {
+        self.steps.last()
+    }
+}
+
+/// A line of a file from before step records: one rank's record.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Line {
+    Step(StepRecord),
+    Rank(StepMetrics),
+    Eval(EvalRecord),
+}
+
+/// Reads `metrics.jsonl`. A resumed run repeats the steps after its checkpoint, appending
+/// them again: the later attempt's records replace the earlier ones from the step it resumed
+/// at. A line that does not parse (the last one, while it is being written) is skipped.
+pub fn read(path: &Path) -> Result<RunMetrics, MetricsFileError> {
     let text = std::fs::read_to_string(path).map_err(|source| MetricsFileError::Read {
         path: path.display().to_string(),
         source,
     })?;
-    Ok(text
-        .lines()
-        .filter_map(|line| serde_json::from_str(line).ok())
-        .collect())
+    let mut per_rank: BTreeMap<u64, Vec<StepMetrics>> = BTreeMap::new();
+    let mut steps = Vec::new();
+    let mut evals = Vec::new();
+    for line in text.lines() {
+        match serde_json::from_str::<Line>(line) {
+            Ok(Line::Step(record)) => later_wins(&mut steps, record, |r| r.step),
+            Ok(Line::Rank(record)) => {
+                later_wins(per_rank.entry(record.rank).or_default(), record, |r| r.step)
+            }
+            Ok(Line::Eval(record)) => later_wins(&mut evals, record, |r| r.step),
+            Err(_) => {}
+        }
+    }
+    if !per_rank.is_empty() {
+        // Records of the old layout come first in a file that has both (runs resumed after
+        // an upgrade): fold them by step, then let the newer step records win over them.
+        let mut by_step: BTreeMap<u64, Vec<StepMetrics>> = BTreeMap::new();
+        for record in per_rank.into_values().flatten() {
+            by_step.entry(record.step).or_default().push(record);
+        }
+        let mut folded: Vec<StepRecord> = by_step
+            .into_values()
+            .map(|records| StepRecord::fold(&records, f64::NAN))
+            .collect();
+        for record in steps {
+            later_wins(&mut folded, record, |r| r.step);
+        }
+        steps = folded;
+    }
+    Ok(RunMetrics { steps, evals })
+}
+
+/// Appends `record`, first dropping the kept records from its step on (a replayed step).
+fn later_wins<T>(kept: &mut Vec<T>, record: T, step: impl Fn(&T) -> u64) {
+    let at = step(&record);
+    if let Some(cut) = kept.iter().position(|k| step(k) >= at) {
+        kept.truncate(cut);
+    }
+    kept.push(record);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn rank_line(rank: u64, step: u64, loss: f64, step_time: f64) -> String {
+        format!(
+            r#"{{"rank":{rank},"step":{step},"loss":{loss},"lr":0.1,"grad_norm":1.0,"step_time_s":{step_time},"tokens_per_s":5.0,"mfu":null,"model_state_bytes":1,"peak_memory_bytes":{},"loss_scale":null}}"#,
+            10 + rank
+        )
+    }
+
+    fn step_line(step: u64, loss: f64) -> String {
+        let rank_record: StepMetrics =
+            serde_json::from_str(&rank_line(0, step, loss, 0.1)).unwrap();
+        serde_json::to_string(&StepRecord::fold(&[rank_record], 1.0)).unwrap()
+    }
+
     #[test]
-    fn keeps_lowest_rank_and_skips_partial_lines() {
+    fn step_and_eval_lines_are_told_apart_and_partial_lines_skipped() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("metrics.jsonl");
-        let rec = |rank: u64, step: u64| {
-            format!(
-                r#"{{"rank":{rank},"step":{step},"loss":1.0,"lr":0.1,"grad_norm":1.0,"step_time_s":0.1,"tokens_per_s":5.0,"mfu":null,"model_state_bytes":1,"peak_memory_bytes":2,"loss_scale":null}}"#
-            )
-        };
         let eval = r#"{"rank":0,"step":2,"eval_loss":2.5,"eval_perplexity":12.18,"eval_tokens":100,"eval_time_s":0.5}"#;
         let text = format!(
-            "{}\n{}\n{}\n{eval}\n{{\"rank\":0,\"st",
-            rec(1, 1),
-            rec(0, 1),
-            rec(0, 2)
+            "{}\n{}\n{eval}\n{{\"step\":3,\"ti",
+            step_line(1, 9.0),
+            step_line(2, 8.0)
         );
         std::fs::write(&path, text).unwrap();
-        let got = read_main_rank(&path).unwrap();
+        let got = read(&path).unwrap();
         assert_eq!(
-            got.iter().map(|m| (m.rank, m.step)).collect::<Vec<_>>(),
-            vec![(0, 1), (0, 2)]
+            got.steps
+                .iter()
+                .map(|r| (r.step, r.loss))
+                .collect::<Vec<_>>(),
+            vec![(1, 9.0), (2, 8.0)]
         );
-        let evals = read_evals(&path).unwrap();
-        assert_eq!(evals.len(), 1);
-        assert_eq!((evals[0].step, evals[0].eval_loss), (2, 2.5));
+        assert_eq!(
+            got.evals,
+            vec![EvalRecord {
+                step: 2,
+                eval_loss: 2.5,
+                eval_perplexity: Some(12.18)
+            }]
+        );
     }
 
     #[test]
     fn a_resumed_run_replaces_the_steps_it_repeated() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("metrics.jsonl");
-        let rec = |step: u64, loss: f64| {
-            format!(
-                r#"{{"rank":0,"step":{step},"loss":{loss},"lr":0.1,"grad_norm":1.0,"step_time_s":0.1,"tokens_per_s":5.0,"mfu":null,"model_state_bytes":1,"peak_memory_bytes":2,"loss_scale":null}}"#
-            )
-        };
         // Steps 1-4, stopped; resumed from the checkpoint of step 2.
         let lines = [
-            rec(1, 9.0),
-            rec(2, 8.0),
-            rec(3, 7.5),
-            rec(4, 7.4),
-            rec(3, 7.0),
-            rec(4, 6.0),
+            step_line(1, 9.0),
+            step_line(2, 8.0),
+            step_line(3, 7.5),
+            step_line(4, 7.4),
+            step_line(3, 7.0),
+            step_line(4, 6.0),
         ];
         std::fs::write(&path, lines.join("\n")).unwrap();
-        let got: Vec<(u64, f64)> = read_main_rank(&path)
+        let got: Vec<(u64, f64)> = read(&path)
             .unwrap()
+            .steps
             .iter()
             .map(|m| (m.step, m.loss))
             .collect();
         assert_eq!(got, vec![(1, 9.0), (2, 8.0), (3, 7.0), (4, 6.0)]);
+    }
+
+    #[test]
+    fn every_rank_records_of_older_runs_are_folded_by_step() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        let lines = [
+            rank_line(1, 1, 9.0, 0.3),
+            rank_line(0, 1, 9.0, 0.1),
+            rank_line(0, 2, 8.0, 0.1),
+            rank_line(1, 2, 8.0, 0.2),
+            // Resumed from step 1 (both ranks log step 2 again), then step records follow.
+            rank_line(0, 2, 7.0, 0.4),
+            rank_line(1, 2, 7.0, 0.1),
+            step_line(3, 6.0),
+        ];
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        let got = read(&path).unwrap().steps;
+        assert_eq!(
+            got.iter()
+                .map(|r| (r.step, r.loss, r.ranks, r.slowest_rank))
+                .collect::<Vec<_>>(),
+            vec![(1, 9.0, 2, 1), (2, 7.0, 2, 0), (3, 6.0, 1, 0)]
+        );
+        assert_eq!(got[1].peak_memory_max_rank, 1);
     }
 }

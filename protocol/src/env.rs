@@ -18,3 +18,9 @@ pub const LOCAL_RANK: &str = "SHARDRUN_LOCAL_RANK";
 pub const RUN_DIR: &str = "SHARDRUN_RUN_DIR";
 /// Seconds a worker keeps retrying to reach the controller before giving up (default 30).
 pub const CONNECT_TIMEOUT: &str = "SHARDRUN_CONNECT_TIMEOUT";
+
+/// Where a rank started by the controller writes its diagnostics (`tracing` events, shown
+/// when `RUST_LOG` asks for them): `<run dir>/logs/rank-<rank>.debug.log`, never train.log.
+pub fn rank_debug_log(run_dir: &std::path::Path, rank: u64) -> std::path::PathBuf {
+    run_dir.join("logs").join(format!("rank-{rank}.debug.log"))
+}

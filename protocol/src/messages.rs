@@ -61,6 +61,9 @@ pub enum FromWorker {
     Stopped { step: u64, reason: String },
     /// The worker hit an error and is about to exit non-zero.
     Failed { error: String },
+    /// Training continues from the checkpoint of `step` at `path` (rank 0 sends this once,
+    /// after loading it): the run's records mark where a resumed curve picks up.
+    Resumed { step: u64, path: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

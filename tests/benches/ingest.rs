@@ -10,7 +10,12 @@
 //!    per line) has to come out of the ranks' time too; the time inside the log call is what
 //!    the rank pays itself.
 //!
-//! Needs the release binaries: `cargo build --release -p shardrun -p shardrun-worker`.
+//! 3. **metrics.jsonl at scale**: 512 simulated ranks (`shardrun-metrics-rank`: the real
+//!    protocol, every field a GPU rank reports, no libtorch, so 512 fit on one machine) report
+//!    1,000 steps; the file's size per step, extrapolated to 100,000 steps, must stay under
+//!    100 MB whatever the world size (the ranks' own records go to `logs/`).
+//!
+//! Needs the release binaries: `cargo build --release --workspace --bins`.
 
 use shardrun_e2e::jobs::*;
 use shardrun_e2e::*;
@@ -18,6 +23,10 @@ use std::io::{Read, Seek, SeekFrom};
 use std::time::{Duration, Instant};
 
 fn main() {
+    if std::env::var_os("METRICS_SIZE_ONLY").is_some() {
+        metrics_size();
+        return;
+    }
     let ranks: u64 = env_or("INGEST_RANKS", 64);
     let lines_per_rank: u64 = env_or("INGEST_LINES_PER_RANK", 20_000);
     let rate = ingest(ranks, lines_per_rank);
@@ -55,6 +64,80 @@ fn main() {
             per_call_us * lines as f64 / 1000.0 / quiet * 100.0
         );
     }
+    metrics_size();
+}
+
+/// The budget for metrics.jsonl: 100,000 steps of any world size under 100 MB.
+const BUDGET_BYTES_PER_100K_STEPS: f64 = 100e6;
+
+fn metrics_size() {
+    let ranks: u64 = env_or("METRICS_RANKS", 512);
+    let steps: u64 = env_or("METRICS_STEPS", 1000);
+    let step_ms: u64 = env_or("METRICS_STEP_MS", 20);
+    let dir = TestDir::new("bench-metrics-size");
+    let spec = dir.write("bench.yaml", &tiny_mlp_spec("metrics", steps, ranks));
+    let envs = [
+        (
+            "SHARDRUN_WORKER_BIN",
+            binary("shardrun-metrics-rank").display().to_string(),
+        ),
+        ("METRICS_RANK_STEP_MS", step_ms.to_string()),
+    ];
+    let started = Instant::now();
+    let (out, run) = run_local(
+        &dir,
+        &spec,
+        &[
+            "--nproc",
+            &ranks.to_string(),
+            "--echo",
+            "none",
+            "--no-progress",
+        ],
+        &envs,
+        Duration::from_secs(1200),
+    );
+    assert!(
+        out.status.success(),
+        "{}{}",
+        stdout_of(&out),
+        stderr_of(&out)
+    );
+    let seconds = started.elapsed().as_secs_f64();
+    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let records: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len() as u64, steps, "one record per step");
+    assert!(
+        records.iter().all(|r| r["ranks"] == ranks),
+        "every record folds all {ranks} ranks"
+    );
+    let bytes = text.len() as f64;
+    let per_100k = bytes / steps as f64 * 100_000.0;
+    let per_rank_files: u64 = (0..ranks)
+        .map(|r| {
+            std::fs::metadata(run.join(format!("logs/rank-{r}.metrics.jsonl")))
+                .map(|m| m.len())
+                .unwrap_or(0)
+        })
+        .sum();
+    println!(
+        "metrics.jsonl: {ranks} ranks x {steps} steps in {seconds:.0} s: {:.0} KB, {:.0} bytes a \
+         step -> {:.1} MB per 100,000 steps (budget 100 MB); every rank's own records \
+         (logs/rank-N.metrics.jsonl, the old metrics.jsonl): {:.1} MB, {:.1} GB per 100,000 steps",
+        bytes / 1e3,
+        bytes / steps as f64,
+        per_100k / 1e6,
+        per_rank_files as f64 / 1e6,
+        per_rank_files as f64 / steps as f64 * 100_000.0 / 1e9
+    );
+    assert!(
+        per_100k < BUDGET_BYTES_PER_100K_STEPS,
+        "metrics.jsonl would be {:.1} MB at 100,000 steps",
+        per_100k / 1e6
+    );
 }
 
 fn env_or(name: &str, default: u64) -> u64 {

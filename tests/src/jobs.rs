@@ -106,9 +106,9 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
         .ok()
 }
 
-/// The steps of `rank` in a run's metrics.jsonl, in file order.
+/// The steps `rank` reported, in the order they reached its `logs/rank-N.metrics.jsonl`.
 pub fn metric_steps(run: &Path, rank: u64) -> Vec<u64> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
+    std::fs::read_to_string(run.join(format!("logs/rank-{rank}.metrics.jsonl")))
         .unwrap_or_default()
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -117,19 +117,27 @@ pub fn metric_steps(run: &Path, rank: u64) -> Vec<u64> {
         .collect()
 }
 
+/// The step records of a run's metrics.jsonl (one per logged step, every rank folded in),
+/// in file order: a step replayed after a resume appears again.
+pub fn step_records(run: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v.get("step_time_max_s").is_some())
+        .collect()
+}
+
 pub fn result_json(run: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(run.join("result.json")).expect("result.json written");
     serde_json::from_str(&text).expect("result.json is JSON")
 }
 
-/// Rank 0's loss per step from a run's metrics.jsonl. A resumed run logs again the steps
-/// after its checkpoint: the later record of a step wins, as `shardrun plot` reads them.
+/// The loss per step from a run's metrics.jsonl. A resumed run logs again the steps after
+/// its checkpoint: the later record of a step wins, as `shardrun plot` reads them.
 pub fn losses(run: &Path) -> std::collections::BTreeMap<u64, f64> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["rank"].as_u64() == Some(0))
+    step_records(run)
+        .iter()
         .filter_map(|v| Some((v["step"].as_u64()?, v["loss"].as_f64()?)))
         .collect()
 }

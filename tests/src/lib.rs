@@ -303,11 +303,18 @@ pub fn submitted_job_id(stdout: &str) -> Option<String> {
     })
 }
 
-/// `shardrun status --json` lines → (name, state) pairs.
-pub fn states(json_lines: &str) -> Vec<(String, String)> {
-    json_lines
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+/// The runs of `shardrun status --json`'s document (empty when it does not parse).
+pub fn status_runs(document: &str) -> Vec<serde_json::Value> {
+    serde_json::from_str::<serde_json::Value>(document)
+        .ok()
+        .and_then(|v| v["runs"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// `shardrun status --json` → (name, state) pairs.
+pub fn states(document: &str) -> Vec<(String, String)> {
+    status_runs(document)
+        .iter()
         .map(|v| {
             (
                 v["name"].as_str().unwrap_or("").to_string(),
@@ -317,4 +324,5 @@ pub fn states(json_lines: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+pub mod figure;
 pub mod jobs;

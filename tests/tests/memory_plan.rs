@@ -92,7 +92,7 @@ fn measured_peak(dir: &TestDir, spec: &Path) -> u64 {
     let peaks: Vec<u64> = metrics
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|m| m["peak_memory_bytes"].as_u64())
+        .filter_map(|m| m["peak_memory_max_bytes"].as_u64())
         .collect();
     assert!(!peaks.is_empty(), "no peak_memory_bytes in {metrics}");
     std::fs::remove_dir_all(&run).expect("remove the run directory");

@@ -72,9 +72,10 @@ fn status_answers_from_sacct() {
             let mut s = states(&stdout_of(&out));
             s.sort();
             last = (s.clone(), stderr_of(&out));
-            (s == want).then_some(stderr_of(&out))
+            (s == want).then_some(stdout_of(&out))
         },
     );
-    let stderr = seen.unwrap_or_else(|e| panic!("{e}: last {last:?}"));
-    assert!(stderr.contains("sacct for ended jobs"), "{stderr}");
+    let document = seen.unwrap_or_else(|e| panic!("{e}: last {last:?}"));
+    let parsed: serde_json::Value = serde_json::from_str(&document).unwrap();
+    assert_eq!(parsed["source"], "squeue+sacct", "{document}");
 }

@@ -25,14 +25,11 @@ fn spec() -> String {
     )
 }
 
-/// Rank 0's (step, loss) records in the order they were logged, every one of them: a step
+/// The (step, loss) records in the order they were logged, every one of them: a step
 /// replayed after the requeue shows up twice.
 fn losses(run: &Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["rank"].as_u64() == Some(0))
+    step_records(run)
+        .iter()
         .filter_map(|v| Some((v["step"].as_u64()?, v["loss"].as_f64()?)))
         .collect()
 }

@@ -377,10 +377,7 @@ fn a_rejected_array_is_retried_by_the_next_sweep_exactly_once() {
             &["status", "--json", &sweep_dir.to_string_lossy()],
         )
         .unwrap();
-    let lines: Vec<serde_json::Value> = stdout_of(&out)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines: Vec<serde_json::Value> = status_runs(&stdout_of(&out));
     assert_eq!(lines.len(), 20, "{lines:?}");
     let failed: Vec<&serde_json::Value> = lines
         .iter()

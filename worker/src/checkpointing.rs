@@ -124,6 +124,7 @@ impl Checkpointer {
                 (dir, true)
             }
         };
+        tracing::debug!(dir = %dir.display(), weights_only, "loading checkpoint");
         let checkpoint = Checkpoint::open(&dir, Verify::Structure)?;
         let target = engine_layout(trainer.engine());
         checkpoint.check_compatible(&target)?;
@@ -232,6 +233,9 @@ impl Checkpointer {
             groups.control.world_size() as u64,
         );
         let state = trainer.train_state();
+        let _span =
+            tracing::info_span!("checkpoint", step = state.step, reason = ?reason).entered();
+        tracing::debug!(root = %self.root.display(), format = ?self.format, "checkpoint save begins");
         let target = SaveTarget::new(&self.root, state.step, world_size);
         if rank == 0 {
             target.prepare()?;
@@ -304,6 +308,10 @@ impl Checkpointer {
         // Training draws no random numbers (data and init are functions of the seed and the
         // sample index), so there is no generator state to keep per rank.
         write_rank_report(&target, rank, Vec::new(), files)?;
+        tracing::debug!(
+            seconds = started.elapsed().as_secs_f64(),
+            "checkpoint: this rank's part is written; waiting for the others"
+        );
         groups.control.barrier()?;
 
         let mut path = None;

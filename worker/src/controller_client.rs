@@ -115,6 +115,12 @@ pub fn connect(
 ) -> Result<(Arc<ControllerClient>, StartInfo), ClientError> {
     let mut conn = connect_with_retry(addr, secret, opts.connect_timeout)?;
     let rank = registration.rank;
+    tracing::debug!(
+        controller = addr,
+        collective_addr = registration.collective_addr.as_deref().unwrap_or("-"),
+        device = registration.device,
+        "registering"
+    );
     let (host, pid, device) = (
         registration.host.clone(),
         registration.pid,
@@ -128,7 +134,18 @@ pub fn connect(
         .map_err(lost)?;
     let start = loop {
         match conn.recv::<ToWorker>().map_err(lost)? {
-            ToWorker::Start(info) => break info,
+            ToWorker::Start(info) => {
+                tracing::debug!(
+                    world_size = info.world_size,
+                    peers = ?info
+                        .peers
+                        .iter()
+                        .map(|p| p.collective_addr.as_deref().unwrap_or("-"))
+                        .collect::<Vec<_>>(),
+                    "the controller started the job"
+                );
+                break info;
+            }
             ToWorker::Shutdown { reason } => {
                 return Err(ClientError::Stopped {
                     addr: addr.to_string(),
@@ -169,7 +186,9 @@ fn connect_with_retry(
 ) -> Result<BlockingConnection, ClientError> {
     let deadline = Instant::now() + timeout;
     let mut wait = Duration::from_millis(50);
+    let mut attempt = 0u32;
     loop {
+        attempt += 1;
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(100));
@@ -179,7 +198,10 @@ fn connect_with_retry(
             secret,
             left.min(Duration::from_secs(10)),
         ) {
-            Ok(conn) => return Ok(conn),
+            Ok(conn) => {
+                tracing::debug!(controller = addr, attempt, "connected to the controller");
+                return Ok(conn);
+            }
             Err(ConnectionError::Rejected(reason)) => {
                 return Err(ClientError::Rejected {
                     addr: addr.to_string(),
@@ -200,7 +222,8 @@ fn connect_with_retry(
                     source,
                 })
             }
-            Err(_) => {
+            Err(error) => {
+                tracing::debug!(controller = addr, attempt, %error, retry_in = ?wait, "cannot reach the controller yet");
                 std::thread::sleep(wait);
                 wait = (wait * 2).min(Duration::from_secs(1));
             }
@@ -209,28 +232,37 @@ fn connect_with_retry(
 }
 
 fn spawn_reader(client: Arc<ControllerClient>, mut reader: BlockingConnection) {
+    let span = tracing::Span::current();
     let _ = std::thread::Builder::new()
         .name("controller-reader".into())
-        .spawn(move || loop {
-            match reader.recv::<ToWorker>() {
-                Ok(ToWorker::Preempt) => stop::process().request_preempt(),
-                Ok(ToWorker::Start(_)) => {}
-                Ok(ToWorker::Shutdown { reason }) => {
-                    // A rank that cannot reach the step boundary (blocked in a collective
-                    // with a dead peer) is killed by the controller after its grace period.
-                    stop::process().request_stop(StopCause::Controller(reason));
-                }
-                Err(e) => {
-                    // Without its controller the job cannot finish; do not train on as an orphan.
-                    let _ = writeln!(
+        .spawn(move || {
+            let _span = span.enter();
+            loop {
+                match reader.recv::<ToWorker>() {
+                    Ok(ToWorker::Preempt) => {
+                        tracing::debug!("the controller asks to checkpoint and stop (preemption)");
+                        stop::process().request_preempt()
+                    }
+                    Ok(ToWorker::Start(_)) => {}
+                    Ok(ToWorker::Shutdown { reason }) => {
+                        tracing::debug!(reason, "the controller asks to stop");
+                        // A rank that cannot reach the step boundary (blocked in a collective
+                        // with a dead peer) is killed by the controller after its grace period.
+                        stop::process().request_stop(StopCause::Controller(reason));
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "lost the controller");
+                        // Without its controller the job cannot finish; do not train on as an orphan.
+                        let _ = writeln!(
                         std::io::stderr(),
                         "shardrun-worker: rank {}: lost the controller at {} ({e}); stopping at \
                          the next step boundary",
                         client.rank,
                         client.addr
                     );
-                    stop::process().request_stop(StopCause::LostController(e.to_string()));
-                    return;
+                        stop::process().request_stop(StopCause::LostController(e.to_string()));
+                        return;
+                    }
                 }
             }
         });
@@ -334,7 +366,14 @@ impl Reporter for ControllerClient {
     }
 
     fn eval(&self, metrics: &EvalMetrics) {
-        self.send_or_stderr(&FromWorker::Eval(metrics.clone()));
+        let _ = self.send_or_stderr(&FromWorker::Eval(metrics.clone()));
+    }
+
+    fn resumed(&self, step: u64, path: &str) {
+        let _ = self.send_or_stderr(&FromWorker::Resumed {
+            step,
+            path: path.to_string(),
+        });
     }
 
     fn preempt_requested(&self) -> bool {

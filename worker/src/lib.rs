@@ -5,7 +5,8 @@
 //!   lacks (current device, streams, events, memory).
 //! * [`fail_fast`]: on an error or panic, report and exit without collective teardown;
 //!   [`fault`]: failures injected on purpose, to see how a job fails.
-//! * [`report`]: where log lines and metrics go ([`report::Reporter`]).
+//! * [`report`]: where log lines and metrics go ([`report::Reporter`]); [`diagnostics`]:
+//!   `tracing` events for whoever debugs a job (`RUST_LOG`, `logs/rank-N.debug.log`).
 //! * [`rendezvous`]: torchrun-style rendezvous (`MASTER_ADDR`/`MASTER_PORT`) without a controller.
 //! * [`collectives`]: all-gather / reduce-scatter / all-reduce / broadcast over NCCL or CPU sockets;
 //!   [`control`]: control values agreed over the CPU communicator.
@@ -29,6 +30,7 @@ pub mod controller_client;
 pub mod cuda;
 pub mod data;
 pub mod device;
+pub mod diagnostics;
 pub mod evaluate;
 pub mod fail_fast;
 pub mod fault;

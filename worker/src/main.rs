@@ -24,7 +24,7 @@ use shardrun_worker::fsdp::ProcessGroups;
 use shardrun_worker::launch::RankEnv;
 use shardrun_worker::report::{Reporter, StdoutReporter};
 use shardrun_worker::train::{CheckpointHook, Trainer};
-use shardrun_worker::{device, fail_fast, params_file, reference, stop, world};
+use shardrun_worker::{device, diagnostics, fail_fast, params_file, reference, stop, world};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -92,6 +92,21 @@ fn run() -> Result<i32> {
     let config = load_config(args.config.as_deref().unwrap_or(std::path::Path::new("")))?;
     tch::set_num_threads(i32::try_from(config.threads_per_rank.max(1)).unwrap_or(1));
     let rank_env = RankEnv::from_env()?;
+    diagnostics::init(rank_env.rank);
+    // Every diagnostic of this process names its rank, job and Slurm job.
+    let _rank_span = tracing::info_span!(
+        "rank",
+        rank = rank_env.rank,
+        job = config.name,
+        slurm_job = std::env::var("SLURM_JOB_ID").ok().as_deref().unwrap_or("-"),
+    )
+    .entered();
+    tracing::debug!(
+        world_size = rank_env.world_size,
+        local_rank = rank_env.local_rank,
+        pid = std::process::id(),
+        "starting"
+    );
 
     if args.reference {
         let reporter = StdoutReporter::new(0, args.metrics_file.clone())
@@ -157,9 +172,14 @@ fn train(
     }
     let mut checkpointer = Checkpointer::from_config(&trainer.config);
     if let Some(checkpointer) = checkpointer.as_mut() {
-        checkpointer
+        let restored = checkpointer
             .restore(&mut trainer)
             .with_context(|| format!("restoring from {}", checkpointer.root().display()))?;
+        if let Some(restored) = restored.filter(|r| !r.weights_only && rank_env.rank == 0) {
+            trainer
+                .reporter()
+                .resumed(restored.step, &restored.dir.display().to_string());
+        }
     }
     // A failure mid-training leaves peers inside collectives with this rank: report and
     // exit without tearing anything down (see fail_fast).

@@ -117,6 +117,7 @@ fn serve(config: &Standalone, me: Registration) -> Result<StartInfo, RendezvousE
             peer: master.clone(),
             what: format!("rank 0 cannot listen on port {}: {e}", config.master_port),
         })?;
+    tracing::debug!(bound = %format!("0.0.0.0:{}", config.master_port), advertised = master, "rendezvous: rank 0 serves");
     let world = me.world_size as usize;
     let mut registered: Vec<Option<(Registration, Option<TcpStream>)>> =
         (0..world).map(|_| None).collect();
@@ -179,6 +180,12 @@ fn serve(config: &Standalone, me: Registration) -> Result<StartInfo, RendezvousE
             reject_all(&mut registered, &reason);
             return Err(RendezvousError::Rejected(reason));
         }
+        tracing::debug!(
+            rank = reg.rank,
+            host = reg.host,
+            collective_addr = reg.collective_addr.as_deref().unwrap_or("-"),
+            "rendezvous: rank registered"
+        );
         let rank = reg.rank as usize;
         registered[rank] = Some((reg, Some(stream)));
     }
@@ -226,7 +233,9 @@ fn join(config: &Standalone, me: Registration) -> Result<StartInfo, RendezvousEr
     let master = config.master();
     let deadline = Instant::now() + config.timeout;
     let mut last = String::from("no attempt");
+    let mut attempt = 0u64;
     let mut stream = loop {
+        attempt += 1;
         let addrs = master.to_socket_addrs().map_err(|e| {
             RendezvousError::Config(format!("MASTER_ADDR {master} does not resolve: {e}"))
         })?;
@@ -236,7 +245,16 @@ fn join(config: &Standalone, me: Registration) -> Result<StartInfo, RendezvousEr
                 .ok()
         });
         if let Some(stream) = connected {
+            tracing::debug!(master, attempt, "rendezvous: connected to rank 0");
             break stream;
+        }
+        if attempt == 1 || attempt.is_multiple_of(50) {
+            tracing::debug!(
+                master,
+                attempt,
+                error = last,
+                "rendezvous: rank 0 not reachable yet; retrying"
+            );
         }
         if Instant::now() >= deadline {
             return Err(RendezvousError::Unreachable {

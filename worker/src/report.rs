@@ -24,6 +24,9 @@ pub trait Reporter: Send + Sync {
             ),
         );
     }
+    /// Training continues from the checkpoint of `step` at `path` (rank 0, once): recorded
+    /// in the run's events under a controller.
+    fn resumed(&self, _step: u64, _path: &str) {}
     /// True once the controller asked for preemption (checkpoint at the next step boundary,
     /// then exit cleanly). Ranks must agree on it collectively before acting.
     fn preempt_requested(&self) -> bool;

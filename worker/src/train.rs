@@ -267,6 +267,11 @@ impl Trainer {
         }
     }
 
+    /// Where this rank's lines and metrics go.
+    pub fn reporter(&self) -> &Arc<dyn Reporter> {
+        &self.reporter
+    }
+
     pub fn engine(&self) -> &FsdpEngine {
         &self.engine
     }
@@ -407,6 +412,8 @@ impl Trainer {
                 }
             }
             let step = self.step;
+            // Diagnostics of the step (collectives, a checkpoint after it) carry its number.
+            let _step_span = tracing::info_span!("step", step = step + 1).entered();
             if let Some(fault) = &self.fault {
                 fault
                     .check(self.rank, step + 1)
@@ -604,7 +611,13 @@ impl Trainer {
                 .preempt_requested()
                 .then_some(StopRequest::Preempt)
         });
+        if let Some(own) = &own {
+            tracing::debug!(step = self.step, request = ?own, "stop requested on this rank");
+        }
         let code = self.agree_max(StopRequest::code(own.as_ref()))?;
+        if code > 0.0 {
+            tracing::debug!(step = self.step, code, "the ranks agreed to stop");
+        }
         Ok(match StopRequest::agreed(code, own) {
             Some(StopRequest::Stop(StopCause::Peer)) => Some(StopRequest::Stop(
                 stop::process()

@@ -1,136 +1,298 @@
-//! `shardrun metrics <run or sweep dir>`: the latest metrics of one run, or of every run
-//! under a directory (a sweep), as a table.
+//! `shardrun metrics <run or sweep dir> [--json] [--stragglers]`: the latest metrics of one
+//! run, or of every run under a directory (a sweep), as a table or one JSON document; with
+//! `--stragglers`, which ranks held each run back.
 
+use crate::cli::{ExitCode, EXIT_NO_RUN};
 use crate::controller::console::group_thousands;
-use crate::metrics_file;
-use anyhow::bail;
-use shardrun_protocol::TrainConfig;
+use crate::metrics_file::{self, EvalRecord};
+use crate::rundir::RunDir;
+use crate::step_record::StepRecord;
+use crate::stragglers::{self, StragglerReport};
+use serde::Serialize;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+/// Version of the `--json` documents; bumped only when a field changes meaning or goes.
+pub const JSON_VERSION: u32 = 1;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// A run directory, or a directory of run directories (a sweep).
     pub path: PathBuf,
+    /// Print one JSON document instead of a table (fields: docs/cli.md).
+    #[arg(long)]
+    pub json: bool,
+    /// Which ranks were slowest, how often and by how much, instead of the latest values.
+    #[arg(long)]
+    pub stragglers: bool,
+}
+
+/// One run's latest metrics, as `--json` prints them.
+#[derive(Debug, Serialize)]
+pub struct RunMetricsSummary {
+    pub name: String,
+    pub run_dir: PathBuf,
+    /// `succeeded`, `failed`, `cancelled`, `preempted` (from result.json), else `running`
+    /// or `not started`.
+    pub status: String,
+    /// Steps the run trains for.
+    pub total_steps: Option<u64>,
+    /// Step records in metrics.jsonl (after replays).
+    pub steps_logged: u64,
+    /// Sweep points: the parameters the sweep gave this run.
+    pub sweep_params: BTreeMap<String, serde_json::Value>,
+    /// The latest step record (every field of metrics.jsonl, absent ones as null), or null.
+    pub latest: Option<serde_json::Value>,
+    /// The same record, typed (for the table).
+    #[serde(skip)]
+    pub record: Option<StepRecord>,
+    /// The latest evaluation on held-out data, or null.
+    pub eval: Option<EvalJson>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EvalJson {
+    pub step: u64,
+    pub eval_loss: f64,
+    pub eval_perplexity: Option<f64>,
+}
+
+impl From<&EvalRecord> for EvalJson {
+    fn from(e: &EvalRecord) -> Self {
+        EvalJson {
+            step: e.step,
+            eval_loss: e.eval_loss,
+            eval_perplexity: e.eval_perplexity,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Document<T: Serialize> {
+    version: u32,
+    runs: Vec<T>,
+}
+
+#[derive(Serialize)]
+struct StragglerJson {
+    name: String,
+    run_dir: PathBuf,
+    #[serde(flatten)]
+    report: StragglerReport,
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
     let runs = find_runs(&args.path)?;
-    if runs.is_empty() {
-        bail!(
-            "no run directories under {} (a run directory holds train_config.json); start one \
-             with `shardrun run job.yaml` or `shardrun submit job.yaml`",
-            args.path.display()
-        );
+    if args.stragglers {
+        let reports: Vec<StragglerJson> = runs
+            .iter()
+            .map(|run| StragglerJson {
+                name: name_of(run),
+                run_dir: run.path().to_path_buf(),
+                report: stragglers::analyse(
+                    &metrics_file::read(&run.metrics())
+                        .map(|m| m.steps)
+                        .unwrap_or_default(),
+                ),
+            })
+            .collect();
+        if args.json {
+            print_json(&reports)?;
+        } else {
+            for r in &reports {
+                print!("{}", straggler_text(&r.name, &r.report));
+            }
+        }
+        return Ok(());
     }
-    let header = [
-        "run",
-        "status",
-        "step",
-        "loss",
-        "lr",
-        "grad norm",
-        "eval loss",
-        "ppl",
-        "tokens/s",
-        "MFU",
-        "peak mem",
-    ];
-    let rows: Vec<Vec<String>> = runs.iter().map(|run| row(run)).collect();
-    print!("{}", table(&header, &rows));
+    let summaries: Vec<RunMetricsSummary> = runs.iter().map(summarise).collect();
+    if args.json {
+        return print_json(&summaries);
+    }
+    print!("{}", metrics_table(&summaries));
     Ok(())
 }
 
-fn find_runs(path: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    if !path.is_dir() {
-        bail!(
-            "{} is not a directory; pass a run directory or a sweep directory",
+fn print_json<T: Serialize>(runs: &[T]) -> anyhow::Result<()> {
+    let doc = Document {
+        version: JSON_VERSION,
+        runs: runs.iter().collect(),
+    };
+    println!("{}", serde_json::to_string_pretty(&doc)?);
+    Ok(())
+}
+
+/// Run directories at `path` (itself, or those below it), or the error scripts can tell
+/// from a failure ([`EXIT_NO_RUN`]).
+pub fn find_runs(path: &Path) -> anyhow::Result<Vec<RunDir>> {
+    let runs = crate::slurm::find_runs(path);
+    if runs.is_empty() {
+        return Err(anyhow::Error::new(ExitCode(EXIT_NO_RUN)).context(format!(
+            "no run directories at {} (a run directory holds manifest.json)\n  fix: pass a run \
+             directory or a sweep folder, or start a run with `shardrun run job.yaml` or \
+             `shardrun submit job.yaml`",
             path.display()
-        );
+        )));
     }
-    if path.join("train_config.json").is_file() {
-        return Ok(vec![path.to_path_buf()]);
-    }
-    let mut runs: Vec<PathBuf> = std::fs::read_dir(path)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join("train_config.json").is_file())
-        .collect();
-    runs.sort();
     Ok(runs)
 }
 
-fn row(run: &Path) -> Vec<String> {
-    let name = run
+fn name_of(run: &RunDir) -> String {
+    run.path()
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let total = std::fs::read_to_string(run.join("train_config.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<TrainConfig>(&t).ok())
-        .map(|c| c.steps);
-    let status = std::fs::read_to_string(run.join("result.json"))
+        .unwrap_or_default()
+}
+
+pub fn summarise(run: &RunDir) -> RunMetricsSummary {
+    let status = std::fs::read_to_string(run.result())
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
         .and_then(|v| v["status"].as_str().map(str::to_string))
         .unwrap_or_else(|| {
-            if run.join("train.log").exists() {
+            if run.train_log().exists() {
                 "running".into()
             } else {
                 "not started".into()
             }
         });
-    let metrics = run.join("metrics.jsonl");
-    let latest = metrics_file::read_main_rank(&metrics)
-        .ok()
-        .and_then(|m| m.last().cloned());
-    let eval = metrics_file::read_evals(&metrics)
-        .ok()
-        .and_then(|e| e.last().cloned());
-    let dash = || "-".to_string();
-    let (eval_loss, perplexity) = match &eval {
-        Some(e) => (
-            format!("{:.4}", e.eval_loss),
-            format!("{:.2}", e.eval_perplexity),
-        ),
-        None => (dash(), dash()),
-    };
-    match latest {
-        None => vec![
-            name,
-            status,
-            dash(),
-            dash(),
-            dash(),
-            dash(),
-            eval_loss,
-            perplexity,
-            dash(),
-            dash(),
-            dash(),
-        ],
-        Some(m) => vec![
-            name,
-            status,
-            match total {
-                Some(t) => format!("{}/{t}", m.step),
-                None => m.step.to_string(),
-            },
-            format!("{:.4}", m.loss),
-            format!("{:.2e}", m.lr),
-            format!("{:.3}", m.grad_norm),
-            eval_loss,
-            perplexity,
-            group_thousands(m.tokens_per_s),
-            m.mfu
-                .map(|x| format!("{:.1}%", x * 100.0))
-                .unwrap_or_else(dash),
-            format!("{:.0} MiB", m.peak_memory_bytes as f64 / 1048576.0),
-        ],
+    let metrics = metrics_file::read(&run.metrics()).unwrap_or_default();
+    RunMetricsSummary {
+        name: name_of(run),
+        run_dir: run.path().to_path_buf(),
+        status,
+        total_steps: run.read_train_config().ok().map(|c| c.steps),
+        steps_logged: metrics.steps.len() as u64,
+        sweep_params: run
+            .read_manifest()
+            .map(|m| m.sweep_params)
+            .unwrap_or_default(),
+        latest: metrics.steps.last().map(StepRecord::to_json_complete),
+        record: metrics.steps.last().cloned(),
+        eval: metrics.evals.last().map(EvalJson::from),
     }
+}
+
+fn metrics_table(runs: &[RunMetricsSummary]) -> String {
+    let with_eval = runs.iter().any(|r| r.eval.is_some());
+    let mut header = vec!["run", "status", "step", "loss", "lr", "grad norm"];
+    if with_eval {
+        header.extend(["eval loss", "ppl"]);
+    }
+    header.extend(["tokens/s", "MFU", "step time", "peak mem"]);
+    let dash = || "-".to_string();
+    let rows: Vec<Vec<String>> = runs
+        .iter()
+        .map(|run| {
+            let mut row = vec![run.name.clone(), run.status.clone()];
+            let latest = run.record.as_ref();
+            row.push(match (latest, run.total_steps) {
+                (Some(m), Some(t)) => format!("{}/{t}", m.step),
+                (Some(m), None) => m.step.to_string(),
+                (None, _) => dash(),
+            });
+            let field = |f: &dyn Fn(&StepRecord) -> String| latest.map(f).unwrap_or_else(dash);
+            row.push(field(&|m| format!("{:.4}", m.loss)));
+            row.push(field(&|m| format!("{:.2e}", m.lr)));
+            row.push(field(&|m| format!("{:.3}", m.grad_norm)));
+            if with_eval {
+                match &run.eval {
+                    Some(e) => {
+                        row.push(format!("{:.4}", e.eval_loss));
+                        row.push(
+                            e.eval_perplexity
+                                .map(|p| format!("{p:.2}"))
+                                .unwrap_or_else(dash),
+                        );
+                    }
+                    None => row.extend([dash(), dash()]),
+                }
+            }
+            row.push(field(&|m| group_thousands(m.tokens_per_s)));
+            row.push(field(&|m| {
+                m.mfu
+                    .map(|x| format!("{:.1}%", x * 100.0))
+                    .unwrap_or_else(dash)
+            }));
+            row.push(field(&|m| format_seconds(m.step_time_median_s)));
+            row.push(field(&|m| {
+                format!("{:.0} MiB", m.peak_memory_max_bytes as f64 / 1048576.0)
+            }));
+            row
+        })
+        .collect();
+    table(&header, &rows)
+}
+
+/// `0.0123` → `12.3 ms`, `2.5` → `2.50 s`.
+fn format_seconds(s: f64) -> String {
+    if s < 1.0 {
+        format!("{:.1} ms", s * 1000.0)
+    } else {
+        format!("{s:.2} s")
+    }
+}
+
+fn straggler_text(name: &str, r: &StragglerReport) -> String {
+    let mut out = format!("{name}: {} step records, {} rank(s)\n", r.steps, r.ranks);
+    if r.slowest_ranks.is_empty() {
+        out.push_str("  no step with more than one rank reporting: nothing to compare\n");
+        return out;
+    }
+    out.push_str(&format!(
+        "  slowest rank vs median rank: +{:.1}% at the median step, +{:.1}% at the 90th percentile\n",
+        r.spread_median * 100.0,
+        r.spread_p90 * 100.0
+    ));
+    if let Some(w) = &r.worst {
+        out.push_str(&format!(
+            "  worst step: {} (rank {} took {} against a median of {})\n",
+            w.step,
+            w.rank,
+            format_seconds(w.step_time_max_s),
+            format_seconds(w.step_time_median_s)
+        ));
+    }
+    if let (Some(rank), Some(bytes)) = (r.peak_memory_max_rank, r.peak_memory_max_bytes) {
+        out.push_str(&format!(
+            "  most memory: rank {rank} ({:.0} MiB peak at the latest step)\n",
+            bytes as f64 / 1048576.0
+        ));
+    }
+    let expected = 100.0 / r.ranks.max(1) as f64;
+    out.push_str(&format!(
+        "  slowest rank of a step (by chance each rank would be about {expected:.0}% of the steps):\n"
+    ));
+    let header = ["rank", "steps", "share", "mean excess", "last step"];
+    let rows: Vec<Vec<String>> = r
+        .slowest_ranks
+        .iter()
+        .take(10)
+        .map(|s| {
+            vec![
+                s.rank.to_string(),
+                s.times.to_string(),
+                format!("{:.0}%", s.share * 100.0),
+                format_seconds(s.mean_excess_s),
+                s.last_step.to_string(),
+            ]
+        })
+        .collect();
+    for line in table(&header, &rows).lines() {
+        out.push_str(&format!("    {line}\n"));
+    }
+    if r.slowest_ranks.len() > 10 {
+        out.push_str(&format!(
+            "    ... and {} more rank(s)\n",
+            r.slowest_ranks.len() - 10
+        ));
+    }
+    out
 }
 
 /// Left-aligned first two columns, right-aligned numbers.
 fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
@@ -174,5 +336,11 @@ mod tests {
             t,
             "run        status   loss\na          ok        1.5\nlong-name  failed  10.25\n"
         );
+    }
+
+    #[test]
+    fn seconds_for_people() {
+        assert_eq!(format_seconds(0.0123), "12.3 ms");
+        assert_eq!(format_seconds(2.5), "2.50 s");
     }
 }

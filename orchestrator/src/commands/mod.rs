@@ -1,5 +1,6 @@
 //! One module per subcommand; each exposes `execute(args) -> anyhow::Result<()>`.
 pub mod cancel;
+pub mod completions;
 pub mod controller;
 pub mod export;
 pub mod logs;

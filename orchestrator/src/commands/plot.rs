@@ -1,232 +1,154 @@
-//! `shardrun plot <run>`: loss and throughput curves from `metrics.jsonl`, as SVG (default)
-//! or PNG (chosen by the output's extension).
+//! `shardrun plot <run or sweep folder>`: a run's curves (loss, learning rate, gradient
+//! norm, throughput, memory, with its checkpoints, stops and resumes marked), or every
+//! point of a sweep with its final loss by parameter, as SVG (default) or PNG (by the
+//! output's extension).
 
-use crate::metrics_file;
-use anyhow::{bail, Context};
-use plotters::coord::Shift;
-use plotters::prelude::*;
-use shardrun_protocol::messages::{EvalMetrics, StepMetrics};
+use crate::charts::run::RunFigure;
+use crate::charts::sweep::{SweepFigure, SweepPoint};
+use crate::{charts, events_file, metrics_file};
+use anyhow::bail;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Run directory.
+    /// A run directory, or a sweep folder (a folder of run directories).
     pub run: PathBuf,
-    /// Output file, `.svg` or `.png` (default: `<run>/metrics.svg`).
+    /// Output file, `.svg` or `.png` (default: `<run>/metrics.svg`, `<sweep>/sweep.svg`).
     #[arg(long, short)]
     pub output: Option<PathBuf>,
+    /// Weight of the exponential moving average drawn over the raw curves, as TensorBoard's
+    /// smoothing slider: 0 draws the raw curves only, 0.99 smooths heavily.
+    #[arg(long, default_value_t = 0.9, value_parser = smoothing)]
+    pub smoothing: f64,
+    /// Draw the loss on a logarithmic axis.
+    #[arg(long)]
+    pub log_loss: bool,
+}
+
+fn smoothing(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(w) if (0.0..1.0).contains(&w) => Ok(w),
+        _ => Err(format!(
+            "{text} is not a smoothing weight: give a number from 0 (none) up to, not \
+             including, 1"
+        )),
+    }
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
+    let is_run = crate::rundir::RunDir::open(&args.run).is_ok();
+    if is_run {
+        return plot_run(&args);
+    }
+    let runs = crate::commands::metrics::find_runs(&args.run)?;
+    plot_sweep(&args, &runs)
+}
+
+fn name_of(path: &Path) -> String {
+    std::path::absolute(path)
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_default()
+}
+
+fn plot_run(args: &Args) -> anyhow::Result<()> {
     let metrics_path = args.run.join("metrics.jsonl");
     if !metrics_path.is_file() {
         bail!(
-            "no metrics at {}: is {} a run directory, and has the run logged a step yet?",
-            metrics_path.display(),
-            args.run.display()
+            "no metrics at {}: has the run logged a step yet?",
+            metrics_path.display()
         );
     }
-    let records = metrics_file::read_main_rank(&metrics_path)?;
-    if records.is_empty() {
+    let metrics = metrics_file::read(&metrics_path)?;
+    if metrics.steps.is_empty() {
         bail!(
             "{} has no metrics records yet; try again after the first step",
             metrics_path.display()
         );
     }
-    let evals = metrics_file::read_evals(&metrics_path)?;
-    let output = args.output.unwrap_or_else(|| args.run.join("metrics.svg"));
-    let title = args
-        .run
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    draw_file(&output, &title, &records, &evals)?;
-    println!("wrote {} ({} steps)", output.display(), records.len());
-    Ok(())
-}
-
-/// Loss (training, and validation where evaluated) over throughput, by step.
-pub fn draw_file(
-    output: &Path,
-    title: &str,
-    records: &[StepMetrics],
-    evals: &[EvalMetrics],
-) -> anyhow::Result<()> {
-    let size = (1000, 700);
-    // Text layout needs a font even for SVG; without one, SVG still gets the curves.
-    let font = register_system_font();
-    match output.extension().and_then(|e| e.to_str()) {
-        Some("svg") => {
-            if let Err(e) = &font {
-                eprintln!("warning: drawing without labels: {e}");
-            }
-            let area = SVGBackend::new(output, size).into_drawing_area();
-            draw(area, title, records, evals, font.is_ok())
-        }
-        Some("png") => {
-            font?;
-            draw(
-                BitMapBackend::new(output, size).into_drawing_area(),
-                title,
-                records,
-                evals,
-                true,
-            )
-        }
-        _ => bail!(
-            "cannot tell the format of {}: name it .svg or .png",
-            output.display()
+    let events = events_file::read(&args.run.join("events.jsonl"))?;
+    let last = metrics.steps.last().map(|r| (r.step, r.loss, r.ranks));
+    let title = match last {
+        Some((step, loss, ranks)) => format!(
+            "{}: step {step}, loss {loss:.4}, {ranks} rank(s)",
+            name_of(&args.run)
         ),
-    }
-    .with_context(|| format!("cannot draw {}", output.display()))
-}
-
-/// TrueType fonts tried for PNG text (SVG leaves text to the viewer and needs none).
-const FONT_CANDIDATES: &[&str] = &[
-    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/TTF/DejaVuSans.ttf",
-    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
-];
-
-/// Rasterising text into a PNG needs a font file; plotters' `ab_glyph` renderer takes one
-/// registered by name. `SHARDRUN_PLOT_FONT` may name another `.ttf`.
-fn register_system_font() -> anyhow::Result<()> {
-    static REGISTERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if REGISTERED.get() == Some(&true) {
-        return Ok(());
-    }
-    let custom = std::env::var("SHARDRUN_PLOT_FONT").ok();
-    let candidates = custom
-        .iter()
-        .map(String::as_str)
-        .chain(FONT_CANDIDATES.iter().copied());
-    for path in candidates {
-        if let Ok(bytes) = std::fs::read(path) {
-            // Registered fonts must live for the whole program.
-            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-            if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
-                let _ = REGISTERED.set(true);
-                return Ok(());
-            }
-        }
-    }
-    bail!(
-        "labels need a TrueType font and none was found (tried {}); install fonts-dejavu-core \
-         or set SHARDRUN_PLOT_FONT to a .ttf file (SVG output works without one, unlabelled)",
-        FONT_CANDIDATES.join(", ")
-    )
-}
-
-fn draw<DB: DrawingBackend>(
-    root: DrawingArea<DB, Shift>,
-    title: &str,
-    records: &[StepMetrics],
-    evals: &[EvalMetrics],
-    text: bool,
-) -> anyhow::Result<()>
-where
-    DB::ErrorType: 'static,
-{
-    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("{e:?}");
-    root.fill(&WHITE).map_err(err)?;
-    let root = if text {
-        root.titled(title, ("sans-serif", 24)).map_err(err)?
-    } else {
-        root
+        None => name_of(&args.run),
     };
-    let (top, bottom) = root.split_vertically(root.dim_in_pixel().1 / 2);
-    let loss: Vec<(f64, f64)> = records.iter().map(|m| (m.step as f64, m.loss)).collect();
-    let eval: Vec<(f64, f64)> = evals.iter().map(|e| (e.step as f64, e.eval_loss)).collect();
-    let tput: Vec<(f64, f64)> = records
-        .iter()
-        .map(|m| (m.step as f64, m.tokens_per_s))
-        .collect();
-    let training = Series {
-        name: "training",
-        points: &loss,
-        color: RED,
+    let figure = RunFigure {
+        title,
+        steps: metrics.steps,
+        evals: metrics.evals,
+        events,
+        smoothing: args.smoothing,
+        log_loss: args.log_loss,
     };
-    let validation = Series {
-        name: "validation",
-        points: &eval,
-        color: GREEN,
-    };
-    let loss_series: &[Series] = if eval.is_empty() {
-        &[training]
-    } else {
-        &[training, validation]
-    };
-    panel(&top, "loss", loss_series, text).map_err(err)?;
-    let throughput = Series {
-        name: "tokens/s",
-        points: &tput,
-        color: BLUE,
-    };
-    panel(&bottom, "tokens/s", &[throughput], text).map_err(err)?;
-    root.present().map_err(err)?;
+    let output = args
+        .output
+        .clone()
+        .unwrap_or_else(|| args.run.join("metrics.svg"));
+    charts::save(&figure, &output)?;
+    println!(
+        "wrote {} ({} steps, {} event markers)",
+        output.display(),
+        figure.steps.len(),
+        figure.markers().len()
+    );
     Ok(())
 }
 
-/// One curve of a panel (points are marked too: an evaluation every K steps is a few dots).
-struct Series<'a> {
-    name: &'static str,
-    points: &'a [(f64, f64)],
-    color: RGBColor,
-}
-
-fn panel<DB: DrawingBackend>(
-    area: &DrawingArea<DB, Shift>,
-    label: &str,
-    series: &[Series],
-    text: bool,
-) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
-    let all = || series.iter().flat_map(|s| s.points.iter());
-    let (x0, x1) = range(all().map(|p| p.0));
-    let (y0, y1) = range(all().map(|p| p.1).filter(|y| y.is_finite()));
-    let mut chart = ChartBuilder::on(area)
-        .margin(15)
-        .x_label_area_size(if text { 35 } else { 0 })
-        .y_label_area_size(if text { 70 } else { 0 })
-        .build_cartesian_2d(x0..x1, y0..y1)?;
-    if text {
-        chart.configure_mesh().x_desc("step").y_desc(label).draw()?;
-    } else {
-        chart.configure_mesh().x_labels(0).y_labels(0).draw()?;
-    }
-    for s in series {
-        let color = s.color;
-        let drawn = chart.draw_series(LineSeries::new(
-            s.points.iter().copied(),
-            color.stroke_width(2),
-        ))?;
-        if series.len() > 1 {
-            drawn.label(s.name).legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
+fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()> {
+    let mut points = Vec::new();
+    let mut waiting = Vec::new();
+    for run in runs {
+        let steps = metrics_file::read(&run.metrics())
+            .map(|m| m.steps)
+            .unwrap_or_default();
+        let name = name_of(run.path());
+        if steps.is_empty() {
+            waiting.push(name.clone());
         }
-        if s.points.len() <= 200 && series.len() > 1 {
-            chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+        points.push(SweepPoint {
+            name,
+            params: run
+                .read_manifest()
+                .map(|m| m.sweep_params)
+                .unwrap_or_default(),
+            steps,
+        });
+    }
+    if waiting.len() == points.len() {
+        bail!(
+            "no point under {} has logged a step yet; try again once they run",
+            args.run.display()
+        );
+    }
+    let figure = SweepFigure {
+        title: format!("{}: {} points", name_of(&args.run), points.len()),
+        points,
+        smoothing: args.smoothing,
+        log_loss: args.log_loss,
+    };
+    let output = args
+        .output
+        .clone()
+        .unwrap_or_else(|| args.run.join("sweep.svg"));
+    charts::save(&figure, &output)?;
+    let swept = figure.swept();
+    println!(
+        "wrote {} ({} points{}{})",
+        output.display(),
+        figure.points.len() - waiting.len(),
+        if waiting.is_empty() {
+            String::new()
+        } else {
+            format!("; not started yet: {}", waiting.join(", "))
+        },
+        match swept.len() {
+            1 | 2 => format!("; final loss by {}", swept.join(" and ")),
+            0 => String::new(),
+            n => format!("; {n} parameters vary, so no final-loss panel (it shows one or two)"),
         }
-    }
-    if series.len() > 1 && text {
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()?;
-    }
+    );
     Ok(())
-}
-
-/// Min and max with some headroom; a flat or single-point series still gets a range.
-fn range(values: impl Iterator<Item = f64>) -> (f64, f64) {
-    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-        (lo.min(v), hi.max(v))
-    });
-    if !lo.is_finite() {
-        return (0.0, 1.0);
-    }
-    let pad = ((hi - lo) * 0.05).max(hi.abs() * 0.01).max(1e-9);
-    (lo - pad, hi + pad)
 }

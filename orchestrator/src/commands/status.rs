@@ -1,16 +1,67 @@
-//! `shardrun status [runs/ | run dir | sweep dir]`: one batched Slurm query for all runs.
+//! `shardrun status [runs/ | run dir | sweep dir] [--json]`: one batched Slurm query for all
+//! runs, as a table or one JSON document.
 
-use crate::slurm::{self, QuerySource};
+use crate::cli::{ExitCode, EXIT_NO_RUN};
+use crate::rundir::ArrayRef;
+use crate::slurm::{self, QuerySource, RunStatus};
 use anyhow::Context;
+use serde::Serialize;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Run directories, sweep folders or run roots (default `runs`).
     pub paths: Vec<PathBuf>,
-    /// Print one JSON object per run instead of a table.
+    /// Print one JSON document instead of a table (fields: docs/cli.md).
     #[arg(long)]
     pub json: bool,
+}
+
+/// `status --json`: every run, and where the states came from.
+#[derive(Debug, Serialize)]
+pub struct StatusDocument {
+    pub version: u32,
+    /// `squeue`, `squeue+sacct`, `squeue+scontrol`, or null when no run needed Slurm.
+    pub source: Option<&'static str>,
+    pub runs: Vec<RunJson>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RunJson {
+    pub name: String,
+    /// The run's state (`CREATED`, `SUBMITTED`, `RUNNING`, `COMPLETED`, `FAILED`, ...).
+    pub state: crate::rundir::RunState,
+    /// The Slurm job id the state refers to (the latest submission).
+    pub job_id: Option<String>,
+    /// Slurm's own state of that job, while Slurm still knows it.
+    pub slurm_state: Option<String>,
+    pub detail: String,
+    pub run_dir: PathBuf,
+    /// Sweep points: the job array the point was last put in (the table's ARRAY column is
+    /// `index/count`).
+    pub array: Option<ArrayRef>,
+    /// Sweep points: the parameters the sweep gave the run.
+    pub sweep_params: BTreeMap<String, serde_json::Value>,
+}
+
+impl RunJson {
+    fn of(s: &RunStatus) -> RunJson {
+        RunJson {
+            name: s.name.clone(),
+            state: s.state,
+            job_id: s.job_id.clone(),
+            slurm_state: s.slurm.as_ref().map(|r| r.state.to_string()),
+            detail: s.detail.clone(),
+            run_dir: s.run.path().to_path_buf(),
+            array: s.array.clone(),
+            sweep_params: s
+                .run
+                .read_manifest()
+                .map(|m| m.sweep_params)
+                .unwrap_or_default(),
+        }
+    }
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
@@ -23,37 +74,23 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     for path in &paths {
         let found = slurm::find_runs(path);
         if found.is_empty() {
-            anyhow::bail!("no run directories at {}\n  fix: pass a run directory or run root, or create a run with `shardrun submit job.yaml`", path.display());
+            return Err(anyhow::Error::new(ExitCode(EXIT_NO_RUN)).context(format!("no run directories at {}\n  fix: pass a run directory or run root, or create a run with `shardrun submit job.yaml`", path.display())));
         }
         runs.extend(found);
     }
     let (statuses, source) =
         slurm::refresh(&runs).context("querying Slurm for the runs' states")?;
-    let note = match source {
-        Some(QuerySource::Squeue) => Some("states from squeue"),
-        Some(QuerySource::SqueueSacct) => Some("states from squeue, and sacct for ended jobs"),
-        Some(QuerySource::SqueueScontrol) => {
-            Some("states from squeue/scontrol: accounting is not enabled, sacct is not available")
-        }
-        None => None,
-    };
     if args.json {
-        // stdout stays pure JSON; where the states came from is a diagnostic.
-        if let Some(note) = note {
-            eprintln!("({note})");
-        }
-        for s in &statuses {
-            let line = serde_json::json!({
-                "name": s.name,
-                "state": s.state,
-                "job_id": s.job_id,
-                "slurm_state": s.slurm.as_ref().map(|r| r.state.to_string()),
-                "detail": s.detail,
-                "run_dir": s.run.path(),
-                "array": s.array,
-            });
-            println!("{line}");
-        }
+        let doc = StatusDocument {
+            version: crate::commands::metrics::JSON_VERSION,
+            source: source.map(|s| match s {
+                QuerySource::Squeue => "squeue",
+                QuerySource::SqueueSacct => "squeue+sacct",
+                QuerySource::SqueueScontrol => "squeue+scontrol",
+            }),
+            runs: statuses.iter().map(RunJson::of).collect(),
+        };
+        println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
     let cwd = std::env::current_dir().ok();
@@ -94,6 +131,14 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         })
         .collect();
     print!("{}", table(&header, &rows));
+    let note = match source {
+        Some(QuerySource::Squeue) => Some("states from squeue"),
+        Some(QuerySource::SqueueSacct) => Some("states from squeue, and sacct for ended jobs"),
+        Some(QuerySource::SqueueScontrol) => {
+            Some("states from squeue/scontrol: accounting is not enabled, sacct is not available")
+        }
+        None => None,
+    };
     if let Some(note) = note {
         println!("({note})");
     }

@@ -7,7 +7,8 @@ use super::launcher::{LaunchMode, LaunchSpec, Launcher};
 use super::outcome::Outcome;
 use super::server::{self, ServerEvent, ServerOptions};
 use super::writer::{self, Echo, Record, WriterFiles};
-use super::{clock, priority, secret, ControllerError};
+use super::{clock, open_files, priority, secret, ControllerError};
+use crate::events_file::RunEvent;
 use crate::rundir::RunLock;
 use serde::Serialize;
 use shardrun_protocol::messages::ToWorker;
@@ -19,6 +20,7 @@ use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
+use tracing::Instrument;
 
 /// Files of the run directory the controller reads and writes.
 #[derive(Debug, Clone)]
@@ -30,6 +32,7 @@ pub struct RunPaths {
     pub train_log: PathBuf,
     pub logs_dir: PathBuf,
     pub metrics: PathBuf,
+    pub events: PathBuf,
     pub result: PathBuf,
     /// How many times the job was requeued after preemption.
     pub requeue_count: PathBuf,
@@ -124,7 +127,13 @@ pub fn run(opts: ControllerOptions) -> Result<RunReport, ControllerError> {
         .enable_all()
         .build()
         .map_err(ControllerError::Runtime)?;
-    runtime.block_on(run_async(opts))
+    // Every diagnostic of this controller names its run and Slurm job.
+    let span = tracing::info_span!(
+        "job",
+        run = %opts.paths.run_dir.display(),
+        slurm_job = std::env::var("SLURM_JOB_ID").ok().as_deref().unwrap_or("-"),
+    );
+    runtime.block_on(run_async(opts).instrument(span))
 }
 
 async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError> {
@@ -178,6 +187,7 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
         })?
         .port();
     let addr = format!("{advertise_host}:{port}");
+    tracing::debug!(bind, advertised = %addr, "listening for the ranks");
     write_atomic(&paths.controller_addr, format!("{addr}\n").as_bytes())
         .map_err(file_err("write", &paths.controller_addr))?;
 
@@ -185,6 +195,8 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
         train_log: paths.train_log.clone(),
         logs_dir: paths.logs_dir.clone(),
         metrics: paths.metrics.clone(),
+        events: paths.events.clone(),
+        world_size,
     };
     let console = Console::new(config.steps, opts.progress_bar);
     let (records, writer) = writer::spawn(&files, console, opts.echo)
@@ -202,6 +214,21 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
         paths.run_dir.display()
     ))
     .await;
+    let slurm_job_id = std::env::var("SLURM_JOB_ID").ok();
+    let note = |event: RunEvent| {
+        let records = records.clone();
+        async move {
+            let _ = records.send(Record::Event(event)).await;
+        }
+    };
+    note(RunEvent::Started {
+        world_size,
+        slurm_job_id: slurm_job_id.clone(),
+    })
+    .await;
+    if let Some(warning) = open_files::ensure(open_files::needed(world_size)) {
+        say(format!("warning: {warning}")).await;
+    }
 
     let (events_tx, mut events) = mpsc::unbounded_channel::<ServerEvent>();
     let server_opts = ServerOptions {
@@ -210,12 +237,9 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
         heartbeat_timeout: opts.timeouts.heartbeat,
         progress_timeout: opts.timeouts.progress,
     };
-    let server = tokio::spawn(server::serve(
-        listener,
-        server_opts,
-        events_tx.clone(),
-        records.clone(),
-    ));
+    let server = tokio::spawn(
+        server::serve(listener, server_opts, events_tx.clone(), records.clone()).in_current_span(),
+    );
     spawn_signal_forwarders(events_tx.clone())?;
 
     if !opts.rank_env.is_empty() {
@@ -246,6 +270,7 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
         mode: opts.launch.clone(),
     };
     let (exit_tx, mut exits) = mpsc::unbounded_channel();
+    tracing::debug!(mode = ?spec.mode, worker = %spec.worker_bin.display(), world_size, "launching the ranks");
     let (launcher, procs) = match Launcher::launch(&spec, exit_tx, records.clone()) {
         Ok(launched) => launched,
         Err(e) => {
@@ -273,6 +298,7 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
 
     let outcome = 'job: loop {
         for action in pending.drain(..) {
+            tracing::debug!(?action, "carrying out");
             match action {
                 Action::Send { conn, msg } => {
                     if let Some((tx, _)) = conns.get(&conn) {
@@ -285,6 +311,7 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
                     }
                 }
                 Action::Say(text) => say(text).await,
+                Action::Record(event) => note(event).await,
                 Action::StopProcesses { force: true } => {
                     let _ = events_tx.send(ServerEvent::Job(Event::Escalated));
                     signal_all(libc::SIGKILL)
@@ -332,11 +359,17 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
                 conns.insert(conn, (to_worker, abort));
             }
             ServerEvent::Rejected { peer, reason } => {
+                tracing::debug!(%peer, reason, "refused a connection");
                 if let Some(text) = rejections.note(peer, &reason) {
                     say(text).await;
                 }
             }
             ServerEvent::Job(event) => {
+                match &event {
+                    // Every heartbeat that advances: only when tracing everything.
+                    Event::Progress { .. } => tracing::trace!(?event, "event"),
+                    _ => tracing::debug!(?event, "event"),
+                }
                 if let Event::Disconnected { conn, .. } = &event {
                     conns.remove(conn);
                 }
@@ -398,12 +431,34 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
         say(report).await;
     }
 
+    note(match &outcome {
+        Outcome::Succeeded => RunEvent::Finished { step: config.steps },
+        Outcome::Failed(f) => RunEvent::Failed {
+            step: state.steps_done(),
+            reason: f.describe(),
+        },
+        Outcome::Cancelled { by, step } => RunEvent::Stopped {
+            step: *step,
+            by: by.clone(),
+        },
+        Outcome::Preempted => RunEvent::Preempted {
+            step: checkpoint.as_ref().map(|c| c.step),
+        },
+    })
+    .await;
     let mut exit_code = outcome.exit_code();
     let mut requeue = None;
     if outcome == Outcome::Preempted {
         match std::env::var("SLURM_JOB_ID") {
             Ok(job_id) => {
                 let done = read_count(&paths.requeue_count);
+                tracing::info!(
+                    slurm_job = job_id,
+                    done,
+                    allowed = opts.max_requeues,
+                    requeue = done < opts.max_requeues,
+                    "preempted: requeue decision"
+                );
                 if done < opts.max_requeues {
                     write_atomic(&paths.requeue_count, format!("{}\n", done + 1).as_bytes())
                         .map_err(file_err("write", &paths.requeue_count))?;
@@ -413,6 +468,13 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
                         done + 1,
                         opts.max_requeues
                     );
+                    note(RunEvent::Requeued {
+                        step: checkpoint.as_ref().map(|c| c.step),
+                        slurm_job_id: job_id.clone(),
+                        requeue: done + 1,
+                        max_requeues: opts.max_requeues,
+                    })
+                    .await;
                     requeue = Some(job_id);
                 } else {
                     exit_code = 1;
@@ -459,10 +521,11 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
 
     if let Some(job_id) = requeue {
         // Requeueing kills this batch script; everything is on disk by now.
-        match std::process::Command::new("scontrol")
+        let status = std::process::Command::new("scontrol")
             .args(["requeue", &job_id])
-            .status()
-        {
+            .status();
+        tracing::info!(slurm_job = job_id, ?status, "scontrol requeue");
+        match status {
             Ok(s) if s.success() => {}
             Ok(s) => {
                 exit_code = 1;
@@ -537,6 +600,7 @@ fn spawn_signal_forwarders(
         let events = events.clone();
         tokio::spawn(async move {
             while stream.recv().await.is_some() {
+                tracing::debug!(signal = cancel.unwrap_or("SIGUSR2"), "signal received");
                 let event = match cancel {
                     Some(name) => Event::Cancel {
                         signal: name.to_string(),

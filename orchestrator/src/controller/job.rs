@@ -4,6 +4,7 @@
 //! event loop in [`super::event_loop`] only moves events in and carries actions out.
 
 use super::outcome::{ExitInfo, Failure, FailureCause, Outcome};
+use crate::events_file::RunEvent;
 use shardrun_protocol::messages::{PeerInfo, Registration, StartInfo, ToWorker};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -86,6 +87,8 @@ pub enum Action {
     },
     /// A controller message for train.log and stdout.
     Say(String),
+    /// Something that happened to the run, for its events record.
+    Record(RunEvent),
     /// Stop the worker processes: SIGTERM after the shutdown grace period, SIGKILL after the
     /// kill grace period (`force`: SIGKILL now, e.g. a second Ctrl-C).
     StopProcesses {
@@ -189,6 +192,11 @@ impl JobState {
 
     pub fn phase(&self) -> Phase {
         self.phase
+    }
+
+    /// The last step every registered rank had completed, as their heartbeats said.
+    pub fn steps_done(&self) -> Option<u64> {
+        self.ranks.values().map(|r| r.step).min()
     }
 
     /// Host and pid of a registered rank, for messages.
@@ -332,6 +340,7 @@ impl JobState {
                         "preemption requested: the workers checkpoint at the next step boundary and exit"
                             .into(),
                     ));
+                    out.push(Action::Record(RunEvent::PreemptRequested));
                     if self.phase == Phase::Running {
                         for r in self.ranks.values().filter(|r| r.connected) {
                             out.push(Action::Send {

@@ -5,7 +5,8 @@
 //! * [`job`]: the decisions, a pure state machine;
 //! * [`event_loop`]: wires sockets, processes, signals and timers to it;
 //! * [`server`]: TCP endpoint and handshake; [`launcher`]: processes;
-//! * [`writer`] with [`logbook`], [`metrics_log`] and [`console`]: the files people read;
+//! * [`writer`] with [`logbook`], [`metrics_log`] and [`console`]: the files people read
+//!   (and `events.jsonl`);
 //! * [`outcome`]: how the job ended; [`secret`]: the per-job secret.
 
 pub mod clock;
@@ -15,6 +16,7 @@ pub mod job;
 pub mod launcher;
 pub mod logbook;
 pub mod metrics_log;
+pub mod open_files;
 pub mod options;
 pub mod outcome;
 pub mod priority;

@@ -89,6 +89,7 @@ pub fn run_paths(run: &RunDir) -> RunPaths {
         train_log: run.train_log(),
         logs_dir: run.logs_dir(),
         metrics: run.metrics(),
+        events: run.events(),
         result: run.result(),
         requeue_count: run.requeue_count(),
     }

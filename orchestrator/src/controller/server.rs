@@ -14,6 +14,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::AbortHandle;
+use tracing::Instrument;
 
 pub const MAX_PENDING_HANDSHAKES: usize = 256;
 /// Longer log lines are cut here (a frame may be up to 1 MiB; the queue holds thousands).
@@ -80,6 +81,7 @@ pub async fn serve(
                 continue;
             }
         };
+        tracing::debug!(%peer, "connection accepted");
         let Ok(permit) = pending.clone().try_acquire_owned() else {
             let reason = "too many connections in the handshake at once".to_string();
             let _ = events.send(ServerEvent::Rejected { peer, reason });
@@ -88,65 +90,79 @@ pub async fn serve(
         next_conn += 1;
         let conn = next_conn;
         let (opts, events, records) = (opts.clone(), events.clone(), records.clone());
-        tokio::spawn(async move {
-            let _ = stream.set_nodelay(true);
-            let accepted = connection::accept::<FromWorker, ToWorker>(
-                stream,
-                &opts.secret,
-                opts.handshake_timeout,
-            )
-            .await;
-            let (role, mut rx, mut tx) = match accepted {
-                Ok(halves) => halves,
-                Err(e) => {
-                    let _ = events.send(ServerEvent::Rejected {
-                        peer,
-                        reason: e.to_string(),
-                    });
-                    return;
-                }
-            };
-            if role != Role::Worker {
-                let reason = "client connections are not served by this controller".to_string();
-                let _ = events.send(ServerEvent::Rejected { peer, reason });
-                return;
-            }
-            let registration = match tokio::time::timeout(opts.handshake_timeout, rx.recv()).await {
-                Ok(Ok(Some(FromWorker::Register(reg)))) => reg,
-                _ => {
-                    let reason = "a worker must register first".to_string();
+        tokio::spawn(
+            async move {
+                let _ = stream.set_nodelay(true);
+                let accepted = connection::accept::<FromWorker, ToWorker>(
+                    stream,
+                    &opts.secret,
+                    opts.handshake_timeout,
+                )
+                .await;
+                let (role, mut rx, mut tx) = match accepted {
+                    Ok(halves) => halves,
+                    Err(e) => {
+                        let _ = events.send(ServerEvent::Rejected {
+                            peer,
+                            reason: e.to_string(),
+                        });
+                        return;
+                    }
+                };
+                if role != Role::Worker {
+                    let reason = "client connections are not served by this controller".to_string();
                     let _ = events.send(ServerEvent::Rejected { peer, reason });
                     return;
                 }
-            };
-            drop(permit);
-            let rank = registration.rank;
-            let (to_worker, mut outbox) = mpsc::unbounded_channel::<ToWorker>();
-            let events_r = events.clone();
-            tokio::spawn(async move {
-                while let Some(msg) = outbox.recv().await {
-                    if tx.send(&msg).await.is_err() {
-                        break;
+                let registration =
+                    match tokio::time::timeout(opts.handshake_timeout, rx.recv()).await {
+                        Ok(Ok(Some(FromWorker::Register(reg)))) => reg,
+                        _ => {
+                            let reason = "a worker must register first".to_string();
+                            let _ = events.send(ServerEvent::Rejected { peer, reason });
+                            return;
+                        }
+                    };
+                drop(permit);
+                tracing::debug!(
+                    %peer,
+                    conn,
+                    rank = registration.rank,
+                    host = registration.host,
+                    pid = registration.pid,
+                    device = registration.device,
+                    collective_addr = registration.collective_addr.as_deref().unwrap_or("-"),
+                    "rank registered"
+                );
+                let rank = registration.rank;
+                let (to_worker, mut outbox) = mpsc::unbounded_channel::<ToWorker>();
+                let events_r = events.clone();
+                tokio::spawn(async move {
+                    while let Some(msg) = outbox.recv().await {
+                        if tx.send(&msg).await.is_err() {
+                            break;
+                        }
                     }
-                }
-            });
-            // The reader starts only after the registration is queued, so the event loop
-            // never sees a message of a connection before the connection itself.
-            let (go, started) = tokio::sync::oneshot::channel::<()>();
-            let reader = tokio::spawn(async move {
-                if started.await.is_ok() {
-                    let timeouts = (opts.heartbeat_timeout, opts.progress_timeout);
-                    read_worker(conn, rank, rx, timeouts, events_r, records).await;
-                }
-            });
-            let _ = events.send(ServerEvent::Connected {
-                conn,
-                to_worker,
-                abort: reader.abort_handle(),
-            });
-            let _ = events.send(ServerEvent::Job(Event::Registered { conn, registration }));
-            let _ = go.send(());
-        });
+                });
+                // The reader starts only after the registration is queued, so the event loop
+                // never sees a message of a connection before the connection itself.
+                let (go, started) = tokio::sync::oneshot::channel::<()>();
+                let reader = tokio::spawn(async move {
+                    if started.await.is_ok() {
+                        let timeouts = (opts.heartbeat_timeout, opts.progress_timeout);
+                        read_worker(conn, rank, rx, timeouts, events_r, records).await;
+                    }
+                });
+                let _ = events.send(ServerEvent::Connected {
+                    conn,
+                    to_worker,
+                    abort: reader.abort_handle(),
+                });
+                let _ = events.send(ServerEvent::Job(Event::Registered { conn, registration }));
+                let _ = go.send(());
+            }
+            .in_current_span(),
+        );
     }
 }
 
@@ -223,6 +239,7 @@ async fn read_worker(
             }
             FromWorker::Register(_) => continue,
             FromWorker::CheckpointSaved { step, path } => Record::Checkpoint { rank, step, path },
+            FromWorker::Resumed { step, path } => Record::Resumed { rank, step, path },
             FromWorker::Summary(summary) => Record::Summary { rank, summary },
             FromWorker::Finished { preempted } => {
                 job(Event::Finished { conn, preempted });

@@ -2,10 +2,12 @@
 //! hand it [`Record`]s through a bounded queue (so a flood of lines slows the senders down
 //! instead of growing memory); it writes everything queued, then flushes once the queue is
 //! empty, which keeps `tail -f` current without a system call per line under load.
+//! Besides the logs it writes the metrics files ([`MetricsLog`]) and `events.jsonl`.
 
 use super::console::Console;
 use super::logbook::{LogBook, Source};
 use super::metrics_log::MetricsLog;
+use crate::events_file::{EventRecord, RunEvent};
 use shardrun_protocol::messages::{EvalMetrics, LogLevel, LogLine, StepMetrics, TrainSummary};
 use std::path::PathBuf;
 use tokio::sync::{mpsc, oneshot};
@@ -38,6 +40,14 @@ pub enum Record {
         step: u64,
         path: String,
     },
+    /// Rank `rank` (rank 0) loaded the checkpoint of `step` and trains on from it.
+    Resumed {
+        rank: u64,
+        step: u64,
+        path: String,
+    },
+    /// Something that happened to the run, for `events.jsonl`.
+    Event(RunEvent),
     /// The controller's own message: train.log and the console.
     Controller(String),
     /// The last lines of a rank, for a failure report (after everything queued before).
@@ -65,6 +75,9 @@ pub struct WriterFiles {
     pub train_log: PathBuf,
     pub logs_dir: PathBuf,
     pub metrics: PathBuf,
+    pub events: PathBuf,
+    /// Ranks reporting each step (a step's record waits for all of them).
+    pub world_size: u64,
 }
 
 pub fn spawn(
@@ -73,7 +86,8 @@ pub fn spawn(
     echo: Echo,
 ) -> std::io::Result<(mpsc::Sender<Record>, std::thread::JoinHandle<()>)> {
     let mut book = LogBook::open(&files.train_log, &files.logs_dir)?;
-    let mut metrics = MetricsLog::open(&files.metrics)?;
+    let mut metrics = MetricsLog::open(&files.metrics, &files.logs_dir, files.world_size)?;
+    let mut events = EventsLog::open(&files.events)?;
     let (tx, mut rx) = mpsc::channel::<Record>(QUEUE_CAPACITY);
     let handle = std::thread::Builder::new()
         .name("run-dir-writer".into())
@@ -86,14 +100,25 @@ pub fn spawn(
                 while let Some(record) = next.take() {
                     if matches!(record, Record::Stop) {
                         stop = true;
+                        if let Err(e) = metrics.finish(super::clock::now()) {
+                            result = Err(e);
+                        }
                         break;
                     }
-                    if let Err(e) = write(&mut book, &mut metrics, &mut console, echo, record) {
+                    let mut files = Files {
+                        book: &mut book,
+                        metrics: &mut metrics,
+                        events: &mut events,
+                    };
+                    if let Err(e) = write(&mut files, &mut console, echo, record) {
                         result = Err(e);
                     }
                     next = rx.try_recv().ok();
                 }
-                let flushed = book.flush().and_then(|()| metrics.flush());
+                let flushed = book
+                    .flush()
+                    .and_then(|()| metrics.flush())
+                    .and_then(|()| events.flush());
                 if let Err(e) = result.and(flushed) {
                     if !failed_once {
                         failed_once = true;
@@ -111,13 +136,24 @@ pub fn spawn(
     Ok((tx, handle))
 }
 
+/// The files the writer thread holds open.
+struct Files<'a> {
+    book: &'a mut LogBook,
+    metrics: &'a mut MetricsLog,
+    events: &'a mut EventsLog,
+}
+
 fn write(
-    book: &mut LogBook,
-    metrics: &mut MetricsLog,
+    files: &mut Files,
     console: &mut Console,
     echo: Echo,
     record: Record,
 ) -> std::io::Result<()> {
+    let Files {
+        book,
+        metrics,
+        events,
+    } = files;
     match record {
         Record::Logs { rank, lines } => {
             for line in lines {
@@ -154,7 +190,7 @@ fn write(
             }
         }
         Record::Metrics(m) => {
-            metrics.record(&m)?;
+            metrics.rank_record(&m, super::clock::now())?;
             // Without a bar, rank 0's own step lines are already echoed when echo is on: a
             // summary line per step would repeat each of them.
             if m.rank == 0 && (console.has_bar() || echo == Echo::None) {
@@ -193,6 +229,23 @@ fn write(
         Record::Checkpoint { rank, step, path } => {
             let text = format!("checkpoint of step {step} saved to {path}");
             controller_noted_line(book, console, rank, &text)?;
+            events.record(RunEvent::Checkpoint { step, path })?;
+        }
+        Record::Resumed {
+            rank: _,
+            step,
+            path,
+        } => {
+            // Rank 0 has logged its own line about it; this is for the record.
+            events.record(RunEvent::Resumed { step, path })?;
+        }
+        Record::Event(mut event) => {
+            // The controller's own idea of the step comes from heartbeats, seconds apart;
+            // the metrics say where the ranks were.
+            if let RunEvent::Failed { step, .. } = &mut event {
+                *step = (*step).max(metrics.last_step_of_all());
+            }
+            events.record(event)?
         }
         Record::Controller(text) => {
             book.controller_line(&text)?;
@@ -204,6 +257,7 @@ fn write(
         Record::Flush(reply) => {
             book.flush()?;
             metrics.flush()?;
+            events.flush()?;
             let _ = reply.send(());
         }
         Record::Stop => {}
@@ -239,4 +293,36 @@ fn echoes(echo: Echo, rank: u64, loud: bool) -> bool {
 
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
+}
+
+/// `events.jsonl` (see [`crate::events_file`]), appended to.
+struct EventsLog {
+    file: std::io::BufWriter<std::fs::File>,
+}
+
+impl EventsLog {
+    fn open(path: &std::path::Path) -> std::io::Result<EventsLog> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(EventsLog {
+            file: std::io::BufWriter::new(file),
+        })
+    }
+
+    fn record(&mut self, event: RunEvent) -> std::io::Result<()> {
+        use std::io::Write;
+        let record = EventRecord {
+            time: super::clock::now(),
+            event,
+        };
+        serde_json::to_writer(&mut self.file, &record)?;
+        self.file.write_all(b"\n")
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        use std::io::Write;
+        self.file.flush()
+    }
 }

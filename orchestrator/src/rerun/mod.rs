@@ -285,9 +285,9 @@ pub fn newest_checkpoint(run: &RunDir, job: &ResolvedJob) -> Option<CheckpointAt
     })
 }
 
-/// The last step rank 0 logged (the latest attempt's, when steps were repeated).
+/// The last step logged (the latest attempt's, when steps were repeated).
 fn last_logged_step(run: &RunDir) -> Option<u64> {
-    crate::metrics_file::read_main_rank(&run.metrics())
+    crate::metrics_file::read(&run.metrics())
         .ok()?
         .last()
         .map(|m| m.step)

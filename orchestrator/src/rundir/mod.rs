@@ -4,7 +4,8 @@
 //! ```text
 //! <run_root>/<name>/
 //!   job.yaml  resolved.json  train_config.json  plan.txt  job.sbatch  manifest.json  secret
-//!   train.log  logs/rank-N.log  metrics.jsonl  controller.addr  controller.lock  result.json
+//!   train.log  logs/rank-N.log  logs/rank-N.metrics.jsonl  logs/rank-N.debug.log
+//!   metrics.jsonl  events.jsonl  controller.addr  controller.lock  result.json
 //!   requeue_count  checkpoints/
 //! ```
 //! It is built as `<name>.tmp-XXXX` next to its final place and renamed, so a failure
@@ -357,8 +358,18 @@ impl RunDir {
     pub fn rank_log(&self, rank: u64) -> PathBuf {
         self.logs_dir().join(format!("rank-{rank}.log"))
     }
+    /// One record per logged step of the whole job (see [`crate::step_record`]).
     pub fn metrics(&self) -> PathBuf {
         self.path.join("metrics.jsonl")
+    }
+    /// Each rank's own metrics records.
+    pub fn rank_metrics(&self, rank: u64) -> PathBuf {
+        self.logs_dir().join(format!("rank-{rank}.metrics.jsonl"))
+    }
+    /// What happened to the run: starts, checkpoints, stops, resumes (see
+    /// [`crate::events_file`]).
+    pub fn events(&self) -> PathBuf {
+        self.path.join("events.jsonl")
     }
     /// `host:port` of the running controller.
     pub fn controller_addr(&self) -> PathBuf {

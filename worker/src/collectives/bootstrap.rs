@@ -90,6 +90,7 @@ pub fn prepare(
         prepared.collective_addr = Some(addr);
         if device == DeviceKind::Cuda && rank == 0 {
             prepared.nccl_unique_id = Some(nccl::new_unique_id()?);
+            tracing::debug!("made the NCCL unique id");
         }
     }
     Ok(prepared)
@@ -147,6 +148,7 @@ impl Prepared {
         let listener = self
             .listener
             .ok_or_else(|| CommError::Invalid("prepared without a listener".to_string()))?;
+        tracing::debug!(world_size = self.world_size, device = ?self.device, "building the communicators");
         let control: Box<dyn Communicator> = Box::new(CpuCommunicator::connect(
             listener,
             members,
@@ -176,6 +178,13 @@ impl Prepared {
                 )?)
             }
         };
+        tracing::debug!(
+            "communicators ready: control on the CPU ring, data on {}",
+            match self.device {
+                DeviceKind::Cpu => "a second CPU ring",
+                DeviceKind::Cuda => "NCCL",
+            }
+        );
         Ok(Comms { control, data })
     }
 }

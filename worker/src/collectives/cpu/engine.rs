@@ -45,6 +45,21 @@ pub enum Op {
     },
 }
 
+impl Op {
+    /// The operation's name and the bytes of its (largest) tensor, for diagnostics.
+    pub fn describe(&self) -> (&'static str, usize) {
+        let bytes = |t: &Tensor| t.numel() * t.kind().elt_size_in_bytes();
+        match self {
+            Op::AllGather { output, .. } => ("all-gather", bytes(output)),
+            Op::ReduceScatter { input, .. } => ("reduce-scatter", bytes(input)),
+            Op::AllReduce { tensor, .. } => ("all-reduce", bytes(tensor)),
+            Op::Broadcast { tensor, .. } => ("broadcast", bytes(tensor)),
+            Op::Barrier => ("barrier", 0),
+            Op::Subgroup { .. } => ("new-subgroup", 0),
+        }
+    }
+}
+
 pub enum Outcome {
     Done,
     /// The group's engine; `None` for a group of one.

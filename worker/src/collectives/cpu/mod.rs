@@ -49,14 +49,17 @@ impl CpuCommunicator {
             )));
         }
         let deadline = Instant::now() + options.timeout;
-        let next = transport::dial(&members[(rank + 1) % n], members[rank].rank, 0, deadline)?;
-        let prev = transport::accept(
-            &listener,
-            &members[(rank + n - 1) % n],
-            members[rank].rank,
-            0,
-            deadline,
-        )?;
+        let (next, prev) = (&members[(rank + 1) % n], &members[(rank + n - 1) % n]);
+        tracing::debug!(
+            ranks = n,
+            next = next.rank,
+            next_addr = next.addr,
+            prev = prev.rank,
+            "connecting the ring"
+        );
+        let next = transport::dial(next, members[rank].rank, 0, deadline)?;
+        let prev = transport::accept(&listener, prev, members[rank].rank, 0, deadline)?;
+        tracing::debug!(ranks = n, "ring connected");
         Self::spawn(Engine::new(members, rank, next, prev, options))
     }
 
@@ -64,12 +67,27 @@ impl CpuCommunicator {
         let (rank, size) = (engine.rank(), engine.size());
         let (jobs, queue) = mpsc::channel::<Job>();
         let mut engine = engine;
+        let span = tracing::Span::current();
         std::thread::Builder::new()
             .name(format!("collectives-r{rank}"))
             .spawn(move || {
+                let _span = span.enter();
                 // Ends when the communicator is dropped; dropping the engine closes its sockets.
                 while let Ok(job) = queue.recv() {
-                    let _ = job.done.send(engine.execute(job.op));
+                    let (collective, bytes) = job.op.describe();
+                    let started = tracing::enabled!(tracing::Level::TRACE).then(Instant::now);
+                    let result = engine.execute(job.op);
+                    if let Some(started) = started {
+                        tracing::trace!(
+                            collective,
+                            bytes,
+                            ranks = size,
+                            seconds = started.elapsed().as_secs_f64(),
+                            ok = result.is_ok(),
+                            "collective done"
+                        );
+                    }
+                    let _ = job.done.send(result);
                 }
             })
             .map(|_| CpuCommunicator { rank, size, jobs })
@@ -77,6 +95,10 @@ impl CpuCommunicator {
     }
 
     fn submit(&self, op: Op) -> Result<mpsc::Receiver<Result<Outcome, CommError>>, CommError> {
+        if tracing::enabled!(tracing::Level::TRACE) {
+            let (collective, bytes) = op.describe();
+            tracing::trace!(collective, bytes, ranks = self.size, "collective issued");
+        }
         let (done, result) = mpsc::channel();
         self.jobs
             .send(Job { op, done })

@@ -93,6 +93,7 @@ pub fn bind(host: &str) -> Result<(TcpListener, String), CommError> {
     } else {
         format!("{advertised}:{port}")
     };
+    tracing::debug!(bound = %format!("{host}:{port}"), advertised = addr, "collective listener");
     Ok((listener, addr))
 }
 
@@ -113,7 +114,9 @@ pub fn dial(peer: &Member, me: usize, comm_id: u64, deadline: Instant) -> Result
         what: format!("could not be reached before the timeout ({last})"),
     };
     let mut last = String::from("no attempt");
+    let mut attempt = 0u64;
     loop {
+        attempt += 1;
         let addrs = peer.addr.to_socket_addrs().map_err(|e| CommError::Peer {
             rank: peer.rank,
             addr: peer.addr.clone(),
@@ -138,10 +141,22 @@ pub fn dial(peer: &Member, me: usize, comm_id: u64, deadline: Instant) -> Result
                         peer: peer.clone(),
                     };
                     tune(&link)?;
+                    tracing::debug!(peer = peer.rank, %addr, attempt, "connected to peer");
                     return Ok(link);
                 }
                 Err(e) => last = e.to_string(),
             }
+        }
+        // The first failure and then every few seconds: a peer that is slow to start
+        // should not fill the log.
+        if attempt == 1 || attempt.is_multiple_of(100) {
+            tracing::debug!(
+                peer = peer.rank,
+                addr = peer.addr,
+                attempt,
+                error = last,
+                "peer not reachable yet; retrying"
+            );
         }
         if Instant::now() >= deadline {
             return Err(timeout_error(&last));
@@ -165,7 +180,7 @@ pub fn accept(
     let expected = hello(comm_id, peer.rank, me);
     loop {
         match listener.accept() {
-            Ok((mut stream, _)) => {
+            Ok((mut stream, from)) => {
                 let mut got = [0u8; 32];
                 let ok = stream.set_nonblocking(false).is_ok()
                     && stream
@@ -179,8 +194,10 @@ pub fn accept(
                         peer: peer.clone(),
                     };
                     tune(&link)?;
+                    tracing::debug!(peer = peer.rank, from = %from, "accepted peer");
                     return Ok(link);
                 }
+                tracing::debug!(from = %from, expected = peer.rank, "dropped a connection that is not the expected peer");
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {

@@ -349,6 +349,8 @@ impl NcclCommunicator {
             *dst = src as std::ffi::c_char;
         }
         let device = cuda::current_device().map_err(cuda_error)?;
+        tracing::debug!(rank, world_size, device, "joining the NCCL communicator");
+        let joining = Instant::now();
         let mut raw = std::ptr::null_mut();
         let mut cfg = config(false);
         // SAFETY: valid out-pointer and config; rank < world_size is checked by the caller
@@ -365,6 +367,10 @@ impl NcclCommunicator {
         }
         let comm = Comm::wrap(raw, "the world".into(), device, timeout)?;
         comm.settle("ncclCommInitRank", Instant::now() + timeout)?;
+        tracing::debug!(
+            seconds = joining.elapsed().as_secs_f64(),
+            "NCCL communicator ready"
+        );
         Ok(NcclCommunicator {
             comm,
             rank,
@@ -385,6 +391,20 @@ impl NcclCommunicator {
         call: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> sys::ncclResult_t,
     ) -> Result<Work, CommError> {
         let comm = &self.comm;
+        if tracing::enabled!(tracing::Level::TRACE) {
+            let bytes = keep
+                .iter()
+                .map(|t| t.numel() * t.kind().elt_size_in_bytes())
+                .max()
+                .unwrap_or(0);
+            tracing::trace!(
+                collective = what,
+                bytes,
+                ranks = self.size,
+                communicator = comm.label,
+                "collective issued"
+            );
+        }
         comm.state()?;
         comm.reap()?;
         let ready = Event::record(cuda::compute_stream()).map_err(cuda_error)?;

@@ -1,0 +1,448 @@
+//! Drawing a [`Panel`] with plotters, and saving a [`Figure`] as SVG or PNG (by the file's
+//! extension). Every curve is clipped to its panel's frame before it is drawn (see
+//! [`super::series::clip`]), the frame itself is drawn, and a step axis has whole-step
+//! ticks.
+
+use super::series::{self, clip, Frame, Point};
+use anyhow::{bail, Context};
+use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint};
+use plotters::coord::types::RangedCoordf64;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+use std::path::Path;
+
+/// The colour of panel frames: the SVG tells panels by it (`stroke="#555555"`).
+pub const FRAME_COLOR: RGBColor = RGBColor(0x55, 0x55, 0x55);
+pub const LEGEND_BORDER: RGBColor = RGBColor(0x99, 0x99, 0x99);
+/// Grid lines at the ticks.
+pub const MESH_COLOR: RGBColor = RGBColor(0xe4, 0xe4, 0xe4);
+
+/// Tableau's ten colours: distinct, and readable on white.
+pub const PALETTE: [RGBColor; 10] = [
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0xff, 0x7f, 0x0e),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0x8c, 0x56, 0x4b),
+    RGBColor(0xe3, 0x77, 0xc2),
+    RGBColor(0x7f, 0x7f, 0x7f),
+    RGBColor(0xbc, 0xbd, 0x22),
+    RGBColor(0x17, 0xbe, 0xcf),
+];
+
+/// How an axis labels its ticks.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TickFormat {
+    /// Whole numbers (steps).
+    Steps,
+    /// Values with as many digits as the tick spacing needs.
+    Values,
+    /// The axis is log10 of the value; ticks show the value.
+    Log10,
+    /// Tick `i` is category `i`'s name.
+    Categories(Vec<String>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Axis {
+    pub lo: f64,
+    pub hi: f64,
+    pub ticks: Vec<f64>,
+    pub format: TickFormat,
+    pub label: String,
+}
+
+impl Axis {
+    /// A step axis over `lo..=hi` with whole-step ticks.
+    pub fn steps(lo: f64, hi: f64) -> Axis {
+        let (lo, hi) = if hi > lo {
+            (lo, hi)
+        } else {
+            (lo - 1.0, hi + 1.0)
+        };
+        Axis {
+            lo,
+            hi,
+            ticks: series::step_ticks(lo, hi, 8),
+            format: TickFormat::Steps,
+            label: "step".into(),
+        }
+    }
+
+    /// A value axis over `range`, linear, or log10 of the values when `log` (the range is
+    /// then of exponents).
+    pub fn values(range: (f64, f64), log: bool, label: &str) -> Axis {
+        let (lo, hi) = range;
+        let (ticks, format) = if log {
+            (series::log_ticks(lo, hi), TickFormat::Log10)
+        } else {
+            (series::ticks(lo, hi, 5).0, TickFormat::Values)
+        };
+        Axis {
+            lo,
+            hi,
+            ticks,
+            format,
+            label: label.into(),
+        }
+    }
+
+    fn tick_text(&self, value: f64) -> String {
+        match &self.format {
+            TickFormat::Steps => format!("{value:.0}"),
+            TickFormat::Values => {
+                let step = self
+                    .ticks
+                    .windows(2)
+                    .map(|w| w[1] - w[0])
+                    .next()
+                    .unwrap_or((self.hi - self.lo).abs());
+                // One style per axis: 5k, 10k, 15k rather than 5000, 10k, 15k.
+                if self.ticks.iter().any(|t| t.abs() >= 1e4) {
+                    series::si(if value.abs() < step.abs() * 1e-6 {
+                        0.0
+                    } else {
+                        value
+                    })
+                } else {
+                    series::tick_label(value, step)
+                }
+            }
+            TickFormat::Log10 => {
+                let v = 10f64.powf(value);
+                if !(1e-2..1e4).contains(&v) {
+                    format!("{v:.0e}")
+                } else {
+                    format!("{}", (v * 1000.0).round() / 1000.0)
+                }
+            }
+            TickFormat::Categories(names) => names
+                .get(value.round() as usize)
+                .cloned()
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// A linear coordinate whose grid lines and labels are exactly the axis's ticks.
+struct Ticked {
+    inner: RangedCoordf64,
+    ticks: Vec<f64>,
+}
+
+impl Ticked {
+    fn of(axis: &Axis) -> Ticked {
+        Ticked {
+            inner: (axis.lo..axis.hi).into(),
+            ticks: axis.ticks.clone(),
+        }
+    }
+}
+
+impl Ranged for Ticked {
+    type FormatOption = DefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, value: &f64, limit: (i32, i32)) -> i32 {
+        self.inner.map(value, limit)
+    }
+
+    fn key_points<Hint: KeyPointHint>(&self, hint: Hint) -> Vec<f64> {
+        if hint.weight().allow_light_points() {
+            Vec::new()
+        } else {
+            self.ticks.clone()
+        }
+    }
+
+    fn range(&self) -> std::ops::Range<f64> {
+        self.inner.range()
+    }
+}
+
+/// A curve of a panel.
+#[derive(Debug, Clone)]
+pub struct Curve {
+    pub points: Vec<Point>,
+    pub color: RGBColor,
+    pub width: u32,
+    /// 1.0 opaque; raw curves under a smoothed one are faint.
+    pub opacity: f64,
+    pub label: Option<String>,
+}
+
+/// Points marked with dots (evaluations, final losses).
+#[derive(Debug, Clone)]
+pub struct Dots {
+    pub points: Vec<Point>,
+    pub color: RGBColor,
+    pub label: Option<String>,
+}
+
+/// A vertical line at a step: something that happened to the run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Marker {
+    pub step: f64,
+    pub color: RGBColor,
+    pub width: u32,
+    pub opacity: f64,
+    /// The legend entry of this kind of marker (the first of a kind carries it).
+    pub kind: String,
+    /// Written next to the line in panels that label markers, on this line of text from
+    /// the top (markers close together do not write over each other).
+    pub text: Option<String>,
+    pub text_row: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Panel {
+    pub title: String,
+    pub x: Axis,
+    pub y: Axis,
+    pub curves: Vec<Curve>,
+    pub dots: Vec<Dots>,
+    pub markers: Vec<Marker>,
+    pub legend: bool,
+    pub marker_text: bool,
+}
+
+/// Something drawn into a drawing area of any backend.
+pub trait Figure {
+    fn size(&self) -> (u32, u32);
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: DrawingArea<DB, Shift>,
+        text: bool,
+    ) -> anyhow::Result<()>;
+}
+
+/// Draws `figure` into `output`: SVG or PNG by the extension. PNG needs a TrueType font for
+/// its text; SVG without one is drawn unlabelled, saying so.
+pub fn save(figure: &impl Figure, output: &Path) -> anyhow::Result<()> {
+    let font = register_system_font();
+    let size = figure.size();
+    match output.extension().and_then(|e| e.to_str()) {
+        Some("svg") => {
+            if let Err(e) = &font {
+                eprintln!("warning: drawing without labels: {e}");
+            }
+            figure.draw(
+                SVGBackend::new(output, size).into_drawing_area(),
+                font.is_ok(),
+            )
+        }
+        Some("png") => {
+            font?;
+            figure.draw(BitMapBackend::new(output, size).into_drawing_area(), true)
+        }
+        _ => bail!(
+            "cannot tell the format of {}: name it .svg or .png",
+            output.display()
+        ),
+    }
+    .with_context(|| format!("cannot draw {}", output.display()))
+}
+
+/// plotters' errors carry the backend's error type; they become text here.
+pub fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+    anyhow::anyhow!("{e:?}")
+}
+
+/// TrueType fonts tried for text (PNG needs one; SVG layout uses one for sizes).
+const FONT_CANDIDATES: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+];
+
+/// plotters' `ab_glyph` text renderer takes a font registered by name. `SHARDRUN_PLOT_FONT`
+/// may name another `.ttf`.
+fn register_system_font() -> anyhow::Result<()> {
+    static REGISTERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if REGISTERED.get() == Some(&true) {
+        return Ok(());
+    }
+    let custom = std::env::var("SHARDRUN_PLOT_FONT").ok();
+    let candidates = custom
+        .iter()
+        .map(String::as_str)
+        .chain(FONT_CANDIDATES.iter().copied());
+    for path in candidates {
+        if let Ok(bytes) = std::fs::read(path) {
+            // Registered fonts must live for the whole program.
+            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+            if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
+                let _ = REGISTERED.set(true);
+                return Ok(());
+            }
+        }
+    }
+    bail!(
+        "labels need a TrueType font and none was found (tried {}); install fonts-dejavu-core \
+         or set SHARDRUN_PLOT_FONT to a .ttf file (SVG output works without one, unlabelled)",
+        FONT_CANDIDATES.join(", ")
+    )
+}
+
+/// Draws `panel` into `area`: axes, frame, markers, curves cut to the frame, dots inside it,
+/// and the legend.
+pub fn draw_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    panel: &Panel,
+    text: bool,
+) -> anyhow::Result<()> {
+    let (x, y) = (&panel.x, &panel.y);
+    let frame = Frame {
+        x0: x.lo,
+        x1: x.hi,
+        y0: y.lo,
+        y1: y.hi,
+    };
+    let mut builder = ChartBuilder::on(area);
+    builder
+        .margin(8)
+        .x_label_area_size(if text { 32 } else { 0 })
+        .y_label_area_size(if text { 64 } else { 0 });
+    if text {
+        builder.caption(&panel.title, ("sans-serif", 17));
+    }
+    let mut chart = builder
+        .build_cartesian_2d(Ticked::of(x), Ticked::of(y))
+        .map_err(err)?;
+    let x_text = |v: &f64| x.tick_text(*v);
+    let y_text = |v: &f64| y.tick_text(*v);
+    let mut mesh = chart.configure_mesh();
+    mesh.bold_line_style(MESH_COLOR)
+        .light_line_style(TRANSPARENT)
+        .axis_style(FRAME_COLOR);
+    if text {
+        mesh.x_label_formatter(&x_text)
+            .y_label_formatter(&y_text)
+            .x_desc(x.label.as_str())
+            .y_desc(y.label.as_str())
+            .label_style(("sans-serif", 12));
+    } else {
+        mesh.x_labels(0).y_labels(0);
+    }
+    mesh.draw().map_err(err)?;
+    chart
+        .draw_series(std::iter::once(Rectangle::new(
+            [(x.lo, y.lo), (x.hi, y.hi)],
+            FRAME_COLOR.stroke_width(1),
+        )))
+        .map_err(err)?;
+
+    let mut kinds_shown: Vec<&str> = Vec::new();
+    for marker in &panel.markers {
+        if marker.step < x.lo || marker.step > x.hi {
+            continue;
+        }
+        let style = marker.color.mix(marker.opacity).stroke_width(marker.width);
+        let anno = chart
+            .draw_series(std::iter::once(PathElement::new(
+                vec![(marker.step, y.lo), (marker.step, y.hi)],
+                style,
+            )))
+            .map_err(err)?;
+        if panel.legend && !kinds_shown.contains(&marker.kind.as_str()) {
+            kinds_shown.push(&marker.kind);
+            anno.label(marker.kind.clone()).legend(move |(px, py)| {
+                PathElement::new(vec![(px + 10, py - 6), (px + 10, py + 6)], style)
+            });
+        }
+        if let (true, true, Some(label)) = (text, panel.marker_text, &marker.text) {
+            // Right of the line, or left of it in the right third of the panel.
+            let right_side = marker.step > x.lo + (x.hi - x.lo) * 0.67;
+            let anchor = if right_side { HPos::Right } else { HPos::Left };
+            let style = ("sans-serif", 12)
+                .into_font()
+                .color(&marker.color)
+                .pos(Pos::new(anchor, VPos::Top));
+            let offset = if right_side { -4 } else { 4 };
+            chart
+                .draw_series(std::iter::once(
+                    EmptyElement::at((marker.step, y.hi))
+                        + Text::new(
+                            label.clone(),
+                            (offset, 4 + 15 * marker.text_row as i32),
+                            style,
+                        ),
+                ))
+                .map_err(err)?;
+        }
+    }
+
+    for curve in &panel.curves {
+        let style = curve.color.mix(curve.opacity).stroke_width(curve.width);
+        let parts = clip(&curve.points, &frame);
+        let (lines, singles): (Vec<Vec<Point>>, Vec<Vec<Point>>) =
+            parts.into_iter().partition(|p| p.len() > 1);
+        let anno = chart
+            .draw_series(lines.into_iter().map(|p| PathElement::new(p, style)))
+            .map_err(err)?;
+        if let (true, Some(label)) = (panel.legend, &curve.label) {
+            anno.label(label.clone())
+                .legend(move |(px, py)| PathElement::new(vec![(px, py), (px + 20, py)], style));
+        }
+        chart
+            .draw_series(
+                singles
+                    .into_iter()
+                    .flatten()
+                    .map(|p| Circle::new(p, 3, style.filled())),
+            )
+            .map_err(err)?;
+    }
+    for dots in &panel.dots {
+        let color = dots.color;
+        let inside: Vec<Point> = dots
+            .points
+            .iter()
+            .copied()
+            .filter(|p| frame.contains(*p))
+            .collect();
+        let anno = chart
+            .draw_series(
+                inside
+                    .into_iter()
+                    .map(|p| Circle::new(p, 4, color.filled())),
+            )
+            .map_err(err)?;
+        if let (true, Some(label)) = (panel.legend, &dots.label) {
+            anno.label(label.clone())
+                .legend(move |(px, py)| Circle::new((px + 10, py), 4, color.filled()));
+        }
+    }
+    if panel.legend && text {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(LEGEND_BORDER)
+            .label_font(("sans-serif", 13))
+            .draw()
+            .map_err(err)?;
+    }
+    Ok(())
+}
+
+/// `area` split into rows of at most `per_row` panels; a short last row's panels are wider.
+pub fn grid<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    count: usize,
+    per_row: usize,
+) -> Vec<DrawingArea<DB, Shift>> {
+    if count == 0 {
+        return Vec::new();
+    }
+    let rows = count.div_ceil(per_row);
+    let mut out = Vec::new();
+    for (r, row) in area.split_evenly((rows, 1)).into_iter().enumerate() {
+        let in_row = per_row.min(count - r * per_row);
+        out.extend(row.split_evenly((1, in_row)));
+    }
+    out
+}

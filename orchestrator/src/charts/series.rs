@@ -1,0 +1,349 @@
+//! The arithmetic of a chart, apart from drawing: smoothing, the range an axis shows, tick
+//! positions and labels, and clipping a curve to its panel: a curve leaving the panel is
+//! cut where it crosses the edge and resumes where it comes back (plotters alone would pin
+//! each outside point to the edge, drawing a false value along it).
+
+/// A point of a curve: (step, value).
+pub type Point = (f64, f64);
+
+/// TensorBoard's smoothing: an exponential moving average with weight `weight` on the past
+/// (0: none, 0.99: heavy), debiased so the first values are not pulled towards zero.
+/// Non-finite values are skipped (the curve keeps its last smoothed value there).
+pub fn ema(points: &[Point], weight: f64) -> Vec<Point> {
+    let weight = weight.clamp(0.0, 0.999);
+    let mut last = 0.0;
+    let mut debias = 1.0;
+    let mut out = Vec::with_capacity(points.len());
+    for &(x, y) in points {
+        if !y.is_finite() {
+            continue;
+        }
+        last = last * weight + (1.0 - weight) * y;
+        debias *= weight;
+        out.push((x, last / (1.0 - debias)));
+    }
+    out
+}
+
+/// The `q` quantile (0..=1) of finite values, nearest rank.
+pub fn quantile(values: &[f64], q: f64) -> Option<f64> {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    Some(v[((v.len() - 1) as f64 * q.clamp(0.0, 1.0)).round() as usize])
+}
+
+/// The range a panel shows for `values`, padded by 5% (a flat or single value still gets
+/// some height). With `robust` and enough values, the extreme 1% at either end may fall
+/// outside (spikes are then clipped at the panel's edge instead of squashing the rest);
+/// `keep` values (the smoothed curve) are always inside.
+pub fn value_range(values: &[f64], keep: &[f64], robust: bool) -> (f64, f64) {
+    let finite = |v: &[f64]| -> Vec<f64> { v.iter().copied().filter(|x| x.is_finite()).collect() };
+    let (values, keep) = (finite(values), finite(keep));
+    let (mut lo, mut hi) = if robust && values.len() >= ROBUST_FROM {
+        (
+            quantile(&values, 0.01).unwrap_or(0.0),
+            quantile(&values, 0.99).unwrap_or(1.0),
+        )
+    } else {
+        values
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| {
+                (lo.min(v), hi.max(v))
+            })
+    };
+    for &v in &keep {
+        lo = lo.min(v);
+        hi = hi.max(v);
+    }
+    if !lo.is_finite() || !hi.is_finite() {
+        return (0.0, 1.0);
+    }
+    let pad = ((hi - lo) * 0.05)
+        .max(hi.abs().max(lo.abs()) * 0.01)
+        .max(1e-12);
+    (lo - pad, hi + pad)
+}
+
+/// Values a curve needs before its extremes may be cut: a short run's every point counts.
+const ROBUST_FROM: usize = 200;
+
+/// 1, 2 or 5 times a power of ten, the smallest such at least `raw`.
+fn nice_step(raw: f64) -> f64 {
+    if !(raw.is_finite() && raw > 0.0) {
+        return 1.0;
+    }
+    let magnitude = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * magnitude)
+        .find(|&s| s >= raw * (1.0 - 1e-9))
+        .unwrap_or(10.0 * magnitude)
+}
+
+/// Tick positions in `lo..=hi`: multiples of a 1/2/5 step, at most about `max` of them.
+pub fn ticks(lo: f64, hi: f64, max: usize) -> (Vec<f64>, f64) {
+    let step = nice_step((hi - lo) / max.max(1) as f64);
+    let first = (lo / step).ceil();
+    let mut out = Vec::new();
+    let mut k = first;
+    while k * step <= hi + step * 1e-9 && out.len() <= 2 * max {
+        // Products of a float step pick up noise (0.30000000000000004): round it off.
+        out.push(round_to(k * step, step));
+        k += 1.0;
+    }
+    (out, step)
+}
+
+/// Steps are whole numbers: ticks on whole steps only.
+pub fn step_ticks(lo: f64, hi: f64, max: usize) -> Vec<f64> {
+    let (ticks, step) = ticks(lo, hi, max);
+    if step >= 1.0 {
+        ticks
+    } else {
+        (lo.ceil() as i64..=hi.floor() as i64)
+            .map(|s| s as f64)
+            .collect()
+    }
+}
+
+fn round_to(value: f64, step: f64) -> f64 {
+    let decimals = (-step.log10().floor()).max(0.0) as i32 + 1;
+    let scale = 10f64.powi(decimals);
+    (value * scale).round() / scale
+}
+
+/// Ticks for a log10 axis over `lo..=hi` (exponents): the 1, 2 and 5 of each decade inside,
+/// or plain ticks of the exponent when the range is within one decade.
+pub fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let mut out = Vec::new();
+    for decade in lo.floor() as i32..=hi.ceil() as i32 {
+        for m in [1.0f64, 2.0, 5.0] {
+            let v = (m * 10f64.powi(decade)).log10();
+            if v >= lo && v <= hi {
+                out.push(v);
+            }
+        }
+    }
+    if out.len() >= 2 {
+        out
+    } else {
+        ticks(lo, hi, 5).0
+    }
+}
+
+/// A tick label that shows as many digits as the ticks' spacing needs.
+pub fn tick_label(value: f64, step: f64) -> String {
+    // 0 computed as -1e-17 must not read "-0".
+    let value = if value.abs() < step.abs() * 1e-6 {
+        0.0
+    } else {
+        value
+    };
+    let magnitude = value.abs().max(step.abs());
+    if magnitude >= 1e4 {
+        si(value)
+    } else if magnitude > 0.0 && magnitude < 1e-2 {
+        format!("{value:.1e}")
+    } else {
+        let decimals = (-step.abs().log10().floor()).max(0.0) as usize;
+        format!("{value:.decimals$}")
+    }
+}
+
+/// `12345` → `12.3k`, `2.5e6` → `2.5M`.
+pub fn si(value: f64) -> String {
+    if value == 0.0 {
+        return "0".into();
+    }
+    let a = value.abs();
+    let (scaled, unit) = if a >= 1e9 {
+        (value / 1e9, "G")
+    } else if a >= 1e6 {
+        (value / 1e6, "M")
+    } else if a >= 1e3 {
+        (value / 1e3, "k")
+    } else {
+        (value, "")
+    };
+    let text = format!("{scaled:.1}");
+    let text = text.strip_suffix(".0").unwrap_or(&text);
+    format!("{text}{unit}")
+}
+
+/// A rectangle of the plane: (x0, x1, y0, y1) with x0 < x1, y0 < y1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Frame {
+    pub x0: f64,
+    pub x1: f64,
+    pub y0: f64,
+    pub y1: f64,
+}
+
+impl Frame {
+    pub fn contains(&self, (x, y): Point) -> bool {
+        x >= self.x0 && x <= self.x1 && y >= self.y0 && y <= self.y1
+    }
+}
+
+/// The parts of the polyline through `points` inside `frame`: a segment that leaves the
+/// frame is cut at its edge (Liang-Barsky) and the curve resumes where it comes back in.
+/// Non-finite points break the curve.
+pub fn clip(points: &[Point], frame: &Frame) -> Vec<Vec<Point>> {
+    let mut parts: Vec<Vec<Point>> = Vec::new();
+    let mut current: Vec<Point> = Vec::new();
+    let finite = |p: &Point| p.0.is_finite() && p.1.is_finite();
+    let flush = |current: &mut Vec<Point>, parts: &mut Vec<Vec<Point>>| {
+        if !current.is_empty() {
+            parts.push(std::mem::take(current));
+        }
+    };
+    if points.len() == 1 && finite(&points[0]) && frame.contains(points[0]) {
+        return vec![vec![points[0]]];
+    }
+    for pair in points.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        if !finite(&a) || !finite(&b) {
+            flush(&mut current, &mut parts);
+            continue;
+        }
+        match clip_segment(a, b, frame) {
+            Some((p, q)) => {
+                if current.last() != Some(&p) {
+                    flush(&mut current, &mut parts);
+                    current.push(p);
+                }
+                current.push(q);
+                if q != b {
+                    // Left the frame: the next part starts where the curve comes back.
+                    flush(&mut current, &mut parts);
+                }
+            }
+            None => flush(&mut current, &mut parts),
+        }
+    }
+    flush(&mut current, &mut parts);
+    parts
+}
+
+/// The part of segment a-b inside `frame`, if any.
+fn clip_segment(a: Point, b: Point, f: &Frame) -> Option<(Point, Point)> {
+    let (dx, dy) = (b.0 - a.0, b.1 - a.1);
+    let (mut t0, mut t1) = (0.0f64, 1.0f64);
+    for (p, q) in [
+        (-dx, a.0 - f.x0),
+        (dx, f.x1 - a.0),
+        (-dy, a.1 - f.y0),
+        (dy, f.y1 - a.1),
+    ] {
+        if p == 0.0 {
+            if q < 0.0 {
+                return None;
+            }
+        } else {
+            let r = q / p;
+            if p < 0.0 {
+                t0 = t0.max(r);
+            } else {
+                t1 = t1.min(r);
+            }
+        }
+    }
+    if t0 > t1 {
+        return None;
+    }
+    let at = |t: f64| {
+        if t == 0.0 {
+            a
+        } else if t == 1.0 {
+            b
+        } else {
+            (a.0 + t * dx, a.1 + t * dy)
+        }
+    };
+    Some((at(t0), at(t1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ema_is_debiased_and_matches_tensorboard() {
+        let points: Vec<Point> = [(1.0, 10.0), (2.0, 0.0), (3.0, 10.0)].to_vec();
+        let s = ema(&points, 0.5);
+        // TensorBoard: last = last*w + (1-w)*v; value / (1 - w^n).
+        assert_eq!(s[0], (1.0, 10.0));
+        assert!((s[1].1 - (2.5 / 0.75)).abs() < 1e-12);
+        assert!((s[2].1 - (6.25 / 0.875)).abs() < 1e-12);
+        assert_eq!(ema(&points, 0.0), points);
+        assert_eq!(ema(&[(1.0, f64::NAN), (2.0, 4.0)], 0.9), vec![(2.0, 4.0)]);
+    }
+
+    #[test]
+    fn ranges_keep_the_smoothed_curve_and_may_drop_spikes() {
+        let mut values: Vec<f64> = (0..300).map(|i| 100.0 + (i % 3) as f64).collect();
+        values[50] = 1e9;
+        let (lo, hi) = value_range(&values, &[], true);
+        assert!(lo < 100.0 && hi < 110.0, "{lo} {hi}");
+        let (_, hi) = value_range(&values, &[], false);
+        assert!(hi > 1e9);
+        let (lo, _) = value_range(&values, &[50.0], true);
+        assert!(lo < 50.0);
+        assert_eq!(value_range(&[f64::NAN], &[], false), (0.0, 1.0));
+        let (lo, hi) = value_range(&[3.0], &[], false);
+        assert!(lo < 3.0 && hi > 3.0);
+    }
+
+    #[test]
+    fn ticks_are_round_numbers_and_steps_are_whole() {
+        assert_eq!(ticks(0.0, 1.0, 5).0, vec![0.0, 0.2, 0.4, 0.6, 0.8, 1.0]);
+        assert_eq!(
+            ticks(13.0, 3007.0, 6).0,
+            vec![500.0, 1000.0, 1500.0, 2000.0, 2500.0, 3000.0]
+        );
+        assert_eq!(step_ticks(0.5, 4.5, 10), vec![1.0, 2.0, 3.0, 4.0]);
+        assert!(step_ticks(1.0, 3000.0, 8).iter().all(|t| t.fract() == 0.0));
+        assert_eq!(tick_label(500.0, 500.0), "500");
+        assert_eq!(tick_label(0.4, 0.2), "0.4");
+        assert_eq!(tick_label(120_000.0, 20_000.0), "120k");
+        assert_eq!(tick_label(0.0003, 0.0001), "3.0e-4");
+        assert_eq!(tick_label(-1e-13, 5000.0), "0");
+        assert_eq!(
+            log_ticks(0.0, 1.0),
+            vec![0.0, 2f64.log10(), 5f64.log10(), 1.0]
+        );
+    }
+
+    #[test]
+    fn curves_are_cut_at_the_frame() {
+        let frame = Frame {
+            x0: 0.0,
+            x1: 10.0,
+            y0: 0.0,
+            y1: 1.0,
+        };
+        // Up through the top edge at x=2.5 and back in at x=7.5.
+        let points = [(0.0, 0.5), (5.0, 1.5), (10.0, 0.5)];
+        let parts = clip(&points, &frame);
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts[0], vec![(0.0, 0.5), (2.5, 1.0)]);
+        assert_eq!(parts[1], vec![(7.5, 1.0), (10.0, 0.5)]);
+        for p in parts.iter().flatten() {
+            assert!(frame.contains(*p), "{p:?}");
+        }
+        // Entirely outside, a NaN in the middle, one point.
+        assert!(clip(&[(1.0, 5.0), (2.0, 6.0)], &frame).is_empty());
+        let broken = clip(
+            &[(1.0, 0.5), (2.0, f64::NAN), (3.0, 0.5), (4.0, 0.5)],
+            &frame,
+        );
+        assert_eq!(broken, vec![vec![(3.0, 0.5), (4.0, 0.5)]]);
+        assert_eq!(clip(&[(1.0, 0.5)], &frame), vec![vec![(1.0, 0.5)]]);
+        // A curve inside stays one piece.
+        let inside = [(0.0, 0.1), (1.0, 0.2), (2.0, 0.3)];
+        assert_eq!(clip(&inside, &frame), vec![inside.to_vec()]);
+    }
+}

@@ -1,0 +1,469 @@
+//! The figure of a sweep folder: every point's loss overlaid (smoothed), labelled by the
+//! parameters the sweep gave it, and for a grid of one or two parameters the final loss
+//! against the first parameter (one line per value of the second).
+
+use super::canvas::{self, Axis, Curve, Dots, Figure, Panel, TickFormat, PALETTE};
+use super::series::{ema, value_range, Point};
+use crate::step_record::StepRecord;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// Where a parameter value goes on the x axis.
+type Placement = Box<dyn Fn(&Value) -> f64>;
+
+/// One point of the sweep: its run's name, parameters and step records.
+pub struct SweepPoint {
+    pub name: String,
+    pub params: BTreeMap<String, Value>,
+    pub steps: Vec<StepRecord>,
+}
+
+pub struct SweepFigure {
+    pub title: String,
+    pub points: Vec<SweepPoint>,
+    pub smoothing: f64,
+    pub log_loss: bool,
+}
+
+/// Legend entries at most; the rest are summed up in one.
+const MAX_LEGEND: usize = 12;
+const WIDTH: u32 = 1200;
+const OVERLAY_HEIGHT: u32 = 520;
+const FINAL_HEIGHT: u32 = 400;
+const TITLE_HEIGHT: u32 = 44;
+
+impl SweepFigure {
+    /// The parameters whose values differ between points, in name order.
+    pub fn swept(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self
+            .points
+            .iter()
+            .flat_map(|p| p.params.keys().cloned())
+            .collect();
+        keys.sort();
+        keys.dedup();
+        keys.retain(|k| {
+            let first = self.points.first().and_then(|p| p.params.get(k));
+            self.points.iter().any(|p| p.params.get(k) != first)
+        });
+        keys
+    }
+
+    /// `lr=0.001, seed=1` (short names, or the dotted path where two would clash).
+    pub fn label(&self, point: &SweepPoint) -> String {
+        let keys = self.swept();
+        if keys.is_empty() {
+            return point.name.clone();
+        }
+        let names = short_names(&keys);
+        keys.iter()
+            .zip(&names)
+            .map(|(k, n)| {
+                format!(
+                    "{n}={}",
+                    point.params.get(k).map(value_text).unwrap_or_default()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    fn transform(&self, v: f64) -> f64 {
+        match (self.log_loss, v > 0.0) {
+            (false, _) => v,
+            (true, true) => v.log10(),
+            (true, false) => f64::NAN,
+        }
+    }
+
+    pub fn panels(&self) -> Vec<Panel> {
+        let mut panels = vec![self.overlay()];
+        if let Some(final_loss) = self.final_loss() {
+            panels.push(final_loss);
+        }
+        panels
+    }
+
+    /// The points in the order of their swept values (numbers by value), as a legend reads.
+    fn sorted(&self) -> Vec<&SweepPoint> {
+        let keys = self.swept();
+        let mut points: Vec<&SweepPoint> = self.points.iter().collect();
+        points.sort_by(|a, b| {
+            keys.iter()
+                .map(|k| compare_values(a.params.get(k), b.params.get(k)))
+                .find(|o| o.is_ne())
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        points
+    }
+
+    fn overlay(&self) -> Panel {
+        let with_steps: Vec<&SweepPoint> = self
+            .sorted()
+            .into_iter()
+            .filter(|p| !p.steps.is_empty())
+            .collect();
+        let first = with_steps
+            .iter()
+            .filter_map(|p| p.steps.first())
+            .map(|r| r.step as f64)
+            .fold(f64::INFINITY, f64::min);
+        let last = with_steps
+            .iter()
+            .filter_map(|p| p.steps.last())
+            .map(|r| r.step as f64)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let (first, last) = if first.is_finite() {
+            (first, last)
+        } else {
+            (0.0, 1.0)
+        };
+        let mut curves = Vec::new();
+        let mut all = Vec::new();
+        // Where each curve starts stays in view; a point that diverges leaves the panel
+        // (cut at its edge) rather than squash every other curve to a line.
+        let mut starts = Vec::new();
+        for (i, point) in with_steps.iter().enumerate() {
+            let raw: Vec<Point> = point
+                .steps
+                .iter()
+                .map(|r| (r.step as f64, self.transform(r.loss)))
+                .collect();
+            let shown = if self.smoothing > 0.0 {
+                ema(&raw, self.smoothing)
+            } else {
+                raw
+            };
+            all.extend(shown.iter().map(|p| p.1));
+            starts.extend(shown.iter().map(|p| p.1).find(|v| v.is_finite()));
+            let label = match i {
+                i if i < MAX_LEGEND => Some(self.label(point)),
+                i if i == MAX_LEGEND => Some(format!(
+                    "... and {} more point(s)",
+                    with_steps.len() - MAX_LEGEND
+                )),
+                _ => None,
+            };
+            curves.push(Curve {
+                points: shown,
+                color: PALETTE[i % PALETTE.len()],
+                width: 2,
+                opacity: 1.0,
+                label,
+            });
+        }
+        let title = if self.smoothing > 0.0 {
+            format!("loss of every point (smoothed, EMA {})", self.smoothing)
+        } else {
+            "loss of every point".into()
+        };
+        Panel {
+            title,
+            x: Axis::steps(first, last),
+            y: Axis::values(
+                value_range(&all, &starts, true),
+                self.log_loss,
+                if self.log_loss {
+                    "loss (log scale)"
+                } else {
+                    "loss"
+                },
+            ),
+            curves,
+            dots: Vec::new(),
+            markers: Vec::new(),
+            legend: true,
+            marker_text: false,
+        }
+    }
+
+    /// Final loss against the swept parameter (grids of one or two parameters).
+    fn final_loss(&self) -> Option<Panel> {
+        let keys = self.swept();
+        if keys.is_empty() || keys.len() > 2 {
+            return None;
+        }
+        let distinct = |k: &String| {
+            let mut v: Vec<String> = self
+                .points
+                .iter()
+                .filter_map(|p| p.params.get(k).map(value_text))
+                .collect();
+            v.sort();
+            v.dedup();
+            v.len()
+        };
+        // The parameter with more values goes along the axis, the other makes the lines.
+        let (x_key, line_key) = match keys.as_slice() {
+            [a] => (a.clone(), None),
+            [a, b] if distinct(b) > distinct(a) => (b.clone(), Some(a.clone())),
+            [a, b] => (a.clone(), Some(b.clone())),
+            _ => return None,
+        };
+        let finals: Vec<(&Value, Option<&Value>, f64)> = self
+            .points
+            .iter()
+            .filter_map(|p| {
+                let loss = p.steps.last()?.loss;
+                let x = p.params.get(&x_key)?;
+                let line = line_key.as_ref().and_then(|k| p.params.get(k));
+                Some((x, line, self.transform(loss)))
+            })
+            .collect();
+        if finals.is_empty() {
+            return None;
+        }
+        let numbers: Option<Vec<f64>> = finals.iter().map(|(x, _, _)| x.as_f64()).collect();
+        let (x_axis, place): (Axis, Placement) = match numbers {
+            Some(xs) => {
+                let (lo, hi) = xs
+                    .iter()
+                    .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &v| {
+                        (l.min(v), h.max(v))
+                    });
+                let log = lo > 0.0 && hi / lo >= 100.0;
+                let to_axis = move |v: f64| if log { v.log10() } else { v };
+                let values: Vec<f64> = xs.iter().map(|&v| to_axis(v)).collect();
+                let range = value_range(&values, &[], false);
+                (
+                    Axis::values(range, log, &x_key),
+                    Box::new(move |v: &Value| to_axis(v.as_f64().unwrap_or(f64::NAN))),
+                )
+            }
+            None => {
+                let mut names: Vec<String> = finals.iter().map(|(x, _, _)| value_text(x)).collect();
+                names.sort();
+                names.dedup();
+                let axis = Axis {
+                    lo: -0.5,
+                    hi: names.len() as f64 - 0.5,
+                    ticks: (0..names.len()).map(|i| i as f64).collect(),
+                    format: TickFormat::Categories(names.clone()),
+                    label: x_key.clone(),
+                };
+                (
+                    axis,
+                    Box::new(move |v: &Value| {
+                        names
+                            .iter()
+                            .position(|n| *n == value_text(v))
+                            .map_or(f64::NAN, |i| i as f64)
+                    }),
+                )
+            }
+        };
+        let mut lines: BTreeMap<String, Vec<Point>> = BTreeMap::new();
+        for (x, line, loss) in &finals {
+            let name = match (&line_key, line) {
+                (Some(k), Some(v)) => format!(
+                    "{}={}",
+                    short_names(std::slice::from_ref(k))[0],
+                    value_text(v)
+                ),
+                _ => "final loss".into(),
+            };
+            lines.entry(name).or_default().push((place(x), *loss));
+        }
+        let losses: Vec<f64> = finals.iter().map(|f| f.2).collect();
+        let mut curves = Vec::new();
+        let mut dots = Vec::new();
+        for (i, (name, mut points)) in lines.into_iter().enumerate() {
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let color = PALETTE[i % PALETTE.len()];
+            curves.push(Curve {
+                points: points.clone(),
+                color,
+                width: 2,
+                opacity: 1.0,
+                label: Some(name),
+            });
+            dots.push(Dots {
+                points,
+                color,
+                label: None,
+            });
+        }
+        Some(Panel {
+            title: format!("final loss by {x_key}"),
+            x: x_axis,
+            y: Axis::values(
+                value_range(&losses, &[], false),
+                self.log_loss,
+                "final loss",
+            ),
+            curves,
+            dots,
+            markers: Vec::new(),
+            legend: true,
+            marker_text: false,
+        })
+    }
+}
+
+/// The last part of each dotted key, or the whole key where two last parts are equal.
+fn short_names(keys: &[String]) -> Vec<String> {
+    let last = |k: &String| k.rsplit('.').next().unwrap_or(k).to_string();
+    keys.iter()
+        .map(|k| {
+            let short = last(k);
+            if keys.iter().filter(|o| last(o) == short).count() > 1 {
+                k.clone()
+            } else {
+                short
+            }
+        })
+        .collect()
+}
+
+/// Numbers by value, anything else by its text; a missing value first.
+fn compare_values(a: Option<&Value>, b: Option<&Value>) -> std::cmp::Ordering {
+    match (a.and_then(Value::as_f64), b.and_then(Value::as_f64)) {
+        (Some(x), Some(y)) => x.total_cmp(&y),
+        _ => a.map(value_text).cmp(&b.map(value_text)),
+    }
+}
+
+/// A parameter's value as written in a spec: numbers as numbers, strings without quotes.
+fn value_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+impl Figure for SweepFigure {
+    fn size(&self) -> (u32, u32) {
+        let finals = if self.final_loss().is_some() {
+            FINAL_HEIGHT
+        } else {
+            0
+        };
+        (WIDTH, TITLE_HEIGHT + OVERLAY_HEIGHT + finals)
+    }
+
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: DrawingArea<DB, Shift>,
+        text: bool,
+    ) -> anyhow::Result<()> {
+        root.fill(&WHITE).map_err(canvas::err)?;
+        let body = if text {
+            root.titled(&self.title, ("sans-serif", 24))
+                .map_err(canvas::err)?
+        } else {
+            root.clone()
+        };
+        let panels = self.panels();
+        if panels.len() == 1 {
+            canvas::draw_panel(&body, &panels[0], text)?;
+        } else {
+            let (top, bottom) = body.split_vertically(OVERLAY_HEIGHT);
+            canvas::draw_panel(&top, &panels[0], text)?;
+            canvas::draw_panel(&bottom, &panels[1], text)?;
+        }
+        root.present().map_err(canvas::err)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardrun_protocol::messages::StepMetrics;
+
+    fn point(lr: f64, seed: u64, final_loss: f64) -> SweepPoint {
+        let steps = (1..=5)
+            .map(|step| {
+                StepRecord::fold(
+                    &[StepMetrics {
+                        rank: 0,
+                        step,
+                        loss: final_loss + (5 - step) as f64,
+                        lr,
+                        grad_norm: 1.0,
+                        step_time_s: 0.1,
+                        tokens_per_s: 1.0,
+                        mfu: None,
+                        model_state_bytes: 1,
+                        peak_memory_bytes: 1,
+                        peak_reserved_bytes: None,
+                        device_used_bytes: None,
+                        device_total_bytes: None,
+                        loss_scale: None,
+                        epoch: None,
+                        data_time_s: None,
+                    }],
+                    0.0,
+                )
+            })
+            .collect();
+        let mut params = BTreeMap::new();
+        params.insert("training.optimizer.lr".to_string(), serde_json::json!(lr));
+        params.insert("training.seed".to_string(), serde_json::json!(seed));
+        params.insert("training.steps".to_string(), serde_json::json!(5));
+        SweepPoint {
+            name: format!("p-{lr}-{seed}"),
+            params,
+            steps,
+        }
+    }
+
+    #[test]
+    fn a_two_parameter_grid_gets_lines_per_value_of_the_second() {
+        let figure = SweepFigure {
+            title: "s".into(),
+            points: vec![
+                point(1e-3, 0, 1.0),
+                point(1e-4, 0, 2.0),
+                point(1e-5, 0, 3.0),
+                point(1e-3, 1, 1.5),
+                point(1e-4, 1, 2.5),
+                point(1e-5, 1, 3.5),
+            ],
+            smoothing: 0.6,
+            log_loss: false,
+        };
+        assert_eq!(figure.swept(), ["training.optimizer.lr", "training.seed"]);
+        assert_eq!(figure.label(&figure.points[3]), "lr=0.001, seed=1");
+        let panels = figure.panels();
+        assert_eq!(panels.len(), 2);
+        assert_eq!(panels[0].curves.len(), 6);
+        assert_eq!(
+            panels[0].curves[0].label.clone(),
+            Some(format!("lr={}, seed=0", serde_json::json!(1e-5))),
+            "sorted by value"
+        );
+        let finals = &panels[1];
+        assert_eq!(finals.x.format, TickFormat::Log10, "lr spans two decades");
+        assert_eq!(
+            finals
+                .curves
+                .iter()
+                .map(|c| c.label.clone().unwrap())
+                .collect::<Vec<_>>(),
+            ["seed=0", "seed=1"]
+        );
+        assert_eq!(
+            finals.curves[0].points,
+            vec![(-5.0, 3.0), (-4.0, 2.0), (-3.0, 1.0)]
+        );
+    }
+
+    #[test]
+    fn three_swept_parameters_get_no_final_loss_panel() {
+        let mut points = vec![point(1e-3, 0, 1.0), point(1e-4, 1, 2.0)];
+        points[1]
+            .params
+            .insert("training.steps".into(), serde_json::json!(9));
+        let figure = SweepFigure {
+            title: "s".into(),
+            points,
+            smoothing: 0.0,
+            log_loss: false,
+        };
+        assert_eq!(figure.swept().len(), 3);
+        assert_eq!(figure.panels().len(), 1);
+    }
+}

@@ -1,0 +1,260 @@
+//! metrics.jsonl at scale and what reads it, through the real binaries: one record per
+//! logged step folding every rank's report (checked against the ranks' own records in
+//! `logs/rank-N.metrics.jsonl`), `metrics --json`, `metrics --stragglers --json` and
+//! `status --json` carrying what their tables show, completions, and the exit codes scripts
+//! rely on.
+
+use shardrun_e2e::jobs::*;
+use shardrun_e2e::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+fn shardrun_in(dir: &Path, args: &[&str]) -> std::process::Output {
+    run_with_deadline(
+        Command::new(shardrun()).current_dir(dir).args(args),
+        Duration::from_secs(60),
+    )
+    .unwrap()
+}
+
+fn json_lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect()
+}
+
+#[test]
+fn four_ranks_make_one_record_per_logged_step_with_the_slowest_rank_and_the_largest_peak() {
+    let dir = TestDir::new("metrics-records");
+    let ranks = 4u64;
+    let mut text = tiny_mlp_spec("four", 9, ranks);
+    text.push_str("  log_every: 2\n");
+    let spec = dir.write("four.yaml", &text);
+    let (out, run) = run_local(
+        &dir,
+        &spec,
+        &["--nproc", "4", "--no-progress"],
+        &[],
+        Duration::from_secs(180),
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+
+    // The ranks' own records: the ground truth the job's records fold.
+    let mut own: BTreeMap<u64, Vec<serde_json::Value>> = BTreeMap::new();
+    for rank in 0..ranks {
+        for record in json_lines(&run.join(format!("logs/rank-{rank}.metrics.jsonl"))) {
+            assert_eq!(record["rank"], rank);
+            own.entry(record["step"].as_u64().unwrap())
+                .or_default()
+                .push(record);
+        }
+    }
+    let logged: Vec<u64> = own.keys().copied().collect();
+    assert_eq!(
+        logged,
+        [2, 4, 6, 8, 9],
+        "every log_every steps, and the last"
+    );
+    let job = json_lines(&run.join("metrics.jsonl"));
+    assert_eq!(
+        job.iter()
+            .map(|r| r["step"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        logged,
+        "one record per logged step"
+    );
+    for record in &job {
+        let step = record["step"].as_u64().unwrap();
+        let reports = &own[&step];
+        assert_eq!(reports.len() as u64, ranks);
+        assert_eq!(record["ranks"], ranks);
+        assert!(record.get("rank").is_none(), "no rank of its own: {record}");
+        let f = |r: &serde_json::Value, key: &str| r[key].as_f64().unwrap();
+        let times: Vec<f64> = reports.iter().map(|r| f(r, "step_time_s")).collect();
+        let max = times.iter().cloned().fold(f64::MIN, f64::max);
+        let min = times.iter().cloned().fold(f64::MAX, f64::min);
+        let slowest = reports.iter().find(|r| f(r, "step_time_s") == max).unwrap();
+        assert_eq!(f(record, "step_time_max_s"), max, "{record}");
+        assert_eq!(f(record, "step_time_min_s"), min, "{record}");
+        let mut sorted = times.clone();
+        sorted.sort_by(f64::total_cmp);
+        assert_eq!(
+            f(record, "step_time_median_s"),
+            (sorted[1] + sorted[2]) / 2.0
+        );
+        assert_eq!(record["slowest_rank"], slowest["rank"], "{record}");
+        let peak = reports
+            .iter()
+            .map(|r| r["peak_memory_bytes"].as_u64().unwrap())
+            .max()
+            .unwrap();
+        assert_eq!(record["peak_memory_max_bytes"], peak, "{record}");
+        let holder = &record["peak_memory_max_rank"];
+        assert!(
+            reports
+                .iter()
+                .any(|r| &r["rank"] == holder && r["peak_memory_bytes"] == peak),
+            "{record}"
+        );
+        // The global values every rank agreed on.
+        for key in ["loss", "lr", "grad_norm"] {
+            assert!(
+                reports.iter().all(|r| r[key] == record[key]),
+                "{key}: {record}"
+            );
+        }
+    }
+
+    // `metrics --json` carries what the table shows.
+    let root = dir.path();
+    let run_arg = run.to_string_lossy().to_string();
+    let out = shardrun_in(root, &["metrics", "--json", &run_arg]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let doc: serde_json::Value = serde_json::from_str(&stdout_of(&out)).unwrap();
+    assert_eq!(doc["version"], 1);
+    let entry = &doc["runs"][0];
+    let latest = &entry["latest"];
+    assert_eq!(latest, &{
+        let mut last = job.last().unwrap().clone();
+        last["mfu"] = serde_json::Value::Null;
+        for key in [
+            "peak_reserved_max_bytes",
+            "device_used_max_bytes",
+            "device_total_bytes",
+            "loss_scale",
+        ] {
+            last[key] = serde_json::Value::Null;
+        }
+        last
+    });
+    let out = shardrun_in(root, &["metrics", &run_arg]);
+    let table = stdout_of(&out);
+    let lines: Vec<&str> = table.lines().collect();
+    let header: Vec<&str> = lines[0]
+        .split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    let row: Vec<&str> = lines[1]
+        .split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    let cell = |name: &str| row[header.iter().position(|h| *h == name).unwrap()];
+    let num = |key: &str| latest[key].as_f64().unwrap();
+    assert_eq!(cell("run"), entry["name"]);
+    assert_eq!(cell("status"), entry["status"]);
+    assert_eq!(
+        cell("step"),
+        format!("{}/{}", latest["step"], entry["total_steps"])
+    );
+    assert_eq!(cell("loss"), format!("{:.4}", num("loss")));
+    assert_eq!(cell("lr"), format!("{:.2e}", num("lr")));
+    assert_eq!(cell("grad norm"), format!("{:.3}", num("grad_norm")));
+    assert_eq!(cell("MFU"), "-");
+    assert!(latest["mfu"].is_null());
+    assert_eq!(
+        cell("peak mem"),
+        format!("{:.0} MiB", num("peak_memory_max_bytes") / 1048576.0)
+    );
+    assert!(latest["tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert!(latest["step_time_median_s"].as_f64().unwrap() > 0.0);
+
+    // The straggler view reads the same records.
+    let out = shardrun_in(root, &["metrics", "--stragglers", "--json", &run_arg]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let doc: serde_json::Value = serde_json::from_str(&stdout_of(&out)).unwrap();
+    let report = &doc["runs"][0];
+    assert_eq!(
+        (report["steps"].as_u64(), report["ranks"].as_u64()),
+        (Some(5), Some(4))
+    );
+    let counted: u64 = report["slowest_ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["times"].as_u64().unwrap())
+        .sum();
+    assert_eq!(counted, 5, "every step has one slowest rank");
+    let text = stdout_of(&shardrun_in(root, &["metrics", "--stragglers", &run_arg]));
+    assert!(text.contains("slowest rank vs median rank"), "{text}");
+
+    // `status --json` of a local run: no Slurm asked, every field of the table.
+    let out = shardrun_in(root, &["status", "--json", &run_arg]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let runs = status_runs(&stdout_of(&out));
+    assert_eq!(runs.len(), 1);
+    let r = &runs[0];
+    assert_eq!(
+        (r["name"].as_str(), r["state"].as_str()),
+        (Some("four"), Some("COMPLETED"))
+    );
+    assert!(r["job_id"].is_null() && r["array"].is_null());
+    assert_eq!(Path::new(r["run_dir"].as_str().unwrap()), run);
+    let table = stdout_of(&shardrun_in(root, &["status", &run_arg]));
+    let row = table.lines().nth(1).unwrap();
+    assert!(
+        row.starts_with("four") && row.contains("COMPLETED"),
+        "{table}"
+    );
+    assert!(row.contains(r["detail"].as_str().unwrap()), "{table}");
+}
+
+#[test]
+fn exit_codes_and_completions() {
+    let dir = TestDir::new("exit-codes");
+    let root = dir.path();
+    let missing = dir.join("no-such-run");
+    let missing = missing.to_string_lossy();
+    for args in [
+        vec!["metrics", &*missing],
+        vec!["metrics", "--json", &*missing],
+        vec!["status", "--json", &*missing],
+        vec!["plot", &*missing],
+    ] {
+        let out = shardrun_in(root, &args);
+        assert_eq!(out.status.code(), Some(4), "{args:?}: {}", stderr_of(&out));
+        assert!(
+            stderr_of(&out).contains("no run directories"),
+            "{}",
+            stderr_of(&out)
+        );
+        assert_eq!(stdout_of(&out), "", "no document when there is nothing");
+    }
+    let out = shardrun_in(root, &["metrics", "--no-such-flag", "x"]);
+    assert_eq!(out.status.code(), Some(2), "usage errors are 2");
+
+    for shell in ["bash", "zsh", "fish"] {
+        let out = shardrun_in(root, &["completions", shell]);
+        assert!(out.status.success(), "{}", stderr_of(&out));
+        let script = stdout_of(&out);
+        for word in [
+            "plot",
+            "metrics",
+            "status",
+            "completions",
+            "stragglers",
+            "log-loss",
+        ] {
+            assert!(script.contains(word), "{shell} completions lack {word}");
+        }
+        let path = dir.write(&format!("completions.{shell}"), &script);
+        if shell == "bash" {
+            // The script is valid bash: bash parses it without running it.
+            let check = Command::new("bash").arg("-n").arg(&path).output().unwrap();
+            assert!(
+                check.status.success(),
+                "{}",
+                String::from_utf8_lossy(&check.stderr)
+            );
+        }
+    }
+    let zsh = stdout_of(&shardrun_in(root, &["completions", "zsh"]));
+    assert!(zsh.starts_with("#compdef shardrun"), "{zsh}");
+    let fish = stdout_of(&shardrun_in(root, &["completions", "fish"]));
+    assert!(fish.contains("complete -c shardrun"), "{fish}");
+}
