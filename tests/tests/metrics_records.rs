@@ -126,6 +126,7 @@ fn four_ranks_make_one_record_per_logged_step_with_the_slowest_rank_and_the_larg
             "device_used_max_bytes",
             "device_total_bytes",
             "loss_scale",
+            "epoch",
         ] {
             last[key] = serde_json::Value::Null;
         }

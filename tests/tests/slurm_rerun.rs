@@ -55,11 +55,20 @@ fn scancel_then_submit_of_the_same_spec_resumes_with_the_uninterrupted_losses() 
         }
         text
     };
-    let first = run.join(format!("checkpoints/step-{INTERVAL}"));
+    // Any checkpoint will do: on a fast machine the first one is already rotated out (keep 2)
+    // by the time it is looked for. Then hold the ranks, so that the job is still running for
+    // the checks below and the cancel lands mid-run whatever the load; Slurm sends SIGCONT
+    // with its SIGTERM.
+    let checkpoints = run.join("checkpoints");
     wait_for("the first checkpoint", Duration::from_secs(180), || {
-        first.is_dir().then_some(())
+        std::fs::read_dir(&checkpoints)
+            .ok()?
+            .flatten()
+            .any(|entry| entry.file_name().to_string_lossy().starts_with("step-"))
+            .then_some(())
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    assert_eq!(signal_workers(&run, libc::SIGSTOP), 2, "both ranks held");
 
     // While it runs, submitting again is refused and changes nothing.
     let out = cluster
@@ -72,9 +81,6 @@ fn scancel_then_submit_of_the_same_spec_resumes_with_the_uninterrupted_losses() 
         stderr_of(&out)
     );
 
-    // Hold the ranks so the cancel lands mid-run whatever the load; Slurm sends SIGCONT with
-    // its SIGTERM.
-    assert_eq!(signal_workers(&run, libc::SIGSTOP), 2, "both ranks held");
     let mut cancel = cluster.command("scancel");
     cancel.arg(&first_job);
     let out = run_with_deadline(&mut cancel, Duration::from_secs(30)).unwrap();
