@@ -9,6 +9,7 @@ pub mod commands;
 pub mod controller;
 pub mod diagnostics;
 pub mod events_file;
+pub mod exit;
 pub mod gpus;
 pub mod metrics_file;
 pub mod plan;

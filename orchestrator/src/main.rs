@@ -6,9 +6,9 @@ fn main() {
     let cli = shardrun::cli::Cli::parse();
     shardrun::diagnostics::init(cli.verbose);
     if let Err(err) = shardrun::cli::run(cli) {
-        if shardrun::cli::should_print(&err) {
+        if shardrun::exit::should_print(&err) {
             eprintln!("error: {err:#}");
         }
-        std::process::exit(shardrun::cli::exit_code(&err));
+        std::process::exit(shardrun::exit::exit_code(&err));
     }
 }

@@ -132,7 +132,9 @@ fn every_collective_is_exact_on_four_ranks_with_hybrid_groups() {
     check_world(4);
 }
 
-/// Starts `world` ranks looping over all-reduces and waits until all are in the loop.
+/// Starts `world` ranks looping over all-reduces and waits until every one of them has
+/// finished one and entered the next: from then on each is inside the loop's collectives,
+/// which cannot complete without all of them.
 fn soaking(world: usize, timeout_s: u64) -> Ranks {
     let mut ranks = spawn_with_timeout(world, timeout_s, &["soak"]);
     let (ready_tx, ready_rx) = mpsc::channel();
@@ -141,7 +143,7 @@ fn soaking(world: usize, timeout_s: u64) -> Ranks {
         let tx = ready_tx.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if line == "ready" {
+                if line == "inside" {
                     let _ = tx.send(rank);
                 }
             }
@@ -150,10 +152,8 @@ fn soaking(world: usize, timeout_s: u64) -> Ranks {
     for _ in 0..world {
         ready_rx
             .recv_timeout(CHECK_DEADLINE)
-            .expect("every rank reaches the all-reduce loop");
+            .expect("every rank enters its second all-reduce");
     }
-    // Let the ranks get into the middle of the next collectives.
-    std::thread::sleep(Duration::from_millis(200));
     ranks
 }
 

@@ -288,7 +288,12 @@ fn the_local_llama_example_plans_on_the_folder_its_comment_makes() {
     let made = Command::new(python())
         .arg(&script)
         .arg(&models)
-        .args(["--files", "/usr/lib/python3*/json/*.py", "--vocab-size", "512"])
+        .args([
+            "--files",
+            "/usr/lib/python3*/json/*.py",
+            "--vocab-size",
+            "512",
+        ])
         .output()
         .expect("the venv's python runs");
     assert!(

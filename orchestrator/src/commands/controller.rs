@@ -1,9 +1,9 @@
 //! `shardrun controller --run-dir DIR`: the job controller inside a Slurm allocation, started
 //! (with `exec`) by the rendered sbatch script. Launches the ranks with `srun`.
 
-use crate::cli::{AlreadySaid, ExitCode};
 use crate::controller::options::ControllerArgs;
 use crate::controller::{self, LaunchMode};
+use crate::exit::{AlreadySaid, ExitCode};
 use crate::rundir::{RunDir, RunState};
 use anyhow::Context;
 use shardrun_protocol::config::DeviceKind;

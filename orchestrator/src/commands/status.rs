@@ -1,7 +1,7 @@
 //! `shardrun status [runs/ | run dir | sweep dir] [--json]`: one batched Slurm query for all
 //! runs, as a table or one JSON document.
 
-use crate::cli::{ExitCode, EXIT_NO_RUN};
+use crate::exit::{ExitCode, EXIT_NO_RUN};
 use crate::rundir::ArrayRef;
 use crate::slurm::{self, QuerySource, RunStatus};
 use anyhow::Context;

@@ -64,7 +64,8 @@ enum Mode {
         #[arg(long, value_enum, default_value = "f32")]
         dtype: DtypeArg,
     },
-    /// All-reduce in a loop until an error; prints `ready` after the first one.
+    /// All-reduce in a loop until an error; prints `ready` after the first one and `inside`
+    /// as it enters the second (from then on it is in the loop until a peer fails).
     Soak,
 }
 
@@ -459,6 +460,10 @@ fn soak(comm: &dyn Communicator, device: Device) -> Result<()> {
     let t = Tensor::ones([4 << 20], (Kind::Float, device));
     for i in 0u64.. {
         let _ = t.shallow_clone().fill_(1.0);
+        if i == 1 {
+            println!("inside");
+            std::io::stdout().flush()?;
+        }
         comm.all_reduce(&t, ReduceOp::Sum)?.wait()?;
         if t.double_value(&[12_345]) != n {
             bail!("soak all_reduce {i} gave a wrong sum");
