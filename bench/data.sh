@@ -105,7 +105,8 @@ training:
 YAML
 "$SHARDRUN" prepare "$WORK/loading.yaml" > /dev/null
 "$SHARDRUN" run "$WORK/loading.yaml" --run-dir "$WORK/run" --no-progress > "$WORK/run.log" 2>&1
-"$SHARDRUN_PYTHON" - "$WORK/run/metrics.jsonl" <<'PY'
+# Each rank's own records (metrics.jsonl holds the job's, folded over the ranks).
+"$SHARDRUN_PYTHON" - "$WORK/run/logs/rank-0.metrics.jsonl" <<'PY'
 import json, statistics, sys
 steps = [json.loads(l) for l in open(sys.argv[1]) if '"data_time_s"' in l]
 steps = [s for s in steps if s["step"] > 5]  # after warm-up
