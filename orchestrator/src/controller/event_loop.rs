@@ -1,8 +1,8 @@
-//! Wiring: sockets, processes, signals and timers feed [`JobState`]; its actions are carried
+//! Wiring: sockets, processes, signals and timers feed [`JobMachine`]; its actions are carried
 //! out here. No decision is made in this file that [`super::job`] could make.
 
 use super::console::Console;
-use super::job::{Action, ConnId, Event, JobState};
+use super::job::{Action, ConnId, Event, JobMachine};
 use super::launcher::{LaunchMode, LaunchSpec, Launcher};
 use super::outcome::Outcome;
 use super::server::{self, ServerEvent, ServerOptions};
@@ -283,7 +283,7 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
     };
     let signal_all = std::sync::Arc::new(launcher.signaller());
 
-    let mut state = JobState::new(world_size, config_hash.clone());
+    let mut state = JobMachine::new(world_size, config_hash.clone());
     let mut conns: HashMap<ConnId, (mpsc::UnboundedSender<ToWorker>, AbortHandle)> = HashMap::new();
     let mut rejections = RejectionLog::default();
     let mut pending = state.handle(Event::Launched { procs });

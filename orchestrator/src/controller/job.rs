@@ -1,5 +1,5 @@
 //! The job's life as a pure state machine: rendezvous, running, failure policy, cancellation
-//! and preemption. [`JobState::handle`] turns one [`Event`] into [`Action`]s; it does no I/O,
+//! and preemption. [`JobMachine::handle`] turns one [`Event`] into [`Action`]s; it does no I/O,
 //! so every decision is unit-tested with plain values (see the tests at the bottom). The
 //! event loop in [`super::event_loop`] only moves events in and carries actions out.
 
@@ -152,7 +152,7 @@ impl RankState {
 }
 
 #[derive(Debug)]
-pub struct JobState {
+pub struct JobMachine {
     world_size: u64,
     config_hash: String,
     phase: Phase,
@@ -170,9 +170,9 @@ pub struct JobState {
     escalated: bool,
 }
 
-impl JobState {
+impl JobMachine {
     pub fn new(world_size: u64, config_hash: impl Into<String>) -> Self {
-        JobState {
+        JobMachine {
             world_size,
             config_hash: config_hash.into(),
             phase: Phase::Rendezvous,
@@ -741,8 +741,8 @@ mod tests {
     }
 
     /// A two-rank local job, launched and fully registered (connections 10 and 11).
-    fn running() -> JobState {
-        let mut s = JobState::new(2, "abc");
+    fn running() -> JobMachine {
+        let mut s = JobMachine::new(2, "abc");
         s.handle(Event::Launched {
             procs: vec![(0, Some(0)), (1, Some(1))],
         });
@@ -773,7 +773,7 @@ mod tests {
 
     #[test]
     fn start_goes_to_every_rank_once_all_registered() {
-        let mut s = JobState::new(2, "abc");
+        let mut s = JobMachine::new(2, "abc");
         s.handle(Event::Launched {
             procs: vec![(0, Some(0)), (1, Some(1))],
         });
@@ -810,7 +810,7 @@ mod tests {
 
     #[test]
     fn duplicate_rank_and_mismatched_hash_fail_the_job() {
-        let mut s = JobState::new(2, "abc");
+        let mut s = JobMachine::new(2, "abc");
         s.handle(Event::Launched {
             procs: vec![(0, None)],
         });
@@ -826,7 +826,7 @@ mod tests {
         assert!(actions.contains(&Action::StopProcesses { force: false }));
         assert!(matches!(s.phase(), Phase::Stopping));
 
-        let mut s = JobState::new(2, "abc");
+        let mut s = JobMachine::new(2, "abc");
         let mut bad = reg(1);
         bad.config_hash = "zzz".into();
         let actions = s.handle(Event::Registered {
@@ -842,7 +842,7 @@ mod tests {
 
     #[test]
     fn rendezvous_timeout_names_missing_ranks() {
-        let mut s = JobState::new(4, "abc");
+        let mut s = JobMachine::new(4, "abc");
         s.handle(Event::Launched {
             procs: vec![(0, None)],
         });
@@ -1000,7 +1000,7 @@ mod tests {
 
     #[test]
     fn srun_step_exit_without_finished_names_the_lost_rank() {
-        let mut s = JobState::new(2, "abc");
+        let mut s = JobMachine::new(2, "abc");
         s.handle(Event::Launched {
             procs: vec![(7, None)],
         });
@@ -1244,7 +1244,7 @@ mod tests {
 
     #[test]
     fn preemption_during_rendezvous_is_delivered_with_start() {
-        let mut s = JobState::new(2, "abc");
+        let mut s = JobMachine::new(2, "abc");
         s.handle(Event::Launched {
             procs: vec![(0, Some(0)), (1, Some(1))],
         });
@@ -1335,7 +1335,7 @@ mod tests {
 
     #[test]
     fn a_node_without_a_usable_gpu_fails_the_job_once_before_it_starts() {
-        let mut s = JobState::new(2, "abc");
+        let mut s = JobMachine::new(2, "abc");
         s.handle(Event::Launched {
             procs: vec![(0, Some(0)), (1, Some(1))],
         });

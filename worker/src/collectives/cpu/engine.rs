@@ -60,13 +60,13 @@ impl Op {
     }
 }
 
-pub enum Outcome {
+pub enum OpOutcome {
     Done,
     /// The group's engine; `None` for a group of one.
-    Subgroup(Option<Box<Engine>>),
+    Subgroup(Option<Box<RingEngine>>),
 }
 
-pub struct Engine {
+pub struct RingEngine {
     /// Every rank of this communicator (rank in the job and listener address).
     members: Vec<Member>,
     rank: usize,
@@ -94,15 +94,15 @@ fn span_of_bytes(b: &mut [u8]) -> Span {
     }
 }
 
-impl Engine {
+impl RingEngine {
     pub fn new(
         members: Vec<Member>,
         rank: usize,
         next: Link,
         prev: Link,
         options: CommOptions,
-    ) -> Engine {
-        Engine {
+    ) -> RingEngine {
+        RingEngine {
             members,
             rank,
             next,
@@ -123,7 +123,7 @@ impl Engine {
         self.members.len()
     }
 
-    pub fn execute(&mut self, op: Op) -> Result<Outcome, CommError> {
+    pub fn execute(&mut self, op: Op) -> Result<OpOutcome, CommError> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
@@ -191,9 +191,9 @@ impl Engine {
                     KIND_BARRIER,
                 )?;
             }
-            Op::Subgroup { members } => return self.subgroup(&members).map(Outcome::Subgroup),
+            Op::Subgroup { members } => return self.subgroup(&members).map(OpOutcome::Subgroup),
         }
-        Ok(Outcome::Done)
+        Ok(OpOutcome::Done)
     }
 
     /// Two slots of `slot_bytes`, reused across ops.
@@ -279,7 +279,7 @@ impl Engine {
     }
 
     /// Builds the ring of the caller's group (`group`: parent ranks, sorted, containing us).
-    fn subgroup(&mut self, group: &[usize]) -> Result<Option<Box<Engine>>, CommError> {
+    fn subgroup(&mut self, group: &[usize]) -> Result<Option<Box<RingEngine>>, CommError> {
         let me = &self.members[self.rank];
         let host = me
             .addr
@@ -332,7 +332,7 @@ impl Engine {
             comm_id,
             deadline,
         )?;
-        Ok(Some(Box::new(Engine::new(
+        Ok(Some(Box::new(RingEngine::new(
             group_addrs,
             mine,
             next,

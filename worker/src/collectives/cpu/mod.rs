@@ -16,7 +16,7 @@ pub use transport::Member;
 use super::dtype::{check, check_pair};
 use super::{subgroup_members, CommError, Communicator, ReduceOp, SingleProcess, Work};
 use crate::collectives::CommOptions;
-use engine::{Engine, Op, Outcome};
+use engine::{Op, OpOutcome, RingEngine};
 use std::net::TcpListener;
 use std::sync::mpsc;
 use std::time::Instant;
@@ -30,7 +30,7 @@ pub struct CpuCommunicator {
 
 struct Job {
     op: Op,
-    done: mpsc::Sender<Result<Outcome, CommError>>,
+    done: mpsc::Sender<Result<OpOutcome, CommError>>,
 }
 
 impl CpuCommunicator {
@@ -60,10 +60,10 @@ impl CpuCommunicator {
         let next = transport::dial(next, members[rank].rank, 0, deadline)?;
         let prev = transport::accept(&listener, prev, members[rank].rank, 0, deadline)?;
         tracing::debug!(ranks = n, "ring connected");
-        Self::spawn(Engine::new(members, rank, next, prev, options))
+        Self::spawn(RingEngine::new(members, rank, next, prev, options))
     }
 
-    fn spawn(engine: Engine) -> Result<CpuCommunicator, CommError> {
+    fn spawn(engine: RingEngine) -> Result<CpuCommunicator, CommError> {
         let (rank, size) = (engine.rank(), engine.size());
         let (jobs, queue) = mpsc::channel::<Job>();
         let mut engine = engine;
@@ -94,7 +94,7 @@ impl CpuCommunicator {
             .map_err(|e| CommError::Other(format!("cannot start the collectives thread: {e}")))
     }
 
-    fn submit(&self, op: Op) -> Result<mpsc::Receiver<Result<Outcome, CommError>>, CommError> {
+    fn submit(&self, op: Op) -> Result<mpsc::Receiver<Result<OpOutcome, CommError>>, CommError> {
         if tracing::enabled!(tracing::Level::TRACE) {
             let (collective, bytes) = op.describe();
             tracing::trace!(collective, bytes, ranks = self.size, "collective issued");
@@ -203,9 +203,9 @@ impl Communicator for CpuCommunicator {
             .recv()
             .map_err(|_| CommError::Other("the collectives thread stopped".to_string()))??;
         match outcome {
-            Outcome::Subgroup(Some(engine)) => Ok(Box::new(Self::spawn(*engine)?)),
-            Outcome::Subgroup(None) => Ok(Box::new(SingleProcess)),
-            Outcome::Done => Err(CommError::Other("internal error: no subgroup built".into())),
+            OpOutcome::Subgroup(Some(engine)) => Ok(Box::new(Self::spawn(*engine)?)),
+            OpOutcome::Subgroup(None) => Ok(Box::new(SingleProcess)),
+            OpOutcome::Done => Err(CommError::Other("internal error: no subgroup built".into())),
         }
     }
 }
