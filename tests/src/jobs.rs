@@ -200,3 +200,14 @@ pub fn signal_workers(run: &Path, signal: i32) -> usize {
     }
     workers.len()
 }
+
+/// Whether `run` holds a checkpoint of any step yet (`checkpoints/step-N/`). Any will do for
+/// a test that waits for training to be under way: with `keep`, the first one may already
+/// be rotated out on a fast machine by the time it is looked for.
+pub fn has_checkpoint(run: &Path) -> bool {
+    std::fs::read_dir(run.join("checkpoints"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|entry| entry.file_name().to_string_lossy().starts_with("step-"))
+}

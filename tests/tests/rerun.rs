@@ -69,15 +69,8 @@ fn interrupted(dir: &TestDir, spec: &Path, interrupt: impl FnOnce(u32, &Path)) -
         let _ = std::io::Read::read_to_end(&mut stderr, &mut buf);
         buf
     });
-    // Any checkpoint will do: on a fast machine the first one is already rotated out (keep 2)
-    // by the time it is looked for.
-    let checkpoints = run.join("checkpoints");
     wait_for("the first checkpoint", DEADLINE, || {
-        std::fs::read_dir(&checkpoints)
-            .ok()?
-            .flatten()
-            .any(|entry| entry.file_name().to_string_lossy().starts_with("step-"))
-            .then_some(())
+        has_checkpoint(&run).then_some(())
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", all_logs(&run)));
     assert_eq!(signal_workers(&run, libc::SIGSTOP), 2, "both ranks held");

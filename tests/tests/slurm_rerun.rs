@@ -55,17 +55,11 @@ fn scancel_then_submit_of_the_same_spec_resumes_with_the_uninterrupted_losses() 
         }
         text
     };
-    // Any checkpoint will do: on a fast machine the first one is already rotated out (keep 2)
-    // by the time it is looked for. Then hold the ranks, so that the job is still running for
+    // Once training is under way, hold the ranks, so that the job is still running for
     // the checks below and the cancel lands mid-run whatever the load; Slurm sends SIGCONT
     // with its SIGTERM.
-    let checkpoints = run.join("checkpoints");
     wait_for("the first checkpoint", Duration::from_secs(180), || {
-        std::fs::read_dir(&checkpoints)
-            .ok()?
-            .flatten()
-            .any(|entry| entry.file_name().to_string_lossy().starts_with("step-"))
-            .then_some(())
+        has_checkpoint(&run).then_some(())
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
     assert_eq!(signal_workers(&run, libc::SIGSTOP), 2, "both ranks held");

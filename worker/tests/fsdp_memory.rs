@@ -10,20 +10,18 @@
 //! * `max_gathers_in_flight` bounds the gathered units, the running segment's included;
 //! * wrapping finer than a block still gathers the whole block (what the docs say).
 
+mod common;
 use shardrun_models::source::ParamSource;
 use shardrun_models::{Builder, TiedParam};
-use shardrun_protocol::config::DeviceKind;
 use shardrun_protocol::config::ModelConfig;
 use shardrun_protocol::config::{ShardingStrategy, WrapPolicy};
-use shardrun_protocol::messages::{PeerInfo, StartInfo};
-use shardrun_worker::collectives::{prepare, Comms};
+use shardrun_worker::collectives::Comms;
 use shardrun_worker::data::Batch;
 use shardrun_worker::fsdp::{EngineOptions, FsdpEngine, MemoryStats, ProcessGroups};
 use shardrun_worker::model::{
     self, Init, Model, ModelDescription, ParamKind, ParamSpec, Params, SegmentSpec,
 };
 use std::collections::HashMap;
-use std::sync::Arc;
 use tch::{Device, Kind, Tensor};
 
 const SEED: u64 = 11;
@@ -183,36 +181,7 @@ fn on_ranks<T: Send + 'static>(
     if world == 1 {
         return vec![body(Comms::single_process())];
     }
-    let prepared: Vec<_> = (0..world)
-        .map(|r| prepare(DeviceKind::Cpu, r, world, "127.0.0.1").expect("prepare"))
-        .collect();
-    let start = StartInfo {
-        world_size: world as u64,
-        peers: prepared
-            .iter()
-            .enumerate()
-            .map(|(r, p)| PeerInfo {
-                rank: r as u64,
-                local_rank: r as u64,
-                host: "127.0.0.1".into(),
-                collective_addr: p.collective_addr.clone(),
-            })
-            .collect(),
-        nccl_unique_id: None,
-    };
-    let body = Arc::new(body);
-    let threads: Vec<_> = prepared
-        .into_iter()
-        .enumerate()
-        .map(|(rank, p)| {
-            let (start, body) = (start.clone(), body.clone());
-            std::thread::spawn(move || body(p.connect(&start, rank).expect("connect the rings")))
-        })
-        .collect();
-    threads
-        .into_iter()
-        .map(|t| t.join().expect("a rank panicked"))
-        .collect()
+    common::ranks_in_threads(world, |_, comms| body(comms))
 }
 
 /// One forward/backward of `batch` (split evenly over the ranks) with `sync`, on `world`

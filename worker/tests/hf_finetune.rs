@@ -114,24 +114,6 @@ fn logits_of(model: &dyn model::Model, params: &HashMap<String, Tensor>) -> Vec<
     Vec::<f32>::try_from(&logits.reshape([-1])).unwrap()
 }
 
-fn transformers_logits(dir: &Path, work: &Path, extra: &[&str]) -> Vec<f32> {
-    let ids_path = work.join("ids.json");
-    std::fs::write(&ids_path, serde_json::to_string(&IDS).unwrap()).unwrap();
-    let out = work.join("logits.safetensors");
-    let mut args = vec![
-        "logits",
-        "--model",
-        dir.to_str().unwrap(),
-        "--ids",
-        ids_path.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    run_script(&args);
-    read_tensors(&out).remove("logits").unwrap().1
-}
-
 #[test]
 fn fine_tune_export_load_in_transformers_and_resume() {
     let work = temp_dir();
@@ -160,7 +142,7 @@ fn fine_tune_export_load_in_transformers_and_resume() {
         exported.to_str().unwrap(),
     ]);
     assert!(printed.contains("from_pretrained"), "{printed}");
-    let theirs = transformers_logits(&exported, work.path(), &[]);
+    let theirs = transformers_logits(&exported, work.path(), &IDS, &[]);
     let diff = max_abs_difference("exported logits", &ours, &theirs);
     assert!(
         diff <= 1e-5,
@@ -227,7 +209,7 @@ fn fine_tune_export_load_in_transformers_and_resume() {
             "{name}: bf16 rounding"
         );
     }
-    let theirs = transformers_logits(&split, work.path(), &[]);
+    let theirs = transformers_logits(&split, work.path(), &IDS, &[]);
     let ours_bf16 = logits_of(model.as_ref(), &rounded);
     let diff = max_abs_difference("bf16 export logits", &ours_bf16, &theirs);
     assert!(
@@ -267,6 +249,7 @@ fn fine_tune_export_load_in_transformers_and_resume() {
     let theirs = transformers_logits(
         &source,
         work.path(),
+        &IDS,
         &["--state-dict", full.to_str().unwrap()],
     );
     let diff = max_abs_difference("full checkpoint logits", &ours, &theirs);

@@ -45,25 +45,6 @@ fn worker_logits(dir: &Path, batch: &Batch, buffer_kind: Kind) -> Vec<f32> {
     Vec::<f32>::try_from(&logits.reshape([-1])).expect("f32 logits")
 }
 
-/// `transformers`' logits for `ids` (extra arguments to `hf_models.py logits`).
-fn transformers_logits(dir: &Path, work: &Path, ids: &[[i64; 12]], extra: &[&str]) -> Vec<f32> {
-    let ids_path = work.join("ids.json");
-    std::fs::write(&ids_path, serde_json::to_string(ids).unwrap()).unwrap();
-    let out = work.join("logits.safetensors");
-    let mut args = vec![
-        "logits",
-        "--model",
-        dir.to_str().unwrap(),
-        "--ids",
-        ids_path.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    run_script(&args);
-    read_tensors(&out).remove("logits").expect("logits").1
-}
-
 #[test]
 fn logits_equal_transformers_for_every_folder() {
     let work = temp_dir();

@@ -139,3 +139,22 @@ pub fn relative(what: &str, a: f64, b: f64) -> f64 {
     );
     (a - b).abs() / b.abs().max(1e-12)
 }
+
+/// `transformers`' logits for `ids` (extra arguments to `hf_models.py logits`).
+pub fn transformers_logits(dir: &Path, work: &Path, ids: &[[i64; 12]], extra: &[&str]) -> Vec<f32> {
+    let ids_path = work.join("ids.json");
+    std::fs::write(&ids_path, serde_json::to_string(ids).unwrap()).unwrap();
+    let out = work.join("logits.safetensors");
+    let mut args = vec![
+        "logits",
+        "--model",
+        dir.to_str().unwrap(),
+        "--ids",
+        ids_path.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    run_script(&args);
+    read_tensors(&out).remove("logits").expect("logits").1
+}
