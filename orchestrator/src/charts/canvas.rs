@@ -12,6 +12,10 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::path::Path;
 
+/// Every figure's width and the band its title takes, so run and sweep figures line up.
+pub const WIDTH: u32 = 1200;
+pub const TITLE_HEIGHT: u32 = 44;
+
 /// The colour of panel frames: the SVG tells panels by it (`stroke="#555555"`).
 pub const FRAME_COLOR: RGBColor = RGBColor(0x55, 0x55, 0x55);
 pub const LEGEND_BORDER: RGBColor = RGBColor(0x99, 0x99, 0x99);

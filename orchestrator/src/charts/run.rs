@@ -3,7 +3,7 @@
 //! memory, with a vertical line wherever the run's events say something happened
 //! (checkpoints, preemptions and requeues, stops, failures, resumes).
 
-use super::canvas::{self, Axis, Curve, Dots, Figure, Marker, Panel, PALETTE};
+use super::canvas::{self, Axis, Curve, Dots, Figure, Marker, Panel, PALETTE, TITLE_HEIGHT, WIDTH};
 use super::series::{ema, value_range, Point};
 use crate::events_file::{EventRecord, RunEvent};
 use crate::metrics_file::EvalRecord;
@@ -24,8 +24,6 @@ pub struct RunFigure {
 
 const LOSS_HEIGHT: u32 = 430;
 const ROW_HEIGHT: u32 = 270;
-const TITLE_HEIGHT: u32 = 44;
-const WIDTH: u32 = 1200;
 
 impl RunFigure {
     /// Every panel, loss first.

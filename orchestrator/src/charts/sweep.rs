@@ -2,7 +2,9 @@
 //! parameters the sweep gave it, and for a grid of one or two parameters the final loss
 //! against the first parameter (one line per value of the second).
 
-use super::canvas::{self, Axis, Curve, Dots, Figure, Panel, TickFormat, PALETTE};
+use super::canvas::{
+    self, Axis, Curve, Dots, Figure, Panel, TickFormat, PALETTE, TITLE_HEIGHT, WIDTH,
+};
 use super::series::{ema, value_range, Point};
 use crate::step_record::StepRecord;
 use plotters::coord::Shift;
@@ -29,10 +31,8 @@ pub struct SweepFigure {
 
 /// Legend entries at most; the rest are summed up in one.
 const MAX_LEGEND: usize = 12;
-const WIDTH: u32 = 1200;
 const OVERLAY_HEIGHT: u32 = 520;
 const FINAL_HEIGHT: u32 = 400;
-const TITLE_HEIGHT: u32 = 44;
 
 impl SweepFigure {
     /// The parameters whose values differ between points, in name order.
