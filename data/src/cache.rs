@@ -40,7 +40,7 @@ pub const LINE_BITS: u32 = 40;
 
 /// One input file of a cache.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileEntry {
+pub struct SourceFile {
     pub path: PathBuf,
     pub size: u64,
     pub mtime_ns: i128,
@@ -53,12 +53,12 @@ pub struct FileEntry {
 
 /// What a cache folder holds, written last.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Manifest {
+pub struct CacheManifest {
     pub format_version: u32,
     pub name: String,
     /// `text`, `jsonl`, `chat` or `tokens`.
     pub kind: String,
-    pub files: Vec<FileEntry>,
+    pub files: Vec<SourceFile>,
     pub tokenizer: String,
     pub documents: u64,
     pub tokens: u64,
@@ -107,8 +107,8 @@ pub fn open_or_build(
     cache_dir: &Path,
     name: &str,
     observer: &dyn Observer,
-    build: impl FnOnce(&Path) -> Result<Manifest>,
-) -> Result<(PathBuf, Manifest, bool)> {
+    build: impl FnOnce(&Path) -> Result<CacheManifest>,
+) -> Result<(PathBuf, CacheManifest, bool)> {
     let dir = cache_dir.join(name);
     if let Some(manifest) = read_manifest(&dir)? {
         return Ok((dir, manifest, false));
@@ -156,7 +156,7 @@ pub fn open_or_build(
 }
 
 /// The manifest of a complete cache folder, `None` if the folder does not exist.
-pub fn read_manifest(dir: &Path) -> Result<Option<Manifest>> {
+pub fn read_manifest(dir: &Path) -> Result<Option<CacheManifest>> {
     let path = dir.join(MANIFEST);
     let bytes = match std::fs::read(&path) {
         Ok(bytes) => bytes,
@@ -168,7 +168,7 @@ pub fn read_manifest(dir: &Path) -> Result<Option<Manifest>> {
             })
         }
     };
-    let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| DataError::Cache {
+    let manifest: CacheManifest = serde_json::from_slice(&bytes).map_err(|e| DataError::Cache {
         path: dir.to_path_buf(),
         why: format!("{MANIFEST} is damaged ({e}); remove the folder to rebuild it"),
     })?;
@@ -184,7 +184,7 @@ pub fn read_manifest(dir: &Path) -> Result<Option<Manifest>> {
     Ok(Some(manifest))
 }
 
-fn manifest_json(manifest: &Manifest) -> Vec<u8> {
+fn manifest_json(manifest: &CacheManifest) -> Vec<u8> {
     let mut json = serde_json::to_vec_pretty(manifest).expect("manifest serializes");
     json.push(b'\n');
     json
@@ -244,8 +244,8 @@ mod tests {
     use super::*;
     use crate::progress::Quiet;
 
-    fn manifest(name: &str) -> Manifest {
-        Manifest {
+    fn manifest(name: &str) -> CacheManifest {
+        CacheManifest {
             format_version: FORMAT_VERSION,
             name: name.into(),
             kind: "text".into(),

@@ -5,14 +5,14 @@
 //! Pre-tokenized (`tokens`) data is read from the input files themselves: each file is one
 //! document, and the cache folder holds only the manifest of the checked files.
 
-use crate::cache::{Manifest, DOCUMENTS, LINES, LINE_BITS, LOSS_MASK, TOKENS};
+use crate::cache::{CacheManifest, DOCUMENTS, LINES, LINE_BITS, LOSS_MASK, TOKENS};
 use crate::error::{DataError, Origin, Result};
 use memmap2::Mmap;
 use shardrun_protocol::config::TokenDtype;
 use std::path::{Path, PathBuf};
 
 pub struct Corpus {
-    pub manifest: Manifest,
+    pub manifest: CacheManifest,
     pub dir: PathBuf,
     tokens: Tokens,
     /// `documents + 1` offsets.
@@ -73,7 +73,7 @@ fn u64_at(bytes: &[u8], i: u64) -> u64 {
 }
 
 impl Corpus {
-    pub fn open(dir: &Path, manifest: Manifest) -> Result<Corpus> {
+    pub fn open(dir: &Path, manifest: CacheManifest) -> Result<Corpus> {
         let n = manifest.documents;
         let (tokens, offsets, lines, mask) = match manifest.token_files_dtype {
             Some(dtype) => {

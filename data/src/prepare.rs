@@ -1,7 +1,7 @@
 //! From a source in the spec to a memory-mapped [`Corpus`]: the cache folder if it exists,
 //! else tokenize (or check pre-tokenized files) into it, once per cache across processes.
 
-use crate::cache::{self, FileEntry, KeyInputs, Manifest, FORMAT_VERSION};
+use crate::cache::{self, CacheManifest, KeyInputs, SourceFile, FORMAT_VERSION};
 use crate::chat::ChatTemplate;
 use crate::corpus::{dtype_width, Corpus};
 use crate::documents::Skipped;
@@ -131,7 +131,7 @@ fn tokenize_files(
     files: &[DataFile],
     spec: &SourceSpec<'_>,
     observer: &dyn Observer,
-) -> Result<Manifest> {
+) -> Result<CacheManifest> {
     let tokenizer = TextTokenizer::load(spec.tokenizer)?;
     let chat = match spec.source {
         DataSource::Chat { chat_template, .. } => {
@@ -182,7 +182,7 @@ fn tokenize_files(
     if let Some(chat) = &chat {
         tokenizer_text.push_str(&format!("; chat template {}", chat.path.display()));
     }
-    Ok(Manifest {
+    Ok(CacheManifest {
         format_version: FORMAT_VERSION,
         name: String::new(),
         kind: spec.source.kind_name().into(),
@@ -209,9 +209,9 @@ fn check_token_files(
     files: &[DataFile],
     dtype: TokenDtype,
     spec: &SourceSpec<'_>,
-) -> Result<Manifest> {
+) -> Result<CacheManifest> {
     let width = dtype_width(dtype);
-    let checked: Vec<std::result::Result<(FileEntry, u64), Skipped>> = files
+    let checked: Vec<std::result::Result<(SourceFile, u64), Skipped>> = files
         .par_iter()
         .map(|f| check_token_file(f, dtype))
         .collect::<Result<_>>()?;
@@ -241,7 +241,7 @@ fn check_token_files(
     for e in &entries {
         hash.update(e.xxh3.as_bytes());
     }
-    Ok(Manifest {
+    Ok(CacheManifest {
         format_version: FORMAT_VERSION,
         name: String::new(),
         kind: "tokens".into(),
@@ -266,7 +266,7 @@ fn check_token_files(
 fn check_token_file(
     file: &DataFile,
     dtype: TokenDtype,
-) -> Result<std::result::Result<(FileEntry, u64), Skipped>> {
+) -> Result<std::result::Result<(SourceFile, u64), Skipped>> {
     let width = dtype_width(dtype);
     let bad = |why: String| {
         Ok(Err(Skipped {
@@ -304,7 +304,7 @@ fn check_token_file(
         Err(e) => return bad(format!("cannot be read: {e}")),
     };
     Ok(Ok((
-        FileEntry {
+        SourceFile {
             path: file.path.clone(),
             size: file.size,
             mtime_ns: file.mtime_ns,
@@ -316,7 +316,7 @@ fn check_token_file(
 }
 
 /// Content hashes of the input files (read again: they are in the page cache by now).
-fn hash_files(files: &[DataFile], threads: usize) -> Result<Vec<FileEntry>> {
+fn hash_files(files: &[DataFile], threads: usize) -> Result<Vec<SourceFile>> {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads.max(1))
         .build()
@@ -327,7 +327,7 @@ fn hash_files(files: &[DataFile], threads: usize) -> Result<Vec<FileEntry>> {
             .map(|f| {
                 // A skipped unreadable file has no hash.
                 let xxh3 = read_chunks(&f.path, |_| {}).unwrap_or_default();
-                Ok(FileEntry {
+                Ok(SourceFile {
                     path: f.path.clone(),
                     size: f.size,
                     mtime_ns: f.mtime_ns,

@@ -14,12 +14,12 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// A splitmix64 stream.
-pub struct Stream(u64);
+/// A splitmix64 stream of numbers.
+pub struct SplitMix64(u64);
 
-impl Stream {
-    pub fn new(seed: u64) -> Stream {
-        Stream(seed)
+impl SplitMix64 {
+    pub fn new(seed: u64) -> SplitMix64 {
+        SplitMix64(seed)
     }
 
     pub fn next_u64(&mut self) -> u64 {
@@ -43,7 +43,7 @@ impl Stream {
 /// A uniformly random permutation of `0..n` (Fisher-Yates).
 pub fn permutation(n: u32, seed: u64) -> Vec<u32> {
     let mut order: Vec<u32> = (0..n).collect();
-    let mut stream = Stream::new(seed);
+    let mut stream = SplitMix64::new(seed);
     for i in (1..order.len()).rev() {
         let j = stream.below(i as u64 + 1) as usize;
         order.swap(i, j);
@@ -59,7 +59,7 @@ mod tests {
     fn splitmix_matches_reference_values() {
         // First output of splitmix64 seeded with 0 (Vigna's reference implementation).
         assert_eq!(splitmix64(0), 0xe220_a839_7b1d_cdaf);
-        assert_eq!(Stream::new(0).next_u64(), 0xe220_a839_7b1d_cdaf);
+        assert_eq!(SplitMix64::new(0).next_u64(), 0xe220_a839_7b1d_cdaf);
     }
 
     #[test]

@@ -80,7 +80,7 @@ impl ModelConfig {
                 n_layers,
                 n_heads,
                 max_seq_len,
-            } => crate::transformer::Transformer {
+            } => crate::transformer::TransformerSizes {
                 vocab_size: vocab_size as i64,
                 dim: dim as i64,
                 n_layers: n_layers as i64,
@@ -92,7 +92,7 @@ impl ModelConfig {
                 input_dim,
                 hidden_dim,
                 output_dim,
-            } => crate::mlp::Mlp {
+            } => crate::mlp::MlpSizes {
                 input_dim: input_dim as i64,
                 hidden_dim: hidden_dim as i64,
                 output_dim: output_dim as i64,

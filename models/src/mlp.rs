@@ -5,13 +5,13 @@ use crate::footprint::{Activations, F32};
 use crate::param::{Builder, Init, ModelDescription, SegmentSpec};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Mlp {
+pub struct MlpSizes {
     pub input_dim: i64,
     pub hidden_dim: i64,
     pub output_dim: i64,
 }
 
-impl Mlp {
+impl MlpSizes {
     pub fn describe(&self) -> ModelDescription {
         let root = Builder::root();
         let mut params = Vec::new();

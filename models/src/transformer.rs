@@ -16,7 +16,7 @@ use crate::footprint::{Activations, F32};
 use crate::param::{Builder, Init, ModelDescription, ParamSpec, SegmentSpec};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Transformer {
+pub struct TransformerSizes {
     pub vocab_size: i64,
     pub dim: i64,
     pub n_layers: i64,
@@ -30,7 +30,7 @@ fn linear(b: &Builder, name: &str, in_dim: i64, out_dim: i64, bias: bool) -> Vec
     b.linear(name, in_dim, out_dim, bias, bound, bound)
 }
 
-impl Transformer {
+impl TransformerSizes {
     fn block(&self, b: &Builder) -> Vec<ParamSpec> {
         let d = self.dim;
         let mut specs = b.norm("attention_norm", d, true);

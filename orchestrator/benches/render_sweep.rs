@@ -6,8 +6,8 @@
 //! memory estimate, point key), and render each point's sbatch script plus the array script.
 //! Target: under 1 s on the project's 2-core machine.
 
-use shardrun::render::{render_sbatch, ScriptTarget};
-use shardrun::{spec, sweep};
+use shardrun::sbatch::{render_sbatch, ScriptTarget};
+use shardrun::{spec, sweeps};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -40,7 +40,7 @@ fn main() {
         let start = Instant::now();
         let loaded = spec::parse(&text, Path::new("bench.yaml")).expect("bench spec parses");
         let parsed = start.elapsed();
-        let points = sweep::expand(&loaded).expect("bench sweep expands");
+        let points = sweeps::expand(&loaded).expect("bench sweep expands");
         let planned = start.elapsed();
         let mut bytes = 0;
         for point in &points {

@@ -2,23 +2,24 @@
 //! status on the login node; the job controller (rendezvous, launching, logs, metrics)
 //! inside the allocation or in local mode.
 
+pub mod binaries;
 pub mod charts;
 pub mod cli;
 pub mod commands;
 
 pub mod controller;
+pub mod data_prep;
 pub mod diagnostics;
 pub mod events_file;
 pub mod exit;
 pub mod gpus;
 pub mod metrics_file;
-pub mod plan;
-pub mod prepare;
-pub mod render;
 pub mod rerun;
+pub mod resolve;
 pub mod rundir;
+pub mod sbatch;
 pub mod slurm;
 pub mod spec;
 pub mod step_record;
 pub mod stragglers;
-pub mod sweep;
+pub mod sweeps;

@@ -158,21 +158,21 @@ pub fn compute_stream() -> RawStream {
 }
 
 /// A stream that does not synchronise with the legacy default stream, on the current device.
-pub struct Stream(sys::cudaStream_t);
+pub struct CudaStream(sys::cudaStream_t);
 
 // SAFETY: a CUDA stream handle may be used from any thread of the process.
-unsafe impl Send for Stream {}
-unsafe impl Sync for Stream {}
+unsafe impl Send for CudaStream {}
+unsafe impl Sync for CudaStream {}
 
-impl Stream {
-    pub fn non_blocking() -> Result<Stream, CudaError> {
+impl CudaStream {
+    pub fn non_blocking() -> Result<CudaStream, CudaError> {
         runtime()?;
         let mut stream = std::ptr::null_mut();
         // SAFETY: a valid out-pointer.
         check("cudaStreamCreateWithFlags", unsafe {
             sys::cudaStreamCreateWithFlags(&mut stream, sys::cudaStreamNonBlocking)
         })?;
-        Ok(Stream(stream))
+        Ok(CudaStream(stream))
     }
 
     pub fn raw(&self) -> RawStream {
@@ -180,7 +180,7 @@ impl Stream {
     }
 }
 
-impl Drop for Stream {
+impl Drop for CudaStream {
     fn drop(&mut self) {
         // SAFETY: created by us, destroyed once; pending work still completes.
         let _ = unsafe { sys::cudaStreamDestroy(self.0) };
@@ -188,23 +188,23 @@ impl Drop for Stream {
 }
 
 /// A point in a stream's queue, for ordering another stream after it or polling it.
-pub struct Event(sys::cudaEvent_t);
+pub struct CudaEvent(sys::cudaEvent_t);
 
 // SAFETY: a CUDA event handle may be recorded, waited on and queried from any thread.
-unsafe impl Send for Event {}
-unsafe impl Sync for Event {}
+unsafe impl Send for CudaEvent {}
+unsafe impl Sync for CudaEvent {}
 
-impl Event {
+impl CudaEvent {
     /// An event recorded now on `stream`: it completes when everything queued there so far
     /// has run.
-    pub fn record(stream: RawStream) -> Result<Event, CudaError> {
+    pub fn record(stream: RawStream) -> Result<CudaEvent, CudaError> {
         runtime()?;
         let mut event = std::ptr::null_mut();
         // SAFETY: a valid out-pointer; timing off (cheaper, and never read).
         check("cudaEventCreateWithFlags", unsafe {
             sys::cudaEventCreateWithFlags(&mut event, sys::cudaEventDisableTiming)
         })?;
-        let event = Event(event);
+        let event = CudaEvent(event);
         // SAFETY: a live event and a stream of the current device.
         check("cudaEventRecord", unsafe {
             sys::cudaEventRecord(event.0, stream.cast())
@@ -231,7 +231,7 @@ impl Event {
     }
 }
 
-impl Drop for Event {
+impl Drop for CudaEvent {
     fn drop(&mut self) {
         // SAFETY: created by us, destroyed once; CUDA defers the release until the event
         // completes, and waits already queued on it keep their meaning.

@@ -17,7 +17,7 @@ pub use shardrun_data::sampler::first_sample;
 pub use shardrun_data::splitmix64;
 
 #[derive(Debug, thiserror::Error)]
-pub enum DataError {
+pub enum TrainingDataError {
     #[error(transparent)]
     Documents(#[from] shardrun_data::DataError),
     #[error("documents feed a token model (kind: transformer), not the MLP: use `data: {{kind: synthetic}}` for the MLP")]
@@ -52,21 +52,24 @@ enum Source {
     Documents(Box<shardrun_data::Dataset>),
 }
 
-pub struct Dataset {
+pub struct TrainingData {
     source: Source,
     seed: u64,
     seq_len: u64,
 }
 
-impl Dataset {
+impl TrainingData {
     /// The config's data, quietly (tests, the reference trainer).
-    pub fn new(config: &TrainConfig) -> Result<Dataset, DataError> {
-        Dataset::open(config, &shardrun_data::Quiet)
+    pub fn new(config: &TrainConfig) -> Result<TrainingData, TrainingDataError> {
+        TrainingData::open(config, &shardrun_data::Quiet)
     }
 
     /// The config's data. Documents are prepared first if no one has (normally the job's
     /// controller has: then this only maps the cache).
-    pub fn open(config: &TrainConfig, observer: &dyn Observer) -> Result<Dataset, DataError> {
+    pub fn open(
+        config: &TrainConfig,
+        observer: &dyn Observer,
+    ) -> Result<TrainingData, TrainingDataError> {
         let seq_len = config.data.sequence_length(&config.model);
         let source = match (&config.data, &config.model) {
             (
@@ -96,10 +99,10 @@ impl Dataset {
                 )?))
             }
             (DataConfig::Dataset(_), ModelConfig::Mlp { .. }) => {
-                return Err(DataError::DocumentsForMlp)
+                return Err(TrainingDataError::DocumentsForMlp)
             }
         };
-        Ok(Dataset {
+        Ok(TrainingData {
             source,
             seed: config.seed,
             seq_len,
@@ -115,7 +118,7 @@ impl Dataset {
     }
 
     /// Samples `first .. first + count` of the job, stacked into one batch.
-    pub fn samples(&self, first: u64, count: u64) -> Result<Batch, DataError> {
+    pub fn samples(&self, first: u64, count: u64) -> Result<Batch, TrainingDataError> {
         let n = count as i64;
         match &self.source {
             Source::SyntheticTokens { vocab } => {

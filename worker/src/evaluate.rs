@@ -6,7 +6,7 @@
 //! so every rank runs the same number of forward passes (the FSDP gathers are collective);
 //! rows past the end of the validation set are padding without targets.
 
-use crate::data::{Batch, Dataset};
+use crate::data::{Batch, TrainingData};
 use crate::fsdp::FsdpEngine;
 use crate::train::TrainError;
 use crate::{control, host};
@@ -45,7 +45,7 @@ impl Evaluator {
     pub fn evaluate(
         &self,
         engine: &mut FsdpEngine,
-        data: &Dataset,
+        data: &TrainingData,
         step: u64,
         device: Device,
     ) -> Result<EvalMetrics, TrainError> {

@@ -2,7 +2,7 @@
 //! loss, AdamW, clipping and schedule as the sharded engine, written the obvious way
 //! (whole-model forward, one `backward`). The ground truth sharded runs must equal.
 
-use crate::data::{first_sample, Dataset};
+use crate::data::{first_sample, TrainingData};
 use crate::fsdp::FsdpError;
 use crate::model::{self, Params};
 use crate::optim::{adamw_step, AdamWState};
@@ -39,7 +39,7 @@ pub fn train_reference(
         .iter()
         .map(|(name, p)| (name.clone(), AdamWState::zeros_like(&p.detach())))
         .collect();
-    let dataset = Dataset::new(config)?;
+    let dataset = TrainingData::new(config)?;
     let schedule = Schedule::new(config.optimizer.lr, config.schedule.clone(), config.steps);
     // The whole global micro-batch at once: every rank's samples.
     let global_batch = config.batch.batch_size_per_device * config.batch.world_size;

@@ -9,7 +9,7 @@
 //! decision then come from those host numbers, without reading the device again.
 
 use crate::collectives::CommError;
-use crate::data::{first_sample, Batch, BatchLog, DataError, Dataset};
+use crate::data::{first_sample, Batch, BatchLog, TrainingData, TrainingDataError};
 use crate::evaluate::Evaluator;
 use crate::fsdp::{EngineOptions, FsdpEngine, FsdpError, ProcessGroups};
 use crate::report::{Reporter, ReporterObserver};
@@ -29,7 +29,7 @@ pub enum TrainError {
     #[error(transparent)]
     Fsdp(#[from] FsdpError),
     #[error(transparent)]
-    Data(#[from] DataError),
+    Data(#[from] TrainingDataError),
     #[error("control communicator: {0}")]
     Control(#[from] CommError),
     #[error("{0}")]
@@ -157,7 +157,7 @@ pub fn check_config(config: &TrainConfig) -> Result<(), TrainError> {
 pub struct Trainer {
     pub config: TrainConfig,
     engine: FsdpEngine,
-    dataset: Dataset,
+    dataset: TrainingData,
     schedule: Schedule,
     scaler: Option<LossScaler>,
     reporter: Arc<dyn Reporter>,
@@ -227,7 +227,7 @@ impl Trainer {
                 mib(l.peak_rss_bytes),
             ),
         );
-        let dataset = Dataset::open(&config, &ReporterObserver::new(reporter.as_ref(), rank))?;
+        let dataset = TrainingData::open(&config, &ReporterObserver::new(reporter.as_ref(), rank))?;
         // Every rank reads the same data: rank 0 describes it.
         if let Some(documents) = dataset.documents().filter(|_| rank == 0) {
             for line in documents.summary() {

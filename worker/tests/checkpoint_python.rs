@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use shardrun_protocol::config::{CheckpointFormat, ShardingStrategy};
-use shardrun_worker::data::Dataset;
+use shardrun_worker::data::TrainingData;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -33,7 +33,7 @@ fn pytorch_reproduces_the_worker_loss_from_the_full_checkpoint() {
 
     // Step 11's loss is computed with the step-10 parameters on global samples 120..132.
     let global_batch = config.batch.total_batch_size;
-    let batch = Dataset::new(&config)
+    let batch = TrainingData::new(&config)
         .unwrap()
         .samples(10 * global_batch, global_batch)
         .unwrap();

@@ -18,7 +18,7 @@ use common::{config, run_sharded, temp_dir};
 use hf_common::*;
 use shardrun_models::source::ParamSource;
 use shardrun_protocol::config::{LrDecay, ShardingStrategy};
-use shardrun_worker::data::{Batch, Dataset};
+use shardrun_worker::data::{Batch, TrainingData};
 use shardrun_worker::model::{self, Params};
 use std::path::Path;
 use tch::{Device, Kind, Tensor};
@@ -148,7 +148,7 @@ fn step_matches_pytorch(name: &str, work: &Path) {
     };
     // PyTorch on the whole global batch (samples 0..4, what the ranks split between them).
     let cfg = step_config(1);
-    let batch = Dataset::new(&cfg).unwrap().samples(0, 4).unwrap();
+    let batch = TrainingData::new(&cfg).unwrap().samples(0, 4).unwrap();
     let rows = |t: &Tensor| -> Vec<Vec<i64>> { Vec::<Vec<i64>>::try_from(t).unwrap() };
     let batch_path = work.join(format!("{name}.batch.json"));
     let json =

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 type Placement = Box<dyn Fn(&Value) -> f64>;
 
 /// One point of the sweep: its run's name, parameters and step records.
-pub struct SweepPoint {
+pub struct PointRecords {
     pub name: String,
     pub params: BTreeMap<String, Value>,
     pub steps: Vec<StepRecord>,
@@ -24,7 +24,7 @@ pub struct SweepPoint {
 
 pub struct SweepFigure {
     pub title: String,
-    pub points: Vec<SweepPoint>,
+    pub points: Vec<PointRecords>,
     pub smoothing: f64,
     pub log_loss: bool,
 }
@@ -52,7 +52,7 @@ impl SweepFigure {
     }
 
     /// `lr=0.001, seed=1` (short names, or the dotted path where two would clash).
-    pub fn label(&self, point: &SweepPoint) -> String {
+    pub fn label(&self, point: &PointRecords) -> String {
         let keys = self.swept();
         if keys.is_empty() {
             return point.name.clone();
@@ -87,9 +87,9 @@ impl SweepFigure {
     }
 
     /// The points in the order of their swept values (numbers by value), as a legend reads.
-    fn sorted(&self) -> Vec<&SweepPoint> {
+    fn sorted(&self) -> Vec<&PointRecords> {
         let keys = self.swept();
-        let mut points: Vec<&SweepPoint> = self.points.iter().collect();
+        let mut points: Vec<&PointRecords> = self.points.iter().collect();
         points.sort_by(|a, b| {
             keys.iter()
                 .map(|k| compare_values(a.params.get(k), b.params.get(k)))
@@ -100,7 +100,7 @@ impl SweepFigure {
     }
 
     fn overlay(&self) -> Panel {
-        let with_steps: Vec<&SweepPoint> = self
+        let with_steps: Vec<&PointRecords> = self
             .sorted()
             .into_iter()
             .filter(|p| !p.steps.is_empty())
@@ -373,7 +373,7 @@ mod tests {
     use super::*;
     use shardrun_protocol::messages::StepMetrics;
 
-    fn point(lr: f64, seed: u64, final_loss: f64) -> SweepPoint {
+    fn point(lr: f64, seed: u64, final_loss: f64) -> PointRecords {
         let steps = (1..=5)
             .map(|step| {
                 StepRecord::fold(
@@ -403,7 +403,7 @@ mod tests {
         params.insert("training.optimizer.lr".to_string(), serde_json::json!(lr));
         params.insert("training.seed".to_string(), serde_json::json!(seed));
         params.insert("training.steps".to_string(), serde_json::json!(5));
-        SweepPoint {
+        PointRecords {
             name: format!("p-{lr}-{seed}"),
             params,
             steps,

@@ -59,7 +59,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
 pub fn supervise(run: &RunDir, opts: controller::ControllerOptions) -> anyhow::Result<()> {
     let _ = run.update_manifest(|m| m.state = RunState::Running);
     // One process tokenizes, before any rank starts.
-    if let Err(e) = crate::prepare::before_launch(&run.read_train_config()?) {
+    if let Err(e) = crate::data_prep::before_launch(&run.read_train_config()?) {
         let message = format!("{e:#}");
         let _ = run.update_manifest(|m| {
             m.state = RunState::Failed;

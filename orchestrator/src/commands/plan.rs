@@ -1,9 +1,9 @@
 //! `shardrun plan job.yaml`: check a spec and print the resolved plan.
 
-use crate::plan::{self, Overrides, ResolvedJob};
-use crate::spec::{self, overrides, LoadedSpec, Override};
+use crate::commands::spec_args::{load_and_resolve, SetArgs};
+use crate::resolve::Overrides;
 use anyhow::Context;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -22,22 +22,6 @@ pub struct Args {
     pub set: SetArgs,
 }
 
-/// `--set`, shared by `plan`, `render`, `submit` and `run`.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct SetArgs {
-    /// Replace a value of the spec: a dotted path as in sweeps and a YAML value
-    /// (`--set training.steps=20000`); repeatable, later ones win. Recorded in the run's
-    /// job.yaml and resolved.json.
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub set: Vec<String>,
-}
-
-impl SetArgs {
-    pub fn parsed(&self) -> Result<Vec<Override>, crate::spec::SpecError> {
-        self.set.iter().map(|arg| overrides::parse(arg)).collect()
-    }
-}
-
 pub fn execute(args: Args) -> anyhow::Result<()> {
     let overrides = Overrides {
         world_size: args.nproc,
@@ -54,25 +38,4 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         print!("{}", job.summary());
     }
     Ok(())
-}
-
-/// The spec file behind a path that may also be a run directory.
-pub fn spec_path(path: &Path) -> PathBuf {
-    if path.is_dir() {
-        path.join("job.yaml")
-    } else {
-        path.to_path_buf()
-    }
-}
-
-/// Load, apply `--set` and resolve in one step; errors already carry file (or flag), line,
-/// field and fix. The resolved job records the `--set` arguments.
-pub fn load_and_resolve(
-    path: &Path,
-    overrides: &Overrides,
-    set: &SetArgs,
-) -> anyhow::Result<(LoadedSpec, ResolvedJob)> {
-    let loaded = spec::load_with(&spec_path(path), &set.parsed()?)?;
-    let job = plan::resolve(&loaded, overrides)?;
-    Ok((loaded, job))
 }

@@ -4,7 +4,7 @@
 //! output's extension).
 
 use crate::charts::run::RunFigure;
-use crate::charts::sweep::{SweepFigure, SweepPoint};
+use crate::charts::sweep::{PointRecords, SweepFigure};
 use crate::{charts, events_file, metrics_file};
 use anyhow::bail;
 use std::path::{Path, PathBuf};
@@ -108,7 +108,7 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
         if steps.is_empty() {
             waiting.push(name.clone());
         }
-        points.push(SweepPoint {
+        points.push(PointRecords {
             name,
             params: run
                 .read_manifest()

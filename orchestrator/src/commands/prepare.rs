@@ -2,8 +2,8 @@
 //! node), so the job starts training at once; a later run with the same files and tokenizer
 //! reuses the cache.
 
-use crate::commands::plan::{load_and_resolve, SetArgs};
-use crate::plan::Overrides;
+use crate::commands::spec_args::{load_and_resolve, SetArgs};
+use crate::resolve::Overrides;
 use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
@@ -20,7 +20,7 @@ pub struct Args {
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
     let (_, job) = load_and_resolve(&args.spec, &Overrides::default(), &args.set)?;
-    for line in crate::prepare::prepare_data(&job.train, args.threads)? {
+    for line in crate::data_prep::prepare_data(&job.train, args.threads)? {
         println!("{line}");
     }
     Ok(())

@@ -3,11 +3,11 @@
 //! the same run directory, it continues the run (see [`crate::rerun`]).
 
 use crate::commands::controller::supervise;
-use crate::commands::plan::{load_and_resolve, SetArgs};
+use crate::commands::spec_args::{load_and_resolve, SetArgs};
 use crate::controller::options::ControllerArgs;
 use crate::controller::LaunchMode;
-use crate::plan::{Overrides, ResolvedJob};
-use crate::rerun::{self, Prepared};
+use crate::rerun::{self, RunStart};
+use crate::resolve::{Overrides, ResolvedJob};
 use crate::rundir::{NewRun, RunDir};
 use crate::spec::overrides;
 use shardrun_protocol::config::DeviceKind;
@@ -106,21 +106,21 @@ pub fn run_path(spec: &Path, job: &ResolvedJob) -> anyhow::Result<PathBuf> {
 }
 
 /// Says first what a re-run does (resume, start over, nothing); the run to start, if any.
-pub fn announce(prepared: Prepared) -> Option<RunDir> {
+pub fn announce(prepared: RunStart) -> Option<RunDir> {
     match prepared {
-        Prepared::New(run) => Some(run),
-        Prepared::Replaced { run, deleted } => {
+        RunStart::New(run) => Some(run),
+        RunStart::Replaced { run, deleted } => {
             println!("--force: deleted {deleted}; starting over at step 1");
             Some(run)
         }
-        Prepared::Resume(resume) => {
+        RunStart::Resume(resume) => {
             println!("{}", resume.headline());
             for line in resume.applied_lines() {
                 println!("{line}");
             }
             Some(resume.run)
         }
-        Prepared::Finished(finished) => {
+        RunStart::Finished(finished) => {
             println!("{}", finished.message());
             None
         }

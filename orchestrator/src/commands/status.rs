@@ -66,7 +66,7 @@ impl RunJson {
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
     let paths = if args.paths.is_empty() {
-        vec![PathBuf::from(crate::plan::defaults::RUN_ROOT)]
+        vec![PathBuf::from(crate::resolve::defaults::RUN_ROOT)]
     } else {
         args.paths
     };

@@ -2,13 +2,13 @@
 //! `sbatch --parsable`. Submitted again on the same run directory, it continues the run
 //! (see [`crate::rerun`]): the new job resumes from the run's newest checkpoint.
 
-use crate::commands::plan::{load_and_resolve, SetArgs};
-use crate::commands::render::shardrun_exe;
+use crate::binaries::shardrun_exe;
 use crate::commands::run::{announce, run_path};
-use crate::plan::Overrides;
-use crate::render::{render_sbatch, ScriptTarget};
+use crate::commands::spec_args::{load_and_resolve, SetArgs};
 use crate::rerun;
+use crate::resolve::Overrides;
 use crate::rundir::{NewRun, RunState};
+use crate::sbatch::{render_sbatch, ScriptTarget};
 use crate::slurm;
 use crate::spec::overrides;
 use anyhow::Context;

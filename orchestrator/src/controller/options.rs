@@ -2,8 +2,9 @@
 //! from a run directory to [`ControllerOptions`].
 
 use super::{ControllerOptions, Echo, LaunchMode, RunPaths, Timeouts};
+use crate::binaries::worker_bin;
 use crate::rundir::RunDir;
-use std::path::PathBuf;
+
 use std::time::Duration;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -93,21 +94,4 @@ pub fn run_paths(run: &RunDir) -> RunPaths {
         result: run.result(),
         requeue_count: run.requeue_count(),
     }
-}
-
-/// `$SHARDRUN_WORKER_BIN`, else `shardrun-worker` next to this executable.
-pub fn worker_bin() -> anyhow::Result<PathBuf> {
-    if let Some(path) = std::env::var_os("SHARDRUN_WORKER_BIN") {
-        return Ok(PathBuf::from(path));
-    }
-    let exe = crate::commands::render::shardrun_exe()?;
-    let bin = exe.with_file_name("shardrun-worker");
-    if !bin.is_file() {
-        anyhow::bail!(
-            "no worker binary at {}: build it (`cargo build --release -p shardrun-worker`) or set \
-             SHARDRUN_WORKER_BIN to its path",
-            bin.display()
-        );
-    }
-    Ok(bin)
 }

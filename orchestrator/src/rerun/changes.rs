@@ -2,7 +2,7 @@
 //! field by field, named as the spec names them, and which differences a resumed run can
 //! take: those that change where, how fast or for how long it trains, not what it computes.
 
-use crate::plan::ResolvedJob;
+use crate::resolve::ResolvedJob;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -157,7 +157,7 @@ fn spec_name(path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{resolve, Overrides};
+    use crate::resolve::{resolve, Overrides};
     use crate::spec::{overrides, parse};
     use std::path::Path;
 

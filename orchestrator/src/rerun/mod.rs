@@ -8,7 +8,7 @@
 
 pub mod changes;
 
-use crate::plan::ResolvedJob;
+use crate::resolve::ResolvedJob;
 use crate::rundir::{NewRun, RunDir, RunDirError, RunLock, RunState};
 use crate::slurm;
 pub use changes::FieldChange;
@@ -25,7 +25,7 @@ pub struct CheckpointAt {
 
 /// What [`prepare`] made of the run directory.
 #[derive(Debug)]
-pub enum Prepared {
+pub enum RunStart {
     /// There was none: a new run.
     New(RunDir),
     /// `--force`: the old run was deleted (`deleted` says what it held); a new run.
@@ -161,15 +161,15 @@ fn list(fields: &[FieldChange]) -> String {
 /// Decide what running `new` in `path` means, and get the run directory ready for it: a new
 /// run, a resumed one (its spec files rewritten with the safe changes), or nothing to do.
 /// Refuses, touching nothing, when the run is still going or its spec changed unsafely.
-pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<Prepared, RerunError> {
+pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
     let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     if new.force && path.exists() {
         let deleted = describe_contents(&path);
         let run = RunDir::create(&path, new)?;
-        return Ok(Prepared::Replaced { run, deleted });
+        return Ok(RunStart::Replaced { run, deleted });
     }
     if !path.exists() {
-        return Ok(Prepared::New(RunDir::create(&path, new)?));
+        return Ok(RunStart::New(RunDir::create(&path, new)?));
     }
     let run = match RunDir::open(&path) {
         Ok(run) => run,
@@ -232,7 +232,7 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<Prepared, RerunError> {
         (None, _) => None,
     };
     if let Some(done) = done.filter(|&done| done >= asked) {
-        return Ok(Prepared::Finished(Finished {
+        return Ok(RunStart::Finished(Finished {
             run,
             steps_done: done,
             steps_asked: asked,
@@ -260,7 +260,7 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<Prepared, RerunError> {
     };
     let last_step = last_logged_step(&run);
     run.update_spec(new)?;
-    Ok(Prepared::Resume(Resume {
+    Ok(RunStart::Resume(Resume {
         run,
         checkpoint,
         ended,
@@ -372,7 +372,7 @@ pub fn describe_contents(path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{resolve, Overrides};
+    use crate::resolve::{resolve, Overrides};
     use crate::spec::{overrides, parse};
     use std::collections::BTreeMap;
 
@@ -436,7 +436,7 @@ mod tests {
         let run = existing(tmp.path(), RunState::Running, &[]);
         let job = resolved(tmp.path(), &["training.log_every=5"]);
         let params = BTreeMap::new();
-        let Prepared::Resume(resume) = prepare(run.path(), new_run(&job, &params)).unwrap() else {
+        let RunStart::Resume(resume) = prepare(run.path(), new_run(&job, &params)).unwrap() else {
             panic!("expected a resume")
         };
         assert_eq!(resume.checkpoint, None);
@@ -492,7 +492,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let run = existing(tmp.path(), RunState::Completed, &[]);
         let same = resolved(tmp.path(), &[]);
-        let Prepared::Finished(finished) = prepare(run.path(), new_run(&same, &params)).unwrap()
+        let RunStart::Finished(finished) = prepare(run.path(), new_run(&same, &params)).unwrap()
         else {
             panic!("expected finished")
         };
@@ -525,7 +525,7 @@ mod tests {
         let params = BTreeMap::new();
         let mut forced = new_run(&job, &params);
         forced.force = true;
-        let Prepared::Replaced { deleted, run: new } = prepare(run.path(), forced).unwrap() else {
+        let RunStart::Replaced { deleted, run: new } = prepare(run.path(), forced).unwrap() else {
             panic!("expected a replaced run")
         };
         assert_eq!(

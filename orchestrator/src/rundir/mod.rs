@@ -11,7 +11,7 @@
 //! It is built as `<name>.tmp-XXXX` next to its final place and renamed, so a failure
 //! leaves nothing half-written under the real name. A sweep point's directory holds only
 //! `manifest.json resolved.json train_config.json secret`: its spec and batch script are
-//! the sweep folder's (`sweep::point_dirs`, `sweep::journal`). A re-run that continues a run
+//! the sweep folder's (`sweeps::point_dirs`, `sweeps::journal`). A re-run that continues a run
 //! rewrites the spec files in place ([`RunDir::update_spec`]); [`lock`] tells a live run from
 //! a dead one.
 
@@ -19,7 +19,7 @@ mod lock;
 
 pub use lock::{LockError, RunLock, LOCK_FILE};
 
-use crate::plan::ResolvedJob;
+use crate::resolve::ResolvedJob;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -305,7 +305,7 @@ impl RunDir {
     }
 
     /// The paths of a run directory at `path` whose files are still being written (sweep
-    /// points are created in batches, see `sweep::point_dirs`).
+    /// points are created in batches, see `sweeps::point_dirs`).
     pub fn at(path: &Path) -> RunDir {
         RunDir {
             path: path.to_path_buf(),
@@ -474,7 +474,7 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), RunDirError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{resolve, Overrides};
+    use crate::resolve::{resolve, Overrides};
     use crate::spec::parse;
 
     fn job(root: &Path) -> ResolvedJob {

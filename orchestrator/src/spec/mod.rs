@@ -1,6 +1,6 @@
 //! The YAML job spec: what a person writes. Parsed with `deny_unknown_fields` so a typo is an
 //! error, never a silently ignored key; optional fields stay `None` here and get their
-//! defaults in [`crate::plan`], so the resolved config is explicit about every value.
+//! defaults in [`crate::resolve`], so the resolved config is explicit about every value.
 //!
 //! The full schema with every default is documented in `docs/job-spec.md`.
 
@@ -136,7 +136,7 @@ mod tests {
             ),
         ] {
             let loaded = parse(text, Path::new(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
-            crate::plan::resolve(&loaded, &crate::plan::Overrides::default())
+            crate::resolve::resolve(&loaded, &crate::resolve::Overrides::default())
                 .unwrap_or_else(|e| panic!("{file}: {e}"));
         }
         // These read a Hugging Face folder when planned (the worker tests plan the local one

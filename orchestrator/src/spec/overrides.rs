@@ -174,7 +174,7 @@ pub fn recorded_yaml(loaded: &LoadedSpec) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{resolve, Overrides};
+    use crate::resolve::{resolve, Overrides};
     use crate::spec::parse as parse_spec;
     use std::path::Path;
 

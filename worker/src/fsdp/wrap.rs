@@ -21,11 +21,11 @@ pub fn plan_units(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shardrun_models::transformer::Transformer;
+    use shardrun_models::transformer::TransformerSizes;
     use shardrun_models::ModelDescription;
 
     fn tiny() -> ModelDescription {
-        Transformer {
+        TransformerSizes {
             vocab_size: 11,
             dim: 8,
             n_layers: 2,

@@ -142,9 +142,9 @@ impl Attention {
 }
 
 /// `LlamaMLP`: SwiGLU.
-pub struct Mlp;
+pub struct GatedMlp;
 
-impl Mlp {
+impl GatedMlp {
     pub fn forward(&self, p: &Params, x: &Tensor) -> Tensor {
         let gate = linear(&p.pp("gate_proj"), x).silu();
         linear(&p.pp("down_proj"), &(gate * linear(&p.pp("up_proj"), x)))
@@ -155,7 +155,7 @@ impl Mlp {
 pub struct DecoderLayer {
     norm: RmsNorm,
     attention: Attention,
-    mlp: Mlp,
+    mlp: GatedMlp,
 }
 
 impl DecoderLayer {
@@ -199,7 +199,7 @@ impl Llama {
                     n_kv_heads: config.n_kv_heads as i64,
                     head_dim: config.head_dim as i64,
                 },
-                mlp: Mlp,
+                mlp: GatedMlp,
             },
             rotary: RotaryEmbedding::new(config, buffer_kind),
             norm: norm(),

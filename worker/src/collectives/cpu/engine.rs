@@ -1,7 +1,7 @@
 //! The state a CPU communicator's thread owns: the two ring links, reusable scratch memory,
 //! the op sequence number and the sticky failure. Turns each operation into ring plans.
 
-use super::ring::{self, Failure, Plan, Span};
+use super::ring::{self, Plan, RingFailure, Span};
 use super::transport::{self, header, Link, Member, TAG_ABORT};
 use crate::collectives::dtype::Dtype;
 use crate::collectives::{CommError, CommOptions, ReduceOp};
@@ -222,8 +222,8 @@ impl RingEngine {
     }
 
     /// Tells both neighbours why this rank gives up, then closes the ring for good.
-    fn fail(&mut self, failure: Failure) -> CommError {
-        let Failure {
+    fn fail(&mut self, failure: RingFailure) -> CommError {
+        let RingFailure {
             error,
             unfinished_frame,
         } = failure;

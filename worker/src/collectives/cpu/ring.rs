@@ -255,7 +255,7 @@ pub fn broadcast(data: Span, rank: usize, root: usize, n: usize, dtype: Dtype) -
 
 /// A failure inside [`run`], with the bytes the sender still owes its frame in flight so
 /// the caller can finish it before the abort message.
-pub struct Failure {
+pub struct RingFailure {
     pub error: CommError,
     pub unfinished_frame: Vec<u8>,
 }
@@ -268,7 +268,7 @@ pub fn run(
     seq: u32,
     kind: u32,
     timeout: Duration,
-) -> Result<(), Failure> {
+) -> Result<(), RingFailure> {
     let mut sender = Sender {
         frame: 0,
         offset: 0,
@@ -279,7 +279,7 @@ pub fn run(
         header: [0; HEADER_BYTES],
         end_seen: false,
     };
-    let fail = |error: CommError, sender: &Sender| Failure {
+    let fail = |error: CommError, sender: &Sender| RingFailure {
         error,
         unfinished_frame: sender.unfinished(plan, seq, kind),
     };

@@ -23,7 +23,7 @@ pub mod watch;
 
 use super::dtype::{check, check_pair, Dtype};
 use super::{subgroup_members, CommError, Communicator, ReduceOp, SingleProcess, Work};
-use crate::cuda::{self, Event, Stream};
+use crate::cuda::{self, CudaEvent, CudaStream};
 use cudarc::nccl::sys;
 use std::collections::VecDeque;
 use std::ffi::c_int;
@@ -118,7 +118,7 @@ pub(crate) struct Comm {
     /// What it is, for messages ("the world", "the group of ranks [0, 1]").
     label: String,
     device: usize,
-    stream: Stream,
+    stream: CudaStream,
     timeout: Duration,
     /// Serialises this process's calls on the handle (NCCL forbids concurrent ones).
     calls: Mutex<()>,
@@ -308,7 +308,7 @@ pub struct NcclCommunicator {
 struct Keep {
     tensors: Vec<Tensor>,
     comm: Arc<Comm>,
-    event: Arc<Event>,
+    event: Arc<CudaEvent>,
 }
 
 impl Drop for Keep {
@@ -407,7 +407,7 @@ impl NcclCommunicator {
         }
         comm.state()?;
         comm.reap()?;
-        let ready = Event::record(cuda::compute_stream()).map_err(cuda_error)?;
+        let ready = CudaEvent::record(cuda::compute_stream()).map_err(cuda_error)?;
         ready.block(comm.stream.raw()).map_err(cuda_error)?;
         {
             let _calls = lock(&comm.calls);
@@ -421,7 +421,7 @@ impl NcclCommunicator {
             }
             comm.settle(what, Instant::now() + comm.timeout)?;
         }
-        let done = Arc::new(Event::record(comm.stream.raw()).map_err(cuda_error)?);
+        let done = Arc::new(CudaEvent::record(comm.stream.raw()).map_err(cuda_error)?);
         lock(&comm.in_flight).push_back(Pending {
             event: done.clone(),
             what,
@@ -451,7 +451,7 @@ impl Comm {
         device: usize,
         timeout: Duration,
     ) -> Result<Arc<Comm>, CommError> {
-        let stream = match Stream::non_blocking() {
+        let stream = match CudaStream::non_blocking() {
             Ok(s) => s,
             Err(e) => {
                 // SAFETY: a handle just created and not shared.

@@ -10,14 +10,14 @@
 //!   [`crate::fail_fast`]), which also frees the peers.
 
 use super::{Comm, CommError};
-use crate::cuda::Event;
+use crate::cuda::CudaEvent;
 use std::sync::{Arc, Mutex, Once, Weak};
 use std::time::{Duration, Instant};
 use tch::Tensor;
 
 /// One collective in flight.
 pub(crate) struct Pending {
-    pub(super) event: Arc<Event>,
+    pub(super) event: Arc<CudaEvent>,
     pub(super) what: &'static str,
     pub(super) issued: Instant,
     /// Buffers of a work dropped without waiting, freed once the event completed.

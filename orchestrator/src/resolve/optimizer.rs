@@ -1,10 +1,10 @@
 //! AdamW's hyper-parameters and the learning-rate schedule.
 
-use super::{defaults, PlanError, Section};
+use super::{defaults, ResolveError, Section};
 use shardrun_protocol::config::{default_no_weight_decay, LrDecay, LrSchedule, OptimizerConfig};
 use std::cmp::Ordering;
 
-pub fn resolve_optimizer(s: &Section) -> Result<OptimizerConfig, PlanError> {
+pub fn resolve_optimizer(s: &Section) -> Result<OptimizerConfig, ResolveError> {
     let o = &s.spec().training.optimizer;
     let optimizer = OptimizerConfig {
         lr: o.lr.unwrap_or(defaults::LR),
@@ -62,7 +62,7 @@ pub fn resolve_optimizer(s: &Section) -> Result<OptimizerConfig, PlanError> {
     Ok(optimizer)
 }
 
-pub fn resolve_schedule(s: &Section) -> Result<LrSchedule, PlanError> {
+pub fn resolve_schedule(s: &Section) -> Result<LrSchedule, ResolveError> {
     let t = &s.spec().training;
     let sched = &t.schedule;
     let schedule = LrSchedule {

@@ -1,10 +1,15 @@
 //! The batch split: `total = per_device × world × accumulation`, never rounded.
 
-use super::{PlanError, Section};
+use super::{ResolveError, Section};
 use std::fmt::Write as _;
 
 /// `total / (per_device × world)`, or an error that lists the nearest totals that divide.
-pub fn batch_split(s: &Section, total: u64, per_device: u64, world: u64) -> Result<u64, PlanError> {
+pub fn batch_split(
+    s: &Section,
+    total: u64,
+    per_device: u64,
+    world: u64,
+) -> Result<u64, ResolveError> {
     if per_device == 0 {
         return Err(s.err(
             "training.batch_size_per_device",

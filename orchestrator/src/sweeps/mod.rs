@@ -5,8 +5,10 @@
 pub mod journal;
 pub mod point_dirs;
 pub mod split;
+pub mod submit;
+pub mod survey;
 
-use crate::plan::{self, Overrides, PlanError, ResolvedJob};
+use crate::resolve::{self, Overrides, ResolveError, ResolvedJob};
 use crate::spec::{JobSpec, LoadedSpec, SpecError, SpecErrorKind};
 use serde::Serialize;
 use serde_norway::Value;
@@ -44,7 +46,7 @@ pub enum SweepError {
     Point {
         label: String,
         #[source]
-        source: Box<PlanError>,
+        source: Box<ResolveError>,
     },
 }
 
@@ -185,7 +187,7 @@ fn resolve_point(
         source: loaded.source.clone(),
         overrides: loaded.overrides.clone(),
     };
-    let mut job = plan::resolve(&point_spec, &Overrides::submitting()).map_err(|source| {
+    let mut job = resolve::resolve(&point_spec, &Overrides::submitting()).map_err(|source| {
         SweepError::Point {
             label: label.clone(),
             source: Box::new(source),
@@ -209,8 +211,8 @@ pub fn point_key(job: &ResolvedJob) -> String {
     #[derive(Serialize)]
     struct Keyed<'a> {
         train: &'a shardrun_protocol::TrainConfig,
-        slurm: &'a plan::SlurmResources,
-        preemption: &'a plan::PreemptionPlan,
+        slurm: &'a resolve::SlurmResources,
+        preemption: &'a resolve::PreemptionPlan,
     }
     let mut train = job.train.clone();
     train.name.clear();
@@ -273,7 +275,7 @@ mod tests {
 
     #[test]
     fn grid_times_list() {
-        let p = points(include_str!("../../examples/sweep.yaml")).unwrap();
+        let p = points(include_str!("../../../examples/sweep.yaml")).unwrap();
         assert_eq!(p.len(), 12);
         let keys: HashSet<_> = p.iter().map(|p| p.key.clone()).collect();
         assert_eq!(keys.len(), 12);
@@ -289,7 +291,7 @@ mod tests {
 
     #[test]
     fn keys_are_stable_and_change_only_for_changed_points() {
-        let yaml = include_str!("../../examples/sweep.yaml");
+        let yaml = include_str!("../../../examples/sweep.yaml");
         let a = points(yaml).unwrap();
         let b = points(yaml).unwrap();
         assert_eq!(
@@ -308,7 +310,7 @@ mod tests {
 
     #[test]
     fn typo_in_a_swept_path_suggests_the_key() {
-        let yaml = include_str!("../../examples/sweep.yaml")
+        let yaml = include_str!("../../../examples/sweep.yaml")
             .replace("training.optimizer.lr:", "training.optimizer.lrate:");
         let SweepError::Spec(err) = points(&yaml).unwrap_err() else {
             panic!("expected a spec error")
@@ -323,7 +325,7 @@ mod tests {
 
     #[test]
     fn a_point_with_an_impossible_split_names_the_point() {
-        let yaml = include_str!("../../examples/sweep.yaml").replace(
+        let yaml = include_str!("../../../examples/sweep.yaml").replace(
             "training.seed: [0, 1]",
             "training.total_batch_size: [32, 33]",
         );
@@ -335,7 +337,7 @@ mod tests {
 
     #[test]
     fn sweep_limits_are_read_and_zero_is_refused() {
-        let yaml = include_str!("../../examples/sweep.yaml");
+        let yaml = include_str!("../../../examples/sweep.yaml");
         let with = |limits: &str| format!("{yaml}  limits: {limits}\n");
         let loaded = parse(
             &with("{ max_array_size: 500, max_queued: 2000 }"),
@@ -359,6 +361,6 @@ mod tests {
 
     #[test]
     fn a_spec_without_sweep_is_refused() {
-        assert!(points(include_str!("../../examples/mlp.yaml")).is_err());
+        assert!(points(include_str!("../../../examples/mlp.yaml")).is_err());
     }
 }

@@ -1,7 +1,7 @@
 //! Ranks: nodes × ranks per node (one per GPU, or CPU ranks), the device kind, and the
 //! local-mode overrides (`shardrun run --nproc N --device ...`).
 
-use super::{defaults, Overrides, PlanError, Section};
+use super::{defaults, Overrides, ResolveError, Section};
 use shardrun_protocol::config::DeviceKind;
 
 /// Where the ranks run, before any batch arithmetic.
@@ -16,7 +16,7 @@ pub struct Ranks {
     pub world_size: u64,
 }
 
-pub fn resolve_ranks(s: &Section, overrides: &Overrides) -> Result<Ranks, PlanError> {
+pub fn resolve_ranks(s: &Section, overrides: &Overrides) -> Result<Ranks, ResolveError> {
     let res = &s.spec().resources;
     let gpus_per_node = res.gpus_per_node.unwrap_or(0);
     let mut nodes = res.nodes.unwrap_or(defaults::NODES);

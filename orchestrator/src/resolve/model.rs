@@ -4,7 +4,7 @@
 //! rope type, a window the sequences exceed, missing, extra or mis-shaped tensors, a
 //! truncated file) is found here, before any rank starts.
 
-use super::{PlanError, Section};
+use super::{ResolveError, Section};
 use crate::spec::{LlamaSpec, ModelSpec};
 use shardrun_models::hf::{self, HfError};
 use shardrun_protocol::config::{
@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 pub fn resolve_model(
     s: &Section,
     warnings: &mut Vec<String>,
-) -> Result<(ModelConfig, u64), PlanError> {
+) -> Result<(ModelConfig, u64), ResolveError> {
     let t = &s.spec().training;
     let data_seq = t.data.as_ref().and_then(|d| d.seq_len);
     match &t.model {
@@ -132,7 +132,7 @@ pub fn resolve_pretrained_from(
     from: Option<&Path>,
     seq_len: u64,
     warnings: &mut Vec<String>,
-) -> Result<Option<PathBuf>, PlanError> {
+) -> Result<Option<PathBuf>, ResolveError> {
     let Some(from) = from else { return Ok(None) };
     let dir = s.spec_relative(from);
     if !hf::is_hf_folder(&dir) {
@@ -181,7 +181,7 @@ pub fn resolve_pretrained_from(
     Ok(Some(dir))
 }
 
-fn open_folder(s: &Section, field: &str, dir: &Path) -> Result<hf::HfFolder, PlanError> {
+fn open_folder(s: &Section, field: &str, dir: &Path) -> Result<hf::HfFolder, ResolveError> {
     hf::open_folder(dir).map_err(|e| {
         let fix = match &e {
             HfError::Config { key, path, .. } => format!(
@@ -201,7 +201,7 @@ fn check_sequences(
     config: &LlamaConfig,
     seq_len: u64,
     warnings: &mut Vec<String>,
-) -> Result<(), PlanError> {
+) -> Result<(), ResolveError> {
     config.validate(seq_len).map_err(|why| {
         s.err(
             "training.data.seq_len",
@@ -224,7 +224,7 @@ fn llama_seq_len(
     s: &Section,
     data_seq: Option<u64>,
     max_positions: Option<u64>,
-) -> Result<u64, PlanError> {
+) -> Result<u64, ResolveError> {
     match data_seq {
         Some(0) => Err(s.err(
             "training.data.seq_len",
@@ -243,7 +243,7 @@ fn llama_seq_len(
     }
 }
 
-fn llama_from_spec(s: &Section, m: &LlamaSpec, seq_len: u64) -> Result<LlamaConfig, PlanError> {
+fn llama_from_spec(s: &Section, m: &LlamaSpec, seq_len: u64) -> Result<LlamaConfig, ResolveError> {
     let family = m.model_type.unwrap_or(LlamaFamily::Llama);
     let (qkv_bias, o_proj_bias, mlp_bias) = match family {
         LlamaFamily::Llama => {
@@ -341,14 +341,18 @@ fn architecture_differences(folder: &LlamaConfig, spec: &LlamaConfig) -> Vec<Str
 
 #[cfg(test)]
 mod tests {
-    use crate::plan::{resolve, Overrides, PlanError};
+    use crate::resolve::{resolve, Overrides, ResolveError};
     use crate::spec::parse;
     use shardrun_models::hf::config::config_json;
     use shardrun_models::hf::{save_folder, SaveOptions, StoredDtype};
     use shardrun_protocol::config::{LlamaFamily, ModelConfig, RopeScaling, WrapPolicy};
     use std::path::Path;
 
-    fn job(model: &str, data: &str, extra: &str) -> Result<crate::plan::ResolvedJob, PlanError> {
+    fn job(
+        model: &str,
+        data: &str,
+        extra: &str,
+    ) -> Result<crate::resolve::ResolvedJob, ResolveError> {
         let yaml = format!(
             "name: t\ntraining:\n  model: {model}\n{data}  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 2\n{extra}"
         );
@@ -422,18 +426,18 @@ mod tests {
 
     #[test]
     fn llama_errors_name_the_key() {
-        let PlanError::Invalid(e) = job(LLAMA, "", "").unwrap_err();
+        let ResolveError::Invalid(e) = job(LLAMA, "", "").unwrap_err();
         assert_eq!(e.field, "training.data");
         let qwen = LLAMA.replace(
             "kind: llama,",
             "kind: llama, model_type: qwen2, mlp_bias: true,",
         );
-        let PlanError::Invalid(e) = job(&qwen, DATA, "").unwrap_err();
+        let ResolveError::Invalid(e) = job(&qwen, DATA, "").unwrap_err();
         assert_eq!(e.field, "training.model.mlp_bias");
         let odd = LLAMA.replace("n_kv_heads: 2", "n_kv_heads: 3");
-        let PlanError::Invalid(e) = job(&odd, DATA, "").unwrap_err();
+        let ResolveError::Invalid(e) = job(&odd, DATA, "").unwrap_err();
         assert!(e.why.contains("num_key_value_heads 3"), "{e}");
-        let PlanError::Invalid(e) =
+        let ResolveError::Invalid(e) =
             job("{ kind: hf, path: /nonexistent/model }", DATA, "").unwrap_err();
         assert_eq!(e.field, "training.model.path");
         assert!(e.why.contains("/nonexistent/model/config.json"), "{e}");
@@ -469,7 +473,7 @@ mod tests {
         assert_eq!(m.pretrained.as_deref(), Some(dir.as_path()));
         assert_eq!(j.train.checkpoint.from, None);
         let other = LLAMA.replace("ffn_dim: 128", "ffn_dim: 96");
-        let PlanError::Invalid(e) = job(&other, DATA, &from).unwrap_err();
+        let ResolveError::Invalid(e) = job(&other, DATA, &from).unwrap_err();
         assert_eq!(e.field, "training.checkpoint.from");
         assert!(e.why.contains("ffn_dim 128 (folder) vs 96 (spec)"), "{e}");
     }

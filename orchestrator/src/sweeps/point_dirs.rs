@@ -3,13 +3,13 @@
 //! batch script are the sweep folder's (`arrays/`).
 //!
 //! A new point is first written under a temporary name without its manifest ([`prepare`]);
-//! once its array has a Slurm job id, a [`Batch`] writes every manifest (new points' and the
+//! once its array has a Slurm job id, a [`ManifestBatch`] writes every manifest (new points' and the
 //! retried points' replacements) under temporary names, makes the whole batch durable with
 //! one `syncfs` instead of an `fsync` per file, and renames everything into place. A crash
 //! leaves each directory and manifest either whole under its real name or not there at all.
 
 use crate::rundir::{io_err, now_unix, Manifest, RunDir, RunDirError, RunState, MANIFEST_VERSION};
-use crate::sweep::SweepPoint;
+use crate::sweeps::SweepPoint;
 use rand::Rng;
 use serde::Serialize;
 use std::fs;
@@ -60,7 +60,7 @@ fn tmp_prefix(name: &str) -> String {
 }
 
 /// A new point's run directory, written under a temporary name but for its manifest.
-/// Dropped without [`Batch::add_new`], it is removed.
+/// Dropped without [`ManifestBatch::add_new`], it is removed.
 #[derive(Debug)]
 pub struct NewPointDir {
     tmp: Option<PathBuf>,
@@ -146,18 +146,18 @@ pub fn remove_leftovers(sweep_dir: &Path, names: &[String]) {
 }
 
 /// Manifests (and new points' directories) written under temporary names, made durable and
-/// renamed into place together by [`Batch::commit`]. Dropped uncommitted, it removes them.
+/// renamed into place together by [`ManifestBatch::commit`]. Dropped uncommitted, it removes them.
 #[derive(Debug)]
-pub struct Batch {
+pub struct ManifestBatch {
     sync_dir: PathBuf,
     /// (temporary, final) paths, renamed in order at commit.
     pending: Vec<(PathBuf, PathBuf)>,
 }
 
-impl Batch {
+impl ManifestBatch {
     /// A batch of files on the filesystem of `sync_dir` (the sweep folder).
-    pub fn new(sync_dir: &Path) -> Batch {
-        Batch {
+    pub fn new(sync_dir: &Path) -> ManifestBatch {
+        ManifestBatch {
             sync_dir: sync_dir.to_path_buf(),
             pending: Vec::new(),
         }
@@ -216,7 +216,7 @@ impl Batch {
     }
 }
 
-impl Drop for Batch {
+impl Drop for ManifestBatch {
     fn drop(&mut self) {
         for (tmp, _) in &self.pending {
             if tmp.is_dir() {
@@ -234,7 +234,7 @@ mod tests {
     use crate::spec::parse;
 
     fn points() -> Vec<SweepPoint> {
-        crate::sweep::expand(
+        crate::sweeps::expand(
             &parse(
                 include_str!("../../../examples/sweep.yaml"),
                 Path::new("sweep.yaml"),
@@ -265,7 +265,7 @@ mod tests {
             points.iter().all(|p| !dir.path().join(&p.name).exists()),
             "nothing under a real name before the commit"
         );
-        let mut batch = Batch::new(dir.path());
+        let mut batch = ManifestBatch::new(dir.path());
         for (i, new) in prepared.into_iter().enumerate() {
             batch
                 .add_new(new, |m| {
@@ -309,7 +309,7 @@ mod tests {
         let points = points();
         let kept = prepare(dir.path(), &points[0]).unwrap();
         {
-            let mut batch = Batch::new(dir.path());
+            let mut batch = ManifestBatch::new(dir.path());
             batch
                 .add_new(prepare(dir.path(), &points[1]).unwrap(), |_| {})
                 .unwrap();
@@ -327,7 +327,7 @@ mod tests {
         let prepared = prepare(dir.path(), &points[3]).unwrap();
         fs::create_dir(dir.path().join(&points[3].name)).unwrap();
         fs::write(dir.path().join(&points[3].name).join("keep"), "x").unwrap();
-        let mut batch = Batch::new(dir.path());
+        let mut batch = ManifestBatch::new(dir.path());
         batch.add_new(prepared, |_| {}).unwrap();
         let err = batch.commit().unwrap_err();
         assert!(matches!(err, RunDirError::Exists(_)), "{err}");
@@ -339,7 +339,7 @@ mod tests {
     fn existing_manifests_are_replaced_and_leftovers_removed() {
         let dir = tempfile::tempdir().unwrap();
         let points = points();
-        let mut batch = Batch::new(dir.path());
+        let mut batch = ManifestBatch::new(dir.path());
         batch
             .add_new(prepare(dir.path(), &points[0]).unwrap(), |m| {
                 m.state = RunState::Failed
@@ -347,7 +347,7 @@ mod tests {
             .unwrap();
         batch.commit().unwrap();
         let run = RunDir::open(&dir.path().join(&points[0].name)).unwrap();
-        let mut batch = Batch::new(dir.path());
+        let mut batch = ManifestBatch::new(dir.path());
         batch
             .update(&run, |m| {
                 m.state = RunState::Submitted;

@@ -2,7 +2,7 @@
 //! made absolute (relative to the spec file), every default applied. Pure: files are read
 //! when the data is prepared (`shardrun prepare`, or the job's controller before launch).
 
-use super::{defaults, PlanError, Section};
+use super::{defaults, ResolveError, Section};
 use crate::spec::{DataKind, DataSpec, TextSplitKind, TokenizerKind};
 use shardrun_protocol::config::{
     DataConfig, DataSource, DatasetConfig, HeldOut, JsonlText, ModelConfig, OnBadRecord, Packing,
@@ -17,7 +17,7 @@ pub fn resolve_data(
     model: &ModelConfig,
     seq_len: u64,
     model_folder: Option<&Path>,
-) -> Result<DataConfig, PlanError> {
+) -> Result<DataConfig, ResolveError> {
     let Some(spec) = &s.spec().training.data else {
         return Ok(DataConfig::Synthetic { seq_len });
     };
@@ -95,7 +95,7 @@ fn kind_name(kind: DataKind) -> &'static str {
 }
 
 /// Every key written must apply to the kind.
-fn check_keys(s: &Section, spec: &DataSpec) -> Result<(), PlanError> {
+fn check_keys(s: &Section, spec: &DataSpec) -> Result<(), ResolveError> {
     use DataKind::*;
     let documents = [Text, Jsonl, Chat, Tokens];
     let text = [Text, Jsonl, Chat];
@@ -138,7 +138,7 @@ fn check_keys(s: &Section, spec: &DataSpec) -> Result<(), PlanError> {
     Ok(())
 }
 
-fn source(s: &Section, spec: &DataSpec, files: Vec<PathBuf>) -> Result<DataSource, PlanError> {
+fn source(s: &Section, spec: &DataSpec, files: Vec<PathBuf>) -> Result<DataSource, ResolveError> {
     Ok(match spec.kind {
         DataKind::Text => {
             let split = match (spec.split, &spec.separator) {
@@ -219,7 +219,7 @@ fn tokenizer(
     s: &Section,
     spec: &DataSpec,
     model_folder: Option<&Path>,
-) -> Result<TokenizerConfig, PlanError> {
+) -> Result<TokenizerConfig, ResolveError> {
     if spec.kind == DataKind::Tokens {
         return Ok(TokenizerConfig::PreTokenized);
     }
@@ -257,7 +257,7 @@ fn tokenizer(
     }
 }
 
-fn validation(s: &Section, spec: &DataSpec) -> Result<Option<ValidationConfig>, PlanError> {
+fn validation(s: &Section, spec: &DataSpec) -> Result<Option<ValidationConfig>, ResolveError> {
     let Some(v) = &spec.validation else {
         return Ok(None);
     };
@@ -306,21 +306,21 @@ fn validation(s: &Section, spec: &DataSpec) -> Result<Option<ValidationConfig>, 
 
 #[cfg(test)]
 mod tests {
-    use crate::plan::{resolve, Overrides, PlanError};
+    use crate::resolve::{resolve, Overrides, ResolveError};
     use crate::spec::parse;
     use shardrun_protocol::config::*;
     use std::path::Path;
 
-    fn data(yaml: &str) -> Result<DataConfig, PlanError> {
+    fn data(yaml: &str) -> Result<DataConfig, ResolveError> {
         let spec = format!(
             "name: t\nrun_root: /tmp/runs\ntraining:\n  model: {{ kind: transformer, vocab_size: 300, dim: 8, n_layers: 1, n_heads: 2, max_seq_len: 16 }}\n  data:\n{yaml}  steps: 2\n  total_batch_size: 2\n  batch_size_per_device: 2\n"
         );
-        let loaded = parse(&spec, Path::new("/jobs/job.yaml")).map_err(PlanError::from)?;
+        let loaded = parse(&spec, Path::new("/jobs/job.yaml")).map_err(ResolveError::from)?;
         resolve(&loaded, &Overrides::default()).map(|j| j.train.data)
     }
 
     fn err(yaml: &str) -> crate::spec::SpecError {
-        let PlanError::Invalid(e) = data(yaml).unwrap_err();
+        let ResolveError::Invalid(e) = data(yaml).unwrap_err();
         e
     }
 

@@ -1,7 +1,7 @@
 //! The sbatch script, rendered from `templates/sbatch.sh` with askama. A pure function of
 //! the resolved job and where things live, so golden-file tests pin the exact output.
 
-use crate::plan::{PreemptionPlan, ResolvedJob, SlurmResources};
+use crate::resolve::{PreemptionPlan, ResolvedJob, SlurmResources};
 use askama::Template;
 use std::path::{Path, PathBuf};
 
@@ -144,7 +144,7 @@ pub fn shell_quote(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{resolve, Overrides};
+    use crate::resolve::{resolve, Overrides};
     use crate::spec::parse;
 
     const EXE: &str = "/opt/shardrun/bin/shardrun";

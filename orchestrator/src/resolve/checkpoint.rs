@@ -1,11 +1,11 @@
 //! Checkpoints: where, how often, how many, which format, resume or start from.
 
-use super::{defaults, PlanError, Section};
+use super::{defaults, ResolveError, Section};
 use shardrun_protocol::config::{CheckpointConfig, CheckpointFormat};
 use std::cmp::Ordering;
 use std::path::PathBuf;
 
-pub fn resolve_checkpoint(s: &Section) -> Result<CheckpointConfig, PlanError> {
+pub fn resolve_checkpoint(s: &Section) -> Result<CheckpointConfig, ResolveError> {
     let t = &s.spec().training;
     // Checkpoints "off" means no periodic saves. The ranks still save at the end and on
     // preemption into the run directory, and a re-run or requeue resumes from there: opting
@@ -66,7 +66,7 @@ pub fn resolve_checkpoint(s: &Section) -> Result<CheckpointConfig, PlanError> {
 
 #[cfg(test)]
 mod tests {
-    use crate::plan::{resolve, Overrides};
+    use crate::resolve::{resolve, Overrides};
     use crate::spec::parse;
     use std::path::Path;
 

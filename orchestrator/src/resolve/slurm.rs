@@ -1,13 +1,13 @@
 //! What the sbatch script asks Slurm for, and how the job reacts to its time limit.
 
 use super::ranks::Ranks;
-use super::{defaults, Overrides, PlanError, PreemptionPlan, Section, SlurmResources};
+use super::{defaults, Overrides, PreemptionPlan, ResolveError, Section, SlurmResources};
 
 pub fn resolve_slurm(
     s: &Section,
     ranks: &Ranks,
     overrides: &Overrides,
-) -> Result<SlurmResources, PlanError> {
+) -> Result<SlurmResources, ResolveError> {
     let res = &s.spec().resources;
     let time_limit_seconds = match &res.time {
         None => None,
@@ -95,7 +95,7 @@ pub fn resolve_slurm(
 pub fn resolve_preemption(
     s: &Section,
     time_limit_seconds: Option<u64>,
-) -> Result<PreemptionPlan, PlanError> {
+) -> Result<PreemptionPlan, ResolveError> {
     let p = &s.spec().preemption;
     let signal_seconds = match (p.signal_seconds, time_limit_seconds) {
         (Some(secs), Some(limit)) if secs >= limit => {

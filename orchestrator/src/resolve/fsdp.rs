@@ -1,7 +1,7 @@
 //! FSDP: strategy, wrapping, mixed precision, prefetching, HYBRID_SHARD's groups.
 
 use super::ranks::Ranks;
-use super::{defaults, PlanError, Section};
+use super::{defaults, ResolveError, Section};
 use shardrun_protocol::config::{
     DType, FsdpConfig, MixedPrecision, ModelConfig, ShardingStrategy, WrapPolicy,
 };
@@ -12,7 +12,7 @@ pub fn resolve_fsdp(
     ranks: &Ranks,
     model: &ModelConfig,
     warnings: &mut Vec<String>,
-) -> Result<FsdpConfig, PlanError> {
+) -> Result<FsdpConfig, ResolveError> {
     let f = &s.spec().training.fsdp;
     let world_size = ranks.world_size;
     let strategy = f.strategy.unwrap_or(ShardingStrategy::FullShard);

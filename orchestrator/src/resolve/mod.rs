@@ -87,7 +87,7 @@ pub fn nccl_variables(vars: impl IntoIterator<Item = (String, String)>) -> Vec<(
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum PlanError {
+pub enum ResolveError {
     /// A value that parses but cannot run, located in the spec file.
     #[error(transparent)]
     Invalid(#[from] SpecError),
@@ -193,8 +193,8 @@ impl Section<'_> {
     }
 
     /// An error about `field` (dotted path), located in the spec file.
-    fn err(&self, field: &str, why: impl Into<String>, fix: impl Into<String>) -> PlanError {
-        PlanError::from(self.loaded.error_at(field, why, fix))
+    fn err(&self, field: &str, why: impl Into<String>, fix: impl Into<String>) -> ResolveError {
+        ResolveError::from(self.loaded.error_at(field, why, fix))
     }
 
     /// Workers run in the run directory: a relative path in the spec is relative to the
@@ -206,7 +206,7 @@ impl Section<'_> {
 }
 
 /// Apply defaults and check everything that parsing alone cannot, section by section.
-pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob, PlanError> {
+pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob, ResolveError> {
     let s = Section { loaded };
     let spec = &loaded.spec;
     let t = &spec.training;
@@ -340,7 +340,11 @@ mod tests {
     use crate::spec::parse;
     use std::path::Path;
 
-    fn job(extra_resources: &str, total: u64, per_device: u64) -> Result<ResolvedJob, PlanError> {
+    fn job(
+        extra_resources: &str,
+        total: u64,
+        per_device: u64,
+    ) -> Result<ResolvedJob, ResolveError> {
         let yaml = format!(
             "name: t\nresources:\n  tasks_per_node: 2\n{extra_resources}training:\n  model: {{ kind: transformer, vocab_size: 128, dim: 32, n_layers: 2, n_heads: 4, max_seq_len: 16 }}\n  steps: 10\n  total_batch_size: {total}\n  batch_size_per_device: {per_device}\n"
         );
@@ -361,7 +365,7 @@ mod tests {
 
     #[test]
     fn split_that_does_not_divide_shows_nearest_totals() {
-        let PlanError::Invalid(err) = job("", 20, 8).unwrap_err();
+        let ResolveError::Invalid(err) = job("", 20, 8).unwrap_err();
         assert_eq!(err.field, "training.total_batch_size");
         assert_eq!(err.line, Some(7));
         assert!(err.fix.contains("nearest 16 or 32"), "{err}");
@@ -370,9 +374,9 @@ mod tests {
 
     #[test]
     fn zero_total_or_per_device_is_an_error() {
-        let PlanError::Invalid(err) = job("", 0, 8).unwrap_err();
+        let ResolveError::Invalid(err) = job("", 0, 8).unwrap_err();
         assert!(err.fix.contains("nearest 16"), "{err}");
-        let PlanError::Invalid(err) = job("", 16, 0).unwrap_err();
+        let ResolveError::Invalid(err) = job("", 16, 0).unwrap_err();
         assert_eq!(err.field, "training.batch_size_per_device");
     }
 
@@ -380,7 +384,7 @@ mod tests {
     fn gpu_world_is_nodes_times_gpus_and_local_override_wins() {
         let j = job("  nodes: 2\n  gpus_per_node: 4\n", 64, 2).unwrap_err();
         // tasks_per_node: 2 with 4 GPUs per node is refused: one rank per GPU.
-        let PlanError::Invalid(err) = j;
+        let ResolveError::Invalid(err) = j;
         assert_eq!(err.field, "resources.tasks_per_node");
         let yaml = "name: t\nresources:\n  nodes: 2\n  gpus_per_node: 4\ntraining:\n  model: { kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }\n  steps: 1\n  total_batch_size: 64\n  batch_size_per_device: 2\n";
         let loaded = parse(yaml, Path::new("job.yaml")).unwrap();
@@ -404,7 +408,7 @@ mod tests {
         );
     }
 
-    fn resolve_yaml(yaml: &str, force: bool) -> Result<ResolvedJob, PlanError> {
+    fn resolve_yaml(yaml: &str, force: bool) -> Result<ResolvedJob, ResolveError> {
         let loaded = parse(yaml, Path::new("j.yaml")).expect("parses");
         resolve(
             &loaded,
@@ -418,7 +422,7 @@ mod tests {
     #[test]
     fn a_job_that_does_not_fit_the_gpu_is_refused_unless_forced() {
         let yaml = "name: t\nresources:\n  gpus_per_node: 2\n  gpu_memory_gb: 1.5\ntraining:\n  model: { kind: mlp, input_dim: 4096, hidden_dim: 8192, output_dim: 4096 }\n  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 1\n";
-        let PlanError::Invalid(err) = resolve_yaml(yaml, false).unwrap_err();
+        let ResolveError::Invalid(err) = resolve_yaml(yaml, false).unwrap_err();
         assert_eq!(err.field, "resources.gpu_memory_gb");
         assert_eq!(err.line, Some(4));
         assert!(
@@ -475,7 +479,7 @@ mod tests {
             fsdp.peak < 79 << 30 && zero2.peak > 130 << 30,
             "{fsdp:?} {zero2:?}"
         );
-        let PlanError::Invalid(err) =
+        let ResolveError::Invalid(err) =
             resolve_yaml(&llm_65b("SHARD_GRAD_OP", true), false).unwrap_err();
         assert!(err.why.contains("with SHARD_GRAD_OP"), "{err}");
         assert!(err.fix.contains("use FULL_SHARD"), "{err}");
@@ -540,7 +544,7 @@ mod tests {
     fn signal_after_the_time_limit_is_an_error() {
         let yaml = "name: t\nresources:\n  time: \"00:01:00\"\npreemption:\n  signal_seconds: 120\ntraining:\n  model: { kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }\n  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 2\n";
         let loaded = parse(yaml, Path::new("j.yaml")).unwrap();
-        let PlanError::Invalid(err) = resolve(&loaded, &Overrides::default()).unwrap_err();
+        let ResolveError::Invalid(err) = resolve(&loaded, &Overrides::default()).unwrap_err();
         assert_eq!(err.field, "preemption.signal_seconds");
         assert_eq!(err.line, Some(5));
         // Without an explicit value the warning moves to half the limit.

@@ -1,0 +1,83 @@
+//! Where each point of a sweep stands: compared with its run directory (and Slurm, for the
+//! unfinished ones), a point is new, retried (failed, cancelled, changed) or skipped
+//! (finished, queued or running); the points to submit are grouped by allocation shape.
+
+use crate::rundir::{RunDir, RunState};
+use crate::slurm;
+use crate::sweeps::SweepPoint;
+use anyhow::Context;
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+/// Why a point is (not) submitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    New,
+    Retry(RunState),
+    Skip(RunState),
+}
+
+/// What the sweep folder says about the points, after asking Slurm.
+pub struct Survey {
+    pub decisions: Vec<Decision>,
+    /// Array jobs of this sweep with points still pending or running.
+    pub active_arrays: BTreeSet<String>,
+}
+
+/// Compare each point with its run directory, refreshing unfinished ones from Slurm.
+pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey> {
+    let existing: Vec<RunDir> = points
+        .iter()
+        .filter_map(|p| RunDir::open(&sweep_dir.join(&p.name)).ok())
+        .collect();
+    let mut states: HashMap<PathBuf, RunState> = HashMap::new();
+    let mut active_arrays = BTreeSet::new();
+    if !existing.is_empty() {
+        let (statuses, _) =
+            slurm::refresh(&existing).context("querying Slurm for the points already submitted")?;
+        for status in statuses {
+            if matches!(status.state, RunState::Submitted | RunState::Running) {
+                if let Some(id) = &status.job_id {
+                    active_arrays.insert(id.split('_').next().unwrap_or(id).to_string());
+                }
+            }
+            states.insert(status.run.path().to_path_buf(), status.state);
+        }
+    }
+    let decisions = points
+        .iter()
+        .map(|p| match states.get(&sweep_dir.join(&p.name)) {
+            None => Decision::New,
+            Some(state @ (RunState::Completed | RunState::Submitted | RunState::Running)) => {
+                Decision::Skip(*state)
+            }
+            Some(state) => Decision::Retry(*state),
+        })
+        .collect();
+    Ok(Survey {
+        decisions,
+        active_arrays,
+    })
+}
+
+/// Order the points to submit by allocation shape (in order of first appearance, the
+/// sweep's order within each), returning the size of each shape's group.
+pub fn shape_groups(points: &mut Vec<(&SweepPoint, Decision)>) -> Vec<usize> {
+    let mut shapes = Vec::new();
+    let mut keyed = Vec::with_capacity(points.len());
+    for item in points.drain(..) {
+        let shape = (&item.0.job.slurm, &item.0.job.preemption);
+        let index = shapes.iter().position(|s| *s == shape).unwrap_or_else(|| {
+            shapes.push(shape);
+            shapes.len() - 1
+        });
+        keyed.push((index, item));
+    }
+    keyed.sort_by_key(|(index, _)| *index);
+    let mut sizes = vec![0; shapes.len()];
+    for (index, item) in keyed {
+        sizes[index] += 1;
+        points.push(item);
+    }
+    sizes
+}
