@@ -37,13 +37,27 @@ pub enum Problem {
 pub struct DeError {
     pub problem: Problem,
     /// The innermost node the error came out of; `None` when serde found it in a value it
-    /// had buffered (internally tagged enums such as `model: {kind: ...}`).
+    /// had buffered (internally tagged enums such as `model: {kind: ...}`), where only the
+    /// path says where it is.
     pub at: Option<Location>,
+    /// Whether an enclosing node may still claim the error: not once it has left the value
+    /// it was found in without a node of its own.
+    open: bool,
 }
 
 impl DeError {
     fn new(problem: Problem) -> DeError {
-        DeError { problem, at: None }
+        DeError {
+            problem,
+            at: None,
+            open: true,
+        }
+    }
+
+    /// The error has left the value it is about.
+    fn close(mut self) -> DeError {
+        self.open = false;
+        self
     }
 }
 
@@ -105,7 +119,7 @@ impl Node<'_, '_> {
     /// The first node an error comes out of is the one it is about.
     fn locate<T>(&self, result: Result<T, DeError>) -> Result<T, DeError> {
         result.map_err(|mut e| {
-            if e.at.is_none() {
+            if e.at.is_none() && e.open {
                 e.at = Location::of(&self.0.span);
             }
             e
@@ -313,7 +327,7 @@ impl<'de> SeqAccess<'de> for Items<'_, '_> {
     ) -> Result<Option<T::Value>, DeError> {
         self.0
             .next()
-            .map(|item| seed.deserialize(Node(item)))
+            .map(|item| seed.deserialize(Node(item)).map_err(DeError::close))
             .transpose()
     }
 
@@ -350,7 +364,7 @@ where
             .value
             .take()
             .ok_or_else(|| de::Error::custom("a value was read before its key"))?;
-        seed.deserialize(Node(value))
+        seed.deserialize(Node(value)).map_err(DeError::close)
     }
 
     fn size_hint(&self) -> Option<usize> {

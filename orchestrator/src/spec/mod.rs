@@ -225,7 +225,8 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_key_in_a_flow_map_points_at_the_key() {
+    fn flow_maps_are_located_key_by_key() {
+        // An unknown key, found while reading.
         let yaml = MINIMAL.replace(
             "  steps: 2\n",
             "  steps: 2\n  fsdp: {strategy: FULL_SHARD, bogus: 1}\n",
@@ -238,10 +239,16 @@ mod tests {
             err.fix.starts_with("use one of `strategy`, `wrap`"),
             "{err}"
         );
-    }
-
-    #[test]
-    fn errors_after_parsing_point_into_flow_maps() {
+        // Also in a section whose `kind` decides its keys (serde reads it in two passes).
+        let yaml = MINIMAL.replace("output_dim: 4 }", "output_dim: 4, bogus: 1 }");
+        let err = parse_str(&yaml).unwrap_err();
+        assert_eq!(err.field, "training.model");
+        assert_eq!(at(&err), (Some(3), Some(67)), "{err}");
+        // There serde does not say which value has the wrong type: the section is marked.
+        let err = parse_str(&MINIMAL.replace("input_dim: 4", "input_dim: many")).unwrap_err();
+        assert_eq!(err.field, "training.model");
+        assert_eq!(at(&err), (Some(3), Some(10)), "{err}");
+        // A field found wrong after reading.
         let loaded = parse_str(MINIMAL).unwrap();
         let err = loaded.error_at("training.model.hidden_dim", "why", "fix");
         assert_eq!(at(&err), (Some(3), Some(37)), "{err}");
