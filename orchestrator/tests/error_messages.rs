@@ -1,5 +1,6 @@
 //! What `shardrun plan` prints for each kind of mistake in a job spec, exactly: where (file,
-//! line, column, field), why, and the fix, each said once.
+//! line, column, field), why, the line of the file with the column marked, and the fix, each
+//! said once.
 
 use std::process::Command;
 
@@ -57,8 +58,13 @@ fn unreadable_file() {
 fn malformed_yaml() {
     assert_error(
         "name: t\n  bad: indent\n",
-        "error: job.yaml:2:6: not valid YAML: mapping values are not allowed in this context\n  \
-         fix: check indentation (spaces only) and quoting around this position\n",
+        "\
+error: job.yaml:2:6: not valid YAML: mapping values are not allowed in this context
+  |
+2 |   bad: indent
+  |      ^
+  fix: check indentation (spaces only) and quoting around this position
+",
     );
 }
 
@@ -66,8 +72,13 @@ fn malformed_yaml() {
 fn unknown_field() {
     assert_error(
         &VALID.replace("  steps: 2\n", "  steps: 2\n  optimizer:\n    lrr: 0.1\n"),
-        "error: job.yaml:6:5: field `training.optimizer`: unknown key `training.optimizer.lrr`\n  \
-         fix: did you mean `lr`?\n",
+        "\
+error: job.yaml:6:5: field `training.optimizer`: unknown key `training.optimizer.lrr`
+  |
+6 |     lrr: 0.1
+  |     ^^^
+  fix: did you mean `lr`?
+",
     );
 }
 
@@ -75,8 +86,13 @@ fn unknown_field() {
 fn missing_field() {
     assert_error(
         &VALID.replace("  steps: 2\n", ""),
-        "error: job.yaml:3:3: field `training`: required key `training.steps` is missing\n  \
-         fix: add `steps:` here; docs/job-spec.md lists every key with its default\n",
+        "\
+error: job.yaml:3:3: field `training`: required key `training.steps` is missing
+  |
+3 |   model: { kind: transformer, vocab_size: 128, dim: 64, n_layers: 2, n_heads: 4, max_seq_len: 16 }
+  |   ^
+  fix: add `steps:` here; docs/job-spec.md lists every key with its default
+",
     );
 }
 
@@ -84,8 +100,13 @@ fn missing_field() {
 fn wrong_value() {
     assert_error(
         &VALID.replace("steps: 2", "steps: many"),
-        "error: job.yaml:4:10: field `training.steps`: invalid type: string \"many\", expected u64\n  \
-         fix: write a whole number (0 or more) here\n",
+        "\
+error: job.yaml:4:10: field `training.steps`: invalid type: string \"many\", expected u64
+  |
+4 |   steps: many
+  |          ^^^^
+  fix: write a whole number (0 or more) here
+",
     );
 }
 
@@ -93,8 +114,13 @@ fn wrong_value() {
 fn heads_that_do_not_divide_the_width() {
     assert_error(
         &VALID.replace("n_heads: 4", "n_heads: 5"),
-        "error: job.yaml:3:3: field `training.model.n_heads`: dim 64 is not divisible by 5 heads\n  \
-         fix: use a number of heads that divides 64\n",
+        "\
+error: job.yaml:3:70: field `training.model.n_heads`: dim 64 is not divisible by 5 heads
+  |
+3 |   model: { kind: transformer, vocab_size: 128, dim: 64, n_layers: 2, n_heads: 5, max_seq_len: 16 }
+  |                                                                      ^^^^^^^
+  fix: use a number of heads that divides 64
+",
     );
 }
 
@@ -102,10 +128,94 @@ fn heads_that_do_not_divide_the_width() {
 fn a_total_batch_that_does_not_split() {
     assert_error(
         &VALID.replace("total_batch_size: 4", "total_batch_size: 5"),
-        "error: job.yaml:5:3: field `training.total_batch_size`: total batch 5 does not split into \
-         per-device batches of 2 on 1 ranks (5 / 2 is not a whole number of accumulation steps)\n  \
-         fix: set `total_batch_size` to a multiple of 2 × 1 = 2: nearest 4 or 6; or keep it and use \
-         `batch_size_per_device` in [1, 5]\n",
+        "\
+error: job.yaml:5:3: field `training.total_batch_size`: total batch 5 does not split into \
+per-device batches of 2 on 1 ranks (5 / 2 is not a whole number of accumulation steps)
+  |
+5 |   total_batch_size: 5
+  |   ^^^^^^^^^^^^^^^^
+  fix: set `total_batch_size` to a multiple of 2 × 1 = 2: nearest 4 or 6; or keep it and use \
+`batch_size_per_device` in [1, 5]
+",
+    );
+}
+
+#[test]
+fn an_unknown_key_in_a_flow_map() {
+    assert_error(
+        &VALID.replace(
+            "  steps: 2\n",
+            "  steps: 2\n  fsdp: {strategy: FULL_SHARD, bogus: 1}\n",
+        ),
+        "\
+error: job.yaml:5:32: field `training.fsdp`: unknown key `training.fsdp.bogus`
+  |
+5 |   fsdp: {strategy: FULL_SHARD, bogus: 1}
+  |                                ^^^^^
+  fix: use one of `strategy`, `wrap`, `mixed_precision`, `activation_checkpointing`, \
+`prefetch`, `max_gathers_in_flight`, `shard_group_size`
+",
+    );
+}
+
+#[test]
+fn a_value_with_a_hash_inside_quotes_in_a_flow_map() {
+    assert_error(
+        &format!("{VALID}resources: {{partition: \"gpu #2\", time: \"1:00 #x\"}}\n"),
+        "\
+error: job.yaml:7:34: field `resources.time`: `1:00 #x` is not a Slurm time limit
+  |
+7 | resources: {partition: \"gpu #2\", time: \"1:00 #x\"}
+  |                                  ^^^^
+  fix: write `MM`, `HH:MM:SS` or `D-HH:MM:SS`, e.g. `time: \"02:00:00\"` (quoted)
+",
+    );
+}
+
+#[test]
+fn a_wrong_value_given_through_an_alias() {
+    assert_error(
+        &VALID
+            .replace("name: t\n", "name: &name t\n")
+            .replace("steps: 2", "steps: *name"),
+        "\
+error: job.yaml:4:10: field `training.steps`: invalid type: string \"t\", expected u64
+  |
+4 |   steps: *name
+  |          ^^^^^
+  fix: write a whole number (0 or more) here
+",
+    );
+}
+
+#[test]
+fn a_merge_key() {
+    assert_error(
+        &VALID.replace(
+            "  steps: 2\n",
+            "  steps: 2\n  optimizer: &opt {lr: 0.1}\n  schedule:\n    <<: *opt\n",
+        ),
+        "\
+error: job.yaml:7:5: merge keys (`<<`) are not part of YAML 1.2 and not read in a job spec
+  |
+7 |     <<: *opt
+  |     ^^
+  fix: write the keys out here; an alias (`*name`) can stand for a whole value
+",
+    );
+}
+
+#[test]
+fn two_documents_in_one_file() {
+    assert_error(
+        &format!("{VALID}---\nname: u\n"),
+        "\
+error: job.yaml:7:1: a second YAML document starts here; a job spec is one document
+  |
+7 | ---
+  | ^^^
+  fix: remove this `---` and what follows it, or move that part to a spec file of its own
+",
     );
 }
 

@@ -1,13 +1,17 @@
-//! Spec errors that say where (file, line, column, field), why, and how to fix it.
+//! Spec errors that say where (file, line, column, field), why, and how to fix it, with the
+//! offending line of the file shown under the message and its column marked.
 
+use super::read::ReadError;
+use super::yaml::Location;
+use annotate_snippets::{AnnotationKind, Group, Level, Renderer, Snippet};
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpecErrorKind {
     /// The file could not be read.
     Io,
-    /// Not valid YAML at all.
+    /// Not valid YAML at all, or not one document.
     Syntax,
     /// A key the schema does not know.
     UnknownField,
@@ -22,15 +26,87 @@ pub enum SpecErrorKind {
 #[derive(Debug, Clone, thiserror::Error)]
 pub struct SpecError {
     /// The file the error is in, or the flag that set the value (`--set training.steps=x`).
-    pub file: PathBuf,
+    /// This and the excerpt are boxed: errors travel in `Result`s, which stay small.
+    pub file: Box<Path>,
     /// 1-based line and column, when known.
     pub line: Option<u32>,
     pub column: Option<u32>,
+    /// The line of the file the error is on, shown under the message.
+    pub excerpt: Option<Box<Excerpt>>,
     /// Dotted path of the offending field (`training.optimizer.lr`); empty for the document.
     pub field: String,
     pub kind: SpecErrorKind,
     pub why: String,
     pub fix: String,
+}
+
+/// One line of a spec file and how much of it, from the error's column, to mark.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Excerpt {
+    /// The line's text, without its line break.
+    pub text: String,
+    /// Characters to mark from the column (at least 1).
+    pub width: u32,
+}
+
+impl SpecError {
+    /// An error in the spec file `file`, whose text is `source`, at `at` when known.
+    pub(crate) fn in_file(
+        file: &Path,
+        source: &str,
+        at: Option<Location>,
+        field: String,
+        kind: SpecErrorKind,
+        why: String,
+        fix: String,
+    ) -> SpecError {
+        let excerpt = at.and_then(|at| {
+            source
+                .lines()
+                .nth(at.line.checked_sub(1)? as usize)
+                .map(|text| {
+                    Box::new(Excerpt {
+                        text: text.to_string(),
+                        width: at.width,
+                    })
+                })
+        });
+        SpecError {
+            file: file.into(),
+            line: at.map(|a| a.line),
+            column: at.map(|a| a.column),
+            excerpt,
+            field,
+            kind,
+            why,
+            fix,
+        }
+    }
+
+    /// An error about a value given on the command line, named by its flag (`--set ...`).
+    pub(crate) fn from_flag(
+        flag: &str,
+        field: String,
+        kind: SpecErrorKind,
+        why: String,
+        fix: String,
+    ) -> SpecError {
+        SpecError {
+            file: Path::new(flag).into(),
+            line: None,
+            column: None,
+            excerpt: None,
+            field,
+            kind,
+            why,
+            fix,
+        }
+    }
+
+    /// An error read from the text of `file`.
+    pub(crate) fn from_read(e: ReadError, file: &Path, source: &str) -> SpecError {
+        SpecError::in_file(file, source, e.at, e.field, e.kind, e.why, e.fix)
+    }
 }
 
 impl fmt::Display for SpecError {
@@ -46,6 +122,9 @@ impl fmt::Display for SpecError {
             write!(f, ": field `{}`", self.field)?;
         }
         write!(f, ": {}", self.why)?;
+        if let (Some(excerpt), Some(line)) = (&self.excerpt, self.line) {
+            write!(f, "\n{}", excerpt.render(line, self.column.unwrap_or(1)))?;
+        }
         if !self.fix.is_empty() {
             write!(f, "\n  fix: {}", self.fix)?;
         }
@@ -53,135 +132,29 @@ impl fmt::Display for SpecError {
     }
 }
 
-impl SpecError {
-    /// Turn serde_norway's error into one with a field path, a reason and a fix.
-    /// serde_norway renders messages as `<path>: <message> at line L column C`; the path and
-    /// message are split back out here because the error type does not expose them.
-    pub(crate) fn from_yaml(err: &serde_norway::Error, file: &Path, source: &str) -> SpecError {
-        let location = err.location();
-        let mut text = err.to_string();
-        if let Some(idx) = text.rfind(" at line ") {
-            text.truncate(idx);
-        }
-        let (field, message) = split_path(&text);
-        let (kind, why, fix) = explain(field, message, source);
-        SpecError {
-            file: file.to_path_buf(),
-            line: location.as_ref().map(|l| l.line() as u32),
-            column: location.as_ref().map(|l| l.column() as u32),
-            field: field.to_string(),
-            kind,
-            why,
-            fix,
-        }
-    }
-}
-
-/// `training.optimizer: unknown field ...` → (`training.optimizer`, `unknown field ...`).
-fn split_path(text: &str) -> (&str, &str) {
-    if let Some((head, rest)) = text.split_once(": ") {
-        let looks_like_path = !head.is_empty()
-            && head
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '[' | ']' | '-'));
-        if looks_like_path {
-            return (head, rest);
-        }
-    }
-    ("", text)
-}
-
-/// Backtick-quoted words of a serde message: ``unknown field `lrr`, expected `lr` or `eps` ``.
-fn quoted(message: &str) -> Vec<&str> {
-    message.split('`').skip(1).step_by(2).collect()
-}
-
-fn explain(field: &str, message: &str, _source: &str) -> (SpecErrorKind, String, String) {
-    let join = |parent: &str, key: &str| {
-        if parent.is_empty() {
-            key.to_string()
-        } else {
-            format!("{parent}.{key}")
-        }
-    };
-    if message.starts_with("unknown field") || message.starts_with("unknown variant") {
-        let words = quoted(message);
-        let (given, expected) = match words.split_first() {
-            Some((given, rest)) => (*given, rest.to_vec()),
-            None => ("", Vec::new()),
+impl Excerpt {
+    /// ```text
+    ///   |
+    /// 5 |   total_batch_size: 5
+    ///   |   ^^^^^^^^^^^^^^^^
+    /// ```
+    fn render(&self, line: u32, column: u32) -> String {
+        // Columns count characters; the snippet wants byte offsets into the line.
+        let byte = |chars: u32| {
+            self.text
+                .char_indices()
+                .nth(chars as usize)
+                .map_or(self.text.len(), |(i, _)| i)
         };
-        let what = if message.starts_with("unknown field") {
-            "key"
-        } else {
-            "value"
-        };
-        let why = if what == "key" {
-            format!("unknown key `{}`", join(field, given))
-        } else {
-            format!("unknown value `{given}`")
-        };
-        let fix = match did_you_mean(given, &expected) {
-            Some(best) => format!("did you mean `{best}`?"),
-            None if expected.is_empty() => format!("remove the {what}"),
-            None => format!(
-                "use one of {}",
-                expected
-                    .iter()
-                    .map(|e| format!("`{e}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        };
-        let kind = if what == "key" {
-            SpecErrorKind::UnknownField
-        } else {
-            SpecErrorKind::WrongValue
-        };
-        return (kind, why, fix);
+        let start = byte(column.saturating_sub(1));
+        let end = byte(column.saturating_sub(1) + self.width).max(start);
+        let report = [Group::with_level(Level::ERROR).element(
+            Snippet::source(self.text.as_str())
+                .line_start(line as usize)
+                .annotation(AnnotationKind::Primary.span(start..end)),
+        )];
+        Renderer::plain().render(&report)
     }
-    if message.starts_with("missing field") {
-        let key = quoted(message).first().copied().unwrap_or("");
-        return (
-            SpecErrorKind::MissingField,
-            format!("required key `{}` is missing", join(field, key)),
-            format!("add `{key}:` here; docs/job-spec.md lists every key with its default"),
-        );
-    }
-    if message.starts_with("invalid type") || message.starts_with("invalid value") {
-        let expected = message
-            .split_once(", expected ")
-            .map(|(_, e)| e)
-            .unwrap_or("a different value");
-        return (
-            SpecErrorKind::WrongValue,
-            message.to_string(),
-            format!("write {} here", plain_type(expected)),
-        );
-    }
-    if message.starts_with("duplicate") {
-        return (
-            SpecErrorKind::Syntax,
-            message.to_string(),
-            "keep only one of the two keys".into(),
-        );
-    }
-    if message.contains("did not find expected")
-        || message.contains("mapping values are not allowed")
-        || message.contains("found character")
-        || message.contains("while parsing")
-        || message.contains("while scanning")
-    {
-        return (
-            SpecErrorKind::Syntax,
-            format!("not valid YAML: {message}"),
-            "check indentation (spaces only) and quoting around this position".into(),
-        );
-    }
-    (
-        SpecErrorKind::WrongValue,
-        message.to_string(),
-        "compare with examples/demo.yaml and docs/job-spec.md".into(),
-    )
 }
 
 /// The closest candidate by Jaro-Winkler similarity, if it is close enough to be a typo.
@@ -192,14 +165,4 @@ pub fn did_you_mean<'a>(given: &str, candidates: &[&'a str]) -> Option<&'a str> 
         .filter(|(score, _)| *score > 0.8)
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, c)| c)
-}
-
-/// serde's type names in words people use.
-fn plain_type(expected: &str) -> String {
-    match expected {
-        "u64" | "u32" | "usize" => "a whole number (0 or more)".into(),
-        "f64" => "a number".into(),
-        "a boolean" | "bool" => "true or false".into(),
-        other => other.to_string(),
-    }
 }

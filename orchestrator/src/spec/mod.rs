@@ -2,18 +2,24 @@
 //! error, never a silently ignored key; optional fields stay `None` here and get their
 //! defaults in [`crate::resolve`], so the resolved config is explicit about every value.
 //!
+//! The text is read into a tree that keeps where every key and value was written (`yaml`)
+//! and deserialized from it (`de`, `read`), so every error, including those the plan finds
+//! later, points at a line and column of the file.
+//!
 //! The full schema with every default is documented in `docs/job-spec.md`.
 
+mod de;
 mod error;
-mod locate;
 pub mod overrides;
+pub(crate) mod read;
 mod schema;
+mod yaml;
 
 pub use error::did_you_mean;
-pub use error::{SpecError, SpecErrorKind};
-pub use locate::locate_path;
+pub use error::{Excerpt, SpecError, SpecErrorKind};
 pub use overrides::Override;
 pub use schema::*;
+pub use yaml::{locate_path, Location};
 
 use std::path::{Path, PathBuf};
 
@@ -38,26 +44,23 @@ impl LoadedSpec {
         fix: impl Into<String>,
     ) -> SpecError {
         if let Some(o) = self.overrides.iter().rev().find(|o| o.covers(field)) {
-            return SpecError {
-                file: PathBuf::from(o.flag()),
-                line: None,
-                column: None,
-                field: field.to_string(),
-                kind: SpecErrorKind::Invalid,
-                why: why.into(),
-                fix: fix.into(),
-            };
+            return SpecError::from_flag(
+                &o.flag(),
+                field.to_string(),
+                SpecErrorKind::Invalid,
+                why.into(),
+                fix.into(),
+            );
         }
-        let location = locate_path(&self.source, field);
-        SpecError {
-            file: self.path.clone(),
-            line: location.map(|l| l.0 as u32),
-            column: location.map(|l| l.1 as u32),
-            field: field.to_string(),
-            kind: SpecErrorKind::Invalid,
-            why: why.into(),
-            fix: fix.into(),
-        }
+        SpecError::in_file(
+            &self.path,
+            &self.source,
+            locate_path(&self.source, field),
+            field.to_string(),
+            SpecErrorKind::Invalid,
+            why.into(),
+            fix.into(),
+        )
     }
 }
 
@@ -69,9 +72,10 @@ pub fn load_with(path: &Path, overrides: &[Override]) -> Result<LoadedSpec, Spec
 /// Read and parse a job spec file.
 pub fn load(path: &Path) -> Result<LoadedSpec, SpecError> {
     let source = std::fs::read_to_string(path).map_err(|e| SpecError {
-        file: path.to_path_buf(),
+        file: path.into(),
         line: None,
         column: None,
+        excerpt: None,
         field: String::new(),
         kind: SpecErrorKind::Io,
         why: format!("cannot read the file: {e}"),
@@ -82,8 +86,7 @@ pub fn load(path: &Path) -> Result<LoadedSpec, SpecError> {
 
 /// Parse a job spec from YAML text; `path` is only used in error messages.
 pub fn parse(source: &str, path: &Path) -> Result<LoadedSpec, SpecError> {
-    let spec: JobSpec =
-        serde_norway::from_str(source).map_err(|e| SpecError::from_yaml(&e, path, source))?;
+    let spec: JobSpec = read::read(source).map_err(|e| SpecError::from_read(e, path, source))?;
     let loaded = LoadedSpec {
         spec,
         path: path.to_path_buf(),
@@ -214,6 +217,112 @@ mod tests {
         let err = parse_str("name: t\n  bad: indent\n").unwrap_err();
         assert_eq!(err.kind, SpecErrorKind::Syntax);
         assert_eq!((err.line, err.column), (Some(2), Some(6)), "{err}");
+    }
+
+    /// (line, column) of an error.
+    fn at(err: &SpecError) -> (Option<u32>, Option<u32>) {
+        (err.line, err.column)
+    }
+
+    #[test]
+    fn flow_maps_are_located_key_by_key() {
+        // An unknown key, found while reading.
+        let yaml = MINIMAL.replace(
+            "  steps: 2\n",
+            "  steps: 2\n  fsdp: {strategy: FULL_SHARD, bogus: 1}\n",
+        );
+        let err = parse_str(&yaml).unwrap_err();
+        assert_eq!(err.kind, SpecErrorKind::UnknownField);
+        assert_eq!(err.field, "training.fsdp");
+        assert_eq!(at(&err), (Some(5), Some(32)), "{err}");
+        assert!(
+            err.fix.starts_with("use one of `strategy`, `wrap`"),
+            "{err}"
+        );
+        // Also in a section whose `kind` decides its keys (serde reads it in two passes).
+        let yaml = MINIMAL.replace("output_dim: 4 }", "output_dim: 4, bogus: 1 }");
+        let err = parse_str(&yaml).unwrap_err();
+        assert_eq!(err.field, "training.model");
+        assert_eq!(at(&err), (Some(3), Some(67)), "{err}");
+        // There serde does not say which value has the wrong type: the section is marked.
+        let err = parse_str(&MINIMAL.replace("input_dim: 4", "input_dim: many")).unwrap_err();
+        assert_eq!(err.field, "training.model");
+        assert_eq!(at(&err), (Some(3), Some(10)), "{err}");
+        // A field found wrong after reading.
+        let loaded = parse_str(MINIMAL).unwrap();
+        let err = loaded.error_at("training.model.hidden_dim", "why", "fix");
+        assert_eq!(at(&err), (Some(3), Some(37)), "{err}");
+        assert_eq!(err.excerpt.as_ref().map(|e| e.width), Some(10));
+        // A key the flow map leaves out (a default) points at the map's own key.
+        let err = loaded.error_at("training.model.max_seq_len", "why", "fix");
+        assert_eq!(at(&err), (Some(3), Some(3)), "{err}");
+    }
+
+    #[test]
+    fn a_hash_inside_quotes_is_part_of_the_value() {
+        let yaml = format!("{MINIMAL}resources: {{partition: \"gpu #2\", time: \"1:00 #x\"}}\n");
+        let loaded = parse_str(&yaml).unwrap();
+        assert_eq!(loaded.spec.resources.partition.as_deref(), Some("gpu #2"));
+        let err = loaded.error_at("resources.time", "why", "fix");
+        assert_eq!(at(&err), (Some(7), Some(34)), "{err}");
+        let yaml = format!(
+            "name: \"x #1\" # a comment\n{}resources:\n  partition: \"gpu #2\" # a comment\n  time: \"1:00 #x\"\n",
+            MINIMAL.replace("name: t\n", "")
+        );
+        let err = parse_str(&yaml).unwrap_err();
+        assert_eq!((err.field.as_str(), at(&err)), ("name", (Some(1), Some(1))));
+        let loaded = parse_str(&yaml.replace("x #1", "x1")).unwrap();
+        let err = loaded.error_at("resources.time", "why", "fix");
+        assert_eq!(at(&err), (Some(9), Some(3)), "{err}");
+    }
+
+    #[test]
+    fn aliases_are_read_and_their_errors_point_at_the_alias() {
+        let yaml = MINIMAL.replace("  steps: 2\n", "  steps: &n 2\n  log_every: *n\n");
+        let loaded = parse_str(&yaml).unwrap();
+        assert_eq!(loaded.spec.training.log_every, Some(2));
+        let yaml = MINIMAL
+            .replace("name: t\n", "name: &n t\n")
+            .replace("  steps: 2\n", "  steps: *n\n");
+        let err = parse_str(&yaml).unwrap_err();
+        assert_eq!(err.field, "training.steps");
+        assert_eq!(at(&err), (Some(4), Some(10)), "{err}");
+        assert_eq!(err.why, "invalid type: string \"t\", expected u64");
+    }
+
+    #[test]
+    fn merge_keys_are_refused_where_written() {
+        let yaml = MINIMAL.replace(
+            "  steps: 2\n",
+            "  steps: 2\n  optimizer: &o {lr: 0.1}\n  schedule:\n    <<: *o\n",
+        );
+        let err = parse_str(&yaml).unwrap_err();
+        assert_eq!(err.kind, SpecErrorKind::Syntax);
+        assert_eq!(at(&err), (Some(7), Some(5)), "{err}");
+        assert!(err.why.contains("merge keys (`<<`)"), "{err}");
+    }
+
+    #[test]
+    fn a_second_document_is_refused_at_its_line() {
+        let err = parse_str(&format!("{MINIMAL}---\nname: u\n")).unwrap_err();
+        assert_eq!(err.kind, SpecErrorKind::Syntax);
+        assert_eq!(at(&err), (Some(7), Some(1)), "{err}");
+        assert!(err.why.contains("a job spec is one document"), "{err}");
+        let err = parse_str(&format!("{MINIMAL}...\n---\n")).unwrap_err();
+        assert_eq!(at(&err), (Some(8), Some(1)), "{err}");
+        // An opening `---` and a closing `...` frame the one document.
+        assert!(parse_str(&format!("---\n{MINIMAL}...\n")).is_ok());
+    }
+
+    #[test]
+    fn values_keep_the_text_they_were_written_with() {
+        let yaml = format!("{MINIMAL}resources:\n  partition: 0x10\n  time: 1:00:00\n  mem: ~\n  env: {{A: 1.0e-3, B: yes}}\n");
+        let r = parse_str(&yaml).unwrap().spec.resources;
+        assert_eq!(r.partition.as_deref(), Some("0x10"));
+        assert_eq!(r.time.as_deref(), Some("1:00:00"));
+        assert_eq!(r.mem, None);
+        assert_eq!(r.env["A"], "1.0e-3");
+        assert_eq!(r.env["B"], "yes");
     }
 
     #[test]

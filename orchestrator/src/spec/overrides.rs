@@ -5,7 +5,6 @@
 
 use super::{JobSpec, LoadedSpec, SpecError, SpecErrorKind};
 use serde_norway::Value;
-use std::path::PathBuf;
 
 /// One `--set path=value`.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,14 +37,14 @@ impl Override {
 
 /// Parses `path=value` (the value is YAML; an empty value is YAML's null).
 pub fn parse(arg: &str) -> Result<Override, SpecError> {
-    let flag_error = |why: String, fix: &str| SpecError {
-        file: PathBuf::from(format!("--set {arg}")),
-        line: None,
-        column: None,
-        field: String::new(),
-        kind: SpecErrorKind::Invalid,
-        why,
-        fix: fix.to_string(),
+    let flag_error = |why: String, fix: &str| {
+        SpecError::from_flag(
+            &format!("--set {arg}"),
+            String::new(),
+            SpecErrorKind::Invalid,
+            why,
+            fix.to_string(),
+        )
     };
     let Some((path, text)) = arg.split_once('=') else {
         return Err(flag_error(
@@ -78,34 +77,32 @@ pub fn parse(arg: &str) -> Result<Override, SpecError> {
 /// flag, with the same explanation and fix a file would get.
 pub fn apply(mut loaded: LoadedSpec, overrides: &[Override]) -> Result<LoadedSpec, SpecError> {
     for o in overrides {
-        let mut doc = serde_norway::to_value(&loaded.spec).map_err(|e| SpecError {
-            file: PathBuf::from(o.flag()),
-            line: None,
-            column: None,
-            field: o.path.clone(),
-            kind: SpecErrorKind::Invalid,
-            why: format!("cannot apply it: {e}"),
-            fix: String::new(),
+        let mut doc = serde_norway::to_value(&loaded.spec).map_err(|e| {
+            SpecError::from_flag(
+                &o.flag(),
+                o.path.clone(),
+                SpecErrorKind::Invalid,
+                format!("cannot apply it: {e}"),
+                String::new(),
+            )
         })?;
-        set_path(&mut doc, &o.path, o.value.clone()).map_err(|why| SpecError {
-            file: PathBuf::from(o.flag()),
-            line: None,
-            column: None,
-            field: o.path.clone(),
-            kind: SpecErrorKind::Invalid,
-            why,
-            fix: "set a key inside it instead, e.g. `training.optimizer.lr`".into(),
+        set_path(&mut doc, &o.path, o.value.clone()).map_err(|why| {
+            SpecError::from_flag(
+                &o.flag(),
+                o.path.clone(),
+                SpecErrorKind::Invalid,
+                why,
+                "set a key inside it instead, e.g. `training.optimizer.lr`".into(),
+            )
         })?;
-        // Through YAML text, so the error carries the field's path as a file's would.
+        // Read back as a file is, so the error explains the field the same way.
         let text = serde_norway::to_string(&doc).unwrap_or_default();
-        let spec: JobSpec = serde_norway::from_str(&text).map_err(|e| {
-            let mut err = SpecError::from_yaml(&e, &PathBuf::from(o.flag()), &text);
-            err.line = None;
-            err.column = None;
-            if err.kind == SpecErrorKind::UnknownField {
-                err.fix = full_path_fix(&err.field, &err.fix);
-            }
-            err
+        let spec: JobSpec = super::read::read(&text).map_err(|e| {
+            let fix = match (&e.suggestion, e.kind) {
+                (Some(key), SpecErrorKind::UnknownField) => format!("did you mean `{key}`?"),
+                _ => e.fix,
+            };
+            SpecError::from_flag(&o.flag(), e.field, e.kind, e.why, fix)
         })?;
         loaded.spec = spec;
         loaded.overrides.push(o.clone());
@@ -114,17 +111,6 @@ pub fn apply(mut loaded: LoadedSpec, overrides: &[Override]) -> Result<LoadedSpe
         super::validate_name(&loaded)?;
     }
     Ok(loaded)
-}
-
-/// `did you mean `steps`?` about a key under `training` → `did you mean `training.steps`?`.
-fn full_path_fix(parent: &str, fix: &str) -> String {
-    match fix
-        .strip_prefix("did you mean `")
-        .and_then(|s| s.strip_suffix("`?"))
-    {
-        Some(key) if !parent.is_empty() => format!("did you mean `{parent}.{key}`?"),
-        _ => fix.to_string(),
-    }
 }
 
 /// Sets `a.b.c` in a YAML document, creating the sections left to their defaults.

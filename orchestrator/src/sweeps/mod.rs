@@ -9,8 +9,9 @@ pub mod submit;
 pub mod survey;
 
 use crate::resolve::{self, Overrides, ResolveError, ResolvedJob};
-use crate::spec::{JobSpec, LoadedSpec, SpecError, SpecErrorKind};
-use serde::Serialize;
+use crate::spec::read::{read, ReadError};
+use crate::spec::{JobSpec, LoadedSpec, SpecError};
+use serde::{Deserialize, Serialize};
 use serde_norway::Value;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashSet};
@@ -113,14 +114,19 @@ pub fn expand(loaded: &LoadedSpec) -> Result<Vec<SweepPoint>, SweepError> {
     let firsts = sweep
         .grid
         .iter()
-        .map(|(k, v)| (k, &v[0]))
-        .chain(sweep.list.iter().flat_map(|entry| entry.iter()));
-    for (path, value) in firsts {
+        .map(|(k, v)| (format!("sweep.grid.{k}"), k, &v[0]))
+        .chain(sweep.list.iter().enumerate().flat_map(|(i, entry)| {
+            entry
+                .iter()
+                .map(move |(k, v)| (format!("sweep.list[{i}].{k}"), k, v))
+        }));
+    for (written_at, path, value) in firsts {
         if checked.insert(path.clone()) {
             let mut doc = base.clone();
             apply(&mut doc, path, value.clone())
-                .and_then(|()| to_spec(doc))
-                .map_err(|why| sweep_key_error(loaded, path, why))?;
+                .map_err(|why| sweep_key_error(loaded, &written_at, path, why, None))?;
+            to_spec(&doc)
+                .map_err(|e| sweep_key_error(loaded, &written_at, path, e.why, e.suggestion))?;
         }
     }
 
@@ -172,12 +178,13 @@ fn resolve_point(
         .join(" ");
     let mut doc = base.clone();
     for (path, value) in params {
-        apply(&mut doc, &path, value).map_err(|why| sweep_key_error(loaded, &path, why))?;
+        apply(&mut doc, &path, value)
+            .map_err(|why| sweep_key_error(loaded, "sweep", &path, why, None))?;
     }
-    let spec = to_spec(doc).map_err(|why| {
+    let spec = to_spec(&doc).map_err(|e| {
         SweepError::Spec(loaded.error_at(
             "sweep",
-            format!("point {label}: {why}"),
+            format!("point {label}: {}", e.why),
             "check the sweep values' types",
         ))
     })?;
@@ -235,30 +242,29 @@ fn apply(doc: &mut Value, path: &str, value: Value) -> Result<(), String> {
     crate::spec::overrides::set_path(doc, path, value)
 }
 
-fn to_spec(doc: Value) -> Result<JobSpec, String> {
-    serde_norway::from_value(doc).map_err(|e| e.to_string())
+/// A point's document as a spec. Its values are already typed, so it is read directly; one
+/// that does not read is read again from its YAML text, as a spec file is, for an error that
+/// is explained the same way.
+fn to_spec(doc: &Value) -> Result<JobSpec, ReadError> {
+    JobSpec::deserialize(doc).or_else(|_| read(&serde_norway::to_string(doc).unwrap_or_default()))
 }
 
-fn sweep_key_error(loaded: &LoadedSpec, path: &str, why: String) -> SweepError {
+/// An error about the swept `path`, located where the sweep writes it (`written_at`).
+fn sweep_key_error(
+    loaded: &LoadedSpec,
+    written_at: &str,
+    path: &str,
+    why: String,
+    suggestion: Option<String>,
+) -> SweepError {
     let mut err = loaded.error_at(
-        "sweep",
+        written_at,
         format!("cannot sweep over `{path}`: {why}"),
         "use a dotted path of a spec key, e.g. `training.optimizer.lr` (docs/job-spec.md)",
     );
     err.field = format!("sweep.{path}");
-    err.kind = SpecErrorKind::Invalid;
-    if let Some(unknown) = why
-        .split('`')
-        .nth(1)
-        .filter(|_| why.contains("unknown field"))
-    {
-        let expected: Vec<&str> = why.split('`').skip(3).step_by(2).collect();
-        if let Some(best) = crate::spec::did_you_mean(unknown, &expected) {
-            err.fix = format!(
-                "`{unknown}` is not a key there; did you mean `{}`?",
-                path.replace(unknown, best)
-            );
-        }
+    if let Some(key) = suggestion {
+        err.fix = format!("`{path}` is not a key of the spec; did you mean `{key}`?");
     }
     err.into()
 }
@@ -320,7 +326,8 @@ mod tests {
             err.fix.contains("did you mean `training.optimizer.lr`"),
             "{err}"
         );
-        assert!(err.line.is_some());
+        // At the swept key itself.
+        assert_eq!((err.line, err.column), (Some(20), Some(5)), "{err}");
     }
 
     #[test]

@@ -1,0 +1,166 @@
+//! YAML text to one of the spec's types, every error explained: where (the node it is about),
+//! which field (serde_path_to_error's path), why, and how to fix it.
+
+use super::de::{DeError, Node, Problem};
+use super::error::did_you_mean;
+use super::yaml::{Document, Location, Step};
+use super::SpecErrorKind;
+use serde::de::DeserializeOwned;
+use serde_path_to_error::Segment;
+
+/// An error in YAML text, before it is tied to a file or a flag.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReadError {
+    pub at: Option<Location>,
+    /// Dotted path of the field; for an unknown key, of the section holding it.
+    pub field: String,
+    pub kind: SpecErrorKind,
+    pub why: String,
+    pub fix: String,
+    /// For an unknown key that is a typo: the full path of the key probably meant.
+    pub suggestion: Option<String>,
+}
+
+/// Parses `source` as a `T`.
+pub fn read<T: DeserializeOwned>(source: &str) -> Result<T, ReadError> {
+    let document = Document::parse(source).map_err(|m| ReadError {
+        at: Some(m.at),
+        field: String::new(),
+        kind: SpecErrorKind::Syntax,
+        why: m.why,
+        fix: m.fix,
+        suggestion: None,
+    })?;
+    serde_path_to_error::deserialize(Node(document.root())).map_err(|e| {
+        let mut steps: Vec<Step> = e
+            .path()
+            .iter()
+            .filter_map(|segment| match segment {
+                Segment::Map { key } => Some(Step::Key(key.clone())),
+                Segment::Seq { index } => Some(Step::Index(*index)),
+                Segment::Enum { .. } | Segment::Unknown => None,
+            })
+            .collect();
+        let error = e.into_inner();
+        // The path of an unknown key ends with that key; errors name the section holding it.
+        if let Problem::UnknownKey { key, .. } = &error.problem {
+            if steps.last() == Some(&Step::Key(key.clone())) {
+                steps.pop();
+            }
+        }
+        explain(error, &steps, &document)
+    })
+}
+
+/// `training`, `data`, `files`, `[0]` → `training.data.files[0]`.
+fn dotted(steps: &[Step]) -> String {
+    let mut out = String::new();
+    for step in steps {
+        match step {
+            Step::Key(key) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(key);
+            }
+            Step::Index(i) => out.push_str(&format!("[{i}]")),
+        }
+    }
+    out
+}
+
+fn explain(error: DeError, path: &[Step], document: &Document<'_>) -> ReadError {
+    let field = dotted(path);
+    let join = |key: &str| {
+        if field.is_empty() {
+            key.to_string()
+        } else {
+            format!("{field}.{key}")
+        }
+    };
+    // Errors serde found in a value it had buffered come without a node: find the key or
+    // value by the path instead.
+    let locate = |key: Option<&str>| {
+        error.at.or_else(|| match key {
+            Some(key) => {
+                let mut to_key = path.to_vec();
+                to_key.push(Step::Key(key.to_string()));
+                document.key_location(&to_key)
+            }
+            None => document
+                .value_location(path)
+                .or_else(|| document.key_location(path)),
+        })
+    };
+    let mut suggestion = None;
+    let (at, kind, why, fix) = match &error.problem {
+        Problem::UnknownKey { key, expected } => {
+            let best = did_you_mean(key, expected);
+            suggestion = best.map(join);
+            (
+                locate(Some(key)),
+                SpecErrorKind::UnknownField,
+                format!("unknown key `{}`", join(key)),
+                choose(best, expected, "key"),
+            )
+        }
+        Problem::UnknownValue { value, expected } => (
+            locate(None),
+            SpecErrorKind::WrongValue,
+            format!("unknown value `{value}`"),
+            choose(did_you_mean(value, expected), expected, "value"),
+        ),
+        Problem::MissingKey(key) => (
+            locate(None),
+            SpecErrorKind::MissingField,
+            format!("required key `{}` is missing", join(key)),
+            format!("add `{key}:` here; docs/job-spec.md lists every key with its default"),
+        ),
+        Problem::WrongValue { message, expected } => (
+            locate(None),
+            SpecErrorKind::WrongValue,
+            message.clone(),
+            format!("write {} here", plain_type(expected)),
+        ),
+        Problem::Other(message) => (
+            locate(None),
+            SpecErrorKind::WrongValue,
+            message.clone(),
+            "compare with examples/demo.yaml and docs/job-spec.md".into(),
+        ),
+    };
+    ReadError {
+        at,
+        field,
+        kind,
+        why,
+        fix,
+        suggestion,
+    }
+}
+
+/// The fix for an unknown key or value: the one probably meant, else the list.
+fn choose(best: Option<&str>, expected: &[&str], what: &str) -> String {
+    match best {
+        Some(best) => format!("did you mean `{best}`?"),
+        None if expected.is_empty() => format!("remove the {what}"),
+        None => format!(
+            "use one of {}",
+            expected
+                .iter()
+                .map(|e| format!("`{e}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// serde's type names in words people use.
+fn plain_type(expected: &str) -> String {
+    match expected {
+        "u64" | "u32" | "usize" => "a whole number (0 or more)".into(),
+        "f64" => "a number".into(),
+        "a boolean" | "bool" => "true or false".into(),
+        other => other.to_string(),
+    }
+}
