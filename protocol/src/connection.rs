@@ -1,11 +1,16 @@
-//! Framing and handshake shared by the controller (async, tokio) and the workers (blocking).
+//! Framing and handshake of every shardrun control connection: a worker and the controller,
+//! a client and the controller, a rank and rank 0 in a launch without the controller.
 //!
 //! A frame is a 4-byte big-endian length followed by that many bytes of JSON: exactly what
 //! `tokio_util::codec::LengthDelimitedCodec` reads and writes with its defaults. Every
 //! connection starts with a [`Hello`] from the connecting side, answered by a
 //! [`HelloReply`]. Until the hello is accepted the frame limit is [`HANDSHAKE_FRAME_LIMIT`]
-//! (a few KiB), so a stranger on the port can make the controller hold at most that much;
+//! (a few KiB), so a stranger on the port can make the server hold at most that much;
 //! afterwards it is [`FRAME_LIMIT`].
+//!
+//! The accepting side comes twice, with one check of the hello: [`accept`] for the
+//! controller's tokio server and [`accept_blocking`] for rank 0's rendezvous listener, which
+//! runs before any runtime exists. The connecting side is [`BlockingConnection`].
 
 use crate::messages::{Hello, HelloReply, Role};
 use crate::PROTOCOL_VERSION;
@@ -15,7 +20,7 @@ use serde::Serialize;
 use std::io::{Read, Write};
 use std::marker::PhantomData;
 use std::net::{TcpStream as StdTcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -57,7 +62,11 @@ fn check_hello(hello: &Hello, secret: &str) -> Result<(), String> {
         ));
     }
     if !constant_time_eq(hello.secret.as_bytes(), secret.as_bytes()) {
-        return Err("wrong secret (it is in the run directory's `secret` file)".into());
+        return Err(format!(
+            "wrong secret (it is in the run directory's `secret` file; ranks started without \
+             the controller take it from {})",
+            crate::env::SECRET
+        ));
     }
     Ok(())
 }
@@ -181,7 +190,39 @@ pub async fn accept<In, Out>(
 }
 
 // ---------------------------------------------------------------------------------------
-// Blocking side (workers, clients, load generators)
+// Blocking side (workers, clients, load generators, rank 0's rendezvous)
+
+/// [`accept`] without a runtime: reads the peer's [`Hello`] within `timeout` (in all, however
+/// slowly it trickles in), answers it, and on success returns the peer's role and the
+/// connection. A rejected peer gets a [`HelloReply::Rejected`] (best effort) and an error
+/// describing why.
+pub fn accept_blocking(
+    stream: StdTcpStream,
+    secret: &str,
+    timeout: Duration,
+) -> Result<(Role, BlockingConnection), ConnectionError> {
+    let deadline = Instant::now() + timeout;
+    stream.set_nonblocking(false)?;
+    stream.set_nodelay(true)?;
+    stream.set_write_timeout(Some(timeout))?;
+    let mut conn = BlockingConnection { stream };
+    let hello: Hello = conn.recv_until(HANDSHAKE_FRAME_LIMIT, deadline, timeout)?;
+    let verdict = check_hello(&hello, secret);
+    let reply = match &verdict {
+        Ok(()) => HelloReply::Accepted,
+        Err(reason) => HelloReply::Rejected {
+            reason: reason.clone(),
+        },
+    };
+    let sent = conn.send(&reply);
+    if let Err(reason) = verdict {
+        return Err(ConnectionError::Rejected(reason));
+    }
+    sent?;
+    conn.stream.set_read_timeout(None)?;
+    conn.stream.set_write_timeout(None)?;
+    Ok((hello.role, conn))
+}
 
 /// A blocking connection to the controller. Every [`BlockingConnection::send`] writes one
 /// whole frame with a single `write_all` before returning, so the data has reached the
@@ -283,6 +324,24 @@ impl BlockingConnection {
         decode(&buf)
     }
 
+    /// One message of at most `limit` bytes, all of it read before `deadline`.
+    fn recv_until<T: DeserializeOwned>(
+        &mut self,
+        limit: usize,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<T, ConnectionError> {
+        let mut len = [0u8; 4];
+        read_exact_until(&mut self.stream, &mut len, deadline, timeout)?;
+        let size = u32::from_be_bytes(len) as usize;
+        if size > limit {
+            return Err(ConnectionError::FrameTooLarge { size, limit });
+        }
+        let mut buf = vec![0u8; size];
+        read_exact_until(&mut self.stream, &mut buf, deadline, timeout)?;
+        decode(&buf)
+    }
+
     pub fn shutdown(&self) {
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
@@ -320,6 +379,39 @@ fn read_exact_or_closed(stream: &mut StdTcpStream, buf: &mut [u8]) -> Result<(),
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// `read_exact` that gives up at `deadline` (reported as the whole `timeout`), so a peer
+/// sending a byte now and then cannot hold the reader longer than that.
+fn read_exact_until(
+    stream: &mut StdTcpStream,
+    buf: &mut [u8],
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<(), ConnectionError> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ConnectionError::Timeout(timeout));
+        }
+        stream.set_read_timeout(Some(left))?;
+        match stream.read(&mut buf[filled..]) {
+            Ok(0) => return Err(ConnectionError::Closed),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(ConnectionError::Timeout(timeout))
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -445,6 +537,121 @@ mod tests {
         let (s, _) = l.accept().await.unwrap();
         let r = accept::<FromWorker, ToWorker>(s, SECRET, Duration::from_millis(100)).await;
         assert!(matches!(r, Err(ConnectionError::Timeout(_))));
+    }
+
+    /// A blocking listener and the peer that dials it, accepted with `secret`.
+    fn accept_blocking_one(
+        secret: &str,
+        timeout: Duration,
+        peer: impl FnOnce(String) + Send + 'static,
+    ) -> Result<(Role, BlockingConnection), ConnectionError> {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let peer = std::thread::spawn(move || peer(addr));
+        let (stream, _) = l.accept().unwrap();
+        let accepted = accept_blocking(stream, secret, timeout);
+        peer.join().unwrap();
+        accepted
+    }
+
+    #[test]
+    fn blocking_accept_talks_to_the_blocking_connection() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let worker = std::thread::spawn(move || {
+            let mut c =
+                BlockingConnection::connect(&addr, Role::Worker, SECRET, Duration::from_secs(2))
+                    .unwrap();
+            c.send(&FromWorker::Heartbeat { step: 3 }).unwrap();
+            c.recv::<ToWorker>().unwrap()
+        });
+        let (stream, _) = l.accept().unwrap();
+        let (role, mut conn) = accept_blocking(stream, SECRET, Duration::from_secs(2)).unwrap();
+        assert_eq!(role, Role::Worker);
+        assert_eq!(
+            conn.recv::<FromWorker>().unwrap(),
+            FromWorker::Heartbeat { step: 3 }
+        );
+        conn.send(&ToWorker::Preempt).unwrap();
+        assert_eq!(worker.join().unwrap(), ToWorker::Preempt);
+    }
+
+    #[test]
+    fn blocking_accept_refuses_what_the_async_accept_refuses() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let refused = accept_blocking_one(SECRET, Duration::from_secs(2), move |addr| {
+            let err =
+                BlockingConnection::connect(&addr, Role::Worker, "nope", Duration::from_secs(2))
+                    .err()
+                    .unwrap();
+            tx.send(err.to_string()).unwrap();
+        });
+        match refused {
+            Err(ConnectionError::Rejected(reason)) => assert!(reason.contains("wrong secret")),
+            other => panic!("unexpected {:?}", other.err()),
+        }
+        let told = rx.recv().unwrap();
+        assert!(
+            told.contains("wrong secret") && told.contains(crate::env::SECRET),
+            "{told}"
+        );
+
+        let refused = accept_blocking_one(SECRET, Duration::from_secs(2), |addr| {
+            let mut s = StdTcpStream::connect(addr).unwrap();
+            let hello = Hello {
+                magic: Hello::MAGIC.into(),
+                version: PROTOCOL_VERSION + 1,
+                role: Role::Worker,
+                secret: SECRET.into(),
+            };
+            s.write_all(&encode_frame(&hello).unwrap()).unwrap();
+        });
+        match refused {
+            Err(ConnectionError::Rejected(reason)) => assert!(reason.contains("version")),
+            other => panic!("unexpected {:?}", other.err()),
+        }
+    }
+
+    #[test]
+    fn blocking_accept_bounds_strangers_in_size_and_time() {
+        let write = |bytes: &'static [u8]| {
+            move |addr: String| {
+                let mut s = StdTcpStream::connect(addr).unwrap();
+                s.write_all(bytes).unwrap();
+            }
+        };
+        let timeout = Duration::from_secs(2);
+        assert!(matches!(
+            accept_blocking_one(SECRET, timeout, write(&[0x40, 0, 0, 0, b'x'])),
+            Err(ConnectionError::FrameTooLarge {
+                size: 0x4000_0000,
+                limit: HANDSHAKE_FRAME_LIMIT
+            })
+        ));
+        assert!(matches!(
+            accept_blocking_one(
+                SECRET,
+                timeout,
+                write(&[0, 0, 0, 5, b'{', b'x', 0xff, 1, 2])
+            ),
+            Err(ConnectionError::Malformed(_))
+        ));
+        assert!(matches!(
+            accept_blocking_one(SECRET, timeout, write(&[0, 0, 0, 100, b'{'])),
+            Err(ConnectionError::Closed)
+        ));
+        // A peer that sends part of a frame and then nothing (keeping the connection open
+        // until the listener hangs up) is cut off at the deadline.
+        let slow = accept_blocking_one(SECRET, Duration::from_millis(200), |addr| {
+            let mut s = StdTcpStream::connect(addr).unwrap();
+            s.write_all(&[0, 0, 0, 9, b'{']).unwrap();
+            let _ = s.read(&mut [0u8; 1]);
+        })
+        .err();
+        assert!(
+            matches!(slow, Some(ConnectionError::Timeout(_))),
+            "{slow:?}"
+        );
     }
 
     #[test]

@@ -6,7 +6,8 @@
 pub const CONTROLLER_ADDR: &str = "SHARDRUN_CONTROLLER";
 /// Path of the file holding the per-job secret (mode 0600 in the run directory).
 pub const SECRET_FILE: &str = "SHARDRUN_SECRET_FILE";
-/// The per-job secret itself (alternative to the file, used in local mode).
+/// The per-job secret itself (alternative to the file, used in local mode). Ranks started
+/// without the controller present it to rank 0's rendezvous; unset, they present none.
 pub const SECRET: &str = "SHARDRUN_SECRET";
 /// Path of the resolved `TrainConfig` as JSON (`train_config.json` in the run directory).
 pub const CONFIG_FILE: &str = "SHARDRUN_CONFIG";

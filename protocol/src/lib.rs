@@ -4,7 +4,9 @@
 //!   orchestrator from the YAML job spec, never parsed from YAML by the worker).
 //! * [`messages`]: one serde enum per direction ([`FromWorker`], [`ToWorker`]).
 //! * [`connection`]: length-delimited frames, the handshake (version, role, secret) and
-//!   typed connections, async for the controller and blocking for the worker.
+//!   typed connections, async for the controller and blocking for the workers and rank 0's
+//!   rendezvous listener.
+//! * [`rendezvous`]: which registrations make up the world, and the start every rank gets.
 //! * [`env`]: the environment variable names both sides agree on.
 //! * [`units`]: how a model's parameters form FSDP units (the plan and the worker agree).
 //! * [`footprint`]: an architecture's parameters, segments and activation memory, for the
@@ -16,6 +18,7 @@ pub mod env;
 pub mod footprint;
 pub mod host;
 pub mod messages;
+pub mod rendezvous;
 pub mod units;
 
 pub use config::TrainConfig;

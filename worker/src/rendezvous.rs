@@ -1,18 +1,32 @@
 //! Standalone rendezvous for launches without the shardrun controller (tests, torchrun):
-//! rank 0 listens on `MASTER_ADDR:MASTER_PORT`, every rank sends its [`Registration`], and
-//! rank 0 answers everyone with the complete [`StartInfo`] (or the reason it refuses).
+//! rank 0 listens on `MASTER_ADDR:MASTER_PORT`, every rank registers, and rank 0 answers
+//! everyone with the complete [`StartInfo`] (or says why it stopped).
 //!
-//! Frames are a 4-byte big-endian length then JSON, as on the controller connection.
+//! Rank 0 speaks to the other ranks exactly as the controller speaks to workers: the frames
+//! and the handshake of [`shardrun_protocol::connection`] (role [`Role::Worker`]), then
+//! [`FromWorker::Register`], answered by [`ToWorker::Start`] or [`ToWorker::Shutdown`]; and
+//! it judges registrations with the controller's [`Roster`]. Only the server differs: this
+//! one blocks in rank 0 before training, which has nothing else to serve, while the
+//! controller's runs in its event loop next to logs, metrics and heartbeats.
+//!
+//! The secret every rank presents in its hello is [`env::SECRET`] (`SHARDRUN_SECRET`), the
+//! same value on every rank, or none when it is unset: like torchrun, a launch without the
+//! controller trusts the network unless given a secret. Either way a connection that does
+//! not complete the handshake is refused and the rendezvous goes on without it.
 
-use serde::{Deserialize, Serialize};
-use shardrun_protocol::messages::{PeerInfo, Registration, StartInfo};
-use std::io::{self, Read, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use shardrun_protocol::connection::{self, BlockingConnection, ConnectionError, HANDSHAKE_TIMEOUT};
+use shardrun_protocol::env;
+use shardrun_protocol::messages::{FromWorker, Registration, Role, StartInfo, ToWorker};
+use shardrun_protocol::rendezvous::{Refusal, Roster};
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-const MAGIC: &str = "shardrun-rendezvous";
-const VERSION: u32 = 1;
-const MAX_FRAME_BYTES: usize = 16 << 20;
+/// Connections in the handshake at once, at most; more are dropped until some finish (a rank
+/// among them retries).
+const MAX_PENDING_HANDSHAKES: usize = 256;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RendezvousError {
@@ -34,22 +48,29 @@ pub enum RendezvousError {
         secs: u64,
         last: String,
     },
-    #[error("rank 0 refused this rank: {0}")]
+    /// Rank 0 refused this rank's hello (another secret, another build).
+    #[error("rank 0 at {master} refused this rank: {reason}")]
+    Refused { master: String, reason: String },
+    /// Rank 0 stopped the rendezvous for everyone; the reason names the culprit.
+    #[error("rank 0 stopped the rendezvous: {0}")]
     Rejected(String),
     #[error("rendezvous with {peer}: {what}")]
     Io { peer: String, what: String },
 }
 
-/// Where rank 0 listens, and how long everyone waits.
+/// Where rank 0 listens, what the ranks present, and how long everyone waits.
 #[derive(Debug, Clone)]
 pub struct Standalone {
     pub master_addr: String,
     pub master_port: u16,
+    /// The secret of the hello; empty when [`env::SECRET`] is unset.
+    pub secret: String,
     pub timeout: Duration,
 }
 
 impl Standalone {
-    /// From torchrun's `MASTER_ADDR` / `MASTER_PORT`; `None` when `MASTER_ADDR` is unset.
+    /// From torchrun's `MASTER_ADDR` / `MASTER_PORT` and [`env::SECRET`]; `None` when
+    /// `MASTER_ADDR` is unset.
     pub fn from_env(timeout: Duration) -> Result<Option<Standalone>, RendezvousError> {
         Self::from_lookup(|k| std::env::var(k).ok(), timeout)
     }
@@ -70,6 +91,7 @@ impl Standalone {
         Ok(Some(Standalone {
             master_addr,
             master_port,
+            secret: get(env::SECRET).unwrap_or_default(),
             timeout,
         }))
     }
@@ -77,20 +99,6 @@ impl Standalone {
     fn master(&self) -> String {
         format!("{}:{}", self.master_addr, self.master_port)
     }
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Frame {
-    magic: String,
-    version: u32,
-    message: Message,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-enum Message {
-    Register(Registration),
-    Start(StartInfo),
-    Rejected { reason: String },
 }
 
 /// Runs the rendezvous as `me.rank`; every rank of the job calls it.
@@ -108,146 +116,248 @@ pub fn rendezvous(config: &Standalone, me: Registration) -> Result<StartInfo, Re
     }
 }
 
+/// A rank that passed the handshake and registered, or a connection that did not.
+enum Arrival {
+    Registered(Registration, BlockingConnection),
+    Refused { peer: SocketAddr, reason: String },
+    ListenerFailed(std::io::Error),
+}
+
 fn serve(config: &Standalone, me: Registration) -> Result<StartInfo, RendezvousError> {
-    let master = config.master();
     // Listen on every interface, like torchrun: MASTER_ADDR is how the others reach us.
-    let listener = TcpListener::bind(("0.0.0.0", config.master_port))
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .map_err(|e| RendezvousError::Io {
-            peer: master.clone(),
+    let listener =
+        TcpListener::bind(("0.0.0.0", config.master_port)).map_err(|e| RendezvousError::Io {
+            peer: config.master(),
             what: format!("rank 0 cannot listen on port {}: {e}", config.master_port),
         })?;
-    tracing::debug!(bound = %format!("0.0.0.0:{}", config.master_port), advertised = master, "rendezvous: rank 0 serves");
-    let world = me.world_size as usize;
-    let mut registered: Vec<Option<(Registration, Option<TcpStream>)>> =
-        (0..world).map(|_| None).collect();
-    registered[0] = Some((me, None));
+    tracing::debug!(bound = %format!("0.0.0.0:{}", config.master_port), advertised = config.master(), "rendezvous: rank 0 serves");
+    serve_on(listener, config, me)
+}
+
+/// Rank 0 on `listener`: the world is rank 0's world size and config hash; the first
+/// inconsistent registration stops the rendezvous for everyone, as it fails a controller's
+/// job.
+fn serve_on(
+    listener: TcpListener,
+    config: &Standalone,
+    me: Registration,
+) -> Result<StartInfo, RendezvousError> {
+    let master = config.master();
+    let mut roster = Roster::new(me.world_size, me.config_hash.clone());
+    roster
+        .admit(me)
+        .map_err(|refusal| RendezvousError::Config(refusal.to_string()))?;
+    let (arrivals, arrived) = mpsc::channel();
+    let _acceptor = Acceptor::spawn(listener, config.secret.clone(), arrivals).map_err(|what| {
+        RendezvousError::Io {
+            peer: master.clone(),
+            what,
+        }
+    })?;
+    let mut ranks: BTreeMap<u64, BlockingConnection> = BTreeMap::new();
     let deadline = Instant::now() + config.timeout;
-    while registered.iter().any(Option::is_none) {
-        let mut stream = match listener.accept() {
-            Ok((stream, _)) => stream,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    let missing = (0..world as u64)
-                        .filter(|&r| registered[r as usize].is_none())
-                        .collect();
-                    let error = RendezvousError::Missing {
-                        secs: config.timeout.as_secs(),
-                        missing,
-                        world_size: world as u64,
-                        master,
-                    };
-                    reject_all(&mut registered, &error.to_string());
-                    return Err(error);
-                }
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
+    let start = loop {
+        if let Some(start) = roster.start_info() {
+            break start;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let arrival = match arrived.recv_timeout(left) {
+            Ok(arrival) => arrival,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let error = RendezvousError::Missing {
+                    secs: config.timeout.as_secs(),
+                    missing: roster.missing(),
+                    world_size: roster.world_size(),
+                    master,
+                };
+                stop_all(&mut ranks, &error.to_string());
+                return Err(error);
             }
-            Err(e) => {
+            // The acceptor only ends after saying why (or when dropped below).
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
                 return Err(RendezvousError::Io {
                     peer: master,
-                    what: format!("accept: {e}"),
+                    what: "rank 0's listener stopped".into(),
                 })
             }
         };
-        // Connections that do not speak the protocol (scanners, stale jobs) are dropped.
-        let Ok(Message::Register(reg)) = read_frame(&mut stream, Duration::from_secs(10)) else {
-            continue;
-        };
-        let first = registered[0].as_ref().map(|(r, _)| r.clone());
-        let problem = match first {
-            _ if reg.world_size as usize != world => Some(format!(
-                "rank {} says the world size is {}, rank 0 says {world}",
-                reg.rank, reg.world_size
-            )),
-            _ if reg.rank as usize >= world => Some(format!("rank {} is outside a world of {world}", reg.rank)),
-            _ if registered[reg.rank as usize].is_some() => {
-                Some(format!("rank {} registered twice (two processes with one RANK?)", reg.rank))
-            }
-            Some(first) if first.config_hash != reg.config_hash => Some(format!(
-                "rank {} loaded config {} but rank 0 loaded {}: start every rank with the same config",
-                reg.rank, reg.config_hash, first.config_hash
-            )),
-            _ => None,
-        };
-        if let Some(reason) = problem {
-            let _ = write_frame(
-                &mut stream,
-                &Message::Rejected {
-                    reason: reason.clone(),
-                },
-            );
-            reject_all(&mut registered, &reason);
-            return Err(RendezvousError::Rejected(reason));
-        }
-        tracing::debug!(
-            rank = reg.rank,
-            host = reg.host,
-            collective_addr = reg.collective_addr.as_deref().unwrap_or("-"),
-            "rendezvous: rank registered"
-        );
-        let rank = reg.rank as usize;
-        registered[rank] = Some((reg, Some(stream)));
-    }
-    let regs: Vec<(Registration, Option<TcpStream>)> = registered.into_iter().flatten().collect();
-    let start = StartInfo {
-        world_size: world as u64,
-        peers: regs
-            .iter()
-            .map(|(r, _)| PeerInfo {
-                rank: r.rank,
-                local_rank: r.local_rank,
-                host: r.host.clone(),
-                collective_addr: r.collective_addr.clone(),
-            })
-            .collect(),
-        nccl_unique_id: regs[0].0.nccl_unique_id.clone(),
-    };
-    for (reg, stream) in regs {
-        if let Some(mut stream) = stream {
-            write_frame(&mut stream, &Message::Start(start.clone())).map_err(|what| {
-                RendezvousError::Io {
-                    peer: format!("rank {} ({})", reg.rank, reg.host),
-                    what,
+        match arrival {
+            Arrival::Registered(reg, mut conn) => {
+                let (rank, host, pid) = (reg.rank, reg.host.clone(), reg.pid);
+                let collective_addr = reg.collective_addr.clone();
+                if let Err(refusal) = roster.admit(reg) {
+                    let reason = cannot_join(rank, &host, pid, &refusal);
+                    let _ = conn.send(&ToWorker::Shutdown {
+                        reason: reason.clone(),
+                    });
+                    stop_all(&mut ranks, &reason);
+                    return Err(RendezvousError::Rejected(reason));
                 }
-            })?;
+                tracing::debug!(
+                    rank,
+                    host,
+                    collective_addr = collective_addr.as_deref().unwrap_or("-"),
+                    "rendezvous: rank registered"
+                );
+                ranks.insert(rank, conn);
+            }
+            Arrival::Refused { peer, reason } => {
+                tracing::warn!(%peer, reason, "rendezvous: refused a connection");
+            }
+            Arrival::ListenerFailed(e) => {
+                let what = format!("accept: {e}");
+                stop_all(&mut ranks, &format!("rank 0's listener failed ({what})"));
+                return Err(RendezvousError::Io { peer: master, what });
+            }
         }
+    };
+    for (rank, mut conn) in ranks {
+        conn.send(&ToWorker::Start(start.clone()))
+            .map_err(|e| RendezvousError::Io {
+                peer: roster.get(rank).map_or(format!("rank {rank}"), |r| {
+                    format!("rank {rank} ({})", r.host)
+                }),
+                what: format!("sending the start: {e}"),
+            })?;
     }
     Ok(start)
 }
 
-fn reject_all(registered: &mut [Option<(Registration, Option<TcpStream>)>], reason: &str) {
-    for (_, stream) in registered.iter_mut().flatten() {
-        if let Some(stream) = stream {
-            let _ = write_frame(
-                stream,
-                &Message::Rejected {
-                    reason: reason.to_string(),
-                },
-            );
+/// The controller's words for a refused registration (`Failure::describe`).
+fn cannot_join(rank: u64, host: &str, pid: u32, refusal: &Refusal) -> String {
+    format!("rank {rank} on {host} (pid {pid}) cannot join this job: {refusal}")
+}
+
+/// Tells every registered rank that the rendezvous is over, and why.
+fn stop_all(ranks: &mut BTreeMap<u64, BlockingConnection>, reason: &str) {
+    for conn in ranks.values_mut() {
+        let _ = conn.send(&ToWorker::Shutdown {
+            reason: reason.to_string(),
+        });
+    }
+}
+
+/// Accepts connections on rank 0's listener and runs each handshake on a thread of its own,
+/// so a stranger that sends nothing delays no rank. Dropping it closes the listener.
+struct Acceptor {
+    stop: Arc<AtomicBool>,
+    wake: SocketAddr,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Acceptor {
+    fn spawn(
+        listener: TcpListener,
+        secret: String,
+        arrivals: mpsc::Sender<Arrival>,
+    ) -> Result<Acceptor, String> {
+        let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let pending = Arc::new(AtomicUsize::new(0));
+        let thread = std::thread::Builder::new()
+            .name("rendezvous-accept".into())
+            .spawn(move || loop {
+                let accepted = listener.accept();
+                if stopping.load(Ordering::Acquire) {
+                    return;
+                }
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        let _ = arrivals.send(Arrival::ListenerFailed(e));
+                        return;
+                    }
+                };
+                if pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING_HANDSHAKES {
+                    pending.fetch_sub(1, Ordering::AcqRel);
+                    continue;
+                }
+                let (secret, arrivals, done) = (secret.clone(), arrivals.clone(), pending.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("rendezvous-hello".into())
+                    .spawn(move || {
+                        let arrival = match registration(stream, &secret) {
+                            Ok((reg, conn)) => Arrival::Registered(reg, conn),
+                            Err(e) => Arrival::Refused {
+                                peer,
+                                reason: e.to_string(),
+                            },
+                        };
+                        done.fetch_sub(1, Ordering::AcqRel);
+                        let _ = arrivals.send(arrival);
+                    });
+                // Out of threads: this connection is dropped (a rank retries).
+                if spawned.is_err() {
+                    pending.fetch_sub(1, Ordering::AcqRel);
+                }
+            })
+            .map_err(|e| format!("cannot start the rendezvous listener: {e}"))?;
+        Ok(Acceptor {
+            stop,
+            wake: SocketAddr::from(([127, 0, 0, 1], port)),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Acceptor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // The accept loop blocks in accept(): one connection of our own wakes it up.
+        let woke = TcpStream::connect_timeout(&self.wake, Duration::from_secs(1)).is_ok();
+        if let Some(thread) = self.thread.take().filter(|_| woke) {
+            let _ = thread.join();
         }
     }
 }
 
+/// The handshake and the registration that must follow it, both within the handshake
+/// timeout, as the controller demands.
+fn registration(
+    stream: TcpStream,
+    secret: &str,
+) -> Result<(Registration, BlockingConnection), ConnectionError> {
+    let (role, mut conn) = connection::accept_blocking(stream, secret, HANDSHAKE_TIMEOUT)?;
+    if role != Role::Worker {
+        return Err(ConnectionError::Rejected(
+            "only ranks connect to the rendezvous".into(),
+        ));
+    }
+    conn.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    match conn.recv::<FromWorker>()? {
+        FromWorker::Register(reg) => {
+            conn.set_read_timeout(None)?;
+            Ok((reg, conn))
+        }
+        _ => Err(ConnectionError::Malformed(
+            "a rank must register first".into(),
+        )),
+    }
+}
+
+/// Every rank but 0: reach rank 0 (it may still be starting), register, wait for the start.
 fn join(config: &Standalone, me: Registration) -> Result<StartInfo, RendezvousError> {
     let master = config.master();
+    master.to_socket_addrs().map_err(|e| {
+        RendezvousError::Config(format!("MASTER_ADDR {master} does not resolve: {e}"))
+    })?;
     let deadline = Instant::now() + config.timeout;
-    let mut last = String::from("no attempt");
     let mut attempt = 0u64;
-    let mut stream = loop {
+    let mut conn = loop {
         attempt += 1;
-        let addrs = master.to_socket_addrs().map_err(|e| {
-            RendezvousError::Config(format!("MASTER_ADDR {master} does not resolve: {e}"))
-        })?;
-        let connected = addrs.into_iter().find_map(|a| {
-            TcpStream::connect_timeout(&a, Duration::from_secs(2))
-                .map_err(|e| last = e.to_string())
-                .ok()
-        });
-        if let Some(stream) = connected {
-            tracing::debug!(master, attempt, "rendezvous: connected to rank 0");
-            break stream;
-        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let wait = left.clamp(Duration::from_millis(100), HANDSHAKE_TIMEOUT);
+        let last = match BlockingConnection::connect(&master, Role::Worker, &config.secret, wait) {
+            Ok(conn) => {
+                tracing::debug!(master, attempt, "rendezvous: connected to rank 0");
+                break conn;
+            }
+            Err(ConnectionError::Rejected(reason)) => {
+                return Err(RendezvousError::Refused { master, reason })
+            }
+            Err(e) => e.to_string(),
+        };
         if attempt == 1 || attempt.is_multiple_of(50) {
             tracing::debug!(
                 master,
@@ -265,145 +375,22 @@ fn join(config: &Standalone, me: Registration) -> Result<StartInfo, RendezvousEr
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    write_frame(&mut stream, &Message::Register(me)).map_err(|what| RendezvousError::Io {
+    let io = |e: ConnectionError| RendezvousError::Io {
         peer: master.clone(),
-        what,
-    })?;
+        what: e.to_string(),
+    };
+    conn.send(&FromWorker::Register(me)).map_err(io)?;
     // Rank 0 answers once everyone is there: wait for as long as the rendezvous may take.
     let left = deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(5);
-    match read_frame(&mut stream, left) {
-        Ok(Message::Start(start)) => Ok(start),
-        Ok(Message::Rejected { reason }) => Err(RendezvousError::Rejected(reason)),
-        Ok(Message::Register(_)) => Err(RendezvousError::Io {
-            peer: master,
-            what: "rank 0 answered with a registration".into(),
-        }),
-        Err(what) => Err(RendezvousError::Io { peer: master, what }),
+    conn.set_read_timeout(Some(left)).map_err(io)?;
+    loop {
+        match conn.recv::<ToWorker>().map_err(io)? {
+            ToWorker::Start(start) => return Ok(start),
+            ToWorker::Shutdown { reason } => return Err(RendezvousError::Rejected(reason)),
+            ToWorker::Preempt => {}
+        }
     }
-}
-
-fn write_frame(stream: &mut TcpStream, message: &Message) -> Result<(), String> {
-    let frame = Frame {
-        magic: MAGIC.into(),
-        version: VERSION,
-        message: message.clone(),
-    };
-    let body = serde_json::to_vec(&frame).map_err(|e| format!("encoding: {e}"))?;
-    let mut bytes = (body.len() as u32).to_be_bytes().to_vec();
-    bytes.extend_from_slice(&body);
-    stream
-        .set_nonblocking(false)
-        .and_then(|()| stream.set_write_timeout(Some(Duration::from_secs(10))))
-        .and_then(|()| stream.write_all(&bytes))
-        .map_err(|e| format!("sending: {e}"))
-}
-
-fn read_frame(stream: &mut TcpStream, timeout: Duration) -> Result<Message, String> {
-    stream
-        .set_nonblocking(false)
-        .and_then(|()| stream.set_read_timeout(Some(timeout.max(Duration::from_millis(1)))))
-        .map_err(|e| format!("socket: {e}"))?;
-    let mut len = [0u8; 4];
-    stream
-        .read_exact(&mut len)
-        .map_err(|e| format!("reading: {e}"))?;
-    let len = u32::from_be_bytes(len) as usize;
-    if len > MAX_FRAME_BYTES {
-        return Err(format!(
-            "a {len}-byte frame is over the {MAX_FRAME_BYTES}-byte limit"
-        ));
-    }
-    let mut body = vec![0u8; len];
-    stream
-        .read_exact(&mut body)
-        .map_err(|e| format!("reading: {e}"))?;
-    let frame: Frame =
-        serde_json::from_slice(&body).map_err(|e| format!("not a rendezvous frame: {e}"))?;
-    if frame.magic != MAGIC || frame.version != VERSION {
-        return Err(format!(
-            "unexpected protocol {} v{}",
-            frame.magic, frame.version
-        ));
-    }
-    Ok(frame.message)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn registration(rank: u64, world_size: u64, hash: &str) -> Registration {
-        Registration {
-            rank,
-            local_rank: rank,
-            world_size,
-            host: "127.0.0.1".into(),
-            pid: 1,
-            device: "cpu".into(),
-            config_hash: hash.into(),
-            collective_addr: Some(format!("127.0.0.1:{}", 4000 + rank)),
-            nccl_unique_id: (rank == 0).then(|| vec![7; 128]),
-            device_error: None,
-        }
-    }
-
-    fn config(timeout_ms: u64) -> Standalone {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        Standalone {
-            master_addr: "127.0.0.1".into(),
-            master_port: port,
-            timeout: Duration::from_millis(timeout_ms),
-        }
-    }
-
-    #[test]
-    fn every_rank_gets_the_same_start_info() {
-        let config = config(20_000);
-        let handles: Vec<_> = (0..3)
-            .map(|r| {
-                let config = config.clone();
-                std::thread::spawn(move || rendezvous(&config, registration(r, 3, "h")))
-            })
-            .collect();
-        let starts: Vec<StartInfo> = handles
-            .into_iter()
-            .map(|h| h.join().unwrap().unwrap())
-            .collect();
-        assert!(starts.iter().all(|s| s == &starts[0]));
-        assert_eq!(
-            starts[0].peers[2].collective_addr.as_deref(),
-            Some("127.0.0.1:4002")
-        );
-        assert_eq!(starts[0].nccl_unique_id, Some(vec![7; 128]));
-    }
-
-    #[test]
-    fn timeout_names_the_missing_ranks() {
-        let config = config(1_500);
-        let c = config.clone();
-        let one = std::thread::spawn(move || rendezvous(&c, registration(1, 4, "h")));
-        let err = rendezvous(&config, registration(0, 4, "h")).unwrap_err();
-        assert!(err.to_string().contains("[2, 3]"), "{err}");
-        assert!(matches!(
-            one.join().unwrap(),
-            Err(RendezvousError::Rejected(_))
-        ));
-    }
-
-    #[test]
-    fn a_different_config_is_refused() {
-        let config = config(20_000);
-        let c = config.clone();
-        let one = std::thread::spawn(move || rendezvous(&c, registration(1, 2, "other")));
-        let err = rendezvous(&config, registration(0, 2, "h")).unwrap_err();
-        assert!(err.to_string().contains("same config"), "{err}");
-        assert!(matches!(
-            one.join().unwrap(),
-            Err(RendezvousError::Rejected(_))
-        ));
-    }
-}
+mod tests;

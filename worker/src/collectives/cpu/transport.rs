@@ -1,5 +1,15 @@
 //! TCP links between neighbouring ranks of a ring: listening, connecting with a handshake,
 //! socket tuning, frame headers and the abort message that carries a failure around the ring.
+//!
+//! This wire is deliberately not `shardrun_protocol::connection`'s. Its payload is tensor
+//! bytes, written from and read straight into the tensors' memory: through JSON they would
+//! be copied, several times larger, and converted per element on the step's critical path.
+//! A frame is as large as the ring's chunk of the collective, so instead of a size limit the
+//! receiver checks each 16-byte header (tag, op, kind, length) against what its own plan of
+//! the same collective expects. And the links are non-blocking, many polled at once with
+//! deadlines, where a control connection carries one message at a time. A connection that
+//! does not open with the 32-byte hello naming the communicator and both ranks (a port
+//! scanner, a stale job) is dropped.
 
 use super::super::CommError;
 use std::io::{self, Read, Write};

@@ -1,0 +1,698 @@
+//! [`JobMachine`]'s decisions, one scenario per test, driven with plain values.
+
+use super::*;
+
+fn reg(rank: u64) -> Registration {
+    Registration {
+        rank,
+        local_rank: rank,
+        world_size: 2,
+        host: format!("node{rank}"),
+        pid: 100 + rank as u32,
+        device: "cpu".into(),
+        config_hash: "abc".into(),
+        collective_addr: Some(format!("node{rank}:9{rank}")),
+        nccl_unique_id: None,
+        device_error: None,
+    }
+}
+
+/// A two-rank local job, launched and fully registered (connections 10 and 11).
+fn running() -> JobMachine {
+    let mut s = JobMachine::new(2, "abc");
+    s.handle(Event::Launched {
+        procs: vec![(0, Some(0)), (1, Some(1))],
+    });
+    s.handle(Event::Registered {
+        conn: 10,
+        registration: reg(0),
+    });
+    let actions = s.handle(Event::Registered {
+        conn: 11,
+        registration: reg(1),
+    });
+    assert_eq!(
+        actions
+            .iter()
+            .filter(|a| matches!(a, Action::Send { .. }))
+            .count(),
+        2
+    );
+    s
+}
+
+fn failure(actions: &[Action]) -> Option<Failure> {
+    actions.iter().find_map(|a| match a {
+        Action::Finish(Outcome::Failed(f)) => Some(f.clone()),
+        _ => None,
+    })
+}
+
+#[test]
+fn start_goes_to_every_rank_once_all_registered() {
+    let mut s = JobMachine::new(2, "abc");
+    s.handle(Event::Launched {
+        procs: vec![(0, Some(0)), (1, Some(1))],
+    });
+    assert!(s
+        .handle(Event::Registered {
+            conn: 11,
+            registration: reg(1)
+        })
+        .iter()
+        .all(|a| !matches!(a, Action::Send { .. })));
+    let actions = s.handle(Event::Registered {
+        conn: 10,
+        registration: reg(0),
+    });
+    let starts: Vec<_> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Send {
+                conn,
+                msg: ToWorker::Start(info),
+            } => Some((*conn, info.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(starts.len(), 2);
+    let info = &starts[0].1;
+    assert_eq!(
+        info.peers.iter().map(|p| p.rank).collect::<Vec<_>>(),
+        vec![0, 1]
+    );
+    assert_eq!(info.peers[1].collective_addr.as_deref(), Some("node1:91"));
+    assert_eq!(s.phase(), Phase::Running);
+}
+
+#[test]
+fn duplicate_rank_and_mismatched_hash_fail_the_job() {
+    let mut s = JobMachine::new(2, "abc");
+    s.handle(Event::Launched {
+        procs: vec![(0, None)],
+    });
+    s.handle(Event::Registered {
+        conn: 1,
+        registration: reg(0),
+    });
+    let actions = s.handle(Event::Registered {
+        conn: 2,
+        registration: reg(0),
+    });
+    assert!(actions.contains(&Action::Close { conn: 2 }));
+    assert!(actions.contains(&Action::StopProcesses { force: false }));
+    assert!(matches!(s.phase(), Phase::Stopping));
+
+    let mut s = JobMachine::new(2, "abc");
+    let mut bad = reg(1);
+    bad.config_hash = "zzz".into();
+    let actions = s.handle(Event::Registered {
+        conn: 2,
+        registration: bad,
+    });
+    let said = actions.iter().find_map(|a| match a {
+        Action::Say(t) => Some(t.clone()),
+        _ => None,
+    });
+    assert!(said.unwrap().contains("config hash zzz"));
+}
+
+#[test]
+fn rendezvous_timeout_names_missing_ranks() {
+    let mut s = JobMachine::new(4, "abc");
+    s.handle(Event::Launched {
+        procs: vec![(0, None)],
+    });
+    let mut r = reg(2);
+    r.world_size = 4;
+    s.handle(Event::Registered {
+        conn: 1,
+        registration: r,
+    });
+    let actions = s.handle(Event::RendezvousTimeout);
+    match actions.iter().find_map(|a| match a {
+        Action::Say(t) => Some(t.clone()),
+        _ => None,
+    }) {
+        Some(text) => assert!(text.contains("0, 1, 3"), "{text}"),
+        None => panic!("no message"),
+    }
+    // Timing out after the start is meaningless.
+    let mut s = running();
+    assert!(s.handle(Event::RendezvousTimeout).is_empty());
+}
+
+#[test]
+fn killed_rank_stops_the_others_and_fails_with_its_signal() {
+    let mut s = running();
+    let actions = s.handle(Event::Disconnected {
+        conn: 11,
+        error: None,
+    });
+    assert!(actions.contains(&Action::Send {
+        conn: 10,
+        msg: ToWorker::Shutdown {
+            reason: "rank 1 failed".into()
+        }
+    }));
+    assert!(actions.contains(&Action::StopProcesses { force: false }));
+    assert!(s
+        .handle(Event::ProcessExited {
+            proc: 1,
+            exit: ExitInfo::Signal(9)
+        })
+        .is_empty());
+    s.handle(Event::Disconnected {
+        conn: 10,
+        error: None,
+    });
+    let actions = s.handle(Event::ProcessExited {
+        proc: 0,
+        exit: ExitInfo::Signal(15),
+    });
+    let f = failure(&actions).expect("job failed");
+    assert_eq!(
+        (f.rank, f.host.as_deref(), f.exit),
+        (Some(1), Some("node1"), Some(ExitInfo::Signal(9)))
+    );
+}
+
+#[test]
+fn exit_before_disconnect_is_also_a_failure() {
+    let mut s = running();
+    let actions = s.handle(Event::ProcessExited {
+        proc: 0,
+        exit: ExitInfo::Code(1),
+    });
+    assert!(actions.contains(&Action::StopProcesses { force: false }));
+    s.handle(Event::Disconnected {
+        conn: 10,
+        error: None,
+    });
+    s.handle(Event::ProcessExited {
+        proc: 1,
+        exit: ExitInfo::Signal(15),
+    });
+    let actions = s.handle(Event::Disconnected {
+        conn: 11,
+        error: None,
+    });
+    let f = failure(&actions).unwrap();
+    assert_eq!((f.rank, f.exit), (Some(0), Some(ExitInfo::Code(1))));
+}
+
+#[test]
+fn clean_exit_before_the_last_messages_are_read_is_not_a_failure() {
+    let mut s = running();
+    for (conn, proc) in [(10, 0), (11, 1)] {
+        let actions = s.handle(Event::ProcessExited {
+            proc,
+            exit: ExitInfo::Code(0),
+        });
+        assert!(
+            actions.iter().all(|a| !matches!(a, Action::Say(_))),
+            "{actions:?}"
+        );
+        s.handle(Event::Finished {
+            conn,
+            preempted: false,
+        });
+    }
+    s.handle(Event::Disconnected {
+        conn: 10,
+        error: None,
+    });
+    let actions = s.handle(Event::Disconnected {
+        conn: 11,
+        error: None,
+    });
+    assert_eq!(actions, vec![Action::Finish(Outcome::Succeeded)]);
+    // Without the Finished message the connection's end is the failure.
+    let mut s = running();
+    s.handle(Event::ProcessExited {
+        proc: 1,
+        exit: ExitInfo::Code(0),
+    });
+    let actions = s.handle(Event::Disconnected {
+        conn: 11,
+        error: None,
+    });
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::Say(t) if t.contains("exited without reporting"))));
+}
+
+#[test]
+fn clean_run_succeeds_after_every_process_and_connection_ended() {
+    let mut s = running();
+    for (conn, proc) in [(10, 0), (11, 1)] {
+        s.handle(Event::Finished {
+            conn,
+            preempted: false,
+        });
+        assert!(s
+            .handle(Event::ProcessExited {
+                proc,
+                exit: ExitInfo::Code(0)
+            })
+            .iter()
+            .all(|a| !matches!(a, Action::Finish(_))));
+    }
+    let actions = s.handle(Event::Disconnected {
+        conn: 10,
+        error: None,
+    });
+    assert!(actions.contains(&Action::StartDrainTimer));
+    let actions = s.handle(Event::Disconnected {
+        conn: 11,
+        error: None,
+    });
+    assert_eq!(actions, vec![Action::Finish(Outcome::Succeeded)]);
+    assert!(s
+        .handle(Event::Cancel {
+            signal: "SIGTERM".into()
+        })
+        .is_empty());
+}
+
+#[test]
+fn srun_step_exit_without_finished_names_the_lost_rank() {
+    let mut s = JobMachine::new(2, "abc");
+    s.handle(Event::Launched {
+        procs: vec![(7, None)],
+    });
+    s.handle(Event::Registered {
+        conn: 10,
+        registration: reg(0),
+    });
+    s.handle(Event::Registered {
+        conn: 11,
+        registration: reg(1),
+    });
+    s.handle(Event::Finished {
+        conn: 10,
+        preempted: false,
+    });
+    s.handle(Event::Disconnected {
+        conn: 10,
+        error: None,
+    });
+    let actions = s.handle(Event::Disconnected {
+        conn: 11,
+        error: Some("reset".into()),
+    });
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::Say(t) if t.contains("rank 1"))));
+    let actions = s.handle(Event::ProcessExited {
+        proc: 7,
+        exit: ExitInfo::Code(137),
+    });
+    let f = failure(&actions).unwrap();
+    assert_eq!(f.rank, Some(1));
+}
+
+#[test]
+fn cancel_shuts_down_then_second_signal_forces() {
+    let mut s = running();
+    let actions = s.handle(Event::Cancel {
+        signal: "SIGINT".into(),
+    });
+    assert_eq!(
+        actions
+            .iter()
+            .filter(|a| matches!(
+                a,
+                Action::Send {
+                    msg: ToWorker::Shutdown { .. },
+                    ..
+                }
+            ))
+            .count(),
+        2
+    );
+    let actions = s.handle(Event::Cancel {
+        signal: "SIGINT".into(),
+    });
+    assert!(actions.contains(&Action::StopProcesses { force: true }));
+    // Ranks dying of the shutdown are not failures.
+    s.handle(Event::Disconnected {
+        conn: 10,
+        error: None,
+    });
+    s.handle(Event::Disconnected {
+        conn: 11,
+        error: None,
+    });
+    s.handle(Event::ProcessExited {
+        proc: 0,
+        exit: ExitInfo::Signal(15),
+    });
+    let actions = s.handle(Event::ProcessExited {
+        proc: 1,
+        exit: ExitInfo::Code(3),
+    });
+    assert_eq!(
+        actions,
+        vec![Action::Finish(Outcome::Cancelled {
+            by: "SIGINT".into(),
+            step: None
+        })]
+    );
+}
+
+#[test]
+fn a_cancel_lets_the_ranks_stop_at_a_step_boundary() {
+    let mut s = running();
+    let actions = s.handle(Event::Cancel {
+        signal: "SIGTERM".into(),
+    });
+    assert!(actions.contains(&Action::StopAtStepBoundary), "{actions:?}");
+    // Each rank stops after the agreed step, exits with a stop status, possibly before
+    // its message is read.
+    for (conn, proc) in [(10, 0), (11, 1)] {
+        assert!(s
+            .handle(Event::ProcessExited {
+                proc,
+                exit: ExitInfo::Code(3),
+            })
+            .iter()
+            .all(|a| !matches!(a, Action::Say(_))));
+        s.handle(Event::Stopped {
+            conn,
+            step: 150,
+            reason: "the job was cancelled (SIGTERM)".into(),
+        });
+    }
+    s.handle(Event::Disconnected {
+        conn: 10,
+        error: None,
+    });
+    let actions = s.handle(Event::Disconnected {
+        conn: 11,
+        error: None,
+    });
+    let outcome = Outcome::Cancelled {
+        by: "SIGTERM".into(),
+        step: Some(150),
+    };
+    assert_eq!(outcome.exit_code(), 143);
+    assert_eq!(actions, vec![Action::Finish(outcome)]);
+}
+
+#[test]
+fn a_cancel_during_the_last_step_finds_the_run_finished() {
+    let mut s = running();
+    s.handle(Event::Cancel {
+        signal: "SIGINT".into(),
+    });
+    for (conn, proc) in [(10, 0), (11, 1)] {
+        s.handle(Event::Finished {
+            conn,
+            preempted: false,
+        });
+        s.handle(Event::Disconnected { conn, error: None });
+        let actions = s.handle(Event::ProcessExited {
+            proc,
+            exit: ExitInfo::Code(0),
+        });
+        if proc == 1 {
+            assert_eq!(actions, vec![Action::Finish(Outcome::Succeeded)]);
+        }
+    }
+}
+
+#[test]
+fn ranks_stopped_by_their_own_signal_end_the_job_cancelled_not_failed() {
+    let mut s = running();
+    s.handle(Event::Stopped {
+        conn: 11,
+        step: 7,
+        reason: "SIGTERM".into(),
+    });
+    s.handle(Event::Stopped {
+        conn: 10,
+        step: 7,
+        reason: "another rank was asked to stop".into(),
+    });
+    assert!(s
+        .handle(Event::ProcessExited {
+            proc: 1,
+            exit: ExitInfo::Code(143),
+        })
+        .is_empty());
+    s.handle(Event::ProcessExited {
+        proc: 0,
+        exit: ExitInfo::Code(3),
+    });
+    s.handle(Event::Disconnected {
+        conn: 10,
+        error: None,
+    });
+    let actions = s.handle(Event::Disconnected {
+        conn: 11,
+        error: None,
+    });
+    assert_eq!(
+        actions,
+        vec![Action::Finish(Outcome::Cancelled {
+            by: "SIGTERM to rank 1".into(),
+            step: Some(7)
+        })]
+    );
+}
+
+#[test]
+fn ranks_that_do_not_stop_in_time_are_named_when_killed() {
+    let mut s = running();
+    s.handle(Event::Cancel {
+        signal: "SIGINT".into(),
+    });
+    s.handle(Event::Stopped {
+        conn: 10,
+        step: 3,
+        reason: "the job was cancelled (SIGINT)".into(),
+    });
+    let said: Vec<String> = s
+        .handle(Event::Escalated)
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::Say(t) => Some(t),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        said,
+        vec!["rank 1 on node1 (pid 101) did not stop in time: killing it".to_string()]
+    );
+}
+
+#[test]
+fn preemption_asks_every_rank_and_ends_preempted() {
+    let mut s = running();
+    let actions = s.handle(Event::Preempt);
+    assert!(actions.contains(&Action::Send {
+        conn: 10,
+        msg: ToWorker::Preempt
+    }));
+    assert!(actions.contains(&Action::Send {
+        conn: 11,
+        msg: ToWorker::Preempt
+    }));
+    assert!(
+        s.handle(Event::Preempt).is_empty(),
+        "a second signal changes nothing"
+    );
+    for (conn, proc) in [(10, 0), (11, 1)] {
+        s.handle(Event::Finished {
+            conn,
+            preempted: true,
+        });
+        s.handle(Event::Disconnected { conn, error: None });
+        let actions = s.handle(Event::ProcessExited {
+            proc,
+            exit: ExitInfo::Code(0),
+        });
+        if proc == 1 {
+            assert_eq!(actions, vec![Action::Finish(Outcome::Preempted)]);
+        }
+    }
+}
+
+#[test]
+fn preemption_during_rendezvous_is_delivered_with_start() {
+    let mut s = JobMachine::new(2, "abc");
+    s.handle(Event::Launched {
+        procs: vec![(0, Some(0)), (1, Some(1))],
+    });
+    s.handle(Event::Registered {
+        conn: 10,
+        registration: reg(0),
+    });
+    assert!(s
+        .handle(Event::Preempt)
+        .iter()
+        .all(|a| !matches!(a, Action::Send { .. })));
+    let actions = s.handle(Event::Registered {
+        conn: 11,
+        registration: reg(1),
+    });
+    assert!(actions.contains(&Action::Send {
+        conn: 11,
+        msg: ToWorker::Preempt
+    }));
+}
+
+#[test]
+fn a_killed_peer_is_blamed_over_the_rank_that_reported_the_broken_collective() {
+    let mut s = running();
+    s.handle(Event::WorkerFailed {
+        conn: 10,
+        error: "peer rank 1 closed".into(),
+    });
+    s.handle(Event::Disconnected {
+        conn: 11,
+        error: None,
+    });
+    s.handle(Event::ProcessExited {
+        proc: 1,
+        exit: ExitInfo::Signal(9),
+    });
+    s.handle(Event::Disconnected {
+        conn: 10,
+        error: None,
+    });
+    let actions = s.handle(Event::ProcessExited {
+        proc: 0,
+        exit: ExitInfo::Code(1),
+    });
+    assert_eq!(failure(&actions).unwrap().rank, Some(1));
+    // Once the controller signals the ranks itself, signals prove nothing.
+    let mut s = running();
+    s.handle(Event::WorkerFailed {
+        conn: 10,
+        error: "out of memory".into(),
+    });
+    s.handle(Event::Escalated);
+    s.handle(Event::Disconnected {
+        conn: 11,
+        error: None,
+    });
+    s.handle(Event::ProcessExited {
+        proc: 1,
+        exit: ExitInfo::Signal(15),
+    });
+    s.handle(Event::Disconnected {
+        conn: 10,
+        error: None,
+    });
+    let actions = s.handle(Event::ProcessExited {
+        proc: 0,
+        exit: ExitInfo::Code(1),
+    });
+    assert_eq!(failure(&actions).unwrap().rank, Some(0));
+}
+
+#[test]
+fn heartbeat_loss_and_reported_errors_fail_the_job() {
+    let mut s = running();
+    let actions = s.handle(Event::HeartbeatLost { conn: 10 });
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::Say(t) if t.contains("heartbeat"))));
+    let mut s = running();
+    let actions = s.handle(Event::WorkerFailed {
+        conn: 11,
+        error: "out of memory".into(),
+    });
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::Say(t) if t.contains("out of memory"))));
+}
+
+#[test]
+fn a_node_without_a_usable_gpu_fails_the_job_once_before_it_starts() {
+    let mut s = JobMachine::new(2, "abc");
+    s.handle(Event::Launched {
+        procs: vec![(0, Some(0)), (1, Some(1))],
+    });
+    let problem = "node node0: `device: cuda`, but no NVIDIA driver is loaded on this node";
+    let bad = |rank| Registration {
+        device_error: Some(problem.into()),
+        ..reg(rank)
+    };
+    let first = s.handle(Event::Registered {
+        conn: 10,
+        registration: bad(0),
+    });
+    let says: Vec<&String> = first
+        .iter()
+        .filter_map(|a| match a {
+            Action::Say(t) => Some(t),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(says.len(), 1, "{first:?}");
+    assert!(
+        says[0].contains("rank 0 on node0") && says[0].contains("cannot use its device"),
+        "{}",
+        says[0]
+    );
+    assert!(says[0].contains(problem));
+    assert!(!first.iter().any(|a| matches!(
+        a,
+        Action::Send {
+            msg: ToWorker::Start(_),
+            ..
+        }
+    )));
+    // The other rank of the node has the same problem: closed, nothing said again.
+    let second = s.handle(Event::Registered {
+        conn: 11,
+        registration: bad(1),
+    });
+    assert_eq!(second, vec![Action::Close { conn: 11 }]);
+    s.handle(Event::ProcessExited {
+        proc: 0,
+        exit: ExitInfo::Code(1),
+    });
+    let end = s.handle(Event::ProcessExited {
+        proc: 1,
+        exit: ExitInfo::Code(1),
+    });
+    let f = failure(&end).expect("the job failed");
+    assert_eq!(f.rank, Some(0));
+    assert!(matches!(f.cause, FailureCause::Device { .. }));
+}
+
+#[test]
+fn a_rank_that_stops_making_progress_is_named_with_where_the_others_are() {
+    let mut s = running();
+    for (conn, step) in [(10, 7), (11, 6)] {
+        assert!(s.handle(Event::Progress { conn, step }).is_empty());
+    }
+    let actions = s.handle(Event::Stalled {
+        conn: 11,
+        step: 6,
+        secs: 1800,
+    });
+    let text = actions
+        .iter()
+        .find_map(|a| match a {
+            Action::Say(t) => Some(t.clone()),
+            _ => None,
+        })
+        .expect("the failure is said");
+    assert!(text.starts_with("rank 1 on node1"), "{text}");
+    assert!(
+        text.contains("no progress for 1800 s") && text.contains("rank 0 at step 7"),
+        "{text}"
+    );
+    assert!(actions.iter().any(|a| matches!(
+        a,
+        Action::Send {
+            msg: ToWorker::Shutdown { .. },
+            ..
+        }
+    )));
+}
