@@ -5,5 +5,5 @@
 # file system checkpoints go to.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/shardrun/target}"
+source scripts/env.sh
 cargo run --release -q -p shardrun-checkpoint --example checkpoint_bench -- "$@"

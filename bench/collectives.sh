@@ -24,11 +24,9 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
-VENV=${SHARDRUN_VENV:-$HOME/.cache/shardrun/venv}
-PY=$VENV/bin/python
-[[ -x $PY ]] || { echo "no venv at $VENV: run scripts/setup.sh first" >&2; exit 1; }
-export LIBTORCH=${LIBTORCH:-$(echo "$VENV"/lib/python3*/site-packages/torch)}
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/shardrun/target}
+source scripts/env.sh
+PY=$SHARDRUN_PYTHON
+[[ -x $PY ]] || { echo "no venv at $SHARDRUN_VENV: run scripts/setup.sh first" >&2; exit 1; }
 cargo build --release -q -p shardrun-worker --bin shardrun-collective-bench
 BIN=$CARGO_TARGET_DIR/release/shardrun-collective-bench
 

@@ -5,10 +5,8 @@
 # --compare-worker OTHER_BUILD/shardrun-worker, --layers 4 8).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV="${SHARDRUN_VENV:-$HOME/.cache/shardrun/venv}"
-export LIBTORCH="${LIBTORCH:-$(echo "$VENV"/lib/python3*/site-packages/torch)}"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/shardrun/target}"
+source scripts/env.sh
 cargo build --release -p shardrun-worker -p shardrun
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)" >&2
-exec "$VENV/bin/python" bench/memory_bench.py --worker "$CARGO_TARGET_DIR/release/shardrun-worker" \
+exec "$SHARDRUN_PYTHON" bench/memory_bench.py --worker "$CARGO_TARGET_DIR/release/shardrun-worker" \
   --shardrun "$CARGO_TARGET_DIR/release/shardrun" "$@"

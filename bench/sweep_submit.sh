@@ -15,7 +15,7 @@
 # Each size runs SHARDRUN_BENCH_ROUNDS times (default 3, each a new sweep); times are medians
 # with the submit's range. Bytes per point count file contents, disk counts blocks used.
 # Settings: SHARDRUN_BENCH_SLURM_DIR (default /tmp/shardrun-slurm-bench),
-# SHARDRUN_BENCH_SLURM_PORT (default 6880), SHARDRUN_BIN (default: the release build).
+# SHARDRUN_BENCH_SLURM_PORT (default 6880). It runs the release build of this clone.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 sizes=("$@")
@@ -26,7 +26,9 @@ export SHARDRUN_SLURM_PORT="${SHARDRUN_BENCH_SLURM_PORT:-6880}"
 export SHARDRUN_SLURM_MAX_JOB_COUNT=100000
 # shellcheck source=../slurm/env.sh
 . "$here/slurm/env.sh"   # every Slurm command below talks to the bench cluster only
-shardrun="${SHARDRUN_BIN:-${CARGO_TARGET_DIR:-$HOME/.cache/shardrun/target}/release/shardrun}"
+# shellcheck source=../scripts/env.sh
+. "$here/scripts/env.sh"  # the release build of this clone
+shardrun="$SHARDRUN_BIN/shardrun"
 [ -x "$shardrun" ] || { echo "no $shardrun: build it (cargo build --release -p shardrun)" >&2; exit 1; }
 
 work="$(mktemp -d /tmp/shardrun-sweep-bench-XXXXXX)"

@@ -7,7 +7,11 @@ SHARDRUN_CACHE="${SHARDRUN_CACHE:-$HOME/.cache/shardrun}"
 SHARDRUN_VENV="$SHARDRUN_CACHE/venv"
 SHARDRUN_PYTHON="$SHARDRUN_VENV/bin/python"
 SHARDRUN_TORCH_VERSION="2.11.0"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$SHARDRUN_CACHE/target}"
+# One build folder per clone: cargo judges a workspace crate up to date by file times, so a
+# folder shared by two clones would hand one clone the binaries built from the other's files.
+_shardrun_clone="$(basename "$SHARDRUN_ROOT")-$(printf '%s' "$SHARDRUN_ROOT" | sha256sum | cut -c1-12)"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$SHARDRUN_CACHE/targets/$_shardrun_clone}"
+unset _shardrun_clone
 # libtorch is the venv's torch package. Its folder names the Python version of the venv:
 # ask the venv's python when it exists, else the python3 that scripts/setup.sh will use.
 _shardrun_py="$SHARDRUN_PYTHON"

@@ -36,6 +36,9 @@ cargo fmt --all -- --check
 step "code and docs speak of the product (scripts/check-wording.sh)"
 "$SHARDRUN_ROOT/scripts/check-wording.sh"
 
+step "one name per concept (scripts/check-names.sh)"
+"$SHARDRUN_ROOT/scripts/check-names.sh"
+
 step "minimum Rust version (rust-version in Cargo.toml)"
 "$SHARDRUN_ROOT/scripts/check-msrv.sh"
 

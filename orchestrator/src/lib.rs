@@ -7,12 +7,12 @@ pub mod charts;
 pub mod cli;
 pub mod commands;
 
-pub mod controller;
 pub mod data_prep;
 pub mod diagnostics;
 pub mod events_file;
 pub mod exit;
 pub mod gpus;
+pub mod job_controller;
 pub mod metrics_file;
 pub mod rerun;
 pub mod resolve;

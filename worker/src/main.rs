@@ -223,7 +223,7 @@ fn load_config(path: &std::path::Path) -> Result<TrainConfig> {
 /// Joins the job's world: where reports go, and the world communicator.
 ///
 /// Under a controller (`SHARDRUN_CONTROLLER`), the controller client registers (sending
-/// `Prepared::collective_addr` / `nccl_unique_id`), receives the `StartInfo`, and is the
+/// `PendingComms::collective_addr` / `nccl_unique_id`), receives the `StartInfo`, and is the
 /// `Reporter`; otherwise reports go to stderr and the metrics file.
 fn connect_world(config: &TrainConfig, rank_env: &RankEnv, args: &Args) -> Result<Joined> {
     // This rank's GPU becomes the current device before anything touches CUDA or NCCL.

@@ -198,7 +198,7 @@ fn killed_rank_zero_fails_every_other_rank_of_three() {
 /// on, and whose timer fires first depends on scheduling (rank 3 can time out on rank 2,
 /// which is itself waiting on the stopped rank 1), so the ring cannot always name the stuck
 /// rank; in a job the controller does, from the heartbeats a stopped process no longer sends
-/// (`controller::job` tests `heartbeat_loss_and_reported_errors_fail_the_job`).
+/// (`job_controller::job` tests `heartbeat_loss_and_reported_errors_fail_the_job`).
 #[test]
 fn stopped_rank_times_out_every_other_rank() {
     let (world, victim) = (4, 1);

@@ -1,9 +1,9 @@
 //! `shardrun controller --run-dir DIR`: the job controller inside a Slurm allocation, started
 //! (with `exec`) by the rendered sbatch script. Launches the ranks with `srun`.
 
-use crate::controller::options::ControllerArgs;
-use crate::controller::{self, LaunchMode};
 use crate::exit::{AlreadySaid, ExitCode};
+use crate::job_controller::options::ControllerArgs;
+use crate::job_controller::{self, LaunchMode};
 use crate::rundir::{RunDir, RunState};
 use anyhow::Context;
 use shardrun_protocol::config::DeviceKind;
@@ -56,7 +56,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
 }
 
 /// Runs the controller and records the run's state in its manifest; shared with `run`.
-pub fn supervise(run: &RunDir, opts: controller::ControllerOptions) -> anyhow::Result<()> {
+pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyhow::Result<()> {
     let _ = run.update_manifest(|m| m.state = RunState::Running);
     // One process tokenizes, before any rank starts.
     if let Err(e) = crate::data_prep::before_launch(&run.read_train_config()?) {
@@ -67,19 +67,19 @@ pub fn supervise(run: &RunDir, opts: controller::ControllerOptions) -> anyhow::R
         });
         return Err(e);
     }
-    let report = controller::run(opts).context("the job controller failed")?;
+    let report = job_controller::run(opts).context("the job controller failed")?;
     let state = match &report.outcome {
-        controller::Outcome::Succeeded => RunState::Completed,
-        controller::Outcome::Failed(_) => RunState::Failed,
-        controller::Outcome::Cancelled { .. } => RunState::Cancelled,
-        controller::Outcome::Preempted => RunState::Preempted,
+        job_controller::Outcome::Succeeded => RunState::Completed,
+        job_controller::Outcome::Failed(_) => RunState::Failed,
+        job_controller::Outcome::Cancelled { .. } => RunState::Cancelled,
+        job_controller::Outcome::Preempted => RunState::Preempted,
     };
     let message = report.message.clone();
     let _ = run.update_manifest(|m| {
         m.state = state;
         m.error = (report.exit_code != 0).then(|| message.clone());
     });
-    if let controller::Outcome::Cancelled { .. } = report.outcome {
+    if let job_controller::Outcome::Cancelled { .. } = report.outcome {
         // Not an error: the controller's last line said where it stopped and what is left.
         return Err(AlreadySaid(report.exit_code).into());
     }

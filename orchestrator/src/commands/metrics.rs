@@ -2,8 +2,8 @@
 //! run, or of every run under a directory (a sweep), as a table or one JSON document; with
 //! `--stragglers`, which ranks held each run back.
 
-use crate::controller::console::group_thousands;
 use crate::exit::{ExitCode, EXIT_NO_RUN};
+use crate::job_controller::console::group_thousands;
 use crate::metrics_file::{self, EvalRecord};
 use crate::rundir::RunDir;
 use crate::step_record::StepRecord;

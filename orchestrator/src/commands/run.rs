@@ -4,8 +4,8 @@
 
 use crate::commands::controller::supervise;
 use crate::commands::spec_args::{load_and_resolve, SetArgs};
-use crate::controller::options::ControllerArgs;
-use crate::controller::LaunchMode;
+use crate::job_controller::options::ControllerArgs;
+use crate::job_controller::LaunchMode;
 use crate::rerun::{self, RunStart};
 use crate::resolve::{Overrides, ResolvedJob};
 use crate::rundir::{NewRun, RunDir};

@@ -3,7 +3,7 @@
 
 use super::de::{DeError, Node, Problem};
 use super::error::did_you_mean;
-use super::yaml::{Document, Location, Step};
+use super::yaml::{Location, SpannedDocument, Step};
 use super::SpecErrorKind;
 use serde::de::DeserializeOwned;
 use serde_path_to_error::Segment;
@@ -23,7 +23,7 @@ pub struct ReadError {
 
 /// Parses `source` as a `T`.
 pub fn read<T: DeserializeOwned>(source: &str) -> Result<T, ReadError> {
-    let document = Document::parse(source).map_err(|m| ReadError {
+    let document = SpannedDocument::parse(source).map_err(|m| ReadError {
         at: Some(m.at),
         field: String::new(),
         kind: SpecErrorKind::Syntax,
@@ -69,7 +69,7 @@ fn dotted(steps: &[Step]) -> String {
     out
 }
 
-fn explain(error: DeError, path: &[Step], document: &Document<'_>) -> ReadError {
+fn explain(error: DeError, path: &[Step], document: &SpannedDocument<'_>) -> ReadError {
     let field = dotted(path);
     let join = |key: &str| {
         if field.is_empty() {

@@ -62,7 +62,7 @@ pub struct Malformed {
 }
 
 /// One parsed spec text.
-pub struct Document<'a> {
+pub struct SpannedDocument<'a> {
     root: MarkedYaml<'a>,
 }
 
@@ -81,8 +81,8 @@ impl<'a> SpannedEventReceiver<'a> for Loader<'a> {
     }
 }
 
-impl<'a> Document<'a> {
-    pub fn parse(source: &'a str) -> Result<Document<'a>, Malformed> {
+impl<'a> SpannedDocument<'a> {
+    pub fn parse(source: &'a str) -> Result<SpannedDocument<'a>, Malformed> {
         let mut nodes = YamlLoader::default();
         // Scalars stay as written: a string field gets `0x10` or `1.0e-3` verbatim, and only a
         // field that asks for a number, a boolean or any value reads them as one.
@@ -115,7 +115,7 @@ impl<'a> Document<'a> {
             MarkedYaml::from_bare_yaml(saphyr::Yaml::Mapping(Default::default()))
         });
         refuse_unsupported(&root, 0)?;
-        Ok(Document { root })
+        Ok(SpannedDocument { root })
     }
 
     pub(crate) fn root(&self) -> &MarkedYaml<'a> {
@@ -139,7 +139,9 @@ impl<'a> Document<'a> {
 /// `resources.setup[0]`) in a spec's text: its key, or that of its deepest written ancestor
 /// when the field got a default. `None` when nothing of it is written.
 pub fn locate_path(source: &str, path: &str) -> Option<Location> {
-    Document::parse(source).ok()?.key_location(&steps(path))
+    SpannedDocument::parse(source)
+        .ok()?
+        .key_location(&steps(path))
 }
 
 /// One step of a path into the tree.
@@ -352,19 +354,21 @@ mod tests {
 
     #[test]
     fn one_document_only() {
-        let err = Document::parse("name: a\n---\nname: b\n").err().unwrap();
+        let err = SpannedDocument::parse("name: a\n---\nname: b\n")
+            .err()
+            .unwrap();
         assert_eq!(err.at.line, 2);
-        let err = Document::parse("---\nname: a\n---\nname: b\n")
+        let err = SpannedDocument::parse("---\nname: a\n---\nname: b\n")
             .err()
             .unwrap();
         assert_eq!(err.at.line, 3);
-        assert!(Document::parse("---\nname: a\n").is_ok());
-        assert!(Document::parse("name: a\n...\n").is_ok());
+        assert!(SpannedDocument::parse("---\nname: a\n").is_ok());
+        assert!(SpannedDocument::parse("name: a\n...\n").is_ok());
     }
 
     #[test]
     fn merge_keys_and_foreign_tags_are_refused_where_written() {
-        let err = Document::parse("a: &d {x: 1}\nb:\n  <<: *d\n")
+        let err = SpannedDocument::parse("a: &d {x: 1}\nb:\n  <<: *d\n")
             .err()
             .unwrap();
         assert_eq!(
@@ -375,18 +379,18 @@ mod tests {
                 width: 2
             }
         );
-        let err = Document::parse("a: !thing 1\n").err().unwrap();
+        let err = SpannedDocument::parse("a: !thing 1\n").err().unwrap();
         assert_eq!(err.at.line, 1);
         assert!(err.why.contains("`!thing`"), "{}", err.why);
-        assert!(Document::parse("a: !!str 1\n").is_ok());
+        assert!(SpannedDocument::parse("a: !!str 1\n").is_ok());
     }
 
     #[test]
     fn runaway_nesting_is_refused() {
         let deep = format!("a: {}{}\n", "[".repeat(200), "]".repeat(200));
-        let err = Document::parse(&deep).err().unwrap();
+        let err = SpannedDocument::parse(&deep).err().unwrap();
         assert!(err.why.contains("nested more than 128 deep"), "{}", err.why);
         let fine = format!("a: {}{}\n", "[".repeat(20), "]".repeat(20));
-        assert!(Document::parse(&fine).is_ok());
+        assert!(SpannedDocument::parse(&fine).is_ok());
     }
 }

@@ -1,6 +1,6 @@
 //! Building a job's communicators in two steps around the rendezvous: [`prepare`] before it
 //! (the control ring binds its listener so the address can go into the registration; NCCL
-//! rank 0 makes the unique id), [`Prepared::connect`] after it, with every rank's
+//! rank 0 makes the unique id), [`PendingComms::connect`] after it, with every rank's
 //! [`StartInfo`].
 
 use super::cpu::{CpuCommunicator, Member};
@@ -49,7 +49,7 @@ impl Comms {
 
 /// What a rank has ready before the rendezvous.
 #[derive(Debug)]
-pub struct Prepared {
+pub struct PendingComms {
     /// `host:port` of this rank's control ring listener (goes into the registration).
     pub collective_addr: Option<String>,
     /// NCCL unique id (rank 0 of a GPU run; goes into the registration).
@@ -69,13 +69,13 @@ pub fn prepare(
     rank: usize,
     world_size: usize,
     bind_host: &str,
-) -> Result<Prepared, CommError> {
+) -> Result<PendingComms, CommError> {
     if world_size == 0 || rank >= world_size {
         return Err(CommError::Invalid(format!(
             "rank {rank} in a world of {world_size}"
         )));
     }
-    let mut prepared = Prepared {
+    let mut prepared = PendingComms {
         collective_addr: None,
         nccl_unique_id: None,
         device,
@@ -96,7 +96,7 @@ pub fn prepare(
     Ok(prepared)
 }
 
-impl Prepared {
+impl PendingComms {
     pub fn with_options(mut self, options: CommOptions) -> Self {
         self.options = options;
         self

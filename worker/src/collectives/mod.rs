@@ -15,7 +15,7 @@
 //! [`DataPlane`] enforces.
 //!
 //! Building them: [`prepare`] before the rendezvous (its `collective_addr` / `nccl_unique_id`
-//! go into the registration), [`Prepared::connect`] with the [`StartInfo`] after it. World
+//! go into the registration), [`PendingComms::connect`] with the [`StartInfo`] after it. World
 //! size 1 is [`SingleProcess`] on every device (no NCCL communicator); HYBRID_SHARD's groups
 //! come from [`Communicator::new_subgroup`] with the ranks [`hybrid_groups`] names.
 //!
@@ -33,7 +33,7 @@ mod dtype;
 pub mod nccl;
 mod single;
 
-pub use bootstrap::{prepare, CommOptions, Comms, Prepared};
+pub use bootstrap::{prepare, CommOptions, Comms, PendingComms};
 pub use data_plane::DataPlane;
 pub(crate) use data_plane::EngineScope;
 pub use single::SingleProcess;
