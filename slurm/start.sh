@@ -3,6 +3,9 @@
 #
 #   slurm/start.sh            # idempotent: starts what is not running yet
 #   slurm/start.sh --with-accounting   # also MariaDB + slurmdbd, so `sacct` works
+#   slurm/start.sh --with-preemption  # partitions `debug` (default, preemptable: requeued,
+#                               with a grace time and the job's --signal sent at preemption)
+#                               and `urgent`, whose jobs preempt debug's
 #   slurm/start.sh --nodes 2  # this host plus a node in a network (and UTS) namespace
 #                               named <host>-n2, behind a veth pair: jobs span real
 #                               separate network stacks (multi-node tests)
@@ -21,17 +24,21 @@
 #                        1001, Slurm's own)
 #   SHARDRUN_SLURM_MAX_JOB_COUNT   Slurm's MaxJobCount: jobs (array tasks count one each)
 #                        slurmctld holds at once (default 10000, Slurm's own)
+#   SHARDRUN_SLURM_GRACE_TIME  with --with-preemption: seconds a preempted job of `debug` gets
+#                        between its signal and the kill (default 120)
 # Installs Debian's slurm-wlm and munge (and slurmdbd, mariadb-server for accounting) if they
 # are missing. Needs root (daemons run as root).
 set -euo pipefail
 
 accounting=0
+preemption=0
 nodes=1
 while [ $# -gt 0 ]; do
     case "$1" in
         --with-accounting) accounting=1 ;;
+        --with-preemption) preemption=1 ;;
         --nodes) nodes="${2:-}"; shift ;;
-        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
         *) echo "slurm/start.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
     esac
     shift
@@ -51,6 +58,7 @@ cpus="${SHARDRUN_SLURM_CPUS:-8}"
 min_job_age="${SHARDRUN_SLURM_MIN_JOB_AGE:-600}"
 max_array_size="${SHARDRUN_SLURM_MAX_ARRAY_SIZE:-1001}"
 max_job_count="${SHARDRUN_SLURM_MAX_JOB_COUNT:-10000}"
+grace_time="${SHARDRUN_SLURM_GRACE_TIME:-120}"
 host="$(hostname -s)"
 # One /24 per cluster port, so clusters on different ports do not clash.
 subnet="${SHARDRUN_SLURM_SUBNET:-10.99.$((port % 250))}"
@@ -58,7 +66,7 @@ subnet="${SHARDRUN_SLURM_SUBNET:-10.99.$((port % 250))}"
 say() { echo "slurm/start.sh: $*" >&2; }
 die() { say "error: $*"; exit 1; }
 
-for setting in "max_array_size=$max_array_size" "max_job_count=$max_job_count"; do
+for setting in "max_array_size=$max_array_size" "max_job_count=$max_job_count" "grace_time=$grace_time"; do
     case "${setting#*=}" in
         ''|*[!0-9]*|0) die "SHARDRUN_SLURM_$(echo "${setting%%=*}" | tr a-z A-Z) must be a whole number above 0, not '${setting#*=}'" ;;
     esac
@@ -260,6 +268,25 @@ else
 NodeName=$(node_name "$k") NodeAddr=$subnet.$k CPUs=$cpus RealMemory=${memory:-1000} $gres_line State=UNKNOWN"
     done
 fi
+partition_lines="PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+scheduler_parameters="batch_sched_delay=0"
+if [ "$preemption" = 1 ]; then
+    # As sites that lend idle GPUs to preemptable jobs do: a higher partition's job takes the
+    # nodes, the preempted job is requeued after its grace time, and send_user_signal hands it
+    # its own --signal (shardrun's USR2) at the start of the grace time instead of SIGTERM.
+    # (Slurm 23.02 moved the option from SchedulerParameters to PreemptParameters.)
+    preempt_parameters=""
+    if [ "$(slurmctld -V | sed -n 's/^slurm[-a-z]* \([0-9]*\)\..*/\1/p')" -ge 23 ]; then
+        preempt_parameters="PreemptParameters=send_user_signal"
+    else
+        scheduler_parameters="$scheduler_parameters,preempt_send_user_signal"
+    fi
+    partition_lines="PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+$preempt_parameters
+$partition_lines PriorityTier=1 GraceTime=$grace_time
+PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2"
+fi
 cat >"$dir/etc/slurm.conf.new" <<CONF
 # Written by slurm/start.sh; regenerated on every start.
 ClusterName=shardrun
@@ -283,7 +310,7 @@ MpiDefault=none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
-SchedulerParameters=batch_sched_delay=0
+SchedulerParameters=$scheduler_parameters
 SlurmdParameters=config_overrides
 ReturnToService=2
 JobAcctGatherType=jobacct_gather/none
@@ -295,7 +322,7 @@ MaxJobCount=$max_job_count
 KillWait=5
 GresTypes=gpu
 $node_lines
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+$partition_lines
 CONF
 changed=1
 cmp -s "$dir/etc/slurm.conf.new" "$dir/etc/slurm.conf" 2>/dev/null && changed=0

@@ -1,15 +1,18 @@
-//! Preemption end to end on the real Slurm with the real worker: a training job signalled
-//! with `scancel --signal=USR2 --batch` checkpoints at an agreed step boundary, requeues
-//! itself, and the requeued job resumes from that checkpoint and finishes the remaining
-//! steps with exactly the losses of an uninterrupted local run of the same spec. The spec
-//! has no `checkpoint:` block (no periodic saves): the preemption checkpoint is written to
-//! the run directory and resumed from all the same.
+//! Preemption end to end on the real Slurm with the real worker, two ways: a training job
+//! signalled with `scancel --signal=USR2 --batch` (the time limit's warning), and one
+//! preempted by a job of a higher partition (Slurm sends its tasks SIGTERM at the start of
+//! the grace time). Either checkpoints at an agreed step boundary, requeues itself, and the
+//! requeued job resumes from that checkpoint and finishes the remaining steps with exactly
+//! the losses of an uninterrupted local run of the same spec. The spec has no `checkpoint:`
+//! block (no periodic saves): the preemption checkpoint is written to the run directory and
+//! resumed from all the same.
 //!
 //! Needs the worker built: `cargo build --release -p shardrun -p shardrun-worker`.
 
 use shardrun_e2e::jobs::*;
 use shardrun_e2e::*;
 use std::path::Path;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 const STEPS: u64 = 3000;
@@ -34,27 +37,36 @@ fn losses(run: &Path) -> Vec<(u64, f64)> {
         .collect()
 }
 
+/// The uninterrupted run's losses, computed locally once for both tests.
+fn reference() -> &'static [(u64, f64)] {
+    static REFERENCE: OnceLock<Vec<(u64, f64)>> = OnceLock::new();
+    REFERENCE.get_or_init(|| {
+        let dir = TestDir::new("slurm-preempt-reference");
+        let spec = dir.write("resume.yaml", &spec());
+        let (out, run) = run_local(
+            &dir,
+            &spec,
+            &["--no-progress"],
+            &[],
+            Duration::from_secs(600),
+        );
+        assert!(
+            out.status.success(),
+            "reference run failed: {}",
+            stderr_of(&out)
+        );
+        let reference = losses(&run);
+        assert_each_step_once(&reference, "the uninterrupted run");
+        reference
+    })
+}
+
 #[test]
 fn usr2_checkpoints_requeues_and_resumes_with_uninterrupted_losses() {
     let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
     let dir = TestDir::new("slurm-preempt-resume");
     let spec = dir.write("resume.yaml", &spec());
-
-    // The uninterrupted run, locally: the losses to reproduce.
-    let (out, reference_run) = run_local(
-        &dir,
-        &spec,
-        &["--no-progress"],
-        &[],
-        Duration::from_secs(600),
-    );
-    assert!(
-        out.status.success(),
-        "reference run failed: {}",
-        stderr_of(&out)
-    );
-    let reference = losses(&reference_run);
-    assert_each_step_once(&reference, "the uninterrupted run");
+    let reference = reference();
 
     let out = cluster
         .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
@@ -75,6 +87,55 @@ fn usr2_checkpoints_requeues_and_resumes_with_uninterrupted_losses() {
     let out = run_with_deadline(&mut signal, Duration::from_secs(30)).unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
 
+    let log = requeued_and_finished(&run);
+    assert_resumed_with_uninterrupted_losses(&run, &log, reference);
+}
+
+#[test]
+fn a_job_preempted_by_a_higher_partition_checkpoints_in_its_grace_time_and_resumes() {
+    // Partitions `debug` (the default: preemptable, requeued, 120 s of grace) and `urgent`.
+    let cluster = SlurmCluster::start_named("preemption").expect("start the preemption cluster");
+    let dir = TestDir::new("slurm-preemption");
+    let spec = dir.write("resume.yaml", &spec());
+    let reference = reference();
+
+    let out = cluster
+        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
+        .unwrap();
+    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
+    let run = dir.join("runs/resume");
+    let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
+    wait_for(
+        "the first attempt to train",
+        Duration::from_secs(120),
+        || (metric_steps(&run, 0).len() >= 50).then_some(()),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
+
+    // A job of the higher partition that needs the whole node preempts the training job.
+    let mut urgent = cluster.command("sbatch");
+    urgent.current_dir(dir.path()).args([
+        "--partition=urgent",
+        "--exclusive",
+        "--time=1",
+        "--output=/dev/null",
+        "--wrap=true",
+    ]);
+    let out = run_with_deadline(&mut urgent, Duration::from_secs(30)).unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+
+    let log = requeued_and_finished(&run);
+    assert!(
+        log.contains("SIGTERM from Slurm (preemption or the job's end): checkpointing after step"),
+        "the ranks take the grace time's SIGTERM as a preemption:\n{log}"
+    );
+    assert_resumed_with_uninterrupted_losses(&run, &log, reference);
+}
+
+/// Waits for the controller to requeue the job once and for the requeued job to succeed;
+/// returns the run's log.
+fn requeued_and_finished(run: &Path) -> String {
+    let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
     wait_for_file(&run.join("requeue_count"), Duration::from_secs(120), |t| {
         t.trim() == "1"
     })
@@ -84,9 +145,14 @@ fn usr2_checkpoints_requeues_and_resumes_with_uninterrupted_losses() {
         t.contains("\"succeeded\"")
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", log()));
-
     let log = log();
     assert!(log.contains("requeueing Slurm job"), "{log}");
+    log
+}
+
+/// The requeued job resumed right after the preemption checkpoint, and every step ran once
+/// with the uninterrupted run's loss.
+fn assert_resumed_with_uninterrupted_losses(run: &Path, log: &str, reference: &[(u64, f64)]) {
     let preempted_at = log
         .lines()
         .find_map(|l| {
@@ -117,9 +183,9 @@ fn usr2_checkpoints_requeues_and_resumes_with_uninterrupted_losses() {
     );
     // Every step ran exactly once across the two attempts, and each loss is the
     // uninterrupted run's (same arithmetic on CPU: equal up to 1e-6 relative).
-    let interrupted = losses(&run);
+    let interrupted = losses(run);
     assert_each_step_once(&interrupted, "the preempted and requeued run");
-    for ((step, got), (_, expected)) in interrupted.iter().zip(&reference) {
+    for ((step, got), (_, expected)) in interrupted.iter().zip(reference) {
         assert!(
             (got - expected).abs() <= 1e-6 * expected.abs().max(1.0),
             "step {step} (preempted after {preempted_at}): loss {got} vs uninterrupted {expected}"

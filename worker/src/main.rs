@@ -118,8 +118,10 @@ fn run() -> Result<i32> {
         return Ok(0);
     }
 
-    // From here SIGINT and SIGTERM stop the ranks together at a step boundary.
-    stop::install_signal_handlers().context("cannot install the SIGINT/SIGTERM handlers")?;
+    // From here SIGINT and SIGTERM stop the ranks together at a step boundary (SIGTERM to a
+    // Slurm task after a checkpoint).
+    stop::install_signal_handlers(stop::Sigterm::from_env())
+        .context("cannot install the SIGINT/SIGTERM handlers")?;
     let Joined {
         reporter,
         comms,

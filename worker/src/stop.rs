@@ -11,6 +11,13 @@
 //! The one exception is a second SIGINT, which terminates at once (the default action), as
 //! a second Ctrl-C does under torchrun. SIGTERM never does: Slurm sends it more than once
 //! (to the task, and again through srun) and escalates to SIGKILL by itself.
+//!
+//! A rank that is a task of a Slurm job step reads SIGTERM as Slurm's notice
+//! ([`Sigterm::Checkpoint`]): a preempted job's tasks get it at the start of the partition's
+//! grace time, the batch script (the controller) does not, and the job is then killed. The
+//! ranks checkpoint at the next step boundary and stop as preempted, and the controller
+//! requeues the job, as for SIGUSR2. When the whole job is cancelled (`scancel`), the
+//! controller gets SIGTERM too and the job ends cancelled, its checkpoint kept.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -100,6 +107,9 @@ impl StopRequest {
 #[derive(Debug, Default)]
 pub struct StopSwitch {
     preempt: AtomicBool,
+    /// The signal that asked for the preemption (0: the controller did); written by the
+    /// signal handler.
+    preempt_signal: AtomicUsize,
     /// The first stop signal's number (0: none); written by the signal handler.
     signal: Arc<AtomicUsize>,
     other: Mutex<Option<StopCause>>,
@@ -114,6 +124,14 @@ impl StopSwitch {
 
     pub fn request_preempt(&self) {
         self.preempt.store(true, Ordering::SeqCst);
+    }
+
+    /// The signal that asked this rank to checkpoint and stop, when one did.
+    pub fn preempt_signal(&self) -> Option<i32> {
+        match self.preempt_signal.load(Ordering::SeqCst) {
+            0 => None,
+            signal => Some(signal as i32),
+        }
     }
 
     /// Asks for a stop; the first cause asked for is the one reported.
@@ -170,10 +188,51 @@ pub fn process() -> &'static StopSwitch {
     SWITCH.get_or_init(StopSwitch::new)
 }
 
-/// SIGINT and SIGTERM ask [`process`]'s switch for a stop; a second SIGINT terminates.
-pub fn install_signal_handlers() -> std::io::Result<()> {
-    let first = process().signal.clone();
-    for signal in [libc::SIGINT, libc::SIGTERM] {
+/// What SIGTERM asks of this rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sigterm {
+    /// Stop with the other ranks at the next step boundary (local and torchrun-style runs).
+    Stop,
+    /// Checkpoint at the next step boundary, then stop as preempted: the rank is a task of a
+    /// Slurm job step, where SIGTERM is Slurm's notice of preemption or of the job's end.
+    Checkpoint,
+}
+
+impl Sigterm {
+    /// From the environment: srun gives its tasks `SLURM_STEP_ID`.
+    pub fn from_env() -> Sigterm {
+        Sigterm::for_step_id(std::env::var("SLURM_STEP_ID").ok().as_deref())
+    }
+
+    fn for_step_id(step_id: Option<&str>) -> Sigterm {
+        match step_id {
+            Some(id) if !id.trim().is_empty() => Sigterm::Checkpoint,
+            _ => Sigterm::Stop,
+        }
+    }
+}
+
+/// SIGINT asks [`process`]'s switch for a stop, and so does SIGTERM unless it asks for a
+/// checkpoint first ([`Sigterm`]); a second SIGINT terminates.
+pub fn install_signal_handlers(sigterm: Sigterm) -> std::io::Result<()> {
+    let switch = process();
+    if sigterm == Sigterm::Checkpoint {
+        // SAFETY: the action is two atomic stores, which are async-signal-safe.
+        unsafe {
+            signal_hook::low_level::register(libc::SIGTERM, move || {
+                switch
+                    .preempt_signal
+                    .store(libc::SIGTERM as usize, Ordering::SeqCst);
+                switch.preempt.store(true, Ordering::SeqCst);
+            })?;
+        }
+    }
+    let first = switch.signal.clone();
+    let stopping = match sigterm {
+        Sigterm::Stop => &[libc::SIGINT, libc::SIGTERM][..],
+        Sigterm::Checkpoint => &[libc::SIGINT][..],
+    };
+    for &signal in stopping {
         let first = first.clone();
         // SAFETY: the action is one atomic compare-exchange, which is async-signal-safe.
         unsafe {
@@ -214,6 +273,14 @@ mod tests {
             switch.requested(),
             Some(StopRequest::Stop(StopCause::Signal(libc::SIGTERM)))
         );
+    }
+
+    #[test]
+    fn sigterm_asks_a_slurm_task_for_a_checkpoint_and_anyone_else_for_a_stop() {
+        assert_eq!(Sigterm::for_step_id(Some("0")), Sigterm::Checkpoint);
+        assert_eq!(Sigterm::for_step_id(Some("3")), Sigterm::Checkpoint);
+        assert_eq!(Sigterm::for_step_id(None), Sigterm::Stop);
+        assert_eq!(Sigterm::for_step_id(Some("")), Sigterm::Stop);
     }
 
     #[test]

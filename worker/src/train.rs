@@ -391,14 +391,31 @@ impl Trainer {
                         );
                         break;
                     }
+                    let by = match stop::process().preempt_signal() {
+                        Some(signal) => format!(
+                            "{} from Slurm (preemption or the job's end)",
+                            stop::signal_name(signal)
+                        ),
+                        None => "preemption requested".to_string(),
+                    };
                     self.log(
                         LogLevel::Warn,
-                        &format!(
-                            "preemption requested: checkpointing after step {} and stopping",
-                            self.step
-                        ),
+                        &format!("{by}: checkpointing after step {} and stopping", self.step),
                     );
                     self.save(&mut hook, SaveReason::Preempt)?;
+                    // Slurm's SIGTERM reaches the controller too when the whole job is
+                    // cancelled (`scancel`), which then asks every rank to stop: the job
+                    // ends cancelled (its checkpoint kept), not preempted and requeued.
+                    if stop::process().preempt_signal().is_some() {
+                        if let Some(cause) = stop::process().wait_for_cause(PEER_CAUSE_WAIT) {
+                            self.log(
+                                LogLevel::Warn,
+                                &format!("stopping after step {}: {cause}", self.step),
+                            );
+                            preempted = false;
+                            stopped = Some(cause);
+                        }
+                    }
                     break;
                 }
                 Some(StopRequest::Stop(cause)) => {

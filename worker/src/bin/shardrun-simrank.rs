@@ -57,7 +57,7 @@ fn main() {
 /// Runs; `Ok` with the exit status (0 unless stopped on request, like the real worker).
 fn run() -> Result<i32> {
     let args = Args::parse();
-    stop::install_signal_handlers()?;
+    stop::install_signal_handlers(stop::Sigterm::Stop)?;
     let rank_env = RankEnv::from_env()?;
     let config_path = std::env::var(env::CONFIG_FILE).context("SHARDRUN_CONFIG is not set")?;
     let config: TrainConfig = serde_json::from_str(
