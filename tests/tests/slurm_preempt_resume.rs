@@ -11,7 +11,7 @@
 
 use shardrun_e2e::jobs::*;
 use shardrun_e2e::*;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -65,23 +65,9 @@ fn reference() -> &'static [(u64, f64)] {
 fn usr2_checkpoints_requeues_and_resumes_with_uninterrupted_losses() {
     let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
     let dir = TestDir::new("slurm-preempt-resume");
-    let spec = dir.write("resume.yaml", &spec());
     let reference = reference();
+    let (job_id, run) = submit_and_train_a_while(&cluster, &dir);
 
-    let out = cluster
-        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
-        .unwrap();
-    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
-    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
-    let run = dir.join("runs/resume");
-    let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
-
-    wait_for(
-        "the first attempt to train",
-        Duration::from_secs(120),
-        || (metric_steps(&run, 0).len() >= 50).then_some(()),
-    )
-    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
     let mut signal = cluster.command("scancel");
     signal.args(["--signal=USR2", "--batch", &job_id]);
     let out = run_with_deadline(&mut signal, Duration::from_secs(30)).unwrap();
@@ -96,21 +82,8 @@ fn a_job_preempted_by_a_higher_partition_checkpoints_in_its_grace_time_and_resum
     // Partitions `debug` (the default: preemptable, requeued, 120 s of grace) and `urgent`.
     let cluster = SlurmCluster::start_named("preemption").expect("start the preemption cluster");
     let dir = TestDir::new("slurm-preemption");
-    let spec = dir.write("resume.yaml", &spec());
     let reference = reference();
-
-    let out = cluster
-        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
-        .unwrap();
-    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
-    let run = dir.join("runs/resume");
-    let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
-    wait_for(
-        "the first attempt to train",
-        Duration::from_secs(120),
-        || (metric_steps(&run, 0).len() >= 50).then_some(()),
-    )
-    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    let (_, run) = submit_and_train_a_while(&cluster, &dir);
 
     // A job of the higher partition that needs the whole node preempts the training job.
     let mut urgent = cluster.command("sbatch");
@@ -130,6 +103,28 @@ fn a_job_preempted_by_a_higher_partition_checkpoints_in_its_grace_time_and_resum
         "the ranks take the grace time's SIGTERM as a preemption:\n{log}"
     );
     assert_resumed_with_uninterrupted_losses(&run, &log, reference);
+}
+
+/// Submits the spec and waits until the job has trained 50 steps; returns its Slurm job id
+/// and run directory.
+fn submit_and_train_a_while(cluster: &SlurmCluster, dir: &TestDir) -> (String, PathBuf) {
+    let spec = dir.write("resume.yaml", &spec());
+    let out = cluster
+        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
+        .unwrap();
+    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
+    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let run = dir.join("runs/resume");
+    wait_for(
+        "the first attempt to train",
+        Duration::from_secs(120),
+        || (metric_steps(&run, 0).len() >= 50).then_some(()),
+    )
+    .unwrap_or_else(|e| {
+        let log = std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
+        panic!("{e}\n{log}")
+    });
+    (job_id, run)
 }
 
 /// Waits for the controller to requeue the job once and for the requeued job to succeed;

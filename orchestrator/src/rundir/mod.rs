@@ -119,6 +119,28 @@ pub struct Manifest {
     pub sweep_array: Option<ArrayRef>,
 }
 
+impl Manifest {
+    /// The manifest of a run just made for `resolved`, not yet submitted.
+    pub fn created(
+        resolved: &ResolvedJob,
+        sweep_params: BTreeMap<String, serde_json::Value>,
+    ) -> Manifest {
+        let now = now_unix();
+        Manifest {
+            version: MANIFEST_VERSION,
+            name: resolved.name.clone(),
+            state: RunState::Created,
+            config_hash: resolved.train.config_hash(),
+            created_at: now,
+            updated_at: now,
+            slurm_job_ids: Vec::new(),
+            sweep_params,
+            error: None,
+            sweep_array: None,
+        }
+    }
+}
+
 /// Array `index` of the `count` job arrays one `shardrun sweep` (its `submission`) split its
 /// points into; its files are `arrays/<submission>-<index>.*` in the sweep folder.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -220,19 +242,7 @@ impl RunDir {
             .map_err(io_err("cannot create", &secret_path))?;
         file.write_all(hex::encode(secret).as_bytes())
             .map_err(io_err("cannot write", &secret_path))?;
-        let now = now_unix();
-        dir.write_manifest(&Manifest {
-            version: MANIFEST_VERSION,
-            name: resolved.name.clone(),
-            state: RunState::Created,
-            config_hash: resolved.train.config_hash(),
-            created_at: now,
-            updated_at: now,
-            slurm_job_ids: Vec::new(),
-            sweep_params: new.sweep_params.clone(),
-            error: None,
-            sweep_array: None,
-        })
+        dir.write_manifest(&Manifest::created(&resolved, new.sweep_params.clone()))
     }
 
     /// The resolved job as this run directory records it: a relative checkpoint folder is

@@ -8,7 +8,7 @@
 //! one `syncfs` instead of an `fsync` per file, and renames everything into place. A crash
 //! leaves each directory and manifest either whole under its real name or not there at all.
 
-use crate::rundir::{io_err, now_unix, Manifest, RunDir, RunDirError, RunState, MANIFEST_VERSION};
+use crate::rundir::{io_err, now_unix, Manifest, RunDir, RunDirError};
 use crate::sweeps::SweepPoint;
 use rand::Rng;
 use serde::Serialize;
@@ -97,22 +97,10 @@ pub fn prepare(sweep_dir: &Path, point: &SweepPoint) -> Result<NewPointDir, RunD
         }
     }
     // From here on, dropping `new` removes the temporary directory.
-    let now = now_unix();
     let new = NewPointDir {
         tmp: Some(tmp.clone()),
         path: path.clone(),
-        manifest: Manifest {
-            version: MANIFEST_VERSION,
-            name: resolved.name.clone(),
-            state: RunState::Created,
-            config_hash: resolved.train.config_hash(),
-            created_at: now,
-            updated_at: now,
-            slurm_job_ids: Vec::new(),
-            sweep_params: point.params.clone(),
-            error: None,
-            sweep_array: None,
-        },
+        manifest: Manifest::created(&resolved, point.params.clone()),
     };
     write_new(
         &dir.resolved_json(),
@@ -231,6 +219,7 @@ impl Drop for ManifestBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rundir::RunState;
     use crate::spec::parse;
 
     fn points() -> Vec<SweepPoint> {

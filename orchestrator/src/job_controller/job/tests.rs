@@ -41,6 +41,17 @@ fn running() -> JobMachine {
     s
 }
 
+/// Rank `proc` on connection `conn` says it finished, hangs up and exits 0; returns what
+/// its exit made the machine do.
+fn finish_rank(s: &mut JobMachine, conn: u64, proc: u64, preempted: bool) -> Vec<Action> {
+    s.handle(Event::Finished { conn, preempted });
+    s.handle(Event::Disconnected { conn, error: None });
+    s.handle(Event::ProcessExited {
+        proc,
+        exit: ExitInfo::Code(0),
+    })
+}
+
 fn failure(actions: &[Action]) -> Option<Failure> {
     actions.iter().find_map(|a| match a {
         Action::Finish(Outcome::Failed(f)) => Some(f.clone()),
@@ -406,20 +417,9 @@ fn a_cancel_during_the_last_step_finds_the_run_finished() {
     s.handle(Event::Cancel {
         signal: "SIGINT".into(),
     });
-    for (conn, proc) in [(10, 0), (11, 1)] {
-        s.handle(Event::Finished {
-            conn,
-            preempted: false,
-        });
-        s.handle(Event::Disconnected { conn, error: None });
-        let actions = s.handle(Event::ProcessExited {
-            proc,
-            exit: ExitInfo::Code(0),
-        });
-        if proc == 1 {
-            assert_eq!(actions, vec![Action::Finish(Outcome::Succeeded)]);
-        }
-    }
+    finish_rank(&mut s, 10, 0, false);
+    let actions = finish_rank(&mut s, 11, 1, false);
+    assert_eq!(actions, vec![Action::Finish(Outcome::Succeeded)]);
 }
 
 #[test]
@@ -503,20 +503,9 @@ fn preemption_asks_every_rank_and_ends_preempted() {
         s.handle(Event::Preempt).is_empty(),
         "a second signal changes nothing"
     );
-    for (conn, proc) in [(10, 0), (11, 1)] {
-        s.handle(Event::Finished {
-            conn,
-            preempted: true,
-        });
-        s.handle(Event::Disconnected { conn, error: None });
-        let actions = s.handle(Event::ProcessExited {
-            proc,
-            exit: ExitInfo::Code(0),
-        });
-        if proc == 1 {
-            assert_eq!(actions, vec![Action::Finish(Outcome::Preempted)]);
-        }
-    }
+    finish_rank(&mut s, 10, 0, true);
+    let actions = finish_rank(&mut s, 11, 1, true);
+    assert_eq!(actions, vec![Action::Finish(Outcome::Preempted)]);
 }
 
 #[test]
