@@ -562,7 +562,7 @@ mod tests {
             let mut c =
                 BlockingConnection::connect(&addr, Role::Worker, SECRET, Duration::from_secs(2))
                     .unwrap();
-            c.send(&FromWorker::Heartbeat { step: 3 }).unwrap();
+            c.send(&FromWorker::Heartbeat { step: 3, work: 7 }).unwrap();
             c.recv::<ToWorker>().unwrap()
         });
         let (stream, _) = l.accept().unwrap();
@@ -570,7 +570,7 @@ mod tests {
         assert_eq!(role, Role::Worker);
         assert_eq!(
             conn.recv::<FromWorker>().unwrap(),
-            FromWorker::Heartbeat { step: 3 }
+            FromWorker::Heartbeat { step: 3, work: 7 }
         );
         conn.send(&ToWorker::Preempt).unwrap();
         assert_eq!(worker.join().unwrap(), ToWorker::Preempt);

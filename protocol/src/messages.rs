@@ -45,9 +45,11 @@ pub enum FromWorker {
     /// One evaluation on the validation data (rank 0 sends this).
     Eval(EvalMetrics),
     /// Liveness while no other message is due (e.g. inside a long step), with the number of
-    /// optimizer steps this rank has completed: a rank that keeps heartbeating but stops
-    /// making progress (blocked in a collective, stuck in I/O) is seen by its step.
-    Heartbeat { step: u64 },
+    /// optimizer steps this rank has completed and a count of work done (micro-batches,
+    /// evaluation batches, checkpoint units): a rank that keeps heartbeating but stops making
+    /// progress (blocked in a collective, stuck in I/O) is seen by neither moving, while a
+    /// long evaluation or checkpoint save still moves the count.
+    Heartbeat { step: u64, work: u64 },
     /// A checkpoint of `step` was committed (rank 0 sends this).
     CheckpointSaved { step: u64, path: String },
     /// End-of-training summary (rank 0 sends this).

@@ -1,6 +1,7 @@
 //! A rank that fails with an error or a panic (not a kill) in the middle of training, while
 //! the other ranks are already inside the step's collectives waiting for it: the job ends
-//! within seconds, the controller names that rank and its error, and no process is left.
+//! within seconds, the controller names that rank and its error, and no process is left. A
+//! rank that hangs instead (heartbeats going on) ends the job after the progress timeout.
 //! The failure is injected with `SHARDRUN_INJECT_FAILURE` into the real worker; the job would
 //! otherwise train for 100,000 steps. (The deadline is a hang detector, not a timing claim.)
 
@@ -75,4 +76,44 @@ fn a_rank_panicking_mid_training_ends_the_job_naming_the_panic() {
         2,
         "panicked in thread main: injected failure of rank 2 at step 4",
     );
+}
+
+#[test]
+fn a_rank_that_hangs_while_heartbeating_ends_the_job_after_the_progress_timeout() {
+    // Rank 1 blocks for good at the start of step 3 (its heartbeats go on); ranks 0 and 2
+    // wait for it in step 3's first collective. No rank moves, so the job is judged stuck.
+    let name = "fail-hang";
+    let dir = TestDir::new(name);
+    let ranks = 3;
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec(name, 100_000, ranks));
+    let (out, run) = run_local(
+        &dir,
+        &spec,
+        &["--nproc", &ranks.to_string(), "--progress-timeout", "3"],
+        &[("SHARDRUN_INJECT_FAILURE", "1:3:hang".to_string())],
+        Duration::from_secs(120),
+    );
+    let stdout = stdout_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{}", stderr_of(&out));
+    let result = result_json(&run);
+    assert_eq!(result["status"].as_str(), Some("failed"), "{result}");
+    let message = result["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("made no progress for")
+            && message.contains("still at step 2")
+            && message.contains("--progress-timeout"),
+        "{message}"
+    );
+    // The hung rank ignores requests to stop; the controller kills it.
+    let left = wait_for(
+        "the run's processes to be gone",
+        Duration::from_secs(5),
+        || {
+            processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string())
+                .is_empty()
+                .then_some(())
+        },
+    );
+    assert!(left.is_ok(), "worker processes left after the job ended");
+    assert_eq!(metric_steps(&run, 0), vec![1, 2], "{stdout}");
 }

@@ -144,6 +144,7 @@ impl Checkpointer {
                 exp_avg_sq: read(StateKind::ExpAvgSq)?,
             };
             trainer.engine_mut().import_unit(u, &state)?;
+            crate::progress::advance();
         }
         let meta = checkpoint.metadata();
         if !weights_only {
@@ -258,6 +259,7 @@ impl Checkpointer {
                             &bytes(&s.exp_avg),
                             &bytes(&s.exp_avg_sq),
                         )?;
+                        crate::progress::advance();
                     }
                     files.push(writer.finish()?);
                 }
@@ -298,6 +300,7 @@ impl Checkpointer {
                         if let Some(writer) = writer.as_mut() {
                             writer.write_unit(u, &param, &exp_avg, &exp_avg_sq)?;
                         }
+                        crate::progress::advance();
                     }
                 }
                 if let Some(writer) = writer {

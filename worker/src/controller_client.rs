@@ -277,7 +277,8 @@ fn spawn_heartbeat(client: std::sync::Weak<ControllerClient>, every: Duration) {
                 return;
             };
             let step = client.steps_done.load(Ordering::Relaxed);
-            if client.send(&FromWorker::Heartbeat { step }).is_err() {
+            let work = crate::progress::work();
+            if client.send(&FromWorker::Heartbeat { step, work }).is_err() {
                 return;
             }
         });

@@ -70,6 +70,7 @@ impl Evaluator {
             let host_batch = documents.validation_batch(first, self.per_device);
             let batch = Batch::from_host(&host_batch).to_device(device);
             let loss = engine.forward_only(&batch)?;
+            crate::progress::advance();
             // A batch of padding only has no loss (its mean is NaN).
             if host_batch.loss_tokens > 0 {
                 loss_sum += loss * host_batch.loss_tokens as f64;

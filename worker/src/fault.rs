@@ -1,7 +1,9 @@
 //! Injected failures, to see how a job fails: `SHARDRUN_INJECT_FAILURE=<rank>:<step>` makes
 //! that rank fail with an error when it starts optimizer step `<step>` (counted from 1),
-//! `<rank>:<step>:panic` makes it panic there, while the other ranks go on into the step's
-//! collectives. Unset, it does nothing; a malformed value is an error before training.
+//! `<rank>:<step>:panic` makes it panic there, `<rank>:<step>:hang` makes it block there for
+//! good (its heartbeats go on, as in a rank stuck in I/O), while the other ranks go on into
+//! the step's collectives. Unset, it does nothing; a malformed value is an error before
+//! training.
 
 /// The variable that asks for an injected failure.
 pub const VAR: &str = "SHARDRUN_INJECT_FAILURE";
@@ -10,6 +12,7 @@ pub const VAR: &str = "SHARDRUN_INJECT_FAILURE";
 pub enum How {
     Error,
     Panic,
+    Hang,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,7 +31,11 @@ impl Injected {
     }
 
     pub fn parse(text: &str) -> Result<Injected, String> {
-        let bad = || format!("{VAR}={text:?}: expected <rank>:<step> or <rank>:<step>:panic");
+        let bad = || {
+            format!(
+                "{VAR}={text:?}: expected <rank>:<step>, <rank>:<step>:panic or <rank>:<step>:hang"
+            )
+        };
         let mut parts = text.trim().split(':');
         let rank = parts.next().and_then(|r| r.parse().ok()).ok_or_else(bad)?;
         let step = parts
@@ -39,6 +46,7 @@ impl Injected {
         let how = match parts.next() {
             None | Some("error") => How::Error,
             Some("panic") => How::Panic,
+            Some("hang") => How::Hang,
             Some(_) => return Err(bad()),
         };
         if parts.next().is_some() {
@@ -47,7 +55,8 @@ impl Injected {
         Ok(Injected { rank, step, how })
     }
 
-    /// Fails (or panics) when `rank` starts `step` (1-based) and this is the chosen pair.
+    /// Fails (or panics, or never returns) when `rank` starts `step` (1-based) and this is
+    /// the chosen pair.
     pub fn check(&self, rank: u64, step: u64) -> Result<(), String> {
         if (rank, step) != (self.rank, self.step) {
             return Ok(());
@@ -56,6 +65,10 @@ impl Injected {
         match self.how {
             How::Error => Err(what),
             How::Panic => panic!("{what}"),
+            How::Hang => loop {
+                // Blocked for good, like a rank stuck in a read; only a signal ends it.
+                std::thread::park();
+            },
         }
     }
 }
@@ -71,6 +84,7 @@ mod tests {
         assert!(f.check(1, 2).is_ok() && f.check(0, 3).is_ok());
         assert!(f.check(1, 3).unwrap_err().contains("rank 1 at step 3"));
         assert_eq!(Injected::parse("0:1:panic").unwrap().how, How::Panic);
+        assert_eq!(Injected::parse("2:5:hang").unwrap().how, How::Hang);
         for bad in ["", "1", "1:0", "x:2", "1:2:boom", "1:2:panic:3"] {
             assert!(Injected::parse(bad).is_err(), "{bad}");
         }

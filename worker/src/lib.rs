@@ -17,7 +17,8 @@
 //!   [`evaluate`]: validation loss and perplexity.
 //! * [`train`]: the training loop; [`reference`]: unsharded single-process ground truth.
 //! * [`controller_client`]: registration, reports and heartbeats through the shardrun controller.
-//! * [`stop`]: stop requests (signals, the controller) acted on at step boundaries.
+//! * [`stop`]: stop requests (signals, the controller) acted on at step boundaries;
+//!   [`progress`]: work done, sent with heartbeats so the controller sees a stuck rank.
 //! * [`world`]: how a rank without a controller joins the world (rendezvous, then collectives).
 //! * [`checkpointing`]: saves and restores through the `shardrun-checkpoint` format.
 //! * [`metrics`]: memory, throughput, MFU; [`params_file`]: weights dumped as safetensors.
@@ -41,6 +42,7 @@ pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod params_file;
+pub mod progress;
 pub mod reference;
 pub mod rendezvous;
 pub mod report;

@@ -469,6 +469,7 @@ impl Trainer {
                 let loss = self
                     .engine
                     .forward_backward(batch, factor, m as u64 + 1 == accum)?;
+                crate::progress::advance();
                 // A micro-batch without targets has no gradient and a NaN mean.
                 if batch.loss_tokens > 0 {
                     local_loss += loss * batch.loss_tokens as f64;

@@ -4,7 +4,8 @@
 //!
 //! * [`job`]: the decisions, a pure state machine;
 //! * [`event_loop`]: wires sockets, processes, signals and timers to it;
-//! * [`server`]: TCP endpoint and handshake; [`launcher`]: processes;
+//! * [`server`]: TCP endpoint and handshake; [`progress_watch`]: is a rank still moving;
+//!   [`launcher`]: processes;
 //! * [`writer`] with [`logbook`], [`metrics_log`] and [`console`]: the files people read
 //!   (and `events.jsonl`);
 //! * [`outcome`]: how the job ended; [`secret`]: the per-job secret.
@@ -20,6 +21,7 @@ pub mod open_files;
 pub mod options;
 pub mod outcome;
 pub mod priority;
+pub mod progress_watch;
 pub mod secret;
 pub mod server;
 pub mod writer;

@@ -4,6 +4,7 @@
 //! once, each allowed a few KiB for a few seconds (see `shardrun_protocol::connection`).
 
 use super::job::{ConnId, Event};
+use super::progress_watch::{Beat, JobActivity, RankProgress};
 use super::writer::Record;
 use futures::FutureExt;
 use shardrun_protocol::connection::{self, ConnectionError};
@@ -59,8 +60,9 @@ pub struct ServerOptions {
     pub handshake_timeout: Duration,
     /// A worker silent for this long is considered hung.
     pub heartbeat_timeout: Duration,
-    /// A worker whose heartbeats carry the same step for this long (after its first step)
-    /// is not making progress; `None`: never judged.
+    /// A worker whose heartbeats carry the same step and work count for this long (after its
+    /// first step), while no other worker moved either, is not making progress; `None`:
+    /// never judged.
     pub progress_timeout: Option<Duration>,
 }
 
@@ -71,6 +73,7 @@ pub async fn serve(
     records: mpsc::Sender<Record>,
 ) {
     let pending = Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES));
+    let activity = JobActivity::new(std::time::Instant::now());
     let mut next_conn: ConnId = 0;
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -90,6 +93,7 @@ pub async fn serve(
         next_conn += 1;
         let conn = next_conn;
         let (opts, events, records) = (opts.clone(), events.clone(), records.clone());
+        let activity = activity.clone();
         tokio::spawn(
             async move {
                 let _ = stream.set_nodelay(true);
@@ -150,7 +154,8 @@ pub async fn serve(
                 let reader = tokio::spawn(async move {
                     if started.await.is_ok() {
                         let timeouts = (opts.heartbeat_timeout, opts.progress_timeout);
-                        read_worker(conn, rank, rx, timeouts, events_r, records).await;
+                        let watch = (timeouts, activity);
+                        read_worker(conn, rank, rx, watch, events_r, records).await;
                     }
                 });
                 let _ = events.send(ServerEvent::Connected {
@@ -170,7 +175,7 @@ async fn read_worker(
     conn: ConnId,
     rank: u64,
     mut rx: connection::AsyncReceiver<FromWorker>,
-    (heartbeat_timeout, progress_timeout): (Duration, Option<Duration>),
+    ((heartbeat_timeout, progress_timeout), activity): ((Duration, Option<Duration>), JobActivity),
     events: mpsc::UnboundedSender<ServerEvent>,
     records: mpsc::Sender<Record>,
 ) {
@@ -178,7 +183,7 @@ async fn read_worker(
         let _ = events.send(ServerEvent::Job(e));
     };
     let mut heartbeat_reported = false;
-    let mut progress = Progress::default();
+    let mut progress = RankProgress::default();
     // A message read while collecting a batch of log lines, handled next.
     let mut carried = None;
     loop {
@@ -229,11 +234,12 @@ async fn read_worker(
             }
             FromWorker::Metrics(m) => Record::Metrics(m),
             FromWorker::Eval(e) => Record::Eval(e),
-            FromWorker::Heartbeat { step } => {
-                match progress.beat(step, std::time::Instant::now(), progress_timeout) {
+            FromWorker::Heartbeat { step, work } => {
+                let now = std::time::Instant::now();
+                match progress.beat((step, work), now, progress_timeout, &activity) {
                     Beat::Advanced => job(Event::Progress { conn, step }),
                     Beat::Stalled(secs) => job(Event::Stalled { conn, step, secs }),
-                    Beat::Same => {}
+                    Beat::Worked | Beat::Same => {}
                 }
                 continue;
             }
@@ -272,67 +278,9 @@ async fn read_worker(
     }
 }
 
-/// What a heartbeat's step says about a rank's progress.
-#[derive(Debug, PartialEq, Eq)]
-enum Beat {
-    Advanced,
-    Same,
-    /// The same step for this many seconds, past the progress timeout (reported once).
-    Stalled(u64),
-}
-
-#[derive(Default)]
-struct Progress {
-    step: Option<u64>,
-    since: Option<std::time::Instant>,
-    reported: bool,
-}
-
-impl Progress {
-    fn beat(&mut self, step: u64, now: std::time::Instant, timeout: Option<Duration>) -> Beat {
-        if self.step != Some(step) {
-            *self = Progress {
-                step: Some(step),
-                since: Some(now),
-                reported: false,
-            };
-            return Beat::Advanced;
-        }
-        // Before its first step a rank builds, restores and warms up: not judged here.
-        let held = self.since.map_or(Duration::ZERO, |t| now.duration_since(t));
-        match timeout {
-            Some(limit) if step > 0 && !self.reported && held >= limit => {
-                self.reported = true;
-                Beat::Stalled(held.as_secs())
-            }
-            _ => Beat::Same,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_step_held_past_the_timeout_is_reported_once() {
-        let t0 = std::time::Instant::now();
-        let limit = Some(Duration::from_secs(60));
-        let at = |s: u64| t0 + Duration::from_secs(s);
-        let mut p = Progress::default();
-        assert_eq!(p.beat(0, at(0), limit), Beat::Advanced);
-        assert_eq!(
-            p.beat(0, at(500), limit),
-            Beat::Same,
-            "step 0 is not judged"
-        );
-        assert_eq!(p.beat(1, at(501), limit), Beat::Advanced);
-        assert_eq!(p.beat(1, at(560), limit), Beat::Same);
-        assert_eq!(p.beat(1, at(562), limit), Beat::Stalled(61));
-        assert_eq!(p.beat(1, at(900), limit), Beat::Same, "reported once");
-        assert_eq!(p.beat(2, at(901), limit), Beat::Advanced);
-        assert_eq!(p.beat(2, at(5000), None), Beat::Same, "no timeout set");
-    }
 
     #[test]
     fn long_lines_are_cut_on_a_char_boundary() {

@@ -171,7 +171,9 @@ fn strangers_are_refused_and_the_ranks_still_meet() {
     // A rank's hello followed by something else than its registration.
     let mut chatty =
         BlockingConnection::connect(&master, Role::Worker, "s3cret", HANDSHAKE_TIMEOUT).unwrap();
-    chatty.send(&FromWorker::Heartbeat { step: 0 }).unwrap();
+    chatty
+        .send(&FromWorker::Heartbeat { step: 0, work: 0 })
+        .unwrap();
     assert!(matches!(
         chatty.recv::<ToWorker>(),
         Err(ConnectionError::Closed)
