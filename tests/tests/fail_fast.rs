@@ -40,6 +40,16 @@ fn fails_fast(name: &str, injected: &str, victim: u64, expected: &str) {
         stdout.contains(&format!("job failed: rank {victim} on")),
         "{stdout}"
     );
+    assert_no_process_left(&run);
+    // Steps before the failure were trained and logged (the failure was mid-training).
+    assert!(metric_steps(&run, 0).len() >= 2, "{stdout}");
+    eprintln!(
+        "{name}: job ended {:.1} s after it started",
+        took.as_secs_f64()
+    );
+}
+
+fn assert_no_process_left(run: &std::path::Path) {
     let left = wait_for(
         "the run's processes to be gone",
         Duration::from_secs(5),
@@ -50,12 +60,6 @@ fn fails_fast(name: &str, injected: &str, victim: u64, expected: &str) {
         },
     );
     assert!(left.is_ok(), "worker processes left after the job ended");
-    // Steps before the failure were trained and logged (the failure was mid-training).
-    assert!(metric_steps(&run, 0).len() >= 2, "{stdout}");
-    eprintln!(
-        "{name}: job ended {:.1} s after it started",
-        took.as_secs_f64()
-    );
 }
 
 #[test]
@@ -105,15 +109,6 @@ fn a_rank_that_hangs_while_heartbeating_ends_the_job_after_the_progress_timeout(
         "{message}"
     );
     // The hung rank ignores requests to stop; the controller kills it.
-    let left = wait_for(
-        "the run's processes to be gone",
-        Duration::from_secs(5),
-        || {
-            processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string())
-                .is_empty()
-                .then_some(())
-        },
-    );
-    assert!(left.is_ok(), "worker processes left after the job ended");
+    assert_no_process_left(&run);
     assert_eq!(metric_steps(&run, 0), vec![1, 2], "{stdout}");
 }
