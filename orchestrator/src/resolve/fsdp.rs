@@ -5,6 +5,7 @@ use super::{defaults, ResolveError, Section};
 use shardrun_protocol::config::{
     DType, FsdpConfig, MixedPrecision, ModelConfig, ShardingStrategy, WrapPolicy,
 };
+use shardrun_protocol::footprint::Footprint;
 use shardrun_protocol::units::{plan_units, segments_split_finer};
 
 pub fn resolve_fsdp(
@@ -61,7 +62,6 @@ pub fn resolve_fsdp(
         },
     });
     let activation_checkpointing = f.activation_checkpointing.unwrap_or(false);
-    warn_about_memory_options(model, &wrap, activation_checkpointing, warnings);
     Ok(FsdpConfig {
         strategy,
         wrap,
@@ -82,15 +82,18 @@ pub fn resolve_fsdp(
 /// Options that are valid but do not save the memory people expect: wrapping finer than the
 /// model's segments (a segment's units are gathered together for its forward and backward),
 /// and activation checkpointing on a model without blocks (it recomputes blocks only).
-fn warn_about_memory_options(
+pub(super) fn warn_about_memory_options(
     model: &ModelConfig,
-    wrap: &WrapPolicy,
-    activation_checkpointing: bool,
+    footprint: &Footprint,
+    fsdp: &FsdpConfig,
     warnings: &mut Vec<String>,
 ) {
-    let footprint = model.footprint(DType::F32.size_bytes());
     let (sizes, segments) = (footprint.param_sizes(), footprint.segment_specs());
-    let split = segments_split_finer(&sizes, &segments, &plan_units(&sizes, &segments, wrap));
+    let split = segments_split_finer(
+        &sizes,
+        &segments,
+        &plan_units(&sizes, &segments, &fsdp.wrap),
+    );
     if let Some((segment, units)) = split.first() {
         warnings.push(format!(
             "`training.fsdp.wrap` splits {} of the model's segments into several units ({segment}: {}): a segment's units are gathered together for its forward and its backward, so units finer than a segment save no memory, they only split the communication; use `{{kind: block}}` for one unit per segment",
@@ -98,7 +101,7 @@ fn warn_about_memory_options(
             units.join(", ")
         ));
     }
-    if activation_checkpointing && !segments.iter().any(|s| s.is_block) {
+    if fsdp.activation_checkpointing && !segments.iter().any(|s| s.is_block) {
         let kind = serde_json::to_value(model)
             .ok()
             .and_then(|v| v["kind"].as_str().map(str::to_string))

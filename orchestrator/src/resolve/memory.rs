@@ -45,6 +45,7 @@ pub struct MemoryInputs<'a> {
 }
 
 pub fn estimate_memory(m: &MemoryInputs, warnings: &mut Vec<String>) -> MemoryEstimate {
+    let layout = ModelLayout::new(m.footprint, m.fsdp);
     let per_strategy: Vec<StrategyMemory> = [
         ShardingStrategy::FullShard,
         ShardingStrategy::ShardGradOp,
@@ -52,9 +53,13 @@ pub fn estimate_memory(m: &MemoryInputs, warnings: &mut Vec<String>) -> MemoryEs
         ShardingStrategy::NoShard,
     ]
     .into_iter()
-    .map(|s| strategy_memory(s, m))
+    .map(|s| strategy_memory(s, m, &layout))
     .collect();
-    let chosen = strategy_memory(m.fsdp.strategy, m);
+    let chosen = per_strategy
+        .iter()
+        .find(|s| s.strategy == m.fsdp.strategy)
+        .cloned()
+        .unwrap_or_else(|| strategy_memory(m.fsdp.strategy, m, &layout));
     let gpu_memory_bytes = m.gpu_memory_gb.map(|gb| (gb * GIB) as u64);
     if gpu_memory_bytes.is_some() && m.device == DeviceKind::Cpu {
         warnings.push(
@@ -129,13 +134,47 @@ impl MemoryParts {
     }
 }
 
-/// One unit as the engine holds it under a strategy.
-struct Unit {
-    /// Elements, padded to a multiple of the shard count.
-    padded: u64,
+/// The model's units and what each segment reads, the same under every strategy.
+struct ModelLayout {
+    /// Elements of each unit, unpadded.
+    unit_numel: Vec<u64>,
+    /// The units each segment reads, in segment order.
+    reads: Vec<Vec<usize>>,
+    /// Elements of the parameters each segment reads (what autograd's gradients hold).
+    segment_numel: Vec<u64>,
 }
 
-fn strategy_memory(strategy: ShardingStrategy, m: &MemoryInputs) -> StrategyMemory {
+impl ModelLayout {
+    fn new(f: &Footprint, fsdp: &FsdpConfig) -> ModelLayout {
+        let sizes = f.param_sizes();
+        let specs = f.segment_specs();
+        let plans = plan_units(&sizes, &specs, &fsdp.wrap);
+        let numel_of: std::collections::HashMap<&str, u64> =
+            sizes.iter().map(|(n, e)| (n.as_str(), *e)).collect();
+        ModelLayout {
+            unit_numel: plans
+                .iter()
+                .map(|u| u.params.iter().map(|&i| sizes[i].1).sum())
+                .collect(),
+            reads: segment_units(&sizes, &specs, &plans),
+            segment_numel: specs
+                .iter()
+                .map(|s| {
+                    s.params
+                        .iter()
+                        .filter_map(|n| numel_of.get(n.as_str()))
+                        .sum()
+                })
+                .collect(),
+        }
+    }
+}
+
+fn strategy_memory(
+    strategy: ShardingStrategy,
+    m: &MemoryInputs,
+    layout: &ModelLayout,
+) -> StrategyMemory {
     let f = m.footprint;
     let fsdp = m.fsdp;
     let shards = match strategy {
@@ -150,21 +189,15 @@ fn strategy_memory(strategy: ShardingStrategy, m: &MemoryInputs) -> StrategyMemo
     // A shard group of one in fp32 computes on its shard: nothing is gathered.
     let aliases = shards == 1 && param_bytes == 4;
 
-    let sizes = f.param_sizes();
-    let specs = f.segment_specs();
-    let plans = plan_units(&sizes, &specs, &fsdp.wrap);
-    let units: Vec<Unit> = plans
+    // Each unit's elements, padded to a multiple of the shard count.
+    let padded: Vec<u64> = layout
+        .unit_numel
         .iter()
-        .map(|u| {
-            let numel: u64 = u.params.iter().map(|&i| sizes[i].1).sum();
-            Unit {
-                padded: numel.div_ceil(shards) * shards,
-            }
-        })
+        .map(|n| n.div_ceil(shards) * shards)
         .collect();
-    let reads = segment_units(&sizes, &specs, &plans);
-    let k = specs.len();
-    let all: u64 = units.iter().map(|u| u.padded).sum();
+    let reads = &layout.reads;
+    let k = reads.len();
+    let all: u64 = padded.iter().sum();
 
     let state = all / shards * 16
         + if strategy == ShardingStrategy::NoShard && !aliases {
@@ -173,7 +206,7 @@ fn strategy_memory(strategy: ShardingStrategy, m: &MemoryInputs) -> StrategyMemo
             0
         };
     let unit_bytes = |set: &[usize], per_element: u64| -> u64 {
-        set.iter().map(|&u| units[u].padded * per_element).sum()
+        set.iter().map(|&u| padded[u] * per_element).sum()
     };
 
     // Visit v < k is segment v's forward; visit v >= k is segment 2k-1-v's backward.
@@ -221,12 +254,12 @@ fn strategy_memory(strategy: ShardingStrategy, m: &MemoryInputs) -> StrategyMemo
         if shards == 1 {
             0 // folded into the gradient shard at once
         } else {
-            units[u].padded * reduce_bytes + units[u].padded / shards * reduce_bytes
+            padded[u] * reduce_bytes + padded[u] / shards * reduce_bytes
         }
     };
 
     let tokens = m.tokens_per_micro_batch;
-    let checkpointed = |s: usize| fsdp.activation_checkpointing && specs[s].is_block;
+    let checkpointed = |s: usize| fsdp.activation_checkpointing && f.segments[s].spec.is_block;
     let kept = |s: usize| {
         let seg = &f.segments[s];
         if checkpointed(s) {
@@ -256,12 +289,7 @@ fn strategy_memory(strategy: ShardingStrategy, m: &MemoryInputs) -> StrategyMemo
         } else {
             // The segment's parameter gradients from autograd and its units' flat buffers,
             // while the previous visit's last reduce-scatter is in flight.
-            let autograd: u64 = specs[s]
-                .params
-                .iter()
-                .filter_map(|n| sizes.iter().find(|p| &p.0 == n))
-                .map(|p| p.1 * param_bytes)
-                .sum();
+            let autograd = layout.segment_numel[s] * param_bytes;
             let previous = if s + 1 < k {
                 reads[s + 1]
                     .iter()
@@ -288,7 +316,7 @@ fn strategy_memory(strategy: ShardingStrategy, m: &MemoryInputs) -> StrategyMemo
     } else {
         0
     };
-    let largest_shard = units.iter().map(|u| u.padded / shards).max().unwrap_or(0);
+    let largest_shard = padded.iter().map(|p| p / shards).max().unwrap_or(0);
     consider(MemoryParts {
         state,
         gradients: replica_copies.max(2 * largest_shard * 4),

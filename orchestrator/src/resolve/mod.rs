@@ -23,9 +23,11 @@ pub use slurm::parse_slurm_time;
 
 use crate::spec::{JobSpec, LoadedSpec, SpecError};
 use serde::{Deserialize, Serialize};
-use shardrun_protocol::config::{BatchPlan, DeviceKind, ShardingStrategy};
+use shardrun_protocol::config::{BatchPlan, DeviceKind, ModelConfig, ShardingStrategy};
+use shardrun_protocol::footprint::Footprint;
 use shardrun_protocol::TrainConfig;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Defaults, in one place (docs/job-spec.md repeats them).
 pub mod defaults {
@@ -207,6 +209,44 @@ impl Section<'_> {
 
 /// Apply defaults and check everything that parsing alone cannot, section by section.
 pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob, ResolveError> {
+    resolve_with(loaded, overrides, &mut Footprints::default())
+}
+
+/// Model footprints already built, kept for resolving many jobs of a few models (a sweep's
+/// points): describing a model, every parameter by name, is most of a point's planning.
+#[derive(Default)]
+pub struct Footprints {
+    built: Vec<(ModelConfig, u64, Arc<Footprint>)>,
+}
+
+impl Footprints {
+    /// Models kept at once; a sweep over more model shapes describes some again.
+    const KEPT: usize = 8;
+
+    fn of(&mut self, model: &ModelConfig, compute_bytes: u64) -> Arc<Footprint> {
+        if let Some((_, _, f)) = self
+            .built
+            .iter()
+            .find(|(m, bytes, _)| *bytes == compute_bytes && m == model)
+        {
+            return f.clone();
+        }
+        let footprint = Arc::new(model.footprint(compute_bytes));
+        if self.built.len() == Self::KEPT {
+            self.built.remove(0);
+        }
+        self.built
+            .push((model.clone(), compute_bytes, footprint.clone()));
+        footprint
+    }
+}
+
+/// [`resolve`], taking model footprints from `footprints` and keeping new ones there.
+pub fn resolve_with(
+    loaded: &LoadedSpec,
+    overrides: &Overrides,
+    footprints: &mut Footprints,
+) -> Result<ResolvedJob, ResolveError> {
     let s = Section { loaded };
     let spec = &loaded.spec;
     let t = &spec.training;
@@ -269,9 +309,11 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
         fsdp,
     };
 
-    let footprint = train
-        .model
-        .footprint(train.fsdp.mixed_precision.param_dtype.size_bytes());
+    let footprint = footprints.of(
+        &train.model,
+        train.fsdp.mixed_precision.param_dtype.size_bytes(),
+    );
+    fsdp::warn_about_memory_options(&train.model, &footprint, &train.fsdp, &mut warnings);
     let memory = memory::estimate_memory(
         &memory::MemoryInputs {
             footprint: &footprint,

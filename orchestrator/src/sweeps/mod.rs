@@ -139,6 +139,8 @@ pub fn expand(loaded: &LoadedSpec) -> Result<Vec<SweepPoint>, SweepError> {
     let grid_size: usize = grid.iter().map(|(_, v)| v.len()).product();
     let mut points = Vec::with_capacity(list.len() * grid_size);
     let mut seen = HashSet::new();
+    let overrides = Overrides::submitting();
+    let mut footprints = resolve::Footprints::default();
     for entry in &list {
         for index in 0..grid_size {
             let mut params: BTreeMap<String, Value> = entry.clone();
@@ -147,7 +149,7 @@ pub fn expand(loaded: &LoadedSpec) -> Result<Vec<SweepPoint>, SweepError> {
                 params.insert((*path).clone(), values[rest % values.len()].clone());
                 rest /= values.len();
             }
-            let point = resolve_point(loaded, &base, params)?;
+            let point = resolve_point(loaded, &base, params, (&overrides, &mut footprints))?;
             // Two sweep entries that resolve to the same job are one point.
             if seen.insert(point.key.clone()) {
                 points.push(point);
@@ -161,6 +163,7 @@ fn resolve_point(
     loaded: &LoadedSpec,
     base: &Value,
     params: BTreeMap<String, Value>,
+    (overrides, footprints): (&Overrides, &mut resolve::Footprints),
 ) -> Result<SweepPoint, SweepError> {
     let json_params: BTreeMap<String, serde_json::Value> = params
         .iter()
@@ -194,7 +197,7 @@ fn resolve_point(
         source: loaded.source.clone(),
         overrides: loaded.overrides.clone(),
     };
-    let mut job = resolve::resolve(&point_spec, &Overrides::submitting()).map_err(|source| {
+    let mut job = resolve::resolve_with(&point_spec, overrides, footprints).map_err(|source| {
         SweepError::Point {
             label: label.clone(),
             source: Box::new(source),
@@ -293,6 +296,37 @@ mod tests {
             .map(|p| p.job.train.optimizer.lr.to_string())
             .collect();
         assert_eq!(lrs.len(), 3);
+    }
+
+    #[test]
+    fn points_of_different_models_are_planned_each_for_its_own_model() {
+        // The footprints built for one point are kept for the next: a point whose model
+        // differs must still get its own memory plan, the one it gets resolved alone.
+        let yaml = include_str!("../../../examples/sweep.yaml").replace(
+            "training.seed: [0, 1]",
+            "training.model.hidden_dim: [256, 512, 256]\n    training.fsdp.mixed_precision.param_dtype: [f32, bf16]",
+        );
+        let loaded = parse(&yaml, Path::new("sweep.yaml")).unwrap();
+        let p = expand(&loaded).unwrap();
+        assert_eq!(
+            p.len(),
+            3 * 2 * 2 * 2,
+            "two of the three hidden sizes are one point"
+        );
+        let peaks: HashSet<u64> = p.iter().map(|p| p.job.memory.chosen.peak).collect();
+        assert!(peaks.len() >= 4, "{peaks:?}");
+        for point in &p {
+            let mut alone = loaded.clone();
+            for (path, value) in &point.params {
+                let value = serde_norway::to_value(value).unwrap();
+                let mut doc = serde_norway::to_value(&alone.spec).unwrap();
+                apply(&mut doc, path, value).unwrap();
+                alone.spec = to_spec(&doc).unwrap();
+            }
+            alone.spec.sweep = None;
+            let job = resolve::resolve(&alone, &Overrides::submitting()).unwrap();
+            assert_eq!(job.memory, point.job.memory, "{:?}", point.params);
+        }
     }
 
     #[test]
