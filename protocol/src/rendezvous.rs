@@ -25,7 +25,7 @@ pub enum Refusal {
     ConfigHash { got: String, expected: String },
     #[error(
         "rank {rank} already registered from {host} pid {pid} (two processes with one rank: \
-         check the launcher's SLURM_PROCID / SHARDRUN_RANK)"
+         check the launcher's rank variable: SHARDRUN_RANK, SLURM_PROCID, or RANK under torchrun)"
     )]
     Duplicate { rank: u64, host: String, pid: u32 },
 }
@@ -193,7 +193,7 @@ mod tests {
         assert_eq!(
             refusal.to_string(),
             "rank 1 already registered from node0 pid 101 (two processes with one rank: check \
-             the launcher's SLURM_PROCID / SHARDRUN_RANK)"
+             the launcher's rank variable: SHARDRUN_RANK, SLURM_PROCID, or RANK under torchrun)"
         );
         assert_eq!(roster.get(1).unwrap().pid, 101, "the first one stays");
     }

@@ -86,6 +86,19 @@ pub fn load(path: &Path) -> Result<LoadedSpec, SpecError> {
 
 /// Parse a job spec from YAML text; `path` is only used in error messages.
 pub fn parse(source: &str, path: &Path) -> Result<LoadedSpec, SpecError> {
+    if is_blank(source) {
+        return Err(SpecError::in_file(
+            path,
+            source,
+            None,
+            String::new(),
+            SpecErrorKind::MissingField,
+            "the spec is empty (nothing but blank lines and comments)".into(),
+            "a job spec needs at least `name:` and `training:` (model, steps, total_batch_size, \
+             batch_size_per_device); start from examples/demo.yaml, docs/job-spec.md lists every key"
+                .into(),
+        ));
+    }
     let spec: JobSpec = read::read(source).map_err(|e| SpecError::from_read(e, path, source))?;
     let loaded = LoadedSpec {
         spec,
@@ -95,6 +108,14 @@ pub fn parse(source: &str, path: &Path) -> Result<LoadedSpec, SpecError> {
     };
     validate_name(&loaded)?;
     Ok(loaded)
+}
+
+/// Nothing but blank lines, comments and document markers: an empty document.
+fn is_blank(source: &str) -> bool {
+    source.lines().all(|line| {
+        let line = line.trim();
+        line.is_empty() || line.starts_with('#') || line == "---" || line == "..."
+    })
 }
 
 /// Job names become file names, `#SBATCH --job-name` and log prefixes: keep them plain.
@@ -172,6 +193,19 @@ mod tests {
             text.starts_with("job.yaml:6:5: field `training.optimizer`"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn an_empty_spec_says_it_is_empty_and_what_a_spec_needs() {
+        for empty in ["", "\n\n", "# a job, one day\n", "---\n# nothing yet\n"] {
+            let err = parse_str(empty).unwrap_err();
+            assert_eq!(err.kind, SpecErrorKind::MissingField, "{empty:?}");
+            assert!(err.why.starts_with("the spec is empty"), "{err}");
+            assert!(err.fix.contains("`name:` and `training:`"), "{err}");
+        }
+        // A spec with content but no name still names the missing key.
+        let err = parse_str(&MINIMAL.replace("name: t\n", "")).unwrap_err();
+        assert!(err.why.contains("`name` is missing"), "{err}");
     }
 
     #[test]
