@@ -624,4 +624,35 @@ fn failed_points_are_resubmitted() {
     assert_eq!(stdout.matches("submit (was FAILED)").count(), 2, "{stdout}");
     assert_eq!(stdout.matches("skip (COMPLETED)").count(), 2, "{stdout}");
     all_completed(&cluster, &dir, &sweep_dir, 4);
+
+    // A point's directory holds no spec: `plan` shows the plan it recorded and ran.
+    let point = std::fs::read_dir(&sweep_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.join("resolved.json").is_file())
+        .expect("a point directory");
+    let point_arg = point.to_string_lossy().into_owned();
+    let recorded: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(point.join("resolved.json")).unwrap()).unwrap();
+    let lr = recorded["train"]["optimizer"]["lr"].as_f64().unwrap();
+    let out = cluster.shardrun(dir.path(), &["plan", &point_arg]).unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        stdout_of(&out).contains(&format!("AdamW lr {lr} ")),
+        "{}",
+        stdout_of(&out)
+    );
+    let out = cluster
+        .shardrun(
+            dir.path(),
+            &["plan", &point_arg, "--set", "training.steps=9"],
+        )
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr_of(&out).contains("is a sweep point"),
+        "{}",
+        stderr_of(&out)
+    );
 }

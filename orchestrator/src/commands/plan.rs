@@ -1,13 +1,17 @@
-//! `shardrun plan job.yaml`: check a spec and print the resolved plan.
+//! `shardrun plan job.yaml`: check a spec and print the resolved plan. Given a run
+//! directory without a `job.yaml` (a sweep's point), it prints the plan the directory
+//! records, the one its job runs.
 
 use crate::commands::spec_args::{load_and_resolve, SetArgs};
-use crate::resolve::Overrides;
+use crate::resolve::{Overrides, ResolvedJob};
+use crate::rundir::RunDir;
 use anyhow::Context;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Job spec (YAML), or a run directory (its `job.yaml` is used).
+    /// Job spec (YAML), or a run directory (its `job.yaml` is used; a sweep point's
+    /// directory has none, and its recorded plan is printed).
     pub spec: PathBuf,
     /// Plan for N local ranks on this machine, as `shardrun run --nproc N` would.
     #[arg(long)]
@@ -28,7 +32,20 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         force: args.force,
         ..Overrides::submitting()
     };
-    let (_, job) = load_and_resolve(&args.spec, &overrides, &args.set)?;
+    let job = match recorded_plan(&args.spec)? {
+        Some(job) => {
+            if args.nproc.is_some() || args.force || !args.set.set.is_empty() {
+                anyhow::bail!(
+                    "{} is a sweep point: its plan was fixed when the sweep was submitted, so \
+                     --nproc, --force and --set cannot change it\n  fix: drop them to see the \
+                     point's plan, or plan the sweep's spec with the point's values as --set",
+                    args.spec.display()
+                );
+            }
+            job
+        }
+        None => load_and_resolve(&args.spec, &overrides, &args.set)?.1,
+    };
     if args.json {
         println!(
             "{}",
@@ -38,4 +55,14 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         print!("{}", job.summary());
     }
     Ok(())
+}
+
+/// The plan a run directory without a `job.yaml` records (a sweep's point); `None` for a
+/// spec file or a directory with a spec.
+fn recorded_plan(path: &Path) -> anyhow::Result<Option<ResolvedJob>> {
+    if !path.is_dir() || path.join("job.yaml").exists() {
+        return Ok(None);
+    }
+    let run = RunDir::open(path)?;
+    Ok(Some(run.read_resolved()?))
 }
