@@ -50,11 +50,16 @@ mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 if [[ -n "${1:-}" ]]; then
   bin="$(cd "$1" && pwd)"
-elif command -v cargo >/dev/null; then
-  bench/gpu.sh stage "$out/bin" >"$out/build.txt" 2>&1 || { tail -30 "$out/build.txt"; exit 1; }
+elif command -v cargo >/dev/null && bench/gpu.sh stage "$out/bin" >"$out/build.txt" 2>&1; then
   bin="$out/bin"
-else
+elif [[ -d .device-bin ]]; then
+  # No cargo, or no build environment here (scripts/setup.sh not run): staged binaries.
+  [[ -s "$out/build.txt" ]] && echo "(building here failed, see $out/build.txt: using .device-bin)"
   bin="$(cd .device-bin && pwd)"
+else
+  [[ -s "$out/build.txt" ]] && tail -30 "$out/build.txt"
+  echo "no binaries: run scripts/setup.sh here, or stage them elsewhere with \`bench/gpu.sh stage\`"
+  exit 1
 fi
 python="${SHARDRUN_GPU_PYTHON:-python3}"
 torch_dir=$("$python" -c 'import torch, os; print(os.path.dirname(torch.__file__))')
@@ -64,7 +69,8 @@ mkdir -p "$out/nccl-link"
 ln -sf "$torch_dir/../nvidia/nccl/lib/libnccl.so.2" "$out/nccl-link/libnccl.so"
 export LD_LIBRARY_PATH="$torch_dir/lib:$out/nccl-link${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export SHARDRUN_WORKER_BIN="$bin/shardrun-worker"
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+# The GPUs this process may use (CUDA_VISIBLE_DEVICES, a Slurm allocation), not the node's.
+gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 echo "binaries: $bin; torch: $torch_dir; $gpus GPU(s); output: $out"
 
@@ -119,19 +125,22 @@ run_job() { # run_job NAME SPEC NPROC: shardrun run, then the loss must fall
 echo "== 1-3: NCCL, the device, the communicator"
 check "check-gpu (NCCL loads, rank 0 gets its GPU)" "$bin/shardrun-worker" --check-gpu
 check "NCCL collectives, 1 rank" "$bin/shardrun-collective-bench" --device cuda check
+# on_every_gpu ARGS...: shardrun-collective-bench ARGS as one rank per GPU.
+on_every_gpu() {
+  local port=$((29500 + RANDOM % 1000)) pids=() rc=0 r
+  for ((r = 0; r < gpus; r++)); do
+    RANK=$r WORLD_SIZE=$gpus LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      "$bin/shardrun-collective-bench" --device cuda "$@" & pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  return $rc
+}
 if (( gpus >= 2 )); then
-  ranks_check() {
-    local port=$((29500 + RANDOM % 1000)) pids=() rc=0
-    for ((r = 0; r < gpus; r++)); do
-      RANK=$r WORLD_SIZE=$gpus LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-        "$bin/shardrun-collective-bench" --device cuda check & pids+=($!)
-    done
-    for p in "${pids[@]}"; do wait "$p" || rc=1; done
-    return $rc
-  }
-  check "NCCL collectives and HYBRID groups, $gpus ranks" ranks_check
+  check "NCCL collectives and HYBRID groups, $gpus ranks" on_every_gpu check
+  # One rank would time a local copy: bandwidth needs every GPU (rank 0 prints).
+  bandwidth() { on_every_gpu bench --mib 256 | tee "$out/nccl-bench.jsonl"; }
+  check "NCCL bandwidth, 256 MiB, $gpus ranks" bandwidth
 fi
-check "NCCL bandwidth, 256 MiB" bash -c "'$bin/shardrun-collective-bench' --device cuda bench --mib 256 | tee '$out/nccl-bench.jsonl'"
 if [[ -x "$bin/tests/shardrun-worker-unit-tests" ]]; then
   check "worker unit tests on CUDA" "$bin/tests/shardrun-worker-unit-tests" --test-threads 1
 else

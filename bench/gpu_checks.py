@@ -13,6 +13,7 @@ import json
 import math
 import os
 import statistics
+import struct
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -62,10 +63,33 @@ def same(a, b, after=0, rtol=1e-3):
     print(f"ok: steps {steps[0]}-{steps[-1]} agree to {worst:.1e}")
 
 
+def read_safetensors(path):
+    """The tensors of a safetensors file, read with torch alone (the `safetensors` package
+    need not be installed where the GPUs are): an 8-byte header length, a JSON header of
+    dtype, shape and byte offsets, then the data."""
+    import torch
+
+    dtypes = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+              "F64": torch.float64, "I64": torch.int64, "I32": torch.int32}
+    with open(path, "rb") as f:
+        blob = f.read()
+    (length,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + length])
+    data = bytearray(blob[8 + length:])
+    tensors = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = entry["data_offsets"]
+        flat = torch.frombuffer(data, dtype=dtypes[entry["dtype"]],
+                                count=(end - start) // dtypes[entry["dtype"]].itemsize, offset=start)
+        tensors[name] = flat.reshape(entry["shape"]).clone()
+    return tensors
+
+
 def exported(checkpoint, config_path, metrics_path, rtol=1e-3):
     import torch
     import torch.nn.functional as F
-    from safetensors.torch import load_file
 
     sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
     sys.path.insert(0, HERE)
@@ -78,7 +102,7 @@ def exported(checkpoint, config_path, metrics_path, rtol=1e-3):
     with open(os.path.join(checkpoint, "metadata.json")) as f:
         step = json.load(f)["step"]
     model = Transformer(m["vocab_size"], m["dim"], m["n_layers"], m["n_heads"], m["max_seq_len"])
-    model.load_state_dict(load_file(os.path.join(checkpoint, "model.safetensors")), strict=True)
+    model.load_state_dict(read_safetensors(os.path.join(checkpoint, "model.safetensors")), strict=True)
     device = "cuda" if config["device"] == "cuda" else "cpu"
     model = model.to(device)
     global_batch = batch["batch_size_per_device"] * batch["world_size"]

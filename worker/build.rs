@@ -2,8 +2,12 @@
 //! * rpath to libtorch's `lib/` (torch-sys exports it as `DEP_TCH_LIBTORCH_LIB`);
 //! * `--no-as-needed -ltorch`, otherwise the linker drops `libtorch_cuda.so` (nothing
 //!   references it by symbol) and `Cuda::is_available()` is false on GPU machines;
-//! * rpath to a folder holding `libnccl.so`, a link to the NCCL this libtorch uses (see
-//!   [`nccl_link`]).
+//! * rpath to a folder holding `libnccl.so` and `libcudart.so`, links to the NCCL and the
+//!   CUDA runtime this libtorch uses (see [`library_links`]);
+//! * `--disable-new-dtags`: the rpath is written as DT_RPATH, which the loader searches
+//!   before `LD_LIBRARY_PATH` (DT_RUNPATH comes after it), as libtorch's own libraries do.
+//!   On a node where `module load cuda` put a toolkit's `libcudart.so` on `LD_LIBRARY_PATH`,
+//!   cudarc would otherwise load that second CUDA runtime beside libtorch's.
 //!
 //! Also compiles `shim/storage_shim.cpp` (storage free/re-allocate, seeded unit backward,
 //! fused AdamW, allocator statistics: what tch does not expose) against the same headers.
@@ -15,12 +19,13 @@ fn main() {
     println!("cargo:rerun-if-changed=shim/storage_shim.cpp");
     let lib = std::env::var("DEP_TCH_LIBTORCH_LIB")
         .expect("torch-sys exports DEP_TCH_LIBTORCH_LIB (set LIBTORCH to the venv's torch/)");
+    println!("cargo:rustc-link-arg=-Wl,--disable-new-dtags");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
     println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
     println!("cargo:rustc-link-arg=-L{lib}");
     println!("cargo:rustc-link-arg=-ltorch");
     println!("cargo:rustc-link-arg=-Wl,--as-needed");
-    if let Some(dir) = nccl_link(Path::new(&lib)) {
+    if let Some(dir) = library_links(Path::new(&lib)) {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display());
         println!("cargo:rustc-env=SHARDRUN_NCCL_LINK_DIR={}", dir.display());
     } else {
@@ -44,26 +49,40 @@ fn main() {
 }
 
 /// cudarc opens NCCL by the names `libnccl.so`, `libnccl.so.13`, ... but pip installs it as
-/// `libnccl.so.2` (next to torch, in `nvidia/nccl/lib/`). A folder in this build's output
-/// with a `libnccl.so` link to that file, on the binaries' RUNPATH, lets cudarc's
-/// `dlopen("libnccl.so")` find it; the loader sees that the file is the one
-/// `libtorch_cuda.so` already loaded and hands back that same library. `None` when this
+/// `libnccl.so.2` (next to torch, in `nvidia/nccl/lib/`), and it opens the CUDA runtime as
+/// `libcudart.so` first, a name pip does not install but a CUDA toolkit does. A folder in
+/// this build's output with `libnccl.so` and `libcudart.so` links to libtorch's own files, on
+/// the binaries' rpath, makes cudarc's `dlopen` find those; the loader sees that each file is
+/// one `libtorch_cuda.so` already loaded and hands back that same library. `None` when this
 /// libtorch has no NCCL beside it (a CPU-only build).
-fn nccl_link(torch_lib: &Path) -> Option<PathBuf> {
-    let candidates = [
-        torch_lib.join("../../nvidia/nccl/lib/libnccl.so.2"),
+fn library_links(torch_lib: &Path) -> Option<PathBuf> {
+    let nvidia = torch_lib.join("../../nvidia");
+    let nccl = first_file(&[
+        nvidia.join("nccl/lib/libnccl.so.2"),
         torch_lib.join("libnccl.so.2"),
-    ];
-    let real = candidates
-        .iter()
-        .find(|p| p.is_file())?
-        .canonicalize()
-        .ok()?;
-    println!("cargo:rerun-if-changed={}", real.display());
+    ])?;
+    // pip's CUDA 13 wheels put the runtime in `nvidia/cu13/lib`, CUDA 12's in
+    // `nvidia/cuda_runtime/lib`.
+    let cudart = first_file(&[
+        nvidia.join("cu13/lib/libcudart.so.13"),
+        nvidia.join("cuda_runtime/lib/libcudart.so.12"),
+        torch_lib.join("libcudart.so.13"),
+        torch_lib.join("libcudart.so.12"),
+    ]);
     let dir = PathBuf::from(std::env::var("OUT_DIR").ok()?).join("nccl");
     std::fs::create_dir_all(&dir).ok()?;
-    let link = dir.join("libnccl.so");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(&real, &link).ok()?;
+    for (name, real) in [("libnccl.so", Some(nccl)), ("libcudart.so", cudart)] {
+        let link = dir.join(name);
+        let _ = std::fs::remove_file(&link);
+        if let Some(real) = real {
+            println!("cargo:rerun-if-changed={}", real.display());
+            std::os::unix::fs::symlink(&real, &link).ok()?;
+        }
+    }
     Some(dir)
+}
+
+/// The first of `candidates` that is a file, with links resolved.
+fn first_file(candidates: &[PathBuf]) -> Option<PathBuf> {
+    candidates.iter().find(|p| p.is_file())?.canonicalize().ok()
 }

@@ -2,9 +2,10 @@
 //! runs on its own stream, ordered with libtorch's work by events), device names and memory.
 //!
 //! Through cudarc's runtime bindings, loaded at run time so CPU machines need no CUDA. The
-//! loader matches cudarc's `dlopen("libcudart.so.13")` to the runtime `libtorch_cpu.so`
-//! already loaded (same soname), so the device set here is libtorch's current device, and the
-//! legacy default stream here is the one libtorch enqueues its kernels on.
+//! build's link folder, on the binaries' rpath ahead of `LD_LIBRARY_PATH` (`worker/build.rs`),
+//! makes cudarc's `dlopen("libcudart.so")` open the runtime file libtorch already loaded, so
+//! the device set here is libtorch's current device, and the legacy default stream here is
+//! the one libtorch enqueues its kernels on.
 
 use cudarc::runtime::sys;
 use std::ffi::{c_char, c_void, CStr};

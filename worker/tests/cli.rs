@@ -112,3 +112,53 @@ fn nccl_loads_with_nothing_in_the_environment() {
         assert!(text.contains("device: node "), "{text}");
     }
 }
+
+/// On a cluster node `module load cuda` or `module load nccl` puts other `libcudart.so` and
+/// `libnccl.so` files on `LD_LIBRARY_PATH`. The worker still uses libtorch's own runtime and
+/// NCCL (a second CUDA runtime in the process would not share libtorch's current device).
+/// The decoys here are a library that is neither, so loading one fails loudly.
+#[test]
+fn libtorchs_cuda_runtime_and_nccl_win_over_ld_library_path() {
+    let decoys = std::env::temp_dir().join(format!("shardrun-decoys-{}", std::process::id()));
+    std::fs::create_dir_all(&decoys).unwrap();
+    for name in [
+        "libcudart.so",
+        "libcudart.so.13",
+        "libnccl.so",
+        "libnccl.so.2",
+    ] {
+        let link = decoys.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink("/lib/x86_64-linux-gnu/libz.so.1", &link).unwrap();
+    }
+    let out = Command::new(WORKER)
+        .arg("--check-gpu")
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("LD_LIBRARY_PATH", &decoys)
+        .output()
+        .expect("run worker");
+    let _ = std::fs::remove_dir_all(&decoys);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = |prefix: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no {prefix:?} line:\n{text}{}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            })
+            .to_string()
+    };
+    let runtime = line("cuda runtime: ");
+    assert!(
+        runtime.contains("/nvidia/") && runtime.contains("libcudart.so."),
+        "{runtime}"
+    );
+    let nccl = line("nccl: ");
+    assert!(
+        nccl.starts_with("NCCL 2.") && nccl.contains("/nvidia/nccl/lib/libnccl.so.2"),
+        "{nccl}"
+    );
+}

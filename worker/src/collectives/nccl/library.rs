@@ -3,11 +3,11 @@
 //! cudarc opens NCCL by the names `libnccl.so`, `libnccl.so.13`, ... `libnccl.so.1`, never
 //! `libnccl.so.2`, the only name pip installs (`<site-packages>/nvidia/nccl/lib/`). The build
 //! puts a folder with a `libnccl.so` link to the NCCL beside its libtorch on the binaries'
-//! RUNPATH (`worker/build.rs`), so a worker built by `scripts/setup.sh` loads libtorch's own
-//! NCCL whatever the environment (the loader sees the file `libtorch_cuda.so` already loaded
-//! and returns that library). A binary run against another libtorch finds a `libnccl.so` on
-//! `LD_LIBRARY_PATH`; when nothing is found, the error names every place looked at and the
-//! commands that fix it.
+//! rpath (`worker/build.rs`; searched before `LD_LIBRARY_PATH`), so a worker built by
+//! `scripts/setup.sh` loads libtorch's own NCCL whatever the environment (the loader sees the
+//! file `libtorch_cuda.so` already loaded and returns that library). A binary run against
+//! another libtorch finds a `libnccl.so` on `LD_LIBRARY_PATH`; when nothing is found, the
+//! error names every place looked at and the commands that fix it.
 
 use super::super::CommError;
 use cudarc::nccl::sys;
@@ -15,7 +15,7 @@ use std::ffi::c_int;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-/// The link folder the build put on the RUNPATH (empty when its libtorch had no NCCL).
+/// The link folder the build put on the rpath (empty when its libtorch had no NCCL).
 const BUILD_LINK_DIR: &str = env!("SHARDRUN_NCCL_LINK_DIR");
 
 /// The oldest NCCL with everything used here (`ncclCommSplit` with `splitShare`,
@@ -170,7 +170,7 @@ fn not_found() -> String {
             ),
         };
         text.push_str(&format!(
-            "\n  - the build's link folder {BUILD_LINK_DIR} (on the RUNPATH): {state}"
+            "\n  - the build's link folder {BUILD_LINK_DIR} (on the rpath): {state}"
         ));
     }
     match std::env::var("LD_LIBRARY_PATH") {

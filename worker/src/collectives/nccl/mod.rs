@@ -49,9 +49,8 @@ fn cuda_error(e: cuda::CudaError) -> CommError {
     CommError::Nccl(e.to_string())
 }
 
-/// `NCCL_CONFIG_INITIALIZER` with the fields set here: non-blocking, and `splitShare` for
-/// communicators split from this one.
-fn config(split_share: bool) -> sys::ncclConfig_t {
+/// `NCCL_CONFIG_INITIALIZER` with the one field set here: non-blocking.
+fn config() -> sys::ncclConfig_t {
     sys::ncclConfig_t {
         size: std::mem::size_of::<sys::ncclConfig_t>(),
         magic: 0xcafe_beef,
@@ -62,7 +61,7 @@ fn config(split_share: bool) -> sys::ncclConfig_t {
         minCTAs: UNDEF_INT,
         maxCTAs: UNDEF_INT,
         netName: std::ptr::null(),
-        splitShare: if split_share { 1 } else { UNDEF_INT },
+        splitShare: UNDEF_INT,
         trafficClass: UNDEF_INT,
         commName: std::ptr::null(),
         collnetEnable: UNDEF_INT,
@@ -122,7 +121,7 @@ pub(crate) struct Comm {
     timeout: Duration,
     /// Serialises this process's calls on the handle (NCCL forbids concurrent ones).
     calls: Mutex<()>,
-    /// Held by whoever calls NCCL outside `calls` (the watchdog) and by finish/abort.
+    /// Whether the handle is still live; held while it is queried, finished or aborted.
     life: Mutex<Life>,
     in_flight: Mutex<VecDeque<Pending>>,
 }
@@ -140,6 +139,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Comm {
     /// NCCL's state of the handle: `Ok(true)` ready, `Ok(false)` still in progress.
     fn state(&self) -> Result<bool, CommError> {
+        let _calls = lock(&self.calls);
+        self.query_state()
+    }
+
+    /// [`Comm::state`] for a caller that holds `calls` (NCCL allows one thread at a time on
+    /// a communicator, its error queries included).
+    fn query_state(&self) -> Result<bool, CommError> {
         let life = lock(&self.life);
         if *life != Life::Live {
             let how = if *life == Life::Finished {
@@ -169,18 +175,22 @@ impl Comm {
         }
     }
 
-    /// Polls until NCCL finished the last call on the handle; aborts past `deadline`.
+    /// Polls until NCCL finished the last call on the handle; aborts past `deadline`. The
+    /// caller holds `calls`.
+    ///
+    /// A non-blocking communicator launches each call from a thread of its own, so a
+    /// collective settles within tens of microseconds: short sleeps, not milliseconds.
     fn settle(&self, what: &str, deadline: Instant) -> Result<(), CommError> {
         let mut spins = 0u32;
         loop {
-            match self.state() {
+            match self.query_state() {
                 Ok(true) => return Ok(()),
                 Ok(false) if Instant::now() < deadline => {
                     spins += 1;
-                    if spins < 1000 {
+                    if spins < 64 {
                         std::thread::yield_now();
                     } else {
-                        std::thread::sleep(Duration::from_millis(1));
+                        std::thread::sleep(Duration::from_micros(20));
                     }
                 }
                 Ok(false) => {
@@ -352,7 +362,7 @@ impl NcclCommunicator {
         tracing::debug!(rank, world_size, device, "joining the NCCL communicator");
         let joining = Instant::now();
         let mut raw = std::ptr::null_mut();
-        let mut cfg = config(false);
+        let mut cfg = config();
         // SAFETY: valid out-pointer and config; rank < world_size is checked by the caller
         // (bootstrap) and by NCCL.
         let status = unsafe {
@@ -366,7 +376,10 @@ impl NcclCommunicator {
             return Err(nccl_error("ncclCommInitRankConfig", status));
         }
         let comm = Comm::wrap(raw, "the world".into(), device, timeout)?;
-        comm.settle("ncclCommInitRank", Instant::now() + timeout)?;
+        {
+            let _calls = lock(&comm.calls);
+            comm.settle("ncclCommInitRank", Instant::now() + timeout)?;
+        }
         tracing::debug!(
             seconds = joining.elapsed().as_secs_f64(),
             "NCCL communicator ready"
@@ -593,9 +606,10 @@ impl Communicator for NcclCommunicator {
             members[0] as c_int
         };
         let mut raw = std::ptr::null_mut();
-        // The child shares the parent's resources (buffers, connections) instead of setting
-        // up its own.
-        let mut cfg = config(true);
+        // The child sets up its own buffers and connections. (Sharing the parent's would need
+        // `splitShare` on the parent at its creation, and then no collective of the parent
+        // may run while the child's do: not tried on a GPU yet.)
+        let mut cfg = config();
         let deadline = Instant::now() + parent.timeout;
         {
             let _calls = lock(&parent.calls);
@@ -617,7 +631,10 @@ impl Communicator for NcclCommunicator {
         }
         let label = format!("the group of ranks {members:?}");
         let child = Comm::wrap(raw, label, parent.device, parent.timeout)?;
-        child.settle("ncclCommSplit", deadline)?;
+        {
+            let _calls = lock(&child.calls);
+            child.settle("ncclCommSplit", deadline)?;
+        }
         let mut count = 0;
         // SAFETY: a live, settled communicator.
         let status = unsafe { sys::ncclCommCount(child.raw, &mut count) };

@@ -7,11 +7,17 @@
 //!   so a dead peer gives an error instead of a read blocked forever.
 //! * A watchdog thread does the same in the background for a rank blocked where no host wait
 //!   covers it (inside libtorch): it reports the failure and ends the process (see
-//!   [`crate::fail_fast`]), which also frees the peers.
+//!   [`crate::fail_fast`]), which also frees the peers. NCCL allows one thread at a time on a
+//!   communicator, so the watchdog queries one only while the training thread is not using
+//!   it, and otherwise judges it by host time alone.
+//! * A monitor thread, which makes no CUDA or NCCL call, ends the process when the watchdog
+//!   itself stops coming round (stuck in a CUDA call behind a hung device): the case
+//!   PyTorch's NCCL heartbeat monitor is for.
 
 use super::{Comm, CommError};
 use crate::cuda::CudaEvent;
-use std::sync::{Arc, Mutex, Once, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Once, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use tch::Tensor;
 
@@ -29,6 +35,18 @@ const WATCH_EVERY: Duration = Duration::from_millis(500);
 
 static LIVE: Mutex<Vec<Weak<Comm>>> = Mutex::new(Vec::new());
 
+/// When the watchdog last came round, in milliseconds since [`origin`].
+static WATCHDOG_ROUND: AtomicU64 = AtomicU64::new(0);
+
+fn origin() -> Instant {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    *ORIGIN.get_or_init(Instant::now)
+}
+
+fn millis_since_origin() -> u64 {
+    origin().elapsed().as_millis() as u64
+}
+
 fn live() -> Vec<Arc<Comm>> {
     let mut all = LIVE.lock().unwrap_or_else(|e| e.into_inner());
     all.retain(|c| c.strong_count() > 0);
@@ -42,9 +60,13 @@ pub(super) fn register(comm: &Arc<Comm>) {
     static WATCHDOG: Once = Once::new();
     let device = comm.device;
     WATCHDOG.call_once(|| {
+        WATCHDOG_ROUND.store(millis_since_origin(), Ordering::Relaxed);
         let _ = std::thread::Builder::new()
             .name("nccl-watchdog".into())
             .spawn(move || watchdog(device));
+        let _ = std::thread::Builder::new()
+            .name("nccl-watchdog-monitor".into())
+            .spawn(monitor);
     });
 }
 
@@ -62,26 +84,51 @@ fn watchdog(device: usize) {
     let _ = crate::cuda::set_device(device);
     loop {
         std::thread::sleep(WATCH_EVERY);
+        WATCHDOG_ROUND.store(millis_since_origin(), Ordering::Relaxed);
         for comm in live() {
             // Finished, or aborted by a host wait that reports the error itself.
             if comm.is_closed() {
                 continue;
             }
-            let problem = match comm.state() {
-                Err(e) => Some(e.to_string()),
-                Ok(_) => comm.reap().err().map(|e| e.to_string()).or_else(|| {
-                    comm.overdue(Instant::now()).map(|(what, secs)| {
-                        format!(
-                            "NCCL {what} on {} has not completed after {secs} s (a peer died \
-                             or hangs, or the network failed)",
-                            comm.label
-                        )
-                    })
-                }),
+            let overdue = || {
+                comm.overdue(Instant::now()).map(|(what, secs)| {
+                    format!(
+                        "NCCL {what} on {} has not completed after {secs} s (a peer died or \
+                         hangs, or the network failed)",
+                        comm.label
+                    )
+                })
+            };
+            let problem = match comm.calls.try_lock() {
+                Ok(_calls) => match comm.query_state() {
+                    Err(e) => Some(e.to_string()),
+                    Ok(_) => comm.reap().err().map(|e| e.to_string()).or_else(overdue),
+                },
+                // In use by the training thread (which has deadlines of its own there).
+                Err(_) => overdue(),
             };
             if let Some(problem) = problem {
                 crate::fail_fast::fail(&problem);
             }
+        }
+    }
+}
+
+/// Ends the process when the watchdog has not come round for longer than the longest
+/// collective deadline.
+fn monitor() {
+    loop {
+        std::thread::sleep(WATCH_EVERY);
+        let Some(limit) = live().iter().map(|c| c.timeout).max() else {
+            continue;
+        };
+        let since = millis_since_origin().saturating_sub(WATCHDOG_ROUND.load(Ordering::Relaxed));
+        if Duration::from_millis(since) > limit + WATCH_EVERY {
+            crate::fail_fast::fail(&format!(
+                "the NCCL watchdog has been stuck for {} s in a CUDA call (the GPU or its \
+                 driver hangs?)",
+                since / 1000
+            ));
         }
     }
 }
