@@ -6,7 +6,9 @@
 //! connection starts with a [`Hello`] from the connecting side, answered by a
 //! [`HelloReply`]. Until the hello is accepted the frame limit is [`HANDSHAKE_FRAME_LIMIT`]
 //! (a few KiB), so a stranger on the port can make the server hold at most that much;
-//! afterwards it is [`FRAME_LIMIT`].
+//! afterwards the accepting side takes frames of up to [`FRAME_LIMIT`], and the connecting
+//! side, which hears only from the server it chose, up to [`REPLY_FRAME_LIMIT`] (the start
+//! message lists every rank of the job).
 //!
 //! The accepting side comes twice, with one check of the hello: [`accept`] for the
 //! controller's tokio server and [`accept_blocking`] for rank 0's rendezvous listener, which
@@ -26,8 +28,12 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 
-/// Largest frame accepted after the handshake (a log line or a metrics record is far less).
+/// Largest frame the accepting side takes after the handshake (a log line or a metrics
+/// record is far less).
 pub const FRAME_LIMIT: usize = 1 << 20;
+/// Largest frame the connecting side takes from the side it connected to: the start message
+/// lists every rank (about 120 bytes each), so 64 MiB holds a world of 500,000 ranks.
+pub const REPLY_FRAME_LIMIT: usize = 64 << 20;
 /// Largest frame accepted before the peer has proven it knows the secret.
 pub const HANDSHAKE_FRAME_LIMIT: usize = 4 << 10;
 /// How long a peer has to send its hello (and the controller to answer it).
@@ -151,7 +157,7 @@ pub async fn accept<In, Out>(
 ) -> Result<(Role, AsyncReceiver<In>, AsyncSender<Out>), ConnectionError> {
     let (read, write) = stream.into_split();
     let mut frames = FramedRead::new(read, codec(HANDSHAKE_FRAME_LIMIT));
-    let mut out = FramedWrite::new(write, codec(FRAME_LIMIT));
+    let mut out = FramedWrite::new(write, codec(REPLY_FRAME_LIMIT));
     let first = tokio::time::timeout(timeout, frames.next())
         .await
         .map_err(|_| ConnectionError::Timeout(timeout))?;
@@ -205,7 +211,10 @@ pub fn accept_blocking(
     stream.set_nonblocking(false)?;
     stream.set_nodelay(true)?;
     stream.set_write_timeout(Some(timeout))?;
-    let mut conn = BlockingConnection { stream };
+    let mut conn = BlockingConnection {
+        stream,
+        limit: FRAME_LIMIT,
+    };
     let hello: Hello = conn.recv_until(HANDSHAKE_FRAME_LIMIT, deadline, timeout)?;
     let verdict = check_hello(&hello, secret);
     let reply = match &verdict {
@@ -229,6 +238,9 @@ pub fn accept_blocking(
 /// kernel even if the process dies right after.
 pub struct BlockingConnection {
     stream: StdTcpStream,
+    /// Largest frame [`BlockingConnection::recv`] takes: [`FRAME_LIMIT`] on the accepting
+    /// side, [`REPLY_FRAME_LIMIT`] on the connecting side.
+    limit: usize,
 }
 
 impl BlockingConnection {
@@ -262,7 +274,10 @@ impl BlockingConnection {
             }
         };
         stream.set_nodelay(true)?;
-        let mut conn = BlockingConnection { stream };
+        let mut conn = BlockingConnection {
+            stream,
+            limit: REPLY_FRAME_LIMIT,
+        };
         conn.send(&Hello {
             magic: Hello::MAGIC.into(),
             version: PROTOCOL_VERSION,
@@ -282,6 +297,7 @@ impl BlockingConnection {
     pub fn try_clone(&self) -> Result<BlockingConnection, ConnectionError> {
         Ok(BlockingConnection {
             stream: self.stream.try_clone()?,
+            limit: self.limit,
         })
     }
 
@@ -309,7 +325,7 @@ impl BlockingConnection {
     }
 
     pub fn recv<T: DeserializeOwned>(&mut self) -> Result<T, ConnectionError> {
-        self.recv_limited(FRAME_LIMIT)
+        self.recv_limited(self.limit)
     }
 
     fn recv_limited<T: DeserializeOwned>(&mut self, limit: usize) -> Result<T, ConnectionError> {
@@ -347,16 +363,17 @@ impl BlockingConnection {
     }
 }
 
-/// One frame (length prefix + JSON) ready for a single `write_all`.
+/// One frame (length prefix + JSON) ready for a single `write_all`; at most
+/// [`REPLY_FRAME_LIMIT`] bytes (the receiving side holds its own limit).
 pub fn encode_frame<T: Serialize>(msg: &T) -> Result<Vec<u8>, ConnectionError> {
     let mut frame = vec![0u8; 4];
     serde_json::to_writer(&mut frame, msg)
         .map_err(|e| ConnectionError::Malformed(e.to_string()))?;
     let size = frame.len() - 4;
-    if size > FRAME_LIMIT {
+    if size > REPLY_FRAME_LIMIT {
         return Err(ConnectionError::FrameTooLarge {
             size,
-            limit: FRAME_LIMIT,
+            limit: REPLY_FRAME_LIMIT,
         });
     }
     frame[..4].copy_from_slice(&(size as u32).to_be_bytes());
@@ -462,6 +479,83 @@ mod tests {
         tx.send(&ToWorker::Preempt).await.unwrap();
         worker.join().unwrap();
         assert!(rx.recv().await.unwrap().is_none());
+    }
+
+    /// The start message of a world of `ranks` ranks (more than [`FRAME_LIMIT`] past 9,000).
+    fn start_of(ranks: u64) -> ToWorker {
+        ToWorker::Start(crate::messages::StartInfo {
+            world_size: ranks,
+            peers: (0..ranks)
+                .map(|rank| crate::messages::PeerInfo {
+                    rank,
+                    local_rank: rank % 8,
+                    host: format!("gpu-node-{:05}.cluster.example.org", rank / 8),
+                    collective_addr: Some(format!(
+                        "10.{}.{}.{}:29400",
+                        rank >> 16,
+                        (rank >> 8) & 255,
+                        rank & 255
+                    )),
+                })
+                .collect(),
+            nccl_unique_id: Some(vec![7; 128]),
+        })
+    }
+
+    #[tokio::test]
+    async fn the_start_of_a_large_world_reaches_every_rank_while_ranks_stay_bounded() {
+        // 20,000 ranks: a start message of about 2.4 MB, past the ranks' own frame limit.
+        let start = start_of(20_000);
+        assert!(encode_frame(&start).unwrap().len() > 2 * FRAME_LIMIT);
+        let (l, addr) = listener().await;
+        let expected = start.clone();
+        let worker = std::thread::spawn(move || {
+            let mut c =
+                BlockingConnection::connect(&addr, Role::Worker, SECRET, Duration::from_secs(2))
+                    .unwrap();
+            assert_eq!(c.recv::<ToWorker>().unwrap(), expected);
+            // A rank still may not send the controller a frame past its limit.
+            c.send(&FromWorker::Log(LogLine {
+                level: LogLevel::Info,
+                time: 0.0,
+                text: "x".repeat(FRAME_LIMIT + 1),
+            }))
+            .unwrap();
+        });
+        let (_, mut rx, mut tx) = accept_one(&l).await.unwrap();
+        tx.send(&start).await.unwrap();
+        worker.join().unwrap();
+        assert!(matches!(
+            rx.recv().await,
+            Err(ConnectionError::Malformed(_))
+        ));
+
+        // Rank 0's rendezvous without a controller (the blocking accepting side) likewise.
+        let expected = start.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (_, mut conn) = accept_blocking_one(SECRET, Duration::from_secs(2), move |addr| {
+            let mut c =
+                BlockingConnection::connect(&addr, Role::Worker, SECRET, Duration::from_secs(2))
+                    .unwrap();
+            c.send(&FromWorker::Log(LogLine {
+                level: LogLevel::Info,
+                time: 0.0,
+                text: "x".repeat(FRAME_LIMIT + 1),
+            }))
+            .unwrap();
+            tx.send(c).unwrap();
+        })
+        .unwrap();
+        let mut rank = rx.recv().unwrap();
+        assert!(matches!(
+            conn.recv::<FromWorker>(),
+            Err(ConnectionError::FrameTooLarge {
+                limit: FRAME_LIMIT,
+                ..
+            })
+        ));
+        conn.send(&start).unwrap();
+        assert_eq!(rank.recv::<ToWorker>().unwrap(), expected);
     }
 
     #[tokio::test]
