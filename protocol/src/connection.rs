@@ -502,6 +502,14 @@ mod tests {
         })
     }
 
+    fn oversize_log() -> FromWorker {
+        FromWorker::Log(LogLine {
+            level: LogLevel::Info,
+            time: 0.0,
+            text: "x".repeat(FRAME_LIMIT + 1),
+        })
+    }
+
     #[tokio::test]
     async fn the_start_of_a_large_world_reaches_every_rank_while_ranks_stay_bounded() {
         // 20,000 ranks: a start message of about 2.4 MB, past the ranks' own frame limit.
@@ -515,12 +523,7 @@ mod tests {
                     .unwrap();
             assert_eq!(c.recv::<ToWorker>().unwrap(), expected);
             // A rank still may not send the controller a frame past its limit.
-            c.send(&FromWorker::Log(LogLine {
-                level: LogLevel::Info,
-                time: 0.0,
-                text: "x".repeat(FRAME_LIMIT + 1),
-            }))
-            .unwrap();
+            c.send(&oversize_log()).unwrap();
         });
         let (_, mut rx, mut tx) = accept_one(&l).await.unwrap();
         tx.send(&start).await.unwrap();
@@ -537,12 +540,7 @@ mod tests {
             let mut c =
                 BlockingConnection::connect(&addr, Role::Worker, SECRET, Duration::from_secs(2))
                     .unwrap();
-            c.send(&FromWorker::Log(LogLine {
-                level: LogLevel::Info,
-                time: 0.0,
-                text: "x".repeat(FRAME_LIMIT + 1),
-            }))
-            .unwrap();
+            c.send(&oversize_log()).unwrap();
             tx.send(c).unwrap();
         })
         .unwrap();
