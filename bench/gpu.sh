@@ -39,7 +39,7 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["lib"]:
         print(m["executable"])')
   cp "$exe" "$dest/tests/shardrun-worker-unit-tests"
-  # Without debug info the four fit in ~16 MB (a lent GPU machine takes 64 MiB of files).
+  # Without debug info the four fit in ~38 MB (a lent GPU machine takes 64 MiB of files).
   strip -g "$dest"/{shardrun,shardrun-worker,shardrun-collective-bench} "$dest/tests/shardrun-worker-unit-tests"
   echo "staged into $dest ($(du -sh "$dest" | cut -f1))"
   exit 0
@@ -63,10 +63,13 @@ else
 fi
 python="${SHARDRUN_GPU_PYTHON:-python3}"
 torch_dir=$("$python" -c 'import torch, os; print(os.path.dirname(torch.__file__))')
-# libtorch for the binaries. A worker built against another libtorch finds NCCL as
-# `libnccl.so` on the loader path: a link to this torch's pip NCCL.
+# libtorch for the binaries. A worker built against another libtorch finds NCCL and the CUDA
+# runtime as `libnccl.so` and `libcudart.so` on the loader path: links to this torch's own.
 mkdir -p "$out/nccl-link"
 ln -sf "$torch_dir/../nvidia/nccl/lib/libnccl.so.2" "$out/nccl-link/libnccl.so"
+for cudart in "$torch_dir"/../nvidia/cu13/lib/libcudart.so.13 "$torch_dir"/../nvidia/cuda_runtime/lib/libcudart.so.12; do
+  if [[ -f "$cudart" ]]; then ln -sf "$cudart" "$out/nccl-link/libcudart.so"; break; fi
+done
 export LD_LIBRARY_PATH="$torch_dir/lib:$out/nccl-link${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export SHARDRUN_WORKER_BIN="$bin/shardrun-worker"
 # The GPUs this process may use (CUDA_VISIBLE_DEVICES, a Slurm allocation), not the node's.
