@@ -593,16 +593,20 @@ mod tests {
     #[tokio::test]
     async fn oversize_length_prefix_is_refused_without_allocating() {
         let (l, addr) = listener().await;
-        tokio::spawn(async move {
+        // The peer keeps its end open until the verdict, so the refusal is the size's.
+        let (judged, verdict) = tokio::sync::oneshot::channel::<()>();
+        let peer = tokio::spawn(async move {
             let mut s = TcpStream::connect(&addr).await.unwrap();
             s.write_all(&(1u32 << 30).to_be_bytes()).await.unwrap();
             s.write_all(b"xxxx").await.unwrap();
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            let _ = verdict.await;
         });
         assert!(matches!(
             accept_one(&l).await,
             Err(ConnectionError::Malformed(_))
         ));
+        let _ = judged.send(());
+        peer.await.unwrap();
     }
 
     #[tokio::test]
