@@ -40,7 +40,8 @@ fn main() {
         let start = Instant::now();
         let loaded = spec::parse(&text, Path::new("bench.yaml")).expect("bench spec parses");
         let parsed = start.elapsed();
-        let points = sweeps::expand(&loaded).expect("bench sweep expands");
+        let points = sweeps::expand(&loaded, &shardrun::resolve::Overrides::submitting())
+            .expect("bench sweep expands");
         let planned = start.elapsed();
         let mut bytes = 0;
         for point in &points {

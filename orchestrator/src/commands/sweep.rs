@@ -8,6 +8,7 @@
 //! at any time.
 
 use crate::binaries::shardrun_exe;
+use crate::resolve::Overrides;
 use crate::rundir::{self, ArrayRef, RunState};
 use crate::slurm;
 use crate::spec;
@@ -30,11 +31,19 @@ pub struct Args {
     /// List the points and the job arrays that would be submitted; write and submit nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Submit points even when their peak memory per rank exceeds the GPU's (finished and
+    /// running points are still skipped).
+    #[arg(long)]
+    pub force: bool,
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
     let loaded = spec::load(&crate::commands::spec_args::spec_path(&args.spec))?;
-    let points = sweeps::expand(&loaded)?;
+    let overrides = Overrides {
+        force: args.force,
+        ..Overrides::submitting()
+    };
+    let points = sweeps::expand(&loaded, &overrides)?;
     let sweep = loaded.spec.sweep.clone().unwrap_or_default();
     let root = loaded
         .spec

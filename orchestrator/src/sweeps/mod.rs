@@ -43,11 +43,12 @@ impl SweepPoint {
 pub enum SweepError {
     #[error("{0}")]
     Spec(#[from] SpecError),
-    #[error("sweep point {label}:\n{source}")]
+    /// The point's own error is part of the message, not a separate cause: printed as a
+    /// chain it would appear twice.
+    #[error("sweep point {label}:\n{error}")]
     Point {
         label: String,
-        #[source]
-        source: Box<ResolveError>,
+        error: Box<ResolveError>,
     },
 }
 
@@ -56,8 +57,10 @@ pub enum SweepError {
 const KEY_LEN: usize = 16;
 
 /// Expand the spec's sweep into resolved points, in a stable order (list entries, then the
-/// grid in key order). A spec without `sweep:` is an error: use `shardrun submit`.
-pub fn expand(loaded: &LoadedSpec) -> Result<Vec<SweepPoint>, SweepError> {
+/// grid in key order), each resolved with `overrides` (`force`: points whose peak memory
+/// exceeds the GPU's are planned anyway). A spec without `sweep:` is an error: use
+/// `shardrun submit`.
+pub fn expand(loaded: &LoadedSpec, overrides: &Overrides) -> Result<Vec<SweepPoint>, SweepError> {
     let Some(sweep) = loaded.spec.sweep.clone() else {
         return Err(loaded.error_at("sweep", "this spec has no `sweep:` section", "add `sweep: { grid: { training.optimizer.lr: [1.0e-3, 3.0e-4] } }`, or submit it as one job with `shardrun submit`").into());
     };
@@ -139,7 +142,6 @@ pub fn expand(loaded: &LoadedSpec) -> Result<Vec<SweepPoint>, SweepError> {
     let grid_size: usize = grid.iter().map(|(_, v)| v.len()).product();
     let mut points = Vec::with_capacity(list.len() * grid_size);
     let mut seen = HashSet::new();
-    let overrides = Overrides::submitting();
     let mut footprints = resolve::Footprints::default();
     for entry in &list {
         for index in 0..grid_size {
@@ -149,7 +151,7 @@ pub fn expand(loaded: &LoadedSpec) -> Result<Vec<SweepPoint>, SweepError> {
                 params.insert((*path).clone(), values[rest % values.len()].clone());
                 rest /= values.len();
             }
-            let point = resolve_point(loaded, &base, params, (&overrides, &mut footprints))?;
+            let point = resolve_point(loaded, &base, params, (overrides, &mut footprints))?;
             // Two sweep entries that resolve to the same job are one point.
             if seen.insert(point.key.clone()) {
                 points.push(point);
@@ -200,7 +202,7 @@ fn resolve_point(
     let mut job = resolve::resolve_with(&point_spec, overrides, footprints).map_err(|source| {
         SweepError::Point {
             label: label.clone(),
-            source: Box::new(source),
+            error: Box::new(source),
         }
     })?;
     let key = point_key(&job);
@@ -279,7 +281,10 @@ mod tests {
     use std::path::Path;
 
     fn points(yaml: &str) -> Result<Vec<SweepPoint>, SweepError> {
-        expand(&parse(yaml, Path::new("sweep.yaml")).unwrap())
+        expand(
+            &parse(yaml, Path::new("sweep.yaml")).unwrap(),
+            &Overrides::submitting(),
+        )
     }
 
     #[test]
@@ -307,7 +312,7 @@ mod tests {
             "training.model.hidden_dim: [256, 512, 256]\n    training.fsdp.mixed_precision.param_dtype: [f32, bf16]",
         );
         let loaded = parse(&yaml, Path::new("sweep.yaml")).unwrap();
-        let p = expand(&loaded).unwrap();
+        let p = expand(&loaded, &Overrides::submitting()).unwrap();
         assert_eq!(
             p.len(),
             3 * 2 * 2 * 2,
@@ -327,6 +332,35 @@ mod tests {
             let job = resolve::resolve(&alone, &Overrides::submitting()).unwrap();
             assert_eq!(job.memory, point.job.memory, "{:?}", point.params);
         }
+    }
+
+    #[test]
+    fn points_that_exceed_the_gpu_are_refused_once_or_planned_with_force() {
+        let yaml = "name: big\nresources: { gpus_per_node: 2, gpu_memory_gb: 1 }\ntraining:\n  \
+                    model: { kind: transformer, vocab_size: 32000, dim: 1024, n_layers: 8, n_heads: 16, max_seq_len: 1024 }\n  \
+                    data: { kind: synthetic, seq_len: 1024 }\n  steps: 10\n  total_batch_size: 16\n  \
+                    batch_size_per_device: 8\nsweep:\n  grid:\n    training.optimizer.lr: [1.0e-3, 1.0e-4]\n";
+        let err = points(yaml).unwrap_err();
+        // As `shardrun sweep` prints it: the error with its chain of causes.
+        let printed = format!("{:#}", anyhow::Error::from(err));
+        assert!(
+            printed.starts_with("sweep point training.optimizer.lr=0.001:"),
+            "{printed}"
+        );
+        assert_eq!(printed.matches("exceeds the").count(), 1, "{printed}");
+        assert!(printed.contains("pass --force"), "{printed}");
+        let loaded = parse(yaml, Path::new("sweep.yaml")).unwrap();
+        let forced = Overrides {
+            force: true,
+            ..Overrides::submitting()
+        };
+        let p = expand(&loaded, &forced).unwrap();
+        assert_eq!(p.len(), 2);
+        assert!(p.iter().all(|p| p
+            .job
+            .warnings
+            .iter()
+            .any(|w| w.ends_with("planned anyway (--force)"))));
     }
 
     #[test]
@@ -390,7 +424,7 @@ mod tests {
             (limits.max_array_size, limits.max_queued),
             (Some(500), Some(2000))
         );
-        assert!(expand(&loaded).is_ok());
+        assert!(expand(&loaded, &Overrides::submitting()).is_ok());
         let SweepError::Spec(err) = points(&with("{ max_array_size: 0 }")).unwrap_err() else {
             panic!("expected a spec error")
         };

@@ -229,6 +229,7 @@ mod tests {
                 Path::new("sweep.yaml"),
             )
             .unwrap(),
+            &crate::resolve::Overrides::submitting(),
         )
         .unwrap()
     }
