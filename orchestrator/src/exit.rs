@@ -36,3 +36,54 @@ pub struct AlreadySaid(pub i32);
 pub fn should_print(err: &anyhow::Error) -> bool {
     err.downcast_ref::<AlreadySaid>().is_none()
 }
+
+/// The error as people read it: the message, then each cause that does not repeat what was
+/// already said (a `thiserror` message often includes its source), leaving out the
+/// [`ExitCode`] and [`AlreadySaid`] markers, which choose the status and say nothing.
+pub fn message(err: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in err.chain() {
+        if cause.is::<ExitCode>() || cause.is::<AlreadySaid>() {
+            continue;
+        }
+        let said = cause.to_string();
+        if text.contains(&said) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&said);
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot listen on {addr}: {source}")]
+    struct Bind {
+        addr: String,
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn causes_are_said_once_and_exit_markers_not_at_all() {
+        let bind = Bind {
+            addr: "0.0.0.0:29400".into(),
+            source: std::io::Error::new(std::io::ErrorKind::AddrInUse, "address in use"),
+        };
+        let err = anyhow::Error::new(bind).context("the job controller failed");
+        assert_eq!(
+            message(&err),
+            "the job controller failed: cannot listen on 0.0.0.0:29400: address in use"
+        );
+        let err = anyhow::Error::new(ExitCode(EXIT_NO_RUN)).context("no run directories at x");
+        assert_eq!(message(&err), "no run directories at x");
+        assert_eq!(exit_code(&err), EXIT_NO_RUN);
+        let err = anyhow::anyhow!("outer").context("context");
+        assert_eq!(message(&err), "context: outer");
+    }
+}

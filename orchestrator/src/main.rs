@@ -7,7 +7,7 @@ fn main() {
     shardrun::diagnostics::init(cli.verbose);
     if let Err(err) = shardrun::cli::run(cli) {
         if shardrun::exit::should_print(&err) {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", shardrun::exit::message(&err));
         }
         std::process::exit(shardrun::exit::exit_code(&err));
     }

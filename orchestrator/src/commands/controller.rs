@@ -60,7 +60,7 @@ pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyho
     let _ = run.update_manifest(|m| m.state = RunState::Running);
     // One process tokenizes, before any rank starts.
     if let Err(e) = crate::data_prep::before_launch(&run.read_train_config()?) {
-        let message = format!("{e:#}");
+        let message = crate::exit::message(&e);
         let _ = run.update_manifest(|m| {
             m.state = RunState::Failed;
             m.error = Some(message);
