@@ -54,8 +54,9 @@ elif command -v cargo >/dev/null && bench/gpu.sh stage "$out/bin" >"$out/build.t
   bin="$out/bin"
 elif [[ -d .device-bin ]]; then
   # No cargo, or no build environment here (scripts/setup.sh not run): staged binaries.
-  [[ -s "$out/build.txt" ]] && echo "(building here failed, see $out/build.txt: using .device-bin)"
   bin="$(cd .device-bin && pwd)"
+  echo "WARNING: not built here (no cargo, or the build failed: $out/build.txt); every result"
+  echo "         below is of the binaries staged in $bin on $(date -r "$bin/shardrun-worker" '+%F %T')"
 else
   [[ -s "$out/build.txt" ]] && tail -30 "$out/build.txt"
   echo "no binaries: run scripts/setup.sh here, or stage them elsewhere with \`bench/gpu.sh stage\`"

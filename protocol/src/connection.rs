@@ -213,7 +213,7 @@ pub fn accept_blocking(
     stream.set_write_timeout(Some(timeout))?;
     let mut conn = BlockingConnection {
         stream,
-        limit: FRAME_LIMIT,
+        limits: Limits::ACCEPTING,
     };
     let hello: Hello = conn.recv_until(HANDSHAKE_FRAME_LIMIT, deadline, timeout)?;
     let verdict = check_hello(&hello, secret);
@@ -238,9 +238,27 @@ pub fn accept_blocking(
 /// kernel even if the process dies right after.
 pub struct BlockingConnection {
     stream: StdTcpStream,
-    /// Largest frame [`BlockingConnection::recv`] takes: [`FRAME_LIMIT`] on the accepting
-    /// side, [`REPLY_FRAME_LIMIT`] on the connecting side.
-    limit: usize,
+    /// Largest frame [`BlockingConnection::recv`] takes, and the largest the other side
+    /// takes from [`BlockingConnection::send`]: on the connecting side [`REPLY_FRAME_LIMIT`]
+    /// and [`FRAME_LIMIT`], on the accepting side the other way round.
+    limits: Limits,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    recv: usize,
+    send: usize,
+}
+
+impl Limits {
+    const CONNECTING: Limits = Limits {
+        recv: REPLY_FRAME_LIMIT,
+        send: FRAME_LIMIT,
+    };
+    const ACCEPTING: Limits = Limits {
+        recv: FRAME_LIMIT,
+        send: REPLY_FRAME_LIMIT,
+    };
 }
 
 impl BlockingConnection {
@@ -276,7 +294,7 @@ impl BlockingConnection {
         stream.set_nodelay(true)?;
         let mut conn = BlockingConnection {
             stream,
-            limit: REPLY_FRAME_LIMIT,
+            limits: Limits::CONNECTING,
         };
         conn.send(&Hello {
             magic: Hello::MAGIC.into(),
@@ -297,7 +315,7 @@ impl BlockingConnection {
     pub fn try_clone(&self) -> Result<BlockingConnection, ConnectionError> {
         Ok(BlockingConnection {
             stream: self.stream.try_clone()?,
-            limit: self.limit,
+            limits: self.limits,
         })
     }
 
@@ -313,7 +331,7 @@ impl BlockingConnection {
     }
 
     pub fn send<T: Serialize>(&mut self, msg: &T) -> Result<(), ConnectionError> {
-        let frame = encode_frame(msg)?;
+        let frame = encode_frame_within(msg, self.limits.send)?;
         self.stream.write_all(&frame)?;
         Ok(())
     }
@@ -325,7 +343,7 @@ impl BlockingConnection {
     }
 
     pub fn recv<T: DeserializeOwned>(&mut self) -> Result<T, ConnectionError> {
-        self.recv_limited(self.limit)
+        self.recv_limited(self.limits.recv)
     }
 
     fn recv_limited<T: DeserializeOwned>(&mut self, limit: usize) -> Result<T, ConnectionError> {
@@ -363,18 +381,19 @@ impl BlockingConnection {
     }
 }
 
-/// One frame (length prefix + JSON) ready for a single `write_all`; at most
-/// [`REPLY_FRAME_LIMIT`] bytes (the receiving side holds its own limit).
+/// One frame (length prefix + JSON) ready for a single `write_all`, from a connecting side
+/// (a worker, a client): at most [`FRAME_LIMIT`] bytes, what the accepting side takes.
 pub fn encode_frame<T: Serialize>(msg: &T) -> Result<Vec<u8>, ConnectionError> {
+    encode_frame_within(msg, FRAME_LIMIT)
+}
+
+fn encode_frame_within<T: Serialize>(msg: &T, limit: usize) -> Result<Vec<u8>, ConnectionError> {
     let mut frame = vec![0u8; 4];
     serde_json::to_writer(&mut frame, msg)
         .map_err(|e| ConnectionError::Malformed(e.to_string()))?;
     let size = frame.len() - 4;
-    if size > REPLY_FRAME_LIMIT {
-        return Err(ConnectionError::FrameTooLarge {
-            size,
-            limit: REPLY_FRAME_LIMIT,
-        });
+    if size > limit {
+        return Err(ConnectionError::FrameTooLarge { size, limit });
     }
     frame[..4].copy_from_slice(&(size as u32).to_be_bytes());
     Ok(frame)
@@ -502,19 +521,16 @@ mod tests {
         })
     }
 
-    fn oversize_log() -> FromWorker {
-        FromWorker::Log(LogLine {
-            level: LogLevel::Info,
-            time: 0.0,
-            text: "x".repeat(FRAME_LIMIT + 1),
-        })
-    }
-
     #[tokio::test]
     async fn the_start_of_a_large_world_reaches_every_rank_while_ranks_stay_bounded() {
         // 20,000 ranks: a start message of about 2.4 MB, past the ranks' own frame limit.
         let start = start_of(20_000);
-        assert!(encode_frame(&start).unwrap().len() > 2 * FRAME_LIMIT);
+        assert!(serde_json::to_vec(&start).unwrap().len() > 2 * FRAME_LIMIT);
+        let oversize = FromWorker::Log(LogLine {
+            level: LogLevel::Info,
+            time: 0.0,
+            text: "x".repeat(FRAME_LIMIT),
+        });
         let (l, addr) = listener().await;
         let expected = start.clone();
         let worker = std::thread::spawn(move || {
@@ -522,16 +538,31 @@ mod tests {
                 BlockingConnection::connect(&addr, Role::Worker, SECRET, Duration::from_secs(2))
                     .unwrap();
             assert_eq!(c.recv::<ToWorker>().unwrap(), expected);
-            // A rank still may not send the controller a frame past its limit.
-            c.send(&oversize_log()).unwrap();
+            // A rank may not send the controller a frame past its limit: refused here,
+            // before it is written (the connection stays usable).
+            assert!(matches!(
+                c.send(&oversize),
+                Err(ConnectionError::FrameTooLarge {
+                    limit: FRAME_LIMIT,
+                    ..
+                })
+            ));
+            c.send(&FromWorker::Heartbeat { step: 1, work: 2 }).unwrap();
+            // And a peer that announces one anyway is cut off.
+            c.send_frame(&(2 * FRAME_LIMIT as u32).to_be_bytes())
+                .unwrap();
         });
         let (_, mut rx, mut tx) = accept_one(&l).await.unwrap();
         tx.send(&start).await.unwrap();
-        worker.join().unwrap();
+        assert_eq!(
+            rx.recv().await.unwrap(),
+            Some(FromWorker::Heartbeat { step: 1, work: 2 })
+        );
         assert!(matches!(
             rx.recv().await,
             Err(ConnectionError::Malformed(_))
         ));
+        worker.join().unwrap();
 
         // Rank 0's rendezvous without a controller (the blocking accepting side) likewise.
         let expected = start.clone();
@@ -540,7 +571,8 @@ mod tests {
             let mut c =
                 BlockingConnection::connect(&addr, Role::Worker, SECRET, Duration::from_secs(2))
                     .unwrap();
-            c.send(&oversize_log()).unwrap();
+            c.send_frame(&(2 * FRAME_LIMIT as u32).to_be_bytes())
+                .unwrap();
             tx.send(c).unwrap();
         })
         .unwrap();
@@ -552,8 +584,10 @@ mod tests {
                 ..
             })
         ));
+        // Read while it is written: 2.4 MB need not fit in the socket's buffers.
+        let reader = std::thread::spawn(move || rank.recv::<ToWorker>().unwrap());
         conn.send(&start).unwrap();
-        assert_eq!(rank.recv::<ToWorker>().unwrap(), expected);
+        assert_eq!(reader.join().unwrap(), expected);
     }
 
     #[tokio::test]

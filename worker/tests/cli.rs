@@ -119,6 +119,16 @@ fn nccl_loads_with_nothing_in_the_environment() {
 /// The decoys here are a library that is neither, so loading one fails loudly.
 #[test]
 fn libtorchs_cuda_runtime_and_nccl_win_over_ld_library_path() {
+    // A dangling link would be skipped by the loader and prove nothing: a real library.
+    let libz = [
+        "/lib/x86_64-linux-gnu/libz.so.1",
+        "/usr/lib/x86_64-linux-gnu/libz.so.1",
+        "/usr/lib64/libz.so.1",
+        "/lib64/libz.so.1",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).is_file())
+    .expect("zlib, which every Debian machine has, to make decoys from");
     let decoys = std::env::temp_dir().join(format!("shardrun-decoys-{}", std::process::id()));
     std::fs::create_dir_all(&decoys).unwrap();
     for name in [
@@ -129,7 +139,7 @@ fn libtorchs_cuda_runtime_and_nccl_win_over_ld_library_path() {
     ] {
         let link = decoys.join(name);
         let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink("/lib/x86_64-linux-gnu/libz.so.1", &link).unwrap();
+        std::os::unix::fs::symlink(libz, &link).unwrap();
     }
     let out = Command::new(WORKER)
         .arg("--check-gpu")

@@ -57,12 +57,17 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The plan a run directory without a `job.yaml` records (a sweep's point); `None` for a
-/// spec file or a directory with a spec.
+/// The plan a sweep point's directory records (it holds no `job.yaml`); `None` for anything
+/// else, which is then read as a spec or a run directory with one.
 fn recorded_plan(path: &Path) -> anyhow::Result<Option<ResolvedJob>> {
     if !path.is_dir() || path.join("job.yaml").exists() {
         return Ok(None);
     }
-    let run = RunDir::open(path)?;
+    let Ok(run) = RunDir::open(path) else {
+        return Ok(None);
+    };
+    if run.read_manifest()?.sweep_params.is_empty() {
+        return Ok(None);
+    }
     Ok(Some(run.read_resolved()?))
 }

@@ -179,7 +179,7 @@ impl Comm {
     /// caller holds `calls`.
     ///
     /// A non-blocking communicator launches each call from a thread of its own, so a
-    /// collective settles within tens of microseconds: short sleeps, not milliseconds.
+    /// collective settles within tens of microseconds: short sleeps first.
     fn settle(&self, what: &str, deadline: Instant) -> Result<(), CommError> {
         let mut spins = 0u32;
         loop {
@@ -190,7 +190,10 @@ impl Comm {
                     if spins < 64 {
                         std::thread::yield_now();
                     } else {
-                        std::thread::sleep(Duration::from_micros(20));
+                        // From 20 us up to 1 ms: collectives settle fast, init and split
+                        // take seconds and need not be asked thousands of times a second.
+                        let doublings = ((spins - 64) / 16).min(6);
+                        std::thread::sleep(Duration::from_micros(20 << doublings));
                     }
                 }
                 Ok(false) => {
@@ -276,19 +279,18 @@ impl Comm {
         }
         self.wait_idle()?;
         let deadline = Instant::now() + self.timeout;
-        {
-            let _calls = lock(&self.calls);
-            // SAFETY: a live handle.
-            let status = unsafe { sys::ncclCommFinalize(self.raw) };
-            if !matches!(
-                status,
-                sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress
-            ) {
-                self.abort();
-                return Err(nccl_error("ncclCommFinalize", status));
-            }
-            self.settle("ncclCommFinalize", deadline)?;
+        // `calls` held to the end: the watchdog sees the handle live and settled, or closed.
+        let _calls = lock(&self.calls);
+        // SAFETY: a live handle.
+        let status = unsafe { sys::ncclCommFinalize(self.raw) };
+        if !matches!(
+            status,
+            sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress
+        ) {
+            self.abort();
+            return Err(nccl_error("ncclCommFinalize", status));
         }
+        self.settle("ncclCommFinalize", deadline)?;
         let mut life = lock(&self.life);
         if *life == Life::Live {
             // SAFETY: finalized, idle, destroyed once (life is then Finished).
@@ -631,13 +633,13 @@ impl Communicator for NcclCommunicator {
         }
         let label = format!("the group of ranks {members:?}");
         let child = Comm::wrap(raw, label, parent.device, parent.timeout)?;
-        {
+        let mut count = 0;
+        let status = {
             let _calls = lock(&child.calls);
             child.settle("ncclCommSplit", deadline)?;
-        }
-        let mut count = 0;
-        // SAFETY: a live, settled communicator.
-        let status = unsafe { sys::ncclCommCount(child.raw, &mut count) };
+            // SAFETY: a live, settled communicator.
+            unsafe { sys::ncclCommCount(child.raw, &mut count) }
+        };
         if status != sys::ncclResult_t::ncclSuccess {
             return Err(nccl_error("ncclCommCount", status));
         }

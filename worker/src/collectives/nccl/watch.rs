@@ -37,6 +37,10 @@ static LIVE: Mutex<Vec<Weak<Comm>>> = Mutex::new(Vec::new());
 
 /// When the watchdog last came round, in milliseconds since [`origin`].
 static WATCHDOG_ROUND: AtomicU64 = AtomicU64::new(0);
+/// The longest deadline of any communicator registered, in milliseconds: what the monitor
+/// allows the watchdog (kept here so the monitor holds no communicator: dropping the last
+/// handle would abort it, an NCCL call).
+static LONGEST_DEADLINE_MS: AtomicU64 = AtomicU64::new(0);
 
 fn origin() -> Instant {
     static ORIGIN: OnceLock<Instant> = OnceLock::new();
@@ -57,6 +61,7 @@ pub(super) fn register(comm: &Arc<Comm>) {
     LIVE.lock()
         .unwrap_or_else(|e| e.into_inner())
         .push(Arc::downgrade(comm));
+    LONGEST_DEADLINE_MS.fetch_max(comm.timeout.as_millis() as u64, Ordering::Relaxed);
     static WATCHDOG: Once = Once::new();
     let device = comm.device;
     WATCHDOG.call_once(|| {
@@ -100,14 +105,20 @@ fn watchdog(device: usize) {
                 })
             };
             let problem = match comm.calls.try_lock() {
-                Ok(_calls) => match comm.query_state() {
-                    Err(e) => Some(e.to_string()),
-                    Ok(_) => comm.reap().err().map(|e| e.to_string()).or_else(overdue),
-                },
+                Ok(_calls) => comm.query_state().err().map(|e| e.to_string()),
+                Err(std::sync::TryLockError::Poisoned(_calls)) => {
+                    comm.query_state().err().map(|e| e.to_string())
+                }
                 // In use by the training thread (which has deadlines of its own there).
-                Err(_) => overdue(),
+                Err(std::sync::TryLockError::WouldBlock) => None,
             };
-            if let Some(problem) = problem {
+            // Completed collectives leave the queue (event queries, no NCCL call) before the
+            // oldest is judged by host time.
+            let problem = problem
+                .or_else(|| comm.reap().err().map(|e| e.to_string()))
+                .or_else(overdue);
+            // Closed meanwhile (a clean finish, or an abort whose caller reports why).
+            if let Some(problem) = problem.filter(|_| !comm.is_closed()) {
                 crate::fail_fast::fail(&problem);
             }
         }
@@ -117,11 +128,18 @@ fn watchdog(device: usize) {
 /// Ends the process when the watchdog has not come round for longer than the longest
 /// collective deadline.
 fn monitor() {
+    let mut woke = Instant::now();
     loop {
         std::thread::sleep(WATCH_EVERY);
-        let Some(limit) = live().iter().map(|c| c.timeout).max() else {
+        let slept = woke.elapsed();
+        woke = Instant::now();
+        if slept > 4 * WATCH_EVERY {
+            // The process was stopped (a suspended Slurm job, SIGSTOP): the watchdog was
+            // too. Give it a round from now rather than judge it by the pause.
+            WATCHDOG_ROUND.store(millis_since_origin(), Ordering::Relaxed);
             continue;
-        };
+        }
+        let limit = Duration::from_millis(LONGEST_DEADLINE_MS.load(Ordering::Relaxed));
         let since = millis_since_origin().saturating_sub(WATCHDOG_ROUND.load(Ordering::Relaxed));
         if Duration::from_millis(since) > limit + WATCH_EVERY {
             crate::fail_fast::fail(&format!(
