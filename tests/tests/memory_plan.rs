@@ -10,6 +10,10 @@
 //! once (`MALLOC_CONF=dirty_decay_ms:0,muzzy_decay_ms:0`), so the resident peak is the peak of
 //! memory in use; the worker's default keeps freed pages for speed, which costs up to a
 //! fifth more resident memory on CPU (allocator policy, not memory the job needs).
+//!
+//! A Llama run's peak varies from run to run of the same job (measured 68.6 to 86.2 MiB for
+//! `llama-full-ac`, 110 to 124 MiB for `llama-full`; the transformer's within 3 MiB), so each
+//! Llama case is run three times and its highest peak is the one the plan must match.
 
 use shardrun_e2e::jobs::run_local;
 use shardrun_e2e::*;
@@ -161,7 +165,12 @@ fn planned_peak_memory_matches_real_cpu_runs_within_15_percent() {
     for case in &cases {
         let path = dir.write(&format!("{}.yaml", case.name), &spec(case));
         let planned = planned_peak(&path);
-        let measured = measured_peak(&dir, &path).saturating_sub(baseline);
+        let runs = if case.llama.is_some() { 3 } else { 1 };
+        let measured = (0..runs)
+            .map(|_| measured_peak(&dir, &path))
+            .max()
+            .unwrap_or(0)
+            .saturating_sub(baseline);
         let error = (planned as f64 - measured as f64) / measured as f64;
         let line = format!(
             "{:<14} planned {:>6.1} MiB, measured {:>6.1} MiB: {:+.1}%",
