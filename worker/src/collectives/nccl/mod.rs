@@ -212,6 +212,25 @@ impl Comm {
         }
     }
 
+    /// A call on the handle returned `status`: an error aborts the communicator, otherwise
+    /// the call is settled (a non-blocking call returns `ncclInProgress`). The caller holds
+    /// `calls`.
+    fn complete(
+        &self,
+        what: &str,
+        status: sys::ncclResult_t,
+        deadline: Instant,
+    ) -> Result<(), CommError> {
+        if !matches!(
+            status,
+            sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress
+        ) {
+            self.abort();
+            return Err(nccl_error(what, status));
+        }
+        self.settle(what, deadline)
+    }
+
     /// Drops the collectives that have completed (in issue order).
     fn reap(&self) -> Result<(), CommError> {
         let mut queue = lock(&self.in_flight);
@@ -283,14 +302,7 @@ impl Comm {
         let _calls = lock(&self.calls);
         // SAFETY: a live handle.
         let status = unsafe { sys::ncclCommFinalize(self.raw) };
-        if !matches!(
-            status,
-            sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress
-        ) {
-            self.abort();
-            return Err(nccl_error("ncclCommFinalize", status));
-        }
-        self.settle("ncclCommFinalize", deadline)?;
+        self.complete("ncclCommFinalize", status, deadline)?;
         let mut life = lock(&self.life);
         if *life == Life::Live {
             // SAFETY: finalized, idle, destroyed once (life is then Finished).
@@ -427,14 +439,7 @@ impl NcclCommunicator {
         {
             let _calls = lock(&comm.calls);
             let status = call(comm.raw, comm.stream.raw().cast());
-            if !matches!(
-                status,
-                sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress
-            ) {
-                comm.abort();
-                return Err(nccl_error(what, status));
-            }
-            comm.settle(what, Instant::now() + comm.timeout)?;
+            comm.complete(what, status, Instant::now() + comm.timeout)?;
         }
         let done = Arc::new(CudaEvent::record(comm.stream.raw()).map_err(cuda_error)?);
         lock(&comm.in_flight).push_back(Pending {
@@ -619,14 +624,7 @@ impl Communicator for NcclCommunicator {
             let status = unsafe {
                 sys::ncclCommSplit(parent.raw, color, self.rank as c_int, &mut raw, &mut cfg)
             };
-            if !matches!(
-                status,
-                sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress
-            ) {
-                parent.abort();
-                return Err(nccl_error("ncclCommSplit", status));
-            }
-            parent.settle("ncclCommSplit", deadline)?;
+            parent.complete("ncclCommSplit", status, deadline)?;
         }
         if raw.is_null() {
             return Ok(Box::new(SingleProcess));
