@@ -1,12 +1,12 @@
 //! FSDP: strategy, wrapping, mixed precision, prefetching, HYBRID_SHARD's groups.
 
+use super::memory::ModelLayout;
 use super::ranks::Ranks;
 use super::{defaults, ResolveError, Section};
 use shardrun_protocol::config::{
     DType, FsdpConfig, MixedPrecision, ModelConfig, ShardingStrategy, WrapPolicy,
 };
-use shardrun_protocol::footprint::Footprint;
-use shardrun_protocol::units::{plan_units, segments_split_finer};
+use shardrun_protocol::units::segments_split_finer;
 
 pub fn resolve_fsdp(
     s: &Section,
@@ -84,16 +84,12 @@ pub fn resolve_fsdp(
 /// and activation checkpointing on a model without blocks (it recomputes blocks only).
 pub(super) fn warn_about_memory_options(
     model: &ModelConfig,
-    footprint: &Footprint,
+    layout: &ModelLayout,
     fsdp: &FsdpConfig,
     warnings: &mut Vec<String>,
 ) {
-    let (sizes, segments) = (footprint.param_sizes(), footprint.segment_specs());
-    let split = segments_split_finer(
-        &sizes,
-        &segments,
-        &plan_units(&sizes, &segments, &fsdp.wrap),
-    );
+    let segments = &layout.segments;
+    let split = segments_split_finer(&layout.sizes, segments, &layout.units);
     if let Some((segment, units)) = split.first() {
         warnings.push(format!(
             "`training.fsdp.wrap` splits {} of the model's segments into several units ({segment}: {}): a segment's units are gathered together for its forward and its backward, so units finer than a segment save no memory, they only split the communication; use `{{kind: block}}` for one unit per segment",

@@ -23,9 +23,9 @@
 //! workspaces (the plan keeps [`GPU_RESERVED_BYTES`] of a GPU for them).
 
 use super::{yaml_name, MemoryEstimate, MemoryParts, StrategyMemory, GIB};
-use shardrun_protocol::config::{DeviceKind, FsdpConfig, ShardingStrategy};
+use shardrun_protocol::config::{DeviceKind, FsdpConfig, ShardingStrategy, WrapPolicy};
 use shardrun_protocol::footprint::Footprint;
-use shardrun_protocol::units::{plan_units, segment_units};
+use shardrun_protocol::units::{plan_units, segment_units, SegmentSpec, UnitPlan};
 
 /// What a GPU loses before the job allocates anything: the CUDA context and NCCL's buffers.
 pub const GPU_RESERVED_BYTES: u64 = 1 << 30;
@@ -33,6 +33,8 @@ pub const GPU_RESERVED_BYTES: u64 = 1 << 30;
 /// What the plan knows when it estimates memory.
 pub struct MemoryInputs<'a> {
     pub footprint: &'a Footprint,
+    /// The footprint's units under the job's wrap policy.
+    pub layout: &'a ModelLayout,
     pub fsdp: &'a FsdpConfig,
     pub world_size: u64,
     /// Ranks per shard group (HYBRID_SHARD), else ranks per node.
@@ -45,7 +47,7 @@ pub struct MemoryInputs<'a> {
 }
 
 pub fn estimate_memory(m: &MemoryInputs, warnings: &mut Vec<String>) -> MemoryEstimate {
-    let layout = ModelLayout::new(m.footprint, m.fsdp);
+    let layout = m.layout;
     let per_strategy: Vec<StrategyMemory> = [
         ShardingStrategy::FullShard,
         ShardingStrategy::ShardGradOp,
@@ -53,13 +55,13 @@ pub fn estimate_memory(m: &MemoryInputs, warnings: &mut Vec<String>) -> MemoryEs
         ShardingStrategy::NoShard,
     ]
     .into_iter()
-    .map(|s| strategy_memory(s, m, &layout))
+    .map(|s| strategy_memory(s, m, layout))
     .collect();
     let chosen = per_strategy
         .iter()
         .find(|s| s.strategy == m.fsdp.strategy)
         .cloned()
-        .unwrap_or_else(|| strategy_memory(m.fsdp.strategy, m, &layout));
+        .unwrap_or_else(|| strategy_memory(m.fsdp.strategy, m, layout));
     let gpu_memory_bytes = m.gpu_memory_gb.map(|gb| (gb * GIB) as u64);
     if gpu_memory_bytes.is_some() && m.device == DeviceKind::Cpu {
         warnings.push(
@@ -134,8 +136,14 @@ impl MemoryParts {
     }
 }
 
-/// The model's units and what each segment reads, the same under every strategy.
-struct ModelLayout {
+/// The model's units and what each segment reads under the job's wrap policy, the same
+/// under every strategy: planned once per job, for the memory plan and for the warnings
+/// about wrapping.
+pub struct ModelLayout {
+    /// `(name, elements)` of every parameter, in model order.
+    pub sizes: Vec<(String, u64)>,
+    pub segments: Vec<SegmentSpec>,
+    pub units: Vec<UnitPlan>,
     /// Elements of each unit, unpadded.
     unit_numel: Vec<u64>,
     /// The units each segment reads, in segment order.
@@ -145,19 +153,19 @@ struct ModelLayout {
 }
 
 impl ModelLayout {
-    fn new(f: &Footprint, fsdp: &FsdpConfig) -> ModelLayout {
+    pub fn new(f: &Footprint, wrap: &WrapPolicy) -> ModelLayout {
         let sizes = f.param_sizes();
-        let specs = f.segment_specs();
-        let plans = plan_units(&sizes, &specs, &fsdp.wrap);
+        let segments = f.segment_specs();
+        let units = plan_units(&sizes, &segments, wrap);
         let numel_of: std::collections::HashMap<&str, u64> =
             sizes.iter().map(|(n, e)| (n.as_str(), *e)).collect();
         ModelLayout {
-            unit_numel: plans
+            unit_numel: units
                 .iter()
                 .map(|u| u.params.iter().map(|&i| sizes[i].1).sum())
                 .collect(),
-            reads: segment_units(&sizes, &specs, &plans),
-            segment_numel: specs
+            reads: segment_units(&sizes, &segments, &units),
+            segment_numel: segments
                 .iter()
                 .map(|s| {
                     s.params
@@ -166,6 +174,9 @@ impl ModelLayout {
                         .sum()
                 })
                 .collect(),
+            sizes,
+            segments,
+            units,
         }
     }
 }

@@ -313,10 +313,12 @@ pub fn resolve_with(
         &train.model,
         train.fsdp.mixed_precision.param_dtype.size_bytes(),
     );
-    fsdp::warn_about_memory_options(&train.model, &footprint, &train.fsdp, &mut warnings);
+    let layout = memory::ModelLayout::new(&footprint, &train.fsdp.wrap);
+    fsdp::warn_about_memory_options(&train.model, &layout, &train.fsdp, &mut warnings);
     let memory = memory::estimate_memory(
         &memory::MemoryInputs {
             footprint: &footprint,
+            layout: &layout,
             fsdp: &train.fsdp,
             world_size: ranks.world_size,
             shard_group: train.fsdp.shard_group_size.unwrap_or(ranks.ntasks_per_node),
