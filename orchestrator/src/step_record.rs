@@ -242,15 +242,9 @@ mod tests {
             grad_norm: 0.75,
             step_time_s,
             tokens_per_s: 1000.0 / step_time_s,
-            mfu: None,
             model_state_bytes: 100 + rank,
             peak_memory_bytes: peak,
-            peak_reserved_bytes: None,
-            device_used_bytes: None,
-            device_total_bytes: None,
-            loss_scale: None,
-            epoch: None,
-            data_time_s: None,
+            ..Default::default()
         }
     }
 
@@ -359,8 +353,7 @@ mod tests {
                 device_used_bytes: Some(81_234_567_890),
                 device_total_bytes: Some(85_899_345_920),
                 loss_scale: Some(65_536.0),
-                epoch: None,
-                data_time_s: None,
+                ..Default::default()
             })
             .collect();
         let line = serde_json::to_string(&StepRecord::fold(&records, 1_764_000_000.123_456))

@@ -124,15 +124,9 @@ mod tests {
                 grad_norm: 1.0,
                 step_time_s: t,
                 tokens_per_s: 1.0 / t,
-                mfu: None,
                 model_state_bytes: 1,
                 peak_memory_bytes: 10 + rank as u64,
-                peak_reserved_bytes: None,
-                device_used_bytes: None,
-                device_total_bytes: None,
-                loss_scale: None,
-                epoch: None,
-                data_time_s: None,
+                ..Default::default()
             })
             .collect();
         StepRecord::fold(&records, 0.0)

@@ -108,7 +108,9 @@ pub struct LogLine {
 }
 
 /// One metrics record. `loss` is the global mean over the whole batch (all ranks).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `Default` is for records made up by tests and simulated ranks (zeros, nothing measured);
+/// the worker fills every field.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepMetrics {
     pub rank: u64,
     pub step: u64,

@@ -385,15 +385,9 @@ mod tests {
                         grad_norm: 1.0,
                         step_time_s: 0.1,
                         tokens_per_s: 1.0,
-                        mfu: None,
                         model_state_bytes: 1,
                         peak_memory_bytes: 1,
-                        peak_reserved_bytes: None,
-                        device_used_bytes: None,
-                        device_total_bytes: None,
-                        loss_scale: None,
-                        epoch: None,
-                        data_time_s: None,
+                        ..Default::default()
                     }],
                     0.0,
                 )

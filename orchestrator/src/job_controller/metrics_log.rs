@@ -106,15 +106,9 @@ mod tests {
             grad_norm: 1.0,
             step_time_s: 0.1 * (rank + 1) as f64,
             tokens_per_s: 10.0,
-            mfu: None,
             model_state_bytes: 1,
             peak_memory_bytes: 1,
-            peak_reserved_bytes: None,
-            device_used_bytes: None,
-            device_total_bytes: None,
-            loss_scale: None,
-            epoch: None,
-            data_time_s: None,
+            ..Default::default()
         };
         for step in 1..=3 {
             for rank in 0..2 {

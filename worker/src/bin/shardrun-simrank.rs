@@ -114,15 +114,9 @@ fn run() -> Result<i32> {
             grad_norm: 1.0,
             step_time_s: args.step_ms as f64 / 1000.0,
             tokens_per_s: 1000.0,
-            mfu: None,
             model_state_bytes: 0,
             peak_memory_bytes: 0,
-            peak_reserved_bytes: None,
-            device_used_bytes: None,
-            device_total_bytes: None,
-            loss_scale: None,
-            epoch: None,
-            data_time_s: None,
+            ..Default::default()
         });
         if args.die_rank == Some(rank_env.rank) && step == args.die_at_step {
             // SAFETY: plain syscall on our own pid.
