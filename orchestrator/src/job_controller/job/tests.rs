@@ -45,11 +45,13 @@ fn running() -> JobMachine {
 /// its exit made the machine do.
 fn finish_rank(s: &mut JobMachine, conn: u64, proc: u64, preempted: bool) -> Vec<Action> {
     s.handle(Event::Finished { conn, preempted });
+    leave(s, conn, proc, ExitInfo::Code(0))
+}
+
+/// A rank's connection closes, then its process exits.
+fn leave(s: &mut JobMachine, conn: u64, proc: u64, exit: ExitInfo) -> Vec<Action> {
     s.handle(Event::Disconnected { conn, error: None });
-    s.handle(Event::ProcessExited {
-        proc,
-        exit: ExitInfo::Code(0),
-    })
+    s.handle(Event::ProcessExited { proc, exit })
 }
 
 fn failure(actions: &[Action]) -> Option<Failure> {
@@ -173,14 +175,7 @@ fn killed_rank_stops_the_others_and_fails_with_its_signal() {
             exit: ExitInfo::Signal(9)
         })
         .is_empty());
-    s.handle(Event::Disconnected {
-        conn: 10,
-        error: None,
-    });
-    let actions = s.handle(Event::ProcessExited {
-        proc: 0,
-        exit: ExitInfo::Signal(15),
-    });
+    let actions = leave(&mut s, 10, 0, ExitInfo::Signal(15));
     let f = failure(&actions).expect("job failed");
     assert_eq!(
         (f.rank, f.host.as_deref(), f.exit),
@@ -196,14 +191,7 @@ fn exit_before_disconnect_is_also_a_failure() {
         exit: ExitInfo::Code(1),
     });
     assert!(actions.contains(&Action::StopProcesses { force: false }));
-    s.handle(Event::Disconnected {
-        conn: 10,
-        error: None,
-    });
-    s.handle(Event::ProcessExited {
-        proc: 1,
-        exit: ExitInfo::Signal(15),
-    });
+    leave(&mut s, 10, 1, ExitInfo::Signal(15));
     let actions = s.handle(Event::Disconnected {
         conn: 11,
         error: None,
@@ -351,14 +339,7 @@ fn cancel_shuts_down_then_second_signal_forces() {
         conn: 10,
         error: None,
     });
-    s.handle(Event::Disconnected {
-        conn: 11,
-        error: None,
-    });
-    s.handle(Event::ProcessExited {
-        proc: 0,
-        exit: ExitInfo::Signal(15),
-    });
+    leave(&mut s, 11, 0, ExitInfo::Signal(15));
     let actions = s.handle(Event::ProcessExited {
         proc: 1,
         exit: ExitInfo::Code(3),
@@ -539,22 +520,8 @@ fn a_killed_peer_is_blamed_over_the_rank_that_reported_the_broken_collective() {
         conn: 10,
         error: "peer rank 1 closed".into(),
     });
-    s.handle(Event::Disconnected {
-        conn: 11,
-        error: None,
-    });
-    s.handle(Event::ProcessExited {
-        proc: 1,
-        exit: ExitInfo::Signal(9),
-    });
-    s.handle(Event::Disconnected {
-        conn: 10,
-        error: None,
-    });
-    let actions = s.handle(Event::ProcessExited {
-        proc: 0,
-        exit: ExitInfo::Code(1),
-    });
+    leave(&mut s, 11, 1, ExitInfo::Signal(9));
+    let actions = leave(&mut s, 10, 0, ExitInfo::Code(1));
     assert_eq!(failure(&actions).unwrap().rank, Some(1));
     // Once the controller signals the ranks itself, signals prove nothing.
     let mut s = running();
@@ -563,22 +530,8 @@ fn a_killed_peer_is_blamed_over_the_rank_that_reported_the_broken_collective() {
         error: "out of memory".into(),
     });
     s.handle(Event::Escalated);
-    s.handle(Event::Disconnected {
-        conn: 11,
-        error: None,
-    });
-    s.handle(Event::ProcessExited {
-        proc: 1,
-        exit: ExitInfo::Signal(15),
-    });
-    s.handle(Event::Disconnected {
-        conn: 10,
-        error: None,
-    });
-    let actions = s.handle(Event::ProcessExited {
-        proc: 0,
-        exit: ExitInfo::Code(1),
-    });
+    leave(&mut s, 11, 1, ExitInfo::Signal(15));
+    let actions = leave(&mut s, 10, 0, ExitInfo::Code(1));
     assert_eq!(failure(&actions).unwrap().rank, Some(0));
 }
 
