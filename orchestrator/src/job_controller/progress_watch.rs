@@ -99,12 +99,18 @@ impl RankProgress {
 mod tests {
     use super::*;
 
+    const LIMIT: Option<Duration> = Some(Duration::from_secs(60));
+
+    /// A job that starts now, and the instant `s` seconds later.
+    fn started() -> (JobActivity, impl Fn(u64) -> Instant) {
+        let t0 = Instant::now();
+        (JobActivity::new(t0), move |s| t0 + Duration::from_secs(s))
+    }
+
     #[test]
     fn a_step_held_past_the_timeout_is_reported_once() {
-        let t0 = Instant::now();
-        let job = JobActivity::new(t0);
-        let limit = Some(Duration::from_secs(60));
-        let at = |s: u64| t0 + Duration::from_secs(s);
+        let (job, at) = started();
+        let limit = LIMIT;
         let mut p = RankProgress::default();
         assert_eq!(p.beat((0, 0), at(0), limit, &job), Beat::Advanced);
         assert_eq!(
@@ -123,10 +129,8 @@ mod tests {
     #[test]
     fn work_within_a_step_is_progress() {
         // A long evaluation or checkpoint after step 1: the step stands, the work moves.
-        let t0 = Instant::now();
-        let job = JobActivity::new(t0);
-        let limit = Some(Duration::from_secs(60));
-        let at = |s: u64| t0 + Duration::from_secs(s);
+        let (job, at) = started();
+        let limit = LIMIT;
         let mut p = RankProgress::default();
         assert_eq!(p.beat((1, 4), at(0), limit, &job), Beat::Advanced);
         for (i, s) in (50..600).step_by(50).enumerate() {
@@ -140,10 +144,8 @@ mod tests {
     #[test]
     fn a_rank_waiting_on_a_working_peer_is_not_stalled() {
         // Rank 1 waits in a barrier while rank 0 writes a full checkpoint unit by unit.
-        let t0 = Instant::now();
-        let job = JobActivity::new(t0);
-        let limit = Some(Duration::from_secs(60));
-        let at = |s: u64| t0 + Duration::from_secs(s);
+        let (job, at) = started();
+        let limit = LIMIT;
         let (mut writer, mut waiter) = (RankProgress::default(), RankProgress::default());
         assert_eq!(writer.beat((3, 12), at(0), limit, &job), Beat::Advanced);
         assert_eq!(waiter.beat((3, 12), at(0), limit, &job), Beat::Advanced);
