@@ -27,7 +27,6 @@ use shardrun_protocol::config::{BatchPlan, DeviceKind, ModelConfig, ShardingStra
 use shardrun_protocol::footprint::Footprint;
 use shardrun_protocol::TrainConfig;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 /// Defaults, in one place (docs/job-spec.md repeats them).
 pub mod defaults {
@@ -216,28 +215,30 @@ pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob
 /// points): describing a model, every parameter by name, is most of a point's planning.
 #[derive(Default)]
 pub struct Footprints {
-    built: Vec<(ModelConfig, u64, Arc<Footprint>)>,
+    built: Vec<(ModelConfig, u64, Footprint)>,
 }
 
 impl Footprints {
     /// Models kept at once; a sweep over more model shapes describes some again.
     const KEPT: usize = 8;
 
-    fn of(&mut self, model: &ModelConfig, compute_bytes: u64) -> Arc<Footprint> {
-        if let Some((_, _, f)) = self
+    fn of(&mut self, model: &ModelConfig, compute_bytes: u64) -> &Footprint {
+        let found = self
             .built
             .iter()
-            .find(|(m, bytes, _)| *bytes == compute_bytes && m == model)
-        {
-            return f.clone();
-        }
-        let footprint = Arc::new(model.footprint(compute_bytes));
-        if self.built.len() == Self::KEPT {
-            self.built.remove(0);
-        }
-        self.built
-            .push((model.clone(), compute_bytes, footprint.clone()));
-        footprint
+            .position(|(m, bytes, _)| *bytes == compute_bytes && m == model);
+        let index = match found {
+            Some(index) => index,
+            None => {
+                if self.built.len() == Self::KEPT {
+                    self.built.remove(0);
+                }
+                let footprint = model.footprint(compute_bytes);
+                self.built.push((model.clone(), compute_bytes, footprint));
+                self.built.len() - 1
+            }
+        };
+        &self.built[index].2
     }
 }
 
@@ -313,11 +314,11 @@ pub fn resolve_with(
         &train.model,
         train.fsdp.mixed_precision.param_dtype.size_bytes(),
     );
-    let layout = memory::ModelLayout::new(&footprint, &train.fsdp.wrap);
+    let layout = memory::ModelLayout::new(footprint, &train.fsdp.wrap);
     fsdp::warn_about_memory_options(&train.model, &layout, &train.fsdp, &mut warnings);
     let memory = memory::estimate_memory(
         &memory::MemoryInputs {
-            footprint: &footprint,
+            footprint,
             layout: &layout,
             fsdp: &train.fsdp,
             world_size: ranks.world_size,
