@@ -547,7 +547,12 @@ mod tests {
                     ..
                 })
             ));
-            c.send(&FromWorker::Heartbeat { step: 1, work: 2 }).unwrap();
+            c.send(&FromWorker::Heartbeat {
+                step: 1,
+                work: 2,
+                collectives: 3,
+            })
+            .unwrap();
             // And a peer that announces one anyway is cut off.
             c.send_frame(&(2 * FRAME_LIMIT as u32).to_be_bytes())
                 .unwrap();
@@ -556,7 +561,11 @@ mod tests {
         tx.send(&start).await.unwrap();
         assert_eq!(
             rx.recv().await.unwrap(),
-            Some(FromWorker::Heartbeat { step: 1, work: 2 })
+            Some(FromWorker::Heartbeat {
+                step: 1,
+                work: 2,
+                collectives: 3,
+            })
         );
         assert!(matches!(
             rx.recv().await,
@@ -692,7 +701,12 @@ mod tests {
             let mut c =
                 BlockingConnection::connect(&addr, Role::Worker, SECRET, Duration::from_secs(2))
                     .unwrap();
-            c.send(&FromWorker::Heartbeat { step: 3, work: 7 }).unwrap();
+            c.send(&FromWorker::Heartbeat {
+                step: 3,
+                work: 7,
+                collectives: 9,
+            })
+            .unwrap();
             c.recv::<ToWorker>().unwrap()
         });
         let (stream, _) = l.accept().unwrap();
@@ -700,7 +714,11 @@ mod tests {
         assert_eq!(role, Role::Worker);
         assert_eq!(
             conn.recv::<FromWorker>().unwrap(),
-            FromWorker::Heartbeat { step: 3, work: 7 }
+            FromWorker::Heartbeat {
+                step: 3,
+                work: 7,
+                collectives: 9,
+            }
         );
         conn.send(&ToWorker::Preempt).unwrap();
         assert_eq!(worker.join().unwrap(), ToWorker::Preempt);

@@ -48,8 +48,15 @@ pub enum FromWorker {
     /// optimizer steps this rank has completed and a count of work done (micro-batches,
     /// evaluation batches, checkpoint units): a rank that keeps heartbeating but stops making
     /// progress (blocked in a collective, stuck in I/O) is seen by neither moving, while a
-    /// long evaluation or checkpoint save still moves the count.
-    Heartbeat { step: u64, work: u64 },
+    /// long evaluation or checkpoint save still moves the count. `collectives`: how many
+    /// collective calls this rank has entered, on every communicator; every rank enters the
+    /// same ones in the same order, so when the job stands still the ranks that entered
+    /// fewer are the ones the others wait for.
+    Heartbeat {
+        step: u64,
+        work: u64,
+        collectives: u64,
+    },
     /// A checkpoint of `step` was committed (rank 0 sends this).
     CheckpointSaved { step: u64, path: String },
     /// End-of-training summary (rank 0 sends this).

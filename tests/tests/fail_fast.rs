@@ -85,7 +85,8 @@ fn a_rank_panicking_mid_training_ends_the_job_naming_the_panic() {
 #[test]
 fn a_rank_that_hangs_while_heartbeating_ends_the_job_after_the_progress_timeout() {
     // Rank 1 blocks for good at the start of step 3 (its heartbeats go on); ranks 0 and 2
-    // wait for it in step 3's first collective. No rank moves, so the job is judged stuck.
+    // wait for it in step 3's first collective. No rank moves, so the job is judged stuck,
+    // and the heartbeats' collective counts tell which rank the others wait for.
     let name = "fail-hang";
     let dir = TestDir::new(name);
     let ranks = 3;
@@ -100,13 +101,26 @@ fn a_rank_that_hangs_while_heartbeating_ends_the_job_after_the_progress_timeout(
     let stdout = stdout_of(&out);
     assert_eq!(out.status.code(), Some(1), "{stdout}{}", stderr_of(&out));
     let result = result_json(&run);
-    assert_eq!(result["status"].as_str(), Some("failed"), "{result}");
+    assert_eq!(
+        (result["status"].as_str(), result["rank"].as_u64()),
+        (Some("failed"), Some(1)),
+        "{result}"
+    );
     let message = result["message"].as_str().unwrap_or_default();
     assert!(
         message.contains("made no progress for")
             && message.contains("still at step 2")
-            && message.contains("--progress-timeout"),
+            && message.contains("--progress-timeout")
+            && message.contains("while the other ranks entered")
+            && message.contains("they wait for it"),
         "{message}"
+    );
+    // Counts of ranks that all ran the same steps: the others entered more than rank 1.
+    let lag = &result["lag"];
+    assert_eq!(lag["ranks"], serde_json::json!([1]), "{result}");
+    assert!(
+        lag["others_entered"][0].as_u64() > lag["entered"].as_u64(),
+        "{result}"
     );
     // The hung rank ignores requests to stop; the controller kills it.
     assert_no_process_left(&run);

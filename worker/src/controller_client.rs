@@ -277,8 +277,12 @@ fn spawn_heartbeat(client: std::sync::Weak<ControllerClient>, every: Duration) {
                 return;
             };
             let step = client.steps_done.load(Ordering::Relaxed);
-            let work = crate::progress::work();
-            if client.send(&FromWorker::Heartbeat { step, work }).is_err() {
+            let beat = FromWorker::Heartbeat {
+                step,
+                work: crate::progress::work(),
+                collectives: crate::progress::collectives(),
+            };
+            if client.send(&beat).is_err() {
                 return;
             }
         });

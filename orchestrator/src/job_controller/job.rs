@@ -5,6 +5,7 @@
 //! belongs to the job, and what the ranks are told to start, is the [`Roster`]'s to say (the
 //! same one rank 0 uses in a launch without the controller).
 
+use super::collective_lag::{rank_list, Lag};
 use super::outcome::{ExitInfo, Failure, FailureCause, Outcome};
 use crate::events_file::RunEvent;
 use shardrun_protocol::messages::{Registration, ToWorker};
@@ -36,9 +37,11 @@ pub enum Event {
         step: u64,
         reason: String,
     },
+    /// The rank reported an error; `lag`: ranks behind in the collectives at that moment.
     WorkerFailed {
         conn: ConnId,
         error: String,
+        lag: Option<Lag>,
     },
     /// The connection ended (`error`: why, if not a clean close).
     Disconnected {
@@ -55,11 +58,12 @@ pub enum Event {
         step: u64,
     },
     /// The rank heartbeats but has stayed at `step` for `secs` seconds (past the progress
-    /// timeout).
+    /// timeout), and so has the whole job; `lag`: the ranks behind in the collectives.
     Stalled {
         conn: ConnId,
         step: u64,
         secs: u64,
+        lag: Option<Lag>,
     },
     ProcessExited {
         proc: ProcId,
@@ -228,13 +232,13 @@ impl JobMachine {
             Event::Stopped { conn, step, reason } => {
                 self.set_end(conn, RankEnd::Stopped { step, reason });
             }
-            Event::WorkerFailed { conn, error } => {
+            Event::WorkerFailed { conn, error, lag } => {
                 self.set_end(conn, RankEnd::Failed);
                 if let Some(rank) = self.conn_rank.get(&conn).copied() {
-                    self.fail(
-                        self.failure_of(rank, FailureCause::Reported { error }),
-                        &mut out,
-                    );
+                    let mut failure = self.failure_of(rank, FailureCause::Reported { error });
+                    // Behind alone, the rank's own error says why.
+                    failure.lag = lag.filter(|lag| lag.ranks != [rank]);
+                    self.fail(failure, &mut out);
                 }
             }
             Event::Disconnected { conn, error } => {
@@ -277,14 +281,25 @@ impl JobMachine {
                     r.step = step;
                 }
             }
-            Event::Stalled { conn, step, secs } => {
+            Event::Stalled {
+                conn,
+                step,
+                secs,
+                lag,
+            } => {
                 if let Some(rank) = self.conn_rank.get(&conn).copied() {
                     if self.ranks.get(&rank).is_some_and(|r| r.end.is_none()) {
+                        // The whole job stands still: name a rank the others wait for, if
+                        // the collective counts tell one.
+                        let (rank, step) = match lag.as_ref().and_then(|lag| self.culprit(lag)) {
+                            Some(behind) if behind != rank => (behind, self.ranks[&behind].step),
+                            _ => (rank, step),
+                        };
                         let others = self.steps_of_others(rank);
-                        self.fail(
-                            self.failure_of(rank, FailureCause::Stalled { step, secs, others }),
-                            &mut out,
-                        );
+                        let mut failure =
+                            self.failure_of(rank, FailureCause::Stalled { step, secs, others });
+                        failure.lag = lag;
+                        self.fail(failure, &mut out);
                     }
                 }
             }
@@ -380,6 +395,7 @@ impl JobMachine {
                     problem: problem.clone(),
                 },
                 exit: None,
+                lag: None,
             };
             self.fail(failure, out);
             return;
@@ -395,6 +411,7 @@ impl JobMachine {
                     problem: refusal.to_string(),
                 },
                 exit: None,
+                lag: None,
             };
             self.fail(failure, out);
             return;
@@ -542,7 +559,16 @@ impl JobMachine {
         self.failure = Some(cause);
     }
 
-    /// "ranks 0-2 at step 12, rank 3 at step 11": where the ranks other than `rank` are.
+    /// The rank of `lag` a stalled job is blamed on: the first of the ranks behind that is
+    /// still running.
+    fn culprit(&self, lag: &Lag) -> Option<u64> {
+        lag.ranks
+            .iter()
+            .copied()
+            .find(|rank| self.ranks.get(rank).is_some_and(|r| r.end.is_none()))
+    }
+
+    /// "ranks 0-2 at step 12; rank 3 at step 11": where the ranks other than `rank` are.
     fn steps_of_others(&self, rank: u64) -> String {
         let mut by_step: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
         for (r, state) in &self.ranks {
@@ -553,13 +579,8 @@ impl JobMachine {
         by_step
             .iter()
             .map(|(step, ranks)| {
-                let list = ranks
-                    .iter()
-                    .map(u64::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ");
                 let noun = if ranks.len() == 1 { "rank" } else { "ranks" };
-                format!("{noun} {list} at step {step}")
+                format!("{noun} {} at step {step}", rank_list(ranks))
             })
             .collect::<Vec<_>>()
             .join("; ")
@@ -573,6 +594,7 @@ impl JobMachine {
             pid: reg.map(|r| r.pid),
             cause,
             exit: None,
+            lag: None,
         }
     }
 

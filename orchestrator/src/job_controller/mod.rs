@@ -11,6 +11,7 @@
 //! * [`outcome`]: how the job ended; [`secret`]: the per-job secret.
 
 pub mod clock;
+pub mod collective_lag;
 pub mod console;
 pub mod event_loop;
 pub mod job;

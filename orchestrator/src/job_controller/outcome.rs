@@ -1,5 +1,6 @@
 //! How a job ended, in words for people and as `result.json` for machines.
 
+use super::collective_lag::Lag;
 use serde::Serialize;
 
 /// How a process ended.
@@ -100,6 +101,9 @@ pub struct Failure {
     pub pid: Option<u32>,
     pub cause: FailureCause,
     pub exit: Option<ExitInfo>,
+    /// Ranks the others were waiting for, by their collective counts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lag: Option<Lag>,
 }
 
 impl Failure {
@@ -111,6 +115,7 @@ impl Failure {
             pid: None,
             cause,
             exit: None,
+            lag: None,
         }
     }
 
@@ -154,13 +159,26 @@ impl Failure {
                 } else {
                     format!(" ({others})")
                 };
+                // The collective counts may tell where it is stuck; else it is a question.
+                let known = self
+                    .lag
+                    .as_ref()
+                    .is_some_and(|lag| self.rank.is_some_and(|r| lag.ranks.contains(&r)));
+                let guess = if known {
+                    ""
+                } else {
+                    " blocked in a collective or in I/O?"
+                };
                 format!(
-                        "made no progress for {secs} s: still at step {step} while heartbeating{others}; \
-                         blocked in a collective or in I/O? (--progress-timeout)"
-                    )
+                    "made no progress for {secs} s: still at step {step} while heartbeating\
+                     {others};{guess} (--progress-timeout)"
+                )
             }
         };
-        format!("{who} {what}")
+        match &self.lag {
+            Some(lag) => format!("{who} {what}; {}", lag.describe(self.rank)),
+            None => format!("{who} {what}"),
+        }
     }
 }
 
@@ -207,6 +225,7 @@ mod tests {
                 why: "closed".into(),
             },
             exit: Some(ExitInfo::Signal(9)),
+            lag: None,
         };
         assert_eq!(
             f.describe(),

@@ -3,6 +3,7 @@
 //! Strangers are bounded: at most [`MAX_PENDING_HANDSHAKES`] unauthenticated connections at
 //! once, each allowed a few KiB for a few seconds (see `shardrun_protocol::connection`).
 
+use super::collective_lag::CollectiveCounts;
 use super::job::{ConnId, Event};
 use super::progress_watch::{Beat, JobActivity, RankProgress};
 use super::writer::Record;
@@ -22,6 +23,9 @@ pub const MAX_PENDING_HANDSHAKES: usize = 256;
 pub const MAX_LOG_LINE: usize = 64 * 1024;
 /// Log lines of one connection handed to the writer at once, at most.
 const MAX_BATCH: usize = 256;
+/// A rank that entered fewer collectives than others, and none for this long, when another
+/// rank fails is named as the one they waited for (a healthy rank enters several a second).
+const LAG_STILL_FOR: Duration = Duration::from_secs(10);
 
 fn truncate_line(mut line: LogLine) -> LogLine {
     if line.text.len() > MAX_LOG_LINE {
@@ -73,7 +77,12 @@ pub async fn serve(
     records: mpsc::Sender<Record>,
 ) {
     let pending = Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES));
-    let activity = JobActivity::new(std::time::Instant::now());
+    let watch = Watch {
+        heartbeat_timeout: opts.heartbeat_timeout,
+        progress_timeout: opts.progress_timeout,
+        activity: JobActivity::new(std::time::Instant::now()),
+        counts: CollectiveCounts::default(),
+    };
     let mut next_conn: ConnId = 0;
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -93,7 +102,7 @@ pub async fn serve(
         next_conn += 1;
         let conn = next_conn;
         let (opts, events, records) = (opts.clone(), events.clone(), records.clone());
-        let activity = activity.clone();
+        let watch = watch.clone();
         tokio::spawn(
             async move {
                 let _ = stream.set_nodelay(true);
@@ -153,8 +162,6 @@ pub async fn serve(
                 let (go, started) = tokio::sync::oneshot::channel::<()>();
                 let reader = tokio::spawn(async move {
                     if started.await.is_ok() {
-                        let timeouts = (opts.heartbeat_timeout, opts.progress_timeout);
-                        let watch = (timeouts, activity);
                         read_worker(conn, rank, rx, watch, events_r, records).await;
                     }
                 });
@@ -171,14 +178,30 @@ pub async fn serve(
     }
 }
 
+/// What every connection's reader judges its rank's heartbeats by, and shares with the
+/// others.
+#[derive(Clone)]
+struct Watch {
+    heartbeat_timeout: Duration,
+    progress_timeout: Option<Duration>,
+    activity: JobActivity,
+    counts: CollectiveCounts,
+}
+
 async fn read_worker(
     conn: ConnId,
     rank: u64,
     mut rx: connection::AsyncReceiver<FromWorker>,
-    ((heartbeat_timeout, progress_timeout), activity): ((Duration, Option<Duration>), JobActivity),
+    watch: Watch,
     events: mpsc::UnboundedSender<ServerEvent>,
     records: mpsc::Sender<Record>,
 ) {
+    let Watch {
+        heartbeat_timeout,
+        progress_timeout,
+        activity,
+        counts,
+    } = watch;
     let job = |e: Event| {
         let _ = events.send(ServerEvent::Job(e));
     };
@@ -234,11 +257,25 @@ async fn read_worker(
             }
             FromWorker::Metrics(m) => Record::Metrics(m),
             FromWorker::Eval(e) => Record::Eval(e),
-            FromWorker::Heartbeat { step, work } => {
+            FromWorker::Heartbeat {
+                step,
+                work,
+                collectives,
+            } => {
                 let now = std::time::Instant::now();
+                counts.record(rank, collectives, now);
                 match progress.beat((step, work), now, progress_timeout, &activity) {
                     Beat::Advanced => job(Event::Progress { conn, step }),
-                    Beat::Stalled(secs) => job(Event::Stalled { conn, step, secs }),
+                    Beat::Stalled(secs) => {
+                        // The whole job stood still for the progress timeout already.
+                        let lag = counts.lag(now, Duration::ZERO);
+                        job(Event::Stalled {
+                            conn,
+                            step,
+                            secs,
+                            lag,
+                        })
+                    }
                     Beat::Worked | Beat::Same => {}
                 }
                 continue;
@@ -268,7 +305,8 @@ async fn read_worker(
                         lines: vec![truncate_line(line)],
                     })
                     .await;
-                job(Event::WorkerFailed { conn, error });
+                let lag = counts.lag(std::time::Instant::now(), LAG_STILL_FOR);
+                job(Event::WorkerFailed { conn, error, lag });
                 continue;
             }
         };

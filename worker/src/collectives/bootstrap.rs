@@ -3,6 +3,7 @@
 //! rank 0 makes the unique id), [`PendingComms::connect`] after it, with every rank's
 //! [`StartInfo`].
 
+use super::counted::Counted;
 use super::cpu::{CpuCommunicator, Member};
 use super::nccl::{self, NcclCommunicator};
 use super::{CommError, Communicator, SingleProcess};
@@ -185,6 +186,9 @@ impl PendingComms {
                 DeviceKind::Cuda => "NCCL",
             }
         );
-        Ok(Comms { control, data })
+        Ok(Comms {
+            control: Counted::wrap(control),
+            data: Counted::wrap(data),
+        })
     }
 }

@@ -21,12 +21,13 @@
 //!
 //! * [`cpu`]: ring algorithms over TCP between processes, one thread per communicator;
 //! * [`nccl`]: NCCL through cudarc on its own stream, with deadlines and abort;
-//! * `single`, `bootstrap`, `dtype`, `data_plane`: world size 1, construction, argument
-//!   checks, the engine-only rule.
+//! * `single`, `bootstrap`, `dtype`, `data_plane`, `counted`: world size 1, construction,
+//!   argument checks, the engine-only rule, the count of calls entered the controller sees.
 //!
 //! [`StartInfo`]: shardrun_protocol::messages::StartInfo
 
 mod bootstrap;
+mod counted;
 pub mod cpu;
 mod data_plane;
 mod dtype;

@@ -172,7 +172,11 @@ fn strangers_are_refused_and_the_ranks_still_meet() {
     let mut chatty =
         BlockingConnection::connect(&master, Role::Worker, "s3cret", HANDSHAKE_TIMEOUT).unwrap();
     chatty
-        .send(&FromWorker::Heartbeat { step: 0, work: 0 })
+        .send(&FromWorker::Heartbeat {
+            step: 0,
+            work: 0,
+            collectives: 0,
+        })
         .unwrap();
     assert!(matches!(
         chatty.recv::<ToWorker>(),

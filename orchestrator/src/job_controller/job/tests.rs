@@ -519,6 +519,7 @@ fn a_killed_peer_is_blamed_over_the_rank_that_reported_the_broken_collective() {
     s.handle(Event::WorkerFailed {
         conn: 10,
         error: "peer rank 1 closed".into(),
+        lag: None,
     });
     leave(&mut s, 11, 1, ExitInfo::Signal(9));
     let actions = leave(&mut s, 10, 0, ExitInfo::Code(1));
@@ -528,6 +529,7 @@ fn a_killed_peer_is_blamed_over_the_rank_that_reported_the_broken_collective() {
     s.handle(Event::WorkerFailed {
         conn: 10,
         error: "out of memory".into(),
+        lag: None,
     });
     s.handle(Event::Escalated);
     leave(&mut s, 11, 1, ExitInfo::Signal(15));
@@ -546,6 +548,7 @@ fn heartbeat_loss_and_reported_errors_fail_the_job() {
     let actions = s.handle(Event::WorkerFailed {
         conn: 11,
         error: "out of memory".into(),
+        lag: None,
     });
     assert!(actions
         .iter()
@@ -617,6 +620,7 @@ fn a_rank_that_stops_making_progress_is_named_with_where_the_others_are() {
         conn: 11,
         step: 6,
         secs: 1800,
+        lag: None,
     });
     let text = actions
         .iter()
@@ -637,4 +641,83 @@ fn a_rank_that_stops_making_progress_is_named_with_where_the_others_are() {
             ..
         }
     )));
+}
+
+/// Rank `rank` entered `entered` collectives and no more for a minute; the other entered 41.
+fn behind(rank: u64, entered: u64) -> Option<Lag> {
+    Some(Lag {
+        ranks: vec![rank],
+        entered,
+        others_entered: (41, 41),
+        still_secs: 60,
+    })
+}
+
+/// What the machine said first.
+fn said(actions: &[Action]) -> String {
+    actions
+        .iter()
+        .find_map(|a| match a {
+            Action::Say(t) => Some(t.clone()),
+            _ => None,
+        })
+        .expect("something is said")
+}
+
+#[test]
+fn a_stalled_job_is_blamed_on_the_rank_the_others_wait_for() {
+    // Rank 0's heartbeat noticed the job standing still first, but rank 1 never entered the
+    // collective rank 0 sits in.
+    let mut s = running();
+    for conn in [10, 11] {
+        s.handle(Event::Progress { conn, step: 6 });
+    }
+    let actions = s.handle(Event::Stalled {
+        conn: 10,
+        step: 6,
+        secs: 60,
+        lag: behind(1, 40),
+    });
+    let text = said(&actions);
+    assert!(
+        text.starts_with("rank 1 on node1") && text.contains("they wait for it"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("blocked in a collective or in I/O?"),
+        "{text}"
+    );
+    leave(&mut s, 10, 0, ExitInfo::Signal(15));
+    let f = failure(&leave(&mut s, 11, 1, ExitInfo::Signal(15))).unwrap();
+    assert_eq!((f.rank, f.lag.map(|l| l.entered)), (Some(1), Some(40)));
+}
+
+#[test]
+fn a_collective_timeout_names_the_rank_that_never_joined() {
+    // Rank 0's collective times out: its error is the failure, and rank 1 (behind) is named.
+    let mut s = running();
+    let actions = s.handle(Event::WorkerFailed {
+        conn: 10,
+        error: "NCCL all_gather did not complete within 300 s".into(),
+        lag: behind(1, 40),
+    });
+    let text = said(&actions);
+    assert!(
+        text.starts_with("rank 0 on node0")
+            && text.contains("within 300 s; rank 1 entered 40 collectives")
+            && text.contains("logs/rank-1.log"),
+        "{text}"
+    );
+    // A rank behind alone that reports its own error is not said to be waited for.
+    let mut s = running();
+    let actions = s.handle(Event::WorkerFailed {
+        conn: 11,
+        error: "out of memory".into(),
+        lag: behind(1, 40),
+    });
+    assert!(
+        !said(&actions).contains("collectives"),
+        "{}",
+        said(&actions)
+    );
 }
