@@ -30,12 +30,17 @@ pub enum RunsError {
 }
 
 /// Run directories at or below `path` (a run directory, a sweep folder or a run root),
-/// at most three levels deep, sorted by path.
+/// at most three levels deep, sorted by path. Below `path`, a folder is a run when it holds
+/// the resolved job too: the data cache (by default in the run root) keeps a
+/// `manifest.json` of its own.
 pub fn find_runs(path: &Path) -> Vec<RunDir> {
+    const DEPTH: usize = 3;
     fn walk(path: &Path, depth: usize, out: &mut Vec<RunDir>) {
         if let Ok(run) = RunDir::open(path) {
-            out.push(run);
-            return;
+            if depth == DEPTH || run.resolved_json().is_file() {
+                out.push(run);
+                return;
+            }
         }
         if depth == 0 {
             return;
@@ -61,7 +66,7 @@ pub fn find_runs(path: &Path) -> Vec<RunDir> {
         }
     }
     let mut out = Vec::new();
-    walk(path, 3, &mut out);
+    walk(path, DEPTH, &mut out);
     out
 }
 
@@ -218,5 +223,22 @@ mod tests {
             None,
             "a truncated result.json is ignored"
         );
+    }
+
+    #[test]
+    fn the_data_cache_in_a_run_root_is_not_a_run() {
+        let root = tempfile::tempdir().unwrap();
+        let run = root.path().join("llama");
+        let cache = root.path().join("data-cache/jsonl-0123");
+        for dir in [&run, &cache] {
+            std::fs::create_dir_all(dir).unwrap();
+            std::fs::write(dir.join("manifest.json"), "{}").unwrap();
+        }
+        std::fs::write(run.join("resolved.json"), "{}").unwrap();
+        let found: Vec<_> = find_runs(root.path())
+            .iter()
+            .map(|r| r.path().to_path_buf())
+            .collect();
+        assert_eq!(found, vec![std::path::absolute(&run).unwrap()]);
     }
 }
