@@ -1,7 +1,14 @@
 //! Typed messages, one enum per direction. Sent as JSON inside length-delimited frames (see
 //! [`crate::connection`]) after the handshake.
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// A measured value that may be NaN or infinite (a diverged loss, an overflowed gradient
+/// norm). JSON has no such numbers: serde_json writes them as `null`, read back here as NaN,
+/// so a record of a diverged step reaches the controller instead of breaking the connection.
+fn non_finite<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
 
 /// First frame on every connection, from the connecting side.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -121,12 +128,17 @@ pub struct LogLine {
 pub struct StepMetrics {
     pub rank: u64,
     pub step: u64,
+    #[serde(deserialize_with = "non_finite")]
     pub loss: f64,
+    #[serde(deserialize_with = "non_finite")]
     pub lr: f64,
     /// Global gradient norm (whole model, before clipping).
+    #[serde(deserialize_with = "non_finite")]
     pub grad_norm: f64,
+    #[serde(deserialize_with = "non_finite")]
     pub step_time_s: f64,
     /// Tokens per second of the whole job (all ranks).
+    #[serde(deserialize_with = "non_finite")]
     pub tokens_per_s: f64,
     /// Model FLOPs utilisation on GPU (torchtitan's formula); `None` on CPU.
     pub mfu: Option<f64>,
@@ -165,11 +177,14 @@ pub struct EvalMetrics {
     pub rank: u64,
     pub step: u64,
     /// Mean cross-entropy per target token.
+    #[serde(deserialize_with = "non_finite")]
     pub eval_loss: f64,
     /// `exp(eval_loss)`.
+    #[serde(deserialize_with = "non_finite")]
     pub eval_perplexity: f64,
     /// Target tokens evaluated.
     pub eval_tokens: u64,
+    #[serde(deserialize_with = "non_finite")]
     pub eval_time_s: f64,
 }
 
@@ -179,12 +194,15 @@ pub struct TrainSummary {
     pub strategy: String,
     pub world_size: u64,
     pub steps: u64,
+    #[serde(deserialize_with = "non_finite")]
     pub first_loss: f64,
+    #[serde(deserialize_with = "non_finite")]
     pub last_loss: f64,
     pub model_state_bytes_per_rank: u64,
     /// What one rank would hold unsharded (params + grads + AdamW state).
     pub unsharded_model_state_bytes: u64,
     pub peak_memory_bytes: u64,
+    #[serde(deserialize_with = "non_finite")]
     pub mean_tokens_per_s: f64,
     /// The last evaluation, when the data has a validation split.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -231,4 +249,65 @@ pub struct PeerInfo {
     pub local_rank: u64,
     pub host: String,
     pub collective_addr: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Through JSON and back, as frames carry messages.
+    fn round_trip(msg: &FromWorker) -> FromWorker {
+        serde_json::from_str(&serde_json::to_string(msg).unwrap()).expect("decodes")
+    }
+
+    #[test]
+    fn records_of_a_diverged_run_travel_with_their_non_finite_values() {
+        let step = FromWorker::Metrics(StepMetrics {
+            step: 7,
+            loss: f64::NAN,
+            grad_norm: f64::INFINITY,
+            lr: 1e-4,
+            ..Default::default()
+        });
+        let FromWorker::Metrics(back) = round_trip(&step) else {
+            panic!("not a metrics record")
+        };
+        assert!(
+            back.loss.is_nan() && !back.grad_norm.is_finite(),
+            "{back:?}"
+        );
+        assert_eq!((back.step, back.lr), (7, 1e-4));
+
+        let eval = FromWorker::Eval(EvalMetrics {
+            rank: 0,
+            step: 7,
+            eval_loss: f64::NAN,
+            eval_perplexity: f64::INFINITY,
+            eval_tokens: 10,
+            eval_time_s: 0.5,
+        });
+        let FromWorker::Eval(back) = round_trip(&eval) else {
+            panic!("not an evaluation")
+        };
+        assert!(back.eval_loss.is_nan() && back.eval_perplexity.is_nan());
+
+        // A run resumed at its last step trained nothing: its summary has no first loss.
+        let summary = FromWorker::Summary(TrainSummary {
+            strategy: "FULL_SHARD".into(),
+            world_size: 2,
+            steps: 10,
+            first_loss: f64::NAN,
+            last_loss: f64::NAN,
+            model_state_bytes_per_rank: 1,
+            unsharded_model_state_bytes: 2,
+            peak_memory_bytes: 3,
+            mean_tokens_per_s: 0.0,
+            eval_loss: None,
+            eval_perplexity: None,
+        });
+        let FromWorker::Summary(back) = round_trip(&summary) else {
+            panic!("not a summary")
+        };
+        assert!(back.first_loss.is_nan() && back.mean_tokens_per_s == 0.0);
+    }
 }

@@ -259,3 +259,31 @@ fn exit_codes_and_completions() {
     let fish = stdout_of(&shardrun_in(root, &["completions", "fish"]));
     assert!(fish.contains("complete -c shardrun"), "{fish}");
 }
+
+#[test]
+fn a_diverged_run_keeps_reporting_its_non_finite_loss_and_says_so() {
+    // A learning rate no model survives: the loss overflows within a few steps. The records
+    // must still reach the controller (JSON has no NaN) and the run end normally.
+    let dir = TestDir::new("metrics-diverged");
+    let mut text = tiny_mlp_spec("diverged", 8, 2);
+    text.push_str("  optimizer: { lr: 1.0e+30 }\n");
+    let spec = dir.write("diverged.yaml", &text);
+    let (out, run) = run_local(
+        &dir,
+        &spec,
+        &["--nproc", "2", "--no-progress"],
+        &[],
+        Duration::from_secs(120),
+    );
+    let stdout = stdout_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", stderr_of(&out));
+    let records = json_lines(&run.join("metrics.jsonl"));
+    let steps: Vec<u64> = records.iter().filter_map(|r| r["step"].as_u64()).collect();
+    assert_eq!(steps, (1..=8).collect::<Vec<_>>(), "{records:?}");
+    assert!(
+        records.last().is_some_and(|r| r["loss"].is_null()),
+        "the last loss is not a number: {records:?}"
+    );
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(log.contains("training diverged"), "{log}");
+}

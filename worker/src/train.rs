@@ -356,7 +356,8 @@ impl Trainer {
         }
         let peak_flops = peak_flops.flops();
         let (mut first_loss, mut last_loss) = (None, f64::NAN);
-        let mut throughput = Vec::new();
+        let mut diverged = false;
+        let mut step_times = Vec::new();
         let mut preempted = false;
         let mut stopped = None;
         let first_step = self.step;
@@ -502,7 +503,9 @@ impl Trainer {
             let loss = agreed[0] / global_tokens.max(1.0);
             self.samples_done = step_start + cfg.batch.total_batch_size;
             // Gradients carry the fp16 loss scale until they are unscaled below.
-            let mut grad_norm = agreed[1].sqrt() / scale;
+            // Non-finite on an fp16 overflow, and reported so (torch's clip_grad_norm_ returns
+            // it the same way): a skipped step is not a clean one.
+            let grad_norm = agreed[1].sqrt() / scale;
             let mut skipped = false;
             if let Some(scaler) = self.scaler.as_mut() {
                 let found_inf = agreed[2] > 0.0;
@@ -510,7 +513,6 @@ impl Trainer {
                 skipped = found_inf;
             }
             if skipped {
-                grad_norm = 0.0;
                 self.log(LogLevel::Warn, &format!(
                     "step {}: fp16 gradients overflowed on some rank; step skipped, loss scale now {}",
                     step + 1, self.scaler.as_ref().map_or(0.0, |s| s.scale)
@@ -534,7 +536,18 @@ impl Trainer {
             self.reporter.step_done(self.step);
 
             let tokens_per_s = tokens_per_step / step_time;
-            throughput.push(tokens_per_s);
+            step_times.push(step_time);
+            if !loss.is_finite() && !diverged {
+                diverged = true;
+                self.log(
+                    LogLevel::Warn,
+                    &format!(
+                        "step {}: the loss is {loss}: training diverged (a learning rate too \
+                         high for this model and batch?); the run goes on, as PyTorch's would",
+                        self.step
+                    ),
+                );
+            }
             first_loss.get_or_insert(loss);
             last_loss = loss;
             if self.step.is_multiple_of(cfg.log_every.max(1)) || self.step == cfg.steps {
@@ -571,6 +584,8 @@ impl Trainer {
                 .is_some_and(|e| e.due(self.step, cfg.steps))
             {
                 self.evaluate()?;
+                // The evaluation is not the next step's time.
+                boundary = Instant::now();
             }
             if cfg
                 .checkpoint
@@ -597,7 +612,12 @@ impl Trainer {
         if finished && trained && hook.is_some() {
             self.save(&mut hook, SaveReason::Final)?;
         }
-        let summary = self.summary(first_loss.unwrap_or(f64::NAN), last_loss, &throughput);
+        let summary = self.summary(
+            first_loss.unwrap_or(f64::NAN),
+            last_loss,
+            tokens_per_step,
+            &step_times,
+        );
         if finished && self.rank == 0 {
             if trained {
                 self.reporter.summary(&summary);
@@ -704,13 +724,19 @@ impl Trainer {
         Ok(())
     }
 
-    fn summary(&self, first_loss: f64, last_loss: f64, throughput: &[f64]) -> TrainSummary {
+    fn summary(
+        &self,
+        first_loss: f64,
+        last_loss: f64,
+        tokens_per_step: f64,
+        step_times: &[f64],
+    ) -> TrainSummary {
         let cfg = &self.config;
-        // Skip the first step (warm-up allocations) in the mean when there are others.
-        let steady = if throughput.len() > 1 {
-            &throughput[1..]
+        // Skip the first step (warm-up allocations) when there are others.
+        let steady = if step_times.len() > 1 {
+            &step_times[1..]
         } else {
-            throughput
+            step_times
         };
         TrainSummary {
             strategy: strategy_name(cfg.fsdp.strategy).to_string(),
@@ -721,7 +747,8 @@ impl Trainer {
             model_state_bytes_per_rank: self.engine.model_state_bytes(),
             unsharded_model_state_bytes: cfg.model.num_params() * 16,
             peak_memory_bytes: metrics::Memory::of(self.device).peak,
-            mean_tokens_per_s: steady.iter().sum::<f64>() / steady.len().max(1) as f64,
+            // Tokens over time, not a mean of per-step rates (which slow steps pull less).
+            mean_tokens_per_s: mean_throughput(tokens_per_step, steady),
             eval_loss: self.last_eval.as_ref().map(|e| e.eval_loss),
             eval_perplexity: self.last_eval.as_ref().map(|e| e.eval_perplexity),
         }
@@ -732,6 +759,16 @@ impl Trainer {
         if self.rank == 0 || level != LogLevel::Info {
             self.reporter.log(level, text);
         }
+    }
+}
+
+/// Tokens per second over `step_times` (0 when there are none).
+fn mean_throughput(tokens_per_step: f64, step_times: &[f64]) -> f64 {
+    let seconds: f64 = step_times.iter().sum();
+    if seconds > 0.0 {
+        tokens_per_step * step_times.len() as f64 / seconds
+    } else {
+        0.0
     }
 }
 
@@ -818,4 +855,17 @@ pub fn format_summary(s: &TrainSummary) -> String {
         },
         s.mean_tokens_per_s
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mean_throughput_is_tokens_over_time() {
+        // 100 tokens a step, steps of 1 s and 3 s: 200 tokens in 4 s, not the mean of the
+        // rates (66.7).
+        assert_eq!(mean_throughput(100.0, &[1.0, 3.0]), 50.0);
+        assert_eq!(mean_throughput(100.0, &[]), 0.0);
+    }
 }
