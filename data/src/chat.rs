@@ -1,14 +1,18 @@
 //! Chat records rendered with the model's own chat template, as `transformers`'
 //! `apply_chat_template` renders them (Jinja with `trim_blocks` and `lstrip_blocks`, Python
 //! string methods, `raise_exception`, `strftime_now`, a `tojson` that writes what Python's
-//! `json.dumps` writes, and the tokenizer's special tokens as variables).
+//! `json.dumps` writes, `{% generation %}` blocks, and the tokenizer's special tokens as
+//! variables). A folder with several named templates renders records that offer tools with
+//! `tool_use` and the others with `default`, as `transformers` picks them.
 //!
 //! Which characters the assistant wrote is found by rendering prefixes of the conversation:
 //! the text up to turn `i` with the generation prompt (`<|im_start|>assistant\n`), and the
 //! text through turn `i`; the assistant's span lies between them, trailing whitespace (the
 //! template's glue) excluded. This needs no `{% generation %}` markers, which few templates
 //! have, and it refuses templates that render earlier turns differently once later turns
-//! follow (it could not tell the turns apart there).
+//! follow (it could not tell the turns apart there). A conversation the assistant opens has
+//! no prefix to render (templates read `messages[0]` unguarded): there the opening turn is
+//! rendered with a marker in place of its content, and its span starts where the marker does.
 
 use crate::error::{DataError, Result};
 use crate::tokenizer::TextTokenizer;
@@ -29,51 +33,79 @@ pub const ROLES: [&str; 6] = [
     "ipython",
 ];
 
+/// The template a folder's single template, or a spec's, is known by.
+const DEFAULT: &str = "default";
+/// The template `transformers` picks for a conversation with tools, when the folder has one.
+const TOOL_USE: &str = "tool_use";
+/// Where transformers 5.x saves the templates other than `default`, as `NAME.jinja`.
+pub const ADDITIONAL_TEMPLATES: &str = "additional_chat_templates";
+
+/// Stands in for the content of a conversation's opening assistant turn; no text holds it.
+const CONTENT_MARKER: &str = "\u{e000}assistant-content\u{e000}";
+
+/// One template of a tokenizer folder (or the spec's) and where it was read from.
+pub struct NamedTemplate {
+    pub name: String,
+    pub path: PathBuf,
+    pub source: String,
+}
+
 pub struct ChatTemplate {
     env: Environment<'static>,
-    /// Where the template was read from.
-    pub path: PathBuf,
-    /// sha256 of the template text (part of the cache key).
+    /// Names of the templates in `env` and where each was read from.
+    sources: BTreeMap<String, PathBuf>,
+    /// sha256 of the templates' names and texts.
     pub hash: String,
     /// The special tokens every render sees (`bos_token`, `eos_token`, ...).
     variables: BTreeMap<String, Value>,
 }
 
-const TEMPLATE_NAME: &str = "chat_template";
-
 impl ChatTemplate {
-    /// The template named in the spec, else the tokenizer folder's `chat_template.jinja`,
-    /// `chat_template.json` or `tokenizer_config.json`'s `chat_template`.
+    /// The template named in the spec, else the tokenizer folder's: `chat_template.jinja`
+    /// (`default`) and `additional_chat_templates/*.jinja`, else `tokenizer_config.json`'s
+    /// `chat_template` (one, or a list of named ones), else a processor's
+    /// `chat_template.json`.
     pub fn load(tokenizer: &TextTokenizer, explicit: Option<&Path>) -> Result<ChatTemplate> {
-        let (path, source) = match explicit {
-            Some(path) => (
-                path.to_path_buf(),
-                std::fs::read_to_string(path).map_err(|e| DataError::ChatTemplate {
+        let templates = match explicit {
+            Some(path) => vec![NamedTemplate {
+                name: DEFAULT.into(),
+                path: path.to_path_buf(),
+                source: std::fs::read_to_string(path).map_err(|e| DataError::ChatTemplate {
                     path: path.to_path_buf(),
                     why: format!("cannot be read: {e}"),
                 })?,
-            ),
+            }],
             None => find_in_folder(tokenizer)?,
         };
-        ChatTemplate::from_source(path, source, &tokenizer.template_tokens)
+        ChatTemplate::from_templates(templates, &tokenizer.template_tokens)
     }
 
+    /// One template, used for every conversation.
     pub fn from_source(
         path: PathBuf,
         source: String,
         special_tokens: &BTreeMap<String, String>,
     ) -> Result<ChatTemplate> {
-        let hash = hex::encode(&Sha256::digest(source.as_bytes())[..12]);
+        let template = NamedTemplate {
+            name: DEFAULT.into(),
+            path,
+            source,
+        };
+        ChatTemplate::from_templates(vec![template], special_tokens)
+    }
+
+    pub fn from_templates(
+        templates: Vec<NamedTemplate>,
+        special_tokens: &BTreeMap<String, String>,
+    ) -> Result<ChatTemplate> {
+        let mut hash = Sha256::new();
         let mut env = Environment::new();
         // What `transformers` configures its Jinja environment with.
         let syntax = minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
             .lstrip_blocks(true)
             .build()
-            .map_err(|e| DataError::ChatTemplate {
-                path: path.clone(),
-                why: e.to_string(),
-            })?;
+            .map_err(|e| DataError::Config(format!("chat template syntax: {e}")))?;
         env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function(
@@ -84,21 +116,59 @@ impl ChatTemplate {
         );
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
-        env.add_template_owned(TEMPLATE_NAME, source)
-            .map_err(|e| DataError::ChatTemplate {
-                path: path.clone(),
-                why: format!("not a valid Jinja template: {}", describe(&e)),
-            })?;
+        let mut sources = BTreeMap::new();
+        for template in templates {
+            hash.update(format!("{}\0{}\0", template.name, template.source));
+            env.add_template_owned(template.name.clone(), generation_as_with(&template.source))
+                .map_err(|e| DataError::ChatTemplate {
+                    path: template.path.clone(),
+                    why: format!("not a valid Jinja template: {}", describe(&e)),
+                })?;
+            sources.insert(template.name, template.path);
+        }
         let variables = special_tokens
             .iter()
             .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
             .collect();
         Ok(ChatTemplate {
             env,
-            path,
-            hash,
+            sources,
+            hash: hex::encode(&hash.finalize()[..12]),
             variables,
         })
+    }
+
+    /// Where the templates were read from (with their names when there are several).
+    pub fn origin(&self) -> String {
+        if self.sources.len() == 1 {
+            if let Some(path) = self.sources.values().next() {
+                return path.display().to_string();
+            }
+        }
+        let named: Vec<String> = self
+            .sources
+            .iter()
+            .map(|(name, path)| format!("{name} from {}", path.display()))
+            .collect();
+        named.join(", ")
+    }
+
+    /// The template `transformers`' `get_chat_template` picks: `tool_use` when tools are
+    /// offered (an empty list too) and the folder has it, else `default` (a folder's single
+    /// template and the spec's are `default`).
+    fn pick(&self, tools: Option<&Value>) -> std::result::Result<&str, String> {
+        if tools.is_some() && self.sources.contains_key(TOOL_USE) {
+            return Ok(TOOL_USE);
+        }
+        if self.sources.contains_key(DEFAULT) {
+            return Ok(DEFAULT);
+        }
+        let names: Vec<&str> = self.sources.keys().map(String::as_str).collect();
+        Err(format!(
+            "the tokenizer folder's chat templates are named {} and none is `default`; name the \
+             template to use in `data.chat_template`",
+            names.join(", ")
+        ))
     }
 
     /// The conversation as text, like `apply_chat_template(messages, tokenize=False,
@@ -129,7 +199,7 @@ impl ChatTemplate {
         context.insert("documents".into(), Value::from(()));
         let template = self
             .env
-            .get_template(TEMPLATE_NAME)
+            .get_template(self.pick(tools)?)
             .map_err(|e| describe(&e))?;
         template
             .render(Value::from(context))
@@ -144,27 +214,75 @@ impl ChatTemplate {
     ) -> std::result::Result<(String, Vec<Range<usize>>), String> {
         let full = self.render_with_tools(messages, tools, false)?;
         let mut spans = Vec::new();
+        let differently = |i: usize| {
+            format!(
+                "the chat template renders message {} differently once later messages follow, so \
+                 the assistant's tokens cannot be told apart (templates that drop earlier turns' \
+                 reasoning do this); give `data.chat_template` a template that renders the \
+                 conversation as growing prefixes",
+                i + 1
+            )
+        };
         for (i, message) in messages.iter().enumerate() {
             if role(message).as_deref() != Some("assistant") {
                 continue;
             }
-            let prompt = self.render_with_tools(&messages[..i], tools, true)?;
             let through = self.render_with_tools(&messages[..=i], tools, false)?;
-            if !through.starts_with(&prompt) || !full.starts_with(&through) {
-                return Err(format!(
-                    "the chat template renders message {} differently once later messages follow, \
-                     so the assistant's tokens cannot be told apart (templates that drop earlier \
-                     turns' reasoning do this); give `data.chat_template` a template that renders \
-                     the conversation as growing prefixes",
-                    i + 1
-                ));
+            if !full.starts_with(&through) {
+                return Err(differently(i));
             }
-            let end = through.trim_end().len().max(prompt.len());
-            if end > prompt.len() {
-                spans.push(prompt.len()..end);
+            let start = if i == 0 {
+                self.opening_turn_start(message, tools, &through)?
+                    .ok_or_else(|| {
+                        "the chat template does not render the opening assistant message's \
+                         content where the message stands, so its tokens cannot be told apart; \
+                         give `data.chat_template` a template that renders it"
+                            .to_string()
+                    })?
+            } else {
+                let prompt = self.render_with_tools(&messages[..i], tools, true)?;
+                if !through.starts_with(&prompt) {
+                    return Err(differently(i));
+                }
+                prompt.len()
+            };
+            let end = through.trim_end().len().max(start);
+            if end > start {
+                spans.push(start..end);
             }
         }
         Ok((full, spans))
+    }
+
+    /// Where the assistant's text starts in `through`, the conversation of its one opening
+    /// turn: where the marker starts when the turn is rendered with the marker as its
+    /// content, provided the text before it is the same. `Ok(None)` when it is not.
+    fn opening_turn_start(
+        &self,
+        message: &Value,
+        tools: Option<&Value>,
+        through: &str,
+    ) -> std::result::Result<Option<usize>, String> {
+        let keys: Vec<Value> = message.try_iter().map_err(|e| e.to_string())?.collect();
+        let mut marked = Vec::with_capacity(keys.len() + 1);
+        for key in keys {
+            let value = match key.as_str() {
+                Some("content") => Value::from(CONTENT_MARKER),
+                _ => message.get_item(&key).map_err(|e| e.to_string())?,
+            };
+            marked.push((key, value));
+        }
+        if !marked
+            .iter()
+            .any(|(key, _)| key.as_str() == Some("content"))
+        {
+            marked.push((Value::from("content"), Value::from(CONTENT_MARKER)));
+        }
+        let marked = Value::from_pairs(marked);
+        let text = self.render_with_tools(&[marked], tools, false)?;
+        Ok(text
+            .find(CONTENT_MARKER)
+            .filter(|&at| through.starts_with(&text[..at])))
     }
 }
 
@@ -207,7 +325,7 @@ fn role(message: &Value) -> Option<String> {
     message.get_attr("role").ok()?.as_str().map(str::to_string)
 }
 
-fn find_in_folder(tokenizer: &TextTokenizer) -> Result<(PathBuf, String)> {
+fn find_in_folder(tokenizer: &TextTokenizer) -> Result<Vec<NamedTemplate>> {
     let folder = tokenizer.folder.clone().ok_or_else(|| {
         DataError::Config(
             "chat data needs a chat template: use a Hugging Face tokenizer folder that has one, \
@@ -215,12 +333,32 @@ fn find_in_folder(tokenizer: &TextTokenizer) -> Result<(PathBuf, String)> {
                 .into(),
         )
     })?;
+    let read = |name: &str, path: PathBuf| -> Result<NamedTemplate> {
+        let source = std::fs::read_to_string(&path).map_err(DataError::io("read", &path))?;
+        Ok(NamedTemplate {
+            name: name.to_string(),
+            path,
+            source,
+        })
+    };
+    // The transformers 5.x files take the place of tokenizer_config.json's templates.
+    let mut found = Vec::new();
     let jinja = folder.join("chat_template.jinja");
     if jinja.is_file() {
-        let text = std::fs::read_to_string(&jinja).map_err(DataError::io("read", &jinja))?;
-        return Ok((jinja, text));
+        found.push(read(DEFAULT, jinja)?);
     }
-    for name in ["chat_template.json", "tokenizer_config.json"] {
+    for path in additional_templates(&folder)? {
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        found.push(read(&name, path)?);
+    }
+    if !found.is_empty() {
+        return Ok(found);
+    }
+    // chat_template.json is a processor's file, which AutoTokenizer does not read.
+    for name in ["tokenizer_config.json", "chat_template.json"] {
         let path = folder.join(name);
         let Ok(bytes) = std::fs::read(&path) else {
             continue;
@@ -231,12 +369,34 @@ fn find_in_folder(tokenizer: &TextTokenizer) -> Result<(PathBuf, String)> {
                 why: format!("not valid JSON ({e})"),
             })?;
         match json.get("chat_template") {
-            Some(serde_json::Value::String(text)) => return Ok((path, text.clone())),
-            // Several named templates: the default one, as `transformers` picks.
+            Some(serde_json::Value::String(text)) => {
+                return Ok(vec![NamedTemplate {
+                    name: DEFAULT.into(),
+                    path,
+                    source: text.clone(),
+                }])
+            }
+            // Several named templates, saved as a list of `{name, template}`.
             Some(serde_json::Value::Array(named)) => {
-                let default = named.iter().find(|t| t["name"] == "default");
-                if let Some(text) = default.and_then(|t| t["template"].as_str()) {
-                    return Ok((path, text.to_string()));
+                for entry in named {
+                    match (entry["name"].as_str(), entry["template"].as_str()) {
+                        (Some(name), Some(text)) => found.push(NamedTemplate {
+                            name: name.to_string(),
+                            path: path.clone(),
+                            source: text.to_string(),
+                        }),
+                        _ => {
+                            return Err(DataError::ChatTemplate {
+                                path,
+                                why: "`chat_template` lists an entry without a string `name` \
+                                      and `template`"
+                                    .into(),
+                            })
+                        }
+                    }
+                }
+                if !found.is_empty() {
+                    return Ok(found);
                 }
             }
             _ => {}
@@ -248,6 +408,56 @@ fn find_in_folder(tokenizer: &TextTokenizer) -> Result<(PathBuf, String)> {
               tokenizer_config.json); name a Jinja file in `data.chat_template`"
             .into(),
     })
+}
+
+/// The `.jinja` files of a tokenizer folder's `additional_chat_templates/`, by name.
+pub fn additional_templates(folder: &Path) -> Result<Vec<PathBuf>> {
+    let dir = folder.join(ADDITIONAL_TEMPLATES);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(DataError::io("read", &dir)(e)),
+    };
+    let mut paths = Vec::new();
+    for entry in entries {
+        let path = entry.map_err(DataError::io("read", &dir))?.path();
+        if path.extension().is_some_and(|e| e == "jinja") && path.is_file() {
+            paths.push(path);
+        }
+    }
+    paths.sort();
+    Ok(paths)
+}
+
+/// `transformers` adds a `{% generation %}...{% endgeneration %}` block that renders its body
+/// (and notes where, for its assistant mask). minijinja has no such statement; a `{% with %}`
+/// block in its place renders the same: the body, in a scope of its own (as the body of the
+/// Jinja call block it is there), with the same whitespace control.
+fn generation_as_with(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find("{%") {
+        let (before, tag) = rest.split_at(at);
+        out.push_str(before);
+        // `{%`, a whitespace control sign, blanks, then the statement's name.
+        let after_sign = tag[2..].strip_prefix(['-', '+']).unwrap_or(&tag[2..]);
+        let name = after_sign.trim_start();
+        let name_at = tag.len() - name.len();
+        let name_len = name
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(name.len());
+        out.push_str(&tag[..name_at]);
+        rest = &tag[name_at..];
+        let replacement = match &name[..name_len] {
+            "generation" => "with",
+            "endgeneration" => "endwith",
+            _ => continue,
+        };
+        out.push_str(replacement);
+        rest = &rest[name_len..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// A minijinja error with its template line and the causes it wraps.
@@ -464,7 +674,7 @@ mod tests {
         ctx.insert("x".into(), x);
         let out = t
             .env
-            .get_template(TEMPLATE_NAME)
+            .get_template(DEFAULT)
             .unwrap()
             .render(Value::from(ctx))
             .unwrap();
@@ -503,5 +713,77 @@ mod tests {
             .collect();
         let err = t.render(&raw, false).unwrap_err();
         assert!(err.contains("no robots"), "{err}");
+    }
+
+    #[test]
+    fn generation_blocks_are_with_blocks() {
+        assert_eq!(
+            generation_as_with(
+                "{% generation %}a{% endgeneration %}{%- generation -%}b{%+endgeneration%}\
+                 {% generation_x %}{{ '{%' }}"
+            ),
+            "{% with %}a{% endwith %}{%- with -%}b{%+endwith%}{% generation_x %}{{ '{%' }}"
+        );
+        // The body renders, its `set` stays inside (a Jinja call block's body is a scope).
+        let t = template(
+            "{% set x = 1 %}{% for m in messages %}{% generation %}{% set x = 2 %}{{ m.content }}\
+             {% endgeneration %}{% endfor %}{{ x }}",
+        );
+        let m = messages(r#"{"messages": [{"role": "assistant", "content": "hi"}]}"#);
+        assert_eq!(t.render(&m, false).unwrap(), "hi1");
+    }
+
+    #[test]
+    fn a_conversation_the_assistant_opens_has_its_span() {
+        // Reads messages[0] unguarded, as Qwen 2.5 and Llama 3.1 templates do.
+        let t = template(
+            "{% if messages[0].role != 'system' %}<sys>\n{% endif %}{% for m in messages %}\
+             <{{ m.role }}>{{ m.content }}</s>\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
+        );
+        let m = messages(
+            r#"{"messages": [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}"#,
+        );
+        let (text, spans) = t.render_for_training(&m, None).unwrap();
+        assert_eq!(
+            text,
+            "<sys>\n<assistant>hello</s>\n<user>hi</s>\n<assistant>yo</s>\n"
+        );
+        let texts: Vec<&str> = spans.iter().map(|s| &text[s.clone()]).collect();
+        assert_eq!(texts, ["hello</s>", "yo</s>"]);
+    }
+
+    #[test]
+    fn tools_pick_the_tool_use_template() {
+        let named = |name: &str, source: &str| NamedTemplate {
+            name: name.into(),
+            path: format!("{name}.jinja").into(),
+            source: source.into(),
+        };
+        let t = ChatTemplate::from_templates(
+            vec![
+                named("default", "plain"),
+                named("tool_use", "tools {{ tools | length }}"),
+            ],
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        let m = messages(r#"{"messages": [{"role": "user", "content": "hi"}]}"#);
+        let tools: Value = serde_json::from_str("[]").unwrap();
+        assert_eq!(t.render(&m, false).unwrap(), "plain");
+        assert_eq!(
+            t.render_with_tools(&m, Some(&tools), false).unwrap(),
+            "tools 0"
+        );
+        let only_tools =
+            ChatTemplate::from_templates(vec![named("tool_use", "tools")], &BTreeMap::new())
+                .unwrap();
+        assert_eq!(
+            only_tools
+                .render_with_tools(&m, Some(&tools), false)
+                .unwrap(),
+            "tools"
+        );
+        let err = only_tools.render(&m, false).unwrap_err();
+        assert!(err.contains("none is `default`"), "{err}");
     }
 }

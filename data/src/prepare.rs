@@ -2,7 +2,7 @@
 //! else tokenize (or check pre-tokenized files) into it, once per cache across processes.
 
 use crate::cache::{self, CacheManifest, KeyInputs, SourceFile, FORMAT_VERSION};
-use crate::chat::ChatTemplate;
+use crate::chat::{additional_templates, ChatTemplate, ADDITIONAL_TEMPLATES};
 use crate::corpus::{dtype_width, Corpus};
 use crate::documents::Skipped;
 use crate::encode::Encoder;
@@ -106,6 +106,12 @@ fn tokenizer_key(config: &TokenizerConfig, source: &DataSource) -> Result<Vec<(S
                     key.push((name.to_string(), sha(&bytes)));
                 }
             }
+            for path in additional_templates(folder)? {
+                if let (Ok(bytes), Some(name)) = (std::fs::read(&path), path.file_name()) {
+                    let name = format!("{ADDITIONAL_TEMPLATES}/{}", name.to_string_lossy());
+                    key.push((name, sha(&bytes)));
+                }
+            }
             key.push(("bos_token".into(), format!("{bos_token:?}")));
             key.push(("eos_token".into(), format!("{eos_token:?}")));
         }
@@ -180,7 +186,7 @@ fn tokenize_files(
     }
     let mut tokenizer_text = tokenizer.description.clone();
     if let Some(chat) = &chat {
-        tokenizer_text.push_str(&format!("; chat template {}", chat.path.display()));
+        tokenizer_text.push_str(&format!("; chat template {}", chat.origin()));
     }
     Ok(CacheManifest {
         format_version: FORMAT_VERSION,

@@ -6,7 +6,9 @@
 //! `tokenizer_config.json` (or `special_tokens_map.json`), the model's `config.json`, its
 //! `generation_config.json`. The beginning-of-sequence token is whatever the tokenizer's
 //! post-processor adds (as `tokenizer(text)` does in `transformers`); it is reported, and
-//! chat templates see it as `bos_token`.
+//! chat templates see it as `bos_token`. The spec's `bos_token` and `eos_token` stand in for
+//! the folder's in chat templates, as `AutoTokenizer.from_pretrained(folder, bos_token=...)`
+//! passes them; like it, they leave the post-processor as the file has it.
 
 use crate::error::{DataError, Result};
 use serde_json::Value;
@@ -32,7 +34,8 @@ pub struct TextTokenizer {
     pub eos: SpecialToken,
     pub bos: Option<SpecialToken>,
     /// `bos_token`, `eos_token`, `unk_token`, ... by the names chat templates use, from the
-    /// tokenizer's own files (what `transformers`' `apply_chat_template` passes).
+    /// spec's overrides, else the tokenizer's own files (what `transformers`'
+    /// `apply_chat_template` passes).
     pub template_tokens: BTreeMap<String, String>,
     /// Ids it can produce: the base vocabulary plus added tokens.
     pub vocab_size: u64,
@@ -224,6 +227,11 @@ fn load_hugging_face(
             .into(),
     })?;
     let bos = find("bos", bos_override)?;
+    for (name, text) in [("bos_token", bos_override), ("eos_token", eos_override)] {
+        if let Some(text) = text {
+            template_tokens.insert(name.to_string(), text.to_string());
+        }
+    }
     let fingerprint = {
         let mut h = Sha256::new();
         h.update(&bytes);

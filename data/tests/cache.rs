@@ -138,3 +138,45 @@ fn concurrent_preparations_wait_for_the_first_and_tokenize_once() {
         "one complete folder, no leftovers"
     );
 }
+
+#[test]
+fn editing_a_named_chat_template_tokenizes_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("named");
+    let templates = folder.join("additional_chat_templates");
+    std::fs::create_dir_all(&templates).unwrap();
+    for name in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    ] {
+        std::fs::copy(fixture().join("named").join(name), folder.join(name)).unwrap();
+    }
+    let tool_use = templates.join("tool_use.jinja");
+    std::fs::copy(
+        fixture().join("named/additional_chat_templates/tool_use.jinja"),
+        &tool_use,
+    )
+    .unwrap();
+    let source = DataSource::Chat {
+        files: vec![fixture().join("chat_tools.jsonl")],
+        messages_field: "messages".into(),
+        chat_template: None,
+    };
+    let tokenizer = TokenizerConfig::HuggingFace {
+        path: folder,
+        bos_token: None,
+        eos_token: None,
+    };
+    let config = dataset(source, tokenizer, 64, &dir.path().join("cache"));
+    let first = Dataset::open(&config, 0, None, 2, &Quiet).unwrap();
+    assert!(first.built());
+    assert!(!Dataset::open(&config, 0, None, 2, &Quiet).unwrap().built());
+
+    // Only the records with tools render with it, and they change.
+    let text = std::fs::read_to_string(&tool_use).unwrap();
+    std::fs::write(&tool_use, text.replace("# Tools", "# Functions")).unwrap();
+    let edited = Dataset::open(&config, 0, None, 2, &Quiet).unwrap();
+    assert!(edited.built(), "an edited tool_use template is read again");
+    assert_ne!(edited.fingerprint(), first.fingerprint());
+}

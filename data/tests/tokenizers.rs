@@ -1,8 +1,10 @@
 //! Our ids against Python's: every sample document (text, code, CJK, emoji, combining marks)
 //! tokenized through the whole data path (files, cache, memory map) equals Python
 //! `tokenizers`' `encode` of it, for a byte-level BPE and a Metaspace (SentencePiece-style)
-//! tokenizer; chat records render exactly as `transformers`' `apply_chat_template`, and the
-//! loss mask covers exactly the tokens its `{% generation %}` assistant mask covers.
+//! tokenizer; chat records render exactly as `transformers`' `apply_chat_template` (with
+//! `{% generation %}` blocks, named templates, conversations the assistant opens, the spec's
+//! special tokens), and the loss mask covers exactly the tokens its `{% generation %}`
+//! assistant mask covers.
 
 mod common;
 
@@ -11,6 +13,7 @@ use shardrun_data::chat::{messages_of, ChatTemplate};
 use shardrun_data::tokenizer::TextTokenizer;
 use shardrun_data::{Dataset, Quiet};
 use shardrun_protocol::config::*;
+use std::path::PathBuf;
 
 /// `ids` + the end-of-document token, as every document is stored.
 fn with_eos(mut ids: Vec<u32>, eos: u32) -> Vec<u32> {
@@ -136,51 +139,154 @@ fn chat_renders_as_transformers_and_the_mask_is_the_assistant_tokens() {
         }
 
         // Through the data path: ids and loss mask.
-        let cache = tempfile::tempdir().unwrap();
-        let source = DataSource::Chat {
-            files: vec![records],
-            messages_field: "messages".into(),
-            chat_template: None,
-        };
-        let data = Dataset::open(
-            &dataset(source, hf(name), 64, cache.path()),
-            0,
-            None,
-            2,
-            &Quiet,
-        )
-        .unwrap();
-        let docs = documents(data.train().corpus());
-        assert_eq!(docs.len(), chats.len());
-        for (i, ((tokens, mask), chat)) in docs.iter().zip(chats).enumerate() {
-            let python = ids(&chat["ids"]);
-            let python_mask: Vec<bool> = chat["assistant_mask"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|m| m.as_u64() == Some(1))
-                .collect();
-            assert!(
-                python_mask.iter().any(|&m| m),
-                "the record has assistant tokens"
-            );
-            // The document ends with the end-of-document token, not trained on.
-            let appended = tokens.len() - python.len();
-            assert_eq!(
-                &tokens[..python.len()],
-                python.as_slice(),
-                "{name}: chat {i} ids"
-            );
-            assert_eq!(
-                &mask[..python.len()],
-                python_mask.as_slice(),
-                "{name}: chat {i} mask"
-            );
-            if appended == 1 {
-                assert_eq!((tokens.last(), mask.last()), (Some(&eos), Some(&false)));
-            } else {
-                assert_eq!(appended, 0, "{name}: chat {i}");
-            }
+        let docs = chat_documents(records, hf(name), None);
+        assert_like_python(name, &docs, chats, eos);
+    }
+}
+
+/// Every record of `records` through the data path: its tokens and loss mask.
+fn chat_documents(
+    records: PathBuf,
+    tokenizer: TokenizerConfig,
+    chat_template: Option<PathBuf>,
+) -> Vec<(Vec<u32>, Vec<bool>)> {
+    let cache = tempfile::tempdir().unwrap();
+    let source = DataSource::Chat {
+        files: vec![records],
+        messages_field: "messages".into(),
+        chat_template,
+    };
+    let data = Dataset::open(
+        &dataset(source, tokenizer, 64, cache.path()),
+        0,
+        None,
+        2,
+        &Quiet,
+    )
+    .unwrap();
+    documents(data.train().corpus())
+}
+
+/// The documents hold `transformers`' ids, each followed by the end-of-document token (not
+/// trained on) unless it already ends with it, and train on its assistant mask.
+fn assert_like_python(
+    what: &str,
+    docs: &[(Vec<u32>, Vec<bool>)],
+    chats: &[serde_json::Value],
+    eos: u32,
+) {
+    assert_eq!(docs.len(), chats.len(), "{what}");
+    for (i, ((tokens, mask), chat)) in docs.iter().zip(chats).enumerate() {
+        let python = ids(&chat["ids"]);
+        let python_mask: Vec<bool> = chat["assistant_mask"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m.as_u64() == Some(1))
+            .collect();
+        assert!(
+            python_mask.iter().any(|&m| m),
+            "the record has assistant tokens"
+        );
+        let appended = tokens.len() - python.len();
+        assert_eq!(
+            &tokens[..python.len()],
+            python.as_slice(),
+            "{what}: chat {i} ids"
+        );
+        assert_eq!(
+            &mask[..python.len()],
+            python_mask.as_slice(),
+            "{what}: chat {i} mask"
+        );
+        if appended == 1 {
+            assert_eq!((tokens.last(), mask.last()), (Some(&eos), Some(&false)));
+        } else {
+            assert_eq!(appended, 0, "{what}: chat {i}");
         }
     }
+}
+
+#[test]
+fn generation_blocks_render_their_body() {
+    // The ChatML template as TRL's assistant-only loss asks for it: with its markers.
+    let expected = expected();
+    let want = &expected["tokenizers"]["bpe"];
+    let docs = chat_documents(
+        fixture().join("chat_bpe.jsonl"),
+        hf("bpe"),
+        Some(fixture().join("chatml_generation.jinja")),
+    );
+    assert_like_python(
+        "{% generation %}",
+        &docs,
+        want["chats"].as_array().unwrap(),
+        want["eos_id"].as_u64().unwrap() as u32,
+    );
+}
+
+#[test]
+fn a_conversation_the_assistant_opens_renders_and_masks_as_transformers() {
+    let expected = expected();
+    let eos = expected["tokenizers"]["bpe"]["eos_id"].as_u64().unwrap() as u32;
+    for folder in ["named", "named_legacy"] {
+        let docs = chat_documents(
+            fixture().join("chat_assistant_first.jsonl"),
+            hf(folder),
+            None,
+        );
+        let chats = expected["named"][folder]["assistant_first"]
+            .as_array()
+            .unwrap();
+        assert_like_python(folder, &docs, chats, eos);
+    }
+}
+
+#[test]
+fn records_with_tools_take_the_tool_use_template() {
+    // The transformers 5.x layout (chat_template.jinja and additional_chat_templates/) and
+    // the 4.x one (a list in tokenizer_config.json).
+    let expected = expected();
+    let eos = expected["tokenizers"]["bpe"]["eos_id"].as_u64().unwrap() as u32;
+    for folder in ["named", "named_legacy"] {
+        let chats = expected["named"][folder]["tools"].as_array().unwrap();
+        let tokenizer = TextTokenizer::load(&hf(folder)).unwrap();
+        let template = ChatTemplate::load(&tokenizer, None).unwrap();
+        let lines = std::fs::read_to_string(fixture().join("chat_tools.jsonl")).unwrap();
+        for (line, chat) in lines.lines().zip(chats) {
+            let record: minijinja::Value = serde_json::from_str(line).unwrap();
+            let messages = messages_of(&record, "messages").unwrap();
+            let tools = record.get_attr("tools").ok().filter(|t| !t.is_undefined());
+            assert_eq!(
+                template
+                    .render_with_tools(&messages, tools.as_ref(), false)
+                    .unwrap(),
+                chat["text"].as_str().unwrap(),
+                "{folder}: rendering"
+            );
+        }
+        let docs = chat_documents(fixture().join("chat_tools.jsonl"), hf(folder), None);
+        assert_like_python(folder, &docs, chats, eos);
+    }
+}
+
+#[test]
+fn spec_special_tokens_reach_the_chat_template() {
+    // The Llama 2 template writes `bos_token` and `eos_token`: the spec's, as
+    // `AutoTokenizer.from_pretrained(folder, bos_token=..., eos_token=...)` renders them.
+    let expected = expected();
+    let want = &expected["overrides"];
+    let text = |key: &str| Some(want[key].as_str().unwrap().to_string());
+    let tokenizer = TokenizerConfig::HuggingFace {
+        path: fixture().join("metaspace"),
+        bos_token: text("bos_token"),
+        eos_token: text("eos_token"),
+    };
+    let docs = chat_documents(fixture().join("chat_metaspace.jsonl"), tokenizer, None);
+    assert_like_python(
+        "overridden special tokens",
+        &docs,
+        want["chats"].as_array().unwrap(),
+        want["eos_id"].as_u64().unwrap() as u32,
+    );
 }

@@ -13,14 +13,22 @@ OUT_DIR/
                 post-processor: Llama 2 style), Llama 2 chat template inside
                 tokenizer_config.json (transformers 4.x layout)
   metaspace_config_eos/   the same with the end of sequence only in config.json
+  named/        the byte-level BPE with two named templates (Qwen 2.5 style), `default` in
+                chat_template.jinja and `tool_use` in additional_chat_templates/ (5.x layout)
+  named_legacy/ the same templates as a list in tokenizer_config.json (4.x layout)
+  chatml_generation.jinja   the ChatML template with its `{% generation %}` markers
   samples/      text, code and Unicode documents (one per file) + lines.txt
   chat_bpe.jsonl, chat_metaspace.jsonl   chat records
-  expected.json ids per tokenizer and sample; chat renders, ids and assistant masks
+  chat_tools.jsonl, chat_assistant_first.jsonl   chat records for the named templates
+  expected.json ids per tokenizer and sample; chat renders, ids and assistant masks (also
+                with the spec's special tokens overriding the folder's, as
+                `AutoTokenizer.from_pretrained(folder, bos_token=..., eos_token=...)`)
 """
 
 import glob
 import json
 import os
+import re
 import sys
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -90,6 +98,63 @@ CHATML = """{%- if tools %}
 
 LLAMA2 = """{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = '<<SYS>>\\n' + messages[0]['content'].strip() + '\\n<</SYS>>\\n\\n' %}{% else %}{% set loop_messages = messages %}{% set system_message = '' %}{% endif %}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == 0 %}{% set content = system_message + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{% generation %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endgeneration %}{% endif %}{% endfor %}"""
 
+# Qwen 2.5 style: reads messages[0] unguarded, takes any order of roles. `default` ignores
+# tools, `tool_use` lists them in the system turn.
+NAMED_DEFAULT = """{%- if messages[0]['role'] == 'system' %}
+    {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+{%- else %}
+    {{- '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+    {%- elif message.role == 'assistant' %}
+        {{- '<|im_start|>assistant\n' }}
+        {%- generation %}{{- message.content + '<|im_end|>' }}{%- endgeneration %}
+        {{- '\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+NAMED_TOOL_USE = """{{- '<|im_start|>system\n' }}
+{%- if messages[0]['role'] == 'system' %}
+    {{- messages[0]['content'] }}
+{%- else %}
+    {{- 'You are a helpful assistant.' }}
+{%- endif %}
+{{- '\n\n# Tools\n<tools>' }}
+{%- for tool in tools %}
+    {{- '\n' }}{{- tool | tojson }}
+{%- endfor %}
+{{- '\n</tools><|im_end|>\n' }}
+{%- for message in messages %}
+    {%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+    {%- elif message.role == 'assistant' %}
+        {{- '<|im_start|>assistant\n' }}
+        {%- generation %}{{- message.content + '<|im_end|>' }}{%- endgeneration %}
+        {{- '\n' }}
+    {%- elif message.role == 'tool' %}
+        {{- '<|im_start|>user\n<tool_response>\n' + message.content + '\n</tool_response><|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+NAMED = {"default": NAMED_DEFAULT, "tool_use": NAMED_TOOL_USE}
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather",
+    "description": "Weather at a place, \"now\"\n(cached 5 min)",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "default": 1, "scale": 0.5}},
+                   "required": ["city"]},
+}}
+
 CHATS = [
     {"messages": [
         {"role": "system", "content": "  You write Python.  "},
@@ -106,21 +171,43 @@ CHATS = [
     {"messages": [
         {"role": "user", "content": "Weather in Zürich?"},
         {"role": "assistant", "content": "Let me check: get_weather(\"Zürich\")"},
-    ], "tools": [
-        {"type": "function", "function": {
-            "name": "get_weather",
-            "description": "Weather at a place, \"now\"\n(cached 5 min)",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "default": 1, "scale": 0.5}},
-                           "required": ["city"]},
-        }},
+    ], "tools": [WEATHER_TOOL]},
+]
+
+# With tools `transformers` picks the `tool_use` template, without them `default`.
+TOOL_CHATS = [
+    {"messages": [
+        {"role": "user", "content": "Weather in Zürich?"},
+        {"role": "assistant", "content": "Checking."},
+        {"role": "tool", "content": "{\"temp\": 21}"},
+        {"role": "assistant", "content": "21 °C."},
+    ], "tools": [WEATHER_TOOL]},
+    {"messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
     ]},
+    {"messages": [
+        {"role": "user", "content": "Any tools?"},
+        {"role": "assistant", "content": "None offered."},
+    ], "tools": []},
+]
+
+# Conversations the assistant opens (a greeting, a proactive message).
+ASSISTANT_FIRST_CHATS = [
+    {"messages": [
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "Sum a list?"},
+        {"role": "assistant", "content": "Use `sum(xs)`."},
+    ]},
+    {"messages": [{"role": "assistant", "content": "Only me."}]},
 ]
 
 
 def without_generation_tags(template):
     """The template as a model folder ships it: no `{% generation %}` markers (few real
     templates have them; transformers needs them for its assistant mask, shardrun does not)."""
-    return template.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    return re.sub(r"\{%-?\s*(end)?generation\s*-?%\}", "", template)
 
 
 def training_corpus():
@@ -206,16 +293,37 @@ def without_eos_in_tokenizer_config(source, out):
             f.write(data)
 
 
+def named_templates(bpe, out, jinja_files):
+    """A copy of the byte-level BPE folder with the named templates, as transformers 5.x saves
+    them (`jinja_files`) or as 4.x did (a list in tokenizer_config.json)."""
+    fast = AutoTokenizer.from_pretrained(bpe)
+    fast.chat_template = {name: without_generation_tags(t) for name, t in NAMED.items()}
+    fast.save_pretrained(out, save_jinja_files=jinja_files)
+
+
 def chat_expectations(fast, template_with_tags, chats):
+    """What `fast.apply_chat_template` makes of each record with the template it picks; the
+    assistant mask comes from the same template with its `{% generation %}` markers
+    (`template_with_tags`: the template, or a dict of them by name)."""
     out = []
     for record in chats:
         messages, tools = record["messages"], record.get("tools")
+        if isinstance(template_with_tags, dict):
+            picked = fast.get_chat_template(None, tools)
+            (name,) = [n for n, t in template_with_tags.items() if without_generation_tags(t) == picked]
+            tagged = template_with_tags[name]
+        else:
+            tagged = template_with_tags
+        assert fast.apply_chat_template(messages, tools=tools, tokenize=False) == \
+            fast.apply_chat_template(messages, tools=tools, tokenize=False,
+                                     chat_template=without_generation_tags(tagged)), \
+            "the folder's template is the tagged one without its markers"
         text = fast.apply_chat_template(
-            messages, tools=tools, tokenize=False, chat_template=template_with_tags
+            messages, tools=tools, tokenize=False, chat_template=tagged
         )
         plain = fast.apply_chat_template(
             messages, tools=tools, tokenize=False,
-            chat_template=without_generation_tags(template_with_tags),
+            chat_template=without_generation_tags(tagged),
         )
         assert text == plain, "the markers must not change the rendering"
         encoded = fast.apply_chat_template(
@@ -224,7 +332,7 @@ def chat_expectations(fast, template_with_tags, chats):
             tokenize=True,
             return_dict=True,
             return_assistant_tokens_mask=True,
-            chat_template=template_with_tags,
+            chat_template=tagged,
         )
         out.append(
             {
@@ -266,6 +374,31 @@ def main():
             "chats": chat_expectations(fast, template, CHATS),
         }
     without_eos_in_tokenizer_config(os.path.join(out, "metaspace"), os.path.join(out, "metaspace_config_eos"))
+
+    # The spec's special tokens stand in for the folder's, in the template too.
+    overrides = {"bos_token": "</s>", "eos_token": "<unk>"}
+    fast = AutoTokenizer.from_pretrained(os.path.join(out, "metaspace"), **overrides)
+    expected["overrides"] = {
+        **overrides,
+        "eos_id": fast.convert_tokens_to_ids(fast.eos_token),
+        "chats": chat_expectations(fast, LLAMA2, CHATS),
+    }
+
+    with open(os.path.join(out, "chatml_generation.jinja"), "w", encoding="utf-8") as f:
+        f.write(CHATML)
+    for name, records in (("tools", TOOL_CHATS), ("assistant_first", ASSISTANT_FIRST_CHATS)):
+        with open(os.path.join(out, f"chat_{name}.jsonl"), "w", encoding="utf-8") as f:
+            for record in records:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    expected["named"] = {}
+    for folder, jinja_files in (("named", True), ("named_legacy", False)):
+        named_templates(os.path.join(out, "bpe"), os.path.join(out, folder), jinja_files)
+        fast = AutoTokenizer.from_pretrained(os.path.join(out, folder))
+        assert isinstance(fast.chat_template, dict)
+        expected["named"][folder] = {
+            "tools": chat_expectations(fast, NAMED, TOOL_CHATS),
+            "assistant_first": chat_expectations(fast, NAMED, ASSISTANT_FIRST_CHATS),
+        }
     with open(os.path.join(out, "expected.json"), "w", encoding="utf-8") as f:
         json.dump(expected, f, ensure_ascii=False)
 
