@@ -193,3 +193,40 @@ fn bad_data_fails_the_job_before_any_rank_starts() {
         .unwrap_or_default();
     assert!(cache.is_empty(), "nothing half-written: {cache:?}");
 }
+
+#[test]
+fn a_run_directory_reads_its_spec_paths_relative_to_the_spec_it_was_made_from() {
+    // The spec and its data live in specs/; the run in runs/. `shardrun plan <run dir>` and
+    // `shardrun run <run dir>` read the run's job.yaml, whose `data/*.txt` still means
+    // specs/data/*.txt.
+    let dir = TestDir::new("data-spec-dir");
+    let text = std::fs::read_to_string(corpus(&dir)).unwrap();
+    dir.write("specs/data/gpl.txt", &text);
+    let extra = "  checkpoint: { interval_steps: 3 }\n";
+    dir.write("specs/job.yaml", &text_spec("moved", "data/*.txt", extra));
+    let out = shardrun_in(&dir, &["run", "specs/job.yaml", "--no-progress"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+
+    let out = shardrun_in(&dir, &["plan", "runs/moved"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let out = shardrun_in(
+        &dir,
+        &["run", "runs/moved", "--set", "training.steps=8", "--no-progress"],
+    );
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert!(stdout.starts_with("resuming"), "{stdout}");
+    assert_eq!(
+        metric_steps(&dir.join("runs/moved"), 0),
+        (1..=8).collect::<Vec<_>>()
+    );
+
+    // The data cache the runs share sits in the run root and is not listed as a run.
+    let out = shardrun_in(&dir, &["metrics", "runs"]);
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert!(
+        stdout.contains("moved") && !stdout.contains("data-cache") && !stdout.contains("text-"),
+        "{stdout}"
+    );
+}

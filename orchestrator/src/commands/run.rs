@@ -71,6 +71,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         None => run_path(&args.spec, &job)?,
     };
     let job_yaml = overrides::recorded_yaml(&loaded);
+    let spec_dir = std::path::absolute(&loaded.base_dir)?;
     let prepared = rerun::prepare(
         &path,
         NewRun {
@@ -79,6 +80,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             sbatch: None,
             sweep_params: &BTreeMap::new(),
             force: args.force,
+            spec_dir: Some(&spec_dir),
         },
     )?;
     let Some(run) = announce(prepared) else {

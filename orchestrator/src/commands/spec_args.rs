@@ -2,6 +2,7 @@
 //! `--set` overrides, and loading plus resolving in one step.
 
 use crate::resolve::{self, Overrides, ResolvedJob};
+use crate::rundir::RunDir;
 use crate::spec::{self, overrides, LoadedSpec, Override};
 use std::path::{Path, PathBuf};
 
@@ -37,7 +38,16 @@ pub fn load_and_resolve(
     overrides: &Overrides,
     set: &SetArgs,
 ) -> anyhow::Result<(LoadedSpec, ResolvedJob)> {
-    let loaded = spec::load_with(&spec_path(path), &set.parsed()?)?;
+    let mut loaded = spec::load_with(&spec_path(path), &set.parsed()?)?;
+    // A run directory's job.yaml keeps the spec's relative paths: they are relative to the
+    // folder of the spec the run was made from.
+    if let Some(spec_dir) = RunDir::open(path)
+        .ok()
+        .filter(|_| path.is_dir())
+        .and_then(|run| run.read_manifest().ok()?.spec_dir)
+    {
+        loaded.base_dir = spec_dir;
+    }
     let job = resolve::resolve(&loaded, overrides)?;
     Ok((loaded, job))
 }

@@ -56,6 +56,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     let job_yaml = overrides::recorded_yaml(&loaded);
+    let spec_dir = std::path::absolute(&loaded.base_dir)?;
     let prepared = rerun::prepare(
         &path,
         NewRun {
@@ -64,6 +65,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             sbatch: Some(&script),
             sweep_params: &BTreeMap::new(),
             force: args.force,
+            spec_dir: Some(&spec_dir),
         },
     )?;
     let Some(run) = announce(prepared) else {

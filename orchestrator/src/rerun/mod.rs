@@ -402,6 +402,7 @@ mod tests {
             sbatch: None,
             sweep_params: params,
             force: false,
+            spec_dir: None,
         }
     }
 

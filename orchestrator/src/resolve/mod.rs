@@ -201,8 +201,8 @@ impl Section<'_> {
     /// Workers run in the run directory: a relative path in the spec is relative to the
     /// spec file, made absolute here.
     fn spec_relative(&self, path: &Path) -> PathBuf {
-        let base = self.loaded.path.parent().unwrap_or(Path::new("."));
-        std::path::absolute(base.join(path)).unwrap_or_else(|_| path.to_path_buf())
+        let joined = self.loaded.base_dir.join(path);
+        std::path::absolute(&joined).unwrap_or(joined)
     }
 }
 

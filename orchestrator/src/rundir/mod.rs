@@ -117,6 +117,10 @@ pub struct Manifest {
     /// Sweep points: the job array this point was last put in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sweep_array: Option<ArrayRef>,
+    /// The folder of the spec the run was made from: relative paths in its `job.yaml` are
+    /// relative to it (`shardrun run <run dir>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_dir: Option<PathBuf>,
 }
 
 impl Manifest {
@@ -137,6 +141,7 @@ impl Manifest {
             sweep_params,
             error: None,
             sweep_array: None,
+            spec_dir: None,
         }
     }
 }
@@ -174,6 +179,8 @@ pub struct NewRun<'a> {
     pub sweep_params: &'a BTreeMap<String, serde_json::Value>,
     /// Replace an existing run directory of the same name.
     pub force: bool,
+    /// The spec's folder, for the relative paths in `job_yaml` (absolute).
+    pub spec_dir: Option<&'a Path>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -242,7 +249,9 @@ impl RunDir {
             .map_err(io_err("cannot create", &secret_path))?;
         file.write_all(hex::encode(secret).as_bytes())
             .map_err(io_err("cannot write", &secret_path))?;
-        dir.write_manifest(&Manifest::created(&resolved, new.sweep_params.clone()))
+        let mut manifest = Manifest::created(&resolved, new.sweep_params.clone());
+        manifest.spec_dir = new.spec_dir.map(Path::to_path_buf);
+        dir.write_manifest(&manifest)
     }
 
     /// The resolved job as this run directory records it: a relative checkpoint folder is
@@ -278,9 +287,15 @@ impl RunDir {
     /// A re-run continues this run with `new` (its spec may differ in the fields that are
     /// safe to change on resume): the spec files and the manifest's config hash follow.
     pub fn update_spec(&self, new: NewRun<'_>) -> Result<(), RunDirError> {
+        let spec_dir = new.spec_dir.map(Path::to_path_buf);
         let resolved = self.write_spec_files(&self.path, new)?;
-        self.update_manifest(|m| m.config_hash = resolved.train.config_hash())
-            .map(|_| ())
+        self.update_manifest(|m| {
+            m.config_hash = resolved.train.config_hash();
+            if spec_dir.is_some() {
+                m.spec_dir = spec_dir;
+            }
+        })
+        .map(|_| ())
     }
 
     fn move_into_place(tmp: &Path, path: &Path, force: bool) -> Result<(), RunDirError> {
@@ -509,6 +524,7 @@ mod tests {
             sbatch: Some("#!/bin/bash\n"),
             sweep_params: params,
             force,
+            spec_dir: None,
         }
     }
 

@@ -29,6 +29,9 @@ pub struct LoadedSpec {
     pub spec: JobSpec,
     /// File the spec was read from (`<string>` for specs parsed from memory).
     pub path: PathBuf,
+    /// What relative paths in the spec are relative to: the spec file's folder; for the
+    /// `job.yaml` of a run directory, the folder of the spec the run was made from.
+    pub base_dir: PathBuf,
     /// The YAML text, kept to point errors found after parsing at their line.
     pub source: String,
     /// `--set` values applied on top of the file, in order; errors about them name the flag.
@@ -103,6 +106,10 @@ pub fn parse(source: &str, path: &Path) -> Result<LoadedSpec, SpecError> {
     let loaded = LoadedSpec {
         spec,
         path: path.to_path_buf(),
+        base_dir: match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+            _ => PathBuf::from("."),
+        },
         source: source.to_string(),
         overrides: Vec::new(),
     };

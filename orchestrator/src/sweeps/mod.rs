@@ -196,6 +196,7 @@ fn resolve_point(
     let point_spec = LoadedSpec {
         spec,
         path: loaded.path.clone(),
+        base_dir: loaded.base_dir.clone(),
         source: loaded.source.clone(),
         overrides: loaded.overrides.clone(),
     };
