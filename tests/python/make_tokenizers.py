@@ -13,9 +13,13 @@ OUT_DIR/
                 post-processor: Llama 2 style), Llama 2 chat template inside
                 tokenizer_config.json (transformers 4.x layout)
   metaspace_config_eos/   the same with the end of sequence only in config.json
+  metaspace_eos/          the same saved with `add_bos_token` and `add_eos_token` (Llama 2
+                          with add_eos_token: the post-processor writes `<s> $A </s>`)
   samples/      text, code and Unicode documents (one per file) + lines.txt
-  chat_bpe.jsonl, chat_metaspace.jsonl   chat records
-  expected.json ids per tokenizer and sample; chat renders, ids and assistant masks
+  chat_<tokenizer>.jsonl   chat records
+  prompt_completion.jsonl  prompt/completion records
+  expected.json ids per tokenizer and sample; chat renders, ids and assistant masks;
+                prompt/completion ids and loss masks
 """
 
 import glob
@@ -48,6 +52,11 @@ SAMPLES = {
     ),
     "special.txt": "Text that mentions <|im_end|> and </s> as plain words.\n",
 }
+
+PROMPT_COMPLETIONS = [
+    {"prompt": "Question: what is 2+2?\n", "completion": "Answer: 4."},
+    {"prompt": "Übersetze: cat →", "completion": " Katze 🐈"},
+]
 
 LINES = "first line\n\n  second line with spaces  \r\nthird: 日本語 👍\n   \nlast\n"
 
@@ -206,6 +215,29 @@ def without_eos_in_tokenizer_config(source, out):
             f.write(data)
 
 
+def llama2_with_eos(source, out):
+    """`source` saved as a Llama 2 folder with `add_eos_token`: every encoding ends with `</s>`."""
+    fast = AutoTokenizer.from_pretrained(source, add_bos_token=True, add_eos_token=True)
+    fast.save_pretrained(out)
+
+
+def prompt_completion_expectations(fast, records):
+    """transformers' ids of `prompt + completion`, and the loss mask: the tokens holding any
+    character of the completion, and the tokens after the last one with text (what the
+    post-processor appends: the end of the document, which TRL trains)."""
+    out = []
+    for record in records:
+        prompt, text = record["prompt"], record["prompt"] + record["completion"]
+        encoded = fast(text, return_offsets_mapping=True)
+        offsets = encoded["offset_mapping"]
+        mask = [int(end > start and end > len(prompt)) for start, end in offsets]
+        with_text = [i for i, (start, end) in enumerate(offsets) if end > start]
+        for i in range(with_text[-1] + 1, len(mask)):
+            mask[i] = 1
+        out.append({"ids": list(encoded["input_ids"]), "mask": mask})
+    return out
+
+
 def chat_expectations(fast, template_with_tags, chats):
     out = []
     for record in chats:
@@ -248,7 +280,14 @@ def main():
     line_docs = [l for l in line_docs if l.strip()]
 
     expected = {"samples": sorted(SAMPLES), "lines": line_docs, "tokenizers": {}}
-    builders = {"bpe": (byte_level_bpe, CHATML), "metaspace": (metaspace_bpe, LLAMA2)}
+    with open(os.path.join(out, "prompt_completion.jsonl"), "w", encoding="utf-8") as f:
+        for record in PROMPT_COMPLETIONS:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    builders = {
+        "bpe": (byte_level_bpe, CHATML),
+        "metaspace": (metaspace_bpe, LLAMA2),
+        "metaspace_eos": (lambda folder: llama2_with_eos(os.path.join(out, "metaspace"), folder), LLAMA2),
+    }
     for name, (build, template) in builders.items():
         folder = os.path.join(out, name)
         build(folder)
@@ -264,6 +303,7 @@ def main():
             "samples": {s: tok.encode(SAMPLES[s]).ids for s in sorted(SAMPLES)},
             "lines": [tok.encode(l).ids for l in line_docs],
             "chats": chat_expectations(fast, template, CHATS),
+            "prompt_completion": prompt_completion_expectations(fast, PROMPT_COMPLETIONS),
         }
     without_eos_in_tokenizer_config(os.path.join(out, "metaspace"), os.path.join(out, "metaspace_config_eos"))
     with open(os.path.join(out, "expected.json"), "w", encoding="utf-8") as f:
