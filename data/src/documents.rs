@@ -2,7 +2,7 @@
 //! records (a text field, or a prompt and its completion), chat records. Files are read in
 //! order, in batches of about a given size, so tokenization can run on one batch while the
 //! next is read; a file of lines or separated pieces is read a record at a time, so memory
-//! holds a batch, not the file.
+//! holds a batch, not the file. A leading UTF-8 byte-order mark is not text.
 
 use crate::chat::messages_of;
 use crate::error::{DataError, Origin, Result};
@@ -69,6 +69,10 @@ struct OpenFile {
     offset: u64,
     buf: Vec<u8>,
 }
+
+/// The UTF-8 byte-order mark some editors write first: not text (Python's `utf-8-sig`, what
+/// `datasets` reads JSON with, drops it).
+const BOM: &[u8] = b"\xef\xbb\xbf";
 
 impl<'a> DocumentReader<'a> {
     pub fn new(
@@ -185,7 +189,10 @@ impl<'a> DocumentReader<'a> {
             lines.offset += n as u64;
             batch.bytes += n as u64;
             let origin = Origin::new(&path, line);
-            let bytes = strip_newline(&lines.buf);
+            let mut bytes = strip_newline(&lines.buf);
+            if line == 1 {
+                bytes = bytes.strip_prefix(BOM).unwrap_or(bytes);
+            }
             let text = match std::str::from_utf8(bytes) {
                 Ok(text) => text,
                 Err(e) => {
@@ -250,6 +257,11 @@ impl<'a> DocumentReader<'a> {
                 }
             };
             let (line, offset) = (open.line, open.offset);
+            let mut lead = 0;
+            if offset == 0 && piece.starts_with(BOM) {
+                piece.drain(..BOM.len());
+                lead = BOM.len();
+            }
             open.line += newlines(&piece);
             if !at_end {
                 open.line += newlines(separator);
@@ -272,7 +284,7 @@ impl<'a> DocumentReader<'a> {
                 Err(e) => {
                     let at = e.utf8_error().valid_up_to();
                     let origin = Origin::new(&path, line + newlines(&e.as_bytes()[..at]));
-                    let at = offset + at as u64;
+                    let at = offset + (lead + at) as u64;
                     // `bad` needs `&mut self`: the open file is not used again here.
                     self.bad(origin, format!("not UTF-8 text (bad byte at offset {at})"))?;
                     return Ok(!at_end);
@@ -292,6 +304,12 @@ impl<'a> DocumentReader<'a> {
             self.bad(origin.clone(), format!("cannot be read: {e}"))?;
             return Ok(None);
         }
+        let lead = if bytes.starts_with(BOM) { BOM.len() } else { 0 };
+        bytes.drain(..lead);
+        if bytes.is_empty() {
+            self.bad(origin.clone(), "the file is empty")?;
+            return Ok(None);
+        }
         match String::from_utf8(bytes) {
             Ok(text) => Ok(Some(text)),
             Err(e) => {
@@ -299,7 +317,7 @@ impl<'a> DocumentReader<'a> {
                 let line = newlines(&e.as_bytes()[..at]) + 1;
                 self.bad(
                     Origin::new(&origin.path, line),
-                    format!("not UTF-8 text (bad byte at offset {at})"),
+                    format!("not UTF-8 text (bad byte at offset {})", lead + at),
                 )?;
                 Ok(None)
             }
@@ -522,6 +540,75 @@ mod tests {
         let (docs, sizes) = read_all(&whole, &files, 1 << 20, 1000);
         assert_eq!(docs.len(), 5);
         assert_eq!(sizes, [800, 400, 3000, 400]);
+    }
+
+    #[test]
+    fn a_leading_byte_order_mark_is_not_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = |split| DataSource::Text {
+            files: vec![],
+            split,
+        };
+        let jsonl = |text| DataSource::Jsonl {
+            files: vec![],
+            text,
+        };
+        let cases = [
+            (text(TextSplit::File), "one\ntwo\n"),
+            (text(TextSplit::Line), "one\n\u{feff}two\n"),
+            (
+                text(TextSplit::Separator {
+                    separator: "\n--\n".into(),
+                }),
+                "one\n--\ntwo\n",
+            ),
+            (
+                jsonl(JsonlText::Field {
+                    field: "text".into(),
+                }),
+                "{\"text\": \"one\"}\n{\"text\": \"two\"}\n",
+            ),
+            (
+                jsonl(JsonlText::PromptCompletion {
+                    prompt: "p".into(),
+                    completion: "c".into(),
+                }),
+                "{\"p\": \"1+1=\", \"c\": \"2\"}\n",
+            ),
+            (
+                DataSource::Chat {
+                    files: vec![],
+                    messages_field: "messages".into(),
+                    chat_template: None,
+                },
+                "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n",
+            ),
+        ];
+        for (i, (source, content)) in cases.iter().enumerate() {
+            let plain = dir.path().join(format!("{i}.txt"));
+            let marked = dir.path().join(format!("{i}-bom.txt"));
+            std::fs::write(&plain, content).unwrap();
+            std::fs::write(&marked, format!("\u{feff}{content}")).unwrap();
+            let (want, _) = read_all(source, &[plain], 1 << 20, 1 << 20);
+            let (got, sizes) = read_all(source, &[marked], 1 << 20, 1 << 20);
+            assert!(!want.is_empty());
+            assert_eq!(got, want, "{source:?}");
+            assert_eq!(sizes, [content.len() as u64 + 3], "{source:?}");
+        }
+        // Only the first bytes of a file: a mark further on is text (as `utf-8-sig` reads it).
+        let (docs, _) = read_all(&cases[1].0, &[dir.path().join("1-bom.txt")], 64, 1 << 20);
+        assert_eq!(docs[1].0, format!("{:?}", Body::Text("\u{feff}two".into())));
+
+        // A file holding only the mark holds no text.
+        let empty = dir.path().join("empty.txt");
+        std::fs::write(&empty, BOM).unwrap();
+        let files = vec![crate::files::stat(&empty).unwrap()];
+        let whole = text(TextSplit::File);
+        let err = DocumentReader::new(&files, &whole, OnBadRecord::Stop)
+            .next_batch(1 << 20)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("the file is empty"), "{err}");
     }
 
     #[test]
