@@ -9,7 +9,7 @@ use crate::progress::Observer;
 use crate::sampler::EpochOrder;
 use crate::split::{hold_out, DocSet};
 use sha2::{Digest, Sha256};
-use shardrun_protocol::config::{DatasetConfig, HeldOut};
+use shardrun_protocol::config::{DatasetConfig, HeldOut, Packing};
 use std::sync::Arc;
 
 /// Rows of token ids ready to become tensors, row-major `[rows, seq_len]`.
@@ -134,6 +134,11 @@ impl Dataset {
             "|seq_len {}|packing {:?}|document_mask {}|shuffle {}",
             config.seq_len, config.packing, config.document_mask, config.shuffle
         ));
+        if config.packing == Packing::WholeDocuments {
+            // `whole_documents` sequences were once longest first: a checkpoint taken then
+            // read other sequences at the same sample positions.
+            fingerprint.update("|sequences in document order");
+        }
         summary.push(describe(
             "training data",
             &train,

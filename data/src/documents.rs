@@ -1,7 +1,8 @@
 //! Reading data files into documents: whole files, lines or separated pieces of text, JSONL
 //! records (a text field, or a prompt and its completion), chat records. Files are read in
 //! order, in batches of about a given size, so tokenization can run on one batch while the
-//! next is read.
+//! next is read; a file of lines or separated pieces is read a record at a time, so memory
+//! holds a batch, not the file. A leading UTF-8 byte-order mark is not text.
 
 use crate::chat::messages_of;
 use crate::error::{DataError, Origin, Result};
@@ -51,17 +52,27 @@ pub struct DocumentReader<'a> {
     source: &'a DataSource,
     policy: OnBadRecord,
     next_file: usize,
-    lines: Option<LineReader>,
+    /// The file being read a record (line or piece) at a time.
+    open: Option<OpenFile>,
+    /// Capacity of a file's read buffer.
+    read_buffer: usize,
     /// Every record skipped so far.
     pub skipped: Vec<Skipped>,
 }
 
-struct LineReader {
+struct OpenFile {
     file: u32,
     reader: BufReader<std::fs::File>,
+    /// Line the next record starts on (1-based).
     line: u64,
+    /// Bytes of the file read so far.
+    offset: u64,
     buf: Vec<u8>,
 }
+
+/// The UTF-8 byte-order mark some editors write first: not text (Python's `utf-8-sig`, what
+/// `datasets` reads JSON with, drops it).
+const BOM: &[u8] = b"\xef\xbb\xbf";
 
 impl<'a> DocumentReader<'a> {
     pub fn new(
@@ -74,27 +85,40 @@ impl<'a> DocumentReader<'a> {
             source,
             policy,
             next_file: 0,
-            lines: None,
+            open: None,
+            read_buffer: 1 << 20,
             skipped: Vec::new(),
         }
     }
 
-    /// The next documents, about `target_bytes` of input; `None` at the end.
+    /// The next documents, about `target_bytes` of input (a record is never cut, and a file
+    /// read whole is one record); `None` at the end.
     pub fn next_batch(&mut self, target_bytes: u64) -> Result<Option<ReadBatch>> {
         let mut batch = ReadBatch {
             documents: Vec::new(),
             bytes: 0,
         };
         while batch.bytes < target_bytes {
-            if self.lines.is_some() {
-                if !self.read_lines(&mut batch, target_bytes)? {
-                    self.lines = None;
+            if self.open.is_some() {
+                if !self.read_records(&mut batch, target_bytes)? {
+                    self.open = None;
                 }
                 continue;
             }
             let Some(file) = self.files.get(self.next_file) else {
                 break;
             };
+            let whole = matches!(
+                self.source,
+                DataSource::Text {
+                    split: TextSplit::File,
+                    ..
+                }
+            );
+            // A whole file that would overshoot the batch starts the next one.
+            if whole && batch.bytes > 0 && batch.bytes + file.size > target_bytes {
+                break;
+            }
             let index = self.next_file as u32;
             self.next_file += 1;
             let origin = Origin::new(&file.path, 0);
@@ -109,37 +133,23 @@ impl<'a> DocumentReader<'a> {
                     continue;
                 }
             };
-            match self.source {
-                DataSource::Text {
-                    split: TextSplit::File,
-                    ..
-                } => {
-                    batch.bytes += file.size;
-                    if let Some(text) = self.whole_file(opened, &origin)? {
-                        batch.documents.push(Document {
-                            body: Body::Text(text),
-                            file: index,
-                            line: 0,
-                        });
-                    }
-                }
-                DataSource::Text {
-                    split: TextSplit::Separator { separator },
-                    ..
-                } => {
-                    batch.bytes += file.size;
-                    if let Some(text) = self.whole_file(opened, &origin)? {
-                        split_documents(&text, separator, index, &mut batch.documents);
-                    }
-                }
-                _ => {
-                    self.lines = Some(LineReader {
+            if whole {
+                batch.bytes += file.size;
+                if let Some(text) = self.whole_file(opened, &origin)? {
+                    batch.documents.push(Document {
+                        body: Body::Text(text),
                         file: index,
-                        reader: BufReader::with_capacity(1 << 20, opened),
                         line: 0,
-                        buf: Vec::new(),
                     });
                 }
+            } else {
+                self.open = Some(OpenFile {
+                    file: index,
+                    reader: BufReader::with_capacity(self.read_buffer, opened),
+                    line: 1,
+                    offset: 0,
+                    buf: Vec::new(),
+                });
             }
         }
         if batch.documents.is_empty() && batch.bytes == 0 {
@@ -148,9 +158,20 @@ impl<'a> DocumentReader<'a> {
         Ok(Some(batch))
     }
 
+    /// Reads records of the open file into `batch`; false at its end.
+    fn read_records(&mut self, batch: &mut ReadBatch, target_bytes: u64) -> Result<bool> {
+        match self.source {
+            DataSource::Text {
+                split: TextSplit::Separator { separator },
+                ..
+            } => self.read_pieces(separator.as_bytes(), batch, target_bytes),
+            _ => self.read_lines(batch, target_bytes),
+        }
+    }
+
     /// Reads records of the open line-based file into `batch`; false at its end.
     fn read_lines(&mut self, batch: &mut ReadBatch, target_bytes: u64) -> Result<bool> {
-        let Some(lines) = self.lines.as_mut() else {
+        let Some(lines) = self.open.as_mut() else {
             return Ok(false);
         };
         let path = self.files[lines.file as usize].path.clone();
@@ -163,11 +184,15 @@ impl<'a> DocumentReader<'a> {
             if n == 0 {
                 return Ok(false);
             }
-            lines.line += 1;
-            batch.bytes += n as u64;
             let (file, line) = (lines.file, lines.line);
+            lines.line += 1;
+            lines.offset += n as u64;
+            batch.bytes += n as u64;
             let origin = Origin::new(&path, line);
-            let bytes = strip_newline(&lines.buf);
+            let mut bytes = strip_newline(&lines.buf);
+            if line == 1 {
+                bytes = bytes.strip_prefix(BOM).unwrap_or(bytes);
+            }
             let text = match std::str::from_utf8(bytes) {
                 Ok(text) => text,
                 Err(e) => {
@@ -195,20 +220,104 @@ impl<'a> DocumentReader<'a> {
         Ok(true)
     }
 
+    /// Reads the pieces between `separator`s of the open file into `batch`; false at its
+    /// end. Only the piece being read is held, however large the file.
+    fn read_pieces(
+        &mut self,
+        separator: &[u8],
+        batch: &mut ReadBatch,
+        target_bytes: u64,
+    ) -> Result<bool> {
+        let Some(open) = self.open.as_mut() else {
+            return Ok(false);
+        };
+        let path = self.files[open.file as usize].path.clone();
+        // Configurations refuse an empty separator; one that never matches keeps the file whole.
+        let stop = separator.last().copied();
+        while batch.bytes < target_bytes {
+            // Reading up to each occurrence of the separator's last byte and checking the
+            // piece's end finds the first separator wherever the reader's buffer cuts the
+            // file: matches all have the separator's length, so the first to end is the first
+            // to start, as `str::split` takes them.
+            let mut piece = Vec::new();
+            let mut read = 0;
+            let at_end = loop {
+                let n = match stop {
+                    Some(stop) => open.reader.read_until(stop, &mut piece),
+                    None => open.reader.read_to_end(&mut piece),
+                }
+                .map_err(DataError::io("read", &path))?;
+                read += n;
+                if n == 0 {
+                    break true;
+                }
+                if stop.is_some() && piece.ends_with(separator) {
+                    piece.truncate(piece.len() - separator.len());
+                    break false;
+                }
+            };
+            let (line, offset) = (open.line, open.offset);
+            let mut lead = 0;
+            if offset == 0 && piece.starts_with(BOM) {
+                piece.drain(..BOM.len());
+                lead = BOM.len();
+            }
+            open.line += newlines(&piece);
+            if !at_end {
+                open.line += newlines(separator);
+            }
+            open.offset += read as u64;
+            batch.bytes += read as u64;
+            let file = open.file;
+            match String::from_utf8(piece) {
+                Ok(text) => {
+                    if !text.trim().is_empty() {
+                        // The line of the piece's first non-blank character.
+                        let blank = text.len() - text.trim_start().len();
+                        batch.documents.push(Document {
+                            line: line + newlines(&text.as_bytes()[..blank]),
+                            body: Body::Text(text),
+                            file,
+                        });
+                    }
+                }
+                Err(e) => {
+                    let at = e.utf8_error().valid_up_to();
+                    let origin = Origin::new(&path, line + newlines(&e.as_bytes()[..at]));
+                    let at = offset + (lead + at) as u64;
+                    // `bad` needs `&mut self`: the open file is not used again here.
+                    self.bad(origin, format!("not UTF-8 text (bad byte at offset {at})"))?;
+                    return Ok(!at_end);
+                }
+            }
+            if at_end {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// A file as one text, the only copy of it (read at its size, checked as UTF-8 in place).
     fn whole_file(&mut self, mut file: std::fs::File, origin: &Origin) -> Result<Option<String>> {
         let mut bytes = Vec::new();
         if let Err(e) = file.read_to_end(&mut bytes) {
             self.bad(origin.clone(), format!("cannot be read: {e}"))?;
             return Ok(None);
         }
+        let lead = if bytes.starts_with(BOM) { BOM.len() } else { 0 };
+        bytes.drain(..lead);
+        if bytes.is_empty() {
+            self.bad(origin.clone(), "the file is empty")?;
+            return Ok(None);
+        }
         match String::from_utf8(bytes) {
             Ok(text) => Ok(Some(text)),
             Err(e) => {
                 let at = e.utf8_error().valid_up_to();
-                let line = e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count() + 1;
+                let line = newlines(&e.as_bytes()[..at]) + 1;
                 self.bad(
-                    Origin::new(&origin.path, line as u64),
-                    format!("not UTF-8 text (bad byte at offset {at})"),
+                    Origin::new(&origin.path, line),
+                    format!("not UTF-8 text (bad byte at offset {})", lead + at),
                 )?;
                 Ok(None)
             }
@@ -233,23 +342,8 @@ fn strip_newline(line: &[u8]) -> &[u8] {
     line.strip_suffix(b"\r").unwrap_or(line)
 }
 
-/// Pieces of `text` between separators, each starting on the line it names; blank pieces
-/// are not documents.
-fn split_documents(text: &str, separator: &str, file: u32, out: &mut Vec<Document>) {
-    let mut line = 1u64;
-    for piece in text.split(separator) {
-        if !piece.trim().is_empty() {
-            // The line of the piece's first non-blank character.
-            let lead = piece.len() - piece.trim_start().len();
-            let start = line + piece[..lead].matches('\n').count() as u64;
-            out.push(Document {
-                body: Body::Text(piece.to_string()),
-                file,
-                line: start,
-            });
-        }
-        line += piece.matches('\n').count() as u64 + separator.matches('\n').count() as u64;
-    }
+fn newlines(bytes: &[u8]) -> u64 {
+    bytes.iter().filter(|&&b| b == b'\n').count() as u64
 }
 
 /// One line of a line-based source as a document body, or why it is not one.
@@ -322,20 +416,223 @@ fn string_field(record: &serde_json::Value, field: &str) -> std::result::Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shardrun_protocol::config::TextSplit;
+    use std::path::{Path, PathBuf};
+
+    /// Reads `files` as `source` makes of them, through a read buffer
+    /// of `read_buffer` bytes in batches of about `target` bytes: the documents (body, line)
+    /// and each batch's bytes.
+    fn read_all(
+        source: &DataSource,
+        files: &[PathBuf],
+        read_buffer: usize,
+        target: u64,
+    ) -> (Vec<(String, u64)>, Vec<u64>) {
+        let files: Vec<DataFile> = files
+            .iter()
+            .map(|f| crate::files::stat(f).unwrap())
+            .collect();
+        let mut reader = DocumentReader::new(&files, source, OnBadRecord::Stop);
+        reader.read_buffer = read_buffer;
+        let (mut docs, mut sizes) = (Vec::new(), Vec::new());
+        while let Some(batch) = reader.next_batch(target).unwrap() {
+            sizes.push(batch.bytes);
+            docs.extend(
+                batch
+                    .documents
+                    .into_iter()
+                    .map(|d| (format!("{:?}", d.body), d.line)),
+            );
+        }
+        (docs, sizes)
+    }
+
+    fn separated(path: &Path, separator: &str) -> DataSource {
+        DataSource::Text {
+            files: vec![path.to_path_buf()],
+            split: TextSplit::Separator {
+                separator: separator.into(),
+            },
+        }
+    }
+
+    /// The pieces `str::split` cuts the whole text into, each with the line of its first
+    /// non-blank character; blank pieces dropped.
+    fn split_whole(text: &str, separator: &str) -> Vec<(String, u64)> {
+        let mut line = 1u64;
+        let mut out = Vec::new();
+        for piece in text.split(separator) {
+            if !piece.trim().is_empty() {
+                let lead = piece.len() - piece.trim_start().len();
+                let start = line + piece[..lead].matches('\n').count() as u64;
+                out.push((format!("{:?}", Body::Text(piece.to_string())), start));
+            }
+            line += piece.matches('\n').count() as u64 + separator.matches('\n').count() as u64;
+        }
+        out
+    }
 
     #[test]
     fn separator_pieces_know_their_lines() {
-        let mut docs = Vec::new();
-        split_documents("a\nb\n\n\n\nc\n\n\n", "\n\n", 0, &mut docs);
-        let got: Vec<(String, u64)> = docs
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.txt");
+        std::fs::write(&path, "a\nb\n\n\n\nc\n\n\n").unwrap();
+        let (docs, sizes) = read_all(&separated(&path, "\n\n"), &[path], 1 << 20, 1 << 20);
+        let text = |t: &str| format!("{:?}", Body::Text(t.into()));
+        assert_eq!(docs, [(text("a\nb"), 1), (text("c"), 6)]);
+        assert_eq!(sizes, [11]);
+    }
+
+    #[test]
+    fn separators_across_read_buffers_cut_as_the_whole_text_would() {
+        // Few symbols make separators, near misses and overlapping matches common.
+        let symbols = ["a", "b", "\n", " ", "é", "<|end", "|>", "<|"];
+        let separators = ["\n\n", "aa", "aba", "<|end|>", "é", "\n", "|>"];
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.txt");
+        let mut rng = crate::rng::SplitMix64::new(7);
+        for round in 0..300 {
+            let n = 1 + rng.below(60);
+            let text: String = (0..n)
+                .map(|_| symbols[rng.below(symbols.len() as u64) as usize])
+                .collect();
+            std::fs::write(&path, &text).unwrap();
+            let separator = separators[round % separators.len()];
+            let want = split_whole(&text, separator);
+            for read_buffer in [1, 2, 3, 5, 8, 1 << 20] {
+                let source = separated(&path, separator);
+                let (got, sizes) = read_all(&source, std::slice::from_ref(&path), read_buffer, 16);
+                assert_eq!(
+                    got, want,
+                    "{text:?} split by {separator:?}, buffer {read_buffer}"
+                );
+                assert_eq!(sizes.iter().sum::<u64>(), text.len() as u64);
+            }
+        }
+    }
+
+    #[test]
+    fn batches_stay_near_their_target() {
+        let dir = tempfile::tempdir().unwrap();
+        // 1000 pieces of 97 bytes with their separators.
+        let path = dir.path().join("d.txt");
+        let text = format!("{}<|end|>", "x".repeat(90)).repeat(1000);
+        std::fs::write(&path, &text).unwrap();
+        let (docs, sizes) = read_all(&separated(&path, "<|end|>"), &[path], 64, 1000);
+        assert_eq!(docs.len(), 1000);
+        assert_eq!(sizes.iter().sum::<u64>(), text.len() as u64);
+        // A batch ends with the piece that reaches the target.
+        assert!(sizes.iter().all(|&b| b < 1000 + 97), "{sizes:?}");
+
+        // Whole files: as many as fit, or one alone when it is larger.
+        let files: Vec<PathBuf> = [400, 400, 400, 3000, 400]
             .iter()
-            .map(|d| match &d.body {
-                Body::Text(t) => (t.clone(), d.line),
-                _ => unreachable!(),
+            .enumerate()
+            .map(|(i, &size)| {
+                let path = dir.path().join(format!("f{i}.txt"));
+                std::fs::write(&path, "y".repeat(size)).unwrap();
+                path
             })
             .collect();
-        assert_eq!(got, [("a\nb".to_string(), 1), ("c".to_string(), 6)]);
+        let whole = DataSource::Text {
+            files: files.clone(),
+            split: TextSplit::File,
+        };
+        let (docs, sizes) = read_all(&whole, &files, 1 << 20, 1000);
+        assert_eq!(docs.len(), 5);
+        assert_eq!(sizes, [800, 400, 3000, 400]);
+    }
+
+    #[test]
+    fn a_leading_byte_order_mark_is_not_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = |split| DataSource::Text {
+            files: vec![],
+            split,
+        };
+        let jsonl = |text| DataSource::Jsonl {
+            files: vec![],
+            text,
+        };
+        let cases = [
+            (text(TextSplit::File), "one\ntwo\n"),
+            (text(TextSplit::Line), "one\n\u{feff}two\n"),
+            (
+                text(TextSplit::Separator {
+                    separator: "\n--\n".into(),
+                }),
+                "one\n--\ntwo\n",
+            ),
+            (
+                jsonl(JsonlText::Field {
+                    field: "text".into(),
+                }),
+                "{\"text\": \"one\"}\n{\"text\": \"two\"}\n",
+            ),
+            (
+                jsonl(JsonlText::PromptCompletion {
+                    prompt: "p".into(),
+                    completion: "c".into(),
+                }),
+                "{\"p\": \"1+1=\", \"c\": \"2\"}\n",
+            ),
+            (
+                DataSource::Chat {
+                    files: vec![],
+                    messages_field: "messages".into(),
+                    chat_template: None,
+                },
+                "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n",
+            ),
+        ];
+        for (i, (source, content)) in cases.iter().enumerate() {
+            let plain = dir.path().join(format!("{i}.txt"));
+            let marked = dir.path().join(format!("{i}-bom.txt"));
+            std::fs::write(&plain, content).unwrap();
+            std::fs::write(&marked, format!("\u{feff}{content}")).unwrap();
+            let (want, _) = read_all(source, &[plain], 1 << 20, 1 << 20);
+            let (got, sizes) = read_all(source, &[marked], 1 << 20, 1 << 20);
+            assert!(!want.is_empty());
+            assert_eq!(got, want, "{source:?}");
+            assert_eq!(sizes, [content.len() as u64 + 3], "{source:?}");
+        }
+        // Only the first bytes of a file: a mark further on is text (as `utf-8-sig` reads it).
+        let (docs, _) = read_all(&cases[1].0, &[dir.path().join("1-bom.txt")], 64, 1 << 20);
+        assert_eq!(docs[1].0, format!("{:?}", Body::Text("\u{feff}two".into())));
+
+        // A file holding only the mark holds no text.
+        let empty = dir.path().join("empty.txt");
+        std::fs::write(&empty, BOM).unwrap();
+        let files = vec![crate::files::stat(&empty).unwrap()];
+        let whole = text(TextSplit::File);
+        let err = DocumentReader::new(&files, &whole, OnBadRecord::Stop)
+            .next_batch(1 << 20)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("the file is empty"), "{err}");
+    }
+
+    #[test]
+    fn a_piece_that_is_not_utf8_is_a_bad_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.txt");
+        std::fs::write(&path, b"one\n--\ntw\xff\n--\nthree\n").unwrap();
+        let source = separated(&path, "\n--\n");
+        let files = vec![crate::files::stat(&path).unwrap()];
+        let err = DocumentReader::new(&files, &source, OnBadRecord::Stop)
+            .next_batch(1 << 20)
+            .err()
+            .unwrap();
+        assert!(
+            err.to_string().starts_with(&format!(
+                "{}:3: not UTF-8 text (bad byte at offset 9)",
+                path.display()
+            )),
+            "{err}"
+        );
+        let mut reader = DocumentReader::new(&files, &source, OnBadRecord::Skip);
+        let batch = reader.next_batch(1 << 20).unwrap().unwrap();
+        let lines: Vec<u64> = batch.documents.iter().map(|d| d.line).collect();
+        assert_eq!((lines, reader.skipped.len()), (vec![1, 5], 1));
     }
 
     #[test]

@@ -5,9 +5,10 @@
 //! `transformers` (special tokens on: BOS for Llama-style tokenizers); a chat is rendered by
 //! its template, which writes its own special tokens, and encoded like
 //! `apply_chat_template(tokenize=True)` (special tokens off). A token is trained on when the
-//! text it covers overlaps the completion or an assistant turn; the end-of-document token of a
-//! prompt/completion record is trained on (the model learns to stop), the one appended to a
-//! chat is not (the template's own end-of-turn token already is).
+//! text it covers overlaps the completion or an assistant turn; the end of a prompt/completion
+//! record (the end-of-document token, whether the post-processor or shardrun wrote it) is
+//! trained on (the model learns to stop), the token appended to a chat is not (the template's
+//! own end-of-turn token already is).
 
 use crate::chat::ChatTemplate;
 use crate::documents::{Body, Document};
@@ -44,6 +45,15 @@ impl Encoder<'_> {
                 let encoding = self.tokenizer.encode(&text, true, true)?;
                 let completion = prompt.len()..text.len();
                 let mut mask = mask_of(&encoding.offsets, std::slice::from_ref(&completion));
+                // What the post-processor appends after the text (`</s>` of a Llama 2 folder
+                // saved with `add_eos_token`) holds no text, so the overlap rule leaves it
+                // out; it ends the completion: trained, like the end-of-document token.
+                let text_end = encoding
+                    .offsets
+                    .iter()
+                    .rposition(|&(start, end)| end > start)
+                    .map_or(0, |last| last + 1);
+                mask[text_end..].fill(1);
                 let mut tokens = encoding.ids;
                 end_with(&mut tokens, Some(&mut mask), eos, 1);
                 Ok(Encoded { tokens, mask })

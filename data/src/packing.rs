@@ -7,7 +7,9 @@
 //!   once per epoch and every token but the first is a target once. Only the last sequence
 //!   is padded.
 //! * `whole_documents`: documents placed whole (best-fit decreasing), a sequence padded
-//!   after its last document; a document's last token has no target.
+//!   after its last document; a document's last token has no target. Sequences, and the
+//!   documents within one, are in document order (an unshuffled run reads its files in
+//!   order, not longest first).
 //!
 //! With the document mask, a token is not trained to predict the first token of the next
 //! document (attention cannot see across the boundary), as `transformers`' flattening
@@ -233,7 +235,8 @@ impl Packed {
 
 /// Places documents (id, length) into bins of `capacity` tokens: longest first, each into the
 /// fullest bin it fits (best-fit decreasing), ties by document order so the result is
-/// deterministic.
+/// deterministic. The bins are then put in order of their lowest document, and each bin's
+/// documents in order.
 fn best_fit_decreasing(mut docs: Vec<(u64, u64)>, capacity: u64) -> Layout {
     docs.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let mut bins: Vec<Vec<u64>> = Vec::new();
@@ -256,6 +259,11 @@ fn best_fit_decreasing(mut docs: Vec<(u64, u64)>, capacity: u64) -> Layout {
             open.insert((room - len, bin));
         }
     }
+    for bin in &mut bins {
+        bin.sort_unstable();
+    }
+    // Every bin holds a document and no document is in two: first members are distinct.
+    bins.sort_unstable_by_key(|bin| bin[0]);
     let mut starts = vec![0u64];
     let mut members = Vec::new();
     for bin in bins {
@@ -279,7 +287,7 @@ mod tests {
             .windows(2)
             .map(|w| members[w[0] as usize..w[1] as usize].to_vec())
             .collect();
-        // 8+2, 6+4, 5+5.
-        assert_eq!(bins, vec![vec![5, 4], vec![0, 1], vec![2, 3]]);
+        // 6+4, 5+5, 8+2: in order of their lowest document.
+        assert_eq!(bins, vec![vec![0, 1], vec![2, 3], vec![4, 5]]);
     }
 }

@@ -1,8 +1,9 @@
 //! Packing and sampling as the trainer draws them (rank `r` of `W` reads
 //! `first_sample(step_start, micro, b, W, r)`): every token of every training document is an
 //! input exactly once per epoch across all ranks, and a target once (but the first); held-out
-//! documents never train; orders differ across seeds and epochs; a run resumed from its data
-//! position, on another world size, reads bitwise the batches of an uninterrupted run.
+//! documents never train; orders differ across seeds and epochs, and unshuffled is file order
+//! (whole documents too); a run resumed from its data position, on another world size, reads
+//! bitwise the batches of an uninterrupted run.
 //!
 //! The documents are pre-tokenized files whose ids are unique (document k holds
 //! `(k+1)·100000 + j`), so every input names the document and position it came from.
@@ -228,6 +229,39 @@ fn whole_documents_stay_whole_with_the_document_mask() {
     assert_eq!(placed, vec![1; LENGTHS.len()], "each document placed once");
     // 194 tokens in 64-token sequences: best-fit needs 4.
     assert_eq!(data.samples_per_epoch(), 4);
+}
+
+#[test]
+fn unshuffled_whole_documents_read_in_file_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), Packing::WholeDocuments, false);
+    c.seq_len = 64;
+    c.shuffle = false;
+    let data = Dataset::open(&c, 0, None, 2, &Quiet).unwrap();
+    let batch = data.training_batch(0, data.samples_per_epoch());
+    // The documents each sequence starts, in the order they are read.
+    let mut read = Vec::new();
+    for r in 0..batch.rows {
+        let row = &batch.inputs[r * batch.seq_len..(r + 1) * batch.seq_len];
+        let docs: Vec<usize> = row
+            .iter()
+            .filter(|&&t| t != 0)
+            .map(|&t| locate(t))
+            .filter(|&(_, j)| j == 0)
+            .map(|(d, _)| d)
+            .collect();
+        assert!(docs.is_sorted(), "sequence {r} holds {docs:?}");
+        read.push(docs);
+    }
+    let firsts: Vec<usize> = read.iter().map(|docs| docs[0]).collect();
+    assert!(
+        firsts.is_sorted(),
+        "sequences start at documents {firsts:?}"
+    );
+    assert_eq!(firsts[0], 0, "the first file is read first");
+    let mut all: Vec<usize> = read.concat();
+    all.sort();
+    assert_eq!(all, (0..LENGTHS.len()).collect::<Vec<_>>());
 }
 
 #[test]

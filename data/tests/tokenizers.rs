@@ -1,10 +1,11 @@
 //! Our ids against Python's: every sample document (text, code, CJK, emoji, combining marks)
 //! tokenized through the whole data path (files, cache, memory map) equals Python
 //! `tokenizers`' `encode` of it, for a byte-level BPE and a Metaspace (SentencePiece-style)
-//! tokenizer; chat records render exactly as `transformers`' `apply_chat_template` (with
-//! `{% generation %}` blocks, named templates, conversations the assistant opens, the spec's
-//! special tokens), and the loss mask covers exactly the tokens its `{% generation %}`
-//! assistant mask covers.
+//! tokenizer, also one whose post-processor ends every encoding with `</s>`; chat records
+//! render exactly as `transformers`' `apply_chat_template` (with `{% generation %}` blocks,
+//! named templates, conversations the assistant opens, the spec's special tokens), and the
+//! loss mask covers exactly the tokens its `{% generation %}` assistant mask covers; a
+//! prompt/completion record trains its completion and the end of the document.
 
 mod common;
 
@@ -14,6 +15,9 @@ use shardrun_data::tokenizer::TextTokenizer;
 use shardrun_data::{Dataset, Quiet};
 use shardrun_protocol::config::*;
 use std::path::PathBuf;
+
+/// The fixture's tokenizer folders.
+const TOKENIZERS: [&str; 3] = ["bpe", "metaspace", "metaspace_eos"];
 
 /// `ids` + the end-of-document token, as every document is stored.
 fn with_eos(mut ids: Vec<u32>, eos: u32) -> Vec<u32> {
@@ -32,7 +36,7 @@ fn token_ids_equal_python_tokenizers_on_text_code_and_unicode() {
         .iter()
         .map(|s| s.as_str().unwrap().to_string())
         .collect();
-    for name in ["bpe", "metaspace"] {
+    for name in TOKENIZERS {
         let want = &expected["tokenizers"][name];
         let eos = want["eos_id"].as_u64().unwrap() as u32;
         let cache = tempfile::tempdir().unwrap();
@@ -50,9 +54,13 @@ fn token_ids_equal_python_tokenizers_on_text_code_and_unicode() {
         let data = Dataset::open(&config, 0, None, 2, &Quiet).unwrap();
         let docs = documents(data.train().corpus());
         assert_eq!(docs.len(), samples.len());
-        for (sample, (tokens, _)) in samples.iter().zip(&docs) {
+        for (sample, (tokens, mask)) in samples.iter().zip(&docs) {
             let python = with_eos(ids(&want["samples"][sample]), eos);
             assert_eq!(tokens, &python, "{name}: {sample}");
+            assert!(
+                mask.iter().all(|&m| m),
+                "{name}: {sample}: text trains in full"
+            );
         }
 
         let config = dataset(
@@ -115,7 +123,7 @@ fn end_of_document_comes_from_the_tokenizer_or_the_model_config() {
 #[test]
 fn chat_renders_as_transformers_and_the_mask_is_the_assistant_tokens() {
     let expected = expected();
-    for name in ["bpe", "metaspace"] {
+    for name in TOKENIZERS {
         let want = &expected["tokenizers"][name];
         let eos = want["eos_id"].as_u64().unwrap() as u32;
         let chats = want["chats"].as_array().unwrap();
@@ -289,4 +297,49 @@ fn spec_special_tokens_reach_the_chat_template() {
         want["chats"].as_array().unwrap(),
         want["eos_id"].as_u64().unwrap() as u32,
     );
+}
+
+#[test]
+fn prompt_completion_trains_the_completion_and_the_end_of_document() {
+    let expected = expected();
+    for name in TOKENIZERS {
+        let want = &expected["tokenizers"][name];
+        let eos = want["eos_id"].as_u64().unwrap() as u32;
+        let records = want["prompt_completion"].as_array().unwrap();
+        let cache = tempfile::tempdir().unwrap();
+        let source = DataSource::Jsonl {
+            files: vec![fixture().join("prompt_completion.jsonl")],
+            text: JsonlText::PromptCompletion {
+                prompt: "prompt".into(),
+                completion: "completion".into(),
+            },
+        };
+        let data = Dataset::open(
+            &dataset(source, hf(name), 64, cache.path()),
+            0,
+            None,
+            2,
+            &Quiet,
+        )
+        .unwrap();
+        let docs = documents(data.train().corpus());
+        assert_eq!(docs.len(), records.len());
+        for (i, ((tokens, mask), record)) in docs.iter().zip(records).enumerate() {
+            let python = ids(&record["ids"]);
+            let mut python_mask: Vec<bool> = record["mask"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m.as_u64() == Some(1))
+                .collect();
+            let want_tokens = with_eos(python.clone(), eos);
+            if want_tokens.len() > python.len() {
+                python_mask.push(true);
+            }
+            assert_eq!(tokens, &want_tokens, "{name}: record {i} ids");
+            assert_eq!(mask, &python_mask, "{name}: record {i} mask");
+            assert_eq!(tokens.last(), Some(&eos));
+            assert_eq!(mask.last(), Some(&true), "{name}: the model learns to stop");
+        }
+    }
 }

@@ -13,16 +13,20 @@ OUT_DIR/
                 post-processor: Llama 2 style), Llama 2 chat template inside
                 tokenizer_config.json (transformers 4.x layout)
   metaspace_config_eos/   the same with the end of sequence only in config.json
+  metaspace_eos/          the same saved with `add_bos_token` and `add_eos_token` (Llama 2
+                          with add_eos_token: the post-processor writes `<s> $A </s>`)
   named/        the byte-level BPE with two named templates (Qwen 2.5 style), `default` in
                 chat_template.jinja and `tool_use` in additional_chat_templates/ (5.x layout)
   named_legacy/ the same templates as a list in tokenizer_config.json (4.x layout)
   chatml_generation.jinja   the ChatML template with its `{% generation %}` markers
   samples/      text, code and Unicode documents (one per file) + lines.txt
-  chat_bpe.jsonl, chat_metaspace.jsonl   chat records
+  chat_<tokenizer>.jsonl   chat records
   chat_tools.jsonl, chat_assistant_first.jsonl   chat records for the named templates
+  prompt_completion.jsonl  prompt/completion records
   expected.json ids per tokenizer and sample; chat renders, ids and assistant masks (also
                 with the spec's special tokens overriding the folder's, as
-                `AutoTokenizer.from_pretrained(folder, bos_token=..., eos_token=...)`)
+                `AutoTokenizer.from_pretrained(folder, bos_token=..., eos_token=...)`);
+                prompt/completion ids and loss masks
 """
 
 import glob
@@ -56,6 +60,11 @@ SAMPLES = {
     ),
     "special.txt": "Text that mentions <|im_end|> and </s> as plain words.\n",
 }
+
+PROMPT_COMPLETIONS = [
+    {"prompt": "Question: what is 2+2?\n", "completion": "Answer: 4."},
+    {"prompt": "Übersetze: cat →", "completion": " Katze 🐈"},
+]
 
 LINES = "first line\n\n  second line with spaces  \r\nthird: 日本語 👍\n   \nlast\n"
 
@@ -301,6 +310,29 @@ def named_templates(bpe, out, jinja_files):
     fast.save_pretrained(out, save_jinja_files=jinja_files)
 
 
+def llama2_with_eos(source, out):
+    """`source` saved as a Llama 2 folder with `add_eos_token`: every encoding ends with `</s>`."""
+    fast = AutoTokenizer.from_pretrained(source, add_bos_token=True, add_eos_token=True)
+    fast.save_pretrained(out)
+
+
+def prompt_completion_expectations(fast, records):
+    """transformers' ids of `prompt + completion`, and the loss mask: the tokens holding any
+    character of the completion, and the tokens after the last one with text (what the
+    post-processor appends: the end of the document, which TRL trains)."""
+    out = []
+    for record in records:
+        prompt, text = record["prompt"], record["prompt"] + record["completion"]
+        encoded = fast(text, return_offsets_mapping=True)
+        offsets = encoded["offset_mapping"]
+        mask = [int(end > start and end > len(prompt)) for start, end in offsets]
+        with_text = [i for i, (start, end) in enumerate(offsets) if end > start]
+        for i in range(with_text[-1] + 1, len(mask)):
+            mask[i] = 1
+        out.append({"ids": list(encoded["input_ids"]), "mask": mask})
+    return out
+
+
 def chat_expectations(fast, template_with_tags, chats):
     """What `fast.apply_chat_template` makes of each record with the template it picks; the
     assistant mask comes from the same template with its `{% generation %}` markers
@@ -356,7 +388,14 @@ def main():
     line_docs = [l for l in line_docs if l.strip()]
 
     expected = {"samples": sorted(SAMPLES), "lines": line_docs, "tokenizers": {}}
-    builders = {"bpe": (byte_level_bpe, CHATML), "metaspace": (metaspace_bpe, LLAMA2)}
+    with open(os.path.join(out, "prompt_completion.jsonl"), "w", encoding="utf-8") as f:
+        for record in PROMPT_COMPLETIONS:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    builders = {
+        "bpe": (byte_level_bpe, CHATML),
+        "metaspace": (metaspace_bpe, LLAMA2),
+        "metaspace_eos": (lambda folder: llama2_with_eos(os.path.join(out, "metaspace"), folder), LLAMA2),
+    }
     for name, (build, template) in builders.items():
         folder = os.path.join(out, name)
         build(folder)
@@ -372,6 +411,7 @@ def main():
             "samples": {s: tok.encode(SAMPLES[s]).ids for s in sorted(SAMPLES)},
             "lines": [tok.encode(l).ids for l in line_docs],
             "chats": chat_expectations(fast, template, CHATS),
+            "prompt_completion": prompt_completion_expectations(fast, PROMPT_COMPLETIONS),
         }
     without_eos_in_tokenizer_config(os.path.join(out, "metaspace"), os.path.join(out, "metaspace_config_eos"))
 

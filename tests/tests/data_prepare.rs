@@ -211,7 +211,13 @@ fn a_run_directory_reads_its_spec_paths_relative_to_the_spec_it_was_made_from() 
     assert!(out.status.success(), "{}", stderr_of(&out));
     let out = shardrun_in(
         &dir,
-        &["run", "runs/moved", "--set", "training.steps=8", "--no-progress"],
+        &[
+            "run",
+            "runs/moved",
+            "--set",
+            "training.steps=8",
+            "--no-progress",
+        ],
     );
     let stdout = stdout_of(&out);
     assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
