@@ -115,6 +115,10 @@ pub fn announce(prepared: RunStart) -> Option<RunDir> {
             println!("--force: deleted {deleted}; starting over at step 1");
             Some(run)
         }
+        RunStart::Redone(redone) => {
+            println!("{}", redone.message());
+            Some(redone.run)
+        }
         RunStart::Resume(resume) => {
             println!("{}", resume.headline());
             for line in resume.applied_lines() {

@@ -30,6 +30,9 @@ pub enum RunStart {
     New(RunDir),
     /// `--force`: the old run was deleted (`deleted` says what it held); a new run.
     Replaced { run: RunDir, deleted: String },
+    /// The old run ended before training a step (bad data, a wrong path) and the spec
+    /// changed: nothing to keep, so a new run with the new spec.
+    Redone(Redone),
     /// An interrupted run (or one asked to train longer), ready to continue.
     Resume(Resume),
     /// The run already trained every step asked for: nothing to do.
@@ -82,6 +85,29 @@ impl Resume {
             .iter()
             .map(|c| format!("  changed on resume: {c}"))
             .collect()
+    }
+}
+
+#[derive(Debug)]
+pub struct Redone {
+    pub run: RunDir,
+    /// How the old run ended (`"failed (...)"`).
+    pub ended: String,
+    pub changed: Vec<FieldChange>,
+}
+
+impl Redone {
+    /// What a re-run prints before starting over.
+    pub fn message(&self) -> String {
+        let mut text = format!(
+            "{} {} before training a step: starting it over with the changed spec",
+            self.run.path().display(),
+            self.ended
+        );
+        for change in &self.changed {
+            let _ = write!(text, "\n  changed: {change}");
+        }
+        text
     }
 }
 
@@ -213,6 +239,21 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
     let target = RunDir::recorded(new.resolved, &path);
     let all = changes::between(&recorded, &target);
     let (applied, refused): (Vec<_>, Vec<_>) = all.into_iter().partition(|c| c.safe);
+    let trained_nothing =
+        || newest_checkpoint(&run, &recorded).is_none() && last_logged_step(&run).is_none();
+    if !refused.is_empty() && trained_nothing() {
+        // A run that failed before its first step (the fix is often the very change being
+        // refused): nothing of it is worth keeping.
+        let ended = how_it_ended(&run, state, detail.as_deref(), None);
+        let mut changed = refused;
+        changed.extend(applied);
+        let run = RunDir::create(&path, NewRun { force: true, ..new })?;
+        return Ok(RunStart::Redone(Redone {
+            run,
+            ended,
+            changed,
+        }));
+    }
     if !refused.is_empty() {
         return Err(RerunError::Changed {
             path: shown,
@@ -460,10 +501,22 @@ mod tests {
         );
     }
 
+    /// The run logged its first step (it trained, though it saved no checkpoint).
+    fn trained_a_step(run: &RunDir) {
+        std::fs::write(
+            run.metrics(),
+            r#"{"rank":0,"step":1,"loss":6.9,"lr":0.001,"grad_norm":1.0,"step_time_s":0.1,"tokens_per_s":5.0,"mfu":null,"model_state_bytes":1,"peak_memory_bytes":1,"loss_scale":null}"#
+                .to_string()
+                + "\n",
+        )
+        .unwrap();
+    }
+
     #[test]
     fn an_unsafe_change_is_refused_and_nothing_is_written() {
         let tmp = tempfile::tempdir().unwrap();
         let run = existing(tmp.path(), RunState::Cancelled, &[]);
+        trained_a_step(&run);
         let before = std::fs::read(run.train_config()).unwrap();
         let job = resolved(tmp.path(), &["training.seed=7", "training.steps=300"]);
         let params = BTreeMap::new();
@@ -477,6 +530,34 @@ mod tests {
             "only the unsafe field is listed"
         );
         assert_eq!(std::fs::read(run.train_config()).unwrap(), before);
+    }
+
+    #[test]
+    fn a_run_that_failed_before_its_first_step_starts_over_with_the_changed_spec() {
+        // E.g. a bad data record stopped it, and the fix is a changed data option.
+        let tmp = tempfile::tempdir().unwrap();
+        let run = existing(tmp.path(), RunState::Failed, &[]);
+        let job = resolved(tmp.path(), &["training.seed=7"]);
+        let params = BTreeMap::new();
+        let RunStart::Redone(redone) = prepare(run.path(), new_run(&job, &params)).unwrap() else {
+            panic!("expected the run to start over")
+        };
+        assert_eq!(
+            redone.message(),
+            format!(
+                "{} failed before training a step: starting it over with the changed spec\n  \
+                 changed: training.seed: 0 → 7",
+                run.path().display()
+            )
+        );
+        assert_eq!(run.read_train_config().unwrap().seed, 7);
+        assert_eq!(run.read_manifest().unwrap().state, RunState::Created);
+        // Once it trained a step, the same change is refused.
+        trained_a_step(&run);
+        run.update_manifest(|m| m.state = RunState::Failed).unwrap();
+        let job = resolved(tmp.path(), &["training.seed=8"]);
+        let err = prepare(run.path(), new_run(&job, &params)).unwrap_err();
+        assert!(matches!(err, RerunError::Changed { .. }), "{err}");
     }
 
     #[test]
