@@ -477,4 +477,32 @@ mod tests {
         assert_eq!(e.field, "training.checkpoint.from");
         assert!(e.why.contains("ffn_dim 128 (folder) vs 96 (spec)"), "{e}");
     }
+
+    #[test]
+    fn dynamic_rope_trains_up_to_max_position_embeddings() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dynamic = LLAMA.replace("rope_type: linear", "rope_type: dynamic");
+        let scratch = job(&dynamic, DATA, "").unwrap();
+        let dir = tmp.path().join("model");
+        folder(&dir, &scratch.train.model);
+        let model = format!("{{ kind: hf, path: {} }}", dir.display());
+        let j = job(&model, DATA, "").unwrap();
+        let ModelConfig::Llama(m) = &j.train.model else {
+            panic!()
+        };
+        assert_eq!(
+            (
+                m.architecture.rope.scaling,
+                m.architecture.max_position_embeddings
+            ),
+            (RopeScaling::Dynamic { factor: 2.0 }, 16)
+        );
+        let longer = "  data: { kind: synthetic, seq_len: 17 }\n";
+        let ResolveError::Invalid(e) = job(&model, longer, "").unwrap_err();
+        assert_eq!(e.field, "training.data.seq_len");
+        assert!(
+            e.why.contains("rope_type dynamic") && e.why.contains("seq_len <= 16"),
+            "{e}"
+        );
+    }
 }
