@@ -176,6 +176,12 @@ fn export_hf(source: &Checkpoint, model: &LlamaModel, args: &Args) -> Result<()>
                 .as_object_mut()
                 .context("the source config.json is not a JSON object")?;
             for key in ["dtype", "torch_dtype"] {
+            // The run's model, which is untied where the folder stored an output head apart
+            // from a tied embedding.
+            map.insert(
+                "tie_word_embeddings".into(),
+                model.architecture.tie_embeddings.into(),
+            );
                 if map.contains_key(key) || key == "dtype" {
                     map.insert(key.into(), dtype.torch_name().into());
                 }

@@ -163,9 +163,16 @@ pub fn resolve_pretrained_from(
     let differences = architecture_differences(&folder.config, &llama.architecture);
     if !differences.is_empty() {
         return Err(s.err(
+        // The notes say why the folder's model may differ from its config.json (an output
+        // head stored apart from a tied embedding).
+        let notes = folder
+            .notes
+            .iter()
+            .map(|n| format!(" ({n})"))
+            .collect::<String>();
             field,
             format!(
-                "{}'s config.json describes another model than `training.model`: {}",
+                "{}'s config.json describes another model than `training.model`: {}{notes}",
                 dir.display(),
                 differences.join(", ")
             ),
