@@ -89,10 +89,11 @@ impl HfError {
     }
 }
 
-/// Whether `dir` looks like a Hugging Face model folder (a `config.json` next to weights).
+/// Whether `dir` is meant as a Hugging Face model folder: it has a `config.json`, which
+/// shardrun checkpoints never have. Its weights are not looked at, so a folder with pickle
+/// weights or none gets [`open_folder`]'s message rather than passing for a checkpoint.
 pub fn is_hf_folder(dir: &Path) -> bool {
     dir.join(CONFIG_FILE).is_file()
-        && (dir.join(SINGLE_FILE).is_file() || dir.join(INDEX_FILE).is_file())
 }
 
 /// A folder's architecture and weights, checked against each other.
@@ -107,11 +108,11 @@ pub struct HfFolder {
 
 /// Opens `dir`: parses `config.json`, reads every weight file's header, and checks that the
 /// tensors are exactly the parameters the config describes, with the same shapes.
-pub fn open_folder(dir: &Path) -> Result<HfFolder, HfError> {
 ///
 /// A tied config whose file also stores an output head that differs from the embedding
 /// gives the untied model: `from_pretrained` keeps both tensors and does not tie them. That
 /// takes reading both tensors once; every other check reads headers only.
+pub fn open_folder(dir: &Path) -> Result<HfFolder, HfError> {
     let mut config = read_config(dir)?;
     let mut weights = HfWeights::open(dir)?;
     let mut notes = Vec::new();
