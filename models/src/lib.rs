@@ -147,6 +147,7 @@ impl ModelConfig {
                     RopeScaling::Default => String::new(),
                     RopeScaling::Linear { factor } => format!(" linear ×{factor}"),
                     RopeScaling::Llama3 { factor, .. } => format!(" llama3 ×{factor}"),
+                    RopeScaling::Dynamic { factor } => format!(" dynamic ×{factor}"),
                 };
                 let from = match &m.pretrained {
                     Some(dir) => format!(" from {}", dir.display()),

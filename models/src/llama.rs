@@ -67,6 +67,10 @@ pub enum RopeScaling {
         high_freq_factor: f64,
         original_max_position_embeddings: u64,
     },
+    /// Dynamic NTK: the base grows with sequences longer than `max_position_embeddings`,
+    /// and is the default one up to there. Only that range is supported (see
+    /// [`LlamaConfig::validate`]), so the frequencies are the default ones.
+    Dynamic { factor: f64 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -189,7 +193,7 @@ impl LlamaConfig {
         }
         match self.rope.scaling {
             RopeScaling::Default => {}
-            RopeScaling::Linear { factor } if factor > 0.0 => {}
+            RopeScaling::Linear { factor } | RopeScaling::Dynamic { factor } if factor > 0.0 => {}
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
@@ -204,6 +208,14 @@ impl LlamaConfig {
                     "rope scaling {scaling:?} needs positive factors (llama3: high_freq_factor > low_freq_factor)"
                 ))
             }
+        }
+        if matches!(self.rope.scaling, RopeScaling::Dynamic { .. })
+            && seq_len > self.max_position_embeddings
+        {
+            return Err(format!(
+                "rope_type dynamic rescales the rotary frequencies for sequences longer than max_position_embeddings ({}), which shardrun does not implement; up to it they are the default ones. Train on seq_len <= {}",
+                self.max_position_embeddings, self.max_position_embeddings
+            ));
         }
         if let Some(window) = self.sliding_window.filter(|&w| seq_len > w) {
             return Err(format!(

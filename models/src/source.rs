@@ -29,7 +29,7 @@ impl ParamSource {
 
     /// The weights of folder `dir` (headers read, tensors checked against `model`).
     pub fn pretrained(dir: &Path, model: &ModelConfig) -> Result<ParamSource, HfError> {
-        let weights = HfWeights::open(dir)?;
+        let mut weights = HfWeights::open(dir)?;
         weights.check(&model.describe(), dir)?;
         Ok(ParamSource::Pretrained {
             dir: dir.to_path_buf(),

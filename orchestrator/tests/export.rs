@@ -6,7 +6,9 @@ use shardrun_checkpoint::{
     commit, write_rank_report, CommitRequest, DataPosition, Layout, SaveTarget, SchedulerState,
     ShardWriter, StateDtypes, TrainerState, UnitLayout,
 };
-use shardrun_protocol::config::{CheckpointFormat, DType, ShardingStrategy};
+use shardrun_models::hf::config::config_json;
+use shardrun_models::hf::{save_folder, HfWeights, SaveOptions, StoredDtype};
+use shardrun_protocol::config::{CheckpointFormat, DType, ModelConfig, ShardingStrategy};
 use std::path::Path;
 use std::process::Command;
 
@@ -35,7 +37,12 @@ fn layout(shards: u64) -> Layout {
 /// A sharded checkpoint shaped like the MLP of PyTorch's FSDP tutorial on `world` ranks;
 /// element `i` of a unit is `step + i / 1000`.
 fn save(root: &Path, step: u64, world: u64) {
-    let layout = layout(world);
+    save_layout(root, step, world, layout(world));
+}
+
+/// A sharded checkpoint of `layout` on `world` ranks; element `i` of a unit is
+/// `step + i / 1000`.
+fn save_layout(root: &Path, step: u64, world: u64, layout: Layout) {
     let target = SaveTarget::new(root, step, world);
     target.prepare().unwrap();
     for rank in 0..world {
@@ -148,4 +155,78 @@ fn a_folder_without_checkpoints_says_what_to_check() {
     let (ok, text) = shardrun(&[&empty.path().join("missing")]);
     assert!(!ok);
     assert!(text.contains("does not exist"), "{text}");
+}
+
+#[test]
+fn an_hf_export_defaults_to_the_dtype_of_the_source_weights() {
+    // A bf16 folder whose config.json names no dtype (neither `dtype` nor `torch_dtype`).
+    let tmp = tempfile::tempdir().unwrap();
+    let source = tmp.path().join("source");
+    let spec = |model: &str| {
+        let yaml = format!(
+            "name: t\ntraining:\n  model: {model}\n  data: {{ kind: synthetic, seq_len: 8 }}\n  steps: 1\n  total_batch_size: 1\n  batch_size_per_device: 1\n"
+        );
+        let loaded = shardrun::spec::parse(&yaml, &tmp.path().join("job.yaml")).unwrap();
+        shardrun::resolve::resolve(&loaded, &Default::default())
+            .unwrap()
+            .train
+    };
+    let scratch =
+        spec("{ kind: llama, vocab_size: 16, dim: 8, n_layers: 1, n_heads: 2, ffn_dim: 16 }");
+    let ModelConfig::Llama(m) = &scratch.model else {
+        panic!()
+    };
+    let mut config = config_json(&m.architecture, "bfloat16");
+    let keys = config.as_object_mut().unwrap();
+    keys.remove("dtype");
+    keys.remove("torch_dtype");
+    let tensors: Vec<(String, Vec<u64>)> = m
+        .architecture
+        .describe()
+        .params
+        .iter()
+        .map(|p| (p.name.clone(), p.shape.iter().map(|&d| d as u64).collect()))
+        .collect();
+    save_folder(
+        &source,
+        &config,
+        &tensors,
+        |name, out| {
+            let (_, shape) = tensors.iter().find(|(n, _)| n == name).unwrap();
+            out.resize(shape.iter().product::<u64>() as usize, 0.5);
+            Ok(())
+        },
+        None,
+        &SaveOptions {
+            dtype: StoredDtype::Bf16,
+            max_shard_bytes: u64::MAX,
+        },
+    )
+    .unwrap();
+
+    // A run that started from it, with one checkpoint.
+    let train = spec(&format!("{{ kind: hf, path: {} }}", source.display()));
+    let run = tmp.path().join("run");
+    let units = tensors
+        .iter()
+        .map(|(name, shape)| UnitLayout::packed(name, [(name.clone(), shape.clone())], 1).unwrap())
+        .collect();
+    save_layout(&run.join("checkpoints"), 3, 1, Layout::new(units).unwrap());
+    std::fs::write(
+        run.join("train_config.json"),
+        serde_json::to_string(&train).unwrap(),
+    )
+    .unwrap();
+
+    let out = tmp.path().join("export");
+    let (ok, text) = shardrun(&[&run, Path::new("--out"), &out]);
+    assert!(ok, "{text}");
+    assert_eq!(
+        HfWeights::open(&out).unwrap().main_dtype(),
+        Some(StoredDtype::Bf16),
+        "{text}"
+    );
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(written["dtype"], "bfloat16");
 }

@@ -13,7 +13,7 @@ use std::path::Path;
 pub const CONFIG_FILE: &str = "config.json";
 
 const SUPPORTED_TYPES: &str = "llama, mistral, qwen2 (Llama 1-3, CodeLlama, SmolLM, TinyLlama, Mistral, Qwen2 and their fine-tunes)";
-const SUPPORTED_ROPE: &str = "default, linear, llama3";
+const SUPPORTED_ROPE: &str = "default, linear, llama3, dynamic (up to max_position_embeddings)";
 
 /// Reads and parses `<dir>/config.json`.
 pub fn read_config(dir: &Path) -> Result<LlamaConfig, HfError> {
@@ -171,7 +171,11 @@ pub fn parse_config(value: &Value, path: &Path) -> Result<LlamaConfig, HfError> 
         }
     };
     let family = defaults(model_type);
-    if let Some(act) = k.str_opt("hidden_act")?.filter(|a| *a != "silu") {
+    // `transformers`' ACT2FN maps "swish" to the same SiLU.
+    if let Some(act) = k
+        .str_opt("hidden_act")?
+        .filter(|a| !matches!(*a, "silu" | "swish"))
+    {
         return Err(k.err(
             "hidden_act",
             format!("\"{act}\" is not supported: the Llama MLP here is SwiGLU (silu)"),
@@ -314,9 +318,10 @@ fn rope(k: &Keys, max_position_embeddings: u64) -> Result<Rope, HfError> {
             format!("{f} is not supported: rotary embeddings here cover the whole head"),
         ));
     }
-    let rope_type = match p.str_opt("rope_type")? {
-        Some(t) => t,
-        None => p.str_opt("type")?.unwrap_or("default"),
+    // 4.x configs may say `type` for `rope_type`; messages name the key the file has.
+    let (type_key, rope_type) = match p.str_opt("rope_type")? {
+        Some(t) => ("rope_type", t),
+        None => ("type", p.str_opt("type")?.unwrap_or("default")),
     };
     let scaling = match rope_type {
         "default" => RopeScaling::Default,
@@ -331,9 +336,12 @@ fn rope(k: &Keys, max_position_embeddings: u64) -> Result<Rope, HfError> {
                 .u64_opt("original_max_position_embeddings")?
                 .unwrap_or(max_position_embeddings),
         },
+        "dynamic" => RopeScaling::Dynamic {
+            factor: p.f64_req("factor")?,
+        },
         other => {
             return Err(p.err(
-                "rope_type",
+                type_key,
                 format!("\"{other}\" is not supported; supported rope types: {SUPPORTED_ROPE}"),
             ))
         }
@@ -366,6 +374,11 @@ pub fn config_json(config: &LlamaConfig, dtype: &str) -> Value {
                 json!(original_max_position_embeddings),
             );
             ("llama3", m)
+        }
+        RopeScaling::Dynamic { factor } => {
+            let mut m = Map::new();
+            m.insert("factor".into(), json!(factor));
+            ("dynamic", m)
         }
     };
     scaling.insert("rope_type".into(), json!(rope_type));
@@ -488,6 +501,37 @@ mod tests {
         let mut v = base();
         v["hidden_act"] = json!("gelu");
         assert!(parse(v).unwrap_err().to_string().contains("`hidden_act`"));
+    }
+
+    #[test]
+    fn swish_is_silu() {
+        let mut v = base();
+        v["hidden_act"] = json!("silu");
+        let silu = parse(v.clone()).unwrap();
+        v["hidden_act"] = json!("swish");
+        assert_eq!(parse(v).unwrap(), silu);
+    }
+
+    #[test]
+    fn dynamic_rope_trains_within_max_position_embeddings() {
+        // 4.x writes `type`, 5.x `rope_type`: both read, and errors name the key written.
+        for key in ["type", "rope_type"] {
+            let mut v = base();
+            v["max_position_embeddings"] = json!(64);
+            v["rope_scaling"] = json!({ key: "dynamic", "factor": 2.0 });
+            let c = parse(v.clone()).unwrap();
+            assert_eq!(c.rope.scaling, RopeScaling::Dynamic { factor: 2.0 });
+            assert_eq!(parse(config_json(&c, "float32")).unwrap(), c);
+            assert!(c.validate(64).is_ok());
+            let e = c.validate(65).unwrap_err();
+            assert!(
+                e.contains("rope_type dynamic") && e.contains("seq_len <= 64"),
+                "{e}"
+            );
+            v["rope_scaling"][key] = json!("yarn");
+            let e = parse(v).unwrap_err().to_string();
+            assert!(e.contains(&format!("`rope_scaling.{key}`")), "{e}");
+        }
     }
 
     #[test]

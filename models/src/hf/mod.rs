@@ -23,6 +23,7 @@ pub use config::{read_config, CONFIG_FILE};
 pub use save::{save_folder, SaveOptions, SavedFolder};
 pub use weights::{HfWeights, StoredDtype};
 
+use crate::llama::{EMBED_TOKENS, LM_HEAD};
 use std::path::{Path, PathBuf};
 
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -88,10 +89,11 @@ impl HfError {
     }
 }
 
-/// Whether `dir` looks like a Hugging Face model folder (a `config.json` next to weights).
+/// Whether `dir` is meant as a Hugging Face model folder: it has a `config.json`, which
+/// shardrun checkpoints never have. Its weights are not looked at, so a folder with pickle
+/// weights or none gets [`open_folder`]'s message rather than passing for a checkpoint.
 pub fn is_hf_folder(dir: &Path) -> bool {
     dir.join(CONFIG_FILE).is_file()
-        && (dir.join(SINGLE_FILE).is_file() || dir.join(INDEX_FILE).is_file())
 }
 
 /// A folder's architecture and weights, checked against each other.
@@ -106,10 +108,26 @@ pub struct HfFolder {
 
 /// Opens `dir`: parses `config.json`, reads every weight file's header, and checks that the
 /// tensors are exactly the parameters the config describes, with the same shapes.
+///
+/// A tied config whose file also stores an output head that differs from the embedding
+/// gives the untied model: `from_pretrained` keeps both tensors and does not tie them. That
+/// takes reading both tensors once; every other check reads headers only.
 pub fn open_folder(dir: &Path) -> Result<HfFolder, HfError> {
-    let config = read_config(dir)?;
-    let weights = HfWeights::open(dir)?;
-    let notes = weights.check(&config.describe(), dir)?;
+    let mut config = read_config(dir)?;
+    let mut weights = HfWeights::open(dir)?;
+    let mut notes = Vec::new();
+    if config.tie_embeddings
+        && weights.get(EMBED_TOKENS).is_some()
+        && weights.get(LM_HEAD).is_some()
+        && !weights.same_values(EMBED_TOKENS, LM_HEAD)?
+    {
+        config.tie_embeddings = false;
+        notes.push(format!(
+            "{LM_HEAD} differs from {EMBED_TOKENS} though {} says tie_word_embeddings: true: loaded untied with both, as transformers does; set tie_word_embeddings: false there to say so",
+            dir.join(CONFIG_FILE).display()
+        ));
+    }
+    notes.extend(weights.check(&config.describe(), dir)?);
     Ok(HfFolder {
         dir: dir.to_path_buf(),
         config,

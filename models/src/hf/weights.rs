@@ -2,7 +2,7 @@
 //! `model.safetensors.index.json` names. Opening reads only headers (and file sizes, so a
 //! truncated file is found before anything is loaded); [`HfWeights::check`] compares the
 //! tensors with an architecture's parameters; [`HfWeights::read`] converts any element range
-//! of one tensor to f32, mapping only the bytes of that range, a bounded chunk at a time. A
+//! of one parameter to f32, mapping only the bytes of that range, a bounded chunk at a time. A
 //! rank therefore reads exactly its own shards and never holds more than its shards plus
 //! one chunk.
 
@@ -133,6 +133,9 @@ pub struct HfWeights {
     source: PathBuf,
     tensors: BTreeMap<String, StoredTensor>,
     files: HashMap<PathBuf, File>,
+    /// Parameters stored under another name, found by [`HfWeights::check`]: a tied
+    /// embedding whose file holds only the output head.
+    stored_as: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize)]
@@ -156,6 +159,7 @@ impl HfWeights {
                 source: single,
                 tensors,
                 files,
+                stored_as: BTreeMap::new(),
             })
         } else if dir.join("pytorch_model.bin").is_file()
             || dir.join("pytorch_model.bin.index.json").is_file()
@@ -233,6 +237,7 @@ impl HfWeights {
             source: index_path.to_path_buf(),
             tensors,
             files,
+            stored_as: BTreeMap::new(),
         })
     }
 
@@ -264,31 +269,48 @@ impl HfWeights {
         counts.into_iter().max_by_key(|(_, n)| *n).map(|(d, _)| d)
     }
 
-    /// Checks that the stored tensors are exactly `model`'s parameters with the same shapes.
-    /// Tensors `transformers` itself ignores are accepted and returned as notes: the output
-    /// head of a tied model (`lm_head.weight`, some exports keep it) and rotary `inv_freq`
+    /// Checks that the stored tensors are exactly `model`'s parameters with the same shapes,
+    /// as `from_pretrained` loads them. Accepted, and returned as notes: a tied parameter
+    /// stored only under its alias (`lm_head.weight` without `model.embed_tokens.weight`),
+    /// which [`HfWeights::read`] then reads from there, as `transformers` ties to whichever
+    /// of the two the file has; the alias stored beside its parameter (not read: whether the
+    /// two agree is the caller's question, see [`super::open_folder`]); rotary `inv_freq`
     /// buffers of old checkpoints.
-    pub fn check(&self, model: &ModelDescription, dir: &Path) -> Result<Vec<String>, HfError> {
+    pub fn check(&mut self, model: &ModelDescription, dir: &Path) -> Result<Vec<String>, HfError> {
         let config = dir.join(super::CONFIG_FILE);
+        let mut notes = Vec::new();
+        self.stored_as.clear();
         for p in &model.params {
-            let Some(t) = self.tensors.get(&p.name) else {
-                let alias = model.tied.iter().find(|t| t.param == p.name);
-                let why = match alias {
-                    Some(t) if self.tensors.contains_key(&t.alias) => format!(
-                        "is missing, but {} is there: config.json says tie_word_embeddings: true, the weights say false. Fix tie_word_embeddings in {}",
-                        t.alias,
-                        config.display()
-                    ),
-                    _ if p.name == crate::llama::LM_HEAD => format!(
-                        "is missing: {} says tie_word_embeddings: false (or leaves it out). If the output head is the token embedding, set it to true",
-                        config.display()
-                    ),
-                    _ => format!(
-                        "is missing: {} describes a model with this parameter. Is the folder complete, and is config.json the one of these weights?",
-                        config.display()
-                    ),
-                };
-                return Err(HfError::tensor(&self.source, &p.name, why));
+            let t = match self.tensors.get(&p.name) {
+                Some(t) => t,
+                None => {
+                    let alias = model
+                        .tied
+                        .iter()
+                        .find(|t| t.param == p.name)
+                        .and_then(|t| self.tensors.get_key_value(&t.alias));
+                    let Some((alias, t)) = alias else {
+                        let why = if p.name == crate::llama::LM_HEAD {
+                            format!(
+                                "is missing: {} says tie_word_embeddings: false (or leaves it out). If the output head is the token embedding, set it to true",
+                                config.display()
+                            )
+                        } else {
+                            format!(
+                                "is missing: {} describes a model with this parameter. Is the folder complete, and is config.json the one of these weights?",
+                                config.display()
+                            )
+                        };
+                        return Err(HfError::tensor(&self.source, &p.name, why));
+                    };
+                    notes.push(format!(
+                        "{} read from {alias} in {}: the model ties them (tie_word_embeddings) and the file stores only {alias}",
+                        p.name,
+                        t.file.display()
+                    ));
+                    self.stored_as.insert(p.name.clone(), alias.clone());
+                    t
+                }
             };
             let expected: Vec<u64> = p.shape.iter().map(|&d| d as u64).collect();
             if t.shape != expected {
@@ -303,9 +325,8 @@ impl HfWeights {
                 ));
             }
         }
-        let mut notes = Vec::new();
         for (name, t) in &self.tensors {
-            if model.param(name).is_some() {
+            if model.param(name).is_some() || self.stored_as.values().any(|s| s == name) {
                 continue;
             }
             if model.tied.iter().any(|tied| &tied.alias == name) {
@@ -332,8 +353,37 @@ impl HfWeights {
         Ok(notes)
     }
 
-    /// Elements `range` of the flattened tensor `name`, converted to f32, into `out`.
+    /// Whether tensors `a` and `b` hold the same values, read a chunk at a time. Compared
+    /// as f32 with `==`, as `torch.equal` compares a tied pair once loaded: NaN differs from
+    /// itself, -0.0 equals 0.0.
+    pub fn same_values(&self, a: &str, b: &str) -> Result<bool, HfError> {
+        let (Some(ta), Some(tb)) = (self.tensors.get(a), self.tensors.get(b)) else {
+            return Ok(false);
+        };
+        if ta.shape != tb.shape {
+            return Ok(false);
+        }
+        let n = ta.numel();
+        let chunk = CHUNK_ELEMENTS.min(n) as usize;
+        let (mut va, mut vb) = (vec![0f32; chunk], vec![0f32; chunk]);
+        let mut start = 0;
+        while start < n {
+            let len = CHUNK_ELEMENTS.min(n - start);
+            let (va, vb) = (&mut va[..len as usize], &mut vb[..len as usize]);
+            self.read(a, start..start + len, va)?;
+            self.read(b, start..start + len, vb)?;
+            if va != vb {
+                return Ok(false);
+            }
+            start += len;
+        }
+        Ok(true)
+    }
+
+    /// Elements `range` of the flattened parameter (or stored tensor) `name`, converted to
+    /// f32, into `out`.
     pub fn read(&self, name: &str, range: Range<u64>, out: &mut [f32]) -> Result<(), HfError> {
+        let name = self.stored_as.get(name).map_or(name, String::as_str);
         let t = self
             .tensors
             .get(name)

@@ -57,7 +57,7 @@ pub struct Args {
     #[arg(long, value_enum)]
     pub format: Option<ExportFormat>,
     /// dtype of the exported weights (hf): default the dtype of the folder the run started
-    /// from, else f32.
+    /// from (its config.json's, else its weights'), else f32.
     #[arg(long, value_enum)]
     pub dtype: Option<ExportDtype>,
     /// Split the weights into files of at most this size (hf), e.g. `5GB`, `500MB`.
@@ -162,11 +162,7 @@ fn export_hf(source: &Checkpoint, model: &LlamaModel, args: &Args) -> Result<()>
     };
     let dtype: StoredDtype = match args.dtype {
         Some(d) => d.into(),
-        None => pretrained_config
-            .as_ref()
-            .and_then(saved_dtype)
-            .and_then(StoredDtype::from_torch_name)
-            .unwrap_or(StoredDtype::F32),
+        None => source_dtype(model.pretrained.as_deref(), pretrained_config.as_ref())?,
     };
     // The source folder's own config.json (every key it had: token ids, architectures...)
     // with the dtype of these weights; from scratch, one written from the architecture.
@@ -180,6 +176,12 @@ fn export_hf(source: &Checkpoint, model: &LlamaModel, args: &Args) -> Result<()>
                     map.insert(key.into(), dtype.torch_name().into());
                 }
             }
+            // The run's model, which is untied where the folder stored an output head apart
+            // from a tied embedding.
+            map.insert(
+                "tie_word_embeddings".into(),
+                model.architecture.tie_embeddings.into(),
+            );
             value
         }
         None => config_json(&model.architecture, dtype.torch_name()),
@@ -269,6 +271,30 @@ fn export_hf(source: &Checkpoint, model: &LlamaModel, args: &Args) -> Result<()>
         saved.dir
     );
     Ok(())
+}
+
+/// The dtype of the folder the run started from: its config.json's (`dtype`, `torch_dtype`),
+/// else the one most of its weights are stored in; f32 from scratch.
+fn source_dtype(
+    pretrained: Option<&Path>,
+    config: Option<&serde_json::Value>,
+) -> Result<StoredDtype> {
+    if let Some(dtype) = config
+        .and_then(saved_dtype)
+        .and_then(StoredDtype::from_torch_name)
+    {
+        return Ok(dtype);
+    }
+    let Some(dir) = pretrained else {
+        return Ok(StoredDtype::F32);
+    };
+    let weights = hf::HfWeights::open(dir).with_context(|| {
+        format!(
+            "reading the weights of {} (the folder the run started from) for their dtype; give --dtype",
+            dir.display()
+        )
+    })?;
+    Ok(weights.main_dtype().unwrap_or(StoredDtype::F32))
 }
 
 /// `5GB`, `500MB`, `10KiB` or plain bytes, as `save_pretrained(max_shard_size=...)` reads.

@@ -44,6 +44,26 @@ pub fn resolve_checkpoint(s: &Section) -> Result<CheckpointConfig, ResolveError>
             "keep at least 1",
         ));
     }
+    // Relative to the spec file, like the spec's other inputs, and made absolute: workers
+    // run in the run directory.
+    let from = match &c.from {
+        Some(path) => {
+            let dir = s.spec_relative(path);
+            if !dir.is_dir() {
+                return Err(s.err(
+                    "training.checkpoint.from",
+                    if dir.exists() {
+                        format!("{} is a file, not a folder", dir.display())
+                    } else {
+                        format!("{} does not exist", dir.display())
+                    },
+                    "give a checkpoint folder (step-<N>/), the folder that holds them, or a Hugging Face model folder; a relative path is relative to the spec file",
+                ));
+            }
+            Some(dir)
+        }
+        None => None,
+    };
     let interval_steps = match (c.interval_steps, c.interval_minutes) {
         // Neither given: one checkpoint at the end.
         (None, None) => Some(t.steps),
@@ -60,7 +80,7 @@ pub fn resolve_checkpoint(s: &Section) -> Result<CheckpointConfig, ResolveError>
         keep: c.keep.unwrap_or(defaults::CHECKPOINT_KEEP),
         format: c.format.unwrap_or(CheckpointFormat::Sharded),
         resume: c.resume.unwrap_or(true),
-        from: c.from.clone(),
+        from,
     })
 }
 

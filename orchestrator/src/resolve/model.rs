@@ -124,8 +124,9 @@ pub fn resolve_model(
     }
 }
 
-/// `checkpoint.from` naming a Hugging Face folder: the model starts from its weights, which
-/// must be those of the architecture the spec describes. Returns the folder when it is one.
+/// `checkpoint.from` naming a Hugging Face folder (one with a `config.json`): the model
+/// starts from its weights, which must be those of the architecture the spec describes.
+/// Returns the folder when it is one.
 pub fn resolve_pretrained_from(
     s: &Section,
     model: &mut ModelConfig,
@@ -162,10 +163,17 @@ pub fn resolve_pretrained_from(
     let folder = open_folder(s, field, &dir)?;
     let differences = architecture_differences(&folder.config, &llama.architecture);
     if !differences.is_empty() {
+        // The notes say why the folder's model may differ from its config.json (an output
+        // head stored apart from a tied embedding).
+        let notes = folder
+            .notes
+            .iter()
+            .map(|n| format!(" ({n})"))
+            .collect::<String>();
         return Err(s.err(
             field,
             format!(
-                "{}'s config.json describes another model than `training.model`: {}",
+                "{}'s config.json describes another model than `training.model`: {}{notes}",
                 dir.display(),
                 differences.join(", ")
             ),
@@ -476,5 +484,77 @@ mod tests {
         let ResolveError::Invalid(e) = job(&other, DATA, &from).unwrap_err();
         assert_eq!(e.field, "training.checkpoint.from");
         assert!(e.why.contains("ffn_dim 128 (folder) vs 96 (spec)"), "{e}");
+    }
+
+    #[test]
+    fn dynamic_rope_trains_up_to_max_position_embeddings() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dynamic = LLAMA.replace("rope_type: linear", "rope_type: dynamic");
+        let scratch = job(&dynamic, DATA, "").unwrap();
+        let dir = tmp.path().join("model");
+        folder(&dir, &scratch.train.model);
+        let model = format!("{{ kind: hf, path: {} }}", dir.display());
+        let j = job(&model, DATA, "").unwrap();
+        let ModelConfig::Llama(m) = &j.train.model else {
+            panic!()
+        };
+        assert_eq!(
+            (
+                m.architecture.rope.scaling,
+                m.architecture.max_position_embeddings
+            ),
+            (RopeScaling::Dynamic { factor: 2.0 }, 16)
+        );
+        let longer = "  data: { kind: synthetic, seq_len: 17 }\n";
+        let ResolveError::Invalid(e) = job(&model, longer, "").unwrap_err();
+        assert_eq!(e.field, "training.data.seq_len");
+        assert!(
+            e.why.contains("rope_type dynamic") && e.why.contains("seq_len <= 16"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn checkpoint_from_is_checked_at_plan_time() {
+        let tmp = tempfile::tempdir().unwrap();
+        let missing = tmp.path().join("missing");
+        let from = |dir: &Path| format!("  checkpoint: {{ from: {} }}\n", dir.display());
+        let ResolveError::Invalid(e) = job(LLAMA, DATA, &from(&missing)).unwrap_err();
+        assert_eq!(e.field, "training.checkpoint.from");
+        assert!(e.why.contains("does not exist"), "{e}");
+
+        // A folder with a config.json is a Hugging Face folder whatever its weights: pickle
+        // weights or none get their own message, not a checkpoint's.
+        let scratch = job(LLAMA, DATA, "").unwrap();
+        let ModelConfig::Llama(m) = &scratch.train.model else {
+            panic!()
+        };
+        let config = config_json(&m.architecture, "float32").to_string();
+        let pickle = tmp.path().join("pickle");
+        std::fs::create_dir(&pickle).unwrap();
+        std::fs::write(pickle.join("config.json"), &config).unwrap();
+        std::fs::write(pickle.join("pytorch_model.bin"), b"pickle").unwrap();
+        let ResolveError::Invalid(e) = job(LLAMA, DATA, &from(&pickle)).unwrap_err();
+        assert_eq!(e.field, "training.checkpoint.from");
+        assert!(
+            e.why.contains("pytorch_model.bin") && e.why.contains("save_pretrained"),
+            "{e}"
+        );
+        std::fs::remove_file(pickle.join("pytorch_model.bin")).unwrap();
+        let ResolveError::Invalid(e) = job(LLAMA, DATA, &from(&pickle)).unwrap_err();
+        assert!(e.why.contains("has no model.safetensors"), "{e}");
+
+        // A relative `from` is relative to the spec file, and made absolute for the ranks.
+        let checkpoints = tmp.path().join("pretrain");
+        std::fs::create_dir(&checkpoints).unwrap();
+        let yaml = format!(
+            "name: t\ntraining:\n  model: {LLAMA}\n{DATA}  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 2\n  checkpoint: {{ from: pretrain }}\n"
+        );
+        let j = resolve(
+            &parse(&yaml, &tmp.path().join("job.yaml")).unwrap(),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(j.train.checkpoint.from, Some(checkpoints));
     }
 }

@@ -61,7 +61,8 @@ impl RotaryEmbedding {
     }
 }
 
-/// `transformers`' rope init functions, op for op in fp32 (`default`, `linear`, `llama3`).
+/// `transformers`' rope init functions, op for op in fp32 (`default`, `linear`, `llama3`;
+/// `dynamic` within max_position_embeddings).
 fn inverse_frequencies(config: &LlamaConfig) -> Tensor {
     let dim = config.head_dim as i64;
     let exponents = Tensor::arange_start_step(0, dim, 2, (Kind::Int64, Device::Cpu))
@@ -69,7 +70,9 @@ fn inverse_frequencies(config: &LlamaConfig) -> Tensor {
         / dim as f64;
     let inv_freq = Tensor::pow_scalar(config.rope.theta, &exponents).reciprocal();
     match config.rope.scaling {
-        RopeScaling::Default => inv_freq,
+        // Dynamic NTK is the default rope up to max_position_embeddings, the only lengths
+        // `LlamaConfig::validate` lets it train on.
+        RopeScaling::Default | RopeScaling::Dynamic { .. } => inv_freq,
         RopeScaling::Linear { factor } => inv_freq / factor,
         RopeScaling::Llama3 {
             factor,
