@@ -22,14 +22,14 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         }
     }
     if ids.is_empty() {
-        println!(
+        outln!(
             "Nothing to cancel: no run under {} has an unfinished Slurm job",
             args.run.display()
         );
         return Ok(());
     }
     slurm::cancel(&ids)?;
-    println!(
+    outln!(
         "Cancelled Slurm job(s) {}; `shardrun status {}` shows when they have ended",
         ids.join(" "),
         args.run.display()

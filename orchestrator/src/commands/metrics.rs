@@ -100,7 +100,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             print_json(&reports)?;
         } else {
             for r in &reports {
-                print!("{}", straggler_text(&r.name, &r.report));
+                out!("{}", straggler_text(&r.name, &r.report));
             }
         }
         return Ok(());
@@ -109,7 +109,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     if args.json {
         return print_json(&summaries);
     }
-    print!("{}", metrics_table(&summaries));
+    out!("{}", metrics_table(&summaries));
     Ok(())
 }
 
@@ -118,7 +118,7 @@ fn print_json<T: Serialize>(runs: &[T]) -> anyhow::Result<()> {
         version: JSON_VERSION,
         runs: runs.iter().collect(),
     };
-    println!("{}", serde_json::to_string_pretty(&doc)?);
+    outln!("{}", serde_json::to_string_pretty(&doc)?);
     Ok(())
 }
 

@@ -529,11 +529,11 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
             Ok(s) if s.success() => {}
             Ok(s) => {
                 exit_code = 1;
-                eprintln!("shardrun: `scontrol requeue {job_id}` failed ({s}); resubmit the job to resume");
+                errln!("shardrun: `scontrol requeue {job_id}` failed ({s}); resubmit the job to resume");
             }
             Err(e) => {
                 exit_code = 1;
-                eprintln!("shardrun: cannot run `scontrol requeue {job_id}` ({e}); resubmit the job to resume");
+                errln!("shardrun: cannot run `scontrol requeue {job_id}` ({e}); resubmit the job to resume");
             }
         }
     }
