@@ -37,7 +37,7 @@ pub enum Command {
     Sweep(commands::sweep::Args),
     /// Show the state of runs (one batched squeue/sacct query).
     Status(commands::status::Args),
-    /// Cancel a run's Slurm job.
+    /// Cancel a run: its Slurm job, or SIGTERM to the controller of a local run.
     Cancel(commands::cancel::Args),
     /// Run the whole job on this machine (N CPU ranks or local GPUs), no Slurm needed.
     Run(commands::run::Args),

@@ -1,22 +1,136 @@
-//! A local run (`shardrun run`) as the machine around it treats it: its output piped into
-//! `head`; and the other commands printing into a pipe nobody reads.
+//! A local run (`shardrun run`) as the machine around it treats it: its controller killed
+//! outright, its output piped into `head`, stopped from another shell with `shardrun cancel`;
+//! and the other commands printing into a pipe nobody reads.
 //!
 //! Needs the binaries built: `cargo build --release -p shardrun -p shardrun-worker`.
 
 use shardrun_e2e::jobs::*;
 use shardrun_e2e::*;
 use std::io::BufRead;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(60);
+
+/// `shardrun run` of a job that would train for minutes (simulated ranks, 10 ms a step),
+/// once both ranks are training. `cmd` gets the command first (its output, its signals).
+fn start_long_run(
+    dir: &TestDir,
+    name: &str,
+    adjust: impl FnOnce(&mut Command),
+) -> (GroupChild, PathBuf) {
+    let spec = dir.write("long.yaml", &tiny_mlp_spec(name, 100_000, 2));
+    let envs = [
+        ("SHARDRUN_WORKER_BIN", simrank()),
+        ("SIMRANK_STEP_MS", "10".to_string()),
+    ];
+    let (mut cmd, run) = local_run_command(dir, &spec, &["--nproc", "2"], &envs);
+    cmd.stdout(Stdio::null()).stderr(Stdio::piped());
+    adjust(&mut cmd);
+    let job = GroupChild::spawn(&mut cmd).unwrap();
+    wait_for("both ranks to be training", DEADLINE, || {
+        (metric_steps(&run, 0).len() >= 3 && metric_steps(&run, 1).len() >= 3).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", all_logs(&run)));
+    (job, run)
+}
 
 fn wait_for_exit(job: &mut GroupChild, run: &Path) -> ExitStatus {
     wait_for("the run to end", DEADLINE, || {
         job.child.try_wait().ok().flatten()
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", all_logs(run)))
+}
+
+fn no_process_left(run: &Path) {
+    wait_for("the ranks to be gone", DEADLINE, || {
+        processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string())
+            .is_empty()
+            .then_some(())
+    })
+    .unwrap();
+}
+
+/// `shardrun <args>` to completion; (exit status, stdout, stderr).
+fn shardrun_cmd(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = run_with_deadline(Command::new(shardrun()).args(args), DEADLINE).unwrap();
+    (out.status.code(), stdout_of(&out), stderr_of(&out))
+}
+
+#[test]
+fn a_run_whose_controller_was_killed_shows_as_died_and_the_same_command_resumes_it() {
+    let dir = TestDir::new("died");
+    let (mut job, run) = start_long_run(&dir, "died", |_| {});
+    let controller = job.child.id();
+    // The controller alone, as the OOM killer does; its ranks die with it.
+    unsafe { libc::kill(controller as i32, libc::SIGKILL) };
+    wait_for_exit(&mut job, &run);
+    no_process_left(&run);
+    let run_arg = run.display().to_string();
+
+    let (code, stdout, stderr) = shardrun_cmd(&["status", "--json", &run_arg]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let runs = status_runs(&stdout);
+    assert_eq!(runs[0]["state"], "DIED", "{stdout}");
+    let detail = runs[0]["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.starts_with(&format!("its controller (pid {controller} on ")),
+        "{detail}"
+    );
+    let (_, table, _) = shardrun_cmd(&["status", &run_arg]);
+    assert!(table.contains("DIED"), "{table}");
+
+    let (code, stdout, stderr) = shardrun_cmd(&["metrics", "--json", &run_arg]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let metrics: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(metrics["runs"][0]["status"], "died", "{stdout}");
+    let (_, table, _) = shardrun_cmd(&["metrics", &run_arg]);
+    assert!(table.contains(" died "), "{table}");
+
+    // The same command again, to a few steps: it says why it starts again, and finishes.
+    let spec = dir.join("long.yaml");
+    let envs = [("SHARDRUN_WORKER_BIN", simrank())];
+    let (out, _) = run_local(
+        &dir,
+        &spec,
+        &["--nproc", "2", "--set", "training.steps=5"],
+        &envs,
+        DEADLINE,
+    );
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    let headline = stdout.lines().next().unwrap_or_default();
+    assert!(
+        headline.contains("stopped without recording how (its controller was killed"),
+        "{headline}"
+    );
+    let (_, stdout, _) = shardrun_cmd(&["status", "--json", &run_arg]);
+    assert_eq!(status_runs(&stdout)[0]["state"], "COMPLETED", "{stdout}");
+}
+
+#[test]
+fn cancel_stops_a_local_run_through_its_controller() {
+    let dir = TestDir::new("cancel-local");
+    let (mut job, run) = start_long_run(&dir, "cancel", |_| {});
+    let (code, stdout, stderr) = shardrun_cmd(&["cancel", &run.display().to_string()]);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "Sent SIGTERM to the controller of {} (pid {})",
+            run.display(),
+            job.child.id()
+        )),
+        "{stdout}"
+    );
+    let status = wait_for_exit(&mut job, &run);
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
+    assert_eq!(result_json(&run)["status"], "cancelled");
+    no_process_left(&run);
+    // Nothing runs it any more.
+    let (code, stdout, _) = shardrun_cmd(&["cancel", &run.display().to_string()]);
+    assert_eq!(code, Some(0));
+    assert!(stdout.starts_with("Nothing to cancel"), "{stdout}");
 }
 
 #[test]

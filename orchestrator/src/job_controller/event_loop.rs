@@ -118,8 +118,9 @@ struct ResultFile<'a> {
     duration_s: f64,
 }
 
-/// Runs a whole job; blocks until it is over.
-pub fn run(opts: ControllerOptions) -> Result<RunReport, ControllerError> {
+/// Runs a whole job; blocks until it is over. `lock`: the run directory's, which the caller
+/// took before it set the run going; released once the result is written.
+pub fn run(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, ControllerError> {
     priority::yield_to_training();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -133,10 +134,10 @@ pub fn run(opts: ControllerOptions) -> Result<RunReport, ControllerError> {
         run = %opts.paths.run_dir.display(),
         slurm_job = std::env::var("SLURM_JOB_ID").ok().as_deref().unwrap_or("-"),
     );
-    runtime.block_on(run_async(opts).instrument(span))
+    runtime.block_on(run_async(opts, lock).instrument(span))
 }
 
-async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError> {
+async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, ControllerError> {
     let started = clock::now();
     let paths = &opts.paths;
     let file_err = |what, path: &Path| {
@@ -152,8 +153,6 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
         })?;
     let world_size = config.batch.world_size;
     let config_hash = config.config_hash();
-    // One controller per run directory; held until this function returns.
-    let lock = RunLock::acquire(&paths.run_dir)?;
     // A requeued job starts again in the same directory: the old verdict no longer holds.
     match std::fs::remove_file(&paths.result) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {

@@ -310,7 +310,7 @@ fn how_it_ended(
     }
     let what = match state {
         RunState::Created => "was created but never started",
-        RunState::Submitted | RunState::Running => {
+        RunState::Submitted | RunState::Running | RunState::Died => {
             "stopped without recording how (its controller was killed, or its node was lost)"
         }
         RunState::SubmitFailed => "was not accepted by sbatch",
