@@ -1,12 +1,13 @@
 //! A local run (`shardrun run`) as the machine around it treats it: its controller killed
-//! outright, its output piped into `head`, stopped from another shell with `shardrun cancel`;
-//! and the other commands printing into a pipe nobody reads.
+//! outright, its terminal closed, its output piped into `head`, stopped from another shell
+//! with `shardrun cancel`; and the other commands printing into a pipe nobody reads.
 //!
 //! Needs the binaries built: `cargo build --release -p shardrun -p shardrun-worker`.
 
 use shardrun_e2e::jobs::*;
 use shardrun_e2e::*;
 use std::io::BufRead;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
@@ -107,6 +108,69 @@ fn a_run_whose_controller_was_killed_shows_as_died_and_the_same_command_resumes_
     );
     let (_, stdout, _) = shardrun_cmd(&["status", "--json", &run_arg]);
     assert_eq!(status_runs(&stdout)[0]["state"], "COMPLETED", "{stdout}");
+}
+
+#[test]
+fn a_hangup_stops_the_run_at_a_step_boundary_and_writes_its_result() {
+    let dir = TestDir::new("sighup");
+    // As with a closed terminal, nobody reads the run's output.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let (mut job, run) = start_long_run(&dir, "hangup", |cmd| {
+        cmd.stdout(writer);
+    });
+    // The kernel's hangup, then the shell's: the second must not kill the ranks.
+    for _ in 0..2 {
+        unsafe { libc::kill(job.child.id() as i32, libc::SIGHUP) };
+    }
+    let status = wait_for_exit(&mut job, &run);
+    assert_eq!(
+        status.code(),
+        Some(128 + libc::SIGHUP),
+        "{}",
+        all_logs(&run)
+    );
+    let result = result_json(&run);
+    assert_eq!(result["status"], "cancelled");
+    assert_eq!(result["by"], "SIGHUP");
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    for rank in 0..2 {
+        let stops: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(&format!("[rank {rank}] warning: stopping after step ")))
+            .collect();
+        assert_eq!(stops.len(), 1, "{log}");
+        assert!(
+            stops[0].ends_with("the job was cancelled (SIGHUP)"),
+            "{log}"
+        );
+    }
+    assert!(!log.contains("killing"), "{log}");
+    no_process_left(&run);
+}
+
+#[test]
+fn a_run_started_under_nohup_ignores_hangups() {
+    let dir = TestDir::new("nohup");
+    let (mut job, run) = start_long_run(&dir, "nohup", |cmd| unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            Ok(())
+        });
+    });
+    let pid = job.child.id() as i32;
+    unsafe { libc::kill(pid, libc::SIGHUP) };
+    // Ignored at once by the kernel; the SIGTERM after it is what stops the run.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let status = wait_for_exit(&mut job, &run);
+    assert_eq!(
+        status.code(),
+        Some(128 + libc::SIGTERM),
+        "{}",
+        all_logs(&run)
+    );
+    assert_eq!(result_json(&run)["by"], "SIGTERM");
+    no_process_left(&run);
 }
 
 #[test]

@@ -584,16 +584,23 @@ fn how_to_resume(launch: &LaunchMode) -> &'static str {
     }
 }
 
-/// Turns SIGTERM / SIGINT into cancellation and SIGUSR2 into preemption. tokio's handlers
-/// only record the signal; the event loop acts on it.
+/// Turns SIGTERM / SIGINT / SIGHUP into cancellation and SIGUSR2 into preemption. tokio's
+/// handlers only record the signal; the event loop acts on it.
+///
+/// SIGHUP is a closed terminal or ssh session: without a handler it would kill the
+/// controller, leaving no result.json. A SIGHUP ignored from the start (`nohup`) stays
+/// ignored: that run was meant to outlive its terminal.
 fn spawn_signal_forwarders(
     events: mpsc::UnboundedSender<ServerEvent>,
 ) -> Result<(), ControllerError> {
-    let kinds = [
+    let mut kinds = vec![
         (SignalKind::terminate(), Some("SIGTERM")),
         (SignalKind::interrupt(), Some("SIGINT")),
         (SignalKind::user_defined2(), None),
     ];
+    if !ignored(libc::SIGHUP) {
+        kinds.push((SignalKind::hangup(), Some("SIGHUP")));
+    }
     for (kind, cancel) in kinds {
         let mut stream = signal(kind).map_err(ControllerError::Runtime)?;
         let events = events.clone();
@@ -613,6 +620,16 @@ fn spawn_signal_forwarders(
         });
     }
     Ok(())
+}
+
+/// Whether `signal` is ignored by this process (as `nohup` leaves SIGHUP).
+fn ignored(signal: i32) -> bool {
+    // SAFETY: a query only (no new action); `old` is written by the kernel.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signal, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_IGN
+    }
 }
 
 /// Logs refused connections without letting a flood of them fill train.log: the first few
