@@ -11,6 +11,7 @@ use super::{clock, open_files, priority, secret, ControllerError};
 use crate::events_file::RunEvent;
 use crate::rundir::RunLock;
 use serde::Serialize;
+use shardrun_protocol::config::CheckpointConfig;
 use shardrun_protocol::messages::ToWorker;
 use shardrun_protocol::{env, TrainConfig};
 use std::collections::HashMap;
@@ -391,19 +392,16 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
     let mut message = match &outcome {
         Outcome::Succeeded => "training finished".to_string(),
         Outcome::Failed(f) => f.describe(),
-        Outcome::Cancelled { .. } | Outcome::Preempted => {
-            let resumes = config.checkpoint.resume;
-            let left = match (&checkpoint, resumes) {
-                (_, false) => "; it does not resume (`checkpoint.resume: false`)".to_string(),
-                (Some(c), true) => format!(
-                    "; its newest checkpoint is step {} ({})",
-                    c.step,
-                    c.path.display()
-                ),
-                (None, true) => "; it has no checkpoint yet".to_string(),
-            };
-            format!("the run {how_it_ended}{left}")
-        }
+        Outcome::Cancelled { .. } => cancelled_message(
+            &how_it_ended,
+            checkpoint.as_ref(),
+            &config.checkpoint,
+            &opts.launch,
+        ),
+        Outcome::Preempted => format!(
+            "the run {how_it_ended}{}",
+            checkpoint_left(checkpoint.as_ref(), &config.checkpoint)
+        ),
     };
     if let Outcome::Failed(f) = &outcome {
         if let Some(rank) = f.rank {
@@ -486,9 +484,6 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
             }
             Err(_) => message = format!("{message}; {}", how_to_resume(&opts.launch)),
         }
-    }
-    if matches!(outcome, Outcome::Cancelled { .. }) && config.checkpoint.resume {
-        message = format!("{message}; {}", how_to_resume(&opts.launch));
     }
     say(message.clone()).await;
 
@@ -574,6 +569,48 @@ fn ended_in_words(outcome: &Outcome, checkpoint: Option<&CheckpointLeft>) -> Str
             Some(c) => format!("was preempted after step {}", c.step),
             None => "was preempted".into(),
         },
+    }
+}
+
+/// `"; its newest checkpoint is step 100 (...)"`: what a stopped run has to resume from.
+fn checkpoint_left(checkpoint: Option<&CheckpointLeft>, saves: &CheckpointConfig) -> String {
+    match (checkpoint, saves.resume) {
+        (_, false) => "; it does not resume (`checkpoint.resume: false`)".to_string(),
+        (Some(c), true) => format!(
+            "; its newest checkpoint is step {} ({})",
+            c.step,
+            c.path.display()
+        ),
+        (None, true) => "; it has no checkpoint yet".to_string(),
+    }
+}
+
+/// The last line of a cancelled run: where it stopped, what it left, and what running it
+/// again does. A cancel saves nothing, so a spec without periodic saves (no `checkpoint:`
+/// section) has nothing to resume from: it starts over, and the line says so and how to
+/// keep the progress next time.
+fn cancelled_message(
+    how_it_ended: &str,
+    checkpoint: Option<&CheckpointLeft>,
+    saves: &CheckpointConfig,
+    launch: &LaunchMode,
+) -> String {
+    if checkpoint.is_none() && saves.resume && !saves.saves_periodically() {
+        let again = match launch {
+            LaunchMode::Local { .. } => "running it again",
+            LaunchMode::Slurm { .. } => "submitting it again",
+        };
+        return format!(
+            "the run {how_it_ended}; its spec saves no checkpoints (it has no `checkpoint:` \
+             section), so {again} starts over at step 1; to resume after a stop, add one \
+             (e.g. `checkpoint: {{ interval_steps: 100 }}`)"
+        );
+    }
+    let left = checkpoint_left(checkpoint, saves);
+    if saves.resume {
+        format!("the run {how_it_ended}{left}; {}", how_to_resume(launch))
+    } else {
+        format!("the run {how_it_ended}{left}")
     }
 }
 
@@ -681,6 +718,48 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cancelled_run_says_what_running_it_again_does() {
+        let local = LaunchMode::Local { gpus: None };
+        let saves = |interval_steps, resume| CheckpointConfig {
+            dir: None,
+            interval_steps,
+            interval_minutes: None,
+            keep: 2,
+            format: shardrun_protocol::config::CheckpointFormat::Sharded,
+            resume,
+            from: None,
+        };
+        let ended = "was cancelled by SIGTERM after step 566";
+        // No `checkpoint:` section: nothing saved, nothing to resume from.
+        assert_eq!(
+            cancelled_message(ended, None, &saves(None, true), &local),
+            "the run was cancelled by SIGTERM after step 566; its spec saves no checkpoints (it \
+             has no `checkpoint:` section), so running it again starts over at step 1; to \
+             resume after a stop, add one (e.g. `checkpoint: { interval_steps: 100 }`)"
+        );
+        // Periodic saves: the next run resumes, from its checkpoint when it has one.
+        assert_eq!(
+            cancelled_message(ended, None, &saves(Some(1000), true), &local),
+            "the run was cancelled by SIGTERM after step 566; it has no checkpoint yet; run the \
+             same command again to resume"
+        );
+        let step_500 = CheckpointLeft {
+            step: 500,
+            path: "/r/checkpoints/step-500".into(),
+        };
+        assert_eq!(
+            cancelled_message(ended, Some(&step_500), &saves(Some(100), true), &local),
+            "the run was cancelled by SIGTERM after step 566; its newest checkpoint is step 500 \
+             (/r/checkpoints/step-500); run the same command again to resume"
+        );
+        assert_eq!(
+            cancelled_message(ended, None, &saves(None, false), &local),
+            "the run was cancelled by SIGTERM after step 566; it does not resume \
+             (`checkpoint.resume: false`)"
+        );
+    }
 
     #[test]
     fn rejections_are_summarised() {
