@@ -1,7 +1,7 @@
 //! Command-line definition: raw arguments become one typed [`Command`], dispatched to the
 //! module of the same name in [`crate::commands`].
 
-use crate::commands;
+use crate::{commands, output};
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -37,7 +37,7 @@ pub enum Command {
     Sweep(commands::sweep::Args),
     /// Show the state of runs (one batched squeue/sacct query).
     Status(commands::status::Args),
-    /// Cancel a run's Slurm job.
+    /// Cancel a run: its Slurm job, or SIGTERM to the controller of a local run.
     Cancel(commands::cancel::Args),
     /// Run the whole job on this machine (N CPU ranks or local GPUs), no Slurm needed.
     Run(commands::run::Args),
@@ -57,7 +57,9 @@ pub enum Command {
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
+    // A job's outcome is the job's own, whatever became of stdout (train.log has every line).
+    let judged_by_output = !matches!(cli.command, Command::Run(_) | Command::Controller(_));
+    let result = match cli.command {
         Command::Plan(args) => commands::plan::execute(args),
         Command::Prepare(args) => commands::prepare::execute(args),
         Command::Render(args) => commands::render::execute(args),
@@ -72,5 +74,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Export(args) => commands::export::execute(args),
         Command::Completions(args) => commands::completions::execute(args),
         Command::Controller(args) => commands::controller::execute(args),
+    };
+    if let (Ok(()), Some(error), true) = (&result, output::stdout_failure(), judged_by_output) {
+        anyhow::bail!("cannot write to stdout: {error}");
     }
+    result
 }

@@ -15,7 +15,7 @@ struct Console;
 
 impl Observer for Console {
     fn line(&self, text: &str) {
-        println!("shardrun: {text}");
+        outln!("shardrun: {text}");
     }
     fn wants_bar(&self) -> bool {
         true
@@ -49,7 +49,7 @@ pub fn before_launch(config: &TrainConfig) -> anyhow::Result<()> {
         return Ok(());
     }
     for line in prepare_data(config, None)? {
-        println!("shardrun: {line}");
+        outln!("shardrun: {line}");
     }
     Ok(())
 }

@@ -50,7 +50,7 @@ fn filter_from_env() -> Option<EnvFilter> {
         Ok(filter) => (filter.max_level_hint() != Some(tracing::level_filters::LevelFilter::OFF))
             .then_some(filter),
         Err(e) => {
-            eprintln!("shardrun: RUST_LOG={spec:?} is not a filter ({e}); diagnostics are off");
+            errln!("shardrun: RUST_LOG={spec:?} is not a filter ({e}); diagnostics are off");
             None
         }
     }

@@ -2,6 +2,12 @@
 //! status on the login node; the job controller (rendezvous, launching, logs, metrics)
 //! inside the allocation or in local mode.
 
+// Output goes through `outln!` and `errln!` ([`output`]): a closed stdout must not panic.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
+#[macro_use]
+pub mod output;
+
 pub mod binaries;
 pub mod charts;
 pub mod cli;

@@ -1,5 +1,7 @@
 //! `shardrun`: thin binary over the `shardrun` library. Errors are printed in one place.
 
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
 use clap::Parser;
 
 fn main() {
@@ -7,7 +9,7 @@ fn main() {
     shardrun::diagnostics::init(cli.verbose);
     if let Err(err) = shardrun::cli::run(cli) {
         if shardrun::exit::should_print(&err) {
-            eprintln!("error: {}", shardrun::exit::message(&err));
+            shardrun::errln!("error: {}", shardrun::exit::message(&err));
         }
         std::process::exit(shardrun::exit::exit_code(&err));
     }

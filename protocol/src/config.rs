@@ -438,6 +438,12 @@ impl CheckpointConfig {
             .clone()
             .or_else(|| run_dir.map(|run| run.join(RUN_CHECKPOINTS)))
     }
+
+    /// Whether checkpoints are saved as the run trains (the spec has a `checkpoint:`
+    /// section); without, only the end of training and a preemption save one.
+    pub fn saves_periodically(&self) -> bool {
+        self.interval_steps.is_some() || self.interval_minutes.is_some()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -47,6 +47,12 @@ fn sigterm_cancels_the_job_and_leaves_no_process() {
         let (status, stdout) = finish(&mut job);
         assert_eq!(status.code(), Some(128 + signal), "{stdout}");
         assert_eq!(result_json(&run)["status"], "cancelled");
+        // The spec has no `checkpoint:` section: a cancel leaves nothing to resume from.
+        assert!(
+            stdout.contains("its spec saves no checkpoints (it has no `checkpoint:` section), so running it again starts over at step 1"),
+            "{stdout}"
+        );
+        assert!(!stdout.contains("run the same command again"), "{stdout}");
         let log = std::fs::read_to_string(run.join("train.log")).unwrap();
         // Each rank stops at a step boundary and says why, in one line.
         let name = if signal == libc::SIGTERM {

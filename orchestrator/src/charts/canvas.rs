@@ -230,7 +230,7 @@ pub fn save(figure: &impl Figure, output: &Path) -> anyhow::Result<()> {
     match output.extension().and_then(|e| e.to_str()) {
         Some("svg") => {
             if let Err(e) = &font {
-                eprintln!("warning: drawing without labels: {e}");
+                errln!("warning: drawing without labels: {e}");
             }
             figure.draw(
                 SVGBackend::new(output, size).into_drawing_area(),

@@ -18,6 +18,9 @@ pub struct Args {
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
     let mut command = crate::cli::Cli::command();
-    clap_complete::generate(args.shell, &mut command, "shardrun", &mut std::io::stdout());
+    // Generated in memory: clap_complete panics when its writer fails.
+    let mut script = Vec::new();
+    clap_complete::generate(args.shell, &mut command, "shardrun", &mut script);
+    crate::output::write_stdout_bytes(&script);
     Ok(())
 }

@@ -4,7 +4,7 @@
 use crate::exit::{AlreadySaid, ExitCode};
 use crate::job_controller::options::ControllerArgs;
 use crate::job_controller::{self, LaunchMode};
-use crate::rundir::{RunDir, RunState};
+use crate::rundir::{RunDir, RunLock, RunState};
 use anyhow::Context;
 use shardrun_protocol::config::DeviceKind;
 use std::path::PathBuf;
@@ -57,6 +57,9 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
 
 /// Runs the controller and records the run's state in its manifest; shared with `run`.
 pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyhow::Result<()> {
+    // One controller per run directory. Taken before the manifest says RUNNING, so that a
+    // RUNNING run whose lock is free is one whose controller died (`shardrun status`).
+    let lock = RunLock::acquire(run.path())?;
     let _ = run.update_manifest(|m| m.state = RunState::Running);
     // One process tokenizes, before any rank starts.
     if let Err(e) = crate::data_prep::before_launch(&run.read_train_config()?) {
@@ -67,7 +70,7 @@ pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyho
         });
         return Err(e);
     }
-    let report = job_controller::run(opts).context("the job controller failed")?;
+    let report = job_controller::run(opts, lock).context("the job controller failed")?;
     let state = match &report.outcome {
         job_controller::Outcome::Succeeded => RunState::Completed,
         job_controller::Outcome::Failed(_) => RunState::Failed,

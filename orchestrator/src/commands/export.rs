@@ -69,7 +69,7 @@ pub fn execute(args: Args) -> Result<()> {
     let source_path = checkpoint_location(&args.path)?;
     let found = resolve(&source_path, Verify::Checksums)?;
     for message in found.fallback_messages() {
-        eprintln!("warning: {message}");
+        errln!("warning: {message}");
     }
     let source = found.checkpoint.context("no valid checkpoint found")?;
     let run_config = find_run_config(&args.path, source.dir())?;
@@ -96,7 +96,7 @@ pub fn execute(args: Args) -> Result<()> {
 fn export_full_checkpoint(source: &Checkpoint, out: Option<PathBuf>) -> Result<()> {
     let meta = source.metadata();
     if meta.format == CheckpointFormat::Full {
-        println!(
+        outln!(
             "{} is already a full checkpoint: load {} directly",
             source.dir().display(),
             source
@@ -117,7 +117,7 @@ fn export_full_checkpoint(source: &Checkpoint, out: Option<PathBuf>) -> Result<(
     })?;
     let seconds = started.elapsed().as_secs_f64();
     let total: u64 = committed.metadata.files.iter().map(|f| f.size).sum();
-    println!(
+    outln!(
         "Exported step {} ({} ranks, {:?}, {:.1} M parameters) from {}",
         meta.step,
         meta.world_size,
@@ -126,13 +126,13 @@ fn export_full_checkpoint(source: &Checkpoint, out: Option<PathBuf>) -> Result<(
         source.dir().display()
     );
     for file in &committed.metadata.files {
-        println!(
+        outln!(
             "  {}  {:.1} MB",
             committed.dir.join(&file.name).display(),
             file.size as f64 / 1e6
         );
     }
-    println!(
+    outln!(
         "in {seconds:.1} s ({:.0} MB/s). In PyTorch:\n  model.load_state_dict(safetensors.torch.load_file({:?}))",
         total as f64 / 1e6 / seconds.max(1e-9),
         committed.dir.join(shardrun_checkpoint::naming::MODEL_FILE)
@@ -244,7 +244,7 @@ fn export_hf(source: &Checkpoint, model: &LlamaModel, args: &Args) -> Result<()>
     )
     .with_context(|| format!("exporting {} to {}", source.dir().display(), out.display()))?;
     let total: u64 = saved.weight_files.iter().map(|(_, size)| size).sum();
-    println!(
+    outln!(
         "Exported step {} ({:.1} M parameters, {}) from {} as a Hugging Face folder:",
         meta.step,
         description.num_params() as f64 / 1e6,
@@ -252,19 +252,19 @@ fn export_hf(source: &Checkpoint, model: &LlamaModel, args: &Args) -> Result<()>
         source.dir().display()
     );
     for (file, size) in &saved.weight_files {
-        println!(
+        outln!(
             "  {}  {:.1} MB",
             saved.dir.join(file).display(),
             *size as f64 / 1e6
         );
     }
     if !saved.copied.is_empty() {
-        println!(
+        outln!(
             "  copied from the source folder: {}",
             saved.copied.join(", ")
         );
     }
-    println!(
+    outln!(
         "in {:.1} s ({:.0} MB/s). In Python:\n  transformers.AutoModelForCausalLM.from_pretrained({:?})",
         started.elapsed().as_secs_f64(),
         total as f64 / 1e6 / started.elapsed().as_secs_f64().max(1e-9),

@@ -2,7 +2,7 @@
 //! optionally following it as it grows, like `tail -f`.
 
 use anyhow::{bail, Context};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -34,7 +34,6 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     };
     let result = args.run.join("result.json");
     let mut offset = 0u64;
-    let stdout = std::io::stdout();
     loop {
         match std::fs::File::open(&path) {
             Ok(mut file) => {
@@ -49,9 +48,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                 } else {
                     buf.len()
                 };
-                let mut out = stdout.lock();
-                out.write_all(&buf[..upto]).ok();
-                out.flush().ok();
+                crate::output::write_stdout_bytes(&buf[..upto]);
                 offset += upto as u64;
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && args.follow => {}
@@ -65,7 +62,8 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                 })
             }
         }
-        if !args.follow {
+        // Nobody reads any more (`shardrun logs -f run | head`): following is over.
+        if !args.follow || crate::output::stdout_closed() {
             return Ok(());
         }
         if args.until_done && result.exists() {

@@ -6,6 +6,7 @@ use crate::exit::{ExitCode, EXIT_NO_RUN};
 use crate::job_controller::console::group_thousands;
 use crate::metrics_file::{self, EvalRecord};
 use crate::rundir::RunDir;
+use crate::slurm::died;
 use crate::step_record::StepRecord;
 use crate::stragglers::{self, StragglerReport};
 use serde::Serialize;
@@ -32,8 +33,8 @@ pub struct Args {
 pub struct RunMetricsSummary {
     pub name: String,
     pub run_dir: PathBuf,
-    /// `succeeded`, `failed`, `cancelled`, `preempted` (from result.json), else `running`
-    /// or `not started`.
+    /// `succeeded`, `failed`, `cancelled`, `preempted` (from result.json), else `running`,
+    /// `died` (a local run whose controller is gone: [`died`]) or `not started`.
     pub status: String,
     /// Steps the run trains for.
     pub total_steps: Option<u64>,
@@ -100,7 +101,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             print_json(&reports)?;
         } else {
             for r in &reports {
-                print!("{}", straggler_text(&r.name, &r.report));
+                out!("{}", straggler_text(&r.name, &r.report));
             }
         }
         return Ok(());
@@ -109,7 +110,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     if args.json {
         return print_json(&summaries);
     }
-    print!("{}", metrics_table(&summaries));
+    out!("{}", metrics_table(&summaries));
     Ok(())
 }
 
@@ -118,7 +119,7 @@ fn print_json<T: Serialize>(runs: &[T]) -> anyhow::Result<()> {
         version: JSON_VERSION,
         runs: runs.iter().collect(),
     };
-    println!("{}", serde_json::to_string_pretty(&doc)?);
+    outln!("{}", serde_json::to_string_pretty(&doc)?);
     Ok(())
 }
 
@@ -145,12 +146,15 @@ fn name_of(run: &RunDir) -> String {
 }
 
 pub fn summarise(run: &RunDir) -> RunMetricsSummary {
+    let manifest = run.read_manifest().ok();
     let status = std::fs::read_to_string(run.result())
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
         .and_then(|v| v["status"].as_str().map(str::to_string))
         .unwrap_or_else(|| {
-            if run.train_log().exists() {
+            if manifest.as_ref().is_some_and(|m| died(run, m).is_some()) {
+                "died".into()
+            } else if run.train_log().exists() {
                 "running".into()
             } else {
                 "not started".into()
@@ -163,10 +167,7 @@ pub fn summarise(run: &RunDir) -> RunMetricsSummary {
         status,
         total_steps: run.read_train_config().ok().map(|c| c.steps),
         steps_logged: metrics.steps.len() as u64,
-        sweep_params: run
-            .read_manifest()
-            .map(|m| m.sweep_params)
-            .unwrap_or_default(),
+        sweep_params: manifest.map(|m| m.sweep_params).unwrap_or_default(),
         latest: metrics.steps.last().map(StepRecord::to_json_complete),
         record: metrics.steps.last().cloned(),
         eval: metrics.evals.last().map(EvalJson::from),
@@ -336,6 +337,22 @@ mod tests {
             t,
             "run        status   loss\na          ok        1.5\nlong-name  failed  10.25\n"
         );
+    }
+
+    #[test]
+    fn a_local_run_whose_controller_is_gone_has_died() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("manifest.json"),
+            r#"{"version": 1, "name": "demo", "state": "RUNNING", "config_hash": "h", "created_at": 0, "updated_at": 0}"#,
+        )
+        .unwrap();
+        let run = RunDir::open(dir.path()).unwrap();
+        std::fs::write(run.train_log(), "step 708\n").unwrap();
+        let lock = crate::rundir::RunLock::acquire(run.path()).unwrap();
+        assert_eq!(summarise(&run).status, "running");
+        drop(lock);
+        assert_eq!(summarise(&run).status, "died");
     }
 
     #[test]

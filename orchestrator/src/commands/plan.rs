@@ -47,12 +47,12 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         None => load_and_resolve(&args.spec, &overrides, &args.set)?.1,
     };
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&job).context("serializing the plan")?
         );
     } else {
-        print!("{}", job.summary());
+        out!("{}", job.summary());
     }
     Ok(())
 }

@@ -88,7 +88,7 @@ fn plot_run(args: &Args) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| args.run.join("metrics.svg"));
     charts::save(&figure, &output)?;
-    println!(
+    outln!(
         "wrote {} ({} steps, {} event markers)",
         output.display(),
         figure.steps.len(),
@@ -135,7 +135,7 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
         .unwrap_or_else(|| args.run.join("sweep.svg"));
     charts::save(&figure, &output)?;
     let swept = figure.swept();
-    println!(
+    outln!(
         "wrote {} ({} points{}{})",
         output.display(),
         figure.points.len() - waiting.len(),

@@ -21,7 +21,7 @@ pub struct Args {
 pub fn execute(args: Args) -> anyhow::Result<()> {
     let (_, job) = load_and_resolve(&args.spec, &Overrides::default(), &args.set)?;
     for line in crate::data_prep::prepare_data(&job.train, args.threads)? {
-        println!("{line}");
+        outln!("{line}");
     }
     Ok(())
 }

@@ -19,6 +19,6 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     let (_, job) = load_and_resolve(&args.spec, &Overrides::submitting(), &args.set)?;
     let run_dir = RunDir::planned_path(&job)?;
     let script = render_sbatch(&job, &ScriptTarget::Single { run_dir }, &shardrun_exe()?)?;
-    print!("{script}");
+    out!("{script}");
     Ok(())
 }

@@ -87,14 +87,14 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         return Ok(());
     };
     for warning in &job.warnings {
-        eprintln!("warning: {warning}");
+        errln!("warning: {warning}");
     }
     let opts = args
         .controller
         .options(&run, LaunchMode::Local { gpus }, !args.no_progress)?;
     supervise(&run, opts)?;
-    println!("run directory: {}", run.path().display());
-    println!("  plot: shardrun plot {}", run.path().display());
+    outln!("run directory: {}", run.path().display());
+    outln!("  plot: shardrun plot {}", run.path().display());
     Ok(())
 }
 
@@ -112,7 +112,7 @@ pub fn announce(prepared: RunStart) -> Option<RunDir> {
     match prepared {
         RunStart::New(run) => Some(run),
         RunStart::Replaced { run, deleted } => {
-            println!("--force: deleted {deleted}; starting over at step 1");
+            outln!("--force: deleted {deleted}; starting over at step 1");
             Some(run)
         }
         RunStart::Redone(redone) => {
@@ -120,14 +120,14 @@ pub fn announce(prepared: RunStart) -> Option<RunDir> {
             Some(redone.run)
         }
         RunStart::Resume(resume) => {
-            println!("{}", resume.headline());
+            outln!("{}", resume.headline());
             for line in resume.applied_lines() {
-                println!("{line}");
+                outln!("{line}");
             }
             Some(resume.run)
         }
         RunStart::Finished(finished) => {
-            println!("{}", finished.message());
+            outln!("{}", finished.message());
             None
         }
     }

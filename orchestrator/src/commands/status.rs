@@ -90,7 +90,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             }),
             runs: statuses.iter().map(RunJson::of).collect(),
         };
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
     let cwd = std::env::current_dir().ok();
@@ -130,7 +130,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             row
         })
         .collect();
-    print!("{}", table(&header, &rows));
+    out!("{}", table(&header, &rows));
     let note = match source {
         Some(QuerySource::Squeue) => Some("states from squeue"),
         Some(QuerySource::SqueueSacct) => Some("states from squeue, and sacct for ended jobs"),
@@ -140,7 +140,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         None => None,
     };
     if let Some(note) = note {
-        println!("({note})");
+        outln!("({note})");
     }
     Ok(())
 }

@@ -47,9 +47,9 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         &shardrun_exe()?,
     )?;
     if args.dry_run {
-        print!("{script}");
-        eprint!("{}", job.summary());
-        eprintln!(
+        out!("{script}");
+        errln!("{}", job.summary().trim_end());
+        errln!(
             "dry run: would write {} and submit it with sbatch",
             path.display()
         );
@@ -72,7 +72,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         return Ok(());
     };
     for warning in &job.warnings {
-        eprintln!("warning: {warning}");
+        errln!("warning: {warning}");
     }
     // A new job: its requeues are counted afresh, and the old verdict no longer holds.
     for stale in [run.requeue_count(), run.result()] {
@@ -93,13 +93,13 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     });
     match recorded {
         Ok(job_id) => {
-            println!("Submitted {} as Slurm job {job_id}", job.name);
-            println!("  run directory  {}", run.path().display());
-            println!(
+            outln!("Submitted {} as Slurm job {job_id}", job.name);
+            outln!("  run directory  {}", run.path().display());
+            outln!(
                 "  follow         tail -f {}",
                 run.slurm_output(&job.name, &job_id).display()
             );
-            println!("  status         shardrun status {}", run.path().display());
+            outln!("  status         shardrun status {}", run.path().display());
             Ok(())
         }
         Err(err) => {

@@ -66,7 +66,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             .filter(|r| r.state.unresolved())
             .count();
         if unresolved > 0 {
-            println!("{unresolved} array(s) of an interrupted `shardrun sweep` would be looked up in Slurm and recorded first");
+            outln!("{unresolved} array(s) of an interrupted `shardrun sweep` would be looked up in Slurm and recorded first");
         }
         None
     } else {
@@ -102,20 +102,20 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     report_stale(&sweep_dir, &points);
     let skipped = points.len() - to_submit.len();
     let Some(limits) = limits else {
-        println!(
+        outln!(
             "Nothing to submit: all {} point(s) are finished or running",
             points.len()
         );
         return Ok(());
     };
     for line in limits.describe() {
-        println!("limits: {line}");
+        outln!("limits: {line}");
     }
     if let Some(t) = throttle {
-        println!("throttle {t}: each array runs at most {t} tasks at once and starts after the sweep's previous array has ended");
+        outln!("throttle {t}: each array runs at most {t} tasks at once and starts after the sweep's previous array has ended");
     }
     if plan.arrays.is_empty() {
-        println!(
+        outln!(
             "No room to queue any of the {} point(s) now ({}); run `shardrun sweep {}` again when some of your jobs have ended",
             to_submit.len(),
             limits.queue.as_ref().map(|l| l.what.as_str()).unwrap_or("limit"),
@@ -183,32 +183,33 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         }
     }
 
-    println!(
+    outln!(
         "Submitted {} point(s) as {} job array(s) (skipped {skipped})",
         plan.submitted(),
         submitted.len()
     );
     for (array, job_id, n) in &submitted {
-        println!(
+        outln!(
             "  array {}/{}  Slurm job {job_id}  {n} point(s)",
-            array.index, array.count
+            array.index,
+            array.count
         );
     }
     if plan.waiting > 0 {
-        println!(
+        outln!(
             "  {} point(s) wait: no room for them now ({}); run `shardrun sweep {}` again when some have ended",
             plan.waiting,
             limits.queue.as_ref().map(|l| l.what.as_str()).unwrap_or("limit"),
             args.spec.display()
         );
     }
-    println!("  sweep folder   {}", sweep_dir.display());
-    println!(
+    outln!("  sweep folder   {}", sweep_dir.display());
+    outln!(
         "  follow         tail -f {}/slurm/{}-<job>_<task>.out",
         sweep_dir.display(),
         loaded.spec.name
     );
-    println!("  status         shardrun status {}", sweep_dir.display());
+    outln!("  status         shardrun status {}", sweep_dir.display());
     Ok(())
 }
 
@@ -237,13 +238,13 @@ fn print_points(
         let array = array
             .map(|k| format!("array {}/{}", k + 1, plan.arrays.len()))
             .unwrap_or_default();
-        println!("{what:<22} {}  {array:<12} {}", point.key, point.label());
+        outln!("{what:<22} {}  {array:<12} {}", point.key, point.label());
     }
 }
 
 /// The arrays a dry run would submit.
 fn print_arrays(plan: &ArrayPlan, throttle: Option<u32>, skipped: usize) {
-    println!(
+    outln!(
         "dry run: would submit {} point(s) as {} job array(s), skip {skipped}, leave {} waiting:",
         plan.submitted(),
         plan.arrays.len(),
@@ -255,7 +256,7 @@ fn print_arrays(plan: &ArrayPlan, throttle: Option<u32>, skipped: usize) {
         } else {
             String::new()
         };
-        println!(
+        outln!(
             "  array {}/{}: {} point(s), --array={}{after}",
             k + 1,
             plan.arrays.len(),
@@ -282,7 +283,7 @@ fn report_stale(sweep_dir: &Path, points: &[SweepPoint]) {
         .filter(|r| !current.contains(r.path()))
         .count();
     if stale > 0 {
-        println!("{stale} run(s) in {} belong to no current point (their parameters changed); left as they are", sweep_dir.display());
+        outln!("{stale} run(s) in {} belong to no current point (their parameters changed); left as they are", sweep_dir.display());
     }
 }
 

@@ -5,7 +5,6 @@
 use super::clock;
 use indicatif::{ProgressBar, ProgressStyle};
 use shardrun_protocol::messages::{EvalMetrics, StepMetrics};
-use std::io::Write;
 use std::time::Instant;
 
 pub struct Console {
@@ -44,11 +43,8 @@ impl Console {
     pub fn line(&self, text: &str) {
         match &self.bar {
             Some(bar) => bar.println(text),
-            None => {
-                let mut out = std::io::stdout().lock();
-                let _ = writeln!(out, "{text}");
-                let _ = out.flush();
-            }
+            // Training goes on whatever became of stdout: train.log has every line.
+            None => outln!("{text}"),
         }
     }
 

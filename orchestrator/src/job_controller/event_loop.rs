@@ -11,6 +11,7 @@ use super::{clock, open_files, priority, secret, ControllerError};
 use crate::events_file::RunEvent;
 use crate::rundir::RunLock;
 use serde::Serialize;
+use shardrun_protocol::config::CheckpointConfig;
 use shardrun_protocol::messages::ToWorker;
 use shardrun_protocol::{env, TrainConfig};
 use std::collections::HashMap;
@@ -118,8 +119,9 @@ struct ResultFile<'a> {
     duration_s: f64,
 }
 
-/// Runs a whole job; blocks until it is over.
-pub fn run(opts: ControllerOptions) -> Result<RunReport, ControllerError> {
+/// Runs a whole job; blocks until it is over. `lock`: the run directory's, which the caller
+/// took before it set the run going; released once the result is written.
+pub fn run(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, ControllerError> {
     priority::yield_to_training();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -133,10 +135,10 @@ pub fn run(opts: ControllerOptions) -> Result<RunReport, ControllerError> {
         run = %opts.paths.run_dir.display(),
         slurm_job = std::env::var("SLURM_JOB_ID").ok().as_deref().unwrap_or("-"),
     );
-    runtime.block_on(run_async(opts).instrument(span))
+    runtime.block_on(run_async(opts, lock).instrument(span))
 }
 
-async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError> {
+async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, ControllerError> {
     let started = clock::now();
     let paths = &opts.paths;
     let file_err = |what, path: &Path| {
@@ -152,8 +154,6 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
         })?;
     let world_size = config.batch.world_size;
     let config_hash = config.config_hash();
-    // One controller per run directory; held until this function returns.
-    let lock = RunLock::acquire(&paths.run_dir)?;
     // A requeued job starts again in the same directory: the old verdict no longer holds.
     match std::fs::remove_file(&paths.result) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -392,19 +392,16 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
     let mut message = match &outcome {
         Outcome::Succeeded => "training finished".to_string(),
         Outcome::Failed(f) => f.describe(),
-        Outcome::Cancelled { .. } | Outcome::Preempted => {
-            let resumes = config.checkpoint.resume;
-            let left = match (&checkpoint, resumes) {
-                (_, false) => "; it does not resume (`checkpoint.resume: false`)".to_string(),
-                (Some(c), true) => format!(
-                    "; its newest checkpoint is step {} ({})",
-                    c.step,
-                    c.path.display()
-                ),
-                (None, true) => "; it has no checkpoint yet".to_string(),
-            };
-            format!("the run {how_it_ended}{left}")
-        }
+        Outcome::Cancelled { .. } => cancelled_message(
+            &how_it_ended,
+            checkpoint.as_ref(),
+            &config.checkpoint,
+            &opts.launch,
+        ),
+        Outcome::Preempted => format!(
+            "the run {how_it_ended}{}",
+            checkpoint_left(checkpoint.as_ref(), &config.checkpoint)
+        ),
     };
     if let Outcome::Failed(f) = &outcome {
         if let Some(rank) = f.rank {
@@ -488,9 +485,6 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
             Err(_) => message = format!("{message}; {}", how_to_resume(&opts.launch)),
         }
     }
-    if matches!(outcome, Outcome::Cancelled { .. }) && config.checkpoint.resume {
-        message = format!("{message}; {}", how_to_resume(&opts.launch));
-    }
     say(message.clone()).await;
 
     let ended = clock::now();
@@ -529,11 +523,11 @@ async fn run_async(opts: ControllerOptions) -> Result<RunReport, ControllerError
             Ok(s) if s.success() => {}
             Ok(s) => {
                 exit_code = 1;
-                eprintln!("shardrun: `scontrol requeue {job_id}` failed ({s}); resubmit the job to resume");
+                errln!("shardrun: `scontrol requeue {job_id}` failed ({s}); resubmit the job to resume");
             }
             Err(e) => {
                 exit_code = 1;
-                eprintln!("shardrun: cannot run `scontrol requeue {job_id}` ({e}); resubmit the job to resume");
+                errln!("shardrun: cannot run `scontrol requeue {job_id}` ({e}); resubmit the job to resume");
             }
         }
     }
@@ -578,6 +572,48 @@ fn ended_in_words(outcome: &Outcome, checkpoint: Option<&CheckpointLeft>) -> Str
     }
 }
 
+/// `"; its newest checkpoint is step 100 (...)"`: what a stopped run has to resume from.
+fn checkpoint_left(checkpoint: Option<&CheckpointLeft>, saves: &CheckpointConfig) -> String {
+    match (checkpoint, saves.resume) {
+        (_, false) => "; it does not resume (`checkpoint.resume: false`)".to_string(),
+        (Some(c), true) => format!(
+            "; its newest checkpoint is step {} ({})",
+            c.step,
+            c.path.display()
+        ),
+        (None, true) => "; it has no checkpoint yet".to_string(),
+    }
+}
+
+/// The last line of a cancelled run: where it stopped, what it left, and what running it
+/// again does. A cancel saves nothing, so a spec without periodic saves (no `checkpoint:`
+/// section) has nothing to resume from: it starts over, and the line says so and how to
+/// keep the progress next time.
+fn cancelled_message(
+    how_it_ended: &str,
+    checkpoint: Option<&CheckpointLeft>,
+    saves: &CheckpointConfig,
+    launch: &LaunchMode,
+) -> String {
+    if checkpoint.is_none() && saves.resume && !saves.saves_periodically() {
+        let again = match launch {
+            LaunchMode::Local { .. } => "running it again",
+            LaunchMode::Slurm { .. } => "submitting it again",
+        };
+        return format!(
+            "the run {how_it_ended}; its spec saves no checkpoints (it has no `checkpoint:` \
+             section), so {again} starts over at step 1; to resume after a stop, add one \
+             (e.g. `checkpoint: {{ interval_steps: 100 }}`)"
+        );
+    }
+    let left = checkpoint_left(checkpoint, saves);
+    if saves.resume {
+        format!("the run {how_it_ended}{left}; {}", how_to_resume(launch))
+    } else {
+        format!("the run {how_it_ended}{left}")
+    }
+}
+
 fn how_to_resume(launch: &LaunchMode) -> &'static str {
     match launch {
         LaunchMode::Local { .. } => "run the same command again to resume",
@@ -585,16 +621,23 @@ fn how_to_resume(launch: &LaunchMode) -> &'static str {
     }
 }
 
-/// Turns SIGTERM / SIGINT into cancellation and SIGUSR2 into preemption. tokio's handlers
-/// only record the signal; the event loop acts on it.
+/// Turns SIGTERM / SIGINT / SIGHUP into cancellation and SIGUSR2 into preemption. tokio's
+/// handlers only record the signal; the event loop acts on it.
+///
+/// SIGHUP is a closed terminal or ssh session: without a handler it would kill the
+/// controller, leaving no result.json. A SIGHUP ignored from the start (`nohup`) stays
+/// ignored: that run was meant to outlive its terminal.
 fn spawn_signal_forwarders(
     events: mpsc::UnboundedSender<ServerEvent>,
 ) -> Result<(), ControllerError> {
-    let kinds = [
+    let mut kinds = vec![
         (SignalKind::terminate(), Some("SIGTERM")),
         (SignalKind::interrupt(), Some("SIGINT")),
         (SignalKind::user_defined2(), None),
     ];
+    if !ignored(libc::SIGHUP) {
+        kinds.push((SignalKind::hangup(), Some("SIGHUP")));
+    }
     for (kind, cancel) in kinds {
         let mut stream = signal(kind).map_err(ControllerError::Runtime)?;
         let events = events.clone();
@@ -614,6 +657,16 @@ fn spawn_signal_forwarders(
         });
     }
     Ok(())
+}
+
+/// Whether `signal` is ignored by this process (as `nohup` leaves SIGHUP).
+fn ignored(signal: i32) -> bool {
+    // SAFETY: a query only (no new action); `old` is written by the kernel.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signal, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_IGN
+    }
 }
 
 /// Logs refused connections without letting a flood of them fill train.log: the first few
@@ -665,6 +718,48 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cancelled_run_says_what_running_it_again_does() {
+        let local = LaunchMode::Local { gpus: None };
+        let saves = |interval_steps, resume| CheckpointConfig {
+            dir: None,
+            interval_steps,
+            interval_minutes: None,
+            keep: 2,
+            format: shardrun_protocol::config::CheckpointFormat::Sharded,
+            resume,
+            from: None,
+        };
+        let ended = "was cancelled by SIGTERM after step 566";
+        // No `checkpoint:` section: nothing saved, nothing to resume from.
+        assert_eq!(
+            cancelled_message(ended, None, &saves(None, true), &local),
+            "the run was cancelled by SIGTERM after step 566; its spec saves no checkpoints (it \
+             has no `checkpoint:` section), so running it again starts over at step 1; to \
+             resume after a stop, add one (e.g. `checkpoint: { interval_steps: 100 }`)"
+        );
+        // Periodic saves: the next run resumes, from its checkpoint when it has one.
+        assert_eq!(
+            cancelled_message(ended, None, &saves(Some(1000), true), &local),
+            "the run was cancelled by SIGTERM after step 566; it has no checkpoint yet; run the \
+             same command again to resume"
+        );
+        let step_500 = CheckpointLeft {
+            step: 500,
+            path: "/r/checkpoints/step-500".into(),
+        };
+        assert_eq!(
+            cancelled_message(ended, Some(&step_500), &saves(Some(100), true), &local),
+            "the run was cancelled by SIGTERM after step 566; its newest checkpoint is step 500 \
+             (/r/checkpoints/step-500); run the same command again to resume"
+        );
+        assert_eq!(
+            cancelled_message(ended, None, &saves(None, false), &local),
+            "the run was cancelled by SIGTERM after step 566; it does not resume \
+             (`checkpoint.resume: false`)"
+        );
+    }
 
     #[test]
     fn rejections_are_summarised() {

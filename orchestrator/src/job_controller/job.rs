@@ -72,7 +72,7 @@ pub enum Event {
     RendezvousTimeout,
     /// After all processes exited, connections still open are given up on.
     DrainTimeout,
-    /// SIGTERM / SIGINT to the controller.
+    /// SIGTERM / SIGINT / SIGHUP to the controller.
     Cancel {
         signal: String,
     },
@@ -319,15 +319,25 @@ impl JobMachine {
                 }
             }
             Event::Cancel { signal } => {
+                // A hangup comes more than once (from the kernel, then from the shell) and
+                // nobody is left to mean it twice: it never kills the ranks.
+                let again_kills = signal != "SIGHUP";
                 if self.stop_requested {
-                    out.push(Action::Say(format!(
-                        "{signal} again: killing the workers now"
-                    )));
-                    out.push(Action::StopProcesses { force: true });
+                    if again_kills {
+                        out.push(Action::Say(format!(
+                            "{signal} again: killing the workers now"
+                        )));
+                        out.push(Action::StopProcesses { force: true });
+                    }
                 } else {
+                    let to_kill = if again_kills {
+                        "send it again"
+                    } else {
+                        "SIGTERM or SIGINT"
+                    };
                     out.push(Action::Say(format!(
-                        "received {signal}: the ranks stop at their next step boundary (send it \
-                         again to kill them now)"
+                        "received {signal}: the ranks stop at their next step boundary \
+                         ({to_kill} to kill them now)"
                     )));
                     self.cancelled.get_or_insert(signal.clone());
                     self.stop(&format!("the job was cancelled ({signal})"), &mut out);

@@ -200,12 +200,14 @@ pub enum Outcome {
 impl Outcome {
     /// The controller's exit status: 0 for success and for a preempted job that will be
     /// requeued (the caller decides the latter), 1 for a failure, and for a cancel 128 + the
-    /// signal's number as shells report it (130 for SIGINT, 143 for SIGTERM).
+    /// signal's number as shells report it (129 for SIGHUP, 130 for SIGINT, 143 for
+    /// SIGTERM).
     pub fn exit_code(&self) -> i32 {
         match self {
             Outcome::Succeeded | Outcome::Preempted => 0,
             Outcome::Failed(_) => 1,
             Outcome::Cancelled { by, .. } if by.starts_with("SIGTERM") => 128 + libc::SIGTERM,
+            Outcome::Cancelled { by, .. } if by.starts_with("SIGHUP") => 128 + libc::SIGHUP,
             Outcome::Cancelled { .. } => 128 + libc::SIGINT,
         }
     }

@@ -51,6 +51,8 @@ pub struct Resume {
     pub last_step: Option<u64>,
     /// Differences from the run's recorded spec that are safe on resume: applied.
     pub applied: Vec<FieldChange>,
+    /// Whether the spec saves checkpoints as it trains (it has a `checkpoint:` section).
+    pub periodic_saves: bool,
 }
 
 impl Resume {
@@ -63,6 +65,11 @@ impl Resume {
                 c.step + 1,
                 c.step,
                 c.dir.display(),
+                self.ended
+            ),
+            None if !self.periodic_saves => format!(
+                "starting {path} again from step 1 (its spec saves no checkpoints: it has no \
+                 `checkpoint:` section): it {}",
                 self.ended
             ),
             None => format!(
@@ -300,6 +307,7 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
         ended
     };
     let last_step = last_logged_step(&run);
+    let periodic_saves = target.train.checkpoint.saves_periodically();
     run.update_spec(new)?;
     Ok(RunStart::Resume(Resume {
         run,
@@ -307,6 +315,7 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
         ended,
         last_step,
         applied,
+        periodic_saves,
     }))
 }
 
@@ -351,7 +360,7 @@ fn how_it_ended(
     }
     let what = match state {
         RunState::Created => "was created but never started",
-        RunState::Submitted | RunState::Running => {
+        RunState::Submitted | RunState::Running | RunState::Died => {
             "stopped without recording how (its controller was killed, or its node was lost)"
         }
         RunState::SubmitFailed => "was not accepted by sbatch",
@@ -510,6 +519,30 @@ mod tests {
                 + "\n",
         )
         .unwrap();
+    }
+
+    #[test]
+    fn a_run_without_periodic_saves_says_it_starts_over_because_of_its_spec() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut job = resolved(tmp.path(), &[]);
+        job.train.checkpoint.interval_steps = None;
+        let params = BTreeMap::new();
+        let run =
+            RunDir::create(&RunDir::planned_path(&job).unwrap(), new_run(&job, &params)).unwrap();
+        run.update_manifest(|m| m.state = RunState::Cancelled)
+            .unwrap();
+        let RunStart::Resume(resume) = prepare(run.path(), new_run(&job, &params)).unwrap() else {
+            panic!("expected a resume")
+        };
+        assert!(
+            resume.headline().starts_with(&format!(
+                "starting {} again from step 1 (its spec saves no checkpoints: it has no \
+                 `checkpoint:` section): it was cancelled",
+                run.path().display()
+            )),
+            "{}",
+            resume.headline()
+        );
     }
 
     #[test]

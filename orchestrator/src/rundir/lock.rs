@@ -1,13 +1,20 @@
 //! One controller per run directory at a time. The controller holds an exclusive `flock` on
 //! `<run>/controller.lock` while it runs (the kernel drops it when the process dies, however
-//! it dies), so a re-run can tell a live run from one whose controller was killed.
+//! it dies), so a re-run, `status` and `metrics` can tell a live run from one whose
+//! controller was killed, and `cancel` can find the controller of a local run. The holder
+//! writes `pid <pid> on <host>` into the file; the text stays after it dies.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 pub const LOCK_FILE: &str = "controller.lock";
+
+/// How long [`RunLock::acquire`] waits out a lock that is taken: [`RunLock::state`] takes
+/// it for a moment to look, and a controller starting then must not take that for a rival.
+const ACQUIRE_PATIENCE: Duration = Duration::from_secs(1);
 
 /// Held while the value lives.
 #[derive(Debug)]
@@ -23,8 +30,73 @@ pub enum LockError {
         #[source]
         source: std::io::Error,
     },
-    #[error("another controller is running this run directory ({holder}); wait for it to end, or stop it (`shardrun cancel`, Ctrl-C)")]
-    Held { holder: String },
+    #[error("another controller is running this run directory ({holder}); wait for it to end, or stop it (`shardrun cancel <run dir>`, Ctrl-C)")]
+    Held { holder: Holder },
+}
+
+/// The process that holds a run directory's lock, or held it last, as it wrote itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holder {
+    Process {
+        pid: u32,
+        host: String,
+    },
+    /// The file does not say: its holder writes it just after taking the lock.
+    Unknown,
+}
+
+impl Holder {
+    fn parse(text: &str) -> Holder {
+        text.trim()
+            .strip_prefix("pid ")
+            .and_then(|rest| rest.split_once(" on "))
+            .and_then(|(pid, host)| {
+                Some(Holder::Process {
+                    pid: pid.parse().ok()?,
+                    host: host.to_string(),
+                })
+            })
+            .unwrap_or(Holder::Unknown)
+    }
+}
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Holder::Process { pid, host } => write!(f, "pid {pid} on {host}"),
+            Holder::Unknown => f.write_str("a process that has not said who it is"),
+        }
+    }
+}
+
+/// What a run directory's lock says about its controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockState {
+    /// Nobody holds it: no controller runs the directory.
+    Free,
+    /// A live controller holds it.
+    Held(Holder),
+    /// The lock file cannot be read (another user's run, say): no telling.
+    Unknown,
+}
+
+/// Why [`RunLock::signal_holder`] signalled nobody.
+#[derive(Debug, thiserror::Error)]
+pub enum SignalError {
+    #[error("no controller holds its lock")]
+    NotHeld,
+    #[error("its controller has not recorded its pid yet (it is starting); try again")]
+    Unnamed,
+    #[error("its controller runs on {host} (pid {pid}), not on this machine")]
+    OtherHost { pid: u32, host: String },
+    #[error("its lock names pid {pid}, but that process does not hold the lock file open: not signalling it")]
+    NotTheHolder { pid: u32 },
+    #[error("cannot signal its controller (pid {pid}): {source}")]
+    Kill {
+        pid: u32,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl RunLock {
@@ -42,10 +114,14 @@ impl RunLock {
             .truncate(false)
             .open(&path)
             .map_err(io)?;
-        if !try_flock(&file).map_err(io)? {
-            return Err(LockError::Held {
-                holder: read_holder(&mut file),
-            });
+        let started = Instant::now();
+        while !try_flock(&file).map_err(io)? {
+            if started.elapsed() > ACQUIRE_PATIENCE {
+                return Err(LockError::Held {
+                    holder: read_holder(&mut file),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
         file.set_len(0).map_err(io)?;
         file.rewind().map_err(io)?;
@@ -59,20 +135,82 @@ impl RunLock {
         Ok(RunLock { _file: file })
     }
 
-    /// Who holds the lock of `run_dir` (`"pid 123 on node1"`), or `None` when nobody does.
-    pub fn holder(run_dir: &Path) -> Option<String> {
-        let mut file = OpenOptions::new()
+    /// Whether a controller holds the lock of `run_dir`, and which. Looking takes the lock
+    /// for a moment when it is free (flock has no other way to ask).
+    pub fn state(run_dir: &Path) -> LockState {
+        let path = run_dir.join(LOCK_FILE);
+        // For writing where allowed: on NFS, flock is a POSIX write lock, which needs it.
+        // Else read-only: another user's run can still be told apart on a local disk.
+        let opened = OpenOptions::new()
             .read(true)
             .write(true)
-            .open(run_dir.join(LOCK_FILE))
-            .ok()?;
+            .open(&path)
+            .or_else(|_| File::open(&path));
+        let mut file = match opened {
+            Ok(file) => file,
+            // No controller ever ran here.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return LockState::Free,
+            Err(_) => return LockState::Unknown,
+        };
         match try_flock(&file) {
             // Taken and released again when `file` closes.
-            Ok(true) => None,
-            Ok(false) => Some(read_holder(&mut file)),
-            Err(_) => None,
+            Ok(true) => LockState::Free,
+            Ok(false) => LockState::Held(read_holder(&mut file)),
+            Err(_) => LockState::Unknown,
         }
     }
+
+    /// Who holds the lock of `run_dir`, or `None` when nobody does (or there is no telling).
+    pub fn holder(run_dir: &Path) -> Option<Holder> {
+        match Self::state(run_dir) {
+            LockState::Held(holder) => Some(holder),
+            LockState::Free | LockState::Unknown => None,
+        }
+    }
+
+    /// Who held the lock of `run_dir` last (a dead controller's pid), whether or not it still
+    /// does.
+    pub fn last_holder(run_dir: &Path) -> Option<Holder> {
+        let text = std::fs::read_to_string(run_dir.join(LOCK_FILE)).ok()?;
+        Some(Holder::parse(&text))
+    }
+
+    /// Sends `signal` to the controller holding the lock of `run_dir`, on this machine, once
+    /// sure it is that process: the pid in the file could be a later process's, reused, or
+    /// not yet rewritten by a controller that just took the lock. The holder has the lock
+    /// file open; another process with the same pid does not. Returns the pid.
+    pub fn signal_holder(run_dir: &Path, signal: i32) -> Result<u32, SignalError> {
+        let (pid, host) = match Self::holder(run_dir).ok_or(SignalError::NotHeld)? {
+            Holder::Process { pid, host } => (pid, host),
+            Holder::Unknown => return Err(SignalError::Unnamed),
+        };
+        if host != shardrun_protocol::host::hostname() {
+            return Err(SignalError::OtherHost { pid, host });
+        }
+        if !has_open(pid, &run_dir.join(LOCK_FILE)) {
+            return Err(SignalError::NotTheHolder { pid });
+        }
+        // SAFETY: a plain syscall; the pid was just checked to be the holder's.
+        if unsafe { libc::kill(pid as libc::pid_t, signal) } != 0 {
+            return Err(SignalError::Kill {
+                pid,
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(pid)
+    }
+}
+
+/// Whether process `pid` has `path` open (one of `/proc/<pid>/fd/*` links to it).
+fn has_open(pid: u32, path: &Path) -> bool {
+    let Ok(target) = path.canonicalize() else {
+        return false;
+    };
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten()
+        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|link| link == target))
 }
 
 /// `flock(LOCK_EX | LOCK_NB)`: true when taken, false when someone else holds it.
@@ -90,13 +228,10 @@ fn try_flock(file: &File) -> std::io::Result<bool> {
     }
 }
 
-fn read_holder(file: &mut File) -> String {
+fn read_holder(file: &mut File) -> Holder {
     let mut text = String::new();
     let _ = file.rewind().and_then(|_| file.read_to_string(&mut text));
-    match text.trim() {
-        "" => "a process that has not said who it is".to_string(),
-        holder => holder.to_string(),
-    }
+    Holder::parse(&text)
 }
 
 #[cfg(test)]
@@ -106,17 +241,46 @@ mod tests {
     #[test]
     fn one_holder_at_a_time_and_released_on_drop() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(RunLock::holder(dir.path()), None);
+        assert_eq!(RunLock::state(dir.path()), LockState::Free);
         let lock = RunLock::acquire(dir.path()).unwrap();
-        let holder = RunLock::holder(dir.path()).expect("held");
-        assert!(
-            holder.starts_with(&format!("pid {}", std::process::id())),
-            "{holder}"
-        );
+        let me = Holder::Process {
+            pid: std::process::id(),
+            host: shardrun_protocol::host::hostname(),
+        };
+        assert_eq!(RunLock::holder(dir.path()), Some(me.clone()));
         let err = RunLock::acquire(dir.path()).unwrap_err();
         assert!(matches!(err, LockError::Held { .. }), "{err}");
         drop(lock);
-        assert_eq!(RunLock::holder(dir.path()), None);
+        assert_eq!(RunLock::state(dir.path()), LockState::Free);
+        // The file still names the controller that held it.
+        assert_eq!(RunLock::last_holder(dir.path()), Some(me));
         RunLock::acquire(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn only_the_process_holding_the_lock_is_signalled() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            RunLock::signal_holder(dir.path(), 0),
+            Err(SignalError::NotHeld)
+        ));
+        let _lock = RunLock::acquire(dir.path()).unwrap();
+        // Signal 0 checks without delivering anything.
+        assert_eq!(
+            RunLock::signal_holder(dir.path(), 0).unwrap(),
+            std::process::id()
+        );
+        // A pid that is not the holder's (init never opens a run's lock).
+        let host = shardrun_protocol::host::hostname();
+        std::fs::write(dir.path().join(LOCK_FILE), format!("pid 1 on {host}\n")).unwrap();
+        assert!(matches!(
+            RunLock::signal_holder(dir.path(), 0),
+            Err(SignalError::NotTheHolder { pid: 1 })
+        ));
+        std::fs::write(dir.path().join(LOCK_FILE), "pid 7 on elsewhere\n").unwrap();
+        assert!(matches!(
+            RunLock::signal_holder(dir.path(), 0),
+            Err(SignalError::OtherHost { pid: 7, .. })
+        ));
     }
 }

@@ -17,7 +17,7 @@
 
 mod lock;
 
-pub use lock::{LockError, RunLock, LOCK_FILE};
+pub use lock::{Holder, LockError, LockState, RunLock, SignalError, LOCK_FILE};
 
 use crate::resolve::ResolvedJob;
 use rand::Rng;
@@ -82,6 +82,10 @@ pub enum RunState {
     Preempted,
     OutOfMemory,
     NodeFail,
+    /// A local run whose controller is gone without saying how the run ended (killed, or
+    /// its machine went down). `shardrun status` says so; the manifest keeps `Running`, as
+    /// only the controller's lock, asked at the time, can tell (`slurm::runs::died`).
+    Died,
 }
 
 impl RunState {

@@ -14,7 +14,7 @@ pub use parse::{
     parse_commented_jobs, parse_sacct, parse_sbatch_parsable, parse_scontrol, parse_squeue,
     CommentedJob,
 };
-pub use runs::{find_runs, refresh, RunStatus, RunsError};
+pub use runs::{died, find_runs, refresh, RunStatus, RunsError};
 pub use state::{JobRecord, JobState};
 
 use std::path::PathBuf;

@@ -3,7 +3,9 @@
 //! Slurm forgetting the job.
 
 use super::{query, JobRecord, JobState, QuerySource, SlurmError};
-use crate::rundir::{ArrayRef, RunDir, RunDirError, RunState};
+use crate::rundir::{
+    ArrayRef, Holder, LockState, Manifest, RunDir, RunDirError, RunLock, RunState,
+};
 use std::path::Path;
 
 #[derive(Debug, Clone)]
@@ -107,6 +109,30 @@ fn read_result(run: &RunDir) -> Option<(Option<RunState>, Option<String>)> {
     Some((state, message))
 }
 
+/// Why a local run (one never submitted to Slurm) is DIED, when it is: its manifest says it
+/// runs, but nobody holds its lock and no result.json says how it ended. Its controller was
+/// killed (SIGKILL, the OOM killer) or its machine went down. Not written to the manifest:
+/// only the lock, asked at the time, can tell.
+pub fn died(run: &RunDir, manifest: &Manifest) -> Option<String> {
+    let dead = manifest.state == RunState::Running
+        && manifest.slurm_job_ids.is_empty()
+        && !run.result().exists()
+        && RunLock::state(run.path()) == LockState::Free;
+    dead.then(|| died_detail(run))
+}
+
+fn died_detail(run: &RunDir) -> String {
+    let controller = match RunLock::last_holder(run.path()) {
+        Some(holder @ Holder::Process { .. }) => format!("its controller ({holder})"),
+        _ => "its controller".to_string(),
+    };
+    format!(
+        "{controller} is gone without saying how the run ended: it was killed (SIGKILL, the \
+         OOM killer) or its machine went down; `shardrun run {}` resumes it",
+        run.path().display()
+    )
+}
+
 /// Refresh the state of every run with one Slurm query; returns which command answered.
 pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>), RunsError> {
     let mut manifests = Vec::with_capacity(runs.len());
@@ -158,9 +184,29 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
                         "Slurm no longer knows the job and the controller wrote no result.json"
                             .into();
                 }
+                // A local run: its lock says whether its controller lives.
+                (None, result) if state == RunState::Running => {
+                    match (RunLock::state(run.path()), result) {
+                        (LockState::Held(holder), _) => {
+                            detail = format!("its controller is running ({holder})")
+                        }
+                        // Ended just now: its verdict is written, the manifest is next.
+                        (LockState::Free, Some((result_state, message))) => {
+                            state = result_state.unwrap_or(RunState::Failed);
+                            detail = message.clone().unwrap_or_default();
+                        }
+                        (LockState::Free, None) => {
+                            state = RunState::Died;
+                            detail = died_detail(run);
+                        }
+                        (LockState::Unknown, _) => {}
+                    }
+                }
                 _ => {}
             }
-            if state.is_terminal() {
+            // A local run's manifest is its controller's to write: one starting now takes
+            // the lock and writes RUNNING, which a state written here would overwrite.
+            if state.is_terminal() && job_id.is_some() {
                 let detail_copy = detail.clone();
                 run.update_manifest(|m| {
                     m.state = state;
@@ -223,6 +269,54 @@ mod tests {
             None,
             "a truncated result.json is ignored"
         );
+    }
+
+    #[test]
+    fn a_local_run_whose_controller_is_gone_has_died() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("manifest.json"),
+            r#"{"version": 1, "name": "demo", "state": "RUNNING", "config_hash": "h", "created_at": 0, "updated_at": 0}"#,
+        )
+        .unwrap();
+        let run = RunDir::open(dir.path()).unwrap();
+        let state_of = |run: &RunDir| {
+            let (statuses, source) = refresh(std::slice::from_ref(run)).unwrap();
+            assert_eq!(source, None, "no Slurm asked");
+            (statuses[0].state, statuses[0].detail.clone())
+        };
+        // Its controller took the lock, wrote its name, and died (the lock is free again).
+        drop(RunLock::acquire(run.path()).unwrap());
+        let me = format!("pid {} on ", std::process::id());
+        let (state, detail) = state_of(&run);
+        assert_eq!(state, RunState::Died);
+        assert!(
+            detail.starts_with(&format!("its controller ({me}")),
+            "{detail}"
+        );
+        assert!(detail.ends_with("resumes it"), "{detail}");
+        let manifest = run.read_manifest().unwrap();
+        assert_eq!(manifest.state, RunState::Running, "not written back");
+        assert!(died(&run, &manifest).is_some());
+
+        let lock = RunLock::acquire(run.path()).unwrap();
+        let (state, detail) = state_of(&run);
+        assert_eq!(state, RunState::Running);
+        assert!(
+            detail.starts_with(&format!("its controller is running ({me}")),
+            "{detail}"
+        );
+        assert!(died(&run, &manifest).is_none());
+        drop(lock);
+
+        // Its verdict written, its manifest not yet: the verdict holds.
+        std::fs::write(
+            run.result(),
+            r#"{"status": "cancelled", "message": "the run was cancelled by SIGTERM"}"#,
+        )
+        .unwrap();
+        assert_eq!(state_of(&run).0, RunState::Cancelled);
+        assert!(died(&run, &manifest).is_none());
     }
 
     #[test]

@@ -168,7 +168,7 @@ impl Submitter<'_> {
                     .map(|job| job.array_job_id.clone());
                 match found {
                     Some(id) => {
-                        println!(
+                        outln!(
                             "sbatch failed ({err}), but Slurm has array {}/{} as job {id}: going on",
                             array.index, array.count
                         );
@@ -298,7 +298,7 @@ pub fn resolve_interrupted(journal: &Journal, sweep_dir: &Path) -> anyhow::Resul
             record.state = ArrayState::Abandoned;
             journal.write(record)?;
             point_dirs::remove_leftovers(sweep_dir, &names);
-            println!(
+            outln!(
                 "array {} of an interrupted `shardrun sweep` never reached Slurm: its {} point(s) are decided again",
                 record.array,
                 points.len()
@@ -314,7 +314,7 @@ pub fn resolve_interrupted(journal: &Journal, sweep_dir: &Path) -> anyhow::Resul
         });
         if recorded {
             release(journal, sweep_dir, record, &points, job.held)?;
-            println!(
+            outln!(
                 "array {} (Slurm job {}) of an interrupted `shardrun sweep` was accepted and recorded: {}",
                 record.array,
                 job.array_job_id,
@@ -327,7 +327,7 @@ pub fn resolve_interrupted(journal: &Journal, sweep_dir: &Path) -> anyhow::Resul
                 "an interrupted `shardrun sweep` had not written its points yet",
             );
             point_dirs::remove_leftovers(sweep_dir, &names);
-            println!(
+            outln!(
                 "array {} (Slurm job {}) of an interrupted `shardrun sweep` was held with its points not written: cancelled, its {} point(s) are decided again",
                 record.array,
                 job.array_job_id,

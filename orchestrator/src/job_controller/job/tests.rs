@@ -354,6 +354,29 @@ fn cancel_shuts_down_then_second_signal_forces() {
 }
 
 #[test]
+fn a_hangup_stops_at_a_step_boundary_and_a_second_one_kills_nothing() {
+    let mut s = running();
+    let actions = s.handle(Event::Cancel {
+        signal: "SIGHUP".into(),
+    });
+    assert!(actions.contains(&Action::StopAtStepBoundary), "{actions:?}");
+    let actions = s.handle(Event::Cancel {
+        signal: "SIGHUP".into(),
+    });
+    assert!(actions.is_empty(), "{actions:?}");
+    // A signal someone sends on purpose still does.
+    let actions = s.handle(Event::Cancel {
+        signal: "SIGTERM".into(),
+    });
+    assert!(actions.contains(&Action::StopProcesses { force: true }));
+    let outcome = Outcome::Cancelled {
+        by: "SIGHUP".into(),
+        step: Some(3),
+    };
+    assert_eq!(outcome.exit_code(), 129);
+}
+
+#[test]
 fn a_cancel_lets_the_ranks_stop_at_a_step_boundary() {
     let mut s = running();
     let actions = s.handle(Event::Cancel {

@@ -1,0 +1,272 @@
+//! A local run (`shardrun run`) as the machine around it treats it: its controller killed
+//! outright, its terminal closed, its output piped into `head`, stopped from another shell
+//! with `shardrun cancel`; and the other commands printing into a pipe nobody reads.
+//!
+//! Needs the binaries built: `cargo build --release -p shardrun -p shardrun-worker`.
+
+use shardrun_e2e::jobs::*;
+use shardrun_e2e::*;
+use std::io::BufRead;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// `shardrun run` of a job that would train for minutes (simulated ranks, 10 ms a step),
+/// once both ranks are training. `cmd` gets the command first (its output, its signals).
+fn start_long_run(
+    dir: &TestDir,
+    name: &str,
+    adjust: impl FnOnce(&mut Command),
+) -> (GroupChild, PathBuf) {
+    let spec = dir.write("long.yaml", &tiny_mlp_spec(name, 100_000, 2));
+    let envs = [
+        ("SHARDRUN_WORKER_BIN", simrank()),
+        ("SIMRANK_STEP_MS", "10".to_string()),
+    ];
+    let (mut cmd, run) = local_run_command(dir, &spec, &["--nproc", "2"], &envs);
+    cmd.stdout(Stdio::null()).stderr(Stdio::piped());
+    adjust(&mut cmd);
+    let job = GroupChild::spawn(&mut cmd).unwrap();
+    wait_for("both ranks to be training", DEADLINE, || {
+        (metric_steps(&run, 0).len() >= 3 && metric_steps(&run, 1).len() >= 3).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", all_logs(&run)));
+    (job, run)
+}
+
+fn wait_for_exit(job: &mut GroupChild, run: &Path) -> ExitStatus {
+    wait_for("the run to end", DEADLINE, || {
+        job.child.try_wait().ok().flatten()
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", all_logs(run)))
+}
+
+fn no_process_left(run: &Path) {
+    wait_for("the ranks to be gone", DEADLINE, || {
+        processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string())
+            .is_empty()
+            .then_some(())
+    })
+    .unwrap();
+}
+
+/// `shardrun <args>` to completion; (exit status, stdout, stderr).
+fn shardrun_cmd(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = run_with_deadline(Command::new(shardrun()).args(args), DEADLINE).unwrap();
+    (out.status.code(), stdout_of(&out), stderr_of(&out))
+}
+
+#[test]
+fn a_run_whose_controller_was_killed_shows_as_died_and_the_same_command_resumes_it() {
+    let dir = TestDir::new("died");
+    let (mut job, run) = start_long_run(&dir, "died", |_| {});
+    let controller = job.child.id();
+    // The controller alone, as the OOM killer does; its ranks die with it.
+    unsafe { libc::kill(controller as i32, libc::SIGKILL) };
+    wait_for_exit(&mut job, &run);
+    no_process_left(&run);
+    let run_arg = run.display().to_string();
+
+    let (code, stdout, stderr) = shardrun_cmd(&["status", "--json", &run_arg]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let runs = status_runs(&stdout);
+    assert_eq!(runs[0]["state"], "DIED", "{stdout}");
+    let detail = runs[0]["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.starts_with(&format!("its controller (pid {controller} on ")),
+        "{detail}"
+    );
+    let (_, table, _) = shardrun_cmd(&["status", &run_arg]);
+    assert!(table.contains("DIED"), "{table}");
+
+    let (code, stdout, stderr) = shardrun_cmd(&["metrics", "--json", &run_arg]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let metrics: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(metrics["runs"][0]["status"], "died", "{stdout}");
+    let (_, table, _) = shardrun_cmd(&["metrics", &run_arg]);
+    assert!(table.contains(" died "), "{table}");
+
+    // The same command again, to a few steps: it says why it starts again, and finishes.
+    let spec = dir.join("long.yaml");
+    let envs = [("SHARDRUN_WORKER_BIN", simrank())];
+    let (out, _) = run_local(
+        &dir,
+        &spec,
+        &["--nproc", "2", "--set", "training.steps=5"],
+        &envs,
+        DEADLINE,
+    );
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    let headline = stdout.lines().next().unwrap_or_default();
+    assert!(
+        headline.contains("stopped without recording how (its controller was killed"),
+        "{headline}"
+    );
+    let (_, stdout, _) = shardrun_cmd(&["status", "--json", &run_arg]);
+    assert_eq!(status_runs(&stdout)[0]["state"], "COMPLETED", "{stdout}");
+}
+
+#[test]
+fn a_hangup_stops_the_run_at_a_step_boundary_and_writes_its_result() {
+    let dir = TestDir::new("sighup");
+    // As with a closed terminal, nobody reads the run's output.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let (mut job, run) = start_long_run(&dir, "hangup", |cmd| {
+        cmd.stdout(writer);
+    });
+    // The kernel's hangup, then the shell's: the second must not kill the ranks.
+    for _ in 0..2 {
+        unsafe { libc::kill(job.child.id() as i32, libc::SIGHUP) };
+    }
+    let status = wait_for_exit(&mut job, &run);
+    assert_eq!(
+        status.code(),
+        Some(128 + libc::SIGHUP),
+        "{}",
+        all_logs(&run)
+    );
+    let result = result_json(&run);
+    assert_eq!(result["status"], "cancelled");
+    assert_eq!(result["by"], "SIGHUP");
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    for rank in 0..2 {
+        let stops: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(&format!("[rank {rank}] warning: stopping after step ")))
+            .collect();
+        assert_eq!(stops.len(), 1, "{log}");
+        assert!(
+            stops[0].ends_with("the job was cancelled (SIGHUP)"),
+            "{log}"
+        );
+    }
+    assert!(!log.contains("killing"), "{log}");
+    no_process_left(&run);
+}
+
+#[test]
+fn a_run_started_under_nohup_ignores_hangups() {
+    let dir = TestDir::new("nohup");
+    let (mut job, run) = start_long_run(&dir, "nohup", |cmd| unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            Ok(())
+        });
+    });
+    let pid = job.child.id() as i32;
+    unsafe { libc::kill(pid, libc::SIGHUP) };
+    // Ignored at once by the kernel; the SIGTERM after it is what stops the run.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let status = wait_for_exit(&mut job, &run);
+    assert_eq!(
+        status.code(),
+        Some(128 + libc::SIGTERM),
+        "{}",
+        all_logs(&run)
+    );
+    assert_eq!(result_json(&run)["by"], "SIGTERM");
+    no_process_left(&run);
+}
+
+#[test]
+fn cancel_stops_a_local_run_through_its_controller() {
+    let dir = TestDir::new("cancel-local");
+    let (mut job, run) = start_long_run(&dir, "cancel", |_| {});
+    let (code, stdout, stderr) = shardrun_cmd(&["cancel", &run.display().to_string()]);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "Sent SIGTERM to the controller of {} (pid {})",
+            run.display(),
+            job.child.id()
+        )),
+        "{stdout}"
+    );
+    let status = wait_for_exit(&mut job, &run);
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
+    assert_eq!(result_json(&run)["status"], "cancelled");
+    no_process_left(&run);
+    // Nothing runs it any more.
+    let (code, stdout, _) = shardrun_cmd(&["cancel", &run.display().to_string()]);
+    assert_eq!(code, Some(0));
+    assert!(stdout.starts_with("Nothing to cancel"), "{stdout}");
+}
+
+#[test]
+fn a_run_piped_into_head_trains_to_the_end_and_other_commands_end_quietly() {
+    let dir = TestDir::new("closed-pipe");
+    let spec = dir.write("short.yaml", &tiny_mlp_spec("short", 100, 2));
+    // A second of training after the first lines, so most of its output comes after `head`
+    // has gone.
+    let envs = [
+        ("SHARDRUN_WORKER_BIN", simrank()),
+        ("SIMRANK_STEP_MS", "10".to_string()),
+    ];
+    let (mut cmd, run) = local_run_command(&dir, &spec, &["--nproc", "2"], &envs);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut job = GroupChild::spawn(&mut cmd).unwrap();
+    // `| head -3`: three lines read, then the pipe closed.
+    let mut stdout = std::io::BufReader::new(job.child.stdout.take().unwrap());
+    for _ in 0..3 {
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+    }
+    drop(stdout);
+    let mut stderr = job.child.stderr.take().unwrap();
+    let errors = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
+    let status = wait_for_exit(&mut job, &run);
+    let stderr = errors.join().unwrap();
+    assert_no_panic(&stderr, "the run's stderr");
+    assert!(status.success(), "{status:?}: {stderr}");
+    assert_eq!(result_json(&run)["status"], "succeeded");
+
+    // Each command into a pipe whose reader is gone: no output, no panic, status 0.
+    let run_arg = run.display().to_string();
+    let spec_arg = spec.display().to_string();
+    let commands: [&[&str]; 9] = [
+        &["status", &run_arg],
+        &["status", "--json", &run_arg],
+        &["metrics", &run_arg],
+        &["metrics", "--json", &run_arg],
+        &["logs", &run_arg],
+        &["logs", "-f", &run_arg],
+        &["plan", &spec_arg],
+        &["render", &spec_arg],
+        &["completions", "bash"],
+    ];
+    for args in commands {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let mut cmd = Command::new(shardrun());
+        cmd.args(args)
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(writer)
+            .stderr(Stdio::piped());
+        let mut child = GroupChild::spawn(&mut cmd).unwrap();
+        let status = wait_for(
+            &format!("`shardrun {}` to end", args.join(" ")),
+            DEADLINE,
+            || child.child.try_wait().ok().flatten(),
+        )
+        .unwrap();
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.child.stderr.take().unwrap(), &mut stderr)
+            .unwrap();
+        assert_eq!(
+            (status.code(), stderr.as_str()),
+            (Some(0), ""),
+            "shardrun {}",
+            args.join(" ")
+        );
+    }
+}
