@@ -1,7 +1,8 @@
 //! From a parsed job spec to a fully explicit [`ResolvedJob`]: defaults applied, the batch
 //! split checked (`total = per_device × world × accum`, never rounded), Slurm resources and
-//! the memory estimate computed. Pure: no I/O, so `plan`, `render`, `submit`, `sweep` and
-//! local `run` all see the same numbers.
+//! the memory estimate computed, so `plan`, `render`, `submit`, `sweep` and local `run` all
+//! see the same numbers. What the spec names on disk is looked at, never trained on: a Hugging
+//! Face folder's config and weight headers, the data files and tokenizer.
 //!
 //! One module per section of the spec, each a function from the spec (and what earlier
 //! sections decided) to its part of the resolved job, with errors located in the spec file:
@@ -208,13 +209,21 @@ impl Section<'_> {
 
 /// Apply defaults and check everything that parsing alone cannot, section by section.
 pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob, ResolveError> {
-    resolve_with(loaded, overrides, &mut Footprints::default())
+    resolve_with(loaded, overrides, &mut Lookups::default())
 }
 
-/// Model footprints already built, kept for resolving many jobs of a few models (a sweep's
-/// points): describing a model, every parameter by name, is most of a point's planning.
+/// What resolving many jobs (a sweep's points) works out once and reuses: model footprints,
+/// and what the data's paths hold on disk.
 #[derive(Default)]
-pub struct Footprints {
+pub struct Lookups {
+    footprints: Footprints,
+    on_disk: data::OnDisk,
+}
+
+/// Model footprints already built, kept for resolving many jobs of a few models: describing
+/// a model, every parameter by name, is most of a point's planning.
+#[derive(Default)]
+struct Footprints {
     built: Vec<(ModelConfig, u64, Footprint)>,
 }
 
@@ -242,11 +251,12 @@ impl Footprints {
     }
 }
 
-/// [`resolve`], taking model footprints from `footprints` and keeping new ones there.
+/// [`resolve`], taking what was worked out already from `lookups` and keeping what is new
+/// there.
 pub fn resolve_with(
     loaded: &LoadedSpec,
     overrides: &Overrides,
-    footprints: &mut Footprints,
+    lookups: &mut Lookups,
 ) -> Result<ResolvedJob, ResolveError> {
     let s = Section { loaded };
     let spec = &loaded.spec;
@@ -285,7 +295,13 @@ pub fn resolve_with(
         checkpoint.from = None;
     }
     // Text data takes its tokenizer from the Hugging Face folder the weights come from.
-    let data = data::resolve_data(&s, &model, seq_len, model.pretrained_folder())?;
+    let data = data::resolve_data(
+        &s,
+        &model,
+        seq_len,
+        model.pretrained_folder(),
+        &mut lookups.on_disk,
+    )?;
     let slurm = slurm::resolve_slurm(&s, &ranks, overrides)?;
     let preemption = slurm::resolve_preemption(&s, slurm.time_limit_seconds)?;
 
@@ -310,7 +326,7 @@ pub fn resolve_with(
         fsdp,
     };
 
-    let footprint = footprints.of(
+    let footprint = lookups.footprints.of(
         &train.model,
         train.fsdp.mixed_precision.param_dtype.size_bytes(),
     );

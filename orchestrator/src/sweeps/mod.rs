@@ -142,7 +142,7 @@ pub fn expand(loaded: &LoadedSpec, overrides: &Overrides) -> Result<Vec<SweepPoi
     let grid_size: usize = grid.iter().map(|(_, v)| v.len()).product();
     let mut points = Vec::with_capacity(list.len() * grid_size);
     let mut seen = HashSet::new();
-    let mut footprints = resolve::Footprints::default();
+    let mut lookups = resolve::Lookups::default();
     for entry in &list {
         for index in 0..grid_size {
             let mut params: BTreeMap<String, Value> = entry.clone();
@@ -151,7 +151,7 @@ pub fn expand(loaded: &LoadedSpec, overrides: &Overrides) -> Result<Vec<SweepPoi
                 params.insert((*path).clone(), values[rest % values.len()].clone());
                 rest /= values.len();
             }
-            let point = resolve_point(loaded, &base, params, (overrides, &mut footprints))?;
+            let point = resolve_point(loaded, &base, params, (overrides, &mut lookups))?;
             // Two sweep entries that resolve to the same job are one point.
             if seen.insert(point.key.clone()) {
                 points.push(point);
@@ -165,7 +165,7 @@ fn resolve_point(
     loaded: &LoadedSpec,
     base: &Value,
     params: BTreeMap<String, Value>,
-    (overrides, footprints): (&Overrides, &mut resolve::Footprints),
+    (overrides, lookups): (&Overrides, &mut resolve::Lookups),
 ) -> Result<SweepPoint, SweepError> {
     let json_params: BTreeMap<String, serde_json::Value> = params
         .iter()
@@ -200,7 +200,7 @@ fn resolve_point(
         source: loaded.source.clone(),
         overrides: loaded.overrides.clone(),
     };
-    let mut job = resolve::resolve_with(&point_spec, overrides, footprints).map_err(|source| {
+    let mut job = resolve::resolve_with(&point_spec, overrides, lookups).map_err(|source| {
         SweepError::Point {
             label: label.clone(),
             error: Box::new(source),
