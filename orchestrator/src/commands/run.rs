@@ -3,7 +3,7 @@
 //! the same run directory, it continues the run (see [`crate::rerun`]).
 
 use crate::commands::controller::supervise;
-use crate::commands::spec_args::{load_and_resolve, SetArgs};
+use crate::commands::spec_args::{self, SetArgs};
 use crate::job_controller::options::ControllerArgs;
 use crate::job_controller::LaunchMode;
 use crate::rerun::{self, RunStart};
@@ -58,7 +58,9 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         force: args.force,
         ..Overrides::submitting()
     };
-    let (loaded, job) = load_and_resolve(&args.spec, &overrides, &args.set)?;
+    let loaded = spec_args::load(&args.spec, &args.set)?;
+    spec_args::refuse_sweep(&loaded, "run", &args.spec)?;
+    let job = crate::resolve::resolve(&loaded, &overrides)?;
     // One GPU per rank, checked before anything is created.
     let gpus = match job.train.device {
         DeviceKind::Cuda => {

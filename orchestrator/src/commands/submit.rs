@@ -4,7 +4,7 @@
 
 use crate::binaries::shardrun_exe;
 use crate::commands::run::{announce, run_path};
-use crate::commands::spec_args::{load_and_resolve, SetArgs};
+use crate::commands::spec_args::{self, SetArgs};
 use crate::rerun;
 use crate::resolve::Overrides;
 use crate::rundir::{NewRun, RunState};
@@ -37,7 +37,9 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         force: args.force,
         ..Overrides::submitting()
     };
-    let (loaded, job) = load_and_resolve(&args.spec, &overrides, &args.set)?;
+    let loaded = spec_args::load(&args.spec, &args.set)?;
+    spec_args::refuse_sweep(&loaded, "submit", &args.spec)?;
+    let job = crate::resolve::resolve(&loaded, &overrides)?;
     let path = run_path(&args.spec, &job)?;
     let script = render_sbatch(
         &job,
