@@ -3,7 +3,7 @@
 //! (see [`crate::rerun`]): the new job resumes from the run's newest checkpoint.
 
 use crate::binaries::shardrun_exe;
-use crate::commands::run::{announce, run_path};
+use crate::commands::run::{announce, continues_run, run_path};
 use crate::commands::spec_args::{self, SetArgs};
 use crate::rerun;
 use crate::resolve::Overrides;
@@ -33,14 +33,15 @@ pub struct Args {
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
-    let overrides = Overrides {
-        force: args.force,
-        ..Overrides::submitting()
-    };
     let loaded = spec_args::load(&args.spec, &args.set)?;
     spec_args::refuse_sweep(&loaded, "submit", &args.spec)?;
+    let path = run_path(&args.spec, &loaded.spec)?;
+    let overrides = Overrides {
+        force: args.force,
+        continues_run: continues_run(&path, args.force),
+        ..Overrides::submitting()
+    };
     let job = crate::resolve::resolve(&loaded, &overrides)?;
-    let path = run_path(&args.spec, &job)?;
     let script = render_sbatch(
         &job,
         &ScriptTarget::Single {

@@ -62,6 +62,10 @@ pub struct Overrides {
     pub device: Option<DeviceKind>,
     /// Plan the job even when its peak memory per rank exceeds the GPU's (`--force`).
     pub force: bool,
+    /// The job continues a run already in its run directory (a re-run without `--force`),
+    /// whose total batch cannot change: a batch that does not split on the ranks asked for
+    /// is answered with the numbers of ranks it splits on.
+    pub continues_run: bool,
     /// `NCCL_*` variables of the shell that submits or runs the job: every rank gets them
     /// (after the spec's `resources.env`, which wins), so NCCL settings reach the ranks even
     /// where Slurm does not export the submitting environment.
@@ -180,6 +184,10 @@ pub struct ResolvedJob {
     /// The `--set` arguments applied over the spec file, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub overrides: Vec<String>,
+    /// `--nproc N`: the ranks on this machine that took the place of the spec's resources
+    /// (`slurm` then holds one node of N ranks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nproc: Option<u64>,
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -269,6 +277,7 @@ pub fn resolve_with(
         t.total_batch_size,
         t.batch_size_per_device,
         ranks.world_size,
+        overrides,
     )?;
     let (mut model, seq_len) = model::resolve_model(&s, &mut warnings)?;
     if t.steps == 0 {
@@ -379,6 +388,7 @@ pub fn resolve_with(
         memory,
         warnings,
         overrides: loaded.overrides.iter().map(|o| o.arg.clone()).collect(),
+        nproc: overrides.world_size,
     })
 }
 
