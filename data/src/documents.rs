@@ -5,8 +5,9 @@
 //! holds a batch, not the file. A leading UTF-8 byte-order mark is not text.
 
 use crate::chat::messages_of;
-use crate::error::{DataError, Origin, Result};
+use crate::error::{DataError, Origin, Result, SKIP_HINT};
 use crate::files::DataFile;
+use minijinja::value::ValueKind;
 use shardrun_protocol::config::{DataSource, JsonlText, OnBadRecord, TextSplit};
 use std::io::{BufRead, BufReader, Read};
 
@@ -58,6 +59,8 @@ pub struct DocumentReader<'a> {
     read_buffer: usize,
     /// Every record skipped so far.
     pub skipped: Vec<Skipped>,
+    /// Documents read so far.
+    read: u64,
 }
 
 struct OpenFile {
@@ -88,6 +91,7 @@ impl<'a> DocumentReader<'a> {
             open: None,
             read_buffer: 1 << 20,
             skipped: Vec::new(),
+            read: 0,
         }
     }
 
@@ -210,11 +214,15 @@ impl<'a> DocumentReader<'a> {
             }
             let body = match parse_record(self.source, text) {
                 Ok(body) => body,
-                Err(why) => {
-                    self.bad(origin, why)?;
+                Err(refused) => {
+                    // A field the first record lacks, likely no record has: skipping would
+                    // leave nothing, so the fix is the field's name.
+                    let fix = refused.missing.filter(|_| self.read == 0).map(|m| m.fix());
+                    self.refuse(origin, refused.why, fix)?;
                     return Ok(true);
                 }
             };
+            self.read += 1;
             batch.documents.push(Document { body, file, line });
         }
         Ok(true)
@@ -326,9 +334,17 @@ impl<'a> DocumentReader<'a> {
 
     /// Stop with the error, or note the record as skipped.
     fn bad(&mut self, origin: Origin, why: impl Into<String>) -> Result<()> {
-        let why = why.into();
+        self.refuse(origin, why.into(), None)
+    }
+
+    /// [`Self::bad`], with what to do when it is more than fixing or skipping the record.
+    fn refuse(&mut self, origin: Origin, why: String, fix: Option<String>) -> Result<()> {
         match self.policy {
-            OnBadRecord::Stop => Err(DataError::bad(origin, why)),
+            OnBadRecord::Stop => Err(DataError::BadRecord {
+                origin,
+                why,
+                fix: fix.unwrap_or_else(|| SKIP_HINT.into()),
+            }),
             OnBadRecord::Skip => {
                 self.skipped.push(Skipped { origin, why });
                 Ok(())
@@ -346,27 +362,111 @@ fn newlines(bytes: &[u8]) -> u64 {
     bytes.iter().filter(|&&b| b == b'\n').count() as u64
 }
 
+/// Why a line is not a document.
+struct Refused {
+    why: String,
+    /// The field the record lacks, when that is why.
+    missing: Option<Box<MissingField>>,
+}
+
+impl From<String> for Refused {
+    fn from(why: String) -> Refused {
+        Refused { why, missing: None }
+    }
+}
+
+/// A field a record does not have, the spec key that names it, and the fields it does have.
+struct MissingField {
+    /// `field`, `prompt_field`, `completion_field` or `messages_field`.
+    key: &'static str,
+    field: String,
+    /// What the field should hold (`the text`).
+    holds: &'static str,
+    has: Vec<String>,
+    /// The record's fields that could be it (strings for a text, lists for messages), for a
+    /// key that names the record's one field of that kind.
+    fits: Vec<String>,
+}
+
+impl MissingField {
+    /// The key's fix: the record's field closest to the one named, else its one field that
+    /// fits, else what the field should hold.
+    fn fix(&self) -> String {
+        let key = self.key;
+        let near = self
+            .has
+            .iter()
+            .map(|f| (strsim::jaro_winkler(&self.field, f), f))
+            .filter(|(score, _)| *score > 0.8)
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, f)| f);
+        let todo = match (near, self.fits.as_slice()) {
+            (Some(f), _) | (None, [f]) => format!("did you mean `{key}: {f}`?"),
+            _ => format!("set it to the field that holds {}", self.holds),
+        };
+        format!(
+            "`data.{key}` names a field the first record does not have, so likely no record \
+             has it: {todo}"
+        )
+    }
+}
+
 /// One line of a line-based source as a document body, or why it is not one.
-fn parse_record(source: &DataSource, line: &str) -> std::result::Result<Body, String> {
+fn parse_record(source: &DataSource, line: &str) -> std::result::Result<Body, Refused> {
     match source {
         DataSource::Text { .. } => Ok(Body::Text(line.to_string())),
         DataSource::Jsonl { text, .. } => {
             let record: serde_json::Value =
                 serde_json::from_str(line).map_err(|e| format!("not a JSON record ({e})"))?;
             if !record.is_object() {
-                return Err("the record is not a JSON object".into());
+                return Err(String::from("the record is not a JSON object").into());
             }
             match text {
-                JsonlText::Field { field } => Ok(Body::Text(string_field(&record, field)?)),
+                JsonlText::Field { field } => Ok(Body::Text(string_field(
+                    &record,
+                    (field, "field", "the text"),
+                    true,
+                )?)),
+                // Two fields: the record's one string is no answer for either.
                 JsonlText::PromptCompletion { prompt, completion } => Ok(Body::PromptCompletion {
-                    prompt: string_field(&record, prompt)?,
-                    completion: string_field(&record, completion)?,
+                    prompt: string_field(&record, (prompt, "prompt_field", "the prompt"), false)?,
+                    completion: string_field(
+                        &record,
+                        (completion, "completion_field", "the completion"),
+                        false,
+                    )?,
                 }),
             }
         }
         DataSource::Chat { messages_field, .. } => {
             let record: minijinja::Value =
                 serde_json::from_str(line).map_err(|e| format!("not a JSON record ({e})"))?;
+            let lacks = record
+                .get_attr(messages_field)
+                .map_or(true, |m| m.is_undefined());
+            if record.kind() == ValueKind::Map && lacks {
+                let has: Vec<String> = record
+                    .try_iter()
+                    .into_iter()
+                    .flatten()
+                    .map(|key| key.to_string())
+                    .collect();
+                let fits = has
+                    .iter()
+                    .filter(|f| record.get_attr(f).is_ok_and(|v| v.kind() == ValueKind::Seq))
+                    .cloned()
+                    .collect();
+                return Err(Refused {
+                    why: format!("no field `{messages_field}` (the messages) in the record"),
+                    missing: Some(Box::new(MissingField {
+                        key: "messages_field",
+                        field: messages_field.clone(),
+                        holds: "the messages",
+                        has,
+                        fits,
+                    })),
+                });
+            }
             let tools = record
                 .get_attr("tools")
                 .ok()
@@ -376,13 +476,18 @@ fn parse_record(source: &DataSource, line: &str) -> std::result::Result<Body, St
                 tools,
             })
         }
-        DataSource::Tokens { .. } => Err("token files hold no text records".into()),
+        DataSource::Tokens { .. } => Err(String::from("token files hold no text records").into()),
     }
 }
 
-/// A string field; a dotted name (`meta.text`) reaches into nested objects unless the record
-/// has a key with the dot in it.
-fn string_field(record: &serde_json::Value, field: &str) -> std::result::Result<String, String> {
+/// A string field (`field`, named by the spec's `key`, holding `holds`); a dotted name
+/// (`meta.text`) reaches into nested objects unless the record has a key with the dot in it.
+/// `only_string`: a missing field may be the record's one string field.
+fn string_field(
+    record: &serde_json::Value,
+    (field, key, holds): (&str, &'static str, &'static str),
+    only_string: bool,
+) -> std::result::Result<String, Refused> {
     let value = record.get(field).or_else(|| {
         field
             .split('.')
@@ -390,7 +495,7 @@ fn string_field(record: &serde_json::Value, field: &str) -> std::result::Result<
     });
     match value {
         Some(serde_json::Value::String(s)) => Ok(s.clone()),
-        Some(serde_json::Value::Null) => Err(format!("field `{field}` is null")),
+        Some(serde_json::Value::Null) => Err(format!("field `{field}` is null").into()),
         Some(other) => Err(format!(
             "field `{field}` is {}, not a string",
             match other {
@@ -399,16 +504,35 @@ fn string_field(record: &serde_json::Value, field: &str) -> std::result::Result<
                 serde_json::Value::Array(_) => "a list",
                 _ => "an object",
             }
-        )),
+        )
+        .into()),
         None => {
-            let keys: Vec<&str> = record
-                .as_object()
-                .map(|o| o.keys().map(String::as_str).collect())
+            let object = record.as_object();
+            let has: Vec<String> = object
+                .map(|o| o.keys().cloned().collect())
                 .unwrap_or_default();
-            Err(format!(
-                "no field `{field}` in the record (it has: {})",
-                keys.join(", ")
-            ))
+            let fits = object
+                .filter(|_| only_string)
+                .map(|o| {
+                    o.iter()
+                        .filter(|(_, v)| v.is_string())
+                        .map(|(k, _)| k.clone())
+                        .collect()
+                })
+                .unwrap_or_default();
+            Err(Refused {
+                why: format!(
+                    "no field `{field}` in the record (it has: {})",
+                    has.join(", ")
+                ),
+                missing: Some(Box::new(MissingField {
+                    key,
+                    field: field.to_string(),
+                    holds,
+                    has,
+                    fits,
+                })),
+            })
         }
     }
 }
@@ -639,12 +763,59 @@ mod tests {
     fn fields_and_their_errors() {
         let r: serde_json::Value =
             serde_json::from_str(r#"{"a": {"b": "x"}, "n": 3, "z": null}"#).unwrap();
-        assert_eq!(string_field(&r, "a.b").unwrap(), "x");
-        assert!(string_field(&r, "n").unwrap_err().contains("a number"));
-        assert!(string_field(&r, "z").unwrap_err().contains("null"));
-        assert!(string_field(&r, "text")
-            .unwrap_err()
-            .contains("it has: a, n, z"));
+        let field = |name| string_field(&r, (name, "field", "the text"), true);
+        assert_eq!(field("a.b").ok().unwrap(), "x");
+        assert!(field("n").err().unwrap().why.contains("a number"));
+        assert!(field("z").err().unwrap().why.contains("null"));
+        let missing = field("text").err().unwrap();
+        assert!(missing.why.contains("it has: a, n, z"), "{}", missing.why);
+        assert_eq!(missing.missing.unwrap().has, ["a", "n", "z"]);
+    }
+
+    #[test]
+    fn a_missing_field_names_its_key_and_the_closest_field_the_record_has() {
+        let chat = DataSource::Chat {
+            files: Vec::new(),
+            messages_field: "messages".into(),
+            chat_template: None,
+        };
+        let Err(refused) = parse_record(&chat, r#"{"msgs": [], "id": 1}"#) else {
+            panic!("no messages")
+        };
+        assert_eq!(
+            refused.missing.unwrap().fix(),
+            "`data.messages_field` names a field the first record does not have, so likely no \
+             record has it: did you mean `messages_field: msgs`?"
+        );
+        let jsonl = DataSource::Jsonl {
+            files: Vec::new(),
+            text: JsonlText::Field {
+                field: "text".into(),
+            },
+        };
+        let Err(refused) = parse_record(&jsonl, r#"{"content": "hi", "id": 1}"#) else {
+            panic!("no text")
+        };
+        assert!(
+            refused
+                .missing
+                .unwrap()
+                .fix()
+                .ends_with("did you mean `field: content`?"),
+            "the record's one string"
+        );
+        let Err(refused) = parse_record(&jsonl, r#"{"a": "x", "b": "y"}"#) else {
+            panic!("no text")
+        };
+        assert!(refused
+            .missing
+            .unwrap()
+            .fix()
+            .ends_with("set it to the field that holds the text"));
+        let Err(refused) = parse_record(&chat, r#"{"messages": 3}"#) else {
+            panic!("not a list")
+        };
+        assert!(refused.missing.is_none(), "{}", refused.why);
     }
 
     #[test]

@@ -30,7 +30,9 @@ impl fmt::Display for Origin {
     }
 }
 
-const SKIP_HINT: &str = "fix or remove it, or set `data.on_bad_record: skip` to skip bad records";
+/// What to do about a bad record, unless the record says more.
+pub const SKIP_HINT: &str =
+    "fix or remove it, or set `data.on_bad_record: skip` to skip bad records";
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
@@ -47,8 +49,12 @@ pub enum DataError {
         source: std::io::Error,
     },
     /// A record (or a whole file) that cannot be used; `on_bad_record: skip` skips these.
-    #[error("{origin}: {why}; {SKIP_HINT}")]
-    BadRecord { origin: Origin, why: String },
+    #[error("{origin}: {why}; {fix}")]
+    BadRecord {
+        origin: Origin,
+        why: String,
+        fix: String,
+    },
     #[error("tokenizer {}: {why}", path.display())]
     Tokenizer { path: PathBuf, why: String },
     #[error("chat template {}: {why}", path.display())]
@@ -90,6 +96,7 @@ impl DataError {
         DataError::BadRecord {
             origin,
             why: why.into(),
+            fix: SKIP_HINT.into(),
         }
     }
 

@@ -24,44 +24,11 @@ pub fn expand(patterns: &[PathBuf]) -> Result<Vec<DataFile>> {
     let mut files: Vec<DataFile> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for pattern in patterns {
-        let text = pattern.to_str().ok_or_else(|| DataError::Pattern {
-            pattern: pattern.display().to_string(),
-            why: "the path is not valid UTF-8".into(),
-        })?;
+        let text = utf8(pattern)?;
         let mut matched: Vec<PathBuf> = if is_glob(text) {
-            let paths = glob::glob(text).map_err(|e| DataError::Pattern {
-                pattern: text.to_string(),
-                why: e.to_string(),
-            })?;
-            let mut found = Vec::new();
-            for entry in paths {
-                let path = entry.map_err(|e| DataError::Io {
-                    doing: "list",
-                    path: e.path().to_path_buf(),
-                    source: e.into(),
-                })?;
-                // A pattern like `dir/**` also yields folders: they hold the files, they
-                // are not documents.
-                if !path.is_dir() {
-                    found.push(path);
-                }
-            }
-            found
+            glob_files(text)?.collect::<Result<_>>()?
         } else {
-            match std::fs::metadata(pattern) {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    return Err(DataError::NoFiles {
-                        pattern: text.to_string(),
-                    })
-                }
-                Err(e) => return Err(DataError::io("read", pattern)(e)),
-                Ok(meta) if meta.is_dir() => {
-                    return Err(DataError::Folder {
-                        path: pattern.clone(),
-                    })
-                }
-                Ok(_) => vec![pattern.clone()],
-            }
+            vec![literal(pattern, text)?]
         };
         if matched.is_empty() {
             return Err(DataError::NoFiles {
@@ -76,6 +43,60 @@ pub fn expand(patterns: &[PathBuf]) -> Result<Vec<DataFile>> {
         }
     }
     Ok(files)
+}
+
+/// Whether `pattern` names at least one file, as [`expand`] reads it, found without listing
+/// every match: `shardrun plan` checks each pattern before anything is queued.
+pub fn check(pattern: &Path) -> Result<()> {
+    let text = utf8(pattern)?;
+    if !is_glob(text) {
+        return literal(pattern, text).map(|_| ());
+    }
+    match glob_files(text)?.next() {
+        Some(first) => first.map(|_| ()),
+        None => Err(DataError::NoFiles {
+            pattern: text.to_string(),
+        }),
+    }
+}
+
+fn utf8(pattern: &Path) -> Result<&str> {
+    pattern.to_str().ok_or_else(|| DataError::Pattern {
+        pattern: pattern.display().to_string(),
+        why: "the path is not valid UTF-8".into(),
+    })
+}
+
+/// The files a glob pattern matches, in the order `glob` yields them.
+fn glob_files(text: &str) -> Result<impl Iterator<Item = Result<PathBuf>>> {
+    let paths = glob::glob(text).map_err(|e| DataError::Pattern {
+        pattern: text.to_string(),
+        why: e.to_string(),
+    })?;
+    Ok(paths.filter_map(|entry| match entry {
+        // A pattern like `dir/**` also yields folders: they hold the files, they are not
+        // documents.
+        Ok(path) => (!path.is_dir()).then_some(Ok(path)),
+        Err(e) => Some(Err(DataError::Io {
+            doing: "list",
+            path: e.path().to_path_buf(),
+            source: e.into(),
+        })),
+    }))
+}
+
+/// A path without pattern characters: the file itself.
+fn literal(pattern: &Path, text: &str) -> Result<PathBuf> {
+    match std::fs::metadata(pattern) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(DataError::NoFiles {
+            pattern: text.to_string(),
+        }),
+        Err(e) => Err(DataError::io("read", pattern)(e)),
+        Ok(meta) if meta.is_dir() => Err(DataError::Folder {
+            path: pattern.to_path_buf(),
+        }),
+        Ok(_) => Ok(pattern.to_path_buf()),
+    }
 }
 
 pub fn stat(path: &Path) -> Result<DataFile> {
@@ -120,6 +141,36 @@ mod tests {
         assert!(matches!(
             expand(&[dir.path().to_path_buf()]),
             Err(DataError::Folder { .. })
+        ));
+    }
+
+    #[test]
+    fn check_agrees_with_expand() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("deep/er")).unwrap();
+        std::fs::write(dir.path().join("deep/er/a.txt"), "x").unwrap();
+        for found in ["**/*.txt", "deep/er/a.txt", "deep/**/*"] {
+            check(&dir.path().join(found)).unwrap_or_else(|e| panic!("{found}: {e}"));
+        }
+        for (missing, folder) in [("*.txt", false), ("deep/a.txt", false), ("deep", true)] {
+            let pattern = dir.path().join(missing);
+            let (checked, expanded) = (check(&pattern), expand(&[pattern]));
+            match folder {
+                false => assert!(
+                    matches!(checked, Err(DataError::NoFiles { .. }))
+                        && matches!(expanded, Err(DataError::NoFiles { .. })),
+                    "{missing}"
+                ),
+                true => assert!(
+                    matches!(checked, Err(DataError::Folder { .. }))
+                        && matches!(expanded, Err(DataError::Folder { .. })),
+                    "{missing}"
+                ),
+            }
+        }
+        assert!(matches!(
+            check(&dir.path().join("[x")),
+            Err(DataError::Pattern { .. })
         ));
     }
 }

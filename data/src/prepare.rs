@@ -175,10 +175,15 @@ fn tokenize_files(
                 "the {} holds no documents ({} file(s){})",
                 spec.what,
                 files.len(),
-                if skipped.is_empty() {
-                    String::new()
-                } else {
-                    format!(", {} bad record(s) skipped", skipped.len())
+                match skipped.first() {
+                    None => String::new(),
+                    // Often every record was bad for one reason: the first one says which.
+                    Some(first) => format!(
+                        ", {} bad record(s) skipped, the first {}: {}",
+                        skipped.len(),
+                        first.origin,
+                        first.why
+                    ),
                 }
             ),
             fix: "check `data.files` and how documents are read (`split`, `field`)".into(),

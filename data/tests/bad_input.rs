@@ -298,3 +298,80 @@ fn token_ids_beyond_the_vocabulary() {
         "{err}"
     );
 }
+
+#[test]
+fn a_field_the_first_record_lacks_is_answered_with_the_fields_it_has() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "d.jsonl",
+        "{\"txt\": \"one\", \"id\": 1}\n{\"txt\": \"two\", \"id\": 2}\n",
+    );
+    // Likely every record lacks it: skipping them would leave nothing, so the fix is the
+    // field's name.
+    let c = dataset(
+        jsonl(vec![path.clone()]),
+        TokenizerConfig::Bytes,
+        8,
+        &dir.path().join("c1"),
+    );
+    assert_eq!(
+        fails(&c, None),
+        format!(
+            "{}:1: no field `text` in the record (it has: id, txt); `data.field` names a field \
+             the first record does not have, so likely no record has it: did you mean \
+             `field: txt`?",
+            path.display()
+        )
+    );
+    let prompts = DataSource::Jsonl {
+        files: vec![path.clone()],
+        text: JsonlText::PromptCompletion {
+            prompt: "txt".into(),
+            completion: "answer".into(),
+        },
+    };
+    let c = dataset(prompts, TokenizerConfig::Bytes, 8, &dir.path().join("c2"));
+    assert!(
+        fails(&c, None).ends_with(
+            "`data.completion_field` names a field the first record does not have, so likely \
+             no record has it: set it to the field that holds the completion"
+        ),
+        "{}",
+        fails(&c, None)
+    );
+    // Skipped anyway, the records leave nothing, and the first one says why.
+    let mut skipping = dataset(
+        jsonl(vec![path.clone()]),
+        TokenizerConfig::Bytes,
+        8,
+        &dir.path().join("c3"),
+    );
+    skipping.on_bad_record = OnBadRecord::Skip;
+    let err = fails(&skipping, None);
+    assert!(
+        err.contains(&format!(
+            "2 bad record(s) skipped, the first {}:1: no field `text` in the record (it has: id, txt)",
+            path.display()
+        )),
+        "{err}"
+    );
+    // A later record without the field is one bad record among good ones: skipping stays
+    // the way out.
+    let later = write(
+        dir.path(),
+        "later.jsonl",
+        "{\"text\": \"one\"}\n{\"txt\": \"two\"}\n",
+    );
+    let c = dataset(
+        jsonl(vec![later]),
+        TokenizerConfig::Bytes,
+        8,
+        &dir.path().join("c4"),
+    );
+    assert!(
+        fails(&c, None).ends_with("or set `data.on_bad_record: skip` to skip bad records"),
+        "{}",
+        fails(&c, None)
+    );
+}

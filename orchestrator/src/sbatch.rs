@@ -173,7 +173,14 @@ mod tests {
 
     #[test]
     fn gpu_cluster_script_carries_every_flag() {
-        let job = resolved(include_str!("../../examples/gpu-cluster.yaml"));
+        // The example's data files, where planning looks for them.
+        let data = tempfile::tempdir().unwrap();
+        for file in ["train.bin", "val.bin"] {
+            std::fs::write(data.path().join(file), [0u8; 2]).unwrap();
+        }
+        let spec = include_str!("../../examples/gpu-cluster.yaml")
+            .replace("/scratch/data/", &format!("{}/", data.path().display()));
+        let job = resolved(&spec);
         let script = render_sbatch(
             &job,
             &ScriptTarget::Single {

@@ -257,3 +257,84 @@ fn a_set_flag_gets_the_files_explanation_and_names_the_flag() {
     assert_eq!((code, stderr.as_str()), (0, ""));
     assert!(stdout.contains("20000"), "{stdout}");
 }
+
+/// `shardrun plan job.yaml` on `yaml` in a folder that also holds `train.jsonl` and the
+/// folders `tok` (with tokenizer.json) and `sp` (a SentencePiece tokenizer.model only);
+/// returns (exit code, stderr with the folder shown as `<dir>`).
+fn plan_with_data(yaml: &str, sets: &[&str]) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("job.yaml"), yaml).unwrap();
+    std::fs::write(dir.path().join("train.jsonl"), "{\"text\": \"x\"}\n").unwrap();
+    for (folder, file) in [("tok", "tokenizer.json"), ("sp", "tokenizer.model")] {
+        std::fs::create_dir(dir.path().join(folder)).unwrap();
+        std::fs::write(dir.path().join(folder).join(file), "{}").unwrap();
+    }
+    let mut cmd = Command::new(SHARDRUN);
+    cmd.current_dir(dir.path()).args(["plan", "job.yaml"]);
+    for set in sets {
+        cmd.args(["--set", set]);
+    }
+    let out = cmd.output().unwrap();
+    let shown = std::fs::canonicalize(dir.path()).unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stderr)
+            .unwrap()
+            .replace(&shown.display().to_string(), "<dir>"),
+    )
+}
+
+const WITH_DATA: &str = "name: t
+training:
+  model: { kind: transformer, vocab_size: 300, dim: 64, n_layers: 2, n_heads: 4, max_seq_len: 16 }
+  data:
+    kind: jsonl
+    files: [train.jsonl]
+    tokenizer: { path: tok }
+  steps: 2
+  total_batch_size: 4
+  batch_size_per_device: 2
+";
+
+#[test]
+fn data_that_is_not_there_fails_the_plan() {
+    assert_eq!(plan_with_data(WITH_DATA, &[]), (0, String::new()));
+    let (code, stderr) = plan_with_data(WITH_DATA, &["training.data.files=[nope.jsonl]"]);
+    assert_eq!(
+        (code, stderr.as_str()),
+        (
+            1,
+            "error: --set training.data.files=[nope.jsonl]: field `training.data.files[0]`: no \
+             file matches <dir>/nope.jsonl\n  fix: check the path (relative paths are relative \
+             to the job spec's folder)\n"
+        )
+    );
+    let (code, stderr) = plan_with_data(&WITH_DATA.replace("train.jsonl", "trian.jsonl"), &[]);
+    assert_eq!(
+        (code, stderr.as_str()),
+        (
+            1,
+            "\
+error: job.yaml:6:13: field `training.data.files[0]`: no file matches <dir>/trian.jsonl
+  |
+6 |     files: [trian.jsonl]
+  |             ^^^^^^^^^^^
+  fix: did you mean <dir>/train.jsonl?
+"
+        )
+    );
+    let (code, stderr) = plan_with_data(&WITH_DATA.replace("path: tok", "path: sp"), &[]);
+    assert_eq!(
+        (code, stderr.as_str()),
+        (
+            1,
+            "\
+error: job.yaml:7:18: field `training.data.tokenizer.path`: <dir>/sp holds a SentencePiece `tokenizer.model` but no `tokenizer.json`, which is what shardrun reads
+  |
+7 |     tokenizer: { path: sp }
+  |                  ^^^^
+  fix: write the folder's tokenizer.json once, with transformers: `python -c \"from transformers import AutoTokenizer; AutoTokenizer.from_pretrained('<dir>/sp').save_pretrained('<dir>/sp')\"`
+"
+        )
+    );
+}

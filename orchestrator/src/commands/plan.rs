@@ -5,6 +5,8 @@
 use crate::commands::spec_args::{load_and_resolve, SetArgs};
 use crate::resolve::{Overrides, ResolvedJob};
 use crate::rundir::RunDir;
+use crate::sbatch::shell_quote;
+use crate::sweeps;
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 
@@ -44,7 +46,18 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             }
             job
         }
-        None => load_and_resolve(&args.spec, &overrides, &args.set)?.1,
+        None => {
+            let (loaded, job) = load_and_resolve(&args.spec, &overrides, &args.set)?;
+            if let Some(sweep) = &loaded.spec.sweep {
+                eprintln!(
+                    "note: this spec sweeps {} points; this is the plan of the values outside \
+                     the sweep (`shardrun sweep {} --dry-run` plans every point)",
+                    sweeps::written_points(sweep),
+                    shell_quote(&args.spec.display().to_string())
+                );
+            }
+            job
+        }
     };
     if args.json {
         outln!(

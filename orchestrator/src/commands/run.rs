@@ -3,13 +3,13 @@
 //! the same run directory, it continues the run (see [`crate::rerun`]).
 
 use crate::commands::controller::supervise;
-use crate::commands::spec_args::{load_and_resolve, SetArgs};
+use crate::commands::spec_args::{self, SetArgs};
 use crate::job_controller::options::ControllerArgs;
 use crate::job_controller::LaunchMode;
 use crate::rerun::{self, RunStart};
-use crate::resolve::{Overrides, ResolvedJob};
+use crate::resolve::{defaults, Overrides};
 use crate::rundir::{NewRun, RunDir};
-use crate::spec::overrides;
+use crate::spec::{overrides, JobSpec};
 use shardrun_protocol::config::DeviceKind;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -49,6 +49,12 @@ pub enum DeviceArg {
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
+    let loaded = spec_args::load(&args.spec, &args.set)?;
+    spec_args::refuse_sweep(&loaded, "run", &args.spec)?;
+    let path = match &args.run_dir {
+        Some(dir) => dir.clone(),
+        None => run_path(&args.spec, &loaded.spec)?,
+    };
     let overrides = Overrides {
         world_size: args.nproc,
         device: args.device.map(|d| match d {
@@ -56,19 +62,16 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             DeviceArg::Cuda => DeviceKind::Cuda,
         }),
         force: args.force,
+        continues_run: continues_run(&path, args.force),
         ..Overrides::submitting()
     };
-    let (loaded, job) = load_and_resolve(&args.spec, &overrides, &args.set)?;
+    let job = crate::resolve::resolve(&loaded, &overrides)?;
     // One GPU per rank, checked before anything is created.
     let gpus = match job.train.device {
         DeviceKind::Cuda => {
             Some(crate::gpus::for_local_run(job.world_size).map_err(anyhow::Error::msg)?)
         }
         DeviceKind::Cpu => None,
-    };
-    let path = match &args.run_dir {
-        Some(dir) => dir.clone(),
-        None => run_path(&args.spec, &job)?,
     };
     let job_yaml = overrides::recorded_yaml(&loaded);
     let spec_dir = std::path::absolute(&loaded.base_dir)?;
@@ -100,11 +103,20 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
 
 /// The run directory of a spec: the spec's own folder when given a run directory, else
 /// `<run_root>/<name>`.
-pub fn run_path(spec: &Path, job: &ResolvedJob) -> anyhow::Result<PathBuf> {
-    if spec.is_dir() && RunDir::open(spec).is_ok() {
-        return Ok(std::path::absolute(spec)?);
+pub fn run_path(spec_path: &Path, spec: &JobSpec) -> anyhow::Result<PathBuf> {
+    if spec_path.is_dir() && RunDir::open(spec_path).is_ok() {
+        return Ok(std::path::absolute(spec_path)?);
     }
-    Ok(RunDir::planned_path(job)?)
+    let root = spec
+        .run_root
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(defaults::RUN_ROOT));
+    Ok(std::path::absolute(root.join(&spec.name))?)
+}
+
+/// Whether the job continues a run already at `path` (without `--force`, which starts over).
+pub fn continues_run(path: &Path, force: bool) -> bool {
+    !force && RunDir::open(path).is_ok()
 }
 
 /// Says first what a re-run does (resume, start over, nothing); the run to start, if any.

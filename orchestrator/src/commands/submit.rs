@@ -3,8 +3,8 @@
 //! (see [`crate::rerun`]): the new job resumes from the run's newest checkpoint.
 
 use crate::binaries::shardrun_exe;
-use crate::commands::run::{announce, run_path};
-use crate::commands::spec_args::{load_and_resolve, SetArgs};
+use crate::commands::run::{announce, continues_run, run_path};
+use crate::commands::spec_args::{self, SetArgs};
 use crate::rerun;
 use crate::resolve::Overrides;
 use crate::rundir::{NewRun, RunState};
@@ -33,12 +33,15 @@ pub struct Args {
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
+    let loaded = spec_args::load(&args.spec, &args.set)?;
+    spec_args::refuse_sweep(&loaded, "submit", &args.spec)?;
+    let path = run_path(&args.spec, &loaded.spec)?;
     let overrides = Overrides {
         force: args.force,
+        continues_run: continues_run(&path, args.force),
         ..Overrides::submitting()
     };
-    let (loaded, job) = load_and_resolve(&args.spec, &overrides, &args.set)?;
-    let path = run_path(&args.spec, &job)?;
+    let job = crate::resolve::resolve(&loaded, &overrides)?;
     let script = render_sbatch(
         &job,
         &ScriptTarget::Single {

@@ -16,6 +16,8 @@ pub struct FieldChange {
     pub now: Value,
     /// Applied on resume (else the re-run is refused).
     pub safe: bool,
+    /// What made the change when the spec did not (`--nproc 4`).
+    pub by: Option<String>,
 }
 
 impl fmt::Display for FieldChange {
@@ -26,7 +28,11 @@ impl fmt::Display for FieldChange {
             self.field,
             show(&self.was),
             show(&self.now)
-        )
+        )?;
+        match &self.by {
+            Some(by) => write!(f, " ({by})"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -41,6 +47,7 @@ fn show(value: &Value) -> String {
 /// Resolved fields that follow from others, or name the run rather than describe it.
 const IGNORED: &[&str] = &[
     "name",
+    "nproc",
     "run_root",
     "world_size",
     "grad_accum_steps",
@@ -79,6 +86,10 @@ pub const SAFE_IN_WORDS: &str = "training.steps, the world size and resources, \
     training.batch_size_per_device, the checkpoint interval, keep and format, log_every, \
     threads_per_rank, and FSDP's prefetch, max_gathers_in_flight and activation_checkpointing";
 
+/// Resolved fields `--nproc` sets (one node of N ranks, in place of the spec's resources):
+/// when it ran either job they follow the world size, which is named with the flag.
+const SET_BY_NPROC: &[&str] = &["slurm.nodes", "slurm.ntasks_per_node"];
+
 /// Every field that differs between `was` and `now`, in the spec's order of sections.
 pub fn between(was: &ResolvedJob, now: &ResolvedJob) -> Vec<FieldChange> {
     let (mut a, mut b) = (BTreeMap::new(), BTreeMap::new());
@@ -87,9 +98,15 @@ pub fn between(was: &ResolvedJob, now: &ResolvedJob) -> Vec<FieldChange> {
     let mut paths: Vec<&String> = a.keys().chain(b.keys()).collect();
     paths.sort();
     paths.dedup();
+    let nproc = match (was.nproc, now.nproc) {
+        (_, Some(n)) => Some(format!("--nproc {n}")),
+        (Some(n), None) => Some(format!("was --nproc {n}")),
+        (None, None) => None,
+    };
     paths
         .into_iter()
         .filter(|path| !under(path, IGNORED))
+        .filter(|path| nproc.is_none() || !SET_BY_NPROC.contains(&path.as_str()))
         .filter_map(|path| {
             let was = a.get(path).cloned().unwrap_or(Value::Null);
             let now = b.get(path).cloned().unwrap_or(Value::Null);
@@ -98,6 +115,7 @@ pub fn between(was: &ResolvedJob, now: &ResolvedJob) -> Vec<FieldChange> {
                 was,
                 now,
                 safe: under(path, SAFE),
+                by: nproc.clone().filter(|_| path == "train.batch.world_size"),
             })
         })
         .collect()
@@ -201,14 +219,49 @@ mod tests {
         assert_eq!(
             named,
             vec![
-                "resources.tasks_per_node: 2 → 1",
                 "resources.time: 00:10:00 → 01:00:00",
-                "world size: 2 → 1",
+                "world size: 2 → 1 (--nproc 1)",
                 "training.log_every: 1 → 10",
                 "training.steps: 200 → 400",
             ]
         );
         assert!(changes.iter().all(|c| c.safe), "{changes:?}");
+    }
+
+    #[test]
+    fn the_ranks_of_nproc_are_named_by_the_flag_not_as_resources() {
+        let named = |was: &ResolvedJob, now: &ResolvedJob| -> Vec<String> {
+            between(was, now).iter().map(|c| c.to_string()).collect()
+        };
+        // Batches of 4 per device, so the demo's 16 split on 4 ranks too.
+        let job = |sets: &[&str], nproc| {
+            let mut sets = sets.to_vec();
+            sets.push("training.batch_size_per_device=4");
+            job(&sets, nproc)
+        };
+        // The spec's 2 ranks on one node, then --nproc: its ranks per node are the flag's.
+        assert_eq!(
+            named(&job(&[], None), &job(&[], Some(4))),
+            ["world size: 2 → 4 (--nproc 4)"]
+        );
+        assert_eq!(named(&job(&[], None), &job(&[], Some(2))), [""; 0]);
+        assert_eq!(
+            named(&job(&[], Some(4)), &job(&[], None)),
+            ["world size: 4 → 2 (was --nproc 4)"]
+        );
+        // Two nodes of 2 in the spec, 4 ranks here: the same world size, nothing to say.
+        assert_eq!(
+            named(
+                &job(&["resources.nodes=2"], None),
+                &job(&["resources.nodes=2"], Some(4))
+            ),
+            [""; 0]
+        );
+        // Without --nproc, resources the spec changes are named as the spec names them.
+        assert_eq!(
+            named(&job(&[], None), &job(&["resources.tasks_per_node=4"], None)),
+            ["resources.tasks_per_node: 2 → 4", "world size: 2 → 4"]
+        );
     }
 
     #[test]

@@ -1,14 +1,16 @@
 //! The batch split: `total = per_device × world × accumulation`, never rounded.
 
-use super::{ResolveError, Section};
+use super::{Overrides, ResolveError, Section};
 use std::fmt::Write as _;
 
-/// `total / (per_device × world)`, or an error that lists the nearest totals that divide.
+/// `total / (per_device × world)`, or an error that says what splits: the nearest totals
+/// for a new run, the numbers of ranks for a run that continues (its total is fixed).
 pub fn batch_split(
     s: &Section,
     total: u64,
     per_device: u64,
     world: u64,
+    overrides: &Overrides,
 ) -> Result<u64, ResolveError> {
     if per_device == 0 {
         return Err(s.err(
@@ -19,26 +21,15 @@ pub fn batch_split(
     }
     let unit = per_device * world;
     if total == 0 || !total.is_multiple_of(unit) {
-        let below = (total / unit) * unit;
-        let above = below + unit;
-        let nearest = if below > 0 {
-            format!("{below} or {above}")
+        let fix = if overrides.continues_run && total > 0 {
+            let ranks_from = match overrides.world_size {
+                Some(_) => "--nproc",
+                None => "`resources`",
+            };
+            ranks_that_split(total, per_device, world, ranks_from)
         } else {
-            format!("{above}")
+            totals_that_split(total, per_device, world)
         };
-        let mut fix = format!("set `total_batch_size` to a multiple of {per_device} × {world} = {unit}: nearest {nearest}");
-        if total > 0 && total.is_multiple_of(world) {
-            let per_rank = total / world;
-            let divisors: Vec<String> = (1..=per_rank)
-                .filter(|d| per_rank.is_multiple_of(*d))
-                .map(|d| d.to_string())
-                .collect();
-            let _ = write!(
-                fix,
-                "; or keep it and use `batch_size_per_device` in [{}]",
-                divisors.join(", ")
-            );
-        }
         return Err(s.err(
             "training.total_batch_size",
             format!("total batch {total} does not split into per-device batches of {per_device} on {world} ranks ({total} / {unit} is not a whole number of accumulation steps)"),
@@ -46,4 +37,145 @@ pub fn batch_split(
         ));
     }
     Ok(total / unit)
+}
+
+/// A new run may change its total: the nearest that split, or the per-device batches that
+/// split the total it has.
+fn totals_that_split(total: u64, per_device: u64, world: u64) -> String {
+    let unit = per_device * world;
+    let below = (total / unit) * unit;
+    let above = below + unit;
+    let nearest = if below > 0 {
+        format!("{below} or {above}")
+    } else {
+        format!("{above}")
+    };
+    let mut fix = format!(
+        "set `total_batch_size` to a multiple of {per_device} × {world} = {unit}: nearest {nearest}"
+    );
+    if total > 0 && total.is_multiple_of(world) {
+        let _ = write!(
+            fix,
+            "; or keep it and use `batch_size_per_device` in [{}]",
+            list(&divisors(total / world), ", ")
+        );
+    }
+    fix
+}
+
+/// A run that continues keeps its total batch (a step would compute something else): the
+/// numbers of ranks it splits on, with this per-device batch and with a smaller one.
+fn ranks_that_split(total: u64, per_device: u64, world: u64, ranks_from: &str) -> String {
+    let with_this = if total.is_multiple_of(per_device) {
+        divisors(total / per_device)
+    } else {
+        Vec::new()
+    };
+    let with_smaller: Vec<u64> = divisors(total)
+        .into_iter()
+        .filter(|w| !with_this.contains(w) && *w != world)
+        .collect();
+    let mut fix =
+        "a resumed run keeps its total batch (it decides what a step computes): ".to_string();
+    if with_this.is_empty() {
+        let _ = write!(
+            fix,
+            "run it on {} ranks ({ranks_from}) with a `batch_size_per_device` that divides \
+             {total} / ranks",
+            or_list(&divisors(total))
+        );
+    } else {
+        let _ = write!(
+            fix,
+            "run it on {} ranks ({ranks_from}), the world sizes {total} splits on",
+            or_list(&with_this)
+        );
+        if per_device > 1 {
+            let _ = write!(fix, " with per-device batches of {per_device}");
+        }
+        if !with_smaller.is_empty() {
+            let _ = write!(
+                fix,
+                " (and {} with a smaller `batch_size_per_device`)",
+                or_list(&with_smaller)
+            );
+        }
+    }
+    if total.is_multiple_of(world) {
+        match divisors(total / world).as_slice() {
+            [one] => {
+                let _ = write!(
+                    fix,
+                    "; or keep {world} ranks with `batch_size_per_device: {one}`"
+                );
+            }
+            many => {
+                let _ = write!(
+                    fix,
+                    "; or keep {world} ranks with `batch_size_per_device` in [{}]",
+                    list(many, ", ")
+                );
+            }
+        }
+    }
+    fix.push_str("; or start it over with --force");
+    fix
+}
+
+/// Every divisor of `n` (at least 1), in order.
+fn divisors(n: u64) -> Vec<u64> {
+    let (mut low, mut high) = (Vec::new(), Vec::new());
+    let mut d = 1;
+    while d * d <= n {
+        if n.is_multiple_of(d) {
+            low.push(d);
+            if d != n / d {
+                high.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    low.extend(high.into_iter().rev());
+    low
+}
+
+fn list(items: &[u64], sep: &str) -> String {
+    items
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(sep)
+}
+
+/// `1, 2, 4 or 8`.
+fn or_list(items: &[u64]) -> String {
+    match items.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", list(rest, ", ")),
+        _ => list(items, ""),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_a_kept_total_splits_on() {
+        assert_eq!(divisors(12), [1, 2, 3, 4, 6, 12]);
+        assert_eq!(divisors(16), [1, 2, 4, 8, 16]);
+        assert_eq!(or_list(&[1, 2, 4]), "1, 2 or 4");
+        assert_eq!(
+            ranks_that_split(8, 1, 3, "--nproc"),
+            "a resumed run keeps its total batch (it decides what a step computes): run it on \
+             1, 2, 4 or 8 ranks (--nproc), the world sizes 8 splits on; or start it over with \
+             --force"
+        );
+        assert_eq!(
+            ranks_that_split(12, 2, 4, "`resources`"),
+            "a resumed run keeps its total batch (it decides what a step computes): run it on \
+             1, 2, 3 or 6 ranks (`resources`), the world sizes 12 splits on with per-device \
+             batches of 2 (and 12 with a smaller `batch_size_per_device`); or keep 4 ranks with \
+             `batch_size_per_device` in [1, 3]; or start it over with --force"
+        );
+    }
 }

@@ -1,22 +1,28 @@
 //! Training data: the `training.data` section checked key by key against its `kind`, paths
-//! made absolute (relative to the spec file), every default applied. Pure: files are read
-//! when the data is prepared (`shardrun prepare`, or the job's controller before launch).
+//! made absolute (relative to the spec file), every default applied, and what the paths name
+//! looked at on disk: every `files` pattern matches a file, the tokenizer folder holds a
+//! `tokenizer.json`, a `chat_template` file exists. So a wrong path fails in `plan`, not
+//! after the queue wait. Nothing is read or tokenized here: that happens when the data is
+//! prepared (`shardrun prepare`, or the job's controller before launch).
 
 use super::{defaults, ResolveError, Section};
 use crate::spec::{DataKind, DataSpec, TextSplitKind, TokenizerKind};
+use shardrun_data::DataError;
 use shardrun_protocol::config::{
     DataConfig, DataSource, DatasetConfig, HeldOut, JsonlText, ModelConfig, OnBadRecord, Packing,
     TextSplit, TokenDtype, TokenizerConfig, ValidationConfig,
 };
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// `model_folder`: the model's Hugging Face folder, where the tokenizer is taken from when
-/// `data.tokenizer.path` is not given.
+/// `data.tokenizer.path` is not given. `on_disk` keeps what each path was found to hold.
 pub fn resolve_data(
     s: &Section,
     model: &ModelConfig,
     seq_len: u64,
     model_folder: Option<&Path>,
+    on_disk: &mut OnDisk,
 ) -> Result<DataConfig, ResolveError> {
     let Some(spec) = &s.spec().training.data else {
         return Ok(DataConfig::Synthetic { seq_len });
@@ -58,6 +64,7 @@ pub fn resolve_data(
         ));
     }
     let validation = validation(s, spec)?;
+    check_on_disk(s, spec, &source, &tokenizer, validation.as_ref(), on_disk)?;
     let cache_dir = match &spec.cache_dir {
         Some(dir) => s.spec_relative(dir),
         None => {
@@ -257,6 +264,224 @@ fn tokenizer(
     }
 }
 
+/// What the data's paths hold on disk, looked at once per path: a sweep's points name the
+/// same files, and a pattern like `/usr/lib/**/*.py` walks folders until it finds one.
+#[derive(Default)]
+pub struct OnDisk {
+    found: HashMap<(Lookup, PathBuf), Option<Problem>>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Lookup {
+    Files,
+    Tokenizer,
+    ChatTemplate,
+}
+
+/// Why a path will not do, and what to write instead (without the field, added where it is
+/// reported).
+#[derive(Clone)]
+struct Problem {
+    why: String,
+    fix: String,
+}
+
+impl OnDisk {
+    fn problem(&mut self, lookup: Lookup, path: &Path) -> Option<Problem> {
+        self.found
+            .entry((lookup, path.to_path_buf()))
+            .or_insert_with(|| match lookup {
+                Lookup::Files => files_problem(path),
+                Lookup::Tokenizer => tokenizer_problem(path),
+                Lookup::ChatTemplate => chat_template_problem(path),
+            })
+            .clone()
+    }
+}
+
+/// Every path of the resolved data, as the worker will read it; an error names the spec
+/// field (the list entry for a pattern).
+fn check_on_disk(
+    s: &Section,
+    spec: &DataSpec,
+    source: &DataSource,
+    tokenizer: &TokenizerConfig,
+    validation: Option<&ValidationConfig>,
+    on_disk: &mut OnDisk,
+) -> Result<(), ResolveError> {
+    let at = |field: String, p: Problem| s.err(&field, p.why, p.fix);
+    for (i, pattern) in source.files().iter().enumerate() {
+        if let Some(p) = on_disk.problem(Lookup::Files, pattern) {
+            return Err(at(format!("training.data.files[{i}]"), p));
+        }
+    }
+    if let Some(HeldOut::Files { files }) = validation.map(|v| &v.held_out) {
+        for (i, pattern) in files.iter().enumerate() {
+            if let Some(p) = on_disk.problem(Lookup::Files, pattern) {
+                return Err(at(format!("training.data.validation.files[{i}]"), p));
+            }
+        }
+    }
+    if let TokenizerConfig::HuggingFace { path, .. } = tokenizer {
+        if let Some(mut p) = on_disk.problem(Lookup::Tokenizer, path) {
+            let given = spec.tokenizer.as_ref().is_some_and(|t| t.path.is_some());
+            if !given {
+                // The folder is the model's: the way out is naming another.
+                p.why = format!(
+                    "text data takes its tokenizer from the model's folder: {}",
+                    p.why
+                );
+                p.fix = format!(
+                    "{}; or add `tokenizer: {{ path: <folder with tokenizer.json> }}` to `data`",
+                    p.fix
+                );
+            }
+            let field = if given {
+                "training.data.tokenizer.path"
+            } else {
+                "training.data.tokenizer"
+            };
+            return Err(at(field.into(), p));
+        }
+    }
+    if let DataSource::Chat {
+        chat_template: Some(path),
+        ..
+    } = source
+    {
+        if let Some(p) = on_disk.problem(Lookup::ChatTemplate, path) {
+            return Err(at("training.data.chat_template".into(), p));
+        }
+    }
+    Ok(())
+}
+
+/// Why `pattern` names no file, as the data reader would find it.
+fn files_problem(pattern: &Path) -> Option<Problem> {
+    let shown = pattern.display();
+    let relative = "relative paths are relative to the job spec's folder";
+    let error = shardrun_data::files::check(pattern).err()?;
+    Some(match error {
+        DataError::NoFiles { .. } => {
+            // Say where the path stops existing, or which file was likely meant.
+            let literal: PathBuf = pattern
+                .components()
+                .take_while(|c| !c.as_os_str().to_string_lossy().contains(['*', '?', '[']))
+                .collect();
+            let folder = if literal == pattern {
+                literal.parent().map(Path::to_path_buf).unwrap_or_default()
+            } else {
+                literal
+            };
+            let fix = if !folder.is_dir() {
+                format!("check the path: {} does not exist ({relative})", folder.display())
+            } else if let Some(near) = (pattern.parent() == Some(folder.as_path()))
+                .then(|| nearest_file(&folder, pattern.file_name()?.to_str()?))
+                .flatten()
+            {
+                format!("did you mean {}?", folder.join(near).display())
+            } else {
+                format!("check the path ({relative})")
+            };
+            Problem {
+                why: format!("no file matches {shown}"),
+                fix,
+            }
+        }
+        DataError::Folder { .. } => Problem {
+            why: format!("{shown} is a folder"),
+            fix: format!("name the files in it with a pattern: `{shown}/*.jsonl`, or `{shown}/**/*` for every file at any depth"),
+        },
+        DataError::Pattern { why, .. } => Problem {
+            why: format!("{shown} is not a valid file pattern: {why}"),
+            fix: "write a path, or a pattern with `*`, `?`, `[abc]` and `**` (any depth)".into(),
+        },
+        other => Problem {
+            why: other.to_string(),
+            fix: "check the path and its permissions".into(),
+        },
+    })
+}
+
+/// The name in `folder` closest to `name`, if it is close enough to be a typo.
+fn nearest_file(folder: &Path, name: &str) -> Option<String> {
+    let names: Vec<String> = std::fs::read_dir(folder)
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    let candidates: Vec<&str> = names.iter().map(String::as_str).collect();
+    crate::spec::did_you_mean(name, &candidates).map(str::to_string)
+}
+
+/// Why `path` is not a tokenizer the data reader loads: it reads `tokenizer.json` (the
+/// folder's, or the file named), never a SentencePiece model.
+fn tokenizer_problem(path: &Path) -> Option<Problem> {
+    let sentencepiece = |folder: &Path| Problem {
+        why: format!(
+            "{} holds a SentencePiece `tokenizer.model` but no `tokenizer.json`, which is what \
+             shardrun reads",
+            folder.display()
+        ),
+        fix: format!(
+            "write the folder's tokenizer.json once, with transformers: `python -c \"from \
+             transformers import AutoTokenizer; \
+             AutoTokenizer.from_pretrained('{0}').save_pretrained('{0}')\"`",
+            folder.display()
+        ),
+    };
+    let folder = if path.is_dir() {
+        path
+    } else if path.is_file() {
+        // The file itself: anything but a SentencePiece model is left to the reader.
+        return match path.extension().is_some_and(|e| e == "model") {
+            true => Some(sentencepiece(path.parent().unwrap_or(Path::new(".")))),
+            false => None,
+        };
+    } else {
+        match path.parent().filter(|_| path.ends_with("tokenizer.json")) {
+            Some(folder) if folder.is_dir() => folder,
+            _ => {
+                return Some(Problem {
+                    why: format!("the tokenizer {} does not exist", path.display()),
+                    fix: "name the folder that holds `tokenizer.json` (a Hugging Face model or \
+                          tokenizer folder; relative paths are relative to the job spec's \
+                          folder), or use `tokenizer: { kind: bytes }`"
+                        .into(),
+                })
+            }
+        }
+    };
+    if folder.join("tokenizer.json").is_file() {
+        return None;
+    }
+    if folder.join("tokenizer.model").is_file() {
+        return Some(sentencepiece(folder));
+    }
+    Some(Problem {
+        why: format!("{} holds no `tokenizer.json`", folder.display()),
+        fix: "name the folder where `transformers` saved the model's tokenizer \
+              (`save_pretrained` writes tokenizer.json), or the tokenizer.json file itself"
+            .into(),
+    })
+}
+
+fn chat_template_problem(path: &Path) -> Option<Problem> {
+    let why = if path.is_file() {
+        return None;
+    } else if path.is_dir() {
+        format!("the chat template {} is a folder", path.display())
+    } else {
+        format!("the chat template {} does not exist", path.display())
+    };
+    Some(Problem {
+        why,
+        fix: "name a Jinja file (relative paths are relative to the job spec's folder), or \
+              remove `chat_template` to use the tokenizer folder's template"
+            .into(),
+    })
+}
+
 fn validation(s: &Section, spec: &DataSpec) -> Result<Option<ValidationConfig>, ResolveError> {
     let Some(v) = &spec.validation else {
         return Ok(None);
@@ -311,12 +536,35 @@ mod tests {
     use shardrun_protocol::config::*;
     use std::path::Path;
 
-    fn data(yaml: &str) -> Result<DataConfig, ResolveError> {
+    /// A folder with the files the specs below name: `d/x.jsonl`, `a.txt`, `a.jsonl`,
+    /// `train.bin`, `tok/tokenizer.json` and `chat.jinja`.
+    fn jobs() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("d")).unwrap();
+        std::fs::create_dir_all(dir.path().join("tok")).unwrap();
+        for file in [
+            "d/x.jsonl",
+            "a.txt",
+            "a.jsonl",
+            "train.bin",
+            "tok/tokenizer.json",
+            "chat.jinja",
+        ] {
+            std::fs::write(dir.path().join(file), "{}").unwrap();
+        }
+        dir
+    }
+
+    fn data_in(dir: &Path, yaml: &str) -> Result<DataConfig, ResolveError> {
         let spec = format!(
             "name: t\nrun_root: /tmp/runs\ntraining:\n  model: {{ kind: transformer, vocab_size: 300, dim: 8, n_layers: 1, n_heads: 2, max_seq_len: 16 }}\n  data:\n{yaml}  steps: 2\n  total_batch_size: 2\n  batch_size_per_device: 2\n"
         );
-        let loaded = parse(&spec, Path::new("/jobs/job.yaml")).map_err(ResolveError::from)?;
+        let loaded = parse(&spec, &dir.join("job.yaml")).map_err(ResolveError::from)?;
         resolve(&loaded, &Overrides::default()).map(|j| j.train.data)
+    }
+
+    fn data(yaml: &str) -> Result<DataConfig, ResolveError> {
+        data_in(jobs().path(), yaml)
     }
 
     fn err(yaml: &str) -> crate::spec::SpecError {
@@ -326,7 +574,9 @@ mod tests {
 
     #[test]
     fn every_default_is_explicit() {
-        let DataConfig::Dataset(d) = data(
+        let dir = jobs();
+        let DataConfig::Dataset(d) = data_in(
+            dir.path(),
             "    kind: jsonl\n    files: [d/*.jsonl]\n    tokenizer: { path: tok }\n    validation: { fraction: 0.1, every_steps: 5 }\n",
         )
         .unwrap() else {
@@ -335,7 +585,7 @@ mod tests {
         assert_eq!(
             d.source,
             DataSource::Jsonl {
-                files: vec!["/jobs/d/*.jsonl".into()],
+                files: vec![dir.path().join("d/*.jsonl")],
                 text: JsonlText::Field {
                     field: "text".into()
                 }
@@ -344,7 +594,7 @@ mod tests {
         assert_eq!(
             d.tokenizer,
             TokenizerConfig::HuggingFace {
-                path: "/jobs/tok".into(),
+                path: dir.path().join("tok"),
                 bos_token: None,
                 eos_token: None
             }
@@ -397,7 +647,9 @@ mod tests {
 
     #[test]
     fn text_split_and_tokens() {
-        let DataConfig::Dataset(d) = data(
+        let dir = jobs();
+        let DataConfig::Dataset(d) = data_in(
+            dir.path(),
             "    kind: text\n    files: [a.txt]\n    separator: \"<|endoftext|>\"\n    tokenizer: { kind: bytes }\n",
         )
         .unwrap() else {
@@ -406,16 +658,19 @@ mod tests {
         assert_eq!(
             d.source,
             DataSource::Text {
-                files: vec!["/jobs/a.txt".into()],
+                files: vec![dir.path().join("a.txt")],
                 split: TextSplit::Separator {
                     separator: "<|endoftext|>".into()
                 }
             }
         );
         assert_eq!(d.tokenizer, TokenizerConfig::Bytes);
-        let DataConfig::Dataset(d) =
-            data("    kind: tokens\n    files: [/data/train.bin]\n").unwrap()
-        else {
+        let train = dir.path().join("train.bin");
+        let DataConfig::Dataset(d) = data_in(
+            dir.path(),
+            &format!("    kind: tokens\n    files: [{}]\n", train.display()),
+        )
+        .unwrap() else {
             panic!()
         };
         assert_eq!(d.tokenizer, TokenizerConfig::PreTokenized);
@@ -426,5 +681,167 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn files_that_match_nothing_are_errors_at_their_entry() {
+        let dir = jobs();
+        let e = |yaml: &str| {
+            let ResolveError::Invalid(e) = data_in(dir.path(), yaml).unwrap_err();
+            e
+        };
+        let bytes = "    tokenizer: { kind: bytes }\n";
+        let err = e(&format!(
+            "    kind: jsonl\n    files: [d/*.jsonl, nope.jsonl]\n{bytes}"
+        ));
+        assert_eq!(err.field, "training.data.files[1]");
+        assert_eq!((err.line, err.column), (Some(7), Some(24)));
+        assert_eq!(
+            err.why,
+            format!(
+                "no file matches {}",
+                dir.path().join("nope.jsonl").display()
+            )
+        );
+        assert!(
+            err.fix.contains("relative to the job spec's folder"),
+            "{err}"
+        );
+        // A typo of a file that is there, a folder that is not, a folder for a file.
+        let err = e(&format!("    kind: jsonl\n    files: [d/x.jsnl]\n{bytes}"));
+        assert_eq!(
+            err.fix,
+            format!("did you mean {}?", dir.path().join("d/x.jsonl").display())
+        );
+        let err = e(&format!(
+            "    kind: jsonl\n    files: [dd/**/*.jsonl]\n{bytes}"
+        ));
+        assert!(
+            err.fix.contains(&format!(
+                "{} does not exist",
+                dir.path().join("dd").display()
+            )),
+            "{err}"
+        );
+        let err = e(&format!("    kind: jsonl\n    files: [d]\n{bytes}"));
+        assert!(err.why.ends_with("/d is a folder"), "{err}");
+        assert!(err.fix.contains("name the files in it"), "{err}");
+        // Validation files are checked the same way.
+        let err = e(&format!(
+            "    kind: jsonl\n    files: [a.jsonl]\n{bytes}    validation: {{ files: [a.jsonl, val.jsonl] }}\n"
+        ));
+        assert_eq!(err.field, "training.data.validation.files[1]");
+        assert_eq!(err.line, Some(9));
+    }
+
+    #[test]
+    fn a_tokenizer_without_tokenizer_json_is_an_error_with_the_way_to_get_one() {
+        let dir = jobs();
+        let e = |yaml: &str| {
+            let ResolveError::Invalid(e) = data_in(dir.path(), yaml).unwrap_err();
+            e
+        };
+        let err = e("    kind: text\n    files: [a.txt]\n    tokenizer: { path: toks }\n");
+        assert_eq!(err.field, "training.data.tokenizer.path");
+        assert!(err.why.contains("does not exist"), "{err}");
+        std::fs::create_dir(dir.path().join("sp")).unwrap();
+        let err = e("    kind: text\n    files: [a.txt]\n    tokenizer: { path: sp }\n");
+        assert!(err.why.ends_with("sp holds no `tokenizer.json`"), "{err}");
+        std::fs::write(dir.path().join("sp/tokenizer.model"), "").unwrap();
+        let err = e("    kind: text\n    files: [a.txt]\n    tokenizer: { path: sp }\n");
+        assert!(err.why.contains("SentencePiece `tokenizer.model`"), "{err}");
+        assert!(
+            err.fix.contains(&format!(
+                "AutoTokenizer.from_pretrained('{0}').save_pretrained('{0}')",
+                dir.path().join("sp").display()
+            )),
+            "{err}"
+        );
+        // The file itself is fine; a chat template must be a file that is there.
+        data_in(
+            dir.path(),
+            "    kind: text\n    files: [a.txt]\n    tokenizer: { path: tok/tokenizer.json }\n",
+        )
+        .unwrap();
+        data_in(
+            dir.path(),
+            "    kind: chat\n    files: [a.jsonl]\n    tokenizer: { path: tok }\n    chat_template: chat.jinja\n",
+        )
+        .unwrap();
+        let err = e("    kind: chat\n    files: [a.jsonl]\n    tokenizer: { path: tok }\n    chat_template: chat.jnja\n");
+        assert_eq!(err.field, "training.data.chat_template");
+        assert!(err.why.contains("does not exist"), "{err}");
+    }
+
+    #[test]
+    fn a_model_folder_without_tokenizer_json_is_named_with_both_ways_out() {
+        use shardrun_models::hf::{config::config_json, save_folder, SaveOptions, StoredDtype};
+        let dir = jobs();
+        let model = dir.path().join("model");
+        let scratch = "name: t\ntraining:\n  model: { kind: llama, vocab_size: 300, dim: 16, n_layers: 1, n_heads: 2, ffn_dim: 32 }\n  data: { kind: synthetic, seq_len: 8 }\n  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 2\n";
+        let scratch = resolve(
+            &parse(scratch, Path::new("j.yaml")).unwrap(),
+            &Overrides::default(),
+        );
+        let ModelConfig::Llama(llama) = scratch.unwrap().train.model else {
+            panic!("a Llama")
+        };
+        let architecture = llama.architecture;
+        let tensors: Vec<(String, Vec<u64>)> = architecture
+            .describe()
+            .params
+            .iter()
+            .map(|p| (p.name.clone(), p.shape.iter().map(|&x| x as u64).collect()))
+            .collect();
+        save_folder(
+            &model,
+            &config_json(&architecture, "float32"),
+            &tensors,
+            |name, values| {
+                let (_, shape) = tensors.iter().find(|(n, _)| n == name).unwrap();
+                values.resize(shape.iter().product::<u64>() as usize, 0.0);
+                Ok(())
+            },
+            None,
+            &SaveOptions {
+                dtype: StoredDtype::F32,
+                max_shard_bytes: 1 << 30,
+            },
+        )
+        .unwrap();
+        std::fs::write(model.join("tokenizer.model"), "").unwrap();
+        let spec = "name: t\ntraining:\n  model: { kind: hf, path: model }\n  data:\n    kind: text\n    files: [a.txt]\n    seq_len: 8\n  steps: 2\n  total_batch_size: 2\n  batch_size_per_device: 2\n";
+        let loaded = parse(spec, &dir.path().join("job.yaml")).unwrap();
+        let ResolveError::Invalid(err) = resolve(&loaded, &Overrides::default()).unwrap_err();
+        assert_eq!(
+            (err.field.as_str(), err.line),
+            ("training.data.tokenizer", Some(4))
+        );
+        assert!(
+            err.why
+                .starts_with("text data takes its tokenizer from the model's folder: ")
+                && err.why.contains("SentencePiece"),
+            "{err}"
+        );
+        assert!(
+            err.fix.contains("save_pretrained") && err.fix.contains("tokenizer: { path:"),
+            "{err}"
+        );
+        std::fs::write(model.join("tokenizer.json"), "{}").unwrap();
+        resolve(&loaded, &Overrides::default()).unwrap();
+    }
+
+    #[test]
+    fn what_a_path_holds_is_looked_up_once() {
+        let dir = jobs();
+        let spec = "name: t\ntraining:\n  model: { kind: transformer, vocab_size: 300, dim: 8, n_layers: 1, n_heads: 2, max_seq_len: 16 }\n  data: { kind: text, files: [\"*.txt\"], tokenizer: { path: tok } }\n  steps: 2\n  total_batch_size: 2\n  batch_size_per_device: 2\n";
+        let loaded = parse(spec, &dir.path().join("job.yaml")).unwrap();
+        let mut lookups = crate::resolve::Lookups::default();
+        crate::resolve::resolve_with(&loaded, &Overrides::default(), &mut lookups).unwrap();
+        // A sweep's next point does not look again.
+        std::fs::remove_file(dir.path().join("a.txt")).unwrap();
+        std::fs::remove_file(dir.path().join("tok/tokenizer.json")).unwrap();
+        crate::resolve::resolve_with(&loaded, &Overrides::default(), &mut lookups).unwrap();
+        assert!(resolve(&loaded, &Overrides::default()).is_err());
     }
 }

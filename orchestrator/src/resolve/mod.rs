@@ -1,7 +1,8 @@
 //! From a parsed job spec to a fully explicit [`ResolvedJob`]: defaults applied, the batch
 //! split checked (`total = per_device × world × accum`, never rounded), Slurm resources and
-//! the memory estimate computed. Pure: no I/O, so `plan`, `render`, `submit`, `sweep` and
-//! local `run` all see the same numbers.
+//! the memory estimate computed, so `plan`, `render`, `submit`, `sweep` and local `run` all
+//! see the same numbers. What the spec names on disk is looked at, never trained on: a Hugging
+//! Face folder's config and weight headers, the data files and tokenizer.
 //!
 //! One module per section of the spec, each a function from the spec (and what earlier
 //! sections decided) to its part of the resolved job, with errors located in the spec file:
@@ -61,6 +62,10 @@ pub struct Overrides {
     pub device: Option<DeviceKind>,
     /// Plan the job even when its peak memory per rank exceeds the GPU's (`--force`).
     pub force: bool,
+    /// The job continues a run already in its run directory (a re-run without `--force`),
+    /// whose total batch cannot change: a batch that does not split on the ranks asked for
+    /// is answered with the numbers of ranks it splits on.
+    pub continues_run: bool,
     /// `NCCL_*` variables of the shell that submits or runs the job: every rank gets them
     /// (after the spec's `resources.env`, which wins), so NCCL settings reach the ranks even
     /// where Slurm does not export the submitting environment.
@@ -179,6 +184,10 @@ pub struct ResolvedJob {
     /// The `--set` arguments applied over the spec file, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub overrides: Vec<String>,
+    /// `--nproc N`: the ranks on this machine that took the place of the spec's resources
+    /// (`slurm` then holds one node of N ranks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nproc: Option<u64>,
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -208,13 +217,21 @@ impl Section<'_> {
 
 /// Apply defaults and check everything that parsing alone cannot, section by section.
 pub fn resolve(loaded: &LoadedSpec, overrides: &Overrides) -> Result<ResolvedJob, ResolveError> {
-    resolve_with(loaded, overrides, &mut Footprints::default())
+    resolve_with(loaded, overrides, &mut Lookups::default())
 }
 
-/// Model footprints already built, kept for resolving many jobs of a few models (a sweep's
-/// points): describing a model, every parameter by name, is most of a point's planning.
+/// What resolving many jobs (a sweep's points) works out once and reuses: model footprints,
+/// and what the data's paths hold on disk.
 #[derive(Default)]
-pub struct Footprints {
+pub struct Lookups {
+    footprints: Footprints,
+    on_disk: data::OnDisk,
+}
+
+/// Model footprints already built, kept for resolving many jobs of a few models: describing
+/// a model, every parameter by name, is most of a point's planning.
+#[derive(Default)]
+struct Footprints {
     built: Vec<(ModelConfig, u64, Footprint)>,
 }
 
@@ -242,11 +259,12 @@ impl Footprints {
     }
 }
 
-/// [`resolve`], taking model footprints from `footprints` and keeping new ones there.
+/// [`resolve`], taking what was worked out already from `lookups` and keeping what is new
+/// there.
 pub fn resolve_with(
     loaded: &LoadedSpec,
     overrides: &Overrides,
-    footprints: &mut Footprints,
+    lookups: &mut Lookups,
 ) -> Result<ResolvedJob, ResolveError> {
     let s = Section { loaded };
     let spec = &loaded.spec;
@@ -259,6 +277,7 @@ pub fn resolve_with(
         t.total_batch_size,
         t.batch_size_per_device,
         ranks.world_size,
+        overrides,
     )?;
     let (mut model, seq_len) = model::resolve_model(&s, &mut warnings)?;
     if t.steps == 0 {
@@ -285,7 +304,13 @@ pub fn resolve_with(
         checkpoint.from = None;
     }
     // Text data takes its tokenizer from the Hugging Face folder the weights come from.
-    let data = data::resolve_data(&s, &model, seq_len, model.pretrained_folder())?;
+    let data = data::resolve_data(
+        &s,
+        &model,
+        seq_len,
+        model.pretrained_folder(),
+        &mut lookups.on_disk,
+    )?;
     let slurm = slurm::resolve_slurm(&s, &ranks, overrides)?;
     let preemption = slurm::resolve_preemption(&s, slurm.time_limit_seconds)?;
 
@@ -310,7 +335,7 @@ pub fn resolve_with(
         fsdp,
     };
 
-    let footprint = footprints.of(
+    let footprint = lookups.footprints.of(
         &train.model,
         train.fsdp.mixed_precision.param_dtype.size_bytes(),
     );
@@ -363,6 +388,7 @@ pub fn resolve_with(
         memory,
         warnings,
         overrides: loaded.overrides.iter().map(|o| o.arg.clone()).collect(),
+        nproc: overrides.world_size,
     })
 }
 

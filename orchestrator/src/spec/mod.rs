@@ -161,18 +161,18 @@ mod tests {
             ("demo.yaml", include_str!("../../../examples/demo.yaml")),
             ("mlp.yaml", include_str!("../../../examples/mlp.yaml")),
             ("sweep.yaml", include_str!("../../../examples/sweep.yaml")),
-            (
-                "gpu-cluster.yaml",
-                include_str!("../../../examples/gpu-cluster.yaml"),
-            ),
         ] {
             let loaded = parse(text, Path::new(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
             crate::resolve::resolve(&loaded, &crate::resolve::Overrides::default())
                 .unwrap_or_else(|e| panic!("{file}: {e}"));
         }
-        // These read a Hugging Face folder when planned (the worker tests plan the local one
-        // on a folder made by transformers); here they must parse.
+        // These name data files or a Hugging Face folder, looked at when planned (the worker
+        // tests plan the local one on a folder made by transformers); here they must parse.
         for (file, text) in [
+            (
+                "gpu-cluster.yaml",
+                include_str!("../../../examples/gpu-cluster.yaml"),
+            ),
             (
                 "llama-local.yaml",
                 include_str!("../../../examples/llama-local.yaml"),

@@ -23,13 +23,13 @@ impl Override {
     }
 
     /// Whether an error about `field` is about this override's value: the same key, a key
-    /// inside the value it set, or the section it set a key of.
+    /// or list entry (`files[0]`) inside the value it set, or the section it set a key of.
     pub fn covers(&self, field: &str) -> bool {
         let inside = |outer: &str, inner: &str| {
             inner == outer
                 || inner
                     .strip_prefix(outer)
-                    .is_some_and(|rest| rest.starts_with('.'))
+                    .is_some_and(|rest| rest.starts_with(['.', '[']))
         };
         inside(&self.path, field) || (!field.is_empty() && inside(field, &self.path))
     }

@@ -9,8 +9,9 @@ pub mod submit;
 pub mod survey;
 
 use crate::resolve::{self, Overrides, ResolveError, ResolvedJob};
+use crate::sbatch::shell_quote;
 use crate::spec::read::{read, ReadError};
-use crate::spec::{JobSpec, LoadedSpec, SpecError};
+use crate::spec::{JobSpec, LoadedSpec, SpecError, SweepSpec};
 use serde::{Deserialize, Serialize};
 use serde_norway::Value;
 use sha2::{Digest, Sha256};
@@ -142,7 +143,7 @@ pub fn expand(loaded: &LoadedSpec, overrides: &Overrides) -> Result<Vec<SweepPoi
     let grid_size: usize = grid.iter().map(|(_, v)| v.len()).product();
     let mut points = Vec::with_capacity(list.len() * grid_size);
     let mut seen = HashSet::new();
-    let mut footprints = resolve::Footprints::default();
+    let mut lookups = resolve::Lookups::default();
     for entry in &list {
         for index in 0..grid_size {
             let mut params: BTreeMap<String, Value> = entry.clone();
@@ -151,7 +152,7 @@ pub fn expand(loaded: &LoadedSpec, overrides: &Overrides) -> Result<Vec<SweepPoi
                 params.insert((*path).clone(), values[rest % values.len()].clone());
                 rest /= values.len();
             }
-            let point = resolve_point(loaded, &base, params, (overrides, &mut footprints))?;
+            let point = resolve_point(loaded, &base, params, (overrides, &mut lookups))?;
             // Two sweep entries that resolve to the same job are one point.
             if seen.insert(point.key.clone()) {
                 points.push(point);
@@ -165,7 +166,7 @@ fn resolve_point(
     loaded: &LoadedSpec,
     base: &Value,
     params: BTreeMap<String, Value>,
-    (overrides, footprints): (&Overrides, &mut resolve::Footprints),
+    (overrides, lookups): (&Overrides, &mut resolve::Lookups),
 ) -> Result<SweepPoint, SweepError> {
     let json_params: BTreeMap<String, serde_json::Value> = params
         .iter()
@@ -200,7 +201,7 @@ fn resolve_point(
         source: loaded.source.clone(),
         overrides: loaded.overrides.clone(),
     };
-    let mut job = resolve::resolve_with(&point_spec, overrides, footprints).map_err(|source| {
+    let mut job = resolve::resolve_with(&point_spec, overrides, lookups).map_err(|source| {
         SweepError::Point {
             label: label.clone(),
             error: Box::new(source),
@@ -216,6 +217,66 @@ fn resolve_point(
         name,
         job,
     })
+}
+
+/// Points the sweep writes out, before two that resolve to the same job are made one.
+pub fn written_points(sweep: &SweepSpec) -> usize {
+    sweep.list.len().max(1) * sweep.grid.values().map(Vec::len).product::<usize>()
+}
+
+/// The values of the sweep's first point, as [`expand`] orders them.
+pub fn first_point(sweep: &SweepSpec) -> BTreeMap<String, serde_json::Value> {
+    let mut params = sweep.list.first().cloned().unwrap_or_default();
+    for (path, values) in &sweep.grid {
+        if let Some(first) = values.first() {
+            params.insert(path.clone(), first.clone());
+        }
+    }
+    params
+        .into_iter()
+        .map(|(k, v)| {
+            (
+                k,
+                serde_json::to_value(v).unwrap_or(serde_json::Value::Null),
+            )
+        })
+        .collect()
+}
+
+/// The command line that trains one point as a job of its own, from the sweep's spec
+/// (`spec`, as the shell should see it):
+/// the sweep turned off, the point's values given with `--set`, and a name of its own (the
+/// sweep's name is its folder, which holds the points).
+pub fn one_point_command(
+    command: &str,
+    spec: &str,
+    name: &str,
+    params: &BTreeMap<String, serde_json::Value>,
+) -> String {
+    let mut words = vec![
+        format!("shardrun {command} {spec}"),
+        "--set sweep=null".into(),
+    ];
+    for (path, value) in params {
+        words.push(format!(
+            "--set {}",
+            shell_quote(&format!("{path}={}", yaml_value(value)))
+        ));
+    }
+    words.push(format!("--set {}", shell_quote(&format!("name={name}"))));
+    words.join(" ")
+}
+
+/// A value as `--set` reads it back: plain where YAML reads the text as the same value,
+/// else JSON (which YAML reads as written).
+fn yaml_value(value: &serde_json::Value) -> String {
+    if let serde_json::Value::String(text) = value {
+        let plain: Option<serde_json::Value> = serde_norway::from_str(text).ok();
+        if plain.as_ref() == Some(value) {
+            return text.clone();
+        }
+    }
+    value.to_string()
 }
 
 /// Hash of everything that makes the point's run what it is (training config without its
