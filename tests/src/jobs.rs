@@ -209,5 +209,9 @@ pub fn has_checkpoint(run: &Path) -> bool {
         .into_iter()
         .flatten()
         .flatten()
-        .any(|entry| entry.file_name().to_string_lossy().starts_with("step-"))
+        .any(|entry| {
+            // A committed one: `step-N.partial/` is still being written.
+            let name = entry.file_name().to_string_lossy().into_owned();
+            name.starts_with("step-") && !name.contains('.')
+        })
 }

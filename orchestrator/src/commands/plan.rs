@@ -49,7 +49,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         None => {
             let (loaded, job) = load_and_resolve(&args.spec, &overrides, &args.set)?;
             if let Some(sweep) = &loaded.spec.sweep {
-                eprintln!(
+                errln!(
                     "note: this spec sweeps {} points; this is the plan of the values outside \
                      the sweep (`shardrun sweep {} --dry-run` plans every point)",
                     sweeps::written_points(sweep),

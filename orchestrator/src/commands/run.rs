@@ -128,7 +128,7 @@ pub fn announce(prepared: RunStart) -> Option<RunDir> {
             Some(run)
         }
         RunStart::Redone(redone) => {
-            println!("{}", redone.message());
+            outln!("{}", redone.message());
             Some(redone.run)
         }
         RunStart::Resume(resume) => {
