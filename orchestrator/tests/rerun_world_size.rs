@@ -49,7 +49,11 @@ fn another_world_size_on_resume_is_answered_with_the_ones_the_batch_splits_on() 
         text(&out)
     );
     let out = shardrun(dir.path(), &["run", "job.yaml"]);
-    assert!(text(&out).contains("died with exit code 1"), "{}", text(&out));
+    assert!(
+        text(&out).contains("died with exit code 1"),
+        "{}",
+        text(&out)
+    );
     assert!(dir.path().join("runs/t/manifest.json").is_file());
 
     let out = shardrun(dir.path(), &["run", "job.yaml", "--nproc", "3"]);
