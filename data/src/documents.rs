@@ -422,19 +422,10 @@ fn parse_record(source: &DataSource, line: &str) -> std::result::Result<Body, Re
                 return Err(String::from("the record is not a JSON object").into());
             }
             match text {
-                JsonlText::Field { field } => Ok(Body::Text(string_field(
-                    &record,
-                    (field, "field", "the text"),
-                    true,
-                )?)),
-                // Two fields: the record's one string is no answer for either.
+                JsonlText::Field { field } => Ok(Body::Text(string_field(&record, field, &TEXT)?)),
                 JsonlText::PromptCompletion { prompt, completion } => Ok(Body::PromptCompletion {
-                    prompt: string_field(&record, (prompt, "prompt_field", "the prompt"), false)?,
-                    completion: string_field(
-                        &record,
-                        (completion, "completion_field", "the completion"),
-                        false,
-                    )?,
+                    prompt: string_field(&record, prompt, &PROMPT)?,
+                    completion: string_field(&record, completion, &COMPLETION)?,
                 }),
             }
         }
@@ -480,13 +471,38 @@ fn parse_record(source: &DataSource, line: &str) -> std::result::Result<Body, Re
     }
 }
 
-/// A string field (`field`, named by the spec's `key`, holding `holds`); a dotted name
-/// (`meta.text`) reaches into nested objects unless the record has a key with the dot in it.
-/// `only_string`: a missing field may be the record's one string field.
+/// The spec key that names a string field, for the fix when records lack it.
+struct StringKey {
+    key: &'static str,
+    /// What the field holds (`the text`).
+    holds: &'static str,
+    /// Whether the record's one string field is the likely answer (not when the record
+    /// needs two).
+    one_string_fits: bool,
+}
+
+const TEXT: StringKey = StringKey {
+    key: "field",
+    holds: "the text",
+    one_string_fits: true,
+};
+const PROMPT: StringKey = StringKey {
+    key: "prompt_field",
+    holds: "the prompt",
+    one_string_fits: false,
+};
+const COMPLETION: StringKey = StringKey {
+    key: "completion_field",
+    holds: "the completion",
+    one_string_fits: false,
+};
+
+/// A string field, named by `named`; a dotted name (`meta.text`) reaches into nested
+/// objects unless the record has a key with the dot in it.
 fn string_field(
     record: &serde_json::Value,
-    (field, key, holds): (&str, &'static str, &'static str),
-    only_string: bool,
+    field: &str,
+    named: &StringKey,
 ) -> std::result::Result<String, Refused> {
     let value = record.get(field).or_else(|| {
         field
@@ -512,7 +528,7 @@ fn string_field(
                 .map(|o| o.keys().cloned().collect())
                 .unwrap_or_default();
             let fits = object
-                .filter(|_| only_string)
+                .filter(|_| named.one_string_fits)
                 .map(|o| {
                     o.iter()
                         .filter(|(_, v)| v.is_string())
@@ -526,9 +542,9 @@ fn string_field(
                     has.join(", ")
                 ),
                 missing: Some(Box::new(MissingField {
-                    key,
+                    key: named.key,
                     field: field.to_string(),
-                    holds,
+                    holds: named.holds,
                     has,
                     fits,
                 })),
@@ -763,7 +779,7 @@ mod tests {
     fn fields_and_their_errors() {
         let r: serde_json::Value =
             serde_json::from_str(r#"{"a": {"b": "x"}, "n": 3, "z": null}"#).unwrap();
-        let field = |name| string_field(&r, (name, "field", "the text"), true);
+        let field = |name| string_field(&r, name, &TEXT);
         assert_eq!(field("a.b").ok().unwrap(), "x");
         assert!(field("n").err().unwrap().why.contains("a number"));
         assert!(field("z").err().unwrap().why.contains("null"));

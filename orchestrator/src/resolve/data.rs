@@ -368,14 +368,15 @@ fn files_problem(pattern: &Path) -> Option<Problem> {
                 .components()
                 .take_while(|c| !c.as_os_str().to_string_lossy().contains(['*', '?', '[']))
                 .collect();
-            let folder = if literal == pattern {
+            let is_literal = literal == pattern;
+            let folder = if is_literal {
                 literal.parent().map(Path::to_path_buf).unwrap_or_default()
             } else {
                 literal
             };
             let fix = if !folder.is_dir() {
                 format!("check the path: {} does not exist ({relative})", folder.display())
-            } else if let Some(near) = (pattern.parent() == Some(folder.as_path()))
+            } else if let Some(near) = is_literal
                 .then(|| nearest_file(&folder, pattern.file_name()?.to_str()?))
                 .flatten()
             {
@@ -713,6 +714,8 @@ mod tests {
             err.fix,
             format!("did you mean {}?", dir.path().join("d/x.jsonl").display())
         );
+        let err = e(&format!("    kind: jsonl\n    files: [d/*.jsnl]\n{bytes}"));
+        assert!(err.fix.starts_with("check the path ("), "{err}");
         let err = e(&format!(
             "    kind: jsonl\n    files: [dd/**/*.jsonl]\n{bytes}"
         ));
