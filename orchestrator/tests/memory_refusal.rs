@@ -2,30 +2,12 @@
 //! that would start it (`plan`, `submit`, `run`), naming the field and the way out, and goes
 //! ahead with `--force`.
 
-use std::path::Path;
-use std::process::{Command, Output};
-
-const SHARDRUN: &str = env!("CARGO_BIN_EXE_shardrun");
+mod common;
+use common::{shardrun, text};
 
 /// Two 1.5 GiB GPUs for an MLP of 67 M parameters: about 1 GiB of FULL_SHARD state per rank
 /// alone, and the plan keeps 1 GiB of each GPU for CUDA and NCCL.
 const SPEC: &str = "name: too-big\nresources:\n  gpus_per_node: 2\n  gpu_memory_gb: 1.5\ntraining:\n  model: { kind: mlp, input_dim: 4096, hidden_dim: 8192, output_dim: 4096 }\n  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 1\n";
-
-fn shardrun(dir: &Path, args: &[&str]) -> Output {
-    Command::new(SHARDRUN)
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("run shardrun")
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 #[test]
 fn plan_submit_and_run_refuse_a_job_that_does_not_fit_unless_forced() {

@@ -5,10 +5,10 @@
 //!
 //! The ranks are `false`: each run fails at once, leaving a run directory to run again.
 
+mod common;
+use common::{shardrun_with, text};
 use std::path::Path;
-use std::process::{Command, Output};
-
-const SHARDRUN: &str = env!("CARGO_BIN_EXE_shardrun");
+use std::process::Output;
 
 const SPEC: &str = "name: t
 resources: { tasks_per_node: 2 }
@@ -19,21 +19,9 @@ training:
   batch_size_per_device: 1
 ";
 
+/// The ranks are `false`: they exit at once, failing the run.
 fn shardrun(dir: &Path, args: &[&str]) -> Output {
-    Command::new(SHARDRUN)
-        .current_dir(dir)
-        .args(args)
-        .env("SHARDRUN_WORKER_BIN", "false")
-        .output()
-        .expect("run shardrun")
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    shardrun_with(dir, args, &[("SHARDRUN_WORKER_BIN", "false")])
 }
 
 #[test]

@@ -3,10 +3,8 @@
 //! (`shardrun sweep`, or one point with the sweep turned off); the command they give works.
 //! A sweep point's directory, which has no spec of its own, gets the same way out.
 
-use std::path::Path;
-use std::process::{Command, Output};
-
-const SHARDRUN: &str = env!("CARGO_BIN_EXE_shardrun");
+mod common;
+use common::{shardrun, stderr};
 
 const SWEEP: &str = "name: lr
 resources: { tasks_per_node: 2 }
@@ -20,18 +18,6 @@ sweep:
     training.optimizer.lr: [1.0e-3, 3.0e-4]
     training.fsdp.wrap: [{kind: module_names, patterns: [layer1]}]
 ";
-
-fn shardrun(dir: &Path, args: &[&str]) -> Output {
-    Command::new(SHARDRUN)
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("run shardrun")
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
 
 /// The words of the suggested command (the last text in backticks), quotes removed.
 fn suggested(text: &str) -> Vec<String> {

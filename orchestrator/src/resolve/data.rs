@@ -778,7 +778,6 @@ mod tests {
 
     #[test]
     fn a_model_folder_without_tokenizer_json_is_named_with_both_ways_out() {
-        use shardrun_models::hf::{config::config_json, save_folder, SaveOptions, StoredDtype};
         let dir = jobs();
         let model = dir.path().join("model");
         let scratch = "name: t\ntraining:\n  model: { kind: llama, vocab_size: 300, dim: 16, n_layers: 1, n_heads: 2, ffn_dim: 32 }\n  data: { kind: synthetic, seq_len: 8 }\n  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 2\n";
@@ -786,32 +785,7 @@ mod tests {
             &parse(scratch, Path::new("j.yaml")).unwrap(),
             &Overrides::default(),
         );
-        let ModelConfig::Llama(llama) = scratch.unwrap().train.model else {
-            panic!("a Llama")
-        };
-        let architecture = llama.architecture;
-        let tensors: Vec<(String, Vec<u64>)> = architecture
-            .describe()
-            .params
-            .iter()
-            .map(|p| (p.name.clone(), p.shape.iter().map(|&x| x as u64).collect()))
-            .collect();
-        save_folder(
-            &model,
-            &config_json(&architecture, "float32"),
-            &tensors,
-            |name, values| {
-                let (_, shape) = tensors.iter().find(|(n, _)| n == name).unwrap();
-                values.resize(shape.iter().product::<u64>() as usize, 0.0);
-                Ok(())
-            },
-            None,
-            &SaveOptions {
-                dtype: StoredDtype::F32,
-                max_shard_bytes: 1 << 30,
-            },
-        )
-        .unwrap();
+        crate::resolve::model::tests::folder(&model, &scratch.unwrap().train.model);
         std::fs::write(model.join("tokenizer.model"), "").unwrap();
         let spec = "name: t\ntraining:\n  model: { kind: hf, path: model }\n  data:\n    kind: text\n    files: [a.txt]\n    seq_len: 8\n  steps: 2\n  total_batch_size: 2\n  batch_size_per_device: 2\n";
         let loaded = parse(spec, &dir.path().join("job.yaml")).unwrap();

@@ -348,7 +348,7 @@ fn architecture_differences(folder: &LlamaConfig, spec: &LlamaConfig) -> Vec<Str
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use crate::resolve::{resolve, Overrides, ResolveError};
     use crate::spec::parse;
     use shardrun_models::hf::config::config_json;
@@ -374,7 +374,7 @@ mod tests {
     const DATA: &str = "  data: { kind: synthetic, seq_len: 16 }\n";
 
     /// A folder with `llama`'s architecture (zero weights), as transformers would save it.
-    fn folder(dir: &Path, model: &ModelConfig) {
+    pub(in crate::resolve) fn folder(dir: &Path, model: &ModelConfig) {
         let ModelConfig::Llama(m) = model else {
             panic!("a Llama")
         };
