@@ -77,6 +77,16 @@ struct OpenFile {
 /// `datasets` reads JSON with, drops it).
 const BOM: &[u8] = b"\xef\xbb\xbf";
 
+/// Drops a byte-order mark from the start of `bytes`; the bytes dropped.
+fn drop_bom(bytes: &mut Vec<u8>) -> usize {
+    if bytes.starts_with(BOM) {
+        bytes.drain(..BOM.len());
+        BOM.len()
+    } else {
+        0
+    }
+}
+
 impl<'a> DocumentReader<'a> {
     pub fn new(
         files: &'a [DataFile],
@@ -265,11 +275,7 @@ impl<'a> DocumentReader<'a> {
                 }
             };
             let (line, offset) = (open.line, open.offset);
-            let mut lead = 0;
-            if offset == 0 && piece.starts_with(BOM) {
-                piece.drain(..BOM.len());
-                lead = BOM.len();
-            }
+            let lead = if offset == 0 { drop_bom(&mut piece) } else { 0 };
             open.line += newlines(&piece);
             if !at_end {
                 open.line += newlines(separator);
@@ -312,8 +318,7 @@ impl<'a> DocumentReader<'a> {
             self.bad(origin.clone(), format!("cannot be read: {e}"))?;
             return Ok(None);
         }
-        let lead = if bytes.starts_with(BOM) { BOM.len() } else { 0 };
-        bytes.drain(..lead);
+        let lead = drop_bom(&mut bytes);
         if bytes.is_empty() {
             self.bad(origin.clone(), "the file is empty")?;
             return Ok(None);

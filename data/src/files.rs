@@ -109,7 +109,8 @@ pub fn stat(path: &Path) -> Result<DataFile> {
     })
 }
 
-fn is_glob(text: &str) -> bool {
+/// Whether `text` has pattern characters (else it names one file).
+pub fn is_glob(text: &str) -> bool {
     text.contains(['*', '?', '['])
 }
 

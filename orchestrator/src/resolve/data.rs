@@ -366,7 +366,7 @@ fn files_problem(pattern: &Path) -> Option<Problem> {
             // Say where the path stops existing, or which file was likely meant.
             let literal: PathBuf = pattern
                 .components()
-                .take_while(|c| !c.as_os_str().to_string_lossy().contains(['*', '?', '[']))
+                .take_while(|c| !shardrun_data::files::is_glob(&c.as_os_str().to_string_lossy()))
                 .collect();
             let is_literal = literal == pattern;
             let folder = if is_literal {
