@@ -167,11 +167,11 @@ impl Failure {
                 let guess = if known {
                     ""
                 } else {
-                    " blocked in a collective or in I/O?"
+                    "; blocked in a collective or in I/O?"
                 };
                 format!(
                     "made no progress for {secs} s: still at step {step} while heartbeating\
-                     {others};{guess} (--progress-timeout)"
+                     {others}{guess} (--progress-timeout)"
                 )
             }
         };
