@@ -384,14 +384,15 @@ for k in $(seq 1 "$nodes"); do
     state=""
     for _ in $(seq 100); do
         state="$(sinfo -h -n "$name" -o '%t' 2>/dev/null || true)"
+        # `plnd`: up and idle, held by the backfill scheduler for a job left in the saved state.
         case "$state" in
-            idle*|mix*|alloc*) break ;;
+            idle*|mix*|alloc*|plnd*) break ;;
             down*|drain*) scontrol update nodename="$name" state=resume >/dev/null 2>&1 || true ;;
         esac
         sleep 0.2
     done
     case "$state" in
-        idle*|mix*|alloc*) say "node $name is $state; run '. slurm/env.sh' to use this cluster" ;;
+        idle*|mix*|alloc*|plnd*) say "node $name is $state; run '. slurm/env.sh' to use this cluster" ;;
         *) die "node $name is '${state:-unknown}' after 20 s; see $dir/log/slurmctld.log and $dir/log/slurmd*.log" ;;
     esac
 done
