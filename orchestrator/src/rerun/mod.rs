@@ -8,19 +8,24 @@
 
 pub mod changes;
 
-use crate::resolve::ResolvedJob;
-use crate::rundir::{NewRun, RunDir, RunDirError, RunLock, RunState};
+use crate::resume_data::{self, DataChanged};
+use crate::rundir::{Ended, NewRun, RunDir, RunDirError, RunLock, RunState};
 use crate::slurm;
 pub use changes::FieldChange;
 use shardrun_checkpoint::{find_latest, Verify};
+use shardrun_data::DataIdentity;
+use shardrun_protocol::config::DataConfig;
+use shardrun_protocol::TrainConfig;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-/// A checkpoint of the run: the step it holds and its folder.
+/// A checkpoint of the run: the step it holds, its folder, and the fingerprint of the data
+/// it was trained on (none for synthetic data).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckpointAt {
     pub step: u64,
     pub dir: PathBuf,
+    pub data_fingerprint: Option<String>,
 }
 
 /// What [`prepare`] made of the run directory.
@@ -53,6 +58,9 @@ pub struct Resume {
     pub applied: Vec<FieldChange>,
     /// Whether the spec saves checkpoints as it trains (it has a `checkpoint:` section).
     pub periodic_saves: bool,
+    /// How the run stood before this re-run: what a job submitted to continue it goes back
+    /// to when it refuses to start.
+    pub before: Ended,
 }
 
 impl Resume {
@@ -175,6 +183,8 @@ pub enum RerunError {
     NoResume { path: String, ended: String },
     #[error("{path} finished {done} steps but has no checkpoint to continue from to step {asked}\n  fix: add --force to start over with {asked} steps")]
     NothingToContinue { path: String, done: u64, asked: u64 },
+    #[error(transparent)]
+    DataChanged(#[from] Box<DataChanged>),
     #[error("cannot ask Slurm whether {path} is still running: {source}")]
     Slurm {
         path: String,
@@ -247,7 +257,7 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
     let all = changes::between(&recorded, &target);
     let (applied, refused): (Vec<_>, Vec<_>) = all.into_iter().partition(|c| c.safe);
     let trained_nothing =
-        || newest_checkpoint(&run, &recorded).is_none() && last_logged_step(&run).is_none();
+        || newest_checkpoint(&run, &recorded.train).is_none() && last_logged_step(&run).is_none();
     if !refused.is_empty() && trained_nothing() {
         // A run that failed before its first step (the fix is often the very change being
         // refused): nothing of it is worth keeping.
@@ -269,13 +279,20 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
     }
 
     let resumes = target.train.checkpoint.resume;
-    let checkpoint = newest_checkpoint(&run, &target).filter(|_| resumes);
+    let checkpoint = newest_checkpoint(&run, &target.train).filter(|_| resumes);
     let ended = how_it_ended(&run, state, detail.as_deref(), checkpoint.as_ref());
     let asked = target.train.steps;
+    // What a finished run trained: its final checkpoint's step (else its last logged one).
+    // Its recorded `steps` may be more steps asked for since, by a re-run refused before it
+    // trained any (its data had changed).
+    let trained = || {
+        newest_checkpoint(&run, &recorded.train)
+            .map(|c| c.step)
+            .or_else(|| last_logged_step(&run))
+            .unwrap_or(recorded.train.steps)
+    };
     let done = match (&checkpoint, state) {
-        (c, RunState::Completed) => {
-            Some(recorded.train.steps.max(c.as_ref().map_or(0, |c| c.step)))
-        }
+        (_, RunState::Completed) => Some(trained()),
         (Some(c), _) => Some(c.step),
         (None, _) => None,
     };
@@ -291,7 +308,7 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
         (RunState::Completed, None) => {
             return Err(RerunError::NothingToContinue {
                 path: shown,
-                done: recorded.train.steps,
+                done: trained(),
                 asked,
             })
         }
@@ -301,11 +318,18 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
     let ended = if state == RunState::Completed {
         format!(
             "finished its {} steps, and the spec now asks for {asked}",
-            recorded.train.steps
+            trained()
         )
     } else {
         ended
     };
+    if let (Some(checkpoint), DataConfig::Dataset(data)) = (&checkpoint, &target.train.data) {
+        // Data already prepared as it is now (`shardrun prepare`, another run) tells here;
+        // else the job's controller compares once it has prepared it.
+        if let Ok(Some(now)) = DataIdentity::probe(data) {
+            resume_data::check(&run, checkpoint, &now)?;
+        }
+    }
     let last_step = last_logged_step(&run);
     let periodic_saves = target.train.checkpoint.saves_periodically();
     run.update_spec(new)?;
@@ -316,6 +340,10 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
         last_step,
         applied,
         periodic_saves,
+        before: Ended {
+            state,
+            error: detail,
+        },
     }))
 }
 
@@ -326,12 +354,13 @@ fn started(state: RunState) -> bool {
 
 /// The newest committed checkpoint of the run, checked by its seal and sizes (cheap on a
 /// login node; the ranks verify checksums before loading).
-pub fn newest_checkpoint(run: &RunDir, job: &ResolvedJob) -> Option<CheckpointAt> {
-    let root = job.train.checkpoint.root(Some(run.path()))?;
+pub fn newest_checkpoint(run: &RunDir, train: &TrainConfig) -> Option<CheckpointAt> {
+    let root = train.checkpoint.root(Some(run.path()))?;
     let found = find_latest(&root, Verify::Structure).ok()?;
     found.checkpoint.map(|c| CheckpointAt {
         step: c.step(),
         dir: c.dir().to_path_buf(),
+        data_fingerprint: c.metadata().trainer.data.data_fingerprint.clone(),
     })
 }
 
@@ -422,7 +451,7 @@ pub fn describe_contents(path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resolve::{resolve, Overrides};
+    use crate::resolve::{resolve, Overrides, ResolvedJob};
     use crate::spec::{overrides, parse};
     use std::collections::BTreeMap;
 
