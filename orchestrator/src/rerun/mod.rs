@@ -14,7 +14,8 @@ use crate::slurm;
 pub use changes::FieldChange;
 use shardrun_checkpoint::{find_latest, Verify};
 use shardrun_data::DataIdentity;
-use shardrun_protocol::config::DataConfig;
+use shardrun_protocol::config::{DataConfig, LrDecay};
+use shardrun_protocol::schedule::Schedule;
 use shardrun_protocol::TrainConfig;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -61,6 +62,57 @@ pub struct Resume {
     /// How the run stood before this re-run: what a job submitted to continue it goes back
     /// to when it refuses to start.
     pub before: Ended,
+    /// What a change of `training.steps` does to the LR of the first resumed step.
+    pub lr_change: Option<LrChange>,
+}
+
+/// A decaying LR schedule follows `training.steps`: changed on resume, it is re-shaped, and
+/// the LR jumps where the run continues.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LrChange {
+    pub decay: LrDecay,
+    /// The first resumed step (1-based), and its LR under the old and the new schedule.
+    pub step: u64,
+    pub was: f64,
+    pub now: f64,
+    /// `training.steps`, old and new.
+    pub steps_was: u64,
+    pub steps_now: u64,
+}
+
+impl LrChange {
+    /// The LR of the step after `done` under both configs' schedules, when they differ.
+    pub fn of(was: &TrainConfig, now: &TrainConfig, done: u64) -> Option<LrChange> {
+        let lr =
+            |c: &TrainConfig| Schedule::new(c.optimizer.lr, c.schedule.clone(), c.steps).lr(done);
+        let (before, after) = (lr(was), lr(now));
+        let differs = (after - before).abs() > 1e-9 * before.abs().max(after.abs());
+        (was.steps != now.steps && differs).then(|| LrChange {
+            decay: now.schedule.decay,
+            step: done + 1,
+            was: before,
+            now: after,
+            steps_was: was.steps,
+            steps_now: now.steps,
+        })
+    }
+}
+
+impl std::fmt::Display for LrChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let decay = match self.decay {
+            LrDecay::Cosine => "cosine",
+            LrDecay::Linear => "linear",
+            LrDecay::Constant => "constant",
+        };
+        let direction = if self.now > self.was { "up" } else { "down" };
+        write!(
+            f,
+            "the {decay} LR schedule is re-shaped to {} steps: step {} trains at LR {:.3e}, {direction} \
+             from {:.3e} on the {}-step schedule",
+            self.steps_now, self.step, self.now, self.was, self.steps_was
+        )
+    }
 }
 
 impl Resume {
@@ -94,14 +146,21 @@ impl Resume {
         line
     }
 
-    /// One line per safe change that was applied.
+    /// One line per safe change that was applied; a change of `training.steps` says what
+    /// it does to the LR.
     pub fn applied_lines(&self) -> Vec<String> {
         self.applied
             .iter()
-            .map(|c| format!("  changed on resume: {c}"))
+            .map(|c| match &self.lr_change {
+                Some(lr) if c.field == STEPS_FIELD => format!("  changed on resume: {c}; {lr}"),
+                _ => format!("  changed on resume: {c}"),
+            })
             .collect()
     }
 }
+
+/// How the spec names `training.steps` ([`FieldChange::field`]).
+const STEPS_FIELD: &str = "training.steps";
 
 #[derive(Debug)]
 pub struct Redone {
@@ -330,6 +389,9 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
             resume_data::check(&run, checkpoint, &now)?;
         }
     }
+    let lr_change = checkpoint
+        .as_ref()
+        .and_then(|c| LrChange::of(&recorded.train, &target.train, c.step));
     let last_step = last_logged_step(&run);
     let periodic_saves = target.train.checkpoint.saves_periodically();
     run.update_spec(new)?;
@@ -344,6 +406,7 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
             state,
             error: detail,
         },
+        lr_change,
     }))
 }
 
@@ -572,6 +635,34 @@ mod tests {
             "{}",
             resume.headline()
         );
+    }
+
+    #[test]
+    fn a_change_of_steps_says_what_it_does_to_a_decaying_lr() {
+        let tmp = tempfile::tempdir().unwrap();
+        // The demo: 200 steps, 20 of warmup, cosine decay.
+        let short = resolved(tmp.path(), &[]).train;
+        let long = resolved(tmp.path(), &["training.steps=400"]).train;
+        let longer = LrChange::of(&short, &long, 100).unwrap();
+        assert_eq!(
+            (longer.step, longer.steps_was, longer.steps_now),
+            (101, 200, 400)
+        );
+        assert!(longer.now > longer.was, "{longer}");
+        assert!(
+            longer.to_string().starts_with(
+                "the cosine LR schedule is re-shaped to 400 steps: step 101 trains at LR "
+            ),
+            "{longer}"
+        );
+        let shorter = LrChange::of(&long, &short, 100).unwrap();
+        assert!(shorter.to_string().contains(", down from "), "{shorter}");
+        // Within the warmup, or with a constant LR, the schedule gives the same LR.
+        assert_eq!(LrChange::of(&short, &long, 10), None);
+        let sets = ["training.schedule.decay=constant"];
+        let flat = resolved(tmp.path(), &sets).train;
+        let flat_long = resolved(tmp.path(), &[sets[0], "training.steps=400"]).train;
+        assert_eq!(LrChange::of(&flat, &flat_long, 100), None);
     }
 
     #[test]
