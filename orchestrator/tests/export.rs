@@ -107,6 +107,12 @@ fn exports_the_newest_checkpoint_of_a_run_directory() {
     let (ok, text) = shardrun(&[run.path()]);
     assert!(ok, "{text}");
     assert!(text.contains("Exported step 20 (2 ranks"), "{text}");
+    // The export folder holds the exported checkpoint only: no `latest` of a series.
+    let exported: Vec<String> = std::fs::read_dir(run.path().join("checkpoints/export"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(exported, ["step-20"]);
     let model = run
         .path()
         .join("checkpoints/export/step-20/model.safetensors");
