@@ -59,8 +59,8 @@ fn describe(config: &TrainConfig, dataset: &Dataset) -> Vec<String> {
 }
 
 /// The controller's step before launching: the data ready and, for a run that resumes, the
-/// data its checkpoint was trained on ([`resume_data::DataChanged`] when not); or the reason the job
-/// cannot run. Records what the data is made of in the run directory.
+/// data its checkpoint was trained on ([`resume_data::DataChanged`] when not); or the reason
+/// the job cannot run. Records what the data is made of in the run directory.
 pub fn before_launch(run: &RunDir, config: &TrainConfig) -> anyhow::Result<()> {
     let Some(dataset) = open_dataset(config, None)? else {
         return Ok(());

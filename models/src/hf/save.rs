@@ -2,9 +2,10 @@
 //! `model.safetensors` (or, past `max_shard_bytes`, `model-0000i-of-0000n.safetensors` with a
 //! `model.safetensors.index.json`, as `save_pretrained` splits them), and the tokenizer and
 //! generation files of the folder the model came from (without a `generation_config.json`
-//! there, one derived from `config.json`'s token ids, as `save_pretrained` writes it). Tensors are streamed one at a time,
-//! so nothing holds the whole model. The folder is written under a temporary name, fsynced,
-//! and renamed into place: an interrupted export leaves no half folder.
+//! there, one derived from `config.json`'s token ids, as `save_pretrained` writes it).
+//! Tensors are streamed one at a time, so nothing holds the whole model. The folder is
+//! written under a temporary name, fsynced, and renamed into place: an interrupted export
+//! leaves no half folder.
 
 use super::config::{generation_config_json, GENERATION_CONFIG_FILE};
 use super::weights::StoredDtype;
