@@ -3,7 +3,7 @@
 //! time, committed like any other save. Needs neither a GPU nor libtorch.
 
 use crate::checkpoint::Checkpoint;
-use crate::commit::{commit, CommitRequest, Committed};
+use crate::commit::{commit_until, prune, CommitRequest, CommitStage, Committed};
 use crate::error::Result;
 use crate::naming::StateKind;
 use crate::write::{write_rank_report, FullWriter, SaveTarget};
@@ -11,7 +11,8 @@ use shardrun_protocol::config::CheckpointFormat;
 use std::path::Path;
 
 /// Write `source` as a full checkpoint `<out_root>/step-<N>/`. The trainer state and every
-/// rank's RNG state are carried over, so the result also resumes training.
+/// rank's RNG state are carried over, so the result also resumes training. `out_root` holds
+/// exports, not a run's series of checkpoints: no `latest` points into it.
 pub fn export_full(source: &Checkpoint, out_root: &Path) -> Result<Committed> {
     let meta = source.metadata();
     let target = SaveTarget::new(out_root, meta.step, meta.world_size);
@@ -38,7 +39,7 @@ pub fn export_full(source: &Checkpoint, out_root: &Path) -> Result<Committed> {
         };
         write_rank_report(&target, rank.rank, rank.rng.clone(), mine)?;
     }
-    commit(
+    let mut committed = commit_until(
         &target,
         &CommitRequest {
             format: CheckpointFormat::Full,
@@ -50,5 +51,9 @@ pub fn export_full(source: &Checkpoint, out_root: &Path) -> Result<Committed> {
             config_hash: meta.config_hash.clone(),
             keep: usize::MAX,
         },
-    )
+        CommitStage::Rename,
+    )?;
+    // Every export is kept; only what interrupted exports of earlier steps left goes.
+    committed.pruned = prune(out_root, meta.step, usize::MAX)?;
+    Ok(committed)
 }

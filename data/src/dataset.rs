@@ -3,13 +3,13 @@
 
 use crate::corpus::Corpus;
 use crate::error::{DataError, Result};
+use crate::identity::{DataIdentity, SourceIdentity};
 use crate::packing::{Packed, Row, IGNORE, PAD};
 use crate::prepare::{prepare_source, Prepared, SourceSpec};
 use crate::progress::Observer;
 use crate::sampler::EpochOrder;
 use crate::split::{hold_out, DocSet};
-use sha2::{Digest, Sha256};
-use shardrun_protocol::config::{DatasetConfig, HeldOut, Packing};
+use shardrun_protocol::config::{DatasetConfig, HeldOut};
 use std::sync::Arc;
 
 /// Rows of token ids ready to become tensors, row-major `[rows, seq_len]`.
@@ -58,7 +58,7 @@ pub struct Dataset {
     validation: Option<Packed>,
     order: EpochOrder,
     document_mask: bool,
-    fingerprint: String,
+    identity: DataIdentity,
     summary: Vec<String>,
     built: bool,
 }
@@ -87,14 +87,13 @@ impl Dataset {
         let train_prepared = prepare_source(&spec(&config.source, "training data"), observer)?;
         let mut built = train_prepared.built;
         let mut summary = Vec::new();
-        let mut fingerprint = Sha256::new();
-        fingerprint.update(train_prepared.corpus.manifest.content_hash.as_bytes());
+        let training = SourceIdentity::of(&train_prepared.corpus.manifest);
+        let mut validation_identity = None;
         let train_corpus = Arc::new(train_prepared.corpus);
         check_vocab(&train_corpus, vocab_size)?;
         let (train_set, validation) = match config.validation.as_ref().map(|v| &v.held_out) {
             None => (DocSet::everything(&train_corpus), None),
             Some(HeldOut::Fraction { fraction }) => {
-                fingerprint.update(format!("|fraction {fraction}"));
                 let (train, held) = hold_out(&train_corpus, *fraction)?;
                 (train, Some((train_corpus.clone(), held)))
             }
@@ -107,7 +106,7 @@ impl Dataset {
                 } = prepare_source(&spec(&source, "validation data"), observer)?;
                 built |= validation_built;
                 check_vocab(&corpus, vocab_size)?;
-                fingerprint.update(format!("|validation {}", corpus.manifest.content_hash));
+                validation_identity = Some(SourceIdentity::of(&corpus.manifest));
                 let set = DocSet::everything(&corpus);
                 (
                     DocSet::everything(&train_corpus),
@@ -130,15 +129,6 @@ impl Dataset {
             .map(|(corpus, set)| pack(corpus, set))
             .transpose()?;
         let order = EpochOrder::new(train.sequences(), seed, config.shuffle)?;
-        fingerprint.update(format!(
-            "|seq_len {}|packing {:?}|document_mask {}|shuffle {}",
-            config.seq_len, config.packing, config.document_mask, config.shuffle
-        ));
-        if config.packing == Packing::WholeDocuments {
-            // `whole_documents` sequences were once longest first: a checkpoint taken then
-            // read other sequences at the same sample positions.
-            fingerprint.update("|sequences in document order");
-        }
         summary.push(describe(
             "training data",
             &train,
@@ -175,7 +165,7 @@ impl Dataset {
             validation,
             order,
             document_mask: config.document_mask,
-            fingerprint: hex::encode(&fingerprint.finalize()[..8]),
+            identity: DataIdentity::new(config, training, validation_identity),
             summary,
             built,
         })
@@ -184,7 +174,12 @@ impl Dataset {
     /// Identifies the sample stream (tokens, split, packing): a resumed run must find the
     /// same one.
     pub fn fingerprint(&self) -> &str {
-        &self.fingerprint
+        &self.identity.fingerprint
+    }
+
+    /// The fingerprint and what the data is made of (files, tokenizer), to be recorded.
+    pub fn identity(&self) -> &DataIdentity {
+        &self.identity
     }
 
     /// Lines describing the data, for the log.

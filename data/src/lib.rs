@@ -10,6 +10,8 @@
 //!   memory-mapped for reading; [`prepare`]: a source to a corpus.
 //! * [`split`]: held-out documents; [`packing`]: documents into sequences;
 //!   [`sampler`]: the seeded order per epoch; [`dataset`]: batches by global sample index.
+//! * [`identity`]: what a dataset is made of (fingerprint, files, tokenizer), so a resumed
+//!   run can tell its data from other data and say what changed.
 
 pub mod cache;
 pub mod chat;
@@ -19,6 +21,7 @@ pub mod documents;
 pub mod encode;
 pub mod error;
 pub mod files;
+pub mod identity;
 pub mod packing;
 pub mod prepare;
 pub mod progress;
@@ -31,6 +34,7 @@ pub mod writer;
 
 pub use dataset::{Dataset, HostBatch};
 pub use error::{DataError, Origin};
+pub use identity::DataIdentity;
 pub use progress::{Observer, Quiet, Stderr};
 pub use rng::splitmix64;
 pub use tokenize::default_threads;

@@ -43,15 +43,7 @@ pub struct SourceSpec<'a> {
 pub fn prepare_source(spec: &SourceSpec<'_>, observer: &dyn Observer) -> Result<Prepared> {
     let started = Instant::now();
     let files = files::expand(spec.source.files())?;
-    let key = KeyInputs {
-        format_version: FORMAT_VERSION,
-        source: serde_json::to_value(spec.source.with_files(Vec::new()))
-            .expect("sources serialize"),
-        on_bad_record: spec.on_bad_record,
-        files: &files,
-        tokenizer: tokenizer_key(spec.tokenizer, spec.source)?,
-    };
-    let name = key.name(spec.source.kind_name());
+    let name = cache_name(spec, &files)?;
     let (dir, manifest, built) = cache::open_or_build(spec.cache_dir, &name, observer, |tmp| {
         observer.line(&format!(
             "preparing {} ({} file(s), {:.1} MB) into {}",
@@ -86,6 +78,27 @@ pub fn prepare_source(spec: &SourceSpec<'_>, observer: &dyn Observer) -> Result<
         built,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// The manifest of the source's cache for its files as they are now, without preparing
+/// anything: `None` when that cache does not exist yet (the files were never prepared, or
+/// changed since).
+pub fn prepared_manifest(spec: &SourceSpec<'_>) -> Result<Option<CacheManifest>> {
+    let files = files::expand(spec.source.files())?;
+    cache::read_manifest(&spec.cache_dir.join(cache_name(spec, &files)?))
+}
+
+/// The cache folder's name: a hash of everything that decides its contents.
+fn cache_name(spec: &SourceSpec<'_>, files: &[DataFile]) -> Result<String> {
+    let key = KeyInputs {
+        format_version: FORMAT_VERSION,
+        source: serde_json::to_value(spec.source.with_files(Vec::new()))
+            .expect("sources serialize"),
+        on_bad_record: spec.on_bad_record,
+        files,
+        tokenizer: tokenizer_key(spec.tokenizer, spec.source)?,
+    };
+    Ok(key.name(spec.source.kind_name()))
 }
 
 /// Hashes of the files that decide the ids (tokenizer, special tokens, chat template).

@@ -4,6 +4,9 @@
 //! cache. Concurrent jobs of a sweep sharing the data wait on the cache's lock instead of
 //! tokenizing it again.
 
+use crate::rerun::newest_checkpoint;
+use crate::resume_data;
+use crate::rundir::RunDir;
 use anyhow::Context;
 use shardrun_data::{Dataset, Observer};
 use shardrun_protocol::config::DataConfig;
@@ -25,13 +28,25 @@ impl Observer for Console {
 /// Prepares `config`'s data (nothing for synthetic data) and returns the description of what
 /// the ranks will read.
 pub fn prepare_data(config: &TrainConfig, threads: Option<usize>) -> anyhow::Result<Vec<String>> {
+    match open_dataset(config, threads)? {
+        Some(dataset) => Ok(describe(config, &dataset)),
+        None => Ok(vec!["synthetic data: nothing to prepare".into()]),
+    }
+}
+
+/// The config's documents, prepared; `None` for synthetic data.
+fn open_dataset(config: &TrainConfig, threads: Option<usize>) -> anyhow::Result<Option<Dataset>> {
     let DataConfig::Dataset(data) = &config.data else {
-        return Ok(vec!["synthetic data: nothing to prepare".into()]);
+        return Ok(None);
     };
     let vocab_size = config.model.vocab_size();
     let threads = threads.unwrap_or_else(shardrun_data::default_threads);
     let dataset = Dataset::open(data, config.seed, vocab_size, threads, &Console)
         .context("preparing the training data")?;
+    Ok(Some(dataset))
+}
+
+fn describe(config: &TrainConfig, dataset: &Dataset) -> Vec<String> {
     let mut lines = dataset.summary().to_vec();
     lines.push(format!(
         "{} sample(s) per epoch, {:.2} epoch(s) in {} steps of {} samples",
@@ -40,16 +55,23 @@ pub fn prepare_data(config: &TrainConfig, threads: Option<usize>) -> anyhow::Res
         config.steps,
         config.batch.total_batch_size
     ));
-    Ok(lines)
+    lines
 }
 
-/// The controller's step before launching: the data ready, or the reason the job cannot run.
-pub fn before_launch(config: &TrainConfig) -> anyhow::Result<()> {
-    if matches!(config.data, DataConfig::Synthetic { .. }) {
+/// The controller's step before launching: the data ready and, for a run that resumes, the
+/// data its checkpoint was trained on ([`resume_data::DataChanged`] when not); or the reason
+/// the job cannot run. Records what the data is made of in the run directory.
+pub fn before_launch(run: &RunDir, config: &TrainConfig) -> anyhow::Result<()> {
+    let Some(dataset) = open_dataset(config, None)? else {
         return Ok(());
-    }
-    for line in prepare_data(config, None)? {
+    };
+    for line in describe(config, &dataset) {
         outln!("shardrun: {line}");
     }
+    let resumed = newest_checkpoint(run, config).filter(|_| config.checkpoint.resume);
+    if let Some(checkpoint) = &resumed {
+        resume_data::check(run, checkpoint, dataset.identity()).map_err(|e| *e)?;
+    }
+    run.write_data_identity(dataset.identity())?;
     Ok(())
 }

@@ -22,6 +22,7 @@ pub mod job_controller;
 pub mod metrics_file;
 pub mod rerun;
 pub mod resolve;
+pub mod resume_data;
 pub mod rundir;
 pub mod sbatch;
 pub mod slurm;

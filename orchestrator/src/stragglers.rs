@@ -3,17 +3,27 @@
 //! median rank's over the run. In a job without a straggler every rank is the slowest about
 //! `1 / ranks` of the time by chance and the spread is small; a straggler is the slowest far
 //! more often, by a margin that persists.
+//!
+//! Only the steps of the current world size are judged: a run resumed on another number of
+//! ranks numbers other processes (on other machines) with the same ranks, so the steps
+//! before say nothing about the ranks now. Which start of the run logged a step, and on how
+//! many ranks, comes from its `events.jsonl`.
 
+use crate::events_file::{EventRecord, RunEvent};
 use crate::step_record::StepRecord;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StragglerReport {
-    /// Step records read.
+    /// Step records judged: the latest ones, run on the current world size.
     pub steps: u64,
-    /// Ranks in the latest record.
+    /// The current world size.
     pub ranks: u64,
+    /// The first step judged.
+    pub first_step: Option<u64>,
+    /// Steps before, run on other world sizes: not judged.
+    pub earlier: Vec<WorldSegment>,
     /// The slowest rank's step time over the median rank's, minus one (0.05: 5% slower), at
     /// the median and the 90th percentile of the steps.
     pub spread_median: f64,
@@ -25,6 +35,59 @@ pub struct StragglerReport {
     /// The rank with the largest peak memory at the latest step.
     pub peak_memory_max_rank: Option<u64>,
     pub peak_memory_max_bytes: Option<u64>,
+}
+
+/// Consecutive steps run on one world size.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorldSegment {
+    pub first_step: u64,
+    pub last_step: u64,
+    pub ranks: u64,
+}
+
+/// A start of the run (its first, a re-run, a requeue) and its world size.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WorldStart {
+    /// Unix seconds, on the clock of the controller that also timed the step records.
+    pub time: f64,
+    pub world_size: u64,
+}
+
+/// The starts among a run's events.
+pub fn starts(events: &[EventRecord]) -> Vec<WorldStart> {
+    events
+        .iter()
+        .filter_map(|e| match e.event {
+            RunEvent::Started { world_size, .. } => Some(WorldStart {
+                time: e.time,
+                world_size,
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The world size a step ran on: its start's, the latest start before the step's record
+/// (else, for runs without events, the ranks that reported it).
+fn world_of(record: &StepRecord, starts: &[WorldStart]) -> u64 {
+    starts
+        .iter()
+        .rev()
+        .find(|s| s.time <= record.time)
+        .map_or(record.ranks, |s| s.world_size)
+}
+
+/// `records` cut where the world size changes, in step order.
+fn segments(records: &[StepRecord], starts: &[WorldStart]) -> Vec<(u64, Vec<StepRecord>)> {
+    let mut out: Vec<(u64, Vec<StepRecord>)> = Vec::new();
+    for record in records {
+        let world = world_of(record, starts);
+        match out.last_mut() {
+            Some((w, steps)) if *w == world => steps.push(record.clone()),
+            _ => out.push((world, vec![record.clone()])),
+        }
+    }
+    out
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -46,7 +109,20 @@ pub struct SlowRank {
     pub last_step: u64,
 }
 
-pub fn analyse(records: &[StepRecord]) -> StragglerReport {
+/// Judges the steps of the current world size among `records` (a run's step records in
+/// step order); `starts` tell which world size each step ran on.
+pub fn analyse(records: &[StepRecord], starts: &[WorldStart]) -> StragglerReport {
+    let mut segments = segments(records, starts);
+    let (world, records) = segments.pop().unwrap_or_default();
+    let earlier = segments
+        .iter()
+        .map(|(ranks, steps)| WorldSegment {
+            first_step: steps.first().map_or(0, |r| r.step),
+            last_step: steps.last().map_or(0, |r| r.step),
+            ranks: *ranks,
+        })
+        .collect();
+    let records = records.as_slice();
     let spread = |r: &StepRecord| {
         if r.step_time_median_s > 0.0 {
             r.step_time_max_s / r.step_time_median_s - 1.0
@@ -97,7 +173,9 @@ pub fn analyse(records: &[StepRecord]) -> StragglerReport {
     let latest = records.last();
     StragglerReport {
         steps: records.len() as u64,
-        ranks: latest.map_or(0, |r| r.ranks),
+        ranks: world,
+        first_step: records.first().map(|r| r.step),
+        earlier,
         spread_median: quantile(0.5),
         spread_p90: quantile(0.9),
         worst,
@@ -144,7 +222,7 @@ mod tests {
                 }
             })
             .collect();
-        let report = analyse(&records);
+        let report = analyse(&records, &[]);
         assert_eq!((report.steps, report.ranks), (10, 4));
         assert_eq!(report.slowest_ranks[0].rank, 2);
         assert_eq!(report.slowest_ranks[0].times, 8);
@@ -159,8 +237,67 @@ mod tests {
 
     #[test]
     fn a_single_rank_has_no_stragglers() {
-        let report = analyse(&[step(1, &[1.0]), step(2, &[2.0])]);
+        let report = analyse(&[step(1, &[1.0]), step(2, &[2.0])], &[]);
         assert!(report.slowest_ranks.is_empty());
         assert_eq!((report.spread_median, report.worst), (0.0, None));
+    }
+
+    #[test]
+    fn only_the_steps_of_the_current_world_size_are_judged() {
+        // Steps 1-6 on 2 ranks (rank 1 always slower), then resumed at step 4 on 3 ranks
+        // (rank 2 slower): the resume's records replaced steps 4-6.
+        let at = |mut r: StepRecord, time: f64| {
+            r.time = time;
+            r
+        };
+        let mut records: Vec<StepRecord> = (1..=3)
+            .map(|s| at(step(s, &[1.0, 1.5]), 10.0 + s as f64))
+            .collect();
+        records.extend((4..=8).map(|s| at(step(s, &[1.0, 1.0, 1.2]), 100.0 + s as f64)));
+        let starts = [
+            WorldStart {
+                time: 10.0,
+                world_size: 2,
+            },
+            WorldStart {
+                time: 100.0,
+                world_size: 3,
+            },
+        ];
+        let report = analyse(&records, &starts);
+        assert_eq!((report.steps, report.ranks), (5, 3));
+        assert_eq!(report.first_step, Some(4));
+        assert_eq!(
+            report.earlier,
+            [WorldSegment {
+                first_step: 1,
+                last_step: 3,
+                ranks: 2
+            }]
+        );
+        assert_eq!(report.slowest_ranks.len(), 1, "{:?}", report.slowest_ranks);
+        assert_eq!(
+            (report.slowest_ranks[0].rank, report.slowest_ranks[0].times),
+            (2, 5)
+        );
+
+        // Resumed on one rank: nothing left to compare, whatever the steps before showed.
+        let mut records = records[..3].to_vec();
+        records.extend((4..=8).map(|s| at(step(s, &[1.0]), 100.0 + s as f64)));
+        let starts = [
+            starts[0],
+            WorldStart {
+                time: 100.0,
+                world_size: 1,
+            },
+        ];
+        let report = analyse(&records, &starts);
+        assert_eq!((report.steps, report.ranks), (5, 1));
+        assert!(
+            report.slowest_ranks.is_empty(),
+            "{:?}",
+            report.slowest_ranks
+        );
+        assert_eq!(report.worst, None);
     }
 }

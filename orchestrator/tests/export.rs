@@ -1,5 +1,6 @@
 //! `shardrun export` as people run it: on a run directory, on a damaged newest checkpoint,
-//! on a path that holds none.
+//! on a path that holds none; a Llama trained from scratch exported with the special token
+//! ids of its tokenizer, as `transformers` reads them.
 
 use shardrun_checkpoint::tensor_file::TensorFile;
 use shardrun_checkpoint::{
@@ -9,7 +10,7 @@ use shardrun_checkpoint::{
 use shardrun_models::hf::config::config_json;
 use shardrun_models::hf::{save_folder, HfWeights, SaveOptions, StoredDtype};
 use shardrun_protocol::config::{CheckpointFormat, DType, ModelConfig, ShardingStrategy};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn layout(shards: u64) -> Layout {
@@ -107,6 +108,12 @@ fn exports_the_newest_checkpoint_of_a_run_directory() {
     let (ok, text) = shardrun(&[run.path()]);
     assert!(ok, "{text}");
     assert!(text.contains("Exported step 20 (2 ranks"), "{text}");
+    // The export folder holds the exported checkpoint only: no `latest` of a series.
+    let exported: Vec<String> = std::fs::read_dir(run.path().join("checkpoints/export"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(exported, ["step-20"]);
     let model = run
         .path()
         .join("checkpoints/export/step-20/model.safetensors");
@@ -229,4 +236,124 @@ fn an_hf_export_defaults_to_the_dtype_of_the_source_weights() {
     let written: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
     assert_eq!(written["dtype"], "bfloat16");
+}
+
+/// `tests/python/hf_token_ids.py args...` with the project's venv python (`scripts/setup.sh`
+/// makes it, with torch and transformers), or `SHARDRUN_PYTHON`; its stdout.
+fn hf_token_ids(args: &[&Path]) -> String {
+    let python = std::env::var_os("SHARDRUN_PYTHON").map_or_else(
+        || {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
+                .join(".cache/shardrun/venv/bin/python")
+        },
+        PathBuf::from,
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/python/hf_token_ids.py");
+    let out = Command::new(&python)
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {}: {e}. Run scripts/setup.sh (it makes the venv with torch and transformers) or set SHARDRUN_PYTHON",
+                python.display()
+            )
+        });
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "hf_token_ids.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// A run of a Llama from scratch on text read with `tokenizer` (the spec's YAML for it), with
+/// one checkpoint: its run directory.
+fn scratch_run(dir: &Path, vocab_size: u64, tokenizer: &str) -> PathBuf {
+    std::fs::write(dir.join("data.txt"), "a b c d\nd c b a\n").unwrap();
+    let yaml = format!(
+        "name: scratch\ntraining:\n  model: {{ kind: llama, vocab_size: {vocab_size}, dim: 8, n_layers: 1, n_heads: 2, ffn_dim: 16 }}\n  \
+         data: {{ kind: text, files: [data.txt], split: line, seq_len: 4, tokenizer: {tokenizer} }}\n  \
+         steps: 1\n  total_batch_size: 1\n  batch_size_per_device: 1\n"
+    );
+    let loaded = shardrun::spec::parse(&yaml, &dir.join("job.yaml")).unwrap();
+    let train = shardrun::resolve::resolve(&loaded, &Default::default())
+        .unwrap()
+        .train;
+    let ModelConfig::Llama(model) = &train.model else {
+        panic!("a llama model")
+    };
+    let units = model
+        .architecture
+        .describe()
+        .params
+        .iter()
+        .map(|p| {
+            let shape = p.shape.iter().map(|&d| d as u64).collect();
+            UnitLayout::packed(&p.name, [(p.name.clone(), shape)], 1).unwrap()
+        })
+        .collect();
+    let run = dir.join("run");
+    save_layout(&run.join("checkpoints"), 3, 1, Layout::new(units).unwrap());
+    std::fs::write(
+        run.join("train_config.json"),
+        serde_json::to_string(&train).unwrap(),
+    )
+    .unwrap();
+    run
+}
+
+#[test]
+fn an_hf_export_of_a_model_from_scratch_carries_the_token_ids_of_its_tokenizer() {
+    // A Hugging Face tokenizer: `<s>` = 5 added by its post-processor, `</s>` = 6.
+    let tmp = tempfile::tempdir().unwrap();
+    let tokenizer = tmp.path().join("tokenizer");
+    hf_token_ids(&[Path::new("tokenizer"), &tokenizer]);
+    let run = scratch_run(
+        tmp.path(),
+        16,
+        &format!("{{ path: {} }}", tokenizer.display()),
+    );
+    let out = tmp.path().join("hf");
+    let (ok, text) = shardrun(&[&run, Path::new("--out"), &out]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains(
+            "token ids of the run's tokenizer in config.json and generation_config.json: \
+             bos 5 (`<s>`), eos 6 (`</s>`)"
+        ),
+        "{text}"
+    );
+    let read: serde_json::Value =
+        serde_json::from_str(&hf_token_ids(&[Path::new("read"), &out, &tokenizer])).unwrap();
+    assert_eq!(read["tokenizer"], serde_json::json!([5, 6]), "{read}");
+    assert_eq!(read["config"], read["tokenizer"], "{read}");
+    assert_eq!(
+        read["generation"], read["tokenizer"],
+        "generate stops at eos: {read}"
+    );
+    assert_eq!(
+        read["generated"].as_array().map(|ids| ids[..2].to_vec()),
+        Some(vec![serde_json::json!(1), serde_json::json!(2)]),
+        "generate runs from the prompt: {read}"
+    );
+
+    // UTF-8 bytes: no BOS (not LlamaConfig's default of 1), 256 ends a document.
+    let tmp = tempfile::tempdir().unwrap();
+    let run = scratch_run(tmp.path(), 260, "{ kind: bytes }");
+    let out = tmp.path().join("hf");
+    let (ok, text) = shardrun(&[&run, Path::new("--out"), &out]);
+    assert!(ok, "{text}");
+    let generation: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("generation_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        generation,
+        serde_json::json!({"_from_model_config": true, "eos_token_id": 256, "use_cache": true})
+    );
+    let read: serde_json::Value =
+        serde_json::from_str(&hf_token_ids(&[Path::new("read"), &out])).unwrap();
+    assert_eq!(read["config"], serde_json::json!([null, 256]), "{read}");
+    assert_eq!(read["generation"], serde_json::json!([null, 256]), "{read}");
 }

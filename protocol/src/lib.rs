@@ -11,6 +11,8 @@
 //! * [`units`]: how a model's parameters form FSDP units (the plan and the worker agree).
 //! * [`footprint`]: an architecture's parameters, segments and activation memory, for the
 //!   memory plan.
+//! * [`schedule`]: the learning rate of every step (the worker trains with it; a resume that
+//!   changes `steps` says what it does to the LR).
 
 pub mod config;
 pub mod connection;
@@ -19,6 +21,7 @@ pub mod footprint;
 pub mod host;
 pub mod messages;
 pub mod rendezvous;
+pub mod schedule;
 pub mod units;
 
 pub use config::TrainConfig;

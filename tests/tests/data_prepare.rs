@@ -2,7 +2,8 @@
 //! tokenizes once; `shardrun run` on text with a validation split trains, evaluates and
 //! reports the validation loss everywhere people look (metrics.jsonl, the console, the
 //! summary, `shardrun metrics`); bad data fails the job before any rank starts, naming the
-//! record, and leaves no cache behind.
+//! record, and leaves no cache behind; a run resumed on changed data is refused before any
+//! rank starts, naming the change, and keeps its state and checkpoints.
 
 use shardrun_e2e::jobs::*;
 use shardrun_e2e::*;
@@ -235,4 +236,102 @@ fn a_run_directory_reads_its_spec_paths_relative_to_the_spec_it_was_made_from() 
         stdout.contains("moved") && !stdout.contains("data-cache") && !stdout.contains("text-"),
         "{stdout}"
     );
+}
+
+#[test]
+fn resuming_on_changed_data_is_refused_before_any_rank_starts_and_the_run_is_kept() {
+    let dir = TestDir::new("data-changed");
+    let original = std::fs::read_to_string(corpus(&dir)).unwrap();
+    let file = dir.join("data/gpl.txt");
+    let extra = "  checkpoint: { interval_steps: 3 }\n";
+    dir.write("job.yaml", &text_spec("changed", "data/*.txt", extra));
+    let out = shardrun_in(&dir, &["run", "job.yaml", "--no-progress"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let run = dir.join("runs/changed");
+    let manifest = || std::fs::read_to_string(run.join("manifest.json")).unwrap();
+    assert!(manifest().contains("\"COMPLETED\""), "{}", manifest());
+    let more = |steps: &str| {
+        shardrun_in(
+            &dir,
+            &[
+                "run",
+                "runs/changed",
+                "--set",
+                &format!("training.steps={steps}"),
+                "--no-progress",
+            ],
+        )
+    };
+
+    // The data changes; asked for more steps, the controller prepares the new data and
+    // refuses before it starts a rank.
+    let added = "one more line\n";
+    dir.write("data/gpl.txt", &format!("{original}{added}"));
+    let out = more("9");
+    let (stdout, stderr) = (stdout_of(&out), stderr_of(&out));
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    let refusal = format!(
+        "the training data of {} changed since its checkpoint of step 6 was saved",
+        run.display()
+    );
+    assert!(stderr.contains(&refusal), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "\n  {}: changed ({} → {} bytes)\n",
+            file.display(),
+            original.len(),
+            original.len() + added.len()
+        )),
+        "names what changed: {stderr}"
+    );
+    assert!(
+        stderr.contains("--force")
+            && stderr.contains(&format!(
+                "checkpoint.from: {}",
+                run.join("checkpoints/step-6").display()
+            )),
+        "says what to do: {stderr}"
+    );
+    assert!(stdout.contains("shardrun: training data: "), "{stdout}");
+    assert!(
+        !stdout.contains("ranks registered"),
+        "no rank started: {stdout}"
+    );
+    assert!(!stderr.contains("[rank "), "no rank started: {stderr}");
+    assert!(manifest().contains("\"COMPLETED\""), "{}", manifest());
+    for step in [3, 6] {
+        assert!(run
+            .join(format!("checkpoints/step-{step}/COMPLETE"))
+            .exists());
+    }
+
+    // With the changed data prepared, the re-run refuses before touching the run.
+    let prepared = shardrun_in(&dir, &["prepare", "runs/changed"]);
+    assert!(prepared.status.success(), "{}", stderr_of(&prepared));
+    let job_yaml = std::fs::read(run.join("job.yaml")).unwrap();
+    let out = more("12");
+    let (stdout, stderr) = (stdout_of(&out), stderr_of(&out));
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stderr.contains(&refusal), "{stderr}");
+    assert!(
+        !stdout.contains("shardrun: training data: "),
+        "refused before the job started: {stdout}"
+    );
+    assert_eq!(
+        std::fs::read(run.join("job.yaml")).unwrap(),
+        job_yaml,
+        "a refused re-run touches nothing"
+    );
+    assert!(manifest().contains("\"COMPLETED\""), "{}", manifest());
+
+    // The data restored, the run continues from its checkpoint.
+    dir.write("data/gpl.txt", &original);
+    let out = more("9");
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert!(
+        stdout.starts_with(&format!("resuming {} at step 7", run.display())),
+        "{stdout}"
+    );
+    assert_eq!(metric_steps(&run, 0), (1..=9).collect::<Vec<_>>());
 }

@@ -1,8 +1,8 @@
 //! metrics.jsonl at scale and what reads it, through the real binaries: one record per
 //! logged step folding every rank's report (checked against the ranks' own records in
-//! `logs/rank-N.metrics.jsonl`), `metrics --json`, `metrics --stragglers --json` and
-//! `status --json` carrying what their tables show, completions, and the exit codes scripts
-//! rely on.
+//! `logs/rank-N.metrics.jsonl`), `metrics --json`, `metrics --stragglers --json` (judging
+//! only the steps of the current world size after a resume on another) and `status --json`
+//! carrying what their tables show, completions, and the exit codes scripts rely on.
 
 use shardrun_e2e::jobs::*;
 use shardrun_e2e::*;
@@ -286,4 +286,61 @@ fn a_diverged_run_keeps_reporting_its_non_finite_loss_and_says_so() {
     );
     let log = std::fs::read_to_string(run.join("train.log")).unwrap();
     assert!(log.contains("training diverged"), "{log}");
+}
+
+#[test]
+fn stragglers_of_a_run_resumed_on_fewer_ranks_judge_only_the_current_ranks() {
+    let dir = TestDir::new("metrics-stragglers-resumed");
+    let spec = dir.write("two.yaml", &tiny_mlp_spec("two", 10, 2));
+    let deadline = Duration::from_secs(120);
+    let (out, run) = run_local(&dir, &spec, &["--no-progress"], &[], deadline);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let (out, _) = run_local(
+        &dir,
+        &spec,
+        &[
+            "--no-progress",
+            "--nproc",
+            "1",
+            "--set",
+            "training.steps=20",
+        ],
+        &[],
+        deadline,
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let run_arg = run.to_string_lossy();
+
+    let out = shardrun_in(dir.path(), &["metrics", "--stragglers", "--json", &run_arg]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let doc: serde_json::Value = serde_json::from_str(&stdout_of(&out)).unwrap();
+    let report = &doc["runs"][0];
+    assert_eq!(
+        (
+            report["steps"].as_u64(),
+            report["ranks"].as_u64(),
+            report["first_step"].as_u64()
+        ),
+        (Some(10), Some(1), Some(11)),
+        "{report}"
+    );
+    assert_eq!(
+        report["slowest_ranks"],
+        serde_json::json!([]),
+        "one rank has no stragglers, whatever the two before did: {report}"
+    );
+    assert_eq!(
+        report["earlier"],
+        serde_json::json!([{"first_step": 1, "last_step": 10, "ranks": 2}]),
+        "{report}"
+    );
+    let text = stdout_of(&shardrun_in(
+        dir.path(),
+        &["metrics", "--stragglers", &run_arg],
+    ));
+    assert!(
+        text.starts_with("run: 10 step records, 1 rank(s), from step 11\n  steps 1-10 ran on 2 rank(s): not judged"),
+        "{text}"
+    );
+    assert!(text.contains("nothing to compare"), "{text}");
 }

@@ -4,8 +4,9 @@
 //! or one rank SIGKILLed) is run again with the same command: it resumes at the step after
 //! its newest checkpoint, says so on its first line, and the losses of the two halves
 //! together are the losses of an uninterrupted run of the same spec. Neither half panics.
-//! A finished run run again trains nothing; with more steps it continues; a changed spec is
-//! refused field by field; --force starts over.
+//! A finished run run again trains nothing; with more steps it continues (saying how a
+//! decaying LR schedule is re-shaped); a changed spec is refused field by field; --force
+//! starts over.
 //!
 //! Needs the binaries built: `cargo build --release -p shardrun -p shardrun-worker`.
 
@@ -356,4 +357,37 @@ fn a_finished_run_is_left_alone_trained_longer_on_request_refused_when_changed_a
     );
     assert_eq!(metric_steps(&run, 0), (1..=30).collect::<Vec<_>>());
     assert_no_panic(&all_logs(&run), "the run's logs");
+}
+
+#[test]
+fn training_a_cosine_run_longer_says_how_its_lr_jumps() {
+    let dir = TestDir::new("rerun-cosine");
+    let spec = constant_lr_spec("cosine", 10).replace("decay: constant", "decay: cosine");
+    let spec = dir.write("job.yaml", &spec);
+    let (out, run) = run_local(&dir, &spec, &["--no-progress"], &[], DEADLINE);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let (out, _) = run_local(
+        &dir,
+        &spec,
+        &["--no-progress", "--set", "training.steps=15"],
+        &[],
+        DEADLINE,
+    );
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    // The LR each step trained at, as the ranks logged it (the later record of a step wins).
+    let lr: BTreeMap<u64, f64> = step_records(&run)
+        .iter()
+        .filter_map(|r| Some((r["step"].as_u64()?, r["lr"].as_f64()?)))
+        .collect();
+    let (last, resumed) = (lr[&10], lr[&11]);
+    assert!(resumed > 2.0 * last, "the LR jumps: {lr:?}");
+    assert_eq!(
+        stdout.lines().nth(1).unwrap_or_default(),
+        format!(
+            "  changed on resume: training.steps: 10 → 15; the cosine LR schedule is re-shaped \
+             to 15 steps: step 11 trains at LR {resumed:.3e}, up from {last:.3e} on the 10-step \
+             schedule"
+        )
+    );
 }

@@ -10,7 +10,6 @@
 use crate::collectives::Communicator;
 use crate::control;
 use crate::fsdp::{FlatLayout, FsdpEngine, UnitShardState};
-use crate::schedule::Schedule;
 use crate::train::{CheckpointHook, SaveReason, TrainState, Trainer};
 use shardrun_checkpoint::naming::{step_dir_name, COMPLETE_FILE};
 use shardrun_checkpoint::{
@@ -22,6 +21,7 @@ use shardrun_checkpoint::{
 use shardrun_protocol::config::{CheckpointFormat, TrainConfig};
 use shardrun_protocol::env;
 use shardrun_protocol::messages::LogLevel;
+use shardrun_protocol::schedule::Schedule;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tch::{Kind, Tensor};

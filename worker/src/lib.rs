@@ -12,7 +12,8 @@
 //!   [`control`]: control values agreed over the CPU communicator.
 //! * [`model`]: the transformer and the MLP, plain forward code with PyTorch parameter names.
 //! * [`fsdp`]: units, flat sharded parameters, gather/free/reduce per strategy.
-//! * [`optim`], [`schedule`], [`scaler`]: AdamW, the LR schedule, fp16 loss scaling.
+//! * [`optim`], [`scaler`]: AdamW, fp16 loss scaling (the LR schedule is
+//!   [`shardrun_protocol::schedule`], which the orchestrator reads too).
 //! * [`data`]: deterministic per-rank batches (documents through `shardrun-data`);
 //!   [`evaluate`]: validation loss and perplexity.
 //! * [`train`]: the training loop; [`reference`]: unsharded single-process ground truth.
@@ -47,7 +48,6 @@ pub mod reference;
 pub mod rendezvous;
 pub mod report;
 pub mod scaler;
-pub mod schedule;
 pub mod stop;
 pub mod train;
 pub mod world;

@@ -429,9 +429,48 @@ pub fn config_json(config: &LlamaConfig, dtype: &str) -> Value {
     v
 }
 
+pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+
+/// `generation_config.json` as `save_pretrained` derives it from a model's config when the
+/// model has none of its own (`GenerationConfig.from_model_config`): the special token ids
+/// and the cache setting. `None` when the config names no end-of-sequence token: generation
+/// would not know where text ends, and `from_pretrained` derives the same on loading.
+pub fn generation_config_json(config: &Value) -> Option<Value> {
+    let set = |key: &str| config.get(key).filter(|v| !v.is_null()).cloned();
+    let eos = set("eos_token_id")?;
+    let mut out = Map::new();
+    out.insert("_from_model_config".into(), json!(true));
+    if let Some(bos) = set("bos_token_id") {
+        out.insert("bos_token_id".into(), bos);
+    }
+    out.insert("eos_token_id".into(), eos);
+    for key in ["pad_token_id", "use_cache"] {
+        if let Some(value) = set(key) {
+            out.insert(key.into(), value);
+        }
+    }
+    Some(Value::Object(out))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_generation_config_carries_the_token_ids_of_the_model_config() {
+        let mut config = base();
+        assert_eq!(generation_config_json(&config), None, "no eos, no file");
+        config["bos_token_id"] = Value::Null;
+        config["eos_token_id"] = json!(256);
+        config["pad_token_id"] = json!(0);
+        config["use_cache"] = json!(true);
+        assert_eq!(
+            generation_config_json(&config),
+            Some(
+                json!({"_from_model_config": true, "eos_token_id": 256, "pad_token_id": 0, "use_cache": true})
+            )
+        );
+    }
 
     fn parse(v: Value) -> Result<LlamaConfig, HfError> {
         parse_config(&v, Path::new("/m/config.json"))

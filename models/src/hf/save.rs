@@ -1,10 +1,13 @@
 //! Writing a Hugging Face folder that `from_pretrained` loads: `config.json`, the weights as
 //! `model.safetensors` (or, past `max_shard_bytes`, `model-0000i-of-0000n.safetensors` with a
 //! `model.safetensors.index.json`, as `save_pretrained` splits them), and the tokenizer and
-//! generation files of the folder the model came from. Tensors are streamed one at a time,
-//! so nothing holds the whole model. The folder is written under a temporary name, fsynced,
-//! and renamed into place: an interrupted export leaves no half folder.
+//! generation files of the folder the model came from (without a `generation_config.json`
+//! there, one derived from `config.json`'s token ids, as `save_pretrained` writes it).
+//! Tensors are streamed one at a time, so nothing holds the whole model. The folder is
+//! written under a temporary name, fsynced, and renamed into place: an interrupted export
+//! leaves no half folder.
 
+use super::config::{generation_config_json, GENERATION_CONFIG_FILE};
 use super::weights::StoredDtype;
 use super::{HfError, CONFIG_FILE, INDEX_FILE, SINGLE_FILE};
 use safetensors::tensor::{Metadata, TensorInfo};
@@ -30,6 +33,9 @@ pub struct SavedFolder {
     pub weight_files: Vec<(String, u64)>,
     /// Files copied from the source folder.
     pub copied: Vec<String>,
+    /// Whether `generation_config.json` was written from `config.json`'s token ids (the source
+    /// folder had none to copy).
+    pub derived_generation_config: bool,
 }
 
 /// Whether a file of a model folder belongs to its tokenizer or generation settings (what an
@@ -79,7 +85,7 @@ pub fn save_folder(
     }
     std::fs::create_dir(&tmp).map_err(HfError::io("create", &tmp))?;
     let written = write_contents(&tmp, config, tensors, &mut values, copy_from, options);
-    let (weight_files, copied) = match written {
+    let (weight_files, copied, derived_generation_config) = match written {
         Ok(w) => w,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&tmp);
@@ -93,10 +99,11 @@ pub fn save_folder(
         dir: out.to_path_buf(),
         weight_files,
         copied,
+        derived_generation_config,
     })
 }
 
-type Contents = (Vec<(String, u64)>, Vec<String>);
+type Contents = (Vec<(String, u64)>, Vec<String>, bool);
 /// Fills the buffer with one tensor's f32 values, by name.
 type Values<'a> = dyn FnMut(&str, &mut Vec<f32>) -> Result<(), String> + 'a;
 
@@ -220,7 +227,16 @@ fn write_contents(
             copied.push(fname);
         }
     }
-    Ok((weight_files, copied))
+    // As `save_pretrained`: a generative model's folder holds its generation settings, and
+    // without a file of its own they follow from the config's token ids.
+    let mut derived = false;
+    if !copied.iter().any(|f| f == GENERATION_CONFIG_FILE) {
+        if let Some(generation) = generation_config_json(config) {
+            write_json(&dir.join(GENERATION_CONFIG_FILE), &generation)?;
+            derived = true;
+        }
+    }
+    Ok((weight_files, copied, derived))
 }
 
 fn write_json(path: &Path, value: &Value) -> Result<(), HfError> {

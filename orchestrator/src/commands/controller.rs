@@ -4,6 +4,7 @@
 use crate::exit::{AlreadySaid, ExitCode};
 use crate::job_controller::options::ControllerArgs;
 use crate::job_controller::{self, LaunchMode};
+use crate::resume_data::DataChanged;
 use crate::rundir::{RunDir, RunLock, RunState};
 use anyhow::Context;
 use shardrun_protocol::config::DeviceKind;
@@ -60,9 +61,18 @@ pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyho
     // One controller per run directory. Taken before the manifest says RUNNING, so that a
     // RUNNING run whose lock is free is one whose controller died (`shardrun status`).
     let lock = RunLock::acquire(run.path())?;
+    let before = run.read_manifest()?.before_start();
     let _ = run.update_manifest(|m| m.state = RunState::Running);
     // One process tokenizes, before any rank starts.
-    if let Err(e) = crate::data_prep::before_launch(&run.read_train_config()?) {
+    if let Err(e) = crate::data_prep::before_launch(run, &run.read_train_config()?) {
+        if e.is::<DataChanged>() {
+            // Refused before anything ran: the run stays as it was.
+            let _ = run.update_manifest(|m| {
+                m.state = before.state;
+                m.error = before.error;
+            });
+            return Err(e);
+        }
         let message = crate::exit::message(&e);
         let _ = run.update_manifest(|m| {
             m.state = RunState::Failed;

@@ -11,9 +11,12 @@
 use anyhow::{bail, Context, Result};
 use shardrun_checkpoint::naming::{COMPLETE_FILE, METADATA_FILE};
 use shardrun_checkpoint::{export_full, resolve, Checkpoint, StateKind, UnitLayout, Verify};
+use shardrun_data::tokenizer::TextTokenizer;
 use shardrun_models::hf::config::{config_json, saved_dtype};
 use shardrun_models::hf::{self, SaveOptions, StoredDtype};
-use shardrun_protocol::config::{CheckpointFormat, LlamaModel, ModelConfig};
+use shardrun_protocol::config::{
+    CheckpointFormat, DataConfig, LlamaModel, ModelConfig, TokenizerConfig,
+};
 use shardrun_protocol::TrainConfig;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -84,7 +87,7 @@ pub fn execute(args: Args) -> Result<()> {
     });
     match (format, llama) {
         (ExportFormat::Full, _) => export_full_checkpoint(&source, args.out),
-        (ExportFormat::Hf, Some(model)) => export_hf(&source, &model, &args),
+        (ExportFormat::Hf, Some(model)) => export_hf(&source, &model, run_config.as_ref(), &args),
         (ExportFormat::Hf, None) => bail!(
             "{}: a Hugging Face folder needs a Llama-family model and the run's {CONFIG_FILE} (looked for it in {} and the folders above the checkpoint); use --format full for other models",
             source.dir().display(),
@@ -141,7 +144,12 @@ fn export_full_checkpoint(source: &Checkpoint, out: Option<PathBuf>) -> Result<(
 }
 
 /// Writes the checkpoint's parameters as a Hugging Face folder, one tensor in memory at a time.
-fn export_hf(source: &Checkpoint, model: &LlamaModel, args: &Args) -> Result<()> {
+fn export_hf(
+    source: &Checkpoint,
+    model: &LlamaModel,
+    run_config: Option<&TrainConfig>,
+    args: &Args,
+) -> Result<()> {
     let started = Instant::now();
     let meta = source.metadata();
     let pretrained_config = match &model.pretrained {
@@ -165,7 +173,9 @@ fn export_hf(source: &Checkpoint, model: &LlamaModel, args: &Args) -> Result<()>
         None => source_dtype(model.pretrained.as_deref(), pretrained_config.as_ref())?,
     };
     // The source folder's own config.json (every key it had: token ids, architectures...)
-    // with the dtype of these weights; from scratch, one written from the architecture.
+    // with the dtype of these weights; from scratch, one written from the architecture, with
+    // the special token ids of the tokenizer the run trained with.
+    let mut token_ids = None;
     let config = match pretrained_config {
         Some(mut value) => {
             let map = value
@@ -184,7 +194,19 @@ fn export_hf(source: &Checkpoint, model: &LlamaModel, args: &Args) -> Result<()>
             );
             value
         }
-        None => config_json(&model.architecture, dtype.torch_name()),
+        None => {
+            let mut value = config_json(&model.architecture, dtype.torch_name());
+            token_ids = special_tokens(run_config);
+            if let (Some(tokenizer), Some(map)) = (&token_ids, value.as_object_mut()) {
+                // Explicitly null without a BOS: `transformers` would take 1 for an absent key.
+                map.insert(
+                    "bos_token_id".into(),
+                    tokenizer.bos.as_ref().map(|t| t.id).into(),
+                );
+                map.insert("eos_token_id".into(), tokenizer.eos.id.into());
+            }
+            value
+        }
     };
     let description = model.architecture.describe();
     let layout = source.layout();
@@ -264,6 +286,19 @@ fn export_hf(source: &Checkpoint, model: &LlamaModel, args: &Args) -> Result<()>
             saved.copied.join(", ")
         );
     }
+    if let Some(tokenizer) = &token_ids {
+        let bos = match &tokenizer.bos {
+            Some(t) => format!("bos {} (`{}`)", t.id, t.text),
+            None => "no bos".into(),
+        };
+        outln!(
+            "  token ids of the run's tokenizer in config.json and generation_config.json: {bos}, eos {} (`{}`)",
+            tokenizer.eos.id,
+            tokenizer.eos.text
+        );
+    } else if saved.derived_generation_config {
+        outln!("  generation_config.json: the token ids of config.json");
+    }
     outln!(
         "in {:.1} s ({:.0} MB/s). In Python:\n  transformers.AutoModelForCausalLM.from_pretrained({:?})",
         started.elapsed().as_secs_f64(),
@@ -271,6 +306,27 @@ fn export_hf(source: &Checkpoint, model: &LlamaModel, args: &Args) -> Result<()>
         saved.dir
     );
     Ok(())
+}
+
+/// The tokenizer the run trained with (`data.tokenizer`), for its special tokens; `None`
+/// without one (synthetic or pre-tokenized data), or, with a warning, when it cannot be read.
+fn special_tokens(run_config: Option<&TrainConfig>) -> Option<TextTokenizer> {
+    let DataConfig::Dataset(data) = &run_config?.data else {
+        return None;
+    };
+    if data.tokenizer == TokenizerConfig::PreTokenized {
+        return None;
+    }
+    match TextTokenizer::load(&data.tokenizer) {
+        Ok(tokenizer) => Some(tokenizer),
+        Err(e) => {
+            errln!(
+                "warning: cannot read the run's tokenizer ({e}): the export names no bos or eos \
+                 token; set `bos_token_id` and `eos_token_id` in its config.json"
+            );
+            None
+        }
+    }
 }
 
 /// The dtype of the folder the run started from: its config.json's (`dtype`, `torch_dtype`),

@@ -2,6 +2,7 @@
 //! run, or of every run under a directory (a sweep), as a table or one JSON document; with
 //! `--stragglers`, which ranks held each run back.
 
+use crate::events_file;
 use crate::exit::{ExitCode, EXIT_NO_RUN};
 use crate::job_controller::console::group_thousands;
 use crate::metrics_file::{self, EvalRecord};
@@ -94,6 +95,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                     &metrics_file::read(&run.metrics())
                         .map(|m| m.steps)
                         .unwrap_or_default(),
+                    &stragglers::starts(&events_file::read(&run.events()).unwrap_or_default()),
                 ),
             })
             .collect();
@@ -235,7 +237,17 @@ fn format_seconds(s: f64) -> String {
 }
 
 fn straggler_text(name: &str, r: &StragglerReport) -> String {
-    let mut out = format!("{name}: {} step records, {} rank(s)\n", r.steps, r.ranks);
+    let mut out = format!("{name}: {} step records, {} rank(s)", r.steps, r.ranks);
+    match r.first_step.filter(|_| !r.earlier.is_empty()) {
+        Some(first) => out.push_str(&format!(", from step {first}\n")),
+        None => out.push('\n'),
+    }
+    for segment in &r.earlier {
+        out.push_str(&format!(
+            "  steps {}-{} ran on {} rank(s): not judged (other processes held those ranks)\n",
+            segment.first_step, segment.last_step, segment.ranks
+        ));
+    }
     if r.slowest_ranks.is_empty() {
         out.push_str("  no step with more than one rank reporting: nothing to compare\n");
         return out;

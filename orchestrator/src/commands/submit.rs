@@ -71,6 +71,11 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             spec_dir: Some(&spec_dir),
         },
     )?;
+    // A job continuing the run: if it refuses to start, the run goes back to this.
+    let ended_before = match &prepared {
+        rerun::RunStart::Resume(resume) => Some(resume.before.clone()),
+        _ => None,
+    };
     let Some(run) = announce(prepared) else {
         return Ok(());
     };
@@ -91,6 +96,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             m.state = RunState::Submitted;
             m.slurm_job_ids.push(job_id.to_string());
             m.error = None;
+            m.ended_before = ended_before;
         })
         .map(|_| ())
     });

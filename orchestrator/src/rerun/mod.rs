@@ -8,19 +8,25 @@
 
 pub mod changes;
 
-use crate::resolve::ResolvedJob;
-use crate::rundir::{NewRun, RunDir, RunDirError, RunLock, RunState};
+use crate::resume_data::{self, DataChanged};
+use crate::rundir::{Ended, NewRun, RunDir, RunDirError, RunLock, RunState};
 use crate::slurm;
 pub use changes::FieldChange;
 use shardrun_checkpoint::{find_latest, Verify};
+use shardrun_data::DataIdentity;
+use shardrun_protocol::config::{DataConfig, LrDecay};
+use shardrun_protocol::schedule::Schedule;
+use shardrun_protocol::TrainConfig;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-/// A checkpoint of the run: the step it holds and its folder.
+/// A checkpoint of the run: the step it holds, its folder, and the fingerprint of the data
+/// it was trained on (none for synthetic data).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckpointAt {
     pub step: u64,
     pub dir: PathBuf,
+    pub data_fingerprint: Option<String>,
 }
 
 /// What [`prepare`] made of the run directory.
@@ -53,6 +59,60 @@ pub struct Resume {
     pub applied: Vec<FieldChange>,
     /// Whether the spec saves checkpoints as it trains (it has a `checkpoint:` section).
     pub periodic_saves: bool,
+    /// How the run stood before this re-run: what a job submitted to continue it goes back
+    /// to when it refuses to start.
+    pub before: Ended,
+    /// What a change of `training.steps` does to the LR of the first resumed step.
+    pub lr_change: Option<LrChange>,
+}
+
+/// A decaying LR schedule follows `training.steps`: changed on resume, it is re-shaped, and
+/// the LR jumps where the run continues.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LrChange {
+    pub decay: LrDecay,
+    /// The first resumed step (1-based), and its LR under the old and the new schedule.
+    pub step: u64,
+    pub was: f64,
+    pub now: f64,
+    /// `training.steps`, old and new.
+    pub steps_was: u64,
+    pub steps_now: u64,
+}
+
+impl LrChange {
+    /// The LR of the step after `done` under both configs' schedules, when they differ.
+    pub fn of(was: &TrainConfig, now: &TrainConfig, done: u64) -> Option<LrChange> {
+        let lr =
+            |c: &TrainConfig| Schedule::new(c.optimizer.lr, c.schedule.clone(), c.steps).lr(done);
+        let (before, after) = (lr(was), lr(now));
+        let differs = (after - before).abs() > 1e-9 * before.abs().max(after.abs());
+        (was.steps != now.steps && differs).then(|| LrChange {
+            decay: now.schedule.decay,
+            step: done + 1,
+            was: before,
+            now: after,
+            steps_was: was.steps,
+            steps_now: now.steps,
+        })
+    }
+}
+
+impl std::fmt::Display for LrChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let decay = match self.decay {
+            LrDecay::Cosine => "cosine",
+            LrDecay::Linear => "linear",
+            LrDecay::Constant => "constant",
+        };
+        let direction = if self.now > self.was { "up" } else { "down" };
+        write!(
+            f,
+            "the {decay} LR schedule is re-shaped to {} steps: step {} trains at LR {:.3e}, {direction} \
+             from {:.3e} on the {}-step schedule",
+            self.steps_now, self.step, self.now, self.was, self.steps_was
+        )
+    }
 }
 
 impl Resume {
@@ -86,14 +146,21 @@ impl Resume {
         line
     }
 
-    /// One line per safe change that was applied.
+    /// One line per safe change that was applied; a change of `training.steps` says what
+    /// it does to the LR.
     pub fn applied_lines(&self) -> Vec<String> {
         self.applied
             .iter()
-            .map(|c| format!("  changed on resume: {c}"))
+            .map(|c| match &self.lr_change {
+                Some(lr) if c.field == STEPS_FIELD => format!("  changed on resume: {c}; {lr}"),
+                _ => format!("  changed on resume: {c}"),
+            })
             .collect()
     }
 }
+
+/// How the spec names `training.steps` ([`FieldChange::field`]).
+const STEPS_FIELD: &str = "training.steps";
 
 #[derive(Debug)]
 pub struct Redone {
@@ -175,6 +242,8 @@ pub enum RerunError {
     NoResume { path: String, ended: String },
     #[error("{path} finished {done} steps but has no checkpoint to continue from to step {asked}\n  fix: add --force to start over with {asked} steps")]
     NothingToContinue { path: String, done: u64, asked: u64 },
+    #[error(transparent)]
+    DataChanged(#[from] Box<DataChanged>),
     #[error("cannot ask Slurm whether {path} is still running: {source}")]
     Slurm {
         path: String,
@@ -247,7 +316,7 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
     let all = changes::between(&recorded, &target);
     let (applied, refused): (Vec<_>, Vec<_>) = all.into_iter().partition(|c| c.safe);
     let trained_nothing =
-        || newest_checkpoint(&run, &recorded).is_none() && last_logged_step(&run).is_none();
+        || newest_checkpoint(&run, &recorded.train).is_none() && last_logged_step(&run).is_none();
     if !refused.is_empty() && trained_nothing() {
         // A run that failed before its first step (the fix is often the very change being
         // refused): nothing of it is worth keeping.
@@ -269,13 +338,20 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
     }
 
     let resumes = target.train.checkpoint.resume;
-    let checkpoint = newest_checkpoint(&run, &target).filter(|_| resumes);
+    let checkpoint = newest_checkpoint(&run, &target.train).filter(|_| resumes);
     let ended = how_it_ended(&run, state, detail.as_deref(), checkpoint.as_ref());
     let asked = target.train.steps;
+    // What a finished run trained: its final checkpoint's step (else its last logged one).
+    // Its recorded `steps` may be more steps asked for since, by a re-run refused before it
+    // trained any (its data had changed).
+    let trained = || {
+        newest_checkpoint(&run, &recorded.train)
+            .map(|c| c.step)
+            .or_else(|| last_logged_step(&run))
+            .unwrap_or(recorded.train.steps)
+    };
     let done = match (&checkpoint, state) {
-        (c, RunState::Completed) => {
-            Some(recorded.train.steps.max(c.as_ref().map_or(0, |c| c.step)))
-        }
+        (_, RunState::Completed) => Some(trained()),
         (Some(c), _) => Some(c.step),
         (None, _) => None,
     };
@@ -291,7 +367,7 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
         (RunState::Completed, None) => {
             return Err(RerunError::NothingToContinue {
                 path: shown,
-                done: recorded.train.steps,
+                done: trained(),
                 asked,
             })
         }
@@ -301,11 +377,21 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
     let ended = if state == RunState::Completed {
         format!(
             "finished its {} steps, and the spec now asks for {asked}",
-            recorded.train.steps
+            trained()
         )
     } else {
         ended
     };
+    if let (Some(checkpoint), DataConfig::Dataset(data)) = (&checkpoint, &target.train.data) {
+        // Data already prepared as it is now (`shardrun prepare`, another run) tells here;
+        // else the job's controller compares once it has prepared it.
+        if let Ok(Some(now)) = DataIdentity::probe(data) {
+            resume_data::check(&run, checkpoint, &now)?;
+        }
+    }
+    let lr_change = checkpoint
+        .as_ref()
+        .and_then(|c| LrChange::of(&recorded.train, &target.train, c.step));
     let last_step = last_logged_step(&run);
     let periodic_saves = target.train.checkpoint.saves_periodically();
     run.update_spec(new)?;
@@ -316,6 +402,11 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
         last_step,
         applied,
         periodic_saves,
+        before: Ended {
+            state,
+            error: detail,
+        },
+        lr_change,
     }))
 }
 
@@ -326,12 +417,13 @@ fn started(state: RunState) -> bool {
 
 /// The newest committed checkpoint of the run, checked by its seal and sizes (cheap on a
 /// login node; the ranks verify checksums before loading).
-pub fn newest_checkpoint(run: &RunDir, job: &ResolvedJob) -> Option<CheckpointAt> {
-    let root = job.train.checkpoint.root(Some(run.path()))?;
+pub fn newest_checkpoint(run: &RunDir, train: &TrainConfig) -> Option<CheckpointAt> {
+    let root = train.checkpoint.root(Some(run.path()))?;
     let found = find_latest(&root, Verify::Structure).ok()?;
     found.checkpoint.map(|c| CheckpointAt {
         step: c.step(),
         dir: c.dir().to_path_buf(),
+        data_fingerprint: c.metadata().trainer.data.data_fingerprint.clone(),
     })
 }
 
@@ -422,7 +514,7 @@ pub fn describe_contents(path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resolve::{resolve, Overrides};
+    use crate::resolve::{resolve, Overrides, ResolvedJob};
     use crate::spec::{overrides, parse};
     use std::collections::BTreeMap;
 
@@ -543,6 +635,34 @@ mod tests {
             "{}",
             resume.headline()
         );
+    }
+
+    #[test]
+    fn a_change_of_steps_says_what_it_does_to_a_decaying_lr() {
+        let tmp = tempfile::tempdir().unwrap();
+        // The demo: 200 steps, 20 of warmup, cosine decay.
+        let short = resolved(tmp.path(), &[]).train;
+        let long = resolved(tmp.path(), &["training.steps=400"]).train;
+        let longer = LrChange::of(&short, &long, 100).unwrap();
+        assert_eq!(
+            (longer.step, longer.steps_was, longer.steps_now),
+            (101, 200, 400)
+        );
+        assert!(longer.now > longer.was, "{longer}");
+        assert!(
+            longer.to_string().starts_with(
+                "the cosine LR schedule is re-shaped to 400 steps: step 101 trains at LR "
+            ),
+            "{longer}"
+        );
+        let shorter = LrChange::of(&long, &short, 100).unwrap();
+        assert!(shorter.to_string().contains(", down from "), "{shorter}");
+        // Within the warmup, or with a constant LR, the schedule gives the same LR.
+        assert_eq!(LrChange::of(&short, &long, 10), None);
+        let sets = ["training.schedule.decay=constant"];
+        let flat = resolved(tmp.path(), &sets).train;
+        let flat_long = resolved(tmp.path(), &[sets[0], "training.steps=400"]).train;
+        assert_eq!(LrChange::of(&flat, &flat_long, 100), None);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //!   job.yaml  resolved.json  train_config.json  plan.txt  job.sbatch  manifest.json  secret
 //!   train.log  logs/rank-N.log  logs/rank-N.metrics.jsonl  logs/rank-N.debug.log
 //!   metrics.jsonl  events.jsonl  controller.addr  controller.lock  result.json
-//!   requeue_count  checkpoints/
+//!   requeue_count  data.json  checkpoints/
 //! ```
 //! It is built as `<name>.tmp-XXXX` next to its final place and renamed, so a failure
 //! leaves nothing half-written under the real name. A sweep point's directory holds only
@@ -125,9 +125,33 @@ pub struct Manifest {
     /// relative to it (`shardrun run <run dir>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec_dir: Option<PathBuf>,
+    /// How the run had ended when it was last submitted again to continue it: the state it
+    /// goes back to when the new job refuses to start (its training data changed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_before: Option<Ended>,
+}
+
+/// A run's state and its error, as they were before it was started again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Ended {
+    pub state: RunState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl Manifest {
+    /// The state to go back to when a start of the run is refused before anything ran: its
+    /// own, or for a job submitted to continue the run, how the run had ended before.
+    pub fn before_start(&self) -> Ended {
+        match (self.state, &self.ended_before) {
+            (RunState::Submitted, Some(ended)) => ended.clone(),
+            _ => Ended {
+                state: self.state,
+                error: self.error.clone(),
+            },
+        }
+    }
+
     /// The manifest of a run just made for `resolved`, not yet submitted.
     pub fn created(
         resolved: &ResolvedJob,
@@ -146,6 +170,7 @@ impl Manifest {
             error: None,
             sweep_array: None,
             spec_dir: None,
+            ended_before: None,
         }
     }
 }
@@ -404,6 +429,12 @@ impl RunDir {
     pub fn controller_addr(&self) -> PathBuf {
         self.path.join("controller.addr")
     }
+    /// What the run's training data is made of (its files, tokenizer and fingerprint),
+    /// written by the controller once the data is ready: a resume on other data is refused
+    /// naming what changed.
+    pub fn data_identity(&self) -> PathBuf {
+        self.path.join("data.json")
+    }
     /// Written by the controller when the job ends.
     pub fn result(&self) -> PathBuf {
         self.path.join("result.json")
@@ -452,6 +483,19 @@ impl RunDir {
 
     pub fn read_train_config(&self) -> Result<shardrun_protocol::TrainConfig, RunDirError> {
         read_json(&self.train_config())
+    }
+
+    /// The run's recorded data ([`RunDir::data_identity`]); `None` for a run that recorded
+    /// none (synthetic data, or not prepared yet).
+    pub fn read_data_identity(&self) -> Option<shardrun_data::DataIdentity> {
+        read_json(&self.data_identity()).ok()
+    }
+
+    pub fn write_data_identity(
+        &self,
+        identity: &shardrun_data::DataIdentity,
+    ) -> Result<(), RunDirError> {
+        write_json(&self.data_identity(), identity)
     }
 
     pub fn read_secret(&self) -> Result<String, RunDirError> {
@@ -605,6 +649,27 @@ mod tests {
         let params = BTreeMap::new();
         assert!(RunDir::create(&blocker.join("demo"), new_run(&job, &params, false)).is_err());
         assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_start_refused_before_anything_ran_goes_back_to_how_the_run_had_ended() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut manifest = Manifest::created(&job(tmp.path()), BTreeMap::new());
+        manifest.state = RunState::Cancelled;
+        manifest.error = Some("cancelled by SIGINT".into());
+        let cancelled = Ended {
+            state: RunState::Cancelled,
+            error: Some("cancelled by SIGINT".into()),
+        };
+        assert_eq!(manifest.before_start(), cancelled);
+        // Submitted again to continue: the state recorded at submission, not SUBMITTED.
+        manifest.state = RunState::Submitted;
+        manifest.error = None;
+        manifest.ended_before = Some(cancelled.clone());
+        assert_eq!(manifest.before_start(), cancelled);
+        let json = serde_json::to_string(&manifest).unwrap();
+        let read: Manifest = serde_json::from_str(&json).unwrap();
+        assert_eq!(read.before_start(), cancelled);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Learning-rate schedule: linear warmup to the peak, then cosine, linear or constant decay
 //! to `lr · min_lr_ratio` at the last step.
 
-use shardrun_protocol::config::{LrDecay, LrSchedule};
+use crate::config::{LrDecay, LrSchedule};
 
 #[derive(Debug, Clone)]
 pub struct Schedule {

@@ -1,0 +1,255 @@
+//! What a dataset is made of: the fingerprint of its sample stream, and the files and
+//! tokenizer behind each prepared source. A run records it, so that resuming on other data
+//! is refused before any rank starts, saying what changed.
+
+use crate::cache::CacheManifest;
+use crate::error::Result;
+use crate::prepare::{prepared_manifest, SourceSpec};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use shardrun_protocol::config::{DatasetConfig, HeldOut, Packing};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// File lines a change list shows before counting the rest.
+const FILES_SHOWN: usize = 10;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DataIdentity {
+    /// Identifies the sample stream (tokens, validation split, packing, order): equal
+    /// fingerprints, equal samples at every position.
+    pub fingerprint: String,
+    pub training: SourceIdentity,
+    /// Validation files of their own (a held-out fraction is part of `training`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation: Option<SourceIdentity>,
+}
+
+/// One prepared source, from its cache's manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourceIdentity {
+    pub tokenizer: String,
+    pub files: Vec<FileIdentity>,
+    pub documents: u64,
+    pub tokens: u64,
+    /// Hash of the tokens, document offsets and loss mask.
+    pub content_hash: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileIdentity {
+    pub path: PathBuf,
+    pub size: u64,
+    /// xxh3-64 of the file's bytes.
+    pub xxh3: String,
+}
+
+impl SourceIdentity {
+    pub fn of(manifest: &CacheManifest) -> SourceIdentity {
+        SourceIdentity {
+            tokenizer: manifest.tokenizer.clone(),
+            files: manifest
+                .files
+                .iter()
+                .map(|f| FileIdentity {
+                    path: f.path.clone(),
+                    size: f.size,
+                    xxh3: f.xxh3.clone(),
+                })
+                .collect(),
+            documents: manifest.documents,
+            tokens: manifest.tokens,
+            content_hash: manifest.content_hash.clone(),
+        }
+    }
+}
+
+impl DataIdentity {
+    pub fn new(
+        config: &DatasetConfig,
+        training: SourceIdentity,
+        validation: Option<SourceIdentity>,
+    ) -> DataIdentity {
+        let mut hash = Sha256::new();
+        hash.update(training.content_hash.as_bytes());
+        match config.validation.as_ref().map(|v| &v.held_out) {
+            None => {}
+            Some(HeldOut::Fraction { fraction }) => hash.update(format!("|fraction {fraction}")),
+            Some(HeldOut::Files { .. }) => {
+                let content = validation.as_ref().map_or("", |v| v.content_hash.as_str());
+                hash.update(format!("|validation {content}"));
+            }
+        }
+        hash.update(format!(
+            "|seq_len {}|packing {:?}|document_mask {}|shuffle {}",
+            config.seq_len, config.packing, config.document_mask, config.shuffle
+        ));
+        if config.packing == Packing::WholeDocuments {
+            // `whole_documents` sequences were once longest first: a checkpoint taken then
+            // read other sequences at the same sample positions.
+            hash.update("|sequences in document order");
+        }
+        DataIdentity {
+            fingerprint: hex::encode(&hash.finalize()[..8]),
+            training,
+            validation,
+        }
+    }
+
+    /// The identity of `config`'s data as already prepared, preparing nothing: `None` when a
+    /// source has no cache for its files as they are now (never prepared, or changed since).
+    pub fn probe(config: &DatasetConfig) -> Result<Option<DataIdentity>> {
+        let spec = |source, what| SourceSpec {
+            source,
+            tokenizer: &config.tokenizer,
+            on_bad_record: config.on_bad_record,
+            cache_dir: &config.cache_dir,
+            threads: 1,
+            what,
+        };
+        let Some(training) = prepared_manifest(&spec(&config.source, "training data"))? else {
+            return Ok(None);
+        };
+        let validation = match config.validation.as_ref().map(|v| &v.held_out) {
+            Some(HeldOut::Files { files }) => {
+                let source = config.source.with_files(files.clone());
+                match prepared_manifest(&spec(&source, "validation data"))? {
+                    Some(manifest) => Some(SourceIdentity::of(&manifest)),
+                    None => return Ok(None),
+                }
+            }
+            _ => None,
+        };
+        Ok(Some(DataIdentity::new(
+            config,
+            SourceIdentity::of(&training),
+            validation,
+        )))
+    }
+
+    /// What differs from `earlier`, one line each: files added, removed or changed, another
+    /// tokenizer; empty when the fingerprints agree.
+    pub fn changes_since(&self, earlier: &DataIdentity) -> Vec<String> {
+        if self.fingerprint == earlier.fingerprint {
+            return Vec::new();
+        }
+        let mut lines = source_changes("", &earlier.training, &self.training);
+        match (&earlier.validation, &self.validation) {
+            (Some(was), Some(now)) => lines.extend(source_changes("validation ", was, now)),
+            (None, Some(_)) => lines.push("validation files: added".into()),
+            (Some(_), None) => lines.push("validation files: removed".into()),
+            (None, None) => {}
+        }
+        if lines.is_empty() {
+            lines.push(
+                "the same files and tokenizer, read into other sequences (the split, packing \
+                 or order of the samples changed)"
+                    .into(),
+            );
+        }
+        lines
+    }
+}
+
+/// The changes of one source; `what` prefixes its lines (`validation `).
+fn source_changes(what: &str, was: &SourceIdentity, now: &SourceIdentity) -> Vec<String> {
+    let mut lines = Vec::new();
+    if was.tokenizer != now.tokenizer {
+        lines.push(format!(
+            "{what}tokenizer: {} → {}",
+            was.tokenizer, now.tokenizer
+        ));
+    }
+    let before: BTreeMap<&PathBuf, &FileIdentity> =
+        was.files.iter().map(|f| (&f.path, f)).collect();
+    let after: BTreeMap<&PathBuf, &FileIdentity> = now.files.iter().map(|f| (&f.path, f)).collect();
+    let mut files = Vec::new();
+    for (path, old) in &before {
+        match after.get(path) {
+            None => files.push(format!("{what}{}: removed", path.display())),
+            Some(new) if new.xxh3 != old.xxh3 || new.size != old.size => {
+                let sizes = if new.size == old.size {
+                    format!("same size, {} bytes, other contents", new.size)
+                } else {
+                    format!("{} → {} bytes", old.size, new.size)
+                };
+                files.push(format!("{what}{}: changed ({sizes})", path.display()));
+            }
+            Some(_) => {}
+        }
+    }
+    for path in after.keys().filter(|p| !before.contains_key(*p)) {
+        files.push(format!("{what}{}: added", path.display()));
+    }
+    let more = files.len().saturating_sub(FILES_SHOWN);
+    lines.extend(files.into_iter().take(FILES_SHOWN));
+    if more > 0 {
+        lines.push(format!("... and {more} more {what}file(s)"));
+    }
+    if lines.is_empty() && was.content_hash != now.content_hash {
+        lines.push(format!(
+            "{what}the same files give other tokens: {} documents, {} tokens → {} documents, {} tokens",
+            was.documents, was.tokens, now.documents, now.tokens
+        ));
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(files: &[(&str, u64, &str)], content: &str) -> SourceIdentity {
+        SourceIdentity {
+            tokenizer: "UTF-8 bytes".into(),
+            files: files
+                .iter()
+                .map(|(path, size, xxh3)| FileIdentity {
+                    path: PathBuf::from(path),
+                    size: *size,
+                    xxh3: xxh3.to_string(),
+                })
+                .collect(),
+            documents: 3,
+            tokens: 30,
+            content_hash: content.into(),
+        }
+    }
+
+    fn identity(fingerprint: &str, training: SourceIdentity) -> DataIdentity {
+        DataIdentity {
+            fingerprint: fingerprint.into(),
+            training,
+            validation: None,
+        }
+    }
+
+    #[test]
+    fn changes_name_each_file_added_removed_or_changed() {
+        let was = identity(
+            "a",
+            source(&[("/d/a.txt", 10, "1"), ("/d/b.txt", 20, "2")], "x"),
+        );
+        let now = identity(
+            "b",
+            source(&[("/d/a.txt", 12, "9"), ("/d/c.txt", 5, "3")], "y"),
+        );
+        assert_eq!(
+            now.changes_since(&was),
+            vec![
+                "/d/a.txt: changed (10 → 12 bytes)",
+                "/d/b.txt: removed",
+                "/d/c.txt: added"
+            ]
+        );
+        assert!(was.changes_since(&was).is_empty());
+        let same_files = identity(
+            "c",
+            source(&[("/d/a.txt", 10, "1"), ("/d/b.txt", 20, "2")], "x"),
+        );
+        assert_eq!(
+            same_files.changes_since(&was),
+            vec!["the same files and tokenizer, read into other sequences (the split, packing or order of the samples changed)"]
+        );
+    }
+}
