@@ -3,8 +3,8 @@
 
 use super::console::Console;
 use super::job::{Action, ConnId, Event, JobMachine};
-use super::launcher::{LaunchMode, LaunchSpec, Launcher};
-use super::outcome::Outcome;
+use super::launcher::{LaunchMode, LaunchSpec, Launched, Launcher};
+use super::outcome::{FailureCause, Outcome};
 use super::server::{self, ServerEvent, ServerOptions};
 use super::writer::{self, Echo, Record, WriterFiles};
 use super::{clock, open_files, priority, secret, ControllerError};
@@ -271,22 +271,26 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
     };
     let (exit_tx, mut exits) = mpsc::unbounded_channel();
     tracing::debug!(mode = ?spec.mode, worker = %spec.worker_bin.display(), world_size, "launching the ranks");
-    let (launcher, procs) = match Launcher::launch(&spec, exit_tx, records.clone()) {
-        Ok(launched) => launched,
-        Err(e) => {
-            say(format!("cannot launch the workers: {e}")).await;
-            server.abort();
-            drop(records);
-            let _ = writer.join();
-            return Err(e.into());
-        }
-    };
+    let Launched {
+        launcher,
+        procs,
+        failed,
+    } = Launcher::launch(&spec, exit_tx, records.clone());
     let signal_all = std::sync::Arc::new(launcher.signaller());
 
     let mut state = JobMachine::new(world_size, config_hash.clone());
     let mut conns: HashMap<ConnId, (mpsc::UnboundedSender<ToWorker>, AbortHandle)> = HashMap::new();
     let mut rejections = RejectionLog::default();
-    let mut pending = state.handle(Event::Launched { procs });
+    // A process that cannot be started fails the job like a rank that dies: the ones that
+    // did start are stopped, and the result says why.
+    let mut pending = state.handle(match failed {
+        None => Event::Launched { procs },
+        Some(e) => Event::LaunchFailed {
+            started: procs,
+            rank: e.rank(),
+            problem: e.to_string(),
+        },
+    });
     {
         let events_tx = events_tx.clone();
         let after = opts.timeouts.rendezvous;
@@ -404,13 +408,17 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
         ),
     };
     if let Outcome::Failed(f) = &outcome {
-        if let Some(rank) = f.rank {
+        // A rank that could not be started has no lines to show.
+        let rank = f
+            .rank
+            .filter(|_| !matches!(f.cause, FailureCause::Launch { .. }));
+        if let Some(rank) = rank {
             let (reply, answer) = tokio::sync::oneshot::channel();
             let _ = records.send(Record::Recent { rank, reply }).await;
             last_lines = answer.await.unwrap_or_default();
         }
         let mut report = format!("job failed: {message}");
-        if let Some(rank) = f.rank {
+        if let Some(rank) = rank {
             if last_lines.is_empty() {
                 report.push_str(&format!("\nrank {rank} wrote no log lines"));
             } else {
