@@ -36,11 +36,18 @@ fn fails_fast(name: &str, injected: &str, victim: u64, expected: &str) {
         message.contains(&format!("rank {victim} on")) && message.contains(expected),
         "{message}"
     );
-    // The others were cut off by the controller, not left to find out on their own.
+    // The others were cut off by the controller, not left to find out on their own; the
+    // failure is said once as it happens, in the log, and once at the end, as the error.
+    let stderr = stderr_of(&out);
     assert!(
-        stdout.contains(&format!("job failed: rank {victim} on")),
-        "{stdout}"
+        stderr.starts_with(&format!(
+            "error: job failed: {message}\nlast lines of rank {victim}:\n"
+        )),
+        "{stderr}"
     );
+    assert_eq!(stderr.matches(message).count(), 1, "{stderr}");
+    assert_eq!(stdout.matches(message).count(), 1, "{stdout}");
+    assert!(!stdout.contains("job failed"), "{stdout}");
     assert_no_process_left(&run);
     // Steps before the failure were trained and logged (the failure was mid-training).
     assert!(metric_steps(&run, 0).len() >= 2, "{stdout}");

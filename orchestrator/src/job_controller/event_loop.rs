@@ -95,6 +95,10 @@ pub struct RunReport {
     pub exit_code: i32,
     /// One line for the user.
     pub message: String,
+    /// What the command prints on stderr as the error it ends with, when the job ended in
+    /// one (a failure: the message, the failed rank's last lines, where the logs are). The
+    /// controller wrote it to train.log only, so that it is printed once.
+    pub error: Option<String>,
 }
 
 /// `result.json`.
@@ -206,6 +210,12 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
         let records = say_tx.clone();
         async move {
             let _ = records.send(Record::Controller(text)).await;
+        }
+    };
+    let log_only = |text: String| {
+        let records = records.clone();
+        async move {
+            let _ = records.send(Record::ControllerToLog(text)).await;
         }
     };
     say(format!(
@@ -407,6 +417,7 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
             checkpoint_left(checkpoint.as_ref(), &config.checkpoint)
         ),
     };
+    let mut failure_report = None;
     if let Outcome::Failed(f) = &outcome {
         // A rank that could not be started has no lines to show.
         let rank = f
@@ -433,7 +444,8 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
             paths.train_log.display(),
             paths.logs_dir.display()
         ));
-        say(report).await;
+        log_only(report.clone()).await;
+        failure_report = Some(report);
     }
 
     note(match &outcome {
@@ -493,7 +505,14 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
             Err(_) => message = format!("{message}; {}", how_to_resume(&opts.launch)),
         }
     }
-    say(message.clone()).await;
+    // A job that ends in an error is reported by the command, on stderr: once, there.
+    let error = (exit_code != 0 && !matches!(outcome, Outcome::Cancelled { .. }))
+        .then(|| failure_report.unwrap_or_else(|| message.clone()));
+    if error.is_some() {
+        log_only(message.clone()).await;
+    } else {
+        say(message.clone()).await;
+    }
 
     let ended = clock::now();
     let result = ResultFile {
@@ -543,6 +562,7 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
         outcome,
         exit_code,
         message,
+        error,
     })
 }
 
