@@ -75,7 +75,16 @@ impl ChatTemplate {
                     why: format!("cannot be read: {e}"),
                 })?,
             }],
-            None => find_in_folder(tokenizer)?,
+            None => {
+                let folder = tokenizer.folder.as_deref().ok_or_else(|| {
+                    DataError::Config(
+                        "chat data needs a chat template: use a Hugging Face tokenizer folder \
+                         that has one, or name a Jinja file in `data.chat_template`"
+                            .into(),
+                    )
+                })?;
+                templates_in_folder(folder)?
+            }
         };
         ChatTemplate::from_templates(templates, &tokenizer.template_tokens)
     }
@@ -325,14 +334,11 @@ fn role(message: &Value) -> Option<String> {
     message.get_attr("role").ok()?.as_str().map(str::to_string)
 }
 
-fn find_in_folder(tokenizer: &TextTokenizer) -> Result<Vec<NamedTemplate>> {
-    let folder = tokenizer.folder.clone().ok_or_else(|| {
-        DataError::Config(
-            "chat data needs a chat template: use a Hugging Face tokenizer folder that has one, \
-             or name a Jinja file in `data.chat_template`"
-                .into(),
-        )
-    })?;
+/// The chat templates of a tokenizer folder, found as [`ChatTemplate::load`] finds them
+/// when the spec names none; an error when the folder has none. Reads the template files,
+/// not the tokenizer, so a spec can be checked before its data is prepared.
+pub fn templates_in_folder(folder: &Path) -> Result<Vec<NamedTemplate>> {
+    let folder = folder.to_path_buf();
     let read = |name: &str, path: PathBuf| -> Result<NamedTemplate> {
         let source = std::fs::read_to_string(&path).map_err(DataError::io("read", &path))?;
         Ok(NamedTemplate {
@@ -402,12 +408,7 @@ fn find_in_folder(tokenizer: &TextTokenizer) -> Result<Vec<NamedTemplate>> {
             _ => {}
         }
     }
-    Err(DataError::ChatTemplate {
-        path: folder,
-        why: "no chat template (chat_template.jinja, or `chat_template` in \
-              tokenizer_config.json); name a Jinja file in `data.chat_template`"
-            .into(),
-    })
+    Err(DataError::NoChatTemplate { folder })
 }
 
 /// The `.jinja` files of a tokenizer folder's `additional_chat_templates/`, by name.

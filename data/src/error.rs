@@ -59,6 +59,9 @@ pub enum DataError {
     Tokenizer { path: PathBuf, why: String },
     #[error("chat template {}: {why}", path.display())]
     ChatTemplate { path: PathBuf, why: String },
+    /// Chat data with no template named and none in the tokenizer folder.
+    #[error("chat template {}: no chat template (chat_template.jinja, additional_chat_templates/, or `chat_template` in tokenizer_config.json); name a Jinja file in `data.chat_template`", folder.display())]
+    NoChatTemplate { folder: PathBuf },
     #[error("{origin}: token id {token} is outside the model's vocabulary (vocab_size {vocab_size}); {fix}")]
     TokenOutOfRange {
         origin: Origin,

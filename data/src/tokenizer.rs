@@ -155,7 +155,7 @@ fn load_hugging_face(
             why: e.to_string(),
         })?;
     tokenizer.with_padding(None);
-    let folder = file.parent().map(Path::to_path_buf).unwrap_or_default();
+    let folder = tokenizer_folder(path);
     let json = |name: &str| read_json(&folder.join(name));
     let tokenizer_config = json("tokenizer_config.json")?;
     let special_tokens_map = json("special_tokens_map.json")?;
@@ -267,6 +267,15 @@ pub fn tokenizer_json_path(path: &Path) -> PathBuf {
     } else {
         path.to_path_buf()
     }
+}
+
+/// The folder of a tokenizer's files (its `tokenizer_config.json`, its chat templates):
+/// the folder named, or the one of the `tokenizer.json` named.
+pub fn tokenizer_folder(path: &Path) -> PathBuf {
+    tokenizer_json_path(path)
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
 }
 
 /// The bytes of `tokenizer.json`, or an error saying how to get one.

@@ -1,6 +1,7 @@
-//! A spec with a `sweep:` section is many jobs: `run` and `submit`, which start one, refuse
-//! it instead of training the values outside the sweep, and say how to train its points
-//! (`shardrun sweep`, or one point with the sweep turned off); the command they give works.
+//! A spec with a `sweep:` section is many jobs: `run` and `submit`, which start one, and
+//! `render` and `prepare`, which make one's script and data, refuse it instead of using the
+//! values outside the sweep, and say how to submit its points (`shardrun sweep`) or give the
+//! command one point (the sweep turned off); the command they give works.
 //! A sweep point's directory, which has no spec of its own, gets the same way out.
 
 mod common;
@@ -88,6 +89,39 @@ fn run_and_submit_refuse_a_sweep_and_say_how_to_train_one_point() {
         "{}",
         stderr(&out)
     );
+}
+
+#[test]
+fn render_and_prepare_refuse_a_sweep_and_say_how_to_give_them_one_point() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("sweep.yaml"), SWEEP).unwrap();
+    for (command, does) in [
+        ("render", "renders the script of one job"),
+        ("prepare", "prepares the data of one job"),
+    ] {
+        let out = shardrun(dir.path(), &[command, "sweep.yaml"]);
+        let text = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{command} went ahead:\n{text}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "", "{command}");
+        assert!(
+            text.starts_with(&format!(
+                "error: sweep.yaml:8:1: field `sweep`: this spec sweeps 2 points; `shardrun \
+                 {command}` {does}, and would "
+            )) && text.contains("fix: submit the sweep with `shardrun sweep sweep.yaml`"),
+            "{text}"
+        );
+        // The command it gives does it for the first point.
+        let words = suggested(&text);
+        assert_eq!(words[..3], ["shardrun", command, "sweep.yaml"], "{text}");
+        let args: Vec<&str> = words[1..].iter().map(String::as_str).collect();
+        let out = shardrun(dir.path(), &args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        match command {
+            "render" => assert!(stdout.contains("#SBATCH --job-name=lr-point\n"), "{stdout}"),
+            _ => assert_eq!(stdout, "synthetic data: nothing to prepare\n"),
+        }
+    }
 }
 
 #[test]

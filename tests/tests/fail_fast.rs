@@ -4,6 +4,7 @@
 //! rank that hangs instead (heartbeats going on) ends the job after the progress timeout.
 //! The failure is injected with `SHARDRUN_INJECT_FAILURE` into the real worker; the job would
 //! otherwise train for 100,000 steps. (The deadline is a hang detector, not a timing claim.)
+//! A worker binary that cannot be executed at all ends the job the same way, at once.
 
 use shardrun_e2e::jobs::*;
 use shardrun_e2e::*;
@@ -35,11 +36,18 @@ fn fails_fast(name: &str, injected: &str, victim: u64, expected: &str) {
         message.contains(&format!("rank {victim} on")) && message.contains(expected),
         "{message}"
     );
-    // The others were cut off by the controller, not left to find out on their own.
+    // The others were cut off by the controller, not left to find out on their own; the
+    // failure is said once as it happens, in the log, and once at the end, as the error.
+    let stderr = stderr_of(&out);
     assert!(
-        stdout.contains(&format!("job failed: rank {victim} on")),
-        "{stdout}"
+        stderr.starts_with(&format!(
+            "error: job failed: {message}\nlast lines of rank {victim}:\n"
+        )),
+        "{stderr}"
     );
+    assert_eq!(stderr.matches(message).count(), 1, "{stderr}");
+    assert_eq!(stdout.matches(message).count(), 1, "{stdout}");
+    assert!(!stdout.contains("job failed"), "{stdout}");
     assert_no_process_left(&run);
     // Steps before the failure were trained and logged (the failure was mid-training).
     assert!(metric_steps(&run, 0).len() >= 2, "{stdout}");
@@ -125,4 +133,47 @@ fn a_rank_that_hangs_while_heartbeating_ends_the_job_after_the_progress_timeout(
     // The hung rank ignores requests to stop; the controller kills it.
     assert_no_process_left(&run);
     assert_eq!(metric_steps(&run, 0), vec![1, 2], "{stdout}");
+}
+
+#[test]
+fn a_worker_binary_that_cannot_be_executed_ends_the_job_at_once_naming_it() {
+    let name = "no-worker";
+    let dir = TestDir::new(name);
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec(name, 100_000, 2));
+    let missing = dir.join("no-such-worker").display().to_string();
+    let (out, run) = run_local(
+        &dir,
+        &spec,
+        &["--nproc", "2"],
+        &[("SHARDRUN_WORKER_BIN", missing.clone())],
+        Duration::from_secs(60),
+    );
+    let (stdout, stderr) = (stdout_of(&out), stderr_of(&out));
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    // What could not be started, and what to do about it.
+    assert!(
+        stderr.contains(&format!(
+            "rank 0 could not be started: cannot execute the worker binary {missing} \
+             (SHARDRUN_WORKER_BIN): No such file or directory"
+        )) && stderr.contains("point SHARDRUN_WORKER_BIN at a built shardrun-worker"),
+        "{stderr}"
+    );
+    let result = result_json(&run);
+    assert_eq!(
+        (result["status"].as_str(), result["cause"]["kind"].as_str()),
+        (Some("failed"), Some("launch")),
+        "{result}"
+    );
+    let status = run_with_deadline(
+        std::process::Command::new(shardrun()).args([
+            "status",
+            "--json",
+            &run.display().to_string(),
+        ]),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let runs = status_runs(&stdout_of(&status));
+    assert_eq!(runs[0]["state"], "FAILED", "{runs:?}");
+    assert_no_process_left(&run);
 }

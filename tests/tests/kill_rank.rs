@@ -59,8 +59,11 @@ fn killed_rank_loses_no_line_and_fails_the_job() {
     let stdout = stdout_of(&out);
     assert_eq!(out.status.code(), Some(1), "{stdout}{}", stderr_of(&out));
     assert!(stdout.contains(&format!("rank {victim} on")), "{stdout}");
-    assert!(stdout.contains("signal 9 (SIGKILL)"), "{stdout}");
-    assert!(stderr_of(&out).contains(&format!("rank {victim}")));
+    let stderr = stderr_of(&out);
+    assert!(
+        stderr.contains(&format!("rank {victim} on")) && stderr.contains("signal 9 (SIGKILL)"),
+        "{stderr}"
+    );
 
     let result = result_json(&run);
     assert_eq!(

@@ -198,6 +198,43 @@ fn cancel_stops_a_local_run_through_its_controller() {
 }
 
 #[test]
+fn force_refuses_to_delete_a_run_its_controller_is_running() {
+    let dir = TestDir::new("force-live");
+    let (mut job, run) = start_long_run(&dir, "force-live", |_| {});
+    let run_arg = run.display().to_string();
+    let envs = [("SHARDRUN_WORKER_BIN", simrank())];
+    let (out, _) = run_local(
+        &dir,
+        &dir.join("long.yaml"),
+        &["--nproc", "2", "--force", "--set", "training.steps=3"],
+        &envs,
+        DEADLINE,
+    );
+    let stderr = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{}{stderr}", stdout_of(&out));
+    assert!(
+        stderr.contains(&format!(
+            "{run_arg} is still running: its controller is running (pid {} on ",
+            job.child.id()
+        )) && stderr.contains(&format!("`shardrun cancel {run_arg}`")),
+        "{stderr}"
+    );
+    // Nothing was lost: the run goes on training in its directory, and stops as any run.
+    let logged = metric_steps(&run, 0).len();
+    wait_for("the run to log more steps", DEADLINE, || {
+        (metric_steps(&run, 0).len() > logged).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", all_logs(&run)));
+    assert_eq!(metric_steps(&run, 0)[..3], [1, 2, 3]);
+    let (code, stdout, stderr) = shardrun_cmd(&["cancel", &run_arg]);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    let status = wait_for_exit(&mut job, &run);
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
+    assert_eq!(result_json(&run)["status"], "cancelled");
+    no_process_left(&run);
+}
+
+#[test]
 fn a_run_piped_into_head_trains_to_the_end_and_other_commands_end_quietly() {
     let dir = TestDir::new("closed-pipe");
     let spec = dir.write("short.yaml", &tiny_mlp_spec("short", 100, 2));

@@ -97,7 +97,8 @@ pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyho
         return Err(AlreadySaid(report.exit_code).into());
     }
     if report.exit_code != 0 {
-        return Err(anyhow::Error::new(ExitCode(report.exit_code)).context(report.message));
+        let error = report.error.unwrap_or(report.message);
+        return Err(anyhow::Error::new(ExitCode(report.exit_code)).context(error));
     }
     Ok(())
 }

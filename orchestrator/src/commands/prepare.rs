@@ -2,7 +2,7 @@
 //! node), so the job starts training at once; a later run with the same files and tokenizer
 //! reuses the cache.
 
-use crate::commands::spec_args::{load_and_resolve, SetArgs};
+use crate::commands::spec_args::{self, OneJob, SetArgs};
 use crate::resolve::Overrides;
 use std::path::PathBuf;
 
@@ -19,7 +19,9 @@ pub struct Args {
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
-    let (_, job) = load_and_resolve(&args.spec, &Overrides::default(), &args.set)?;
+    let loaded = spec_args::load(&args.spec, &args.set)?;
+    spec_args::refuse_sweep(&loaded, OneJob::Prepare, &args.spec)?;
+    let job = crate::resolve::resolve(&loaded, &Overrides::default())?;
     for line in crate::data_prep::prepare_data(&job.train, args.threads)? {
         outln!("{line}");
     }

@@ -1,7 +1,7 @@
 //! `shardrun render job.yaml`: print the sbatch script the job would be submitted with.
 
 use crate::binaries::shardrun_exe;
-use crate::commands::spec_args::{load_and_resolve, SetArgs};
+use crate::commands::spec_args::{self, OneJob, SetArgs};
 use crate::resolve::Overrides;
 use crate::rundir::RunDir;
 use crate::sbatch::{render_sbatch, ScriptTarget};
@@ -16,7 +16,9 @@ pub struct Args {
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
-    let (_, job) = load_and_resolve(&args.spec, &Overrides::submitting(), &args.set)?;
+    let loaded = spec_args::load(&args.spec, &args.set)?;
+    spec_args::refuse_sweep(&loaded, OneJob::Render, &args.spec)?;
+    let job = crate::resolve::resolve(&loaded, &Overrides::submitting())?;
     let run_dir = RunDir::planned_path(&job)?;
     let script = render_sbatch(&job, &ScriptTarget::Single { run_dir }, &shardrun_exe()?)?;
     out!("{script}");

@@ -50,7 +50,7 @@ pub enum DeviceArg {
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
     let loaded = spec_args::load(&args.spec, &args.set)?;
-    spec_args::refuse_sweep(&loaded, "run", &args.spec)?;
+    spec_args::refuse_sweep(&loaded, spec_args::OneJob::Run, &args.spec)?;
     let path = match &args.run_dir {
         Some(dir) => dir.clone(),
         None => run_path(&args.spec, &loaded.spec)?,

@@ -76,30 +76,79 @@ pub fn load(path: &Path, set: &SetArgs) -> anyhow::Result<LoadedSpec> {
     Ok(loaded)
 }
 
-/// `run` and `submit` train one job: a spec with a sweep is refused (it would train the
-/// values outside the sweep and silently drop the rest), saying how to train its points.
-pub fn refuse_sweep(loaded: &LoadedSpec, command: &str, path: &Path) -> Result<(), SpecError> {
+/// The commands that take a spec as one job, and what they do with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OneJob {
+    Run,
+    Submit,
+    Render,
+    Prepare,
+}
+
+impl OneJob {
+    fn name(self) -> &'static str {
+        match self {
+            OneJob::Run => "run",
+            OneJob::Submit => "submit",
+            OneJob::Render => "render",
+            OneJob::Prepare => "prepare",
+        }
+    }
+
+    /// What the command does with one job, and what it would do with a sweep's spec.
+    fn with_a_sweep(self) -> &'static str {
+        match self {
+            OneJob::Run | OneJob::Submit => {
+                "trains one job, and would train the values outside the sweep only"
+            }
+            OneJob::Render => {
+                "renders the script of one job, and would render the one of the values outside \
+                 the sweep only"
+            }
+            OneJob::Prepare => {
+                "prepares the data of one job, and would prepare the data of the values outside \
+                 the sweep only"
+            }
+        }
+    }
+
+    /// What the one-point command line is for.
+    fn one_point(self) -> &'static str {
+        match self {
+            OneJob::Run => "to train one point on this machine",
+            OneJob::Submit => "to submit one point as a job of its own",
+            OneJob::Render => "to see the script of one point as a job of its own",
+            OneJob::Prepare => {
+                "to prepare a point's data ahead (points with the same data and tokenizer share \
+                 it)"
+            }
+        }
+    }
+}
+
+/// `run`, `submit`, `render` and `prepare` take one job: a spec with a sweep is refused (they
+/// would use the values outside the sweep and silently drop the rest), saying how to submit
+/// the sweep and how to give the command one point.
+pub fn refuse_sweep(loaded: &LoadedSpec, command: OneJob, path: &Path) -> Result<(), SpecError> {
     let Some(sweep) = &loaded.spec.sweep else {
         return Ok(());
-    };
-    let alone = match command {
-        "run" => "to train one point on this machine",
-        _ => "to submit one point as a job of its own",
     };
     let spec = sbatch::shell_quote(&path.display().to_string());
     Err(loaded.error_at(
         "sweep",
         format!(
-            "this spec sweeps {} points; `shardrun {command}` trains one job, and would train \
-             the values outside the sweep only",
-            sweeps::written_points(sweep)
+            "this spec sweeps {} points; `shardrun {}` {}",
+            sweeps::written_points(sweep),
+            command.name(),
+            command.with_a_sweep()
         ),
         format!(
             "submit the sweep with `shardrun sweep {spec}` (every point, as Slurm job arrays; \
-             `--dry-run` lists them); {alone}, turn the sweep off and give the point's values, \
+             `--dry-run` lists them); {}, turn the sweep off and give the point's values, \
              e.g. the first point: `{}`",
+            command.one_point(),
             sweeps::one_point_command(
-                command,
+                command.name(),
                 &spec,
                 &format!("{}-point", loaded.spec.name),
                 &sweeps::first_point(sweep)

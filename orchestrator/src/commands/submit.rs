@@ -34,7 +34,7 @@ pub struct Args {
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
     let loaded = spec_args::load(&args.spec, &args.set)?;
-    spec_args::refuse_sweep(&loaded, "submit", &args.spec)?;
+    spec_args::refuse_sweep(&loaded, spec_args::OneJob::Submit, &args.spec)?;
     let path = run_path(&args.spec, &loaded.spec)?;
     let overrides = Overrides {
         force: args.force,

@@ -3,8 +3,8 @@
 
 use super::console::Console;
 use super::job::{Action, ConnId, Event, JobMachine};
-use super::launcher::{LaunchMode, LaunchSpec, Launcher};
-use super::outcome::Outcome;
+use super::launcher::{LaunchMode, LaunchSpec, Launched, Launcher};
+use super::outcome::{FailureCause, Outcome};
 use super::server::{self, ServerEvent, ServerOptions};
 use super::writer::{self, Echo, Record, WriterFiles};
 use super::{clock, open_files, priority, secret, ControllerError};
@@ -95,6 +95,10 @@ pub struct RunReport {
     pub exit_code: i32,
     /// One line for the user.
     pub message: String,
+    /// What the command prints on stderr as the error it ends with, when the job ended in
+    /// one (a failure: the message, the failed rank's last lines, where the logs are). The
+    /// controller wrote it to train.log only, so that it is printed once.
+    pub error: Option<String>,
 }
 
 /// `result.json`.
@@ -208,6 +212,12 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
             let _ = records.send(Record::Controller(text)).await;
         }
     };
+    let log_only = |text: String| {
+        let records = records.clone();
+        async move {
+            let _ = records.send(Record::ControllerToLog(text)).await;
+        }
+    };
     say(format!(
         "job {:?}: {world_size} rank(s), config {config_hash}, controller at {addr}, run directory {}",
         config.name,
@@ -271,22 +281,26 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
     };
     let (exit_tx, mut exits) = mpsc::unbounded_channel();
     tracing::debug!(mode = ?spec.mode, worker = %spec.worker_bin.display(), world_size, "launching the ranks");
-    let (launcher, procs) = match Launcher::launch(&spec, exit_tx, records.clone()) {
-        Ok(launched) => launched,
-        Err(e) => {
-            say(format!("cannot launch the workers: {e}")).await;
-            server.abort();
-            drop(records);
-            let _ = writer.join();
-            return Err(e.into());
-        }
-    };
+    let Launched {
+        launcher,
+        procs,
+        failed,
+    } = Launcher::launch(&spec, exit_tx, records.clone());
     let signal_all = std::sync::Arc::new(launcher.signaller());
 
     let mut state = JobMachine::new(world_size, config_hash.clone());
     let mut conns: HashMap<ConnId, (mpsc::UnboundedSender<ToWorker>, AbortHandle)> = HashMap::new();
     let mut rejections = RejectionLog::default();
-    let mut pending = state.handle(Event::Launched { procs });
+    // A process that cannot be started fails the job like a rank that dies: the ones that
+    // did start are stopped, and the result says why.
+    let mut pending = state.handle(match failed {
+        None => Event::Launched { procs },
+        Some(e) => Event::LaunchFailed {
+            started: procs,
+            rank: e.rank(),
+            problem: e.to_string(),
+        },
+    });
     {
         let events_tx = events_tx.clone();
         let after = opts.timeouts.rendezvous;
@@ -403,14 +417,19 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
             checkpoint_left(checkpoint.as_ref(), &config.checkpoint)
         ),
     };
+    let mut failure_report = None;
     if let Outcome::Failed(f) = &outcome {
-        if let Some(rank) = f.rank {
+        // A rank that could not be started has no lines to show.
+        let rank = f
+            .rank
+            .filter(|_| !matches!(f.cause, FailureCause::Launch { .. }));
+        if let Some(rank) = rank {
             let (reply, answer) = tokio::sync::oneshot::channel();
             let _ = records.send(Record::Recent { rank, reply }).await;
             last_lines = answer.await.unwrap_or_default();
         }
         let mut report = format!("job failed: {message}");
-        if let Some(rank) = f.rank {
+        if let Some(rank) = rank {
             if last_lines.is_empty() {
                 report.push_str(&format!("\nrank {rank} wrote no log lines"));
             } else {
@@ -425,7 +444,8 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
             paths.train_log.display(),
             paths.logs_dir.display()
         ));
-        say(report).await;
+        log_only(report.clone()).await;
+        failure_report = Some(report);
     }
 
     note(match &outcome {
@@ -485,7 +505,14 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
             Err(_) => message = format!("{message}; {}", how_to_resume(&opts.launch)),
         }
     }
-    say(message.clone()).await;
+    // A job that ends in an error is reported by the command, on stderr: once, there.
+    let error = (exit_code != 0 && !matches!(outcome, Outcome::Cancelled { .. }))
+        .then(|| failure_report.unwrap_or_else(|| message.clone()));
+    if error.is_some() {
+        log_only(message.clone()).await;
+    } else {
+        say(message.clone()).await;
+    }
 
     let ended = clock::now();
     let result = ResultFile {
@@ -535,6 +562,7 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
         outcome,
         exit_code,
         message,
+        error,
     })
 }
 

@@ -23,6 +23,13 @@ pub enum Event {
     Launched {
         procs: Vec<(ProcId, Option<u64>)>,
     },
+    /// Only `started` of the processes were started: `problem` says why the next one (of
+    /// `rank`, where known) could not be.
+    LaunchFailed {
+        started: Vec<(ProcId, Option<u64>)>,
+        rank: Option<u64>,
+        problem: String,
+    },
     Registered {
         conn: ConnId,
         registration: Registration,
@@ -216,12 +223,16 @@ impl JobMachine {
             return out;
         }
         match event {
-            Event::Launched { procs } => {
-                self.launched = true;
-                for (proc, rank) in procs {
-                    self.proc_rank.insert(proc, rank);
-                    self.alive.insert(proc);
-                }
+            Event::Launched { procs } => self.on_launch(procs),
+            Event::LaunchFailed {
+                started,
+                rank,
+                problem,
+            } => {
+                self.on_launch(started);
+                let mut failure = Failure::job(FailureCause::Launch { problem });
+                failure.rank = rank;
+                self.fail(failure, &mut out);
             }
             Event::Registered { conn, registration } => {
                 self.on_register(conn, registration, &mut out)
@@ -379,6 +390,14 @@ impl JobMachine {
         }
         self.check_done(&mut out);
         out
+    }
+
+    fn on_launch(&mut self, procs: Vec<(ProcId, Option<u64>)>) {
+        self.launched = true;
+        for (proc, rank) in procs {
+            self.proc_rank.insert(proc, rank);
+            self.alive.insert(proc);
+        }
     }
 
     fn on_register(&mut self, conn: ConnId, reg: Registration, out: &mut Vec<Action>) {

@@ -44,13 +44,36 @@ pub struct LaunchSpec {
 
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
-    #[error("cannot start `{program}`: {source}")]
+    /// The worker binary (local mode, for `rank`) or `srun` could not be executed.
+    #[error("cannot execute {program}: {source}; {fix}")]
     Spawn {
+        rank: Option<u64>,
         program: String,
         source: std::io::Error,
+        fix: String,
     },
     #[error("{0}")]
     Invalid(String),
+}
+
+impl LaunchError {
+    /// The rank whose process could not be started, where one is to blame.
+    pub fn rank(&self) -> Option<u64> {
+        match self {
+            LaunchError::Spawn { rank, .. } => *rank,
+            LaunchError::Invalid(_) => None,
+        }
+    }
+}
+
+/// What [`Launcher::launch`] started, and why it stopped short if it did.
+pub struct Launched {
+    pub launcher: Launcher,
+    /// The processes that started, each with its rank where known.
+    pub procs: Vec<ProcRank>,
+    /// Why the rest could not be started. The processes above still run: the job stops
+    /// them as it stops for any failure.
+    pub failed: Option<LaunchError>,
 }
 
 /// A launched process and its rank, where known (local mode).
@@ -67,17 +90,29 @@ pub struct Launcher {
 }
 
 impl Launcher {
-    /// Starts the processes; returns each process with its rank where known.
-    pub fn launch(
-        spec: &LaunchSpec,
-        exits: ExitSender,
-        records: mpsc::Sender<Record>,
-    ) -> Result<(Launcher, Vec<ProcRank>), LaunchError> {
+    /// Starts the processes, up to the first that cannot be started.
+    pub fn launch(spec: &LaunchSpec, exits: ExitSender, records: mpsc::Sender<Record>) -> Launched {
         let mut launcher = Launcher {
             alive: Arc::default(),
             pipes: Vec::new(),
         };
         let mut procs = Vec::new();
+        let failed = launcher.start_all(spec, &exits, &records, &mut procs).err();
+        Launched {
+            launcher,
+            procs,
+            failed,
+        }
+    }
+
+    /// Starts every process of `spec`, adding each to `procs` as it starts.
+    fn start_all(
+        &mut self,
+        spec: &LaunchSpec,
+        exits: &ExitSender,
+        records: &mpsc::Sender<Record>,
+        procs: &mut Vec<ProcRank>,
+    ) -> Result<(), LaunchError> {
         match &spec.mode {
             LaunchMode::Local { gpus } => {
                 if let Some(gpus) = gpus {
@@ -108,14 +143,17 @@ impl Launcher {
                             Ok(())
                         });
                     }
-                    launcher.start(
-                        rank,
-                        cmd,
-                        Labels::Rank(rank),
-                        &exits,
-                        &records,
-                        &spec.worker_bin,
-                    )?;
+                    self.start(rank, cmd, Labels::Rank(rank), exits, records)
+                        .map_err(|source| {
+                            let (program, fix) =
+                                crate::binaries::unusable_worker_bin(&spec.worker_bin);
+                            LaunchError::Spawn {
+                                rank: Some(rank),
+                                program,
+                                source,
+                                fix,
+                            }
+                        })?;
                     procs.push((rank, Some(rank)));
                 }
             }
@@ -135,11 +173,20 @@ impl Launcher {
                 cmd.args(srun_args(spec.world_size, nodes, *gpus_per_node))
                     .arg(&spec.worker_bin)
                     .envs(spec.env.iter().map(|(k, v)| (k, v)));
-                launcher.start(0, cmd, Labels::Srun, &exits, &records, &spec.worker_bin)?;
+                self.start(0, cmd, Labels::Srun, exits, records)
+                    .map_err(|source| LaunchError::Spawn {
+                        rank: None,
+                        program: "`srun`".into(),
+                        source,
+                        fix: "the controller launches its ranks with srun inside a Slurm \
+                              allocation (the sbatch script of `shardrun submit`); on a machine \
+                              without Slurm, use `shardrun run`"
+                            .into(),
+                    })?;
                 procs.push((0, None));
             }
         }
-        Ok((launcher, procs))
+        Ok(())
     }
 
     fn start(
@@ -149,8 +196,7 @@ impl Launcher {
         labels: Labels,
         exits: &ExitSender,
         records: &mpsc::Sender<Record>,
-        worker_bin: &std::path::Path,
-    ) -> Result<(), LaunchError> {
+    ) -> std::io::Result<()> {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -162,18 +208,7 @@ impl Launcher {
                 Ok(())
             });
         }
-        let program = format!("{}", cmd.as_std().get_program().to_string_lossy());
-        let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
-            program: if program == "srun" {
-                "srun (is this running inside a Slurm allocation?)".into()
-            } else {
-                format!(
-                    "{} (build it, or point SHARDRUN_WORKER_BIN at it)",
-                    worker_bin.display()
-                )
-            },
-            source,
-        })?;
+        let mut child = cmd.spawn()?;
         let pid = child.id().map(|p| p as i32).unwrap_or(0);
         self.alive
             .lock()

@@ -50,8 +50,6 @@ pub enum ControllerError {
         addr: String,
         source: std::io::Error,
     },
-    #[error(transparent)]
-    Launch(#[from] launcher::LaunchError),
     #[error("cannot start the controller's runtime: {0}")]
     Runtime(std::io::Error),
     #[error(transparent)]

@@ -85,6 +85,10 @@ pub enum FailureCause {
     Device {
         problem: String,
     },
+    /// The rank's process (or, with no rank named, the job's ranks) could not be started.
+    Launch {
+        problem: String,
+    },
     /// Heartbeats kept coming but the rank stayed at `step` for `secs` seconds.
     Stalled {
         step: u64,
@@ -153,6 +157,10 @@ impl Failure {
                 format!("cannot join this job: {problem}")
             }
             FailureCause::Device { problem } => format!("cannot use its device: {problem}"),
+            FailureCause::Launch { problem } if self.rank.is_some() => {
+                format!("could not be started: {problem}")
+            }
+            FailureCause::Launch { problem } => format!("could not start its ranks: {problem}"),
             FailureCause::Stalled { step, secs, others } => {
                 let others = if others.is_empty() {
                     String::new()

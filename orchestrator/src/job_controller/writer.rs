@@ -50,6 +50,9 @@ pub enum Record {
     Event(RunEvent),
     /// The controller's own message: train.log and the console.
     Controller(String),
+    /// The controller's own message for train.log only: the command prints it itself, on
+    /// stderr, as the error it ends with.
+    ControllerToLog(String),
     /// The last lines of a rank, for a failure report (after everything queued before).
     Recent {
         rank: u64,
@@ -251,6 +254,7 @@ fn write(
             book.controller_line(&text)?;
             console.line(&format!("shardrun: {text}"));
         }
+        Record::ControllerToLog(text) => book.controller_line(&text)?,
         Record::Recent { rank, reply } => {
             let _ = reply.send(book.recent(rank));
         }

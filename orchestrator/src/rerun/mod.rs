@@ -9,7 +9,7 @@
 pub mod changes;
 
 use crate::resume_data::{self, DataChanged};
-use crate::rundir::{Ended, NewRun, RunDir, RunDirError, RunLock, RunState};
+use crate::rundir::{Ended, Holder, NewRun, RunDir, RunDirError, RunLock, RunState};
 use crate::slurm;
 pub use changes::FieldChange;
 use shardrun_checkpoint::{find_latest, Verify};
@@ -233,6 +233,8 @@ pub enum RerunError {
     RunDir(#[from] RunDirError),
     #[error("{path} is still running: {how}\n  fix: wait for it to end (`shardrun status {path}`), or stop it (`shardrun cancel {path}`, or Ctrl-C where it runs) and run this again to resume it")]
     StillRunning { path: String, how: String },
+    #[error("{path} is still running: its controller is running ({holder}); --force would delete the run under it\n  fix: stop it first (`shardrun cancel {path}`, or Ctrl-C where it runs), then add --force again to start over; or give the new run another `name` (or --run-dir)")]
+    ForceWhileRunning { path: String, holder: Holder },
     #[error("{path} holds a run started with a different spec; these fields differ (run → now):\n{}\n  fix: undo these changes to continue the run (its spec is {path}/job.yaml); to start a new run instead, give it another `name` (or --run-dir); to delete this one and start over, add --force\n  (safe to change on resume, and applied: {})", list(.fields), changes::SAFE_IN_WORDS)]
     Changed {
         path: String,
@@ -266,6 +268,13 @@ fn list(fields: &[FieldChange]) -> String {
 pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
     let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     if new.force && path.exists() {
+        // Deleting a live run would leave its controller and ranks writing into nothing.
+        if let Some(holder) = RunLock::holder(&path) {
+            return Err(RerunError::ForceWhileRunning {
+                path: path.display().to_string(),
+                holder,
+            });
+        }
         let deleted = describe_contents(&path);
         let run = RunDir::create(&path, new)?;
         return Ok(RunStart::Replaced { run, deleted });
@@ -571,6 +580,39 @@ mod tests {
             err.to_string().contains("its controller is running (pid "),
             "{err}"
         );
+    }
+
+    #[test]
+    fn force_refuses_to_delete_a_run_whose_controller_holds_the_lock() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = existing(tmp.path(), RunState::Running, &[]);
+        let before = std::fs::read(run.train_config()).unwrap();
+        let lock = RunLock::acquire(run.path()).unwrap();
+        let job = resolved(tmp.path(), &["training.seed=9"]);
+        let params = BTreeMap::new();
+        let mut forced = new_run(&job, &params);
+        forced.force = true;
+        let err = prepare(run.path(), forced).unwrap_err();
+        assert!(
+            err.to_string().starts_with(&format!(
+                "{path} is still running: its controller is running (pid {pid} on ",
+                path = run.path().display(),
+                pid = std::process::id()
+            )) && err
+                .to_string()
+                .contains(&format!("`shardrun cancel {}`", run.path().display())),
+            "{err}"
+        );
+        assert_eq!(std::fs::read(run.train_config()).unwrap(), before);
+        assert_eq!(run.read_manifest().unwrap().state, RunState::Running);
+        // Once its controller is gone, --force starts over.
+        drop(lock);
+        let mut forced = new_run(&job, &params);
+        forced.force = true;
+        assert!(matches!(
+            prepare(run.path(), forced).unwrap(),
+            RunStart::Replaced { .. }
+        ));
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Training data: the `training.data` section checked key by key against its `kind`, paths
 //! made absolute (relative to the spec file), every default applied, and what the paths name
 //! looked at on disk: every `files` pattern matches a file, the tokenizer folder holds a
-//! `tokenizer.json`, a `chat_template` file exists. So a wrong path fails in `plan`, not
-//! after the queue wait. Nothing is read or tokenized here: that happens when the data is
+//! `tokenizer.json`, chat data has a template (the `chat_template` file exists, or the
+//! tokenizer folder has one). So a wrong path fails in `plan`, not after the queue wait. Nothing is read or tokenized here: that happens when the data is
 //! prepared (`shardrun prepare`, or the job's controller before launch).
 
 use super::{defaults, ResolveError, Section};
@@ -276,6 +276,8 @@ enum Lookup {
     Files,
     Tokenizer,
     ChatTemplate,
+    /// A tokenizer folder's own chat templates.
+    FolderChatTemplates,
 }
 
 /// Why a path will not do, and what to write instead (without the field, added where it is
@@ -294,6 +296,7 @@ impl OnDisk {
                 Lookup::Files => files_problem(path),
                 Lookup::Tokenizer => tokenizer_problem(path),
                 Lookup::ChatTemplate => chat_template_problem(path),
+                Lookup::FolderChatTemplates => folder_chat_template_problem(path),
             })
             .clone()
     }
@@ -344,13 +347,29 @@ fn check_on_disk(
             return Err(at(field.into(), p));
         }
     }
-    if let DataSource::Chat {
-        chat_template: Some(path),
-        ..
-    } = source
-    {
-        if let Some(p) = on_disk.problem(Lookup::ChatTemplate, path) {
-            return Err(at("training.data.chat_template".into(), p));
+    if let DataSource::Chat { chat_template, .. } = source {
+        match (chat_template, tokenizer) {
+            (Some(path), _) => {
+                if let Some(p) = on_disk.problem(Lookup::ChatTemplate, path) {
+                    return Err(at("training.data.chat_template".into(), p));
+                }
+            }
+            (None, TokenizerConfig::HuggingFace { path, .. }) => {
+                let folder = shardrun_data::tokenizer::tokenizer_folder(path);
+                if let Some(p) = on_disk.problem(Lookup::FolderChatTemplates, &folder) {
+                    return Err(at("training.data".into(), p));
+                }
+            }
+            (None, _) => {
+                return Err(s.err(
+                    "training.data",
+                    "chat data is rendered with a chat template, and the byte tokenizer has no \
+                     folder to take one from",
+                    "name a Jinja file in `chat_template` (relative paths are relative to the \
+                     job spec's folder), or use a Hugging Face tokenizer folder that has a \
+                     template",
+                ))
+            }
         }
     }
     Ok(())
@@ -480,6 +499,33 @@ fn chat_template_problem(path: &Path) -> Option<Problem> {
         fix: "name a Jinja file (relative paths are relative to the job spec's folder), or \
               remove `chat_template` to use the tokenizer folder's template"
             .into(),
+    })
+}
+
+/// Why chat data cannot take its template from the tokenizer folder `folder`, as the data
+/// reader looks for one.
+fn folder_chat_template_problem(folder: &Path) -> Option<Problem> {
+    let error = shardrun_data::chat::templates_in_folder(folder).err()?;
+    Some(match error {
+        DataError::NoChatTemplate { .. } => Problem {
+            why: format!(
+                "chat data is rendered with a chat template, and the tokenizer folder {} has \
+                 none (no chat_template.jinja, no additional_chat_templates/, no \
+                 `chat_template` in tokenizer_config.json)",
+                folder.display()
+            ),
+            fix: "add `chat_template: <file.jinja>` to `data` (a Jinja template as \
+                  `transformers` uses; relative paths are relative to the job spec's folder), \
+                  or use a tokenizer folder saved with its template (`save_pretrained` writes \
+                  chat_template.jinja)"
+                .into(),
+        },
+        other => Problem {
+            why: other.to_string(),
+            fix: "fix the tokenizer folder's template files, or name a Jinja file in \
+                  `chat_template` to use instead"
+                .into(),
+        },
     })
 }
 
@@ -774,6 +820,60 @@ mod tests {
         let err = e("    kind: chat\n    files: [a.jsonl]\n    tokenizer: { path: tok }\n    chat_template: chat.jnja\n");
         assert_eq!(err.field, "training.data.chat_template");
         assert!(err.why.contains("does not exist"), "{err}");
+    }
+
+    #[test]
+    fn chat_data_without_a_template_is_an_error_with_the_ways_to_give_one() {
+        let chat = "    kind: chat\n    files: [a.jsonl]\n    tokenizer: { path: tok }\n";
+        let dir = jobs();
+        let ResolveError::Invalid(err) = data_in(dir.path(), chat).unwrap_err();
+        assert_eq!((err.field.as_str(), err.line), ("training.data", Some(5)));
+        assert!(
+            err.why.starts_with(&format!(
+                "chat data is rendered with a chat template, and the tokenizer folder {} has none",
+                dir.path().join("tok").display()
+            )),
+            "{err}"
+        );
+        assert!(
+            err.fix.contains("add `chat_template: <file.jinja>`"),
+            "{err}"
+        );
+        let bytes = "    kind: chat\n    files: [a.jsonl]\n    tokenizer: { kind: bytes }\n";
+        let ResolveError::Invalid(err) = data_in(dir.path(), bytes).unwrap_err();
+        assert!(
+            err.why.contains("the byte tokenizer has no folder"),
+            "{err}"
+        );
+        data_in(
+            dir.path(),
+            &format!("{bytes}    chat_template: chat.jinja\n"),
+        )
+        .unwrap();
+
+        // Wherever the data reader finds a template in the folder, it is found.
+        for (file, text) in [
+            ("chat_template.jinja", "{{ messages }}"),
+            ("additional_chat_templates/tool_use.jinja", "{{ tools }}"),
+            (
+                "tokenizer_config.json",
+                r#"{"chat_template": "{{ messages }}"}"#,
+            ),
+        ] {
+            let dir = jobs();
+            let path = dir.path().join("tok").join(file);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, text).unwrap();
+            data_in(dir.path(), chat).unwrap_or_else(|e| panic!("{file}: {e}"));
+        }
+        // A folder whose templates cannot be read is named with what is wrong.
+        let dir = jobs();
+        std::fs::write(dir.path().join("tok/tokenizer_config.json"), "{").unwrap();
+        let ResolveError::Invalid(err) = data_in(dir.path(), chat).unwrap_err();
+        assert!(
+            err.why.contains("tokenizer_config.json: not valid JSON"),
+            "{err}"
+        );
     }
 
     #[test]

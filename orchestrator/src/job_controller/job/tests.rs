@@ -156,6 +156,62 @@ fn rendezvous_timeout_names_missing_ranks() {
 }
 
 #[test]
+fn a_rank_that_cannot_be_started_fails_the_job_and_stops_the_ones_that_were() {
+    // Rank 0 started and registered; rank 1's process could not be started.
+    let mut s = JobMachine::new(2, "abc");
+    let problem = "cannot execute the worker binary /x: No such file or directory";
+    s.handle(Event::Registered {
+        conn: 10,
+        registration: reg(0),
+    });
+    let actions = s.handle(Event::LaunchFailed {
+        started: vec![(0, Some(0))],
+        rank: Some(1),
+        problem: problem.into(),
+    });
+    assert!(actions.contains(&Action::Say(format!(
+        "rank 1 could not be started: {problem}"
+    ))));
+    assert!(actions.contains(&Action::Send {
+        conn: 10,
+        msg: ToWorker::Shutdown {
+            reason: "rank 1 failed".into()
+        }
+    }));
+    assert!(actions.contains(&Action::StopProcesses { force: false }));
+    assert!(
+        failure(&actions).is_none(),
+        "rank 0 still runs: {actions:?}"
+    );
+    let actions = leave(&mut s, 10, 0, ExitInfo::Signal(15));
+    let f = failure(&actions).expect("the job failed");
+    assert_eq!(
+        (f.rank, f.cause),
+        (
+            Some(1),
+            FailureCause::Launch {
+                problem: problem.into()
+            }
+        )
+    );
+}
+
+#[test]
+fn a_job_none_of_whose_processes_started_fails_at_once() {
+    let mut s = JobMachine::new(2, "abc");
+    let actions = s.handle(Event::LaunchFailed {
+        started: Vec::new(),
+        rank: None,
+        problem: "cannot execute `srun`: not found".into(),
+    });
+    let f = failure(&actions).expect("nothing is left to wait for");
+    assert_eq!(
+        f.describe(),
+        "the job could not start its ranks: cannot execute `srun`: not found"
+    );
+}
+
+#[test]
 fn killed_rank_stops_the_others_and_fails_with_its_signal() {
     let mut s = running();
     let actions = s.handle(Event::Disconnected {
