@@ -87,7 +87,8 @@ pub struct KeyInputs<'a> {
     pub source: serde_json::Value,
     pub on_bad_record: shardrun_protocol::config::OnBadRecord,
     pub files: &'a [DataFile],
-    /// sha256 of every tokenizer and template file that can change the ids.
+    /// sha256 of every tokenizer and template file that can change the ids, and how the
+    /// tokenizer is built from them.
     pub tokenizer: Vec<(String, String)>,
 }
 

@@ -9,7 +9,9 @@ use crate::encode::Encoder;
 use crate::error::{DataError, Origin, Result};
 use crate::files::{self, DataFile};
 use crate::progress::Observer;
-use crate::tokenizer::{read_tokenizer_json, tokenizer_json_path, TextTokenizer, FOLDER_FILES};
+use crate::tokenizer::{
+    llama_rebuild_of, read_tokenizer_json, tokenizer_json_path, TextTokenizer, FOLDER_FILES,
+};
 use crate::writer::CorpusWriter;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
@@ -101,7 +103,9 @@ fn cache_name(spec: &SourceSpec<'_>, files: &[DataFile]) -> Result<String> {
     Ok(key.name(spec.source.kind_name()))
 }
 
-/// Hashes of the files that decide the ids (tokenizer, special tokens, chat template).
+/// Hashes of the files that decide the ids (tokenizer, special tokens, chat template), and
+/// how transformers builds the tokenizer from them when it does not use `tokenizer.json` as
+/// saved.
 fn tokenizer_key(config: &TokenizerConfig, source: &DataSource) -> Result<Vec<(String, String)>> {
     let sha = |bytes: &[u8]| hex::encode(&Sha256::digest(bytes)[..16]);
     let mut key = Vec::new();
@@ -112,7 +116,11 @@ fn tokenizer_key(config: &TokenizerConfig, source: &DataSource) -> Result<Vec<(S
             eos_token,
         } => {
             let file = tokenizer_json_path(path);
-            key.push(("tokenizer.json".into(), sha(&read_tokenizer_json(&file)?)));
+            let bytes = read_tokenizer_json(&file)?;
+            key.push(("tokenizer.json".into(), sha(&bytes)));
+            if let Some(rebuild) = llama_rebuild_of(&file, &bytes)? {
+                key.push(("rebuild".into(), rebuild.key()));
+            }
             let folder = file.parent().unwrap_or(Path::new("."));
             for name in &FOLDER_FILES[1..] {
                 if let Ok(bytes) = std::fs::read(folder.join(name)) {
@@ -397,4 +405,68 @@ fn examples(skipped: &[Skipped]) -> Vec<String> {
         .take(SKIPPED_SHOWN)
         .map(|s| format!("{}: {}", s.origin, s.why))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key_of(tokenizer_config: &str, model_config: Option<&str>) -> Vec<(String, String)> {
+        let folder = tempfile::tempdir().unwrap();
+        std::fs::write(folder.path().join("tokenizer.json"), "{}").unwrap();
+        std::fs::write(
+            folder.path().join("tokenizer_config.json"),
+            tokenizer_config,
+        )
+        .unwrap();
+        if let Some(config) = model_config {
+            std::fs::write(folder.path().join("config.json"), config).unwrap();
+        }
+        let config = TokenizerConfig::HuggingFace {
+            path: folder.path().to_path_buf(),
+            bos_token: None,
+            eos_token: None,
+        };
+        let source = DataSource::Text {
+            files: Vec::new(),
+            split: shardrun_protocol::config::TextSplit::File,
+        };
+        tokenizer_key(&config, &source).unwrap()
+    }
+
+    fn names(key: &[(String, String)]) -> Vec<&str> {
+        key.iter().map(|(name, _)| name.as_str()).collect()
+    }
+
+    #[test]
+    fn the_cache_key_of_a_rebuilt_llama_tokenizer_names_the_rebuild() {
+        // The files are those an older shardrun tokenized with `tokenizer.json` as saved:
+        // the key must differ from theirs, or their caches (other ids) would be reused.
+        for class in ["LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer"] {
+            let key = key_of(
+                &format!(r#"{{"tokenizer_class": "{class}"}}"#),
+                Some(r#"{"model_type": "llama"}"#),
+            );
+            let rebuild = key.iter().find(|(name, _)| name == "rebuild");
+            assert!(
+                rebuild.is_some_and(|(_, how)| how.contains(class.trim_end_matches("Fast"))),
+                "{class}: {key:?}"
+            );
+        }
+        // Tokenizers transformers uses as saved keep the key they had.
+        for (tokenizer_config, model_config) in [
+            (r#"{"tokenizer_class": "PreTrainedTokenizerFast"}"#, None),
+            (
+                r#"{"tokenizer_class": "LlamaTokenizer"}"#,
+                Some(r#"{"model_type": "mistral"}"#),
+            ),
+        ] {
+            let key = key_of(tokenizer_config, model_config);
+            let files = if model_config.is_some() { 3 } else { 2 };
+            let mut want = vec!["tokenizer.json", "tokenizer_config.json", "config.json"];
+            want.truncate(files);
+            want.extend(["bos_token", "eos_token"]);
+            assert_eq!(names(&key), want, "{tokenizer_config}");
+        }
+    }
 }

@@ -1,7 +1,9 @@
 //! Our ids against Python's: every sample document (text, code, CJK, emoji, combining marks)
-//! tokenized through the whole data path (files, cache, memory map) equals Python
-//! `tokenizers`' `encode` of it, for a byte-level BPE and a Metaspace (SentencePiece-style)
-//! tokenizer, also one whose post-processor ends every encoding with `</s>`; chat records
+//! tokenized through the whole data path (files, cache, memory map) equals transformers 5's
+//! `AutoTokenizer.from_pretrained(folder)(text)`, for a byte-level BPE and a Metaspace
+//! (SentencePiece-style) tokenizer, also one whose post-processor ends every encoding with
+//! `</s>`, and Llama 2 and CodeLlama folders, which transformers does not run as their
+//! `tokenizer.json` says (it rebuilds them; so does shardrun); chat records
 //! render exactly as `transformers`' `apply_chat_template` (with `{% generation %}` blocks,
 //! named templates, conversations the assistant opens, the spec's special tokens), and the
 //! loss mask covers exactly the tokens its `{% generation %}` assistant mask covers; a
@@ -17,7 +19,14 @@ use shardrun_protocol::config::*;
 use std::path::PathBuf;
 
 /// The fixture's tokenizer folders.
-const TOKENIZERS: [&str; 3] = ["bpe", "metaspace", "metaspace_eos"];
+const TOKENIZERS: [&str; 6] = [
+    "bpe",
+    "metaspace",
+    "metaspace_eos",
+    "llama2",
+    "llama2_legacy",
+    "codellama",
+];
 
 /// `ids` + the end-of-document token, as every document is stored.
 fn with_eos(mut ids: Vec<u32>, eos: u32) -> Vec<u32> {
@@ -28,7 +37,7 @@ fn with_eos(mut ids: Vec<u32>, eos: u32) -> Vec<u32> {
 }
 
 #[test]
-fn token_ids_equal_python_tokenizers_on_text_code_and_unicode() {
+fn token_ids_equal_transformers_on_text_code_and_unicode() {
     let expected = expected();
     let samples: Vec<String> = expected["samples"]
         .as_array()
@@ -340,6 +349,85 @@ fn prompt_completion_trains_the_completion_and_the_end_of_document() {
             assert_eq!(mask, &python_mask, "{name}: record {i} mask");
             assert_eq!(tokens.last(), Some(&eos));
             assert_eq!(mask.last(), Some(&true), "{name}: the model learns to stop");
+        }
+    }
+}
+
+#[test]
+fn llama_and_code_llama_ids_are_those_of_transformers_rebuilt_tokenizer() {
+    // transformers 5 drops the `Prepend` + `Replace` normalizer of a Llama 2 or CodeLlama
+    // `tokenizer.json` for a Metaspace pre-tokenizer (leading spaces, text after `<s>` and
+    // `</s>`, `[INST]`), follows `legacy` and `add_prefix_space`, gives CodeLlama `<s> $A`
+    // whatever `add_eos_token` says, and uses byte-level and Mistral folders as saved.
+    let expected = expected();
+    let llama = &expected["llama"];
+    let texts: Vec<&str> = llama["texts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    let folders = llama["folders"].as_object().unwrap();
+    assert!(folders.len() >= 12);
+    for (folder, want) in folders {
+        let tokenizer = TextTokenizer::load(&hf(folder)).unwrap();
+        let rebuilt = want["rebuilt"].as_bool().unwrap();
+        let class = want["class"].as_str().unwrap();
+        for (i, text) in texts.iter().enumerate() {
+            for (special, key) in [(true, "with_special"), (false, "without_special")] {
+                let python = ids(&want[key][i]);
+                assert_eq!(
+                    tokenizer.encode(text, special, false).unwrap().ids,
+                    python,
+                    "{folder} ({class}): {text:?}, special tokens {special}"
+                );
+                let with_offsets = tokenizer.encode(text, special, true).unwrap();
+                assert_eq!(with_offsets.ids, python, "{folder}: {text:?} with offsets");
+            }
+        }
+        // The fixture tells the cases apart: transformers' ids are not those of the saved
+        // tokenizer.json exactly where it rebuilds the tokenizer.
+        let differing = (0..texts.len())
+            .filter(|&i| want["with_special"][i] != want["tokenizer_json"][i])
+            .count();
+        assert_eq!(rebuilt, differing > 0, "{folder}: {differing} texts differ");
+        assert_eq!(
+            rebuilt,
+            tokenizer
+                .description
+                .contains("built as transformers 5 builds"),
+            "{folder}: {}",
+            tokenizer.description
+        );
+    }
+}
+
+#[test]
+fn code_llama_adds_the_spec_bos_token_as_transformers_does() {
+    // `AutoTokenizer.from_pretrained(folder, bos_token=...)`: CodeLlama's rebuilt
+    // post-processor adds the token given; LlamaTokenizer keeps the one its file adds.
+    let expected = expected();
+    let want = &expected["llama"]["overrides"];
+    let text = |key: &str| Some(want[key].as_str().unwrap().to_string());
+    for (folder, python) in want["folders"].as_object().unwrap() {
+        let tokenizer = TextTokenizer::load(&TokenizerConfig::HuggingFace {
+            path: fixture().join(folder),
+            bos_token: text("bos_token"),
+            eos_token: text("eos_token"),
+        })
+        .unwrap();
+        for (i, text) in expected["llama"]["texts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+        {
+            let text = text.as_str().unwrap();
+            assert_eq!(
+                tokenizer.encode(text, true, false).unwrap().ids,
+                ids(&python[i]),
+                "{folder}: {text:?}"
+            );
         }
     }
 }

@@ -2,7 +2,8 @@
 `tokenizers` and `transformers` (nothing downloaded; trained on the Python standard library's
 source, which every Debian machine has), writes sample documents and chat records, and writes
 what Python's `tokenizers` and `transformers` make of them (the ground truth the Rust tests
-compare against).
+compare against). The ground truth is transformers 5's `AutoTokenizer.from_pretrained(folder)`,
+what users of the trained model tokenize with.
 
     python make_tokenizers.py OUT_DIR
 
@@ -15,6 +16,17 @@ OUT_DIR/
   metaspace_config_eos/   the same with the end of sequence only in config.json
   metaspace_eos/          the same saved with `add_bos_token` and `add_eos_token` (Llama 2
                           with add_eos_token: the post-processor writes `<s> $A </s>`)
+  llama2/       a Llama 2 folder as the Hub has it: `tokenizer.json` with the `Prepend("▁")` +
+                `Replace(" ", "▁")` normalizer, no pre-tokenizer, byte-fallback BPE, `<s>`
+                added by the post-processor; `tokenizer_class: LlamaTokenizer`, `legacy: false`,
+                the Llama 2 chat template; config.json `model_type: llama`. transformers 5
+                rebuilds its tokenizer (no normalizer, Metaspace pre-tokenizer)
+  llama2_legacy/          the same with `legacy: true`
+  codellama/    a CodeLlama folder: the same plus the infilling tokens `▁<PRE>`, `▁<SUF>`,
+                `▁<MID>`, `▁<EOT>`, `tokenizer_class: CodeLlamaTokenizer`
+  llama_variants/<name>/  more Llama-class folders for `llama` ids only: other `legacy`,
+                `add_prefix_space`, `add_eos_token` settings, and the ones transformers uses
+                as saved (byte-level `tokenizer.json`, `model_type: mistral`)
   named/        the byte-level BPE with two named templates (Qwen 2.5 style), `default` in
                 chat_template.jinja and `tool_use` in additional_chat_templates/ (5.x layout)
   named_legacy/ the same templates as a list in tokenizer_config.json (4.x layout)
@@ -23,7 +35,10 @@ OUT_DIR/
   chat_<tokenizer>.jsonl   chat records
   chat_tools.jsonl, chat_assistant_first.jsonl   chat records for the named templates
   prompt_completion.jsonl  prompt/completion records
-  expected.json ids per tokenizer and sample; chat renders, ids and assistant masks (also
+  expected.json ids per tokenizer and sample (`AutoTokenizer(text)`); `llama`: for every Llama
+                folder, transformers' ids of LLAMA_TEXTS with and without special tokens,
+                and Python `tokenizers`' ids of the saved `tokenizer.json`; chat renders,
+                ids and assistant masks (also
                 with the spec's special tokens overriding the folder's, as
                 `AutoTokenizer.from_pretrained(folder, bos_token=..., eos_token=...)`);
                 prompt/completion ids and loss masks
@@ -35,8 +50,12 @@ import os
 import re
 import sys
 
+import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+if int(transformers.__version__.split(".")[0]) < 5:
+    sys.exit(f"transformers {transformers.__version__}: the ground truth is transformers 5.x")
 
 SAMPLES = {
     "prose.txt": (
@@ -64,9 +83,42 @@ SAMPLES = {
 PROMPT_COMPLETIONS = [
     {"prompt": "Question: what is 2+2?\n", "completion": "Answer: 4."},
     {"prompt": "Übersetze: cat →", "completion": " Katze 🐈"},
+    # The Llama 2 format written into the record, leading spaces and newlines.
+    {"prompt": "<s>[INST] Sum a list? [/INST]", "completion": " Use `sum(xs)`. </s>"},
+    {"prompt": "  Indented prompt:", "completion": "\n  indented answer  "},
 ]
 
 LINES = "first line\n\n  second line with spaces  \r\nthird: 日本語 👍\n   \nlast\n"
+
+# Where Llama and CodeLlama ids differ between transformers 5 and `tokenizer.json` as saved:
+# leading spaces, text right after a special token, the Llama 2 chat format. (No `<FILL_ME>`:
+# CodeLlama's tokenizer turns text holding it into an infilling prompt.)
+LLAMA_TEXTS = [
+    "",
+    " ",
+    "   ",
+    "Hello world",
+    " Hello world",
+    "  two leading spaces",
+    "trailing spaces  ",
+    "\n",
+    "\nnewline first",
+    "line one\nline two\n\n  indented\n",
+    "[INST] Write a loop. [/INST]",
+    "<s>[INST] Write a loop. [/INST] for x in xs: pass </s>",
+    "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello </s><s>[INST] Again [/INST]",
+    "<s> [INST] spaced [/INST]",
+    "</s>right after",
+    "x</s> y",
+    "<unk><s></s>",
+    "▁<PRE> def f(): ▁<SUF> return 1 ▁<MID>",
+    "<PRE> plain <SUF> markers <MID>",
+    "日本語のテキスト 👍🏽 Café vs Cafe\u0301",
+    "bytes: \x00\x01\x7f \u00ff \U0001F980 \u2603 \ufeff",
+    "def fib(n):\n\treturn n if n < 2 else fib(n - 1) + fib(n - 2)  # tab\r\n",
+    "ﬁ ㎏ Ω",
+    "▁already▁metaspace",
+]
 
 CHATML = """{%- if tools %}
     {{- '<|im_start|>system\n# Tools\n<tools>' }}
@@ -287,6 +339,171 @@ def metaspace_bpe(out):
         json.dump({"model_type": "llama", "bos_token_id": 1, "eos_token_id": 2}, f)
 
 
+_LLAMA2_JSON = None
+
+
+def llama2_tokenizer_json():
+    """tokenizer.json as Llama 2 and CodeLlama ship it (transformers 4.x wrote it from the
+    SentencePiece model): `Prepend("▁")` + `Replace(" ", "▁")` normalizer, no pre-tokenizer,
+    BPE with byte fallback whose vocabulary holds the 256 byte tokens, `<unk>`, `<s>`, `</s>`
+    as the only added tokens, `<s>` added by the post-processor."""
+    global _LLAMA2_JSON
+    if _LLAMA2_JSON is None:
+        special = ["<unk>", "<s>", "</s>"]
+        byte_tokens = [f"<0x{i:02X}>" for i in range(256)]
+        tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+        # SentencePiece pieces: words with their leading `▁`.
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+        trainer = trainers.BpeTrainer(
+            vocab_size=1500, special_tokens=special + byte_tokens, show_progress=False
+        )
+        tok.train_from_iterator(training_corpus(), trainer)
+        j = json.loads(tok.to_str())
+        j["added_tokens"] = [dict(t, normalized=False) for t in j["added_tokens"] if t["content"] in special]
+        j["normalizer"] = {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "▁"},
+            {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
+        ]}
+        j["pre_tokenizer"] = None
+        bos = [{"SpecialToken": {"id": "<s>", "type_id": 0}}]
+        j["post_processor"] = {
+            "type": "TemplateProcessing",
+            "single": bos + [{"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": bos + [{"Sequence": {"id": "A", "type_id": 0}},
+                           {"SpecialToken": {"id": "<s>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}},
+        }
+        j["decoder"] = {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+        ]}
+        _LLAMA2_JSON = j
+    return json.loads(json.dumps(_LLAMA2_JSON))
+
+
+def added_token(content):
+    return {"content": content, "lstrip": False, "normalized": False, "rstrip": False,
+            "single_word": False, "special": True}
+
+
+def llama_folder(out, tokenizer_json, config, model_type="llama"):
+    """Writes a Llama-class folder by hand, as the Hub has them (transformers' own
+    `save_pretrained` would write its rebuilt tokenizer instead)."""
+    os.makedirs(out, exist_ok=True)
+    vocab = tokenizer_json["model"]["vocab"]
+    config = dict(config, added_tokens_decoder={
+        str(t["id"]): added_token(t["content"]) for t in tokenizer_json["added_tokens"]
+    })
+    with open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(tokenizer_json, f, ensure_ascii=False)
+    with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, ensure_ascii=False)
+    if model_type is not None:
+        with open(os.path.join(out, "config.json"), "w") as f:
+            json.dump({"model_type": model_type, "vocab_size": len(vocab), "bos_token_id": 1, "eos_token_id": 2}, f)
+
+
+LLAMA2_CONFIG = {
+    "add_bos_token": True,
+    "add_eos_token": False,
+    "bos_token": "<s>",
+    "eos_token": "</s>",
+    "unk_token": "<unk>",
+    "pad_token": None,
+    "clean_up_tokenization_spaces": False,
+    "legacy": False,
+    "model_max_length": 4096,
+    "padding_side": "right",
+    "sp_model_kwargs": {},
+    "tokenizer_class": "LlamaTokenizer",
+    "chat_template": without_generation_tags(LLAMA2),
+}
+
+
+def llama2(out, **changes):
+    llama_folder(out, llama2_tokenizer_json(), dict(LLAMA2_CONFIG, **changes))
+
+
+CODE_LLAMA_TOKENS = ["▁<PRE>", "▁<SUF>", "▁<MID>", "▁<EOT>"]
+
+
+def code_llama_tokenizer_json():
+    """Llama 2's tokenizer.json plus CodeLlama's infilling tokens, in the vocabulary and added."""
+    j = llama2_tokenizer_json()
+    for token in CODE_LLAMA_TOKENS:
+        token_id = len(j["model"]["vocab"])
+        j["model"]["vocab"][token] = token_id
+        j["added_tokens"].append(dict(added_token(token), id=token_id))
+    return j
+
+
+def code_llama(out, tokenizer_json=None, **changes):
+    config = dict(
+        LLAMA2_CONFIG,
+        tokenizer_class="CodeLlamaTokenizer",
+        legacy=None,
+        additional_special_tokens=["▁<PRE>", "▁<MID>", "▁<SUF>", "▁<EOT>"],
+        prefix_token="▁<PRE>",
+        middle_token="▁<MID>",
+        suffix_token="▁<SUF>",
+        eot_token="▁<EOT>",
+        fill_token="<FILL_ME>",
+        use_default_system_prompt=False,
+        **changes,
+    )
+    llama_folder(out, tokenizer_json or code_llama_tokenizer_json(), config)
+
+
+def llama_variants(out):
+    """Llama-class folders for the `llama` ids: name -> folder."""
+    with_eos = code_llama_tokenizer_json()
+    eos = {"SpecialToken": {"id": "</s>", "type_id": 0}}
+    with_eos["post_processor"]["single"].append(eos)
+    with_eos["post_processor"]["special_tokens"]["</s>"] = {"id": "</s>", "ids": [2], "tokens": ["</s>"]}
+    with open(os.path.join(out, "bpe", "tokenizer.json"), encoding="utf-8") as f:
+        byte_level = json.load(f)
+    legacy_absent = dict(LLAMA2_CONFIG, tokenizer_class="LlamaTokenizerFast")
+    legacy_absent.pop("legacy")
+    variants = {
+        # `legacy` absent is transformers' default (False); the `Fast` name is the same class.
+        "legacy_absent": lambda d: llama_folder(d, llama2_tokenizer_json(), legacy_absent),
+        "legacy_null": lambda d: llama2(d, legacy=None),
+        "no_prefix_space": lambda d: llama2(d, add_prefix_space=False),
+        # transformers 5 ignores `add_eos_token` when there is a tokenizer.json: the file's
+        # post-processor for LlamaTokenizer, `<s> $A` for CodeLlamaTokenizer.
+        "llama_eos": lambda d: llama_folder(d, with_eos, dict(LLAMA2_CONFIG, add_eos_token=True)),
+        "code_llama_eos": lambda d: code_llama(d, tokenizer_json=with_eos, add_eos_token=True),
+        "code_llama_no_prefix_space": lambda d: code_llama(d, add_prefix_space=False),
+        "no_model_config": lambda d: llama_folder(d, llama2_tokenizer_json(), LLAMA2_CONFIG, model_type=None),
+        # Used as saved: a Mistral model's folder, a byte-level (Llama 3 style) tokenizer.json.
+        "mistral": lambda d: llama_folder(d, llama2_tokenizer_json(), LLAMA2_CONFIG, model_type="mistral"),
+        "byte_level": lambda d: llama_folder(
+            d, byte_level, dict(LLAMA2_CONFIG, tokenizer_class="LlamaTokenizerFast",
+                                bos_token="<|im_start|>", eos_token="<|im_end|>", unk_token=None)),
+    }
+    folders = {}
+    for name, build in variants.items():
+        folder = os.path.join(out, "llama_variants", name)
+        build(folder)
+        folders[f"llama_variants/{name}"] = folder
+    return folders
+
+
+def llama_expectations(folder):
+    """transformers' ids of LLAMA_TEXTS, with and without special tokens, and those of the saved
+    tokenizer.json, so the tests can tell the folders transformers rebuilds."""
+    fast = AutoTokenizer.from_pretrained(folder)
+    tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+    return {
+        "class": type(fast).__name__,
+        "rebuilt": type(fast).__name__ in ("LlamaTokenizer", "CodeLlamaTokenizer"),
+        "with_special": [fast(t)["input_ids"] for t in LLAMA_TEXTS],
+        "without_special": [fast(t, add_special_tokens=False)["input_ids"] for t in LLAMA_TEXTS],
+        "tokenizer_json": [tok.encode(t).ids for t in LLAMA_TEXTS],
+    }
+
+
 def without_eos_in_tokenizer_config(source, out):
     """A copy of `source` whose end of sequence is only in the model's config.json."""
     os.makedirs(out, exist_ok=True)
@@ -395,21 +612,22 @@ def main():
         "bpe": (byte_level_bpe, CHATML),
         "metaspace": (metaspace_bpe, LLAMA2),
         "metaspace_eos": (lambda folder: llama2_with_eos(os.path.join(out, "metaspace"), folder), LLAMA2),
+        "llama2": (llama2, LLAMA2),
+        "llama2_legacy": (lambda folder: llama2(folder, legacy=True), LLAMA2),
+        "codellama": (code_llama, LLAMA2),
     }
     for name, (build, template) in builders.items():
         folder = os.path.join(out, name)
         build(folder)
         # What a user's transformers makes of the saved folder is the ground truth.
         fast = AutoTokenizer.from_pretrained(folder)
-        # The ground truth for plain text: Python `tokenizers` on the saved file.
-        tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
         with open(os.path.join(out, f"chat_{name}.jsonl"), "w", encoding="utf-8") as f:
             for record in CHATS:
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
         expected["tokenizers"][name] = {
             "eos_id": fast.convert_tokens_to_ids(fast.eos_token),
-            "samples": {s: tok.encode(SAMPLES[s]).ids for s in sorted(SAMPLES)},
-            "lines": [tok.encode(l).ids for l in line_docs],
+            "samples": {s: fast(SAMPLES[s])["input_ids"] for s in sorted(SAMPLES)},
+            "lines": [fast(l)["input_ids"] for l in line_docs],
             "chats": chat_expectations(fast, template, CHATS),
             "prompt_completion": prompt_completion_expectations(fast, PROMPT_COMPLETIONS),
         }
@@ -423,6 +641,18 @@ def main():
         "eos_id": fast.convert_tokens_to_ids(fast.eos_token),
         "chats": chat_expectations(fast, LLAMA2, CHATS),
     }
+
+    llama_folders = {name: os.path.join(out, name) for name in ("llama2", "llama2_legacy", "codellama")}
+    llama_folders.update(llama_variants(out))
+    expected["llama"] = {
+        "texts": LLAMA_TEXTS,
+        "folders": {name: llama_expectations(folder) for name, folder in llama_folders.items()},
+    }
+    # The spec's special tokens: CodeLlama's rebuilt post-processor adds the bos_token given.
+    expected["llama"]["overrides"] = {**overrides, "folders": {}}
+    for name in ("llama2", "codellama"):
+        fast = AutoTokenizer.from_pretrained(llama_folders[name], **overrides)
+        expected["llama"]["overrides"]["folders"][name] = [fast(t)["input_ids"] for t in LLAMA_TEXTS]
 
     with open(os.path.join(out, "chatml_generation.jinja"), "w", encoding="utf-8") as f:
         f.write(CHATML)
