@@ -147,3 +147,87 @@ fn scancel_then_submit_of_the_same_spec_resumes_with_the_uninterrupted_losses() 
     assert_same_losses(&losses(&run), &reference, 1e-6, "two Slurm jobs");
     assert_no_panic(&logs(), "the run's logs and Slurm output");
 }
+
+#[test]
+fn submit_force_refuses_to_delete_a_run_whose_job_is_still_queued() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("slurm-force-queued");
+    // A begin time an hour away keeps the job pending, with no controller to hold the lock.
+    let queued = spec().replace(
+        "time: \"00:10:00\" }",
+        "time: \"00:10:00\", extra_sbatch: [\"--begin=now+1hour\"] }",
+    );
+    let spec = dir.write("rerun.yaml", &queued);
+    let spec_arg = spec.to_string_lossy().to_string();
+    let out = cluster
+        .shardrun(dir.path(), &["submit", &spec_arg])
+        .unwrap();
+    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
+    let job = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let _cancel = CancelOnDrop {
+        cluster: &cluster,
+        job: job.clone(),
+    };
+    let run = dir.join("runs/rerun");
+    let before = std::fs::read(run.join("manifest.json")).unwrap();
+
+    let out = cluster
+        .shardrun(dir.path(), &["submit", "--force", &spec_arg])
+        .unwrap();
+    let stderr = stderr_of(&out);
+    assert!(
+        !out.status.success(),
+        "--force deleted a queued run: {stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("Slurm job {job} is PENDING"))
+            && stderr.contains("--force would delete the run under it")
+            && stderr.contains("shardrun cancel"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read(run.join("manifest.json")).unwrap(),
+        before,
+        "the refused --force changed the run"
+    );
+
+    let out = cluster
+        .shardrun(dir.path(), &["cancel", &run.to_string_lossy()])
+        .unwrap();
+    assert!(out.status.success(), "cancel failed: {}", stderr_of(&out));
+    wait_for("Slurm to end the job", Duration::from_secs(60), || {
+        let out = cluster
+            .shardrun(dir.path(), &["status", "--json", &run.to_string_lossy()])
+            .ok()?;
+        (states(&stdout_of(&out)) == vec![("rerun".to_string(), "CANCELLED".to_string())])
+            .then_some(())
+    })
+    .unwrap();
+    let out = cluster
+        .shardrun(dir.path(), &["submit", "--force", &spec_arg])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "--force once the job is cancelled: {}",
+        stderr_of(&out)
+    );
+    let second = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let _cancel_second = CancelOnDrop {
+        cluster: &cluster,
+        job: second,
+    };
+}
+
+/// Cancels a job that would otherwise wait in the queue after the test, passed or failed.
+struct CancelOnDrop<'a> {
+    cluster: &'a SlurmCluster,
+    job: String,
+}
+
+impl Drop for CancelOnDrop<'_> {
+    fn drop(&mut self) {
+        let mut scancel = self.cluster.command("scancel");
+        scancel.arg(&self.job);
+        let _ = run_with_deadline(&mut scancel, Duration::from_secs(30));
+    }
+}

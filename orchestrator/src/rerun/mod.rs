@@ -9,7 +9,7 @@
 pub mod changes;
 
 use crate::resume_data::{self, DataChanged};
-use crate::rundir::{Ended, Holder, NewRun, RunDir, RunDirError, RunLock, RunState};
+use crate::rundir::{Ended, NewRun, RunDir, RunDirError, RunLock, RunState};
 use crate::slurm;
 pub use changes::FieldChange;
 use shardrun_checkpoint::{find_latest, Verify};
@@ -233,8 +233,8 @@ pub enum RerunError {
     RunDir(#[from] RunDirError),
     #[error("{path} is still running: {how}\n  fix: wait for it to end (`shardrun status {path}`), or stop it (`shardrun cancel {path}`, or Ctrl-C where it runs) and run this again to resume it")]
     StillRunning { path: String, how: String },
-    #[error("{path} is still running: its controller is running ({holder}); --force would delete the run under it\n  fix: stop it first (`shardrun cancel {path}`, or Ctrl-C where it runs), then add --force again to start over; or give the new run another `name` (or --run-dir)")]
-    ForceWhileRunning { path: String, holder: Holder },
+    #[error("{path} is still running: {how}; --force would delete the run under it\n  fix: stop it first (`shardrun cancel {path}`, or Ctrl-C where it runs), then add --force again to start over; or give the new run another `name` (or --run-dir)")]
+    ForceWhileRunning { path: String, how: String },
     #[error("{path} holds a run started with a different spec; these fields differ (run → now):\n{}\n  fix: undo these changes to continue the run (its spec is {path}/job.yaml); to start a new run instead, give it another `name` (or --run-dir); to delete this one and start over, add --force\n  (safe to change on resume, and applied: {})", list(.fields), changes::SAFE_IN_WORDS)]
     Changed {
         path: String,
@@ -262,18 +262,56 @@ fn list(fields: &[FieldChange]) -> String {
         .join("\n")
 }
 
+/// Slurm's view of a run whose manifest says it may still be queued or running (`None` for a
+/// local run, or one whose manifest already has its end).
+fn slurm_status(run: &RunDir, shown: &str) -> Result<Option<slurm::RunStatus>, RerunError> {
+    let manifest = run.read_manifest()?;
+    if manifest.state.is_terminal() || manifest.slurm_job_ids.is_empty() {
+        return Ok(None);
+    }
+    let (statuses, _) =
+        slurm::refresh(std::slice::from_ref(run)).map_err(|source| RerunError::Slurm {
+            path: shown.to_string(),
+            source,
+        })?;
+    Ok(statuses.into_iter().next())
+}
+
+/// "Slurm job 12 is PENDING" while Slurm still holds the run's job.
+fn in_slurms_hands(status: &slurm::RunStatus) -> Option<String> {
+    if status.state.is_terminal() {
+        return None;
+    }
+    let job = status.job_id.as_deref().unwrap_or_default();
+    let slurm_state = status
+        .slurm
+        .as_ref()
+        .map(|r| r.state.to_string())
+        .unwrap_or_else(|| "SUBMITTED".into());
+    Some(format!("Slurm job {job} is {slurm_state}"))
+}
+
 /// Decide what running `new` in `path` means, and get the run directory ready for it: a new
 /// run, a resumed one (its spec files rewritten with the safe changes), or nothing to do.
 /// Refuses, touching nothing, when the run is still going or its spec changed unsafely.
 pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
     let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     if new.force && path.exists() {
-        // Deleting a live run would leave its controller and ranks writing into nothing.
+        // Deleting a live run would leave its controller and ranks writing into nothing, and
+        // a queued job would start into the new run's folder.
+        let shown = path.display().to_string();
         if let Some(holder) = RunLock::holder(&path) {
             return Err(RerunError::ForceWhileRunning {
-                path: path.display().to_string(),
-                holder,
+                path: shown,
+                how: format!("its controller is running ({holder})"),
             });
+        }
+        if let Ok(run) = RunDir::open(&path) {
+            if let Some(status) = slurm_status(&run, &shown)? {
+                if let Some(how) = in_slurms_hands(&status) {
+                    return Err(RerunError::ForceWhileRunning { path: shown, how });
+                }
+            }
         }
         let deleted = describe_contents(&path);
         let run = RunDir::create(&path, new)?;
@@ -297,27 +335,12 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
     let manifest = run.read_manifest()?;
     let mut state = manifest.state;
     let mut detail = manifest.error.clone();
-    if !state.is_terminal() && !manifest.slurm_job_ids.is_empty() {
-        let (statuses, _) =
-            slurm::refresh(std::slice::from_ref(&run)).map_err(|source| RerunError::Slurm {
-                path: shown.clone(),
-                source,
-            })?;
-        if let Some(status) = statuses.into_iter().next() {
-            if !status.state.is_terminal() {
-                let job = status.job_id.unwrap_or_default();
-                let slurm_state = status
-                    .slurm
-                    .map(|r| r.state.to_string())
-                    .unwrap_or_else(|| "SUBMITTED".into());
-                return Err(RerunError::StillRunning {
-                    path: shown,
-                    how: format!("Slurm job {job} is {slurm_state}"),
-                });
-            }
-            state = status.state;
-            detail = Some(status.detail).filter(|d| !d.is_empty());
+    if let Some(status) = slurm_status(&run, &shown)? {
+        if let Some(how) = in_slurms_hands(&status) {
+            return Err(RerunError::StillRunning { path: shown, how });
         }
+        state = status.state;
+        detail = Some(status.detail).filter(|d| !d.is_empty());
     }
 
     let recorded = run.read_resolved()?;
