@@ -393,7 +393,7 @@ pub(super) mod tests {
                 values.resize(shape.iter().product::<u64>() as usize, 0.0);
                 Ok(())
             },
-            None,
+            &[],
             &SaveOptions {
                 dtype: StoredDtype::Bf16,
                 max_shard_bytes: 10_000,
