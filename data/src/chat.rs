@@ -19,6 +19,7 @@ use crate::tokenizer::TextTokenizer;
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, Value};
 use sha2::{Digest, Sha256};
+use shardrun_models::hf::ADDITIONAL_CHAT_TEMPLATES;
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -37,8 +38,6 @@ pub const ROLES: [&str; 6] = [
 const DEFAULT: &str = "default";
 /// The template `transformers` picks for a conversation with tools, when the folder has one.
 const TOOL_USE: &str = "tool_use";
-/// Where transformers 5.x saves the templates other than `default`, as `NAME.jinja`.
-pub const ADDITIONAL_TEMPLATES: &str = "additional_chat_templates";
 
 /// Stands in for the content of a conversation's opening assistant turn; no text holds it.
 const CONTENT_MARKER: &str = "\u{e000}assistant-content\u{e000}";
@@ -413,7 +412,7 @@ pub fn templates_in_folder(folder: &Path) -> Result<Vec<NamedTemplate>> {
 
 /// The `.jinja` files of a tokenizer folder's `additional_chat_templates/`, by name.
 pub fn additional_templates(folder: &Path) -> Result<Vec<PathBuf>> {
-    let dir = folder.join(ADDITIONAL_TEMPLATES);
+    let dir = folder.join(ADDITIONAL_CHAT_TEMPLATES);
     let entries = match std::fs::read_dir(&dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),

@@ -4,7 +4,8 @@
 //! * [`files`]: `data.files` patterns to files; [`documents`]: files to documents (text,
 //!   JSONL, chat records), bad records stopped on or skipped.
 //! * [`tokenizer`]: Hugging Face `tokenizer.json` (or bytes), special tokens from the
-//!   folder's configs; [`chat`]: chat templates through minijinja, assistant spans.
+//!   folder's configs; [`chat`]: chat templates through minijinja, assistant spans;
+//!   [`tokenizer_files`]: a run's tokenizer as the files of an exported model folder.
 //! * [`encode`]: one document to ids and loss mask; [`tokenize`]: every core, in order.
 //! * [`cache`], [`writer`], [`corpus`]: the tokenized cache, built once (locked, atomic),
 //!   memory-mapped for reading; [`prepare`]: a source to a corpus.
@@ -30,6 +31,7 @@ pub mod sampler;
 pub mod split;
 pub mod tokenize;
 pub mod tokenizer;
+pub mod tokenizer_files;
 pub mod writer;
 
 pub use dataset::{Dataset, HostBatch};

@@ -2,7 +2,7 @@
 //! else tokenize (or check pre-tokenized files) into it, once per cache across processes.
 
 use crate::cache::{self, CacheManifest, KeyInputs, SourceFile, FORMAT_VERSION};
-use crate::chat::{additional_templates, ChatTemplate, ADDITIONAL_TEMPLATES};
+use crate::chat::{additional_templates, ChatTemplate};
 use crate::corpus::{dtype_width, Corpus};
 use crate::documents::Skipped;
 use crate::encode::Encoder;
@@ -15,6 +15,7 @@ use crate::tokenizer::{
 use crate::writer::CorpusWriter;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
+use shardrun_models::hf::ADDITIONAL_CHAT_TEMPLATES;
 use shardrun_protocol::config::{DataSource, JsonlText, OnBadRecord, TokenDtype, TokenizerConfig};
 use std::path::Path;
 use std::time::Instant;
@@ -129,7 +130,7 @@ fn tokenizer_key(config: &TokenizerConfig, source: &DataSource) -> Result<Vec<(S
             }
             for path in additional_templates(folder)? {
                 if let (Ok(bytes), Some(name)) = (std::fs::read(&path), path.file_name()) {
-                    let name = format!("{ADDITIONAL_TEMPLATES}/{}", name.to_string_lossy());
+                    let name = format!("{ADDITIONAL_CHAT_TEMPLATES}/{}", name.to_string_lossy());
                     key.push((name, sha(&bytes)));
                 }
             }

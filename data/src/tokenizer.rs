@@ -30,6 +30,8 @@ use tokenizers::processors::template::TemplateProcessing;
 
 /// The end-of-document id of [`TokenizerConfig::Bytes`].
 pub const BYTES_EOS: u32 = 256;
+/// What chat templates and exports call it.
+pub const BYTES_EOS_TEXT: &str = "<eos>";
 
 /// A special token and where its identity came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,11 +94,11 @@ impl TextTokenizer {
                 inner: Inner::Bytes,
                 eos: SpecialToken {
                     id: BYTES_EOS,
-                    text: "<eos>".into(),
+                    text: BYTES_EOS_TEXT.into(),
                     source: "the byte tokenizer".into(),
                 },
                 bos: None,
-                template_tokens: BTreeMap::from([("eos_token".into(), "<eos>".into())]),
+                template_tokens: BTreeMap::from([("eos_token".into(), BYTES_EOS_TEXT.into())]),
                 vocab_size: u64::from(BYTES_EOS) + 1,
                 fingerprint: "bytes-v1".into(),
                 description: "UTF-8 bytes (ids 0-255, end of document 256)".into(),

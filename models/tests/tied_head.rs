@@ -55,7 +55,7 @@ fn folder(dir: &Path, embed: bool, head: bool, same_head: bool) {
             out.extend((0..shape.iter().product()).map(|i| value(name, i, same_head)));
             Ok(())
         },
-        None,
+        &[],
         &SaveOptions {
             dtype: StoredDtype::F32,
             max_shard_bytes: u64::MAX,

@@ -43,7 +43,7 @@ fn ranges_read_back_in_every_dtype_and_split() {
                 out.extend((0..n).map(|i| value(name, i)));
                 Ok(())
             },
-            None,
+            &[],
             &SaveOptions {
                 dtype,
                 max_shard_bytes,

@@ -1,6 +1,7 @@
 //! `shardrun export` as people run it: on a run directory, on a damaged newest checkpoint,
-//! on a path that holds none; a Llama trained from scratch exported with the special token
-//! ids of its tokenizer, as `transformers` reads them.
+//! on a path that holds none; Hugging Face folders of Llamas trained from scratch and
+//! fine-tuned, with the tokenizer, chat template and special token ids the run trained with,
+//! as `transformers` reads them.
 
 use shardrun_checkpoint::tensor_file::TensorFile;
 use shardrun_checkpoint::{
@@ -9,7 +10,10 @@ use shardrun_checkpoint::{
 };
 use shardrun_models::hf::config::config_json;
 use shardrun_models::hf::{save_folder, HfWeights, SaveOptions, StoredDtype};
-use shardrun_protocol::config::{CheckpointFormat, DType, ModelConfig, ShardingStrategy};
+use shardrun_protocol::config::{
+    CheckpointFormat, DType, LlamaModel, ModelConfig, ShardingStrategy,
+};
+use shardrun_protocol::TrainConfig;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -100,6 +104,13 @@ fn shardrun(args: &[&Path]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// `shardrun export <run> --out <out>`, which must succeed: what it printed.
+fn export_to(run: &Path, out: &Path) -> String {
+    let (ok, text) = shardrun(&[run, Path::new("--out"), out]);
+    assert!(ok, "{text}");
+    text
+}
+
 #[test]
 fn exports_the_newest_checkpoint_of_a_run_directory() {
     let run = tempfile::tempdir().unwrap();
@@ -140,8 +151,7 @@ fn a_damaged_newest_checkpoint_is_reported_and_the_previous_one_exported() {
     bytes[last] ^= 0xff;
     std::fs::write(&shard, bytes).unwrap();
     let out = root.path().join("full");
-    let (ok, text) = shardrun(&[root.path(), Path::new("--out"), &out]);
-    assert!(ok, "{text}");
+    let text = export_to(root.path(), &out);
     assert!(
         text.contains("warning: skipping checkpoint") && text.contains("rank-2-of-3.safetensors"),
         "{text}"
@@ -164,38 +174,50 @@ fn a_folder_without_checkpoints_says_what_to_check() {
     assert!(text.contains("does not exist"), "{text}");
 }
 
-#[test]
-fn an_hf_export_defaults_to_the_dtype_of_the_source_weights() {
-    // A bf16 folder whose config.json names no dtype (neither `dtype` nor `torch_dtype`).
-    let tmp = tempfile::tempdir().unwrap();
-    let source = tmp.path().join("source");
-    let spec = |model: &str| {
-        let yaml = format!(
-            "name: t\ntraining:\n  model: {model}\n  data: {{ kind: synthetic, seq_len: 8 }}\n  steps: 1\n  total_batch_size: 1\n  batch_size_per_device: 1\n"
-        );
-        let loaded = shardrun::spec::parse(&yaml, &tmp.path().join("job.yaml")).unwrap();
-        shardrun::resolve::resolve(&loaded, &Default::default())
-            .unwrap()
-            .train
+/// The resolved training config of a spec with `model` and `data` (YAML flow maps), as the
+/// run in `dir` would write it.
+fn train_config(dir: &Path, model: &str, data: &str) -> TrainConfig {
+    let yaml = format!(
+        "name: t\ntraining:\n  model: {model}\n  data: {data}\n  steps: 1\n  total_batch_size: 1\n  batch_size_per_device: 1\n"
+    );
+    let loaded = shardrun::spec::parse(&yaml, &dir.join("job.yaml")).unwrap();
+    shardrun::resolve::resolve(&loaded, &Default::default())
+        .unwrap()
+        .train
+}
+
+fn llama(train: &TrainConfig) -> &LlamaModel {
+    let ModelConfig::Llama(model) = &train.model else {
+        panic!("a llama model")
     };
-    let scratch =
-        spec("{ kind: llama, vocab_size: 16, dim: 8, n_layers: 1, n_heads: 2, ffn_dim: 16 }");
-    let ModelConfig::Llama(m) = &scratch.model else {
-        panic!()
-    };
-    let mut config = config_json(&m.architecture, "bfloat16");
-    let keys = config.as_object_mut().unwrap();
-    keys.remove("dtype");
-    keys.remove("torch_dtype");
-    let tensors: Vec<(String, Vec<u64>)> = m
+    model
+}
+
+/// The Llama's parameters as (name, shape), in order.
+fn tensors(model: &LlamaModel) -> Vec<(String, Vec<u64>)> {
+    model
         .architecture
         .describe()
         .params
         .iter()
         .map(|p| (p.name.clone(), p.shape.iter().map(|&d| d as u64).collect()))
-        .collect();
+        .collect()
+}
+
+/// A Hugging Face folder with the Llama of `train` and nothing else (no tokenizer): its
+/// config.json as `edit` leaves it and every weight 0.5, stored as `dtype`.
+fn weights_folder(
+    dir: &Path,
+    train: &TrainConfig,
+    dtype: StoredDtype,
+    edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>),
+) {
+    let model = llama(train);
+    let mut config = config_json(&model.architecture, dtype.torch_name());
+    edit(config.as_object_mut().unwrap());
+    let tensors = tensors(model);
     save_folder(
-        &source,
+        dir,
         &config,
         &tensors,
         |name, out| {
@@ -203,31 +225,56 @@ fn an_hf_export_defaults_to_the_dtype_of_the_source_weights() {
             out.resize(shape.iter().product::<u64>() as usize, 0.5);
             Ok(())
         },
-        None,
+        &[],
         &SaveOptions {
-            dtype: StoredDtype::Bf16,
+            dtype,
             max_shard_bytes: u64::MAX,
         },
     )
     .unwrap();
+}
 
-    // A run that started from it, with one checkpoint.
-    let train = spec(&format!("{{ kind: hf, path: {} }}", source.display()));
-    let run = tmp.path().join("run");
-    let units = tensors
-        .iter()
-        .map(|(name, shape)| UnitLayout::packed(name, [(name.clone(), shape.clone())], 1).unwrap())
+/// A run directory in `dir` of `model` trained on `data`, with one checkpoint.
+fn run_of(dir: &Path, model: &str, data: &str) -> PathBuf {
+    let train = train_config(dir, model, data);
+    let units = tensors(llama(&train))
+        .into_iter()
+        .map(|(name, shape)| UnitLayout::packed(&name, [(name.clone(), shape)], 1).unwrap())
         .collect();
+    let run = dir.join("run");
     save_layout(&run.join("checkpoints"), 3, 1, Layout::new(units).unwrap());
     std::fs::write(
         run.join("train_config.json"),
         serde_json::to_string(&train).unwrap(),
     )
     .unwrap();
+    run
+}
 
+#[test]
+fn an_hf_export_defaults_to_the_dtype_of_the_source_weights() {
+    // A bf16 folder whose config.json names no dtype (neither `dtype` nor `torch_dtype`).
+    let tmp = tempfile::tempdir().unwrap();
+    let source = tmp.path().join("source");
+    let synthetic = "{ kind: synthetic, seq_len: 8 }";
+    let scratch = train_config(
+        tmp.path(),
+        "{ kind: llama, vocab_size: 16, dim: 8, n_layers: 1, n_heads: 2, ffn_dim: 16 }",
+        synthetic,
+    );
+    weights_folder(&source, &scratch, StoredDtype::Bf16, |keys| {
+        keys.remove("dtype");
+        keys.remove("torch_dtype");
+    });
+
+    // A run that started from it, with one checkpoint.
+    let run = run_of(
+        tmp.path(),
+        &format!("{{ kind: hf, path: {} }}", source.display()),
+        synthetic,
+    );
     let out = tmp.path().join("export");
-    let (ok, text) = shardrun(&[&run, Path::new("--out"), &out]);
-    assert!(ok, "{text}");
+    let text = export_to(&run, &out);
     assert_eq!(
         HfWeights::open(&out).unwrap().main_dtype(),
         Some(StoredDtype::Bf16),
@@ -268,44 +315,30 @@ fn hf_token_ids(args: &[&Path]) -> String {
     stdout
 }
 
+/// What `AutoTokenizer.from_pretrained(folder)` makes of `text`: its ids, bos and eos ids
+/// and chat template.
+fn auto_tokenizer(folder: &Path, text: &str) -> serde_json::Value {
+    serde_json::from_str(&hf_token_ids(&[
+        Path::new("encode"),
+        folder,
+        Path::new(text),
+    ]))
+    .unwrap()
+}
+
 /// A run of a Llama from scratch on text read with `tokenizer` (the spec's YAML for it), with
 /// one checkpoint: its run directory.
 fn scratch_run(dir: &Path, vocab_size: u64, tokenizer: &str) -> PathBuf {
     std::fs::write(dir.join("data.txt"), "a b c d\nd c b a\n").unwrap();
-    let yaml = format!(
-        "name: scratch\ntraining:\n  model: {{ kind: llama, vocab_size: {vocab_size}, dim: 8, n_layers: 1, n_heads: 2, ffn_dim: 16 }}\n  \
-         data: {{ kind: text, files: [data.txt], split: line, seq_len: 4, tokenizer: {tokenizer} }}\n  \
-         steps: 1\n  total_batch_size: 1\n  batch_size_per_device: 1\n"
-    );
-    let loaded = shardrun::spec::parse(&yaml, &dir.join("job.yaml")).unwrap();
-    let train = shardrun::resolve::resolve(&loaded, &Default::default())
-        .unwrap()
-        .train;
-    let ModelConfig::Llama(model) = &train.model else {
-        panic!("a llama model")
-    };
-    let units = model
-        .architecture
-        .describe()
-        .params
-        .iter()
-        .map(|p| {
-            let shape = p.shape.iter().map(|&d| d as u64).collect();
-            UnitLayout::packed(&p.name, [(p.name.clone(), shape)], 1).unwrap()
-        })
-        .collect();
-    let run = dir.join("run");
-    save_layout(&run.join("checkpoints"), 3, 1, Layout::new(units).unwrap());
-    std::fs::write(
-        run.join("train_config.json"),
-        serde_json::to_string(&train).unwrap(),
+    run_of(
+        dir,
+        &format!("{{ kind: llama, vocab_size: {vocab_size}, dim: 8, n_layers: 1, n_heads: 2, ffn_dim: 16 }}"),
+        &format!("{{ kind: text, files: [data.txt], split: line, seq_len: 4, tokenizer: {tokenizer} }}"),
     )
-    .unwrap();
-    run
 }
 
 #[test]
-fn an_hf_export_of_a_model_from_scratch_carries_the_token_ids_of_its_tokenizer() {
+fn an_hf_export_of_a_model_from_scratch_carries_its_tokenizer_and_token_ids() {
     // A Hugging Face tokenizer: `<s>` = 5 added by its post-processor, `</s>` = 6.
     let tmp = tempfile::tempdir().unwrap();
     let tokenizer = tmp.path().join("tokenizer");
@@ -316,8 +349,7 @@ fn an_hf_export_of_a_model_from_scratch_carries_the_token_ids_of_its_tokenizer()
         &format!("{{ path: {} }}", tokenizer.display()),
     );
     let out = tmp.path().join("hf");
-    let (ok, text) = shardrun(&[&run, Path::new("--out"), &out]);
-    assert!(ok, "{text}");
+    let text = export_to(&run, &out);
     assert!(
         text.contains(
             "token ids of the run's tokenizer in config.json and generation_config.json: \
@@ -325,8 +357,12 @@ fn an_hf_export_of_a_model_from_scratch_carries_the_token_ids_of_its_tokenizer()
         ),
         "{text}"
     );
+    // The tokenizer the run read its text with, as `transformers` loads it from either folder.
+    let exported = auto_tokenizer(&out, "a b c d d c");
+    assert_eq!(exported["ids"], serde_json::json!([5, 1, 2, 3, 4, 4, 3]));
+    assert_eq!(exported, auto_tokenizer(&tokenizer, "a b c d d c"));
     let read: serde_json::Value =
-        serde_json::from_str(&hf_token_ids(&[Path::new("read"), &out, &tokenizer])).unwrap();
+        serde_json::from_str(&hf_token_ids(&[Path::new("read"), &out, &out])).unwrap();
     assert_eq!(read["tokenizer"], serde_json::json!([5, 6]), "{read}");
     assert_eq!(read["config"], read["tokenizer"], "{read}");
     assert_eq!(
@@ -338,13 +374,15 @@ fn an_hf_export_of_a_model_from_scratch_carries_the_token_ids_of_its_tokenizer()
         Some(vec![serde_json::json!(1), serde_json::json!(2)]),
         "generate runs from the prompt: {read}"
     );
+}
 
+#[test]
+fn an_hf_export_of_a_model_on_bytes_reads_text_as_bytes() {
     // UTF-8 bytes: no BOS (not LlamaConfig's default of 1), 256 ends a document.
     let tmp = tempfile::tempdir().unwrap();
     let run = scratch_run(tmp.path(), 260, "{ kind: bytes }");
     let out = tmp.path().join("hf");
-    let (ok, text) = shardrun(&[&run, Path::new("--out"), &out]);
-    assert!(ok, "{text}");
+    export_to(&run, &out);
     let generation: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("generation_config.json")).unwrap())
             .unwrap();
@@ -353,7 +391,128 @@ fn an_hf_export_of_a_model_from_scratch_carries_the_token_ids_of_its_tokenizer()
         serde_json::json!({"_from_model_config": true, "eos_token_id": 256, "use_cache": true})
     );
     let read: serde_json::Value =
-        serde_json::from_str(&hf_token_ids(&[Path::new("read"), &out])).unwrap();
+        serde_json::from_str(&hf_token_ids(&[Path::new("read"), &out, &out])).unwrap();
     assert_eq!(read["config"], serde_json::json!([null, 256]), "{read}");
     assert_eq!(read["generation"], serde_json::json!([null, 256]), "{read}");
+    assert_eq!(read["tokenizer"], read["config"], "{read}");
+    // Every byte its own id, the text of the end-of-document token included.
+    let sample = "héllo\twörld 🤗\n<eos>";
+    let exported = auto_tokenizer(&out, sample);
+    assert_eq!(
+        exported["ids"],
+        serde_json::json!(sample.bytes().collect::<Vec<u8>>())
+    );
+}
+
+/// A chat template that shows which one rendered.
+fn write_template(path: &Path, name: &str) -> String {
+    let text = format!("{{% for m in messages %}}{name}: {{{{ m.content }}}} {{% endfor %}}");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, &text).unwrap();
+    text
+}
+
+/// A chat run's makings in `dir`: the tokenizer folder `tokenizer/` with a default template
+/// and one for tool use, the spec's template `chat.jinja`, the records `chat.jsonl`; the
+/// spec's `data` keys for them (without `chat_template` and `tokenizer`) and the weights of a
+/// model that fits the tokenizer.
+struct ChatRun {
+    tokenizer: PathBuf,
+    folder_default: String,
+    folder_tools: String,
+    spec_template: String,
+    data: String,
+    model: TrainConfig,
+}
+
+fn chat_run(dir: &Path) -> ChatRun {
+    let tokenizer = dir.join("tokenizer");
+    hf_token_ids(&[Path::new("tokenizer"), &tokenizer]);
+    let records = dir.join("chat.jsonl");
+    std::fs::write(
+        &records,
+        r#"{"messages": [{"role": "user", "content": "a b"}, {"role": "assistant", "content": "c d"}]}"#,
+    )
+    .unwrap();
+    ChatRun {
+        folder_default: write_template(&tokenizer.join("chat_template.jinja"), "default"),
+        folder_tools: write_template(
+            &tokenizer.join("additional_chat_templates/tool_use.jinja"),
+            "tools",
+        ),
+        spec_template: write_template(&dir.join("chat.jinja"), "spec"),
+        data: format!("kind: chat, files: [{}], seq_len: 4", records.display()),
+        model: train_config(
+            dir,
+            "{ kind: llama, vocab_size: 16, dim: 8, n_layers: 1, n_heads: 2, ffn_dim: 16 }",
+            "{ kind: synthetic, seq_len: 4 }",
+        ),
+        tokenizer,
+    }
+}
+
+#[test]
+fn an_hf_export_chats_with_the_tokenizer_and_template_the_run_trained_with() {
+    // Fine-tuned from a folder of weights only, on chat records rendered with the spec's
+    // template and ended with the spec's eos token: the export carries the tokenizer folder
+    // the spec names, the spec's eos and template, and none of the folder's own templates.
+    let tmp = tempfile::tempdir().unwrap();
+    let chat = chat_run(tmp.path());
+    let source = tmp.path().join("weights");
+    weights_folder(&source, &chat.model, StoredDtype::F32, |_| {});
+    let run = run_of(
+        tmp.path(),
+        &format!("{{ kind: hf, path: {} }}", source.display()),
+        &format!(
+            "{{ {}, chat_template: {}, tokenizer: {{ path: {}, eos_token: d }} }}",
+            chat.data,
+            tmp.path().join("chat.jinja").display(),
+            chat.tokenizer.display()
+        ),
+    );
+    let out = tmp.path().join("hf");
+    let text = export_to(&run, &out);
+    assert_eq!(
+        std::fs::read(out.join("tokenizer.json")).unwrap(),
+        std::fs::read(chat.tokenizer.join("tokenizer.json")).unwrap()
+    );
+    assert!(!out.join("additional_chat_templates").exists(), "{text}");
+    let exported = auto_tokenizer(&out, "a b c d");
+    let source_ids = auto_tokenizer(&chat.tokenizer, "a b c d");
+    assert_eq!(exported["ids"], source_ids["ids"]);
+    assert_eq!(exported["bos"], source_ids["bos"]);
+    assert_eq!(exported["eos"], 4, "the spec's eos_token `d`");
+    assert_eq!(exported["chat_template"], chat.spec_template.as_str());
+}
+
+#[test]
+fn an_hf_export_keeps_every_chat_template_of_the_folder_it_started_from() {
+    // Fine-tuned from a model folder with its tokenizer and templates, tool use included.
+    let tmp = tempfile::tempdir().unwrap();
+    let chat = chat_run(tmp.path());
+    let model_folder = tmp.path().join("model");
+    weights_folder(&model_folder, &chat.model, StoredDtype::F32, |_| {});
+    for name in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "additional_chat_templates/tool_use.jinja",
+    ] {
+        let to = model_folder.join(name);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(chat.tokenizer.join(name), to).unwrap();
+    }
+    let run = run_of(
+        tmp.path(),
+        &format!("{{ kind: hf, path: {} }}", model_folder.display()),
+        &format!("{{ {} }}", chat.data),
+    );
+    let out = tmp.path().join("hf");
+    export_to(&run, &out);
+    let exported = auto_tokenizer(&out, "a b c d");
+    assert_eq!(exported, auto_tokenizer(&model_folder, "a b c d"));
+    assert_eq!(
+        exported["chat_template"],
+        serde_json::json!({"default": chat.folder_default, "tool_use": chat.folder_tools})
+    );
 }

@@ -9,6 +9,9 @@
         (what `generate` stops at), as `AutoModelForCausalLM.from_pretrained` loads them, the
         tokenizer's (`AutoTokenizer.from_pretrained`), and the ids `generate` returns for a
         short prompt (it runs, with the eos it was given)
+    python hf_token_ids.py encode DIR TEXT
+        prints JSON: the ids `AutoTokenizer.from_pretrained(DIR)` gives TEXT, its bos and eos
+        ids and its chat template (a string, or the named templates)
 """
 
 import json
@@ -49,10 +52,23 @@ def read(export, tokenizer_dir):
     print(json.dumps(out))
 
 
+def encode(folder, text):
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    out = {
+        "ids": tokenizer(text)["input_ids"],
+        "bos": tokenizer.bos_token_id,
+        "eos": tokenizer.eos_token_id,
+        "chat_template": tokenizer.chat_template,
+    }
+    print(json.dumps(out))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "tokenizer":
         make_tokenizer(sys.argv[2])
     elif sys.argv[1] == "read":
         read(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
+    elif sys.argv[1] == "encode":
+        encode(sys.argv[2], sys.argv[3])
     else:
-        sys.exit(f"unknown command {sys.argv[1]!r}: tokenizer or read")
+        sys.exit(f"unknown command {sys.argv[1]!r}: tokenizer, read or encode")

@@ -8,6 +8,7 @@
 //!   model.safetensors.index.json         {"weight_map": {tensor: file}}
 //!   model-00001-of-00003.safetensors ...
 //!   tokenizer.json, tokenizer_config.json, generation_config.json, ...
+//!   chat_template.jinja, additional_chat_templates/tool_use.jinja, ...
 //! ```
 //!
 //! * [`config`]: `config.json` → [`crate::LlamaConfig`] (and back, for exports);
@@ -20,7 +21,10 @@ pub mod save;
 pub mod weights;
 
 pub use config::{read_config, CONFIG_FILE};
-pub use save::{save_folder, SaveOptions, SavedFolder};
+pub use save::{
+    is_tokenizer_file, save_folder, tokenizer_and_generation_files, FileContents, FolderFile,
+    SaveOptions, SavedFolder, ADDITIONAL_CHAT_TEMPLATES,
+};
 pub use weights::{HfWeights, StoredDtype};
 
 use crate::llama::{EMBED_TOKENS, LM_HEAD};

@@ -1,8 +1,8 @@
 //! Writing a Hugging Face folder that `from_pretrained` loads: `config.json`, the weights as
 //! `model.safetensors` (or, past `max_shard_bytes`, `model-0000i-of-0000n.safetensors` with a
 //! `model.safetensors.index.json`, as `save_pretrained` splits them), and the tokenizer and
-//! generation files of the folder the model came from (without a `generation_config.json`
-//! there, one derived from `config.json`'s token ids, as `save_pretrained` writes it).
+//! generation files the caller gives (without a `generation_config.json` among them, one
+//! derived from `config.json`'s token ids, as `save_pretrained` writes it).
 //! Tensors are streamed one at a time, so nothing holds the whole model. The folder is
 //! written under a temporary name, fsynced, and renamed into place: an interrupted export
 //! leaves no half folder.
@@ -12,7 +12,7 @@ use super::weights::StoredDtype;
 use super::{HfError, CONFIG_FILE, INDEX_FILE, SINGLE_FILE};
 use safetensors::tensor::{Metadata, TensorInfo};
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -31,19 +31,51 @@ pub struct SavedFolder {
     pub dir: PathBuf,
     /// Weight files with their sizes.
     pub weight_files: Vec<(String, u64)>,
-    /// Files copied from the source folder.
-    pub copied: Vec<String>,
-    /// Whether `generation_config.json` was written from `config.json`'s token ids (the source
-    /// folder had none to copy).
+    /// Whether `generation_config.json` was written from `config.json`'s token ids (none was
+    /// given).
     pub derived_generation_config: bool,
 }
 
-/// Whether a file of a model folder belongs to its tokenizer or generation settings (what an
-/// export copies along).
-pub fn is_tokenizer_or_generation_file(name: &str) -> bool {
+/// A file of the folder besides `config.json` and the weights.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FolderFile {
+    /// Its path in the folder (`tokenizer.json`, `additional_chat_templates/tool_use.jinja`).
+    pub name: String,
+    pub contents: FileContents,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileContents {
+    /// A copy of this file.
+    CopyOf(PathBuf),
+    Bytes(Vec<u8>),
+}
+
+impl FolderFile {
+    pub fn copy_of(name: impl Into<String>, path: impl Into<PathBuf>) -> FolderFile {
+        FolderFile {
+            name: name.into(),
+            contents: FileContents::CopyOf(path.into()),
+        }
+    }
+
+    pub fn bytes(name: impl Into<String>, bytes: impl Into<Vec<u8>>) -> FolderFile {
+        FolderFile {
+            name: name.into(),
+            contents: FileContents::Bytes(bytes.into()),
+        }
+    }
+}
+
+/// Where `transformers` 5.x saves the chat templates other than `default`, as `NAME.jinja`.
+pub const ADDITIONAL_CHAT_TEMPLATES: &str = "additional_chat_templates";
+
+/// Whether a file of a model folder belongs to its tokenizer (chat templates included).
+pub fn is_tokenizer_file(name: &str) -> bool {
     name.starts_with("tokenizer")
         || name.ends_with(".jinja")
         || name.ends_with(".tiktoken")
+        || name.starts_with(&format!("{ADDITIONAL_CHAT_TEMPLATES}/"))
         || matches!(
             name,
             "special_tokens_map.json"
@@ -51,20 +83,48 @@ pub fn is_tokenizer_or_generation_file(name: &str) -> bool {
                 | "vocab.json"
                 | "vocab.txt"
                 | "merges.txt"
-                | "generation_config.json"
                 | "chat_template.json"
                 | "preprocessor_config.json"
         )
 }
 
+/// The tokenizer files of the model or tokenizer folder `dir` (its chat templates in
+/// `additional_chat_templates/` included) and its `generation_config.json`: what an export
+/// of a model that started from it carries along, sorted by name.
+pub fn tokenizer_and_generation_files(dir: &Path) -> Result<Vec<FolderFile>, HfError> {
+    let mut files = Vec::new();
+    let templates = dir.join(ADDITIONAL_CHAT_TEMPLATES);
+    let templates_prefix = format!("{ADDITIONAL_CHAT_TEMPLATES}/");
+    for (folder, prefix) in [(dir, ""), (templates.as_path(), templates_prefix.as_str())] {
+        let entries = match std::fs::read_dir(folder) {
+            Ok(entries) => entries,
+            Err(e) if !prefix.is_empty() && e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(HfError::io("list", folder)(e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(HfError::io("list", folder))?;
+            let is_file = entry.file_type().map(|t| t.is_file()).unwrap_or(false);
+            let Some(fname) = entry.file_name().to_str().map(|n| format!("{prefix}{n}")) else {
+                continue;
+            };
+            if is_file && (is_tokenizer_file(&fname) || fname == GENERATION_CONFIG_FILE) {
+                files.push(FolderFile::copy_of(fname, entry.path()));
+            }
+        }
+    }
+    files.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(files)
+}
+
 /// Writes the folder `out` (which must not exist). `tensors` are (name, shape) in file
-/// order; `values(name, buf)` fills `buf` with one tensor's f32 values.
+/// order; `values(name, buf)` fills `buf` with one tensor's f32 values; `files` are the
+/// folder's other files (tokenizer, chat templates, generation settings).
 pub fn save_folder(
     out: &Path,
     config: &Value,
     tensors: &[(String, Vec<u64>)],
     mut values: impl FnMut(&str, &mut Vec<f32>) -> Result<(), String>,
-    copy_from: Option<&Path>,
+    files: &[FolderFile],
     options: &SaveOptions,
 ) -> Result<SavedFolder, HfError> {
     if out.exists() {
@@ -84,8 +144,8 @@ pub fn save_folder(
         std::fs::remove_dir_all(&tmp).map_err(HfError::io("remove", &tmp))?;
     }
     std::fs::create_dir(&tmp).map_err(HfError::io("create", &tmp))?;
-    let written = write_contents(&tmp, config, tensors, &mut values, copy_from, options);
-    let (weight_files, copied, derived_generation_config) = match written {
+    let written = write_contents(&tmp, config, tensors, &mut values, files, options);
+    let (weight_files, derived_generation_config) = match written {
         Ok(w) => w,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&tmp);
@@ -98,12 +158,11 @@ pub fn save_folder(
     Ok(SavedFolder {
         dir: out.to_path_buf(),
         weight_files,
-        copied,
         derived_generation_config,
     })
 }
 
-type Contents = (Vec<(String, u64)>, Vec<String>, bool);
+type Contents = (Vec<(String, u64)>, bool);
 /// Fills the buffer with one tensor's f32 values, by name.
 type Values<'a> = dyn FnMut(&str, &mut Vec<f32>) -> Result<(), String> + 'a;
 
@@ -112,7 +171,7 @@ fn write_contents(
     config: &Value,
     tensors: &[(String, Vec<u64>)],
     values: &mut Values,
-    copy_from: Option<&Path>,
+    files: &[FolderFile],
     options: &SaveOptions,
 ) -> Result<Contents, HfError> {
     let elt = options.dtype.size();
@@ -203,47 +262,47 @@ fn write_contents(
         write_json(&dir.join(INDEX_FILE), &index)?;
     }
     write_json(&dir.join(CONFIG_FILE), config)?;
-    let mut copied = Vec::new();
-    if let Some(src) = copy_from {
-        let entries = std::fs::read_dir(src).map_err(HfError::io("list", src))?;
-        let mut names: Vec<String> = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(HfError::io("list", src))?;
-            let is_file = entry.file_type().map(|t| t.is_file()).unwrap_or(false);
-            if let (true, Some(fname)) = (is_file, entry.file_name().to_str()) {
-                if is_tokenizer_or_generation_file(fname) {
-                    names.push(fname.to_string());
-                }
+    let mut subfolders = BTreeSet::new();
+    for file in files {
+        let to = dir.join(&file.name);
+        if let Some(parent) = to.parent().filter(|p| *p != dir) {
+            std::fs::create_dir_all(parent).map_err(HfError::io("create", parent))?;
+            subfolders.insert(parent.to_path_buf());
+        }
+        match &file.contents {
+            FileContents::CopyOf(from) => {
+                std::fs::copy(from, &to).map_err(HfError::io("copy", from))?;
+                File::open(&to)
+                    .and_then(|f| f.sync_all())
+                    .map_err(HfError::io("fsync", &to))?;
             }
+            FileContents::Bytes(bytes) => write_file(&to, bytes)?,
         }
-        names.sort();
-        for fname in names {
-            let from = src.join(&fname);
-            let to = dir.join(&fname);
-            std::fs::copy(&from, &to).map_err(HfError::io("copy", &from))?;
-            File::open(&to)
-                .and_then(|f| f.sync_all())
-                .map_err(HfError::io("fsync", &to))?;
-            copied.push(fname);
-        }
+    }
+    for folder in &subfolders {
+        sync_dir(folder)?;
     }
     // As `save_pretrained`: a generative model's folder holds its generation settings, and
     // without a file of its own they follow from the config's token ids.
     let mut derived = false;
-    if !copied.iter().any(|f| f == GENERATION_CONFIG_FILE) {
+    if !files.iter().any(|f| f.name == GENERATION_CONFIG_FILE) {
         if let Some(generation) = generation_config_json(config) {
             write_json(&dir.join(GENERATION_CONFIG_FILE), &generation)?;
             derived = true;
         }
     }
-    Ok((weight_files, copied, derived))
+    Ok((weight_files, derived))
 }
 
 fn write_json(path: &Path, value: &Value) -> Result<(), HfError> {
     let mut text = serde_json::to_string_pretty(value).expect("JSON values serialize");
     text.push('\n');
+    write_file(path, text.as_bytes())
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), HfError> {
     let mut file = File::create(path).map_err(HfError::io("create", path))?;
-    file.write_all(text.as_bytes())
+    file.write_all(bytes)
         .and_then(|()| file.sync_all())
         .map_err(HfError::io("write", path))
 }

@@ -3,8 +3,9 @@
 //!
 //! * `hf` (the default for Llama-family models): a Hugging Face folder that
 //!   `transformers.AutoModelForCausalLM.from_pretrained` loads: `config.json`, the weights
-//!   (split with an index past `--max-shard-size`), and the tokenizer and generation files of
-//!   the folder the run started from;
+//!   (split with an index past `--max-shard-size`), the generation files of the folder the
+//!   run started from, and the tokenizer the run read its text with (the spec's chat template
+//!   as `chat_template.jinja`), so that `AutoTokenizer.from_pretrained` gives the same ids;
 //! * `full` (the default otherwise): a full shardrun checkpoint (`model.safetensors` with
 //!   PyTorch names, `optimizer.safetensors`), unit by unit.
 
@@ -12,10 +13,11 @@ use anyhow::{bail, Context, Result};
 use shardrun_checkpoint::naming::{COMPLETE_FILE, METADATA_FILE};
 use shardrun_checkpoint::{export_full, resolve, Checkpoint, StateKind, UnitLayout, Verify};
 use shardrun_data::tokenizer::TextTokenizer;
+use shardrun_data::tokenizer_files::tokenizer_files;
 use shardrun_models::hf::config::{config_json, saved_dtype};
-use shardrun_models::hf::{self, SaveOptions, StoredDtype};
+use shardrun_models::hf::{self, FolderFile, SaveOptions, StoredDtype};
 use shardrun_protocol::config::{
-    CheckpointFormat, DataConfig, LlamaModel, ModelConfig, TokenizerConfig,
+    CheckpointFormat, DataConfig, DataSource, LlamaModel, ModelConfig, TokenizerConfig,
 };
 use shardrun_protocol::TrainConfig;
 use std::path::{Path, PathBuf};
@@ -253,12 +255,13 @@ fn export_hf(
         );
         Ok(())
     };
+    let files = folder_files(model.pretrained.as_deref(), run_config)?;
     let saved = hf::save_folder(
         &out,
         &config,
         &tensors,
         read,
-        model.pretrained.as_deref(),
+        &files.files,
         &SaveOptions {
             dtype,
             max_shard_bytes: args.max_shard_size,
@@ -280,11 +283,8 @@ fn export_hf(
             *size as f64 / 1e6
         );
     }
-    if !saved.copied.is_empty() {
-        outln!(
-            "  copied from the source folder: {}",
-            saved.copied.join(", ")
-        );
+    for (origin, names) in &files.origins {
+        outln!("  {origin}: {}", names.join(", "));
     }
     if let Some(tokenizer) = &token_ids {
         let bos = match &tokenizer.bos {
@@ -306,6 +306,100 @@ fn export_hf(
         saved.dir
     );
     Ok(())
+}
+
+/// The files an export holds beside config.json and the weights, and where they came from.
+struct ExportFiles {
+    files: Vec<FolderFile>,
+    /// What each group of files is, with their names, as printed.
+    origins: Vec<(String, Vec<String>)>,
+}
+
+/// The generation settings of the folder the run started from, and the tokenizer the run read
+/// its text with: the spec's (with its chat template), else (synthetic or pre-tokenized data)
+/// the tokenizer of the folder the run started from.
+fn folder_files(
+    pretrained: Option<&Path>,
+    run_config: Option<&TrainConfig>,
+) -> Result<ExportFiles> {
+    let mut files = match pretrained {
+        Some(dir) => hf::tokenizer_and_generation_files(dir).with_context(|| {
+            format!(
+                "listing the tokenizer and generation files of {} (the folder the run started from)",
+                dir.display()
+            )
+        })?,
+        None => Vec::new(),
+    };
+    let data = match run_config.map(|c| &c.data) {
+        Some(DataConfig::Dataset(data)) => Some(data),
+        _ => None,
+    };
+    let chat_template = data.and_then(|d| match &d.source {
+        DataSource::Chat { chat_template, .. } => chat_template.as_deref(),
+        _ => None,
+    });
+    let run_tokenizer: Option<(&TokenizerConfig, Vec<FolderFile>)> = match data {
+        None => None,
+        Some(d) => match tokenizer_files(&d.tokenizer, chat_template) {
+            Ok(found) => found.map(|found| (&d.tokenizer, found)),
+            Err(e) => {
+                errln!(
+                    "warning: cannot read the run's tokenizer ({e}): the export has {}; copy the tokenizer files in before loading it with AutoTokenizer",
+                    if files.iter().any(|f| hf::is_tokenizer_file(&f.name)) {
+                        "the tokenizer files of the folder the run started from"
+                    } else {
+                        "no tokenizer files"
+                    }
+                );
+                None
+            }
+        },
+    };
+    if run_tokenizer.is_some() {
+        // The ids the model learned are the run's tokenizer's.
+        files.retain(|f| !hf::is_tokenizer_file(&f.name));
+    }
+    let names =
+        |files: &[FolderFile]| -> Vec<String> { files.iter().map(|f| f.name.clone()).collect() };
+    let mut origins = Vec::new();
+    if !files.is_empty() {
+        origins.push(("copied from the source folder".into(), names(&files)));
+    }
+    let Some((tokenizer, tokenizer_files)) = run_tokenizer else {
+        return Ok(ExportFiles { files, origins });
+    };
+    let (template, own): (Vec<FolderFile>, Vec<FolderFile>) = tokenizer_files
+        .into_iter()
+        .partition(|f| chat_template.is_some() && f.name == "chat_template.jinja");
+    let from = match tokenizer {
+        TokenizerConfig::HuggingFace {
+            path,
+            bos_token,
+            eos_token,
+        } => {
+            let with_tokens = if bos_token.is_some() || eos_token.is_some() {
+                ", its configs with the spec's bos_token and eos_token"
+            } else {
+                ""
+            };
+            format!("the run's tokenizer ({}{with_tokens})", path.display())
+        }
+        _ => "the run's byte tokenizer (byte b is id b, `<eos>` is 256)".into(),
+    };
+    origins.push((from, names(&own)));
+    if let Some(path) = chat_template {
+        origins.push((
+            format!(
+                "the spec's chat template, which rendered the training records ({})",
+                path.display()
+            ),
+            names(&template),
+        ));
+    }
+    files.extend(own);
+    files.extend(template);
+    Ok(ExportFiles { files, origins })
 }
 
 /// The tokenizer the run trained with (`data.tokenizer`), for its special tokens; `None`

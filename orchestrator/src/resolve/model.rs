@@ -54,13 +54,7 @@ pub fn resolve_model(
                     "use positive `vocab_size`, `dim`, `n_layers`, `n_heads`",
                 ));
             }
-            if !dim.is_multiple_of(n_heads) {
-                return Err(s.err(
-                    "training.model.n_heads",
-                    format!("dim {dim} is not divisible by {n_heads} heads"),
-                    format!("use a number of heads that divides {dim}"),
-                ));
-            }
+            head_dim(s, dim, n_heads, HeadDim::Derived)?;
             let (max_seq_len, seq_len) = match (*max_seq_len, data_seq) {
                 (Some(m), Some(s)) => (m, s),
                 (Some(m), None) => (m, m),
@@ -251,6 +245,36 @@ fn llama_seq_len(
     }
 }
 
+/// Where a model's per-head width comes from.
+#[derive(Clone, Copy)]
+enum HeadDim {
+    /// Always `dim / n_heads` (the model has no `head_dim` key).
+    Derived,
+    /// The spec's `head_dim` when given, else `dim / n_heads`.
+    Given(Option<u64>),
+}
+
+/// The width of each of `n_heads` attention heads; the heads must be at least one and, with
+/// no `head_dim` given, divide `dim`.
+fn head_dim(s: &Section, dim: u64, n_heads: u64, width: HeadDim) -> Result<u64, ResolveError> {
+    if n_heads == 0 {
+        return Err(s.err("training.model.n_heads", "0 heads", "use 1 or more"));
+    }
+    let (given, or_give) = match width {
+        HeadDim::Derived => (None, ""),
+        HeadDim::Given(given) => (given, ", or give `head_dim`"),
+    };
+    match given {
+        Some(h) => Ok(h),
+        None if dim.is_multiple_of(n_heads) => Ok(dim / n_heads),
+        None => Err(s.err(
+            "training.model.n_heads",
+            format!("dim {dim} is not divisible by {n_heads} heads"),
+            format!("use a number of heads that divides {dim}{or_give}"),
+        )),
+    }
+}
+
 fn llama_from_spec(s: &Section, m: &LlamaSpec, seq_len: u64) -> Result<LlamaConfig, ResolveError> {
     let family = m.model_type.unwrap_or(LlamaFamily::Llama);
     let (qkv_bias, o_proj_bias, mlp_bias) = match family {
@@ -277,23 +301,7 @@ fn llama_from_spec(s: &Section, m: &LlamaSpec, seq_len: u64) -> Result<LlamaConf
             (other == LlamaFamily::Qwen2, false, false)
         }
     };
-    if m.n_heads == 0 {
-        return Err(s.err("training.model.n_heads", "0 heads", "use 1 or more"));
-    }
-    let head_dim = match m.head_dim {
-        Some(h) => h,
-        None if m.dim.is_multiple_of(m.n_heads) => m.dim / m.n_heads,
-        None => {
-            return Err(s.err(
-                "training.model.n_heads",
-                format!("dim {} is not divisible by {} heads", m.dim, m.n_heads),
-                format!(
-                    "use a number of heads that divides {}, or give `head_dim`",
-                    m.dim
-                ),
-            ))
-        }
-    };
+    let head_dim = head_dim(s, m.dim, m.n_heads, HeadDim::Given(m.head_dim))?;
     let max_position_embeddings = m.max_position_embeddings.unwrap_or(seq_len);
     let scaling = m.rope_scaling.unwrap_or(RopeScaling::Default);
     Ok(LlamaConfig {
@@ -393,7 +401,7 @@ pub(super) mod tests {
                 values.resize(shape.iter().product::<u64>() as usize, 0.0);
                 Ok(())
             },
-            None,
+            &[],
             &SaveOptions {
                 dtype: StoredDtype::Bf16,
                 max_shard_bytes: 10_000,
@@ -445,6 +453,28 @@ pub(super) mod tests {
         let odd = LLAMA.replace("n_kv_heads: 2", "n_kv_heads: 3");
         let ResolveError::Invalid(e) = job(&odd, DATA, "").unwrap_err();
         assert!(e.why.contains("num_key_value_heads 3"), "{e}");
+        let no_heads = LLAMA.replace("n_heads: 4, n_kv_heads: 2", "n_heads: 0, head_dim: 16");
+        let ResolveError::Invalid(e) = job(&no_heads, DATA, "").unwrap_err();
+        assert_eq!(
+            (e.field.as_str(), e.why.as_str(), e.fix.as_str()),
+            ("training.model.n_heads", "0 heads", "use 1 or more")
+        );
+        let five = LLAMA.replace("n_heads: 4, n_kv_heads: 2", "n_heads: 5");
+        let ResolveError::Invalid(e) = job(&five, DATA, "").unwrap_err();
+        assert_eq!(
+            (e.field.as_str(), e.why.as_str(), e.fix.as_str()),
+            (
+                "training.model.n_heads",
+                "dim 64 is not divisible by 5 heads",
+                "use a number of heads that divides 64, or give `head_dim`"
+            )
+        );
+        // A `head_dim` of their own lets the heads leave `dim` undivided.
+        let given = LLAMA.replace("n_heads: 4, n_kv_heads: 2", "n_heads: 5, head_dim: 16");
+        let ModelConfig::Llama(m) = job(&given, DATA, "").unwrap().train.model else {
+            panic!("a Llama")
+        };
+        assert_eq!((m.architecture.n_heads, m.architecture.head_dim), (5, 16));
         let ResolveError::Invalid(e) =
             job("{ kind: hf, path: /nonexistent/model }", DATA, "").unwrap_err();
         assert_eq!(e.field, "training.model.path");
