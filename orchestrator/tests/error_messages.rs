@@ -2,9 +2,9 @@
 //! line, column, field), why, the line of the file with the column marked, and the fix, each
 //! said once.
 
-use std::process::Command;
-
-const SHARDRUN: &str = env!("CARGO_BIN_EXE_shardrun");
+mod common;
+use common::{shardrun, spec_dir};
+use std::path::Path;
 
 const VALID: &str = "name: t
 training:
@@ -14,19 +14,25 @@ training:
   batch_size_per_device: 2
 ";
 
-/// `shardrun plan job.yaml` on `yaml`, run where `job.yaml` is; returns (exit code, stderr).
-fn plan(yaml: &str) -> (i32, String) {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("job.yaml"), yaml).unwrap();
-    let out = Command::new(SHARDRUN)
-        .current_dir(dir.path())
-        .args(["plan", "job.yaml"])
-        .output()
-        .unwrap();
+/// `shardrun plan job.yaml --set <sets>...` run in `dir`; returns (exit code, stdout, stderr).
+fn plan_in(dir: &Path, sets: &[&str]) -> (i32, String, String) {
+    let mut args = vec!["plan", "job.yaml"];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    let out = shardrun(dir, &args);
     (
         out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
         String::from_utf8(out.stderr).unwrap(),
     )
+}
+
+/// `shardrun plan job.yaml` on `yaml`, run where `job.yaml` is; returns (exit code, stderr).
+fn plan(yaml: &str) -> (i32, String) {
+    let dir = spec_dir("job.yaml", yaml);
+    let (code, _, stderr) = plan_in(dir.path(), &[]);
+    (code, stderr)
 }
 
 fn assert_error(yaml: &str, expected: &str) {
@@ -43,10 +49,7 @@ fn a_valid_spec_prints_no_error() {
 
 #[test]
 fn unreadable_file() {
-    let out = Command::new(SHARDRUN)
-        .args(["plan", "/nonexistent/job.yaml"])
-        .output()
-        .unwrap();
+    let out = shardrun(Path::new("."), &["plan", "/nonexistent/job.yaml"]);
     assert_eq!(
         String::from_utf8(out.stderr).unwrap(),
         "error: /nonexistent/job.yaml: cannot read the file: No such file or directory (os error 2)\n  \
@@ -221,19 +224,7 @@ error: job.yaml:7:1: a second YAML document starts here; a job spec is one docum
 
 /// `shardrun plan job.yaml --set ...` on the valid spec; returns (exit code, stdout, stderr).
 fn plan_with(sets: &[&str]) -> (i32, String, String) {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("job.yaml"), VALID).unwrap();
-    let mut cmd = Command::new(SHARDRUN);
-    cmd.current_dir(dir.path()).args(["plan", "job.yaml"]);
-    for set in sets {
-        cmd.args(["--set", set]);
-    }
-    let out = cmd.output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
+    plan_in(spec_dir("job.yaml", VALID).path(), sets)
 }
 
 #[test]
@@ -262,26 +253,15 @@ fn a_set_flag_gets_the_files_explanation_and_names_the_flag() {
 /// folders `tok` (with tokenizer.json) and `sp` (a SentencePiece tokenizer.model only);
 /// returns (exit code, stderr with the folder shown as `<dir>`).
 fn plan_with_data(yaml: &str, sets: &[&str]) -> (i32, String) {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("job.yaml"), yaml).unwrap();
+    let dir = spec_dir("job.yaml", yaml);
     std::fs::write(dir.path().join("train.jsonl"), "{\"text\": \"x\"}\n").unwrap();
     for (folder, file) in [("tok", "tokenizer.json"), ("sp", "tokenizer.model")] {
         std::fs::create_dir(dir.path().join(folder)).unwrap();
         std::fs::write(dir.path().join(folder).join(file), "{}").unwrap();
     }
-    let mut cmd = Command::new(SHARDRUN);
-    cmd.current_dir(dir.path()).args(["plan", "job.yaml"]);
-    for set in sets {
-        cmd.args(["--set", set]);
-    }
-    let out = cmd.output().unwrap();
+    let (code, _, stderr) = plan_in(dir.path(), sets);
     let shown = std::fs::canonicalize(dir.path()).unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8(out.stderr)
-            .unwrap()
-            .replace(&shown.display().to_string(), "<dir>"),
-    )
+    (code, stderr.replace(&shown.display().to_string(), "<dir>"))
 }
 
 const WITH_DATA: &str = "name: t

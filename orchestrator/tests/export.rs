@@ -3,6 +3,8 @@
 //! fine-tuned, with the tokenizer, chat template and special token ids the run trained with,
 //! as `transformers` reads them.
 
+mod common;
+
 use shardrun_checkpoint::tensor_file::TensorFile;
 use shardrun_checkpoint::{
     commit, write_rank_report, CommitRequest, DataPosition, Layout, SaveTarget, SchedulerState,
@@ -93,20 +95,17 @@ fn save_layout(root: &Path, step: u64, world: u64, layout: Layout) {
     commit(&target, &request).unwrap();
 }
 
-fn shardrun(args: &[&Path]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_shardrun"))
-        .arg("export")
-        .args(args)
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
+/// `shardrun export args...`: whether it succeeded, and what it printed.
+fn export(args: &[&Path]) -> (bool, String) {
+    let mut all = vec!["export"];
+    all.extend(args.iter().map(|p| p.to_str().expect("a UTF-8 path")));
+    let out = common::shardrun(Path::new("."), &all);
+    (out.status.success(), common::text(&out))
 }
 
 /// `shardrun export <run> --out <out>`, which must succeed: what it printed.
 fn export_to(run: &Path, out: &Path) -> String {
-    let (ok, text) = shardrun(&[run, Path::new("--out"), out]);
+    let (ok, text) = export(&[run, Path::new("--out"), out]);
     assert!(ok, "{text}");
     text
 }
@@ -116,7 +115,7 @@ fn exports_the_newest_checkpoint_of_a_run_directory() {
     let run = tempfile::tempdir().unwrap();
     save(&run.path().join("checkpoints"), 10, 2);
     save(&run.path().join("checkpoints"), 20, 2);
-    let (ok, text) = shardrun(&[run.path()]);
+    let (ok, text) = export(&[run.path()]);
     assert!(ok, "{text}");
     assert!(text.contains("Exported step 20 (2 ranks"), "{text}");
     // The export folder holds the exported checkpoint only: no `latest` of a series.
@@ -163,13 +162,13 @@ fn a_damaged_newest_checkpoint_is_reported_and_the_previous_one_exported() {
 #[test]
 fn a_folder_without_checkpoints_says_what_to_check() {
     let empty = tempfile::tempdir().unwrap();
-    let (ok, text) = shardrun(&[empty.path()]);
+    let (ok, text) = export(&[empty.path()]);
     assert!(!ok);
     assert!(
         text.contains("no checkpoints under") && text.contains("checkpoint.dir"),
         "{text}"
     );
-    let (ok, text) = shardrun(&[&empty.path().join("missing")]);
+    let (ok, text) = export(&[&empty.path().join("missing")]);
     assert!(!ok);
     assert!(text.contains("does not exist"), "{text}");
 }

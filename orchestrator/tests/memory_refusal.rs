@@ -3,7 +3,7 @@
 //! ahead with `--force`.
 
 mod common;
-use common::{shardrun, text};
+use common::{shardrun, spec_dir, text};
 
 /// Two 1.5 GiB GPUs for an MLP of 67 M parameters: about 1 GiB of FULL_SHARD state per rank
 /// alone, and the plan keeps 1 GiB of each GPU for CUDA and NCCL.
@@ -11,8 +11,7 @@ const SPEC: &str = "name: too-big\nresources:\n  gpus_per_node: 2\n  gpu_memory_
 
 #[test]
 fn plan_submit_and_run_refuse_a_job_that_does_not_fit_unless_forced() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("job.yaml"), SPEC).unwrap();
+    let dir = spec_dir("job.yaml", SPEC);
     for args in [
         &["plan", "job.yaml"][..],
         &["submit", "job.yaml"],

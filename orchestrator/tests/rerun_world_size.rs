@@ -6,7 +6,7 @@
 //! The ranks are `false`: each run fails at once, leaving a run directory to run again.
 
 mod common;
-use common::{shardrun_with, text};
+use common::{shardrun_with, spec_dir, text};
 use std::path::Path;
 use std::process::Output;
 
@@ -26,8 +26,7 @@ fn shardrun(dir: &Path, args: &[&str]) -> Output {
 
 #[test]
 fn another_world_size_on_resume_is_answered_with_the_ones_the_batch_splits_on() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("job.yaml"), SPEC).unwrap();
+    let dir = spec_dir("job.yaml", SPEC);
     // A new run may change its total batch: the nearest totals are the way out.
     let out = shardrun(dir.path(), &["plan", "job.yaml", "--nproc", "3"]);
     assert!(
@@ -74,9 +73,10 @@ error: job.yaml:6:3: field `training.total_batch_size`: total batch 8 does not s
 
 #[test]
 fn a_larger_per_device_batch_lists_what_a_smaller_one_adds() {
-    let dir = tempfile::tempdir().unwrap();
-    let spec = SPEC.replace("batch_size_per_device: 1", "batch_size_per_device: 2");
-    std::fs::write(dir.path().join("job.yaml"), spec).unwrap();
+    let dir = spec_dir(
+        "job.yaml",
+        &SPEC.replace("batch_size_per_device: 1", "batch_size_per_device: 2"),
+    );
     shardrun(dir.path(), &["run", "job.yaml"]);
     let out = shardrun(dir.path(), &["run", "job.yaml", "--nproc", "8"]);
     let shown = text(&out);

@@ -5,7 +5,7 @@
 //! A sweep point's directory, which has no spec of its own, gets the same way out.
 
 mod common;
-use common::{shardrun, stderr};
+use common::{shardrun, spec_dir, stderr};
 
 const SWEEP: &str = "name: lr
 resources: { tasks_per_node: 2 }
@@ -39,8 +39,7 @@ fn suggested(text: &str) -> Vec<String> {
 
 #[test]
 fn run_and_submit_refuse_a_sweep_and_say_how_to_train_one_point() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("sweep.yaml"), SWEEP).unwrap();
+    let dir = spec_dir("sweep.yaml", SWEEP);
     for command in ["run", "submit"] {
         let out = shardrun(dir.path(), &[command, "sweep.yaml"]);
         let text = stderr(&out);
@@ -93,8 +92,7 @@ fn run_and_submit_refuse_a_sweep_and_say_how_to_train_one_point() {
 
 #[test]
 fn render_and_prepare_refuse_a_sweep_and_say_how_to_give_them_one_point() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("sweep.yaml"), SWEEP).unwrap();
+    let dir = spec_dir("sweep.yaml", SWEEP);
     for (command, does) in [
         ("render", "renders the script of one job"),
         ("prepare", "prepares the data of one job"),

@@ -1,9 +1,10 @@
 //! Helpers for the controller's end-to-end tests: tiny job specs, local runs, and looking at
 //! the processes of a run from the outside (`/proc`).
 
-use crate::{binary, run_with_deadline, shardrun, TestDir};
+use crate::{binary, run_with_deadline, shardrun, wait_for, GroupChild, TestDir};
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, ExitStatus, Output, Stdio};
 use std::time::Duration;
 
 /// A two-layer MLP small enough that a step takes milliseconds on CPU.
@@ -46,6 +47,88 @@ pub fn run_local(
     let (mut cmd, run) = local_run_command(dir, spec, args, envs);
     let out = run_with_deadline(&mut cmd, deadline).expect("shardrun run finished in time");
     (out, run)
+}
+
+/// [`local_run_command`] spawned in its own process group, its stdout and stderr piped
+/// unless `adjust`, which gets the command first, sets them otherwise.
+pub fn spawn_local_run(
+    dir: &TestDir,
+    spec: &Path,
+    args: &[&str],
+    envs: &[(&str, String)],
+    adjust: impl FnOnce(&mut Command),
+) -> (GroupChild, PathBuf) {
+    let (mut cmd, run) = local_run_command(dir, spec, args, envs);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    adjust(&mut cmd);
+    (GroupChild::spawn(&mut cmd).unwrap(), run)
+}
+
+/// A run that would train for minutes (`long.yaml`: 100,000 steps of 10 ms on 2 simulated
+/// ranks), once both ranks are training. Its stdout is dropped and its stderr piped unless
+/// `adjust`, which gets the command first (its output, its signals), sets them otherwise.
+pub fn start_long_run(
+    dir: &TestDir,
+    name: &str,
+    adjust: impl FnOnce(&mut Command),
+) -> (GroupChild, PathBuf) {
+    let spec = dir.write("long.yaml", &tiny_mlp_spec(name, 100_000, 2));
+    let envs = [
+        ("SHARDRUN_WORKER_BIN", simrank()),
+        ("SIMRANK_STEP_MS", "10".to_string()),
+    ];
+    let (job, run) = spawn_local_run(dir, &spec, &["--nproc", "2"], &envs, |cmd| {
+        cmd.stdout(Stdio::null());
+        adjust(cmd);
+    });
+    wait_for("both ranks to be training", Duration::from_secs(60), || {
+        (metric_steps(&run, 0).len() >= 3 && metric_steps(&run, 1).len() >= 3).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", all_logs(&run)));
+    (job, run)
+}
+
+/// The exit status of a spawned run once it has ended; past `deadline`, the test fails with
+/// the run's logs.
+pub fn wait_for_exit(job: &mut GroupChild, run: &Path, deadline: Duration) -> ExitStatus {
+    wait_for("the run to end", deadline, || {
+        job.child.try_wait().ok().flatten()
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", all_logs(run)))
+}
+
+/// [`wait_for_exit`], then everything the run wrote to its piped stdout.
+pub fn finish(job: &mut GroupChild, run: &Path, deadline: Duration) -> (ExitStatus, String) {
+    let status = wait_for_exit(job, run, deadline);
+    let mut stdout = String::new();
+    job.child
+        .stdout
+        .take()
+        .expect("the run's stdout is piped")
+        .read_to_string(&mut stdout)
+        .unwrap();
+    (status, stdout)
+}
+
+/// Pids of a run's live processes (its ranks carry `SHARDRUN_RUN_DIR=<run>`).
+pub fn run_processes(run: &Path) -> Vec<i32> {
+    processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string())
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// No process of the run is left within `deadline` (`Duration::ZERO`: none is left now).
+pub fn assert_no_process_left(run: &Path, deadline: Duration) {
+    let gone = wait_for("the run's processes to be gone", deadline, || {
+        run_processes(run).is_empty().then_some(())
+    });
+    assert!(
+        gone.is_ok(),
+        "processes of {} left: {:?}",
+        run.display(),
+        run_processes(run)
+    );
 }
 
 /// The simulated rank binary (speaks the real protocol, trains nothing).
@@ -173,6 +256,23 @@ pub fn all_logs(run: &Path) -> String {
         }
     }
     text
+}
+
+/// Each of `ranks` logged in train.log one line saying it stopped at a step boundary, for
+/// the cancel by `signal` (`SIGTERM`, ...).
+pub fn assert_each_rank_stopped_once(run: &Path, ranks: u64, signal: &str) {
+    let log = std::fs::read_to_string(run.join("train.log")).expect("train.log written");
+    for rank in 0..ranks {
+        let stops: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(&format!("[rank {rank}] warning: stopping after step ")))
+            .collect();
+        assert_eq!(stops.len(), 1, "{log}");
+        assert!(
+            stops[0].ends_with(&format!("the job was cancelled ({signal})")),
+            "{log}"
+        );
+    }
 }
 
 /// No Rust panic and no backtrace in `text` (a clean stop prints neither).

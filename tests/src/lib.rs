@@ -118,6 +118,15 @@ impl Drop for GroupChild {
     }
 }
 
+/// `shardrun <args>` run in `dir` to completion, with a deadline (past it, the test fails).
+pub fn shardrun_in(dir: &Path, args: &[&str], deadline: Duration) -> Output {
+    run_with_deadline(
+        Command::new(shardrun()).current_dir(dir).args(args),
+        deadline,
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// Run a command to completion with a deadline; past it the process group is killed and
 /// this is an error. Output is captured.
 pub fn run_with_deadline(cmd: &mut Command, deadline: Duration) -> anyhow::Result<Output> {
@@ -126,19 +135,7 @@ pub fn run_with_deadline(cmd: &mut Command, deadline: Duration) -> anyhow::Resul
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = GroupChild::spawn(cmd)?;
-    // Read pipes on threads so a chatty child cannot block on a full pipe.
-    let mut stdout = child.child.stdout.take().expect("piped stdout");
-    let mut stderr = child.child.stderr.take().expect("piped stderr");
-    let out_thread = std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut stdout, &mut buf);
-        buf
-    });
-    let err_thread = std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut stderr, &mut buf);
-        buf
-    });
+    let pipes = PipeReader::start(&mut child.child);
     let start = Instant::now();
     let status = loop {
         if let Some(status) = child.child.try_wait()? {
@@ -150,13 +147,47 @@ pub fn run_with_deadline(cmd: &mut Command, deadline: Duration) -> anyhow::Resul
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let stdout = out_thread.join().unwrap_or_default();
-    let stderr = err_thread.join().unwrap_or_default();
+    let (stdout, stderr) = pipes.join();
     Ok(Output {
         status,
         stdout,
         stderr,
     })
+}
+
+/// Reads a child's piped stdout and stderr (those not taken yet) on threads, so that a
+/// chatty child cannot block on a full pipe.
+pub struct PipeReader {
+    stdout: Option<std::thread::JoinHandle<Vec<u8>>>,
+    stderr: Option<std::thread::JoinHandle<Vec<u8>>>,
+}
+
+impl PipeReader {
+    pub fn start(child: &mut Child) -> PipeReader {
+        fn read_all(
+            mut pipe: impl std::io::Read + Send + 'static,
+        ) -> std::thread::JoinHandle<Vec<u8>> {
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let _ = pipe.read_to_end(&mut buf);
+                buf
+            })
+        }
+        PipeReader {
+            stdout: child.stdout.take().map(read_all),
+            stderr: child.stderr.take().map(read_all),
+        }
+    }
+
+    /// What the child wrote to (stdout, stderr), once it has closed them.
+    pub fn join(self) -> (Vec<u8>, Vec<u8>) {
+        let read = |handle: Option<std::thread::JoinHandle<Vec<u8>>>| {
+            handle
+                .map(|h| h.join().unwrap_or_default())
+                .unwrap_or_default()
+        };
+        (read(self.stdout), read(self.stderr))
+    }
 }
 
 /// Poll `probe` until it returns `Some`, or fail after `deadline` naming `what`.

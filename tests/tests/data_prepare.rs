@@ -7,7 +7,6 @@
 
 use shardrun_e2e::jobs::*;
 use shardrun_e2e::*;
-use std::process::Command;
 use std::time::Duration;
 
 /// A tiny transformer on `files` read as text with the byte tokenizer.
@@ -27,12 +26,10 @@ fn corpus(dir: &TestDir) -> std::path::PathBuf {
     dir.write("data/gpl.txt", &text)
 }
 
+const DEADLINE: Duration = Duration::from_secs(180);
+
 fn shardrun_in(dir: &TestDir, args: &[&str]) -> std::process::Output {
-    run_with_deadline(
-        Command::new(shardrun()).current_dir(dir.path()).args(args),
-        Duration::from_secs(180),
-    )
-    .unwrap()
+    shardrun_e2e::shardrun_in(dir.path(), args, DEADLINE)
 }
 
 #[test]
@@ -45,15 +42,7 @@ fn concurrent_prepares_tokenize_once() {
         .map(|_| {
             std::thread::spawn({
                 let (spec, path) = (spec.clone(), dir.path().to_path_buf());
-                move || {
-                    run_with_deadline(
-                        Command::new(shardrun())
-                            .current_dir(&path)
-                            .args(["prepare", &spec]),
-                        Duration::from_secs(180),
-                    )
-                    .unwrap()
-                }
+                move || shardrun_e2e::shardrun_in(&path, &["prepare", &spec], DEADLINE)
             })
         })
         .collect();

@@ -58,10 +58,7 @@ fn hostile_connections_do_not_disturb_the_job() {
         ("SIMRANK_STEP_MS", "30".to_string()),
         ("SIMRANK_LINES_PER_STEP", "5".to_string()),
     ];
-    let (mut cmd, run) = local_run_command(&dir, &spec, &["--nproc", "2"], &envs);
-    cmd.stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let mut job = GroupChild::spawn(&mut cmd).unwrap();
+    let (mut job, run) = spawn_local_run(&dir, &spec, &["--nproc", "2"], &envs, |_| {});
     let controller_pid = job.child.id();
     let addr = wait_for_file(&run.join("controller.addr"), Duration::from_secs(30), |t| {
         t.ends_with('\n')
@@ -88,17 +85,7 @@ fn hostile_connections_do_not_disturb_the_job() {
     }
     attackers.into_iter().for_each(|a| a.join().unwrap());
 
-    let status = wait_for("the job to finish", Duration::from_secs(60), || {
-        job.child.try_wait().ok().flatten()
-    })
-    .unwrap();
-    let mut stdout = String::new();
-    job.child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut stdout)
-        .unwrap();
+    let (status, stdout) = finish(&mut job, &run, Duration::from_secs(60));
     assert!(status.success(), "{stdout}");
     assert_eq!(result_json(&run)["status"], "succeeded");
     for rank in 0..2 {

@@ -15,25 +15,6 @@ fn random_below(n: u64) -> u64 {
     u64::from(nanos) % n
 }
 
-fn assert_nothing_left(run: &std::path::Path) {
-    let left = wait_for(
-        "the run's processes to be gone",
-        Duration::from_secs(5),
-        || {
-            let left = processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string());
-            left.is_empty().then_some(())
-        },
-    );
-    assert!(
-        left.is_ok(),
-        "processes left: {:?}",
-        processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string())
-            .iter()
-            .map(|p| p.0)
-            .collect::<Vec<_>>()
-    );
-}
-
 #[test]
 fn killed_rank_loses_no_line_and_fails_the_job() {
     let dir = TestDir::new("kill-sim");
@@ -80,7 +61,7 @@ fn killed_rank_loses_no_line_and_fails_the_job() {
             assert!(log.contains(&line), "missing: {line}");
         }
     }
-    assert_nothing_left(&run);
+    assert_no_process_left(&run, Duration::from_secs(5));
 }
 
 #[test]
@@ -89,10 +70,7 @@ fn sigkill_from_outside_stops_a_training_job_within_seconds() {
     let victim = random_below(2);
     let kill_after = 3 + random_below(20);
     let spec = dir.write("tiny.yaml", &tiny_mlp_spec("killtrain", 100_000, 2));
-    let (mut cmd, run) = local_run_command(&dir, &spec, &["--nproc", "2"], &[]);
-    cmd.stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let mut job = GroupChild::spawn(&mut cmd).unwrap();
+    let (mut job, run) = spawn_local_run(&dir, &spec, &["--nproc", "2"], &[], |_| {});
     wait_for(
         "training to reach the chosen step",
         Duration::from_secs(60),
@@ -116,7 +94,7 @@ fn sigkill_from_outside_stops_a_training_job_within_seconds() {
         result["message"].as_str().unwrap().contains("SIGKILL"),
         "{result}"
     );
-    assert_nothing_left(&run);
+    assert_no_process_left(&run, Duration::from_secs(5));
     // Rank 0 logs every step: the ones it reported are contiguous, none lost in the crash.
     let log = std::fs::read_to_string(run.join("train.log")).unwrap();
     let logged: Vec<u64> = log

@@ -8,54 +8,15 @@ use shardrun_e2e::jobs::*;
 use shardrun_e2e::*;
 use std::io::BufRead;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
-/// `shardrun run` of a job that would train for minutes (simulated ranks, 10 ms a step),
-/// once both ranks are training. `cmd` gets the command first (its output, its signals).
-fn start_long_run(
-    dir: &TestDir,
-    name: &str,
-    adjust: impl FnOnce(&mut Command),
-) -> (GroupChild, PathBuf) {
-    let spec = dir.write("long.yaml", &tiny_mlp_spec(name, 100_000, 2));
-    let envs = [
-        ("SHARDRUN_WORKER_BIN", simrank()),
-        ("SIMRANK_STEP_MS", "10".to_string()),
-    ];
-    let (mut cmd, run) = local_run_command(dir, &spec, &["--nproc", "2"], &envs);
-    cmd.stdout(Stdio::null()).stderr(Stdio::piped());
-    adjust(&mut cmd);
-    let job = GroupChild::spawn(&mut cmd).unwrap();
-    wait_for("both ranks to be training", DEADLINE, || {
-        (metric_steps(&run, 0).len() >= 3 && metric_steps(&run, 1).len() >= 3).then_some(())
-    })
-    .unwrap_or_else(|e| panic!("{e}\n{}", all_logs(&run)));
-    (job, run)
-}
-
-fn wait_for_exit(job: &mut GroupChild, run: &Path) -> ExitStatus {
-    wait_for("the run to end", DEADLINE, || {
-        job.child.try_wait().ok().flatten()
-    })
-    .unwrap_or_else(|e| panic!("{e}\n{}", all_logs(run)))
-}
-
-fn no_process_left(run: &Path) {
-    wait_for("the ranks to be gone", DEADLINE, || {
-        processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string())
-            .is_empty()
-            .then_some(())
-    })
-    .unwrap();
-}
-
 /// `shardrun <args>` to completion; (exit status, stdout, stderr).
 fn shardrun_cmd(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = run_with_deadline(Command::new(shardrun()).args(args), DEADLINE).unwrap();
+    let out = shardrun_in(Path::new("."), args, DEADLINE);
     (out.status.code(), stdout_of(&out), stderr_of(&out))
 }
 
@@ -66,8 +27,8 @@ fn a_run_whose_controller_was_killed_shows_as_died_and_the_same_command_resumes_
     let controller = job.child.id();
     // The controller alone, as the OOM killer does; its ranks die with it.
     unsafe { libc::kill(controller as i32, libc::SIGKILL) };
-    wait_for_exit(&mut job, &run);
-    no_process_left(&run);
+    wait_for_exit(&mut job, &run, DEADLINE);
+    assert_no_process_left(&run, DEADLINE);
     let run_arg = run.display().to_string();
 
     let (code, stdout, stderr) = shardrun_cmd(&["status", "--json", &run_arg]);
@@ -123,7 +84,7 @@ fn a_hangup_stops_the_run_at_a_step_boundary_and_writes_its_result() {
     for _ in 0..2 {
         unsafe { libc::kill(job.child.id() as i32, libc::SIGHUP) };
     }
-    let status = wait_for_exit(&mut job, &run);
+    let status = wait_for_exit(&mut job, &run, DEADLINE);
     assert_eq!(
         status.code(),
         Some(128 + libc::SIGHUP),
@@ -133,20 +94,10 @@ fn a_hangup_stops_the_run_at_a_step_boundary_and_writes_its_result() {
     let result = result_json(&run);
     assert_eq!(result["status"], "cancelled");
     assert_eq!(result["by"], "SIGHUP");
+    assert_each_rank_stopped_once(&run, 2, "SIGHUP");
     let log = std::fs::read_to_string(run.join("train.log")).unwrap();
-    for rank in 0..2 {
-        let stops: Vec<&str> = log
-            .lines()
-            .filter(|l| l.contains(&format!("[rank {rank}] warning: stopping after step ")))
-            .collect();
-        assert_eq!(stops.len(), 1, "{log}");
-        assert!(
-            stops[0].ends_with("the job was cancelled (SIGHUP)"),
-            "{log}"
-        );
-    }
     assert!(!log.contains("killing"), "{log}");
-    no_process_left(&run);
+    assert_no_process_left(&run, DEADLINE);
 }
 
 #[test]
@@ -162,7 +113,7 @@ fn a_run_started_under_nohup_ignores_hangups() {
     unsafe { libc::kill(pid, libc::SIGHUP) };
     // Ignored at once by the kernel; the SIGTERM after it is what stops the run.
     unsafe { libc::kill(pid, libc::SIGTERM) };
-    let status = wait_for_exit(&mut job, &run);
+    let status = wait_for_exit(&mut job, &run, DEADLINE);
     assert_eq!(
         status.code(),
         Some(128 + libc::SIGTERM),
@@ -170,7 +121,7 @@ fn a_run_started_under_nohup_ignores_hangups() {
         all_logs(&run)
     );
     assert_eq!(result_json(&run)["by"], "SIGTERM");
-    no_process_left(&run);
+    assert_no_process_left(&run, DEADLINE);
 }
 
 #[test]
@@ -187,10 +138,10 @@ fn cancel_stops_a_local_run_through_its_controller() {
         )),
         "{stdout}"
     );
-    let status = wait_for_exit(&mut job, &run);
+    let status = wait_for_exit(&mut job, &run, DEADLINE);
     assert_eq!(status.code(), Some(128 + libc::SIGTERM));
     assert_eq!(result_json(&run)["status"], "cancelled");
-    no_process_left(&run);
+    assert_no_process_left(&run, DEADLINE);
     // Nothing runs it any more.
     let (code, stdout, _) = shardrun_cmd(&["cancel", &run.display().to_string()]);
     assert_eq!(code, Some(0));
@@ -228,10 +179,10 @@ fn force_refuses_to_delete_a_run_its_controller_is_running() {
     assert_eq!(metric_steps(&run, 0)[..3], [1, 2, 3]);
     let (code, stdout, stderr) = shardrun_cmd(&["cancel", &run_arg]);
     assert_eq!(code, Some(0), "{stdout}{stderr}");
-    let status = wait_for_exit(&mut job, &run);
+    let status = wait_for_exit(&mut job, &run, DEADLINE);
     assert_eq!(status.code(), Some(128 + libc::SIGTERM));
     assert_eq!(result_json(&run)["status"], "cancelled");
-    no_process_left(&run);
+    assert_no_process_left(&run, DEADLINE);
 }
 
 #[test]
@@ -244,9 +195,7 @@ fn a_run_piped_into_head_trains_to_the_end_and_other_commands_end_quietly() {
         ("SHARDRUN_WORKER_BIN", simrank()),
         ("SIMRANK_STEP_MS", "10".to_string()),
     ];
-    let (mut cmd, run) = local_run_command(&dir, &spec, &["--nproc", "2"], &envs);
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut job = GroupChild::spawn(&mut cmd).unwrap();
+    let (mut job, run) = spawn_local_run(&dir, &spec, &["--nproc", "2"], &envs, |_| {});
     // `| head -3`: three lines read, then the pipe closed.
     let mut stdout = std::io::BufReader::new(job.child.stdout.take().unwrap());
     for _ in 0..3 {
@@ -254,14 +203,9 @@ fn a_run_piped_into_head_trains_to_the_end_and_other_commands_end_quietly() {
         stdout.read_line(&mut line).unwrap();
     }
     drop(stdout);
-    let mut stderr = job.child.stderr.take().unwrap();
-    let errors = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
-        text
-    });
-    let status = wait_for_exit(&mut job, &run);
-    let stderr = errors.join().unwrap();
+    let errors = PipeReader::start(&mut job.child);
+    let status = wait_for_exit(&mut job, &run, DEADLINE);
+    let stderr = String::from_utf8_lossy(&errors.join().1).into_owned();
     assert_no_panic(&stderr, "the run's stderr");
     assert!(status.success(), "{status:?}: {stderr}");
     assert_eq!(result_json(&run)["status"], "succeeded");

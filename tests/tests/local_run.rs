@@ -39,8 +39,7 @@ fn two_rank_training_writes_logs_metrics_and_plots() {
     assert_eq!(result_json(&run)["status"], "succeeded");
 
     let plot = |args: &[&str]| {
-        let out = run_with_deadline(Command::new(shardrun()).args(args), Duration::from_secs(30))
-            .unwrap();
+        let out = shardrun_in(dir.path(), args, Duration::from_secs(30));
         assert!(out.status.success(), "{}", stderr_of(&out));
         stdout_of(&out)
     };
@@ -110,11 +109,12 @@ fn raw_output_and_reported_lines_of_every_rank_arrive() {
 fn worker_that_cannot_reach_the_controller_names_the_address() {
     let dir = TestDir::new("unreachable");
     let spec = dir.write("tiny.yaml", &tiny_mlp_spec("lost", 2, 1));
-    let plan = run_with_deadline(
-        Command::new(shardrun()).args(["plan", "--json"]).arg(&spec),
+    let spec = spec.to_str().expect("a UTF-8 path");
+    let plan = shardrun_in(
+        dir.path(),
+        &["plan", "--json", spec],
         Duration::from_secs(30),
-    )
-    .unwrap();
+    );
     let resolved: serde_json::Value = serde_json::from_str(&stdout_of(&plan)).unwrap();
     let config = dir.write("train_config.json", &resolved["train"].to_string());
     // A port that was free a moment ago: nobody listens there.
@@ -158,10 +158,10 @@ fn lines_reach_train_log_while_the_rank_is_still_quiet() {
         // Each rank logs step 1's lines at once, then sleeps 6 s before step 2.
         ("SIMRANK_STEP_MS", "6000".to_string()),
     ];
-    let (mut cmd, run) = local_run_command(&dir, &spec, &["--nproc", "2"], &envs);
-    cmd.stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let mut job = GroupChild::spawn(&mut cmd).unwrap();
+    let (mut job, run) = spawn_local_run(&dir, &spec, &["--nproc", "2"], &envs, |cmd| {
+        cmd.stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+    });
     let last_of_step_1 = |rank: u64| format!("[rank {rank}] rank {rank} step 1 line 49");
     let log = wait_for_file(&run.join("train.log"), Duration::from_secs(60), |log| {
         log.contains(&last_of_step_1(0)) && log.contains(&last_of_step_1(1))

@@ -18,7 +18,6 @@
 use shardrun_e2e::jobs::run_local;
 use shardrun_e2e::*;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 const TOLERANCE: f64 = 0.15;
@@ -62,11 +61,12 @@ fn spec(c: &Case) -> String {
 
 /// The plan's peak per rank for the chosen strategy.
 fn planned_peak(spec: &Path) -> u64 {
-    let out = run_with_deadline(
-        Command::new(shardrun()).args(["plan", "--json"]).arg(spec),
+    let spec = spec.to_str().expect("a UTF-8 path");
+    let out = shardrun_in(
+        Path::new("."),
+        &["plan", "--json", spec],
         Duration::from_secs(60),
-    )
-    .expect("shardrun plan ran");
+    );
     assert!(out.status.success(), "{}", stderr_of(&out));
     let plan: serde_json::Value = serde_json::from_slice(&out.stdout).expect("plan JSON");
     plan["memory"]["chosen"]["peak"]

@@ -12,11 +12,7 @@ use std::process::Command;
 use std::time::Duration;
 
 fn shardrun_in(dir: &Path, args: &[&str]) -> std::process::Output {
-    run_with_deadline(
-        Command::new(shardrun()).current_dir(dir).args(args),
-        Duration::from_secs(60),
-    )
-    .unwrap()
+    shardrun_e2e::shardrun_in(dir, args, Duration::from_secs(60))
 }
 
 fn json_lines(path: &Path) -> Vec<serde_json::Value> {

@@ -7,7 +7,6 @@
 use shardrun_e2e::figure::{read_png, read_svg, rgb};
 use shardrun_e2e::jobs::*;
 use shardrun_e2e::*;
-use std::process::Command;
 use std::time::Duration;
 
 const RESUMED: &str = "#2CA02C";
@@ -86,16 +85,14 @@ fn a_resumed_run_plots_its_checkpoints_failure_and_resume_inside_every_panel() {
         "{events}"
     );
 
+    let run_arg = run.to_str().expect("a UTF-8 path");
     let plot = |output: &std::path::Path| {
-        let out = run_with_deadline(
-            Command::new(shardrun())
-                .arg("plot")
-                .arg(&run)
-                .arg("-o")
-                .arg(output),
+        let output = output.to_str().expect("a UTF-8 path");
+        let out = shardrun_in(
+            dir.path(),
+            &["plot", run_arg, "-o", output],
             Duration::from_secs(60),
-        )
-        .unwrap();
+        );
         assert!(
             out.status.success(),
             "{}{}\n(PNG text needs a TrueType font: `apt-get install fonts-dejavu-core`, which \

@@ -18,10 +18,10 @@ fn spec_env_and_submitting_nccl_variables_reach_every_rank() {
         ("NCCL_DEBUG", "INFO".to_string()),
         ("NCCL_SOCKET_IFNAME", "lo".to_string()),
     ];
-    let (mut cmd, run) = local_run_command(&dir, &spec, &["--nproc", "2"], &envs);
-    cmd.stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let mut job = GroupChild::spawn(&mut cmd).unwrap();
+    let (mut job, run) = spawn_local_run(&dir, &spec, &["--nproc", "2"], &envs, |cmd| {
+        cmd.stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+    });
     wait_for("the first step", Duration::from_secs(60), || {
         (!metric_steps(&run, 0).is_empty()).then_some(())
     })

@@ -14,7 +14,7 @@ use shardrun_e2e::jobs::*;
 use shardrun_e2e::*;
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -54,22 +54,9 @@ fn reference() -> &'static BTreeMap<u64, f64> {
 /// that `interrupt` lands mid-run whatever the machine's load, lets them go, and waits for
 /// the end. Returns the first half's output.
 fn interrupted(dir: &TestDir, spec: &Path, interrupt: impl FnOnce(u32, &Path)) -> Output {
-    let (mut cmd, run) = local_run_command(dir, spec, &["--no-progress"], &[]);
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut job = GroupChild::spawn(&mut cmd).unwrap();
+    let (mut job, run) = spawn_local_run(dir, spec, &["--no-progress"], &[], |_| {});
     // Read the pipes all along: a full pipe would block the run.
-    let mut stdout = job.child.stdout.take().unwrap();
-    let mut stderr = job.child.stderr.take().unwrap();
-    let out = std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut stdout, &mut buf);
-        buf
-    });
-    let err = std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut stderr, &mut buf);
-        buf
-    });
+    let pipes = PipeReader::start(&mut job.child);
     wait_for("the first checkpoint", DEADLINE, || {
         has_checkpoint(&run).then_some(())
     })
@@ -77,14 +64,12 @@ fn interrupted(dir: &TestDir, spec: &Path, interrupt: impl FnOnce(u32, &Path)) -
     assert_eq!(signal_workers(&run, libc::SIGSTOP), 2, "both ranks held");
     interrupt(job.child.id(), &run);
     signal_workers(&run, libc::SIGCONT);
-    let status = wait_for("the interrupted run to end", DEADLINE, || {
-        job.child.try_wait().ok().flatten()
-    })
-    .unwrap_or_else(|e| panic!("{e}\n{}", all_logs(&run)));
+    let status = wait_for_exit(&mut job, &run, DEADLINE);
+    let (stdout, stderr) = pipes.join();
     Output {
         status,
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
+        stdout,
+        stderr,
     }
 }
 
@@ -159,19 +144,7 @@ fn ctrl_c_then_the_same_command_resumes_after_the_last_checkpoint() {
         stderr_of(&first)
     );
     // One line per rank, and one from the controller naming the step and the checkpoint.
-    let log = std::fs::read_to_string(dir.join("run/train.log")).unwrap();
-    for rank in 0..2 {
-        let lines: Vec<&str> = log
-            .lines()
-            .filter(|l| l.contains(&format!("[rank {rank}] warning: stopping after step ")))
-            .collect();
-        assert_eq!(lines.len(), 1, "{log}");
-        assert!(
-            lines[0].ends_with("the job was cancelled (SIGINT)"),
-            "{}",
-            lines[0]
-        );
-    }
+    assert_each_rank_stopped_once(&dir.join("run"), 2, "SIGINT");
     let last = stdout.lines().last().unwrap_or_default();
     assert!(
         last.contains("was cancelled by SIGINT after step ")

@@ -3,40 +3,16 @@
 
 use shardrun_e2e::jobs::*;
 use shardrun_e2e::*;
-use std::io::Read;
 use std::time::Duration;
 
+/// A run that would train for minutes, its stdout piped for [`finish`].
 fn start_long_job(dir: &TestDir, name: &str) -> (GroupChild, std::path::PathBuf) {
-    let spec = dir.write("tiny.yaml", &tiny_mlp_spec(name, 100_000, 2));
-    let envs = [
-        ("SHARDRUN_WORKER_BIN", simrank()),
-        ("SIMRANK_STEP_MS", "10".to_string()),
-    ];
-    let (mut cmd, run) = local_run_command(dir, &spec, &["--nproc", "2"], &envs);
-    cmd.stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let job = GroupChild::spawn(&mut cmd).unwrap();
-    wait_for("the job to be training", Duration::from_secs(30), || {
-        (metric_steps(&run, 1).len() >= 3).then_some(())
+    start_long_run(dir, name, |cmd| {
+        cmd.stdout(std::process::Stdio::piped());
     })
-    .unwrap();
-    (job, run)
 }
 
-fn finish(job: &mut GroupChild) -> (std::process::ExitStatus, String) {
-    let status = wait_for("the job to end", Duration::from_secs(20), || {
-        job.child.try_wait().ok().flatten()
-    })
-    .unwrap();
-    let mut stdout = String::new();
-    job.child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut stdout)
-        .unwrap();
-    (status, stdout)
-}
+const DEADLINE: Duration = Duration::from_secs(20);
 
 #[test]
 fn sigterm_cancels_the_job_and_leaves_no_process() {
@@ -44,7 +20,7 @@ fn sigterm_cancels_the_job_and_leaves_no_process() {
         let dir = TestDir::new("cancel");
         let (mut job, run) = start_long_job(&dir, "cancel");
         unsafe { libc::kill(job.child.id() as i32, signal) };
-        let (status, stdout) = finish(&mut job);
+        let (status, stdout) = finish(&mut job, &run, DEADLINE);
         assert_eq!(status.code(), Some(128 + signal), "{stdout}");
         assert_eq!(result_json(&run)["status"], "cancelled");
         // The spec has no `checkpoint:` section: a cancel leaves nothing to resume from.
@@ -53,25 +29,14 @@ fn sigterm_cancels_the_job_and_leaves_no_process() {
             "{stdout}"
         );
         assert!(!stdout.contains("run the same command again"), "{stdout}");
-        let log = std::fs::read_to_string(run.join("train.log")).unwrap();
         // Each rank stops at a step boundary and says why, in one line.
         let name = if signal == libc::SIGTERM {
             "SIGTERM"
         } else {
             "SIGINT"
         };
-        for rank in 0..2 {
-            let stops = log
-                .lines()
-                .filter(|l| l.contains(&format!("[rank {rank}] warning: stopping after step ")))
-                .collect::<Vec<_>>();
-            assert_eq!(stops.len(), 1, "{log}");
-            assert!(
-                stops[0].ends_with(&format!("the job was cancelled ({name})")),
-                "{log}"
-            );
-        }
-        assert!(processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string()).is_empty());
+        assert_each_rank_stopped_once(&run, 2, name);
+        assert_no_process_left(&run, Duration::ZERO);
     }
 }
 
@@ -80,7 +45,7 @@ fn sigusr2_preempts_every_rank_at_a_step_boundary() {
     let dir = TestDir::new("preempt");
     let (mut job, run) = start_long_job(&dir, "preempt");
     unsafe { libc::kill(job.child.id() as i32, libc::SIGUSR2) };
-    let (status, stdout) = finish(&mut job);
+    let (status, stdout) = finish(&mut job, &run, DEADLINE);
     assert!(status.success(), "{stdout}");
     assert!(
         stdout.contains("run the same command again to resume"),
@@ -105,10 +70,7 @@ fn start_slow_job(dir: &TestDir, name: &str, args: &[&str]) -> (GroupChild, std:
     ];
     let mut all = vec!["--nproc", "2"];
     all.extend_from_slice(args);
-    let (mut cmd, run) = local_run_command(dir, &spec, &all, &envs);
-    cmd.stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let job = GroupChild::spawn(&mut cmd).unwrap();
+    let (job, run) = spawn_local_run(dir, &spec, &all, &envs, |_| {});
     wait_for("both ranks' first step", Duration::from_secs(30), || {
         (metric_steps(&run, 0).len() == 1 && metric_steps(&run, 1).len() == 1).then_some(())
     })
@@ -129,7 +91,7 @@ fn a_second_ctrl_c_kills_the_ranks_at_once() {
     .unwrap();
     assert!(job.child.try_wait().unwrap().is_none());
     unsafe { libc::kill(pid, libc::SIGINT) };
-    let (status, stdout) = finish(&mut job);
+    let (status, stdout) = finish(&mut job, &run, DEADLINE);
     assert_eq!(status.code(), Some(130), "{stdout}");
     assert!(
         stdout.contains("SIGINT again: killing the workers now"),
@@ -143,7 +105,7 @@ fn a_second_ctrl_c_kills_the_ranks_at_once() {
         );
     }
     assert_eq!(result_json(&run)["status"], "cancelled");
-    assert!(processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string()).is_empty());
+    assert_no_process_left(&run, Duration::ZERO);
 }
 
 #[test]
@@ -151,7 +113,7 @@ fn ranks_that_cannot_reach_a_step_boundary_are_killed_after_the_stop_timeout() {
     let dir = TestDir::new("stop-timeout");
     let (mut job, run) = start_slow_job(&dir, "stuck", &["--stop-timeout", "2"]);
     unsafe { libc::kill(job.child.id() as i32, libc::SIGTERM) };
-    let (status, stdout) = finish(&mut job);
+    let (status, stdout) = finish(&mut job, &run, DEADLINE);
     assert_eq!(status.code(), Some(143), "{stdout}");
     let log = std::fs::read_to_string(run.join("train.log")).unwrap();
     for rank in 0..2 {
@@ -164,5 +126,5 @@ fn ranks_that_cannot_reach_a_step_boundary_are_killed_after_the_stop_timeout() {
             "{log}"
         );
     }
-    assert!(processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string()).is_empty());
+    assert_no_process_left(&run, Duration::ZERO);
 }

@@ -7,6 +7,13 @@ use std::process::{Command, Output};
 
 pub const SHARDRUN: &str = env!("CARGO_BIN_EXE_shardrun");
 
+/// A temporary folder holding the spec `file` with `yaml` in it, for commands run there.
+pub fn spec_dir(file: &str, yaml: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("create a temporary folder");
+    std::fs::write(dir.path().join(file), yaml).expect("write the spec");
+    dir
+}
+
 /// `shardrun args...` in `dir`.
 pub fn shardrun(dir: &Path, args: &[&str]) -> Output {
     shardrun_with(dir, args, &[])
