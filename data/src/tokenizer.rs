@@ -291,15 +291,15 @@ fn load_hugging_face(
 /// transformers' rebuild of Llama tokenizers. For a folder whose `tokenizer_class` is
 /// `LlamaTokenizer` or `CodeLlamaTokenizer` (`...Fast` alike), transformers 5 keeps the
 /// vocabulary, merges and added tokens of `tokenizer.json` (and LlamaTokenizer its
-/// post-processor) and builds the rest anew: no normalizer (the file's `Prepend("▁")` + `Replace(" ", "▁")` is dropped) and a `Metaspace`
-/// pre-tokenizer that adds `▁` only at the very start of the text (`prepend_scheme: first`;
-/// `always` for a LlamaTokenizer saved with `legacy: true`, `never` with
-/// `add_prefix_space: false`). So a leading space is not doubled and text right after a
-/// special token (`<s>[INST]`) gets no `▁`. CodeLlama's post-processor is rebuilt too: BOS
-/// before the text, whatever the file or `add_eos_token` say. A LlamaTokenizer folder whose
-/// `tokenizer.json` is byte-level (Llama 3 style), or whose `config.json` names another
-/// `model_type` than `llama` (Mistral, Mixtral, Phi-3 load with their own or the generic
-/// class), is used as saved, as transformers does.
+/// post-processor) and builds the rest anew: no normalizer (the file's `Prepend("▁")` +
+/// `Replace(" ", "▁")` is dropped) and a `Metaspace` pre-tokenizer that adds `▁` only at
+/// the very start of the text (`prepend_scheme: first`; `always` for a LlamaTokenizer saved
+/// with `legacy: true`, `never` with `add_prefix_space: false`). So a leading space is not
+/// doubled and text right after a special token (`<s>[INST]`) gets no `▁`. CodeLlama's
+/// post-processor is rebuilt too: BOS before the text, whatever the file or `add_eos_token`
+/// say. A LlamaTokenizer folder whose `tokenizer.json` is byte-level (Llama 3 style), or
+/// whose `config.json` names another `model_type` than `llama` (Mistral, Mixtral, Phi-3
+/// load with their own or the generic class), is used as saved, as transformers does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LlamaRebuild {
     code_llama: bool,
