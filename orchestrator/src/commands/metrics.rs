@@ -354,12 +354,7 @@ mod tests {
     #[test]
     fn a_local_run_whose_controller_is_gone_has_died() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(
-            dir.path().join("manifest.json"),
-            r#"{"version": 1, "name": "demo", "state": "RUNNING", "config_hash": "h", "created_at": 0, "updated_at": 0}"#,
-        )
-        .unwrap();
-        let run = RunDir::open(dir.path()).unwrap();
+        let run = crate::rundir::running_local_run(dir.path());
         std::fs::write(run.train_log(), "step 708\n").unwrap();
         let lock = crate::rundir::RunLock::acquire(run.path()).unwrap();
         assert_eq!(summarise(&run).status, "running");

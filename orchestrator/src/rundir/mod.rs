@@ -544,6 +544,18 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), RunDirError> {
     result.map_err(io_err("cannot write", path))
 }
 
+/// A run directory whose manifest says a local run (no Slurm job) is running, for the tests
+/// of how a run's state is judged.
+#[cfg(test)]
+pub(crate) fn running_local_run(dir: &Path) -> RunDir {
+    fs::write(
+        dir.join("manifest.json"),
+        r#"{"version": 1, "name": "demo", "state": "RUNNING", "config_hash": "h", "created_at": 0, "updated_at": 0}"#,
+    )
+    .unwrap();
+    RunDir::open(dir).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

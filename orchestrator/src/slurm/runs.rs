@@ -274,12 +274,7 @@ mod tests {
     #[test]
     fn a_local_run_whose_controller_is_gone_has_died() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(
-            dir.path().join("manifest.json"),
-            r#"{"version": 1, "name": "demo", "state": "RUNNING", "config_hash": "h", "created_at": 0, "updated_at": 0}"#,
-        )
-        .unwrap();
-        let run = RunDir::open(dir.path()).unwrap();
+        let run = crate::rundir::running_local_run(dir.path());
         let state_of = |run: &RunDir| {
             let (statuses, source) = refresh(std::slice::from_ref(run)).unwrap();
             assert_eq!(source, None, "no Slurm asked");
