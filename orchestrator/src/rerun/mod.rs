@@ -9,7 +9,7 @@
 pub mod changes;
 
 use crate::resume_data::{self, DataChanged};
-use crate::rundir::{Ended, NewRun, RunDir, RunDirError, RunLock, RunState};
+use crate::rundir::{Ended, Manifest, NewRun, RunDir, RunDirError, RunLock, RunState};
 use crate::slurm;
 pub use changes::FieldChange;
 use shardrun_checkpoint::{find_latest, Verify};
@@ -264,8 +264,11 @@ fn list(fields: &[FieldChange]) -> String {
 
 /// Slurm's view of a run whose manifest says it may still be queued or running (`None` for a
 /// local run, or one whose manifest already has its end).
-fn slurm_status(run: &RunDir, shown: &str) -> Result<Option<slurm::RunStatus>, RerunError> {
-    let manifest = run.read_manifest()?;
+fn slurm_status(
+    run: &RunDir,
+    manifest: &Manifest,
+    shown: &str,
+) -> Result<Option<slurm::RunStatus>, RerunError> {
     if manifest.state.is_terminal() || manifest.slurm_job_ids.is_empty() {
         return Ok(None);
     }
@@ -275,6 +278,26 @@ fn slurm_status(run: &RunDir, shown: &str) -> Result<Option<slurm::RunStatus>, R
             source,
         })?;
     Ok(statuses.into_iter().next())
+}
+
+/// Whether a run is still going, and if not, Slurm's last word on it (`None` for a local run).
+enum Liveness {
+    /// How it goes on: "its controller is running (pid 7 on n1)", "Slurm job 12 is PENDING".
+    Going(String),
+    Ended(Option<Box<slurm::RunStatus>>),
+}
+
+fn liveness(run: &RunDir, manifest: &Manifest, shown: &str) -> Result<Liveness, RerunError> {
+    if let Some(holder) = RunLock::holder(run.path()) {
+        return Ok(Liveness::Going(format!(
+            "its controller is running ({holder})"
+        )));
+    }
+    let status = slurm_status(run, manifest, shown)?;
+    Ok(match status.as_ref().and_then(in_slurms_hands) {
+        Some(how) => Liveness::Going(how),
+        None => Liveness::Ended(status.map(Box::new)),
+    })
 }
 
 /// "Slurm job 12 is PENDING" while Slurm still holds the run's job.
@@ -300,17 +323,9 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
         // Deleting a live run would leave its controller and ranks writing into nothing, and
         // a queued job would start into the new run's folder.
         let shown = path.display().to_string();
-        if let Some(holder) = RunLock::holder(&path) {
-            return Err(RerunError::ForceWhileRunning {
-                path: shown,
-                how: format!("its controller is running ({holder})"),
-            });
-        }
         if let Ok(run) = RunDir::open(&path) {
-            if let Some(status) = slurm_status(&run, &shown)? {
-                if let Some(how) = in_slurms_hands(&status) {
-                    return Err(RerunError::ForceWhileRunning { path: shown, how });
-                }
+            if let Liveness::Going(how) = liveness(&run, &run.read_manifest()?, &shown)? {
+                return Err(RerunError::ForceWhileRunning { path: shown, how });
             }
         }
         let deleted = describe_contents(&path);
@@ -326,30 +341,26 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
         Err(e) => return Err(e.into()),
     };
     let shown = path.display().to_string();
-    if let Some(holder) = RunLock::holder(&path) {
-        return Err(RerunError::StillRunning {
-            path: shown,
-            how: format!("its controller is running ({holder})"),
-        });
-    }
     let manifest = run.read_manifest()?;
     let mut state = manifest.state;
     let mut detail = manifest.error.clone();
-    if let Some(status) = slurm_status(&run, &shown)? {
-        if let Some(how) = in_slurms_hands(&status) {
-            return Err(RerunError::StillRunning { path: shown, how });
+    match liveness(&run, &manifest, &shown)? {
+        Liveness::Going(how) => return Err(RerunError::StillRunning { path: shown, how }),
+        Liveness::Ended(Some(status)) => {
+            state = status.state;
+            detail = Some(status.detail).filter(|d| !d.is_empty());
         }
-        state = status.state;
-        detail = Some(status.detail).filter(|d| !d.is_empty());
+        Liveness::Ended(None) => {}
     }
 
     let recorded = run.read_resolved()?;
     let target = RunDir::recorded(new.resolved, &path);
     let all = changes::between(&recorded, &target);
     let (applied, refused): (Vec<_>, Vec<_>) = all.into_iter().partition(|c| c.safe);
-    let trained_nothing =
-        || newest_checkpoint(&run, &recorded.train).is_none() && last_logged_step(&run).is_none();
-    if !refused.is_empty() && trained_nothing() {
+    // Read once: nothing runs in the directory any more.
+    let last_step = last_logged_step(&run);
+    let recorded_checkpoint = newest_checkpoint(&run, &recorded.train);
+    if !refused.is_empty() && recorded_checkpoint.is_none() && last_step.is_none() {
         // A run that failed before its first step (the fix is often the very change being
         // refused): nothing of it is worth keeping.
         let ended = how_it_ended(&run, state, detail.as_deref(), None);
@@ -376,14 +387,13 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
     // What a finished run trained: its final checkpoint's step (else its last logged one).
     // Its recorded `steps` may be more steps asked for since, by a re-run refused before it
     // trained any (its data had changed).
-    let trained = || {
-        newest_checkpoint(&run, &recorded.train)
-            .map(|c| c.step)
-            .or_else(|| last_logged_step(&run))
-            .unwrap_or(recorded.train.steps)
-    };
+    let trained = recorded_checkpoint
+        .as_ref()
+        .map(|c| c.step)
+        .or(last_step)
+        .unwrap_or(recorded.train.steps);
     let done = match (&checkpoint, state) {
-        (_, RunState::Completed) => Some(trained()),
+        (_, RunState::Completed) => Some(trained),
         (Some(c), _) => Some(c.step),
         (None, _) => None,
     };
@@ -399,7 +409,7 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
         (RunState::Completed, None) => {
             return Err(RerunError::NothingToContinue {
                 path: shown,
-                done: trained(),
+                done: trained,
                 asked,
             })
         }
@@ -409,7 +419,7 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
     let ended = if state == RunState::Completed {
         format!(
             "finished its {} steps, and the spec now asks for {asked}",
-            trained()
+            trained
         )
     } else {
         ended
@@ -424,7 +434,6 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
     let lr_change = checkpoint
         .as_ref()
         .and_then(|c| LrChange::of(&recorded.train, &target.train, c.step));
-    let last_step = last_logged_step(&run);
     let periodic_saves = target.train.checkpoint.saves_periodically();
     run.update_spec(new)?;
     Ok(RunStart::Resume(Resume {
