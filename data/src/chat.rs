@@ -18,7 +18,6 @@ use crate::error::{DataError, Result};
 use crate::tokenizer::TextTokenizer;
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, Value};
-use sha2::{Digest, Sha256};
 use shardrun_models::hf::ADDITIONAL_CHAT_TEMPLATES;
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -53,8 +52,6 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     /// Names of the templates in `env` and where each was read from.
     sources: BTreeMap<String, PathBuf>,
-    /// sha256 of the templates' names and texts.
-    pub hash: String,
     /// The special tokens every render sees (`bos_token`, `eos_token`, ...).
     variables: BTreeMap<String, Value>,
 }
@@ -106,7 +103,6 @@ impl ChatTemplate {
         templates: Vec<NamedTemplate>,
         special_tokens: &BTreeMap<String, String>,
     ) -> Result<ChatTemplate> {
-        let mut hash = Sha256::new();
         let mut env = Environment::new();
         // What `transformers` configures its Jinja environment with.
         let syntax = minijinja::syntax::SyntaxConfig::builder()
@@ -126,7 +122,6 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         let mut sources = BTreeMap::new();
         for template in templates {
-            hash.update(format!("{}\0{}\0", template.name, template.source));
             env.add_template_owned(template.name.clone(), generation_as_with(&template.source))
                 .map_err(|e| DataError::ChatTemplate {
                     path: template.path.clone(),
@@ -141,7 +136,6 @@ impl ChatTemplate {
         Ok(ChatTemplate {
             env,
             sources,
-            hash: hex::encode(&hash.finalize()[..12]),
             variables,
         })
     }

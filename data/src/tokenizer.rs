@@ -15,7 +15,6 @@
 
 use crate::error::{DataError, Result};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use shardrun_protocol::config::TokenizerConfig;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -52,8 +51,6 @@ pub struct TextTokenizer {
     pub template_tokens: BTreeMap<String, String>,
     /// Ids it can produce: the base vocabulary plus added tokens.
     pub vocab_size: u64,
-    /// Changes whenever the ids it produces could change.
-    pub fingerprint: String,
     pub description: String,
     /// Folder of `tokenizer.json`, where the chat template is looked for.
     pub folder: Option<PathBuf>,
@@ -100,7 +97,6 @@ impl TextTokenizer {
                 bos: None,
                 template_tokens: BTreeMap::from([("eos_token".into(), BYTES_EOS_TEXT.into())]),
                 vocab_size: u64::from(BYTES_EOS) + 1,
-                fingerprint: "bytes-v1".into(),
                 description: "UTF-8 bytes (ids 0-255, end of document 256)".into(),
                 folder: None,
             }),
@@ -256,19 +252,6 @@ fn load_hugging_face(
             template_tokens.insert(name.to_string(), text.to_string());
         }
     }
-    let fingerprint = {
-        let mut h = Sha256::new();
-        h.update(&bytes);
-        h.update(format!(
-            "|eos {}|bos {:?}",
-            eos.id,
-            bos.as_ref().map(|b| b.id)
-        ));
-        if let Some(rebuild) = &rebuild {
-            h.update(format!("|{}|bos override {bos_override:?}", rebuild.key()));
-        }
-        hex::encode(&h.finalize()[..12])
-    };
     Ok(TextTokenizer {
         inner: Inner::HuggingFace(Box::new(tokenizer)),
         description: format!(
@@ -283,7 +266,6 @@ fn load_hugging_face(
         bos,
         template_tokens,
         vocab_size,
-        fingerprint,
         folder: Some(folder),
     })
 }
