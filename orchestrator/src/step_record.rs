@@ -34,6 +34,10 @@ pub struct StepRecord {
     /// Tokens per second of the whole job: the step's tokens over the slowest rank's time.
     #[serde(deserialize_with = "nan_if_null")]
     pub tokens_per_s: f64,
+    /// The tokens the loss counts, per second, at the same pace: without padding and masked
+    /// positions (real data only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trained_tokens_per_s: Option<f64>,
     /// Model FLOPs utilisation at that rate (GPU runs with a known peak).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mfu: Option<f64>,
@@ -76,7 +80,8 @@ fn nan_if_null<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
 }
 
 /// Fields metrics.jsonl leaves out when they have no value (to keep lines short).
-const OPTIONAL_FIELDS: [&str; 7] = [
+const OPTIONAL_FIELDS: [&str; 8] = [
+    "trained_tokens_per_s",
     "mfu",
     "peak_reserved_max_bytes",
     "device_used_max_bytes",
@@ -135,6 +140,7 @@ impl StepRecord {
             lr: first.lr,
             grad_norm: first.grad_norm,
             tokens_per_s: min_of(|m| Some(m.tokens_per_s)).unwrap_or(f64::NAN),
+            trained_tokens_per_s: min_of(|m| m.trained_tokens_per_s),
             mfu: min_of(|m| m.mfu),
             step_time_min_s: times[0],
             step_time_median_s: median,

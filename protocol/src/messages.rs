@@ -140,6 +140,11 @@ pub struct StepMetrics {
     /// Tokens per second of the whole job (all ranks).
     #[serde(deserialize_with = "non_finite")]
     pub tokens_per_s: f64,
+    /// The tokens the loss counts, per second (whole job): `tokens_per_s` without padding
+    /// and masked positions (prompts, other roles' turns). `None` for synthetic data, where
+    /// every token counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trained_tokens_per_s: Option<f64>,
     /// Model FLOPs utilisation on GPU (torchtitan's formula); `None` on CPU.
     pub mfu: Option<f64>,
     /// This rank's resident parameter, gradient and optimizer tensors.

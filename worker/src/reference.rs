@@ -116,6 +116,7 @@ pub fn train_reference(
             grad_norm,
             step_time_s: step_time,
             tokens_per_s: config.tokens_per_step() as f64 / step_time,
+            trained_tokens_per_s: dataset.documents().map(|_| tokens as f64 / step_time),
             mfu: None,
             model_state_bytes: config.model.num_params() * 16,
             peak_memory_bytes: crate::metrics::peak_rss_bytes(),

@@ -560,6 +560,10 @@ impl Trainer {
                     grad_norm,
                     step_time_s: step_time,
                     tokens_per_s,
+                    trained_tokens_per_s: self
+                        .dataset
+                        .documents()
+                        .map(|_| global_tokens / step_time),
                     mfu: peak_flops.map(|peak| {
                         metrics::mfu(&cfg.model, seq_len, tokens_per_s / world as f64, peak)
                     }),
@@ -807,6 +811,9 @@ pub fn format_metrics(m: &StepMetrics, steps: u64) -> String {
         "step {}/{steps} | loss {:.4} | lr {:.3e} | grad norm {:.3} | {:.3} s | {:.0} tok/s | state {:.1} MiB | peak {:.0} MiB",
         m.step, m.loss, m.lr, m.grad_norm, m.step_time_s, m.tokens_per_s, mib(m.model_state_bytes), mib(m.peak_memory_bytes)
     );
+    if let Some(trained) = m.trained_tokens_per_s {
+        line.push_str(&format!(" ({trained:.0} trained)"));
+    }
     if let Some(reserved) = m.peak_reserved_bytes {
         line.push_str(&format!(" allocated, {:.0} MiB reserved", mib(reserved)));
     }

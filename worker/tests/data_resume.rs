@@ -13,6 +13,7 @@ mod common;
 use common::*;
 use shardrun_checkpoint::naming::COMPLETE_FILE;
 use shardrun_protocol::config::*;
+use shardrun_protocol::messages::StepMetrics;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -143,6 +144,18 @@ fn a_killed_run_resumed_on_another_world_size_reads_the_same_samples() {
         "{:?}",
         straight.evals
     );
+    // Packed plain text: every position is a target, so every token is trained on.
+    for m in &straight.metrics {
+        let trained = m
+            .trained_tokens_per_s
+            .expect("real data reports trained tokens");
+        assert!(
+            (trained - m.tokens_per_s).abs() <= 1e-9 * m.tokens_per_s,
+            "step {}: {trained} trained of {} tokens/s",
+            m.step,
+            m.tokens_per_s
+        );
+    }
 
     // The same job with checkpoints, killed once its step-4 checkpoint is complete.
     let mut checkpointed = base.clone();
@@ -274,5 +287,24 @@ fn hybrid_shard_replicas_read_disjoint_samples_and_masked_data_matches_the_refer
     for (name, run) in [("2 ranks", &two), ("HYBRID_SHARD 4 ranks", &four)] {
         let (worst, at) = max_relative_difference(run, &reference);
         assert!(worst <= 1e-5, "{name}: {worst:e} at {at}");
+        // Prompts and padding are not trained on: the share of trained tokens is the
+        // single-process reference's count of target tokens over the step's tokens.
+        assert_eq!(run.metrics.len(), reference.metrics.len());
+        for (m, r) in run.metrics.iter().zip(&reference.metrics) {
+            let share = |m: &StepMetrics| m.trained_tokens_per_s.unwrap() / m.tokens_per_s;
+            assert!(
+                share(r) > 0.0 && share(r) < 0.9,
+                "step {}: reference trains on {} of the tokens",
+                r.step,
+                share(r)
+            );
+            assert!(
+                (share(m) - share(r)).abs() <= 1e-9,
+                "{name} step {}: trains on {} of the tokens, the reference on {}",
+                m.step,
+                share(m),
+                share(r)
+            );
+        }
     }
 }

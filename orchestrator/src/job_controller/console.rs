@@ -50,11 +50,14 @@ impl Console {
 
     pub fn progress(&mut self, m: &StepMetrics) {
         let summary = format!(
-            "loss {:.4}  lr {:.2e}  grad norm {:.3}  {} tok/s{}{}",
+            "loss {:.4}  lr {:.2e}  grad norm {:.3}  {} tok/s{}{}{}",
             m.loss,
             m.lr,
             m.grad_norm,
             group_thousands(m.tokens_per_s),
+            m.trained_tokens_per_s
+                .map(|t| format!(" ({} trained)", group_thousands(t)))
+                .unwrap_or_default(),
             m.mfu
                 .map(|mfu| format!("  MFU {:.1}%", mfu * 100.0))
                 .unwrap_or_default(),

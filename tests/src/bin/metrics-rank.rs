@@ -103,6 +103,7 @@ fn run() -> Result<(), String> {
             grad_norm: 1.0 / (1.0 + 1e-3 * s) + 0.05 * (0.7 * s).cos(),
             step_time_s: step_time,
             tokens_per_s: tokens_per_step / step_time,
+            trained_tokens_per_s: Some(0.8 * tokens_per_step / step_time),
             mfu: Some(0.4 + 0.01 * (s * 0.3).sin()),
             model_state_bytes: 13_421_772_800 + rank * 4096,
             peak_memory_bytes: 61_203_283_968 + (rank * 7919 + step * 104_729) % 1_000_000_007,
