@@ -18,7 +18,13 @@
 # Usage:
 #   bench/gpu.sh [BIN_DIR] [OUT_DIR]    run everything (BIN_DIR: shardrun, shardrun-worker,
 #                                       shardrun-collective-bench and tests/, as `stage` makes;
-#                                       default: build here with cargo, else .device-bin)
+#                                       default: build here with cargo, else .device-bin;
+#                                       OUT_DIR: default /tmp/shardrun-gpu)
+#   GPU_CHECKS=nccl,train bench/gpu.sh  only these parts (of nccl, train, checkpoints, bench;
+#                                       default all), to split the whole into shorter commands
+# With $OUT set (a folder whose files are copied elsewhere when the command ends) the logs,
+# metrics and table, without checkpoints or weights, are also packed into
+# $OUT/gpu-results.tar.gz after each part, and the table and check list copied beside it.
 #   bench/gpu.sh stage [DIR]            on the build machine: copy the release binaries and
 #                                       the worker's test executable into DIR (.device-bin)
 set -uo pipefail
@@ -45,9 +51,18 @@ for l in sys.stdin:
   exit 0
 fi
 
-out="${2:-${OUT:-/tmp/shardrun-gpu}}"
+out="${2:-/tmp/shardrun-gpu}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
+wanted() { [[ ",${GPU_CHECKS:-nccl,train,checkpoints,bench}," == *",$1,"* ]]; }
+# The evidence in a few files: logs, specs, metrics and the table; no checkpoints or weights.
+bundle() {
+  [[ -n "${OUT:-}" && -d "$OUT" && "$(cd "$OUT" && pwd)" != "$out" ]] || return 0
+  tar czf "$OUT/gpu-results.tar.gz" -C "$out" --exclude='*checkpoints*' --exclude=export \
+    --exclude='*.safetensors' --exclude=bin --exclude=nccl-link --exclude='*.bin' .
+  for f in checks.txt table.md gpu.txt; do [[ -f "$out/$f" ]] && cp "$out/$f" "$OUT/"; done
+  return 0
+}
 if [[ -n "${1:-}" ]]; then
   bin="$(cd "$1" && pwd)"
 elif command -v cargo >/dev/null && bench/gpu.sh stage "$out/bin" >"$out/build.txt" 2>&1; then
@@ -86,9 +101,9 @@ check() {
   local log="$out/logs/${name// /_}.txt"
   local started=$SECONDS
   if "$@" >"$log" 2>&1; then
-    printf 'ok    %-58s %4ds\n' "$name" $((SECONDS - started))
+    printf 'ok    %-58s %4ds\n' "$name" $((SECONDS - started)) | tee -a "$out/checks.txt"
   else
-    printf 'FAIL  %-58s %4ds  (%s)\n' "$name" $((SECONDS - started)) "$log"
+    printf 'FAIL  %-58s %4ds  (%s)\n' "$name" $((SECONDS - started)) "$log" | tee -a "$out/checks.txt"
     tail -15 "$log" | sed 's/^/      | /'
     failures+=("$name")
   fi
@@ -126,6 +141,7 @@ run_job() { # run_job NAME SPEC NPROC: shardrun run, then the loss must fall
     && "$python" bench/gpu_checks.py trains "$out/runs/$1/metrics.jsonl"
 }
 
+if wanted nccl; then
 echo "== 1-3: NCCL, the device, the communicator"
 check "check-gpu (NCCL loads, rank 0 gets its GPU)" "$bin/shardrun-worker" --check-gpu
 check "NCCL collectives, 1 rank" "$bin/shardrun-collective-bench" --device cuda check
@@ -150,7 +166,10 @@ if [[ -x "$bin/tests/shardrun-worker-unit-tests" ]]; then
 else
   echo "(no $bin/tests/shardrun-worker-unit-tests: stage with \`bench/gpu.sh stage\` to run the unit tests here)"
 fi
+fi
+bundle
 
+if wanted train; then
 echo "== 4: training on the GPU"
 for strategy in FULL_SHARD SHARD_GRAD_OP NO_SHARD HYBRID_SHARD; do
   for dtype in bf16 f16; do
@@ -175,7 +194,10 @@ reference_check() {
   "$python" bench/gpu_checks.py same "$out/runs/fp32/metrics.jsonl" "$out/runs/fp32-reference.jsonl" --rtol 1e-4
 }
 check "fp32 FULL_SHARD = unsharded reference" reference_check
+fi
+bundle
 
+if wanted checkpoints; then
 echo "== 5: checkpoints"
 # Train 6 steps saving at 3, then the same job for 10 steps resumes from step 6 (a re-run
 # continues the newest checkpoint of its folder); it must match 10 uninterrupted steps.
@@ -200,7 +222,10 @@ export_check() {
     "$out/runs/exported/metrics.jsonl" --rtol 1e-3
 }
 check "export -> PyTorch reproduces the next loss" export_check
+fi
+bundle
 
+if wanted bench; then
 echo "== 6: benchmark (bench/gpu-bench.yaml) vs PyTorch FSDP2"
 n=$(( gpus > 0 ? gpus : 1 ))
 bench_ours() {
@@ -220,6 +245,8 @@ if [[ -f "$out/bench/metrics.jsonl" && -s "$out/pytorch.json" ]]; then
   grep -m1 "MFU is" "$out/bench/train.log" | sed 's/^.*\] //'
   "$python" bench/gpu_checks.py table "$out" | tee "$out/table.md"
 fi
+fi
+bundle
 
 echo
 if (( ${#failures[@]} )); then

@@ -1,7 +1,7 @@
 //! The GPUs of this machine for a local run (`shardrun run --device cuda`): one rank per GPU,
 //! each rank given its own through `CUDA_VISIBLE_DEVICES`, never more ranks than GPUs. Counted
 //! without CUDA (the orchestrator does not link it): `CUDA_VISIBLE_DEVICES` when set, else the
-//! NVIDIA driver's list of GPUs.
+//! NVIDIA driver's list of GPUs (or its device files).
 
 use std::path::Path;
 
@@ -57,11 +57,27 @@ pub fn assign(
     Ok(gpus.into_iter().take(world as usize).collect())
 }
 
-/// How many GPUs the loaded NVIDIA driver lists (`/proc/driver/nvidia/gpus/<bus id>/`).
+/// How many GPUs the loaded NVIDIA driver lists: `/proc/driver/nvidia/gpus/<bus id>/`, else
+/// (containers that show no `/proc/driver/nvidia`) the `/dev/nvidia<N>` device files.
 pub fn driver_gpu_count() -> Option<usize> {
-    let dir = Path::new("/proc/driver/nvidia/gpus");
-    let entries = std::fs::read_dir(dir).ok()?;
-    Some(entries.flatten().count())
+    gpu_count_in(Path::new("/proc/driver/nvidia/gpus"), Path::new("/dev"))
+}
+
+fn gpu_count_in(proc_gpus: &Path, dev: &Path) -> Option<usize> {
+    if let Ok(entries) = std::fs::read_dir(proc_gpus) {
+        return Some(entries.flatten().count());
+    }
+    let devices = std::fs::read_dir(dev)
+        .ok()?
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.strip_prefix("nvidia")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .count();
+    (devices > 0).then_some(devices)
 }
 
 /// [`assign`] for this process's environment and machine.
@@ -100,6 +116,31 @@ mod tests {
         );
         let err = assign(3, None, Some(2), "h").unwrap_err();
         assert!(err.contains("the NVIDIA driver lists 2"), "{err}");
+    }
+
+    #[test]
+    fn gpus_are_counted_from_the_driver_else_from_the_device_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let (proc_gpus, dev) = (dir.path().join("gpus"), dir.path().join("dev"));
+        std::fs::create_dir_all(&dev).unwrap();
+        for name in [
+            "nvidia0",
+            "nvidia1",
+            "nvidiactl",
+            "nvidia-uvm",
+            "nvidia-caps",
+            "null",
+        ] {
+            std::fs::write(dev.join(name), "").unwrap();
+        }
+        assert_eq!(gpu_count_in(&proc_gpus, &dev), Some(2));
+        for bus in ["0000:17:00.0", "0000:65:00.0", "0000:ca:00.0"] {
+            std::fs::create_dir_all(proc_gpus.join(bus)).unwrap();
+        }
+        assert_eq!(gpu_count_in(&proc_gpus, &dev), Some(3));
+        let empty = dir.path().join("empty");
+        std::fs::create_dir_all(&empty).unwrap();
+        assert_eq!(gpu_count_in(&dir.path().join("none"), &empty), None);
     }
 
     #[test]

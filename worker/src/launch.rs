@@ -1,6 +1,8 @@
 //! Who this process is in the job. Precedence: the controller's explicit variables
 //! (`SHARDRUN_RANK`, ...), then Slurm's (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`),
-//! then torchrun's (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`), else a single process.
+//! then torchrun's (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`), else a single process. Under
+//! torchrun (`TORCHELASTIC_RUN_ID` set) torchrun's come before Slurm's: `srun torchrun`
+//! starts several workers per Slurm task, and each inherits the task's Slurm rank.
 
 use anyhow::{bail, Context, Result};
 use shardrun_protocol::env;
@@ -29,21 +31,24 @@ impl RankEnv {
 
     /// Testable core of [`RankEnv::from_env`].
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<RankEnv> {
-        let sets = [
-            (
-                RankSource::Controller,
-                env::RANK,
-                env::WORLD_SIZE,
-                env::LOCAL_RANK,
-            ),
-            (
-                RankSource::Slurm,
-                "SLURM_PROCID",
-                "SLURM_NTASKS",
-                "SLURM_LOCALID",
-            ),
-            (RankSource::Torchrun, "RANK", "WORLD_SIZE", "LOCAL_RANK"),
-        ];
+        let controller = (
+            RankSource::Controller,
+            env::RANK,
+            env::WORLD_SIZE,
+            env::LOCAL_RANK,
+        );
+        let slurm = (
+            RankSource::Slurm,
+            "SLURM_PROCID",
+            "SLURM_NTASKS",
+            "SLURM_LOCALID",
+        );
+        let torchrun = (RankSource::Torchrun, "RANK", "WORLD_SIZE", "LOCAL_RANK");
+        let sets = if get("TORCHELASTIC_RUN_ID").is_some() {
+            [controller, torchrun, slurm]
+        } else {
+            [controller, slurm, torchrun]
+        };
         for (source, rank_var, world_var, local_var) in sets {
             let Some(rank) = get(rank_var) else { continue };
             let parse = |var: &str, value: Option<String>| -> Result<Option<u64>> {
@@ -123,6 +128,26 @@ mod tests {
         assert_eq!((torchrun.rank, torchrun.local_rank), (1, 1));
         let single = RankEnv::from_lookup(lookup(&[])).unwrap();
         assert_eq!((single.rank, single.world_size), (0, 1));
+    }
+
+    #[test]
+    fn torchrun_inside_a_slurm_task_wins_over_the_task_it_inherited() {
+        // `srun --ntasks-per-node=1 torchrun --nproc-per-node=4`: the second node's third
+        // worker inherits the task's SLURM_PROCID=1, SLURM_LOCALID=0.
+        let env = RankEnv::from_lookup(lookup(&[
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_LOCALID", "0"),
+            ("TORCHELASTIC_RUN_ID", "job"),
+            ("RANK", "6"),
+            ("WORLD_SIZE", "8"),
+            ("LOCAL_RANK", "2"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (env.rank, env.world_size, env.local_rank, env.source),
+            (6, 8, 2, RankSource::Torchrun)
+        );
     }
 
     #[test]

@@ -132,6 +132,13 @@ fn every_collective_is_exact_on_four_ranks_with_hybrid_groups() {
     check_world(4);
 }
 
+/// Nine ranks: the values each rank adds reach past 256, where bf16 stops holding every
+/// integer (eight GPUs of a node, and one more).
+#[test]
+fn every_collective_is_exact_on_nine_ranks() {
+    check_world(9);
+}
+
 /// Starts `world` ranks looping over all-reduces and waits until every one of them has
 /// finished one and entered the next: from then on each is inside the loop's collectives,
 /// which cannot complete without all of them.
