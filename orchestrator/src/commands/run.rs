@@ -3,7 +3,7 @@
 //! the same run directory, it continues the run (see [`crate::rerun`]).
 
 use crate::commands::controller::supervise;
-use crate::commands::spec_args::{self, SetArgs};
+use crate::commands::spec_args::{self, OneJob, SetArgs};
 use crate::job_controller::options::ControllerArgs;
 use crate::job_controller::LaunchMode;
 use crate::rerun::{self, RunStart};
@@ -49,23 +49,23 @@ pub enum DeviceArg {
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
-    let loaded = spec_args::load(&args.spec, &args.set)?;
-    spec_args::refuse_sweep(&loaded, spec_args::OneJob::Run, &args.spec)?;
-    let path = match &args.run_dir {
-        Some(dir) => dir.clone(),
-        None => run_path(&args.spec, &loaded.spec)?,
-    };
-    let overrides = Overrides {
-        world_size: args.nproc,
-        device: args.device.map(|d| match d {
-            DeviceArg::Cpu => DeviceKind::Cpu,
-            DeviceArg::Cuda => DeviceKind::Cuda,
-        }),
-        force: args.force,
-        continues_run: continues_run(&path, args.force),
-        ..Overrides::submitting()
-    };
-    let job = crate::resolve::resolve(&loaded, &overrides)?;
+    let mut path = PathBuf::new();
+    let (loaded, job) = spec_args::load_one_job(&args.spec, &args.set, OneJob::Run, |loaded| {
+        path = match &args.run_dir {
+            Some(dir) => dir.clone(),
+            None => run_path(&args.spec, &loaded.spec)?,
+        };
+        Ok(Overrides {
+            world_size: args.nproc,
+            device: args.device.map(|d| match d {
+                DeviceArg::Cpu => DeviceKind::Cpu,
+                DeviceArg::Cuda => DeviceKind::Cuda,
+            }),
+            force: args.force,
+            continues_run: continues_run(&path, args.force),
+            ..Overrides::submitting()
+        })
+    })?;
     // One GPU per rank, checked before anything is created.
     let gpus = match job.train.device {
         DeviceKind::Cuda => {
