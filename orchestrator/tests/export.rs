@@ -336,17 +336,21 @@ fn scratch_run(dir: &Path, vocab_size: u64, tokenizer: &str) -> PathBuf {
     )
 }
 
+/// A run of a Llama from scratch on text read with a Hugging Face tokenizer made in
+/// `dir/tokenizer` (`<s>` = 5 added by its post-processor, `</s>` = 6), which the spec names
+/// by its folder or by `file` in it: the tokenizer's folder and the run directory.
+fn hf_scratch_run(dir: &Path, file: Option<&str>) -> (PathBuf, PathBuf) {
+    let tokenizer = dir.join("tokenizer");
+    hf_token_ids(&[Path::new("tokenizer"), &tokenizer]);
+    let named = file.map_or_else(|| tokenizer.clone(), |file| tokenizer.join(file));
+    let run = scratch_run(dir, 16, &format!("{{ path: {} }}", named.display()));
+    (tokenizer, run)
+}
+
 #[test]
 fn an_hf_export_of_a_model_from_scratch_carries_its_tokenizer_and_token_ids() {
-    // A Hugging Face tokenizer: `<s>` = 5 added by its post-processor, `</s>` = 6.
     let tmp = tempfile::tempdir().unwrap();
-    let tokenizer = tmp.path().join("tokenizer");
-    hf_token_ids(&[Path::new("tokenizer"), &tokenizer]);
-    let run = scratch_run(
-        tmp.path(),
-        16,
-        &format!("{{ path: {} }}", tokenizer.display()),
-    );
+    let (tokenizer, run) = hf_scratch_run(tmp.path(), None);
     let out = tmp.path().join("hf");
     let text = export_to(&run, &out);
     assert!(
@@ -373,6 +377,29 @@ fn an_hf_export_of_a_model_from_scratch_carries_its_tokenizer_and_token_ids() {
         Some(vec![serde_json::json!(1), serde_json::json!(2)]),
         "generate runs from the prompt: {read}"
     );
+}
+
+#[test]
+fn an_hf_export_whose_tokenizer_is_gone_warns_once_of_what_it_lacks() {
+    for file in [None, Some("tokenizer.json")] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (tokenizer, run) = hf_scratch_run(tmp.path(), file);
+        std::fs::remove_dir_all(&tokenizer).unwrap();
+        let out = tmp.path().join("hf");
+        let text = export_to(&run, &out);
+        let warnings: Vec<&str> = text.lines().filter(|l| l.starts_with("warning:")).collect();
+        assert_eq!(warnings.len(), 1, "{text}");
+        assert!(
+            warnings[0].starts_with("warning: cannot read the run's tokenizer (")
+                && warnings[0].ends_with(
+                    "the export has no tokenizer files and names no bos or eos token; copy the \
+                     tokenizer files in before loading it with AutoTokenizer, and set \
+                     `bos_token_id` and `eos_token_id` in its config.json"
+                ),
+            "{text}"
+        );
+        assert!(!out.join("tokenizer.json").exists());
+    }
 }
 
 #[test]

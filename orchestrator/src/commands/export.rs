@@ -174,6 +174,7 @@ fn export_hf(
         Some(d) => d.into(),
         None => source_dtype(model.pretrained.as_deref(), pretrained_config.as_ref())?,
     };
+    let run_tokenizer = read_run_tokenizer(run_config, model.pretrained.is_none());
     // The source folder's own config.json (every key it had: token ids, architectures...)
     // with the dtype of these weights; from scratch, one written from the architecture, with
     // the special token ids of the tokenizer the run trained with.
@@ -198,8 +199,12 @@ fn export_hf(
         }
         None => {
             let mut value = config_json(&model.architecture, dtype.torch_name());
-            token_ids = special_tokens(run_config);
-            if let (Some(tokenizer), Some(map)) = (&token_ids, value.as_object_mut()) {
+            token_ids = run_tokenizer
+                .as_ref()
+                .ok()
+                .and_then(Option::as_ref)
+                .and_then(|t| t.special_tokens.as_ref());
+            if let (Some(tokenizer), Some(map)) = (token_ids, value.as_object_mut()) {
                 // Explicitly null without a BOS: `transformers` would take 1 for an absent key.
                 map.insert(
                     "bos_token_id".into(),
@@ -255,7 +260,7 @@ fn export_hf(
         );
         Ok(())
     };
-    let files = folder_files(model.pretrained.as_deref(), run_config)?;
+    let files = folder_files(model.pretrained.as_deref(), &run_tokenizer)?;
     let saved = hf::save_folder(
         &out,
         &config,
@@ -286,7 +291,7 @@ fn export_hf(
     for (origin, names) in &files.origins {
         outln!("  {origin}: {}", names.join(", "));
     }
-    if let Some(tokenizer) = &token_ids {
+    if let Some(tokenizer) = token_ids {
         let bos = match &tokenizer.bos {
             Some(t) => format!("bos {} (`{}`)", t.id, t.text),
             None => "no bos".into(),
@@ -317,10 +322,11 @@ struct ExportFiles {
 
 /// The generation settings of the folder the run started from, and the tokenizer the run read
 /// its text with: the spec's (with its chat template), else (synthetic or pre-tokenized data)
-/// the tokenizer of the folder the run started from.
+/// the tokenizer of the folder the run started from. A run's tokenizer that cannot be read is
+/// left out, with a warning that says what the export lacks.
 fn folder_files(
     pretrained: Option<&Path>,
-    run_config: Option<&TrainConfig>,
+    run_tokenizer: &Result<Option<RunTokenizer>>,
 ) -> Result<ExportFiles> {
     let mut files = match pretrained {
         Some(dir) => hf::tokenizer_and_generation_files(dir).with_context(|| {
@@ -331,30 +337,27 @@ fn folder_files(
         })?,
         None => Vec::new(),
     };
-    let data = match run_config.map(|c| &c.data) {
-        Some(DataConfig::Dataset(data)) => Some(data),
-        _ => None,
-    };
-    let chat_template = data.and_then(|d| match &d.source {
-        DataSource::Chat { chat_template, .. } => chat_template.as_deref(),
-        _ => None,
-    });
-    let run_tokenizer: Option<(&TokenizerConfig, Vec<FolderFile>)> = match data {
-        None => None,
-        Some(d) => match tokenizer_files(&d.tokenizer, chat_template) {
-            Ok(found) => found.map(|found| (&d.tokenizer, found)),
-            Err(e) => {
-                errln!(
-                    "warning: cannot read the run's tokenizer ({e}): the export has {}; copy the tokenizer files in before loading it with AutoTokenizer",
-                    if files.iter().any(|f| hf::is_tokenizer_file(&f.name)) {
-                        "the tokenizer files of the folder the run started from"
-                    } else {
-                        "no tokenizer files"
-                    }
-                );
-                None
-            }
-        },
+    let run_tokenizer = match run_tokenizer {
+        Ok(found) => found.as_ref(),
+        Err(e) => {
+            // From scratch, config.json takes its token ids from the same tokenizer.
+            let (token_ids, set_them) = match pretrained {
+                None => (
+                    " and names no bos or eos token",
+                    ", and set `bos_token_id` and `eos_token_id` in its config.json",
+                ),
+                Some(_) => ("", ""),
+            };
+            errln!(
+                "warning: cannot read the run's tokenizer ({e}): the export has {}{token_ids}; copy the tokenizer files in before loading it with AutoTokenizer{set_them}",
+                if files.iter().any(|f| hf::is_tokenizer_file(&f.name)) {
+                    "the tokenizer files of the folder the run started from"
+                } else {
+                    "no tokenizer files"
+                }
+            );
+            None
+        }
     };
     if run_tokenizer.is_some() {
         // The ids the model learned are the run's tokenizer's.
@@ -366,13 +369,16 @@ fn folder_files(
     if !files.is_empty() {
         origins.push(("copied from the source folder".into(), names(&files)));
     }
-    let Some((tokenizer, tokenizer_files)) = run_tokenizer else {
+    let Some(tokenizer) = run_tokenizer else {
         return Ok(ExportFiles { files, origins });
     };
-    let (template, own): (Vec<FolderFile>, Vec<FolderFile>) = tokenizer_files
-        .into_iter()
+    let chat_template = tokenizer.chat_template;
+    let (template, own): (Vec<FolderFile>, Vec<FolderFile>) = tokenizer
+        .files
+        .iter()
+        .cloned()
         .partition(|f| chat_template.is_some() && f.name == "chat_template.jinja");
-    let from = match tokenizer {
+    let from = match tokenizer.config {
         TokenizerConfig::HuggingFace {
             path,
             bos_token,
@@ -402,25 +408,41 @@ fn folder_files(
     Ok(ExportFiles { files, origins })
 }
 
-/// The tokenizer the run trained with (`data.tokenizer`), for its special tokens; `None`
-/// without one (synthetic or pre-tokenized data), or, with a warning, when it cannot be read.
-fn special_tokens(run_config: Option<&TrainConfig>) -> Option<TextTokenizer> {
-    let DataConfig::Dataset(data) = &run_config?.data else {
-        return None;
+/// The tokenizer the run read its text with (`data.tokenizer`), as the export takes it: its
+/// files (with the spec's chat template) and, for a config.json written from scratch, its
+/// special tokens.
+struct RunTokenizer<'a> {
+    config: &'a TokenizerConfig,
+    chat_template: Option<&'a Path>,
+    files: Vec<FolderFile>,
+    special_tokens: Option<TextTokenizer>,
+}
+
+/// The run's tokenizer, read once; `None` without one (synthetic or pre-tokenized data).
+/// `special_tokens`: load it for its special tokens too.
+fn read_run_tokenizer(
+    run_config: Option<&TrainConfig>,
+    special_tokens: bool,
+) -> Result<Option<RunTokenizer<'_>>> {
+    let Some(DataConfig::Dataset(data)) = run_config.map(|c| &c.data) else {
+        return Ok(None);
     };
-    if data.tokenizer == TokenizerConfig::PreTokenized {
-        return None;
-    }
-    match TextTokenizer::load(&data.tokenizer) {
-        Ok(tokenizer) => Some(tokenizer),
-        Err(e) => {
-            errln!(
-                "warning: cannot read the run's tokenizer ({e}): the export names no bos or eos \
-                 token; set `bos_token_id` and `eos_token_id` in its config.json"
-            );
-            None
-        }
-    }
+    let chat_template = match &data.source {
+        DataSource::Chat { chat_template, .. } => chat_template.as_deref(),
+        _ => None,
+    };
+    let Some(files) = tokenizer_files(&data.tokenizer, chat_template)? else {
+        return Ok(None);
+    };
+    let special_tokens = special_tokens
+        .then(|| TextTokenizer::load(&data.tokenizer))
+        .transpose()?;
+    Ok(Some(RunTokenizer {
+        config: &data.tokenizer,
+        chat_template,
+        files,
+        special_tokens,
+    }))
 }
 
 /// The dtype of the folder the run started from: its config.json's (`dtype`, `torch_dtype`),

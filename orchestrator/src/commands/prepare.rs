@@ -19,9 +19,9 @@ pub struct Args {
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
-    let loaded = spec_args::load(&args.spec, &args.set)?;
-    spec_args::refuse_sweep(&loaded, OneJob::Prepare, &args.spec)?;
-    let job = crate::resolve::resolve(&loaded, &Overrides::default())?;
+    let (_, job) = spec_args::load_one_job(&args.spec, &args.set, OneJob::Prepare, |_| {
+        Ok(Overrides::default())
+    })?;
     for line in crate::data_prep::prepare_data(&job.train, args.threads)? {
         outln!("{line}");
     }

@@ -16,10 +16,10 @@ pub struct Args {
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
-    let loaded = spec_args::load(&args.spec, &args.set)?;
-    spec_args::refuse_sweep(&loaded, OneJob::Render, &args.spec)?;
-    let job = crate::resolve::resolve(&loaded, &Overrides::submitting())?;
-    let run_dir = RunDir::planned_path(&job)?;
+    let (_, job) = spec_args::load_one_job(&args.spec, &args.set, OneJob::Render, |_| {
+        Ok(Overrides::submitting())
+    })?;
+    let run_dir = RunDir::planned_path(&job.run_root, &job.name)?;
     let script = render_sbatch(&job, &ScriptTarget::Single { run_dir }, &shardrun_exe()?)?;
     out!("{script}");
     Ok(())

@@ -3,11 +3,11 @@
 //! the same run directory, it continues the run (see [`crate::rerun`]).
 
 use crate::commands::controller::supervise;
-use crate::commands::spec_args::{self, SetArgs};
+use crate::commands::spec_args::{self, OneJob, SetArgs};
 use crate::job_controller::options::ControllerArgs;
 use crate::job_controller::LaunchMode;
 use crate::rerun::{self, RunStart};
-use crate::resolve::{defaults, Overrides};
+use crate::resolve::{self, Overrides};
 use crate::rundir::{NewRun, RunDir};
 use crate::spec::{overrides, JobSpec};
 use shardrun_protocol::config::DeviceKind;
@@ -49,23 +49,23 @@ pub enum DeviceArg {
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
-    let loaded = spec_args::load(&args.spec, &args.set)?;
-    spec_args::refuse_sweep(&loaded, spec_args::OneJob::Run, &args.spec)?;
-    let path = match &args.run_dir {
-        Some(dir) => dir.clone(),
-        None => run_path(&args.spec, &loaded.spec)?,
-    };
-    let overrides = Overrides {
-        world_size: args.nproc,
-        device: args.device.map(|d| match d {
-            DeviceArg::Cpu => DeviceKind::Cpu,
-            DeviceArg::Cuda => DeviceKind::Cuda,
-        }),
-        force: args.force,
-        continues_run: continues_run(&path, args.force),
-        ..Overrides::submitting()
-    };
-    let job = crate::resolve::resolve(&loaded, &overrides)?;
+    let mut path = PathBuf::new();
+    let (loaded, job) = spec_args::load_one_job(&args.spec, &args.set, OneJob::Run, |loaded| {
+        path = match &args.run_dir {
+            Some(dir) => dir.clone(),
+            None => run_path(&args.spec, &loaded.spec)?,
+        };
+        Ok(Overrides {
+            world_size: args.nproc,
+            device: args.device.map(|d| match d {
+                DeviceArg::Cpu => DeviceKind::Cpu,
+                DeviceArg::Cuda => DeviceKind::Cuda,
+            }),
+            force: args.force,
+            continues_run: continues_run(&path, args.force),
+            ..Overrides::submitting()
+        })
+    })?;
     // One GPU per rank, checked before anything is created.
     let gpus = match job.train.device {
         DeviceKind::Cuda => {
@@ -107,11 +107,7 @@ pub fn run_path(spec_path: &Path, spec: &JobSpec) -> anyhow::Result<PathBuf> {
     if spec_path.is_dir() && RunDir::open(spec_path).is_ok() {
         return Ok(std::path::absolute(spec_path)?);
     }
-    let root = spec
-        .run_root
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(defaults::RUN_ROOT));
-    Ok(std::path::absolute(root.join(&spec.name))?)
+    Ok(RunDir::planned_path(&resolve::run_root(spec), &spec.name)?)
 }
 
 /// Whether the job continues a run already at `path` (without `--force`, which starts over).
@@ -142,5 +138,53 @@ pub fn announce(prepared: RunStart) -> Option<RunDir> {
             outln!("{}", finished.message());
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::parse;
+
+    fn demo(run_root: Option<&Path>) -> crate::spec::LoadedSpec {
+        let yaml = include_str!("../../../examples/demo.yaml");
+        let mut loaded = parse(yaml, Path::new("demo.yaml")).unwrap();
+        loaded.spec.run_root = run_root.map(Path::to_path_buf);
+        loaded
+    }
+
+    #[test]
+    fn a_spec_runs_in_the_directory_its_resolved_job_plans() {
+        let cwd = std::env::current_dir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        for (run_root, expected) in [
+            (None, cwd.join("runs/demo")),
+            (Some(Path::new("sub/runs")), cwd.join("sub/runs/demo")),
+            (Some(elsewhere.path()), elsewhere.path().join("demo")),
+        ] {
+            let loaded = demo(run_root);
+            let job = crate::resolve::resolve(&loaded, &Overrides::default()).unwrap();
+            let planned = RunDir::planned_path(&job.run_root, &job.name).unwrap();
+            assert_eq!(planned, expected);
+            assert_eq!(
+                run_path(Path::new("demo.yaml"), &loaded.spec).unwrap(),
+                planned
+            );
+        }
+    }
+
+    #[test]
+    fn a_run_directory_given_as_the_spec_is_the_run_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let loaded = demo(Some(&tmp.path().join("root")));
+        let dir = tmp.path().join("moved");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("manifest.json"), "{}").unwrap();
+        assert_eq!(run_path(&dir, &loaded.spec).unwrap(), dir);
+        assert_eq!(
+            run_path(&dir.join("job.yaml"), &loaded.spec).unwrap(),
+            tmp.path().join("root/demo"),
+            "a spec file names its run directory by its run root and name"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! What the commands that take a job spec share: the spec path (a file or a run directory),
-//! `--set` overrides, and loading plus resolving in one step.
+//! `--set` overrides, and loading plus resolving in one step (for the commands that take one
+//! job, with a sweep refused).
 
 use crate::resolve::{self, Overrides, ResolvedJob};
 use crate::rundir::RunDir;
@@ -45,9 +46,25 @@ pub fn load_and_resolve(
     Ok((loaded, job))
 }
 
+/// `run`, `submit`, `render` and `prepare`: the spec behind `path` with `--set` applied,
+/// refused when it sweeps ([`refuse_sweep`]), and resolved with the overrides `decide` picks
+/// from it (`run` and `submit` look at the run directory it names first).
+pub fn load_one_job(
+    path: &Path,
+    set: &SetArgs,
+    command: OneJob,
+    decide: impl FnOnce(&LoadedSpec) -> anyhow::Result<Overrides>,
+) -> anyhow::Result<(LoadedSpec, ResolvedJob)> {
+    let loaded = load(path, set)?;
+    refuse_sweep(&loaded, command, path)?;
+    let overrides = decide(&loaded)?;
+    let job = resolve::resolve(&loaded, &overrides)?;
+    Ok((loaded, job))
+}
+
 /// The spec behind `path` with `--set` applied. A sweep point's directory has no spec of
 /// its own: refused, saying how its values train as a job of their own.
-pub fn load(path: &Path, set: &SetArgs) -> anyhow::Result<LoadedSpec> {
+fn load(path: &Path, set: &SetArgs) -> anyhow::Result<LoadedSpec> {
     let run = RunDir::open(path).ok().filter(|_| path.is_dir());
     let manifest = run.as_ref().and_then(|run| run.read_manifest().ok());
     if let Some(m) = manifest.as_ref().filter(|m| !m.sweep_params.is_empty()) {
@@ -129,7 +146,7 @@ impl OneJob {
 /// `run`, `submit`, `render` and `prepare` take one job: a spec with a sweep is refused (they
 /// would use the values outside the sweep and silently drop the rest), saying how to submit
 /// the sweep and how to give the command one point.
-pub fn refuse_sweep(loaded: &LoadedSpec, command: OneJob, path: &Path) -> Result<(), SpecError> {
+fn refuse_sweep(loaded: &LoadedSpec, command: OneJob, path: &Path) -> Result<(), SpecError> {
     let Some(sweep) = &loaded.spec.sweep else {
         return Ok(());
     };
@@ -155,4 +172,55 @@ pub fn refuse_sweep(loaded: &LoadedSpec, command: OneJob, path: &Path) -> Result
             )
         ),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ONE_JOB: &str = "name: one
+resources: { tasks_per_node: 2 }
+training:
+  model: { kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }
+  steps: 2
+  total_batch_size: 4
+  batch_size_per_device: 1
+";
+
+    #[test]
+    fn one_job_is_loaded_refused_when_it_sweeps_and_resolved_with_the_overrides_decided() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = dir.path().join("job.yaml");
+        std::fs::write(&spec, ONE_JOB).unwrap();
+        let set = SetArgs {
+            set: vec!["training.steps=3".into()],
+        };
+        let (loaded, job) = load_one_job(&spec, &set, OneJob::Run, |loaded| {
+            assert_eq!(
+                loaded.spec.training.steps, 3,
+                "--set applies before deciding"
+            );
+            Ok(Overrides {
+                world_size: Some(4),
+                ..Overrides::default()
+            })
+        })
+        .unwrap();
+        assert_eq!(loaded.spec.name, "one");
+        assert_eq!((job.world_size, job.train.steps), (4, 3));
+
+        let sweep = format!("{ONE_JOB}sweep:\n  grid:\n    training.steps: [1, 2]\n");
+        std::fs::write(&spec, sweep).unwrap();
+        for command in [OneJob::Run, OneJob::Submit, OneJob::Render, OneJob::Prepare] {
+            let err = load_one_job(&spec, &SetArgs::default(), command, |_| {
+                panic!("{command:?} decided overrides for a sweep")
+            })
+            .unwrap_err()
+            .to_string();
+            assert!(
+                err.contains(&format!("`shardrun {}`", command.name())),
+                "{err}"
+            );
+        }
+    }
 }

@@ -66,7 +66,7 @@ impl RunJson {
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
     let paths = if args.paths.is_empty() {
-        vec![PathBuf::from(crate::resolve::defaults::RUN_ROOT)]
+        vec![crate::resolve::default_run_root()]
     } else {
         args.paths
     };

@@ -4,7 +4,7 @@
 
 use crate::binaries::shardrun_exe;
 use crate::commands::run::{announce, continues_run, run_path};
-use crate::commands::spec_args::{self, SetArgs};
+use crate::commands::spec_args::{self, OneJob, SetArgs};
 use crate::rerun;
 use crate::resolve::Overrides;
 use crate::rundir::{NewRun, RunState};
@@ -33,15 +33,15 @@ pub struct Args {
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
-    let loaded = spec_args::load(&args.spec, &args.set)?;
-    spec_args::refuse_sweep(&loaded, spec_args::OneJob::Submit, &args.spec)?;
-    let path = run_path(&args.spec, &loaded.spec)?;
-    let overrides = Overrides {
-        force: args.force,
-        continues_run: continues_run(&path, args.force),
-        ..Overrides::submitting()
-    };
-    let job = crate::resolve::resolve(&loaded, &overrides)?;
+    let mut path = PathBuf::new();
+    let (loaded, job) = spec_args::load_one_job(&args.spec, &args.set, OneJob::Submit, |loaded| {
+        path = run_path(&args.spec, &loaded.spec)?;
+        Ok(Overrides {
+            force: args.force,
+            continues_run: continues_run(&path, args.force),
+            ..Overrides::submitting()
+        })
+    })?;
     let script = render_sbatch(
         &job,
         &ScriptTarget::Single {

@@ -8,8 +8,8 @@
 //! at any time.
 
 use crate::binaries::shardrun_exe;
-use crate::resolve::Overrides;
-use crate::rundir::{self, ArrayRef, RunState};
+use crate::resolve::{self, Overrides};
+use crate::rundir::{self, ArrayRef, RunDir, RunState};
 use crate::slurm;
 use crate::spec;
 use crate::sweeps::journal::{self, Journal};
@@ -45,13 +45,8 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     };
     let points = sweeps::expand(&loaded, &overrides)?;
     let sweep = loaded.spec.sweep.clone().unwrap_or_default();
-    let root = loaded
-        .spec
-        .run_root
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(crate::resolve::defaults::RUN_ROOT));
-    let sweep_dir =
-        std::path::absolute(root.join(&loaded.spec.name)).context("resolving the sweep folder")?;
+    let sweep_dir = RunDir::planned_path(&resolve::run_root(&loaded.spec), &loaded.spec.name)
+        .context("resolving the sweep folder")?;
     let throttle = args.throttle.or(sweep.throttle);
     if throttle == Some(0) {
         anyhow::bail!("--throttle 0 would never run a task\n  fix: use 1 or more");

@@ -6,6 +6,7 @@ use super::job::{Action, ConnId, Event, JobMachine};
 use super::launcher::{LaunchMode, LaunchSpec, Launched, Launcher};
 use super::outcome::{FailureCause, Outcome};
 use super::server::{self, ServerEvent, ServerOptions};
+use super::stop_signal::StopSignal;
 use super::writer::{self, Echo, Record, WriterFiles};
 use super::{clock, open_files, priority, secret, ControllerError};
 use crate::events_file::RunEvent;
@@ -456,7 +457,7 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
         },
         Outcome::Cancelled { by, step } => RunEvent::Stopped {
             step: *step,
-            by: by.clone(),
+            by: by.to_string(),
         },
         Outcome::Preempted => RunEvent::Preempted {
             step: checkpoint.as_ref().map(|c| c.step),
@@ -658,24 +659,23 @@ fn how_to_resume(launch: &LaunchMode) -> &'static str {
 fn spawn_signal_forwarders(
     events: mpsc::UnboundedSender<ServerEvent>,
 ) -> Result<(), ControllerError> {
-    let mut kinds = vec![
-        (SignalKind::terminate(), Some("SIGTERM")),
-        (SignalKind::interrupt(), Some("SIGINT")),
-        (SignalKind::user_defined2(), None),
-    ];
-    if !ignored(libc::SIGHUP) {
-        kinds.push((SignalKind::hangup(), Some("SIGHUP")));
-    }
+    let cancels = StopSignal::ALL
+        .into_iter()
+        .filter(|&s| s != StopSignal::Hangup || !ignored(s.number()));
+    let kinds = cancels
+        .map(|s| (SignalKind::from_raw(s.number()), Some(s)))
+        .chain([(SignalKind::user_defined2(), None)]);
     for (kind, cancel) in kinds {
         let mut stream = signal(kind).map_err(ControllerError::Runtime)?;
         let events = events.clone();
         tokio::spawn(async move {
             while stream.recv().await.is_some() {
-                tracing::debug!(signal = cancel.unwrap_or("SIGUSR2"), "signal received");
+                tracing::debug!(
+                    signal = cancel.map_or("SIGUSR2", StopSignal::name),
+                    "signal received"
+                );
                 let event = match cancel {
-                    Some(name) => Event::Cancel {
-                        signal: name.to_string(),
-                    },
+                    Some(signal) => Event::Cancel { signal },
                     None => Event::Preempt,
                 };
                 if events.send(ServerEvent::Job(event)).is_err() {

@@ -6,7 +6,8 @@
 //! same one rank 0 uses in a launch without the controller).
 
 use super::collective_lag::{rank_list, Lag};
-use super::outcome::{ExitInfo, Failure, FailureCause, Outcome};
+use super::outcome::{CancelledBy, ExitInfo, Failure, FailureCause, Outcome};
+use super::stop_signal::StopSignal;
 use crate::events_file::RunEvent;
 use shardrun_protocol::messages::{Registration, ToWorker};
 use shardrun_protocol::rendezvous::Roster;
@@ -81,7 +82,7 @@ pub enum Event {
     DrainTimeout,
     /// SIGTERM / SIGINT / SIGHUP to the controller.
     Cancel {
-        signal: String,
+        signal: StopSignal,
     },
     /// SIGUSR2: preemption or time limit ahead.
     Preempt,
@@ -178,7 +179,7 @@ pub struct JobMachine {
     exits: HashMap<u64, ExitInfo>,
     launched: bool,
     failure: Option<Failure>,
-    cancelled: Option<String>,
+    cancelled: Option<StopSignal>,
     preempting: bool,
     stop_requested: bool,
     escalated: bool,
@@ -330,9 +331,7 @@ impl JobMachine {
                 }
             }
             Event::Cancel { signal } => {
-                // A hangup comes more than once (from the kernel, then from the shell) and
-                // nobody is left to mean it twice: it never kills the ranks.
-                let again_kills = signal != "SIGHUP";
+                let again_kills = signal.again_kills();
                 if self.stop_requested {
                     if again_kills {
                         out.push(Action::Say(format!(
@@ -350,7 +349,7 @@ impl JobMachine {
                         "received {signal}: the ranks stop at their next step boundary \
                          ({to_kill} to kill them now)"
                     )));
-                    self.cancelled.get_or_insert(signal.clone());
+                    self.cancelled.get_or_insert(signal);
                     self.stop(&format!("the job was cancelled ({signal})"), &mut out);
                 }
             }
@@ -705,14 +704,20 @@ impl JobMachine {
         let completed = all_ended && stopped.is_empty();
         let outcome = if let Some(f) = self.failure.take() {
             Outcome::Failed(f)
-        } else if let Some(by) = self.cancelled.take().filter(|_| !completed) {
-            Outcome::Cancelled { by, step }
+        } else if let Some(signal) = self.cancelled.take().filter(|_| !completed) {
+            Outcome::Cancelled {
+                by: CancelledBy::Signal(signal),
+                step,
+            }
         } else if all_ended && !stopped.is_empty() {
             let by = stopped
                 .iter()
                 .find(|(_, _, reason)| !reason.starts_with("another rank"))
-                .map(|(rank, _, reason)| format!("{reason} to rank {rank}"))
-                .unwrap_or_else(|| "a request to the ranks".to_string());
+                .map(|(rank, _, reason)| CancelledBy::Rank {
+                    rank: *rank,
+                    reason: reason.to_string(),
+                })
+                .unwrap_or(CancelledBy::Request);
             Outcome::Cancelled { by, step }
         } else if all_ended
             && self

@@ -8,7 +8,8 @@
 //!   [`launcher`]: processes;
 //! * [`writer`] with [`logbook`], [`metrics_log`] and [`console`]: the files people read
 //!   (and `events.jsonl`);
-//! * [`outcome`]: how the job ended; [`secret`]: the per-job secret.
+//! * [`outcome`]: how the job ended, [`stop_signal`]: the signals that cancel it;
+//!   [`secret`]: the per-job secret.
 
 pub mod clock;
 pub mod collective_lag;
@@ -25,6 +26,7 @@ pub mod priority;
 pub mod progress_watch;
 pub mod secret;
 pub mod server;
+pub mod stop_signal;
 pub mod writer;
 
 pub use event_loop::{run, ControllerOptions, RunPaths, Timeouts};

@@ -1,7 +1,8 @@
 //! How a job ended, in words for people and as `result.json` for machines.
 
 use super::collective_lag::Lag;
-use serde::Serialize;
+use super::stop_signal::StopSignal;
+use serde::{Serialize, Serializer};
 
 /// How a process ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -195,10 +196,10 @@ impl Failure {
 pub enum Outcome {
     Succeeded,
     Failed(Failure),
-    /// Stopped on request without a checkpoint: by a signal to the controller, or by one
-    /// to a rank (`"SIGTERM to rank 1"`); `step`: the step the ranks agreed to stop after.
+    /// Stopped on request without a checkpoint; `step`: the step the ranks agreed to stop
+    /// after.
     Cancelled {
-        by: String,
+        by: CancelledBy,
         step: Option<u64>,
     },
     /// Every rank checkpointed and stopped on request.
@@ -209,15 +210,53 @@ impl Outcome {
     /// The controller's exit status: 0 for success and for a preempted job that will be
     /// requeued (the caller decides the latter), 1 for a failure, and for a cancel 128 + the
     /// signal's number as shells report it (129 for SIGHUP, 130 for SIGINT, 143 for
-    /// SIGTERM).
+    /// SIGTERM; 130, as for Ctrl-C, when no signal is named).
     pub fn exit_code(&self) -> i32 {
         match self {
             Outcome::Succeeded | Outcome::Preempted => 0,
             Outcome::Failed(_) => 1,
-            Outcome::Cancelled { by, .. } if by.starts_with("SIGTERM") => 128 + libc::SIGTERM,
-            Outcome::Cancelled { by, .. } if by.starts_with("SIGHUP") => 128 + libc::SIGHUP,
-            Outcome::Cancelled { .. } => 128 + libc::SIGINT,
+            Outcome::Cancelled { by, .. } => {
+                by.signal().unwrap_or(StopSignal::Interrupt).exit_code()
+            }
         }
+    }
+}
+
+/// Who cancelled a job; in `result.json` and in words, `"SIGTERM"` or `"SIGTERM to rank 1"`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CancelledBy {
+    /// A signal to the controller.
+    Signal(StopSignal),
+    /// A rank that was asked to stop on its own (a signal to it), in its words.
+    Rank { rank: u64, reason: String },
+    /// The ranks stopped on a request none of them named.
+    Request,
+}
+
+impl CancelledBy {
+    /// The signal the cancel came from, when it names one.
+    pub fn signal(&self) -> Option<StopSignal> {
+        match self {
+            CancelledBy::Signal(signal) => Some(*signal),
+            CancelledBy::Rank { reason, .. } => StopSignal::from_name(reason),
+            CancelledBy::Request => None,
+        }
+    }
+}
+
+impl std::fmt::Display for CancelledBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CancelledBy::Signal(signal) => write!(f, "{signal}"),
+            CancelledBy::Rank { rank, reason } => write!(f, "{reason} to rank {rank}"),
+            CancelledBy::Request => f.write_str("a request to the ranks"),
+        }
+    }
+}
+
+impl Serialize for CancelledBy {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
     }
 }
 
@@ -244,5 +283,34 @@ mod tests {
         let json = serde_json::to_value(Outcome::Failed(f)).unwrap();
         assert_eq!(json["status"], "failed");
         assert_eq!(json["rank"], 1);
+    }
+
+    #[test]
+    fn a_cancel_says_who_in_result_json_and_exits_with_the_signal() {
+        let cancelled = |by| Outcome::Cancelled { by, step: Some(3) };
+        let rank = |reason: &str| CancelledBy::Rank {
+            rank: 1,
+            reason: reason.into(),
+        };
+        for (by, words, exit_code) in [
+            (CancelledBy::Signal(StopSignal::Hangup), "SIGHUP", 129),
+            (CancelledBy::Signal(StopSignal::Interrupt), "SIGINT", 130),
+            (CancelledBy::Signal(StopSignal::Terminate), "SIGTERM", 143),
+            (rank("SIGTERM"), "SIGTERM to rank 1", 143),
+            (rank("SIGINT"), "SIGINT to rank 1", 130),
+            (
+                rank("lost the controller (closed)"),
+                "lost the controller (closed) to rank 1",
+                130,
+            ),
+            (CancelledBy::Request, "a request to the ranks", 130),
+        ] {
+            let outcome = cancelled(by);
+            assert_eq!(
+                serde_json::to_value(&outcome).unwrap(),
+                serde_json::json!({"status": "cancelled", "by": words, "step": 3})
+            );
+            assert_eq!(outcome.exit_code(), exit_code, "{words}");
+        }
     }
 }

@@ -593,8 +593,11 @@ mod tests {
     fn existing(root: &Path, state: RunState, sets: &[&str]) -> RunDir {
         let job = resolved(root, sets);
         let params = BTreeMap::new();
-        let run =
-            RunDir::create(&RunDir::planned_path(&job).unwrap(), new_run(&job, &params)).unwrap();
+        let run = RunDir::create(
+            &RunDir::planned_path(&job.run_root, &job.name).unwrap(),
+            new_run(&job, &params),
+        )
+        .unwrap();
         run.update_manifest(|m| m.state = state).unwrap();
         run
     }
@@ -693,8 +696,11 @@ mod tests {
         let mut job = resolved(tmp.path(), &[]);
         job.train.checkpoint.interval_steps = None;
         let params = BTreeMap::new();
-        let run =
-            RunDir::create(&RunDir::planned_path(&job).unwrap(), new_run(&job, &params)).unwrap();
+        let run = RunDir::create(
+            &RunDir::planned_path(&job.run_root, &job.name).unwrap(),
+            new_run(&job, &params),
+        )
+        .unwrap();
         run.update_manifest(|m| m.state = RunState::Cancelled)
             .unwrap();
         let RunStart::Resume(resume) = prepare(run.path(), new_run(&job, &params)).unwrap() else {

@@ -68,11 +68,7 @@ pub fn resolve_data(
     let cache_dir = match &spec.cache_dir {
         Some(dir) => s.spec_relative(dir),
         None => {
-            let root = s
-                .spec()
-                .run_root
-                .clone()
-                .unwrap_or_else(|| PathBuf::from(defaults::RUN_ROOT));
+            let root = super::run_root(s.spec());
             std::path::absolute(&root)
                 .unwrap_or(root)
                 .join(defaults::DATA_CACHE_DIR)

@@ -52,6 +52,17 @@ pub mod defaults {
     pub const DATA_CACHE_DIR: &str = "data-cache";
 }
 
+/// The folder run directories go under: the spec's `run_root`, else the default (both
+/// relative to the directory `shardrun` is started from, when relative).
+pub fn run_root(spec: &JobSpec) -> PathBuf {
+    spec.run_root.clone().unwrap_or_else(default_run_root)
+}
+
+/// Where run directories go when no spec names a run root: [`defaults::RUN_ROOT`].
+pub fn default_run_root() -> PathBuf {
+    PathBuf::from(defaults::RUN_ROOT)
+}
+
 /// What the caller decides instead of the spec.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Overrides {
@@ -375,10 +386,7 @@ pub fn resolve_with(
     let tokens_per_step = train.tokens_per_step();
     Ok(ResolvedJob {
         name: spec.name.clone(),
-        run_root: spec
-            .run_root
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(defaults::RUN_ROOT)),
+        run_root: run_root(spec),
         train,
         slurm,
         preemption,

@@ -232,10 +232,10 @@ fn random_suffix() -> String {
 }
 
 impl RunDir {
-    /// Absolute `<run_root>/<name>` for a resolved job (relative roots are relative to the
-    /// current directory).
-    pub fn planned_path(resolved: &ResolvedJob) -> Result<PathBuf, RunDirError> {
-        let path = resolved.run_root.join(&resolved.name);
+    /// Absolute `<run_root>/<name>`: the run directory of the job `name` (a sweep's folder of
+    /// points); a relative root is relative to the current directory.
+    pub fn planned_path(run_root: &Path, name: &str) -> Result<PathBuf, RunDirError> {
+        let path = run_root.join(name);
         std::path::absolute(&path).map_err(io_err("cannot resolve", &path))
     }
 
@@ -593,7 +593,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let job = job(tmp.path());
         let params = BTreeMap::new();
-        let path = RunDir::planned_path(&job).unwrap();
+        let path = RunDir::planned_path(&job.run_root, &job.name).unwrap();
         let run = RunDir::create(&path, new_run(&job, &params, false)).unwrap();
         for file in [
             run.job_yaml(),
@@ -634,7 +634,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let job = job(tmp.path());
         let params = BTreeMap::new();
-        let path = RunDir::planned_path(&job).unwrap();
+        let path = RunDir::planned_path(&job.run_root, &job.name).unwrap();
         let run = RunDir::create(&path, new_run(&job, &params, false)).unwrap();
         fs::write(run.path().join("marker"), "old").unwrap();
         let err = RunDir::create(&path, new_run(&job, &params, false)).unwrap_err();

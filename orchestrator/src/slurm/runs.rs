@@ -90,7 +90,10 @@ fn run_state_of(state: &JobState) -> RunState {
 
 /// What the controller wrote in `result.json` (`{"status": "succeeded" | "failed" |
 /// "cancelled" | "preempted", "message": ...}`): the run's state and the message.
-fn read_result(run: &RunDir) -> Option<(Option<RunState>, Option<String>)> {
+type Verdict = (Option<RunState>, Option<String>);
+
+/// The [`Verdict`] in `result.json`; `None` when there is none, or none that reads.
+fn read_result(run: &RunDir) -> Option<Verdict> {
     let bytes = std::fs::read(run.result()).ok()?;
     let value: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
     let state = value
@@ -109,16 +112,46 @@ fn read_result(run: &RunDir) -> Option<(Option<RunState>, Option<String>)> {
     Some((state, message))
 }
 
-/// Why a local run (one never submitted to Slurm) is DIED, when it is: its manifest says it
-/// runs, but nobody holds its lock and no result.json says how it ended. Its controller was
-/// killed (SIGKILL, the OOM killer) or its machine went down. Not written to the manifest:
-/// only the lock, asked at the time, can tell.
+/// A local run (one never submitted to Slurm) whose manifest says it runs, as its lock and
+/// its verdict tell.
+enum LocalRun<'a> {
+    /// Its controller holds the lock.
+    Running(Holder),
+    /// Its controller ended just now: its verdict is written, the manifest is next.
+    Ended(&'a Verdict),
+    /// Nobody holds the lock and no verdict says how the run ended: its controller was killed
+    /// (SIGKILL, the OOM killer) or its machine went down.
+    Died,
+    /// The lock cannot be read: no telling.
+    Unknown,
+}
+
+/// What a run is, if it is a local one its manifest says runs (else `None`); `verdict`: its
+/// [`read_result`]. Not written to the manifest: only the lock, asked at the time, can tell.
+fn local_run<'a>(
+    run: &RunDir,
+    manifest: &Manifest,
+    verdict: Option<&'a Verdict>,
+) -> Option<LocalRun<'a>> {
+    if manifest.state != RunState::Running || !manifest.slurm_job_ids.is_empty() {
+        return None;
+    }
+    Some(match (RunLock::state(run.path()), verdict) {
+        (LockState::Held(holder), _) => LocalRun::Running(holder),
+        (LockState::Free, Some(verdict)) => LocalRun::Ended(verdict),
+        (LockState::Free, None) => LocalRun::Died,
+        (LockState::Unknown, _) => LocalRun::Unknown,
+    })
+}
+
+/// Why a local run is DIED, when it is ([`LocalRun::Died`]).
 pub fn died(run: &RunDir, manifest: &Manifest) -> Option<String> {
-    let dead = manifest.state == RunState::Running
-        && manifest.slurm_job_ids.is_empty()
-        && !run.result().exists()
-        && RunLock::state(run.path()) == LockState::Free;
-    dead.then(|| died_detail(run))
+    let verdict = read_result(run);
+    matches!(
+        local_run(run, manifest, verdict.as_ref()),
+        Some(LocalRun::Died)
+    )
+    .then(|| died_detail(run))
 }
 
 fn died_detail(run: &RunDir) -> String {
@@ -184,25 +217,21 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
                         "Slurm no longer knows the job and the controller wrote no result.json"
                             .into();
                 }
-                // A local run: its lock says whether its controller lives.
-                (None, result) if state == RunState::Running => {
-                    match (RunLock::state(run.path()), result) {
-                        (LockState::Held(holder), _) => {
-                            detail = format!("its controller is running ({holder})")
-                        }
-                        // Ended just now: its verdict is written, the manifest is next.
-                        (LockState::Free, Some((result_state, message))) => {
-                            state = result_state.unwrap_or(RunState::Failed);
-                            detail = message.clone().unwrap_or_default();
-                        }
-                        (LockState::Free, None) => {
-                            state = RunState::Died;
-                            detail = died_detail(run);
-                        }
-                        (LockState::Unknown, _) => {}
+                // Never submitted: a local run, whose lock says whether its controller lives.
+                _ => match local_run(run, &manifest, result.as_ref()) {
+                    Some(LocalRun::Running(holder)) => {
+                        detail = format!("its controller is running ({holder})")
                     }
-                }
-                _ => {}
+                    Some(LocalRun::Ended((result_state, message))) => {
+                        state = result_state.unwrap_or(RunState::Failed);
+                        detail = message.clone().unwrap_or_default();
+                    }
+                    Some(LocalRun::Died) => {
+                        state = RunState::Died;
+                        detail = died_detail(run);
+                    }
+                    Some(LocalRun::Unknown) | None => {}
+                },
             }
             // A local run's manifest is its controller's to write: one starting now takes
             // the lock and writes RUNNING, which a state written here would overwrite.
@@ -312,6 +341,34 @@ mod tests {
         .unwrap();
         assert_eq!(state_of(&run).0, RunState::Cancelled);
         assert!(died(&run, &manifest).is_none());
+    }
+
+    #[test]
+    fn status_and_died_judge_a_local_run_alike() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = crate::rundir::running_local_run(dir.path());
+        let manifest = run.read_manifest().unwrap();
+        let judged = |run: &RunDir| {
+            let (statuses, _) = refresh(std::slice::from_ref(run)).unwrap();
+            (
+                statuses[0].state == RunState::Died,
+                died(run, &manifest).is_some(),
+            )
+        };
+        // No verdict, a verdict cut short, a verdict, with the lock free.
+        assert_eq!(judged(&run), (true, true));
+        std::fs::write(run.result(), "{\"stat").unwrap();
+        assert_eq!(
+            judged(&run),
+            (true, true),
+            "a truncated result.json says nothing"
+        );
+        std::fs::write(run.result(), r#"{"status": "failed"}"#).unwrap();
+        assert_eq!(judged(&run), (false, false));
+        // Its controller lives, verdict or not.
+        let _lock = RunLock::acquire(run.path()).unwrap();
+        std::fs::remove_file(run.result()).unwrap();
+        assert_eq!(judged(&run), (false, false));
     }
 
     #[test]

@@ -325,7 +325,7 @@ fn clean_run_succeeds_after_every_process_and_connection_ended() {
     assert_eq!(actions, vec![Action::Finish(Outcome::Succeeded)]);
     assert!(s
         .handle(Event::Cancel {
-            signal: "SIGTERM".into()
+            signal: StopSignal::Terminate
         })
         .is_empty());
 }
@@ -371,7 +371,7 @@ fn srun_step_exit_without_finished_names_the_lost_rank() {
 fn cancel_shuts_down_then_second_signal_forces() {
     let mut s = running();
     let actions = s.handle(Event::Cancel {
-        signal: "SIGINT".into(),
+        signal: StopSignal::Interrupt,
     });
     assert_eq!(
         actions
@@ -387,7 +387,7 @@ fn cancel_shuts_down_then_second_signal_forces() {
         2
     );
     let actions = s.handle(Event::Cancel {
-        signal: "SIGINT".into(),
+        signal: StopSignal::Interrupt,
     });
     assert!(actions.contains(&Action::StopProcesses { force: true }));
     // Ranks dying of the shutdown are not failures.
@@ -403,7 +403,7 @@ fn cancel_shuts_down_then_second_signal_forces() {
     assert_eq!(
         actions,
         vec![Action::Finish(Outcome::Cancelled {
-            by: "SIGINT".into(),
+            by: CancelledBy::Signal(StopSignal::Interrupt),
             step: None
         })]
     );
@@ -413,20 +413,20 @@ fn cancel_shuts_down_then_second_signal_forces() {
 fn a_hangup_stops_at_a_step_boundary_and_a_second_one_kills_nothing() {
     let mut s = running();
     let actions = s.handle(Event::Cancel {
-        signal: "SIGHUP".into(),
+        signal: StopSignal::Hangup,
     });
     assert!(actions.contains(&Action::StopAtStepBoundary), "{actions:?}");
     let actions = s.handle(Event::Cancel {
-        signal: "SIGHUP".into(),
+        signal: StopSignal::Hangup,
     });
     assert!(actions.is_empty(), "{actions:?}");
     // A signal someone sends on purpose still does.
     let actions = s.handle(Event::Cancel {
-        signal: "SIGTERM".into(),
+        signal: StopSignal::Terminate,
     });
     assert!(actions.contains(&Action::StopProcesses { force: true }));
     let outcome = Outcome::Cancelled {
-        by: "SIGHUP".into(),
+        by: CancelledBy::Signal(StopSignal::Hangup),
         step: Some(3),
     };
     assert_eq!(outcome.exit_code(), 129);
@@ -436,7 +436,7 @@ fn a_hangup_stops_at_a_step_boundary_and_a_second_one_kills_nothing() {
 fn a_cancel_lets_the_ranks_stop_at_a_step_boundary() {
     let mut s = running();
     let actions = s.handle(Event::Cancel {
-        signal: "SIGTERM".into(),
+        signal: StopSignal::Terminate,
     });
     assert!(actions.contains(&Action::StopAtStepBoundary), "{actions:?}");
     // Each rank stops after the agreed step, exits with a stop status, possibly before
@@ -464,7 +464,7 @@ fn a_cancel_lets_the_ranks_stop_at_a_step_boundary() {
         error: None,
     });
     let outcome = Outcome::Cancelled {
-        by: "SIGTERM".into(),
+        by: CancelledBy::Signal(StopSignal::Terminate),
         step: Some(150),
     };
     assert_eq!(outcome.exit_code(), 143);
@@ -475,7 +475,7 @@ fn a_cancel_lets_the_ranks_stop_at_a_step_boundary() {
 fn a_cancel_during_the_last_step_finds_the_run_finished() {
     let mut s = running();
     s.handle(Event::Cancel {
-        signal: "SIGINT".into(),
+        signal: StopSignal::Interrupt,
     });
     finish_rank(&mut s, 10, 0, false);
     let actions = finish_rank(&mut s, 11, 1, false);
@@ -516,7 +516,10 @@ fn ranks_stopped_by_their_own_signal_end_the_job_cancelled_not_failed() {
     assert_eq!(
         actions,
         vec![Action::Finish(Outcome::Cancelled {
-            by: "SIGTERM to rank 1".into(),
+            by: CancelledBy::Rank {
+                rank: 1,
+                reason: "SIGTERM".into()
+            },
             step: Some(7)
         })]
     );
@@ -526,7 +529,7 @@ fn ranks_stopped_by_their_own_signal_end_the_job_cancelled_not_failed() {
 fn ranks_that_do_not_stop_in_time_are_named_when_killed() {
     let mut s = running();
     s.handle(Event::Cancel {
-        signal: "SIGINT".into(),
+        signal: StopSignal::Interrupt,
     });
     s.handle(Event::Stopped {
         conn: 10,

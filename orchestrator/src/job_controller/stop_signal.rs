@@ -1,0 +1,81 @@
+//! The signals that cancel a job, as its controller receives them: SIGTERM (`scancel`,
+//! `shardrun cancel`), SIGINT (Ctrl-C) and SIGHUP (a closed terminal or ssh session).
+
+use super::outcome::signal_name;
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopSignal {
+    Hangup,
+    Interrupt,
+    Terminate,
+}
+
+impl StopSignal {
+    pub const ALL: [StopSignal; 3] = [
+        StopSignal::Hangup,
+        StopSignal::Interrupt,
+        StopSignal::Terminate,
+    ];
+
+    pub fn number(self) -> i32 {
+        match self {
+            StopSignal::Hangup => libc::SIGHUP,
+            StopSignal::Interrupt => libc::SIGINT,
+            StopSignal::Terminate => libc::SIGTERM,
+        }
+    }
+
+    /// `"SIGHUP"`, `"SIGINT"`, `"SIGTERM"`.
+    pub fn name(self) -> &'static str {
+        signal_name(self.number())
+    }
+
+    /// The signal a name stands for: how a rank says which signal stopped it.
+    pub fn from_name(name: &str) -> Option<StopSignal> {
+        StopSignal::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    /// The exit status of a job it cancelled, as shells report a process it ended:
+    /// 128 + its number.
+    pub fn exit_code(self) -> i32 {
+        128 + self.number()
+    }
+
+    /// Whether the same signal once more kills the ranks at once. A hangup comes more than
+    /// once (from the kernel, then from the shell) and nobody is left to mean it twice.
+    pub fn again_kills(self) -> bool {
+        self != StopSignal::Hangup
+    }
+}
+
+impl fmt::Display for StopSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_numbers_and_exit_codes_are_the_shells() {
+        let seen: Vec<_> = StopSignal::ALL
+            .iter()
+            .map(|s| (s.name(), s.number(), s.exit_code()))
+            .collect();
+        assert_eq!(
+            seen,
+            [("SIGHUP", 1, 129), ("SIGINT", 2, 130), ("SIGTERM", 15, 143)]
+        );
+        for signal in StopSignal::ALL {
+            assert_eq!(StopSignal::from_name(signal.name()), Some(signal));
+        }
+        assert_eq!(StopSignal::from_name("SIGKILL"), None);
+        assert_eq!(
+            StopSignal::from_name("the job was cancelled (SIGINT)"),
+            None
+        );
+    }
+}
