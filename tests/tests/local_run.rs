@@ -44,6 +44,14 @@ fn two_rank_training_writes_logs_metrics_and_plots() {
         stdout_of(&out)
     };
     let run_arg = run.to_string_lossy().to_string();
+    // The script for the run directory is the one `submit` would write to run there.
+    let render = plot(&["render", &run_arg]);
+    let submit = plot(&["submit", &run_arg, "--dry-run"]);
+    assert_eq!(render, submit);
+    assert!(
+        render.contains(&format!("#SBATCH --output={run_arg}/")),
+        "{render}"
+    );
     plot(&["plot", &run_arg]);
     let svg = std::fs::read_to_string(run.join("metrics.svg")).unwrap();
     assert!(

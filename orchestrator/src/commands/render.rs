@@ -1,9 +1,9 @@
 //! `shardrun render job.yaml`: print the sbatch script the job would be submitted with.
 
 use crate::binaries::shardrun_exe;
+use crate::commands::run::{continues_run, run_path};
 use crate::commands::spec_args::{self, OneJob, SetArgs};
 use crate::resolve::Overrides;
-use crate::rundir::RunDir;
 use crate::sbatch::{render_sbatch, ScriptTarget};
 use std::path::PathBuf;
 
@@ -15,11 +15,17 @@ pub struct Args {
     pub set: SetArgs,
 }
 
+/// The script `shardrun submit` would write for the same arguments: for a run directory,
+/// the one that runs in that directory.
 pub fn execute(args: Args) -> anyhow::Result<()> {
-    let (_, job) = spec_args::load_one_job(&args.spec, &args.set, OneJob::Render, |_| {
-        Ok(Overrides::submitting())
+    let mut run_dir = std::path::PathBuf::new();
+    let (_, job) = spec_args::load_one_job(&args.spec, &args.set, OneJob::Render, |loaded| {
+        run_dir = run_path(&args.spec, &loaded.spec)?;
+        Ok(Overrides {
+            continues_run: continues_run(&run_dir, false),
+            ..Overrides::submitting()
+        })
     })?;
-    let run_dir = RunDir::planned_path(&job.run_root, &job.name)?;
     let script = render_sbatch(&job, &ScriptTarget::Single { run_dir }, &shardrun_exe()?)?;
     out!("{script}");
     Ok(())
