@@ -476,7 +476,7 @@ pub const FOLDER_FILES: [&str; 7] = [
 ];
 
 /// A JSON file of the tokenizer folder, `None` when absent.
-fn read_json(path: &Path) -> Result<Option<Value>> {
+pub(crate) fn read_json(path: &Path) -> Result<Option<Value>> {
     match std::fs::read(path) {
         Ok(bytes) => parse_json(path, &bytes).map(Some),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -485,7 +485,7 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
 }
 
 /// The contents of the tokenizer folder's JSON file `path`.
-pub fn parse_json(path: &Path, bytes: &[u8]) -> Result<Value> {
+pub(crate) fn parse_json(path: &Path, bytes: &[u8]) -> Result<Value> {
     serde_json::from_slice(bytes).map_err(|e| DataError::Tokenizer {
         path: path.to_path_buf(),
         why: format!("not valid JSON ({e})"),
