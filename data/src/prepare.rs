@@ -16,7 +16,9 @@ use crate::writer::CorpusWriter;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 use shardrun_models::hf::ADDITIONAL_CHAT_TEMPLATES;
-use shardrun_protocol::config::{DataSource, JsonlText, OnBadRecord, TokenDtype, TokenizerConfig};
+use shardrun_protocol::config::{
+    DataSource, DatasetConfig, HeldOut, JsonlText, OnBadRecord, TokenDtype, TokenizerConfig,
+};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
@@ -42,6 +44,51 @@ pub struct SourceSpec<'a> {
     pub threads: usize,
     /// `training data`, `validation data`: for messages.
     pub what: &'a str,
+}
+
+/// The sources a dataset is prepared from: its training data and, when its validation data
+/// are files of their own, those (a held-out fraction is part of the training data).
+pub struct DatasetSources<'a> {
+    config: &'a DatasetConfig,
+    /// The training source's reading rules over the validation files.
+    validation: Option<DataSource>,
+    threads: usize,
+}
+
+impl<'a> DatasetSources<'a> {
+    /// `threads`: tokenization threads.
+    pub fn new(config: &'a DatasetConfig, threads: usize) -> DatasetSources<'a> {
+        let validation = match config.validation.as_ref().map(|v| &v.held_out) {
+            Some(HeldOut::Files { files }) => Some(config.source.with_files(files.clone())),
+            _ => None,
+        };
+        DatasetSources {
+            config,
+            validation,
+            threads,
+        }
+    }
+
+    pub fn training(&self) -> SourceSpec<'_> {
+        self.spec(&self.config.source, "training data")
+    }
+
+    /// `None` when validation holds out training documents, or there is none.
+    pub fn validation(&self) -> Option<SourceSpec<'_>> {
+        let source = self.validation.as_ref()?;
+        Some(self.spec(source, "validation data"))
+    }
+
+    fn spec<'s>(&'s self, source: &'s DataSource, what: &'s str) -> SourceSpec<'s> {
+        SourceSpec {
+            source,
+            tokenizer: &self.config.tokenizer,
+            on_bad_record: self.config.on_bad_record,
+            cache_dir: &self.config.cache_dir,
+            threads: self.threads,
+            what,
+        }
+    }
 }
 
 pub fn prepare_source(spec: &SourceSpec<'_>, observer: &dyn Observer) -> Result<Prepared> {
