@@ -15,8 +15,9 @@
 //! Reads come from the page cache unless it can be dropped (root); the report says which.
 
 use shardrun_checkpoint::{
-    commit, write_rank_report, Checkpoint, CommitRequest, DataPosition, Layout, SaveTarget,
-    SchedulerState, ShardWriter, StateDtypes, StateKind, TrainerState, UnitLayout, Verify,
+    commit, write_rank_report, Checkpoint, CommitKind, CommitRequest, DataPosition, Layout,
+    SaveTarget, SchedulerState, ShardWriter, StateDtypes, StateKind, TrainerState, UnitLayout,
+    Verify,
 };
 use shardrun_protocol::config::{CheckpointFormat, DType, ShardingStrategy};
 use std::path::{Path, PathBuf};
@@ -242,7 +243,7 @@ fn run(o: &Options) -> Result<Figures, Box<dyn std::error::Error>> {
                 loss_scale: None,
             },
             config_hash: String::new(),
-            keep: 1,
+            kind: CommitKind::Checkpoint { keep: 1 },
         },
     )?;
     let total = started.elapsed().as_secs_f64();

@@ -2,7 +2,8 @@
 //! files are there, seal the folder with `metadata.json` and `COMPLETE`, rename it into
 //! place, point `latest` at it, prune old ones. Each stage is durable before the next, so a
 //! job killed anywhere leaves either the previous checkpoints intact or the new one
-//! complete.
+//! complete. An export is committed the same way, without `latest` and without pruning
+//! other exports.
 
 use crate::durable::{sync_dir, write_atomically, write_new};
 use crate::error::{CheckpointError, Result};
@@ -29,8 +30,19 @@ pub struct CommitRequest {
     pub layout: Layout,
     pub trainer: TrainerState,
     pub config_hash: String,
-    /// Keep this many newest committed checkpoints (at least the one just written).
-    pub keep: usize,
+    pub kind: CommitKind,
+}
+
+/// What the folder the save goes into holds: it decides `latest` and pruning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitKind {
+    /// One of a run's checkpoints: `latest` points at it, and the `keep` newest committed
+    /// checkpoints stay (at least the one just written).
+    Checkpoint { keep: usize },
+    /// An export: nothing resumes from its folder as a series, so no `latest` is written and
+    /// every committed export stays; only what interrupted exports of earlier steps left
+    /// goes.
+    Export,
 }
 
 /// The commit sequence, in order. [`commit_until`] stops after a given stage so tests can
@@ -43,7 +55,7 @@ pub enum CommitStage {
     Complete,
     /// `step-<N>.partial` renamed to `step-<N>`, parent fsynced.
     Rename,
-    /// `latest` points at the new checkpoint.
+    /// `latest` points at the new checkpoint (an export has no `latest`: nothing happens).
     Latest,
     /// Older checkpoints beyond `keep` and stale partial folders removed.
     Prune,
@@ -127,21 +139,23 @@ pub fn commit_observed(
         return Ok(committed);
     }
 
-    write_atomically(
-        &target.root.join(LATEST_FILE),
-        format!("{}\n", step_dir_name(target.step)).as_bytes(),
-    )?;
+    let keep = match request.kind {
+        CommitKind::Checkpoint { keep } => {
+            write_atomically(
+                &target.root.join(LATEST_FILE),
+                format!("{}\n", step_dir_name(target.step)).as_bytes(),
+            )?;
+            keep
+        }
+        CommitKind::Export => usize::MAX,
+    };
     on_stage(CommitStage::Latest);
     if last == CommitStage::Latest {
         return Ok(committed);
     }
 
-    committed.pruned = prune(&target.root, target.step, request.keep)?;
-    tracing::debug!(
-        removed = committed.pruned.len(),
-        keep = request.keep,
-        "checkpoint prune"
-    );
+    committed.pruned = prune(&target.root, target.step, keep)?;
+    tracing::debug!(removed = committed.pruned.len(), keep, "checkpoint prune");
     on_stage(CommitStage::Prune);
     Ok(committed)
 }

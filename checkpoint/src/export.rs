@@ -3,7 +3,7 @@
 //! time, committed like any other save. Needs neither a GPU nor libtorch.
 
 use crate::checkpoint::Checkpoint;
-use crate::commit::{commit_until, prune, CommitRequest, CommitStage, Committed};
+use crate::commit::{commit, CommitKind, CommitRequest, Committed};
 use crate::error::Result;
 use crate::naming::StateKind;
 use crate::write::{write_rank_report, FullWriter, SaveTarget};
@@ -39,7 +39,7 @@ pub fn export_full(source: &Checkpoint, out_root: &Path) -> Result<Committed> {
         };
         write_rank_report(&target, rank.rank, rank.rng.clone(), mine)?;
     }
-    let mut committed = commit_until(
+    commit(
         &target,
         &CommitRequest {
             format: CheckpointFormat::Full,
@@ -49,11 +49,7 @@ pub fn export_full(source: &Checkpoint, out_root: &Path) -> Result<Committed> {
             layout: layout.clone(),
             trainer: meta.trainer.clone(),
             config_hash: meta.config_hash.clone(),
-            keep: usize::MAX,
+            kind: CommitKind::Export,
         },
-        CommitStage::Rename,
-    )?;
-    // Every export is kept; only what interrupted exports of earlier steps left goes.
-    committed.pruned = prune(out_root, meta.step, usize::MAX)?;
-    Ok(committed)
+    )
 }

@@ -40,3 +40,30 @@ fn export_of_a_three_rank_checkpoint() {
     // And back onto 2 ranks, from the full files.
     assert_loads_onto(&full, &layout(2), 30);
 }
+
+#[test]
+fn exports_of_several_steps_share_a_folder_with_no_latest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let checkpoints = tmp.path().join("checkpoints");
+    let out = tmp.path().join("export");
+    // What an interrupted export of an earlier step left.
+    write_sharded_parts(&out, 5, 3, &layout(3));
+    let mut pruned = Vec::new();
+    for step in [10, 20] {
+        let saved = save_sharded(&checkpoints, step, 3, &layout(3), 1);
+        let source = Checkpoint::open(&saved.dir, Verify::Checksums).unwrap();
+        pruned.extend(export_full(&source, &out).unwrap().pruned);
+    }
+    assert_eq!(pruned, [out.join("step-5.partial")]);
+    let mut left: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    // Every export stays, and no `latest` makes the folder look like a run's checkpoints.
+    assert_eq!(left, ["step-10", "step-20"]);
+    for step in [10, 20] {
+        let full = Checkpoint::open(&out.join(format!("step-{step}")), Verify::Checksums);
+        assert_eq!(full.unwrap().step(), step);
+    }
+}

@@ -43,6 +43,8 @@ pub const LINE_BITS: u32 = 40;
 pub struct SourceFile {
     pub path: PathBuf,
     pub size: u64,
+    /// Absent from data identities recorded before they listed it.
+    #[serde(default)]
     pub mtime_ns: i128,
     /// xxh3-64 of the file's bytes.
     pub xxh3: String,

@@ -5,7 +5,7 @@ use crate::corpus::Corpus;
 use crate::error::{DataError, Result};
 use crate::identity::{DataIdentity, SourceIdentity};
 use crate::packing::{Packed, Row, IGNORE, PAD};
-use crate::prepare::{prepare_source, Prepared, SourceSpec};
+use crate::prepare::{prepare_source, DatasetSources, Prepared};
 use crate::progress::Observer;
 use crate::sampler::EpochOrder;
 use crate::split::{hold_out, DocSet};
@@ -76,34 +76,22 @@ impl Dataset {
         if config.seq_len == 0 {
             return Err(DataError::Config("data.seq_len must be positive".into()));
         }
-        let spec = |source, what| SourceSpec {
-            source,
-            tokenizer: &config.tokenizer,
-            on_bad_record: config.on_bad_record,
-            cache_dir: &config.cache_dir,
-            threads,
-            what,
-        };
-        let train_prepared = prepare_source(&spec(&config.source, "training data"), observer)?;
+        let sources = DatasetSources::new(config, threads);
+        let train_prepared = prepare_source(&sources.training(), observer)?;
         let mut built = train_prepared.built;
         let mut summary = Vec::new();
         let training = SourceIdentity::of(&train_prepared.corpus.manifest);
         let mut validation_identity = None;
         let train_corpus = Arc::new(train_prepared.corpus);
         check_vocab(&train_corpus, vocab_size)?;
-        let (train_set, validation) = match config.validation.as_ref().map(|v| &v.held_out) {
-            None => (DocSet::everything(&train_corpus), None),
-            Some(HeldOut::Fraction { fraction }) => {
-                let (train, held) = hold_out(&train_corpus, *fraction)?;
-                (train, Some((train_corpus.clone(), held)))
-            }
-            Some(HeldOut::Files { files }) => {
-                let source = config.source.with_files(files.clone());
+        let held_out = config.validation.as_ref().map(|v| &v.held_out);
+        let (train_set, validation) = match (sources.validation(), held_out) {
+            (Some(spec), _) => {
                 let Prepared {
                     corpus,
                     built: validation_built,
                     ..
-                } = prepare_source(&spec(&source, "validation data"), observer)?;
+                } = prepare_source(&spec, observer)?;
                 built |= validation_built;
                 check_vocab(&corpus, vocab_size)?;
                 validation_identity = Some(SourceIdentity::of(&corpus.manifest));
@@ -113,6 +101,11 @@ impl Dataset {
                     Some((Arc::new(corpus), set)),
                 )
             }
+            (None, Some(HeldOut::Fraction { fraction })) => {
+                let (train, held) = hold_out(&train_corpus, *fraction)?;
+                (train, Some((train_corpus.clone(), held)))
+            }
+            (None, _) => (DocSet::everything(&train_corpus), None),
         };
         let pack = |corpus: Arc<Corpus>, set| {
             Packed::new(

@@ -222,12 +222,14 @@ impl<'a> DocumentReader<'a> {
             if text.trim().is_empty() {
                 continue;
             }
-            let body = match parse_record(self.source, text) {
+            // A field the first record lacks, likely no record has: skipping would leave
+            // nothing, so the fix is the field's name. Worked out for that record only, when
+            // it stops the preparation: it is the one shown.
+            let hint = self.read == 0 && self.policy == OnBadRecord::Stop;
+            let body = match parse_record(self.source, text, hint) {
                 Ok(body) => body,
                 Err(refused) => {
-                    // A field the first record lacks, likely no record has: skipping would
-                    // leave nothing, so the fix is the field's name.
-                    let fix = refused.missing.filter(|_| self.read == 0).map(|m| m.fix());
+                    let fix = refused.missing.map(|m| m.fix());
                     self.refuse(origin, refused.why, fix)?;
                     return Ok(true);
                 }
@@ -370,7 +372,7 @@ fn newlines(bytes: &[u8]) -> u64 {
 /// Why a line is not a document.
 struct Refused {
     why: String,
-    /// The field the record lacks, when that is why.
+    /// The field the record lacks, when that is why and a hint was asked for.
     missing: Option<Box<MissingField>>,
 }
 
@@ -416,8 +418,9 @@ impl MissingField {
     }
 }
 
-/// One line of a line-based source as a document body, or why it is not one.
-fn parse_record(source: &DataSource, line: &str) -> std::result::Result<Body, Refused> {
+/// One line of a line-based source as a document body, or why it is not one; `hint`: work out
+/// the [`MissingField`] when a field is missing.
+fn parse_record(source: &DataSource, line: &str, hint: bool) -> std::result::Result<Body, Refused> {
     match source {
         DataSource::Text { .. } => Ok(Body::Text(line.to_string())),
         DataSource::Jsonl { text, .. } => {
@@ -427,10 +430,12 @@ fn parse_record(source: &DataSource, line: &str) -> std::result::Result<Body, Re
                 return Err(String::from("the record is not a JSON object").into());
             }
             match text {
-                JsonlText::Field { field } => Ok(Body::Text(string_field(&record, field, &TEXT)?)),
+                JsonlText::Field { field } => {
+                    Ok(Body::Text(string_field(&record, field, &TEXT, hint)?))
+                }
                 JsonlText::PromptCompletion { prompt, completion } => Ok(Body::PromptCompletion {
-                    prompt: string_field(&record, prompt, &PROMPT)?,
-                    completion: string_field(&record, completion, &COMPLETION)?,
+                    prompt: string_field(&record, prompt, &PROMPT, hint)?,
+                    completion: string_field(&record, completion, &COMPLETION, hint)?,
                 }),
             }
         }
@@ -441,26 +446,29 @@ fn parse_record(source: &DataSource, line: &str) -> std::result::Result<Body, Re
                 .get_attr(messages_field)
                 .map_or(true, |m| m.is_undefined());
             if record.kind() == ValueKind::Map && lacks {
-                let has: Vec<String> = record
-                    .try_iter()
-                    .into_iter()
-                    .flatten()
-                    .map(|key| key.to_string())
-                    .collect();
-                let fits = has
-                    .iter()
-                    .filter(|f| record.get_attr(f).is_ok_and(|v| v.kind() == ValueKind::Seq))
-                    .cloned()
-                    .collect();
-                return Err(Refused {
-                    why: format!("no field `{messages_field}` (the messages) in the record"),
-                    missing: Some(Box::new(MissingField {
+                let missing = hint.then(|| {
+                    let has: Vec<String> = record
+                        .try_iter()
+                        .into_iter()
+                        .flatten()
+                        .map(|key| key.to_string())
+                        .collect();
+                    let fits = has
+                        .iter()
+                        .filter(|f| record.get_attr(f).is_ok_and(|v| v.kind() == ValueKind::Seq))
+                        .cloned()
+                        .collect();
+                    Box::new(MissingField {
                         key: "messages_field",
                         field: messages_field.clone(),
                         holds: "the messages",
                         has,
                         fits,
-                    })),
+                    })
+                });
+                return Err(Refused {
+                    why: format!("no field `{messages_field}` (the messages) in the record"),
+                    missing,
                 });
             }
             let tools = record
@@ -503,11 +511,13 @@ const COMPLETION: StringKey = StringKey {
 };
 
 /// A string field, named by `named`; a dotted name (`meta.text`) reaches into nested
-/// objects unless the record has a key with the dot in it.
+/// objects unless the record has a key with the dot in it. `hint`: work out the
+/// [`MissingField`] when the record lacks it.
 fn string_field(
     record: &serde_json::Value,
     field: &str,
     named: &StringKey,
+    hint: bool,
 ) -> std::result::Result<String, Refused> {
     let value = record.get(field).or_else(|| {
         field
@@ -529,31 +539,32 @@ fn string_field(
         .into()),
         None => {
             let object = record.as_object();
-            let has: Vec<String> = object
-                .map(|o| o.keys().cloned().collect())
+            let has: Vec<&str> = object
+                .map(|o| o.keys().map(String::as_str).collect())
                 .unwrap_or_default();
-            let fits = object
-                .filter(|_| named.one_string_fits)
-                .map(|o| {
-                    o.iter()
-                        .filter(|(_, v)| v.is_string())
-                        .map(|(k, _)| k.clone())
-                        .collect()
-                })
-                .unwrap_or_default();
-            Err(Refused {
-                why: format!(
-                    "no field `{field}` in the record (it has: {})",
-                    has.join(", ")
-                ),
-                missing: Some(Box::new(MissingField {
+            let why = format!(
+                "no field `{field}` in the record (it has: {})",
+                has.join(", ")
+            );
+            let missing = hint.then(|| {
+                let fits = object
+                    .filter(|_| named.one_string_fits)
+                    .map(|o| {
+                        o.iter()
+                            .filter(|(_, v)| v.is_string())
+                            .map(|(k, _)| k.clone())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                Box::new(MissingField {
                     key: named.key,
                     field: field.to_string(),
                     holds: named.holds,
-                    has,
+                    has: has.iter().map(|k| k.to_string()).collect(),
                     fits,
-                })),
-            })
+                })
+            });
+            Err(Refused { why, missing })
         }
     }
 }
@@ -784,13 +795,17 @@ mod tests {
     fn fields_and_their_errors() {
         let r: serde_json::Value =
             serde_json::from_str(r#"{"a": {"b": "x"}, "n": 3, "z": null}"#).unwrap();
-        let field = |name| string_field(&r, name, &TEXT);
+        let field = |name| string_field(&r, name, &TEXT, true);
         assert_eq!(field("a.b").ok().unwrap(), "x");
         assert!(field("n").err().unwrap().why.contains("a number"));
         assert!(field("z").err().unwrap().why.contains("null"));
         let missing = field("text").err().unwrap();
         assert!(missing.why.contains("it has: a, n, z"), "{}", missing.why);
         assert_eq!(missing.missing.unwrap().has, ["a", "n", "z"]);
+        // Records whose error is not shown get none.
+        let missing = string_field(&r, "text", &TEXT, false).err().unwrap();
+        assert!(missing.why.contains("it has: a, n, z"), "{}", missing.why);
+        assert!(missing.missing.is_none());
     }
 
     #[test]
@@ -800,7 +815,7 @@ mod tests {
             messages_field: "messages".into(),
             chat_template: None,
         };
-        let Err(refused) = parse_record(&chat, r#"{"msgs": [], "id": 1}"#) else {
+        let Err(refused) = parse_record(&chat, r#"{"msgs": [], "id": 1}"#, true) else {
             panic!("no messages")
         };
         assert_eq!(
@@ -808,13 +823,17 @@ mod tests {
             "`data.messages_field` names a field the first record does not have, so likely no \
              record has it: did you mean `messages_field: msgs`?"
         );
+        let Err(refused) = parse_record(&chat, r#"{"msgs": [], "id": 1}"#, false) else {
+            panic!("no messages")
+        };
+        assert!(refused.missing.is_none(), "no hint unless asked for");
         let jsonl = DataSource::Jsonl {
             files: Vec::new(),
             text: JsonlText::Field {
                 field: "text".into(),
             },
         };
-        let Err(refused) = parse_record(&jsonl, r#"{"content": "hi", "id": 1}"#) else {
+        let Err(refused) = parse_record(&jsonl, r#"{"content": "hi", "id": 1}"#, true) else {
             panic!("no text")
         };
         assert!(
@@ -825,7 +844,7 @@ mod tests {
                 .ends_with("did you mean `field: content`?"),
             "the record's one string"
         );
-        let Err(refused) = parse_record(&jsonl, r#"{"a": "x", "b": "y"}"#) else {
+        let Err(refused) = parse_record(&jsonl, r#"{"a": "x", "b": "y"}"#, true) else {
             panic!("no text")
         };
         assert!(refused
@@ -833,7 +852,7 @@ mod tests {
             .unwrap()
             .fix()
             .ends_with("set it to the field that holds the text"));
-        let Err(refused) = parse_record(&chat, r#"{"messages": 3}"#) else {
+        let Err(refused) = parse_record(&chat, r#"{"messages": 3}"#, true) else {
             panic!("not a list")
         };
         assert!(refused.missing.is_none(), "{}", refused.why);
@@ -873,6 +892,6 @@ mod tests {
             files: vec![],
             split: TextSplit::Line,
         };
-        assert!(matches!(parse_record(&text, "x"), Ok(Body::Text(t)) if t == "x"));
+        assert!(matches!(parse_record(&text, "x", false), Ok(Body::Text(t)) if t == "x"));
     }
 }

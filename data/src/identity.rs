@@ -2,9 +2,9 @@
 //! tokenizer behind each prepared source. A run records it, so that resuming on other data
 //! is refused before any rank starts, saying what changed.
 
-use crate::cache::CacheManifest;
+use crate::cache::{CacheManifest, SourceFile};
 use crate::error::Result;
-use crate::prepare::{prepared_manifest, SourceSpec};
+use crate::prepare::{prepared_manifest, DatasetSources};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use shardrun_protocol::config::{DatasetConfig, HeldOut, Packing};
@@ -29,34 +29,20 @@ pub struct DataIdentity {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SourceIdentity {
     pub tokenizer: String,
-    pub files: Vec<FileIdentity>,
+    /// As the cache's manifest lists them (modification times and token counts are not
+    /// compared).
+    pub files: Vec<SourceFile>,
     pub documents: u64,
     pub tokens: u64,
     /// Hash of the tokens, document offsets and loss mask.
     pub content_hash: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileIdentity {
-    pub path: PathBuf,
-    pub size: u64,
-    /// xxh3-64 of the file's bytes.
-    pub xxh3: String,
-}
-
 impl SourceIdentity {
     pub fn of(manifest: &CacheManifest) -> SourceIdentity {
         SourceIdentity {
             tokenizer: manifest.tokenizer.clone(),
-            files: manifest
-                .files
-                .iter()
-                .map(|f| FileIdentity {
-                    path: f.path.clone(),
-                    size: f.size,
-                    xxh3: f.xxh3.clone(),
-                })
-                .collect(),
+            files: manifest.files.clone(),
             documents: manifest.documents,
             tokens: manifest.tokens,
             content_hash: manifest.content_hash.clone(),
@@ -99,26 +85,16 @@ impl DataIdentity {
     /// The identity of `config`'s data as already prepared, preparing nothing: `None` when a
     /// source has no cache for its files as they are now (never prepared, or changed since).
     pub fn probe(config: &DatasetConfig) -> Result<Option<DataIdentity>> {
-        let spec = |source, what| SourceSpec {
-            source,
-            tokenizer: &config.tokenizer,
-            on_bad_record: config.on_bad_record,
-            cache_dir: &config.cache_dir,
-            threads: 1,
-            what,
-        };
-        let Some(training) = prepared_manifest(&spec(&config.source, "training data"))? else {
+        let sources = DatasetSources::new(config, 1);
+        let Some(training) = prepared_manifest(&sources.training())? else {
             return Ok(None);
         };
-        let validation = match config.validation.as_ref().map(|v| &v.held_out) {
-            Some(HeldOut::Files { files }) => {
-                let source = config.source.with_files(files.clone());
-                match prepared_manifest(&spec(&source, "validation data"))? {
-                    Some(manifest) => Some(SourceIdentity::of(&manifest)),
-                    None => return Ok(None),
-                }
-            }
-            _ => None,
+        let validation = match sources.validation() {
+            Some(spec) => match prepared_manifest(&spec)? {
+                Some(manifest) => Some(SourceIdentity::of(&manifest)),
+                None => return Ok(None),
+            },
+            None => None,
         };
         Ok(Some(DataIdentity::new(
             config,
@@ -160,9 +136,8 @@ fn source_changes(what: &str, was: &SourceIdentity, now: &SourceIdentity) -> Vec
             was.tokenizer, now.tokenizer
         ));
     }
-    let before: BTreeMap<&PathBuf, &FileIdentity> =
-        was.files.iter().map(|f| (&f.path, f)).collect();
-    let after: BTreeMap<&PathBuf, &FileIdentity> = now.files.iter().map(|f| (&f.path, f)).collect();
+    let before: BTreeMap<&PathBuf, &SourceFile> = was.files.iter().map(|f| (&f.path, f)).collect();
+    let after: BTreeMap<&PathBuf, &SourceFile> = now.files.iter().map(|f| (&f.path, f)).collect();
     let mut files = Vec::new();
     for (path, old) in &before {
         match after.get(path) {
@@ -204,10 +179,12 @@ mod tests {
             tokenizer: "UTF-8 bytes".into(),
             files: files
                 .iter()
-                .map(|(path, size, xxh3)| FileIdentity {
+                .map(|(path, size, xxh3)| SourceFile {
                     path: PathBuf::from(path),
                     size: *size,
+                    mtime_ns: 0,
                     xxh3: xxh3.to_string(),
+                    tokens: None,
                 })
                 .collect(),
             documents: 3,
@@ -222,6 +199,18 @@ mod tests {
             training,
             validation: None,
         }
+    }
+
+    #[test]
+    fn identities_recorded_with_path_size_and_hash_only_still_read() {
+        let recorded = r#"{"fingerprint": "a", "training": {"tokenizer": "UTF-8 bytes",
+            "files": [{"path": "/d/a.txt", "size": 10, "xxh3": "1"}],
+            "documents": 3, "tokens": 30, "content_hash": "x"}}"#;
+        let recorded: DataIdentity = serde_json::from_str(recorded).unwrap();
+        assert_eq!(
+            recorded,
+            identity("a", source(&[("/d/a.txt", 10, "1")], "x"))
+        );
     }
 
     #[test]

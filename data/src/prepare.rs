@@ -10,13 +10,16 @@ use crate::error::{DataError, Origin, Result};
 use crate::files::{self, DataFile};
 use crate::progress::Observer;
 use crate::tokenizer::{
-    llama_rebuild_of, read_tokenizer_json, tokenizer_json_path, TextTokenizer, FOLDER_FILES,
+    parse_json, read_tokenizer_json, tokenizer_json_path, LlamaRebuild, TextTokenizer, FOLDER_FILES,
 };
 use crate::writer::CorpusWriter;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 use shardrun_models::hf::ADDITIONAL_CHAT_TEMPLATES;
-use shardrun_protocol::config::{DataSource, JsonlText, OnBadRecord, TokenDtype, TokenizerConfig};
+use shardrun_protocol::config::{
+    DataSource, DatasetConfig, HeldOut, JsonlText, OnBadRecord, TokenDtype, TokenizerConfig,
+};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
@@ -41,6 +44,51 @@ pub struct SourceSpec<'a> {
     pub threads: usize,
     /// `training data`, `validation data`: for messages.
     pub what: &'a str,
+}
+
+/// The sources a dataset is prepared from: its training data and, when its validation data
+/// are files of their own, those (a held-out fraction is part of the training data).
+pub struct DatasetSources<'a> {
+    config: &'a DatasetConfig,
+    /// The training source's reading rules over the validation files.
+    validation: Option<DataSource>,
+    threads: usize,
+}
+
+impl<'a> DatasetSources<'a> {
+    /// `threads`: tokenization threads.
+    pub fn new(config: &'a DatasetConfig, threads: usize) -> DatasetSources<'a> {
+        let validation = match config.validation.as_ref().map(|v| &v.held_out) {
+            Some(HeldOut::Files { files }) => Some(config.source.with_files(files.clone())),
+            _ => None,
+        };
+        DatasetSources {
+            config,
+            validation,
+            threads,
+        }
+    }
+
+    pub fn training(&self) -> SourceSpec<'_> {
+        self.spec(&self.config.source, "training data")
+    }
+
+    /// `None` when validation holds out training documents, or there is none.
+    pub fn validation(&self) -> Option<SourceSpec<'_>> {
+        let source = self.validation.as_ref()?;
+        Some(self.spec(source, "validation data"))
+    }
+
+    fn spec<'s>(&'s self, source: &'s DataSource, what: &'s str) -> SourceSpec<'s> {
+        SourceSpec {
+            source,
+            tokenizer: &self.config.tokenizer,
+            on_bad_record: self.config.on_bad_record,
+            cache_dir: &self.config.cache_dir,
+            threads: self.threads,
+            what,
+        }
+    }
 }
 
 pub fn prepare_source(spec: &SourceSpec<'_>, observer: &dyn Observer) -> Result<Prepared> {
@@ -119,14 +167,30 @@ fn tokenizer_key(config: &TokenizerConfig, source: &DataSource) -> Result<Vec<(S
             let file = tokenizer_json_path(path);
             let bytes = read_tokenizer_json(&file)?;
             key.push(("tokenizer.json".into(), sha(&bytes)));
-            if let Some(rebuild) = llama_rebuild_of(&file, &bytes)? {
-                key.push(("rebuild".into(), rebuild.key()));
-            }
             let folder = file.parent().unwrap_or(Path::new("."));
+            let mut read = BTreeMap::new();
             for name in &FOLDER_FILES[1..] {
                 if let Ok(bytes) = std::fs::read(folder.join(name)) {
                     key.push((name.to_string(), sha(&bytes)));
+                    read.insert(*name, bytes);
                 }
+            }
+            // The rebuild follows from the files just hashed; it is named all the same, so
+            // that caches tokenized from these files with `tokenizer.json` as saved are not
+            // reused.
+            let json = |name: &str| {
+                read.get(name)
+                    .map(|bytes| parse_json(&folder.join(name), bytes))
+                    .transpose()
+            };
+            let rebuild = LlamaRebuild::of(
+                &bytes,
+                json("tokenizer_config.json")?.as_ref(),
+                json("config.json")?.as_ref(),
+            );
+            if let Some(rebuild) = rebuild {
+                // Right after `tokenizer.json`, where the caches built with it have it.
+                key.insert(1, ("rebuild".into(), rebuild.key()));
             }
             for path in additional_templates(folder)? {
                 if let (Ok(bytes), Some(name)) = (std::fs::read(&path), path.file_name()) {
@@ -413,6 +477,13 @@ mod tests {
     use super::*;
 
     fn key_of(tokenizer_config: &str, model_config: Option<&str>) -> Vec<(String, String)> {
+        try_key_of(tokenizer_config, model_config).unwrap()
+    }
+
+    fn try_key_of(
+        tokenizer_config: &str,
+        model_config: Option<&str>,
+    ) -> Result<Vec<(String, String)>> {
         let folder = tempfile::tempdir().unwrap();
         std::fs::write(folder.path().join("tokenizer.json"), "{}").unwrap();
         std::fs::write(
@@ -432,7 +503,7 @@ mod tests {
             files: Vec::new(),
             split: shardrun_protocol::config::TextSplit::File,
         };
-        tokenizer_key(&config, &source).unwrap()
+        tokenizer_key(&config, &source)
     }
 
     fn names(key: &[(String, String)]) -> Vec<&str> {
@@ -453,7 +524,27 @@ mod tests {
                 rebuild.is_some_and(|(_, how)| how.contains(class.trim_end_matches("Fast"))),
                 "{class}: {key:?}"
             );
+            // Where the caches built with the rebuild have it: elsewhere, their names change.
+            assert_eq!(
+                names(&key),
+                [
+                    "tokenizer.json",
+                    "rebuild",
+                    "tokenizer_config.json",
+                    "config.json",
+                    "bos_token",
+                    "eos_token"
+                ]
+            );
         }
+        let key = key_of(r#"{"tokenizer_class": "LlamaTokenizer"}"#, None);
+        assert_eq!(
+            key[1].1,
+            "transformers 5 rebuild v1: built as transformers 5 builds LlamaTokenizer: no \
+             normalizer, Metaspace prepend_scheme first"
+        );
+        let err = try_key_of(r#"{"tokenizer_class": "#, None).unwrap_err();
+        assert!(err.to_string().contains("not valid JSON"), "{err}");
         // Tokenizers transformers uses as saved keep the key they had.
         for (tokenizer_config, model_config) in [
             (r#"{"tokenizer_class": "PreTrainedTokenizerFast"}"#, None),

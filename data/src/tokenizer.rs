@@ -415,18 +415,6 @@ impl LlamaRebuild {
     }
 }
 
-/// [`LlamaRebuild`] of the folder of `tokenizer_json` (the file's bytes).
-pub fn llama_rebuild_of(file: &Path, tokenizer_json: &[u8]) -> Result<Option<LlamaRebuild>> {
-    let folder = file.parent().unwrap_or(Path::new("."));
-    let tokenizer_config = read_json(&folder.join("tokenizer_config.json"))?;
-    let model_config = read_json(&folder.join("config.json"))?;
-    Ok(LlamaRebuild::of(
-        tokenizer_json,
-        tokenizer_config.as_ref(),
-        model_config.as_ref(),
-    ))
-}
-
 /// Python's truth value of a JSON value.
 fn truthy(value: &Value) -> bool {
     match value {
@@ -488,17 +476,20 @@ pub const FOLDER_FILES: [&str; 7] = [
 ];
 
 /// A JSON file of the tokenizer folder, `None` when absent.
-fn read_json(path: &Path) -> Result<Option<Value>> {
+pub(crate) fn read_json(path: &Path) -> Result<Option<Value>> {
     match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| DataError::Tokenizer {
-                path: path.to_path_buf(),
-                why: format!("not valid JSON ({e})"),
-            }),
+        Ok(bytes) => parse_json(path, &bytes).map(Some),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(DataError::io("read", path)(e)),
     }
+}
+
+/// The contents of the tokenizer folder's JSON file `path`.
+pub(crate) fn parse_json(path: &Path, bytes: &[u8]) -> Result<Value> {
+    serde_json::from_slice(bytes).map_err(|e| DataError::Tokenizer {
+        path: path.to_path_buf(),
+        why: format!("not valid JSON ({e})"),
+    })
 }
 
 /// A special token as `transformers` saves it: a string, or an `AddedToken` object.

@@ -13,7 +13,9 @@
 //!   text `<eos>` is read as its five bytes, as the run read it.
 
 use crate::error::{DataError, Result};
-use crate::tokenizer::{tokenizer_folder, tokenizer_json_path, BYTES_EOS, BYTES_EOS_TEXT};
+use crate::tokenizer::{
+    read_json, tokenizer_folder, tokenizer_json_path, BYTES_EOS, BYTES_EOS_TEXT,
+};
 use serde_json::{json, Map, Value};
 use shardrun_models::hf::{self, FolderFile, ADDITIONAL_CHAT_TEMPLATES};
 use shardrun_protocol::config::TokenizerConfig;
@@ -87,18 +89,18 @@ fn hugging_face_files(
     // The configs with the spec's tokens; without a tokenizer_config.json, one that names them.
     for (name, always) in [(TOKENIZER_CONFIG, true), (SPECIAL_TOKENS_MAP, false)] {
         let source = folder.join(name);
-        let mut config = match std::fs::read(&source) {
-            Ok(bytes) => serde_json::from_slice::<Map<String, Value>>(&bytes).map_err(|e| {
-                DataError::Tokenizer {
-                    path: source.clone(),
-                    why: format!("not a JSON object ({e})"),
-                }
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && always => {
+        let mut config = match read_json(&source)? {
+            Some(Value::Object(config)) => config,
+            Some(_) => {
+                return Err(DataError::Tokenizer {
+                    path: source,
+                    why: "not a JSON object".into(),
+                })
+            }
+            None if always => {
                 Map::from_iter([("tokenizer_class".into(), "PreTrainedTokenizerFast".into())])
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(DataError::io("read", &source)(e)),
+            None => continue,
         };
         let mut changed = false;
         for (key, text) in &overrides {
@@ -277,5 +279,20 @@ mod tests {
             tokenizer_files(&TokenizerConfig::PreTokenized, None).unwrap(),
             None
         );
+
+        // Configs the spec's tokens go into must be JSON objects.
+        let config = TokenizerConfig::HuggingFace {
+            path: folder.to_path_buf(),
+            bos_token: Some("<s>".into()),
+            eos_token: None,
+        };
+        for (text, why) in [("[1, 2]", "not a JSON object"), ("{", "not valid JSON")] {
+            std::fs::write(folder.join(TOKENIZER_CONFIG), text).unwrap();
+            let err = tokenizer_files(&config, None).unwrap_err().to_string();
+            assert!(
+                err.contains(TOKENIZER_CONFIG) && err.contains(why),
+                "{text}: {err}"
+            );
+        }
     }
 }

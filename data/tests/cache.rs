@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use shardrun_data::{Dataset, Quiet};
+use shardrun_data::{DataIdentity, Dataset, Quiet};
 use shardrun_protocol::config::*;
 use std::path::Path;
 use std::time::Instant;
@@ -179,4 +179,39 @@ fn editing_a_named_chat_template_tokenizes_again() {
     let edited = Dataset::open(&config, 0, None, 2, &Quiet).unwrap();
     assert!(edited.built(), "an edited tool_use template is read again");
     assert_ne!(edited.fingerprint(), first.fingerprint());
+}
+
+#[test]
+fn the_identity_of_prepared_data_is_found_without_preparing() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = write_corpus(dir.path());
+    let training = dataset(
+        text_files(vec![files[0].clone()], TextSplit::Line),
+        hf("bpe"),
+        16,
+        &dir.path().join("cache"),
+    );
+    let mut config = training.clone();
+    config.validation = Some(ValidationConfig {
+        held_out: HeldOut::Files {
+            files: vec![files[1].clone()],
+        },
+        every_steps: None,
+        max_batches: None,
+    });
+    assert_eq!(
+        DataIdentity::probe(&config).unwrap(),
+        None,
+        "nothing prepared"
+    );
+    Dataset::open(&training, 0, None, 1, &Quiet).unwrap();
+    assert_eq!(
+        DataIdentity::probe(&config).unwrap(),
+        None,
+        "the validation files are not prepared"
+    );
+    let opened = Dataset::open(&config, 0, None, 1, &Quiet).unwrap();
+    let probed = DataIdentity::probe(&config).unwrap().unwrap();
+    assert_eq!(&probed, opened.identity());
+    assert_eq!(probed.validation.unwrap().files[0].path, files[1]);
 }

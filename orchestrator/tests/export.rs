@@ -7,8 +7,8 @@ mod common;
 
 use shardrun_checkpoint::tensor_file::TensorFile;
 use shardrun_checkpoint::{
-    commit, write_rank_report, CommitRequest, DataPosition, Layout, SaveTarget, SchedulerState,
-    ShardWriter, StateDtypes, TrainerState, UnitLayout,
+    commit, write_rank_report, CommitKind, CommitRequest, DataPosition, Layout, SaveTarget,
+    SchedulerState, ShardWriter, StateDtypes, TrainerState, UnitLayout,
 };
 use shardrun_models::hf::config::config_json;
 use shardrun_models::hf::{save_folder, HfWeights, SaveOptions, StoredDtype};
@@ -90,7 +90,7 @@ fn save_layout(root: &Path, step: u64, world: u64, layout: Layout) {
             loss_scale: None,
         },
         config_hash: "feedfacefeedface".into(),
-        keep: 5,
+        kind: CommitKind::Checkpoint { keep: 5 },
     };
     commit(&target, &request).unwrap();
 }

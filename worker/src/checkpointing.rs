@@ -14,9 +14,9 @@ use crate::train::{CheckpointHook, SaveReason, TrainState, Trainer};
 use shardrun_checkpoint::naming::{step_dir_name, COMPLETE_FILE};
 use shardrun_checkpoint::{
     clean_stale, commit_observed, find_latest, resolve, write_rank_report, Checkpoint,
-    CheckpointError, CommitRequest, CommitStage, DataPosition, FullWriter, Layout, LossScaleState,
-    ParamSlot, SaveTarget, SchedulerState, ShardWriter, StateDtypes, StateKind, TrainerState,
-    UnitLayout, Verify,
+    CheckpointError, CommitKind, CommitRequest, CommitStage, DataPosition, FullWriter, Layout,
+    LossScaleState, ParamSlot, SaveTarget, SchedulerState, ShardWriter, StateDtypes, StateKind,
+    TrainerState, UnitLayout, Verify,
 };
 use shardrun_protocol::config::{CheckpointFormat, TrainConfig};
 use shardrun_protocol::env;
@@ -327,7 +327,7 @@ impl Checkpointer {
                 layout,
                 trainer: trainer_state(&trainer.config, &state),
                 config_hash: self.config_hash.clone(),
-                keep: self.keep,
+                kind: CommitKind::Checkpoint { keep: self.keep },
             };
             let committed = commit_observed(&target, &request, CommitStage::Prune, &mut |_| {})?;
             let bytes: u64 = committed.metadata.files.iter().map(|f| f.size).sum();

@@ -3,9 +3,9 @@
 #![allow(dead_code)]
 
 use shardrun_checkpoint::{
-    commit_until, write_rank_report, CommitRequest, CommitStage, Committed, DataPosition,
-    FullWriter, Layout, SaveTarget, SchedulerState, ShardWriter, StateDtypes, StateKind,
-    TrainerState, UnitLayout,
+    commit_until, write_rank_report, CommitKind, CommitRequest, CommitStage, Committed,
+    DataPosition, FullWriter, Layout, SaveTarget, SchedulerState, ShardWriter, StateDtypes,
+    StateKind, TrainerState, UnitLayout,
 };
 use shardrun_protocol::config::{CheckpointFormat, DType, ShardingStrategy};
 use std::path::Path;
@@ -158,7 +158,7 @@ pub fn request(
         layout: layout.clone(),
         trainer: trainer(step),
         config_hash: "0123456789abcdef".into(),
-        keep,
+        kind: CommitKind::Checkpoint { keep },
     }
 }
 
