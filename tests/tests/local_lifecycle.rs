@@ -77,8 +77,14 @@ fn a_hangup_stops_the_run_at_a_step_boundary_and_writes_its_result() {
     // As with a closed terminal, nobody reads the run's output.
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
-    let (mut job, run) = start_long_run(&dir, "hangup", |cmd| {
+    let (mut job, run) = start_long_run(&dir, "hangup", |cmd| unsafe {
         cmd.stdout(writer);
+        // A run started from a terminal: hangups not ignored, whatever this test process
+        // inherited (a test runner started under nohup passes them on ignored).
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_DFL);
+            Ok(())
+        });
     });
     // The kernel's hangup, then the shell's: the second must not kill the ranks.
     for _ in 0..2 {
