@@ -118,6 +118,7 @@ fn four_ranks_make_one_record_per_logged_step_with_the_slowest_rank_and_the_larg
         let mut last = job.last().unwrap().clone();
         last["mfu"] = serde_json::Value::Null;
         for key in [
+            "trained_tokens_per_s",
             "peak_reserved_max_bytes",
             "device_used_max_bytes",
             "device_total_bytes",
