@@ -807,13 +807,14 @@ fn mib(bytes: u64) -> f64 {
 }
 
 pub fn format_metrics(m: &StepMetrics, steps: u64) -> String {
+    let trained = m
+        .trained_tokens_per_s
+        .map(|t| format!(" ({t:.0} trained)"))
+        .unwrap_or_default();
     let mut line = format!(
-        "step {}/{steps} | loss {:.4} | lr {:.3e} | grad norm {:.3} | {:.3} s | {:.0} tok/s | state {:.1} MiB | peak {:.0} MiB",
+        "step {}/{steps} | loss {:.4} | lr {:.3e} | grad norm {:.3} | {:.3} s | {:.0} tok/s{trained} | state {:.1} MiB | peak {:.0} MiB",
         m.step, m.loss, m.lr, m.grad_norm, m.step_time_s, m.tokens_per_s, mib(m.model_state_bytes), mib(m.peak_memory_bytes)
     );
-    if let Some(trained) = m.trained_tokens_per_s {
-        line.push_str(&format!(" ({trained:.0} trained)"));
-    }
     if let Some(reserved) = m.peak_reserved_bytes {
         line.push_str(&format!(" allocated, {:.0} MiB reserved", mib(reserved)));
     }
@@ -874,5 +875,29 @@ mod tests {
         // rates (66.7).
         assert_eq!(mean_throughput(100.0, &[1.0, 3.0]), 50.0);
         assert_eq!(mean_throughput(100.0, &[]), 0.0);
+    }
+
+    #[test]
+    fn the_step_line_puts_trained_tokens_beside_all_tokens() {
+        let m = StepMetrics {
+            step: 3,
+            loss: 2.5,
+            tokens_per_s: 1000.0,
+            trained_tokens_per_s: Some(800.0),
+            ..Default::default()
+        };
+        let line = format_metrics(&m, 10);
+        assert!(
+            line.contains("| 1000 tok/s (800 trained) | state"),
+            "{line}"
+        );
+        let synthetic = format_metrics(
+            &StepMetrics {
+                trained_tokens_per_s: None,
+                ..m
+            },
+            10,
+        );
+        assert!(synthetic.contains("| 1000 tok/s | state"), "{synthetic}");
     }
 }
