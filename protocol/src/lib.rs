@@ -28,4 +28,4 @@ pub use config::TrainConfig;
 pub use messages::{FromWorker, ToWorker};
 
 /// Bumped on every incompatible change of [`messages`] or the handshake.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;

@@ -74,7 +74,7 @@ pub enum FromWorker {
     /// Last message before exiting on request at a step boundary, without finishing:
     /// every rank agreed to stop after optimizer step `step` (a cancel, a signal, a failed
     /// peer). Nothing is wrong with this rank; `reason` says who asked.
-    Stopped { step: u64, reason: String },
+    Stopped { step: u64, reason: StopReason },
     /// The worker hit an error and is about to exit non-zero.
     Failed { error: String },
     /// Training continues from the checkpoint of `step` at `path` (rank 0 sends this once,
@@ -216,6 +216,56 @@ pub struct TrainSummary {
     pub eval_perplexity: Option<f64>,
 }
 
+/// Why a rank stopped at a step boundary before the end ([`FromWorker::Stopped`]). In words
+/// (`Display`) as the rank says it and the controller repeats it: `"SIGTERM"`, `"lost the
+/// controller (closed)"`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// A signal to the rank's own process (SIGINT, SIGTERM).
+    Signal { signal: i32 },
+    /// The controller asked, in its words ("the job was cancelled (SIGINT)").
+    Controller { reason: String },
+    /// The connection to the controller broke; what broke it.
+    LostController { why: String },
+    /// Another rank was asked to stop (learned when the ranks agreed).
+    Peer,
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StopReason::Signal { signal } => {
+                f.write_str(signal_name(*signal).unwrap_or("a signal"))
+            }
+            StopReason::Controller { reason } => f.write_str(reason),
+            StopReason::LostController { why } => write!(f, "lost the controller ({why})"),
+            StopReason::Peer => f.write_str("another rank was asked to stop"),
+        }
+    }
+}
+
+/// The name of a signal that may end or stop a rank (`"SIGTERM"`), for the ones this
+/// platform numbers; `None` for others.
+pub fn signal_name(signal: i32) -> Option<&'static str> {
+    Some(match signal {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGUSR2 => "SIGUSR2",
+        _ => return None,
+    })
+}
+
 /// Exit status of a worker that stopped at a step boundary on the controller's request
 /// (after [`FromWorker::Stopped`]). One stopped by SIGINT or SIGTERM exits with 128 + the
 /// signal's number instead, as shells report it; a failed worker exits with 1.
@@ -314,5 +364,52 @@ mod tests {
             panic!("not a summary")
         };
         assert!(back.first_loss.is_nan() && back.mean_tokens_per_s == 0.0);
+    }
+
+    #[test]
+    fn a_stop_reason_travels_typed_and_reads_as_the_rank_says_it() {
+        for (reason, words) in [
+            (StopReason::Signal { signal: 15 }, "SIGTERM"),
+            (StopReason::Signal { signal: 2 }, "SIGINT"),
+            (StopReason::Signal { signal: 1000 }, "a signal"),
+            (
+                StopReason::Controller {
+                    reason: "the job was cancelled (SIGINT)".into(),
+                },
+                "the job was cancelled (SIGINT)",
+            ),
+            (
+                StopReason::LostController {
+                    why: "closed".into(),
+                },
+                "lost the controller (closed)",
+            ),
+            (StopReason::Peer, "another rank was asked to stop"),
+        ] {
+            assert_eq!(reason.to_string(), words);
+            let stopped = FromWorker::Stopped {
+                step: 7,
+                reason: reason.clone(),
+            };
+            assert_eq!(round_trip(&stopped), stopped, "{words}");
+        }
+        // The wire form names the kind, so a controller never parses words back.
+        assert_eq!(
+            serde_json::to_value(FromWorker::Stopped {
+                step: 3,
+                reason: StopReason::Signal { signal: 15 },
+            })
+            .unwrap(),
+            serde_json::json!({"Stopped": {"step": 3, "reason": {"signal": {"signal": 15}}}})
+        );
+    }
+
+    #[test]
+    fn signal_names_are_the_shells() {
+        assert_eq!(signal_name(1), Some("SIGHUP"));
+        assert_eq!(signal_name(2), Some("SIGINT"));
+        assert_eq!(signal_name(9), Some("SIGKILL"));
+        assert_eq!(signal_name(15), Some("SIGTERM"));
+        assert_eq!(signal_name(1000), None);
     }
 }

@@ -11,7 +11,7 @@
 //! instead of ~12 us (`cargo bench -p shardrun-e2e --bench ingest`).
 
 use crate::report::Reporter;
-use crate::stop::{self, StopCause, StopRequest};
+use crate::stop::{self, StopReason, StopRequest};
 use shardrun_protocol::connection::{encode_frame, BlockingConnection, ConnectionError};
 use shardrun_protocol::env;
 use shardrun_protocol::messages::{
@@ -248,7 +248,7 @@ fn spawn_reader(client: Arc<ControllerClient>, mut reader: BlockingConnection) {
                         tracing::debug!(reason, "the controller asks to stop");
                         // A rank that cannot reach the step boundary (blocked in a collective
                         // with a dead peer) is killed by the controller after its grace period.
-                        stop::process().request_stop(StopCause::Controller(reason));
+                        stop::process().request_stop(StopReason::Controller { reason });
                     }
                     Err(e) => {
                         tracing::debug!(error = %e, "lost the controller");
@@ -260,7 +260,8 @@ fn spawn_reader(client: Arc<ControllerClient>, mut reader: BlockingConnection) {
                         client.rank,
                         client.addr
                     );
-                        stop::process().request_stop(StopCause::LostController(e.to_string()));
+                        stop::process()
+                            .request_stop(StopReason::LostController { why: e.to_string() });
                         return;
                     }
                 }
@@ -322,10 +323,10 @@ impl ControllerClient {
     }
 
     /// The last message before exiting on request at a step boundary.
-    pub fn stopped(&self, step: u64, cause: &StopCause) {
+    pub fn stopped(&self, step: u64, reason: &StopReason) {
         let _ = self.send_or_stderr(&FromWorker::Stopped {
             step,
-            reason: cause.to_string(),
+            reason: reason.clone(),
         });
     }
 

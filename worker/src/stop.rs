@@ -19,51 +19,18 @@
 //! requeues the job, as for SIGUSR2. When the whole job is cancelled (`scancel`), the
 //! controller gets SIGTERM too and the job ends cancelled, its checkpoint kept.
 
-use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
-pub use shardrun_protocol::messages::EXIT_STOPPED;
+pub use shardrun_protocol::messages::{StopReason, EXIT_STOPPED};
 
-/// Why a rank stops before the end.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StopCause {
-    /// SIGINT or SIGTERM to this process.
-    Signal(i32),
-    /// The controller asked; its reason ("the job was cancelled (SIGINT)").
-    Controller(String),
-    /// The connection to the controller broke; what broke it.
-    LostController(String),
-    /// Another rank was asked to stop (learned when the ranks agreed).
-    Peer,
-}
-
-impl StopCause {
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            StopCause::Signal(signal) => 128 + signal,
-            _ => EXIT_STOPPED,
-        }
-    }
-}
-
-impl fmt::Display for StopCause {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StopCause::Signal(signal) => f.write_str(signal_name(*signal)),
-            StopCause::Controller(reason) => f.write_str(reason),
-            StopCause::LostController(why) => write!(f, "lost the controller ({why})"),
-            StopCause::Peer => f.write_str("another rank was asked to stop"),
-        }
-    }
-}
-
-pub fn signal_name(signal: i32) -> &'static str {
-    match signal {
-        libc::SIGINT => "SIGINT",
-        libc::SIGTERM => "SIGTERM",
-        _ => "a signal",
+/// The exit status of a rank that stopped for `reason`: 128 + the signal's number for a
+/// signal to it, as shells report it, else [`EXIT_STOPPED`].
+pub fn exit_code(reason: &StopReason) -> i32 {
+    match reason {
+        StopReason::Signal { signal } => 128 + signal,
+        _ => EXIT_STOPPED,
     }
 }
 
@@ -73,7 +40,7 @@ pub enum StopRequest {
     /// Checkpoint, then stop (Slurm's time limit or preemption ahead).
     Preempt,
     /// Stop without a checkpoint: the run resumes from its last one.
-    Stop(StopCause),
+    Stop(StopReason),
 }
 
 impl StopRequest {
@@ -93,7 +60,7 @@ impl StopRequest {
         if code >= 2.0 {
             Some(match own {
                 Some(StopRequest::Stop(cause)) => StopRequest::Stop(cause),
-                _ => StopRequest::Stop(StopCause::Peer),
+                _ => StopRequest::Stop(StopReason::Peer),
             })
         } else if code >= 1.0 {
             Some(StopRequest::Preempt)
@@ -112,7 +79,7 @@ pub struct StopSwitch {
     preempt_signal: AtomicUsize,
     /// The first stop signal's number (0: none); written by the signal handler.
     signal: Arc<AtomicUsize>,
-    other: Mutex<Option<StopCause>>,
+    other: Mutex<Option<StopReason>>,
     /// Notified when `other` is set.
     other_set: Condvar,
 }
@@ -135,8 +102,8 @@ impl StopSwitch {
     }
 
     /// Asks for a stop; the first cause asked for is the one reported.
-    pub fn request_stop(&self, cause: StopCause) {
-        if let StopCause::Signal(signal) = cause {
+    pub fn request_stop(&self, cause: StopReason) {
+        if let StopReason::Signal { signal } = cause {
             let _ = self.signal.compare_exchange(
                 0,
                 signal as usize,
@@ -154,7 +121,7 @@ impl StopSwitch {
     /// agree to stop because another rank was asked, the controller's request to this rank
     /// (it asks every rank) is usually still in flight: waiting for it lets each rank say why
     /// in its own words. A signal to one rank alone never arrives here: then `None`.
-    pub fn wait_for_cause(&self, timeout: Duration) -> Option<StopCause> {
+    pub fn wait_for_cause(&self, timeout: Duration) -> Option<StopReason> {
         if let Some(StopRequest::Stop(cause)) = self.requested() {
             return Some(cause);
         }
@@ -170,7 +137,11 @@ impl StopSwitch {
     pub fn requested(&self) -> Option<StopRequest> {
         match self.signal.load(Ordering::SeqCst) {
             0 => {}
-            signal => return Some(StopRequest::Stop(StopCause::Signal(signal as i32))),
+            signal => {
+                return Some(StopRequest::Stop(StopReason::Signal {
+                    signal: signal as i32,
+                }))
+            }
         }
         if let Some(cause) = self.other.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             return Some(StopRequest::Stop(cause));
@@ -259,19 +230,29 @@ mod tests {
         assert_eq!(switch.requested(), None);
         switch.request_preempt();
         assert_eq!(switch.requested(), Some(StopRequest::Preempt));
-        switch.request_stop(StopCause::Controller("the job was cancelled".into()));
-        switch.request_stop(StopCause::LostController("reset".into()));
+        switch.request_stop(StopReason::Controller {
+            reason: "the job was cancelled".into(),
+        });
+        switch.request_stop(StopReason::LostController {
+            why: "reset".into(),
+        });
         assert_eq!(
             switch.requested(),
-            Some(StopRequest::Stop(StopCause::Controller(
-                "the job was cancelled".into()
-            )))
+            Some(StopRequest::Stop(StopReason::Controller {
+                reason: "the job was cancelled".into()
+            }))
         );
-        switch.request_stop(StopCause::Signal(libc::SIGTERM));
-        switch.request_stop(StopCause::Signal(libc::SIGINT));
+        switch.request_stop(StopReason::Signal {
+            signal: libc::SIGTERM,
+        });
+        switch.request_stop(StopReason::Signal {
+            signal: libc::SIGINT,
+        });
         assert_eq!(
             switch.requested(),
-            Some(StopRequest::Stop(StopCause::Signal(libc::SIGTERM)))
+            Some(StopRequest::Stop(StopReason::Signal {
+                signal: libc::SIGTERM
+            }))
         );
     }
 
@@ -289,11 +270,15 @@ mod tests {
         assert_eq!(switch.wait_for_cause(Duration::from_millis(10)), None);
         let from_reader = switch.clone();
         let reader = std::thread::spawn(move || {
-            from_reader.request_stop(StopCause::Controller("rank 1 failed".into()))
+            from_reader.request_stop(StopReason::Controller {
+                reason: "rank 1 failed".into(),
+            })
         });
         assert_eq!(
             switch.wait_for_cause(Duration::from_secs(600)),
-            Some(StopCause::Controller("rank 1 failed".into()))
+            Some(StopReason::Controller {
+                reason: "rank 1 failed".into()
+            })
         );
         reader.join().unwrap();
     }
@@ -303,14 +288,26 @@ mod tests {
         let preempt = Some(StopRequest::Preempt);
         assert_eq!(
             StopRequest::agreed(2.0, preempt.clone()),
-            Some(StopRequest::Stop(StopCause::Peer))
+            Some(StopRequest::Stop(StopReason::Peer))
         );
         assert_eq!(StopRequest::agreed(1.0, None), preempt);
         assert_eq!(StopRequest::agreed(0.0, None), None);
-        let own = StopRequest::Stop(StopCause::Signal(libc::SIGINT));
+        let own = StopRequest::Stop(StopReason::Signal {
+            signal: libc::SIGINT,
+        });
         assert_eq!(StopRequest::agreed(2.0, Some(own.clone())), Some(own));
-        assert_eq!(StopCause::Signal(libc::SIGINT).exit_code(), 130);
-        assert_eq!(StopCause::Signal(libc::SIGTERM).exit_code(), 143);
-        assert_eq!(StopCause::Peer.exit_code(), EXIT_STOPPED);
+        assert_eq!(
+            exit_code(&StopReason::Signal {
+                signal: libc::SIGINT
+            }),
+            130
+        );
+        assert_eq!(
+            exit_code(&StopReason::Signal {
+                signal: libc::SIGTERM
+            }),
+            143
+        );
+        assert_eq!(exit_code(&StopReason::Peer), EXIT_STOPPED);
     }
 }

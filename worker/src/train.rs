@@ -14,11 +14,11 @@ use crate::evaluate::Evaluator;
 use crate::fsdp::{EngineOptions, FsdpEngine, FsdpError, ProcessGroups};
 use crate::report::{Reporter, ReporterObserver};
 use crate::scaler::LossScaler;
-use crate::stop::{self, StopCause, StopRequest};
+use crate::stop::{self, StopReason, StopRequest};
 use crate::{control, host, metrics};
 use shardrun_models::source::ParamSource;
 use shardrun_protocol::config::{DType, DeviceKind, ShardingStrategy, TrainConfig};
-use shardrun_protocol::messages::{EvalMetrics, LogLevel, StepMetrics, TrainSummary};
+use shardrun_protocol::messages::{signal_name, EvalMetrics, LogLevel, StepMetrics, TrainSummary};
 use shardrun_protocol::schedule::Schedule;
 use std::sync::Arc;
 use std::time::Instant;
@@ -180,8 +180,8 @@ pub struct TrainOutcome {
     /// Checkpointed and stopped early on a preemption request.
     pub preempted: bool,
     /// Stopped early on request without a checkpoint, and why (this rank's cause, or
-    /// [`StopCause::Peer`]).
-    pub stopped: Option<StopCause>,
+    /// [`StopReason::Peer`]).
+    pub stopped: Option<StopReason>,
     /// Optimizer steps completed when it ended.
     pub step: u64,
 }
@@ -395,7 +395,7 @@ impl Trainer {
                     let by = match stop::process().preempt_signal() {
                         Some(signal) => format!(
                             "{} from Slurm (preemption or the job's end)",
-                            stop::signal_name(signal)
+                            signal_name(signal).unwrap_or("a signal")
                         ),
                         None => "preemption requested".to_string(),
                     };
@@ -661,10 +661,10 @@ impl Trainer {
             tracing::debug!(step = self.step, code, "the ranks agreed to stop");
         }
         Ok(match StopRequest::agreed(code, own) {
-            Some(StopRequest::Stop(StopCause::Peer)) => Some(StopRequest::Stop(
+            Some(StopRequest::Stop(StopReason::Peer)) => Some(StopRequest::Stop(
                 stop::process()
                     .wait_for_cause(PEER_CAUSE_WAIT)
-                    .unwrap_or(StopCause::Peer),
+                    .unwrap_or(StopReason::Peer),
             )),
             agreed => agreed,
         })

@@ -9,7 +9,7 @@ use super::collective_lag::{rank_list, Lag};
 use super::outcome::{CancelledBy, ExitInfo, Failure, FailureCause, Outcome};
 use super::stop_signal::StopSignal;
 use crate::events_file::RunEvent;
-use shardrun_protocol::messages::{Registration, ToWorker};
+use shardrun_protocol::messages::{Registration, StopReason, ToWorker};
 use shardrun_protocol::rendezvous::Roster;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -43,7 +43,7 @@ pub enum Event {
     Stopped {
         conn: ConnId,
         step: u64,
-        reason: String,
+        reason: StopReason,
     },
     /// The rank reported an error; `lag`: ranks behind in the collectives at that moment.
     WorkerFailed {
@@ -131,7 +131,7 @@ pub enum Phase {
 #[derive(Debug, Clone, PartialEq)]
 enum RankEnd {
     Finished { preempted: bool },
-    Stopped { step: u64, reason: String },
+    Stopped { step: u64, reason: StopReason },
     Failed,
 }
 
@@ -690,12 +690,12 @@ impl JobMachine {
         self.phase = Phase::Done;
         let all_ended = self.roster.is_complete() && self.ranks.values().all(|r| r.ended_well());
         // The ranks agree on the step to stop after; the first one that names its own
-        // cause (not "another rank was asked") says who asked.
-        let stopped: Vec<(u64, u64, &str)> = self
+        // cause (not another rank's request) says who asked.
+        let stopped: Vec<(u64, u64, &StopReason)> = self
             .ranks
             .iter()
             .filter_map(|(&rank, r)| match &r.end {
-                Some(RankEnd::Stopped { step, reason }) => Some((rank, *step, reason.as_str())),
+                Some(RankEnd::Stopped { step, reason }) => Some((rank, *step, reason)),
                 _ => None,
             })
             .collect();
@@ -712,10 +712,10 @@ impl JobMachine {
         } else if all_ended && !stopped.is_empty() {
             let by = stopped
                 .iter()
-                .find(|(_, _, reason)| !reason.starts_with("another rank"))
+                .find(|(_, _, reason)| **reason != StopReason::Peer)
                 .map(|(rank, _, reason)| CancelledBy::Rank {
                     rank: *rank,
-                    reason: reason.to_string(),
+                    reason: (*reason).clone(),
                 })
                 .unwrap_or(CancelledBy::Request);
             Outcome::Cancelled { by, step }

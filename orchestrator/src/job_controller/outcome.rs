@@ -3,6 +3,7 @@
 use super::collective_lag::Lag;
 use super::stop_signal::StopSignal;
 use serde::{Serialize, Serializer};
+use shardrun_protocol::messages::{signal_name, StopReason};
 
 /// How a process ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -36,27 +37,10 @@ impl std::fmt::Display for ExitInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match *self {
             ExitInfo::Code(code) => write!(f, "exit code {code}"),
-            ExitInfo::Signal(sig) => write!(f, "signal {sig} ({})", signal_name(sig)),
+            ExitInfo::Signal(sig) => {
+                write!(f, "signal {sig} ({})", signal_name(sig).unwrap_or("signal"))
+            }
         }
-    }
-}
-
-pub fn signal_name(sig: i32) -> &'static str {
-    match sig {
-        libc::SIGHUP => "SIGHUP",
-        libc::SIGINT => "SIGINT",
-        libc::SIGQUIT => "SIGQUIT",
-        libc::SIGILL => "SIGILL",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGFPE => "SIGFPE",
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGPIPE => "SIGPIPE",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGUSR1 => "SIGUSR1",
-        libc::SIGUSR2 => "SIGUSR2",
-        _ => "signal",
     }
 }
 
@@ -228,7 +212,7 @@ pub enum CancelledBy {
     /// A signal to the controller.
     Signal(StopSignal),
     /// A rank that was asked to stop on its own (a signal to it), in its words.
-    Rank { rank: u64, reason: String },
+    Rank { rank: u64, reason: StopReason },
     /// The ranks stopped on a request none of them named.
     Request,
 }
@@ -238,8 +222,11 @@ impl CancelledBy {
     pub fn signal(&self) -> Option<StopSignal> {
         match self {
             CancelledBy::Signal(signal) => Some(*signal),
-            CancelledBy::Rank { reason, .. } => StopSignal::from_name(reason),
-            CancelledBy::Request => None,
+            CancelledBy::Rank {
+                reason: StopReason::Signal { signal },
+                ..
+            } => StopSignal::from_number(*signal),
+            CancelledBy::Rank { .. } | CancelledBy::Request => None,
         }
     }
 }
@@ -288,18 +275,18 @@ mod tests {
     #[test]
     fn a_cancel_says_who_in_result_json_and_exits_with_the_signal() {
         let cancelled = |by| Outcome::Cancelled { by, step: Some(3) };
-        let rank = |reason: &str| CancelledBy::Rank {
-            rank: 1,
-            reason: reason.into(),
-        };
+        let rank = |reason| CancelledBy::Rank { rank: 1, reason };
+        let signal = |signal| rank(StopReason::Signal { signal });
         for (by, words, exit_code) in [
             (CancelledBy::Signal(StopSignal::Hangup), "SIGHUP", 129),
             (CancelledBy::Signal(StopSignal::Interrupt), "SIGINT", 130),
             (CancelledBy::Signal(StopSignal::Terminate), "SIGTERM", 143),
-            (rank("SIGTERM"), "SIGTERM to rank 1", 143),
-            (rank("SIGINT"), "SIGINT to rank 1", 130),
+            (signal(libc::SIGTERM), "SIGTERM to rank 1", 143),
+            (signal(libc::SIGINT), "SIGINT to rank 1", 130),
             (
-                rank("lost the controller (closed)"),
+                rank(StopReason::LostController {
+                    why: "closed".into(),
+                }),
                 "lost the controller (closed) to rank 1",
                 130,
             ),

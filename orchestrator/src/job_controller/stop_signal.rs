@@ -1,7 +1,7 @@
 //! The signals that cancel a job, as its controller receives them: SIGTERM (`scancel`,
 //! `shardrun cancel`), SIGINT (Ctrl-C) and SIGHUP (a closed terminal or ssh session).
 
-use super::outcome::signal_name;
+use shardrun_protocol::messages::signal_name;
 use std::fmt;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,12 +28,12 @@ impl StopSignal {
 
     /// `"SIGHUP"`, `"SIGINT"`, `"SIGTERM"`.
     pub fn name(self) -> &'static str {
-        signal_name(self.number())
+        signal_name(self.number()).unwrap_or("signal")
     }
 
-    /// The signal a name stands for: how a rank says which signal stopped it.
-    pub fn from_name(name: &str) -> Option<StopSignal> {
-        StopSignal::ALL.into_iter().find(|s| s.name() == name)
+    /// The stop signal with this number (one a rank says stopped it), if it is one.
+    pub fn from_number(number: i32) -> Option<StopSignal> {
+        StopSignal::ALL.into_iter().find(|s| s.number() == number)
     }
 
     /// The exit status of a job it cancelled, as shells report a process it ended:
@@ -70,12 +70,8 @@ mod tests {
             [("SIGHUP", 1, 129), ("SIGINT", 2, 130), ("SIGTERM", 15, 143)]
         );
         for signal in StopSignal::ALL {
-            assert_eq!(StopSignal::from_name(signal.name()), Some(signal));
+            assert_eq!(StopSignal::from_number(signal.number()), Some(signal));
         }
-        assert_eq!(StopSignal::from_name("SIGKILL"), None);
-        assert_eq!(
-            StopSignal::from_name("the job was cancelled (SIGINT)"),
-            None
-        );
+        assert_eq!(StopSignal::from_number(libc::SIGKILL), None);
     }
 }

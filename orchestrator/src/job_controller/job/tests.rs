@@ -452,7 +452,9 @@ fn a_cancel_lets_the_ranks_stop_at_a_step_boundary() {
         s.handle(Event::Stopped {
             conn,
             step: 150,
-            reason: "the job was cancelled (SIGTERM)".into(),
+            reason: StopReason::Controller {
+                reason: "the job was cancelled (SIGTERM)".into(),
+            },
         });
     }
     s.handle(Event::Disconnected {
@@ -488,12 +490,14 @@ fn ranks_stopped_by_their_own_signal_end_the_job_cancelled_not_failed() {
     s.handle(Event::Stopped {
         conn: 11,
         step: 7,
-        reason: "SIGTERM".into(),
+        reason: StopReason::Signal {
+            signal: libc::SIGTERM,
+        },
     });
     s.handle(Event::Stopped {
         conn: 10,
         step: 7,
-        reason: "another rank was asked to stop".into(),
+        reason: StopReason::Peer,
     });
     assert!(s
         .handle(Event::ProcessExited {
@@ -513,16 +517,52 @@ fn ranks_stopped_by_their_own_signal_end_the_job_cancelled_not_failed() {
         conn: 11,
         error: None,
     });
-    assert_eq!(
-        actions,
-        vec![Action::Finish(Outcome::Cancelled {
-            by: CancelledBy::Rank {
-                rank: 1,
-                reason: "SIGTERM".into()
+    let outcome = Outcome::Cancelled {
+        by: CancelledBy::Rank {
+            rank: 1,
+            reason: StopReason::Signal {
+                signal: libc::SIGTERM,
             },
-            step: Some(7)
-        })]
+        },
+        step: Some(7),
+    };
+    assert_eq!(actions, vec![Action::Finish(outcome.clone())]);
+    // The rank that was signalled, not the one that followed it, and the shell's status.
+    assert_eq!(
+        serde_json::to_value(&outcome).unwrap()["by"],
+        "SIGTERM to rank 1"
     );
+    assert_eq!(outcome.exit_code(), 143);
+}
+
+#[test]
+fn ranks_that_all_followed_another_rank_end_cancelled_by_a_request() {
+    let mut s = running();
+    for (conn, proc) in [(10, 0), (11, 1)] {
+        s.handle(Event::Stopped {
+            conn,
+            step: 4,
+            reason: StopReason::Peer,
+        });
+        s.handle(Event::ProcessExited {
+            proc,
+            exit: ExitInfo::Code(3),
+        });
+    }
+    s.handle(Event::Disconnected {
+        conn: 10,
+        error: None,
+    });
+    let actions = s.handle(Event::Disconnected {
+        conn: 11,
+        error: None,
+    });
+    let outcome = Outcome::Cancelled {
+        by: CancelledBy::Request,
+        step: Some(4),
+    };
+    assert_eq!(outcome.exit_code(), 130);
+    assert_eq!(actions, vec![Action::Finish(outcome)]);
 }
 
 #[test]
@@ -534,7 +574,9 @@ fn ranks_that_do_not_stop_in_time_are_named_when_killed() {
     s.handle(Event::Stopped {
         conn: 10,
         step: 3,
-        reason: "the job was cancelled (SIGINT)".into(),
+        reason: StopReason::Controller {
+            reason: "the job was cancelled (SIGINT)".into(),
+        },
     });
     let said: Vec<String> = s
         .handle(Event::Escalated)
