@@ -44,6 +44,7 @@ OUT_DIR/
                 prompt/completion ids and loss masks
 """
 
+import functools
 import glob
 import json
 import os
@@ -304,8 +305,14 @@ def byte_level_bpe(out):
     fast.save_pretrained(out)
 
 
-def metaspace_bpe(out):
-    special = ["<unk>", "<s>", "</s>"]
+METASPACE_SPECIAL = ["<unk>", "<s>", "</s>"]
+
+
+@functools.cache
+def metaspace_json():
+    """A SentencePiece-style BPE, trained once: words with their leading `▁` (Metaspace
+    pre-tokenizer), byte fallback over the 256 byte tokens, `<unk>`, `<s>`, `</s>` first,
+    Llama's decoder; no post-processor."""
     byte_tokens = [f"<0x{i:02X}>" for i in range(256)]
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
@@ -313,9 +320,14 @@ def metaspace_bpe(out):
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )
     trainer = trainers.BpeTrainer(
-        vocab_size=1500, special_tokens=special + byte_tokens, show_progress=False
+        vocab_size=1500, special_tokens=METASPACE_SPECIAL + byte_tokens, show_progress=False
     )
     tok.train_from_iterator(training_corpus(), trainer)
+    return tok.to_str()
+
+
+def metaspace_bpe(out):
+    tok = Tokenizer.from_str(metaspace_json())
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.token_to_id("<s>"))]
     )
@@ -339,47 +351,29 @@ def metaspace_bpe(out):
         json.dump({"model_type": "llama", "bos_token_id": 1, "eos_token_id": 2}, f)
 
 
-_LLAMA2_JSON = None
-
-
 def llama2_tokenizer_json():
     """tokenizer.json as Llama 2 and CodeLlama ship it (transformers 4.x wrote it from the
     SentencePiece model): `Prepend("▁")` + `Replace(" ", "▁")` normalizer, no pre-tokenizer,
     BPE with byte fallback whose vocabulary holds the 256 byte tokens, `<unk>`, `<s>`, `</s>`
     as the only added tokens, `<s>` added by the post-processor."""
-    global _LLAMA2_JSON
-    if _LLAMA2_JSON is None:
-        special = ["<unk>", "<s>", "</s>"]
-        byte_tokens = [f"<0x{i:02X}>" for i in range(256)]
-        tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
-        # SentencePiece pieces: words with their leading `▁`.
-        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-        trainer = trainers.BpeTrainer(
-            vocab_size=1500, special_tokens=special + byte_tokens, show_progress=False
-        )
-        tok.train_from_iterator(training_corpus(), trainer)
-        j = json.loads(tok.to_str())
-        j["added_tokens"] = [dict(t, normalized=False) for t in j["added_tokens"] if t["content"] in special]
-        j["normalizer"] = {"type": "Sequence", "normalizers": [
-            {"type": "Prepend", "prepend": "▁"},
-            {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
-        ]}
-        j["pre_tokenizer"] = None
-        bos = [{"SpecialToken": {"id": "<s>", "type_id": 0}}]
-        j["post_processor"] = {
-            "type": "TemplateProcessing",
-            "single": bos + [{"Sequence": {"id": "A", "type_id": 0}}],
-            "pair": bos + [{"Sequence": {"id": "A", "type_id": 0}},
-                           {"SpecialToken": {"id": "<s>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
-            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}},
-        }
-        j["decoder"] = {"type": "Sequence", "decoders": [
-            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
-            {"type": "ByteFallback"}, {"type": "Fuse"},
-            {"type": "Strip", "content": " ", "start": 1, "stop": 0},
-        ]}
-        _LLAMA2_JSON = j
-    return json.loads(json.dumps(_LLAMA2_JSON))
+    j = json.loads(metaspace_json())
+    j["added_tokens"] = [
+        dict(t, normalized=False) for t in j["added_tokens"] if t["content"] in METASPACE_SPECIAL
+    ]
+    j["normalizer"] = {"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": "▁"},
+        {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
+    ]}
+    j["pre_tokenizer"] = None
+    bos = [{"SpecialToken": {"id": "<s>", "type_id": 0}}]
+    j["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": bos + [{"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": bos + [{"Sequence": {"id": "A", "type_id": 0}},
+                       {"SpecialToken": {"id": "<s>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}},
+    }
+    return j
 
 
 def added_token(content):
