@@ -10,7 +10,8 @@ use crate::error::{DataError, Origin, Result};
 use crate::files::{self, DataFile};
 use crate::progress::Observer;
 use crate::tokenizer::{
-    parse_json, read_tokenizer_json, tokenizer_json_path, LlamaRebuild, TextTokenizer, FOLDER_FILES,
+    parse_json, read_tokenizer_json, tokenizer_folder, tokenizer_json_path, LlamaRebuild,
+    TextTokenizer, FOLDER_FILES,
 };
 use crate::writer::CorpusWriter;
 use rayon::prelude::*;
@@ -164,10 +165,10 @@ fn tokenizer_key(config: &TokenizerConfig, source: &DataSource) -> Result<Vec<(S
             bos_token,
             eos_token,
         } => {
-            let file = tokenizer_json_path(path);
-            let bytes = read_tokenizer_json(&file)?;
+            let bytes = read_tokenizer_json(&tokenizer_json_path(path))?;
             key.push(("tokenizer.json".into(), sha(&bytes)));
-            let folder = file.parent().unwrap_or(Path::new("."));
+            // The folder the tokenizer is loaded from.
+            let folder = tokenizer_folder(path);
             let mut read = BTreeMap::new();
             for name in &FOLDER_FILES[1..] {
                 if let Ok(bytes) = std::fs::read(folder.join(name)) {
@@ -192,7 +193,7 @@ fn tokenizer_key(config: &TokenizerConfig, source: &DataSource) -> Result<Vec<(S
                 // Right after `tokenizer.json`, where the caches built with it have it.
                 key.insert(1, ("rebuild".into(), rebuild.key()));
             }
-            for path in additional_templates(folder)? {
+            for path in additional_templates(&folder)? {
                 if let (Ok(bytes), Some(name)) = (std::fs::read(&path), path.file_name()) {
                     let name = format!("{ADDITIONAL_CHAT_TEMPLATES}/{}", name.to_string_lossy());
                     key.push((name, sha(&bytes)));
