@@ -78,16 +78,11 @@ fn world_of(record: &StepRecord, starts: &[WorldStart]) -> u64 {
 }
 
 /// `records` cut where the world size changes, in step order.
-fn segments(records: &[StepRecord], starts: &[WorldStart]) -> Vec<(u64, Vec<StepRecord>)> {
-    let mut out: Vec<(u64, Vec<StepRecord>)> = Vec::new();
-    for record in records {
-        let world = world_of(record, starts);
-        match out.last_mut() {
-            Some((w, steps)) if *w == world => steps.push(record.clone()),
-            _ => out.push((world, vec![record.clone()])),
-        }
-    }
-    out
+fn segments<'a>(records: &'a [StepRecord], starts: &[WorldStart]) -> Vec<(u64, &'a [StepRecord])> {
+    records
+        .chunk_by(|a, b| world_of(a, starts) == world_of(b, starts))
+        .map(|steps| (world_of(&steps[0], starts), steps))
+        .collect()
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -122,7 +117,6 @@ pub fn analyse(records: &[StepRecord], starts: &[WorldStart]) -> StragglerReport
             ranks: *ranks,
         })
         .collect();
-    let records = records.as_slice();
     let spread = |r: &StepRecord| {
         if r.step_time_median_s > 0.0 {
             r.step_time_max_s / r.step_time_median_s - 1.0

@@ -2,8 +2,9 @@
 //! made absolute (relative to the spec file), every default applied, and what the paths name
 //! looked at on disk: every `files` pattern matches a file, the tokenizer folder holds a
 //! `tokenizer.json`, chat data has a template (the `chat_template` file exists, or the
-//! tokenizer folder has one). So a wrong path fails in `plan`, not after the queue wait. Nothing is read or tokenized here: that happens when the data is
-//! prepared (`shardrun prepare`, or the job's controller before launch).
+//! tokenizer folder has one). So a wrong path fails in `plan`, not after the queue wait.
+//! Nothing is read or tokenized here: that happens when the data is prepared (`shardrun
+//! prepare`, or the job's controller before launch).
 
 use super::{defaults, ResolveError, Section};
 use crate::spec::{DataKind, DataSpec, TextSplitKind, TokenizerKind};

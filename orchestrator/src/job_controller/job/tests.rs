@@ -54,6 +54,19 @@ fn leave(s: &mut JobMachine, conn: u64, proc: u64, exit: ExitInfo) -> Vec<Action
     s.handle(Event::ProcessExited { proc, exit })
 }
 
+/// Both ranks' connections (10 and 11) close cleanly; returns what the second close made
+/// the machine do.
+fn close_both(s: &mut JobMachine) -> Vec<Action> {
+    s.handle(Event::Disconnected {
+        conn: 10,
+        error: None,
+    });
+    s.handle(Event::Disconnected {
+        conn: 11,
+        error: None,
+    })
+}
+
 fn failure(actions: &[Action]) -> Option<Failure> {
     actions.iter().find_map(|a| match a {
         Action::Finish(Outcome::Failed(f)) => Some(f.clone()),
@@ -273,14 +286,7 @@ fn clean_exit_before_the_last_messages_are_read_is_not_a_failure() {
             preempted: false,
         });
     }
-    s.handle(Event::Disconnected {
-        conn: 10,
-        error: None,
-    });
-    let actions = s.handle(Event::Disconnected {
-        conn: 11,
-        error: None,
-    });
+    let actions = close_both(&mut s);
     assert_eq!(actions, vec![Action::Finish(Outcome::Succeeded)]);
     // Without the Finished message the connection's end is the failure.
     let mut s = running();
@@ -457,14 +463,7 @@ fn a_cancel_lets_the_ranks_stop_at_a_step_boundary() {
             },
         });
     }
-    s.handle(Event::Disconnected {
-        conn: 10,
-        error: None,
-    });
-    let actions = s.handle(Event::Disconnected {
-        conn: 11,
-        error: None,
-    });
+    let actions = close_both(&mut s);
     let outcome = Outcome::Cancelled {
         by: CancelledBy::Signal(StopSignal::Terminate),
         step: Some(150),
@@ -509,14 +508,7 @@ fn ranks_stopped_by_their_own_signal_end_the_job_cancelled_not_failed() {
         proc: 0,
         exit: ExitInfo::Code(3),
     });
-    s.handle(Event::Disconnected {
-        conn: 10,
-        error: None,
-    });
-    let actions = s.handle(Event::Disconnected {
-        conn: 11,
-        error: None,
-    });
+    let actions = close_both(&mut s);
     let outcome = Outcome::Cancelled {
         by: CancelledBy::Rank {
             rank: 1,
@@ -549,14 +541,7 @@ fn ranks_that_all_followed_another_rank_end_cancelled_by_a_request() {
             exit: ExitInfo::Code(3),
         });
     }
-    s.handle(Event::Disconnected {
-        conn: 10,
-        error: None,
-    });
-    let actions = s.handle(Event::Disconnected {
-        conn: 11,
-        error: None,
-    });
+    let actions = close_both(&mut s);
     let outcome = Outcome::Cancelled {
         by: CancelledBy::Request,
         step: Some(4),
