@@ -166,8 +166,8 @@ if [[ -x "$bin/tests/shardrun-worker-unit-tests" ]]; then
 else
   echo "(no $bin/tests/shardrun-worker-unit-tests: stage with \`bench/gpu.sh stage\` to run the unit tests here)"
 fi
-fi
 bundle
+fi
 
 if wanted train; then
 echo "== 4: training on the GPU"
@@ -194,8 +194,8 @@ reference_check() {
   "$python" bench/gpu_checks.py same "$out/runs/fp32/metrics.jsonl" "$out/runs/fp32-reference.jsonl" --rtol 1e-4
 }
 check "fp32 FULL_SHARD = unsharded reference" reference_check
-fi
 bundle
+fi
 
 if wanted checkpoints; then
 echo "== 5: checkpoints"
@@ -222,8 +222,8 @@ export_check() {
     "$out/runs/exported/metrics.jsonl" --rtol 1e-3
 }
 check "export -> PyTorch reproduces the next loss" export_check
-fi
 bundle
+fi
 
 if wanted bench; then
 echo "== 6: benchmark (bench/gpu-bench.yaml) vs PyTorch FSDP2"
@@ -245,8 +245,8 @@ if [[ -f "$out/bench/metrics.jsonl" && -s "$out/pytorch.json" ]]; then
   grep -m1 "MFU is" "$out/bench/train.log" | sed 's/^.*\] //'
   "$python" bench/gpu_checks.py table "$out" | tee "$out/table.md"
 fi
-fi
 bundle
+fi
 
 echo
 if (( ${#failures[@]} )); then

@@ -216,12 +216,18 @@ pub fn result_json(run: &Path) -> serde_json::Value {
     serde_json::from_str(&text).expect("result.json is JSON")
 }
 
-/// The loss per step from a run's metrics.jsonl. A resumed run logs again the steps after
-/// its checkpoint: the later record of a step wins, as `shardrun plot` reads them.
+/// The loss per step from a run's metrics.jsonl (see [`step_values`]).
 pub fn losses(run: &Path) -> std::collections::BTreeMap<u64, f64> {
+    step_values(run, "loss")
+}
+
+/// One field (`"loss"`, `"lr"`) per step from a run's metrics.jsonl. A resumed run logs again
+/// the steps after its checkpoint: the later record of a step wins, as `shardrun plot` reads
+/// them.
+pub fn step_values(run: &Path, field: &str) -> std::collections::BTreeMap<u64, f64> {
     step_records(run)
         .iter()
-        .filter_map(|v| Some((v["step"].as_u64()?, v["loss"].as_f64()?)))
+        .filter_map(|v| Some((v["step"].as_u64()?, v[field].as_f64()?)))
         .collect()
 }
 

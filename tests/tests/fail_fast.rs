@@ -151,15 +151,11 @@ fn a_worker_binary_that_cannot_be_executed_ends_the_job_at_once_naming_it() {
         (Some("failed"), Some("launch")),
         "{result}"
     );
-    let status = run_with_deadline(
-        std::process::Command::new(shardrun()).args([
-            "status",
-            "--json",
-            &run.display().to_string(),
-        ]),
+    let status = shardrun_in(
+        dir.path(),
+        &["status", "--json", &run.display().to_string()],
         Duration::from_secs(60),
-    )
-    .unwrap();
+    );
     let runs = status_runs(&stdout_of(&status));
     assert_eq!(runs[0]["state"], "FAILED", "{runs:?}");
     assert_no_process_left(&run, Duration::from_secs(5));

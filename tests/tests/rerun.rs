@@ -348,11 +348,8 @@ fn training_a_cosine_run_longer_says_how_its_lr_jumps() {
     );
     let stdout = stdout_of(&out);
     assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
-    // The LR each step trained at, as the ranks logged it (the later record of a step wins).
-    let lr: BTreeMap<u64, f64> = step_records(&run)
-        .iter()
-        .filter_map(|r| Some((r["step"].as_u64()?, r["lr"].as_f64()?)))
-        .collect();
+    // The LR each step trained at, as the ranks logged it.
+    let lr = step_values(&run, "lr");
     let (last, resumed) = (lr[&10], lr[&11]);
     assert!(resumed > 2.0 * last, "the LR jumps: {lr:?}");
     assert_eq!(

@@ -80,14 +80,8 @@ fn scancel_then_submit_of_the_same_spec_resumes_with_the_uninterrupted_losses() 
     let out = run_with_deadline(&mut cancel, Duration::from_secs(30)).unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
     signal_workers(&run, libc::SIGCONT);
-    wait_for("Slurm to end the job", Duration::from_secs(120), || {
-        let out = cluster
-            .shardrun(dir.path(), &["status", "--json", &run.to_string_lossy()])
-            .ok()?;
-        (states(&stdout_of(&out)) == vec![("rerun".to_string(), "CANCELLED".to_string())])
-            .then_some(())
-    })
-    .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    wait_cancelled(&cluster, dir.path(), &run, Duration::from_secs(120))
+        .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
     let result = result_json(&run);
     assert_eq!(result["status"], "cancelled", "{result}");
     let stopped_after = result["step"].as_u64().expect("the step it stopped after");
@@ -195,14 +189,7 @@ fn submit_force_refuses_to_delete_a_run_whose_job_is_still_queued() {
         .shardrun(dir.path(), &["cancel", &run.to_string_lossy()])
         .unwrap();
     assert!(out.status.success(), "cancel failed: {}", stderr_of(&out));
-    wait_for("Slurm to end the job", Duration::from_secs(60), || {
-        let out = cluster
-            .shardrun(dir.path(), &["status", "--json", &run.to_string_lossy()])
-            .ok()?;
-        (states(&stdout_of(&out)) == vec![("rerun".to_string(), "CANCELLED".to_string())])
-            .then_some(())
-    })
-    .unwrap();
+    wait_cancelled(&cluster, dir.path(), &run, Duration::from_secs(60)).unwrap();
     let out = cluster
         .shardrun(dir.path(), &["submit", "--force", &spec_arg])
         .unwrap();
@@ -216,6 +203,22 @@ fn submit_force_refuses_to_delete_a_run_whose_job_is_still_queued() {
         cluster: &cluster,
         job: second,
     };
+}
+
+/// Waits until `shardrun status` shows the run `rerun` as CANCELLED: Slurm ended its job.
+fn wait_cancelled(
+    cluster: &SlurmCluster,
+    cwd: &std::path::Path,
+    run: &std::path::Path,
+    deadline: Duration,
+) -> anyhow::Result<()> {
+    wait_for("Slurm to end the job", deadline, || {
+        let out = cluster
+            .shardrun(cwd, &["status", "--json", &run.to_string_lossy()])
+            .ok()?;
+        (states(&stdout_of(&out)) == vec![("rerun".to_string(), "CANCELLED".to_string())])
+            .then_some(())
+    })
 }
 
 /// Cancels a job that would otherwise wait in the queue after the test, passed or failed.
