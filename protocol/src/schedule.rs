@@ -1,7 +1,7 @@
 //! Learning-rate schedule: linear warmup to the peak, then cosine, linear or constant decay
 //! to `lr · min_lr_ratio` at the last step.
 
-use crate::config::{LrDecay, LrSchedule};
+use crate::config::{LrDecay, LrSchedule, TrainConfig};
 
 #[derive(Debug, Clone)]
 pub struct Schedule {
@@ -17,6 +17,11 @@ impl Schedule {
             config,
             total_steps,
         }
+    }
+
+    /// The schedule a job trains with: its optimizer's peak LR over its `steps`.
+    pub fn of(config: &TrainConfig) -> Self {
+        Schedule::new(config.optimizer.lr, config.schedule.clone(), config.steps)
     }
 
     /// Learning rate of optimizer step `step` (0-based).

@@ -427,7 +427,7 @@ fn unit_layout(flat: &FlatLayout) -> UnitLayout {
 }
 
 fn trainer_state(config: &TrainConfig, state: &TrainState) -> TrainerState {
-    let schedule = Schedule::new(config.optimizer.lr, config.schedule.clone(), config.steps);
+    let schedule = Schedule::of(config);
     TrainerState {
         optimizer_step: state.optimizer_steps,
         scheduler: SchedulerState {

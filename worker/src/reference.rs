@@ -40,7 +40,7 @@ pub fn train_reference(
         .map(|(name, p)| (name.clone(), AdamWState::zeros_like(&p.detach())))
         .collect();
     let dataset = TrainingData::new(config)?;
-    let schedule = Schedule::new(config.optimizer.lr, config.schedule.clone(), config.steps);
+    let schedule = Schedule::of(config);
     // The whole global micro-batch at once: every rank's samples.
     let global_batch = config.batch.batch_size_per_device * config.batch.world_size;
     let accum = config.batch.grad_accum_steps;

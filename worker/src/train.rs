@@ -239,7 +239,7 @@ impl Trainer {
         }
         let evaluator = Evaluator::from_config(&config);
         let batch_log = BatchLog::from_env(rank).map_err(TrainError::Config)?;
-        let schedule = Schedule::new(config.optimizer.lr, config.schedule.clone(), config.steps);
+        let schedule = Schedule::of(&config);
         let scaler = (mp.param_dtype == DType::F16).then(LossScaler::default);
         let fault = crate::fault::Injected::from_env().map_err(TrainError::Config)?;
         Ok(Trainer {

@@ -83,8 +83,7 @@ pub struct LrChange {
 impl LrChange {
     /// The LR of the step after `done` under both configs' schedules, when they differ.
     pub fn of(was: &TrainConfig, now: &TrainConfig, done: u64) -> Option<LrChange> {
-        let lr =
-            |c: &TrainConfig| Schedule::new(c.optimizer.lr, c.schedule.clone(), c.steps).lr(done);
+        let lr = |c: &TrainConfig| Schedule::of(c).lr(done);
         let (before, after) = (lr(was), lr(now));
         let differs = (after - before).abs() > 1e-9 * before.abs().max(after.abs());
         (was.steps != now.steps && differs).then(|| LrChange {
