@@ -271,9 +271,21 @@ pub fn signal_name(signal: i32) -> Option<&'static str> {
 /// signal's number instead, as shells report it; a failed worker exits with 1.
 pub const EXIT_STOPPED: i32 = 3;
 
-/// Whether a worker's exit status says it stopped on request rather than failed.
+impl StopReason {
+    /// The exit status of a rank that stopped for this reason: 128 + the signal's number for
+    /// a signal to it, as shells report it, else [`EXIT_STOPPED`].
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            StopReason::Signal { signal } => 128 + signal,
+            _ => EXIT_STOPPED,
+        }
+    }
+}
+
+/// Whether a worker's exit status says it stopped on request rather than failed: the
+/// statuses [`StopReason::exit_code`] gives (a rank is stopped by SIGINT or SIGTERM).
 pub fn is_stop_status(code: i32) -> bool {
-    code == EXIT_STOPPED || code == 128 + 2 || code == 128 + 15
+    code == EXIT_STOPPED || code == 128 + libc::SIGINT || code == 128 + libc::SIGTERM
 }
 
 /// Controller → worker.

@@ -15,7 +15,7 @@ use clap::Parser;
 use shardrun_protocol::config::DeviceKind;
 use shardrun_protocol::config::TrainConfig;
 use shardrun_protocol::env;
-use shardrun_protocol::messages::Registration;
+use shardrun_protocol::messages::{Registration, StopReason};
 use shardrun_worker::checkpointing::Checkpointer;
 use shardrun_worker::collectives::cpu::transport::listen_host;
 use shardrun_worker::collectives::{nccl, prepare, Comms};
@@ -73,7 +73,7 @@ fn main() {
     fail_fast::install_panic_hook();
     match run() {
         Ok(0) => {}
-        // Stopped on request: the status says by what (see `stop::exit_code`).
+        // Stopped on request: the status says by what (see `StopReason::exit_code`).
         Ok(code) => std::process::exit(code),
         Err(error) => {
             eprintln!("shardrun-worker: error: {error:#}");
@@ -207,7 +207,7 @@ fn train(
     // Leave together: no rank closes its sockets while a peer may still be inside the last
     // collective; then (and only then) NCCL communicators are destroyed.
     trainer.engine().groups().leave_together()?;
-    Ok(outcome.stopped.as_ref().map_or(0, stop::exit_code))
+    Ok(outcome.stopped.as_ref().map_or(0, StopReason::exit_code))
 }
 
 fn load_config(path: &std::path::Path) -> Result<TrainConfig> {

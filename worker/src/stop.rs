@@ -25,15 +25,6 @@ use std::time::Duration;
 
 pub use shardrun_protocol::messages::{StopReason, EXIT_STOPPED};
 
-/// The exit status of a rank that stopped for `reason`: 128 + the signal's number for a
-/// signal to it, as shells report it, else [`EXIT_STOPPED`].
-pub fn exit_code(reason: &StopReason) -> i32 {
-    match reason {
-        StopReason::Signal { signal } => 128 + signal,
-        _ => EXIT_STOPPED,
-    }
-}
-
 /// What the training loop is asked to do at its next step boundary.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StopRequest {
@@ -297,17 +288,19 @@ mod tests {
         });
         assert_eq!(StopRequest::agreed(2.0, Some(own.clone())), Some(own));
         assert_eq!(
-            exit_code(&StopReason::Signal {
+            StopReason::Signal {
                 signal: libc::SIGINT
-            }),
+            }
+            .exit_code(),
             130
         );
         assert_eq!(
-            exit_code(&StopReason::Signal {
+            StopReason::Signal {
                 signal: libc::SIGTERM
-            }),
+            }
+            .exit_code(),
             143
         );
-        assert_eq!(exit_code(&StopReason::Peer), EXIT_STOPPED);
+        assert_eq!(StopReason::Peer.exit_code(), EXIT_STOPPED);
     }
 }

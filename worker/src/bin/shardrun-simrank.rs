@@ -136,7 +136,7 @@ fn run() -> Result<i32> {
                     &format!("stopping after step {step}: {cause}"),
                 );
                 client.stopped(step, &cause);
-                return Ok(stop::exit_code(&cause));
+                return Ok(cause.exit_code());
             }
         }
         if args.step_ms > 0 {
