@@ -27,7 +27,8 @@ use tokenizers::{AddedToken, Tokenizer};
 const TOKENIZER_JSON: &str = "tokenizer.json";
 const TOKENIZER_CONFIG: &str = "tokenizer_config.json";
 const SPECIAL_TOKENS_MAP: &str = "special_tokens_map.json";
-const CHAT_TEMPLATE: &str = "chat_template.jinja";
+/// Where the spec's `chat_template` goes in an exported folder.
+pub const CHAT_TEMPLATE: &str = "chat_template.jinja";
 
 /// The files of `tokenizer` (with the spec's `chat_template`, if any) in an exported model
 /// folder; `None` for pre-tokenized data, which names no tokenizer.

@@ -12,8 +12,8 @@
 use anyhow::{bail, Context, Result};
 use shardrun_checkpoint::naming::{COMPLETE_FILE, METADATA_FILE};
 use shardrun_checkpoint::{export_full, resolve, Checkpoint, StateKind, UnitLayout, Verify};
-use shardrun_data::tokenizer::TextTokenizer;
-use shardrun_data::tokenizer_files::tokenizer_files;
+use shardrun_data::tokenizer::{TextTokenizer, BYTES_EOS, BYTES_EOS_TEXT};
+use shardrun_data::tokenizer_files::{tokenizer_files, CHAT_TEMPLATE};
 use shardrun_models::hf::config::{config_json, saved_dtype};
 use shardrun_models::hf::{self, FolderFile, SaveOptions, StoredDtype};
 use shardrun_protocol::config::{
@@ -377,7 +377,7 @@ fn folder_files(
         .files
         .iter()
         .cloned()
-        .partition(|f| chat_template.is_some() && f.name == "chat_template.jinja");
+        .partition(|f| chat_template.is_some() && f.name == CHAT_TEMPLATE);
     let from = match tokenizer.config {
         TokenizerConfig::HuggingFace {
             path,
@@ -391,7 +391,9 @@ fn folder_files(
             };
             format!("the run's tokenizer ({}{with_tokens})", path.display())
         }
-        _ => "the run's byte tokenizer (byte b is id b, `<eos>` is 256)".into(),
+        _ => {
+            format!("the run's byte tokenizer (byte b is id b, `{BYTES_EOS_TEXT}` is {BYTES_EOS})")
+        }
     };
     origins.push((from, names(&own)));
     if let Some(path) = chat_template {
