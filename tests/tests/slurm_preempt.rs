@@ -56,3 +56,47 @@ fn usr2_requeues_the_job_which_then_completes() {
     assert!(log.contains("requeueing Slurm job"), "{log}");
     assert!(log.contains("training finished"), "{log}");
 }
+
+/// A preempted run whose `scontrol requeue` is refused (here: the Slurm job it names does
+/// not exist) was not requeued, and its files say so: exit 1, the refusal on stderr once,
+/// `result.json` not requeued, a `failed` event, the reason in train.log.
+#[test]
+fn a_refused_requeue_fails_the_run_and_says_why() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("slurm-requeue-refused");
+    let stderr_path = dir.join("stderr.txt");
+    let stderr = std::fs::File::create(&stderr_path).unwrap();
+    let (mut job, run) = start_long_run(&dir, "refused", |cmd| {
+        cmd.env("SLURM_CONF", cluster.slurm_conf())
+            .env("SLURM_JOB_ID", "999999")
+            .stdout(std::process::Stdio::piped())
+            .stderr(stderr);
+    });
+    unsafe { libc::kill(job.child.id() as i32, libc::SIGUSR2) };
+    let (status, stdout) = finish(&mut job, &run, Duration::from_secs(60));
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap();
+    assert_eq!(status.code(), Some(1), "{stdout}\n{stderr}");
+    assert_eq!(
+        stderr.matches("scontrol requeue 999999").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(stderr.contains("was not requeued: resubmit"), "{stderr}");
+    assert!(!stderr.contains("requeueing Slurm job"), "{stderr}");
+
+    let result = result_json(&run);
+    assert_eq!(result["requeued"], false, "{result}");
+    assert_eq!(result["exit_code"], 1, "{result}");
+    assert!(
+        result["message"]
+            .as_str()
+            .unwrap()
+            .contains("was not requeued"),
+        "{result}"
+    );
+    let events = std::fs::read_to_string(run.join("events.jsonl")).unwrap();
+    let last = events.lines().last().unwrap();
+    assert!(last.contains("\"event\":\"failed\""), "{events}");
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(log.contains("was not requeued: resubmit"), "{log}");
+}

@@ -466,6 +466,8 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
     .await;
     let mut exit_code = outcome.exit_code();
     let mut requeue = None;
+    // The message without its requeue, should `scontrol requeue` fail.
+    let mut preempted_message = None;
     if outcome == Outcome::Preempted {
         match std::env::var("SLURM_JOB_ID") {
             Ok(job_id) => {
@@ -480,6 +482,7 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
                 if done < opts.max_requeues {
                     write_atomic(&paths.requeue_count, format!("{}\n", done + 1).as_bytes())
                         .map_err(file_err("write", &paths.requeue_count))?;
+                    preempted_message = Some(message.clone());
                     message = format!(
                         "{message}; requeueing Slurm job {job_id} ({} of {} requeues), which \
                          resumes from it",
@@ -507,7 +510,7 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
         }
     }
     // A job that ends in an error is reported by the command, on stderr: once, there.
-    let error = (exit_code != 0 && !matches!(outcome, Outcome::Cancelled { .. }))
+    let mut error = (exit_code != 0 && !matches!(outcome, Outcome::Cancelled { .. }))
         .then(|| failure_report.unwrap_or_else(|| message.clone()));
     if error.is_some() {
         log_only(message.clone()).await;
@@ -516,55 +519,84 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
     }
 
     let ended = clock::now();
-    let result = ResultFile {
-        outcome: &outcome,
-        exit_code,
-        ended: &how_it_ended,
-        checkpoint: checkpoint.clone(),
-        message: &message,
-        last_lines: &last_lines,
-        requeued: requeue.is_some(),
-        world_size,
-        config_hash: &config_hash,
-        started_at: clock::format_utc(started),
-        ended_at: clock::format_utc(ended),
-        duration_s: ended - started,
+    let write_result = |message: &str, exit_code: i32, requeued: bool| {
+        let result = ResultFile {
+            outcome: &outcome,
+            exit_code,
+            ended: &how_it_ended,
+            checkpoint: checkpoint.clone(),
+            message,
+            last_lines: &last_lines,
+            requeued,
+            world_size,
+            config_hash: &config_hash,
+            started_at: clock::format_utc(started),
+            ended_at: clock::format_utc(ended),
+            duration_s: ended - started,
+        };
+        let json = serde_json::to_vec_pretty(&result).unwrap_or_default();
+        write_atomic(&paths.result, &json).map_err(file_err("write", &paths.result))
     };
-    let json = serde_json::to_vec_pretty(&result).unwrap_or_default();
-    write_atomic(&paths.result, &json).map_err(file_err("write", &paths.result))?;
+    write_result(&message, exit_code, requeue.is_some())?;
 
     for (_, abort) in conns.values() {
         abort.abort();
     }
-    let _ = records.send(Record::Stop).await;
-    let _ = tokio::task::spawn_blocking(move || writer.join()).await;
-    // The requeued job's controller takes the run directory over.
-    drop(lock);
-
     if let Some(job_id) = requeue {
-        // Requeueing kills this batch script; everything is on disk by now.
-        let status = std::process::Command::new("scontrol")
-            .args(["requeue", &job_id])
-            .status();
-        tracing::info!(slurm_job = job_id, ?status, "scontrol requeue");
-        match status {
-            Ok(s) if s.success() => {}
-            Ok(s) => {
-                exit_code = 1;
-                errln!("shardrun: `scontrol requeue {job_id}` failed ({s}); resubmit the job to resume");
-            }
-            Err(e) => {
-                exit_code = 1;
-                errln!("shardrun: cannot run `scontrol requeue {job_id}` ({e}); resubmit the job to resume");
-            }
+        // Requeueing kills this batch script: everything must be on disk before.
+        let (reply, flushed) = tokio::sync::oneshot::channel();
+        let _ = records.send(Record::Flush(reply)).await;
+        let _ = flushed.await;
+        if let Err(why) = requeue_slurm_job(&job_id) {
+            // Still here: the job was not requeued, and the run's files must say so.
+            exit_code = 1;
+            message = format!(
+                "{}; `scontrol requeue {job_id}` {why}, so the job was not requeued: resubmit \
+                 it to resume from its last checkpoint",
+                preempted_message.take().unwrap_or_default()
+            );
+            log_only(message.clone()).await;
+            note(RunEvent::Failed {
+                step: checkpoint.as_ref().map(|c| c.step),
+                reason: message.clone(),
+            })
+            .await;
+            write_result(&message, exit_code, false)?;
+            error = Some(message.clone());
         }
     }
+    let _ = records.send(Record::Stop).await;
+    let _ = tokio::task::spawn_blocking(move || writer.join()).await;
+    drop(lock);
     Ok(RunReport {
         outcome,
         exit_code,
         message,
         error,
     })
+}
+
+/// Asks Slurm to requeue `job_id`; on success Slurm ends this batch script. The error says
+/// why it could not be done.
+fn requeue_slurm_job(job_id: &str) -> Result<(), String> {
+    let output = std::process::Command::new("scontrol")
+        .args(["requeue", job_id])
+        .stdin(std::process::Stdio::null())
+        .output();
+    tracing::info!(slurm_job = job_id, ?output, "scontrol requeue");
+    match output {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => {
+            let said = String::from_utf8_lossy(&out.stderr);
+            let said = said.trim();
+            Err(if said.is_empty() {
+                format!("failed ({})", out.status)
+            } else {
+                format!("failed ({}: {said})", out.status)
+            })
+        }
+        Err(e) => Err(format!("could not be run ({e})")),
+    }
 }
 
 /// The newest checkpoint a run left, as `result.json` records it.
