@@ -72,6 +72,32 @@ fn a_run_whose_controller_was_killed_shows_as_died_and_the_same_command_resumes_
 }
 
 #[test]
+fn a_controller_that_fails_before_its_result_leaves_its_reason_for_status() {
+    let dir = TestDir::new("controller-error");
+    let (mut job, run) = start_long_run(&dir, "controller-error", |_| {});
+    unsafe { libc::kill(job.child.id() as i32, libc::SIGINT) };
+    wait_for_exit(&mut job, &run, DEADLINE);
+    // The next controller cannot open the ranks' log folder: a file stands in its place.
+    std::fs::remove_dir_all(run.join("logs")).unwrap();
+    std::fs::write(run.join("logs"), "not a folder\n").unwrap();
+
+    let spec = dir.join("long.yaml");
+    let envs = [("SHARDRUN_WORKER_BIN", simrank())];
+    let (out, _) = run_local(&dir, &spec, &["--nproc", "2"], &envs, DEADLINE);
+    let stderr = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot open the logs in"), "{stderr}");
+
+    let run_arg = run.display().to_string();
+    let (code, stdout, stderr) = shardrun_cmd(&["status", "--json", &run_arg]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let runs = status_runs(&stdout);
+    assert_eq!(runs[0]["state"], "FAILED", "{stdout}");
+    let detail = runs[0]["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("cannot open the logs in"), "{detail}");
+}
+
+#[test]
 fn a_hangup_stops_the_run_at_a_step_boundary_and_writes_its_result() {
     let dir = TestDir::new("sighup");
     // As with a closed terminal, nobody reads the run's output.

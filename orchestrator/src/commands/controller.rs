@@ -63,8 +63,19 @@ pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyho
     let lock = RunLock::acquire(run.path())?;
     let before = run.read_manifest()?.before_start();
     let _ = run.update_manifest(|m| m.state = RunState::Running);
+    // An error from here on ends the run before its controller could write result.json:
+    // the manifest keeps the reason, or `status` could only guess that the run was killed.
+    let failed = |e: anyhow::Error| {
+        let message = crate::exit::message(&e);
+        let _ = run.update_manifest(|m| {
+            m.state = RunState::Failed;
+            m.error = Some(message);
+        });
+        e
+    };
+    let config = run.read_train_config().map_err(|e| failed(e.into()))?;
     // One process tokenizes, before any rank starts.
-    if let Err(e) = crate::data_prep::before_launch(run, &run.read_train_config()?) {
+    if let Err(e) = crate::data_prep::before_launch(run, &config) {
         if e.is::<DataChanged>() {
             // Refused before anything ran: the run stays as it was.
             let _ = run.update_manifest(|m| {
@@ -73,14 +84,11 @@ pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyho
             });
             return Err(e);
         }
-        let message = crate::exit::message(&e);
-        let _ = run.update_manifest(|m| {
-            m.state = RunState::Failed;
-            m.error = Some(message);
-        });
-        return Err(e);
+        return Err(failed(e));
     }
-    let report = job_controller::run(opts, lock).context("the job controller failed")?;
+    let report = job_controller::run(opts, lock)
+        .context("the job controller failed")
+        .map_err(failed)?;
     let state = match &report.outcome {
         job_controller::Outcome::Succeeded => RunState::Completed,
         job_controller::Outcome::Failed(_) => RunState::Failed,
