@@ -3,21 +3,14 @@
 //! and reproduces the worker's loss on the next batch (≤ 1e-5).
 
 mod common;
+mod hf_common;
 
 use common::*;
+use hf_common::python;
 use shardrun_protocol::config::{CheckpointFormat, ShardingStrategy};
 use shardrun_worker::data::TrainingData;
 use std::path::PathBuf;
 use std::process::Command;
-
-/// The project's venv python (`scripts/setup.sh` makes it), or `SHARDRUN_PYTHON`.
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("SHARDRUN_PYTHON") {
-        return p.into();
-    }
-    let home = std::env::var_os("HOME").expect("HOME is set");
-    PathBuf::from(home).join(".cache/shardrun/venv/bin/python")
-}
 
 #[test]
 fn pytorch_reproduces_the_worker_loss_from_the_full_checkpoint() {
