@@ -1,5 +1,6 @@
 //! Signals to the controller: SIGTERM/SIGINT shut the workers down cleanly (none left);
-//! SIGUSR2 asks every rank to checkpoint and stop (preemption).
+//! SIGUSR2 asks every rank to checkpoint and stop (preemption). SIGTERM/SIGINT to one real
+//! rank alone stops every rank at the same step boundary, and the job ends cancelled by it.
 
 use shardrun_e2e::jobs::*;
 use shardrun_e2e::*;
@@ -127,4 +128,126 @@ fn ranks_that_cannot_reach_a_step_boundary_are_killed_after_the_stop_timeout() {
         );
     }
     assert_no_process_left(&run, Duration::ZERO);
+}
+
+/// Real workers on a small MLP: milliseconds per step, a checkpoint every 20 steps.
+fn real_ranks_spec(name: &str, steps: u64) -> String {
+    format!(
+        "name: {name}\nresources: {{ tasks_per_node: 2, cpus_per_task: 1, time: \"00:10:00\" }}\n\
+         training:\n  model: {{ kind: mlp, input_dim: 64, hidden_dim: 256, output_dim: 64 }}\n  \
+         steps: {steps}\n  total_batch_size: 16\n  batch_size_per_device: 8\n  \
+         checkpoint: {{ interval_steps: 20, keep: 2 }}\n"
+    )
+}
+
+/// The step a rank's `stopping after step N: <why>` line in train.log names, checking that
+/// the rank wrote exactly one such line and that it gives `why`.
+fn stopped_after(log: &str, rank: u64, why: &str) -> u64 {
+    let prefix = format!("[rank {rank}] warning: stopping after step ");
+    let stops: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split_once(&prefix).map(|(_, rest)| rest))
+        .collect();
+    assert_eq!(
+        stops.len(),
+        1,
+        "rank {rank} says once that it stopped:\n{log}"
+    );
+    let (step, said) = stops[0].split_once(": ").expect("step: why");
+    assert_eq!(said, why, "rank {rank} says why it stopped:\n{log}");
+    step.parse().expect("a step number")
+}
+
+/// `signal` to the worker of `rank` alone, once the run has a checkpoint: both ranks stop
+/// after the same step, the job ends cancelled by that signal to that rank within the hang
+/// detector's deadline, nothing is left running, and the same command again resumes from the
+/// newest checkpoint and trains to the end.
+fn signal_to_one_rank_cancels_the_job(signal: i32, name: &str, rank: u64) {
+    const STEPS: u64 = 300;
+    let deadline = Duration::from_secs(300);
+    let dir = TestDir::new(&format!("one-rank-{}", name.to_lowercase()));
+    let spec = dir.write("job.yaml", &real_ranks_spec("one-rank", STEPS));
+    let (mut job, run) = spawn_local_run(&dir, &spec, &["--no-progress"], &[], |_| {});
+    let pipes = PipeReader::start(&mut job.child);
+    wait_for("the first checkpoint", deadline, || {
+        has_checkpoint(&run).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", all_logs(&run)));
+    // Held, so that the signal lands mid-run however loaded the machine is.
+    assert_eq!(signal_workers(&run, libc::SIGSTOP), 2, "both ranks held");
+    let victim = worker_pid(&run, rank).expect("the signalled rank's pid");
+    unsafe { libc::kill(victim, signal) };
+    signal_workers(&run, libc::SIGCONT);
+    // A hang detector: a stop takes a step, and the other rank waits 2 s for a cause of its own.
+    let status = wait_for_exit(&mut job, &run, Duration::from_secs(60));
+    let (stdout, stderr) = pipes.join();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&stdout).into_owned(),
+        String::from_utf8_lossy(&stderr).into_owned(),
+    );
+    let output = format!("{stdout}{stderr}");
+    assert_eq!(status.code(), Some(128 + signal), "{output}");
+    assert_no_process_left(&run, Duration::ZERO);
+    assert!(
+        !stderr.contains("error:"),
+        "a stop is not an error: {stderr}"
+    );
+    assert_no_panic(&output, "the stopped run's output");
+
+    // The signalled rank names the signal, the other says a peer was asked, same step.
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    let step = stopped_after(&log, rank, name);
+    assert_eq!(
+        stopped_after(&log, 1 - rank, "another rank was asked to stop"),
+        step,
+        "{log}"
+    );
+    assert!(step < STEPS, "stopped mid-run: {log}");
+
+    let result = result_json(&run);
+    assert_eq!(result["status"], "cancelled", "{result}");
+    assert_eq!(result["by"], format!("{name} to rank {rank}"), "{result}");
+    assert_eq!(result["step"], step, "{result}");
+    assert_eq!(result["exit_code"], 128 + signal, "{result}");
+    let checkpoint = result["checkpoint"]["step"].as_u64().expect("a checkpoint");
+    assert!(
+        checkpoint >= 20 && checkpoint <= step && checkpoint.is_multiple_of(20),
+        "{result}"
+    );
+    let ended = format!("was cancelled by {name} to rank {rank} after step {step}");
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(
+        last.contains(&ended)
+            && last.contains(&format!("its newest checkpoint is step {checkpoint} "))
+            && last.contains("run the same command again to resume"),
+        "{stdout}"
+    );
+
+    // The same command again resumes after the newest checkpoint and trains to the end.
+    let steps_before = metric_steps(&run, 0).len();
+    let (second, _) = run_local(&dir, &spec, &["--no-progress"], &[], deadline);
+    let again = stdout_of(&second);
+    assert!(second.status.success(), "{again}{}", stderr_of(&second));
+    let headline = again.lines().next().unwrap_or_default();
+    assert!(
+        headline.starts_with(&format!(
+            "resuming {} at step {} from its checkpoint of step {checkpoint} (",
+            run.display(),
+            checkpoint + 1
+        )) && headline.contains(&ended),
+        "{headline}"
+    );
+    let after = metric_steps(&run, 0)[steps_before..].to_vec();
+    assert_eq!(after, (checkpoint + 1..=STEPS).collect::<Vec<_>>());
+    assert_no_process_left(&run, Duration::ZERO);
+}
+
+#[test]
+fn sigterm_to_rank_1_alone_stops_every_rank_and_names_it() {
+    signal_to_one_rank_cancels_the_job(libc::SIGTERM, "SIGTERM", 1);
+}
+
+#[test]
+fn sigint_to_rank_0_alone_stops_every_rank_and_names_it() {
+    signal_to_one_rank_cancels_the_job(libc::SIGINT, "SIGINT", 0);
 }
