@@ -41,21 +41,10 @@ pub fn should_print(err: &anyhow::Error) -> bool {
 /// already said (a `thiserror` message often includes its source), leaving out the
 /// [`ExitCode`] and [`AlreadySaid`] markers, which choose the status and say nothing.
 pub fn message(err: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in err.chain() {
-        if cause.is::<ExitCode>() || cause.is::<AlreadySaid>() {
-            continue;
-        }
-        let said = cause.to_string();
-        if text.contains(&said) {
-            continue;
-        }
-        if !text.is_empty() {
-            text.push_str(": ");
-        }
-        text.push_str(&said);
-    }
-    text
+    shardrun_protocol::error_text::join_causes(
+        err.chain()
+            .filter(|cause| !cause.is::<ExitCode>() && !cause.is::<AlreadySaid>()),
+    )
 }
 
 #[cfg(test)]

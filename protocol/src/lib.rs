@@ -8,6 +8,7 @@
 //!   rendezvous listener.
 //! * [`rendezvous`]: which registrations make up the world, and the start every rank gets.
 //! * [`env`]: the environment variable names both sides agree on.
+//! * [`error_text`]: an error and its causes in one line, each said once.
 //! * [`units`]: how a model's parameters form FSDP units (the plan and the worker agree).
 //! * [`footprint`]: an architecture's parameters, segments and activation memory, for the
 //!   memory plan.
@@ -17,6 +18,7 @@
 pub mod config;
 pub mod connection;
 pub mod env;
+pub mod error_text;
 pub mod footprint;
 pub mod host;
 pub mod messages;

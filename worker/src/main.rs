@@ -14,8 +14,8 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use shardrun_protocol::config::DeviceKind;
 use shardrun_protocol::config::TrainConfig;
-use shardrun_protocol::env;
 use shardrun_protocol::messages::{Registration, StopReason};
+use shardrun_protocol::{env, error_text};
 use shardrun_worker::checkpointing::Checkpointer;
 use shardrun_worker::collectives::cpu::transport::listen_host;
 use shardrun_worker::collectives::{nccl, prepare, Comms};
@@ -69,6 +69,11 @@ struct Args {
     check_gpu: bool,
 }
 
+/// An error and its causes in one line, each said once.
+fn said_once(error: &(dyn std::error::Error + 'static)) -> String {
+    error_text::join_causes(error_text::chain(error))
+}
+
 fn main() {
     fail_fast::install_panic_hook();
     match run() {
@@ -76,7 +81,7 @@ fn main() {
         // Stopped on request: the status says by what (see `StopReason::exit_code`).
         Ok(code) => std::process::exit(code),
         Err(error) => {
-            eprintln!("shardrun-worker: error: {error:#}");
+            eprintln!("shardrun-worker: error: {}", said_once(&*error));
             std::process::exit(1);
         }
     }
@@ -136,7 +141,7 @@ fn run() -> Result<i32> {
         controller.as_deref(),
     );
     if let (Some(controller), Err(error)) = (&controller, &result) {
-        if controller.failed(&format!("{error:#}")) {
+        if controller.failed(&said_once(&**error)) {
             // The controller logs it for this rank: one line, not a second copy on stderr.
             return Ok(1);
         }
@@ -187,7 +192,7 @@ fn train(
     // exit without tearing anything down (see fail_fast).
     let outcome = trainer
         .run(checkpointer.as_mut().map(|c| c as &mut dyn CheckpointHook))
-        .unwrap_or_else(|error| fail_fast::fail(&format!("{error:#}")));
+        .unwrap_or_else(|error| fail_fast::fail(&said_once(&error)));
     if let Some(path) = &args.dump_params {
         // Every rank takes part in the gathers; rank 0 writes.
         let params = trainer.engine().full_parameters()?;
@@ -322,4 +327,26 @@ fn join_through_controller(
     };
     let comms = prepared.connect(start, rank)?;
     Ok((client.clone(), comms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardrun_protocol::connection::ConnectionError;
+    use shardrun_worker::controller_client::ClientError;
+
+    #[test]
+    fn a_lost_rendezvous_names_its_cause_once() {
+        let lost = ClientError::Rendezvous {
+            addr: "node1:5000".into(),
+            source: ConnectionError::Closed,
+        };
+        let error = anyhow::Error::new(lost).context("cannot join the job");
+        let line = said_once(&*error);
+        assert_eq!(
+            line,
+            "cannot join the job: lost the connection to the controller at node1:5000 during \
+             the rendezvous: the peer closed the connection"
+        );
+    }
 }
