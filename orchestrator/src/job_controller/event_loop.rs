@@ -656,15 +656,21 @@ fn cancelled_message(
     saves: &CheckpointConfig,
     launch: &LaunchMode,
 ) -> String {
-    if checkpoint.is_none() && saves.resume && !saves.saves_periodically() {
+    if checkpoint.is_none() && saves.resume {
         let again = match launch {
             LaunchMode::Local { .. } => "running it again",
             LaunchMode::Slurm { .. } => "submitting it again",
         };
+        if !saves.saves_periodically() {
+            return format!(
+                "the run {how_it_ended}; its spec saves no checkpoints (it has no \
+                 `checkpoint:` section), so {again} starts over at step 1; to resume after a \
+                 stop, add one (e.g. `checkpoint: {{ interval_steps: 100 }}`)"
+            );
+        }
         return format!(
-            "the run {how_it_ended}; its spec saves no checkpoints (it has no `checkpoint:` \
-             section), so {again} starts over at step 1; to resume after a stop, add one \
-             (e.g. `checkpoint: {{ interval_steps: 100 }}`)"
+            "the run {how_it_ended} before its first checkpoint, so {again} starts over at \
+             step 1"
         );
     }
     let left = checkpoint_left(checkpoint, saves);
@@ -802,8 +808,8 @@ mod tests {
         // Periodic saves: the next run resumes, from its checkpoint when it has one.
         assert_eq!(
             cancelled_message(ended, None, &saves(Some(1000), true), &local),
-            "the run was cancelled by SIGTERM after step 566; it has no checkpoint yet; run the \
-             same command again to resume"
+            "the run was cancelled by SIGTERM after step 566 before its first checkpoint, so \
+             running it again starts over at step 1"
         );
         let step_500 = CheckpointLeft {
             step: 500,
