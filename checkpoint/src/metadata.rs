@@ -59,8 +59,8 @@ impl StateDtypes {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainerState {
-    /// AdamW's step count (bias correction); less than the checkpoint's step when fp16
-    /// overflows skipped some.
+    /// Updates applied: AdamW's step count (bias correction), which is also the LR
+    /// schedule's position. Less than the checkpoint's step when fp16 overflows skipped some.
     pub optimizer_step: u64,
     pub scheduler: SchedulerState,
     pub data: DataPosition,
@@ -73,9 +73,12 @@ pub struct TrainerState {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SchedulerState {
-    /// Scheduler steps taken; the schedule itself is in the job's config.
+    /// Scheduler steps taken: updates applied, as `optimizer_step` (a step skipped for an
+    /// fp16 overflow does not advance the schedule); the schedule itself is in the job's
+    /// config. Checkpoints written before skipped steps stopped advancing the schedule hold
+    /// the checkpoint's step here; a resume reads the position from `optimizer_step`.
     pub step: u64,
-    /// Learning rate of the last step taken.
+    /// Learning rate of the last update applied.
     pub last_lr: f64,
 }
 

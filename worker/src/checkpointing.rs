@@ -430,9 +430,11 @@ fn trainer_state(config: &TrainConfig, state: &TrainState) -> TrainerState {
     let schedule = Schedule::of(config);
     TrainerState {
         optimizer_step: state.optimizer_steps,
+        // The schedule advances with applied updates only, so its position is AdamW's step
+        // count; a resume derives it from `optimizer_step` (as older checkpoints allow too).
         scheduler: SchedulerState {
-            step: state.step,
-            last_lr: schedule.lr(state.step.saturating_sub(1)),
+            step: state.optimizer_steps,
+            last_lr: schedule.lr(state.optimizer_steps.saturating_sub(1)),
         },
         data: DataPosition {
             samples_done: state.samples_done,

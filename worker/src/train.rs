@@ -41,13 +41,14 @@ pub enum TrainError {
 }
 
 /// Everything beyond the engine's shards that a resumed run needs to continue exactly.
-/// The LR schedule is a function of `step`, the data of `samples_done`; training draws no
-/// random numbers (no dropout), so the seed is the whole RNG state.
+/// The LR schedule is a function of `optimizer_steps`, the data of `samples_done`; training
+/// draws no random numbers (no dropout), so the seed is the whole RNG state.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainState {
     /// Optimizer steps completed (the next step to run).
     pub step: u64,
-    /// AdamW steps taken (differs from `step` when fp16 overflow skipped some).
+    /// Updates applied: AdamW's step count (bias correction) and the LR schedule's position.
+    /// Less than `step` when fp16 overflows skipped some.
     pub optimizer_steps: u64,
     pub loss_scale: Option<f64>,
     pub growth_tracker: u64,
@@ -437,7 +438,11 @@ impl Trainer {
                     .check(self.rank, step + 1)
                     .map_err(TrainError::Injected)?;
             }
-            let lr = self.schedule.lr(step);
+            // The schedule counts applied updates, as AdamW's bias correction does: a step
+            // skipped for an fp16 overflow leaves both where they were (Hugging Face's
+            // Trainer steps its scheduler only when the optimizer stepped), so early skips
+            // while the loss scale comes down do not eat the warmup.
+            let lr = self.schedule.lr(self.engine.optimizer_steps);
             let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale);
             self.note_epoch(step, step == first_step);
             let step_start = self.samples_done;

@@ -25,6 +25,9 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckpointAt {
     pub step: u64,
+    /// Updates applied by then (fewer than `step` when fp16 overflows skipped some): where
+    /// the LR schedule continues.
+    pub updates: u64,
     pub dir: PathBuf,
     pub data_fingerprint: Option<String>,
 }
@@ -81,9 +84,10 @@ pub struct LrChange {
 }
 
 impl LrChange {
-    /// The LR of the step after `done` under both configs' schedules, when they differ.
-    pub fn of(was: &TrainConfig, now: &TrainConfig, done: u64) -> Option<LrChange> {
-        let lr = |c: &TrainConfig| Schedule::of(c).lr(done);
+    /// The LR of the step after `done` under both configs' schedules, when they differ; the
+    /// schedules continue at `updates`, the updates applied in those steps.
+    pub fn of(was: &TrainConfig, now: &TrainConfig, done: u64, updates: u64) -> Option<LrChange> {
+        let lr = |c: &TrainConfig| Schedule::of(c).lr(updates);
         let (before, after) = (lr(was), lr(now));
         let differs = (after - before).abs() > 1e-9 * before.abs().max(after.abs());
         (was.steps != now.steps && differs).then(|| LrChange {
@@ -432,7 +436,7 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
     }
     let lr_change = checkpoint
         .as_ref()
-        .and_then(|c| LrChange::of(&recorded.train, &target.train, c.step));
+        .and_then(|c| LrChange::of(&recorded.train, &target.train, c.step, c.updates));
     let periodic_saves = target.train.checkpoint.saves_periodically();
     run.update_spec(new)?;
     Ok(RunStart::Resume(Resume {
@@ -462,6 +466,7 @@ pub fn newest_checkpoint(run: &RunDir, train: &TrainConfig) -> Option<Checkpoint
     let found = find_latest(&root, Verify::Structure).ok()?;
     found.checkpoint.map(|c| CheckpointAt {
         step: c.step(),
+        updates: c.metadata().trainer.optimizer_step,
         dir: c.dir().to_path_buf(),
         data_fingerprint: c.metadata().trainer.data.data_fingerprint.clone(),
     })
@@ -722,7 +727,7 @@ mod tests {
         // The demo: 200 steps, 20 of warmup, cosine decay.
         let short = resolved(tmp.path(), &[]).train;
         let long = resolved(tmp.path(), &["training.steps=400"]).train;
-        let longer = LrChange::of(&short, &long, 100).unwrap();
+        let longer = LrChange::of(&short, &long, 100, 100).unwrap();
         assert_eq!(
             (longer.step, longer.steps_was, longer.steps_now),
             (101, 200, 400)
@@ -734,14 +739,22 @@ mod tests {
             ),
             "{longer}"
         );
-        let shorter = LrChange::of(&long, &short, 100).unwrap();
+        let shorter = LrChange::of(&long, &short, 100, 100).unwrap();
         assert!(shorter.to_string().contains(", down from "), "{shorter}");
+        // Steps skipped for fp16 overflows applied no update: the schedules continue at the
+        // updates applied, for the step after the checkpoint's.
+        let skipped = LrChange::of(&short, &long, 100, 90).unwrap();
+        assert_eq!(skipped.step, 101);
+        assert_eq!(
+            (skipped.was, skipped.now),
+            (Schedule::of(&short).lr(90), Schedule::of(&long).lr(90))
+        );
         // Within the warmup, or with a constant LR, the schedule gives the same LR.
-        assert_eq!(LrChange::of(&short, &long, 10), None);
+        assert_eq!(LrChange::of(&short, &long, 10, 10), None);
         let sets = ["training.schedule.decay=constant"];
         let flat = resolved(tmp.path(), &sets).train;
         let flat_long = resolved(tmp.path(), &[sets[0], "training.steps=400"]).train;
-        assert_eq!(LrChange::of(&flat, &flat_long, 100), None);
+        assert_eq!(LrChange::of(&flat, &flat_long, 100, 100), None);
     }
 
     #[test]
