@@ -324,3 +324,73 @@ fn resuming_on_changed_data_is_refused_before_any_rank_starts_and_the_run_is_kep
     );
     assert_eq!(metric_steps(&run, 0), (1..=9).collect::<Vec<_>>());
 }
+
+/// Ctrl-C while the controller prepares the data (here: waiting for another process that
+/// holds the cache's lock) cancels the run at once and says so, and the run's state says
+/// it was cancelled, not killed; the same command then runs it.
+#[test]
+fn ctrl_c_while_the_data_is_prepared_cancels_the_run_and_says_so() {
+    use std::io::BufRead;
+    let dir = TestDir::new("prep-cancel");
+    corpus(&dir);
+    let spec = dir.write("job.yaml", &text_spec("prep-cancel", "data/*.txt", ""));
+    let spec_arg = spec.to_string_lossy().to_string();
+    let prepared = shardrun_in(&dir, &["prepare", &spec_arg]);
+    assert!(prepared.status.success(), "{}", stderr_of(&prepared));
+    // Another process building the same cache: its folder gone, its lock held.
+    let cache_dir = dir.join("runs/data-cache");
+    let built: Vec<_> = std::fs::read_dir(&cache_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    assert_eq!(built.len(), 1, "{built:?}");
+    std::fs::remove_dir_all(cache_dir.join(&built[0])).unwrap();
+    let lock = std::fs::File::create(cache_dir.join(format!(".{}.lock", built[0]))).unwrap();
+    lock.lock().unwrap();
+
+    let (mut job, run) = spawn_local_run(&dir, &spec, &[], &[], |_| {});
+    let stdout = job.child.stdout.take().unwrap();
+    let (lines_tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut said = Vec::new();
+    let waiting = loop {
+        match lines.recv_timeout(DEADLINE) {
+            Ok(line) if line.contains("waiting for another process") => break true,
+            Ok(line) => said.push(line),
+            Err(_) => break false,
+        }
+    };
+    assert!(waiting, "the run never waited for the lock: {said:?}");
+    unsafe { libc::kill(job.child.id() as i32, libc::SIGINT) };
+    let status = wait_for_exit(&mut job, &run, DEADLINE);
+    let rest: Vec<String> = lines.iter().collect();
+    assert_eq!(status.code(), Some(130), "{rest:?}");
+    assert!(
+        rest.iter().any(|l| l.contains(
+            "cancelled by SIGINT while its data was being prepared, before any rank started"
+        )),
+        "{rest:?}"
+    );
+
+    let run_arg = run.display().to_string();
+    let out = shardrun_in(&dir, &["status", "--json", &run_arg]);
+    let runs = status_runs(&stdout_of(&out));
+    assert_eq!(runs[0]["state"], "CANCELLED", "{}", stdout_of(&out));
+
+    drop(lock);
+    let again = shardrun_in(&dir, &["run", &spec_arg]);
+    assert!(again.status.success(), "{}", stderr_of(&again));
+    assert!(
+        stdout_of(&again).contains("training finished"),
+        "{}",
+        stdout_of(&again)
+    );
+}

@@ -72,6 +72,41 @@ fn a_run_whose_controller_was_killed_shows_as_died_and_the_same_command_resumes_
 }
 
 #[test]
+fn a_killed_run_is_not_described_by_the_attempt_before_it() {
+    let dir = TestDir::new("stale-reason");
+    // The first attempt is cancelled: its manifest records why.
+    let (mut job, run) = start_long_run(&dir, "stale-reason", |_| {});
+    unsafe { libc::kill(job.child.id() as i32, libc::SIGINT) };
+    wait_for_exit(&mut job, &run, DEADLINE);
+    // The second is killed outright while it trains: it records nothing.
+    let (mut job, _) = start_long_run(&dir, "stale-reason", |_| {});
+    wait_for("the second attempt's ranks", DEADLINE, || {
+        (!run.join("result.json").exists() && run_processes(&run).len() >= 2).then_some(())
+    })
+    .unwrap();
+    unsafe { libc::kill(job.child.id() as i32, libc::SIGKILL) };
+    wait_for_exit(&mut job, &run, DEADLINE);
+    assert_no_process_left(&run, DEADLINE);
+
+    let spec = dir.join("long.yaml");
+    let envs = [("SHARDRUN_WORKER_BIN", simrank())];
+    let (out, _) = run_local(
+        &dir,
+        &spec,
+        &["--nproc", "2", "--set", "training.steps=5"],
+        &envs,
+        DEADLINE,
+    );
+    let stdout = stdout_of(&out);
+    let headline = stdout.lines().next().unwrap_or_default();
+    assert!(
+        headline.contains("stopped without recording how (its controller was killed"),
+        "{headline}"
+    );
+    assert!(!headline.contains("cancelled by SIGINT"), "{headline}");
+}
+
+#[test]
 fn a_controller_that_fails_before_its_result_leaves_its_reason_for_status() {
     let dir = TestDir::new("controller-error");
     let (mut job, run) = start_long_run(&dir, "controller-error", |_| {});

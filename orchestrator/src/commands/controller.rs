@@ -3,6 +3,7 @@
 
 use crate::exit::{AlreadySaid, ExitCode};
 use crate::job_controller::options::ControllerArgs;
+use crate::job_controller::stop_signal::ExitOnStop;
 use crate::job_controller::{self, LaunchMode};
 use crate::resume_data::DataChanged;
 use crate::rundir::{RunDir, RunLock, RunState};
@@ -56,13 +57,25 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     supervise(&run, opts)
 }
 
+/// What carries on with a run stopped before its ranks started.
+fn again_to_start(launch: &LaunchMode) -> &'static str {
+    match launch {
+        LaunchMode::Local { .. } => "run the same command again to go on",
+        LaunchMode::Slurm { .. } => "submit the same spec again (`shardrun submit`) to go on",
+    }
+}
+
 /// Runs the controller and records the run's state in its manifest; shared with `run`.
 pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyhow::Result<()> {
     // One controller per run directory. Taken before the manifest says RUNNING, so that a
     // RUNNING run whose lock is free is one whose controller died (`shardrun status`).
     let lock = RunLock::acquire(run.path())?;
     let before = run.read_manifest()?.before_start();
-    let _ = run.update_manifest(|m| m.state = RunState::Running);
+    // The previous attempt's error is no longer this run's state.
+    let _ = run.update_manifest(|m| {
+        m.state = RunState::Running;
+        m.error = None;
+    });
     // An error from here on ends the run before its controller could write result.json:
     // the manifest keeps the reason, or `status` could only guess that the run was killed.
     let failed = |e: anyhow::Error| {
@@ -74,8 +87,24 @@ pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyho
         e
     };
     let config = run.read_train_config().map_err(|e| failed(e.into()))?;
-    // One process tokenizes, before any rank starts.
-    if let Err(e) = crate::data_prep::before_launch(run, &config) {
+    // One process tokenizes, before any rank starts; a stop meanwhile is recorded as such.
+    let stops = ExitOnStop::install({
+        let (run, again) = (run.clone(), again_to_start(&opts.launch));
+        move |signal| {
+            let why =
+                format!("by {signal} while its data was being prepared, before any rank started");
+            let _ = run.update_manifest(|m| {
+                m.state = RunState::Cancelled;
+                m.error = Some(why.clone());
+            });
+            outln!("shardrun: the run was cancelled {why}; nothing of it is lost: {again}");
+        }
+    })
+    .context("cannot watch for Ctrl-C")
+    .map_err(failed)?;
+    let prepared = crate::data_prep::before_launch(run, &config);
+    drop(stops);
+    if let Err(e) = prepared {
         if e.is::<DataChanged>() {
             // Refused before anything ran: the run stays as it was.
             let _ = run.update_manifest(|m| {

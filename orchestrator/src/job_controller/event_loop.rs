@@ -692,15 +692,11 @@ fn how_to_resume(launch: &LaunchMode) -> &'static str {
 /// handlers only record the signal; the event loop acts on it.
 ///
 /// SIGHUP is a closed terminal or ssh session: without a handler it would kill the
-/// controller, leaving no result.json. A SIGHUP ignored from the start (`nohup`) stays
-/// ignored: that run was meant to outlive its terminal.
+/// controller, leaving no result.json (see [`super::stop_signal::handled`] for `nohup`).
 fn spawn_signal_forwarders(
     events: mpsc::UnboundedSender<ServerEvent>,
 ) -> Result<(), ControllerError> {
-    let cancels = StopSignal::ALL
-        .into_iter()
-        .filter(|&s| s != StopSignal::Hangup || !ignored(s.number()));
-    let kinds = cancels
+    let kinds = super::stop_signal::handled()
         .map(|s| (SignalKind::from_raw(s.number()), Some(s)))
         .chain([(SignalKind::user_defined2(), None)]);
     for (kind, cancel) in kinds {
@@ -723,16 +719,6 @@ fn spawn_signal_forwarders(
         });
     }
     Ok(())
-}
-
-/// Whether `signal` is ignored by this process (as `nohup` leaves SIGHUP).
-fn ignored(signal: i32) -> bool {
-    // SAFETY: a query only (no new action); `old` is written by the kernel.
-    unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        libc::sigaction(signal, std::ptr::null(), &mut old) == 0
-            && old.sa_sigaction == libc::SIG_IGN
-    }
 }
 
 /// Logs refused connections without letting a flood of them fill train.log: the first few

@@ -49,6 +49,66 @@ impl StopSignal {
     }
 }
 
+/// The stop signals a controller acts on: all three, except a SIGHUP ignored from the start
+/// (`nohup`): that run was meant to outlive its terminal.
+pub fn handled() -> impl Iterator<Item = StopSignal> {
+    StopSignal::ALL
+        .into_iter()
+        .filter(|&s| s != StopSignal::Hangup || !ignored(s.number()))
+}
+
+/// Whether `signal` is ignored by this process (as `nohup` leaves SIGHUP).
+fn ignored(signal: i32) -> bool {
+    // SAFETY: a query only (no new action); `old` is written by the kernel.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signal, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_IGN
+    }
+}
+
+/// While it lives, a stop signal ends the process at once, after `on_stop` has recorded
+/// why: for the time before any rank starts (preparing the data), when there is nothing to
+/// stop at a step boundary and the default action would end the process without a word.
+pub struct ExitOnStop {
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl ExitOnStop {
+    pub fn install(on_stop: impl Fn(StopSignal) + Send + Sync + 'static) -> std::io::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("stop-signals")
+            .enable_all()
+            .build()?;
+        let on_stop = std::sync::Arc::new(on_stop);
+        let _entered = runtime.enter();
+        for stop in handled() {
+            let mut stream = signal(SignalKind::from_raw(stop.number()))?;
+            let on_stop = on_stop.clone();
+            runtime.spawn(async move {
+                if stream.recv().await.is_some() {
+                    on_stop(stop);
+                    std::process::exit(stop.exit_code());
+                }
+            });
+        }
+        drop(_entered);
+        Ok(ExitOnStop {
+            runtime: Some(runtime),
+        })
+    }
+}
+
+impl Drop for ExitOnStop {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
 impl fmt::Display for StopSignal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
