@@ -335,7 +335,8 @@ impl Checkpointer {
             trainer.log(
                 LogLevel::Info,
                 &format!(
-                    "checkpoint ({reason:?}) of step {} saved to {} in {seconds:.2} s ({:.0} MB, {:.0} MB/s){}",
+                    "{} checkpoint of step {} saved to {} in {seconds:.2} s ({:.0} MB, {:.0} MB/s){}",
+                    reason.in_words(),
                     state.step,
                     committed.dir.display(),
                     bytes as f64 / 1e6,

@@ -72,6 +72,18 @@ pub enum SaveReason {
     Final,
 }
 
+impl SaveReason {
+    /// What kind of checkpoint this makes, for its log line (`interval checkpoint of step 20
+    /// saved to …`).
+    pub fn in_words(self) -> &'static str {
+        match self {
+            SaveReason::Interval => "interval",
+            SaveReason::Preempt => "preemption",
+            SaveReason::Final => "final",
+        }
+    }
+}
+
 /// Saves checkpoints; every rank calls it at the same step boundary (it may run collectives).
 /// Returns the committed path (rank 0) for `Reporter::checkpoint_saved`.
 pub trait CheckpointHook {
