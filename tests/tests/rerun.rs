@@ -310,6 +310,21 @@ fn a_finished_run_is_left_alone_trained_longer_on_request_refused_when_changed_a
         lines.next().unwrap_or_default(),
         "  changed on resume: training.steps: 30 → 45"
     );
+    // Rank 0 says where it resumed from; the change was listed above, and it changes
+    // nothing a resume may not, so nothing more is said about it.
+    let resumed: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("resumed from checkpoint"))
+        .collect();
+    assert_eq!(
+        resumed,
+        [format!(
+            "[rank 0] resumed from checkpoint {}/checkpoints/step-30 (step 30, saved by 2 \
+             rank(s) with FullShard)",
+            run.display()
+        )],
+        "{stdout}"
+    );
     assert_eq!(metric_steps(&run, 0), (1..=45).collect::<Vec<_>>());
     let job_yaml = std::fs::read_to_string(run.join("job.yaml")).unwrap();
     assert!(
