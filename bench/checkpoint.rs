@@ -243,6 +243,7 @@ fn run(o: &Options) -> Result<Figures, Box<dyn std::error::Error>> {
                 loss_scale: None,
             },
             config_hash: String::new(),
+            config: None,
             kind: CommitKind::Checkpoint { keep: 1 },
         },
     )?;

@@ -30,6 +30,8 @@ pub struct CommitRequest {
     pub layout: Layout,
     pub trainer: TrainerState,
     pub config_hash: String,
+    /// The job config as JSON, for [`CheckpointMetadata::config`].
+    pub config: Option<serde_json::Value>,
     pub kind: CommitKind,
 }
 
@@ -234,6 +236,7 @@ fn collect_metadata(target: &SaveTarget, request: &CommitRequest) -> Result<Chec
         created_unix_s: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64()),
+        config: request.config.clone(),
     })
 }
 

@@ -49,6 +49,7 @@ pub fn export_full(source: &Checkpoint, out_root: &Path) -> Result<Committed> {
             layout: layout.clone(),
             trainer: meta.trainer.clone(),
             config_hash: meta.config_hash.clone(),
+            config: meta.config.clone(),
             kind: CommitKind::Export,
         },
     )

@@ -32,6 +32,10 @@ pub struct CheckpointMetadata {
     /// [`shardrun_protocol::TrainConfig::config_hash`] of the job that wrote it.
     pub config_hash: String,
     pub created_unix_s: f64,
+    /// The job config that wrote it (`TrainConfig` as JSON), so that a job resuming from it
+    /// can name the settings it changed; absent from checkpoints written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<serde_json::Value>,
 }
 
 /// Stored dtypes (always fp32 master state) and the dtype training computed in.

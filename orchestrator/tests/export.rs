@@ -90,6 +90,7 @@ fn save_layout(root: &Path, step: u64, world: u64, layout: Layout) {
             loss_scale: None,
         },
         config_hash: "feedfacefeedface".into(),
+        config: None,
         kind: CommitKind::Checkpoint { keep: 5 },
     };
     commit(&target, &request).unwrap();

@@ -215,8 +215,22 @@ fn a_finished_run_is_left_alone_trained_longer_on_request_refused_when_changed_a
     let spec = dir.write("job.yaml", &constant_lr_spec("finished", 30));
     let run = dir.join("run");
     let (out, _) = run_local(&dir, &spec, &["--no-progress"], &[], DEADLINE);
+    let stdout = stdout_of(&out);
     assert!(out.status.success(), "{}", stderr_of(&out));
-    assert!(stdout_of(&out).contains("FSDP training complete"));
+    assert!(stdout.contains("FSDP training complete"));
+    // The final checkpoint is one line, of rank 0, saying what kind it is.
+    let saved: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("checkpoint of step 30"))
+        .collect();
+    assert_eq!(saved.len(), 1, "{stdout}");
+    assert!(
+        saved[0].starts_with(&format!(
+            "[rank 0] final checkpoint of step 30 saved to {}/checkpoints/step-30 in ",
+            run.display()
+        )),
+        "{stdout}"
+    );
     let files = |names: &[&str]| -> Vec<Vec<u8>> {
         names
             .iter()
@@ -295,6 +309,21 @@ fn a_finished_run_is_left_alone_trained_longer_on_request_refused_when_changed_a
     assert_eq!(
         lines.next().unwrap_or_default(),
         "  changed on resume: training.steps: 30 → 45"
+    );
+    // Rank 0 says where it resumed from; the change was listed above, and it changes
+    // nothing a resume may not, so nothing more is said about it.
+    let resumed: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("resumed from checkpoint"))
+        .collect();
+    assert_eq!(
+        resumed,
+        [format!(
+            "[rank 0] resumed from checkpoint {}/checkpoints/step-30 (step 30, saved by 2 \
+             rank(s) with FullShard)",
+            run.display()
+        )],
+        "{stdout}"
     );
     assert_eq!(metric_steps(&run, 0), (1..=45).collect::<Vec<_>>());
     let job_yaml = std::fs::read_to_string(run.join("job.yaml")).unwrap();

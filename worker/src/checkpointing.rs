@@ -177,7 +177,22 @@ impl Checkpointer {
                 meta.strategy
             );
             if meta.config_hash != self.config_hash {
-                line.push_str("; the job config differs from the one that saved it");
+                match &meta.config {
+                    Some(saved) => {
+                        let now = serde_json::to_value(&trainer.config).unwrap_or_default();
+                        let changed = changed_settings(saved, &now);
+                        if !changed.is_empty() {
+                            line.push_str(&format!(
+                                "; settings that differ from the job that saved it: {}",
+                                changed.join(", ")
+                            ));
+                        }
+                    }
+                    None => line.push_str(
+                        "; the job config differs from the one that saved it (the checkpoint \
+                         does not record which settings)",
+                    ),
+                }
             }
             trainer.log(LogLevel::Info, &line);
         }
@@ -327,6 +342,7 @@ impl Checkpointer {
                 layout,
                 trainer: trainer_state(&trainer.config, &state),
                 config_hash: self.config_hash.clone(),
+                config: serde_json::to_value(&trainer.config).ok(),
                 kind: CommitKind::Checkpoint { keep: self.keep },
             };
             let committed = commit_observed(&target, &request, CommitStage::Prune, &mut |_| {})?;
@@ -335,7 +351,8 @@ impl Checkpointer {
             trainer.log(
                 LogLevel::Info,
                 &format!(
-                    "checkpoint ({reason:?}) of step {} saved to {} in {seconds:.2} s ({:.0} MB, {:.0} MB/s){}",
+                    "{} checkpoint of step {} saved to {} in {seconds:.2} s ({:.0} MB, {:.0} MB/s){}",
+                    reason.in_words(),
                     state.step,
                     committed.dir.display(),
                     bytes as f64 / 1e6,
@@ -459,4 +476,105 @@ fn floats(bytes: &[u8]) -> Vec<f32> {
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
+}
+
+/// Settings of the job config a resumed run may change: where, how fast and for how long it
+/// trains, not what it computes. `shardrun` lists such changes itself ("changed on resume")
+/// and refuses the others before any rank starts.
+const RESUMABLE: &[&str] = &[
+    "name",
+    "steps",
+    "batch.world_size",
+    "batch.batch_size_per_device",
+    "batch.grad_accum_steps",
+    "checkpoint.interval_steps",
+    "checkpoint.interval_minutes",
+    "checkpoint.keep",
+    "checkpoint.format",
+    "log_every",
+    "threads_per_rank",
+    "device",
+    "fsdp.shard_group_size",
+    "fsdp.prefetch",
+    "fsdp.max_gathers_in_flight",
+    "fsdp.activation_checkpointing",
+];
+
+/// The settings of `now` that differ from `saved` (job configs as JSON), other than those a
+/// resume may change: `optimizer.lr 0.0003 → 0.01`.
+fn changed_settings(saved: &serde_json::Value, now: &serde_json::Value) -> Vec<String> {
+    use serde_json::Value;
+    use std::collections::BTreeMap;
+    fn flatten(prefix: &str, value: &Value, out: &mut BTreeMap<String, Value>) {
+        match value {
+            Value::Object(map) => {
+                for (key, v) in map {
+                    let path = if prefix.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{prefix}.{key}")
+                    };
+                    flatten(&path, v, out);
+                }
+            }
+            other => {
+                out.insert(prefix.to_string(), other.clone());
+            }
+        }
+    }
+    fn show(value: Option<&Value>) -> String {
+        match value {
+            None | Some(Value::Null) => "(not set)".into(),
+            Some(Value::String(s)) => s.clone(),
+            Some(other) => other.to_string(),
+        }
+    }
+    let (mut was, mut is) = (BTreeMap::new(), BTreeMap::new());
+    flatten("", saved, &mut was);
+    flatten("", now, &mut is);
+    let mut paths: Vec<&String> = was.keys().chain(is.keys()).collect();
+    paths.sort();
+    paths.dedup();
+    paths
+        .into_iter()
+        .filter(|path| {
+            !RESUMABLE.iter().any(|p| {
+                path.as_str() == *p
+                    || path
+                        .strip_prefix(p)
+                        .is_some_and(|rest| rest.starts_with('.'))
+            })
+        })
+        .filter(|path| was.get(*path) != is.get(*path))
+        .map(|path| format!("{path} {} → {}", show(was.get(path)), show(is.get(path))))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resume_names_the_settings_it_changed_beyond_those_a_resume_may_change() {
+        let saved = serde_json::json!({
+            "steps": 30, "log_every": 1, "seed": 0,
+            "batch": { "world_size": 2, "grad_accum_steps": 1 },
+            "optimizer": { "lr": 0.0003 },
+            "checkpoint": { "interval_steps": null, "dir": "checkpoints" },
+        });
+        let mut now = saved.clone();
+        now["steps"] = 140.into();
+        now["batch"]["world_size"] = 4.into();
+        now["checkpoint"]["interval_steps"] = 20.into();
+        assert_eq!(changed_settings(&saved, &now), Vec::<String>::new());
+        now["optimizer"]["lr"] = 0.01.into();
+        now["checkpoint"]["dir"] = "elsewhere".into();
+        assert_eq!(
+            changed_settings(&saved, &now),
+            [
+                "checkpoint.dir checkpoints → elsewhere",
+                "optimizer.lr 0.0003 → 0.01"
+            ]
+        );
+    }
 }

@@ -12,6 +12,8 @@ pub trait Reporter: Send + Sync {
     /// right after loses nothing.
     fn log(&self, level: LogLevel, text: &str);
     fn metrics(&self, metrics: &StepMetrics);
+    /// Rank 0 committed the checkpoint of `step` at `path`, and logged a line saying so:
+    /// recorded in the run's events under a controller.
     fn checkpoint_saved(&self, step: u64, path: &str);
     fn summary(&self, summary: &TrainSummary);
     /// One evaluation on the validation data (rank 0 reports it).
@@ -109,12 +111,8 @@ impl Reporter for StdoutReporter {
         self.append(&serde_json::to_string(metrics).expect("metrics serialize"));
     }
 
-    fn checkpoint_saved(&self, step: u64, path: &str) {
-        self.log(
-            LogLevel::Info,
-            &format!("checkpoint of step {step} saved to {path}"),
-        );
-    }
+    // The checkpointer's own line says it, with the kind, time and size.
+    fn checkpoint_saved(&self, _step: u64, _path: &str) {}
 
     fn summary(&self, summary: &TrainSummary) {
         let text = serde_json::to_string(summary).expect("summary serializes");

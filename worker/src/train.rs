@@ -72,6 +72,18 @@ pub enum SaveReason {
     Final,
 }
 
+impl SaveReason {
+    /// What kind of checkpoint this makes, for its log line (`interval checkpoint of step 20
+    /// saved to …`).
+    pub fn in_words(self) -> &'static str {
+        match self {
+            SaveReason::Interval => "interval",
+            SaveReason::Preempt => "preemption",
+            SaveReason::Final => "final",
+        }
+    }
+}
+
 /// Saves checkpoints; every rank calls it at the same step boundary (it may run collectives).
 /// Returns the committed path (rank 0) for `Reporter::checkpoint_saved`.
 pub trait CheckpointHook {
@@ -585,7 +597,12 @@ impl Trainer {
                     data_time_s: Some(data_time),
                 };
                 self.reporter.metrics(&record);
-                self.log(LogLevel::Info, &format_metrics(&record, cfg.steps));
+                let baseline = (!matches!(self.device, Device::Cuda(_)))
+                    .then_some(self.engine.loading.rss_before_bytes);
+                self.log(
+                    LogLevel::Info,
+                    &format_metrics(&record, cfg.steps, baseline),
+                );
             }
             if self
                 .evaluator
@@ -811,17 +828,31 @@ fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
-pub fn format_metrics(m: &StepMetrics, steps: u64) -> String {
+/// One step's line. `rss_baseline`: on CPU, the resident memory the process had before its
+/// shards were allocated (libtorch and the runtime), which the peak is measured over.
+pub fn format_metrics(m: &StepMetrics, steps: u64, rss_baseline: Option<u64>) -> String {
     let trained = m
         .trained_tokens_per_s
         .map(|t| format!(" ({t:.0} trained)"))
         .unwrap_or_default();
     let mut line = format!(
-        "step {}/{steps} | loss {:.4} | lr {:.3e} | grad norm {:.3} | {:.3} s | {:.0} tok/s{trained} | state {:.1} MiB | peak {:.0} MiB",
-        m.step, m.loss, m.lr, m.grad_norm, m.step_time_s, m.tokens_per_s, mib(m.model_state_bytes), mib(m.peak_memory_bytes)
+        "step {}/{steps} | loss {:.4} | lr {:.3e} | grad norm {:.3} | {:.3} s | {:.0} tok/s{trained} | state {:.1} MiB",
+        m.step, m.loss, m.lr, m.grad_norm, m.step_time_s, m.tokens_per_s, mib(m.model_state_bytes)
     );
-    if let Some(reserved) = m.peak_reserved_bytes {
-        line.push_str(&format!(" allocated, {:.0} MiB reserved", mib(reserved)));
+    match (m.peak_reserved_bytes, rss_baseline) {
+        (Some(reserved), _) => line.push_str(&format!(
+            " | peak {:.0} MiB allocated, {:.0} MiB reserved",
+            mib(m.peak_memory_bytes),
+            mib(reserved)
+        )),
+        // The plan's memory figures leave the baseline out: the growth is what compares.
+        (None, Some(baseline)) => line.push_str(&format!(
+            " | peak RSS {:.0} MiB (+{:.0} MiB over the {:.0} MiB before the model)",
+            mib(m.peak_memory_bytes),
+            mib(m.peak_memory_bytes.saturating_sub(baseline)),
+            mib(baseline)
+        )),
+        (None, None) => line.push_str(&format!(" | peak {:.0} MiB", mib(m.peak_memory_bytes))),
     }
     if let (Some(used), Some(total)) = (m.device_used_bytes, m.device_total_bytes) {
         let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
@@ -891,7 +922,7 @@ mod tests {
             trained_tokens_per_s: Some(800.0),
             ..Default::default()
         };
-        let line = format_metrics(&m, 10);
+        let line = format_metrics(&m, 10, None);
         assert!(
             line.contains("| 1000 tok/s (800 trained) | state"),
             "{line}"
@@ -902,7 +933,34 @@ mod tests {
                 ..m
             },
             10,
+            None,
         );
         assert!(synthetic.contains("| 1000 tok/s | state"), "{synthetic}");
+    }
+
+    #[test]
+    fn the_step_line_says_what_its_peak_memory_is() {
+        const MIB: u64 = 1 << 20;
+        let cpu = StepMetrics {
+            step: 3,
+            peak_memory_bytes: 381 * MIB,
+            ..Default::default()
+        };
+        // CPU: the process's resident peak, and its growth over the baseline, which is what
+        // the plan's figure compares with.
+        let line = format_metrics(&cpu, 10, Some(349 * MIB));
+        assert!(
+            line.ends_with("| peak RSS 381 MiB (+32 MiB over the 349 MiB before the model)"),
+            "{line}"
+        );
+        let gpu = StepMetrics {
+            peak_reserved_bytes: Some(512 * MIB),
+            ..cpu
+        };
+        let line = format_metrics(&gpu, 10, None);
+        assert!(
+            line.ends_with("| peak 381 MiB allocated, 512 MiB reserved"),
+            "{line}"
+        );
     }
 }

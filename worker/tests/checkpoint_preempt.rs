@@ -152,13 +152,13 @@ fn wall_time_interval_saves_between_steps() {
     assert!(
         lines
             .iter()
-            .any(|l| l.contains("checkpoint (Interval) of step 1")),
+            .any(|l| l.contains("interval checkpoint of step 1 saved to")),
         "{lines:?}"
     );
     assert!(
         lines
             .iter()
-            .any(|l| l.contains("checkpoint (Final) of step 4")),
+            .any(|l| l.contains("final checkpoint of step 4 saved to")),
         "{lines:?}"
     );
 }

@@ -158,6 +158,7 @@ pub fn request(
         layout: layout.clone(),
         trainer: trainer(step),
         config_hash: "0123456789abcdef".into(),
+        config: None,
         kind: CommitKind::Checkpoint { keep },
     }
 }

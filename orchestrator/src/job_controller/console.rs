@@ -12,6 +12,9 @@ pub struct Console {
     total_steps: u64,
     /// First metrics record seen (time, step): the ETA is the rate since then.
     first: Option<(Instant, u64)>,
+    /// Lines kept instead of printed, for tests of what the console shows.
+    #[cfg(test)]
+    captured: Option<std::cell::RefCell<Vec<String>>>,
 }
 
 impl Console {
@@ -31,7 +34,30 @@ impl Console {
             bar,
             total_steps,
             first: None,
+            #[cfg(test)]
+            captured: None,
         }
+    }
+
+    /// A console that keeps its lines (see [`Console::captured`]) and draws nothing; `bar`:
+    /// behave as on a terminal with a progress bar.
+    #[cfg(test)]
+    pub fn capturing(total_steps: u64, bar: bool) -> Console {
+        Console {
+            bar: bar.then(ProgressBar::hidden),
+            total_steps,
+            first: None,
+            captured: Some(Default::default()),
+        }
+    }
+
+    /// The lines a [`Console::capturing`] console would have shown.
+    #[cfg(test)]
+    pub fn captured(&self) -> Vec<String> {
+        self.captured
+            .as_ref()
+            .map(|lines| lines.borrow().clone())
+            .unwrap_or_default()
     }
 
     /// Whether progress is drawn as a bar (local mode on a terminal).
@@ -41,6 +67,11 @@ impl Console {
 
     /// A line for people; printed above the bar when there is one.
     pub fn line(&self, text: &str) {
+        #[cfg(test)]
+        if let Some(lines) = &self.captured {
+            lines.borrow_mut().push(text.to_string());
+            return;
+        }
         match &self.bar {
             Some(bar) => bar.println(text),
             // Training goes on whatever became of stdout: train.log has every line.

@@ -327,10 +327,8 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
                 }
                 Action::Say(text) => say(text).await,
                 Action::Record(event) => note(event).await,
-                Action::StopProcesses { force: true } => {
-                    let _ = events_tx.send(ServerEvent::Job(Event::Escalated));
-                    signal_all(libc::SIGKILL)
-                }
+                // The job machine has said which ranks it kills, and why.
+                Action::StopProcesses { force: true } => signal_all(libc::SIGKILL),
                 Action::StopProcesses { force: false } | Action::StopAtStepBoundary => {
                     let signal_all = signal_all.clone();
                     let t = opts.timeouts.clone();

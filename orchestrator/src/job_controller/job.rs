@@ -337,6 +337,17 @@ impl JobMachine {
                         out.push(Action::Say(format!(
                             "{signal} again: killing the workers now"
                         )));
+                        // Said here, not on `Escalated`: the ranks are killed by request,
+                        // not for running past a timeout.
+                        self.escalated = true;
+                        self.say_killed(
+                            |rank| {
+                                format!(
+                                    "{rank} has not stopped yet: killing it now ({signal} again)"
+                                )
+                            },
+                            &mut out,
+                        );
                         out.push(Action::StopProcesses { force: true });
                     }
                 } else {
@@ -355,18 +366,10 @@ impl JobMachine {
             }
             Event::Escalated => {
                 self.escalated = true;
-                // One line for each rank that is killed rather than stopped, saying so.
-                let killed = self
-                    .ranks
-                    .iter()
-                    .filter(|(_, r)| r.connected && r.end.is_none())
-                    .filter_map(|(&rank, _)| self.roster.get(rank));
-                for reg in killed {
-                    out.push(Action::Say(format!(
-                        "rank {} on {} (pid {}) did not stop in time: killing it",
-                        reg.rank, reg.host, reg.pid
-                    )));
-                }
+                self.say_killed(
+                    |rank| format!("{rank} did not stop in time: killing it"),
+                    &mut out,
+                );
             }
             Event::Preempt => {
                 if !self.preempting && self.failure.is_none() && self.cancelled.is_none() {
@@ -389,6 +392,20 @@ impl JobMachine {
         }
         self.check_done(&mut out);
         out
+    }
+
+    /// One line for each rank that is killed rather than stopped, saying so: `line` words it
+    /// from `rank R on HOST (pid P)`.
+    fn say_killed(&self, line: impl Fn(&str) -> String, out: &mut Vec<Action>) {
+        let killed = self
+            .ranks
+            .iter()
+            .filter(|(_, r)| r.connected && r.end.is_none())
+            .filter_map(|(&rank, _)| self.roster.get(rank));
+        for reg in killed {
+            let rank = format!("rank {} on {} (pid {})", reg.rank, reg.host, reg.pid);
+            out.push(Action::Say(line(&rank)));
+        }
     }
 
     fn on_launch(&mut self, procs: Vec<(ProcId, Option<u64>)>) {

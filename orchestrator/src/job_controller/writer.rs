@@ -202,8 +202,8 @@ fn write(
         }
         Record::Eval(e) => {
             metrics.record(&e)?;
-            // As for step records: rank 0's own eval line is echoed unless there is a bar.
-            if console.has_bar() || echo == Echo::None {
+            // Rank 0 logs its own eval line: the console shows this one only in its place.
+            if !echoes(echo, 0, false) {
                 console.line(&super::console::format_eval(&e));
             }
         }
@@ -230,8 +230,14 @@ fn write(
             controller_noted_line(book, console, rank, &text)?;
         }
         Record::Checkpoint { rank, step, path } => {
-            let text = format!("checkpoint of step {step} saved to {path}");
-            controller_noted_line(book, console, rank, &text)?;
+            // The rank logged its own line (the kind of checkpoint, time, size) for train.log:
+            // the console shows this one only in its place.
+            if !echoes(echo, rank, false) {
+                console.line(&format!(
+                    "{} checkpoint of step {step} saved to {path}",
+                    super::clock::format_time_of_day(super::clock::now())
+                ));
+            }
             events.record(RunEvent::Checkpoint { step, path })?;
         }
         Record::Resumed {
@@ -269,8 +275,8 @@ fn write(
     Ok(())
 }
 
-/// A line the controller writes on a rank's behalf from a structured message (summary,
-/// checkpoint): logged as that rank's info line and always echoed.
+/// A line the controller writes on a rank's behalf from a structured message (the
+/// summary): logged as that rank's info line and always echoed.
 fn controller_noted_line(
     book: &mut LogBook,
     console: &Console,
@@ -328,5 +334,101 @@ impl EventsLog {
     fn flush(&mut self) -> std::io::Result<()> {
         use std::io::Write;
         self.file.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the console shows for rank 0's eval and checkpoint lines and their records, with
+    /// `echo` and with or without a progress bar; and train.log.
+    fn shown(echo: Echo, bar: bool) -> (Vec<String>, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let files = WriterFiles {
+            train_log: dir.path().join("train.log"),
+            logs_dir: dir.path().join("logs"),
+            metrics: dir.path().join("metrics.jsonl"),
+            events: dir.path().join("events.jsonl"),
+            world_size: 2,
+        };
+        let mut book = LogBook::open(&files.train_log, &files.logs_dir).unwrap();
+        let mut metrics = MetricsLog::open(&files.metrics, &files.logs_dir, 2).unwrap();
+        let mut events = EventsLog::open(&files.events).unwrap();
+        let mut console = Console::capturing(40, bar);
+        let own_line = |text: &str| Record::Logs {
+            rank: 0,
+            lines: vec![LogLine {
+                level: LogLevel::Info,
+                time: 0.0,
+                text: text.into(),
+            }],
+        };
+        let records = [
+            own_line("eval after step 20 | loss 3.2744 | perplexity 26.43 | 4096 tokens | 0.10 s"),
+            Record::Eval(EvalMetrics {
+                rank: 0,
+                step: 20,
+                eval_loss: 3.2744,
+                eval_perplexity: 26.43,
+                eval_tokens: 4096,
+                eval_time_s: 0.1,
+            }),
+            own_line("interval checkpoint of step 20 saved to /r/checkpoints/step-20 in 0.02 s (1 MB, 50 MB/s)"),
+            Record::Checkpoint {
+                rank: 0,
+                step: 20,
+                path: "/r/checkpoints/step-20".into(),
+            },
+        ];
+        for record in records {
+            let mut files = Files {
+                book: &mut book,
+                metrics: &mut metrics,
+                events: &mut events,
+            };
+            write(&mut files, &mut console, echo, record).unwrap();
+        }
+        book.flush().unwrap();
+        (
+            console.captured(),
+            std::fs::read_to_string(&files.train_log).unwrap(),
+        )
+    }
+
+    #[test]
+    fn an_eval_and_a_checkpoint_are_one_line_each_on_the_console() {
+        for echo in [Echo::Rank0, Echo::All, Echo::None] {
+            for bar in [false, true] {
+                let (console, log) = shown(echo, bar);
+                let count = |what: &str| console.iter().filter(|l| l.contains(what)).count();
+                assert_eq!(
+                    count("eval after step 20"),
+                    1,
+                    "{echo:?} {bar}: {console:?}"
+                );
+                assert_eq!(
+                    count("checkpoint of step 20 saved to /r/checkpoints/step-20"),
+                    1,
+                    "{echo:?} {bar}: {console:?}"
+                );
+                assert_eq!(console.len(), 2, "{echo:?} {bar}: {console:?}");
+                // train.log has the rank's own lines, once.
+                assert_eq!(log.lines().count(), 2, "{log}");
+                assert!(
+                    log.contains("[rank 0] interval checkpoint of step 20 saved to"),
+                    "{log}"
+                );
+            }
+        }
+        // Where rank 0's lines are echoed, they are the ones shown.
+        let (console, _) = shown(Echo::Rank0, true);
+        assert_eq!(
+            console,
+            [
+                "[rank 0] eval after step 20 | loss 3.2744 | perplexity 26.43 | 4096 tokens | 0.10 s",
+                "[rank 0] interval checkpoint of step 20 saved to /r/checkpoints/step-20 in 0.02 s (1 MB, 50 MB/s)",
+            ]
+        );
     }
 }

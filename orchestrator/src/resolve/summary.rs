@@ -139,9 +139,37 @@ impl ResolvedJob {
             }
         );
         let _ = writeln!(out, "  slurm          time {}, partition {}, USR2 {} s before the limit, requeue {} (max {})", s.time.as_deref().unwrap_or("(partition default)"), s.partition.as_deref().unwrap_or("(default)"), self.preemption.signal_seconds, self.preemption.requeue, self.preemption.max_requeues);
+        // They reach the ranks through resolved.json, not the script: shown here so they
+        // can be checked before the job is submitted.
+        if !s.env.is_empty() {
+            let vars: Vec<String> = s
+                .env
+                .iter()
+                .map(|(name, value)| format!("{name}={}", shown_value(value)))
+                .collect();
+            let _ = writeln!(
+                out,
+                "  rank env       {} (resources.env and this shell's NCCL_*; every rank gets them)",
+                vars.join(" ")
+            );
+        }
         for w in &self.warnings {
             let _ = writeln!(out, "warning: {w}");
         }
         out
+    }
+}
+
+/// A variable's value as it reads in one line: quoted and escaped when it is empty or holds
+/// spaces, quotes or control characters.
+fn shown_value(value: &str) -> String {
+    let plain = !value.is_empty()
+        && value
+            .chars()
+            .all(|c| c.is_ascii_graphic() && c != '"' && c != '\'' && c != '\\');
+    if plain {
+        value.to_string()
+    } else {
+        format!("{value:?}")
     }
 }

@@ -578,6 +578,34 @@ fn ranks_that_do_not_stop_in_time_are_named_when_killed() {
 }
 
 #[test]
+fn a_second_signal_names_each_rank_it_kills_and_why() {
+    let mut s = running();
+    s.handle(Event::Cancel {
+        signal: StopSignal::Interrupt,
+    });
+    let said: Vec<String> = s
+        .handle(Event::Cancel {
+            signal: StopSignal::Interrupt,
+        })
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::Say(t) => Some(t),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        said,
+        vec![
+            "SIGINT again: killing the workers now".to_string(),
+            "rank 0 on node0 (pid 100) has not stopped yet: killing it now (SIGINT again)"
+                .to_string(),
+            "rank 1 on node1 (pid 101) has not stopped yet: killing it now (SIGINT again)"
+                .to_string(),
+        ]
+    );
+}
+
+#[test]
 fn preemption_asks_every_rank_and_ends_preempted() {
     let mut s = running();
     let actions = s.handle(Event::Preempt);
