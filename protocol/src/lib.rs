@@ -2,6 +2,7 @@
 //!
 //! * [`config`]: the resolved training configuration a worker runs (produced by the
 //!   orchestrator from the YAML job spec, never parsed from YAML by the worker).
+//! * [`config_diff`]: two job configs field by field, and the fields a resume may change.
 //! * [`messages`]: one serde enum per direction ([`FromWorker`], [`ToWorker`]).
 //! * [`connection`]: length-delimited frames, the handshake (version, role, secret) and
 //!   typed connections, async for the controller and blocking for the workers and rank 0's
@@ -16,6 +17,7 @@
 //!   changes `steps` says what it does to the LR).
 
 pub mod config;
+pub mod config_diff;
 pub mod connection;
 pub mod env;
 pub mod error_text;

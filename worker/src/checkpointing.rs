@@ -19,9 +19,9 @@ use shardrun_checkpoint::{
     TrainerState, UnitLayout, Verify,
 };
 use shardrun_protocol::config::{CheckpointFormat, TrainConfig};
-use shardrun_protocol::env;
 use shardrun_protocol::messages::LogLevel;
 use shardrun_protocol::schedule::Schedule;
+use shardrun_protocol::{config_diff, env};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tch::{Kind, Tensor};
@@ -478,75 +478,20 @@ fn floats(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
-/// Settings of the job config a resumed run may change: where, how fast and for how long it
-/// trains, not what it computes. `shardrun` lists such changes itself ("changed on resume")
-/// and refuses the others before any rank starts.
-const RESUMABLE: &[&str] = &[
-    "name",
-    "steps",
-    "batch.world_size",
-    "batch.batch_size_per_device",
-    "batch.grad_accum_steps",
-    "checkpoint.interval_steps",
-    "checkpoint.interval_minutes",
-    "checkpoint.keep",
-    "checkpoint.format",
-    "log_every",
-    "threads_per_rank",
-    "device",
-    "fsdp.shard_group_size",
-    "fsdp.prefetch",
-    "fsdp.max_gathers_in_flight",
-    "fsdp.activation_checkpointing",
-];
-
 /// The settings of `now` that differ from `saved` (job configs as JSON), other than those a
-/// resume may change: `optimizer.lr 0.0003 → 0.01`.
+/// resume may change ([`config_diff::RESUMABLE`]; `shardrun` lists those itself as "changed
+/// on resume"): `optimizer.lr 0.0003 → 0.01`.
 fn changed_settings(saved: &serde_json::Value, now: &serde_json::Value) -> Vec<String> {
-    use serde_json::Value;
-    use std::collections::BTreeMap;
-    fn flatten(prefix: &str, value: &Value, out: &mut BTreeMap<String, Value>) {
-        match value {
-            Value::Object(map) => {
-                for (key, v) in map {
-                    let path = if prefix.is_empty() {
-                        key.clone()
-                    } else {
-                        format!("{prefix}.{key}")
-                    };
-                    flatten(&path, v, out);
-                }
-            }
-            other => {
-                out.insert(prefix.to_string(), other.clone());
-            }
-        }
-    }
-    fn show(value: Option<&Value>) -> String {
-        match value {
-            None | Some(Value::Null) => "(not set)".into(),
-            Some(Value::String(s)) => s.clone(),
-            Some(other) => other.to_string(),
-        }
-    }
-    let (mut was, mut is) = (BTreeMap::new(), BTreeMap::new());
-    flatten("", saved, &mut was);
-    flatten("", now, &mut is);
-    let mut paths: Vec<&String> = was.keys().chain(is.keys()).collect();
-    paths.sort();
-    paths.dedup();
-    paths
+    config_diff::differences(saved, now)
         .into_iter()
-        .filter(|path| {
-            !RESUMABLE.iter().any(|p| {
-                path.as_str() == *p
-                    || path
-                        .strip_prefix(p)
-                        .is_some_and(|rest| rest.starts_with('.'))
-            })
+        .filter(|(path, ..)| !config_diff::under(path, config_diff::RESUMABLE))
+        .map(|(path, was, is)| {
+            format!(
+                "{path} {} → {}",
+                config_diff::shown(&was),
+                config_diff::shown(&is)
+            )
         })
-        .filter(|path| was.get(*path) != is.get(*path))
-        .map(|path| format!("{path} {} → {}", show(was.get(path)), show(is.get(path))))
         .collect()
 }
 

@@ -4,7 +4,7 @@
 
 use crate::resolve::ResolvedJob;
 use serde_json::Value;
-use std::collections::BTreeMap;
+use shardrun_protocol::config_diff::{differences, shown, under, RESUMABLE};
 use std::fmt;
 
 /// One field that differs.
@@ -26,21 +26,13 @@ impl fmt::Display for FieldChange {
             f,
             "{}: {} → {}",
             self.field,
-            show(&self.was),
-            show(&self.now)
+            shown(&self.was),
+            shown(&self.now)
         )?;
         match &self.by {
             Some(by) => write!(f, " ({by})"),
             None => Ok(()),
         }
-    }
-}
-
-fn show(value: &Value) -> String {
-    match value {
-        Value::Null => "(not set)".into(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
     }
 }
 
@@ -59,27 +51,15 @@ const IGNORED: &[&str] = &[
     "slurm.time_limit_seconds",
 ];
 
-/// Resolved fields (and sections) a resumed run may take. The checkpoint reshards to any
-/// world size; the LR schedule follows `steps`; the rest is scheduling and bookkeeping.
-const SAFE: &[&str] = &[
-    "train.name",
-    "train.steps",
-    "train.batch.world_size",
-    "train.batch.batch_size_per_device",
-    "train.checkpoint.interval_steps",
-    "train.checkpoint.interval_minutes",
-    "train.checkpoint.keep",
-    "train.checkpoint.format",
-    "train.log_every",
-    "train.threads_per_rank",
-    "train.device",
-    "train.fsdp.shard_group_size",
-    "train.fsdp.prefetch",
-    "train.fsdp.max_gathers_in_flight",
-    "train.fsdp.activation_checkpointing",
-    "slurm",
-    "preemption",
-];
+/// Resolved sections a resumed run may take besides the training config's resumable
+/// fields ([`RESUMABLE`]): where and when it is scheduled.
+const SAFE_SECTIONS: &[&str] = &["slurm", "preemption"];
+
+fn safe(path: &str) -> bool {
+    path.strip_prefix("train.")
+        .is_some_and(|field| under(field, RESUMABLE))
+        || under(path, SAFE_SECTIONS)
+}
 
 /// In words, for the refusal's hint.
 pub const SAFE_IN_WORDS: &str = "training.steps, the world size and resources, \
@@ -92,61 +72,26 @@ const SET_BY_NPROC: &[&str] = &["slurm.nodes", "slurm.ntasks_per_node"];
 
 /// Every field that differs between `was` and `now`, in the spec's order of sections.
 pub fn between(was: &ResolvedJob, now: &ResolvedJob) -> Vec<FieldChange> {
-    let (mut a, mut b) = (BTreeMap::new(), BTreeMap::new());
-    flatten("", &serde_json::to_value(was).unwrap_or_default(), &mut a);
-    flatten("", &serde_json::to_value(now).unwrap_or_default(), &mut b);
-    let mut paths: Vec<&String> = a.keys().chain(b.keys()).collect();
-    paths.sort();
-    paths.dedup();
     let nproc = match (was.nproc, now.nproc) {
         (_, Some(n)) => Some(format!("--nproc {n}")),
         (Some(n), None) => Some(format!("was --nproc {n}")),
         (None, None) => None,
     };
-    paths
-        .into_iter()
-        .filter(|path| !under(path, IGNORED))
-        .filter(|path| nproc.is_none() || !SET_BY_NPROC.contains(&path.as_str()))
-        .filter_map(|path| {
-            let was = a.get(path).cloned().unwrap_or(Value::Null);
-            let now = b.get(path).cloned().unwrap_or(Value::Null);
-            (was != now).then(|| FieldChange {
-                field: spec_name(path),
-                was,
-                now,
-                safe: under(path, SAFE),
-                by: nproc.clone().filter(|_| path == "train.batch.world_size"),
-            })
-        })
-        .collect()
-}
-
-fn under(path: &str, prefixes: &[&str]) -> bool {
-    prefixes.iter().any(|p| {
-        path == *p
-            || path
-                .strip_prefix(p)
-                .is_some_and(|rest| rest.starts_with('.'))
+    differences(
+        &serde_json::to_value(was).unwrap_or_default(),
+        &serde_json::to_value(now).unwrap_or_default(),
+    )
+    .into_iter()
+    .filter(|(path, ..)| !under(path, IGNORED))
+    .filter(|(path, ..)| nproc.is_none() || !SET_BY_NPROC.contains(&path.as_str()))
+    .map(|(path, was, now)| FieldChange {
+        field: spec_name(&path),
+        was,
+        now,
+        safe: safe(&path),
+        by: nproc.clone().filter(|_| path == "train.batch.world_size"),
     })
-}
-
-/// Objects are walked; anything else (lists included) is one value.
-fn flatten(prefix: &str, value: &Value, out: &mut BTreeMap<String, Value>) {
-    match value {
-        Value::Object(map) => {
-            for (key, v) in map {
-                let path = if prefix.is_empty() {
-                    key.clone()
-                } else {
-                    format!("{prefix}.{key}")
-                };
-                flatten(&path, v, out);
-            }
-        }
-        other => {
-            out.insert(prefix.to_string(), other.clone());
-        }
-    }
+    .collect()
 }
 
 /// A resolved path as the spec spells it.
