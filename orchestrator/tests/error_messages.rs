@@ -144,6 +144,35 @@ per-device batches of 2 on 1 ranks (5 / 2 is not a whole number of accumulation 
 }
 
 #[test]
+fn a_total_batch_of_zero() {
+    assert_error(
+        &VALID.replace("total_batch_size: 4", "total_batch_size: 0"),
+        "\
+error: job.yaml:5:3: field `training.total_batch_size`: `total_batch_size` is 0; a step \
+trains on at least 1 sample
+  |
+5 |   total_batch_size: 0
+  |   ^^^^^^^^^^^^^^^^
+  fix: set `total_batch_size` to a multiple of 2 × 1 = 2, such as 2
+",
+    );
+}
+
+#[test]
+fn a_per_device_batch_of_zero() {
+    assert_error(
+        &VALID.replace("batch_size_per_device: 2", "batch_size_per_device: 0"),
+        "\
+error: job.yaml:6:3: field `training.batch_size_per_device`: `batch_size_per_device` is 0
+  |
+6 |   batch_size_per_device: 0
+  |   ^^^^^^^^^^^^^^^^^^^^^
+  fix: use at least 1 sample per device
+",
+    );
+}
+
+#[test]
 fn an_unknown_key_in_a_flow_map() {
     assert_error(
         &VALID.replace(
