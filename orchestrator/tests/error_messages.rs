@@ -173,6 +173,36 @@ error: job.yaml:6:3: field `training.batch_size_per_device`: `batch_size_per_dev
 }
 
 #[test]
+fn a_model_folder_that_does_not_exist() {
+    let dir = spec_dir(
+        "job.yaml",
+        &VALID.replace(
+            "{ kind: transformer, vocab_size: 128, dim: 64, n_layers: 2, n_heads: 4, max_seq_len: 16 }",
+            "{ kind: hf, path: models/tiny-lama }",
+        ),
+    );
+    std::fs::create_dir(dir.path().join("models")).unwrap();
+    let (code, _, stderr) = plan_in(dir.path(), &[]);
+    let folder = dir.path().join("models/tiny-lama");
+    assert_eq!(
+        stderr,
+        format!(
+            "\
+error: job.yaml:3:22: field `training.model.path`: the model folder {} does not exist
+  |
+3 |   model: {{ kind: hf, path: models/tiny-lama }}
+  |                      ^^^^
+  fix: check `training.model.path` (relative paths are relative to the job spec's folder); \
+it names a Hugging Face model folder (config.json with model.safetensors or \
+model.safetensors.index.json)
+",
+            folder.display()
+        )
+    );
+    assert_ne!(code, 0);
+}
+
+#[test]
 fn an_unknown_key_in_a_flow_map() {
     assert_error(
         &VALID.replace(
