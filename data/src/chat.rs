@@ -289,6 +289,8 @@ impl ChatTemplate {
 }
 
 /// The messages of a chat record, checked: a list of objects with a known string `role`.
+/// Keys holding null are dropped, as `apply_chat_template` drops them (APIs write
+/// `content: null` beside tool calls; templates test for a key, and would print `None`).
 pub fn messages_of(record: &Value, field: &str) -> std::result::Result<Vec<Value>, String> {
     if record.kind() != ValueKind::Map {
         return Err("the record is not a JSON object".into());
@@ -300,7 +302,10 @@ pub fn messages_of(record: &Value, field: &str) -> std::result::Result<Vec<Value
     if messages.kind() != ValueKind::Seq {
         return Err(format!("field `{field}` is not a list of messages"));
     }
-    let list: Vec<Value> = messages.try_iter().map_err(|e| e.to_string())?.collect();
+    let mut list = Vec::new();
+    for message in messages.try_iter().map_err(|e| e.to_string())? {
+        list.push(without_nulls(message).map_err(|e| e.to_string())?);
+    }
     if list.is_empty() {
         return Err(format!("field `{field}` holds no messages"));
     }
@@ -321,6 +326,21 @@ pub fn messages_of(record: &Value, field: &str) -> std::result::Result<Vec<Value
         }
     }
     Ok(list)
+}
+
+/// An object without its null-valued keys (other values as they are).
+fn without_nulls(message: Value) -> std::result::Result<Value, Error> {
+    if message.kind() != ValueKind::Map {
+        return Ok(message);
+    }
+    let mut pairs = Vec::new();
+    for key in message.try_iter()? {
+        let value = message.get_item(&key)?;
+        if !value.is_none() {
+            pairs.push((key, value));
+        }
+    }
+    Ok(Value::from_pairs(pairs))
 }
 
 fn role(message: &Value) -> Option<String> {

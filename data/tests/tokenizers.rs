@@ -5,7 +5,8 @@
 //! `</s>`, and Llama 2 and CodeLlama folders, which transformers does not run as their
 //! `tokenizer.json` says (it rebuilds them; so does shardrun); chat records
 //! render exactly as `transformers`' `apply_chat_template` (with `{% generation %}` blocks,
-//! named templates, conversations the assistant opens, the spec's special tokens), and the
+//! named templates, conversations the assistant opens, tool calls beside `content: null`, the
+//! spec's special tokens), and the
 //! loss mask covers exactly the tokens its `{% generation %}` assistant mask covers; a
 //! prompt/completion record trains its completion and the end of the document.
 

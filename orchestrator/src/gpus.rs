@@ -25,12 +25,14 @@ pub fn visible_gpus(visible: Option<&str>, driver_gpus: Option<usize>) -> Vec<St
     }
 }
 
-/// One GPU per rank for `world` ranks on this machine, or why not.
+/// One GPU per rank for `world` ranks on this machine, or why not. `asked`: what asked for
+/// CUDA (`--device cuda`, or the spec's `resources.gpus_per_node`), as the errors name it.
 pub fn assign(
     world: u64,
     visible: Option<&str>,
     driver_gpus: Option<usize>,
     host: &str,
+    asked: &str,
 ) -> Result<Vec<String>, String> {
     let gpus = visible_gpus(visible, driver_gpus);
     let seen = match visible {
@@ -42,13 +44,13 @@ pub fn assign(
     };
     if gpus.is_empty() {
         return Err(format!(
-            "`device: cuda`, but this machine ({host}) has no GPU for it ({seen}): run on a GPU \
-             machine, or pass --device cpu"
+            "{asked} asks for CUDA, but this machine ({host}) has no GPU for it ({seen}): run on \
+             a GPU machine, or pass --device cpu"
         ));
     }
     if world > gpus.len() as u64 {
         return Err(format!(
-            "{world} ranks with `device: cuda`, but this machine ({host}) has {} GPU(s) ({seen}): \
+            "{world} ranks on CUDA ({asked}), but this machine ({host}) has {} GPU(s) ({seen}): \
              one rank per GPU, so pass --nproc {} (or fewer), or --device cpu",
             gpus.len(),
             gpus.len()
@@ -81,13 +83,14 @@ fn gpu_count_in(proc_gpus: &Path, dev: &Path) -> Option<usize> {
 }
 
 /// [`assign`] for this process's environment and machine.
-pub fn for_local_run(world: u64) -> Result<Vec<String>, String> {
+pub fn for_local_run(world: u64, asked: &str) -> Result<Vec<String>, String> {
     let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
     assign(
         world,
         visible.as_deref(),
         driver_gpu_count(),
         &shardrun_protocol::host::hostname(),
+        asked,
     )
 }
 
@@ -95,26 +98,30 @@ pub fn for_local_run(world: u64) -> Result<Vec<String>, String> {
 mod tests {
     use super::*;
 
+    const FLAG: &str = "--device cuda";
+
     #[test]
     fn one_gpu_per_rank_never_more_ranks_than_gpus() {
         assert_eq!(
-            assign(2, None, Some(4), "h").unwrap(),
+            assign(2, None, Some(4), "h", FLAG).unwrap(),
             vec!["0".to_string(), "1".to_string()]
         );
         assert_eq!(
-            assign(2, Some("3,1"), Some(4), "h").unwrap(),
+            assign(2, Some("3,1"), Some(4), "h", FLAG).unwrap(),
             vec!["3".to_string(), "1".to_string()]
         );
         assert_eq!(
-            assign(1, Some("GPU-aa11,GPU-bb22"), None, "h").unwrap(),
+            assign(1, Some("GPU-aa11,GPU-bb22"), None, "h", FLAG).unwrap(),
             vec!["GPU-aa11".to_string()]
         );
-        let err = assign(4, Some("0,1"), Some(8), "gpu7").unwrap_err();
+        let err = assign(4, Some("0,1"), Some(8), "gpu7", FLAG).unwrap_err();
         assert!(
-            err.contains("4 ranks") && err.contains("gpu7") && err.contains("--nproc 2"),
+            err.contains("4 ranks on CUDA (--device cuda)")
+                && err.contains("gpu7")
+                && err.contains("--nproc 2"),
             "{err}"
         );
-        let err = assign(3, None, Some(2), "h").unwrap_err();
+        let err = assign(3, None, Some(2), "h", FLAG).unwrap_err();
         assert!(err.contains("the NVIDIA driver lists 2"), "{err}");
     }
 
@@ -150,11 +157,32 @@ mod tests {
             (Some(""), Some(2)),
             (Some("NoDevFiles"), None),
         ] {
-            let err = assign(1, visible, driver, "login3").unwrap_err();
+            let err = assign(1, visible, driver, "login3", FLAG).unwrap_err();
             assert!(
-                err.contains("(login3) has no GPU") && err.contains("--device cpu"),
+                err.starts_with(
+                    "--device cuda asks for CUDA, but this machine (login3) has no GPU"
+                ) && err.contains("--device cpu"),
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn errors_name_the_spec_field_that_asked_for_cuda() {
+        let asked = "`resources.gpus_per_node: 2` in job.yaml";
+        let err = assign(2, None, None, "vm", asked).unwrap_err();
+        assert!(
+            err.starts_with(
+                "`resources.gpus_per_node: 2` in job.yaml asks for CUDA, but this machine (vm) \
+                 has no GPU"
+            ),
+            "{err}"
+        );
+        assert!(!err.contains("device: cuda"), "{err}");
+        let err = assign(2, None, Some(1), "vm", asked).unwrap_err();
+        assert!(
+            err.starts_with("2 ranks on CUDA (`resources.gpus_per_node: 2` in job.yaml)"),
+            "{err}"
+        );
     }
 }

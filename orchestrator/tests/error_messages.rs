@@ -144,6 +144,65 @@ per-device batches of 2 on 1 ranks (5 / 2 is not a whole number of accumulation 
 }
 
 #[test]
+fn a_total_batch_of_zero() {
+    assert_error(
+        &VALID.replace("total_batch_size: 4", "total_batch_size: 0"),
+        "\
+error: job.yaml:5:3: field `training.total_batch_size`: `total_batch_size` is 0; a step \
+trains on at least 1 sample
+  |
+5 |   total_batch_size: 0
+  |   ^^^^^^^^^^^^^^^^
+  fix: set `total_batch_size` to a multiple of 2 × 1 = 2, such as 2
+",
+    );
+}
+
+#[test]
+fn a_per_device_batch_of_zero() {
+    assert_error(
+        &VALID.replace("batch_size_per_device: 2", "batch_size_per_device: 0"),
+        "\
+error: job.yaml:6:3: field `training.batch_size_per_device`: `batch_size_per_device` is 0
+  |
+6 |   batch_size_per_device: 0
+  |   ^^^^^^^^^^^^^^^^^^^^^
+  fix: use at least 1 sample per device
+",
+    );
+}
+
+#[test]
+fn a_model_folder_that_does_not_exist() {
+    let dir = spec_dir(
+        "job.yaml",
+        &VALID.replace(
+            "{ kind: transformer, vocab_size: 128, dim: 64, n_layers: 2, n_heads: 4, max_seq_len: 16 }",
+            "{ kind: hf, path: models/tiny-lama }",
+        ),
+    );
+    std::fs::create_dir(dir.path().join("models")).unwrap();
+    let (code, _, stderr) = plan_in(dir.path(), &[]);
+    let folder = dir.path().join("models/tiny-lama");
+    assert_eq!(
+        stderr,
+        format!(
+            "\
+error: job.yaml:3:22: field `training.model.path`: the model folder {} does not exist
+  |
+3 |   model: {{ kind: hf, path: models/tiny-lama }}
+  |                      ^^^^
+  fix: check `training.model.path` (relative paths are relative to the job spec's folder); \
+it names a Hugging Face model folder (config.json with model.safetensors or \
+model.safetensors.index.json)
+",
+            folder.display()
+        )
+    );
+    assert_ne!(code, 0);
+}
+
+#[test]
 fn an_unknown_key_in_a_flow_map() {
     assert_error(
         &VALID.replace(

@@ -181,6 +181,9 @@ NAMED_DEFAULT = """{%- if messages[0]['role'] == 'system' %}
 {%- endif %}
 """
 
+# Writes an assistant's tool calls; prints `content` where a key that is present is all it asks
+# for (a `content: null` would print as `None` unless the key is dropped first, as
+# `apply_chat_template` drops the keys holding null).
 NAMED_TOOL_USE = """{{- '<|im_start|>system\n' }}
 {%- if messages[0]['role'] == 'system' %}
     {{- messages[0]['content'] }}
@@ -194,10 +197,19 @@ NAMED_TOOL_USE = """{{- '<|im_start|>system\n' }}
 {{- '\n</tools><|im_end|>\n' }}
 {%- for message in messages %}
     {%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
-        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+        {{- '<|im_start|>' + message.role + '\n' }}{{- message.content }}{{- '<|im_end|>\n' }}
     {%- elif message.role == 'assistant' %}
         {{- '<|im_start|>assistant\n' }}
-        {%- generation %}{{- message.content + '<|im_end|>' }}{%- endgeneration %}
+        {%- generation %}
+        {%- if message.content is defined %}
+            {{- message.content }}
+        {%- endif %}
+        {%- if message.tool_calls is defined %}
+            {%- for tool_call in message.tool_calls %}
+                {{- '<tool_call>\n' }}{{- tool_call.function | tojson }}{{- '\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>' }}{%- endgeneration %}
         {{- '\n' }}
     {%- elif message.role == 'tool' %}
         {{- '<|im_start|>user\n<tool_response>\n' + message.content + '\n</tool_response><|im_end|>\n' }}
@@ -243,6 +255,18 @@ TOOL_CHATS = [
         {"role": "assistant", "content": "Checking."},
         {"role": "tool", "content": "{\"temp\": 21}"},
         {"role": "assistant", "content": "21 °C."},
+    ], "tools": [WEATHER_TOOL]},
+    # As OpenAI-style APIs write them: `content: null` beside tool calls, `tool_calls: null`,
+    # and a user turn with no text.
+    {"messages": [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}},
+        ]},
+        {"role": "tool", "content": "{\"temp\": 3}"},
+        {"role": "assistant", "content": "3 °C.", "tool_calls": None},
+        {"role": "user", "content": None},
+        {"role": "assistant", "content": "Anything else?"},
     ], "tools": [WEATHER_TOOL]},
     {"messages": [
         {"role": "system", "content": "Be brief."},

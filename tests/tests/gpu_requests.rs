@@ -1,7 +1,8 @@
 //! GPU jobs where the GPUs are not usable, on this machine and on the project's real Slurm
 //! (whose node has two fake GPUs through gres, as character devices no CUDA can use):
-//! * `shardrun run --device cuda` refuses more ranks than the machine has GPUs (here: any),
-//!   with one error naming the machine, before creating anything;
+//! * `shardrun run --device cuda`, or of a spec with `gpus_per_node`, refuses more ranks than
+//!   the machine has GPUs (here: any), with one error naming the machine and what asked for
+//!   CUDA, before creating anything;
 //! * a submitted GPU job gets its GPUs from Slurm (`--gres=gpu:N` in the script and for the
 //!   step alike), every rank finds them unusable, and the controller fails the job once,
 //!   naming the node and what the rank was given, before training.
@@ -28,11 +29,38 @@ fn local_runs_refuse_more_ranks_than_gpus_naming_the_machine() {
     assert_ne!(out.status.code(), Some(0), "{stderr}");
     let host = hostname();
     let expected = if gpus == 0 {
-        format!("this machine ({host}) has no GPU")
+        format!("--device cuda asks for CUDA, but this machine ({host}) has no GPU")
     } else {
-        format!("this machine ({host}) has {gpus} GPU(s)")
+        format!(
+            "{ranks} ranks on CUDA (--device cuda), but this machine ({host}) has {gpus} GPU(s)"
+        )
     };
     assert_eq!(stderr.matches(&expected).count(), 1, "{stderr}");
+    assert!(stderr.contains("--device cpu"), "{stderr}");
+    assert!(!run.exists(), "nothing is created for a refused run");
+}
+
+#[test]
+fn a_local_run_of_a_gpu_spec_names_the_field_that_asks_for_cuda() {
+    let dir = TestDir::new("gpu-spec-local");
+    let spec = dir.write("gpu.yaml", &gpu_spec("gpuspec"));
+    // No GPU is visible, whatever the machine has.
+    let (out, run) = run_local(
+        &dir,
+        &spec,
+        &[],
+        &[("CUDA_VISIBLE_DEVICES", String::new())],
+        Duration::from_secs(60),
+    );
+    let stderr = stderr_of(&out);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    let expected = format!(
+        "`resources.gpus_per_node: 2` in {} asks for CUDA, but this machine ({}) has no GPU",
+        spec.display(),
+        hostname()
+    );
+    assert_eq!(stderr.matches(&expected).count(), 1, "{stderr}");
+    assert!(!stderr.contains("device: cuda"), "{stderr}");
     assert!(stderr.contains("--device cpu"), "{stderr}");
     assert!(!run.exists(), "nothing is created for a refused run");
 }

@@ -69,7 +69,14 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     // One GPU per rank, checked before anything is created.
     let gpus = match job.train.device {
         DeviceKind::Cuda => {
-            Some(crate::gpus::for_local_run(job.world_size).map_err(anyhow::Error::msg)?)
+            let asked = match (args.device, loaded.spec.resources.gpus_per_node) {
+                (None, Some(gpus)) => format!(
+                    "`resources.gpus_per_node: {gpus}` in {}",
+                    loaded.path.display()
+                ),
+                _ => "--device cuda".to_string(),
+            };
+            Some(crate::gpus::for_local_run(job.world_size, &asked).map_err(anyhow::Error::msg)?)
         }
         DeviceKind::Cpu => None,
     };

@@ -521,10 +521,11 @@ fn how_it_ended(
     text
 }
 
-/// What `--force` deletes, in a few words: the checkpoints and the logs of the run.
+/// What `--force` deletes, in a few words: the checkpoints and the logs of the run (or an
+/// empty folder: it replaces nothing else).
 pub fn describe_contents(path: &Path) -> String {
     let Ok(run) = RunDir::open(path) else {
-        return format!("{} (not a run directory)", path.display());
+        return format!("{} (an empty folder)", path.display());
     };
     let mut parts = Vec::new();
     let root = run.checkpoints();
@@ -866,5 +867,61 @@ mod tests {
         std::fs::create_dir(&plain).unwrap();
         let err = prepare(&plain, new_run(&job, &params)).unwrap_err();
         assert!(err.to_string().contains("is not a run directory"), "{err}");
+    }
+
+    #[test]
+    fn force_replaces_only_run_directories_and_empty_folders() {
+        let tmp = tempfile::tempdir().unwrap();
+        let job = resolved(tmp.path(), &[]);
+        let params = BTreeMap::new();
+        let forced = || NewRun {
+            force: true,
+            ..new_run(&job, &params)
+        };
+
+        // A folder of other files is refused whole, naming what it holds.
+        let mine = tmp.path().join("mydir");
+        std::fs::create_dir_all(mine.join("data")).unwrap();
+        std::fs::write(mine.join("notes.txt"), "keep me").unwrap();
+        let err = prepare(&mine, forced()).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "{0} is not a run directory (no manifest.json): it holds data/, notes.txt; \
+                 --force deletes only run directories and empty folders\n  fix: pick another \
+                 --run-dir (or `name`), or remove {0} by hand if it is meant to go",
+                mine.display()
+            )
+        );
+        assert_eq!(
+            std::fs::read_to_string(mine.join("notes.txt")).unwrap(),
+            "keep me"
+        );
+        assert!(mine.join("data").is_dir());
+        let file = tmp.path().join("notes.md");
+        std::fs::write(&file, "keep me too").unwrap();
+        let err = prepare(&file, forced()).unwrap_err().to_string();
+        assert!(
+            err.starts_with(&format!(
+                "{} is a file, not a run directory; --force deletes only run directories",
+                file.display()
+            )),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me too");
+        let names: Vec<_> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 2, "nothing set aside or left over: {names:?}");
+
+        // An empty folder becomes the run.
+        let empty = tmp.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        let RunStart::Replaced { deleted, run } = prepare(&empty, forced()).unwrap() else {
+            panic!("expected a replaced folder")
+        };
+        assert_eq!(deleted, format!("{} (an empty folder)", empty.display()));
+        assert!(run.read_manifest().is_ok());
     }
 }

@@ -20,8 +20,15 @@ pub fn batch_split(
         ));
     }
     let unit = per_device * world;
-    if total == 0 || !total.is_multiple_of(unit) {
-        let fix = if overrides.continues_run && total > 0 {
+    if total == 0 {
+        return Err(s.err(
+            "training.total_batch_size",
+            "`total_batch_size` is 0; a step trains on at least 1 sample",
+            format!("set `total_batch_size` to a multiple of {per_device} × {world} = {unit}, such as {unit}"),
+        ));
+    }
+    if !total.is_multiple_of(unit) {
+        let fix = if overrides.continues_run {
             let ranks_from = match overrides.world_size {
                 Some(_) => "--nproc",
                 None => "`resources`",

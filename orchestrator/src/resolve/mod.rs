@@ -454,7 +454,9 @@ mod tests {
     #[test]
     fn zero_total_or_per_device_is_an_error() {
         let ResolveError::Invalid(err) = job("", 0, 8).unwrap_err();
-        assert!(err.fix.contains("nearest 16"), "{err}");
+        assert_eq!(err.field, "training.total_batch_size");
+        assert!(err.why.starts_with("`total_batch_size` is 0"), "{err}");
+        assert!(err.fix.contains("such as 16"), "{err}");
         let ResolveError::Invalid(err) = job("", 16, 0).unwrap_err();
         assert_eq!(err.field, "training.batch_size_per_device");
     }

@@ -184,6 +184,17 @@ pub fn resolve_pretrained_from(
 }
 
 fn open_folder(s: &Section, field: &str, dir: &Path) -> Result<hf::HfFolder, ResolveError> {
+    if !dir.exists() {
+        return Err(s.err(
+            field,
+            format!("the model folder {} does not exist", dir.display()),
+            format!(
+                "check `{field}` (relative paths are relative to the job spec's folder); it names \
+                 a Hugging Face model folder (config.json with model.safetensors or \
+                 model.safetensors.index.json)"
+            ),
+        ));
+    }
     hf::open_folder(dir).map_err(|e| {
         let fix = match &e {
             HfError::Config { key, path, .. } => format!(
@@ -478,7 +489,21 @@ pub(super) mod tests {
         let ResolveError::Invalid(e) =
             job("{ kind: hf, path: /nonexistent/model }", DATA, "").unwrap_err();
         assert_eq!(e.field, "training.model.path");
-        assert!(e.why.contains("/nonexistent/model/config.json"), "{e}");
+        assert_eq!(e.why, "the model folder /nonexistent/model does not exist");
+        assert!(e.fix.contains("relative to the job spec's folder"), "{e}");
+        // A folder that is there names the file it lacks.
+        let empty = tempfile::tempdir().unwrap();
+        let ResolveError::Invalid(e) = job(
+            &format!("{{ kind: hf, path: {} }}", empty.path().display()),
+            DATA,
+            "",
+        )
+        .unwrap_err();
+        assert!(
+            e.why
+                .contains(&format!("{}/config.json", empty.path().display())),
+            "{e}"
+        );
     }
 
     #[test]

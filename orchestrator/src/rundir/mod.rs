@@ -33,8 +33,11 @@ pub const MANIFEST_VERSION: u32 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunDirError {
-    #[error("{0} already exists and is not a run directory (no manifest.json)\n  fix: pick another `name` or --run-dir, remove it, or pass --force to replace it")]
+    #[error("{0} already exists and is not a run directory (no manifest.json)\n  fix: pick another `name` or --run-dir, or remove it by hand")]
     Exists(PathBuf),
+    /// `--force` at a path that holds something else than a run: never deleted.
+    #[error("{why}; --force deletes only run directories and empty folders\n  fix: pick another --run-dir (or `name`), or remove {path} by hand if it is meant to go")]
+    NotReplaceable { path: PathBuf, why: String },
     #[error("no run directory at {0} (no manifest.json)\n  fix: create one with `shardrun submit job.yaml` or `shardrun run job.yaml`")]
     NotARunDir(PathBuf),
     #[error("{what} {path}: {source}")]
@@ -50,6 +53,55 @@ pub enum RunDirError {
         #[source]
         source: serde_json::Error,
     },
+}
+
+/// Entries of a folder that is not a run directory a refusal names before counting the rest.
+const ENTRIES_SHOWN: usize = 5;
+
+/// `--force` replaces a run directory or an empty folder; anything else at `path` (a user's
+/// folder, a file) is refused, saying what it holds: one mistyped --run-dir must not lose it.
+fn refuse_unless_replaceable(path: &Path) -> Result<(), RunDirError> {
+    if RunDir::at(path).manifest_path().is_file() {
+        return Ok(());
+    }
+    let refuse = |why: String| RunDirError::NotReplaceable {
+        path: path.to_path_buf(),
+        why,
+    };
+    if !path.is_dir() {
+        return Err(refuse(format!(
+            "{} is a file, not a run directory",
+            path.display()
+        )));
+    }
+    let mut names: Vec<String> = fs::read_dir(path)
+        .map_err(io_err("cannot read", path))?
+        .map(|entry| {
+            let entry = entry.map_err(io_err("cannot read", path))?;
+            let mut name = entry.file_name().to_string_lossy().into_owned();
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                name.push('/');
+            }
+            Ok(name)
+        })
+        .collect::<Result<_, RunDirError>>()?;
+    if names.is_empty() {
+        return Ok(());
+    }
+    names.sort();
+    let mut holds = names
+        .iter()
+        .take(ENTRIES_SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > ENTRIES_SHOWN {
+        holds.push_str(&format!(" and {} more", names.len() - ENTRIES_SHOWN));
+    }
+    Err(refuse(format!(
+        "{} is not a run directory (no manifest.json): it holds {holds}",
+        path.display()
+    )))
 }
 
 pub(crate) fn io_err<'a>(
@@ -242,8 +294,11 @@ impl RunDir {
     /// Write a complete run directory at `path` (normally [`RunDir::planned_path`]).
     pub fn create(path: &Path, new: NewRun<'_>) -> Result<RunDir, RunDirError> {
         let path = std::path::absolute(path).map_err(io_err("cannot resolve", path))?;
-        if path.exists() && !new.force {
-            return Err(RunDirError::Exists(path));
+        if path.exists() {
+            if !new.force {
+                return Err(RunDirError::Exists(path));
+            }
+            refuse_unless_replaceable(&path)?;
         }
         let parent = path.parent().unwrap_or(Path::new("/")).to_path_buf();
         fs::create_dir_all(&parent).map_err(io_err("cannot create", &parent))?;
