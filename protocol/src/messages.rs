@@ -91,7 +91,7 @@ pub struct Registration {
     pub pid: u32,
     /// `cpu` or `cuda:<visible index>` (plus the GPU name and what the rank was given).
     pub device: String,
-    /// Set when this rank cannot use the device the job asks for (`device: cuda` on a node
+    /// Set when this rank cannot use the device the job asks for (CUDA on a node
     /// without a usable GPU): the controller fails the job once, naming the node, instead of
     /// every rank failing on its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -106,7 +106,7 @@ fn a_slurm_gpu_job_without_usable_gpus_fails_once_naming_the_node() {
     let message = json["message"].as_str().unwrap_or_default();
     let host = hostname();
     assert!(
-        message.contains(&format!("node {host}: `device: cuda`, but"))
+        message.contains(&format!("node {host}: the job trains on CUDA, but"))
             && message.contains("cannot use its device"),
         "{message}"
     );
@@ -118,7 +118,7 @@ fn a_slurm_gpu_job_without_usable_gpus_fails_once_naming_the_node() {
     let log = read(&run.join("train.log"));
     let lines: Vec<&str> = log
         .lines()
-        .filter(|l| l.contains("`device: cuda`, but"))
+        .filter(|l| l.contains("the job trains on CUDA, but"))
         .collect();
     assert!(!lines.is_empty(), "{log}");
     for line in &lines {

@@ -106,7 +106,7 @@ pub fn select_cuda(local_rank: u64) -> Result<&'static Chosen, String> {
     let host = shardrun_protocol::host::hostname();
     let raw = std::env::var("CUDA_VISIBLE_DEVICES").ok();
     let visible = Visible::parse(raw.as_deref());
-    let problem = |why: String| format!("node {host}: `device: cuda`, but {why}");
+    let problem = |why: String| format!("node {host}: the job trains on CUDA, but {why}");
     if !cuda::runtime_present() || !tch::Cuda::is_available() {
         let why = if !cuda::runtime_present() {
             "this libtorch has no CUDA runtime (a CPU build?)".to_string()
@@ -259,7 +259,7 @@ mod tests {
         let err = select_cuda(0).unwrap_err();
         let host = shardrun_protocol::host::hostname();
         assert!(
-            err.starts_with(&format!("node {host}: `device: cuda`, but ")),
+            err.starts_with(&format!("node {host}: the job trains on CUDA, but ")),
             "{err}"
         );
     }

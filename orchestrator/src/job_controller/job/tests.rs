@@ -698,7 +698,7 @@ fn a_node_without_a_usable_gpu_fails_the_job_once_before_it_starts() {
     s.handle(Event::Launched {
         procs: vec![(0, Some(0)), (1, Some(1))],
     });
-    let problem = "node node0: `device: cuda`, but no NVIDIA driver is loaded on this node";
+    let problem = "node node0: the job trains on CUDA, but no NVIDIA driver is loaded on this node";
     let bad = |rank| Registration {
         device_error: Some(problem.into()),
         ..reg(rank)
