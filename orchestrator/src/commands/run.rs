@@ -9,7 +9,7 @@ use crate::job_controller::LaunchMode;
 use crate::rerun::{self, RunStart};
 use crate::resolve::{self, Overrides};
 use crate::rundir::{NewRun, RunDir};
-use crate::spec::{overrides, JobSpec};
+use crate::spec::{overrides, JobSpec, LoadedSpec};
 use shardrun_protocol::config::DeviceKind;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -69,13 +69,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     // One GPU per rank, checked before anything is created.
     let gpus = match job.train.device {
         DeviceKind::Cuda => {
-            let asked = match (args.device, loaded.spec.resources.gpus_per_node) {
-                (None, Some(gpus)) => format!(
-                    "`resources.gpus_per_node: {gpus}` in {}",
-                    loaded.path.display()
-                ),
-                _ => "--device cuda".to_string(),
-            };
+            let asked = asked_for_cuda(args.device, &loaded);
             Some(crate::gpus::for_local_run(job.world_size, &asked).map_err(anyhow::Error::msg)?)
         }
         DeviceKind::Cpu => None,
@@ -106,6 +100,19 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     outln!("run directory: {}", run.path().display());
     outln!("  plot: shardrun plot {}", run.path().display());
     Ok(())
+}
+
+/// What asked for CUDA, as a refusal names it: `--device cuda`, or the spec's
+/// `gpus_per_node`, where it was set (the `--set` that set it last, or the file).
+fn asked_for_cuda(device: Option<DeviceArg>, loaded: &LoadedSpec) -> String {
+    const FIELD: &str = "resources.gpus_per_node";
+    match (device, loaded.spec.resources.gpus_per_node) {
+        (None, Some(gpus)) => match loaded.overrides.iter().rev().find(|o| o.covers(FIELD)) {
+            Some(set) => set.flag(),
+            None => format!("`{FIELD}: {gpus}` in {}", loaded.path.display()),
+        },
+        _ => "--device cuda".to_string(),
+    }
 }
 
 /// The run directory of a spec: the spec's own folder when given a run directory, else
@@ -178,6 +185,30 @@ mod tests {
                 planned
             );
         }
+    }
+
+    #[test]
+    fn cuda_is_asked_for_by_the_flag_the_spec_file_or_the_set_that_set_gpus() {
+        let gpus = |yaml: &str, sets: &[&str]| {
+            let loaded = parse(yaml, Path::new("job.yaml")).unwrap();
+            let sets: Vec<_> = sets.iter().map(|s| overrides::parse(s).unwrap()).collect();
+            overrides::apply(loaded, &sets).unwrap()
+        };
+        let cpu = include_str!("../../../examples/demo.yaml");
+        let in_file = cpu.replace("gpus_per_node: 0 ", "gpus_per_node: 2 ");
+        assert_ne!(in_file, cpu, "the demo sets `gpus_per_node: 0`");
+        assert_eq!(
+            asked_for_cuda(None, &gpus(&in_file, &[])),
+            "`resources.gpus_per_node: 2` in job.yaml"
+        );
+        assert_eq!(
+            asked_for_cuda(None, &gpus(cpu, &["resources.gpus_per_node=4"])),
+            "--set resources.gpus_per_node=4"
+        );
+        assert_eq!(
+            asked_for_cuda(Some(DeviceArg::Cuda), &gpus(&in_file, &[])),
+            "--device cuda"
+        );
     }
 
     #[test]
