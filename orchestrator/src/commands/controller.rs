@@ -57,14 +57,6 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     supervise(&run, opts)
 }
 
-/// What carries on with a run stopped before its ranks started.
-fn again_to_start(launch: &LaunchMode) -> &'static str {
-    match launch {
-        LaunchMode::Local { .. } => "run the same command again to go on",
-        LaunchMode::Slurm { .. } => "submit the same spec again (`shardrun submit`) to go on",
-    }
-}
-
 /// Runs the controller and records the run's state in its manifest; shared with `run`.
 pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyhow::Result<()> {
     // One controller per run directory. Taken before the manifest says RUNNING, so that a
@@ -89,7 +81,7 @@ pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyho
     let config = run.read_train_config().map_err(|e| failed(e.into()))?;
     // One process tokenizes, before any rank starts; a stop meanwhile is recorded as such.
     let stops = ExitOnStop::install({
-        let (run, again) = (run.clone(), again_to_start(&opts.launch));
+        let (run, again) = (run.clone(), opts.launch.run_again());
         move |signal| {
             let why =
                 format!("by {signal} while its data was being prepared, before any rank started");
@@ -97,7 +89,9 @@ pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyho
                 m.state = RunState::Cancelled;
                 m.error = Some(why.clone());
             });
-            outln!("shardrun: the run was cancelled {why}; nothing of it is lost: {again}");
+            outln!(
+                "shardrun: the run was cancelled {why}; nothing of it is lost: {again} to go on"
+            );
         }
     })
     .context("cannot watch for Ctrl-C")

@@ -679,11 +679,8 @@ fn cancelled_message(
     }
 }
 
-fn how_to_resume(launch: &LaunchMode) -> &'static str {
-    match launch {
-        LaunchMode::Local { .. } => "run the same command again to resume",
-        LaunchMode::Slurm { .. } => "submit the same spec again (`shardrun submit`) to resume",
-    }
+fn how_to_resume(launch: &LaunchMode) -> String {
+    format!("{} to resume", launch.run_again())
 }
 
 /// Turns SIGTERM / SIGINT / SIGHUP into cancellation and SIGUSR2 into preemption. tokio's

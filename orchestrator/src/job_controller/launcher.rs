@@ -33,6 +33,16 @@ pub enum LaunchMode {
     Slurm { nodes: u64, gpus_per_node: u64 },
 }
 
+impl LaunchMode {
+    /// What carries a stopped run on, as messages advise it.
+    pub fn run_again(&self) -> &'static str {
+        match self {
+            LaunchMode::Local { .. } => "run the same command again",
+            LaunchMode::Slurm { .. } => "submit the same spec again (`shardrun submit`)",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct LaunchSpec {
     pub worker_bin: PathBuf,
