@@ -60,7 +60,7 @@ fn totals_that_split(total: u64, per_device: u64, world: u64) -> String {
     let mut fix = format!(
         "set `total_batch_size` to a multiple of {per_device} × {world} = {unit}: nearest {nearest}"
     );
-    if total > 0 && total.is_multiple_of(world) {
+    if total.is_multiple_of(world) {
         let _ = write!(
             fix,
             "; or keep it and use `batch_size_per_device` in [{}]",
