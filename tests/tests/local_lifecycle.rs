@@ -20,6 +20,20 @@ fn shardrun_cmd(args: &[&str]) -> (Option<i32>, String, String) {
     (out.status.code(), stdout_of(&out), stderr_of(&out))
 }
 
+/// The [`start_long_run`] command again, to 5 steps; (its output, its stdout).
+fn run_long_again_briefly(dir: &TestDir) -> (std::process::Output, String) {
+    let envs = [("SHARDRUN_WORKER_BIN", simrank())];
+    let (out, _) = run_local(
+        dir,
+        &dir.join("long.yaml"),
+        &["--nproc", "2", "--set", "training.steps=5"],
+        &envs,
+        DEADLINE,
+    );
+    let stdout = stdout_of(&out);
+    (out, stdout)
+}
+
 #[test]
 fn a_run_whose_controller_was_killed_shows_as_died_and_the_same_command_resumes_it() {
     let dir = TestDir::new("died");
@@ -51,16 +65,7 @@ fn a_run_whose_controller_was_killed_shows_as_died_and_the_same_command_resumes_
     assert!(table.contains(" died "), "{table}");
 
     // The same command again, to a few steps: it says why it starts again, and finishes.
-    let spec = dir.join("long.yaml");
-    let envs = [("SHARDRUN_WORKER_BIN", simrank())];
-    let (out, _) = run_local(
-        &dir,
-        &spec,
-        &["--nproc", "2", "--set", "training.steps=5"],
-        &envs,
-        DEADLINE,
-    );
-    let stdout = stdout_of(&out);
+    let (out, stdout) = run_long_again_briefly(&dir);
     assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
     let headline = stdout.lines().next().unwrap_or_default();
     assert!(
@@ -88,16 +93,7 @@ fn a_killed_run_is_not_described_by_the_attempt_before_it() {
     wait_for_exit(&mut job, &run, DEADLINE);
     assert_no_process_left(&run, DEADLINE);
 
-    let spec = dir.join("long.yaml");
-    let envs = [("SHARDRUN_WORKER_BIN", simrank())];
-    let (out, _) = run_local(
-        &dir,
-        &spec,
-        &["--nproc", "2", "--set", "training.steps=5"],
-        &envs,
-        DEADLINE,
-    );
-    let stdout = stdout_of(&out);
+    let (_, stdout) = run_long_again_briefly(&dir);
     let headline = stdout.lines().next().unwrap_or_default();
     assert!(
         headline.contains("stopped without recording how (its controller was killed"),

@@ -563,14 +563,7 @@ fn ranks_that_do_not_stop_in_time_are_named_when_killed() {
             reason: "the job was cancelled (SIGINT)".into(),
         },
     });
-    let said: Vec<String> = s
-        .handle(Event::Escalated)
-        .into_iter()
-        .filter_map(|a| match a {
-            Action::Say(t) => Some(t),
-            _ => None,
-        })
-        .collect();
+    let said = all_said(s.handle(Event::Escalated));
     assert_eq!(
         said,
         vec!["rank 1 on node1 (pid 101) did not stop in time: killing it".to_string()]
@@ -583,16 +576,9 @@ fn a_second_signal_names_each_rank_it_kills_and_why() {
     s.handle(Event::Cancel {
         signal: StopSignal::Interrupt,
     });
-    let said: Vec<String> = s
-        .handle(Event::Cancel {
-            signal: StopSignal::Interrupt,
-        })
-        .into_iter()
-        .filter_map(|a| match a {
-            Action::Say(t) => Some(t),
-            _ => None,
-        })
-        .collect();
+    let said = all_said(s.handle(Event::Cancel {
+        signal: StopSignal::Interrupt,
+    }));
     assert_eq!(
         said,
         vec![
@@ -788,6 +774,17 @@ fn behind(rank: u64, entered: u64) -> Option<Lag> {
         others_entered: (41, 41),
         still_secs: 60,
     })
+}
+
+/// Everything the machine said, in order.
+fn all_said(actions: Vec<Action>) -> Vec<String> {
+    actions
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::Say(t) => Some(t),
+            _ => None,
+        })
+        .collect()
 }
 
 /// What the machine said first.
