@@ -2,7 +2,6 @@
 //! the processes of a run from the outside (`/proc`).
 
 use crate::{binary, run_with_deadline, shardrun, wait_for, GroupChild, TestDir};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Output, Stdio};
 use std::time::Duration;
@@ -97,17 +96,14 @@ pub fn wait_for_exit(job: &mut GroupChild, run: &Path, deadline: Duration) -> Ex
     .unwrap_or_else(|e| panic!("{e}\n{}", all_logs(run)))
 }
 
-/// [`wait_for_exit`], then everything the run wrote to its piped stdout.
+/// [`wait_for_exit`], then everything the run wrote to its piped stdout. Its pipes are
+/// read while it runs, so a run that writes more than a pipe holds does not block on them.
 pub fn finish(job: &mut GroupChild, run: &Path, deadline: Duration) -> (ExitStatus, String) {
+    assert!(job.child.stdout.is_some(), "the run's stdout is piped");
+    let pipes = crate::PipeReader::start(&mut job.child);
     let status = wait_for_exit(job, run, deadline);
-    let mut stdout = String::new();
-    job.child
-        .stdout
-        .take()
-        .expect("the run's stdout is piped")
-        .read_to_string(&mut stdout)
-        .unwrap();
-    (status, stdout)
+    let (stdout, _) = pipes.join();
+    (status, String::from_utf8_lossy(&stdout).into_owned())
 }
 
 /// Pids of a run's live processes (its ranks carry `SHARDRUN_RUN_DIR=<run>`).
@@ -320,4 +316,21 @@ pub fn has_checkpoint(run: &Path) -> bool {
             let name = entry.file_name().to_string_lossy().into_owned();
             name.starts_with("step-") && !name.contains('.')
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finish_reads_more_than_a_pipe_holds_while_the_run_goes_on() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "head -c 300000 /dev/zero | tr '\\000' x"])
+            .stdout(Stdio::piped());
+        let mut job = GroupChild::spawn(&mut cmd).unwrap();
+        let (status, stdout) = finish(&mut job, Path::new("/nonexistent"), Duration::from_secs(30));
+        assert!(status.success());
+        assert_eq!(stdout.len(), 300_000);
+        assert!(stdout.bytes().all(|b| b == b'x'));
+    }
 }
