@@ -180,7 +180,7 @@ fn missing_sbatch_is_explained() {
 }
 
 #[test]
-fn an_existing_run_is_refused_unless_forced() {
+fn a_folder_that_is_not_a_run_is_refused_even_when_forced() {
     let dir = TestDir::new("submit-exists");
     let spec = dir.write("job.yaml", &spec("twice", &["exit 0"]));
     let run = dir.join("runs/twice");
@@ -191,7 +191,17 @@ fn an_existing_run_is_refused_unless_forced() {
         .args(["submit", &spec.to_string_lossy()]);
     let out = run_with_deadline(&mut cmd, DEADLINE).unwrap();
     assert!(!out.status.success());
-    assert!(stderr_of(&out).contains("already exists") && stderr_of(&out).contains("--force"));
+    let stderr = stderr_of(&out);
+    assert!(
+        stderr.contains("already exists and is not a run directory") && !stderr.contains("--force"),
+        "{stderr}"
+    );
+    // --force replaces run directories only: a folder of the user's is never deleted.
+    cmd.arg("--force");
+    let out = run_with_deadline(&mut cmd, DEADLINE).unwrap();
+    assert!(!out.status.success());
+    let stderr = stderr_of(&out);
+    assert!(stderr.contains("it holds precious"), "{stderr}");
     assert_eq!(
         std::fs::read_to_string(run.join("precious")).unwrap(),
         "keep me"
