@@ -328,19 +328,27 @@ pub fn messages_of(record: &Value, field: &str) -> std::result::Result<Vec<Value
     Ok(list)
 }
 
-/// An object without its null-valued keys (other values as they are).
+/// An object without its null-valued keys (other values as they are); most messages have
+/// none and are passed on as they are.
 fn without_nulls(message: Value) -> std::result::Result<Value, Error> {
     if message.kind() != ValueKind::Map {
         return Ok(message);
     }
     let mut pairs = Vec::new();
+    let mut dropped = false;
     for key in message.try_iter()? {
         let value = message.get_item(&key)?;
-        if !value.is_none() {
+        if value.is_none() {
+            dropped = true;
+        } else {
             pairs.push((key, value));
         }
     }
-    Ok(Value::from_pairs(pairs))
+    Ok(if dropped {
+        Value::from_pairs(pairs)
+    } else {
+        message
+    })
 }
 
 fn role(message: &Value) -> Option<String> {
