@@ -128,14 +128,6 @@ fn saved_on_two_ranks_resumes_on_one_three_four_and_under_shard_grad_op() {
     }
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
-    }
-}
-
 #[test]
 fn hybrid_and_no_shard_saves_resume_under_full_shard() {
     for (saved_world, saved_strategy, load_world) in [

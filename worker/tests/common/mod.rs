@@ -349,3 +349,18 @@ impl shardrun_worker::report::Reporter for Recorder {
         false
     }
 }
+
+/// A copy of the folder `from` at `to`, sub-folders included (a checkpoint to resume from
+/// elsewhere).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
