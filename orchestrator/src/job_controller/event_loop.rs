@@ -463,9 +463,9 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
     })
     .await;
     let mut exit_code = outcome.exit_code();
+    // The Slurm job to requeue, and the message as it was before it said so (should
+    // `scontrol requeue` fail).
     let mut requeue = None;
-    // The message without its requeue, should `scontrol requeue` fail.
-    let mut preempted_message = None;
     if outcome == Outcome::Preempted {
         match std::env::var("SLURM_JOB_ID") {
             Ok(job_id) => {
@@ -480,7 +480,7 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
                 if done < opts.max_requeues {
                     write_atomic(&paths.requeue_count, format!("{}\n", done + 1).as_bytes())
                         .map_err(file_err("write", &paths.requeue_count))?;
-                    preempted_message = Some(message.clone());
+                    let preempted_message = message.clone();
                     message = format!(
                         "{message}; requeueing Slurm job {job_id} ({} of {} requeues), which \
                          resumes from it",
@@ -494,7 +494,7 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
                         max_requeues: opts.max_requeues,
                     })
                     .await;
-                    requeue = Some(job_id);
+                    requeue = Some((job_id, preempted_message));
                 } else {
                     exit_code = 1;
                     message = format!(
@@ -540,7 +540,7 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
     for (_, abort) in conns.values() {
         abort.abort();
     }
-    if let Some(job_id) = requeue {
+    if let Some((job_id, preempted_message)) = requeue {
         // Requeueing kills this batch script: everything must be on disk before.
         let (reply, flushed) = tokio::sync::oneshot::channel();
         let _ = records.send(Record::Flush(reply)).await;
@@ -549,9 +549,8 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
             // Still here: the job was not requeued, and the run's files must say so.
             exit_code = 1;
             message = format!(
-                "{}; `scontrol requeue {job_id}` {why}, so the job was not requeued: resubmit \
-                 it to resume from its last checkpoint",
-                preempted_message.take().unwrap_or_default()
+                "{preempted_message}; `scontrol requeue {job_id}` {why}, so the job was not \
+                 requeued: resubmit it to resume from its last checkpoint"
             );
             log_only(message.clone()).await;
             note(RunEvent::Failed {
