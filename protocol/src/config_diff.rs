@@ -39,7 +39,7 @@ pub fn under(path: &str, prefixes: &[&str]) -> bool {
 
 /// Every leaf of `value` by its dotted path; objects are walked, anything else (lists
 /// included) is one value.
-pub fn flatten(value: &Value) -> BTreeMap<String, Value> {
+fn flatten(value: &Value) -> BTreeMap<String, Value> {
     fn walk(prefix: &str, value: &Value, out: &mut BTreeMap<String, Value>) {
         match value {
             Value::Object(map) => {
