@@ -75,8 +75,14 @@ pub enum FromWorker {
     /// every rank agreed to stop after optimizer step `step` (a cancel, a signal, a failed
     /// peer). Nothing is wrong with this rank; `reason` says who asked.
     Stopped { step: u64, reason: StopReason },
-    /// The worker hit an error and is about to exit non-zero.
-    Failed { error: String },
+    /// The worker hit an error and is about to exit non-zero. `because_of`: the rank its
+    /// collective error names (the peer that closed the connection, aborted the ring or
+    /// never joined before the timeout): this failure likely follows from that rank's.
+    Failed {
+        error: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        because_of: Option<u64>,
+    },
     /// Training continues from the checkpoint of `step` at `path` (rank 0 sends this once,
     /// after loading it): the run's records mark where a resumed curve picks up.
     Resumed { step: u64, path: String },

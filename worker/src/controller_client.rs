@@ -330,11 +330,13 @@ impl ControllerClient {
         });
     }
 
-    /// The last message before exiting with an error; true when the controller has it (and
-    /// logs it: the rank need not print it again).
-    pub fn failed(&self, error: &str) -> bool {
+    /// The last message before exiting with an error, naming the peer rank it follows from
+    /// if any; true when the controller has it (and logs it: the rank need not print it
+    /// again).
+    pub fn failed(&self, error: &str, because_of: Option<usize>) -> bool {
         self.send_or_stderr(&FromWorker::Failed {
             error: error.to_string(),
+            because_of: because_of.map(|rank| rank as u64),
         })
     }
 }

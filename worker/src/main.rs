@@ -18,7 +18,7 @@ use shardrun_protocol::messages::{Registration, StopReason};
 use shardrun_protocol::{env, error_text};
 use shardrun_worker::checkpointing::Checkpointer;
 use shardrun_worker::collectives::cpu::transport::listen_host;
-use shardrun_worker::collectives::{nccl, prepare, Comms};
+use shardrun_worker::collectives::{nccl, prepare, CommError, Comms};
 use shardrun_worker::controller_client::{self, ClientOptions, ControllerClient};
 use shardrun_worker::fsdp::ProcessGroups;
 use shardrun_worker::launch::RankEnv;
@@ -72,6 +72,14 @@ struct Args {
 /// An error and its causes in one line, each said once.
 fn said_once(error: &(dyn std::error::Error + 'static)) -> String {
     error_text::join_causes(error_text::chain(error))
+}
+
+/// The other rank a failure follows from, when a collective error in its causes names one.
+fn peer_at_fault(error: &anyhow::Error) -> Option<usize> {
+    error
+        .chain()
+        .find_map(|cause| cause.downcast_ref::<CommError>())
+        .and_then(CommError::peer_at_fault)
 }
 
 fn main() {
@@ -141,7 +149,7 @@ fn run() -> Result<i32> {
         controller.as_deref(),
     );
     if let (Some(controller), Err(error)) = (&controller, &result) {
-        if controller.failed(&said_once(&**error)) {
+        if controller.failed(&said_once(&**error), peer_at_fault(error)) {
             // The controller logs it for this rank: one line, not a second copy on stderr.
             return Ok(1);
         }
@@ -242,7 +250,7 @@ fn connect_world(config: &TrainConfig, rank_env: &RankEnv, args: &Args) -> Resul
         let (client, comms) = join_through_controller(config, rank_env, device)?;
         let report = client.clone();
         fail_fast::report_to(move |error| {
-            report.failed(error);
+            report.failed(error, None);
         });
         return Ok(Joined {
             reporter: client.clone(),

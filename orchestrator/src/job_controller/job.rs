@@ -45,11 +45,13 @@ pub enum Event {
         step: u64,
         reason: StopReason,
     },
-    /// The rank reported an error; `lag`: ranks behind in the collectives at that moment.
+    /// The rank reported an error; `lag`: ranks behind in the collectives at that moment;
+    /// `because_of`: the peer rank its error names as the cause.
     WorkerFailed {
         conn: ConnId,
         error: String,
         lag: Option<Lag>,
+        because_of: Option<u64>,
     },
     /// The connection ended (`error`: why, if not a clean close).
     Disconnected {
@@ -179,6 +181,9 @@ pub struct JobMachine {
     exits: HashMap<u64, ExitInfo>,
     launched: bool,
     failure: Option<Failure>,
+    /// The rank the reported failure names as its cause (a peer that closed the connection
+    /// or timed out): that rank's own report, if it comes, says why and replaces it.
+    failure_follows: Option<u64>,
     cancelled: Option<StopSignal>,
     preempting: bool,
     stop_requested: bool,
@@ -197,6 +202,7 @@ impl JobMachine {
             exits: HashMap::new(),
             launched: false,
             failure: None,
+            failure_follows: None,
             cancelled: None,
             preempting: false,
             stop_requested: false,
@@ -244,13 +250,28 @@ impl JobMachine {
             Event::Stopped { conn, step, reason } => {
                 self.set_end(conn, RankEnd::Stopped { step, reason });
             }
-            Event::WorkerFailed { conn, error, lag } => {
+            Event::WorkerFailed {
+                conn,
+                error,
+                lag,
+                because_of,
+            } => {
                 self.set_end(conn, RankEnd::Failed);
                 if let Some(rank) = self.conn_rank.get(&conn).copied() {
                     let mut failure = self.failure_of(rank, FailureCause::Reported { error });
                     // Behind alone, the rank's own error says why.
                     failure.lag = lag.filter(|lag| lag.ranks != [rank]);
-                    self.fail(failure, &mut out);
+                    let because_of = because_of.filter(|&peer| peer != rank);
+                    if self.failure.is_none() && self.cancelled.is_none() {
+                        self.failure_follows = because_of;
+                        self.fail(failure, &mut out);
+                    } else if self.failure_follows == Some(rank) {
+                        // Connections are read concurrently: a peer's report of the broken
+                        // collective can overtake the report of the rank that broke it.
+                        failure.exit = self.exits.get(&rank).cloned();
+                        self.failure_follows = because_of;
+                        self.blame_instead(failure, &mut out);
+                    }
                 }
             }
             Event::Disconnected { conn, error } => {
@@ -597,6 +618,12 @@ impl JobMachine {
         }
         let mut cause = self.failure_of(rank, FailureCause::Exited);
         cause.exit = Some(exit.clone());
+        self.failure_follows = None;
+        self.blame_instead(cause, out);
+    }
+
+    /// Replaces the failure said so far with `cause`, which it turned out to follow from.
+    fn blame_instead(&mut self, cause: Failure, out: &mut Vec<Action>) {
         out.push(Action::Say(format!(
             "{} (the cause of the failure above)",
             cause.describe()

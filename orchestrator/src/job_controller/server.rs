@@ -292,7 +292,7 @@ async fn read_worker(
                 job(Event::Stopped { conn, step, reason });
                 continue;
             }
-            FromWorker::Failed { error } => {
+            FromWorker::Failed { error, because_of } => {
                 let line = LogLine {
                     level: LogLevel::Error,
                     time: super::clock::now(),
@@ -306,7 +306,12 @@ async fn read_worker(
                     })
                     .await;
                 let lag = counts.lag(std::time::Instant::now(), LAG_STILL_FOR);
-                job(Event::WorkerFailed { conn, error, lag });
+                job(Event::WorkerFailed {
+                    conn,
+                    error,
+                    lag,
+                    because_of,
+                });
                 continue;
             }
         };

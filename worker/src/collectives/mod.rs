@@ -67,6 +67,17 @@ pub enum CommError {
     Other(String),
 }
 
+impl CommError {
+    /// The other rank this error comes from: the peer that closed the connection or aborted
+    /// the collective, or the one waited for until the timeout.
+    pub fn peer_at_fault(&self) -> Option<usize> {
+        match *self {
+            CommError::Peer { rank, .. } | CommError::Timeout { rank, .. } => Some(rank),
+            _ => None,
+        }
+    }
+}
+
 /// A pending collective. Dropping it without waiting is a bug in the caller. On the CPU
 /// backend `wait` returns when the operation is done; on NCCL it orders the work libtorch
 /// queues afterwards after the collective, without blocking the host (host reads of device

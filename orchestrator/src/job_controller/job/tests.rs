@@ -643,6 +643,7 @@ fn a_killed_peer_is_blamed_over_the_rank_that_reported_the_broken_collective() {
         conn: 10,
         error: "peer rank 1 closed".into(),
         lag: None,
+        because_of: None,
     });
     leave(&mut s, 11, 1, ExitInfo::Signal(9));
     let actions = leave(&mut s, 10, 0, ExitInfo::Code(1));
@@ -653,11 +654,114 @@ fn a_killed_peer_is_blamed_over_the_rank_that_reported_the_broken_collective() {
         conn: 10,
         error: "out of memory".into(),
         lag: None,
+        because_of: None,
     });
     s.handle(Event::Escalated);
     leave(&mut s, 11, 1, ExitInfo::Signal(15));
     let actions = leave(&mut s, 10, 0, ExitInfo::Code(1));
     assert_eq!(failure(&actions).unwrap().rank, Some(0));
+}
+
+/// Rank 0 reports that its collective broke because rank 1 closed the connection.
+fn peer_broke_the_collective(s: &mut JobMachine) -> Vec<Action> {
+    s.handle(Event::WorkerFailed {
+        conn: 10,
+        error: "peer rank 1 (node1:91) closed the connection: it exited or was killed".into(),
+        lag: None,
+        because_of: Some(1),
+    })
+}
+
+/// Rank 1 reports its own error.
+fn rank_1_fails_on_its_own(s: &mut JobMachine) -> Vec<Action> {
+    s.handle(Event::WorkerFailed {
+        conn: 11,
+        error: "injected failure".into(),
+        lag: None,
+        because_of: None,
+    })
+}
+
+#[test]
+fn a_rank_whose_report_is_overtaken_by_its_peers_is_still_the_one_blamed() {
+    let mut s = running();
+    assert!(said(&peer_broke_the_collective(&mut s)).starts_with("rank 0 on node0"));
+    let actions = rank_1_fails_on_its_own(&mut s);
+    assert_eq!(
+        said(&actions),
+        "rank 1 on node1 (pid 101) failed: injected failure (the cause of the failure above)"
+    );
+    leave(&mut s, 10, 0, ExitInfo::Code(1));
+    let f = failure(&leave(&mut s, 11, 1, ExitInfo::Code(1))).unwrap();
+    assert_eq!(f.rank, Some(1));
+    assert_eq!(f.exit, Some(ExitInfo::Code(1)));
+    assert_eq!(
+        f.cause,
+        FailureCause::Reported {
+            error: "injected failure".into()
+        }
+    );
+}
+
+#[test]
+fn a_rank_that_reports_first_stays_blamed_when_its_peer_reports_the_broken_collective() {
+    let mut s = running();
+    rank_1_fails_on_its_own(&mut s);
+    assert!(says_nothing(&peer_broke_the_collective(&mut s)));
+    leave(&mut s, 10, 0, ExitInfo::Code(1));
+    assert_eq!(
+        failure(&leave(&mut s, 11, 1, ExitInfo::Code(1)))
+            .unwrap()
+            .rank,
+        Some(1)
+    );
+}
+
+#[test]
+fn a_later_report_replaces_the_failure_only_from_the_rank_it_names() {
+    // Rank 1 failed on its own; rank 0's later error naming rank 1 changes nothing, and
+    // two ranks naming each other do not trade the blame back and forth.
+    let mut s = JobMachine::new(3, "abc");
+    s.handle(Event::Launched {
+        procs: vec![(0, Some(0)), (1, Some(1)), (2, Some(2))],
+    });
+    for rank in 0..3 {
+        s.handle(Event::Registered {
+            conn: 10 + rank,
+            registration: Registration {
+                world_size: 3,
+                ..reg(rank)
+            },
+        });
+    }
+    let fail = |s: &mut JobMachine, rank: u64, because_of: Option<u64>| {
+        s.handle(Event::WorkerFailed {
+            conn: 10 + rank,
+            error: format!("error of rank {rank}"),
+            lag: None,
+            because_of,
+        })
+    };
+    fail(&mut s, 2, Some(1));
+    assert!(says_nothing(&fail(&mut s, 0, None)), "rank 0 was not named");
+    assert!(said(&fail(&mut s, 1, Some(2))).contains("error of rank 1"));
+    for rank in 0..3 {
+        s.handle(Event::Disconnected {
+            conn: 10 + rank,
+            error: None,
+        });
+    }
+    for rank in 0..2 {
+        s.handle(Event::ProcessExited {
+            proc: rank,
+            exit: ExitInfo::Code(1),
+        });
+    }
+    let actions = s.handle(Event::ProcessExited {
+        proc: 2,
+        exit: ExitInfo::Code(1),
+    });
+    assert_eq!(failure(&actions).unwrap().rank, Some(1));
 }
 
 #[test]
@@ -672,6 +776,7 @@ fn heartbeat_loss_and_reported_errors_fail_the_job() {
         conn: 11,
         error: "out of memory".into(),
         lag: None,
+        because_of: None,
     });
     assert!(actions
         .iter()
@@ -788,6 +893,10 @@ fn all_said(actions: Vec<Action>) -> Vec<String> {
 }
 
 /// What the machine said first.
+fn says_nothing(actions: &[Action]) -> bool {
+    !actions.iter().any(|a| matches!(a, Action::Say(_)))
+}
+
 fn said(actions: &[Action]) -> String {
     actions
         .iter()
@@ -834,6 +943,7 @@ fn a_collective_timeout_names_the_rank_that_never_joined() {
         conn: 10,
         error: "NCCL all_gather did not complete within 300 s".into(),
         lag: behind(1, 40),
+        because_of: None,
     });
     let text = said(&actions);
     assert!(
@@ -848,6 +958,7 @@ fn a_collective_timeout_names_the_rank_that_never_joined() {
         conn: 11,
         error: "out of memory".into(),
         lag: behind(1, 40),
+        because_of: None,
     });
     assert!(
         !said(&actions).contains("collectives"),
