@@ -212,7 +212,11 @@ pub struct TrainSummary {
     pub model_state_bytes_per_rank: u64,
     /// What one rank would hold unsharded (params + grads + AdamW state).
     pub unsharded_model_state_bytes: u64,
+    /// As in [`StepMetrics::peak_memory_bytes`]: peak RSS on CPU, allocated on GPU.
     pub peak_memory_bytes: u64,
+    /// GPU: the allocator's peak reserved bytes; `None` on CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_reserved_bytes: Option<u64>,
     #[serde(deserialize_with = "non_finite")]
     pub mean_tokens_per_s: f64,
     /// The last evaluation, when the data has a validation split.
@@ -220,6 +224,22 @@ pub struct TrainSummary {
     pub eval_loss: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_perplexity: Option<f64>,
+}
+
+impl TrainSummary {
+    /// The peak memory per rank in words that say which memory it is: "530 MiB resident
+    /// (RSS)" on CPU, "1234 MiB allocated, 2345 MiB reserved" on GPU.
+    pub fn peak_memory_words(&self) -> String {
+        let mib = |bytes: u64| bytes as f64 / f64::from(1u32 << 20);
+        match self.peak_reserved_bytes {
+            Some(reserved) => format!(
+                "{:.0} MiB allocated, {:.0} MiB reserved",
+                mib(self.peak_memory_bytes),
+                mib(reserved)
+            ),
+            None => format!("{:.0} MiB resident (RSS)", mib(self.peak_memory_bytes)),
+        }
+    }
 }
 
 /// Why a rank stopped at a step boundary before the end ([`FromWorker::Stopped`]). In words
@@ -374,6 +394,7 @@ mod tests {
             model_state_bytes_per_rank: 1,
             unsharded_model_state_bytes: 2,
             peak_memory_bytes: 3,
+            peak_reserved_bytes: None,
             mean_tokens_per_s: 0.0,
             eval_loss: None,
             eval_perplexity: None,
@@ -382,6 +403,34 @@ mod tests {
             panic!("not a summary")
         };
         assert!(back.first_loss.is_nan() && back.mean_tokens_per_s == 0.0);
+    }
+
+    #[test]
+    fn a_summary_says_which_memory_its_peak_is() {
+        let cpu = TrainSummary {
+            strategy: "FULL_SHARD".into(),
+            world_size: 2,
+            steps: 10,
+            first_loss: 1.0,
+            last_loss: 0.5,
+            model_state_bytes_per_rank: 1,
+            unsharded_model_state_bytes: 2,
+            peak_memory_bytes: 530 << 20,
+            peak_reserved_bytes: None,
+            mean_tokens_per_s: 1.0,
+            eval_loss: None,
+            eval_perplexity: None,
+        };
+        assert_eq!(cpu.peak_memory_words(), "530 MiB resident (RSS)");
+        let gpu = TrainSummary {
+            peak_memory_bytes: 1234 << 20,
+            peak_reserved_bytes: Some(2345 << 20),
+            ..cpu
+        };
+        assert_eq!(
+            gpu.peak_memory_words(),
+            "1234 MiB allocated, 2345 MiB reserved"
+        );
     }
 
     #[test]

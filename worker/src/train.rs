@@ -764,6 +764,7 @@ impl Trainer {
         } else {
             step_times
         };
+        let memory = metrics::Memory::of(self.device);
         TrainSummary {
             strategy: strategy_name(cfg.fsdp.strategy).to_string(),
             world_size: cfg.batch.world_size,
@@ -772,7 +773,8 @@ impl Trainer {
             last_loss,
             model_state_bytes_per_rank: self.engine.model_state_bytes(),
             unsharded_model_state_bytes: cfg.model.num_params() * 16,
-            peak_memory_bytes: metrics::Memory::of(self.device).peak,
+            peak_memory_bytes: memory.peak,
+            peak_reserved_bytes: memory.peak_reserved,
             // Tokens over time, not a mean of per-step rates (which slow steps pull less).
             mean_tokens_per_s: mean_throughput(tokens_per_step, steady),
             eval_loss: self.last_eval.as_ref().map(|e| e.eval_loss),
@@ -880,7 +882,7 @@ pub fn format_summary(s: &TrainSummary) -> String {
     format!(
         "\n{rule}\nFSDP training complete\nSharding strategy: {} ({} rank(s), {} steps)\n\
          Model state per rank: {:.1} MiB (vs {:.1} MiB unsharded)\nMemory savings: {:.1}%\n\
-         Peak memory per rank: {:.0} MiB\nInitial loss: {:.4}\nFinal loss:   {:.4}\n{}\
+         Peak memory per rank: {}\nInitial loss: {:.4}\nFinal loss:   {:.4}\n{}\
          Mean throughput: {:.0} tokens/s\n{rule}",
         s.strategy,
         s.world_size,
@@ -888,7 +890,7 @@ pub fn format_summary(s: &TrainSummary) -> String {
         mib(s.model_state_bytes_per_rank),
         mib(s.unsharded_model_state_bytes),
         savings,
-        mib(s.peak_memory_bytes),
+        s.peak_memory_words(),
         s.first_loss,
         s.last_loss,
         match (s.eval_loss, s.eval_perplexity) {

@@ -216,7 +216,7 @@ fn write(
             };
             let text = format!(
                 "summary: {} on {} ranks, {} steps, loss {:.4} -> {:.4}, model state {:.1} MiB/rank \
-                 (unsharded {:.1} MiB), peak memory {:.1} MiB, {:.0} tokens/s{eval}",
+                 (unsharded {:.1} MiB), peak memory {}, {:.0} tokens/s{eval}",
                 summary.strategy,
                 summary.world_size,
                 summary.steps,
@@ -224,7 +224,7 @@ fn write(
                 summary.last_loss,
                 mib(summary.model_state_bytes_per_rank),
                 mib(summary.unsharded_model_state_bytes),
-                mib(summary.peak_memory_bytes),
+                summary.peak_memory_words(),
                 summary.mean_tokens_per_s
             );
             controller_noted_line(book, console, rank, &text)?;
