@@ -145,7 +145,7 @@ impl ResolvedJob {
             let vars: Vec<String> = s
                 .env
                 .iter()
-                .map(|(name, value)| format!("{name}={}", shown_value(value)))
+                .map(|(name, value)| format!("{name}={}", shown_value(name, value)))
                 .collect();
             let _ = writeln!(
                 out,
@@ -161,8 +161,12 @@ impl ResolvedJob {
 }
 
 /// A variable's value as it reads in one line: quoted and escaped when it is empty or holds
-/// spaces, quotes or control characters.
-fn shown_value(value: &str) -> String {
+/// spaces, quotes or control characters; hidden when the name says it is a credential (a
+/// plan is pasted into issues and chats).
+fn shown_value(name: &str, value: &str) -> String {
+    if is_credential(name) {
+        return format!("<hidden, {} characters>", value.chars().count());
+    }
     let plain = !value.is_empty()
         && value
             .chars()
@@ -172,4 +176,20 @@ fn shown_value(value: &str) -> String {
     } else {
         format!("{value:?}")
     }
+}
+
+/// Names like `HF_TOKEN`, `WANDB_API_KEY`, `AWS_SECRET_ACCESS_KEY`, `DB_PASSWORD`.
+fn is_credential(name: &str) -> bool {
+    let name = name.to_ascii_uppercase();
+    [
+        "TOKEN",
+        "SECRET",
+        "PASSWORD",
+        "PASSWD",
+        "API_KEY",
+        "ACCESS_KEY",
+        "PRIVATE_KEY",
+    ]
+    .iter()
+    .any(|word| name.contains(word))
 }
