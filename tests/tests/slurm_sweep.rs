@@ -168,9 +168,17 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
         "array 1/3: 10 point(s), --array=0-9",
         "array 2/3: 10 point(s), --array=0-9",
         "array 3/3: 5 point(s), --array=0-4",
+        // Each array's script, as sbatch would get it.
+        "# array 1/3: the sbatch script",
+        "#SBATCH --array=0-4\n",
     ] {
         assert!(stdout.contains(line), "missing {line:?} in {stdout}");
     }
+    assert_eq!(
+        stdout.matches("#SBATCH --array=0-9\n").count(),
+        2,
+        "{stdout}"
+    );
     assert!(!dir.join("runs").exists(), "a dry run writes nothing");
 
     let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();

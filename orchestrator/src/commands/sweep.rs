@@ -118,11 +118,6 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    if args.dry_run {
-        print_arrays(&plan, throttle, skipped);
-        return Ok(());
-    }
-
     let submitter = Submitter {
         journal: &journal,
         sweep_dir: &sweep_dir,
@@ -131,6 +126,25 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         throttle,
     };
     let submission = journal::new_submission_id();
+    let arrays = |k: usize| ArrayRef {
+        submission: submission.clone(),
+        index: k + 1,
+        count: plan.arrays.len(),
+    };
+    if args.dry_run {
+        print_arrays(&plan, throttle, skipped);
+        for (k, range) in plan.arrays.iter().enumerate() {
+            let script = submitter.script(&arrays(k), &to_submit[range.clone()])?;
+            outln!(
+                "\n# array {}/{}: the sbatch script, submitted held, then released\n{}",
+                k + 1,
+                plan.arrays.len(),
+                script.trim_end()
+            );
+        }
+        return Ok(());
+    }
+
     rundir::write_file(&journal.spec_path(&submission), loaded.source.as_bytes())?;
     std::fs::create_dir_all(sweep_dir.join("slurm"))
         .context("creating the sweep's slurm log folder")?;
@@ -144,11 +158,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     };
     let mut submitted: Vec<(ArrayRef, String, usize)> = Vec::new();
     for (k, range) in plan.arrays.iter().enumerate() {
-        let array = ArrayRef {
-            submission: submission.clone(),
-            index: k + 1,
-            count: plan.arrays.len(),
-        };
+        let array = arrays(k);
         match submitter.submit(&array, &planned[range.clone()], &after) {
             Ok(job_id) => {
                 if throttle.is_some() {

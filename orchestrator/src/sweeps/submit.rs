@@ -6,7 +6,7 @@
 
 use crate::resolve::ResolvedJob;
 use crate::rundir::{self, ArrayRef, Manifest, RunDir, RunState};
-use crate::sbatch::{render_sbatch, ScriptTarget};
+use crate::sbatch::{render_sbatch, RenderError, ScriptTarget};
 use crate::slurm::{self, limits::Destination};
 use crate::sweeps::journal::{self, ArrayRecord, ArrayState, Journal};
 use crate::sweeps::point_dirs;
@@ -108,6 +108,24 @@ impl Submitter<'_> {
     /// Write the array's points and record, `sbatch --hold` it, write its points' manifests
     /// with their job ids, release it. On failure its points are SUBMIT_FAILED and the record
     /// says why.
+    /// The sbatch script of `array`, which runs `points` (of one allocation shape): the
+    /// first point's resources, the sweep's name, one task per point.
+    pub fn script(
+        &self,
+        array: &ArrayRef,
+        points: &[(&SweepPoint, Decision)],
+    ) -> Result<String, RenderError> {
+        let mut array_job = points[0].0.job.clone();
+        array_job.name = self.sweep_name.to_string();
+        let target = ScriptTarget::Array {
+            points_file: self.journal.points_path(array),
+            log_dir: self.sweep_dir.join("slurm"),
+            tasks: points.len(),
+            throttle: self.throttle,
+        };
+        render_sbatch(&array_job, &target, &self.exe)
+    }
+
     pub fn submit(
         &self,
         array: &ArrayRef,
@@ -128,15 +146,7 @@ impl Submitter<'_> {
             .context("writing the points' run directories")?;
         let paths: Vec<PathBuf> = slots.iter().map(Slot::path).collect();
         self.journal.write_points(array, &paths)?;
-        let mut array_job = points[0].0.job.clone();
-        array_job.name = self.sweep_name.to_string();
-        let target = ScriptTarget::Array {
-            points_file: self.journal.points_path(array),
-            log_dir: self.sweep_dir.join("slurm"),
-            tasks: slots.len(),
-            throttle: self.throttle,
-        };
-        let script = render_sbatch(&array_job, &target, &self.exe)?;
+        let script = self.script(array, points)?;
         let script_path = self.journal.script_path(array);
         rundir::write_file(&script_path, script.as_bytes())?;
         let mut record = ArrayRecord {
