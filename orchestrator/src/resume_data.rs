@@ -55,6 +55,16 @@ impl fmt::Display for DataChanged {
     }
 }
 
+impl DataChanged {
+    /// The refusal as one line, for the run's record (the full text is in the job's output).
+    pub fn in_one_line(&self) -> String {
+        format!(
+            "its training data changed since the checkpoint of step {} was saved (data {}              then, {} now); the job's output file says what changed and how to go on",
+            self.checkpoint.step, self.saved, self.now
+        )
+    }
+}
+
 impl std::error::Error for DataChanged {}
 
 /// Refuses to resume `run` from `checkpoint` on the data `now` when the checkpoint recorded

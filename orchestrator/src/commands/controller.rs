@@ -99,11 +99,16 @@ pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyho
     let prepared = crate::data_prep::before_launch(run, &config);
     drop(stops);
     if let Err(e) = prepared {
-        if e.is::<DataChanged>() {
-            // Refused before anything ran: the run stays as it was.
-            let _ = run.update_manifest(|m| {
-                m.state = before.state;
-                m.error = before.error;
+        if let Some(refusal) = e.downcast_ref::<DataChanged>() {
+            // Refused before anything ran: the run stays as it was. A Slurm job's refusal is
+            // recorded, or `status` could only say the job failed (a local one is said on
+            // the terminal that started it).
+            let _ = run.update_manifest(|m| match opts.launch {
+                LaunchMode::Slurm { .. } => m.refused_start(before, &refusal.in_one_line()),
+                LaunchMode::Local { .. } => {
+                    m.state = before.state;
+                    m.error = before.error;
+                }
             });
             return Err(e);
         }

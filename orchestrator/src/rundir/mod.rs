@@ -204,6 +204,23 @@ impl Manifest {
         }
     }
 
+    /// A Slurm job refused to start the run before anything ran (`why`, one line): the run
+    /// goes back to how it had ended (`before`), or, if it had not, is FAILED, and either
+    /// way says which job refused and why: `status` shows it, where Slurm's record would only
+    /// say the job exited 1.
+    pub fn refused_start(&mut self, before: Ended, why: &str) {
+        let job = match self.slurm_job_ids.last() {
+            Some(id) => format!("Slurm job {id}"),
+            None => "the job".to_string(),
+        };
+        self.state = if before.state.is_terminal() {
+            before.state
+        } else {
+            RunState::Failed
+        };
+        self.error = Some(format!("{job} refused to start: {why}"));
+    }
+
     /// The manifest of a run just made for `resolved`, not yet submitted.
     pub fn created(
         resolved: &ResolvedJob,
@@ -737,6 +754,31 @@ mod tests {
         let json = serde_json::to_string(&manifest).unwrap();
         let read: Manifest = serde_json::from_str(&json).unwrap();
         assert_eq!(read.before_start(), cancelled);
+    }
+
+    #[test]
+    fn a_refused_job_says_so_and_leaves_the_run_as_it_had_ended() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut manifest = Manifest::created(&job(tmp.path()), BTreeMap::new());
+        manifest.slurm_job_ids = vec!["41".into(), "57_3".into()];
+        manifest.state = RunState::Submitted;
+        let ended = Ended {
+            state: RunState::Preempted,
+            error: None,
+        };
+        manifest.refused_start(ended, "its training data changed");
+        assert_eq!(manifest.state, RunState::Preempted);
+        assert_eq!(
+            manifest.error.as_deref(),
+            Some("Slurm job 57_3 refused to start: its training data changed")
+        );
+        // A run that had not ended (a requeued job) failed: nothing more will happen to it.
+        let running = Ended {
+            state: RunState::Running,
+            error: None,
+        };
+        manifest.refused_start(running, "its training data changed");
+        assert_eq!(manifest.state, RunState::Failed);
     }
 
     #[test]

@@ -209,6 +209,9 @@ impl Submitter<'_> {
         record.state = ArrayState::Held;
         self.journal.write(&mut record)?;
         let recorded = commit(self.sweep_dir, slots, |task, m| {
+            // A point retried in its run directory goes back to how it had ended if its job
+            // refuses to start (its data changed).
+            m.ended_before = m.state.is_terminal().then(|| m.before_start());
             m.state = RunState::Submitted;
             m.slurm_job_ids.push(format!("{job_id}_{task}"));
             m.error = None;

@@ -1,0 +1,72 @@
+//! A Slurm job submitted to continue a run whose training data changed since its checkpoint
+//! prepares the new data inside the allocation and refuses to start any rank. The run keeps
+//! how it had ended, and `shardrun status` says which job refused and why, where Slurm's own
+//! record says only that the job exited 1.
+
+use shardrun_e2e::*;
+use std::time::Duration;
+
+/// A tiny transformer on the lines of the GNU GPL (every Debian machine has it), read with
+/// the byte tokenizer, checkpointed every 3 steps.
+const SPEC: &str = "name: changed\nresources:\n  tasks_per_node: 2\n  cpus_per_task: 1\n  time: \"00:05:00\"\ntraining:\n  model: { kind: transformer, vocab_size: 257, dim: 16, n_layers: 1, n_heads: 2, max_seq_len: 32 }\n  data:\n    kind: text\n    files: [data/gpl.txt]\n    split: line\n    tokenizer: { kind: bytes }\n  checkpoint: { interval_steps: 3 }\n  steps: 6\n  total_batch_size: 8\n  batch_size_per_device: 4\n";
+
+/// The run's state and detail once its latest job has ended.
+fn ended(cluster: &SlurmCluster, dir: &TestDir, run: &str) -> serde_json::Value {
+    wait_for("the job to end", Duration::from_secs(300), || {
+        let out = cluster
+            .shardrun(dir.path(), &["status", "--json", run])
+            .ok()?;
+        status_runs(&stdout_of(&out))
+            .into_iter()
+            .find(|r| !matches!(r["state"].as_str(), Some("SUBMITTED" | "RUNNING")))
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_job_refused_for_changed_data_is_named_in_the_status_of_the_run_it_left_as_it_was() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("slurm-changed-data");
+    let gpl = std::fs::read_to_string("/usr/share/common-licenses/GPL-3")
+        .expect("/usr/share/common-licenses/GPL-3 is missing (Debian's base-files has it)");
+    dir.write("data/gpl.txt", &gpl);
+    dir.write("job.yaml", SPEC);
+    let out = cluster
+        .shardrun(dir.path(), &["submit", "job.yaml"])
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let run = dir.join("runs/changed");
+    let first = ended(&cluster, &dir, "runs/changed");
+    assert_eq!(first["state"], "COMPLETED", "{first}");
+
+    // The data changes; a job to train 3 more steps is accepted (the new data is not
+    // prepared yet) and refuses inside the allocation.
+    dir.write("data/gpl.txt", &format!("{gpl}one more line\n"));
+    let out = cluster
+        .shardrun(
+            dir.path(),
+            &["submit", "runs/changed", "--set", "training.steps=9"],
+        )
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let refused = ended(&cluster, &dir, "runs/changed");
+    assert_eq!(refused["state"], "COMPLETED", "{refused}");
+    let detail = refused["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.starts_with(&format!(
+            "Slurm job {job_id} refused to start: its training data changed since the \
+             checkpoint of step 6 was saved"
+        )),
+        "{refused}"
+    );
+    // The job's output has the whole refusal: what changed and how to go on.
+    let output =
+        std::fs::read_to_string(run.join(format!("changed-{job_id}.err"))).unwrap_or_default();
+    assert!(
+        output.contains("data/gpl.txt: changed") && output.contains("--force"),
+        "{output}"
+    );
+    assert!(run.join("checkpoints/step-6/COMPLETE").exists());
+    assert!(!run.join("checkpoints/step-9").exists());
+}
