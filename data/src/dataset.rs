@@ -264,7 +264,7 @@ fn describe(what: &str, packed: &Packed, cache: Option<(f64, bool)>) -> String {
     let m = &corpus.manifest;
     let trained = if m.loss_mask {
         format!(
-            ", {:.0}% of them trained on",
+            ", {:.0}% of them in the loss",
             100.0 * m.trained_tokens as f64 / m.tokens.max(1) as f64
         )
     } else {

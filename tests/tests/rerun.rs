@@ -320,7 +320,7 @@ fn a_finished_run_is_left_alone_trained_longer_on_request_refused_when_changed_a
         resumed,
         [format!(
             "[rank 0] resumed from checkpoint {}/checkpoints/step-30 (step 30, saved by 2 \
-             rank(s) with FullShard)",
+             rank(s) with FULL_SHARD)",
             run.display()
         )],
         "{stdout}"

@@ -170,11 +170,11 @@ impl Checkpointer {
                 "resumed from"
             };
             let mut line = format!(
-                "{how} checkpoint {} (step {}, saved by {} rank(s) with {:?})",
+                "{how} checkpoint {} (step {}, saved by {} rank(s) with {})",
                 dir.display(),
                 meta.step,
                 meta.world_size,
-                meta.strategy
+                crate::train::strategy_name(meta.strategy)
             );
             if meta.config_hash != self.config_hash {
                 match &meta.config {

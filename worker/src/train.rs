@@ -16,6 +16,7 @@ use crate::report::{Reporter, ReporterObserver};
 use crate::scaler::LossScaler;
 use crate::stop::{self, StopReason, StopRequest};
 use crate::{control, host, metrics};
+use shardrun_data::dataset::thousands;
 use shardrun_models::source::ParamSource;
 use shardrun_protocol::config::{DType, DeviceKind, ShardingStrategy, TrainConfig};
 use shardrun_protocol::messages::{signal_name, EvalMetrics, LogLevel, StepMetrics, TrainSummary};
@@ -233,7 +234,7 @@ impl Trainer {
             LogLevel::Info,
             &format!(
                 "rank {rank}: shards of {} parameters {} in {:.2} s; resident memory {:.0} MiB before, peak {:.0} MiB while loading",
-                l.shard_elements,
+                thousands(l.shard_elements),
                 source.describe(),
                 l.seconds,
                 mib(l.rss_before_bytes),
@@ -384,7 +385,7 @@ impl Trainer {
                 "training {} {span}: {} over {world} rank(s), {} parameters, {} unit(s)",
                 cfg.name,
                 strategy_name(cfg.fsdp.strategy),
-                cfg.model.num_params(),
+                thousands(cfg.model.num_params()),
                 self.engine.layouts().len()
             ),
         );

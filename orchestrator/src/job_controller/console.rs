@@ -154,15 +154,7 @@ pub fn format_duration(secs: f64) -> String {
 
 /// `12345.6` → `12,346`.
 pub fn group_thousands(x: f64) -> String {
-    let digits = format!("{:.0}", x.max(0.0));
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
+    shardrun_data::dataset::thousands(x.max(0.0).round() as u64)
 }
 
 #[cfg(test)]
