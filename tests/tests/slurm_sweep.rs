@@ -240,6 +240,16 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
         stdout.contains("5 run(s) in") && stdout.contains("belong to no current point"),
         "{stdout}"
     );
+    // One array: the command to follow it names its job id.
+    let job_id = stdout
+        .split("Slurm job ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the array's job id");
+    assert!(
+        stdout.contains(&format!("/slurm/{name}-{job_id}_<task>.out")),
+        "{stdout}"
+    );
     let arrays = slurm_arrays(&cluster, &name);
     assert_eq!(task_counts(&arrays), [10, 10, 5, 5]);
     all_completed(&cluster, &dir, &sweep_dir, 30);

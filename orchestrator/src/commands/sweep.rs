@@ -209,8 +209,13 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         );
     }
     outln!("  sweep folder   {}", sweep_dir.display());
+    // One array: its job id is known; with more, each has its own.
+    let job = match submitted.as_slice() {
+        [(_, job_id, _)] => job_id.as_str(),
+        _ => "<job>",
+    };
     outln!(
-        "  follow         tail -f {}/slurm/{}-<job>_<task>.out",
+        "  follow         tail -f {}/slurm/{}-{job}_<task>.out",
         sweep_dir.display(),
         loaded.spec.name
     );

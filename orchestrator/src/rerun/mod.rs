@@ -11,6 +11,7 @@ pub mod changes;
 use crate::resume_data::{self, DataChanged};
 use crate::rundir::{Ended, Manifest, NewRun, RunDir, RunDirError, RunLock, RunState};
 use crate::slurm;
+use crate::sweeps::journal::Journal;
 pub use changes::FieldChange;
 use shardrun_checkpoint::{find_latest, Verify};
 use shardrun_data::DataIdentity;
@@ -247,6 +248,8 @@ pub enum RerunError {
     NoResume { path: String, ended: String },
     #[error("{path} finished {done} steps but has no checkpoint to continue from to step {asked}\n  fix: add --force to start over with {asked} steps")]
     NothingToContinue { path: String, done: u64, asked: u64 },
+    #[error("{path} is the folder of a sweep (its points' runs are inside), not a run directory\n  fix: give this job a name of its own (`--set name=...`) or a --run-dir")]
+    SweepFolder { path: String },
     #[error(transparent)]
     DataChanged(#[from] Box<DataChanged>),
     #[error("cannot ask Slurm whether {path} is still running: {source}")]
@@ -340,6 +343,11 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
     }
     let run = match RunDir::open(&path) {
         Ok(run) => run,
+        Err(RunDirError::NotARunDir(_)) if Journal::new(&path).dir().is_dir() => {
+            return Err(RerunError::SweepFolder {
+                path: path.display().to_string(),
+            })
+        }
         Err(RunDirError::NotARunDir(_)) => return Err(RunDirError::Exists(path).into()),
         Err(e) => return Err(e.into()),
     };
@@ -867,6 +875,17 @@ mod tests {
         std::fs::create_dir(&plain).unwrap();
         let err = prepare(&plain, new_run(&job, &params)).unwrap_err();
         assert!(err.to_string().contains("is not a run directory"), "{err}");
+
+        // A sweep's folder (the spec's name with its sweep turned off) is named as one.
+        std::fs::create_dir_all(plain.join("arrays")).unwrap();
+        let err = prepare(&plain, new_run(&job, &params)).unwrap_err();
+        assert!(
+            err.to_string().starts_with(&format!(
+                "{} is the folder of a sweep (its points' runs are inside)",
+                plain.display()
+            )) && err.to_string().contains("--set name="),
+            "{err}"
+        );
     }
 
     #[test]
