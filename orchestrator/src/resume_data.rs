@@ -59,7 +59,7 @@ impl DataChanged {
     /// The refusal as one line, for the run's record (the full text is in the job's output).
     pub fn in_one_line(&self) -> String {
         format!(
-            "its training data changed since the checkpoint of step {} was saved (data {}              then, {} now); the job's output file says what changed and how to go on",
+            "its training data changed since the checkpoint of step {} was saved (data {} then, {} now); the job's output file says what changed and how to go on",
             self.checkpoint.step, self.saved, self.now
         )
     }

@@ -60,6 +60,10 @@ fn a_job_refused_for_changed_data_is_named_in_the_status_of_the_run_it_left_as_i
         )),
         "{refused}"
     );
+    assert!(
+        detail.contains(" then, ") && !detail.contains("  "),
+        "{refused}"
+    );
     // The job's output has the whole refusal: what changed and how to go on.
     let output =
         std::fs::read_to_string(run.join(format!("changed-{job_id}.err"))).unwrap_or_default();
