@@ -452,8 +452,30 @@ fn read_header(path: &Path) -> Result<(File, BTreeMap<String, StoredTensor>), Hf
     let metadata: Metadata = serde_json::from_slice(&header)
         .map_err(|e| not_safetensors(format!("an unreadable header ({e})")))?;
     let data_start = 8 + header_len;
+    let expected = data_start + metadata.data_len() as u64;
+    // In file order, so that the tensor a problem is reported for is always the first one.
+    let mut infos: Vec<_> = metadata.tensors().into_iter().collect();
+    infos.sort_by_key(|(name, info)| (info.data_offsets, name.clone()));
+    if size < expected {
+        let cut = infos
+            .iter()
+            .find(|(_, info)| data_start + info.data_offsets.1 as u64 > size);
+        return Err(match cut {
+            Some((name, info)) => HfError::tensor(
+                path,
+                name,
+                format!(
+                    "is cut off: its bytes end at {} but the file has {size} of the {expected} bytes its header describes. The file is truncated; copy it again",
+                    data_start + info.data_offsets.1 as u64
+                ),
+            ),
+            None => not_safetensors(format!(
+                "{size} of the {expected} bytes its header describes"
+            )),
+        });
+    }
     let mut tensors = BTreeMap::new();
-    for (name, info) in metadata.tensors() {
+    for (name, info) in infos {
         let dtype = match info.dtype {
             Dtype::F32 => StoredDtype::F32,
             Dtype::BF16 => StoredDtype::Bf16,
@@ -466,28 +488,16 @@ fn read_header(path: &Path) -> Result<(File, BTreeMap<String, StoredTensor>), Hf
                 ))
             }
         };
-        let (begin, end) = (info.data_offsets.0 as u64, info.data_offsets.1 as u64);
-        if data_start + end > size {
-            return Err(HfError::tensor(
-                path,
-                &name,
-                format!(
-                    "is cut off: its bytes end at {} but the file has {size} bytes. The file is truncated; copy it again",
-                    data_start + end
-                ),
-            ));
-        }
         tensors.insert(
             name,
             StoredTensor {
                 file: path.to_path_buf(),
                 dtype,
                 shape: info.shape.iter().map(|&d| d as u64).collect(),
-                start: data_start + begin,
+                start: data_start + info.data_offsets.0 as u64,
             },
         );
     }
-    let expected = data_start + metadata.data_len() as u64;
     if size > expected {
         return Err(not_safetensors(format!(
             "{} bytes after the last tensor",
@@ -495,4 +505,42 @@ fn read_header(path: &Path) -> Result<(File, BTreeMap<String, StoredTensor>), Hf
         )));
     }
     Ok((file, tensors))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use safetensors::tensor::{serialize_to_file, TensorView};
+
+    #[test]
+    fn a_truncated_file_names_its_first_cut_off_tensor_in_file_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors");
+        let bytes = vec![0u8; 4 * 16];
+        let names: Vec<String> = (0..8).map(|i| format!("layers.{i}.weight")).collect();
+        let views: Vec<(&str, TensorView<'_>)> = names
+            .iter()
+            .map(|n| {
+                (
+                    n.as_str(),
+                    TensorView::new(Dtype::F32, vec![16], &bytes).unwrap(),
+                )
+            })
+            .collect();
+        serialize_to_file(views, None, &path).unwrap();
+        let size = std::fs::metadata(&path).unwrap().len();
+        // Cut into the third tensor of eight (64 bytes each, stored in name order).
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.set_len(size - 5 * 64 - 10).unwrap();
+        let Err(error) = read_header(&path) else {
+            panic!("a truncated file was read")
+        };
+        let error = error.to_string();
+        assert!(
+            error.contains("layers.2.weight")
+                && error.contains(&format!("of the {size} bytes its header describes"))
+                && error.contains("truncated"),
+            "{error}"
+        );
+    }
 }
