@@ -12,7 +12,8 @@ use std::path::Path;
 
 pub const CONFIG_FILE: &str = "config.json";
 
-const SUPPORTED_TYPES: &str = "llama, mistral, qwen2 (Llama 1-3, CodeLlama, SmolLM, TinyLlama, Mistral, Qwen2 and their fine-tunes)";
+/// The `model_type`s this architecture reads, and the model families they cover.
+pub const SUPPORTED_TYPES: &str = "llama, mistral, qwen2 (Llama 1-3, CodeLlama, SmolLM, TinyLlama, Mistral, Qwen2 and their fine-tunes)";
 const SUPPORTED_ROPE: &str = "default, linear, llama3, dynamic (up to max_position_embeddings)";
 
 /// Reads and parses `<dir>/config.json`.

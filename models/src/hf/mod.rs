@@ -20,7 +20,7 @@ pub mod config;
 pub mod save;
 pub mod weights;
 
-pub use config::{read_config, CONFIG_FILE};
+pub use config::{read_config, CONFIG_FILE, SUPPORTED_TYPES};
 pub use save::{
     is_tokenizer_file, save_folder, tokenizer_and_generation_files, FileContents, FolderFile,
     SaveOptions, SavedFolder, ADDITIONAL_CHAT_TEMPLATES,

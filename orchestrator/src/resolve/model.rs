@@ -197,9 +197,15 @@ fn open_folder(s: &Section, field: &str, dir: &Path) -> Result<hf::HfFolder, Res
     }
     hf::open_folder(dir).map_err(|e| {
         let fix = match &e {
-            HfError::Config { key, path, .. } => format!(
-                "change `{key}` in {}, or use a folder of a supported model",
+            HfError::Config { key, path, why } if why.starts_with("is missing") => format!(
+                "add `{key}` to {} as the model was made with (or use the model's own \
+                 config.json)",
                 path.display()
+            ),
+            // Editing the value would change what the weights compute.
+            HfError::Config { .. } => format!(
+                "point `{field}` at a folder of a model shardrun supports: {}",
+                hf::SUPPORTED_TYPES
             ),
             HfError::Tensor { .. } | HfError::Io { .. } | HfError::Folder { .. } => format!(
                 "repair the folder as said, or point `{field}` at another Hugging Face model folder (config.json with model.safetensors or model.safetensors.index.json)"
@@ -539,6 +545,36 @@ pub(super) mod tests {
         let ResolveError::Invalid(e) = job(&other, DATA, &from).unwrap_err();
         assert_eq!(e.field, "training.checkpoint.from");
         assert!(e.why.contains("ffn_dim 128 (folder) vs 96 (spec)"), "{e}");
+    }
+
+    #[test]
+    fn a_folder_config_missing_a_key_says_to_add_it_and_one_unsupported_says_which_models_are() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("model");
+        folder(&dir, &job(LLAMA, DATA, "").unwrap().train.model);
+        let config = dir.join("config.json");
+        let original: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+        let spec = format!("{{ kind: hf, path: {} }}", dir.display());
+        let fix_with = |edit: &dyn Fn(&mut serde_json::Value)| {
+            let mut edited = original.clone();
+            edit(&mut edited);
+            std::fs::write(&config, edited.to_string()).unwrap();
+            let ResolveError::Invalid(e) = job(&spec, DATA, "").unwrap_err();
+            e.fix
+        };
+        let missing = fix_with(&|c| {
+            c.as_object_mut().unwrap().remove("num_attention_heads");
+        });
+        assert!(
+            missing.starts_with("add `num_attention_heads` to ") && missing.contains("config.json"),
+            "{missing}"
+        );
+        let unsupported = fix_with(&|c| c["hidden_act"] = "gelu".into());
+        assert!(
+            unsupported.starts_with("point `training.model.path` at a folder of a model shardrun supports: llama, mistral, qwen2"),
+            "{unsupported}"
+        );
     }
 
     #[test]
