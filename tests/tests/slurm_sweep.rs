@@ -196,6 +196,24 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
     all_completed(&cluster, &dir, &sweep_dir, 25);
     let runs = runs_of(&sweep_dir);
     assert_eq!(runs.len(), 25);
+
+    // `shardrun logs` of the sweep's folder names its points rather than a missing log.
+    let out = cluster
+        .shardrun(dir.path(), &["logs", &sweep_dir.to_string_lossy()])
+        .unwrap();
+    let stderr = stderr_of(&out);
+    assert!(!out.status.success(), "{stderr}");
+    let first = runs.keys().next().unwrap();
+    assert!(
+        stderr.contains("holds 25 run(s)")
+            && stderr.contains(&format!("  {}\n", sweep_dir.join(first).display()))
+            && stderr.contains("... and 15 more")
+            && stderr.contains(&format!(
+                "fix: name one of them: `shardrun logs {}",
+                sweep_dir.display()
+            )),
+        "{stderr}"
+    );
     assert!(
         runs.values().all(|(ran, ids)| *ran == 1 && ids.len() == 1),
         "every point ran once, submitted once: {runs:?}"

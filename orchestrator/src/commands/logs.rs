@@ -28,6 +28,9 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             args.run.display()
         );
     }
+    if crate::rundir::RunDir::open(&args.run).is_err() {
+        refuse_a_folder_of_runs(&args)?;
+    }
     let path = match args.rank {
         Some(rank) => args.run.join("logs").join(format!("rank-{rank}.log")),
         None => args.run.join("train.log"),
@@ -76,4 +79,35 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// A sweep's folder (or a run root) holds runs but is not one: name them, so the user can
+/// pick one, instead of looking for a train.log that is not there.
+fn refuse_a_folder_of_runs(args: &Args) -> anyhow::Result<()> {
+    const SHOWN: usize = 10;
+    let runs = crate::slurm::find_runs(&args.run);
+    let Some(first) = runs.first() else {
+        return Ok(());
+    };
+    let mut list: Vec<String> = runs
+        .iter()
+        .take(SHOWN)
+        .map(|run| format!("  {}", run.path().display()))
+        .collect();
+    if runs.len() > SHOWN {
+        list.push(format!(
+            "  ... and {} more (`shardrun status {}` lists them all)",
+            runs.len() - SHOWN,
+            args.run.display()
+        ));
+    }
+    let follow = if args.follow { " -f" } else { "" };
+    bail!(
+        "{} holds {} run(s) (a sweep's points, or a folder of runs), not one run:\n{}\n  fix: name \
+         one of them: `shardrun logs{follow} {}`",
+        args.run.display(),
+        runs.len(),
+        list.join("\n"),
+        first.path().display()
+    )
 }
