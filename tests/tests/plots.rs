@@ -17,7 +17,7 @@ const PANELS: [&str; 5] = [
     "learning rate",
     "gradient norm",
     "tokens/s (whole job)",
-    "peak memory (the rank with the most)",
+    "peak resident memory, RSS (the rank with the most)",
 ];
 
 #[test]

@@ -76,8 +76,17 @@ impl RunFigure {
         } else {
             ("MiB", 1024f64.powi(2))
         };
+        // CPU ranks report their resident set; GPU ranks the allocator's peak.
+        let gpu = self
+            .steps
+            .iter()
+            .any(|r| r.peak_reserved_max_bytes.is_some());
         add(
-            "peak memory (the rank with the most)",
+            if gpu {
+                "peak memory allocated (the rank with the most)"
+            } else {
+                "peak resident memory, RSS (the rank with the most)"
+            },
             unit,
             points(&|r| r.peak_memory_max_bytes as f64 / scale),
             false,
@@ -417,8 +426,24 @@ mod tests {
                 "learning rate",
                 "gradient norm",
                 "tokens/s (whole job)",
-                "peak memory (the rank with the most)"
+                "peak resident memory, RSS (the rank with the most)"
             ]
+        );
+        // GPU ranks report the allocator's peak, and the panel says so.
+        let mut gpu = RunFigure {
+            title: "t".into(),
+            steps: figure.steps.clone(),
+            evals: Vec::new(),
+            events: Vec::new(),
+            smoothing: 0.0,
+            log_loss: false,
+        };
+        for r in &mut gpu.steps {
+            r.peak_reserved_max_bytes = Some(2 << 20);
+        }
+        assert_eq!(
+            gpu.panels().last().map(|p| p.title.clone()).as_deref(),
+            Some("peak memory allocated (the rank with the most)")
         );
         let kinds: Vec<(&str, f64)> = panels[0]
             .markers
