@@ -5,7 +5,7 @@
 //! honour (another `model_type`, another activation, a rope type without an implementation
 //! here, quantised weights, attention dropout) is an error naming the key.
 
-use super::HfError;
+use super::{ConfigProblem, HfError};
 use crate::llama::{LlamaConfig, LlamaFamily, Rope, RopeScaling};
 use serde_json::{json, Map, Value};
 use std::path::Path;
@@ -47,8 +47,20 @@ struct Keys<'a> {
 }
 
 impl<'a> Keys<'a> {
-    fn err(&self, key: &str, why: impl Into<String>) -> HfError {
-        HfError::config(self.path, &format!("{}{key}", self.prefix), why)
+    fn err(&self, key: &str, problem: ConfigProblem, why: impl Into<String>) -> HfError {
+        HfError::config(self.path, &format!("{}{key}", self.prefix), problem, why)
+    }
+
+    fn missing(&self, key: &str, why: impl Into<String>) -> HfError {
+        self.err(key, ConfigProblem::Missing, why)
+    }
+
+    fn invalid(&self, key: &str, why: impl Into<String>) -> HfError {
+        self.err(key, ConfigProblem::Invalid, why)
+    }
+
+    fn unsupported(&self, key: &str, why: impl Into<String>) -> HfError {
+        self.err(key, ConfigProblem::Unsupported, why)
     }
 
     /// The value of `key`, `None` when absent or null.
@@ -67,13 +79,13 @@ impl<'a> Keys<'a> {
                         .map(|f| f as u64)
                 })
                 .map(Some)
-                .ok_or_else(|| self.err(key, format!("is {v}, expected a whole number"))),
+                .ok_or_else(|| self.invalid(key, format!("is {v}, expected a whole number"))),
         }
     }
 
     fn u64_req(&self, key: &str) -> Result<u64, HfError> {
         self.u64_opt(key)?.ok_or_else(|| {
-            self.err(
+            self.missing(
                 key,
                 "is missing: a Llama-family config.json states it; is this the model's own config.json?",
             )
@@ -86,13 +98,13 @@ impl<'a> Keys<'a> {
             Some(v) => v
                 .as_f64()
                 .map(Some)
-                .ok_or_else(|| self.err(key, format!("is {v}, expected a number"))),
+                .ok_or_else(|| self.invalid(key, format!("is {v}, expected a number"))),
         }
     }
 
     fn f64_req(&self, key: &str) -> Result<f64, HfError> {
         self.f64_opt(key)?
-            .ok_or_else(|| self.err(key, "is missing: this rope type needs it"))
+            .ok_or_else(|| self.missing(key, "is missing: this rope type needs it"))
     }
 
     fn bool_or(&self, key: &str, default: bool) -> Result<bool, HfError> {
@@ -100,7 +112,7 @@ impl<'a> Keys<'a> {
             None => Ok(default),
             Some(v) => v
                 .as_bool()
-                .ok_or_else(|| self.err(key, format!("is {v}, expected true or false"))),
+                .ok_or_else(|| self.invalid(key, format!("is {v}, expected true or false"))),
         }
     }
 
@@ -110,7 +122,7 @@ impl<'a> Keys<'a> {
             Some(v) => v
                 .as_str()
                 .map(Some)
-                .ok_or_else(|| self.err(key, format!("is {v}, expected a string"))),
+                .ok_or_else(|| self.invalid(key, format!("is {v}, expected a string"))),
         }
     }
 }
@@ -159,13 +171,13 @@ pub fn parse_config(value: &Value, path: &Path) -> Result<LlamaConfig, HfError> 
         Some("mistral") => LlamaFamily::Mistral,
         Some("qwen2") => LlamaFamily::Qwen2,
         Some(other) => {
-            return Err(k.err(
+            return Err(k.unsupported(
                 "model_type",
                 format!("\"{other}\" is not supported; supported model types: {SUPPORTED_TYPES}"),
             ))
         }
         None => {
-            return Err(k.err(
+            return Err(k.missing(
                 "model_type",
                 format!("is missing; supported model types: {SUPPORTED_TYPES}"),
             ))
@@ -177,19 +189,19 @@ pub fn parse_config(value: &Value, path: &Path) -> Result<LlamaConfig, HfError> 
         .str_opt("hidden_act")?
         .filter(|a| !matches!(*a, "silu" | "swish"))
     {
-        return Err(k.err(
+        return Err(k.unsupported(
             "hidden_act",
             format!("\"{act}\" is not supported: the Llama MLP here is SwiGLU (silu)"),
         ));
     }
     if k.get("quantization_config").is_some() {
-        return Err(k.err(
+        return Err(k.unsupported(
             "quantization_config",
             "quantised weights are not supported: use the model's bf16 or fp32 weights",
         ));
     }
     if let Some(p) = k.f64_opt("attention_dropout")?.filter(|&p| p != 0.0) {
-        return Err(k.err(
+        return Err(k.invalid(
             "attention_dropout",
             format!("{p} is not supported: training runs without dropout (set it to 0.0)"),
         ));
@@ -201,7 +213,7 @@ pub fn parse_config(value: &Value, path: &Path) -> Result<LlamaConfig, HfError> 
     let n_layers = k.u64_req("num_hidden_layers")?;
     let n_heads = k.u64_req("num_attention_heads")?;
     if n_heads == 0 {
-        return Err(k.err("num_attention_heads", "is 0"));
+        return Err(k.invalid("num_attention_heads", "is 0"));
     }
     let n_kv_heads = k
         .u64_opt("num_key_value_heads")?
@@ -211,7 +223,7 @@ pub fn parse_config(value: &Value, path: &Path) -> Result<LlamaConfig, HfError> 
         Some(h) => h,
         None if dim.is_multiple_of(n_heads) => dim / n_heads,
         None => {
-            return Err(k.err(
+            return Err(k.invalid(
                 "head_dim",
                 format!(
                     "is not given and hidden_size {dim} is not a multiple of num_attention_heads {n_heads}"
@@ -291,7 +303,7 @@ fn rope(k: &Keys, max_position_embeddings: u64) -> Result<Rope, HfError> {
     let map = match params {
         Value::Null => &empty,
         Value::Object(map) => map,
-        other => return Err(k.err(key, format!("is {other}, expected an object"))),
+        other => return Err(k.invalid(key, format!("is {other}, expected an object"))),
     };
     let prefix = format!("{key}.");
     let p = Keys {
@@ -300,7 +312,7 @@ fn rope(k: &Keys, max_position_embeddings: u64) -> Result<Rope, HfError> {
         prefix: &prefix,
     };
     if map.values().any(Value::is_object) {
-        return Err(k.err(
+        return Err(k.unsupported(
             key,
             "holds rotary settings per layer type; this architecture has one for all layers",
         ));
@@ -314,7 +326,7 @@ fn rope(k: &Keys, max_position_embeddings: u64) -> Result<Rope, HfError> {
         .or(k.f64_opt("partial_rotary_factor")?)
         .filter(|&f| f != 1.0)
     {
-        return Err(p.err(
+        return Err(p.unsupported(
             "partial_rotary_factor",
             format!("{f} is not supported: rotary embeddings here cover the whole head"),
         ));
@@ -341,7 +353,7 @@ fn rope(k: &Keys, max_position_embeddings: u64) -> Result<Rope, HfError> {
             factor: p.f64_req("factor")?,
         },
         other => {
-            return Err(p.err(
+            return Err(p.unsupported(
                 type_key,
                 format!("\"{other}\" is not supported; supported rope types: {SUPPORTED_ROPE}"),
             ))

@@ -48,6 +48,7 @@ pub enum HfError {
         path: PathBuf,
         key: String,
         why: String,
+        problem: ConfigProblem,
     },
     #[error("{file}: tensor `{tensor}`: {why}")]
     Tensor {
@@ -57,6 +58,18 @@ pub enum HfError {
     },
     #[error("{path}: {why}")]
     Folder { path: PathBuf, why: String },
+}
+
+/// What is wrong with a key of a folder's config.json, which decides the fix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigProblem {
+    /// A key the architecture needs is not there: add it as the model was made with.
+    Missing,
+    /// A value of the wrong type or out of range, or one to change as the error says.
+    Invalid,
+    /// A feature this architecture does not implement: editing the value would change what
+    /// the weights compute, so the folder is not one shardrun can train.
+    Unsupported,
 }
 
 impl HfError {
@@ -69,11 +82,17 @@ impl HfError {
         }
     }
 
-    pub(crate) fn config(path: &Path, key: &str, why: impl Into<String>) -> HfError {
+    pub(crate) fn config(
+        path: &Path,
+        key: &str,
+        problem: ConfigProblem,
+        why: impl Into<String>,
+    ) -> HfError {
         HfError::Config {
             path: path.to_path_buf(),
             key: key.to_string(),
             why: why.into(),
+            problem,
         }
     }
 

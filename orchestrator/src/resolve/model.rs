@@ -6,7 +6,7 @@
 
 use super::{ResolveError, Section};
 use crate::spec::{LlamaSpec, ModelSpec};
-use shardrun_models::hf::{self, HfError};
+use shardrun_models::hf::{self, ConfigProblem, HfError};
 use shardrun_protocol::config::{
     LlamaConfig, LlamaFamily, LlamaModel, ModelConfig, Rope, RopeScaling,
 };
@@ -197,13 +197,27 @@ fn open_folder(s: &Section, field: &str, dir: &Path) -> Result<hf::HfFolder, Res
     }
     hf::open_folder(dir).map_err(|e| {
         let fix = match &e {
-            HfError::Config { key, path, why } if why.starts_with("is missing") => format!(
+            HfError::Config {
+                key,
+                path,
+                problem: ConfigProblem::Missing,
+                ..
+            } => format!(
                 "add `{key}` to {} as the model was made with (or use the model's own \
                  config.json)",
                 path.display()
             ),
+            HfError::Config {
+                key,
+                path,
+                problem: ConfigProblem::Invalid,
+                ..
+            } => format!("edit `{key}` in {} as said", path.display()),
             // Editing the value would change what the weights compute.
-            HfError::Config { .. } => format!(
+            HfError::Config {
+                problem: ConfigProblem::Unsupported,
+                ..
+            } => format!(
                 "point `{field}` at a folder of a model shardrun supports: {}",
                 hf::SUPPORTED_TYPES
             ),
@@ -548,7 +562,8 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn a_folder_config_missing_a_key_says_to_add_it_and_one_unsupported_says_which_models_are() {
+    fn a_folder_config_error_says_to_add_a_missing_key_edit_a_bad_value_or_pick_a_supported_model()
+    {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("model");
         folder(&dir, &job(LLAMA, DATA, "").unwrap().train.model);
@@ -569,6 +584,11 @@ pub(super) mod tests {
         assert!(
             missing.starts_with("add `num_attention_heads` to ") && missing.contains("config.json"),
             "{missing}"
+        );
+        let invalid = fix_with(&|c| c["attention_dropout"] = 0.1.into());
+        assert!(
+            invalid.starts_with("edit `attention_dropout` in ") && invalid.ends_with("as said"),
+            "{invalid}"
         );
         let unsupported = fix_with(&|c| c["hidden_act"] = "gelu".into());
         assert!(
