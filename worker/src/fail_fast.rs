@@ -16,12 +16,13 @@ use std::sync::OnceLock;
 /// Exit status of a rank that failed.
 pub const EXIT_FAILED: i32 = 1;
 
-type Report = Box<dyn Fn(&str) + Send + Sync>;
+/// Reports an error, with the peer rank it follows from where one is known.
+type Report = Box<dyn Fn(&str, Option<usize>) + Send + Sync>;
 
 static REPORTER: OnceLock<Report> = OnceLock::new();
 
 /// Where failures are reported before exiting (the controller); the first call wins.
-pub fn report_to(report: impl Fn(&str) + Send + Sync + 'static) {
+pub fn report_to(report: impl Fn(&str, Option<usize>) + Send + Sync + 'static) {
     let _ = REPORTER.set(Box::new(report));
 }
 
@@ -50,11 +51,18 @@ pub fn install_panic_hook() {
 /// Reports `error` (to the controller when one is connected, and on stderr) and ends the
 /// process now: no destructor, no atexit handler runs.
 pub fn fail(error: &str) -> ! {
+    fail_because_of(error, None)
+}
+
+/// [`fail`] for an error that follows from peer rank `peer`'s (it closed the connection,
+/// aborted the collective, or never joined it): the controller then blames that rank when
+/// its own report comes, whichever arrives first.
+pub fn fail_because_of(error: &str, peer: Option<usize>) -> ! {
     let mut stderr = std::io::stderr().lock();
     let _ = writeln!(stderr, "shardrun-worker: error: {error}");
     let _ = stderr.flush();
     if let Some(report) = REPORTER.get() {
-        report(error);
+        report(error, peer);
     }
     // SAFETY: _exit ends the process immediately; what was written to sockets and pipes
     // is delivered by the kernel.

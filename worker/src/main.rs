@@ -20,10 +20,10 @@ use shardrun_worker::checkpointing::Checkpointer;
 use shardrun_worker::collectives::cpu::transport::listen_host;
 use shardrun_worker::collectives::{nccl, prepare, CommError, Comms};
 use shardrun_worker::controller_client::{self, ClientOptions, ControllerClient};
-use shardrun_worker::fsdp::ProcessGroups;
+use shardrun_worker::fsdp::{FsdpError, ProcessGroups};
 use shardrun_worker::launch::RankEnv;
 use shardrun_worker::report::{Reporter, StdoutReporter};
-use shardrun_worker::train::{CheckpointHook, Trainer};
+use shardrun_worker::train::{CheckpointHook, TrainError, Trainer};
 use shardrun_worker::{device, diagnostics, fail_fast, params_file, reference, stop, world};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -74,12 +74,16 @@ fn said_once(error: &(dyn std::error::Error + 'static)) -> String {
     error_text::join_causes(error_text::chain(error))
 }
 
-/// The other rank a failure follows from, when a collective error in its causes names one.
+/// The other rank a failure follows from, when a collective error in its causes names one
+/// (transparent wrappers hide their inner error from `source`: each is asked).
 fn peer_at_fault(error: &anyhow::Error) -> Option<usize> {
-    error
-        .chain()
-        .find_map(|cause| cause.downcast_ref::<CommError>())
-        .and_then(CommError::peer_at_fault)
+    error.chain().find_map(|cause| {
+        cause
+            .downcast_ref::<TrainError>()
+            .and_then(TrainError::peer_at_fault)
+            .or_else(|| cause.downcast_ref::<FsdpError>()?.peer_at_fault())
+            .or_else(|| cause.downcast_ref::<CommError>()?.peer_at_fault())
+    })
 }
 
 fn main() {
@@ -200,7 +204,9 @@ fn train(
     // exit without tearing anything down (see fail_fast).
     let outcome = trainer
         .run(checkpointer.as_mut().map(|c| c as &mut dyn CheckpointHook))
-        .unwrap_or_else(|error| fail_fast::fail(&said_once(&error)));
+        .unwrap_or_else(|error| {
+            fail_fast::fail_because_of(&said_once(&error), error.peer_at_fault())
+        });
     if let Some(path) = &args.dump_params {
         // Every rank takes part in the gathers; rank 0 writes.
         let params = trainer.engine().full_parameters()?;
@@ -249,8 +255,8 @@ fn connect_world(config: &TrainConfig, rank_env: &RankEnv, args: &Args) -> Resul
     if std::env::var_os(env::CONTROLLER_ADDR).is_some() {
         let (client, comms) = join_through_controller(config, rank_env, device)?;
         let report = client.clone();
-        fail_fast::report_to(move |error| {
-            report.failed(error, None);
+        fail_fast::report_to(move |error, peer| {
+            report.failed(error, peer);
         });
         return Ok(Joined {
             reporter: client.clone(),

@@ -41,6 +41,17 @@ pub enum TrainError {
     Config(String),
 }
 
+impl TrainError {
+    /// The other rank this error follows from, when a collective names one.
+    pub fn peer_at_fault(&self) -> Option<usize> {
+        match self {
+            TrainError::Fsdp(e) => e.peer_at_fault(),
+            TrainError::Control(e) => e.peer_at_fault(),
+            _ => None,
+        }
+    }
+}
+
 /// Everything beyond the engine's shards that a resumed run needs to continue exactly.
 /// The LR schedule is a function of `optimizer_steps`, the data of `samples_done`; training
 /// draws no random numbers (no dropout), so the seed is the whole RNG state.
@@ -907,6 +918,27 @@ pub fn format_summary(s: &TrainSummary) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_collective_error_names_the_peer_it_follows_from_through_every_wrapper() {
+        let closed = CommError::Peer {
+            rank: 1,
+            addr: "node1:9".into(),
+            what: "closed the connection".into(),
+        };
+        assert_eq!(
+            TrainError::Fsdp(FsdpError::Comm(closed)).peer_at_fault(),
+            Some(1)
+        );
+        let timeout = CommError::Timeout { rank: 2, secs: 300 };
+        assert_eq!(TrainError::Control(timeout).peer_at_fault(), Some(2));
+        assert_eq!(TrainError::Injected("x".into()).peer_at_fault(), None);
+        let invalid = CommError::Invalid("sizes differ".into());
+        assert_eq!(
+            TrainError::Fsdp(FsdpError::Comm(invalid)).peer_at_fault(),
+            None
+        );
+    }
 
     #[test]
     fn mean_throughput_is_tokens_over_time() {

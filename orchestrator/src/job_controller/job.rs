@@ -265,7 +265,11 @@ impl JobMachine {
                     if self.failure.is_none() && self.cancelled.is_none() {
                         self.failure_follows = because_of;
                         self.fail(failure, &mut out);
-                    } else if self.failure_follows == Some(rank) {
+                    } else if self.failure_follows == Some(rank)
+                        && because_of != self.failure.as_ref().and_then(|f| f.rank)
+                    {
+                        // (Two ranks that name each other: the first report stands, and it
+                        // names the other.)
                         // Connections are read concurrently: a peer's report of the broken
                         // collective can overtake the report of the rank that broke it.
                         failure.exit = self.exits.get(&rank).cloned();
@@ -599,21 +603,24 @@ impl JobMachine {
 
     /// A rank reporting an error is often a consequence: its peer was killed and the
     /// collective broke. If another rank then turns out to have died of a signal the
-    /// controller did not send, that rank is the cause and the failure names it instead.
+    /// controller did not send, or the rank the report named exits failing without a
+    /// report of its own, that rank is the cause and the failure names it instead.
     fn maybe_blame_killed_rank(
         &mut self,
         rank: Option<u64>,
         exit: &ExitInfo,
         out: &mut Vec<Action>,
     ) {
-        let (Some(rank), ExitInfo::Signal(_)) = (rank, exit) else {
+        let Some(rank) = rank else { return };
+        let killed = matches!(exit, ExitInfo::Signal(_)) && !self.escalated;
+        let named_and_failed = self.failure_follows == Some(rank)
+            && !exit.success()
+            && self.ranks.get(&rank).is_some_and(|r| r.end.is_none());
+        if !killed && !named_and_failed {
             return;
-        };
+        }
         let Some(current) = &self.failure else { return };
-        if self.escalated
-            || current.rank == Some(rank)
-            || !matches!(current.cause, FailureCause::Reported { .. })
-        {
+        if current.rank == Some(rank) || !matches!(current.cause, FailureCause::Reported { .. }) {
             return;
         }
         let mut cause = self.failure_of(rank, FailureCause::Exited);

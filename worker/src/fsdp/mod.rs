@@ -35,3 +35,13 @@ pub enum FsdpError {
     #[error("{0}")]
     Invalid(String),
 }
+
+impl FsdpError {
+    /// The other rank this error follows from, when a collective names one.
+    pub fn peer_at_fault(&self) -> Option<usize> {
+        match self {
+            FsdpError::Comm(e) => e.peer_at_fault(),
+            _ => None,
+        }
+    }
+}
