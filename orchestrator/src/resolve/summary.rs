@@ -161,35 +161,89 @@ impl ResolvedJob {
 }
 
 /// A variable's value as it reads in one line: quoted and escaped when it is empty or holds
-/// spaces, quotes or control characters; hidden when the name says it is a credential (a
-/// plan is pasted into issues and chats).
+/// spaces, quotes or control characters; a credential hidden (plans are pasted where others
+/// read them): the whole value when the name says it is one, the password of a URL.
 fn shown_value(name: &str, value: &str) -> String {
     if is_credential(name) {
         return format!("<hidden, {} characters>", value.chars().count());
     }
+    let value = without_url_password(value);
     let plain = !value.is_empty()
         && value
             .chars()
             .all(|c| c.is_ascii_graphic() && c != '"' && c != '\'' && c != '\\');
     if plain {
-        value.to_string()
+        value
     } else {
         format!("{value:?}")
     }
 }
 
-/// Names like `HF_TOKEN`, `WANDB_API_KEY`, `AWS_SECRET_ACCESS_KEY`, `DB_PASSWORD`.
+/// Names with a word like `TOKEN`, `SECRET`, `PASSWORD` or `KEY` between underscores:
+/// `HF_TOKEN`, `WANDB_API_KEY`, `AWS_SECRET_ACCESS_KEY`, not `TOKENIZERS_PARALLELISM`.
 fn is_credential(name: &str) -> bool {
-    let name = name.to_ascii_uppercase();
-    [
+    const WORDS: [&str; 8] = [
         "TOKEN",
         "SECRET",
         "PASSWORD",
         "PASSWD",
-        "API_KEY",
-        "ACCESS_KEY",
-        "PRIVATE_KEY",
-    ]
-    .iter()
-    .any(|word| name.contains(word))
+        "KEY",
+        "APIKEY",
+        "CREDENTIALS",
+        "AUTH",
+    ];
+    name.to_ascii_uppercase()
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .any(|word| WORDS.contains(&word))
+}
+
+/// `http://user:secret@proxy:3128` as `http://user:<hidden>@proxy:3128`.
+fn without_url_password(value: &str) -> String {
+    let Some(scheme_end) = value.find("://").map(|i| i + 3) else {
+        return value.to_string();
+    };
+    let rest = &value[scheme_end..];
+    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+    let Some(at) = authority.rfind('@') else {
+        return value.to_string();
+    };
+    let Some(colon) = authority[..at].find(':') else {
+        return value.to_string();
+    };
+    format!(
+        "{}{}<hidden>{}",
+        &value[..scheme_end],
+        &authority[..=colon],
+        &value[scheme_end + at..]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_are_hidden_and_nothing_else() {
+        let hidden = "<hidden, 3 characters>";
+        for (name, shown) in [
+            ("HF_TOKEN", hidden),
+            ("WANDB_API_KEY", hidden),
+            ("AWS_SECRET_ACCESS_KEY", hidden),
+            ("DB_PASSWORD", hidden),
+            ("TOKENIZERS_PARALLELISM", "abc"),
+            ("MAX_TOKENS", "abc"),
+            ("NCCL_IB_HCA", "abc"),
+            ("KEYBOARD", "abc"),
+        ] {
+            assert_eq!(shown_value(name, "abc"), shown, "{name}");
+        }
+        assert_eq!(
+            shown_value("HTTPS_PROXY", "http://me:s3cret@proxy:3128/x"),
+            "http://me:<hidden>@proxy:3128/x"
+        );
+        assert_eq!(
+            shown_value("HTTPS_PROXY", "http://proxy:3128"),
+            "http://proxy:3128"
+        );
+    }
 }
