@@ -22,6 +22,8 @@ pub struct DataChanged {
     /// One line per difference (files, tokenizer); empty when the run recorded no list of
     /// its data to compare with.
     pub changes: Vec<String>,
+    /// The run is a sweep's point: `--force` does not start it over.
+    pub sweep_point: bool,
 }
 
 impl fmt::Display for DataChanged {
@@ -44,22 +46,32 @@ impl fmt::Display for DataChanged {
         for change in &self.changes {
             write!(f, "\n  {change}")?;
         }
+        let start_over = if self.sweep_point {
+            format!("delete {run} and run `shardrun sweep` again, which submits the point anew")
+        } else {
+            "start the run over with --force (this deletes its checkpoints)".to_string()
+        };
         write!(
             f,
             "\n  fix: restore the data as it was to continue the run; to train on the data as \
-             it is now, start the run over with --force (this deletes its checkpoints), or start \
-             a new run (another `name`) from these weights with `checkpoint.from: {}`\
-             \n  nothing was started: the run keeps its checkpoints and its state",
+             it is now, {start_over}, or start a new run (another `name`) from these weights \
+             with `checkpoint.from: {}`\
+             \n  nothing was started: the run keeps its checkpoints",
             self.checkpoint.dir.display()
         )
     }
 }
 
 impl DataChanged {
-    /// The refusal as one line, for the run's record (the full text is in the job's output).
-    pub fn in_one_line(&self) -> String {
+    /// The refusal as one line, for the run's record; `full`: the file with the whole text.
+    pub fn in_one_line(&self, full: Option<&std::path::Path>) -> String {
+        let see = match full {
+            Some(path) => format!("{} says", path.display()),
+            None => "the job's output says".to_string(),
+        };
         format!(
-            "its training data changed since the checkpoint of step {} was saved (data {} then, {} now); the job's output file says what changed and how to go on",
+            "its training data changed since the checkpoint of step {} was saved (data {} then, \
+             {} now); {see} what changed and how to go on",
             self.checkpoint.step, self.saved, self.now
         )
     }
@@ -92,5 +104,46 @@ pub fn check(
         saved: saved.clone(),
         now: now.fingerprint.clone(),
         changes,
+        sweep_point: run
+            .read_manifest()
+            .is_ok_and(|m| !m.sweep_params.is_empty()),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(sweep_point: bool) -> DataChanged {
+        DataChanged {
+            run: PathBuf::from("/runs/sw/sw-1a2b"),
+            checkpoint: CheckpointAt {
+                step: 6,
+                updates: 6,
+                dir: PathBuf::from("/runs/sw/sw-1a2b/checkpoints/step-6"),
+                data_fingerprint: Some("aaaa".into()),
+            },
+            saved: "aaaa".into(),
+            now: "bbbb".into(),
+            changes: vec!["/data/a.txt: changed (10 → 12 bytes)".into()],
+            sweep_point,
+        }
+    }
+
+    #[test]
+    fn a_refusal_says_how_to_start_over_as_the_run_can_be() {
+        let run = refusal(false).to_string();
+        assert!(run.contains("start the run over with --force"), "{run}");
+        let point = refusal(true).to_string();
+        assert!(
+            point.contains("delete /runs/sw/sw-1a2b and run `shardrun sweep` again")
+                && !point.contains("--force"),
+            "{point}"
+        );
+        assert_eq!(
+            refusal(true).in_one_line(Some(std::path::Path::new("/runs/sw/slurm/sw-7_0.err"))),
+            "its training data changed since the checkpoint of step 6 was saved (data aaaa \
+             then, bbbb now); /runs/sw/slurm/sw-7_0.err says what changed and how to go on"
+        );
+    }
 }

@@ -64,6 +64,12 @@ fn a_job_refused_for_changed_data_is_named_in_the_status_of_the_run_it_left_as_i
         detail.contains(" then, ") && !detail.contains("  "),
         "{refused}"
     );
+    // The record points at the file with the whole refusal.
+    let err_file = run.join(format!("changed-{job_id}.err"));
+    assert!(
+        detail.contains(&format!("{} says what changed", err_file.display())),
+        "{refused}"
+    );
     // The job's output has the whole refusal: what changed and how to go on.
     let output =
         std::fs::read_to_string(run.join(format!("changed-{job_id}.err"))).unwrap_or_default();

@@ -199,7 +199,10 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
 
     // `shardrun logs` of the sweep's folder names its points rather than a missing log.
     let out = cluster
-        .shardrun(dir.path(), &["logs", &sweep_dir.to_string_lossy()])
+        .shardrun(
+            dir.path(),
+            &["logs", "--rank", "1", &sweep_dir.to_string_lossy()],
+        )
         .unwrap();
     let stderr = stderr_of(&out);
     assert!(!out.status.success(), "{stderr}");
@@ -209,7 +212,7 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
             && stderr.contains(&format!("  {}\n", sweep_dir.join(first).display()))
             && stderr.contains("... and 15 more")
             && stderr.contains(&format!(
-                "fix: name one of them: `shardrun logs {}",
+                "fix: name one of them: `shardrun logs --rank 1 {}",
                 sweep_dir.display()
             )),
         "{stderr}"
@@ -260,8 +263,8 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
     );
     // One array: the command to follow it names its job id.
     let job_id = stdout
-        .split("Slurm job ")
-        .nth(1)
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("array 1/1  Slurm job "))
         .and_then(|rest| rest.split_whitespace().next())
         .expect("the array's job id");
     assert!(

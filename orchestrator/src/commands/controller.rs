@@ -104,7 +104,9 @@ pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyho
             // recorded, or `status` could only say the job failed (a local one is said on
             // the terminal that started it).
             let _ = run.update_manifest(|m| match opts.launch {
-                LaunchMode::Slurm { .. } => m.refused_start(before, &refusal.in_one_line()),
+                LaunchMode::Slurm { .. } => {
+                    m.refused_start(before, &refusal.in_one_line(stderr_file().as_deref()))
+                }
                 LaunchMode::Local { .. } => {
                     m.state = before.state;
                     m.error = before.error;
@@ -137,4 +139,10 @@ pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyho
         return Err(anyhow::Error::new(ExitCode(report.exit_code)).context(error));
     }
     Ok(())
+}
+
+/// The file this process's stderr goes to, when it is one (Slurm's `--error` file).
+fn stderr_file() -> Option<PathBuf> {
+    let path = std::fs::read_link("/proc/self/fd/2").ok()?;
+    path.is_file().then_some(path)
 }

@@ -101,10 +101,20 @@ fn refuse_a_folder_of_runs(args: &Args) -> anyhow::Result<()> {
             args.run.display()
         ));
     }
-    let follow = if args.follow { " -f" } else { "" };
+    // The same command, for one of them.
+    let mut flags = String::new();
+    if args.follow {
+        flags.push_str(" -f");
+    }
+    if let Some(rank) = args.rank {
+        flags.push_str(&format!(" --rank {rank}"));
+    }
+    if args.until_done {
+        flags.push_str(" --until-done");
+    }
     bail!(
         "{} holds {} run(s) (a sweep's points, or a folder of runs), not one run:\n{}\n  fix: name \
-         one of them: `shardrun logs{follow} {}`",
+         one of them: `shardrun logs{flags} {}`",
         args.run.display(),
         runs.len(),
         list.join("\n"),

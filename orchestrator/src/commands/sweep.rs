@@ -28,7 +28,8 @@ pub struct Args {
     /// At most this many of the sweep's tasks at once (overrides `sweep.throttle`).
     #[arg(long)]
     pub throttle: Option<u32>,
-    /// List the points and the job arrays that would be submitted; write and submit nothing.
+    /// List the points, the job arrays and their sbatch scripts that would be submitted;
+    /// write and submit nothing.
     #[arg(long)]
     pub dry_run: bool,
     /// Submit points even when their peak memory per rank exceeds the GPU's (finished and

@@ -248,7 +248,7 @@ pub enum RerunError {
     NoResume { path: String, ended: String },
     #[error("{path} finished {done} steps but has no checkpoint to continue from to step {asked}\n  fix: add --force to start over with {asked} steps")]
     NothingToContinue { path: String, done: u64, asked: u64 },
-    #[error("{path} is the folder of a sweep (its points' runs are inside), not a run directory\n  fix: give this job a name of its own (`--set name=...`) or a --run-dir")]
+    #[error("{path} is the folder of a sweep (its points' runs are inside), not a run directory\n  fix: give this job a name of its own (`--set name=...`; `shardrun run` also takes --run-dir)")]
     SweepFolder { path: String },
     #[error(transparent)]
     DataChanged(#[from] Box<DataChanged>),

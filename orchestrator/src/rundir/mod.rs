@@ -213,10 +213,11 @@ impl Manifest {
             Some(id) => format!("Slurm job {id}"),
             None => "the job".to_string(),
         };
-        self.state = if before.state.is_terminal() {
-            before.state
-        } else {
-            RunState::Failed
+        // A point whose retry was refused did get submitted: it is not SUBMIT_FAILED.
+        self.state = match before.state {
+            RunState::SubmitFailed => RunState::Failed,
+            state if state.is_terminal() => state,
+            _ => RunState::Failed,
         };
         self.error = Some(format!("{job} refused to start: {why}"));
     }
@@ -778,6 +779,13 @@ mod tests {
             error: None,
         };
         manifest.refused_start(running, "its training data changed");
+        assert_eq!(manifest.state, RunState::Failed);
+        // A retried point that had failed to submit was submitted this time.
+        let submit_failed = Ended {
+            state: RunState::SubmitFailed,
+            error: Some("sbatch: error".into()),
+        };
+        manifest.refused_start(submit_failed, "its training data changed");
         assert_eq!(manifest.state, RunState::Failed);
     }
 

@@ -105,9 +105,6 @@ pub struct Submitter<'a> {
 }
 
 impl Submitter<'_> {
-    /// Write the array's points and record, `sbatch --hold` it, write its points' manifests
-    /// with their job ids, release it. On failure its points are SUBMIT_FAILED and the record
-    /// says why.
     /// The sbatch script of `array`, which runs `points` (of one allocation shape): the
     /// first point's resources, the sweep's name, one task per point.
     pub fn script(
@@ -126,6 +123,9 @@ impl Submitter<'_> {
         render_sbatch(&array_job, &target, &self.exe)
     }
 
+    /// Write the array's points and record, `sbatch --hold` it, write its points' manifests
+    /// with their job ids, release it. On failure its points are SUBMIT_FAILED and the record
+    /// says why.
     pub fn submit(
         &self,
         array: &ArrayRef,
