@@ -1,7 +1,8 @@
 //! A Slurm job submitted to continue a run whose training data changed since its checkpoint
 //! prepares the new data inside the allocation and refuses to start any rank. The run keeps
 //! how it had ended, and `shardrun status` says which job refused and why, where Slurm's own
-//! record says only that the job exited 1.
+//! record says only that the job exited 1. A sweep that finds the changed data prepared does
+//! not submit such a point at all.
 
 use shardrun_e2e::*;
 use std::time::Duration;
@@ -9,6 +10,16 @@ use std::time::Duration;
 /// A tiny transformer on the lines of the GNU GPL (every Debian machine has it), read with
 /// the byte tokenizer, checkpointed every 3 steps.
 const SPEC: &str = "name: changed\nresources:\n  tasks_per_node: 2\n  cpus_per_task: 1\n  time: \"00:05:00\"\ntraining:\n  model: { kind: transformer, vocab_size: 257, dim: 16, n_layers: 1, n_heads: 2, max_seq_len: 32 }\n  data:\n    kind: text\n    files: [data/gpl.txt]\n    split: line\n    tokenizer: { kind: bytes }\n  checkpoint: { interval_steps: 3 }\n  steps: 6\n  total_batch_size: 8\n  batch_size_per_device: 4\n";
+
+/// The cluster, a test folder, and the text of `data/gpl.txt` written into it.
+fn cluster_and_data(name: &str) -> (SlurmCluster, TestDir, String) {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new(name);
+    let gpl = std::fs::read_to_string("/usr/share/common-licenses/GPL-3")
+        .expect("/usr/share/common-licenses/GPL-3 is missing (Debian's base-files has it)");
+    dir.write("data/gpl.txt", &gpl);
+    (cluster, dir, gpl)
+}
 
 /// The run's state and detail once its latest job has ended.
 fn ended(cluster: &SlurmCluster, dir: &TestDir, run: &str) -> serde_json::Value {
@@ -25,11 +36,7 @@ fn ended(cluster: &SlurmCluster, dir: &TestDir, run: &str) -> serde_json::Value 
 
 #[test]
 fn a_job_refused_for_changed_data_is_named_in_the_status_of_the_run_it_left_as_it_was() {
-    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
-    let dir = TestDir::new("slurm-changed-data");
-    let gpl = std::fs::read_to_string("/usr/share/common-licenses/GPL-3")
-        .expect("/usr/share/common-licenses/GPL-3 is missing (Debian's base-files has it)");
-    dir.write("data/gpl.txt", &gpl);
+    let (cluster, dir, gpl) = cluster_and_data("slurm-changed-data");
     dir.write("job.yaml", SPEC);
     let out = cluster
         .shardrun(dir.path(), &["submit", "job.yaml"])
@@ -79,4 +86,49 @@ fn a_job_refused_for_changed_data_is_named_in_the_status_of_the_run_it_left_as_i
     );
     assert!(run.join("checkpoints/step-6/COMPLETE").exists());
     assert!(!run.join("checkpoints/step-9").exists());
+}
+
+#[test]
+fn a_sweep_does_not_retry_a_point_whose_data_changed_since_its_checkpoint() {
+    let (cluster, dir, gpl) = cluster_and_data("slurm-changed-sweep");
+    let spec = SPEC.replace("name: changed", "name: swept")
+        + "sweep:\n  grid:\n    training.optimizer.lr: [1.0e-3]\n";
+    dir.write("job.yaml", &spec);
+    // Rank 1 fails at step 5: the point ends FAILED after its checkpoint of step 3.
+    let failing = [("SHARDRUN_INJECT_FAILURE", "1:5".to_string())];
+    let out = cluster
+        .shardrun_with_env(dir.path(), &["sweep", "job.yaml"], &failing)
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let failed = ended(&cluster, &dir, "runs/swept");
+    assert_eq!(failed["state"], "FAILED", "{failed}");
+    let point = std::path::PathBuf::from(failed["run_dir"].as_str().unwrap());
+    assert!(point.join("checkpoints/step-3/COMPLETE").exists());
+    let jobs_before = std::fs::read_to_string(point.join("manifest.json")).unwrap();
+
+    // The data changes and is prepared: the sweep sees that the point's job would refuse.
+    dir.write("data/gpl.txt", &format!("{gpl}one more line\n"));
+    let out = cluster
+        .shardrun(dir.path(), &["prepare", "job.yaml", "--set", "sweep=null"])
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let out = cluster
+        .shardrun(dir.path(), &["sweep", "job.yaml"])
+        .unwrap();
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    for line in [
+        "skip (data changed)",
+        "1 point(s) to retry were trained on other data than the data as it is now",
+        "data/gpl.txt: changed",
+        &format!("delete {} and run `shardrun sweep` again", point.display()),
+        "Nothing to submit",
+    ] {
+        assert!(stdout.contains(line), "missing {line:?} in {stdout}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(point.join("manifest.json")).unwrap(),
+        jobs_before,
+        "the point was not submitted again"
+    );
 }

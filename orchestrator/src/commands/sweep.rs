@@ -75,7 +75,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     let mut to_submit: Vec<(&SweepPoint, Decision)> = points
         .iter()
         .zip(&survey.decisions)
-        .filter(|(_, d)| !matches!(d, Decision::Skip(_)))
+        .filter(|(_, d)| d.submits())
         .map(|(p, d)| (p, *d))
         .collect();
     // One array has one allocation shape: points asking for different resources go into
@@ -96,10 +96,17 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
 
     print_points(&points, &survey.decisions, &to_submit, &plan);
     report_stale(&sweep_dir, &points);
+    if let Some(first) = survey.data_changed.first() {
+        outln!(
+            "{} point(s) to retry were trained on other data than the data as it is now: their \
+             jobs would refuse to resume, so they are not submitted. The first:\n{first}",
+            survey.data_changed.len()
+        );
+    }
     let skipped = points.len() - to_submit.len();
     let Some(limits) = limits else {
         outln!(
-            "Nothing to submit: all {} point(s) are finished or running",
+            "Nothing to submit: all {} point(s) are finished, running or refused",
             points.len()
         );
         return Ok(());
@@ -242,6 +249,7 @@ fn print_points(
         let array = array_of.get(point.key.as_str());
         let what = match (decision, array) {
             (Decision::Skip(state), _) => format!("skip ({})", state_name(*state)),
+            (Decision::DataChanged(_), _) => "skip (data changed)".to_string(),
             (_, None) => "wait (no room now)".to_string(),
             (Decision::New, Some(_)) => "submit (new)".to_string(),
             (Decision::Retry(state), Some(_)) => format!("submit (was {})", state_name(*state)),

@@ -1,11 +1,16 @@
 //! Where each point of a sweep stands: compared with its run directory (and Slurm, for the
 //! unfinished ones), a point is new, retried (failed, cancelled, changed) or skipped
-//! (finished, queued or running); the points to submit are grouped by allocation shape.
+//! (finished, queued or running, or trained on other data than the data now); the points to
+//! submit are grouped by allocation shape.
 
+use crate::rerun::newest_checkpoint;
+use crate::resume_data::{self, DataChanged};
 use crate::rundir::{RunDir, RunState};
 use crate::slurm;
 use crate::sweeps::SweepPoint;
 use anyhow::Context;
+use shardrun_data::DataIdentity;
+use shardrun_protocol::config::DataConfig;
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
@@ -15,6 +20,15 @@ pub enum Decision {
     New,
     Retry(RunState),
     Skip(RunState),
+    /// A point to retry whose checkpoint was trained on other data than the data as it is
+    /// prepared now: its job would refuse to resume, so it is not submitted.
+    DataChanged(RunState),
+}
+
+impl Decision {
+    pub fn submits(self) -> bool {
+        matches!(self, Decision::New | Decision::Retry(_))
+    }
 }
 
 /// What the sweep folder says about the points, after asking Slurm.
@@ -22,6 +36,8 @@ pub struct Survey {
     pub decisions: Vec<Decision>,
     /// Array jobs of this sweep with points still pending or running.
     pub active_arrays: BTreeSet<String>,
+    /// Why the [`Decision::DataChanged`] points would be refused, in the points' order.
+    pub data_changed: Vec<Box<DataChanged>>,
 }
 
 /// Compare each point with its run directory, refreshing unfinished ones from Slurm.
@@ -44,6 +60,7 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
             states.insert(status.run.path().to_path_buf(), status.state);
         }
     }
+    let mut data_changed = Vec::new();
     let decisions = points
         .iter()
         .map(|p| match states.get(&sweep_dir.join(&p.name)) {
@@ -51,13 +68,33 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
             Some(state @ (RunState::Completed | RunState::Submitted | RunState::Running)) => {
                 Decision::Skip(*state)
             }
-            Some(state) => Decision::Retry(*state),
+            Some(state) => match data_refusal(&sweep_dir.join(&p.name), p) {
+                Some(refusal) => {
+                    data_changed.push(refusal);
+                    Decision::DataChanged(*state)
+                }
+                None => Decision::Retry(*state),
+            },
         })
         .collect();
     Ok(Survey {
         decisions,
         active_arrays,
+        data_changed,
     })
+}
+
+/// The refusal a retried point's job would meet: its newest checkpoint was trained on other
+/// data than the data as it is prepared now (data not prepared yet is compared by the job).
+fn data_refusal(dir: &Path, point: &SweepPoint) -> Option<Box<DataChanged>> {
+    let DataConfig::Dataset(data) = &point.job.train.data else {
+        return None;
+    };
+    let run = RunDir::open(dir).ok()?;
+    // Where the run keeps its checkpoints is in its own record.
+    let checkpoint = newest_checkpoint(&run, &run.read_train_config().ok()?)?;
+    let now = DataIdentity::probe(data).ok()??;
+    resume_data::check(&run, &checkpoint, &now).err()
 }
 
 /// Order the points to submit by allocation shape (in order of first appearance, the
