@@ -282,6 +282,15 @@ fn resuming_on_changed_data_is_refused_before_any_rank_starts_and_the_run_is_kep
         "says what to do: {stderr}"
     );
     assert!(stdout.contains("shardrun: training data: "), "{stdout}");
+    // The first line said the data was still to be compared.
+    assert!(
+        stdout
+            .lines()
+            .next()
+            .is_some_and(|l| l.starts_with("resuming ")
+                && l.ends_with("; once its data is prepared, it must match the checkpoint's")),
+        "{stdout}"
+    );
     assert!(
         !stdout.contains("ranks registered"),
         "no rank started: {stdout}"

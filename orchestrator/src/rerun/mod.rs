@@ -68,6 +68,9 @@ pub struct Resume {
     pub before: Ended,
     /// What a change of `training.steps` does to the LR of the first resumed step.
     pub lr_change: Option<LrChange>,
+    /// The data as it is now is not prepared yet: the controller compares it with the
+    /// checkpoint's once it has prepared it, and may still refuse.
+    pub data_checked_later: bool,
 }
 
 /// A decaying LR schedule follows `training.steps`: changed on resume, it is re-shaped, and
@@ -146,6 +149,9 @@ impl Resume {
             if !line.contains(&format!("after step {step}")) {
                 let _ = write!(line, "; it had logged step {step}");
             }
+        }
+        if self.data_checked_later {
+            line.push_str("; once its data is prepared, it must match the checkpoint's");
         }
         line
     }
@@ -435,11 +441,13 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
     } else {
         ended
     };
+    let mut data_checked_later = false;
     if let (Some(checkpoint), DataConfig::Dataset(data)) = (&checkpoint, &target.train.data) {
         // Data already prepared as it is now (`shardrun prepare`, another run) tells here;
         // else the job's controller compares once it has prepared it.
-        if let Ok(Some(now)) = DataIdentity::probe(data) {
-            resume_data::check(&run, checkpoint, &now)?;
+        match DataIdentity::probe(data) {
+            Ok(Some(now)) => resume_data::check(&run, checkpoint, &now)?,
+            _ => data_checked_later = checkpoint.data_fingerprint.is_some(),
         }
     }
     let lr_change = checkpoint
@@ -459,6 +467,7 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
             error: detail,
         },
         lr_change,
+        data_checked_later,
     }))
 }
 
