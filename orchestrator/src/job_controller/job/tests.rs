@@ -639,47 +639,47 @@ fn preemption_during_rendezvous_is_delivered_with_start() {
 #[test]
 fn a_killed_peer_is_blamed_over_the_rank_that_reported_the_broken_collective() {
     let mut s = running();
-    s.handle(Event::WorkerFailed {
-        conn: 10,
-        error: "peer rank 1 closed".into(),
-        lag: None,
-        because_of: None,
-    });
+    report(&mut s, 10, "peer rank 1 closed", None);
     leave(&mut s, 11, 1, ExitInfo::Signal(9));
     let actions = leave(&mut s, 10, 0, ExitInfo::Code(1));
     assert_eq!(failure(&actions).unwrap().rank, Some(1));
     // Once the controller signals the ranks itself, signals prove nothing.
     let mut s = running();
-    s.handle(Event::WorkerFailed {
-        conn: 10,
-        error: "out of memory".into(),
-        lag: None,
-        because_of: None,
-    });
+    report(&mut s, 10, "out of memory", None);
     s.handle(Event::Escalated);
     leave(&mut s, 11, 1, ExitInfo::Signal(15));
     let actions = leave(&mut s, 10, 0, ExitInfo::Code(1));
     assert_eq!(failure(&actions).unwrap().rank, Some(0));
 }
 
+/// The rank on `conn` reports `error`, following from `because_of`'s, with no rank behind.
+fn report(
+    s: &mut JobMachine,
+    conn: ConnId,
+    error: impl Into<String>,
+    because_of: Option<u64>,
+) -> Vec<Action> {
+    s.handle(Event::WorkerFailed {
+        conn,
+        error: error.into(),
+        lag: None,
+        because_of,
+    })
+}
+
 /// Rank 0 reports that its collective broke because rank 1 closed the connection.
 fn peer_broke_the_collective(s: &mut JobMachine) -> Vec<Action> {
-    s.handle(Event::WorkerFailed {
-        conn: 10,
-        error: "peer rank 1 (node1:91) closed the connection: it exited or was killed".into(),
-        lag: None,
-        because_of: Some(1),
-    })
+    report(
+        s,
+        10,
+        "peer rank 1 (node1:91) closed the connection: it exited or was killed",
+        Some(1),
+    )
 }
 
 /// Rank 1 reports its own error.
 fn rank_1_fails_on_its_own(s: &mut JobMachine) -> Vec<Action> {
-    s.handle(Event::WorkerFailed {
-        conn: 11,
-        error: "injected failure".into(),
-        lag: None,
-        because_of: None,
-    })
+    report(s, 11, "injected failure", None)
 }
 
 #[test]
@@ -717,12 +717,7 @@ fn the_named_rank_exiting_failed_without_a_report_is_blamed() {
     // A rank the report did not name is not blamed for a failing exit (the controller's
     // shutdown may be why).
     let mut s = running();
-    s.handle(Event::WorkerFailed {
-        conn: 10,
-        error: "out of memory".into(),
-        lag: None,
-        because_of: None,
-    });
+    report(&mut s, 10, "out of memory", None);
     leave(&mut s, 11, 1, ExitInfo::Code(2));
     let f = failure(&leave(&mut s, 10, 0, ExitInfo::Code(1))).unwrap();
     assert_eq!(f.rank, Some(0));
@@ -760,12 +755,7 @@ fn a_later_report_replaces_the_failure_only_from_the_rank_it_names_and_not_namin
         });
     }
     let fail = |s: &mut JobMachine, rank: u64, because_of: Option<u64>| {
-        s.handle(Event::WorkerFailed {
-            conn: 10 + rank,
-            error: format!("error of rank {rank}"),
-            lag: None,
-            because_of,
-        })
+        report(s, 10 + rank, format!("error of rank {rank}"), because_of)
     };
     fail(&mut s, 2, Some(1));
     assert!(says_nothing(&fail(&mut s, 0, None)), "rank 0 was not named");
@@ -800,12 +790,7 @@ fn heartbeat_loss_and_reported_errors_fail_the_job() {
         .iter()
         .any(|a| matches!(a, Action::Say(t) if t.contains("heartbeat"))));
     let mut s = running();
-    let actions = s.handle(Event::WorkerFailed {
-        conn: 11,
-        error: "out of memory".into(),
-        lag: None,
-        because_of: None,
-    });
+    let actions = report(&mut s, 11, "out of memory", None);
     assert!(actions
         .iter()
         .any(|a| matches!(a, Action::Say(t) if t.contains("out of memory"))));
