@@ -181,9 +181,6 @@ pub struct JobMachine {
     exits: HashMap<u64, ExitInfo>,
     launched: bool,
     failure: Option<Failure>,
-    /// The rank the reported failure names as its cause (a peer that closed the connection
-    /// or timed out): that rank's own report, if it comes, says why and replaces it.
-    failure_follows: Option<u64>,
     cancelled: Option<StopSignal>,
     preempting: bool,
     stop_requested: bool,
@@ -202,7 +199,6 @@ impl JobMachine {
             exits: HashMap::new(),
             launched: false,
             failure: None,
-            failure_follows: None,
             cancelled: None,
             preempting: false,
             stop_requested: false,
@@ -261,20 +257,19 @@ impl JobMachine {
                     let mut failure = self.failure_of(rank, FailureCause::Reported { error });
                     // Behind alone, the rank's own error says why.
                     failure.lag = lag.filter(|lag| lag.ranks != [rank]);
-                    let because_of = because_of.filter(|&peer| peer != rank);
-                    if self.failure.is_none() && self.cancelled.is_none() {
-                        self.failure_follows = because_of;
-                        self.fail(failure, &mut out);
-                    } else if self.failure_follows == Some(rank)
-                        && because_of != self.failure.as_ref().and_then(|f| f.rank)
-                    {
-                        // (Two ranks that name each other: the first report stands, and it
-                        // names the other.)
+                    failure.follows = because_of.filter(|&peer| peer != rank);
+                    match &self.failure {
+                        None => self.fail(failure, &mut out),
                         // Connections are read concurrently: a peer's report of the broken
-                        // collective can overtake the report of the rank that broke it.
-                        failure.exit = self.exits.get(&rank).cloned();
-                        self.failure_follows = because_of;
-                        self.blame_instead(failure, &mut out);
+                        // collective can overtake the report of the rank that broke it. (Two
+                        // ranks that name each other: the first report stands.)
+                        Some(current)
+                            if current.follows == Some(rank) && failure.follows != current.rank =>
+                        {
+                            failure.exit = self.exits.get(&rank).cloned();
+                            self.blame_instead(failure, &mut out);
+                        }
+                        Some(_) => {}
                     }
                 }
             }
@@ -466,6 +461,7 @@ impl JobMachine {
                 },
                 exit: None,
                 lag: None,
+                follows: None,
             };
             self.fail(failure, out);
             return;
@@ -482,6 +478,7 @@ impl JobMachine {
                 },
                 exit: None,
                 lag: None,
+                follows: None,
             };
             self.fail(failure, out);
             return;
@@ -613,19 +610,18 @@ impl JobMachine {
     ) {
         let Some(rank) = rank else { return };
         let killed = matches!(exit, ExitInfo::Signal(_)) && !self.escalated;
-        let named_and_failed = self.failure_follows == Some(rank)
+        let Some(current) = &self.failure else { return };
+        let named_and_failed = current.follows == Some(rank)
             && !exit.success()
             && self.ranks.get(&rank).is_some_and(|r| r.end.is_none());
         if !killed && !named_and_failed {
             return;
         }
-        let Some(current) = &self.failure else { return };
         if current.rank == Some(rank) || !matches!(current.cause, FailureCause::Reported { .. }) {
             return;
         }
         let mut cause = self.failure_of(rank, FailureCause::Exited);
         cause.exit = Some(exit.clone());
-        self.failure_follows = None;
         self.blame_instead(cause, out);
     }
 
@@ -674,6 +670,7 @@ impl JobMachine {
             cause,
             exit: None,
             lag: None,
+            follows: None,
         }
     }
 

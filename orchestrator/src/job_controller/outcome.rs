@@ -93,6 +93,10 @@ pub struct Failure {
     /// Ranks the others were waiting for, by their collective counts.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lag: Option<Lag>,
+    /// The rank a reported error names as its cause (a peer that closed the connection or
+    /// timed out): that rank's own report, if it comes, replaces this failure.
+    #[serde(skip)]
+    pub follows: Option<u64>,
 }
 
 impl Failure {
@@ -105,6 +109,7 @@ impl Failure {
             cause,
             exit: None,
             lag: None,
+            follows: None,
         }
     }
 
@@ -262,6 +267,7 @@ mod tests {
             },
             exit: Some(ExitInfo::Signal(9)),
             lag: None,
+            follows: None,
         };
         assert_eq!(
             f.describe(),
