@@ -10,7 +10,7 @@ use crate::slurm;
 use crate::sweeps::SweepPoint;
 use anyhow::Context;
 use shardrun_data::DataIdentity;
-use shardrun_protocol::config::DataConfig;
+use shardrun_protocol::config::{DataConfig, DatasetConfig};
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
@@ -61,6 +61,7 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
         }
     }
     let mut data_changed = Vec::new();
+    let mut probed = DataProbes::default();
     let decisions = points
         .iter()
         .map(|p| match states.get(&sweep_dir.join(&p.name)) {
@@ -68,7 +69,7 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
             Some(state @ (RunState::Completed | RunState::Submitted | RunState::Running)) => {
                 Decision::Skip(*state)
             }
-            Some(state) => match data_refusal(&sweep_dir.join(&p.name), p) {
+            Some(state) => match data_refusal(&sweep_dir.join(&p.name), p, &mut probed) {
                 Some(refusal) => {
                     data_changed.push(refusal);
                     Decision::DataChanged(*state)
@@ -84,17 +85,40 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
     })
 }
 
+/// The data as it is prepared now, probed once per distinct data config: a sweep's points
+/// mostly share theirs, and a probe expands the globs and hashes the tokenizer files.
+#[derive(Default)]
+struct DataProbes(Vec<(DatasetConfig, Option<DataIdentity>)>);
+
+impl DataProbes {
+    fn identity(&mut self, data: &DatasetConfig) -> Option<&DataIdentity> {
+        let at = match self.0.iter().position(|(config, _)| config == data) {
+            Some(at) => at,
+            None => {
+                let now = DataIdentity::probe(data).ok().flatten();
+                self.0.push((data.clone(), now));
+                self.0.len() - 1
+            }
+        };
+        self.0[at].1.as_ref()
+    }
+}
+
 /// The refusal a retried point's job would meet: its newest checkpoint was trained on other
 /// data than the data as it is prepared now (data not prepared yet is compared by the job).
-fn data_refusal(dir: &Path, point: &SweepPoint) -> Option<Box<DataChanged>> {
+fn data_refusal(
+    dir: &Path,
+    point: &SweepPoint,
+    probes: &mut DataProbes,
+) -> Option<Box<DataChanged>> {
     let DataConfig::Dataset(data) = &point.job.train.data else {
         return None;
     };
     let run = RunDir::open(dir).ok()?;
     // Where the run keeps its checkpoints is in its own record.
     let checkpoint = newest_checkpoint(&run, &run.read_train_config().ok()?)?;
-    let now = DataIdentity::probe(data).ok()??;
-    resume_data::check(&run, &checkpoint, &now).err()
+    let now = probes.identity(data)?;
+    resume_data::check(&run, &checkpoint, now).err()
 }
 
 /// Order the points to submit by allocation shape (in order of first appearance, the
