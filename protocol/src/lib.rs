@@ -29,6 +29,12 @@ pub mod schedule;
 pub mod units;
 
 pub use config::TrainConfig;
+
+/// Bytes as MiB, as messages and summaries give memory.
+pub fn mib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1u32 << 20)
+}
+
 pub use messages::{FromWorker, ToWorker};
 
 /// Bumped on every incompatible change of [`messages`] or the handshake.

@@ -230,7 +230,7 @@ impl TrainSummary {
     /// The peak memory per rank in words that say which memory it is: "530 MiB resident
     /// (RSS)" on CPU, "1234 MiB allocated, 2345 MiB reserved" on GPU.
     pub fn peak_memory_words(&self) -> String {
-        let mib = |bytes: u64| bytes as f64 / f64::from(1u32 << 20);
+        use crate::mib;
         match self.peak_reserved_bytes {
             Some(reserved) => format!(
                 "{:.0} MiB allocated, {:.0} MiB reserved",

@@ -20,6 +20,7 @@ use shardrun_data::dataset::thousands;
 use shardrun_models::source::ParamSource;
 use shardrun_protocol::config::{DType, DeviceKind, ShardingStrategy, TrainConfig};
 use shardrun_protocol::messages::{signal_name, EvalMetrics, LogLevel, StepMetrics, TrainSummary};
+use shardrun_protocol::mib;
 use shardrun_protocol::schedule::Schedule;
 use std::sync::Arc;
 use std::time::Instant;
@@ -836,10 +837,6 @@ pub fn strategy_name(strategy: ShardingStrategy) -> &'static str {
         ShardingStrategy::NoShard => "NO_SHARD",
         ShardingStrategy::HybridShard => "HYBRID_SHARD",
     }
-}
-
-fn mib(bytes: u64) -> f64 {
-    bytes as f64 / (1024.0 * 1024.0)
 }
 
 /// One step's line. `rss_baseline`: on CPU, the resident memory the process had before its

@@ -9,6 +9,7 @@ use super::logbook::{LogBook, Source};
 use super::metrics_log::MetricsLog;
 use crate::events_file::{EventRecord, RunEvent};
 use shardrun_protocol::messages::{EvalMetrics, LogLevel, LogLine, StepMetrics, TrainSummary};
+use shardrun_protocol::mib;
 use std::path::PathBuf;
 use tokio::sync::{mpsc, oneshot};
 
@@ -299,10 +300,6 @@ fn echoes(echo: Echo, rank: u64, loud: bool) -> bool {
         Echo::Rank0 => rank == 0 || loud,
         Echo::None => false,
     }
-}
-
-fn mib(bytes: u64) -> f64 {
-    bytes as f64 / (1024.0 * 1024.0)
 }
 
 /// `events.jsonl` (see [`crate::events_file`]), appended to.
