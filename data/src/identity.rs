@@ -60,7 +60,11 @@ impl DataIdentity {
         hash.update(training.content_hash.as_bytes());
         match config.validation.as_ref().map(|v| &v.held_out) {
             None => {}
-            Some(HeldOut::Fraction { fraction }) => hash.update(format!("|fraction {fraction}")),
+            // Held-out documents were once each picked with probability `fraction`: a
+            // checkpoint taken then trained on other documents.
+            Some(HeldOut::Fraction { fraction }) => {
+                hash.update(format!("|fraction {fraction}|held out: the nearest count"))
+            }
             Some(HeldOut::Files { .. }) => {
                 let content = validation.as_ref().map_or("", |v| v.content_hash.as_str());
                 hash.update(format!("|validation {content}"));

@@ -74,15 +74,11 @@ impl DocSet {
 /// training seed: runs with different seeds are evaluated on the same documents.
 const HOLD_OUT_SALT: u64 = 0x7661_6c69_6461_7465;
 
-/// Splits `corpus` into (training, validation): each document is held out when its hash
-/// falls below `fraction` of the hash range (so about that fraction, at least one).
+/// Splits `corpus` into (training, validation): the documents whose hashes are the
+/// `held_out_count` smallest are held out, so the split is the fraction asked for.
 pub fn hold_out(corpus: &Corpus, fraction: f64) -> Result<(DocSet, DocSet)> {
     let n = corpus.documents();
-    let threshold = (fraction.clamp(0.0, 1.0) * u64::MAX as f64) as u64;
-    let held = |d: u64| splitmix64(d ^ HOLD_OUT_SALT) < threshold;
-    let smallest = (0..n).min_by_key(|&d| splitmix64(d ^ HOLD_OUT_SALT));
-    let any_held = (0..n).any(held);
-    let is_held = |d: u64| held(d) || (!any_held && Some(d) == smallest);
+    let is_held = held_out_documents(n, fraction);
     let (mut train, mut validation) = (DocSet::empty(), DocSet::empty());
     let mut start = 0;
     while start < n {
@@ -102,4 +98,88 @@ pub fn hold_out(corpus: &Corpus, fraction: f64) -> Result<(DocSet, DocSet)> {
         });
     }
     Ok((train, validation))
+}
+
+fn document_hash(d: u64) -> u64 {
+    splitmix64(d ^ HOLD_OUT_SALT)
+}
+
+/// How many of `n` documents a `fraction` holds out: the nearest whole number, at least one.
+pub fn held_out_count(n: u64, fraction: f64) -> u64 {
+    ((fraction.clamp(0.0, 1.0) * n as f64).round() as u64).clamp(1.min(n), n)
+}
+
+/// Whether document `d` of `n` is held out. The hash is a bijection of the index, so no two
+/// documents share one and exactly `held_out_count` fall at or below the threshold.
+fn held_out_documents(n: u64, fraction: f64) -> impl Fn(u64) -> bool {
+    let k = held_out_count(n, fraction);
+    let threshold = (k > 0).then(|| kth_smallest_hash(n, k));
+    move |d| threshold.is_some_and(|t| document_hash(d) <= t)
+}
+
+/// The `k`-th smallest (1-based) document hash, in two passes over the hashes and memory
+/// for one bucket of them: count by the top 16 bits, then sort out the bucket holding it.
+fn kth_smallest_hash(n: u64, k: u64) -> u64 {
+    const SHIFT: u32 = 48;
+    let mut counts = vec![0u64; 1 << (64 - SHIFT)];
+    for d in 0..n {
+        counts[(document_hash(d) >> SHIFT) as usize] += 1;
+    }
+    let mut before = 0;
+    let mut bucket = 0;
+    for (b, &count) in counts.iter().enumerate() {
+        if before + count >= k {
+            bucket = b as u64;
+            break;
+        }
+        before += count;
+    }
+    let mut hashes: Vec<u64> = (0..n)
+        .map(document_hash)
+        .filter(|h| h >> SHIFT == bucket)
+        .collect();
+    let (_, kth, _) = hashes.select_nth_unstable((k - before - 1) as usize);
+    *kth
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_count_held_out_is_the_fraction_asked_for() {
+        for (n, fraction, want) in [
+            (25, 0.1, 3),
+            (30, 0.1, 3),
+            (10, 0.01, 1),
+            (1000, 0.02, 20),
+            (7, 0.5, 4),
+            (1, 0.5, 1),
+            (0, 0.5, 0),
+        ] {
+            assert_eq!(held_out_count(n, fraction), want, "{fraction} of {n}");
+            let held = held_out_documents(n, fraction);
+            assert_eq!((0..n).filter(|&d| held(d)).count() as u64, want);
+        }
+    }
+
+    #[test]
+    fn the_held_out_documents_have_the_smallest_hashes() {
+        let n = 200_000;
+        let held = held_out_documents(n, 0.05);
+        let mut by_hash: Vec<u64> = (0..n).collect();
+        by_hash.sort_by_key(|&d| document_hash(d));
+        let (want_held, want_train) = by_hash.split_at(10_000);
+        assert!(want_held.iter().all(|&d| held(d)));
+        assert!(want_train.iter().all(|&d| !held(d)));
+    }
+
+    #[test]
+    fn appending_documents_keeps_most_held_out_ones() {
+        // Appending documents moves the threshold a little: most held-out documents stay.
+        let before = held_out_documents(10_000, 0.1);
+        let after = held_out_documents(11_000, 0.1);
+        let kept = (0..10_000).filter(|&d| before(d) && after(d)).count();
+        assert!(kept > 900, "{kept} of 1000 stay held out");
+    }
 }

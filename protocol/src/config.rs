@@ -244,8 +244,9 @@ pub struct ValidationConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum HeldOut {
-    /// This fraction of the documents (chosen by a fixed hash of the document index, so the
-    /// same documents whatever the seed) never trains and is evaluated on.
+    /// This fraction of the documents (the nearest whole number, at least one, chosen by a
+    /// fixed hash of the document index, so the same documents whatever the seed) never
+    /// trains and is evaluated on.
     Fraction { fraction: f64 },
     /// Separate files, read with the same rules as the training files.
     Files { files: Vec<PathBuf> },

@@ -144,18 +144,25 @@ fn a_killed_run_resumed_on_another_world_size_reads_the_same_samples() {
         "{:?}",
         straight.evals
     );
-    // Packed plain text: every position is a target, so every token is trained on.
+    // Packed plain text: every position is a target, so every token is trained on, but
+    // for the padding of the stream's last sequence (12 steps are less than an epoch, so
+    // at most one step draws it, and it misses less than one sequence).
+    let positions = 12.0 * 32.0;
+    let mut short_steps = 0;
     for m in &straight.metrics {
         let trained = m
             .trained_tokens_per_s
             .expect("real data reports trained tokens");
+        let missing = (1.0 - trained / m.tokens_per_s) * positions;
         assert!(
-            (trained - m.tokens_per_s).abs() <= 1e-9 * m.tokens_per_s,
+            missing.is_finite() && missing > -1e-6 && missing < 32.0,
             "step {}: {trained} trained of {} tokens/s",
             m.step,
             m.tokens_per_s
         );
+        short_steps += usize::from(missing > 0.5);
     }
+    assert!(short_steps <= 1, "{:?}", straight.metrics);
 
     // The same job with checkpoints, killed once its step-4 checkpoint is complete.
     let mut checkpointed = base.clone();
