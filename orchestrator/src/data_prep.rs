@@ -4,6 +4,7 @@
 //! cache. Concurrent jobs of a sweep sharing the data wait on the cache's lock instead of
 //! tokenizing it again.
 
+use crate::job_controller::logbook::LogBook;
 use crate::rerun::newest_checkpoint;
 use crate::resume_data;
 use crate::rundir::RunDir;
@@ -65,7 +66,8 @@ pub fn before_launch(run: &RunDir, config: &TrainConfig) -> anyhow::Result<()> {
     let Some(dataset) = open_dataset(config, None)? else {
         return Ok(());
     };
-    for line in describe(config, &dataset) {
+    let description = describe(config, &dataset);
+    for line in &description {
         outln!("shardrun: {line}");
     }
     let resumed = newest_checkpoint(run, config).filter(|_| config.checkpoint.resume);
@@ -73,5 +75,16 @@ pub fn before_launch(run: &RunDir, config: &TrainConfig) -> anyhow::Result<()> {
         resume_data::check(run, checkpoint, dataset.identity()).map_err(|e| *e)?;
     }
     run.write_data_identity(dataset.identity())?;
-    Ok(())
+    describe_in_train_log(run, &description)
+        .with_context(|| format!("cannot write {}", run.train_log().display()))
+}
+
+/// `train.log` is what people follow: the data is described there once, by the controller
+/// (the ranks leave it to the controller).
+fn describe_in_train_log(run: &RunDir, description: &[String]) -> std::io::Result<()> {
+    let mut book = LogBook::open(&run.train_log(), &run.logs_dir())?;
+    for line in description {
+        book.controller_line(line)?;
+    }
+    book.flush()
 }

@@ -130,6 +130,16 @@ fn a_run_on_text_reports_its_validation_loss() {
     }
     let log = std::fs::read_to_string(run.join("train.log")).unwrap();
     assert!(log.contains("eval after step 6 | loss"), "{log}");
+    // The controller describes the data in the log once; no rank repeats it.
+    let described: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("training data: "))
+        .collect();
+    assert!(
+        described.len() == 1 && described[0].contains("[controller] training data: "),
+        "{log}"
+    );
+    assert_eq!(stdout.matches("training data: ").count(), 1, "{stdout}");
     assert!(
         log.contains("epoch 1 of the training data at step 1"),
         "{log}"

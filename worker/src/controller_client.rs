@@ -391,6 +391,10 @@ impl Reporter for ControllerClient {
     fn step_done(&self, step: u64) {
         self.steps_done.store(step, Ordering::Relaxed);
     }
+
+    fn data_described(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

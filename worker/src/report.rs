@@ -35,6 +35,11 @@ pub trait Reporter: Send + Sync {
     /// `step` optimizer steps are done (heartbeats carry it, so the controller sees a rank
     /// that keeps beating but stops making progress).
     fn step_done(&self, _step: u64) {}
+    /// Whether the job's log already describes the training data: a controller prepares
+    /// it and says what it is before any rank starts, so the ranks need not say it again.
+    fn data_described(&self) -> bool {
+        false
+    }
 }
 
 /// Data preparation's messages into a rank's log: rank 0 tells, every rank warns.

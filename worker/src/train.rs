@@ -254,8 +254,9 @@ impl Trainer {
             ),
         );
         let dataset = TrainingData::open(&config, &ReporterObserver::new(reporter.as_ref(), rank))?;
-        // Every rank reads the same data: rank 0 describes it.
-        if let Some(documents) = dataset.documents().filter(|_| rank == 0) {
+        // Every rank reads the same data: rank 0 describes it, unless the controller has.
+        let describe = rank == 0 && !reporter.data_described();
+        if let Some(documents) = dataset.documents().filter(|_| describe) {
             for line in documents.summary() {
                 match line.strip_prefix("warning: ") {
                     Some(warning) => reporter.log(LogLevel::Warn, warning),
