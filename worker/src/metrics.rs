@@ -5,6 +5,7 @@
 //! they include every kernel of the step, the optimizer's included, not just the time the
 //! host took to queue them.
 
+use crate::fsdp::shim::CudaMemory;
 use shardrun_protocol::config::{DType, ModelConfig};
 use tch::Device;
 
@@ -38,7 +39,8 @@ fn status_kib(field: &str) -> u64 {
 /// Memory as the job cares about it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Memory {
-    /// CPU: peak RSS. GPU: peak bytes libtorch's allocator handed to tensors.
+    /// CPU: peak RSS. GPU: peak bytes libtorch's allocator handed to tensors (RSS when the
+    /// allocator cannot say, with `peak_reserved` `None`).
     pub peak: u64,
     /// GPU: peak bytes the allocator took from the device (what others cannot have).
     pub peak_reserved: Option<u64>,
@@ -55,10 +57,23 @@ impl Memory {
                 ..Memory::default()
             };
         };
-        let allocator = crate::fsdp::shim::cuda_memory(index).ok();
-        let device_memory = crate::cuda::memory_info().ok();
+        Memory::of_gpu(
+            crate::fsdp::shim::cuda_memory(index).ok(),
+            crate::cuda::memory_info().ok(),
+            peak_rss_bytes,
+        )
+    }
+
+    /// A GPU's figures from what its allocator and the driver answered. Without the
+    /// allocator's answer the peak is the process's RSS, and it is labelled so
+    /// (`peak_reserved` is `None`), rather than a zero said to be allocated bytes.
+    fn of_gpu(
+        allocator: Option<CudaMemory>,
+        device_memory: Option<(u64, u64)>,
+        rss: impl FnOnce() -> u64,
+    ) -> Memory {
         Memory {
-            peak: allocator.map_or(0, |a| a.peak_allocated),
+            peak: allocator.map_or_else(rss, |a| a.peak_allocated),
             peak_reserved: allocator.map(|a| a.peak_reserved),
             device_used: device_memory.map(|(free, total)| total.saturating_sub(free)),
             device_total: device_memory.map(|(_, total)| total),
@@ -177,6 +192,23 @@ pub fn mfu(model: &ModelConfig, seq_len: u64, tokens_per_s_per_rank: f64, peak_f
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gpu_without_allocator_figures_reports_its_rss_as_rss() {
+        let allocator = CudaMemory {
+            allocated: 1,
+            peak_allocated: 2,
+            reserved: 3,
+            peak_reserved: 4,
+        };
+        let known = Memory::of_gpu(Some(allocator), Some((6, 10)), || 99);
+        assert_eq!(
+            (known.peak, known.peak_reserved, known.device_used),
+            (2, Some(4), Some(4))
+        );
+        let unknown = Memory::of_gpu(None, None, || 99);
+        assert_eq!((unknown.peak, unknown.peak_reserved), (99, None));
+    }
 
     #[test]
     fn peak_rss_is_read_from_proc() {
