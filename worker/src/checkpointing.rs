@@ -10,7 +10,7 @@
 use crate::collectives::Communicator;
 use crate::control;
 use crate::fsdp::{FlatLayout, FsdpEngine, UnitShardState};
-use crate::train::{CheckpointHook, SaveReason, TrainState, Trainer};
+use crate::train::{CheckpointHook, SaveFailure, SaveReason, TrainState, Trainer};
 use shardrun_checkpoint::naming::{step_dir_name, COMPLETE_FILE};
 use shardrun_checkpoint::{
     clean_stale, commit_observed, find_latest, resolve, write_rank_report, Checkpoint,
@@ -36,6 +36,17 @@ pub enum CheckpointingError {
     Fsdp(#[from] crate::fsdp::FsdpError),
     #[error("{0}")]
     Other(String),
+}
+
+impl CheckpointingError {
+    /// The other rank this error follows from, when a collective of the save names one.
+    pub fn peer_at_fault(&self) -> Option<usize> {
+        match self {
+            CheckpointingError::Comm(e) => e.peer_at_fault(),
+            CheckpointingError::Fsdp(e) => e.peer_at_fault(),
+            _ => None,
+        }
+    }
 }
 
 /// What a restore loaded.
@@ -372,9 +383,15 @@ impl Checkpointer {
 }
 
 impl CheckpointHook for Checkpointer {
-    fn save(&mut self, trainer: &Trainer, reason: SaveReason) -> Result<Option<String>, String> {
-        self.save_now(trainer, reason)
-            .map_err(|e| format!("saving to {} failed: {e}", self.root.display()))
+    fn save(
+        &mut self,
+        trainer: &Trainer,
+        reason: SaveReason,
+    ) -> Result<Option<String>, SaveFailure> {
+        self.save_now(trainer, reason).map_err(|e| SaveFailure {
+            message: format!("saving to {} failed: {e}", self.root.display()),
+            peer: e.peer_at_fault(),
+        })
     }
 
     fn time_due(&self) -> Option<bool> {

@@ -38,8 +38,29 @@ pub enum TrainError {
     Injected(String),
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    #[error(transparent)]
+    Save(#[from] SaveFailure),
     #[error("{0}")]
     Config(String),
+}
+
+/// A checkpoint that could not be saved: why, and the other rank a collective of the save
+/// names (so the job is blamed on that rank, as for a failure while training).
+#[derive(Debug, thiserror::Error)]
+#[error("checkpoint: {message}")]
+pub struct SaveFailure {
+    pub message: String,
+    pub peer: Option<usize>,
+}
+
+impl SaveFailure {
+    /// A failure of this rank's own (no collective names another rank).
+    pub fn own(message: impl Into<String>) -> SaveFailure {
+        SaveFailure {
+            message: message.into(),
+            peer: None,
+        }
+    }
 }
 
 impl TrainError {
@@ -48,6 +69,7 @@ impl TrainError {
         match self {
             TrainError::Fsdp(e) => e.peer_at_fault(),
             TrainError::Control(e) => e.peer_at_fault(),
+            TrainError::Save(e) => e.peer,
             _ => None,
         }
     }
@@ -100,7 +122,11 @@ impl SaveReason {
 /// Saves checkpoints; every rank calls it at the same step boundary (it may run collectives).
 /// Returns the committed path (rank 0) for `Reporter::checkpoint_saved`.
 pub trait CheckpointHook {
-    fn save(&mut self, trainer: &Trainer, reason: SaveReason) -> Result<Option<String>, String>;
+    fn save(
+        &mut self,
+        trainer: &Trainer,
+        reason: SaveReason,
+    ) -> Result<Option<String>, SaveFailure>;
     /// `Some(true)` when a wall-time interval has passed on this rank (rank 0's answer is
     /// the one acted on); `None` when saves are not timed.
     fn time_due(&self) -> Option<bool> {
@@ -758,7 +784,7 @@ impl Trainer {
             }
             return Ok(());
         };
-        if let Some(path) = hook.save(self, reason).map_err(TrainError::Checkpoint)? {
+        if let Some(path) = hook.save(self, reason)? {
             self.reporter.checkpoint_saved(self.step, &path);
         }
         Ok(())
@@ -931,6 +957,15 @@ mod tests {
         let timeout = CommError::Timeout { rank: 2, secs: 300 };
         assert_eq!(TrainError::Control(timeout).peer_at_fault(), Some(2));
         assert_eq!(TrainError::Injected("x".into()).peer_at_fault(), None);
+        let save = SaveFailure {
+            message: "collective during checkpointing: peer rank 3 closed".into(),
+            peer: Some(3),
+        };
+        assert_eq!(TrainError::Save(save).peer_at_fault(), Some(3));
+        assert_eq!(
+            TrainError::Save(SaveFailure::own("disk full")).peer_at_fault(),
+            None
+        );
         let invalid = CommError::Invalid("sizes differ".into());
         assert_eq!(
             TrainError::Fsdp(FsdpError::Comm(invalid)).peer_at_fault(),

@@ -9,7 +9,7 @@ use shardrun_protocol::config::ShardingStrategy;
 use shardrun_protocol::messages::{LogLevel, StepMetrics, TrainSummary};
 use shardrun_worker::fsdp::ProcessGroups;
 use shardrun_worker::report::Reporter;
-use shardrun_worker::train::{CheckpointHook, SaveReason, Trainer};
+use shardrun_worker::train::{CheckpointHook, SaveFailure, SaveReason, Trainer};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -35,10 +35,14 @@ impl Reporter for PreemptAfter {
 struct Recorder(Mutex<Vec<(SaveReason, u64)>>);
 
 impl CheckpointHook for &Recorder {
-    fn save(&mut self, trainer: &Trainer, reason: SaveReason) -> Result<Option<String>, String> {
+    fn save(
+        &mut self,
+        trainer: &Trainer,
+        reason: SaveReason,
+    ) -> Result<Option<String>, SaveFailure> {
         self.0
             .lock()
-            .map_err(|e| e.to_string())?
+            .map_err(|e| SaveFailure::own(e.to_string()))?
             .push((reason, trainer.train_state().step));
         Ok(Some(format!("step-{}", trainer.train_state().step)))
     }
