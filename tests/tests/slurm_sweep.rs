@@ -168,8 +168,8 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
         "array 1/3: 10 point(s), --array=0-9",
         "array 2/3: 10 point(s), --array=0-9",
         "array 3/3: 5 point(s), --array=0-4",
-        // Each array's script, as sbatch would get it.
-        "# array 1/3: the sbatch script",
+        // Each array's sbatch command and script, as sbatch would get them.
+        "# array 1/3: submitted held, then released, as\n# sbatch --hold --comment=",
         "#SBATCH --array=0-4\n",
     ] {
         assert!(stdout.contains(line), "missing {line:?} in {stdout}");
@@ -304,6 +304,24 @@ fn the_throttle_holds_across_the_arrays_of_a_sweep() {
     );
     let spec_arg = spec.to_string_lossy().into_owned();
     let sweep_dir = dir.join("runs").join(&name);
+    // The dry run shows each array's sbatch command: the later ones after the one before.
+    let out = cluster
+        .shardrun(dir.path(), &["sweep", "--dry-run", &spec_arg])
+        .unwrap();
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    let commands: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("# sbatch "))
+        .collect();
+    assert_eq!(commands.len(), 3, "{stdout}");
+    assert!(!commands[0].contains("--dependency"), "{stdout}");
+    for (k, command) in commands.iter().enumerate().skip(1) {
+        assert!(
+            command.contains(&format!("--dependency=afterany:<job id of array {k}>")),
+            "{stdout}"
+        );
+    }
     let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
     let stdout = stdout_of(&out);
     assert!(out.status.success(), "{stdout}{}", stderr_of(&out));

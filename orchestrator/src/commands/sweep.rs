@@ -139,14 +139,27 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         index: k + 1,
         count: plan.arrays.len(),
     };
+    // With a throttle, arrays run one after the other, the first after the sweep's arrays
+    // still queued from an earlier `shardrun sweep`.
+    let first_after: Vec<String> = match throttle {
+        Some(_) => survey.active_arrays.iter().cloned().collect(),
+        None => Vec::new(),
+    };
     if args.dry_run {
         print_arrays(&plan, throttle, skipped);
         for (k, range) in plan.arrays.iter().enumerate() {
-            let script = submitter.script(&arrays(k), &to_submit[range.clone()])?;
+            let array = arrays(k);
+            let after = match k {
+                0 => first_after.clone(),
+                _ if throttle.is_some() => vec![format!("<job id of array {k}>")],
+                _ => Vec::new(),
+            };
+            let script = submitter.script(&array, &to_submit[range.clone()])?;
             outln!(
-                "\n# array {}/{}: the sbatch script, submitted held, then released\n{}",
+                "\n# array {}/{}: submitted held, then released, as\n# {}\n{}",
                 k + 1,
                 plan.arrays.len(),
+                submitter.sbatch_command(&array, &after),
                 script.trim_end()
             );
         }
@@ -158,12 +171,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         .context("creating the sweep's slurm log folder")?;
     let planned = &to_submit[..plan.submitted()];
 
-    // With a throttle, arrays run one after the other, the first after the sweep's arrays
-    // still queued from an earlier `shardrun sweep`.
-    let mut after: Vec<String> = match throttle {
-        Some(_) => survey.active_arrays.iter().cloned().collect(),
-        None => Vec::new(),
-    };
+    let mut after = first_after;
     let mut submitted: Vec<(ArrayRef, String, usize)> = Vec::new();
     for (k, range) in plan.arrays.iter().enumerate() {
         let array = arrays(k);

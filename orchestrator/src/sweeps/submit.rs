@@ -95,6 +95,16 @@ fn rejected(error: anyhow::Error) -> SubmitFailure {
     }
 }
 
+/// An array is submitted held (released once its points know their job ids), tagged so a
+/// lost sbatch answer can be looked up, and after `after` when there is a throttle.
+fn sbatch_options(tag: &str, after: &[String]) -> Vec<String> {
+    let mut options = vec!["--hold".to_string(), format!("--comment={tag}")];
+    if !after.is_empty() {
+        options.push(format!("--dependency=afterany:{}", after.join(":")));
+    }
+    options
+}
+
 /// Submits one array at a time, recording it before and after sbatch.
 pub struct Submitter<'a> {
     pub journal: &'a Journal,
@@ -121,6 +131,14 @@ impl Submitter<'_> {
             throttle: self.throttle,
         };
         render_sbatch(&array_job, &target, &self.exe)
+    }
+
+    /// The sbatch command line of `array`, starting after the jobs `after` (with a throttle).
+    pub fn sbatch_command(&self, array: &ArrayRef, after: &[String]) -> String {
+        let mut words = vec!["sbatch".to_string()];
+        words.extend(sbatch_options(&journal::tag(self.sweep_name, array), after));
+        words.push(self.journal.script_path(array).display().to_string());
+        words.join(" ")
     }
 
     /// Write the array's points and record, `sbatch --hold` it, write its points' manifests
@@ -161,11 +179,7 @@ impl Submitter<'_> {
         };
         self.journal.write(&mut record)?;
 
-        let mut sbatch_args = vec!["--hold".to_string(), format!("--comment={}", record.tag)];
-        if !after.is_empty() {
-            sbatch_args.push(format!("--dependency=afterany:{}", after.join(":")));
-        }
-        let job_id = match slurm::submit(&script_path, &sbatch_args) {
+        let job_id = match slurm::submit(&script_path, &sbatch_options(&record.tag, after)) {
             Ok(id) => id,
             Err(err) => {
                 // sbatch may fail after slurmctld took the job (killed, timed out): look
