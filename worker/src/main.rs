@@ -16,7 +16,7 @@ use shardrun_protocol::config::DeviceKind;
 use shardrun_protocol::config::TrainConfig;
 use shardrun_protocol::messages::{Registration, StopReason};
 use shardrun_protocol::{env, error_text};
-use shardrun_worker::checkpointing::Checkpointer;
+use shardrun_worker::checkpointing::{Checkpointer, CheckpointingError};
 use shardrun_worker::collectives::cpu::transport::listen_host;
 use shardrun_worker::collectives::{nccl, prepare, CommError, Comms};
 use shardrun_worker::controller_client::{self, ClientOptions, ControllerClient};
@@ -81,6 +81,7 @@ fn peer_at_fault(error: &anyhow::Error) -> Option<usize> {
         cause
             .downcast_ref::<TrainError>()
             .and_then(TrainError::peer_at_fault)
+            .or_else(|| cause.downcast_ref::<CheckpointingError>()?.peer_at_fault())
             .or_else(|| cause.downcast_ref::<FsdpError>()?.peer_at_fault())
             .or_else(|| cause.downcast_ref::<CommError>()?.peer_at_fault())
     })
@@ -362,5 +363,19 @@ mod tests {
             "cannot join the job: lost the connection to the controller at node1:5000 during \
              the rendezvous: the peer closed the connection"
         );
+    }
+
+    #[test]
+    fn a_restore_that_lost_a_peer_names_it() {
+        let lost = CommError::Peer {
+            rank: 2,
+            addr: "node2:5001".into(),
+            what: "closed the connection".into(),
+        };
+        let restore = CheckpointingError::Fsdp(FsdpError::Comm(lost));
+        let error = anyhow::Error::new(restore).context("restoring from /runs/a/checkpoints");
+        assert_eq!(peer_at_fault(&error), Some(2));
+        let own = CheckpointingError::Other("no such file".into());
+        assert_eq!(peer_at_fault(&anyhow::Error::new(own)), None);
     }
 }
