@@ -763,8 +763,8 @@ impl Trainer {
                     "epoch {} of the training data at step {} (sample {}; {} sequences per epoch)",
                     epoch + 1,
                     step + 1,
-                    self.samples_done,
-                    documents.samples_per_epoch()
+                    thousands(self.samples_done),
+                    thousands(documents.samples_per_epoch())
                 ),
             );
         }
