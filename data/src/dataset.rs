@@ -145,6 +145,16 @@ impl Dataset {
             };
             summary.push(describe(what, v, cache));
         }
+        // Said whenever the data is described, not only when it is tokenized: a run on a
+        // cache made earlier is trained without those records too.
+        let files_of_their_own = validation_identity.is_some();
+        let corpora = std::iter::once(("training data", &train)).chain(
+            validation
+                .as_ref()
+                .filter(|_| files_of_their_own)
+                .map(|v| ("validation data", v)),
+        );
+        summary.extend(corpora.filter_map(|(what, packed)| skipped_records(what, packed.corpus())));
         for packed in std::iter::once(&train).chain(validation.as_ref()) {
             if packed.skipped_too_long > 0 {
                 summary.push(format!(
@@ -282,6 +292,23 @@ fn describe(what: &str, packed: &Packed, cache: Option<(f64, bool)>) -> String {
         thousands(packed.sequences()),
         packed.seq_len(),
     )
+}
+
+/// A warning naming the bad records the corpus was prepared without, if any.
+fn skipped_records(what: &str, corpus: &Corpus) -> Option<String> {
+    let m = &corpus.manifest;
+    if m.skipped_records == 0 {
+        return None;
+    }
+    let shown = &m.skipped_examples[..m.skipped_examples.len().min(3)];
+    Some(format!(
+        "warning: {} bad record(s) of the {what} skipped (data.on_bad_record: skip; the first {} \
+         are in {}): {}",
+        thousands(m.skipped_records),
+        m.skipped_examples.len(),
+        corpus.dir.join(crate::cache::MANIFEST).display(),
+        shown.join("; ")
+    ))
 }
 
 /// `1234567` as `1,234,567`.

@@ -112,18 +112,6 @@ pub fn prepare_source(spec: &SourceSpec<'_>, observer: &dyn Observer) -> Result<
         manifest.seconds = started.elapsed().as_secs_f64();
         Ok(manifest)
     })?;
-    if built && manifest.skipped_records > 0 {
-        let shown = &manifest.skipped_examples[..manifest.skipped_examples.len().min(3)];
-        observer.line(&format!(
-            "warning: skipped {} bad record(s) of the {} (data.on_bad_record: skip; the first {} \
-             are in {}): {}",
-            manifest.skipped_records,
-            spec.what,
-            manifest.skipped_examples.len(),
-            dir.join(cache::MANIFEST).display(),
-            shown.join("; ")
-        ));
-    }
     let corpus = Corpus::open(&dir, manifest)?;
     Ok(Prepared {
         corpus,

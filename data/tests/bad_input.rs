@@ -80,6 +80,20 @@ fn unreadable_empty_and_missing_files() {
     let data = open(&skipping, None).unwrap();
     assert_eq!(data.train().corpus().manifest.skipped_records, 1);
     assert_eq!(data.train().corpus().documents(), 1);
+    // The description says so, from the cache as well as when it was made.
+    let warning = format!(
+        "warning: 1 bad record(s) of the training data skipped (data.on_bad_record: skip; the first 1 are in {}): {}: the file is empty",
+        data.train().corpus().dir.join("manifest.json").display(),
+        empty.display()
+    );
+    assert!(data.summary().contains(&warning), "{:?}", data.summary());
+    let cached = open(&skipping, None).unwrap();
+    assert!(!cached.built());
+    assert!(
+        cached.summary().contains(&warning),
+        "{:?}",
+        cached.summary()
+    );
 
     let c = dataset(
         text_files(vec![dir.path().join("nope/*.txt")], TextSplit::File),
