@@ -73,6 +73,28 @@ impl Dataset {
         threads: usize,
         observer: &dyn Observer,
     ) -> Result<Dataset> {
+        let mut skipped = Vec::new();
+        let opened = Dataset::assemble(config, seed, vocab_size, threads, observer, &mut skipped);
+        if opened.is_err() {
+            // Records left out are often why the data then fails (too little of it, no
+            // sequence): the description that would have said so is not coming.
+            for warning in &skipped {
+                observer.line(warning);
+            }
+        }
+        opened
+    }
+
+    /// [`Dataset::open`], noting in `skipped` the warnings about bad records left out as
+    /// soon as each corpus is prepared.
+    fn assemble(
+        config: &DatasetConfig,
+        seed: u64,
+        vocab_size: Option<u64>,
+        threads: usize,
+        observer: &dyn Observer,
+        skipped: &mut Vec<String>,
+    ) -> Result<Dataset> {
         if config.seq_len == 0 {
             return Err(DataError::Config("data.seq_len must be positive".into()));
         }
@@ -83,6 +105,7 @@ impl Dataset {
         let training = SourceIdentity::of(&train_prepared.corpus.manifest);
         let mut validation_identity = None;
         let train_corpus = Arc::new(train_prepared.corpus);
+        skipped.extend(skipped_records("training data", &train_corpus));
         check_vocab(&train_corpus, vocab_size)?;
         let held_out = config.validation.as_ref().map(|v| &v.held_out);
         let (train_set, validation) = match (sources.validation(), held_out) {
@@ -93,6 +116,7 @@ impl Dataset {
                     ..
                 } = prepare_source(&spec, observer)?;
                 built |= validation_built;
+                skipped.extend(skipped_records("validation data", &corpus));
                 check_vocab(&corpus, vocab_size)?;
                 validation_identity = Some(SourceIdentity::of(&corpus.manifest));
                 let set = DocSet::everything(&corpus);
@@ -147,14 +171,7 @@ impl Dataset {
         }
         // Said whenever the data is described, not only when it is tokenized: a run on a
         // cache made earlier is trained without those records too.
-        let files_of_their_own = validation_identity.is_some();
-        let corpora = std::iter::once(("training data", &train)).chain(
-            validation
-                .as_ref()
-                .filter(|_| files_of_their_own)
-                .map(|v| ("validation data", v)),
-        );
-        summary.extend(corpora.filter_map(|(what, packed)| skipped_records(what, packed.corpus())));
+        summary.extend(skipped.iter().cloned());
         for packed in std::iter::once(&train).chain(validation.as_ref()) {
             if packed.skipped_too_long > 0 {
                 summary.push(format!(

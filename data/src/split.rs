@@ -93,7 +93,11 @@ pub fn hold_out(corpus: &Corpus, fraction: f64) -> Result<(DocSet, DocSet)> {
     }
     if train.documents == 0 {
         return Err(DataError::NotEnoughData {
-            why: format!("holding out {fraction} of {n} document(s) leaves none to train on"),
+            why: format!(
+                "holding out {fraction} of {n} document(s) ({} of them, the nearest whole \
+                 number) leaves none to train on",
+                validation.documents
+            ),
             fix: "lower `data.validation.fraction`, or give `data.validation.files`".into(),
         });
     }

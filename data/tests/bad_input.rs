@@ -130,6 +130,20 @@ fn jsonl_records_that_are_not_json_or_lack_the_field() {
     let m = &data.train().corpus().manifest;
     assert_eq!((m.documents, m.skipped_records), (3, 1));
     assert!(m.skipped_examples[0].starts_with(&format!("{}:3:", path.display())));
+    // When the data then fails, the records left out are said before the error.
+    let lines = Lines::default();
+    let mut too_small = skipping.clone();
+    too_small.validation = Some(ValidationConfig {
+        held_out: HeldOut::Fraction { fraction: 0.9 },
+        every_steps: None,
+        max_batches: None,
+    });
+    assert!(Dataset::open(&too_small, 0, None, 2, &lines).is_err());
+    let said = lines.0.lock().unwrap().join("\n");
+    assert!(
+        said.contains("warning: 1 bad record(s) of the training data skipped"),
+        "{said}"
+    );
 
     let missing = write(
         dir.path(),
@@ -388,4 +402,44 @@ fn a_field_the_first_record_lacks_is_answered_with_the_fields_it_has() {
         "{}",
         fails(&c, None)
     );
+}
+
+#[test]
+fn a_fraction_that_rounds_to_every_document_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let files: Vec<PathBuf> = (0..5)
+        .map(|i| write(dir.path(), &format!("{i}.txt"), &"text ".repeat(i + 1)))
+        .collect();
+    let mut c = dataset(
+        text_files(files, TextSplit::File),
+        TokenizerConfig::Bytes,
+        8,
+        &dir.path().join("cache"),
+    );
+    c.validation = Some(ValidationConfig {
+        held_out: HeldOut::Fraction { fraction: 0.95 },
+        every_steps: None,
+        max_batches: None,
+    });
+    let error = open(&c, None).err().expect("must fail").to_string();
+    assert!(
+        error.contains(
+            "holding out 0.95 of 5 document(s) (5 of them, the nearest whole number) leaves none to train on"
+        ),
+        "{error}"
+    );
+    // Half of 5 holds out 3 (2.5 rounds up), whatever the seed.
+    c.validation.as_mut().unwrap().held_out = HeldOut::Fraction { fraction: 0.5 };
+    let data = open(&c, None).unwrap();
+    assert_eq!(data.train().set().documents, 2);
+}
+
+/// The lines a preparation says.
+#[derive(Default)]
+struct Lines(std::sync::Mutex<Vec<String>>);
+
+impl shardrun_data::Observer for Lines {
+    fn line(&self, text: &str) {
+        self.0.lock().unwrap().push(text.to_string());
+    }
 }
