@@ -36,6 +36,9 @@ pub enum CheckpointingError {
     Fsdp(#[from] crate::fsdp::FsdpError),
     #[error("{0}")]
     Other(String),
+    /// Rank 0 could not choose a checkpoint to load: the failure is rank 0's.
+    #[error("rank 0 could not choose a checkpoint to load (its log says why)")]
+    RootFailed,
 }
 
 impl CheckpointingError {
@@ -44,6 +47,7 @@ impl CheckpointingError {
         match self {
             CheckpointingError::Comm(e) => e.peer_at_fault(),
             CheckpointingError::Fsdp(e) => e.peer_at_fault(),
+            CheckpointingError::RootFailed => Some(0),
             _ => None,
         }
     }
@@ -429,9 +433,7 @@ fn broadcast_choice(
         0 => Ok(Choice::Nothing),
         1 => Ok(Choice::Resume(step)),
         2 => Ok(Choice::From(step)),
-        _ => Err(CheckpointingError::Other(
-            "rank 0 could not choose a checkpoint to load (its log says why)".into(),
-        )),
+        _ => Err(CheckpointingError::RootFailed),
     }
 }
 

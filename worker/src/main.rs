@@ -377,5 +377,8 @@ mod tests {
         assert_eq!(peer_at_fault(&error), Some(2));
         let own = CheckpointingError::Other("no such file".into());
         assert_eq!(peer_at_fault(&anyhow::Error::new(own)), None);
+        // Ranks that learn rank 0 could not choose a checkpoint name rank 0.
+        let root = anyhow::Error::new(CheckpointingError::RootFailed).context("restoring");
+        assert_eq!(peer_at_fault(&root), Some(0));
     }
 }

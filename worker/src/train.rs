@@ -890,7 +890,8 @@ pub fn format_metrics(m: &StepMetrics, steps: u64, rss_baseline: Option<u64>) ->
             mib(m.peak_memory_bytes.saturating_sub(baseline)),
             mib(baseline)
         )),
-        (None, None) => line.push_str(&format!(" | peak {:.0} MiB", mib(m.peak_memory_bytes))),
+        // A GPU whose allocator cannot say reports the process's RSS (`Memory::of`).
+        (None, None) => line.push_str(&format!(" | peak RSS {:.0} MiB", mib(m.peak_memory_bytes))),
     }
     if let (Some(used), Some(total)) = (m.device_used_bytes, m.device_total_bytes) {
         let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
@@ -1030,5 +1031,8 @@ mod tests {
             line.ends_with("| peak 381 MiB allocated, 512 MiB reserved"),
             "{line}"
         );
+        // A GPU whose allocator could not say: its process's RSS, said so.
+        let line = format_metrics(&cpu, 10, None);
+        assert!(line.ends_with("| peak RSS 381 MiB"), "{line}");
     }
 }
