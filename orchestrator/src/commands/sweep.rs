@@ -156,7 +156,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             };
             let script = submitter.script(&array, &to_submit[range.clone()])?;
             outln!(
-                "\n# array {}/{}: submitted held, then released, as\n# {}\n{}",
+                "\n# array {}/{}: submitted held, then released, as (each submission tags it anew)\n# {}\n{}",
                 k + 1,
                 plan.arrays.len(),
                 submitter.sbatch_command(&array, &after),

@@ -137,7 +137,9 @@ impl Submitter<'_> {
     pub fn sbatch_command(&self, array: &ArrayRef, after: &[String]) -> String {
         let mut words = vec!["sbatch".to_string()];
         words.extend(sbatch_options(&journal::tag(self.sweep_name, array), after));
-        words.push(self.journal.script_path(array).display().to_string());
+        words.push(crate::sbatch::shell_quote(
+            &self.journal.script_path(array).display().to_string(),
+        ));
         words.join(" ")
     }
 
