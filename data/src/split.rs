@@ -109,7 +109,7 @@ fn document_hash(d: u64) -> u64 {
 }
 
 /// How many of `n` documents a `fraction` holds out: the nearest whole number, at least one.
-pub fn held_out_count(n: u64, fraction: f64) -> u64 {
+fn held_out_count(n: u64, fraction: f64) -> u64 {
     ((fraction.clamp(0.0, 1.0) * n as f64).round() as u64).clamp(1.min(n), n)
 }
 

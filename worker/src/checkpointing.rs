@@ -392,10 +392,11 @@ impl CheckpointHook for Checkpointer {
         trainer: &Trainer,
         reason: SaveReason,
     ) -> Result<Option<String>, SaveFailure> {
-        self.save_now(trainer, reason).map_err(|e| SaveFailure {
-            message: format!("saving to {} failed: {e}", self.root.display()),
-            peer: e.peer_at_fault(),
-        })
+        self.save_now(trainer, reason)
+            .map_err(|source| SaveFailure {
+                root: self.root.clone(),
+                source,
+            })
     }
 
     fn time_due(&self) -> Option<bool> {

@@ -76,8 +76,8 @@ fn said_once(error: &(dyn std::error::Error + 'static)) -> String {
 
 /// The other rank a failure follows from, when a collective error in its causes names one
 /// (transparent wrappers hide their inner error from `source`: each is asked).
-fn peer_at_fault(error: &anyhow::Error) -> Option<usize> {
-    error.chain().find_map(|cause| {
+fn peer_at_fault(error: &(dyn std::error::Error + 'static)) -> Option<usize> {
+    error_text::chain(error).find_map(|cause| {
         cause
             .downcast_ref::<TrainError>()
             .and_then(TrainError::peer_at_fault)
@@ -154,7 +154,7 @@ fn run() -> Result<i32> {
         controller.as_deref(),
     );
     if let (Some(controller), Err(error)) = (&controller, &result) {
-        if controller.failed(&said_once(&**error), peer_at_fault(error)) {
+        if controller.failed(&said_once(&**error), peer_at_fault(&**error)) {
             // The controller logs it for this rank: one line, not a second copy on stderr.
             return Ok(1);
         }
@@ -206,7 +206,7 @@ fn train(
     let outcome = trainer
         .run(checkpointer.as_mut().map(|c| c as &mut dyn CheckpointHook))
         .unwrap_or_else(|error| {
-            fail_fast::fail_because_of(&said_once(&error), error.peer_at_fault())
+            fail_fast::fail_because_of(&said_once(&error), peer_at_fault(&error))
         });
     if let Some(path) = &args.dump_params {
         // Every rank takes part in the gathers; rank 0 writes.
@@ -374,11 +374,11 @@ mod tests {
         };
         let restore = CheckpointingError::Fsdp(FsdpError::Comm(lost));
         let error = anyhow::Error::new(restore).context("restoring from /runs/a/checkpoints");
-        assert_eq!(peer_at_fault(&error), Some(2));
+        assert_eq!(peer_at_fault(&*error), Some(2));
         let own = CheckpointingError::Other("no such file".into());
-        assert_eq!(peer_at_fault(&anyhow::Error::new(own)), None);
+        assert_eq!(peer_at_fault(&own), None);
         // Ranks that learn rank 0 could not choose a checkpoint name rank 0.
         let root = anyhow::Error::new(CheckpointingError::RootFailed).context("restoring");
-        assert_eq!(peer_at_fault(&root), Some(0));
+        assert_eq!(peer_at_fault(&*root), Some(0));
     }
 }

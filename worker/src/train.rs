@@ -8,6 +8,7 @@
 //! agreed across ranks on the control communicator (CPU). Clipping and the fp16 scaler's
 //! decision then come from those host numbers, without reading the device again.
 
+use crate::checkpointing::CheckpointingError;
 use crate::collectives::CommError;
 use crate::data::{first_sample, Batch, BatchLog, TrainingData, TrainingDataError};
 use crate::evaluate::Evaluator;
@@ -44,23 +45,13 @@ pub enum TrainError {
     Config(String),
 }
 
-/// A checkpoint that could not be saved: why, and the other rank a collective of the save
-/// names (so the job is blamed on that rank, as for a failure while training).
+/// A checkpoint that could not be saved under `root`, and why: the error keeps its type, so
+/// a collective's error still names the peer rank the job is blamed on.
 #[derive(Debug, thiserror::Error)]
-#[error("checkpoint: {message}")]
+#[error("checkpoint: saving to {} failed: {source}", root.display())]
 pub struct SaveFailure {
-    pub message: String,
-    pub peer: Option<usize>,
-}
-
-impl SaveFailure {
-    /// A failure of this rank's own (no collective names another rank).
-    pub fn own(message: impl Into<String>) -> SaveFailure {
-        SaveFailure {
-            message: message.into(),
-            peer: None,
-        }
-    }
+    pub root: std::path::PathBuf,
+    pub source: CheckpointingError,
 }
 
 impl TrainError {
@@ -69,7 +60,7 @@ impl TrainError {
         match self {
             TrainError::Fsdp(e) => e.peer_at_fault(),
             TrainError::Control(e) => e.peer_at_fault(),
-            TrainError::Save(e) => e.peer,
+            TrainError::Save(e) => e.source.peer_at_fault(),
             _ => None,
         }
     }
@@ -958,13 +949,19 @@ mod tests {
         let timeout = CommError::Timeout { rank: 2, secs: 300 };
         assert_eq!(TrainError::Control(timeout).peer_at_fault(), Some(2));
         assert_eq!(TrainError::Injected("x".into()).peer_at_fault(), None);
-        let save = SaveFailure {
-            message: "collective during checkpointing: peer rank 3 closed".into(),
-            peer: Some(3),
+        let save = |source| {
+            TrainError::Save(SaveFailure {
+                root: "/runs/a/checkpoints".into(),
+                source,
+            })
         };
-        assert_eq!(TrainError::Save(save).peer_at_fault(), Some(3));
+        let gather = CommError::Timeout { rank: 3, secs: 300 };
         assert_eq!(
-            TrainError::Save(SaveFailure::own("disk full")).peer_at_fault(),
+            save(CheckpointingError::Comm(gather)).peer_at_fault(),
+            Some(3)
+        );
+        assert_eq!(
+            save(CheckpointingError::Other("disk full".into())).peer_at_fault(),
             None
         );
         let invalid = CommError::Invalid("sizes differ".into());

@@ -7,6 +7,7 @@ mod common;
 use common::*;
 use shardrun_protocol::config::ShardingStrategy;
 use shardrun_protocol::messages::{LogLevel, StepMetrics, TrainSummary};
+use shardrun_worker::checkpointing::CheckpointingError;
 use shardrun_worker::fsdp::ProcessGroups;
 use shardrun_worker::report::Reporter;
 use shardrun_worker::train::{CheckpointHook, SaveFailure, SaveReason, Trainer};
@@ -42,7 +43,10 @@ impl CheckpointHook for &Recorder {
     ) -> Result<Option<String>, SaveFailure> {
         self.0
             .lock()
-            .map_err(|e| SaveFailure::own(e.to_string()))?
+            .map_err(|e| SaveFailure {
+                root: "recorder".into(),
+                source: CheckpointingError::Other(e.to_string()),
+            })?
             .push((reason, trainer.train_state().step));
         Ok(Some(format!("step-{}", trainer.train_state().step)))
     }
