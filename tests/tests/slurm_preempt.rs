@@ -59,7 +59,8 @@ fn usr2_requeues_the_job_which_then_completes() {
 
 /// A preempted run whose `scontrol requeue` is refused (here: the Slurm job it names does
 /// not exist) was not requeued, and its files say so: exit 1, the refusal on stderr once,
-/// `result.json` not requeued, a `failed` event, the reason in train.log.
+/// `result.json` not requeued, a `failed` event, the reason in train.log, no requeue
+/// counted.
 #[test]
 fn a_refused_requeue_fails_the_run_and_says_why() {
     let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
@@ -99,4 +100,7 @@ fn a_refused_requeue_fails_the_run_and_says_why() {
     assert!(last.contains("\"event\":\"failed\""), "{events}");
     let log = std::fs::read_to_string(run.join("train.log")).unwrap();
     assert!(log.contains("was not requeued: resubmit"), "{log}");
+    // The refused requeue is not counted against the job's allowance.
+    let count = std::fs::read_to_string(run.join("requeue_count")).unwrap();
+    assert_eq!(count.trim(), "0", "{count}");
 }

@@ -494,7 +494,7 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
                         max_requeues: opts.max_requeues,
                     })
                     .await;
-                    requeue = Some((job_id, preempted_message));
+                    requeue = Some((job_id, preempted_message, done));
                 } else {
                     exit_code = 1;
                     message = format!(
@@ -540,13 +540,19 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
     for (_, abort) in conns.values() {
         abort.abort();
     }
-    if let Some((job_id, preempted_message)) = requeue {
+    if let Some((job_id, preempted_message, requeues_before)) = requeue {
         // Requeueing kills this batch script: everything must be on disk before.
         let (reply, flushed) = tokio::sync::oneshot::channel();
         let _ = records.send(Record::Flush(reply)).await;
         let _ = flushed.await;
         if let Err(why) = requeue_slurm_job(&job_id) {
-            // Still here: the job was not requeued, and the run's files must say so.
+            // Still here: the job was not requeued, and the run's files must say so. The
+            // requeue it did not get is not counted against the job's allowance.
+            write_atomic(
+                &paths.requeue_count,
+                format!("{requeues_before}\n").as_bytes(),
+            )
+            .map_err(file_err("write", &paths.requeue_count))?;
             exit_code = 1;
             message = format!(
                 "{preempted_message}; `scontrol requeue {job_id}` {why}, so the job was not \
