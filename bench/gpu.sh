@@ -88,6 +88,9 @@ for cudart in "$torch_dir"/../nvidia/cu13/lib/libcudart.so.13 "$torch_dir"/../nv
 done
 export LD_LIBRARY_PATH="$torch_dir/lib:$out/nccl-link${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export SHARDRUN_WORKER_BIN="$bin/shardrun-worker"
+# The checks start their own ranks: run inside a Slurm job or step, its rank variables would
+# make every process here a task of that step instead (they win over RANK/WORLD_SIZE).
+unset SLURM_PROCID SLURM_NTASKS SLURM_LOCALID SLURM_STEP_ID
 # The GPUs this process may use (CUDA_VISIBLE_DEVICES, a Slurm allocation), not the node's.
 gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"

@@ -370,6 +370,7 @@ fn check(comm: &dyn Communicator, device: Device) -> Result<()> {
                 0,
             );
             expect(&format!("{name} group all_gather"), &out, &want, 0.0)?;
+            leave_together(comm, sub)?;
             ops += 2;
         }
     } else {
@@ -384,6 +385,7 @@ fn check(comm: &dyn Communicator, device: Device) -> Result<()> {
             &Tensor::full([9], group.len() as f64, (Kind::Double, device)),
             0.0,
         )?;
+        leave_together(comm, sub)?;
         ops += 1;
     }
     // The parent still works after making sub-groups.
@@ -396,6 +398,15 @@ fn check(comm: &dyn Communicator, device: Device) -> Result<()> {
         0.0,
     )?;
     println!("rank {r} of {n}: check passed ({} ops)", ops + 1);
+    Ok(())
+}
+
+/// A sub-group's clean end, as training ends its groups: every rank arrives, then the
+/// sub-group is finalized (its sends flushed) before it is destroyed. Dropped unfinished, it
+/// would be aborted while a peer on another node may still be receiving from it.
+fn leave_together(world: &dyn Communicator, sub: Box<dyn Communicator>) -> Result<()> {
+    world.barrier()?;
+    sub.finish()?;
     Ok(())
 }
 

@@ -570,8 +570,11 @@ impl FsdpEngine {
         }
     }
 
-    /// AdamW on every shard (one fused call for all units), then gathered copies are stale.
+    /// AdamW on every shard (one fused call for all units); gathered copies are stale after.
     pub fn optimizer_step(&mut self, config: &OptimizerConfig, lr: f64) -> Result<(), FsdpError> {
+        for u in &mut self.units {
+            u.mark_stale()?;
+        }
         self.optimizer_steps += 1;
         let step = self.optimizer_steps;
         // Decoupled decay first, only on the decayed parameters' ranges (the no-decay group
@@ -591,9 +594,6 @@ impl FsdpEngine {
             .map(|u| (&u.shard, &u.grad, &u.adam))
             .collect();
         adamw_step_fused(&adam, lr, step, &tensors)?;
-        for u in &mut self.units {
-            u.mark_stale();
-        }
         Ok(())
     }
 
@@ -650,6 +650,7 @@ impl FsdpEngine {
                 )));
             }
         }
+        u.mark_stale()?;
         let device = u.shard.device();
         tch::no_grad(|| {
             u.shard
@@ -661,7 +662,6 @@ impl FsdpEngine {
                 .exp_avg_sq
                 .copy_(&Tensor::from_slice(&state.exp_avg_sq).to_device(device));
         });
-        u.mark_stale();
         Ok(())
     }
 

@@ -187,11 +187,15 @@ impl FlatUnit {
         Ok(())
     }
 
-    /// After the optimizer step the gathered copy (if still resident) is stale.
-    pub fn mark_stale(&mut self) {
+    /// Before the shard changes (optimizer step, restore): the gathered copy, if still
+    /// resident, will no longer match it. A gather still in flight is waited for first: it
+    /// reads the shard, and its work keeps the memory it writes from being freed under it.
+    pub fn mark_stale(&mut self) -> Result<(), FsdpError> {
+        self.finish_gather()?;
         if !self.aliases_shard {
             self.state = Gather::Sharded;
         }
+        Ok(())
     }
 
     /// Adds one parameter's unsharded gradient (any float dtype) to the unreduced buffer:

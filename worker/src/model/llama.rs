@@ -18,6 +18,7 @@ use super::{linear, token_loss, Model, ModelDescription, Params};
 use crate::data::Batch;
 use shardrun_models::llama::{EMBED_TOKENS, LM_HEAD};
 use shardrun_models::{LlamaConfig, RopeScaling};
+use std::sync::{Mutex, PoisonError};
 use tch::{Device, Kind, Tensor};
 
 /// `LlamaRMSNorm`: normalised in fp32, scaled in the compute dtype.
@@ -40,6 +41,9 @@ impl RmsNorm {
 pub struct RotaryEmbedding {
     /// The buffer's values (rounded through `buffer_dtype`) as fp32.
     inv_freq: Vec<f32>,
+    /// `inv_freq` on the device the model last ran on, made once: copied from host memory
+    /// in every layer, it would make the host wait for the GPU's queue each time.
+    on_device: Mutex<Option<Tensor>>,
 }
 
 impl RotaryEmbedding {
@@ -49,12 +53,28 @@ impl RotaryEmbedding {
             .to_kind(Kind::Float);
         RotaryEmbedding {
             inv_freq: Vec::<f32>::try_from(&inv_freq).expect("a 1-d fp32 tensor"),
+            on_device: Mutex::new(None),
+        }
+    }
+
+    fn inv_freq_on(&self, device: Device) -> Tensor {
+        let mut cached = self
+            .on_device
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match &*cached {
+            Some(t) if t.device() == device => t.shallow_clone(),
+            _ => {
+                let t = Tensor::from_slice(&self.inv_freq).to_device(device);
+                *cached = Some(t.shallow_clone());
+                t
+            }
         }
     }
 
     /// cos and sin of shape (batch or 1, seq, head_dim) for `positions` (batch or 1, seq).
     pub fn cos_sin(&self, positions: &Tensor, kind: Kind) -> (Tensor, Tensor) {
-        let inv_freq = Tensor::from_slice(&self.inv_freq).to_device(positions.device());
+        let inv_freq = self.inv_freq_on(positions.device());
         let freqs = positions.unsqueeze(-1).to_kind(Kind::Float) * inv_freq;
         let emb = Tensor::cat(&[&freqs, &freqs], -1);
         (emb.cos().to_kind(kind), emb.sin().to_kind(kind))
