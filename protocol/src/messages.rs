@@ -205,6 +205,10 @@ pub struct TrainSummary {
     pub strategy: String,
     pub world_size: u64,
     pub steps: u64,
+    /// The first step this process trained, whose loss `first_loss` is: 1 for a run from
+    /// the start, later for one resumed from a checkpoint.
+    #[serde(default = "first_step")]
+    pub first_step: u64,
     #[serde(deserialize_with = "non_finite")]
     pub first_loss: f64,
     #[serde(deserialize_with = "non_finite")]
@@ -226,7 +230,36 @@ pub struct TrainSummary {
     pub eval_perplexity: Option<f64>,
 }
 
+fn first_step() -> u64 {
+    1
+}
+
 impl TrainSummary {
+    /// The steps this process trained, in words: "200 steps", or "steps 301-3000 (resumed
+    /// at step 300)" when it resumed.
+    pub fn steps_words(&self) -> String {
+        if self.first_step > 1 {
+            format!(
+                "steps {}-{} (resumed at step {})",
+                self.first_step,
+                self.steps,
+                self.first_step - 1
+            )
+        } else {
+            format!("{} steps", self.steps)
+        }
+    }
+
+    /// What `first_loss` is the loss of: the run's "Initial loss", or after a resume the
+    /// first step of this attempt, not the run's first.
+    pub fn first_loss_label(&self) -> String {
+        if self.first_step > 1 {
+            format!("Loss at step {}", self.first_step)
+        } else {
+            "Initial loss".to_string()
+        }
+    }
+
     /// The peak memory per rank in words that say which memory it is: "530 MiB resident
     /// (RSS)" on CPU, "1234 MiB allocated, 2345 MiB reserved" on GPU.
     pub fn peak_memory_words(&self) -> String {
@@ -389,6 +422,7 @@ mod tests {
             strategy: "FULL_SHARD".into(),
             world_size: 2,
             steps: 10,
+            first_step: 11,
             first_loss: f64::NAN,
             last_loss: f64::NAN,
             model_state_bytes_per_rank: 1,
@@ -411,6 +445,7 @@ mod tests {
             strategy: "FULL_SHARD".into(),
             world_size: 2,
             steps: 10,
+            first_step: 1,
             first_loss: 1.0,
             last_loss: 0.5,
             model_state_bytes_per_rank: 1,
@@ -431,6 +466,41 @@ mod tests {
             gpu.peak_memory_words(),
             "1234 MiB allocated, 2345 MiB reserved"
         );
+    }
+
+    #[test]
+    fn a_resumed_summary_says_its_first_loss_is_not_the_runs() {
+        let fresh = TrainSummary {
+            strategy: "FULL_SHARD".into(),
+            world_size: 2,
+            steps: 3000,
+            first_step: 1,
+            first_loss: 6.25,
+            last_loss: 0.28,
+            model_state_bytes_per_rank: 1,
+            unsharded_model_state_bytes: 2,
+            peak_memory_bytes: 3,
+            peak_reserved_bytes: None,
+            mean_tokens_per_s: 1.0,
+            eval_loss: None,
+            eval_perplexity: None,
+        };
+        assert_eq!(fresh.steps_words(), "3000 steps");
+        assert_eq!(fresh.first_loss_label(), "Initial loss");
+        let resumed = TrainSummary {
+            first_step: 301,
+            ..fresh
+        };
+        assert_eq!(
+            resumed.steps_words(),
+            "steps 301-3000 (resumed at step 300)"
+        );
+        assert_eq!(resumed.first_loss_label(), "Loss at step 301");
+        // A summary without the field is of a run from the start.
+        let mut json = serde_json::to_value(&resumed).unwrap();
+        json.as_object_mut().unwrap().remove("first_step");
+        let old: TrainSummary = serde_json::from_value(json).unwrap();
+        assert_eq!(old.first_step, 1);
     }
 
     #[test]

@@ -74,8 +74,8 @@ fn interrupted(dir: &TestDir, spec: &Path, interrupt: impl FnOnce(u32, &Path)) -
 }
 
 /// The second half: the same command again. Checks its first line names the step after the
-/// newest checkpoint, that the run resumed there, and that the whole run has the
-/// uninterrupted run's losses, with no panic in either half.
+/// newest checkpoint, that the run resumed there, that its summary says so, and that the
+/// whole run has the uninterrupted run's losses, with no panic in either half.
 fn resumed_to_the_end(dir: &TestDir, spec: &Path, first: &Output, why: &str) {
     let run = dir.join("run");
     let first_text = format!("{}{}", stdout_of(first), stderr_of(first));
@@ -121,6 +121,14 @@ fn resumed_to_the_end(dir: &TestDir, spec: &Path, first: &Output, why: &str) {
     let after = metric_steps(&run, 0)[steps_before.len()..].to_vec();
     assert_eq!(after, (resumed_at..=STEPS).collect::<Vec<_>>());
     assert_same_losses(&losses(&run), reference(), 1e-6, "first half + second half");
+    // The summary is of this attempt, and says so: its first loss is not the run's.
+    assert!(
+        stdout.contains(&format!(
+            "(2 rank(s), steps {resumed_at}-{STEPS} (resumed at step {checkpoint}))"
+        )) && stdout.contains(&format!("Loss at step {resumed_at}: ")),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("Initial loss"), "{stdout}");
     assert_no_panic(&first_text, "the first half's output");
     assert_no_panic(
         &format!("{stdout}{}", stderr_of(&second)),

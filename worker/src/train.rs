@@ -670,6 +670,7 @@ impl Trainer {
             self.save(&mut hook, SaveReason::Final)?;
         }
         let summary = self.summary(
+            first_step + 1,
             first_loss.unwrap_or(f64::NAN),
             last_loss,
             tokens_per_step,
@@ -783,6 +784,7 @@ impl Trainer {
 
     fn summary(
         &self,
+        first_step: u64,
         first_loss: f64,
         last_loss: f64,
         tokens_per_step: f64,
@@ -800,6 +802,7 @@ impl Trainer {
             strategy: strategy_name(cfg.fsdp.strategy).to_string(),
             world_size: cfg.batch.world_size,
             steps: self.step,
+            first_step,
             first_loss,
             last_loss,
             model_state_bytes_per_rank: self.engine.model_state_bytes(),
@@ -908,17 +911,18 @@ pub fn format_summary(s: &TrainSummary) -> String {
         * (1.0 - s.model_state_bytes_per_rank as f64 / s.unsharded_model_state_bytes.max(1) as f64);
     let rule = "=".repeat(60);
     format!(
-        "\n{rule}\nFSDP training complete\nSharding strategy: {} ({} rank(s), {} steps)\n\
+        "\n{rule}\nFSDP training complete\nSharding strategy: {} ({} rank(s), {})\n\
          Model state per rank: {:.1} MiB (vs {:.1} MiB unsharded)\nMemory savings: {:.1}%\n\
-         Peak memory per rank: {}\nInitial loss: {:.4}\nFinal loss:   {:.4}\n{}\
+         Peak memory per rank: {}\n{}: {:.4}\nFinal loss:   {:.4}\n{}\
          Mean throughput: {:.0} tokens/s\n{rule}",
         s.strategy,
         s.world_size,
-        s.steps,
+        s.steps_words(),
         mib(s.model_state_bytes_per_rank),
         mib(s.unsharded_model_state_bytes),
         savings,
         s.peak_memory_words(),
+        s.first_loss_label(),
         s.first_loss,
         s.last_loss,
         match (s.eval_loss, s.eval_perplexity) {

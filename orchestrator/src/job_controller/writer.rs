@@ -216,11 +216,11 @@ fn write(
                 _ => String::new(),
             };
             let text = format!(
-                "summary: {} on {} ranks, {} steps, loss {:.4} -> {:.4}, model state {:.1} MiB/rank \
+                "summary: {} on {} ranks, {}, loss {:.4} -> {:.4}, model state {:.1} MiB/rank \
                  (unsharded {:.1} MiB), peak memory {}, {:.0} tokens/s{eval}",
                 summary.strategy,
                 summary.world_size,
-                summary.steps,
+                summary.steps_words(),
                 summary.first_loss,
                 summary.last_loss,
                 mib(summary.model_state_bytes_per_rank),
