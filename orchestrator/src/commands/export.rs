@@ -553,6 +553,26 @@ fn checkpoint_location(path: &Path) -> Result<PathBuf> {
     if default.is_dir() {
         return Ok(default);
     }
+    let runs = crate::slurm::find_runs(path);
+    let this = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+    if !runs.is_empty() && !runs.iter().any(|run| run.path() == this) {
+        let names: Vec<String> = runs
+            .iter()
+            .map(|run| run.path().display().to_string())
+            .collect();
+        let shown = match names.as_slice() {
+            [one] => one.clone(),
+            [first, second] => format!("{first} or {second}"),
+            [first, .., last] => format!("{first}, ..., {last}"),
+            [] => unreachable!("not empty"),
+        };
+        bail!(
+            "{} holds {} run(s) (a sweep folder or a run root), and a model is exported from one run: give one of them, such as {shown} (`shardrun metrics {}` shows which did best)",
+            path.display(),
+            runs.len(),
+            path.display()
+        );
+    }
     bail!(
         "no checkpoints under {}: it is not a checkpoint folder and has no checkpoints/ folder. Does the job spec enable `checkpoint.dir`, and has the run saved one yet?",
         path.display()
@@ -576,7 +596,28 @@ fn checkpoints_root(checkpoint_dir: &Path) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{checkpoint_location, parse_size};
+
+    #[test]
+    fn a_folder_of_runs_is_refused_with_the_runs_to_choose_from() {
+        let sweep = tempfile::tempdir().unwrap();
+        for point in ["sweep-1a", "sweep-2b"] {
+            let run = sweep.path().join(point);
+            std::fs::create_dir(&run).unwrap();
+            std::fs::write(run.join("manifest.json"), "{}").unwrap();
+            std::fs::write(run.join("resolved.json"), "{}").unwrap();
+        }
+        let error = checkpoint_location(sweep.path()).unwrap_err().to_string();
+        assert!(error.contains("holds 2 run(s) (a sweep folder"), "{error}");
+        let first = sweep.path().join("sweep-1a");
+        assert!(
+            error.contains(&format!("such as {} or ", first.display())),
+            "{error}"
+        );
+        // A run directory without checkpoints is told so, not taken for a folder of runs.
+        let error = checkpoint_location(&first).unwrap_err().to_string();
+        assert!(error.starts_with("no checkpoints under"), "{error}");
+    }
 
     #[test]
     fn sizes_as_save_pretrained_reads_them() {

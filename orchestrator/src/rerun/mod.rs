@@ -113,12 +113,26 @@ impl std::fmt::Display for LrChange {
             LrDecay::Constant => "constant",
         };
         let direction = if self.now > self.was { "up" } else { "down" };
+        let (now, was) = told_apart(self.now, self.was);
         write!(
             f,
-            "the {decay} LR schedule is re-shaped to {} steps: step {} trains at LR {:.3e}, {direction} \
-             from {:.3e} on the {}-step schedule",
-            self.steps_now, self.step, self.now, self.was, self.steps_was
+            "the {decay} LR schedule is re-shaped to {} steps: step {} trains at LR {now}, {direction} \
+             from {was} on the {}-step schedule",
+            self.steps_now, self.step, self.steps_was
         )
+    }
+}
+
+/// Two different values in scientific notation, with the fewest digits (at least four) that
+/// tell them apart: "up from" never joins two equal-looking numbers.
+fn told_apart(a: f64, b: f64) -> (String, String) {
+    let mut digits = 3;
+    loop {
+        let (x, y) = (format!("{a:.digits$e}"), format!("{b:.digits$e}"));
+        if x != y || digits >= 12 {
+            return (x, y);
+        }
+        digits += 1;
     }
 }
 
@@ -773,6 +787,34 @@ mod tests {
         let flat = resolved(tmp.path(), &sets).train;
         let flat_long = resolved(tmp.path(), &[sets[0], "training.steps=400"]).train;
         assert_eq!(LrChange::of(&flat, &flat_long, 100, 100), None);
+        // Trained on from the end of a decay: the LR moves in its fifth digit, and the line
+        // shows digits enough to see it.
+        let ended = resolved(tmp.path(), &["training.steps=3000"]).train;
+        let on = resolved(tmp.path(), &["training.steps=3010"]).train;
+        let slightly = LrChange::of(&ended, &on, 3000, 3000).unwrap();
+        let text = slightly.to_string();
+        let number = |after: &str| {
+            text.split(after)
+                .nth(1)
+                .unwrap()
+                .split([',', ' '])
+                .next()
+                .unwrap()
+                .to_string()
+        };
+        assert_ne!(number("trains at LR "), number("up from "), "{text}");
+    }
+
+    #[test]
+    fn two_values_are_shown_with_the_digits_that_tell_them_apart() {
+        assert_eq!(
+            told_apart(2.0e-4, 1.0e-4),
+            ("2.000e-4".to_string(), "1.000e-4".to_string())
+        );
+        assert_eq!(
+            told_apart(1.00004e-4, 1.0e-4),
+            ("1.00004e-4".to_string(), "1.00000e-4".to_string())
+        );
     }
 
     #[test]

@@ -28,18 +28,27 @@ pub fn batch_split(
         ));
     }
     if !total.is_multiple_of(unit) {
+        let ranks_from = match overrides.world_size {
+            Some(_) => "--nproc",
+            None => "`resources`",
+        };
         let fix = if overrides.continues_run {
-            let ranks_from = match overrides.world_size {
-                Some(_) => "--nproc",
-                None => "`resources`",
-            };
             ranks_that_split(total, per_device, world, ranks_from)
         } else {
-            totals_that_split(total, per_device, world)
+            let mut fix = totals_that_split(total, per_device, world);
+            // Ranks asked for on the command line are the easiest thing to change.
+            if overrides.world_size.is_some() && total.is_multiple_of(per_device) {
+                let _ = write!(
+                    fix,
+                    "; or run it on {} ranks (--nproc)",
+                    or_list(&divisors(total / per_device))
+                );
+            }
+            fix
         };
         return Err(s.err(
             "training.total_batch_size",
-            format!("total batch {total} does not split into per-device batches of {per_device} on {world} ranks ({total} / {unit} is not a whole number of accumulation steps)"),
+            format!("total batch {total} does not split into per-device batches of {per_device} on {world} ranks ({ranks_from}; {total} / {unit} is not a whole number of accumulation steps)"),
             fix,
         ));
     }

@@ -24,6 +24,7 @@ pub fn resolve_data(
     seq_len: u64,
     model_folder: Option<&Path>,
     on_disk: &mut OnDisk,
+    warnings: &mut Vec<String>,
 ) -> Result<DataConfig, ResolveError> {
     let Some(spec) = &s.spec().training.data else {
         return Ok(DataConfig::Synthetic { seq_len });
@@ -66,6 +67,8 @@ pub fn resolve_data(
     }
     let validation = validation(s, spec)?;
     check_on_disk(s, spec, &source, &tokenizer, validation.as_ref(), on_disk)?;
+    let from_folder = model_folder.is_some();
+    check_vocabularies(s, spec, model, from_folder, &tokenizer, on_disk, warnings)?;
     let cache_dir = match &spec.cache_dir {
         Some(dir) => s.spec_relative(dir),
         None => {
@@ -266,6 +269,16 @@ fn tokenizer(
 #[derive(Default)]
 pub struct OnDisk {
     found: HashMap<(Lookup, PathBuf), Option<Problem>>,
+    /// What each tokenizer can produce (`None`: it did not load; the data reader says why).
+    tokenizers: Vec<(TokenizerConfig, Option<TokenizerIds>)>,
+}
+
+/// The ids a tokenizer can give, against which a model's vocabulary is checked.
+#[derive(Clone)]
+struct TokenizerIds {
+    vocab_size: u64,
+    /// The end-of-document token, which every document ends with.
+    eos: (u32, String),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -297,6 +310,77 @@ impl OnDisk {
             })
             .clone()
     }
+}
+
+impl OnDisk {
+    fn tokenizer_ids(&mut self, tokenizer: &TokenizerConfig) -> Option<TokenizerIds> {
+        if let Some((_, ids)) = self.tokenizers.iter().find(|(t, _)| t == tokenizer) {
+            return ids.clone();
+        }
+        let ids = shardrun_data::tokenizer::TextTokenizer::load(tokenizer)
+            .ok()
+            .map(|loaded| TokenizerIds {
+                vocab_size: loaded.vocab_size,
+                eos: (loaded.eos.id, loaded.eos.text),
+            });
+        self.tokenizers.push((tokenizer.clone(), ids.clone()));
+        ids
+    }
+}
+
+/// The tokenizer's ids must fit the model's embedding. The end-of-document token ends every
+/// document: past the vocabulary, it fails the job at its first step, so it is refused here,
+/// before the job waits in a queue. Other ids past it (an added pad token, say) fail the job
+/// only if the data holds them: a warning.
+fn check_vocabularies(
+    s: &Section,
+    spec: &DataSpec,
+    model: &ModelConfig,
+    from_folder: bool,
+    tokenizer: &TokenizerConfig,
+    on_disk: &mut OnDisk,
+    warnings: &mut Vec<String>,
+) -> Result<(), ResolveError> {
+    let (Some(vocab), TokenizerConfig::HuggingFace { path, .. }) = (model.vocab_size(), tokenizer)
+    else {
+        return Ok(());
+    };
+    let Some(ids) = on_disk.tokenizer_ids(tokenizer) else {
+        return Ok(());
+    };
+    if ids.vocab_size <= vocab {
+        return Ok(());
+    }
+    let field = if spec.tokenizer.as_ref().is_some_and(|t| t.path.is_some()) {
+        "training.data.tokenizer.path"
+    } else {
+        "training.data.tokenizer"
+    };
+    let sizes = format!(
+        "the tokenizer {} has {} ids, the model's vocabulary {}",
+        path.display(),
+        ids.vocab_size,
+        vocab
+    );
+    let resize = if from_folder {
+        "give the model rows for them with transformers \
+         (`model.resize_token_embeddings(len(tokenizer))`, then `save_pretrained`)"
+    } else {
+        "raise the model's `vocab_size`"
+    };
+    let (eos_id, eos_text) = &ids.eos;
+    if u64::from(*eos_id) >= vocab {
+        return Err(s.err(
+            field,
+            format!("{sizes}, and its end-of-document token {eos_text:?} (id {eos_id}) is past it"),
+            format!("use the tokenizer the model was trained with, or {resize}"),
+        ));
+    }
+    warnings.push(format!(
+        "`{field}`: {sizes}: a document holding ids {vocab} or above fails the job; use the \
+         tokenizer the model was trained with, or {resize}"
+    ));
+    Ok(())
 }
 
 /// Every path of the resolved data, as the worker will read it; an error names the spec
@@ -405,9 +489,12 @@ fn files_problem(pattern: &Path) -> Option<Problem> {
                 fix,
             }
         }
-        DataError::Folder { .. } => Problem {
+        DataError::Folder { path } => Problem {
             why: format!("{shown} is a folder"),
-            fix: format!("name the files in it with a pattern: `{shown}/*.jsonl`, or `{shown}/**/*` for every file at any depth"),
+            fix: match most_common_extension(&path) {
+                Some(ext) => format!("name the files in it with a pattern: `{shown}/*.{ext}`, or `{shown}/**/*.{ext}` at any depth"),
+                None => format!("name the files in it with a pattern: `{shown}/**/*` for every file at any depth"),
+            },
         },
         DataError::Pattern { why, .. } => Problem {
             why: format!("{shown} is not a valid file pattern: {why}"),
@@ -418,6 +505,25 @@ fn files_problem(pattern: &Path) -> Option<Problem> {
             fix: "check the path and its permissions".into(),
         },
     })
+}
+
+/// The extension most of the files directly in `folder` have, for a pattern that names
+/// them (the first in order among equally common ones).
+fn most_common_extension(folder: &Path) -> Option<String> {
+    let mut counts = std::collections::BTreeMap::<String, usize>::new();
+    for entry in std::fs::read_dir(folder).ok()?.flatten() {
+        let path = entry.path();
+        if path.is_file() {
+            if let Some(ext) = path.extension().and_then(|e| e.to_str()) {
+                *counts.entry(ext.to_string()).or_default() += 1;
+            }
+        }
+    }
+    let most = *counts.values().max()?;
+    counts
+        .into_iter()
+        .find(|&(_, n)| n == most)
+        .map(|(ext, _)| ext)
 }
 
 /// The name in `folder` closest to `name`, if it is close enough to be a typo.
@@ -566,10 +672,18 @@ fn validation(s: &Section, spec: &DataSpec) -> Result<Option<ValidationConfig>, 
             "evaluate every N ≥ 1 steps, or leave it out to evaluate after the last step only",
         ));
     }
+    if v.max_batches == Some(0) {
+        return Err(s.err(
+            "training.data.validation.max_batches",
+            "`max_batches` is 0",
+            "evaluate on N ≥ 1 batches, leave it out to evaluate on all of the validation data, \
+             or remove `validation` to train without evaluating",
+        ));
+    }
     Ok(Some(ValidationConfig {
         held_out,
         every_steps: v.every_steps,
-        max_batches: v.max_batches.filter(|&n| n > 0),
+        max_batches: v.max_batches,
     }))
 }
 
@@ -687,6 +801,11 @@ mod tests {
 
         let e = err("    kind: text\n    files: [a.txt]\n    tokenizer: { kind: bytes }\n    validation: { fraction: 1.5 }\n");
         assert_eq!(e.field, "training.data.validation.fraction");
+
+        // 0 batches would be read as "all of them": refused, with the ways to say either.
+        let e = err("    kind: text\n    files: [a.txt]\n    tokenizer: { kind: bytes }\n    validation: { fraction: 0.1, max_batches: 0 }\n");
+        assert_eq!(e.field, "training.data.validation.max_batches");
+        assert!(e.fix.contains("remove `validation`"), "{e}");
     }
 
     #[test]
@@ -771,7 +890,22 @@ mod tests {
         );
         let err = e(&format!("    kind: jsonl\n    files: [d]\n{bytes}"));
         assert!(err.why.ends_with("/d is a folder"), "{err}");
-        assert!(err.fix.contains("name the files in it"), "{err}");
+        // The pattern offered names the files the folder holds.
+        let d = dir.path().join("d");
+        assert!(
+            err.fix.contains(&format!("`{}/*.jsonl`", d.display())),
+            "{err}"
+        );
+        std::fs::create_dir(dir.path().join("py")).unwrap();
+        for name in ["a.py", "b.py", "notes.txt"] {
+            std::fs::write(dir.path().join("py").join(name), "x = 1\n").unwrap();
+        }
+        let err = e(&format!("    kind: text\n    files: [py]\n{bytes}"));
+        let py = dir.path().join("py");
+        assert!(
+            err.fix.contains(&format!("`{}/*.py`", py.display())),
+            "{err}"
+        );
         // Validation files are checked the same way.
         let err = e(&format!(
             "    kind: jsonl\n    files: [a.jsonl]\n{bytes}    validation: {{ files: [a.jsonl, val.jsonl] }}\n"
@@ -903,6 +1037,69 @@ mod tests {
         );
         std::fs::write(model.join("tokenizer.json"), "{}").unwrap();
         resolve(&loaded, &Overrides::default()).unwrap();
+    }
+
+    #[test]
+    fn a_tokenizer_with_more_ids_than_the_model_is_refused_before_the_job_is_queued() {
+        let dir = jobs();
+        let tok = dir.path().join("bytes-tok");
+        std::fs::create_dir(&tok).unwrap();
+        let json = shardrun_data::tokenizer_files::bytes_tokenizer_json().unwrap();
+        std::fs::write(tok.join("tokenizer.json"), json).unwrap();
+        std::fs::write(
+            tok.join("tokenizer_config.json"),
+            r#"{"eos_token": "<eos>"}"#,
+        )
+        .unwrap();
+        let spec = |vocab: u64| {
+            format!(
+                "name: t\nrun_root: /tmp/runs\ntraining:\n  model: {{ kind: transformer, \
+                 vocab_size: {vocab}, dim: 8, n_layers: 1, n_heads: 2, max_seq_len: 16 }}\n  \
+                 data: {{ kind: text, files: [a.txt], tokenizer: {{ path: bytes-tok }} }}\n  \
+                 steps: 2\n  total_batch_size: 2\n  batch_size_per_device: 2\n"
+            )
+        };
+        let resolve_with_vocab = |vocab: u64| {
+            let loaded = parse(&spec(vocab), &dir.path().join("job.yaml")).unwrap();
+            resolve(&loaded, &Overrides::default())
+        };
+        // 257 ids (256 bytes and <eos>) fit a vocabulary of 257, not of 256.
+        resolve_with_vocab(257).unwrap();
+        let ResolveError::Invalid(err) = resolve_with_vocab(256).unwrap_err();
+        assert_eq!(err.field, "training.data.tokenizer.path");
+        assert!(
+            err.why.contains("has 257 ids, the model's vocabulary 256"),
+            "{err}"
+        );
+        assert!(
+            err.why
+                .ends_with("its end-of-document token \"<eos>\" (id 256) is past it"),
+            "{err}"
+        );
+        assert!(err.fix.contains("raise the model's `vocab_size`"), "{err}");
+    }
+
+    #[test]
+    fn ids_past_the_vocabulary_other_than_the_end_of_document_are_a_warning() {
+        let dir = jobs();
+        let tok = dir.path().join("bytes-tok");
+        std::fs::create_dir(&tok).unwrap();
+        let json = shardrun_data::tokenizer_files::bytes_tokenizer_json().unwrap();
+        std::fs::write(tok.join("tokenizer.json"), json).unwrap();
+        // A byte as the end of document: <eos> (id 256) is the one id past 256.
+        std::fs::write(tok.join("tokenizer_config.json"), r#"{"eos_token": "A"}"#).unwrap();
+        let spec = "name: t\nrun_root: /tmp/runs\ntraining:\n  model: { kind: transformer, \
+                    vocab_size: 256, dim: 8, n_layers: 1, n_heads: 2, max_seq_len: 16 }\n  \
+                    data: { kind: text, files: [a.txt], tokenizer: { path: bytes-tok } }\n  \
+                    steps: 2\n  total_batch_size: 2\n  batch_size_per_device: 2\n";
+        let loaded = parse(spec, &dir.path().join("job.yaml")).unwrap();
+        let job = resolve(&loaded, &Overrides::default()).unwrap();
+        assert!(
+            job.warnings.iter().any(|w| w
+                .contains("has 257 ids, the model's vocabulary 256: a document holding ids 256")),
+            "{:?}",
+            job.warnings
+        );
     }
 
     #[test]

@@ -298,6 +298,13 @@ pub fn resolve_with(
             "train for at least 1 step",
         ));
     }
+    if t.log_every == Some(0) {
+        return Err(s.err(
+            "training.log_every",
+            "`log_every` is 0",
+            "log every N ≥ 1 steps, or leave it out to log every step",
+        ));
+    }
     let optimizer = optimizer::resolve_optimizer(&s)?;
     let schedule = optimizer::resolve_schedule(&s)?;
     let fsdp = fsdp::resolve_fsdp(&s, &ranks, &model, &mut warnings)?;
@@ -321,6 +328,7 @@ pub fn resolve_with(
         seq_len,
         model.pretrained_folder(),
         &mut lookups.on_disk,
+        &mut warnings,
     )?;
     let slurm = slurm::resolve_slurm(&s, &ranks, overrides)?;
     let preemption = slurm::resolve_preemption(&s, slurm.time_limit_seconds)?;
@@ -342,7 +350,7 @@ pub fn resolve_with(
         checkpoint,
         device: ranks.device,
         threads_per_rank: t.threads_per_rank.unwrap_or(ranks.cpus_per_task as usize),
-        log_every: t.log_every.unwrap_or(defaults::LOG_EVERY).max(1),
+        log_every: t.log_every.unwrap_or(defaults::LOG_EVERY),
         fsdp,
     };
 
@@ -449,6 +457,51 @@ mod tests {
         assert_eq!(err.line, Some(7));
         assert!(err.fix.contains("nearest 16 or 32"), "{err}");
         assert!(err.fix.contains("[1, 2, 5, 10]"), "{err}");
+    }
+
+    #[test]
+    fn zero_counts_that_mean_nothing_are_errors_naming_their_field() {
+        let spec = |extra: &str| {
+            format!(
+                "name: t\nresources: {{ tasks_per_node: 2 }}\ntraining:\n  model: {{ kind: mlp, \
+                 input_dim: 4, hidden_dim: 8, output_dim: 4 }}\n  steps: 1\n  total_batch_size: 4\n  \
+                 batch_size_per_device: 2\n{extra}"
+            )
+        };
+        let err = |yaml: &str| {
+            let loaded = parse(yaml, Path::new("job.yaml")).unwrap();
+            let ResolveError::Invalid(err) = resolve(&loaded, &Overrides::default()).unwrap_err();
+            err
+        };
+        let e = err(&spec("  log_every: 0\n"));
+        assert_eq!(
+            (e.field.as_str(), e.line),
+            ("training.log_every", Some(8)),
+            "{e}"
+        );
+        assert!(e.fix.contains("leave it out to log every step"), "{e}");
+    }
+
+    #[test]
+    fn ranks_asked_for_with_nproc_are_named_and_the_ranks_that_split_offered() {
+        let yaml = "name: t\nresources: { tasks_per_node: 2 }\ntraining:\n  model: { kind: mlp, \
+                    input_dim: 4, hidden_dim: 8, output_dim: 4 }\n  steps: 1\n  \
+                    total_batch_size: 8\n  batch_size_per_device: 2\n";
+        let loaded = parse(yaml, Path::new("job.yaml")).unwrap();
+        let nproc = Overrides {
+            world_size: Some(3),
+            ..Overrides::default()
+        };
+        let ResolveError::Invalid(err) = resolve(&loaded, &nproc).unwrap_err();
+        assert!(err.why.contains("on 3 ranks (--nproc; "), "{err}");
+        assert!(
+            err.fix
+                .ends_with("; or run it on 1, 2 or 4 ranks (--nproc)"),
+            "{err}"
+        );
+        let ResolveError::Invalid(err) = job("", 20, 8).unwrap_err();
+        assert!(err.why.contains("on 2 ranks (`resources`; "), "{err}");
+        assert!(!err.fix.contains("--nproc"), "{err}");
     }
 
     #[test]
