@@ -10,8 +10,9 @@
 //!     lines.u64                    per document: file index << 40 | line (for error messages)
 //!     loss_mask.u8                 1 where a token is a training target (masked kinds only)
 //! <cache_dir>/.<kind>-<key>.lock   held while building: other processes wait on it
-//! <cache_dir>/.<kind>-<key>.tmp-<pid>/   the folder being built, renamed into place when
-//!                                  complete (fsynced first), removed if the build fails
+//! <cache_dir>/.<kind>-<key>.tmp-<pid>-<host>/   the folder being built, renamed into place
+//!                                  when complete (fsynced first), removed if the build fails,
+//!                                  or once its process is found dead (killed mid-build)
 //! ```
 //!
 //! The key uses each file's size, modification and status-change times (not its contents,
@@ -113,6 +114,7 @@ pub fn open_or_build(
     build: impl FnOnce(&Path) -> Result<CacheManifest>,
 ) -> Result<(PathBuf, CacheManifest, bool)> {
     let dir = cache_dir.join(name);
+    remove_stale_builds(cache_dir, name);
     if let Some(manifest) = read_manifest(&dir)? {
         return Ok((dir, manifest, false));
     }
@@ -144,8 +146,13 @@ pub fn open_or_build(
     if let Some(manifest) = read_manifest(&dir)? {
         return Ok((dir, manifest, false));
     }
+    // The process waited on may have been killed mid-build.
     remove_stale_builds(cache_dir, name);
-    let tmp = cache_dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let tmp = cache_dir.join(format!(
+        ".{name}.tmp-{}-{}",
+        std::process::id(),
+        this_host()
+    ));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir(&tmp).map_err(DataError::io("create", &tmp))?;
     let guard = RemoveOnDrop(Some(tmp.clone()));
@@ -193,16 +200,48 @@ fn manifest_json(manifest: &CacheManifest) -> Vec<u8> {
     json
 }
 
-/// Leftovers of builds that were killed (only ever removed under the lock).
+/// Removes the folders of builds of `name` whose process was killed (Ctrl-C, a job's time
+/// limit): those of this machine whose pid no process has. Holding the lock proves nothing
+/// of the others: a cache folder shared by machines whose file system refuses locks may hold
+/// another machine's live build, and its pid says nothing here.
 fn remove_stale_builds(cache_dir: &Path, name: &str) {
     let prefix = format!(".{name}.tmp-");
-    if let Ok(entries) = std::fs::read_dir(cache_dir) {
-        for entry in entries.flatten() {
-            if entry.file_name().to_string_lossy().starts_with(&prefix) {
-                let _ = std::fs::remove_dir_all(entry.path());
-            }
+    let Ok(entries) = std::fs::read_dir(cache_dir) else {
+        return;
+    };
+    let host = this_host();
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(owner) = file_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+            continue;
+        };
+        // `<pid>` alone: named by an earlier shardrun, which left out the machine; taken as
+        // this one's.
+        let (pid, built_on) = owner.split_once('-').unwrap_or((owner, &host));
+        let dead = built_on == host && pid.parse().is_ok_and(|pid: u32| !is_alive(pid));
+        if dead {
+            let _ = std::fs::remove_dir_all(entry.path());
         }
     }
+}
+
+/// Whether a process of this machine has `pid` (when unsure, it does).
+fn is_alive(pid: u32) -> bool {
+    // 0 and negative pids name process groups, not a process.
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return true;
+    };
+    if pid <= 0 {
+        return true;
+    }
+    // SAFETY: signal 0 sends nothing; it only checks that the process exists.
+    let found = unsafe { libc::kill(pid, 0) } == 0;
+    found || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// This machine's name, as a folder name can hold it.
+fn this_host() -> String {
+    shardrun_protocol::host::hostname().replace(['/', '\0'], "_")
 }
 
 pub fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {

@@ -215,3 +215,61 @@ fn the_identity_of_prepared_data_is_found_without_preparing() {
     assert_eq!(&probed, opened.identity());
     assert_eq!(probed.validation.unwrap().files[0].path, files[1]);
 }
+
+#[test]
+fn the_folders_of_killed_builds_are_removed_and_live_ones_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = write_corpus(dir.path());
+    let config = |cache: &Path| {
+        dataset(
+            text_files(files.clone(), TextSplit::Line),
+            TokenizerConfig::Bytes,
+            16,
+            cache,
+        )
+    };
+    // The cache's name does not depend on where it is: learn it from a first copy.
+    let probed = Dataset::open(&config(&dir.path().join("probe")), 0, None, 1, &Quiet).unwrap();
+    let name = probed.train().corpus().dir.file_name().unwrap().to_owned();
+    let name = name.to_str().unwrap();
+
+    // A process that has ended, as one killed mid-build has, and one that runs until its
+    // input closes.
+    let mut ended = std::process::Command::new("true").spawn().unwrap();
+    ended.wait().unwrap();
+    let mut running = std::process::Command::new("cat")
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let cache = dir.path().join("cache");
+    let host = shardrun_protocol::host::hostname();
+    let leftover = |owner: String| {
+        let folder = cache.join(format!(".{name}.tmp-{owner}"));
+        std::fs::create_dir_all(&folder).unwrap();
+        std::fs::write(folder.join("tokens.u32"), b"half").unwrap();
+        folder
+    };
+    let killed = leftover(format!("{}-{host}", ended.id()));
+    let unnamed_host = leftover(ended.id().to_string());
+    let live = leftover(format!("{}-{host}", running.id()));
+    let elsewhere = leftover(format!("{}-another-{host}", ended.id()));
+
+    let prepared = Dataset::open(&config(&cache), 0, None, 1, &Quiet).unwrap();
+    assert!(prepared.built());
+    assert!(!killed.exists() && !unnamed_host.exists());
+    assert!(live.exists(), "a live process's build is left alone");
+    assert!(
+        elsewhere.exists(),
+        "another machine's pids say nothing here"
+    );
+
+    // Opened again from the cache: a build killed since is removed too, once its process
+    // has ended.
+    let killed = leftover(format!("{}-{host}", ended.id()));
+    drop(running.stdin.take());
+    running.wait().unwrap();
+    let cached = Dataset::open(&config(&cache), 0, None, 1, &Quiet).unwrap();
+    assert!(!cached.built());
+    assert!(!killed.exists() && !live.exists());
+    assert!(elsewhere.exists());
+}
