@@ -194,6 +194,17 @@ impl Corpus {
         self.mask.as_ref().is_none_or(|m| m[position as usize] != 0)
     }
 
+    /// Training targets among tokens `start..end` (one byte of the mask read per token).
+    pub fn trained_in(&self, start: u64, end: u64) -> u64 {
+        match &self.mask {
+            Some(m) => m[start as usize..end as usize]
+                .iter()
+                .filter(|&&b| b != 0)
+                .count() as u64,
+            None => end - start,
+        }
+    }
+
     pub fn has_mask(&self) -> bool {
         self.mask.is_some()
     }

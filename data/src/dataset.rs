@@ -172,11 +172,17 @@ impl Dataset {
         // Said whenever the data is described, not only when it is tokenized: a run on a
         // cache made earlier is trained without those records too.
         summary.extend(skipped.iter().cloned());
-        for packed in std::iter::once(&train).chain(validation.as_ref()) {
-            if packed.skipped_too_long > 0 {
+        let sets = std::iter::once(("training data", &train))
+            .chain(validation.as_ref().map(|v| ("validation data", v)));
+        for (what, packed) in sets {
+            let left_out = &packed.left_out;
+            if let Some((origin, tokens)) = &left_out.first {
                 summary.push(format!(
-                    "warning: {} document(s) longer than seq_len {} left out (data.on_bad_record: skip)",
-                    packed.skipped_too_long, config.seq_len
+                    "warning: {} document(s) longer than seq_len {} left out of the {what} \
+                     (data.on_bad_record: skip; the first: {origin}, {} tokens)",
+                    thousands(left_out.documents),
+                    config.seq_len,
+                    thousands(*tokens)
                 ));
             }
         }
@@ -283,16 +289,15 @@ fn check_vocab(corpus: &Corpus, vocab_size: Option<u64>) -> Result<()> {
     })
 }
 
-/// One line about a packed set; `cache`: (seconds, built) when the line should say where
-/// its cache is and whether it was just prepared.
+/// One line about a packed set, counting what its sequences hold (not the documents left
+/// out); `cache`: (seconds, built) when the line should say where its cache is and whether
+/// it was just prepared.
 fn describe(what: &str, packed: &Packed, cache: Option<(f64, bool)>) -> String {
-    let set = packed.set();
     let corpus = packed.corpus();
-    let m = &corpus.manifest;
-    let trained = if m.loss_mask {
+    let trained = if corpus.manifest.loss_mask {
         format!(
             ", {:.0}% of them in the loss",
-            100.0 * m.trained_tokens as f64 / m.tokens.max(1) as f64
+            100.0 * packed.trained_tokens() as f64 / packed.tokens().max(1) as f64
         )
     } else {
         String::new()
@@ -304,8 +309,8 @@ fn describe(what: &str, packed: &Packed, cache: Option<(f64, bool)>) -> String {
     };
     format!(
         "{what}: {} document(s), {} tokens{trained}, {} sequence(s) of {} per epoch{cache}",
-        thousands(set.documents),
-        thousands(set.tokens),
+        thousands(packed.documents()),
+        thousands(packed.tokens()),
         thousands(packed.sequences()),
         packed.seq_len(),
     )

@@ -16,7 +16,7 @@
 //! collator does.
 
 use crate::corpus::Corpus;
-use crate::error::{DataError, Result};
+use crate::error::{DataError, Origin, Result};
 use crate::split::DocSet;
 use shardrun_protocol::config::{OnBadRecord, Packing};
 use std::collections::BTreeSet;
@@ -36,7 +36,18 @@ pub struct Packed {
     document_mask: bool,
     layout: Layout,
     /// Documents left out for not fitting (`on_bad_record: skip`).
-    pub skipped_too_long: u64,
+    pub left_out: LeftOut,
+}
+
+/// The documents of a set left out of its sequences.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeftOut {
+    pub documents: u64,
+    pub tokens: u64,
+    /// Of `tokens`, the training targets.
+    pub trained_tokens: u64,
+    /// Where the first one came from, and its tokens.
+    pub first: Option<(Origin, u64)>,
 }
 
 enum Layout {
@@ -80,7 +91,7 @@ impl Packed {
         document_mask: bool,
         on_bad_record: OnBadRecord,
     ) -> Result<Packed> {
-        let mut skipped_too_long = 0;
+        let mut left_out = LeftOut::default();
         let layout = match packing {
             Packing::Stream => Layout::Stream {
                 sequences: set.tokens.div_ceil(seq_len),
@@ -98,7 +109,15 @@ impl Packed {
                                     seq_len,
                                 })
                             }
-                            OnBadRecord::Skip => skipped_too_long += 1,
+                            OnBadRecord::Skip => {
+                                let start = corpus.doc_start(d);
+                                left_out.documents += 1;
+                                left_out.tokens += len;
+                                left_out.trained_tokens += corpus.trained_in(start, start + len);
+                                left_out
+                                    .first
+                                    .get_or_insert_with(|| (corpus.origin(d), len));
+                            }
                         }
                     } else {
                         docs.push((d, len));
@@ -113,7 +132,7 @@ impl Packed {
             seq_len,
             document_mask,
             layout,
-            skipped_too_long,
+            left_out,
         })
     }
 
@@ -126,6 +145,21 @@ impl Packed {
 
     pub fn set(&self) -> &DocSet {
         &self.set
+    }
+
+    /// Documents in the sequences: the set's, less those left out.
+    pub fn documents(&self) -> u64 {
+        self.set.documents - self.left_out.documents
+    }
+
+    /// Tokens in the sequences.
+    pub fn tokens(&self) -> u64 {
+        self.set.tokens - self.left_out.tokens
+    }
+
+    /// Tokens in the sequences that are training targets (by the loss mask).
+    pub fn trained_tokens(&self) -> u64 {
+        self.set.trained_tokens - self.left_out.trained_tokens
     }
 
     pub fn corpus(&self) -> &Corpus {

@@ -11,6 +11,8 @@ pub struct DocSet {
     pub runs: Vec<Run>,
     pub documents: u64,
     pub tokens: u64,
+    /// Of `tokens`, the training targets (all of them without a loss mask).
+    pub trained_tokens: u64,
 }
 
 /// Documents `first..end` of the corpus: tokens `corpus_start..corpus_start + len`, which
@@ -28,6 +30,7 @@ impl DocSet {
     pub fn everything(corpus: &Corpus) -> DocSet {
         let mut set = DocSet::empty();
         set.push_run(corpus, 0, corpus.documents());
+        set.trained_tokens = corpus.manifest.trained_tokens;
         set
     }
 
@@ -36,6 +39,7 @@ impl DocSet {
             runs: Vec::new(),
             documents: 0,
             tokens: 0,
+            trained_tokens: 0,
         }
     }
 
@@ -91,6 +95,14 @@ pub fn hold_out(corpus: &Corpus, fraction: f64) -> Result<(DocSet, DocSet)> {
         set.push_run(corpus, start, end);
         start = end;
     }
+    // Counted over the held-out side, the smaller one as a rule (with a loss mask: a byte
+    // read per token); the training side is the rest of the corpus.
+    validation.trained_tokens = validation
+        .runs
+        .iter()
+        .map(|r| corpus.trained_in(r.corpus_start, r.corpus_start + r.len))
+        .sum();
+    train.trained_tokens = corpus.manifest.trained_tokens - validation.trained_tokens;
     if train.documents == 0 {
         return Err(DataError::NotEnoughData {
             why: format!(

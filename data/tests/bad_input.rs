@@ -216,7 +216,7 @@ fn a_document_longer_than_a_sequence_when_documents_stay_whole() {
     );
     c.on_bad_record = OnBadRecord::Skip;
     let data = open(&c, None).unwrap();
-    assert_eq!(data.train().skipped_too_long, 1);
+    assert_eq!(data.train().left_out.documents, 1);
     assert!(data
         .summary()
         .iter()
@@ -442,4 +442,100 @@ impl shardrun_data::Observer for Lines {
     fn line(&self, text: &str) {
         self.0.lock().unwrap().push(text.to_string());
     }
+}
+
+#[test]
+fn the_description_counts_the_documents_trained_on_per_split() {
+    let dir = tempfile::tempdir().unwrap();
+    // Prompts and completions of many lengths, so that each split has its own share of
+    // tokens in the loss; record 7 is too long for a sequence of 64.
+    let records: Vec<(String, String)> = (0..24)
+        .map(|i| {
+            let completion = if i == 6 { 200 } else { 2 + (i * 7) % 30 };
+            (
+                format!("q{i}? {}", "p".repeat(i % 5)),
+                "a".repeat(completion),
+            )
+        })
+        .collect();
+    let lines: String = records
+        .iter()
+        .map(|(p, c)| format!("{{\"p\": \"{p}\", \"c\": \"{c}\"}}\n"))
+        .collect();
+    let path = write(dir.path(), "qa.jsonl", &lines);
+    let source = DataSource::Jsonl {
+        files: vec![path.clone()],
+        text: JsonlText::PromptCompletion {
+            prompt: "p".into(),
+            completion: "c".into(),
+        },
+    };
+    let mut c = dataset(
+        source,
+        TokenizerConfig::Bytes,
+        64,
+        &dir.path().join("cache"),
+    );
+    c.packing = Packing::WholeDocuments;
+    c.on_bad_record = OnBadRecord::Skip;
+    c.validation = Some(ValidationConfig {
+        held_out: HeldOut::Fraction { fraction: 0.25 },
+        every_steps: None,
+        max_batches: None,
+    });
+    let data = open(&c, None).unwrap();
+    let thousands = shardrun_data::dataset::thousands;
+    // Bytes, then the end-of-document token; the completion and that token are trained.
+    let counts =
+        |record: &(String, String)| (record.0.len() + record.1.len() + 1, record.1.len() + 1);
+    let splits = [
+        ("training data:", data.train()),
+        (
+            "validation data (held-out documents):",
+            data.validation().unwrap(),
+        ),
+    ];
+    let mut left_out = None;
+    for (what, packed) in splits {
+        let (mut documents, mut tokens, mut trained) = (0, 0, 0);
+        for d in packed.set().document_ids() {
+            let line = packed.corpus().origin(d).line;
+            let (n, t) = counts(&records[line as usize - 1]);
+            if n > 64 {
+                left_out = Some((what, line, n));
+                continue;
+            }
+            documents += 1;
+            tokens += n;
+            trained += t;
+        }
+        let want = format!(
+            "{what} {documents} document(s), {} tokens, {:.0}% of them in the loss, {} sequence(s)",
+            thousands(tokens as u64),
+            100.0 * trained as f64 / tokens as f64,
+            packed.sequences()
+        );
+        assert!(
+            data.summary().iter().any(|l| l.starts_with(&want)),
+            "{want}\n{:?}",
+            data.summary()
+        );
+    }
+    let (what, line, tokens) = left_out.expect("record 7 is in one of the splits");
+    assert_eq!(line, 7);
+    let what = if what == "training data:" {
+        "training data"
+    } else {
+        "validation data"
+    };
+    let warning = format!(
+        "warning: 1 document(s) longer than seq_len 64 left out of the {what} \
+         (data.on_bad_record: skip; the first: {}:7, {tokens} tokens)",
+        path.display()
+    );
+    assert!(
+        data.summary().contains(&warning),
+        "{warning}\n{:?}",
+        data.summary()
+    );
 }
