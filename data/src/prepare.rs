@@ -4,6 +4,7 @@
 use crate::cache::{self, CacheManifest, KeyInputs, SourceFile, FORMAT_VERSION};
 use crate::chat::{additional_templates, ChatTemplate};
 use crate::corpus::{dtype_width, Corpus};
+use crate::dataset::thousands;
 use crate::documents::Skipped;
 use crate::encode::Encoder;
 use crate::error::{DataError, Origin, Result};
@@ -373,7 +374,12 @@ fn check_token_file(
     }
     // In chunks: token files are often larger than memory.
     let mut max = 0u64;
+    let (mut first_chunk, mut looks_u32) = (true, false);
     let hash = match read_chunks(&file.path, |chunk| {
+        if first_chunk && dtype == TokenDtype::U16 && file.size.is_multiple_of(4) {
+            looks_u32 = u32_ids_as_u16(chunk);
+        }
+        first_chunk = false;
         let chunk_max = match dtype {
             TokenDtype::U16 => chunk
                 .chunks_exact(2)
@@ -389,6 +395,18 @@ fn check_token_file(
         Ok(hash) => hash,
         Err(e) => return bad(format!("cannot be read: {e}")),
     };
+    // Every dtype reads the file; a wrong one is not a bad file to skip but a setting to fix.
+    if looks_u32 {
+        return Err(DataError::BadRecord {
+            origin: Origin::new(&file.path, 0),
+            why: format!(
+                "it looks like a file of u32 ids, not u16: read as u16 ids, every second one of \
+                 its first {} is 0 (the high half of a u32 id below 65,536)",
+                thousands(file.size.min(U32_PROBE_BYTES as u64) / 2)
+            ),
+            fix: "set `data.dtype: u32`".into(),
+        });
+    }
     Ok(Ok((
         SourceFile {
             path: file.path.clone(),
@@ -399,6 +417,21 @@ fn check_token_file(
         },
         max,
     )))
+}
+
+/// Bytes of a `u16` token file looked at for the zeros of `u32` ids.
+const U32_PROBE_BYTES: usize = 1 << 20;
+
+/// Whether the start of a file read as `u16` ids looks like `u32` ids below 65,536: at least
+/// 64 ids, every odd one 0 (the high half of a `u32`), not all of them 0.
+fn u32_ids_as_u16(start: &[u8]) -> bool {
+    let ids: Vec<u16> = start[..start.len().min(U32_PROBE_BYTES)]
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    ids.len() >= 64
+        && ids.iter().skip(1).step_by(2).all(|&id| id == 0)
+        && ids.iter().step_by(2).any(|&id| id != 0)
 }
 
 /// Content hashes of the input files (read again: they are in the page cache by now).

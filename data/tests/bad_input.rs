@@ -539,3 +539,61 @@ fn the_description_counts_the_documents_trained_on_per_split() {
         data.summary()
     );
 }
+
+#[test]
+fn u32_ids_read_as_u16_are_refused_with_the_dtype_to_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<u32> = (0..300).map(|i| 100 + i * 37 % 5000).collect();
+    let bytes = |width: usize| -> Vec<u8> {
+        ids.iter()
+            .flat_map(|&t| t.to_le_bytes()[..width].to_vec())
+            .collect()
+    };
+    let wide = dir.path().join("train32.bin");
+    std::fs::write(&wide, bytes(4)).unwrap();
+    let narrow = dir.path().join("val16.bin");
+    std::fs::write(&narrow, bytes(2)).unwrap();
+    let tokens = |files, dtype| DataSource::Tokens { files, dtype };
+    let refused = format!(
+        "{}: it looks like a file of u32 ids, not u16: read as u16 ids, every second one of its \
+         first 600 is 0 (the high half of a u32 id below 65,536); set `data.dtype: u32`",
+        wide.display()
+    );
+    for policy in [OnBadRecord::Stop, OnBadRecord::Skip] {
+        let mut c = dataset(
+            tokens(vec![wide.clone()], TokenDtype::U16),
+            TokenizerConfig::PreTokenized,
+            16,
+            &dir.path().join(format!("cache-{policy:?}")),
+        );
+        c.on_bad_record = policy;
+        assert_eq!(fails(&c, None), refused, "{policy:?}");
+        // Validation files are read with the same dtype.
+        c.source = tokens(vec![narrow.clone()], TokenDtype::U16);
+        c.validation = Some(ValidationConfig {
+            held_out: HeldOut::Files {
+                files: vec![wide.clone()],
+            },
+            every_steps: None,
+            max_batches: None,
+        });
+        let err = open(&c, None).err().expect("must fail").to_string();
+        assert_eq!(err, refused, "{policy:?}");
+    }
+    // Each read as what it is.
+    let c = dataset(
+        tokens(vec![wide.clone()], TokenDtype::U32),
+        TokenizerConfig::PreTokenized,
+        16,
+        &dir.path().join("cache"),
+    );
+    let data = open(&c, None).unwrap();
+    assert_eq!(data.train().corpus().tokens(), 300);
+    let c = dataset(
+        tokens(vec![narrow.clone()], TokenDtype::U16),
+        TokenizerConfig::PreTokenized,
+        16,
+        &dir.path().join("cache"),
+    );
+    assert_eq!(open(&c, None).unwrap().train().corpus().tokens(), 300);
+}
