@@ -46,6 +46,40 @@ pub struct ReadBatch {
 pub struct Skipped {
     pub origin: Origin,
     pub why: String,
+    /// The field the record lacks, when that is why.
+    pub lacks: Option<Lacking>,
+}
+
+impl Skipped {
+    pub fn new(origin: Origin, why: String) -> Skipped {
+        Skipped {
+            origin,
+            why,
+            lacks: None,
+        }
+    }
+}
+
+/// A field a skipped record lacks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lacking {
+    /// The spec key that names it: `field`, `prompt_field`, `completion_field` or
+    /// `messages_field`.
+    pub key: &'static str,
+    /// What to set the key to (`did you mean `field: text`?`), worked out for the first
+    /// record read only.
+    pub todo: Option<String>,
+}
+
+/// When every record was skipped for lacking the same field, what to do: likely the key
+/// names a field no record has.
+pub fn fix_for_every_record_lacking(skipped: &[Skipped]) -> Option<String> {
+    let first = skipped.first()?.lacks.as_ref()?;
+    let todo = first.todo.as_ref()?;
+    let same = skipped
+        .iter()
+        .all(|s| s.lacks.as_ref().is_some_and(|l| l.key == first.key));
+    same.then(|| format!("`data.{}` names a field no record has: {todo}", first.key))
 }
 
 pub struct DocumentReader<'a> {
@@ -223,14 +257,13 @@ impl<'a> DocumentReader<'a> {
                 continue;
             }
             // A field the first record lacks, likely no record has: skipping would leave
-            // nothing, so the fix is the field's name. Worked out for that record only, when
-            // it stops the preparation: it is the one shown.
-            let hint = self.read == 0 && self.policy == OnBadRecord::Stop;
+            // nothing, so the fix is the field's name. Worked out for that record only: it is
+            // the one shown when it stops the preparation, or when every record is skipped.
+            let hint = self.read == 0 && self.skipped.is_empty();
             let body = match parse_record(self.source, text, hint) {
                 Ok(body) => body,
                 Err(refused) => {
-                    let fix = refused.missing.map(|m| m.fix());
-                    self.refuse(origin, refused.why, fix)?;
+                    self.refuse(origin, refused)?;
                     return Ok(true);
                 }
             };
@@ -341,19 +374,29 @@ impl<'a> DocumentReader<'a> {
 
     /// Stop with the error, or note the record as skipped.
     fn bad(&mut self, origin: Origin, why: impl Into<String>) -> Result<()> {
-        self.refuse(origin, why.into(), None)
+        self.refuse(origin, Refused::from(why.into()))
     }
 
-    /// [`Self::bad`], with what to do when it is more than fixing or skipping the record.
-    fn refuse(&mut self, origin: Origin, why: String, fix: Option<String>) -> Result<()> {
+    /// [`Self::bad`], with the field the record lacks when that is why.
+    fn refuse(&mut self, origin: Origin, refused: Refused) -> Result<()> {
         match self.policy {
             OnBadRecord::Stop => Err(DataError::BadRecord {
                 origin,
-                why,
-                fix: fix.unwrap_or_else(|| SKIP_HINT.into()),
+                why: refused.why,
+                fix: refused
+                    .missing
+                    .map_or_else(|| SKIP_HINT.into(), |m| m.fix()),
             }),
             OnBadRecord::Skip => {
-                self.skipped.push(Skipped { origin, why });
+                let lacks = refused.lacks.map(|key| Lacking {
+                    key,
+                    todo: refused.missing.map(|m| m.todo()),
+                });
+                self.skipped.push(Skipped {
+                    origin,
+                    why: refused.why,
+                    lacks,
+                });
                 Ok(())
             }
         }
@@ -372,13 +415,19 @@ fn newlines(bytes: &[u8]) -> u64 {
 /// Why a line is not a document.
 struct Refused {
     why: String,
-    /// The field the record lacks, when that is why and a hint was asked for.
+    /// The spec key of the field the record lacks, when that is why.
+    lacks: Option<&'static str>,
+    /// More about that field, when a hint was asked for.
     missing: Option<Box<MissingField>>,
 }
 
 impl From<String> for Refused {
     fn from(why: String) -> Refused {
-        Refused { why, missing: None }
+        Refused {
+            why,
+            lacks: None,
+            missing: None,
+        }
     }
 }
 
@@ -393,12 +442,25 @@ struct MissingField {
     /// The record's fields that could be it (strings for a text, lists for messages), for a
     /// key that names the record's one field of that kind.
     fits: Vec<String>,
+    /// Dotted names of a field of the name asked for one level down (`meta.text`).
+    nested: Vec<String>,
 }
 
 impl MissingField {
-    /// The key's fix: the record's field closest to the one named, else its one field that
-    /// fits, else what the field should hold.
+    /// The key's fix when the first record lacks the field.
     fn fix(&self) -> String {
+        format!(
+            "`data.{}` names a field the first record does not have, so likely no record \
+             has it: {}",
+            self.key,
+            self.todo()
+        )
+    }
+
+    /// What to set the key to: a field of that name one level down, else the record's field
+    /// closest to the one named, else its one field that fits, else what the field should
+    /// hold.
+    fn todo(&self) -> String {
         let key = self.key;
         let near = self
             .has
@@ -407,14 +469,10 @@ impl MissingField {
             .filter(|(score, _)| *score > 0.8)
             .max_by(|a, b| a.0.total_cmp(&b.0))
             .map(|(_, f)| f);
-        let todo = match (near, self.fits.as_slice()) {
+        match (self.nested.first().or(near), self.fits.as_slice()) {
             (Some(f), _) | (None, [f]) => format!("did you mean `{key}: {f}`?"),
             _ => format!("set it to the field that holds {}", self.holds),
-        };
-        format!(
-            "`data.{key}` names a field the first record does not have, so likely no record \
-             has it: {todo}"
-        )
+        }
     }
 }
 
@@ -464,10 +522,12 @@ fn parse_record(source: &DataSource, line: &str, hint: bool) -> std::result::Res
                         holds: "the messages",
                         has,
                         fits,
+                        nested: Vec::new(),
                     })
                 });
                 return Err(Refused {
                     why: format!("no field `{messages_field}` (the messages) in the record"),
+                    lacks: Some("messages_field"),
                     missing,
                 });
             }
@@ -527,13 +587,33 @@ fn string_field(
     match value {
         Some(serde_json::Value::String(s)) => Ok(s.clone()),
         Some(serde_json::Value::Null) => Err(format!("field `{field}` is null").into()),
+        Some(serde_json::Value::Object(object)) => {
+            // Its text is likely its longest string, reached by a dotted name.
+            let longest = object
+                .iter()
+                .filter_map(|(k, v)| Some((k, v.as_str()?.len())))
+                .max_by_key(|&(_, len)| len)
+                .map(|(k, _)| k);
+            Err(match longest {
+                Some(k) => format!(
+                    "field `{field}` is an object, not a string (it has: {}; `{field}.{k}` \
+                     names its longest string)",
+                    object
+                        .keys()
+                        .map(String::as_str)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                None => format!("field `{field}` is an object, not a string"),
+            }
+            .into())
+        }
         Some(other) => Err(format!(
             "field `{field}` is {}, not a string",
             match other {
                 serde_json::Value::Bool(_) => "a boolean",
                 serde_json::Value::Number(_) => "a number",
-                serde_json::Value::Array(_) => "a list",
-                _ => "an object",
+                _ => "a list",
             }
         )
         .into()),
@@ -556,15 +636,26 @@ fn string_field(
                             .collect()
                     })
                     .unwrap_or_default();
+                let nested = object
+                    .into_iter()
+                    .flatten()
+                    .filter(|(_, v)| v.get(field).is_some_and(|v| v.is_string()))
+                    .map(|(k, _)| format!("{k}.{field}"))
+                    .collect();
                 Box::new(MissingField {
                     key: named.key,
                     field: field.to_string(),
                     holds: named.holds,
                     has: has.iter().map(|k| k.to_string()).collect(),
                     fits,
+                    nested,
                 })
             });
-            Err(Refused { why, missing })
+            Err(Refused {
+                why,
+                lacks: Some(named.key),
+                missing,
+            })
         }
     }
 }

@@ -5,7 +5,7 @@ use crate::cache::{self, CacheManifest, KeyInputs, SourceFile, FORMAT_VERSION};
 use crate::chat::{additional_templates, ChatTemplate};
 use crate::corpus::{dtype_width, Corpus};
 use crate::dataset::thousands;
-use crate::documents::Skipped;
+use crate::documents::{fix_for_every_record_lacking, Skipped};
 use crate::encode::Encoder;
 use crate::error::{DataError, Origin, Result};
 use crate::files::{self, DataFile};
@@ -262,7 +262,11 @@ fn tokenize_files(
                     ),
                 }
             ),
-            fix: "check `data.files` and how documents are read (`split`, `field`)".into(),
+            // A field every record lacks: the one likely meant, as when the first record
+            // stops the preparation.
+            fix: fix_for_every_record_lacking(&skipped).unwrap_or_else(|| {
+                "check `data.files` and how documents are read (`split`, `field`)".into()
+            }),
         });
     }
     let mut tokenizer_text = tokenizer.description.clone();
@@ -355,12 +359,7 @@ fn check_token_file(
     dtype: TokenDtype,
 ) -> Result<std::result::Result<(SourceFile, u64), Skipped>> {
     let width = dtype_width(dtype);
-    let bad = |why: String| {
-        Ok(Err(Skipped {
-            origin: Origin::new(&file.path, 0),
-            why,
-        }))
-    };
+    let bad = |why: String| Ok(Err(Skipped::new(Origin::new(&file.path, 0), why)));
     if file.size == 0 {
         return bad("the file is empty".into());
     }

@@ -83,7 +83,7 @@ pub fn tokenize(
                                 Origin::new(&files[document.file as usize].path, document.line);
                             match policy {
                                 OnBadRecord::Stop => return Err(DataError::bad(origin, why)),
-                                OnBadRecord::Skip => skipped.push(Skipped { origin, why }),
+                                OnBadRecord::Skip => skipped.push(Skipped::new(origin, why)),
                             }
                         }
                     }

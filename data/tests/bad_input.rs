@@ -597,3 +597,94 @@ fn u32_ids_read_as_u16_are_refused_with_the_dtype_to_set() {
     );
     assert_eq!(open(&c, None).unwrap().train().corpus().tokens(), 300);
 }
+
+#[test]
+fn a_field_no_record_has_is_answered_with_the_one_likely_meant_when_skipping_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let flat = write(
+        dir.path(),
+        "flat.jsonl",
+        &(0..40)
+            .map(|i| format!("{{\"id\": {i}, \"text\": \"t{i}\", \"prompt\": \"p\", \"completion\": \"c\"}}\n"))
+            .collect::<String>(),
+    );
+    let nested = write(
+        dir.path(),
+        "nested.jsonl",
+        "{\"meta\": {\"text\": \"one\", \"n\": 1}}\n{\"meta\": {\"text\": \"two\", \"n\": 2}}\n",
+    );
+    let field = |path: &PathBuf, name: &str| DataSource::Jsonl {
+        files: vec![path.clone()],
+        text: JsonlText::Field { field: name.into() },
+    };
+    let prompts = |prompt: &str| DataSource::Jsonl {
+        files: vec![flat.clone()],
+        text: JsonlText::PromptCompletion {
+            prompt: prompt.into(),
+            completion: "completion".into(),
+        },
+    };
+    let cases = [
+        (field(&flat, "txt"), "`field: text`", 40),
+        (prompts("promt"), "`prompt_field: prompt`", 40),
+        (field(&nested, "text"), "`field: meta.text`", 2),
+    ];
+    for (i, (source, meant, records)) in cases.into_iter().enumerate() {
+        let mut c = dataset(
+            source,
+            TokenizerConfig::Bytes,
+            8,
+            &dir.path().join(format!("stop{i}")),
+        );
+        let err = fails(&c, None);
+        assert!(err.ends_with(&format!("did you mean {meant}?")), "{err}");
+        c.on_bad_record = OnBadRecord::Skip;
+        c.cache_dir = dir.path().join(format!("skip{i}"));
+        let err = fails(&c, None);
+        assert!(
+            err.contains(&format!("{records} bad record(s) skipped, the first ")),
+            "{err}"
+        );
+        let key = &meant[1..meant.find(':').unwrap()];
+        assert!(
+            err.ends_with(&format!(
+                "`data.{key}` names a field no record has: did you mean {meant}?"
+            )),
+            "{err}"
+        );
+    }
+    // The object named holds the text one level down.
+    let c = dataset(
+        field(&nested, "meta"),
+        TokenizerConfig::Bytes,
+        8,
+        &dir.path().join("object"),
+    );
+    let err = fails(&c, None);
+    assert!(
+        err.starts_with(&format!(
+            "{}:1: field `meta` is an object, not a string (it has: n, text; `meta.text` names \
+             its longest string)",
+            nested.display()
+        )),
+        "{err}"
+    );
+    // Records skipped for different reasons: no one field to name.
+    let mixed = write(
+        dir.path(),
+        "mixed.jsonl",
+        "{\"text\": 1}\n{\"body\": \"b\"}\n",
+    );
+    let mut c = dataset(
+        field(&mixed, "text"),
+        TokenizerConfig::Bytes,
+        8,
+        &dir.path().join("mixed"),
+    );
+    c.on_bad_record = OnBadRecord::Skip;
+    let err = fails(&c, None);
+    assert!(
+        err.ends_with("check `data.files` and how documents are read (`split`, `field`)"),
+        "{err}"
+    );
+}
