@@ -280,8 +280,10 @@ fn check_vocab(corpus: &Corpus, vocab_size: Option<u64>) -> Result<()> {
         token,
         vocab_size: vocab,
         fix: format!(
-            "it is token {} of that document, and the data has ids up to {max} ({}); raise the \
-             model's vocab_size to at least {}, or use the tokenizer the model was made for",
+            "it is token {} of that document, and the data has ids up to {max} ({}); use the \
+             tokenizer the model was made for, or give the model at least {} ids (its \
+             `vocab_size`; for a Hugging Face folder, transformers' \
+             `model.resize_token_embeddings`, then `save_pretrained`)",
             i + 1,
             corpus.manifest.tokenizer,
             max + 1

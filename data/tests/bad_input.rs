@@ -246,7 +246,7 @@ fn token_ids_beyond_the_vocabulary() {
     );
     assert!(err.contains("it is token 12 of that document"), "{err}");
     assert!(
-        err.contains("raise the model's vocab_size to at least 257"),
+        err.contains("give the model at least 257 ids (its `vocab_size`;"),
         "{err}"
     );
 
