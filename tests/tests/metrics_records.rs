@@ -151,7 +151,7 @@ fn four_ranks_make_one_record_per_logged_step_with_the_slowest_rank_and_the_larg
         format!("{}/{}", latest["step"], entry["total_steps"])
     );
     assert_eq!(cell("loss"), format!("{:.4}", num("loss")));
-    assert_eq!(cell("lr"), format!("{:.2e}", num("lr")));
+    assert_eq!(cell("lr now"), format!("{:.2e}", num("lr")));
     assert_eq!(cell("grad norm"), format!("{:.3}", num("grad_norm")));
     assert_eq!(cell("MFU"), "-");
     assert!(latest["mfu"].is_null());

@@ -1,8 +1,8 @@
 //! A sweep folder read back after its points trained on the real Slurm: `status --json` and
-//! `metrics --json` carry every point with its parameters and what the tables show, and
-//! `shardrun plot <sweep folder>` overlays every point's loss (legend by the swept
-//! parameters) over a final-loss-by-parameter panel, in SVG and PNG, nothing drawn outside
-//! its panel.
+//! `metrics --json` carry every point with its parameters and what the tables show, the
+//! tables name each point by its values (a column per swept parameter after its name), and
+//! `shardrun plot <sweep folder>` overlays every point's loss (legend by the same values)
+//! over a final-loss-by-parameter panel, in SVG and PNG, nothing drawn outside its panel.
 
 use shardrun_e2e::figure::{read_png, read_svg};
 use shardrun_e2e::*;
@@ -77,10 +77,28 @@ fn a_trained_two_parameter_sweep_reports_and_plots_every_point() {
             ("0.01".into(), 1)
         ]
     );
+    // The learning rates in the tables and the legend, in the notation that writes them
+    // shortest.
+    let values = |params: &serde_json::Value| {
+        (
+            format!("{:e}", params["training.optimizer.lr"].as_f64().unwrap()),
+            params["training.seed"].to_string(),
+        )
+    };
     let table = stdout_of(
         &cluster
             .shardrun(dir.path(), &["status", &sweep_arg])
             .unwrap(),
+    );
+    let words = |line: &str| {
+        line.split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        words(table.lines().next().unwrap())[..4],
+        ["RUN", "lr", "seed", "STATE"],
+        "{table}"
     );
     for r in runs {
         let job = r["job_id"].as_str().expect("a Slurm job id");
@@ -89,7 +107,9 @@ fn a_trained_two_parameter_sweep_reports_and_plots_every_point() {
             .lines()
             .find(|l| l.starts_with(r["name"].as_str().unwrap()))
             .unwrap_or_else(|| panic!("{} not in\n{table}", r["name"]));
-        for cell in ["COMPLETED", job, &array] {
+        let (lr, seed) = values(&r["sweep_params"]);
+        assert_eq!(words(row)[1..4], [lr, seed, "COMPLETED".into()], "{row:?}");
+        for cell in [job, &array] {
             assert!(row.contains(cell), "{cell:?} not in {row:?}");
         }
     }
@@ -107,6 +127,27 @@ fn a_trained_two_parameter_sweep_reports_and_plots_every_point() {
         assert_eq!(p["total_steps"], 6);
         assert!(p["latest"]["loss"].as_f64().unwrap().is_finite(), "{p}");
         assert!(p["sweep_params"]["training.seed"].is_u64(), "{p}");
+    }
+    let out = cluster
+        .shardrun(dir.path(), &["metrics", &sweep_arg])
+        .unwrap();
+    let table = stdout_of(&out);
+    let header = table.lines().next().unwrap();
+    assert_eq!(
+        words(header)[..4],
+        ["run", "lr", "seed", "status"],
+        "{table}"
+    );
+    assert!(header.contains("  lr now  "), "{table}");
+    for p in points {
+        let row = table
+            .lines()
+            .find(|l| l.starts_with(p["name"].as_str().unwrap()))
+            .unwrap_or_else(|| panic!("{} not in\n{table}", p["name"]));
+        let (lr, seed) = values(&p["sweep_params"]);
+        assert_eq!(words(row)[1..4], [lr, seed, "succeeded".into()], "{row:?}");
+        let scheduled = format!("{:.2e}", p["latest"]["lr"].as_f64().unwrap());
+        assert!(row.contains(&scheduled), "{scheduled:?} not in {row:?}");
     }
 
     // The figure: every point's loss, labelled by its parameters, and the final losses.
@@ -135,7 +176,7 @@ fn a_trained_two_parameter_sweep_reports_and_plots_every_point() {
     }
     let svg = read_svg(&std::fs::read_to_string(dir.join("sweep.svg")).unwrap());
     assert_eq!(svg.frames.len(), 2, "the overlay and the final-loss panel");
-    for lr in ["0.01", "0.001", "0.0001"] {
+    for lr in ["1e-2", "1e-3", "1e-4"] {
         for seed in [0, 1] {
             let entry = format!("lr={lr}, seed={seed}");
             assert!(

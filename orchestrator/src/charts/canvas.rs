@@ -8,6 +8,7 @@ use anyhow::{bail, Context};
 use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint};
 use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
+use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::path::Path;
@@ -35,6 +36,32 @@ pub const PALETTE: [RGBColor; 10] = [
     RGBColor(0xbc, 0xbd, 0x22),
     RGBColor(0x17, 0xbe, 0xcf),
 ];
+
+/// A dashed line: `on` pixels drawn, then `off` pixels left out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dash {
+    pub on: u32,
+    pub off: u32,
+}
+
+/// The line styles curves take once the palette's colours are used up: solid, dashed,
+/// dotted, sparse dashes (each tells itself apart within a legend's 20-pixel sample).
+pub const DASHES: [Option<Dash>; 4] = [
+    None,
+    Some(Dash { on: 8, off: 4 }),
+    Some(Dash { on: 2, off: 3 }),
+    Some(Dash { on: 4, off: 8 }),
+];
+
+/// The colour and line style of curve `i` of many in one panel: every colour solid, then
+/// every colour dashed, and so on, so the first `PALETTE.len() * DASHES.len()` curves
+/// are each drawn their own way.
+pub fn pen(i: usize) -> (RGBColor, Option<Dash>) {
+    (
+        PALETTE[i % PALETTE.len()],
+        DASHES[i / PALETTE.len() % DASHES.len()],
+    )
+}
 
 /// How an axis labels its ticks.
 #[derive(Debug, Clone, PartialEq)]
@@ -171,6 +198,8 @@ impl Ranged for Ticked {
 pub struct Curve {
     pub points: Vec<Point>,
     pub color: RGBColor,
+    /// `None`: a solid line.
+    pub dash: Option<Dash>,
     pub width: u32,
     /// 1.0 opaque; raw curves under a smoothed one are faint.
     pub opacity: f64,
@@ -384,12 +413,33 @@ pub fn draw_panel<DB: DrawingBackend>(
         let parts = clip(&curve.points, &frame);
         let (lines, singles): (Vec<Vec<Point>>, Vec<Vec<Point>>) =
             parts.into_iter().partition(|p| p.len() > 1);
-        let anno = chart
-            .draw_series(lines.into_iter().map(|p| PathElement::new(p, style)))
-            .map_err(err)?;
-        if let (true, Some(label)) = (panel.legend, &curve.label) {
-            anno.label(label.clone())
-                .legend(move |(px, py)| PathElement::new(vec![(px, py), (px + 20, py)], style));
+        let label = curve.label.clone().filter(|_| panel.legend);
+        // The legend's sample is drawn as the curve is, dashes included.
+        match curve.dash {
+            None => {
+                let anno = chart
+                    .draw_series(lines.into_iter().map(|p| PathElement::new(p, style)))
+                    .map_err(err)?;
+                if let Some(label) = label {
+                    anno.label(label).legend(move |(px, py)| {
+                        PathElement::new(vec![(px, py), (px + 20, py)], style)
+                    });
+                }
+            }
+            Some(Dash { on, off }) => {
+                let anno = chart
+                    .draw_series(
+                        lines
+                            .into_iter()
+                            .map(|p| DashedPathElement::new(p, on, off, style)),
+                    )
+                    .map_err(err)?;
+                if let Some(label) = label {
+                    anno.label(label).legend(move |(px, py)| {
+                        DashedPathElement::new(vec![(px, py), (px + 20, py)], on, off, style)
+                    });
+                }
+            }
         }
         chart
             .draw_series(

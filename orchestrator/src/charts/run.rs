@@ -137,6 +137,7 @@ impl RunFigure {
         let mut curves = vec![Curve {
             points: raw,
             color: PALETTE[0],
+            dash: None,
             width: 1,
             opacity: if smoothed.is_empty() { 1.0 } else { 0.3 },
             label: Some("loss".into()),
@@ -145,6 +146,7 @@ impl RunFigure {
             curves.push(Curve {
                 points: smoothed,
                 color: PALETTE[0],
+                dash: None,
                 width: 2,
                 opacity: 1.0,
                 label: Some(format!("loss, smoothed (EMA {})", self.smoothing)),
@@ -289,6 +291,7 @@ fn series_panel(
     let mut curves = vec![Curve {
         points: raw,
         color,
+        dash: None,
         width: if smoothed.is_empty() { 2 } else { 1 },
         opacity: if smoothed.is_empty() { 1.0 } else { 0.3 },
         label: None,
@@ -297,6 +300,7 @@ fn series_panel(
         curves.push(Curve {
             points: smoothed,
             color,
+            dash: None,
             width: 2,
             opacity: 1.0,
             label: None,

@@ -2,11 +2,10 @@
 //! parameters the sweep gave it, and for a grid of one or two parameters the final loss
 //! against the first parameter (one line per value of the second).
 
-use super::canvas::{
-    self, Axis, Curve, Dots, Figure, Panel, TickFormat, PALETTE, TITLE_HEIGHT, WIDTH,
-};
+use super::canvas::{self, pen, Axis, Curve, Dots, Figure, Panel, TickFormat, TITLE_HEIGHT, WIDTH};
 use super::series::{ema, value_range, Point};
 use crate::step_record::StepRecord;
+use crate::sweeps::labels::{self, ParamColumns};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use serde_json::Value;
@@ -35,39 +34,23 @@ const OVERLAY_HEIGHT: u32 = 520;
 const FINAL_HEIGHT: u32 = 400;
 
 impl SweepFigure {
-    /// The parameters whose values differ between points, in name order.
-    pub fn swept(&self) -> Vec<String> {
-        let mut keys: Vec<String> = self
-            .points
-            .iter()
-            .flat_map(|p| p.params.keys().cloned())
-            .collect();
-        keys.sort();
-        keys.dedup();
-        keys.retain(|k| {
-            let first = self.points.first().and_then(|p| p.params.get(k));
-            self.points.iter().any(|p| p.params.get(k) != first)
-        });
-        keys
+    /// The parameters whose values differ between points, as the legend names them.
+    pub fn params(&self) -> ParamColumns {
+        ParamColumns::varying(self.points.iter().map(|p| &p.params))
     }
 
-    /// `lr=0.001, seed=1` (short names, or the dotted path where two would clash).
+    /// The dotted paths of [`Self::params`], in name order.
+    pub fn swept(&self) -> Vec<String> {
+        self.params().keys().map(str::to_string).collect()
+    }
+
+    /// `lr=1e-3, seed=1` ([`ParamColumns::label`]), or the run's name where nothing varies.
     pub fn label(&self, point: &PointRecords) -> String {
-        let keys = self.swept();
-        if keys.is_empty() {
+        let params = self.params();
+        if params.is_empty() {
             return point.name.clone();
         }
-        let names = short_names(&keys);
-        keys.iter()
-            .zip(&names)
-            .map(|(k, n)| {
-                format!(
-                    "{n}={}",
-                    point.params.get(k).map(value_text).unwrap_or_default()
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
+        params.label(&point.params)
     }
 
     fn transform(&self, v: f64) -> f64 {
@@ -92,7 +75,7 @@ impl SweepFigure {
         let mut points: Vec<&PointRecords> = self.points.iter().collect();
         points.sort_by(|a, b| {
             keys.iter()
-                .map(|k| compare_values(a.params.get(k), b.params.get(k)))
+                .map(|k| labels::compare(a.params.get(k), b.params.get(k)))
                 .find(|o| o.is_ne())
                 .unwrap_or(std::cmp::Ordering::Equal)
         });
@@ -146,9 +129,12 @@ impl SweepFigure {
                 )),
                 _ => None,
             };
+            // Past the palette's colours, curves are told apart by their dashes.
+            let (color, dash) = pen(i);
             curves.push(Curve {
                 points: shown,
-                color: PALETTE[i % PALETTE.len()],
+                color,
+                dash,
                 width: 2,
                 opacity: 1.0,
                 label,
@@ -181,6 +167,7 @@ impl SweepFigure {
 
     /// Final loss against the swept parameter (grids of one or two parameters).
     fn final_loss(&self) -> Option<Panel> {
+        let params = self.params();
         let keys = self.swept();
         if keys.is_empty() || keys.len() > 2 {
             return None;
@@ -189,7 +176,7 @@ impl SweepFigure {
             let mut v: Vec<String> = self
                 .points
                 .iter()
-                .filter_map(|p| p.params.get(k).map(value_text))
+                .filter_map(|p| p.params.get(k).map(|v| params.text(k, v)))
                 .collect();
             v.sort();
             v.dedup();
@@ -233,7 +220,10 @@ impl SweepFigure {
                 )
             }
             None => {
-                let mut names: Vec<String> = finals.iter().map(|(x, _, _)| value_text(x)).collect();
+                let mut names: Vec<String> = finals
+                    .iter()
+                    .map(|(x, _, _)| params.text(&x_key, x))
+                    .collect();
                 names.sort();
                 names.dedup();
                 let axis = Axis {
@@ -245,11 +235,15 @@ impl SweepFigure {
                 };
                 (
                     axis,
-                    Box::new(move |v: &Value| {
-                        names
-                            .iter()
-                            .position(|n| *n == value_text(v))
-                            .map_or(f64::NAN, |i| i as f64)
+                    Box::new({
+                        let params = params.clone();
+                        let x_key = x_key.clone();
+                        move |v: &Value| {
+                            names
+                                .iter()
+                                .position(|n| *n == params.text(&x_key, v))
+                                .map_or(f64::NAN, |i| i as f64)
+                        }
                     }),
                 )
             }
@@ -257,11 +251,7 @@ impl SweepFigure {
         let mut lines: BTreeMap<String, Vec<Point>> = BTreeMap::new();
         for (x, line, loss) in &finals {
             let name = match (&line_key, line) {
-                (Some(k), Some(v)) => format!(
-                    "{}={}",
-                    short_names(std::slice::from_ref(k))[0],
-                    value_text(v)
-                ),
+                (Some(k), Some(v)) => format!("{}={}", params.name(k), params.text(k, v)),
                 _ => "final loss".into(),
             };
             lines.entry(name).or_default().push((place(x), *loss));
@@ -271,10 +261,11 @@ impl SweepFigure {
         let mut dots = Vec::new();
         for (i, (name, mut points)) in lines.into_iter().enumerate() {
             points.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let color = PALETTE[i % PALETTE.len()];
+            let (color, dash) = pen(i);
             curves.push(Curve {
                 points: points.clone(),
                 color,
+                dash,
                 width: 2,
                 opacity: 1.0,
                 label: Some(name),
@@ -299,37 +290,6 @@ impl SweepFigure {
             legend: true,
             marker_text: false,
         })
-    }
-}
-
-/// The last part of each dotted key, or the whole key where two last parts are equal.
-fn short_names(keys: &[String]) -> Vec<String> {
-    let last = |k: &String| k.rsplit('.').next().unwrap_or(k).to_string();
-    keys.iter()
-        .map(|k| {
-            let short = last(k);
-            if keys.iter().filter(|o| last(o) == short).count() > 1 {
-                k.clone()
-            } else {
-                short
-            }
-        })
-        .collect()
-}
-
-/// Numbers by value, anything else by its text; a missing value first.
-fn compare_values(a: Option<&Value>, b: Option<&Value>) -> std::cmp::Ordering {
-    match (a.and_then(Value::as_f64), b.and_then(Value::as_f64)) {
-        (Some(x), Some(y)) => x.total_cmp(&y),
-        _ => a.map(value_text).cmp(&b.map(value_text)),
-    }
-}
-
-/// A parameter's value as written in a spec: numbers as numbers, strings without quotes.
-fn value_text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
     }
 }
 
@@ -420,13 +380,13 @@ mod tests {
             log_loss: false,
         };
         assert_eq!(figure.swept(), ["training.optimizer.lr", "training.seed"]);
-        assert_eq!(figure.label(&figure.points[3]), "lr=0.001, seed=1");
+        assert_eq!(figure.label(&figure.points[3]), "lr=1e-3, seed=1");
         let panels = figure.panels();
         assert_eq!(panels.len(), 2);
         assert_eq!(panels[0].curves.len(), 6);
         assert_eq!(
             panels[0].curves[0].label.clone(),
-            Some(format!("lr={}, seed=0", serde_json::json!(1e-5))),
+            Some("lr=1e-5, seed=0".to_string()),
             "sorted by value"
         );
         let finals = &panels[1];
@@ -443,6 +403,37 @@ mod tests {
             finals.curves[0].points,
             vec![(-5.0, 3.0), (-4.0, 2.0), (-3.0, 1.0)]
         );
+    }
+
+    #[test]
+    fn no_two_curves_are_drawn_alike_past_the_palette() {
+        let points: Vec<PointRecords> = (0..24)
+            .map(|i| point(10f64.powi(-(i % 6)), i as u64 / 6, 1.0 + i as f64))
+            .collect();
+        let figure = SweepFigure {
+            title: "s".into(),
+            points,
+            smoothing: 0.0,
+            log_loss: false,
+        };
+        for panel in figure.panels() {
+            let pens: Vec<_> = panel.curves.iter().map(|c| (c.color, c.dash)).collect();
+            for (i, pen) in pens.iter().enumerate() {
+                assert!(
+                    !pens[..i].contains(pen),
+                    "{}: curve {i} drawn as an earlier one",
+                    panel.title
+                );
+            }
+        }
+        let overlay = &figure.panels()[0];
+        assert_eq!(overlay.curves.len(), 24);
+        assert_eq!(overlay.curves[9].dash, None);
+        assert!(
+            overlay.curves[10].dash.is_some(),
+            "the 11th curve is dashed"
+        );
+        assert_eq!(overlay.curves[10].color, overlay.curves[0].color);
     }
 
     #[test]

@@ -10,6 +10,7 @@ use crate::rundir::RunDir;
 use crate::slurm::died;
 use crate::step_record::StepRecord;
 use crate::stragglers::{self, StragglerReport};
+use crate::sweeps::labels::ParamColumns;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -176,9 +177,15 @@ pub fn summarise(run: &RunDir) -> RunMetricsSummary {
     }
 }
 
+/// One row per run: its name, the values a sweep gave it (a column per parameter), its
+/// status and latest figures. `lr now` is the scheduled LR of the latest step, apart from a
+/// swept `lr`, the peak the schedule started from.
 fn metrics_table(runs: &[RunMetricsSummary]) -> String {
     let with_eval = runs.iter().any(|r| r.eval.is_some());
-    let mut header = vec!["run", "status", "step", "loss", "lr", "grad norm"];
+    let params = ParamColumns::given(runs.iter().map(|r| &r.sweep_params));
+    let mut header = vec!["run"];
+    header.extend(params.names());
+    header.extend(["status", "step", "loss", "lr now", "grad norm"]);
     if with_eval {
         header.extend(["eval loss", "ppl"]);
     }
@@ -187,7 +194,14 @@ fn metrics_table(runs: &[RunMetricsSummary]) -> String {
     let rows: Vec<Vec<String>> = runs
         .iter()
         .map(|run| {
-            let mut row = vec![run.name.clone(), run.status.clone()];
+            let mut row = vec![run.name.clone()];
+            row.extend(
+                params
+                    .cells(&run.sweep_params)
+                    .into_iter()
+                    .map(|cell| cell.unwrap_or_else(dash)),
+            );
+            row.push(run.status.clone());
             let latest = run.record.as_ref();
             row.push(match (latest, run.total_steps) {
                 (Some(m), Some(t)) => format!("{}/{t}", m.step),
@@ -224,7 +238,7 @@ fn metrics_table(runs: &[RunMetricsSummary]) -> String {
             row
         })
         .collect();
-    table(&header, &rows)
+    table(&header, &rows, 2 + params.len())
 }
 
 /// `0.0123` → `12.3 ms`, `2.5` → `2.50 s`.
@@ -291,7 +305,7 @@ fn straggler_text(name: &str, r: &StragglerReport) -> String {
             ]
         })
         .collect();
-    for line in table(&header, &rows).lines() {
+    for line in table(&header, &rows, 2).lines() {
         out.push_str(&format!("    {line}\n"));
     }
     if r.slowest_ranks.len() > 10 {
@@ -303,8 +317,8 @@ fn straggler_text(name: &str, r: &StragglerReport) -> String {
     out
 }
 
-/// Left-aligned first two columns, right-aligned numbers.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+/// The first `names` columns left-aligned, the figures after them right-aligned.
+fn table(header: &[&str], rows: &[Vec<String>], names: usize) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -317,7 +331,7 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
             if i > 0 {
                 out.push_str("  ");
             }
-            if i < 2 {
+            if i < names {
                 out.push_str(&format!("{cell:<w$}"));
             } else {
                 out.push_str(&format!("{cell:>w$}"));
@@ -335,6 +349,7 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     #[test]
     fn aligned_table() {
@@ -344,6 +359,7 @@ mod tests {
                 vec!["a".into(), "ok".into(), "1.5".into()],
                 vec!["long-name".into(), "failed".into(), "10.25".into()],
             ],
+            2,
         );
         assert_eq!(
             t,
@@ -360,6 +376,147 @@ mod tests {
         assert_eq!(summarise(&run).status, "running");
         drop(lock);
         assert_eq!(summarise(&run).status, "died");
+    }
+
+    /// `steps` step records whose scheduled LR falls from `peak` to a tenth of it.
+    fn write_steps(run: &RunDir, peak: f64, steps: u64) {
+        use shardrun_protocol::messages::StepMetrics;
+        let lines: Vec<String> = (1..=steps)
+            .map(|step| {
+                let decay = 1.0 - 0.9 * (step - 1) as f64 / (steps - 1) as f64;
+                let record = StepRecord::fold(
+                    &[StepMetrics {
+                        step,
+                        loss: 2.0,
+                        lr: peak * decay,
+                        grad_norm: 1.0,
+                        step_time_s: 0.1,
+                        tokens_per_s: 100.0,
+                        model_state_bytes: 1,
+                        peak_memory_bytes: 1 << 20,
+                        ..Default::default()
+                    }],
+                    0.0,
+                );
+                serde_json::to_string(&record).unwrap()
+            })
+            .collect();
+        std::fs::write(run.metrics(), lines.join("\n") + "\n").unwrap();
+    }
+
+    /// The table's cells by column name (cells hold at most single spaces).
+    fn cells(table: &str) -> Vec<BTreeMap<String, String>> {
+        let split = |line: &str| -> Vec<String> {
+            line.split("  ")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(str::to_string)
+                .collect()
+        };
+        let mut lines = table.lines();
+        let header = split(lines.next().unwrap());
+        lines
+            .map(|line| header.iter().cloned().zip(split(line)).collect())
+            .collect()
+    }
+
+    #[test]
+    fn a_sweep_names_each_point_by_its_values_apart_from_the_scheduled_lr() {
+        let dir = tempfile::tempdir().unwrap();
+        let points = crate::sweeps::point_dirs::written_points(
+            dir.path(),
+            include_str!("../../../examples/sweep.yaml"),
+        );
+        assert_eq!(points.len(), 12);
+        for run in &points {
+            let params = run.read_manifest().unwrap().sweep_params;
+            write_steps(run, params["training.optimizer.lr"].as_f64().unwrap(), 5);
+        }
+        let summaries: Vec<RunMetricsSummary> = find_runs(dir.path())
+            .unwrap()
+            .iter()
+            .map(summarise)
+            .collect();
+        let text = metrics_table(&summaries);
+        assert!(
+            text.starts_with("run  ") && text.lines().next().unwrap().contains("  lr now  "),
+            "{text}"
+        );
+        let header: Vec<&str> = text
+            .lines()
+            .next()
+            .unwrap()
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
+        assert_eq!(
+            header[..6],
+            ["run", "lr", "weight_decay", "seed", "status", "step"],
+            "{text}"
+        );
+        let rows = cells(&text);
+        assert_eq!(rows.len(), 12);
+        for (row, summary) in rows.iter().zip(&summaries) {
+            assert_eq!(row["run"], summary.name);
+            let lr = summary.sweep_params["training.optimizer.lr"]
+                .as_f64()
+                .unwrap();
+            assert_eq!(row["lr"], format!("{lr:e}"), "{text}");
+            assert_eq!(row["lr now"], format!("{:.2e}", lr * 0.1), "{text}");
+        }
+        let wanted = [
+            "1e-3",
+            "0.1",
+            "1",
+            "not started",
+            "5/50",
+            "2.0000",
+            "1.00e-4",
+        ];
+        assert!(
+            rows.iter().any(|row| {
+                [
+                    "lr",
+                    "weight_decay",
+                    "seed",
+                    "status",
+                    "step",
+                    "loss",
+                    "lr now",
+                ]
+                .iter()
+                .map(|column| row[*column].as_str())
+                .eq(wanted)
+            }),
+            "no row {wanted:?} in\n{text}"
+        );
+    }
+
+    #[test]
+    fn a_run_outside_a_sweep_has_no_parameter_columns() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = crate::rundir::running_local_run(dir.path());
+        write_steps(&run, 3e-4, 3);
+        let text = metrics_table(&[summarise(&run)]);
+        let rows = cells(&text);
+        assert_eq!(
+            rows[0].keys().map(String::as_str).collect::<BTreeSet<_>>(),
+            BTreeSet::from([
+                "run",
+                "status",
+                "step",
+                "loss",
+                "lr now",
+                "grad norm",
+                "tokens/s",
+                "MFU",
+                "step time",
+                "peak mem"
+            ]),
+            "{text}"
+        );
+        assert_eq!(rows[0]["lr now"], "3.00e-5");
     }
 
     #[test]

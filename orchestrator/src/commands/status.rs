@@ -4,10 +4,11 @@
 use crate::exit::{ExitCode, EXIT_NO_RUN};
 use crate::rundir::ArrayRef;
 use crate::slurm::{self, QuerySource, RunStatus};
+use crate::sweeps::labels::ParamColumns;
 use anyhow::Context;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -55,11 +56,7 @@ impl RunJson {
             detail: s.detail.clone(),
             run_dir: s.run.path().to_path_buf(),
             array: s.array.clone(),
-            sweep_params: s
-                .run
-                .read_manifest()
-                .map(|m| m.sweep_params)
-                .unwrap_or_default(),
+            sweep_params: s.sweep_params.clone(),
         }
     }
 }
@@ -93,10 +90,33 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         outln!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
-    let cwd = std::env::current_dir().ok();
-    // Sweep points: which of the sweep's job arrays each is in (`<k>/<n>`).
+    out!(
+        "{}",
+        status_table(&statuses, std::env::current_dir().ok().as_deref())
+    );
+    let note = match source {
+        Some(QuerySource::Squeue) => Some("states from squeue"),
+        Some(QuerySource::SqueueSacct) => Some("states from squeue, and sacct for ended jobs"),
+        Some(QuerySource::SqueueScontrol) => {
+            Some("states from squeue/scontrol: accounting is not enabled, sacct is not available")
+        }
+        None => None,
+    };
+    if let Some(note) = note {
+        outln!("({note})");
+    }
+    Ok(())
+}
+
+/// One row per run: its name, the values a sweep gave it (a column per parameter), its
+/// state, Slurm job and, for sweep points, which of the sweep's job arrays it is in
+/// (`<k>/<n>`); run directories relative to `cwd` where they are below it.
+fn status_table(statuses: &[RunStatus], cwd: Option<&Path>) -> String {
+    let params = ParamColumns::given(statuses.iter().map(|s| &s.sweep_params));
     let with_arrays = statuses.iter().any(|s| s.array.is_some());
-    let mut header = vec!["RUN", "STATE", "JOB"];
+    let mut header = vec!["RUN"];
+    header.extend(params.names());
+    header.extend(["STATE", "JOB"]);
     if with_arrays {
         header.push("ARRAY");
     }
@@ -110,14 +130,16 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                 .unwrap_or_default();
             let path = s.run.path();
             let shown = cwd
-                .as_deref()
                 .and_then(|cwd| path.strip_prefix(cwd).ok())
                 .unwrap_or(path);
-            let mut row = vec![
-                s.name.clone(),
-                state,
-                s.job_id.clone().unwrap_or_else(|| "-".into()),
-            ];
+            let mut row = vec![s.name.clone()];
+            row.extend(
+                params
+                    .cells(&s.sweep_params)
+                    .into_iter()
+                    .map(|cell| cell.unwrap_or_else(|| "-".into())),
+            );
+            row.extend([state, s.job_id.clone().unwrap_or_else(|| "-".into())]);
             if with_arrays {
                 row.push(
                     s.array
@@ -130,19 +152,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             row
         })
         .collect();
-    out!("{}", table(&header, &rows));
-    let note = match source {
-        Some(QuerySource::Squeue) => Some("states from squeue"),
-        Some(QuerySource::SqueueSacct) => Some("states from squeue, and sacct for ended jobs"),
-        Some(QuerySource::SqueueScontrol) => {
-            Some("states from squeue/scontrol: accounting is not enabled, sacct is not available")
-        }
-        None => None,
-    };
-    if let Some(note) = note {
-        outln!("({note})");
-    }
-    Ok(())
+    table(&header, &rows)
 }
 
 /// Columns padded to their widest cell (counted in characters), two spaces apart; the last
@@ -173,6 +183,60 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sweep_point_shows_its_values_after_its_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let points = crate::sweeps::point_dirs::written_points(
+            dir.path(),
+            include_str!("../../../examples/sweep.yaml"),
+        );
+        let (statuses, source) = slurm::refresh(&points).unwrap();
+        assert_eq!(source, None, "points never submitted ask nothing of Slurm");
+        let text = status_table(&statuses, Some(dir.path()));
+        let lines: Vec<&str> = text.lines().collect();
+        let words = |line: &str| {
+            line.split_whitespace()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            words(lines[0]),
+            [
+                "RUN",
+                "lr",
+                "weight_decay",
+                "seed",
+                "STATE",
+                "JOB",
+                "RUN",
+                "DIRECTORY",
+                "DETAIL"
+            ],
+            "{text}"
+        );
+        assert_eq!(lines.len(), 13, "{text}");
+        for (line, status) in lines[1..].iter().zip(&statuses) {
+            let lr = status.sweep_params["training.optimizer.lr"]
+                .as_f64()
+                .unwrap();
+            let seed = &status.sweep_params["training.seed"];
+            let decay = &status.sweep_params["training.optimizer.weight_decay"];
+            assert_eq!(
+                words(line),
+                [
+                    status.name.clone(),
+                    format!("{lr:e}"),
+                    decay.to_string(),
+                    seed.to_string(),
+                    "CREATED".into(),
+                    "-".into(),
+                    status.name.clone(),
+                ],
+                "{text}"
+            );
+        }
+    }
 
     #[test]
     fn columns_line_up_whatever_the_cell_lengths() {

@@ -6,6 +6,7 @@ use super::{query, JobRecord, JobState, QuerySource, SlurmError};
 use crate::rundir::{
     ArrayRef, Holder, LockState, Manifest, RunDir, RunDirError, RunLock, RunState,
 };
+use std::collections::BTreeMap;
 use std::path::Path;
 
 #[derive(Debug, Clone)]
@@ -21,6 +22,8 @@ pub struct RunStatus {
     pub detail: String,
     /// Sweep points: the job array the point was last put in.
     pub array: Option<ArrayRef>,
+    /// Sweep points: the parameters the sweep gave the run.
+    pub sweep_params: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -262,6 +265,7 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
             slurm,
             detail,
             array: manifest.sweep_array,
+            sweep_params: manifest.sweep_params,
         });
     }
     Ok((out, source))

@@ -3,6 +3,7 @@
 //! run directories already there, so only new, changed or failed points are submitted.
 
 pub mod journal;
+pub mod labels;
 pub mod point_dirs;
 pub mod split;
 pub mod submit;

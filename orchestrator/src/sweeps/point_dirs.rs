@@ -216,6 +216,26 @@ impl Drop for ManifestBatch {
     }
 }
 
+/// The run directories of every point of the sweep in `spec` (YAML), written into
+/// `sweep_dir` as a submission writes them, for the tests of what is read back from a sweep
+/// folder.
+#[cfg(test)]
+pub(crate) fn written_points(sweep_dir: &Path, spec: &str) -> Vec<RunDir> {
+    let loaded = crate::spec::parse(spec, Path::new("sweep.yaml")).unwrap();
+    let points = crate::sweeps::expand(&loaded, &crate::resolve::Overrides::submitting()).unwrap();
+    let mut batch = ManifestBatch::new(sweep_dir);
+    for point in &points {
+        batch
+            .add_new(prepare(sweep_dir, point).unwrap(), |_| {})
+            .unwrap();
+    }
+    batch.commit().unwrap();
+    points
+        .iter()
+        .map(|p| RunDir::open(&sweep_dir.join(&p.name)).unwrap())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

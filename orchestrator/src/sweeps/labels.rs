@@ -1,0 +1,275 @@
+//! How the points of a sweep are told apart by the values the sweep gave them, alike in the
+//! `status` and `metrics` tables and in `plot`'s legends: each parameter under the shortest
+//! part of its dotted path no other parameter ends with, and all values of a parameter in
+//! the one notation that keeps them shortest (`1e-3, 3e-4` rather than `0.001, 0.0003`).
+
+use serde_json::Value;
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+
+/// A point's parameters: dotted path → value, as its manifest records them.
+pub type Params = BTreeMap<String, Value>;
+
+/// The parameters shown for a set of points, in path order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamColumns {
+    columns: Vec<Column>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Column {
+    key: String,
+    name: String,
+    scientific: bool,
+}
+
+impl ParamColumns {
+    /// Every parameter any of `points` was given: a table's columns.
+    pub fn given<'a>(points: impl IntoIterator<Item = &'a Params>) -> ParamColumns {
+        let points: Vec<&Params> = points.into_iter().collect();
+        let mut keys: Vec<&String> = points.iter().flat_map(|p| p.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        Self::of(keys, &points)
+    }
+
+    /// The parameters whose values differ between `points`: a legend's, where a value every
+    /// curve shares tells none apart.
+    pub fn varying<'a>(points: impl IntoIterator<Item = &'a Params>) -> ParamColumns {
+        let points: Vec<&Params> = points.into_iter().collect();
+        let mut keys: Vec<&String> = points.iter().flat_map(|p| p.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        keys.retain(|k| {
+            let first = points.first().and_then(|p| p.get(*k));
+            points.iter().any(|p| p.get(*k) != first)
+        });
+        Self::of(keys, &points)
+    }
+
+    fn of(keys: Vec<&String>, points: &[&Params]) -> ParamColumns {
+        let names = short_names(&keys);
+        let columns = keys
+            .into_iter()
+            .zip(names)
+            .map(|(key, name)| {
+                let values = || points.iter().filter_map(|p| p.get(key));
+                let widest = |text: fn(&Value) -> String| values().map(|v| text(v).len()).max();
+                Column {
+                    key: key.clone(),
+                    name,
+                    scientific: widest(scientific_text) < widest(plain_text),
+                }
+            })
+            .collect();
+        ParamColumns { columns }
+    }
+
+    pub fn len(&self) -> usize {
+        self.columns.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.columns.is_empty()
+    }
+
+    /// The parameters' dotted paths.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.columns.iter().map(|c| c.key.as_str())
+    }
+
+    /// The parameters' short names: column headers.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.columns.iter().map(|c| c.name.as_str())
+    }
+
+    /// The short name of the parameter at `key` (the path itself if it is not shown).
+    pub fn name<'a>(&'a self, key: &'a str) -> &'a str {
+        self.column(key).map_or(key, |c| c.name.as_str())
+    }
+
+    /// Each parameter's value for `params`, `None` where the point was not given it.
+    pub fn cells(&self, params: &Params) -> Vec<Option<String>> {
+        self.columns
+            .iter()
+            .map(|c| params.get(&c.key).map(|v| c.text(v)))
+            .collect()
+    }
+
+    /// `lr=1e-3, seed=1`.
+    pub fn label(&self, params: &Params) -> String {
+        self.columns
+            .iter()
+            .map(|c| {
+                let value = params.get(&c.key).map(|v| c.text(v)).unwrap_or_default();
+                format!("{}={value}", c.name)
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// `value` of the parameter at `key`, in that parameter's notation.
+    pub fn text(&self, key: &str, value: &Value) -> String {
+        match self.column(key) {
+            Some(c) => c.text(value),
+            None => plain_text(value),
+        }
+    }
+
+    fn column(&self, key: &str) -> Option<&Column> {
+        self.columns.iter().find(|c| c.key == key)
+    }
+}
+
+impl Column {
+    fn text(&self, value: &Value) -> String {
+        if self.scientific {
+            scientific_text(value)
+        } else {
+            plain_text(value)
+        }
+    }
+}
+
+/// For each dotted path, its shortest tail of whole parts that no other path ends with:
+/// `lr`, or `model.dropout` beside `data.dropout`.
+fn short_names(keys: &[&String]) -> Vec<String> {
+    let tail = |key: &str, parts: usize| -> String {
+        let all: Vec<&str> = key.split('.').collect();
+        all[all.len().saturating_sub(parts)..].join(".")
+    };
+    keys.iter()
+        .map(|key| {
+            let parts = key.split('.').count();
+            (1..parts)
+                .map(|n| tail(key, n))
+                .find(|short| {
+                    keys.iter()
+                        .filter(|other| other != &key)
+                        .all(|other| tail(other, short.split('.').count()) != *short)
+                })
+                .unwrap_or_else(|| key.to_string())
+        })
+        .collect()
+}
+
+/// A value as a spec writes it: numbers as JSON has them, strings without quotes.
+fn plain_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Fractional numbers as `3e-4`; whole numbers and anything else as [`plain_text`].
+fn scientific_text(v: &Value) -> String {
+    match v.as_f64() {
+        Some(f) if v.is_f64() => format!("{f:e}"),
+        _ => plain_text(v),
+    }
+}
+
+/// The order points are listed in by one parameter: numbers by value, anything else by its
+/// text; a point without the parameter first.
+pub fn compare(a: Option<&Value>, b: Option<&Value>) -> Ordering {
+    match (a.and_then(Value::as_f64), b.and_then(Value::as_f64)) {
+        (Some(x), Some(y)) => x.total_cmp(&y),
+        _ => a.map(plain_text).cmp(&b.map(plain_text)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn params(pairs: &[(&str, Value)]) -> Params {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn names_are_the_shortest_tails_no_other_path_ends_with() {
+        let point = params(&[
+            ("model.dropout", json!(0.1)),
+            ("data.dropout", json!(0.0)),
+            ("training.optimizer.lr", json!(1e-3)),
+            ("lr", json!(1)),
+            ("training.batch_size_per_device", json!(8)),
+        ]);
+        let columns = ParamColumns::given([&point]);
+        assert_eq!(
+            columns.names().collect::<Vec<_>>(),
+            [
+                "data.dropout",
+                "lr",
+                "model.dropout",
+                "batch_size_per_device",
+                "optimizer.lr"
+            ]
+        );
+    }
+
+    #[test]
+    fn each_parameter_keeps_the_notation_that_writes_its_values_shortest() {
+        let points: Vec<Params> = [(1e-3, 0.0, 0), (3e-4, 0.1, 1), (1e-2, 0.1, 2)]
+            .into_iter()
+            .map(|(lr, wd, seed)| {
+                params(&[
+                    ("training.optimizer.lr", json!(lr)),
+                    ("training.optimizer.weight_decay", json!(wd)),
+                    ("training.seed", json!(seed)),
+                    ("name", json!("a")),
+                ])
+            })
+            .collect();
+        let columns = ParamColumns::given(&points);
+        assert_eq!(
+            columns.cells(&points[1]),
+            [
+                Some("a".to_string()),
+                Some("3e-4".into()),
+                Some("0.1".into()),
+                Some("1".into())
+            ]
+        );
+        assert_eq!(
+            columns.label(&points[0]),
+            "name=a, lr=1e-3, weight_decay=0.0, seed=0"
+        );
+        assert_eq!(columns.cells(&Params::new()), [None, None, None, None]);
+    }
+
+    #[test]
+    fn a_legend_names_only_what_differs_between_points() {
+        let a = params(&[
+            ("training.optimizer.lr", json!(0.5)),
+            ("training.steps", json!(5)),
+        ]);
+        let b = params(&[
+            ("training.optimizer.lr", json!(0.25)),
+            ("training.steps", json!(5)),
+        ]);
+        let columns = ParamColumns::varying([&a, &b]);
+        assert_eq!(
+            columns.keys().collect::<Vec<_>>(),
+            ["training.optimizer.lr"]
+        );
+        assert_eq!(columns.label(&b), "lr=0.25");
+        assert_eq!(columns.text("training.steps", &json!(5)), "5");
+    }
+
+    #[test]
+    fn points_are_listed_by_value() {
+        let mut values = vec![json!(1e-3), json!(2e-4), json!(1e-2)];
+        values.sort_by(|a, b| compare(Some(a), Some(b)));
+        assert_eq!(values, [json!(2e-4), json!(1e-3), json!(1e-2)]);
+        assert_eq!(
+            compare(Some(&json!("a")), Some(&json!("b"))),
+            Ordering::Less
+        );
+        assert_eq!(compare(None, Some(&json!(0))), Ordering::Less);
+    }
+}
