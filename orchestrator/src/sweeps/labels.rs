@@ -8,7 +8,7 @@ use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 /// A point's parameters: dotted path → value, as its manifest records them.
-pub type Params = BTreeMap<String, Value>;
+pub type PointParams = BTreeMap<String, Value>;
 
 /// The parameters shown for a set of points, in path order.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,8 +25,8 @@ struct Column {
 
 impl ParamColumns {
     /// Every parameter any of `points` was given: a table's columns.
-    pub fn given<'a>(points: impl IntoIterator<Item = &'a Params>) -> ParamColumns {
-        let points: Vec<&Params> = points.into_iter().collect();
+    pub fn given<'a>(points: impl IntoIterator<Item = &'a PointParams>) -> ParamColumns {
+        let points: Vec<&PointParams> = points.into_iter().collect();
         let mut keys: Vec<&String> = points.iter().flat_map(|p| p.keys()).collect();
         keys.sort();
         keys.dedup();
@@ -35,8 +35,8 @@ impl ParamColumns {
 
     /// The parameters whose values differ between `points`: a legend's, where a value every
     /// curve shares tells none apart.
-    pub fn varying<'a>(points: impl IntoIterator<Item = &'a Params>) -> ParamColumns {
-        let points: Vec<&Params> = points.into_iter().collect();
+    pub fn varying<'a>(points: impl IntoIterator<Item = &'a PointParams>) -> ParamColumns {
+        let points: Vec<&PointParams> = points.into_iter().collect();
         let mut keys: Vec<&String> = points.iter().flat_map(|p| p.keys()).collect();
         keys.sort();
         keys.dedup();
@@ -47,7 +47,7 @@ impl ParamColumns {
         Self::of(keys, &points)
     }
 
-    fn of(keys: Vec<&String>, points: &[&Params]) -> ParamColumns {
+    fn of(keys: Vec<&String>, points: &[&PointParams]) -> ParamColumns {
         let names = short_names(&keys);
         let columns = keys
             .into_iter()
@@ -89,7 +89,7 @@ impl ParamColumns {
     }
 
     /// Each parameter's value for `params`, `None` where the point was not given it.
-    pub fn cells(&self, params: &Params) -> Vec<Option<String>> {
+    pub fn cells(&self, params: &PointParams) -> Vec<Option<String>> {
         self.columns
             .iter()
             .map(|c| params.get(&c.key).map(|v| c.text(v)))
@@ -97,7 +97,7 @@ impl ParamColumns {
     }
 
     /// `lr=1e-3, seed=1`.
-    pub fn label(&self, params: &Params) -> String {
+    pub fn label(&self, params: &PointParams) -> String {
         self.columns
             .iter()
             .map(|c| {
@@ -183,7 +183,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn params(pairs: &[(&str, Value)]) -> Params {
+    fn params(pairs: &[(&str, Value)]) -> PointParams {
         pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.clone()))
@@ -214,7 +214,7 @@ mod tests {
 
     #[test]
     fn each_parameter_keeps_the_notation_that_writes_its_values_shortest() {
-        let points: Vec<Params> = [(1e-3, 0.0, 0), (3e-4, 0.1, 1), (1e-2, 0.1, 2)]
+        let points: Vec<PointParams> = [(1e-3, 0.0, 0), (3e-4, 0.1, 1), (1e-2, 0.1, 2)]
             .into_iter()
             .map(|(lr, wd, seed)| {
                 params(&[
@@ -239,7 +239,7 @@ mod tests {
             columns.label(&points[0]),
             "name=a, lr=1e-3, weight_decay=0.0, seed=0"
         );
-        assert_eq!(columns.cells(&Params::new()), [None, None, None, None]);
+        assert_eq!(columns.cells(&PointParams::new()), [None, None, None, None]);
     }
 
     #[test]
