@@ -47,7 +47,7 @@ fn another_world_size_on_resume_is_answered_with_the_ones_the_batch_splits_on() 
     assert_eq!(
         String::from_utf8_lossy(&out.stderr),
         "\
-error: job.yaml:6:3: field `training.total_batch_size`: total batch 8 does not split into per-device batches of 1 on 3 ranks (8 / 3 is not a whole number of accumulation steps)
+error: job.yaml:6:3: field `training.total_batch_size`: total batch 8 does not split into per-device batches of 1 on 3 ranks (--nproc; 8 / 3 is not a whole number of accumulation steps)
   |
 6 |   total_batch_size: 8
   |   ^^^^^^^^^^^^^^^^
