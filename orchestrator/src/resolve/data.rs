@@ -689,7 +689,7 @@ fn validation(s: &Section, spec: &DataSpec) -> Result<Option<ValidationConfig>, 
 
 #[cfg(test)]
 mod tests {
-    use crate::resolve::{resolve, Overrides, ResolveError};
+    use crate::resolve::{resolve, Overrides, ResolveError, ResolvedJob};
     use crate::spec::parse;
     use shardrun_protocol::config::*;
     use std::path::Path;
@@ -1039,33 +1039,31 @@ mod tests {
         resolve(&loaded, &Overrides::default()).unwrap();
     }
 
-    #[test]
-    fn a_tokenizer_with_more_ids_than_the_model_is_refused_before_the_job_is_queued() {
+    /// A job whose model has `vocab` ids, on text tokenized by the byte tokenizer (257 ids:
+    /// the bytes and `<eos>`) saved as a Hugging Face folder whose end of document is `eos`.
+    fn resolve_on_bytes(vocab: u64, eos: &str) -> Result<ResolvedJob, ResolveError> {
         let dir = jobs();
         let tok = dir.path().join("bytes-tok");
         std::fs::create_dir(&tok).unwrap();
         let json = shardrun_data::tokenizer_files::bytes_tokenizer_json().unwrap();
         std::fs::write(tok.join("tokenizer.json"), json).unwrap();
-        std::fs::write(
-            tok.join("tokenizer_config.json"),
-            r#"{"eos_token": "<eos>"}"#,
-        )
-        .unwrap();
-        let spec = |vocab: u64| {
-            format!(
-                "name: t\nrun_root: /tmp/runs\ntraining:\n  model: {{ kind: transformer, \
-                 vocab_size: {vocab}, dim: 8, n_layers: 1, n_heads: 2, max_seq_len: 16 }}\n  \
-                 data: {{ kind: text, files: [a.txt], tokenizer: {{ path: bytes-tok }} }}\n  \
-                 steps: 2\n  total_batch_size: 2\n  batch_size_per_device: 2\n"
-            )
-        };
-        let resolve_with_vocab = |vocab: u64| {
-            let loaded = parse(&spec(vocab), &dir.path().join("job.yaml")).unwrap();
-            resolve(&loaded, &Overrides::default())
-        };
-        // 257 ids (256 bytes and <eos>) fit a vocabulary of 257, not of 256.
-        resolve_with_vocab(257).unwrap();
-        let ResolveError::Invalid(err) = resolve_with_vocab(256).unwrap_err();
+        let config = serde_json::json!({ "eos_token": eos }).to_string();
+        std::fs::write(tok.join("tokenizer_config.json"), config).unwrap();
+        let spec = format!(
+            "name: t\nrun_root: /tmp/runs\ntraining:\n  model: {{ kind: transformer, \
+             vocab_size: {vocab}, dim: 8, n_layers: 1, n_heads: 2, max_seq_len: 16 }}\n  \
+             data: {{ kind: text, files: [a.txt], tokenizer: {{ path: bytes-tok }} }}\n  \
+             steps: 2\n  total_batch_size: 2\n  batch_size_per_device: 2\n"
+        );
+        let loaded = parse(&spec, &dir.path().join("job.yaml")).unwrap();
+        resolve(&loaded, &Overrides::default())
+    }
+
+    #[test]
+    fn a_tokenizer_with_more_ids_than_the_model_is_refused_before_the_job_is_queued() {
+        // 257 ids fit a vocabulary of 257, not of 256.
+        resolve_on_bytes(257, "<eos>").unwrap();
+        let ResolveError::Invalid(err) = resolve_on_bytes(256, "<eos>").unwrap_err();
         assert_eq!(err.field, "training.data.tokenizer.path");
         assert!(
             err.why.contains("has 257 ids, the model's vocabulary 256"),
@@ -1081,19 +1079,8 @@ mod tests {
 
     #[test]
     fn ids_past_the_vocabulary_other_than_the_end_of_document_are_a_warning() {
-        let dir = jobs();
-        let tok = dir.path().join("bytes-tok");
-        std::fs::create_dir(&tok).unwrap();
-        let json = shardrun_data::tokenizer_files::bytes_tokenizer_json().unwrap();
-        std::fs::write(tok.join("tokenizer.json"), json).unwrap();
         // A byte as the end of document: <eos> (id 256) is the one id past 256.
-        std::fs::write(tok.join("tokenizer_config.json"), r#"{"eos_token": "A"}"#).unwrap();
-        let spec = "name: t\nrun_root: /tmp/runs\ntraining:\n  model: { kind: transformer, \
-                    vocab_size: 256, dim: 8, n_layers: 1, n_heads: 2, max_seq_len: 16 }\n  \
-                    data: { kind: text, files: [a.txt], tokenizer: { path: bytes-tok } }\n  \
-                    steps: 2\n  total_batch_size: 2\n  batch_size_per_device: 2\n";
-        let loaded = parse(spec, &dir.path().join("job.yaml")).unwrap();
-        let job = resolve(&loaded, &Overrides::default()).unwrap();
+        let job = resolve_on_bytes(256, "A").unwrap();
         assert!(
             job.warnings.iter().any(|w| w
                 .contains("has 257 ids, the model's vocabulary 256: a document holding ids 256")),
