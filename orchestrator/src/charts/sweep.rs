@@ -28,6 +28,15 @@ pub struct SweepFigure {
     pub log_loss: bool,
 }
 
+/// `point` named by the values of `params`, or by its run's name where nothing varies.
+fn point_label(params: &ParamColumns, point: &PointRecords) -> String {
+    if params.is_empty() {
+        point.name.clone()
+    } else {
+        params.label(&point.params)
+    }
+}
+
 /// Legend entries at most; the rest are summed up in one.
 const MAX_LEGEND: usize = 12;
 const OVERLAY_HEIGHT: u32 = 520;
@@ -46,11 +55,7 @@ impl SweepFigure {
 
     /// `lr=1e-3, seed=1` ([`ParamColumns::label`]), or the run's name where nothing varies.
     pub fn label(&self, point: &PointRecords) -> String {
-        let params = self.params();
-        if params.is_empty() {
-            return point.name.clone();
-        }
-        params.label(&point.params)
+        point_label(&self.params(), point)
     }
 
     fn transform(&self, v: f64) -> f64 {
@@ -69,12 +74,13 @@ impl SweepFigure {
         panels
     }
 
-    /// The points in the order of their swept values (numbers by value), as a legend reads.
-    fn sorted(&self) -> Vec<&PointRecords> {
-        let keys = self.swept();
+    /// The points in the order of the values of `params` (numbers by value), as a legend
+    /// reads.
+    fn sorted(&self, params: &ParamColumns) -> Vec<&PointRecords> {
         let mut points: Vec<&PointRecords> = self.points.iter().collect();
         points.sort_by(|a, b| {
-            keys.iter()
+            params
+                .keys()
                 .map(|k| labels::compare(a.params.get(k), b.params.get(k)))
                 .find(|o| o.is_ne())
                 .unwrap_or(std::cmp::Ordering::Equal)
@@ -83,8 +89,9 @@ impl SweepFigure {
     }
 
     fn overlay(&self) -> Panel {
+        let params = self.params();
         let with_steps: Vec<&PointRecords> = self
-            .sorted()
+            .sorted(&params)
             .into_iter()
             .filter(|p| !p.steps.is_empty())
             .collect();
@@ -122,7 +129,7 @@ impl SweepFigure {
             all.extend(shown.iter().map(|p| p.1));
             starts.extend(shown.iter().map(|p| p.1).find(|v| v.is_finite()));
             let label = match i {
-                i if i < MAX_LEGEND => Some(self.label(point)),
+                i if i < MAX_LEGEND => Some(point_label(&params, point)),
                 i if i == MAX_LEGEND => Some(format!(
                     "... and {} more point(s)",
                     with_steps.len() - MAX_LEGEND
@@ -168,7 +175,7 @@ impl SweepFigure {
     /// Final loss against the swept parameter (grids of one or two parameters).
     fn final_loss(&self) -> Option<Panel> {
         let params = self.params();
-        let keys = self.swept();
+        let keys: Vec<String> = params.keys().map(str::to_string).collect();
         if keys.is_empty() || keys.len() > 2 {
             return None;
         }
