@@ -351,11 +351,7 @@ fn check_vocabularies(
     if ids.vocab_size <= vocab {
         return Ok(());
     }
-    let field = if spec.tokenizer.as_ref().is_some_and(|t| t.path.is_some()) {
-        "training.data.tokenizer.path"
-    } else {
-        "training.data.tokenizer"
-    };
+    let field = tokenizer_field(spec);
     let sizes = format!(
         "the tokenizer {} has {} ids, the model's vocabulary {}",
         path.display(),
@@ -383,6 +379,18 @@ fn check_vocabularies(
     Ok(())
 }
 
+/// The field a tokenizer error points at: the path the spec gives, or (the model folder's
+/// tokenizer) the `tokenizer` setting, where a path would be added.
+fn tokenizer_field(spec: &DataSpec) -> &'static str {
+    if spec.tokenizer.as_ref().is_some_and(|t| t.path.is_some()) {
+        "training.data.tokenizer.path"
+    } else {
+        TOKENIZER_FROM_MODEL
+    }
+}
+
+const TOKENIZER_FROM_MODEL: &str = "training.data.tokenizer";
+
 /// Every path of the resolved data, as the worker will read it; an error names the spec
 /// field (the list entry for a pattern).
 fn check_on_disk(
@@ -408,8 +416,8 @@ fn check_on_disk(
     }
     if let TokenizerConfig::HuggingFace { path, .. } = tokenizer {
         if let Some(mut p) = on_disk.problem(Lookup::Tokenizer, path) {
-            let given = spec.tokenizer.as_ref().is_some_and(|t| t.path.is_some());
-            if !given {
+            let field = tokenizer_field(spec);
+            if field == TOKENIZER_FROM_MODEL {
                 // The folder is the model's: the way out is naming another.
                 p.why = format!(
                     "text data takes its tokenizer from the model's folder: {}",
@@ -420,11 +428,6 @@ fn check_on_disk(
                     p.fix
                 );
             }
-            let field = if given {
-                "training.data.tokenizer.path"
-            } else {
-                "training.data.tokenizer"
-            };
             return Err(at(field.into(), p));
         }
     }
