@@ -424,13 +424,11 @@ const U32_PROBE_BYTES: usize = 1 << 20;
 /// Whether the start of a file read as `u16` ids looks like `u32` ids below 65,536: at least
 /// 64 ids, every odd one 0 (the high half of a `u32`), not all of them 0.
 fn u32_ids_as_u16(start: &[u8]) -> bool {
-    let ids: Vec<u16> = start[..start.len().min(U32_PROBE_BYTES)]
-        .chunks_exact(2)
-        .map(|c| u16::from_le_bytes([c[0], c[1]]))
-        .collect();
-    ids.len() >= 64
-        && ids.iter().skip(1).step_by(2).all(|&id| id == 0)
-        && ids.iter().step_by(2).any(|&id| id != 0)
+    // Little-endian u32s: each 4 bytes are a low u16, then a high one.
+    let pairs = start[..start.len().min(U32_PROBE_BYTES)].chunks_exact(4);
+    pairs.len() >= 32
+        && pairs.clone().all(|p| p[2] == 0 && p[3] == 0)
+        && pairs.clone().any(|p| p[0] != 0 || p[1] != 0)
 }
 
 /// Content hashes of the input files (read again: they are in the page cache by now).
