@@ -5,7 +5,7 @@
 use super::canvas::{self, pen, Axis, Curve, Dots, Figure, Panel, TickFormat, TITLE_HEIGHT, WIDTH};
 use super::series::{ema, value_range, Point};
 use crate::step_record::StepRecord;
-use crate::sweeps::labels::{self, ParamColumns};
+use crate::sweeps::labels::ParamColumns;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use serde_json::Value;
@@ -78,13 +78,7 @@ impl SweepFigure {
     /// reads.
     fn sorted(&self, params: &ParamColumns) -> Vec<&PointRecords> {
         let mut points: Vec<&PointRecords> = self.points.iter().collect();
-        points.sort_by(|a, b| {
-            params
-                .keys()
-                .map(|k| labels::compare(a.params.get(k), b.params.get(k)))
-                .find(|o| o.is_ne())
-                .unwrap_or(std::cmp::Ordering::Equal)
-        });
+        points.sort_by(|a, b| params.order(&a.params, &b.params));
         points
     }
 

@@ -183,6 +183,8 @@ pub fn summarise(run: &RunDir) -> RunMetricsSummary {
 fn metrics_table(runs: &[RunMetricsSummary]) -> String {
     let with_eval = runs.iter().any(|r| r.eval.is_some());
     let params = ParamColumns::given(runs.iter().map(|r| &r.sweep_params));
+    let mut runs: Vec<&RunMetricsSummary> = runs.iter().collect();
+    params.sort(&mut runs, |r| &r.run_dir, |r| &r.sweep_params);
     let mut header = vec!["run"];
     header.extend(params.names());
     header.extend(["status", "step", "loss", "lr now", "grad norm"]);
@@ -457,14 +459,29 @@ mod tests {
         );
         let rows = cells(&text);
         assert_eq!(rows.len(), 12);
-        for (row, summary) in rows.iter().zip(&summaries) {
-            assert_eq!(row["run"], summary.name);
+        for row in &rows {
+            let summary = summaries.iter().find(|s| s.name == row["run"]).unwrap();
             let lr = summary.sweep_params["training.optimizer.lr"]
                 .as_f64()
                 .unwrap();
             assert_eq!(row["lr"], format!("{lr:e}"), "{text}");
             assert_eq!(row["lr now"], format!("{:.2e}", lr * 0.1), "{text}");
         }
+        // Listed by value, not by their folders' hashed names.
+        let values: Vec<(f64, f64, u64)> = rows
+            .iter()
+            .map(|row| {
+                (
+                    row["lr"].parse().unwrap(),
+                    row["weight_decay"].parse().unwrap(),
+                    row["seed"].parse().unwrap(),
+                )
+            })
+            .collect();
+        assert!(
+            values.windows(2).all(|w| w[0] < w[1]),
+            "rows out of order:\n{text}"
+        );
         let wanted = [
             "1e-3",
             "0.1",

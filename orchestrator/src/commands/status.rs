@@ -113,6 +113,8 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
 /// (`<k>/<n>`); run directories relative to `cwd` where they are below it.
 fn status_table(statuses: &[RunStatus], cwd: Option<&Path>) -> String {
     let params = ParamColumns::given(statuses.iter().map(|s| &s.sweep_params));
+    let mut statuses: Vec<&RunStatus> = statuses.iter().collect();
+    params.sort(&mut statuses, |s| s.run.path(), |s| &s.sweep_params);
     let with_arrays = statuses.iter().any(|s| s.array.is_some());
     let mut header = vec!["RUN"];
     header.extend(params.names());
@@ -216,7 +218,9 @@ mod tests {
             "{text}"
         );
         assert_eq!(lines.len(), 13, "{text}");
-        for (line, status) in lines[1..].iter().zip(&statuses) {
+        let mut listed = Vec::new();
+        for line in &lines[1..] {
+            let status = statuses.iter().find(|s| s.name == words(line)[0]).unwrap();
             let lr = status.sweep_params["training.optimizer.lr"]
                 .as_f64()
                 .unwrap();
@@ -235,7 +239,13 @@ mod tests {
                 ],
                 "{text}"
             );
+            listed.push((lr, decay.as_f64().unwrap(), seed.as_u64().unwrap()));
         }
+        // Listed by value, not by their folders' hashed names.
+        assert!(
+            listed.windows(2).all(|w| w[0] < w[1]),
+            "rows out of order:\n{text}"
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@
 use serde_json::Value;
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
+use std::path::Path;
 
 /// A point's parameters: dotted path → value, as its manifest records them.
 pub type PointParams = BTreeMap<String, Value>;
@@ -116,6 +117,29 @@ impl ParamColumns {
         }
     }
 
+    /// The order of two points by their values, parameter by parameter in column order.
+    pub fn order(&self, a: &PointParams, b: &PointParams) -> Ordering {
+        self.columns
+            .iter()
+            .map(|c| compare(a.get(&c.key), b.get(&c.key)))
+            .find(|o| o.is_ne())
+            .unwrap_or(Ordering::Equal)
+    }
+
+    /// `items` as a table lists them: the points of each sweep folder (consecutive items in
+    /// one folder) in the order of their values, since their folder names are hashes; runs
+    /// outside a sweep keep their place.
+    pub fn sort<T>(
+        &self,
+        items: &mut [T],
+        path: impl Fn(&T) -> &Path,
+        params: impl Fn(&T) -> &PointParams,
+    ) {
+        for folder in items.chunk_by_mut(|a, b| path(a).parent() == path(b).parent()) {
+            folder.sort_by(|a, b| self.order(params(a), params(b)));
+        }
+    }
+
     fn column(&self, key: &str) -> Option<&Column> {
         self.columns.iter().find(|c| c.key == key)
     }
@@ -171,7 +195,7 @@ fn scientific_text(v: &Value) -> String {
 
 /// The order points are listed in by one parameter: numbers by value, anything else by its
 /// text; a point without the parameter first.
-pub fn compare(a: Option<&Value>, b: Option<&Value>) -> Ordering {
+fn compare(a: Option<&Value>, b: Option<&Value>) -> Ordering {
     match (a.and_then(Value::as_f64), b.and_then(Value::as_f64)) {
         (Some(x), Some(y)) => x.total_cmp(&y),
         _ => a.map(plain_text).cmp(&b.map(plain_text)),
@@ -271,5 +295,36 @@ mod tests {
             Ordering::Less
         );
         assert_eq!(compare(None, Some(&json!(0))), Ordering::Less);
+    }
+
+    #[test]
+    fn a_table_lists_each_sweeps_points_by_value_and_other_runs_in_place() {
+        let run = |path: &str, lr: Option<f64>| {
+            let params = match lr {
+                Some(lr) => params(&[("training.optimizer.lr", json!(lr))]),
+                None => PointParams::new(),
+            };
+            (std::path::PathBuf::from(path), params)
+        };
+        let mut runs = vec![
+            run("runs/alpha", None),
+            run("runs/sweep/s-07", Some(1e-2)),
+            run("runs/sweep/s-3a", Some(1e-4)),
+            run("runs/sweep/s-c1", Some(1e-3)),
+            run("runs/zeta", None),
+        ];
+        let columns = ParamColumns::given(runs.iter().map(|(_, p)| p));
+        columns.sort(&mut runs, |(path, _)| path, |(_, p)| p);
+        let order: Vec<&str> = runs.iter().map(|(p, _)| p.to_str().unwrap()).collect();
+        assert_eq!(
+            order,
+            [
+                "runs/alpha",
+                "runs/sweep/s-3a",
+                "runs/sweep/s-c1",
+                "runs/sweep/s-07",
+                "runs/zeta"
+            ]
+        );
     }
 }
