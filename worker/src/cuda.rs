@@ -166,12 +166,20 @@ unsafe impl Send for CudaStream {}
 unsafe impl Sync for CudaStream {}
 
 impl CudaStream {
+    /// At the device's greatest priority, as PyTorch FSDP2 makes its all-gather and
+    /// reduce-scatter streams: the scheduler starts a collective's kernels ahead of queued
+    /// compute, which the collective would otherwise wait behind, holding back the next unit.
     pub fn non_blocking() -> Result<CudaStream, CudaError> {
         runtime()?;
+        let (mut least, mut greatest) = (0, 0);
+        // SAFETY: valid out-pointers.
+        check("cudaDeviceGetStreamPriorityRange", unsafe {
+            sys::cudaDeviceGetStreamPriorityRange(&mut least, &mut greatest)
+        })?;
         let mut stream = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer.
-        check("cudaStreamCreateWithFlags", unsafe {
-            sys::cudaStreamCreateWithFlags(&mut stream, sys::cudaStreamNonBlocking)
+        // SAFETY: a valid out-pointer; `greatest` is in the device's range.
+        check("cudaStreamCreateWithPriority", unsafe {
+            sys::cudaStreamCreateWithPriority(&mut stream, sys::cudaStreamNonBlocking, greatest)
         })?;
         Ok(CudaStream(stream))
     }

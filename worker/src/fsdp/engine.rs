@@ -545,16 +545,19 @@ impl FsdpEngine {
         Ok(())
     }
 
-    /// Squared L2 norm of this rank's gradient shards, an f64 scalar on the device. Not
-    /// finite exactly when some gradient element is not (squares of f32 values cannot
-    /// overflow an f64 sum), so it is the fp16 overflow check too. The global norm is the sum
-    /// over one replica of each shard (the training loop adds them on the control plane).
+    /// Squared L2 norm of this rank's gradient shards, an f64 scalar on the device: each
+    /// shard's f32 norm (as `clip_grad_norm_` takes them; a squared copy of the shard, or an
+    /// f64 one, would be transient memory several times the largest shard), squared and
+    /// summed in f64. Not finite when some gradient element is not, so it is the fp16
+    /// overflow check too (or when a shard's norm passes f32's range, ~1.8e19, which is no
+    /// step to take either). The global norm is the sum over one replica of each shard (the
+    /// training loop adds them on the control plane).
     pub fn local_grad_norm_sq(&self) -> Tensor {
         let device = self.options.device;
         self.units
             .iter()
             .fold(Tensor::zeros([], (Kind::Double, device)), |acc, u| {
-                acc + u.grad.square().sum(Kind::Double)
+                acc + u.grad.norm().to_kind(Kind::Double).square()
             })
     }
 

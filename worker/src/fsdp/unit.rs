@@ -168,9 +168,14 @@ impl FlatUnit {
 
     /// Waits for the all-gather, if one is in flight.
     pub fn finish_gather(&mut self) -> Result<(), FsdpError> {
-        if let Gather::InFlight { work, .. } = std::mem::replace(&mut self.state, Gather::Gathered)
-        {
-            work.wait()?;
+        if matches!(self.state, Gather::InFlight { .. }) {
+            // Gathered only once the wait succeeds: a failed one leaves a partial buffer.
+            if let Gather::InFlight { work, .. } =
+                std::mem::replace(&mut self.state, Gather::Sharded)
+            {
+                work.wait()?;
+                self.state = Gather::Gathered;
+            }
         }
         Ok(())
     }
@@ -181,6 +186,8 @@ impl FlatUnit {
         if self.aliases_shard {
             return Ok(());
         }
+        // The work's kept tensors do not protect this memory: releasing swaps the storage's
+        // pointer out from under every tensor sharing it, so the gather must be over.
         self.finish_gather()?;
         shim::release_storage(&self.gathered)?;
         self.state = Gather::Sharded;

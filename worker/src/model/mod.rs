@@ -48,14 +48,17 @@ impl<'a> Params<'a> {
     pub fn get(&self, name: &str) -> &'a Tensor {
         let path = self.path(name);
         // A missing name is a bug in the model's own description, not an input error.
-        self.map
+        let tensor = self
+            .map
             .get(&path)
-            .unwrap_or_else(|| panic!("model reads parameter {path} it did not declare"))
+            .unwrap_or_else(|| panic!("model reads parameter {path} it did not declare"));
+        resident(&path, tensor)
     }
 
     /// `name` when the model has it (optional biases).
     pub fn maybe(&self, name: &str) -> Option<&'a Tensor> {
-        self.map.get(&self.path(name))
+        let path = self.path(name);
+        self.map.get(&path).map(|tensor| resident(&path, tensor))
     }
 
     pub fn pp(&self, prefix: &str) -> Params<'a> {
@@ -64,6 +67,19 @@ impl<'a> Params<'a> {
             prefix: self.path(prefix),
         }
     }
+}
+
+/// `tensor`, after checking its unit is gathered. A segment that reads a parameter of a unit
+/// it did not declare would find its memory freed: a crash on the CPU, but on a GPU memory
+/// the caching allocator may have handed on, read as silently wrong values.
+fn resident<'a>(path: &str, tensor: &'a Tensor) -> &'a Tensor {
+    if crate::fsdp::shim::storage_nbytes(tensor) == 0 && tensor.numel() > 0 {
+        panic!(
+            "model reads parameter {path} outside its segment: its FSDP unit is not gathered \
+             (the segment's description must name it)"
+        );
+    }
+    tensor
 }
 
 /// A model: its description and the forward of each segment.
@@ -164,4 +180,40 @@ pub(crate) fn token_loss(logits: &Tensor, targets: &Tensor) -> Tensor {
         .cross_entropy_loss::<Tensor>(&targets, None, tch::Reduction::Sum, -100, 0.0);
     let counted = targets.ne(-100).sum(Kind::Float).clamp_min(1.0);
     sum / counted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one_param(name: &str) -> HashMap<String, Tensor> {
+        HashMap::from([(
+            name.to_string(),
+            Tensor::ones([4, 4], (Kind::Float, tch::Device::Cpu)),
+        )])
+    }
+
+    #[test]
+    fn a_gathered_parameter_is_read() {
+        let map = one_param("layers.0.attn.weight");
+        let p = Params::new(&map).pp("layers.0");
+        assert_eq!(p.get("attn.weight").size(), [4, 4]);
+        assert!(p.maybe("attn.bias").is_none());
+    }
+
+    #[test]
+    #[should_panic(expected = "model reads parameter layers.0.attn.weight outside its segment")]
+    fn reading_a_released_unit_stops_with_its_name() {
+        let map = one_param("layers.0.attn.weight");
+        crate::fsdp::shim::release_storage(&map["layers.0.attn.weight"]).unwrap();
+        Params::new(&map).pp("layers.0.attn").get("weight");
+    }
+
+    #[test]
+    #[should_panic(expected = "outside its segment")]
+    fn an_optional_parameter_of_a_released_unit_stops_too() {
+        let map = one_param("head.bias");
+        crate::fsdp::shim::release_storage(&map["head.bias"]).unwrap();
+        Params::new(&map).pp("head").maybe("bias");
+    }
 }
