@@ -1,11 +1,13 @@
 //! The Llama architecture as `transformers` builds it (`LlamaForCausalLM`), with the flags
-//! that make Mistral and Qwen2 the same model:
+//! that make Mistral, Qwen2 and Qwen3 the same model:
 //!
 //! ```text
 //! h = model.embed_tokens(ids)
 //! for layer in model.layers:                           # LlamaDecoderLayer
 //!     h = h + self_attn(input_layernorm(h))            # RMSNorm; q/k/v/o projections, RoPE,
 //!                                                      # grouped-query causal attention
+//!                                                      # (Qwen3: RMSNorm of each q and k
+//!                                                      # head before RoPE)
 //!     h = h + mlp(post_attention_layernorm(h))         # down(silu(gate(x)) * up(x))
 //! logits = lm_head(model.norm(h))                      # lm_head = embed_tokens when tied
 //! ```
@@ -31,6 +33,8 @@ pub enum LlamaFamily {
     Mistral,
     /// Qwen2: biases on the q, k and v projections.
     Qwen2,
+    /// Qwen3: each query and key head RMS-normalised before RoPE; biases as Llama's.
+    Qwen3,
 }
 
 impl LlamaFamily {
@@ -39,6 +43,7 @@ impl LlamaFamily {
             LlamaFamily::Llama => "llama",
             LlamaFamily::Mistral => "mistral",
             LlamaFamily::Qwen2 => "qwen2",
+            LlamaFamily::Qwen3 => "qwen3",
         }
     }
 
@@ -48,6 +53,7 @@ impl LlamaFamily {
             LlamaFamily::Llama => "LlamaForCausalLM",
             LlamaFamily::Mistral => "MistralForCausalLM",
             LlamaFamily::Qwen2 => "Qwen2ForCausalLM",
+            LlamaFamily::Qwen3 => "Qwen3ForCausalLM",
         }
     }
 }
@@ -109,6 +115,10 @@ pub struct LlamaConfig {
     pub o_proj_bias: bool,
     /// Biases in the MLP (Llama's `mlp_bias`).
     pub mlp_bias: bool,
+    /// Qwen3's `q_norm` and `k_norm`: an RMSNorm over each query and key head (weights of
+    /// `head_dim`) between the projection and RoPE.
+    #[serde(default)]
+    pub qk_norm: bool,
     pub initializer_range: f64,
     /// The embedding row `transformers` treats as padding: zero at init, no gradient.
     pub pad_token_id: Option<u64>,
@@ -157,15 +167,23 @@ impl LlamaConfig {
             (LlamaFamily::Llama, (qkv, o, _)) if qkv == o => {}
             (LlamaFamily::Mistral, (false, false, false)) => {}
             (LlamaFamily::Qwen2, (true, false, false)) => {}
+            (LlamaFamily::Qwen3, (qkv, o, false)) if qkv == o => {}
             (family, _) => {
                 return Err(format!(
-                    "biases (q/k/v {}, o_proj {}, mlp {}) are not those of model_type {}: Llama has attention_bias on all four projections or none, Mistral none, Qwen2 q/k/v only",
+                    "biases (q/k/v {}, o_proj {}, mlp {}) are not those of model_type {}: Llama has attention_bias on all four projections or none, Mistral none, Qwen2 q/k/v only, Qwen3 attention_bias on all four or none and none in the MLP",
                     biases.0,
                     biases.1,
                     biases.2,
                     family.model_type()
                 ))
             }
+        }
+        if self.qk_norm != (self.model_type == LlamaFamily::Qwen3) {
+            return Err(format!(
+                "q_norm/k_norm {} with model_type {}: only Qwen3 normalises query and key heads",
+                if self.qk_norm { "on" } else { "off" },
+                self.model_type.model_type()
+            ));
         }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(format!(
@@ -237,6 +255,10 @@ impl LlamaConfig {
         specs.extend(attn.linear("k_proj", d, kv_out, self.qkv_bias, normal, Init::Zeros));
         specs.extend(attn.linear("v_proj", d, kv_out, self.qkv_bias, normal, Init::Zeros));
         specs.extend(attn.linear("o_proj", q_out, d, self.o_proj_bias, normal, Init::Zeros));
+        if self.qk_norm {
+            specs.extend(attn.norm("q_norm", hd, false));
+            specs.extend(attn.norm("k_norm", hd, false));
+        }
         let f = self.ffn_dim as i64;
         specs.extend(mlp.linear("gate_proj", d, f, self.mlp_bias, normal, Init::Zeros));
         specs.extend(mlp.linear("up_proj", d, f, self.mlp_bias, normal, Init::Zeros));
@@ -325,6 +347,15 @@ impl LlamaConfig {
         // dtype; the input itself in fp32, which for the first norm is the segment's input),
         // its rsqrt, and the normalised value before the weight.
         let narrow = c < F32;
+        // Qwen3's q/k norms: per token, the normalised values and outputs of every query and
+        // key head, their fp32 input copies when narrower, one rsqrt per head.
+        let qk_norm = if self.qk_norm {
+            2 * c * (q + kv)
+                + if narrow { (q + kv) * F32 } else { 0 }
+                + (self.n_heads + self.n_kv_heads) * F32
+        } else {
+            0
+        };
         let mut segments = vec![Activations {
             // The lookup keeps only the token ids (the batch).
             saved: 0,
@@ -342,7 +373,8 @@ impl LlamaConfig {
                 saved: c * (4 * d + 5 * q + 4 * kv + 4 * f)
                     + if narrow { 2 * d * F32 } else { d * F32 }
                     + 2 * F32
-                    + self.n_heads * F32,
+                    + self.n_heads * F32
+                    + qk_norm,
                 output: d * c,
                 // Backward of the MLP: the upstream gradient and the gradients of the
                 // product, silu's output, up and gate; forward of RoPE: its two products.
@@ -389,6 +421,7 @@ mod tests {
             qkv_bias: false,
             o_proj_bias: false,
             mlp_bias: false,
+            qk_norm: false,
             initializer_range: 0.02,
             pad_token_id: None,
             sliding_window: None,
@@ -447,6 +480,42 @@ mod tests {
             (bias.kind, bias.init, &bias.shape),
             (ParamKind::Bias, Init::Zeros, &vec![8])
         );
+    }
+
+    #[test]
+    fn qwen3_normalises_each_query_and_key_head() {
+        let mut c = tiny(true);
+        c.model_type = LlamaFamily::Qwen3;
+        c.qk_norm = true;
+        c.validate(8).unwrap();
+        let d = c.describe();
+        let names: Vec<&str> = d.segments[1].params.iter().map(String::as_str).collect();
+        // Qwen3Attention's order: the four projections, then q_norm and k_norm.
+        assert_eq!(
+            names[3..6],
+            [
+                "model.layers.0.self_attn.o_proj.weight",
+                "model.layers.0.self_attn.q_norm.weight",
+                "model.layers.0.self_attn.k_norm.weight",
+            ]
+        );
+        let norm = d.param("model.layers.1.self_attn.k_norm.weight").unwrap();
+        assert_eq!(
+            (norm.kind, norm.init, &norm.shape),
+            (ParamKind::Norm, Init::Ones, &vec![4])
+        );
+        // sum(p.numel() for p in Qwen3ForCausalLM(Qwen3Config(vocab_size=100, hidden_size=16,
+        // intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+        // num_key_value_heads=2, head_dim=4, tie_word_embeddings=True)).parameters()) == 7072
+        assert_eq!(d.num_params(), 7072);
+        // The norms' activations count in the memory plan.
+        assert!(c.activations(2).0[1].saved > tiny(true).activations(2).0[1].saved);
+
+        let mut llama = tiny(false);
+        llama.qk_norm = true;
+        assert!(llama.validate(8).unwrap_err().contains("only Qwen3"));
+        c.mlp_bias = true;
+        assert!(c.validate(8).unwrap_err().contains("none in the MLP"));
     }
 
     #[test]

@@ -38,6 +38,8 @@ from transformers import (
     MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 VOCAB = 96
@@ -88,7 +90,7 @@ def to_4x_dialect(folder):
 
 def build(kind, **kw):
     cls, cfg = {"llama": (LlamaForCausalLM, LlamaConfig), "mistral": (MistralForCausalLM, MistralConfig),
-                "qwen2": (Qwen2ForCausalLM, Qwen2Config)}[kind]
+                "qwen2": (Qwen2ForCausalLM, Qwen2Config), "qwen3": (Qwen3ForCausalLM, Qwen3Config)}[kind]
     common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                   rms_norm_eps=1e-5)
@@ -106,6 +108,10 @@ FOLDERS = {
         torch.float32, None, True),
     "qwen2-bias": ("qwen2", dict(num_key_value_heads=1, rope_parameters=dict(rope_type="default", rope_theta=1e6),
                                  tie_word_embeddings=False), torch.float32, None, False),
+    # Qwen3: q/k norms per head, head_dim apart from hidden_size / heads, tied as the small ones.
+    "qwen3-qk-norm": ("qwen3", dict(num_key_value_heads=1, head_dim=16, tie_word_embeddings=True,
+                                    rope_parameters=dict(rope_type="default", rope_theta=1e6)),
+                      torch.float32, None, False),
     "mistral": ("mistral", dict(sliding_window=64, rope_parameters=dict(rope_type="linear", factor=2.0, rope_theta=10000.0)),
                 torch.float32, None, False),
     "llama-sharded-bf16": ("llama", dict(tie_word_embeddings=False, num_hidden_layers=3), torch.bfloat16, "20KB", False),

@@ -13,7 +13,7 @@ use std::path::Path;
 pub const CONFIG_FILE: &str = "config.json";
 
 /// The `model_type`s this architecture reads, and the model families they cover.
-pub const SUPPORTED_TYPES: &str = "llama, mistral, qwen2 (Llama 1-3, CodeLlama, SmolLM, TinyLlama, Mistral, Qwen2 and their fine-tunes)";
+pub const SUPPORTED_TYPES: &str = "llama, mistral, qwen2, qwen3 (Llama 1-3, CodeLlama, SmolLM, TinyLlama, Mistral, Qwen2, Qwen2.5, Qwen3 and their fine-tunes)";
 const SUPPORTED_ROPE: &str = "default, linear, llama3, dynamic (up to max_position_embeddings)";
 
 /// Reads and parses `<dir>/config.json`.
@@ -134,6 +134,8 @@ struct FamilyDefaults {
     n_kv_heads: Option<u64>,
     /// Mistral's window applies unless the config says `null`.
     sliding_window: Option<u64>,
+    /// `None`: `hidden_size / num_attention_heads`.
+    head_dim: Option<u64>,
 }
 
 fn defaults(family: LlamaFamily) -> FamilyDefaults {
@@ -142,16 +144,26 @@ fn defaults(family: LlamaFamily) -> FamilyDefaults {
             max_position_embeddings: 2048,
             n_kv_heads: None,
             sliding_window: None,
+            head_dim: None,
         },
         LlamaFamily::Mistral => FamilyDefaults {
             max_position_embeddings: 4096 * 32,
             n_kv_heads: Some(8),
             sliding_window: Some(4096),
+            head_dim: None,
         },
         LlamaFamily::Qwen2 => FamilyDefaults {
             max_position_embeddings: 32768,
             n_kv_heads: Some(32),
             sliding_window: None,
+            head_dim: None,
+        },
+        // Qwen3Config's head_dim is 128 whatever the hidden size.
+        LlamaFamily::Qwen3 => FamilyDefaults {
+            max_position_embeddings: 32768,
+            n_kv_heads: Some(32),
+            sliding_window: None,
+            head_dim: Some(128),
         },
     }
 }
@@ -170,6 +182,7 @@ pub fn parse_config(value: &Value, path: &Path) -> Result<LlamaConfig, HfError> 
         Some("llama") => LlamaFamily::Llama,
         Some("mistral") => LlamaFamily::Mistral,
         Some("qwen2") => LlamaFamily::Qwen2,
+        Some("qwen3") => LlamaFamily::Qwen3,
         Some(other) => {
             return Err(k.unsupported(
                 "model_type",
@@ -219,7 +232,7 @@ pub fn parse_config(value: &Value, path: &Path) -> Result<LlamaConfig, HfError> 
         .u64_opt("num_key_value_heads")?
         .or(family.n_kv_heads)
         .unwrap_or(n_heads);
-    let head_dim = match k.u64_opt("head_dim")? {
+    let head_dim = match k.u64_opt("head_dim")?.or(family.head_dim) {
         Some(h) => h,
         None if dim.is_multiple_of(n_heads) => dim / n_heads,
         None => {
@@ -241,6 +254,10 @@ pub fn parse_config(value: &Value, path: &Path) -> Result<LlamaConfig, HfError> 
         }
         LlamaFamily::Mistral => (false, false, false),
         LlamaFamily::Qwen2 => (true, false, false),
+        LlamaFamily::Qwen3 => {
+            let attention = k.bool_or("attention_bias", false)?;
+            (attention, attention, false)
+        }
     };
     let sliding_window = match model_type {
         LlamaFamily::Llama => None,
@@ -251,7 +268,7 @@ pub fn parse_config(value: &Value, path: &Path) -> Result<LlamaConfig, HfError> 
                 family.sliding_window
             }
         }
-        LlamaFamily::Qwen2 => qwen2_window(&k, n_layers)?,
+        LlamaFamily::Qwen2 | LlamaFamily::Qwen3 => qwen_window(&k, n_layers)?,
     };
     Ok(LlamaConfig {
         model_type,
@@ -269,15 +286,16 @@ pub fn parse_config(value: &Value, path: &Path) -> Result<LlamaConfig, HfError> 
         qkv_bias,
         o_proj_bias,
         mlp_bias,
+        qk_norm: model_type == LlamaFamily::Qwen3,
         initializer_range: k.f64_opt("initializer_range")?.unwrap_or(0.02),
         pad_token_id: k.u64_opt("pad_token_id")?,
         sliding_window,
     })
 }
 
-/// Qwen2 slides its window only where `use_sliding_window` is on, in the layers from
-/// `max_window_layers` (or those `layer_types` marks `sliding_attention`, 5.x).
-fn qwen2_window(k: &Keys, n_layers: u64) -> Result<Option<u64>, HfError> {
+/// Qwen2 and Qwen3 slide their window only where `use_sliding_window` is on, in the layers
+/// from `max_window_layers` (or those `layer_types` marks `sliding_attention`, 5.x).
+fn qwen_window(k: &Keys, n_layers: u64) -> Result<Option<u64>, HfError> {
     if !k.bool_or("use_sliding_window", false)? {
         return Ok(None);
     }
@@ -430,13 +448,16 @@ pub fn config_json(config: &LlamaConfig, dtype: &str) -> Value {
         LlamaFamily::Mistral => {
             map.insert("sliding_window".into(), json!(config.sliding_window));
         }
-        LlamaFamily::Qwen2 => {
+        LlamaFamily::Qwen2 | LlamaFamily::Qwen3 => {
             map.insert(
                 "use_sliding_window".into(),
                 json!(config.sliding_window.is_some()),
             );
             map.insert("sliding_window".into(), json!(config.sliding_window));
             map.insert("max_window_layers".into(), json!(0));
+            if config.model_type == LlamaFamily::Qwen3 {
+                map.insert("attention_bias".into(), json!(config.qkv_bias));
+            }
         }
     }
     v
@@ -605,5 +626,28 @@ mod tests {
         v["max_window_layers"] = json!(1);
         v["sliding_window"] = json!(32);
         assert_eq!(parse(v).unwrap().sliding_window, Some(32));
+    }
+
+    #[test]
+    fn qwen3_takes_its_config_class_defaults_and_writes_them_back() {
+        let mut v = base();
+        v["model_type"] = json!("qwen3");
+        let q = parse(v.clone()).unwrap();
+        assert!(q.qk_norm);
+        assert_eq!(
+            (q.qkv_bias, q.o_proj_bias, q.mlp_bias, q.sliding_window),
+            (false, false, false, None)
+        );
+        // Qwen3Config's head_dim (128) applies when config.json leaves it out, not
+        // hidden_size / num_attention_heads (16 here).
+        assert_eq!(q.head_dim, 128);
+        v["head_dim"] = json!(16);
+        v["attention_bias"] = json!(true);
+        let q = parse(v).unwrap();
+        assert_eq!((q.head_dim, q.qkv_bias, q.o_proj_bias), (16, true, true));
+        q.validate(64).unwrap();
+        let written = config_json(&q, "bfloat16");
+        assert_eq!(written["architectures"], json!(["Qwen3ForCausalLM"]));
+        assert_eq!(parse(written).unwrap(), q);
     }
 }

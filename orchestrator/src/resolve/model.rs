@@ -313,17 +313,25 @@ fn llama_from_spec(s: &Section, m: &LlamaSpec, seq_len: u64) -> Result<LlamaConf
             let attention = m.attention_bias.unwrap_or(false);
             (attention, attention, m.mlp_bias.unwrap_or(false))
         }
+        LlamaFamily::Qwen3 if m.mlp_bias.is_none() => {
+            let attention = m.attention_bias.unwrap_or(false);
+            (attention, attention, false)
+        }
         other => {
-            if m.attention_bias.is_some() || m.mlp_bias.is_some() {
-                let field = if m.attention_bias.is_some() {
-                    "training.model.attention_bias"
-                } else {
-                    "training.model.mlp_bias"
-                };
+            // The bias key the family fixes (Qwen3 takes `attention_bias`, not `mlp_bias`).
+            let refused = match (m.attention_bias, m.mlp_bias) {
+                (Some(_), _) if other != LlamaFamily::Qwen3 => {
+                    Some("training.model.attention_bias")
+                }
+                (_, Some(_)) => Some("training.model.mlp_bias"),
+                _ => None,
+            };
+            if let Some(field) = refused {
                 return Err(s.err(
                     field,
                     format!(
-                        "model_type {} fixes its biases (Mistral: none, Qwen2: q/k/v)",
+                        "model_type {} fixes this bias (Mistral: none, Qwen2: q/k/v, Qwen3: \
+                         none in the MLP)",
                         other.model_type()
                     ),
                     "remove the key, or use `model_type: llama`",
@@ -354,6 +362,7 @@ fn llama_from_spec(s: &Section, m: &LlamaSpec, seq_len: u64) -> Result<LlamaConf
         qkv_bias,
         o_proj_bias,
         mlp_bias,
+        qk_norm: family == LlamaFamily::Qwen3,
         initializer_range: m.initializer_range.unwrap_or(0.02),
         pad_token_id: m.pad_token_id,
         sliding_window: None,
@@ -480,6 +489,19 @@ pub(super) mod tests {
             "kind: llama, model_type: qwen2, mlp_bias: true,",
         );
         let ResolveError::Invalid(e) = job(&qwen, DATA, "").unwrap_err();
+        assert_eq!(e.field, "training.model.mlp_bias");
+        // Qwen3 takes `attention_bias` (all four projections) but no MLP bias.
+        let qwen3 = LLAMA.replace(
+            "kind: llama,",
+            "kind: llama, model_type: qwen3, attention_bias: true,",
+        );
+        let ModelConfig::Llama(m) = job(&qwen3, DATA, "").unwrap().train.model else {
+            panic!("a Llama model");
+        };
+        let a = &m.architecture;
+        assert_eq!((a.qkv_bias, a.o_proj_bias, a.qk_norm), (true, true, true));
+        let ResolveError::Invalid(e) =
+            job(&qwen3.replace("attention_bias", "mlp_bias"), DATA, "").unwrap_err();
         assert_eq!(e.field, "training.model.mlp_bias");
         let odd = LLAMA.replace("n_kv_heads: 2", "n_kv_heads: 3");
         let ResolveError::Invalid(e) = job(&odd, DATA, "").unwrap_err();

@@ -1,6 +1,6 @@
 //! Forward of the Llama architecture (described in `shardrun_models::llama`), one type per
-//! layer as in `transformers`' `modeling_llama.py`; Mistral and Qwen2 are the same code with
-//! their flags (biases) from the config.
+//! layer as in `transformers`' `modeling_llama.py`; Mistral, Qwen2 and Qwen3 are the same
+//! code with their flags (biases; Qwen3's per-head q/k norms) from the config.
 //!
 //! ```text
 //! LlamaForCausalLM
@@ -124,11 +124,13 @@ fn rotate_half(x: &Tensor) -> Tensor {
     Tensor::cat(&[&(-x2), &x1], -1)
 }
 
-/// `LlamaAttention`: projections, RoPE, grouped-query scaled-dot-product attention.
+/// `LlamaAttention`: projections, RoPE, grouped-query scaled-dot-product attention; with
+/// `qk_norm`, `Qwen3Attention`: each query and key head RMS-normalised before RoPE.
 pub struct Attention {
     n_heads: i64,
     n_kv_heads: i64,
     head_dim: i64,
+    qk_norm: Option<RmsNorm>,
 }
 
 impl Attention {
@@ -140,10 +142,15 @@ impl Attention {
         mask: Option<&Tensor>,
     ) -> Tensor {
         let (b, s, _) = x.size3().expect("activations are (batch, seq, dim)");
-        let heads = |t: Tensor, n: i64| t.view([b, s, n, self.head_dim]).transpose(1, 2);
-        let q = heads(linear(&p.pp("q_proj"), x), self.n_heads);
-        let k = heads(linear(&p.pp("k_proj"), x), self.n_kv_heads);
+        let heads = |t: Tensor, n: i64| t.view([b, s, n, self.head_dim]);
+        let normed = |t: Tensor, norm: &str| match &self.qk_norm {
+            Some(rms) => rms.forward(&p.pp(norm), &t),
+            None => t,
+        };
+        let q = normed(heads(linear(&p.pp("q_proj"), x), self.n_heads), "q_norm");
+        let k = normed(heads(linear(&p.pp("k_proj"), x), self.n_kv_heads), "k_norm");
         let v = heads(linear(&p.pp("v_proj"), x), self.n_kv_heads);
+        let (q, k, v) = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2));
         let (cos, sin) = (cos.unsqueeze(1), sin.unsqueeze(1));
         let q = &q * &cos + rotate_half(&q) * &sin;
         let k = &k * &cos + rotate_half(&k) * &sin;
@@ -221,6 +228,7 @@ impl Llama {
                     n_heads: config.n_heads as i64,
                     n_kv_heads: config.n_kv_heads as i64,
                     head_dim: config.head_dim as i64,
+                    qk_norm: config.qk_norm.then(norm),
                 },
                 mlp: GatedMlp,
             },

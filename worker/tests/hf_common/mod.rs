@@ -11,10 +11,11 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// The folders `hf_models.py make` writes.
-pub const FOLDERS: [&str; 5] = [
+pub const FOLDERS: [&str; 6] = [
     "llama-gqa",
     "llama-tied-llama3",
     "qwen2-bias",
+    "qwen3-qk-norm",
     "mistral",
     "llama-sharded-bf16",
 ];
