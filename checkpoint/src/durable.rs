@@ -15,7 +15,11 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
 /// Write a small file so that readers see either the old content or the whole new one:
 /// temporary sibling, fsync, rename over, fsync the folder.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
+    // A bare file name has the empty path as its parent: the current folder.
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let tmp = dir.join(format!(
         ".{}.tmp",
         path.file_name()

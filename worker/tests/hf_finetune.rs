@@ -28,13 +28,22 @@ const IDS: [[i64; 12]; 2] = [
 ];
 
 fn shardrun(args: &[&str]) -> String {
+    shardrun_in(Path::new("."), args)
+}
+
+/// `shardrun <args>` run from `dir`, for paths relative to it.
+fn shardrun_in(dir: &Path, args: &[&str]) -> String {
     let bin = Path::new(WORKER).with_file_name("shardrun");
     assert!(
         bin.is_file(),
         "{} is not built: run `cargo build --release -p shardrun` first",
         bin.display()
     );
-    let out = Command::new(&bin).args(args).output().unwrap();
+    let out = Command::new(&bin)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "shardrun {args:?} failed:\n{text}");
@@ -170,18 +179,22 @@ fn fine_tune_export_load_in_transformers_and_resume() {
         );
     }
 
-    // bf16, split into files of at most 20 KB with an index, as save_pretrained splits.
+    // bf16, split into files of at most 20 KB with an index, as save_pretrained splits;
+    // written to a bare folder name, relative to where the command runs.
     let split = work.path().join("exported-bf16");
-    shardrun(&[
-        "export",
-        run.to_str().unwrap(),
-        "--out",
-        split.to_str().unwrap(),
-        "--dtype",
-        "bf16",
-        "--max-shard-size",
-        "20KB",
-    ]);
+    shardrun_in(
+        work.path(),
+        &[
+            "export",
+            run.to_str().unwrap(),
+            "--out",
+            "exported-bf16",
+            "--dtype",
+            "bf16",
+            "--max-shard-size",
+            "20KB",
+        ],
+    );
     let index: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(split.join("model.safetensors.index.json")).unwrap(),
     )

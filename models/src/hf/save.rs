@@ -137,7 +137,11 @@ pub fn save_folder(
         .file_name()
         .and_then(|n| n.to_str())
         .ok_or_else(|| HfError::folder(out, "is not a folder name"))?;
-    let parent = out.parent().unwrap_or(Path::new("."));
+    // A bare name (`--out exported`) has the empty path as its parent: the current folder.
+    let parent = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(HfError::io("create", parent))?;
     let tmp = parent.join(format!(".{name}.partial-{}", std::process::id()));
     if tmp.exists() {
