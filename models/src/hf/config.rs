@@ -650,4 +650,31 @@ mod tests {
         assert_eq!(written["architectures"], json!(["Qwen3ForCausalLM"]));
         assert_eq!(parse(written).unwrap(), q);
     }
+
+    #[test]
+    fn the_published_qwen3_small_config_reads_as_transformers_builds_it() {
+        // Qwen3-0.6B's config.json (transformers 4.51 dialect): 16 heads of 128 on a hidden
+        // size of 1024, so the attention is wider than the residual stream.
+        let v = json!({
+            "architectures": ["Qwen3ForCausalLM"], "attention_bias": false,
+            "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645,
+            "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,
+            "initializer_range": 0.02, "intermediate_size": 3072,
+            "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+            "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+            "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000,
+            "sliding_window": null, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+            "use_cache": true, "use_sliding_window": false, "vocab_size": 151936
+        });
+        let c = parse(v).unwrap();
+        c.validate(4096).unwrap();
+        assert_eq!(
+            (c.head_dim, c.n_kv_heads, c.rope.theta, c.sliding_window),
+            (128, 8, 1e6, None)
+        );
+        assert_eq!(c.rope.scaling, RopeScaling::Default);
+        // sum(p.numel() for p in Qwen3ForCausalLM(config).parameters()), built on the meta
+        // device with transformers 5.23.
+        assert_eq!(c.describe().num_params(), 596_049_920);
+    }
 }
