@@ -148,6 +148,7 @@ impl ModelConfig {
                     RopeScaling::Linear { factor } => format!(" linear ×{factor}"),
                     RopeScaling::Llama3 { factor, .. } => format!(" llama3 ×{factor}"),
                     RopeScaling::Dynamic { factor } => format!(" dynamic ×{factor}"),
+                    RopeScaling::Yarn { factor, .. } => format!(" yarn ×{factor}"),
                 };
                 let from = match &m.pretrained {
                     Some(dir) => format!(" from {}", dir.display()),

@@ -77,6 +77,72 @@ pub enum RopeScaling {
     /// and is the default one up to there. Only that range is supported (see
     /// [`LlamaConfig::validate`]), so the frequencies are the default ones.
     Dynamic { factor: f64 },
+    /// YaRN (the long-context setting of Qwen2.5 and Qwen3): wavelengths that fit the
+    /// original context `beta_fast` times or more keep their frequency, those that fit fewer
+    /// than `beta_slow` times are divided by `factor`, a linear ramp between; cos and sin are
+    /// multiplied by [`RopeScaling::attention_factor`]. Left out, the options take
+    /// transformers' defaults.
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: u64,
+        /// `None`: `0.1 ln(factor) + 1` (1 for factors up to 1), as transformers derives it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attention_factor: Option<f64>,
+        #[serde(default = "yarn_beta_fast")]
+        beta_fast: f64,
+        #[serde(default = "yarn_beta_slow")]
+        beta_slow: f64,
+        /// Rounds the ramp's ends to whole dimensions.
+        #[serde(default = "yarn_truncate")]
+        truncate: bool,
+    },
+}
+
+fn yarn_beta_fast() -> f64 {
+    32.0
+}
+
+fn yarn_beta_slow() -> f64 {
+    1.0
+}
+
+fn yarn_truncate() -> bool {
+    true
+}
+
+impl RopeScaling {
+    /// YaRN with transformers' defaults for what `config.json` leaves out.
+    pub fn yarn(factor: f64, original_max_position_embeddings: u64) -> Self {
+        RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings,
+            attention_factor: None,
+            beta_fast: yarn_beta_fast(),
+            beta_slow: yarn_beta_slow(),
+            truncate: yarn_truncate(),
+        }
+    }
+
+    /// What cos and sin are multiplied by: YaRN's attention factor; 1 for every other type.
+    pub fn attention_factor(&self) -> f64 {
+        match *self {
+            RopeScaling::Yarn {
+                factor,
+                attention_factor,
+                ..
+            } => attention_factor.unwrap_or_else(|| yarn_mscale(factor, 1.0)),
+            _ => 1.0,
+        }
+    }
+}
+
+/// YaRN's `0.1 mscale ln(factor) + 1`, 1 for factors up to 1.
+pub fn yarn_mscale(factor: f64, mscale: f64) -> f64 {
+    if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale * factor.ln() + 1.0
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -221,9 +287,21 @@ impl LlamaConfig {
                 && low_freq_factor > 0.0
                 && high_freq_factor > low_freq_factor
                 && original_max_position_embeddings > 0 => {}
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                attention_factor,
+                beta_fast,
+                beta_slow,
+                ..
+            } if factor > 0.0
+                && original_max_position_embeddings > 0
+                && attention_factor.is_none_or(|a| a > 0.0)
+                && beta_fast > beta_slow
+                && beta_slow > 0.0 => {}
             scaling => {
                 return Err(format!(
-                    "rope scaling {scaling:?} needs positive factors (llama3: high_freq_factor > low_freq_factor)"
+                    "rope scaling {scaling:?} needs positive factors (llama3: high_freq_factor > low_freq_factor; yarn: beta_fast > beta_slow > 0)"
                 ))
             }
         }

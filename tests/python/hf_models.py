@@ -108,10 +108,13 @@ FOLDERS = {
         torch.float32, None, True),
     "qwen2-bias": ("qwen2", dict(num_key_value_heads=1, rope_parameters=dict(rope_type="default", rope_theta=1e6),
                                  tie_word_embeddings=False), torch.float32, None, False),
-    # Qwen3: q/k norms per head, head_dim apart from hidden_size / heads, tied as the small ones.
-    "qwen3-qk-norm": ("qwen3", dict(num_key_value_heads=1, head_dim=16, tie_word_embeddings=True,
-                                    rope_parameters=dict(rope_type="default", rope_theta=1e6)),
-                      torch.float32, None, False),
+    # Qwen3: q/k norms per head, head_dim apart from hidden_size / heads, tied as the small ones;
+    # YaRN as its model card extends the context (a ramp that mixes kept and scaled frequencies).
+    "qwen3-qk-norm-yarn": ("qwen3", dict(num_key_value_heads=1, head_dim=16, tie_word_embeddings=True,
+                                         max_position_embeddings=128,
+                                         rope_parameters=dict(rope_type="yarn", rope_theta=1e6, factor=2.0,
+                                                              original_max_position_embeddings=64)),
+                           torch.float32, None, False),
     "mistral": ("mistral", dict(sliding_window=64, rope_parameters=dict(rope_type="linear", factor=2.0, rope_theta=10000.0)),
                 torch.float32, None, False),
     "llama-sharded-bf16": ("llama", dict(tie_word_embeddings=False, num_hidden_layers=3), torch.bfloat16, "20KB", False),
@@ -214,8 +217,9 @@ def cmd_make_bad(args):
     manifest["unknown-model-type"] = ["model_type", "config.json", "gpt_neox"]
 
     d = copy("unsupported-rope")
-    rewrite_config(d, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0})
-    manifest["unsupported-rope"] = ["rope_parameters.rope_type", "config.json", "yarn"]
+    rewrite_config(d, rope_parameters={"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+                                       "rope_theta": 10000.0})
+    manifest["unsupported-rope"] = ["rope_parameters.rope_type", "config.json", "longrope"]
 
     d = copy("sliding-window")
     rewrite_config(d, model_type="mistral", sliding_window=8)

@@ -226,7 +226,7 @@ fn one_adamw_step_equals_pytorch_on_1_and_2_ranks() {
         "llama-gqa",
         "llama-tied-llama3",
         "qwen2-bias",
-        "qwen3-qk-norm",
+        "qwen3-qk-norm-yarn",
         "llama-sharded-bf16",
     ] {
         step_matches_pytorch(name, work.path());

@@ -6,7 +6,7 @@
 //! here, quantised weights, attention dropout) is an error naming the key.
 
 use super::{ConfigProblem, HfError};
-use crate::llama::{LlamaConfig, LlamaFamily, Rope, RopeScaling};
+use crate::llama::{yarn_mscale, LlamaConfig, LlamaFamily, Rope, RopeScaling};
 use serde_json::{json, Map, Value};
 use std::path::Path;
 
@@ -14,7 +14,8 @@ pub const CONFIG_FILE: &str = "config.json";
 
 /// The `model_type`s this architecture reads, and the model families they cover.
 pub const SUPPORTED_TYPES: &str = "llama, mistral, qwen2, qwen3 (Llama 1-3, CodeLlama, SmolLM, TinyLlama, Mistral, Qwen2, Qwen2.5, Qwen3 and their fine-tunes)";
-const SUPPORTED_ROPE: &str = "default, linear, llama3, dynamic (up to max_position_embeddings)";
+const SUPPORTED_ROPE: &str =
+    "default, linear, llama3, yarn, dynamic (up to max_position_embeddings)";
 
 /// Reads and parses `<dir>/config.json`.
 pub fn read_config(dir: &Path) -> Result<LlamaConfig, HfError> {
@@ -354,6 +355,14 @@ fn rope(k: &Keys, max_position_embeddings: u64) -> Result<Rope, HfError> {
         Some(t) => ("rope_type", t),
         None => ("type", p.str_opt("type")?.unwrap_or("default")),
     };
+    // The context the model was pretrained on: a top-level key wins (as transformers does),
+    // then the rope settings', then max_position_embeddings.
+    let original_max_position_embeddings = match k.u64_opt("original_max_position_embeddings")? {
+        Some(n) => n,
+        None => p
+            .u64_opt("original_max_position_embeddings")?
+            .unwrap_or(max_position_embeddings),
+    };
     let scaling = match rope_type {
         "default" => RopeScaling::Default,
         "linear" => RopeScaling::Linear {
@@ -363,10 +372,35 @@ fn rope(k: &Keys, max_position_embeddings: u64) -> Result<Rope, HfError> {
             factor: p.f64_req("factor")?,
             low_freq_factor: p.f64_req("low_freq_factor")?,
             high_freq_factor: p.f64_req("high_freq_factor")?,
-            original_max_position_embeddings: p
-                .u64_opt("original_max_position_embeddings")?
-                .unwrap_or(max_position_embeddings),
+            original_max_position_embeddings,
         },
+        "yarn" => {
+            let factor = p.f64_req("factor")?;
+            let mut yarn = RopeScaling::yarn(factor, original_max_position_embeddings);
+            if let RopeScaling::Yarn {
+                attention_factor,
+                beta_fast,
+                beta_slow,
+                truncate,
+                ..
+            } = &mut yarn
+            {
+                // DeepSeek's form of the attention factor, as transformers reads it (a zero
+                // is unset).
+                let mscales = (p.f64_opt("mscale")?, p.f64_opt("mscale_all_dim")?);
+                *attention_factor = match (p.f64_opt("attention_factor")?, mscales) {
+                    (Some(given), _) => Some(given),
+                    (None, (Some(m), Some(all))) if m != 0.0 && all != 0.0 => {
+                        Some(yarn_mscale(factor, m) / yarn_mscale(factor, all))
+                    }
+                    (None, _) => None,
+                };
+                *beta_fast = p.f64_opt("beta_fast")?.unwrap_or(*beta_fast);
+                *beta_slow = p.f64_opt("beta_slow")?.unwrap_or(*beta_slow);
+                *truncate = p.bool_or("truncate", *truncate)?;
+            }
+            yarn
+        }
         "dynamic" => RopeScaling::Dynamic {
             factor: p.f64_req("factor")?,
         },
@@ -383,37 +417,13 @@ fn rope(k: &Keys, max_position_embeddings: u64) -> Result<Rope, HfError> {
 /// A `config.json` for a model trained from scratch, in the transformers 5.x dialect with the
 /// 4.x keys beside it (`rope_theta`, `rope_scaling`, `torch_dtype`), so both read it.
 pub fn config_json(config: &LlamaConfig, dtype: &str) -> Value {
-    let (rope_type, mut scaling) = match config.rope.scaling {
-        RopeScaling::Default => ("default", Map::new()),
-        RopeScaling::Linear { factor } => {
-            let mut m = Map::new();
-            m.insert("factor".into(), json!(factor));
-            ("linear", m)
-        }
-        RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position_embeddings,
-        } => {
-            let mut m = Map::new();
-            m.insert("factor".into(), json!(factor));
-            m.insert("low_freq_factor".into(), json!(low_freq_factor));
-            m.insert("high_freq_factor".into(), json!(high_freq_factor));
-            m.insert(
-                "original_max_position_embeddings".into(),
-                json!(original_max_position_embeddings),
-            );
-            ("llama3", m)
-        }
-        RopeScaling::Dynamic { factor } => {
-            let mut m = Map::new();
-            m.insert("factor".into(), json!(factor));
-            ("dynamic", m)
-        }
+    // `RopeScaling` serialises as transformers names the rope settings: `rope_type` and the
+    // type's own keys.
+    let Ok(Value::Object(mut scaling)) = serde_json::to_value(config.rope.scaling) else {
+        unreachable!("rope settings serialise to an object")
     };
-    scaling.insert("rope_type".into(), json!(rope_type));
-    let rope_scaling = (rope_type != "default").then(|| Value::Object(scaling.clone()));
+    let rope_scaling =
+        (config.rope.scaling != RopeScaling::Default).then(|| Value::Object(scaling.clone()));
     scaling.insert("rope_theta".into(), json!(config.rope.theta));
     let mut v = json!({
         "architectures": [config.model_type.architecture()],
@@ -561,10 +571,10 @@ mod tests {
             "{e}"
         );
         let mut v = base();
-        v["rope_scaling"]["rope_type"] = json!("yarn");
+        v["rope_scaling"]["rope_type"] = json!("longrope");
         let e = parse(v).unwrap_err().to_string();
         assert!(
-            e.contains("`rope_scaling.rope_type`") && e.contains("\"yarn\""),
+            e.contains("`rope_scaling.rope_type`") && e.contains("\"longrope\""),
             "{e}"
         );
         let mut v = base();
@@ -601,10 +611,66 @@ mod tests {
                 e.contains("rope_type dynamic") && e.contains("seq_len <= 64"),
                 "{e}"
             );
-            v["rope_scaling"][key] = json!("yarn");
+            v["rope_scaling"][key] = json!("longrope");
             let e = parse(v).unwrap_err().to_string();
             assert!(e.contains(&format!("`rope_scaling.{key}`")), "{e}");
         }
+    }
+
+    #[test]
+    fn yarn_takes_transformers_defaults_and_attention_factor() {
+        // Qwen3's long-context setting, as its model card gives it.
+        let mut v = base();
+        v["model_type"] = json!("qwen3");
+        v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0,
+                                   "original_max_position_embeddings": 32768});
+        let c = parse(v.clone()).unwrap();
+        assert_eq!(c.rope.scaling, RopeScaling::yarn(4.0, 32768));
+        assert!(c.validate(4096).is_ok());
+        // transformers' `_compute_yarn_parameters` gives these attention factors.
+        let factor = |s: RopeScaling| s.attention_factor();
+        assert!((factor(c.rope.scaling) - 1.138629436111989).abs() < 1e-12);
+        assert_eq!(factor(RopeScaling::yarn(0.5, 32768)), 1.0);
+        let mut deepseek = v.clone();
+        deepseek["rope_scaling"] = json!({"rope_type": "yarn", "factor": 40.0, "mscale": 1.0,
+                                          "mscale_all_dim": 0.707});
+        let scaling = parse(deepseek.clone()).unwrap().rope.scaling;
+        assert!((factor(scaling) - 1.0857263992561355).abs() < 1e-12);
+        deepseek["rope_scaling"]["mscale"] = json!(0.0);
+        let scaling = parse(deepseek).unwrap().rope.scaling;
+        assert!((factor(scaling) - (0.1 * 40f64.ln() + 1.0)).abs() < 1e-12);
+        assert_eq!(RopeScaling::Default.attention_factor(), 1.0);
+        // Every option survives an export; a top-level original context wins, and without
+        // either the model's own is the original.
+        v["rope_scaling"]["beta_fast"] = json!(16.0);
+        v["rope_scaling"]["truncate"] = json!(false);
+        v["rope_scaling"]["attention_factor"] = json!(1.5);
+        let c = parse(v.clone()).unwrap();
+        assert_eq!(parse(config_json(&c, "float32")).unwrap(), c);
+        assert_eq!(c.rope.scaling.attention_factor(), 1.5);
+        v["original_max_position_embeddings"] = json!(8192);
+        let original = |c: LlamaConfig| match c.rope.scaling {
+            RopeScaling::Yarn {
+                original_max_position_embeddings,
+                ..
+            } => original_max_position_embeddings,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(original(parse(v.clone()).unwrap()), 8192);
+        let m = v.as_object_mut().unwrap();
+        m.remove("original_max_position_embeddings");
+        m["rope_scaling"]
+            .as_object_mut()
+            .unwrap()
+            .remove("original_max_position_embeddings");
+        assert_eq!(original(parse(v.clone()).unwrap()), 131072);
+        v["rope_scaling"]["beta_slow"] = json!(32.0);
+        let e = parse(v).unwrap().validate(64).unwrap_err();
+        assert!(e.contains("beta_fast > beta_slow"), "{e}");
+        v = base();
+        v["rope_scaling"] = json!({"rope_type": "yarn"});
+        let e = parse(v).unwrap_err().to_string();
+        assert!(e.contains("`rope_scaling.factor`: is missing"), "{e}");
     }
 
     #[test]

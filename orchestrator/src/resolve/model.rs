@@ -619,23 +619,46 @@ pub(super) mod tests {
         );
     }
 
+    /// A from-scratch `model` spec saved as a Hugging Face folder in `dir`: the `kind: hf`
+    /// spec of that folder and the architecture read back from it.
+    fn through_a_folder(model: &str, dir: &Path) -> (String, shardrun_models::LlamaConfig) {
+        let scratch = job(model, DATA, "").unwrap();
+        folder(dir, &scratch.train.model);
+        let hf = format!("{{ kind: hf, path: {} }}", dir.display());
+        let ModelConfig::Llama(m) = job(&hf, DATA, "").unwrap().train.model else {
+            panic!("a Llama")
+        };
+        (hf, m.architecture)
+    }
+
+    #[test]
+    fn yarn_from_a_spec_keeps_its_options_through_a_folder() {
+        let tmp = tempfile::tempdir().unwrap();
+        let yarn = LLAMA.replace(
+            "rope_type: linear, factor: 2.0",
+            "rope_type: yarn, factor: 4.0, original_max_position_embeddings: 4, beta_fast: 8",
+        );
+        let (_, read_back) = through_a_folder(&yarn, &tmp.path().join("model"));
+        assert_eq!(
+            read_back.rope.scaling,
+            RopeScaling::Yarn {
+                factor: 4.0,
+                original_max_position_embeddings: 4,
+                attention_factor: None,
+                beta_fast: 8.0,
+                beta_slow: 1.0,
+                truncate: true,
+            }
+        );
+    }
+
     #[test]
     fn dynamic_rope_trains_up_to_max_position_embeddings() {
         let tmp = tempfile::tempdir().unwrap();
         let dynamic = LLAMA.replace("rope_type: linear", "rope_type: dynamic");
-        let scratch = job(&dynamic, DATA, "").unwrap();
-        let dir = tmp.path().join("model");
-        folder(&dir, &scratch.train.model);
-        let model = format!("{{ kind: hf, path: {} }}", dir.display());
-        let j = job(&model, DATA, "").unwrap();
-        let ModelConfig::Llama(m) = &j.train.model else {
-            panic!()
-        };
+        let (model, read_back) = through_a_folder(&dynamic, &tmp.path().join("model"));
         assert_eq!(
-            (
-                m.architecture.rope.scaling,
-                m.architecture.max_position_embeddings
-            ),
+            (read_back.rope.scaling, read_back.max_position_embeddings),
             (RopeScaling::Dynamic { factor: 2.0 }, 16)
         );
         let longer = "  data: { kind: synthetic, seq_len: 17 }\n";

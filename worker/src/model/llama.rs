@@ -44,6 +44,8 @@ pub struct RotaryEmbedding {
     /// `inv_freq` on the device the model last ran on, made once: copied from host memory
     /// in every layer, it would make the host wait for the GPU's queue each time.
     on_device: Mutex<Option<Tensor>>,
+    /// What cos and sin are multiplied by (YaRN's attention factor; 1 otherwise).
+    attention_scaling: f64,
 }
 
 impl RotaryEmbedding {
@@ -54,6 +56,7 @@ impl RotaryEmbedding {
         RotaryEmbedding {
             inv_freq: Vec::<f32>::try_from(&inv_freq).expect("a 1-d fp32 tensor"),
             on_device: Mutex::new(None),
+            attention_scaling: config.rope.scaling.attention_factor(),
         }
     }
 
@@ -77,18 +80,27 @@ impl RotaryEmbedding {
         let inv_freq = self.inv_freq_on(positions.device());
         let freqs = positions.unsqueeze(-1).to_kind(Kind::Float) * inv_freq;
         let emb = Tensor::cat(&[&freqs, &freqs], -1);
-        (emb.cos().to_kind(kind), emb.sin().to_kind(kind))
+        let (cos, sin) = if self.attention_scaling == 1.0 {
+            (emb.cos(), emb.sin())
+        } else {
+            (
+                emb.cos() * self.attention_scaling,
+                emb.sin() * self.attention_scaling,
+            )
+        };
+        (cos.to_kind(kind), sin.to_kind(kind))
     }
 }
 
-/// `transformers`' rope init functions, op for op in fp32 (`default`, `linear`, `llama3`;
-/// `dynamic` within max_position_embeddings).
+/// `transformers`' rope init functions, op for op in fp32 (`default`, `linear`, `llama3`,
+/// `yarn`; `dynamic` within max_position_embeddings).
 fn inverse_frequencies(config: &LlamaConfig) -> Tensor {
     let dim = config.head_dim as i64;
     let exponents = Tensor::arange_start_step(0, dim, 2, (Kind::Int64, Device::Cpu))
         .to_kind(Kind::Float)
         / dim as f64;
-    let inv_freq = Tensor::pow_scalar(config.rope.theta, &exponents).reciprocal();
+    let pos_freqs = Tensor::pow_scalar(config.rope.theta, &exponents);
+    let inv_freq = pos_freqs.reciprocal();
     match config.rope.scaling {
         // Dynamic NTK is the default rope up to max_position_embeddings, the only lengths
         // `LlamaConfig::validate` lets it train on.
@@ -113,6 +125,38 @@ fn inverse_frequencies(config: &LlamaConfig) -> Tensor {
                 .logical_not()
                 .logical_and(&wavelen.gt(low_freq_wavelen).logical_not());
             smoothed.where_self(&medium, &scaled)
+        }
+        RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            truncate,
+            ..
+        } => {
+            let base = config.rope.theta;
+            // The dimension whose wavelength fits the original context `rotations` times.
+            let dimension_of = |rotations: f64| {
+                dim as f64
+                    * (original_max_position_embeddings as f64
+                        / (rotations * 2.0 * std::f64::consts::PI))
+                        .ln()
+                    / (2.0 * base.ln())
+            };
+            let (mut low, mut high) = (dimension_of(beta_fast), dimension_of(beta_slow));
+            if truncate {
+                (low, high) = (low.floor(), high.ceil());
+            }
+            let (low, mut high) = (low.max(0.0), high.min((dim - 1) as f64));
+            if low == high {
+                high += 0.001;
+            }
+            let ramp = ((Tensor::arange(dim / 2, (Kind::Float, Device::Cpu)) - low) / (high - low))
+                .clamp(0.0, 1.0);
+            // 1 where a frequency is kept (extrapolated), 0 where it is divided by `factor`.
+            let kept = -ramp + 1.0;
+            let interpolated = (pos_freqs * factor).reciprocal();
+            interpolated * (-&kept + 1.0) + inv_freq * kept
         }
     }
 }

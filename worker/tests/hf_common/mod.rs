@@ -15,7 +15,7 @@ pub const FOLDERS: [&str; 6] = [
     "llama-gqa",
     "llama-tied-llama3",
     "qwen2-bias",
-    "qwen3-qk-norm",
+    "qwen3-qk-norm-yarn",
     "mistral",
     "llama-sharded-bf16",
 ];
