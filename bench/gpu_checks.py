@@ -4,9 +4,13 @@
     gpu_checks.py same A B [--after N] [--rtol R]     two runs' losses agree step by step
     gpu_checks.py exported CHECKPOINT CONFIG METRICS  PyTorch, given the exported weights of step
                                                       N, reproduces the worker's loss at step N+1
-    gpu_checks.py table OUT                           shardrun vs PyTorch FSDP2 on the benchmark
+    gpu_checks.py hf-exported FOLDER CONFIG METRICS --step N
+                                                      the same for a Llama exported as a Hugging
+                                                      Face folder, with `transformers`
+    gpu_checks.py table OUT [NAME]                    shardrun vs PyTorch FSDP2 on the benchmark
+                                                      (OUT/bench[-NAME], OUT/pytorch[-NAME].json)
 
-Exits 1 with the reason when a check fails.
+Exits 1 with the reason when a check fails, 3 when it cannot run here (no `transformers`).
 """
 
 import json
@@ -39,6 +43,20 @@ def field(record, *names):
 def fail(why):
     print(f"FAIL: {why}")
     sys.exit(1)
+
+
+NOT_RUN = 3
+
+
+def transformers_or_not_run():
+    """`transformers`, or exit NOT_RUN saying it is missing (the machine's Python, not
+    shardrun, lacks it)."""
+    try:
+        import transformers
+    except ImportError:
+        print(f"transformers is not installed for {sys.executable}")
+        sys.exit(NOT_RUN)
+    return transformers
 
 
 def trains(path):
@@ -92,25 +110,36 @@ def exported(checkpoint, config_path, metrics_path, rtol=1e-3):
     import torch.nn.functional as F
 
     sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
-    sys.path.insert(0, HERE)
-    from fsdp2_reference import samples
     from shardrun_model import Transformer
 
     with open(config_path) as f:
         config = json.load(f)
-    m, batch = config["model"], config["batch"]
+    m = config["model"]
     with open(os.path.join(checkpoint, "metadata.json")) as f:
         step = json.load(f)["step"]
     model = Transformer(m["vocab_size"], m["dim"], m["n_layers"], m["n_heads"], m["max_seq_len"])
     model.load_state_dict(read_safetensors(os.path.join(checkpoint, "model.safetensors")), strict=True)
     device = "cuda" if config["device"] == "cuda" else "cpu"
     model = model.to(device)
-    global_batch = batch["batch_size_per_device"] * batch["world_size"]
-    seq = config["data"]["seq_len"]
-    tokens, targets = samples(config["seed"], step * global_batch, global_batch, seq, m["vocab_size"])
+    tokens, targets = next_batch(config, step)
     with torch.no_grad():
         logits = model(tokens.to(device))
         loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.to(device).view(-1)).item()
+    compare_next_loss(loss, metrics_path, step, rtol)
+
+
+def next_batch(config, step):
+    """The global batch of step `step + 1`: the worker's synthetic tokens and targets."""
+    sys.path.insert(0, HERE)
+    from fsdp2_reference import samples
+
+    batch = config["batch"]
+    global_batch = batch["batch_size_per_device"] * batch["world_size"]
+    vocab = config["model"].get("vocab_size") or config["model"]["architecture"]["vocab_size"]
+    return samples(config["seed"], step * global_batch, global_batch, config["data"]["seq_len"], vocab)
+
+
+def compare_next_loss(loss, metrics_path, step, rtol):
     worker = {r["step"]: r["loss"] for r in metrics(metrics_path)}.get(step + 1)
     if worker is None:
         fail(f"{metrics_path} has no step {step + 1}")
@@ -120,8 +149,27 @@ def exported(checkpoint, config_path, metrics_path, rtol=1e-3):
     print(f"ok: PyTorch {loss:.6f} vs worker {worker:.6f} at step {step + 1} ({diff:.1e})")
 
 
-def table(out):
-    ours = metrics(os.path.join(out, "bench", "metrics.jsonl"))
+def hf_exported(folder, config_path, metrics_path, step, rtol=1e-3):
+    """`transformers` loads the Hugging Face folder exported from the step-`step` checkpoint
+    and computes the loss of the next step's batch, which must be the worker's."""
+    transformers = transformers_or_not_run()
+    import torch
+    import torch.nn.functional as F
+
+    with open(config_path) as f:
+        config = json.load(f)
+    device = "cuda" if config["device"] == "cuda" else "cpu"
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device)
+    tokens, targets = next_batch(config, step)
+    with torch.no_grad():
+        logits = model(input_ids=tokens.to(device)).logits
+        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.to(device).view(-1)).item()
+    compare_next_loss(loss, metrics_path, step, rtol)
+
+
+def table(out, name=""):
+    suffix = f"-{name}" if name else ""
+    ours = metrics(os.path.join(out, f"bench{suffix}", "metrics.jsonl"))
     steady = [m for m in ours if m["step"] > 5] or ours
     step = statistics.median(field(m, "step_time_max_s", "step_time_s") for m in steady)
     tps = statistics.median(m["tokens_per_s"] for m in steady)
@@ -129,7 +177,7 @@ def table(out):
     mfu = statistics.median(mfus) if mfus else None
     peak = max(field(m, "peak_memory_max_bytes", "peak_memory_bytes") for m in ours)
     reserved = max((field(m, "peak_reserved_max_bytes", "peak_reserved_bytes") or 0) for m in ours)
-    with open(os.path.join(out, "pytorch.json")) as f:
+    with open(os.path.join(out, f"pytorch{suffix}.json")) as f:
         ref = json.loads([l for l in f.read().splitlines() if l.startswith("{")][-1])
     ref_peak = max(ref["peak_rss_bytes"])
     ref_reserved = max(ref.get("peak_reserved_bytes", [0]))
@@ -150,7 +198,7 @@ def table(out):
     ]
     for row in rows:
         print("| " + " | ".join(row) + " |")
-    with open(os.path.join(out, "summary.json"), "w") as f:
+    with open(os.path.join(out, f"summary{suffix}.json"), "w") as f:
         json.dump({"shardrun": {"step_time_s": step, "tokens_per_s": tps, "mfu": mfu,
                                 "peak_allocated_bytes": peak, "peak_reserved_bytes": reserved},
                    "pytorch_fsdp2": ref}, f, indent=2)
@@ -176,6 +224,8 @@ def main(argv):
         same(*rest, after=int(options.get("after", 0)), rtol=options.get("rtol", 1e-3))
     elif cmd == "exported":
         exported(*rest, rtol=options.get("rtol", 1e-3))
+    elif cmd == "hf-exported":
+        hf_exported(*rest, step=int(options["step"]), rtol=options.get("rtol", 1e-3))
     elif cmd == "table":
         table(*rest)
     else:
