@@ -102,6 +102,9 @@ export SHARDRUN_WORKER_BIN="$bin/shardrun-worker"
 # The checks start their own ranks: run inside a Slurm job or step, its rank variables would
 # make every process here a task of that step instead (they win over RANK/WORLD_SIZE).
 unset SLURM_PROCID SLURM_NTASKS SLURM_LOCALID SLURM_STEP_ID
+# What the check names call a rank and the communicator.
+rank_word=GPU comm=NCCL
+[[ "$device" == cpu ]] && rank_word="CPU rank" comm="socket-ring"
 if [[ "$device" == cuda ]]; then
   # The GPUs this process may use (CUDA_VISIBLE_DEVICES, a Slurm allocation), not the node's.
   gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
@@ -185,7 +188,7 @@ echo "== 1-3: NCCL, the device, the communicator"
 if [[ "$device" == cuda ]]; then
   check "check-gpu (NCCL loads, rank 0 gets its GPU)" "$bin/shardrun-worker" --check-gpu
 fi
-check "NCCL collectives, 1 rank" "$bin/shardrun-collective-bench" --device "$device" check
+check "$comm collectives, 1 rank" "$bin/shardrun-collective-bench" --device "$device" check
 # on_every_gpu ARGS...: shardrun-collective-bench ARGS as one rank per GPU.
 on_every_gpu() {
   local port=$((29500 + RANDOM % 1000)) pids=() rc=0 r
@@ -197,10 +200,10 @@ on_every_gpu() {
   return $rc
 }
 if (( gpus >= 2 )); then
-  check "NCCL collectives and HYBRID groups, $gpus ranks" on_every_gpu check
+  check "$comm collectives and HYBRID groups, $gpus ranks" on_every_gpu check
   # One rank would time a local copy: bandwidth needs every GPU (rank 0 prints).
   bandwidth() { on_every_gpu bench --mib 256 | tee "$out/nccl-bench.jsonl"; }
-  check "NCCL bandwidth, 256 MiB, $gpus ranks" bandwidth
+  check "$comm bandwidth, 256 MiB, $gpus ranks" bandwidth
 fi
 if [[ "$device" == cpu ]]; then
   echo "(CHECK_DEVICE=cpu: the worker's unit tests run in scripts/test.sh)"
@@ -217,7 +220,7 @@ echo "== 4: training on the GPU"
 for strategy in FULL_SHARD SHARD_GRAD_OP NO_SHARD HYBRID_SHARD; do
   for dtype in bf16 f16; do
     name="${strategy,,}-$dtype"
-    check "$strategy $dtype, 1 GPU" run_job "$name" "$(spec "$name" "$strategy" "$dtype" 20)" 1
+    check "$strategy $dtype, 1 $rank_word" run_job "$name" "$(spec "$name" "$strategy" "$dtype" 20)" 1
   done
 done
 if (( gpus >= 2 )); then
@@ -225,7 +228,7 @@ if (( gpus >= 2 )); then
     name="${strategy,,}-bf16-x$gpus"
     f=$(spec "$name" "$strategy" bf16 20)
     sed -i "s/total_batch_size: 8/total_batch_size: $((8 * gpus))/; s/shard_group_size: 1/shard_group_size: $(( gpus / 2 > 0 ? gpus / 2 : 1 ))/" "$f"
-    check "$strategy bf16, $gpus GPUs" run_job "$name" "$f" "$gpus"
+    check "$strategy bf16, $gpus ${rank_word}s" run_job "$name" "$f" "$gpus"
   done
 fi
 check "fp32 FULL_SHARD = unsharded reference" reference_check fp32
@@ -294,8 +297,8 @@ if [[ "$device" == cuda ]]; then
 else
   sizes=(--vocab 2048 --dim 128 --n-layers 2 --n-heads 4 --seq 128 --batch 8 --steps 10)
 fi
-check "shardrun on bench/gpu-bench.yaml, $n $device rank(s)" bench_ours bench bench/gpu-bench.yaml 8
-check "PyTorch FSDP2, same model, $n $device rank(s)" bench_ref pytorch.json bench/fsdp2_reference.py \
+check "shardrun on bench/gpu-bench.yaml, $n $rank_word(s)" bench_ours bench bench/gpu-bench.yaml 8
+check "PyTorch FSDP2, same model, $n $rank_word(s)" bench_ref pytorch.json bench/fsdp2_reference.py \
   "${sizes[@]}" --param-dtype bf16 --warmup 5
 if [[ -f "$out/bench/metrics.jsonl" && -s "$out/pytorch.json" ]]; then
   grep -m1 "MFU is" "$out/bench/train.log" | sed 's/^.*\] //'
@@ -307,11 +310,11 @@ fi
 if wanted llama; then
 echo "== 7: the Llama architecture, from scratch and from a Hugging Face folder"
 model_line="{ kind: llama, vocab_size: 2048, dim: 256, n_layers: 4, n_heads: 8, n_kv_heads: 2, ffn_dim: 688, max_position_embeddings: 128 }"
-check "Llama FULL_SHARD bf16, 1 $device rank" run_job llama-bf16 "$(spec llama-bf16 FULL_SHARD bf16 20)" 1
+check "Llama FULL_SHARD bf16, 1 $rank_word" run_job llama-bf16 "$(spec llama-bf16 FULL_SHARD bf16 20)" 1
 if (( gpus >= 2 )); then
   f=$(spec "llama-bf16-x$gpus" FULL_SHARD bf16 20)
   sed -i "s/total_batch_size: 8/total_batch_size: $((8 * gpus))/" "$f"
-  check "Llama FULL_SHARD bf16, $gpus $device ranks" run_job "llama-bf16-x$gpus" "$f" "$gpus"
+  check "Llama FULL_SHARD bf16, $gpus ${rank_word}s" run_job "llama-bf16-x$gpus" "$f" "$gpus"
 fi
 check "Llama fp32 FULL_SHARD = unsharded reference" reference_check llama-fp32
 # The fp32 run's final weights as a Hugging Face folder; fine-tuned from it (`kind: hf`) 6
@@ -339,8 +342,8 @@ llama_ref() {
     || { echo "transformers is not installed for $python"; return $NOT_RUN; }
   bench_ref pytorch-llama.json bench/fsdp2_llama.py "${sizes[@]}" --param-dtype bf16 --warmup 5
 }
-check "shardrun on bench/gpu-bench-llama.yaml, $n $device rank(s)" bench_ours bench-llama bench/gpu-bench-llama.yaml 4
-check "PyTorch FSDP2, transformers' LlamaForCausalLM, $n $device rank(s)" llama_ref
+check "shardrun on bench/gpu-bench-llama.yaml, $n $rank_word(s)" bench_ours bench-llama bench/gpu-bench-llama.yaml 4
+check "PyTorch FSDP2, transformers' LlamaForCausalLM, $n $rank_word(s)" llama_ref
 if [[ -f "$out/bench-llama/metrics.jsonl" && -s "$out/pytorch-llama.json" ]]; then
   grep -m1 "MFU is" "$out/bench-llama/train.log" | sed 's/^.*\] //'
   "$python" bench/gpu_checks.py table "$out" llama | tee "$out/table-llama.md"
