@@ -99,27 +99,33 @@ pub enum RopeScaling {
 }
 
 fn yarn_beta_fast() -> f64 {
-    32.0
+    RopeScaling::YARN_BETA_FAST
 }
 
 fn yarn_beta_slow() -> f64 {
-    1.0
+    RopeScaling::YARN_BETA_SLOW
 }
 
 fn yarn_truncate() -> bool {
-    true
+    RopeScaling::YARN_TRUNCATE
 }
 
 impl RopeScaling {
-    /// YaRN with transformers' defaults for what `config.json` leaves out.
-    pub fn yarn(factor: f64, original_max_position_embeddings: u64) -> Self {
+    /// transformers' defaults for the YaRN options a config leaves out.
+    pub const YARN_BETA_FAST: f64 = 32.0;
+    pub const YARN_BETA_SLOW: f64 = 1.0;
+    pub const YARN_TRUNCATE: bool = true;
+
+    /// YaRN with the defaults for every option.
+    #[cfg(test)]
+    pub(crate) fn yarn(factor: f64, original_max_position_embeddings: u64) -> Self {
         RopeScaling::Yarn {
             factor,
             original_max_position_embeddings,
             attention_factor: None,
-            beta_fast: yarn_beta_fast(),
-            beta_slow: yarn_beta_slow(),
-            truncate: yarn_truncate(),
+            beta_fast: Self::YARN_BETA_FAST,
+            beta_slow: Self::YARN_BETA_SLOW,
+            truncate: Self::YARN_TRUNCATE,
         }
     }
 
@@ -181,10 +187,6 @@ pub struct LlamaConfig {
     pub o_proj_bias: bool,
     /// Biases in the MLP (Llama's `mlp_bias`).
     pub mlp_bias: bool,
-    /// Qwen3's `q_norm` and `k_norm`: an RMSNorm over each query and key head (weights of
-    /// `head_dim`) between the projection and RoPE.
-    #[serde(default)]
-    pub qk_norm: bool,
     pub initializer_range: f64,
     /// The embedding row `transformers` treats as padding: zero at init, no gradient.
     pub pad_token_id: Option<u64>,
@@ -207,6 +209,12 @@ pub const EMBED_TOKENS: &str = "model.embed_tokens.weight";
 pub const LM_HEAD: &str = "lm_head.weight";
 
 impl LlamaConfig {
+    /// Qwen3's `q_norm` and `k_norm`: an RMSNorm over each query and key head (weights of
+    /// `head_dim`) between the projection and RoPE.
+    pub fn qk_norm(&self) -> bool {
+        self.model_type == LlamaFamily::Qwen3
+    }
+
     /// Query heads per key/value head.
     pub fn kv_groups(&self) -> u64 {
         self.n_heads / self.n_kv_heads.max(1)
@@ -243,13 +251,6 @@ impl LlamaConfig {
                     family.model_type()
                 ))
             }
-        }
-        if self.qk_norm != (self.model_type == LlamaFamily::Qwen3) {
-            return Err(format!(
-                "q_norm/k_norm {} with model_type {}: only Qwen3 normalises query and key heads",
-                if self.qk_norm { "on" } else { "off" },
-                self.model_type.model_type()
-            ));
         }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(format!(
@@ -333,7 +334,7 @@ impl LlamaConfig {
         specs.extend(attn.linear("k_proj", d, kv_out, self.qkv_bias, normal, Init::Zeros));
         specs.extend(attn.linear("v_proj", d, kv_out, self.qkv_bias, normal, Init::Zeros));
         specs.extend(attn.linear("o_proj", q_out, d, self.o_proj_bias, normal, Init::Zeros));
-        if self.qk_norm {
+        if self.qk_norm() {
             specs.extend(attn.norm("q_norm", hd, false));
             specs.extend(attn.norm("k_norm", hd, false));
         }
@@ -427,7 +428,7 @@ impl LlamaConfig {
         let narrow = c < F32;
         // Qwen3's q/k norms: per token, the normalised values and outputs of every query and
         // key head, their fp32 input copies when narrower, one rsqrt per head.
-        let qk_norm = if self.qk_norm {
+        let qk_norm = if self.qk_norm() {
             2 * c * (q + kv)
                 + if narrow { (q + kv) * F32 } else { 0 }
                 + (self.n_heads + self.n_kv_heads) * F32
@@ -499,7 +500,6 @@ mod tests {
             qkv_bias: false,
             o_proj_bias: false,
             mlp_bias: false,
-            qk_norm: false,
             initializer_range: 0.02,
             pad_token_id: None,
             sliding_window: None,
@@ -564,7 +564,6 @@ mod tests {
     fn qwen3_normalises_each_query_and_key_head() {
         let mut c = tiny(true);
         c.model_type = LlamaFamily::Qwen3;
-        c.qk_norm = true;
         c.validate(8).unwrap();
         let d = c.describe();
         let names: Vec<&str> = d.segments[1].params.iter().map(String::as_str).collect();
@@ -589,9 +588,8 @@ mod tests {
         // The norms' activations count in the memory plan.
         assert!(c.activations(2).0[1].saved > tiny(true).activations(2).0[1].saved);
 
-        let mut llama = tiny(false);
-        llama.qk_norm = true;
-        assert!(llama.validate(8).unwrap_err().contains("only Qwen3"));
+        // Only Qwen3 normalises query and key heads.
+        assert!(!tiny(false).qk_norm());
         c.mlp_bias = true;
         assert!(c.validate(8).unwrap_err().contains("none in the MLP"));
     }

@@ -287,7 +287,6 @@ pub fn parse_config(value: &Value, path: &Path) -> Result<LlamaConfig, HfError> 
         qkv_bias,
         o_proj_bias,
         mlp_bias,
-        qk_norm: model_type == LlamaFamily::Qwen3,
         initializer_range: k.f64_opt("initializer_range")?.unwrap_or(0.02),
         pad_token_id: k.u64_opt("pad_token_id")?,
         sliding_window,
@@ -376,30 +375,28 @@ fn rope(k: &Keys, max_position_embeddings: u64) -> Result<Rope, HfError> {
         },
         "yarn" => {
             let factor = p.f64_req("factor")?;
-            let mut yarn = RopeScaling::yarn(factor, original_max_position_embeddings);
-            if let RopeScaling::Yarn {
+            // DeepSeek's form of the attention factor, as transformers reads it (a zero is
+            // unset).
+            let mscales = (p.f64_opt("mscale")?, p.f64_opt("mscale_all_dim")?);
+            let attention_factor = match (p.f64_opt("attention_factor")?, mscales) {
+                (Some(given), _) => Some(given),
+                (None, (Some(m), Some(all))) if m != 0.0 && all != 0.0 => {
+                    Some(yarn_mscale(factor, m) / yarn_mscale(factor, all))
+                }
+                (None, _) => None,
+            };
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
                 attention_factor,
-                beta_fast,
-                beta_slow,
-                truncate,
-                ..
-            } = &mut yarn
-            {
-                // DeepSeek's form of the attention factor, as transformers reads it (a zero
-                // is unset).
-                let mscales = (p.f64_opt("mscale")?, p.f64_opt("mscale_all_dim")?);
-                *attention_factor = match (p.f64_opt("attention_factor")?, mscales) {
-                    (Some(given), _) => Some(given),
-                    (None, (Some(m), Some(all))) if m != 0.0 && all != 0.0 => {
-                        Some(yarn_mscale(factor, m) / yarn_mscale(factor, all))
-                    }
-                    (None, _) => None,
-                };
-                *beta_fast = p.f64_opt("beta_fast")?.unwrap_or(*beta_fast);
-                *beta_slow = p.f64_opt("beta_slow")?.unwrap_or(*beta_slow);
-                *truncate = p.bool_or("truncate", *truncate)?;
+                beta_fast: p
+                    .f64_opt("beta_fast")?
+                    .unwrap_or(RopeScaling::YARN_BETA_FAST),
+                beta_slow: p
+                    .f64_opt("beta_slow")?
+                    .unwrap_or(RopeScaling::YARN_BETA_SLOW),
+                truncate: p.bool_or("truncate", RopeScaling::YARN_TRUNCATE)?,
             }
-            yarn
         }
         "dynamic" => RopeScaling::Dynamic {
             factor: p.f64_req("factor")?,
@@ -699,7 +696,7 @@ mod tests {
         let mut v = base();
         v["model_type"] = json!("qwen3");
         let q = parse(v.clone()).unwrap();
-        assert!(q.qk_norm);
+        assert!(q.qk_norm());
         assert_eq!(
             (q.qkv_bias, q.o_proj_bias, q.mlp_bias, q.sliding_window),
             (false, false, false, None)

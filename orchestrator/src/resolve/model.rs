@@ -362,7 +362,6 @@ fn llama_from_spec(s: &Section, m: &LlamaSpec, seq_len: u64) -> Result<LlamaConf
         qkv_bias,
         o_proj_bias,
         mlp_bias,
-        qk_norm: family == LlamaFamily::Qwen3,
         initializer_range: m.initializer_range.unwrap_or(0.02),
         pad_token_id: m.pad_token_id,
         sliding_window: None,
@@ -499,7 +498,7 @@ pub(super) mod tests {
             panic!("a Llama model");
         };
         let a = &m.architecture;
-        assert_eq!((a.qkv_bias, a.o_proj_bias, a.qk_norm), (true, true, true));
+        assert_eq!((a.qkv_bias, a.o_proj_bias, a.qk_norm()), (true, true, true));
         let ResolveError::Invalid(e) =
             job(&qwen3.replace("attention_bias", "mlp_bias"), DATA, "").unwrap_err();
         assert_eq!(e.field, "training.model.mlp_bias");

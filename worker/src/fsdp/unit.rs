@@ -168,14 +168,13 @@ impl FlatUnit {
 
     /// Waits for the all-gather, if one is in flight.
     pub fn finish_gather(&mut self) -> Result<(), FsdpError> {
-        if matches!(self.state, Gather::InFlight { .. }) {
+        match std::mem::replace(&mut self.state, Gather::Sharded) {
             // Gathered only once the wait succeeds: a failed one leaves a partial buffer.
-            if let Gather::InFlight { work, .. } =
-                std::mem::replace(&mut self.state, Gather::Sharded)
-            {
+            Gather::InFlight { work, .. } => {
                 work.wait()?;
                 self.state = Gather::Gathered;
             }
+            other => self.state = other,
         }
         Ok(())
     }

@@ -272,7 +272,7 @@ impl Llama {
                     n_heads: config.n_heads as i64,
                     n_kv_heads: config.n_kv_heads as i64,
                     head_dim: config.head_dim as i64,
-                    qk_norm: config.qk_norm.then(norm),
+                    qk_norm: config.qk_norm().then(norm),
                 },
                 mlp: GatedMlp,
             },
