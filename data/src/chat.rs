@@ -5,14 +5,17 @@
 //! variables). A folder with several named templates renders records that offer tools with
 //! `tool_use` and the others with `default`, as `transformers` picks them.
 //!
-//! Which characters the assistant wrote is found by rendering prefixes of the conversation:
-//! the text up to turn `i` with the generation prompt (`<|im_start|>assistant\n`), and the
-//! text through turn `i`; the assistant's span lies between them, trailing whitespace (the
-//! template's glue) excluded. This needs no `{% generation %}` markers, which few templates
-//! have, and it refuses templates that render earlier turns differently once later turns
-//! follow (it could not tell the turns apart there). A conversation the assistant opens has
-//! no prefix to render (templates read `messages[0]` unguarded): there the opening turn is
-//! rendered with a marker in place of its content, and its span starts where the marker does.
+//! Which characters the assistant wrote: where the template has `{% generation %}` blocks,
+//! what they render, as `transformers`' `return_assistant_tokens_mask` (and so TRL's
+//! assistant-only loss) takes it. Most templates have none; there the conversation is rendered
+//! as growing prefixes: the text up to turn `i` with the generation prompt
+//! (`<|im_start|>assistant\n`), and the text through turn `i`; the assistant's span lies
+//! between them, trailing whitespace (the template's glue) excluded. Templates that render
+//! earlier turns differently once later turns follow (reasoning models' drop the reasoning of
+//! earlier answers) are refused there: the turns cannot be told apart. A conversation the
+//! assistant opens has no prefix to render (templates read `messages[0]` unguarded): there the
+//! opening turn is rendered with a marker in place of its content, and its span starts where
+//! the marker does.
 
 use crate::error::{DataError, Result};
 use crate::tokenizer::TextTokenizer;
@@ -41,6 +44,12 @@ const TOOL_USE: &str = "tool_use";
 /// Stands in for the content of a conversation's opening assistant turn; no text holds it.
 const CONTENT_MARKER: &str = "\u{e000}assistant-content\u{e000}";
 
+/// Written where a `{% generation %}` block's output starts and ends, and taken out of the
+/// text: Unicode noncharacters, set aside for a program's own use (records holding them are
+/// refused).
+const GENERATION_START: char = '\u{fdd0}';
+const GENERATION_END: char = '\u{fdd1}';
+
 /// One template of a tokenizer folder (or the spec's) and where it was read from.
 pub struct NamedTemplate {
     pub name: String,
@@ -50,10 +59,16 @@ pub struct NamedTemplate {
 
 pub struct ChatTemplate {
     env: Environment<'static>,
-    /// Names of the templates in `env` and where each was read from.
-    sources: BTreeMap<String, PathBuf>,
+    /// The templates in `env` by name.
+    sources: BTreeMap<String, Source>,
     /// The special tokens every render sees (`bos_token`, `eos_token`, ...).
     variables: BTreeMap<String, Value>,
+}
+
+/// Where a template was read from, and whether it marks what the assistant writes.
+struct Source {
+    path: PathBuf,
+    generation_blocks: bool,
 }
 
 impl ChatTemplate {
@@ -122,12 +137,17 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         let mut sources = BTreeMap::new();
         for template in templates {
-            env.add_template_owned(template.name.clone(), generation_as_with(&template.source))
+            let (marked, generation_blocks) = mark_generation_blocks(&template.source);
+            env.add_template_owned(template.name.clone(), marked)
                 .map_err(|e| DataError::ChatTemplate {
                     path: template.path.clone(),
                     why: format!("not a valid Jinja template: {}", describe(&e)),
                 })?;
-            sources.insert(template.name, template.path);
+            let source = Source {
+                path: template.path,
+                generation_blocks,
+            };
+            sources.insert(template.name, source);
         }
         let variables = special_tokens
             .iter()
@@ -143,14 +163,14 @@ impl ChatTemplate {
     /// Where the templates were read from (with their names when there are several).
     pub fn origin(&self) -> String {
         if self.sources.len() == 1 {
-            if let Some(path) = self.sources.values().next() {
-                return path.display().to_string();
+            if let Some(source) = self.sources.values().next() {
+                return source.path.display().to_string();
             }
         }
         let named: Vec<String> = self
             .sources
             .iter()
-            .map(|(name, path)| format!("{name} from {}", path.display()))
+            .map(|(name, source)| format!("{name} from {}", source.path.display()))
             .collect();
         named.join(", ")
     }
@@ -191,6 +211,23 @@ impl ChatTemplate {
         tools: Option<&Value>,
         add_generation_prompt: bool,
     ) -> std::result::Result<String, String> {
+        let name = self.pick(tools)?;
+        let text = self.render_marked(name, messages, tools, add_generation_prompt)?;
+        Ok(if self.sources[name].generation_blocks {
+            text.replace([GENERATION_START, GENERATION_END], "")
+        } else {
+            text
+        })
+    }
+
+    /// The template `name`'s text, with its `{% generation %}` blocks marked.
+    fn render_marked(
+        &self,
+        name: &str,
+        messages: &[Value],
+        tools: Option<&Value>,
+        add_generation_prompt: bool,
+    ) -> std::result::Result<String, String> {
         let mut context = self.variables.clone();
         context.insert("messages".into(), Value::from(messages.to_vec()));
         context.insert(
@@ -199,10 +236,7 @@ impl ChatTemplate {
         );
         context.insert("tools".into(), tools.cloned().unwrap_or(Value::from(())));
         context.insert("documents".into(), Value::from(()));
-        let template = self
-            .env
-            .get_template(self.pick(tools)?)
-            .map_err(|e| describe(&e))?;
+        let template = self.env.get_template(name).map_err(|e| describe(&e))?;
         template
             .render(Value::from(context))
             .map_err(|e| format!("the chat template failed: {}", describe(&e)))
@@ -214,14 +248,47 @@ impl ChatTemplate {
         messages: &[Value],
         tools: Option<&Value>,
     ) -> std::result::Result<(String, Vec<Range<usize>>), String> {
+        let name = self.pick(tools)?;
+        if self.sources[name].generation_blocks {
+            let holding = messages
+                .iter()
+                .position(holds_generation_marker)
+                .map(|at| format!("message {}", at + 1))
+                .or_else(|| {
+                    tools
+                        .is_some_and(holds_generation_marker)
+                        .then(|| "the list of tools".into())
+                });
+            if let Some(what) = holding {
+                return Err(format!(
+                    "{what} holds U+FDD0 or U+FDD1, Unicode noncharacters that shardrun \
+                     writes to find the template's {{% generation %}} blocks; remove them from \
+                     the data"
+                ));
+            }
+            let marked = self.render_marked(name, messages, tools, false)?;
+            return Ok(generation_spans(&marked));
+        }
+        self.render_as_growing_prefixes(messages, tools)
+    }
+
+    /// The assistant's spans of a template without `{% generation %}` blocks: each turn's
+    /// text between the conversation before it (with the generation prompt) and through it.
+    fn render_as_growing_prefixes(
+        &self,
+        messages: &[Value],
+        tools: Option<&Value>,
+    ) -> std::result::Result<(String, Vec<Range<usize>>), String> {
         let full = self.render_with_tools(messages, tools, false)?;
         let mut spans = Vec::new();
         let differently = |i: usize| {
             format!(
                 "the chat template renders message {} differently once later messages follow, so \
                  the assistant's tokens cannot be told apart (templates that drop earlier turns' \
-                 reasoning do this); give `data.chat_template` a template that renders the \
-                 conversation as growing prefixes",
+                 reasoning do this); give `data.chat_template` a copy of the template with \
+                 {{% generation %}}...{{% endgeneration %}} around what the assistant writes (as \
+                 TRL's assistant-only loss asks), or one that renders the conversation as \
+                 growing prefixes",
                 i + 1
             )
         };
@@ -451,35 +518,108 @@ pub fn additional_templates(folder: &Path) -> Result<Vec<PathBuf>> {
     Ok(paths)
 }
 
-/// `transformers` adds a `{% generation %}...{% endgeneration %}` block that renders its body
-/// (and notes where, for its assistant mask). minijinja has no such statement; a `{% with %}`
-/// block in its place renders the same: the body, in a scope of its own (as the body of the
-/// Jinja call block it is there), with the same whitespace control.
-fn generation_as_with(source: &str) -> String {
+/// `transformers` adds a `{% generation %}...{% endgeneration %}` statement that renders its
+/// body (in a scope of its own: it is a Jinja call block there) and notes where, for its
+/// assistant mask. minijinja has no such statement: each becomes a `{% with %}` block that
+/// writes [`GENERATION_START`] and [`GENERATION_END`] around its body, with the statement's
+/// whitespace control on the outer tags. Returns the template and whether it has such blocks.
+fn mark_generation_blocks(source: &str) -> (String, bool) {
     let mut out = String::with_capacity(source.len());
+    let mut found = false;
     let mut rest = source;
     while let Some(at) = rest.find("{%") {
         let (before, tag) = rest.split_at(at);
         out.push_str(before);
-        // `{%`, a whitespace control sign, blanks, then the statement's name.
-        let after_sign = tag[2..].strip_prefix(['-', '+']).unwrap_or(&tag[2..]);
-        let name = after_sign.trim_start();
-        let name_at = tag.len() - name.len();
+        // `{%`, a whitespace control sign, blanks, the statement's name, blanks, a sign, `%}`.
+        let inner = &tag[2..];
+        let after_left = inner.strip_prefix(['-', '+']).unwrap_or(inner);
+        let left = &inner[..inner.len() - after_left.len()];
+        let name = after_left.trim_start();
         let name_len = name
             .find(|c: char| !(c.is_alphanumeric() || c == '_'))
             .unwrap_or(name.len());
-        out.push_str(&tag[..name_at]);
-        rest = &tag[name_at..];
-        let replacement = match &name[..name_len] {
-            "generation" => "with",
-            "endgeneration" => "endwith",
-            _ => continue,
+        let after_name = name[name_len..].trim_start();
+        let after_right = after_name.strip_prefix(['-', '+']).unwrap_or(after_name);
+        let right = &after_name[..after_name.len() - after_right.len()];
+        let replacement = match (&name[..name_len], after_right.strip_prefix("%}")) {
+            ("generation", Some(after)) => Some((
+                format!("{{%{left} with %}}{{{{ '{GENERATION_START}' }}}}{{% with {right}%}}"),
+                after,
+            )),
+            ("endgeneration", Some(after)) => Some((
+                format!("{{%{left} endwith %}}{{{{ '{GENERATION_END}' }}}}{{% endwith {right}%}}"),
+                after,
+            )),
+            _ => None,
         };
-        out.push_str(replacement);
-        rest = &rest[name_len..];
+        match replacement {
+            Some((tags, after)) => {
+                out.push_str(&tags);
+                found = true;
+                rest = after;
+            }
+            None => {
+                out.push_str("{%");
+                rest = inner;
+            }
+        }
     }
     out.push_str(rest);
-    out
+    (out, found)
+}
+
+/// Whether a template has `{% generation %}` blocks (its text, or a JSON file holding it).
+pub fn has_generation_blocks(source: &str) -> bool {
+    mark_generation_blocks(source).1
+}
+
+/// The text of a render with its generation markers taken out, and the byte ranges the
+/// blocks wrote (a block inside another counts as part of it).
+fn generation_spans(marked: &str) -> (String, Vec<Range<usize>>) {
+    let mut text = String::with_capacity(marked.len());
+    let mut spans = Vec::new();
+    let mut depth = 0usize;
+    let mut start = 0;
+    for c in marked.chars() {
+        match c {
+            GENERATION_START => {
+                if depth == 0 {
+                    start = text.len();
+                }
+                depth += 1;
+            }
+            GENERATION_END if depth > 0 => {
+                depth -= 1;
+                if depth == 0 && text.len() > start {
+                    spans.push(start..text.len());
+                }
+            }
+            GENERATION_END => {}
+            c => text.push(c),
+        }
+    }
+    (text, spans)
+}
+
+/// Whether a message (or the tools) holds a generation marker anywhere.
+fn holds_generation_marker(value: &Value) -> bool {
+    match value.kind() {
+        ValueKind::String => value
+            .as_str()
+            .is_some_and(|s| s.contains([GENERATION_START, GENERATION_END])),
+        ValueKind::Seq => value
+            .try_iter()
+            .is_ok_and(|mut items| items.any(|item| holds_generation_marker(&item))),
+        ValueKind::Map => value.try_iter().is_ok_and(|mut keys| {
+            keys.any(|key| {
+                holds_generation_marker(&key)
+                    || value
+                        .get_item(&key)
+                        .is_ok_and(|item| holds_generation_marker(&item))
+            })
+        }),
+        _ => false,
+    }
 }
 
 /// A minijinja error with its template line and the causes it wraps.
@@ -738,14 +878,19 @@ mod tests {
     }
 
     #[test]
-    fn generation_blocks_are_with_blocks() {
-        assert_eq!(
-            generation_as_with(
-                "{% generation %}a{% endgeneration %}{%- generation -%}b{%+endgeneration%}\
-                 {% generation_x %}{{ '{%' }}"
-            ),
-            "{% with %}a{% endwith %}{%- with -%}b{%+endwith%}{% generation_x %}{{ '{%' }}"
+    fn generation_blocks_become_marked_with_blocks() {
+        let (marked, found) = mark_generation_blocks(
+            "{% generation %}a{% endgeneration %}{%- generation -%}b{%+endgeneration+%}\
+             {% generation_x %}{{ '{%' }}",
         );
+        assert!(found);
+        assert_eq!(
+            marked,
+            "{% with %}{{ '\u{fdd0}' }}{% with %}a{% endwith %}{{ '\u{fdd1}' }}{% endwith %}\
+             {%- with %}{{ '\u{fdd0}' }}{% with -%}b{%+ endwith %}{{ '\u{fdd1}' }}{% endwith +%}\
+             {% generation_x %}{{ '{%' }}"
+        );
+        assert!(!has_generation_blocks("{% with %}{{ '{% generation' }}"));
         // The body renders, its `set` stays inside (a Jinja call block's body is a scope).
         let t = template(
             "{% set x = 1 %}{% for m in messages %}{% generation %}{% set x = 2 %}{{ m.content }}\
@@ -753,6 +898,62 @@ mod tests {
         );
         let m = messages(r#"{"messages": [{"role": "assistant", "content": "hi"}]}"#);
         assert_eq!(t.render(&m, false).unwrap(), "hi1");
+        // Whitespace control and trim_blocks / lstrip_blocks act on the marked tags as on the
+        // statement: the text is that of the same template with plain `with` blocks.
+        let source = "{% for m in messages %}\n  <{{ m.role }}>\n  {% generation %}\n    \
+                      {{ m.content }}  {%- endgeneration %}\n{%+ generation -%}   |  \
+                      {%+ endgeneration +%}\n{% endfor %}";
+        let plain = template(
+            &source
+                .replace("endgeneration", "endwith")
+                .replace("generation", "with"),
+        );
+        let rendered = template(source).render(&m, false).unwrap();
+        assert_eq!(rendered, plain.render(&m, false).unwrap());
+        assert!(rendered.contains("hi"), "{rendered:?}");
+    }
+
+    #[test]
+    fn generation_blocks_give_the_spans_where_earlier_turns_render_differently() {
+        // Drops the reasoning of every answer but the last, as reasoning models' templates do.
+        let body = "{% for m in messages %}<{{ m.role }}>{% if m.role == 'assistant' %}\
+                    [start]{% if loop.last %}({{ m.reasoning }}){% endif %}{{ m.content }}</s>[end]\
+                    {% else %}{{ m.content }}{% endif %}\n{% endfor %}\
+                    {% if add_generation_prompt %}<assistant>{% endif %}";
+        let conversation = messages(
+            r#"{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "reasoning": "r1"},
+                {"role": "user", "content": "c"}, {"role": "assistant", "content": "d", "reasoning": "r2"}]}"#,
+        );
+        let untagged = template(&body.replace("[start]", "").replace("[end]", ""));
+        let err = untagged
+            .render_for_training(&conversation, None)
+            .unwrap_err();
+        assert!(
+            err.starts_with("the chat template renders message 2 differently")
+                && err.contains("{% generation %}"),
+            "{err}"
+        );
+        let tagged = template(
+            &body
+                .replace("[start]", "{% generation %}")
+                .replace("[end]", "{% endgeneration %}"),
+        );
+        let (text, spans) = tagged.render_for_training(&conversation, None).unwrap();
+        assert_eq!(text, "<user>a<assistant>b</s><user>c<assistant>(r2)d</s>");
+        assert_eq!(text, tagged.render(&conversation, false).unwrap());
+        let written: Vec<&str> = spans.iter().map(|s| &text[s.clone()]).collect();
+        assert_eq!(written, ["b</s>", "(r2)d</s>"]);
+
+        let marked = messages(
+            r#"{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b\ufdd1"}]}"#,
+        );
+        let err = tagged.render_for_training(&marked, None).unwrap_err();
+        assert!(err.starts_with("message 2 holds U+FDD0 or U+FDD1"), "{err}");
+        // Without blocks, noncharacters are text like any other.
+        assert_eq!(
+            untagged.render(&marked, false).unwrap(),
+            "<user>a<assistant>()b\u{fdd1}</s>"
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! else tokenize (or check pre-tokenized files) into it, once per cache across processes.
 
 use crate::cache::{self, CacheManifest, KeyInputs, SourceFile, FORMAT_VERSION};
-use crate::chat::{additional_templates, ChatTemplate};
+use crate::chat::{additional_templates, has_generation_blocks, ChatTemplate};
 use crate::corpus::{dtype_width, Corpus};
 use crate::dataset::thousands;
 use crate::documents::{fix_for_every_record_lacking, Skipped};
@@ -148,6 +148,9 @@ fn cache_name(spec: &SourceSpec<'_>, files: &[DataFile]) -> Result<String> {
 fn tokenizer_key(config: &TokenizerConfig, source: &DataSource) -> Result<Vec<(String, String)>> {
     let sha = |bytes: &[u8]| hex::encode(&Sha256::digest(bytes)[..16]);
     let mut key = Vec::new();
+    // Whether a template the chat may be rendered with marks what the assistant writes.
+    let mut generation_blocks = false;
+    let blocks_in = |bytes: &[u8]| has_generation_blocks(&String::from_utf8_lossy(bytes));
     match config {
         TokenizerConfig::HuggingFace {
             path,
@@ -162,6 +165,9 @@ fn tokenizer_key(config: &TokenizerConfig, source: &DataSource) -> Result<Vec<(S
             for name in &FOLDER_FILES[1..] {
                 if let Ok(bytes) = std::fs::read(folder.join(name)) {
                     key.push((name.to_string(), sha(&bytes)));
+                    if name.contains("template") || *name == "tokenizer_config.json" {
+                        generation_blocks |= blocks_in(&bytes);
+                    }
                     read.insert(*name, bytes);
                 }
             }
@@ -186,6 +192,7 @@ fn tokenizer_key(config: &TokenizerConfig, source: &DataSource) -> Result<Vec<(S
                 if let (Ok(bytes), Some(name)) = (std::fs::read(&path), path.file_name()) {
                     let name = format!("{ADDITIONAL_CHAT_TEMPLATES}/{}", name.to_string_lossy());
                     key.push((name, sha(&bytes)));
+                    generation_blocks |= blocks_in(&bytes);
                 }
             }
             key.push(("bos_token".into(), format!("{bos_token:?}")));
@@ -204,6 +211,13 @@ fn tokenizer_key(config: &TokenizerConfig, source: &DataSource) -> Result<Vec<(S
             why: format!("cannot be read: {e}"),
         })?;
         key.push(("chat_template".into(), sha(&bytes)));
+        // The spec's template takes the folder's place.
+        generation_blocks = blocks_in(&bytes);
+    }
+    // Caches of templates with blocks made before the blocks decided the loss mask had
+    // masks from growing prefixes; named apart from them.
+    if generation_blocks && matches!(source, DataSource::Chat { .. }) {
+        key.push(("assistant_mask".into(), "generation blocks".into()));
     }
     Ok(key)
 }
@@ -527,6 +541,46 @@ mod tests {
 
     fn names(key: &[(String, String)]) -> Vec<&str> {
         key.iter().map(|(name, _)| name.as_str()).collect()
+    }
+
+    #[test]
+    fn chat_templates_with_generation_blocks_name_their_caches_apart() {
+        // Their masks come from the blocks; caches made when they came from growing
+        // prefixes must not be reused. Caches of other templates keep their names.
+        let folder = tempfile::tempdir().unwrap();
+        std::fs::write(folder.path().join("tokenizer.json"), "{}").unwrap();
+        let template = |text: &str| {
+            std::fs::write(folder.path().join("chat_template.jinja"), text).unwrap();
+        };
+        let config = TokenizerConfig::HuggingFace {
+            path: folder.path().to_path_buf(),
+            bos_token: None,
+            eos_token: None,
+        };
+        let spec_template = folder.path().join("spec.jinja");
+        std::fs::write(&spec_template, "{{ messages[0].content }}").unwrap();
+        let chat = |spec: bool| DataSource::Chat {
+            files: Vec::new(),
+            messages_field: "messages".into(),
+            chat_template: spec.then(|| spec_template.clone()),
+        };
+        let text = DataSource::Text {
+            files: Vec::new(),
+            split: shardrun_protocol::config::TextSplit::File,
+        };
+        let marks = |source: &DataSource| {
+            let key = tokenizer_key(&config, source).unwrap();
+            names(&key).contains(&"assistant_mask")
+        };
+        template("{% for m in messages %}{{ m.content }}{% endfor %}");
+        assert!(!marks(&chat(false)));
+        template("{% for m in messages %}{%- generation %}{{ m.content }}{% endgeneration %}{% endfor %}");
+        assert!(marks(&chat(false)));
+        assert!(
+            !marks(&chat(true)),
+            "the spec's template takes the folder's place"
+        );
+        assert!(!marks(&text));
     }
 
     #[test]

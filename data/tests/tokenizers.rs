@@ -6,7 +6,7 @@
 //! `tokenizer.json` says (it rebuilds them; so does shardrun); chat records
 //! render exactly as `transformers`' `apply_chat_template` (with `{% generation %}` blocks,
 //! named templates, conversations the assistant opens, tool calls beside `content: null`, the
-//! spec's special tokens), and the
+//! spec's special tokens, a reasoning model's template), and the
 //! loss mask covers exactly the tokens its `{% generation %}` assistant mask covers; a
 //! prompt/completion record trains its completion and the end of the document.
 
@@ -240,6 +240,65 @@ fn generation_blocks_render_their_body() {
         &docs,
         want["chats"].as_array().unwrap(),
         want["eos_id"].as_u64().unwrap() as u32,
+    );
+}
+
+#[test]
+fn a_reasoning_template_renders_and_masks_as_transformers() {
+    // The folder's template, without blocks, on conversations of one question (each turn
+    // renders as it will once later turns follow), and the same template with blocks (as
+    // TRL's assistant-only loss asks for it) on those and on conversations of several
+    // questions, whose earlier answers lose their reasoning.
+    let expected = expected();
+    let eos = expected["tokenizers"]["bpe"]["eos_id"].as_u64().unwrap() as u32;
+    let want = |name: &str| expected["reasoning"][name].as_array().unwrap().clone();
+    let one_question = fixture().join("chat_reasoning_one_question.jsonl");
+    let multi_question = fixture().join("chat_reasoning_multi_question.jsonl");
+    let with_blocks = Some(fixture().join("reasoning_generation.jinja"));
+    assert_like_python(
+        "the folder's template",
+        &chat_documents(one_question.clone(), hf("reasoning"), None),
+        &want("one_question"),
+        eos,
+    );
+    assert_like_python(
+        "with blocks, one question",
+        &chat_documents(one_question, hf("reasoning"), with_blocks.clone()),
+        &want("one_question"),
+        eos,
+    );
+    assert_like_python(
+        "with blocks, several questions",
+        &chat_documents(multi_question, hf("reasoning"), with_blocks),
+        &want("multi_question"),
+        eos,
+    );
+}
+
+#[test]
+fn a_template_that_drops_earlier_reasoning_is_refused_with_what_to_give_instead() {
+    let records = fixture().join("chat_reasoning_multi_question.jsonl");
+    let cache = tempfile::tempdir().unwrap();
+    let source = DataSource::Chat {
+        files: vec![records.clone()],
+        messages_field: "messages".into(),
+        chat_template: None,
+    };
+    let config = dataset(source, hf("reasoning"), 64, cache.path());
+    let err = Dataset::open(&config, 0, None, 2, &Quiet)
+        .err()
+        .expect("must be refused")
+        .to_string();
+    assert!(
+        err.starts_with(&format!(
+            "{}:1: the chat template renders message 2 differently once later messages follow",
+            records.display()
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains("`data.chat_template`") && err.contains("{% generation %}"),
+        "{err}"
     );
 }
 

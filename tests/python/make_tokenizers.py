@@ -222,6 +222,87 @@ NAMED_TOOL_USE = """{{- '<|im_start|>system\n' }}
 
 NAMED = {"default": NAMED_DEFAULT, "tool_use": NAMED_TOOL_USE}
 
+# In the manner of reasoning models' templates (Qwen3, DeepSeek-R1): the reasoning comes from
+# `reasoning_content` or from a `<think>` block at the head of the content; only the answers
+# after the last user question keep it (the last one always, empty if need be), so earlier
+# turns render differently once a later question follows. Namespaces, reversed slices and
+# Python string methods, as those templates use them.
+REASONING = """{%- set ns = namespace(searching=true, last_question=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- if ns.searching and message.role == 'user' and not (message.content is string and message.content.startswith('<result>')) %}
+        {%- set ns.searching = false %}
+        {%- set ns.last_question = messages|length - 1 - loop.index0 %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- set content = message.content if message.content is string else '' %}
+    {%- if message.role == 'system' or message.role == 'user' %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>\n' }}
+    {%- elif message.role == 'assistant' %}
+        {%- set reasoning = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning = message.reasoning_content %}
+        {%- elif '</think>' in content %}
+            {%- set reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+        {%- endif %}
+        {{- '<|im_start|>assistant\n' }}
+        {%- generation %}
+        {%- if loop.index0 > ns.last_question and (loop.last or reasoning) %}
+            {{- '<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' }}
+        {%- endif %}
+        {{- content.lstrip('\n') + '<|im_end|>' }}
+        {%- endgeneration %}
+        {{- '\n' }}
+    {%- elif message.role == 'tool' %}
+        {{- '<|im_start|>user\n<result>\n' + content + '\n</result><|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+# One question each: every turn renders as it will once later turns follow.
+REASONING_ONE_QUESTION_CHATS = [
+    {"messages": [
+        {"role": "user", "content": "Sum a list?"},
+        {"role": "assistant", "content": "<think>\nThe builtin does it.\n</think>\n\nUse `sum(xs)`."},
+    ]},
+    {"messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "2 + 2?"},
+        {"role": "assistant", "reasoning_content": "\nSmall numbers.\n", "content": "4"},
+    ]},
+    {"messages": [
+        {"role": "user", "content": "Say OK."},
+        {"role": "assistant", "content": "OK"},
+    ]},
+    # Steps with a tool after the one question keep their reasoning.
+    {"messages": [
+        {"role": "user", "content": "Weather in Zürich?"},
+        {"role": "assistant", "reasoning_content": "Ask the tool.", "content": "Checking."},
+        {"role": "tool", "content": "{\"temp\": 21}"},
+        {"role": "assistant", "content": "<think>It said 21.</think>21 °C."},
+    ]},
+]
+
+# Several questions: earlier answers lose their reasoning once a later question follows.
+REASONING_MULTI_QUESTION_CHATS = [
+    {"messages": [
+        {"role": "user", "content": "Sum a list?"},
+        {"role": "assistant", "content": "<think>\nThe builtin.\n</think>\n\nUse `sum(xs)`."},
+        {"role": "user", "content": "And a product?"},
+        {"role": "assistant", "reasoning_content": "math.prod", "content": "Use `math.prod(xs)`."},
+    ]},
+    {"messages": [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Bye"},
+        {"role": "assistant", "content": "Bye."},
+    ]},
+]
+
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather",
     "description": "Weather at a place, \"now\"\n(cached 5 min)",
@@ -545,6 +626,23 @@ def named_templates(bpe, out, jinja_files):
     fast.save_pretrained(out, save_jinja_files=jinja_files)
 
 
+def reasoning_folder(bpe, out):
+    """A copy of the byte-level BPE folder with the reasoning template as model folders ship
+    such templates: without `{% generation %}` markers."""
+    fast = AutoTokenizer.from_pretrained(bpe)
+    fast.chat_template = without_generation_tags(REASONING)
+    fast.save_pretrained(out)
+
+
+def renders_as_growing_prefixes(fast, messages):
+    """Whether each prefix of the conversation renders as the start of the whole."""
+    full = fast.apply_chat_template(messages, tokenize=False)
+    return all(
+        full.startswith(fast.apply_chat_template(messages[:i], tokenize=False))
+        for i in range(1, len(messages))
+    )
+
+
 def llama2_with_eos(source, out):
     """`source` saved as a Llama 2 folder with `add_eos_token`: every encoding ends with `</s>`."""
     fast = AutoTokenizer.from_pretrained(source, add_bos_token=True, add_eos_token=True)
@@ -687,6 +785,22 @@ def main():
             "tools": chat_expectations(fast, NAMED, TOOL_CHATS),
             "assistant_first": chat_expectations(fast, NAMED, ASSISTANT_FIRST_CHATS),
         }
+    reasoning = os.path.join(out, "reasoning")
+    reasoning_folder(os.path.join(out, "bpe"), reasoning)
+    with open(os.path.join(out, "reasoning_generation.jinja"), "w", encoding="utf-8") as f:
+        f.write(REASONING)
+    fast = AutoTokenizer.from_pretrained(reasoning)
+    expected["reasoning"] = {}
+    for name, records, growing in (
+        ("one_question", REASONING_ONE_QUESTION_CHATS, True),
+        ("multi_question", REASONING_MULTI_QUESTION_CHATS, False),
+    ):
+        for record in records:
+            assert renders_as_growing_prefixes(fast, record["messages"]) == growing, record
+        with open(os.path.join(out, f"chat_reasoning_{name}.jsonl"), "w", encoding="utf-8") as f:
+            for record in records:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        expected["reasoning"][name] = chat_expectations(fast, REASONING, records)
     with open(os.path.join(out, "expected.json"), "w", encoding="utf-8") as f:
         json.dump(expected, f, ensure_ascii=False)
 
