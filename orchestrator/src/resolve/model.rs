@@ -248,6 +248,24 @@ fn check_sequences(
             config.max_position_embeddings
         ));
     }
+    // YaRN's factor should stretch the original context to max_position_embeddings; as
+    // transformers does, say so when it does not and use the factor given. (An implied 1 is
+    // a folder that left the original context out of its other keys.)
+    if let RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings: original,
+        ..
+    } = config.rope.scaling
+    {
+        let implied = config.max_position_embeddings as f64 / original as f64;
+        if implied != factor && implied != 1.0 {
+            warnings.push(format!(
+                "YaRN's factor {factor} is not max_position_embeddings / original_max_position_embeddings \
+                 ({} / {original} = {implied}); the factor given is used, as transformers uses it",
+                config.max_position_embeddings
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -648,6 +666,41 @@ pub(super) mod tests {
                 beta_slow: 1.0,
                 truncate: true,
             }
+        );
+    }
+
+    #[test]
+    fn a_yarn_factor_other_than_the_context_ratio_is_warned_of() {
+        // The folder's context is 16 positions: factor 4 over 4 original ones matches it.
+        let tmp = tempfile::tempdir().unwrap();
+        let warnings_of = |factor: f64, original: u64, name: &str| {
+            let yarn = LLAMA.replace(
+                "rope_type: linear, factor: 2.0",
+                &format!(
+                    "rope_type: yarn, factor: {factor:?}, original_max_position_embeddings: {original}"
+                ),
+            );
+            let (model, _) = through_a_folder(&yarn, &tmp.path().join(name));
+            job(&model, DATA, "").unwrap().warnings
+        };
+        let yarn_warnings = |warnings: Vec<String>| -> Vec<String> {
+            warnings
+                .into_iter()
+                .filter(|w| w.starts_with("YaRN"))
+                .collect()
+        };
+        assert_eq!(
+            yarn_warnings(warnings_of(4.0, 4, "matching")),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            yarn_warnings(warnings_of(2.0, 4, "mismatched")),
+            ["YaRN's factor 2 is not max_position_embeddings / original_max_position_embeddings \
+              (16 / 4 = 4); the factor given is used, as transformers uses it"]
+        );
+        assert_eq!(
+            yarn_warnings(warnings_of(2.0, 16, "implied_one")),
+            Vec::<String>::new()
         );
     }
 
