@@ -169,7 +169,7 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
         "array 2/3: 10 point(s), --array=0-9",
         "array 3/3: 5 point(s), --array=0-4",
         // Each array's sbatch command and script, as sbatch would get them.
-        "# array 1/3: submitted held, then released, as (each submission tags it anew)\n# sbatch --hold --comment=",
+        "# array 1/3: submitted held, then released, as (each submission tags it anew)\n# sbatch --parsable --hold --comment=",
         "#SBATCH --array=0-4\n",
     ] {
         assert!(stdout.contains(line), "missing {line:?} in {stdout}");

@@ -41,12 +41,18 @@ pub fn submit(script: &Path, extra_args: &[String]) -> Result<String, SlurmError
     if !script.is_file() {
         return Err(SlurmError::MissingScript(script.to_path_buf()));
     }
-    let script = script.to_string_lossy();
-    let mut args: Vec<&str> = vec!["--parsable"];
-    args.extend(extra_args.iter().map(String::as_str));
-    args.push(&script);
+    let args = sbatch_args(script, extra_args);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let output = run("sbatch", &args)?;
     parse_sbatch_parsable(&check("sbatch", &args, output)?)
+}
+
+/// The arguments [`submit`] gives sbatch (a dry run shows them).
+pub fn sbatch_args(script: &Path, extra_args: &[String]) -> Vec<String> {
+    let mut args = vec!["--parsable".to_string()];
+    args.extend_from_slice(extra_args);
+    args.push(script.to_string_lossy().into_owned());
+    args
 }
 
 /// `scontrol release <id>`: let a job submitted with `--hold` start.

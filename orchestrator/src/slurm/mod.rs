@@ -9,7 +9,9 @@ mod parse;
 mod runs;
 mod state;
 
-pub use command::{cancel, jobs_by_comment, query, release, submit, submit_recorded, QuerySource};
+pub use command::{
+    cancel, jobs_by_comment, query, release, sbatch_args, submit, submit_recorded, QuerySource,
+};
 pub use parse::{
     parse_commented_jobs, parse_sacct, parse_sbatch_parsable, parse_scontrol, parse_squeue,
     CommentedJob,

@@ -135,11 +135,10 @@ impl Submitter<'_> {
 
     /// The sbatch command line of `array`, starting after the jobs `after` (with a throttle).
     pub fn sbatch_command(&self, array: &ArrayRef, after: &[String]) -> String {
+        let options = sbatch_options(&journal::tag(self.sweep_name, array), after);
+        let args = slurm::sbatch_args(&self.journal.script_path(array), &options);
         let mut words = vec!["sbatch".to_string()];
-        words.extend(sbatch_options(&journal::tag(self.sweep_name, array), after));
-        words.push(crate::sbatch::shell_quote(
-            &self.journal.script_path(array).display().to_string(),
-        ));
+        words.extend(args.iter().map(|arg| crate::sbatch::shell_quote(arg)));
         words.join(" ")
     }
 
