@@ -160,17 +160,26 @@ impl ChatTemplate {
         })
     }
 
-    /// Where the templates were read from (with their names when there are several).
+    /// Where the templates were read from (with their names when there are several), and
+    /// which of them mark what the loss covers with `{% generation %}` blocks.
     pub fn origin(&self) -> String {
+        let describe = |source: &Source| {
+            let path = source.path.display();
+            if source.generation_blocks {
+                format!("{path} (its {{% generation %}} blocks mark what the loss covers)")
+            } else {
+                path.to_string()
+            }
+        };
         if self.sources.len() == 1 {
             if let Some(source) = self.sources.values().next() {
-                return source.path.display().to_string();
+                return describe(source);
             }
         }
         let named: Vec<String> = self
             .sources
             .iter()
-            .map(|(name, source)| format!("{name} from {}", source.path.display()))
+            .map(|(name, source)| format!("{name} from {}", describe(source)))
             .collect();
         named.join(", ")
     }
@@ -938,6 +947,11 @@ mod tests {
                 .replace("[start]", "{% generation %}")
                 .replace("[end]", "{% endgeneration %}"),
         );
+        assert_eq!(
+            tagged.origin(),
+            "t.jinja (its {% generation %} blocks mark what the loss covers)"
+        );
+        assert_eq!(untagged.origin(), "t.jinja");
         let (text, spans) = tagged.render_for_training(&conversation, None).unwrap();
         assert_eq!(text, "<user>a<assistant>b</s><user>c<assistant>(r2)d</s>");
         assert_eq!(text, tagged.render(&conversation, false).unwrap());
