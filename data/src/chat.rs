@@ -36,6 +36,9 @@ pub const ROLES: [&str; 6] = [
     "ipython",
 ];
 
+/// What every render sets from the record (a spec's `chat_template_kwargs` cannot).
+pub const RENDER_ARGUMENTS: [&str; 4] = ["messages", "tools", "documents", "add_generation_prompt"];
+
 /// The template a folder's single template, or a spec's, is known by.
 const DEFAULT: &str = "default";
 /// The template `transformers` picks for a conversation with tools, when the folder has one.
@@ -158,6 +161,16 @@ impl ChatTemplate {
             sources,
             variables,
         })
+    }
+
+    /// The spec's further variables, which every render sees too; they stand in for special
+    /// tokens of the same name, as `apply_chat_template`'s keyword arguments do.
+    pub fn with_kwargs(mut self, kwargs: &BTreeMap<String, serde_json::Value>) -> ChatTemplate {
+        for (name, value) in kwargs {
+            let value = serde_json::from_value(value.clone()).expect("JSON reads as a Jinja value");
+            self.variables.insert(name.clone(), value);
+        }
+        self
     }
 
     /// Where the templates were read from (with their names when there are several), and

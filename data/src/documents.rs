@@ -827,6 +827,7 @@ mod tests {
                     files: vec![],
                     messages_field: "messages".into(),
                     chat_template: None,
+                    chat_template_kwargs: Default::default(),
                 },
                 "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n",
             ),
@@ -905,6 +906,7 @@ mod tests {
             files: Vec::new(),
             messages_field: "messages".into(),
             chat_template: None,
+            chat_template_kwargs: Default::default(),
         };
         let Err(refused) = parse_record(&chat, r#"{"msgs": [], "id": 1}"#, true) else {
             panic!("no messages")

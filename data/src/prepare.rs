@@ -230,9 +230,14 @@ fn tokenize_files(
 ) -> Result<CacheManifest> {
     let tokenizer = TextTokenizer::load(spec.tokenizer)?;
     let chat = match spec.source {
-        DataSource::Chat { chat_template, .. } => {
-            Some(ChatTemplate::load(&tokenizer, chat_template.as_deref())?)
-        }
+        DataSource::Chat {
+            chat_template,
+            chat_template_kwargs,
+            ..
+        } => Some(
+            ChatTemplate::load(&tokenizer, chat_template.as_deref())?
+                .with_kwargs(chat_template_kwargs),
+        ),
         _ => None,
     };
     let with_mask = matches!(
@@ -563,6 +568,7 @@ mod tests {
             files: Vec::new(),
             messages_field: "messages".into(),
             chat_template: spec.then(|| spec_template.clone()),
+            chat_template_kwargs: Default::default(),
         };
         let text = DataSource::Text {
             files: Vec::new(),

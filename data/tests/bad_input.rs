@@ -179,6 +179,7 @@ fn chat_record_with_an_unknown_role() {
         files: vec![path.clone()],
         messages_field: "messages".into(),
         chat_template: None,
+        chat_template_kwargs: Default::default(),
     };
     let c = dataset(source, hf("bpe"), 32, &dir.path().join("cache"));
     let err = fails(&c, None);

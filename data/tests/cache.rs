@@ -162,6 +162,7 @@ fn editing_a_named_chat_template_tokenizes_again() {
         files: vec![fixture().join("chat_tools.jsonl")],
         messages_field: "messages".into(),
         chat_template: None,
+        chat_template_kwargs: Default::default(),
     };
     let tokenizer = TokenizerConfig::HuggingFace {
         path: folder,

@@ -17,6 +17,7 @@ use shardrun_data::chat::{messages_of, ChatTemplate};
 use shardrun_data::tokenizer::TextTokenizer;
 use shardrun_data::{Dataset, Quiet};
 use shardrun_protocol::config::*;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// The fixture's tokenizer folders.
@@ -168,11 +169,22 @@ fn chat_documents(
     tokenizer: TokenizerConfig,
     chat_template: Option<PathBuf>,
 ) -> Vec<(Vec<u32>, Vec<bool>)> {
+    chat_documents_with_kwargs(records, tokenizer, chat_template, BTreeMap::new())
+}
+
+/// [`chat_documents`] with further variables for the template.
+fn chat_documents_with_kwargs(
+    records: PathBuf,
+    tokenizer: TokenizerConfig,
+    chat_template: Option<PathBuf>,
+    chat_template_kwargs: BTreeMap<String, serde_json::Value>,
+) -> Vec<(Vec<u32>, Vec<bool>)> {
     let cache = tempfile::tempdir().unwrap();
     let source = DataSource::Chat {
         files: vec![records],
         messages_field: "messages".into(),
         chat_template,
+        chat_template_kwargs,
     };
     let data = Dataset::open(
         &dataset(source, tokenizer, 64, cache.path()),
@@ -276,6 +288,27 @@ fn a_reasoning_template_renders_and_masks_as_transformers() {
 }
 
 #[test]
+fn chat_template_kwargs_reach_the_template_as_apply_chat_template_passes_them() {
+    let expected = expected();
+    let eos = expected["tokenizers"]["bpe"]["eos_id"].as_u64().unwrap() as u32;
+    let want = &expected["reasoning"]["kwargs"];
+    let kwargs: BTreeMap<String, serde_json::Value> =
+        serde_json::from_value(want["kwargs"].clone()).unwrap();
+    let docs = chat_documents_with_kwargs(
+        fixture().join("chat_reasoning_one_question.jsonl"),
+        hf("reasoning"),
+        None,
+        kwargs,
+    );
+    assert_like_python("kwargs", &docs, want["chats"].as_array().unwrap(), eos);
+    // The fixture tells the cases apart: without them the template writes no date.
+    assert_ne!(
+        want["chats"][0]["ids"],
+        expected["reasoning"]["one_question"][0]["ids"]
+    );
+}
+
+#[test]
 fn a_template_that_drops_earlier_reasoning_is_refused_with_what_to_give_instead() {
     let records = fixture().join("chat_reasoning_multi_question.jsonl");
     let cache = tempfile::tempdir().unwrap();
@@ -283,6 +316,7 @@ fn a_template_that_drops_earlier_reasoning_is_refused_with_what_to_give_instead(
         files: vec![records.clone()],
         messages_field: "messages".into(),
         chat_template: None,
+        chat_template_kwargs: Default::default(),
     };
     let config = dataset(source, hf("reasoning"), 64, cache.path());
     let err = Dataset::open(&config, 0, None, 2, &Quiet)

@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -120,6 +121,10 @@ pub enum DataSource {
         messages_field: String,
         /// A Jinja file instead of the tokenizer folder's own template.
         chat_template: Option<PathBuf>,
+        /// Further variables the template sees, as `apply_chat_template(messages, **kwargs)`
+        /// passes them (`date_string`, `enable_thinking`, ...).
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        chat_template_kwargs: BTreeMap<String, serde_json::Value>,
     },
     /// Pre-tokenized files of little-endian ids (nanoGPT's `.bin` is `u16`); one document
     /// per file, used as they are (no end-of-document token added).

@@ -227,7 +227,10 @@ NAMED = {"default": NAMED_DEFAULT, "tool_use": NAMED_TOOL_USE}
 # after the last user question keep it (the last one always, empty if need be), so earlier
 # turns render differently once a later question follows. Namespaces, reversed slices and
 # Python string methods, as those templates use them.
-REASONING = """{%- set ns = namespace(searching=true, last_question=messages|length - 1) %}
+REASONING = """{%- if date_string is defined and show_date is true %}
+    {{- '<|im_start|>system\nToday is ' + date_string + '.<|im_end|>\n' }}
+{%- endif %}
+{%- set ns = namespace(searching=true, last_question=messages|length - 1) %}
 {%- for message in messages[::-1] %}
     {%- if ns.searching and message.role == 'user' and not (message.content is string and message.content.startswith('<result>')) %}
         {%- set ns.searching = false %}
@@ -286,6 +289,8 @@ REASONING_ONE_QUESTION_CHATS = [
         {"role": "assistant", "content": "<think>It said 21.</think>21 °C."},
     ]},
 ]
+
+REASONING_KWARGS = {"date_string": "26 Jul 2024", "show_date": True}
 
 # Several questions: earlier answers lose their reasoning once a later question follows.
 REASONING_MULTI_QUESTION_CHATS = [
@@ -666,10 +671,11 @@ def prompt_completion_expectations(fast, records):
     return out
 
 
-def chat_expectations(fast, template_with_tags, chats):
+def chat_expectations(fast, template_with_tags, chats, **kwargs):
     """What `fast.apply_chat_template` makes of each record with the template it picks; the
     assistant mask comes from the same template with its `{% generation %}` markers
-    (`template_with_tags`: the template, or a dict of them by name)."""
+    (`template_with_tags`: the template, or a dict of them by name). `kwargs` go to every
+    call, as the template's further variables."""
     out = []
     for record in chats:
         messages, tools = record["messages"], record.get("tools")
@@ -679,15 +685,15 @@ def chat_expectations(fast, template_with_tags, chats):
             tagged = template_with_tags[name]
         else:
             tagged = template_with_tags
-        assert fast.apply_chat_template(messages, tools=tools, tokenize=False) == \
-            fast.apply_chat_template(messages, tools=tools, tokenize=False,
+        assert fast.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs) == \
+            fast.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs,
                                      chat_template=without_generation_tags(tagged)), \
             "the folder's template is the tagged one without its markers"
         text = fast.apply_chat_template(
-            messages, tools=tools, tokenize=False, chat_template=tagged
+            messages, tools=tools, tokenize=False, chat_template=tagged, **kwargs
         )
         plain = fast.apply_chat_template(
-            messages, tools=tools, tokenize=False,
+            messages, tools=tools, tokenize=False, **kwargs,
             chat_template=without_generation_tags(tagged),
         )
         assert text == plain, "the markers must not change the rendering"
@@ -697,6 +703,7 @@ def chat_expectations(fast, template_with_tags, chats):
             tokenize=True,
             return_dict=True,
             return_assistant_tokens_mask=True,
+            **kwargs,
             chat_template=tagged,
         )
         out.append(
@@ -801,6 +808,11 @@ def main():
             for record in records:
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
         expected["reasoning"][name] = chat_expectations(fast, REASONING, records)
+    # `apply_chat_template(messages, **kwargs)`: further variables of the template.
+    expected["reasoning"]["kwargs"] = {
+        "kwargs": REASONING_KWARGS,
+        "chats": chat_expectations(fast, REASONING, REASONING_ONE_QUESTION_CHATS, **REASONING_KWARGS),
+    }
     with open(os.path.join(out, "expected.json"), "w", encoding="utf-8") as f:
         json.dump(expected, f, ensure_ascii=False)
 

@@ -8,6 +8,7 @@
 
 use super::{defaults, ResolveError, Section};
 use crate::spec::{DataKind, DataSpec, TextSplitKind, TokenizerKind};
+use shardrun_data::chat::RENDER_ARGUMENTS;
 use shardrun_data::DataError;
 use shardrun_protocol::config::{
     DataConfig, DataSource, DatasetConfig, HeldOut, JsonlText, ModelConfig, OnBadRecord, Packing,
@@ -106,7 +107,7 @@ fn check_keys(s: &Section, spec: &DataSpec) -> Result<(), ResolveError> {
     use DataKind::*;
     let documents = [Text, Jsonl, Chat, Tokens];
     let text = [Text, Jsonl, Chat];
-    let keys: [(&str, bool, &[DataKind]); 16] = [
+    let keys: [(&str, bool, &[DataKind]); 17] = [
         ("files", spec.files.is_some(), &documents),
         ("split", spec.split.is_some(), &[Text]),
         ("separator", spec.separator.is_some(), &[Text]),
@@ -119,6 +120,11 @@ fn check_keys(s: &Section, spec: &DataSpec) -> Result<(), ResolveError> {
         ),
         ("messages_field", spec.messages_field.is_some(), &[Chat]),
         ("chat_template", spec.chat_template.is_some(), &[Chat]),
+        (
+            "chat_template_kwargs",
+            spec.chat_template_kwargs.is_some(),
+            &[Chat],
+        ),
         ("dtype", spec.dtype.is_some(), &[Tokens]),
         ("tokenizer", spec.tokenizer.is_some(), &text),
         ("packing", spec.packing.is_some(), &documents),
@@ -206,14 +212,31 @@ fn source(s: &Section, spec: &DataSpec, files: Vec<PathBuf>) -> Result<DataSourc
             };
             DataSource::Jsonl { files, text }
         }
-        DataKind::Chat => DataSource::Chat {
-            files,
-            messages_field: spec
-                .messages_field
-                .clone()
-                .unwrap_or_else(|| "messages".into()),
-            chat_template: spec.chat_template.as_deref().map(|p| s.spec_relative(p)),
-        },
+        DataKind::Chat => {
+            let chat_template_kwargs = spec.chat_template_kwargs.clone().unwrap_or_default();
+            if let Some(name) = chat_template_kwargs
+                .keys()
+                .find(|name| RENDER_ARGUMENTS.contains(&name.as_str()))
+            {
+                return Err(s.err(
+                    &format!("training.data.chat_template_kwargs.{name}"),
+                    format!("`{name}` is set by shardrun for every record"),
+                    format!(
+                        "remove `{name}`: the template sees {} from each record",
+                        RENDER_ARGUMENTS.join(", ")
+                    ),
+                ));
+            }
+            DataSource::Chat {
+                files,
+                messages_field: spec
+                    .messages_field
+                    .clone()
+                    .unwrap_or_else(|| "messages".into()),
+                chat_template: spec.chat_template.as_deref().map(|p| s.spec_relative(p)),
+                chat_template_kwargs,
+            }
+        }
         DataKind::Tokens => DataSource::Tokens {
             files,
             dtype: spec.dtype.unwrap_or(TokenDtype::U16),
@@ -1006,6 +1029,52 @@ mod tests {
         let ResolveError::Invalid(err) = data_in(dir.path(), chat).unwrap_err();
         assert!(
             err.why.contains("tokenizer_config.json: not valid JSON"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn chat_template_kwargs_reach_the_source_and_leave_the_record_arguments_alone() {
+        let dir = jobs();
+        std::fs::write(dir.path().join("tok/chat_template.jinja"), "{{ messages }}").unwrap();
+        let chat = "    kind: chat\n    files: [a.jsonl]\n    tokenizer: { path: tok }\n";
+        let with = |kwargs: &str| {
+            data_in(
+                dir.path(),
+                &format!("{chat}    chat_template_kwargs: {kwargs}\n"),
+            )
+        };
+        let DataConfig::Dataset(d) =
+            with("{ date_string: 26 Jul 2024, enable_thinking: false }").unwrap()
+        else {
+            panic!("dataset expected")
+        };
+        let DataSource::Chat {
+            chat_template_kwargs,
+            ..
+        } = d.source
+        else {
+            panic!("chat expected")
+        };
+        assert_eq!(
+            serde_json::to_value(&chat_template_kwargs).unwrap(),
+            serde_json::json!({"date_string": "26 Jul 2024", "enable_thinking": false})
+        );
+        let ResolveError::Invalid(err) = with("{ add_generation_prompt: true }").unwrap_err();
+        assert_eq!(
+            err.field,
+            "training.data.chat_template_kwargs.add_generation_prompt"
+        );
+        assert!(
+            err.why.contains("set by shardrun for every record") && err.fix.contains("messages"),
+            "{err}"
+        );
+        let text = "    kind: text\n    files: [a.txt]\n    tokenizer: { path: tok }\n    chat_template_kwargs: { a: 1 }\n";
+        let ResolveError::Invalid(err) = data_in(dir.path(), text).unwrap_err();
+        assert!(
+            err.why.contains(
+                "`chat_template_kwargs` does not apply to `text` data (it applies to chat)"
+            ),
             "{err}"
         );
     }

@@ -218,6 +218,9 @@ pub struct DataSpec {
     /// `chat`: a Jinja template instead of the tokenizer folder's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template: Option<PathBuf>,
+    /// `chat`: further variables the template sees (`apply_chat_template(**kwargs)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template_kwargs: Option<BTreeMap<String, serde_json::Value>>,
     /// `tokens`: `u16` (default, nanoGPT) or `u32`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dtype: Option<TokenDtype>,
