@@ -250,14 +250,12 @@ impl ChatTemplate {
         tools: Option<&Value>,
         add_generation_prompt: bool,
     ) -> std::result::Result<String, String> {
+        let [messages_name, tools_name, documents_name, prompt_name] = RENDER_ARGUMENTS;
         let mut context = self.variables.clone();
-        context.insert("messages".into(), Value::from(messages.to_vec()));
-        context.insert(
-            "add_generation_prompt".into(),
-            Value::from(add_generation_prompt),
-        );
-        context.insert("tools".into(), tools.cloned().unwrap_or(Value::from(())));
-        context.insert("documents".into(), Value::from(()));
+        context.insert(messages_name.into(), Value::from(messages.to_vec()));
+        context.insert(tools_name.into(), tools.cloned().unwrap_or(Value::from(())));
+        context.insert(documents_name.into(), Value::from(()));
+        context.insert(prompt_name.into(), Value::from(add_generation_prompt));
         let template = self.env.get_template(name).map_err(|e| describe(&e))?;
         template
             .render(Value::from(context))

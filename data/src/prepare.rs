@@ -2,7 +2,7 @@
 //! else tokenize (or check pre-tokenized files) into it, once per cache across processes.
 
 use crate::cache::{self, CacheManifest, KeyInputs, SourceFile, FORMAT_VERSION};
-use crate::chat::{additional_templates, has_generation_blocks, ChatTemplate};
+use crate::chat::{additional_templates, has_generation_blocks, templates_in_folder, ChatTemplate};
 use crate::corpus::{dtype_width, Corpus};
 use crate::dataset::thousands;
 use crate::documents::{fix_for_every_record_lacking, Skipped};
@@ -148,9 +148,6 @@ fn cache_name(spec: &SourceSpec<'_>, files: &[DataFile]) -> Result<String> {
 fn tokenizer_key(config: &TokenizerConfig, source: &DataSource) -> Result<Vec<(String, String)>> {
     let sha = |bytes: &[u8]| hex::encode(&Sha256::digest(bytes)[..16]);
     let mut key = Vec::new();
-    // Whether a template the chat may be rendered with marks what the assistant writes.
-    let mut generation_blocks = false;
-    let blocks_in = |bytes: &[u8]| has_generation_blocks(&String::from_utf8_lossy(bytes));
     match config {
         TokenizerConfig::HuggingFace {
             path,
@@ -165,9 +162,6 @@ fn tokenizer_key(config: &TokenizerConfig, source: &DataSource) -> Result<Vec<(S
             for name in &FOLDER_FILES[1..] {
                 if let Ok(bytes) = std::fs::read(folder.join(name)) {
                     key.push((name.to_string(), sha(&bytes)));
-                    if name.contains("template") || *name == "tokenizer_config.json" {
-                        generation_blocks |= blocks_in(&bytes);
-                    }
                     read.insert(*name, bytes);
                 }
             }
@@ -192,7 +186,6 @@ fn tokenizer_key(config: &TokenizerConfig, source: &DataSource) -> Result<Vec<(S
                 if let (Ok(bytes), Some(name)) = (std::fs::read(&path), path.file_name()) {
                     let name = format!("{ADDITIONAL_CHAT_TEMPLATES}/{}", name.to_string_lossy());
                     key.push((name, sha(&bytes)));
-                    generation_blocks |= blocks_in(&bytes);
                 }
             }
             key.push(("bos_token".into(), format!("{bos_token:?}")));
@@ -201,23 +194,29 @@ fn tokenizer_key(config: &TokenizerConfig, source: &DataSource) -> Result<Vec<(S
         TokenizerConfig::Bytes => key.push(("bytes".into(), "1".into())),
         TokenizerConfig::PreTokenized => {}
     }
-    if let DataSource::Chat {
-        chat_template: Some(path),
-        ..
-    } = source
-    {
-        let bytes = std::fs::read(path).map_err(|e| DataError::ChatTemplate {
-            path: path.clone(),
-            why: format!("cannot be read: {e}"),
-        })?;
-        key.push(("chat_template".into(), sha(&bytes)));
-        // The spec's template takes the folder's place.
-        generation_blocks = blocks_in(&bytes);
-    }
-    // Caches of templates with blocks made before the blocks decided the loss mask had
-    // masks from growing prefixes; named apart from them.
-    if generation_blocks && matches!(source, DataSource::Chat { .. }) {
-        key.push(("assistant_mask".into(), "generation blocks".into()));
+    if let DataSource::Chat { chat_template, .. } = source {
+        // The templates a chat is rendered with, as `ChatTemplate::load` finds them.
+        let generation_blocks = match (chat_template, config) {
+            (Some(path), _) => {
+                let bytes = std::fs::read(path).map_err(|e| DataError::ChatTemplate {
+                    path: path.clone(),
+                    why: format!("cannot be read: {e}"),
+                })?;
+                key.push(("chat_template".into(), sha(&bytes)));
+                has_generation_blocks(&String::from_utf8_lossy(&bytes))
+            }
+            (None, TokenizerConfig::HuggingFace { path, .. }) => {
+                templates_in_folder(&tokenizer_folder(path))?
+                    .iter()
+                    .any(|template| has_generation_blocks(&template.source))
+            }
+            (None, _) => false,
+        };
+        // Caches of templates with blocks made before the blocks decided the loss mask had
+        // masks from growing prefixes; named apart from them.
+        if generation_blocks {
+            key.push(("assistant_mask".into(), "generation blocks".into()));
+        }
     }
     Ok(key)
 }
