@@ -8,7 +8,8 @@
 //! text it covers overlaps the completion or an assistant turn; the end of a prompt/completion
 //! record (the end-of-document token, whether the post-processor or shardrun wrote it) is
 //! trained on (the model learns to stop), the token appended to a chat is not (the template's
-//! own end-of-turn token already is).
+//! own end-of-turn token already is). A chat whose template ends it with the end-of-document
+//! token and then only whitespace gets none.
 
 use crate::chat::ChatTemplate;
 use crate::documents::{Body, Document};
@@ -65,8 +66,14 @@ impl Encoder<'_> {
                 let (text, spans) = template.render_for_training(messages, tools.as_ref())?;
                 let encoding = self.tokenizer.encode(&text, false, true)?;
                 let mut mask = mask_of(&encoding.offsets, &spans);
+                // A template that ends its last turn with the end-of-document token and then
+                // a newline (ChatML with `<|im_end|>` as eos) has ended the chat already;
+                // another eos after the newline is a token the model never sees in use.
+                let ended = ends_with_eos_then_blank(&encoding.ids, &encoding.offsets, &text, eos);
                 let mut tokens = encoding.ids;
-                end_with(&mut tokens, Some(&mut mask), eos, 0);
+                if !ended {
+                    end_with(&mut tokens, Some(&mut mask), eos, 0);
+                }
                 Ok(Encoded { tokens, mask })
             }
         }
@@ -83,6 +90,15 @@ pub fn mask_of(offsets: &[(usize, usize)], spans: &[Range<usize>]) -> Vec<u8> {
             u8::from(hit)
         })
         .collect()
+}
+
+/// Whether the last `eos` in `ids` is followed only by tokens of whitespace in `text`.
+fn ends_with_eos_then_blank(ids: &[u32], offsets: &[(usize, usize)], text: &str, eos: u32) -> bool {
+    ids.iter().rposition(|&id| id == eos).is_some_and(|last| {
+        offsets[last + 1..]
+            .iter()
+            .all(|&(start, end)| text.get(start..end).is_some_and(|t| t.trim().is_empty()))
+    })
 }
 
 /// Appends `eos` unless the tokens already end with it (the mask gets `eos_mask` for it).

@@ -217,6 +217,8 @@ fn tokenizer_key(config: &TokenizerConfig, source: &DataSource) -> Result<Vec<(S
         if generation_blocks {
             key.push(("assistant_mask".into(), "generation blocks".into()));
         }
+        // Caches made when a chat ended by eos and a newline got another eos are not reused.
+        key.push(("chat_end".into(), "eos then whitespace".into()));
     }
     Ok(key)
 }
@@ -548,7 +550,7 @@ mod tests {
     }
 
     #[test]
-    fn chat_templates_with_generation_blocks_name_their_caches_apart() {
+    fn chat_cache_keys_name_how_masks_and_ends_are_made() {
         // Their masks come from the blocks; caches made when they came from growing
         // prefixes must not be reused. Caches of other templates keep their names.
         let folder = tempfile::tempdir().unwrap();
@@ -586,6 +588,11 @@ mod tests {
             "the spec's template takes the folder's place"
         );
         assert!(!marks(&text));
+        let ends = |source: &DataSource| {
+            let key = tokenizer_key(&config, source).unwrap();
+            names(&key).contains(&"chat_end")
+        };
+        assert!(ends(&chat(false)) && ends(&chat(true)) && !ends(&text));
     }
 
     #[test]

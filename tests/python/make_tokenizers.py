@@ -711,6 +711,9 @@ def chat_expectations(fast, template_with_tags, chats, **kwargs):
                 "text": text,
                 "ids": list(encoded["input_ids"]),
                 "assistant_mask": list(encoded["assistant_masks"]),
+                # Whether the chat already ends with the end-of-document token (whitespace
+                # after it aside): nothing need end it again in a packed sequence.
+                "ends_with_eos": text.rstrip().endswith(fast.eos_token),
             }
         )
     return out
