@@ -280,8 +280,8 @@ pub struct OptimizerConfig {
     /// disables clipping (the norm is still computed and reported).
     pub grad_clip: Option<f64>,
     /// Kinds of parameters AdamW applies no weight decay to (a second parameter group, as
-    /// `transformers`' Trainer and torchtitan make one for biases and norms). Absent in a
-    /// config: biases and norms.
+    /// `transformers`' Trainer makes one for biases and norms; torchtitan decays all).
+    /// Absent in a config: biases and norms.
     #[serde(default = "default_no_weight_decay")]
     pub no_weight_decay: Vec<ParamKind>,
 }
@@ -298,7 +298,8 @@ impl OptimizerConfig {
     }
 }
 
-/// Linear warmup from 0 to `lr` over `warmup_steps`, then `decay` down to
+/// Linear warmup over `warmup_steps` (update k, from 0, at `lr * (k + 1) / warmup_steps`: the
+/// first at `lr / warmup_steps`, the last at `lr`), then `decay` from `lr` down to
 /// `lr * min_lr_ratio` at the last step.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -56,7 +56,13 @@ pub fn resolve_data(
     };
     let source = source(s, spec, files)?;
     let tokenizer = tokenizer(s, spec, model_folder)?;
-    let document_mask = spec.document_mask.unwrap_or(false);
+    let packing = spec.packing.unwrap_or(Packing::Stream);
+    // Whole documents are fine-tuning examples: each sees only itself, at positions from 0,
+    // as in TRL's packing and torchtune's packed datasets. A stream is pre-training text, cut
+    // wherever `seq_len` falls, as torchtitan trains it: causal across the cut documents.
+    let document_mask = spec
+        .document_mask
+        .unwrap_or(packing == Packing::WholeDocuments && model.supports_document_mask());
     if document_mask && !model.supports_document_mask() {
         return Err(s.err(
             "training.data.document_mask",
@@ -83,7 +89,7 @@ pub fn resolve_data(
         source,
         seq_len,
         tokenizer,
-        packing: spec.packing.unwrap_or(Packing::Stream),
+        packing,
         document_mask,
         shuffle: spec.shuffle.unwrap_or(true),
         validation,
@@ -793,6 +799,45 @@ mod tests {
         assert_eq!(
             d.validation.unwrap().held_out,
             HeldOut::Fraction { fraction: 0.1 }
+        );
+    }
+
+    #[test]
+    fn whole_documents_keep_to_themselves_where_the_model_can() {
+        let mask = |model: &str, data: &str| {
+            let spec = format!(
+                "name: t\nrun_root: /tmp/runs\ntraining:\n  model: {model}\n  data: {{ kind: text, files: [a.txt], tokenizer: {{ kind: bytes }}, seq_len: 8{data} }}\n  steps: 2\n  total_batch_size: 2\n  batch_size_per_device: 2\n"
+            );
+            let dir = jobs();
+            let loaded = parse(&spec, &dir.path().join("job.yaml")).unwrap();
+            let job = resolve(&loaded, &Overrides::default()).unwrap();
+            let DataConfig::Dataset(d) = &job.train.data else {
+                panic!("dataset expected")
+            };
+            // The plan says it.
+            let alone = "each attending only to itself (document_mask)";
+            assert_eq!(
+                job.summary().contains(alone),
+                d.document_mask,
+                "{}",
+                job.summary()
+            );
+            d.document_mask
+        };
+        let llama =
+            "{ kind: llama, vocab_size: 300, dim: 16, n_layers: 1, n_heads: 2, ffn_dim: 32 }";
+        let transformer =
+            "{ kind: transformer, vocab_size: 300, dim: 8, n_layers: 1, n_heads: 2, max_seq_len: 16 }";
+        assert!(mask(llama, ", packing: whole_documents"));
+        assert!(!mask(
+            llama,
+            ", packing: whole_documents, document_mask: false"
+        ));
+        assert!(!mask(llama, ""), "a stream crosses documents");
+        assert!(mask(llama, ", document_mask: true"));
+        assert!(
+            !mask(transformer, ", packing: whole_documents"),
+            "absolute positions cannot restart"
         );
     }
 

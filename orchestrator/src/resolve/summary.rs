@@ -1,7 +1,35 @@
 //! The plan as people read it (`shardrun plan`, `plan.txt`).
 
 use super::{yaml_name, ResolvedJob, GIB};
+use shardrun_protocol::config::{DataConfig, Packing};
 use std::fmt::Write as _;
+
+/// What the ranks read, and what a sequence's tokens attend to.
+fn data_summary(data: &DataConfig) -> String {
+    let DataConfig::Dataset(d) = data else {
+        return "synthetic".into();
+    };
+    let packing = match (d.packing, d.document_mask) {
+        (Packing::Stream, false) => {
+            "documents back to back, cut every seq_len, attending across their ends"
+        }
+        (Packing::Stream, true) => {
+            "documents back to back, cut every seq_len, each attending only to itself (document_mask)"
+        }
+        (Packing::WholeDocuments, true) => {
+            "whole documents best-fit into sequences, each attending only to itself (document_mask)"
+        }
+        (Packing::WholeDocuments, false) => {
+            "whole documents best-fit into sequences, attending to those before them (document_mask: false)"
+        }
+    };
+    format!(
+        "{} from {} file pattern(s), seq_len {}, {packing}",
+        d.source.kind_name(),
+        d.source.files().len(),
+        d.seq_len
+    )
+}
 
 impl ResolvedJob {
     /// The plan as people read it (`shardrun plan`, `plan.txt`).
@@ -42,6 +70,7 @@ impl ResolvedJob {
             t.model.summary(),
             self.memory.num_params
         );
+        let _ = writeln!(out, "  data           {}", data_summary(&t.data));
         let _ = writeln!(out, "  fsdp           {}, wrap {}, params {} / reduce {}, activation checkpointing {}, prefetch {}", yaml_name(&t.fsdp.strategy), yaml_name(&t.fsdp.wrap), yaml_name(&t.fsdp.mixed_precision.param_dtype), yaml_name(&t.fsdp.mixed_precision.reduce_dtype), t.fsdp.activation_checkpointing, t.fsdp.prefetch);
         let _ = writeln!(
             out,
