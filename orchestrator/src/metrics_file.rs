@@ -1,10 +1,10 @@
 //! Reading a run's `metrics.jsonl` back (for `shardrun metrics`, `plot` and re-runs): the
-//! job's step records ([`StepRecord`]) and evaluation records, each line read as the kind it
-//! parses as. Files written before step records existed hold every rank's own record per
+//! job's step records ([`StepRecord`]), evaluation records and resume marks, each line read
+//! as the kind it parses as. Files written before step records existed hold every rank's own record per
 //! step; those are folded into step records on the way in, so old runs read the same.
 
 use crate::step_record::StepRecord;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use shardrun_protocol::messages::StepMetrics;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -28,6 +28,15 @@ pub struct EvalRecord {
     pub eval_perplexity: Option<f64>,
 }
 
+/// A resumed attempt continues from the checkpoint of `resumed_at_step`: what the run
+/// logged after that step came from weights thrown away (the controller writes this when
+/// rank 0 has loaded the checkpoint, before the attempt logs anything).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeMark {
+    pub resumed_at_step: u64,
+}
+
 /// What a run logged, one record per step in step order.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunMetrics {
@@ -45,6 +54,7 @@ impl RunMetrics {
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum Line {
+    Resume(ResumeMark),
     Step(StepRecord),
     Rank(StepMetrics),
     Eval(EvalRecord),
@@ -52,7 +62,10 @@ enum Line {
 
 /// Reads `metrics.jsonl`. A resumed run repeats the steps after its checkpoint, appending
 /// them again: the later attempt's records replace the earlier ones from the step it resumed
-/// at. A line that does not parse (the last one, while it is being written) is skipped.
+/// at. Its resume mark drops the earlier attempt's step and evaluation records after the
+/// checkpoint at once, so an evaluation of discarded weights is not shown beside the new
+/// attempt's steps. A line that does not parse (the last one, while it is being written) is
+/// skipped.
 pub fn read(path: &Path) -> Result<RunMetrics, MetricsFileError> {
     let text = std::fs::read_to_string(path).map_err(|source| MetricsFileError::Read {
         path: path.display().to_string(),
@@ -63,6 +76,14 @@ pub fn read(path: &Path) -> Result<RunMetrics, MetricsFileError> {
     let mut evals = Vec::new();
     for line in text.lines() {
         match serde_json::from_str::<Line>(line) {
+            Ok(Line::Resume(mark)) => {
+                let kept = |step: u64| step <= mark.resumed_at_step;
+                steps.retain(|r: &StepRecord| kept(r.step));
+                evals.retain(|r: &EvalRecord| kept(r.step));
+                for records in per_rank.values_mut() {
+                    records.retain(|r| kept(r.step));
+                }
+            }
             Ok(Line::Step(record)) => later_wins(&mut steps, record, |r| r.step),
             Ok(Line::Rank(record)) => {
                 later_wins(per_rank.entry(record.rank).or_default(), record, |r| r.step)
@@ -110,6 +131,10 @@ mod tests {
         )
     }
 
+    fn step_losses(metrics: &RunMetrics) -> Vec<(u64, f64)> {
+        metrics.steps.iter().map(|r| (r.step, r.loss)).collect()
+    }
+
     fn step_line(step: u64, loss: f64) -> String {
         let rank_record: StepMetrics =
             serde_json::from_str(&rank_line(0, step, loss, 0.1)).unwrap();
@@ -128,13 +153,7 @@ mod tests {
         );
         std::fs::write(&path, text).unwrap();
         let got = read(&path).unwrap();
-        assert_eq!(
-            got.steps
-                .iter()
-                .map(|r| (r.step, r.loss))
-                .collect::<Vec<_>>(),
-            vec![(1, 9.0), (2, 8.0)]
-        );
+        assert_eq!(step_losses(&got), vec![(1, 9.0), (2, 8.0)]);
         assert_eq!(
             got.evals,
             vec![EvalRecord {
@@ -166,6 +185,38 @@ mod tests {
             .map(|m| (m.step, m.loss))
             .collect();
         assert_eq!(got, vec![(1, 9.0), (2, 8.0), (3, 7.0), (4, 6.0)]);
+    }
+
+    #[test]
+    fn a_resume_mark_drops_what_the_discarded_attempt_logged_after_the_checkpoint() {
+        // Evaluated at 2 and 3, stopped at 4, resumed from the checkpoint of step 2: until
+        // it evaluates again, the evaluation of step 3 belongs to weights thrown away.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        let eval = |step: u64, loss: f64| {
+            format!(
+                r#"{{"rank":0,"step":{step},"eval_loss":{loss},"eval_perplexity":1.0,"eval_tokens":10,"eval_time_s":0.1}}"#
+            )
+        };
+        let mark = serde_json::to_string(&ResumeMark { resumed_at_step: 2 }).unwrap();
+        let lines = [
+            step_line(1, 9.0),
+            step_line(2, 8.0),
+            eval(2, 8.5),
+            step_line(3, 7.0),
+            eval(3, 7.5),
+            step_line(4, 6.0),
+            mark,
+            step_line(3, 6.9),
+        ];
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        let got = read(&path).unwrap();
+        assert_eq!(step_losses(&got), vec![(1, 9.0), (2, 8.0), (3, 6.9)]);
+        assert_eq!(
+            got.evals.iter().map(|e| e.step).collect::<Vec<_>>(),
+            vec![2],
+            "the checkpoint's own evaluation stays"
+        );
     }
 
     #[test]

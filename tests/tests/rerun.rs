@@ -117,6 +117,22 @@ fn resumed_to_the_end(dir: &TestDir, spec: &Path, first: &Output, why: &str) {
             .is_some_and(|&last| last >= checkpoint && last < STEPS),
         "the first half stopped mid-run after the checkpoint: {steps_before:?}"
     );
+    // metrics.jsonl marks where the second half picks up, before its first record: readers
+    // drop what the first half logged after the checkpoint.
+    let records: Vec<serde_json::Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    let marks: Vec<usize> = (0..records.len())
+        .filter(|&i| records[i].get("resumed_at_step").is_some())
+        .collect();
+    assert_eq!(marks.len(), 1, "one resume, one mark");
+    assert_eq!(records[marks[0]]["resumed_at_step"], checkpoint);
+    let logged_after = records[marks[0] + 1..]
+        .iter()
+        .find_map(|r| r["step"].as_u64());
+    assert_eq!(logged_after, Some(resumed_at), "the mark comes first");
     // The second half's records follow the first half's, from the step after the checkpoint.
     let after = metric_steps(&run, 0)[steps_before.len()..].to_vec();
     assert_eq!(after, (resumed_at..=STEPS).collect::<Vec<_>>());

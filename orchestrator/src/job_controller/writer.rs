@@ -8,6 +8,7 @@ use super::console::Console;
 use super::logbook::{LogBook, Source};
 use super::metrics_log::MetricsLog;
 use crate::events_file::{EventRecord, RunEvent};
+use crate::metrics_file::ResumeMark;
 use shardrun_protocol::messages::{EvalMetrics, LogLevel, LogLine, StepMetrics, TrainSummary};
 use shardrun_protocol::mib;
 use std::path::PathBuf;
@@ -246,7 +247,12 @@ fn write(
             step,
             path,
         } => {
-            // Rank 0 has logged its own line about it; this is for the record.
+            // Rank 0 has logged its own line about it; this is for the record. Its mark in
+            // metrics.jsonl comes before anything this attempt logs (rank 0 sends this
+            // first), so readers drop what the earlier attempt logged after `step`.
+            metrics.record(&ResumeMark {
+                resumed_at_step: step,
+            })?;
             events.record(RunEvent::Resumed { step, path })?;
         }
         Record::Event(mut event) => {
