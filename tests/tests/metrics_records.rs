@@ -161,6 +161,16 @@ fn four_ranks_make_one_record_per_logged_step_with_the_slowest_rank_and_the_larg
     );
     assert!(latest["tokens_per_s"].as_f64().unwrap() > 0.0);
     assert!(latest["step_time_median_s"].as_f64().unwrap() > 0.0);
+    // The slowest rank's step time, beside the slowest rank's tokens/s.
+    let slowest = num("step_time_max_s");
+    assert_eq!(
+        cell("step time"),
+        if slowest < 1.0 {
+            format!("{:.1} ms", slowest * 1000.0)
+        } else {
+            format!("{slowest:.2} s")
+        }
+    );
 
     // The straggler view reads the same records.
     let out = shardrun_in(root, &["metrics", "--stragglers", "--json", &run_arg]);

@@ -233,7 +233,8 @@ fn metrics_table(runs: &[RunMetricsSummary]) -> String {
                     .map(|x| format!("{:.1}%", x * 100.0))
                     .unwrap_or_else(dash)
             }));
-            row.push(field(&|m| format_seconds(m.step_time_median_s)));
+            // The slowest rank's, as tokens/s is: the job moves at its pace.
+            row.push(field(&|m| format_seconds(m.step_time_max_s)));
             row.push(field(&|m| {
                 format!("{:.0} MiB", m.peak_memory_max_bytes as f64 / 1048576.0)
             }));
