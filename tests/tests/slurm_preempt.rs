@@ -8,11 +8,16 @@ use shardrun_e2e::jobs::*;
 use shardrun_e2e::*;
 use std::time::Duration;
 
-#[test]
-fn usr2_requeues_the_job_which_then_completes() {
-    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
-    let dir = TestDir::new("slurm-preempt");
-    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("preempt", 150, 2));
+/// Submits the simulated ranks' job `name` of `steps` steps, lets it train a few steps, sends
+/// USR2 to its batch script, and waits until the first attempt has ended requeued (its
+/// manifest says PREEMPTED). Returns the job id and the run directory.
+fn preempted_and_requeued(
+    cluster: &SlurmCluster,
+    dir: &TestDir,
+    name: &str,
+    steps: u64,
+) -> (String, std::path::PathBuf) {
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec(name, steps, 2));
     let mut submit = cluster.command(shardrun());
     submit
         .current_dir(dir.path())
@@ -23,7 +28,7 @@ fn usr2_requeues_the_job_which_then_completes() {
     let out = run_with_deadline(&mut submit, Duration::from_secs(60)).unwrap();
     assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
     let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
-    let run = dir.join("runs/preempt");
+    let run = dir.join("runs").join(name);
 
     wait_for(
         "the first attempt to train",
@@ -36,11 +41,48 @@ fn usr2_requeues_the_job_which_then_completes() {
     let out = run_with_deadline(&mut signal, Duration::from_secs(30)).unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
 
-    let count = wait_for_file(&run.join("requeue_count"), Duration::from_secs(60), |t| {
-        t.trim() == "1"
-    });
     let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
-    count.unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    wait_for_file(&run.join("requeue_count"), Duration::from_secs(60), |t| {
+        t.trim() == "1"
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    wait_for_file(&run.join("manifest.json"), Duration::from_secs(60), |t| {
+        t.contains("\"PREEMPTED\"")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    (job_id, run)
+}
+
+#[test]
+fn usr2_requeues_the_job_which_then_completes() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("slurm-preempt");
+    let (job_id, run) = preempted_and_requeued(&cluster, &dir, "preempt", 150);
+    let spec = dir.join("tiny.yaml");
+    let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
+
+    // The first attempt has ended (its manifest says PREEMPTED) and its job is queued again:
+    // status says so, and the same spec submitted again is refused, not submitted twice.
+    let status = cluster
+        .shardrun(dir.path(), &["status", "--json", &run.to_string_lossy()])
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let state = &status["runs"][0]["state"];
+    assert!(
+        state == "SUBMITTED" || state == "RUNNING",
+        "the requeued job is Slurm's again: {status}"
+    );
+    assert!(status["runs"][0]["slurm_state"].is_string(), "{status}");
+    let again = cluster
+        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
+        .unwrap();
+    assert!(!again.status.success(), "{}", stdout_of(&again));
+    assert!(
+        stderr_of(&again).contains(&format!("Slurm job {job_id} is ")),
+        "refused while Slurm holds the requeued job: {}",
+        stderr_of(&again)
+    );
+
     // Slurm holds a requeued job back before it runs again (seen: up to ~3 min here).
     let result = wait_for_file(&run.join("result.json"), Duration::from_secs(600), |t| {
         t.contains("\"succeeded\"")
@@ -55,6 +97,37 @@ fn usr2_requeues_the_job_which_then_completes() {
     }
     assert!(log.contains("requeueing Slurm job"), "{log}");
     assert!(log.contains("training finished"), "{log}");
+}
+
+/// A requeued job waiting to run again is the run's: `shardrun cancel` cancels it, and the
+/// run is CANCELLED.
+#[test]
+fn cancel_stops_a_requeued_job_waiting_in_the_queue() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("slurm-preempt-cancel");
+    let (job_id, run) = preempted_and_requeued(&cluster, &dir, "requeued", 1500);
+    let run_arg = run.to_string_lossy().into_owned();
+    let out = cluster.shardrun(dir.path(), &["cancel", &run_arg]).unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        stdout_of(&out).contains(&format!("Cancelled Slurm job(s) {job_id};")),
+        "{}",
+        stdout_of(&out)
+    );
+    let ended = wait_for(
+        "Slurm to end the requeued job",
+        Duration::from_secs(60),
+        || {
+            let out = cluster
+                .shardrun(dir.path(), &["status", "--json", &run_arg])
+                .ok()?;
+            let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+            let state = status["runs"][0]["state"].clone();
+            (state != "SUBMITTED" && state != "RUNNING").then_some(status)
+        },
+    )
+    .unwrap();
+    assert_eq!(ended["runs"][0]["state"], "CANCELLED", "{ended}");
 }
 
 /// A preempted run whose `scontrol requeue` is refused (here: the Slurm job it names does
@@ -82,7 +155,10 @@ fn a_refused_requeue_fails_the_run_and_says_why() {
         1,
         "{stderr}"
     );
-    assert!(stderr.contains("was not requeued: resubmit"), "{stderr}");
+    assert!(
+        stderr.contains("was not requeued: run the same command again to resume"),
+        "{stderr}"
+    );
     assert!(!stderr.contains("requeueing Slurm job"), "{stderr}");
 
     let result = result_json(&run);
@@ -99,7 +175,10 @@ fn a_refused_requeue_fails_the_run_and_says_why() {
     let last = events.lines().last().unwrap();
     assert!(last.contains("\"event\":\"failed\""), "{events}");
     let log = std::fs::read_to_string(run.join("train.log")).unwrap();
-    assert!(log.contains("was not requeued: resubmit"), "{log}");
+    assert!(
+        log.contains("was not requeued: run the same command again to resume"),
+        "{log}"
+    );
     // The refused requeue is not counted against the job's allowance.
     let count = std::fs::read_to_string(run.join("requeue_count")).unwrap();
     assert_eq!(count.trim(), "0", "{count}");

@@ -2,7 +2,7 @@
 //! for a local run (`shardrun run`), SIGTERM to its controller, found by the run directory's
 //! lock, which stops the ranks at their next step boundary as Ctrl-C does.
 
-use crate::rundir::{RunLock, SignalError};
+use crate::rundir::{RunLock, RunState, SignalError};
 use crate::slurm;
 use std::path::PathBuf;
 
@@ -18,16 +18,20 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         anyhow::bail!("no run directory at {}\n  fix: pass the folder `shardrun submit` or `shardrun run` printed (see `shardrun status`)", args.run.display());
     }
     let mut ids = Vec::new();
+    let mut requeued = Vec::new();
     let mut stopped = Vec::new();
     let mut refused = Vec::new();
-    for run in &runs {
-        let manifest = run.read_manifest()?;
-        let slurm_job = manifest
-            .slurm_job_ids
-            .last()
-            .filter(|_| !manifest.state.is_terminal());
-        if let Some(id) = slurm_job {
+    // Slurm says which jobs it still holds: a run whose manifest has its end may have been
+    // requeued since.
+    let (statuses, _) = slurm::refresh(&runs)?;
+    for status in &statuses {
+        let run = &status.run;
+        let in_slurm = matches!(status.state, RunState::Submitted | RunState::Running);
+        if let Some(id) = status.job_id.as_ref().filter(|_| in_slurm) {
             ids.push(id.clone());
+            if run.read_manifest()?.state.is_terminal() {
+                requeued.push((run, id));
+            }
             continue;
         }
         match RunLock::signal_holder(run.path(), libc::SIGTERM) {
@@ -47,6 +51,16 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     }
     if !ids.is_empty() {
         slurm::cancel(&ids)?;
+        // A requeued job that has not started again has no controller to record the cancel.
+        for (run, id) in requeued {
+            run.update_manifest(|m| {
+                m.state = RunState::Cancelled;
+                m.error = Some(format!(
+                    "cancelled (`shardrun cancel`) while its requeued Slurm job {id} waited to \
+                     run again; submitting it again resumes it from its newest checkpoint"
+                ));
+            })?;
+        }
         outln!(
             "Cancelled Slurm job(s) {}; `shardrun status {}` shows when they have ended",
             ids.join(" "),

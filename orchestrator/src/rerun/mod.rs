@@ -288,14 +288,14 @@ fn list(fields: &[FieldChange]) -> String {
         .join("\n")
 }
 
-/// Slurm's view of a run whose manifest says it may still be queued or running (`None` for a
-/// local run, or one whose manifest already has its end).
+/// Slurm's view of a run submitted to it (`None` for a local run). Asked even when the
+/// manifest has the run's end: a requeued job is queued again.
 fn slurm_status(
     run: &RunDir,
     manifest: &Manifest,
     shown: &str,
 ) -> Result<Option<slurm::RunStatus>, RerunError> {
-    if manifest.state.is_terminal() || manifest.slurm_job_ids.is_empty() {
+    if manifest.slurm_job_ids.is_empty() {
         return Ok(None);
     }
     let (statuses, _) =

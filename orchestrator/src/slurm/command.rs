@@ -6,7 +6,7 @@ use super::parse::{
     CommentedJob,
 };
 use super::{JobRecord, SlurmError};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::ErrorKind;
 use std::path::Path;
 use std::process::{Command, Output};
@@ -119,38 +119,54 @@ pub enum QuerySource {
     SqueueScontrol,
 }
 
-/// States of `ids` (`1234` or `1234_5`) in as few calls as possible. Ids no command knows
-/// are absent from the map.
+/// States of `active` (`1234` or `1234_5`: jobs of runs not known to have ended) in as few
+/// calls as possible, and of those of `ended` (jobs of runs that ended) that slurmctld still
+/// holds: requeued ones are queued again. Ids no command knows are absent from the map.
 ///
 /// `squeue` comes first because it is live: `sacct` lags slurmctld by seconds (a running
-/// job still reads PENDING there). sacct then answers for jobs slurmctld no longer holds;
-/// without accounting, `scontrol show job` is the last resort.
-pub fn query(ids: &[String]) -> Result<(HashMap<String, JobRecord>, QuerySource), SlurmError> {
+/// job still reads PENDING there). sacct then answers for active jobs slurmctld no longer
+/// holds; without accounting, `scontrol show job` is the last resort. Ended jobs are asked of
+/// squeue only, and only when it answers: a finished run's status needs no Slurm.
+pub fn query(
+    active: &[String],
+    ended: &[String],
+) -> Result<(HashMap<String, JobRecord>, QuerySource), SlurmError> {
     let mut found = HashMap::new();
-    let wanted: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
-    let keep = |records: Vec<JobRecord>, found: &mut HashMap<String, JobRecord>| {
+    let active_wanted: HashSet<String> = active.iter().cloned().collect();
+    let mut wanted = active_wanted.clone();
+    wanted.extend(ended.iter().cloned());
+    let keep = |records: Vec<JobRecord>,
+                wanted: &HashSet<String>,
+                found: &mut HashMap<String, JobRecord>| {
         for r in records {
-            if wanted.contains(r.id.as_str()) && !found.contains_key(&r.id) {
+            if wanted.contains(&r.id) && !found.contains_key(&r.id) {
                 found.insert(r.id.clone(), r);
             }
         }
     };
-    if ids.is_empty() {
+    if wanted.is_empty() {
         return Ok((found, QuerySource::Squeue));
     }
     // All jobs in one call, ended ones included while slurmctld remembers them; filtering
     // here avoids squeue failing on an id it has already forgotten.
     let args = ["-h", "-r", "--states=all", "-o", "%i|%T|%r"];
-    let output = run("squeue", &args)?;
-    keep(parse_squeue(&check("squeue", &args, output)?), &mut found);
-    if found.len() == wanted.len() {
+    let answer = run("squeue", &args).and_then(|output| check("squeue", &args, output));
+    match answer {
+        Ok(text) => keep(parse_squeue(&text), &wanted, &mut found),
+        Err(_) if active.is_empty() => return Ok((found, QuerySource::Squeue)),
+        Err(e) => return Err(e),
+    }
+    let ids: Vec<&String> = active
+        .iter()
+        .filter(|id| !found.contains_key(*id))
+        .collect();
+    if ids.is_empty() {
         return Ok((found, QuerySource::Squeue));
     }
 
     // Array tasks are asked for by their array's id; sacct then lists every task.
     let mut jobs: Vec<&str> = ids
         .iter()
-        .filter(|id| !found.contains_key(*id))
         .map(|id| id.split('_').next().unwrap_or(id))
         .collect();
     jobs.sort_unstable();
@@ -170,6 +186,7 @@ pub fn query(ids: &[String]) -> Result<(HashMap<String, JobRecord>, QuerySource)
         if output.status.success() {
             keep(
                 parse_sacct(&String::from_utf8_lossy(&output.stdout)),
+                &active_wanted,
                 &mut found,
             );
             return Ok((found, QuerySource::SqueueSacct));
@@ -178,7 +195,7 @@ pub fn query(ids: &[String]) -> Result<(HashMap<String, JobRecord>, QuerySource)
     let args = ["-o", "show", "job"];
     let output = run("scontrol", &args)?;
     if let Ok(text) = check("scontrol", &args, output) {
-        keep(parse_scontrol(&text), &mut found);
+        keep(parse_scontrol(&text), &active_wanted, &mut found);
     }
     Ok((found, QuerySource::SqueueScontrol))
 }

@@ -175,17 +175,23 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
     for run in runs {
         manifests.push(run.read_manifest()?);
     }
-    let active: Vec<String> = manifests
-        .iter()
-        .filter(|m| !m.state.is_terminal())
-        .filter_map(|m| m.slurm_job_ids.last().cloned())
-        .collect();
-    let (records, source) = if active.is_empty() {
-        (Default::default(), None)
-    } else {
-        let (r, s) = query(&active)?;
-        (r, Some(s))
+    let last_jobs = |ended: bool| -> Vec<String> {
+        manifests
+            .iter()
+            .filter(|m| m.state.is_terminal() == ended)
+            .filter_map(|m| m.slurm_job_ids.last().cloned())
+            .collect()
     };
+    let (active, ended) = (last_jobs(false), last_jobs(true));
+    let (records, source) = query(&active, &ended)?;
+    // A run that ended is back in Slurm's hands when its job was requeued (by its own
+    // controller after a preemption, or `scontrol requeue`): the job is queued again.
+    let queued_again = |id: &String| {
+        records
+            .get(id)
+            .is_some_and(|r| !run_state_of(&r.state).is_terminal())
+    };
+    let source = (!records.is_empty() || !active.is_empty()).then_some(source);
     let mut out = Vec::with_capacity(runs.len());
     for (run, manifest) in runs.iter().zip(manifests) {
         let job_id = manifest.slurm_job_ids.last().cloned();
@@ -193,7 +199,8 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
         let result = read_result(run);
         let mut state = manifest.state;
         let mut detail = manifest.error.clone().unwrap_or_default();
-        if !state.is_terminal() {
+        let requeued = state.is_terminal() && job_id.as_ref().is_some_and(queued_again);
+        if !state.is_terminal() || requeued {
             match (&slurm, &result) {
                 (Some(record), _) => {
                     state = run_state_of(&record.state);
