@@ -235,6 +235,22 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
     assert_eq!(table.matches(" 2/3 ").count(), 10, "{table}");
     assert_eq!(table.matches(" 3/3 ").count(), 5, "{table}");
 
+    // A point's folder is not a spec: `submit` says what submits it again, and how its
+    // values train as a job of their own with the command asked for.
+    let point = sweep_dir.join(first);
+    let out = cluster
+        .shardrun(dir.path(), &["submit", &point.to_string_lossy()])
+        .unwrap();
+    let stderr = stderr_of(&out);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("is a point of a sweep (")
+            && stderr.contains("fix: `shardrun sweep <the sweep's spec>` submits it again")
+            && stderr.contains("`shardrun submit <the sweep's spec> --set sweep=null")
+            && stderr.contains(&format!("--set name={first}")),
+        "{stderr}"
+    );
+
     // The same spec again submits nothing.
     let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
     let stdout = stdout_of(&out);

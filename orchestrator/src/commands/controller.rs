@@ -49,9 +49,11 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             })
             .unwrap_or(0),
     };
+    let manifest = run.read_manifest()?;
     let launch = LaunchMode::Slurm {
         nodes,
         gpus_per_node,
+        sweep_point: !manifest.sweep_params.is_empty() || manifest.sweep_array.is_some(),
     };
     let opts = args.controller.options(&run, launch, false)?;
     supervise(&run, opts)

@@ -41,7 +41,7 @@ pub fn load_and_resolve(
     overrides: &Overrides,
     set: &SetArgs,
 ) -> anyhow::Result<(LoadedSpec, ResolvedJob)> {
-    let loaded = load(path, set)?;
+    let loaded = load(path, set, "plan")?;
     let job = resolve::resolve(&loaded, overrides)?;
     Ok((loaded, job))
 }
@@ -55,7 +55,7 @@ pub fn load_one_job(
     command: OneJob,
     decide: impl FnOnce(&LoadedSpec) -> anyhow::Result<Overrides>,
 ) -> anyhow::Result<(LoadedSpec, ResolvedJob)> {
-    let loaded = load(path, set)?;
+    let loaded = load(path, set, command.name())?;
     refuse_sweep(&loaded, command, path)?;
     let overrides = decide(&loaded)?;
     let job = resolve::resolve(&loaded, &overrides)?;
@@ -64,7 +64,7 @@ pub fn load_one_job(
 
 /// The spec behind `path` with `--set` applied. A sweep point's directory has no spec of
 /// its own: refused, saying how its values train as a job of their own.
-fn load(path: &Path, set: &SetArgs) -> anyhow::Result<LoadedSpec> {
+fn load(path: &Path, set: &SetArgs, command: &str) -> anyhow::Result<LoadedSpec> {
     let run = RunDir::open(path).ok().filter(|_| path.is_dir());
     let manifest = run.as_ref().and_then(|run| run.read_manifest().ok());
     if let Some(m) = manifest.as_ref().filter(|m| !m.sweep_params.is_empty()) {
@@ -77,10 +77,11 @@ fn load(path: &Path, set: &SetArgs) -> anyhow::Result<LoadedSpec> {
             anyhow::bail!(
                 "{} is a point of a sweep ({}): it has no spec of its own and runs as a task of \
                  its sweep's job array\n  fix: `shardrun sweep <the sweep's spec>` submits it \
-                 again if it failed; to train its values as a job of their own: `{}`",
+                 again if it did not finish (resuming it from its checkpoint); to train its \
+                 values as a new job of their own, from step 1: `{}`",
                 path.display(),
                 label.join(" "),
-                sweeps::one_point_command("run", "<the sweep's spec>", &m.name, &m.sweep_params)
+                sweeps::one_point_command(command, "<the sweep's spec>", &m.name, &m.sweep_params)
             );
         }
     }

@@ -498,9 +498,10 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
                 } else {
                     exit_code = 1;
                     message = format!(
-                        "{message}; no requeue left ({} used): resubmit the job to resume from its \
-                         last checkpoint",
-                        opts.max_requeues
+                        "{message}; no requeue left ({} used): {} to resume from its last \
+                         checkpoint",
+                        opts.max_requeues,
+                        opts.launch.run_again()
                     );
                 }
             }
@@ -556,7 +557,8 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
             exit_code = 1;
             message = format!(
                 "{preempted_message}; `scontrol requeue {job_id}` {why}, so the job was not \
-                 requeued: resubmit it to resume from its last checkpoint"
+                 requeued: {} to resume from its last checkpoint",
+                opts.launch.run_again()
             );
             log_only(message.clone()).await;
             note(RunEvent::Failed {
@@ -806,6 +808,20 @@ mod tests {
             "the run was cancelled by SIGTERM after step 566; its newest checkpoint is step 500 \
              (/r/checkpoints/step-500); run the same command again to resume"
         );
+        // A sweep point is submitted again by `shardrun sweep`; `shardrun submit` refuses it.
+        let slurm = |sweep_point| LaunchMode::Slurm {
+            nodes: 1,
+            gpus_per_node: 0,
+            sweep_point,
+        };
+        let resumes = |launch: &LaunchMode| {
+            cancelled_message(ended, Some(&step_500), &saves(Some(100), true), launch)
+        };
+        assert!(resumes(&slurm(false))
+            .ends_with("; submit the same spec again (`shardrun submit`) to resume"));
+        assert!(resumes(&slurm(true)).ends_with(
+            "; run `shardrun sweep` on the sweep's spec again (it skips finished points) to resume"
+        ));
         assert_eq!(
             cancelled_message(ended, None, &saves(None, false), &local),
             "the run was cancelled by SIGTERM after step 566; it does not resume \

@@ -29,8 +29,13 @@ pub enum LaunchMode {
     /// (one GPU per rank; None for CPU runs).
     Local { gpus: Option<Vec<String>> },
     /// One `srun` step inside the current allocation; `gpus_per_node` as the sbatch script
-    /// asked (`--gres=gpu:N`), 0 for CPU ranks.
-    Slurm { nodes: u64, gpus_per_node: u64 },
+    /// asked (`--gres=gpu:N`), 0 for CPU ranks. `sweep_point`: the run is a point of a
+    /// sweep, which `shardrun sweep` submits again (`shardrun submit` refuses it).
+    Slurm {
+        nodes: u64,
+        gpus_per_node: u64,
+        sweep_point: bool,
+    },
 }
 
 impl LaunchMode {
@@ -38,7 +43,12 @@ impl LaunchMode {
     pub fn run_again(&self) -> &'static str {
         match self {
             LaunchMode::Local { .. } => "run the same command again",
-            LaunchMode::Slurm { .. } => "submit the same spec again (`shardrun submit`)",
+            LaunchMode::Slurm {
+                sweep_point: false, ..
+            } => "submit the same spec again (`shardrun submit`)",
+            LaunchMode::Slurm {
+                sweep_point: true, ..
+            } => "run `shardrun sweep` on the sweep's spec again (it skips finished points)",
         }
     }
 }
@@ -170,6 +180,7 @@ impl Launcher {
             LaunchMode::Slurm {
                 nodes,
                 gpus_per_node,
+                ..
             } => {
                 let nodes = (*nodes).max(1);
                 if !spec.world_size.is_multiple_of(nodes) {
