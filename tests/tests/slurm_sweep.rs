@@ -274,7 +274,9 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("5 run(s) in") && stdout.contains("belong to no current point"),
+        stdout.contains("5 run(s) in")
+            && stdout.contains("belong to no current point")
+            && stdout.contains("5 run(s) have swept values the sweep no longer gives"),
         "{stdout}"
     );
     // One array: the command to follow it names its job id.
@@ -294,6 +296,23 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
     assert!(
         runs.values().all(|(ran, ids)| *ran == 1 && ids.len() == 1),
         "{runs:?}"
+    );
+
+    // A value outside the grid changed: every point is new, and the dry run says why.
+    dir.write(
+        "sweep.yaml",
+        &sweep_spec(&name, "[1, 2, 3, 4, 6]", FIVE_LRS, "").replace("  steps: 1\n", "  steps: 2\n"),
+    );
+    let out = cluster
+        .shardrun(dir.path(), &["sweep", "--dry-run", &spec_arg])
+        .unwrap();
+    let stdout = stdout_of(&out);
+    assert!(
+        stdout.contains("30 run(s) in")
+            && stdout.contains(
+                "training.steps: 1 → 2 (25 run(s)): their points are new and start over at step 1"
+            ),
+        "{stdout}"
     );
 }
 

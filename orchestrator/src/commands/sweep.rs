@@ -8,6 +8,7 @@
 //! at any time.
 
 use crate::binaries::shardrun_exe;
+use crate::rerun;
 use crate::resolve::{self, Overrides};
 use crate::rundir::{self, ArrayRef, RunDir, RunState};
 use crate::slurm;
@@ -301,17 +302,63 @@ fn array_range(tasks: usize, throttle: Option<u32>) -> String {
     }
 }
 
-/// Runs in the sweep folder that no point matches any more (their parameters changed).
+/// Runs in the sweep folder that no point matches any more, and why: a point is its whole
+/// resolved job, so a changed value anywhere in the spec makes new points.
 fn report_stale(sweep_dir: &Path, points: &[SweepPoint]) {
     let current: std::collections::HashSet<PathBuf> =
         points.iter().map(|p| sweep_dir.join(&p.name)).collect();
-    let stale = slurm::find_runs(sweep_dir)
+    let stale: Vec<RunDir> = slurm::find_runs(sweep_dir)
         .into_iter()
         .filter(|r| !current.contains(r.path()))
-        .count();
-    if stale > 0 {
-        outln!("{stale} run(s) in {} belong to no current point (their parameters changed); left as they are", sweep_dir.display());
+        .collect();
+    if stale.is_empty() {
+        return;
     }
+    outln!(
+        "{} run(s) in {} belong to no current point; left as they are",
+        stale.len(),
+        sweep_dir.display()
+    );
+    for line in stale_reasons(&stale, points) {
+        outln!("  {line}");
+    }
+}
+
+/// What changed for stale runs: against the current point with the same swept values, the
+/// fields that differ; else that their swept values left the sweep.
+fn stale_reasons(stale: &[RunDir], points: &[SweepPoint]) -> Vec<String> {
+    let mut changed: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut dropped = 0;
+    for run in stale {
+        let Ok(manifest) = run.read_manifest() else {
+            continue;
+        };
+        let Some(point) = points.iter().find(|p| p.params == manifest.sweep_params) else {
+            dropped += 1;
+            continue;
+        };
+        let Ok(recorded) = run.read_resolved() else {
+            continue;
+        };
+        let mut now = RunDir::recorded(&point.job, run.path());
+        now.name.clone_from(&recorded.name);
+        now.train.name.clone_from(&recorded.train.name);
+        for change in rerun::changes::between(&recorded, &now) {
+            *changed.entry(change.to_string()).or_default() += 1;
+        }
+    }
+    let mut lines: Vec<String> = changed
+        .into_iter()
+        .map(|(change, runs)| {
+            format!("{change} ({runs} run(s)): their points are new and start over at step 1")
+        })
+        .collect();
+    if dropped > 0 {
+        lines.push(format!(
+            "{dropped} run(s) have swept values the sweep no longer gives"
+        ));
+    }
+    lines
 }
 
 fn state_name(state: RunState) -> String {
