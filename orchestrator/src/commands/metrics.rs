@@ -6,7 +6,7 @@ use crate::events_file;
 use crate::exit::{ExitCode, EXIT_NO_RUN};
 use crate::job_controller::console::group_thousands;
 use crate::metrics_file::{self, EvalRecord};
-use crate::rundir::RunDir;
+use crate::rundir::{RunDir, RunState};
 use crate::slurm::died;
 use crate::step_record::StepRecord;
 use crate::stragglers::{self, StragglerReport};
@@ -155,7 +155,21 @@ pub fn summarise(run: &RunDir) -> RunMetricsSummary {
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
         .and_then(|v| v["status"].as_str().map(str::to_string))
         .unwrap_or_else(|| {
-            if manifest.as_ref().is_some_and(|m| died(run, m).is_some()) {
+            // A run that ended before its controller could write result.json (its data
+            // could not be prepared, say) has its end in the manifest.
+            let ended = manifest
+                .as_ref()
+                .map(|m| m.state)
+                .filter(|state| state.is_terminal());
+            if let Some(state) = ended {
+                match state {
+                    RunState::Completed => "succeeded",
+                    RunState::Cancelled => "cancelled",
+                    RunState::Preempted => "preempted",
+                    _ => "failed",
+                }
+                .into()
+            } else if manifest.as_ref().is_some_and(|m| died(run, m).is_some()) {
                 "died".into()
             } else if run.train_log().exists() {
                 "running".into()
@@ -379,6 +393,23 @@ mod tests {
         assert_eq!(summarise(&run).status, "running");
         drop(lock);
         assert_eq!(summarise(&run).status, "died");
+    }
+
+    #[test]
+    fn a_run_that_ended_before_its_controller_wrote_a_result_has_its_end_from_the_manifest() {
+        // Its data could not be prepared: no result.json, no train.log; the manifest says.
+        let dir = tempfile::tempdir().unwrap();
+        let run = crate::rundir::running_local_run(dir.path());
+        assert_eq!(summarise(&run).status, "died");
+        run.update_manifest(|m| {
+            m.state = RunState::Failed;
+            m.error = Some("preparing the training data: no field `body`".into());
+        })
+        .unwrap();
+        assert_eq!(summarise(&run).status, "failed");
+        run.update_manifest(|m| m.state = RunState::Cancelled)
+            .unwrap();
+        assert_eq!(summarise(&run).status, "cancelled");
     }
 
     /// `steps` step records whose scheduled LR falls from `peak` to a tenth of it.
