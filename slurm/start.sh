@@ -392,7 +392,11 @@ for k in $(seq 1 "$nodes"); do
         sleep 0.2
     done
     case "$state" in
-        idle*|mix*|alloc*|plnd*) say "node $name is $state; run '. slurm/env.sh' to use this cluster" ;;
+        idle*|mix*|alloc*|plnd*)
+            # env.sh picks the cluster by its folder: name it unless it is the default one.
+            use=". slurm/env.sh"
+            [ "$dir" = /tmp/shardrun-slurm ] || use="SHARDRUN_SLURM_DIR=$dir . slurm/env.sh"
+            say "node $name is $state; run '$use' to use this cluster" ;;
         *) die "node $name is '${state:-unknown}' after 20 s; see $dir/log/slurmctld.log and $dir/log/slurmd*.log" ;;
     esac
 done
