@@ -46,7 +46,7 @@ fn run_and_submit_refuse_a_sweep_and_say_how_to_train_one_point() {
         assert_eq!(out.status.code(), Some(1), "{command} went ahead:\n{text}");
         assert!(
             text.starts_with(&format!(
-                "error: sweep.yaml:8:1: field `sweep`: this spec sweeps 2 points; `shardrun \
+                "error: sweep.yaml:8:1: field `sweep`: this spec sweeps 2 point(s); `shardrun \
                  {command}` trains one job"
             )) && text.contains("fix: submit the sweep with `shardrun sweep sweep.yaml`"),
             "{text}"
@@ -83,7 +83,7 @@ fn run_and_submit_refuse_a_sweep_and_say_how_to_train_one_point() {
     assert!(out.status.success());
     assert!(
         stderr(&out).starts_with(
-            "note: this spec sweeps 2 points; this is the plan of the values outside the sweep"
+            "note: this spec sweeps 2 point(s); this is the plan of the values outside the sweep"
         ),
         "{}",
         stderr(&out)
@@ -103,7 +103,7 @@ fn render_and_prepare_refuse_a_sweep_and_say_how_to_give_them_one_point() {
         assert_eq!(String::from_utf8_lossy(&out.stdout), "", "{command}");
         assert!(
             text.starts_with(&format!(
-                "error: sweep.yaml:8:1: field `sweep`: this spec sweeps 2 points; `shardrun \
+                "error: sweep.yaml:8:1: field `sweep`: this spec sweeps 2 point(s); `shardrun \
                  {command}` {does}, and would "
             )) && text.contains("fix: submit the sweep with `shardrun sweep sweep.yaml`"),
             "{text}"
@@ -143,8 +143,9 @@ fn a_sweep_point_directory_names_its_values() {
             format!(
                 "error: {shown} is a point of a sweep (training.optimizer.lr=0.001): it has no \
                  spec of its own and runs as a task of its sweep's job array\n  fix: `shardrun \
-                 sweep <the sweep's spec>` submits it again if it failed; to train its values as \
-                 a job of their own: `shardrun run <the sweep's spec> --set sweep=null --set \
+                 sweep <the sweep's spec>` submits it again if it did not finish (resuming it \
+                 from its checkpoint); to train its values as a new job of their own, from step \
+                 1: `shardrun {command} <the sweep's spec> --set sweep=null --set \
                  training.optimizer.lr=0.001 --set name=lr-0123456789abcdef`\n"
             )
         );

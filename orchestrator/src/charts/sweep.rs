@@ -211,7 +211,11 @@ impl SweepFigure {
                     .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &v| {
                         (l.min(v), h.max(v))
                     });
-                let log = lo > 0.0 && hi / lo >= 100.0;
+                // Rates and decays are swept by factors: a log axis once they span a decade.
+                // Whole numbers (seeds, sizes) stay linear unless they span two.
+                let whole = xs.iter().all(|v| v.fract() == 0.0);
+                let span = if whole { 100.0 } else { 10.0 };
+                let log = lo > 0.0 && hi / lo >= span;
                 let to_axis = move |v: f64| if log { v.log10() } else { v };
                 let values: Vec<f64> = xs.iter().map(|&v| to_axis(v)).collect();
                 let range = value_range(&values, &[], false);
@@ -404,6 +408,27 @@ mod tests {
             finals.curves[0].points,
             vec![(-5.0, 3.0), (-4.0, 2.0), (-3.0, 1.0)]
         );
+    }
+
+    #[test]
+    fn rates_over_a_decade_get_a_log_axis_and_seeds_a_linear_one() {
+        let finals_axis = |points: Vec<PointRecords>| {
+            let figure = SweepFigure {
+                title: "s".into(),
+                points,
+                smoothing: 0.0,
+                log_loss: false,
+            };
+            figure.panels()[1].x.format.clone()
+        };
+        let lrs = [1e-4, 3e-4, 1e-3, 3e-3];
+        let by_lr = lrs.iter().map(|&lr| point(lr, 0, 1.0)).collect();
+        assert_eq!(finals_axis(by_lr), TickFormat::Log10);
+        let mut by_seed: Vec<PointRecords> = (1..=10).map(|seed| point(1e-3, seed, 1.0)).collect();
+        for p in &mut by_seed {
+            p.params.remove("training.optimizer.lr");
+        }
+        assert_eq!(finals_axis(by_seed), TickFormat::Values);
     }
 
     #[test]

@@ -50,7 +50,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             let (loaded, job) = load_and_resolve(&args.spec, &overrides, &args.set)?;
             if let Some(sweep) = &loaded.spec.sweep {
                 errln!(
-                    "note: this spec sweeps {} points; this is the plan of the values outside \
+                    "note: this spec sweeps {} point(s); this is the plan of the values outside \
                      the sweep (`shardrun sweep {} --dry-run` plans every point)",
                     sweeps::written_points(sweep),
                     shell_quote(&args.spec.display().to_string())

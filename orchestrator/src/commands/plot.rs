@@ -124,7 +124,7 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
         );
     }
     let figure = SweepFigure {
-        title: format!("{}: {} points", name_of(&args.run), points.len()),
+        title: format!("{}: {} point(s)", name_of(&args.run), points.len()),
         points,
         smoothing: args.smoothing,
         log_loss: args.log_loss,
@@ -136,7 +136,7 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
     charts::save(&figure, &output)?;
     let swept = figure.swept();
     outln!(
-        "wrote {} ({} points{}{})",
+        "wrote {} ({} point(s){}{})",
         output.display(),
         figure.points.len() - waiting.len(),
         if waiting.is_empty() {

@@ -155,7 +155,7 @@ fn refuse_sweep(loaded: &LoadedSpec, command: OneJob, path: &Path) -> Result<(),
     Err(loaded.error_at(
         "sweep",
         format!(
-            "this spec sweeps {} points; `shardrun {}` {}",
+            "this spec sweeps {} point(s); `shardrun {}` {}",
             sweeps::written_points(sweep),
             command.name(),
             command.with_a_sweep()
