@@ -314,3 +314,37 @@ fn a_run_piped_into_head_trains_to_the_end_and_other_commands_end_quietly() {
         );
     }
 }
+
+#[test]
+fn a_finished_run_started_again_by_slurm_starts_no_rank() {
+    // `scontrol requeue` of a job that completed runs its batch script again: the controller
+    // sees the run has trained every step and ends at once, without `srun`.
+    let dir = TestDir::new("finished-again");
+    let spec = dir.write("job.yaml", &tiny_mlp_spec("finished", 5, 2));
+    let (out, run) = run_local(&dir, &spec, &[], &[], DEADLINE);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let log_before = std::fs::read_to_string(run.join("train.log")).unwrap();
+
+    let run_arg = run.display().to_string();
+    let mut controller = Command::new(shardrun());
+    controller
+        .args(["controller", "--run-dir", &run_arg])
+        .env("SLURM_JOB_ID", "4242")
+        // No cluster to start ranks on: `srun` would fail.
+        .env_remove("SLURM_CONF");
+    let out = run_with_deadline(&mut controller, DEADLINE).unwrap();
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert!(
+        stdout.contains("already trained its 5 steps") && stdout.contains("nothing to train"),
+        "{stdout}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(run.join("train.log")).unwrap(),
+        log_before,
+        "nothing ran"
+    );
+    let (code, stdout, stderr) = shardrun_cmd(&["status", "--json", &run_arg]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(status_runs(&stdout)[0]["state"], "COMPLETED", "{stdout}");
+}

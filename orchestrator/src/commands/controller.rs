@@ -65,6 +65,23 @@ pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyho
     // RUNNING run whose lock is free is one whose controller died (`shardrun status`).
     let lock = RunLock::acquire(run.path())?;
     let before = run.read_manifest()?.before_start();
+    if before.state == RunState::Completed {
+        // Slurm ran the job of a finished run again (`scontrol requeue` after it ended):
+        // nothing is left to train, so no rank is started.
+        let config = run.read_train_config()?;
+        let last = crate::rerun::newest_checkpoint(run, &config);
+        if let Some(done) = last.filter(|c| c.step >= config.steps) {
+            outln!(
+                "shardrun: {} already trained its {} steps (its checkpoint of step {} is in {}); \
+                 nothing to train",
+                run.path().display(),
+                config.steps,
+                done.step,
+                done.dir.display()
+            );
+            return Ok(());
+        }
+    }
     // The previous attempt's error is no longer this run's state.
     let _ = run.update_manifest(|m| {
         m.state = RunState::Running;
