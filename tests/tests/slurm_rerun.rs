@@ -142,6 +142,98 @@ fn scancel_then_submit_of_the_same_spec_resumes_with_the_uninterrupted_losses() 
     assert_no_panic(&logs(), "the run's logs and Slurm output");
 }
 
+/// A sweep asked for more steps keeps its finished points' run directories: each continues
+/// from its final checkpoint, as `shardrun submit` of one run does, with the losses of a run
+/// trained for the longer count at once (the LR is constant, so the schedule is the same).
+#[test]
+fn a_sweep_asked_for_more_steps_continues_its_finished_points() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("slurm-sweep-longer");
+    let spec = |steps: u64, sweep: bool| {
+        format!(
+            "name: longer\nresources: {{ tasks_per_node: 2, cpus_per_task: 1, time: \"00:10:00\" }}\n\
+             training:\n  model: {{ kind: mlp, input_dim: 16, hidden_dim: 32, output_dim: 16 }}\n  \
+             steps: {steps}\n  total_batch_size: 16\n  batch_size_per_device: 8\n  \
+             optimizer: {{ lr: 1.0e-3 }}\n  schedule: {{ decay: constant }}\n{}",
+            if sweep {
+                "sweep:\n  grid:\n    training.optimizer.lr: [1.0e-3]\n"
+            } else {
+                ""
+            }
+        )
+    };
+    let (out, reference_run) = run_local(
+        &dir,
+        &dir.write("reference.yaml", &spec(30, false)),
+        &["--no-progress"],
+        &[],
+        Duration::from_secs(300),
+    );
+    assert!(out.status.success(), "reference run: {}", stderr_of(&out));
+    let reference = losses(&reference_run);
+
+    let sweep_spec = dir.write("sweep.yaml", &spec(20, true));
+    let sweep_arg = sweep_spec.to_string_lossy().into_owned();
+    let finished = |what: &str| {
+        wait_for(what, Duration::from_secs(300), || {
+            let out = cluster
+                .shardrun(dir.path(), &["status", "--json", "runs/longer"])
+                .ok()?;
+            let runs = status_runs(&stdout_of(&out));
+            (runs.len() == 1 && runs[0]["state"] == "COMPLETED").then(|| runs[0].clone())
+        })
+        .unwrap()
+    };
+    let out = cluster
+        .shardrun(dir.path(), &["sweep", &sweep_arg])
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let point = finished("the 20-step sweep");
+    let run = std::path::PathBuf::from(point["run_dir"].as_str().unwrap());
+
+    dir.write("sweep.yaml", &spec(30, true));
+    let out = cluster
+        .shardrun(dir.path(), &["sweep", &sweep_arg])
+        .unwrap();
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    for line in [
+        "1 point(s) keep their run directories",
+        "training.steps: 20 → 30 (1 point(s))",
+        "submit (was COMPLETED)",
+    ] {
+        assert!(stdout.contains(line), "missing {line:?} in {stdout}");
+    }
+    assert!(!stdout.contains("belong to no current point"), "{stdout}");
+    // The new job removes the first one's result.json when it starts, and writes its own
+    // once it has trained step 30.
+    wait_for(
+        "the 30th step and its result",
+        Duration::from_secs(300),
+        || {
+            let done = losses(&run).contains_key(&30)
+                && std::fs::read_to_string(run.join("result.json"))
+                    .is_ok_and(|t| t.contains("\"succeeded\""));
+            done.then_some(())
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", all_logs(&run)));
+    assert_eq!(
+        finished("the 30-step sweep")["run_dir"],
+        point["run_dir"],
+        "the same run directory"
+    );
+    assert!(
+        all_logs(&run).contains(&format!(
+            "resumed from checkpoint {}/checkpoints/step-20",
+            run.display()
+        )),
+        "{}",
+        all_logs(&run)
+    );
+    assert_same_losses(&losses(&run), &reference, 1e-6, "20 steps, then 10 more");
+}
+
 #[test]
 fn submit_force_refuses_to_delete_a_run_whose_job_is_still_queued() {
     let cluster = SlurmCluster::start().expect("start the local Slurm cluster");

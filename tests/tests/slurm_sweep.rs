@@ -298,10 +298,30 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
         "{runs:?}"
     );
 
-    // A value outside the grid changed: every point is new, and the dry run says why.
+    // A value outside the grid that a resumed run may take: the points keep their run
+    // directories (finished ones continue, as they are to train longer).
+    let longer =
+        sweep_spec(&name, "[1, 2, 3, 4, 6]", FIVE_LRS, "").replace("  steps: 1\n", "  steps: 2\n");
+    dir.write("sweep.yaml", &longer);
+    let out = cluster
+        .shardrun(dir.path(), &["sweep", "--dry-run", &spec_arg])
+        .unwrap();
+    let stdout = stdout_of(&out);
+    assert!(
+        stdout.contains("25 point(s) keep their run directories")
+            && stdout.contains("training.steps: 1 → 2 (25 point(s))")
+            && stdout.matches("submit (was COMPLETED)").count() == 25
+            && stdout.contains("5 run(s) in"),
+        "{stdout}"
+    );
+    // One that changes what they compute as well: every point is new, and the dry run
+    // says why.
     dir.write(
         "sweep.yaml",
-        &sweep_spec(&name, "[1, 2, 3, 4, 6]", FIVE_LRS, "").replace("  steps: 1\n", "  steps: 2\n"),
+        &longer.replace(
+            "  steps: 2\n",
+            "  steps: 2\n  optimizer: { weight_decay: 0.1 }\n",
+        ),
     );
     let out = cluster
         .shardrun(dir.path(), &["sweep", "--dry-run", &spec_arg])
@@ -310,8 +330,10 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
     assert!(
         stdout.contains("30 run(s) in")
             && stdout.contains(
-                "training.steps: 1 → 2 (25 run(s)): their points are new and start over at step 1"
-            ),
+                "training.optimizer.weight_decay: 0.01 → 0.1 (25 run(s)): their points are new"
+            )
+            && stdout.contains("training.steps: 1 → 2 (25 run(s))")
+            && stdout.matches("submit (new)").count() == 25,
         "{stdout}"
     );
 }

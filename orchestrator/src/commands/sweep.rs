@@ -45,7 +45,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         force: args.force,
         ..Overrides::submitting()
     };
-    let points = sweeps::expand(&loaded, &overrides)?;
+    let mut points = sweeps::expand(&loaded, &overrides)?;
     let sweep = loaded.spec.sweep.clone().unwrap_or_default();
     let sweep_dir = RunDir::planned_path(&resolve::run_root(&loaded.spec), &loaded.spec.name)
         .context("resolving the sweep folder")?;
@@ -54,6 +54,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         anyhow::bail!("--throttle 0 would never run a task\n  fix: use 1 or more");
     }
     let journal = Journal::new(&sweep_dir);
+    let carried = sweeps::carried::carry_over(&sweep_dir, &mut points);
 
     // One submitter at a time, and first finish what an interrupted one left.
     let _lock = if args.dry_run {
@@ -96,6 +97,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         });
 
     print_points(&points, &survey.decisions, &to_submit, &plan);
+    report_carried(&carried);
     report_stale(&sweep_dir, &points);
     if let Some(first) = survey.data_changed.first() {
         outln!(
@@ -299,6 +301,25 @@ fn array_range(tasks: usize, throttle: Option<u32>) -> String {
     match throttle {
         Some(t) => format!("0-{}%{t}", tasks - 1),
         None => format!("0-{}", tasks - 1),
+    }
+}
+
+/// Points that keep their run directories, taking changes a resumed run may take.
+fn report_carried(carried: &[sweeps::carried::Carried]) {
+    if carried.is_empty() {
+        return;
+    }
+    let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
+    for change in carried.iter().flat_map(|c| &c.changes) {
+        *counts.entry(change.to_string()).or_default() += 1;
+    }
+    outln!(
+        "{} point(s) keep their run directories and take changes a resumed run may take \
+         (finished ones continue from their checkpoints only when they are to train longer):",
+        carried.len()
+    );
+    for (change, points) in counts {
+        outln!("  {change} ({points} point(s))");
     }
 }
 

@@ -587,7 +587,7 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, RunDirErr
     })
 }
 
-fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), RunDirError> {
+pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), RunDirError> {
     let mut bytes = serde_json::to_vec_pretty(value).map_err(|source| RunDirError::Corrupt {
         path: path.to_path_buf(),
         source,

@@ -2,6 +2,7 @@
 //! stable hash of its resolved parameters. Re-running a sweep compares these keys with the
 //! run directories already there, so only new, changed or failed points are submitted.
 
+pub mod carried;
 pub mod journal;
 pub mod labels;
 pub mod point_dirs;

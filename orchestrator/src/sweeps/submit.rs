@@ -9,10 +9,10 @@ use crate::rundir::{self, ArrayRef, Manifest, RunDir, RunState};
 use crate::sbatch::{render_sbatch, RenderError, ScriptTarget};
 use crate::slurm::{self, limits::Destination};
 use crate::sweeps::journal::{self, ArrayRecord, ArrayState, Journal};
-use crate::sweeps::point_dirs;
 use crate::sweeps::split::{self, SubmitLimits};
 use crate::sweeps::survey::Decision;
 use crate::sweeps::SweepPoint;
+use crate::sweeps::{carried, point_dirs};
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 
@@ -158,7 +158,12 @@ impl Submitter<'_> {
                     Decision::New => {
                         Slot::New(Box::new(point_dirs::prepare(self.sweep_dir, point)?))
                     }
-                    _ => Slot::Existing(RunDir::open(&self.sweep_dir.join(&point.name))?),
+                    _ => {
+                        let run = RunDir::open(&self.sweep_dir.join(&point.name))?;
+                        // A point carried over takes the changes it was carried with.
+                        carried::record_job(&run, point)?;
+                        Slot::Existing(run)
+                    }
                 })
             })
             .collect::<Result<Vec<Slot>, rundir::RunDirError>>()

@@ -66,9 +66,10 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
         .iter()
         .map(|p| match states.get(&sweep_dir.join(&p.name)) {
             None => Decision::New,
-            Some(state @ (RunState::Completed | RunState::Submitted | RunState::Running)) => {
-                Decision::Skip(*state)
+            Some(RunState::Completed) if !asks_more_steps(&sweep_dir.join(&p.name), p) => {
+                Decision::Skip(RunState::Completed)
             }
+            Some(state @ (RunState::Submitted | RunState::Running)) => Decision::Skip(*state),
             Some(state) => match data_refusal(&sweep_dir.join(&p.name), p, &mut probed) {
                 Some(refusal) => {
                     data_changed.push(refusal);
@@ -102,6 +103,13 @@ impl DataProbes {
         };
         self.0[at].1.as_ref()
     }
+}
+
+/// Whether a finished point is asked to train more steps than its run directory records
+/// (a point carried over with a longer `training.steps`): it continues from its checkpoint.
+fn asks_more_steps(dir: &Path, point: &SweepPoint) -> bool {
+    let recorded = RunDir::open(dir).and_then(|run| run.read_train_config());
+    recorded.is_ok_and(|train| point.job.train.steps > train.steps)
 }
 
 /// The refusal a retried point's job would meet: its newest checkpoint was trained on other

@@ -1,0 +1,91 @@
+//! Points carried over to the run directories they already have. A point is keyed by its
+//! whole resolved job, so a value a resumed run may take (`training.steps`, resources, the
+//! checkpoint interval, ...) changed outside the grid gives every point a new key. A run of
+//! the sweep with the same swept values whose job differs only in such values is the same
+//! point: it keeps its directory and, like `shardrun submit` of one run, continues from its
+//! checkpoint with the change applied.
+
+use crate::rerun::changes::{self, FieldChange};
+use crate::rundir::{self, RunDir, RunDirError};
+use crate::slurm;
+use crate::sweeps::SweepPoint;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+/// A point given the directory of an earlier run of its values, and what changed.
+#[derive(Debug)]
+pub struct Carried {
+    pub point: usize,
+    pub changes: Vec<FieldChange>,
+}
+
+/// Gives each point without a directory under its own key the directory of a run of the
+/// same swept values whose job differs from the point's only in what a resumed run may
+/// take; renames those points after their directories.
+pub fn carry_over(sweep_dir: &Path, points: &mut [SweepPoint]) -> Vec<Carried> {
+    let current: HashSet<PathBuf> = points.iter().map(|p| sweep_dir.join(&p.name)).collect();
+    let mut others: Vec<RunDir> = slurm::find_runs(sweep_dir)
+        .into_iter()
+        .filter(|run| !current.contains(run.path()))
+        .collect();
+    let mut carried = Vec::new();
+    for (index, point) in points.iter_mut().enumerate() {
+        if sweep_dir.join(&point.name).exists() {
+            continue;
+        }
+        let found = others.iter().enumerate().find_map(|(at, run)| {
+            let manifest = run.read_manifest().ok()?;
+            if manifest.sweep_params != point.params {
+                return None;
+            }
+            let recorded = run.read_resolved().ok()?;
+            let changes = changes::between(&recorded, &as_run_of(point, run.path()));
+            changes.iter().all(|c| c.safe).then_some((at, changes))
+        });
+        if let Some((at, changes)) = found {
+            let run = others.remove(at);
+            rename(point, run.path());
+            carried.push(Carried {
+                point: index,
+                changes,
+            });
+        }
+    }
+    carried
+}
+
+/// The point's job as the run directory at `path` records it.
+fn as_run_of(point: &SweepPoint, path: &Path) -> crate::resolve::ResolvedJob {
+    let name = dir_name(path);
+    let mut job = RunDir::recorded(&point.job, path);
+    job.name.clone_from(&name);
+    job.train.name = name;
+    job
+}
+
+fn dir_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+fn rename(point: &mut SweepPoint, path: &Path) {
+    let name = dir_name(path);
+    if let Some(key) = name.rsplit('-').next() {
+        point.key = key.to_string();
+    }
+    point.job.name.clone_from(&name);
+    point.job.train.name.clone_from(&name);
+    point.name = name;
+}
+
+/// Before its job is submitted, a carried point's directory records the job it now runs:
+/// `resolved.json` and `train_config.json` replaced (each atomically).
+pub fn record_job(run: &RunDir, point: &SweepPoint) -> Result<(), RunDirError> {
+    let job = as_run_of(point, run.path());
+    if run.read_resolved()? == job {
+        return Ok(());
+    }
+    rundir::write_json(&run.resolved_json(), &job)?;
+    rundir::write_json(&run.train_config(), &job.train)
+}
