@@ -5,6 +5,7 @@
 
 use crate::charts::run::RunFigure;
 use crate::charts::sweep::{PointRecords, SweepFigure};
+use crate::sweeps::labels::{ParamColumns, PointParams};
 use crate::{charts, events_file, metrics_file};
 use anyhow::bail;
 use std::path::{Path, PathBuf};
@@ -68,13 +69,11 @@ fn plot_run(args: &Args) -> anyhow::Result<()> {
     }
     let events = events_file::read(&args.run.join("events.jsonl"))?;
     let last = metrics.steps.last().map(|r| (r.step, r.loss, r.ranks));
-    let title = match last {
-        Some((step, loss, ranks)) => format!(
-            "{}: step {step}, loss {loss:.4}, {ranks} rank(s)",
-            name_of(&args.run)
-        ),
-        None => name_of(&args.run),
-    };
+    let params = crate::rundir::RunDir::open(&args.run)
+        .and_then(|run| run.read_manifest())
+        .map(|m| m.sweep_params)
+        .unwrap_or_default();
+    let title = run_title(&name_of(&args.run), &params, last);
     let figure = RunFigure {
         title,
         steps: metrics.steps,
@@ -95,6 +94,20 @@ fn plot_run(args: &Args) -> anyhow::Result<()> {
         figure.markers().len()
     );
     Ok(())
+}
+
+/// The run's name, the values a sweep gave it (its folder's name is a hash), and where it
+/// stands.
+fn run_title(name: &str, params: &PointParams, last: Option<(u64, f64, u64)>) -> String {
+    let mut title = name.to_string();
+    if !params.is_empty() {
+        let values = ParamColumns::given([params]).label(params);
+        title.push_str(&format!(" ({values})"));
+    }
+    if let Some((step, loss, ranks)) = last {
+        title.push_str(&format!(": step {step}, loss {loss:.4}, {ranks} rank(s)"));
+    }
+    title
 }
 
 fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()> {
@@ -151,4 +164,29 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
         }
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sweep_point_is_titled_by_its_values() {
+        let params: PointParams = [
+            (
+                "training.optimizer.lr".to_string(),
+                serde_json::json!(0.003),
+            ),
+            ("training.seed".to_string(), serde_json::json!(1)),
+        ]
+        .into();
+        assert_eq!(
+            run_title("lrs-d095a6c3", &params, Some((1500, 5.5529, 2))),
+            "lrs-d095a6c3 (lr=3e-3, seed=1): step 1500, loss 5.5529, 2 rank(s)"
+        );
+        assert_eq!(
+            run_title("demo", &PointParams::new(), Some((200, 4.8841, 2))),
+            "demo: step 200, loss 4.8841, 2 rank(s)"
+        );
+    }
 }
