@@ -82,8 +82,8 @@ fn losses(run: &Path) -> Vec<(u64, f64)> {
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        // Step records (evaluation records carry `eval_loss` instead).
-        .filter(|v| v.get("eval_loss").is_none())
+        // Step records (evaluation records carry `eval_loss` instead; a resume mark neither).
+        .filter(|v| v.get("loss").is_some())
         .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
         .collect()
 }

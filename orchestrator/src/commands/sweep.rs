@@ -348,13 +348,18 @@ fn report_stale(sweep_dir: &Path, points: &[SweepPoint]) {
 /// What changed for stale runs: against the current point with the same swept values, the
 /// fields that differ; else that their swept values left the sweep.
 fn stale_reasons(stale: &[RunDir], points: &[SweepPoint]) -> Vec<String> {
+    let by_values: HashMap<String, &SweepPoint> = points
+        .iter()
+        .map(|p| (sweeps::carried::values_key(&p.params), p))
+        .collect();
     let mut changed: std::collections::BTreeMap<String, usize> = Default::default();
     let mut dropped = 0;
     for run in stale {
         let Ok(manifest) = run.read_manifest() else {
             continue;
         };
-        let Some(point) = points.iter().find(|p| p.params == manifest.sweep_params) else {
+        let Some(point) = by_values.get(&sweeps::carried::values_key(&manifest.sweep_params))
+        else {
             dropped += 1;
             continue;
         };

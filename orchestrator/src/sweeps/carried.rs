@@ -9,7 +9,7 @@ use crate::rerun::changes::{self, FieldChange};
 use crate::rundir::{self, RunDir, RunDirError};
 use crate::slurm;
 use crate::sweeps::SweepPoint;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 /// A point given the directory of an earlier run of its values, and what changed.
@@ -24,26 +24,38 @@ pub struct Carried {
 /// take; renames those points after their directories.
 pub fn carry_over(sweep_dir: &Path, points: &mut [SweepPoint]) -> Vec<Carried> {
     let current: HashSet<PathBuf> = points.iter().map(|p| sweep_dir.join(&p.name)).collect();
-    let mut others: Vec<RunDir> = slurm::find_runs(sweep_dir)
-        .into_iter()
-        .filter(|run| !current.contains(run.path()))
-        .collect();
+    // The other runs by their swept values, each manifest read once: a sweep of thousands
+    // of points whose keys all changed looks each up once.
+    let mut others: HashMap<String, Vec<RunDir>> = HashMap::new();
+    for run in slurm::find_runs(sweep_dir) {
+        if current.contains(run.path()) {
+            continue;
+        }
+        if let Ok(manifest) = run.read_manifest() {
+            others
+                .entry(values_key(&manifest.sweep_params))
+                .or_default()
+                .push(run);
+        }
+    }
     let mut carried = Vec::new();
     for (index, point) in points.iter_mut().enumerate() {
+        if others.is_empty() {
+            break;
+        }
         if sweep_dir.join(&point.name).exists() {
             continue;
         }
-        let found = others.iter().enumerate().find_map(|(at, run)| {
-            let manifest = run.read_manifest().ok()?;
-            if manifest.sweep_params != point.params {
-                return None;
-            }
+        let Some(runs) = others.get_mut(&values_key(&point.params)) else {
+            continue;
+        };
+        let found = runs.iter().enumerate().find_map(|(at, run)| {
             let recorded = run.read_resolved().ok()?;
             let changes = changes::between(&recorded, &as_run_of(point, run.path()));
             changes.iter().all(|c| c.safe).then_some((at, changes))
         });
         if let Some((at, changes)) = found {
-            let run = others.remove(at);
+            let run = runs.remove(at);
             rename(point, run.path());
             carried.push(Carried {
                 point: index,
@@ -52,6 +64,11 @@ pub fn carry_over(sweep_dir: &Path, points: &mut [SweepPoint]) -> Vec<Carried> {
         }
     }
     carried
+}
+
+/// Swept values as one comparable text (the map is ordered by path).
+pub fn values_key(params: &BTreeMap<String, serde_json::Value>) -> String {
+    serde_json::to_string(params).unwrap_or_default()
 }
 
 /// The point's job as the run directory at `path` records it.
