@@ -366,9 +366,7 @@ fn stale_reasons(stale: &[RunDir], points: &[SweepPoint]) -> Vec<String> {
         let Ok(recorded) = run.read_resolved() else {
             continue;
         };
-        let mut now = RunDir::recorded(&point.job, run.path());
-        now.name.clone_from(&recorded.name);
-        now.train.name.clone_from(&recorded.train.name);
+        let now = sweeps::carried::as_run_of(point, run.path());
         for change in rerun::changes::between(&recorded, &now) {
             *changed.entry(change.to_string()).or_default() += 1;
         }

@@ -12,10 +12,9 @@ use crate::sweeps::SweepPoint;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-/// A point given the directory of an earlier run of its values, and what changed.
+/// The changes a point carried into the directory of an earlier run of its values.
 #[derive(Debug)]
 pub struct Carried {
-    pub point: usize,
     pub changes: Vec<FieldChange>,
 }
 
@@ -39,7 +38,7 @@ pub fn carry_over(sweep_dir: &Path, points: &mut [SweepPoint]) -> Vec<Carried> {
         }
     }
     let mut carried = Vec::new();
-    for (index, point) in points.iter_mut().enumerate() {
+    for point in points.iter_mut() {
         if others.is_empty() {
             break;
         }
@@ -57,10 +56,7 @@ pub fn carry_over(sweep_dir: &Path, points: &mut [SweepPoint]) -> Vec<Carried> {
         if let Some((at, changes)) = found {
             let run = runs.remove(at);
             rename(point, run.path());
-            carried.push(Carried {
-                point: index,
-                changes,
-            });
+            carried.push(Carried { changes });
         }
     }
     carried
@@ -72,7 +68,7 @@ pub fn values_key(params: &BTreeMap<String, serde_json::Value>) -> String {
 }
 
 /// The point's job as the run directory at `path` records it.
-fn as_run_of(point: &SweepPoint, path: &Path) -> crate::resolve::ResolvedJob {
+pub fn as_run_of(point: &SweepPoint, path: &Path) -> crate::resolve::ResolvedJob {
     let name = dir_name(path);
     let mut job = RunDir::recorded(&point.job, path);
     job.name.clone_from(&name);
