@@ -234,6 +234,58 @@ fn a_sweep_asked_for_more_steps_continues_its_finished_points() {
     assert_same_losses(&losses(&run), &reference, 1e-6, "20 steps, then 10 more");
 }
 
+/// A finished sweep point that does not resume (`checkpoint.resume: false`) is not
+/// continued in its directory when the sweep asks for more steps: training from step 1
+/// there would overwrite what it finished. The point is new; the finished run stays.
+#[test]
+fn a_longer_sweep_that_does_not_resume_leaves_its_finished_points_as_they_are() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("slurm-sweep-no-resume");
+    let spec = |steps: u64| {
+        format!(
+            "name: noresume\nresources: {{ tasks_per_node: 2, cpus_per_task: 1, time: \"00:10:00\" }}\n\
+             training:\n  model: {{ kind: mlp, input_dim: 16, hidden_dim: 32, output_dim: 16 }}\n  \
+             steps: {steps}\n  total_batch_size: 16\n  batch_size_per_device: 8\n  \
+             checkpoint: {{ resume: false }}\n\
+             sweep:\n  grid:\n    training.optimizer.lr: [1.0e-3]\n"
+        )
+    };
+    let sweep_spec = dir.write("sweep.yaml", &spec(4));
+    let sweep_arg = sweep_spec.to_string_lossy().into_owned();
+    let out = cluster
+        .shardrun(dir.path(), &["sweep", &sweep_arg])
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let point = wait_for("the 4-step sweep", Duration::from_secs(300), || {
+        let out = cluster
+            .shardrun(dir.path(), &["status", "--json", "runs/noresume"])
+            .ok()?;
+        let runs = status_runs(&stdout_of(&out));
+        (runs.len() == 1 && runs[0]["state"] == "COMPLETED").then(|| runs[0].clone())
+    })
+    .unwrap();
+    let run = std::path::PathBuf::from(point["run_dir"].as_str().unwrap());
+    let finished = losses(&run);
+    assert_eq!(finished.len(), 4, "{}", all_logs(&run));
+
+    dir.write("sweep.yaml", &spec(6));
+    let out = cluster
+        .shardrun(dir.path(), &["sweep", "--dry-run", &sweep_arg])
+        .unwrap();
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    for line in [
+        "1 run(s) in",
+        "training.steps: 4 → 6 (1 finished run(s)): their spec says `checkpoint.resume: \
+         false`, so their points are new and start over at step 1",
+    ] {
+        assert!(stdout.contains(line), "missing {line:?} in {stdout}");
+    }
+    assert!(!stdout.contains("keep their run directories"), "{stdout}");
+    assert!(!stdout.contains("submit (was COMPLETED)"), "{stdout}");
+    assert_eq!(losses(&run), finished, "the finished run is untouched");
+}
+
 #[test]
 fn submit_force_refuses_to_delete_a_run_whose_job_is_still_queued() {
     let cluster = SlurmCluster::start().expect("start the local Slurm cluster");

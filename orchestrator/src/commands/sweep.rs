@@ -352,7 +352,7 @@ fn stale_reasons(stale: &[RunDir], points: &[SweepPoint]) -> Vec<String> {
         .iter()
         .map(|p| (sweeps::carried::values_key(&p.params), p))
         .collect();
-    let mut changed: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut changed: std::collections::BTreeMap<(String, Option<&str>), usize> = Default::default();
     let mut dropped = 0;
     for run in stale {
         let Ok(manifest) = run.read_manifest() else {
@@ -367,14 +367,21 @@ fn stale_reasons(stale: &[RunDir], points: &[SweepPoint]) -> Vec<String> {
             continue;
         };
         let now = sweeps::carried::as_run_of(point, run.path());
+        let finished = sweeps::carried::cannot_continue(run, &recorded, point);
         for change in rerun::changes::between(&recorded, &now) {
-            *changed.entry(change.to_string()).or_default() += 1;
+            *changed.entry((change.to_string(), finished)).or_default() += 1;
         }
     }
     let mut lines: Vec<String> = changed
         .into_iter()
-        .map(|(change, runs)| {
-            format!("{change} ({runs} run(s)): their points are new and start over at step 1")
+        .map(|((change, finished), runs)| match finished {
+            Some(why) => format!(
+                "{change} ({runs} finished run(s)): {why}, so their points are new and start \
+                 over at step 1"
+            ),
+            None => {
+                format!("{change} ({runs} run(s)): their points are new and start over at step 1")
+            }
         })
         .collect();
     if dropped > 0 {

@@ -3,10 +3,14 @@
 //! checkpoint interval, ...) changed outside the grid gives every point a new key. A run of
 //! the sweep with the same swept values whose job differs only in such values is the same
 //! point: it keeps its directory and, like `shardrun submit` of one run, continues from its
-//! checkpoint with the change applied.
+//! checkpoint with the change applied. A finished run that cannot continue (it does not
+//! resume, or saved no checkpoint) is left as it is: the point starts over in a directory of
+//! its own.
 
 use crate::rerun::changes::{self, FieldChange};
-use crate::rundir::{self, RunDir, RunDirError};
+use crate::rerun::newest_checkpoint;
+use crate::resolve::ResolvedJob;
+use crate::rundir::{self, RunDir, RunDirError, RunState};
 use crate::slurm;
 use crate::sweeps::SweepPoint;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -51,7 +55,9 @@ pub fn carry_over(sweep_dir: &Path, points: &mut [SweepPoint]) -> Vec<Carried> {
         let found = runs.iter().enumerate().find_map(|(at, run)| {
             let recorded = run.read_resolved().ok()?;
             let changes = changes::between(&recorded, &as_run_of(point, run.path()));
-            changes.iter().all(|c| c.safe).then_some((at, changes))
+            let takes =
+                changes.iter().all(|c| c.safe) && cannot_continue(run, &recorded, point).is_none();
+            takes.then_some((at, changes))
         });
         if let Some((at, changes)) = found {
             let run = runs.remove(at);
@@ -62,13 +68,36 @@ pub fn carry_over(sweep_dir: &Path, points: &mut [SweepPoint]) -> Vec<Carried> {
     carried
 }
 
+/// Why `run`, finished, cannot train the longer run `point` asks for in its directory: a
+/// run that does not resume, or has no checkpoint to resume from, would start over there
+/// and overwrite what it finished.
+pub fn cannot_continue(
+    run: &RunDir,
+    recorded: &ResolvedJob,
+    point: &SweepPoint,
+) -> Option<&'static str> {
+    let finished = run
+        .read_manifest()
+        .is_ok_and(|m| m.state == RunState::Completed);
+    if !finished || point.job.train.steps <= recorded.train.steps {
+        return None;
+    }
+    if !point.job.train.checkpoint.resume {
+        return Some("their spec says `checkpoint.resume: false`");
+    }
+    match newest_checkpoint(run, &recorded.train) {
+        Some(_) => None,
+        None => Some("they have no checkpoint to continue from"),
+    }
+}
+
 /// Swept values as one comparable text (the map is ordered by path).
 pub fn values_key(params: &BTreeMap<String, serde_json::Value>) -> String {
     serde_json::to_string(params).unwrap_or_default()
 }
 
 /// The point's job as the run directory at `path` records it.
-pub fn as_run_of(point: &SweepPoint, path: &Path) -> crate::resolve::ResolvedJob {
+pub fn as_run_of(point: &SweepPoint, path: &Path) -> ResolvedJob {
     let name = dir_name(path);
     let mut job = RunDir::recorded(&point.job, path);
     job.name.clone_from(&name);
