@@ -4,12 +4,14 @@
 
 use crate::cache::{CacheManifest, SourceFile};
 use crate::error::Result;
-use crate::prepare::{prepared_manifest, DatasetSources};
+use crate::files::{self, DataFile};
+use crate::prepare::{file_hash, prepared_manifest, DatasetSources};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use shardrun_protocol::config::{DatasetConfig, HeldOut, Packing};
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 
 /// File lines a change list shows before counting the rest.
 const FILES_SHOWN: usize = 10;
@@ -131,6 +133,100 @@ impl DataIdentity {
     }
 }
 
+/// The files a dataset names as they are now, found without reading them: what can be told
+/// of a change to the data before it is prepared again.
+#[derive(Debug)]
+pub struct DataFiles {
+    training: Vec<DataFile>,
+    /// `None` when validation holds out training documents, or there is none.
+    validation: Option<Vec<DataFile>>,
+    /// Contents hashed so far (files modified since a run listed them), each read once for
+    /// any number of runs.
+    hashes: RefCell<HashMap<PathBuf, Result<String, String>>>,
+}
+
+impl DataFiles {
+    /// Expands the dataset's patterns and reads each file's size and modification time.
+    pub fn now(config: &DatasetConfig) -> Result<DataFiles> {
+        let sources = DatasetSources::new(config, 1);
+        let validation = match sources.validation() {
+            Some(spec) => Some(files::expand(spec.source.files())?),
+            None => None,
+        };
+        Ok(DataFiles {
+            training: files::expand(sources.training().source.files())?,
+            validation,
+            hashes: RefCell::default(),
+        })
+    }
+
+    /// Files added, removed, resized, or modified to other contents since `earlier` listed
+    /// them, one line each (a file is read only when its modification time changed and its
+    /// size did not). A tokenizer change, or contents rewritten keeping the modification
+    /// time, is not seen here (the prepared data's fingerprint tells those).
+    pub fn changes_since(&self, earlier: &DataIdentity) -> Vec<String> {
+        let mut lines = self.file_changes("", &earlier.training.files, &self.training);
+        match (&earlier.validation, &self.validation) {
+            (Some(was), Some(now)) => {
+                lines.extend(self.file_changes("validation ", &was.files, now))
+            }
+            (None, Some(_)) => lines.push("validation files: added".into()),
+            (Some(_), None) => lines.push("validation files: removed".into()),
+            (None, None) => {}
+        }
+        lines
+    }
+
+    /// The files of one source that differ.
+    fn file_changes(&self, what: &str, was: &[SourceFile], now: &[DataFile]) -> Vec<String> {
+        let before: BTreeMap<&PathBuf, &SourceFile> = was.iter().map(|f| (&f.path, f)).collect();
+        let after: BTreeMap<&PathBuf, &DataFile> = now.iter().map(|f| (&f.path, f)).collect();
+        let mut files = Vec::new();
+        for (path, old) in &before {
+            let Some(new) = after.get(path) else {
+                files.push(format!("{what}{}: removed", path.display()));
+                continue;
+            };
+            let changed = if new.size != old.size {
+                Some(format!("{} → {} bytes", old.size, new.size))
+            } else if new.mtime_ns == old.mtime_ns {
+                None
+            } else {
+                match self.hash(path) {
+                    Ok(hash) if hash == old.xxh3 => None,
+                    Ok(_) => Some(format!("same size, {} bytes, other contents", new.size)),
+                    Err(e) => Some(format!("cannot be read: {e}")),
+                }
+            };
+            if let Some(how) = changed {
+                files.push(format!("{what}{}: changed ({how})", path.display()));
+            }
+        }
+        for path in after.keys().filter(|p| !before.contains_key(*p)) {
+            files.push(format!("{what}{}: added", path.display()));
+        }
+        shown(what, files)
+    }
+
+    fn hash(&self, path: &Path) -> Result<String, String> {
+        self.hashes
+            .borrow_mut()
+            .entry(path.to_path_buf())
+            .or_insert_with(|| file_hash(path).map_err(|e| e.to_string()))
+            .clone()
+    }
+}
+
+/// At most [`FILES_SHOWN`] file lines, then how many more.
+fn shown(what: &str, mut files: Vec<String>) -> Vec<String> {
+    let more = files.len().saturating_sub(FILES_SHOWN);
+    files.truncate(FILES_SHOWN);
+    if more > 0 {
+        files.push(format!("... and {more} more {what}file(s)"));
+    }
+    files
+}
+
 /// The changes of one source; `what` prefixes its lines (`validation `).
 fn source_changes(what: &str, was: &SourceIdentity, now: &SourceIdentity) -> Vec<String> {
     let mut lines = Vec::new();
@@ -160,11 +256,7 @@ fn source_changes(what: &str, was: &SourceIdentity, now: &SourceIdentity) -> Vec
     for path in after.keys().filter(|p| !before.contains_key(*p)) {
         files.push(format!("{what}{}: added", path.display()));
     }
-    let more = files.len().saturating_sub(FILES_SHOWN);
-    lines.extend(files.into_iter().take(FILES_SHOWN));
-    if more > 0 {
-        lines.push(format!("... and {more} more {what}file(s)"));
-    }
+    lines.extend(shown(what, files));
     if lines.is_empty() && was.content_hash != now.content_hash {
         lines.push(format!(
             "{what}the same files give other tokens: {} documents, {} tokens → {} documents, {} tokens",
@@ -243,6 +335,66 @@ mod tests {
         assert_eq!(
             same_files.changes_since(&was),
             vec!["the same files and tokenizer, read into other sequences (the split, packing or order of the samples changed)"]
+        );
+    }
+
+    #[test]
+    fn files_as_they_are_now_name_what_was_added_removed_resized_or_rewritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            path
+        };
+        let listed = |path: &Path| {
+            let file = files::expand(&[path.to_path_buf()]).unwrap().remove(0);
+            SourceFile {
+                path: file.path,
+                size: file.size,
+                mtime_ns: file.mtime_ns,
+                xxh3: file_hash(path).unwrap(),
+                tokens: None,
+            }
+        };
+        let names = ["grown", "rewritten", "restored", "removed", "kept"];
+        let paths: Vec<PathBuf> = names.iter().map(|n| write(n, "0123456789")).collect();
+        let mut was = identity("a", source(&[], "x"));
+        was.training.files = paths.iter().map(|p| listed(p)).collect();
+        let now = |paths: &[&PathBuf]| DataFiles {
+            training: files::expand(&paths.iter().map(|p| p.to_path_buf()).collect::<Vec<_>>())
+                .unwrap(),
+            validation: None,
+            hashes: RefCell::default(),
+        };
+        let all: Vec<&PathBuf> = paths.iter().collect();
+        assert!(now(&all).changes_since(&was).is_empty());
+
+        let set_mtime = |path: &Path, secs: u64| {
+            let time = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+            let file = std::fs::File::options().write(true).open(path).unwrap();
+            file.set_modified(time).unwrap();
+        };
+        write("grown", "0123456789!");
+        write("rewritten", "9876543210");
+        set_mtime(&paths[1], 1);
+        // Written again as it was: a newer modification time, the same bytes.
+        write("restored", "0123456789");
+        set_mtime(&paths[2], 2);
+        let added = write("added", "new");
+        let changes =
+            now(&[&paths[0], &paths[1], &paths[2], &paths[4], &added]).changes_since(&was);
+        let at = |name: &str| dir.path().join(name).display().to_string();
+        assert_eq!(
+            changes,
+            vec![
+                format!("{}: changed (10 → 11 bytes)", at("grown")),
+                format!("{}: removed", at("removed")),
+                format!(
+                    "{}: changed (same size, 10 bytes, other contents)",
+                    at("rewritten")
+                ),
+                format!("{}: added", at("added")),
+            ]
         );
     }
 }

@@ -36,7 +36,7 @@ pub mod writer;
 
 pub use dataset::{Dataset, HostBatch};
 pub use error::{DataError, Origin};
-pub use identity::DataIdentity;
+pub use identity::{DataFiles, DataIdentity};
 pub use progress::{Observer, Quiet, Stderr};
 pub use rng::splitmix64;
 pub use tokenize::default_threads;

@@ -475,6 +475,11 @@ fn hash_files(files: &[DataFile], threads: usize) -> Result<Vec<SourceFile>> {
     })
 }
 
+/// The xxh3-64 of `path`'s bytes, as a cache's manifest lists it.
+pub(crate) fn file_hash(path: &Path) -> std::io::Result<String> {
+    read_chunks(path, |_| {})
+}
+
 /// Reads `path` in chunks (a whole number of 4-byte ids each), handing each to `each`;
 /// returns the xxh3-64 of the whole file.
 fn read_chunks(path: &Path, mut each: impl FnMut(&[u8])) -> std::io::Result<String> {

@@ -6,7 +6,8 @@
 
 use crate::rerun::CheckpointAt;
 use crate::rundir::RunDir;
-use shardrun_data::DataIdentity;
+use shardrun_data::{DataFiles, DataIdentity};
+use shardrun_protocol::config::DatasetConfig;
 use std::fmt;
 use std::path::PathBuf;
 
@@ -108,6 +109,41 @@ pub fn check(
             .read_manifest()
             .is_ok_and(|m| !m.sweep_params.is_empty()),
     }))
+}
+
+/// The data a spec names as it is now, looked at once for any number of finished runs: its
+/// identity when it was prepared as it is, else its files (sizes and modification times).
+pub struct DataNow {
+    identity: Option<DataIdentity>,
+    files: Result<DataFiles, String>,
+}
+
+impl DataNow {
+    pub fn look(config: &DatasetConfig) -> DataNow {
+        DataNow {
+            identity: DataIdentity::probe(config).ok().flatten(),
+            files: DataFiles::now(config).map_err(|e| e.to_string()),
+        }
+    }
+
+    pub fn identity(&self) -> Option<&DataIdentity> {
+        self.identity.as_ref()
+    }
+
+    /// How the data now differs from what the finished `run` trained on, one line each;
+    /// empty when it is the same, or the run recorded nothing to compare with. A finished
+    /// run is not resumed, so nothing refuses it: this is what tells that its results are
+    /// not of the data as it is now.
+    pub fn changes_since_run(&self, run: &RunDir) -> Vec<String> {
+        let Some(trained_on) = run.read_data_identity() else {
+            return Vec::new();
+        };
+        match (&self.identity, &self.files) {
+            (Some(now), _) => now.changes_since(&trained_on),
+            (None, Ok(files)) => files.changes_since(&trained_on),
+            (None, Err(e)) => vec![format!("the data cannot be read as the spec names it: {e}")],
+        }
+    }
 }
 
 #[cfg(test)]

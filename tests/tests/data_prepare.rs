@@ -344,6 +344,53 @@ fn resuming_on_changed_data_is_refused_before_any_rank_starts_and_the_run_is_kep
     assert_eq!(metric_steps(&run, 0), (1..=9).collect::<Vec<_>>());
 }
 
+/// A finished run run again is not resumed, so nothing refuses its changed data: the
+/// "nothing to do" says that the data it trained on differs from the data as it is now,
+/// naming the file, before the data is prepared again and after; written back as it was,
+/// the data is the same again.
+#[test]
+fn a_finished_run_run_again_says_its_data_changed_since_it_trained() {
+    let dir = TestDir::new("data-changed-finished");
+    let original = std::fs::read_to_string(corpus(&dir)).unwrap();
+    let file = dir.join("data/gpl.txt");
+    dir.write("job.yaml", &text_spec("finished", "data/*.txt", ""));
+    let out = shardrun_in(&dir, &["run", "job.yaml", "--no-progress"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let run = dir.join("runs/finished");
+    let again = || {
+        let out = shardrun_in(&dir, &["run", "job.yaml", "--no-progress"]);
+        let stdout = stdout_of(&out);
+        assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+        assert!(
+            stdout.starts_with(&format!("{} is finished", run.display())),
+            "{stdout}"
+        );
+        stdout
+    };
+    assert!(!again().contains("differs"));
+
+    let added = "one more line\n";
+    dir.write("data/gpl.txt", &format!("{original}{added}"));
+    let changed = format!(
+        "\n  the data it trained on differs from the data as it is now:\n    {}: changed ({} → {} bytes)\n",
+        file.display(),
+        original.len(),
+        original.len() + added.len()
+    );
+    let stdout = again();
+    assert!(stdout.contains(&changed), "{stdout}");
+    assert!(stdout.contains("add --force"), "{stdout}");
+    let prepared = shardrun_in(&dir, &["prepare", "job.yaml"]);
+    assert!(prepared.status.success(), "{}", stderr_of(&prepared));
+    let stdout = again();
+    assert!(stdout.contains(&changed), "prepared: {stdout}");
+
+    dir.write("data/gpl.txt", &original);
+    let stdout = again();
+    assert!(!stdout.contains("differs"), "restored: {stdout}");
+    assert_eq!(metric_steps(&run, 0), (1..=6).collect::<Vec<_>>());
+}
+
 /// Ctrl-C while the controller prepares the data (here: waiting for another process that
 /// holds the cache's lock) cancels the run at once and says so, and the run's state says
 /// it was cancelled, not killed; the same command then runs it.

@@ -132,3 +132,53 @@ fn a_sweep_does_not_retry_a_point_whose_data_changed_since_its_checkpoint() {
         "the point was not submitted again"
     );
 }
+
+/// A finished point is skipped, so nothing refuses its changed data: the sweep says that
+/// finished points trained on data that differs from the data as it is now, naming the file,
+/// though the new data is not prepared yet.
+#[test]
+fn a_sweep_says_which_finished_points_trained_on_data_that_changed_since() {
+    let (cluster, dir, gpl) = cluster_and_data("slurm-changed-finished");
+    let spec = SPEC.replace("name: changed", "name: done")
+        + "sweep:\n  grid:\n    training.optimizer.lr: [1.0e-3]\n";
+    dir.write("job.yaml", &spec);
+    let out = cluster
+        .shardrun(dir.path(), &["sweep", "job.yaml"])
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let finished = ended(&cluster, &dir, "runs/done");
+    assert_eq!(finished["state"], "COMPLETED", "{finished}");
+    let point = std::path::PathBuf::from(finished["run_dir"].as_str().unwrap());
+
+    let sweep = || {
+        let out = cluster
+            .shardrun(dir.path(), &["sweep", "job.yaml"])
+            .unwrap();
+        let stdout = stdout_of(&out);
+        assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+        assert!(stdout.contains("Nothing to submit"), "{stdout}");
+        stdout
+    };
+    assert!(!sweep().contains("differs"));
+    let added = "one more line\n";
+    dir.write("data/gpl.txt", &format!("{gpl}{added}"));
+    let stdout = sweep();
+    for line in [
+        "skip (COMPLETED)".to_string(),
+        format!(
+            "1 finished point(s) trained on data that differs from the data as it is now: \
+             they are skipped and keep the results of the data they trained on. To train a \
+             point on the data as it is now, delete its directory and run `shardrun sweep` \
+             again. The first, {}:",
+            point.display()
+        ),
+        format!(
+            "  {}: changed ({} → {} bytes)",
+            dir.join("data/gpl.txt").display(),
+            gpl.len(),
+            gpl.len() + added.len()
+        ),
+    ] {
+        assert!(stdout.contains(&line), "missing {line:?} in {stdout}");
+    }
+}

@@ -299,18 +299,18 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
     );
 
     // A value outside the grid that a resumed run may take: the points keep their run
-    // directories (finished ones continue, as they are to train longer).
-    let longer =
-        sweep_spec(&name, "[1, 2, 3, 4, 6]", FIVE_LRS, "").replace("  steps: 1\n", "  steps: 2\n");
-    dir.write("sweep.yaml", &longer);
+    // directories, finished (they are not asked to train longer).
+    let logged = sweep_spec(&name, "[1, 2, 3, 4, 6]", FIVE_LRS, "")
+        .replace("  steps: 1\n", "  steps: 1\n  log_every: 7\n");
+    dir.write("sweep.yaml", &logged);
     let out = cluster
         .shardrun(dir.path(), &["sweep", "--dry-run", &spec_arg])
         .unwrap();
     let stdout = stdout_of(&out);
     assert!(
         stdout.contains("25 point(s) keep their run directories")
-            && stdout.contains("training.steps: 1 → 2 (25 point(s))")
-            && stdout.matches("submit (was COMPLETED)").count() == 25
+            && stdout.contains("training.log_every: 1 → 7 (25 point(s))")
+            && stdout.matches("skip (COMPLETED)").count() == 25
             && stdout.contains("5 run(s) in"),
         "{stdout}"
     );
@@ -318,9 +318,9 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
     // says why.
     dir.write(
         "sweep.yaml",
-        &longer.replace(
-            "  steps: 2\n",
-            "  steps: 2\n  optimizer: { weight_decay: 0.1 }\n",
+        &logged.replace(
+            "  log_every: 7\n",
+            "  log_every: 7\n  optimizer: { weight_decay: 0.1 }\n",
         ),
     );
     let out = cluster
@@ -332,7 +332,7 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
             && stdout.contains(
                 "training.optimizer.weight_decay: 0.01 → 0.1 (25 run(s)): their points are new"
             )
-            && stdout.contains("training.steps: 1 → 2 (25 run(s))")
+            && stdout.contains("training.log_every: 1 → 7 (25 run(s))")
             && stdout.matches("submit (new)").count() == 25,
         "{stdout}"
     );

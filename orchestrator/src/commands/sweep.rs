@@ -106,6 +106,19 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             survey.data_changed.len()
         );
     }
+    if let Some((dir, changes)) = survey.finished_on_other_data.first() {
+        outln!(
+            "{} finished point(s) trained on data that differs from the data as it is now: \
+             they are skipped and keep the results of the data they trained on. To train a \
+             point on the data as it is now, delete its directory and run `shardrun sweep` \
+             again. The first, {}:",
+            survey.finished_on_other_data.len(),
+            dir.display()
+        );
+        for change in changes {
+            outln!("  {change}");
+        }
+    }
     let skipped = points.len() - to_submit.len();
     let Some(limits) = limits else {
         outln!(

@@ -8,7 +8,7 @@
 
 pub mod changes;
 
-use crate::resume_data::{self, DataChanged};
+use crate::resume_data::{self, DataChanged, DataNow};
 use crate::rundir::{Ended, Manifest, NewRun, RunDir, RunDirError, RunLock, RunState};
 use crate::slurm;
 use crate::sweeps::journal::Journal;
@@ -217,6 +217,8 @@ pub struct Finished {
     /// Steps the spec asks for now.
     pub steps_asked: u64,
     pub checkpoint: Option<CheckpointAt>,
+    /// How the data as it is now differs from what the run trained on.
+    pub data_changes: Vec<String>,
 }
 
 impl Finished {
@@ -241,6 +243,14 @@ impl Finished {
                 c.dir.display(),
                 c.step
             );
+        }
+        if !self.data_changes.is_empty() {
+            text.push_str("\n  the data it trained on differs from the data as it is now:");
+            for change in &self.data_changes {
+                let _ = write!(text, "\n    {change}");
+            }
+            text.push_str("\n  to train on the data as it is now: add --force (deletes this run and starts over), or give the new run another `name`");
+            return text;
         }
         let _ = write!(
             text,
@@ -429,11 +439,16 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
         (None, _) => None,
     };
     if let Some(done) = done.filter(|&done| done >= asked) {
+        let data_changes = match &target.train.data {
+            DataConfig::Dataset(data) => DataNow::look(data).changes_since_run(&run),
+            _ => Vec::new(),
+        };
         return Ok(RunStart::Finished(Finished {
             run,
             steps_done: done,
             steps_asked: asked,
             checkpoint,
+            data_changes,
         }));
     }
     match (state, &checkpoint) {

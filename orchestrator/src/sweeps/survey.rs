@@ -4,12 +4,11 @@
 //! submit are grouped by allocation shape.
 
 use crate::rerun::newest_checkpoint;
-use crate::resume_data::{self, DataChanged};
+use crate::resume_data::{self, DataChanged, DataNow};
 use crate::rundir::{RunDir, RunState};
 use crate::slurm;
 use crate::sweeps::SweepPoint;
 use anyhow::Context;
-use shardrun_data::DataIdentity;
 use shardrun_protocol::config::{DataConfig, DatasetConfig};
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -38,6 +37,9 @@ pub struct Survey {
     pub active_arrays: BTreeSet<String>,
     /// Why the [`Decision::DataChanged`] points would be refused, in the points' order.
     pub data_changed: Vec<Box<DataChanged>>,
+    /// Finished points trained on other data than the data as it is now: their directories
+    /// and how the data differs.
+    pub finished_on_other_data: Vec<(PathBuf, Vec<String>)>,
 }
 
 /// Compare each point with its run directory, refreshing unfinished ones from Slurm.
@@ -61,12 +63,18 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
         }
     }
     let mut data_changed = Vec::new();
+    let mut finished_on_other_data = Vec::new();
     let mut probed = DataProbes::default();
     let decisions = points
         .iter()
         .map(|p| match states.get(&sweep_dir.join(&p.name)) {
             None => Decision::New,
             Some(RunState::Completed) if !asks_more_steps(&sweep_dir.join(&p.name), p) => {
+                let dir = sweep_dir.join(&p.name);
+                let changes = data_changes(&dir, p, &mut probed);
+                if !changes.is_empty() {
+                    finished_on_other_data.push((dir, changes));
+                }
                 Decision::Skip(RunState::Completed)
             }
             Some(state @ (RunState::Submitted | RunState::Running)) => Decision::Skip(*state),
@@ -83,26 +91,34 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
         decisions,
         active_arrays,
         data_changed,
+        finished_on_other_data,
     })
 }
 
-/// The data as it is prepared now, probed once per distinct data config: a sweep's points
-/// mostly share theirs, and a probe expands the globs and hashes the tokenizer files.
+/// The data as it is now, looked at once per distinct data config: a sweep's points mostly
+/// share theirs, and a look expands the globs and hashes the tokenizer files.
 #[derive(Default)]
-struct DataProbes(Vec<(DatasetConfig, Option<DataIdentity>)>);
+struct DataProbes(Vec<(DatasetConfig, DataNow)>);
 
 impl DataProbes {
-    fn identity(&mut self, data: &DatasetConfig) -> Option<&DataIdentity> {
+    fn now(&mut self, data: &DatasetConfig) -> &DataNow {
         let at = match self.0.iter().position(|(config, _)| config == data) {
             Some(at) => at,
             None => {
-                let now = DataIdentity::probe(data).ok().flatten();
-                self.0.push((data.clone(), now));
+                self.0.push((data.clone(), DataNow::look(data)));
                 self.0.len() - 1
             }
         };
-        self.0[at].1.as_ref()
+        &self.0[at].1
     }
+}
+
+/// How the data the finished point trained on differs from its data as it is now.
+fn data_changes(dir: &Path, point: &SweepPoint, probes: &mut DataProbes) -> Vec<String> {
+    let (DataConfig::Dataset(data), Ok(run)) = (&point.job.train.data, RunDir::open(dir)) else {
+        return Vec::new();
+    };
+    probes.now(data).changes_since_run(&run)
 }
 
 /// Whether a finished point is asked to train more steps than its run directory records
@@ -125,7 +141,7 @@ fn data_refusal(
     let run = RunDir::open(dir).ok()?;
     // Where the run keeps its checkpoints is in its own record.
     let checkpoint = newest_checkpoint(&run, &run.read_train_config().ok()?)?;
-    let now = probes.identity(data)?;
+    let now = probes.now(data).identity()?;
     resume_data::check(&run, &checkpoint, now).err()
 }
 
