@@ -182,3 +182,65 @@ fn a_sweep_says_which_finished_points_trained_on_data_that_changed_since() {
         assert!(stdout.contains(&line), "missing {line:?} in {stdout}");
     }
 }
+
+/// A finished point asked to train longer whose job then refused to start (its data had
+/// changed) keeps the longer job recorded but trained no step of it: once the data is as it
+/// was, the sweep submits it again and it continues from its final checkpoint, rather than
+/// skipping it as finished.
+#[test]
+fn a_longer_point_refused_for_changed_data_trains_on_once_the_data_is_restored() {
+    use shardrun_e2e::jobs::{all_logs, metric_steps};
+    let (cluster, dir, gpl) = cluster_and_data("slurm-changed-longer");
+    let spec = |steps: u64| {
+        SPEC.replace("name: changed", "name: longer")
+            .replace("  steps: 6\n", &format!("  steps: {steps}\n"))
+            + "sweep:\n  grid:\n    training.optimizer.lr: [1.0e-3]\n"
+    };
+    let sweep = |steps: u64| {
+        dir.write("job.yaml", &spec(steps));
+        let out = cluster
+            .shardrun(dir.path(), &["sweep", "job.yaml"])
+            .unwrap();
+        let stdout = stdout_of(&out);
+        assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+        stdout
+    };
+    sweep(6);
+    let finished = ended(&cluster, &dir, "runs/longer");
+    assert_eq!(finished["state"], "COMPLETED", "{finished}");
+    let point = std::path::PathBuf::from(finished["run_dir"].as_str().unwrap());
+
+    // Changed and not prepared: the sweep submits the longer point, whose job refuses.
+    dir.write("data/gpl.txt", &format!("{gpl}one more line\n"));
+    let stdout = sweep(9);
+    assert!(stdout.contains("submit (was COMPLETED)"), "{stdout}");
+    let refused = ended(&cluster, &dir, "runs/longer");
+    assert!(
+        refused["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("refused to start: its training data changed")),
+        "{refused}"
+    );
+    assert_eq!(metric_steps(&point, 0), (1..=6).collect::<Vec<_>>());
+
+    dir.write("data/gpl.txt", &gpl);
+    let stdout = sweep(9);
+    assert!(stdout.contains("submit (was COMPLETED)"), "{stdout}");
+    let done = wait_for("the 9th step", Duration::from_secs(300), || {
+        let out = cluster
+            .shardrun(dir.path(), &["status", "--json", "runs/longer"])
+            .ok()?;
+        status_runs(&stdout_of(&out))
+            .into_iter()
+            .find(|r| r["state"] == "COMPLETED" && metric_steps(&point, 0).len() == 9)
+    });
+    done.unwrap_or_else(|e| panic!("{e}\n{}", all_logs(&point)));
+    assert!(
+        all_logs(&point).contains(&format!(
+            "resumed from checkpoint {}/checkpoints/step-6",
+            point.display()
+        )),
+        "{}",
+        all_logs(&point)
+    );
+}

@@ -277,7 +277,7 @@ fn a_longer_sweep_that_does_not_resume_leaves_its_finished_points_as_they_are() 
     for line in [
         "1 run(s) in",
         "training.steps: 4 → 6 (1 finished run(s)): their spec says `checkpoint.resume: \
-         false`, so their points are new and start over at step 1",
+         false`, so their points are new, trained from step 1",
     ] {
         assert!(stdout.contains(line), "missing {line:?} in {stdout}");
     }

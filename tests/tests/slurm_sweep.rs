@@ -332,7 +332,7 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
             && stdout.contains(
                 "training.optimizer.weight_decay: 0.01 → 0.1 (25 run(s)): their points are new"
             )
-            && stdout.contains("training.log_every: 1 → 7 (25 run(s))")
+            && !stdout.contains("training.log_every: 1 → 7 (25 run(s))")
             && stdout.matches("submit (new)").count() == 25,
         "{stdout}"
     );

@@ -359,14 +359,16 @@ fn report_stale(sweep_dir: &Path, points: &[SweepPoint]) {
 }
 
 /// What changed for stale runs: against the current point with the same swept values, the
-/// fields that differ; else that their swept values left the sweep.
+/// fields that made its point new (changes a resumed run may take only when the run, finished,
+/// cannot continue); else that the point continues in another of the sweep's directories, or
+/// that their swept values left the sweep.
 fn stale_reasons(stale: &[RunDir], points: &[SweepPoint]) -> Vec<String> {
     let by_values: HashMap<String, &SweepPoint> = points
         .iter()
         .map(|p| (sweeps::carried::values_key(&p.params), p))
         .collect();
     let mut changed: std::collections::BTreeMap<(String, Option<&str>), usize> = Default::default();
-    let mut dropped = 0;
+    let (mut dropped, mut elsewhere) = (0, 0);
     for run in stale {
         let Ok(manifest) = run.read_manifest() else {
             continue;
@@ -381,7 +383,14 @@ fn stale_reasons(stale: &[RunDir], points: &[SweepPoint]) -> Vec<String> {
         };
         let now = sweeps::carried::as_run_of(point, run.path());
         let finished = sweeps::carried::cannot_continue(run, &recorded, point);
-        for change in rerun::changes::between(&recorded, &now) {
+        let causes: Vec<_> = rerun::changes::between(&recorded, &now)
+            .into_iter()
+            .filter(|c| !c.safe || finished.is_some())
+            .collect();
+        if causes.is_empty() {
+            elsewhere += 1;
+        }
+        for change in causes {
             *changed.entry((change.to_string(), finished)).or_default() += 1;
         }
     }
@@ -389,14 +398,18 @@ fn stale_reasons(stale: &[RunDir], points: &[SweepPoint]) -> Vec<String> {
         .into_iter()
         .map(|((change, finished), runs)| match finished {
             Some(why) => format!(
-                "{change} ({runs} finished run(s)): {why}, so their points are new and start \
-                 over at step 1"
+                "{change} ({runs} finished run(s)): {why}, so their points are new, trained \
+                 from step 1"
             ),
-            None => {
-                format!("{change} ({runs} run(s)): their points are new and start over at step 1")
-            }
+            None => format!("{change} ({runs} run(s)): their points are new, trained from step 1"),
         })
         .collect();
+    if elsewhere > 0 {
+        lines.push(format!(
+            "{elsewhere} run(s) have the swept values of points that continue in other run \
+             directories of the sweep"
+        ));
+    }
     if dropped > 0 {
         lines.push(format!(
             "{dropped} run(s) have swept values the sweep no longer gives"

@@ -519,6 +519,16 @@ pub fn newest_checkpoint(run: &RunDir, train: &TrainConfig) -> Option<Checkpoint
 }
 
 /// The last step logged (the latest attempt's, when steps were repeated).
+/// The steps a run has trained: its newest checkpoint's step, else its last logged one,
+/// else the steps it records (its recorded `steps` may have been raised since by a re-run
+/// that never trained, refused or never submitted).
+pub fn steps_trained(run: &RunDir, recorded: &TrainConfig) -> u64 {
+    newest_checkpoint(run, recorded)
+        .map(|c| c.step)
+        .or_else(|| last_logged_step(run))
+        .unwrap_or(recorded.steps)
+}
+
 fn last_logged_step(run: &RunDir) -> Option<u64> {
     crate::metrics_file::read(&run.metrics())
         .ok()?

@@ -8,7 +8,7 @@
 //! its own.
 
 use crate::rerun::changes::{self, FieldChange};
-use crate::rerun::newest_checkpoint;
+use crate::rerun::{newest_checkpoint, steps_trained};
 use crate::resolve::ResolvedJob;
 use crate::rundir::{self, RunDir, RunDirError, RunState};
 use crate::slurm;
@@ -52,17 +52,36 @@ pub fn carry_over(sweep_dir: &Path, points: &mut [SweepPoint]) -> Vec<Carried> {
         let Some(runs) = others.get_mut(&values_key(&point.params)) else {
             continue;
         };
-        let found = runs.iter().enumerate().find_map(|(at, run)| {
-            let recorded = run.read_resolved().ok()?;
-            let changes = changes::between(&recorded, &as_run_of(point, run.path()));
-            let takes =
-                changes.iter().all(|c| c.safe) && cannot_continue(run, &recorded, point).is_none();
-            takes.then_some((at, changes))
-        });
-        if let Some((at, changes)) = found {
+        // Of several runs of the values (made by earlier unsafe changes), the one still
+        // going, else the one that trained furthest.
+        let several = runs.len() > 1;
+        let found = runs
+            .iter()
+            .enumerate()
+            .filter_map(|(at, run)| {
+                let recorded = run.read_resolved().ok()?;
+                let changes = changes::between(&recorded, &as_run_of(point, run.path()));
+                let takes = changes.iter().all(|c| c.safe)
+                    && cannot_continue(run, &recorded, point).is_none();
+                if !takes {
+                    return None;
+                }
+                let rank = several.then(|| {
+                    let going = run
+                        .read_manifest()
+                        .is_ok_and(|m| matches!(m.state, RunState::Submitted | RunState::Running));
+                    (going, steps_trained(run, &recorded.train))
+                });
+                Some((rank, at, changes))
+            })
+            .max_by_key(|(rank, _, _)| *rank);
+        if let Some((_, at, changes)) = found {
             let run = runs.remove(at);
             rename(point, run.path());
-            carried.push(Carried { changes });
+            // A point whose directory already records its job carries nothing to say.
+            if !changes.is_empty() {
+                carried.push(Carried { changes });
+            }
         }
     }
     carried
@@ -79,7 +98,7 @@ pub fn cannot_continue(
     let finished = run
         .read_manifest()
         .is_ok_and(|m| m.state == RunState::Completed);
-    if !finished || point.job.train.steps <= recorded.train.steps {
+    if !finished || point.job.train.steps <= steps_trained(run, &recorded.train) {
         return None;
     }
     if !point.job.train.checkpoint.resume {
@@ -130,4 +149,68 @@ pub fn record_job(run: &RunDir, point: &SweepPoint) -> Result<(), RunDirError> {
     }
     rundir::write_json(&run.resolved_json(), &job)?;
     rundir::write_json(&run.train_config(), &job.train)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sweeps::point_dirs::written_points;
+
+    const SPEC: &str = include_str!("../../../examples/sweep.yaml");
+
+    fn points(spec: &str) -> Vec<SweepPoint> {
+        let loaded = crate::spec::parse(spec, Path::new("sweep.yaml")).unwrap();
+        crate::sweeps::expand(&loaded, &crate::resolve::Overrides::submitting()).unwrap()
+    }
+
+    /// Failed runs of every point, each having logged `last` steps.
+    fn failed_runs(sweep_dir: &Path, spec: &str, last: u64) -> Vec<RunDir> {
+        let runs = written_points(sweep_dir, spec);
+        for run in &runs {
+            run.update_manifest(|m| m.state = RunState::Failed).unwrap();
+            let record = format!(
+                r#"{{"rank":0,"step":{last},"loss":1.0,"lr":0.1,"grad_norm":1.0,"step_time_s":0.1,"tokens_per_s":5.0,"mfu":null,"model_state_bytes":1,"peak_memory_bytes":2,"loss_scale":null}}"#
+            );
+            std::fs::write(run.metrics(), record).unwrap();
+        }
+        runs
+    }
+
+    #[test]
+    fn of_several_runs_of_the_same_values_the_one_that_trained_furthest_is_carried() {
+        for (forty_trained, sixty_trained) in [(30, 10), (10, 30)] {
+            let dir = tempfile::tempdir().unwrap();
+            let forty = failed_runs(
+                dir.path(),
+                &SPEC.replace("steps: 50", "steps: 40"),
+                forty_trained,
+            );
+            let sixty = failed_runs(
+                dir.path(),
+                &SPEC.replace("steps: 50", "steps: 60"),
+                sixty_trained,
+            );
+            let mut now = points(SPEC);
+            let carried = carry_over(dir.path(), &mut now);
+            assert_eq!(carried.len(), 12);
+            let furthest = if forty_trained > sixty_trained {
+                &forty
+            } else {
+                &sixty
+            };
+            for (point, run) in now.iter().zip(furthest) {
+                assert_eq!(dir.path().join(&point.name), run.path());
+            }
+            // Recorded as the points' jobs, the directories carry nothing more to say.
+            for (point, run) in now.iter().zip(furthest) {
+                record_job(run, point).unwrap();
+            }
+            let mut again = points(SPEC);
+            assert!(carry_over(dir.path(), &mut again).is_empty());
+            assert_eq!(
+                again.iter().map(|p| &p.name).collect::<Vec<_>>(),
+                now.iter().map(|p| &p.name).collect::<Vec<_>>()
+            );
+        }
+    }
 }

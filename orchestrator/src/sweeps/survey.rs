@@ -3,7 +3,7 @@
 //! (finished, queued or running, or trained on other data than the data now); the points to
 //! submit are grouped by allocation shape.
 
-use crate::rerun::newest_checkpoint;
+use crate::rerun::{newest_checkpoint, steps_trained};
 use crate::resume_data::{self, DataChanged, DataNow};
 use crate::rundir::{RunDir, RunState};
 use crate::slurm;
@@ -121,11 +121,16 @@ fn data_changes(dir: &Path, point: &SweepPoint, probes: &mut DataProbes) -> Vec<
     probes.now(data).changes_since_run(&run)
 }
 
-/// Whether a finished point is asked to train more steps than its run directory records
-/// (a point carried over with a longer `training.steps`): it continues from its checkpoint.
+/// Whether a finished point is asked to train more steps than it has (a point carried over
+/// with a longer `training.steps`): it continues from its checkpoint. What it trained is
+/// read from its checkpoints and metrics, not its recorded job, which records the longer
+/// job before its array is submitted.
 fn asks_more_steps(dir: &Path, point: &SweepPoint) -> bool {
-    let recorded = RunDir::open(dir).and_then(|run| run.read_train_config());
-    recorded.is_ok_and(|train| point.job.train.steps > train.steps)
+    let Ok(run) = RunDir::open(dir) else {
+        return false;
+    };
+    run.read_train_config()
+        .is_ok_and(|train| point.job.train.steps > steps_trained(&run, &train))
 }
 
 /// The refusal a retried point's job would meet: its newest checkpoint was trained on other
