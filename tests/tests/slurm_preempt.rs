@@ -130,6 +130,58 @@ fn cancel_stops_a_requeued_job_waiting_in_the_queue() {
     assert_eq!(ended["runs"][0]["state"], "CANCELLED", "{ended}");
 }
 
+/// A finished run whose job an admin requeued (`scontrol requeue`) has nothing to lose:
+/// `shardrun cancel` cancels the queued job, and the run stays COMPLETED.
+#[test]
+fn cancel_of_a_finished_runs_requeued_job_leaves_the_run_finished() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("slurm-finished-requeued");
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("finished", 3, 2));
+    let out = cluster
+        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let run = dir.join("runs/finished");
+    let run_arg = run.to_string_lossy().into_owned();
+    let state = |cluster: &SlurmCluster| -> Option<serde_json::Value> {
+        let out = cluster
+            .shardrun(dir.path(), &["status", "--json", &run_arg])
+            .ok()?;
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        Some(status["runs"][0].clone())
+    };
+    wait_for("the run to finish", Duration::from_secs(120), || {
+        state(&cluster).filter(|s| s["state"] == "COMPLETED")
+    })
+    .unwrap();
+    // The job leaves COMPLETING (its epilog) before Slurm takes a requeue.
+    let mut requeue = cluster.command("scontrol");
+    requeue.args(["requeue", &job_id]);
+    wait_for("scontrol requeue", Duration::from_secs(60), || {
+        let out = run_with_deadline(&mut requeue, Duration::from_secs(30)).ok()?;
+        out.status.success().then_some(())
+    })
+    .unwrap();
+
+    let out = cluster.shardrun(dir.path(), &["cancel", &run_arg]).unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        stdout_of(&out).contains(&format!("Cancelled Slurm job(s) {job_id};")),
+        "{}",
+        stdout_of(&out)
+    );
+    let ended = wait_for(
+        "Slurm to end the requeued job",
+        Duration::from_secs(60),
+        || state(&cluster).filter(|s| s["state"] != "SUBMITTED" && s["state"] != "RUNNING"),
+    )
+    .unwrap();
+    assert_eq!(ended["state"], "COMPLETED", "{ended}");
+    let manifest = std::fs::read_to_string(run.join("manifest.json")).unwrap();
+    assert!(manifest.contains("\"COMPLETED\""), "{manifest}");
+}
+
 /// A preempted run whose `scontrol requeue` is refused (here: the Slurm job it names does
 /// not exist) was not requeued, and its files say so: exit 1, the refusal on stderr once,
 /// `result.json` not requeued, a `failed` event, the reason in train.log, no requeue

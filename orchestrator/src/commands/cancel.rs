@@ -29,8 +29,15 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         let in_slurm = matches!(status.state, RunState::Submitted | RunState::Running);
         if let Some(id) = status.job_id.as_ref().filter(|_| in_slurm) {
             ids.push(id.clone());
-            if run.read_manifest()?.state.is_terminal() {
-                requeued.push((run, id));
+            let manifest = run.read_manifest()?;
+            // A finished run's job run again has nothing to lose: it stays finished.
+            if manifest.state.is_terminal() && manifest.state != RunState::Completed {
+                let again = if manifest.sweep_params.is_empty() {
+                    "submitting it again (`shardrun submit`)"
+                } else {
+                    "running `shardrun sweep` on the sweep's spec again"
+                };
+                requeued.push((run, id, again));
             }
             continue;
         }
@@ -52,12 +59,12 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     if !ids.is_empty() {
         slurm::cancel(&ids)?;
         // A requeued job that has not started again has no controller to record the cancel.
-        for (run, id) in requeued {
+        for (run, id, again) in requeued {
             run.update_manifest(|m| {
                 m.state = RunState::Cancelled;
                 m.error = Some(format!(
                     "cancelled (`shardrun cancel`) while its requeued Slurm job {id} waited to \
-                     run again; submitting it again resumes it from its newest checkpoint"
+                     run again; {again} resumes it from its newest checkpoint"
                 ));
             })?;
         }

@@ -185,11 +185,12 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
     let (active, ended) = (last_jobs(false), last_jobs(true));
     let (records, source) = query(&active, &ended)?;
     // A run that ended is back in Slurm's hands when its job was requeued (by its own
-    // controller after a preemption, or `scontrol requeue`): the job is queued again.
+    // controller after a preemption, or `scontrol requeue`): the job is queued again, or
+    // running again. A COMPLETING job is the one that wrote the end, in its epilog.
     let queued_again = |id: &String| {
-        records
-            .get(id)
-            .is_some_and(|r| !run_state_of(&r.state).is_terminal())
+        records.get(id).is_some_and(|r| {
+            r.state != JobState::Completing && !run_state_of(&r.state).is_terminal()
+        })
     };
     let source = (!records.is_empty() || !active.is_empty()).then_some(source);
     let mut out = Vec::with_capacity(runs.len());
