@@ -36,6 +36,8 @@
 {%- endif %}
 #SBATCH --output={{ output }}
 #SBATCH --error={{ error }}
+{#- A requeued job keeps its id, so its files: append, or the attempt before is lost. #}
+#SBATCH --open-mode=append
 {#- USR2, not USR1: NCCL installs its own USR1 handler. B: sends it to the batch shell,
     which `exec` below turns into the controller. #}
 #SBATCH --signal=B:USR2@{{ preemption.signal_seconds }}
@@ -61,7 +63,12 @@ export SHARDRUN_RUN_DIR
 export SHARDRUN_RUN_DIR={{ run_dir }}
 {%- endif %}
 export OMP_NUM_THREADS={{ s.cpus_per_task }}
+{%- if preemption.requeue %}
 export SHARDRUN_MAX_REQUEUES={{ preemption.max_requeues }}
+{%- else %}
+{#- Slurm refuses `scontrol requeue` of a --no-requeue job: a preempted run just ends. #}
+export SHARDRUN_MAX_REQUEUES=0
+{%- endif %}
 cd "$SHARDRUN_RUN_DIR"
 echo "shardrun: job ${SLURM_JOB_ID} on $(hostname) in ${SHARDRUN_RUN_DIR}"
 {%- if !s.setup.is_empty() %}

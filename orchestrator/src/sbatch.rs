@@ -172,6 +172,23 @@ mod tests {
     }
 
     #[test]
+    fn a_job_that_does_not_requeue_is_never_requeued_by_its_controller() {
+        let spec = include_str!("../../examples/demo.yaml").to_string()
+            + "preemption: { requeue: false }\n";
+        let job = resolved(&spec);
+        let target = ScriptTarget::Single {
+            run_dir: "/home/me/runs/demo".into(),
+        };
+        let script = render_sbatch(&job, &target, Path::new(EXE)).unwrap();
+        assert!(script.contains("\n#SBATCH --no-requeue\n"), "{script}");
+        assert!(
+            script.contains("\nexport SHARDRUN_MAX_REQUEUES=0\n"),
+            "{script}"
+        );
+        assert!(!script.contains("\n#SBATCH --requeue\n"), "{script}");
+    }
+
+    #[test]
     fn gpu_cluster_script_carries_every_flag() {
         // The example's data files, where planning looks for them.
         let data = tempfile::tempdir().unwrap();
@@ -199,7 +216,7 @@ mod tests {
             "--partition=gpu",
             "--account=my-project",
             "--qos=normal",
-            "--constraint=a100|h100",
+            "--constraint=[a100|h100]",
             "--exclusive",
             "--signal=B:USR2@300",
             "--requeue",

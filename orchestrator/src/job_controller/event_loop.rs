@@ -495,6 +495,13 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
                     })
                     .await;
                     requeue = Some((job_id, preempted_message, done));
+                } else if opts.max_requeues == 0 {
+                    // Asked for: the run ends preempted, as it would outside Slurm.
+                    message = format!(
+                        "{message}; its job is not requeued (`preemption.requeue: false`, or \
+                         `max_requeues: 0`): {} to resume from its last checkpoint",
+                        opts.launch.run_again()
+                    );
                 } else {
                     exit_code = 1;
                     message = format!(

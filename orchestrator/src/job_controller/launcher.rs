@@ -191,9 +191,17 @@ impl Launcher {
                     )));
                 }
                 let mut cmd = Command::new("srun");
-                cmd.args(srun_args(spec.world_size, nodes, *gpus_per_node))
-                    .arg(&spec.worker_bin)
-                    .envs(spec.env.iter().map(|(k, v)| (k, v)));
+                let cpus_per_task = std::env::var("SLURM_CPUS_PER_TASK")
+                    .ok()
+                    .and_then(|v| v.trim().parse().ok());
+                cmd.args(srun_args(
+                    spec.world_size,
+                    nodes,
+                    *gpus_per_node,
+                    cpus_per_task,
+                ))
+                .arg(&spec.worker_bin)
+                .envs(spec.env.iter().map(|(k, v)| (k, v)));
                 self.start(0, cmd, Labels::Srun, exits, records)
                     .map_err(|source| LaunchError::Spawn {
                         rank: None,
@@ -302,20 +310,36 @@ fn signal_groups(alive: &Mutex<HashMap<ProcId, i32>>, signal: i32) {
 /// `NCCL_*`) passed to every task even where the job was submitted with `--export=NONE`.
 ///
 /// GPUs are asked for the way the sbatch script asks (`--gres=gpu:N` per node): every task
-/// of a node sees the node's GPUs, and each worker takes the one at its `SLURM_LOCALID`, as
-/// torchrun's ranks do; NCCL sees every GPU of the node for its topology.
-pub fn srun_args(world_size: u64, nodes: u64, gpus_per_node: u64) -> Vec<String> {
+/// of a node sees the node's GPUs (`--gpu-bind=none`, whatever a site's default binding),
+/// and each worker takes the one at its `SLURM_LOCALID`, as torchrun's ranks do; NCCL sees
+/// every GPU of the node for its topology.
+///
+/// Ranks are placed node by node (`--distribution=block`), so HYBRID_SHARD's shard groups,
+/// consecutive ranks, are nodes. `cpus_per_task` is the allocation's (`SLURM_CPUS_PER_TASK`):
+/// srun of Slurm 22.05 to 23.02 does not take it from sbatch, and a site that binds tasks to
+/// CPUs would pin each rank, with all its threads, to one core.
+pub fn srun_args(
+    world_size: u64,
+    nodes: u64,
+    gpus_per_node: u64,
+    cpus_per_task: Option<u64>,
+) -> Vec<String> {
     let mut args = vec![
         format!("--ntasks={world_size}"),
         format!("--nodes={nodes}"),
         format!("--ntasks-per-node={}", world_size / nodes.max(1)),
+        "--distribution=block".to_string(),
         "--kill-on-bad-exit=1".to_string(),
         "--label".to_string(),
         "--job-name=shardrun-worker".to_string(),
         "--export=ALL".to_string(),
     ];
+    if let Some(cpus) = cpus_per_task {
+        args.push(format!("--cpus-per-task={cpus}"));
+    }
     if gpus_per_node > 0 {
         args.push(format!("--gres=gpu:{gpus_per_node}"));
+        args.push("--gpu-bind=none".to_string());
     }
     args
 }
@@ -393,11 +417,19 @@ mod tests {
 
     #[test]
     fn srun_spreads_tasks_over_nodes() {
-        let args = srun_args(8, 2, 4);
-        assert!(args.contains(&"--ntasks-per-node=4".to_string()));
-        assert!(args.contains(&"--gres=gpu:4".to_string()));
-        assert!(args.contains(&"--kill-on-bad-exit=1".to_string()));
-        assert!(args.contains(&"--export=ALL".to_string()));
-        assert!(!srun_args(2, 1, 0).iter().any(|a| a.contains("gpu")));
+        let args = srun_args(8, 2, 4, Some(6));
+        for arg in [
+            "--ntasks-per-node=4",
+            "--distribution=block",
+            "--cpus-per-task=6",
+            "--gres=gpu:4",
+            "--gpu-bind=none",
+            "--kill-on-bad-exit=1",
+            "--export=ALL",
+        ] {
+            assert!(args.contains(&arg.to_string()), "{arg} in {args:?}");
+        }
+        let cpu = srun_args(2, 1, 0, None);
+        assert!(!cpu.iter().any(|a| a.contains("gpu") || a.contains("cpus")));
     }
 }
