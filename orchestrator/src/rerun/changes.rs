@@ -86,12 +86,26 @@ pub fn between(was: &ResolvedJob, now: &ResolvedJob) -> Vec<FieldChange> {
     .filter(|(path, ..)| nproc.is_none() || !SET_BY_NPROC.contains(&path.as_str()))
     .map(|(path, was, now)| FieldChange {
         field: spec_name(&path),
+        safe: safe(&path),
+        by: nproc
+            .clone()
+            .filter(|_| path == "train.batch.world_size")
+            .or_else(|| default_changed(&path, &was, &now)),
         was,
         now,
-        safe: safe(&path),
-        by: nproc.clone().filter(|_| path == "train.batch.world_size"),
     })
     .collect()
+}
+
+/// What to say of a change that a new default makes to a spec that does not set the value:
+/// runs started before `document_mask` defaulted to true with `packing: whole_documents`.
+fn default_changed(path: &str, was: &Value, now: &Value) -> Option<String> {
+    (path == "train.data.document_mask" && *was == Value::Bool(false) && *now == Value::Bool(true))
+        .then(|| {
+            "if the spec does not set it: with `packing: whole_documents` it now defaults to \
+         true; `document_mask: false` keeps what the run trained with"
+                .to_string()
+        })
 }
 
 /// A resolved path as the spec spells it.
@@ -121,6 +135,23 @@ fn spec_name(path: &str) -> String {
 mod tests {
     use super::*;
     use crate::resolve::{resolve, Overrides};
+
+    #[test]
+    fn a_document_mask_turned_on_by_its_new_default_says_how_to_keep_it_off() {
+        let on = |was: bool, now: bool| {
+            default_changed(
+                "train.data.document_mask",
+                &Value::Bool(was),
+                &Value::Bool(now),
+            )
+        };
+        assert!(on(false, true).is_some_and(|s| s.contains("`document_mask: false`")));
+        assert_eq!(on(true, false), None);
+        assert_eq!(
+            default_changed("train.seed", &Value::Bool(false), &Value::Bool(true)),
+            None
+        );
+    }
     use crate::spec::{overrides, parse};
     use std::path::Path;
 
