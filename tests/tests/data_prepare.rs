@@ -396,12 +396,118 @@ fn a_finished_run_run_again_says_its_data_changed_since_it_trained() {
 /// it was cancelled, not killed; the same command then runs it.
 #[test]
 fn ctrl_c_while_the_data_is_prepared_cancels_the_run_and_says_so() {
-    use std::io::BufRead;
     let dir = TestDir::new("prep-cancel");
-    corpus(&dir);
-    let spec = dir.write("job.yaml", &text_spec("prep-cancel", "data/*.txt", ""));
+    let (spec, held) = waiting_for_the_data(&dir, "prep-cancel", "");
+    let PreparingRun {
+        mut job,
+        run,
+        lines,
+        lock,
+    } = held;
+    unsafe { libc::kill(job.child.id() as i32, libc::SIGINT) };
+    let status = wait_for_exit(&mut job, &run, DEADLINE);
+    let rest: Vec<String> = lines.iter().collect();
+    assert_eq!(status.code(), Some(130), "{rest:?}");
+    assert!(
+        rest.iter().any(|l| l.contains(
+            "cancelled by SIGINT while its data was being prepared, before any rank started"
+        )),
+        "{rest:?}"
+    );
+
+    let run_arg = run.display().to_string();
+    let out = shardrun_in(&dir, &["status", "--json", &run_arg]);
+    let runs = status_runs(&stdout_of(&out));
+    assert_eq!(runs[0]["state"], "CANCELLED", "{}", stdout_of(&out));
+
+    drop(lock);
     let spec_arg = spec.to_string_lossy().to_string();
-    let prepared = shardrun_in(&dir, &["prepare", &spec_arg]);
+    let again = shardrun_in(&dir, &["run", &spec_arg]);
+    assert!(again.status.success(), "{}", stderr_of(&again));
+    assert!(
+        stdout_of(&again).contains("training finished"),
+        "{}",
+        stdout_of(&again)
+    );
+}
+
+/// A preemption notice (SIGUSR2, as Slurm sends `signal_seconds` before the time limit)
+/// while the controller prepares the data is kept, not the end of the process: once the
+/// data is ready the ranks start and stop before their first step, and the run ends
+/// PREEMPTED; the same command trains it.
+#[test]
+fn a_preemption_notice_while_the_data_is_prepared_preempts_the_run_once_it_starts() {
+    let dir = TestDir::new("prep-preempt");
+    let (spec, held) = waiting_for_the_data(
+        &dir,
+        "prep-preempt",
+        "  checkpoint: { interval_steps: 3 }\n",
+    );
+    let PreparingRun {
+        mut job,
+        run,
+        lines,
+        lock,
+    } = held;
+    unsafe { libc::kill(job.child.id() as i32, libc::SIGUSR2) };
+    let noticed = loop {
+        match lines.recv_timeout(DEADLINE) {
+            Ok(line) if line.contains("preemption notice (SIGUSR2) while the data is prepared") => {
+                break true
+            }
+            Ok(_) => {}
+            Err(_) => break false,
+        }
+    };
+    assert!(noticed, "the notice was not taken");
+    drop(lock);
+    let status = wait_for_exit(&mut job, &run, DEADLINE);
+    let rest: Vec<String> = lines.iter().collect();
+    assert_eq!(status.code(), Some(0), "{rest:?}");
+    assert!(
+        rest.iter().any(|l| l.contains("preemption requested")),
+        "{rest:?}"
+    );
+    let run_arg = run.display().to_string();
+    let out = shardrun_in(&dir, &["status", "--json", &run_arg]);
+    let runs = status_runs(&stdout_of(&out));
+    assert_eq!(runs[0]["state"], "PREEMPTED", "{}", stdout_of(&out));
+
+    let spec_arg = spec.to_string_lossy().to_string();
+    let again = shardrun_in(&dir, &["run", &spec_arg, "--run-dir", &run_arg]);
+    let stdout = stdout_of(&again);
+    assert!(again.status.success(), "{stdout}{}", stderr_of(&again));
+    // Stopped before its first step, it had nothing to save.
+    assert!(
+        stdout.starts_with(&format!(
+            "starting {} again from step 1 (it has no checkpoint yet): it was preempted",
+            run.display()
+        )),
+        "{stdout}"
+    );
+    assert!(stdout.contains("training finished"), "{stdout}");
+}
+
+/// A local run of `name` on text (`extra`: lines of its `training:`), started while another
+/// process holds the lock of the cache its data goes into: it waits, before any rank starts.
+struct PreparingRun {
+    job: GroupChild,
+    run: std::path::PathBuf,
+    /// Its stdout, line by line, from the first line after it said it waits.
+    lines: std::sync::mpsc::Receiver<String>,
+    lock: std::fs::File,
+}
+
+fn waiting_for_the_data(
+    dir: &TestDir,
+    name: &str,
+    extra: &str,
+) -> (std::path::PathBuf, PreparingRun) {
+    use std::io::BufRead;
+    corpus(dir);
+    let spec = dir.write("job.yaml", &text_spec(name, "data/*.txt", extra));
+    let spec_arg = spec.to_string_lossy().to_string();
+    let prepared = shardrun_in(dir, &["prepare", &spec_arg]);
     assert!(prepared.status.success(), "{}", stderr_of(&prepared));
     // Another process building the same cache: its folder gone, its lock held.
     let cache_dir = dir.join("runs/data-cache");
@@ -415,7 +521,7 @@ fn ctrl_c_while_the_data_is_prepared_cancels_the_run_and_says_so() {
     let lock = std::fs::File::create(cache_dir.join(format!(".{}.lock", built[0]))).unwrap();
     lock.lock().unwrap();
 
-    let (mut job, run) = spawn_local_run(&dir, &spec, &[], &[], |_| {});
+    let (mut job, run) = spawn_local_run(dir, &spec, &[], &[], |_| {});
     let stdout = job.child.stdout.take().unwrap();
     let (lines_tx, lines) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -435,28 +541,11 @@ fn ctrl_c_while_the_data_is_prepared_cancels_the_run_and_says_so() {
         }
     };
     assert!(waiting, "the run never waited for the lock: {said:?}");
-    unsafe { libc::kill(job.child.id() as i32, libc::SIGINT) };
-    let status = wait_for_exit(&mut job, &run, DEADLINE);
-    let rest: Vec<String> = lines.iter().collect();
-    assert_eq!(status.code(), Some(130), "{rest:?}");
-    assert!(
-        rest.iter().any(|l| l.contains(
-            "cancelled by SIGINT while its data was being prepared, before any rank started"
-        )),
-        "{rest:?}"
-    );
-
-    let run_arg = run.display().to_string();
-    let out = shardrun_in(&dir, &["status", "--json", &run_arg]);
-    let runs = status_runs(&stdout_of(&out));
-    assert_eq!(runs[0]["state"], "CANCELLED", "{}", stdout_of(&out));
-
-    drop(lock);
-    let again = shardrun_in(&dir, &["run", &spec_arg]);
-    assert!(again.status.success(), "{}", stderr_of(&again));
-    assert!(
-        stdout_of(&again).contains("training finished"),
-        "{}",
-        stdout_of(&again)
-    );
+    let run_state = PreparingRun {
+        job,
+        run,
+        lines,
+        lock,
+    };
+    (spec, run_state)
 }

@@ -727,6 +727,9 @@ fn spawn_signal_forwarders(
             }
         });
     }
+    if super::stop_signal::take_early_preemption() {
+        let _ = events.send(ServerEvent::Job(Event::Preempt));
+    }
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 
 use shardrun_protocol::messages::signal_name;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopSignal {
@@ -67,9 +68,20 @@ fn ignored(signal: i32) -> bool {
     }
 }
 
+/// A preemption notice (SIGUSR2) that came before the event loop ran: it acts on it once it
+/// does (the ranks are stopped at their first step boundary, as a running job's would be).
+static EARLY_PREEMPTION: AtomicBool = AtomicBool::new(false);
+
+/// Whether a preemption notice came before the event loop ran (once).
+pub fn take_early_preemption() -> bool {
+    EARLY_PREEMPTION.swap(false, Ordering::SeqCst)
+}
+
 /// While it lives, a stop signal ends the process at once, after `on_stop` has recorded
 /// why: for the time before any rank starts (preparing the data), when there is nothing to
-/// stop at a step boundary and the default action would end the process without a word.
+/// stop at a step boundary and the default action would end the process without a word. A
+/// preemption notice (SIGUSR2, whose default action would end the process too) is kept for
+/// the event loop.
 pub struct ExitOnStop {
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -94,6 +106,16 @@ impl ExitOnStop {
                 }
             });
         }
+        let mut preemption = signal(SignalKind::user_defined2())?;
+        runtime.spawn(async move {
+            if preemption.recv().await.is_some() {
+                EARLY_PREEMPTION.store(true, Ordering::SeqCst);
+                outln!(
+                    "shardrun: preemption notice (SIGUSR2) while the data is prepared: the \
+                     ranks are stopped as soon as they start"
+                );
+            }
+        });
         drop(_entered);
         Ok(ExitOnStop {
             runtime: Some(runtime),
