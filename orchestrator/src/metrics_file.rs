@@ -64,7 +64,7 @@ enum Line {
 /// them again: the later attempt's records replace the earlier ones from the step it resumed
 /// at. Its resume mark drops the earlier attempt's step and evaluation records after the
 /// checkpoint at once, so an evaluation of discarded weights is not shown beside the new
-/// attempt's steps. A line that does not parse (the last one, while it is being written) is
+/// attempt's steps; an attempt that restored nothing drops them when it logs a step again. A line that does not parse (the last one, while it is being written) is
 /// skipped.
 pub fn read(path: &Path) -> Result<RunMetrics, MetricsFileError> {
     let text = std::fs::read_to_string(path).map_err(|source| MetricsFileError::Read {
@@ -84,7 +84,18 @@ pub fn read(path: &Path) -> Result<RunMetrics, MetricsFileError> {
                     records.retain(|r| kept(r.step));
                 }
             }
-            Ok(Line::Step(record)) => later_wins(&mut steps, record, |r| r.step),
+            Ok(Line::Step(record)) => {
+                // A step logged again without a resume mark is an attempt that restored
+                // nothing (no checkpoint yet, or `resume: false`): it started over, and the
+                // earlier attempt's evaluations from that step on are of discarded weights.
+                if steps
+                    .last()
+                    .is_some_and(|r: &StepRecord| r.step >= record.step)
+                {
+                    evals.retain(|e: &EvalRecord| e.step < record.step);
+                }
+                later_wins(&mut steps, record, |r| r.step)
+            }
             Ok(Line::Rank(record)) => {
                 later_wins(per_rank.entry(record.rank).or_default(), record, |r| r.step)
             }
@@ -216,6 +227,40 @@ mod tests {
             got.evals.iter().map(|e| e.step).collect::<Vec<_>>(),
             vec![2],
             "the checkpoint's own evaluation stays"
+        );
+    }
+
+    #[test]
+    fn an_attempt_that_starts_over_drops_the_evaluations_it_replays() {
+        // Evaluated at 2 and 3, stopped before any checkpoint: the next attempt starts at
+        // step 1, and no evaluation of the first attempt's weights stays beside it.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        let eval = |step: u64| {
+            format!(
+                r#"{{"rank":0,"step":{step},"eval_loss":1.0,"eval_perplexity":1.0,"eval_tokens":10,"eval_time_s":0.1}}"#
+            )
+        };
+        let lines = [
+            step_line(1, 9.0),
+            step_line(2, 8.0),
+            eval(2),
+            step_line(3, 7.0),
+            eval(3),
+            step_line(1, 9.5),
+            step_line(2, 8.5),
+            eval(2),
+        ];
+        std::fs::write(&path, lines[..6].join("\n")).unwrap();
+        let got = read(&path).unwrap();
+        assert_eq!(step_losses(&got), vec![(1, 9.5)]);
+        assert!(got.evals.is_empty(), "{:?}", got.evals);
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        let got = read(&path).unwrap();
+        assert_eq!(step_losses(&got), vec![(1, 9.5), (2, 8.5)]);
+        assert_eq!(
+            got.evals.iter().map(|e| e.step).collect::<Vec<_>>(),
+            vec![2]
         );
     }
 
