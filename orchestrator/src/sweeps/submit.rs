@@ -249,6 +249,13 @@ impl Submitter<'_> {
                 ))
                 .into());
         }
+        // A point's new job counts its requeues afresh, and the verdict of the job before no
+        // longer holds (as with `shardrun submit` of one run).
+        for run in paths.iter().filter_map(|p| RunDir::open(p).ok()) {
+            for stale in [run.requeue_count(), run.result()] {
+                let _ = std::fs::remove_file(stale);
+            }
+        }
         release(self.journal, self.sweep_dir, &mut record, &paths, true).map_err(rejected)?;
         Ok(job_id)
     }
