@@ -39,6 +39,7 @@ pub mod fault;
 pub mod fsdp;
 pub mod host;
 pub mod launch;
+pub mod locked_memory;
 pub mod metrics;
 pub mod model;
 pub mod optim;

@@ -24,7 +24,9 @@ use shardrun_worker::fsdp::{FsdpError, ProcessGroups};
 use shardrun_worker::launch::RankEnv;
 use shardrun_worker::report::{Reporter, StdoutReporter};
 use shardrun_worker::train::{CheckpointHook, TrainError, Trainer};
-use shardrun_worker::{device, diagnostics, fail_fast, params_file, reference, stop, world};
+use shardrun_worker::{
+    device, diagnostics, fail_fast, locked_memory, params_file, reference, stop, world,
+};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -253,6 +255,18 @@ fn connect_world(config: &TrainConfig, rank_env: &RankEnv, args: &Args) -> Resul
         DeviceKind::Cpu => Ok("cpu".to_string()),
         DeviceKind::Cuda => device::select_cuda(rank_env.local_rank).map(|d| d.to_string()),
     };
+    if config.device == DeviceKind::Cuda {
+        // Every rank raises its own limit; the first of each node says when it stays low,
+        // where it matters: between nodes.
+        let low = locked_memory::raise();
+        let nodes: u64 = std::env::var("SLURM_STEP_NUM_NODES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(1);
+        if let Some(warning) = low.filter(|_| nodes > 1 && rank_env.local_rank == 0) {
+            eprintln!("shardrun-worker: warning: {warning}");
+        }
+    }
     if std::env::var_os(env::CONTROLLER_ADDR).is_some() {
         let (client, comms) = join_through_controller(config, rank_env, device)?;
         let report = client.clone();
