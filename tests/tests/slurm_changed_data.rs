@@ -214,6 +214,14 @@ fn a_longer_point_refused_for_changed_data_trains_on_once_the_data_is_restored()
     dir.write("data/gpl.txt", &format!("{gpl}one more line\n"));
     let stdout = sweep(9);
     assert!(stdout.contains("submit (was COMPLETED)"), "{stdout}");
+    // The LR decays over `training.steps`: the points continue on a longer schedule.
+    assert!(
+        stdout.contains(
+            "1 point(s) continue on a re-shaped LR schedule; the first: the cosine LR \
+             schedule is re-shaped to 9 steps: step 7 trains at LR "
+        ),
+        "{stdout}"
+    );
     let refused = ended(&cluster, &dir, "runs/longer");
     assert!(
         refused["detail"]

@@ -334,6 +334,16 @@ fn report_carried(carried: &[sweeps::carried::Carried]) {
     for (change, points) in counts {
         outln!("  {change} ({points} point(s))");
     }
+    let reshaped: Vec<_> = carried
+        .iter()
+        .filter_map(|c| c.lr_change.as_ref())
+        .collect();
+    if let Some(first) = reshaped.first() {
+        outln!(
+            "  {} point(s) continue on a re-shaped LR schedule; the first: {first}",
+            reshaped.len()
+        );
+    }
 }
 
 /// Runs in the sweep folder that no point matches any more, and why: a point is its whole

@@ -8,7 +8,7 @@
 //! its own.
 
 use crate::rerun::changes::{self, FieldChange};
-use crate::rerun::{newest_checkpoint, steps_trained};
+use crate::rerun::{newest_checkpoint, steps_trained, LrChange};
 use crate::resolve::ResolvedJob;
 use crate::rundir::{self, RunDir, RunDirError, RunState};
 use crate::slurm;
@@ -20,6 +20,8 @@ use std::path::{Path, PathBuf};
 #[derive(Debug)]
 pub struct Carried {
     pub changes: Vec<FieldChange>,
+    /// What a longer or shorter `training.steps` does to the LR where the point continues.
+    pub lr_change: Option<LrChange>,
 }
 
 /// Gives each point without a directory under its own key the directory of a run of the
@@ -72,15 +74,18 @@ pub fn carry_over(sweep_dir: &Path, points: &mut [SweepPoint]) -> Vec<Carried> {
                         .is_ok_and(|m| matches!(m.state, RunState::Submitted | RunState::Running));
                     (going, steps_trained(run, &recorded.train))
                 });
-                Some((rank, at, changes))
+                Some((rank, at, changes, recorded))
             })
-            .max_by_key(|(rank, _, _)| *rank);
-        if let Some((_, at, changes)) = found {
+            .max_by_key(|(rank, ..)| *rank);
+        if let Some((_, at, changes, recorded)) = found {
             let run = runs.remove(at);
             rename(point, run.path());
             // A point whose directory already records its job carries nothing to say.
             if !changes.is_empty() {
-                carried.push(Carried { changes });
+                let lr_change = newest_checkpoint(&run, &recorded.train).and_then(|c| {
+                    LrChange::of(&recorded.train, &point.job.train, c.step, c.updates)
+                });
+                carried.push(Carried { changes, lr_change });
             }
         }
     }
