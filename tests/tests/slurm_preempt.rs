@@ -182,6 +182,52 @@ fn cancel_of_a_finished_runs_requeued_job_leaves_the_run_finished() {
     assert!(manifest.contains("\"COMPLETED\""), "{manifest}");
 }
 
+/// A job that does not requeue (`preemption.requeue: false`, `--no-requeue`) is not asked
+/// to: USR2 stops the ranks at a step boundary and the run ends PREEMPTED, exit 0, saying
+/// how to go on, where `scontrol requeue` (refused by Slurm) would have failed it.
+#[test]
+fn usr2_to_a_job_that_does_not_requeue_ends_it_preempted() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("slurm-no-requeue");
+    let spec = dir.write(
+        "tiny.yaml",
+        &(tiny_mlp_spec("norequeue", 1500, 2) + "preemption: { requeue: false }\n"),
+    );
+    let mut submit = cluster.command(shardrun());
+    submit
+        .current_dir(dir.path())
+        .args(["submit", &spec.to_string_lossy()])
+        .env("SHARDRUN_WORKER_BIN", simrank())
+        .env("SIMRANK_STEP_MS", "40");
+    let out = run_with_deadline(&mut submit, Duration::from_secs(60)).unwrap();
+    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
+    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let run = dir.join("runs/norequeue");
+    wait_for("the job to train", Duration::from_secs(120), || {
+        (metric_steps(&run, 0).len() >= 5).then_some(())
+    })
+    .unwrap();
+    let mut signal = cluster.command("scancel");
+    signal.args(["--signal=USR2", "--batch", &job_id]);
+    let out = run_with_deadline(&mut signal, Duration::from_secs(30)).unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+
+    let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
+    let result = wait_for_file(&run.join("result.json"), Duration::from_secs(120), |t| {
+        t.contains("\"preempted\"")
+    });
+    let result = result.unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    assert!(
+        result.contains("\"exit_code\": 0") || result.contains("\"exit_code\":0"),
+        "{result}"
+    );
+    assert!(result.contains("its job is not requeued"), "{result}");
+    assert!(!run.join("requeue_count").exists());
+    assert!(!log().contains("requeueing Slurm job"), "{}", log());
+    let manifest = std::fs::read_to_string(run.join("manifest.json")).unwrap();
+    assert!(manifest.contains("\"PREEMPTED\""), "{manifest}");
+}
+
 /// A preempted run whose `scontrol requeue` is refused (here: the Slurm job it names does
 /// not exist) was not requeued, and its files say so: exit 1, the refusal on stderr once,
 /// `result.json` not requeued, a `failed` event, the reason in train.log, no requeue
