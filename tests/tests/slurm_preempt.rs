@@ -8,16 +8,16 @@ use shardrun_e2e::jobs::*;
 use shardrun_e2e::*;
 use std::time::Duration;
 
-/// Submits the simulated ranks' job `name` of `steps` steps, lets it train a few steps, sends
-/// USR2 to its batch script, and waits until the first attempt has ended requeued (its
-/// manifest says PREEMPTED). Returns the job id and the run directory.
-fn preempted_and_requeued(
+/// Submits the simulated ranks' job `name` (spec text `spec`), lets it train a few steps
+/// and sends USR2 to its batch script, as Slurm does `signal_seconds` before the time limit.
+/// Returns the job id and the run directory.
+fn trained_then_usr2(
     cluster: &SlurmCluster,
     dir: &TestDir,
     name: &str,
-    steps: u64,
+    spec: &str,
 ) -> (String, std::path::PathBuf) {
-    let spec = dir.write("tiny.yaml", &tiny_mlp_spec(name, steps, 2));
+    let spec = dir.write("tiny.yaml", spec);
     let mut submit = cluster.command(shardrun());
     submit
         .current_dir(dir.path())
@@ -29,7 +29,6 @@ fn preempted_and_requeued(
     assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
     let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
     let run = dir.join("runs").join(name);
-
     wait_for(
         "the first attempt to train",
         Duration::from_secs(120),
@@ -40,6 +39,18 @@ fn preempted_and_requeued(
     signal.args(["--signal=USR2", "--batch", &job_id]);
     let out = run_with_deadline(&mut signal, Duration::from_secs(30)).unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
+    (job_id, run)
+}
+
+/// [`trained_then_usr2`] with `steps` steps, then waits until the first attempt has ended
+/// requeued (its manifest says PREEMPTED). Returns the job id and the run directory.
+fn preempted_and_requeued(
+    cluster: &SlurmCluster,
+    dir: &TestDir,
+    name: &str,
+    steps: u64,
+) -> (String, std::path::PathBuf) {
+    let (job_id, run) = trained_then_usr2(cluster, dir, name, &tiny_mlp_spec(name, steps, 2));
 
     let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
     wait_for_file(&run.join("requeue_count"), Duration::from_secs(60), |t| {
@@ -189,28 +200,8 @@ fn cancel_of_a_finished_runs_requeued_job_leaves_the_run_finished() {
 fn usr2_to_a_job_that_does_not_requeue_ends_it_preempted() {
     let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
     let dir = TestDir::new("slurm-no-requeue");
-    let spec = dir.write(
-        "tiny.yaml",
-        &(tiny_mlp_spec("norequeue", 1500, 2) + "preemption: { requeue: false }\n"),
-    );
-    let mut submit = cluster.command(shardrun());
-    submit
-        .current_dir(dir.path())
-        .args(["submit", &spec.to_string_lossy()])
-        .env("SHARDRUN_WORKER_BIN", simrank())
-        .env("SIMRANK_STEP_MS", "40");
-    let out = run_with_deadline(&mut submit, Duration::from_secs(60)).unwrap();
-    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
-    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
-    let run = dir.join("runs/norequeue");
-    wait_for("the job to train", Duration::from_secs(120), || {
-        (metric_steps(&run, 0).len() >= 5).then_some(())
-    })
-    .unwrap();
-    let mut signal = cluster.command("scancel");
-    signal.args(["--signal=USR2", "--batch", &job_id]);
-    let out = run_with_deadline(&mut signal, Duration::from_secs(30)).unwrap();
-    assert!(out.status.success(), "{}", stderr_of(&out));
+    let spec = tiny_mlp_spec("norequeue", 1500, 2) + "preemption: { requeue: false }\n";
+    let (_, run) = trained_then_usr2(&cluster, &dir, "norequeue", &spec);
 
     let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
     let result = wait_for_file(&run.join("result.json"), Duration::from_secs(120), |t| {

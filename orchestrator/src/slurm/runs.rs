@@ -186,10 +186,12 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
     let (records, source) = query(&active, &ended)?;
     // A run that ended is back in Slurm's hands when its job was requeued (by its own
     // controller after a preemption, or `scontrol requeue`): the job is queued again, or
-    // running again. A COMPLETING job is the one that wrote the end, in its epilog.
-    let queued_again = |id: &String| {
+    // running again. A COMPLETING job is on its way back to the queue when its controller
+    // requeued it (a preempted run); else it is the job that wrote the end, in its epilog.
+    let queued_again = |id: &String, ended: RunState| {
         records.get(id).is_some_and(|r| {
-            r.state != JobState::Completing && !run_state_of(&r.state).is_terminal()
+            let completing = r.state == JobState::Completing;
+            (!completing || ended == RunState::Preempted) && !run_state_of(&r.state).is_terminal()
         })
     };
     let source = (!records.is_empty() || !active.is_empty()).then_some(source);
@@ -200,7 +202,8 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
         let result = read_result(run);
         let mut state = manifest.state;
         let mut detail = manifest.error.clone().unwrap_or_default();
-        let requeued = state.is_terminal() && job_id.as_ref().is_some_and(queued_again);
+        let requeued =
+            state.is_terminal() && job_id.as_ref().is_some_and(|id| queued_again(id, state));
         if !state.is_terminal() || requeued {
             match (&slurm, &result) {
                 (Some(record), _) => {
