@@ -161,9 +161,10 @@ impl DataFiles {
     }
 
     /// Files added, removed, resized, or modified to other contents since `earlier` listed
-    /// them, one line each (a file is read only when its modification time changed and its
-    /// size did not). A tokenizer change, or contents rewritten keeping the modification
-    /// time, is not seen here (the prepared data's fingerprint tells those).
+    /// them, one line each. A file is read only when its modification time changed and its
+    /// size did not, once for any number of runs compared with the same `DataFiles`. A
+    /// tokenizer change, or contents rewritten keeping the modification time, is not seen
+    /// here (the prepared data's fingerprint tells those).
     pub fn changes_since(&self, earlier: &DataIdentity) -> Vec<String> {
         let mut lines = self.file_changes("", &earlier.training.files, &self.training);
         match (&earlier.validation, &self.validation) {
@@ -187,9 +188,11 @@ impl DataFiles {
                 files.push(format!("{what}{}: removed", path.display()));
                 continue;
             };
+            // Identities recorded before they listed modification times have 0: their
+            // files are compared by size only, not read on every look.
             let changed = if new.size != old.size {
                 Some(format!("{} → {} bytes", old.size, new.size))
-            } else if new.mtime_ns == old.mtime_ns {
+            } else if new.mtime_ns == old.mtime_ns || old.mtime_ns == 0 {
                 None
             } else {
                 match self.hash(path) {
@@ -393,6 +396,21 @@ mod tests {
                     "{}: changed (same size, 10 bytes, other contents)",
                     at("rewritten")
                 ),
+                format!("{}: added", at("added")),
+            ]
+        );
+        // Listed without modification times (identities of older runs): sizes only, no file
+        // read.
+        for file in &mut was.training.files {
+            file.mtime_ns = 0;
+        }
+        let changes =
+            now(&[&paths[0], &paths[1], &paths[2], &paths[4], &added]).changes_since(&was);
+        assert_eq!(
+            changes,
+            vec![
+                format!("{}: changed (10 → 11 bytes)", at("grown")),
+                format!("{}: removed", at("removed")),
                 format!("{}: added", at("added")),
             ]
         );

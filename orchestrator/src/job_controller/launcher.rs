@@ -191,17 +191,9 @@ impl Launcher {
                     )));
                 }
                 let mut cmd = Command::new("srun");
-                let cpus_per_task = std::env::var("SLURM_CPUS_PER_TASK")
-                    .ok()
-                    .and_then(|v| v.trim().parse().ok());
-                cmd.args(srun_args(
-                    spec.world_size,
-                    nodes,
-                    *gpus_per_node,
-                    cpus_per_task,
-                ))
-                .arg(&spec.worker_bin)
-                .envs(spec.env.iter().map(|(k, v)| (k, v)));
+                cmd.args(srun_args(spec.world_size, nodes, *gpus_per_node))
+                    .arg(&spec.worker_bin)
+                    .envs(spec.env.iter().map(|(k, v)| (k, v)));
                 self.start(0, cmd, Labels::Srun, exits, records)
                     .map_err(|source| LaunchError::Spawn {
                         rank: None,
@@ -315,28 +307,23 @@ fn signal_groups(alive: &Mutex<HashMap<ProcId, i32>>, signal: i32) {
 /// every GPU of the node for its topology.
 ///
 /// Ranks are placed node by node (`--distribution=block`), so HYBRID_SHARD's shard groups,
-/// consecutive ranks, are nodes. `cpus_per_task` is the allocation's (`SLURM_CPUS_PER_TASK`):
-/// srun of Slurm 22.05 to 23.02 does not take it from sbatch, and a site that binds tasks to
-/// CPUs would pin each rank, with all its threads, to one core.
-pub fn srun_args(
-    world_size: u64,
-    nodes: u64,
-    gpus_per_node: u64,
-    cpus_per_task: Option<u64>,
-) -> Vec<String> {
+/// consecutive ranks, are nodes. They are not bound to cores (`--cpu-bind=none`): srun of
+/// Slurm 22.05 to 23.02 does not take `--cpus-per-task` from sbatch, so a site that binds
+/// tasks would pin each rank, with all its threads, to one core; asking it again on srun
+/// would imply `--exact` there, which limits the step to the CPUs (and per-CPU memory) it
+/// names rather than the allocation's.
+pub fn srun_args(world_size: u64, nodes: u64, gpus_per_node: u64) -> Vec<String> {
     let mut args = vec![
         format!("--ntasks={world_size}"),
         format!("--nodes={nodes}"),
         format!("--ntasks-per-node={}", world_size / nodes.max(1)),
         "--distribution=block".to_string(),
+        "--cpu-bind=none".to_string(),
         "--kill-on-bad-exit=1".to_string(),
         "--label".to_string(),
         "--job-name=shardrun-worker".to_string(),
         "--export=ALL".to_string(),
     ];
-    if let Some(cpus) = cpus_per_task {
-        args.push(format!("--cpus-per-task={cpus}"));
-    }
     if gpus_per_node > 0 {
         args.push(format!("--gres=gpu:{gpus_per_node}"));
         args.push("--gpu-bind=none".to_string());
@@ -417,11 +404,11 @@ mod tests {
 
     #[test]
     fn srun_spreads_tasks_over_nodes() {
-        let args = srun_args(8, 2, 4, Some(6));
+        let args = srun_args(8, 2, 4);
         for arg in [
             "--ntasks-per-node=4",
             "--distribution=block",
-            "--cpus-per-task=6",
+            "--cpu-bind=none",
             "--gres=gpu:4",
             "--gpu-bind=none",
             "--kill-on-bad-exit=1",
@@ -429,7 +416,7 @@ mod tests {
         ] {
             assert!(args.contains(&arg.to_string()), "{arg} in {args:?}");
         }
-        let cpu = srun_args(2, 1, 0, None);
-        assert!(!cpu.iter().any(|a| a.contains("gpu") || a.contains("cpus")));
+        let cpu = srun_args(2, 1, 0);
+        assert!(!cpu.iter().any(|a| a.contains("gpu")));
     }
 }

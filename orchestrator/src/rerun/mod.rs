@@ -519,14 +519,18 @@ pub fn newest_checkpoint(run: &RunDir, train: &TrainConfig) -> Option<Checkpoint
 }
 
 /// The last step logged (the latest attempt's, when steps were repeated).
-/// The steps a run has trained: its newest checkpoint's step, else its last logged one,
-/// else the steps it records (its recorded `steps` may have been raised since by a re-run
-/// that never trained, refused or never submitted).
+/// The steps a run has trained, as its checkpoints and metrics show: the later of its
+/// newest checkpoint's step and its last logged one; `None` when it has neither.
+pub fn steps_done(run: &RunDir, recorded: &TrainConfig) -> Option<u64> {
+    let saved = newest_checkpoint(run, recorded).map(|c| c.step);
+    saved.max(last_logged_step(run))
+}
+
+/// [`steps_done`], else the steps the run records (a finished run that logged nothing). Its
+/// recorded `steps` may have been raised since by a re-run that never trained (refused, or
+/// never submitted), so it comes last.
 pub fn steps_trained(run: &RunDir, recorded: &TrainConfig) -> u64 {
-    newest_checkpoint(run, recorded)
-        .map(|c| c.step)
-        .or_else(|| last_logged_step(run))
-        .unwrap_or(recorded.steps)
+    steps_done(run, recorded).unwrap_or(recorded.steps)
 }
 
 fn last_logged_step(run: &RunDir) -> Option<u64> {

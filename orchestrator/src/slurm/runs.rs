@@ -115,6 +115,15 @@ fn read_result(run: &RunDir) -> Option<Verdict> {
     Some((state, message))
 }
 
+/// Whether the controller's verdict says it requeued its Slurm job (after a preemption).
+fn requeued_by_its_controller(run: &RunDir) -> bool {
+    std::fs::read(run.result())
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+        .and_then(|v| v.get("requeued").and_then(|r| r.as_bool()))
+        .unwrap_or(false)
+}
+
 /// A local run (one never submitted to Slurm) whose manifest says it runs, as its lock and
 /// its verdict tell.
 enum LocalRun<'a> {
@@ -187,11 +196,12 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
     // A run that ended is back in Slurm's hands when its job was requeued (by its own
     // controller after a preemption, or `scontrol requeue`): the job is queued again, or
     // running again. A COMPLETING job is on its way back to the queue when its controller
-    // requeued it (a preempted run); else it is the job that wrote the end, in its epilog.
-    let queued_again = |id: &String, ended: RunState| {
+    // requeued it (its verdict says so); else it is the job that wrote the end, in its epilog.
+    let queued_again = |id: &String, run: &RunDir| {
         records.get(id).is_some_and(|r| {
             let completing = r.state == JobState::Completing;
-            (!completing || ended == RunState::Preempted) && !run_state_of(&r.state).is_terminal()
+            (!completing || requeued_by_its_controller(run))
+                && !run_state_of(&r.state).is_terminal()
         })
     };
     let source = (!records.is_empty() || !active.is_empty()).then_some(source);
@@ -203,7 +213,7 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
         let mut state = manifest.state;
         let mut detail = manifest.error.clone().unwrap_or_default();
         let requeued =
-            state.is_terminal() && job_id.as_ref().is_some_and(|id| queued_again(id, state));
+            state.is_terminal() && job_id.as_ref().is_some_and(|id| queued_again(id, run));
         if !state.is_terminal() || requeued {
             match (&slurm, &result) {
                 (Some(record), _) => {

@@ -8,7 +8,7 @@
 //! its own.
 
 use crate::rerun::changes::{self, FieldChange};
-use crate::rerun::{newest_checkpoint, steps_trained, LrChange};
+use crate::rerun::{newest_checkpoint, steps_done, steps_trained, LrChange};
 use crate::resolve::ResolvedJob;
 use crate::rundir::{self, RunDir, RunDirError, RunState};
 use crate::slurm;
@@ -72,7 +72,7 @@ pub fn carry_over(sweep_dir: &Path, points: &mut [SweepPoint]) -> Vec<Carried> {
                     let going = run
                         .read_manifest()
                         .is_ok_and(|m| matches!(m.state, RunState::Submitted | RunState::Running));
-                    (going, steps_trained(run, &recorded.train))
+                    (going, steps_done(run, &recorded.train).unwrap_or(0))
                 });
                 Some((rank, at, changes, recorded))
             })

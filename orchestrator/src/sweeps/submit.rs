@@ -249,13 +249,6 @@ impl Submitter<'_> {
                 ))
                 .into());
         }
-        // A point's new job counts its requeues afresh, and the verdict of the job before no
-        // longer holds (as with `shardrun submit` of one run).
-        for run in paths.iter().filter_map(|p| RunDir::open(p).ok()) {
-            for stale in [run.requeue_count(), run.result()] {
-                let _ = std::fs::remove_file(stale);
-            }
-        }
         release(self.journal, self.sweep_dir, &mut record, &paths, true).map_err(rejected)?;
         Ok(job_id)
     }
@@ -275,6 +268,13 @@ fn release(
         .clone()
         .expect("a recorded array has a job id");
     if held {
+        // Nothing of the array has run yet: a point's new job counts its requeues afresh,
+        // and the verdict of the job before no longer holds (as with `shardrun submit`).
+        for run in points.iter().filter_map(|p| RunDir::open(p).ok()) {
+            for stale in [run.requeue_count(), run.result()] {
+                let _ = std::fs::remove_file(stale);
+            }
+        }
         if let Err(err) = slurm::release(&job_id) {
             let message = format!("`scontrol release {job_id}` failed: {err}");
             cancel(journal, record, &message);
