@@ -195,6 +195,12 @@ mod tests {
                 &SPEC.replace("steps: 50", "steps: 60"),
                 sixty_trained,
             );
+            // Runs of a longer job that never trained (cancelled while queued) rank last,
+            // whatever their recorded steps.
+            for run in written_points(dir.path(), &SPEC.replace("steps: 50", "steps: 90")) {
+                run.update_manifest(|m| m.state = RunState::Cancelled)
+                    .unwrap();
+            }
             let mut now = points(SPEC);
             let carried = carry_over(dir.path(), &mut now);
             assert_eq!(carried.len(), 12);
