@@ -302,9 +302,10 @@ fn signal_groups(alive: &Mutex<HashMap<ProcId, i32>>, signal: i32) {
 /// `NCCL_*`) passed to every task even where the job was submitted with `--export=NONE`.
 ///
 /// GPUs are asked for the way the sbatch script asks (`--gres=gpu:N` per node): every task
-/// of a node sees the node's GPUs (`--gpu-bind=none`, whatever a site's default binding),
-/// and each worker takes the one at its `SLURM_LOCALID`, as torchrun's ranks do; NCCL sees
-/// every GPU of the node for its topology.
+/// of a node sees the node's GPUs, and each worker takes the one at its `SLURM_LOCALID`, as
+/// torchrun's ranks do; NCCL sees every GPU of the node for its topology. (Not
+/// `--gpu-bind=none`: Slurm 22.05 then leaves `CUDA_VISIBLE_DEVICES` unset, and a rank on a
+/// node without device cgroups would count GPUs of other jobs.)
 ///
 /// Ranks are placed node by node (`--distribution=block`), so HYBRID_SHARD's shard groups,
 /// consecutive ranks, are nodes. They are not bound to cores (`--cpu-bind=none`): srun of
@@ -326,7 +327,6 @@ pub fn srun_args(world_size: u64, nodes: u64, gpus_per_node: u64) -> Vec<String>
     ];
     if gpus_per_node > 0 {
         args.push(format!("--gres=gpu:{gpus_per_node}"));
-        args.push("--gpu-bind=none".to_string());
     }
     args
 }
@@ -410,7 +410,6 @@ mod tests {
             "--distribution=block",
             "--cpu-bind=none",
             "--gres=gpu:4",
-            "--gpu-bind=none",
             "--kill-on-bad-exit=1",
             "--export=ALL",
         ] {
