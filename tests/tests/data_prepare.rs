@@ -183,6 +183,17 @@ fn bad_data_fails_the_job_before_any_rank_starts() {
     assert!(!run.join("train.log").exists(), "no rank was started");
     let manifest = std::fs::read_to_string(run.join("manifest.json")).unwrap();
     assert!(manifest.contains("\"FAILED\""), "{manifest}");
+    // `shardrun logs` has no log to show: it says how the run ended instead.
+    let logs = shardrun_in(&dir, &["logs", &run.display().to_string()]);
+    let said = stderr_of(&logs);
+    assert!(!logs.status.success(), "{said}");
+    assert!(
+        said.contains(&format!(
+            "{} has no log: the run ended (FAILED) before any rank started",
+            run.display()
+        )) && said.contains("field `text` is a number, not a string"),
+        "{said}"
+    );
     let cache: Vec<_> = std::fs::read_dir(dir.join("runs/data-cache"))
         .map(|entries| {
             entries

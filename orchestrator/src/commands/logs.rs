@@ -55,6 +55,18 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                 offset += upto as u64;
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && args.follow => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if let Some(why) = ended_before_its_log(&args) {
+                    bail!("{why}");
+                }
+                return Err(e).with_context(|| {
+                    format!(
+                        "cannot read {} (has the job started yet? see `shardrun status {}`)",
+                        path.display(),
+                        args.run.display()
+                    )
+                });
+            }
             Err(e) => {
                 return Err(e).with_context(|| {
                     format!(
@@ -79,6 +91,26 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// A run that ended before its controller wrote any log (its data failed to prepare, its
+/// spec or model folder was refused): what its manifest says of its end, in place of a
+/// missing file.
+fn ended_before_its_log(args: &Args) -> Option<String> {
+    let manifest = crate::rundir::RunDir::open(&args.run)
+        .ok()?
+        .read_manifest()
+        .ok()?;
+    let error = manifest.error.filter(|_| manifest.state.is_terminal())?;
+    let state = serde_json::to_value(manifest.state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    Some(format!(
+        "{run} has no log: the run ended ({state}) before any rank started, so nothing was \
+         logged; it ended with: {error}\n  see also: `shardrun status {run}`",
+        run = args.run.display()
+    ))
 }
 
 /// A sweep's folder (or a run root) holds runs but is not one: name them, so the user can
