@@ -91,22 +91,7 @@ impl DataIdentity {
     /// The identity of `config`'s data as already prepared, preparing nothing: `None` when a
     /// source has no cache for its files as they are now (never prepared, or changed since).
     pub fn probe(config: &DatasetConfig) -> Result<Option<DataIdentity>> {
-        let sources = DatasetSources::new(config, 1);
-        let Some(training) = prepared_manifest(&sources.training())? else {
-            return Ok(None);
-        };
-        let validation = match sources.validation() {
-            Some(spec) => match prepared_manifest(&spec)? {
-                Some(manifest) => Some(SourceIdentity::of(&manifest)),
-                None => return Ok(None),
-            },
-            None => None,
-        };
-        Ok(Some(DataIdentity::new(
-            config,
-            SourceIdentity::of(&training),
-            validation,
-        )))
+        DataFiles::now(config)?.prepared_identity(config)
     }
 
     /// What differs from `earlier`, one line each: files added, removed or changed, another
@@ -158,6 +143,26 @@ impl DataFiles {
             validation,
             hashes: RefCell::default(),
         })
+    }
+
+    /// [`DataIdentity::probe`] of `config`, whose files these are (not listed again).
+    pub fn prepared_identity(&self, config: &DatasetConfig) -> Result<Option<DataIdentity>> {
+        let sources = DatasetSources::new(config, 1);
+        let Some(training) = prepared_manifest(&sources.training(), &self.training)? else {
+            return Ok(None);
+        };
+        let validation = match (sources.validation(), &self.validation) {
+            (Some(spec), Some(files)) => match prepared_manifest(&spec, files)? {
+                Some(manifest) => Some(SourceIdentity::of(&manifest)),
+                None => return Ok(None),
+            },
+            _ => None,
+        };
+        Ok(Some(DataIdentity::new(
+            config,
+            SourceIdentity::of(&training),
+            validation,
+        )))
     }
 
     /// Files added, removed, resized, or modified to other contents since `earlier` listed

@@ -124,9 +124,11 @@ pub fn prepare_source(spec: &SourceSpec<'_>, observer: &dyn Observer) -> Result<
 /// The manifest of the source's cache for its files as they are now, without preparing
 /// anything: `None` when that cache does not exist yet (the files were never prepared, or
 /// changed since).
-pub fn prepared_manifest(spec: &SourceSpec<'_>) -> Result<Option<CacheManifest>> {
-    let files = files::expand(spec.source.files())?;
-    cache::read_manifest(&spec.cache_dir.join(cache_name(spec, &files)?))
+pub fn prepared_manifest(
+    spec: &SourceSpec<'_>,
+    files: &[DataFile],
+) -> Result<Option<CacheManifest>> {
+    cache::read_manifest(&spec.cache_dir.join(cache_name(spec, files)?))
 }
 
 /// The cache folder's name: a hash of everything that decides its contents.

@@ -120,10 +120,12 @@ pub struct DataNow {
 
 impl DataNow {
     pub fn look(config: &DatasetConfig) -> DataNow {
-        DataNow {
-            identity: DataIdentity::probe(config).ok().flatten(),
-            files: DataFiles::now(config).map_err(|e| e.to_string()),
-        }
+        let files = DataFiles::now(config).map_err(|e| e.to_string());
+        let identity = files
+            .as_ref()
+            .ok()
+            .and_then(|f| f.prepared_identity(config).ok().flatten());
+        DataNow { identity, files }
     }
 
     pub fn identity(&self) -> Option<&DataIdentity> {

@@ -82,15 +82,8 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     for warning in &job.warnings {
         errln!("warning: {warning}");
     }
-    // A new job: its requeues are counted afresh, and the old verdict no longer holds.
-    for stale in [run.requeue_count(), run.result()] {
-        match std::fs::remove_file(&stale) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(e).with_context(|| format!("cannot remove {}", stale.display()))
-            }
-            _ => {}
-        }
-    }
+    run.forget_last_job()
+        .with_context(|| format!("cannot clear {} for a new job", run.path().display()))?;
     let recorded = slurm::submit_recorded(&run.sbatch(), |job_id| {
         run.update_manifest(|m| {
             m.state = RunState::Submitted;

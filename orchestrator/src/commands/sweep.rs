@@ -392,7 +392,7 @@ fn stale_reasons(stale: &[RunDir], points: &[SweepPoint]) -> Vec<String> {
             continue;
         };
         let now = sweeps::carried::as_run_of(point, run.path());
-        let finished = sweeps::carried::cannot_continue(run, &recorded, point);
+        let finished = sweeps::carried::cannot_continue(run, manifest.state, &recorded, point);
         let causes: Vec<_> = rerun::changes::between(&recorded, &now)
             .into_iter()
             .filter(|c| !c.safe || finished.is_some())

@@ -425,13 +425,11 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
     let checkpoint = newest_checkpoint(&run, &target.train).filter(|_| resumes);
     let ended = how_it_ended(&run, state, detail.as_deref(), checkpoint.as_ref());
     let asked = target.train.steps;
-    // What a finished run trained: its final checkpoint's step (else its last logged one).
-    // Its recorded `steps` may be more steps asked for since, by a re-run refused before it
-    // trained any (its data had changed).
+    // What a finished run trained, as [`steps_trained`] tells it from what was read above.
     let trained = recorded_checkpoint
         .as_ref()
         .map(|c| c.step)
-        .or(last_step)
+        .max(last_step)
         .unwrap_or(recorded.train.steps);
     let done = match (&checkpoint, state) {
         (_, RunState::Completed) => Some(trained),
@@ -518,7 +516,6 @@ pub fn newest_checkpoint(run: &RunDir, train: &TrainConfig) -> Option<Checkpoint
     })
 }
 
-/// The last step logged (the latest attempt's, when steps were repeated).
 /// The steps a run has trained, as its checkpoints and metrics show: the later of its
 /// newest checkpoint's step and its last logged one; `None` when it has neither.
 pub fn steps_done(run: &RunDir, recorded: &TrainConfig) -> Option<u64> {
@@ -533,6 +530,7 @@ pub fn steps_trained(run: &RunDir, recorded: &TrainConfig) -> u64 {
     steps_done(run, recorded).unwrap_or(recorded.steps)
 }
 
+/// The last step logged (the latest attempt's, when steps were repeated).
 fn last_logged_step(run: &RunDir) -> Option<u64> {
     crate::metrics_file::read(&run.metrics())
         .ok()?

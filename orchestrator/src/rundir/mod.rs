@@ -516,6 +516,17 @@ impl RunDir {
     pub fn requeue_count(&self) -> PathBuf {
         self.path.join("requeue_count")
     }
+    /// Before a new job of the run is released: it counts its requeues afresh, and the
+    /// verdict of the job before no longer holds.
+    pub fn forget_last_job(&self) -> std::io::Result<()> {
+        for stale in [self.requeue_count(), self.result()] {
+            match std::fs::remove_file(&stale) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
     /// Where this run's checkpoints are: `checkpoint.dir` of its config, else
     /// `checkpoints/` here (the controller's ranks save there even with periodic saves off).
     pub fn checkpoints(&self) -> PathBuf {

@@ -93,7 +93,13 @@ fn run_state_of(state: &JobState) -> RunState {
 
 /// What the controller wrote in `result.json` (`{"status": "succeeded" | "failed" |
 /// "cancelled" | "preempted", "message": ...}`): the run's state and the message.
-type Verdict = (Option<RunState>, Option<String>);
+#[derive(Debug, Clone, PartialEq)]
+struct Verdict {
+    state: Option<RunState>,
+    message: Option<String>,
+    /// The controller requeued its Slurm job (after a preemption).
+    requeued: bool,
+}
 
 /// The [`Verdict`] in `result.json`; `None` when there is none, or none that reads.
 fn read_result(run: &RunDir) -> Option<Verdict> {
@@ -112,16 +118,12 @@ fn read_result(run: &RunDir) -> Option<Verdict> {
         .get("message")
         .and_then(|v| v.as_str())
         .map(str::to_string);
-    Some((state, message))
-}
-
-/// Whether the controller's verdict says it requeued its Slurm job (after a preemption).
-fn requeued_by_its_controller(run: &RunDir) -> bool {
-    std::fs::read(run.result())
-        .ok()
-        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
-        .and_then(|v| v.get("requeued").and_then(|r| r.as_bool()))
-        .unwrap_or(false)
+    let requeued = value.get("requeued").and_then(|r| r.as_bool()) == Some(true);
+    Some(Verdict {
+        state,
+        message,
+        requeued,
+    })
 }
 
 /// A local run (one never submitted to Slurm) whose manifest says it runs, as its lock and
@@ -197,10 +199,10 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
     // controller after a preemption, or `scontrol requeue`): the job is queued again, or
     // running again. A COMPLETING job is on its way back to the queue when its controller
     // requeued it (its verdict says so); else it is the job that wrote the end, in its epilog.
-    let queued_again = |id: &String, run: &RunDir| {
+    let queued_again = |id: &String, verdict: Option<&Verdict>| {
         records.get(id).is_some_and(|r| {
             let completing = r.state == JobState::Completing;
-            (!completing || requeued_by_its_controller(run))
+            (!completing || verdict.is_some_and(|v| v.requeued))
                 && !run_state_of(&r.state).is_terminal()
         })
     };
@@ -212,8 +214,10 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
         let result = read_result(run);
         let mut state = manifest.state;
         let mut detail = manifest.error.clone().unwrap_or_default();
-        let requeued =
-            state.is_terminal() && job_id.as_ref().is_some_and(|id| queued_again(id, run));
+        let requeued = state.is_terminal()
+            && job_id
+                .as_ref()
+                .is_some_and(|id| queued_again(id, result.as_ref()));
         if !state.is_terminal() || requeued {
             match (&slurm, &result) {
                 (Some(record), _) => {
@@ -231,9 +235,12 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
                     .collect::<Vec<_>>()
                     .join(", ");
                 }
-                (None, Some((result_state, message))) if job_id.is_some() => {
-                    state = result_state.unwrap_or(RunState::Failed);
-                    detail = message.clone().unwrap_or_else(|| "from result.json".into());
+                (None, Some(verdict)) if job_id.is_some() => {
+                    state = verdict.state.unwrap_or(RunState::Failed);
+                    detail = verdict
+                        .message
+                        .clone()
+                        .unwrap_or_else(|| "from result.json".into());
                 }
                 (None, None) if job_id.is_some() => {
                     state = RunState::Failed;
@@ -246,9 +253,9 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
                     Some(LocalRun::Running(holder)) => {
                         detail = format!("its controller is running ({holder})")
                     }
-                    Some(LocalRun::Ended((result_state, message))) => {
-                        state = result_state.unwrap_or(RunState::Failed);
-                        detail = message.clone().unwrap_or_default();
+                    Some(LocalRun::Ended(verdict)) => {
+                        state = verdict.state.unwrap_or(RunState::Failed);
+                        detail = verdict.message.clone().unwrap_or_default();
                     }
                     Some(LocalRun::Died) => {
                         state = RunState::Died;
@@ -269,7 +276,11 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
                 })?;
             }
         }
-        if let Some((_, Some(error))) = &result {
+        if let Some(Verdict {
+            message: Some(error),
+            ..
+        }) = &result
+        {
             if !detail.contains(error.as_str()) {
                 detail = if detail.is_empty() {
                     error.clone()
@@ -314,9 +325,19 @@ mod tests {
             .unwrap();
             assert_eq!(
                 read_result(&run),
-                Some((Some(state), Some("m".to_string())))
+                Some(Verdict {
+                    state: Some(state),
+                    message: Some("m".to_string()),
+                    requeued: false,
+                })
             );
         }
+        std::fs::write(
+            run.result(),
+            r#"{"status": "preempted", "message": "m", "requeued": true}"#,
+        )
+        .unwrap();
+        assert!(read_result(&run).is_some_and(|v| v.requeued));
         std::fs::write(run.result(), "{\"stat").unwrap();
         assert_eq!(
             read_result(&run),

@@ -31,7 +31,7 @@ pub fn carry_over(sweep_dir: &Path, points: &mut [SweepPoint]) -> Vec<Carried> {
     let current: HashSet<PathBuf> = points.iter().map(|p| sweep_dir.join(&p.name)).collect();
     // The other runs by their swept values, each manifest read once: a sweep of thousands
     // of points whose keys all changed looks each up once.
-    let mut others: HashMap<String, Vec<RunDir>> = HashMap::new();
+    let mut others: HashMap<String, Vec<(RunDir, RunState)>> = HashMap::new();
     for run in slurm::find_runs(sweep_dir) {
         if current.contains(run.path()) {
             continue;
@@ -40,7 +40,7 @@ pub fn carry_over(sweep_dir: &Path, points: &mut [SweepPoint]) -> Vec<Carried> {
             others
                 .entry(values_key(&manifest.sweep_params))
                 .or_default()
-                .push(run);
+                .push((run, manifest.state));
         }
     }
     let mut carried = Vec::new();
@@ -60,25 +60,23 @@ pub fn carry_over(sweep_dir: &Path, points: &mut [SweepPoint]) -> Vec<Carried> {
         let found = runs
             .iter()
             .enumerate()
-            .filter_map(|(at, run)| {
+            .filter_map(|(at, (run, state))| {
                 let recorded = run.read_resolved().ok()?;
                 let changes = changes::between(&recorded, &as_run_of(point, run.path()));
                 let takes = changes.iter().all(|c| c.safe)
-                    && cannot_continue(run, &recorded, point).is_none();
+                    && cannot_continue(run, *state, &recorded, point).is_none();
                 if !takes {
                     return None;
                 }
                 let rank = several.then(|| {
-                    let going = run
-                        .read_manifest()
-                        .is_ok_and(|m| matches!(m.state, RunState::Submitted | RunState::Running));
+                    let going = matches!(state, RunState::Submitted | RunState::Running);
                     (going, steps_done(run, &recorded.train).unwrap_or(0))
                 });
                 Some((rank, at, changes, recorded))
             })
             .max_by_key(|(rank, ..)| *rank);
         if let Some((_, at, changes, recorded)) = found {
-            let run = runs.remove(at);
+            let (run, _) = runs.remove(at);
             rename(point, run.path());
             // A point whose directory already records its job carries nothing to say.
             if !changes.is_empty() {
@@ -92,18 +90,17 @@ pub fn carry_over(sweep_dir: &Path, points: &mut [SweepPoint]) -> Vec<Carried> {
     carried
 }
 
-/// Why `run`, finished, cannot train the longer run `point` asks for in its directory: a
-/// run that does not resume, or has no checkpoint to resume from, would start over there
-/// and overwrite what it finished.
+/// Why `run`, finished (its manifest's `state`), cannot train the longer run `point` asks
+/// for in its directory: a run that does not resume, or has no checkpoint to resume from,
+/// would start over there and overwrite what it finished.
 pub fn cannot_continue(
     run: &RunDir,
+    state: RunState,
     recorded: &ResolvedJob,
     point: &SweepPoint,
 ) -> Option<&'static str> {
-    let finished = run
-        .read_manifest()
-        .is_ok_and(|m| m.state == RunState::Completed);
-    if !finished || point.job.train.steps <= steps_trained(run, &recorded.train) {
+    if state != RunState::Completed || point.job.train.steps <= steps_trained(run, &recorded.train)
+    {
         return None;
     }
     if !point.job.train.checkpoint.resume {

@@ -268,12 +268,10 @@ fn release(
         .clone()
         .expect("a recorded array has a job id");
     if held {
-        // Nothing of the array has run yet: a point's new job counts its requeues afresh,
-        // and the verdict of the job before no longer holds (as with `shardrun submit`).
+        // Nothing of the array has run yet (best effort: the controller replaces the
+        // verdict when it starts).
         for run in points.iter().filter_map(|p| RunDir::open(p).ok()) {
-            for stale in [run.requeue_count(), run.result()] {
-                let _ = std::fs::remove_file(stale);
-            }
+            let _ = run.forget_last_job();
         }
         if let Err(err) = slurm::release(&job_id) {
             let message = format!("`scontrol release {job_id}` failed: {err}");
