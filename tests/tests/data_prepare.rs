@@ -444,10 +444,10 @@ fn ctrl_c_while_the_data_is_prepared_cancels_the_run_and_says_so() {
 
 /// A preemption notice (SIGUSR2, as Slurm sends `signal_seconds` before the time limit)
 /// while the controller prepares the data is kept, not the end of the process: once the
-/// data is ready the ranks start and stop before their first step, and the run ends
-/// PREEMPTED; the same command trains it.
+/// data is ready the run ends PREEMPTED without starting a rank (nothing trained, nothing
+/// to save); the same command trains it.
 #[test]
-fn a_preemption_notice_while_the_data_is_prepared_preempts_the_run_once_it_starts() {
+fn a_preemption_notice_while_the_data_is_prepared_preempts_the_run_before_any_rank_starts() {
     let dir = TestDir::new("prep-preempt");
     let (spec, held) = waiting_for_the_data(
         &dir,
@@ -463,7 +463,11 @@ fn a_preemption_notice_while_the_data_is_prepared_preempts_the_run_once_it_start
     unsafe { libc::kill(job.child.id() as i32, libc::SIGUSR2) };
     let noticed = loop {
         match lines.recv_timeout(DEADLINE) {
-            Ok(line) if line.contains("preemption notice (SIGUSR2) while the data is prepared") => {
+            Ok(line)
+                if line.contains(
+                    "preemption notice (SIGUSR2) while the data is prepared: no rank will be started",
+                ) =>
+            {
                 break true
             }
             Ok(_) => {}
@@ -476,8 +480,14 @@ fn a_preemption_notice_while_the_data_is_prepared_preempts_the_run_once_it_start
     let rest: Vec<String> = lines.iter().collect();
     assert_eq!(status.code(), Some(0), "{rest:?}");
     assert!(
-        rest.iter().any(|l| l.contains("preemption requested")),
+        rest.iter().any(|l| l.contains(
+            "preempted before the ranks were launched (SIGUSR2 while the data was prepared)"
+        )),
         "{rest:?}"
+    );
+    assert!(
+        !rest.iter().any(|l| l.contains("registered")),
+        "a rank started: {rest:?}"
     );
     let run_arg = run.display().to_string();
     let out = shardrun_in(&dir, &["status", "--json", &run_arg]);

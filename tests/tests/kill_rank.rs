@@ -112,3 +112,35 @@ fn sigkill_from_outside_stops_a_training_job_within_seconds() {
     assert!(!logged.is_empty());
     assert_eq!(logged, (1..=logged.len() as u64).collect::<Vec<_>>());
 }
+
+/// A rank whose process lives but never registers (stuck before the rendezvous): the job
+/// fails once the rendezvous timeout, set here through the controller's environment as a
+/// Slurm job's set-up line would, has passed, naming the rank, the limit and how to raise
+/// it; the rank is killed.
+#[test]
+fn a_rank_that_never_registers_fails_the_job_at_the_rendezvous_timeout() {
+    let dir = TestDir::new("silent-rank");
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("silent", 400, 3));
+    let envs = [
+        ("SHARDRUN_WORKER_BIN", simrank()),
+        ("SIMRANK_SILENT_RANK", "2".to_string()),
+        ("SHARDRUN_RENDEZVOUS_TIMEOUT", "5".to_string()),
+    ];
+    let (out, run) = run_local(
+        &dir,
+        &spec,
+        &["--nproc", "3"],
+        &envs,
+        Duration::from_secs(60),
+    );
+    let stderr = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{}{stderr}", stdout_of(&out));
+    assert!(
+        // On a loaded machine other ranks may be late too: rank 2 is last in the list.
+        stderr.contains("2 never registered within 5 s")
+            && stderr.contains("export SHARDRUN_RENDEZVOUS_TIMEOUT=SECS"),
+        "{stderr}"
+    );
+    assert_eq!(result_json(&run)["status"], "failed");
+    assert_no_process_left(&run, Duration::from_secs(5));
+}

@@ -3,7 +3,7 @@
 
 use crate::exit::{AlreadySaid, ExitCode};
 use crate::job_controller::options::ControllerArgs;
-use crate::job_controller::stop_signal::ExitOnStop;
+use crate::job_controller::stop_signal::Signals;
 use crate::job_controller::{self, LaunchMode};
 use crate::resume_data::DataChanged;
 use crate::rundir::{RunDir, RunLock, RunState};
@@ -98,8 +98,12 @@ pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyho
         e
     };
     let config = run.read_train_config().map_err(|e| failed(e.into()))?;
-    // One process tokenizes, before any rank starts; a stop meanwhile is recorded as such.
-    let stops = ExitOnStop::install({
+    // The runtime and its signal handlers come first, so that no signal goes unseen. One
+    // process tokenizes, before any rank starts; a stop meanwhile is recorded as such.
+    let runtime = job_controller::runtime()
+        .context("cannot start the job controller")
+        .map_err(failed)?;
+    let signals = Signals::install(&runtime, {
         let (run, again) = (run.clone(), opts.launch.run_again());
         move |signal| {
             let why =
@@ -116,7 +120,6 @@ pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyho
     .context("cannot watch for Ctrl-C")
     .map_err(failed)?;
     let prepared = crate::data_prep::before_launch(run, &config);
-    drop(stops);
     if let Err(e) = prepared {
         if let Some(refusal) = e.downcast_ref::<DataChanged>() {
             // Refused before anything ran: the run stays as it was. A Slurm job's refusal is
@@ -135,7 +138,7 @@ pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyho
         }
         return Err(failed(e));
     }
-    let report = job_controller::run(opts, lock)
+    let report = job_controller::run(&runtime, signals, opts, lock)
         .context("the job controller failed")
         .map_err(failed)?;
     let state = match &report.outcome {

@@ -5,8 +5,9 @@ use super::console::Console;
 use super::job::{Action, ConnId, Event, JobMachine};
 use super::launcher::{LaunchMode, LaunchSpec, Launched, Launcher};
 use super::outcome::{FailureCause, Outcome};
+use super::rank_env::RankEnv;
 use super::server::{self, ServerEvent, ServerOptions};
-use super::stop_signal::StopSignal;
+use super::stop_signal::{ControllerSignal, HandedOver, Signals};
 use super::writer::{self, Echo, Record, WriterFiles};
 use super::{clock, open_files, priority, secret, ControllerError};
 use crate::events_file::RunEvent;
@@ -19,7 +20,6 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tracing::Instrument;
@@ -86,7 +86,7 @@ pub struct ControllerOptions {
     /// Requeues allowed after preemption (Slurm only).
     pub max_requeues: u32,
     /// Variables set for every rank (`resources.env`, and `NCCL_*` of the submitting shell).
-    pub rank_env: Vec<(String, String)>,
+    pub rank_env: RankEnv,
 }
 
 /// What the command needs to report and exit with.
@@ -124,26 +124,45 @@ struct ResultFile<'a> {
     duration_s: f64,
 }
 
-/// Runs a whole job; blocks until it is over. `lock`: the run directory's, which the caller
-/// took before it set the run going; released once the result is written.
-pub fn run(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, ControllerError> {
+/// The controller's runtime. Made before the data is prepared, so that its signal handlers
+/// ([`Signals`]) are in place from the start to the end.
+pub fn runtime() -> Result<tokio::runtime::Runtime, ControllerError> {
     priority::yield_to_training();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .on_thread_start(priority::yield_to_training)
         .enable_all()
         .build()
-        .map_err(ControllerError::Runtime)?;
+        .map_err(ControllerError::Runtime)
+}
+
+/// Runs a whole job on `runtime`; blocks until it is over. `signals`: the handlers installed
+/// on it. `lock`: the run directory's, which the caller took before it set the run going;
+/// released once the result is written.
+pub fn run(
+    runtime: &tokio::runtime::Runtime,
+    signals: Signals,
+    opts: ControllerOptions,
+    lock: RunLock,
+) -> Result<RunReport, ControllerError> {
     // Every diagnostic of this controller names its run and Slurm job.
     let span = tracing::info_span!(
         "job",
         run = %opts.paths.run_dir.display(),
         slurm_job = std::env::var("SLURM_JOB_ID").ok().as_deref().unwrap_or("-"),
     );
-    runtime.block_on(run_async(opts, lock).instrument(span))
+    runtime.block_on(run_async(signals, opts, lock).instrument(span))
 }
 
-async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, ControllerError> {
+async fn run_async(
+    signals: Signals,
+    opts: ControllerOptions,
+    lock: RunLock,
+) -> Result<RunReport, ControllerError> {
+    let HandedOver {
+        signals,
+        preempted_before_launch,
+    } = signals.hand_over();
     let started = clock::now();
     let paths = &opts.paths;
     let file_err = |what, path: &Path| {
@@ -241,160 +260,25 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
         say(format!("warning: {warning}")).await;
     }
 
-    let (events_tx, mut events) = mpsc::unbounded_channel::<ServerEvent>();
-    let server_opts = ServerOptions {
-        secret: secret.clone(),
-        handshake_timeout: shardrun_protocol::connection::HANDSHAKE_TIMEOUT,
-        heartbeat_timeout: opts.timeouts.heartbeat,
-        progress_timeout: opts.timeouts.progress,
-    };
-    let server = tokio::spawn(
-        server::serve(listener, server_opts, events_tx.clone(), records.clone()).in_current_span(),
-    );
-    spawn_signal_forwarders(events_tx.clone())?;
-
-    if !opts.rank_env.is_empty() {
-        let names: Vec<String> = opts
-            .rank_env
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        say(format!("environment of every rank: {}", names.join(" "))).await;
-    }
-    let spec = LaunchSpec {
-        worker_bin: opts.worker_bin.clone(),
-        world_size,
-        env: opts
-            .rank_env
-            .iter()
-            .cloned()
-            .chain([
-                (env::CONTROLLER_ADDR.into(), addr.clone()),
-                (env::SECRET_FILE.into(), paths.secret.display().to_string()),
-                (
-                    env::CONFIG_FILE.into(),
-                    paths.train_config.display().to_string(),
-                ),
-                (env::RUN_DIR.into(), paths.run_dir.display().to_string()),
-            ])
-            .collect(),
-        mode: opts.launch.clone(),
-    };
-    let (exit_tx, mut exits) = mpsc::unbounded_channel();
-    tracing::debug!(mode = ?spec.mode, worker = %spec.worker_bin.display(), world_size, "launching the ranks");
-    let Launched {
-        launcher,
-        procs,
-        failed,
-    } = Launcher::launch(&spec, exit_tx, records.clone());
-    let signal_all = std::sync::Arc::new(launcher.signaller());
-
-    let mut state = JobMachine::new(world_size, config_hash.clone());
-    let mut conns: HashMap<ConnId, (mpsc::UnboundedSender<ToWorker>, AbortHandle)> = HashMap::new();
-    let mut rejections = RejectionLog::default();
-    // A process that cannot be started fails the job like a rank that dies: the ones that
-    // did start are stopped, and the result says why.
-    let mut pending = state.handle(match failed {
-        None => Event::Launched { procs },
-        Some(e) => Event::LaunchFailed {
-            started: procs,
-            rank: e.rank(),
-            problem: e.to_string(),
-        },
-    });
-    {
-        let events_tx = events_tx.clone();
-        let after = opts.timeouts.rendezvous;
-        tokio::spawn(async move {
-            tokio::time::sleep(after).await;
-            let _ = events_tx.send(ServerEvent::Job(Event::RendezvousTimeout));
-        });
-    }
-
-    let outcome = 'job: loop {
-        for action in pending.drain(..) {
-            tracing::debug!(?action, "carrying out");
-            match action {
-                Action::Send { conn, msg } => {
-                    if let Some((tx, _)) = conns.get(&conn) {
-                        let _ = tx.send(msg);
-                    }
-                }
-                Action::Close { conn } => {
-                    if let Some((_, abort)) = conns.remove(&conn) {
-                        abort.abort();
-                    }
-                }
-                Action::Say(text) => say(text).await,
-                Action::Record(event) => note(event).await,
-                // The job machine has said which ranks it kills, and why.
-                Action::StopProcesses { force: true } => signal_all(libc::SIGKILL),
-                Action::StopProcesses { force: false } | Action::StopAtStepBoundary => {
-                    let signal_all = signal_all.clone();
-                    let t = opts.timeouts.clone();
-                    let grace = if matches!(action, Action::StopAtStepBoundary) {
-                        t.step_boundary
-                    } else {
-                        t.shutdown_grace
-                    };
-                    let events_tx = events_tx.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(grace).await;
-                        let _ = events_tx.send(ServerEvent::Job(Event::Escalated));
-                        signal_all(libc::SIGTERM);
-                        tokio::time::sleep(t.kill_grace).await;
-                        signal_all(libc::SIGKILL);
-                    });
-                }
-                Action::StartDrainTimer => {
-                    let events_tx = events_tx.clone();
-                    let after = opts.timeouts.drain;
-                    tokio::spawn(async move {
-                        tokio::time::sleep(after).await;
-                        let _ = events_tx.send(ServerEvent::Job(Event::DrainTimeout));
-                    });
-                }
-                Action::Finish(outcome) => break 'job outcome,
-            }
-        }
-        let event = tokio::select! {
-            // Events first: an `Escalated` must be seen before the exits it causes.
-            biased;
-            Some(ev) = events.recv() => ev,
-            Some((proc, exit)) = exits.recv() => ServerEvent::Job(Event::ProcessExited { proc, exit }),
+    let (outcome, steps_done) = if preempted_before_launch {
+        // Nothing has trained in this job yet, so nothing is to be saved: the time left before
+        // the kill is better spent on the requeue than on starting ranks only to stop them.
+        say("preempted before the ranks were launched (SIGUSR2 while the data was prepared): no rank is started".into())
+            .await;
+        note(RunEvent::PreemptRequested).await;
+        (Outcome::Preempted, None)
+    } else {
+        let ranks = Ranks {
+            opts: &opts,
+            listener,
+            secret: &secret,
+            addr: &addr,
+            world_size,
+            config_hash: &config_hash,
+            records: &records,
         };
-        match event {
-            ServerEvent::Connected {
-                conn,
-                to_worker,
-                abort,
-            } => {
-                conns.insert(conn, (to_worker, abort));
-            }
-            ServerEvent::Rejected { peer, reason } => {
-                tracing::debug!(%peer, reason, "refused a connection");
-                if let Some(text) = rejections.note(peer, &reason) {
-                    say(text).await;
-                }
-            }
-            ServerEvent::Job(event) => {
-                match &event {
-                    // Every heartbeat that advances: only when tracing everything.
-                    Event::Progress { .. } => tracing::trace!(?event, "event"),
-                    _ => tracing::debug!(?event, "event"),
-                }
-                if let Event::Disconnected { conn, .. } = &event {
-                    conns.remove(conn);
-                }
-                pending = state.handle(event);
-            }
-        }
+        ranks.supervise(signals).await
     };
-
-    // Every process has exited; their last output lines come before the verdict.
-    server.abort();
-    launcher.drain_output(opts.timeouts.drain).await;
-    signal_all(libc::SIGKILL); // nothing should be left; make sure of it
 
     let mut last_lines = Vec::new();
     let checkpoint = config
@@ -450,7 +334,7 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
     note(match &outcome {
         Outcome::Succeeded => RunEvent::Finished { step: config.steps },
         Outcome::Failed(f) => RunEvent::Failed {
-            step: state.steps_done(),
+            step: steps_done,
             reason: f.describe(),
         },
         Outcome::Cancelled { by, step } => RunEvent::Stopped {
@@ -545,9 +429,6 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
     };
     write_result(&message, exit_code, requeue.is_some())?;
 
-    for (_, abort) in conns.values() {
-        abort.abort();
-    }
     if let Some((job_id, preempted_message, requeues_before)) = requeue {
         // Requeueing kills this batch script: everything must be on disk before.
         let (reply, flushed) = tokio::sync::oneshot::channel();
@@ -586,6 +467,202 @@ async fn run_async(opts: ControllerOptions, lock: RunLock) -> Result<RunReport, 
         message,
         error,
     })
+}
+
+/// What launching and supervising the ranks needs from the job.
+struct Ranks<'a> {
+    opts: &'a ControllerOptions,
+    listener: TcpListener,
+    secret: &'a str,
+    addr: &'a str,
+    world_size: u64,
+    config_hash: &'a str,
+    records: &'a mpsc::Sender<Record>,
+}
+
+impl Ranks<'_> {
+    /// Serves the rendezvous, launches the ranks and feeds everything that happens to them
+    /// (and `signals`) to the job machine until the job is over; says how it ended and the
+    /// steps all ranks completed.
+    async fn supervise(
+        self,
+        signals: mpsc::UnboundedReceiver<ControllerSignal>,
+    ) -> (Outcome, Option<u64>) {
+        let Ranks {
+            opts,
+            listener,
+            secret,
+            addr,
+            world_size,
+            config_hash,
+            records,
+        } = self;
+        let paths = &opts.paths;
+        let say = |text: String| async move {
+            let _ = records.send(Record::Controller(text)).await;
+        };
+        let note = |event: RunEvent| async move {
+            let _ = records.send(Record::Event(event)).await;
+        };
+        let (events_tx, mut events) = mpsc::unbounded_channel::<ServerEvent>();
+        let server_opts = ServerOptions {
+            secret: secret.to_string(),
+            handshake_timeout: shardrun_protocol::connection::HANDSHAKE_TIMEOUT,
+            heartbeat_timeout: opts.timeouts.heartbeat,
+            progress_timeout: opts.timeouts.progress,
+        };
+        let server = tokio::spawn(
+            server::serve(listener, server_opts, events_tx.clone(), records.clone())
+                .in_current_span(),
+        );
+        spawn_signal_forwarders(signals, events_tx.clone());
+
+        for line in opts.rank_env.lines() {
+            say(line).await;
+        }
+        let spec = LaunchSpec {
+            worker_bin: opts.worker_bin.clone(),
+            world_size,
+            env: opts
+                .rank_env
+                .vars
+                .iter()
+                .cloned()
+                .chain([
+                    (env::CONTROLLER_ADDR.into(), addr.to_string()),
+                    (env::SECRET_FILE.into(), paths.secret.display().to_string()),
+                    (
+                        env::CONFIG_FILE.into(),
+                        paths.train_config.display().to_string(),
+                    ),
+                    (env::RUN_DIR.into(), paths.run_dir.display().to_string()),
+                ])
+                .collect(),
+            mode: opts.launch.clone(),
+        };
+        let (exit_tx, mut exits) = mpsc::unbounded_channel();
+        tracing::debug!(mode = ?spec.mode, worker = %spec.worker_bin.display(), world_size, "launching the ranks");
+        let Launched {
+            launcher,
+            procs,
+            failed,
+        } = Launcher::launch(&spec, exit_tx, records.clone());
+        let signal_all = std::sync::Arc::new(launcher.signaller());
+
+        let mut state = JobMachine::new(world_size, config_hash.to_string());
+        let mut conns: HashMap<ConnId, (mpsc::UnboundedSender<ToWorker>, AbortHandle)> =
+            HashMap::new();
+        let mut rejections = RejectionLog::default();
+        // A process that cannot be started fails the job like a rank that dies: the ones that
+        // did start are stopped, and the result says why.
+        let mut pending = state.handle(match failed {
+            None => Event::Launched { procs },
+            Some(e) => Event::LaunchFailed {
+                started: procs,
+                rank: e.rank(),
+                problem: e.to_string(),
+            },
+        });
+        {
+            let events_tx = events_tx.clone();
+            let after = opts.timeouts.rendezvous;
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                let _ = events_tx.send(ServerEvent::Job(Event::RendezvousTimeout {
+                    waited_secs: after.as_secs(),
+                }));
+            });
+        }
+
+        let outcome = 'job: loop {
+            for action in pending.drain(..) {
+                tracing::debug!(?action, "carrying out");
+                match action {
+                    Action::Send { conn, msg } => {
+                        if let Some((tx, _)) = conns.get(&conn) {
+                            let _ = tx.send(msg);
+                        }
+                    }
+                    Action::Close { conn } => {
+                        if let Some((_, abort)) = conns.remove(&conn) {
+                            abort.abort();
+                        }
+                    }
+                    Action::Say(text) => say(text).await,
+                    Action::Record(event) => note(event).await,
+                    // The job machine has said which ranks it kills, and why.
+                    Action::StopProcesses { force: true } => signal_all(libc::SIGKILL),
+                    Action::StopProcesses { force: false } | Action::StopAtStepBoundary => {
+                        let signal_all = signal_all.clone();
+                        let t = opts.timeouts.clone();
+                        let grace = if matches!(action, Action::StopAtStepBoundary) {
+                            t.step_boundary
+                        } else {
+                            t.shutdown_grace
+                        };
+                        let events_tx = events_tx.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(grace).await;
+                            let _ = events_tx.send(ServerEvent::Job(Event::Escalated));
+                            signal_all(libc::SIGTERM);
+                            tokio::time::sleep(t.kill_grace).await;
+                            signal_all(libc::SIGKILL);
+                        });
+                    }
+                    Action::StartDrainTimer => {
+                        let events_tx = events_tx.clone();
+                        let after = opts.timeouts.drain;
+                        tokio::spawn(async move {
+                            tokio::time::sleep(after).await;
+                            let _ = events_tx.send(ServerEvent::Job(Event::DrainTimeout));
+                        });
+                    }
+                    Action::Finish(outcome) => break 'job outcome,
+                }
+            }
+            let event = tokio::select! {
+                // Events first: an `Escalated` must be seen before the exits it causes.
+                biased;
+                Some(ev) = events.recv() => ev,
+                Some((proc, exit)) = exits.recv() => ServerEvent::Job(Event::ProcessExited { proc, exit }),
+            };
+            match event {
+                ServerEvent::Connected {
+                    conn,
+                    to_worker,
+                    abort,
+                } => {
+                    conns.insert(conn, (to_worker, abort));
+                }
+                ServerEvent::Rejected { peer, reason } => {
+                    tracing::debug!(%peer, reason, "refused a connection");
+                    if let Some(text) = rejections.note(peer, &reason) {
+                        say(text).await;
+                    }
+                }
+                ServerEvent::Job(event) => {
+                    match &event {
+                        // Every heartbeat that advances: only when tracing everything.
+                        Event::Progress { .. } => tracing::trace!(?event, "event"),
+                        _ => tracing::debug!(?event, "event"),
+                    }
+                    if let Event::Disconnected { conn, .. } = &event {
+                        conns.remove(conn);
+                    }
+                    pending = state.handle(event);
+                }
+            }
+        };
+
+        // Every process has exited; their last output lines come before the verdict.
+        server.abort();
+        launcher.drain_output(opts.timeouts.drain).await;
+        signal_all(libc::SIGKILL); // nothing should be left; make sure of it
+        for (_, abort) in conns.values() {
+            abort.abort();
+        }
+        (outcome, state.steps_done())
+    }
 }
 
 /// Asks Slurm to requeue `job_id`; on success Slurm ends this batch script. The error says
@@ -697,40 +774,27 @@ fn how_to_resume(launch: &LaunchMode) -> String {
     format!("{} to resume", launch.run_again())
 }
 
-/// Turns SIGTERM / SIGINT / SIGHUP into cancellation and SIGUSR2 into preemption. tokio's
-/// handlers only record the signal; the event loop acts on it.
+/// Turns SIGTERM / SIGINT / SIGHUP into cancellation and SIGUSR2 into preemption, in the
+/// order they came. The handlers ([`Signals`]) only record a signal; the job machine acts.
 ///
 /// SIGHUP is a closed terminal or ssh session: without a handler it would kill the
 /// controller, leaving no result.json (see [`super::stop_signal::handled`] for `nohup`).
 fn spawn_signal_forwarders(
+    mut signals: mpsc::UnboundedReceiver<ControllerSignal>,
     events: mpsc::UnboundedSender<ServerEvent>,
-) -> Result<(), ControllerError> {
-    let kinds = super::stop_signal::handled()
-        .map(|s| (SignalKind::from_raw(s.number()), Some(s)))
-        .chain([(SignalKind::user_defined2(), None)]);
-    for (kind, cancel) in kinds {
-        let mut stream = signal(kind).map_err(ControllerError::Runtime)?;
-        let events = events.clone();
-        tokio::spawn(async move {
-            while stream.recv().await.is_some() {
-                tracing::debug!(
-                    signal = cancel.map_or("SIGUSR2", StopSignal::name),
-                    "signal received"
-                );
-                let event = match cancel {
-                    Some(signal) => Event::Cancel { signal },
-                    None => Event::Preempt,
-                };
-                if events.send(ServerEvent::Job(event)).is_err() {
-                    return;
-                }
+) {
+    tokio::spawn(async move {
+        while let Some(signal) = signals.recv().await {
+            tracing::debug!(?signal, "signal received");
+            let event = match signal {
+                ControllerSignal::Stop(signal) => Event::Cancel { signal },
+                ControllerSignal::Preempt => Event::Preempt,
+            };
+            if events.send(ServerEvent::Job(event)).is_err() {
+                return;
             }
-        });
-    }
-    if super::stop_signal::take_early_preemption() {
-        let _ = events.send(ServerEvent::Job(Event::Preempt));
-    }
-    Ok(())
+        }
+    });
 }
 
 /// Logs refused connections without letting a flood of them fill train.log: the first few

@@ -79,7 +79,10 @@ pub enum Event {
         proc: ProcId,
         exit: ExitInfo,
     },
-    RendezvousTimeout,
+    /// Not every rank registered within `waited_secs` of the launch.
+    RendezvousTimeout {
+        waited_secs: u64,
+    },
     /// After all processes exited, connections still open are given up on.
     DrainTimeout,
     /// SIGTERM / SIGINT / SIGHUP to the controller.
@@ -336,11 +339,14 @@ impl JobMachine {
                 }
             }
             Event::ProcessExited { proc, exit } => self.on_exit(proc, exit, &mut out),
-            Event::RendezvousTimeout => {
+            Event::RendezvousTimeout { waited_secs } => {
                 if self.phase == Phase::Rendezvous {
                     let missing = self.roster.missing();
                     self.fail(
-                        Failure::job(FailureCause::RendezvousTimeout { missing }),
+                        Failure::job(FailureCause::RendezvousTimeout {
+                            missing,
+                            waited_secs,
+                        }),
                         &mut out,
                     );
                 }

@@ -5,7 +5,7 @@
 //! * [`job`]: the decisions, a pure state machine;
 //! * [`event_loop`]: wires sockets, processes, signals and timers to it;
 //! * [`server`]: TCP endpoint and handshake; [`progress_watch`]: is a rank still moving;
-//!   [`launcher`]: processes;
+//!   [`launcher`]: processes; [`rank_env`]: the variables every rank gets;
 //! * [`writer`] with [`logbook`], [`metrics_log`] and [`console`]: the files people read
 //!   (and `events.jsonl`);
 //! * [`outcome`]: how the job ended, [`stop_signal`]: the signals that cancel it;
@@ -24,12 +24,13 @@ pub mod options;
 pub mod outcome;
 pub mod priority;
 pub mod progress_watch;
+pub mod rank_env;
 pub mod secret;
 pub mod server;
 pub mod stop_signal;
 pub mod writer;
 
-pub use event_loop::{run, ControllerOptions, RunPaths, Timeouts};
+pub use event_loop::{run, runtime, ControllerOptions, RunPaths, Timeouts};
 pub use launcher::LaunchMode;
 pub use outcome::Outcome;
 pub use writer::Echo;

@@ -1,6 +1,7 @@
 //! Command-line options shared by `shardrun run` and `shardrun controller`, and the step
 //! from a run directory to [`ControllerOptions`].
 
+use super::rank_env::RankEnv;
 use super::{ControllerOptions, Echo, LaunchMode, RunPaths, Timeouts};
 use crate::binaries::worker_bin;
 use crate::rundir::RunDir;
@@ -9,15 +10,32 @@ use std::time::Duration;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ControllerArgs {
-    /// Fail the job if not every rank registered within this many seconds of launch.
-    #[arg(long, default_value_t = 300, value_name = "SECS")]
+    /// Fail the job if not every rank registered within this many seconds of launch (as
+    /// torchrun's join timeout: ranks of a large job load libtorch and CUDA from a shared
+    /// file system all at once).
+    #[arg(
+        long,
+        env = "SHARDRUN_RENDEZVOUS_TIMEOUT",
+        default_value_t = 600,
+        value_name = "SECS"
+    )]
     pub rendezvous_timeout: u64,
     /// Consider a rank hung after this many seconds without any message from it.
-    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    #[arg(
+        long,
+        env = "SHARDRUN_HEARTBEAT_TIMEOUT",
+        default_value_t = 60,
+        value_name = "SECS"
+    )]
     pub heartbeat_timeout: u64,
     /// Fail the job when a rank's step has not advanced for this many seconds while it still
     /// heartbeats (stuck in a collective or in I/O); 0: never.
-    #[arg(long, default_value_t = 1800, value_name = "SECS")]
+    #[arg(
+        long,
+        env = "SHARDRUN_PROGRESS_TIMEOUT",
+        default_value_t = 1800,
+        value_name = "SECS"
+    )]
     pub progress_timeout: u64,
     /// Seconds the ranks of a failed job get to exit before SIGTERM (and again before
     /// SIGKILL).
@@ -75,7 +93,11 @@ impl ControllerArgs {
             max_requeues: self.max_requeues,
             rank_env: run
                 .read_resolved()
-                .map(|job| job.slurm.env)
+                .map(|job| {
+                    RankEnv::new(&job.slurm.env, &job.slurm.shell_env, |name| {
+                        std::env::var(name).ok()
+                    })
+                })
                 .unwrap_or_default(),
         })
     }

@@ -61,6 +61,7 @@ pub enum FailureCause {
     HeartbeatLost,
     RendezvousTimeout {
         missing: Vec<u64>,
+        waited_secs: u64,
     },
     /// A registration that cannot belong to this job.
     Inconsistent {
@@ -136,12 +137,21 @@ impl Failure {
             FailureCause::HeartbeatLost => {
                 "stopped sending heartbeats (hung or frozen process?)".to_string()
             }
-            FailureCause::RendezvousTimeout { missing } => {
+            FailureCause::RendezvousTimeout {
+                missing,
+                waited_secs,
+            } => {
                 format!(
-                "timed out in the rendezvous: rank(s) {} never registered (did they start? see \
-                 their lines in train.log and logs/)",
-                missing.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
-            )
+                    "timed out in the rendezvous: rank(s) {} never registered within {waited_secs} \
+                     s (did they start? see their lines in train.log and logs/; if they are only \
+                     slow to start, allow them longer: `--rendezvous-timeout SECS`, or `export \
+                     SHARDRUN_RENDEZVOUS_TIMEOUT=SECS` in the spec's `resources.setup`)",
+                    missing
+                        .iter()
+                        .map(|r| r.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
             }
             FailureCause::Inconsistent { problem } => {
                 format!("cannot join this job: {problem}")

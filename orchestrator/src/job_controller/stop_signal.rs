@@ -1,9 +1,11 @@
-//! The signals that cancel a job, as its controller receives them: SIGTERM (`scancel`,
-//! `shardrun cancel`), SIGINT (Ctrl-C) and SIGHUP (a closed terminal or ssh session).
+//! The signals a job's controller acts on: those that cancel the job, SIGTERM (`scancel`,
+//! `shardrun cancel`), SIGINT (Ctrl-C) and SIGHUP (a closed terminal or ssh session), and the
+//! preemption notice, SIGUSR2.
 
 use shardrun_protocol::messages::signal_name;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::mpsc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopSignal {
@@ -68,65 +70,104 @@ fn ignored(signal: i32) -> bool {
     }
 }
 
-/// A preemption notice (SIGUSR2) that came before the event loop ran: it acts on it once it
-/// does (the ranks are stopped at their first step boundary, as a running job's would be).
-static EARLY_PREEMPTION: AtomicBool = AtomicBool::new(false);
-
-/// Whether a preemption notice came before the event loop ran (once).
-pub fn take_early_preemption() -> bool {
-    EARLY_PREEMPTION.swap(false, Ordering::SeqCst)
+/// A signal the controller acts on: a stop (cancel) or a preemption notice (SIGUSR2, as Slurm
+/// sends `signal_seconds` before the time limit or a preemption).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControllerSignal {
+    Stop(StopSignal),
+    Preempt,
 }
 
-/// While it lives, a stop signal ends the process at once, after `on_stop` has recorded
-/// why: for the time before any rank starts (preparing the data), when there is nothing to
-/// stop at a step boundary and the default action would end the process without a word. A
-/// preemption notice (SIGUSR2, whose default action would end the process too) is kept for
-/// the event loop.
-pub struct ExitOnStop {
-    runtime: Option<tokio::runtime::Runtime>,
+/// What is done with a signal: before the ranks are launched (the data is prepared), a stop
+/// ends the process at once and a preemption notice is remembered; once the event loop has
+/// taken the signals, each goes to it, in order.
+enum Route {
+    BeforeLaunch {
+        on_stop: Box<dyn Fn(StopSignal) + Send>,
+        preempted: bool,
+    },
+    EventLoop(mpsc::UnboundedSender<ControllerSignal>),
 }
 
-impl ExitOnStop {
-    pub fn install(on_stop: impl Fn(StopSignal) + Send + Sync + 'static) -> std::io::Result<Self> {
+/// The controller's signal handlers, installed once on its runtime for the whole life of the
+/// process, so that no signal falls between two sets of handlers (tokio drops a signal that
+/// no stream is waiting for). Stop signals and SIGUSR2 would otherwise end the process by
+/// their default action, without a word.
+pub struct Signals {
+    route: Arc<Mutex<Route>>,
+}
+
+/// The signals as the event loop gets them.
+pub struct HandedOver {
+    pub signals: mpsc::UnboundedReceiver<ControllerSignal>,
+    /// A preemption notice came before the event loop took the signals.
+    pub preempted_before_launch: bool,
+}
+
+impl Signals {
+    /// Installs the handlers on `runtime`. Until [`Signals::hand_over`], a stop signal calls
+    /// `on_stop` (which records why) and ends the process with the signal's exit code: there
+    /// is no rank to stop at a step boundary yet.
+    pub fn install(
+        runtime: &tokio::runtime::Runtime,
+        on_stop: impl Fn(StopSignal) + Send + 'static,
+    ) -> std::io::Result<Signals> {
         use tokio::signal::unix::{signal, SignalKind};
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("stop-signals")
-            .enable_all()
-            .build()?;
-        let on_stop = std::sync::Arc::new(on_stop);
+        let route = Arc::new(Mutex::new(Route::BeforeLaunch {
+            on_stop: Box::new(on_stop),
+            preempted: false,
+        }));
         let _entered = runtime.enter();
-        for stop in handled() {
-            let mut stream = signal(SignalKind::from_raw(stop.number()))?;
-            let on_stop = on_stop.clone();
+        let kinds = handled()
+            .map(|s| (s.number(), ControllerSignal::Stop(s)))
+            .chain([(libc::SIGUSR2, ControllerSignal::Preempt)]);
+        for (number, what) in kinds {
+            let mut stream = signal(SignalKind::from_raw(number))?;
+            let route = route.clone();
             runtime.spawn(async move {
-                if stream.recv().await.is_some() {
-                    on_stop(stop);
-                    std::process::exit(stop.exit_code());
+                while stream.recv().await.is_some() {
+                    let mut route = route.lock().unwrap_or_else(|e| e.into_inner());
+                    match (&mut *route, what) {
+                        (Route::BeforeLaunch { on_stop, .. }, ControllerSignal::Stop(stop)) => {
+                            on_stop(stop);
+                            std::process::exit(stop.exit_code());
+                        }
+                        (Route::BeforeLaunch { preempted, .. }, ControllerSignal::Preempt) => {
+                            if !*preempted {
+                                *preempted = true;
+                                outln!(
+                                    "shardrun: preemption notice (SIGUSR2) while the data is \
+                                     prepared: no rank will be started"
+                                );
+                            }
+                        }
+                        (Route::EventLoop(events), _) => {
+                            if events.send(what).is_err() {
+                                return;
+                            }
+                        }
+                    }
                 }
             });
         }
-        let mut preemption = signal(SignalKind::user_defined2())?;
-        runtime.spawn(async move {
-            if preemption.recv().await.is_some() {
-                EARLY_PREEMPTION.store(true, Ordering::SeqCst);
-                outln!(
-                    "shardrun: preemption notice (SIGUSR2) while the data is prepared: the \
-                     ranks are stopped as soon as they start"
-                );
-            }
-        });
-        drop(_entered);
-        Ok(ExitOnStop {
-            runtime: Some(runtime),
-        })
+        Ok(Signals { route })
     }
-}
 
-impl Drop for ExitOnStop {
-    fn drop(&mut self) {
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
+    /// From now on every signal goes to the returned receiver; says whether a preemption
+    /// notice came before.
+    pub fn hand_over(self) -> HandedOver {
+        let (sender, signals) = mpsc::unbounded_channel();
+        let mut route = self.route.lock().unwrap_or_else(|e| e.into_inner());
+        let before = std::mem::replace(&mut *route, Route::EventLoop(sender));
+        HandedOver {
+            signals,
+            preempted_before_launch: matches!(
+                before,
+                Route::BeforeLaunch {
+                    preempted: true,
+                    ..
+                }
+            ),
         }
     }
 }

@@ -18,7 +18,7 @@ mod model;
 mod optimizer;
 mod ranks;
 mod slurm;
-mod summary;
+pub(crate) mod summary;
 
 pub use slurm::parse_slurm_time;
 
@@ -78,8 +78,9 @@ pub struct Overrides {
     /// is answered with the numbers of ranks it splits on.
     pub continues_run: bool,
     /// `NCCL_*` variables of the shell that submits or runs the job: every rank gets them
-    /// (after the spec's `resources.env`, which wins), so NCCL settings reach the ranks even
-    /// where Slurm does not export the submitting environment.
+    /// unless the spec's `resources.env` or the job's own environment sets them otherwise, so
+    /// NCCL settings reach the ranks even where Slurm does not export the submitting
+    /// environment.
     pub submitting_env: Vec<(String, String)>,
 }
 
@@ -131,9 +132,13 @@ pub struct SlurmResources {
     pub extra_sbatch: Vec<String>,
     pub setup: Vec<String>,
     /// Variables every rank gets (the controller sets them for each worker): the spec's
-    /// `resources.env` and the submitting shell's `NCCL_*`, sorted by name.
+    /// `resources.env`, sorted by name.
     #[serde(default)]
     pub env: Vec<(String, String)>,
+    /// The submitting shell's `NCCL_*` that `env` does not name, sorted by name: every rank
+    /// gets them unless the job's environment on the compute node sets them otherwise.
+    #[serde(default)]
+    pub shell_env: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -713,12 +718,10 @@ mod tests {
         let pair = |k: &str, v: &str| (k.to_string(), v.to_string());
         assert_eq!(
             job.slurm.env,
-            vec![
-                pair("NCCL_DEBUG", "WARN"),
-                pair("NCCL_SOCKET_IFNAME", "ib0"),
-                pair("OMP_PROC_BIND", "close"),
-            ]
+            vec![pair("NCCL_DEBUG", "WARN"), pair("OMP_PROC_BIND", "close")]
         );
+        // The shell's NCCL_DEBUG is the spec's to set.
+        assert_eq!(job.slurm.shell_env, vec![pair("NCCL_SOCKET_IFNAME", "ib0")]);
         let bad = yaml.replace("OMP_PROC_BIND", "2BAD");
         let err = resolve(
             &parse(&bad, Path::new("job.yaml")).unwrap(),

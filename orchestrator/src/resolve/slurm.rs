@@ -58,15 +58,18 @@ pub fn resolve_slurm(
             ));
         }
     }
-    // The spec's variables win over the submitting shell's.
-    let mut env: Vec<(String, String)> = overrides
+    // Sorted by name (a BTreeMap). The spec's variables win over the submitting shell's.
+    let env: Vec<(String, String)> = res
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let shell_env: Vec<(String, String)> = overrides
         .submitting_env
         .iter()
         .filter(|(k, _)| !res.env.contains_key(k))
         .cloned()
-        .chain(res.env.iter().map(|(k, v)| (k.clone(), v.clone())))
         .collect();
-    env.sort();
     Ok(SlurmResources {
         nodes: ranks.nodes,
         ntasks_per_node: ranks.ntasks_per_node,
@@ -89,6 +92,7 @@ pub fn resolve_slurm(
         extra_sbatch: res.extra_sbatch.clone(),
         setup: res.setup.clone(),
         env,
+        shell_env,
     })
 }
 

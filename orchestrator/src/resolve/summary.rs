@@ -170,16 +170,26 @@ impl ResolvedJob {
         let _ = writeln!(out, "  slurm          time {}, partition {}, USR2 {} s before the limit, requeue {} (max {})", s.time.as_deref().unwrap_or("(partition default)"), s.partition.as_deref().unwrap_or("(default)"), self.preemption.signal_seconds, self.preemption.requeue, self.preemption.max_requeues);
         // They reach the ranks through resolved.json, not the script: shown here so they
         // can be checked before the job is submitted.
-        if !s.env.is_empty() {
-            let vars: Vec<String> = s
-                .env
+        let shown = |vars: &[(String, String)]| -> String {
+            let shown: Vec<String> = vars
                 .iter()
                 .map(|(name, value)| format!("{name}={}", shown_value(name, value)))
                 .collect();
+            shown.join(" ")
+        };
+        if !s.env.is_empty() {
             let _ = writeln!(
                 out,
-                "  rank env       {} (resources.env and this shell's NCCL_*; every rank gets them)",
-                vars.join(" ")
+                "  rank env       {} (resources.env; every rank gets them)",
+                shown(&s.env)
+            );
+        }
+        if !s.shell_env.is_empty() {
+            let _ = writeln!(
+                out,
+                "  shell env      {} (this shell's NCCL_*; every rank gets them unless the \
+                 job's set-up sets them otherwise)",
+                shown(&s.shell_env)
             );
         }
         for w in &self.warnings {
@@ -192,7 +202,7 @@ impl ResolvedJob {
 /// A variable's value as it reads in one line: quoted and escaped when it is empty or holds
 /// spaces, quotes or control characters; a credential hidden (plans are pasted where others
 /// read them): the whole value when the name says it is one, the password of a URL.
-fn shown_value(name: &str, value: &str) -> String {
+pub(crate) fn shown_value(name: &str, value: &str) -> String {
     if is_credential(name) {
         return format!("<hidden, {} characters>", value.chars().count());
     }

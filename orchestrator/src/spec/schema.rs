@@ -70,7 +70,8 @@ pub struct Resources {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub setup: Vec<String>,
     /// Environment variables for every rank (`NCCL_SOCKET_IFNAME: ib0`, `NCCL_DEBUG: WARN`).
-    /// `NCCL_*` variables of the shell that submits the job are passed too; these win.
+    /// `NCCL_*` variables of the shell that submits the job are passed too, unless these or
+    /// the job's own environment (its set-up lines, modules) set them otherwise.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
 }

@@ -4,7 +4,8 @@
 //! and by the ingest benchmark (many ranks logging flat out).
 //!
 //! ```text
-//! shardrun-simrank [--steps N] [--lines-per-step L] [--step-ms MS] [--die-rank R --die-at-step K] [--raw]
+//! shardrun-simrank [--steps N] [--lines-per-step L] [--step-ms MS] [--die-rank R --die-at-step K]
+//!                  [--silent-rank R] [--raw]
 //! ```
 //! Every option can also come from a `SIMRANK_*` variable (the controller passes the
 //! environment, not arguments). Rank, world size and the controller come from the same
@@ -41,6 +42,10 @@ struct Args {
     /// Print one raw line on stdout per step too (raw output capture).
     #[arg(long, env = "SIMRANK_RAW")]
     raw: bool,
+    /// This rank never registers: it waits, alive, until it is killed (a rank stuck before
+    /// the rendezvous, as on a hung file system).
+    #[arg(long, env = "SIMRANK_SILENT_RANK")]
+    silent_rank: Option<u64>,
 }
 
 fn main() {
@@ -65,6 +70,11 @@ fn run() -> Result<i32> {
             .with_context(|| format!("cannot read {config_path}"))?,
     )?;
     let (addr, secret) = controller_client::endpoint_from_env()?;
+    if args.silent_rank == Some(rank_env.rank) {
+        loop {
+            std::thread::park();
+        }
+    }
     let registration = Registration {
         rank: rank_env.rank,
         local_rank: rank_env.local_rank,

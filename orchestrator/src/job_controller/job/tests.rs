@@ -155,17 +155,23 @@ fn rendezvous_timeout_names_missing_ranks() {
         conn: 1,
         registration: r,
     });
-    let actions = s.handle(Event::RendezvousTimeout);
+    let actions = s.handle(Event::RendezvousTimeout { waited_secs: 600 });
     match actions.iter().find_map(|a| match a {
         Action::Say(t) => Some(t.clone()),
         _ => None,
     }) {
-        Some(text) => assert!(text.contains("0, 1, 3"), "{text}"),
+        Some(text) => assert!(
+            text.contains("rank(s) 0, 1, 3 never registered within 600 s")
+                && text.contains("SHARDRUN_RENDEZVOUS_TIMEOUT"),
+            "{text}"
+        ),
         None => panic!("no message"),
     }
     // Timing out after the start is meaningless.
     let mut s = running();
-    assert!(s.handle(Event::RendezvousTimeout).is_empty());
+    assert!(s
+        .handle(Event::RendezvousTimeout { waited_secs: 600 })
+        .is_empty());
 }
 
 #[test]
