@@ -73,10 +73,13 @@ cd "$SHARDRUN_RUN_DIR"
 echo "shardrun: job ${SLURM_JOB_ID} on $(hostname) in ${SHARDRUN_RUN_DIR}"
 {%- if !s.setup.is_empty() %}
 
-# Set-up from resources.setup
+# Set-up from resources.setup. A line that fails ends the job and says which in the error
+# file; one not found (127) is often a command only login shells define.
+trap 'rc=$?; why="exit $rc"; [ "$rc" != 127 ] || why="exit 127, not found: module and conda are defined by login shells, load their set-up first, e.g. source /etc/profile"; echo "shardrun: a resources.setup line failed ($why): $BASH_COMMAND" >&2' ERR
 {%- for line in s.setup %}
 {{ line }}
 {%- endfor %}
+trap - ERR
 {%- endif %}
 
 exec {{ shardrun }} controller --run-dir "$SHARDRUN_RUN_DIR"

@@ -123,7 +123,7 @@ fn a_rank_that_never_registers_fails_the_job_at_the_rendezvous_timeout() {
     let spec = dir.write("tiny.yaml", &tiny_mlp_spec("silent", 400, 3));
     let envs = [
         ("SHARDRUN_WORKER_BIN", simrank()),
-        ("SIMRANK_SILENT_RANK", "2".to_string()),
+        ("SIMRANK_LATE_RANK", "2".to_string()),
         ("SHARDRUN_RENDEZVOUS_TIMEOUT", "5".to_string()),
     ];
     let (out, run) = run_local(
@@ -143,4 +143,34 @@ fn a_rank_that_never_registers_fails_the_job_at_the_rendezvous_timeout() {
     );
     assert_eq!(result_json(&run)["status"], "failed");
     assert_no_process_left(&run, Duration::from_secs(5));
+}
+
+/// Ranks that register early wait in silence for a late one (its node slow to load
+/// libtorch): their silence before the start is not a lost heartbeat, however much longer
+/// than the heartbeat timeout it lasts; the rendezvous timeout judges it, and the job runs.
+#[test]
+fn ranks_waiting_for_a_late_rank_are_not_judged_by_their_heartbeats() {
+    let dir = TestDir::new("late-rank");
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("late", 3, 2));
+    let envs = [
+        ("SHARDRUN_WORKER_BIN", simrank()),
+        ("SIMRANK_LATE_RANK", "1".to_string()),
+        ("SIMRANK_LATE_MS", "12000".to_string()),
+        ("SHARDRUN_HEARTBEAT_TIMEOUT", "5".to_string()),
+    ];
+    let (out, run) = run_local(
+        &dir,
+        &spec,
+        &["--nproc", "2"],
+        &envs,
+        Duration::from_secs(90),
+    );
+    assert!(
+        out.status.success(),
+        "{}{}",
+        stdout_of(&out),
+        stderr_of(&out)
+    );
+    assert_eq!(result_json(&run)["status"], "succeeded");
+    assert_eq!(metric_steps(&run, 1), [1, 2, 3]);
 }

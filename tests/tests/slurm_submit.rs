@@ -121,6 +121,47 @@ fn status_reports_failed_and_cancelled() {
     );
 }
 
+/// A set-up line that fails (here a command the node does not have, as `module` is in a
+/// shell that never loaded its set-up) ends the job before its controller starts; the error
+/// file names the line, and `shardrun status` quotes it, so the user need not go looking.
+#[test]
+fn a_failing_set_up_line_is_named_by_status() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("submit-setup-fails");
+    let spec = dir.write(
+        "job.yaml",
+        &spec(
+            "setupfails",
+            &["echo set-up begins", "no_such_command_here --flag"],
+        ),
+    );
+    let out = cluster
+        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
+        .unwrap();
+    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
+    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let run = dir.join("runs/setupfails");
+    wait_state(&cluster, dir.path(), &run, "FAILED");
+    let err_file = run.join(format!("setupfails-{job_id}.err"));
+    let named = "shardrun: a resources.setup line failed (exit 127, not found: module and conda \
+                 are defined by login shells, load their set-up first, e.g. source /etc/profile): \
+                 no_such_command_here --flag";
+    let out = cluster
+        .shardrun(dir.path(), &["status", "--json", &run.to_string_lossy()])
+        .unwrap();
+    let runs = status_runs(&stdout_of(&out));
+    let detail = runs[0]["detail"].as_str().unwrap_or_default().to_string();
+    assert!(
+        detail.contains(&format!("{} ends: {named}", err_file.display())),
+        "{detail}\n{}",
+        std::fs::read_to_string(&err_file).unwrap_or_default()
+    );
+    // The set-up lines before it ran; the controller never did.
+    let out_file = std::fs::read_to_string(run.join(format!("setupfails-{job_id}.out"))).unwrap();
+    assert!(out_file.contains("set-up begins"), "{out_file}");
+    assert!(!run.join("train.log").exists());
+}
+
 #[test]
 fn sbatch_refusal_shows_its_stderr_and_marks_the_run_failed() {
     let cluster = SlurmCluster::start().expect("start the local Slurm cluster");

@@ -121,6 +121,9 @@ pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyho
     .map_err(failed)?;
     let prepared = crate::data_prep::before_launch(run, &config);
     if let Err(e) = prepared {
+        // What the run's end says from here is the refusal's or the failure's: a stop now
+        // has nothing left to stop, and must not write the manifest over it.
+        drop(signals.hand_over());
         if let Some(refusal) = e.downcast_ref::<DataChanged>() {
             // Refused before anything ran: the run stays as it was. A Slurm job's refusal is
             // recorded, or `status` could only say the job failed (a local one is said on

@@ -5,7 +5,7 @@ use super::console::Console;
 use super::job::{Action, ConnId, Event, JobMachine};
 use super::launcher::{LaunchMode, LaunchSpec, Launched, Launcher};
 use super::outcome::{FailureCause, Outcome};
-use super::rank_env::RankEnv;
+use super::rank_variables::RankVariables;
 use super::server::{self, ServerEvent, ServerOptions};
 use super::stop_signal::{ControllerSignal, HandedOver, Signals};
 use super::writer::{self, Echo, Record, WriterFiles};
@@ -62,7 +62,7 @@ pub struct Timeouts {
 impl Default for Timeouts {
     fn default() -> Self {
         Timeouts {
-            rendezvous: Duration::from_secs(300),
+            rendezvous: Duration::from_secs(600),
             heartbeat: Duration::from_secs(60),
             progress: Some(Duration::from_secs(1800)),
             shutdown_grace: Duration::from_secs(2),
@@ -86,7 +86,7 @@ pub struct ControllerOptions {
     /// Requeues allowed after preemption (Slurm only).
     pub max_requeues: u32,
     /// Variables set for every rank (`resources.env`, and `NCCL_*` of the submitting shell).
-    pub rank_env: RankEnv,
+    pub rank_variables: RankVariables,
 }
 
 /// What the command needs to report and exit with.
@@ -127,7 +127,6 @@ struct ResultFile<'a> {
 /// The controller's runtime. Made before the data is prepared, so that its signal handlers
 /// ([`Signals`]) are in place from the start to the end.
 pub fn runtime() -> Result<tokio::runtime::Runtime, ControllerError> {
-    priority::yield_to_training();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .on_thread_start(priority::yield_to_training)
@@ -145,6 +144,8 @@ pub fn run(
     opts: ControllerOptions,
     lock: RunLock,
 ) -> Result<RunReport, ControllerError> {
+    // Not before: the data is prepared on this thread, with nothing to yield to yet.
+    priority::yield_to_training();
     // Every diagnostic of this controller names its run and Slurm job.
     let span = tracing::info_span!(
         "job",
@@ -517,14 +518,14 @@ impl Ranks<'_> {
         );
         spawn_signal_forwarders(signals, events_tx.clone());
 
-        for line in opts.rank_env.lines() {
+        for line in opts.rank_variables.lines() {
             say(line).await;
         }
         let spec = LaunchSpec {
             worker_bin: opts.worker_bin.clone(),
             world_size,
             env: opts
-                .rank_env
+                .rank_variables
                 .vars
                 .iter()
                 .cloned()
@@ -774,8 +775,8 @@ fn how_to_resume(launch: &LaunchMode) -> String {
     format!("{} to resume", launch.run_again())
 }
 
-/// Turns SIGTERM / SIGINT / SIGHUP into cancellation and SIGUSR2 into preemption, in the
-/// order they came. The handlers ([`Signals`]) only record a signal; the job machine acts.
+/// Turns SIGTERM / SIGINT / SIGHUP into cancellation and SIGUSR2 into preemption. The
+/// handlers ([`Signals`]) only record a signal; the job machine acts.
 ///
 /// SIGHUP is a closed terminal or ssh session: without a handler it would kill the
 /// controller, leaving no result.json (see [`super::stop_signal::handled`] for `nohup`).

@@ -5,7 +5,7 @@
 //! * [`job`]: the decisions, a pure state machine;
 //! * [`event_loop`]: wires sockets, processes, signals and timers to it;
 //! * [`server`]: TCP endpoint and handshake; [`progress_watch`]: is a rank still moving;
-//!   [`launcher`]: processes; [`rank_env`]: the variables every rank gets;
+//!   [`launcher`]: processes; [`rank_variables`]: the variables every rank gets;
 //! * [`writer`] with [`logbook`], [`metrics_log`] and [`console`]: the files people read
 //!   (and `events.jsonl`);
 //! * [`outcome`]: how the job ended, [`stop_signal`]: the signals that cancel it;
@@ -24,7 +24,7 @@ pub mod options;
 pub mod outcome;
 pub mod priority;
 pub mod progress_watch;
-pub mod rank_env;
+pub mod rank_variables;
 pub mod secret;
 pub mod server;
 pub mod stop_signal;

@@ -1,7 +1,7 @@
 //! Command-line options shared by `shardrun run` and `shardrun controller`, and the step
 //! from a run directory to [`ControllerOptions`].
 
-use super::rank_env::RankEnv;
+use super::rank_variables::RankVariables;
 use super::{ControllerOptions, Echo, LaunchMode, RunPaths, Timeouts};
 use crate::binaries::worker_bin;
 use crate::rundir::RunDir;
@@ -91,10 +91,10 @@ impl ControllerArgs {
             },
             progress_bar,
             max_requeues: self.max_requeues,
-            rank_env: run
+            rank_variables: run
                 .read_resolved()
                 .map(|job| {
-                    RankEnv::new(&job.slurm.env, &job.slurm.shell_env, |name| {
+                    RankVariables::new(&job.slurm.env, &job.slurm.from_shell, |name| {
                         std::env::var(name).ok()
                     })
                 })

@@ -144,8 +144,9 @@ impl Failure {
                 format!(
                     "timed out in the rendezvous: rank(s) {} never registered within {waited_secs} \
                      s (did they start? see their lines in train.log and logs/; if they are only \
-                     slow to start, allow them longer: `--rendezvous-timeout SECS`, or `export \
-                     SHARDRUN_RENDEZVOUS_TIMEOUT=SECS` in the spec's `resources.setup`)",
+                     slow to start, allow them longer: `export SHARDRUN_RENDEZVOUS_TIMEOUT=SECS` \
+                     in the spec's `resources.setup`, or `shardrun run --rendezvous-timeout \
+                     SECS`)",
                     missing
                         .iter()
                         .map(|r| r.to_string())

@@ -150,10 +150,15 @@ pub async fn serve(
                 let rank = registration.rank;
                 let (to_worker, mut outbox) = mpsc::unbounded_channel::<ToWorker>();
                 let events_r = events.clone();
+                let (sent_start, start) = tokio::sync::watch::channel(false);
                 tokio::spawn(async move {
                     while let Some(msg) = outbox.recv().await {
+                        let is_start = matches!(msg, ToWorker::Start(_));
                         if tx.send(&msg).await.is_err() {
                             break;
+                        }
+                        if is_start {
+                            let _ = sent_start.send(true);
                         }
                     }
                 });
@@ -162,7 +167,7 @@ pub async fn serve(
                 let (go, started) = tokio::sync::oneshot::channel::<()>();
                 let reader = tokio::spawn(async move {
                     if started.await.is_ok() {
-                        read_worker(conn, rank, rx, watch, events_r, records).await;
+                        read_worker(conn, rank, rx, start, watch, events_r, records).await;
                     }
                 });
                 let _ = events.send(ServerEvent::Connected {
@@ -188,10 +193,14 @@ struct Watch {
     counts: CollectiveCounts,
 }
 
+/// Reads one rank's messages until its connection ends. Its heartbeats are judged from the
+/// moment the job's start was sent to it (`start`): before, a registered rank waits in
+/// silence for the others, and the rendezvous timeout judges the job.
 async fn read_worker(
     conn: ConnId,
     rank: u64,
     mut rx: connection::AsyncReceiver<FromWorker>,
+    mut start: tokio::sync::watch::Receiver<bool>,
     watch: Watch,
     events: mpsc::UnboundedSender<ServerEvent>,
     records: mpsc::Sender<Record>,
@@ -206,6 +215,7 @@ async fn read_worker(
         let _ = events.send(ServerEvent::Job(e));
     };
     let mut heartbeat_reported = false;
+    let mut started = false;
     let mut progress = RankProgress::default();
     // A message read while collecting a batch of log lines, handled next.
     let mut carried = None;
@@ -214,6 +224,15 @@ async fn read_worker(
             next
         } else if heartbeat_reported {
             rx.recv().await
+        } else if !started {
+            tokio::select! {
+                next = rx.recv() => next,
+                // Sent (or the sender gone with its connection): judge from now on.
+                _ = start.wait_for(|&sent| sent) => {
+                    started = true;
+                    continue;
+                }
+            }
         } else {
             match tokio::time::timeout(heartbeat_timeout, rx.recv()).await {
                 Ok(next) => next,

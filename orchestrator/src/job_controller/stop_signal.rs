@@ -80,7 +80,7 @@ pub enum ControllerSignal {
 
 /// What is done with a signal: before the ranks are launched (the data is prepared), a stop
 /// ends the process at once and a preemption notice is remembered; once the event loop has
-/// taken the signals, each goes to it, in order.
+/// taken the signals, each goes to it.
 enum Route {
     BeforeLaunch {
         on_stop: Box<dyn Fn(StopSignal) + Send>,

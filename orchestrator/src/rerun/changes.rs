@@ -49,6 +49,8 @@ const IGNORED: &[&str] = &[
     "overrides",
     "train.batch.grad_accum_steps",
     "slurm.time_limit_seconds",
+    // Where `slurm.env`'s values came from; the values themselves are compared.
+    "slurm.from_shell",
 ];
 
 /// Resolved sections a resumed run may take besides the training config's resumable

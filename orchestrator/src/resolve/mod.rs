@@ -132,13 +132,14 @@ pub struct SlurmResources {
     pub extra_sbatch: Vec<String>,
     pub setup: Vec<String>,
     /// Variables every rank gets (the controller sets them for each worker): the spec's
-    /// `resources.env`, sorted by name.
+    /// `resources.env` and the submitting shell's `NCCL_*`, sorted by name.
     #[serde(default)]
     pub env: Vec<(String, String)>,
-    /// The submitting shell's `NCCL_*` that `env` does not name, sorted by name: every rank
-    /// gets them unless the job's environment on the compute node sets them otherwise.
-    #[serde(default)]
-    pub shell_env: Vec<(String, String)>,
+    /// Those of `env` that came from the submitting shell, not the spec: the job's own
+    /// environment on the compute node (its set-up lines, modules) overrides them. Absent
+    /// from run directories made before it existed, whose `env` is applied as it is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub from_shell: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -718,10 +719,14 @@ mod tests {
         let pair = |k: &str, v: &str| (k.to_string(), v.to_string());
         assert_eq!(
             job.slurm.env,
-            vec![pair("NCCL_DEBUG", "WARN"), pair("OMP_PROC_BIND", "close")]
+            vec![
+                pair("NCCL_DEBUG", "WARN"),
+                pair("NCCL_SOCKET_IFNAME", "ib0"),
+                pair("OMP_PROC_BIND", "close"),
+            ]
         );
         // The shell's NCCL_DEBUG is the spec's to set.
-        assert_eq!(job.slurm.shell_env, vec![pair("NCCL_SOCKET_IFNAME", "ib0")]);
+        assert_eq!(job.slurm.from_shell, ["NCCL_SOCKET_IFNAME"]);
         let bad = yaml.replace("OMP_PROC_BIND", "2BAD");
         let err = resolve(
             &parse(&bad, Path::new("job.yaml")).unwrap(),

@@ -58,18 +58,21 @@ pub fn resolve_slurm(
             ));
         }
     }
-    // Sorted by name (a BTreeMap). The spec's variables win over the submitting shell's.
-    let env: Vec<(String, String)> = res
-        .env
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    let shell_env: Vec<(String, String)> = overrides
+    // The spec's variables win over the submitting shell's.
+    let from_shell: Vec<(String, String)> = overrides
         .submitting_env
         .iter()
         .filter(|(k, _)| !res.env.contains_key(k))
         .cloned()
         .collect();
+    let mut env: Vec<(String, String)> = res
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .chain(from_shell.iter().cloned())
+        .collect();
+    env.sort();
+    let from_shell = from_shell.into_iter().map(|(name, _)| name).collect();
     Ok(SlurmResources {
         nodes: ranks.nodes,
         ntasks_per_node: ranks.ntasks_per_node,
@@ -92,7 +95,7 @@ pub fn resolve_slurm(
         extra_sbatch: res.extra_sbatch.clone(),
         setup: res.setup.clone(),
         env,
-        shell_env,
+        from_shell,
     })
 }
 

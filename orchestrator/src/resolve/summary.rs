@@ -177,19 +177,24 @@ impl ResolvedJob {
                 .collect();
             shown.join(" ")
         };
-        if !s.env.is_empty() {
+        let (shell, spec): (Vec<_>, Vec<_>) = s
+            .env
+            .iter()
+            .cloned()
+            .partition(|(name, _)| s.from_shell.contains(name));
+        if !spec.is_empty() {
             let _ = writeln!(
                 out,
                 "  rank env       {} (resources.env; every rank gets them)",
-                shown(&s.env)
+                shown(&spec)
             );
         }
-        if !s.shell_env.is_empty() {
+        if !shell.is_empty() {
             let _ = writeln!(
                 out,
                 "  shell env      {} (this shell's NCCL_*; every rank gets them unless the \
                  job's set-up sets them otherwise)",
-                shown(&s.shell_env)
+                shown(&shell)
             );
         }
         for w in &self.warnings {

@@ -181,6 +181,50 @@ fn died_detail(run: &RunDir) -> String {
 }
 
 /// Refresh the state of every run with one Slurm query; returns which command answered.
+/// For a Slurm job that ended before its controller wrote a result: its error file (the
+/// sbatch script's `--error`, named `<job name>-<job id>.err` in the run directory, or in
+/// the sweep's `slurm/` folder for an array task) and its last line, which says why as far
+/// as anything did.
+fn error_file_ending(run: &RunDir, job_id: &str) -> Option<String> {
+    let suffix = format!("-{job_id}.err");
+    let folders = [
+        Some(run.path().to_path_buf()),
+        run.path().parent().map(|p| p.join("slurm")),
+    ];
+    let file = folders.into_iter().flatten().find_map(|folder| {
+        std::fs::read_dir(folder)
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.ends_with(&suffix))
+            })
+    })?;
+    let text = std::fs::read(&file).ok()?;
+    const SHOWN: usize = 300;
+    let last = String::from_utf8_lossy(&text)
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .map(|l| match l.char_indices().nth(SHOWN) {
+            Some((cut, _)) => format!("{}...", &l[..cut]),
+            None => l.to_string(),
+        });
+    Some(match last {
+        Some(line) => format!(
+            "the job ended before its controller wrote a result; {} ends: {line}",
+            file.display()
+        ),
+        None => format!(
+            "the job ended before its controller wrote a result; {} is empty",
+            file.display()
+        ),
+    })
+}
+
 pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>), RunsError> {
     let mut manifests = Vec::with_capacity(runs.len());
     for run in runs {
@@ -264,6 +308,17 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
                     Some(LocalRun::Unknown) | None => {}
                 },
             }
+            // Nothing of the job said why it ended (a set-up line failed, the controller was
+            // killed): its error file does.
+            if let (RunState::Failed, None, Some(id)) = (state, &result, &job_id) {
+                if let Some(ending) = error_file_ending(run, id) {
+                    detail = if detail.is_empty() {
+                        ending
+                    } else {
+                        format!("{detail}; {ending}")
+                    };
+                }
+            }
             // A local run's manifest is its controller's to write: one starting now takes
             // the lock and writes RUNNING, which a state written here would overwrite.
             if state.is_terminal() && job_id.is_some() {
@@ -306,6 +361,41 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_error_file_of_a_run_or_of_its_array_task_ends_the_detail() {
+        let sweep = tempfile::tempdir().unwrap();
+        let point = sweep.path().join("lr=0.1");
+        std::fs::create_dir_all(sweep.path().join("slurm")).unwrap();
+        std::fs::create_dir_all(&point).unwrap();
+        std::fs::write(point.join("manifest.json"), "{}").unwrap();
+        let run = RunDir::open(&point).unwrap();
+        assert_eq!(error_file_ending(&run, "41"), None);
+
+        let single = point.join("job-41.err");
+        std::fs::write(&single, "first\nshardrun: it failed\n\n").unwrap();
+        assert_eq!(
+            error_file_ending(&run, "41").unwrap(),
+            format!(
+                "the job ended before its controller wrote a result; {} ends: shardrun: it failed",
+                single.display()
+            )
+        );
+        // Another job's file is not this one's.
+        assert_eq!(error_file_ending(&run, "1"), None);
+
+        let task = sweep.path().join("slurm/sweep-57_3.err");
+        std::fs::write(&task, "x".repeat(400)).unwrap();
+        let detail = error_file_ending(&run, "57_3").unwrap();
+        assert!(
+            detail.ends_with(&format!("{} ends: {}...", task.display(), "x".repeat(300))),
+            "{detail}"
+        );
+        std::fs::write(&task, "").unwrap();
+        assert!(error_file_ending(&run, "57_3")
+            .unwrap()
+            .ends_with("is empty"));
+    }
 
     #[test]
     fn result_json_of_the_controller_maps_to_run_states() {

@@ -292,9 +292,13 @@ pub fn point_key(job: &ResolvedJob) -> String {
     }
     let mut train = job.train.clone();
     train.name.clear();
+    // Which variables came from the shell changes how they are applied, not the run: keys
+    // stay those of points made before it was recorded.
+    let mut slurm = job.slurm.clone();
+    slurm.from_shell.clear();
     let bytes = serde_json::to_vec(&Keyed {
         train: &train,
-        slurm: &job.slurm,
+        slurm: &slurm,
         preemption: &job.preemption,
     })
     .unwrap_or_default();

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! shardrun-simrank [--steps N] [--lines-per-step L] [--step-ms MS] [--die-rank R --die-at-step K]
-//!                  [--silent-rank R] [--raw]
+//!                  [--late-rank R [--late-ms MS]] [--raw]
 //! ```
 //! Every option can also come from a `SIMRANK_*` variable (the controller passes the
 //! environment, not arguments). Rank, world size and the controller come from the same
@@ -42,10 +42,13 @@ struct Args {
     /// Print one raw line on stdout per step too (raw output capture).
     #[arg(long, env = "SIMRANK_RAW")]
     raw: bool,
-    /// This rank never registers: it waits, alive, until it is killed (a rank stuck before
-    /// the rendezvous, as on a hung file system).
-    #[arg(long, env = "SIMRANK_SILENT_RANK")]
-    silent_rank: Option<u64>,
+    /// This rank registers only after `late_ms` (a rank slow to load its libraries); without
+    /// `late_ms` it never does and waits, alive, until it is killed (one stuck before the
+    /// rendezvous, as on a hung file system).
+    #[arg(long, env = "SIMRANK_LATE_RANK")]
+    late_rank: Option<u64>,
+    #[arg(long, env = "SIMRANK_LATE_MS")]
+    late_ms: Option<u64>,
 }
 
 fn main() {
@@ -70,9 +73,12 @@ fn run() -> Result<i32> {
             .with_context(|| format!("cannot read {config_path}"))?,
     )?;
     let (addr, secret) = controller_client::endpoint_from_env()?;
-    if args.silent_rank == Some(rank_env.rank) {
-        loop {
-            std::thread::park();
+    if args.late_rank == Some(rank_env.rank) {
+        match args.late_ms {
+            Some(ms) => std::thread::sleep(Duration::from_millis(ms)),
+            None => loop {
+                std::thread::park();
+            },
         }
     }
     let registration = Registration {

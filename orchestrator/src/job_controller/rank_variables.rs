@@ -7,7 +7,7 @@
 use crate::resolve::summary::shown_value;
 
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct RankEnv {
+pub struct RankVariables {
     /// Set for every rank, sorted by name.
     pub vars: Vec<(String, String)>,
     /// Submitting-shell variables the job's environment sets otherwise, and so keeps:
@@ -15,31 +15,28 @@ pub struct RankEnv {
     pub kept_by_the_job: Vec<(String, String, String)>,
 }
 
-impl RankEnv {
-    /// `spec`: `resources.env`; `shell`: the submitting shell's `NCCL_*` the spec does not
-    /// name; `job_env`: a variable of the controller's own environment.
+impl RankVariables {
+    /// `env`: `resources.env` and the submitting shell's `NCCL_*` (as resolved);
+    /// `from_shell`: those of them the shell gave; `job_env`: a variable of the controller's
+    /// own environment.
     pub fn new(
-        spec: &[(String, String)],
-        shell: &[(String, String)],
+        env: &[(String, String)],
+        from_shell: &[String],
         job_env: impl Fn(&str) -> Option<String>,
-    ) -> RankEnv {
-        let mut env = RankEnv {
-            vars: spec.to_vec(),
-            kept_by_the_job: Vec::new(),
-        };
-        for (name, value) in shell {
-            if spec.iter().any(|(n, _)| n == name) {
-                continue;
-            }
-            match job_env(name) {
+    ) -> RankVariables {
+        let mut variables = RankVariables::default();
+        for (name, value) in env {
+            match job_env(name).filter(|_| from_shell.contains(name)) {
                 Some(job) if job != *value => {
-                    env.kept_by_the_job.push((name.clone(), value.clone(), job))
+                    variables
+                        .kept_by_the_job
+                        .push((name.clone(), value.clone(), job))
                 }
-                _ => env.vars.push((name.clone(), value.clone())),
+                _ => variables.vars.push((name.clone(), value.clone())),
             }
         }
-        env.vars.sort();
-        env
+        variables.vars.sort();
+        variables
     }
 
     /// For train.log: what every rank gets (credentials by their length only), and each
@@ -78,13 +75,15 @@ mod tests {
 
     #[test]
     fn the_spec_always_wins_and_the_job_environment_wins_over_the_shell() {
-        let spec = pairs(&[("NCCL_DEBUG", "WARN"), ("HF_TOKEN", "hf_secret")]);
-        let shell = pairs(&[
-            ("NCCL_DEBUG", "INFO"),
+        // As resolved: the spec's NCCL_DEBUG and HF_TOKEN, the shell's other three.
+        let env = pairs(&[
+            ("HF_TOKEN", "hf_secret"),
+            ("NCCL_DEBUG", "WARN"),
             ("NCCL_IB_HCA", "mlx5_0"),
             ("NCCL_NET_PLUGIN", "none"),
             ("NCCL_SOCKET_IFNAME", "ib0"),
         ]);
+        let from_shell = ["NCCL_IB_HCA", "NCCL_NET_PLUGIN", "NCCL_SOCKET_IFNAME"].map(String::from);
         // The job's environment: the spec's variable set otherwise (the spec still wins),
         // one shell variable set otherwise by a module, one passed on unchanged by Slurm, one
         // not passed on at all (`--export=NONE`).
@@ -94,9 +93,9 @@ mod tests {
             "NCCL_SOCKET_IFNAME" => Some("ib0".to_string()),
             _ => None,
         };
-        let env = RankEnv::new(&spec, &shell, job);
+        let variables = RankVariables::new(&env, &from_shell, job);
         assert_eq!(
-            env.vars,
+            variables.vars,
             pairs(&[
                 ("HF_TOKEN", "hf_secret"),
                 ("NCCL_DEBUG", "WARN"),
@@ -105,7 +104,7 @@ mod tests {
             ])
         );
         assert_eq!(
-            env.kept_by_the_job,
+            variables.kept_by_the_job,
             vec![(
                 "NCCL_NET_PLUGIN".to_string(),
                 "none".to_string(),
@@ -113,7 +112,7 @@ mod tests {
             )]
         );
         assert_eq!(
-            env.lines(),
+            variables.lines(),
             [
                 "environment of every rank: HF_TOKEN=<hidden, 9 characters> NCCL_DEBUG=WARN \
                  NCCL_IB_HCA=mlx5_0 NCCL_SOCKET_IFNAME=ib0",
@@ -121,6 +120,8 @@ mod tests {
                  lines or modules), not none as the submitting shell had it",
             ]
         );
-        assert!(RankEnv::new(&[], &[], job).lines().is_empty());
+        // A run directory from before `from_shell`: everything is applied as it was.
+        assert_eq!(RankVariables::new(&env, &[], job).vars, env);
+        assert!(RankVariables::new(&[], &[], job).lines().is_empty());
     }
 }
