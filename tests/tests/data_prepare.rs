@@ -494,6 +494,28 @@ fn a_preemption_notice_while_the_data_is_prepared_preempts_the_run_before_any_ra
     let runs = status_runs(&stdout_of(&out));
     assert_eq!(runs[0]["state"], "PREEMPTED", "{}", stdout_of(&out));
 
+    // Started again and stopped while its data is prepared: the first attempt's verdict
+    // (preempted) went when this attempt began, so nothing says it still holds.
+    let (_, held) = waiting_for_the_data(
+        &dir,
+        "prep-preempt",
+        "  checkpoint: { interval_steps: 3 }\n",
+    );
+    let PreparingRun { mut job, lock, .. } = held;
+    unsafe { libc::kill(job.child.id() as i32, libc::SIGINT) };
+    assert_eq!(wait_for_exit(&mut job, &run, DEADLINE).code(), Some(130));
+    drop(lock);
+    assert!(!run.join("result.json").exists());
+    let out = shardrun_in(&dir, &["status", "--json", &run_arg]);
+    let runs = status_runs(&stdout_of(&out));
+    assert_eq!(runs[0]["state"], "CANCELLED", "{}", stdout_of(&out));
+    let detail = runs[0]["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("by SIGINT while its data was being prepared")
+            && !detail.contains("preempted"),
+        "{detail}"
+    );
+
     let spec_arg = spec.to_string_lossy().to_string();
     let again = shardrun_in(&dir, &["run", &spec_arg, "--run-dir", &run_arg]);
     let stdout = stdout_of(&again);
@@ -501,7 +523,7 @@ fn a_preemption_notice_while_the_data_is_prepared_preempts_the_run_before_any_ra
     // Stopped before its first step, it had nothing to save.
     assert!(
         stdout.starts_with(&format!(
-            "starting {} again from step 1 (it has no checkpoint yet): it was preempted",
+            "starting {} again from step 1 (it has no checkpoint yet): it was cancelled",
             run.display()
         )),
         "{stdout}"
@@ -516,7 +538,7 @@ struct PreparingRun {
     run: std::path::PathBuf,
     /// Its stdout, line by line, from the first line after it said it waits.
     lines: std::sync::mpsc::Receiver<String>,
-    lock: std::fs::File,
+    lock: Vec<std::fs::File>,
 }
 
 fn waiting_for_the_data(
@@ -537,10 +559,17 @@ fn waiting_for_the_data(
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .filter(|n| !n.starts_with('.'))
         .collect();
-    assert_eq!(built.len(), 1, "{built:?}");
-    std::fs::remove_dir_all(cache_dir.join(&built[0])).unwrap();
-    let lock = std::fs::File::create(cache_dir.join(format!(".{}.lock", built[0]))).unwrap();
-    lock.lock().unwrap();
+    assert!(!built.is_empty(), "nothing prepared");
+    // Every cache the run could read (one, unless an earlier attempt built another).
+    let lock: Vec<std::fs::File> = built
+        .iter()
+        .map(|name| {
+            std::fs::remove_dir_all(cache_dir.join(name)).unwrap();
+            let lock = std::fs::File::create(cache_dir.join(format!(".{name}.lock"))).unwrap();
+            lock.lock().unwrap();
+            lock
+        })
+        .collect();
 
     let (mut job, run) = spawn_local_run(dir, &spec, &[], &[], |_| {});
     let stdout = job.child.stdout.take().unwrap();

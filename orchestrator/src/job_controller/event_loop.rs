@@ -179,17 +179,8 @@ async fn run_async(
         })?;
     let world_size = config.batch.world_size;
     let config_hash = config.config_hash();
-    // A requeued job starts again in the same directory: the old verdict no longer holds.
-    match std::fs::remove_file(&paths.result) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(ControllerError::File {
-                what: "remove the previous",
-                path: paths.result.clone(),
-                source: e,
-            })
-        }
-        _ => {}
-    }
+    // (The previous attempt's result.json went when the run started: see
+    // `commands::controller::supervise`.)
     let secret = secret::load_or_create(&paths.secret)
         .map_err(file_err("create the secret", &paths.secret))?;
 
@@ -278,7 +269,7 @@ async fn run_async(
             config_hash: &config_hash,
             records: &records,
         };
-        ranks.supervise(signals).await
+        ranks.launch_and_watch(signals).await
     };
 
     let mut last_lines = Vec::new();
@@ -485,7 +476,7 @@ impl Ranks<'_> {
     /// Serves the rendezvous, launches the ranks and feeds everything that happens to them
     /// (and `signals`) to the job machine until the job is over; says how it ended and the
     /// steps all ranks completed.
-    async fn supervise(
+    async fn launch_and_watch(
         self,
         signals: mpsc::UnboundedReceiver<ControllerSignal>,
     ) -> (Outcome, Option<u64>) {
