@@ -180,7 +180,6 @@ fn died_detail(run: &RunDir) -> String {
     )
 }
 
-/// Refresh the state of every run with one Slurm query; returns which command answered.
 /// For a Slurm job that ended before its controller wrote a result: its error file (the
 /// sbatch script's `--error`, named `<job name>-<job id>.err` in the run directory, or in
 /// the sweep's `slurm/` folder for an array task) and its last line, which says why as far
@@ -202,7 +201,7 @@ fn error_file_ending(run: &RunDir, job_id: &str) -> Option<String> {
                     .is_some_and(|n| n.ends_with(&suffix))
             })
     })?;
-    let text = std::fs::read(&file).ok()?;
+    let text = file_tail(&file, 64 * 1024).ok()?;
     const SHOWN: usize = 300;
     let last = String::from_utf8_lossy(&text)
         .lines()
@@ -225,6 +224,18 @@ fn error_file_ending(run: &RunDir, job_id: &str) -> Option<String> {
     })
 }
 
+/// The last `bytes` of `path` (an error file can hold gigabytes of debug output).
+fn file_tail(path: &Path, bytes: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path)?;
+    let len = file.metadata()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(bytes)))?;
+    let mut tail = Vec::new();
+    file.read_to_end(&mut tail)?;
+    Ok(tail)
+}
+
+/// Refresh the state of every run with one Slurm query; returns which command answered.
 pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>), RunsError> {
     let mut manifests = Vec::with_capacity(runs.len());
     for run in runs {
@@ -383,6 +394,15 @@ mod tests {
         );
         // Another job's file is not this one's.
         assert_eq!(error_file_ending(&run, "1"), None);
+        // Only its end is read.
+        let long = format!(
+            "{}the last line\n",
+            "NCCL INFO debug output\n".repeat(10_000)
+        );
+        std::fs::write(&single, long).unwrap();
+        assert!(error_file_ending(&run, "41")
+            .unwrap()
+            .ends_with("ends: the last line"));
 
         let task = sweep.path().join("slurm/sweep-57_3.err");
         std::fs::write(&task, "x".repeat(400)).unwrap();
