@@ -255,8 +255,12 @@ async fn run_async(
     let (outcome, steps_done) = if preempted_before_launch {
         // Nothing has trained in this job yet, so nothing is to be saved: the time left before
         // the kill is better spent on the requeue than on starting ranks only to stop them.
-        say("preempted before the ranks were launched (SIGUSR2 while the data was prepared): no rank is started".into())
-            .await;
+        say(
+            "preempted before the ranks were launched (SIGUSR2 while the data was prepared): \
+             no rank is started"
+                .into(),
+        )
+        .await;
         note(RunEvent::PreemptRequested).await;
         (Outcome::Preempted, None)
     } else {
