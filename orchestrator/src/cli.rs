@@ -47,7 +47,8 @@ pub enum Command {
     Metrics(commands::metrics::Args),
     /// Draw loss and throughput curves of a run as PNG or SVG.
     Plot(commands::plot::Args),
-    /// Turn a sharded checkpoint into a full `model.safetensors` (no GPU needed).
+    /// Export a checkpoint: a Hugging Face folder (Llama family) or a full
+    /// `model.safetensors` (no GPU needed).
     Export(commands::export::Args),
     /// Print a completion script for a shell: `shardrun completions bash > ...`.
     Completions(commands::completions::Args),
