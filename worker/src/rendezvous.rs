@@ -54,6 +54,9 @@ pub enum RendezvousError {
     /// Rank 0 stopped the rendezvous for everyone; the reason names the culprit.
     #[error("rank 0 stopped the rendezvous: {0}")]
     Rejected(String),
+    /// A stop (SIGTERM from the launcher, Ctrl-C) while waiting: nothing has trained yet.
+    #[error("stopped by {0} while waiting for the other ranks")]
+    Stopped(String),
     #[error("rendezvous with {peer}: {what}")]
     Io { peer: String, what: String },
 }
@@ -70,7 +73,8 @@ pub struct Standalone {
 
 impl Standalone {
     /// From torchrun's `MASTER_ADDR` / `MASTER_PORT` and [`env::SECRET`]; `None` when
-    /// `MASTER_ADDR` is unset.
+    /// `MASTER_ADDR` is unset. Under torchrun itself (`TORCHELASTIC_USE_AGENT_STORE=True`)
+    /// its agent's store holds `MASTER_PORT`, so rank 0 serves on the port after it.
     pub fn from_env(timeout: Duration) -> Result<Option<Standalone>, RendezvousError> {
         Self::from_lookup(|k| std::env::var(k).ok(), timeout)
     }
@@ -85,9 +89,21 @@ impl Standalone {
         let port = get("MASTER_PORT").ok_or_else(|| {
             RendezvousError::Config("MASTER_ADDR is set but MASTER_PORT is not: set both".into())
         })?;
-        let master_port = port.trim().parse().map_err(|_| {
+        let master_port: u16 = port.trim().parse().map_err(|_| {
             RendezvousError::Config(format!("MASTER_PORT={port:?} is not a port number"))
         })?;
+        let agent_holds_it = get("TORCHELASTIC_USE_AGENT_STORE")
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
+        let master_port = if agent_holds_it {
+            master_port.checked_add(1).ok_or_else(|| {
+                RendezvousError::Config(format!(
+                    "MASTER_PORT={master_port}: torchrun's store holds it and no port follows \
+                     it; give torchrun a lower --master-port"
+                ))
+            })?
+        } else {
+            master_port
+        };
         Ok(Some(Standalone {
             master_addr,
             master_port,
@@ -160,9 +176,15 @@ fn serve_on(
         if let Some(start) = roster.start_info() {
             break start;
         }
+        if let Some(why) = stop_requested() {
+            let error = RendezvousError::Stopped(why);
+            stop_all(&mut ranks, &error.to_string());
+            return Err(error);
+        }
         let left = deadline.saturating_duration_since(Instant::now());
-        let arrival = match arrived.recv_timeout(left) {
+        let arrival = match arrived.recv_timeout(left.min(STOP_POLL)) {
             Ok(arrival) => arrival,
+            Err(mpsc::RecvTimeoutError::Timeout) if !left.is_zero() => continue,
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 let error = RendezvousError::Missing {
                     secs: config.timeout.as_secs(),
@@ -336,6 +358,20 @@ fn registration(
     }
 }
 
+/// How often a rank waiting in the rendezvous looks for a stop: a launcher that gives up on
+/// the job (torchrun when another rank failed) sends SIGTERM and waits only so long.
+const STOP_POLL: Duration = Duration::from_millis(200);
+
+/// The stop this process was asked for, in words, if any: the signal handlers only record it.
+fn stop_requested() -> Option<String> {
+    crate::stop::process()
+        .requested()
+        .map(|request| match request {
+            crate::stop::StopRequest::Stop(reason) => reason.to_string(),
+            crate::stop::StopRequest::Preempt => "a preemption notice".to_string(),
+        })
+}
+
 /// Every rank but 0: reach rank 0 (it may still be starting), register, wait for the start.
 fn join(config: &Standalone, me: Registration) -> Result<StartInfo, RendezvousError> {
     let master = config.master();
@@ -365,6 +401,9 @@ fn join(config: &Standalone, me: Registration) -> Result<StartInfo, RendezvousEr
                 error = last,
                 "rendezvous: rank 0 not reachable yet; retrying"
             );
+        }
+        if let Some(why) = stop_requested() {
+            return Err(RendezvousError::Stopped(why));
         }
         if Instant::now() >= deadline {
             return Err(RendezvousError::Unreachable {

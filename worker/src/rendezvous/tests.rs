@@ -225,3 +225,36 @@ async fn a_rank_speaks_the_controllers_wire() {
     tx.send(&ToWorker::Start(start.clone())).await.unwrap();
     assert_eq!(rank.join().unwrap().unwrap(), start);
 }
+
+#[test]
+fn under_torchrun_rank_0_serves_on_the_port_after_its_agents_store() {
+    let table = |pairs: &'static [(&'static str, &'static str)]| {
+        move |k: &str| {
+            pairs
+                .iter()
+                .find(|(name, _)| *name == k)
+                .map(|(_, v)| v.to_string())
+        }
+    };
+    let port = |pairs| {
+        Standalone::from_lookup(table(pairs), Duration::from_secs(1))
+            .unwrap()
+            .unwrap()
+            .master_port
+    };
+    let by_hand: &[(&str, &str)] = &[("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500")];
+    assert_eq!(port(by_hand), 29500);
+    let torchrun: &[(&str, &str)] = &[
+        ("MASTER_ADDR", "10.0.0.1"),
+        ("MASTER_PORT", "29500"),
+        ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+    ];
+    assert_eq!(port(torchrun), 29501);
+    let last: &[(&str, &str)] = &[
+        ("MASTER_ADDR", "10.0.0.1"),
+        ("MASTER_PORT", "65535"),
+        ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+    ];
+    let err = Standalone::from_lookup(table(last), Duration::from_secs(1)).unwrap_err();
+    assert!(err.to_string().contains("lower --master-port"), "{err}");
+}

@@ -90,7 +90,7 @@ pub struct RunResult {
     pub params: BTreeMap<String, NamedValues>,
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
     listener.local_addr().expect("local addr").port()
 }
@@ -129,7 +129,7 @@ fn wait_all(mut children: Vec<(u64, Child)>, dir: &Path) {
     }
 }
 
-fn write_config(dir: &Path, name: &str, config: &TrainConfig) -> PathBuf {
+pub fn write_config(dir: &Path, name: &str, config: &TrainConfig) -> PathBuf {
     let path = dir.join(format!("{name}.json"));
     std::fs::write(
         &path,
