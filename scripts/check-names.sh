@@ -14,14 +14,14 @@ allowed=(
 )
 
 crates=(models protocol checkpoint data orchestrator/src worker/src tests/src)
-duplicates=$(git grep -hoE '^\s*pub (struct|enum|type|trait) [A-Z][A-Za-z0-9_]*' -- "${crates[@]/%//*.rs}" \
+duplicates=$(git grep --untracked -hoE '^\s*pub (struct|enum|type|trait) [A-Z][A-Za-z0-9_]*' -- "${crates[@]/%//*.rs}" \
     | awk '{print $3}' | sort | uniq -d)
 for name in $duplicates; do
     if printf '%s\n' "${allowed[@]}" | grep -qx "$name"; then
         continue
     fi
     echo "error: the public type name \`$name\` is defined more than once:" >&2
-    git grep -nE "^\s*pub (struct|enum|type|trait) $name\b" -- "${crates[@]/%//*.rs}" >&2
+    git grep --untracked -nE "^\s*pub (struct|enum|type|trait) $name\b" -- "${crates[@]/%//*.rs}" >&2
     status=1
 done
 
