@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 pattern='[Ss]eed[ -]?0[0-9][0-9]|\b[Ii]ssue [0-9]+\b|PLATFORM\.md|\.\./shared/|issues stops'
-if git grep -nE "$pattern" -- ':!scripts/check-wording.sh'; then
+if git grep --untracked -nE "$pattern" -- ':!scripts/check-wording.sh'; then
     echo "error: the lines above refer to material outside the repository; say what the thing is instead" >&2
     exit 1
 fi
