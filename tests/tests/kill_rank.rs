@@ -15,6 +15,29 @@ fn random_below(n: u64) -> u64 {
     u64::from(nanos) % n
 }
 
+/// `shardrun run` of the tiny MLP for `steps` on `ranks` simulated ranks in `dir`, with
+/// `envs` (the simulated ranks' settings and the controller's).
+fn run_simulated(
+    dir: &TestDir,
+    steps: u64,
+    ranks: u64,
+    envs: &[(&str, String)],
+    deadline: Duration,
+) -> (std::process::Output, std::path::PathBuf) {
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("simulated", steps, ranks));
+    let envs: Vec<(&str, String)> = [("SHARDRUN_WORKER_BIN", simrank())]
+        .into_iter()
+        .chain(envs.iter().cloned())
+        .collect();
+    run_local(
+        dir,
+        &spec,
+        &["--nproc", &ranks.to_string()],
+        &envs,
+        deadline,
+    )
+}
+
 #[test]
 fn killed_rank_loses_no_line_and_fails_the_job() {
     let dir = TestDir::new("kill-sim");
@@ -22,21 +45,13 @@ fn killed_rank_loses_no_line_and_fails_the_job() {
     let victim = random_below(ranks);
     let die_at = 2 + random_below(15);
     let lines = 200;
-    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("kill", 400, ranks));
     let envs = [
-        ("SHARDRUN_WORKER_BIN", simrank()),
         ("SIMRANK_LINES_PER_STEP", lines.to_string()),
         ("SIMRANK_STEP_MS", "20".to_string()),
         ("SIMRANK_DIE_RANK", victim.to_string()),
         ("SIMRANK_DIE_AT_STEP", die_at.to_string()),
     ];
-    let (out, run) = run_local(
-        &dir,
-        &spec,
-        &["--nproc", &ranks.to_string()],
-        &envs,
-        Duration::from_secs(60),
-    );
+    let (out, run) = run_simulated(&dir, 400, ranks, &envs, Duration::from_secs(60));
     let stdout = stdout_of(&out);
     assert_eq!(out.status.code(), Some(1), "{stdout}{}", stderr_of(&out));
     assert!(stdout.contains(&format!("rank {victim} on")), "{stdout}");
@@ -120,19 +135,11 @@ fn sigkill_from_outside_stops_a_training_job_within_seconds() {
 #[test]
 fn a_rank_that_never_registers_fails_the_job_at_the_rendezvous_timeout() {
     let dir = TestDir::new("silent-rank");
-    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("silent", 400, 3));
     let envs = [
-        ("SHARDRUN_WORKER_BIN", simrank()),
         ("SIMRANK_LATE_RANK", "2".to_string()),
         ("SHARDRUN_RENDEZVOUS_TIMEOUT", "5".to_string()),
     ];
-    let (out, run) = run_local(
-        &dir,
-        &spec,
-        &["--nproc", "3"],
-        &envs,
-        Duration::from_secs(60),
-    );
+    let (out, run) = run_simulated(&dir, 400, 3, &envs, Duration::from_secs(60));
     let stderr = stderr_of(&out);
     assert_eq!(out.status.code(), Some(1), "{}{stderr}", stdout_of(&out));
     assert!(
@@ -151,20 +158,12 @@ fn a_rank_that_never_registers_fails_the_job_at_the_rendezvous_timeout() {
 #[test]
 fn ranks_waiting_for_a_late_rank_are_not_judged_by_their_heartbeats() {
     let dir = TestDir::new("late-rank");
-    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("late", 3, 2));
     let envs = [
-        ("SHARDRUN_WORKER_BIN", simrank()),
         ("SIMRANK_LATE_RANK", "1".to_string()),
         ("SIMRANK_LATE_MS", "12000".to_string()),
         ("SHARDRUN_HEARTBEAT_TIMEOUT", "5".to_string()),
     ];
-    let (out, run) = run_local(
-        &dir,
-        &spec,
-        &["--nproc", "2"],
-        &envs,
-        Duration::from_secs(90),
-    );
+    let (out, run) = run_simulated(&dir, 3, 2, &envs, Duration::from_secs(90));
     assert!(
         out.status.success(),
         "{}{}",

@@ -97,18 +97,15 @@ pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyho
         });
         e
     };
-    // A requeued job, or a run started again, is in the same directory: the previous
-    // attempt's verdict no longer holds, even if this one ends before it writes its own.
-    match std::fs::remove_file(run.result()) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            let path = run.result();
-            return Err(failed(anyhow::Error::new(e).context(format!(
+    // A requeued job, or a run started again, is in the same directory.
+    run.forget_verdict()
+        .with_context(|| {
+            format!(
                 "cannot remove the previous attempt's {}",
-                path.display()
-            ))));
-        }
-        _ => {}
-    }
+                run.result().display()
+            )
+        })
+        .map_err(failed)?;
     let config = run.read_train_config().map_err(|e| failed(e.into()))?;
     // The runtime and its signal handlers come first, so that no signal goes unseen. One
     // process tokenizes, before any rank starts; a stop meanwhile is recorded as such.

@@ -8,7 +8,7 @@ use super::outcome::{FailureCause, Outcome};
 use super::rank_variables::RankVariables;
 use super::server::{self, ServerEvent, ServerOptions};
 use super::stop_signal::{ControllerSignal, HandedOver, Signals};
-use super::writer::{self, Echo, Record, WriterFiles};
+use super::writer::{self, ControllerLog, Echo, Record, WriterFiles};
 use super::{clock, open_files, priority, secret, ControllerError};
 use crate::events_file::RunEvent;
 use crate::rundir::RunLock;
@@ -217,51 +217,33 @@ async fn run_async(
     let console = Console::new(config.steps, opts.progress_bar);
     let (records, writer) = writer::spawn(&files, console, opts.echo)
         .map_err(file_err("open the logs in", &paths.run_dir))?;
-    let say_tx = records.clone();
-    let say = move |text: String| {
-        let records = say_tx.clone();
-        async move {
-            let _ = records.send(Record::Controller(text)).await;
-        }
-    };
-    let log_only = |text: String| {
-        let records = records.clone();
-        async move {
-            let _ = records.send(Record::ControllerToLog(text)).await;
-        }
-    };
-    say(format!(
+    let log = ControllerLog(&records);
+    log.say(format!(
         "job {:?}: {world_size} rank(s), config {config_hash}, controller at {addr}, run directory {}",
         config.name,
         paths.run_dir.display()
     ))
     .await;
     let slurm_job_id = std::env::var("SLURM_JOB_ID").ok();
-    let note = |event: RunEvent| {
-        let records = records.clone();
-        async move {
-            let _ = records.send(Record::Event(event)).await;
-        }
-    };
-    note(RunEvent::Started {
+    log.note(RunEvent::Started {
         world_size,
         slurm_job_id: slurm_job_id.clone(),
     })
     .await;
     if let Some(warning) = open_files::ensure(open_files::needed(world_size)) {
-        say(format!("warning: {warning}")).await;
+        log.say(format!("warning: {warning}")).await;
     }
 
     let (outcome, steps_done) = if preempted_before_launch {
         // Nothing has trained in this job yet, so nothing is to be saved: the time left before
         // the kill is better spent on the requeue than on starting ranks only to stop them.
-        say(
+        log.say(
             "preempted before the ranks were launched (SIGUSR2 while the data was prepared): \
              no rank is started"
                 .into(),
         )
         .await;
-        note(RunEvent::PreemptRequested).await;
+        log.note(RunEvent::PreemptRequested).await;
         (Outcome::Preempted, None)
     } else {
         let ranks = Ranks {
@@ -323,11 +305,11 @@ async fn run_async(
             paths.train_log.display(),
             paths.logs_dir.display()
         ));
-        log_only(report.clone()).await;
+        log.log_only(report.clone()).await;
         failure_report = Some(report);
     }
 
-    note(match &outcome {
+    log.note(match &outcome {
         Outcome::Succeeded => RunEvent::Finished { step: config.steps },
         Outcome::Failed(f) => RunEvent::Failed {
             step: steps_done,
@@ -367,7 +349,7 @@ async fn run_async(
                         done + 1,
                         opts.max_requeues
                     );
-                    note(RunEvent::Requeued {
+                    log.note(RunEvent::Requeued {
                         step: checkpoint.as_ref().map(|c| c.step),
                         slurm_job_id: job_id.clone(),
                         requeue: done + 1,
@@ -399,9 +381,9 @@ async fn run_async(
     let mut error = (exit_code != 0 && !matches!(outcome, Outcome::Cancelled { .. }))
         .then(|| failure_report.unwrap_or_else(|| message.clone()));
     if error.is_some() {
-        log_only(message.clone()).await;
+        log.log_only(message.clone()).await;
     } else {
-        say(message.clone()).await;
+        log.say(message.clone()).await;
     }
 
     let ended = clock::now();
@@ -444,8 +426,8 @@ async fn run_async(
                  requeued: {} to resume from its last checkpoint",
                 opts.launch.run_again()
             );
-            log_only(message.clone()).await;
-            note(RunEvent::Failed {
+            log.log_only(message.clone()).await;
+            log.note(RunEvent::Failed {
                 step: checkpoint.as_ref().map(|c| c.step),
                 reason: message.clone(),
             })
@@ -494,12 +476,7 @@ impl Ranks<'_> {
             records,
         } = self;
         let paths = &opts.paths;
-        let say = |text: String| async move {
-            let _ = records.send(Record::Controller(text)).await;
-        };
-        let note = |event: RunEvent| async move {
-            let _ = records.send(Record::Event(event)).await;
-        };
+        let log = ControllerLog(records);
         let (events_tx, mut events) = mpsc::unbounded_channel::<ServerEvent>();
         let server_opts = ServerOptions {
             secret: secret.to_string(),
@@ -514,7 +491,7 @@ impl Ranks<'_> {
         spawn_signal_forwarders(signals, events_tx.clone());
 
         for line in opts.rank_variables.lines() {
-            say(line).await;
+            log.say(line).await;
         }
         let spec = LaunchSpec {
             worker_bin: opts.worker_bin.clone(),
@@ -584,8 +561,8 @@ impl Ranks<'_> {
                             abort.abort();
                         }
                     }
-                    Action::Say(text) => say(text).await,
-                    Action::Record(event) => note(event).await,
+                    Action::Say(text) => log.say(text).await,
+                    Action::Record(event) => log.note(event).await,
                     // The job machine has said which ranks it kills, and why.
                     Action::StopProcesses { force: true } => signal_all(libc::SIGKILL),
                     Action::StopProcesses { force: false } | Action::StopAtStepBoundary => {
@@ -633,7 +610,7 @@ impl Ranks<'_> {
                 ServerEvent::Rejected { peer, reason } => {
                     tracing::debug!(%peer, reason, "refused a connection");
                     if let Some(text) = rejections.note(peer, &reason) {
-                        say(text).await;
+                        log.say(text).await;
                     }
                 }
                 ServerEvent::Job(event) => {

@@ -4,7 +4,7 @@
 //! over a value the job's own environment sets otherwise (its set-up lines, a `module load`
 //! on the compute node), which knows that node better than the login node did.
 
-use crate::resolve::summary::shown_value;
+use crate::resolve::summary::{shown_value, shown_variables};
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RankVariables {
@@ -44,12 +44,10 @@ impl RankVariables {
     pub fn lines(&self) -> Vec<String> {
         let mut lines = Vec::new();
         if !self.vars.is_empty() {
-            let shown: Vec<String> = self
-                .vars
-                .iter()
-                .map(|(name, value)| format!("{name}={}", shown_value(name, value)))
-                .collect();
-            lines.push(format!("environment of every rank: {}", shown.join(" ")));
+            lines.push(format!(
+                "environment of every rank: {}",
+                shown_variables(&self.vars)
+            ));
         }
         for (name, shell, job) in &self.kept_by_the_job {
             lines.push(format!(

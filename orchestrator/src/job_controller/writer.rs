@@ -66,6 +66,27 @@ pub enum Record {
     Stop,
 }
 
+/// What the controller itself writes through the writer: its own lines and the run's events.
+#[derive(Clone, Copy)]
+pub struct ControllerLog<'a>(pub &'a mpsc::Sender<Record>);
+
+impl ControllerLog<'_> {
+    /// A line for train.log and stdout.
+    pub async fn say(self, text: String) {
+        let _ = self.0.send(Record::Controller(text)).await;
+    }
+
+    /// A line for train.log only (the command prints it, as its error).
+    pub async fn log_only(self, text: String) {
+        let _ = self.0.send(Record::ControllerToLog(text)).await;
+    }
+
+    /// Something that happened to the run, for its events record.
+    pub async fn note(self, event: RunEvent) {
+        let _ = self.0.send(Record::Event(event)).await;
+    }
+}
+
 /// Which ranks' lines also go to the console (train.log always has all of them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Echo {

@@ -170,13 +170,6 @@ impl ResolvedJob {
         let _ = writeln!(out, "  slurm          time {}, partition {}, USR2 {} s before the limit, requeue {} (max {})", s.time.as_deref().unwrap_or("(partition default)"), s.partition.as_deref().unwrap_or("(default)"), self.preemption.signal_seconds, self.preemption.requeue, self.preemption.max_requeues);
         // They reach the ranks through resolved.json, not the script: shown here so they
         // can be checked before the job is submitted.
-        let shown = |vars: &[(String, String)]| -> String {
-            let shown: Vec<String> = vars
-                .iter()
-                .map(|(name, value)| format!("{name}={}", shown_value(name, value)))
-                .collect();
-            shown.join(" ")
-        };
         let (shell, spec): (Vec<_>, Vec<_>) = s
             .env
             .iter()
@@ -186,7 +179,7 @@ impl ResolvedJob {
             let _ = writeln!(
                 out,
                 "  rank env       {} (resources.env; every rank gets them)",
-                shown(&spec)
+                shown_variables(&spec)
             );
         }
         if !shell.is_empty() {
@@ -194,7 +187,7 @@ impl ResolvedJob {
                 out,
                 "  shell env      {} (this shell's NCCL_*; every rank gets them unless the \
                  job's set-up sets them otherwise)",
-                shown(&shell)
+                shown_variables(&shell)
             );
         }
         for w in &self.warnings {
@@ -202,6 +195,15 @@ impl ResolvedJob {
         }
         out
     }
+}
+
+/// `NAME=value ...` as [`shown_value`] shows each.
+pub(crate) fn shown_variables(vars: &[(String, String)]) -> String {
+    let shown: Vec<String> = vars
+        .iter()
+        .map(|(name, value)| format!("{name}={}", shown_value(name, value)))
+        .collect();
+    shown.join(" ")
 }
 
 /// A variable's value as it reads in one line: quoted and escaped when it is empty or holds

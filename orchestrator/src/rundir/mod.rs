@@ -519,13 +519,13 @@ impl RunDir {
     /// Before a new job of the run is released: it counts its requeues afresh, and the
     /// verdict of the job before no longer holds.
     pub fn forget_last_job(&self) -> std::io::Result<()> {
-        for stale in [self.requeue_count(), self.result()] {
-            match std::fs::remove_file(&stale) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-                _ => {}
-            }
-        }
-        Ok(())
+        remove_if_there(&self.requeue_count())?;
+        self.forget_verdict()
+    }
+    /// When an attempt starts: the attempt before's verdict (`result.json`) no longer holds,
+    /// even if this one ends before it writes its own.
+    pub fn forget_verdict(&self) -> std::io::Result<()> {
+        remove_if_there(&self.result())
     }
     /// Where this run's checkpoints are: `checkpoint.dir` of its config, else
     /// `checkpoints/` here (the controller's ranks save there even with periodic saves off).
@@ -630,6 +630,14 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), RunDirError> {
 
 /// A run directory whose manifest says a local run (no Slurm job) is running, for the tests
 /// of how a run's state is judged.
+/// Removes `path`; one already gone is no error.
+fn remove_if_there(path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 pub(crate) fn running_local_run(dir: &Path) -> RunDir {
     fs::write(
