@@ -137,6 +137,7 @@ impl Dataset {
                 set,
                 config.seq_len,
                 config.packing,
+                config.truncate,
                 config.document_mask,
                 config.on_bad_record,
             )
@@ -182,6 +183,19 @@ impl Dataset {
                      (data.on_bad_record: skip; the first: {origin}, {} tokens)",
                     thousands(left_out.documents),
                     config.seq_len,
+                    thousands(*tokens)
+                ));
+            }
+            let cut = &packed.truncated;
+            if let Some((origin, tokens)) = &cut.first {
+                summary.push(format!(
+                    "{what}: {} document(s) longer than seq_len {} truncated to it \
+                     (data.truncate), {} tokens cut off, {} of them in the loss (the first: \
+                     {origin}, {} tokens)",
+                    thousands(cut.documents),
+                    config.seq_len,
+                    thousands(cut.tokens),
+                    thousands(cut.trained_tokens),
                     thousands(*tokens)
                 ));
             }

@@ -69,7 +69,7 @@ pub enum DataError {
         vocab_size: u64,
         fix: String,
     },
-    #[error("{origin}: a document of {tokens} tokens does not fit a sequence of {seq_len} (packing: whole_documents); raise `seq_len`, use `packing: stream` (documents continue into the next sequence), or set `data.on_bad_record: skip` to leave it out")]
+    #[error("{origin}: a document of {tokens} tokens does not fit a sequence of {seq_len} (packing: whole_documents); raise `seq_len`, set `data.truncate: true` to keep its first {seq_len} tokens, use `packing: stream` (documents continue into the next sequence), or set `data.on_bad_record: skip` to leave it out")]
     DocumentTooLong {
         origin: Origin,
         tokens: u64,

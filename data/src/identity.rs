@@ -81,6 +81,10 @@ impl DataIdentity {
             // read other sequences at the same sample positions.
             hash.update("|sequences in document order");
         }
+        // Said only when on, so the fingerprints of runs from before `truncate` stand.
+        if config.truncate {
+            hash.update("|truncated to seq_len");
+        }
         DataIdentity {
             fingerprint: hex::encode(&hash.finalize()[..8]),
             training,
@@ -109,8 +113,8 @@ impl DataIdentity {
         }
         if lines.is_empty() {
             lines.push(
-                "the same files and tokenizer, read into other sequences (the split, packing \
-                 or order of the samples changed)"
+                "the same files and tokenizer, read into other sequences (the split, packing, \
+                 truncation or order of the samples changed)"
                     .into(),
             );
         }
@@ -342,7 +346,7 @@ mod tests {
         );
         assert_eq!(
             same_files.changes_since(&was),
-            vec!["the same files and tokenizer, read into other sequences (the split, packing or order of the samples changed)"]
+            vec!["the same files and tokenizer, read into other sequences (the split, packing, truncation or order of the samples changed)"]
         );
     }
 

@@ -9,7 +9,9 @@
 //! * `whole_documents`: documents placed whole (best-fit decreasing), a sequence padded
 //!   after its last document; a document's last token has no target. Sequences, and the
 //!   documents within one, are in document order (an unshuffled run reads its files in
-//!   order, not longest first).
+//!   order, not longest first). A document longer than `seq_len` is left out, or with
+//!   `truncate` keeps its first `seq_len` tokens (as TRL's `truncation_mode="keep_start"`:
+//!   the end-of-document token goes with the rest, and the last kept token has no target).
 //!
 //! With the document mask, a token is not trained to predict the first token of the next
 //! document (attention cannot see across the boundary), as `transformers`' flattening
@@ -36,18 +38,31 @@ pub struct Packed {
     document_mask: bool,
     layout: Layout,
     /// Documents left out for not fitting (`on_bad_record: skip`).
-    pub left_out: LeftOut,
+    pub left_out: Dropped,
+    /// Documents cut to `seq_len` (`truncate`); `tokens` are those cut off.
+    pub truncated: Dropped,
 }
 
-/// The documents of a set left out of its sequences.
+/// Documents of a set not in its sequences in full, and their tokens that are not.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LeftOut {
+pub struct Dropped {
     pub documents: u64,
     pub tokens: u64,
     /// Of `tokens`, the training targets.
     pub trained_tokens: u64,
-    /// Where the first one came from, and its tokens.
+    /// Where the first document came from, and its length in tokens.
     pub first: Option<(Origin, u64)>,
+}
+
+impl Dropped {
+    /// Counts document `d` of `len` tokens, of which `start..end` (corpus positions) are
+    /// not in the sequences.
+    fn add(&mut self, corpus: &Corpus, d: u64, len: u64, start: u64, end: u64) {
+        self.documents += 1;
+        self.tokens += end - start;
+        self.trained_tokens += corpus.trained_in(start, end);
+        self.first.get_or_insert_with(|| (corpus.origin(d), len));
+    }
 }
 
 enum Layout {
@@ -88,10 +103,12 @@ impl Packed {
         set: DocSet,
         seq_len: u64,
         packing: Packing,
+        truncate: bool,
         document_mask: bool,
         on_bad_record: OnBadRecord,
     ) -> Result<Packed> {
-        let mut left_out = LeftOut::default();
+        let mut left_out = Dropped::default();
+        let mut truncated = Dropped::default();
         let layout = match packing {
             Packing::Stream => Layout::Stream {
                 sequences: set.tokens.div_ceil(seq_len),
@@ -100,7 +117,11 @@ impl Packed {
                 let mut docs = Vec::with_capacity(set.documents as usize);
                 for d in set.document_ids() {
                     let len = corpus.doc_len(d);
-                    if len > seq_len {
+                    let start = corpus.doc_start(d);
+                    if len > seq_len && truncate {
+                        truncated.add(&corpus, d, len, start + seq_len, start + len);
+                        docs.push((d, seq_len));
+                    } else if len > seq_len {
                         match on_bad_record {
                             OnBadRecord::Stop => {
                                 return Err(DataError::DocumentTooLong {
@@ -109,15 +130,7 @@ impl Packed {
                                     seq_len,
                                 })
                             }
-                            OnBadRecord::Skip => {
-                                let start = corpus.doc_start(d);
-                                left_out.documents += 1;
-                                left_out.tokens += len;
-                                left_out.trained_tokens += corpus.trained_in(start, start + len);
-                                left_out
-                                    .first
-                                    .get_or_insert_with(|| (corpus.origin(d), len));
-                            }
+                            OnBadRecord::Skip => left_out.add(&corpus, d, len, start, start + len),
                         }
                     } else {
                         docs.push((d, len));
@@ -133,6 +146,7 @@ impl Packed {
             document_mask,
             layout,
             left_out,
+            truncated,
         })
     }
 
@@ -152,14 +166,14 @@ impl Packed {
         self.set.documents - self.left_out.documents
     }
 
-    /// Tokens in the sequences.
+    /// Tokens in the sequences: the set's, less those left out or cut off.
     pub fn tokens(&self) -> u64 {
-        self.set.tokens - self.left_out.tokens
+        self.set.tokens - self.left_out.tokens - self.truncated.tokens
     }
 
     /// Tokens in the sequences that are training targets (by the loss mask).
     pub fn trained_tokens(&self) -> u64 {
-        self.set.trained_tokens - self.left_out.trained_tokens
+        self.set.trained_tokens - self.left_out.trained_tokens - self.truncated.trained_tokens
     }
 
     pub fn corpus(&self) -> &Corpus {
@@ -181,7 +195,9 @@ impl Packed {
             }
             Layout::Whole { starts, members } => {
                 for &d in &members[starts[k as usize] as usize..starts[k as usize + 1] as usize] {
-                    let (s, e) = (self.corpus.doc_start(d), self.corpus.doc_start(d + 1));
+                    let s = self.corpus.doc_start(d);
+                    // Only a truncated document is longer than a sequence.
+                    let e = self.corpus.doc_start(d + 1).min(s + self.seq_len);
                     self.read_piece(s, e, true, &mut window);
                 }
             }

@@ -215,6 +215,10 @@ fn a_document_longer_than_a_sequence_when_documents_stay_whole() {
         )),
         "{err}"
     );
+    assert!(
+        err.contains("set `data.truncate: true` to keep its first 12 tokens"),
+        "{err}"
+    );
     c.on_bad_record = OnBadRecord::Skip;
     let data = open(&c, None).unwrap();
     assert_eq!(data.train().left_out.documents, 1);
@@ -222,6 +226,33 @@ fn a_document_longer_than_a_sequence_when_documents_stay_whole() {
         .summary()
         .iter()
         .any(|l| l.contains("1 document(s) longer than seq_len 12 left out")));
+    assert_eq!(data.train().tokens(), 6 + 10 + 3);
+
+    // Truncated instead: its first 12 bytes stay, the other 14 are counted as cut off.
+    c.truncate = true;
+    let data = open(&c, None).unwrap();
+    let train = data.train();
+    assert_eq!(train.left_out.documents, 0);
+    assert_eq!((train.truncated.documents, train.truncated.tokens), (1, 14));
+    assert_eq!((train.documents(), train.tokens()), (4, 6 + 10 + 12 + 3));
+    assert!(
+        data.summary().iter().any(|l| l.starts_with(&format!(
+            "training data: 1 document(s) longer than seq_len 12 truncated to it (data.truncate), \
+             14 tokens cut off, 14 of them in the loss (the first: {}:3, 26 tokens)",
+            path.display()
+        ))),
+        "{:?}",
+        data.summary()
+    );
+    assert_ne!(
+        data.fingerprint(),
+        {
+            c.truncate = false;
+            c.on_bad_record = OnBadRecord::Skip;
+            open(&c, None).unwrap().fingerprint().to_string()
+        },
+        "other sequences, another fingerprint"
+    );
 }
 
 #[test]

@@ -14,6 +14,7 @@ mod common;
 
 use common::*;
 use shardrun_data::chat::{messages_of, ChatTemplate};
+use shardrun_data::packing::{Row, IGNORE};
 use shardrun_data::tokenizer::TextTokenizer;
 use shardrun_data::{Dataset, Quiet};
 use shardrun_protocol::config::*;
@@ -38,26 +39,35 @@ fn with_eos(mut ids: Vec<u32>, eos: u32) -> Vec<u32> {
     ids
 }
 
-#[test]
-fn token_ids_equal_transformers_on_text_code_and_unicode() {
-    let expected = expected();
-    let samples: Vec<String> = expected["samples"]
+/// The fixture's sample documents, by file name.
+fn sample_names(expected: &serde_json::Value) -> Vec<String> {
+    expected["samples"]
         .as_array()
         .unwrap()
         .iter()
         .map(|s| s.as_str().unwrap().to_string())
-        .collect();
+        .collect()
+}
+
+/// The files of the sample documents, one document each.
+fn sample_files(samples: &[String]) -> Vec<PathBuf> {
+    samples
+        .iter()
+        .map(|s| fixture().join("samples").join(s))
+        .collect()
+}
+
+#[test]
+fn token_ids_equal_transformers_on_text_code_and_unicode() {
+    let expected = expected();
+    let samples = sample_names(&expected);
     for name in TOKENIZERS {
         let want = &expected["tokenizers"][name];
         let eos = want["eos_id"].as_u64().unwrap() as u32;
         let cache = tempfile::tempdir().unwrap();
 
-        let files = samples
-            .iter()
-            .map(|s| fixture().join("samples").join(s))
-            .collect();
         let config = dataset(
-            text_files(files, TextSplit::File),
+            text_files(sample_files(&samples), TextSplit::File),
             hf(name),
             64,
             cache.path(),
@@ -95,6 +105,90 @@ fn token_ids_equal_transformers_on_text_code_and_unicode() {
                 "{name}: line document {i}"
             );
         }
+    }
+}
+
+/// `max_length` the fixture truncated its samples to.
+const TRUNCATED_TO: usize = 16;
+
+#[test]
+fn truncated_documents_are_what_transformers_truncation_keeps() {
+    let expected = expected();
+    let samples = sample_names(&expected);
+    for name in TOKENIZERS {
+        let want = &expected["tokenizers"][name];
+        let eos = want["eos_id"].as_u64().unwrap() as u32;
+        let cache = tempfile::tempdir().unwrap();
+        let mut config = dataset(
+            text_files(sample_files(&samples), TextSplit::File),
+            hf(name),
+            TRUNCATED_TO as u64,
+            cache.path(),
+        );
+        config.packing = Packing::WholeDocuments;
+        config.truncate = true;
+        let data = Dataset::open(&config, 0, None, 2, &Quiet).unwrap();
+
+        // A truncated document fills a sequence by itself.
+        let packed = data.train();
+        let rows: Vec<(Vec<u32>, Vec<i64>)> = (0..packed.sequences())
+            .map(|k| {
+                let (mut inputs, mut targets) =
+                    (vec![0i64; TRUNCATED_TO], vec![0i64; TRUNCATED_TO]);
+                packed.fill(
+                    k,
+                    Row {
+                        inputs: &mut inputs,
+                        targets: &mut targets,
+                        positions: None,
+                        documents: None,
+                    },
+                );
+                (inputs.iter().map(|&t| t as u32).collect(), targets)
+            })
+            .collect();
+
+        let mut cut = 0;
+        for sample in &samples {
+            let whole = with_eos(ids(&want["samples"][sample]), eos);
+            if whole.len() <= TRUNCATED_TO {
+                continue;
+            }
+            cut += 1;
+            let python = ids(&want["truncated"][sample]);
+            let (tokens, targets) = rows
+                .iter()
+                .find(|(tokens, _)| tokens[..] == whole[..TRUNCATED_TO])
+                .unwrap_or_else(|| panic!("{name}: {sample}: its first {TRUNCATED_TO} tokens"));
+            if python.last() == Some(&eos) {
+                // A post-processor that ends every encoding with `</s>` keeps it through
+                // transformers' truncation; keeping the start (TRL's keep_start) cuts it.
+                assert_eq!(
+                    tokens[..TRUNCATED_TO - 1],
+                    python[..TRUNCATED_TO - 1],
+                    "{name}: {sample}"
+                );
+            } else {
+                assert_eq!(tokens, &python, "{name}: {sample}");
+            }
+            // As transformers' labels for the truncated ids: the next token, none after the
+            // last kept one.
+            let shifted: Vec<i64> = tokens[1..].iter().map(|&t| i64::from(t)).collect();
+            assert_eq!(targets[..TRUNCATED_TO - 1], shifted[..], "{name}: {sample}");
+            assert_eq!(targets[TRUNCATED_TO - 1], IGNORE, "{name}: {sample}");
+        }
+        assert!(
+            cut >= 3,
+            "{name}: only {cut} samples longer than {TRUNCATED_TO} tokens"
+        );
+        assert_eq!(packed.truncated.documents, cut);
+        assert!(
+            data.summary().iter().any(|l| l.contains(&format!(
+                "training data: {cut} document(s) longer than seq_len {TRUNCATED_TO} truncated to it"
+            ))),
+            "{name}: {:?}",
+            data.summary()
+        );
     }
 }
 

@@ -88,6 +88,10 @@ pub struct DatasetConfig {
     pub seq_len: u64,
     pub tokenizer: TokenizerConfig,
     pub packing: Packing,
+    /// With `whole_documents`, a document longer than `seq_len` keeps its first `seq_len`
+    /// tokens (TRL's `truncation_mode="keep_start"`) instead of being a bad record.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncate: bool,
     /// Positions restart at every document and attention stays within it (the model gets
     /// `position_ids` and `document_ids`); the token after a document's end is not a target.
     pub document_mask: bool,
@@ -221,7 +225,8 @@ pub enum Packing {
     /// pre-training, torchtitan, nanoGPT). Only the last sequence is padded.
     Stream,
     /// Whole documents are placed into sequences (best-fit decreasing) and never split;
-    /// the rest of a sequence is padding. A document longer than a sequence is an error.
+    /// the rest of a sequence is padding. A document longer than a sequence is a bad record,
+    /// unless `truncate` cuts it to one.
     WholeDocuments,
 }
 
@@ -484,6 +489,7 @@ mod tests {
             seq_len: 128,
             tokenizer: TokenizerConfig::Bytes,
             packing: Packing::WholeDocuments,
+            truncate: true,
             document_mask: false,
             shuffle: true,
             validation: Some(ValidationConfig {

@@ -35,7 +35,8 @@ OUT_DIR/
   chat_<tokenizer>.jsonl   chat records
   chat_tools.jsonl, chat_assistant_first.jsonl   chat records for the named templates
   prompt_completion.jsonl  prompt/completion records
-  expected.json ids per tokenizer and sample (`AutoTokenizer(text)`); `llama`: for every Llama
+  expected.json ids per tokenizer and sample (`AutoTokenizer(text)`, also truncated to
+                16 tokens); `llama`: for every Llama
                 folder, transformers' ids of LLAMA_TEXTS with and without special tokens,
                 and Python `tokenizers`' ids of the saved `tokenizer.json`; chat renders,
                 ids and assistant masks (also
@@ -719,6 +720,10 @@ def chat_expectations(fast, template_with_tags, chats, **kwargs):
     return out
 
 
+# `max_length` of the truncated samples.
+TRUNCATED_TO = 16
+
+
 def main():
     out = sys.argv[1]
     os.makedirs(os.path.join(out, "samples"), exist_ok=True)
@@ -753,6 +758,9 @@ def main():
         expected["tokenizers"][name] = {
             "eos_id": fast.convert_tokens_to_ids(fast.eos_token),
             "samples": {s: fast(SAMPLES[s])["input_ids"] for s in sorted(SAMPLES)},
+            "truncated": {
+                s: fast(SAMPLES[s], truncation=True, max_length=TRUNCATED_TO)["input_ids"] for s in sorted(SAMPLES)
+            },
             "lines": [fast(l)["input_ids"] for l in line_docs],
             "chats": chat_expectations(fast, template, CHATS),
             "prompt_completion": prompt_completion_expectations(fast, PROMPT_COMPLETIONS),

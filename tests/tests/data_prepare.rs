@@ -3,7 +3,8 @@
 //! reports the validation loss everywhere people look (metrics.jsonl, the console, the
 //! summary, `shardrun metrics`); bad data fails the job before any rank starts, naming the
 //! record, and leaves no cache behind; a run resumed on changed data is refused before any
-//! rank starts, naming the change, and keeps its state and checkpoints.
+//! rank starts, naming the change, and keeps its state and checkpoints; with whole
+//! documents, a document longer than a sequence is refused, or truncated when asked.
 
 use shardrun_e2e::jobs::*;
 use shardrun_e2e::*;
@@ -203,6 +204,72 @@ fn bad_data_fails_the_job_before_any_rank_starts() {
         })
         .unwrap_or_default();
     assert!(cache.is_empty(), "nothing half-written: {cache:?}");
+}
+
+#[test]
+fn documents_longer_than_a_sequence_are_refused_or_truncated_when_asked() {
+    let dir = TestDir::new("data-truncate");
+    let gpl = corpus(&dir);
+    let whole = "    packing: whole_documents\n";
+    let refused = dir.write("refused.yaml", &text_spec("refused", "data/*.txt", whole));
+    let out = shardrun_in(&dir, &["prepare", &refused.to_string_lossy()]);
+    let stderr = stderr_of(&out);
+    assert!(!out.status.success(), "{stderr}");
+    // The GPL's first line over 32 bytes (its end-of-document token counts too).
+    let (line, text) = std::fs::read_to_string(&gpl)
+        .unwrap()
+        .lines()
+        .enumerate()
+        .find(|(_, l)| l.len() + 1 > 32 && !l.trim().is_empty())
+        .map(|(i, l)| (i + 1, l.to_string()))
+        .unwrap();
+    assert!(
+        stderr.contains(&format!(
+            "{}:{line}: a document of {} tokens does not fit a sequence of 32",
+            gpl.display(),
+            text.len() + 1
+        )) && stderr.contains("set `data.truncate: true` to keep its first 32 tokens"),
+        "{stderr}"
+    );
+
+    let spec = dir.write(
+        "job.yaml",
+        &text_spec(
+            "truncated",
+            "data/*.txt",
+            &format!("{whole}    truncate: true\n"),
+        ),
+    );
+    let (out, run) = run_local(
+        &dir,
+        &spec,
+        &["--no-progress"],
+        &[],
+        Duration::from_secs(240),
+    );
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}\n{}", stderr_of(&out));
+    let said = "document(s) longer than seq_len 32 truncated to it (data.truncate), ";
+    let first = format!(
+        "(the first: {}:{line}, {} tokens)",
+        gpl.display(),
+        text.len() + 1
+    );
+    assert!(stdout.contains(said) && stdout.contains(&first), "{stdout}");
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert_eq!(
+        log.matches(said).count(),
+        1,
+        "the controller says it once: {log}"
+    );
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let losses: Vec<f64> = metrics
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|m| m["loss"].as_f64())
+        .collect();
+    assert_eq!(losses.len(), 6, "{metrics}");
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
 }
 
 #[test]

@@ -58,6 +58,7 @@ fn data_config(dir: &Path, files: Vec<PathBuf>) -> TrainConfig {
         seq_len: 32,
         tokenizer: TokenizerConfig::Bytes,
         packing: Packing::Stream,
+        truncate: false,
         document_mask: false,
         shuffle: true,
         validation: Some(ValidationConfig {

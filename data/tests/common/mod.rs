@@ -106,6 +106,7 @@ pub fn dataset(
         seq_len,
         tokenizer,
         packing: Packing::Stream,
+        truncate: false,
         document_mask: false,
         shuffle: true,
         validation: None,

@@ -57,6 +57,16 @@ pub fn resolve_data(
     let source = source(s, spec, files)?;
     let tokenizer = tokenizer(s, spec, model_folder)?;
     let packing = spec.packing.unwrap_or(Packing::Stream);
+    let truncate = spec.truncate.unwrap_or(false);
+    if truncate && packing == Packing::Stream {
+        return Err(s.err(
+            "training.data.truncate",
+            "with `packing: stream` a document longer than `seq_len` continues into the next \
+             sequence: nothing is cut",
+            "remove `truncate`, or use `packing: whole_documents` (each sequence holds whole \
+             documents, the longer ones truncated)",
+        ));
+    }
     // Whole documents are fine-tuning examples: each sees only itself, at positions from 0,
     // as in TRL's packing and torchtune's packed datasets. A stream is pre-training text, cut
     // wherever `seq_len` falls, as torchtitan trains it: causal across the cut documents.
@@ -90,6 +100,7 @@ pub fn resolve_data(
         seq_len,
         tokenizer,
         packing,
+        truncate,
         document_mask,
         shuffle: spec.shuffle.unwrap_or(true),
         validation,
@@ -113,7 +124,7 @@ fn check_keys(s: &Section, spec: &DataSpec) -> Result<(), ResolveError> {
     use DataKind::*;
     let documents = [Text, Jsonl, Chat, Tokens];
     let text = [Text, Jsonl, Chat];
-    let keys: [(&str, bool, &[DataKind]); 17] = [
+    let keys: [(&str, bool, &[DataKind]); 18] = [
         ("files", spec.files.is_some(), &documents),
         ("split", spec.split.is_some(), &[Text]),
         ("separator", spec.separator.is_some(), &[Text]),
@@ -134,6 +145,7 @@ fn check_keys(s: &Section, spec: &DataSpec) -> Result<(), ResolveError> {
         ("dtype", spec.dtype.is_some(), &[Tokens]),
         ("tokenizer", spec.tokenizer.is_some(), &text),
         ("packing", spec.packing.is_some(), &documents),
+        ("truncate", spec.truncate.is_some(), &documents),
         ("document_mask", spec.document_mask.is_some(), &documents),
         ("shuffle", spec.shuffle.is_some(), &documents),
         ("validation", spec.validation.is_some(), &documents),
@@ -838,6 +850,32 @@ mod tests {
         assert!(
             !mask(transformer, ", packing: whole_documents"),
             "absolute positions cannot restart"
+        );
+    }
+
+    #[test]
+    fn truncation_is_for_whole_documents_and_the_plan_says_it() {
+        let e = err("    kind: text\n    files: [a.txt]\n    tokenizer: { kind: bytes }\n    truncate: true\n");
+        assert_eq!(e.field, "training.data.truncate");
+        assert_eq!(e.line, Some(9));
+        assert!(e.why.contains("continues into the next sequence"), "{e}");
+        assert!(e.fix.contains("packing: whole_documents"), "{e}");
+
+        let spec = "name: t\nrun_root: /tmp/runs\ntraining:\n  model: { kind: llama, vocab_size: 300, dim: 16, n_layers: 1, n_heads: 2, ffn_dim: 32 }\n  data: { kind: text, files: [a.txt], tokenizer: { kind: bytes }, seq_len: 8, packing: whole_documents, truncate: true }\n  steps: 2\n  total_batch_size: 2\n  batch_size_per_device: 2\n";
+        let dir = jobs();
+        let job = resolve(
+            &parse(spec, &dir.path().join("job.yaml")).unwrap(),
+            &Overrides::default(),
+        )
+        .unwrap();
+        let DataConfig::Dataset(d) = &job.train.data else {
+            panic!("dataset expected")
+        };
+        assert!(d.truncate);
+        assert!(
+            job.summary().contains("longer ones truncated to seq_len"),
+            "{}",
+            job.summary()
         );
     }
 

@@ -23,8 +23,13 @@ fn data_summary(data: &DataConfig) -> String {
             "whole documents best-fit into sequences, attending to those before them (document_mask: false)"
         }
     };
+    let truncated = if d.truncate {
+        ", the longer ones truncated to seq_len"
+    } else {
+        ""
+    };
     format!(
-        "{} from {} file pattern(s), seq_len {}, {packing}",
+        "{} from {} file pattern(s), seq_len {}, {packing}{truncated}",
         d.source.kind_name(),
         d.source.files().len(),
         d.seq_len

@@ -229,6 +229,9 @@ pub struct DataSpec {
     pub tokenizer: Option<TokenizerSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub packing: Option<Packing>,
+    /// `whole_documents`: a document longer than `seq_len` keeps its first `seq_len` tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncate: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub document_mask: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
