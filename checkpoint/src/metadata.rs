@@ -99,7 +99,7 @@ pub struct DataPosition {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch: Option<u64>,
     /// Fingerprint of the training data's sample stream (tokens, validation split, packing,
-    /// sequence length): resuming on other data is refused. Absent for synthetic data and in
+    /// truncation, sequence length): resuming on other data is refused. Absent for synthetic data and in
     /// older checkpoints, which resume unchecked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_fingerprint: Option<String>,

@@ -146,6 +146,11 @@ impl Dataset {
         let validation = validation
             .map(|(corpus, set)| pack(corpus, set))
             .transpose()?;
+        for (what, packed) in std::iter::once(("training data", &train))
+            .chain(validation.as_ref().map(|v| ("validation data", v)))
+        {
+            all_left_out(what, packed)?;
+        }
         let order = EpochOrder::new(train.sequences(), seed, config.shuffle)?;
         summary.push(describe(
             "training data",
@@ -180,25 +185,15 @@ impl Dataset {
             if let Some((origin, tokens)) = &left_out.first {
                 summary.push(format!(
                     "warning: {} document(s) longer than seq_len {} left out of the {what} \
-                     (data.on_bad_record: skip; the first: {origin}, {} tokens)",
+                     (data.on_bad_record: skip; the first: {origin}, {} tokens; \
+                     `data.truncate: true` keeps their first {} tokens instead)",
                     thousands(left_out.documents),
                     config.seq_len,
-                    thousands(*tokens)
+                    thousands(*tokens),
+                    config.seq_len
                 ));
             }
-            let cut = &packed.truncated;
-            if let Some((origin, tokens)) = &cut.first {
-                summary.push(format!(
-                    "{what}: {} document(s) longer than seq_len {} truncated to it \
-                     (data.truncate), {} tokens cut off, {} of them in the loss (the first: \
-                     {origin}, {} tokens)",
-                    thousands(cut.documents),
-                    config.seq_len,
-                    thousands(cut.tokens),
-                    thousands(cut.trained_tokens),
-                    thousands(*tokens)
-                ));
-            }
+            summary.extend(truncation_lines(what, packed));
         }
         Ok(Dataset {
             train,
@@ -211,8 +206,8 @@ impl Dataset {
         })
     }
 
-    /// Identifies the sample stream (tokens, split, packing): a resumed run must find the
-    /// same one.
+    /// Identifies the sample stream (tokens, split, packing, truncation): a resumed run must
+    /// find the same one.
     pub fn fingerprint(&self) -> &str {
         &self.identity.fingerprint
     }
@@ -330,6 +325,64 @@ fn describe(what: &str, packed: &Packed, cache: Option<(f64, bool)>) -> String {
         thousands(packed.sequences()),
         packed.seq_len(),
     )
+}
+
+/// What `truncate` cut from a set, if anything: how many documents and tokens, and warnings
+/// when most of the set is cut or a truncated example keeps nothing in the loss.
+fn truncation_lines(what: &str, packed: &Packed) -> Vec<String> {
+    let cut = &packed.truncated;
+    let Some((origin, tokens)) = &cut.first else {
+        return Vec::new();
+    };
+    let seq_len = packed.seq_len();
+    let targets = if packed.corpus().has_mask() {
+        format!(", {} of them loss targets", thousands(cut.trained_tokens))
+    } else {
+        String::new()
+    };
+    let mut line = format!(
+        "{what}: {} document(s) longer than seq_len {seq_len} cut to their first {seq_len} \
+         tokens (data.truncate): {} tokens dropped{targets} (the first: {origin}, {} tokens)",
+        thousands(cut.documents),
+        thousands(cut.tokens),
+        thousands(*tokens)
+    );
+    if cut.tokens > packed.tokens() {
+        line = format!(
+            "warning: {line}; most of the {what} is dropped: raise seq_len, or use \
+             `packing: stream` (documents continue into the next sequence)"
+        );
+    }
+    let mut lines = vec![line];
+    if cut.untrained > 0 {
+        lines.push(format!(
+            "warning: {} truncated document(s) of the {what} keep no token in the loss (what \
+             they train on starts after their first {seq_len} tokens): raise seq_len, or \
+             shorten their prompts",
+            thousands(cut.untrained)
+        ));
+    }
+    lines
+}
+
+/// A set that makes no sequence because every document was left out for its length says so.
+fn all_left_out(what: &str, packed: &Packed) -> Result<()> {
+    let left_out = &packed.left_out;
+    if packed.sequences() > 0 || left_out.documents == 0 {
+        return Ok(());
+    }
+    Err(DataError::NotEnoughData {
+        why: format!(
+            "the {what} makes no sequence: all {} of its document(s) are longer than seq_len {} \
+             and were left out (data.on_bad_record: skip)",
+            thousands(left_out.documents),
+            packed.seq_len()
+        ),
+        fix: format!(
+            "set `data.truncate: true` to keep their first {} tokens, or raise `seq_len`",
+            packed.seq_len()
+        ),
+    })
 }
 
 /// A warning naming the bad records the corpus was prepared without, if any.

@@ -18,7 +18,7 @@ const FILES_SHOWN: usize = 10;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DataIdentity {
-    /// Identifies the sample stream (tokens, validation split, packing, order): equal
+    /// Identifies the sample stream (tokens, validation split, packing, truncation, order): equal
     /// fingerprints, equal samples at every position.
     pub fingerprint: String,
     pub training: SourceIdentity,
@@ -307,6 +307,32 @@ mod tests {
             training,
             validation: None,
         }
+    }
+
+    #[test]
+    fn fingerprints_of_recorded_runs_stand_and_truncation_changes_them() {
+        use shardrun_protocol::config::{DataSource, OnBadRecord, TextSplit, TokenizerConfig};
+        let mut config = DatasetConfig {
+            source: DataSource::Text {
+                files: vec!["/d/a.txt".into()],
+                split: TextSplit::Line,
+            },
+            seq_len: 12,
+            tokenizer: TokenizerConfig::Bytes,
+            packing: Packing::WholeDocuments,
+            truncate: false,
+            document_mask: true,
+            shuffle: true,
+            validation: None,
+            cache_dir: "/d/cache".into(),
+            on_bad_record: OnBadRecord::Stop,
+        };
+        let training = || source(&[("/d/a.txt", 10, "1")], "x");
+        // A run recorded this fingerprint before `truncate` existed: it must still resume.
+        let recorded = "8bc1a1b9b576d9c7";
+        assert_eq!(DataIdentity::new(&config, training(), None).fingerprint, recorded);
+        config.truncate = true;
+        assert_ne!(DataIdentity::new(&config, training(), None).fingerprint, recorded);
     }
 
     #[test]

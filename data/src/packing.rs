@@ -52,6 +52,9 @@ pub struct Dropped {
     pub trained_tokens: u64,
     /// Where the first document came from, and its length in tokens.
     pub first: Option<(Origin, u64)>,
+    /// Of `documents`, those truncated to no target in the loss (a prompt as long as a
+    /// sequence): rows of compute that train nothing.
+    pub untrained: u64,
 }
 
 impl Dropped {
@@ -120,6 +123,12 @@ impl Packed {
                     let start = corpus.doc_start(d);
                     if len > seq_len && truncate {
                         truncated.add(&corpus, d, len, start + seq_len, start + len);
+                        // The kept tokens' targets are its tokens 1..seq_len.
+                        if corpus.trained_in(start + 1, start + len) > 0
+                            && corpus.trained_in(start + 1, start + seq_len) == 0
+                        {
+                            truncated.untrained += 1;
+                        }
                         docs.push((d, seq_len));
                     } else if len > seq_len {
                         match on_bad_record {

@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use shardrun_data::packing::{Row, IGNORE};
 use shardrun_data::{DataError, Dataset, Quiet};
 use shardrun_protocol::config::*;
 use std::path::{Path, PathBuf};
@@ -228,22 +229,49 @@ fn a_document_longer_than_a_sequence_when_documents_stay_whole() {
         .any(|l| l.contains("1 document(s) longer than seq_len 12 left out")));
     assert_eq!(data.train().tokens(), 6 + 10 + 3);
 
-    // Truncated instead: its first 12 bytes stay, the other 14 are counted as cut off.
+    // Truncated instead, whatever `on_bad_record` says: its first 12 bytes stay, the other
+    // 14 are counted as dropped.
+    c.on_bad_record = OnBadRecord::Stop;
     c.truncate = true;
+    c.document_mask = true;
     let data = open(&c, None).unwrap();
     let train = data.train();
     assert_eq!(train.left_out.documents, 0);
     assert_eq!((train.truncated.documents, train.truncated.tokens), (1, 14));
     assert_eq!((train.documents(), train.tokens()), (4, 6 + 10 + 12 + 3));
     assert!(
-        data.summary().iter().any(|l| l.starts_with(&format!(
-            "training data: 1 document(s) longer than seq_len 12 truncated to it (data.truncate), \
-             14 tokens cut off, 14 of them in the loss (the first: {}:3, 26 tokens)",
-            path.display()
-        ))),
+        data.summary().iter().any(|l| l
+            == &format!(
+                "training data: 1 document(s) longer than seq_len 12 cut to their first 12 \
+                 tokens (data.truncate): 14 tokens dropped (the first: {}:3, 26 tokens)",
+                path.display()
+            )),
         "{:?}",
         data.summary()
     );
+    // Best-fit: 12 alone, 10, then 6 + 3; in the order of their first documents, the
+    // truncated line is the third sequence, alone in it.
+    let (mut inputs, mut targets, mut positions, mut documents) =
+        ([0i64; 12], [0i64; 12], [0i64; 12], [0i64; 12]);
+    train.fill(
+        2,
+        Row {
+            inputs: &mut inputs,
+            targets: &mut targets,
+            positions: Some(&mut positions),
+            documents: Some(&mut documents),
+        },
+    );
+    let kept: Vec<i64> = b"this line is".iter().map(|&b| i64::from(b)).collect();
+    assert_eq!(inputs.to_vec(), kept);
+    assert_eq!(
+        targets[..11],
+        kept[1..],
+        "the next token while there is one kept"
+    );
+    assert_eq!(targets[11], IGNORE, "none after the last kept token");
+    assert_eq!(positions.to_vec(), (0..12).collect::<Vec<i64>>());
+    assert_eq!(documents, [0; 12]);
     assert_ne!(
         data.fingerprint(),
         {
@@ -252,6 +280,86 @@ fn a_document_longer_than_a_sequence_when_documents_stay_whole() {
             open(&c, None).unwrap().fingerprint().to_string()
         },
         "other sequences, another fingerprint"
+    );
+
+    // Every document too long, and left out: the set makes no sequence, and says why.
+    let only_long = write(dir.path(), "long.txt", "this line is far too long\n");
+    c.source = text_files(vec![only_long], TextSplit::Line);
+    let err = open(&c, None).err().unwrap().to_string();
+    assert!(
+        err.contains("the training data makes no sequence: all 1 of its document(s) are longer than seq_len 12 and were left out")
+            && err.contains("set `data.truncate: true`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn truncated_examples_count_what_leaves_the_loss_and_warn_of_those_left_with_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = |prompt: &str, completion: &str| {
+        format!("{{\"prompt\": \"{prompt}\", \"completion\": \"{completion}\"}}\n")
+    };
+    // 20 + 4 + the end of the document: the prompt alone fills the sequence. 1 + 26 + 1: the
+    // completion is cut. 2 + 2 + 1 fits.
+    let train = write(
+        dir.path(),
+        "train.jsonl",
+        &[
+            record(&"p".repeat(20), "done"),
+            record("q", "answer is long enough here"),
+            record("hi", "yo"),
+        ]
+        .concat(),
+    );
+    let held = write(
+        dir.path(),
+        "held.jsonl",
+        &record("validate", "this completion runs long"),
+    );
+    let mut c = dataset(
+        DataSource::Jsonl {
+            files: vec![train],
+            text: JsonlText::PromptCompletion {
+                prompt: "prompt".into(),
+                completion: "completion".into(),
+            },
+        },
+        TokenizerConfig::Bytes,
+        12,
+        &dir.path().join("cache"),
+    );
+    c.packing = Packing::WholeDocuments;
+    c.truncate = true;
+    c.validation = Some(ValidationConfig {
+        held_out: HeldOut::Files { files: vec![held] },
+        every_steps: None,
+        max_batches: None,
+    });
+    let data = open(&c, None).unwrap();
+    let cut = &data.train().truncated;
+    // Dropped: 13 of the first (its completion and end, 5 targets), 16 of the second (all
+    // completion).
+    assert_eq!(
+        (cut.documents, cut.tokens, cut.trained_tokens, cut.untrained),
+        (2, 13 + 16, 5 + 16, 1)
+    );
+    let summary = data.summary();
+    let has = |text: &str| summary.iter().any(|l| l.starts_with(text));
+    assert!(
+        has("training data: 2 document(s) longer than seq_len 12 cut to their first 12 tokens (data.truncate): 29 tokens dropped, 21 of them loss targets"),
+        "{summary:?}"
+    );
+    assert!(
+        has("warning: 1 truncated document(s) of the training data keep no token in the loss"),
+        "{summary:?}"
+    );
+    // 8 + 25 + 1 tokens, 22 dropped: most of the validation data, said as a warning.
+    let v = data.validation().unwrap();
+    assert_eq!((v.truncated.documents, v.truncated.tokens), (1, 22));
+    assert!(
+        has("warning: validation data: 1 document(s) longer than seq_len 12 cut to their first 12 tokens")
+            && summary.iter().any(|l| l.ends_with("most of the validation data is dropped: raise seq_len, or use `packing: stream` (documents continue into the next sequence)")),
+        "{summary:?}"
     );
 }
 
@@ -562,7 +670,8 @@ fn the_description_counts_the_documents_trained_on_per_split() {
     };
     let warning = format!(
         "warning: 1 document(s) longer than seq_len 64 left out of the {what} \
-         (data.on_bad_record: skip; the first: {}:7, {tokens} tokens)",
+         (data.on_bad_record: skip; the first: {}:7, {tokens} tokens; `data.truncate: true` \
+         keeps their first 64 tokens instead)",
         path.display()
     );
     assert!(

@@ -184,7 +184,7 @@ fn truncated_documents_are_what_transformers_truncation_keeps() {
         assert_eq!(packed.truncated.documents, cut);
         assert!(
             data.summary().iter().any(|l| l.contains(&format!(
-                "training data: {cut} document(s) longer than seq_len {TRUNCATED_TO} truncated to it"
+                "training data: {cut} document(s) longer than seq_len {TRUNCATED_TO} cut to their first {TRUNCATED_TO} tokens"
             ))),
             "{name}: {:?}",
             data.summary()

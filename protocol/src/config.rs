@@ -508,6 +508,17 @@ mod tests {
             serde_json::from_value::<DataConfig>(json.clone()).unwrap(),
             data
         );
+        // Written only when on: a config from before `truncate` reads as off, and one with
+        // it off is written as before (sweep point keys and config hashes stand).
+        let mut before = json.clone();
+        before.as_object_mut().unwrap().remove("truncate");
+        let DataConfig::Dataset(read) = serde_json::from_value::<DataConfig>(before).unwrap()
+        else {
+            panic!("a dataset")
+        };
+        assert!(!read.truncate);
+        let off = DataConfig::Dataset(read);
+        assert!(serde_json::to_value(&off).unwrap().get("truncate").is_none());
         let mut typo = json;
         typo["shufle"] = serde_json::json!(true);
         assert!(serde_json::from_value::<DataConfig>(typo).is_err());

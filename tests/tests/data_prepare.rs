@@ -249,7 +249,7 @@ fn documents_longer_than_a_sequence_are_refused_or_truncated_when_asked() {
     );
     let stdout = stdout_of(&out);
     assert!(out.status.success(), "{stdout}\n{}", stderr_of(&out));
-    let said = "document(s) longer than seq_len 32 truncated to it (data.truncate), ";
+    let said = "document(s) longer than seq_len 32 cut to their first 32 tokens (data.truncate): ";
     let first = format!(
         "(the first: {}:{line}, {} tokens)",
         gpl.display(),

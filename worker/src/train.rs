@@ -360,7 +360,7 @@ impl Trainer {
             if saved != now {
                 return Err(TrainError::Checkpoint(format!(
                     "the training data changed since this checkpoint was saved (data {saved}, \
-                     now {now}: other tokens, split, seq_len or packing), so the run would not \
+                     now {now}: other tokens, split, seq_len, packing or truncation), so the run would not \
                      see the samples an uninterrupted run sees; restore the data and settings, \
                      or start a new run from these weights with `checkpoint.from`"
                 )));

@@ -59,12 +59,19 @@ pub fn resolve_data(
     let packing = spec.packing.unwrap_or(Packing::Stream);
     let truncate = spec.truncate.unwrap_or(false);
     if truncate && packing == Packing::Stream {
+        let stream = if spec.packing.is_some() {
+            "with `packing: stream`"
+        } else {
+            "`packing` is `stream` unless set (pre-training text):"
+        };
         return Err(s.err(
             "training.data.truncate",
-            "with `packing: stream` a document longer than `seq_len` continues into the next \
-             sequence: nothing is cut",
-            "remove `truncate`, or use `packing: whole_documents` (each sequence holds whole \
-             documents, the longer ones truncated)",
+            format!(
+                "{stream} a document longer than `seq_len` continues into the next sequence, \
+                 so nothing is cut"
+            ),
+            "add `packing: whole_documents` (fine-tuning examples, as TRL packs them: each \
+             whole in a sequence, the longer ones truncated), or remove `truncate`",
         ));
     }
     // Whole documents are fine-tuning examples: each sees only itself, at positions from 0,
@@ -858,8 +865,17 @@ mod tests {
         let e = err("    kind: text\n    files: [a.txt]\n    tokenizer: { kind: bytes }\n    truncate: true\n");
         assert_eq!(e.field, "training.data.truncate");
         assert_eq!(e.line, Some(9));
-        assert!(e.why.contains("continues into the next sequence"), "{e}");
-        assert!(e.fix.contains("packing: whole_documents"), "{e}");
+        assert!(
+            e.why.starts_with("`packing` is `stream` unless set")
+                && e.why.contains("continues into the next sequence"),
+            "{e}"
+        );
+        assert!(e.fix.starts_with("add `packing: whole_documents`"), "{e}");
+        let e = err("    kind: text\n    files: [a.txt]\n    tokenizer: { kind: bytes }\n    packing: stream\n    truncate: true\n");
+        assert!(
+            e.why.starts_with("with `packing: stream` a document"),
+            "{e}"
+        );
 
         let spec = "name: t\nrun_root: /tmp/runs\ntraining:\n  model: { kind: llama, vocab_size: 300, dim: 16, n_layers: 1, n_heads: 2, ffn_dim: 32 }\n  data: { kind: text, files: [a.txt], tokenizer: { kind: bytes }, seq_len: 8, packing: whole_documents, truncate: true }\n  steps: 2\n  total_batch_size: 2\n  batch_size_per_device: 2\n";
         let dir = jobs();
