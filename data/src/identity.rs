@@ -330,9 +330,15 @@ mod tests {
         let training = || source(&[("/d/a.txt", 10, "1")], "x");
         // A run recorded this fingerprint before `truncate` existed: it must still resume.
         let recorded = "8bc1a1b9b576d9c7";
-        assert_eq!(DataIdentity::new(&config, training(), None).fingerprint, recorded);
+        assert_eq!(
+            DataIdentity::new(&config, training(), None).fingerprint,
+            recorded
+        );
         config.truncate = true;
-        assert_ne!(DataIdentity::new(&config, training(), None).fingerprint, recorded);
+        assert_ne!(
+            DataIdentity::new(&config, training(), None).fingerprint,
+            recorded
+        );
     }
 
     #[test]

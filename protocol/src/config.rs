@@ -518,7 +518,10 @@ mod tests {
         };
         assert!(!read.truncate);
         let off = DataConfig::Dataset(read);
-        assert!(serde_json::to_value(&off).unwrap().get("truncate").is_none());
+        assert!(serde_json::to_value(&off)
+            .unwrap()
+            .get("truncate")
+            .is_none());
         let mut typo = json;
         typo["shufle"] = serde_json::json!(true);
         assert!(serde_json::from_value::<DataConfig>(typo).is_err());

@@ -17,7 +17,7 @@ pub struct Args {
     #[arg(long)]
     pub rank: Option<u64>,
     /// Stop following once the run has ended (its result.json exists).
-    #[arg(long)]
+    #[arg(long, requires = "follow")]
     pub until_done: bool,
 }
 

@@ -48,7 +48,8 @@ pub struct ControllerArgs {
     /// Which ranks' log lines are echoed on stdout (train.log always has every rank).
     #[arg(long, value_enum, default_value_t = EchoArg::Rank0)]
     pub echo: EchoArg,
-    /// Requeues allowed after preemption (Slurm only; the sbatch script sets it).
+    /// Requeues allowed after a preemption notice inside a Slurm job (the sbatch script sets
+    /// it from `preemption.max_requeues`).
     #[arg(long, env = "SHARDRUN_MAX_REQUEUES", default_value_t = 3)]
     pub max_requeues: u32,
 }
@@ -58,7 +59,9 @@ pub enum EchoArg {
     /// Rank 0's lines plus every rank's warnings, errors and stderr.
     #[value(name = "0")]
     Rank0,
+    /// Every rank's lines.
     All,
+    /// No rank's lines: the controller's own and the progress only.
     None,
 }
 
