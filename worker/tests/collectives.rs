@@ -3,8 +3,10 @@
 //! collective with exact expected values; a rank killed mid-collective makes all the others
 //! fail, naming it, within a bounded time.
 
+mod common;
+
+use common::free_port;
 use std::io::{BufRead, BufReader, Read};
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -24,14 +26,6 @@ impl Drop for Ranks {
             let _ = child.wait();
         }
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn spawn(world: usize, args: &[&str]) -> Ranks {

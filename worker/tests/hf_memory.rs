@@ -48,11 +48,7 @@ fn four_ranks_load_a_500_mb_folder_holding_only_their_shards() {
     cfg.batch.batch_size_per_device = 1;
     let config_path = work.path().join("big.json");
     std::fs::write(&config_path, serde_json::to_string(&cfg).unwrap()).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let logs: Vec<_> = (0..world)
         .map(|r| work.path().join(format!("rank{r}.log")))
         .collect();

@@ -9,6 +9,7 @@ use shardrun_worker::params_file::{self, NamedValues};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 pub const WORKER: &str = env!("CARGO_BIN_EXE_shardrun-worker");
@@ -90,9 +91,33 @@ pub struct RunResult {
     pub params: BTreeMap<String, NamedValues>,
 }
 
+/// A port for rank 0 to listen on, free now and not about to be taken. A port `bind(0)`
+/// found free is one of the kernel's ephemeral ports, which every outgoing connection also
+/// draws from: between the check and rank 0's listen, a connection of a test running
+/// beside this one could take it ("Address already in use"). So: ports below the ephemeral
+/// range, a different start per test process, none handed out twice by this one.
 pub fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local addr").port()
+    static HANDED_OUT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let (low, high) = (10_000, ephemeral_low.min(32_768));
+    if high <= low + 1000 {
+        // An ephemeral range reaching this low leaves no quiet ports: take the kernel's.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
+        return listener.local_addr().expect("local addr").port();
+    }
+    let span = high - low;
+    let start = std::process::id().wrapping_mul(7919) % span;
+    loop {
+        let n = HANDED_OUT.fetch_add(1, Ordering::Relaxed);
+        assert!(n < span, "no free port in {low}..{high}");
+        let port = (low + (start + n) % span) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 fn wait_all(mut children: Vec<(u64, Child)>, dir: &Path) {
