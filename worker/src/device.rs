@@ -108,20 +108,32 @@ pub fn select_cuda(local_rank: u64) -> Result<&'static Chosen, String> {
     let visible = Visible::parse(raw.as_deref());
     let problem = |why: String| format!("node {host}: the job trains on CUDA, but {why}");
     if !cuda::runtime_present() || !tch::Cuda::is_available() {
+        // Containers that pass GPUs through without /proc/driver/nvidia still have the
+        // control device.
+        let driver_loaded = ["/proc/driver/nvidia/version", "/dev/nvidiactl"]
+            .iter()
+            .any(|p| std::path::Path::new(p).exists());
+        // CUDA's own words for it ("driver too old", ...), which libtorch's check drops.
+        let cuda_says = || match cuda::device_count() {
+            Ok(n) => format!("CUDA counts {n} device(s)"),
+            Err(e) => e.to_string(),
+        };
         let why = if !cuda::runtime_present() {
             "this libtorch has no CUDA runtime (a CPU build?)".to_string()
-        } else if !std::path::Path::new("/proc/driver/nvidia/version").exists() {
+        } else if !driver_loaded {
             format!(
-                "no NVIDIA driver is loaded on this node ({}): run on a GPU node, or set \
+                "no NVIDIA driver is loaded on this node ({}; {}): run on a GPU node, or set \
                  `device: cpu`",
-                visible.describe(raw.as_deref())
+                visible.describe(raw.as_deref()),
+                cuda_says()
             )
         } else {
             format!(
-                "libtorch sees no usable CUDA device ({}; driver {}): check the driver \
+                "libtorch sees no usable CUDA device ({}; driver {}; {}): check the driver \
                  supports CUDA 13 and the GPUs are not hidden",
                 visible.describe(raw.as_deref()),
-                driver_version().unwrap_or_else(|| "unknown".into())
+                driver_version().unwrap_or_else(|| "unknown".into()),
+                cuda_says()
             )
         };
         return Err(problem(why));

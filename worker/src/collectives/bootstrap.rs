@@ -12,19 +12,47 @@ use shardrun_protocol::messages::StartInfo;
 use std::net::TcpListener;
 use std::time::Duration;
 
+/// Environment variable of the collective timeout, in seconds.
+pub const TIMEOUT_VARIABLE: &str = "SHARDRUN_COLLECTIVE_TIMEOUT";
+
 /// Knobs of the communicators; the defaults suit training jobs.
 #[derive(Debug, Clone)]
 pub struct CommOptions {
     /// A collective that moves no byte for this long fails (names the rank it waits on), and
     /// so does connecting to the peers. Dead peers are normally noticed at once (their
-    /// sockets close); this bounds the rest, e.g. a peer stuck outside collectives.
+    /// sockets close); this bounds the rest, e.g. a peer stuck outside collectives, or one
+    /// still loading a large model from slow storage when the others start the first
+    /// all-gather.
     pub timeout: Duration,
 }
 
 impl Default for CommOptions {
+    /// 600 s, PyTorch's default for NCCL process groups.
     fn default() -> Self {
         CommOptions {
-            timeout: Duration::from_secs(300),
+            timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+impl CommOptions {
+    /// The defaults, with the timeout of `SHARDRUN_COLLECTIVE_TIMEOUT` when it is set.
+    pub fn from_env() -> Result<CommOptions, CommError> {
+        CommOptions::with_timeout_setting(std::env::var(TIMEOUT_VARIABLE).ok().as_deref())
+    }
+
+    fn with_timeout_setting(seconds: Option<&str>) -> Result<CommOptions, CommError> {
+        let Some(text) = seconds.map(str::trim).filter(|t| !t.is_empty()) else {
+            return Ok(CommOptions::default());
+        };
+        match text.parse::<u64>() {
+            Ok(secs) if secs > 0 => Ok(CommOptions {
+                timeout: Duration::from_secs(secs),
+            }),
+            _ => Err(CommError::Invalid(format!(
+                "{TIMEOUT_VARIABLE}={text}: the collective timeout is a whole number of \
+                 seconds above 0 (default 600)"
+            ))),
         }
     }
 }
@@ -83,7 +111,7 @@ pub fn prepare(
         rank,
         world_size,
         listener: None,
-        options: CommOptions::default(),
+        options: CommOptions::from_env()?,
     };
     if world_size > 1 {
         let (listener, addr) = super::cpu::transport::bind(bind_host)?;
@@ -190,5 +218,25 @@ impl PendingComms {
             control: Counted::wrap(control),
             data: Counted::wrap(data),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_collective_timeout_is_600_s_unless_the_environment_says_otherwise() {
+        let timeout = |setting| CommOptions::with_timeout_setting(setting).map(|o| o.timeout);
+        assert_eq!(timeout(None).unwrap(), Duration::from_secs(600));
+        assert_eq!(timeout(Some(" ")).unwrap(), Duration::from_secs(600));
+        assert_eq!(timeout(Some("1200")).unwrap(), Duration::from_secs(1200));
+        for bad in ["0", "-5", "10m", "1.5"] {
+            let err = timeout(Some(bad)).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("SHARDRUN_COLLECTIVE_TIMEOUT={bad}: the collective timeout is a whole number of seconds above 0")),
+                "{err}"
+            );
+        }
     }
 }

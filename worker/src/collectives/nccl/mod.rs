@@ -627,7 +627,14 @@ impl Communicator for NcclCommunicator {
             parent.complete("ncclCommSplit", status, deadline)?;
         }
         if raw.is_null() {
-            return Ok(Box::new(SingleProcess));
+            // NCCL makes no communicator for SPLIT_NOCOLOR only: a larger group without one
+            // would train alone while its peers wait for it.
+            if members.len() == 1 {
+                return Ok(Box::new(SingleProcess));
+            }
+            return Err(CommError::Nccl(format!(
+                "ncclCommSplit returned no communicator for the group of ranks {members:?}"
+            )));
         }
         let label = format!("the group of ranks {members:?}");
         let child = Comm::wrap(raw, label, parent.device, parent.timeout)?;
