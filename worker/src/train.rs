@@ -743,20 +743,17 @@ impl Trainer {
         let Some(documents) = self.dataset.documents() else {
             return;
         };
-        let epoch = documents.epoch_of(self.samples_done);
-        let previous = self
-            .samples_done
-            .checked_sub(self.config.batch.total_batch_size)
-            .map(|s| documents.epoch_of(s));
-        if first_of_run || previous != Some(epoch) {
+        let per_epoch = documents.samples_per_epoch();
+        let samples = self.samples_done..self.samples_done + self.config.batch.total_batch_size;
+        for (epoch, sample) in epochs_begun(samples, per_epoch, first_of_run) {
             self.log(
                 LogLevel::Info,
                 &format!(
                     "epoch {} of the training data at step {} (sample {}; {} sequences per epoch)",
                     epoch + 1,
                     step + 1,
-                    thousands(self.samples_done),
-                    thousands(documents.samples_per_epoch())
+                    thousands(sample),
+                    thousands(per_epoch)
                 ),
             );
         }
@@ -935,9 +932,50 @@ pub fn format_summary(s: &TrainSummary) -> String {
     )
 }
 
+/// The epochs (from 0) that begin within a step's global `samples`, with the sample each
+/// begins at; on a run's first step also the epoch it starts in, at its first sample.
+fn epochs_begun(
+    samples: std::ops::Range<u64>,
+    per_epoch: u64,
+    first_of_run: bool,
+) -> Vec<(u64, u64)> {
+    let per_epoch = per_epoch.max(1);
+    let first = samples.start / per_epoch;
+    let mut begun: Vec<(u64, u64)> = (first..)
+        .map(|epoch| (epoch, epoch * per_epoch))
+        .skip_while(|&(_, sample)| sample < samples.start)
+        .take_while(|&(_, sample)| sample < samples.end)
+        .collect();
+    if first_of_run && begun.first().map(|&(_, sample)| sample) != Some(samples.start) {
+        begun.insert(0, (first, samples.start));
+    }
+    begun
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_epoch_is_said_at_the_step_and_sample_it_begins() {
+        // 100 sequences per epoch, 16 samples per step: epoch 2 begins at sample 100, in the
+        // step reading 96..112.
+        assert_eq!(epochs_begun(96..112, 100, false), vec![(1, 100)]);
+        assert_eq!(epochs_begun(80..96, 100, false), vec![]);
+        assert_eq!(epochs_begun(400..416, 100, false), vec![(4, 400)]);
+        // A run's first step says where it is, and an epoch beginning later in that step.
+        assert_eq!(epochs_begun(0..16, 100, true), vec![(0, 0)]);
+        assert_eq!(epochs_begun(96..112, 100, true), vec![(0, 96), (1, 100)]);
+        // Epochs shorter than a step: every one that begins is said.
+        assert_eq!(
+            epochs_begun(16..32, 5, false),
+            vec![(4, 20), (5, 25), (6, 30)]
+        );
+        assert_eq!(
+            epochs_begun(15..30, 5, false),
+            vec![(3, 15), (4, 20), (5, 25)]
+        );
+    }
 
     #[test]
     fn a_collective_error_names_the_peer_it_follows_from_through_every_wrapper() {
