@@ -358,7 +358,7 @@ fn truncation_lines(what: &str, packed: &Packed) -> Vec<String> {
         lines.push(format!(
             "warning: {} truncated document(s) of the {what} keep no token in the loss (what \
              they train on starts after their first {seq_len} tokens): raise seq_len, or \
-             shorten their prompts",
+             shorten what comes before it (prompts, system messages, earlier turns)",
             thousands(cut.untrained)
         ));
     }

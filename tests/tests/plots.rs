@@ -115,7 +115,7 @@ fn a_resumed_run_plots_its_checkpoints_failure_and_resume_inside_every_panel() {
     }
     for legend in [
         "loss",
-        "loss, smoothed (EMA 0.9)",
+        "loss, smoothed (EMA 0.6)",
         "checkpoint",
         "resumed",
         "failed",

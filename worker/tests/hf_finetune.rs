@@ -33,6 +33,13 @@ fn shardrun(args: &[&str]) -> String {
 
 /// `shardrun <args>` run from `dir`, for paths relative to it.
 fn shardrun_in(dir: &Path, args: &[&str]) -> String {
+    let (succeeded, text) = shardrun_ending(dir, args);
+    assert!(succeeded, "shardrun {args:?} failed:\n{text}");
+    text
+}
+
+/// Whether `shardrun <args>` succeeded, and what it printed (stdout, then stderr).
+fn shardrun_ending(dir: &Path, args: &[&str]) -> (bool, String) {
     let bin = Path::new(WORKER).with_file_name("shardrun");
     assert!(
         bin.is_file(),
@@ -46,8 +53,7 @@ fn shardrun_in(dir: &Path, args: &[&str]) -> String {
         .unwrap();
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "shardrun {args:?} failed:\n{text}");
-    text
+    (out.status.success(), text)
 }
 
 fn spec(work: &Path, name: &str, source: &Path, checkpoint: &str) -> PathBuf {
@@ -223,6 +229,22 @@ fn fine_tune_export_load_in_transformers_and_resume() {
         );
     }
     let theirs = transformers_logits(&split, work.path(), &IDS, &[]);
+    // A full checkpoint keeps its tensors as they are: the folder's options are refused.
+    let (succeeded, said) = shardrun_ending(
+        work.path(),
+        &[
+            "export",
+            run.to_str().unwrap(),
+            "--format",
+            "full",
+            "--dtype",
+            "bf16",
+        ],
+    );
+    assert!(
+        !succeeded && said.contains("--dtype and --max-shard-size shape a Hugging Face folder"),
+        "{said}"
+    );
     let ours_bf16 = logits_of(model.as_ref(), &rounded);
     let diff = max_abs_difference("bf16 export logits", &ours_bf16, &theirs);
     assert!(

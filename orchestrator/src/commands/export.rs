@@ -24,6 +24,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 const CONFIG_FILE: &str = "train_config.json";
+/// `save_pretrained`'s default `max_shard_size`, 5GB.
+const DEFAULT_MAX_SHARD_SIZE: u64 = 5_000_000_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ExportFormat {
@@ -58,16 +60,17 @@ pub struct Args {
     /// to the checkpoints.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// `hf` for Llama-family models, else `full`, unless given.
+    /// Default: `hf` for a Llama-family model, else `full`.
     #[arg(long, value_enum)]
     pub format: Option<ExportFormat>,
-    /// dtype of the exported weights (hf): default the dtype of the folder the run started
-    /// from (its config.json's, else its weights'), else f32.
+    /// dtype of the exported weights (hf only): default the dtype of the folder the run
+    /// started from (its config.json's, else its weights'), else f32.
     #[arg(long, value_enum)]
     pub dtype: Option<ExportDtype>,
-    /// Split the weights into files of at most this size (hf), e.g. `5GB`, `500MB`.
-    #[arg(long, default_value = "5GB", value_parser = parse_size)]
-    pub max_shard_size: u64,
+    /// Split the weights into files of at most this size (hf only), e.g. `5GB` (the
+    /// default), `500MB`.
+    #[arg(long, value_parser = parse_size)]
+    pub max_shard_size: Option<u64>,
 }
 
 pub fn execute(args: Args) -> Result<()> {
@@ -88,7 +91,16 @@ pub fn execute(args: Args) -> Result<()> {
         ExportFormat::Full
     });
     match (format, llama) {
-        (ExportFormat::Full, _) => export_full_checkpoint(&source, args.out),
+        (ExportFormat::Full, _) => {
+            if args.dtype.is_some() || args.max_shard_size.is_some() {
+                bail!(
+                    "--dtype and --max-shard-size shape a Hugging Face folder (--format hf); a \
+                     full checkpoint keeps the training tensors as they are, one file each for \
+                     model and optimizer: drop them, or export with --format hf"
+                );
+            }
+            export_full_checkpoint(&source, args.out)
+        }
         (ExportFormat::Hf, Some(model)) => export_hf(&source, &model, run_config.as_ref(), &args),
         (ExportFormat::Hf, None) => bail!(
             "{}: a Hugging Face folder needs a Llama-family model and the run's {CONFIG_FILE} (looked for it in {} and the folders above the checkpoint); use --format full for other models",
@@ -269,7 +281,7 @@ fn export_hf(
         &files.files,
         &SaveOptions {
             dtype,
-            max_shard_bytes: args.max_shard_size,
+            max_shard_bytes: args.max_shard_size.unwrap_or(DEFAULT_MAX_SHARD_SIZE),
         },
     )
     .with_context(|| format!("exporting {} to {}", source.dir().display(), out.display()))?;

@@ -18,8 +18,9 @@ pub struct Args {
     #[arg(long, short)]
     pub output: Option<PathBuf>,
     /// Weight of the exponential moving average drawn over the raw curves, as TensorBoard's
-    /// smoothing slider: 0 draws the raw curves only, 0.99 smooths heavily.
-    #[arg(long, default_value_t = 0.9, value_parser = smoothing)]
+    /// smoothing slider (and its default, 0.6: a heavier one lags a short run's curve far
+    /// behind its loss): 0 draws the raw curves only, 0.99 smooths heavily.
+    #[arg(long, default_value_t = 0.6, value_parser = smoothing)]
     pub smoothing: f64,
     /// Draw the loss on a logarithmic axis.
     #[arg(long)]

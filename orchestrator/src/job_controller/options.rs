@@ -17,7 +17,8 @@ pub struct ControllerArgs {
         long,
         env = "SHARDRUN_RENDEZVOUS_TIMEOUT",
         default_value_t = 600,
-        value_name = "SECS"
+        value_name = "SECS",
+        value_parser = clap::value_parser!(u64).range(1..)
     )]
     pub rendezvous_timeout: u64,
     /// Consider a rank hung after this many seconds without any message from it.
@@ -25,7 +26,8 @@ pub struct ControllerArgs {
         long,
         env = "SHARDRUN_HEARTBEAT_TIMEOUT",
         default_value_t = 60,
-        value_name = "SECS"
+        value_name = "SECS",
+        value_parser = clap::value_parser!(u64).range(1..)
     )]
     pub heartbeat_timeout: u64,
     /// Fail the job when a rank's step has not advanced for this many seconds while it still
@@ -79,7 +81,7 @@ impl ControllerArgs {
             worker_bin: worker_bin()?,
             timeouts: Timeouts {
                 rendezvous: Duration::from_secs(self.rendezvous_timeout),
-                heartbeat: Duration::from_secs(self.heartbeat_timeout.max(1)),
+                heartbeat: Duration::from_secs(self.heartbeat_timeout),
                 progress: (self.progress_timeout > 0)
                     .then(|| Duration::from_secs(self.progress_timeout)),
                 shutdown_grace: grace,
@@ -118,5 +120,25 @@ pub fn run_paths(run: &RunDir) -> RunPaths {
         events: run.events(),
         result: run.result(),
         requeue_count: run.requeue_count(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cli::Cli;
+    use clap::Parser;
+
+    #[test]
+    fn timeouts_that_would_fail_every_job_at_once_are_refused() {
+        for flag in ["--rendezvous-timeout", "--heartbeat-timeout"] {
+            let err = Cli::try_parse_from(["shardrun", "run", "job.yaml", flag, "0"])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(flag) && err.contains("0 is not in 1.."),
+                "{err}"
+            );
+            assert!(Cli::try_parse_from(["shardrun", "run", "job.yaml", flag, "1"]).is_ok());
+        }
     }
 }

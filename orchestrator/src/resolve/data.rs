@@ -64,6 +64,20 @@ pub fn resolve_data(
         } else {
             "`packing` is `stream` unless set (pre-training text):"
         };
+        // Blamed on what was given last: a `--set` of the packing over a file that truncates.
+        let (packing_set, truncate_set) = (
+            s.overridden("training.data.packing"),
+            s.overridden("training.data.truncate"),
+        );
+        if packing_set && !truncate_set {
+            return Err(s.err(
+                "training.data.packing",
+                "with `packing: stream` a document longer than `seq_len` continues into the \
+                 next sequence, so the spec's `truncate: true` has nothing to cut",
+                "keep `packing: whole_documents` for fine-tuning examples, or also give \
+                 `--set training.data.truncate=false`",
+            ));
+        }
         return Err(s.err(
             "training.data.truncate",
             format!(
@@ -468,7 +482,8 @@ fn check_on_disk(
             if field == TOKENIZER_FROM_MODEL {
                 // The folder is the model's: the way out is naming another.
                 p.why = format!(
-                    "text data takes its tokenizer from the model's folder: {}",
+                    "{} data takes its tokenizer from the model's folder: {}",
+                    kind_name(spec.kind),
                     p.why
                 );
                 p.fix = format!(
@@ -874,6 +889,22 @@ mod tests {
         let e = err("    kind: text\n    files: [a.txt]\n    tokenizer: { kind: bytes }\n    packing: stream\n    truncate: true\n");
         assert!(
             e.why.starts_with("with `packing: stream` a document"),
+            "{e}"
+        );
+        // A `--set` of the packing over a file that truncates is blamed on the flag.
+        let dir = jobs();
+        let file = "name: t\nrun_root: /tmp/runs\ntraining:\n  model: { kind: transformer, vocab_size: 300, dim: 8, n_layers: 1, n_heads: 2, max_seq_len: 16 }\n  data: { kind: text, files: [a.txt], tokenizer: { kind: bytes }, packing: whole_documents, truncate: true }\n  steps: 2\n  total_batch_size: 2\n  batch_size_per_device: 2\n";
+        let set = crate::spec::overrides::parse("training.data.packing=stream").unwrap();
+        let loaded = crate::spec::overrides::apply(
+            parse(file, &dir.path().join("job.yaml")).unwrap(),
+            &[set],
+        )
+        .unwrap();
+        let ResolveError::Invalid(e) = resolve(&loaded, &Overrides::default()).unwrap_err();
+        assert_eq!(e.field, "training.data.packing");
+        assert!(
+            e.to_string().contains("--set training.data.packing=stream")
+                && e.fix.contains("--set training.data.truncate=false"),
             "{e}"
         );
 

@@ -219,6 +219,11 @@ impl Section<'_> {
         &self.loaded.spec
     }
 
+    /// Whether a `--set` argument gave `field` (or a section holding it).
+    fn overridden(&self, field: &str) -> bool {
+        self.loaded.overrides.iter().any(|o| o.covers(field))
+    }
+
     /// An error about `field` (dotted path), located in the spec file.
     fn err(&self, field: &str, why: impl Into<String>, fix: impl Into<String>) -> ResolveError {
         ResolveError::from(self.loaded.error_at(field, why, fix))

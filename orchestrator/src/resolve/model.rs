@@ -283,14 +283,21 @@ fn llama_seq_len(
             "train on sequences of at least 1 token",
         )),
         Some(n) => Ok(n),
-        None => Err(s.err(
-            "training.data",
-            "a Llama-family model needs the sequence length to train on",
-            match max_positions {
-                Some(m) => format!("add `data: {{ kind: synthetic, seq_len: 2048 }}` (or `seq_len` in your data section); the model was trained on up to {m} positions"),
-                None => "add `data: { kind: synthetic, seq_len: 2048 }` (or `seq_len` in your data section)".to_string(),
-            },
-        )),
+        None => {
+            let add = if s.spec().training.data.is_some() {
+                "add `seq_len: 2048` (tokens per training sequence) to `data`"
+            } else {
+                "add your `data` with its `seq_len`, or `data: { kind: synthetic, seq_len: 2048 }`"
+            };
+            let trained = max_positions
+                .map(|m| format!("; the model was trained on up to {m} positions"))
+                .unwrap_or_default();
+            Err(s.err(
+                "training.data",
+                "a Llama-family model needs the sequence length to train on",
+                format!("{add}{trained}"),
+            ))
+        }
     }
 }
 
@@ -501,6 +508,18 @@ pub(super) mod tests {
     fn llama_errors_name_the_key() {
         let ResolveError::Invalid(e) = job(LLAMA, "", "").unwrap_err();
         assert_eq!(e.field, "training.data");
+        assert!(
+            e.fix.starts_with("add your `data` with its `seq_len`"),
+            "{e}"
+        );
+        let text = "  data: { kind: text, files: [a.txt], tokenizer: { kind: bytes } }\n";
+        let ResolveError::Invalid(e) = job(LLAMA, text, "").unwrap_err();
+        assert_eq!(e.field, "training.data");
+        assert!(
+            e.fix
+                .starts_with("add `seq_len: 2048` (tokens per training sequence) to `data`"),
+            "{e}"
+        );
         let qwen = LLAMA.replace(
             "kind: llama,",
             "kind: llama, model_type: qwen2, mlp_bias: true,",
