@@ -237,7 +237,8 @@ fn documents_longer_than_a_sequence_are_refused_or_truncated_when_asked() {
         &text_spec(
             "truncated",
             "data/*.txt",
-            &format!("{whole}    truncate: true\n"),
+            // The FSDP line makes the plan warn: the run's log keeps the plan's warnings.
+            &format!("{whole}    truncate: true\n  fsdp: {{ shard_group_size: 2 }}\n"),
         ),
     );
     let (out, run) = run_local(
@@ -262,6 +263,8 @@ fn documents_longer_than_a_sequence_are_refused_or_truncated_when_asked() {
         1,
         "the controller says it once: {log}"
     );
+    let warned = "warning: `training.fsdp.shard_group_size` only applies to HYBRID_SHARD; ignored";
+    assert_eq!(log.matches(warned).count(), 1, "{log}");
     let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
     let losses: Vec<f64> = metrics
         .lines()

@@ -87,6 +87,8 @@ pub struct ControllerOptions {
     pub max_requeues: u32,
     /// Variables set for every rank (`resources.env`, and `NCCL_*` of the submitting shell).
     pub rank_variables: RankVariables,
+    /// The plan's warnings (`shardrun plan` printed them; the run's log keeps them).
+    pub plan_warnings: Vec<String>,
 }
 
 /// What the command needs to report and exit with.
@@ -230,6 +232,9 @@ async fn run_async(
         slurm_job_id: slurm_job_id.clone(),
     })
     .await;
+    for warning in &opts.plan_warnings {
+        log.log_only(format!("warning: {warning}")).await;
+    }
     if let Some(warning) = open_files::ensure(open_files::needed(world_size)) {
         log.say(format!("warning: {warning}")).await;
     }

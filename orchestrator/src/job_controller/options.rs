@@ -75,6 +75,7 @@ impl ControllerArgs {
         progress_bar: bool,
     ) -> anyhow::Result<ControllerOptions> {
         let grace = Duration::from_secs(self.grace);
+        let resolved = run.read_resolved().ok();
         Ok(ControllerOptions {
             paths: run_paths(run),
             launch,
@@ -96,14 +97,15 @@ impl ControllerArgs {
             },
             progress_bar,
             max_requeues: self.max_requeues,
-            rank_variables: run
-                .read_resolved()
+            rank_variables: resolved
+                .as_ref()
                 .map(|job| {
                     RankVariables::new(&job.slurm.env, &job.slurm.from_shell, |name| {
                         std::env::var(name).ok()
                     })
                 })
                 .unwrap_or_default(),
+            plan_warnings: resolved.map(|job| job.warnings).unwrap_or_default(),
         })
     }
 }
