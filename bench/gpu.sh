@@ -16,7 +16,8 @@
 #   7. the Llama architecture (GQA, RoPE, SwiGLU) as users fine-tune it: bf16 training (on
 #      all N GPUs too), fp32 against the unsharded reference, a Hugging Face folder
 #      fine-tuned, exported, and its next loss reproduced by `transformers`; then
-#      bench/gpu-bench-llama.yaml next to PyTorch FSDP2 on `transformers`' LlamaForCausalLM.
+#      bench/gpu-bench-llama.yaml next to PyTorch FSDP2 on `transformers`' LlamaForCausalLM;
+#   8. that Llama on packed fine-tuning documents, with and without the per-document mask.
 # Prints ok/FAIL per check (n/a, with the reason, where this machine's Python lacks
 # `transformers`) and the benchmark tables; exits 1 if any check failed.
 #
@@ -26,7 +27,7 @@
 #                                       default: build here with cargo, else .device-bin;
 #                                       OUT_DIR: default /tmp/shardrun-gpu)
 #   GPU_CHECKS=nccl,train bench/gpu.sh  only these parts (of nccl, train, checkpoints, bench,
-#                                       llama; default all), to split the whole into shorter
+#                                       llama, packed; default all), to split the whole into shorter
 #                                       commands
 #   CHECK_DEVICE=cpu bench/gpu.sh       the same checks on 2 CPU ranks with small models: tries
 #                                       the script itself where there is no GPU (its figures
@@ -63,7 +64,7 @@ fi
 out="${2:-/tmp/shardrun-gpu}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
-wanted() { [[ ",${GPU_CHECKS:-nccl,train,checkpoints,bench,llama}," == *",$1,"* ]]; }
+wanted() { [[ ",${GPU_CHECKS:-nccl,train,checkpoints,bench,llama,packed}," == *",$1,"* ]]; }
 device="${CHECK_DEVICE:-cuda}"
 [[ "$device" == cuda || "$device" == cpu ]] || { echo "CHECK_DEVICE is cuda or cpu, not $device"; exit 1; }
 # The evidence in a few files: logs, specs, metrics and the table; no checkpoints or weights.
@@ -71,7 +72,7 @@ bundle() {
   [[ -n "${OUT:-}" && -d "$OUT" && "$(cd "$OUT" && pwd)" != "$out" ]] || return 0
   tar czf "$OUT/gpu-results.tar.gz" -C "$out" --exclude='*checkpoints*' --exclude=export \
     --exclude='*.safetensors' --exclude=bin --exclude=nccl-link --exclude='*.bin' .
-  for f in checks.txt table.md table-llama.md gpu.txt; do [[ -f "$out/$f" ]] && cp "$out/$f" "$OUT/"; done
+  for f in checks.txt table.md table-llama.md table-packed.md gpu.txt; do [[ -f "$out/$f" ]] && cp "$out/$f" "$OUT/"; done
   return 0
 }
 if [[ -n "${1:-}" ]]; then
@@ -289,8 +290,17 @@ shrink() { # shrink FILE: the benchmark spec FILE, as run here
 # bench_ours NAME YAML SEQUENCES: shardrun on the benchmark YAML, SEQUENCES per GPU.
 bench_ours() {
   shrink "$2" | sed "s/total_batch_size: $3/total_batch_size: $(($3 * n))/" >"$out/specs/$1.yaml"
+  bench_ours_spec "$1"
+}
+# bench_ours_spec NAME: shardrun on $out/specs/NAME.yaml, into $out/NAME.
+bench_ours_spec() {
+  local rc=0
   "$bin/shardrun" run "$out/specs/$1.yaml" --device "$device" --nproc "$n" --run-dir "$out/$1" \
-    --force --no-progress
+    --force --no-progress || rc=$?
+  # The final checkpoint of a benchmark is not read: 13 GB for the 1.1 B Llama, on a disk
+  # several benchmarks share.
+  rm -rf "$out/$1/checkpoints"
+  return $rc
 }
 # bench_ref JSON SCRIPT ARGS...: the PyTorch FSDP2 side, one process per GPU.
 bench_ref() {
@@ -360,6 +370,28 @@ check "PyTorch FSDP2, transformers' LlamaForCausalLM, $n $rank_word(s)" llama_re
 if [[ -f "$out/bench-llama/metrics.jsonl" && -s "$out/pytorch-llama.json" ]]; then
   grep -m1 "MFU is" "$out/bench-llama/train.log" | sed 's/^.*\] //'
   "$python" bench/gpu_checks.py table "$out" llama | tee "$out/table-llama.md"
+fi
+bundle
+fi
+
+if wanted packed; then
+echo "== 8: packed fine-tuning documents, each attending only to itself (document_mask)"
+# bench/gpu-bench-llama.yaml on documents of 32..2048 random ids packed whole into sequences,
+# with the block-diagonal mask (the default with whole_documents) and without it: the price
+# of the mask, which keeps SDPA off its flash kernel (and, with grouped key/value heads, on
+# the memory-efficient one only because the heads are repeated for it).
+packed_run() { # packed_run NAME DOCUMENT_MASK
+  shrink bench/gpu-bench-llama.yaml | sed "s/total_batch_size: 4/total_batch_size: $((4 * n))/" \
+    | "$python" bench/gpu_checks.py packed-spec "$out/documents" "$2" >"$out/specs/$1.yaml" || return 1
+  bench_ours_spec "$1"
+}
+documents() { "$python" bench/gpu_checks.py documents "$out/documents" 1500 32768 2048; }
+[[ "$device" == cpu ]] && documents() { "$python" bench/gpu_checks.py documents "$out/documents" 300 2048 128; }
+check "documents for packing" documents
+check "shardrun, packed documents, document_mask true, $n $rank_word(s)" packed_run packed-masked true
+check "shardrun, packed documents, document_mask false, $n $rank_word(s)" packed_run packed-unmasked false
+if [[ -f "$out/packed-masked/metrics.jsonl" && -f "$out/packed-unmasked/metrics.jsonl" ]]; then
+  "$python" bench/gpu_checks.py packed-table "$out" | tee "$out/table-packed.md"
 fi
 bundle
 fi

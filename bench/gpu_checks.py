@@ -9,6 +9,13 @@
                                                       Face folder, with `transformers`
     gpu_checks.py table OUT [NAME]                    shardrun vs PyTorch FSDP2 on the benchmark
                                                       (OUT/bench[-NAME], OUT/pytorch[-NAME].json)
+    gpu_checks.py documents DIR COUNT VOCAB MAX_LEN   COUNT documents of random ids (u16 token
+                                                      files, 32..MAX_LEN ids each) into DIR
+    gpu_checks.py packed-spec DIR MASK < SPEC         SPEC (a benchmark job on synthetic data)
+                                                      on DIR's documents, packed whole, with
+                                                      document_mask MASK
+    gpu_checks.py packed-table OUT                    the packed runs with and without the mask
+                                                      (OUT/packed-masked, OUT/packed-unmasked)
 
 Exits 1 with the reason when a check fails, 3 when it cannot run here (no `transformers`).
 """
@@ -204,6 +211,59 @@ def table(out, name=""):
                    "pytorch_fsdp2": ref}, f, indent=2)
 
 
+def documents(folder, count, vocab, max_len):
+    """`count` token files of 32..`max_len` random ids below `vocab` (never 0, so none reads
+    as a u32 file), seeded: the same documents on every machine."""
+    import random
+
+    rng = random.Random(0)
+    os.makedirs(folder, exist_ok=True)
+    total = 0
+    for i in range(count):
+        n = rng.randint(32, max_len)
+        ids = [rng.randrange(1, vocab) for _ in range(n)]
+        with open(os.path.join(folder, f"doc-{i:05d}.bin"), "wb") as f:
+            f.write(struct.pack(f"<{n}H", *ids))
+        total += n
+    print(f"ok: {count} documents, {total:,} ids")
+
+
+def packed_spec(folder, mask):
+    """The benchmark spec on standard input, its synthetic data replaced by `folder`'s
+    documents packed whole into sequences."""
+    spec = sys.stdin.read()
+    synthetic = "    kind: synthetic\n"
+    if synthetic not in spec or mask not in ("true", "false"):
+        fail("packed-spec takes a spec with `kind: synthetic` data and a mask of true or false")
+    print(spec.replace(synthetic, (
+        "    kind: tokens\n"
+        f"    files: [{folder}/*.bin]\n"
+        f"    cache_dir: {folder}/cache\n"
+        "    packing: whole_documents\n"
+        f"    document_mask: {mask}\n")), end="")
+
+
+def packed_table(out):
+    rows = [("document_mask", "step time (median)", "tokens/s", "trained tokens/s",
+             "peak allocated", "peak reserved")]
+    for name, mask in (("packed-masked", "true"), ("packed-unmasked", "false")):
+        ours = metrics(os.path.join(out, name, "metrics.jsonl"))
+        steady = [m for m in ours if m["step"] > 5] or ours
+        step = statistics.median(field(m, "step_time_max_s", "step_time_s") for m in steady)
+        tps = statistics.median(m["tokens_per_s"] for m in steady)
+        trained = [m["trained_tokens_per_s"] for m in steady if m.get("trained_tokens_per_s")]
+        peak = max(field(m, "peak_memory_max_bytes", "peak_memory_bytes") for m in ours)
+        reserved = max((field(m, "peak_reserved_max_bytes", "peak_reserved_bytes") or 0) for m in ours)
+        gib = 2**30
+        rows.append((mask, f"{step:.4f} s", f"{tps:,.0f}",
+                     f"{statistics.median(trained):,.0f}" if trained else "n/a",
+                     f"{peak / gib:.2f} GiB", f"{reserved / gib:.2f} GiB"))
+    for i, row in enumerate(rows):
+        print("| " + " | ".join(row) + " |")
+        if i == 0:
+            print("|" + " --- |" * len(row))
+
+
 def main(argv):
     if len(argv) < 2:
         fail(__doc__)
@@ -228,6 +288,12 @@ def main(argv):
         hf_exported(*rest, step=int(options["step"]), rtol=options.get("rtol", 1e-3))
     elif cmd == "table":
         table(*rest)
+    elif cmd == "documents":
+        documents(rest[0], int(rest[1]), int(rest[2]), int(rest[3]))
+    elif cmd == "packed-spec":
+        packed_spec(*rest)
+    elif cmd == "packed-table":
+        packed_table(*rest)
     else:
         fail(f"unknown check {cmd}")
 

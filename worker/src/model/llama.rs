@@ -168,6 +168,15 @@ fn rotate_half(x: &Tensor) -> Tensor {
     Tensor::cat(&[&(-x2), &x1], -1)
 }
 
+/// (batch, kv_heads, seq, head_dim) → (batch, kv_heads · repeats, seq, head_dim), each key/value
+/// head repeated for the query heads of its group (`repeat_kv` in `modeling_llama.py`).
+fn repeat_kv(x: &Tensor, repeats: i64) -> Tensor {
+    let (b, kv_heads, s, d) = x.size4().expect("keys are (batch, heads, seq, head_dim)");
+    x.unsqueeze(2)
+        .expand([b, kv_heads, repeats, s, d], false)
+        .reshape([b, kv_heads * repeats, s, d])
+}
+
 /// `LlamaAttention`: projections, RoPE, grouped-query scaled-dot-product attention; with
 /// `qk_norm`, `Qwen3Attention`: each query and key head RMS-normalised before RoPE.
 pub struct Attention {
@@ -198,6 +207,17 @@ impl Attention {
         let (cos, sin) = (cos.unsqueeze(1), sin.unsqueeze(1));
         let q = &q * &cos + rotate_half(&q) * &sin;
         let k = &k * &cos + rotate_half(&k) * &sin;
+        let grouped = self.n_kv_heads < self.n_heads;
+        // On CUDA only the flash kernel takes fewer key/value heads than query heads, and it
+        // takes no mask: packed documents with grouped keys would fall to the math kernel,
+        // which holds (batch, heads, seq, seq) scores. Repeating the key/value heads keeps
+        // them on the memory-efficient kernel, as `transformers`' SDPA attention does.
+        let (k, v, grouped) = if grouped && mask.is_some() && q.device().is_cuda() {
+            let repeats = self.n_heads / self.n_kv_heads;
+            (repeat_kv(&k, repeats), repeat_kv(&v, repeats), false)
+        } else {
+            (k, v, grouped)
+        };
         let y = Tensor::scaled_dot_product_attention(
             &q,
             &k,
@@ -206,7 +226,7 @@ impl Attention {
             0.0,
             mask.is_none(),
             None,
-            self.n_kv_heads < self.n_heads,
+            grouped,
         );
         let y = y
             .transpose(1, 2)
@@ -339,5 +359,128 @@ impl Model for Llama {
 
     fn input_kind(&self) -> Kind {
         Kind::Int64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    /// Two rows of two documents each, as `Llama::document_mask` builds their mask.
+    fn packed_mask(seq: i64, device: Device) -> Tensor {
+        let split = [5, 9];
+        let docs: Vec<i64> = split
+            .iter()
+            .enumerate()
+            .flat_map(|(row, &at)| (0..seq).map(move |j| 2 * row as i64 + i64::from(j >= at)))
+            .collect();
+        let mut batch = Batch::new(
+            Tensor::zeros([2, seq], (Kind::Int64, Device::Cpu)),
+            Tensor::zeros([2, seq], (Kind::Int64, Device::Cpu)),
+        );
+        batch.document_ids = Some(Tensor::from_slice(&docs).view([2, seq]));
+        Llama::document_mask(&batch, device).expect("a packed batch has a mask")
+    }
+
+    fn max_difference(a: &Tensor, b: &Tensor) -> f64 {
+        let d = (a.to_device(Device::Cpu) - b.to_device(Device::Cpu))
+            .abs()
+            .max()
+            .double_value(&[]);
+        assert!(d.is_finite(), "not finite: {d}");
+        d
+    }
+
+    #[test]
+    fn repeated_key_value_heads_attend_as_grouped_query_attention() {
+        tch::manual_seed(7);
+        let (b, heads, kv_heads, s, d) = (2, 8, 2, 16, 4);
+        let q = Tensor::randn([b, heads, s, d], (Kind::Float, Device::Cpu));
+        let k = Tensor::randn([b, kv_heads, s, d], (Kind::Float, Device::Cpu));
+        let v = Tensor::randn([b, kv_heads, s, d], (Kind::Float, Device::Cpu));
+        let mask = packed_mask(s, Device::Cpu);
+        let grouped =
+            Tensor::scaled_dot_product_attention(&q, &k, &v, Some(&mask), 0.0, false, None, true);
+        let repeats = heads / kv_heads;
+        let repeated = Tensor::scaled_dot_product_attention(
+            &q,
+            &repeat_kv(&k, repeats),
+            &repeat_kv(&v, repeats),
+            Some(&mask),
+            0.0,
+            false,
+            None,
+            false,
+        );
+        assert!(max_difference(&grouped, &repeated) <= 1e-6);
+        // Head h reads key/value head h / repeats: another order would differ.
+        let wrong = k.repeat([1, repeats, 1, 1]);
+        let misordered = Tensor::scaled_dot_product_attention(
+            &q,
+            &wrong,
+            &v.repeat([1, repeats, 1, 1]),
+            Some(&mask),
+            0.0,
+            false,
+            None,
+            false,
+        );
+        assert!(max_difference(&grouped, &misordered) > 1e-3);
+    }
+
+    /// On a GPU the masked grouped attention takes the repeated path: it must give what the
+    /// CPU gives with grouped heads.
+    #[test]
+    fn masked_grouped_attention_on_the_gpu_equals_the_cpu() {
+        if !tch::Cuda::is_available() {
+            eprintln!("no CUDA device here: bench/gpu.sh runs this test on a GPU");
+            return;
+        }
+        tch::manual_seed(11);
+        let (dim, heads, kv_heads, s) = (32, 8, 2, 16);
+        let head_dim = dim / heads;
+        let attention = Attention {
+            n_heads: heads,
+            n_kv_heads: kv_heads,
+            head_dim,
+            qk_norm: None,
+        };
+        let weights = |device: Device| -> HashMap<String, Tensor> {
+            tch::manual_seed(3);
+            [
+                ("q_proj.weight", heads * head_dim),
+                ("k_proj.weight", kv_heads * head_dim),
+                ("v_proj.weight", kv_heads * head_dim),
+                ("o_proj.weight", dim),
+            ]
+            .into_iter()
+            .map(|(name, rows)| {
+                let w = Tensor::randn([rows, dim], (Kind::Float, Device::Cpu)) * 0.2;
+                (name.to_string(), w.to_device(device))
+            })
+            .collect()
+        };
+        let x = Tensor::randn([2, s, dim], (Kind::Float, Device::Cpu));
+        let positions = Tensor::arange(s, (Kind::Int64, Device::Cpu)).unsqueeze(0);
+        let forward = |device: Device| {
+            let params = weights(device);
+            let freqs = positions
+                .to_device(device)
+                .unsqueeze(-1)
+                .to_kind(Kind::Float)
+                * 0.1;
+            let angles = Tensor::cat(&[&freqs.repeat([1, 1, head_dim / 2]); 2], -1);
+            let mask = packed_mask(s, device);
+            attention.forward(
+                &Params::new(&params),
+                &x.to_device(device),
+                (&angles.cos(), &angles.sin()),
+                Some(&mask),
+            )
+        };
+        let cuda = forward(Device::Cuda(0));
+        let cpu = forward(Device::Cpu);
+        assert!(max_difference(&cuda, &cpu) <= 1e-4);
     }
 }
