@@ -5,11 +5,18 @@
 // * backward of one unit seeded with an upstream gradient (torch::autograd::grad), returning
 //   the gradients instead of accumulating them into `.grad`;
 // * AdamW over all units at once (`_fused_adamw_`, which tch does not generate);
-// * the CUDA caching allocator's statistics.
+// * the CUDA caching allocator's statistics;
+// * causal attention within packed documents by flash attention's variable-length kernel
+//   (`_flash_attention_forward` with sequence offsets), which tch does not generate;
+// * page-locked copies of host tensors without tch's deprecated device argument (libtorch
+//   prints two warnings for every call that passes one);
+// * whether SDPA may choose cuDNN's kernel.
 // Every entry point catches C++ exceptions and returns them as a malloc'ed message
 // (nullptr on success); the caller frees it with shardrun_free_error.
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/_flash_attention_forward.h>
 #include <ATen/ops/_fused_adamw.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/DeviceGuard.h>
@@ -121,6 +128,42 @@ char* shardrun_cuda_memory(int device, int64_t* allocated, int64_t* peak_allocat
   } catch (const std::exception& e) {
     return error_message(e.what());
   }
+}
+
+// Causal attention of every document with itself: q (tokens, heads, head_dim), k and v
+// (tokens, kv_heads, head_dim), fp16 or bf16 on a CUDA device; `offsets` (int32, on that
+// device) the first token of each document and then the token count, `longest` the longest
+// document. Autograd records the kernel's own backward (FlashAttentionBackward0). What
+// torch.nn.attention.varlen.varlen_attn computes, with its default scale 1/sqrt(head_dim).
+char* shardrun_flash_varlen(const at::Tensor* q, const at::Tensor* k, const at::Tensor* v,
+                            const at::Tensor* offsets, int64_t longest, at::Tensor** out) {
+  try {
+    auto result = at::_flash_attention_forward(*q, *k, *v, *offsets, *offsets, longest, longest,
+                                               /*dropout_p=*/0.0, /*is_causal=*/true,
+                                               /*return_debug_mask=*/false);
+    *out = new at::Tensor(std::get<0>(result));
+    return nullptr;
+  } catch (const std::exception& e) {
+    return error_message(e.what());
+  }
+}
+
+// A page-locked copy of a host tensor, for copies to the GPU that do not block the host.
+char* shardrun_pin_memory(const at::Tensor* tensor, at::Tensor** out) {
+  try {
+    *out = new at::Tensor(tensor->pin_memory());
+    return nullptr;
+  } catch (const std::exception& e) {
+    return error_message(e.what());
+  }
+}
+
+// Whether SDPA may choose cuDNN's attention kernel (torch.backends.cuda.enable_cudnn_sdp);
+// returns what it was.
+bool shardrun_sdp_use_cudnn(bool enabled) {
+  bool before = at::globalContext().userEnabledCuDNNSDP();
+  at::globalContext().setSDPUseCuDNN(enabled);
+  return before;
 }
 
 }  // extern "C"

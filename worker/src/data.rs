@@ -34,8 +34,50 @@ pub struct Batch {
     pub targets: Tensor,
     pub position_ids: Option<Tensor>,
     pub document_ids: Option<Tensor>,
+    /// The same documents as `document_ids`, as bounds (made with them from host data).
+    pub document_bounds: Option<DocumentBounds>,
     /// Targets that carry loss (not -100); all of them for synthetic data.
     pub loss_tokens: u64,
+}
+
+/// Where the documents of a packed batch begin, its rows laid end to end, and the longest
+/// one: flash attention's variable-length kernel keeps attention within documents by these
+/// (`cu_seqlens`, `max_seqlen`) instead of a dense (seq × seq) mask.
+pub struct DocumentBounds {
+    /// int32: the offset of every document's first token, then the batch's token count.
+    pub offsets: Tensor,
+    /// Tokens of the longest document.
+    pub longest: i64,
+}
+
+impl DocumentBounds {
+    /// From the document id of every token, `seq_len` tokens a row: a document is a run of
+    /// equal ids within one row (the padding ending a row is one too), as the block-diagonal
+    /// mask of `document_ids` sees it.
+    pub fn from_ids(ids: &[i64], seq_len: usize) -> DocumentBounds {
+        let mut offsets = vec![0i32];
+        let mut longest = 0;
+        let mut start = 0;
+        for i in 1..=ids.len() {
+            let ends = i == ids.len() || i % seq_len.max(1) == 0 || ids[i] != ids[i - 1];
+            if ends {
+                offsets.push(i32::try_from(i).expect("a batch of fewer than 2^31 tokens"));
+                longest = longest.max(i - start);
+                start = i;
+            }
+        }
+        DocumentBounds {
+            offsets: Tensor::from_slice(&offsets),
+            longest: longest as i64,
+        }
+    }
+
+    pub(crate) fn map(&self, f: impl Fn(&Tensor) -> Tensor) -> DocumentBounds {
+        DocumentBounds {
+            offsets: f(&self.offsets),
+            longest: self.longest,
+        }
+    }
 }
 
 enum Source {
@@ -137,6 +179,7 @@ impl TrainingData {
                     targets: all.narrow(1, 1, seq).contiguous(),
                     position_ids: None,
                     document_ids: None,
+                    document_bounds: None,
                     loss_tokens: count * self.seq_len,
                 })
             }
@@ -161,6 +204,7 @@ impl TrainingData {
                     targets: Tensor::from_slice(&targets).view([n, *output_dim as i64]),
                     position_ids: None,
                     document_ids: None,
+                    document_bounds: None,
                     loss_tokens: count,
                 })
             }
@@ -182,6 +226,7 @@ impl Batch {
             targets,
             position_ids: None,
             document_ids: None,
+            document_bounds: None,
             loss_tokens,
         }
     }
@@ -195,17 +240,39 @@ impl Batch {
             targets: tensor(&host.targets),
             position_ids: host.position_ids.as_deref().map(tensor),
             document_ids: host.document_ids.as_deref().map(tensor),
+            document_bounds: host
+                .document_ids
+                .as_deref()
+                .map(|ids| DocumentBounds::from_ids(ids, host.seq_len)),
             loss_tokens: host.loss_tokens,
         }
     }
 
+    /// The batch on the training device: on a GPU copied from page-locked memory without
+    /// blocking the host (each copy is queued before the kernels that read it); a blocking
+    /// copy where memory cannot be page-locked.
+    pub fn upload(self, device: tch::Device) -> Batch {
+        if !device.is_cuda() {
+            return self;
+        }
+        self.map_tensors(|t| match crate::fsdp::shim::pin_memory(t) {
+            Ok(pinned) => pinned.to_device_(device, t.kind(), true, false),
+            Err(_) => t.to_device(device),
+        })
+    }
+
     pub fn to_device(&self, device: tch::Device) -> Batch {
-        let move_to = |t: &Tensor| t.to_device(device);
+        self.map_tensors(|t| t.to_device(device))
+    }
+
+    /// The batch with `f` applied to each of its tensors.
+    fn map_tensors(&self, f: impl Fn(&Tensor) -> Tensor) -> Batch {
         Batch {
-            inputs: move_to(&self.inputs),
-            targets: move_to(&self.targets),
-            position_ids: self.position_ids.as_ref().map(move_to),
-            document_ids: self.document_ids.as_ref().map(move_to),
+            inputs: f(&self.inputs),
+            targets: f(&self.targets),
+            position_ids: self.position_ids.as_ref().map(&f),
+            document_ids: self.document_ids.as_ref().map(&f),
+            document_bounds: self.document_bounds.as_ref().map(|b| b.map(&f)),
             loss_tokens: self.loss_tokens,
         }
     }

@@ -68,7 +68,7 @@ impl Evaluator {
         for g in 0..batches {
             let first = g * global + rank * self.per_device;
             let host_batch = documents.validation_batch(first, self.per_device);
-            let batch = Batch::from_host(&host_batch).to_device(device);
+            let batch = Batch::from_host(&host_batch).upload(device);
             let loss = engine.forward_only(&batch)?;
             crate::progress::advance();
             // A batch of padding only has no loss (its mean is NaN).

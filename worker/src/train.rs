@@ -153,25 +153,6 @@ pub fn device_of(kind: DeviceKind) -> Result<Device, TrainError> {
     }
 }
 
-/// A micro-batch on the training device: on a GPU copied from pinned memory without blocking
-/// the host (the copy is queued before the forward kernels that read it).
-fn upload(batch: Batch, device: Device) -> Batch {
-    let copy = |t: &Tensor| {
-        t.pin_memory(device)
-            .to_device_(device, t.kind(), true, false)
-    };
-    match device {
-        Device::Cuda(_) => Batch {
-            inputs: copy(&batch.inputs),
-            targets: copy(&batch.targets),
-            position_ids: batch.position_ids.as_ref().map(copy),
-            document_ids: batch.document_ids.as_ref().map(copy),
-            loss_tokens: batch.loss_tokens,
-        },
-        _ => batch,
-    }
-}
-
 /// What must hold before training starts; each failure says which field to fix.
 pub fn check_config(config: &TrainConfig) -> Result<(), TrainError> {
     let b = &config.batch;
@@ -497,7 +478,7 @@ impl Trainer {
                 if let Some(log) = &self.batch_log {
                     log.record(step + 1, m, first, &batch);
                 }
-                batches.push(upload(batch, self.device));
+                batches.push(batch.upload(self.device));
             }
             let data_time = loading.elapsed().as_secs_f64();
             // The loss is a mean over the step's target tokens (all ranks, all micro-batches),

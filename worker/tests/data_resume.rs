@@ -316,3 +316,54 @@ fn hybrid_shard_replicas_read_disjoint_samples_and_masked_data_matches_the_refer
         }
     }
 }
+
+/// Fine-tuning documents packed whole with the document mask: each batch's document bounds
+/// (what flash attention's variable-length kernel reads on a GPU) start exactly where the
+/// positions restart, rows laid end to end, and span every token.
+#[test]
+fn packed_batches_bound_their_documents_where_positions_restart() {
+    let tmp = temp_dir();
+    let dir = tmp.path();
+    let mut c = data_config(dir, corpus(dir));
+    // Rows of 4 KiB: several of the smaller files each, the larger ones truncated to one.
+    if let DataConfig::Dataset(d) = &mut c.data {
+        d.packing = Packing::WholeDocuments;
+        d.truncate = true;
+        d.document_mask = true;
+        d.seq_len = 4096;
+    }
+    if let ModelConfig::Transformer { max_seq_len, .. } = &mut c.model {
+        *max_seq_len = 4096;
+    }
+    let data = shardrun_worker::data::TrainingData::new(&c).expect("the documents prepare");
+    let mut documents_seen = 0;
+    for first in (0..48).step_by(8) {
+        let batch = data.samples(first, 8).expect("a batch");
+        let positions =
+            Vec::<i64>::try_from(batch.position_ids.as_ref().unwrap().reshape([-1])).unwrap();
+        let bounds = batch
+            .document_bounds
+            .as_ref()
+            .expect("bounds with the mask");
+        let offsets = Vec::<i32>::try_from(&bounds.offsets).unwrap();
+        let starts: Vec<usize> = positions
+            .iter()
+            .enumerate()
+            .filter(|(_, &p)| p == 0)
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(
+            offsets[..offsets.len() - 1]
+                .iter()
+                .map(|&o| o as usize)
+                .collect::<Vec<_>>(),
+            starts,
+            "batch at sample {first}"
+        );
+        assert_eq!(*offsets.last().unwrap() as usize, positions.len());
+        let longest = offsets.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+        assert_eq!(bounds.longest, i64::from(longest));
+        documents_seen += offsets.len() - 1;
+    }
+    assert!(documents_seen > 48, "{documents_seen} documents in 48 rows");
+}

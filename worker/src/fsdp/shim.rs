@@ -8,6 +8,11 @@
 //!   rather than accumulating them into `.grad`.
 //! * [`fused_adamw`]: AdamW on many tensors in one call (`_fused_adamw_`).
 //! * [`cuda_memory`]: the CUDA caching allocator's statistics.
+//! * [`flash_varlen`]: causal attention within packed documents, by flash attention's
+//!   variable-length kernel.
+//! * [`pin_memory`]: a page-locked copy of a host tensor (tch's passes a device argument
+//!   libtorch deprecates, with two warnings a call).
+//! * [`WithoutCudnnAttention`]: SDPA kept off cuDNN's kernel while it lives.
 
 use std::ffi::{c_char, c_int, CStr};
 use tch::Tensor;
@@ -44,6 +49,16 @@ extern "C" {
         weight_decay: f64,
         eps: f64,
     ) -> *mut c_char;
+    fn shardrun_flash_varlen(
+        q: CTensor,
+        k: CTensor,
+        v: CTensor,
+        offsets: CTensor,
+        longest: i64,
+        out: *mut CTensor,
+    ) -> *mut c_char;
+    fn shardrun_pin_memory(tensor: CTensor, out: *mut CTensor) -> *mut c_char;
+    fn shardrun_sdp_use_cudnn(enabled: bool) -> bool;
     fn shardrun_grad(
         output: CTensor,
         upstream: CTensor,
@@ -117,6 +132,67 @@ pub fn grad(
         .collect())
 }
 
+/// Causal attention of each document with itself, the documents laid end to end: `q`
+/// (tokens, heads, head_dim), `k` and `v` (tokens, kv_heads, head_dim; fewer heads are
+/// grouped-query attention), fp16 or bf16 on a CUDA device of compute capability 8.0 or
+/// more; `offsets` (int32, on the same device) the first token of every document and then
+/// the token count, `longest` the longest document's length. Scaled by 1/sqrt(head_dim).
+/// Differentiable. An input the kernel does not take is an error, before any launch.
+pub fn flash_varlen(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    offsets: &Tensor,
+    longest: i64,
+) -> Result<Tensor, ShimError> {
+    let mut out: CTensor = std::ptr::null_mut();
+    // SAFETY: all pointers are live at::Tensors; on success the shim writes one new
+    // at::Tensor* into `out`, which we take ownership of.
+    check(unsafe {
+        shardrun_flash_varlen(
+            q.as_ptr() as CTensor,
+            k.as_ptr() as CTensor,
+            v.as_ptr() as CTensor,
+            offsets.as_ptr() as CTensor,
+            longest,
+            &mut out,
+        )
+    })?;
+    // SAFETY: allocated by the shim with `new at::Tensor`.
+    Ok(unsafe { Tensor::from_ptr(out) })
+}
+
+/// A page-locked copy of the host tensor `tensor` (an error where no GPU driver is).
+pub fn pin_memory(tensor: &Tensor) -> Result<Tensor, ShimError> {
+    let mut out: CTensor = std::ptr::null_mut();
+    // SAFETY: a live at::Tensor; on success the shim writes one new at::Tensor* into `out`.
+    check(unsafe { shardrun_pin_memory(tensor.as_ptr() as CTensor, &mut out) })?;
+    // SAFETY: allocated by the shim with `new at::Tensor`.
+    Ok(unsafe { Tensor::from_ptr(out) })
+}
+
+/// While it lives, SDPA does not choose cuDNN's attention kernel (it takes flash, the
+/// memory-efficient kernel or math, as `torch.backends.cuda.enable_cudnn_sdp(False)`); the
+/// setting before comes back when it drops. Only the thread that computes may hold one.
+pub struct WithoutCudnnAttention {
+    before: bool,
+}
+
+impl WithoutCudnnAttention {
+    pub fn enter() -> WithoutCudnnAttention {
+        // SAFETY: sets a flag of libtorch's global context.
+        let before = unsafe { shardrun_sdp_use_cudnn(false) };
+        WithoutCudnnAttention { before }
+    }
+}
+
+impl Drop for WithoutCudnnAttention {
+    fn drop(&mut self) {
+        // SAFETY: as in `enter`.
+        unsafe { shardrun_sdp_use_cudnn(self.before) };
+    }
+}
+
 /// The CUDA caching allocator on one device, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CudaMemory {
@@ -184,4 +260,39 @@ pub fn fused_adamw(
             hyper.eps,
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cudnn_attention_comes_back_as_it_was() {
+        let outer = WithoutCudnnAttention::enter();
+        assert!(outer.before, "libtorch lets SDPA choose cuDNN by default");
+        {
+            let inner = WithoutCudnnAttention::enter();
+            assert!(!inner.before, "off while the outer guard lives");
+        }
+        let again = WithoutCudnnAttention::enter();
+        assert!(
+            !again.before,
+            "the inner guard restored the outer's setting, off"
+        );
+        drop(again);
+        drop(outer);
+        assert!(WithoutCudnnAttention::enter().before, "on again");
+    }
+
+    #[test]
+    fn pinning_without_a_gpu_driver_is_an_error_not_a_crash() {
+        let t = Tensor::from_slice(&[1i64, 2, 3]);
+        match pin_memory(&t) {
+            Ok(pinned) => assert_eq!(Vec::<i64>::try_from(&pinned).unwrap(), [1, 2, 3]),
+            Err(e) => {
+                assert!(!tch::Cuda::is_available(), "{e}");
+                eprintln!("no GPU here: {e}");
+            }
+        }
+    }
 }

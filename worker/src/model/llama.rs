@@ -12,12 +12,16 @@
 //! ```
 //!
 //! Packed sequences: when the batch carries `document_ids`, attention stays within each
-//! document (a block-diagonal causal mask); `position_ids` give each token's RoPE position.
+//! document; `position_ids` give each token's RoPE position. On a GPU in fp16/bf16 flash
+//! attention's variable-length kernel does it from the documents' bounds, computing no pair
+//! of tokens from different documents; elsewhere SDPA takes a block-diagonal causal mask.
 
 use super::{linear, token_loss, Model, ModelDescription, Params};
-use crate::data::Batch;
+use crate::data::{Batch, DocumentBounds};
+use crate::fsdp::shim;
 use shardrun_models::llama::{EMBED_TOKENS, LM_HEAD};
 use shardrun_models::{LlamaConfig, RopeScaling};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use tch::{Device, Kind, Tensor};
 
@@ -177,6 +181,23 @@ fn repeat_kv(x: &Tensor, repeats: i64) -> Tensor {
         .reshape([b, kv_heads * repeats, s, d])
 }
 
+/// Which earlier tokens each token attends to.
+#[derive(Clone, Copy)]
+pub enum Attend<'a> {
+    /// Every earlier token of its row.
+    Causal,
+    /// The earlier tokens of its own document: `ids` (batch, seq) name each token's
+    /// document; `bounds`, where the batch has them, are the same documents laid end to end.
+    Documents {
+        ids: &'a Tensor,
+        bounds: Option<&'a DocumentBounds>,
+    },
+}
+
+/// Set once flash attention's variable-length kernel has refused an input: packed documents
+/// then take the dense mask for the rest of the run.
+static FLASH_VARLEN_REFUSED: AtomicBool = AtomicBool::new(false);
+
 /// `LlamaAttention`: projections, RoPE, grouped-query scaled-dot-product attention; with
 /// `qk_norm`, `Qwen3Attention`: each query and key head RMS-normalised before RoPE.
 pub struct Attention {
@@ -192,7 +213,7 @@ impl Attention {
         p: &Params,
         x: &Tensor,
         (cos, sin): (&Tensor, &Tensor),
-        mask: Option<&Tensor>,
+        attend: Attend,
     ) -> Tensor {
         let (b, s, _) = x.size3().expect("activations are (batch, seq, dim)");
         let heads = |t: Tensor, n: i64| t.view([b, s, n, self.head_dim]);
@@ -207,32 +228,102 @@ impl Attention {
         let (cos, sin) = (cos.unsqueeze(1), sin.unsqueeze(1));
         let q = &q * &cos + rotate_half(&q) * &sin;
         let k = &k * &cos + rotate_half(&k) * &sin;
-        let grouped = self.n_kv_heads < self.n_heads;
-        // On CUDA only the flash kernel takes fewer key/value heads than query heads, and it
-        // takes no mask: packed documents with grouped keys would fall to the math kernel,
-        // which holds (batch, heads, seq, seq) scores. Repeating the key/value heads keeps
-        // them on the memory-efficient kernel, as `transformers`' SDPA attention does.
-        let (k, v, grouped) = if grouped && mask.is_some() && q.device().is_cuda() {
-            let repeats = self.n_heads / self.n_kv_heads;
-            (repeat_kv(&k, repeats), repeat_kv(&v, repeats), false)
-        } else {
-            (k, v, grouped)
+        let y = match attend {
+            Attend::Causal => self.scaled_dot_product(&q, &k, &v, None),
+            Attend::Documents { ids, bounds } => {
+                match bounds.and_then(|bounds| self.within_documents(&q, &k, &v, bounds)) {
+                    Some(y) => y,
+                    None => self.scaled_dot_product(&q, &k, &v, Some(&document_mask(ids))),
+                }
+            }
         };
-        let y = Tensor::scaled_dot_product_attention(
-            &q,
-            &k,
-            &v,
-            mask,
-            0.0,
-            mask.is_none(),
-            None,
-            grouped,
-        );
         let y = y
             .transpose(1, 2)
             .reshape([b, s, self.n_heads * self.head_dim]);
         linear(&p.pp("o_proj"), &y)
     }
+
+    /// SDPA on (batch, heads, seq, head_dim), causal or by `mask` (true = attend).
+    fn scaled_dot_product(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<&Tensor>,
+    ) -> Tensor {
+        let cuda = q.device().is_cuda();
+        let grouped = self.n_kv_heads < self.n_heads;
+        // On CUDA the memory-efficient kernel takes no fewer key/value heads than query
+        // heads, and flash and cuDNN, which do, take no fp32 (flash no mask either): grouped
+        // keys there would fall to the math kernel, which holds (batch, heads, seq, seq)
+        // scores. Repeated key/value heads keep them on the memory-efficient kernel, as
+        // `transformers`' SDPA attention repeats them whenever there is a mask.
+        let (k, v, grouped) = if grouped && cuda && (mask.is_some() || q.kind() == Kind::Float) {
+            let repeats = self.n_heads / self.n_kv_heads;
+            (repeat_kv(k, repeats), repeat_kv(v, repeats), false)
+        } else {
+            (k.shallow_clone(), v.shallow_clone(), grouped)
+        };
+        // cuDNN's kernel (SDPA's first choice on Hopper) returns NaN query gradients with a
+        // mask when seq % 128 == 64 and a row's scores are all very negative (PyTorch 2.11,
+        // pytorch/pytorch#196678): a masked call takes the memory-efficient kernel.
+        let _cudnn_off = (cuda && mask.is_some()).then(shim::WithoutCudnnAttention::enter);
+        Tensor::scaled_dot_product_attention(q, &k, &v, mask, 0.0, mask.is_none(), None, grouped)
+    }
+
+    /// Causal attention within each document by flash attention's variable-length kernel,
+    /// on (batch, heads, seq, head_dim) as SDPA is; `None` where the kernel does not apply
+    /// (not CUDA, fp32, heads wider than 256) or has refused an input (said once).
+    fn within_documents(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        bounds: &DocumentBounds,
+    ) -> Option<Tensor> {
+        let fits = q.device().is_cuda()
+            && matches!(q.kind(), Kind::BFloat16 | Kind::Half)
+            && self.head_dim <= 256
+            && !FLASH_VARLEN_REFUSED.load(Ordering::Relaxed);
+        if !fits {
+            return None;
+        }
+        let (b, _, s, _) = q
+            .size4()
+            .expect("queries are (batch, heads, seq, head_dim)");
+        // The rows end to end: (tokens, heads, head_dim).
+        let tokens = |t: &Tensor| {
+            let heads = t.size()[1];
+            t.transpose(1, 2).reshape([b * s, heads, self.head_dim])
+        };
+        match shim::flash_varlen(
+            &tokens(q),
+            &tokens(k),
+            &tokens(v),
+            &bounds.offsets,
+            bounds.longest,
+        ) {
+            Ok(y) => Some(y.view([b, s, self.n_heads, self.head_dim]).transpose(1, 2)),
+            Err(e) => {
+                if !FLASH_VARLEN_REFUSED.swap(true, Ordering::Relaxed) {
+                    eprintln!(
+                        "warning: flash attention's variable-length kernel refused the packed \
+                         documents ({e}); they attend through a dense mask instead, slower"
+                    );
+                }
+                None
+            }
+        }
+    }
+}
+
+/// Token i attends to token j iff j ≤ i and `ids` (batch, seq) puts both in the same
+/// document: a (batch, 1, seq, seq) mask, true = attend.
+fn document_mask(ids: &Tensor) -> Tensor {
+    let s = ids.size()[1];
+    let same = ids.unsqueeze(2).eq_tensor(&ids.unsqueeze(1));
+    let causal = Tensor::ones([s, s], (Kind::Bool, ids.device())).tril(0);
+    same.logical_and(&causal).unsqueeze(1)
 }
 
 /// `LlamaMLP`: SwiGLU.
@@ -258,12 +349,12 @@ impl DecoderLayer {
         p: &Params,
         h: &Tensor,
         rope: (&Tensor, &Tensor),
-        mask: Option<&Tensor>,
+        attend: Attend,
     ) -> Tensor {
         let attn_in = self.norm.forward(&p.pp("input_layernorm"), h);
         let h = h + self
             .attention
-            .forward(&p.pp("self_attn"), &attn_in, rope, mask);
+            .forward(&p.pp("self_attn"), &attn_in, rope, attend);
         let mlp_in = self.norm.forward(&p.pp("post_attention_layernorm"), &h);
         &h + self.mlp.forward(&p.pp("mlp"), &mlp_in)
     }
@@ -311,14 +402,16 @@ impl Llama {
         }
     }
 
-    /// With `document_ids`: token i attends to token j iff j ≤ i and both are in the same
-    /// document (true = attend). Without: `None`, plain causal attention.
-    fn document_mask(batch: &Batch, device: Device) -> Option<Tensor> {
-        let docs = batch.document_ids.as_ref()?.to_device(device);
-        let s = docs.size()[1];
-        let same = docs.unsqueeze(2).eq_tensor(&docs.unsqueeze(1));
-        let causal = Tensor::ones([s, s], (Kind::Bool, device)).tril(0);
-        Some(same.logical_and(&causal).unsqueeze(1))
+    /// What the batch's tokens attend to: the earlier tokens of their own document when the
+    /// batch has `document_ids` (`ids_on_device`: those, on the compute device).
+    fn attend<'a>(batch: &'a Batch, ids_on_device: &'a Option<Tensor>) -> Attend<'a> {
+        match ids_on_device {
+            Some(ids) => Attend::Documents {
+                ids,
+                bounds: batch.document_bounds.as_ref(),
+            },
+            None => Attend::Causal,
+        }
     }
 
     fn logits(&self, p: &Params, h: &Tensor) -> Tensor {
@@ -346,9 +439,10 @@ impl Model for Llama {
                 let (_, s, _) = x.size3().expect("activations are (batch, seq, dim)");
                 let positions = Self::positions(batch, s, x.device());
                 let (cos, sin) = self.rotary.cos_sin(&positions, x.kind());
-                let mask = Self::document_mask(batch, x.device());
+                let ids = batch.document_ids.as_ref().map(|d| d.to_device(x.device()));
                 let p = p.pp(&format!("model.layers.{}", i - 1));
-                self.layer.forward(&p, x, (&cos, &sin), mask.as_ref())
+                self.layer
+                    .forward(&p, x, (&cos, &sin), Self::attend(batch, &ids))
             }
         }
     }
@@ -367,120 +461,301 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    /// Two rows of two documents each, as `Llama::document_mask` builds their mask.
-    fn packed_mask(seq: i64, device: Device) -> Tensor {
-        let split = [5, 9];
-        let docs: Vec<i64> = split
-            .iter()
-            .enumerate()
-            .flat_map(|(row, &at)| (0..seq).map(move |j| 2 * row as i64 + i64::from(j >= at)))
-            .collect();
-        let mut batch = Batch::new(
-            Tensor::zeros([2, seq], (Kind::Int64, Device::Cpu)),
-            Tensor::zeros([2, seq], (Kind::Int64, Device::Cpu)),
-        );
-        batch.document_ids = Some(Tensor::from_slice(&docs).view([2, seq]));
-        Llama::document_mask(&batch, device).expect("a packed batch has a mask")
+    /// Document ids of two rows of 16 tokens, numbered from 0 in each row as packing writes
+    /// them: one document filling the first row, then documents of 9 and 4 tokens and 3 of
+    /// padding (an id of its own). Both rows start with document 0.
+    fn packed_ids() -> Vec<i64> {
+        let row = |lengths: &[usize]| -> Vec<i64> {
+            let mut ids = Vec::new();
+            for (d, &n) in lengths.iter().enumerate() {
+                ids.extend(std::iter::repeat_n(d as i64, n));
+            }
+            ids
+        };
+        [row(&[16]), row(&[9, 4, 3])].concat()
+    }
+
+    const SEQ: i64 = 16;
+
+    fn ids_tensor(device: Device) -> Tensor {
+        Tensor::from_slice(&packed_ids())
+            .view([2, SEQ])
+            .to_device(device)
     }
 
     fn max_difference(a: &Tensor, b: &Tensor) -> f64 {
-        let d = (a.to_device(Device::Cpu) - b.to_device(Device::Cpu))
-            .abs()
-            .max()
-            .double_value(&[]);
+        let d = (a.to_device(Device::Cpu).to_kind(Kind::Double)
+            - b.to_device(Device::Cpu).to_kind(Kind::Double))
+        .abs()
+        .max()
+        .double_value(&[]);
         assert!(d.is_finite(), "not finite: {d}");
         d
     }
 
     #[test]
-    fn repeated_key_value_heads_attend_as_grouped_query_attention() {
-        tch::manual_seed(7);
-        let (b, heads, kv_heads, s, d) = (2, 8, 2, 16, 4);
-        let q = Tensor::randn([b, heads, s, d], (Kind::Float, Device::Cpu));
-        let k = Tensor::randn([b, kv_heads, s, d], (Kind::Float, Device::Cpu));
-        let v = Tensor::randn([b, kv_heads, s, d], (Kind::Float, Device::Cpu));
-        let mask = packed_mask(s, Device::Cpu);
-        let grouped =
-            Tensor::scaled_dot_product_attention(&q, &k, &v, Some(&mask), 0.0, false, None, true);
-        let repeats = heads / kv_heads;
-        let repeated = Tensor::scaled_dot_product_attention(
+    fn document_bounds_are_the_runs_of_ids_in_each_row() {
+        let bounds = DocumentBounds::from_ids(&packed_ids(), SEQ as usize);
+        assert_eq!(
+            Vec::<i32>::try_from(&bounds.offsets).unwrap(),
+            [0, 16, 25, 29, 32]
+        );
+        assert_eq!(bounds.longest, 16);
+        let bounds = DocumentBounds::from_ids(&[0, 0, 0, 0, 0, 0], 3);
+        assert_eq!(Vec::<i32>::try_from(&bounds.offsets).unwrap(), [0, 3, 6]);
+        assert_eq!(bounds.longest, 3);
+        let none = DocumentBounds::from_ids(&[], 4);
+        assert_eq!(Vec::<i32>::try_from(&none.offsets).unwrap(), [0]);
+    }
+
+    /// What the variable-length kernel computes from the bounds (each document, rows end to
+    /// end, causal with itself) is what SDPA computes with the block-diagonal mask.
+    #[test]
+    fn documents_by_their_bounds_attend_as_by_the_mask() {
+        tch::manual_seed(5);
+        let (heads, d) = (4, 8);
+        let qkv = || Tensor::randn([2, heads, SEQ, d], (Kind::Float, Device::Cpu));
+        let (q, k, v) = (qkv(), qkv(), qkv());
+        let masked = Tensor::scaled_dot_product_attention(
             &q,
-            &repeat_kv(&k, repeats),
-            &repeat_kv(&v, repeats),
-            Some(&mask),
+            &k,
+            &v,
+            Some(&document_mask(&ids_tensor(Device::Cpu))),
             0.0,
             false,
             None,
             false,
         );
+        let bounds = DocumentBounds::from_ids(&packed_ids(), SEQ as usize);
+        let offsets = Vec::<i32>::try_from(&bounds.offsets).unwrap();
+        let tokens = |t: &Tensor| t.transpose(1, 2).reshape([2 * SEQ, heads, d]);
+        let (q, k, v) = (tokens(&q), tokens(&k), tokens(&v));
+        let pieces: Vec<Tensor> = offsets
+            .windows(2)
+            .map(|w| {
+                let (start, n) = (i64::from(w[0]), i64::from(w[1] - w[0]));
+                let part = |t: &Tensor| t.narrow(0, start, n).transpose(0, 1).unsqueeze(0);
+                Tensor::scaled_dot_product_attention(
+                    &part(&q),
+                    &part(&k),
+                    &part(&v),
+                    None::<Tensor>,
+                    0.0,
+                    true,
+                    None,
+                    false,
+                )
+                .squeeze_dim(0)
+                .transpose(0, 1)
+            })
+            .collect();
+        let bounded = Tensor::cat(&pieces, 0)
+            .view([2, SEQ, heads, d])
+            .transpose(1, 2);
+        assert!(max_difference(&masked, &bounded) <= 1e-6);
+    }
+
+    #[test]
+    fn repeated_key_value_heads_attend_as_grouped_query_attention() {
+        tch::manual_seed(7);
+        let (b, heads, kv_heads, d) = (2, 8, 2, 4);
+        let q = Tensor::randn([b, heads, SEQ, d], (Kind::Float, Device::Cpu));
+        let k = Tensor::randn([b, kv_heads, SEQ, d], (Kind::Float, Device::Cpu));
+        let v = Tensor::randn([b, kv_heads, SEQ, d], (Kind::Float, Device::Cpu));
+        let mask = document_mask(&ids_tensor(Device::Cpu));
+        let sdpa = |k: &Tensor, v: &Tensor, grouped: bool| {
+            Tensor::scaled_dot_product_attention(&q, k, v, Some(&mask), 0.0, false, None, grouped)
+        };
+        let grouped = sdpa(&k, &v, true);
+        let repeats = heads / kv_heads;
+        let repeated = sdpa(&repeat_kv(&k, repeats), &repeat_kv(&v, repeats), false);
         assert!(max_difference(&grouped, &repeated) <= 1e-6);
         // Head h reads key/value head h / repeats: another order would differ.
-        let wrong = k.repeat([1, repeats, 1, 1]);
-        let misordered = Tensor::scaled_dot_product_attention(
-            &q,
-            &wrong,
+        let misordered = sdpa(
+            &k.repeat([1, repeats, 1, 1]),
             &v.repeat([1, repeats, 1, 1]),
-            Some(&mask),
-            0.0,
-            false,
-            None,
             false,
         );
         assert!(max_difference(&grouped, &misordered) > 1e-3);
     }
 
-    /// On a GPU the masked grouped attention takes the repeated path: it must give what the
-    /// CPU gives with grouped heads.
-    #[test]
-    fn masked_grouped_attention_on_the_gpu_equals_the_cpu() {
-        if !tch::Cuda::is_available() {
-            eprintln!("no CUDA device here: bench/gpu.sh runs this test on a GPU");
-            return;
-        }
-        tch::manual_seed(11);
-        let (dim, heads, kv_heads, s) = (32, 8, 2, 16);
-        let head_dim = dim / heads;
-        let attention = Attention {
-            n_heads: heads,
-            n_kv_heads: kv_heads,
-            head_dim,
-            qk_norm: None,
-        };
-        let weights = |device: Device| -> HashMap<String, Tensor> {
+    /// An attention layer with grouped key/value heads and random weights on `device`.
+    struct Layer {
+        attention: Attention,
+        params: HashMap<String, Tensor>,
+        x: Tensor,
+    }
+
+    const DIM: i64 = 64;
+
+    impl Layer {
+        fn new(device: Device, kind: Kind) -> Layer {
+            let (heads, kv_heads) = (4, 2);
+            let head_dim = DIM / heads;
             tch::manual_seed(3);
-            [
+            let params = [
                 ("q_proj.weight", heads * head_dim),
                 ("k_proj.weight", kv_heads * head_dim),
                 ("v_proj.weight", kv_heads * head_dim),
-                ("o_proj.weight", dim),
+                ("o_proj.weight", DIM),
             ]
             .into_iter()
             .map(|(name, rows)| {
-                let w = Tensor::randn([rows, dim], (Kind::Float, Device::Cpu)) * 0.2;
-                (name.to_string(), w.to_device(device))
+                let w = Tensor::randn([rows, DIM], (Kind::Float, Device::Cpu)) * 0.2;
+                let w = w.to_kind(kind).to_device(device).set_requires_grad(true);
+                (name.to_string(), w)
             })
-            .collect()
-        };
-        let x = Tensor::randn([2, s, dim], (Kind::Float, Device::Cpu));
-        let positions = Tensor::arange(s, (Kind::Int64, Device::Cpu)).unsqueeze(0);
-        let forward = |device: Device| {
-            let params = weights(device);
-            let freqs = positions
+            .collect();
+            let x = Tensor::randn([2, SEQ, DIM], (Kind::Float, Device::Cpu))
+                .to_kind(kind)
                 .to_device(device)
-                .unsqueeze(-1)
-                .to_kind(Kind::Float)
-                * 0.1;
+                .set_requires_grad(true);
+            Layer {
+                attention: Attention {
+                    n_heads: heads,
+                    n_kv_heads: kv_heads,
+                    head_dim,
+                    qk_norm: None,
+                },
+                params,
+                x,
+            }
+        }
+
+        /// The output and the gradients of its sum with respect to the input and every weight.
+        fn run(&self, attend: Attend) -> (Tensor, Vec<Tensor>) {
+            let device = self.x.device();
+            let head_dim = self.attention.head_dim;
+            let positions = Tensor::arange(SEQ, (Kind::Int64, device)).unsqueeze(0);
+            let freqs = positions.unsqueeze(-1).to_kind(Kind::Float) * 0.1;
             let angles = Tensor::cat(&[&freqs.repeat([1, 1, head_dim / 2]); 2], -1);
-            let mask = packed_mask(s, device);
-            attention.forward(
-                &Params::new(&params),
-                &x.to_device(device),
-                (&angles.cos(), &angles.sin()),
-                Some(&mask),
-            )
+            let kind = self.x.kind();
+            let (cos, sin) = (angles.cos().to_kind(kind), angles.sin().to_kind(kind));
+            let y =
+                self.attention
+                    .forward(&Params::new(&self.params), &self.x, (&cos, &sin), attend);
+            let mut inputs = vec![&self.x];
+            let mut names: Vec<_> = self.params.keys().collect();
+            names.sort();
+            inputs.extend(names.into_iter().map(|n| &self.params[n]));
+            let grads = Tensor::run_backward(
+                &[y.to_kind(Kind::Float).sum(Kind::Float)],
+                &inputs,
+                false,
+                false,
+            );
+            (y, grads)
+        }
+    }
+
+    fn cuda_or_say() -> bool {
+        let available = tch::Cuda::is_available();
+        if !available {
+            eprintln!("no CUDA device here: bench/gpu.sh runs this test on a GPU");
+        }
+        available
+    }
+
+    /// On a GPU masked grouped attention repeats the key/value heads: it must give what
+    /// the CPU gives with grouped heads.
+    #[test]
+    fn masked_grouped_attention_on_the_gpu_equals_the_cpu() {
+        if !cuda_or_say() {
+            return;
+        }
+        let run = |device: Device| {
+            let ids = ids_tensor(device);
+            Layer::new(device, Kind::Float).run(Attend::Documents {
+                ids: &ids,
+                bounds: None,
+            })
         };
-        let cuda = forward(Device::Cuda(0));
-        let cpu = forward(Device::Cpu);
+        let (cuda, cuda_grads) = run(Device::Cuda(0));
+        let (cpu, cpu_grads) = run(Device::Cpu);
         assert!(max_difference(&cuda, &cpu) <= 1e-4);
+        for (a, b) in cuda_grads.iter().zip(&cpu_grads) {
+            assert!(max_difference(a, b) <= 1e-3);
+        }
+        // fp32 without a mask repeats them too (flash and cuDNN take no fp32).
+        let (cuda, _) = Layer::new(Device::Cuda(0), Kind::Float).run(Attend::Causal);
+        let (cpu, _) = Layer::new(Device::Cpu, Kind::Float).run(Attend::Causal);
+        assert!(max_difference(&cuda, &cpu) <= 1e-4);
+    }
+
+    /// Scores all far below zero with a mask and seq % 128 == 64: cuDNN's backward gives NaN
+    /// query gradients there (PyTorch 2.11 on Hopper), so masked attention must not use it.
+    #[test]
+    fn masked_attention_on_the_gpu_has_finite_gradients_where_cudnn_has_not() {
+        if !cuda_or_say() {
+            return;
+        }
+        let device = Device::Cuda(0);
+        let (l, d) = (704, 64);
+        tch::manual_seed(0);
+        let randn = |scale: f64| {
+            (Tensor::randn([1, 1, l, d], (Kind::Float, device)) * scale).to_kind(Kind::BFloat16)
+        };
+        let (q, k, v) = (randn(0.1), randn(0.1), randn(1.0));
+        let _ = q.narrow(3, 0, 1).fill_(1.0);
+        let _ = k.narrow(3, 0, 1).fill_(-120.0 * (d as f64).sqrt());
+        let (q, k, v) = (
+            q.set_requires_grad(true),
+            k.set_requires_grad(true),
+            v.set_requires_grad(true),
+        );
+        let attention = Attention {
+            n_heads: 1,
+            n_kv_heads: 1,
+            head_dim: d,
+            qk_norm: None,
+        };
+        let mask = Tensor::ones([l, l], (Kind::Bool, device))
+            .tril(0)
+            .view([1, 1, l, l]);
+        let y = attention.scaled_dot_product(&q, &k, &v, Some(&mask));
+        let upstream = Tensor::randn_like(&y);
+        let grads = Tensor::run_backward(
+            &[(y * upstream).sum(Kind::Float)],
+            &[&q, &k, &v],
+            false,
+            false,
+        );
+        for (name, g) in ["query", "key", "value"].iter().zip(&grads) {
+            let bad = g.isfinite().logical_not().sum(Kind::Int64).int64_value(&[]);
+            assert_eq!(bad, 0, "{bad} non-finite {name} gradients");
+        }
+    }
+
+    /// On a GPU in fp16, packed documents with their bounds take flash attention's
+    /// variable-length kernel: its output and gradients must be the dense mask's.
+    #[test]
+    fn packed_documents_by_flash_varlen_equal_the_dense_mask_on_the_gpu() {
+        if !cuda_or_say() {
+            return;
+        }
+        let device = Device::Cuda(0);
+        let layer = Layer::new(device, Kind::Half);
+        let ids = ids_tensor(device);
+        let host = DocumentBounds::from_ids(&packed_ids(), SEQ as usize);
+        let bounds = host.map(|t| t.to_device(device));
+        let (flash, flash_grads) = layer.run(Attend::Documents {
+            ids: &ids,
+            bounds: Some(&bounds),
+        });
+        assert!(
+            !FLASH_VARLEN_REFUSED.load(Ordering::Relaxed),
+            "the variable-length kernel refused the documents (its message is above)"
+        );
+        let (dense, dense_grads) = layer.run(Attend::Documents {
+            ids: &ids,
+            bounds: None,
+        });
+        let scale = max_difference(&dense, &dense.zeros_like());
+        assert!(scale > 0.1, "outputs too small to compare: {scale}");
+        assert!(max_difference(&flash, &dense) <= 1e-2 * scale);
+        for (a, b) in flash_grads.iter().zip(&dense_grads) {
+            let scale = max_difference(b, &b.zeros_like());
+            assert!(max_difference(a, b) <= 2e-2 * scale.max(1e-3));
+        }
     }
 }
