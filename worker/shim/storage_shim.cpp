@@ -135,14 +135,25 @@ char* shardrun_cuda_memory(int device, int64_t* allocated, int64_t* peak_allocat
 // device) the first token of each document and then the token count, `longest` the longest
 // document. Autograd records the kernel's own backward (FlashAttentionBackward0). What
 // torch.nn.attention.varlen.varlen_attn computes, with its default scale 1/sqrt(head_dim).
+// `*refused` is 1 when the kernel refused these inputs (its checks, before any launch), 0
+// when it failed otherwise (out of memory, a CUDA error): only a refusal may fall back.
 char* shardrun_flash_varlen(const at::Tensor* q, const at::Tensor* k, const at::Tensor* v,
-                            const at::Tensor* offsets, int64_t longest, at::Tensor** out) {
+                            const at::Tensor* offsets, int64_t longest, at::Tensor** out,
+                            int* refused) {
+  *refused = 0;
   try {
     auto result = at::_flash_attention_forward(*q, *k, *v, *offsets, *offsets, longest, longest,
                                                /*dropout_p=*/0.0, /*is_causal=*/true,
                                                /*return_debug_mask=*/false);
     *out = new at::Tensor(std::get<0>(result));
     return nullptr;
+  } catch (const c10::OutOfMemoryError& e) {
+    return error_message(e.what());
+  } catch (const c10::AcceleratorError& e) {
+    return error_message(e.what());
+  } catch (const c10::Error& e) {
+    *refused = 1;
+    return error_message(e.what());
   } catch (const std::exception& e) {
     return error_message(e.what());
   }
@@ -158,12 +169,9 @@ char* shardrun_pin_memory(const at::Tensor* tensor, at::Tensor** out) {
   }
 }
 
-// Whether SDPA may choose cuDNN's attention kernel (torch.backends.cuda.enable_cudnn_sdp);
-// returns what it was.
-bool shardrun_sdp_use_cudnn(bool enabled) {
-  bool before = at::globalContext().userEnabledCuDNNSDP();
-  at::globalContext().setSDPUseCuDNN(enabled);
-  return before;
-}
+// Whether SDPA may choose cuDNN's attention kernel (torch.backends.cuda.enable_cudnn_sdp).
+void shardrun_sdp_use_cudnn(bool enabled) { at::globalContext().setSDPUseCuDNN(enabled); }
+
+bool shardrun_sdp_cudnn_enabled() { return at::globalContext().userEnabledCuDNNSDP(); }
 
 }  // extern "C"

@@ -563,6 +563,11 @@ impl Trainer {
             self.engine.zero_grads();
             self.step += 1;
             self.reporter.step_done(self.step);
+            if self.step == first_step + 1 {
+                if let Some(note) = crate::model::llama::document_attention_note() {
+                    self.log(LogLevel::Info, note);
+                }
+            }
 
             let tokens_per_s = tokens_per_step / step_time;
             step_times.push(step_time);

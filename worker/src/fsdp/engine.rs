@@ -38,7 +38,7 @@ use crate::model::{Model, Params, SegmentSpec};
 use crate::optim::{adamw_step_fused, decay_weights, decayed_ranges};
 use shardrun_models::source::ParamSource;
 use shardrun_protocol::config::{OptimizerConfig, ShardingStrategy, WrapPolicy};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use tch::{Device, Kind, Tensor};
 
 #[derive(Debug, Clone)]
@@ -102,6 +102,8 @@ pub struct FsdpEngine {
     units: Vec<FlatUnit>,
     /// Every parameter by name: the leaf tensors viewing the gathered buffers.
     param_map: HashMap<String, Tensor>,
+    /// Per segment, the names of the parameters it declares (the only ones it may read).
+    segment_names: Vec<HashSet<String>>,
     /// Per unit: its last backward visit.
     last_backward: Vec<usize>,
     groups: ProcessGroups,
@@ -218,6 +220,10 @@ impl FsdpEngine {
                     .map(|(p, t)| (p.name.clone(), t.shallow_clone()))
             })
             .collect();
+        let segment_names = segments
+            .iter()
+            .map(|segment| segment.params.iter().cloned().collect())
+            .collect();
         Ok(FsdpEngine {
             model,
             segments,
@@ -225,6 +231,7 @@ impl FsdpEngine {
             segment_params,
             units,
             param_map,
+            segment_names,
             last_backward,
             groups,
             options,
@@ -403,7 +410,7 @@ impl FsdpEngine {
         let mut loss = None;
         for s in 0..k {
             self.prepare(s)?;
-            let p = Params::new(&self.param_map);
+            let p = Params::of_segment(&self.param_map, &self.segment_names[s]);
             if self.options.activation_checkpointing && self.segments[s].is_block {
                 let y = tch::no_grad(|| self.model.forward_segment(s, &p, &x, batch));
                 saved.push(Saved::Checkpoint {
@@ -440,7 +447,7 @@ impl FsdpEngine {
                 Some(Saved::Graph { input, output }) => (input, output),
                 Some(Saved::Checkpoint { input: x }) => {
                     let input = (s > 0).then(|| x.detach().set_requires_grad(true));
-                    let p = Params::new(&self.param_map);
+                    let p = Params::of_segment(&self.param_map, &self.segment_names[s]);
                     let y = self
                         .model
                         .forward_segment(s, &p, input.as_ref().unwrap_or(&x), batch);
@@ -510,7 +517,7 @@ impl FsdpEngine {
         let mut x = batch.inputs_as(self.options.param_kind);
         for s in 0..self.segments.len() {
             self.prepare(s)?;
-            let p = Params::new(&self.param_map);
+            let p = Params::of_segment(&self.param_map, &self.segment_names[s]);
             x = tch::no_grad(|| self.model.forward_segment(s, &p, &x, batch));
             self.after_forward(s)?;
         }

@@ -56,9 +56,11 @@ extern "C" {
         offsets: CTensor,
         longest: i64,
         out: *mut CTensor,
+        refused: *mut c_int,
     ) -> *mut c_char;
     fn shardrun_pin_memory(tensor: CTensor, out: *mut CTensor) -> *mut c_char;
-    fn shardrun_sdp_use_cudnn(enabled: bool) -> bool;
+    fn shardrun_sdp_use_cudnn(enabled: bool);
+    fn shardrun_sdp_cudnn_enabled() -> bool;
     fn shardrun_grad(
         output: CTensor,
         upstream: CTensor,
@@ -132,23 +134,36 @@ pub fn grad(
         .collect())
 }
 
+/// Why [`flash_varlen`] gave no output.
+#[derive(Debug, thiserror::Error)]
+pub enum VarlenError {
+    /// The kernel's checks refused these inputs, before any launch (an unsupported GPU,
+    /// dtype or head size): nothing happened on the device, another kernel may run instead.
+    #[error("{0}")]
+    Refused(ShimError),
+    /// It failed otherwise (out of device memory, a CUDA error): the step cannot go on.
+    #[error("{0}")]
+    Failed(ShimError),
+}
+
 /// Causal attention of each document with itself, the documents laid end to end: `q`
 /// (tokens, heads, head_dim), `k` and `v` (tokens, kv_heads, head_dim; fewer heads are
 /// grouped-query attention), fp16 or bf16 on a CUDA device of compute capability 8.0 or
 /// more; `offsets` (int32, on the same device) the first token of every document and then
 /// the token count, `longest` the longest document's length. Scaled by 1/sqrt(head_dim).
-/// Differentiable. An input the kernel does not take is an error, before any launch.
+/// Differentiable.
 pub fn flash_varlen(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     offsets: &Tensor,
     longest: i64,
-) -> Result<Tensor, ShimError> {
+) -> Result<Tensor, VarlenError> {
     let mut out: CTensor = std::ptr::null_mut();
+    let mut refused: c_int = 0;
     // SAFETY: all pointers are live at::Tensors; on success the shim writes one new
     // at::Tensor* into `out`, which we take ownership of.
-    check(unsafe {
+    let status = check(unsafe {
         shardrun_flash_varlen(
             q.as_ptr() as CTensor,
             k.as_ptr() as CTensor,
@@ -156,10 +171,15 @@ pub fn flash_varlen(
             offsets.as_ptr() as CTensor,
             longest,
             &mut out,
+            &mut refused,
         )
-    })?;
-    // SAFETY: allocated by the shim with `new at::Tensor`.
-    Ok(unsafe { Tensor::from_ptr(out) })
+    });
+    match status {
+        // SAFETY: allocated by the shim with `new at::Tensor`.
+        Ok(()) => Ok(unsafe { Tensor::from_ptr(out) }),
+        Err(e) if refused != 0 => Err(VarlenError::Refused(e)),
+        Err(e) => Err(VarlenError::Failed(e)),
+    }
 }
 
 /// A page-locked copy of the host tensor `tensor` (an error where no GPU driver is).
@@ -171,25 +191,42 @@ pub fn pin_memory(tensor: &Tensor) -> Result<Tensor, ShimError> {
     Ok(unsafe { Tensor::from_ptr(out) })
 }
 
-/// While it lives, SDPA does not choose cuDNN's attention kernel (it takes flash, the
-/// memory-efficient kernel or math, as `torch.backends.cuda.enable_cudnn_sdp(False)`); the
-/// setting before comes back when it drops. Only the thread that computes may hold one.
-pub struct WithoutCudnnAttention {
-    before: bool,
+/// Whether SDPA may choose cuDNN's attention kernel now.
+pub fn cudnn_attention_enabled() -> bool {
+    // SAFETY: reads a flag of libtorch's global context.
+    unsafe { shardrun_sdp_cudnn_enabled() }
 }
+
+/// While one lives, SDPA does not choose cuDNN's attention kernel (it takes flash, the
+/// memory-efficient kernel or math, as `torch.backends.cuda.enable_cudnn_sdp(False)`); when
+/// the last one alive drops, the setting before the first comes back. Counted over the
+/// process, so guards on several threads, or nested, end in the right order.
+pub struct WithoutCudnnAttention(());
+
+/// Guards alive, and the setting before the first of them.
+static CUDNN_OFF: std::sync::Mutex<(usize, bool)> = std::sync::Mutex::new((0, true));
 
 impl WithoutCudnnAttention {
     pub fn enter() -> WithoutCudnnAttention {
-        // SAFETY: sets a flag of libtorch's global context.
-        let before = unsafe { shardrun_sdp_use_cudnn(false) };
-        WithoutCudnnAttention { before }
+        let mut state = CUDNN_OFF.lock().unwrap_or_else(|e| e.into_inner());
+        if state.0 == 0 {
+            state.1 = cudnn_attention_enabled();
+            // SAFETY: sets a flag of libtorch's global context.
+            unsafe { shardrun_sdp_use_cudnn(false) };
+        }
+        state.0 += 1;
+        WithoutCudnnAttention(())
     }
 }
 
 impl Drop for WithoutCudnnAttention {
     fn drop(&mut self) {
-        // SAFETY: as in `enter`.
-        unsafe { shardrun_sdp_use_cudnn(self.before) };
+        let mut state = CUDNN_OFF.lock().unwrap_or_else(|e| e.into_inner());
+        state.0 -= 1;
+        if state.0 == 0 {
+            // SAFETY: as in `enter`.
+            unsafe { shardrun_sdp_use_cudnn(state.1) };
+        }
     }
 }
 
@@ -268,20 +305,32 @@ mod tests {
 
     #[test]
     fn cudnn_attention_comes_back_as_it_was() {
+        // Other tests may hold guards on other threads: the setting is checked only
+        // while this test's own guard keeps it off, and after all guards are gone.
         let outer = WithoutCudnnAttention::enter();
-        assert!(outer.before, "libtorch lets SDPA choose cuDNN by default");
+        assert!(!cudnn_attention_enabled());
         {
-            let inner = WithoutCudnnAttention::enter();
-            assert!(!inner.before, "off while the outer guard lives");
+            let _inner = WithoutCudnnAttention::enter();
+            assert!(!cudnn_attention_enabled());
         }
-        let again = WithoutCudnnAttention::enter();
         assert!(
-            !again.before,
-            "the inner guard restored the outer's setting, off"
+            !cudnn_attention_enabled(),
+            "the inner guard left the outer's setting"
         );
-        drop(again);
+        let other = std::thread::spawn(WithoutCudnnAttention::enter)
+            .join()
+            .expect("a guard taken on another thread");
         drop(outer);
-        assert!(WithoutCudnnAttention::enter().before, "on again");
+        assert!(
+            !cudnn_attention_enabled(),
+            "the other thread's guard keeps it off"
+        );
+        drop(other);
+        let idle = CUDNN_OFF.lock().unwrap().0 == 0;
+        assert!(
+            !idle || cudnn_attention_enabled(),
+            "on again once no guard lives"
+        );
     }
 
     #[test]

@@ -21,7 +21,7 @@ use crate::data::{Batch, DocumentBounds};
 use crate::fsdp::shim;
 use shardrun_models::llama::{EMBED_TOKENS, LM_HEAD};
 use shardrun_models::{LlamaConfig, RopeScaling};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, PoisonError};
 use tch::{Device, Kind, Tensor};
 
@@ -194,9 +194,33 @@ pub enum Attend<'a> {
     },
 }
 
-/// Set once flash attention's variable-length kernel has refused an input: packed documents
-/// then take the dense mask for the rest of the run.
-static FLASH_VARLEN_REFUSED: AtomicBool = AtomicBool::new(false);
+/// How packed documents attended so far in this process: [`FLASH_VARLEN`] once flash
+/// attention's variable-length kernel ran, [`FLASH_VARLEN_REFUSED`] (for the rest of the run:
+/// they take the dense mask) once it refused an input.
+static DOCUMENT_ATTENTION: AtomicU8 = AtomicU8::new(0);
+const FLASH_VARLEN: u8 = 1;
+const FLASH_VARLEN_REFUSED: u8 = 2;
+
+/// A line for the run's log saying which kernel packed documents attended through, once
+/// one did on a GPU.
+pub fn document_attention_note() -> Option<&'static str> {
+    match DOCUMENT_ATTENTION.load(Ordering::Relaxed) {
+        FLASH_VARLEN => Some(
+            "packed documents attend within themselves through flash attention's \
+             variable-length kernel",
+        ),
+        FLASH_VARLEN_REFUSED => Some(
+            "packed documents attend through a dense mask: flash attention's variable-length \
+             kernel refused them (its reason is above)",
+        ),
+        _ => None,
+    }
+}
+
+/// Flash attention's variable-length kernel: (q, k, v) as (tokens, heads, head_dim), the
+/// documents' offsets and the longest one (see [`shim::flash_varlen`]).
+type VarlenKernel<'a> =
+    &'a dyn Fn(&Tensor, &Tensor, &Tensor, &Tensor, i64) -> Result<Tensor, shim::VarlenError>;
 
 /// `LlamaAttention`: projections, RoPE, grouped-query scaled-dot-product attention; with
 /// `qk_norm`, `Qwen3Attention`: each query and key head RMS-normalised before RoPE.
@@ -231,7 +255,9 @@ impl Attention {
         let y = match attend {
             Attend::Causal => self.scaled_dot_product(&q, &k, &v, None),
             Attend::Documents { ids, bounds } => {
-                match bounds.and_then(|bounds| self.within_documents(&q, &k, &v, bounds)) {
+                let flash = bounds.filter(|_| self.flash_varlen_fits(&q));
+                match flash.and_then(|b| self.within_documents(&q, &k, &v, b, &shim::flash_varlen))
+                {
                     Some(y) => y,
                     None => self.scaled_dot_product(&q, &k, &v, Some(&document_mask(ids))),
                 }
@@ -251,67 +277,92 @@ impl Attention {
         v: &Tensor,
         mask: Option<&Tensor>,
     ) -> Tensor {
-        let cuda = q.device().is_cuda();
+        let (k, v, grouped) = self.keys_for_sdpa(q, k, v, mask.is_some());
+        // cuDNN's kernel (SDPA's first choice on Hopper) returns NaN query gradients with a
+        // mask when seq % 128 == 64 and a row's scores are all very negative (PyTorch 2.11,
+        // pytorch/pytorch#196678): a masked call takes the memory-efficient kernel.
+        let _cudnn_off =
+            (q.device().is_cuda() && mask.is_some()).then(shim::WithoutCudnnAttention::enter);
+        Tensor::scaled_dot_product_attention(q, &k, &v, mask, 0.0, mask.is_none(), None, grouped)
+    }
+
+    /// The keys and values SDPA gets, and whether they are grouped (fewer heads than the
+    /// queries). On CUDA the memory-efficient kernel takes no grouped heads, and flash and
+    /// cuDNN, which do, take no fp32 (flash no mask either): grouped keys there would fall to
+    /// the math kernel, which holds (batch, heads, seq, seq) scores. Repeated key/value heads
+    /// keep them on the memory-efficient kernel, as `transformers`' SDPA attention repeats
+    /// them whenever there is a mask.
+    fn keys_for_sdpa(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        masked: bool,
+    ) -> (Tensor, Tensor, bool) {
         let grouped = self.n_kv_heads < self.n_heads;
-        // On CUDA the memory-efficient kernel takes no fewer key/value heads than query
-        // heads, and flash and cuDNN, which do, take no fp32 (flash no mask either): grouped
-        // keys there would fall to the math kernel, which holds (batch, heads, seq, seq)
-        // scores. Repeated key/value heads keep them on the memory-efficient kernel, as
-        // `transformers`' SDPA attention repeats them whenever there is a mask.
-        let (k, v, grouped) = if grouped && cuda && (mask.is_some() || q.kind() == Kind::Float) {
+        if grouped && q.device().is_cuda() && (masked || q.kind() == Kind::Float) {
             let repeats = self.n_heads / self.n_kv_heads;
             (repeat_kv(k, repeats), repeat_kv(v, repeats), false)
         } else {
             (k.shallow_clone(), v.shallow_clone(), grouped)
-        };
-        // cuDNN's kernel (SDPA's first choice on Hopper) returns NaN query gradients with a
-        // mask when seq % 128 == 64 and a row's scores are all very negative (PyTorch 2.11,
-        // pytorch/pytorch#196678): a masked call takes the memory-efficient kernel.
-        let _cudnn_off = (cuda && mask.is_some()).then(shim::WithoutCudnnAttention::enter);
-        Tensor::scaled_dot_product_attention(q, &k, &v, mask, 0.0, mask.is_none(), None, grouped)
+        }
     }
 
-    /// Causal attention within each document by flash attention's variable-length kernel,
-    /// on (batch, heads, seq, head_dim) as SDPA is; `None` where the kernel does not apply
-    /// (not CUDA, fp32, heads wider than 256) or has refused an input (said once).
+    /// Whether flash attention's variable-length kernel takes these queries: on CUDA, in
+    /// fp16 or bf16, heads of at most 256 in multiples of 8, and it has not refused the run's
+    /// documents before.
+    fn flash_varlen_fits(&self, q: &Tensor) -> bool {
+        q.device().is_cuda()
+            && matches!(q.kind(), Kind::BFloat16 | Kind::Half)
+            && self.head_dim <= 256
+            && self.head_dim % 8 == 0
+            && DOCUMENT_ATTENTION.load(Ordering::Relaxed) != FLASH_VARLEN_REFUSED
+    }
+
+    /// Causal attention within each document by `kernel` on the rows laid end to end, for
+    /// (batch, heads, seq, head_dim) as SDPA takes them; `None` when the kernel refused the
+    /// inputs (said once, the run then keeps the dense mask). Any other failure (out of
+    /// device memory, a CUDA error) ends the rank, as a failing libtorch call does.
     fn within_documents(
         &self,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
         bounds: &DocumentBounds,
+        kernel: VarlenKernel,
     ) -> Option<Tensor> {
-        let fits = q.device().is_cuda()
-            && matches!(q.kind(), Kind::BFloat16 | Kind::Half)
-            && self.head_dim <= 256
-            && !FLASH_VARLEN_REFUSED.load(Ordering::Relaxed);
-        if !fits {
-            return None;
-        }
         let (b, _, s, _) = q
             .size4()
             .expect("queries are (batch, heads, seq, head_dim)");
-        // The rows end to end: (tokens, heads, head_dim).
+        // (tokens, heads, head_dim): RoPE left them laid out so, this copies nothing.
         let tokens = |t: &Tensor| {
             let heads = t.size()[1];
             t.transpose(1, 2).reshape([b * s, heads, self.head_dim])
         };
-        match shim::flash_varlen(
+        match kernel(
             &tokens(q),
             &tokens(k),
             &tokens(v),
             &bounds.offsets,
             bounds.longest,
         ) {
-            Ok(y) => Some(y.view([b, s, self.n_heads, self.head_dim]).transpose(1, 2)),
-            Err(e) => {
-                if !FLASH_VARLEN_REFUSED.swap(true, Ordering::Relaxed) {
+            Ok(y) => {
+                DOCUMENT_ATTENTION.store(FLASH_VARLEN, Ordering::Relaxed);
+                Some(y.view([b, s, self.n_heads, self.head_dim]).transpose(1, 2))
+            }
+            Err(shim::VarlenError::Refused(e)) => {
+                if DOCUMENT_ATTENTION.swap(FLASH_VARLEN_REFUSED, Ordering::Relaxed)
+                    != FLASH_VARLEN_REFUSED
+                {
                     eprintln!(
                         "warning: flash attention's variable-length kernel refused the packed \
                          documents ({e}); they attend through a dense mask instead, slower"
                     );
                 }
                 None
+            }
+            Err(shim::VarlenError::Failed(e)) => {
+                panic!("flash attention's variable-length kernel failed: {e}")
             }
         }
     }
@@ -508,51 +559,77 @@ mod tests {
         assert_eq!(Vec::<i32>::try_from(&none.offsets).unwrap(), [0]);
     }
 
-    /// What the variable-length kernel computes from the bounds (each document, rows end to
-    /// end, causal with itself) is what SDPA computes with the block-diagonal mask.
-    #[test]
-    fn documents_by_their_bounds_attend_as_by_the_mask() {
-        tch::manual_seed(5);
-        let (heads, d) = (4, 8);
-        let qkv = || Tensor::randn([2, heads, SEQ, d], (Kind::Float, Device::Cpu));
-        let (q, k, v) = (qkv(), qkv(), qkv());
-        let masked = Tensor::scaled_dot_product_attention(
-            &q,
-            &k,
-            &v,
-            Some(&document_mask(&ids_tensor(Device::Cpu))),
-            0.0,
-            false,
-            None,
-            false,
-        );
-        let bounds = DocumentBounds::from_ids(&packed_ids(), SEQ as usize);
-        let offsets = Vec::<i32>::try_from(&bounds.offsets).unwrap();
-        let tokens = |t: &Tensor| t.transpose(1, 2).reshape([2 * SEQ, heads, d]);
-        let (q, k, v) = (tokens(&q), tokens(&k), tokens(&v));
+    /// What flash attention's variable-length kernel computes, on the CPU: each document
+    /// (rows laid end to end) causal with itself, grouped key/value heads as SDPA takes them.
+    fn each_document_alone(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        offsets: &Tensor,
+        _longest: i64,
+    ) -> Result<Tensor, shim::VarlenError> {
+        let offsets = Vec::<i32>::try_from(offsets).expect("int32 offsets");
         let pieces: Vec<Tensor> = offsets
             .windows(2)
             .map(|w| {
                 let (start, n) = (i64::from(w[0]), i64::from(w[1] - w[0]));
+                // (n, heads, d) -> (1, heads, n, d) and back.
                 let part = |t: &Tensor| t.narrow(0, start, n).transpose(0, 1).unsqueeze(0);
                 Tensor::scaled_dot_product_attention(
-                    &part(&q),
-                    &part(&k),
-                    &part(&v),
+                    &part(q),
+                    &part(k),
+                    &part(v),
                     None::<Tensor>,
                     0.0,
                     true,
                     None,
-                    false,
+                    true,
                 )
                 .squeeze_dim(0)
                 .transpose(0, 1)
             })
             .collect();
-        let bounded = Tensor::cat(&pieces, 0)
-            .view([2, SEQ, heads, d])
-            .transpose(1, 2);
+        Ok(Tensor::cat(&pieces, 0))
+    }
+
+    /// The variable-length path (the layout around the kernel, and the documents' bounds)
+    /// attends as SDPA with the block-diagonal mask does.
+    #[test]
+    fn documents_by_their_bounds_attend_as_by_the_mask() {
+        tch::manual_seed(5);
+        let attention = Attention {
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 8,
+            qk_norm: None,
+        };
+        // Laid out as RoPE leaves them: (batch, seq, heads, d) in memory.
+        let qkv = |heads: i64| {
+            Tensor::randn([2, SEQ, heads, 8], (Kind::Float, Device::Cpu)).transpose(1, 2)
+        };
+        let (q, k, v) = (qkv(4), qkv(2), qkv(2));
+        let masked = attention.scaled_dot_product(
+            &q,
+            &k,
+            &v,
+            Some(&document_mask(&ids_tensor(Device::Cpu))),
+        );
+        let bounds = DocumentBounds::from_ids(&packed_ids(), SEQ as usize);
+        let bounded = attention
+            .within_documents(&q, &k, &v, &bounds, &each_document_alone)
+            .expect("the kernel took them");
+        assert_eq!(bounded.size(), masked.size());
         assert!(max_difference(&masked, &bounded) <= 1e-6);
+        // Without the bounds' row break, document 0 of the second row would see the first
+        // row's document 0.
+        let merged = DocumentBounds {
+            offsets: Tensor::from_slice(&[0i32, 25, 29, 32]),
+            longest: 25,
+        };
+        let wrong = attention
+            .within_documents(&q, &k, &v, &merged, &each_document_alone)
+            .unwrap();
+        assert!(max_difference(&masked, &wrong) > 1e-3);
     }
 
     #[test]
@@ -676,10 +753,43 @@ mod tests {
         for (a, b) in cuda_grads.iter().zip(&cpu_grads) {
             assert!(max_difference(a, b) <= 1e-3);
         }
-        // fp32 without a mask repeats them too (flash and cuDNN take no fp32).
-        let (cuda, _) = Layer::new(Device::Cuda(0), Kind::Float).run(Attend::Causal);
-        let (cpu, _) = Layer::new(Device::Cpu, Kind::Float).run(Attend::Causal);
-        assert!(max_difference(&cuda, &cpu) <= 1e-4);
+    }
+
+    /// On a GPU grouped key/value heads never leave SDPA with only its math kernel (which
+    /// holds every head's seq × seq scores): fp32 or bf16, causal or masked.
+    #[test]
+    fn grouped_attention_on_the_gpu_takes_a_fused_kernel() {
+        if !cuda_or_say() {
+            return;
+        }
+        const MATH: i64 = 0;
+        let device = Device::Cuda(0);
+        let attention = Attention {
+            n_heads: 8,
+            n_kv_heads: 2,
+            head_dim: 64,
+            qk_norm: None,
+        };
+        let mask = document_mask(&ids_tensor(device));
+        for kind in [Kind::Float, Kind::BFloat16] {
+            let qkv = |heads| Tensor::randn([2, heads, SEQ, 64], (kind, device));
+            let (q, k, v) = (qkv(8), qkv(2), qkv(2));
+            for mask in [None, Some(&mask)] {
+                let (k, v, grouped) = attention.keys_for_sdpa(&q, &k, &v, mask.is_some());
+                let _cudnn_off = mask.map(|_| shim::WithoutCudnnAttention::enter());
+                let choice = Tensor::internal_fused_sdp_choice(
+                    &q,
+                    &k,
+                    &v,
+                    mask,
+                    0.0,
+                    mask.is_none(),
+                    None,
+                    grouped,
+                );
+                assert_ne!(choice, MATH, "{kind:?}, mask: {}", mask.is_some());
+            }
+        }
     }
 
     /// Scores all far below zero with a mask and seq % 128 == 64: cuDNN's backward gives NaN
@@ -742,9 +852,10 @@ mod tests {
             ids: &ids,
             bounds: Some(&bounds),
         });
-        assert!(
-            !FLASH_VARLEN_REFUSED.load(Ordering::Relaxed),
-            "the variable-length kernel refused the documents (its message is above)"
+        assert_eq!(
+            DOCUMENT_ATTENTION.load(Ordering::Relaxed),
+            FLASH_VARLEN,
+            "the variable-length kernel did not run (a refusal says why above)"
         );
         let (dense, dense_grads) = layer.run(Attend::Documents {
             ids: &ids,

@@ -16,7 +16,7 @@ use crate::data::Batch;
 use shardrun_models::hf::HfError;
 use shardrun_models::source::ParamSource;
 use shardrun_protocol::config::ModelConfig;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use tch::{Kind, Tensor};
 
 pub use shardrun_models::{Init, ModelDescription, ParamKind, ParamSpec, SegmentSpec};
@@ -25,13 +25,29 @@ pub use shardrun_models::{Init, ModelDescription, ParamKind, ParamSpec, SegmentS
 #[derive(Clone)]
 pub struct Params<'a> {
     map: &'a HashMap<String, Tensor>,
+    /// The names the running segment declares, when it runs under FSDP.
+    declared: Option<&'a HashSet<String>>,
     prefix: String,
 }
 
 impl<'a> Params<'a> {
+    /// Every parameter of `map`, whole (single-process training).
     pub fn new(map: &'a HashMap<String, Tensor>) -> Self {
         Params {
             map,
+            declared: None,
+            prefix: String::new(),
+        }
+    }
+
+    /// The parameters of one FSDP segment: those of `map` named in `declared`; reading
+    /// another is a bug in the model's description, stopped by name. Its unit may hold
+    /// memory all the same (gathered ahead for a later segment, its all-gather not waited
+    /// for, or kept from an earlier step): read, it would give wrong values on a GPU.
+    pub fn of_segment(map: &'a HashMap<String, Tensor>, declared: &'a HashSet<String>) -> Self {
+        Params {
+            map,
+            declared: Some(declared),
             prefix: String::new(),
         }
     }
@@ -52,34 +68,38 @@ impl<'a> Params<'a> {
             .map
             .get(&path)
             .unwrap_or_else(|| panic!("model reads parameter {path} it did not declare"));
-        resident(&path, tensor)
+        self.resident(&path, tensor)
     }
 
     /// `name` when the model has it (optional biases).
     pub fn maybe(&self, name: &str) -> Option<&'a Tensor> {
         let path = self.path(name);
-        self.map.get(&path).map(|tensor| resident(&path, tensor))
+        self.map
+            .get(&path)
+            .map(|tensor| self.resident(&path, tensor))
     }
 
     pub fn pp(&self, prefix: &str) -> Params<'a> {
         Params {
             map: self.map,
+            declared: self.declared,
             prefix: self.path(prefix),
         }
     }
-}
 
-/// `tensor`, after checking its unit is gathered. A segment that reads a parameter of a unit
-/// it did not declare would find its memory freed: a crash on the CPU, but on a GPU memory
-/// the caching allocator may have handed on, read as silently wrong values.
-fn resident<'a>(path: &str, tensor: &'a Tensor) -> &'a Tensor {
-    if crate::fsdp::shim::storage_nbytes(tensor) == 0 && tensor.numel() > 0 {
-        panic!(
-            "model reads parameter {path} outside its segment: its FSDP unit is not gathered \
-             (the segment's description must name it)"
-        );
+    /// `tensor`, after checking the running segment may read it and its memory is there.
+    /// Read otherwise, its memory may be freed (a crash on the CPU; on a GPU, memory the
+    /// caching allocator handed on, read as silently wrong values) or still being gathered.
+    fn resident(&self, path: &str, tensor: &'a Tensor) -> &'a Tensor {
+        let undeclared = self.declared.is_some_and(|d| !d.contains(path));
+        if undeclared || (crate::fsdp::shim::storage_nbytes(tensor) == 0 && tensor.numel() > 0) {
+            panic!(
+                "model reads parameter {path} outside its segment: its FSDP unit is not \
+                 gathered for it (the segment's description must name it)"
+            );
+        }
+        tensor
     }
-    tensor
 }
 
 /// A model: its description and the forward of each segment.
@@ -215,5 +235,23 @@ mod tests {
         let map = one_param("head.bias");
         crate::fsdp::shim::release_storage(&map["head.bias"]).unwrap();
         Params::new(&map).pp("head").maybe("bias");
+    }
+
+    /// Memory there (a unit gathered ahead for a later segment) is no licence to read it.
+    #[test]
+    #[should_panic(expected = "model reads parameter head.bias outside its segment")]
+    fn a_resident_parameter_another_segment_declares_stops_with_its_name() {
+        let map = one_param("head.bias");
+        let declared = HashSet::from(["layers.0.attn.weight".to_string()]);
+        Params::of_segment(&map, &declared).pp("head").maybe("bias");
+    }
+
+    #[test]
+    fn a_segment_reads_what_it_declares() {
+        let map = one_param("head.bias");
+        let declared = HashSet::from(["head.bias".to_string()]);
+        let p = Params::of_segment(&map, &declared).pp("head");
+        assert_eq!(p.get("bias").size(), [4, 4]);
+        assert!(p.maybe("weight").is_none());
     }
 }

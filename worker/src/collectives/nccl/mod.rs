@@ -441,7 +441,15 @@ impl NcclCommunicator {
             let status = call(comm.raw, comm.stream.raw().cast());
             comm.complete(what, status, Instant::now() + comm.timeout)?;
         }
-        let done = Arc::new(CudaEvent::record(comm.stream.raw()).map_err(cuda_error)?);
+        let done = match CudaEvent::record(comm.stream.raw()) {
+            Ok(event) => Arc::new(event),
+            Err(e) => {
+                // Nothing could order the collective's end: the abort waits for its kernel
+                // before `keep` lets its buffers go.
+                comm.abort();
+                return Err(cuda_error(e));
+            }
+        };
         lock(&comm.in_flight).push_back(Pending {
             event: done.clone(),
             what,
