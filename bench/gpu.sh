@@ -71,7 +71,7 @@ device="${CHECK_DEVICE:-cuda}"
 bundle() {
   [[ -n "${OUT:-}" && -d "$OUT" && "$(cd "$OUT" && pwd)" != "$out" ]] || return 0
   tar czf "$OUT/gpu-results.tar.gz" -C "$out" --exclude='*checkpoints*' --exclude=export \
-    --exclude='*.safetensors' --exclude=bin --exclude=nccl-link --exclude='*.bin' .
+    --exclude='*.safetensors' --exclude=bin --exclude=nccl-link --exclude='*.bin' --exclude=documents .
   for f in checks.txt table.md table-llama.md table-packed.md gpu.txt; do [[ -f "$out/$f" ]] && cp "$out/$f" "$OUT/"; done
   return 0
 }
@@ -174,16 +174,17 @@ EOF
   echo "$f"
 }
 
-run_only() { # run_only NAME SPEC NPROC: shardrun run into $out/runs/NAME
-  "$bin/shardrun" run "$2" --device "$device" --nproc "$3" --run-dir "$out/runs/$1" --force --no-progress
-}
-run_job() { # run_job NAME SPEC NPROC: run_only, then the loss must fall and libtorch stay quiet
-  run_only "$@" && "$python" bench/gpu_checks.py trains "$out/runs/$1/metrics.jsonl" \
+run_only() { # run_only NAME SPEC NPROC: shardrun run into $out/runs/NAME; libtorch stays quiet
+  "$bin/shardrun" run "$2" --device "$device" --nproc "$3" --run-dir "$out/runs/$1" --force --no-progress \
     && quiet "$out/runs/$1/train.log"
+}
+run_job() { # run_job NAME SPEC NPROC: run_only, then the loss must fall
+  run_only "$@" && "$python" bench/gpu_checks.py trains "$out/runs/$1/metrics.jsonl"
 }
 quiet() { # quiet LOG: no libtorch warning ("[W1128 16:34:45.61 Memory.cpp:46] Warning: ...", the
            # date as month·100 + day, so "[W105 ..." on 5 January)
-  if grep -E '\[W[0-9]{3,4} [0-9:.]+ [^]]+\] Warning:' "$1" | head -5 | grep .; then
+  [[ -f "$1" ]] || { echo "no $1"; return 1; }
+  if grep -m5 -E '\[W[0-9]{3,4} [0-9:.]+ [^]]+\] Warning:' "$1"; then
     echo "libtorch warned (above) in $1"
     return 1
   fi

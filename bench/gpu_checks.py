@@ -23,6 +23,7 @@ Exits 1 with the reason when a check fails, 3 when it cannot run here (no `trans
 import json
 import math
 import os
+import shutil
 import statistics
 import struct
 import sys
@@ -174,16 +175,28 @@ def hf_exported(folder, config_path, metrics_path, step, rtol=1e-3):
     compare_next_loss(loss, metrics_path, step, rtol)
 
 
+def steady_figures(run_dir):
+    """A shardrun run's step records and its figures after 5 warm-up steps: median step time
+    (the slowest rank's) and tokens/s, median trained tokens/s and MFU (None where not
+    recorded), peak allocated and reserved bytes."""
+    ours = metrics(os.path.join(run_dir, "metrics.jsonl"))
+    steady = [m for m in ours if m["step"] > 5] or ours
+    median_of = lambda name: (statistics.median(v) if (v := [m[name] for m in steady
+                                                              if m.get(name) is not None]) else None)
+    return ours, {
+        "step_time_s": statistics.median(field(m, "step_time_max_s", "step_time_s") for m in steady),
+        "tokens_per_s": median_of("tokens_per_s"),
+        "trained_tokens_per_s": median_of("trained_tokens_per_s"),
+        "mfu": median_of("mfu"),
+        "peak": max(field(m, "peak_memory_max_bytes", "peak_memory_bytes") for m in ours),
+        "reserved": max((field(m, "peak_reserved_max_bytes", "peak_reserved_bytes") or 0) for m in ours),
+    }
+
+
 def table(out, name=""):
     suffix = f"-{name}" if name else ""
-    ours = metrics(os.path.join(out, f"bench{suffix}", "metrics.jsonl"))
-    steady = [m for m in ours if m["step"] > 5] or ours
-    step = statistics.median(field(m, "step_time_max_s", "step_time_s") for m in steady)
-    tps = statistics.median(m["tokens_per_s"] for m in steady)
-    mfus = [m["mfu"] for m in steady if m.get("mfu") is not None]
-    mfu = statistics.median(mfus) if mfus else None
-    peak = max(field(m, "peak_memory_max_bytes", "peak_memory_bytes") for m in ours)
-    reserved = max((field(m, "peak_reserved_max_bytes", "peak_reserved_bytes") or 0) for m in ours)
+    ours, f = steady_figures(os.path.join(out, f"bench{suffix}"))
+    step, tps, mfu, peak, reserved = f["step_time_s"], f["tokens_per_s"], f["mfu"], f["peak"], f["reserved"]
     with open(os.path.join(out, f"pytorch{suffix}.json")) as f:
         ref = json.loads([l for l in f.read().splitlines() if l.startswith("{")][-1])
     ref_peak = max(ref["peak_rss_bytes"])
@@ -217,7 +230,9 @@ def documents(folder, count, vocab, max_len):
     import random
 
     rng = random.Random(0)
-    os.makedirs(folder, exist_ok=True)
+    # Another size's documents (a CPU try-out before a GPU run) must not join the glob.
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
     total = 0
     for i in range(count):
         n = rng.randint(32, max_len)
@@ -246,18 +261,13 @@ def packed_spec(folder, mask):
 def packed_table(out):
     rows = [("document_mask", "step time (median)", "tokens/s", "trained tokens/s",
              "peak allocated", "peak reserved")]
+    gib = 2**30
     for name, mask in (("packed-masked", "true"), ("packed-unmasked", "false")):
-        ours = metrics(os.path.join(out, name, "metrics.jsonl"))
-        steady = [m for m in ours if m["step"] > 5] or ours
-        step = statistics.median(field(m, "step_time_max_s", "step_time_s") for m in steady)
-        tps = statistics.median(m["tokens_per_s"] for m in steady)
-        trained = [m["trained_tokens_per_s"] for m in steady if m.get("trained_tokens_per_s")]
-        peak = max(field(m, "peak_memory_max_bytes", "peak_memory_bytes") for m in ours)
-        reserved = max((field(m, "peak_reserved_max_bytes", "peak_reserved_bytes") or 0) for m in ours)
-        gib = 2**30
-        rows.append((mask, f"{step:.4f} s", f"{tps:,.0f}",
-                     f"{statistics.median(trained):,.0f}" if trained else "n/a",
-                     f"{peak / gib:.2f} GiB", f"{reserved / gib:.2f} GiB"))
+        _, f = steady_figures(os.path.join(out, name))
+        trained = f["trained_tokens_per_s"]
+        rows.append((mask, f"{f['step_time_s']:.4f} s", f"{f['tokens_per_s']:,.0f}",
+                     f"{trained:,.0f}" if trained else "n/a",
+                     f"{f['peak'] / gib:.2f} GiB", f"{f['reserved'] / gib:.2f} GiB"))
     for i, row in enumerate(rows):
         print("| " + " | ".join(row) + " |")
         if i == 0:

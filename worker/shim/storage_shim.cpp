@@ -30,6 +30,14 @@
 
 namespace {
 char* error_message(const char* what) { return strdup(what); }
+
+// libtorch's errors without the C++ stack trace their what() appends: a message for people.
+char* error_message(const std::exception& e) {
+  if (auto* error = dynamic_cast<const c10::Error*>(&e)) {
+    return strdup(error->what_without_backtrace());
+  }
+  return strdup(e.what());
+}
 }  // namespace
 
 extern "C" {
@@ -43,7 +51,7 @@ char* shardrun_storage_release(const at::Tensor* tensor) {
     storage->set_nbytes(0);
     return nullptr;
   } catch (const std::exception& e) {
-    return error_message(e.what());
+    return error_message(e);
   }
 }
 
@@ -58,7 +66,7 @@ char* shardrun_storage_allocate(const at::Tensor* tensor, size_t nbytes) {
     storage->set_nbytes(nbytes);
     return nullptr;
   } catch (const std::exception& e) {
-    return error_message(e.what());
+    return error_message(e);
   }
 }
 
@@ -81,7 +89,7 @@ char* shardrun_grad(const at::Tensor* output, const at::Tensor* upstream,
     for (int i = 0; i < n_inputs; ++i) grads[i] = new at::Tensor(result[i]);
     return nullptr;
   } catch (const std::exception& e) {
-    return error_message(e.what());
+    return error_message(e);
   }
 }
 
@@ -107,7 +115,7 @@ char* shardrun_fused_adamw(const at::Tensor* const* params, const at::Tensor* co
                       /*amsgrad=*/false, /*maximize=*/false);
     return nullptr;
   } catch (const std::exception& e) {
-    return error_message(e.what());
+    return error_message(e);
   }
 }
 
@@ -126,7 +134,7 @@ char* shardrun_cuda_memory(int device, int64_t* allocated, int64_t* peak_allocat
     *peak_reserved = stats.reserved_bytes[all].peak;
     return nullptr;
   } catch (const std::exception& e) {
-    return error_message(e.what());
+    return error_message(e);
   }
 }
 
@@ -148,14 +156,14 @@ char* shardrun_flash_varlen(const at::Tensor* q, const at::Tensor* k, const at::
     *out = new at::Tensor(std::get<0>(result));
     return nullptr;
   } catch (const c10::OutOfMemoryError& e) {
-    return error_message(e.what());
+    return error_message(e);
   } catch (const c10::AcceleratorError& e) {
-    return error_message(e.what());
+    return error_message(e);
   } catch (const c10::Error& e) {
     *refused = 1;
-    return error_message(e.what());
+    return error_message(e);
   } catch (const std::exception& e) {
-    return error_message(e.what());
+    return error_message(e);
   }
 }
 
@@ -165,7 +173,7 @@ char* shardrun_pin_memory(const at::Tensor* tensor, at::Tensor** out) {
     *out = new at::Tensor(tensor->pin_memory());
     return nullptr;
   } catch (const std::exception& e) {
-    return error_message(e.what());
+    return error_message(e);
   }
 }
 

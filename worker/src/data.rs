@@ -52,8 +52,10 @@ pub struct DocumentBounds {
 
 impl DocumentBounds {
     /// From the document id of every token, `seq_len` tokens a row: a document is a run of
-    /// equal ids within one row (the padding ending a row is one too), as the block-diagonal
-    /// mask of `document_ids` sees it.
+    /// equal ids within one row (the padding ending a row is one too). The same documents as
+    /// the block-diagonal mask of `document_ids` sees where, as packing writes them, each
+    /// document is contiguous and its neighbours in the row have other ids (the mask would
+    /// join two runs of one id in a row; these bounds keep them apart).
     pub fn from_ids(ids: &[i64], seq_len: usize) -> DocumentBounds {
         let mut offsets = vec![0i32];
         let mut longest = 0;
@@ -255,9 +257,18 @@ impl Batch {
         if !device.is_cuda() {
             return self;
         }
-        self.map_tensors(|t| match crate::fsdp::shim::pin_memory(t) {
+        self.map_tensors(|t| match crate::shim::pin_memory(t) {
             Ok(pinned) => pinned.to_device_(device, t.kind(), true, false),
-            Err(_) => t.to_device(device),
+            Err(e) => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    eprintln!(
+                        "warning: batches cannot be page-locked ({e}); each is copied to the \
+                         GPU with the host waiting"
+                    )
+                });
+                t.to_device(device)
+            }
         })
     }
 
@@ -355,6 +366,25 @@ impl BatchLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn document_bounds_are_the_runs_of_ids_in_each_row() {
+        // Two rows of 16, ids from 0 in each as packing writes them: one document filling
+        // the first row; documents of 9 and 4 tokens and 3 of padding in the second.
+        let mut ids = vec![0i64; 16];
+        ids.extend([0; 9].iter().chain(&[1; 4]).chain(&[2; 3]));
+        let bounds = DocumentBounds::from_ids(&ids, 16);
+        assert_eq!(
+            Vec::<i32>::try_from(&bounds.offsets).unwrap(),
+            [0, 16, 25, 29, 32]
+        );
+        assert_eq!(bounds.longest, 16);
+        let bounds = DocumentBounds::from_ids(&[0, 0, 0, 0, 0, 0], 3);
+        assert_eq!(Vec::<i32>::try_from(&bounds.offsets).unwrap(), [0, 3, 6]);
+        assert_eq!(bounds.longest, 3);
+        let none = DocumentBounds::from_ids(&[], 4);
+        assert_eq!(Vec::<i32>::try_from(&none.offsets).unwrap(), [0]);
+    }
 
     #[test]
     fn sample_slices_cover_the_global_micro_batch() {

@@ -24,6 +24,9 @@
 //! * [`checkpointing`]: saves and restores through the `shardrun-checkpoint` format.
 //! * [`metrics`]: memory, throughput, MFU; [`params_file`]: weights dumped as safetensors.
 //! * [`host`]: the one place device values are read on the host (once per step).
+//! * [`shim`]: what tch lacks, in C++ against libtorch (`worker/shim/`): storage freeing, seeded
+//!   unit backward, fused AdamW, flash attention over packed documents, page-locking, memory
+//!   statistics.
 
 pub mod checkpointing;
 pub mod collectives;
@@ -49,6 +52,7 @@ pub mod reference;
 pub mod rendezvous;
 pub mod report;
 pub mod scaler;
+pub mod shim;
 pub mod stop;
 pub mod train;
 pub mod world;

@@ -5,7 +5,7 @@
 //! they include every kernel of the step, the optimizer's included, not just the time the
 //! host took to queue them.
 
-use crate::fsdp::shim::CudaMemory;
+use crate::shim::CudaMemory;
 use shardrun_protocol::config::{DType, ModelConfig};
 use tch::Device;
 
@@ -58,7 +58,7 @@ impl Memory {
             };
         };
         Memory::of_gpu(
-            crate::fsdp::shim::cuda_memory(index).ok(),
+            crate::shim::cuda_memory(index).ok(),
             crate::cuda::memory_info().ok(),
             peak_rss_bytes,
         )

@@ -9,8 +9,8 @@
 //! decoupled (applied to the parameter before the Adam update), so the engine applies it by
 //! range and runs the fused update without it.
 
-use crate::fsdp::shim::{self, AdamWStep, ShimError};
 use crate::fsdp::FlatLayout;
+use crate::shim::{self, AdamWStep, ShimError};
 use shardrun_protocol::config::{OptimizerConfig, ParamKind};
 use std::ops::Range;
 use tch::{Kind, Tensor};

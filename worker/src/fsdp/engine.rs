@@ -27,7 +27,6 @@
 
 use super::flat::FlatLayout;
 use super::groups::ProcessGroups;
-use super::shim;
 use super::unit::{FlatUnit, PendingReduce};
 use super::wrap::plan_units;
 use super::FsdpError;
@@ -36,6 +35,7 @@ use crate::data::Batch;
 use crate::host;
 use crate::model::{Model, Params, SegmentSpec};
 use crate::optim::{adamw_step_fused, decay_weights, decayed_ranges};
+use crate::shim;
 use shardrun_models::source::ParamSource;
 use shardrun_protocol::config::{OptimizerConfig, ShardingStrategy, WrapPolicy};
 use std::collections::{HashMap, HashSet, VecDeque};

@@ -6,13 +6,13 @@
 //! * [`engine`]: forward and backward segment by segment, gathering units just in time
 //!   (with prefetch and a limit on gathers in flight), freeing them per strategy, and
 //!   reduce-scattering gradients as each unit's backward finishes;
-//! * [`groups`]: the process groups a strategy shards and replicates over;
-//! * [`shim`]: the storage and autograd entry points tch lacks (C++ in `worker/shim/`).
+//! * [`groups`]: the process groups a strategy shards and replicates over.
+//!
+//! Freeing gathered parameters and the seeded unit backward go through [`crate::shim`].
 
 pub mod engine;
 pub mod flat;
 pub mod groups;
-pub mod shim;
 pub mod unit;
 pub mod wrap;
 
@@ -27,7 +27,7 @@ pub enum FsdpError {
     #[error(transparent)]
     Comm(#[from] CommError),
     #[error(transparent)]
-    Shim(#[from] shim::ShimError),
+    Shim(#[from] crate::shim::ShimError),
     #[error("torch: {0}")]
     Torch(#[from] tch::TchError),
     #[error(transparent)]

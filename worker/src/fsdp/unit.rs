@@ -3,11 +3,11 @@
 //! forward and backward read. The gathered buffer holds memory only while the unit computes.
 
 use super::flat::FlatLayout;
-use super::shim;
 use super::FsdpError;
 use crate::collectives::{Communicator, ReduceOp, Work};
 use crate::model::{ParamKind, ParamSpec};
 use crate::optim::AdamWState;
+use crate::shim;
 use shardrun_models::source::ParamSource;
 use tch::{Device, Kind, Tensor};
 

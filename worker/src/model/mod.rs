@@ -92,7 +92,7 @@ impl<'a> Params<'a> {
     /// caching allocator handed on, read as silently wrong values) or still being gathered.
     fn resident(&self, path: &str, tensor: &'a Tensor) -> &'a Tensor {
         let undeclared = self.declared.is_some_and(|d| !d.contains(path));
-        if undeclared || (crate::fsdp::shim::storage_nbytes(tensor) == 0 && tensor.numel() > 0) {
+        if undeclared || (crate::shim::storage_nbytes(tensor) == 0 && tensor.numel() > 0) {
             panic!(
                 "model reads parameter {path} outside its segment: its FSDP unit is not \
                  gathered for it (the segment's description must name it)"
@@ -225,7 +225,7 @@ mod tests {
     #[should_panic(expected = "model reads parameter layers.0.attn.weight outside its segment")]
     fn reading_a_released_unit_stops_with_its_name() {
         let map = one_param("layers.0.attn.weight");
-        crate::fsdp::shim::release_storage(&map["layers.0.attn.weight"]).unwrap();
+        crate::shim::release_storage(&map["layers.0.attn.weight"]).unwrap();
         Params::new(&map).pp("layers.0.attn").get("weight");
     }
 
@@ -233,7 +233,7 @@ mod tests {
     #[should_panic(expected = "outside its segment")]
     fn an_optional_parameter_of_a_released_unit_stops_too() {
         let map = one_param("head.bias");
-        crate::fsdp::shim::release_storage(&map["head.bias"]).unwrap();
+        crate::shim::release_storage(&map["head.bias"]).unwrap();
         Params::new(&map).pp("head").maybe("bias");
     }
 

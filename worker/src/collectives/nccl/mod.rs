@@ -444,9 +444,11 @@ impl NcclCommunicator {
         let done = match CudaEvent::record(comm.stream.raw()) {
             Ok(event) => Arc::new(event),
             Err(e) => {
-                // Nothing could order the collective's end: the abort waits for its kernel
-                // before `keep` lets its buffers go.
+                // Nothing can order the collective's end before its buffers go back to the
+                // allocator: the communicator is aborted, the buffers kept for the rest of the
+                // process (which this error ends).
                 comm.abort();
+                std::mem::forget(keep);
                 return Err(cuda_error(e));
             }
         };

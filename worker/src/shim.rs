@@ -303,34 +303,51 @@ pub fn fused_adamw(
 mod tests {
     use super::*;
 
+    /// Whether any guard lives, and the setting, read together.
+    fn guards_and_setting() -> (usize, bool) {
+        let state = CUDNN_OFF.lock().unwrap();
+        (state.0, cudnn_attention_enabled())
+    }
+
     #[test]
     fn cudnn_attention_comes_back_as_it_was() {
-        // Other tests may hold guards on other threads: the setting is checked only
-        // while this test's own guard keeps it off, and after all guards are gone.
-        let outer = WithoutCudnnAttention::enter();
-        assert!(!cudnn_attention_enabled());
-        {
-            let _inner = WithoutCudnnAttention::enter();
+        // Other tests may hold guards on other threads: the setting is checked while this
+        // test's own guards keep it off, and otherwise only while no guard lives.
+        for before in [true, false] {
+            assert_eq!(
+                guards_and_setting().0,
+                0,
+                "no guard lives between tests here"
+            );
+            // SAFETY: sets a flag of libtorch's global context.
+            unsafe { shardrun_sdp_use_cudnn(before) };
+            let outer = WithoutCudnnAttention::enter();
             assert!(!cudnn_attention_enabled());
+            {
+                let _inner = WithoutCudnnAttention::enter();
+                assert!(!cudnn_attention_enabled());
+            }
+            assert!(
+                !cudnn_attention_enabled(),
+                "the inner guard left the outer's setting"
+            );
+            let other = std::thread::spawn(WithoutCudnnAttention::enter)
+                .join()
+                .expect("a guard taken on another thread");
+            drop(outer);
+            assert!(
+                !cudnn_attention_enabled(),
+                "the other thread's guard keeps it off"
+            );
+            drop(other);
+            assert_eq!(
+                guards_and_setting(),
+                (0, before),
+                "the setting found comes back"
+            );
         }
-        assert!(
-            !cudnn_attention_enabled(),
-            "the inner guard left the outer's setting"
-        );
-        let other = std::thread::spawn(WithoutCudnnAttention::enter)
-            .join()
-            .expect("a guard taken on another thread");
-        drop(outer);
-        assert!(
-            !cudnn_attention_enabled(),
-            "the other thread's guard keeps it off"
-        );
-        drop(other);
-        let idle = CUDNN_OFF.lock().unwrap().0 == 0;
-        assert!(
-            !idle || cudnn_attention_enabled(),
-            "on again once no guard lives"
-        );
+        // SAFETY: as above: libtorch's default again.
+        unsafe { shardrun_sdp_use_cudnn(true) };
     }
 
     #[test]
