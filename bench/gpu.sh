@@ -174,9 +174,12 @@ EOF
   echo "$f"
 }
 
-run_only() { # run_only NAME SPEC NPROC: shardrun run into $out/runs/NAME; libtorch stays quiet
-  "$bin/shardrun" run "$2" --device "$device" --nproc "$3" --run-dir "$out/runs/$1" --force --no-progress \
-    && quiet "$out/runs/$1/train.log"
+shardrun_run() { # shardrun_run SPEC NPROC RUN_DIR: a fresh run; libtorch stays quiet in its log
+  "$bin/shardrun" run "$1" --device "$device" --nproc "$2" --run-dir "$3" --force --no-progress \
+    && quiet "$3/train.log"
+}
+run_only() { # run_only NAME SPEC NPROC: shardrun_run into $out/runs/NAME
+  shardrun_run "$2" "$3" "$out/runs/$1"
 }
 run_job() { # run_job NAME SPEC NPROC: run_only, then the loss must fall
   run_only "$@" && "$python" bench/gpu_checks.py trains "$out/runs/$1/metrics.jsonl"
@@ -296,17 +299,19 @@ shrink() { # shrink FILE: the benchmark spec FILE, as run here
     cat "$1"
   fi
 }
+# bench_spec YAML SEQUENCES: the benchmark YAML as run here, SEQUENCES per GPU on every GPU.
+bench_spec() {
+  shrink "$1" | sed "s/total_batch_size: $2/total_batch_size: $(($2 * n))/"
+}
 # bench_ours NAME YAML SEQUENCES: shardrun on the benchmark YAML, SEQUENCES per GPU.
 bench_ours() {
-  shrink "$2" | sed "s/total_batch_size: $3/total_batch_size: $(($3 * n))/" >"$out/specs/$1.yaml"
+  bench_spec "$2" "$3" >"$out/specs/$1.yaml"
   bench_ours_spec "$1"
 }
 # bench_ours_spec NAME: shardrun on $out/specs/NAME.yaml, into $out/NAME.
 bench_ours_spec() {
   local rc=0
-  "$bin/shardrun" run "$out/specs/$1.yaml" --device "$device" --nproc "$n" --run-dir "$out/$1" \
-    --force --no-progress || rc=$?
-  quiet "$out/$1/train.log" || rc=1
+  shardrun_run "$out/specs/$1.yaml" "$n" "$out/$1" || rc=$?
   # The final checkpoint of a benchmark is not read: 13 GB for the 1.1 B Llama, on a disk
   # several benchmarks share.
   rm -rf "$out/$1/checkpoints"
@@ -391,7 +396,7 @@ echo "== 8: packed fine-tuning documents, each attending only to itself (documen
 # attention's variable-length kernel) and to everything before it in its sequence (plain
 # causal attention): what keeping documents apart costs, or saves.
 packed_run() { # packed_run NAME DOCUMENT_MASK
-  shrink bench/gpu-bench-llama.yaml | sed "s/total_batch_size: 4/total_batch_size: $((4 * n))/" \
+  bench_spec bench/gpu-bench-llama.yaml 4 \
     | "$python" bench/gpu_checks.py packed-spec "$out/documents" "$2" >"$out/specs/$1.yaml" || return 1
   bench_ours_spec "$1" || return 1
   # bf16 on a GPU: flash attention's variable-length kernel, not the dense mask it falls to.

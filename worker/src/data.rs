@@ -272,10 +272,6 @@ impl Batch {
         })
     }
 
-    pub fn to_device(&self, device: tch::Device) -> Batch {
-        self.map_tensors(|t| t.to_device(device))
-    }
-
     /// The batch with `f` applied to each of its tensors.
     fn map_tensors(&self, f: impl Fn(&Tensor) -> Tensor) -> Batch {
         Batch {

@@ -59,8 +59,8 @@ pub fn train_reference(
         // The mean over the step's target tokens: micro-batch i weighs n_i / N.
         let tokens: u64 = batches.iter().map(|b| b.loss_tokens).sum();
         let mut loss_sum = 0.0;
-        for batch in &batches {
-            let batch = batch.to_device(device);
+        for batch in batches {
+            let batch = batch.upload(device);
             let loss = model::forward(model.as_ref(), &Params::new(&params), &batch);
             if batch.loss_tokens > 0 {
                 loss_sum += loss.double_value(&[]) * batch.loss_tokens as f64;
