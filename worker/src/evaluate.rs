@@ -51,7 +51,7 @@ impl Evaluator {
     ) -> Result<EvalMetrics, TrainError> {
         let started = Instant::now();
         let (rank, size) = {
-            let world = &engine.groups().world;
+            let world = &engine.groups().control;
             (world.rank() as u64, world.world_size() as u64)
         };
         let Some(documents) = data.documents() else {

@@ -216,7 +216,7 @@ impl Trainer {
         groups: ProcessGroups,
         reporter: Arc<dyn Reporter>,
     ) -> Result<Trainer, TrainError> {
-        let world = groups.world.world_size() as u64;
+        let world = groups.control.world_size() as u64;
         if config.batch.world_size != world {
             return Err(TrainError::Config(format!(
                 "the config's batch plan is for {} ranks but this job has {world}: re-plan the batch for this world size",
@@ -235,7 +235,7 @@ impl Trainer {
             max_gathers_in_flight: config.fsdp.max_gathers_in_flight,
             device,
         };
-        let rank = groups.world.rank() as u64;
+        let rank = groups.control.rank() as u64;
         let model = crate::model::build(&config.model, dtype_kind(mp.buffer_dtype));
         let source = ParamSource::for_model(&config.model, config.seed).map_err(FsdpError::from)?;
         let engine = FsdpEngine::new(model, &config.fsdp.wrap, &source, groups, options)?;

@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 use shardrun_protocol::config::ShardingStrategy;
-use shardrun_worker::collectives::{CommError, Communicator};
+use shardrun_worker::collectives::{CommError, Comms, Communicator, ReduceOp, Work};
 use shardrun_worker::control;
 use shardrun_worker::fsdp::ProcessGroups;
 use tch::Tensor;
@@ -30,22 +30,19 @@ fn a_control_value_on_the_data_communicator_is_refused_on_every_rank() {
     let outcomes = ranks_in_threads(2, |rank, comms| {
         let groups = ProcessGroups::for_strategy(comms, ShardingStrategy::FullShard, None).unwrap();
         let mine = if rank == 0 { 41 } else { 0 };
-        let on_data = broadcast_choice_over(groups.world.as_ref(), mine);
-        let on_shard = broadcast_choice_over(groups.shard.as_ref(), mine);
+        // FULL_SHARD's shard group is the data world.
+        let on_data = broadcast_choice_over(groups.shard.as_ref(), mine);
         let on_control = broadcast_choice_over(groups.control.as_ref(), mine);
         let agreed = control::broadcast(groups.control.as_ref(), &[mine as f64 + 1.0], 0);
-        let barrier = groups.world.barrier();
-        (on_data, on_shard, on_control, agreed, barrier)
+        let barrier = groups.shard.barrier();
+        (on_data, on_control, agreed, barrier)
     });
-    for (rank, (on_data, on_shard, on_control, agreed, barrier)) in outcomes.into_iter().enumerate()
-    {
-        for (what, result) in [("world", on_data), ("shard group", on_shard)] {
-            let err = result.expect_err("the data communicator must refuse a control value");
-            assert!(
-                err.to_string().contains("ProcessGroups::control"),
-                "rank {rank}, {what}: {err}"
-            );
-        }
+    for (rank, (on_data, on_control, agreed, barrier)) in outcomes.into_iter().enumerate() {
+        let err = on_data.expect_err("the data communicator must refuse a control value");
+        assert!(
+            err.to_string().contains("ProcessGroups::control"),
+            "rank {rank}: {err}"
+        );
         assert!(barrier.is_err(), "rank {rank}: a barrier on the data plane");
         assert_eq!(on_control.unwrap(), 41, "rank {rank}");
         assert_eq!(agreed.unwrap(), vec![42.0], "rank {rank}");
@@ -77,5 +74,76 @@ fn hybrid_groups_have_a_control_shard_group_beside_the_data_groups() {
     for (shard, replicate, gathered) in sizes {
         assert_eq!((shard, replicate), (2, 2));
         assert_eq!(gathered, vec![0.0, 10.0, 1.0, 10.0]);
+    }
+}
+
+/// A data communicator that counts its clean ends (those of groups split from it are not
+/// counted: they are the inner communicator's).
+struct CountsFinish {
+    inner: Box<dyn Communicator>,
+    finished: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Communicator for CountsFinish {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+    fn all_gather(&self, input: &Tensor, output: &Tensor) -> Result<Work, CommError> {
+        self.inner.all_gather(input, output)
+    }
+    fn reduce_scatter(
+        &self,
+        input: &Tensor,
+        output: &Tensor,
+        op: ReduceOp,
+    ) -> Result<Work, CommError> {
+        self.inner.reduce_scatter(input, output, op)
+    }
+    fn all_reduce(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work, CommError> {
+        self.inner.all_reduce(tensor, op)
+    }
+    fn broadcast(&self, tensor: &Tensor, root: usize) -> Result<Work, CommError> {
+        self.inner.broadcast(tensor, root)
+    }
+    fn barrier(&self) -> Result<(), CommError> {
+        self.inner.barrier()
+    }
+    fn new_subgroup(&self, ranks: &[usize]) -> Result<Box<dyn Communicator>, CommError> {
+        self.inner.new_subgroup(ranks)
+    }
+    fn finish(&self) -> Result<(), CommError> {
+        self.finished
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.finish()
+    }
+}
+
+#[test]
+fn the_data_world_ends_cleanly_once_and_hybrid_shard_ends_it_as_soon_as_it_is_split() {
+    tch::set_num_threads(1);
+    for (strategy, at_split) in [
+        (ShardingStrategy::FullShard, 0),
+        (ShardingStrategy::NoShard, 0),
+        (ShardingStrategy::HybridShard, 1),
+    ] {
+        let counts = ranks_in_threads(4, |_, comms| {
+            let finished = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let comms = Comms {
+                control: comms.control,
+                data: Box::new(CountsFinish {
+                    inner: comms.data,
+                    finished: finished.clone(),
+                }),
+            };
+            let groups = ProcessGroups::for_strategy(comms, strategy, Some(2)).unwrap();
+            let split = finished.load(std::sync::atomic::Ordering::SeqCst);
+            groups.leave_together().unwrap();
+            (split, finished.load(std::sync::atomic::Ordering::SeqCst))
+        });
+        // Its NCCL buffers would otherwise sit idle all job long beside the two groups'.
+        assert_eq!(counts, vec![(at_split, 1); 4], "{strategy:?}");
     }
 }

@@ -127,10 +127,9 @@ pub trait Communicator: Send + Sync {
     fn new_subgroup(&self, ranks: &[usize]) -> Result<Box<dyn Communicator>, CommError>;
     /// The clean end, once every rank has finished its collectives (after a barrier on the
     /// control communicator). NCCL finalizes and destroys here and only here; dropped any
-    /// other way, a communicator is aborted, which never waits for peers.
-    fn finish(&self) -> Result<(), CommError> {
-        Ok(())
-    }
+    /// other way, a communicator is aborted, which never waits for peers. No default: a
+    /// wrapper that forgot to pass it on would leave NCCL aborted at every clean end.
+    fn finish(&self) -> Result<(), CommError>;
 }
 
 /// The two groups of `rank` for HYBRID_SHARD with `shard_size` ranks per shard group:

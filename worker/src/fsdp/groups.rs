@@ -2,7 +2,8 @@
 //! the data communicator: parameters are sharded over the first and replicated over the
 //! second, gradients reduce-scattered in the first and all-reduced in the second. Beside
 //! them, the control communicator (always the CPU ring) and its shard group carry control
-//! values and the CPU tensors of checkpoint gathers.
+//! values and the CPU tensors of checkpoint gathers. Rank and world size are the control
+//! communicator's.
 //!
 //! | strategy | shard group | replicate group |
 //! | --- | --- | --- |
@@ -17,8 +18,7 @@ use std::sync::Arc;
 
 #[derive(Clone)]
 pub struct ProcessGroups {
-    /// The data world (engine only, see [`DataPlane`]).
-    pub world: Arc<dyn Communicator>,
+    /// The data communicators (engine only, see [`DataPlane`]).
     pub shard: Arc<dyn Communicator>,
     pub replicate: Arc<dyn Communicator>,
     /// Every rank, on the CPU: control values, agreement, barriers.
@@ -41,16 +41,14 @@ impl ProcessGroups {
             || -> Arc<dyn Communicator> { Arc::new(DataPlane::new(Box::new(SingleProcess))) };
         Ok(match strategy {
             ShardingStrategy::FullShard | ShardingStrategy::ShardGradOp => ProcessGroups {
-                shard: world.clone(),
+                shard: world,
                 replicate: alone(),
-                world,
                 control_shard: control.clone(),
                 control,
             },
             ShardingStrategy::NoShard => ProcessGroups {
                 shard: alone(),
-                replicate: world.clone(),
-                world,
+                replicate: world,
                 control,
                 control_shard: Arc::new(SingleProcess),
             },
@@ -66,8 +64,11 @@ impl ProcessGroups {
                 let control_shard: Arc<dyn Communicator> = Arc::from(control.new_subgroup(&shard)?);
                 let shard: Arc<dyn Communicator> = Arc::from(world.new_subgroup(&shard)?);
                 let replicate: Arc<dyn Communicator> = Arc::from(world.new_subgroup(&replicate)?);
+                // From here on only the two groups carry tensors: the world's own NCCL buffers
+                // and connections would sit idle for the whole job. Every rank is here, and
+                // NCCL's split groups do not share the parent's resources (no `splitShare`).
+                world.finish()?;
                 ProcessGroups {
-                    world,
                     shard,
                     replicate,
                     control,
@@ -83,17 +84,12 @@ impl ProcessGroups {
     }
 
     /// The clean end of a job: every rank arrives (control barrier), then the data
-    /// communicators are finalized and destroyed, subgroups before their parent. Any other
-    /// way out aborts them instead (see [`Communicator::finish`]).
+    /// communicators are finalized and destroyed. Any other way out aborts them instead (see
+    /// [`Communicator::finish`]).
     pub fn leave_together(&self) -> Result<(), FsdpError> {
         self.control.barrier()?;
-        let mut done: Vec<&Arc<dyn Communicator>> = Vec::new();
-        for comm in [&self.replicate, &self.shard, &self.world] {
-            if done.iter().any(|d| Arc::ptr_eq(d, comm)) {
-                continue;
-            }
+        for comm in [&self.replicate, &self.shard] {
             comm.finish()?;
-            done.push(comm);
         }
         Ok(())
     }
