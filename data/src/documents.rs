@@ -476,14 +476,26 @@ impl MissingField {
     }
 }
 
+/// Why a line is not JSON, where in the line: serde's own "at line 1 column N" would read as
+/// a contradiction next to the file's line number.
+fn not_a_record(e: serde_json::Error) -> Refused {
+    let text = e.to_string();
+    let why = text
+        .strip_suffix(&format!(" at line {} column {}", e.line(), e.column()))
+        .unwrap_or(&text);
+    match e.column() {
+        0 => format!("not a JSON record ({why})").into(),
+        column => format!("not a JSON record ({why} at column {column})").into(),
+    }
+}
+
 /// One line of a line-based source as a document body, or why it is not one; `hint`: work out
 /// the [`MissingField`] when a field is missing.
 fn parse_record(source: &DataSource, line: &str, hint: bool) -> std::result::Result<Body, Refused> {
     match source {
         DataSource::Text { .. } => Ok(Body::Text(line.to_string())),
         DataSource::Jsonl { text, .. } => {
-            let record: serde_json::Value =
-                serde_json::from_str(line).map_err(|e| format!("not a JSON record ({e})"))?;
+            let record: serde_json::Value = serde_json::from_str(line).map_err(not_a_record)?;
             if !record.is_object() {
                 return Err(String::from("the record is not a JSON object").into());
             }
@@ -498,8 +510,7 @@ fn parse_record(source: &DataSource, line: &str, hint: bool) -> std::result::Res
             }
         }
         DataSource::Chat { messages_field, .. } => {
-            let record: minijinja::Value =
-                serde_json::from_str(line).map_err(|e| format!("not a JSON record ({e})"))?;
+            let record: minijinja::Value = serde_json::from_str(line).map_err(not_a_record)?;
             let lacks = record
                 .get_attr(messages_field)
                 .map_or(true, |m| m.is_undefined());
@@ -969,9 +980,12 @@ mod tests {
         };
         let mut reader = DocumentReader::new(&files, &source, OnBadRecord::Stop);
         let err = reader.next_batch(1 << 20).err().unwrap();
+        // The file's line, and the place in it: no "line 1" of serde's beside it.
         assert!(
-            err.to_string()
-                .starts_with(&format!("{}:3: not a JSON record", path.display())),
+            err.to_string().starts_with(&format!(
+                "{}:3: not a JSON record (key must be a string at column 2)",
+                path.display()
+            )),
             "{err}"
         );
         let mut reader = DocumentReader::new(&files, &source, OnBadRecord::Skip);

@@ -343,10 +343,17 @@ fn resuming_on_changed_data_is_refused_before_any_rank_starts_and_the_run_is_kep
         )
     };
 
-    // The data changes; asked for more steps, the controller prepares the new data and
-    // refuses before it starts a rank.
+    // The data changes; asked for more steps, the run prepares the new data first and
+    // refuses before anything of it is rewritten (its recorded job, its verdict).
     let added = "one more line\n";
     dir.write("data/gpl.txt", &format!("{original}{added}"));
+    let kept = [
+        "job.yaml",
+        "train_config.json",
+        "resolved.json",
+        "result.json",
+    ]
+    .map(|file| (file, std::fs::read(run.join(file)).unwrap()));
     let out = more("9");
     let (stdout, stderr) = (stdout_of(&out), stderr_of(&out));
     assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
@@ -372,14 +379,8 @@ fn resuming_on_changed_data_is_refused_before_any_rank_starts_and_the_run_is_kep
             )),
         "says what to do: {stderr}"
     );
-    assert!(stdout.contains("shardrun: training data: "), "{stdout}");
-    // The first line said the data was still to be compared.
     assert!(
-        stdout
-            .lines()
-            .next()
-            .is_some_and(|l| l.starts_with("resuming ")
-                && l.ends_with("; once its data is prepared, it must match the checkpoint's")),
+        stdout.starts_with("shardrun: preparing training data") && !stdout.contains("resuming"),
         "{stdout}"
     );
     assert!(
@@ -387,30 +388,38 @@ fn resuming_on_changed_data_is_refused_before_any_rank_starts_and_the_run_is_kep
         "no rank started: {stdout}"
     );
     assert!(!stderr.contains("[rank "), "no rank started: {stderr}");
-    assert!(manifest().contains("\"COMPLETED\""), "{}", manifest());
+    for (file, bytes) in &kept {
+        assert!(
+            std::fs::read(run.join(file)).unwrap() == *bytes,
+            "a refused re-run leaves {file} as it was"
+        );
+    }
+    let status = stdout_of(&shardrun_in(&dir, &["status", "runs/changed"]));
+    assert!(
+        status.contains("COMPLETED") && status.contains("training finished"),
+        "{status}"
+    );
     for step in [3, 6] {
         assert!(run
             .join(format!("checkpoints/step-{step}/COMPLETE"))
             .exists());
     }
 
-    // With the changed data prepared, the re-run refuses before touching the run.
-    let prepared = shardrun_in(&dir, &["prepare", "runs/changed"]);
-    assert!(prepared.status.success(), "{}", stderr_of(&prepared));
-    let job_yaml = std::fs::read(run.join("job.yaml")).unwrap();
+    // With the changed data prepared, the re-run refuses at once, preparing nothing.
     let out = more("12");
     let (stdout, stderr) = (stdout_of(&out), stderr_of(&out));
     assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
     assert!(stderr.contains(&refusal), "{stderr}");
     assert!(
-        !stdout.contains("shardrun: training data: "),
+        stdout.is_empty(),
         "refused before the job started: {stdout}"
     );
-    assert_eq!(
-        std::fs::read(run.join("job.yaml")).unwrap(),
-        job_yaml,
-        "a refused re-run touches nothing"
-    );
+    for (file, bytes) in &kept {
+        assert!(
+            std::fs::read(run.join(file)).unwrap() == *bytes,
+            "a refused re-run leaves {file} as it was"
+        );
+    }
     assert!(manifest().contains("\"COMPLETED\""), "{}", manifest());
 
     // The data restored, the run continues from its checkpoint.
@@ -418,8 +427,10 @@ fn resuming_on_changed_data_is_refused_before_any_rank_starts_and_the_run_is_kep
     let out = more("9");
     let stdout = stdout_of(&out);
     assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    // The data is prepared again (its file has a new time), then compared, then resumed on.
     assert!(
-        stdout.starts_with(&format!("resuming {} at step 7", run.display())),
+        stdout.starts_with("shardrun: preparing training data")
+            && stdout.contains(&format!("\nresuming {} at step 7", run.display())),
         "{stdout}"
     );
     assert_eq!(metric_steps(&run, 0), (1..=9).collect::<Vec<_>>());

@@ -113,7 +113,7 @@ pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyho
         .context("cannot start the job controller")
         .map_err(failed)?;
     let signals = Signals::install(&runtime, {
-        let (run, again) = (run.clone(), opts.launch.run_again());
+        let (run, again) = (run.clone(), opts.launch.run_again(run.path()));
         move |signal| {
             let why =
                 format!("by {signal} while its data was being prepared, before any rank started");

@@ -85,6 +85,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             sweep_params: &BTreeMap::new(),
             force: args.force,
             spec_dir: Some(&spec_dir),
+            data_here: true,
         },
     )?;
     let Some(run) = announce(prepared) else {

@@ -69,6 +69,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             sweep_params: &BTreeMap::new(),
             force: args.force,
             spec_dir: Some(&spec_dir),
+            data_here: false,
         },
     )?;
     // A job continuing the run: if it refuses to start, the run goes back to this.

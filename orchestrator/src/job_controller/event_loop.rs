@@ -277,6 +277,7 @@ async fn run_async(
             checkpoint.as_ref(),
             &config.checkpoint,
             &opts.launch,
+            &opts.paths.run_dir,
         ),
         Outcome::Preempted => format!(
             "the run {how_it_ended}{}",
@@ -367,7 +368,7 @@ async fn run_async(
                     message = format!(
                         "{message}; its job is not requeued (`preemption.requeue: false`, or \
                          `max_requeues: 0`): {} to resume from its last checkpoint",
-                        opts.launch.run_again()
+                        opts.launch.run_again(&opts.paths.run_dir)
                     );
                 } else {
                     exit_code = 1;
@@ -375,11 +376,16 @@ async fn run_async(
                         "{message}; no requeue left ({} used): {} to resume from its last \
                          checkpoint",
                         opts.max_requeues,
-                        opts.launch.run_again()
+                        opts.launch.run_again(&opts.paths.run_dir)
                     );
                 }
             }
-            Err(_) => message = format!("{message}; {}", how_to_resume(&opts.launch)),
+            Err(_) => {
+                message = format!(
+                    "{message}; {}",
+                    how_to_resume(&opts.launch, &opts.paths.run_dir)
+                )
+            }
         }
     }
     // A job that ends in an error is reported by the command, on stderr: once, there.
@@ -429,7 +435,7 @@ async fn run_async(
             message = format!(
                 "{preempted_message}; `scontrol requeue {job_id}` {why}, so the job was not \
                  requeued: {} to resume from its last checkpoint",
-                opts.launch.run_again()
+                opts.launch.run_again(&opts.paths.run_dir)
             );
             log.log_only(message.clone()).await;
             log.note(RunEvent::Failed {
@@ -722,6 +728,7 @@ fn cancelled_message(
     checkpoint: Option<&CheckpointLeft>,
     saves: &CheckpointConfig,
     launch: &LaunchMode,
+    run_dir: &Path,
 ) -> String {
     if checkpoint.is_none() && saves.resume {
         let again = match launch {
@@ -742,14 +749,17 @@ fn cancelled_message(
     }
     let left = checkpoint_left(checkpoint, saves);
     if saves.resume {
-        format!("the run {how_it_ended}{left}; {}", how_to_resume(launch))
+        format!(
+            "the run {how_it_ended}{left}; {}",
+            how_to_resume(launch, run_dir)
+        )
     } else {
         format!("the run {how_it_ended}{left}")
     }
 }
 
-fn how_to_resume(launch: &LaunchMode) -> String {
-    format!("{} to resume", launch.run_again())
+fn how_to_resume(launch: &LaunchMode, run_dir: &Path) -> String {
+    format!("{} to resume", launch.run_again(run_dir))
 }
 
 /// Turns SIGTERM / SIGINT / SIGHUP into cancellation and SIGUSR2 into preemption. The
@@ -838,16 +848,17 @@ mod tests {
             from: None,
         };
         let ended = "was cancelled by SIGTERM after step 566";
+        let run_dir = Path::new("/runs/r");
         // No `checkpoint:` section: nothing saved, nothing to resume from.
         assert_eq!(
-            cancelled_message(ended, None, &saves(None, true), &local),
+            cancelled_message(ended, None, &saves(None, true), &local, run_dir),
             "the run was cancelled by SIGTERM after step 566; its spec saves no checkpoints (it \
              has no `checkpoint:` section), so running it again starts over at step 1; to \
              resume after a stop, add one (e.g. `checkpoint: { interval_steps: 100 }`)"
         );
         // Periodic saves: the next run resumes, from its checkpoint when it has one.
         assert_eq!(
-            cancelled_message(ended, None, &saves(Some(1000), true), &local),
+            cancelled_message(ended, None, &saves(Some(1000), true), &local, run_dir),
             "the run was cancelled by SIGTERM after step 566 before its first checkpoint, so \
              running it again starts over at step 1"
         );
@@ -856,7 +867,13 @@ mod tests {
             path: "/r/checkpoints/step-500".into(),
         };
         assert_eq!(
-            cancelled_message(ended, Some(&step_500), &saves(Some(100), true), &local),
+            cancelled_message(
+                ended,
+                Some(&step_500),
+                &saves(Some(100), true),
+                &local,
+                run_dir
+            ),
             "the run was cancelled by SIGTERM after step 566; its newest checkpoint is step 500 \
              (/r/checkpoints/step-500); run the same command again to resume"
         );
@@ -867,15 +884,22 @@ mod tests {
             sweep_point,
         };
         let resumes = |launch: &LaunchMode| {
-            cancelled_message(ended, Some(&step_500), &saves(Some(100), true), launch)
+            cancelled_message(
+                ended,
+                Some(&step_500),
+                &saves(Some(100), true),
+                launch,
+                run_dir,
+            )
         };
+        // Submitted again by its run directory, which keeps the `--set` values it was run with.
         assert!(resumes(&slurm(false))
-            .ends_with("; submit the same spec again (`shardrun submit`) to resume"));
+            .ends_with("; submit it again (`shardrun submit /runs/r`) to resume"));
         assert!(resumes(&slurm(true)).ends_with(
             "; run `shardrun sweep` on the sweep's spec again (it skips finished points) to resume"
         ));
         assert_eq!(
-            cancelled_message(ended, None, &saves(None, false), &local),
+            cancelled_message(ended, None, &saves(None, false), &local, run_dir),
             "the run was cancelled by SIGTERM after step 566; it does not resume \
              (`checkpoint.resume: false`)"
         );

@@ -12,7 +12,7 @@ use super::outcome::ExitInfo;
 use super::priority;
 use super::writer::Record;
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
@@ -39,16 +39,19 @@ pub enum LaunchMode {
 }
 
 impl LaunchMode {
-    /// What carries a stopped run on, as messages advise it.
-    pub fn run_again(&self) -> &'static str {
+    /// What carries the stopped run in `run_dir` on, as messages advise it. A Slurm job is
+    /// submitted again by its run directory, whose `job.yaml` keeps any `--set` it was
+    /// submitted with (the spec alone may ask for other steps).
+    pub fn run_again(&self, run_dir: &Path) -> String {
         match self {
-            LaunchMode::Local { .. } => "run the same command again",
+            LaunchMode::Local { .. } => "run the same command again".to_string(),
             LaunchMode::Slurm {
                 sweep_point: false, ..
-            } => "submit the same spec again (`shardrun submit`)",
+            } => format!("submit it again (`shardrun submit {}`)", run_dir.display()),
             LaunchMode::Slurm {
                 sweep_point: true, ..
-            } => "run `shardrun sweep` on the sweep's spec again (it skips finished points)",
+            } => "run `shardrun sweep` on the sweep's spec again (it skips finished points)"
+                .to_string(),
         }
     }
 }

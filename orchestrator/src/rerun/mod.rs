@@ -282,6 +282,9 @@ pub enum RerunError {
     SweepFolder { path: String },
     #[error(transparent)]
     DataChanged(#[from] Box<DataChanged>),
+    /// Preparing the data of a run that resumes here failed (a bad record, a missing file).
+    #[error(transparent)]
+    DataPreparation(Box<dyn std::error::Error + Send + Sync>),
     #[error("cannot ask Slurm whether {path} is still running: {source}")]
     Slurm {
         path: String,
@@ -470,11 +473,18 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
     };
     let mut data_checked_later = false;
     if let (Some(checkpoint), DataConfig::Dataset(data)) = (&checkpoint, &target.train.data) {
-        // Data already prepared as it is now (`shardrun prepare`, another run) tells here;
-        // else the job's controller compares once it has prepared it.
-        match DataIdentity::probe(data) {
-            Ok(Some(now)) => resume_data::check(&run, checkpoint, &now)?,
-            _ => data_checked_later = checkpoint.data_fingerprint.is_some(),
+        // Data already prepared as it is now (`shardrun prepare`, another run) tells here,
+        // and so does a local run's, prepared now; else the job's controller compares once
+        // it has prepared it.
+        let mut now = DataIdentity::probe(data).ok().flatten();
+        if now.is_none() && new.data_here && checkpoint.data_fingerprint.is_some() {
+            crate::data_prep::prepare_data(&target.train, None)
+                .map_err(|e| RerunError::DataPreparation(e.into()))?;
+            now = DataIdentity::probe(data).ok().flatten();
+        }
+        match now {
+            Some(now) => resume_data::check(&run, checkpoint, &now)?,
+            None => data_checked_later = checkpoint.data_fingerprint.is_some(),
         }
     }
     let lr_change = checkpoint
@@ -649,6 +659,7 @@ mod tests {
             sweep_params: params,
             force: false,
             spec_dir: None,
+            data_here: false,
         }
     }
 

@@ -46,8 +46,16 @@ pub fn batch_split(
             }
             fix
         };
+        // A per-device batch given on the command line is what changed: its flag is named.
+        let field = if s.overridden("training.batch_size_per_device")
+            && !s.overridden("training.total_batch_size")
+        {
+            "training.batch_size_per_device"
+        } else {
+            "training.total_batch_size"
+        };
         return Err(s.err(
-            "training.total_batch_size",
+            field,
             format!("total batch {total} does not split into per-device batches of {per_device} on {world} ranks ({ranks_from}; {total} / {unit} is not a whole number of accumulation steps)"),
             fix,
         ));

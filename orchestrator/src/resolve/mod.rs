@@ -471,6 +471,37 @@ mod tests {
     }
 
     #[test]
+    fn a_split_broken_by_a_set_per_device_batch_names_that_flag() {
+        let yaml = "name: t\nresources: { tasks_per_node: 2 }\ntraining:\n  model: { kind: mlp, \
+                    input_dim: 4, hidden_dim: 8, output_dim: 4 }\n  steps: 1\n  \
+                    total_batch_size: 8\n  batch_size_per_device: 2\n";
+        let set = |args: &[&str]| {
+            let sets: Vec<_> = args
+                .iter()
+                .map(|a| crate::spec::overrides::parse(a).unwrap())
+                .collect();
+            let loaded =
+                crate::spec::overrides::apply(parse(yaml, Path::new("job.yaml")).unwrap(), &sets)
+                    .unwrap();
+            let ResolveError::Invalid(err) = resolve(&loaded, &Overrides::default()).unwrap_err();
+            err
+        };
+        let err = set(&["training.batch_size_per_device=16"]);
+        assert_eq!(err.field, "training.batch_size_per_device", "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("--set training.batch_size_per_device=16: "),
+            "{err}"
+        );
+        // Both set: the total is named, as when neither is.
+        let err = set(&[
+            "training.total_batch_size=6",
+            "training.batch_size_per_device=4",
+        ]);
+        assert_eq!(err.field, "training.total_batch_size", "{err}");
+    }
+
+    #[test]
     fn zero_counts_that_mean_nothing_are_errors_naming_their_field() {
         let spec = |extra: &str| {
             format!(

@@ -280,6 +280,10 @@ pub struct NewRun<'a> {
     pub force: bool,
     /// The spec's folder, for the relative paths in `job_yaml` (absolute).
     pub spec_dir: Option<&'a Path>,
+    /// Its data is prepared on this machine (a local run), so a run it resumes can compare
+    /// the data with its checkpoint before anything of the run is rewritten; a Slurm job
+    /// prepares it in its allocation and compares there.
+    pub data_here: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -677,6 +681,7 @@ mod tests {
             sweep_params: params,
             force,
             spec_dir: None,
+            data_here: false,
         }
     }
 

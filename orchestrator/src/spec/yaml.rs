@@ -93,9 +93,9 @@ impl<'a> SpannedDocument<'a> {
         };
         Parser::new_from_str(source)
             .load(&mut loader, true)
-            .map_err(|e| not_yaml(&e))?;
+            .map_err(|e| not_yaml(source, &e))?;
         if let Some(e) = loader.nodes.error() {
-            return Err(not_yaml(e));
+            return Err(not_yaml(source, e));
         }
         let starts = loader.document_starts;
         let mut documents = loader.nodes.into_documents();
@@ -238,18 +238,71 @@ fn scalar_text<'n>(node: &'n MarkedYaml<'_>) -> Option<&'n str> {
     }
 }
 
-fn not_yaml(e: &ScanError) -> Malformed {
-    // saphyr reports a repeated key as a scan error; it gets its own fix.
-    let fix = if e.info() == "duplicated key in mapping" {
-        "keep only one of the two keys"
-    } else {
-        "check indentation (spaces only) and quoting around this position"
-    };
-    Malformed {
-        at: Location::at(*e.marker()),
-        why: format!("not valid YAML: {}", e.info()),
-        fix: fix.into(),
+fn not_yaml(source: &str, e: &ScanError) -> Malformed {
+    let at = Location::at(*e.marker());
+    match e.info() {
+        // saphyr reports a repeated key as a scan error; it gets its own fix.
+        "duplicated key in mapping" => Malformed {
+            at,
+            why: format!("not valid YAML: {}", e.info()),
+            fix: "keep only one of the two keys".into(),
+        },
+        // Found where the next line starts; the key without its `:` is above.
+        "simple key expect ':'" => Malformed {
+            at: key_without_colon(source, at).unwrap_or(at),
+            why: "not valid YAML: a key without `:` (YAML read on to the next line for it)".into(),
+            fix: "write `key: value`, with a `:` and a space after the key".into(),
+        },
+        // Found where the plain value before the tab starts; the tab is after it.
+        "while scanning a plain scalar, found a tab" => Malformed {
+            at: first_tab(source, at).unwrap_or(at),
+            why: "not valid YAML: a tab in the indentation".into(),
+            fix: "indent with spaces only".into(),
+        },
+        info => Malformed {
+            at,
+            why: format!("not valid YAML: {info}"),
+            fix: "check indentation (spaces only) and quoting around this position".into(),
+        },
     }
+}
+
+/// The line where the key ended by `at` starts: the nearest line above that holds text and
+/// is indented no deeper than `at` (a value can run on over deeper-indented lines).
+fn key_without_colon(source: &str, at: Location) -> Option<Location> {
+    let lines: Vec<&str> = source.lines().collect();
+    let above = lines.get(..(at.line as usize).checked_sub(1)?)?;
+    above.iter().enumerate().rev().find_map(|(i, line)| {
+        let text = line.trim_start_matches(' ');
+        let indent = line.chars().count() - text.chars().count();
+        let holds_text = !text.trim().is_empty() && !text.starts_with('#');
+        (holds_text && indent < at.column as usize).then(|| Location {
+            line: i as u32 + 1,
+            column: indent as u32 + 1,
+            width: text.trim_end().chars().count().max(1) as u32,
+        })
+    })
+}
+
+/// The first tab at or after `at`.
+fn first_tab(source: &str, at: Location) -> Option<Location> {
+    source
+        .lines()
+        .enumerate()
+        .skip(at.line.checked_sub(1)? as usize)
+        .find_map(|(i, line)| {
+            let skip = if i + 1 == at.line as usize {
+                at.column as usize - 1
+            } else {
+                0
+            };
+            let column = line.chars().skip(skip).position(|c| c == '\t')? + skip;
+            Some(Location {
+                line: i as u32 + 1,
+                column: column as u32 + 1,
+                width: 1,
+            })
+        })
 }
 
 /// Sections and lists nested deeper than a spec needs are refused before anything walks
@@ -314,6 +367,23 @@ mod tests {
             column,
             width,
         })
+    }
+
+    /// saphyr finds these past the mistake; the error points at the mistake itself.
+    #[test]
+    fn a_key_without_colon_and_a_tab_are_shown_where_they_are_written() {
+        let missing = "training:\n  steps: 3\n  total_batch_size 8\n\n  # why\n  lr: 1\n";
+        let err = SpannedDocument::parse(missing).err().unwrap();
+        assert_eq!(Some(err.at), at(3, 3, 18), "{err:?}");
+        assert!(err.fix.contains("`key: value`"), "{err:?}");
+        // A value that runs on over deeper lines started above them.
+        let deeper = "a: 1\nb 2\n  c 3\nd: 4\n";
+        let err = SpannedDocument::parse(deeper).err().unwrap();
+        assert_eq!(Some(err.at), at(2, 1, 3), "{err:?}");
+        let tab = "name: ft\n\ttraining: {}\n";
+        let err = SpannedDocument::parse(tab).err().unwrap();
+        assert_eq!(Some(err.at), at(2, 1, 1), "{err:?}");
+        assert!(err.why.contains("tab"), "{err:?}");
     }
 
     #[test]
