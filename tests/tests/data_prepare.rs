@@ -195,6 +195,17 @@ fn bad_data_fails_the_job_before_any_rank_starts() {
         )) && said.contains("field `text` is a number, not a string"),
         "{said}"
     );
+    // A rank the run does not have is named as such, not as a log yet to come.
+    let logs = shardrun_in(&dir, &["logs", &run.display().to_string(), "--rank", "2"]);
+    let said = stderr_of(&logs);
+    assert!(
+        !logs.status.success()
+            && said.contains(&format!(
+                "{} has 2 rank(s), 0 to 1: there is no rank 2",
+                run.display()
+            )),
+        "{said}"
+    );
     let cache: Vec<_> = std::fs::read_dir(dir.join("runs/data-cache"))
         .map(|entries| {
             entries

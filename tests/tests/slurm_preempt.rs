@@ -6,6 +6,7 @@
 
 use shardrun_e2e::jobs::*;
 use shardrun_e2e::*;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Submits the simulated ranks' job `name` (spec text `spec`), lets it train a few steps
@@ -94,11 +95,21 @@ fn usr2_requeues_the_job_which_then_completes() {
         stderr_of(&again)
     );
 
-    // Slurm holds a requeued job back before it runs again (seen: up to ~3 min here).
-    let result = wait_for_file(&run.join("result.json"), Duration::from_secs(600), |t| {
-        t.contains("\"succeeded\"")
-    });
-    result.unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    // Following the log until the run is done waits out the requeued job, which Slurm holds
+    // back before it runs again (seen: up to ~3 min here), and ends with the run.
+    let mut follow = cluster.command(shardrun());
+    follow
+        .current_dir(dir.path())
+        .args(["logs", &run.to_string_lossy(), "-f", "--until-done"]);
+    let out = run_with_deadline(&mut follow, Duration::from_secs(600)).unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        stdout_of(&out).contains("training finished"),
+        "{}",
+        stdout_of(&out)
+    );
+    let result = std::fs::read_to_string(run.join("result.json")).unwrap_or_default();
+    assert!(result.contains("\"succeeded\""), "{result}\n{}", log());
     let log = log();
     for rank in 0..2 {
         assert!(
@@ -271,4 +282,106 @@ fn a_refused_requeue_fails_the_run_and_says_why() {
     // The refused requeue is not counted against the job's allowance.
     let count = std::fs::read_to_string(run.join("requeue_count")).unwrap();
     assert_eq!(count.trim(), "0", "{count}");
+}
+
+/// A sweep's points are the tasks of one job array, and one task runs with the array's own
+/// job id as its SLURM_JOB_ID: USR2 to that task requeues that point alone, and the point
+/// beside it trains on to its end, untouched.
+#[test]
+fn usr2_to_a_sweep_point_requeues_that_point_alone() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("slurm-preempt-sweep");
+    let name = format!("psweep-{}", std::process::id());
+    let spec = format!(
+        "{}sweep:\n  grid:\n    training.seed: [1, 2]\n",
+        tiny_mlp_spec(&name, 400, 1)
+    );
+    let spec = dir.write("sweep.yaml", &spec);
+    let simulated = [
+        ("SHARDRUN_WORKER_BIN", simrank()),
+        ("SIMRANK_STEP_MS", "40".to_string()),
+    ];
+    let out = cluster
+        .shardrun_with_env(dir.path(), &["sweep", &spec.to_string_lossy()], &simulated)
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+
+    // Each point's run directory, by the array task it runs as (`<array>_<task>`).
+    let sweep_dir = dir.join("runs").join(&name);
+    let points = || -> BTreeMap<String, std::path::PathBuf> {
+        std::fs::read_dir(&sweep_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| {
+                let manifest = std::fs::read_to_string(entry.path().join("manifest.json")).ok()?;
+                let manifest: serde_json::Value = serde_json::from_str(&manifest).ok()?;
+                let job = manifest["slurm_job_ids"]
+                    .as_array()?
+                    .last()?
+                    .as_str()?
+                    .to_string();
+                Some((job, entry.path()))
+            })
+            .collect()
+    };
+    let points = wait_for("both points to train", Duration::from_secs(120), || {
+        let points = points();
+        (points.len() == 2 && points.values().all(|run| metric_steps(run, 0).len() >= 5))
+            .then_some(points)
+    })
+    .unwrap();
+    // The task that carries the array's own job id.
+    let mut squeue = cluster.command("squeue");
+    squeue.args(["-h", "-r", "-n", &name, "-o", "%i %A %F"]);
+    let out = run_with_deadline(&mut squeue, Duration::from_secs(30)).unwrap();
+    let listed = stdout_of(&out);
+    let task = listed
+        .lines()
+        .filter_map(|l| {
+            let mut fields = l.split_whitespace();
+            Some((fields.next()?, fields.next()?, fields.next()?))
+        })
+        .find(|(_, job, array)| job == array)
+        .map(|(task, _, _)| task.to_string())
+        .unwrap_or_else(|| panic!("no task runs as its array's job id: {listed}"));
+    let preempted = points[&task].clone();
+    let other = points
+        .iter()
+        .find(|(t, _)| **t != task)
+        .map(|(_, run)| run.clone())
+        .unwrap();
+
+    let mut signal = cluster.command("scancel");
+    signal.args(["--signal=USR2", "--batch", &task]);
+    let out = run_with_deadline(&mut signal, Duration::from_secs(30)).unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+
+    let log =
+        |run: &std::path::Path| std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
+    wait_for_file(
+        &preempted.join("manifest.json"),
+        Duration::from_secs(60),
+        |t| t.contains("\"PREEMPTED\""),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", log(&preempted)));
+    assert!(
+        log(&preempted).contains(&format!("requeueing Slurm job {task} (1 of ")),
+        "{}",
+        log(&preempted)
+    );
+    let result = wait_for_file(&other.join("result.json"), Duration::from_secs(120), |t| {
+        t.contains("\"succeeded\"") || t.contains("\"cancelled\"")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", log(&other)));
+    assert!(
+        result.contains("\"succeeded\""),
+        "{result}\n{}",
+        log(&other)
+    );
+    assert_eq!(
+        metric_steps(&other, 0),
+        (1..=400).collect::<Vec<_>>(),
+        "the other point trained once, straight through"
+    );
 }

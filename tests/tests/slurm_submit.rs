@@ -160,6 +160,18 @@ fn a_failing_set_up_line_is_named_by_status() {
     let out_file = std::fs::read_to_string(run.join(format!("setupfails-{job_id}.out"))).unwrap();
     assert!(out_file.contains("set-up begins"), "{out_file}");
     assert!(!run.join("train.log").exists());
+    // Following its log until it is done ends: the run ended without a log, and says how.
+    let mut follow = cluster.command(shardrun());
+    follow
+        .current_dir(dir.path())
+        .args(["logs", &run.to_string_lossy(), "-f", "--until-done"]);
+    let out = run_with_deadline(&mut follow, Duration::from_secs(60)).unwrap();
+    let said = stdout_of(&out);
+    assert!(out.status.success(), "{said}{}", stderr_of(&out));
+    assert!(
+        said.contains("ended (FAILED) before anything was logged") && said.contains(named),
+        "{said}"
+    );
 }
 
 #[test]
@@ -181,7 +193,10 @@ fn sbatch_refusal_shows_its_stderr_and_marks_the_run_failed() {
         "sbatch's stderr is shown: {stderr}"
     );
     assert!(
-        stderr.contains("Fix the cause, then run `shardrun submit"),
+        stderr.contains(
+            "Fix the cause (the spec, a --set value or the cluster), then run the same \
+             `shardrun submit` command again"
+        ),
         "says what to do next: {stderr}"
     );
     let run = dir.join("runs/refused");

@@ -770,3 +770,61 @@ fn failed_points_are_resubmitted() {
         stderr_of(&out)
     );
 }
+
+/// A point cancelled after a checkpoint past the steps the sweep then asks for has nothing
+/// left to train: the sweep skips it and says why, rather than submit a job that would end it
+/// "finished" at a step past its schedule.
+#[test]
+fn a_point_stopped_past_the_steps_now_asked_for_is_not_resubmitted() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("sweep-past");
+    let name = unique("past");
+    let text = |steps: u64| {
+        format!(
+            "{}  checkpoint: {{ interval_steps: 20 }}\nsweep:\n  grid:\n    training.seed: [1]\n",
+            shardrun_e2e::jobs::tiny_mlp_spec(&name, steps, 1)
+        )
+    };
+    let spec = dir.write("sweep.yaml", &text(1_000_000));
+    let spec_arg = spec.to_string_lossy().into_owned();
+    let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let sweep_dir = dir.join("runs").join(&name);
+    // Any checkpoint: the older ones are deleted as newer ones are saved.
+    let checkpointed = |point: std::path::PathBuf| {
+        std::fs::read_dir(point.join("checkpoints"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|c| c.path().join("COMPLETE").exists())
+    };
+    wait_for("a checkpoint", DEADLINE, || {
+        std::fs::read_dir(&sweep_dir)
+            .ok()?
+            .flatten()
+            .any(|p| checkpointed(p.path()))
+            .then_some(())
+    })
+    .unwrap();
+    let out = cluster
+        .shardrun(dir.path(), &["cancel", &sweep_dir.to_string_lossy()])
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    wait_for_points(&cluster, &dir, &sweep_dir, 1, |s| s == "CANCELLED");
+
+    dir.write("sweep.yaml", &text(10));
+    let out = cluster
+        .shardrun(dir.path(), &["sweep", &spec_arg, "--dry-run"])
+        .unwrap();
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert!(stdout.contains("skip (CANCELLED at step "), "{stdout}");
+    assert!(
+        stdout.contains("1 point(s) that did not finish have a checkpoint at or past the steps"),
+        "{stdout}"
+    );
+    let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert!(stdout.contains("Nothing to submit"), "{stdout}");
+}

@@ -122,8 +122,8 @@ pub fn select_cuda(local_rank: u64) -> Result<&'static Chosen, String> {
             "this libtorch has no CUDA runtime (a CPU build?)".to_string()
         } else if !driver_loaded {
             format!(
-                "no NVIDIA driver is loaded on this node ({}; {}): run on a GPU node, or set \
-                 `device: cpu`",
+                "no NVIDIA driver is loaded on this node ({}; {}): run on a GPU node, or \
+                 train on CPUs (`resources.gpus_per_node: 0`; `shardrun run --device cpu`)",
                 visible.describe(raw.as_deref()),
                 cuda_says()
             )

@@ -4,7 +4,7 @@
 use anyhow::{bail, Context};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -16,7 +16,8 @@ pub struct Args {
     /// Only this rank's log (`logs/rank-N.log`).
     #[arg(long)]
     pub rank: Option<u64>,
-    /// Stop following once the run has ended (its result.json exists).
+    /// Stop following once the run has ended, as `shardrun status` tells it (not queued,
+    /// running, or requeued after a preemption).
     #[arg(long, requires = "follow")]
     pub until_done: bool,
 }
@@ -31,12 +32,26 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     if crate::rundir::RunDir::open(&args.run).is_err() {
         refuse_a_folder_of_runs(&args)?;
     }
+    if let Some(rank) = args.rank {
+        let ranks = crate::rundir::RunDir::open(&args.run)
+            .and_then(|run| run.read_train_config())
+            .map(|config| config.batch.world_size)
+            .ok();
+        if let Some(ranks) = ranks.filter(|&n| rank >= n) {
+            bail!(
+                "{} has {ranks} rank(s), 0 to {}: there is no rank {rank}",
+                args.run.display(),
+                ranks.saturating_sub(1)
+            );
+        }
+    }
     let path = match args.rank {
         Some(rank) => args.run.join("logs").join(format!("rank-{rank}.log")),
         None => args.run.join("train.log"),
     };
-    let result = args.run.join("result.json");
     let mut offset = 0u64;
+    let mut ended: Option<crate::slurm::RunStatus> = None;
+    let mut next_look = Instant::now();
     loop {
         match std::fs::File::open(&path) {
             Ok(mut file) => {
@@ -81,16 +96,50 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         if !args.follow || crate::output::stdout_closed() {
             return Ok(());
         }
-        if args.until_done && result.exists() {
-            // One more pass catches lines written just before the result.
-            let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-            if len <= offset {
-                return Ok(());
+        if let Some(status) = &ended {
+            // The pass after the end caught the last lines.
+            if offset == 0 {
+                outln!(
+                    "{} ended ({}) before anything was logged: {}",
+                    args.run.display(),
+                    state_name(status.state),
+                    status.detail
+                );
             }
-            continue;
+            return Ok(());
+        }
+        if args.until_done && Instant::now() >= next_look {
+            next_look = Instant::now() + LOOK_EVERY;
+            ended = ended_status(&args.run);
+            if ended.is_some() {
+                continue;
+            }
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// How often `--until-done` asks whether the run has ended (for a Slurm job, one query of
+/// Slurm, as `shardrun status` makes).
+const LOOK_EVERY: Duration = Duration::from_secs(2);
+
+/// The run's status once it has ended as `shardrun status` tells it: a job that failed before
+/// its controller wrote anything, or that was cancelled while it waited, has ended too, and
+/// a preempted run whose requeued job waits to run again has not.
+fn ended_status(run: &std::path::Path) -> Option<crate::slurm::RunStatus> {
+    let run = crate::rundir::RunDir::open(run).ok()?;
+    let (statuses, _) = crate::slurm::refresh(std::slice::from_ref(&run)).ok()?;
+    statuses
+        .into_iter()
+        .next()
+        .filter(|s| s.state.is_terminal())
+}
+
+fn state_name(state: crate::rundir::RunState) -> String {
+    serde_json::to_value(state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
 }
 
 /// A run that ended before its controller wrote any log (its data failed to prepare, its
@@ -102,10 +151,7 @@ fn ended_before_its_log(args: &Args) -> Option<String> {
         .read_manifest()
         .ok()?;
     let error = manifest.error.filter(|_| manifest.state.is_terminal())?;
-    let state = serde_json::to_value(manifest.state)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default();
+    let state = state_name(manifest.state);
     Some(format!(
         "{run} has no log: the run ended ({state}) before any rank started, so nothing was \
          logged; it ended with: {error}\n  see also: `shardrun status {run}`",

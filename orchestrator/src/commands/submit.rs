@@ -113,9 +113,8 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             })
             .context("also failed to mark the run directory as SUBMIT_FAILED")?;
             Err(anyhow::Error::new(err).context(format!(
-                "sbatch did not accept the job; {} is kept and marked SUBMIT_FAILED. Fix the cause, then run `shardrun submit {}` again",
-                run.path().display(),
-                args.spec.display()
+                "sbatch did not accept the job; {} is kept and marked SUBMIT_FAILED. Fix the cause (the spec, a --set value or the cluster), then run the same `shardrun submit` command again",
+                run.path().display()
             )))
         }
     }

@@ -106,6 +106,18 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             survey.data_changed.len()
         );
     }
+    let past = survey
+        .decisions
+        .iter()
+        .filter(|d| matches!(d, Decision::TrainedPast(..)))
+        .count();
+    if past > 0 {
+        outln!(
+            "{past} point(s) that did not finish have a checkpoint at or past the steps now \
+             asked for: nothing is left to train, so they are not submitted (their checkpoints \
+             are kept; with more steps, the sweep continues them)"
+        );
+    }
     if let Some((dir, changes)) = survey.finished_on_other_data.first() {
         outln!(
             "{} finished point(s) trained on data that differs from the data as it is now: \
@@ -274,6 +286,9 @@ fn print_points(
         let what = match (decision, array) {
             (Decision::Skip(state), _) => format!("skip ({})", state_name(*state)),
             (Decision::DataChanged(_), _) => "skip (data changed)".to_string(),
+            (Decision::TrainedPast(state, step), _) => {
+                format!("skip ({} at step {step})", state_name(*state))
+            }
             (_, None) => "wait (no room now)".to_string(),
             (Decision::New, Some(_)) => "submit (new)".to_string(),
             (Decision::Retry(state), Some(_)) => format!("submit (was {})", state_name(*state)),

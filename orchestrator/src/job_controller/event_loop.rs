@@ -152,7 +152,7 @@ pub fn run(
     let span = tracing::info_span!(
         "job",
         run = %opts.paths.run_dir.display(),
-        slurm_job = std::env::var("SLURM_JOB_ID").ok().as_deref().unwrap_or("-"),
+        slurm_job = this_slurm_job().as_deref().unwrap_or("-"),
     );
     runtime.block_on(run_async(signals, opts, lock).instrument(span))
 }
@@ -226,7 +226,7 @@ async fn run_async(
         paths.run_dir.display()
     ))
     .await;
-    let slurm_job_id = std::env::var("SLURM_JOB_ID").ok();
+    let slurm_job_id = this_slurm_job();
     log.note(RunEvent::Started {
         world_size,
         slurm_job_id: slurm_job_id.clone(),
@@ -335,8 +335,8 @@ async fn run_async(
     // `scontrol requeue` fail).
     let mut requeue = None;
     if outcome == Outcome::Preempted {
-        match std::env::var("SLURM_JOB_ID") {
-            Ok(job_id) => {
+        match this_slurm_job() {
+            Some(job_id) => {
                 let done = read_count(&paths.requeue_count);
                 tracing::info!(
                     slurm_job = job_id,
@@ -380,7 +380,7 @@ async fn run_async(
                     );
                 }
             }
-            Err(_) => {
+            None => {
                 message = format!(
                     "{message}; {}",
                     how_to_resume(&opts.launch, &opts.paths.run_dir)
@@ -649,6 +649,29 @@ impl Ranks<'_> {
     }
 }
 
+/// The Slurm job this controller runs as, named as `squeue` and the run's manifest name it:
+/// `<array>_<task>` for a task of a job array. One task's own SLURM_JOB_ID is the array's id,
+/// and `scontrol requeue` of that id requeues every task of the array.
+fn this_slurm_job() -> Option<String> {
+    let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
+    slurm_job_named(
+        var("SLURM_JOB_ID"),
+        var("SLURM_ARRAY_JOB_ID"),
+        var("SLURM_ARRAY_TASK_ID"),
+    )
+}
+
+fn slurm_job_named(
+    job: Option<String>,
+    array: Option<String>,
+    task: Option<String>,
+) -> Option<String> {
+    match (array, task) {
+        (Some(array), Some(task)) => Some(format!("{array}_{task}")),
+        _ => job,
+    }
+}
+
 /// Asks Slurm to requeue `job_id`; on success Slurm ends this batch script. The error says
 /// why it could not be done.
 fn requeue_slurm_job(job_id: &str) -> Result<(), String> {
@@ -834,6 +857,23 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_task_of_a_job_array_is_named_by_array_and_task() {
+        let some = |s: &str| Some(s.to_string());
+        // Task 1 of array 55 may run with SLURM_JOB_ID 55 itself: requeueing "55" would
+        // requeue every task.
+        assert_eq!(
+            slurm_job_named(some("55"), some("55"), some("1")),
+            some("55_1")
+        );
+        assert_eq!(
+            slurm_job_named(some("71"), some("70"), some("0")),
+            some("70_0")
+        );
+        assert_eq!(slurm_job_named(some("48"), None, None), some("48"));
+        assert_eq!(slurm_job_named(None, None, None), None);
+    }
 
     #[test]
     fn a_cancelled_run_says_what_running_it_again_does() {

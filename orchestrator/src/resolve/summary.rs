@@ -172,7 +172,18 @@ impl ResolvedJob {
                 None => "off; never resumes (resume: false)".into(),
             }
         );
-        let _ = writeln!(out, "  slurm          time {}, partition {}, USR2 {} s before the limit, requeue {} (max {})", s.time.as_deref().unwrap_or("(partition default)"), s.partition.as_deref().unwrap_or("(default)"), self.preemption.signal_seconds, self.preemption.requeue, self.preemption.max_requeues);
+        // The job's own count: a job that does not requeue is allowed none.
+        let requeue = match self.preemption.requeue {
+            true => format!("true (max {})", self.preemption.max_requeues),
+            false => "false".to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "  slurm          time {}, partition {}, USR2 {} s before the limit, requeue {requeue}",
+            s.time.as_deref().unwrap_or("(partition default)"),
+            s.partition.as_deref().unwrap_or("(default)"),
+            self.preemption.signal_seconds
+        );
         // They reach the ranks through resolved.json, not the script: shown here so they
         // can be checked before the job is submitted.
         let (shell, spec): (Vec<_>, Vec<_>) = s

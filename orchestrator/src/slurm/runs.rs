@@ -235,6 +235,16 @@ fn file_tail(path: &Path, bytes: u64) -> std::io::Result<Vec<u8>> {
     Ok(tail)
 }
 
+/// A detail as one line of a table: what sbatch or a failure said over several lines,
+/// joined with "; ".
+fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// Refresh the state of every run with one Slurm query; returns which command answered.
 pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>), RunsError> {
     let mut manifests = Vec::with_capacity(runs.len());
@@ -361,7 +371,7 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
             state,
             job_id,
             slurm,
-            detail,
+            detail: one_line(&detail),
             array: manifest.sweep_array,
             sweep_params: manifest.sweep_params,
         });
@@ -372,6 +382,18 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_detail_of_several_lines_is_one_line_of_the_table() {
+        let sbatch = "sbatch: error: invalid partition specified: nosuch\n\
+                      sbatch: error: Batch job submission failed: Invalid partition name specified\n";
+        assert_eq!(
+            one_line(sbatch),
+            "sbatch: error: invalid partition specified: nosuch; sbatch: error: Batch job \
+             submission failed: Invalid partition name specified"
+        );
+        assert_eq!(one_line("training finished"), "training finished");
+    }
 
     #[test]
     fn the_error_file_of_a_run_or_of_its_array_task_ends_the_detail() {

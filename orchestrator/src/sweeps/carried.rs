@@ -80,9 +80,12 @@ pub fn carry_over(sweep_dir: &Path, points: &mut [SweepPoint]) -> Vec<Carried> {
             rename(point, run.path());
             // A point whose directory already records its job carries nothing to say.
             if !changes.is_empty() {
-                let lr_change = newest_checkpoint(&run, &recorded.train).and_then(|c| {
-                    LrChange::of(&recorded.train, &point.job.train, c.step, c.updates)
-                });
+                // A checkpoint at or past the steps asked for leaves nothing to continue.
+                let lr_change = newest_checkpoint(&run, &recorded.train)
+                    .filter(|c| c.step < point.job.train.steps)
+                    .and_then(|c| {
+                        LrChange::of(&recorded.train, &point.job.train, c.step, c.updates)
+                    });
                 carried.push(Carried { changes, lr_change });
             }
         }

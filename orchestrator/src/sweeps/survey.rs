@@ -22,6 +22,11 @@ pub enum Decision {
     /// A point to retry whose checkpoint was trained on other data than the data as it is
     /// prepared now: its job would refuse to resume, so it is not submitted.
     DataChanged(RunState),
+    /// A point that ended unfinished (cancelled, failed, preempted) with a checkpoint at or
+    /// past the steps the sweep now asks for: nothing is left to train, as `shardrun submit`
+    /// says of such a run, so it is not submitted (its job would only end it "finished" at a
+    /// step past its schedule). The step of that checkpoint.
+    TrainedPast(RunState, u64),
 }
 
 impl Decision {
@@ -78,6 +83,9 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
                 Decision::Skip(RunState::Completed)
             }
             Some(state @ (RunState::Submitted | RunState::Running)) => Decision::Skip(*state),
+            Some(state) if let Some(step) = checkpoint_past(&sweep_dir.join(&p.name), p) => {
+                Decision::TrainedPast(*state, step)
+            }
             Some(state) => match data_refusal(&sweep_dir.join(&p.name), p, &mut probed) {
                 Some(refusal) => {
                     data_changed.push(refusal);
@@ -131,6 +139,19 @@ fn asks_more_steps(dir: &Path, point: &SweepPoint) -> bool {
     };
     run.read_train_config()
         .is_ok_and(|train| point.job.train.steps > steps_trained(&run, &train))
+}
+
+/// The step of the point's newest checkpoint when it is at or past the steps the point asks
+/// for and the point would resume from it.
+fn checkpoint_past(dir: &Path, point: &SweepPoint) -> Option<u64> {
+    if !point.job.train.checkpoint.resume {
+        return None;
+    }
+    let run = RunDir::open(dir).ok()?;
+    let recorded = run.read_train_config().ok()?;
+    newest_checkpoint(&run, &recorded)
+        .map(|c| c.step)
+        .filter(|&step| step >= point.job.train.steps)
 }
 
 /// The refusal a retried point's job would meet: its newest checkpoint was trained on other
