@@ -33,9 +33,12 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             // A finished run's job run again has nothing to lose: it stays finished.
             if manifest.state.is_terminal() && manifest.state != RunState::Completed {
                 let again = if manifest.sweep_params.is_empty() {
-                    "submitting it again (`shardrun submit`)"
+                    format!(
+                        "submitting it again (`shardrun submit {}`)",
+                        run.path().display()
+                    )
                 } else {
-                    "running `shardrun sweep` on the sweep's spec again"
+                    "running `shardrun sweep` on the sweep's spec again".to_string()
                 };
                 requeued.push((run, id, again));
             }

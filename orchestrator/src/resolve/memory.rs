@@ -96,6 +96,20 @@ impl MemoryEstimate {
         if self.chosen.peak <= usable {
             return None;
         }
+        if usable == 0 {
+            return Some((
+                format!(
+                    "a GPU of {:.1} GiB has nothing left for the job once CUDA and NCCL have their \
+                     {:.1} GiB",
+                    gib(self.gpu_memory_bytes.unwrap_or(0)),
+                    gib(GPU_RESERVED_BYTES)
+                ),
+                "`resources.gpu_memory_gb` is each GPU's whole memory in GiB (80 for an \
+                 A100 or H100 80GB); leave it out if the partition's GPUs are not known, or \
+                 pass --force to run it anyway"
+                    .to_string(),
+            ));
+        }
         let fits: Vec<String> = self
             .per_strategy
             .iter()

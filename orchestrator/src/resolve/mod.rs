@@ -617,6 +617,11 @@ mod tests {
         // Twice the GPU memory and it fits.
         let roomy = resolve_yaml(&yaml.replace("1.5", "3"), false).expect("fits");
         assert_eq!(roomy.memory.fits(), Some(true));
+        // A GPU memory no larger than what CUDA and NCCL take is a misread unit.
+        let ResolveError::Invalid(err) =
+            resolve_yaml(&yaml.replace("1.5", "1"), false).unwrap_err();
+        assert!(err.why.contains("has nothing left for the job"), "{err}");
+        assert!(err.fix.contains("whole memory in GiB"), "{err}");
     }
 
     /// A 65-billion-parameter transformer (LLaMA-65B's sizes: dim 8192, 80 layers, 64 heads,

@@ -288,7 +288,11 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
                 (Some(record), _) => {
                     state = run_state_of(&record.state);
                     detail = [
-                        record.reason.clone(),
+                        // A job cancelled while it waited keeps the reason it waited for.
+                        record
+                            .reason
+                            .clone()
+                            .filter(|_| record.state != JobState::Cancelled),
                         record
                             .exit_code
                             .clone()
@@ -358,8 +362,15 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
         }) = &result
         {
             if !detail.contains(error.as_str()) {
-                detail = if detail.is_empty() {
+                // A job queued again after its attempt ended: what that attempt said (and
+                // advised) is about the attempt before, not the run as it is now.
+                let error = if requeued && !state.is_terminal() {
+                    format!("the attempt before: {error}")
+                } else {
                     error.clone()
+                };
+                detail = if detail.is_empty() {
+                    error
                 } else {
                     format!("{detail}; {error}")
                 };

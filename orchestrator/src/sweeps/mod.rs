@@ -404,7 +404,7 @@ mod tests {
 
     #[test]
     fn points_that_exceed_the_gpu_are_refused_once_or_planned_with_force() {
-        let yaml = "name: big\nresources: { gpus_per_node: 2, gpu_memory_gb: 1 }\ntraining:\n  \
+        let yaml = "name: big\nresources: { gpus_per_node: 2, gpu_memory_gb: 1.5 }\ntraining:\n  \
                     model: { kind: transformer, vocab_size: 32000, dim: 1024, n_layers: 8, n_heads: 16, max_seq_len: 1024 }\n  \
                     data: { kind: synthetic, seq_len: 1024 }\n  steps: 10\n  total_batch_size: 16\n  \
                     batch_size_per_device: 8\nsweep:\n  grid:\n    training.optimizer.lr: [1.0e-3, 1.0e-4]\n";
