@@ -9,7 +9,7 @@ use crate::rerun::newest_checkpoint;
 use crate::resume_data;
 use crate::rundir::RunDir;
 use anyhow::Context;
-use shardrun_data::{Dataset, Observer};
+use shardrun_data::{DataIdentity, Dataset, Observer};
 use shardrun_protocol::config::DataConfig;
 use shardrun_protocol::TrainConfig;
 
@@ -33,6 +33,11 @@ pub fn prepare_data(config: &TrainConfig, threads: Option<usize>) -> anyhow::Res
         Some(dataset) => Ok(describe(config, &dataset)),
         None => Ok(vec!["synthetic data: nothing to prepare".into()]),
     }
+}
+
+/// Prepares `config`'s data (nothing for synthetic data) and returns what it is made of.
+pub fn prepare_identity(config: &TrainConfig) -> anyhow::Result<Option<DataIdentity>> {
+    Ok(open_dataset(config, None)?.map(|dataset| dataset.identity().clone()))
 }
 
 /// The config's documents, prepared; `None` for synthetic data.

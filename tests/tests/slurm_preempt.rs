@@ -306,22 +306,21 @@ fn usr2_to_a_sweep_point_requeues_that_point_alone() {
         .unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
 
-    // Each point's run directory, by the array task it runs as (`<array>_<task>`).
     let sweep_dir = dir.join("runs").join(&name);
+    // Each point's run directory, by the array task it runs as (`<array>_<task>`), as
+    // `shardrun status` lists them.
     let points = || -> BTreeMap<String, std::path::PathBuf> {
-        std::fs::read_dir(&sweep_dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|entry| {
-                let manifest = std::fs::read_to_string(entry.path().join("manifest.json")).ok()?;
-                let manifest: serde_json::Value = serde_json::from_str(&manifest).ok()?;
-                let job = manifest["slurm_job_ids"]
-                    .as_array()?
-                    .last()?
-                    .as_str()?
-                    .to_string();
-                Some((job, entry.path()))
+        let out = cluster
+            .shardrun(
+                dir.path(),
+                &["status", "--json", &sweep_dir.to_string_lossy()],
+            )
+            .unwrap();
+        status_runs(&stdout_of(&out))
+            .iter()
+            .filter_map(|run| {
+                let job = run["job_id"].as_str()?.to_string();
+                Some((job, run["run_dir"].as_str()?.into()))
             })
             .collect()
     };

@@ -102,7 +102,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                 outln!(
                     "{} ended ({}) before anything was logged: {}",
                     args.run.display(),
-                    state_name(status.state),
+                    status.state,
                     status.detail
                 );
             }
@@ -135,13 +135,6 @@ fn ended_status(run: &std::path::Path) -> Option<crate::slurm::RunStatus> {
         .filter(|s| s.state.is_terminal())
 }
 
-fn state_name(state: crate::rundir::RunState) -> String {
-    serde_json::to_value(state)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
-}
-
 /// A run that ended before its controller wrote any log (its data failed to prepare, its
 /// spec or model folder was refused): what its manifest says of its end, in place of a
 /// missing file.
@@ -151,7 +144,7 @@ fn ended_before_its_log(args: &Args) -> Option<String> {
         .read_manifest()
         .ok()?;
     let error = manifest.error.filter(|_| manifest.state.is_terminal())?;
-    let state = state_name(manifest.state);
+    let state = manifest.state;
     Some(format!(
         "{run} has no log: the run ended ({state}) before any rank started, so nothing was \
          logged; it ended with: {error}\n  see also: `shardrun status {run}`",

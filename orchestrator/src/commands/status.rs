@@ -126,10 +126,7 @@ fn status_table(statuses: &[RunStatus], cwd: Option<&Path>) -> String {
     let rows: Vec<Vec<String>> = statuses
         .iter()
         .map(|s| {
-            let state = serde_json::to_value(s.state)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default();
+            let state = s.state.to_string();
             let path = s.run.path();
             let shown = cwd
                 .and_then(|cwd| path.strip_prefix(cwd).ok())

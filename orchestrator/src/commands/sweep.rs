@@ -10,7 +10,7 @@
 use crate::binaries::shardrun_exe;
 use crate::rerun;
 use crate::resolve::{self, Overrides};
-use crate::rundir::{self, ArrayRef, RunDir, RunState};
+use crate::rundir::{self, ArrayRef, RunDir};
 use crate::slurm;
 use crate::spec;
 use crate::sweeps::journal::{self, Journal};
@@ -284,14 +284,14 @@ fn print_points(
     for (point, decision) in points.iter().zip(decisions) {
         let array = array_of.get(point.key.as_str());
         let what = match (decision, array) {
-            (Decision::Skip(state), _) => format!("skip ({})", state_name(*state)),
+            (Decision::Skip(state), _) => format!("skip ({})", state),
             (Decision::DataChanged(_), _) => "skip (data changed)".to_string(),
             (Decision::TrainedPast(state, step), _) => {
-                format!("skip ({} at step {step})", state_name(*state))
+                format!("skip ({} at step {step})", state)
             }
             (_, None) => "wait (no room now)".to_string(),
             (Decision::New, Some(_)) => "submit (new)".to_string(),
-            (Decision::Retry(state), Some(_)) => format!("submit (was {})", state_name(*state)),
+            (Decision::Retry(state), Some(_)) => format!("submit (was {})", state),
         };
         let array = array
             .map(|k| format!("array {}/{}", k + 1, plan.arrays.len()))
@@ -441,11 +441,4 @@ fn stale_reasons(stale: &[RunDir], points: &[SweepPoint]) -> Vec<String> {
         ));
     }
     lines
-}
-
-fn state_name(state: RunState) -> String {
-    serde_json::to_value(state)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
 }

@@ -478,9 +478,8 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
         // it has prepared it.
         let mut now = DataIdentity::probe(data).ok().flatten();
         if now.is_none() && new.data_here && checkpoint.data_fingerprint.is_some() {
-            crate::data_prep::prepare_data(&target.train, None)
+            now = crate::data_prep::prepare_identity(&target.train)
                 .map_err(|e| RerunError::DataPreparation(e.into()))?;
-            now = DataIdentity::probe(data).ok().flatten();
         }
         match now {
             Some(now) => resume_data::check(&run, checkpoint, &now)?,

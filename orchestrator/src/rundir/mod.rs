@@ -140,6 +140,17 @@ pub enum RunState {
     Died,
 }
 
+/// As the manifest and `status` write it (`SUBMIT_FAILED`).
+impl std::fmt::Display for RunState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        f.write_str(&name)
+    }
+}
+
 impl RunState {
     /// True when nothing more will happen to the run without a resubmission.
     pub fn is_terminal(self) -> bool {
