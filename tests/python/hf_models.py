@@ -9,6 +9,8 @@
                                              each error must name
     hf_models.py logits --model DIR --ids IDS.json --out F.safetensors [--inv-freq-dtype bf16]
                                              [--documents DOCS.json] [--state-dict F]
+    hf_models.py eval-loss --model DIR --records VAL.jsonl
+                                             the mean loss over prompt/completion records
     hf_models.py step --model DIR --batch BATCH.json --config train_config.json --out F.safetensors
                                              one AdamW step (clipping, two parameter groups)
     hf_models.py load --model DIR            from_pretrained + fully_shard time and peak RSS
@@ -283,6 +285,30 @@ def cmd_logits(args):
     print(json.dumps({"shape": list(logits.shape), "max_abs": logits.abs().max().item()}))
 
 
+def cmd_eval_loss(args):
+    """The mean next-token loss over prompt/completion records, each computed alone as TRL's
+    SFT does: the prompt's tokens are no targets; the completion's and the end-of-document
+    token appended to it are. Also the number of those targets."""
+    from transformers import AutoTokenizer
+
+    model = load(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    loss_sum, targets = 0.0, 0
+    with open(args.records) as f:
+        for line in f:
+            record = json.loads(line)
+            prompt = tokenizer(record["prompt"])["input_ids"]
+            completion = tokenizer(record["completion"], add_special_tokens=False)["input_ids"]
+            completion.append(tokenizer.eos_token_id)
+            ids = torch.tensor([prompt + completion])
+            labels = torch.tensor([-100] * len(prompt) + completion)
+            with torch.no_grad():
+                logits = model(ids).logits[0].float()
+            loss_sum += F.cross_entropy(logits[:-1], labels[1:], reduction="sum").item()
+            targets += int((labels[1:] != -100).sum())
+    print(json.dumps({"loss": loss_sum / targets, "targets": targets}))
+
+
 def cmd_step(args):
     """One optimizer step as PyTorch does it: mean cross-entropy over the global batch,
     clip_grad_norm_, torch.optim.AdamW with biases and norms in a no-decay group (as
@@ -357,6 +383,9 @@ def main():
     s.add_argument("--inv-freq-dtype")
     s.add_argument("--state-dict", help="load these weights (strict) over the folder's")
     s.add_argument("--documents")
+    s = sub.add_parser("eval-loss")
+    s.add_argument("--model", required=True)
+    s.add_argument("--records", required=True)
     s = sub.add_parser("step")
     s.add_argument("--model", required=True)
     s.add_argument("--batch", required=True)
@@ -367,7 +396,7 @@ def main():
     args = p.parse_args()
     torch.manual_seed(0)
     {"make": cmd_make, "make-small": cmd_make_small, "make-big": cmd_make_big, "make-bad": cmd_make_bad, "logits": cmd_logits,
-     "step": cmd_step, "load": cmd_load}[args.cmd](args)
+     "eval-loss": cmd_eval_loss, "step": cmd_step, "load": cmd_load}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -46,8 +46,21 @@ fn two_rank_training_writes_logs_metrics_and_plots() {
     let run_arg = run.to_string_lossy().to_string();
     // The script for the run directory is the one `submit` would write to run there.
     let render = plot(&["render", &run_arg]);
-    let submit = plot(&["submit", &run_arg, "--dry-run"]);
-    assert_eq!(render, submit);
+    let dry_run = shardrun_in(
+        dir.path(),
+        &["submit", &run_arg, "--dry-run"],
+        Duration::from_secs(30),
+    );
+    assert!(dry_run.status.success(), "{}", stderr_of(&dry_run));
+    assert_eq!(render, stdout_of(&dry_run));
+    // Submitted for real, the finished run would be left alone: the dry run says so.
+    assert!(
+        stderr_of(&dry_run).contains(&format!(
+            "dry run: would submit nothing: {run_arg} is finished: it trained all {steps} steps"
+        )),
+        "{}",
+        stderr_of(&dry_run)
+    );
     assert!(
         render.contains(&format!("#SBATCH --output={run_arg}/")),
         "{render}"

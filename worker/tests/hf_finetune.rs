@@ -294,6 +294,114 @@ fn fine_tune_export_load_in_transformers_and_resume() {
     );
 }
 
+/// `count` prompt/completion records of the fixture tokenizer's words (`t3`..`t95`: no
+/// special token), of varied lengths, drawn from a fixed generator.
+fn prompt_completion_records(count: usize, seed: u64) -> String {
+    let mut state = seed;
+    let mut next = |below: u64| {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (state >> 33) % below
+    };
+    let mut lines = String::new();
+    for _ in 0..count {
+        let (prompt_len, completion_len) = (1 + next(6), 1 + next(7));
+        let mut words = |n: u64| {
+            (0..n)
+                .map(|_| format!("t{}", 3 + next(93)))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let record = serde_json::json!({
+            "prompt": words(prompt_len) + " ",
+            "completion": words(completion_len),
+        });
+        lines.push_str(&format!("{record}\n"));
+    }
+    lines
+}
+
+/// The validation loss a run reports is the loss `transformers` computes on the exported
+/// model over the held-out records, each alone with the prompt out of the loss (TRL's SFT):
+/// the packing, the document mask, the rank split, the padding rows and the token-weighted
+/// mean across batches and ranks must all add up to it.
+#[test]
+fn the_validation_loss_is_transformers_loss_on_the_held_out_records() {
+    let work = temp_dir();
+    let source = folder("llama-gqa");
+    std::fs::write(
+        work.path().join("train.jsonl"),
+        prompt_completion_records(40, 1),
+    )
+    .unwrap();
+    // 21 records: several sequences, the last global batch of them part padding.
+    let validation = work.path().join("val.jsonl");
+    std::fs::write(&validation, prompt_completion_records(21, 2)).unwrap();
+    let spec = work.path().join("evaluated.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "name: evaluated
+run_root: runs
+resources: {{ tasks_per_node: 2 }}
+training:
+  model: {{ kind: hf, path: {source} }}
+  data:
+    kind: jsonl
+    files: [train.jsonl]
+    prompt_field: prompt
+    completion_field: completion
+    seq_len: 24
+    packing: whole_documents
+    validation: {{ files: [val.jsonl] }}
+  steps: 4
+  total_batch_size: 8
+  batch_size_per_device: 2
+  optimizer: {{ lr: 3.0e-3 }}
+  checkpoint: {{ dir: checkpoints, interval_steps: 4 }}
+",
+            source = source.display(),
+        ),
+    )
+    .unwrap();
+    shardrun_in(work.path(), &["run", "evaluated.yaml", "--nproc", "2"]);
+    let run = work.path().join("runs/evaluated");
+    let eval: serde_json::Value = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v.get("eval_loss").is_some())
+        .expect("an evaluation after the last step");
+    assert_eq!(eval["step"], 4, "{eval}");
+
+    let exported = work.path().join("exported");
+    shardrun(&[
+        "export",
+        run.to_str().unwrap(),
+        "--out",
+        exported.to_str().unwrap(),
+    ]);
+    let theirs: serde_json::Value = serde_json::from_str(&run_script(&[
+        "eval-loss",
+        "--model",
+        exported.to_str().unwrap(),
+        "--records",
+        validation.to_str().unwrap(),
+    ]))
+    .unwrap();
+    assert_eq!(eval["eval_tokens"], theirs["targets"], "{eval} vs {theirs}");
+    let (ours, theirs) = (
+        eval["eval_loss"].as_f64().unwrap(),
+        theirs["loss"].as_f64().unwrap(),
+    );
+    let diff = relative("validation loss", ours, theirs);
+    assert!(
+        diff <= 1e-5,
+        "validation loss {ours} vs transformers' {theirs} ({diff:e} apart)"
+    );
+}
+
 #[test]
 fn the_local_llama_example_plans_on_the_folder_its_comment_makes() {
     let work = temp_dir();

@@ -25,7 +25,8 @@ pub struct Args {
     /// run directory holding an interrupted run resumes it.
     #[arg(long)]
     pub force: bool,
-    /// Print the sbatch script and the plan; write and submit nothing.
+    /// Print the sbatch script, the plan and what submitting would do with the run directory
+    /// (a new run, a resume, nothing to do); write and submit nothing.
     #[arg(long)]
     pub dry_run: bool,
     #[command(flatten)]
@@ -49,29 +50,27 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         },
         &shardrun_exe()?,
     )?;
-    if args.dry_run {
-        out!("{script}");
-        errln!("{}", job.summary().trim_end());
-        errln!(
-            "dry run: would write {} and submit it with sbatch",
-            path.display()
-        );
-        return Ok(());
-    }
     let job_yaml = overrides::recorded_yaml(&loaded);
     let spec_dir = std::path::absolute(&loaded.base_dir)?;
-    let prepared = rerun::prepare(
-        &path,
-        NewRun {
-            resolved: &job,
-            job_yaml: &job_yaml,
-            sbatch: Some(&script),
-            sweep_params: &BTreeMap::new(),
-            force: args.force,
-            spec_dir: Some(&spec_dir),
-            data_here: false,
-        },
-    )?;
+    let new = NewRun {
+        resolved: &job,
+        job_yaml: &job_yaml,
+        sbatch: Some(&script),
+        sweep_params: &BTreeMap::new(),
+        force: args.force,
+        spec_dir: Some(&spec_dir),
+        data_here: false,
+    };
+    if args.dry_run {
+        // The same decision as the real submit (resume, nothing to do, a refusal), made
+        // without writing anything.
+        let decision = rerun::decide(&path, new)?;
+        out!("{script}");
+        errln!("{}", job.summary().trim_end());
+        errln!("dry run: {}", decision.dry_run_words(&path));
+        return Ok(());
+    }
+    let prepared = rerun::prepare(&path, new)?;
     // A job continuing the run: if it refuses to start, the run goes back to this.
     let ended_before = match &prepared {
         rerun::RunStart::Resume(resume) => Some(resume.before.clone()),

@@ -197,16 +197,22 @@ pub struct Redone {
 impl Redone {
     /// What a re-run prints before starting over.
     pub fn message(&self) -> String {
-        let mut text = format!(
-            "{} {} before training a step: starting it over with the changed spec",
-            self.run.path().display(),
-            self.ended
-        );
-        for change in &self.changed {
-            let _ = write!(text, "\n  changed: {change}");
-        }
-        text
+        starting_over(
+            self.run.path(),
+            &self.ended,
+            &self.changed,
+            "starting it over with the changed spec",
+        )
     }
+}
+
+/// "<run> failed (...) before training a step: <doing>", then the changes.
+fn starting_over(path: &Path, ended: &str, changed: &[FieldChange], doing: &str) -> String {
+    let mut text = format!("{} {ended} before training a step: {doing}", path.display());
+    for change in changed {
+        let _ = write!(text, "\n  changed: {change}");
+    }
+    text
 }
 
 #[derive(Debug)]
@@ -358,6 +364,80 @@ fn in_slurms_hands(status: &slurm::RunStatus) -> Option<String> {
 /// Refuses, touching nothing, when the run is still going or its spec changed unsafely.
 pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
     let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    Ok(match decide(&path, new)? {
+        RunDecision::New => RunStart::New(RunDir::create(&path, new)?),
+        RunDecision::Replace { deleted } => RunStart::Replaced {
+            run: RunDir::create(&path, new)?,
+            deleted,
+        },
+        RunDecision::Redo { ended, changed } => RunStart::Redone(Redone {
+            run: RunDir::create(&path, NewRun { force: true, ..new })?,
+            ended,
+            changed,
+        }),
+        RunDecision::Resume(resume) => {
+            resume.run.update_spec(new)?;
+            RunStart::Resume(resume)
+        }
+        RunDecision::Finished(finished) => RunStart::Finished(finished),
+    })
+}
+
+/// What [`prepare`] would do with the run directory, decided without writing anything (the
+/// data of a run that resumes is prepared when `new.data_here`).
+#[derive(Debug)]
+pub enum RunDecision {
+    New,
+    /// `--force` deletes what the folder holds (in words).
+    Replace {
+        deleted: String,
+    },
+    /// The old run ended before training a step and the spec changed: it starts over.
+    Redo {
+        ended: String,
+        changed: Vec<FieldChange>,
+    },
+    /// The run continues; its spec files are not rewritten yet.
+    Resume(Resume),
+    Finished(Finished),
+}
+
+impl RunDecision {
+    /// What `shardrun submit --dry-run` says it would do.
+    pub fn dry_run_words(&self, path: &Path) -> String {
+        let shown = path.display();
+        match self {
+            RunDecision::New => format!("would write {shown} and submit it with sbatch"),
+            RunDecision::Replace { deleted } => format!(
+                "--force would delete {deleted}, then write {shown} and submit it with sbatch"
+            ),
+            RunDecision::Redo { ended, changed } => starting_over(
+                path,
+                ended,
+                changed,
+                "would start it over with the changed spec and submit it with sbatch",
+            ),
+            RunDecision::Resume(resume) => {
+                let mut text = format!(
+                    "would submit a job that continues the run:\n  {}",
+                    resume.headline()
+                );
+                for line in resume.applied_lines() {
+                    let _ = write!(text, "\n{line}");
+                }
+                text
+            }
+            RunDecision::Finished(finished) => {
+                format!("would submit nothing: {}", finished.message())
+            }
+        }
+    }
+}
+
+/// [`prepare`]'s decision: reads the run directory (and asks Slurm about its job), writes
+/// nothing to it.
+pub fn decide(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunError> {
+    let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     if new.force && path.exists() {
         // Deleting a live run would leave its controller and ranks writing into nothing, and
         // a queued job would start into the new run's folder.
@@ -367,12 +447,12 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
                 return Err(RerunError::ForceWhileRunning { path: shown, how });
             }
         }
-        let deleted = describe_contents(&path);
-        let run = RunDir::create(&path, new)?;
-        return Ok(RunStart::Replaced { run, deleted });
+        return Ok(RunDecision::Replace {
+            deleted: describe_contents(&path),
+        });
     }
     if !path.exists() {
-        return Ok(RunStart::New(RunDir::create(&path, new)?));
+        return Ok(RunDecision::New);
     }
     let run = match RunDir::open(&path) {
         Ok(run) => run,
@@ -410,12 +490,7 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
         let ended = how_it_ended(&run, state, detail.as_deref(), None);
         let mut changed = refused;
         changed.extend(applied);
-        let run = RunDir::create(&path, NewRun { force: true, ..new })?;
-        return Ok(RunStart::Redone(Redone {
-            run,
-            ended,
-            changed,
-        }));
+        return Ok(RunDecision::Redo { ended, changed });
     }
     if !refused.is_empty() {
         return Err(RerunError::Changed {
@@ -444,7 +519,7 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
             DataConfig::Dataset(data) => DataNow::look(data).changes_since_run(&run),
             _ => Vec::new(),
         };
-        return Ok(RunStart::Finished(Finished {
+        return Ok(RunDecision::Finished(Finished {
             run,
             steps_done: done,
             steps_asked: asked,
@@ -490,8 +565,7 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
         .as_ref()
         .and_then(|c| LrChange::of(&recorded.train, &target.train, c.step, c.updates));
     let periodic_saves = target.train.checkpoint.saves_periodically();
-    run.update_spec(new)?;
-    Ok(RunStart::Resume(Resume {
+    Ok(RunDecision::Resume(Resume {
         run,
         checkpoint,
         ended,
@@ -750,6 +824,53 @@ mod tests {
             5,
             "the safe change is applied"
         );
+    }
+
+    #[test]
+    fn deciding_writes_nothing_and_says_what_a_submit_would_do() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = existing(tmp.path(), RunState::Preempted, &[]);
+        let files = |run: &RunDir| {
+            [run.train_config(), run.path().join("manifest.json")]
+                .map(|f| std::fs::read(f).unwrap())
+        };
+        let before = files(&run);
+        let params = BTreeMap::new();
+
+        let job = resolved(tmp.path(), &["training.log_every=5"]);
+        let decision = decide(run.path(), new_run(&job, &params)).unwrap();
+        let RunDecision::Resume(resume) = &decision else {
+            panic!("expected a resume, got {decision:?}")
+        };
+        assert_eq!(resume.applied.len(), 1);
+        let words = decision.dry_run_words(run.path());
+        assert!(
+            words.starts_with("would submit a job that continues the run:\n  starting ")
+                && words.ends_with("  changed on resume: training.log_every: 1 → 5"),
+            "{words}"
+        );
+        assert_eq!(files(&run), before, "the safe change is not applied");
+
+        // Changed in what it computes, before a step: started over, in words only.
+        let job = resolved(tmp.path(), &["training.seed=9"]);
+        let decision = decide(run.path(), new_run(&job, &params)).unwrap();
+        assert!(matches!(decision, RunDecision::Redo { .. }), "{decision:?}");
+        assert!(
+            decision
+                .dry_run_words(run.path())
+                .contains("before training a step: would start it over"),
+            "{decision:?}"
+        );
+        assert_eq!(files(&run), before);
+
+        let mut forced = new_run(&job, &params);
+        forced.force = true;
+        let decision = decide(run.path(), forced).unwrap();
+        assert!(
+            matches!(decision, RunDecision::Replace { .. }),
+            "{decision:?}"
+        );
+        assert_eq!(files(&run), before);
     }
 
     /// The run logged its first step (it trained, though it saved no checkpoint).

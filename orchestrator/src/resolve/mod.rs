@@ -341,7 +341,7 @@ pub fn resolve_with(
         &mut lookups.on_disk,
         &mut warnings,
     )?;
-    let slurm = slurm::resolve_slurm(&s, &ranks, overrides)?;
+    let slurm = slurm::resolve_slurm(&s, &ranks, overrides, &mut warnings)?;
     let preemption = slurm::resolve_preemption(&s, slurm.time_limit_seconds)?;
 
     let train = TrainConfig {

@@ -7,6 +7,7 @@ pub fn resolve_slurm(
     s: &Section,
     ranks: &Ranks,
     overrides: &Overrides,
+    warnings: &mut Vec<String>,
 ) -> Result<SlurmResources, ResolveError> {
     let res = &s.spec().resources;
     let time_limit_seconds = match &res.time {
@@ -19,6 +20,9 @@ pub fn resolve_slurm(
             )
         })?),
     };
+    if let (Some(time), Some(secs)) = (&res.time, time_limit_seconds) {
+        warnings.extend(minutes_read_as_hours(time, secs));
+    }
     if let Some(mem) = &res.mem {
         if !valid_mem(mem) {
             return Err(s.err(
@@ -150,6 +154,20 @@ pub fn parse_slurm_time(s: &str) -> Option<u64> {
     (secs > 0).then_some(secs)
 }
 
+/// Two fields are minutes and seconds to Slurm, and a limit of a few minutes written that
+/// way (`"00:10"`, `"01:30"`) is most likely hours and minutes misread.
+fn minutes_read_as_hours(time: &str, secs: u64) -> Option<String> {
+    let (hours, minutes) = time.split_once(':').filter(|_| !time.contains('-'))?;
+    (!minutes.contains(':') && secs < 10 * 60).then(|| {
+        format!(
+            "resources.time `{time}` is {} min {} s: Slurm reads two fields as minutes:seconds; \
+             for {hours} h {minutes} min write \"{hours}:{minutes}:00\"",
+            secs / 60,
+            secs % 60
+        )
+    })
+}
+
 fn valid_mem(mem: &str) -> bool {
     let digits = mem.trim_end_matches(['K', 'M', 'G', 'T', 'k', 'm', 'g', 't']);
     !digits.is_empty()
@@ -170,6 +188,20 @@ mod tests {
         assert_eq!(parse_slurm_time("1-2"), Some(93600));
         assert_eq!(parse_slurm_time("two hours"), None);
         assert_eq!(parse_slurm_time("0"), None);
+    }
+
+    #[test]
+    fn a_short_limit_of_two_fields_is_said_to_be_minutes_and_seconds() {
+        let warned = |time: &str| minutes_read_as_hours(time, parse_slurm_time(time).unwrap());
+        assert_eq!(
+            warned("00:10").unwrap(),
+            "resources.time `00:10` is 0 min 10 s: Slurm reads two fields as minutes:seconds; \
+             for 00 h 10 min write \"00:10:00\""
+        );
+        assert!(warned("01:30").unwrap().contains("is 1 min 30 s"));
+        for meant in ["30:00", "10:00", "5", "00:05:00", "0-00:05"] {
+            assert_eq!(warned(meant), None, "{meant}");
+        }
     }
 
     #[test]
