@@ -297,6 +297,55 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
         runs.values().all(|(ran, ids)| *ran == 1 && ids.len() == 1),
         "{runs:?}"
     );
+    // The 5 runs of seed 5 are left from the spec before: the tables mark them, and the
+    // sweep's plot leaves them out.
+    let sweep_arg = sweep_dir.to_string_lossy().to_string();
+    for command in ["status", "metrics"] {
+        let out = cluster
+            .shardrun(dir.path(), &[command, &sweep_arg])
+            .unwrap();
+        let table = stdout_of(&out);
+        let marked: Vec<Vec<&str>> = table
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .filter(|words| words.get(1) == Some(&"*"))
+            .collect();
+        // Each marked row: name, mark, lr, seed.
+        assert!(
+            marked.len() == 5 && marked.iter().all(|words| words[3] == "5"),
+            "{command}: {table}"
+        );
+        assert!(
+            table.contains("* left from an earlier version of the sweep's spec"),
+            "{command}: {table}"
+        );
+    }
+    let out = cluster
+        .shardrun(dir.path(), &["status", "--json", &sweep_arg])
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let superseded: Vec<&serde_json::Value> = doc["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["superseded"] == true)
+        .collect();
+    assert!(
+        superseded.len() == 5
+            && superseded
+                .iter()
+                .all(|r| r["sweep_params"]["training.seed"] == 5),
+        "{doc}"
+    );
+    let out = cluster.shardrun(dir.path(), &["plot", &sweep_arg]).unwrap();
+    let said = stdout_of(&out);
+    assert!(
+        out.status.success()
+            && said.contains("left out 5 run(s) left from an earlier version of the sweep's spec")
+            && said.contains("(25 point(s)"),
+        "{said}{}",
+        stderr_of(&out)
+    );
 
     // A value outside the grid that a resumed run may take: the points keep their run
     // directories, finished (they are not asked to train longer).

@@ -2,14 +2,45 @@
 //! for a local run (`shardrun run`), SIGTERM to its controller, found by the run directory's
 //! lock, which stops the ranks at their next step boundary as Ctrl-C does.
 
-use crate::rundir::{RunLock, RunState, SignalError};
-use crate::slurm;
-use std::path::PathBuf;
+use crate::rundir::{RunDir, RunLock, RunState, SignalError};
+use crate::slurm::{self, RunStatus};
+use crate::sweeps::journal::Journal;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Run directory or sweep folder.
+    /// Run directory or sweep folder (every unfinished point); a folder of runs (a run root)
+    /// needs --all when more than one of its runs is still going.
     pub run: PathBuf,
+    /// Cancel every run still going under a folder of runs.
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// Whether a run is still going: its Slurm job unfinished, or its controller alive here.
+fn going(status: &RunStatus) -> bool {
+    let in_slurm = matches!(status.state, RunState::Submitted | RunState::Running);
+    (in_slurm && status.job_id.is_some()) || RunLock::holder(status.run.path()).is_some()
+}
+
+/// A folder of unrelated runs (neither a run directory nor a sweep folder) with more than
+/// one still going is cancelled whole only when asked: a mistyped path would stop them all.
+fn refuse_many(path: &Path, statuses: &[RunStatus], all: bool) -> anyhow::Result<()> {
+    let one_run_or_sweep = RunDir::open(path).is_ok() || Journal::new(path).dir().is_dir();
+    let going: Vec<String> = statuses
+        .iter()
+        .filter(|s| going(s))
+        .map(|s| format!("  {}", s.run.path().display()))
+        .collect();
+    if all || one_run_or_sweep || going.len() < 2 {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "{} holds {} runs still going:\n{}\n  fix: cancel one by its run directory, or add --all to cancel every one of them",
+        path.display(),
+        going.len(),
+        going.join("\n")
+    )
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
@@ -24,6 +55,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     // Slurm says which jobs it still holds: a run whose manifest has its end may have been
     // requeued since.
     let (statuses, _) = slurm::refresh(&runs)?;
+    refuse_many(&args.run, &statuses, args.all)?;
     for status in &statuses {
         let run = &status.run;
         let in_slurm = matches!(status.state, RunState::Submitted | RunState::Running);
@@ -91,4 +123,38 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_folder_of_runs_with_several_going_is_cancelled_only_with_all() {
+        let root = tempfile::tempdir().unwrap();
+        let runs: Vec<RunDir> = ["a", "b", "c"]
+            .iter()
+            .map(|name| {
+                let dir = root.path().join(name);
+                std::fs::create_dir(&dir).unwrap();
+                crate::rundir::running_local_run(&dir)
+            })
+            .collect();
+        let _locks = [&runs[0], &runs[1]].map(|run| RunLock::acquire(run.path()).unwrap());
+        let (statuses, _) = slurm::refresh(&runs).unwrap();
+        let err = refuse_many(root.path(), &statuses, false).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with(&format!(
+                "{} holds 2 runs still going:",
+                root.path().display()
+            )) && text.contains(&format!("  {}\n", runs[0].path().display()))
+                && !text.contains(&runs[2].path().display().to_string())
+                && text.contains("add --all"),
+            "{text}"
+        );
+        refuse_many(root.path(), &statuses, true).unwrap();
+        // One run, named by its own directory: no question.
+        refuse_many(runs[0].path(), &statuses[..1], false).unwrap();
+    }
 }

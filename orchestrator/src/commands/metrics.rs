@@ -10,7 +10,8 @@ use crate::rundir::{RunDir, RunState};
 use crate::slurm::died;
 use crate::step_record::StepRecord;
 use crate::stragglers::{self, StragglerReport};
-use crate::sweeps::labels::ParamColumns;
+use crate::sweeps::journal::Journal;
+use crate::sweeps::labels::{marked_superseded, ParamColumns, SUPERSEDED_NOTE};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -44,6 +45,9 @@ pub struct RunMetricsSummary {
     pub steps_logged: u64,
     /// Sweep points: the parameters the sweep gave this run.
     pub sweep_params: BTreeMap<String, serde_json::Value>,
+    /// A run in a sweep folder that is not a point of the spec `shardrun sweep` last
+    /// submitted there: left from an earlier version of it.
+    pub superseded: bool,
     /// The latest step record (every field of metrics.jsonl, absent ones as null), or null.
     pub latest: Option<serde_json::Value>,
     /// The same record, typed (for the table).
@@ -150,33 +154,33 @@ fn name_of(run: &RunDir) -> String {
 
 pub fn summarise(run: &RunDir) -> RunMetricsSummary {
     let manifest = run.read_manifest().ok();
-    let status = std::fs::read_to_string(run.result())
+    // The run's end as the manifest has it: the controller's, or later news of the run (a
+    // requeued job cancelled before it ran again ends `cancelled`, whatever its last attempt's
+    // result.json says).
+    let ended = manifest
+        .as_ref()
+        .map(|m| m.state)
+        .filter(|state| state.is_terminal())
+        .map(|state| match state {
+            RunState::Completed => "succeeded",
+            RunState::Cancelled => "cancelled",
+            RunState::Preempted => "preempted",
+            _ => "failed",
+        });
+    let result = std::fs::read_to_string(run.result())
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| v["status"].as_str().map(str::to_string))
-        .unwrap_or_else(|| {
-            // A run that ended before its controller could write result.json (its data
-            // could not be prepared, say) has its end in the manifest.
-            let ended = manifest
-                .as_ref()
-                .map(|m| m.state)
-                .filter(|state| state.is_terminal());
-            if let Some(state) = ended {
-                match state {
-                    RunState::Completed => "succeeded",
-                    RunState::Cancelled => "cancelled",
-                    RunState::Preempted => "preempted",
-                    _ => "failed",
-                }
-                .into()
-            } else if manifest.as_ref().is_some_and(|m| died(run, m).is_some()) {
-                "died".into()
-            } else if run.train_log().exists() {
-                "running".into()
-            } else {
-                "not started".into()
-            }
-        });
+        .and_then(|v| v["status"].as_str().map(str::to_string));
+    let status = match (result, ended) {
+        (Some(result), Some(ended)) if result != ended => ended.into(),
+        (Some(result), _) => result,
+        // A run that ended before its controller could write result.json (its data could
+        // not be prepared, say) has its end in the manifest.
+        (None, Some(ended)) => ended.into(),
+        (None, None) if manifest.as_ref().is_some_and(|m| died(run, m).is_some()) => "died".into(),
+        (None, None) if run.train_log().exists() => "running".into(),
+        (None, None) => "not started".into(),
+    };
     let metrics = metrics_file::read(&run.metrics()).unwrap_or_default();
     RunMetricsSummary {
         name: name_of(run),
@@ -185,6 +189,7 @@ pub fn summarise(run: &RunDir) -> RunMetricsSummary {
         total_steps: run.read_train_config().ok().map(|c| c.steps),
         steps_logged: metrics.steps.len() as u64,
         sweep_params: manifest.map(|m| m.sweep_params).unwrap_or_default(),
+        superseded: Journal::superseded(run.path()),
         latest: metrics.steps.last().map(StepRecord::to_json_complete),
         record: metrics.steps.last().cloned(),
         eval: metrics.evals.last().map(EvalJson::from),
@@ -210,7 +215,11 @@ fn metrics_table(runs: &[RunMetricsSummary]) -> String {
     let rows: Vec<Vec<String>> = runs
         .iter()
         .map(|run| {
-            let mut row = vec![run.name.clone()];
+            let mut row = vec![if run.superseded {
+                marked_superseded(&run.name)
+            } else {
+                run.name.clone()
+            }];
             row.extend(
                 params
                     .cells(&run.sweep_params)
@@ -255,7 +264,12 @@ fn metrics_table(runs: &[RunMetricsSummary]) -> String {
             row
         })
         .collect();
-    table(&header, &rows, 2 + params.len())
+    let mut text = table(&header, &rows, 2 + params.len());
+    if runs.iter().any(|r| r.superseded) {
+        text.push_str(SUPERSEDED_NOTE);
+        text.push('\n');
+    }
+    text
 }
 
 /// `0.0123` → `12.3 ms`, `2.5` → `2.50 s`.
@@ -407,6 +421,21 @@ mod tests {
         })
         .unwrap();
         assert_eq!(summarise(&run).status, "failed");
+        run.update_manifest(|m| m.state = RunState::Cancelled)
+            .unwrap();
+        assert_eq!(summarise(&run).status, "cancelled");
+    }
+
+    #[test]
+    fn a_requeued_run_cancelled_before_it_ran_again_is_cancelled_not_preempted() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = crate::rundir::running_local_run(dir.path());
+        // Its last attempt checkpointed and asked Slurm to queue it again.
+        std::fs::write(run.result(), r#"{"status":"preempted","requeued":true}"#).unwrap();
+        run.update_manifest(|m| m.state = RunState::Preempted)
+            .unwrap();
+        assert_eq!(summarise(&run).status, "preempted");
+        // `shardrun cancel` while it waited: the manifest has the news.
         run.update_manifest(|m| m.state = RunState::Cancelled)
             .unwrap();
         assert_eq!(summarise(&run).status, "cancelled");

@@ -5,6 +5,7 @@
 
 use crate::charts::run::RunFigure;
 use crate::charts::sweep::{PointRecords, SweepFigure};
+use crate::sweeps::journal::Journal;
 use crate::sweeps::labels::{ParamColumns, PointParams};
 use crate::{charts, events_file, metrics_file};
 use anyhow::bail;
@@ -114,6 +115,15 @@ fn run_title(name: &str, params: &PointParams, last: Option<(u64, f64, u64)>) ->
 fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()> {
     let mut points = Vec::new();
     let mut waiting = Vec::new();
+    // Curves of an earlier version of the spec would share the legend of current points.
+    let (superseded, runs): (Vec<_>, Vec<_>) =
+        runs.iter().partition(|r| Journal::superseded(r.path()));
+    if !superseded.is_empty() {
+        outln!(
+            "left out {} run(s) left from an earlier version of the sweep's spec (not points of the spec `shardrun sweep` last submitted); plot one alone with `shardrun plot <its run directory>`",
+            superseded.len()
+        );
+    }
     for run in runs {
         let steps = metrics_file::read(&run.metrics())
             .map(|m| m.steps)
@@ -130,6 +140,13 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
                 .unwrap_or_default(),
             steps,
         });
+    }
+    if points.is_empty() {
+        bail!(
+            "every run under {} is left from an earlier version of the sweep's spec; plot one \
+             alone with `shardrun plot <its run directory>`",
+            args.run.display()
+        );
     }
     if waiting.len() == points.len() {
         bail!(

@@ -4,7 +4,7 @@
 use crate::exit::{ExitCode, EXIT_NO_RUN};
 use crate::rundir::ArrayRef;
 use crate::slurm::{self, QuerySource, RunStatus};
-use crate::sweeps::labels::ParamColumns;
+use crate::sweeps::labels::{marked_superseded, ParamColumns, SUPERSEDED_NOTE};
 use anyhow::Context;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -44,6 +44,9 @@ pub struct RunJson {
     pub array: Option<ArrayRef>,
     /// Sweep points: the parameters the sweep gave the run.
     pub sweep_params: BTreeMap<String, serde_json::Value>,
+    /// A run in a sweep folder that is not a point of the spec `shardrun sweep` last
+    /// submitted there: left from an earlier version of it.
+    pub superseded: bool,
 }
 
 impl RunJson {
@@ -57,6 +60,7 @@ impl RunJson {
             run_dir: s.run.path().to_path_buf(),
             array: s.array.clone(),
             sweep_params: s.sweep_params.clone(),
+            superseded: s.superseded,
         }
     }
 }
@@ -131,7 +135,11 @@ fn status_table(statuses: &[RunStatus], cwd: Option<&Path>) -> String {
             let shown = cwd
                 .and_then(|cwd| path.strip_prefix(cwd).ok())
                 .unwrap_or(path);
-            let mut row = vec![s.name.clone()];
+            let mut row = vec![if s.superseded {
+                marked_superseded(&s.name)
+            } else {
+                s.name.clone()
+            }];
             row.extend(
                 params
                     .cells(&s.sweep_params)
@@ -151,7 +159,12 @@ fn status_table(statuses: &[RunStatus], cwd: Option<&Path>) -> String {
             row
         })
         .collect();
-    table(&header, &rows)
+    let mut text = table(&header, &rows);
+    if statuses.iter().any(|s| s.superseded) {
+        text.push_str(SUPERSEDED_NOTE);
+        text.push('\n');
+    }
+    text
 }
 
 /// Columns padded to their widest cell (counted in characters), two spaces apart; the last
@@ -182,6 +195,33 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_left_from_an_earlier_spec_of_the_sweep_is_marked() {
+        let dir = tempfile::tempdir().unwrap();
+        let points = crate::sweeps::point_dirs::written_points(
+            dir.path(),
+            include_str!("../../../examples/sweep.yaml"),
+        );
+        let sweep_dir = points[0].path().parent().unwrap();
+        let name = |i: usize| points[i].path().file_name().unwrap().to_str().unwrap();
+        let journal = crate::sweeps::journal::Journal::new(sweep_dir);
+        let (statuses, _) = slurm::refresh(&points).unwrap();
+        assert!(
+            !status_table(&statuses, None).contains('*'),
+            "nothing is superseded before a sweep recorded its points"
+        );
+        std::fs::create_dir_all(journal.dir()).unwrap();
+        journal
+            .write_current_points((1..points.len()).map(name))
+            .unwrap();
+        let (statuses, _) = slurm::refresh(&points).unwrap();
+        let text = status_table(&statuses, None);
+        let marked: Vec<&str> = text.lines().filter(|l| l.contains(" * ")).collect();
+        assert_eq!(marked.len(), 1, "{text}");
+        assert!(marked[0].starts_with(&format!("{} * ", name(0))), "{text}");
+        assert!(text.ends_with(&format!("{SUPERSEDED_NOTE}\n")), "{text}");
+    }
 
     #[test]
     fn a_sweep_point_shows_its_values_after_its_name() {

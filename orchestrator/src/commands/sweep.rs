@@ -70,6 +70,9 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     } else {
         let lock = journal.lock()?;
         resolve_interrupted(&journal, &sweep_dir)?;
+        journal
+            .write_current_points(points.iter().map(|p| p.name.as_str()))
+            .context("recording the sweep's points")?;
         Some(lock)
     };
 

@@ -24,6 +24,8 @@ pub struct RunStatus {
     pub array: Option<ArrayRef>,
     /// Sweep points: the parameters the sweep gave the run.
     pub sweep_params: BTreeMap<String, serde_json::Value>,
+    /// In a sweep folder, but not a point of the spec last submitted there.
+    pub superseded: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -385,6 +387,7 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
             detail: one_line(&detail),
             array: manifest.sweep_array,
             sweep_params: manifest.sweep_params,
+            superseded: crate::sweeps::journal::Journal::superseded(run.path()),
         });
     }
     Ok((out, source))

@@ -8,6 +8,8 @@
 //! arrays/<submission>-<k>.sbatch   its batch script
 //! arrays/<submission>-<k>.json     its record (below)
 //! arrays/<submission>.yaml         the spec as written, for every array of that submission
+//! arrays/current.points            the run directory names of the points of the spec the
+//!                                  last `shardrun sweep` expanded (finished ones included)
 //! arrays/.lock                     held by the `shardrun sweep` submitting
 //! ```
 
@@ -125,6 +127,37 @@ impl Journal {
     }
     pub fn spec_path(&self, submission: &str) -> PathBuf {
         self.dir.join(format!("{submission}.yaml"))
+    }
+
+    fn current_points_path(&self) -> PathBuf {
+        self.dir.join("current.points")
+    }
+
+    /// Record which run directories are the points of the spec being submitted: any other
+    /// run in the sweep folder is left from an earlier version of the spec.
+    pub fn write_current_points<'a>(
+        &self,
+        names: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), JournalError> {
+        let mut text = String::new();
+        for name in names {
+            text.push_str(name);
+            text.push('\n');
+        }
+        rundir::write_file(&self.current_points_path(), text.as_bytes())?;
+        Ok(())
+    }
+
+    /// Whether `run` is in this sweep folder but not one of the points of the spec last
+    /// submitted (false where no `shardrun sweep` recorded them).
+    pub fn superseded(run: &Path) -> bool {
+        let (Some(folder), Some(name)) = (run.parent(), run.file_name()) else {
+            return false;
+        };
+        let Ok(text) = fs::read_to_string(Journal::new(folder).current_points_path()) else {
+            return false;
+        };
+        !text.lines().any(|line| std::ffi::OsStr::new(line) == name)
     }
 
     /// Write (or replace) an array's record atomically.

@@ -8,6 +8,13 @@ use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+/// How the `status` and `metrics` tables mark a run left in a sweep folder from an earlier
+/// version of its spec (its values may equal a current point's), and the line that says so.
+pub fn marked_superseded(name: &str) -> String {
+    format!("{name} *")
+}
+pub const SUPERSEDED_NOTE: &str = "* left from an earlier version of the sweep's spec: not a point of the spec `shardrun sweep` last submitted";
+
 /// A point's parameters: dotted path → value, as its manifest records them.
 pub type PointParams = BTreeMap<String, Value>;
 
