@@ -297,8 +297,7 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
         runs.values().all(|(ran, ids)| *ran == 1 && ids.len() == 1),
         "{runs:?}"
     );
-    // The 5 runs of seed 5 are left from the spec before: the tables mark them, and the
-    // sweep's plot leaves them out.
+    // The 5 runs of seed 5 are left from the spec before: the tables mark them.
     let sweep_arg = sweep_dir.to_string_lossy().to_string();
     for command in ["status", "metrics"] {
         let out = cluster
@@ -336,15 +335,6 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
                 .iter()
                 .all(|r| r["sweep_params"]["training.seed"] == 5),
         "{doc}"
-    );
-    let out = cluster.shardrun(dir.path(), &["plot", &sweep_arg]).unwrap();
-    let said = stdout_of(&out);
-    assert!(
-        out.status.success()
-            && said.contains("left out 5 run(s) left from an earlier version of the sweep's spec")
-            && said.contains("(25 point(s)"),
-        "{said}{}",
-        stderr_of(&out)
     );
 
     // A value outside the grid that a resumed run may take: the points keep their run

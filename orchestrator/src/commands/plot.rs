@@ -189,6 +189,60 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_sweeps_plot_leaves_out_the_runs_of_an_earlier_spec() {
+        use crate::step_record::StepRecord;
+        use shardrun_protocol::messages::StepMetrics;
+        let dir = tempfile::tempdir().unwrap();
+        let points = crate::sweeps::point_dirs::written_points(
+            dir.path(),
+            include_str!("../../../examples/sweep.yaml"),
+        );
+        for (i, run) in points.iter().enumerate() {
+            let record = StepRecord::fold(
+                &[StepMetrics {
+                    step: 1,
+                    loss: 2.0 + i as f64,
+                    lr: 1e-3,
+                    grad_norm: 1.0,
+                    step_time_s: 0.1,
+                    tokens_per_s: 100.0,
+                    ..Default::default()
+                }],
+                0.0,
+            );
+            std::fs::write(
+                run.metrics(),
+                serde_json::to_string(&record).unwrap() + "\n",
+            )
+            .unwrap();
+        }
+        let name = |run: &crate::rundir::RunDir| {
+            run.path()
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        };
+        let current: Vec<String> = points[1..].iter().map(name).collect();
+        let journal = Journal::new(dir.path());
+        std::fs::create_dir_all(journal.dir()).unwrap();
+        journal
+            .write_current_points(current.iter().map(String::as_str))
+            .unwrap();
+        let output = dir.path().join("sweep.svg");
+        let args = Args {
+            run: dir.path().to_path_buf(),
+            output: Some(output.clone()),
+            smoothing: 0.6,
+            log_loss: false,
+        };
+        plot_sweep(&args, &points).unwrap();
+        let svg = std::fs::read_to_string(&output).unwrap();
+        let title = format!(": {} point(s)", points.len() - 1);
+        assert!(svg.contains(&title), "{title} not in the figure");
+    }
+
+    #[test]
     fn a_sweep_point_is_titled_by_its_values() {
         let params: PointParams = [
             (
