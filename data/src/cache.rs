@@ -75,6 +75,18 @@ pub struct CacheManifest {
     pub skipped_records: u64,
     /// The first skipped records, `file:line: why`.
     pub skipped_examples: Vec<String>,
+    /// Documents with a loss mask that trains none of their tokens, and the first one
+    /// (`file:line`).
+    #[serde(default)]
+    pub untrained_documents: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_untrained: Option<String>,
+    /// Prompt/completion records whose prompt ends inside a token holding the completion's
+    /// first characters, and the first one (`file:line`, the token's text).
+    #[serde(default)]
+    pub merged_boundaries: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_merged_boundary: Option<(String, String)>,
     /// xxh3-128 of the tokens, document offsets and loss mask: equal hashes, equal data.
     pub content_hash: String,
     pub input_bytes: u64,
@@ -301,6 +313,10 @@ mod tests {
             token_files_dtype: None,
             skipped_records: 0,
             skipped_examples: vec![],
+            untrained_documents: 0,
+            first_untrained: None,
+            merged_boundaries: 0,
+            first_merged_boundary: None,
             content_hash: "h".into(),
             input_bytes: 2,
             seconds: 0.0,

@@ -106,6 +106,7 @@ impl Dataset {
         let mut validation_identity = None;
         let train_corpus = Arc::new(train_prepared.corpus);
         skipped.extend(skipped_records("training data", &train_corpus));
+        skipped.extend(record_warnings("training data", &train_corpus));
         check_vocab(&train_corpus, vocab_size)?;
         let held_out = config.validation.as_ref().map(|v| &v.held_out);
         let (train_set, validation) = match (sources.validation(), held_out) {
@@ -117,6 +118,7 @@ impl Dataset {
                 } = prepare_source(&spec, observer)?;
                 built |= validation_built;
                 skipped.extend(skipped_records("validation data", &corpus));
+                skipped.extend(record_warnings("validation data", &corpus));
                 check_vocab(&corpus, vocab_size)?;
                 validation_identity = Some(SourceIdentity::of(&corpus.manifest));
                 let set = DocSet::everything(&corpus);
@@ -400,6 +402,40 @@ fn skipped_records(what: &str, corpus: &Corpus) -> Option<String> {
         corpus.dir.join(crate::cache::MANIFEST).display(),
         shown.join("; ")
     ))
+}
+
+/// Warnings about records that train other than a user likely means: ones that train
+/// nothing, and prompts whose last token runs into the completion.
+fn record_warnings(what: &str, corpus: &Corpus) -> Vec<String> {
+    let m = &corpus.manifest;
+    let mut lines = Vec::new();
+    if let Some(first) = m
+        .first_untrained
+        .as_ref()
+        .filter(|_| m.untrained_documents > 0)
+    {
+        lines.push(format!(
+            "warning: {} record(s) of the {what} have no token in the loss (the first: {first}): \
+             a conversation without an assistant turn, or an empty completion, trains nothing",
+            thousands(m.untrained_documents)
+        ));
+    }
+    if let Some((first, token)) = m
+        .first_merged_boundary
+        .as_ref()
+        .filter(|_| m.merged_boundaries > 0)
+    {
+        lines.push(format!(
+            "warning: in {} prompt/completion record(s) of the {what} the prompt's last \
+             characters and the completion's first are one token (the first: {first}, \
+             {token:?}), trained in the loss: the model learns the completion after a prompt \
+             tokenized as it never is at inference, where the prompt ends on its own; end the \
+             prompts where a token ends (move trailing whitespace or newlines to the \
+             completion's start)",
+            thousands(m.merged_boundaries)
+        ));
+    }
+    lines
 }
 
 /// `1234567` as `1,234,567`.

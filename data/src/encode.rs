@@ -22,6 +22,11 @@ use std::ops::Range;
 pub struct Encoded {
     pub tokens: Vec<u32>,
     pub mask: Vec<u8>,
+    /// A prompt/completion record whose prompt ends inside a token that also holds the
+    /// completion's first characters: that token's text. Trained in the loss, it teaches the
+    /// completion after a prompt tokenized as it never is alone (`"\n"` + `"    return"`
+    /// encoded as `"\n   "` + `" return"`).
+    pub merged_boundary: Option<String>,
 }
 
 pub struct Encoder<'a> {
@@ -39,6 +44,7 @@ impl Encoder<'_> {
                 Ok(Encoded {
                     tokens,
                     mask: Vec::new(),
+                    merged_boundary: None,
                 })
             }
             Body::PromptCompletion { prompt, completion } => {
@@ -46,6 +52,12 @@ impl Encoder<'_> {
                 let encoding = self.tokenizer.encode(&text, true, true)?;
                 let completion = prompt.len()..text.len();
                 let mut mask = mask_of(&encoding.offsets, std::slice::from_ref(&completion));
+                let merged_boundary = encoding
+                    .offsets
+                    .iter()
+                    .find(|&&(start, end)| start < completion.start && completion.start < end)
+                    .and_then(|&(start, end)| text.get(start..end))
+                    .map(str::to_string);
                 // What the post-processor appends after the text (`</s>` of a Llama 2 folder
                 // saved with `add_eos_token`) holds no text, so the overlap rule leaves it
                 // out; it ends the completion: trained, like the end-of-document token.
@@ -57,7 +69,11 @@ impl Encoder<'_> {
                 mask[text_end..].fill(1);
                 let mut tokens = encoding.ids;
                 end_with(&mut tokens, Some(&mut mask), eos, 1);
-                Ok(Encoded { tokens, mask })
+                Ok(Encoded {
+                    tokens,
+                    mask,
+                    merged_boundary,
+                })
             }
             Body::Chat { messages, tools } => {
                 let template = self
@@ -74,7 +90,11 @@ impl Encoder<'_> {
                 if !ended {
                     end_with(&mut tokens, Some(&mut mask), eos, 0);
                 }
-                Ok(Encoded { tokens, mask })
+                Ok(Encoded {
+                    tokens,
+                    mask,
+                    merged_boundary: None,
+                })
             }
         }
     }

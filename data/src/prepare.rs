@@ -309,6 +309,17 @@ fn tokenize_files(
         token_files_dtype: None,
         skipped_records: skipped.len() as u64,
         skipped_examples: examples(&skipped),
+        untrained_documents: written.untrained,
+        first_untrained: written
+            .first_untrained
+            .map(|(file, line)| Origin::new(&files[file as usize].path, line).to_string()),
+        merged_boundaries: written.merged_boundaries,
+        first_merged_boundary: written.first_merged_boundary.map(|(file, line, token)| {
+            (
+                Origin::new(&files[file as usize].path, line).to_string(),
+                token,
+            )
+        }),
         content_hash: written.content_hash,
         input_bytes: files.iter().map(|f| f.size).sum(),
         seconds: 0.0,
@@ -368,6 +379,10 @@ fn check_token_files(
         token_files_dtype: Some(dtype),
         skipped_records: skipped.len() as u64,
         skipped_examples: examples(&skipped),
+        untrained_documents: 0,
+        first_untrained: None,
+        merged_boundaries: 0,
+        first_merged_boundary: None,
         content_hash: format!("{:032x}", hash.digest128()),
         input_bytes: entries.iter().map(|e| e.size).sum(),
         seconds: 0.0,

@@ -27,6 +27,14 @@ pub struct Written {
     pub max_token_id: u64,
     pub trained_tokens: u64,
     pub content_hash: String,
+    /// Documents with a loss mask that trains none of their tokens (a conversation without
+    /// an assistant turn), and the first one's (file, line).
+    pub untrained: u64,
+    pub first_untrained: Option<(u32, u64)>,
+    /// Prompt/completion records whose prompt and completion share a token
+    /// ([`Encoded::merged_boundary`]), and the first one's (file, line, token text).
+    pub merged_boundaries: u64,
+    pub first_merged_boundary: Option<(u32, u64, String)>,
 }
 
 const BUFFER: usize = 4 << 20;
@@ -85,9 +93,20 @@ impl CorpusWriter {
                 self.hash.update(values);
                 mask.write_all(values)
                     .map_err(|e| DataError::io("write", &self.dir)(e))?;
-                self.written.trained_tokens += values.iter().map(|&m| u64::from(m)).sum::<u64>();
+                let trained = values.iter().map(|&m| u64::from(m)).sum::<u64>();
+                self.written.trained_tokens += trained;
+                if trained == 0 {
+                    self.written.untrained += 1;
+                    self.written.first_untrained.get_or_insert((file, line));
+                }
             }
             None => self.written.trained_tokens += document.tokens.len() as u64,
+        }
+        if let Some(token) = &document.merged_boundary {
+            self.written.merged_boundaries += 1;
+            self.written
+                .first_merged_boundary
+                .get_or_insert_with(|| (file, line, token.clone()));
         }
         self.written.tokens += document.tokens.len() as u64;
         self.written.documents += 1;

@@ -194,6 +194,36 @@ fn chat_record_with_an_unknown_role() {
 }
 
 #[test]
+fn a_conversation_without_an_assistant_turn_is_said_to_train_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "chat.jsonl",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}\n\
+         {\"messages\": [{\"role\": \"user\", \"content\": \"no answer here\"}]}\n\
+         {\"messages\": [{\"role\": \"system\", \"content\": \"be brief\"}, {\"role\": \"user\", \"content\": \"and none here\"}]}\n",
+    );
+    let source = DataSource::Chat {
+        files: vec![path.clone()],
+        messages_field: "messages".into(),
+        chat_template: None,
+        chat_template_kwargs: Default::default(),
+    };
+    let c = dataset(source, hf("bpe"), 64, &dir.path().join("cache"));
+    let data = open(&c, None).unwrap();
+    assert_eq!(data.train().corpus().manifest.untrained_documents, 2);
+    let warning = format!(
+        "warning: 2 record(s) of the training data have no token in the loss (the first: {}:2)",
+        path.display()
+    );
+    assert!(
+        data.summary().iter().any(|l| l.starts_with(&warning)),
+        "{:?}",
+        data.summary()
+    );
+}
+
+#[test]
 fn a_document_longer_than_a_sequence_when_documents_stay_whole() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(

@@ -504,6 +504,7 @@ fn spec_special_tokens_reach_the_chat_template() {
 #[test]
 fn prompt_completion_trains_the_completion_and_the_end_of_document() {
     let expected = expected();
+    let mut merged_anywhere = 0;
     for name in TOKENIZERS {
         let want = &expected["tokenizers"][name];
         let eos = want["eos_id"].as_u64().unwrap() as u32;
@@ -543,7 +544,22 @@ fn prompt_completion_trains_the_completion_and_the_end_of_document() {
             assert_eq!(tokens.last(), Some(&eos));
             assert_eq!(mask.last(), Some(&true), "{name}: the model learns to stop");
         }
+        // Records whose prompt ends inside a token running into the completion, as
+        // transformers' offsets tell them: counted, and the data log warns.
+        let merged = records.iter().filter(|r| r["merged"] == true).count() as u64;
+        let manifest = &data.train().corpus().manifest;
+        assert_eq!(manifest.merged_boundaries, merged, "{name}");
+        let warned = data
+            .summary()
+            .iter()
+            .any(|l| l.starts_with(&format!("warning: in {merged} prompt/completion record(s)")));
+        assert_eq!(warned, merged > 0, "{name}: {:?}", data.summary());
+        merged_anywhere += merged;
     }
+    assert!(
+        merged_anywhere > 0,
+        "some tokenizer merges a prompt's end into its completion"
+    );
 }
 
 #[test]

@@ -42,7 +42,8 @@ OUT_DIR/
                 ids and assistant masks (also
                 with the spec's special tokens overriding the folder's, as
                 `AutoTokenizer.from_pretrained(folder, bos_token=..., eos_token=...)`);
-                prompt/completion ids and loss masks
+                prompt/completion ids, loss masks and whether the prompt's last token
+                runs into the completion
 """
 
 import functools
@@ -88,6 +89,10 @@ PROMPT_COMPLETIONS = [
     # The Llama 2 format written into the record, leading spaces and newlines.
     {"prompt": "<s>[INST] Sum a list? [/INST]", "completion": " Use `sum(xs)`. </s>"},
     {"prompt": "  Indented prompt:", "completion": "\n  indented answer  "},
+    # A prompt that ends inside what tokenizers keep as one token: the line break and the
+    # indent, a word cut in two.
+    {"prompt": "def double(x):\n", "completion": "    return 2 * x\n"},
+    {"prompt": "Finish the word: the", "completion": "se"},
 ]
 
 LINES = "first line\n\n  second line with spaces  \r\nthird: 日本語 👍\n   \nlast\n"
@@ -668,7 +673,9 @@ def prompt_completion_expectations(fast, records):
         with_text = [i for i, (start, end) in enumerate(offsets) if end > start]
         for i in range(with_text[-1] + 1, len(mask)):
             mask[i] = 1
-        out.append({"ids": list(encoded["input_ids"]), "mask": mask})
+        # The prompt ends inside a token that also holds the completion's first characters.
+        merged = any(start < len(prompt) < end for start, end in offsets)
+        out.append({"ids": list(encoded["input_ids"]), "mask": mask, "merged": merged})
     return out
 
 

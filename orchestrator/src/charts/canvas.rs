@@ -241,13 +241,22 @@ pub struct Panel {
     pub marker_text: bool,
 }
 
+/// What a figure is drawn onto: whether it has text (a font was found), and whether it is
+/// a raster (PNG), where plotters fills a thick path as one polygon whose joins go wild where
+/// the path turns back on itself (a noisy curve with several steps to a pixel column).
+#[derive(Debug, Clone, Copy)]
+pub struct Surface {
+    pub text: bool,
+    pub raster: bool,
+}
+
 /// Something drawn into a drawing area of any backend.
 pub trait Figure {
     fn size(&self) -> (u32, u32);
     fn draw<DB: DrawingBackend>(
         &self,
         root: DrawingArea<DB, Shift>,
-        text: bool,
+        surface: Surface,
     ) -> anyhow::Result<()>;
 }
 
@@ -263,12 +272,21 @@ pub fn save(figure: &impl Figure, output: &Path) -> anyhow::Result<()> {
             }
             figure.draw(
                 SVGBackend::new(output, size).into_drawing_area(),
-                font.is_ok(),
+                Surface {
+                    text: font.is_ok(),
+                    raster: false,
+                },
             )
         }
         Some("png") => {
             font?;
-            figure.draw(BitMapBackend::new(output, size).into_drawing_area(), true)
+            figure.draw(
+                BitMapBackend::new(output, size).into_drawing_area(),
+                Surface {
+                    text: true,
+                    raster: true,
+                },
+            )
         }
         _ => bail!(
             "cannot tell the format of {}: name it .svg or .png",
@@ -325,8 +343,9 @@ fn register_system_font() -> anyhow::Result<()> {
 pub fn draw_panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     panel: &Panel,
-    text: bool,
+    surface: Surface,
 ) -> anyhow::Result<()> {
+    let text = surface.text;
     let (x, y) = (&panel.x, &panel.y);
     let frame = Frame {
         x0: x.lo,
@@ -411,8 +430,15 @@ pub fn draw_panel<DB: DrawingBackend>(
     for curve in &panel.curves {
         let style = curve.color.mix(curve.opacity).stroke_width(curve.width);
         let parts = clip(&curve.points, &frame);
-        let (lines, singles): (Vec<Vec<Point>>, Vec<Vec<Point>>) =
+        let (mut lines, singles): (Vec<Vec<Point>>, Vec<Vec<Point>>) =
             parts.into_iter().partition(|p| p.len() > 1);
+        if surface.raster && curve.width > 1 {
+            // Each segment its own path: a rectangle, with no join to go wrong.
+            lines = lines
+                .iter()
+                .flat_map(|line| line.windows(2).map(<[Point]>::to_vec))
+                .collect();
+        }
         let label = curve.label.clone().filter(|_| panel.legend);
         // The legend's sample is drawn as the curve is, dashes included.
         match curve.dash {
@@ -499,4 +525,64 @@ pub fn grid<DB: DrawingBackend>(
         out.extend(row.split_evenly((1, in_row)));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A thick, noisy curve of several steps to a pixel column (it turns back on itself
+    /// within a column) drawn into the top half of a PNG-like raster: nothing of its color
+    /// lands in the bottom half, where the panels below it would be.
+    #[test]
+    fn a_thick_noisy_curve_stays_in_its_panel_on_a_raster() {
+        let (width, height) = (400u32, 400u32);
+        let color = RGBColor(44, 160, 44);
+        let mut state = 7u64;
+        let points: Vec<Point> = (1..=3000)
+            .map(|step| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                let noise = (state >> 40) as f64 / (1u64 << 24) as f64;
+                (step as f64, 1.0 + 4.0 * noise * noise * noise)
+            })
+            .collect();
+        let panel = Panel {
+            title: "gradient norm".into(),
+            x: Axis::steps(1.0, 3000.0),
+            y: Axis::values((0.0, 6.0), false, "norm"),
+            curves: vec![Curve {
+                points,
+                color,
+                dash: None,
+                width: 2,
+                opacity: 1.0,
+                label: None,
+            }],
+            dots: Vec::new(),
+            markers: Vec::new(),
+            legend: false,
+            marker_text: false,
+        };
+        let mut pixels = vec![255u8; (width * height * 3) as usize];
+        {
+            let root = BitMapBackend::with_buffer(&mut pixels, (width, height)).into_drawing_area();
+            let (top, _) = root.split_vertically(height / 2);
+            let surface = Surface {
+                text: false,
+                raster: true,
+            };
+            draw_panel(&top, &panel, surface).unwrap();
+            root.present().unwrap();
+        }
+        let [r, g, b] = [color.0, color.1, color.2];
+        let curve_in = |rows: std::ops::Range<u32>| {
+            rows.flat_map(|y| (0..width).map(move |x| ((y * width + x) * 3) as usize))
+                .filter(|&i| pixels[i..i + 3] == [r, g, b])
+                .count()
+        };
+        assert!(curve_in(0..height / 2) > 1000, "the curve is drawn");
+        assert_eq!(curve_in(height / 2..height), 0, "the curve left its panel");
+    }
 }

@@ -336,10 +336,10 @@ impl Figure for RunFigure {
     fn draw<DB: DrawingBackend>(
         &self,
         root: DrawingArea<DB, Shift>,
-        text: bool,
+        surface: canvas::Surface,
     ) -> anyhow::Result<()> {
         root.fill(&WHITE).map_err(canvas::err)?;
-        let body = if text {
+        let body = if surface.text {
             root.titled(&self.title, ("sans-serif", 24))
                 .map_err(canvas::err)?
         } else {
@@ -347,12 +347,12 @@ impl Figure for RunFigure {
         };
         let panels = self.panels();
         let (top, rest) = body.split_vertically(LOSS_HEIGHT);
-        canvas::draw_panel(&top, &panels[0], text)?;
+        canvas::draw_panel(&top, &panels[0], surface)?;
         for (area, panel) in canvas::grid(&rest, panels.len() - 1, 2)
             .iter()
             .zip(&panels[1..])
         {
-            canvas::draw_panel(area, panel, text)?;
+            canvas::draw_panel(area, panel, surface)?;
         }
         root.present().map_err(canvas::err)?;
         Ok(())

@@ -311,10 +311,10 @@ impl Figure for SweepFigure {
     fn draw<DB: DrawingBackend>(
         &self,
         root: DrawingArea<DB, Shift>,
-        text: bool,
+        surface: canvas::Surface,
     ) -> anyhow::Result<()> {
         root.fill(&WHITE).map_err(canvas::err)?;
-        let body = if text {
+        let body = if surface.text {
             root.titled(&self.title, ("sans-serif", 24))
                 .map_err(canvas::err)?
         } else {
@@ -322,11 +322,11 @@ impl Figure for SweepFigure {
         };
         let panels = self.panels();
         if panels.len() == 1 {
-            canvas::draw_panel(&body, &panels[0], text)?;
+            canvas::draw_panel(&body, &panels[0], surface)?;
         } else {
             let (top, bottom) = body.split_vertically(OVERLAY_HEIGHT);
-            canvas::draw_panel(&top, &panels[0], text)?;
-            canvas::draw_panel(&bottom, &panels[1], text)?;
+            canvas::draw_panel(&top, &panels[0], surface)?;
+            canvas::draw_panel(&bottom, &panels[1], surface)?;
         }
         root.present().map_err(canvas::err)?;
         Ok(())

@@ -284,10 +284,14 @@ fn llama_seq_len(
         )),
         Some(n) => Ok(n),
         None => {
+            // A length the model knows: 2048, or its whole context where that is shorter.
+            let suggested = max_positions.map_or(2048, |m| m.min(2048));
             let add = if s.spec().training.data.is_some() {
-                "add `seq_len: 2048` (tokens per training sequence) to `data`"
+                format!("add `seq_len: {suggested}` (tokens per training sequence) to `data`")
             } else {
-                "add your `data` with its `seq_len`, or `data: { kind: synthetic, seq_len: 2048 }`"
+                format!(
+                    "add your `data` with its `seq_len`, or `data: {{ kind: synthetic, seq_len: {suggested} }}`"
+                )
             };
             let trained = max_positions
                 .map(|m| format!("; the model was trained on up to {m} positions"))
@@ -518,6 +522,18 @@ pub(super) mod tests {
         assert!(
             e.fix
                 .starts_with("add `seq_len: 2048` (tokens per training sequence) to `data`"),
+            "{e}"
+        );
+        // A model of a shorter context is offered its whole context, never more.
+        let short = LLAMA.replace(
+            "kind: llama,",
+            "kind: llama, max_position_embeddings: 1024,",
+        );
+        let ResolveError::Invalid(e) = job(&short, text, "").unwrap_err();
+        assert_eq!(
+            e.fix,
+            "add `seq_len: 1024` (tokens per training sequence) to `data`; the model was \
+             trained on up to 1024 positions",
             "{e}"
         );
         let qwen = LLAMA.replace(
