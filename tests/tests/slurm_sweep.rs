@@ -810,6 +810,51 @@ fn failed_points_are_resubmitted() {
     );
 }
 
+/// Points cancelled while their array tasks wait are CANCELLED: Slurm keeps no record of an
+/// array task cancelled while pending (neither squeue nor scontrol knows it), and without
+/// accounting nothing else says how it ended; a point that never started is no failure.
+#[test]
+fn points_cancelled_while_queued_are_cancelled_not_failed() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("sweep-cancel-queued");
+    let name = unique("queued");
+    // The tasks may start in an hour: they wait (BeginTime) until cancelled.
+    let text = sweep_spec(&name, "[1, 2]", "[1.0e-3]", "").replace(
+        "resources:\n",
+        "resources:\n  extra_sbatch: [\"--begin=now+3600\"]\n",
+    );
+    let spec = dir.write("sweep.yaml", &text);
+    let spec_arg = spec.to_string_lossy().into_owned();
+    let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let sweep_dir = dir.join("runs").join(&name);
+    let sweep_arg = sweep_dir.to_string_lossy().into_owned();
+    wait_for_points(&cluster, &dir, &sweep_dir, 2, |s| s == "SUBMITTED");
+    let out = cluster
+        .shardrun(dir.path(), &["cancel", &sweep_arg])
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    wait_for_points(&cluster, &dir, &sweep_dir, 2, |s| s == "CANCELLED");
+    let out = cluster
+        .shardrun(dir.path(), &["status", &sweep_arg])
+        .unwrap();
+    let table = stdout_of(&out);
+    assert_eq!(
+        table.matches("without having started").count(),
+        2,
+        "{table}"
+    );
+    let out = cluster
+        .shardrun(dir.path(), &["sweep", "--dry-run", &spec_arg])
+        .unwrap();
+    let stdout = stdout_of(&out);
+    assert_eq!(
+        stdout.matches("submit (was CANCELLED)").count(),
+        2,
+        "{stdout}"
+    );
+}
+
 /// A point cancelled after a checkpoint past the steps the sweep then asks for has nothing
 /// left to train: the sweep skips it and says why, rather than submit a job that would end it
 /// "finished" at a step past its schedule.

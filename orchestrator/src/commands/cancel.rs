@@ -26,20 +26,35 @@ fn going(status: &RunStatus) -> bool {
 /// A folder of unrelated runs (neither a run directory nor a sweep folder) with more than
 /// one still going is cancelled whole only when asked: a mistyped path would stop them all.
 fn refuse_many(path: &Path, statuses: &[RunStatus], all: bool) -> anyhow::Result<()> {
-    let one_run_or_sweep = RunDir::open(path).is_ok() || Journal::new(path).dir().is_dir();
-    let going: Vec<String> = statuses
-        .iter()
-        .filter(|s| going(s))
-        .map(|s| format!("  {}", s.run.path().display()))
-        .collect();
-    if all || one_run_or_sweep || going.len() < 2 {
+    let is_sweep = |dir: &Path| Journal::new(dir).dir().is_dir();
+    if all || RunDir::open(path).is_ok() || is_sweep(path) {
         return Ok(());
     }
+    // What the user would cancel one by one: a run, or a sweep folder for all its points.
+    let mut going_points: std::collections::BTreeMap<PathBuf, usize> = Default::default();
+    for status in statuses.iter().filter(|s| going(s)) {
+        let run = status.run.path();
+        let target = match run.parent().filter(|folder| is_sweep(folder)) {
+            Some(sweep) => sweep,
+            None => run,
+        };
+        *going_points.entry(target.to_path_buf()).or_default() += 1;
+    }
+    if going_points.len() < 2 {
+        return Ok(());
+    }
+    let listed: Vec<String> = going_points
+        .iter()
+        .map(|(target, points)| match is_sweep(target) {
+            true => format!("  {} (a sweep: {points} point(s) going)", target.display()),
+            false => format!("  {}", target.display()),
+        })
+        .collect();
     anyhow::bail!(
-        "{} holds {} runs still going:\n{}\n  fix: cancel one by its run directory, or add --all to cancel every one of them",
+        "{} holds {} runs or sweeps still going:\n{}\n  fix: cancel one by its run directory or sweep folder, or add --all to cancel every one of them",
         path.display(),
-        going.len(),
-        going.join("\n")
+        going_points.len(),
+        listed.join("\n")
     )
 }
 
@@ -146,7 +161,7 @@ mod tests {
         let text = err.to_string();
         assert!(
             text.starts_with(&format!(
-                "{} holds 2 runs still going:",
+                "{} holds 2 runs or sweeps still going:",
                 root.path().display()
             )) && text.contains(&format!("  {}\n", runs[0].path().display()))
                 && !text.contains(&runs[2].path().display().to_string())
@@ -156,5 +171,35 @@ mod tests {
         refuse_many(root.path(), &statuses, true).unwrap();
         // One run, named by its own directory: no question.
         refuse_many(runs[0].path(), &statuses[..1], false).unwrap();
+    }
+
+    #[test]
+    fn a_sweep_in_a_folder_of_runs_is_named_by_its_folder() {
+        let root = tempfile::tempdir().unwrap();
+        let sweep = root.path().join("grid");
+        std::fs::create_dir_all(Journal::new(&sweep).dir()).unwrap();
+        let runs: Vec<RunDir> = [sweep.join("p1"), sweep.join("p2"), root.path().join("solo")]
+            .iter()
+            .map(|dir| {
+                std::fs::create_dir(dir).unwrap();
+                crate::rundir::running_local_run(dir)
+            })
+            .collect();
+        let _locks = [&runs[0], &runs[1]].map(|run| RunLock::acquire(run.path()).unwrap());
+        let (statuses, _) = slurm::refresh(&runs).unwrap();
+        // Only the sweep is going: cancelling the folder cancels that one sweep.
+        refuse_many(root.path(), &statuses, false).unwrap();
+        let _solo = RunLock::acquire(runs[2].path()).unwrap();
+        let (statuses, _) = slurm::refresh(&runs).unwrap();
+        let text = refuse_many(root.path(), &statuses, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains(&format!(
+                "  {} (a sweep: 2 point(s) going)\n",
+                sweep.display()
+            )) && text.contains("or sweep folder"),
+            "{text}"
+        );
     }
 }

@@ -36,8 +36,9 @@ pub struct Args {
 pub struct RunMetricsSummary {
     pub name: String,
     pub run_dir: PathBuf,
-    /// `succeeded`, `failed`, `cancelled`, `preempted` (from result.json), else `running`,
-    /// `died` (a local run whose controller is gone: [`died`]) or `not started`.
+    /// `succeeded`, `failed`, `cancelled`, `preempted` (from result.json), else `queued` (a
+    /// Slurm job not started yet), `running`, `died` (a local run whose controller is gone:
+    /// [`died`]) or `not started`.
     pub status: String,
     /// Steps the run trains for.
     pub total_steps: Option<u64>,
@@ -178,6 +179,15 @@ pub fn summarise(run: &RunDir) -> RunMetricsSummary {
         // not be prepared, say) has its end in the manifest.
         (None, Some(ended)) => ended.into(),
         (None, None) if manifest.as_ref().is_some_and(|m| died(run, m).is_some()) => "died".into(),
+        // Submitted and not started yet (its controller writes RUNNING when it starts): what
+        // an earlier attempt logged is no sign of running.
+        (None, None)
+            if manifest
+                .as_ref()
+                .is_some_and(|m| m.state == RunState::Submitted) =>
+        {
+            "queued".into()
+        }
         (None, None) if run.train_log().exists() => "running".into(),
         (None, None) => "not started".into(),
     };
@@ -424,6 +434,23 @@ mod tests {
         run.update_manifest(|m| m.state = RunState::Cancelled)
             .unwrap();
         assert_eq!(summarise(&run).status, "cancelled");
+    }
+
+    #[test]
+    fn a_resubmitted_run_waiting_in_the_queue_is_queued_not_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = crate::rundir::running_local_run(dir.path());
+        // Its first attempt logged steps; submitting it again cleared result.json.
+        std::fs::write(run.train_log(), "step 273\n").unwrap();
+        run.update_manifest(|m| {
+            m.state = RunState::Submitted;
+            m.slurm_job_ids = vec!["33_0".into()];
+        })
+        .unwrap();
+        assert_eq!(summarise(&run).status, "queued");
+        run.update_manifest(|m| m.state = RunState::Running)
+            .unwrap();
+        assert_eq!(summarise(&run).status, "running");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use crate::rundir::{
     ArrayRef, Holder, LockState, Manifest, RunDir, RunDirError, RunLock, RunState,
 };
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone)]
 pub struct RunStatus {
@@ -182,17 +182,15 @@ fn died_detail(run: &RunDir) -> String {
     )
 }
 
-/// For a Slurm job that ended before its controller wrote a result: its error file (the
-/// sbatch script's `--error`, named `<job name>-<job id>.err` in the run directory, or in
-/// the sweep's `slurm/` folder for an array task) and its last line, which says why as far
-/// as anything did.
-fn error_file_ending(run: &RunDir, job_id: &str) -> Option<String> {
-    let suffix = format!("-{job_id}.err");
+/// Slurm's `.out` or `.err` file (`ext`) of job `job_id`: `<name>-<job id>.<ext>` in the run
+/// directory, or for a sweep point in its sweep's `slurm/` folder.
+fn job_file(run: &RunDir, job_id: &str, ext: &str) -> Option<PathBuf> {
+    let suffix = format!("-{job_id}.{ext}");
     let folders = [
         Some(run.path().to_path_buf()),
         run.path().parent().map(|p| p.join("slurm")),
     ];
-    let file = folders.into_iter().flatten().find_map(|folder| {
+    folders.into_iter().flatten().find_map(|folder| {
         std::fs::read_dir(folder)
             .ok()?
             .flatten()
@@ -202,7 +200,15 @@ fn error_file_ending(run: &RunDir, job_id: &str) -> Option<String> {
                     .and_then(|n| n.to_str())
                     .is_some_and(|n| n.ends_with(&suffix))
             })
-    })?;
+    })
+}
+
+/// For a Slurm job that ended before its controller wrote a result: its error file (the
+/// sbatch script's `--error`, named `<job name>-<job id>.err` in the run directory, or in
+/// the sweep's `slurm/` folder for an array task) and its last line, which says why as far
+/// as anything did.
+fn error_file_ending(run: &RunDir, job_id: &str) -> Option<String> {
+    let file = job_file(run, job_id, "err")?;
     let text = file_tail(&file, 64 * 1024).ok()?;
     const SHOWN: usize = 300;
     let last = String::from_utf8_lossy(&text)
@@ -312,6 +318,21 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
                         .message
                         .clone()
                         .unwrap_or_else(|| "from result.json".into());
+                }
+                // Never started: its controller never wrote RUNNING, and Slurm wrote it no
+                // output. An array task cancelled while pending leaves Slurm no record at all.
+                (None, None)
+                    if manifest.state == RunState::Submitted
+                        && job_id
+                            .as_deref()
+                            .is_some_and(|id| job_file(run, id, "out").is_none()) =>
+                {
+                    state = RunState::Cancelled;
+                    detail = format!(
+                        "Slurm job {} is gone without having started (no output file): \
+                         cancelled while it waited",
+                        job_id.as_deref().unwrap_or_default()
+                    );
                 }
                 (None, None) if job_id.is_some() => {
                     state = RunState::Failed;
