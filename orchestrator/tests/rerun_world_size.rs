@@ -51,7 +51,7 @@ error: job.yaml:6:3: field `training.total_batch_size`: total batch 8 does not s
   |
 6 |   total_batch_size: 8
   |   ^^^^^^^^^^^^^^^^
-  fix: a resumed run keeps its total batch (it decides what a step computes): run it on 1, 2, 4 or 8 ranks (--nproc), the world sizes 8 splits on; or start it over with --force
+  fix: a resumed run keeps its total batch (it decides what a step computes): run it on 1, 2, 4 or 8 ranks (--nproc): those split the total batch of 8 into whole per-device batches of 1; or start it over with --force
 "
     );
     let out = shardrun(dir.path(), &["run", "job.yaml", "--nproc", "4"]);
@@ -83,8 +83,9 @@ fn a_larger_per_device_batch_lists_what_a_smaller_one_adds() {
     assert!(
         shown.contains(
             "fix: a resumed run keeps its total batch (it decides what a step computes): run it \
-             on 1, 2 or 4 ranks (--nproc), the world sizes 8 splits on with per-device batches \
-             of 2; or keep 8 ranks with `batch_size_per_device: 1`; or start it over with --force"
+             on 1, 2 or 4 ranks (--nproc): those split the total batch of 8 into whole \
+             per-device batches of 2; or keep 8 ranks with `batch_size_per_device: 1`; or start \
+             it over with --force"
         ),
         "{shown}"
     );

@@ -293,6 +293,27 @@ fn a_diverged_run_keeps_reporting_its_non_finite_loss_and_says_so() {
     );
     let log = std::fs::read_to_string(run.join("train.log")).unwrap();
     assert!(log.contains("training diverged"), "{log}");
+    // Its end does not read as a good one: the verdict and status say it diverged, and from
+    // which step (the first whose loss is null in metrics.jsonl).
+    let first = records
+        .iter()
+        .find(|r| r["step"].is_u64() && r["loss"].is_null())
+        .map(|r| r["step"].as_u64().unwrap())
+        .unwrap();
+    let verdict: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("result.json")).unwrap()).unwrap();
+    let message = verdict["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("training finished, but diverged: the loss was not finite")
+            && message.contains(&format!("from step {first};")),
+        "{verdict}"
+    );
+    let out = shardrun_in(dir.path(), &["status", &run.to_string_lossy()]);
+    assert!(
+        stdout_of(&out).contains("training finished, but diverged"),
+        "{}",
+        stdout_of(&out)
+    );
 }
 
 #[test]

@@ -166,14 +166,29 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
         .unwrap_or_else(|| args.run.join("sweep.svg"));
     charts::save(&figure, &output)?;
     let swept = figure.swept();
+    // A curve that ends NaN or infinite has no final loss to draw.
+    let diverged: Vec<&str> = figure
+        .points
+        .iter()
+        .filter(|p| p.steps.last().is_some_and(|r| !r.loss.is_finite()))
+        .map(|p| p.name.as_str())
+        .collect();
     outln!(
-        "wrote {} ({} point(s){}{})",
+        "wrote {} ({} point(s){}{}{})",
         output.display(),
         figure.points.len() - waiting.len(),
         if waiting.is_empty() {
             String::new()
         } else {
             format!("; not started yet: {}", waiting.join(", "))
+        },
+        if diverged.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; diverged (their last loss is not finite, so no final loss): {}",
+                diverged.join(", ")
+            )
         },
         match swept.len() {
             1 | 2 => format!("; final loss by {}", swept.join(" and ")),

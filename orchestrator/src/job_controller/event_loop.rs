@@ -270,7 +270,13 @@ async fn run_async(
         .and_then(|root| newest_checkpoint(&root));
     let how_it_ended = ended_in_words(&outcome, checkpoint.as_ref());
     let mut message = match &outcome {
-        Outcome::Succeeded => "training finished".to_string(),
+        Outcome::Succeeded => {
+            // Every step is in metrics.jsonl before it is read back.
+            let (reply, flushed) = tokio::sync::oneshot::channel();
+            let _ = records.send(Record::Flush(reply)).await;
+            let _ = flushed.await;
+            finished_message(&paths.metrics)
+        }
         Outcome::Failed(f) => f.describe(),
         Outcome::Cancelled { .. } => cancelled_message(
             &how_it_ended,
@@ -852,6 +858,29 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, path)
+}
+
+/// "training finished", and whether the loss went NaN or infinite on the way: a diverged run
+/// trains to its last step (as PyTorch does), and its end must not read as a good one.
+fn finished_message(metrics: &std::path::Path) -> String {
+    let steps = crate::metrics_file::read(metrics)
+        .map(|m| m.steps)
+        .unwrap_or_default();
+    let diverged: Vec<u64> = steps
+        .iter()
+        .filter(|r| !r.loss.is_finite())
+        .map(|r| r.step)
+        .collect();
+    match diverged.first() {
+        None => "training finished".to_string(),
+        Some(first) => format!(
+            "training finished, but diverged: the loss was not finite (NaN or inf) in {} of {} \
+             logged steps, from step {first}; lower the LR, clip gradients (`optimizer.grad_clip`) \
+             or warm up longer",
+            diverged.len(),
+            steps.len()
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -111,16 +111,14 @@ fn ranks_that_split(total: u64, per_device: u64, world: u64, ranks_from: &str) -
     } else {
         let _ = write!(
             fix,
-            "run it on {} ranks ({ranks_from}), the world sizes {total} splits on",
+            "run it on {} ranks ({ranks_from}): those split the total batch of {total} into \
+             whole per-device batches of {per_device}",
             or_list(&with_this)
         );
-        if per_device > 1 {
-            let _ = write!(fix, " with per-device batches of {per_device}");
-        }
         if !with_smaller.is_empty() {
             let _ = write!(
                 fix,
-                " (and {} with a smaller `batch_size_per_device`)",
+                " ({} ranks do with a smaller `batch_size_per_device`)",
                 or_list(&with_smaller)
             );
         }
@@ -191,15 +189,15 @@ mod tests {
         assert_eq!(
             ranks_that_split(8, 1, 3, "--nproc"),
             "a resumed run keeps its total batch (it decides what a step computes): run it on \
-             1, 2, 4 or 8 ranks (--nproc), the world sizes 8 splits on; or start it over with \
-             --force"
+             1, 2, 4 or 8 ranks (--nproc): those split the total batch of 8 into whole \
+             per-device batches of 1; or start it over with --force"
         );
         assert_eq!(
             ranks_that_split(12, 2, 4, "`resources`"),
             "a resumed run keeps its total batch (it decides what a step computes): run it on \
-             1, 2, 3 or 6 ranks (`resources`), the world sizes 12 splits on with per-device \
-             batches of 2 (and 12 with a smaller `batch_size_per_device`); or keep 4 ranks with \
-             `batch_size_per_device` in [1, 3]; or start it over with --force"
+             1, 2, 3 or 6 ranks (`resources`): those split the total batch of 12 into whole \
+             per-device batches of 2 (12 ranks do with a smaller `batch_size_per_device`); or \
+             keep 4 ranks with `batch_size_per_device` in [1, 3]; or start it over with --force"
         );
     }
 }
