@@ -788,7 +788,17 @@ fn cancelled_message(
 }
 
 fn how_to_resume(launch: &LaunchMode, run_dir: &Path) -> String {
-    format!("{} to resume", launch.run_again(run_dir))
+    let again = format!("{} to resume", launch.run_again(run_dir));
+    match (launch, std::env::current_dir()) {
+        // The same spec run from another folder is another run (`run_root` is relative to
+        // where `shardrun run` runs): say where, and the command that works from anywhere.
+        (LaunchMode::Local { .. }, Ok(here)) => format!(
+            "{again} (in {}), or `shardrun run {}` from anywhere",
+            here.display(),
+            run_dir.display()
+        ),
+        _ => again,
+    }
 }
 
 /// Turns SIGTERM / SIGINT / SIGHUP into cancellation and SIGUSR2 into preemption. The
@@ -943,8 +953,12 @@ mod tests {
                 &local,
                 run_dir
             ),
-            "the run was cancelled by SIGTERM after step 566; its newest checkpoint is step 500 \
-             (/r/checkpoints/step-500); run the same command again to resume"
+            format!(
+                "the run was cancelled by SIGTERM after step 566; its newest checkpoint is step \
+                 500 (/r/checkpoints/step-500); run the same command again to resume (in {}), \
+                 or `shardrun run /runs/r` from anywhere",
+                std::env::current_dir().unwrap().display()
+            )
         );
         // A sweep point is submitted again by `shardrun sweep`; `shardrun submit` refuses it.
         let slurm = |sweep_point| LaunchMode::Slurm {
