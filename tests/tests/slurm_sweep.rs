@@ -830,6 +830,23 @@ fn points_cancelled_while_queued_are_cancelled_not_failed() {
     let sweep_dir = dir.join("runs").join(&name);
     let sweep_arg = sweep_dir.to_string_lossy().into_owned();
     wait_for_points(&cluster, &dir, &sweep_dir, 2, |s| s == "SUBMITTED");
+    // A change the queued points may take: they keep their directories, and their jobs go
+    // on as submitted until the sweep next submits them.
+    let logged = text.replace("  steps: 1\n", "  steps: 1\n  log_every: 7\n");
+    let changed = dir.write("changed.yaml", &logged);
+    let out = cluster
+        .shardrun(
+            dir.path(),
+            &["sweep", "--dry-run", &changed.to_string_lossy()],
+        )
+        .unwrap();
+    let stdout = stdout_of(&out);
+    assert!(
+        stdout.contains("2 point(s) keep their run directories")
+            && stdout.contains("2 of them are queued or running: their jobs go on as submitted")
+            && stdout.matches("skip (SUBMITTED)").count() == 2,
+        "{stdout}"
+    );
     let out = cluster
         .shardrun(dir.path(), &["cancel", &sweep_arg])
         .unwrap();

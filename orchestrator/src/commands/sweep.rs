@@ -100,7 +100,18 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         });
 
     print_points(&points, &survey.decisions, &to_submit, &plan);
-    report_carried(&carried);
+    let going: std::collections::HashSet<&str> = points
+        .iter()
+        .zip(&survey.decisions)
+        .filter(|(_, d)| {
+            matches!(
+                d,
+                Decision::Skip(rundir::RunState::Submitted | rundir::RunState::Running)
+            )
+        })
+        .map(|(p, _)| p.name.as_str())
+        .collect();
+    report_carried(&carried, &going);
     report_stale(&sweep_dir, &points);
     if let Some(first) = survey.data_changed.first() {
         outln!(
@@ -336,7 +347,9 @@ fn array_range(tasks: usize, throttle: Option<u32>) -> String {
 }
 
 /// Points that keep their run directories, taking changes a resumed run may take.
-fn report_carried(carried: &[sweeps::carried::Carried]) {
+/// The changes carried points take, and what a re-shaped LR schedule does where they
+/// continue; `going`: points still queued or running, which go on as they were submitted.
+fn report_carried(carried: &[sweeps::carried::Carried], going: &std::collections::HashSet<&str>) {
     if carried.is_empty() {
         return;
     }
@@ -352,14 +365,21 @@ fn report_carried(carried: &[sweeps::carried::Carried]) {
     for (change, points) in counts {
         outln!("  {change} ({points} point(s))");
     }
-    let reshaped: Vec<_> = carried
+    let (waiting, now): (Vec<_>, Vec<_>) = carried
         .iter()
-        .filter_map(|c| c.lr_change.as_ref())
-        .collect();
+        .partition(|c| going.contains(c.point.as_str()));
+    let reshaped: Vec<_> = now.iter().filter_map(|c| c.lr_change.as_ref()).collect();
     if let Some(first) = reshaped.first() {
         outln!(
             "  {} point(s) continue on a re-shaped LR schedule; the first: {first}",
             reshaped.len()
+        );
+    }
+    if !waiting.is_empty() {
+        outln!(
+            "  {} of them are queued or running: their jobs go on as submitted, and take the \
+             changes when `shardrun sweep` next submits them (run it again once they have ended)",
+            waiting.len()
         );
     }
 }

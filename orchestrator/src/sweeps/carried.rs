@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 /// The changes a point carried into the directory of an earlier run of its values.
 #[derive(Debug)]
 pub struct Carried {
+    /// The point's name (its run directory's, once carried).
+    pub point: String,
     pub changes: Vec<FieldChange>,
     /// What a longer or shorter `training.steps` does to the LR where the point continues.
     pub lr_change: Option<LrChange>,
@@ -86,7 +88,11 @@ pub fn carry_over(sweep_dir: &Path, points: &mut [SweepPoint]) -> Vec<Carried> {
                     .and_then(|c| {
                         LrChange::of(&recorded.train, &point.job.train, c.step, c.updates)
                     });
-                carried.push(Carried { changes, lr_change });
+                carried.push(Carried {
+                    point: point.name.clone(),
+                    changes,
+                    lr_change,
+                });
             }
         }
     }
