@@ -409,7 +409,31 @@ pub fn messages_of(record: &Value, field: &str) -> std::result::Result<Vec<Value
                     ROLES.join(", ")
                 ))
             }
-            None => return Err(format!("message {} has no string `role`", i + 1)),
+            None => {
+                let keys: Vec<String> = message
+                    .try_iter()
+                    .into_iter()
+                    .flatten()
+                    .map(|k| k.to_string())
+                    .collect();
+                // ShareGPT's messages are `{"from": "human", "value": ...}`.
+                let sharegpt =
+                    keys.iter().any(|k| k == "from") && keys.iter().any(|k| k == "value");
+                return Err(match sharegpt {
+                    true => format!(
+                        "message {} has no string `role` (it has: {}): ShareGPT-style messages \
+                         need converting to `{{\"role\": \"user\" or \"assistant\", \"content\": ...}}` \
+                         (`from` human → user, gpt → assistant, system → system; `value` → content)",
+                        i + 1,
+                        keys.join(", ")
+                    ),
+                    false => format!(
+                        "message {} has no string `role` (it has: {})",
+                        i + 1,
+                        keys.join(", ")
+                    ),
+                });
+            }
         }
     }
     Ok(list)

@@ -194,6 +194,31 @@ fn chat_record_with_an_unknown_role() {
 }
 
 #[test]
+fn sharegpt_messages_are_named_with_how_to_convert_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "sharegpt.jsonl",
+        "{\"conversations\": [{\"from\": \"human\", \"value\": \"hi\"}, {\"from\": \"gpt\", \"value\": \"yo\"}]}\n",
+    );
+    let source = DataSource::Chat {
+        files: vec![path.clone()],
+        messages_field: "conversations".into(),
+        chat_template: None,
+        chat_template_kwargs: Default::default(),
+    };
+    let c = dataset(source, hf("bpe"), 32, &dir.path().join("cache"));
+    let err = fails(&c, None);
+    assert!(
+        err.starts_with(&format!(
+            "{}:1: message 1 has no string `role` (it has: from, value): ShareGPT-style messages need converting",
+            path.display()
+        )) && err.contains("gpt → assistant"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_conversation_without_an_assistant_turn_is_said_to_train_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(
