@@ -167,6 +167,16 @@ fn jsonl_records_that_are_not_json_or_lack_the_field() {
     );
 }
 
+/// Chat data from `path`, the messages in `field`, rendered by the tokenizer's template.
+fn chat(path: &Path, field: &str) -> DataSource {
+    DataSource::Chat {
+        files: vec![path.to_path_buf()],
+        messages_field: field.into(),
+        chat_template: None,
+        chat_template_kwargs: Default::default(),
+    }
+}
+
 #[test]
 fn chat_record_with_an_unknown_role() {
     let dir = tempfile::tempdir().unwrap();
@@ -176,12 +186,7 @@ fn chat_record_with_an_unknown_role() {
         "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}\n\
          {\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"robot\", \"content\": \"beep\"}]}\n",
     );
-    let source = DataSource::Chat {
-        files: vec![path.clone()],
-        messages_field: "messages".into(),
-        chat_template: None,
-        chat_template_kwargs: Default::default(),
-    };
+    let source = chat(&path, "messages");
     let c = dataset(source, hf("bpe"), 32, &dir.path().join("cache"));
     let err = fails(&c, None);
     assert!(
@@ -201,12 +206,7 @@ fn sharegpt_messages_are_named_with_how_to_convert_them() {
         "sharegpt.jsonl",
         "{\"conversations\": [{\"from\": \"human\", \"value\": \"hi\"}, {\"from\": \"gpt\", \"value\": \"yo\"}]}\n",
     );
-    let source = DataSource::Chat {
-        files: vec![path.clone()],
-        messages_field: "conversations".into(),
-        chat_template: None,
-        chat_template_kwargs: Default::default(),
-    };
+    let source = chat(&path, "conversations");
     let c = dataset(source, hf("bpe"), 32, &dir.path().join("cache"));
     let err = fails(&c, None);
     assert!(
@@ -228,12 +228,7 @@ fn a_conversation_without_an_assistant_turn_is_said_to_train_nothing() {
          {\"messages\": [{\"role\": \"user\", \"content\": \"no answer here\"}]}\n\
          {\"messages\": [{\"role\": \"system\", \"content\": \"be brief\"}, {\"role\": \"user\", \"content\": \"and none here\"}]}\n",
     );
-    let source = DataSource::Chat {
-        files: vec![path.clone()],
-        messages_field: "messages".into(),
-        chat_template: None,
-        chat_template_kwargs: Default::default(),
-    };
+    let source = chat(&path, "messages");
     let c = dataset(source, hf("bpe"), 64, &dir.path().join("cache"));
     let data = open(&c, None).unwrap();
     assert_eq!(data.train().corpus().manifest.untrained_documents, 2);
