@@ -87,6 +87,9 @@ pub struct CacheManifest {
     pub merged_boundaries: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_merged_boundary: Option<(String, String)>,
+    /// Chat data none of whose conversations trains the end-of-document token: its text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub untrained_eos: Option<String>,
     /// xxh3-128 of the tokens, document offsets and loss mask: equal hashes, equal data.
     pub content_hash: String,
     pub input_bytes: u64,
@@ -317,6 +320,7 @@ mod tests {
             first_untrained: None,
             merged_boundaries: 0,
             first_merged_boundary: None,
+            untrained_eos: None,
             content_hash: "h".into(),
             input_bytes: 2,
             seconds: 0.0,

@@ -435,6 +435,15 @@ fn record_warnings(what: &str, corpus: &Corpus) -> Vec<String> {
             thousands(m.merged_boundaries)
         ));
     }
+    if let Some(eos) = &m.untrained_eos {
+        lines.push(format!(
+            "warning: no conversation of the {what} trains the end-of-document token {eos:?}: \
+             the chat template ends assistant turns with another token, which the model learns \
+             to end a reply with; generation stops there only if that token is among the \
+             model's eos_token_id (generation_config.json), or set `tokenizer.eos_token` to it \
+             (e.g. \"<|im_end|>\"), which trains it as the end and exports it as eos"
+        ));
+    }
     lines
 }
 

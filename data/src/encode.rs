@@ -27,6 +27,9 @@ pub struct Encoded {
     /// completion after a prompt tokenized as it never is alone (`"\n"` + `"    return"`
     /// encoded as `"\n   "` + `" return"`).
     pub merged_boundary: Option<String>,
+    /// A chat: whether the end-of-document token is a training target in it (the template
+    /// ends an assistant turn with it).
+    pub chat_trains_eos: Option<bool>,
 }
 
 pub struct Encoder<'a> {
@@ -45,6 +48,7 @@ impl Encoder<'_> {
                     tokens,
                     mask: Vec::new(),
                     merged_boundary: None,
+                    chat_trains_eos: None,
                 })
             }
             Body::PromptCompletion { prompt, completion } => {
@@ -73,6 +77,7 @@ impl Encoder<'_> {
                     tokens,
                     mask,
                     merged_boundary,
+                    chat_trains_eos: None,
                 })
             }
             Body::Chat { messages, tools } => {
@@ -90,10 +95,12 @@ impl Encoder<'_> {
                 if !ended {
                     end_with(&mut tokens, Some(&mut mask), eos, 0);
                 }
+                let trains_eos = tokens.iter().zip(&mask).any(|(&t, &m)| t == eos && m == 1);
                 Ok(Encoded {
                     tokens,
                     mask,
                     merged_boundary: None,
+                    chat_trains_eos: Some(trains_eos),
                 })
             }
         }

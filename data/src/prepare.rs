@@ -320,6 +320,8 @@ fn tokenize_files(
                 token,
             )
         }),
+        untrained_eos: (written.chats > 0 && written.chats_training_eos == 0)
+            .then(|| tokenizer.eos.text.clone()),
         content_hash: written.content_hash,
         input_bytes: files.iter().map(|f| f.size).sum(),
         seconds: 0.0,
@@ -383,6 +385,7 @@ fn check_token_files(
         first_untrained: None,
         merged_boundaries: 0,
         first_merged_boundary: None,
+        untrained_eos: None,
         content_hash: format!("{:032x}", hash.digest128()),
         input_bytes: entries.iter().map(|e| e.size).sum(),
         seconds: 0.0,

@@ -35,6 +35,9 @@ pub struct Written {
     /// ([`Encoded::merged_boundary`]), and the first one's (file, line, token text).
     pub merged_boundaries: u64,
     pub first_merged_boundary: Option<(u32, u64, String)>,
+    /// Chats, and those whose end-of-document token is a training target.
+    pub chats: u64,
+    pub chats_training_eos: u64,
 }
 
 const BUFFER: usize = 4 << 20;
@@ -101,6 +104,10 @@ impl CorpusWriter {
                 }
             }
             None => self.written.trained_tokens += document.tokens.len() as u64,
+        }
+        if let Some(trains_eos) = document.chat_trains_eos {
+            self.written.chats += 1;
+            self.written.chats_training_eos += u64::from(trains_eos);
         }
         if let Some(token) = &document.merged_boundary {
             self.written.merged_boundaries += 1;

@@ -219,6 +219,40 @@ fn sharegpt_messages_are_named_with_how_to_convert_them() {
 }
 
 #[test]
+fn chats_that_never_train_the_end_of_document_token_are_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "chat.jsonl",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}\n",
+    );
+    // The folder's ChatML template ends a turn with <|im_end|>, its eos: trained.
+    let own = dataset(
+        chat(&path, "messages"),
+        hf("bpe"),
+        64,
+        &dir.path().join("a"),
+    );
+    let data = open(&own, None).unwrap();
+    assert_eq!(data.train().corpus().manifest.untrained_eos, None);
+    // Another eos: appended after the turn's end, and not trained.
+    let other = TokenizerConfig::HuggingFace {
+        path: fixture().join("bpe"),
+        bos_token: None,
+        eos_token: Some("<|endoftext|>".into()),
+    };
+    let c = dataset(chat(&path, "messages"), other, 64, &dir.path().join("b"));
+    let data = open(&c, None).unwrap();
+    assert!(
+        data.summary().iter().any(|l| l.starts_with(
+            "warning: no conversation of the training data trains the end-of-document token \"<|endoftext|>\""
+        )),
+        "{:?}",
+        data.summary()
+    );
+}
+
+#[test]
 fn a_conversation_without_an_assistant_turn_is_said_to_train_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(
