@@ -410,29 +410,21 @@ pub fn messages_of(record: &Value, field: &str) -> std::result::Result<Vec<Value
                 ))
             }
             None => {
-                let keys: Vec<String> = message
-                    .try_iter()
-                    .into_iter()
-                    .flatten()
-                    .map(|k| k.to_string())
-                    .collect();
+                let keys = keys_of(message);
+                let mut why = format!(
+                    "message {} has no string `role` (it has: {})",
+                    i + 1,
+                    keys.join(", ")
+                );
                 // ShareGPT's messages are `{"from": "human", "value": ...}`.
-                let sharegpt =
-                    keys.iter().any(|k| k == "from") && keys.iter().any(|k| k == "value");
-                return Err(match sharegpt {
-                    true => format!(
-                        "message {} has no string `role` (it has: {}): ShareGPT-style messages \
-                         need converting to `{{\"role\": \"user\" or \"assistant\", \"content\": ...}}` \
-                         (`from` human → user, gpt → assistant, system → system; `value` → content)",
-                        i + 1,
-                        keys.join(", ")
-                    ),
-                    false => format!(
-                        "message {} has no string `role` (it has: {})",
-                        i + 1,
-                        keys.join(", ")
-                    ),
-                });
+                if keys.iter().any(|k| k == "from") && keys.iter().any(|k| k == "value") {
+                    why.push_str(
+                        ": ShareGPT-style messages need converting to `{\"role\": \"user\" or \
+                         \"assistant\", \"content\": ...}` (`from` human → user, gpt → \
+                         assistant, system → system; `value` → content)",
+                    );
+                }
+                return Err(why);
             }
         }
     }
@@ -460,6 +452,17 @@ fn without_nulls(message: Value) -> std::result::Result<Value, Error> {
     } else {
         message
     })
+}
+
+/// The keys of a JSON object read as a template value (none for anything else), as they
+/// are named in messages that say what a record or message has.
+pub(crate) fn keys_of(object: &Value) -> Vec<String> {
+    object
+        .try_iter()
+        .into_iter()
+        .flatten()
+        .map(|key| key.to_string())
+        .collect()
 }
 
 fn role(message: &Value) -> Option<String> {

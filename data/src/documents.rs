@@ -516,12 +516,7 @@ fn parse_record(source: &DataSource, line: &str, hint: bool) -> std::result::Res
                 .map_or(true, |m| m.is_undefined());
             if record.kind() == ValueKind::Map && lacks {
                 let missing = hint.then(|| {
-                    let has: Vec<String> = record
-                        .try_iter()
-                        .into_iter()
-                        .flatten()
-                        .map(|key| key.to_string())
-                        .collect();
+                    let has = crate::chat::keys_of(&record);
                     let fits = has
                         .iter()
                         .filter(|f| record.get_attr(f).is_ok_and(|v| v.kind() == ValueKind::Seq))
