@@ -10,7 +10,7 @@ use crate::rundir::{RunDir, RunState};
 use crate::slurm::died;
 use crate::step_record::StepRecord;
 use crate::stragglers::{self, StragglerReport};
-use crate::sweeps::journal::Journal;
+use crate::sweeps::journal::CurrentPoints;
 use crate::sweeps::labels::{marked_superseded, ParamColumns, SUPERSEDED_NOTE};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -114,7 +114,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let summaries: Vec<RunMetricsSummary> = runs.iter().map(summarise).collect();
+    let summaries = summaries(&runs);
     if args.json {
         return print_json(&summaries);
     }
@@ -153,7 +153,15 @@ fn name_of(run: &RunDir) -> String {
         .unwrap_or_default()
 }
 
-pub fn summarise(run: &RunDir) -> RunMetricsSummary {
+/// Every run's summary, each sweep folder's current points read once.
+pub fn summaries(runs: &[RunDir]) -> Vec<RunMetricsSummary> {
+    let mut current = CurrentPoints::default();
+    runs.iter()
+        .map(|run| summarise(run, &mut current))
+        .collect()
+}
+
+fn summarise(run: &RunDir, current: &mut CurrentPoints) -> RunMetricsSummary {
     let manifest = run.read_manifest().ok();
     // The run's end as the manifest has it: the controller's, or later news of the run (a
     // requeued job cancelled before it ran again ends `cancelled`, whatever its last attempt's
@@ -199,7 +207,7 @@ pub fn summarise(run: &RunDir) -> RunMetricsSummary {
         total_steps: run.read_train_config().ok().map(|c| c.steps),
         steps_logged: metrics.steps.len() as u64,
         sweep_params: manifest.map(|m| m.sweep_params).unwrap_or_default(),
-        superseded: Journal::superseded(run.path()),
+        superseded: current.superseded(run.path()),
         latest: metrics.steps.last().map(StepRecord::to_json_complete),
         record: metrics.steps.last().cloned(),
         eval: metrics.evals.last().map(EvalJson::from),
@@ -390,6 +398,10 @@ fn table(header: &[&str], rows: &[Vec<String>], names: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn summary(run: &RunDir) -> RunMetricsSummary {
+        summarise(run, &mut CurrentPoints::default())
+    }
     use std::collections::BTreeSet;
 
     #[test]
@@ -414,9 +426,9 @@ mod tests {
         let run = crate::rundir::running_local_run(dir.path());
         std::fs::write(run.train_log(), "step 708\n").unwrap();
         let lock = crate::rundir::RunLock::acquire(run.path()).unwrap();
-        assert_eq!(summarise(&run).status, "running");
+        assert_eq!(summary(&run).status, "running");
         drop(lock);
-        assert_eq!(summarise(&run).status, "died");
+        assert_eq!(summary(&run).status, "died");
     }
 
     #[test]
@@ -424,16 +436,16 @@ mod tests {
         // Its data could not be prepared: no result.json, no train.log; the manifest says.
         let dir = tempfile::tempdir().unwrap();
         let run = crate::rundir::running_local_run(dir.path());
-        assert_eq!(summarise(&run).status, "died");
+        assert_eq!(summary(&run).status, "died");
         run.update_manifest(|m| {
             m.state = RunState::Failed;
             m.error = Some("preparing the training data: no field `body`".into());
         })
         .unwrap();
-        assert_eq!(summarise(&run).status, "failed");
+        assert_eq!(summary(&run).status, "failed");
         run.update_manifest(|m| m.state = RunState::Cancelled)
             .unwrap();
-        assert_eq!(summarise(&run).status, "cancelled");
+        assert_eq!(summary(&run).status, "cancelled");
     }
 
     #[test]
@@ -447,10 +459,10 @@ mod tests {
             m.slurm_job_ids = vec!["33_0".into()];
         })
         .unwrap();
-        assert_eq!(summarise(&run).status, "queued");
+        assert_eq!(summary(&run).status, "queued");
         run.update_manifest(|m| m.state = RunState::Running)
             .unwrap();
-        assert_eq!(summarise(&run).status, "running");
+        assert_eq!(summary(&run).status, "running");
     }
 
     #[test]
@@ -461,11 +473,11 @@ mod tests {
         std::fs::write(run.result(), r#"{"status":"preempted","requeued":true}"#).unwrap();
         run.update_manifest(|m| m.state = RunState::Preempted)
             .unwrap();
-        assert_eq!(summarise(&run).status, "preempted");
+        assert_eq!(summary(&run).status, "preempted");
         // `shardrun cancel` while it waited: the manifest has the news.
         run.update_manifest(|m| m.state = RunState::Cancelled)
             .unwrap();
-        assert_eq!(summarise(&run).status, "cancelled");
+        assert_eq!(summary(&run).status, "cancelled");
     }
 
     /// `steps` step records whose scheduled LR falls from `peak` to a tenth of it.
@@ -522,11 +534,7 @@ mod tests {
             let params = run.read_manifest().unwrap().sweep_params;
             write_steps(run, params["training.optimizer.lr"].as_f64().unwrap(), 5);
         }
-        let summaries: Vec<RunMetricsSummary> = find_runs(dir.path())
-            .unwrap()
-            .iter()
-            .map(summarise)
-            .collect();
+        let summaries = summaries(&find_runs(dir.path()).unwrap());
         let text = metrics_table(&summaries);
         assert!(
             text.starts_with("run  ") && text.lines().next().unwrap().contains("  lr now  "),
@@ -603,7 +611,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let run = crate::rundir::running_local_run(dir.path());
         write_steps(&run, 3e-4, 3);
-        let text = metrics_table(&[summarise(&run)]);
+        let text = metrics_table(&[summary(&run)]);
         let rows = cells(&text);
         assert_eq!(
             rows[0].keys().map(String::as_str).collect::<BTreeSet<_>>(),

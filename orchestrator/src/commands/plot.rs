@@ -5,7 +5,7 @@
 
 use crate::charts::run::RunFigure;
 use crate::charts::sweep::{PointRecords, SweepFigure};
-use crate::sweeps::journal::Journal;
+use crate::sweeps::journal::CurrentPoints;
 use crate::sweeps::labels::{ParamColumns, PointParams};
 use crate::{charts, events_file, metrics_file};
 use anyhow::bail;
@@ -116,8 +116,10 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
     let mut points = Vec::new();
     let mut waiting = Vec::new();
     // Curves of an earlier version of the spec would share the legend of current points.
-    let (superseded, runs): (Vec<_>, Vec<_>) =
-        runs.iter().partition(|r| Journal::superseded(r.path()));
+    let (superseded, runs): (Vec<_>, Vec<_>) = {
+        let mut current = CurrentPoints::default();
+        runs.iter().partition(|r| current.superseded(r.path()))
+    };
     if !superseded.is_empty() {
         outln!(
             "left out {} run(s) left from an earlier version of the sweep's spec (not points of the spec `shardrun sweep` last submitted); plot one alone with `shardrun plot <its run directory>`",
@@ -239,7 +241,7 @@ mod tests {
                 .into_owned()
         };
         let current: Vec<String> = points[1..].iter().map(name).collect();
-        let journal = Journal::new(dir.path());
+        let journal = crate::sweeps::journal::Journal::new(dir.path());
         std::fs::create_dir_all(journal.dir()).unwrap();
         journal
             .write_current_points(current.iter().map(String::as_str))

@@ -6,6 +6,7 @@ use super::{query, JobRecord, JobState, QuerySource, SlurmError};
 use crate::rundir::{
     ArrayRef, Holder, LockState, Manifest, RunDir, RunDirError, RunLock, RunState,
 };
+use crate::sweeps::journal::CurrentPoints;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -281,6 +282,7 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
     };
     let source = (!records.is_empty() || !active.is_empty()).then_some(source);
     let mut out = Vec::with_capacity(runs.len());
+    let mut current_points = CurrentPoints::default();
     for (run, manifest) in runs.iter().zip(manifests) {
         let job_id = manifest.slurm_job_ids.last().cloned();
         let slurm = job_id.as_ref().and_then(|id| records.get(id)).cloned();
@@ -408,7 +410,7 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
             detail: one_line(&detail),
             array: manifest.sweep_array,
             sweep_params: manifest.sweep_params,
-            superseded: crate::sweeps::journal::Journal::superseded(run.path()),
+            superseded: current_points.superseded(run.path()),
         });
     }
     Ok((out, source))

@@ -15,6 +15,7 @@
 
 use crate::rundir::{self, io_err, ArrayRef, RunDirError};
 use serde::{Deserialize, Serialize};
+use std::ffi::OsString;
 use std::fs;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -148,18 +149,6 @@ impl Journal {
         Ok(())
     }
 
-    /// Whether `run` is in this sweep folder but not one of the points of the spec last
-    /// submitted (false where no `shardrun sweep` recorded them).
-    pub fn superseded(run: &Path) -> bool {
-        let (Some(folder), Some(name)) = (run.parent(), run.file_name()) else {
-            return false;
-        };
-        let Ok(text) = fs::read_to_string(Journal::new(folder).current_points_path()) else {
-            return false;
-        };
-        !text.lines().any(|line| std::ffi::OsStr::new(line) == name)
-    }
-
     /// Write (or replace) an array's record atomically.
     pub fn write(&self, record: &mut ArrayRecord) -> Result<(), JournalError> {
         record.updated_at = rundir::now_unix();
@@ -217,6 +206,29 @@ impl Journal {
         let path = self.points_path(array);
         let text = fs::read_to_string(&path).map_err(io_err("cannot read", &path))?;
         Ok(text.lines().map(PathBuf::from).collect())
+    }
+}
+
+/// The points each sweep folder's last `shardrun sweep` recorded, read once per folder: a
+/// table of thousands of points asks about every one of them.
+#[derive(Debug, Default)]
+pub struct CurrentPoints {
+    folders: std::collections::HashMap<PathBuf, Option<std::collections::HashSet<OsString>>>,
+}
+
+impl CurrentPoints {
+    /// Whether `run` is in a sweep folder but not one of the points of the spec last
+    /// submitted there (false where no `shardrun sweep` recorded them).
+    pub fn superseded(&mut self, run: &Path) -> bool {
+        let (Some(folder), Some(name)) = (run.parent(), run.file_name()) else {
+            return false;
+        };
+        let points = self.folders.entry(folder.to_path_buf()).or_insert_with(|| {
+            fs::read_to_string(Journal::new(folder).current_points_path())
+                .ok()
+                .map(|text| text.lines().map(OsString::from).collect())
+        });
+        points.as_ref().is_some_and(|points| !points.contains(name))
     }
 }
 
