@@ -728,6 +728,18 @@ mod tests {
         let ResolveError::Invalid(err) = resolve(&loaded, &Overrides::default()).unwrap_err();
         assert_eq!(err.field, "preemption.signal_seconds");
         assert_eq!(err.line, Some(5));
+        for (secs, why) in [("0", "no time to save"), ("70000", "largest warning time")] {
+            let loaded = parse(
+                &yaml
+                    .replace("\"00:01:00\"", "\"02:00:00\"")
+                    .replace("120", secs),
+                Path::new("j.yaml"),
+            )
+            .unwrap();
+            let ResolveError::Invalid(err) = resolve(&loaded, &Overrides::default()).unwrap_err();
+            assert_eq!(err.field, "preemption.signal_seconds");
+            assert!(err.why.contains(why), "{}", err.why);
+        }
         // Without an explicit value the warning moves to half the limit.
         let loaded = parse(
             &yaml.replace("  signal_seconds: 120\n", "  requeue: false\n"),

@@ -109,6 +109,28 @@ pub fn resolve_preemption(
 ) -> Result<PreemptionPlan, ResolveError> {
     let p = &s.spec().preemption;
     let signal_seconds = match (p.signal_seconds, time_limit_seconds) {
+        // `--signal=…@0` arrives with the kill itself: no time to save anything.
+        (Some(0), _) => {
+            return Err(s.err(
+                "preemption.signal_seconds",
+                "0 s of warning: the signal would come with the time limit's kill, leaving no time to save a checkpoint",
+                format!(
+                    "give the checkpoint time to be written, e.g. `signal_seconds: {}` (Slurm may also send it up to 60 s early)",
+                    defaults::SIGNAL_SECONDS
+                ),
+            ));
+        }
+        // Slurm keeps the warning time in 16 bits and refuses anything larger.
+        (Some(secs), _) if secs > u64::from(u16::MAX) => {
+            return Err(s.err(
+                "preemption.signal_seconds",
+                format!(
+                    "{secs} s is more than Slurm's largest warning time, {} s",
+                    u16::MAX
+                ),
+                format!("use at most {} seconds", u16::MAX),
+            ));
+        }
         (Some(secs), Some(limit)) if secs >= limit => {
             return Err(s.err(
                 "preemption.signal_seconds",
