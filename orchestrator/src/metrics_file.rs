@@ -48,6 +48,20 @@ impl RunMetrics {
     pub fn last(&self) -> Option<&StepRecord> {
         self.steps.last()
     }
+
+    /// The step from which the run had been logging non-finite losses, without a finite one
+    /// since, when it reached `step`: a checkpoint of that step holds diverged weights. (In
+    /// bf16 and fp32 a NaN stays; an fp16 overflow that the loss scaler skipped is finite
+    /// again by the next logged step, and is not divergence.)
+    pub fn diverged_at(&self, step: u64) -> Option<u64> {
+        self.steps
+            .iter()
+            .rev()
+            .skip_while(|r| r.step > step)
+            .take_while(|r| !r.loss.is_finite())
+            .last()
+            .map(|r| r.step)
+    }
 }
 
 /// A line of a file from before step records: one rank's record.
@@ -150,6 +164,30 @@ mod tests {
         let rank_record: StepMetrics =
             serde_json::from_str(&rank_line(0, step, loss, 0.1)).unwrap();
         serde_json::to_string(&StepRecord::fold(&[rank_record], 1.0)).unwrap()
+    }
+
+    #[test]
+    fn a_run_is_diverged_at_a_step_when_its_losses_were_not_finite_from_an_earlier_one_on() {
+        let record = |step: u64, loss: f64| {
+            let rank: StepMetrics = serde_json::from_str(&rank_line(0, step, 1.0, 0.1)).unwrap();
+            StepRecord {
+                loss,
+                ..StepRecord::fold(&[rank], 1.0)
+            }
+        };
+        let metrics = RunMetrics {
+            steps: vec![
+                record(1, 3.0),
+                // An fp16 overflow the loss scaler skipped: finite again at the next step.
+                record(2, f64::INFINITY),
+                record(3, 2.5),
+                record(4, f64::NAN),
+                record(5, f64::NAN),
+            ],
+            evals: Vec::new(),
+        };
+        let at: Vec<_> = (1..=6).map(|step| metrics.diverged_at(step)).collect();
+        assert_eq!(at, [None, Some(2), None, Some(4), Some(4), Some(4)]);
     }
 
     #[test]

@@ -314,6 +314,27 @@ fn a_diverged_run_keeps_reporting_its_non_finite_loss_and_says_so() {
         "{}",
         stdout_of(&out)
     );
+    // Asking for more steps does not continue it: its last checkpoint holds diverged weights.
+    let (out, _) = run_local(
+        &dir,
+        &spec,
+        &["--no-progress", "--set", "training.steps=12"],
+        &[],
+        Duration::from_secs(60),
+    );
+    let stderr = stderr_of(&out);
+    assert_ne!(out.status.code(), Some(0), "{}{stderr}", stdout_of(&out));
+    assert!(
+        stderr.contains(&format!(
+            "diverged: its loss was not finite (NaN or inf) from step {first}, and its newest checkpoint, of step 8,"
+        )) && stderr.contains("fix: add --force"),
+        "{stderr}"
+    );
+    let steps_after: Vec<u64> = json_lines(&run.join("metrics.jsonl"))
+        .iter()
+        .filter_map(|r| r["step"].as_u64())
+        .collect();
+    assert_eq!(steps_after, steps, "the refused run trained nothing");
 }
 
 #[test]

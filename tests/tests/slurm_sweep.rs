@@ -929,3 +929,75 @@ fn a_point_stopped_past_the_steps_now_asked_for_is_not_resubmitted() {
     assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
     assert!(stdout.contains("Nothing to submit"), "{stdout}");
 }
+
+#[test]
+fn a_diverged_point_is_not_continued_when_the_sweep_asks_for_more_steps() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("sweep-diverged");
+    let name = unique("diverged");
+    // One learning rate trains; the other overflows the loss within a few steps.
+    let text = |steps: u64| {
+        format!(
+            "{}sweep:\n  grid:\n    training.optimizer.lr: [1.0e-3, 1.0e+30]\n",
+            shardrun_e2e::jobs::tiny_mlp_spec(&name, steps, 1)
+        )
+    };
+    let spec = dir.write("sweep.yaml", &text(6));
+    let spec_arg = spec.to_string_lossy().into_owned();
+    let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let sweep_dir = dir.join("runs").join(&name);
+    all_completed(&cluster, &dir, &sweep_dir, 2);
+    // Each point's (step, loss is null) records, the diverged point's first.
+    let points = || -> Vec<Vec<(u64, bool)>> {
+        let mut points: Vec<Vec<(u64, bool)>> = std::fs::read_dir(&sweep_dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|point| point.join("metrics.jsonl").exists())
+            .map(|point| {
+                shardrun_e2e::jobs::step_records(&point)
+                    .iter()
+                    .filter_map(|r| Some((r["step"].as_u64()?, r["loss"].is_null())))
+                    .collect()
+            })
+            .collect();
+        points.sort_by_key(|steps: &Vec<(u64, bool)>| !steps.iter().any(|(_, null)| *null));
+        points
+    };
+    let before = points();
+    assert_eq!(before.len(), 2, "{before:?}");
+    let first = before[0]
+        .iter()
+        .find(|(_, null)| *null)
+        .map(|(step, _)| *step)
+        .unwrap_or_else(|| panic!("no point's loss went non-finite: {before:?}"));
+    assert!(!before[1].iter().any(|(_, null)| *null), "{before:?}");
+
+    dir.write("sweep.yaml", &text(9));
+    let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert!(
+        stdout.contains(&format!("skip (diverged at step {first})")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("submit (was COMPLETED)"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "1 point(s) diverged (their loss went NaN or inf) before their newest checkpoint"
+        ),
+        "{stdout}"
+    );
+    all_completed(&cluster, &dir, &sweep_dir, 2);
+    let after = points();
+    assert_eq!(
+        after[0], before[0],
+        "the diverged point trained nothing more"
+    );
+    assert_eq!(
+        after[1].last().map(|(step, _)| *step),
+        Some(9),
+        "the good point went on: {after:?}"
+    );
+}

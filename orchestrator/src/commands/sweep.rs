@@ -132,6 +132,24 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
              are kept; with more steps, the sweep continues them)"
         );
     }
+    let diverged: Vec<(&SweepPoint, u64)> = points
+        .iter()
+        .zip(&survey.decisions)
+        .filter_map(|(p, d)| match d {
+            Decision::Diverged(_, first) => Some((p, *first)),
+            _ => None,
+        })
+        .collect();
+    if let Some((point, first)) = diverged.first() {
+        outln!(
+            "{} point(s) diverged (their loss went NaN or inf) before their newest checkpoint: \
+             continuing would train on from diverged weights, so they are not submitted. To \
+             start one over (with a lower LR, `optimizer.grad_clip` or a longer warm-up), \
+             delete its directory and run `shardrun sweep` again. The first, {}, from step {first}",
+            diverged.len(),
+            sweep_dir.join(&point.name).display()
+        );
+    }
     if let Some((dir, changes)) = survey.finished_on_other_data.first() {
         outln!(
             "{} finished point(s) trained on data that differs from the data as it is now: \
@@ -303,6 +321,7 @@ fn print_points(
             (Decision::TrainedPast(state, step), _) => {
                 format!("skip ({} at step {step})", state)
             }
+            (Decision::Diverged(_, first), _) => format!("skip (diverged at step {first})"),
             (_, None) => "wait (no room now)".to_string(),
             (Decision::New, Some(_)) => "submit (new)".to_string(),
             (Decision::Retry(state), Some(_)) => format!("submit (was {})", state),

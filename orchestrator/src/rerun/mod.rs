@@ -282,6 +282,12 @@ pub enum RerunError {
     },
     #[error("{path} {ended}, and its spec says `checkpoint.resume: false`: it does not resume\n  fix: add --force to delete it and start over, or remove `resume: false` to continue it from its last checkpoint")]
     NoResume { path: String, ended: String },
+    #[error("{path} diverged: its loss was not finite (NaN or inf) from step {first}, and its newest checkpoint, of step {checkpoint}, was saved after that: continuing it would train on from non-finite weights\n  fix: add --force to delete it and start over, with a lower LR, gradient clipping (`optimizer.grad_clip`) or a longer warm-up")]
+    Diverged {
+        path: String,
+        first: u64,
+        checkpoint: u64,
+    },
     #[error("{path} finished {done} steps but has no checkpoint to continue from to step {asked}\n  fix: add --force to start over with {asked} steps")]
     NothingToContinue { path: String, done: u64, asked: u64 },
     #[error("{path} is the folder of a sweep (its points' runs are inside), not a run directory\n  fix: give this job a name of its own (`--set name=...`; `shardrun run` also takes --run-dir)")]
@@ -538,6 +544,15 @@ pub fn decide(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunError> {
         _ if !resumes && started(state) => return Err(RerunError::NoResume { path: shown, ended }),
         _ => {}
     }
+    if let Some(checkpoint) = &checkpoint {
+        if let Some(first) = diverged_by(&run, checkpoint.step) {
+            return Err(RerunError::Diverged {
+                path: shown,
+                first,
+                checkpoint: checkpoint.step,
+            });
+        }
+    }
     let ended = if state == RunState::Completed {
         format!(
             "finished its {} steps, and the spec now asks for {asked}",
@@ -611,6 +626,15 @@ pub fn steps_done(run: &RunDir, recorded: &TrainConfig) -> Option<u64> {
 /// never submitted), so it comes last.
 pub fn steps_trained(run: &RunDir, recorded: &TrainConfig) -> u64 {
     steps_done(run, recorded).unwrap_or(recorded.steps)
+}
+
+/// The step from which the run's loss had been non-finite when it reached `step` (see
+/// [`crate::metrics_file::RunMetrics::diverged_at`]): resuming its checkpoint of that step
+/// would train on from diverged weights.
+pub fn diverged_by(run: &RunDir, step: u64) -> Option<u64> {
+    crate::metrics_file::read(&run.metrics())
+        .ok()?
+        .diverged_at(step)
 }
 
 /// The last step logged (the latest attempt's, when steps were repeated).

@@ -1,9 +1,9 @@
 //! Where each point of a sweep stands: compared with its run directory (and Slurm, for the
 //! unfinished ones), a point is new, retried (failed, cancelled, changed) or skipped
-//! (finished, queued or running, or trained on other data than the data now); the points to
+//! (finished, queued or running, diverged, or trained on other data than the data now); the points to
 //! submit are grouped by allocation shape.
 
-use crate::rerun::{newest_checkpoint, steps_trained};
+use crate::rerun::{diverged_by, newest_checkpoint, steps_trained};
 use crate::resume_data::{self, DataChanged, DataNow};
 use crate::rundir::{RunDir, RunState};
 use crate::slurm;
@@ -27,6 +27,10 @@ pub enum Decision {
     /// says of such a run, so it is not submitted (its job would only end it "finished" at a
     /// step past its schedule). The step of that checkpoint.
     TrainedPast(RunState, u64),
+    /// A point to continue whose newest checkpoint was saved after its loss went NaN or inf
+    /// (and stayed so): its job would train on from diverged weights, so it is not
+    /// submitted. The first step of those losses.
+    Diverged(RunState, u64),
 }
 
 impl Decision {
@@ -85,6 +89,9 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
             Some(state @ (RunState::Submitted | RunState::Running)) => Decision::Skip(*state),
             Some(state) if let Some(step) = checkpoint_past(&sweep_dir.join(&p.name), p) => {
                 Decision::TrainedPast(*state, step)
+            }
+            Some(state) if let Some(first) = diverged(&sweep_dir.join(&p.name), p) => {
+                Decision::Diverged(*state, first)
             }
             Some(state) => match data_refusal(&sweep_dir.join(&p.name), p, &mut probed) {
                 Some(refusal) => {
@@ -152,6 +159,17 @@ fn checkpoint_past(dir: &Path, point: &SweepPoint) -> Option<u64> {
     newest_checkpoint(&run, &recorded)
         .map(|c| c.step)
         .filter(|&step| step >= point.job.train.steps)
+}
+
+/// The step from which the point's loss had been non-finite when it saved the checkpoint it
+/// would continue from.
+fn diverged(dir: &Path, point: &SweepPoint) -> Option<u64> {
+    if !point.job.train.checkpoint.resume {
+        return None;
+    }
+    let run = RunDir::open(dir).ok()?;
+    let checkpoint = newest_checkpoint(&run, &run.read_train_config().ok()?)?;
+    diverged_by(&run, checkpoint.step)
 }
 
 /// The refusal a retried point's job would meet: its newest checkpoint was trained on other
