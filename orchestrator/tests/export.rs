@@ -486,7 +486,11 @@ fn an_hf_export_chats_with_the_tokenizer_and_template_the_run_trained_with() {
     let tmp = tempfile::tempdir().unwrap();
     let chat = chat_run(tmp.path());
     let source = tmp.path().join("weights");
-    weights_folder(&source, &chat.model, StoredDtype::F32, |_| {});
+    // Its generation config, derived from these ids, stops at `</s>`.
+    weights_folder(&source, &chat.model, StoredDtype::F32, |keys| {
+        keys.insert("bos_token_id".into(), 5.into());
+        keys.insert("eos_token_id".into(), 6.into());
+    });
     let run = run_of(
         tmp.path(),
         &format!("{{ kind: hf, path: {} }}", source.display()),
@@ -510,6 +514,15 @@ fn an_hf_export_chats_with_the_tokenizer_and_template_the_run_trained_with() {
     assert_eq!(exported["bos"], source_ids["bos"]);
     assert_eq!(exported["eos"], 4, "the spec's eos_token `d`");
     assert_eq!(exported["chat_template"], chat.spec_template.as_str());
+    // Generation stops at the end of a turn as trained, and where the source model stopped.
+    let read: serde_json::Value =
+        serde_json::from_str(&hf_token_ids(&[Path::new("read"), &out, &out])).unwrap();
+    assert_eq!(read["generation"], serde_json::json!([5, [6, 4]]), "{read}");
+    assert_eq!(read["config"], serde_json::json!([5, 6]), "{read}");
+    assert!(
+        text.contains("generation_config.json: generation stops at eos_token_id [6, 4], the spec's eos_token `d` (4) among them"),
+        "{text}"
+    );
 }
 
 #[test]

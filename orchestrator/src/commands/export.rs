@@ -12,10 +12,12 @@
 use anyhow::{bail, Context, Result};
 use shardrun_checkpoint::naming::{COMPLETE_FILE, METADATA_FILE};
 use shardrun_checkpoint::{export_full, resolve, Checkpoint, StateKind, UnitLayout, Verify};
-use shardrun_data::tokenizer::{TextTokenizer, BYTES_EOS, BYTES_EOS_TEXT};
+use shardrun_data::tokenizer::{SpecialToken, TextTokenizer, BYTES_EOS, BYTES_EOS_TEXT};
 use shardrun_data::tokenizer_files::{tokenizer_files, CHAT_TEMPLATE};
-use shardrun_models::hf::config::{config_json, saved_dtype};
-use shardrun_models::hf::{self, FolderFile, SaveOptions, StoredDtype};
+use shardrun_models::hf::config::{
+    config_json, generation_config_json, saved_dtype, GENERATION_CONFIG_FILE,
+};
+use shardrun_models::hf::{self, FileContents, FolderFile, SaveOptions, StoredDtype};
 use shardrun_protocol::config::{
     CheckpointFormat, DataConfig, DataSource, LlamaModel, ModelConfig, TokenizerConfig,
 };
@@ -272,7 +274,13 @@ fn export_hf(
         );
         Ok(())
     };
-    let files = folder_files(model.pretrained.as_deref(), &run_tokenizer)?;
+    let mut files = folder_files(model.pretrained.as_deref(), &run_tokenizer)?;
+    // A model fine-tuned to end its turns with the spec's eos token must stop there when it
+    // generates, as well as where the folder it started from stopped.
+    let stops = match (&model.pretrained, spec_eos(&run_tokenizer)) {
+        (Some(_), Some(eos)) => stop_at(&mut files.files, &config, eos)?,
+        _ => None,
+    };
     let saved = hf::save_folder(
         &out,
         &config,
@@ -312,6 +320,12 @@ fn export_hf(
             "  token ids of the run's tokenizer in config.json and generation_config.json: {bos}, eos {} (`{}`)",
             tokenizer.eos.id,
             tokenizer.eos.text
+        );
+    } else if let (Some(ids), Some(eos)) = (&stops, spec_eos(&run_tokenizer)) {
+        outln!(
+            "  generation_config.json: generation stops at eos_token_id {ids:?}, the spec's eos_token `{}` ({}) among them",
+            eos.text,
+            eos.id
         );
     } else if saved.derived_generation_config {
         outln!("  generation_config.json: the token ids of config.json");
@@ -432,8 +446,68 @@ struct RunTokenizer<'a> {
     special_tokens: Option<TextTokenizer>,
 }
 
+/// The eos token the spec gave the run's tokenizer (`data.tokenizer.eos_token`), once its
+/// special tokens are loaded.
+fn spec_eos<'a>(run_tokenizer: &'a Result<Option<RunTokenizer>>) -> Option<&'a SpecialToken> {
+    let tokenizer = run_tokenizer.as_ref().ok()?.as_ref()?;
+    match tokenizer.config {
+        TokenizerConfig::HuggingFace {
+            eos_token: Some(_), ..
+        } => tokenizer.special_tokens.as_ref().map(|t| &t.eos),
+        _ => None,
+    }
+}
+
+/// Add `eos` to the ids generation stops at (`eos_token_id` of the generation config the
+/// export would hold: the source folder's, else the one derived from `config`), as a list
+/// beside the ids there already. The ids, or `None` when `eos` was among them.
+fn stop_at(
+    files: &mut Vec<FolderFile>,
+    config: &serde_json::Value,
+    eos: &SpecialToken,
+) -> Result<Option<Vec<u64>>> {
+    let at = files.iter().position(|f| f.name == GENERATION_CONFIG_FILE);
+    let mut generation = match at.map(|i| &files[i].contents) {
+        Some(FileContents::CopyOf(path)) => serde_json::from_slice(
+            &std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
+        )
+        .with_context(|| format!("{} is not valid JSON", path.display()))?,
+        Some(FileContents::Bytes(bytes)) => serde_json::from_slice(bytes)?,
+        None => generation_config_json(config).unwrap_or_else(|| serde_json::json!({})),
+    };
+    let map = generation
+        .as_object_mut()
+        .context("generation_config.json is not a JSON object")?;
+    let mut ids: Vec<u64> = match map.get("eos_token_id") {
+        Some(serde_json::Value::Array(ids)) => ids.iter().filter_map(|v| v.as_u64()).collect(),
+        Some(id) => id.as_u64().into_iter().collect(),
+        None => Vec::new(),
+    };
+    if ids.contains(&u64::from(eos.id)) {
+        return Ok(None);
+    }
+    ids.push(eos.id.into());
+    let listed = match ids.as_slice() {
+        [id] => serde_json::json!(id),
+        _ => serde_json::json!(ids),
+    };
+    map.insert("eos_token_id".into(), listed);
+    let mut bytes = serde_json::to_vec_pretty(&generation)?;
+    bytes.push(b'\n');
+    let file = FolderFile {
+        name: GENERATION_CONFIG_FILE.into(),
+        contents: FileContents::Bytes(bytes),
+    };
+    match at {
+        Some(i) => files[i] = file,
+        None => files.push(file),
+    }
+    Ok(Some(ids))
+}
+
 /// The run's tokenizer, read once; `None` without one (synthetic or pre-tokenized data).
-/// `special_tokens`: load it for its special tokens too.
+/// `special_tokens`: load it for its special tokens too (it is whenever the spec names an eos
+/// token, which the export's generation config stops at).
 fn read_run_tokenizer(
     run_config: Option<&TrainConfig>,
     special_tokens: bool,
@@ -448,7 +522,14 @@ fn read_run_tokenizer(
     let Some(files) = tokenizer_files(&data.tokenizer, chat_template)? else {
         return Ok(None);
     };
-    let special_tokens = special_tokens
+    let names_eos = matches!(
+        data.tokenizer,
+        TokenizerConfig::HuggingFace {
+            eos_token: Some(_),
+            ..
+        }
+    );
+    let special_tokens = (special_tokens || names_eos)
         .then(|| TextTokenizer::load(&data.tokenizer))
         .transpose()?;
     Ok(Some(RunTokenizer {
