@@ -212,6 +212,8 @@ pub struct Dots {
     pub points: Vec<Point>,
     pub color: RGBColor,
     pub label: Option<String>,
+    /// Rings rather than discs: values that are not final yet.
+    pub hollow: bool,
 }
 
 /// A vertical line at a step: something that happened to the run.
@@ -477,7 +479,11 @@ pub fn draw_panel<DB: DrawingBackend>(
             .map_err(err)?;
     }
     for dots in &panel.dots {
-        let color = dots.color;
+        let style = if dots.hollow {
+            dots.color.stroke_width(2)
+        } else {
+            dots.color.filled()
+        };
         let inside: Vec<Point> = dots
             .points
             .iter()
@@ -485,15 +491,11 @@ pub fn draw_panel<DB: DrawingBackend>(
             .filter(|p| frame.contains(*p))
             .collect();
         let anno = chart
-            .draw_series(
-                inside
-                    .into_iter()
-                    .map(|p| Circle::new(p, 4, color.filled())),
-            )
+            .draw_series(inside.into_iter().map(|p| Circle::new(p, 4, style)))
             .map_err(err)?;
         if let (true, Some(label)) = (panel.legend, &dots.label) {
             anno.label(label.clone())
-                .legend(move |(px, py)| Circle::new((px + 10, py), 4, color.filled()));
+                .legend(move |(px, py)| Circle::new((px + 10, py), 4, style));
         }
     }
     if panel.legend && text {

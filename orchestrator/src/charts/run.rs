@@ -164,6 +164,7 @@ impl RunFigure {
                     points: evals,
                     color: PALETTE[3],
                     label: Some("eval loss".into()),
+                    hollow: false,
                 }]
             },
             markers: markers.to_vec(),

@@ -1,6 +1,7 @@
 //! The figure of a sweep folder: every point's loss overlaid (smoothed), labelled by the
 //! parameters the sweep gave it, and for a grid of one or two parameters the final loss
-//! against the first parameter (one line per value of the second).
+//! against the first parameter (one line per value of the second; a point not finished is a
+//! ring at its latest loss, off the lines).
 
 use super::canvas::{self, pen, Axis, Curve, Dots, Figure, Panel, TickFormat, TITLE_HEIGHT, WIDTH};
 use super::series::{ema, value_range, Point};
@@ -19,6 +20,8 @@ pub struct PointRecords {
     pub name: String,
     pub params: BTreeMap<String, Value>,
     pub steps: Vec<StepRecord>,
+    /// Its run completed: its last loss is its final one.
+    pub finished: bool,
 }
 
 pub struct SweepFigure {
@@ -190,20 +193,20 @@ impl SweepFigure {
             [a, b] => (a.clone(), Some(b.clone())),
             _ => return None,
         };
-        let finals: Vec<(&Value, Option<&Value>, f64)> = self
+        let finals: Vec<(&Value, Option<&Value>, f64, bool)> = self
             .points
             .iter()
             .filter_map(|p| {
                 let loss = p.steps.last()?.loss;
                 let x = p.params.get(&x_key)?;
                 let line = line_key.as_ref().and_then(|k| p.params.get(k));
-                Some((x, line, self.transform(loss)))
+                Some((x, line, self.transform(loss), p.finished))
             })
             .collect();
         if finals.is_empty() {
             return None;
         }
-        let numbers: Option<Vec<f64>> = finals.iter().map(|(x, _, _)| x.as_f64()).collect();
+        let numbers: Option<Vec<f64>> = finals.iter().map(|f| f.0.as_f64()).collect();
         let (x_axis, place): (Axis, Placement) = match numbers {
             Some(xs) => {
                 let (lo, hi) = xs
@@ -225,10 +228,8 @@ impl SweepFigure {
                 )
             }
             None => {
-                let mut names: Vec<String> = finals
-                    .iter()
-                    .map(|(x, _, _)| params.text(&x_key, x))
-                    .collect();
+                let mut names: Vec<String> =
+                    finals.iter().map(|f| params.text(&x_key, f.0)).collect();
                 names.sort();
                 names.dedup();
                 let axis = Axis {
@@ -253,33 +254,48 @@ impl SweepFigure {
                 )
             }
         };
-        let mut lines: BTreeMap<String, Vec<Point>> = BTreeMap::new();
-        for (x, line, loss) in &finals {
+        // Per line: the finished points' final losses, and the others' latest ones.
+        let mut lines: BTreeMap<String, (Vec<Point>, Vec<Point>)> = BTreeMap::new();
+        for (x, line, loss, finished) in &finals {
             let name = match (&line_key, line) {
                 (Some(k), Some(v)) => format!("{}={}", params.name(k), params.text(k, v)),
                 _ => "final loss".into(),
             };
-            lines.entry(name).or_default().push((place(x), *loss));
+            let (done, going) = lines.entry(name).or_default();
+            if *finished { done } else { going }.push((place(x), *loss));
         }
         let losses: Vec<f64> = finals.iter().map(|f| f.2).collect();
         let mut curves = Vec::new();
         let mut dots = Vec::new();
-        for (i, (name, mut points)) in lines.into_iter().enumerate() {
-            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut rings_named = false;
+        for (i, (name, (mut done, going))) in lines.into_iter().enumerate() {
+            done.sort_by(|a, b| a.0.total_cmp(&b.0));
             let (color, dash) = pen(i);
-            curves.push(Curve {
-                points: points.clone(),
-                color,
-                dash,
-                width: 2,
-                opacity: 1.0,
-                label: Some(name),
-            });
-            dots.push(Dots {
-                points,
-                color,
-                label: None,
-            });
+            if !done.is_empty() {
+                curves.push(Curve {
+                    points: done.clone(),
+                    color,
+                    dash,
+                    width: 2,
+                    opacity: 1.0,
+                    label: Some(name),
+                });
+                dots.push(Dots {
+                    points: done,
+                    color,
+                    label: None,
+                    hollow: false,
+                });
+            }
+            if !going.is_empty() {
+                dots.push(Dots {
+                    points: going,
+                    color,
+                    label: (!std::mem::replace(&mut rings_named, true))
+                        .then(|| "not finished: latest loss".to_string()),
+                    hollow: true,
+                });
+            }
         }
         Some(Panel {
             title: format!("final loss by {x_key}"),
@@ -366,6 +382,7 @@ mod tests {
             name: format!("p-{lr}-{seed}"),
             params,
             steps,
+            finished: true,
         }
     }
 
@@ -407,6 +424,56 @@ mod tests {
         assert_eq!(
             finals.curves[0].points,
             vec![(-5.0, 3.0), (-4.0, 2.0), (-3.0, 1.0)]
+        );
+    }
+
+    #[test]
+    fn a_point_not_finished_is_a_ring_at_its_latest_loss_off_the_lines() {
+        let mut points = vec![
+            point(1e-3, 0, 1.0),
+            point(1e-4, 0, 2.0),
+            point(1e-5, 0, 3.0),
+            point(1e-3, 1, 1.5),
+        ];
+        points[1].finished = false;
+        points[3].finished = false;
+        let figure = SweepFigure {
+            title: "s".into(),
+            points,
+            smoothing: 0.0,
+            log_loss: false,
+        };
+        let finals = &figure.panels()[1];
+        let lines: Vec<_> = finals
+            .curves
+            .iter()
+            .map(|c| (c.label.clone().unwrap(), c.points.clone()))
+            .collect();
+        assert_eq!(
+            lines,
+            [("seed=0".to_string(), vec![(-5.0, 3.0), (-3.0, 1.0)])],
+            "seed=1 has no finished point"
+        );
+        let rings: Vec<_> = finals
+            .dots
+            .iter()
+            .filter(|d| d.hollow)
+            .map(|d| (d.points.clone(), d.label.clone()))
+            .collect();
+        assert_eq!(
+            rings,
+            [
+                (
+                    vec![(-4.0, 2.0)],
+                    Some("not finished: latest loss".to_string())
+                ),
+                (vec![(-3.0, 1.5)], None),
+            ]
+        );
+        assert_eq!(
+            finals.dots.iter().filter(|d| !d.hollow).count(),
+            1,
+            "discs on the one line"
         );
     }
 

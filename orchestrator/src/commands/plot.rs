@@ -5,6 +5,7 @@
 
 use crate::charts::run::RunFigure;
 use crate::charts::sweep::{PointRecords, SweepFigure};
+use crate::rundir::RunState;
 use crate::sweeps::journal::CurrentPoints;
 use crate::sweeps::labels::{ParamColumns, PointParams};
 use crate::{charts, events_file, metrics_file};
@@ -134,12 +135,13 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
         if steps.is_empty() {
             waiting.push(name.clone());
         }
+        let manifest = run.read_manifest().ok();
         points.push(PointRecords {
             name,
-            params: run
-                .read_manifest()
-                .map(|m| m.sweep_params)
-                .unwrap_or_default(),
+            finished: manifest
+                .as_ref()
+                .is_some_and(|m| m.state == RunState::Completed),
+            params: manifest.map(|m| m.sweep_params).unwrap_or_default(),
             steps,
         });
     }
@@ -175,6 +177,11 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
         .filter(|p| p.steps.last().is_some_and(|r| !r.loss.is_finite()))
         .map(|p| p.name.as_str())
         .collect();
+    let unfinished = figure
+        .points
+        .iter()
+        .filter(|p| !p.finished && !p.steps.is_empty())
+        .count();
     outln!(
         "wrote {} ({} point(s){}{}{})",
         output.display(),
@@ -193,7 +200,14 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
             )
         },
         match swept.len() {
-            1 | 2 => format!("; final loss by {}", swept.join(" and ")),
+            1 | 2 => format!(
+                "; final loss by {}{}",
+                swept.join(" and "),
+                match unfinished {
+                    0 => String::new(),
+                    n => format!(" ({n} point(s) not finished: rings at their latest loss)"),
+                }
+            ),
             0 => String::new(),
             n => format!("; {n} parameters vary, so no final-loss panel (it shows one or two)"),
         }
