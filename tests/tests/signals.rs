@@ -112,6 +112,11 @@ fn a_second_ctrl_c_kills_the_ranks_at_once() {
         );
     }
     assert!(!stdout.contains("did not stop in time"), "{stdout}");
+    // Killed in their second step: the run stands after the first.
+    assert!(
+        stdout.contains("the run was cancelled by SIGINT after step 1;"),
+        "{stdout}"
+    );
     assert_eq!(result_json(&run)["status"], "cancelled");
     assert_no_process_left(&run, Duration::ZERO);
 }

@@ -62,7 +62,7 @@ pub enum Event {
     HeartbeatLost {
         conn: ConnId,
     },
-    /// The rank's heartbeats say it completed `step` optimizer steps.
+    /// The rank says it completed `step` optimizer steps (a heartbeat, or a step record).
     Progress {
         conn: ConnId,
         step: u64,
@@ -313,7 +313,8 @@ impl JobMachine {
                     .get(&conn)
                     .and_then(|rank| self.ranks.get_mut(rank))
                 {
-                    r.step = step;
+                    // Heartbeats and step records travel apart: keep the furthest.
+                    r.step = r.step.max(step);
                 }
             }
             Event::Stalled {
@@ -753,7 +754,13 @@ impl JobMachine {
                 _ => None,
             })
             .collect();
-        let step = stopped.iter().map(|(_, step, _)| *step).min();
+        // Ranks killed before a step boundary (a second Ctrl-C) named none: the step they
+        // had all completed, as their heartbeats said, is where the run stands.
+        let step = stopped
+            .iter()
+            .map(|(_, step, _)| *step)
+            .min()
+            .or_else(|| self.steps_done().filter(|&done| done > 0));
         // A cancel that came during the last step finds the ranks finished: the run is.
         let completed = all_ended && stopped.is_empty();
         let outcome = if let Some(f) = self.failure.take() {

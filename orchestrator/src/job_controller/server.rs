@@ -274,7 +274,11 @@ async fn read_worker(
                 }
                 Record::Logs { rank, lines }
             }
-            FromWorker::Metrics(m) => Record::Metrics(m),
+            FromWorker::Metrics(m) => {
+                // A logged step is progress too, and may come before the next heartbeat.
+                job(Event::Progress { conn, step: m.step });
+                Record::Metrics(m)
+            }
             FromWorker::Eval(e) => Record::Eval(e),
             FromWorker::Heartbeat {
                 step,

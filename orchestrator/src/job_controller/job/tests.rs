@@ -422,6 +422,28 @@ fn cancel_shuts_down_then_second_signal_forces() {
 }
 
 #[test]
+fn ranks_killed_by_a_second_signal_end_the_run_at_the_step_they_had_all_completed() {
+    let mut s = running();
+    s.handle(Event::Progress { conn: 10, step: 7 });
+    s.handle(Event::Progress { conn: 11, step: 6 });
+    s.handle(Event::Cancel {
+        signal: StopSignal::Interrupt,
+    });
+    s.handle(Event::Cancel {
+        signal: StopSignal::Interrupt,
+    });
+    leave(&mut s, 10, 0, ExitInfo::Signal(9));
+    let actions = leave(&mut s, 11, 1, ExitInfo::Signal(9));
+    assert_eq!(
+        actions,
+        vec![Action::Finish(Outcome::Cancelled {
+            by: CancelledBy::Signal(StopSignal::Interrupt),
+            step: Some(6)
+        })]
+    );
+}
+
+#[test]
 fn a_hangup_stops_at_a_step_boundary_and_a_second_one_kills_nothing() {
     let mut s = running();
     let actions = s.handle(Event::Cancel {
