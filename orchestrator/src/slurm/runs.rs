@@ -401,6 +401,9 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
                 };
             }
         }
+        if state == RunState::Submitted {
+            detail = with_attempt_before(detail, manifest.ended_before.as_ref());
+        }
         out.push(RunStatus {
             run: run.clone(),
             name: manifest.name,
@@ -416,9 +419,48 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
     Ok((out, source))
 }
 
+/// A run submitted again to continue it says, while it waits, how its attempt before ended
+/// (the new job has not written anything of its own yet).
+fn with_attempt_before(detail: String, before: Option<&crate::rundir::Ended>) -> String {
+    let Some(before) = before else {
+        return detail;
+    };
+    let said = match &before.error {
+        Some(error) => format!("the attempt before ended {}: {error}", before.state),
+        None => format!("the attempt before ended {}", before.state),
+    };
+    if detail.is_empty() {
+        said
+    } else {
+        format!("{detail}; {said}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_submitted_again_says_how_its_attempt_before_ended_while_it_waits() {
+        use crate::rundir::Ended;
+        let failed = Ended {
+            state: RunState::Failed,
+            error: Some("rank 1 on n2 exited with code 3".into()),
+        };
+        assert_eq!(
+            with_attempt_before("Priority".into(), Some(&failed)),
+            "Priority; the attempt before ended FAILED: rank 1 on n2 exited with code 3"
+        );
+        let finished = Ended {
+            state: RunState::Completed,
+            error: None,
+        };
+        assert_eq!(
+            with_attempt_before(String::new(), Some(&finished)),
+            "the attempt before ended COMPLETED"
+        );
+        assert_eq!(with_attempt_before("Resources".into(), None), "Resources");
+    }
 
     #[test]
     fn a_detail_of_several_lines_is_one_line_of_the_table() {
