@@ -49,16 +49,16 @@ impl RunMetrics {
         self.steps.last()
     }
 
-    /// The step from which the run had been logging non-finite losses, without a finite one
-    /// since, when it reached `step`: a checkpoint of that step holds diverged weights. (In
-    /// bf16 and fp32 a NaN stays; an fp16 overflow that the loss scaler skipped is finite
-    /// again by the next logged step, and is not divergence.)
+    /// The step from which the run had been logging diverged steps ([`StepRecord::diverged`]),
+    /// without a sound one since, when it reached `step`: a checkpoint of that step holds
+    /// diverged weights. (In bf16 and fp32 a NaN stays; an fp16 overflow that the loss scaler
+    /// skipped is finite again by the next logged step, and is not divergence.)
     pub fn diverged_at(&self, step: u64) -> Option<u64> {
         self.steps
             .iter()
             .rev()
             .skip_while(|r| r.step > step)
-            .take_while(|r| !r.loss.is_finite())
+            .take_while(|r| r.diverged())
             .last()
             .map(|r| r.step)
     }
@@ -168,26 +168,30 @@ mod tests {
 
     #[test]
     fn a_run_is_diverged_at_a_step_when_its_losses_were_not_finite_from_an_earlier_one_on() {
-        let record = |step: u64, loss: f64| {
+        let record = |step: u64, loss: f64, grad_norm: f64, loss_scale: Option<f64>| {
             let rank: StepMetrics = serde_json::from_str(&rank_line(0, step, 1.0, 0.1)).unwrap();
             StepRecord {
                 loss,
+                grad_norm,
+                loss_scale,
                 ..StepRecord::fold(&[rank], 1.0)
             }
         };
         let metrics = RunMetrics {
             steps: vec![
-                record(1, 3.0),
+                record(1, 3.0, 1.0, None),
                 // An fp16 overflow the loss scaler skipped: finite again at the next step.
-                record(2, f64::INFINITY),
-                record(3, 2.5),
-                record(4, f64::NAN),
-                record(5, f64::NAN),
+                record(2, f64::INFINITY, f64::INFINITY, Some(512.0)),
+                record(3, 2.5, f64::NAN, Some(256.0)),
+                record(4, 2.4, 1.0, Some(256.0)),
+                // NaN gradients applied: the weights are gone before the loss shows it.
+                record(5, 2.3, f64::NAN, None),
+                record(6, f64::NAN, f64::NAN, None),
             ],
             evals: Vec::new(),
         };
-        let at: Vec<_> = (1..=6).map(|step| metrics.diverged_at(step)).collect();
-        assert_eq!(at, [None, Some(2), None, Some(4), Some(4), Some(4)]);
+        let at: Vec<_> = (1..=7).map(|step| metrics.diverged_at(step)).collect();
+        assert_eq!(at, [None, Some(2), None, None, Some(5), Some(5), Some(5)]);
     }
 
     #[test]

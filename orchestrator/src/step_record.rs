@@ -92,6 +92,14 @@ const OPTIONAL_FIELDS: [&str; 8] = [
 ];
 
 impl StepRecord {
+    /// Whether the step left the weights non-finite: its loss was NaN or inf, or its
+    /// gradients were and were applied (an fp16 loss scaler skips such a step, and says so
+    /// with its `loss_scale`). The loss of a step is computed before its update: the
+    /// gradients tell a step sooner.
+    pub fn diverged(&self) -> bool {
+        !self.loss.is_finite() || (!self.grad_norm.is_finite() && self.loss_scale.is_none())
+    }
+
     /// As a JSON object with every field present, absent ones as null: documents printed
     /// for scripts keep one shape whatever the run.
     pub fn to_json_complete(&self) -> serde_json::Value {

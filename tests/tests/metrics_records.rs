@@ -294,18 +294,20 @@ fn a_diverged_run_keeps_reporting_its_non_finite_loss_and_says_so() {
     let log = std::fs::read_to_string(run.join("train.log")).unwrap();
     assert!(log.contains("training diverged"), "{log}");
     // Its end does not read as a good one: the verdict and status say it diverged, and from
-    // which step (the first whose loss is null in metrics.jsonl).
+    // which step (the first whose loss or gradient norm is null in metrics.jsonl: fp32 has
+    // no loss scaler to skip a step).
     let first = records
         .iter()
-        .find(|r| r["step"].is_u64() && r["loss"].is_null())
+        .find(|r| r["step"].is_u64() && (r["loss"].is_null() || r["grad_norm"].is_null()))
         .map(|r| r["step"].as_u64().unwrap())
         .unwrap();
     let verdict: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.join("result.json")).unwrap()).unwrap();
     let message = verdict["message"].as_str().unwrap_or_default();
     assert!(
-        message.starts_with("training finished, but diverged: the loss was not finite")
-            && message.contains(&format!("from step {first};")),
+        message.starts_with(
+            "training finished, but diverged: the loss or the gradients were not finite"
+        ) && message.contains(&format!("from step {first};")),
         "{verdict}"
     );
     let out = shardrun_in(dir.path(), &["status", &run.to_string_lossy()]);
@@ -326,7 +328,7 @@ fn a_diverged_run_keeps_reporting_its_non_finite_loss_and_says_so() {
     assert_ne!(out.status.code(), Some(0), "{}{stderr}", stdout_of(&out));
     assert!(
         stderr.contains(&format!(
-            "diverged: its loss was not finite (NaN or inf) from step {first}, and its newest checkpoint, of step 8,"
+            "diverged: its loss or gradients were not finite (NaN or inf) from step {first}, and its newest checkpoint, of step 8,"
         )) && stderr.contains("fix: add --force"),
         "{stderr}"
     );
@@ -335,6 +337,23 @@ fn a_diverged_run_keeps_reporting_its_non_finite_loss_and_says_so() {
         .filter_map(|r| r["step"].as_u64())
         .collect();
     assert_eq!(steps_after, steps, "the refused run trained nothing");
+    // As many steps again: finished, and the way on is to start over, not to train longer.
+    let (out, _) = run_local(
+        &dir,
+        &spec,
+        &["--no-progress"],
+        &[],
+        Duration::from_secs(60),
+    );
+    let stdout = stdout_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", stderr_of(&out));
+    assert!(
+        stdout.contains(&format!(
+            "it diverged: its loss or gradients were not finite (NaN or inf) from step {first}"
+        )) && stdout.contains("to start it over: add --force")
+            && !stdout.contains("to train it longer"),
+        "{stdout}"
+    );
 }
 
 #[test]

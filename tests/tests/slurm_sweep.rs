@@ -958,7 +958,10 @@ fn a_diverged_point_is_not_continued_when_the_sweep_asks_for_more_steps() {
             .map(|point| {
                 shardrun_e2e::jobs::step_records(&point)
                     .iter()
-                    .filter_map(|r| Some((r["step"].as_u64()?, r["loss"].is_null())))
+                    .filter_map(|r| {
+                        let diverged = r["loss"].is_null() || r["grad_norm"].is_null();
+                        Some((r["step"].as_u64()?, diverged))
+                    })
                     .collect()
             })
             .collect();
@@ -985,7 +988,7 @@ fn a_diverged_point_is_not_continued_when_the_sweep_asks_for_more_steps() {
     assert!(stdout.contains("submit (was COMPLETED)"), "{stdout}");
     assert!(
         stdout.contains(
-            "1 point(s) diverged (their loss went NaN or inf) before their newest checkpoint"
+            "1 point(s) diverged (their loss or gradients went NaN or inf) before their newest checkpoint"
         ),
         "{stdout}"
     );

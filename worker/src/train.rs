@@ -571,13 +571,22 @@ impl Trainer {
 
             let tokens_per_s = tokens_per_step / step_time;
             step_times.push(step_time);
-            if !loss.is_finite() && !diverged {
+            // Non-finite gradients that were applied (no loss scaler skipped the step) leave
+            // the weights non-finite before the loss shows it.
+            let bad = if !loss.is_finite() {
+                Some(format!("the loss is {loss}"))
+            } else if !grad_norm.is_finite() && !skipped {
+                Some(format!("the gradient norm is {grad_norm}"))
+            } else {
+                None
+            };
+            if let (Some(bad), false) = (bad, diverged) {
                 diverged = true;
                 self.log(
                     LogLevel::Warn,
                     &format!(
-                        "step {}: the loss is {loss}: training diverged (a learning rate too \
-                         high for this model and batch?); the run goes on, as PyTorch's would",
+                        "step {}: {bad}: training diverged (a learning rate too high for this \
+                         model and batch?); the run goes on, as PyTorch's would",
                         self.step
                     ),
                 );

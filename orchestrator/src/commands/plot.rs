@@ -170,11 +170,11 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
         .unwrap_or_else(|| args.run.join("sweep.svg"));
     charts::save(&figure, &output)?;
     let swept = figure.swept();
-    // A curve that ends NaN or infinite has no final loss to draw.
+    // A point whose last step diverged has no final loss worth comparing.
     let diverged: Vec<&str> = figure
         .points
         .iter()
-        .filter(|p| p.steps.last().is_some_and(|r| !r.loss.is_finite()))
+        .filter(|p| p.steps.last().is_some_and(|r| r.diverged()))
         .map(|p| p.name.as_str())
         .collect();
     let unfinished = figure
@@ -195,7 +195,7 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
             String::new()
         } else {
             format!(
-                "; diverged (their last loss is not finite, so no final loss): {}",
+                "; diverged (loss or gradients NaN or inf at their last step): {}",
                 diverged.join(", ")
             )
         },

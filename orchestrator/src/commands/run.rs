@@ -94,9 +94,14 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     for warning in &job.warnings {
         errln!("warning: {warning}");
     }
-    let opts = args
-        .controller
-        .options(&run, LaunchMode::Local { gpus }, !args.no_progress)?;
+    let opts = args.controller.options(
+        &run,
+        LaunchMode::Local {
+            gpus,
+            forced: args.force,
+        },
+        !args.no_progress,
+    )?;
     supervise(&run, opts)?;
     outln!("run directory: {}", run.path().display());
     outln!("  plot: shardrun plot {}", run.path().display());

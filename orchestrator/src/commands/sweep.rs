@@ -142,7 +142,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         .collect();
     if let Some((point, first)) = diverged.first() {
         outln!(
-            "{} point(s) diverged (their loss went NaN or inf) before their newest checkpoint: \
+            "{} point(s) diverged (their loss or gradients went NaN or inf) before their newest checkpoint: \
              continuing would train on from diverged weights, so they are not submitted. To \
              start one over (with a lower LR, `optimizer.grad_clip` or a longer warm-up), \
              delete its directory and run `shardrun sweep` again. The first, {}, from step {first}",

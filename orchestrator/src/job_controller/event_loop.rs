@@ -790,9 +790,12 @@ fn cancelled_message(
 fn how_to_resume(launch: &LaunchMode, run_dir: &Path) -> String {
     let again = format!("{} to resume", launch.run_again(run_dir));
     match (launch, std::env::current_dir()) {
+        (LaunchMode::Local { forced: true, .. }, _) => {
+            format!("{again} (not the same command again: its --force starts over)")
+        }
         // The same spec run from another folder is another run (`run_root` is relative to
         // where `shardrun run` runs): say where, and the command that works from anywhere.
-        (LaunchMode::Local { .. }, Ok(here)) => format!(
+        (LaunchMode::Local { forced: false, .. }, Ok(here)) => format!(
             "{again} (in {}), or `shardrun run {}` from anywhere",
             here.display(),
             run_dir.display()
@@ -870,7 +873,8 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// "training finished", and whether the loss went NaN or infinite on the way: a diverged run
+/// "training finished", and whether the loss or gradients went NaN or infinite on the way
+/// ([`crate::step_record::StepRecord::diverged`]): a diverged run
 /// trains to its last step (as PyTorch does), and its end must not read as a good one.
 fn finished_message(metrics: &std::path::Path) -> String {
     let steps = crate::metrics_file::read(metrics)
@@ -878,15 +882,15 @@ fn finished_message(metrics: &std::path::Path) -> String {
         .unwrap_or_default();
     let diverged: Vec<u64> = steps
         .iter()
-        .filter(|r| !r.loss.is_finite())
+        .filter(|r| r.diverged())
         .map(|r| r.step)
         .collect();
     match diverged.first() {
         None => "training finished".to_string(),
         Some(first) => format!(
-            "training finished, but diverged: the loss was not finite (NaN or inf) in {} of {} \
-             logged steps, from step {first}; lower the LR, clip gradients (`optimizer.grad_clip`) \
-             or warm up longer",
+            "training finished, but diverged: the loss or the gradients were not finite (NaN or \
+             inf) in {} of {} logged steps, from step {first}; lower the LR, clip gradients \
+             (`optimizer.grad_clip`) or warm up longer",
             diverged.len(),
             steps.len()
         ),
@@ -916,7 +920,10 @@ mod tests {
 
     #[test]
     fn a_cancelled_run_says_what_running_it_again_does() {
-        let local = LaunchMode::Local { gpus: None };
+        let local = LaunchMode::Local {
+            gpus: None,
+            forced: false,
+        };
         let saves = |interval_steps, resume| CheckpointConfig {
             dir: None,
             interval_steps,
@@ -959,6 +966,23 @@ mod tests {
                  or `shardrun run /runs/r` from anywhere",
                 std::env::current_dir().unwrap().display()
             )
+        );
+        // Started with --force: the same command again would start over.
+        let forced = LaunchMode::Local {
+            gpus: None,
+            forced: true,
+        };
+        assert_eq!(
+            cancelled_message(
+                ended,
+                Some(&step_500),
+                &saves(Some(100), true),
+                &forced,
+                run_dir
+            ),
+            "the run was cancelled by SIGTERM after step 566; its newest checkpoint is step 500 \
+             (/r/checkpoints/step-500); run `shardrun run /runs/r` to resume (not the same \
+             command again: its --force starts over)"
         );
         // A sweep point is submitted again by `shardrun sweep`; `shardrun submit` refuses it.
         let slurm = |sweep_point| LaunchMode::Slurm {

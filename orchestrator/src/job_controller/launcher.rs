@@ -26,8 +26,12 @@ const MAX_RAW_LINE: usize = 16 * 1024;
 #[derive(Debug, Clone, PartialEq)]
 pub enum LaunchMode {
     /// `nproc` child processes; `gpus`: rank i gets `gpus[i]` as its `CUDA_VISIBLE_DEVICES`
-    /// (one GPU per rank; None for CPU runs).
-    Local { gpus: Option<Vec<String>> },
+    /// (one GPU per rank; None for CPU runs). `forced`: the command that started them had
+    /// `--force`, so the same command again would start the run over.
+    Local {
+        gpus: Option<Vec<String>>,
+        forced: bool,
+    },
     /// One `srun` step inside the current allocation; `gpus_per_node` as the sbatch script
     /// asked (`--gres=gpu:N`), 0 for CPU ranks. `sweep_point`: the run is a point of a
     /// sweep, which `shardrun sweep` submits again (`shardrun submit` refuses it).
@@ -44,7 +48,10 @@ impl LaunchMode {
     /// submitted with (the spec alone may ask for other steps).
     pub fn run_again(&self, run_dir: &Path) -> String {
         match self {
-            LaunchMode::Local { .. } => "run the same command again".to_string(),
+            LaunchMode::Local { forced: false, .. } => "run the same command again".to_string(),
+            LaunchMode::Local { forced: true, .. } => {
+                format!("run `shardrun run {}`", run_dir.display())
+            }
             LaunchMode::Slurm {
                 sweep_point: false, ..
             } => format!("submit it again (`shardrun submit {}`)", run_dir.display()),
@@ -137,7 +144,7 @@ impl Launcher {
         procs: &mut Vec<ProcRank>,
     ) -> Result<(), LaunchError> {
         match &spec.mode {
-            LaunchMode::Local { gpus } => {
+            LaunchMode::Local { gpus, .. } => {
                 if let Some(gpus) = gpus {
                     if (gpus.len() as u64) < spec.world_size {
                         return Err(LaunchError::Invalid(format!(

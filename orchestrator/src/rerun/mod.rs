@@ -225,6 +225,8 @@ pub struct Finished {
     pub checkpoint: Option<CheckpointAt>,
     /// How the data as it is now differs from what the run trained on.
     pub data_changes: Vec<String>,
+    /// The step from which it diverged, when its last checkpoint holds diverged weights.
+    pub diverged_from: Option<u64>,
 }
 
 impl Finished {
@@ -258,6 +260,13 @@ impl Finished {
             text.push_str("\n  to train on the data as it is now: add --force (deletes this run and starts over), or give the new run another `name`");
             return text;
         }
+        if let Some(first) = self.diverged_from {
+            let _ = write!(
+                text,
+                "\n  it diverged: its loss or gradients were not finite (NaN or inf) from step {first}, so it cannot train on from its checkpoint\n  to start it over: add --force, with a lower LR, gradient clipping (`optimizer.grad_clip`) or a longer warm-up"
+            );
+            return text;
+        }
         let _ = write!(
             text,
             "\n  to train it longer: add `--set training.steps=<more than {}>` (it continues from its last checkpoint)\n  to start it over: add --force",
@@ -282,7 +291,7 @@ pub enum RerunError {
     },
     #[error("{path} {ended}, and its spec says `checkpoint.resume: false`: it does not resume\n  fix: add --force to delete it and start over, or remove `resume: false` to continue it from its last checkpoint")]
     NoResume { path: String, ended: String },
-    #[error("{path} diverged: its loss was not finite (NaN or inf) from step {first}, and its newest checkpoint, of step {checkpoint}, was saved after that: continuing it would train on from non-finite weights\n  fix: add --force to delete it and start over, with a lower LR, gradient clipping (`optimizer.grad_clip`) or a longer warm-up")]
+    #[error("{path} diverged: its loss or gradients were not finite (NaN or inf) from step {first}, and its newest checkpoint, of step {checkpoint}, was saved after that: continuing it would train on from non-finite weights\n  fix: add --force to delete it and start over, with a lower LR, gradient clipping (`optimizer.grad_clip`) or a longer warm-up")]
     Diverged {
         path: String,
         first: u64,
@@ -525,12 +534,14 @@ pub fn decide(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunError> {
             DataConfig::Dataset(data) => DataNow::look(data).changes_since_run(&run),
             _ => Vec::new(),
         };
+        let diverged_from = checkpoint.as_ref().and_then(|c| diverged_by(&run, c.step));
         return Ok(RunDecision::Finished(Finished {
             run,
             steps_done: done,
             steps_asked: asked,
             checkpoint,
             data_changes,
+            diverged_from,
         }));
     }
     match (state, &checkpoint) {
