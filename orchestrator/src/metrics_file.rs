@@ -23,6 +23,8 @@ pub enum MetricsFileError {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct EvalRecord {
     pub step: u64,
+    /// NaN when the weights had diverged (written as null).
+    #[serde(deserialize_with = "crate::step_record::nan_if_null")]
     pub eval_loss: f64,
     #[serde(default)]
     pub eval_perplexity: Option<f64>,
@@ -199,8 +201,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("metrics.jsonl");
         let eval = r#"{"rank":0,"step":2,"eval_loss":2.5,"eval_perplexity":12.18,"eval_tokens":100,"eval_time_s":0.5}"#;
+        // A diverged run's evaluation reads back as NaN, not as no evaluation.
+        let nan_eval = r#"{"rank":0,"step":3,"eval_loss":null,"eval_perplexity":null,"eval_tokens":100,"eval_time_s":0.5}"#;
         let text = format!(
-            "{}\n{}\n{eval}\n{{\"step\":3,\"ti",
+            "{}\n{}\n{eval}\n{nan_eval}\n{{\"step\":3,\"ti",
             step_line(1, 9.0),
             step_line(2, 8.0)
         );
@@ -208,12 +212,18 @@ mod tests {
         let got = read(&path).unwrap();
         assert_eq!(step_losses(&got), vec![(1, 9.0), (2, 8.0)]);
         assert_eq!(
-            got.evals,
-            vec![EvalRecord {
+            got.evals[0],
+            EvalRecord {
                 step: 2,
                 eval_loss: 2.5,
                 eval_perplexity: Some(12.18)
-            }]
+            }
+        );
+        let diverged = &got.evals[1..];
+        assert!(
+            diverged.len() == 1 && diverged[0].step == 3 && diverged[0].eval_loss.is_nan(),
+            "{:?}",
+            got.evals
         );
     }
 

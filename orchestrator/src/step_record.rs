@@ -75,7 +75,7 @@ pub struct StepRecord {
 
 /// JSON has no NaN: serde_json writes a non-finite number as `null`, and a diverged run's
 /// records must still read back (as NaN) rather than vanish.
-fn nan_if_null<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+pub(crate) fn nan_if_null<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
     Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
