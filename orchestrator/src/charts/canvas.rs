@@ -130,8 +130,10 @@ impl Axis {
                     .map(|w| w[1] - w[0])
                     .next()
                     .unwrap_or((self.hi - self.lo).abs());
-                // One style per axis: 5k, 10k, 15k rather than 5000, 10k, 15k.
-                if self.ticks.iter().any(|t| t.abs() >= 1e4) {
+                // One style per axis: 5k, 10k, 15k rather than 5000, 10k, 15k (and past
+                // tera, tick_label's digits: a constant 1e30 has ticks 1.005e30 apart).
+                let largest = self.ticks.iter().fold(0f64, |m, t| m.max(t.abs()));
+                if (1e4..1e12).contains(&largest) {
                     series::si(if value.abs() < step.abs() * 1e-6 {
                         0.0
                     } else {

@@ -143,23 +143,30 @@ pub fn tick_label(value: f64, step: f64) -> String {
         value
     };
     let magnitude = value.abs().max(step.abs());
-    if magnitude >= 1e4 {
+    if magnitude >= 1e12 || (magnitude > 0.0 && magnitude < 1e-2) {
+        // As many digits as tell ticks `step` apart (a constant 1e-3 spans 0.99e-3..1.01e-3).
+        let decimals = ((magnitude / step.abs()).log10().ceil() as i64).clamp(1, 6) as usize;
+        format!("{value:.decimals$e}")
+    } else if magnitude >= 1e4 {
         si(value)
-    } else if magnitude > 0.0 && magnitude < 1e-2 {
-        format!("{value:.1e}")
     } else {
         let decimals = (-step.abs().log10().floor()).max(0.0) as usize;
         format!("{value:.decimals$}")
     }
 }
 
-/// `12345` → `12.3k`, `2.5e6` → `2.5M`.
+/// `12345` → `12.3k`, `2.5e6` → `2.5M`, `3e12` → `3T`; past that, `2.0e30`.
 pub fn si(value: f64) -> String {
     if value == 0.0 {
         return "0".into();
     }
     let a = value.abs();
-    let (scaled, unit) = if a >= 1e9 {
+    if a >= 1e15 {
+        return format!("{value:.1e}");
+    }
+    let (scaled, unit) = if a >= 1e12 {
+        (value / 1e12, "T")
+    } else if a >= 1e9 {
         (value / 1e9, "G")
     } else if a >= 1e6 {
         (value / 1e6, "M")
@@ -311,6 +318,18 @@ mod tests {
         assert_eq!(tick_label(120_000.0, 20_000.0), "120k");
         assert_eq!(tick_label(0.0003, 0.0001), "3.0e-4");
         assert_eq!(tick_label(-1e-13, 5000.0), "0");
+        // A constant learning rate: ticks close together, each told apart.
+        let (lo, hi) = value_range(&[1e-3], &[], false);
+        let (close, step) = ticks(lo, hi, 5);
+        let labels: Vec<String> = close.iter().map(|&t| tick_label(t, step)).collect();
+        let mut distinct = labels.clone();
+        distinct.dedup();
+        assert!(close.len() >= 3 && distinct == labels, "{labels:?}");
+        assert_eq!(tick_label(1e-3, 5e-6), "1.000e-3");
+        // Far past giga: scientific, not a 21-digit number of G.
+        assert_eq!(tick_label(2e29, 2e29), "2.0e29");
+        assert_eq!(si(1e30), "1.0e30");
+        assert_eq!(si(3e12), "3T");
         assert_eq!(
             log_ticks(0.0, 1.0),
             vec![0.0, 2f64.log10(), 5f64.log10(), 1.0]
