@@ -416,7 +416,7 @@ fn record_warnings(what: &str, corpus: &Corpus) -> Vec<String> {
     {
         lines.push(format!(
             "warning: {} record(s) of the {what} have no token in the loss (the first: {first}): \
-             a conversation without an assistant turn, or an empty completion, trains nothing",
+             such a record, a conversation without an assistant turn for one, trains nothing",
             thousands(m.untrained_documents)
         ));
     }

@@ -16,9 +16,11 @@ use crate::error::{DataError, Result};
 use crate::tokenizer::{
     read_json, tokenizer_folder, tokenizer_json_path, BYTES_EOS, BYTES_EOS_TEXT,
 };
-use serde_json::{json, Map, Value};
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
 use shardrun_models::hf::{self, FolderFile, ADDITIONAL_CHAT_TEMPLATES};
 use shardrun_protocol::config::TokenizerConfig;
+use std::collections::BTreeMap;
 use std::path::Path;
 use tokenizers::models::bpe::BPE;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -90,33 +92,59 @@ fn hugging_face_files(
     // The configs with the spec's tokens; without a tokenizer_config.json, one that names them.
     for (name, always) in [(TOKENIZER_CONFIG, true), (SPECIAL_TOKENS_MAP, false)] {
         let source = folder.join(name);
-        let mut config = match read_json(&source)? {
-            Some(Value::Object(config)) => config,
-            Some(_) => {
-                return Err(DataError::Tokenizer {
-                    path: source,
-                    why: "not a JSON object".into(),
-                })
-            }
-            None if always => {
-                Map::from_iter([("tokenizer_class".into(), "PreTrainedTokenizerFast".into())])
-            }
+        let mut config = match read_raw_object(&source)? {
+            Some(config) => config,
+            None if always => RawObject::from([(
+                "tokenizer_class".to_string(),
+                raw_json(&"PreTrainedTokenizerFast"),
+            )]),
             None => continue,
         };
         let mut changed = false;
         for (key, text) in &overrides {
             // special_tokens_map.json only speaks of the tokens it names.
             if always || config.contains_key(*key) {
-                config.insert(key.to_string(), Value::from(*text));
+                config.insert(key.to_string(), raw_json(text));
                 changed = true;
             }
         }
         if changed {
             files.retain(|f| f.name != name);
-            files.push(FolderFile::bytes(name, json_text(&Value::Object(config))));
+            let mut text = serde_json::to_string_pretty(&config).expect("JSON values serialize");
+            text.push('\n');
+            files.push(FolderFile::bytes(name, text));
         }
     }
     Ok(files)
+}
+
+/// A JSON object whose values are kept as written: `model_max_length` is often
+/// 1000000000000000019884624838656, which a parsed number would write back as `1e+30`, a
+/// float `transformers` then reads.
+type RawObject = BTreeMap<String, Box<RawValue>>;
+
+/// The JSON object of `path`, `None` when absent.
+fn read_raw_object(path: &Path) -> Result<Option<RawObject>> {
+    let Some(value) = read_json(path)? else {
+        return Ok(None);
+    };
+    if !value.is_object() {
+        return Err(DataError::Tokenizer {
+            path: path.to_path_buf(),
+            why: "not a JSON object".into(),
+        });
+    }
+    let bytes = std::fs::read(path).map_err(DataError::io("read", path))?;
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| DataError::Tokenizer {
+            path: path.to_path_buf(),
+            why: format!("not valid JSON ({e})"),
+        })
+}
+
+fn raw_json(value: &impl serde::Serialize) -> Box<RawValue> {
+    serde_json::value::to_raw_value(value).expect("JSON values serialize")
 }
 
 fn bytes_files() -> Result<Vec<FolderFile>> {
@@ -210,7 +238,7 @@ mod tests {
             ("tokenizer.json", "{}"),
             (
                 "tokenizer_config.json",
-                r#"{"eos_token": "</s>", "pad_token": "<pad>"}"#,
+                r#"{"eos_token": "</s>", "pad_token": "<pad>", "model_max_length": 1000000000000000019884624838656}"#,
             ),
             ("special_tokens_map.json", r#"{"pad_token": "<pad>"}"#),
             ("chat_template.jinja", "folder"),
@@ -249,7 +277,14 @@ mod tests {
         let hf::FileContents::Bytes(written) = &files[3].contents else {
             panic!("{:?}", files[3])
         };
-        let written: Value = serde_json::from_slice(written).unwrap();
+        // Every other value as the folder wrote it: no integer turned into `1e+30`.
+        let text = std::str::from_utf8(written).unwrap();
+        assert!(
+            text.contains(r#""model_max_length": 1000000000000000019884624838656"#),
+            "{text}"
+        );
+        let mut written: Value = serde_json::from_slice(written).unwrap();
+        written.as_object_mut().unwrap().remove("model_max_length");
         assert_eq!(
             written,
             json!({"eos_token": "<|end|>", "pad_token": "<pad>"})

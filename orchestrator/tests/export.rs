@@ -523,6 +523,10 @@ fn an_hf_export_chats_with_the_tokenizer_and_template_the_run_trained_with() {
         text.contains("generation_config.json: generation stops at eos_token_id [6, 4], the spec's eos_token `d` (4) among them"),
         "{text}"
     );
+    assert!(
+        text.contains("its configs with the spec's eos_token)") && !text.contains("bos_token"),
+        "the spec gave no bos_token: {text}"
+    );
 }
 
 #[test]

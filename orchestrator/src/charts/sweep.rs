@@ -197,7 +197,8 @@ impl SweepFigure {
             .points
             .iter()
             .filter_map(|p| {
-                let loss = p.steps.last()?.loss;
+                // A point that diverged has no final loss, nor a place on the axis.
+                let loss = p.steps.last().map(|r| r.loss).filter(|l| l.is_finite())?;
                 let x = p.params.get(&x_key)?;
                 let line = line_key.as_ref().and_then(|k| p.params.get(k));
                 Some((x, line, self.transform(loss), p.finished))
@@ -475,6 +476,31 @@ mod tests {
             1,
             "discs on the one line"
         );
+    }
+
+    #[test]
+    fn a_diverged_point_does_not_stretch_the_final_loss_axis() {
+        let mut points = vec![
+            point(1e-3, 0, 1.0),
+            point(1e-4, 0, 2.0),
+            point(1e30, 0, 1.0),
+        ];
+        if let Some(last) = points[2].steps.last_mut() {
+            last.loss = f64::NAN;
+        }
+        let figure = SweepFigure {
+            title: "s".into(),
+            points,
+            smoothing: 0.0,
+            log_loss: false,
+        };
+        let finals = &figure.panels()[1];
+        assert!(
+            finals.x.hi < 0.0,
+            "lr 1e30 is not on the axis: {:?}",
+            finals.x
+        );
+        assert_eq!(finals.curves[0].points, vec![(-4.0, 2.0), (-3.0, 1.0)]);
     }
 
     #[test]

@@ -410,10 +410,11 @@ fn folder_files(
             bos_token,
             eos_token,
         } => {
-            let with_tokens = if bos_token.is_some() || eos_token.is_some() {
-                ", its configs with the spec's bos_token and eos_token"
-            } else {
-                ""
+            let with_tokens = match (bos_token, eos_token) {
+                (Some(_), Some(_)) => ", its configs with the spec's bos_token and eos_token",
+                (Some(_), None) => ", its configs with the spec's bos_token",
+                (None, Some(_)) => ", its configs with the spec's eos_token",
+                (None, None) => "",
             };
             format!("the run's tokenizer ({}{with_tokens})", path.display())
         }
