@@ -847,6 +847,39 @@ fn points_cancelled_while_queued_are_cancelled_not_failed() {
             && stdout.matches("skip (SUBMITTED)").count() == 2,
         "{stdout}"
     );
+    // A change that makes every point new, under a throttle: the new array waits for the
+    // one still queued, and the sweep says those runs are still going.
+    let queued_array = runs_of(&sweep_dir)
+        .values()
+        .flat_map(|(_, ids)| ids.clone())
+        .next()
+        .map(|id| id.split('_').next().unwrap().to_string())
+        .expect("a job id of the queued points");
+    let renewed = dir.write(
+        "renewed.yaml",
+        &text.replace("hidden_dim: 8", "hidden_dim: 16"),
+    );
+    let out = cluster
+        .shardrun(
+            dir.path(),
+            &[
+                "sweep",
+                "--dry-run",
+                "--throttle",
+                "1",
+                &renewed.to_string_lossy(),
+            ],
+        )
+        .unwrap();
+    let stdout = stdout_of(&out);
+    assert!(
+        stdout.contains(
+            "2 run(s) of an earlier version of this sweep's spec are still queued or running \
+             (the throttle holds"
+        ) && stdout.lines().any(|l| l.starts_with("# sbatch ")
+            && l.contains(&format!("--dependency=afterany:{queued_array}"))),
+        "{stdout}"
+    );
     let out = cluster
         .shardrun(dir.path(), &["cancel", &sweep_arg])
         .unwrap();

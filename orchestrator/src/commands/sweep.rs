@@ -113,6 +113,19 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         .collect();
     report_carried(&carried, &going);
     report_stale(&sweep_dir, &points);
+    if survey.earlier_going > 0 {
+        let meanwhile = match throttle {
+            Some(_) => "the throttle holds: the new arrays start after theirs",
+            None => "they run beside the points submitted now",
+        };
+        outln!(
+            "{} run(s) of an earlier version of this sweep's spec are still queued or running \
+             ({meanwhile}); `shardrun status {}` lists them (marked *), `shardrun cancel <run \
+             dir>` stops one",
+            survey.earlier_going,
+            sweep_dir.display()
+        );
+    }
     if let Some(first) = survey.data_changed.first() {
         outln!(
             "{} point(s) to retry were trained on other data than the data as it is now: their \

@@ -42,8 +42,11 @@ impl Decision {
 /// What the sweep folder says about the points, after asking Slurm.
 pub struct Survey {
     pub decisions: Vec<Decision>,
-    /// Array jobs of this sweep with points still pending or running.
+    /// Array jobs of this sweep folder with runs still pending or running (of the current
+    /// points, or of an earlier version of the spec).
     pub active_arrays: BTreeSet<String>,
+    /// Runs of an earlier version of the spec (not current points) still queued or running.
+    pub earlier_going: usize,
     /// Why the [`Decision::DataChanged`] points would be refused, in the points' order.
     pub data_changed: Vec<Box<DataChanged>>,
     /// Finished points trained on other data than the data as it is now: their directories
@@ -53,12 +56,13 @@ pub struct Survey {
 
 /// Compare each point with its run directory, refreshing unfinished ones from Slurm.
 pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey> {
-    let existing: Vec<RunDir> = points
-        .iter()
-        .filter_map(|p| RunDir::open(&sweep_dir.join(&p.name)).ok())
-        .collect();
+    // Every run of the folder, those of an earlier version of the spec too: their arrays
+    // still queued hold a throttled sweep back as the current points' do.
+    let existing = slurm::find_runs(sweep_dir);
+    let current: BTreeSet<PathBuf> = points.iter().map(|p| sweep_dir.join(&p.name)).collect();
     let mut states: HashMap<PathBuf, RunState> = HashMap::new();
     let mut active_arrays = BTreeSet::new();
+    let mut earlier_going = 0;
     if !existing.is_empty() {
         let (statuses, _) =
             slurm::refresh(&existing).context("querying Slurm for the points already submitted")?;
@@ -66,6 +70,9 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
             if matches!(status.state, RunState::Submitted | RunState::Running) {
                 if let Some(id) = &status.job_id {
                     active_arrays.insert(id.split('_').next().unwrap_or(id).to_string());
+                }
+                if !current.contains(status.run.path()) {
+                    earlier_going += 1;
                 }
             }
             states.insert(status.run.path().to_path_buf(), status.state);
@@ -105,6 +112,7 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
     Ok(Survey {
         decisions,
         active_arrays,
+        earlier_going,
         data_changed,
         finished_on_other_data,
     })
