@@ -76,10 +76,13 @@ echo "shardrun: job ${SLURM_JOB_ID} on $(hostname) in ${SHARDRUN_RUN_DIR}"
 # Set-up from resources.setup. A line that fails ends the job and says which in the error
 # file; one not found (127) is often a command only login shells define.
 trap 'rc=$?; why="exit $rc"; [ "$rc" != 127 ] || why="exit 127, not found: module and conda are defined by login shells, load their set-up first, e.g. source /etc/profile"; echo "shardrun: a resources.setup line failed ($why): $BASH_COMMAND" >&2' ERR
+# A preemption or time-limit notice (USR2) would end the shell here without a word: the
+# controller takes it over once it starts, and requeues the job without starting ranks.
+trap 'export SHARDRUN_NOTICE_IN_SETUP=1; echo "shardrun: SIGUSR2 (preemption or the time limit near) during the set-up: the job is requeued once it is done" >&2' USR2
 {%- for line in s.setup %}
 {{ line }}
 {%- endfor %}
-trap - ERR
+trap - ERR USR2
 {%- endif %}
 
 exec {{ shardrun }} controller --run-dir "$SHARDRUN_RUN_DIR"

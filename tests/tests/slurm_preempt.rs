@@ -384,3 +384,60 @@ fn usr2_to_a_sweep_point_requeues_that_point_alone() {
         "the other point trained once, straight through"
     );
 }
+
+#[test]
+fn usr2_during_the_set_up_requeues_the_job_without_starting_ranks() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("slurm-preempt-setup");
+    let name = "setup-notice";
+    // The first attempt's set-up takes a while (it runs in the run directory); the
+    // requeued attempt's is quick.
+    let text = tiny_mlp_spec(name, 3, 1).replace(
+        "resources:\n",
+        "resources:\n  setup:\n    - '[ -e attempted ] || { touch attempted in-setup; sleep 5; }'\n",
+    );
+    let spec = dir.write("tiny.yaml", &text);
+    let mut submit = cluster.command(shardrun());
+    submit
+        .current_dir(dir.path())
+        .args(["submit", &spec.to_string_lossy()])
+        .env("SHARDRUN_WORKER_BIN", simrank())
+        .env("SIMRANK_STEP_MS", "40");
+    let out = run_with_deadline(&mut submit, Duration::from_secs(60)).unwrap();
+    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
+    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let run = dir.join("runs").join(name);
+    wait_for("the set-up to start", Duration::from_secs(60), || {
+        run.join("in-setup").exists().then_some(())
+    })
+    .unwrap();
+    let out = run_with_deadline(
+        cluster
+            .command("scancel")
+            .args(["--signal=USR2", "--batch", &job_id]),
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    // Once the set-up is done, the controller takes the notice over: no rank, a requeue.
+    // (Slurm holds a requeued job back for minutes; the run's resume is tested above.)
+    let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
+    wait_for_file(&run.join("requeue_count"), Duration::from_secs(60), |t| {
+        t.trim() == "1"
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    wait_for_file(&run.join("manifest.json"), Duration::from_secs(60), |t| {
+        t.contains("\"PREEMPTED\"")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    let log = log();
+    assert!(
+        log.contains("preempted before the ranks were launched (SIGUSR2 during the set-up")
+            && !log.contains("[rank 0]"),
+        "{log}"
+    );
+    let out = cluster
+        .shardrun(dir.path(), &["cancel", &run.to_string_lossy()])
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+}

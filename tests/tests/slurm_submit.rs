@@ -217,6 +217,39 @@ fn sbatch_refusal_shows_its_stderr_and_marks_the_run_failed() {
 }
 
 #[test]
+fn a_job_no_node_can_run_is_refused_at_submit_not_left_pending() {
+    // Held, slurmctld would take it and keep it pending for ever (BadConstraints).
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("submit-no-node");
+    let name = format!("toobig-{}", std::process::id());
+    let text = spec(&name, &["exit 0"]).replace(
+        "  tasks_per_node: 1\n",
+        "  tasks_per_node: 1\n  mem: \"900G\"\n",
+    );
+    let spec = dir.write("job.yaml", &text);
+    let out = cluster
+        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
+        .unwrap();
+    let stderr = stderr_of(&out);
+    assert!(!out.status.success(), "{}{stderr}", stdout_of(&out));
+    assert!(
+        stderr.contains("Requested node configuration is not available")
+            && stderr.contains("sbatch did not accept the job"),
+        "{stderr}"
+    );
+    let manifest =
+        std::fs::read_to_string(dir.join("runs").join(&name).join("manifest.json")).unwrap();
+    assert!(manifest.contains("\"SUBMIT_FAILED\""), "{manifest}");
+    let out = cluster
+        .command("squeue")
+        .args(["-h", "--states=all", "-o", "%j"])
+        .output()
+        .unwrap();
+    let queued = stdout_of(&out);
+    assert!(!queued.lines().any(|j| j == name), "no job left: {queued}");
+}
+
+#[test]
 fn missing_sbatch_is_explained() {
     let dir = TestDir::new("submit-no-sbatch");
     let spec = dir.write("job.yaml", &spec("nosbatch", &["exit 0"]));

@@ -107,6 +107,10 @@ fn task_counts(arrays: &BTreeMap<u64, (String, usize, bool)>) -> Vec<usize> {
     arrays.values().map(|(_, n, _)| *n).collect()
 }
 
+/// The sbatch calls that submit: not `sbatch --test-only`, which checks a job before it
+/// is submitted held.
+const SUBMITS: &str = "[ \"$1\" != --test-only ]";
+
 /// A `program` first on PATH (in `dir/wrapper-bin`) that, on the `nth` of its calls for
 /// which the shell test `when` holds, runs `action` (a shell snippet; `$real` is Slurm's own
 /// program); every other call is Slurm's program itself. Returns the PATH to use.
@@ -503,7 +507,7 @@ fn a_rejected_array_is_retried_by_the_next_sweep_exactly_once() {
     let path = wrap(
         &dir,
         "sbatch",
-        "true",
+        SUBMITS,
         2,
         &format!("scontrol update PartitionName={partition} State=DRAIN"),
     );
@@ -594,7 +598,7 @@ fn a_sweep_killed_right_after_sbatch_is_finished_by_the_next_one() {
     let path = wrap(
         &dir,
         "sbatch",
-        "true",
+        SUBMITS,
         2,
         "\"$real\" \"$@\"; kill -9 $PPID; exit 1",
     );
@@ -698,7 +702,7 @@ fn sbatch_killed_after_slurm_took_the_array_loses_nothing() {
     let spec = dir.write("sweep.yaml", &sweep_spec(&name, "[1, 2, 3]", FIVE_LRS, ""));
     let spec_arg = spec.to_string_lossy().into_owned();
     // The first sbatch dies by a signal after slurmctld accepted its array.
-    let path = wrap(&dir, "sbatch", "true", 1, "\"$real\" \"$@\"; kill -9 $$");
+    let path = wrap(&dir, "sbatch", SUBMITS, 1, "\"$real\" \"$@\"; kill -9 $$");
     let out = cluster
         .shardrun_with_env(dir.path(), &["sweep", &spec_arg], &[("PATH", path)])
         .unwrap();

@@ -243,8 +243,8 @@ async fn run_async(
         // Nothing has trained in this job yet, so nothing is to be saved: the time left before
         // the kill is better spent on the requeue than on starting ranks only to stop them.
         log.say(
-            "preempted before the ranks were launched (SIGUSR2 while the data was prepared): \
-             no rank is started"
+            "preempted before the ranks were launched (SIGUSR2 during the set-up or while the \
+             data was prepared): no rank is started"
                 .into(),
         )
         .await;

@@ -70,6 +70,9 @@ fn ignored(signal: i32) -> bool {
     }
 }
 
+/// Set by the batch script when a preemption notice (SIGUSR2) came during its set-up lines.
+pub const NOTICE_IN_SETUP: &str = "SHARDRUN_NOTICE_IN_SETUP";
+
 /// A signal the controller acts on: a stop (cancel) or a preemption notice (SIGUSR2, as Slurm
 /// sends `signal_seconds` before the time limit or a preemption).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,7 +118,8 @@ impl Signals {
         use tokio::signal::unix::{signal, SignalKind};
         let route = Arc::new(Mutex::new(Route::BeforeLaunch {
             on_stop: Box::new(on_stop),
-            preempted: false,
+            // The batch script's set-up lines took a notice that came before this process.
+            preempted: std::env::var_os(NOTICE_IN_SETUP).is_some(),
         }));
         let _entered = runtime.enter();
         let kinds = handled()

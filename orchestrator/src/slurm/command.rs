@@ -41,6 +41,17 @@ pub fn submit(script: &Path, extra_args: &[String]) -> Result<String, SlurmError
     if !script.is_file() {
         return Err(SlurmError::MissingScript(script.to_path_buf()));
     }
+    // slurmctld takes a held job without matching it to the nodes (`--mem=900G` is
+    // accepted, then pends for ever with BadConstraints once released): `--test-only`
+    // first, which refuses what a plain sbatch would.
+    if extra_args.iter().any(|a| a == "--hold") {
+        let mut args = vec!["--test-only".to_string()];
+        args.extend(extra_args.iter().filter(|a| *a != "--hold").cloned());
+        args.push(script.to_string_lossy().into_owned());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let output = run("sbatch", &args)?;
+        check("sbatch", &args, output)?;
+    }
     let args = sbatch_args(script, extra_args);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let output = run("sbatch", &args)?;
