@@ -110,6 +110,45 @@ pub fn expand(loaded: &LoadedSpec, overrides: &Overrides) -> Result<Vec<SweepPoi
             }
         }
     }
+    // A path swept in two places (or one path inside another) would keep one value silently:
+    // the grid's replaces a list entry's, and `a.b` replaces what `a` set of it.
+    let overlap = |a: &str, b: &str| {
+        a == b || a.starts_with(&format!("{b}.")) || b.starts_with(&format!("{a}."))
+    };
+    let grid_keys: Vec<&String> = sweep.grid.keys().collect();
+    for (i, a) in grid_keys.iter().enumerate() {
+        if let Some(b) = grid_keys[i + 1..].iter().find(|b| overlap(a, b)) {
+            return Err(loaded
+                .error_at(
+                    &format!("sweep.grid.{b}"),
+                    format!("`{b}` and `{a}` both sweep `{}`", a.min(b)),
+                    "sweep each setting under one key",
+                )
+                .into());
+        }
+    }
+    for (i, entry) in sweep.list.iter().enumerate() {
+        let keys: Vec<&String> = entry.keys().collect();
+        for (j, key) in keys.iter().enumerate() {
+            let other = grid_keys
+                .iter()
+                .map(|g| (*g, "the grid"))
+                .chain(keys[j + 1..].iter().map(|k| (*k, "the same entry")))
+                .find(|(other, _)| overlap(key, other));
+            if let Some((other, place)) = other {
+                return Err(loaded
+                    .error_at(
+                        &format!("sweep.list[{i}].{key}"),
+                        format!(
+                            "`{key}` of list entry {i} is also swept by `{other}` of {place}, \
+                             whose values would replace it"
+                        ),
+                        "sweep each setting in one place: in the grid, or in every list entry",
+                    )
+                    .into());
+            }
+        }
+    }
     let mut base_spec = loaded.spec.clone();
     base_spec.sweep = None;
     let base = serde_norway::to_value(&base_spec)
@@ -353,6 +392,30 @@ mod tests {
             &parse(yaml, Path::new("sweep.yaml")).unwrap(),
             &Overrides::submitting(),
         )
+    }
+
+    #[test]
+    fn a_setting_swept_in_two_places_is_refused() {
+        let spec = |sweep: &str| {
+            format!(
+                "name: s\ntraining:\n  model: {{ kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }}\n  steps: 1\n  total_batch_size: 4\n  batch_size_per_device: 4\nsweep:\n{sweep}"
+            )
+        };
+        for (sweep, said) in [
+            (
+                "  grid:\n    training.optimizer.lr: [1.0e-3, 1.0e-4]\n  list:\n    - { training.optimizer.lr: 0.5, training.seed: 2 }\n",
+                "`training.optimizer.lr` of list entry 0 is also swept by `training.optimizer.lr` of the grid",
+            ),
+            (
+                "  grid:\n    training.optimizer: [{ lr: 1.0e-3 }]\n    training.optimizer.lr: [1.0e-4]\n",
+                "both sweep `training.optimizer`",
+            ),
+        ] {
+            let text = spec(sweep);
+            let loaded = crate::spec::parse(&text, Path::new("s.yaml")).unwrap();
+            let err = expand(&loaded, &Overrides::default()).unwrap_err().to_string();
+            assert!(err.contains(said), "{err}");
+        }
     }
 
     #[test]
