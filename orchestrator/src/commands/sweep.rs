@@ -447,7 +447,10 @@ fn stale_reasons(stale: &[RunDir], points: &[SweepPoint]) -> Vec<String> {
         .iter()
         .map(|p| (sweeps::carried::values_key(&p.params), p))
         .collect();
-    let mut changed: std::collections::BTreeMap<(String, Option<&str>), usize> = Default::default();
+    // (change, why a finished run cannot continue, whether the point has a run of its own
+    // already: it was submitted before, or the spec went back to values it had) → runs.
+    let mut changed: std::collections::BTreeMap<(String, Option<&str>, bool), usize> =
+        Default::default();
     let (mut dropped, mut elsewhere) = (0, 0);
     for run in stale {
         let Ok(manifest) = run.read_manifest() else {
@@ -470,19 +473,33 @@ fn stale_reasons(stale: &[RunDir], points: &[SweepPoint]) -> Vec<String> {
         if causes.is_empty() {
             elsewhere += 1;
         }
+        let returning = run
+            .path()
+            .parent()
+            .is_some_and(|folder| RunDir::open(&folder.join(&point.name)).is_ok());
         for change in causes {
-            *changed.entry((change.to_string(), finished)).or_default() += 1;
+            *changed
+                .entry((change.to_string(), finished, returning))
+                .or_default() += 1;
         }
     }
     let mut lines: Vec<String> = changed
         .into_iter()
-        .map(|((change, finished), runs)| match finished {
-            Some(why) => format!(
-                "{change} ({runs} finished run(s)): {why}, so their points are new, trained \
+        .map(
+            |((change, finished, returning), runs)| match (finished, returning) {
+                (_, true) => format!(
+                    "{change} ({runs} run(s)): the points with their swept values now are other \
+                 runs, which have run directories of their own"
+                ),
+                (Some(why), false) => format!(
+                    "{change} ({runs} finished run(s)): {why}, so their points are new, trained \
                  from step 1"
-            ),
-            None => format!("{change} ({runs} run(s)): their points are new, trained from step 1"),
-        })
+                ),
+                (None, false) => {
+                    format!("{change} ({runs} run(s)): their points are new, trained from step 1")
+                }
+            },
+        )
         .collect();
     if elsewhere > 0 {
         lines.push(format!(
@@ -496,4 +513,39 @@ fn stale_reasons(stale: &[RunDir], points: &[SweepPoint]) -> Vec<String> {
         ));
     }
     lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_runs_say_whether_the_points_with_their_values_are_new_or_have_runs_already() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = include_str!("../../../examples/sweep.yaml");
+        let wide = crate::sweeps::point_dirs::written_points(dir.path(), spec);
+        let narrow_spec = spec.replace("hidden_dim: 256", "hidden_dim: 128");
+        let loaded = crate::spec::parse(&narrow_spec, Path::new("sweep.yaml")).unwrap();
+        let narrow = sweeps::expand(&loaded, &crate::resolve::Overrides::submitting()).unwrap();
+        // The spec's hidden_dim changed: the points are new, not written yet.
+        let lines = stale_reasons(&wide, &narrow);
+        assert_eq!(
+            lines,
+            ["training.model.hidden_dim: 256 → 128 (12 run(s)): their points are new, trained from step 1"]
+        );
+        // Back to what it was, once the narrow points ran: the wide ones go on in their own
+        // directories, which exist.
+        let narrow_runs = crate::sweeps::point_dirs::written_points(dir.path(), &narrow_spec);
+        let loaded = crate::spec::parse(spec, Path::new("sweep.yaml")).unwrap();
+        let wide_points =
+            sweeps::expand(&loaded, &crate::resolve::Overrides::submitting()).unwrap();
+        let lines = stale_reasons(&narrow_runs, &wide_points);
+        assert_eq!(
+            lines,
+            [
+                "training.model.hidden_dim: 128 → 256 (12 run(s)): the points with their swept \
+              values now are other runs, which have run directories of their own"
+            ]
+        );
+    }
 }
