@@ -85,6 +85,12 @@ fn usr2_requeues_the_job_which_then_completes() {
         "the requeued job is Slurm's again: {status}"
     );
     assert!(status["runs"][0]["slurm_state"].is_string(), "{status}");
+    // What the attempt before advised (submit it again) no longer holds: it is queued.
+    let detail = status["runs"][0]["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("the attempt before was preempted") && !detail.contains("submit it"),
+        "{status}"
+    );
     let again = cluster
         .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
         .unwrap();

@@ -100,6 +100,9 @@ fn run_state_of(state: &JobState) -> RunState {
 struct Verdict {
     state: Option<RunState>,
     message: Option<String>,
+    /// How the attempt ended, in words without advice ("was cancelled by SIGTERM after step
+    /// 40"): what a job queued again says of the attempt before.
+    ended: Option<String>,
     /// The controller requeued its Slurm job (after a preemption).
     requeued: bool,
 }
@@ -122,9 +125,14 @@ fn read_result(run: &RunDir) -> Option<Verdict> {
         .and_then(|v| v.as_str())
         .map(str::to_string);
     let requeued = value.get("requeued").and_then(|r| r.as_bool()) == Some(true);
+    let ended = value
+        .get("ended")
+        .and_then(|v| v.as_str())
+        .map(str::to_string);
     Some(Verdict {
         state,
         message,
+        ended,
         requeued,
     })
 }
@@ -383,16 +391,17 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
         }
         if let Some(Verdict {
             message: Some(error),
+            ended,
             ..
         }) = &result
         {
             if !detail.contains(error.as_str()) {
-                // A job queued again after its attempt ended: what that attempt said (and
-                // advised) is about the attempt before, not the run as it is now.
-                let error = if requeued && !state.is_terminal() {
-                    format!("the attempt before: {error}")
-                } else {
-                    error.clone()
+                // A job queued again after its attempt ended: what that attempt said is
+                // about the attempt before, and its advice (submit it again) no longer holds.
+                let error = match ended {
+                    _ if !(requeued && !state.is_terminal()) => error.clone(),
+                    Some(ended) => format!("the attempt before {ended}"),
+                    None => format!("the attempt before: {error}"),
                 };
                 detail = if detail.is_empty() {
                     error
@@ -539,16 +548,19 @@ mod tests {
                 Some(Verdict {
                     state: Some(state),
                     message: Some("m".to_string()),
+                    ended: None,
                     requeued: false,
                 })
             );
         }
         std::fs::write(
             run.result(),
-            r#"{"status": "preempted", "message": "m", "requeued": true}"#,
+            r#"{"status": "preempted", "message": "m", "ended": "was preempted after step 40", "requeued": true}"#,
         )
         .unwrap();
-        assert!(read_result(&run).is_some_and(|v| v.requeued));
+        assert!(read_result(&run).is_some_and(
+            |v| v.requeued && v.ended.as_deref() == Some("was preempted after step 40")
+        ));
         std::fs::write(run.result(), "{\"stat").unwrap();
         assert_eq!(
             read_result(&run),
