@@ -191,7 +191,10 @@ fn load_hugging_face(
                 .token_to_id(text)
                 .ok_or_else(|| DataError::Tokenizer {
                     path: file.clone(),
-                    why: format!("{source} names `{text}` as the {kind} token, but the tokenizer has no such token"),
+                    why: format!(
+                        "{source} names `{text}` as the {kind} token, but the tokenizer has no such token{}",
+                        special_tokens_in_words(&tokenizer)
+                    ),
                 })?;
             Ok(SpecialToken {
                 id,
@@ -268,6 +271,31 @@ fn load_hugging_face(
         vocab_size,
         folder: Some(folder),
     })
+}
+
+/// `; its special tokens: `<s>`, `</s>`` (the first ten, by id), what a token the spec
+/// names could be instead.
+fn special_tokens_in_words(tokenizer: &tokenizers::Tokenizer) -> String {
+    let mut special: Vec<(u32, String)> = tokenizer
+        .get_added_tokens_decoder()
+        .into_iter()
+        .filter(|(_, token)| token.special)
+        .map(|(id, token)| (id, token.content))
+        .collect();
+    if special.is_empty() {
+        return String::new();
+    }
+    special.sort();
+    let shown: Vec<String> = special
+        .iter()
+        .take(10)
+        .map(|(_, text)| format!("`{text}`"))
+        .collect();
+    let more = match special.len() {
+        n if n > 10 => format!(" and {} more", n - 10),
+        _ => String::new(),
+    };
+    format!("; its special tokens: {}{more}", shown.join(", "))
 }
 
 /// transformers' rebuild of Llama tokenizers. For a folder whose `tokenizer_class` is

@@ -913,3 +913,25 @@ fn a_field_no_record_has_is_answered_with_the_one_likely_meant_when_skipping_too
         "{err}"
     );
 }
+
+#[test]
+fn an_eos_token_the_tokenizer_lacks_is_refused_with_the_tokens_it_has() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "docs.txt", "some text\n");
+    let missing = TokenizerConfig::HuggingFace {
+        path: fixture().join("bpe"),
+        bos_token: None,
+        eos_token: Some("</s>".into()),
+    };
+    let source = text_files(vec![path], TextSplit::File);
+    let c = dataset(source, missing, 64, dir.path());
+    let err = open(&c, None)
+        .err()
+        .expect("an eos token it lacks")
+        .to_string();
+    assert!(
+        err.contains("names `</s>` as the eos token, but the tokenizer has no such token; its special tokens: ")
+            && err.contains("`<|im_end|>`"),
+        "{err}"
+    );
+}
