@@ -399,7 +399,7 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
                 // A job queued again after its attempt ended: what that attempt said is
                 // about the attempt before, and its advice (submit it again) no longer holds.
                 let error = match ended {
-                    _ if !(requeued && !state.is_terminal()) => error.clone(),
+                    _ if !requeued || state.is_terminal() => error.clone(),
                     Some(ended) => format!("the attempt before {ended}"),
                     None => format!("the attempt before: {error}"),
                 };
