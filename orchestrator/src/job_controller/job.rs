@@ -284,6 +284,28 @@ impl JobMachine {
                     return out;
                 };
                 r.connected = false;
+                let unreported = r.end.is_none();
+                // Under srun no process is the rank's own, so no exit status will say more:
+                // the rank a reported failure named as its cause, hanging up without a
+                // report of its own, died, and is the cause (else a killed rank's peer,
+                // whose report came first, is blamed).
+                let own_process = self.proc_rank.values().any(|&p| p == Some(rank));
+                let named_as_cause = self.failure.as_ref().is_some_and(|current| {
+                    current.follows == Some(rank)
+                        && current.rank != Some(rank)
+                        && matches!(current.cause, FailureCause::Reported { .. })
+                });
+                if unreported && !own_process && named_as_cause {
+                    let why = error
+                        .clone()
+                        .unwrap_or_else(|| "closed without a report of its own".to_string());
+                    let cause = self.failure_of(rank, FailureCause::ConnectionLost { why });
+                    self.blame_instead(cause, &mut out);
+                    return out;
+                }
+                let Some(r) = self.ranks.get_mut(&rank) else {
+                    return out;
+                };
                 if r.end.is_none() && !matches!(self.phase, Phase::Stopping) {
                     let exit = self.exits.get(&rank).cloned();
                     let mut failure = match (&exit, error) {

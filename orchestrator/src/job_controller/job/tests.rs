@@ -752,6 +752,41 @@ fn the_named_rank_exiting_failed_without_a_report_is_blamed() {
 }
 
 #[test]
+fn under_srun_the_named_rank_hanging_up_without_a_report_is_blamed() {
+    // One srun step for both ranks: no exit status of rank 1's own will come.
+    let mut s = JobMachine::new(2, "abc");
+    s.handle(Event::Launched {
+        procs: vec![(0, None)],
+    });
+    for rank in 0..2 {
+        s.handle(Event::Registered {
+            conn: 10 + rank,
+            registration: reg(rank),
+        });
+    }
+    peer_broke_the_collective(&mut s);
+    let text = said(&s.handle(Event::Disconnected {
+        conn: 11,
+        error: None,
+    }));
+    assert!(
+        text.starts_with("rank 1 on node1 (pid 101)")
+            && text.ends_with("(the cause of the failure above)"),
+        "{text}"
+    );
+    s.handle(Event::Disconnected {
+        conn: 10,
+        error: None,
+    });
+    let f = failure(&s.handle(Event::ProcessExited {
+        proc: 0,
+        exit: ExitInfo::Code(1),
+    }))
+    .unwrap();
+    assert_eq!(f.rank, Some(1));
+}
+
+#[test]
 fn a_rank_that_reports_first_stays_blamed_when_its_peer_reports_the_broken_collective() {
     let mut s = running();
     rank_1_fails_on_its_own(&mut s);
