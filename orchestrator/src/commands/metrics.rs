@@ -37,7 +37,8 @@ pub struct RunMetricsSummary {
     pub name: String,
     pub run_dir: PathBuf,
     /// `succeeded`, `failed`, `cancelled`, `preempted` (from result.json), else `queued` (a
-    /// Slurm job not started yet), `running`, `died` (a local run whose controller is gone:
+    /// Slurm job not started yet, or requeued by its controller), `running`, `died` (a local
+    /// run whose controller is gone:
     /// [`died`]) or `not started`.
     pub status: String,
     /// Steps the run trains for.
@@ -176,11 +177,17 @@ fn summarise(run: &RunDir, current: &mut CurrentPoints) -> RunMetricsSummary {
             RunState::Preempted => "preempted",
             _ => "failed",
         });
-    let result = std::fs::read_to_string(run.result())
+    let verdict = std::fs::read_to_string(run.result())
         .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| v["status"].as_str().map(str::to_string));
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+    // Preempted and requeued by its controller, with no later news: queued to run again.
+    let requeued = verdict
+        .as_ref()
+        .is_some_and(|v| v["requeued"].as_bool() == Some(true))
+        && ended == Some("preempted");
+    let result = verdict.and_then(|v| v["status"].as_str().map(str::to_string));
     let status = match (result, ended) {
+        _ if requeued => "queued".into(),
         (Some(result), Some(ended)) if result != ended => ended.into(),
         (Some(result), _) => result,
         // A run that ended before its controller could write result.json (its data could
@@ -466,6 +473,18 @@ mod tests {
     }
 
     #[test]
+    fn a_run_its_controller_requeued_is_queued_until_it_runs_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = crate::rundir::running_local_run(dir.path());
+        run.update_manifest(|m| m.state = RunState::Preempted)
+            .unwrap();
+        std::fs::write(run.result(), r#"{"status":"preempted","requeued":true}"#).unwrap();
+        assert_eq!(summary(&run).status, "queued");
+        std::fs::write(run.result(), r#"{"status":"preempted","requeued":false}"#).unwrap();
+        assert_eq!(summary(&run).status, "preempted");
+    }
+
+    #[test]
     fn a_requeued_run_cancelled_before_it_ran_again_is_cancelled_not_preempted() {
         let dir = tempfile::tempdir().unwrap();
         let run = crate::rundir::running_local_run(dir.path());
@@ -473,7 +492,7 @@ mod tests {
         std::fs::write(run.result(), r#"{"status":"preempted","requeued":true}"#).unwrap();
         run.update_manifest(|m| m.state = RunState::Preempted)
             .unwrap();
-        assert_eq!(summary(&run).status, "preempted");
+        assert_eq!(summary(&run).status, "queued");
         // `shardrun cancel` while it waited: the manifest has the news.
         run.update_manifest(|m| m.state = RunState::Cancelled)
             .unwrap();
