@@ -25,6 +25,9 @@ pub const RESUMABLE: &[&str] = &[
     "fsdp.prefetch",
     "fsdp.max_gathers_in_flight",
     "fsdp.activation_checkpointing",
+    // How often and how much is evaluated; what is held out is the data's identity.
+    "data.validation.every_steps",
+    "data.validation.max_batches",
 ];
 
 /// Whether `path` is one of `prefixes` or lies under one (`fsdp.prefetch` under `fsdp`).
@@ -108,6 +111,8 @@ mod tests {
         assert_eq!(shown(&Value::Null), "(not set)");
         assert!(under("fsdp.prefetch", RESUMABLE));
         assert!(under("checkpoint.keep", RESUMABLE));
+        assert!(under("data.validation.every_steps", RESUMABLE));
+        assert!(!under("data.validation.held_out", RESUMABLE));
         assert!(!under("checkpoint.dir", RESUMABLE));
         assert!(!under("fsdpx", &["fsdp"]));
     }

@@ -151,6 +151,38 @@ fn a_run_on_text_reports_its_validation_loss() {
     let last = evals[1]["eval_loss"].as_f64().unwrap();
     assert!(table.contains("eval loss"), "{table}");
     assert!(table.contains(&format!("{last:.4}")), "{table}");
+
+    // How often it evaluates may change on resume: it trains on from its checkpoint.
+    let (out, _) = run_local(
+        &dir,
+        &spec,
+        &[
+            "--no-progress",
+            "--set",
+            "training.steps=8",
+            "--set",
+            "training.data.validation.every_steps=4",
+        ],
+        &[],
+        Duration::from_secs(240),
+    );
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}\n{}", stderr_of(&out));
+    assert!(
+        stdout.contains("training.data.validation.every_steps: 3 → 4"),
+        "{stdout}"
+    );
+    let steps: Vec<u64> = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("\"eval_loss\""))
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(steps, [3, 6, 8], "after step 8, the last");
 }
 
 #[test]
