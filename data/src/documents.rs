@@ -239,6 +239,7 @@ impl<'a> DocumentReader<'a> {
             let origin = Origin::new(&path, line);
             let mut bytes = strip_newline(&lines.buf);
             if line == 1 {
+                refuse_compressed(&origin, bytes)?;
                 bytes = bytes.strip_prefix(BOM).unwrap_or(bytes);
             }
             let text = match std::str::from_utf8(bytes) {
@@ -310,6 +311,9 @@ impl<'a> DocumentReader<'a> {
                 }
             };
             let (line, offset) = (open.line, open.offset);
+            if offset == 0 {
+                refuse_compressed(&Origin::new(&path, line), &piece)?;
+            }
             let lead = if offset == 0 { drop_bom(&mut piece) } else { 0 };
             open.line += newlines(&piece);
             if !at_end {
@@ -353,6 +357,7 @@ impl<'a> DocumentReader<'a> {
             self.bad(origin.clone(), format!("cannot be read: {e}"))?;
             return Ok(None);
         }
+        refuse_compressed(origin, &bytes)?;
         let lead = drop_bom(&mut bytes);
         if bytes.is_empty() {
             self.bad(origin.clone(), "the file is empty")?;
@@ -401,6 +406,25 @@ impl<'a> DocumentReader<'a> {
             }
         }
     }
+}
+
+/// A compressed file read as text is not a bad record to skip but the wrong file: a
+/// `.jsonl.gz` read line by line yields nothing but refusals.
+fn refuse_compressed(origin: &Origin, start: &[u8]) -> Result<()> {
+    let format = match start {
+        [0x1f, 0x8b, ..] => "gzip",
+        [0x28, 0xb5, 0x2f, 0xfd, ..] => "zstd",
+        [b'B', b'Z', b'h', b'1'..=b'9', ..] => "bzip2",
+        [0xfd, b'7', b'z', b'X', b'Z', 0, ..] => "xz",
+        _ => return Ok(()),
+    };
+    Err(DataError::BadRecord {
+        origin: origin.clone(),
+        why: format!("the file is {format}-compressed, not text"),
+        fix: "decompress it first (e.g. `gunzip -k`, `zstd -d`): data files are read as plain \
+              UTF-8 text"
+            .into(),
+    })
 }
 
 fn strip_newline(line: &[u8]) -> &[u8] {

@@ -935,3 +935,35 @@ fn an_eos_token_the_tokenizer_lacks_is_refused_with_the_tokens_it_has() {
         "{err}"
     );
 }
+
+#[test]
+fn a_compressed_file_is_refused_as_the_wrong_file_even_when_skipping() {
+    let dir = tempfile::tempdir().unwrap();
+    // A gzip header and deflated bytes: what `gzip docs.jsonl` leaves.
+    let path = dir.path().join("docs.jsonl.gz");
+    std::fs::write(
+        &path,
+        [
+            0x1f, 0x8b, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x03, 0xab, 0x56,
+        ],
+    )
+    .unwrap();
+    for (split, on_bad_record) in [
+        (TextSplit::Line, OnBadRecord::Stop),
+        (TextSplit::File, OnBadRecord::Skip),
+    ] {
+        let mut c = dataset(
+            text_files(vec![path.clone()], split),
+            TokenizerConfig::Bytes,
+            64,
+            dir.path(),
+        );
+        c.on_bad_record = on_bad_record;
+        let err = open(&c, None).err().expect("a gzip file").to_string();
+        assert!(
+            err.contains("docs.jsonl.gz")
+                && err.contains(": the file is gzip-compressed, not text; decompress it first"),
+            "{err}"
+        );
+    }
+}
