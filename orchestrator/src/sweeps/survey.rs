@@ -3,7 +3,7 @@
 //! (finished, queued or running, diverged, or trained on other data than the data now); the points to
 //! submit are grouped by allocation shape.
 
-use crate::rerun::{diverged_by, newest_checkpoint, steps_trained};
+use crate::rerun::{diverged_by, newest_checkpoint, steps_trained, CheckpointAt};
 use crate::resume_data::{self, DataChanged, DataNow};
 use crate::rundir::{RunDir, RunState};
 use crate::slurm;
@@ -94,18 +94,21 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
                 Decision::Skip(RunState::Completed)
             }
             Some(state @ (RunState::Submitted | RunState::Running)) => Decision::Skip(*state),
-            Some(state) if let Some(step) = checkpoint_past(&sweep_dir.join(&p.name), p) => {
-                Decision::TrainedPast(*state, step)
-            }
-            Some(state) if let Some(first) = diverged(&sweep_dir.join(&p.name), p) => {
-                Decision::Diverged(*state, first)
-            }
-            Some(state) => match data_refusal(&sweep_dir.join(&p.name), p, &mut probed) {
-                Some(refusal) => {
-                    data_changed.push(refusal);
-                    Decision::DataChanged(*state)
+            Some(&state) => match resumed_from(&sweep_dir.join(&p.name), p) {
+                None => Decision::Retry(state),
+                Some((_, checkpoint)) if checkpoint.step >= p.job.train.steps => {
+                    Decision::TrainedPast(state, checkpoint.step)
                 }
-                None => Decision::Retry(*state),
+                Some((run, checkpoint)) => {
+                    if let Some(first) = diverged_by(&run, checkpoint.step) {
+                        Decision::Diverged(state, first)
+                    } else if let Some(refusal) = data_refusal(&run, &checkpoint, p, &mut probed) {
+                        data_changed.push(refusal);
+                        Decision::DataChanged(state)
+                    } else {
+                        Decision::Retry(state)
+                    }
+                }
             },
         })
         .collect();
@@ -156,45 +159,31 @@ fn asks_more_steps(dir: &Path, point: &SweepPoint) -> bool {
         .is_ok_and(|train| point.job.train.steps > steps_trained(&run, &train))
 }
 
-/// The step of the point's newest checkpoint when it is at or past the steps the point asks
-/// for and the point would resume from it.
-fn checkpoint_past(dir: &Path, point: &SweepPoint) -> Option<u64> {
+/// The point's run and the newest checkpoint its job would continue from (read once: a
+/// point that did not finish is judged by it three ways), when it resumes at all.
+fn resumed_from(dir: &Path, point: &SweepPoint) -> Option<(RunDir, CheckpointAt)> {
     if !point.job.train.checkpoint.resume {
         return None;
     }
     let run = RunDir::open(dir).ok()?;
-    let recorded = run.read_train_config().ok()?;
-    newest_checkpoint(&run, &recorded)
-        .map(|c| c.step)
-        .filter(|&step| step >= point.job.train.steps)
-}
-
-/// The step from which the point's loss had been non-finite when it saved the checkpoint it
-/// would continue from.
-fn diverged(dir: &Path, point: &SweepPoint) -> Option<u64> {
-    if !point.job.train.checkpoint.resume {
-        return None;
-    }
-    let run = RunDir::open(dir).ok()?;
+    // Where the run keeps its checkpoints is in its own record.
     let checkpoint = newest_checkpoint(&run, &run.read_train_config().ok()?)?;
-    diverged_by(&run, checkpoint.step)
+    Some((run, checkpoint))
 }
 
 /// The refusal a retried point's job would meet: its newest checkpoint was trained on other
 /// data than the data as it is prepared now (data not prepared yet is compared by the job).
 fn data_refusal(
-    dir: &Path,
+    run: &RunDir,
+    checkpoint: &CheckpointAt,
     point: &SweepPoint,
     probes: &mut DataProbes,
 ) -> Option<Box<DataChanged>> {
     let DataConfig::Dataset(data) = &point.job.train.data else {
         return None;
     };
-    let run = RunDir::open(dir).ok()?;
-    // Where the run keeps its checkpoints is in its own record.
-    let checkpoint = newest_checkpoint(&run, &run.read_train_config().ok()?)?;
     let now = probes.now(data).identity()?;
-    resume_data::check(&run, &checkpoint, now).err()
+    resume_data::check(run, checkpoint, now).err()
 }
 
 /// Order the points to submit by allocation shape (in order of first appearance, the
