@@ -14,7 +14,7 @@
 
 use crate::error::{DataError, Result};
 use crate::tokenizer::{
-    read_json, tokenizer_folder, tokenizer_json_path, BYTES_EOS, BYTES_EOS_TEXT,
+    parse_json, tokenizer_folder, tokenizer_json_path, BYTES_EOS, BYTES_EOS_TEXT,
 };
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -125,22 +125,21 @@ type RawObject = BTreeMap<String, Box<RawValue>>;
 
 /// The JSON object of `path`, `None` when absent.
 fn read_raw_object(path: &Path) -> Result<Option<RawObject>> {
-    let Some(value) = read_json(path)? else {
-        return Ok(None);
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(DataError::io("read", path)(e)),
     };
-    if !value.is_object() {
+    // Valid JSON of another kind than an object is said so, not as invalid JSON.
+    if !parse_json(path, &bytes)?.is_object() {
         return Err(DataError::Tokenizer {
             path: path.to_path_buf(),
             why: "not a JSON object".into(),
         });
     }
-    let bytes = std::fs::read(path).map_err(DataError::io("read", path))?;
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| DataError::Tokenizer {
-            path: path.to_path_buf(),
-            why: format!("not valid JSON ({e})"),
-        })
+    Ok(Some(
+        serde_json::from_slice(&bytes).expect("a JSON object parses as one"),
+    ))
 }
 
 fn raw_json(value: &impl serde::Serialize) -> Box<RawValue> {
