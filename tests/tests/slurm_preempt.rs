@@ -9,10 +9,9 @@ use shardrun_e2e::*;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// Submits the simulated ranks' job `name` (spec text `spec`), lets it train a few steps
-/// and sends USR2 to its batch script, as Slurm does `signal_seconds` before the time limit.
-/// Returns the job id and the run directory.
-fn trained_then_usr2(
+/// Submits the simulated ranks' job `name` (spec text `spec`, written as `tiny.yaml`):
+/// its Slurm job id and run directory.
+fn submit_simulated(
     cluster: &SlurmCluster,
     dir: &TestDir,
     name: &str,
@@ -29,7 +28,19 @@ fn trained_then_usr2(
     let out = run_with_deadline(&mut submit, Duration::from_secs(60)).unwrap();
     assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
     let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
-    let run = dir.join("runs").join(name);
+    (job_id, dir.join("runs").join(name))
+}
+
+/// Submits the simulated ranks' job `name` (spec text `spec`), lets it train a few steps
+/// and sends USR2 to its batch script, as Slurm does `signal_seconds` before the time limit.
+/// Returns the job id and the run directory.
+fn trained_then_usr2(
+    cluster: &SlurmCluster,
+    dir: &TestDir,
+    name: &str,
+    spec: &str,
+) -> (String, std::path::PathBuf) {
+    let (job_id, run) = submit_simulated(cluster, dir, name, spec);
     wait_for(
         "the first attempt to train",
         Duration::from_secs(120),
@@ -402,17 +413,7 @@ fn usr2_during_the_set_up_requeues_the_job_without_starting_ranks() {
         "resources:\n",
         "resources:\n  setup:\n    - '[ -e attempted ] || { touch attempted in-setup; sleep 5; }'\n",
     );
-    let spec = dir.write("tiny.yaml", &text);
-    let mut submit = cluster.command(shardrun());
-    submit
-        .current_dir(dir.path())
-        .args(["submit", &spec.to_string_lossy()])
-        .env("SHARDRUN_WORKER_BIN", simrank())
-        .env("SIMRANK_STEP_MS", "40");
-    let out = run_with_deadline(&mut submit, Duration::from_secs(60)).unwrap();
-    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
-    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
-    let run = dir.join("runs").join(name);
+    let (job_id, run) = submit_simulated(&cluster, &dir, name, &text);
     wait_for("the set-up to start", Duration::from_secs(60), || {
         run.join("in-setup").exists().then_some(())
     })
