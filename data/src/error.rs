@@ -57,6 +57,15 @@ pub enum DataError {
     },
     #[error("tokenizer {}: {why}", path.display())]
     Tokenizer { path: PathBuf, why: String },
+    /// A special token the spec names (`data.tokenizer.eos_token` or `bos_token`, the `key`)
+    /// that the tokenizer does not have; `special` lists the ones it has, in words.
+    #[error("tokenizer {}: data.tokenizer.{key} names `{token}`, but the tokenizer has no such token{special}", path.display())]
+    UnknownSpecToken {
+        path: PathBuf,
+        key: String,
+        token: String,
+        special: String,
+    },
     #[error("chat template {}: {why}", path.display())]
     ChatTemplate { path: PathBuf, why: String },
     /// Chat data with no template named and none in the tokenizer folder.

@@ -153,7 +153,10 @@ fn load_hugging_face(
     let mut tokenizer =
         tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| DataError::Tokenizer {
             path: file.clone(),
-            why: format!("not a tokenizer file the `tokenizers` library reads ({e})"),
+            why: format!(
+                "not a tokenizer file the `tokenizers` library reads ({e}); save the tokenizer \
+                 again with transformers (`save_pretrained`), or name another folder"
+            ),
         })?;
     // Documents are packed whole: a truncation or padding rule saved in the file must not
     // cut or pad them.
@@ -203,6 +206,14 @@ fn load_hugging_face(
             })
         };
         if let Some(text) = override_text {
+            if tokenizer.token_to_id(text).is_none() {
+                return Err(DataError::UnknownSpecToken {
+                    path: file.clone(),
+                    key,
+                    token: text.to_string(),
+                    special: special_tokens_in_words(&tokenizer),
+                });
+            }
             return by_text(text, format!("data.tokenizer.{key}")).map(Some);
         }
         for (name, config) in [

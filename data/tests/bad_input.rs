@@ -930,7 +930,7 @@ fn an_eos_token_the_tokenizer_lacks_is_refused_with_the_tokens_it_has() {
         .expect("an eos token it lacks")
         .to_string();
     assert!(
-        err.contains("names `</s>` as the eos token, but the tokenizer has no such token; its special tokens: ")
+        err.contains("data.tokenizer.eos_token names `</s>`, but the tokenizer has no such token; its special tokens: ")
             && err.contains("`<|im_end|>`"),
         "{err}"
     );

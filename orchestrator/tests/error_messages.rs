@@ -309,15 +309,23 @@ fn a_set_flag_gets_the_files_explanation_and_names_the_flag() {
 }
 
 /// `shardrun plan job.yaml` on `yaml` in a folder that also holds `train.jsonl` and the
-/// folders `tok` (with tokenizer.json) and `sp` (a SentencePiece tokenizer.model only);
-/// returns (exit code, stderr with the folder shown as `<dir>`).
+/// folders `tok` (the byte tokenizer as a Hugging Face folder, end of document `<eos>`) and
+/// `sp` (a SentencePiece tokenizer.model only); returns (exit code, stderr with the folder
+/// shown as `<dir>`).
 fn plan_with_data(yaml: &str, sets: &[&str]) -> (i32, String) {
     let dir = spec_dir("job.yaml", yaml);
     std::fs::write(dir.path().join("train.jsonl"), "{\"text\": \"x\"}\n").unwrap();
-    for (folder, file) in [("tok", "tokenizer.json"), ("sp", "tokenizer.model")] {
-        std::fs::create_dir(dir.path().join(folder)).unwrap();
-        std::fs::write(dir.path().join(folder).join(file), "{}").unwrap();
-    }
+    let tok = dir.path().join("tok");
+    std::fs::create_dir(&tok).unwrap();
+    let json = shardrun_data::tokenizer_files::bytes_tokenizer_json().unwrap();
+    std::fs::write(tok.join("tokenizer.json"), json).unwrap();
+    std::fs::write(
+        tok.join("tokenizer_config.json"),
+        r#"{"eos_token": "<eos>"}"#,
+    )
+    .unwrap();
+    std::fs::create_dir(dir.path().join("sp")).unwrap();
+    std::fs::write(dir.path().join("sp/tokenizer.model"), "").unwrap();
     let (code, _, stderr) = plan_in(dir.path(), sets);
     let shown = std::fs::canonicalize(dir.path()).unwrap();
     (code, stderr.replace(&shown.display().to_string(), "<dir>"))
@@ -374,6 +382,18 @@ error: job.yaml:7:18: field `training.data.tokenizer.path`: <dir>/sp holds a Sen
   |                  ^^^^
   fix: write the folder's tokenizer.json once, with transformers: `python -c \"from transformers import AutoTokenizer; AutoTokenizer.from_pretrained('<dir>/sp').save_pretrained('<dir>/sp')\"`
 "
+        )
+    );
+    // A token the tokenizer lacks would stop the job's data preparation after the queue wait.
+    let (code, stderr) = plan_with_data(WITH_DATA, &["training.data.tokenizer.eos_token=</s>"]);
+    assert_eq!(
+        (code, stderr.as_str()),
+        (
+            1,
+            "error: --set training.data.tokenizer.eos_token=</s>: field \
+             `training.data.tokenizer.eos_token`: the tokenizer <dir>/tok/tokenizer.json has no \
+             token `</s>`; its special tokens: `<eos>`\n  fix: name one of its tokens, or remove \
+             `eos_token` to take the one its folder names\n"
         )
     );
 }

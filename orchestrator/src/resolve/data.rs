@@ -2,9 +2,10 @@
 //! made absolute (relative to the spec file), every default applied, and what the paths name
 //! looked at on disk: every `files` pattern matches a file, the tokenizer folder holds a
 //! `tokenizer.json`, chat data has a template (the `chat_template` file exists, or the
-//! tokenizer folder has one). So a wrong path fails in `plan`, not after the queue wait.
-//! Nothing is read or tokenized here: that happens when the data is prepared (`shardrun
-//! prepare`, or the job's controller before launch).
+//! tokenizer folder has one), the tokenizer loads with the special tokens the spec names.
+//! So a wrong path or token fails in `plan`, not after the queue wait. No data is read or
+//! tokenized here: that happens when the data is prepared (`shardrun prepare`, or the job's
+//! controller before launch).
 
 use super::{defaults, ResolveError, Section};
 use crate::spec::{DataKind, DataSpec, TextSplitKind, TokenizerKind};
@@ -106,7 +107,7 @@ pub fn resolve_data(
     let validation = validation(s, spec)?;
     check_on_disk(s, spec, &source, &tokenizer, validation.as_ref(), on_disk)?;
     let from_folder = model_folder.is_some();
-    check_vocabularies(s, spec, model, from_folder, &tokenizer, on_disk, warnings)?;
+    check_tokenizer(s, spec, model, from_folder, &tokenizer, on_disk, warnings)?;
     let cache_dir = match &spec.cache_dir {
         Some(dir) => s.spec_relative(dir),
         None => {
@@ -331,8 +332,8 @@ fn tokenizer(
 #[derive(Default)]
 pub struct OnDisk {
     found: HashMap<(Lookup, PathBuf), Option<Problem>>,
-    /// What each tokenizer can produce (`None`: it did not load; the data reader says why).
-    tokenizers: Vec<(TokenizerConfig, Option<TokenizerIds>)>,
+    /// What each tokenizer can produce, or why it did not load.
+    tokenizers: Vec<(TokenizerConfig, Result<TokenizerIds, LoadFailure>)>,
 }
 
 /// The ids a tokenizer can give, against which a model's vocabulary is checked.
@@ -341,6 +342,17 @@ struct TokenizerIds {
     vocab_size: u64,
     /// The end-of-document token, which every document ends with.
     eos: (u32, String),
+}
+
+/// Why a tokenizer did not load, as the data reader would stop on it.
+#[derive(Clone)]
+enum LoadFailure {
+    /// The spec names a special token (`key`: `eos_token` or `bos_token`) it does not have.
+    SpecToken {
+        key: String,
+        why: String,
+    },
+    Other(String),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -375,26 +387,40 @@ impl OnDisk {
 }
 
 impl OnDisk {
-    fn tokenizer_ids(&mut self, tokenizer: &TokenizerConfig) -> Option<TokenizerIds> {
+    fn tokenizer_ids(&mut self, tokenizer: &TokenizerConfig) -> Result<TokenizerIds, LoadFailure> {
         if let Some((_, ids)) = self.tokenizers.iter().find(|(t, _)| t == tokenizer) {
             return ids.clone();
         }
-        let ids = shardrun_data::tokenizer::TextTokenizer::load(tokenizer)
-            .ok()
-            .map(|loaded| TokenizerIds {
+        let ids = match shardrun_data::tokenizer::TextTokenizer::load(tokenizer) {
+            Ok(loaded) => Ok(TokenizerIds {
                 vocab_size: loaded.vocab_size,
                 eos: (loaded.eos.id, loaded.eos.text),
-            });
+            }),
+            Err(DataError::UnknownSpecToken {
+                path,
+                key,
+                token,
+                special,
+            }) => Err(LoadFailure::SpecToken {
+                why: format!(
+                    "the tokenizer {} has no token `{token}`{special}",
+                    path.display()
+                ),
+                key,
+            }),
+            Err(e) => Err(LoadFailure::Other(e.to_string())),
+        };
         self.tokenizers.push((tokenizer.clone(), ids.clone()));
         ids
     }
 }
 
-/// The tokenizer's ids must fit the model's embedding. The end-of-document token ends every
-/// document: past the vocabulary, it fails the job at its first step, so it is refused here,
-/// before the job waits in a queue. Other ids past it (an added pad token, say) fail the job
-/// only if the data holds them: a warning.
-fn check_vocabularies(
+/// The tokenizer must load, with the special tokens the spec names, and its ids must fit the
+/// model's embedding. The end-of-document token ends every document: past the vocabulary, it
+/// fails the job at its first step, so it is refused here, before the job waits in a queue.
+/// Other ids past it (an added pad token, say) fail the job only if the data holds them: a
+/// warning.
+fn check_tokenizer(
     s: &Section,
     spec: &DataSpec,
     model: &ModelConfig,
@@ -403,17 +429,26 @@ fn check_vocabularies(
     on_disk: &mut OnDisk,
     warnings: &mut Vec<String>,
 ) -> Result<(), ResolveError> {
-    let (Some(vocab), TokenizerConfig::HuggingFace { path, .. }) = (model.vocab_size(), tokenizer)
-    else {
+    let TokenizerConfig::HuggingFace { path, .. } = tokenizer else {
         return Ok(());
     };
-    let Some(ids) = on_disk.tokenizer_ids(tokenizer) else {
-        return Ok(());
-    };
-    if ids.vocab_size <= vocab {
-        return Ok(());
-    }
     let field = tokenizer_field(spec);
+    let ids =
+        match on_disk.tokenizer_ids(tokenizer) {
+            Ok(ids) => ids,
+            Err(LoadFailure::SpecToken { key, why }) => return Err(s.err(
+                &format!("training.data.tokenizer.{key}"),
+                why,
+                format!(
+                    "name one of its tokens, or remove `{key}` to take the one its folder names"
+                ),
+            )),
+            // The data reader's message says what to do.
+            Err(LoadFailure::Other(why)) => return Err(s.err(field, why, "")),
+        };
+    let Some(vocab) = model.vocab_size().filter(|&vocab| ids.vocab_size > vocab) else {
+        return Ok(());
+    };
     let sizes = format!(
         "the tokenizer {} has {} ids, the model's vocabulary {}",
         path.display(),
@@ -766,17 +801,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("d")).unwrap();
         std::fs::create_dir_all(dir.path().join("tok")).unwrap();
-        for file in [
-            "d/x.jsonl",
-            "a.txt",
-            "a.jsonl",
-            "train.bin",
-            "tok/tokenizer.json",
-            "chat.jinja",
-        ] {
+        for file in ["d/x.jsonl", "a.txt", "a.jsonl", "train.bin", "chat.jinja"] {
             std::fs::write(dir.path().join(file), "{}").unwrap();
         }
+        bytes_tokenizer(&dir.path().join("tok"), "<eos>");
         dir
+    }
+
+    /// The byte tokenizer (257 ids: the bytes and `<eos>`) saved as a Hugging Face folder
+    /// whose end of document is `eos`.
+    fn bytes_tokenizer(folder: &Path, eos: &str) {
+        std::fs::create_dir_all(folder).unwrap();
+        let json = shardrun_data::tokenizer_files::bytes_tokenizer_json().unwrap();
+        std::fs::write(folder.join("tokenizer.json"), json).unwrap();
+        let config = serde_json::json!({ "eos_token": eos }).to_string();
+        std::fs::write(folder.join("tokenizer_config.json"), config).unwrap();
     }
 
     fn data_in(dir: &Path, yaml: &str) -> Result<DataConfig, ResolveError> {
@@ -1144,7 +1183,7 @@ mod tests {
             ("additional_chat_templates/tool_use.jinja", "{{ tools }}"),
             (
                 "tokenizer_config.json",
-                r#"{"chat_template": "{{ messages }}"}"#,
+                r#"{"chat_template": "{{ messages }}", "eos_token": "<eos>"}"#,
             ),
         ] {
             let dir = jobs();
@@ -1237,7 +1276,7 @@ mod tests {
             err.fix.contains("save_pretrained") && err.fix.contains("tokenizer: { path:"),
             "{err}"
         );
-        std::fs::write(model.join("tokenizer.json"), "{}").unwrap();
+        bytes_tokenizer(&model, "<eos>");
         resolve(&loaded, &Overrides::default()).unwrap();
     }
 
@@ -1245,12 +1284,7 @@ mod tests {
     /// the bytes and `<eos>`) saved as a Hugging Face folder whose end of document is `eos`.
     fn resolve_on_bytes(vocab: u64, eos: &str) -> Result<ResolvedJob, ResolveError> {
         let dir = jobs();
-        let tok = dir.path().join("bytes-tok");
-        std::fs::create_dir(&tok).unwrap();
-        let json = shardrun_data::tokenizer_files::bytes_tokenizer_json().unwrap();
-        std::fs::write(tok.join("tokenizer.json"), json).unwrap();
-        let config = serde_json::json!({ "eos_token": eos }).to_string();
-        std::fs::write(tok.join("tokenizer_config.json"), config).unwrap();
+        bytes_tokenizer(&dir.path().join("bytes-tok"), eos);
         let spec = format!(
             "name: t\nrun_root: /tmp/runs\ntraining:\n  model: {{ kind: transformer, \
              vocab_size: {vocab}, dim: 8, n_layers: 1, n_heads: 2, max_seq_len: 16 }}\n  \
@@ -1277,6 +1311,50 @@ mod tests {
             "{err}"
         );
         assert!(err.fix.contains("raise the model's `vocab_size`"), "{err}");
+    }
+
+    #[test]
+    fn a_special_token_the_tokenizer_lacks_is_refused_at_its_line_before_the_job_is_queued() {
+        let dir = jobs();
+        let text = "    kind: text\n    files: [a.txt]\n    tokenizer:\n      path: tok\n      eos_token: \"</s>\"\n";
+        let ResolveError::Invalid(err) = data_in(dir.path(), text).unwrap_err();
+        assert_eq!(
+            (err.field.as_str(), err.line),
+            ("training.data.tokenizer.eos_token", Some(10))
+        );
+        assert!(
+            err.why
+                .ends_with("has no token `</s>`; its special tokens: `<eos>`"),
+            "{err}"
+        );
+        assert!(err.fix.contains("remove `eos_token`"), "{err}");
+        let text = "    kind: text\n    files: [a.txt]\n    tokenizer: { path: tok, bos_token: \"<s>\" }\n";
+        let ResolveError::Invalid(err) = data_in(dir.path(), text).unwrap_err();
+        assert_eq!(err.field, "training.data.tokenizer.bos_token");
+        let text = "    kind: text\n    files: [a.txt]\n    tokenizer: { path: tok, eos_token: \"<eos>\" }\n";
+        data_in(dir.path(), text).unwrap();
+    }
+
+    #[test]
+    fn a_tokenizer_that_does_not_load_is_refused_at_its_path() {
+        let dir = jobs();
+        std::fs::write(dir.path().join("tok/tokenizer.json"), "{}").unwrap();
+        let text = "    kind: text\n    files: [a.txt]\n    tokenizer: { path: tok }\n";
+        let ResolveError::Invalid(err) = data_in(dir.path(), text).unwrap_err();
+        assert_eq!(err.field, "training.data.tokenizer.path");
+        assert!(
+            err.why
+                .contains("not a tokenizer file the `tokenizers` library reads"),
+            "{err}"
+        );
+        // A tokenizer without an end-of-document token says how to name one.
+        bytes_tokenizer(&dir.path().join("tok"), "<eos>");
+        std::fs::remove_file(dir.path().join("tok/tokenizer_config.json")).unwrap();
+        let ResolveError::Invalid(err) = data_in(dir.path(), text).unwrap_err();
+        assert!(
+            err.why.contains("name one with `data.tokenizer.eos_token`"),
+            "{err}"
+        );
     }
 
     #[test]
