@@ -433,19 +433,20 @@ fn check_tokenizer(
         return Ok(());
     };
     let field = tokenizer_field(spec);
-    let ids =
-        match on_disk.tokenizer_ids(tokenizer) {
-            Ok(ids) => ids,
-            Err(LoadFailure::SpecToken { key, why }) => return Err(s.err(
+    let ids = match on_disk.tokenizer_ids(tokenizer) {
+        Ok(ids) => ids,
+        Err(LoadFailure::SpecToken { key, why }) => {
+            return Err(s.err(
                 &format!("training.data.tokenizer.{key}"),
                 why,
                 format!(
                     "name one of its tokens, or remove `{key}` to take the one its folder names"
                 ),
-            )),
-            // The data reader's message says what to do.
-            Err(LoadFailure::Other(why)) => return Err(s.err(field, why, "")),
-        };
+            ))
+        }
+        // The data reader's message says what to do.
+        Err(LoadFailure::Other(why)) => return Err(s.err(field, why, "")),
+    };
     let Some(vocab) = model.vocab_size().filter(|&vocab| ids.vocab_size > vocab) else {
         return Ok(());
     };

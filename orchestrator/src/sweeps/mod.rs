@@ -13,7 +13,7 @@ pub mod survey;
 use crate::resolve::{self, Overrides, ResolveError, ResolvedJob};
 use crate::sbatch::shell_quote;
 use crate::spec::read::{read, ReadError};
-use crate::spec::{JobSpec, LoadedSpec, SpecError, SweepSpec};
+use crate::spec::{JobSpec, LoadedSpec, SpecError, SpecErrorKind, SweepSpec};
 use serde::{Deserialize, Serialize};
 use serde_norway::Value;
 use sha2::{Digest, Sha256};
@@ -154,24 +154,33 @@ pub fn expand(loaded: &LoadedSpec, overrides: &Overrides) -> Result<Vec<SweepPoi
     let base = serde_norway::to_value(&base_spec)
         .map_err(|e| loaded.error_at("sweep", format!("cannot apply the sweep: {e}"), ""))?;
 
-    // Check every path once on its own, so a typo is reported against its own key.
-    let mut checked = HashSet::new();
-    let firsts = sweep
+    // Check every value on its own, so a typo in a key is reported at the key, and a value
+    // of the wrong type at the value, not at the first point holding it.
+    let written = sweep
         .grid
         .iter()
-        .map(|(k, v)| (format!("sweep.grid.{k}"), k, &v[0]))
+        .flat_map(|(k, values)| {
+            values.iter().enumerate().map(move |(j, v)| {
+                let key_at = format!("sweep.grid.{k}");
+                (format!("{key_at}[{j}]"), key_at, k, v)
+            })
+        })
         .chain(sweep.list.iter().enumerate().flat_map(|(i, entry)| {
-            entry
-                .iter()
-                .map(move |(k, v)| (format!("sweep.list[{i}].{k}"), k, v))
+            entry.iter().map(move |(k, v)| {
+                let at = format!("sweep.list[{i}].{k}");
+                (at.clone(), at, k, v)
+            })
         }));
-    for (written_at, path, value) in firsts {
-        if checked.insert(path.clone()) {
-            let mut doc = base.clone();
-            apply(&mut doc, path, value.clone())
-                .map_err(|why| sweep_key_error(loaded, &written_at, path, why, None))?;
-            to_spec(&doc)
-                .map_err(|e| sweep_key_error(loaded, &written_at, path, e.why, e.suggestion))?;
+    for (value_at, key_at, path, value) in written {
+        let mut doc = base.clone();
+        apply(&mut doc, path, value.clone())
+            .map_err(|why| sweep_key_error(loaded, &key_at, path, why, None))?;
+        match to_spec(&doc) {
+            Ok(_) => {}
+            Err(e) if e.kind == SpecErrorKind::UnknownField && !within(&e.field, path) => {
+                return Err(sweep_key_error(loaded, &key_at, path, e.why, e.suggestion))
+            }
+            Err(e) => return Err(sweep_value_error(loaded, &value_at, path, value, e)),
         }
     }
 
@@ -185,15 +194,28 @@ pub fn expand(loaded: &LoadedSpec, overrides: &Overrides) -> Result<Vec<SweepPoi
     let mut points = Vec::with_capacity(list.len() * grid_size);
     let mut seen = HashSet::new();
     let mut lookups = resolve::Lookups::default();
-    for entry in &list {
+    for (i, entry) in list.iter().enumerate() {
         for index in 0..grid_size {
             let mut params: BTreeMap<String, Value> = entry.clone();
+            // Where each value is written, for an error about it.
+            let mut written_at: BTreeMap<String, String> = entry
+                .keys()
+                .map(|k| (k.clone(), format!("sweep.list[{i}].{k}")))
+                .collect();
             let mut rest = index;
             for (path, values) in grid.iter().rev() {
-                params.insert((*path).clone(), values[rest % values.len()].clone());
+                let j = rest % values.len();
+                params.insert((*path).clone(), values[j].clone());
+                written_at.insert((*path).clone(), format!("sweep.grid.{path}[{j}]"));
                 rest /= values.len();
             }
-            let point = resolve_point(loaded, &base, params, (overrides, &mut lookups))?;
+            let point = resolve_point(
+                loaded,
+                &base,
+                params,
+                &written_at,
+                (overrides, &mut lookups),
+            )?;
             // Two sweep entries that resolve to the same job are one point.
             if seen.insert(point.key.clone()) {
                 points.push(point);
@@ -207,6 +229,7 @@ fn resolve_point(
     loaded: &LoadedSpec,
     base: &Value,
     params: BTreeMap<String, Value>,
+    written_at: &BTreeMap<String, String>,
     (overrides, lookups): (&Overrides, &mut resolve::Lookups),
 ) -> Result<SweepPoint, SweepError> {
     let json_params: BTreeMap<String, serde_json::Value> = params
@@ -242,10 +265,10 @@ fn resolve_point(
         source: loaded.source.clone(),
         overrides: loaded.overrides.clone(),
     };
-    let mut job = resolve::resolve_with(&point_spec, overrides, lookups).map_err(|source| {
+    let mut job = resolve::resolve_with(&point_spec, overrides, lookups).map_err(|error| {
         SweepError::Point {
             label: label.clone(),
-            error: Box::new(source),
+            error: Box::new(at_swept_value(loaded, written_at, error)),
         }
     })?;
     let key = point_key(&job);
@@ -359,6 +382,51 @@ fn apply(doc: &mut Value, path: &str, value: Value) -> Result<(), String> {
 /// is explained the same way.
 fn to_spec(doc: &Value) -> Result<JobSpec, ReadError> {
     JobSpec::deserialize(doc).or_else(|_| read(&serde_norway::to_string(doc).unwrap_or_default()))
+}
+
+/// A point's error about a field the sweep sets, moved from the spec's own line for it to
+/// where the sweep writes the point's value.
+fn at_swept_value(
+    loaded: &LoadedSpec,
+    written_at: &BTreeMap<String, String>,
+    error: ResolveError,
+) -> ResolveError {
+    let ResolveError::Invalid(err) = &error;
+    let Some((_, at)) = written_at.iter().find(|(path, _)| within(&err.field, path)) else {
+        return error;
+    };
+    let mut moved = loaded.error_at(at, err.why.clone(), err.fix.clone());
+    moved.field = err.field.clone();
+    ResolveError::Invalid(moved)
+}
+
+/// Whether `field` is `path` or inside it (`training.optimizer.betas` in `training.optimizer`).
+fn within(field: &str, path: &str) -> bool {
+    field
+        .strip_prefix(path)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
+}
+
+/// A swept value the spec's key does not take, located at the value (`written_at`).
+fn sweep_value_error(
+    loaded: &LoadedSpec,
+    written_at: &str,
+    path: &str,
+    value: &Value,
+    e: ReadError,
+) -> SweepError {
+    let shown = serde_json::to_string(value).unwrap_or_default();
+    let inside = match e.field.strip_prefix(path) {
+        Some(rest) if !rest.is_empty() => format!(" (at `{}`)", e.field),
+        _ => String::new(),
+    };
+    loaded
+        .error_at(
+            written_at,
+            format!("`{path}` cannot be {shown}{inside}: {}", e.why),
+            e.fix,
+        )
+        .into()
 }
 
 /// An error about the swept `path`, located where the sweep writes it (`written_at`).
@@ -539,6 +607,47 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains("training.total_batch_size=33"), "{text}");
         assert!(text.contains("nearest 32 or 48"), "{text}");
+        // Located at the swept 33, not at the spec's own `total_batch_size: 32`.
+        let SweepError::Point { error, .. } = err else {
+            panic!("expected a point error")
+        };
+        let ResolveError::Invalid(err) = *error;
+        assert_eq!(err.field, "training.total_batch_size");
+        assert_eq!((err.line, err.column), (Some(21), Some(37)), "{err}");
+    }
+
+    #[test]
+    fn a_swept_value_of_the_wrong_type_is_located_at_the_value() {
+        let sweep = include_str!("../../../examples/sweep.yaml");
+        let yaml = sweep.replace("training.seed: [0, 1]", "training.seed: [0, -1]");
+        let SweepError::Spec(err) = points(&yaml).unwrap_err() else {
+            panic!("expected a spec error")
+        };
+        assert_eq!(err.field, "sweep.grid.training.seed[1]");
+        assert_eq!((err.line, err.column), (Some(21), Some(24)), "{err}");
+        assert!(
+            err.why.starts_with("`training.seed` cannot be -1: "),
+            "{err}"
+        );
+        assert!(err.fix.contains("a whole number"), "{err}");
+
+        let yaml = sweep.replace("weight_decay: 0.1", "weight_decay: lots");
+        let SweepError::Spec(err) = points(&yaml).unwrap_err() else {
+            panic!("expected a spec error")
+        };
+        assert_eq!(err.field, "sweep.list[1].training.optimizer.weight_decay");
+        assert_eq!(err.line, Some(24), "{err}");
+
+        // An unknown key inside a swept section is the value's, with the key it may mean.
+        let yaml = sweep.replace(
+            "training.seed: [0, 1]",
+            "training.schedule: [{ decay: cosine }, { decay: cosine, warmup_stepz: 2 }]",
+        );
+        let SweepError::Spec(err) = points(&yaml).unwrap_err() else {
+            panic!("expected a spec error")
+        };
+        assert_eq!(err.field, "sweep.grid.training.schedule[1]");
+        assert!(err.fix.contains("did you mean `warmup_steps`"), "{err}");
     }
 
     #[test]
