@@ -63,6 +63,8 @@ export SHARDRUN_RUN_DIR
 export SHARDRUN_RUN_DIR={{ run_dir }}
 {%- endif %}
 export OMP_NUM_THREADS={{ s.cpus_per_task }}
+{#- Tells the controller a SIGUSR2 this close to the time limit is the limit's. #}
+export SHARDRUN_NOTICE_SECONDS={{ preemption.signal_seconds }}
 {%- if preemption.requeue %}
 export SHARDRUN_MAX_REQUEUES={{ preemption.max_requeues }}
 {%- else %}

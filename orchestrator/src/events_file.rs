@@ -10,8 +10,14 @@
 //! {"time":1764000010.2,"event":"resumed","step":100,"path":"runs/demo/checkpoints/step-100"}
 //! ```
 
+use crate::job_controller::notice::Notice;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+
+/// Lines written before events said which notice stopped the run.
+fn unknown_notice() -> Notice {
+    Notice::Signal
+}
 
 /// One line of `events.jsonl`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -35,13 +41,18 @@ pub enum RunEvent {
     Resumed { step: u64, path: String },
     /// A checkpoint of `step` was committed.
     Checkpoint { step: u64, path: String },
-    /// Slurm announced preemption or the time limit (SIGUSR2): the ranks checkpoint at
-    /// their next step boundary.
-    PreemptRequested,
-    /// The ranks checkpointed after `step` and stopped for the preemption.
+    /// Slurm announced preemption or the time limit (SIGUSR2; `notice`: which): the ranks
+    /// checkpoint at their next step boundary.
+    PreemptRequested {
+        #[serde(default = "unknown_notice")]
+        notice: Notice,
+    },
+    /// The ranks checkpointed after `step` and stopped for the notice.
     Preempted {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         step: Option<u64>,
+        #[serde(default = "unknown_notice")]
+        notice: Notice,
     },
     /// The controller requeued the Slurm job, which resumes from the checkpoint of `step`.
     Requeued {
@@ -73,11 +84,11 @@ impl RunEvent {
     /// The step the event happened at, where it has one.
     pub fn step(&self) -> Option<u64> {
         match self {
-            RunEvent::Started { .. } | RunEvent::PreemptRequested => None,
+            RunEvent::Started { .. } | RunEvent::PreemptRequested { .. } => None,
             RunEvent::Resumed { step, .. }
             | RunEvent::Checkpoint { step, .. }
             | RunEvent::Finished { step } => Some(*step),
-            RunEvent::Preempted { step }
+            RunEvent::Preempted { step, .. }
             | RunEvent::Requeued { step, .. }
             | RunEvent::Stopped { step, .. }
             | RunEvent::Failed { step, .. } => *step,
@@ -106,7 +117,7 @@ mod tests {
 
     #[test]
     fn events_round_trip_as_flat_objects() {
-        let events = [
+        let mut events = vec![
             RunEvent::Started {
                 world_size: 2,
                 slurm_job_id: None,
@@ -115,7 +126,9 @@ mod tests {
                 step: 10,
                 path: "c/step-10".into(),
             },
-            RunEvent::PreemptRequested,
+            RunEvent::PreemptRequested {
+                notice: Notice::TimeLimit,
+            },
             RunEvent::Requeued {
                 step: Some(12),
                 slurm_job_id: "77".into(),
@@ -141,7 +154,13 @@ mod tests {
             text.push('\n');
         }
         assert!(text.starts_with(r#"{"time":0.0,"event":"started","world_size":2}"#));
-        assert!(text.contains(r#"{"time":2.0,"event":"preempt_requested"}"#));
+        assert!(text.contains(r#"{"time":2.0,"event":"preempt_requested","notice":"time_limit"}"#));
+        // Lines from before the notice was named read back as a plain SIGUSR2.
+        text.push_str("{\"time\":5,\"event\":\"preempted\",\"step\":12}\n");
+        events.push(RunEvent::Preempted {
+            step: Some(12),
+            notice: Notice::Signal,
+        });
         text.push_str(r#"{"time":9,"event":"che"#);
         std::fs::write(&path, text).unwrap();
         let back = read(&path).unwrap();

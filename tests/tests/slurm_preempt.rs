@@ -134,6 +134,11 @@ fn usr2_requeues_the_job_which_then_completes() {
             "{log}"
         );
     }
+    // `scancel --signal=USR2` long before the time limit is a preemption's notice.
+    assert!(
+        log.contains("preemption notice (SIGUSR2): the workers checkpoint"),
+        "{log}"
+    );
     assert!(log.contains("requeueing Slurm job"), "{log}");
     assert!(log.contains("training finished"), "{log}");
 }
@@ -439,8 +444,9 @@ fn usr2_during_the_set_up_requeues_the_job_without_starting_ranks() {
     .unwrap_or_else(|e| panic!("{e}\n{}", log()));
     let log = log();
     assert!(
-        log.contains("preempted before the ranks were launched (SIGUSR2 during the set-up")
-            && !log.contains("[rank 0]"),
+        log.contains(
+            "preemption notice (SIGUSR2) before the ranks were launched (during the set-up"
+        ) && !log.contains("[rank 0]"),
         "{log}"
     );
     let out = cluster

@@ -1,6 +1,7 @@
 //! The preemption warning and the time limit on the real Slurm: the batch shell gets USR2
-//! from `--signal=B:USR2@<seconds>` before the limit, and a job that runs past its limit is
-//! reported as TIMEOUT (not FAILED). Takes 1–2 minutes: Slurm's time limit is in minutes.
+//! from `--signal=B:USR2@<seconds>` before the limit, a job that runs past its limit is
+//! reported as TIMEOUT (not FAILED), and the controller says the notice was the time limit's.
+//! Takes 1–2 minutes: Slurm's time limit is in minutes.
 
 use shardrun_e2e::*;
 use std::time::Duration;
@@ -42,4 +43,42 @@ fn usr2_arrives_before_the_limit_and_the_job_ends_as_timeout() {
     })
     .unwrap();
     assert_eq!(state, "TIMEOUT");
+}
+
+#[test]
+fn the_time_limit_notice_is_named_as_such_and_the_run_checkpoints() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("timeout-notice");
+    // A minute's limit, the notice 45 s before it: more steps than the minute trains.
+    let spec = dir.write(
+        "job.yaml",
+        "name: limit\nresources:\n  time: \"1\"\n  cpus_per_task: 1\npreemption:\n  signal_seconds: 45\n  requeue: false\ntraining:\n  model: { kind: mlp, input_dim: 16, hidden_dim: 32, output_dim: 16 }\n  steps: 100000000\n  log_every: 10000\n  total_batch_size: 4\n  batch_size_per_device: 4\n",
+    );
+    let out = cluster
+        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
+        .unwrap();
+    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
+    let run = dir.join("runs/limit");
+    let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
+    let result = wait_for_file(&run.join("result.json"), Duration::from_secs(150), |t| {
+        !t.is_empty()
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    let log = log();
+    assert!(
+        log.contains("the job's time limit is near (SIGUSR2)")
+            && !log.contains("preemption notice"),
+        "{log}"
+    );
+    let result: serde_json::Value = serde_json::from_str(&result).unwrap();
+    assert_eq!(
+        (&result["status"], &result["notice"]),
+        (&"preempted".into(), &"time_limit".into()),
+        "{result}\n{log}"
+    );
+    let message = result["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("the run stopped at its time limit after step "),
+        "{result}"
+    );
 }

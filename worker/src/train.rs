@@ -413,7 +413,10 @@ impl Trainer {
                         // Nothing trained since the start or the restored checkpoint.
                         self.log(
                             LogLevel::Warn,
-                            &format!("preemption requested at step {}: stopping", self.step),
+                            &format!(
+                                "preemption or time-limit notice at step {}: stopping",
+                                self.step
+                            ),
                         );
                         break;
                     }
@@ -422,7 +425,7 @@ impl Trainer {
                             "{} from Slurm (preemption or the job's end)",
                             signal_name(signal).unwrap_or("a signal")
                         ),
-                        None => "preemption requested".to_string(),
+                        None => "preemption or time-limit notice".to_string(),
                     };
                     self.log(
                         LogLevel::Warn,

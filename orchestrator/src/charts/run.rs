@@ -191,12 +191,12 @@ impl RunFigure {
                     1.0,
                     Some(format!("resumed from step {step}")),
                 ),
-                RunEvent::Preempted { .. } => (
+                RunEvent::Preempted { notice, .. } => (
                     "preempted",
                     RGBColor(0xff, 0x7f, 0x0e),
                     2,
                     1.0,
-                    Some(format!("preempted after step {step}")),
+                    Some(format!("{} after step {step}", notice.marker())),
                 ),
                 RunEvent::Requeued {
                     requeue,
@@ -225,7 +225,7 @@ impl RunFigure {
                 ),
                 RunEvent::Finished { .. }
                 | RunEvent::Started { .. }
-                | RunEvent::PreemptRequested => continue,
+                | RunEvent::PreemptRequested { .. } => continue,
             };
             let step = step as f64;
             if out.iter().any(|m| m.kind == kind && m.step == step) {

@@ -157,7 +157,7 @@ pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyho
         job_controller::Outcome::Succeeded => RunState::Completed,
         job_controller::Outcome::Failed(_) => RunState::Failed,
         job_controller::Outcome::Cancelled { .. } => RunState::Cancelled,
-        job_controller::Outcome::Preempted => RunState::Preempted,
+        job_controller::Outcome::Preempted { .. } => RunState::Preempted,
     };
     let message = report.message.clone();
     let _ = run.update_manifest(|m| {

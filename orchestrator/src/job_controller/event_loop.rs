@@ -4,6 +4,7 @@
 use super::console::Console;
 use super::job::{Action, ConnId, Event, JobMachine};
 use super::launcher::{LaunchMode, LaunchSpec, Launched, Launcher};
+use super::notice::Notice;
 use super::outcome::{FailureCause, Outcome};
 use super::rank_variables::RankVariables;
 use super::server::{self, ServerEvent, ServerOptions};
@@ -242,14 +243,15 @@ async fn run_async(
     let (outcome, steps_done) = if preempted_before_launch {
         // Nothing has trained in this job yet, so nothing is to be saved: the time left before
         // the kill is better spent on the requeue than on starting ranks only to stop them.
-        log.say(
-            "preempted before the ranks were launched (SIGUSR2 during the set-up or while the \
-             data was prepared): no rank is started"
-                .into(),
-        )
+        let notice = Notice::of_this_job().await;
+        log.say(format!(
+            "{} before the ranks were launched (during the set-up or while the data was \
+             prepared): no rank is started",
+            notice.announced()
+        ))
         .await;
-        log.note(RunEvent::PreemptRequested).await;
-        (Outcome::Preempted, None)
+        log.note(RunEvent::PreemptRequested { notice }).await;
+        (Outcome::Preempted { notice }, None)
     } else {
         let ranks = Ranks {
             opts: &opts,
@@ -285,7 +287,7 @@ async fn run_async(
             &opts.launch,
             &opts.paths.run_dir,
         ),
-        Outcome::Preempted => format!(
+        Outcome::Preempted { .. } => format!(
             "the run {how_it_ended}{}",
             checkpoint_left(checkpoint.as_ref(), &config.checkpoint)
         ),
@@ -331,8 +333,9 @@ async fn run_async(
             step: *step,
             by: by.to_string(),
         },
-        Outcome::Preempted => RunEvent::Preempted {
+        Outcome::Preempted { notice } => RunEvent::Preempted {
             step: checkpoint.as_ref().map(|c| c.step),
+            notice: *notice,
         },
     })
     .await;
@@ -340,7 +343,7 @@ async fn run_async(
     // The Slurm job to requeue, and the message as it was before it said so (should
     // `scontrol requeue` fail).
     let mut requeue = None;
-    if outcome == Outcome::Preempted {
+    if matches!(outcome, Outcome::Preempted { .. }) {
         match this_slurm_job() {
             Some(job_id) => {
                 let done = read_count(&paths.requeue_count);
@@ -728,9 +731,9 @@ fn ended_in_words(outcome: &Outcome, checkpoint: Option<&CheckpointLeft>) -> Str
             Some(step) => format!("was cancelled by {by} after step {step}"),
             None => format!("was cancelled by {by}"),
         },
-        Outcome::Preempted => match checkpoint {
-            Some(c) => format!("was preempted after step {}", c.step),
-            None => "was preempted".into(),
+        Outcome::Preempted { notice } => match checkpoint {
+            Some(c) => format!("{} after step {}", notice.ended(), c.step),
+            None => notice.ended().into(),
         },
     }
 }
@@ -818,7 +821,8 @@ fn spawn_signal_forwarders(
             tracing::debug!(?signal, "signal received");
             let event = match signal {
                 ControllerSignal::Stop(signal) => Event::Cancel { signal },
-                ControllerSignal::Preempt => Event::Preempt,
+                // One squeue call tells a preemption from the time limit.
+                ControllerSignal::Preempt => Event::Preempt(Notice::of_this_job().await),
             };
             if events.send(ServerEvent::Job(event)).is_err() {
                 return;

@@ -6,6 +6,7 @@
 //! same one rank 0 uses in a launch without the controller).
 
 use super::collective_lag::{rank_list, Lag};
+use super::notice::Notice;
 use super::outcome::{CancelledBy, ExitInfo, Failure, FailureCause, Outcome};
 use super::stop_signal::StopSignal;
 use crate::events_file::RunEvent;
@@ -90,7 +91,7 @@ pub enum Event {
         signal: StopSignal,
     },
     /// SIGUSR2: preemption or time limit ahead.
-    Preempt,
+    Preempt(Notice),
     /// The controller itself started signalling the workers (after the shutdown grace).
     Escalated,
 }
@@ -185,7 +186,7 @@ pub struct JobMachine {
     launched: bool,
     failure: Option<Failure>,
     cancelled: Option<StopSignal>,
-    preempting: bool,
+    preempting: Option<Notice>,
     stop_requested: bool,
     escalated: bool,
 }
@@ -203,7 +204,7 @@ impl JobMachine {
             launched: false,
             failure: None,
             cancelled: None,
-            preempting: false,
+            preempting: None,
             stop_requested: false,
             escalated: false,
         }
@@ -420,14 +421,14 @@ impl JobMachine {
                     &mut out,
                 );
             }
-            Event::Preempt => {
-                if !self.preempting && self.failure.is_none() && self.cancelled.is_none() {
-                    self.preempting = true;
-                    out.push(Action::Say(
-                        "preemption requested: the workers checkpoint at the next step boundary and exit"
-                            .into(),
-                    ));
-                    out.push(Action::Record(RunEvent::PreemptRequested));
+            Event::Preempt(notice) => {
+                if self.preempting.is_none() && self.failure.is_none() && self.cancelled.is_none() {
+                    self.preempting = Some(notice);
+                    out.push(Action::Say(format!(
+                        "{}: the workers checkpoint at the next step boundary and exit",
+                        notice.announced()
+                    )));
+                    out.push(Action::Record(RunEvent::PreemptRequested { notice }));
                     if self.phase == Phase::Running {
                         for r in self.ranks.values().filter(|r| r.connected) {
                             out.push(Action::Send {
@@ -547,7 +548,7 @@ impl JobMachine {
                 conn: r.conn,
                 msg: ToWorker::Start(info.clone()),
             });
-            if self.preempting {
+            if self.preempting.is_some() {
                 out.push(Action::Send {
                     conn: r.conn,
                     msg: ToWorker::Preempt,
@@ -808,7 +809,9 @@ impl JobMachine {
                 .values()
                 .any(|r| r.end == Some(RankEnd::Finished { preempted: true }))
         {
-            Outcome::Preempted
+            Outcome::Preempted {
+                notice: self.preempting.unwrap_or(Notice::Signal),
+            }
         } else if all_ended {
             Outcome::Succeeded
         } else {

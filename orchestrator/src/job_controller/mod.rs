@@ -8,7 +8,8 @@
 //!   [`launcher`]: processes; [`rank_variables`]: the variables every rank gets;
 //! * [`writer`] with [`logbook`], [`metrics_log`] and [`console`]: the files people read
 //!   (and `events.jsonl`);
-//! * [`outcome`]: how the job ended, [`stop_signal`]: the signals that cancel it;
+//! * [`outcome`]: how the job ended, [`stop_signal`]: the signals that cancel it,
+//!   [`notice`]: what a SIGUSR2 announces (preemption or the time limit);
 //!   [`secret`]: the per-job secret.
 
 pub mod clock;
@@ -19,6 +20,7 @@ pub mod job;
 pub mod launcher;
 pub mod logbook;
 pub mod metrics_log;
+pub mod notice;
 pub mod open_files;
 pub mod options;
 pub mod outcome;

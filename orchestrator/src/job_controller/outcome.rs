@@ -1,6 +1,7 @@
 //! How a job ended, in words for people and as `result.json` for machines.
 
 use super::collective_lag::Lag;
+use super::notice::Notice;
 use super::stop_signal::StopSignal;
 use serde::{Serialize, Serializer};
 use shardrun_protocol::messages::{signal_name, StopReason};
@@ -202,8 +203,10 @@ pub enum Outcome {
         by: CancelledBy,
         step: Option<u64>,
     },
-    /// Every rank checkpointed and stopped on request.
-    Preempted,
+    /// Every rank checkpointed and stopped on a preemption or time-limit notice.
+    Preempted {
+        notice: Notice,
+    },
 }
 
 impl Outcome {
@@ -213,7 +216,7 @@ impl Outcome {
     /// SIGTERM; 130, as for Ctrl-C, when no signal is named).
     pub fn exit_code(&self) -> i32 {
         match self {
-            Outcome::Succeeded | Outcome::Preempted => 0,
+            Outcome::Succeeded | Outcome::Preempted { .. } => 0,
             Outcome::Failed(_) => 1,
             Outcome::Cancelled { by, .. } => {
                 by.signal().unwrap_or(StopSignal::Interrupt).exit_code()

@@ -622,7 +622,12 @@ fn a_second_signal_names_each_rank_it_kills_and_why() {
 #[test]
 fn preemption_asks_every_rank_and_ends_preempted() {
     let mut s = running();
-    let actions = s.handle(Event::Preempt);
+    let actions = s.handle(Event::Preempt(Notice::TimeLimit));
+    assert!(actions.contains(&Action::Say(
+        "the job's time limit is near (SIGUSR2): the workers checkpoint at the next step \
+         boundary and exit"
+            .into()
+    )));
     assert!(actions.contains(&Action::Send {
         conn: 10,
         msg: ToWorker::Preempt
@@ -632,12 +637,13 @@ fn preemption_asks_every_rank_and_ends_preempted() {
         msg: ToWorker::Preempt
     }));
     assert!(
-        s.handle(Event::Preempt).is_empty(),
+        s.handle(Event::Preempt(Notice::Preemption)).is_empty(),
         "a second signal changes nothing"
     );
     finish_rank(&mut s, 10, 0, true);
     let actions = finish_rank(&mut s, 11, 1, true);
-    assert_eq!(actions, vec![Action::Finish(Outcome::Preempted)]);
+    let notice = Notice::TimeLimit;
+    assert_eq!(actions, vec![Action::Finish(Outcome::Preempted { notice })]);
 }
 
 #[test]
@@ -651,7 +657,7 @@ fn preemption_during_rendezvous_is_delivered_with_start() {
         registration: reg(0),
     });
     assert!(s
-        .handle(Event::Preempt)
+        .handle(Event::Preempt(Notice::Preemption))
         .iter()
         .all(|a| !matches!(a, Action::Send { .. })));
     let actions = s.handle(Event::Registered {

@@ -1,0 +1,140 @@
+//! What a SIGUSR2 announces. Slurm sends the job's `--signal` both when it preempts the job
+//! and `signal_seconds` before its time limit; the controller checkpoints (and requeues) for
+//! either, and says which, from the time limit and time used that squeue reports for the job.
+
+use crate::resolve::parse_slurm_time;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+use tokio::process::Command;
+
+/// Set by the batch script: how many seconds before the time limit Slurm sends SIGUSR2
+/// (`preemption.signal_seconds`).
+pub const NOTICE_SECONDS_VAR: &str = "SHARDRUN_NOTICE_SECONDS";
+
+/// Slurm may send the time-limit signal up to a minute before it is due ("due to the
+/// resolution of event handling by Slurm", sbatch's manual).
+const SIGNAL_EARLY_BY: u64 = 60;
+
+/// How long squeue may take to answer: the notice leaves little time, and the checkpoint
+/// must not wait on a busy slurmctld.
+const SQUEUE_WAIT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Notice {
+    /// Slurm preempts the job (or someone sent SIGUSR2 well before the time limit).
+    Preemption,
+    /// The job's time limit is near.
+    TimeLimit,
+    /// A SIGUSR2 that is not known to be either: outside Slurm, or squeue did not answer.
+    Signal,
+}
+
+impl Notice {
+    /// What the SIGUSR2 just received announces, asked of Slurm (one squeue call).
+    pub async fn of_this_job() -> Notice {
+        let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let (Some(job), Some(notice_seconds)) = (
+            var("SLURM_JOB_ID"),
+            var(NOTICE_SECONDS_VAR).and_then(|s| s.parse().ok()),
+        ) else {
+            return Notice::Signal;
+        };
+        let asked = Command::new("squeue")
+            .args(["--noheader", "--jobs", &job, "--format=%l %M"])
+            .kill_on_drop(true)
+            .output();
+        match tokio::time::timeout(SQUEUE_WAIT, asked).await {
+            Ok(Ok(out)) if out.status.success() => {
+                Notice::from_squeue(&String::from_utf8_lossy(&out.stdout), notice_seconds)
+            }
+            _ => Notice::Signal,
+        }
+    }
+
+    /// From squeue's `%l %M` (time limit, time used: `1:00:00 42:17`, `UNLIMITED 5:03`) and
+    /// the seconds before the limit that Slurm signals.
+    fn from_squeue(line: &str, notice_seconds: u64) -> Notice {
+        let mut fields = line.split_whitespace();
+        let (Some(limit), Some(used)) = (fields.next(), fields.next()) else {
+            return Notice::Signal;
+        };
+        if limit == "UNLIMITED" {
+            return Notice::Preemption;
+        }
+        // squeue writes a time used under a minute as `0:42`; `parse_slurm_time` refuses 0.
+        let used = if used.split([':', '-']).all(|p| p.bytes().all(|b| b == b'0')) {
+            Some(0)
+        } else {
+            parse_slurm_time(used)
+        };
+        match (parse_slurm_time(limit), used) {
+            (Some(limit), Some(used)) => {
+                if limit.saturating_sub(used) <= notice_seconds + SIGNAL_EARLY_BY {
+                    Notice::TimeLimit
+                } else {
+                    Notice::Preemption
+                }
+            }
+            _ => Notice::Signal,
+        }
+    }
+
+    /// The notice in a few words, with the signal: the subject of a train.log line.
+    pub fn announced(self) -> &'static str {
+        match self {
+            Notice::Preemption => "preemption notice (SIGUSR2)",
+            Notice::TimeLimit => "the job's time limit is near (SIGUSR2)",
+            Notice::Signal => "SIGUSR2 (a preemption or time-limit notice)",
+        }
+    }
+
+    /// The label of a plot's marker where the run stopped for it.
+    pub fn marker(self) -> &'static str {
+        match self {
+            Notice::Preemption => "preempted",
+            Notice::TimeLimit => "time limit",
+            Notice::Signal => "SIGUSR2",
+        }
+    }
+
+    /// How a run that stopped for it ended, after "the run": `was preempted`.
+    pub fn ended(self) -> &'static str {
+        match self {
+            Notice::Preemption => "was preempted",
+            Notice::TimeLimit => "stopped at its time limit",
+            Notice::Signal => "stopped on SIGUSR2",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_time_left_tells_a_time_limit_from_a_preemption() {
+        use Notice::*;
+        // (squeue's `%l %M`, signal_seconds, the notice). A 1 min limit signalled 30 s before
+        // it is the limit's even at the start: Slurm may signal up to a minute early.
+        let cases = [
+            ("1:00 0:31\n", 30, TimeLimit),
+            ("1:00 0:00\n", 30, TimeLimit),
+            ("2:00:00 1:58:10", 90, TimeLimit),
+            ("2:00:00 1:00:10", 90, Preemption),
+            ("1-00:00:00 23:57:00", 120, TimeLimit),
+            ("1-00:00:00 2-01:00", 120, TimeLimit),
+            ("UNLIMITED 5:03", 90, Preemption),
+            // A job squeue no longer lists, or output it does not read.
+            ("", 90, Signal),
+            ("INVALID 0:05", 90, Signal),
+        ];
+        for (squeue, notice_seconds, notice) in cases {
+            assert_eq!(
+                Notice::from_squeue(squeue, notice_seconds),
+                notice,
+                "{squeue:?}"
+            );
+        }
+    }
+}
