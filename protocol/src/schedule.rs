@@ -32,8 +32,10 @@ impl Schedule {
         }
         let min = self.peak * self.config.min_lr_ratio;
         let decay_steps = self.total_steps.saturating_sub(1).saturating_sub(warmup);
+        // A decay of one update starts at the peak, as every decay does: the floor is for
+        // the last of several (HF's schedules give a one-step run its full LR too).
         let progress = if decay_steps == 0 {
-            1.0
+            0.0
         } else {
             ((step - warmup) as f64 / decay_steps as f64).min(1.0)
         };
@@ -73,5 +75,30 @@ mod tests {
         assert!((schedule(LrDecay::Linear).lr(11) - 0.1).abs() < 1e-12);
         assert!((schedule(LrDecay::Linear).lr(8) - (1.0 - 0.9 * 6.0 / 9.0)).abs() < 1e-12);
         assert_eq!(schedule(LrDecay::Constant).lr(11), 1.0);
+    }
+
+    #[test]
+    fn a_decay_of_one_update_trains_at_the_peak() {
+        for decay in [LrDecay::Cosine, LrDecay::Linear] {
+            let no_warmup = LrSchedule {
+                warmup_steps: 0,
+                decay,
+                min_lr_ratio: 0.1,
+            };
+            assert_eq!(Schedule::new(1.0, no_warmup.clone(), 1).lr(0), 1.0);
+            let two = Schedule::new(1.0, no_warmup, 2);
+            assert!(two.lr(0) == 1.0 && (two.lr(1) - 0.1).abs() < 1e-12);
+            // Warmup 2 of 3 steps: 0.5, 1.0, then the one decay update at the peak.
+            let three = Schedule::new(
+                1.0,
+                LrSchedule {
+                    warmup_steps: 2,
+                    decay,
+                    min_lr_ratio: 0.1,
+                },
+                3,
+            );
+            assert_eq!([three.lr(0), three.lr(1), three.lr(2)], [0.5, 1.0, 1.0]);
+        }
     }
 }
