@@ -166,7 +166,35 @@ fn a_folder_without_checkpoints_says_what_to_check() {
     let (ok, text) = export(&[empty.path()]);
     assert!(!ok);
     assert!(
-        text.contains("no checkpoints under") && text.contains("checkpoint.dir"),
+        text.contains("no checkpoints under")
+            && text.contains("neither a run directory nor a checkpoint folder"),
+        "{text}"
+    );
+    // A run directory that ended before its first checkpoint says how it ended.
+    let run = empty.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    let config = train_config(
+        empty.path(),
+        "{ kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }",
+        "{ kind: synthetic }",
+    );
+    std::fs::write(
+        run.join("train_config.json"),
+        serde_json::to_vec(&config).unwrap(),
+    )
+    .unwrap();
+    let (ok, text) = export(&[&run]);
+    assert!(!ok);
+    assert!(text.contains("has saved no checkpoint yet"), "{text}");
+    std::fs::write(
+        run.join("result.json"),
+        r#"{"status": "failed", "ended": "failed: preparing the training data: no file matches"}"#,
+    )
+    .unwrap();
+    let (ok, text) = export(&[&run]);
+    assert!(!ok);
+    assert!(
+        text.contains("saved no checkpoint to export: it failed: preparing the training data"),
         "{text}"
     );
     let (ok, text) = export(&[&empty.path().join("missing")]);

@@ -667,8 +667,28 @@ fn checkpoint_location(path: &Path) -> Result<PathBuf> {
             path.display()
         );
     }
+    if config_path.exists() {
+        // A run saves when it ends too, so a run without one ended before it could.
+        let ended = std::fs::read(path.join("result.json"))
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+            .and_then(|result| Some(result.get("ended")?.as_str()?.to_string()));
+        match ended {
+            Some(ended) => bail!(
+                "the run {} saved no checkpoint to export: it {ended} before saving one",
+                path.display()
+            ),
+            None => bail!(
+                "the run {} has saved no checkpoint yet: it saves every \
+                 `checkpoint.interval_steps` (or `interval_minutes`) and when it ends (`shardrun status {}` shows where it is)",
+                path.display(),
+                path.display()
+            ),
+        }
+    }
     bail!(
-        "no checkpoints under {}: it is not a checkpoint folder and has no checkpoints/ folder. Does the job spec enable `checkpoint.dir`, and has the run saved one yet?",
+        "no checkpoints under {}: it is neither a run directory nor a checkpoint folder; give a \
+         run directory (with a checkpoints/ folder) or one of its checkpoints/step-N folders",
         path.display()
     )
 }
