@@ -394,13 +394,19 @@ fn skipped_records(what: &str, corpus: &Corpus) -> Option<String> {
         return None;
     }
     let shown = &m.skipped_examples[..m.skipped_examples.len().min(3)];
+    let head = format!(
+        "warning: {} bad record(s) of the {what} skipped (data.on_bad_record: skip)",
+        thousands(m.skipped_records)
+    );
+    if shown.len() as u64 == m.skipped_records {
+        return Some(format!("{head}: {}", shown.join("; ")));
+    }
     Some(format!(
-        "warning: {} bad record(s) of the {what} skipped (data.on_bad_record: skip; the first {} \
-         are in {}): {}",
-        thousands(m.skipped_records),
+        "{head}; the first {}: {} (the first {} are listed in {})",
+        shown.len(),
+        shown.join("; "),
         m.skipped_examples.len(),
-        corpus.dir.join(crate::cache::MANIFEST).display(),
-        shown.join("; ")
+        corpus.dir.join(crate::cache::MANIFEST).display()
     ))
 }
 

@@ -101,6 +101,11 @@ pub fn tokenize(
     });
     progress.finish();
     result?;
+    // The reader's skips (records that do not parse) and the encoder's (records the template
+    // or tokenizer refused) came apart: put them back in file order, so the first named are
+    // the first in the files.
+    let file_index = |origin: &Origin| files.iter().position(|f| f.path == origin.path);
+    skipped.sort_by_key(|s| (file_index(&s.origin), s.origin.line));
     Ok(skipped)
 }
 

@@ -83,8 +83,7 @@ fn unreadable_empty_and_missing_files() {
     assert_eq!(data.train().corpus().documents(), 1);
     // The description says so, from the cache as well as when it was made.
     let warning = format!(
-        "warning: 1 bad record(s) of the training data skipped (data.on_bad_record: skip; the first 1 are in {}): {}: the file is empty",
-        data.train().corpus().dir.join("manifest.json").display(),
+        "warning: 1 bad record(s) of the training data skipped (data.on_bad_record: skip): {}: the file is empty",
         empty.display()
     );
     assert!(data.summary().contains(&warning), "{:?}", data.summary());
@@ -195,6 +194,38 @@ fn chat_record_with_an_unknown_role() {
             path.display()
         )),
         "{err}"
+    );
+}
+
+#[test]
+fn skipped_records_are_named_in_file_order_whichever_step_refused_them() {
+    // Line 2 reads but its template fails; line 3 does not read at all.
+    let dir = tempfile::tempdir().unwrap();
+    let good = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}";
+    let parts = "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"hi\"}]}, {\"role\": \"assistant\", \"content\": \"yo\"}]}";
+    let path = write(
+        dir.path(),
+        "chat.jsonl",
+        &format!("{good}\n{parts}\n{{\"messages\": \n{good}\n"),
+    );
+    let mut c = dataset(
+        chat(&path, "messages"),
+        hf("bpe"),
+        64,
+        &dir.path().join("cache"),
+    );
+    c.on_bad_record = OnBadRecord::Skip;
+    let data = open(&c, None).unwrap();
+    let m = &data.train().corpus().manifest;
+    assert_eq!((m.documents, m.skipped_records), (2, 2));
+    let lines: Vec<&str> = m
+        .skipped_examples
+        .iter()
+        .map(|e| e.strip_prefix(&format!("{}:", path.display())).unwrap())
+        .collect();
+    assert!(
+        lines[0].starts_with("2: the chat template failed") && lines[1].starts_with("3: "),
+        "{lines:?}"
     );
 }
 
