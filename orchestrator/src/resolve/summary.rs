@@ -80,10 +80,10 @@ impl ResolvedJob {
         let _ = writeln!(
             out,
             "  optimizer      AdamW lr {} betas ({}, {}) weight decay {} (none on {}), warmup {} then {} to ×{}",
-            t.optimizer.lr,
+            short_number(t.optimizer.lr),
             t.optimizer.beta1,
             t.optimizer.beta2,
-            t.optimizer.weight_decay,
+            short_number(t.optimizer.weight_decay),
             if t.optimizer.no_weight_decay.is_empty() {
                 "no parameter kind".to_string()
             } else {
@@ -214,6 +214,16 @@ impl ResolvedJob {
 }
 
 /// `NAME=value ...` as [`shown_value`] shows each.
+/// A setting as written in a spec: `3e-4` rather than `0.0003`, and `1e-12` rather than a
+/// row of zeros.
+fn short_number(x: f64) -> String {
+    if x != 0.0 && (x.abs() < 1e-3 || x.abs() >= 1e6) {
+        format!("{x:e}")
+    } else {
+        x.to_string()
+    }
+}
+
 pub(crate) fn shown_variables(vars: &[(String, String)]) -> String {
     let shown: Vec<String> = vars
         .iter()
