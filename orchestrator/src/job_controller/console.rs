@@ -96,12 +96,18 @@ impl Console {
                 .map(|e| format!("  epoch {e:.2}"))
                 .unwrap_or_default()
         );
+        let first_record = self.first.is_none();
+        let first = *self.first.get_or_insert((Instant::now(), m.step));
         if let Some(bar) = &self.bar {
-            bar.set_position(m.step);
             bar.set_message(summary);
+            bar.set_position(m.step);
+            if first_record {
+                // The rate since the launch counts the start-up (rendezvous, loading the
+                // model) as training: the ETA counts from the first step instead.
+                bar.reset_eta();
+            }
             return;
         }
-        let first = *self.first.get_or_insert((Instant::now(), m.step));
         let eta = eta_seconds(
             first.0.elapsed().as_secs_f64(),
             first.1,
