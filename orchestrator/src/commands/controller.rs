@@ -157,6 +157,8 @@ pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyho
         job_controller::Outcome::Succeeded => RunState::Completed,
         job_controller::Outcome::Failed(_) => RunState::Failed,
         job_controller::Outcome::Cancelled { .. } => RunState::Cancelled,
+        // Preempted with no requeue left (or a requeue Slurm refused): the job failed.
+        job_controller::Outcome::Preempted { .. } if report.exit_code != 0 => RunState::Failed,
         job_controller::Outcome::Preempted { .. } => RunState::Preempted,
     };
     let message = report.message.clone();

@@ -111,12 +111,16 @@ struct Verdict {
 fn read_result(run: &RunDir) -> Option<Verdict> {
     let bytes = std::fs::read(run.result()).ok()?;
     let value: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let failed = value.get("exit_code").and_then(|c| c.as_i64()).unwrap_or(0) != 0;
     let state = value
         .get("status")
         .and_then(|v| v.as_str())
         .map(|status| match status {
             "succeeded" => RunState::Completed,
             "cancelled" => RunState::Cancelled,
+            // With no requeue left, or one Slurm refused, the controller exits 1: Slurm
+            // says FAILED, and so does the run.
+            "preempted" if failed => RunState::Failed,
             "preempted" => RunState::Preempted,
             _ => RunState::Failed,
         });
@@ -561,6 +565,13 @@ mod tests {
         assert!(read_result(&run).is_some_and(
             |v| v.requeued && v.ended.as_deref() == Some("was preempted after step 40")
         ));
+        // Preempted with no requeue left: the controller exits 1, and Slurm says FAILED.
+        std::fs::write(
+            run.result(),
+            r#"{"status": "preempted", "message": "no requeue left", "exit_code": 1}"#,
+        )
+        .unwrap();
+        assert!(read_result(&run).is_some_and(|v| v.state == Some(RunState::Failed)));
         std::fs::write(run.result(), "{\"stat").unwrap();
         assert_eq!(
             read_result(&run),
