@@ -32,13 +32,15 @@ fn submit_simulated(
 }
 
 /// Submits the simulated ranks' job `name` (spec text `spec`), lets it train a few steps
-/// and sends USR2 to its batch script, as Slurm does `signal_seconds` before the time limit.
+/// and sends USR2 to its batch script, as Slurm does `signal_seconds` before the time limit
+/// (`to_ranks`: to its ranks instead, as `scancel --signal=USR2` without `--batch` does).
 /// Returns the job id and the run directory.
 fn trained_then_usr2(
     cluster: &SlurmCluster,
     dir: &TestDir,
     name: &str,
     spec: &str,
+    to_ranks: bool,
 ) -> (String, std::path::PathBuf) {
     let (job_id, run) = submit_simulated(cluster, dir, name, spec);
     wait_for(
@@ -48,7 +50,11 @@ fn trained_then_usr2(
     )
     .unwrap();
     let mut signal = cluster.command("scancel");
-    signal.args(["--signal=USR2", "--batch", &job_id]);
+    signal.arg("--signal=USR2");
+    if !to_ranks {
+        signal.arg("--batch");
+    }
+    signal.arg(&job_id);
     let out = run_with_deadline(&mut signal, Duration::from_secs(30)).unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
     (job_id, run)
@@ -62,7 +68,8 @@ fn preempted_and_requeued(
     name: &str,
     steps: u64,
 ) -> (String, std::path::PathBuf) {
-    let (job_id, run) = trained_then_usr2(cluster, dir, name, &tiny_mlp_spec(name, steps, 2));
+    let (job_id, run) =
+        trained_then_usr2(cluster, dir, name, &tiny_mlp_spec(name, steps, 2), false);
 
     let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
     wait_for_file(&run.join("requeue_count"), Duration::from_secs(60), |t| {
@@ -229,12 +236,14 @@ fn cancel_of_a_finished_runs_requeued_job_leaves_the_run_finished() {
 /// A job that does not requeue (`preemption.requeue: false`, `--no-requeue`) is not asked
 /// to: USR2 stops the ranks at a step boundary and the run ends PREEMPTED, exit 0, saying
 /// how to go on, where `scontrol requeue` (refused by Slurm) would have failed it.
+/// USR2 sent to the ranks (`scancel --signal=USR2` without `--batch`) is the same notice as
+/// to the batch script: a checkpoint, not ranks killed by the signal's default action.
 #[test]
-fn usr2_to_a_job_that_does_not_requeue_ends_it_preempted() {
+fn usr2_to_the_ranks_of_a_job_that_does_not_requeue_ends_it_preempted() {
     let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
     let dir = TestDir::new("slurm-no-requeue");
     let spec = tiny_mlp_spec("norequeue", 1500, 2) + "preemption: { requeue: false }\n";
-    let (_, run) = trained_then_usr2(&cluster, &dir, "norequeue", &spec);
+    let (_, run) = trained_then_usr2(&cluster, &dir, "norequeue", &spec, true);
 
     let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
     let result = wait_for_file(&run.join("result.json"), Duration::from_secs(120), |t| {
@@ -248,6 +257,7 @@ fn usr2_to_a_job_that_does_not_requeue_ends_it_preempted() {
     assert!(result.contains("its job is not requeued"), "{result}");
     assert!(!run.join("requeue_count").exists());
     assert!(!log().contains("requeueing Slurm job"), "{}", log());
+    assert!(result.contains("the run stopped on SIGUSR2"), "{result}");
     let manifest = std::fs::read_to_string(run.join("manifest.json")).unwrap();
     assert!(manifest.contains("\"PREEMPTED\""), "{manifest}");
 }
@@ -449,6 +459,115 @@ fn usr2_during_the_set_up_requeues_the_job_without_starting_ranks() {
         ) && !log.contains("[rank 0]"),
         "{log}"
     );
+    let out = cluster
+        .shardrun(dir.path(), &["cancel", &run.to_string_lossy()])
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+}
+
+/// Slurm's SIGTERM to the ranks (a preemption's grace time; `scancel --signal=TERM` without
+/// `--batch` sends the same) kills a rank that is still starting, before its handlers are
+/// installed: here a worker that never gets that far. The job ends preempted, as the notice
+/// it was, not failed.
+#[test]
+fn a_rank_terminated_while_it_starts_ends_the_job_preempted_not_failed() {
+    use std::os::unix::fs::PermissionsExt;
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("slurm-term-at-start");
+    let starting = dir.write("starting.sh", "#!/bin/sh\nexec sleep 300\n");
+    std::fs::set_permissions(&starting, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let spec = dir.write(
+        "tiny.yaml",
+        &(tiny_mlp_spec("starting", 10, 2) + "preemption: { requeue: false }\n"),
+    );
+    let mut submit = cluster.command(shardrun());
+    submit
+        .current_dir(dir.path())
+        .args(["submit", &spec.to_string_lossy()])
+        .env("SHARDRUN_WORKER_BIN", &starting);
+    let out = run_with_deadline(&mut submit, Duration::from_secs(60)).unwrap();
+    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
+    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let run = dir.join("runs/starting");
+    let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
+
+    // Once the ranks' step runs, signal it alone.
+    let step = format!("{job_id}.0");
+    wait_for("the ranks' step to start", Duration::from_secs(120), || {
+        let mut steps = cluster.command("squeue");
+        steps.args(["--steps", "--noheader", "--format=%i", "--jobs", &job_id]);
+        let out = run_with_deadline(&mut steps, Duration::from_secs(30)).ok()?;
+        stdout_of(&out)
+            .lines()
+            .any(|l| l.trim() == step)
+            .then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    let mut signal = cluster.command("scancel");
+    signal.args(["--signal=TERM", &job_id]);
+    let out = run_with_deadline(&mut signal, Duration::from_secs(30)).unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+
+    let result = wait_for_file(&run.join("result.json"), Duration::from_secs(120), |t| {
+        !t.is_empty()
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    let result: serde_json::Value = serde_json::from_str(&result).unwrap();
+    assert_eq!(result["status"], "preempted", "{result}\n{}", log());
+    assert!(
+        log().contains("before it could take the notice"),
+        "{}",
+        log()
+    );
+}
+
+/// `scontrol requeue` (as Slurm does for a failed node) stops the job with SIGTERM and queues
+/// it again: the run takes it as a notice, not a cancel, and says the job is queued, not to
+/// submit it again.
+#[test]
+fn scontrol_requeue_is_taken_as_a_notice_not_a_cancel() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("slurm-scontrol-requeue");
+    let (job_id, run) = submit_simulated(
+        &cluster,
+        &dir,
+        "requeued",
+        &tiny_mlp_spec("requeued", 1500, 2),
+    );
+    wait_for(
+        "the first attempt to train",
+        Duration::from_secs(120),
+        || (metric_steps(&run, 0).len() >= 5).then_some(()),
+    )
+    .unwrap();
+    let mut requeue = cluster.command("scontrol");
+    requeue.args(["requeue", &job_id]);
+    let out = run_with_deadline(&mut requeue, Duration::from_secs(30)).unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+
+    let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
+    let result = wait_for_file(&run.join("result.json"), Duration::from_secs(120), |t| {
+        !t.is_empty()
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    let result: serde_json::Value = serde_json::from_str(&result).unwrap();
+    assert_eq!(
+        (&result["status"], &result["notice"], &result["requeued"]),
+        (&"preempted".into(), &"slurm_requeue".into(), &true.into()),
+        "{result}\n{}",
+        log()
+    );
+    let message = result["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("Slurm queues the job again") && !message.contains("submit it"),
+        "{message}"
+    );
+    // Slurm's own requeue is not one of the job's `max_requeues`.
+    assert!(!run.join("requeue_count").exists());
+    let out = cluster
+        .shardrun(dir.path(), &["metrics", &run.to_string_lossy()])
+        .unwrap();
+    assert!(stdout_of(&out).contains("queued"), "{}", stdout_of(&out));
     let out = cluster
         .shardrun(dir.path(), &["cancel", &run.to_string_lossy()])
         .unwrap();

@@ -139,9 +139,9 @@ fn run() -> Result<i32> {
     }
 
     // From here SIGINT and SIGTERM stop the ranks together at a step boundary (SIGTERM to a
-    // Slurm task after a checkpoint).
+    // Slurm task after a checkpoint), and SIGUSR2 checkpoints first.
     stop::install_signal_handlers(stop::Sigterm::from_env())
-        .context("cannot install the SIGINT/SIGTERM handlers")?;
+        .context("cannot install the SIGINT/SIGTERM/SIGUSR2 handlers")?;
     let Joined {
         reporter,
         comms,

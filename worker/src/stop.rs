@@ -178,13 +178,19 @@ impl Sigterm {
 /// checkpoint first ([`Sigterm`]); a second SIGINT terminates.
 pub fn install_signal_handlers(sigterm: Sigterm) -> std::io::Result<()> {
     let switch = process();
-    if sigterm == Sigterm::Checkpoint {
+    // SIGUSR2 is the job's `--signal` notice; `scancel --signal=USR2` without `--batch` sends
+    // it to the ranks rather than to the batch script.
+    let notices = match sigterm {
+        Sigterm::Checkpoint => &[libc::SIGTERM, libc::SIGUSR2][..],
+        Sigterm::Stop => &[libc::SIGUSR2][..],
+    };
+    for &signal in notices {
         // SAFETY: the action is two atomic stores, which are async-signal-safe.
         unsafe {
-            signal_hook::low_level::register(libc::SIGTERM, move || {
+            signal_hook::low_level::register(signal, move || {
                 switch
                     .preempt_signal
-                    .store(libc::SIGTERM as usize, Ordering::SeqCst);
+                    .store(signal as usize, Ordering::SeqCst);
                 switch.preempt.store(true, Ordering::SeqCst);
             })?;
         }

@@ -8,7 +8,7 @@ use super::notice::Notice;
 use super::outcome::{FailureCause, Outcome};
 use super::rank_variables::RankVariables;
 use super::server::{self, ServerEvent, ServerOptions};
-use super::stop_signal::{ControllerSignal, HandedOver, Signals};
+use super::stop_signal::{ControllerSignal, HandedOver, Signals, StopSignal};
 use super::writer::{self, ControllerLog, Echo, Record, WriterFiles};
 use super::{clock, open_files, priority, secret, ControllerError};
 use crate::events_file::RunEvent;
@@ -264,6 +264,7 @@ async fn run_async(
         };
         ranks.launch_and_watch(signals).await
     };
+    let outcome = requeued_by_slurm(outcome, slurm_job_id.is_some()).await;
 
     let mut last_lines = Vec::new();
     let checkpoint = config
@@ -343,7 +344,13 @@ async fn run_async(
     // The Slurm job to requeue, and the message as it was before it said so (should
     // `scontrol requeue` fail).
     let mut requeue = None;
-    if matches!(outcome, Outcome::Preempted { .. }) {
+    let slurm_requeued = outcome
+        == Outcome::Preempted {
+            notice: Notice::SlurmRequeue,
+        };
+    if slurm_requeued {
+        message = format!("{message}; Slurm queues the job again, which resumes from it");
+    } else if matches!(outcome, Outcome::Preempted { .. }) {
         match this_slurm_job() {
             Some(job_id) => {
                 let done = read_count(&paths.requeue_count);
@@ -425,7 +432,7 @@ async fn run_async(
         let json = serde_json::to_vec_pretty(&result).unwrap_or_default();
         write_atomic(&paths.result, &json).map_err(file_err("write", &paths.result))
     };
-    write_result(&message, exit_code, requeue.is_some())?;
+    write_result(&message, exit_code, requeue.is_some() || slurm_requeued)?;
 
     if let Some((job_id, preempted_message, requeues_before)) = requeue {
         // Requeueing kills this batch script: everything must be on disk before.
@@ -543,6 +550,9 @@ impl Ranks<'_> {
         let signal_all = std::sync::Arc::new(launcher.signaller());
 
         let mut state = JobMachine::new(world_size, config_hash.to_string());
+        if matches!(spec.mode, LaunchMode::Slurm { .. }) {
+            state = state.with_slurm_notices();
+        }
         let mut conns: HashMap<ConnId, (mpsc::UnboundedSender<ToWorker>, AbortHandle)> =
             HashMap::new();
         let mut rejections = RejectionLog::default();
@@ -722,6 +732,24 @@ fn newest_checkpoint(root: &Path) -> Option<CheckpointLeft> {
     })
 }
 
+/// Slurm requeueing the job (`scontrol requeue`, a failed node) sends SIGTERM to the batch
+/// script and to the ranks: whichever arrived first (a stop, a checkpoint), the job is queued
+/// again by Slurm, neither cancelled nor for the controller to requeue.
+async fn requeued_by_slurm(outcome: Outcome, under_slurm: bool) -> Outcome {
+    let by_sigterm = match &outcome {
+        Outcome::Cancelled { by, .. } => by.signal() == Some(StopSignal::Terminate),
+        Outcome::Preempted { notice } => *notice != Notice::SlurmRequeue,
+        _ => false,
+    };
+    if under_slurm && by_sigterm && Notice::requeued_by_slurm().await {
+        Outcome::Preempted {
+            notice: Notice::SlurmRequeue,
+        }
+    } else {
+        outcome
+    }
+}
+
 /// How the run ended, in a few words that follow "the run" / "it".
 fn ended_in_words(outcome: &Outcome, checkpoint: Option<&CheckpointLeft>) -> String {
     match outcome {
@@ -820,6 +848,13 @@ fn spawn_signal_forwarders(
         while let Some(signal) = signals.recv().await {
             tracing::debug!(?signal, "signal received");
             let event = match signal {
+                // Slurm requeueing the job sends SIGTERM: the ranks (which Slurm signals too)
+                // checkpoint, and the job is queued again by Slurm itself.
+                ControllerSignal::Stop(StopSignal::Terminate)
+                    if Notice::requeued_by_slurm().await =>
+                {
+                    Event::Preempt(Notice::SlurmRequeue)
+                }
                 ControllerSignal::Stop(signal) => Event::Cancel { signal },
                 // One squeue call tells a preemption from the time limit.
                 ControllerSignal::Preempt => Event::Preempt(Notice::of_this_job().await),

@@ -187,6 +187,12 @@ pub struct JobMachine {
     failure: Option<Failure>,
     cancelled: Option<StopSignal>,
     preempting: Option<Notice>,
+    /// Whether a SIGTERM or SIGUSR2 that kills a rank was Slurm's notice (the ranks are the
+    /// tasks of a Slurm step), not a failure.
+    signals_are_notices: bool,
+    /// A rank died of such a notice before it could take it (its handlers are installed
+    /// once its process has started): the job ends preempted, without a new checkpoint.
+    killed_by_notice: bool,
     stop_requested: bool,
     escalated: bool,
 }
@@ -205,9 +211,18 @@ impl JobMachine {
             failure: None,
             cancelled: None,
             preempting: None,
+            signals_are_notices: false,
+            killed_by_notice: false,
             stop_requested: false,
             escalated: false,
         }
+    }
+
+    /// The ranks are tasks of a Slurm step: a SIGTERM or SIGUSR2 that kills one is Slurm's
+    /// preemption (or time-limit) notice arriving before the rank could take it.
+    pub fn with_slurm_notices(mut self) -> Self {
+        self.signals_are_notices = true;
+        self
     }
 
     pub fn phase(&self) -> Phase {
@@ -593,6 +608,26 @@ impl JobMachine {
         if as_announced {
             return;
         }
+        if self.signals_are_notices
+            && exit.is_notice_signal()
+            && self.failure.is_none()
+            && self.cancelled.is_none()
+        {
+            let notice = *self.preempting.get_or_insert(Notice::Preemption);
+            self.killed_by_notice = true;
+            let who = rank.and_then(|rank| self.roster.get(rank)).map_or_else(
+                || "the ranks".to_string(),
+                |r| format!("rank {} on {}", r.rank, r.host),
+            );
+            out.push(Action::Say(format!(
+                "{who} ended on {exit} before it could take the notice ({}): the job stops \
+                 as preempted, to resume from its newest checkpoint",
+                notice.announced()
+            )));
+            self.stop("the job is preempted", out);
+            self.check_done(out);
+            return;
+        }
         // A clean exit (or a stop's) can overtake the last messages still queued in the
         // socket: the rank's (or, under srun, any rank's) connection closing decides instead.
         let still_reading = match rank {
@@ -788,6 +823,10 @@ impl JobMachine {
         let completed = all_ended && stopped.is_empty();
         let outcome = if let Some(f) = self.failure.take() {
             Outcome::Failed(f)
+        } else if self.killed_by_notice && self.cancelled.is_none() {
+            Outcome::Preempted {
+                notice: self.preempting.unwrap_or(Notice::Preemption),
+            }
         } else if let Some(signal) = self.cancelled.take().filter(|_| !completed) {
             Outcome::Cancelled {
                 by: CancelledBy::Signal(signal),

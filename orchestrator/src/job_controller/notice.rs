@@ -1,6 +1,8 @@
-//! What a SIGUSR2 announces. Slurm sends the job's `--signal` both when it preempts the job
-//! and `signal_seconds` before its time limit; the controller checkpoints (and requeues) for
-//! either, and says which, from the time limit and time used that squeue reports for the job.
+//! What a signal from Slurm announces. Slurm sends the job's `--signal` (SIGUSR2) both when
+//! it preempts the job and `signal_seconds` before its time limit; the controller checkpoints
+//! (and requeues) for either, and says which, from the time limit and time used that squeue
+//! reports for the job. A SIGTERM is a cancel, unless Slurm is requeueing the job
+//! (`scontrol requeue`, a failed node): then it is a notice too, and the job is already queued.
 
 use crate::resolve::parse_slurm_time;
 use serde::{Deserialize, Serialize};
@@ -28,6 +30,8 @@ pub enum Notice {
     TimeLimit,
     /// A SIGUSR2 that is not known to be either: outside Slurm, or squeue did not answer.
     Signal,
+    /// SIGTERM from Slurm requeueing the job: it runs again by itself.
+    SlurmRequeue,
 }
 
 impl Notice {
@@ -49,6 +53,28 @@ impl Notice {
                 Notice::from_squeue(&String::from_utf8_lossy(&out.stdout), notice_seconds)
             }
             _ => Notice::Signal,
+        }
+    }
+
+    /// Whether Slurm is requeueing this job (it sends SIGTERM first): its restart count is
+    /// past the one it started with (`SLURM_RESTART_COUNT`, absent on the first run).
+    pub async fn requeued_by_slurm() -> bool {
+        let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let Some(job) = var("SLURM_JOB_ID") else {
+            return false;
+        };
+        let started_with: u64 = var("SLURM_RESTART_COUNT")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        let asked = Command::new("scontrol")
+            .args(["show", "job", &job])
+            .kill_on_drop(true)
+            .output();
+        match tokio::time::timeout(SQUEUE_WAIT, asked).await {
+            Ok(Ok(out)) if out.status.success() => {
+                restarts(&String::from_utf8_lossy(&out.stdout)).is_some_and(|n| n > started_with)
+            }
+            _ => false,
         }
     }
 
@@ -86,6 +112,9 @@ impl Notice {
             Notice::Preemption => "preemption notice (SIGUSR2)",
             Notice::TimeLimit => "the job's time limit is near (SIGUSR2)",
             Notice::Signal => "SIGUSR2 (a preemption or time-limit notice)",
+            Notice::SlurmRequeue => {
+                "SIGTERM: Slurm is requeueing the job (`scontrol requeue`, or a failed node)"
+            }
         }
     }
 
@@ -95,6 +124,7 @@ impl Notice {
             Notice::Preemption => "preempted",
             Notice::TimeLimit => "time limit",
             Notice::Signal => "SIGUSR2",
+            Notice::SlurmRequeue => "requeued by Slurm",
         }
     }
 
@@ -104,13 +134,29 @@ impl Notice {
             Notice::Preemption => "was preempted",
             Notice::TimeLimit => "stopped at its time limit",
             Notice::Signal => "stopped on SIGUSR2",
+            Notice::SlurmRequeue => "was requeued by Slurm",
         }
     }
+}
+
+/// `Restarts=N` of `scontrol show job`: how many times the job was requeued.
+fn restarts(shown: &str) -> Option<u64> {
+    shown
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("Restarts="))
+        .and_then(|n| n.parse().ok())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_restart_count_is_read_from_scontrol() {
+        let shown = "JobId=68 JobName=rq.sh\n   JobState=COMPLETING Reason=None Dependency=(null)\n   Requeue=1 Restarts=1 BatchFlag=1 Reboot=0 ExitCode=0:0\n";
+        assert_eq!(restarts(shown), Some(1));
+        assert_eq!(restarts("JobId=68 JobState=RUNNING"), None);
+    }
 
     #[test]
     fn the_time_left_tells_a_time_limit_from_a_preemption() {

@@ -28,6 +28,16 @@ impl ExitInfo {
         *self == ExitInfo::Code(0)
     }
 
+    /// Killed by SIGTERM or SIGUSR2, the signals Slurm gives notice with; srun reports its
+    /// tasks so killed as 128 + the signal.
+    pub fn is_notice_signal(&self) -> bool {
+        let notices = [libc::SIGTERM, libc::SIGUSR2];
+        match *self {
+            ExitInfo::Signal(sig) => notices.contains(&sig),
+            ExitInfo::Code(code) => notices.iter().any(|sig| code == 128 + sig),
+        }
+    }
+
     /// The status of a worker that stopped on request (not a failure, if it said so).
     pub fn is_stop_status(&self) -> bool {
         matches!(*self, ExitInfo::Code(code) if shardrun_protocol::messages::is_stop_status(code))

@@ -1049,3 +1049,50 @@ fn a_collective_timeout_names_the_rank_that_never_joined() {
         said(&actions)
     );
 }
+
+/// The srun step of a two-rank Slurm job (process 0, no rank of its own), rank 0 registered,
+/// dies with `exit` while rank 1 is still starting.
+fn srun_step_dies_while_starting(s: JobMachine, exit: ExitInfo) -> (JobMachine, Vec<Action>) {
+    let mut s = s;
+    s.handle(Event::Launched {
+        procs: vec![(0, None)],
+    });
+    s.handle(Event::Registered {
+        conn: 10,
+        registration: reg(0),
+    });
+    let mut actions = s.handle(Event::ProcessExited { proc: 0, exit });
+    actions.extend(s.handle(Event::Disconnected {
+        conn: 10,
+        error: None,
+    }));
+    (s, actions)
+}
+
+#[test]
+fn a_rank_slurm_terminates_before_it_takes_the_notice_ends_the_job_preempted() {
+    // srun reports tasks killed by SIGTERM as 143; a process of its own, as the signal.
+    for exit in [ExitInfo::Code(143), ExitInfo::Signal(libc::SIGUSR2)] {
+        let slurm = JobMachine::new(2, "abc").with_slurm_notices();
+        let (_, actions) = srun_step_dies_while_starting(slurm, exit.clone());
+        assert!(
+            actions.iter().any(|a| matches!(a, Action::Say(line)
+                if line.contains("before it could take the notice (preemption notice (SIGUSR2))"))),
+            "{exit}: {actions:?}"
+        );
+        assert!(
+            actions.contains(&Action::Finish(Outcome::Preempted {
+                notice: Notice::Preemption
+            })),
+            "{exit}: {actions:?}"
+        );
+    }
+    // Outside Slurm (local ranks) the same death is a failure.
+    let (_, actions) =
+        srun_step_dies_while_starting(JobMachine::new(2, "abc"), ExitInfo::Code(143));
+    assert!(failure(&actions).is_some(), "{actions:?}");
+    // And under Slurm a death by another signal is one too.
+    let slurm = JobMachine::new(2, "abc").with_slurm_notices();
+    let (_, actions) = srun_step_dies_while_starting(slurm, ExitInfo::Code(137));
+    assert!(failure(&actions).is_some(), "{actions:?}");
+}
