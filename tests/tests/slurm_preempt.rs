@@ -179,6 +179,12 @@ fn cancel_stops_a_requeued_job_waiting_in_the_queue() {
     )
     .unwrap();
     assert_eq!(ended["runs"][0]["state"], "CANCELLED", "{ended}");
+    // The attempt before's "requeueing Slurm job" is told as that attempt's, not as news.
+    let detail = ended["runs"][0]["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("the attempt before was preempted") && !detail.contains("requeueing"),
+        "{ended}"
+    );
 }
 
 /// A finished run whose job an admin requeued (`scontrol requeue`) has nothing to lose:
@@ -257,7 +263,7 @@ fn usr2_to_the_ranks_of_a_job_that_does_not_requeue_ends_it_preempted() {
     assert!(result.contains("its job is not requeued"), "{result}");
     assert!(!run.join("requeue_count").exists());
     assert!(!log().contains("requeueing Slurm job"), "{}", log());
-    assert!(result.contains("the run stopped on SIGUSR2"), "{result}");
+    assert!(result.contains("the run was preempted"), "{result}");
     let manifest = std::fs::read_to_string(run.join("manifest.json")).unwrap();
     assert!(manifest.contains("\"PREEMPTED\""), "{manifest}");
 }

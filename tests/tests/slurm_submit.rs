@@ -119,6 +119,17 @@ fn status_reports_failed_and_cancelled() {
             ("sleeps".into(), "CANCELLED".into())
         ]
     );
+    // Slurm's record of a cancel says nothing more: the detail still says what happened.
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs = status["runs"].as_array().unwrap();
+    let sleeps = runs.iter().find(|r| r["name"] == "sleeps").unwrap();
+    assert!(
+        sleeps["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("cancelled"),
+        "{status}"
+    );
 }
 
 /// A set-up line that fails (here a command the node does not have, as `module` is in a

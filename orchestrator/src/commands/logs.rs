@@ -99,11 +99,14 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         if let Some(status) = &ended {
             // The pass after the end caught the last lines.
             if offset == 0 {
+                let detail = match status.detail.as_str() {
+                    "" => String::new(),
+                    detail => format!(": {detail}"),
+                };
                 outln!(
-                    "{} ended ({}) before anything was logged: {}",
+                    "{} ended ({}) before anything was logged{detail}",
                     args.run.display(),
                     status.state,
-                    status.detail
                 );
             }
             return Ok(());

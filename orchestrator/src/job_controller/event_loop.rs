@@ -793,7 +793,12 @@ fn cancelled_message(
     if checkpoint.is_none() && saves.resume {
         let again = match launch {
             LaunchMode::Local { .. } => "running it again",
-            LaunchMode::Slurm { .. } => "submitting it again",
+            LaunchMode::Slurm {
+                sweep_point: false, ..
+            } => "submitting it again",
+            LaunchMode::Slurm {
+                sweep_point: true, ..
+            } => "`shardrun sweep` of its spec",
         };
         if !saves.saves_periodically() {
             return format!(

@@ -848,8 +848,10 @@ impl JobMachine {
                 .values()
                 .any(|r| r.end == Some(RankEnd::Finished { preempted: true }))
         {
+            // Without a notice of its own, the ranks took Slurm's: its SIGTERM to them at
+            // the start of a preemption's grace time.
             Outcome::Preempted {
-                notice: self.preempting.unwrap_or(Notice::Signal),
+                notice: self.preempting.unwrap_or(Notice::Preemption),
             }
         } else if all_ended {
             Outcome::Succeeded

@@ -325,6 +325,14 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
                     .flatten()
                     .collect::<Vec<_>>()
                     .join(", ");
+                    if detail.is_empty() && record.state == JobState::Cancelled {
+                        let id = job_id.as_deref().unwrap_or_default();
+                        detail = if job_file(run, id, "out").is_none() {
+                            "cancelled while it waited in the queue".into()
+                        } else {
+                            "cancelled (`shardrun cancel` or scancel)".into()
+                        };
+                    }
                 }
                 (None, Some(verdict)) if job_id.is_some() => {
                     state = verdict.state.unwrap_or(RunState::Failed);
@@ -396,14 +404,19 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
         if let Some(Verdict {
             message: Some(error),
             ended,
+            requeued: requeued_by_its_controller,
             ..
         }) = &result
         {
             if !detail.contains(error.as_str()) {
                 // A job queued again after its attempt ended: what that attempt said is
-                // about the attempt before, and its advice (submit it again) no longer holds.
+                // about the attempt before, and its advice (submit it again, or that it is
+                // requeued) no longer holds, whatever became of the job since (cancelled
+                // while it waited, say).
+                let about_the_attempt_before =
+                    *requeued_by_its_controller || (requeued && !state.is_terminal());
                 let error = match ended {
-                    _ if !requeued || state.is_terminal() => error.clone(),
+                    _ if !about_the_attempt_before => error.clone(),
                     Some(ended) => format!("the attempt before {ended}"),
                     None => format!("the attempt before: {error}"),
                 };
