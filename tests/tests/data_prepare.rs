@@ -605,8 +605,8 @@ fn a_preemption_notice_while_the_data_is_prepared_preempts_the_run_before_any_ra
     assert_eq!(status.code(), Some(0), "{rest:?}");
     assert!(
         rest.iter().any(|l| l.contains(
-            "preempted before the ranks were launched (SIGUSR2 during the set-up or while the \
-             data was prepared)"
+            "SIGUSR2 (a preemption or time-limit notice) before the ranks were launched (during \
+             the set-up or while the data was prepared): no rank is started"
         )),
         "{rest:?}"
     );

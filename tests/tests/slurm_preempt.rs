@@ -185,6 +185,40 @@ fn cancel_stops_a_requeued_job_waiting_in_the_queue() {
         detail.contains("the attempt before was preempted") && !detail.contains("requeueing"),
         "{ended}"
     );
+
+    // Submitted again, the run resumes; preempted again, its job waits once more, and what
+    // it says is of that attempt, not of the cancelled one before the submission.
+    let spec = std::fs::read_to_string(dir.join("tiny.yaml")).unwrap();
+    let (again, _) = submit_simulated(&cluster, &dir, "requeued", &spec);
+    let trained_before = metric_steps(&run, 0).len();
+    wait_for("the new attempt to train", Duration::from_secs(120), || {
+        (metric_steps(&run, 0).len() >= trained_before + 5).then_some(())
+    })
+    .unwrap();
+    let mut signal = cluster.command("scancel");
+    signal.args(["--signal=USR2", "--batch", &again]);
+    let out = run_with_deadline(&mut signal, Duration::from_secs(30)).unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    // A new job counts its requeues afresh.
+    wait_for_file(&run.join("requeue_count"), Duration::from_secs(60), |t| {
+        t.trim() == "1"
+    })
+    .unwrap();
+    let waiting = wait_for("the job to wait again", Duration::from_secs(60), || {
+        let out = cluster
+            .shardrun(dir.path(), &["status", "--json", &run_arg])
+            .ok()?;
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        (status["runs"][0]["state"] == "SUBMITTED").then_some(status)
+    })
+    .unwrap();
+    let detail = waiting["runs"][0]["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("the attempt before was preempted") && !detail.contains("CANCELLED"),
+        "{waiting}"
+    );
+    let out = cluster.shardrun(dir.path(), &["cancel", &run_arg]).unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
 }
 
 /// A finished run whose job an admin requeued (`scontrol requeue`) has nothing to lose:

@@ -427,7 +427,10 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
                 };
             }
         }
-        if state == RunState::Submitted {
+        // An attempt since the submission that requeued its job has said how it ended
+        // (above): what the manifest kept of the attempt before the submission is older.
+        let attempt_since = result.as_ref().is_some_and(|v| v.requeued);
+        if state == RunState::Submitted && !attempt_since {
             detail = with_attempt_before(detail, manifest.ended_before.as_ref());
         }
         out.push(RunStatus {
