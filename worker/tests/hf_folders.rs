@@ -12,7 +12,7 @@
 mod common;
 mod hf_common;
 
-use common::{config, temp_dir, WORKER};
+use common::{config, free_port, temp_dir, WORKER};
 use hf_common::*;
 use shardrun_protocol::config::{LlamaModel, ModelConfig, ShardingStrategy};
 use std::collections::BTreeMap;
@@ -145,11 +145,8 @@ fn every_rank_refuses_weights_that_changed_after_planning() {
         cfg.data = shardrun_protocol::config::DataConfig::Synthetic { seq_len: 12 };
         let config_path = work.path().join(format!("{name}.json"));
         std::fs::write(&config_path, serde_json::to_string(&cfg).unwrap()).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        // Not an ephemeral port, which a connection beside this test could take first.
+        let port = free_port();
         let mut ranks: Vec<_> = (0..2)
             .map(|rank| {
                 Command::new(WORKER)
