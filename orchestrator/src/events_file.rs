@@ -14,11 +14,6 @@ use crate::job_controller::notice::Notice;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
-/// Lines written before events said which notice stopped the run.
-fn unknown_notice() -> Notice {
-    Notice::Signal
-}
-
 /// One line of `events.jsonl`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EventRecord {
@@ -44,14 +39,14 @@ pub enum RunEvent {
     /// Slurm announced preemption or the time limit (SIGUSR2; `notice`: which): the ranks
     /// checkpoint at their next step boundary.
     PreemptRequested {
-        #[serde(default = "unknown_notice")]
+        #[serde(default)]
         notice: Notice,
     },
     /// The ranks checkpointed after `step` and stopped for the notice.
     Preempted {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         step: Option<u64>,
-        #[serde(default = "unknown_notice")]
+        #[serde(default)]
         notice: Notice,
     },
     /// The controller requeued the Slurm job, which resumes from the checkpoint of `step`.

@@ -5,7 +5,7 @@ use super::console::Console;
 use super::job::{Action, ConnId, Event, JobMachine};
 use super::launcher::{LaunchMode, LaunchSpec, Launched, Launcher};
 use super::notice::Notice;
-use super::outcome::{FailureCause, Outcome};
+use super::outcome::{CancelledBy, FailureCause, Outcome};
 use super::rank_variables::RankVariables;
 use super::server::{self, ServerEvent, ServerOptions};
 use super::stop_signal::{ControllerSignal, HandedOver, Signals, StopSignal};
@@ -734,10 +734,15 @@ fn newest_checkpoint(root: &Path) -> Option<CheckpointLeft> {
 
 /// Slurm requeueing the job (`scontrol requeue`, a failed node) sends SIGTERM to the batch
 /// script and to the ranks: whichever arrived first (a stop, a checkpoint), the job is queued
-/// again by Slurm, neither cancelled nor for the controller to requeue.
+/// again by Slurm, neither cancelled nor for the controller to requeue. The controller's own
+/// SIGTERM was asked about when it came (the signal forwarder): here only a rank's that came
+/// first, or the ranks' checkpoint.
 async fn requeued_by_slurm(outcome: Outcome, under_slurm: bool) -> Outcome {
     let by_sigterm = match &outcome {
-        Outcome::Cancelled { by, .. } => by.signal() == Some(StopSignal::Terminate),
+        Outcome::Cancelled {
+            by: by @ CancelledBy::Rank { .. },
+            ..
+        } => by.signal() == Some(StopSignal::Terminate),
         Outcome::Preempted { notice } => *notice != Notice::SlurmRequeue,
         _ => false,
     };

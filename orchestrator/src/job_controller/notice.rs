@@ -4,7 +4,7 @@
 //! reports for the job. A SIGTERM is a cancel, unless Slurm is requeueing the job
 //! (`scontrol requeue`, a failed node): then it is a notice too, and the job is already queued.
 
-use crate::resolve::parse_slurm_time;
+use crate::resolve::slurm_duration;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tokio::process::Command;
@@ -17,18 +17,20 @@ pub const NOTICE_SECONDS_VAR: &str = "SHARDRUN_NOTICE_SECONDS";
 /// resolution of event handling by Slurm", sbatch's manual).
 const SIGNAL_EARLY_BY: u64 = 60;
 
-/// How long squeue may take to answer: the notice leaves little time, and the checkpoint
-/// must not wait on a busy slurmctld.
-const SQUEUE_WAIT: Duration = Duration::from_secs(5);
+/// How long squeue or scontrol may take to answer: the notice leaves little time, and the
+/// checkpoint must not wait on a busy slurmctld.
+const SLURM_WAIT: Duration = Duration::from_secs(5);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Notice {
     /// Slurm preempts the job (or someone sent SIGUSR2 well before the time limit).
     Preemption,
     /// The job's time limit is near.
     TimeLimit,
-    /// A SIGUSR2 that is not known to be either: outside Slurm, or squeue did not answer.
+    /// A SIGUSR2 that is not known to be either: outside Slurm, or squeue did not answer
+    /// (and in events written before notices were named).
+    #[default]
     Signal,
     /// SIGTERM from Slurm requeueing the job: it runs again by itself.
     SlurmRequeue,
@@ -37,45 +39,31 @@ pub enum Notice {
 impl Notice {
     /// What the SIGUSR2 just received announces, asked of Slurm (one squeue call).
     pub async fn of_this_job() -> Notice {
-        let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
         let (Some(job), Some(notice_seconds)) = (
-            var("SLURM_JOB_ID"),
-            var(NOTICE_SECONDS_VAR).and_then(|s| s.parse().ok()),
+            env("SLURM_JOB_ID"),
+            env(NOTICE_SECONDS_VAR).and_then(|s| s.parse().ok()),
         ) else {
             return Notice::Signal;
         };
-        let asked = Command::new("squeue")
-            .args(["--noheader", "--jobs", &job, "--format=%l %M"])
-            .kill_on_drop(true)
-            .output();
-        match tokio::time::timeout(SQUEUE_WAIT, asked).await {
-            Ok(Ok(out)) if out.status.success() => {
-                Notice::from_squeue(&String::from_utf8_lossy(&out.stdout), notice_seconds)
-            }
-            _ => Notice::Signal,
+        match ask_slurm("squeue", &["--noheader", "--jobs", &job, "--format=%l %M"]).await {
+            Some(line) => Notice::from_squeue(&line, notice_seconds),
+            None => Notice::Signal,
         }
     }
 
     /// Whether Slurm is requeueing this job (it sends SIGTERM first): its restart count is
     /// past the one it started with (`SLURM_RESTART_COUNT`, absent on the first run).
     pub async fn requeued_by_slurm() -> bool {
-        let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
-        let Some(job) = var("SLURM_JOB_ID") else {
+        let Some(job) = env("SLURM_JOB_ID") else {
             return false;
         };
-        let started_with: u64 = var("SLURM_RESTART_COUNT")
+        let started_with: u64 = env("SLURM_RESTART_COUNT")
             .and_then(|n| n.parse().ok())
             .unwrap_or(0);
-        let asked = Command::new("scontrol")
-            .args(["show", "job", &job])
-            .kill_on_drop(true)
-            .output();
-        match tokio::time::timeout(SQUEUE_WAIT, asked).await {
-            Ok(Ok(out)) if out.status.success() => {
-                restarts(&String::from_utf8_lossy(&out.stdout)).is_some_and(|n| n > started_with)
-            }
-            _ => false,
-        }
+        ask_slurm("scontrol", &["show", "job", &job])
+            .await
+            .and_then(|shown| restarts(&shown))
+            .is_some_and(|n| n > started_with)
     }
 
     /// From squeue's `%l %M` (time limit, time used: `1:00:00 42:17`, `UNLIMITED 5:03`) and
@@ -88,13 +76,7 @@ impl Notice {
         if limit == "UNLIMITED" {
             return Notice::Preemption;
         }
-        // squeue writes a time used under a minute as `0:42`; `parse_slurm_time` refuses 0.
-        let used = if used.split([':', '-']).all(|p| p.bytes().all(|b| b == b'0')) {
-            Some(0)
-        } else {
-            parse_slurm_time(used)
-        };
-        match (parse_slurm_time(limit), used) {
+        match (slurm_duration(limit), slurm_duration(used)) {
             (Some(limit), Some(used)) => {
                 if limit.saturating_sub(used) <= notice_seconds + SIGNAL_EARLY_BY {
                     Notice::TimeLimit
@@ -136,6 +118,22 @@ impl Notice {
             Notice::Signal => "stopped on SIGUSR2",
             Notice::SlurmRequeue => "was requeued by Slurm",
         }
+    }
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// What a Slurm command printed, or `None` when it failed or took longer than the notice
+/// can wait.
+async fn ask_slurm(program: &str, args: &[&str]) -> Option<String> {
+    let asked = Command::new(program).args(args).kill_on_drop(true).output();
+    match tokio::time::timeout(SLURM_WAIT, asked).await {
+        Ok(Ok(out)) if out.status.success() => {
+            Some(String::from_utf8_lossy(&out.stdout).into_owned())
+        }
+        _ => None,
     }
 }
 

@@ -20,7 +20,7 @@ mod ranks;
 mod slurm;
 pub(crate) mod summary;
 
-pub use slurm::parse_slurm_time;
+pub use slurm::{parse_slurm_time, slurm_duration};
 
 use crate::spec::{JobSpec, LoadedSpec, SpecError};
 use serde::{Deserialize, Serialize};

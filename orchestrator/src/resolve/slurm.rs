@@ -150,8 +150,15 @@ pub fn resolve_preemption(
     })
 }
 
-/// Slurm time limits: `M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S` → seconds.
+/// Slurm time limits: `M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S` → seconds; a limit of
+/// none is not one.
 pub fn parse_slurm_time(s: &str) -> Option<u64> {
+    slurm_duration(s).filter(|&secs| secs > 0)
+}
+
+/// A duration in Slurm's formats (those of [`parse_slurm_time`]), zero included: squeue's
+/// time used is `0:00` at the start.
+pub fn slurm_duration(s: &str) -> Option<u64> {
     let num = |x: &str| -> Option<u64> {
         if x.is_empty() || !x.bytes().all(|b| b.is_ascii_digit()) {
             None
@@ -173,7 +180,7 @@ pub fn parse_slurm_time(s: &str) -> Option<u64> {
         (Some(d), [h, m, s]) => d * 86400 + h * 3600 + m * 60 + s,
         _ => return None,
     };
-    (secs > 0).then_some(secs)
+    Some(secs)
 }
 
 /// Two fields are minutes and seconds to Slurm, and a limit of a few minutes written that
