@@ -206,15 +206,19 @@ fn load_hugging_face(
             })
         };
         if let Some(text) = override_text {
-            if tokenizer.token_to_id(text).is_none() {
-                return Err(DataError::UnknownSpecToken {
+            let id = tokenizer
+                .token_to_id(text)
+                .ok_or_else(|| DataError::UnknownSpecToken {
                     path: file.clone(),
-                    key,
                     token: text.to_string(),
                     special: special_tokens_in_words(&tokenizer),
-                });
-            }
-            return by_text(text, format!("data.tokenizer.{key}")).map(Some);
+                    key: key.clone(),
+                })?;
+            return Ok(Some(SpecialToken {
+                id,
+                text: text.to_string(),
+                source: format!("data.tokenizer.{key}"),
+            }));
         }
         for (name, config) in [
             ("tokenizer_config.json", &tokenizer_config),
