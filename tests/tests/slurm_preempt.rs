@@ -49,15 +49,24 @@ fn trained_then_usr2(
         || (metric_steps(&run, 0).len() >= 5).then_some(()),
     )
     .unwrap();
-    let mut signal = cluster.command("scancel");
-    signal.arg("--signal=USR2");
-    if !to_ranks {
-        signal.arg("--batch");
+    match to_ranks {
+        true => slurm(cluster, "scancel", &["--signal=USR2", &job_id]),
+        false => slurm(cluster, "scancel", &["--signal=USR2", "--batch", &job_id]),
     }
-    signal.arg(&job_id);
-    let out = run_with_deadline(&mut signal, Duration::from_secs(30)).unwrap();
-    assert!(out.status.success(), "{}", stderr_of(&out));
     (job_id, run)
+}
+
+/// Runs a Slurm command (`scancel`, `scontrol`) on the cluster; it must succeed.
+fn slurm(cluster: &SlurmCluster, program: &str, args: &[&str]) {
+    let mut command = cluster.command(program);
+    command.args(args);
+    let out = run_with_deadline(&mut command, Duration::from_secs(30)).unwrap();
+    assert!(
+        out.status.success(),
+        "{program} {}: {}",
+        args.join(" "),
+        stderr_of(&out)
+    );
 }
 
 /// [`trained_then_usr2`] with `steps` steps, then waits until the first attempt has ended
@@ -195,10 +204,7 @@ fn cancel_stops_a_requeued_job_waiting_in_the_queue() {
         (metric_steps(&run, 0).len() >= trained_before + 5).then_some(())
     })
     .unwrap();
-    let mut signal = cluster.command("scancel");
-    signal.args(["--signal=USR2", "--batch", &again]);
-    let out = run_with_deadline(&mut signal, Duration::from_secs(30)).unwrap();
-    assert!(out.status.success(), "{}", stderr_of(&out));
+    slurm(&cluster, "scancel", &["--signal=USR2", "--batch", &again]);
     // A new job counts its requeues afresh.
     wait_for_file(&run.join("requeue_count"), Duration::from_secs(60), |t| {
         t.trim() == "1"
@@ -423,10 +429,7 @@ fn usr2_to_a_sweep_point_requeues_that_point_alone() {
         .map(|(_, run)| run.clone())
         .unwrap();
 
-    let mut signal = cluster.command("scancel");
-    signal.args(["--signal=USR2", "--batch", &task]);
-    let out = run_with_deadline(&mut signal, Duration::from_secs(30)).unwrap();
-    assert!(out.status.success(), "{}", stderr_of(&out));
+    slurm(&cluster, "scancel", &["--signal=USR2", "--batch", &task]);
 
     let log =
         |run: &std::path::Path| std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
@@ -543,16 +546,13 @@ fn a_rank_terminated_while_it_starts_ends_the_job_preempted_not_failed() {
             .then_some(())
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", log()));
-    let mut signal = cluster.command("scancel");
-    signal.args(["--signal=TERM", &job_id]);
-    let out = run_with_deadline(&mut signal, Duration::from_secs(30)).unwrap();
-    assert!(out.status.success(), "{}", stderr_of(&out));
+    slurm(&cluster, "scancel", &["--signal=TERM", &job_id]);
 
-    let result = wait_for_file(&run.join("result.json"), Duration::from_secs(120), |t| {
+    wait_for_file(&run.join("result.json"), Duration::from_secs(120), |t| {
         !t.is_empty()
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", log()));
-    let result: serde_json::Value = serde_json::from_str(&result).unwrap();
+    let result = result_json(&run);
     assert_eq!(result["status"], "preempted", "{result}\n{}", log());
     assert!(
         log().contains("before it could take the notice"),
@@ -580,17 +580,14 @@ fn scontrol_requeue_is_taken_as_a_notice_not_a_cancel() {
         || (metric_steps(&run, 0).len() >= 5).then_some(()),
     )
     .unwrap();
-    let mut requeue = cluster.command("scontrol");
-    requeue.args(["requeue", &job_id]);
-    let out = run_with_deadline(&mut requeue, Duration::from_secs(30)).unwrap();
-    assert!(out.status.success(), "{}", stderr_of(&out));
+    slurm(&cluster, "scontrol", &["requeue", &job_id]);
 
     let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
-    let result = wait_for_file(&run.join("result.json"), Duration::from_secs(120), |t| {
+    wait_for_file(&run.join("result.json"), Duration::from_secs(120), |t| {
         !t.is_empty()
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", log()));
-    let result: serde_json::Value = serde_json::from_str(&result).unwrap();
+    let result = result_json(&run);
     assert_eq!(
         (&result["status"], &result["notice"], &result["requeued"]),
         (&"preempted".into(), &"slurm_requeue".into(), &true.into()),

@@ -60,7 +60,7 @@ fn the_time_limit_notice_is_named_as_such_and_the_run_checkpoints() {
     assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
     let run = dir.join("runs/limit");
     let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
-    let result = wait_for_file(&run.join("result.json"), Duration::from_secs(150), |t| {
+    wait_for_file(&run.join("result.json"), Duration::from_secs(150), |t| {
         !t.is_empty()
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", log()));
@@ -70,7 +70,7 @@ fn the_time_limit_notice_is_named_as_such_and_the_run_checkpoints() {
             && !log.contains("preemption notice"),
         "{log}"
     );
-    let result: serde_json::Value = serde_json::from_str(&result).unwrap();
+    let result = shardrun_e2e::jobs::result_json(&run);
     assert_eq!(
         (&result["status"], &result["notice"]),
         (&"preempted".into(), &"time_limit".into()),
