@@ -328,3 +328,114 @@ fn dry_run_prints_the_script_and_writes_nothing() {
     )));
     assert!(!dir.join("runs").exists());
 }
+
+/// With slurmctld out of reach (here: a `slurm.conf` naming a port nothing listens on),
+/// `status` still lists every run: a job still queued as last recorded, and said so, and a
+/// run that ended with its end. It exits 1 with squeue's own error, and writes nothing back:
+/// once Slurm answers again, the queued job is as it was.
+#[test]
+fn a_slurm_that_does_not_answer_leaves_the_runs_as_last_recorded() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("submit-unanswered");
+    let failing = dir.write("fail.yaml", &spec("fails", &["exit 3"]));
+    let waiting = dir.write(
+        "wait.yaml",
+        &spec("waits", &["exit 0"]).replace(
+            "  setup:",
+            "  extra_sbatch: [\"--begin=now+3600\"]\n  setup:",
+        ),
+    );
+    for spec in [&failing, &waiting] {
+        let out = cluster
+            .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
+            .unwrap();
+        assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
+    }
+    wait_state(&cluster, dir.path(), &dir.join("runs/fails"), "FAILED");
+    let waits = dir.join("runs/waits");
+    wait_state(&cluster, dir.path(), &waits, "SUBMITTED");
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let conf = std::fs::read_to_string(cluster.slurm_conf()).unwrap();
+    let unreachable: String = conf
+        .lines()
+        .map(|l| match l.starts_with("SlurmctldPort=") {
+            true => format!("SlurmctldPort={port}\n"),
+            false => format!("{l}\n"),
+        })
+        .collect();
+    let unreachable = dir.write("unreachable.conf", &unreachable);
+    let status = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(shardrun());
+        cmd.current_dir(dir.path())
+            .args(args)
+            .env("SLURM_CONF", &unreachable);
+        run_with_deadline(&mut cmd, DEADLINE).unwrap()
+    };
+
+    let out = status(&["status", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    let document: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        document["slurm_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("Unable to contact slurm controller")),
+        "{document}"
+    );
+    let run = |name: &str| {
+        document["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no run {name} in {document}"))
+    };
+    assert_eq!(run("fails")["state"], "FAILED", "{document}");
+    assert_eq!(run("waits")["state"], "SUBMITTED", "{document}");
+    assert!(
+        run("waits")["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("as last recorded: Slurm did not answer")),
+        "{document}"
+    );
+
+    let out = status(&["status"]);
+    assert_eq!(out.status.code(), Some(1));
+    let table = stdout_of(&out);
+    assert!(
+        table.contains("waits") && table.contains("fails"),
+        "{table}"
+    );
+    assert!(
+        table.contains("Slurm did not answer: the states of submitted runs are as last recorded"),
+        "{table}"
+    );
+    let stderr = stderr_of(&out);
+    assert!(
+        stderr.contains("Unable to contact slurm controller")
+            && stderr.contains("fix: run `shardrun status` where `squeue` reaches the cluster"),
+        "{stderr}"
+    );
+
+    // Nothing was written back: the job still waits, and Slurm says so again.
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(waits.join("manifest.json")).unwrap())
+            .unwrap();
+    assert_eq!(manifest["state"], "SUBMITTED");
+    let out = cluster
+        .shardrun(dir.path(), &["status", "--json", &waits.to_string_lossy()])
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let document: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(document["runs"][0]["state"], "SUBMITTED", "{document}");
+    assert_eq!(document["runs"][0]["detail"], "BeginTime", "{document}");
+    let out = cluster
+        .shardrun(dir.path(), &["cancel", &waits.to_string_lossy()])
+        .unwrap();
+    assert!(out.status.success(), "cancel failed: {}", stderr_of(&out));
+    wait_state(&cluster, dir.path(), &waits, "CANCELLED");
+}

@@ -25,6 +25,9 @@ pub struct StatusDocument {
     pub version: u32,
     /// `squeue`, `squeue+sacct`, `squeue+scontrol`, or null when no run needed Slurm.
     pub source: Option<&'static str>,
+    /// What Slurm said when it did not answer (the submitted runs' states are then as last
+    /// recorded, and the command exits 1); null when it answered.
+    pub slurm_error: Option<String>,
     pub runs: Vec<RunJson>,
 }
 
@@ -79,8 +82,13 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         }
         runs.extend(found);
     }
-    let (statuses, source) =
-        slurm::refresh(&runs).context("querying Slurm for the runs' states")?;
+    let (statuses, answer) =
+        slurm::refresh_or_recorded(&runs).context("reading the runs' states")?;
+    // Slurm not answering is an error, but the runs are still shown as last recorded.
+    let (source, unanswered) = match answer {
+        Ok(source) => (source, None),
+        Err(error) => (None, Some(error)),
+    };
     if args.json {
         let doc = StatusDocument {
             version: crate::commands::metrics::JSON_VERSION,
@@ -89,27 +97,39 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                 QuerySource::SqueueSacct => "squeue+sacct",
                 QuerySource::SqueueScontrol => "squeue+scontrol",
             }),
+            slurm_error: unanswered.as_ref().map(|e| e.to_string()),
             runs: statuses.iter().map(RunJson::of).collect(),
         };
         outln!("{}", serde_json::to_string_pretty(&doc)?);
-        return Ok(());
-    }
-    out!(
-        "{}",
-        status_table(&statuses, std::env::current_dir().ok().as_deref())
-    );
-    let note = match source {
-        Some(QuerySource::Squeue) => Some("states from squeue"),
-        Some(QuerySource::SqueueSacct) => Some("states from squeue, and sacct for ended jobs"),
-        Some(QuerySource::SqueueScontrol) => {
-            Some("states from squeue/scontrol: accounting is not enabled, sacct is not available")
+    } else {
+        out!(
+            "{}",
+            status_table(&statuses, std::env::current_dir().ok().as_deref())
+        );
+        let note = match source {
+            Some(QuerySource::Squeue) => Some("states from squeue"),
+            Some(QuerySource::SqueueSacct) => Some("states from squeue, and sacct for ended jobs"),
+            Some(QuerySource::SqueueScontrol) => Some(
+                "states from squeue/scontrol: accounting is not enabled, sacct is not available",
+            ),
+            None if unanswered.is_some() => {
+                Some("Slurm did not answer: the states of submitted runs are as last recorded")
+            }
+            None => None,
+        };
+        if let Some(note) = note {
+            outln!("({note})");
         }
-        None => None,
-    };
-    if let Some(note) = note {
-        outln!("({note})");
     }
-    Ok(())
+    match unanswered {
+        Some(error) => Err(anyhow::anyhow!(
+            "querying Slurm for the runs' states: {}\n  \
+             fix: run `shardrun status` where `squeue` reaches the cluster (a login node); \
+             until then each submitted run is shown as it was last recorded",
+            error.to_string().trim_end()
+        )),
+        None => Ok(()),
+    }
 }
 
 /// One row per run: its name, the values a sweep gave it (a column per parameter), its

@@ -7,7 +7,7 @@ use crate::rundir::{
     ArrayRef, Holder, LockState, Manifest, RunDir, RunDirError, RunLock, RunState,
 };
 use crate::sweeps::journal::CurrentPoints;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone)]
@@ -268,6 +268,20 @@ fn one_line(text: &str) -> String {
 
 /// Refresh the state of every run with one Slurm query; returns which command answered.
 pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>), RunsError> {
+    let (statuses, answer) = refresh_or_recorded(runs)?;
+    Ok((statuses, answer?))
+}
+
+/// The detail of a run whose state Slurm did not give.
+const RECORDED: &str = "state as last recorded: Slurm did not answer";
+
+/// [`refresh`], except that a Slurm that does not answer leaves the runs it holds in the
+/// state their manifests last recorded (said so in their detail, and not written back),
+/// with Slurm's error beside them: who asks can still show every run.
+#[allow(clippy::type_complexity)]
+pub fn refresh_or_recorded(
+    runs: &[RunDir],
+) -> Result<(Vec<RunStatus>, Result<Option<QuerySource>, SlurmError>), RunDirError> {
     let mut manifests = Vec::with_capacity(runs.len());
     for run in runs {
         manifests.push(run.read_manifest()?);
@@ -280,7 +294,10 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
             .collect()
     };
     let (active, ended) = (last_jobs(false), last_jobs(true));
-    let (records, source) = query(&active, &ended)?;
+    let (records, answer) = match query(&active, &ended) {
+        Ok((records, source)) => (records, Ok(source)),
+        Err(error) => (HashMap::new(), Err(error)),
+    };
     // A run that ended is back in Slurm's hands when its job was requeued (by its own
     // controller after a preemption, or `scontrol requeue`): the job is queued again, or
     // running again. A COMPLETING job is on its way back to the queue when its controller
@@ -292,7 +309,8 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
                 && !run_state_of(&r.state).is_terminal()
         })
     };
-    let source = (!records.is_empty() || !active.is_empty()).then_some(source);
+    let answer = answer.map(|source| (!records.is_empty() || !active.is_empty()).then_some(source));
+    let unanswered = answer.is_err();
     let mut out = Vec::with_capacity(runs.len());
     let mut current_points = CurrentPoints::default();
     for (run, manifest) in runs.iter().zip(manifests) {
@@ -305,7 +323,22 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
             && job_id
                 .as_ref()
                 .is_some_and(|id| queued_again(id, result.as_ref()));
-        if !state.is_terminal() || requeued {
+        if unanswered && job_id.is_some() && !state.is_terminal() {
+            // The controller's result.json tells how the job ended without Slurm; a job
+            // still queued or running is shown as it was last recorded.
+            match &result {
+                Some(verdict) if !verdict.requeued => {
+                    state = verdict.state.unwrap_or(RunState::Failed);
+                    detail = verdict.message.clone().unwrap_or_default();
+                }
+                _ => {
+                    detail = match detail.as_str() {
+                        "" => RECORDED.to_string(),
+                        said => format!("{RECORDED}; {said}"),
+                    }
+                }
+            }
+        } else if !state.is_terminal() || requeued {
             match (&slurm, &result) {
                 (Some(record), _) => {
                     state = run_state_of(&record.state);
@@ -445,7 +478,7 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
             superseded: current_points.superseded(run.path()),
         });
     }
-    Ok((out, source))
+    Ok((out, answer))
 }
 
 /// A run submitted again to continue it says, while it waits, how its attempt before ended
