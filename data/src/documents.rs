@@ -524,12 +524,18 @@ fn parse_record(source: &DataSource, line: &str, hint: bool) -> std::result::Res
                 return Err(String::from("the record is not a JSON object").into());
             }
             match text {
-                JsonlText::Field { field } => {
-                    Ok(Body::Text(string_field(&record, field, &TEXT, hint)?))
-                }
+                // A blank text or completion would train nothing but the end-of-document
+                // token (an empty JSONL text, as an empty text file, is a bad record).
+                JsonlText::Field { field } => Ok(Body::Text(not_blank(
+                    field,
+                    string_field(&record, field, &TEXT, hint)?,
+                )?)),
                 JsonlText::PromptCompletion { prompt, completion } => Ok(Body::PromptCompletion {
                     prompt: string_field(&record, prompt, &PROMPT, hint)?,
-                    completion: string_field(&record, completion, &COMPLETION, hint)?,
+                    completion: not_blank(
+                        completion,
+                        string_field(&record, completion, &COMPLETION, hint)?,
+                    )?,
                 }),
             }
         }
@@ -571,6 +577,14 @@ fn parse_record(source: &DataSource, line: &str, hint: bool) -> std::result::Res
             })
         }
         DataSource::Tokens { .. } => Err(String::from("token files hold no text records").into()),
+    }
+}
+
+/// `text`, unless it is empty or only white space.
+fn not_blank(field: &str, text: String) -> std::result::Result<String, Refused> {
+    match text.trim().is_empty() {
+        true => Err(format!("field `{field}` is empty: nothing to train on").into()),
+        false => Ok(text),
     }
 }
 

@@ -166,6 +166,62 @@ fn jsonl_records_that_are_not_json_or_lack_the_field() {
     );
 }
 
+/// A blank text (as datasets exported with their empty rows have: wikitext's `""`) or a blank
+/// completion would train nothing but the end-of-document token: a bad record, as an empty
+/// text file is. An empty prompt is an unconditioned completion, and kept.
+#[test]
+fn blank_texts_and_completions_are_bad_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let texts = write(
+        dir.path(),
+        "t.jsonl",
+        "{\"text\": \"one\"}\n{\"text\": \"\"}\n{\"text\": \" \\n \"}\n{\"text\": \"four\"}\n",
+    );
+    let c = dataset(
+        jsonl(vec![texts.clone()]),
+        TokenizerConfig::Bytes,
+        8,
+        &dir.path().join("c1"),
+    );
+    let err = fails(&c, None);
+    assert!(
+        err.starts_with(&format!(
+            "{}:2: field `text` is empty: nothing to train on",
+            texts.display()
+        )),
+        "{err}"
+    );
+    let mut skipping = c.clone();
+    skipping.on_bad_record = OnBadRecord::Skip;
+    let data = open(&skipping, None).unwrap();
+    let m = &data.train().corpus().manifest;
+    assert_eq!((m.documents, m.skipped_records), (2, 2));
+    // "one" and "four", each with its end-of-document token.
+    assert_eq!(m.tokens, 3 + 1 + 4 + 1);
+
+    let pairs = write(
+        dir.path(),
+        "p.jsonl",
+        "{\"q\": \"\", \"a\": \"unprompted\"}\n{\"q\": \"asked\", \"a\": \"\"}\n",
+    );
+    let source = DataSource::Jsonl {
+        files: vec![pairs.clone()],
+        text: JsonlText::PromptCompletion {
+            prompt: "q".into(),
+            completion: "a".into(),
+        },
+    };
+    let c = dataset(source, TokenizerConfig::Bytes, 16, &dir.path().join("c2"));
+    let err = fails(&c, None);
+    assert!(
+        err.starts_with(&format!(
+            "{}:2: field `a` is empty: nothing to train on",
+            pairs.display()
+        )),
+        "{err}"
+    );
+}
+
 /// Chat data from `path`, the messages in `field`, rendered by the tokenizer's template.
 fn chat(path: &Path, field: &str) -> DataSource {
     DataSource::Chat {
