@@ -320,6 +320,39 @@ impl SlurmCluster {
             .envs(envs.iter().map(|(k, v)| (*k, v.as_str())));
         run_with_deadline(&mut cmd, Duration::from_secs(60))
     }
+
+    /// `shardrun submit <args>` against this cluster, run in `cwd`, which must succeed and
+    /// submit a job: what it printed. Otherwise it panics with submit's stderr and stdout, so
+    /// a test fails at the submit that went wrong rather than later, waiting for a job.
+    pub fn submit(&self, cwd: &Path, args: &[&str]) -> Submitted {
+        self.submit_with_env(cwd, args, &[])
+    }
+
+    /// [`Self::submit`] with extra environment (`sbatch` passes it on to the job).
+    pub fn submit_with_env(&self, cwd: &Path, args: &[&str], envs: &[(&str, String)]) -> Submitted {
+        let command = [&["submit"], args].concat();
+        let out = self
+            .shardrun_with_env(cwd, &command, envs)
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let (stdout, stderr) = (stdout_of(&out), stderr_of(&out));
+        let shown = command.join(" ");
+        assert!(
+            out.status.success(),
+            "shardrun {shown} failed ({}):\n{stderr}{stdout}",
+            out.status
+        );
+        let job_id = submitted_job_id(&stdout)
+            .unwrap_or_else(|| panic!("shardrun {shown} printed no job id:\n{stderr}{stdout}"));
+        Submitted { stdout, job_id }
+    }
+}
+
+/// What a successful `shardrun submit` printed.
+pub struct Submitted {
+    /// All of its stdout: the "Submitted" line, the run directory, how to follow the job.
+    pub stdout: String,
+    /// The Slurm job id it submitted.
+    pub job_id: String,
 }
 
 /// This machine's hostname, read as the controller and workers read it to advertise it.

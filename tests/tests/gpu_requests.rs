@@ -82,11 +82,9 @@ fn a_slurm_gpu_job_without_usable_gpus_fails_once_naming_the_node() {
     let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
     let dir = TestDir::new("gpu-slurm");
     let spec = dir.write("gpu.yaml", &gpu_spec("gpujob"));
-    let out = cluster
-        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
-        .unwrap();
-    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
-    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let job_id = cluster
+        .submit(dir.path(), &[&spec.to_string_lossy()])
+        .job_id;
     let run = dir.join("runs/gpujob");
     let script = read(&run.join("job.sbatch"));
     assert!(script.contains("#SBATCH --gres=gpu:2"), "{script}");

@@ -64,11 +64,9 @@ fn on_slurm_the_shells_nccl_variables_reach_the_ranks_unless_the_jobs_set_up_set
         ("NCCL_IB_HCA", "mlx5_0".to_string()),
         ("NCCL_SOCKET_IFNAME", "eth9".to_string()),
     ];
-    let out = cluster
-        .shardrun_with_env(dir.path(), &["submit", &spec.to_string_lossy()], &shell)
-        .unwrap();
-    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
-    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let job_id = cluster
+        .submit_with_env(dir.path(), &[&spec.to_string_lossy()], &shell)
+        .job_id;
     let run = dir.join("runs/rankenvslurm");
     let first_step = wait_for("the first step", Duration::from_secs(120), || {
         (!metric_steps(&run, 0).is_empty()).then_some(())

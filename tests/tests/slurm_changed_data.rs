@@ -38,10 +38,7 @@ fn ended(cluster: &SlurmCluster, dir: &TestDir, run: &str) -> serde_json::Value 
 fn a_job_refused_for_changed_data_is_named_in_the_status_of_the_run_it_left_as_it_was() {
     let (cluster, dir, gpl) = cluster_and_data("slurm-changed-data");
     dir.write("job.yaml", SPEC);
-    let out = cluster
-        .shardrun(dir.path(), &["submit", "job.yaml"])
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr_of(&out));
+    cluster.submit(dir.path(), &["job.yaml"]);
     let run = dir.join("runs/changed");
     let first = ended(&cluster, &dir, "runs/changed");
     assert_eq!(first["state"], "COMPLETED", "{first}");
@@ -49,14 +46,9 @@ fn a_job_refused_for_changed_data_is_named_in_the_status_of_the_run_it_left_as_i
     // The data changes; a job to train 3 more steps is accepted (the new data is not
     // prepared yet) and refuses inside the allocation.
     dir.write("data/gpl.txt", &format!("{gpl}one more line\n"));
-    let out = cluster
-        .shardrun(
-            dir.path(),
-            &["submit", "runs/changed", "--set", "training.steps=9"],
-        )
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr_of(&out));
-    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let job_id = cluster
+        .submit(dir.path(), &["runs/changed", "--set", "training.steps=9"])
+        .job_id;
     let refused = ended(&cluster, &dir, "runs/changed");
     assert_eq!(refused["state"], "COMPLETED", "{refused}");
     let detail = refused["detail"].as_str().unwrap_or_default();

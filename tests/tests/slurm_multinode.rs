@@ -27,11 +27,9 @@ fn submit_and_wait(
     spec: &Path,
     envs: &[(&str, String)],
 ) -> (String, String) {
-    let out = cluster
-        .shardrun_with_env(dir.path(), &["submit", &spec.to_string_lossy()], envs)
-        .unwrap();
-    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
-    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let job_id = cluster
+        .submit_with_env(dir.path(), &[&spec.to_string_lossy()], envs)
+        .job_id;
     let run = dir.join(format!("runs/{name}"));
     let result = wait_for_file(&run.join("result.json"), Duration::from_secs(300), |t| {
         t.ends_with('}')

@@ -18,16 +18,14 @@ fn submit_simulated(
     spec: &str,
 ) -> (String, std::path::PathBuf) {
     let spec = dir.write("tiny.yaml", spec);
-    let mut submit = cluster.command(shardrun());
-    submit
-        .current_dir(dir.path())
-        .args(["submit", &spec.to_string_lossy()])
-        // sbatch exports the submitting environment down to the srun tasks.
-        .env("SHARDRUN_WORKER_BIN", simrank())
-        .env("SIMRANK_STEP_MS", "40");
-    let out = run_with_deadline(&mut submit, Duration::from_secs(60)).unwrap();
-    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
-    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    // sbatch exports the submitting environment down to the srun tasks.
+    let envs = [
+        ("SHARDRUN_WORKER_BIN", simrank()),
+        ("SIMRANK_STEP_MS", "40".to_string()),
+    ];
+    let job_id = cluster
+        .submit_with_env(dir.path(), &[&spec.to_string_lossy()], &envs)
+        .job_id;
     (job_id, dir.join("runs").join(name))
 }
 
@@ -234,11 +232,9 @@ fn cancel_of_a_finished_runs_requeued_job_leaves_the_run_finished() {
     let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
     let dir = TestDir::new("slurm-finished-requeued");
     let spec = dir.write("tiny.yaml", &tiny_mlp_spec("finished", 3, 2));
-    let out = cluster
-        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr_of(&out));
-    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let job_id = cluster
+        .submit(dir.path(), &[&spec.to_string_lossy()])
+        .job_id;
     let run = dir.join("runs/finished");
     let run_arg = run.to_string_lossy().into_owned();
     let state = |cluster: &SlurmCluster| -> Option<serde_json::Value> {
@@ -523,14 +519,10 @@ fn a_rank_terminated_while_it_starts_ends_the_job_preempted_not_failed() {
         "tiny.yaml",
         &(tiny_mlp_spec("starting", 10, 2) + "preemption: { requeue: false }\n"),
     );
-    let mut submit = cluster.command(shardrun());
-    submit
-        .current_dir(dir.path())
-        .args(["submit", &spec.to_string_lossy()])
-        .env("SHARDRUN_WORKER_BIN", &starting);
-    let out = run_with_deadline(&mut submit, Duration::from_secs(60)).unwrap();
-    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
-    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let worker = [("SHARDRUN_WORKER_BIN", starting.display().to_string())];
+    let job_id = cluster
+        .submit_with_env(dir.path(), &[&spec.to_string_lossy()], &worker)
+        .job_id;
     let run = dir.join("runs/starting");
     let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
 

@@ -109,11 +109,9 @@ fn a_job_preempted_by_a_higher_partition_checkpoints_in_its_grace_time_and_resum
 /// and run directory.
 fn submit_and_train_a_while(cluster: &SlurmCluster, dir: &TestDir) -> (String, PathBuf) {
     let spec = dir.write("resume.yaml", &spec());
-    let out = cluster
-        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
-        .unwrap();
-    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
-    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let job_id = cluster
+        .submit(dir.path(), &[&spec.to_string_lossy()])
+        .job_id;
     let run = dir.join("runs/resume");
     wait_for(
         "the first attempt to train",

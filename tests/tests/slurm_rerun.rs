@@ -40,11 +40,7 @@ fn scancel_then_submit_of_the_same_spec_resumes_with_the_uninterrupted_losses() 
     let reference = losses(&reference_run);
     assert_eq!(reference.len() as u64, STEPS);
 
-    let out = cluster
-        .shardrun(dir.path(), &["submit", &spec_arg])
-        .unwrap();
-    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
-    let first_job = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let first_job = cluster.submit(dir.path(), &[&spec_arg]).job_id;
     let run = dir.join("runs/rerun");
     let logs = || {
         let mut text = all_logs(&run);
@@ -96,11 +92,10 @@ fn scancel_then_submit_of_the_same_spec_resumes_with_the_uninterrupted_losses() 
     }
 
     // The same command again: a new job that resumes.
-    let out = cluster
-        .shardrun(dir.path(), &["submit", &spec_arg])
-        .unwrap();
-    let stdout = stdout_of(&out);
-    assert!(out.status.success(), "resubmit failed: {}", stderr_of(&out));
+    let Submitted {
+        stdout,
+        job_id: second_job,
+    } = cluster.submit(dir.path(), &[&spec_arg]);
     let headline = stdout.lines().next().unwrap_or_default();
     assert!(
         headline.starts_with(&format!("resuming {} at step ", run.display()))
@@ -117,7 +112,6 @@ fn scancel_then_submit_of_the_same_spec_resumes_with_the_uninterrupted_losses() 
         resumed_at > INTERVAL && resumed_at <= stopped_after + 1,
         "{headline}"
     );
-    let second_job = submitted_job_id(&stdout).expect("job id printed");
     assert_ne!(second_job, first_job);
     wait_for_file(&run.join("result.json"), Duration::from_secs(600), |t| {
         t.contains("\"succeeded\"")
@@ -297,11 +291,7 @@ fn submit_force_refuses_to_delete_a_run_whose_job_is_still_queued() {
     );
     let spec = dir.write("rerun.yaml", &queued);
     let spec_arg = spec.to_string_lossy().to_string();
-    let out = cluster
-        .shardrun(dir.path(), &["submit", &spec_arg])
-        .unwrap();
-    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
-    let job = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let job = cluster.submit(dir.path(), &[&spec_arg]).job_id;
     let _cancel = CancelOnDrop {
         cluster: &cluster,
         job: job.clone(),
@@ -334,15 +324,8 @@ fn submit_force_refuses_to_delete_a_run_whose_job_is_still_queued() {
         .unwrap();
     assert!(out.status.success(), "cancel failed: {}", stderr_of(&out));
     wait_cancelled(&cluster, dir.path(), &run, Duration::from_secs(60)).unwrap();
-    let out = cluster
-        .shardrun(dir.path(), &["submit", "--force", &spec_arg])
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "--force once the job is cancelled: {}",
-        stderr_of(&out)
-    );
-    let second = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    // Once the job is cancelled, --force replaces the run.
+    let second = cluster.submit(dir.path(), &["--force", &spec_arg]).job_id;
     let _cancel_second = CancelOnDrop {
         cluster: &cluster,
         job: second,

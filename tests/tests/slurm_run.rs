@@ -13,11 +13,9 @@ fn two_task_slurm_job_logs_both_ranks_and_completes() {
     let dir = TestDir::new("slurm-run");
     let steps = 5;
     let spec = dir.write("tiny.yaml", &tiny_mlp_spec("srun2", steps, 2));
-    let out = cluster
-        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
-        .unwrap();
-    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
-    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let job_id = cluster
+        .submit(dir.path(), &[&spec.to_string_lossy()])
+        .job_id;
     let run = dir.join("runs/srun2");
     let result = wait_for_file(&run.join("result.json"), Duration::from_secs(300), |t| {
         t.ends_with('}')

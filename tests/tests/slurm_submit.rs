@@ -53,12 +53,7 @@ fn rendered_script_runs_and_its_output_file_grows() {
             ],
         ),
     );
-    let out = cluster
-        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
-        .unwrap();
-    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
-    let stdout = stdout_of(&out);
-    let job_id = submitted_job_id(&stdout).expect("job id printed");
+    let Submitted { stdout, job_id } = cluster.submit(dir.path(), &[&spec.to_string_lossy()]);
     let run = dir.join("runs/ticker");
     let log = run.join(format!("ticker-{job_id}.out"));
     assert!(
@@ -93,10 +88,7 @@ fn status_reports_failed_and_cancelled() {
     let failing = dir.write("fail.yaml", &spec("fails", &["exit 3"]));
     let sleeping = dir.write("sleep.yaml", &spec("sleeps", &["sleep 300"]));
     for spec in [&failing, &sleeping] {
-        let out = cluster
-            .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
-            .unwrap();
-        assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
+        cluster.submit(dir.path(), &[&spec.to_string_lossy()]);
     }
     wait_state(&cluster, dir.path(), &dir.join("runs/fails"), "FAILED");
 
@@ -146,11 +138,9 @@ fn a_failing_set_up_line_is_named_by_status() {
             &["echo set-up begins", "no_such_command_here --flag"],
         ),
     );
-    let out = cluster
-        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
-        .unwrap();
-    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
-    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let job_id = cluster
+        .submit(dir.path(), &[&spec.to_string_lossy()])
+        .job_id;
     let run = dir.join("runs/setupfails");
     wait_state(&cluster, dir.path(), &run, "FAILED");
     let err_file = run.join(format!("setupfails-{job_id}.err"));
@@ -346,10 +336,7 @@ fn a_slurm_that_does_not_answer_leaves_the_runs_as_last_recorded() {
         ),
     );
     for spec in [&failing, &waiting] {
-        let out = cluster
-            .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
-            .unwrap();
-        assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
+        cluster.submit(dir.path(), &[&spec.to_string_lossy()]);
     }
     wait_state(&cluster, dir.path(), &dir.join("runs/fails"), "FAILED");
     let waits = dir.join("runs/waits");

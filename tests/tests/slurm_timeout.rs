@@ -15,11 +15,9 @@ fn usr2_arrives_before_the_limit_and_the_job_ends_as_timeout() {
         "job.yaml",
         "name: overtime\nresources:\n  time: \"1\"\n  setup:\n    - trap 'echo \"got USR2\"' USR2\n    - sleep 170 & wait $! || true\n    - sleep 170 & wait $! || true\n    - exit 0\npreemption:\n  signal_seconds: 30\n  requeue: false\ntraining:\n  model: { kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }\n  steps: 1\n  total_batch_size: 4\n  batch_size_per_device: 4\n",
     );
-    let out = cluster
-        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
-        .unwrap();
-    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
-    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let job_id = cluster
+        .submit(dir.path(), &[&spec.to_string_lossy()])
+        .job_id;
     let run = dir.join("runs/overtime");
     let script = std::fs::read_to_string(run.join("job.sbatch")).unwrap();
     assert!(
@@ -54,10 +52,7 @@ fn the_time_limit_notice_is_named_as_such_and_the_run_checkpoints() {
         "job.yaml",
         "name: limit\nresources:\n  time: \"1\"\n  cpus_per_task: 1\npreemption:\n  signal_seconds: 45\n  requeue: false\ntraining:\n  model: { kind: mlp, input_dim: 16, hidden_dim: 32, output_dim: 16 }\n  steps: 100000000\n  log_every: 10000\n  total_batch_size: 4\n  batch_size_per_device: 4\n",
     );
-    let out = cluster
-        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
-        .unwrap();
-    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
+    cluster.submit(dir.path(), &[&spec.to_string_lossy()]);
     let run = dir.join("runs/limit");
     let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
     wait_for_file(&run.join("result.json"), Duration::from_secs(150), |t| {

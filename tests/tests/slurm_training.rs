@@ -15,11 +15,9 @@ fn tiny_mlp_trains_to_completion_under_slurm() {
         "mlp.yaml",
         "name: tiny\nresources:\n  tasks_per_node: 2\n  cpus_per_task: 1\n  time: \"00:05:00\"\ntraining:\n  model: { kind: mlp, input_dim: 16, hidden_dim: 32, output_dim: 16 }\n  steps: 5\n  total_batch_size: 16\n  batch_size_per_device: 4\n",
     );
-    let out = cluster
-        .shardrun(dir.path(), &["submit", &spec.to_string_lossy()])
-        .unwrap();
-    assert!(out.status.success(), "submit failed: {}", stderr_of(&out));
-    let job_id = submitted_job_id(&stdout_of(&out)).expect("job id printed");
+    let job_id = cluster
+        .submit(dir.path(), &[&spec.to_string_lossy()])
+        .job_id;
     let run = dir.join("runs/tiny");
     let state = wait_for("the training job to end", Duration::from_secs(300), || {
         let out = cluster
