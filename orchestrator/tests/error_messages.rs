@@ -108,7 +108,7 @@ error: job.yaml:4:10: field `training.steps`: invalid type: string \"many\", exp
   |
 4 |   steps: many
   |          ^^^^
-  fix: write a whole number (0 or more) here
+  fix: write a whole number here
 ",
     );
 }
@@ -245,7 +245,7 @@ error: job.yaml:4:10: field `training.steps`: invalid type: string \"t\", expect
   |
 4 |   steps: *name
   |          ^^^^^
-  fix: write a whole number (0 or more) here
+  fix: write a whole number here
 ",
     );
 }

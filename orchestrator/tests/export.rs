@@ -118,7 +118,7 @@ fn exports_the_newest_checkpoint_of_a_run_directory() {
     save(&run.path().join("checkpoints"), 20, 2);
     let (ok, text) = export(&[run.path()]);
     assert!(ok, "{text}");
-    assert!(text.contains("Exported step 20 (2 ranks"), "{text}");
+    assert!(text.contains("Exported step 20 (2 ranks, FULL_SHARD,"), "{text}");
     // The export folder holds the exported checkpoint only: no `latest` of a series.
     let exported: Vec<String> = std::fs::read_dir(run.path().join("checkpoints/export"))
         .unwrap()
@@ -137,6 +137,15 @@ fn exports_the_newest_checkpoint_of_a_run_directory() {
         f32::from_le_bytes(first),
         20.0 + 64.0 / 1000.0,
         "layer2.bias follows the 4x16 weight"
+    );
+    // A Hugging Face folder is written from the run's model description, which this run
+    // directory lacks: said so, not blamed on the model.
+    let (ok, text) = export(&[run.path(), Path::new("--format"), Path::new("hf")]);
+    assert!(!ok);
+    assert!(
+        text.contains("described in its train_config.json, and there is none in")
+            && text.contains("use --format full"),
+        "{text}"
     );
 }
 

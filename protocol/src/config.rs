@@ -355,6 +355,16 @@ pub enum ShardingStrategy {
 }
 
 impl ShardingStrategy {
+    /// The name as the spec and PyTorch write it (`FULL_SHARD`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ShardingStrategy::FullShard => "FULL_SHARD",
+            ShardingStrategy::ShardGradOp => "SHARD_GRAD_OP",
+            ShardingStrategy::NoShard => "NO_SHARD",
+            ShardingStrategy::HybridShard => "HYBRID_SHARD",
+        }
+    }
+
     /// Bytes of model state per rank (fp32 params + grads + AdamW's two moments) for a model
     /// of `num_params` on `world_size` ranks (`shard_group` ranks per group for HYBRID_SHARD).
     pub fn model_state_bytes_per_rank(

@@ -146,19 +146,45 @@ pub fn segments_split_finer(
 /// Every module path that owns parameters (directly or below), deepest first, then in
 /// model order.
 fn modules_innermost_first(params: &[(String, u64)]) -> Vec<String> {
-    let mut seen = BTreeSet::new();
     let mut modules: Vec<(usize, usize, String)> = Vec::new();
-    for (index, (name, _)) in params.iter().enumerate() {
+    for (index, module) in modules_in_model_order(params).into_iter().enumerate() {
+        modules.push((module.split('.').count(), index, module));
+    }
+    modules.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    modules.into_iter().map(|(_, _, m)| m).collect()
+}
+
+/// The dotted paths of the modules holding `params` (every prefix of a parameter's name),
+/// in the order they are first met, outer before inner.
+pub fn modules_in_model_order(params: &[(String, u64)]) -> Vec<String> {
+    let mut seen = BTreeSet::new();
+    let mut modules = Vec::new();
+    for (name, _) in params {
         let parts: Vec<&str> = name.split('.').collect();
         for depth in 1..parts.len() {
             let module = parts[..depth].join(".");
             if seen.insert(module.clone()) {
-                modules.push((depth, index, module));
+                modules.push(module);
             }
         }
     }
-    modules.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    modules.into_iter().map(|(_, _, m)| m).collect()
+    modules
+}
+
+/// The pattern probably meant by a `module_names` pattern that matches no module: the same
+/// pattern below a prefix of up to three components that makes it match (PyTorch's
+/// Hugging Face models put their layers in `model.`: `layers.*.self_attn` is meant as
+/// `model.layers.*.self_attn`).
+pub fn prefixed_pattern(modules: &[String], pattern: &str) -> Option<String> {
+    (1..=3).find_map(|depth| {
+        modules.iter().find_map(|module| {
+            let parts: Vec<&str> = module.split('.').collect();
+            if parts.len() <= depth || !glob_match(pattern, &parts[depth..].join(".")) {
+                return None;
+            }
+            Some(format!("{}.{pattern}", parts[..depth].join(".")))
+        })
+    })
 }
 
 fn members_of(params: &[(String, u64)], module: &str) -> Vec<usize> {
@@ -194,6 +220,38 @@ pub fn glob_match(pattern: &str, path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pattern_missing_the_models_prefix_is_given_with_it() {
+        let params: Vec<(String, u64)> = [
+            "model.embed_tokens.weight",
+            "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.0.mlp.up_proj.weight",
+            "lm_head.weight",
+        ]
+        .iter()
+        .map(|n| (n.to_string(), 4))
+        .collect();
+        let modules = modules_in_model_order(&params);
+        assert_eq!(
+            &modules[..4],
+            [
+                "model",
+                "model.embed_tokens",
+                "model.layers",
+                "model.layers.0"
+            ]
+        );
+        assert_eq!(
+            prefixed_pattern(&modules, "layers.*.self_attn").as_deref(),
+            Some("model.layers.*.self_attn")
+        );
+        assert_eq!(
+            prefixed_pattern(&modules, "self_attn").as_deref(),
+            Some("model.layers.0.self_attn")
+        );
+        assert_eq!(prefixed_pattern(&modules, "attention"), None);
+    }
 
     /// An embedding, two blocks of two linears, a head; `tied`: the head reads the
     /// embedding's weight instead of an output weight of its own.

@@ -189,7 +189,7 @@ impl Checkpointer {
                 dir.display(),
                 meta.step,
                 meta.world_size,
-                crate::train::strategy_name(meta.strategy)
+                meta.strategy.name()
             );
             if meta.config_hash != self.config_hash {
                 match &meta.config {

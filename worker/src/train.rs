@@ -19,7 +19,7 @@ use crate::stop::{self, StopReason, StopRequest};
 use crate::{control, host, metrics};
 use shardrun_data::dataset::thousands;
 use shardrun_models::source::ParamSource;
-use shardrun_protocol::config::{DType, DeviceKind, ShardingStrategy, TrainConfig};
+use shardrun_protocol::config::{DType, DeviceKind, TrainConfig};
 use shardrun_protocol::messages::{signal_name, EvalMetrics, LogLevel, StepMetrics, TrainSummary};
 use shardrun_protocol::mib;
 use shardrun_protocol::schedule::Schedule;
@@ -395,7 +395,7 @@ impl Trainer {
             &format!(
                 "training {} {span}: {} over {world} rank(s), {} parameters, {} unit(s)",
                 cfg.name,
-                strategy_name(cfg.fsdp.strategy),
+                cfg.fsdp.strategy.name(),
                 thousands(cfg.model.num_params()),
                 self.engine.layouts().len()
             ),
@@ -794,7 +794,7 @@ impl Trainer {
         };
         let memory = metrics::Memory::of(self.device);
         TrainSummary {
-            strategy: strategy_name(cfg.fsdp.strategy).to_string(),
+            strategy: cfg.fsdp.strategy.name().to_string(),
             world_size: cfg.batch.world_size,
             steps: self.step,
             first_step,
@@ -844,15 +844,6 @@ pub fn format_eval(e: &EvalMetrics) -> String {
         "eval after step {} | loss {:.4} | perplexity {:.2} | {} tokens | {:.2} s",
         e.step, e.eval_loss, e.eval_perplexity, e.eval_tokens, e.eval_time_s
     )
-}
-
-pub fn strategy_name(strategy: ShardingStrategy) -> &'static str {
-    match strategy {
-        ShardingStrategy::FullShard => "FULL_SHARD",
-        ShardingStrategy::ShardGradOp => "SHARD_GRAD_OP",
-        ShardingStrategy::NoShard => "NO_SHARD",
-        ShardingStrategy::HybridShard => "HYBRID_SHARD",
-    }
 }
 
 /// One step's line. `rss_baseline`: on CPU, the resident memory the process had before its

@@ -104,11 +104,25 @@ pub fn execute(args: Args) -> Result<()> {
             export_full_checkpoint(&source, args.out)
         }
         (ExportFormat::Hf, Some(model)) => export_hf(&source, &model, run_config.as_ref(), &args),
-        (ExportFormat::Hf, None) => bail!(
-            "{}: a Hugging Face folder needs a Llama-family model and the run's {CONFIG_FILE} (looked for it in {} and the folders above the checkpoint); use --format full for other models",
-            source.dir().display(),
-            args.path.display()
-        ),
+        (ExportFormat::Hf, None) => match run_config.as_ref().map(|c| &c.model) {
+            Some(other) => bail!(
+                "{}: a Hugging Face folder is written for Llama-family models, and this run \
+                 trained {}; use --format full",
+                source.dir().display(),
+                match other {
+                    ModelConfig::Transformer { .. } => "the FSDP2-example transformer",
+                    ModelConfig::Mlp { .. } => "the MLP of the FSDP tutorial",
+                    ModelConfig::Llama(_) => "a Llama-family model",
+                }
+            ),
+            None => bail!(
+                "{}: a Hugging Face folder is written from the run's model, described in its \
+                 {CONFIG_FILE}, and there is none in {} or the folders above the checkpoint; \
+                 export the checkpoint from its run directory, or use --format full",
+                source.dir().display(),
+                args.path.display()
+            ),
+        },
     }
 }
 
@@ -137,10 +151,10 @@ fn export_full_checkpoint(source: &Checkpoint, out: Option<PathBuf>) -> Result<(
     let seconds = started.elapsed().as_secs_f64();
     let total: u64 = committed.metadata.files.iter().map(|f| f.size).sum();
     outln!(
-        "Exported step {} ({} ranks, {:?}, {:.1} M parameters) from {}",
+        "Exported step {} ({} ranks, {}, {:.1} M parameters) from {}",
         meta.step,
         meta.world_size,
-        meta.strategy,
+        meta.strategy.name(),
         meta.layout.num_params() as f64 / 1e6,
         source.dir().display()
     );

@@ -10,14 +10,15 @@ use std::time::{Duration, Instant};
 pub struct Args {
     /// Run directory.
     pub run: PathBuf,
-    /// Keep printing new lines as they are written (Ctrl-C to stop).
+    /// Keep printing new lines as they are written (Ctrl-C to stop); a log not written yet
+    /// is waited for.
     #[arg(long, short)]
     pub follow: bool,
     /// Only this rank's log (`logs/rank-N.log`).
     #[arg(long)]
     pub rank: Option<u64>,
-    /// Stop following once the run has ended, as `shardrun status` tells it (not queued,
-    /// running, or requeued after a preemption).
+    /// With -f (required): stop following once the run has ended, as `shardrun status`
+    /// tells it (not queued, running, or requeued after a preemption), after its last lines.
     #[arg(long, requires = "follow")]
     pub until_done: bool,
 }

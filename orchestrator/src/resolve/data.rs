@@ -429,8 +429,29 @@ fn check_tokenizer(
     on_disk: &mut OnDisk,
     warnings: &mut Vec<String>,
 ) -> Result<(), ResolveError> {
-    let TokenizerConfig::HuggingFace { path, .. } = tokenizer else {
-        return Ok(());
+    let resize = if from_folder {
+        "give the model rows for them with transformers \
+         (`model.resize_token_embeddings(len(tokenizer))`, then `save_pretrained`)"
+    } else {
+        "raise the model's `vocab_size`"
+    };
+    let path = match tokenizer {
+        TokenizerConfig::HuggingFace { path, .. } => path,
+        // Every document ends with id 256: known without reading any data.
+        TokenizerConfig::Bytes => {
+            return match model.vocab_size().filter(|&vocab| vocab <= BYTES_EOS) {
+                Some(vocab) => Err(s.err(
+                    TOKENIZER_FROM_MODEL,
+                    format!(
+                        "the byte tokenizer's ids run to {BYTES_EOS}, its end-of-document \
+                         token, past the model's vocabulary of {vocab}"
+                    ),
+                    format!("{resize} (at least {})", BYTES_EOS + 1),
+                )),
+                None => Ok(()),
+            };
+        }
+        TokenizerConfig::PreTokenized => return Ok(()),
     };
     let field = tokenizer_field(spec);
     let ids = match on_disk.tokenizer_ids(tokenizer) {
@@ -456,12 +477,6 @@ fn check_tokenizer(
         ids.vocab_size,
         vocab
     );
-    let resize = if from_folder {
-        "give the model rows for them with transformers \
-         (`model.resize_token_embeddings(len(tokenizer))`, then `save_pretrained`)"
-    } else {
-        "raise the model's `vocab_size`"
-    };
     let (eos_id, eos_text) = &ids.eos;
     if u64::from(*eos_id) >= vocab {
         return Err(s.err(
@@ -488,6 +503,9 @@ fn tokenizer_field(spec: &DataSpec) -> &'static str {
 }
 
 const TOKENIZER_FROM_MODEL: &str = "training.data.tokenizer";
+
+/// The byte tokenizer's end-of-document id, its largest.
+const BYTES_EOS: u64 = 256;
 
 /// Every path of the resolved data, as the worker will read it; an error names the spec
 /// field (the list entry for a pattern).

@@ -6,7 +6,9 @@ use super::{defaults, ResolveError, Section};
 use shardrun_protocol::config::{
     DType, FsdpConfig, MixedPrecision, ModelConfig, ShardingStrategy, WrapPolicy,
 };
-use shardrun_protocol::units::segments_split_finer;
+use shardrun_protocol::units::{
+    glob_match, modules_in_model_order, prefixed_pattern, segments_split_finer,
+};
 
 pub fn resolve_fsdp(
     s: &Section,
@@ -77,6 +79,43 @@ pub fn resolve_fsdp(
         max_gathers_in_flight: max_gathers,
         shard_group_size,
     })
+}
+
+/// Every `module_names` pattern must match a module of the model: one that matches nothing
+/// would leave the wrapping to the segments without a word.
+pub(super) fn check_wrap_patterns(
+    s: &Section,
+    layout: &ModelLayout,
+    wrap: &WrapPolicy,
+) -> Result<(), ResolveError> {
+    let WrapPolicy::ModuleNames { patterns } = wrap else {
+        return Ok(());
+    };
+    let modules = modules_in_model_order(&layout.sizes);
+    for (i, pattern) in patterns.iter().enumerate() {
+        if modules.iter().any(|m| glob_match(pattern, m)) {
+            continue;
+        }
+        let fix = match prefixed_pattern(&modules, pattern) {
+            Some(meant) => format!("did you mean `{meant}`?"),
+            None => format!(
+                "write a module's whole dotted path, `*` standing for one component; the \
+                 model's modules include {}",
+                modules
+                    .iter()
+                    .take(6)
+                    .map(|m| format!("`{m}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        return Err(s.err(
+            &format!("training.fsdp.wrap.patterns[{i}]"),
+            format!("`{pattern}` matches no module of the model"),
+            fix,
+        ));
+    }
+    Ok(())
 }
 
 /// Options that are valid but do not save the memory people expect: wrapping finer than the

@@ -370,6 +370,7 @@ pub fn resolve_with(
         train.fsdp.mixed_precision.param_dtype.size_bytes(),
     );
     let layout = memory::ModelLayout::new(footprint, &train.fsdp.wrap);
+    fsdp::check_wrap_patterns(&s, &layout, &train.fsdp.wrap)?;
     fsdp::warn_about_memory_options(&train.model, &layout, &train.fsdp, &mut warnings);
     let memory = memory::estimate_memory(
         &memory::MemoryInputs {
@@ -593,6 +594,65 @@ mod tests {
                 ..Overrides::default()
             },
         )
+    }
+
+    /// A small Llama from scratch on this machine's `/etc/hostname`, bytes as tokens.
+    fn small_llama(model: &str, rest: &str) -> String {
+        format!(
+            "name: t\ntraining:\n  model: {{ kind: llama, vocab_size: 300, dim: 32, n_layers: 2, n_heads: 2, ffn_dim: 64{model} }}\n  data: {{ kind: text, files: [/etc/hostname], tokenizer: {{ kind: bytes }}, seq_len: 16 }}\n  steps: 1\n  total_batch_size: 1\n  batch_size_per_device: 1\n{rest}"
+        )
+    }
+
+    #[test]
+    fn a_byte_tokenizer_past_the_models_vocabulary_is_refused_before_any_data_is_read() {
+        let fits = resolve_yaml(&small_llama("", ""), false).expect("257 ids in 300");
+        assert!(fits.warnings.is_empty(), "{:?}", fits.warnings);
+        let small = small_llama("", "").replace("vocab_size: 300", "vocab_size: 256");
+        let ResolveError::Invalid(err) = resolve_yaml(&small, false).unwrap_err();
+        assert_eq!(err.field, "training.data.tokenizer");
+        assert_eq!(err.line, Some(4));
+        assert!(err.why.contains("run to 256"), "{err}");
+        assert_eq!(err.fix, "raise the model's `vocab_size` (at least 257)");
+    }
+
+    #[test]
+    fn a_context_shorter_than_the_sequences_is_warned_about() {
+        let job = resolve_yaml(&small_llama(", max_position_embeddings: 8", ""), false).unwrap();
+        assert!(
+            job.warnings.iter().any(|w| w.starts_with(
+                "`training.model.max_position_embeddings` is 8, shorter than the 16 tokens"
+            )),
+            "{:?}",
+            job.warnings
+        );
+    }
+
+    #[test]
+    fn a_wrap_pattern_that_matches_no_module_is_refused_with_the_one_meant() {
+        let wrap = |patterns: &str| {
+            small_llama(
+                "",
+                &format!(
+                    "  fsdp:\n    wrap:\n      kind: module_names\n      patterns: {patterns}\n"
+                ),
+            )
+        };
+        resolve_yaml(&wrap("[model.layers.*.mlp]"), false).expect("matches the MLPs");
+        let ResolveError::Invalid(err) =
+            resolve_yaml(&wrap("[model.layers.*.mlp, layers.*.self_attn]"), false).unwrap_err();
+        assert_eq!(err.field, "training.fsdp.wrap.patterns[1]");
+        assert_eq!(err.line, Some(11));
+        assert_eq!(
+            err.why,
+            "`layers.*.self_attn` matches no module of the model"
+        );
+        assert_eq!(err.fix, "did you mean `model.layers.*.self_attn`?");
+        let ResolveError::Invalid(err) = resolve_yaml(&wrap("[attention]"), false).unwrap_err();
+        assert!(
+            err.fix
+                .contains("the model's modules include `model`, `model.embed_tokens`"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -93,6 +93,14 @@ pub fn resolve_model(
             architecture
                 .validate(seq_len)
                 .map_err(|why| s.err("training.model", why, "change the model's sizes"))?;
+            if seq_len > architecture.max_position_embeddings {
+                warnings.push(format!(
+                    "`training.model.max_position_embeddings` is {}, shorter than the {seq_len} \
+                     tokens it trains on; an exported config.json would tell transformers the \
+                     shorter context: raise it to at least {seq_len}, or leave it out",
+                    architecture.max_position_embeddings
+                ));
+            }
             Ok((
                 ModelConfig::Llama(LlamaModel {
                     architecture,

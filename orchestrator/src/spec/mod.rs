@@ -237,12 +237,27 @@ mod tests {
     }
 
     #[test]
+    fn a_transformers_config_name_is_answered_with_the_name_here() {
+        let yaml = MINIMAL.replace(
+            "{ kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }",
+            "{ kind: llama, vocab_size: 8, hidden_size: 32 }",
+        );
+        let err = parse_str(&yaml).unwrap_err();
+        assert_eq!(err.kind, SpecErrorKind::UnknownField);
+        assert_eq!(err.field, "training.model");
+        assert_eq!(
+            err.fix,
+            "did you mean `dim`? (the name here of transformers' `hidden_size`)"
+        );
+    }
+
+    #[test]
     fn wrong_type_names_field_and_expected_type() {
         let err = parse_str(&MINIMAL.replace("steps: 2", "steps: many")).unwrap_err();
         assert_eq!(err.kind, SpecErrorKind::WrongValue);
         assert_eq!(err.field, "training.steps");
         assert_eq!(err.line, Some(4));
-        assert_eq!(err.fix, "write a whole number (0 or more) here");
+        assert_eq!(err.fix, "write a whole number here");
     }
 
     #[test]

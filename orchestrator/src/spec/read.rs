@@ -95,13 +95,19 @@ fn explain(error: DeError, path: &[Step], document: &SpannedDocument<'_>) -> Rea
     let mut suggestion = None;
     let (at, kind, why, fix) = match &error.problem {
         Problem::UnknownKey { key, expected } => {
-            let best = did_you_mean(key, expected);
+            let renamed = transformers_name(key, expected);
+            let best = renamed.or_else(|| did_you_mean(key, expected));
             suggestion = best.map(join);
             (
                 locate(Some(key)),
                 SpecErrorKind::UnknownField,
                 format!("unknown key `{}`", join(key)),
-                choose(best, expected, "key"),
+                match renamed {
+                    Some(name) => {
+                        format!("did you mean `{name}`? (the name here of transformers' `{key}`)")
+                    }
+                    None => choose(best, expected, "key"),
+                },
             )
         }
         Problem::UnknownValue { value, expected } => (
@@ -139,6 +145,24 @@ fn explain(error: DeError, path: &[Step], document: &SpannedDocument<'_>) -> Rea
     }
 }
 
+/// A Llama model's key under the name transformers' `config.json` gives it, when `expected`
+/// (the keys allowed where it was written) has it under this spec's name.
+fn transformers_name(key: &str, expected: &[&'static str]) -> Option<&'static str> {
+    const NAMES: [(&str, &str); 7] = [
+        ("hidden_size", "dim"),
+        ("num_hidden_layers", "n_layers"),
+        ("num_attention_heads", "n_heads"),
+        ("num_key_value_heads", "n_kv_heads"),
+        ("intermediate_size", "ffn_dim"),
+        ("rms_norm_eps", "norm_eps"),
+        ("tie_word_embeddings", "tie_embeddings"),
+    ];
+    NAMES
+        .iter()
+        .find(|(theirs, ours)| *theirs == key && expected.contains(ours))
+        .map(|(_, ours)| *ours)
+}
+
 /// The fix for an unknown key or value: the one probably meant, else the list.
 fn choose(best: Option<&str>, expected: &[&str], what: &str) -> String {
     match best {
@@ -158,7 +182,7 @@ fn choose(best: Option<&str>, expected: &[&str], what: &str) -> String {
 /// serde's type names in words people use.
 fn plain_type(expected: &str) -> String {
     match expected {
-        "u64" | "u32" | "usize" => "a whole number (0 or more)".into(),
+        "u64" | "u32" | "usize" => "a whole number".into(),
         "f64" => "a number".into(),
         "a boolean" | "bool" => "true or false".into(),
         other => other.to_string(),
