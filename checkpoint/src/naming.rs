@@ -56,6 +56,15 @@ pub(crate) fn replaced_dir_name(step: u64) -> String {
     format!("step-{step}{REPLACED_SUFFIX}")
 }
 
+/// A committed checkpoint that failed to load, set aside (`step-<N>.damaged`, then
+/// `.damaged-2`, ...): kept for repair, no longer a checkpoint (no step parses from it).
+pub(crate) fn damaged_dir_name(step: u64, attempt: u32) -> String {
+    match attempt {
+        0 | 1 => format!("step-{step}.damaged"),
+        n => format!("step-{step}.damaged-{n}"),
+    }
+}
+
 pub fn shard_file_name(rank: u64, world_size: u64) -> String {
     format!("rank-{rank}-of-{world_size}.safetensors")
 }

@@ -4,7 +4,9 @@
 use crate::checkpoint::{Checkpoint, Verify};
 use crate::durable::sync_dir;
 use crate::error::{CheckpointError, Result};
-use crate::naming::{list_entries, EntryKind, COMPLETE_FILE, METADATA_FILE};
+use crate::naming::{
+    damaged_dir_name, list_entries, step_of_dir, EntryKind, COMPLETE_FILE, METADATA_FILE,
+};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug)]
@@ -26,6 +28,33 @@ impl ResumePoint {
             .iter()
             .map(|(path, err)| format!("skipping checkpoint {}: {err}; {to}", path.display()))
             .collect()
+    }
+
+    /// Renames the checkpoints passed over (newer than the one chosen, and failing to load)
+    /// to `step-<N>.damaged`: the run trains on past their steps, so left in place they
+    /// would count among the newest `keep` (pruning good ones) and be met again at every
+    /// resume. Kept, not deleted: a shard copied back from elsewhere repairs one. Returns
+    /// each (old, new) path.
+    pub fn set_aside_skipped(&self) -> Result<Vec<(PathBuf, PathBuf)>> {
+        let mut moved = Vec::new();
+        for (path, _) in &self.skipped {
+            let (Some(step), Some(root)) = (step_of_dir(path), path.parent()) else {
+                continue;
+            };
+            let aside = (1..)
+                .map(|attempt| root.join(damaged_dir_name(step, attempt)))
+                .find(|p| !p.exists())
+                .expect("an unused name");
+            std::fs::rename(path, &aside).map_err(CheckpointError::io(
+                path,
+                "cannot set aside a checkpoint that does not load",
+            ))?;
+            moved.push((path.clone(), aside));
+        }
+        if let Some((_, aside)) = moved.first() {
+            sync_dir(aside.parent().unwrap_or(Path::new(".")))?;
+        }
+        Ok(moved)
     }
 }
 
@@ -77,7 +106,12 @@ pub fn resolve(path: &Path, verify: Verify) -> Result<ResumePoint> {
                     .into(),
         });
     }
-    let found = find_latest(path, verify)?;
+    let mut found = find_latest(path, verify)?;
+    // A run still training prunes old checkpoints as it saves new ones: one that vanished
+    // while it was read was not damaged, and a newer one is there to take.
+    if found.checkpoint.is_none() && found.skipped.iter().any(|(p, _)| !p.exists()) {
+        found = find_latest(path, verify)?;
+    }
     if found.checkpoint.is_none() {
         let what = match found.skipped.first() {
             Some((p, e)) => format!(

@@ -118,7 +118,10 @@ fn exports_the_newest_checkpoint_of_a_run_directory() {
     save(&run.path().join("checkpoints"), 20, 2);
     let (ok, text) = export(&[run.path()]);
     assert!(ok, "{text}");
-    assert!(text.contains("Exported step 20 (2 ranks, FULL_SHARD,"), "{text}");
+    assert!(
+        text.contains("Exported step 20 (2 ranks, FULL_SHARD,"),
+        "{text}"
+    );
     // The export folder holds the exported checkpoint only: no `latest` of a series.
     let exported: Vec<String> = std::fs::read_dir(run.path().join("checkpoints/export"))
         .unwrap()

@@ -235,8 +235,32 @@ impl Checkpointer {
             for message in found.fallback_messages() {
                 trainer.log(LogLevel::Warn, &message);
             }
-            if let Some(checkpoint) = found.checkpoint {
+            if let Some(checkpoint) = &found.checkpoint {
+                for (from, to) in found.set_aside_skipped()? {
+                    trainer.log(
+                        LogLevel::Warn,
+                        &format!(
+                            "set {} aside as {}: it does not load, and training goes on past \
+                             its step from step {}",
+                            from.display(),
+                            to.file_name().unwrap_or_default().to_string_lossy(),
+                            checkpoint.step()
+                        ),
+                    );
+                }
                 return Ok(Choice::Resume(checkpoint.step()));
+            }
+            // Checkpoints that all fail to load are not a run to start over silently: the
+            // steps they hold would be trained again, and a copied-back shard repairs one.
+            if let Some((newest, why)) = found.skipped.first() {
+                return Err(CheckpointingError::Other(format!(
+                    "no checkpoint of this run loads ({} of them; the newest, {}: {why}), and \
+                     resuming would start over at step 1; restore a checkpoint's files from a \
+                     copy and run it again, or start the run over with --force (which deletes \
+                     them)",
+                    found.skipped.len(),
+                    newest.display()
+                )));
             }
         }
         if let Some(from) = &self.from {

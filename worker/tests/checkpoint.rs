@@ -62,6 +62,12 @@ fn assert_bitwise_resume(format: CheckpointFormat) {
                 && log.contains("falling back"),
             "{log}"
         );
+        // The damaged checkpoint is kept, set aside, and the step saved anew.
+        assert!(log.contains("aside as step-20.damaged"), "{log}");
+        assert!(ckpt
+            .join("step-20.damaged/rank-1-of-2.safetensors")
+            .exists());
+        assert!(ckpt.join("step-20/COMPLETE").exists());
     }
     let resumed_steps: Vec<u64> = resumed.metrics.iter().map(|m| m.step).collect();
     assert_eq!(resumed_steps, (11..=20).collect::<Vec<_>>());
@@ -82,6 +88,49 @@ fn assert_bitwise_resume(format: CheckpointFormat) {
 #[test]
 fn sharded_resume_is_bitwise_identical_and_falls_back_past_a_damaged_checkpoint() {
     assert_bitwise_resume(CheckpointFormat::Sharded);
+}
+
+/// A run whose every checkpoint fails to load stops, naming them, instead of training
+/// from step 1 again over them; nothing of them is touched.
+#[test]
+fn a_run_whose_checkpoints_all_fail_to_load_is_refused_not_started_over() {
+    let tmp = temp_dir();
+    let ckpt = tmp.path().join("checkpoints");
+    let mut config = with_checkpoints(
+        config(tiny_transformer(), ShardingStrategy::FullShard, 2),
+        &ckpt,
+        CheckpointFormat::Sharded,
+    );
+    config.steps = 10;
+    run_sharded(tmp.path(), "first", &config);
+    let shard = ckpt.join("step-10/rank-0-of-2.safetensors");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(&shard, &bytes).unwrap();
+
+    config.steps = 20;
+    let children = spawn_sharded(tmp.path(), "again", &config, &[]);
+    let failed: Vec<u64> = children
+        .into_iter()
+        .filter_map(|(rank, mut child)| (!child.wait().unwrap().success()).then_some(rank))
+        .collect();
+    assert!(failed.contains(&0), "rank 0 must fail");
+    let log = rank0_log(tmp.path());
+    assert!(
+        log.contains("no checkpoint of this run loads (1 of them; the newest,")
+            && log.contains("would start over at step 1")
+            && log.contains("--force"),
+        "{log}"
+    );
+    assert!(
+        !tmp.path().join("again.metrics.jsonl").exists() || {
+            let m = std::fs::read_to_string(tmp.path().join("again.metrics.jsonl")).unwrap();
+            m.trim().is_empty()
+        }
+    );
+    assert_eq!(std::fs::read(&shard).unwrap(), bytes, "left as it was");
+    assert!(!ckpt.join("step-10.damaged").exists());
 }
 
 #[test]

@@ -184,10 +184,15 @@ fn short_names(keys: &[&String]) -> Vec<String> {
         .collect()
 }
 
-/// A value as a spec writes it: numbers as JSON has them, strings without quotes.
+/// A value as a spec writes it: numbers as JSON has them, except that a whole number
+/// written with a fraction loses it (`0`, not `0.0`), strings without quotes.
 fn plain_text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 1e15 => format!("{f}"),
+            _ => n.to_string(),
+        },
         other => other.to_string(),
     }
 }
@@ -268,7 +273,7 @@ mod tests {
         );
         assert_eq!(
             columns.label(&points[0]),
-            "name=a, lr=1e-3, weight_decay=0.0, seed=0"
+            "name=a, lr=1e-3, weight_decay=0, seed=0"
         );
         assert_eq!(columns.cells(&PointParams::new()), [None, None, None, None]);
     }
