@@ -288,7 +288,8 @@ mod tests {
                 [
                     status.name.clone(),
                     format!("{lr:e}"),
-                    decay.to_string(),
+                    // Written as the spec would: 0, not 0.0.
+                    format!("{}", decay.as_f64().unwrap()),
                     seed.to_string(),
                     "CREATED".into(),
                     "-".into(),
