@@ -323,6 +323,22 @@ fn an_hf_export_defaults_to_the_dtype_of_the_source_weights() {
     let written: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
     assert_eq!(written["dtype"], "bfloat16");
+
+    // The source folder's config.json, changed since the run started from it (a folder
+    // reused for another revision), would export the weights as another model: refused.
+    let config_path = source.join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["rms_norm_eps"] = serde_json::json!(0.5);
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let (ok, text) = export(&[&run, Path::new("--out"), &tmp.path().join("again")]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("has changed since the run started from it (norm_eps: 1e-6 → 0.5)")
+            && text.contains("or export with --format full"),
+        "{text}"
+    );
+    assert!(!tmp.path().join("again").exists());
 }
 
 /// `tests/python/hf_token_ids.py args...` with the project's venv python (`scripts/setup.sh`

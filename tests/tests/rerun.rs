@@ -414,3 +414,72 @@ fn training_a_cosine_run_longer_says_how_its_lr_jumps() {
         )
     );
 }
+
+/// A run directory copied elsewhere (an archive) or moved (to other storage) keeps its own
+/// checkpoints: its export takes them, not those a new run of the old path saves, and a
+/// moved run continues where it is, with no spec change to refuse.
+#[test]
+fn a_copied_or_moved_run_directory_keeps_its_own_checkpoints() {
+    let dir = TestDir::new("rerun-moved");
+    let spec = dir.write("job.yaml", &constant_lr_spec("moved", 6));
+    let (out, run) = run_local(&dir, &spec, &["--no-progress"], &[], DEADLINE);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let archive = dir.join("archive");
+    let copied = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&run)
+        .arg(&archive)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    // The old path trains a new run, of 4 steps.
+    let (out, _) = run_local(
+        &dir,
+        &spec,
+        &["--no-progress", "--force", "--set", "training.steps=4"],
+        &[],
+        DEADLINE,
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+
+    let archived = archive.to_string_lossy().into_owned();
+    let out = shardrun_in(dir.path(), &["export", &archived], DEADLINE);
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        stdout.starts_with(&format!(
+            "Exported step 6 (2 ranks, FULL_SHARD, 0.0 M parameters) from {}/checkpoints/step-6",
+            archive.display()
+        )),
+        "{stdout}"
+    );
+
+    let moved = dir.join("elsewhere/moved");
+    std::fs::create_dir_all(moved.parent().unwrap()).unwrap();
+    std::fs::rename(&archive, &moved).unwrap();
+    let moved_arg = moved.to_string_lossy().into_owned();
+    let out = shardrun_in(
+        dir.path(),
+        &[
+            "run",
+            &moved_arg,
+            "--no-progress",
+            "--set",
+            "training.steps=8",
+        ],
+        DEADLINE,
+    );
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert!(
+        stdout.starts_with(&format!(
+            "resuming {} at step 7 from its checkpoint of step 6 ({}/checkpoints/step-6)",
+            moved.display(),
+            moved.display()
+        )),
+        "{stdout}"
+    );
+    assert!(moved.join("checkpoints/step-8/COMPLETE").exists());
+    assert!(run.join("checkpoints/step-4/COMPLETE").exists());
+    assert!(!run.join("checkpoints/step-8").exists());
+}

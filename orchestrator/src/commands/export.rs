@@ -191,10 +191,10 @@ fn export_hf(
                     path.display()
                 )
             })?;
-            Some(
-                serde_json::from_str::<serde_json::Value>(&text)
-                    .with_context(|| format!("{} is not valid JSON", path.display()))?,
-            )
+            let value = serde_json::from_str::<serde_json::Value>(&text)
+                .with_context(|| format!("{} is not valid JSON", path.display()))?;
+            refuse_changed_config(&value, &path, &model.architecture)?;
+            Some(value)
         }
         None => None,
     };
@@ -628,6 +628,44 @@ fn find_run_config(path: &Path, checkpoint_dir: &Path) -> Result<Option<TrainCon
     Ok(None)
 }
 
+/// The folder the run started from is copied into the export with its config.json, which
+/// must still describe the model the run trained (a folder reused for another revision
+/// would export these weights with another architecture, and load as a wrong model).
+fn refuse_changed_config(
+    value: &serde_json::Value,
+    path: &Path,
+    trained: &shardrun_protocol::config::LlamaConfig,
+) -> Result<()> {
+    let mut now = hf::config::parse_config(value, path).with_context(|| {
+        format!(
+            "{} (the folder the run started from) no longer reads as a model's config",
+            path.display()
+        )
+    })?;
+    // Whether the head is tied is the run's (its weights may have untied it).
+    now.tie_embeddings = trained.tie_embeddings;
+    if &now == trained {
+        return Ok(());
+    }
+    let changed: Vec<String> = shardrun_protocol::config_diff::differences(
+        &serde_json::to_value(trained)?,
+        &serde_json::to_value(&now)?,
+    )
+    .into_iter()
+    .map(|(key, was, is)| {
+        use shardrun_protocol::config_diff::shown;
+        format!("{key}: {} → {}", shown(&was), shown(&is))
+    })
+    .collect();
+    bail!(
+        "{} has changed since the run started from it ({}): the export, which copies it, would \
+         describe another model than the one trained; put the file back as it was (the run \
+         recorded its model in train_config.json), or export with --format full",
+        path.display(),
+        changed.join(", ")
+    )
+}
+
 /// What the user pointed at, as a path [`resolve`] understands: a checkpoint folder, a folder
 /// of them, or a run directory (its config's checkpoint dir, else `<run dir>/checkpoints`).
 fn checkpoint_location(path: &Path) -> Result<PathBuf> {
@@ -645,10 +683,18 @@ fn checkpoint_location(path: &Path) -> Result<PathBuf> {
     }
     let config_path = path.join(CONFIG_FILE);
     if config_path.exists() {
-        let text = std::fs::read(&config_path)
-            .with_context(|| format!("reading {}", config_path.display()))?;
-        let config: TrainConfig = serde_json::from_slice(&text)
-            .with_context(|| format!("{} is not a valid training config", config_path.display()))?;
+        // A run directory's config, read as the run reads it (its checkpoint folder follows
+        // the directory when it was moved or copied); else the file as it is.
+        let config = match crate::rundir::RunDir::open(path) {
+            Ok(run) => run.read_train_config()?,
+            Err(_) => {
+                let text = std::fs::read(&config_path)
+                    .with_context(|| format!("reading {}", config_path.display()))?;
+                serde_json::from_slice::<TrainConfig>(&text).with_context(|| {
+                    format!("{} is not a valid training config", config_path.display())
+                })?
+            }
+        };
         if let Some(dir) = config.checkpoint.dir {
             return Ok(if dir.is_relative() {
                 path.join(dir)

@@ -439,14 +439,16 @@ fn check_tokenizer(
         TokenizerConfig::HuggingFace { path, .. } => path,
         // Every document ends with id 256: known without reading any data.
         TokenizerConfig::Bytes => {
-            return match model.vocab_size().filter(|&vocab| vocab <= BYTES_EOS) {
+            // Its end-of-document id is its largest.
+            let eos = u64::from(shardrun_data::tokenizer::BYTES_EOS);
+            return match model.vocab_size().filter(|&vocab| vocab <= eos) {
                 Some(vocab) => Err(s.err(
                     TOKENIZER_FROM_MODEL,
                     format!(
-                        "the byte tokenizer's ids run to {BYTES_EOS}, its end-of-document \
-                         token, past the model's vocabulary of {vocab}"
+                        "the byte tokenizer's ids run to {eos}, its end-of-document token, \
+                         past the model's vocabulary of {vocab}"
                     ),
-                    format!("{resize} (at least {})", BYTES_EOS + 1),
+                    format!("{resize} (at least {})", eos + 1),
                 )),
                 None => Ok(()),
             };
@@ -503,9 +505,6 @@ fn tokenizer_field(spec: &DataSpec) -> &'static str {
 }
 
 const TOKENIZER_FROM_MODEL: &str = "training.data.tokenizer";
-
-/// The byte tokenizer's end-of-document id, its largest.
-const BYTES_EOS: u64 = 256;
 
 /// Every path of the resolved data, as the worker will read it; an error names the spec
 /// field (the list entry for a pattern).

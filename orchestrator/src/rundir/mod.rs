@@ -192,6 +192,10 @@ pub struct Manifest {
     /// goes back to when the new job refuses to start (its training data changed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_before: Option<Ended>,
+    /// Where the run directory was when its spec files were written: the paths they record
+    /// below it (the checkpoint folder) follow the directory when it is moved or copied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_dir: Option<PathBuf>,
 }
 
 /// A run's state and its error, as they were before it was started again.
@@ -252,6 +256,7 @@ impl Manifest {
             sweep_array: None,
             spec_dir: None,
             ended_before: None,
+            run_dir: None,
         }
     }
 }
@@ -368,6 +373,7 @@ impl RunDir {
             .map_err(io_err("cannot write", &secret_path))?;
         let mut manifest = Manifest::created(&resolved, new.sweep_params.clone());
         manifest.spec_dir = new.spec_dir.map(Path::to_path_buf);
+        manifest.run_dir = Some(final_path.to_path_buf());
         dir.write_manifest(&manifest)
     }
 
@@ -406,8 +412,10 @@ impl RunDir {
     pub fn update_spec(&self, new: NewRun<'_>) -> Result<(), RunDirError> {
         let spec_dir = new.spec_dir.map(Path::to_path_buf);
         let resolved = self.write_spec_files(&self.path, new)?;
+        let here = self.absolute();
         self.update_manifest(|m| {
             m.config_hash = resolved.train.config_hash();
+            m.run_dir = Some(here);
             if spec_dir.is_some() {
                 m.spec_dir = spec_dir;
             }
@@ -577,11 +585,34 @@ impl RunDir {
     }
 
     pub fn read_resolved(&self) -> Result<ResolvedJob, RunDirError> {
-        read_json(&self.resolved_json())
+        let mut resolved: ResolvedJob = read_json(&self.resolved_json())?;
+        self.follow_move(&mut resolved.train.checkpoint.dir);
+        Ok(resolved)
     }
 
     pub fn read_train_config(&self) -> Result<shardrun_protocol::TrainConfig, RunDirError> {
-        read_json(&self.train_config())
+        let mut config: shardrun_protocol::TrainConfig = read_json(&self.train_config())?;
+        self.follow_move(&mut config.checkpoint.dir);
+        Ok(config)
+    }
+
+    /// A path the spec files recorded below the directory where the run was created, moved
+    /// to where the directory is now (a run folder archived with `cp -a` or moved to other
+    /// storage keeps its own checkpoints, not those a new run of the old path saves).
+    fn follow_move(&self, path: &mut Option<PathBuf>) {
+        let Some(created) = self.read_manifest().ok().and_then(|m| m.run_dir) else {
+            return;
+        };
+        let here = self.absolute();
+        if let Some(recorded) = path.as_mut() {
+            if let Ok(below) = recorded.strip_prefix(&created) {
+                *recorded = here.join(below);
+            }
+        }
+    }
+
+    fn absolute(&self) -> PathBuf {
+        std::path::absolute(&self.path).unwrap_or_else(|_| self.path.clone())
     }
 
     /// The run's recorded data ([`RunDir::data_identity`]); `None` for a run that recorded

@@ -97,10 +97,12 @@ pub fn prepare(sweep_dir: &Path, point: &SweepPoint) -> Result<NewPointDir, RunD
         }
     }
     // From here on, dropping `new` removes the temporary directory.
+    let mut manifest = Manifest::created(&resolved, point.params.clone());
+    manifest.run_dir = Some(std::path::absolute(&path).unwrap_or_else(|_| path.clone()));
     let new = NewPointDir {
         tmp: Some(tmp.clone()),
         path: path.clone(),
-        manifest: Manifest::created(&resolved, point.params.clone()),
+        manifest,
     };
     write_new(
         &dir.resolved_json(),
