@@ -483,3 +483,52 @@ fn a_copied_or_moved_run_directory_keeps_its_own_checkpoints() {
     assert!(run.join("checkpoints/step-4/COMPLETE").exists());
     assert!(!run.join("checkpoints/step-8").exists());
 }
+
+/// A run directory whose manifest was damaged (truncated) does not hide the others from
+/// `status`, which names it after the table and exits 1, and `--force`, which its error
+/// offers, starts it over.
+#[test]
+fn a_damaged_manifest_is_named_by_status_and_forced_anew() {
+    let dir = TestDir::new("rerun-manifest");
+    dir.write("job.yaml", &constant_lr_spec("manifest", 2));
+    let run = |name: &str, extra: &[&str]| {
+        let path = dir
+            .join(format!("runs/{name}"))
+            .to_string_lossy()
+            .into_owned();
+        let mut args = vec!["run", "job.yaml", "--run-dir", &path, "--no-progress"];
+        args.extend(extra);
+        let out = shardrun_in(dir.path(), &args, DEADLINE);
+        assert!(out.status.success(), "{}", stderr_of(&out));
+    };
+    run("kept", &[]);
+    run("damaged", &[]);
+    let manifest = dir.join("runs/damaged/manifest.json");
+    let text = std::fs::read(&manifest).unwrap();
+    std::fs::write(&manifest, &text[..text.len() / 2]).unwrap();
+
+    let out = shardrun_in(dir.path(), &["status", "runs"], DEADLINE);
+    assert_eq!(out.status.code(), Some(1));
+    let (table, stderr) = (stdout_of(&out), stderr_of(&out));
+    assert!(
+        table.contains("runs/kept") && table.contains("COMPLETED"),
+        "{table}"
+    );
+    assert!(!table.contains("runs/damaged"), "{table}");
+    assert!(
+        stderr.contains("1 run directory is not shown:")
+            && stderr.contains("damaged/manifest.json is not valid")
+            && stderr.contains("start the run over with --force"),
+        "{stderr}"
+    );
+
+    run("damaged", &["--force"]);
+    let out = shardrun_in(dir.path(), &["status", "--json", "runs"], DEADLINE);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let states = states(&stdout_of(&out));
+    assert_eq!(states.len(), 2, "{states:?}");
+    assert!(
+        states.iter().all(|(_, state)| state == "COMPLETED"),
+        "{states:?}"
+    );
+}

@@ -82,6 +82,16 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         }
         runs.extend(found);
     }
+    // A run whose manifest does not read is named after the others are shown: one damaged
+    // folder must not hide a whole sweep.
+    let (runs, unreadable): (Vec<_>, Vec<_>) = runs
+        .into_iter()
+        .partition(|run| run.read_manifest().is_ok());
+    let unreadable: Vec<String> = unreadable
+        .iter()
+        .filter_map(|run| run.read_manifest().err())
+        .map(|e| crate::exit::message(&anyhow::Error::new(e)))
+        .collect();
     let (statuses, answer) =
         slurm::refresh_or_recorded(&runs).context("reading the runs' states")?;
     // Slurm not answering is an error, but the runs are still shown as last recorded.
@@ -120,6 +130,18 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         if let Some(note) = note {
             outln!("({note})");
         }
+    }
+    if !unreadable.is_empty() {
+        return Err(anyhow::anyhow!(
+            "{} run director{} not shown:\n{}",
+            unreadable.len(),
+            if unreadable.len() == 1 {
+                "y is"
+            } else {
+                "ies are"
+            },
+            unreadable.join("\n")
+        ));
     }
     match unanswered {
         Some(error) => Err(anyhow::anyhow!(

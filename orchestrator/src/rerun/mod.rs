@@ -458,7 +458,17 @@ pub fn decide(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunError> {
         // a queued job would start into the new run's folder.
         let shown = path.display().to_string();
         if let Ok(run) = RunDir::open(&path) {
-            if let Liveness::Going(how) = liveness(&run, &run.read_manifest()?, &shown)? {
+            let going = match run.read_manifest() {
+                Ok(manifest) => match liveness(&run, &manifest, &shown)? {
+                    Liveness::Going(how) => Some(how),
+                    Liveness::Ended(_) => None,
+                },
+                // A damaged manifest (the fix its error gives is this --force) names no
+                // Slurm job: only a live controller keeps the run.
+                Err(_) => RunLock::holder(run.path())
+                    .map(|holder| format!("its controller is running ({holder})")),
+            };
+            if let Some(how) = going {
                 return Err(RerunError::ForceWhileRunning { path: shown, how });
             }
         }

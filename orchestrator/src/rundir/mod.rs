@@ -47,7 +47,7 @@ pub enum RunDirError {
         #[source]
         source: io::Error,
     },
-    #[error("{path} is not valid: {source}\n  fix: the file was edited or truncated; recreate the run with --force")]
+    #[error("{path} is not valid: {source}\n  fix: the file was edited or truncated; start the run over with --force (which deletes what the run directory holds)")]
     Corrupt {
         path: PathBuf,
         #[source]
