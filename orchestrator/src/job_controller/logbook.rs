@@ -30,6 +30,9 @@ pub struct LogBook {
     recent: HashMap<u64, VecDeque<String>>,
     /// The last timestamp formatted (many lines share a millisecond under load).
     stamp: (i64, String),
+    /// The first write that failed since the last flush: told by [`LogBook::flush`], so
+    /// that a full disk does not also silence the console and the failure reports.
+    failed: Option<std::io::Error>,
 }
 
 impl LogBook {
@@ -41,18 +44,20 @@ impl LogBook {
             per_rank: HashMap::new(),
             recent: HashMap::new(),
             stamp: (-1, String::new()),
+            failed: None,
         })
     }
 
     /// Writes one line of `rank` (or of the launcher when `rank` is `None`) and returns the
-    /// text as it appears after the rank prefix, for the console.
+    /// text as it appears after the rank prefix, for the console, whether or not the files
+    /// took it (a failed write is kept for [`LogBook::flush`]).
     pub fn rank_line(
         &mut self,
         rank: Option<u64>,
         source: Source,
         time: f64,
         text: &str,
-    ) -> std::io::Result<String> {
+    ) -> String {
         let tag = match source {
             Source::Reported(LogLevel::Info) => "",
             Source::Reported(LogLevel::Debug) => "debug: ",
@@ -66,6 +71,26 @@ impl LogBook {
         if self.stamp.0 != millis {
             self.stamp = (millis, clock::format_utc(time));
         }
+        let written = self.write_line(rank, &body);
+        if let Err(e) = written {
+            self.failed.get_or_insert(e);
+        }
+        if let Some(rank) = rank {
+            let recent = self.recent.entry(rank).or_default();
+            // Reuse the oldest line's buffer: no allocation per line once full.
+            let mut slot = if recent.len() == RECENT_LINES {
+                recent.pop_front().unwrap_or_default()
+            } else {
+                String::new()
+            };
+            slot.clear();
+            slot.push_str(&body);
+            recent.push_back(slot);
+        }
+        body
+    }
+
+    fn write_line(&mut self, rank: Option<u64>, body: &str) -> std::io::Result<()> {
         let stamp = &self.stamp.1;
         match rank {
             Some(rank) => {
@@ -79,21 +104,10 @@ impl LogBook {
                         self.per_rank.entry(rank).or_insert(f)
                     }
                 };
-                writeln!(file, "{stamp} {body}")?;
-                let recent = self.recent.entry(rank).or_default();
-                // Reuse the oldest line's buffer: no allocation per line once full.
-                let mut slot = if recent.len() == RECENT_LINES {
-                    recent.pop_front().unwrap_or_default()
-                } else {
-                    String::new()
-                };
-                slot.clear();
-                slot.push_str(&body);
-                recent.push_back(slot);
+                writeln!(file, "{stamp} {body}")
             }
-            None => writeln!(self.merged, "{stamp} [launcher] {body}")?,
+            None => writeln!(self.merged, "{stamp} [launcher] {body}"),
         }
-        Ok(body)
     }
 
     pub fn controller_line(&mut self, text: &str) -> std::io::Result<()> {
@@ -112,6 +126,9 @@ impl LogBook {
     }
 
     pub fn flush(&mut self) -> std::io::Result<()> {
+        if let Some(failed) = self.failed.take() {
+            return Err(failed);
+        }
         self.merged.flush()?;
         for f in self.per_rank.values_mut() {
             f.flush()?;
@@ -144,11 +161,9 @@ mod tests {
                 Source::Reported(LogLevel::Info),
                 0.0,
                 &format!("line {i}"),
-            )
-            .unwrap();
+            );
         }
-        book.rank_line(Some(0), Source::Stderr, 0.0, "panicked")
-            .unwrap();
+        book.rank_line(Some(0), Source::Stderr, 0.0, "panicked");
         book.controller_line("hello").unwrap();
         book.flush().unwrap();
         let merged = std::fs::read_to_string(dir.path().join("train.log")).unwrap();
@@ -159,5 +174,24 @@ mod tests {
         assert_eq!(rank1.lines().count(), 25);
         let recent = book.recent(1);
         assert_eq!((recent.len(), recent[0].as_str()), (RECENT_LINES, "line 5"));
+    }
+
+    /// A disk that takes nothing (`/dev/full` answers every write with ENOSPC): each line is
+    /// still returned for the console and kept for failure reports; the flush tells.
+    #[test]
+    fn a_full_disk_loses_no_line_for_the_console_and_is_told_at_the_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut book = LogBook::open(Path::new("/dev/full"), dir.path()).unwrap();
+        // More than a buffer's worth, so that writes fail before the flush.
+        let long = "x".repeat(4096);
+        for _ in 0..4 {
+            let body = book.rank_line(None, Source::Stdout, 0.0, &long);
+            assert_eq!(body, format!("(stdout) {long}"));
+        }
+        let body = book.rank_line(Some(2), Source::Reported(LogLevel::Warn), 0.0, "low");
+        assert_eq!(body, "warning: low");
+        assert_eq!(book.recent(2), ["warning: low"]);
+        let err = book.flush().unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
     }
 }

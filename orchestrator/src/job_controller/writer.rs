@@ -188,7 +188,7 @@ fn write(
                     Source::Reported(line.level),
                     line.time,
                     &line.text,
-                )?;
+                );
                 let loud = matches!(line.level, LogLevel::Warn | LogLevel::Error);
                 if echoes(echo, rank, loud) {
                     console.line(&format!("[rank {rank}] {body}"));
@@ -206,7 +206,7 @@ fn write(
             } else {
                 Source::Stdout
             };
-            let body = book.rank_line(rank, source, time, &text)?;
+            let body = book.rank_line(rank, source, time, &text);
             match rank {
                 Some(rank) if echoes(echo, rank, stderr) => {
                     console.line(&format!("[rank {rank}] {body}"))
@@ -215,20 +215,24 @@ fn write(
                 _ => {}
             }
         }
+        // The console goes on when the files cannot take a record (a full disk): the
+        // error is told once the record is shown.
         Record::Metrics(m) => {
-            metrics.rank_record(&m, super::clock::now())?;
+            let written = metrics.rank_record(&m, super::clock::now());
             // Without a bar, rank 0's own step lines are already echoed when echo is on: a
             // summary line per step would repeat each of them.
             if m.rank == 0 && (console.has_bar() || echo == Echo::None) {
                 console.progress(&m);
             }
+            written?;
         }
         Record::Eval(e) => {
-            metrics.record(&e)?;
+            let written = metrics.record(&e);
             // Rank 0 logs its own eval line: the console shows this one only in its place.
             if !echoes(echo, 0, false) {
                 console.line(&super::console::format_eval(&e));
             }
+            written?;
         }
         Record::Summary { rank, summary } => {
             let eval = match (summary.eval_loss, summary.eval_perplexity) {
@@ -316,7 +320,7 @@ fn controller_noted_line(
         Source::Reported(LogLevel::Info),
         super::clock::now(),
         text,
-    )?;
+    );
     console.line(&format!("[rank {rank}] {text}"));
     Ok(())
 }
