@@ -532,3 +532,41 @@ fn a_damaged_manifest_is_named_by_status_and_forced_anew() {
         "{states:?}"
     );
 }
+
+/// While one `shardrun run` gets an existing run directory ready (its starting lock held, as
+/// until its controller holds the run), another is refused before it writes anything: two
+/// re-runs started together cannot both rewrite the spec.
+#[test]
+fn a_rerun_while_another_is_starting_the_run_is_refused_untouched() {
+    use std::os::fd::AsRawFd;
+    let dir = TestDir::new("rerun-starting");
+    let spec = dir.write("job.yaml", &constant_lr_spec("starting", 2));
+    let (out, run) = run_local(&dir, &spec, &["--no-progress"], &[], DEADLINE);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let lock = std::fs::File::create(run.join("starting.lock")).unwrap();
+    assert_eq!(
+        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
+    let recorded = |name: &str| std::fs::read(run.join(name)).unwrap();
+    let before = [recorded("job.yaml"), recorded("train_config.json")];
+    let longer = ["--no-progress", "--set", "training.steps=4"];
+    let (out, _) = run_local(&dir, &spec, &longer, &[], DEADLINE);
+    let stderr = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "another shardrun is starting the run directory {} (",
+            run.display()
+        )) && stderr.contains("at this moment; nothing was changed"),
+        "{stderr}"
+    );
+    assert_eq!(
+        [recorded("job.yaml"), recorded("train_config.json")],
+        before
+    );
+    drop(lock);
+    let (out, _) = run_local(&dir, &spec, &longer, &[], DEADLINE);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(run.join("checkpoints/step-4/COMPLETE").exists());
+}

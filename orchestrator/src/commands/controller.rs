@@ -6,7 +6,7 @@ use crate::job_controller::options::ControllerArgs;
 use crate::job_controller::stop_signal::Signals;
 use crate::job_controller::{self, LaunchMode};
 use crate::resume_data::DataChanged;
-use crate::rundir::{RunDir, RunLock, RunState};
+use crate::rundir::{RunDir, RunLock, RunState, StartLock};
 use anyhow::Context;
 use shardrun_protocol::config::DeviceKind;
 use std::path::PathBuf;
@@ -56,14 +56,21 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         sweep_point: !manifest.sweep_params.is_empty() || manifest.sweep_array.is_some(),
     };
     let opts = args.controller.options(&run, launch, false)?;
-    supervise(&run, opts)
+    supervise(&run, opts, None)
 }
 
 /// Runs the controller and records the run's state in its manifest; shared with `run`.
-pub fn supervise(run: &RunDir, opts: job_controller::ControllerOptions) -> anyhow::Result<()> {
+/// Runs the job of `run` as its controller; `starting`, the lock the command that got the
+/// run directory ready holds, is let go once the controller's own lock is taken.
+pub fn supervise(
+    run: &RunDir,
+    opts: job_controller::ControllerOptions,
+    starting: Option<StartLock>,
+) -> anyhow::Result<()> {
     // One controller per run directory. Taken before the manifest says RUNNING, so that a
     // RUNNING run whose lock is free is one whose controller died (`shardrun status`).
     let lock = RunLock::acquire(run.path())?;
+    drop(starting);
     let before = run.read_manifest()?.before_start();
     if before.state == RunState::Completed {
         // Slurm ran the job of a finished run again (`scontrol requeue` after it ended):

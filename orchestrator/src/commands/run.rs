@@ -8,7 +8,7 @@ use crate::job_controller::options::ControllerArgs;
 use crate::job_controller::LaunchMode;
 use crate::rerun::{self, RunStart};
 use crate::resolve::{self, Overrides};
-use crate::rundir::{NewRun, RunDir};
+use crate::rundir::{NewRun, RunDir, StartLock};
 use crate::spec::{overrides, JobSpec, LoadedSpec};
 use shardrun_protocol::config::DeviceKind;
 use std::collections::BTreeMap;
@@ -76,6 +76,11 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     };
     let job_yaml = overrides::recorded_yaml(&loaded);
     let spec_dir = std::path::absolute(&loaded.base_dir)?;
+    // An existing run directory is this command's alone until its controller holds it.
+    let starting = RunDir::open(&path)
+        .ok()
+        .map(|run| StartLock::acquire(run.path()))
+        .transpose()?;
     let prepared = rerun::prepare(
         &path,
         NewRun {
@@ -102,7 +107,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         },
         !args.no_progress,
     )?;
-    supervise(&run, opts)?;
+    supervise(&run, opts, starting)?;
     outln!("run directory: {}", run.path().display());
     outln!("  plot: shardrun plot {}", run.path().display());
     Ok(())

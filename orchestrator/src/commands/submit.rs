@@ -7,7 +7,7 @@ use crate::commands::run::{announce, continues_run, run_path};
 use crate::commands::spec_args::{self, OneJob, SetArgs};
 use crate::rerun;
 use crate::resolve::Overrides;
-use crate::rundir::{NewRun, RunState};
+use crate::rundir::{NewRun, RunDir, RunState, StartLock};
 use crate::sbatch::{render_sbatch, ScriptTarget};
 use crate::slurm;
 use crate::spec::overrides;
@@ -70,6 +70,11 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         errln!("dry run: {}", decision.dry_run_words(&path));
         return Ok(());
     }
+    // An existing run directory is this command's alone until its job is submitted.
+    let _starting = RunDir::open(&path)
+        .ok()
+        .map(|run| StartLock::acquire(run.path()))
+        .transpose()?;
     let prepared = rerun::prepare(&path, new)?;
     // A job continuing the run: if it refuses to start, the run goes back to this.
     let ended_before = match &prepared {

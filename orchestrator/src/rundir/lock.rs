@@ -32,6 +32,8 @@ pub enum LockError {
     },
     #[error("another controller is running this run directory ({holder}); wait for it to end, or stop it (`shardrun cancel <run dir>`, Ctrl-C)")]
     Held { holder: Holder },
+    #[error("another shardrun is starting the run directory {} ({holder}) at this moment; nothing was changed\n  fix: `shardrun status {}` shows the run once it has started", run_dir.display(), run_dir.display())]
+    Starting { holder: Holder, run_dir: PathBuf },
 }
 
 /// The process that holds a run directory's lock, or held it last, as it wrote itself.
@@ -99,39 +101,35 @@ pub enum SignalError {
     },
 }
 
+/// The lock `shardrun run` and `shardrun submit` hold on an existing run directory while
+/// they decide what to do with it and rewrite its spec files, until its controller holds
+/// [`LOCK_FILE`] (or its job is submitted): two started at once would otherwise both
+/// rewrite the spec, and the one that loses the controller's lock would leave its own.
+pub const STARTING_FILE: &str = "starting.lock";
+
+/// Held while the value lives; see [`STARTING_FILE`].
+#[derive(Debug)]
+pub struct StartLock {
+    _file: File,
+}
+
+impl StartLock {
+    /// Takes the starting lock of `run_dir`, or says which process is starting it.
+    pub fn acquire(run_dir: &Path) -> Result<StartLock, LockError> {
+        let file = take(&run_dir.join(STARTING_FILE), |holder| LockError::Starting {
+            holder,
+            run_dir: run_dir.to_path_buf(),
+        })?;
+        Ok(StartLock { _file: file })
+    }
+}
+
 impl RunLock {
     /// Takes the lock of `run_dir` and writes who holds it, or says who already does.
     pub fn acquire(run_dir: &Path) -> Result<RunLock, LockError> {
-        let path = run_dir.join(LOCK_FILE);
-        let io = |source| LockError::Io {
-            path: path.clone(),
-            source,
-        };
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(io)?;
-        let started = Instant::now();
-        while !try_flock(&file).map_err(io)? {
-            if started.elapsed() > ACQUIRE_PATIENCE {
-                return Err(LockError::Held {
-                    holder: read_holder(&mut file),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        file.set_len(0).map_err(io)?;
-        file.rewind().map_err(io)?;
-        writeln!(
-            file,
-            "pid {} on {}",
-            std::process::id(),
-            shardrun_protocol::host::hostname()
-        )
-        .map_err(io)?;
+        let file = take(&run_dir.join(LOCK_FILE), |holder| LockError::Held {
+            holder,
+        })?;
         Ok(RunLock { _file: file })
     }
 
@@ -232,6 +230,39 @@ fn read_holder(file: &mut File) -> Holder {
     let mut text = String::new();
     let _ = file.rewind().and_then(|_| file.read_to_string(&mut text));
     Holder::parse(&text)
+}
+
+/// Takes the `flock` of the file at `path` (waiting out a look at it, see
+/// [`ACQUIRE_PATIENCE`]) and writes who holds it; `held` words a refusal from the holder.
+fn take(path: &Path, held: impl FnOnce(Holder) -> LockError) -> Result<File, LockError> {
+    let io = |source| LockError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(io)?;
+    let started = Instant::now();
+    while !try_flock(&file).map_err(io)? {
+        if started.elapsed() > ACQUIRE_PATIENCE {
+            return Err(held(read_holder(&mut file)));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    file.set_len(0).map_err(io)?;
+    file.rewind().map_err(io)?;
+    writeln!(
+        file,
+        "pid {} on {}",
+        std::process::id(),
+        shardrun_protocol::host::hostname()
+    )
+    .map_err(io)?;
+    Ok(file)
 }
 
 #[cfg(test)]

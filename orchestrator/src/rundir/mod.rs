@@ -17,7 +17,9 @@
 
 mod lock;
 
-pub use lock::{Holder, LockError, LockState, RunLock, SignalError, LOCK_FILE};
+pub use lock::{
+    Holder, LockError, LockState, RunLock, SignalError, StartLock, LOCK_FILE, STARTING_FILE,
+};
 
 use crate::resolve::ResolvedJob;
 use rand::Rng;
@@ -35,6 +37,9 @@ pub const MANIFEST_VERSION: u32 = 1;
 pub enum RunDirError {
     #[error("{0} already exists and is not a run directory (no manifest.json)\n  fix: pick another `name` or --run-dir, or remove it by hand")]
     Exists(PathBuf),
+    /// Another `shardrun` created the run directory while this one was writing its own.
+    #[error("another shardrun created the run directory {0} at this moment, and runs it; nothing was changed\n  fix: `shardrun status {0}` shows it; to start a run of your own beside it, give it another `name` (or --run-dir)")]
+    CreatedMeanwhile(PathBuf),
     /// `--force` at a path that holds something else than a run: never deleted.
     #[error("{why}; --force deletes only run directories and empty folders\n  fix: pick another --run-dir (or `name`), or remove {path} by hand if it is meant to go")]
     NotReplaceable { path: PathBuf, why: String },
@@ -442,7 +447,9 @@ impl RunDir {
             if let Some(aside) = &old {
                 let _ = fs::rename(aside, path);
             }
-            return Err(if path.exists() {
+            return Err(if RunDir::at(path).manifest_path().is_file() {
+                RunDirError::CreatedMeanwhile(path.to_path_buf())
+            } else if path.exists() {
                 RunDirError::Exists(path.to_path_buf())
             } else {
                 io_err("cannot rename into", path)(e)
