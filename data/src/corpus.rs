@@ -10,6 +10,7 @@ use crate::error::{DataError, Origin, Result};
 use memmap2::Mmap;
 use shardrun_protocol::config::TokenDtype;
 use std::path::{Path, PathBuf};
+use xxhash_rust::xxh3::Xxh3;
 
 pub struct Corpus {
     pub manifest: CacheManifest,
@@ -121,6 +122,49 @@ impl Corpus {
 
     pub fn documents(&self) -> u64 {
         self.manifest.documents
+    }
+
+    /// Checks the cache's files against the hash its manifest recorded as they were written
+    /// (the first offset, then each document's tokens, its loss mask and its end offset): a
+    /// file damaged in place, its size unchanged, would otherwise train as other data.
+    /// Pre-tokenized input files are the user's own, read as they are.
+    pub fn verify_content(&self) -> Result<()> {
+        let (Tokens::Cached(tokens), Offsets::Mapped(offsets)) = (&self.tokens, &self.offsets)
+        else {
+            return Ok(());
+        };
+        let damaged = |why: String| DataError::Cache {
+            path: self.dir.clone(),
+            why: format!(
+                "{why}: a file of it was damaged or changed in place; remove the folder to \
+                 prepare the data again"
+            ),
+        };
+        let (tokens, offsets) = (tokens.bytes(), offsets.bytes());
+        let mut hash = Xxh3::new();
+        hash.update(&offsets[..8.min(offsets.len())]);
+        for d in 0..self.documents() {
+            let (start, end) = (self.doc_start(d), self.doc_start(d + 1));
+            if start > end || end > self.tokens() {
+                return Err(damaged(format!(
+                    "document {d} spans tokens {start}..{end} of {}",
+                    self.tokens()
+                )));
+            }
+            hash.update(&tokens[start as usize * 4..end as usize * 4]);
+            if let Some(mask) = &self.mask {
+                hash.update(&mask[start as usize..end as usize]);
+            }
+            hash.update(&offsets[(d as usize + 1) * 8..(d as usize + 2) * 8]);
+        }
+        let found = format!("{:032x}", hash.digest128());
+        if found != self.manifest.content_hash {
+            return Err(damaged(format!(
+                "its files hash to {found}, its manifest recorded {}",
+                self.manifest.content_hash
+            )));
+        }
+        Ok(())
     }
 
     pub fn tokens(&self) -> u64 {

@@ -237,6 +237,16 @@ impl Dataset {
         self.train.seq_len()
     }
 
+    /// [`Corpus::verify_content`] of the training and validation data: once per job, by the
+    /// process that prepares it, before any rank reads it.
+    pub fn verify_content(&self) -> Result<()> {
+        self.train.corpus().verify_content()?;
+        match &self.validation {
+            Some(validation) => validation.corpus().verify_content(),
+            None => Ok(()),
+        }
+    }
+
     pub fn train(&self) -> &Packed {
         &self.train
     }

@@ -274,3 +274,56 @@ fn the_folders_of_killed_builds_are_removed_and_live_ones_kept() {
     assert!(!killed.exists() && !live.exists());
     assert!(elsewhere.exists());
 }
+
+/// A cache file damaged in place, its size unchanged (bit rot, a partial copy over it), is
+/// found by the hash its manifest recorded, with and without a loss mask; the intact cache
+/// passes.
+#[test]
+fn a_cache_damaged_in_place_fails_its_content_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let texts = dir.path().join("t.jsonl");
+    let pairs = dir.path().join("p.jsonl");
+    std::fs::write(&texts, "{\"text\": \"one two\"}\n{\"text\": \"three\"}\n").unwrap();
+    std::fs::write(
+        &pairs,
+        "{\"q\": \"ask\", \"a\": \"answer\"}\n{\"q\": \"more\", \"a\": \"yes\"}\n",
+    )
+    .unwrap();
+    let sources = [
+        DataSource::Jsonl {
+            files: vec![texts],
+            text: JsonlText::Field {
+                field: "text".into(),
+            },
+        },
+        DataSource::Jsonl {
+            files: vec![pairs],
+            text: JsonlText::PromptCompletion {
+                prompt: "q".into(),
+                completion: "a".into(),
+            },
+        },
+    ];
+    for (i, source) in sources.into_iter().enumerate() {
+        let config = dataset(
+            source,
+            TokenizerConfig::Bytes,
+            4,
+            &dir.path().join(format!("cache{i}")),
+        );
+        let data = Dataset::open(&config, 0, None, 2, &Quiet).unwrap();
+        data.verify_content().expect("the cache as written");
+        let corpus = data.train().corpus();
+        assert_eq!(corpus.manifest.loss_mask, i == 1);
+        let tokens = corpus.dir.join("tokens.u32");
+        let mut bytes = std::fs::read(&tokens).unwrap();
+        bytes[4] ^= 0x01;
+        std::fs::write(&tokens, &bytes).unwrap();
+        let again = Dataset::open(&config, 0, None, 2, &Quiet).unwrap();
+        let err = again.verify_content().unwrap_err().to_string();
+        assert!(
+            err.contains("its files hash to") && err.contains("remove the folder"),
+            "{err}"
+        );
+    }
+}
