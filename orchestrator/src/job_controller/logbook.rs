@@ -4,9 +4,10 @@
 //! line as soon as the controller has nothing else to do (well within a second).
 
 use super::clock;
+use super::line_files::append_lines;
 use shardrun_protocol::messages::{LogLevel, LogLine};
 use std::collections::{HashMap, VecDeque};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
@@ -39,7 +40,7 @@ impl LogBook {
     pub fn open(train_log: &Path, logs_dir: &Path) -> std::io::Result<LogBook> {
         std::fs::create_dir_all(logs_dir)?;
         Ok(LogBook {
-            merged: BufWriter::new(append(train_log)?),
+            merged: BufWriter::new(append_lines(train_log)?),
             logs_dir: logs_dir.to_path_buf(),
             per_rank: HashMap::new(),
             recent: HashMap::new(),
@@ -98,7 +99,7 @@ impl LogBook {
                 let file = match self.per_rank.get_mut(&rank) {
                     Some(f) => f,
                     None => {
-                        let f = BufWriter::new(append(
+                        let f = BufWriter::new(append_lines(
                             &self.logs_dir.join(format!("rank-{rank}.log")),
                         )?);
                         self.per_rank.entry(rank).or_insert(f)
@@ -135,10 +136,6 @@ impl LogBook {
         }
         Ok(())
     }
-}
-
-fn append(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new().create(true).append(true).open(path)
 }
 
 /// A line as reported (levels come with the message).

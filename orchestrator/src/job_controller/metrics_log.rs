@@ -3,11 +3,12 @@
 //! `logs/rank-N.metrics.jsonl`, each rank's own [`StepMetrics`] as it sent them. Other
 //! records (evaluations) go to `metrics.jsonl` as they are.
 
+use super::line_files::append_lines;
 use crate::step_record::{StepAggregator, StepRecord};
 use serde::Serialize;
 use shardrun_protocol::messages::StepMetrics;
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
@@ -24,7 +25,7 @@ impl MetricsLog {
     pub fn open(path: &Path, logs_dir: &Path, world_size: u64) -> std::io::Result<MetricsLog> {
         std::fs::create_dir_all(logs_dir)?;
         Ok(MetricsLog {
-            file: BufWriter::new(append(path)?),
+            file: BufWriter::new(append_lines(path)?),
             logs_dir: logs_dir.to_path_buf(),
             per_rank: HashMap::new(),
             steps: StepAggregator::new(world_size),
@@ -39,7 +40,7 @@ impl MetricsLog {
             Some(file) => file,
             None => {
                 let path = self.logs_dir.join(format!("rank-{}.metrics.jsonl", m.rank));
-                let file = BufWriter::new(append(&path)?);
+                let file = BufWriter::new(append_lines(&path)?);
                 self.per_rank.entry(m.rank).or_insert(file)
             }
         };
@@ -79,10 +80,6 @@ impl MetricsLog {
         }
         Ok(())
     }
-}
-
-fn append(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new().create(true).append(true).open(path)
 }
 
 #[cfg(test)]

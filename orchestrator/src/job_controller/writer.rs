@@ -340,10 +340,7 @@ struct EventsLog {
 
 impl EventsLog {
     fn open(path: &std::path::Path) -> std::io::Result<EventsLog> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)?;
+        let file = super::line_files::append_lines(path)?;
         Ok(EventsLog {
             file: std::io::BufWriter::new(file),
         })
