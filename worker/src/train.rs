@@ -585,11 +585,26 @@ impl Trainer {
             };
             if let (Some(bad), false) = (bad, diverged) {
                 diverged = true;
+                // A first loss that is not finite comes before any update of this session:
+                // no learning rate made it.
+                let why = match (first_loss.is_none() && !loss.is_finite(), self.step) {
+                    (true, 1) => {
+                        "not from training: before any update, the weights it starts from \
+                         (the model folder) or the data hold a value that is not finite"
+                    }
+                    (true, _) => {
+                        "not from training: at the first step after resuming, before any \
+                         update, the checkpoint it resumed from holds weights that are not \
+                         finite"
+                    }
+                    (false, _) => {
+                        "training diverged (a learning rate too high for this model and batch?)"
+                    }
+                };
                 self.log(
                     LogLevel::Warn,
                     &format!(
-                        "step {}: {bad}: training diverged (a learning rate too high for this \
-                         model and batch?); the run goes on, as PyTorch's would",
+                        "step {}: {bad}: {why}; the run goes on, as PyTorch's would",
                         self.step
                     ),
                 );

@@ -220,3 +220,31 @@ fn hybrid_and_no_shard_saves_resume_under_full_shard() {
         );
     }
 }
+
+/// A run resumed from weights that are already not finite (saved after it diverged) is told
+/// so at its first step, before any update could be blamed: not a learning rate too high.
+#[test]
+fn a_loss_not_finite_before_any_update_is_not_blamed_on_the_learning_rate() {
+    let tmp = temp_dir();
+    let ckpt = tmp.path().join("checkpoints");
+    let mut config = with_checkpoints(
+        config(tiny_transformer(), ShardingStrategy::FullShard, 2),
+        &ckpt,
+        CheckpointFormat::Sharded,
+    );
+    config.optimizer.lr = 1e30;
+    config.steps = 10;
+    let diverged = run_sharded(tmp.path(), "diverged", &config);
+    assert!(diverged.losses.iter().any(|l| !l.is_finite()));
+    assert!(rank0_log(tmp.path()).contains("training diverged (a learning rate too high"));
+
+    config.steps = 12;
+    run_sharded(tmp.path(), "resumed", &config);
+    let log = rank0_log(tmp.path());
+    assert!(
+        log.contains(
+            "step 11: the loss is NaN: not from training: at the first step after resuming"
+        ),
+        "{log}"
+    );
+}
