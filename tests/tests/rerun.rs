@@ -570,3 +570,43 @@ fn a_rerun_while_another_is_starting_the_run_is_refused_untouched() {
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert!(run.join("checkpoints/step-4/COMPLETE").exists());
 }
+
+/// `plan --json`'s `train` is the `train_config.json` the run directory records, for the
+/// spec and for the run directory, so that ranks started by hand with it save where the run
+/// would.
+#[test]
+fn plan_json_gives_the_train_config_the_run_records() {
+    let dir = TestDir::new("rerun-plan");
+    let spec = dir.write("job.yaml", &constant_lr_spec("planned", 2));
+    let every_step = "training.checkpoint.interval_steps=1";
+    let (out, run) = run_local(
+        &dir,
+        &spec,
+        &["--no-progress", "--set", every_step],
+        &[],
+        DEADLINE,
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let recorded: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("train_config.json")).unwrap()).unwrap();
+    assert_eq!(
+        recorded["checkpoint"]["dir"],
+        run.join("checkpoints").to_string_lossy().as_ref()
+    );
+    let run_arg = run.to_string_lossy().into_owned();
+    let out = shardrun_in(dir.path(), &["plan", "--json", &run_arg], DEADLINE);
+    let planned: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(planned["train"], recorded);
+    let out = shardrun_in(
+        dir.path(),
+        &["plan", "--json", "job.yaml", "--set", every_step],
+        DEADLINE,
+    );
+    let planned: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        planned["train"]["checkpoint"]["dir"],
+        dir.join("runs/planned/checkpoints")
+            .to_string_lossy()
+            .as_ref()
+    );
+}

@@ -55,8 +55,13 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                     sweeps::written_points(sweep),
                     shell_quote(&args.spec.display().to_string())
                 );
+                job
+            } else {
+                // As the run directory would record it (`train` is its train_config.json):
+                // the checkpoint folder made absolute below the run directory.
+                let run_dir = crate::commands::run::run_path(&args.spec, &loaded.spec)?;
+                RunDir::recorded(&job, &std::path::absolute(&run_dir)?)
             }
-            job
         }
     };
     if args.json {
