@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 pub const FRAME: &str = "#555555";
 /// Its grid lines (`charts::canvas::MESH_COLOR`).
 pub const MESH: &str = "#E4E4E4";
+/// The border of its legend boxes (`charts::canvas::LEGEND_BORDER`).
+pub const LEGEND: &str = "#999999";
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rect {
@@ -45,6 +47,9 @@ pub struct Svg {
     pub frames: Vec<Rect>,
     pub marks: Vec<Mark>,
     pub texts: Vec<String>,
+    /// Each text with where it is anchored (its `x` and `y`), in the order of `texts`.
+    pub placed: Vec<(String, (f64, f64))>,
+    pub legends: Vec<Rect>,
 }
 
 fn attr<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
@@ -78,13 +83,19 @@ pub fn read_svg(text: &str) -> Svg {
                 svg.width = number(tag, "width");
                 svg.height = number(tag, "height");
             }
-            "rect" if stroke == FRAME && attr(tag, "fill") == Some("none") => {
-                svg.frames.push(Rect {
+            "rect"
+                if (stroke == FRAME || stroke == LEGEND) && attr(tag, "fill") == Some("none") =>
+            {
+                let rect = Rect {
                     x: number(tag, "x"),
                     y: number(tag, "y"),
                     width: number(tag, "width"),
                     height: number(tag, "height"),
-                })
+                };
+                match stroke == FRAME {
+                    true => svg.frames.push(rect),
+                    false => svg.legends.push(rect),
+                }
             }
             "polyline" if stroke != FRAME && stroke != MESH => {
                 let points = attr(tag, "points")
@@ -116,7 +127,10 @@ pub fn read_svg(text: &str) -> Svg {
             "text" => {
                 let body = &rest[close + 1..];
                 let end = body.find("</text>").unwrap_or(body.len());
-                svg.texts.push(unescape(body[..end].trim()));
+                let text = unescape(body[..end].trim());
+                svg.placed
+                    .push((text.clone(), (number(tag, "x"), number(tag, "y"))));
+                svg.texts.push(text);
             }
             _ => {}
         }

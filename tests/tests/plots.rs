@@ -202,3 +202,50 @@ fn a_resumed_run_plots_its_checkpoints_failure_and_resume_inside_every_panel() {
         "the PNG has a picture on it"
     );
 }
+
+/// A marker at the right end of a panel (a resume one step before the end) is labelled left
+/// of its line, where the legend is: the label goes below the legend, not under it.
+#[test]
+fn a_marker_label_near_the_end_is_drawn_clear_of_the_legend() {
+    let dir = TestDir::new("plots-legend");
+    let mut text = tiny_mlp_spec("late", 10, 2);
+    text.push_str("  checkpoint: { interval_steps: 10 }\n");
+    let spec = dir.write("late.yaml", &text);
+    for steps in ["11", "12"] {
+        let set = format!("training.steps={steps}");
+        let (out, _) = run_local(
+            &dir,
+            &spec,
+            &["--nproc", "2", "--no-progress", "--set", &set],
+            &[],
+            Duration::from_secs(120),
+        );
+        assert!(out.status.success(), "{}", stderr_of(&out));
+    }
+    let svg_path = dir.join("late.svg");
+    let out = shardrun_in(
+        dir.path(),
+        &["plot", "run", "-o", svg_path.to_str().unwrap()],
+        Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let svg = read_svg(&std::fs::read_to_string(&svg_path).unwrap());
+    let labels: Vec<(f64, f64)> = svg
+        .placed
+        .iter()
+        .filter(|(text, _)| text == "resumed from step 11")
+        .map(|(_, at)| *at)
+        .collect();
+    assert!(!labels.is_empty(), "{:?}", svg.texts);
+    assert!(!svg.legends.is_empty());
+    for (x, y) in labels {
+        // Anchored at its right end; its text runs about 120 pixels left, 12 down.
+        for corner in [(x, y), (x - 120.0, y), (x, y + 12.0), (x - 120.0, y + 12.0)] {
+            assert!(
+                svg.legends.iter().all(|l| !l.contains(corner, 0.0)),
+                "label at {corner:?} under a legend {:?}",
+                svg.legends
+            );
+        }
+    }
+}

@@ -20,6 +20,10 @@ pub const TITLE_HEIGHT: u32 = 44;
 /// The colour of panel frames: the SVG tells panels by it (`stroke="#555555"`).
 pub const FRAME_COLOR: RGBColor = RGBColor(0x55, 0x55, 0x55);
 pub const LEGEND_BORDER: RGBColor = RGBColor(0x99, 0x99, 0x99);
+/// The height of a legend entry in 13-pixel text, and what the box adds around them (a
+/// little more than plotters draws: what goes below must clear it).
+const LEGEND_ROW: i32 = 17;
+const LEGEND_PADDING: i32 = 16;
 /// Grid lines at the ticks.
 pub const MESH_COLOR: RGBColor = RGBColor(0xe4, 0xe4, 0xe4);
 
@@ -391,6 +395,24 @@ pub fn draw_panel<DB: DrawingBackend>(
         )))
         .map_err(err)?;
 
+    // The legend sits in the upper right corner: labels of markers there go below it.
+    let below_legend = if panel.legend && text {
+        let mut kinds: Vec<&str> = panel
+            .markers
+            .iter()
+            .filter(|m| m.step >= x.lo && m.step <= x.hi)
+            .map(|m| m.kind.as_str())
+            .collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        let entries = kinds.len()
+            + panel.curves.iter().filter(|c| c.label.is_some()).count()
+            + panel.dots.iter().filter(|d| d.label.is_some()).count();
+        (entries > 0).then_some(LEGEND_ROW * entries as i32 + LEGEND_PADDING)
+    } else {
+        None
+    }
+    .unwrap_or(0);
     let mut kinds_shown: Vec<&str> = Vec::new();
     for marker in &panel.markers {
         if marker.step < x.lo || marker.step > x.hi {
@@ -417,13 +439,17 @@ pub fn draw_panel<DB: DrawingBackend>(
                 .into_font()
                 .color(&marker.color)
                 .pos(Pos::new(anchor, VPos::Top));
-            let offset = if right_side { -4 } else { 4 };
+            let (offset, top) = if right_side {
+                (-4, 4 + below_legend)
+            } else {
+                (4, 4)
+            };
             chart
                 .draw_series(std::iter::once(
                     EmptyElement::at((marker.step, y.hi))
                         + Text::new(
                             label.clone(),
-                            (offset, 4 + 15 * marker.text_row as i32),
+                            (offset, top + 15 * marker.text_row as i32),
                             style,
                         ),
                 ))
