@@ -602,3 +602,45 @@ fn scontrol_requeue_is_taken_as_a_notice_not_a_cancel() {
         .unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
 }
+
+/// A controller killed outright (SIGKILL, as the OOM killer does) writes nothing more:
+/// Slurm calls that a JobLaunchFailure, but `status` says the controller stopped after it
+/// started, and that submitting the run again resumes it.
+#[test]
+fn a_controller_killed_outright_is_named_by_status_not_as_a_launch_failure() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("slurm-controller-killed");
+    let spec = tiny_mlp_spec("killed", 100_000, 2);
+    let (_, run) = submit_simulated(&cluster, &dir, "killed", &spec);
+    wait_for("the ranks to train", Duration::from_secs(120), || {
+        (metric_steps(&run, 0).len() >= 3).then_some(())
+    })
+    .unwrap();
+    let holder = std::fs::read_to_string(run.join("controller.lock")).unwrap();
+    let pid: i32 = holder
+        .trim()
+        .strip_prefix("pid ")
+        .and_then(|rest| rest.split_once(' '))
+        .and_then(|(pid, _)| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {holder:?}"));
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+
+    let run_arg = run.to_string_lossy().into_owned();
+    let mut detail = String::new();
+    let ended = wait_for("status to say FAILED", Duration::from_secs(120), || {
+        let out = cluster
+            .shardrun(dir.path(), &["status", "--json", &run_arg])
+            .ok()?;
+        let runs = status_runs(&stdout_of(&out));
+        let first = runs.first()?;
+        detail = first["detail"].as_str().unwrap_or_default().to_string();
+        (first["state"] == "FAILED").then_some(())
+    });
+    ended.unwrap_or_else(|e| panic!("{e}: {detail}"));
+    assert!(
+        detail.contains("its controller stopped after it started without writing a result")
+            && detail.contains("`shardrun submit` the run again"),
+        "{detail}"
+    );
+    assert!(!detail.contains("JobLaunchFailure"), "{detail}");
+}

@@ -344,10 +344,13 @@ pub fn refresh_or_recorded(
                     state = run_state_of(&record.state);
                     detail = [
                         // A job cancelled while it waited keeps the reason it waited for.
-                        record
-                            .reason
-                            .clone()
-                            .filter(|_| record.state != JobState::Cancelled),
+                        // Slurm says JobLaunchFailure of a batch script killed by a signal,
+                        // also after its controller started (and said RUNNING): said below.
+                        record.reason.clone().filter(|reason| {
+                            record.state != JobState::Cancelled
+                                && !(reason == "JobLaunchFailure"
+                                    && manifest.state == RunState::Running)
+                        }),
                         record
                             .exit_code
                             .clone()
@@ -414,11 +417,23 @@ pub fn refresh_or_recorded(
             // Nothing of the job said why it ended (a set-up line failed, the controller was
             // killed): its error file does.
             if let (RunState::Failed, None, Some(id)) = (state, &result, &job_id) {
-                if let Some(ending) = error_file_ending(run, id) {
+                // A controller that started (it said RUNNING) and then wrote nothing more
+                // was killed, or lost with its node: what its error file ends with is
+                // older than that.
+                let killed = (manifest.state == RunState::Running).then(|| {
+                    "its controller stopped after it started without writing a result: it \
+                     was killed (SIGKILL, the OOM killer) or its node was lost; \
+                     `shardrun submit` the run again to resume it from its last checkpoint"
+                        .to_string()
+                });
+                // After that, an empty error file says nothing more.
+                let ending = error_file_ending(run, id)
+                    .filter(|ending| killed.is_none() || !ending.ends_with(" is empty"));
+                for said in [killed, ending].into_iter().flatten() {
                     detail = if detail.is_empty() {
-                        ending
+                        said
                     } else {
-                        format!("{detail}; {ending}")
+                        format!("{detail}; {said}")
                     };
                 }
             }
