@@ -405,6 +405,10 @@ impl Checkpointer {
             );
             path = Some(committed.dir.display().to_string());
         }
+        // Every rank leaves the save once rank 0 has committed it: the next step's time then
+        // starts on every rank at once, instead of the others' counting their wait for the
+        // commit as training (the job's step time is its slowest rank's).
+        groups.control.barrier()?;
         self.last_save = Instant::now();
         Ok(path)
     }

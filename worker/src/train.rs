@@ -653,9 +653,11 @@ impl Trainer {
                 .as_ref()
                 .is_some_and(|e| e.due(self.step, cfg.steps))
             {
+                // The evaluation is not the next step's time; the optimizer step before it is
+                // (the clock is moved on by the pause, not restarted after it).
+                let paused = Instant::now();
                 self.evaluate()?;
-                // The evaluation is not the next step's time.
-                boundary = Instant::now();
+                boundary += paused.elapsed();
             }
             if cfg
                 .checkpoint
@@ -663,15 +665,17 @@ impl Trainer {
                 .is_some_and(|n| n > 0 && self.step.is_multiple_of(n))
                 && self.step < cfg.steps
             {
+                let paused = Instant::now();
                 self.save(&mut hook, SaveReason::Interval)?;
-                boundary = Instant::now();
+                boundary += paused.elapsed();
             } else if self.step < cfg.steps {
                 // Wall-time interval: rank 0's clock decides, all ranks follow together.
                 if let Some(due) = hook.as_ref().and_then(|h| h.time_due()) {
                     let due = if self.rank == 0 && due { 1.0 } else { 0.0 };
+                    let paused = Instant::now();
                     if self.agree_max(due)? > 0.0 {
                         self.save(&mut hook, SaveReason::Interval)?;
-                        boundary = Instant::now();
+                        boundary += paused.elapsed();
                     }
                 }
             }
