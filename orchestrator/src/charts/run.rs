@@ -241,6 +241,24 @@ impl RunFigure {
                 text_row: 0,
             });
         }
+        // Where the loss (or an applied gradient) stops being finite: its curve ends there,
+        // and nothing else would say why.
+        let mut was_diverged = false;
+        for record in &self.steps {
+            let diverged = record.diverged();
+            if diverged && !was_diverged {
+                out.push(Marker {
+                    step: record.step as f64,
+                    color: RGBColor(0x33, 0x33, 0x33),
+                    width: 2,
+                    opacity: 1.0,
+                    kind: "not finite".into(),
+                    text: Some(format!("not finite from step {}", record.step)),
+                    text_row: 0,
+                });
+            }
+            was_diverged = diverged;
+        }
         // Labels of markers within a sixth of the run of each other go on separate lines.
         let span = self.steps.last().map_or(1.0, |r| r.step as f64)
             - self.steps.first().map_or(0.0, |r| r.step as f64);
@@ -385,6 +403,27 @@ mod tests {
 
     fn event(event: RunEvent) -> EventRecord {
         EventRecord { time: 0.0, event }
+    }
+
+    #[test]
+    fn a_loss_that_stops_being_finite_is_marked_where_it_does() {
+        let figure = RunFigure {
+            title: "t".into(),
+            steps: (1..=8)
+                .map(|s| record(s, if s < 5 { 2.0 } else { f64::NAN }))
+                .collect(),
+            evals: Vec::new(),
+            events: Vec::new(),
+            smoothing: 0.0,
+            log_loss: false,
+        };
+        let markers = figure.markers();
+        assert_eq!(markers.len(), 1, "{markers:?}");
+        assert_eq!(
+            (markers[0].step, markers[0].kind.as_str()),
+            (5.0, "not finite")
+        );
+        assert_eq!(markers[0].text.as_deref(), Some("not finite from step 5"));
     }
 
     #[test]
