@@ -413,6 +413,15 @@ fn training_a_cosine_run_longer_says_how_its_lr_jumps() {
              schedule"
         )
     );
+    // Said in the run's log too, where `tail -f` (or a Slurm job's reader) sees it.
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(
+        log.lines().any(|l| l.ends_with(&format!(
+            " [shardrun] {}",
+            stdout.lines().nth(1).unwrap_or_default().trim_start()
+        ))),
+        "{log}"
+    );
 }
 
 /// A run directory copied elsewhere (an archive) or moved (to other storage) keeps its own

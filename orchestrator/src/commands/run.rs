@@ -153,9 +153,18 @@ pub fn announce(prepared: RunStart) -> Option<RunDir> {
             Some(redone.run)
         }
         RunStart::Resume(resume) => {
-            outln!("{}", resume.headline());
-            for line in resume.applied_lines() {
+            let mut lines = vec![resume.headline()];
+            lines.extend(resume.applied_lines());
+            for line in &lines {
                 outln!("{line}");
+            }
+            // Said where the run's log is read too (`tail -f`, a Slurm job's output, which
+            // this command on a login node does not reach).
+            if let Err(e) = note_in_train_log(&resume.run, &lines) {
+                errln!(
+                    "warning: cannot write {}: {e}",
+                    resume.run.train_log().display()
+                );
             }
             Some(resume.run)
         }
@@ -164,6 +173,18 @@ pub fn announce(prepared: RunStart) -> Option<RunDir> {
             None
         }
     }
+}
+
+/// Appends `lines` to the run's `train.log`, as the controller writes its own lines.
+fn note_in_train_log(run: &RunDir, lines: &[String]) -> std::io::Result<()> {
+    use crate::job_controller::clock;
+    use std::io::Write;
+    let mut log = crate::rundir::line_files::append_lines(&run.train_log())?;
+    let stamp = clock::format_utc(clock::now());
+    for line in lines {
+        writeln!(log, "{stamp} [shardrun] {}", line.trim_start())?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

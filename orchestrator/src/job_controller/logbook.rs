@@ -4,7 +4,7 @@
 //! line as soon as the controller has nothing else to do (well within a second).
 
 use super::clock;
-use super::line_files::append_lines;
+use crate::rundir::line_files::append_lines;
 use shardrun_protocol::messages::{LogLevel, LogLine};
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;

@@ -3,7 +3,7 @@
 //! `logs/rank-N.metrics.jsonl`, each rank's own [`StepMetrics`] as it sent them. Other
 //! records (evaluations) go to `metrics.jsonl` as they are.
 
-use super::line_files::append_lines;
+use crate::rundir::line_files::append_lines;
 use crate::step_record::{StepAggregator, StepRecord};
 use serde::Serialize;
 use shardrun_protocol::messages::StepMetrics;

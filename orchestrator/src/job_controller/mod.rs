@@ -7,7 +7,7 @@
 //! * [`server`]: TCP endpoint and handshake; [`progress_watch`]: is a rank still moving;
 //!   [`launcher`]: processes; [`rank_variables`]: the variables every rank gets;
 //! * [`writer`] with [`logbook`], [`metrics_log`] and [`console`]: the files people read
-//!   (and `events.jsonl`), appended to through [`line_files`];
+//!   (and `events.jsonl`), appended to through [`crate::rundir::line_files`];
 //! * [`outcome`]: how the job ended, [`stop_signal`]: the signals that cancel it,
 //!   [`notice`]: what a SIGUSR2 announces (preemption or the time limit);
 //!   [`secret`]: the per-job secret.
@@ -18,7 +18,6 @@ pub mod console;
 pub mod event_loop;
 pub mod job;
 pub mod launcher;
-pub mod line_files;
 pub mod logbook;
 pub mod metrics_log;
 pub mod notice;

@@ -340,7 +340,7 @@ struct EventsLog {
 
 impl EventsLog {
     fn open(path: &std::path::Path) -> std::io::Result<EventsLog> {
-        let file = super::line_files::append_lines(path)?;
+        let file = crate::rundir::line_files::append_lines(path)?;
         Ok(EventsLog {
             file: std::io::BufWriter::new(file),
         })
