@@ -275,13 +275,14 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
 /// The detail of a run whose state Slurm did not give.
 const RECORDED: &str = "state as last recorded: Slurm did not answer";
 
+/// Which command answered a query (`None` when no run needed Slurm), or what Slurm said
+/// when it did not.
+pub type SlurmAnswer = Result<Option<QuerySource>, SlurmError>;
+
 /// [`refresh`], except that a Slurm that does not answer leaves the runs it holds in the
 /// state their manifests last recorded (said so in their detail, and not written back),
 /// with Slurm's error beside them: who asks can still show every run.
-#[allow(clippy::type_complexity)]
-pub fn refresh_or_recorded(
-    runs: &[RunDir],
-) -> Result<(Vec<RunStatus>, Result<Option<QuerySource>, SlurmError>), RunDirError> {
+pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnswer), RunDirError> {
     let mut manifests = Vec::with_capacity(runs.len());
     for run in runs {
         manifests.push(run.read_manifest()?);
