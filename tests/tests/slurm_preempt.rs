@@ -644,3 +644,43 @@ fn a_controller_killed_outright_is_named_by_status_not_as_a_launch_failure() {
     );
     assert!(!detail.contains("JobLaunchFailure"), "{detail}");
 }
+
+/// `scancel` signals the batch script and the ranks at once: ranks that SIGTERM ends while
+/// they start are not taken for a preemption to requeue, whichever the controller hears of
+/// first. The run ends cancelled and its job is not queued again.
+#[test]
+fn scancel_while_the_ranks_start_cancels_the_job_not_requeues_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("slurm-scancel-at-start");
+    let starting = dir.write("starting.sh", "#!/bin/sh\nexec sleep 300\n");
+    std::fs::set_permissions(&starting, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("cancelled", 10, 2));
+    let worker = [("SHARDRUN_WORKER_BIN", starting.display().to_string())];
+    let job_id = cluster
+        .submit_with_env(dir.path(), &[&spec.to_string_lossy()], &worker)
+        .job_id;
+    let run = dir.join("runs/cancelled");
+    let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
+    let step = format!("{job_id}.0");
+    wait_for("the ranks' step to start", Duration::from_secs(120), || {
+        let mut steps = cluster.command("squeue");
+        steps.args(["--steps", "--noheader", "--format=%i", "--jobs", &job_id]);
+        let out = run_with_deadline(&mut steps, Duration::from_secs(30)).ok()?;
+        stdout_of(&out)
+            .lines()
+            .any(|l| l.trim() == step)
+            .then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    slurm(&cluster, "scancel", &[&job_id]);
+
+    wait_for_file(&run.join("result.json"), Duration::from_secs(120), |t| {
+        !t.is_empty()
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    let result = result_json(&run);
+    assert_eq!(result["status"], "cancelled", "{result}\n{}", log());
+    assert_eq!(result["requeued"], false, "{result}");
+    assert!(!log().contains("requeueing Slurm job"), "{}", log());
+}

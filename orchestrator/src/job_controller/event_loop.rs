@@ -664,7 +664,37 @@ impl Ranks<'_> {
         for (_, abort) in conns.values() {
             abort.abort();
         }
+        let outcome = cancelled_by_slurm(outcome, &state).await;
         (outcome, state.steps_done())
+    }
+}
+
+/// `scancel` signals the batch script and the ranks at once, so the job may end on what the
+/// ranks' deaths said before the controller's own SIGTERM was heard: taken for preempted
+/// (a starting rank killed), or failed (srun's step ended by the cancel). A job Slurm is
+/// ending itself (`squeue` says COMPLETING or CANCELLED while its batch script still runs; a
+/// preempted job is RUNNING until it is killed) was cancelled: said so, and not requeued.
+async fn cancelled_by_slurm(outcome: Outcome, state: &JobMachine) -> Outcome {
+    let by_the_cancel = match &outcome {
+        Outcome::Preempted { .. } => state.preempted_without_notice(),
+        Outcome::Failed(failure) => {
+            state.cancel_received().is_some()
+                && matches!(
+                    failure.cause,
+                    FailureCause::Exited
+                        | FailureCause::ExitedWithoutFinishing
+                        | FailureCause::ConnectionLost { .. }
+                )
+        }
+        _ => false,
+    };
+    if by_the_cancel && Notice::ended_by_slurm().await {
+        Outcome::Cancelled {
+            by: CancelledBy::Signal(state.cancel_received().unwrap_or(StopSignal::Terminate)),
+            step: state.steps_done(),
+        }
+    } else {
+        outcome
     }
 }
 

@@ -193,6 +193,10 @@ pub struct JobMachine {
     /// A rank died of such a notice before it could take it (its handlers are installed
     /// once its process has started): the job ends preempted, without a new checkpoint.
     killed_by_notice: bool,
+    /// The controller itself received a notice (SIGUSR2): what killed a rank was one.
+    notice_received: bool,
+    /// The first signal that cancels the job the controller itself received.
+    cancel_received: Option<StopSignal>,
     stop_requested: bool,
     escalated: bool,
 }
@@ -213,6 +217,8 @@ impl JobMachine {
             preempting: None,
             signals_are_notices: false,
             killed_by_notice: false,
+            notice_received: false,
+            cancel_received: None,
             stop_requested: false,
             escalated: false,
         }
@@ -227,6 +233,17 @@ impl JobMachine {
 
     pub fn phase(&self) -> Phase {
         self.phase
+    }
+
+    /// Whether the job was taken for preempted only because a signal ended a rank that was
+    /// still starting, the controller having had no notice of its own.
+    pub fn preempted_without_notice(&self) -> bool {
+        self.killed_by_notice && !self.notice_received
+    }
+
+    /// The first signal that cancels the job the controller itself received.
+    pub fn cancel_received(&self) -> Option<StopSignal> {
+        self.cancel_received
     }
 
     /// The last step every registered rank had completed, as their heartbeats said.
@@ -396,8 +413,19 @@ impl JobMachine {
                 }
             }
             Event::Cancel { signal } => {
+                self.cancel_received.get_or_insert(signal);
                 let again_kills = signal.again_kills();
-                if self.stop_requested {
+                if self.killed_by_notice && !self.notice_received && self.cancelled.is_none() {
+                    // The signal that ended a starting rank was taken for a notice; the
+                    // controller's own says what it was: a cancel (`scancel` signals the
+                    // batch script and the ranks at once). The ranks are stopping already.
+                    self.killed_by_notice = false;
+                    self.preempting = None;
+                    self.cancelled = Some(signal);
+                    out.push(Action::Say(format!(
+                        "received {signal}: the job is cancelled, not preempted"
+                    )));
+                } else if self.stop_requested {
                     if again_kills {
                         out.push(Action::Say(format!(
                             "{signal} again: killing the workers now"
@@ -437,6 +465,7 @@ impl JobMachine {
                 );
             }
             Event::Preempt(notice) => {
+                self.notice_received = true;
                 if self.preempting.is_none() && self.failure.is_none() && self.cancelled.is_none() {
                     self.preempting = Some(notice);
                     out.push(Action::Say(format!(

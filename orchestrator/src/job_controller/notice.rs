@@ -66,6 +66,17 @@ impl Notice {
             .is_some_and(|n| n > started_with)
     }
 
+    /// Whether Slurm is ending this job itself (`scancel`, the kill at its time limit):
+    /// squeue shows it COMPLETING, or already CANCELLED, while its batch script still runs.
+    pub async fn ended_by_slurm() -> bool {
+        let Some(job) = env("SLURM_JOB_ID") else {
+            return false;
+        };
+        ask_slurm("squeue", &["--noheader", "--jobs", &job, "--format=%T"])
+            .await
+            .is_some_and(|state| matches!(state.trim(), "COMPLETING" | "CANCELLED"))
+    }
+
     /// From squeue's `%l %M` (time limit, time used: `1:00:00 42:17`, `UNLIMITED 5:03`) and
     /// the seconds before the limit that Slurm signals.
     fn from_squeue(line: &str, notice_seconds: u64) -> Notice {

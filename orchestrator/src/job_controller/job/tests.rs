@@ -1096,3 +1096,71 @@ fn a_rank_slurm_terminates_before_it_takes_the_notice_ends_the_job_preempted() {
     let (_, actions) = srun_step_dies_while_starting(slurm, ExitInfo::Code(137));
     assert!(failure(&actions).is_some(), "{actions:?}");
 }
+
+#[test]
+fn a_rank_ended_by_scancels_sigterm_is_a_cancel_once_the_controller_gets_its_own() {
+    // scancel signals the batch script and the ranks at once: a rank that SIGTERM ends while
+    // it starts was taken for a notice, until the controller's own SIGTERM says otherwise.
+    let mut s = JobMachine::new(2, "abc").with_slurm_notices();
+    s.handle(Event::Launched {
+        procs: vec![(0, Some(0)), (1, Some(1))],
+    });
+    s.handle(Event::Registered {
+        conn: 10,
+        registration: reg(0),
+    });
+    s.handle(Event::ProcessExited {
+        proc: 0,
+        exit: ExitInfo::Signal(libc::SIGTERM),
+    });
+    let actions = s.handle(Event::Cancel {
+        signal: StopSignal::Terminate,
+    });
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Say(line)
+            if line.contains("the job is cancelled, not preempted"))),
+        "{actions:?}"
+    );
+    let mut actions = s.handle(Event::ProcessExited {
+        proc: 1,
+        exit: ExitInfo::Signal(libc::SIGTERM),
+    });
+    actions.extend(s.handle(Event::Disconnected {
+        conn: 10,
+        error: None,
+    }));
+    assert!(
+        actions.iter().any(|a| matches!(
+            a,
+            Action::Finish(Outcome::Cancelled {
+                by: CancelledBy::Signal(StopSignal::Terminate),
+                ..
+            })
+        )),
+        "{actions:?}"
+    );
+
+    // The controller's own notice (SIGUSR2) confirms a preemption instead.
+    let mut s = JobMachine::new(2, "abc").with_slurm_notices();
+    s.handle(Event::Launched {
+        procs: vec![(0, Some(0)), (1, Some(1))],
+    });
+    s.handle(Event::Preempt(Notice::Preemption));
+    s.handle(Event::ProcessExited {
+        proc: 0,
+        exit: ExitInfo::Signal(libc::SIGTERM),
+    });
+    s.handle(Event::Cancel {
+        signal: StopSignal::Terminate,
+    });
+    let actions = s.handle(Event::ProcessExited {
+        proc: 1,
+        exit: ExitInfo::Signal(libc::SIGTERM),
+    });
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::Finish(Outcome::Preempted { .. }))),
+        "{actions:?}"
+    );
+}
