@@ -29,6 +29,41 @@ fn submit_simulated(
     (job_id, dir.join("runs").join(name))
 }
 
+/// Submits job `name` (spec text `spec`) whose ranks are processes that never get as far as
+/// the trainer's signal handlers (`sleep`), and waits until their Slurm step runs: its job id
+/// and run directory.
+fn submit_ranks_that_never_start(
+    cluster: &SlurmCluster,
+    dir: &TestDir,
+    name: &str,
+    spec: &str,
+) -> (String, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let starting = dir.write("starting.sh", "#!/bin/sh\nexec sleep 300\n");
+    std::fs::set_permissions(&starting, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let spec = dir.write("tiny.yaml", spec);
+    let worker = [("SHARDRUN_WORKER_BIN", starting.display().to_string())];
+    let job_id = cluster
+        .submit_with_env(dir.path(), &[&spec.to_string_lossy()], &worker)
+        .job_id;
+    let run = dir.join("runs").join(name);
+    let step = format!("{job_id}.0");
+    wait_for("the ranks' step to start", Duration::from_secs(120), || {
+        let mut steps = cluster.command("squeue");
+        steps.args(["--steps", "--noheader", "--format=%i", "--jobs", &job_id]);
+        let out = run_with_deadline(&mut steps, Duration::from_secs(30)).ok()?;
+        stdout_of(&out)
+            .lines()
+            .any(|l| l.trim() == step)
+            .then_some(())
+    })
+    .unwrap_or_else(|e| {
+        let log = std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
+        panic!("{e}\n{log}")
+    });
+    (job_id, run)
+}
+
 /// Submits the simulated ranks' job `name` (spec text `spec`), lets it train a few steps
 /// and sends USR2 to its batch script, as Slurm does `signal_seconds` before the time limit
 /// (`to_ranks`: to its ranks instead, as `scancel --signal=USR2` without `--batch` does).
@@ -510,34 +545,12 @@ fn usr2_during_the_set_up_requeues_the_job_without_starting_ranks() {
 /// it was, not failed.
 #[test]
 fn a_rank_terminated_while_it_starts_ends_the_job_preempted_not_failed() {
-    use std::os::unix::fs::PermissionsExt;
     let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
     let dir = TestDir::new("slurm-term-at-start");
-    let starting = dir.write("starting.sh", "#!/bin/sh\nexec sleep 300\n");
-    std::fs::set_permissions(&starting, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let spec = dir.write(
-        "tiny.yaml",
-        &(tiny_mlp_spec("starting", 10, 2) + "preemption: { requeue: false }\n"),
-    );
-    let worker = [("SHARDRUN_WORKER_BIN", starting.display().to_string())];
-    let job_id = cluster
-        .submit_with_env(dir.path(), &[&spec.to_string_lossy()], &worker)
-        .job_id;
-    let run = dir.join("runs/starting");
+    let spec = tiny_mlp_spec("starting", 10, 2) + "preemption: { requeue: false }\n";
+    let (job_id, run) = submit_ranks_that_never_start(&cluster, &dir, "starting", &spec);
     let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
-
-    // Once the ranks' step runs, signal it alone.
-    let step = format!("{job_id}.0");
-    wait_for("the ranks' step to start", Duration::from_secs(120), || {
-        let mut steps = cluster.command("squeue");
-        steps.args(["--steps", "--noheader", "--format=%i", "--jobs", &job_id]);
-        let out = run_with_deadline(&mut steps, Duration::from_secs(30)).ok()?;
-        stdout_of(&out)
-            .lines()
-            .any(|l| l.trim() == step)
-            .then_some(())
-    })
-    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    // The ranks' step runs: signal it alone.
     slurm(&cluster, "scancel", &["--signal=TERM", &job_id]);
 
     wait_for_file(&run.join("result.json"), Duration::from_secs(120), |t| {
@@ -650,29 +663,11 @@ fn a_controller_killed_outright_is_named_by_status_not_as_a_launch_failure() {
 /// first. The run ends cancelled and its job is not queued again.
 #[test]
 fn scancel_while_the_ranks_start_cancels_the_job_not_requeues_it() {
-    use std::os::unix::fs::PermissionsExt;
     let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
     let dir = TestDir::new("slurm-scancel-at-start");
-    let starting = dir.write("starting.sh", "#!/bin/sh\nexec sleep 300\n");
-    std::fs::set_permissions(&starting, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("cancelled", 10, 2));
-    let worker = [("SHARDRUN_WORKER_BIN", starting.display().to_string())];
-    let job_id = cluster
-        .submit_with_env(dir.path(), &[&spec.to_string_lossy()], &worker)
-        .job_id;
-    let run = dir.join("runs/cancelled");
+    let spec = tiny_mlp_spec("cancelled", 10, 2);
+    let (job_id, run) = submit_ranks_that_never_start(&cluster, &dir, "cancelled", &spec);
     let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
-    let step = format!("{job_id}.0");
-    wait_for("the ranks' step to start", Duration::from_secs(120), || {
-        let mut steps = cluster.command("squeue");
-        steps.args(["--steps", "--noheader", "--format=%i", "--jobs", &job_id]);
-        let out = run_with_deadline(&mut steps, Duration::from_secs(30)).ok()?;
-        stdout_of(&out)
-            .lines()
-            .any(|l| l.trim() == step)
-            .then_some(())
-    })
-    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
     slurm(&cluster, "scancel", &[&job_id]);
 
     wait_for_file(&run.join("result.json"), Duration::from_secs(120), |t| {
