@@ -255,21 +255,39 @@ impl SweepFigure {
                 )
             }
         };
-        // Per line: the finished points' final losses, and the others' latest ones.
-        let mut lines: BTreeMap<String, (Vec<Point>, Vec<Point>)> = BTreeMap::new();
+        // Per line: the finished points' final losses, and the others' latest ones; the
+        // lines in the order of their values (numbers by size), as the legend lists them.
+        type Line<'a> = (Option<&'a Value>, String, Vec<Point>, Vec<Point>);
+        let mut lines: Vec<Line> = Vec::new();
         for (x, line, loss, finished) in &finals {
             let name = match (&line_key, line) {
                 (Some(k), Some(v)) => format!("{}={}", params.name(k), params.text(k, v)),
                 _ => "final loss".into(),
             };
-            let (done, going) = lines.entry(name).or_default();
+            let at = match lines.iter().position(|l| l.1 == name) {
+                Some(at) => at,
+                None => {
+                    lines.push((*line, name, Vec::new(), Vec::new()));
+                    lines.len() - 1
+                }
+            };
+            let (_, _, done, going) = &mut lines[at];
             if *finished { done } else { going }.push((place(x), *loss));
         }
+        lines.sort_by(
+            |a, b| match (a.0.and_then(Value::as_f64), b.0.and_then(Value::as_f64)) {
+                (Some(x), Some(y)) => x.total_cmp(&y),
+                _ => a.1.cmp(&b.1),
+            },
+        );
+        let lines = lines
+            .into_iter()
+            .map(|(_, name, done, going)| (name, (done, going)));
         let losses: Vec<f64> = finals.iter().map(|f| f.2).collect();
         let mut curves = Vec::new();
         let mut dots = Vec::new();
         let mut rings_named = false;
-        for (i, (name, (mut done, going))) in lines.into_iter().enumerate() {
+        for (i, (name, (mut done, going))) in lines.enumerate() {
             done.sort_by(|a, b| a.0.total_cmp(&b.0));
             let (color, dash) = pen(i);
             if !done.is_empty() {
@@ -426,6 +444,28 @@ mod tests {
             finals.curves[0].points,
             vec![(-5.0, 3.0), (-4.0, 2.0), (-3.0, 1.0)]
         );
+    }
+
+    #[test]
+    fn the_final_loss_lines_are_listed_by_value() {
+        // Seeds have more values: along the axis; the rates make the lines.
+        let points = [1e-3, 1e-4, 3e-4]
+            .into_iter()
+            .flat_map(|lr| (0..4).map(move |seed| point(lr, seed, 1.0)))
+            .collect();
+        let figure = SweepFigure {
+            title: "s".into(),
+            points,
+            smoothing: 0.6,
+            log_loss: false,
+        };
+        let panels = figure.panels();
+        let lines: Vec<String> = panels[1]
+            .curves
+            .iter()
+            .map(|c| c.label.clone().unwrap())
+            .collect();
+        assert_eq!(lines, ["lr=1e-4", "lr=3e-4", "lr=1e-3"]);
     }
 
     #[test]

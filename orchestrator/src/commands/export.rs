@@ -721,7 +721,7 @@ fn checkpoint_location(path: &Path) -> Result<PathBuf> {
             [] => unreachable!("not empty"),
         };
         bail!(
-            "{} holds {} run(s) (a sweep folder or a run root), and a model is exported from one run: give one of them, such as {shown} (`shardrun metrics {}` shows which did best)",
+            "{} holds {} run(s) (a sweep folder or a run root), and a model is exported from one run: give one of them, such as {shown} (`shardrun metrics {}` lists each one's loss and eval loss)",
             path.display(),
             runs.len(),
             path.display()
