@@ -290,8 +290,13 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         );
     }
     if plan.waiting > 0 {
+        // The same command: a throttle given on the command line is not the spec's.
+        let throttled = args
+            .throttle
+            .map(|t| format!(" --throttle {t}"))
+            .unwrap_or_default();
         outln!(
-            "  {} point(s) wait: no room for them now ({}); run `shardrun sweep {}` again when some have ended",
+            "  {} point(s) wait: no room for them now ({}); run `shardrun sweep {}{throttled}` again when some have ended",
             plan.waiting,
             limits.queue.as_ref().map(|l| l.what.as_str()).unwrap_or("limit"),
             args.spec.display()
