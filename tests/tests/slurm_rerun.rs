@@ -199,6 +199,12 @@ fn a_sweep_asked_for_more_steps_continues_its_finished_points() {
         assert!(stdout.contains(line), "missing {line:?} in {stdout}");
     }
     assert!(!stdout.contains("belong to no current point"), "{stdout}");
+    // The point's own log says what it continues with, beside its jobs' lines.
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(
+        log.contains("[shardrun] changed on resume (`shardrun sweep`): training.steps: 20 → 30"),
+        "{log}"
+    );
     // The new job removes the first one's result.json when it starts, and writes its own
     // once it has trained step 30.
     wait_for(

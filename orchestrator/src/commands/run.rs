@@ -160,7 +160,7 @@ pub fn announce(prepared: RunStart) -> Option<RunDir> {
             }
             // Said where the run's log is read too (`tail -f`, a Slurm job's output, which
             // this command on a login node does not reach).
-            if let Err(e) = note_in_train_log(&resume.run, &lines) {
+            if let Err(e) = resume.run.note_in_train_log(&lines) {
                 errln!(
                     "warning: cannot write {}: {e}",
                     resume.run.train_log().display()
@@ -173,18 +173,6 @@ pub fn announce(prepared: RunStart) -> Option<RunDir> {
             None
         }
     }
-}
-
-/// Appends `lines` to the run's `train.log`, as the controller writes its own lines.
-fn note_in_train_log(run: &RunDir, lines: &[String]) -> std::io::Result<()> {
-    use crate::job_controller::clock;
-    use std::io::Write;
-    let mut log = crate::rundir::line_files::append_lines(&run.train_log())?;
-    let stamp = clock::format_utc(clock::now());
-    for line in lines {
-        writeln!(log, "{stamp} [shardrun] {}", line.trim_start())?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

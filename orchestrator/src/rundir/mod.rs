@@ -571,6 +571,19 @@ impl RunDir {
         self.path.join(format!("{name}-{job_id}.out"))
     }
 
+    /// Appends `lines` to the run's `train.log` as `[shardrun]` lines (what a command did to
+    /// the run while no controller ran it), where `tail -f` and a Slurm job's reader see them.
+    pub fn note_in_train_log(&self, lines: &[String]) -> std::io::Result<()> {
+        use crate::job_controller::clock;
+        use std::io::Write;
+        let mut log = line_files::append_lines(&self.train_log())?;
+        let stamp = clock::format_utc(clock::now());
+        for line in lines {
+            writeln!(log, "{stamp} [shardrun] {}", line.trim_start())?;
+        }
+        Ok(())
+    }
+
     pub fn read_manifest(&self) -> Result<Manifest, RunDirError> {
         read_json(&self.manifest_path())
     }

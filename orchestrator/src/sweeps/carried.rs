@@ -155,11 +155,29 @@ fn rename(point: &mut SweepPoint, path: &Path) {
 /// `resolved.json` and `train_config.json` replaced (each atomically).
 pub fn record_job(run: &RunDir, point: &SweepPoint) -> Result<(), RunDirError> {
     let job = as_run_of(point, run.path());
-    if run.read_resolved()? == job {
+    let recorded = run.read_resolved()?;
+    if recorded == job {
         return Ok(());
     }
     rundir::write_json(&run.resolved_json(), &job)?;
-    rundir::write_json(&run.train_config(), &job.train)
+    rundir::write_json(&run.train_config(), &job.train)?;
+    // Said in the point's log, where its next job's lines follow: what it continues with.
+    let lr_change = newest_checkpoint(run, &recorded.train)
+        .filter(|c| c.step < job.train.steps)
+        .and_then(|c| LrChange::of(&recorded.train, &job.train, c.step, c.updates));
+    let lines: Vec<String> = changes::between(&recorded, &job)
+        .iter()
+        .map(|change| match &lr_change {
+            Some(lr) if change.field == "training.steps" => {
+                format!("changed on resume (`shardrun sweep`): {change}; {lr}")
+            }
+            _ => format!("changed on resume (`shardrun sweep`): {change}"),
+        })
+        .collect();
+    if let Err(e) = run.note_in_train_log(&lines) {
+        tracing::warn!(run = %run.path().display(), "cannot note the changes in train.log: {e}");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
