@@ -173,14 +173,27 @@ impl Resume {
     /// One line per safe change that was applied; a change of `training.steps` says what
     /// it does to the LR.
     pub fn applied_lines(&self) -> Vec<String> {
-        self.applied
-            .iter()
-            .map(|c| match &self.lr_change {
-                Some(lr) if c.field == STEPS_FIELD => format!("  changed on resume: {c}; {lr}"),
-                _ => format!("  changed on resume: {c}"),
-            })
+        changed_on_resume(&self.applied, self.lr_change.as_ref(), "")
+            .into_iter()
+            .map(|line| format!("  {line}"))
             .collect()
     }
+}
+
+/// "changed on resume{by}: <change>" for each change a continued run takes, the one of
+/// `training.steps` with what it does to the LR (`by` names who changed it, or is empty).
+pub fn changed_on_resume(
+    changes: &[FieldChange],
+    lr_change: Option<&LrChange>,
+    by: &str,
+) -> Vec<String> {
+    changes
+        .iter()
+        .map(|c| match lr_change {
+            Some(lr) if c.field == STEPS_FIELD => format!("changed on resume{by}: {c}; {lr}"),
+            _ => format!("changed on resume{by}: {c}"),
+        })
+        .collect()
 }
 
 /// How the spec names `training.steps` ([`FieldChange::field`]).

@@ -8,7 +8,7 @@
 //! its own.
 
 use crate::rerun::changes::{self, FieldChange};
-use crate::rerun::{newest_checkpoint, steps_done, steps_trained, LrChange};
+use crate::rerun::{changed_on_resume, newest_checkpoint, steps_done, steps_trained, LrChange};
 use crate::resolve::ResolvedJob;
 use crate::rundir::{self, RunDir, RunDirError, RunState};
 use crate::slurm;
@@ -82,16 +82,10 @@ pub fn carry_over(sweep_dir: &Path, points: &mut [SweepPoint]) -> Vec<Carried> {
             rename(point, run.path());
             // A point whose directory already records its job carries nothing to say.
             if !changes.is_empty() {
-                // A checkpoint at or past the steps asked for leaves nothing to continue.
-                let lr_change = newest_checkpoint(&run, &recorded.train)
-                    .filter(|c| c.step < point.job.train.steps)
-                    .and_then(|c| {
-                        LrChange::of(&recorded.train, &point.job.train, c.step, c.updates)
-                    });
                 carried.push(Carried {
                     point: point.name.clone(),
+                    lr_change: lr_change(&run, &recorded, &point.job),
                     changes,
-                    lr_change,
                 });
             }
         }
@@ -153,6 +147,14 @@ fn rename(point: &mut SweepPoint, path: &Path) {
 
 /// Before its job is submitted, a carried point's directory records the job it now runs:
 /// `resolved.json` and `train_config.json` replaced (each atomically).
+/// What continuing `run`, which recorded `recorded`, as `job` does to its LR; nothing when
+/// its newest checkpoint is at or past the steps asked for (nothing is left to continue).
+fn lr_change(run: &RunDir, recorded: &ResolvedJob, job: &ResolvedJob) -> Option<LrChange> {
+    newest_checkpoint(run, &recorded.train)
+        .filter(|c| c.step < job.train.steps)
+        .and_then(|c| LrChange::of(&recorded.train, &job.train, c.step, c.updates))
+}
+
 pub fn record_job(run: &RunDir, point: &SweepPoint) -> Result<(), RunDirError> {
     let job = as_run_of(point, run.path());
     let recorded = run.read_resolved()?;
@@ -162,18 +164,11 @@ pub fn record_job(run: &RunDir, point: &SweepPoint) -> Result<(), RunDirError> {
     rundir::write_json(&run.resolved_json(), &job)?;
     rundir::write_json(&run.train_config(), &job.train)?;
     // Said in the point's log, where its next job's lines follow: what it continues with.
-    let lr_change = newest_checkpoint(run, &recorded.train)
-        .filter(|c| c.step < job.train.steps)
-        .and_then(|c| LrChange::of(&recorded.train, &job.train, c.step, c.updates));
-    let lines: Vec<String> = changes::between(&recorded, &job)
-        .iter()
-        .map(|change| match &lr_change {
-            Some(lr) if change.field == "training.steps" => {
-                format!("changed on resume (`shardrun sweep`): {change}; {lr}")
-            }
-            _ => format!("changed on resume (`shardrun sweep`): {change}"),
-        })
-        .collect();
+    let lines = changed_on_resume(
+        &changes::between(&recorded, &job),
+        lr_change(run, &recorded, &job).as_ref(),
+        " (`shardrun sweep`)",
+    );
     if let Err(e) = run.note_in_train_log(&lines) {
         tracing::warn!(run = %run.path().display(), "cannot note the changes in train.log: {e}");
     }
