@@ -84,13 +84,16 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     }
     // A run whose manifest does not read is named after the others are shown: one damaged
     // folder must not hide a whole sweep.
-    let (runs, unreadable): (Vec<_>, Vec<_>) = runs
+    let mut unreadable = Vec::new();
+    let runs: Vec<_> = runs
         .into_iter()
-        .partition(|run| run.read_manifest().is_ok());
-    let unreadable: Vec<String> = unreadable
-        .iter()
-        .filter_map(|run| run.read_manifest().err())
-        .map(|e| crate::exit::message(&anyhow::Error::new(e)))
+        .filter(|run| match run.read_manifest() {
+            Ok(_) => true,
+            Err(e) => {
+                unreadable.push(crate::exit::message(&anyhow::Error::new(e)));
+                false
+            }
+        })
         .collect();
     let (statuses, answer) =
         slurm::refresh_or_recorded(&runs).context("reading the runs' states")?;
