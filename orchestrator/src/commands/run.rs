@@ -77,10 +77,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     let job_yaml = overrides::recorded_yaml(&loaded);
     let spec_dir = std::path::absolute(&loaded.base_dir)?;
     // An existing run directory is this command's alone until its controller holds it.
-    let starting = RunDir::open(&path)
-        .ok()
-        .map(|run| StartLock::acquire(run.path()))
-        .transpose()?;
+    let starting = StartLock::of_existing(&path)?;
     let prepared = rerun::prepare(
         &path,
         NewRun {

@@ -7,7 +7,7 @@ use crate::commands::run::{announce, continues_run, run_path};
 use crate::commands::spec_args::{self, OneJob, SetArgs};
 use crate::rerun;
 use crate::resolve::Overrides;
-use crate::rundir::{NewRun, RunDir, RunState, StartLock};
+use crate::rundir::{NewRun, RunState, StartLock};
 use crate::sbatch::{render_sbatch, ScriptTarget};
 use crate::slurm;
 use crate::spec::overrides;
@@ -71,10 +71,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     // An existing run directory is this command's alone until its job is submitted.
-    let _starting = RunDir::open(&path)
-        .ok()
-        .map(|run| StartLock::acquire(run.path()))
-        .transpose()?;
+    let _starting = StartLock::of_existing(&path)?;
     let prepared = rerun::prepare(&path, new)?;
     // A job continuing the run: if it refuses to start, the run goes back to this.
     let ended_before = match &prepared {

@@ -114,6 +114,15 @@ pub struct StartLock {
 }
 
 impl StartLock {
+    /// The starting lock of the run directory at `path` when one is there (a new run's
+    /// directory appears whole, by one rename, and needs none).
+    pub fn of_existing(path: &Path) -> Result<Option<StartLock>, LockError> {
+        match super::RunDir::open(path).is_ok() {
+            true => StartLock::acquire(path).map(Some),
+            false => Ok(None),
+        }
+    }
+
     /// Takes the starting lock of `run_dir`, or says which process is starting it.
     pub fn acquire(run_dir: &Path) -> Result<StartLock, LockError> {
         let file = take(&run_dir.join(STARTING_FILE), |holder| LockError::Starting {
