@@ -49,10 +49,13 @@ fn open_dataset(config: &TrainConfig, threads: Option<usize>) -> anyhow::Result<
     let threads = threads.unwrap_or_else(shardrun_data::default_threads);
     let dataset = Dataset::open(data, config.seed, vocab_size, threads, &Console)
         .context("preparing the training data")?;
-    // Checked here, once, not by every rank: a cache damaged in place trains as other data.
-    dataset
-        .verify_content()
-        .context("checking the prepared training data")?;
+    // Checked here, once, not by every rank: a cache damaged in place trains as other data
+    // (one this call has just written is as its hash says).
+    if !dataset.built() {
+        dataset
+            .verify_content()
+            .context("checking the prepared training data")?;
+    }
     Ok(Some(dataset))
 }
 
