@@ -424,15 +424,22 @@ fn training_a_cosine_run_longer_says_how_its_lr_jumps() {
     );
 }
 
+/// A finished run of `steps` steps of [`constant_lr_spec`] named `name`: its spec and its
+/// run directory.
+fn finished_run(dir: &TestDir, name: &str, steps: u64) -> (std::path::PathBuf, std::path::PathBuf) {
+    let spec = dir.write("job.yaml", &constant_lr_spec(name, steps));
+    let (out, run) = run_local(dir, &spec, &["--no-progress"], &[], DEADLINE);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    (spec, run)
+}
+
 /// A run directory copied elsewhere (an archive) or moved (to other storage) keeps its own
 /// checkpoints: its export takes them, not those a new run of the old path saves, and a
 /// moved run continues where it is, with no spec change to refuse.
 #[test]
 fn a_copied_or_moved_run_directory_keeps_its_own_checkpoints() {
     let dir = TestDir::new("rerun-moved");
-    let spec = dir.write("job.yaml", &constant_lr_spec("moved", 6));
-    let (out, run) = run_local(&dir, &spec, &["--no-progress"], &[], DEADLINE);
-    assert!(out.status.success(), "{}", stderr_of(&out));
+    let (spec, run) = finished_run(&dir, "moved", 6);
     let archive = dir.join("archive");
     let copied = std::process::Command::new("cp")
         .arg("-a")
@@ -549,9 +556,7 @@ fn a_damaged_manifest_is_named_by_status_and_forced_anew() {
 fn a_rerun_while_another_is_starting_the_run_is_refused_untouched() {
     use std::os::fd::AsRawFd;
     let dir = TestDir::new("rerun-starting");
-    let spec = dir.write("job.yaml", &constant_lr_spec("starting", 2));
-    let (out, run) = run_local(&dir, &spec, &["--no-progress"], &[], DEADLINE);
-    assert!(out.status.success(), "{}", stderr_of(&out));
+    let (spec, run) = finished_run(&dir, "starting", 2);
     let lock = std::fs::File::create(run.join("starting.lock")).unwrap();
     assert_eq!(
         unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },

@@ -22,6 +22,18 @@ fn with_checkpoints(mut config: TrainConfig, dir: &Path, format: CheckpointForma
     config
 }
 
+/// The tiny transformer on 2 ranks, FULL_SHARD, with sharded checkpoints in
+/// `dir/checkpoints`: the folder and the config.
+fn sharded_on_two_ranks(dir: &Path) -> (std::path::PathBuf, TrainConfig) {
+    let ckpt = dir.join("checkpoints");
+    let config = with_checkpoints(
+        config(tiny_transformer(), ShardingStrategy::FullShard, 2),
+        &ckpt,
+        CheckpointFormat::Sharded,
+    );
+    (ckpt, config)
+}
+
 fn rank0_log(dir: &Path) -> String {
     std::fs::read_to_string(dir.join("rank0.log")).unwrap_or_default()
 }
@@ -95,12 +107,7 @@ fn sharded_resume_is_bitwise_identical_and_falls_back_past_a_damaged_checkpoint(
 #[test]
 fn a_run_whose_checkpoints_all_fail_to_load_is_refused_not_started_over() {
     let tmp = temp_dir();
-    let ckpt = tmp.path().join("checkpoints");
-    let mut config = with_checkpoints(
-        config(tiny_transformer(), ShardingStrategy::FullShard, 2),
-        &ckpt,
-        CheckpointFormat::Sharded,
-    );
+    let (ckpt, mut config) = sharded_on_two_ranks(tmp.path());
     config.steps = 10;
     run_sharded(tmp.path(), "first", &config);
     let shard = ckpt.join("step-10/rank-0-of-2.safetensors");
@@ -226,12 +233,7 @@ fn hybrid_and_no_shard_saves_resume_under_full_shard() {
 #[test]
 fn a_loss_not_finite_before_any_update_is_not_blamed_on_the_learning_rate() {
     let tmp = temp_dir();
-    let ckpt = tmp.path().join("checkpoints");
-    let mut config = with_checkpoints(
-        config(tiny_transformer(), ShardingStrategy::FullShard, 2),
-        &ckpt,
-        CheckpointFormat::Sharded,
-    );
+    let (_, mut config) = sharded_on_two_ranks(tmp.path());
     config.optimizer.lr = 1e30;
     config.steps = 10;
     let diverged = run_sharded(tmp.path(), "diverged", &config);
