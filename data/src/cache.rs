@@ -63,6 +63,10 @@ pub struct CacheManifest {
     pub kind: String,
     pub files: Vec<SourceFile>,
     pub tokenizer: String,
+    /// The hashes of the files the tokenizer was built from, as they name the folder
+    /// ([`KeyInputs::tokenizer`]): an export compares them with the files it copies.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tokenizer_files: Vec<(String, String)>,
     pub documents: u64,
     pub tokens: u64,
     pub max_token_id: u64,
@@ -308,6 +312,7 @@ mod tests {
             kind: "text".into(),
             files: vec![],
             tokenizer: "t".into(),
+            tokenizer_files: Vec::new(),
             documents: 1,
             tokens: 2,
             max_token_id: 1,

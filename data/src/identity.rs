@@ -31,6 +31,10 @@ pub struct DataIdentity {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SourceIdentity {
     pub tokenizer: String,
+    /// The hashes of the files the tokenizer was built from (caches prepared before they
+    /// were recorded have none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tokenizer_files: Vec<(String, String)>,
     /// As the cache's manifest lists them (modification times and token counts are not
     /// compared).
     pub files: Vec<SourceFile>,
@@ -44,6 +48,7 @@ impl SourceIdentity {
     pub fn of(manifest: &CacheManifest) -> SourceIdentity {
         SourceIdentity {
             tokenizer: manifest.tokenizer.clone(),
+            tokenizer_files: manifest.tokenizer_files.clone(),
             files: manifest.files.clone(),
             documents: manifest.documents,
             tokens: manifest.tokens,
@@ -248,6 +253,13 @@ fn source_changes(what: &str, was: &SourceIdentity, now: &SourceIdentity) -> Vec
             was.tokenizer, now.tokenizer
         ));
     }
+    if !was.tokenizer_files.is_empty() && !now.tokenizer_files.is_empty() {
+        lines.extend(
+            tokenizer_file_changes(&was.tokenizer_files, &now.tokenizer_files)
+                .into_iter()
+                .map(|line| format!("{what}{line}")),
+        );
+    }
     let before: BTreeMap<&PathBuf, &SourceFile> = was.files.iter().map(|f| (&f.path, f)).collect();
     let after: BTreeMap<&PathBuf, &SourceFile> = now.files.iter().map(|f| (&f.path, f)).collect();
     let mut files = Vec::new();
@@ -278,6 +290,35 @@ fn source_changes(what: &str, was: &SourceIdentity, now: &SourceIdentity) -> Vec
     lines
 }
 
+/// How the files a tokenizer is built from changed, one line each (`tokenizer.json:
+/// changed`, `chat_template.jinja: added`), from their recorded hashes
+/// ([`SourceIdentity::tokenizer_files`]); empty when they are the same.
+pub fn tokenizer_file_changes(was: &[(String, String)], now: &[(String, String)]) -> Vec<String> {
+    let before: BTreeMap<&str, &str> = was.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let after: BTreeMap<&str, &str> = now.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let named = |key: &str| match key {
+        "chat_template" => "the spec's chat_template file".to_string(),
+        "rebuild" => "how transformers rebuilds the tokenizer from its files".to_string(),
+        file => format!("tokenizer file {file}"),
+    };
+    let mut lines = Vec::new();
+    for (key, old) in &before {
+        match after.get(key) {
+            None => lines.push(format!("{}: removed", named(key))),
+            // The spec's own settings: their values, not hashes.
+            Some(new) if key.ends_with("_token") && new != old => {
+                lines.push(format!("{key}: {old} → {new}"))
+            }
+            Some(new) if new != old => lines.push(format!("{}: changed", named(key))),
+            Some(_) => {}
+        }
+    }
+    for key in after.keys().filter(|k| !before.contains_key(*k)) {
+        lines.push(format!("{}: added", named(key)));
+    }
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,6 +326,7 @@ mod tests {
     fn source(files: &[(&str, u64, &str)], content: &str) -> SourceIdentity {
         SourceIdentity {
             tokenizer: "UTF-8 bytes".into(),
+            tokenizer_files: Vec::new(),
             files: files
                 .iter()
                 .map(|(path, size, xxh3)| SourceFile {
@@ -307,6 +349,51 @@ mod tests {
             training,
             validation: None,
         }
+    }
+
+    #[test]
+    fn tokenizer_file_changes_name_each_file() {
+        let pairs = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+            list.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let was = pairs(&[
+            ("tokenizer.json", "a"),
+            ("tokenizer_config.json", "b"),
+            ("special_tokens_map.json", "c"),
+            ("eos_token", "None"),
+        ]);
+        let now = pairs(&[
+            ("tokenizer.json", "a2"),
+            ("tokenizer_config.json", "b"),
+            ("chat_template.jinja", "d"),
+            ("eos_token", "Some(\"</s>\")"),
+        ]);
+        assert_eq!(
+            tokenizer_file_changes(&was, &now),
+            [
+                "eos_token: None → Some(\"</s>\")",
+                "tokenizer file special_tokens_map.json: removed",
+                "tokenizer file tokenizer.json: changed",
+                "tokenizer file chat_template.jinja: added",
+            ]
+        );
+        assert!(tokenizer_file_changes(&was, &was).is_empty());
+        // A resume on other data names the tokenizer file behind the change.
+        let mut before = source(&[("/d/a.txt", 10, "x")], "c1");
+        before.tokenizer_files = was.clone();
+        let mut after = source(&[("/d/a.txt", 10, "x")], "c2");
+        after.tokenizer_files = pairs(&[
+            ("tokenizer.json", "a2"),
+            ("tokenizer_config.json", "b"),
+            ("special_tokens_map.json", "c"),
+            ("eos_token", "None"),
+        ]);
+        assert_eq!(
+            identity("f2", after).changes_since(&identity("f1", before)),
+            ["tokenizer file tokenizer.json: changed"]
+        );
     }
 
     #[test]

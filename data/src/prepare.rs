@@ -96,7 +96,8 @@ impl<'a> DatasetSources<'a> {
 pub fn prepare_source(spec: &SourceSpec<'_>, observer: &dyn Observer) -> Result<Prepared> {
     let started = Instant::now();
     let files = files::expand(spec.source.files())?;
-    let name = cache_name(spec, &files)?;
+    let tokenizer_files = tokenizer_key(spec.tokenizer, spec.source)?;
+    let name = cache_name(spec, &files, &tokenizer_files);
     let (dir, manifest, built) = cache::open_or_build(spec.cache_dir, &name, observer, |tmp| {
         observer.line(&format!(
             "preparing {} ({} file(s), {:.1} MB) into {}",
@@ -110,6 +111,7 @@ pub fn prepare_source(spec: &SourceSpec<'_>, observer: &dyn Observer) -> Result<
             _ => tokenize_files(tmp, &files, spec, observer)?,
         };
         manifest.name = name.clone();
+        manifest.tokenizer_files = tokenizer_files.clone();
         manifest.seconds = started.elapsed().as_secs_f64();
         Ok(manifest)
     })?;
@@ -128,20 +130,35 @@ pub fn prepared_manifest(
     spec: &SourceSpec<'_>,
     files: &[DataFile],
 ) -> Result<Option<CacheManifest>> {
-    cache::read_manifest(&spec.cache_dir.join(cache_name(spec, files)?))
+    let tokenizer_files = tokenizer_key(spec.tokenizer, spec.source)?;
+    cache::read_manifest(
+        &spec
+            .cache_dir
+            .join(cache_name(spec, files, &tokenizer_files)),
+    )
 }
 
 /// The cache folder's name: a hash of everything that decides its contents.
-fn cache_name(spec: &SourceSpec<'_>, files: &[DataFile]) -> Result<String> {
+fn cache_name(
+    spec: &SourceSpec<'_>,
+    files: &[DataFile],
+    tokenizer_files: &[(String, String)],
+) -> String {
     let key = KeyInputs {
         format_version: FORMAT_VERSION,
         source: serde_json::to_value(spec.source.with_files(Vec::new()))
             .expect("sources serialize"),
         on_bad_record: spec.on_bad_record,
         files,
-        tokenizer: tokenizer_key(spec.tokenizer, spec.source)?,
+        tokenizer: tokenizer_files.to_vec(),
     };
-    Ok(key.name(spec.source.kind_name()))
+    key.name(spec.source.kind_name())
+}
+
+/// The hashes of the files the training data's tokenizer is built from as they are now, as
+/// a cache's manifest records them (`tokenizer_files`).
+pub fn tokenizer_file_hashes(config: &DatasetConfig) -> Result<Vec<(String, String)>> {
+    tokenizer_key(&config.tokenizer, &config.source)
 }
 
 /// Hashes of the files that decide the ids (tokenizer, special tokens, chat template), and
@@ -301,6 +318,7 @@ fn tokenize_files(
         kind: spec.source.kind_name().into(),
         files: hash_files(files, spec.threads)?,
         tokenizer: tokenizer_text,
+        tokenizer_files: Vec::new(),
         documents: written.documents,
         tokens: written.tokens,
         max_token_id: written.max_token_id,
@@ -373,6 +391,7 @@ fn check_token_files(
         kind: "tokens".into(),
         files: entries.clone(),
         tokenizer: format!("pre-tokenized ({dtype:?} ids)").to_lowercase(),
+        tokenizer_files: Vec::new(),
         documents: entries.len() as u64,
         tokens,
         max_token_id,

@@ -437,6 +437,48 @@ fn an_hf_export_of_a_model_from_scratch_carries_its_tokenizer_and_token_ids() {
 }
 
 #[test]
+fn an_hf_export_refuses_tokenizer_files_changed_since_the_run_read_its_data() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (tokenizer, run) = hf_scratch_run(tmp.path(), None);
+    // What the job's controller records once the data is prepared.
+    let config: TrainConfig =
+        serde_json::from_slice(&std::fs::read(run.join("train_config.json")).unwrap()).unwrap();
+    let shardrun_protocol::config::DataConfig::Dataset(data) = &config.data else {
+        panic!("a dataset")
+    };
+    let dataset = shardrun_data::Dataset::open(data, 0, Some(16), 1, &shardrun_data::Quiet)
+        .expect("the data prepares");
+    std::fs::write(
+        run.join("data.json"),
+        serde_json::to_vec(dataset.identity()).unwrap(),
+    )
+    .unwrap();
+    export_to(&run, &tmp.path().join("hf"));
+
+    // The tokenizer folder, since rewritten (another revision saved over it): its files would
+    // read text into other ids than those the model learned.
+    let json_path = tokenizer.join("tokenizer.json");
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
+    json["model"]["vocab"]["a"] = serde_json::json!(4);
+    json["model"]["vocab"]["d"] = serde_json::json!(1);
+    std::fs::write(&json_path, serde_json::to_vec_pretty(&json).unwrap()).unwrap();
+    let again = tmp.path().join("again");
+    let (ok, text) = export(&[&run, Path::new("--out"), &again]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains(&format!(
+            "the tokenizer files of {} have changed since the run tokenized its data with them \
+             (tokenizer file tokenizer.json: changed; hashes recorded in {})",
+            tokenizer.display(),
+            run.join("data.json").display()
+        )) && text.contains("put the files back as they were"),
+        "{text}"
+    );
+    assert!(!again.exists());
+}
+
+#[test]
 fn an_hf_export_whose_tokenizer_is_gone_warns_once_of_what_it_lacks() {
     for file in [None, Some("tokenizer.json")] {
         let tmp = tempfile::tempdir().unwrap();

@@ -12,14 +12,17 @@
 use anyhow::{bail, Context, Result};
 use shardrun_checkpoint::naming::{COMPLETE_FILE, METADATA_FILE};
 use shardrun_checkpoint::{export_full, resolve, Checkpoint, StateKind, UnitLayout, Verify};
+use shardrun_data::identity::tokenizer_file_changes;
 use shardrun_data::tokenizer::{SpecialToken, TextTokenizer, BYTES_EOS, BYTES_EOS_TEXT};
 use shardrun_data::tokenizer_files::{tokenizer_files, CHAT_TEMPLATE};
+use shardrun_data::DataIdentity;
 use shardrun_models::hf::config::{
     config_json, generation_config_json, saved_dtype, GENERATION_CONFIG_FILE,
 };
 use shardrun_models::hf::{self, FileContents, FolderFile, SaveOptions, StoredDtype};
 use shardrun_protocol::config::{
-    CheckpointFormat, DataConfig, DataSource, LlamaModel, ModelConfig, TokenizerConfig,
+    CheckpointFormat, DataConfig, DataSource, DatasetConfig, LlamaModel, ModelConfig,
+    TokenizerConfig,
 };
 use shardrun_protocol::TrainConfig;
 use std::path::{Path, PathBuf};
@@ -82,7 +85,7 @@ pub fn execute(args: Args) -> Result<()> {
         errln!("warning: {message}");
     }
     let source = found.checkpoint.context("no valid checkpoint found")?;
-    let run_config = find_run_config(&args.path, source.dir())?;
+    let (run_dir, run_config) = find_run_config(&args.path, source.dir())?.unzip();
     let llama = match run_config.as_ref().map(|c| &c.model) {
         Some(ModelConfig::Llama(m)) => Some(m.clone()),
         _ => None,
@@ -103,7 +106,12 @@ pub fn execute(args: Args) -> Result<()> {
             }
             export_full_checkpoint(&source, args.out)
         }
-        (ExportFormat::Hf, Some(model)) => export_hf(&source, &model, run_config.as_ref(), &args),
+        (ExportFormat::Hf, Some(model)) => export_hf(
+            &source,
+            &model,
+            run_dir.as_deref().zip(run_config.as_ref()),
+            &args,
+        ),
         (ExportFormat::Hf, None) => match run_config.as_ref().map(|c| &c.model) {
             Some(other) => bail!(
                 "{}: a Hugging Face folder is written for Llama-family models, and this run \
@@ -174,12 +182,24 @@ fn export_full_checkpoint(source: &Checkpoint, out: Option<PathBuf>) -> Result<(
 }
 
 /// Writes the checkpoint's parameters as a Hugging Face folder, one tensor in memory at a time.
+/// `run`: the run's folder and its config.
 fn export_hf(
     source: &Checkpoint,
     model: &LlamaModel,
-    run_config: Option<&TrainConfig>,
+    run: Option<(&Path, &TrainConfig)>,
     args: &Args,
 ) -> Result<()> {
+    let run_config = run.map(|(_, config)| config);
+    if let Some((
+        dir,
+        TrainConfig {
+            data: DataConfig::Dataset(data),
+            ..
+        },
+    )) = run
+    {
+        refuse_changed_tokenizer(dir, data)?;
+    }
     let started = Instant::now();
     let meta = source.metadata();
     let pretrained_config = match &model.pretrained {
@@ -610,9 +630,9 @@ fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
-/// The run's `train_config.json`: in `path` (a run directory) or in a folder above the
-/// checkpoint (`<run>/checkpoints/step-N`).
-fn find_run_config(path: &Path, checkpoint_dir: &Path) -> Result<Option<TrainConfig>> {
+/// The run's `train_config.json`, and the folder that holds it: `path` (a run directory) or a
+/// folder above the checkpoint (`<run>/checkpoints/step-N`).
+fn find_run_config(path: &Path, checkpoint_dir: &Path) -> Result<Option<(PathBuf, TrainConfig)>> {
     let candidates = std::iter::once(path).chain(checkpoint_dir.ancestors().take(4));
     for dir in candidates {
         let config_path = dir.join(CONFIG_FILE);
@@ -622,10 +642,55 @@ fn find_run_config(path: &Path, checkpoint_dir: &Path) -> Result<Option<TrainCon
             let config: TrainConfig = serde_json::from_slice(&text).with_context(|| {
                 format!("{} is not a valid training config", config_path.display())
             })?;
-            return Ok(Some(config));
+            return Ok(Some((dir.to_path_buf(), config)));
         }
     }
     Ok(None)
+}
+
+/// The export copies the run's tokenizer files as they are now, which must still be the
+/// files the run tokenized its data with (`data.json` records their hashes): others would
+/// give the exported model ids other than those it learned.
+fn refuse_changed_tokenizer(run_dir: &Path, data: &DatasetConfig) -> Result<()> {
+    let recorded = run_dir.join("data.json");
+    let Some(trained_with) = std::fs::read(&recorded)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<DataIdentity>(&bytes).ok())
+        .map(|identity| identity.training.tokenizer_files)
+        .filter(|files| !files.is_empty())
+    else {
+        // Synthetic or pre-tokenized data, or a run from before the hashes were recorded.
+        return Ok(());
+    };
+    // When they cannot be read now, reading the tokenizer for the export says why.
+    let Ok(now) = shardrun_data::prepare::tokenizer_file_hashes(data) else {
+        return Ok(());
+    };
+    // The model's own config.json is compared with the trained model apart, and neither it
+    // nor the generation settings decide the ids.
+    let ids_from = |files: Vec<(String, String)>| -> Vec<(String, String)> {
+        files
+            .into_iter()
+            .filter(|(name, _)| !matches!(name.as_str(), "config.json" | "generation_config.json"))
+            .collect()
+    };
+    let changed = tokenizer_file_changes(&ids_from(trained_with), &ids_from(now));
+    if changed.is_empty() {
+        return Ok(());
+    }
+    let tokenizer = match &data.tokenizer {
+        TokenizerConfig::HuggingFace { path, .. } => path.display().to_string(),
+        _ => "the run's tokenizer".to_string(),
+    };
+    bail!(
+        "the tokenizer files of {tokenizer} have changed since the run tokenized its data \
+         with them ({}; hashes recorded in {}): the export, which copies them, would read text \
+         into other ids than those the model learned; put the files back as they were, or \
+         export with --format full and pair the weights with the tokenizer they were trained \
+         with yourself",
+        changed.join(", "),
+        recorded.display()
+    )
 }
 
 /// The folder the run started from is copied into the export with its config.json, which
