@@ -104,11 +104,11 @@ fn wrong_value() {
     assert_error(
         &VALID.replace("steps: 2", "steps: many"),
         "\
-error: job.yaml:4:10: field `training.steps`: invalid type: string \"many\", expected u64
+error: job.yaml:4:10: field `training.steps`: invalid type: string \"many\", expected a whole number (0 or more)
   |
 4 |   steps: many
   |          ^^^^
-  fix: write a whole number here
+  fix: write a whole number (0 or more) here
 ",
     );
 }
@@ -241,11 +241,11 @@ fn a_wrong_value_given_through_an_alias() {
             .replace("name: t\n", "name: &name t\n")
             .replace("steps: 2", "steps: *name"),
         "\
-error: job.yaml:4:10: field `training.steps`: invalid type: string \"t\", expected u64
+error: job.yaml:4:10: field `training.steps`: invalid type: string \"t\", expected a whole number (0 or more)
   |
 4 |   steps: *name
   |          ^^^^^
-  fix: write a whole number here
+  fix: write a whole number (0 or more) here
 ",
     );
 }

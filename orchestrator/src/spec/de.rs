@@ -80,16 +80,18 @@ impl de::Error for DeError {
     }
 
     fn invalid_type(unexp: Unexpected<'_>, exp: &dyn Expected) -> Self {
+        let expected = in_words(&exp.to_string());
         DeError::new(Problem::WrongValue {
-            message: format!("invalid type: {unexp}, expected {exp}"),
-            expected: exp.to_string(),
+            message: format!("invalid type: {unexp}, expected {expected}"),
+            expected,
         })
     }
 
     fn invalid_value(unexp: Unexpected<'_>, exp: &dyn Expected) -> Self {
+        let expected = in_words(&exp.to_string());
         DeError::new(Problem::WrongValue {
-            message: format!("invalid value: {unexp}, expected {exp}"),
-            expected: exp.to_string(),
+            message: format!("invalid value: {unexp}, expected {expected}"),
+            expected,
         })
     }
 
@@ -109,6 +111,27 @@ impl de::Error for DeError {
 
     fn missing_field(field: &'static str) -> Self {
         DeError::new(Problem::MissingKey(field))
+    }
+}
+
+/// What serde expected, in the spec's words rather than the Rust type's name: the spec's
+/// sections are mappings, and its models and wrap policies mappings that name their `kind`.
+fn in_words(expected: &str) -> String {
+    if let Some(name) = expected.strip_prefix("internally tagged enum ") {
+        let kinds = match name {
+            "ModelSpec" => " (`{kind: llama, ...}`; kinds: transformer, mlp, llama, hf)",
+            "WrapPolicy" => " (`{kind: block}`; kinds: block, size_based, module_names)",
+            _ => "",
+        };
+        return format!("a mapping that names its `kind`{kinds}");
+    }
+    if expected.starts_with("struct ") {
+        return "a mapping of keys (`key: value` lines)".into();
+    }
+    match expected {
+        "u64" | "u32" | "usize" => "a whole number (0 or more)".into(),
+        "f64" => "a number".into(),
+        other => other.to_string(),
     }
 }
 
@@ -159,7 +182,11 @@ impl Node<'_, '_> {
                         Ok(u) => visitor.visit_u64(u),
                         Err(_) => visitor.visit_i64(i),
                     },
-                    Some(Scalar::FloatingPoint(f)) => visitor.visit_f64(f.into_inner()),
+                    // Whole numbers past i64 (up to u64's largest) are YAML floats.
+                    Some(Scalar::FloatingPoint(f)) => match text.parse::<u64>() {
+                        Ok(u) => visitor.visit_u64(u),
+                        Err(_) => visitor.visit_f64(f.into_inner()),
+                    },
                     Some(Scalar::String(s)) => visitor.visit_str(&s),
                     None => Err(de::Error::custom(format!(
                         "`{text}` is not a value of its tag `{}`",
@@ -288,6 +315,12 @@ impl<'de> de::Deserializer<'de> for Node<'_, '_> {
         _fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, DeError> {
+        // serde would read a list into the fields in their order: a spec's sections are
+        // mappings.
+        if let YamlData::Sequence(_) = &self.0.data {
+            let refused = Err(de::Error::invalid_type(Unexpected::Seq, &visitor));
+            return self.locate(refused);
+        }
         self.deserialize_map(visitor)
     }
 

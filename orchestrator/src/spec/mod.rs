@@ -74,7 +74,7 @@ pub fn load_with(path: &Path, overrides: &[Override]) -> Result<LoadedSpec, Spec
 
 /// Read and parse a job spec file.
 pub fn load(path: &Path) -> Result<LoadedSpec, SpecError> {
-    let source = std::fs::read_to_string(path).map_err(|e| SpecError {
+    let bytes = std::fs::read(path).map_err(|e| SpecError {
         file: path.into(),
         line: None,
         column: None,
@@ -84,7 +84,35 @@ pub fn load(path: &Path) -> Result<LoadedSpec, SpecError> {
         why: format!("cannot read the file: {e}"),
         fix: "check the path; `shardrun plan examples/demo.yaml` shows a working spec".into(),
     })?;
+    let source = String::from_utf8(bytes).map_err(|e| not_utf8(path, e))?;
     parse(&source, path)
+}
+
+/// A spec is UTF-8 text: where the first byte that is not is (often a file saved as Latin-1).
+fn not_utf8(path: &Path, error: std::string::FromUtf8Error) -> SpecError {
+    let valid = error.utf8_error().valid_up_to();
+    let bytes = error.as_bytes();
+    let before = String::from_utf8_lossy(&bytes[..valid]);
+    let line = before.matches('\n').count() as u32 + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) as u32 + 1;
+    SpecError::in_file(
+        path,
+        &String::from_utf8_lossy(bytes),
+        Some(yaml::Location {
+            line,
+            column,
+            width: 1,
+        }),
+        String::new(),
+        SpecErrorKind::Syntax,
+        format!(
+            "the spec is not UTF-8 text: byte 0x{:02x} here is not a character in UTF-8",
+            bytes[valid]
+        ),
+        "save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`), or write the character \
+         as an escape in a double-quoted string (`\\u00e9`)"
+            .into(),
+    )
 }
 
 /// Parse a job spec from YAML text; `path` is only used in error messages.
@@ -257,7 +285,66 @@ mod tests {
         assert_eq!(err.kind, SpecErrorKind::WrongValue);
         assert_eq!(err.field, "training.steps");
         assert_eq!(err.line, Some(4));
-        assert_eq!(err.fix, "write a whole number here");
+        assert_eq!(err.fix, "write a whole number (0 or more) here");
+        let err = parse_str(&MINIMAL.replace("steps: 2", "steps: -3")).unwrap_err();
+        assert_eq!(
+            err.why,
+            "invalid value: integer `-3`, expected a whole number (0 or more)"
+        );
+        // u64's largest is a whole number, though YAML reads it as a float.
+        let loaded = parse_str(&MINIMAL.replace("steps: 2", "steps: 18446744073709551615"));
+        assert_eq!(loaded.unwrap().spec.training.steps, u64::MAX);
+    }
+
+    #[test]
+    fn sections_of_the_wrong_shape_are_named_in_the_specs_words() {
+        let err = parse_str(&MINIMAL.replace(
+            "model: { kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }",
+            "model: mlp",
+        ))
+        .unwrap_err();
+        assert_eq!(err.field, "training.model");
+        assert_eq!(
+            err.fix,
+            "write a mapping that names its `kind` (`{kind: llama, ...}`; kinds: transformer, \
+             mlp, llama, hf) here"
+        );
+        // A spec that is a word, or a list, rather than a mapping of keys.
+        for text in ["hello\n", "- a\n", "- name: u10\n"] {
+            let err = parse_str(text).unwrap_err();
+            assert!(
+                err.why
+                    .ends_with("expected a mapping of keys (`key: value` lines)"),
+                "{text}: {err}"
+            );
+            assert_eq!(
+                (err.field.as_str(), at(&err)),
+                ("", (Some(1), Some(1))),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_alias_of_no_anchor_and_a_spec_not_in_utf8_are_shown_where_they_are() {
+        let err = parse_str(&MINIMAL.replace("steps: 2", "steps: *undefined")).unwrap_err();
+        assert_eq!(
+            err.why,
+            "not valid YAML: the alias `*undefined` names no anchor above it"
+        );
+        assert_eq!(at(&err), (Some(4), Some(10)), "{err}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.yaml");
+        let mut bytes = MINIMAL.replace("name: t", "name: \"caf").into_bytes();
+        let at_byte = bytes.iter().position(|&b| b == b'\n').unwrap();
+        bytes.splice(at_byte..at_byte, [0xe9, b'"']);
+        std::fs::write(&path, bytes).unwrap();
+        let err = load(&path).unwrap_err();
+        assert_eq!((err.line, err.column), (Some(1), Some(11)), "{err}");
+        assert!(
+            err.why.starts_with("the spec is not UTF-8 text: byte 0xe9"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -343,7 +430,10 @@ mod tests {
         let err = parse_str(&yaml).unwrap_err();
         assert_eq!(err.field, "training.steps");
         assert_eq!(at(&err), (Some(4), Some(10)), "{err}");
-        assert_eq!(err.why, "invalid type: string \"t\", expected u64");
+        assert_eq!(
+            err.why,
+            "invalid type: string \"t\", expected a whole number (0 or more)"
+        );
     }
 
     #[test]

@@ -212,7 +212,7 @@ mod tests {
         );
         let err = with(&["training.steps=many"]).unwrap_err();
         assert_eq!(err.field, "training.steps");
-        assert_eq!(err.fix, "write a whole number here");
+        assert_eq!(err.fix, "write a whole number (0 or more) here");
         assert_eq!(err.line, None);
         assert!(
             err.to_string().starts_with("--set training.steps=many: "),

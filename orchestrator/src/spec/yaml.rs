@@ -259,6 +259,19 @@ fn not_yaml(source: &str, e: &ScanError) -> Malformed {
             why: "not valid YAML: a tab in the indentation".into(),
             fix: "indent with spaces only".into(),
         },
+        "while parsing node, found unknown anchor" => {
+            let name = alias_at(source, at).unwrap_or_default();
+            Malformed {
+                at: Location {
+                    width: name.chars().count() as u32 + 1,
+                    ..at
+                },
+                why: format!("not valid YAML: the alias `*{name}` names no anchor above it"),
+                fix: format!(
+                    "define it before it is used (`key: &{name} value`), or write the value here"
+                ),
+            }
+        }
         info => Malformed {
             at,
             why: format!("not valid YAML: {info}"),
@@ -282,6 +295,18 @@ fn key_without_colon(source: &str, at: Location) -> Option<Location> {
             width: text.trim_end().chars().count().max(1) as u32,
         })
     })
+}
+
+/// The name of the alias (`*name`) written at `at`.
+fn alias_at(source: &str, at: Location) -> Option<String> {
+    let line = source.lines().nth((at.line as usize).checked_sub(1)?)?;
+    let rest: String = line.chars().skip(at.column as usize - 1).collect();
+    let name = rest.strip_prefix('*')?;
+    Some(
+        name.chars()
+            .take_while(|c| !c.is_whitespace() && !matches!(c, ',' | ']' | '}'))
+            .collect(),
+    )
 }
 
 /// The first tab at or after `at`.
