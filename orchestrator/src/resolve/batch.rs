@@ -3,6 +3,10 @@
 use super::{Overrides, ResolveError, Section};
 use std::fmt::Write as _;
 
+/// The largest number of ranks or per-device batch a fix suggests: past any cluster, and
+/// keeps the search for them short whatever the total.
+const SUGGESTED_UP_TO: u64 = 1 << 24;
+
 /// `total / (per_device × world)`, or an error that says what splits: the nearest totals
 /// for a new run, the numbers of ranks for a run that continues (its total is fixed).
 pub fn batch_split(
@@ -19,7 +23,19 @@ pub fn batch_split(
             "use at least 1 sample per device",
         ));
     }
-    let unit = per_device * world;
+    let Some(unit) = per_device.checked_mul(world) else {
+        return Err(s.err(
+            "training.batch_size_per_device",
+            format!(
+                "{per_device} samples per device on {world} ranks are more than 2^64 samples, \
+                 far past the total batch of {total}"
+            ),
+            format!(
+                "lower `batch_size_per_device` to at most {}",
+                (total / world).max(1)
+            ),
+        ));
+    };
     if total == 0 {
         return Err(s.err(
             "training.total_batch_size",
@@ -68,11 +84,10 @@ pub fn batch_split(
 fn totals_that_split(total: u64, per_device: u64, world: u64) -> String {
     let unit = per_device * world;
     let below = (total / unit) * unit;
-    let above = below + unit;
-    let nearest = if below > 0 {
-        format!("{below} or {above}")
-    } else {
-        format!("{above}")
+    let nearest = match below.checked_add(unit) {
+        Some(above) if below > 0 => format!("{below} or {above}"),
+        Some(above) => format!("{above}"),
+        None => format!("{below}"),
     };
     let mut fix = format!(
         "set `total_batch_size` to a multiple of {per_device} × {world} = {unit}: nearest {nearest}"
@@ -144,14 +159,15 @@ fn ranks_that_split(total: u64, per_device: u64, world: u64, ranks_from: &str) -
     fix
 }
 
-/// Every divisor of `n` (at least 1), in order.
+/// Every divisor of `n` (at least 1) up to [`SUGGESTED_UP_TO`], in order: the numbers of
+/// ranks or per-device batches a fix can suggest.
 fn divisors(n: u64) -> Vec<u64> {
     let (mut low, mut high) = (Vec::new(), Vec::new());
     let mut d = 1;
-    while d * d <= n {
+    while d <= SUGGESTED_UP_TO && d * d <= n {
         if n.is_multiple_of(d) {
             low.push(d);
-            if d != n / d {
+            if d != n / d && n / d <= SUGGESTED_UP_TO {
                 high.push(n / d);
             }
         }

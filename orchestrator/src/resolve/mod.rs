@@ -29,6 +29,10 @@ use shardrun_protocol::footprint::Footprint;
 use shardrun_protocol::TrainConfig;
 use std::path::{Path, PathBuf};
 
+/// Tokens one micro-batch may hold on a device (2^32): far past any device's memory, and
+/// within what its sizes are counted in.
+const MAX_MICRO_BATCH_TOKENS: u64 = 1 << 32;
+
 /// Defaults, in one place (docs/job-spec.md repeats them).
 pub mod defaults {
     pub const RUN_ROOT: &str = "runs";
@@ -403,7 +407,31 @@ pub fn resolve_with(
         ));
     }
 
-    let tokens_per_step = train.tokens_per_step();
+    // The tokens a run trains are counted in u64, and a micro-batch is one tensor.
+    let seq_len = train.data.sequence_length(&train.model);
+    if t.batch_size_per_device.saturating_mul(seq_len) > MAX_MICRO_BATCH_TOKENS {
+        return Err(s.err(
+            "training.batch_size_per_device",
+            format!(
+                "a micro-batch of {} samples × {seq_len} tokens is more than the \
+                 {MAX_MICRO_BATCH_TOKENS} tokens one device can hold",
+                t.batch_size_per_device
+            ),
+            "lower `batch_size_per_device`; gradient accumulation makes up the total batch",
+        ));
+    }
+    let tokens_per_step = train.batch.total_batch_size.saturating_mul(seq_len);
+    if tokens_per_step.checked_mul(t.steps).is_none() {
+        return Err(s.err(
+            "training.steps",
+            format!(
+                "{} steps of {} samples × {seq_len} tokens are more tokens than a run counts \
+                 (2^64)",
+                t.steps, t.total_batch_size
+            ),
+            "lower `steps` or `total_batch_size`",
+        ));
+    }
     Ok(ResolvedJob {
         name: spec.name.clone(),
         run_root: run_root(spec),
@@ -469,6 +497,38 @@ mod tests {
         assert_eq!(err.line, Some(7));
         assert!(err.fix.contains("nearest 16 or 32"), "{err}");
         assert!(err.fix.contains("[1, 2, 5, 10]"), "{err}");
+    }
+
+    #[test]
+    fn counts_too_large_to_multiply_are_refused_not_wrapped() {
+        let err = |extra: &str, total: u64, per_device: u64| {
+            let ResolveError::Invalid(err) = job(extra, total, per_device).unwrap_err();
+            err
+        };
+        // 2 ranks × (2^63 + 4) would wrap to 8, a total that splits.
+        let e = err("", 8, (1 << 63) + 4);
+        assert_eq!(e.field, "training.batch_size_per_device", "{e}");
+        assert_eq!(e.fix, "lower `batch_size_per_device` to at most 4");
+        let e = err("  nodes: 4294967296\n", 8, 2);
+        assert_eq!(e.field, "resources", "{e}");
+        // The largest totals: their nearest split, and the per-device batches that split
+        // them up to 2^24 (2^63 - 1 = 7² × 73 × 127 × 337 × 92737 × 649657), found without
+        // a search up to 2^32.
+        let e = err("", u64::MAX, 2);
+        assert!(e.fix.ends_with("nearest 18446744073709551612"), "{e}");
+        let e = err("", u64::MAX - 1, 4);
+        let listed = e.fix.split_once("in [").unwrap().1.trim_end_matches(']');
+        let per_device: Vec<u64> = listed.split(", ").map(|n| n.parse().unwrap()).collect();
+        assert_eq!(per_device[..4], [1, 7, 49, 73], "{e}");
+        assert!(per_device.iter().all(|&n| n <= 1 << 24), "{e}");
+        let e = err("", 1 << 40, 1 << 36);
+        assert!(e.why.contains("more than the 4294967296 tokens"), "{e}");
+        let yaml = "name: t\ntraining:\n  model: { kind: mlp, input_dim: 4, hidden_dim: 8, \
+                    output_dim: 4 }\n  steps: 4611686018427387904\n  total_batch_size: 8\n  \
+                    batch_size_per_device: 8\n";
+        let loaded = parse(yaml, Path::new("job.yaml")).unwrap();
+        let ResolveError::Invalid(e) = resolve(&loaded, &Overrides::default()).unwrap_err();
+        assert_eq!(e.field, "training.steps", "{e}");
     }
 
     #[test]

@@ -4,6 +4,10 @@
 use super::{defaults, Overrides, ResolveError, Section};
 use shardrun_protocol::config::DeviceKind;
 
+/// More ranks than a job can have: larger than any cluster, and far past the numbers a
+/// batch split or a rank id is counted in without overflowing.
+const MAX_RANKS: u64 = 1 << 24;
+
 /// Where the ranks run, before any batch arithmetic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ranks {
@@ -69,12 +73,25 @@ pub fn resolve_ranks(s: &Section, overrides: &Overrides) -> Result<Ranks, Resolv
             "set `cpus_per_task: 1` or more",
         ));
     }
+    let Some(world_size) = nodes
+        .checked_mul(ntasks_per_node)
+        .filter(|&w| w <= MAX_RANKS)
+    else {
+        return Err(s.err(
+            "resources",
+            format!(
+                "{nodes} nodes × {ntasks_per_node} ranks per node is more than the {MAX_RANKS} \
+                 ranks a job can have"
+            ),
+            "check `nodes` and `tasks_per_node` (or `gpus_per_node`)",
+        ));
+    };
     Ok(Ranks {
         nodes,
         ntasks_per_node,
         gpus_per_node,
         cpus_per_task,
         device,
-        world_size: nodes * ntasks_per_node,
+        world_size,
     })
 }
