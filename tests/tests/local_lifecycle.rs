@@ -129,6 +129,35 @@ fn a_controller_that_fails_before_its_result_leaves_its_reason_for_status() {
 }
 
 #[test]
+fn a_checkpoint_folder_that_cannot_be_made_stops_the_run_before_it_trains() {
+    let dir = TestDir::new("checkpoint-folder");
+    // A folder the plan cannot tell is wrong: below the run directory's own job.yaml.
+    let spec = dir.write(
+        "tiny.yaml",
+        &format!(
+            "{}  checkpoint: {{ dir: job.yaml/checkpoints, interval_steps: 2 }}\n",
+            tiny_mlp_spec("checkpoint-folder", 4, 1)
+        ),
+    );
+    let (out, run) = run_local(&dir, &spec, &[], &[], DEADLINE);
+    let stderr = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "cannot create the checkpoint folder {} (`checkpoint.dir`): Not a directory",
+            run.join("job.yaml/checkpoints").display()
+        )),
+        "{stderr}"
+    );
+    // Not a step trained for nothing, so the corrected spec starts the run over.
+    assert!(!run.join("metrics.jsonl").exists() || metric_steps(&run, 0).is_empty());
+    std::fs::write(&spec, tiny_mlp_spec("checkpoint-folder", 4, 1)).unwrap();
+    let (out, _) = run_local(&dir, &spec, &[], &[], DEADLINE);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(metric_steps(&run, 0), [1, 2, 3, 4]);
+}
+
+#[test]
 fn a_hangup_stops_the_run_at_a_step_boundary_and_writes_its_result() {
     let dir = TestDir::new("sighup");
     // As with a closed terminal, nobody reads the run's output.

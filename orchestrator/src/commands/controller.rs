@@ -114,6 +114,20 @@ pub fn supervise(
         })
         .map_err(failed)?;
     let config = run.read_train_config().map_err(|e| failed(e.into()))?;
+    // Made before anything trains: a folder the ranks cannot write would lose the whole run
+    // at its first save.
+    if let Some(dir) = &config.checkpoint.dir {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot create the checkpoint folder {} (`checkpoint.dir`): {e}\n  fix: name \
+                     a folder this job can write, or leave `dir` out for checkpoints/ in the run \
+                     directory",
+                    dir.display()
+                )
+            })
+            .map_err(failed)?;
+    }
     // The runtime and its signal handlers come first, so that no signal goes unseen. One
     // process tokenizes, before any rank starts; a stop meanwhile is recorded as such.
     let runtime = job_controller::runtime()

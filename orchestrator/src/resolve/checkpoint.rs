@@ -3,7 +3,7 @@
 use super::{defaults, ResolveError, Section};
 use shardrun_protocol::config::{CheckpointConfig, CheckpointFormat};
 use std::cmp::Ordering;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub fn resolve_checkpoint(s: &Section) -> Result<CheckpointConfig, ResolveError> {
     let t = &s.spec().training;
@@ -43,6 +43,16 @@ pub fn resolve_checkpoint(s: &Section) -> Result<CheckpointConfig, ResolveError>
             "keeping 0 checkpoints deletes each one as it is written",
             "keep at least 1",
         ));
+    }
+    if let Some(dir) = &c.dir {
+        if let Some(why) = cannot_hold_checkpoints(dir) {
+            return Err(s.err(
+                "training.checkpoint.dir",
+                why,
+                "name a folder this job can write (a relative one is made in the run \
+                 directory), or leave `dir` out for checkpoints/ in the run directory",
+            ));
+        }
     }
     // Relative to the spec file, like the spec's other inputs, and made absolute: workers
     // run in the run directory.
@@ -84,6 +94,48 @@ pub fn resolve_checkpoint(s: &Section) -> Result<CheckpointConfig, ResolveError>
     })
 }
 
+/// Why `dir` cannot be a checkpoint folder, as far as is seen from here without writing:
+/// no path, a file, or a folder (or the nearest one above, where it would be made) that
+/// cannot be written. A relative folder is made in the run directory, checked as it is
+/// created.
+fn cannot_hold_checkpoints(dir: &Path) -> Option<String> {
+    if dir.as_os_str().is_empty() {
+        return Some(
+            "`dir` is empty: the checkpoints would go into the run directory's own files".into(),
+        );
+    }
+    if dir.is_relative() {
+        return None;
+    }
+    let existing = dir.ancestors().find(|a| a.symlink_metadata().is_ok())?;
+    if !existing.is_dir() {
+        return Some(if existing == dir {
+            format!("{} is a file, not a folder", dir.display())
+        } else {
+            format!(
+                "{} is a file, so {} cannot be made under it",
+                existing.display(),
+                dir.display()
+            )
+        });
+    }
+    let writable = std::ffi::CString::new(existing.as_os_str().as_encoded_bytes()).is_ok_and(|c| {
+        // SAFETY: a query of a NUL-terminated path that outlives the call.
+        unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+    });
+    (!writable).then(|| {
+        if existing == dir {
+            format!("{} cannot be written by this user", dir.display())
+        } else {
+            format!(
+                "{} cannot be made: {} cannot be written by this user",
+                dir.display(),
+                existing.display()
+            )
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use crate::resolve::{resolve, Overrides};
@@ -99,6 +151,39 @@ mod tests {
             .unwrap()
             .train
             .checkpoint
+    }
+
+    #[test]
+    fn a_checkpoint_folder_that_cannot_be_made_is_refused_before_the_run() {
+        let refused = |dir: &str| {
+            let yaml = format!(
+                "name: t\ntraining:\n  model: {{ kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }}\n  steps: 10\n  total_batch_size: 4\n  batch_size_per_device: 4\n  checkpoint: {{ dir: {dir} }}\n"
+            );
+            let loaded = parse(&yaml, Path::new("job.yaml")).unwrap();
+            match resolve(&loaded, &Overrides::default()) {
+                Err(crate::resolve::ResolveError::Invalid(e)) => {
+                    assert_eq!(e.field, "training.checkpoint.dir", "{e}");
+                    e.why
+                }
+                Ok(_) => String::new(),
+            }
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        assert_eq!(
+            refused(&file.join("ckpt").display().to_string()),
+            format!(
+                "{} is a file, so {} cannot be made under it",
+                file.display(),
+                file.join("ckpt").display()
+            )
+        );
+        assert_eq!(refused("/dev/null"), "/dev/null is a file, not a folder");
+        assert!(refused("\"\"").starts_with("`dir` is empty"));
+        // A folder to be made under one that can be written, and one in the run directory.
+        assert_eq!(refused(&tmp.path().join("a/b").display().to_string()), "");
+        assert_eq!(refused("ckpt"), "");
     }
 
     #[test]
