@@ -158,6 +158,44 @@ fn a_checkpoint_folder_that_cannot_be_made_stops_the_run_before_it_trains() {
 }
 
 #[test]
+fn logs_follow_started_before_the_run_waits_for_it_and_prints_its_whole_log() {
+    let dir = TestDir::new("follow-early");
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("follow-early", 3, 1));
+    let run = dir.join("run");
+    let mut follow = Command::new(shardrun());
+    follow
+        .args(["logs", "-f", "--until-done"])
+        .arg(&run)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut follower = GroupChild::spawn(&mut follow).unwrap();
+    // The run starts once the follower has said that it waits for it.
+    let mut stderr = std::io::BufReader::new(follower.child.stderr.take().unwrap());
+    let mut waiting = String::new();
+    stderr.read_line(&mut waiting).unwrap();
+    assert!(
+        waiting.starts_with(&format!("waiting for {} to appear", run.display())),
+        "{waiting}"
+    );
+    let output = PipeReader::start(&mut follower.child);
+    let (out, _) = run_local(&dir, &spec, &[], &[], DEADLINE);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let status = wait_for("the follower to end with the run", DEADLINE, || {
+        follower.child.try_wait().ok().flatten()
+    })
+    .unwrap();
+    let (stdout, _) = output.join();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    assert!(status.success(), "{rest}");
+    assert_eq!(
+        String::from_utf8_lossy(&stdout),
+        std::fs::read_to_string(run.join("train.log")).unwrap()
+    );
+}
+
+#[test]
 fn a_hangup_stops_the_run_at_a_step_boundary_and_writes_its_result() {
     let dir = TestDir::new("sighup");
     // As with a closed terminal, nobody reads the run's output.

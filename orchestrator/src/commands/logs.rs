@@ -3,6 +3,7 @@
 
 use anyhow::{bail, Context};
 use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -10,8 +11,8 @@ use std::time::{Duration, Instant};
 pub struct Args {
     /// Run directory.
     pub run: PathBuf,
-    /// Keep printing new lines as they are written (Ctrl-C to stop); a log not written yet
-    /// is waited for.
+    /// Keep printing new lines as they are written (Ctrl-C to stop); a log or run directory
+    /// not written yet is waited for, and a log started anew is printed from its beginning.
     #[arg(long, short)]
     pub follow: bool,
     /// Only this rank's log (`logs/rank-N.log`).
@@ -24,6 +25,19 @@ pub struct Args {
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
+    if args.follow && !args.run.is_dir() {
+        // Started with the run (`shardrun run job.yaml & shardrun logs -f runs/job`).
+        errln!(
+            "waiting for {} to appear (no run directory there yet; Ctrl-C to stop)",
+            args.run.display()
+        );
+        while !args.run.is_dir() {
+            if crate::output::stdout_closed() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
     if !args.run.is_dir() {
         bail!(
             "no run directory at {}; list runs with `shardrun status`",
@@ -50,25 +64,19 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         Some(rank) => args.run.join("logs").join(format!("rank-{rank}.log")),
         None => args.run.join("train.log"),
     };
-    let mut offset = 0u64;
+    let mut log = FollowedFile::new(path.clone());
     let mut ended: Option<crate::slurm::RunStatus> = None;
     let mut next_look = Instant::now();
     loop {
-        match std::fs::File::open(&path) {
-            Ok(mut file) => {
-                file.seek(SeekFrom::Start(offset))
-                    .with_context(|| format!("cannot read {}", path.display()))?;
-                let mut buf = Vec::new();
-                file.read_to_end(&mut buf)
-                    .with_context(|| format!("cannot read {}", path.display()))?;
-                // Print whole lines only; a partial last line waits for its end.
-                let upto = if args.follow {
-                    buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1)
-                } else {
-                    buf.len()
-                };
-                crate::output::write_stdout_bytes(&buf[..upto]);
-                offset += upto as u64;
+        match log.read_new(args.follow) {
+            Ok(new) => {
+                if new.started_anew {
+                    errln!(
+                        "--- {} was started anew (the run started over); from its beginning:",
+                        path.display()
+                    );
+                }
+                crate::output::write_stdout_bytes(&new.bytes);
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && args.follow => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -99,7 +107,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         }
         if let Some(status) = &ended {
             // The pass after the end caught the last lines.
-            if offset == 0 {
+            if log.offset == 0 {
                 let detail = match status.detail.as_str() {
                     "" => String::new(),
                     detail => format!(": {detail}"),
@@ -120,6 +128,58 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             }
         }
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A log read as it grows; a new file in its place (a run started over) or a shorter one is
+/// read again from its beginning, as `tail -F` does.
+struct FollowedFile {
+    path: PathBuf,
+    /// How far it has been read.
+    offset: u64,
+    /// The file read so far (device, inode).
+    reading: Option<(u64, u64)>,
+}
+
+/// What [`FollowedFile::read_new`] found.
+struct NewBytes {
+    bytes: Vec<u8>,
+    /// The file was replaced or cut since the last read: `bytes` are from its beginning.
+    started_anew: bool,
+}
+
+impl FollowedFile {
+    fn new(path: PathBuf) -> FollowedFile {
+        FollowedFile {
+            path,
+            offset: 0,
+            reading: None,
+        }
+    }
+
+    /// What was written since the last read; `whole_lines`: up to the last line's end only
+    /// (a partial last line waits for its end).
+    fn read_new(&mut self, whole_lines: bool) -> std::io::Result<NewBytes> {
+        let mut file = std::fs::File::open(&self.path)?;
+        let meta = file.metadata()?;
+        let identity = (meta.dev(), meta.ino());
+        let started_anew =
+            self.reading.is_some_and(|was| was != identity) || meta.len() < self.offset;
+        if started_anew {
+            self.offset = 0;
+        }
+        self.reading = Some(identity);
+        file.seek(SeekFrom::Start(self.offset))?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        if whole_lines {
+            bytes.truncate(bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1));
+        }
+        self.offset += bytes.len() as u64;
+        Ok(NewBytes {
+            bytes,
+            started_anew,
+        })
     }
 }
 
@@ -195,4 +255,34 @@ fn refuse_a_folder_of_runs(args: &Args) -> anyhow::Result<()> {
         list.join("\n"),
         first.path().display()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_followed_log_replaced_or_cut_is_read_again_from_its_beginning() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("train.log");
+        let mut log = FollowedFile::new(path.clone());
+        let read = |log: &mut FollowedFile| {
+            let new = log.read_new(true).unwrap();
+            (String::from_utf8(new.bytes).unwrap(), new.started_anew)
+        };
+        std::fs::write(&path, "a\nb\nc").unwrap();
+        assert_eq!(read(&mut log), ("a\nb\n".into(), false));
+        std::fs::write(&path, "a\nb\nc\n").unwrap();
+        assert_eq!(read(&mut log), ("c\n".into(), false));
+        // A run started over: a new, longer file in its place, read whole, not from the old
+        // file's offset (which would start in the middle of a line).
+        let replacement = dir.path().join("new.log");
+        std::fs::write(&replacement, "first\nsecond\nthird\n").unwrap();
+        std::fs::rename(&replacement, &path).unwrap();
+        assert_eq!(read(&mut log), ("first\nsecond\nthird\n".into(), true));
+        // The same file cut short and written again.
+        std::fs::write(&path, "again\n").unwrap();
+        assert_eq!(read(&mut log), ("again\n".into(), true));
+        assert_eq!(read(&mut log), (String::new(), false));
+    }
 }
