@@ -3,6 +3,7 @@
 //! `logs/rank-N.metrics.jsonl`, each rank's own [`StepMetrics`] as it sent them. Other
 //! records (evaluations) go to `metrics.jsonl` as they are.
 
+use crate::metrics_file::ResumeMark;
 use crate::rundir::line_files::append_lines;
 use crate::step_record::{StepAggregator, StepRecord};
 use serde::Serialize;
@@ -19,12 +20,17 @@ pub struct MetricsLog {
     steps: StepAggregator,
     /// The last step each rank reported.
     last_step: HashMap<u64, u64>,
+    /// `metrics.jsonl` holds an earlier attempt's records, and this attempt has not said yet
+    /// from which step it goes on.
+    unmarked_attempt: bool,
 }
 
 impl MetricsLog {
     pub fn open(path: &Path, logs_dir: &Path, world_size: u64) -> std::io::Result<MetricsLog> {
         std::fs::create_dir_all(logs_dir)?;
+        let unmarked_attempt = std::fs::metadata(path).is_ok_and(|m| m.len() > 0);
         Ok(MetricsLog {
+            unmarked_attempt,
             file: BufWriter::new(append_lines(path)?),
             logs_dir: logs_dir.to_path_buf(),
             per_rank: HashMap::new(),
@@ -48,10 +54,24 @@ impl MetricsLog {
         file.write_all(b"\n")?;
         self.last_step.insert(m.rank, m.step);
         let done = self.steps.add(m.clone(), now);
+        if !done.is_empty() && self.unmarked_attempt {
+            // An attempt that restored no checkpoint (none yet, or `resume: false`) starts
+            // over: readers drop every step the earlier attempts logged.
+            self.resumed_at(0)?;
+        }
         for record in &done {
             self.record(record)?;
         }
         Ok(done)
+    }
+
+    /// This attempt goes on from the checkpoint of `step` (0: from the start): what earlier
+    /// attempts logged after it is not the run's.
+    pub fn resumed_at(&mut self, step: u64) -> std::io::Result<()> {
+        self.unmarked_attempt = false;
+        self.record(&ResumeMark {
+            resumed_at_step: step,
+        })
     }
 
     /// The last step every rank that reported has reported, in this session.
@@ -133,5 +153,57 @@ mod tests {
                     .unwrap();
             assert_eq!(own.lines().count(), n, "{own}");
         }
+    }
+
+    #[test]
+    fn an_attempt_that_starts_over_or_resumes_says_from_which_step_before_its_steps() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        let record = |step: u64| StepMetrics {
+            rank: 0,
+            step,
+            loss: 1.0,
+            ..Default::default()
+        };
+        let attempt = |resumed: Option<u64>, steps: std::ops::RangeInclusive<u64>| {
+            let mut log = MetricsLog::open(&path, &dir.path().join("logs"), 1).unwrap();
+            if let Some(step) = resumed {
+                log.resumed_at(step).unwrap();
+            }
+            for step in steps {
+                log.rank_record(&record(step), 0.0).unwrap();
+            }
+            log.finish(0.0).unwrap();
+        };
+        // The first attempt has nothing before it; the second restored no checkpoint; the
+        // third resumed from one.
+        attempt(None, 1..=3);
+        attempt(None, 1..=2);
+        attempt(Some(2), 3..=4);
+        let lines: Vec<String> = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                match v.get("resumed_at_step") {
+                    Some(step) => format!("resumed at {step}"),
+                    None => format!("step {}", v["step"]),
+                }
+            })
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "step 1",
+                "step 2",
+                "step 3",
+                "resumed at 0",
+                "step 1",
+                "step 2",
+                "resumed at 2",
+                "step 3",
+                "step 4"
+            ]
+        );
     }
 }

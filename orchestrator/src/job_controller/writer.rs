@@ -8,7 +8,6 @@ use super::console::Console;
 use super::logbook::{LogBook, Source};
 use super::metrics_log::MetricsLog;
 use crate::events_file::{EventRecord, RunEvent};
-use crate::metrics_file::ResumeMark;
 use shardrun_protocol::messages::{EvalMetrics, LogLevel, LogLine, StepMetrics, TrainSummary};
 use shardrun_protocol::mib;
 use std::path::PathBuf;
@@ -275,9 +274,7 @@ fn write(
             // Rank 0 has logged its own line about it; this is for the record. Its mark in
             // metrics.jsonl comes before anything this attempt logs (rank 0 sends this
             // first), so readers drop what the earlier attempt logged after `step`.
-            metrics.record(&ResumeMark {
-                resumed_at_step: step,
-            })?;
+            metrics.resumed_at(step)?;
             events.record(RunEvent::Resumed { step, path })?;
         }
         Record::Event(mut event) => {
