@@ -48,6 +48,30 @@ fn fails_fast(name: &str, injected: &str, victim: u64, expected: &str) {
     assert_eq!(stderr.matches(message).count(), 1, "{stderr}");
     assert_eq!(stdout.matches(message).count(), 1, "{stdout}");
     assert!(!stdout.contains("job failed"), "{stdout}");
+    // Where it stopped and how to go on end the report, and are the run's state in status.
+    let resume = " and has no checkpoint: once the cause is fixed, run the same command again \
+                  to start it over";
+    let last = stderr.trim_end().lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("the run stopped after step ") && last.ends_with(resume),
+        "{stderr}"
+    );
+    let status = shardrun_in(
+        dir.path(),
+        &["status", "--json", &run.display().to_string()],
+        Duration::from_secs(30),
+    );
+    let detail = status_runs(&stdout_of(&status))[0]["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(detail, format!("{message}; {last}"));
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert_eq!(
+        log.matches(message).count(),
+        2,
+        "as it happened, and in the report: {log}"
+    );
     assert_no_process_left(&run, Duration::from_secs(5));
     // Steps before the failure were trained and logged (the failure was mid-training).
     assert!(metric_steps(&run, 0).len() >= 2, "{stdout}");

@@ -320,8 +320,16 @@ async fn run_async(
             paths.train_log.display(),
             paths.logs_dir.display()
         ));
+        let resume = failed_resume_line(
+            steps_done,
+            checkpoint.as_ref(),
+            &config.checkpoint,
+            &opts.launch,
+            &opts.paths.run_dir,
+        );
+        report.push_str(&format!("\n{resume}"));
         log.log_only(report.clone()).await;
-        failure_report = Some(report);
+        failure_report = Some((report, resume));
     }
 
     log.note(match &outcome {
@@ -405,12 +413,17 @@ async fn run_async(
         }
     }
     // A job that ends in an error is reported by the command, on stderr: once, there.
-    let mut error = (exit_code != 0 && !matches!(outcome, Outcome::Cancelled { .. }))
-        .then(|| failure_report.unwrap_or_else(|| message.clone()));
-    if error.is_some() {
-        log.log_only(message.clone()).await;
-    } else {
-        log.say(message.clone()).await;
+    let failure_resume = failure_report.as_ref().map(|(_, resume)| resume.clone());
+    let mut error = (exit_code != 0 && !matches!(outcome, Outcome::Cancelled { .. })).then(|| {
+        failure_report
+            .map(|(report, _)| report)
+            .unwrap_or_else(|| message.clone())
+    });
+    match (&error, &failure_resume) {
+        // The failure report, in the log already, said it.
+        (Some(_), Some(_)) => {}
+        (Some(_), None) => log.log_only(message.clone()).await,
+        (None, _) => log.say(message.clone()).await,
     }
 
     let ended = clock::now();
@@ -433,6 +446,10 @@ async fn run_async(
         write_atomic(&paths.result, &json).map_err(file_err("write", &paths.result))
     };
     write_result(&message, exit_code, requeue.is_some() || slurm_requeued)?;
+    if let Some(resume) = failure_resume {
+        // result.json keeps the cause; the run's state (`shardrun status`) says how to go on.
+        message = format!("{message}; {resume}");
+    }
 
     if let Some((job_id, preempted_message, requeues_before)) = requeue {
         // Requeueing kills this batch script: everything must be on disk before.
@@ -811,6 +828,32 @@ fn checkpoint_left(checkpoint: Option<&CheckpointLeft>, saves: &CheckpointConfig
             c.path.display()
         ),
         (None, true) => "; it has no checkpoint yet".to_string(),
+    }
+}
+
+/// The last line of a failed run's report: where it stopped, and what running it again
+/// does once the cause is fixed.
+fn failed_resume_line(
+    steps_done: Option<u64>,
+    checkpoint: Option<&CheckpointLeft>,
+    saves: &CheckpointConfig,
+    launch: &LaunchMode,
+    run_dir: &Path,
+) -> String {
+    let stopped = match steps_done {
+        Some(step) if step > 0 => format!("the run stopped after step {step}"),
+        _ => "the run stopped before it trained a step".to_string(),
+    };
+    let again = launch.run_again(run_dir);
+    match (checkpoint, saves.resume) {
+        (_, false) => format!("{stopped}{}", checkpoint_left(checkpoint, saves)),
+        (Some(_), true) => format!(
+            "{stopped}{}: once the cause is fixed, {again} to resume from it",
+            checkpoint_left(checkpoint, saves)
+        ),
+        (None, true) => format!(
+            "{stopped} and has no checkpoint: once the cause is fixed, {again} to start it over"
+        ),
     }
 }
 
