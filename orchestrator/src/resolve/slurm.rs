@@ -40,6 +40,17 @@ pub fn resolve_slurm(
                 "write each option as on the command line, e.g. `--mail-type=END`",
             ));
         }
+        if let Some((option, instead)) = written_by_shardrun(line) {
+            return Err(s.err(
+                "resources.extra_sbatch",
+                format!(
+                    "entry {i} `{line}` sets {option}, which shardrun writes itself from the \
+                     plan: a second one would override it, and the job would no longer be the \
+                     one planned (its ranks, time limit, signal or files)"
+                ),
+                format!("remove it and {instead}"),
+            ));
+        }
     }
     if res.setup.iter().any(|l| l.contains('\n')) {
         return Err(s.err(
@@ -204,8 +215,114 @@ fn valid_mem(mem: &str) -> bool {
         && mem.len() - digits.len() <= 1
 }
 
+/// The sbatch option `line` sets, when the script already has it from the spec (or from
+/// shardrun's own workings), with what to write instead.
+fn written_by_shardrun(line: &str) -> Option<(&'static str, &'static str)> {
+    const WRITTEN: [(&[&str], &str, &str); 17] = [
+        (&["--job-name", "-J"], "--job-name", "set `name`"),
+        (&["--nodes", "-N"], "--nodes", "set `resources.nodes`"),
+        (
+            &["--ntasks-per-node", "--ntasks", "-n"],
+            "the number of tasks",
+            "set `resources.gpus_per_node` (or `tasks_per_node` for CPU ranks)",
+        ),
+        (
+            &["--cpus-per-task", "-c"],
+            "--cpus-per-task",
+            "set `resources.cpus_per_task`",
+        ),
+        (
+            &["--gres", "--gpus", "--gpus-per-node", "-G"],
+            "the GPUs",
+            "set `resources.gpus_per_node`",
+        ),
+        (&["--mem"], "--mem", "set `resources.mem`"),
+        (&["--time", "-t"], "--time", "set `resources.time`"),
+        (
+            &["--partition", "-p"],
+            "--partition",
+            "set `resources.partition`",
+        ),
+        (&["--account", "-A"], "--account", "set `resources.account`"),
+        (&["--qos", "-q"], "--qos", "set `resources.qos`"),
+        (
+            &["--reservation"],
+            "--reservation",
+            "set `resources.reservation`",
+        ),
+        (
+            &["--constraint", "-C"],
+            "--constraint",
+            "set `resources.constraint`",
+        ),
+        (
+            &["--exclusive"],
+            "--exclusive",
+            "set `resources.exclusive: true`",
+        ),
+        (
+            &["--array", "-a"],
+            "--array",
+            "write a `sweep:` section: its points are the array",
+        ),
+        (
+            &["--output", "-o", "--error", "-e", "--open-mode"],
+            "the job's output files",
+            "leave them to shardrun: they go into the run directory's slurm/ folder",
+        ),
+        (
+            &["--signal"],
+            "--signal",
+            "set `preemption.signal_seconds` (USR2 to the batch shell, which checkpoints)",
+        ),
+        (
+            &["--requeue", "--no-requeue"],
+            "--requeue",
+            "set `preemption.requeue`",
+        ),
+    ];
+    let name = match line.strip_prefix("--") {
+        Some(long) => &line[..2 + long.find(['=', ' ']).unwrap_or(long.len())],
+        // `-N3`, `-N 3`: the letter names it.
+        None => line.get(..2)?,
+    };
+    WRITTEN
+        .iter()
+        .find(|(names, _, _)| names.contains(&name))
+        .map(|(_, option, instead)| (*option, *instead))
+}
+
 #[cfg(test)]
 mod tests {
+    use super::written_by_shardrun;
+
+    #[test]
+    fn sbatch_options_the_plan_writes_are_named_in_any_spelling() {
+        for line in ["--nodes=3", "--nodes 3", "-N3", "-N 3"] {
+            assert_eq!(
+                written_by_shardrun(line).map(|(o, _)| o),
+                Some("--nodes"),
+                "{line}"
+            );
+        }
+        assert_eq!(
+            written_by_shardrun("--time=5").map(|(o, _)| o),
+            Some("--time")
+        );
+        assert_eq!(
+            written_by_shardrun("--gpus-per-node=2").map(|(o, _)| o),
+            Some("the GPUs")
+        );
+        for line in [
+            "--mail-type=END",
+            "--nodelist=n1",
+            "--gpu-bind=closest",
+            "-w n1",
+        ] {
+            assert_eq!(written_by_shardrun(line), None, "{line}");
+        }
+    }
+
     use super::*;
 
     #[test]
