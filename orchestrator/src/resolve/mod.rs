@@ -285,6 +285,105 @@ impl Footprints {
     }
 }
 
+/// The spec's paths are taken as written, as no shell reads them: a `~` or `$HOME` would name
+/// a folder called `~` or `$HOME` below the current one. Refused, with the path meant.
+fn paths_as_written(s: &Section) -> Result<(), ResolveError> {
+    let spec = s.spec();
+    let t = &spec.training;
+    let data = t.data.as_ref();
+    let checkpoint = t.checkpoint.as_ref();
+    let model_path = match &t.model {
+        crate::spec::ModelSpec::Hf { path } => Some(path),
+        _ => None,
+    };
+    let mut paths: Vec<(&str, Option<&PathBuf>)> = vec![
+        ("run_root", spec.run_root.as_ref()),
+        ("training.model.path", model_path),
+        (
+            "training.data.chat_template",
+            data.and_then(|d| d.chat_template.as_ref()),
+        ),
+        (
+            "training.data.cache_dir",
+            data.and_then(|d| d.cache_dir.as_ref()),
+        ),
+        (
+            "training.data.tokenizer.path",
+            data.and_then(|d| d.tokenizer.as_ref()?.path.as_ref()),
+        ),
+        (
+            "training.checkpoint.dir",
+            checkpoint.and_then(|c| c.dir.as_ref()),
+        ),
+        (
+            "training.checkpoint.from",
+            checkpoint.and_then(|c| c.from.as_ref()),
+        ),
+    ];
+    let files = data.and_then(|d| d.files.as_ref());
+    paths.extend(
+        files
+            .into_iter()
+            .flatten()
+            .map(|f| ("training.data.files", Some(f))),
+    );
+    let held_out = data.and_then(|d| d.validation.as_ref()?.files.as_ref());
+    paths.extend(
+        held_out
+            .into_iter()
+            .flatten()
+            .map(|f| ("training.data.validation.files", Some(f))),
+    );
+    for (field, path) in paths {
+        let Some(path) = path else { continue };
+        let text = path.to_string_lossy();
+        if let Some(meant) = shell_expanded(&text) {
+            return Err(s.err(
+                field,
+                format!("`{text}` would be read as written: nothing expands `~` or `$` variables in a spec"),
+                format!("write the path itself: `{meant}`"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What a shell would make of `path` (`~/x`, `$HOME/x`, `${SCRATCH}/x`), when it would
+/// change it.
+fn shell_expanded(path: &str) -> Option<String> {
+    let home = || std::env::var("HOME").unwrap_or_else(|_| "~".into());
+    let mut out = match path.strip_prefix('~') {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => format!("{}{rest}", home()),
+        _ => path.to_string(),
+    };
+    let mut changed = out != path;
+    // Left to right, past each value put in (which may hold a `$` of its own).
+    let mut from = 0;
+    while let Some(at) = out[from..].find('$').map(|i| from + i) {
+        let rest = &out[at + 1..];
+        let (name, len) = match rest.strip_prefix('{') {
+            Some(braced) => {
+                let end = braced.find('}')?;
+                (&braced[..end], end + 2)
+            }
+            None => {
+                let end = rest
+                    .find(|c: char| !(c == '_' || c.is_ascii_alphanumeric()))
+                    .unwrap_or(rest.len());
+                (&rest[..end], end)
+            }
+        };
+        if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+            break;
+        }
+        let value = std::env::var(name).unwrap_or_else(|_| format!("<{name} is not set>"));
+        out = format!("{}{value}{}", &out[..at], &out[at + 1 + len..]);
+        from = at + value.len();
+        changed = true;
+    }
+    changed.then_some(out)
+}
+
 /// [`resolve`], taking what was worked out already from `lookups` and keeping what is new
 /// there.
 pub fn resolve_with(
@@ -297,6 +396,7 @@ pub fn resolve_with(
     let t = &spec.training;
     let mut warnings = Vec::new();
 
+    paths_as_written(&s)?;
     let ranks = ranks::resolve_ranks(&s, overrides)?;
     let grad_accum_steps = batch::batch_split(
         &s,
@@ -497,6 +597,31 @@ mod tests {
         assert_eq!(err.line, Some(7));
         assert!(err.fix.contains("nearest 16 or 32"), "{err}");
         assert!(err.fix.contains("[1, 2, 5, 10]"), "{err}");
+    }
+
+    #[test]
+    fn paths_a_shell_would_expand_are_refused_with_the_path_meant() {
+        let home = std::env::var("HOME").unwrap();
+        assert_eq!(shell_expanded("~/runs"), Some(format!("{home}/runs")));
+        assert_eq!(shell_expanded("$HOME/runs"), Some(format!("{home}/runs")));
+        assert_eq!(
+            shell_expanded("${HOME}/a/${HOME}"),
+            Some(format!("{home}/a/{home}"))
+        );
+        assert_eq!(
+            shell_expanded("/x/$SHARDRUN_TEST_NEVER_SET/y"),
+            Some("/x/<SHARDRUN_TEST_NEVER_SET is not set>/y".into())
+        );
+        for as_written in ["runs", "/a/b~c", "~user/x", "/cost/$5", "a$"] {
+            assert_eq!(shell_expanded(as_written), None, "{as_written}");
+        }
+        let yaml = "name: t\nrun_root: ~/runs\ntraining:\n  model: { kind: mlp, input_dim: 4, \
+                    hidden_dim: 8, output_dim: 4 }\n  steps: 1\n  total_batch_size: 4\n  \
+                    batch_size_per_device: 4\n";
+        let loaded = parse(yaml, Path::new("job.yaml")).unwrap();
+        let ResolveError::Invalid(e) = resolve(&loaded, &Overrides::default()).unwrap_err();
+        assert_eq!((e.field.as_str(), e.line), ("run_root", Some(2)), "{e}");
+        assert_eq!(e.fix, format!("write the path itself: `{home}/runs`"));
     }
 
     #[test]
