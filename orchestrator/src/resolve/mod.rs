@@ -600,6 +600,32 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_eps_or_weight_decay_is_named_at_its_own_key() {
+        let refused = |optimizer: &str| {
+            let yaml = format!(
+                "name: t\ntraining:\n  model: {{ kind: mlp, input_dim: 4, hidden_dim: 8, \
+                 output_dim: 4 }}\n  steps: 1\n  total_batch_size: 4\n  \
+                 batch_size_per_device: 4\n  optimizer:\n{optimizer}"
+            );
+            let loaded = parse(&yaml, Path::new("job.yaml")).unwrap();
+            let ResolveError::Invalid(e) = resolve(&loaded, &Overrides::default()).unwrap_err();
+            (e.field.clone(), e.line, e.why.clone())
+        };
+        assert_eq!(
+            refused("    eps: 1.0e-8\n    weight_decay: -0.5\n"),
+            (
+                "training.optimizer.weight_decay".into(),
+                Some(9),
+                "`weight_decay` is -0.5; it must be 0 or more".into()
+            )
+        );
+        assert_eq!(
+            refused("    eps: 0\n").0,
+            "training.optimizer.eps".to_string()
+        );
+    }
+
+    #[test]
     fn paths_a_shell_would_expand_are_refused_with_the_path_meant() {
         let home = std::env::var("HOME").unwrap();
         assert_eq!(shell_expanded("~/runs"), Some(format!("{home}/runs")));

@@ -37,16 +37,25 @@ pub fn resolve_optimizer(s: &Section) -> Result<OptimizerConfig, ResolveError> {
             ));
         }
     }
-    if optimizer.eps.partial_cmp(&0.0) != Some(Ordering::Greater)
-        || optimizer
-            .weight_decay
-            .partial_cmp(&0.0)
-            .is_none_or(|o| o.is_lt())
+    if optimizer.eps.partial_cmp(&0.0) != Some(Ordering::Greater) {
+        return Err(s.err(
+            "training.optimizer.eps",
+            format!("`eps` is {}; it must be above 0", optimizer.eps),
+            "use e.g. `eps: 1.0e-8` (AdamW's default)",
+        ));
+    }
+    if optimizer
+        .weight_decay
+        .partial_cmp(&0.0)
+        .is_none_or(|o| o.is_lt())
     {
         return Err(s.err(
-            "training.optimizer",
-            "eps must be > 0 and weight_decay ≥ 0",
-            "use e.g. `eps: 1.0e-8`, `weight_decay: 0.01`",
+            "training.optimizer.weight_decay",
+            format!(
+                "`weight_decay` is {}; it must be 0 or more",
+                optimizer.weight_decay
+            ),
+            "use e.g. `weight_decay: 0.01`, or 0 for none",
         ));
     }
     if let Some(clip) = optimizer
