@@ -85,6 +85,28 @@ pub fn expand(loaded: &LoadedSpec, overrides: &Overrides) -> Result<Vec<SweepPoi
             )
             .into());
     }
+    for (path, values) in &sweep.grid {
+        // The same value twice is the same point twice (`1` and `1.0` too).
+        let same = |a: &Value, b: &Value| a == b || (a.is_number() && a.as_f64() == b.as_f64());
+        let repeated = (0..values.len()).find_map(|j| {
+            (0..j)
+                .find(|&i| same(&values[i], &values[j]))
+                .map(|i| (i, j))
+        });
+        if let Some((i, j)) = repeated {
+            return Err(loaded
+                .error_at(
+                    &format!("sweep.grid.{path}"),
+                    format!(
+                        "`{path}` lists {} twice (values {i} and {j}): the grid would run the \
+                         same point twice",
+                        serde_json::to_string(&values[j]).unwrap_or_default()
+                    ),
+                    "list each value once",
+                )
+                .into());
+        }
+    }
     if sweep.throttle == Some(0) {
         return Err(loaded
             .error_at(
@@ -487,6 +509,20 @@ mod tests {
     }
 
     #[test]
+    fn a_grid_value_listed_twice_is_refused_at_its_entry() {
+        let err = points(
+            "name: s\ntraining:\n  model: { kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }\n  steps: 1\n  total_batch_size: 4\n  batch_size_per_device: 4\nsweep:\n  grid:\n    training.seed: [1, 2, 1.0]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("sweep.yaml:9:5")
+                && err.contains("`training.seed` lists 1.0 twice (values 0 and 2)"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn grid_times_list() {
         let p = points(include_str!("../../../examples/sweep.yaml")).unwrap();
         assert_eq!(p.len(), 12);
@@ -508,15 +544,11 @@ mod tests {
         // differs must still get its own memory plan, the one it gets resolved alone.
         let yaml = include_str!("../../../examples/sweep.yaml").replace(
             "training.seed: [0, 1]",
-            "training.model.hidden_dim: [256, 512, 256]\n    training.fsdp.mixed_precision.param_dtype: [f32, bf16]",
+            "training.model.hidden_dim: [256, 512]\n    training.fsdp.mixed_precision.param_dtype: [f32, bf16]",
         );
         let loaded = parse(&yaml, Path::new("sweep.yaml")).unwrap();
         let p = expand(&loaded, &Overrides::submitting()).unwrap();
-        assert_eq!(
-            p.len(),
-            3 * 2 * 2 * 2,
-            "two of the three hidden sizes are one point"
-        );
+        assert_eq!(p.len(), 3 * 2 * 2 * 2);
         let peaks: HashSet<u64> = p.iter().map(|p| p.job.memory.chosen.peak).collect();
         assert!(peaks.len() >= 4, "{peaks:?}");
         for point in &p {
