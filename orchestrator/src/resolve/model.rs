@@ -90,9 +90,16 @@ pub fn resolve_model(
         ModelSpec::Llama(spec) => {
             let seq_len = llama_seq_len(s, data_seq, spec.max_position_embeddings)?;
             let architecture = llama_from_spec(s, spec, seq_len)?;
-            architecture
-                .validate(seq_len)
-                .map_err(|why| s.err("training.model", why, "change the model's sizes"))?;
+            architecture.validate(seq_len).map_err(|why| {
+                let (key, why) = in_spec_words(&why);
+                let fix = match key {
+                    Some(key) if why.ends_with(" is 0") => format!("set `{key}` to 1 or more"),
+                    Some(key) => format!("change `{key}` (docs/job-spec.md lists the Llama keys)"),
+                    None => "change the model's keys (docs/job-spec.md lists them)".into(),
+                };
+                let field = key.map_or("training.model".into(), |k| format!("training.model.{k}"));
+                s.err(&field, why, fix)
+            })?;
             if seq_len > architecture.max_position_embeddings {
                 warnings.push(format!(
                     "`training.model.max_position_embeddings` is {}, shorter than the {seq_len} \
@@ -431,6 +438,46 @@ fn architecture_differences(folder: &LlamaConfig, spec: &LlamaConfig) -> Vec<Str
         .collect()
 }
 
+/// A Llama architecture's error, which names `config.json`'s keys, in the job spec's names,
+/// with the spec key to change: the one the error is about, or the one that breaks the rule.
+fn in_spec_words(why: &str) -> (Option<&'static str>, String) {
+    const NAMES: [(&str, &str); 6] = [
+        ("hidden_size", "dim"),
+        ("num_hidden_layers", "n_layers"),
+        ("num_attention_heads", "n_heads"),
+        ("num_key_value_heads", "n_kv_heads"),
+        ("intermediate_size", "ffn_dim"),
+        ("rms_norm_eps", "norm_eps"),
+    ];
+    let mut text = why.to_string();
+    for (theirs, ours) in NAMES {
+        text = text.replace(theirs, ours);
+    }
+    // Checked in this order: the heads rule is about the key-value heads it names last.
+    const KEYS: [(&str, &str); 12] = [
+        ("is not a multiple of n_kv_heads", "n_kv_heads"),
+        ("vocab_size", "vocab_size"),
+        ("n_layers", "n_layers"),
+        ("n_kv_heads", "n_kv_heads"),
+        ("n_heads", "n_heads"),
+        ("head_dim", "head_dim"),
+        ("ffn_dim", "ffn_dim"),
+        ("dim", "dim"),
+        ("pad_token_id", "pad_token_id"),
+        ("norm_eps", "norm_eps"),
+        ("rope_theta", "rope_theta"),
+        ("rope scaling", "rope_scaling"),
+    ];
+    let key = if text.starts_with("biases") {
+        Some("attention_bias")
+    } else {
+        KEYS.iter()
+            .find(|(said, _)| text.contains(said))
+            .map(|(_, key)| *key)
+    };
+    (key, text)
+}
+
 #[cfg(test)]
 pub(super) mod tests {
     use crate::resolve::{resolve, Overrides, ResolveError};
@@ -517,6 +564,30 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn llama_size_errors_point_at_the_spec_key_in_its_name() {
+        for (change, field, why) in [
+            (
+                "n_kv_heads: 3,",
+                "n_kv_heads",
+                "n_heads 4 is not a multiple of n_kv_heads 3",
+            ),
+            ("n_layers: 0,", "n_layers", "n_layers is 0"),
+            ("norm_eps: -1.0,", "norm_eps", "norm_eps -1 is not positive"),
+        ] {
+            let key = change.split(':').next().unwrap();
+            let spec = LLAMA
+                .replace(&format!(" {key}: 2,"), "")
+                .replace("kind: llama,", &format!("kind: llama, {change}"));
+            let ResolveError::Invalid(e) = job(&spec, DATA, "").unwrap_err();
+            assert_eq!(
+                (e.field.as_str(), e.why.as_str()),
+                (format!("training.model.{field}").as_str(), why),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
     fn llama_errors_name_the_key() {
         let ResolveError::Invalid(e) = job(LLAMA, "", "").unwrap_err();
         assert_eq!(e.field, "training.data");
@@ -565,7 +636,7 @@ pub(super) mod tests {
         assert_eq!(e.field, "training.model.mlp_bias");
         let odd = LLAMA.replace("n_kv_heads: 2", "n_kv_heads: 3");
         let ResolveError::Invalid(e) = job(&odd, DATA, "").unwrap_err();
-        assert!(e.why.contains("num_key_value_heads 3"), "{e}");
+        assert_eq!(e.field, "training.model.n_kv_heads", "{e}");
         let no_heads = LLAMA.replace("n_heads: 4, n_kv_heads: 2", "n_heads: 0, head_dim: 16");
         let ResolveError::Invalid(e) = job(&no_heads, DATA, "").unwrap_err();
         assert_eq!(
