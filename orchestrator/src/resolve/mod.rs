@@ -397,6 +397,17 @@ pub fn resolve_with(
     let mut warnings = Vec::new();
 
     paths_as_written(&s)?;
+    if let Some(gb) = spec
+        .resources
+        .gpu_memory_gb
+        .filter(|gb| gb.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater))
+    {
+        return Err(s.err(
+            "resources.gpu_memory_gb",
+            format!("`gpu_memory_gb` is {gb}; a GPU's memory is above 0"),
+            "write each GPU's whole memory in GiB (80 for an A100 or H100 80GB), or leave it out",
+        ));
+    }
     let ranks = ranks::resolve_ranks(&s, overrides)?;
     let grad_accum_steps = batch::batch_split(
         &s,
@@ -622,6 +633,34 @@ mod tests {
         assert_eq!(
             refused("    eps: 0\n").0,
             "training.optimizer.eps".to_string()
+        );
+    }
+
+    #[test]
+    fn a_gpu_without_memory_and_a_model_folder_that_is_a_file_are_named() {
+        let refused = |resources: &str, model: &str| {
+            let yaml = format!(
+                "name: t\nresources: {resources}\ntraining:\n  model: {model}\n  steps: 1\n  \
+                 total_batch_size: 4\n  batch_size_per_device: 4\n"
+            );
+            let loaded = parse(&yaml, Path::new("/nowhere/job.yaml")).unwrap();
+            let ResolveError::Invalid(e) = resolve(&loaded, &Overrides::default()).unwrap_err();
+            (e.field.clone(), e.why.clone())
+        };
+        let mlp = "{ kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }";
+        assert_eq!(
+            refused("{ gpus_per_node: 1, gpu_memory_gb: -1 }", mlp),
+            (
+                "resources.gpu_memory_gb".into(),
+                "`gpu_memory_gb` is -1; a GPU's memory is above 0".into()
+            )
+        );
+        assert_eq!(
+            refused("{}", "{ kind: hf, path: /etc/hostname }"),
+            (
+                "training.model.path".into(),
+                "/etc/hostname is a file, not a model folder".into()
+            )
         );
     }
 

@@ -210,6 +210,20 @@ fn open_folder(s: &Section, field: &str, dir: &Path) -> Result<hf::HfFolder, Res
             ),
         ));
     }
+    if !dir.is_dir() {
+        return Err(s.err(
+            field,
+            format!("{} is a file, not a model folder", dir.display()),
+            format!(
+                "point `{field}` at the folder that holds config.json and the weights{}",
+                match dir.parent() {
+                    Some(parent) if dir.file_name().is_some_and(|n| n == "config.json") =>
+                        format!(" ({})", parent.display()),
+                    _ => String::new(),
+                }
+            ),
+        ));
+    }
     hf::open_folder(dir).map_err(|e| {
         let fix = match &e {
             HfError::Config {

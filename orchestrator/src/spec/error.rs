@@ -159,9 +159,11 @@ impl Excerpt {
 
 /// The closest candidate by Jaro-Winkler similarity, if it is close enough to be a typo.
 pub fn did_you_mean<'a>(given: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    // Case aside: `full_shard` is `FULL_SHARD`.
+    let given = given.to_lowercase();
     candidates
         .iter()
-        .map(|c| (strsim::jaro_winkler(given, c), *c))
+        .map(|c| (strsim::jaro_winkler(&given, &c.to_lowercase()), *c))
         .filter(|(score, _)| *score > 0.8)
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, c)| c)

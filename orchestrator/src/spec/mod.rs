@@ -297,6 +297,12 @@ mod tests {
     }
 
     #[test]
+    fn a_value_in_the_wrong_case_is_suggested_as_written() {
+        let err = parse_str(&format!("{MINIMAL}  fsdp: {{ strategy: full_shard }}\n")).unwrap_err();
+        assert_eq!(err.fix, "did you mean `FULL_SHARD`?");
+    }
+
+    #[test]
     fn sections_of_the_wrong_shape_are_named_in_the_specs_words() {
         let err = parse_str(&MINIMAL.replace(
             "model: { kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }",
