@@ -72,7 +72,12 @@ export SHARDRUN_MAX_REQUEUES={{ preemption.max_requeues }}
 export SHARDRUN_MAX_REQUEUES=0
 {%- endif %}
 cd "$SHARDRUN_RUN_DIR"
+{%- if points_file.is_some() %}
+{#- Named as squeue and `shardrun status` name an array task. #}
+echo "shardrun: job ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID} on $(hostname) in ${SHARDRUN_RUN_DIR}"
+{%- else %}
 echo "shardrun: job ${SLURM_JOB_ID} on $(hostname) in ${SHARDRUN_RUN_DIR}"
+{%- endif %}
 {%- if !s.setup.is_empty() %}
 
 # Set-up from resources.setup. A line that fails ends the job and says which in the error

@@ -749,9 +749,27 @@ fn a_run_root_with_a_space_and_a_quote() {
     let runs = runs_of(&sweep_dir);
     assert_eq!(runs.len(), 4);
     assert!(runs.values().all(|(ran, _)| *ran == 1), "{runs:?}");
-    // Slurm wrote each task's output where the script said.
+    // Slurm wrote each task's output where the script said, which names the task as squeue
+    // and the point's manifest do.
     let logs = std::fs::read_dir(sweep_dir.join("slurm")).unwrap().count();
     assert_eq!(logs, 8, "an .out and an .err per task");
+    for (_, ids) in runs.values() {
+        let id = &ids[0];
+        let out = std::fs::read_dir(sweep_dir.join("slurm"))
+            .unwrap()
+            .flatten()
+            .find(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .ends_with(&format!("-{id}.out"))
+            })
+            .unwrap_or_else(|| panic!("no output file of task {id}"));
+        let text = std::fs::read_to_string(out.path()).unwrap();
+        assert!(
+            text.starts_with(&format!("shardrun: job {id} on ")),
+            "{text}"
+        );
+    }
 }
 
 #[test]
