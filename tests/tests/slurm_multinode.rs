@@ -88,6 +88,15 @@ fn training_spans_two_nodes_and_a_rank_dying_on_the_far_node_is_named() {
         "{result}\n{log}"
     );
     assert!(result.contains(&far), "the far node is named: {result}");
+    // How it died, as srun tells it ("task 1: Killed"): the controller saw only the
+    // connection end.
+    assert_eq!(parsed["exit"], serde_json::json!({"signal": 9}), "{result}");
+    assert!(
+        parsed["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("died with signal 9 (SIGKILL)")),
+        "{result}"
+    );
     for step in 1..=3 {
         let line = format!("[rank 1] rank 1 step {step} line 0");
         assert!(log.contains(&line), "missing {line}:\n{log}");

@@ -676,10 +676,18 @@ impl Ranks<'_> {
 
         // Every process has exited; their last output lines come before the verdict.
         server.abort();
-        launcher.drain_output(opts.timeouts.drain).await;
+        let task_ends = launcher.drain_output(opts.timeouts.drain).await;
         signal_all(libc::SIGKILL); // nothing should be left; make sure of it
         for (_, abort) in conns.values() {
             abort.abort();
+        }
+        let mut outcome = outcome;
+        if let Outcome::Failed(failure) = &mut outcome {
+            // Under srun a rank's death is seen as its connection ending: srun says how.
+            if let (None, Some(end)) = (failure.exit, failure.rank.and_then(|r| task_ends.get(&r)))
+            {
+                failure.exit = Some(*end);
+            }
         }
         let outcome = cancelled_by_slurm(outcome, &state).await;
         (outcome, state.steps_done())

@@ -607,12 +607,12 @@ impl JobMachine {
         }
         let rank = self.proc_rank.get(&proc).copied().flatten();
         if let Some(rank) = rank {
-            self.exits.insert(rank, exit.clone());
+            self.exits.insert(rank, exit);
         }
         // A rank whose connection dropped first gets its exit status attached afterwards.
         if let (Some(f), Some(rank)) = (&mut self.failure, rank) {
             if f.rank == Some(rank) && f.exit.is_none() {
-                f.exit = Some(exit.clone());
+                f.exit = Some(exit);
             }
         }
         if self.phase == Phase::Stopping {
@@ -715,7 +715,7 @@ impl JobMachine {
             return;
         }
         let mut cause = self.failure_of(rank, FailureCause::Exited);
-        cause.exit = Some(exit.clone());
+        cause.exit = Some(*exit);
         self.blame_instead(cause, out);
     }
 

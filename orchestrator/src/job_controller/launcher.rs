@@ -117,7 +117,13 @@ pub struct Launcher {
     /// so a reaped (and maybe reused) pid is never signalled.
     alive: Arc<Mutex<HashMap<ProcId, i32>>>,
     pipes: Vec<JoinHandle<()>>,
+    /// How srun said its tasks ended (`srun: error: node1: task 3: Killed`): under srun the
+    /// controller sees a rank's connection end, not its process's exit.
+    task_ends: TaskEnds,
 }
+
+/// Each rank's end as srun reported it.
+type TaskEnds = Arc<Mutex<HashMap<u64, ExitInfo>>>;
 
 impl Launcher {
     /// Starts the processes, up to the first that cannot be started.
@@ -125,6 +131,7 @@ impl Launcher {
         let mut launcher = Launcher {
             alive: Arc::default(),
             pipes: Vec::new(),
+            task_ends: Arc::default(),
         };
         let mut procs = Vec::new();
         let failed = launcher.start_all(spec, &exits, &records, &mut procs).err();
@@ -251,6 +258,7 @@ impl Launcher {
                 labels,
                 false,
                 records.clone(),
+                self.task_ends.clone(),
             )));
         }
         if let Some(err) = child.stderr.take() {
@@ -259,6 +267,7 @@ impl Launcher {
                 labels,
                 true,
                 records.clone(),
+                self.task_ends.clone(),
             )));
         }
         let alive = self.alive.clone();
@@ -289,10 +298,12 @@ impl Launcher {
     }
 
     /// Waits (at most `timeout`) until every output pipe reached end of file, so the last
-    /// lines of dead processes are in the logs.
-    pub async fn drain_output(self, timeout: std::time::Duration) {
+    /// lines of dead processes are in the logs. Returns how srun said its tasks ended.
+    pub async fn drain_output(self, timeout: std::time::Duration) -> HashMap<u64, ExitInfo> {
         let all = futures::future::join_all(self.pipes);
         let _ = tokio::time::timeout(timeout, all).await;
+        let ends = self.task_ends.lock().unwrap_or_else(|e| e.into_inner());
+        ends.clone()
     }
 }
 
@@ -349,6 +360,38 @@ enum Labels {
     Srun,
 }
 
+/// srun's line about tasks that ended (`srun: error: node1: task 3: Killed`, `tasks 0-1,4:
+/// Exited with exit code 2`): their ranks, and how, as the exit status would say it.
+pub fn parse_srun_task_end(line: &str) -> Option<(Vec<u64>, ExitInfo)> {
+    let rest = line.strip_prefix("srun: error: ")?;
+    let (_, rest) = rest.split_once(": task")?;
+    let (list, what) = rest.trim_start_matches('s').trim_start().split_once(": ")?;
+    let mut ranks = Vec::new();
+    for part in list.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => ranks.extend(a.trim().parse::<u64>().ok()?..=b.trim().parse().ok()?),
+            None => ranks.push(part.trim().parse().ok()?),
+        }
+    }
+    if let Some(code) = what.strip_prefix("Exited with exit code ") {
+        return Some((ranks, ExitInfo::Code(code.trim().parse().ok()?)));
+    }
+    // strsignal's words, as srun writes them.
+    const SIGNALS: [(&str, i32); 9] = [
+        ("Hangup", 1),
+        ("Interrupt", 2),
+        ("Illegal instruction", 4),
+        ("Aborted", 6),
+        ("Bus error", 7),
+        ("Floating point exception", 8),
+        ("Killed", 9),
+        ("Segmentation fault", 11),
+        ("Terminated", 15),
+    ];
+    let (_, signal) = SIGNALS.iter().find(|(words, _)| what.starts_with(words))?;
+    Some((ranks, ExitInfo::Signal(*signal)))
+}
+
 /// Splits `"  3: text"` into (3, "text").
 pub fn parse_srun_label(line: &str) -> Option<(u64, &str)> {
     let (label, rest) = line.split_once(": ")?;
@@ -361,6 +404,7 @@ async fn forward_lines(
     labels: Labels,
     stderr: bool,
     records: mpsc::Sender<Record>,
+    task_ends: TaskEnds,
 ) {
     let mut reader = BufReader::with_capacity(64 * 1024, pipe);
     let mut line = Vec::new();
@@ -384,6 +428,14 @@ async fn forward_lines(
                 None => (None, text),
             },
         };
+        if let (Labels::Srun, None) = (labels, rank) {
+            if let Some((ranks, end)) = parse_srun_task_end(text) {
+                let mut ends = task_ends.lock().unwrap_or_else(|e| e.into_inner());
+                for rank in ranks {
+                    ends.entry(rank).or_insert(end);
+                }
+            }
+        }
         let record = Record::Raw {
             rank,
             stderr,
@@ -401,6 +453,24 @@ use tokio::io::AsyncReadExt as _;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn srun_says_how_its_tasks_ended() {
+        assert_eq!(
+            parse_srun_task_end("srun: error: node1: task 3: Killed"),
+            Some((vec![3], ExitInfo::Signal(9)))
+        );
+        assert_eq!(
+            parse_srun_task_end("srun: error: n2: tasks 0-1,4: Exited with exit code 2"),
+            Some((vec![0, 1, 4], ExitInfo::Code(2)))
+        );
+        assert_eq!(
+            parse_srun_task_end("srun: error: n2: task 0: Segmentation fault (core dumped)"),
+            Some((vec![0], ExitInfo::Signal(11)))
+        );
+        assert_eq!(parse_srun_task_end("srun: error: Timed out waiting"), None);
+        assert_eq!(parse_srun_task_end(" 3: task 1: Killed"), None);
+    }
 
     #[test]
     fn srun_labels() {

@@ -7,7 +7,7 @@ use serde::{Serialize, Serializer};
 use shardrun_protocol::messages::{signal_name, StopReason};
 
 /// How a process ended.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ExitInfo {
     Code(i32),

@@ -1074,7 +1074,7 @@ fn a_rank_slurm_terminates_before_it_takes_the_notice_ends_the_job_preempted() {
     // srun reports tasks killed by SIGTERM as 143; a process of its own, as the signal.
     for exit in [ExitInfo::Code(143), ExitInfo::Signal(libc::SIGUSR2)] {
         let slurm = JobMachine::new(2, "abc").with_slurm_notices();
-        let (_, actions) = srun_step_dies_while_starting(slurm, exit.clone());
+        let (_, actions) = srun_step_dies_while_starting(slurm, exit);
         assert!(
             actions.iter().any(|a| matches!(a, Action::Say(line)
                 if line.contains("before it could take the notice (preemption notice (SIGUSR2))"))),
