@@ -126,6 +126,19 @@ fn spec_name(path: &str) -> String {
     if let Some((_, name)) = renamed.iter().find(|(from, _)| *from == path) {
         return name.to_string();
     }
+    // The data's source is one resolved section; the spec writes its keys in `data`.
+    if let Some(source) = path.strip_prefix("train.data.source.") {
+        let key = match source {
+            "text.field" => "field",
+            "text.prompt" => "prompt_field",
+            "text.completion" => "completion_field",
+            "text.format" => "field, prompt_field",
+            "split.by" => "split",
+            "split.separator" => "separator",
+            other => other.split(['.', '[']).next().unwrap_or(other),
+        };
+        return format!("training.data.{key}");
+    }
     for (from, to) in [("train.", "training."), ("slurm.", "resources.")] {
         if let Some(rest) = path.strip_prefix(from) {
             return format!("{to}{rest}");
@@ -174,6 +187,28 @@ mod tests {
             },
         )
         .unwrap()
+    }
+
+    #[test]
+    fn fields_of_the_data_source_are_named_as_the_spec_writes_them() {
+        for (resolved, spec) in [
+            ("train.data.source.text.field", "training.data.field"),
+            (
+                "train.data.source.text.prompt",
+                "training.data.prompt_field",
+            ),
+            (
+                "train.data.source.split.separator",
+                "training.data.separator",
+            ),
+            ("train.data.source.files[1]", "training.data.files"),
+            (
+                "train.data.source.messages_field",
+                "training.data.messages_field",
+            ),
+        ] {
+            assert_eq!(spec_name(resolved), spec, "{resolved}");
+        }
     }
 
     #[test]
