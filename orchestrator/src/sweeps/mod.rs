@@ -71,7 +71,7 @@ pub fn expand(loaded: &LoadedSpec, overrides: &Overrides) -> Result<Vec<SweepPoi
         return Err(loaded
             .error_at(
                 "sweep",
-                "the sweep has neither `grid` nor `list`",
+                "the sweep has no points: its `grid` and `list` are empty or absent",
                 "add `grid:` (every combination) or `list:` (explicit points)",
             )
             .into());
@@ -79,7 +79,7 @@ pub fn expand(loaded: &LoadedSpec, overrides: &Overrides) -> Result<Vec<SweepPoi
     if let Some((path, _)) = sweep.grid.iter().find(|(_, values)| values.is_empty()) {
         return Err(loaded
             .error_at(
-                "sweep.grid",
+                &format!("sweep.grid.{path}"),
                 format!("`{path}` has no values"),
                 "give at least one value, or remove the entry",
             )
@@ -464,7 +464,11 @@ fn sweep_key_error(
         format!("cannot sweep over `{path}`: {why}"),
         "use a dotted path of a spec key, e.g. `training.optimizer.lr` (docs/job-spec.md)",
     );
-    err.field = format!("sweep.{path}");
+    // Named where the sweep writes it (`sweep.grid.<path>`, `sweep.list[1].<path>`).
+    err.field = match written_at {
+        "sweep" => format!("sweep.{path}"),
+        at => at.to_string(),
+    };
     if let Some(key) = suggestion {
         err.fix = format!("`{path}` is not a key of the spec; did you mean `{key}`?");
     }
@@ -620,7 +624,7 @@ mod tests {
         let SweepError::Spec(err) = points(&yaml).unwrap_err() else {
             panic!("expected a spec error")
         };
-        assert_eq!(err.field, "sweep.training.optimizer.lrate");
+        assert_eq!(err.field, "sweep.grid.training.optimizer.lrate");
         assert!(
             err.fix.contains("did you mean `training.optimizer.lr`"),
             "{err}"
