@@ -173,9 +173,12 @@ impl RunFigure {
         }
     }
 
-    /// A marker per event that has a step; repeated checkpoints of one step are drawn once.
+    /// A marker per event that has a step; one repeated at a step is drawn once.
     pub fn markers(&self) -> Vec<Marker> {
         let mut out: Vec<Marker> = Vec::new();
+        // How often each marker's event happened at its step (resumed twice from one
+        // checkpoint): drawn once, counted in its label.
+        let mut times: Vec<u32> = Vec::new();
         for record in &self.events {
             let Some(step) = record.event.step() else {
                 continue;
@@ -228,9 +231,11 @@ impl RunFigure {
                 | RunEvent::PreemptRequested { .. } => continue,
             };
             let step = step as f64;
-            if out.iter().any(|m| m.kind == kind && m.step == step) {
+            if let Some(same) = out.iter().position(|m| m.kind == kind && m.step == step) {
+                times[same] += 1;
                 continue;
             }
+            times.push(1);
             out.push(Marker {
                 step,
                 color,
@@ -240,6 +245,11 @@ impl RunFigure {
                 text,
                 text_row: 0,
             });
+        }
+        for (marker, &n) in out.iter_mut().zip(&times).filter(|(_, &n)| n > 1) {
+            if let Some(label) = marker.text.as_mut() {
+                label.push_str(&format!(" ({n}×)"));
+            }
         }
         // Where the loss (or an applied gradient) stops being finite: its curve ends there,
         // and nothing else would say why.
@@ -259,16 +269,19 @@ impl RunFigure {
             }
             was_diverged = diverged;
         }
-        // Labels of markers within a sixth of the run of each other go on separate lines.
+        // Labels of markers within a sixth of the run of each other go on separate lines:
+        // each on the first line no label near it uses.
         let span = self.steps.last().map_or(1.0, |r| r.step as f64)
             - self.steps.first().map_or(0.0, |r| r.step as f64);
-        let mut labelled: Vec<f64> = Vec::new();
+        let mut labelled: Vec<(f64, u32)> = Vec::new();
         for marker in out.iter_mut().filter(|m| m.text.is_some()) {
-            marker.text_row = labelled
+            let taken: Vec<u32> = labelled
                 .iter()
-                .filter(|&&s| (s - marker.step).abs() <= span.max(1.0) / 6.0)
-                .count() as u32;
-            labelled.push(marker.step);
+                .filter(|(s, _)| (s - marker.step).abs() <= span.max(1.0) / 6.0)
+                .map(|&(_, row)| row)
+                .collect();
+            marker.text_row = (0..).find(|row| !taken.contains(row)).unwrap_or(0);
+            labelled.push((marker.step, marker.text_row));
         }
         out
     }
@@ -424,6 +437,53 @@ mod tests {
             (5.0, "not finite")
         );
         assert_eq!(markers[0].text.as_deref(), Some("not finite from step 5"));
+    }
+
+    #[test]
+    fn nearby_labels_take_free_lines_and_repeats_are_counted() {
+        let figure = RunFigure {
+            title: "t".into(),
+            steps: (1..=600).map(|s| record(s, 1.0)).collect(),
+            evals: Vec::new(),
+            events: vec![
+                event(RunEvent::Resumed {
+                    step: 100,
+                    path: "c".into(),
+                }),
+                event(RunEvent::Stopped {
+                    step: Some(180),
+                    by: "SIGTERM".into(),
+                }),
+                // Near the second only: the first line is free there.
+                event(RunEvent::Resumed {
+                    step: 240,
+                    path: "c".into(),
+                }),
+                event(RunEvent::Resumed {
+                    step: 240,
+                    path: "c".into(),
+                }),
+                event(RunEvent::Resumed {
+                    step: 240,
+                    path: "c".into(),
+                }),
+            ],
+            smoothing: 0.0,
+            log_loss: false,
+        };
+        let labels: Vec<(Option<String>, u32)> = figure
+            .markers()
+            .into_iter()
+            .map(|m| (m.text, m.text_row))
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                (Some("resumed from step 100".into()), 0),
+                (Some("stopped after step 180 (SIGTERM)".into()), 1),
+                (Some("resumed from step 240 (3×)".into()), 0),
+            ]
+        );
     }
 
     #[test]
