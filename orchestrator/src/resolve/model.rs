@@ -455,16 +455,8 @@ fn architecture_differences(folder: &LlamaConfig, spec: &LlamaConfig) -> Vec<Str
 /// A Llama architecture's error, which names `config.json`'s keys, in the job spec's names,
 /// with the spec key to change: the one the error is about, or the one that breaks the rule.
 fn in_spec_words(why: &str) -> (Option<&'static str>, String) {
-    const NAMES: [(&str, &str); 6] = [
-        ("hidden_size", "dim"),
-        ("num_hidden_layers", "n_layers"),
-        ("num_attention_heads", "n_heads"),
-        ("num_key_value_heads", "n_kv_heads"),
-        ("intermediate_size", "ffn_dim"),
-        ("rms_norm_eps", "norm_eps"),
-    ];
     let mut text = why.to_string();
-    for (theirs, ours) in NAMES {
+    for (theirs, ours) in crate::spec::read::TRANSFORMERS_NAMES {
         text = text.replace(theirs, ours);
     }
     // Checked in this order: the heads rule is about the key-value heads it names last.

@@ -25,7 +25,8 @@ pub enum Problem {
         expected: &'static [&'static str],
     },
     MissingKey(&'static str),
-    /// A value of the wrong type or out of range: serde's message and what it expected.
+    /// A value of the wrong type or out of range: serde's message and what it expected, in
+    /// the spec's words ([`in_words`]).
     WrongValue {
         message: String,
         expected: String,
@@ -131,6 +132,7 @@ fn in_words(expected: &str) -> String {
     match expected {
         "u64" | "u32" | "usize" => "a whole number (0 or more)".into(),
         "f64" => "a number".into(),
+        "a boolean" | "bool" => "true or false".into(),
         other => other.to_string(),
     }
 }

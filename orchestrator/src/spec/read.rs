@@ -126,7 +126,7 @@ fn explain(error: DeError, path: &[Step], document: &SpannedDocument<'_>) -> Rea
             locate(None),
             SpecErrorKind::WrongValue,
             message.clone(),
-            format!("write {} here", plain_type(expected)),
+            format!("write {expected} here"),
         ),
         Problem::Other(message) => (
             locate(None),
@@ -145,19 +145,22 @@ fn explain(error: DeError, path: &[Step], document: &SpannedDocument<'_>) -> Rea
     }
 }
 
+/// The Llama keys `transformers`' `config.json` names otherwise than this spec: (theirs,
+/// ours).
+pub(crate) const TRANSFORMERS_NAMES: [(&str, &str); 7] = [
+    ("hidden_size", "dim"),
+    ("num_hidden_layers", "n_layers"),
+    ("num_attention_heads", "n_heads"),
+    ("num_key_value_heads", "n_kv_heads"),
+    ("intermediate_size", "ffn_dim"),
+    ("rms_norm_eps", "norm_eps"),
+    ("tie_word_embeddings", "tie_embeddings"),
+];
+
 /// A Llama model's key under the name transformers' `config.json` gives it, when `expected`
 /// (the keys allowed where it was written) has it under this spec's name.
 fn transformers_name(key: &str, expected: &[&'static str]) -> Option<&'static str> {
-    const NAMES: [(&str, &str); 7] = [
-        ("hidden_size", "dim"),
-        ("num_hidden_layers", "n_layers"),
-        ("num_attention_heads", "n_heads"),
-        ("num_key_value_heads", "n_kv_heads"),
-        ("intermediate_size", "ffn_dim"),
-        ("rms_norm_eps", "norm_eps"),
-        ("tie_word_embeddings", "tie_embeddings"),
-    ];
-    NAMES
+    TRANSFORMERS_NAMES
         .iter()
         .find(|(theirs, ours)| *theirs == key && expected.contains(ours))
         .map(|(_, ours)| *ours)
@@ -176,15 +179,5 @@ fn choose(best: Option<&str>, expected: &[&str], what: &str) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
-    }
-}
-
-/// serde's type names in words people use.
-fn plain_type(expected: &str) -> String {
-    match expected {
-        "u64" | "u32" | "usize" => "a whole number".into(),
-        "f64" => "a number".into(),
-        "a boolean" | "bool" => "true or false".into(),
-        other => other.to_string(),
     }
 }
