@@ -652,7 +652,7 @@ fn find_run_config(path: &Path, checkpoint_dir: &Path) -> Result<Option<(PathBuf
 /// files the run tokenized its data with (`data.json` records their hashes): others would
 /// give the exported model ids other than those it learned.
 fn refuse_changed_tokenizer(run_dir: &Path, data: &DatasetConfig) -> Result<()> {
-    let recorded = run_dir.join("data.json");
+    let recorded = run_dir.join(crate::rundir::DATA_IDENTITY_FILE);
     let Some(trained_with) = std::fs::read(&recorded)
         .ok()
         .and_then(|bytes| serde_json::from_slice::<DataIdentity>(&bytes).ok())

@@ -308,6 +308,10 @@ pub struct NewRun<'a> {
     pub data_here: bool,
 }
 
+/// The file of a run directory that records what its training data is made of
+/// ([`RunDir::data_identity`]).
+pub const DATA_IDENTITY_FILE: &str = "data.json";
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunDir {
     path: PathBuf,
@@ -537,7 +541,7 @@ impl RunDir {
     /// written by the controller once the data is ready: a resume on other data is refused
     /// naming what changed.
     pub fn data_identity(&self) -> PathBuf {
-        self.path.join("data.json")
+        self.path.join(DATA_IDENTITY_FILE)
     }
     /// Written by the controller when the job ends.
     pub fn result(&self) -> PathBuf {
