@@ -1,6 +1,7 @@
-//! Where a model's initial parameter values come from: the from-scratch generator or a
-//! Hugging Face folder. Either fills any element range of any parameter on its own, which is
-//! what lets each rank build exactly its own shards and nothing else.
+//! Where a model's initial parameter values come from: the from-scratch generator, a
+//! Hugging Face folder, or a checkpoint loaded once the model is built. Each fills any element
+//! range of any parameter on its own, which is what lets each rank build exactly its own
+//! shards and nothing else.
 
 use crate::hf::{HfError, HfWeights};
 use crate::param::ParamSpec;
@@ -13,6 +14,10 @@ pub enum ParamSource {
     Init { seed: u64 },
     /// The weights of a Hugging Face folder, checked against the model's parameters.
     Pretrained { dir: PathBuf, weights: HfWeights },
+    /// Every parameter is about to be overwritten by checkpoint `dir` (a resume, or weights
+    /// of `checkpoint.from`): zeros until then. The model's own source is not read, so a
+    /// resume neither waits for a pretrained folder's weights nor needs them to still exist.
+    Checkpoint { dir: PathBuf },
 }
 
 impl ParamSource {
@@ -50,14 +55,21 @@ impl ParamSource {
                 Ok(())
             }
             ParamSource::Pretrained { weights, .. } => weights.read(&spec.name, range, out),
+            ParamSource::Checkpoint { .. } => {
+                out.fill(0.0);
+                Ok(())
+            }
         }
     }
 
-    /// For log lines: "seed 7" or the folder.
+    /// For log lines: "initialised from seed 7", or the folder.
     pub fn describe(&self) -> String {
         match self {
             ParamSource::Init { seed } => format!("initialised from seed {seed}"),
             ParamSource::Pretrained { dir, .. } => format!("loaded from {}", dir.display()),
+            ParamSource::Checkpoint { dir } => {
+                format!("made ready for checkpoint {}", dir.display())
+            }
         }
     }
 }

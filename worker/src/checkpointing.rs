@@ -10,6 +10,7 @@
 use crate::collectives::Communicator;
 use crate::control;
 use crate::fsdp::{FlatLayout, FsdpEngine, UnitShardState};
+use crate::report::Reporter;
 use crate::train::{CheckpointHook, SaveFailure, SaveReason, TrainState, Trainer};
 use shardrun_checkpoint::naming::{step_dir_name, COMPLETE_FILE};
 use shardrun_checkpoint::{
@@ -18,6 +19,7 @@ use shardrun_checkpoint::{
     LossScaleState, ParamSlot, SaveTarget, SchedulerState, ShardWriter, StateDtypes, StateKind,
     TrainerState, UnitLayout, Verify,
 };
+use shardrun_models::source::ParamSource;
 use shardrun_protocol::config::{CheckpointFormat, TrainConfig};
 use shardrun_protocol::messages::LogLevel;
 use shardrun_protocol::schedule::Schedule;
@@ -103,27 +105,41 @@ impl Checkpointer {
     }
 
     /// Load the newest valid checkpoint of this run (a re-run or requeue continues it); if
-    /// there is none, `checkpoint.from` (weights only). Rank 0 chooses, verifying checksums
-    /// and cleaning leftovers of killed saves, and tells the others.
+    /// there is none, `checkpoint.from` (weights only): [`Checkpointer::agree`], then
+    /// [`Checkpointer::load`].
     pub fn restore(
         &mut self,
         trainer: &mut Trainer,
     ) -> Result<Option<Restored>, CheckpointingError> {
-        let world = trainer.engine().groups().control.clone();
-        let choice = if world.rank() == 0 {
-            self.choose(trainer)
+        let agreed = self.agree(
+            trainer.engine().groups().control.as_ref(),
+            trainer.reporter().as_ref(),
+        )?;
+        self.load(agreed, trainer)
+    }
+
+    /// Which checkpoint every rank loads: rank 0 chooses, verifying checksums and cleaning
+    /// leftovers of killed saves, and tells the others. Runs before the model is built, so
+    /// that a model about to be overwritten is not first read from its own source.
+    pub fn agree(
+        &self,
+        control: &dyn Communicator,
+        reporter: &dyn Reporter,
+    ) -> Result<Agreed, CheckpointingError> {
+        let choice = if control.rank() == 0 {
+            self.choose(reporter)
         } else {
             Ok(Choice::Nothing)
         };
-        let agreed = broadcast_choice(world.as_ref(), choice.as_ref().ok());
+        let agreed = broadcast_choice(control, choice.as_ref().ok());
         // Rank 0 reports its own error; the others learn only that there was one.
         let agreed = match (choice, agreed) {
             (Err(e), _) => return Err(e),
             (Ok(_), agreed) => agreed?,
         };
-        let (dir, weights_only) = match agreed {
-            Choice::Nothing => return Ok(None),
-            Choice::Resume(step) => (self.root.join(step_dir_name(step)), false),
+        Ok(Agreed(match agreed {
+            Choice::Nothing => None,
+            Choice::Resume(step) => Some((self.root.join(step_dir_name(step)), false)),
             Choice::From(step) => {
                 let Some(from) = &self.from else {
                     return Err(CheckpointingError::Other(
@@ -136,8 +152,21 @@ impl Checkpointer {
                 } else {
                     from.join(step_dir_name(step))
                 };
-                (dir, true)
+                Some((dir, true))
             }
+        }))
+    }
+
+    /// Loads the agreed checkpoint into `trainer`'s shards (and, unless weights only, its
+    /// step, optimizer and data position).
+    pub fn load(
+        &mut self,
+        agreed: Agreed,
+        trainer: &mut Trainer,
+    ) -> Result<Option<Restored>, CheckpointingError> {
+        let world = trainer.engine().groups().control.clone();
+        let Agreed(Some((dir, weights_only))) = agreed else {
+            return Ok(None);
         };
         tracing::debug!(dir = %dir.display(), weights_only, "loading checkpoint");
         let checkpoint = Checkpoint::open(&dir, Verify::Structure)?;
@@ -220,10 +249,10 @@ impl Checkpointer {
     }
 
     /// Rank 0's pick, logging every checkpoint it passes over.
-    fn choose(&self, trainer: &Trainer) -> Result<Choice, CheckpointingError> {
+    fn choose(&self, reporter: &dyn Reporter) -> Result<Choice, CheckpointingError> {
         if self.resume {
             for removed in clean_stale(&self.root)? {
-                trainer.log(
+                reporter.log(
                     LogLevel::Warn,
                     &format!(
                         "removed {} left by a save that did not finish",
@@ -233,11 +262,11 @@ impl Checkpointer {
             }
             let found = find_latest(&self.root, Verify::Checksums)?;
             for message in found.fallback_messages() {
-                trainer.log(LogLevel::Warn, &message);
+                reporter.log(LogLevel::Warn, &message);
             }
             if let Some(checkpoint) = &found.checkpoint {
                 for (from, to) in found.set_aside_skipped()? {
-                    trainer.log(
+                    reporter.log(
                         LogLevel::Warn,
                         &format!(
                             "set {} aside as {}: it does not load, and training goes on past \
@@ -266,7 +295,7 @@ impl Checkpointer {
         if let Some(from) = &self.from {
             let found = resolve(from, Verify::Checksums)?;
             for message in found.fallback_messages() {
-                trainer.log(LogLevel::Warn, &message);
+                reporter.log(LogLevel::Warn, &message);
             }
             if let Some(checkpoint) = found.checkpoint {
                 return Ok(Choice::From(checkpoint.step()));
@@ -430,6 +459,20 @@ impl CheckpointHook for Checkpointer {
     fn time_due(&self) -> Option<bool> {
         self.interval
             .map(|interval| self.last_save.elapsed() >= interval)
+    }
+}
+
+/// The checkpoint every rank loads (its folder, and whether weights only), if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Agreed(Option<(PathBuf, bool)>);
+
+impl Agreed {
+    /// Where the model's parameters start before the load: nowhere to read from when a
+    /// checkpoint is about to overwrite them all (`None`: the model's own source).
+    pub fn param_source(&self) -> Option<ParamSource> {
+        self.0
+            .as_ref()
+            .map(|(dir, _)| ParamSource::Checkpoint { dir: dir.clone() })
     }
 }
 

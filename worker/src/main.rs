@@ -16,7 +16,7 @@ use shardrun_protocol::config::DeviceKind;
 use shardrun_protocol::config::TrainConfig;
 use shardrun_protocol::messages::{Registration, StopReason};
 use shardrun_protocol::{env, error_text};
-use shardrun_worker::checkpointing::{Checkpointer, CheckpointingError};
+use shardrun_worker::checkpointing::{Agreed, Checkpointer, CheckpointingError};
 use shardrun_worker::collectives::cpu::transport::listen_host;
 use shardrun_worker::collectives::{nccl, prepare, CommError, Comms};
 use shardrun_worker::controller_client::{self, ClientOptions, ControllerClient};
@@ -183,7 +183,19 @@ fn train(
     }
     let groups =
         ProcessGroups::for_strategy(comms, config.fsdp.strategy, config.fsdp.shard_group_size)?;
-    let mut trainer = Trainer::new(config, groups, reporter)?;
+    // The checkpoint to load is agreed before the model is built: one that holds every
+    // parameter spares reading (or even having) a pretrained folder's weights.
+    let mut checkpointer = Checkpointer::from_config(&config);
+    let agreed = match &checkpointer {
+        Some(checkpointer) => Some(
+            checkpointer
+                .agree(groups.control.as_ref(), reporter.as_ref())
+                .with_context(|| format!("restoring from {}", checkpointer.root().display()))?,
+        ),
+        None => None,
+    };
+    let source = agreed.as_ref().and_then(Agreed::param_source);
+    let mut trainer = Trainer::starting_from(config, groups, reporter, source)?;
     if let Ok(scale) = std::env::var(FP16_INITIAL_SCALE) {
         let scale: f64 = scale
             .parse()
@@ -192,10 +204,9 @@ fn train(
             .with_context(|| format!("{FP16_INITIAL_SCALE}={scale:?} is not a positive number"))?;
         trainer.set_initial_loss_scale(scale);
     }
-    let mut checkpointer = Checkpointer::from_config(&trainer.config);
-    if let Some(checkpointer) = checkpointer.as_mut() {
+    if let (Some(checkpointer), Some(agreed)) = (checkpointer.as_mut(), agreed) {
         let restored = checkpointer
-            .restore(&mut trainer)
+            .load(agreed, &mut trainer)
             .with_context(|| format!("restoring from {}", checkpointer.root().display()))?;
         if let Some(restored) = restored.filter(|r| !r.weights_only && rank_env.rank == 0) {
             trainer

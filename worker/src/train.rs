@@ -211,10 +211,22 @@ pub struct TrainOutcome {
 }
 
 impl Trainer {
+    /// A trainer whose model starts from its own source: the from-scratch generator, or
+    /// its pretrained folder.
     pub fn new(
         config: TrainConfig,
         groups: ProcessGroups,
         reporter: Arc<dyn Reporter>,
+    ) -> Result<Trainer, TrainError> {
+        Trainer::starting_from(config, groups, reporter, None)
+    }
+
+    /// A trainer whose shards are filled from `source` (`None`: the model's own source).
+    pub fn starting_from(
+        config: TrainConfig,
+        groups: ProcessGroups,
+        reporter: Arc<dyn Reporter>,
+        source: Option<ParamSource>,
     ) -> Result<Trainer, TrainError> {
         let world = groups.control.world_size() as u64;
         if config.batch.world_size != world {
@@ -237,7 +249,10 @@ impl Trainer {
         };
         let rank = groups.control.rank() as u64;
         let model = crate::model::build(&config.model, dtype_kind(mp.buffer_dtype));
-        let source = ParamSource::for_model(&config.model, config.seed).map_err(FsdpError::from)?;
+        let source = match source {
+            Some(source) => source,
+            None => ParamSource::for_model(&config.model, config.seed).map_err(FsdpError::from)?,
+        };
         let engine = FsdpEngine::new(model, &config.fsdp.wrap, &source, groups, options)?;
         let l = engine.loading;
         reporter.log(

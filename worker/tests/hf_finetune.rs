@@ -6,7 +6,8 @@
 //!   tokenizer and generation files came along;
 //! * a bf16 export split into several files with an index loads in `transformers` and holds
 //!   exactly the bf16 rounding of the trained weights;
-//! * resuming from the mid-run checkpoint gives the uninterrupted run's losses, bit for bit.
+//! * resuming from the mid-run checkpoint gives the uninterrupted run's losses, bit for bit;
+//! * a resume reads nothing from the folder the run started from, which may be gone by then.
 
 mod common;
 mod hf_common;
@@ -291,6 +292,82 @@ fn fine_tune_export_load_in_transformers_and_resume() {
     assert!(
         diff <= 1e-5,
         "the full checkpoint in transformers differs by {diff:e}"
+    );
+}
+
+/// A run resumes from its own checkpoint without reading the folder it started from. With
+/// the folder's weights deleted after the first three steps, the resumed run trains steps 4-6
+/// exactly as the run whose folder is whole (bit for bit); starting it over then needs the
+/// weights again, and is refused before anything is deleted.
+#[test]
+fn a_resume_reads_no_weights_from_the_folder_it_started_from() {
+    let work = temp_dir();
+    let whole = folder("llama-gqa");
+    let copy = work.path().join("llama-copy");
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(&whole)
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let spec_whole = spec(work.path(), "whole", &whole, "dir: checkpoints");
+    let spec_gone = spec(work.path(), "gone", &copy, "dir: checkpoints");
+    for spec in [&spec_whole, &spec_gone] {
+        let spec = spec.to_str().unwrap();
+        shardrun(&["run", spec, "--nproc", "2", "--set", "training.steps=3"]);
+    }
+    std::fs::remove_file(copy.join("model.safetensors")).unwrap();
+
+    // Asked for 6 steps now: both runs resume from step 3.
+    shardrun(&["run", spec_whole.to_str().unwrap(), "--nproc", "2"]);
+    let printed = shardrun(&["run", spec_gone.to_str().unwrap(), "--nproc", "2"]);
+    assert!(
+        printed.contains("has no model.safetensors")
+            && printed.contains("the run resumes from its own checkpoint"),
+        "the missing weights are a warning: {printed}"
+    );
+    let (with_weights, without) = (
+        losses(&work.path().join("runs/whole")),
+        losses(&work.path().join("runs/gone")),
+    );
+    assert_eq!(
+        without.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        (1..=6).collect::<Vec<_>>()
+    );
+    assert_eq!(with_weights, without, "the same steps, the same losses");
+    // Neither resumed run read its folder's weights: each made its shards for the checkpoint.
+    for name in ["whole", "gone"] {
+        let log =
+            std::fs::read_to_string(work.path().join("runs").join(name).join("train.log")).unwrap();
+        let (first, resumed) = log.split_at(log.find("resuming ").expect("a resume line"));
+        assert!(
+            first.contains("loaded from") && !resumed.contains("loaded from"),
+            "{name}: the first part loads the folder, the resume does not:\n{log}"
+        );
+        assert!(
+            resumed.contains("made ready for checkpoint"),
+            "{name}: {log}"
+        );
+    }
+
+    let (succeeded, said) = shardrun_ending(
+        Path::new("."),
+        &[
+            "run",
+            spec_gone.to_str().unwrap(),
+            "--nproc",
+            "2",
+            "--force",
+        ],
+    );
+    assert!(
+        !succeeded && said.contains("has no model.safetensors"),
+        "starting over needs the weights: {said}"
+    );
+    assert!(
+        work.path().join("runs/gone/checkpoints/step-6").is_dir(),
+        "the refused start-over deleted nothing"
     );
 }
 

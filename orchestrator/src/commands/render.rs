@@ -1,7 +1,7 @@
 //! `shardrun render job.yaml`: print the sbatch script the job would be submitted with.
 
 use crate::binaries::shardrun_exe;
-use crate::commands::run::{continues_run, run_path};
+use crate::commands::run::{continues_run, resumes_from_checkpoint, run_path};
 use crate::commands::spec_args::{self, OneJob, SetArgs};
 use crate::resolve::Overrides;
 use crate::sbatch::{render_sbatch, ScriptTarget};
@@ -23,6 +23,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         run_dir = run_path(&args.spec, &loaded.spec)?;
         Ok(Overrides {
             continues_run: continues_run(&run_dir, false),
+            resumes_from_checkpoint: resumes_from_checkpoint(&run_dir, false),
             ..Overrides::submitting()
         })
     })?;

@@ -63,6 +63,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             }),
             force: args.force,
             continues_run: continues_run(&path, args.force),
+            resumes_from_checkpoint: resumes_from_checkpoint(&path, args.force),
             ..Overrides::submitting()
         })
     })?;
@@ -135,6 +136,22 @@ pub fn run_path(spec_path: &Path, spec: &JobSpec) -> anyhow::Result<PathBuf> {
 /// Whether the job continues a run already at `path` (without `--force`, which starts over).
 pub fn continues_run(path: &Path, force: bool) -> bool {
     !force && RunDir::open(path).is_ok()
+}
+
+/// Whether the job resumes the run at `path` from one of the run's checkpoints (without
+/// `--force`, and unless the run was set not to resume).
+pub fn resumes_from_checkpoint(path: &Path, force: bool) -> bool {
+    if force {
+        return false;
+    }
+    let Ok(run) = RunDir::open(path) else {
+        return false;
+    };
+    run.read_train_config()
+        .ok()
+        .filter(|recorded| recorded.checkpoint.resume)
+        .and_then(|recorded| rerun::newest_checkpoint(&run, &recorded))
+        .is_some()
 }
 
 /// Says first what a re-run does (resume, start over, nothing); the run to start, if any.

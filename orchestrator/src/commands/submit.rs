@@ -3,7 +3,7 @@
 //! (see [`crate::rerun`]): the new job resumes from the run's newest checkpoint.
 
 use crate::binaries::shardrun_exe;
-use crate::commands::run::{announce, continues_run, run_path};
+use crate::commands::run::{announce, continues_run, resumes_from_checkpoint, run_path};
 use crate::commands::spec_args::{self, OneJob, SetArgs};
 use crate::rerun;
 use crate::resolve::Overrides;
@@ -40,6 +40,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         Ok(Overrides {
             force: args.force,
             continues_run: continues_run(&path, args.force),
+            resumes_from_checkpoint: resumes_from_checkpoint(&path, args.force),
             ..Overrides::submitting()
         })
     })?;

@@ -81,6 +81,9 @@ pub struct Overrides {
     /// whose total batch cannot change: a batch that does not split on the ranks asked for
     /// is answered with the numbers of ranks it splits on.
     pub continues_run: bool,
+    /// That run has a checkpoint to resume from, which holds every parameter: a pretrained
+    /// folder whose weights no longer open (deleted, moved) is then a warning, not an error.
+    pub resumes_from_checkpoint: bool,
     /// `NCCL_*` variables of the shell that submits or runs the job: every rank gets them
     /// unless the spec's `resources.env` or the job's own environment sets them otherwise, so
     /// NCCL settings reach the ranks even where Slurm does not export the submitting
@@ -416,7 +419,14 @@ pub fn resolve_with(
         ranks.world_size,
         overrides,
     )?;
-    let (mut model, seq_len) = model::resolve_model(&s, &mut warnings)?;
+    // A run that resumes its own checkpoint does not read a pretrained folder's weights.
+    let resumes = t.checkpoint.as_ref().and_then(|c| c.resume) != Some(false);
+    let weights = if overrides.resumes_from_checkpoint && resumes {
+        model::Weights::ResumingPastThem
+    } else {
+        model::Weights::Needed
+    };
+    let (mut model, seq_len) = model::resolve_model(&s, weights, &mut warnings)?;
     if t.steps == 0 {
         return Err(s.err(
             "training.steps",
@@ -441,6 +451,7 @@ pub fn resolve_with(
         &mut model,
         checkpoint.from.as_deref(),
         seq_len,
+        weights,
         &mut warnings,
     )?
     .is_some()

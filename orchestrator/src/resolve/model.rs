@@ -12,9 +12,20 @@ use shardrun_protocol::config::{
 };
 use std::path::{Path, PathBuf};
 
+/// Whether a pretrained folder's weights must open. A run resuming from a checkpoint of its
+/// own does not read them (the checkpoint holds every parameter), so weights deleted, moved
+/// or damaged since it started are then a warning, not a reason to refuse the resume; the
+/// folder's config.json is read either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Weights {
+    Needed,
+    ResumingPastThem,
+}
+
 /// The model and the sequence length the data will use.
 pub fn resolve_model(
     s: &Section,
+    weights: Weights,
     warnings: &mut Vec<String>,
 ) -> Result<(ModelConfig, u64), ResolveError> {
     let t = &s.spec().training;
@@ -118,7 +129,7 @@ pub fn resolve_model(
         }
         ModelSpec::Hf { path } => {
             let dir = s.spec_relative(path);
-            let folder = open_folder(s, "training.model.path", &dir)?;
+            let folder = open_folder(s, "training.model.path", &dir, weights)?;
             let seq_len = llama_seq_len(s, data_seq, Some(folder.config.max_position_embeddings))?;
             check_sequences(s, &folder.config, seq_len, warnings)?;
             warnings.extend(folder.notes);
@@ -141,6 +152,7 @@ pub fn resolve_pretrained_from(
     model: &mut ModelConfig,
     from: Option<&Path>,
     seq_len: u64,
+    weights: Weights,
     warnings: &mut Vec<String>,
 ) -> Result<Option<PathBuf>, ResolveError> {
     let Some(from) = from else { return Ok(None) };
@@ -169,7 +181,7 @@ pub fn resolve_pretrained_from(
             "keep one: `model.path` or `checkpoint.from`",
         ));
     }
-    let folder = open_folder(s, field, &dir)?;
+    let folder = open_folder(s, field, &dir, weights)?;
     let differences = architecture_differences(&folder.config, &llama.architecture);
     if !differences.is_empty() {
         // The notes say why the folder's model may differ from its config.json (an output
@@ -198,7 +210,13 @@ pub fn resolve_pretrained_from(
     Ok(Some(dir))
 }
 
-fn open_folder(s: &Section, field: &str, dir: &Path) -> Result<hf::HfFolder, ResolveError> {
+/// A folder's architecture and what to say about it (see [`hf::open_folder`]).
+fn open_folder(
+    s: &Section,
+    field: &str,
+    dir: &Path,
+    weights: Weights,
+) -> Result<Opened, ResolveError> {
     if !dir.exists() {
         return Err(s.err(
             field,
@@ -224,8 +242,28 @@ fn open_folder(s: &Section, field: &str, dir: &Path) -> Result<hf::HfFolder, Res
             ),
         ));
     }
-    hf::open_folder(dir).map_err(|e| {
-        let fix = match &e {
+    let e = match hf::open_folder(dir) {
+        Ok(folder) => {
+            return Ok(Opened {
+                config: folder.config,
+                notes: folder.notes,
+            })
+        }
+        Err(e) => e,
+    };
+    if weights == Weights::ResumingPastThem && !matches!(e, HfError::Config { .. }) {
+        if let Ok(config) = hf::read_config(dir) {
+            return Ok(Opened {
+                config,
+                notes: vec![format!(
+                    "{e}: the run resumes from its own checkpoint, which holds every \
+                     parameter, so these weights are not read; starting it over (--force) \
+                     needs them again"
+                )],
+            });
+        }
+    }
+    let fix = match &e {
             HfError::Config {
                 key,
                 path,
@@ -254,8 +292,13 @@ fn open_folder(s: &Section, field: &str, dir: &Path) -> Result<hf::HfFolder, Res
                 "repair the folder as said, or point `{field}` at another Hugging Face model folder (config.json with model.safetensors or model.safetensors.index.json)"
             ),
         };
-        s.err(field, e.to_string(), fix)
-    })
+    Err(s.err(field, e.to_string(), fix))
+}
+
+/// What [`open_folder`] read: the architecture, and notes for the warnings.
+struct Opened {
+    config: LlamaConfig,
+    notes: Vec<String>,
 }
 
 fn check_sequences(
@@ -840,6 +883,64 @@ pub(super) mod tests {
             e.why.contains("rope_type dynamic") && e.why.contains("seq_len <= 16"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn weights_gone_are_a_warning_only_for_a_run_resuming_its_own_checkpoint() {
+        let tmp = tempfile::tempdir().unwrap();
+        let scratch = job(LLAMA, DATA, "").unwrap();
+        let dir = tmp.path().join("model");
+        folder(&dir, &scratch.train.model);
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "safetensors") {
+                std::fs::remove_file(path).unwrap();
+            }
+        }
+        let resolve_with = |resumes_from_checkpoint: bool, extra: &str| {
+            let yaml = format!(
+                "name: t\ntraining:\n  model: {{ kind: hf, path: {} }}\n{DATA}  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 2\n{extra}",
+                dir.display()
+            );
+            let overrides = Overrides {
+                continues_run: resumes_from_checkpoint,
+                resumes_from_checkpoint,
+                ..Overrides::default()
+            };
+            resolve(
+                &parse(&yaml, Path::new("/specs/job.yaml")).unwrap(),
+                &overrides,
+            )
+        };
+        let ResolveError::Invalid(e) = resolve_with(false, "").unwrap_err();
+        assert_eq!(e.field, "training.model.path");
+        assert!(e.why.contains("model-00001-of-"), "{e}");
+
+        // Resuming: the architecture from config.json, the missing file a warning.
+        let j = resolve_with(true, "").unwrap();
+        let (ModelConfig::Llama(a), ModelConfig::Llama(b)) = (&j.train.model, &scratch.train.model)
+        else {
+            panic!()
+        };
+        assert_eq!(a.architecture, b.architecture);
+        assert_eq!(a.pretrained.as_deref(), Some(dir.as_path()));
+        assert!(
+            j.warnings
+                .iter()
+                .any(|w| w.contains("model-00001-of-")
+                    && w.contains("resumes from its own checkpoint")),
+            "{:?}",
+            j.warnings
+        );
+
+        // A run set not to resume starts from the weights: they must be there.
+        let ResolveError::Invalid(e) =
+            resolve_with(true, "  checkpoint: { resume: false }\n").unwrap_err();
+        assert_eq!(e.field, "training.model.path");
+
+        // The config is read either way: a broken one is an error even when resuming.
+        std::fs::write(dir.join("config.json"), "{}").unwrap();
+        assert!(resolve_with(true, "").is_err());
     }
 
     #[test]
