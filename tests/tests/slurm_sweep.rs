@@ -735,8 +735,17 @@ fn a_run_root_with_a_space_and_a_quote() {
             "run_root: \"runs/it's a root\"\n",
         ),
     );
+    // `--set` changes every point, as the file would.
     let out = cluster
-        .shardrun(dir.path(), &["sweep", &spec.to_string_lossy()])
+        .shardrun(
+            dir.path(),
+            &[
+                "sweep",
+                &spec.to_string_lossy(),
+                "--set",
+                "training.steps=3",
+            ],
+        )
         .unwrap();
     assert!(
         out.status.success(),
@@ -749,6 +758,20 @@ fn a_run_root_with_a_space_and_a_quote() {
     let runs = runs_of(&sweep_dir);
     assert_eq!(runs.len(), 4);
     assert!(runs.values().all(|(ran, _)| *ran == 1), "{runs:?}");
+    for point in runs.keys() {
+        let read = |file: &str| -> serde_json::Value {
+            serde_json::from_str(
+                &std::fs::read_to_string(sweep_dir.join(point).join(file)).unwrap(),
+            )
+            .unwrap()
+        };
+        assert_eq!(read("train_config.json")["steps"], 3, "{point}");
+        assert_eq!(
+            read("resolved.json")["overrides"],
+            serde_json::json!(["training.steps=3"]),
+            "{point}"
+        );
+    }
     // Slurm wrote each task's output where the script said, which names the task as squeue
     // and the point's manifest do.
     let logs = std::fs::read_dir(sweep_dir.join("slurm")).unwrap().count();

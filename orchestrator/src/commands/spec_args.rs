@@ -9,12 +9,12 @@ use crate::spec::{self, overrides, LoadedSpec, Override, SpecError};
 use crate::sweeps;
 use std::path::{Path, PathBuf};
 
-/// `--set`, shared by `plan`, `prepare`, `render`, `submit` and `run`.
+/// `--set`, shared by `plan`, `prepare`, `render`, `submit`, `run` and `sweep`.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct SetArgs {
     /// Replace a value of the spec: a dotted path as in sweeps and a YAML value
-    /// (`--set training.steps=20000`); repeatable, later ones win. `submit` and `run` record
-    /// them in the run's job.yaml and resolved.json.
+    /// (`--set training.steps=20000`); repeatable, later ones win. `submit`, `run` and
+    /// `sweep` record them in the run's job.yaml and resolved.json.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
 }

@@ -8,6 +8,7 @@
 //! at any time.
 
 use crate::binaries::shardrun_exe;
+use crate::commands::spec_args::{spec_path, SetArgs};
 use crate::rerun;
 use crate::resolve::{self, Overrides};
 use crate::rundir::{self, ArrayRef, RunDir};
@@ -37,10 +38,14 @@ pub struct Args {
     /// running points are still skipped).
     #[arg(long)]
     pub force: bool,
+    #[command(flatten)]
+    pub set: SetArgs,
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
-    let loaded = spec::load(&crate::commands::spec_args::spec_path(&args.spec))?;
+    // `--set` changes every point, as if written in the spec (`sweep.grid` included); the
+    // points record the values they ran with, so a later sweep without it sees them changed.
+    let loaded = spec::load_with(&spec_path(&args.spec), &args.set.parsed()?)?;
     let overrides = Overrides {
         force: args.force,
         ..Overrides::submitting()
