@@ -35,6 +35,21 @@ pub struct Document {
     pub line: u64,
 }
 
+impl Document {
+    /// The bytes of text the tokenizer gets (a chat's message contents; not the template's).
+    pub fn text_bytes(&self) -> usize {
+        match &self.body {
+            Body::Text(text) => text.len(),
+            Body::PromptCompletion { prompt, completion } => prompt.len() + completion.len(),
+            Body::Chat { messages, .. } => messages
+                .iter()
+                .filter_map(|m| m.get_attr("content").ok())
+                .filter_map(|c| c.as_str().map(str::len))
+                .sum(),
+        }
+    }
+}
+
 /// Documents read since the previous batch, and the input bytes they consumed.
 pub struct ReadBatch {
     pub documents: Vec<Document>,

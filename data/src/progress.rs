@@ -93,6 +93,14 @@ impl<'a> Progress<'a> {
         }
     }
 
+    /// A line for people now, above the bar when there is one.
+    pub fn note(&self, text: &str) {
+        match &self.bar {
+            Some(bar) => bar.suspend(|| self.observer.line(text)),
+            None => self.observer.line(text),
+        }
+    }
+
     pub fn finish(self) {
         if let Some(bar) = self.bar {
             bar.finish_and_clear();
