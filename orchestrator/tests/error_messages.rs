@@ -113,6 +113,58 @@ error: job.yaml:4:10: field `training.steps`: invalid type: string \"many\", exp
     );
 }
 
+/// `model:` is read by its `kind` first, which hides the keys under it from serde's path:
+/// the error is placed at the key or value it is about all the same.
+#[test]
+fn a_wrong_value_or_unknown_key_inside_the_model() {
+    assert_error(
+        &VALID.replace("dim: 64", "dim: wide"),
+        "\
+error: job.yaml:3:53: field `training.model.dim`: invalid type: string \"wide\", expected a whole number (0 or more)
+  |
+3 |   model: { kind: transformer, vocab_size: 128, dim: wide, n_layers: 2, n_heads: 4, max_seq_len: 16 }
+  |                                                     ^^^^
+  fix: write a whole number (0 or more) here
+",
+    );
+    let llama = "  model:
+    kind: llama
+    vocab_size: 128
+    dim: 64
+    n_layers: 2
+    n_heads: 4
+    ffn_dim: 128
+    rope_scaling: { rope_type: linear, factor: 2.0, low_freq: 1 }
+";
+    let spec = |model: &str| {
+        VALID.replace(
+            "  model: { kind: transformer, vocab_size: 128, dim: 64, n_layers: 2, n_heads: 4, max_seq_len: 16 }\n",
+            model,
+        )
+    };
+    assert_error(
+        &spec(llama),
+        "\
+error: job.yaml:10:53: field `training.model.rope_scaling`: unknown key `training.model.rope_scaling.low_freq`
+   |
+10 |     rope_scaling: { rope_type: linear, factor: 2.0, low_freq: 1 }
+   |                                                     ^^^^^^^^
+  fix: use one of `factor`
+",
+    );
+    // `2` is written twice, as a string once: that one is meant.
+    assert_error(
+        &spec(&llama.replace("factor: 2.0, low_freq: 1", "factor: \"2\"")),
+        "\
+error: job.yaml:10:48: field `training.model.rope_scaling.factor`: invalid type: string \"2\", expected a number
+   |
+10 |     rope_scaling: { rope_type: linear, factor: \"2\" }
+   |                                                ^^^^
+  fix: write a number here
+",
+    );
+}
+
 #[test]
 fn heads_that_do_not_divide_the_width() {
     assert_error(

@@ -30,8 +30,48 @@ pub enum Problem {
     WrongValue {
         message: String,
         expected: String,
+        /// The scalar found, to find where it is written when serde gives no node.
+        found: Option<BadScalar>,
     },
     Other(String),
+}
+
+/// A scalar value serde found wrong.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BadScalar {
+    /// A string: its text.
+    Str(String),
+    /// A boolean or a whole number, as YAML writes it.
+    Plain(String),
+    Float(f64),
+}
+
+impl BadScalar {
+    fn of(unexp: &Unexpected<'_>) -> Option<BadScalar> {
+        Some(match unexp {
+            Unexpected::Str(s) => BadScalar::Str(s.to_string()),
+            Unexpected::Char(c) => BadScalar::Str(c.to_string()),
+            Unexpected::Bool(b) => BadScalar::Plain(b.to_string()),
+            Unexpected::Unsigned(n) => BadScalar::Plain(n.to_string()),
+            Unexpected::Signed(n) => BadScalar::Plain(n.to_string()),
+            Unexpected::Float(x) => BadScalar::Float(*x),
+            _ => return None,
+        })
+    }
+
+    /// Whether scalar node `node` holds this value: `2` is the number, `"2"` the string.
+    pub fn is_in(&self, node: &MarkedYaml<'_>) -> bool {
+        let YamlData::Representation(text, style, tag) = &node.data else {
+            return false;
+        };
+        let typed = Scalar::parse_from_cow_and_metadata(text.clone(), *style, tag.as_ref());
+        match (self, typed) {
+            (BadScalar::Str(s), Some(Scalar::String(t))) => *s == *t,
+            (BadScalar::Plain(s), Some(Scalar::Boolean(_) | Scalar::Integer(_))) => s == text,
+            (BadScalar::Float(x), Some(Scalar::FloatingPoint(y))) => *x == *y,
+            _ => false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -85,6 +125,7 @@ impl de::Error for DeError {
         DeError::new(Problem::WrongValue {
             message: format!("invalid type: {unexp}, expected {expected}"),
             expected,
+            found: BadScalar::of(&unexp),
         })
     }
 
@@ -93,6 +134,7 @@ impl de::Error for DeError {
         DeError::new(Problem::WrongValue {
             message: format!("invalid value: {unexp}, expected {expected}"),
             expected,
+            found: BadScalar::of(&unexp),
         })
     }
 

@@ -393,8 +393,13 @@ mod tests {
         let err = parse_str(&yaml).unwrap_err();
         assert_eq!(err.field, "training.model");
         assert_eq!(at(&err), (Some(3), Some(67)), "{err}");
-        // There serde does not say which value has the wrong type: the section is marked.
+        // There serde does not say which value has the wrong type: the value written once in
+        // the section is meant; one written twice leaves the section marked.
         let err = parse_str(&MINIMAL.replace("input_dim: 4", "input_dim: many")).unwrap_err();
+        assert_eq!(err.field, "training.model.input_dim");
+        assert_eq!(at(&err), (Some(3), Some(34)), "{err}");
+        let twice = MINIMAL.replace("input_dim: 4", "input_dim: many, bogus: many");
+        let err = parse_str(&twice).unwrap_err();
         assert_eq!(err.field, "training.model");
         assert_eq!(at(&err), (Some(3), Some(10)), "{err}");
         // A field found wrong after reading.

@@ -69,7 +69,50 @@ fn dotted(steps: &[Step]) -> String {
     out
 }
 
+/// Errors serde found in a value it had buffered (a tagged section such as `model: {kind:
+/// llama, ...}`) come with no node, and a path that stops at that section. The key they are
+/// about, when only one place inside the section can be meant: an unknown key written once
+/// there, or a wrong value written once there.
+fn inside_buffered(
+    error: &DeError,
+    path: &[Step],
+    document: &SpannedDocument<'_>,
+) -> Option<(Vec<Step>, Location)> {
+    if error.at.is_some() {
+        return None;
+    }
+    let entries = document.entries_within(path);
+    let mut matching: Vec<(Vec<Step>, Option<Location>)> = match &error.problem {
+        Problem::UnknownKey { key, .. } => entries
+            .iter()
+            .filter(|e| e.key == key)
+            .map(|e| (e.parent.clone(), e.key_at))
+            .collect(),
+        Problem::WrongValue {
+            found: Some(found), ..
+        } => entries
+            .iter()
+            .filter(|e| found.is_in(e.value))
+            .map(|e| (e.path(), e.value_at()))
+            .collect(),
+        _ => return None,
+    };
+    match (matching.pop(), matching.is_empty()) {
+        (Some((steps, Some(at))), true) => Some((steps, at)),
+        _ => None,
+    }
+}
+
 fn explain(error: DeError, path: &[Step], document: &SpannedDocument<'_>) -> ReadError {
+    let mut error = error;
+    let path = match inside_buffered(&error, path, document) {
+        Some((steps, at)) => {
+            error.at = Some(at);
+            steps
+        }
+        None => path.to_vec(),
+    };
+    let path = path.as_slice();
     let field = dotted(path);
     let join = |key: &str| {
         if field.is_empty() {
@@ -122,7 +165,9 @@ fn explain(error: DeError, path: &[Step], document: &SpannedDocument<'_>) -> Rea
             format!("required key `{}` is missing", join(key)),
             format!("add `{key}:` here; docs/job-spec.md lists every key with its default"),
         ),
-        Problem::WrongValue { message, expected } => (
+        Problem::WrongValue {
+            message, expected, ..
+        } => (
             locate(None),
             SpecErrorKind::WrongValue,
             message.clone(),

@@ -133,6 +133,69 @@ impl<'a> SpannedDocument<'a> {
         let found = walk(&self.root, path);
         found.value.and_then(|node| Location::of(&node.span))
     }
+
+    /// Every key written inside the value at `path`, at any depth, with the path of the
+    /// mapping holding it.
+    pub(crate) fn entries_within(&self, path: &[Step]) -> Vec<Entry<'_, 'a>> {
+        let mut entries = Vec::new();
+        if let Some(node) = walk(&self.root, path).value {
+            collect_entries(node, path.to_vec(), &mut entries);
+        }
+        entries
+    }
+}
+
+/// A key written in the document and its value.
+pub(crate) struct Entry<'n, 'a> {
+    /// The path of the mapping that holds the key.
+    pub parent: Vec<Step>,
+    pub key: &'n str,
+    pub key_at: Option<Location>,
+    pub value: &'n MarkedYaml<'a>,
+}
+
+impl Entry<'_, '_> {
+    pub fn value_at(&self) -> Option<Location> {
+        Location::of(&self.value.span)
+    }
+
+    /// The path of the key itself.
+    pub fn path(&self) -> Vec<Step> {
+        let mut path = self.parent.clone();
+        path.push(Step::Key(self.key.to_string()));
+        path
+    }
+}
+
+fn collect_entries<'n, 'a>(
+    node: &'n MarkedYaml<'a>,
+    path: Vec<Step>,
+    out: &mut Vec<Entry<'n, 'a>>,
+) {
+    match &node.data {
+        YamlData::Mapping(map) => {
+            for (k, v) in map.iter() {
+                let Some(key) = scalar_text(k) else { continue };
+                let mut inner = path.clone();
+                inner.push(Step::Key(key.to_string()));
+                collect_entries(v, inner, out);
+                out.push(Entry {
+                    parent: path.clone(),
+                    key,
+                    key_at: Location::of(&k.span),
+                    value: v,
+                });
+            }
+        }
+        YamlData::Sequence(items) => {
+            for (i, item) in items.iter().enumerate() {
+                let mut inner = path.clone();
+                inner.push(Step::Index(i));
+                collect_entries(item, inner, out);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// 1-based (line, column, width) of the dotted field `path` (`training.total_batch_size`,
