@@ -18,14 +18,15 @@ pub struct DataFile {
     pub ctime_ns: i128,
 }
 
-/// Every file the patterns name, each once, in pattern order and sorted within a pattern
-/// (so the document order does not depend on the file system).
+/// Every file the patterns name, each once (however it is named: `d/../d/a.txt` and a
+/// link to it are `d/a.txt`), in pattern order and sorted within a pattern (so the document
+/// order does not depend on the file system).
 pub fn expand(patterns: &[PathBuf]) -> Result<Vec<DataFile>> {
     let mut files: Vec<DataFile> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for pattern in patterns {
         let text = utf8(pattern)?;
-        let mut matched: Vec<PathBuf> = if is_glob(text) {
+        let mut matched: Vec<PathBuf> = if is_glob(text) && !pattern.is_file() {
             glob_files(text)?.collect::<Result<_>>()?
         } else {
             vec![literal(pattern, text)?]
@@ -37,7 +38,8 @@ pub fn expand(patterns: &[PathBuf]) -> Result<Vec<DataFile>> {
         }
         matched.sort();
         for path in matched {
-            if seen.insert(path.clone()) {
+            let file = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+            if seen.insert(file) {
                 files.push(stat(&path)?);
             }
         }
@@ -49,7 +51,7 @@ pub fn expand(patterns: &[PathBuf]) -> Result<Vec<DataFile>> {
 /// every match: `shardrun plan` checks each pattern before anything is queued.
 pub fn check(pattern: &Path) -> Result<()> {
     let text = utf8(pattern)?;
-    if !is_glob(text) {
+    if !is_glob(text) || pattern.is_file() {
         return literal(pattern, text).map(|_| ());
     }
     match glob_files(text)?.next() {
@@ -67,9 +69,15 @@ fn utf8(pattern: &Path) -> Result<&str> {
     })
 }
 
-/// The files a glob pattern matches, in the order `glob` yields them.
+/// The files a glob pattern matches, in the order `glob` yields them. As in the shell and
+/// Python's `glob`, a wildcard does not match a name starting with a dot: hidden files and
+/// folders (`.ipynb_checkpoints/`, editor swap files) are not data unless named.
 fn glob_files(text: &str) -> Result<impl Iterator<Item = Result<PathBuf>>> {
-    let paths = glob::glob(text).map_err(|e| DataError::Pattern {
+    let options = glob::MatchOptions {
+        require_literal_leading_dot: true,
+        ..glob::MatchOptions::new()
+    };
+    let paths = glob::glob_with(text, options).map_err(|e| DataError::Pattern {
         pattern: text.to_string(),
         why: e.to_string(),
     })?;
@@ -109,7 +117,8 @@ pub fn stat(path: &Path) -> Result<DataFile> {
     })
 }
 
-/// Whether `text` has pattern characters (else it names one file).
+/// Whether `text` has pattern characters (else it names one file). A file whose name has
+/// them (`data[1].jsonl`) is taken as named.
 pub fn is_glob(text: &str) -> bool {
     text.contains(['*', '?', '['])
 }
@@ -143,6 +152,47 @@ mod tests {
             expand(&[dir.path().to_path_buf()]),
             Err(DataError::Folder { .. })
         ));
+    }
+
+    #[test]
+    fn wildcards_skip_hidden_names_and_each_file_is_read_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("data/.ipynb_checkpoints")).unwrap();
+        for name in [
+            "data/a.jsonl",
+            "data/.a.jsonl.swp.jsonl",
+            "data/.ipynb_checkpoints/a-checkpoint.jsonl",
+            "data/b[1].jsonl",
+        ] {
+            std::fs::write(d.join(name), "{}").unwrap();
+        }
+        std::os::unix::fs::symlink(d.join("data/a.jsonl"), d.join("link.jsonl")).unwrap();
+        let names = |patterns: &[&str]| -> Vec<String> {
+            let patterns: Vec<PathBuf> = patterns.iter().map(|p| d.join(p)).collect();
+            expand(&patterns)
+                .unwrap()
+                .iter()
+                .map(|f| f.path.strip_prefix(d).unwrap().display().to_string())
+                .collect()
+        };
+        // As the shell and Python's glob: hidden names only when written.
+        assert_eq!(
+            names(&["data/**/*.jsonl"]),
+            ["data/a.jsonl", "data/b[1].jsonl"]
+        );
+        assert_eq!(
+            names(&["data/.ipynb_checkpoints/*.jsonl"]),
+            ["data/.ipynb_checkpoints/a-checkpoint.jsonl"]
+        );
+        // One file under three names is read once, as first named.
+        assert_eq!(
+            names(&["data/*.jsonl", "data/../data/a.jsonl", "link.jsonl"]),
+            ["data/a.jsonl", "data/b[1].jsonl"]
+        );
+        // A name with pattern characters that is a file is that file.
+        assert_eq!(names(&["data/b[1].jsonl"]), ["data/b[1].jsonl"]);
+        check(&d.join("data/b[1].jsonl")).unwrap();
     }
 
     #[test]
