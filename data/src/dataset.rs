@@ -109,14 +109,17 @@ impl Dataset {
         skipped.extend(record_warnings("training data", &train_corpus));
         check_vocab(&train_corpus, vocab_size)?;
         let held_out = config.validation.as_ref().map(|v| &v.held_out);
+        // How the validation files' cache came to be (its own files only): for the summary.
+        let mut validation_cache = None;
         let (train_set, validation) = match (sources.validation(), held_out) {
             (Some(spec), _) => {
                 let Prepared {
                     corpus,
                     built: validation_built,
-                    ..
+                    seconds,
                 } = prepare_source(&spec, observer)?;
                 built |= validation_built;
+                validation_cache = Some((seconds, validation_built));
                 skipped.extend(skipped_records("validation data", &corpus));
                 skipped.extend(record_warnings("validation data", &corpus));
                 check_vocab(&corpus, vocab_size)?;
@@ -166,16 +169,11 @@ impl Dataset {
                     fix: "hold out more (`data.validation.fraction`) or give other files".into(),
                 });
             }
-            let held_out = matches!(
-                config.validation.as_ref().map(|v| &v.held_out),
-                Some(HeldOut::Fraction { .. })
-            );
-            let (what, cache) = if held_out {
-                ("validation data (held-out documents)", None)
-            } else {
-                ("validation data", Some((0.0, false)))
+            let what = match validation_cache {
+                Some(_) => "validation data",
+                None => "validation data (held-out documents)",
             };
-            summary.push(describe(what, v, cache));
+            summary.push(describe(what, v, validation_cache));
         }
         // Said whenever the data is described, not only when it is tokenized: a run on a
         // cache made earlier is trained without those records too.

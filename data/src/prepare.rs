@@ -32,7 +32,8 @@ const SKIPPED_SHOWN: usize = 20;
 pub struct Prepared {
     pub corpus: Corpus,
     pub built: bool,
-    /// Time spent finding (and, if `built`, building) the cache.
+    /// Time spent building the cache when `built` (not waiting for another process's
+    /// build), else finding it.
     pub seconds: f64,
 }
 
@@ -99,6 +100,8 @@ pub fn prepare_source(spec: &SourceSpec<'_>, observer: &dyn Observer) -> Result<
     let tokenizer_files = tokenizer_key(spec.tokenizer, spec.source)?;
     let name = cache_name(spec, &files, &tokenizer_files);
     let (dir, manifest, built) = cache::open_or_build(spec.cache_dir, &name, observer, |tmp| {
+        // From here: the time of building, not of waiting for another process's build.
+        let building = Instant::now();
         observer.line(&format!(
             "preparing {} ({} file(s), {:.1} MB) into {}",
             spec.what,
@@ -112,14 +115,18 @@ pub fn prepare_source(spec: &SourceSpec<'_>, observer: &dyn Observer) -> Result<
         };
         manifest.name = name.clone();
         manifest.tokenizer_files = tokenizer_files.clone();
-        manifest.seconds = started.elapsed().as_secs_f64();
+        manifest.seconds = building.elapsed().as_secs_f64();
         Ok(manifest)
     })?;
+    let seconds = match built {
+        true => manifest.seconds,
+        false => started.elapsed().as_secs_f64(),
+    };
     let corpus = Corpus::open(&dir, manifest)?;
     Ok(Prepared {
         corpus,
         built,
-        seconds: started.elapsed().as_secs_f64(),
+        seconds,
     })
 }
 

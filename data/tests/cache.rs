@@ -215,6 +215,18 @@ fn the_identity_of_prepared_data_is_found_without_preparing() {
     let probed = DataIdentity::probe(&config).unwrap().unwrap();
     assert_eq!(&probed, opened.identity());
     assert_eq!(probed.validation.unwrap().files[0].path, files[1]);
+    // The summary says which cache was made now and which was found.
+    let line = |data: &Dataset, what: &str| -> String {
+        data.summary()
+            .iter()
+            .find(|l| l.starts_with(&format!("{what}: ")))
+            .unwrap_or_else(|| panic!("no {what} line: {:?}", data.summary()))
+            .clone()
+    };
+    assert!(line(&opened, "training data").contains("(cached: "));
+    assert!(line(&opened, "validation data").contains("(prepared in "));
+    let again = Dataset::open(&config, 0, None, 1, &Quiet).unwrap();
+    assert!(line(&again, "validation data").contains("(cached: "));
 }
 
 #[test]
