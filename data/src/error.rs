@@ -86,6 +86,9 @@ pub enum DataError {
     },
     #[error("data cache {}: {why}", path.display())]
     Cache { path: PathBuf, why: String },
+    /// A data file written to while it was tokenized: its tokens are of no one version.
+    #[error("{} changed while it was being tokenized ({change}): its tokens would match neither version; run again once nothing writes to it", path.display())]
+    ChangedWhileRead { path: PathBuf, change: String },
     #[error("{why}; {fix}")]
     NotEnoughData { why: String, fix: String },
     #[error("{0}")]

@@ -509,6 +509,20 @@ fn hash_files(files: &[DataFile], threads: usize) -> Result<Vec<SourceFile>> {
             .map(|f| {
                 // A skipped unreadable file has no hash.
                 let xxh3 = read_chunks(&f.path, |_| {}).unwrap_or_default();
+                // Hashed after tokenizing: the hash is of the bytes tokenized only if the file
+                // is as it was listed before.
+                if let Ok(now) = files::stat(&f.path) {
+                    if (now.size, now.mtime_ns) != (f.size, f.mtime_ns) {
+                        return Err(DataError::ChangedWhileRead {
+                            path: f.path.clone(),
+                            change: if now.size != f.size {
+                                format!("{} → {} bytes", f.size, now.size)
+                            } else {
+                                "modified, same size".into()
+                            },
+                        });
+                    }
+                }
                 Ok(SourceFile {
                     path: f.path.clone(),
                     size: f.size,
@@ -565,6 +579,38 @@ fn examples(skipped: &[Skipped]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_written_while_it_was_tokenized_fails_the_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("records.jsonl");
+        std::fs::write(&path, "{\"text\": \"a\"}\n").unwrap();
+        let listed = files::stat(&path).unwrap();
+        assert_eq!(
+            hash_files(std::slice::from_ref(&listed), 1).unwrap().len(),
+            1
+        );
+
+        // Edited in place (same size), then appended to.
+        std::fs::write(&path, "{\"text\": \"b\"}\n").unwrap();
+        let touched = files::stat(&path).unwrap();
+        let listed_before = DataFile {
+            mtime_ns: touched.mtime_ns - 1,
+            ..listed.clone()
+        };
+        let e = hash_files(&[listed_before], 1).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{} changed while it was being tokenized (modified, same size): its tokens \
+                 would match neither version; run again once nothing writes to it",
+                path.display()
+            )
+        );
+        std::fs::write(&path, "{\"text\": \"bigger\"}\n").unwrap();
+        let e = hash_files(&[listed], 1).unwrap_err();
+        assert!(e.to_string().contains("(14 → 19 bytes)"), "{e}");
+    }
 
     fn key_of(tokenizer_config: &str, model_config: Option<&str>) -> Vec<(String, String)> {
         try_key_of(tokenizer_config, model_config).unwrap()
