@@ -17,7 +17,10 @@
 //!
 //! The key uses each file's size, modification and status-change times (not its contents,
 //! which would mean reading every byte on every start; any write or replacement changes the
-//! status-change time); the manifest records a content hash of every file.
+//! status-change time); the manifest records a content hash of every file. A key missed only
+//! because the files' times changed (`touch`, a copy without `-p`, a checkout) finds the
+//! cache of the same contents by [`KeyInputs::contents_name`] and the files' hashes, and
+//! links its files instead of tokenizing again.
 
 use crate::error::{DataError, Result};
 use crate::files::DataFile;
@@ -96,6 +99,10 @@ pub struct CacheManifest {
     pub untrained_eos: Option<String>,
     /// xxh3-128 of the tokens, document offsets and loss mask: equal hashes, equal data.
     pub content_hash: String,
+    /// [`KeyInputs::contents_name`] of what it was built from (empty in caches built before
+    /// it was recorded).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub contents_name: String,
     pub input_bytes: u64,
     pub seconds: f64,
     pub created_unix_s: f64,
@@ -120,6 +127,63 @@ impl KeyInputs<'_> {
         let json = serde_json::to_vec(self).expect("key inputs serialize");
         format!("{kind}-{}", hex::encode(&Sha256::digest(&json)[..8]))
     }
+
+    /// The same inputs with each file's path and size only, times left out: caches of equal
+    /// contents share it (their files' hashes then tell).
+    pub fn contents_name(&self, kind: &str) -> String {
+        let files: Vec<(&Path, u64)> = self
+            .files
+            .iter()
+            .map(|f| (f.path.as_path(), f.size))
+            .collect();
+        let json = serde_json::to_vec(&(
+            self.format_version,
+            &self.source,
+            self.on_bad_record,
+            files,
+            &self.tokenizer,
+        ))
+        .expect("key inputs serialize");
+        format!("{kind}-{}", hex::encode(&Sha256::digest(&json)[..8]))
+    }
+}
+
+/// The complete caches under `cache_dir` whose [`KeyInputs::contents_name`] is
+/// `contents_name`, newest first.
+pub fn same_inputs(cache_dir: &Path, contents_name: &str) -> Vec<(PathBuf, CacheManifest)> {
+    let Ok(entries) = std::fs::read_dir(cache_dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<(PathBuf, CacheManifest)> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|dir| {
+            !dir.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        })
+        .filter_map(|dir| {
+            let manifest = read_manifest(&dir).ok()??;
+            (manifest.contents_name == contents_name).then_some((dir, manifest))
+        })
+        .collect();
+    found.sort_by(|a, b| b.1.created_unix_s.total_cmp(&a.1.created_unix_s));
+    found
+}
+
+/// Puts the files of cache `from` (its manifest aside) into the folder being built, `to`:
+/// hard links (a cache never changes once complete), copies where links are refused.
+pub fn link_files(from: &Path, to: &Path) -> Result<()> {
+    for entry in std::fs::read_dir(from).map_err(DataError::io("list", from))? {
+        let entry = entry.map_err(DataError::io("list", from))?;
+        if entry.file_name() == MANIFEST {
+            continue;
+        }
+        let (source, target) = (entry.path(), to.join(entry.file_name()));
+        if std::fs::hard_link(&source, &target).is_err() {
+            std::fs::copy(&source, &target).map_err(DataError::io("copy", &source))?;
+        }
+    }
+    Ok(())
 }
 
 /// The complete cache folder `name` under `cache_dir`, built by `build` (into a temporary
@@ -312,6 +376,7 @@ mod tests {
             kind: "text".into(),
             files: vec![],
             tokenizer: "t".into(),
+            contents_name: String::new(),
             tokenizer_files: Vec::new(),
             documents: 1,
             tokens: 2,

@@ -98,22 +98,30 @@ pub fn prepare_source(spec: &SourceSpec<'_>, observer: &dyn Observer) -> Result<
     let started = Instant::now();
     let files = files::expand(spec.source.files())?;
     let tokenizer_files = tokenizer_key(spec.tokenizer, spec.source)?;
-    let name = cache_name(spec, &files, &tokenizer_files);
+    let key = cache_key(spec, &files, &tokenizer_files);
+    let name = key.name(spec.source.kind_name());
+    let contents_name = key.contents_name(spec.source.kind_name());
     let (dir, manifest, built) = cache::open_or_build(spec.cache_dir, &name, observer, |tmp| {
         // From here: the time of building, not of waiting for another process's build.
         let building = Instant::now();
-        observer.line(&format!(
-            "preparing {} ({} file(s), {:.1} MB) into {}",
-            spec.what,
-            files.len(),
-            files.iter().map(|f| f.size).sum::<u64>() as f64 / 1e6,
-            spec.cache_dir.join(&name).display()
-        ));
-        let mut manifest = match spec.source {
-            DataSource::Tokens { dtype, .. } => check_token_files(&files, *dtype, spec)?,
-            _ => tokenize_files(tmp, &files, spec, observer)?,
+        let mut manifest = match same_contents(spec, &files, &contents_name, tmp, observer)? {
+            Some(manifest) => manifest,
+            None => {
+                observer.line(&format!(
+                    "preparing {} ({} file(s), {:.1} MB) into {}",
+                    spec.what,
+                    files.len(),
+                    files.iter().map(|f| f.size).sum::<u64>() as f64 / 1e6,
+                    spec.cache_dir.join(&name).display()
+                ));
+                match spec.source {
+                    DataSource::Tokens { dtype, .. } => check_token_files(&files, *dtype, spec)?,
+                    _ => tokenize_files(tmp, &files, spec, observer)?,
+                }
+            }
         };
         manifest.name = name.clone();
+        manifest.contents_name = contents_name.clone();
         manifest.tokenizer_files = tokenizer_files.clone();
         manifest.seconds = building.elapsed().as_secs_f64();
         Ok(manifest)
@@ -138,28 +146,67 @@ pub fn prepared_manifest(
     files: &[DataFile],
 ) -> Result<Option<CacheManifest>> {
     let tokenizer_files = tokenizer_key(spec.tokenizer, spec.source)?;
-    cache::read_manifest(
-        &spec
-            .cache_dir
-            .join(cache_name(spec, files, &tokenizer_files)),
-    )
+    let key = cache_key(spec, files, &tokenizer_files);
+    cache::read_manifest(&spec.cache_dir.join(key.name(spec.source.kind_name())))
 }
 
-/// The cache folder's name: a hash of everything that decides its contents.
-fn cache_name(
+/// What names the cache folder: everything that decides its contents.
+fn cache_key<'f>(
     spec: &SourceSpec<'_>,
-    files: &[DataFile],
+    files: &'f [DataFile],
     tokenizer_files: &[(String, String)],
-) -> String {
-    let key = KeyInputs {
+) -> KeyInputs<'f> {
+    KeyInputs {
         format_version: FORMAT_VERSION,
         source: serde_json::to_value(spec.source.with_files(Vec::new()))
             .expect("sources serialize"),
         on_bad_record: spec.on_bad_record,
         files,
         tokenizer: tokenizer_files.to_vec(),
-    };
-    key.name(spec.source.kind_name())
+    }
+}
+
+/// A cache of the same inputs whose files hold the same bytes, only their times differ: its
+/// files linked into `tmp`, and its manifest with the files' times as they are now.
+fn same_contents(
+    spec: &SourceSpec<'_>,
+    files: &[DataFile],
+    contents_name: &str,
+    tmp: &Path,
+    observer: &dyn Observer,
+) -> Result<Option<CacheManifest>> {
+    let candidates = cache::same_inputs(spec.cache_dir, contents_name);
+    if candidates.is_empty() {
+        return Ok(None);
+    }
+    let now = hash_files(files, spec.threads)?;
+    for (dir, manifest) in candidates {
+        let same =
+            manifest.files.len() == now.len()
+                && manifest.files.iter().zip(&now).all(|(was, is)| {
+                    was.path == is.path && was.size == is.size && was.xxh3 == is.xxh3
+                });
+        // Its files are shared from now on: checked as a cache found under its own name is
+        // before use (a damaged one is passed over, and the data tokenized again).
+        let sound = Corpus::open(&dir, manifest.clone()).and_then(|c| c.verify_content());
+        if !same || sound.is_err() {
+            continue;
+        }
+        cache::link_files(&dir, tmp)?;
+        observer.line(&format!(
+            "{}: the files hold the bytes {} was made from (only their times changed): its \
+             tokens are used, nothing is tokenized",
+            spec.what,
+            dir.display()
+        ));
+        let mut reused = manifest;
+        for (file, listed) in reused.files.iter_mut().zip(files) {
+            file.mtime_ns = listed.mtime_ns;
+        }
+        reused.created_unix_s = cache::now_unix_s();
+        return Ok(Some(reused));
+    }
+    Ok(None)
 }
 
 /// The hashes of the files the training data's tokenizer is built from as they are now, as
@@ -326,6 +373,7 @@ fn tokenize_files(
         files: hash_files(files, spec.threads)?,
         tokenizer: tokenizer_text,
         tokenizer_files: Vec::new(),
+        contents_name: String::new(),
         documents: written.documents,
         tokens: written.tokens,
         max_token_id: written.max_token_id,
@@ -399,6 +447,7 @@ fn check_token_files(
         files: entries.clone(),
         tokenizer: format!("pre-tokenized ({dtype:?} ids)").to_lowercase(),
         tokenizer_files: Vec::new(),
+        contents_name: String::new(),
         documents: entries.len() as u64,
         tokens,
         max_token_id,

@@ -63,12 +63,69 @@ fn only_a_change_of_data_or_tokenizer_tokenizes_again() {
     assert!(!again.built());
     assert_eq!(again.fingerprint(), edited.fingerprint());
 
-    // Rewriting a file with the same bytes re-tokenizes (its time changed) into the same
-    // tokens: the sample stream a checkpoint records is unchanged.
+    // Rewriting a file with the same bytes changes its times, so the key: a new folder,
+    // whose files are the old folder's (linked, not tokenized again), and the same sample
+    // stream a checkpoint records.
     let bytes = std::fs::read(&files[0]).unwrap();
     std::fs::write(&files[0], &bytes).unwrap();
-    let touched = Dataset::open(&config("bpe"), 0, None, 2, &Quiet).unwrap();
+    let said = Lines::default();
+    let touched = Dataset::open(&config("bpe"), 0, None, 2, &said).unwrap();
     assert_eq!(touched.fingerprint(), edited.fingerprint());
+    let (old, new) = (&edited.train().corpus().dir, &touched.train().corpus().dir);
+    assert_ne!(old, new);
+    let said = said.0.lock().unwrap().clone();
+    assert!(
+        said.iter().any(|l| l.contains("only their times changed"))
+            && !said.iter().any(|l| l.starts_with("preparing")),
+        "{said:?}"
+    );
+    let inode = |dir: &std::path::Path| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(dir.join("tokens.u32")).unwrap().ino()
+    };
+    assert_eq!(
+        inode(old),
+        inode(new),
+        "the tokens are the old folder's file"
+    );
+    // Its manifest lists the files' times as they are now: opened again, it is found.
+    let reopened = Dataset::open(&config("bpe"), 0, None, 2, &Quiet).unwrap();
+    assert!(!reopened.built());
+    assert_eq!(&reopened.train().corpus().dir, new);
+
+    // A cache damaged in place (both names of its tokens at once) is not taken again: the
+    // data is tokenized anew, into the same tokens as before the damage.
+    let tokens = new.join("tokens.u32");
+    let mut damaged = std::fs::read(&tokens).unwrap();
+    damaged[0] ^= 1;
+    std::fs::write(&tokens, &damaged).unwrap();
+    std::fs::write(&files[0], &bytes).unwrap();
+    let said = Lines::default();
+    let anew = Dataset::open(&config("bpe"), 0, None, 2, &said).unwrap();
+    assert_eq!(anew.fingerprint(), edited.fingerprint());
+    let said = said.0.lock().unwrap().clone();
+    assert!(said.iter().any(|l| l.starts_with("preparing")), "{said:?}");
+
+    // The same size but other bytes: the hashes tell them apart.
+    let mut changed = bytes.clone();
+    changed[0] = if changed[0] == b'x' { b'y' } else { b'x' };
+    std::fs::write(&files[0], &changed).unwrap();
+    let said = Lines::default();
+    let rewritten = Dataset::open(&config("bpe"), 0, None, 2, &said).unwrap();
+    assert!(rewritten.built());
+    assert_ne!(rewritten.fingerprint(), edited.fingerprint());
+    let said = said.0.lock().unwrap().clone();
+    assert!(said.iter().any(|l| l.starts_with("preparing")), "{said:?}");
+}
+
+/// Every line a preparation says.
+#[derive(Default)]
+struct Lines(std::sync::Mutex<Vec<String>>);
+
+impl shardrun_data::Observer for Lines {
+    fn line(&self, text: &str) {
+        self.0.lock().unwrap().push(text.to_string());
+    }
 }
 
 /// Reports when a preparation starts waiting for the lock.
