@@ -186,10 +186,15 @@ fn same_contents(
                 && manifest.files.iter().zip(&now).all(|(was, is)| {
                     was.path == is.path && was.size == is.size && was.xxh3 == is.xxh3
                 });
+        if !same {
+            continue;
+        }
         // Its files are shared from now on: checked as a cache found under its own name is
         // before use (a damaged one is passed over, and the data tokenized again).
-        let sound = Corpus::open(&dir, manifest.clone()).and_then(|c| c.verify_content());
-        if !same || sound.is_err() {
+        if Corpus::open(&dir, manifest.clone())
+            .and_then(|c| c.verify_content())
+            .is_err()
+        {
             continue;
         }
         cache::link_files(&dir, tmp)?;
