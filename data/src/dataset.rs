@@ -10,6 +10,7 @@ use crate::progress::Observer;
 use crate::sampler::EpochOrder;
 use crate::split::{hold_out, DocSet};
 use shardrun_protocol::config::{DatasetConfig, HeldOut};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Rows of token ids ready to become tensors, row-major `[rows, seq_len]`.
@@ -111,6 +112,7 @@ impl Dataset {
         let held_out = config.validation.as_ref().map(|v| &v.held_out);
         // How the validation files' cache came to be (its own files only): for the summary.
         let mut validation_cache = None;
+        let mut overlap = None;
         let (train_set, validation) = match (sources.validation(), held_out) {
             (Some(spec), _) => {
                 let Prepared {
@@ -124,6 +126,7 @@ impl Dataset {
                 skipped.extend(record_warnings("validation data", &corpus));
                 check_vocab(&corpus, vocab_size)?;
                 validation_identity = Some(SourceIdentity::of(&corpus.manifest));
+                overlap = trained_on(&train_corpus, &corpus);
                 let set = DocSet::everything(&corpus);
                 (
                     DocSet::everything(&train_corpus),
@@ -174,6 +177,7 @@ impl Dataset {
                 None => "validation data (held-out documents)",
             };
             summary.push(describe(what, v, validation_cache));
+            summary.extend(overlap);
         }
         // Said whenever the data is described, not only when it is tokenized: a run on a
         // cache made earlier is trained without those records too.
@@ -308,6 +312,30 @@ fn check_vocab(corpus: &Corpus, vocab_size: Option<u64>) -> Result<()> {
             max + 1
         ),
     })
+}
+
+/// A warning when validation files are training files too: the validation loss would be
+/// measured on text the model trains on.
+fn trained_on(train: &Corpus, validation: &Corpus) -> Option<String> {
+    let real = |path: &Path| std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let trained: std::collections::HashSet<PathBuf> =
+        train.manifest.files.iter().map(|f| real(&f.path)).collect();
+    let shared: Vec<&Path> = validation
+        .manifest
+        .files
+        .iter()
+        .map(|f| f.path.as_path())
+        .filter(|path| trained.contains(&real(path)))
+        .collect();
+    let first = shared.first()?;
+    Some(format!(
+        "warning: {} of the {} validation file(s) are training files too (the first: {}): the \
+         validation loss is measured on text the model trains on; hold out other files, or \
+         `data.validation.fraction` of the documents",
+        shared.len(),
+        validation.manifest.files.len(),
+        first.display()
+    ))
 }
 
 /// One line about a packed set, counting what its sequences hold (not the documents left

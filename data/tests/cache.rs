@@ -284,6 +284,19 @@ fn the_identity_of_prepared_data_is_found_without_preparing() {
     assert!(line(&opened, "validation data").contains("(prepared in "));
     let again = Dataset::open(&config, 0, None, 1, &Quiet).unwrap();
     assert!(line(&again, "validation data").contains("(cached: "));
+    let overlap = |data: &Dataset| {
+        data.summary()
+            .iter()
+            .any(|l| l.contains("validation file(s) are training files too"))
+    };
+    assert!(!overlap(&again), "{:?}", again.summary());
+
+    // Validation files that are training files too are said to be.
+    config.validation.as_mut().unwrap().held_out = HeldOut::Files {
+        files: vec![files[0].clone()],
+    };
+    let same = Dataset::open(&config, 0, None, 1, &Quiet).unwrap();
+    assert!(overlap(&same), "{:?}", same.summary());
 }
 
 #[test]
