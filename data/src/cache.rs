@@ -124,8 +124,7 @@ pub struct KeyInputs<'a> {
 impl KeyInputs<'_> {
     /// `<kind>-<16 hex digits>`.
     pub fn name(&self, kind: &str) -> String {
-        let json = serde_json::to_vec(self).expect("key inputs serialize");
-        format!("{kind}-{}", hex::encode(&Sha256::digest(&json)[..8]))
+        folder_name(kind, self)
     }
 
     /// The same inputs with each file's path and size only, times left out: caches of equal
@@ -136,16 +135,21 @@ impl KeyInputs<'_> {
             .iter()
             .map(|f| (f.path.as_path(), f.size))
             .collect();
-        let json = serde_json::to_vec(&(
+        let inputs = (
             self.format_version,
             &self.source,
             self.on_bad_record,
             files,
             &self.tokenizer,
-        ))
-        .expect("key inputs serialize");
-        format!("{kind}-{}", hex::encode(&Sha256::digest(&json)[..8]))
+        );
+        folder_name(kind, &inputs)
     }
+}
+
+/// `<kind>-<16 hex digits>` of the sha256 of `inputs` as JSON.
+fn folder_name(kind: &str, inputs: &impl Serialize) -> String {
+    let json = serde_json::to_vec(inputs).expect("key inputs serialize");
+    format!("{kind}-{}", hex::encode(&Sha256::digest(&json)[..8]))
 }
 
 /// The complete caches under `cache_dir` whose [`KeyInputs::contents_name`] is

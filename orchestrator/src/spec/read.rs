@@ -103,8 +103,7 @@ fn inside_buffered(
     }
 }
 
-fn explain(error: DeError, path: &[Step], document: &SpannedDocument<'_>) -> ReadError {
-    let mut error = error;
+fn explain(mut error: DeError, path: &[Step], document: &SpannedDocument<'_>) -> ReadError {
     let path = match inside_buffered(&error, path, document) {
         Some((steps, at)) => {
             error.at = Some(at);
