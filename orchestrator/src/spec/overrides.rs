@@ -98,9 +98,12 @@ pub fn apply(mut loaded: LoadedSpec, overrides: &[Override]) -> Result<LoadedSpe
         // Read back as a file is, so the error explains the field the same way.
         let text = serde_norway::to_string(&doc).unwrap_or_default();
         let spec: JobSpec = super::read::read(&text).map_err(|e| {
-            let fix = match (&e.suggestion, e.kind) {
-                (Some(key), SpecErrorKind::UnknownField) => format!("did you mean `{key}`?"),
-                _ => e.fix,
+            if let Some(error) = written_key_made_unknown(&loaded, o, &e) {
+                return error;
+            }
+            let fix = match e.unknown.and_then(|u| u.suggestion) {
+                Some(key) => format!("did you mean `{key}`?"),
+                None => e.fix,
             };
             SpecError::from_flag(&o.flag(), e.field, e.kind, e.why, fix)
         })?;
@@ -111,6 +114,29 @@ pub fn apply(mut loaded: LoadedSpec, overrides: &[Override]) -> Result<LoadedSpe
         super::validate_name(&loaded)?;
     }
     Ok(loaded)
+}
+
+/// A key the file wrote that the flag's value leaves with no place (`--set
+/// training.model.kind=llama` under a `model:` with `path:`): the error is the file's key,
+/// pointed at there, and says which flag made it unknown.
+fn written_key_made_unknown(
+    loaded: &LoadedSpec,
+    o: &Override,
+    e: &super::read::ReadError,
+) -> Option<SpecError> {
+    let key = e.unknown.as_ref()?.path.as_str();
+    // A key inside the flag's own value is the flag's error.
+    let set_by_flag = key == o.path || key.starts_with(&format!("{}.", o.path));
+    let at = super::locate_path(&loaded.source, key).filter(|_| !set_by_flag)?;
+    Some(SpecError::in_file(
+        &loaded.path,
+        &loaded.source,
+        Some(at),
+        e.field.clone(),
+        e.kind,
+        format!("{} once `{}` applies", e.why, o.flag()),
+        format!("remove it from the file, or leave out the flag; {}", e.fix),
+    ))
 }
 
 /// Sets `a.b.c` in a YAML document, creating the sections left to their defaults.
@@ -224,6 +250,34 @@ mod tests {
         assert!(err.to_string().contains("dotted.key=value"), "{err}");
         let err = with(&["training.steps.max=3"]).unwrap_err();
         assert!(err.why.contains("is a value, not a section"), "{err}");
+    }
+
+    #[test]
+    fn a_key_of_the_file_the_flag_leaves_unknown_is_pointed_at_in_the_file() {
+        // The file's transformer keys have no place in an MLP.
+        let err = with(&["training.model.kind=mlp"]).unwrap_err();
+        assert_eq!(err.kind, SpecErrorKind::UnknownField);
+        let line = err.line.expect("located in the file");
+        let written = DEMO.lines().nth(line as usize - 1).unwrap();
+        let text = err.to_string();
+        assert!(text.starts_with("demo.yaml:"), "{text}");
+        assert!(
+            text.contains("once `--set training.model.kind=mlp` applies"),
+            "{text}"
+        );
+        let key = err
+            .why
+            .split('`')
+            .nth(1)
+            .unwrap()
+            .rsplit('.')
+            .next()
+            .unwrap();
+        assert!(
+            written.trim_start().starts_with(&format!("{key}:")),
+            "{written} holds {key}: {text}"
+        );
+        assert!(err.fix.starts_with("remove it from the file"), "{text}");
     }
 
     #[test]

@@ -17,7 +17,15 @@ pub struct ReadError {
     pub kind: SpecErrorKind,
     pub why: String,
     pub fix: String,
-    /// For an unknown key that is a typo: the full path of the key probably meant.
+    /// For an unknown key: its full path, and the key probably meant.
+    pub unknown: Option<Box<UnknownKey>>,
+}
+
+/// An unknown key, by its full path (`training.stepz`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnknownKey {
+    pub path: String,
+    /// When it is a typo: the full path of the key probably meant (`training.steps`).
     pub suggestion: Option<String>,
 }
 
@@ -29,7 +37,7 @@ pub fn read<T: DeserializeOwned>(source: &str) -> Result<T, ReadError> {
         kind: SpecErrorKind::Syntax,
         why: m.why,
         fix: m.fix,
-        suggestion: None,
+        unknown: None,
     })?;
     serde_path_to_error::deserialize(Node(document.root())).map_err(|e| {
         let mut steps: Vec<Step> = e
@@ -134,12 +142,15 @@ fn explain(mut error: DeError, path: &[Step], document: &SpannedDocument<'_>) ->
                 .or_else(|| document.key_location(path)),
         })
     };
-    let mut suggestion = None;
+    let mut unknown = None;
     let (at, kind, why, fix) = match &error.problem {
         Problem::UnknownKey { key, expected } => {
             let renamed = transformers_name(key, expected);
             let best = renamed.or_else(|| did_you_mean(key, expected));
-            suggestion = best.map(join);
+            unknown = Some(Box::new(UnknownKey {
+                path: join(key),
+                suggestion: best.map(join),
+            }));
             (
                 locate(Some(key)),
                 SpecErrorKind::UnknownField,
@@ -185,7 +196,7 @@ fn explain(mut error: DeError, path: &[Step], document: &SpannedDocument<'_>) ->
         kind,
         why,
         fix,
-        suggestion,
+        unknown,
     }
 }
 

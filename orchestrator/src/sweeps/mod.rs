@@ -200,7 +200,8 @@ pub fn expand(loaded: &LoadedSpec, overrides: &Overrides) -> Result<Vec<SweepPoi
         match to_spec(&doc) {
             Ok(_) => {}
             Err(e) if e.kind == SpecErrorKind::UnknownField && !within(&e.field, path) => {
-                return Err(sweep_key_error(loaded, &key_at, path, e.why, e.suggestion))
+                let suggestion = e.unknown.and_then(|u| u.suggestion);
+                return Err(sweep_key_error(loaded, &key_at, path, e.why, suggestion));
             }
             Err(e) => return Err(sweep_value_error(loaded, &value_at, path, value, e)),
         }
