@@ -97,6 +97,10 @@ pub struct CacheManifest {
     /// Chat data none of whose conversations trains the end-of-document token: its text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub untrained_eos: Option<String>,
+    /// With `untrained_eos`: the first conversation that trains tokens and where its trained
+    /// part ends: the special token its assistant turns end with, or `None` for text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_end: Option<(String, Option<String>)>,
     /// xxh3-128 of the tokens, document offsets and loss mask: equal hashes, equal data.
     pub content_hash: String,
     /// [`KeyInputs::contents_name`] of what it was built from (empty in caches built before
@@ -395,6 +399,7 @@ mod tests {
             merged_boundaries: 0,
             first_merged_boundary: None,
             untrained_eos: None,
+            turn_end: None,
             content_hash: "h".into(),
             input_bytes: 2,
             seconds: 0.0,

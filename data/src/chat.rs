@@ -257,9 +257,39 @@ impl ChatTemplate {
         context.insert(documents_name.into(), Value::from(()));
         context.insert(prompt_name.into(), Value::from(add_generation_prompt));
         let template = self.env.get_template(name).map_err(|e| describe(&e))?;
-        template
-            .render(Value::from(context))
-            .map_err(|e| format!("the chat template failed: {}", describe(&e)))
+        // The variables the template reads that neither a render nor the spec sets.
+        let unset = || -> Vec<String> {
+            let globals: Vec<&str> = self.env.globals().map(|(name, _)| name).collect();
+            let mut names: Vec<String> = template
+                .undeclared_variables(false)
+                .into_iter()
+                .filter(|name| {
+                    !self.variables.contains_key(name)
+                        && !RENDER_ARGUMENTS.contains(&name.as_str())
+                        && !globals.contains(&name.as_str())
+                })
+                .collect();
+            names.sort();
+            names
+        };
+        template.render(Value::from(context)).map_err(|e| {
+            let mut text = format!("the chat template failed: {}", describe(&e));
+            let names = unset();
+            if !names.is_empty() && text.contains("undefined") {
+                // Templates that read a variable of their own (Llama 3's `date_string`) get it
+                // from `apply_chat_template`'s keyword arguments.
+                text.push_str(&format!(
+                    " (it reads {}, which nothing sets: give {} in `data.chat_template_kwargs`)",
+                    names
+                        .iter()
+                        .map(|n| format!("`{n}`"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    if names.len() == 1 { "it" } else { "them" }
+                ));
+            }
+            text
+        })
     }
 
     /// The whole conversation and the byte ranges of it the assistant wrote.
@@ -873,6 +903,31 @@ mod tests {
     fn messages(json: &str) -> Vec<Value> {
         let record: Value = serde_json::from_str(json).unwrap();
         messages_of(&record, "messages").unwrap()
+    }
+
+    #[test]
+    fn a_variable_nothing_sets_is_named_with_where_to_give_it() {
+        let t = template(
+            "{% set who = 'user' %}{% for m in messages %}{{ m.content + ' on ' + date_string \
+             + ' by ' + who + eos_token }}{% endfor %}",
+        );
+        let err = t.render(
+            &messages(r#"{"messages": [{"role": "user", "content": "hi"}]}"#),
+            false,
+        );
+        let err = err.unwrap_err();
+        assert!(
+            err.starts_with("the chat template failed: ")
+                && err.ends_with(
+                    " (it reads `date_string`, which nothing sets: give it in \
+                     `data.chat_template_kwargs`)"
+                ),
+            "{err}"
+        );
+        // A failure of another kind says nothing of variables.
+        let t = template("{{ raise_exception('no') }}{{ date_string }}");
+        let err = t.render(&[], false).unwrap_err();
+        assert!(!err.contains("nothing sets"), "{err}");
     }
 
     #[test]

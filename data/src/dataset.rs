@@ -478,15 +478,41 @@ fn record_warnings(what: &str, corpus: &Corpus) -> Vec<String> {
         ));
     }
     if let Some(eos) = &m.untrained_eos {
-        lines.push(format!(
-            "warning: no conversation of the {what} trains the end-of-document token {eos:?}: \
-             the chat template ends assistant turns with another token, which the model learns \
-             to end a reply with; generation stops there only if that token is among the \
-             model's eos_token_id (generation_config.json), or set `tokenizer.eos_token` to it \
-             (e.g. \"<|im_end|>\"), which trains it as the end and exports it as eos"
-        ));
+        lines.push(untrained_eos_warning(what, eos, m.turn_end.as_ref()));
     }
     lines
+}
+
+/// Chat data that never trains the end-of-document token `eos`: what its assistant turns end
+/// with in training instead (`turn_end`: the first such conversation, the special token),
+/// and what to do so that generation stops.
+fn untrained_eos_warning(
+    what: &str,
+    eos: &str,
+    turn_end: Option<&(String, Option<String>)>,
+) -> String {
+    let head =
+        format!("warning: no conversation of the {what} trains the end-of-document token {eos:?}");
+    match turn_end {
+        Some((_, Some(end))) => format!(
+            "{head}: the chat template ends assistant turns with {end:?}, which the model \
+             learns to end a reply with; generation stops there only if {end:?} is among the \
+             model's eos_token_id (generation_config.json), or set `tokenizer.eos_token: \
+             {end:?}`, which trains it as the end and exports it as eos"
+        ),
+        Some((first, None)) => format!(
+            "{head}, nor any other special token: what trains of each assistant turn ends in \
+             text (the first: {first}), so the model never learns to end a reply; if the chat \
+             template marks replies with `{{% generation %}}`, put the token that ends a turn \
+             inside the block, as transformers' templates do"
+        ),
+        None => format!(
+            "{head}: the chat template ends assistant turns with another token, which the \
+             model learns to end a reply with; generation stops there only if that token is \
+             among the model's eos_token_id (generation_config.json), or set \
+             `tokenizer.eos_token` to it, which trains it as the end and exports it as eos"
+        ),
+    }
 }
 
 /// `1234567` as `1,234,567`.

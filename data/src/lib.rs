@@ -26,6 +26,7 @@ pub mod identity;
 pub mod packing;
 pub mod prepare;
 pub mod progress;
+pub mod rebuild;
 pub mod rng;
 pub mod sampler;
 pub mod split;

@@ -11,8 +11,8 @@ use crate::error::{DataError, Origin, Result};
 use crate::files::{self, DataFile};
 use crate::progress::Observer;
 use crate::tokenizer::{
-    parse_json, read_tokenizer_json, tokenizer_folder, tokenizer_json_path, LlamaRebuild,
-    TextTokenizer, FOLDER_FILES,
+    parse_json, read_tokenizer_json, tokenizer_folder, tokenizer_json_path, TextTokenizer,
+    FOLDER_FILES,
 };
 use crate::writer::CorpusWriter;
 use rayon::prelude::*;
@@ -251,7 +251,7 @@ fn tokenizer_key(config: &TokenizerConfig, source: &DataSource) -> Result<Vec<(S
                     .map(|bytes| parse_json(&folder.join(name), bytes))
                     .transpose()
             };
-            let rebuild = LlamaRebuild::of(
+            let rebuild = crate::rebuild::Rebuild::of(
                 &bytes,
                 json("tokenizer_config.json")?.as_ref(),
                 json("config.json")?.as_ref(),
@@ -367,6 +367,23 @@ fn tokenize_files(
             }),
         });
     }
+    if with_mask && written.trained_tokens == 0 {
+        let first = written
+            .first_untrained
+            .map(|(file, line)| Origin::new(&files[file as usize].path, line).to_string())
+            .unwrap_or_default();
+        return Err(DataError::NotEnoughData {
+            why: format!(
+                "no token of the {} is in the loss: none of its {} record(s) has a token to \
+                 train on (the first: {first}), so every step would train nothing",
+                spec.what,
+                crate::dataset::thousands(written.documents)
+            ),
+            fix: "give conversations an assistant turn (and prompt/completion records a \
+                  completion); a chat template's `{% generation %}` blocks mark what trains"
+                .into(),
+        });
+    }
     let mut tokenizer_text = tokenizer.description.clone();
     if let Some(chat) = &chat {
         tokenizer_text.push_str(&format!("; chat template {}", chat.origin()));
@@ -400,6 +417,15 @@ fn tokenize_files(
         }),
         untrained_eos: (written.chats > 0 && written.chats_training_eos == 0)
             .then(|| tokenizer.eos.text.clone()),
+        turn_end: written
+            .first_turn_end
+            .filter(|_| written.chats_training_eos == 0)
+            .map(|(file, line, id)| {
+                (
+                    Origin::new(&files[file as usize].path, line).to_string(),
+                    tokenizer.special_token(id),
+                )
+            }),
         content_hash: written.content_hash,
         input_bytes: files.iter().map(|f| f.size).sum(),
         seconds: 0.0,
@@ -466,6 +492,7 @@ fn check_token_files(
         merged_boundaries: 0,
         first_merged_boundary: None,
         untrained_eos: None,
+        turn_end: None,
         content_hash: format!("{:032x}", hash.digest128()),
         input_bytes: entries.iter().map(|e| e.size).sum(),
         seconds: 0.0,
@@ -747,7 +774,7 @@ mod tests {
     }
 
     #[test]
-    fn the_cache_key_of_a_rebuilt_llama_tokenizer_names_the_rebuild() {
+    fn the_cache_key_of_a_rebuilt_tokenizer_names_the_rebuild() {
         // The files are those an older shardrun tokenized with `tokenizer.json` as saved:
         // the key must differ from theirs, or their caches (other ids) would be reused.
         for class in ["LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer"] {
@@ -778,6 +805,15 @@ mod tests {
             key[1].1,
             "transformers 5 rebuild v1: built as transformers 5 builds LlamaTokenizer: no \
              normalizer, Metaspace prepend_scheme first"
+        );
+        let key = key_of(
+            r#"{"tokenizer_class": "TokenizersBackend"}"#,
+            Some(r#"{"model_type": "qwen2"}"#),
+        );
+        assert_eq!(
+            key[1].1,
+            "transformers 5 rebuild v1: built as transformers 5 builds Qwen2Tokenizer: NFC, \
+             Qwen's pre-tokenizer, add_prefix_space false"
         );
         let err = try_key_of(r#"{"tokenizer_class": "#, None).unwrap_err();
         assert!(err.to_string().contains("not valid JSON"), "{err}");

@@ -1,8 +1,8 @@
 //! Text to token ids: a Hugging Face `tokenizer.json` through the `tokenizers` crate (the
 //! library Python's `tokenizers` and `transformers` wrap), or UTF-8 bytes when the spec asks
 //! for them. The ids are those of `AutoTokenizer.from_pretrained(folder)` in transformers 5:
-//! `tokenizer.json` as saved, except for the Llama and CodeLlama tokenizers transformers
-//! rebuilds (see [`LlamaRebuild`]).
+//! `tokenizer.json` as saved, except for the Llama, CodeLlama and Qwen2 tokenizers
+//! transformers rebuilds (see [`crate::rebuild`]).
 //!
 //! The end-of-document token comes from, in order: the spec's `eos_token`, the folder's
 //! `tokenizer_config.json` (or `special_tokens_map.json`), the model's `config.json`, its
@@ -14,18 +14,11 @@
 //! transformers rebuilds, adds the `bos_token` given).
 
 use crate::error::{DataError, Result};
+use crate::rebuild::Rebuild;
 use serde_json::Value;
 use shardrun_protocol::config::TokenizerConfig;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use tokenizers::decoders::byte_fallback::ByteFallback;
-use tokenizers::decoders::fuse::Fuse;
-use tokenizers::decoders::sequence::Sequence as DecoderSequence;
-use tokenizers::decoders::strip::Strip;
-use tokenizers::decoders::DecoderWrapper;
-use tokenizers::normalizers::replace::Replace;
-use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
-use tokenizers::processors::template::TemplateProcessing;
 
 /// The end-of-document id of [`TokenizerConfig::Bytes`].
 pub const BYTES_EOS: u32 = 256;
@@ -141,6 +134,19 @@ impl TextTokenizer {
             }),
         }
     }
+
+    /// The text of `id` when it is a special token (`<|eot_id|>`, `<|im_end|>`), one a chat
+    /// template may end turns with; `None` for other ids.
+    pub fn special_token(&self, id: u32) -> Option<String> {
+        match &self.inner {
+            Inner::HuggingFace(tokenizer) => tokenizer
+                .get_added_tokens_decoder()
+                .remove(&id)
+                .filter(|token| token.special)
+                .map(|token| token.content),
+            Inner::Bytes => (id == BYTES_EOS).then(|| BYTES_EOS_TEXT.to_string()),
+        }
+    }
 }
 
 fn load_hugging_face(
@@ -173,7 +179,7 @@ fn load_hugging_face(
     let special_tokens_map = json("special_tokens_map.json")?;
     let model_config = json("config.json")?;
     let generation_config = json("generation_config.json")?;
-    let rebuild = LlamaRebuild::of(&bytes, tokenizer_config.as_ref(), model_config.as_ref());
+    let rebuild = Rebuild::of(&bytes, tokenizer_config.as_ref(), model_config.as_ref());
 
     let mut template_tokens = BTreeMap::new();
     for name in TEMPLATE_TOKEN_NAMES {
@@ -313,167 +319,6 @@ fn special_tokens_in_words(tokenizer: &tokenizers::Tokenizer) -> String {
     format!("; its special tokens: {}{more}", shown.join(", "))
 }
 
-/// transformers' rebuild of Llama tokenizers. For a folder whose `tokenizer_class` is
-/// `LlamaTokenizer` or `CodeLlamaTokenizer` (`...Fast` alike), transformers 5 keeps the
-/// vocabulary, merges and added tokens of `tokenizer.json` (and LlamaTokenizer its
-/// post-processor) and builds the rest anew: no normalizer (the file's `Prepend("▁")` +
-/// `Replace(" ", "▁")` is dropped) and a `Metaspace` pre-tokenizer that adds `▁` only at
-/// the very start of the text (`prepend_scheme: first`; `always` for a LlamaTokenizer saved
-/// with `legacy: true`, `never` with `add_prefix_space: false`). So a leading space is not
-/// doubled and text right after a special token (`<s>[INST]`) gets no `▁`. CodeLlama's
-/// post-processor is rebuilt too: BOS before the text, whatever the file or `add_eos_token`
-/// say. A LlamaTokenizer folder whose `tokenizer.json` is byte-level (Llama 3 style), or
-/// whose `config.json` names another `model_type` than `llama` (Mistral, Mixtral, Phi-3
-/// load with their own or the generic class), is used as saved, as transformers does.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LlamaRebuild {
-    code_llama: bool,
-    prepend_scheme: PrependScheme,
-    add_prefix_space: bool,
-}
-
-impl LlamaRebuild {
-    /// How transformers builds the tokenizer of a folder with these files; `None` when it uses
-    /// `tokenizer.json` as saved.
-    pub fn of(
-        tokenizer_json: &[u8],
-        tokenizer_config: Option<&Value>,
-        model_config: Option<&Value>,
-    ) -> Option<LlamaRebuild> {
-        let setting = |name: &str| tokenizer_config.and_then(|c| c.get(name));
-        // Custom tokenizer code (`auto_map`) is the model's own: nothing to follow here.
-        if setting("auto_map").is_some() {
-            return None;
-        }
-        let class = setting("tokenizer_class")
-            .or_else(|| model_config?.get("tokenizer_class"))
-            .and_then(Value::as_str)?;
-        let code_llama = match class.strip_suffix("Fast").unwrap_or(class) {
-            "LlamaTokenizer" => false,
-            "CodeLlamaTokenizer" => true,
-            _ => return None,
-        };
-        match model_config
-            .and_then(|c| c.get("model_type"))
-            .and_then(Value::as_str)
-        {
-            None | Some("llama") => {}
-            Some(_) => return None,
-        }
-        if !code_llama && contains(tokenizer_json, b"\"ByteLevel\"") {
-            return None;
-        }
-        // Python truth values: `None` (absent) means the class default.
-        let add_prefix_space = setting("add_prefix_space")
-            .filter(|v| !v.is_null())
-            .is_none_or(truthy);
-        let legacy = !code_llama && setting("legacy").is_some_and(truthy);
-        let prepend_scheme = match (add_prefix_space, legacy) {
-            (false, _) => PrependScheme::Never,
-            (true, true) => PrependScheme::Always,
-            (true, false) => PrependScheme::First,
-        };
-        Some(LlamaRebuild {
-            code_llama,
-            prepend_scheme,
-            add_prefix_space,
-        })
-    }
-
-    /// The BOS CodeLlama's rebuilt post-processor adds: the spec's, else the folder's, else
-    /// the class default `<s>`. `None` for LlamaTokenizer, which keeps the file's.
-    fn bos_text(
-        &self,
-        bos_override: Option<&str>,
-        tokenizer_config: Option<&Value>,
-    ) -> Option<String> {
-        if !self.code_llama {
-            return None;
-        }
-        let configured = tokenizer_config.and_then(|c| token_text(c.get("bos_token")?));
-        Some(
-            bos_override
-                .map(str::to_string)
-                .or(configured)
-                .unwrap_or_else(|| "<s>".into()),
-        )
-    }
-
-    /// Replaces what transformers replaces; `bos` is [`Self::bos_text`] with its id.
-    fn apply(
-        &self,
-        tokenizer: &mut tokenizers::Tokenizer,
-        bos: Option<(String, u32)>,
-    ) -> std::result::Result<(), String> {
-        tokenizer
-            .with_normalizer(None::<tokenizers::NormalizerWrapper>)
-            .map_err(|e| e.to_string())?;
-        tokenizer.with_pre_tokenizer(Some(Metaspace::new('▁', self.prepend_scheme, false)));
-        let mut decoders: Vec<DecoderWrapper> = vec![
-            Replace::new("▁", " ").map_err(|e| e.to_string())?.into(),
-            ByteFallback::new().into(),
-            Fuse::new().into(),
-        ];
-        if self.add_prefix_space || self.code_llama {
-            decoders.push(Strip::new(' ', 1, 0).into());
-        }
-        tokenizer.with_decoder(Some(DecoderSequence::new(decoders)));
-        if self.code_llama {
-            let processor = match bos {
-                Some((text, id)) => TemplateProcessing::builder()
-                    .try_single(format!("{text}:0 $A:0"))
-                    .and_then(|b| b.try_pair(format!("{text}:0 $A:0 {text}:1 $B:1")))
-                    .map_err(|e| e.to_string())?
-                    .special_tokens(vec![(text, id)])
-                    .build(),
-                None => TemplateProcessing::builder()
-                    .try_single("$A:0")
-                    .and_then(|b| b.try_pair("$A:0 $B:1"))
-                    .map_err(|e| e.to_string())?
-                    .build(),
-            }
-            .map_err(|e| e.to_string())?;
-            tokenizer.with_post_processor(Some(processor));
-        }
-        Ok(())
-    }
-
-    /// For the log and the manifest.
-    pub fn describe(&self) -> String {
-        let class = if self.code_llama {
-            "CodeLlamaTokenizer"
-        } else {
-            "LlamaTokenizer"
-        };
-        format!(
-            "built as transformers 5 builds {class}: no normalizer, Metaspace prepend_scheme {}",
-            self.prepend_scheme
-        )
-    }
-
-    /// Names the rule in the data cache key: caches tokenized with `tokenizer.json` as saved
-    /// are not reused.
-    pub fn key(&self) -> String {
-        format!("transformers 5 rebuild v1: {}", self.describe())
-    }
-}
-
-/// Python's truth value of a JSON value.
-fn truthy(value: &Value) -> bool {
-    match value {
-        Value::Null => false,
-        Value::Bool(b) => *b,
-        Value::Number(n) => n.as_f64() != Some(0.0),
-        Value::String(s) => !s.is_empty(),
-        Value::Array(a) => !a.is_empty(),
-        Value::Object(o) => !o.is_empty(),
-    }
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
-
 /// `tokenizer.json` of a folder, or the file named.
 pub fn tokenizer_json_path(path: &Path) -> PathBuf {
     if path.is_dir() {
@@ -536,7 +381,7 @@ pub(crate) fn parse_json(path: &Path, bytes: &[u8]) -> Result<Value> {
 }
 
 /// A special token as `transformers` saves it: a string, or an `AddedToken` object.
-fn token_text(value: &Value) -> Option<String> {
+pub(crate) fn token_text(value: &Value) -> Option<String> {
     match value {
         Value::String(s) => Some(s.clone()),
         Value::Object(o) => o.get("content")?.as_str().map(str::to_string),

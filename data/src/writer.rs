@@ -38,6 +38,9 @@ pub struct Written {
     /// Chats, and those whose end-of-document token is a training target.
     pub chats: u64,
     pub chats_training_eos: u64,
+    /// The first chat that trains tokens but not the end-of-document token: its (file,
+    /// line) and its last trained token, where its assistant turns end in training.
+    pub first_turn_end: Option<(u32, u64, u32)>,
 }
 
 const BUFFER: usize = 4 << 20;
@@ -108,6 +111,11 @@ impl CorpusWriter {
         if let Some(trains_eos) = document.chat_trains_eos {
             self.written.chats += 1;
             self.written.chats_training_eos += u64::from(trains_eos);
+            if !trains_eos && self.written.first_turn_end.is_none() {
+                let last_trained = document.mask.iter().rposition(|&m| m == 1);
+                self.written.first_turn_end =
+                    last_trained.map(|i| (file, line, document.tokens[i]));
+            }
         }
         if let Some(token) = &document.merged_boundary {
             self.written.merged_boundaries += 1;

@@ -330,12 +330,77 @@ fn chats_that_never_train_the_end_of_document_token_are_warned_about() {
     };
     let c = dataset(chat(&path, "messages"), other, 64, &dir.path().join("b"));
     let data = open(&c, None).unwrap();
-    assert!(
-        data.summary().iter().any(|l| l.starts_with(
-            "warning: no conversation of the training data trains the end-of-document token \"<|endoftext|>\""
-        )),
-        "{:?}",
+    let warning = |data: &Dataset| {
         data.summary()
+            .iter()
+            .find(|l| l.starts_with("warning: no conversation"))
+            .cloned()
+            .unwrap_or_else(|| panic!("no warning in {:?}", data.summary()))
+    };
+    let text = warning(&data);
+    assert!(
+        text.starts_with(
+            "warning: no conversation of the training data trains the end-of-document token \"<|endoftext|>\": \
+             the chat template ends assistant turns with \"<|im_end|>\""
+        ) && text.contains("set `tokenizer.eos_token: \"<|im_end|>\"`"),
+        "the template's own end of turn is named: {text}"
+    );
+    // A `{% generation %}` block around the content alone trains no end of turn at all.
+    let template = write(
+        dir.path(),
+        "content_only.jinja",
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' %}\
+         {% generation %}{{ m.content }}{% endgeneration %}{% else %}{{ m.content }}{% endif %}\
+         <|im_end|>\n{% endfor %}",
+    );
+    let source = DataSource::Chat {
+        files: vec![path.clone()],
+        messages_field: "messages".into(),
+        chat_template: Some(template),
+        chat_template_kwargs: Default::default(),
+    };
+    let c = dataset(source, hf("bpe"), 64, &dir.path().join("c"));
+    let text = warning(&open(&c, None).unwrap());
+    assert!(
+        text.starts_with(&format!(
+            "warning: no conversation of the training data trains the end-of-document token \"<|im_end|>\", \
+             nor any other special token: what trains of each assistant turn ends in text (the first: {}:1)",
+            path.display()
+        )) && text.contains("inside the block"),
+        "{text}"
+    );
+}
+
+#[test]
+fn chat_data_with_no_token_in_the_loss_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "chat.jsonl",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"no answer here\"}]}\n\
+         {\"messages\": [{\"role\": \"user\", \"content\": \"none here either\"}]}\n",
+    );
+    let c = dataset(
+        chat(&path, "messages"),
+        hf("bpe"),
+        64,
+        &dir.path().join("cache"),
+    );
+    let err = fails(&c, None);
+    assert!(
+        err.contains(&format!(
+            "no token of the training data is in the loss: none of its 2 record(s) has a token \
+             to train on (the first: {}:1)",
+            path.display()
+        )) && err.contains("give conversations an assistant turn"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("cache").exists()
+            || std::fs::read_dir(dir.path().join("cache"))
+                .unwrap()
+                .all(|e| e.unwrap().file_name().to_string_lossy().ends_with(".lock")),
+        "no cache is left behind, only the lock"
     );
 }
 

@@ -24,6 +24,9 @@ OUT_DIR/
   llama2_legacy/          the same with `legacy: true`
   codellama/    a CodeLlama folder: the same plus the infilling tokens `▁<PRE>`, `▁<SUF>`,
                 `▁<MID>`, `▁<EOT>`, `tokenizer_class: CodeLlamaTokenizer`
+  qwen2_variants/<name>/  the byte-level BPE in folders of the Qwen2 and Qwen3 families (model
+                types and tokenizer classes transformers 5 rebuilds as Qwen2Tokenizer, and
+                some it uses as saved), for `qwen2` ids only
   llama_variants/<name>/  more Llama-class folders for `llama` ids only: other `legacy`,
                 `add_prefix_space`, `add_eos_token` settings, and the ones transformers uses
                 as saved (byte-level `tokenizer.json`, `model_type: mistral`)
@@ -38,7 +41,8 @@ OUT_DIR/
   expected.json ids per tokenizer and sample (`AutoTokenizer(text)`, also truncated to
                 16 tokens); `llama`: for every Llama
                 folder, transformers' ids of LLAMA_TEXTS with and without special tokens,
-                and Python `tokenizers`' ids of the saved `tokenizer.json`; chat renders,
+                and Python `tokenizers`' ids of the saved `tokenizer.json`; `qwen2`: the
+                same for the Qwen2 folders and QWEN2_TEXTS; chat renders,
                 ids and assistant masks (also
                 with the spec's special tokens overriding the folder's, as
                 `AutoTokenizer.from_pretrained(folder, bos_token=..., eos_token=...)`);
@@ -125,6 +129,16 @@ LLAMA_TEXTS = [
     "def fib(n):\n\treturn n if n < 2 else fib(n - 1) + fib(n - 2)  # tab\r\n",
     "ﬁ ㎏ Ω",
     "▁already▁metaspace",
+]
+
+# Where the Qwen2 class's pre-tokenizer and normalizer part from GPT-2's byte-level one:
+# numbers, runs of newlines and spaces, contractions, composed characters.
+QWEN2_TEXTS = LLAMA_TEXTS + [
+    "12345 + 678 = 13023",
+    "a\n\n\nb  c\t\td   ",
+    "it's THEY'RE we'll I'd",
+    " 2+2",
+    "x<|im_end|>y<|endoftext|> z",
 ]
 
 CHATML = """{%- if tools %}
@@ -497,9 +511,9 @@ def added_token(content):
             "single_word": False, "special": True}
 
 
-def llama_folder(out, tokenizer_json, config, model_type="llama"):
-    """Writes a Llama-class folder by hand, as the Hub has them (transformers' own
-    `save_pretrained` would write its rebuilt tokenizer instead)."""
+def hub_folder(out, tokenizer_json, config, model_type="llama"):
+    """Writes a folder by hand, as the Hub has them (transformers' own `save_pretrained` would
+    write its rebuilt tokenizer instead)."""
     os.makedirs(out, exist_ok=True)
     vocab = tokenizer_json["model"]["vocab"]
     config = dict(config, added_tokens_decoder={
@@ -532,7 +546,7 @@ LLAMA2_CONFIG = {
 
 
 def llama2(out, **changes):
-    llama_folder(out, llama2_tokenizer_json(), dict(LLAMA2_CONFIG, **changes))
+    hub_folder(out, llama2_tokenizer_json(), dict(LLAMA2_CONFIG, **changes))
 
 
 CODE_LLAMA_TOKENS = ["▁<PRE>", "▁<SUF>", "▁<MID>", "▁<EOT>"]
@@ -562,7 +576,7 @@ def code_llama(out, tokenizer_json=None, **changes):
         use_default_system_prompt=False,
         **changes,
     )
-    llama_folder(out, tokenizer_json or code_llama_tokenizer_json(), config)
+    hub_folder(out, tokenizer_json or code_llama_tokenizer_json(), config)
 
 
 def llama_variants(out):
@@ -577,18 +591,18 @@ def llama_variants(out):
     legacy_absent.pop("legacy")
     variants = {
         # `legacy` absent is transformers' default (False); the `Fast` name is the same class.
-        "legacy_absent": lambda d: llama_folder(d, llama2_tokenizer_json(), legacy_absent),
+        "legacy_absent": lambda d: hub_folder(d, llama2_tokenizer_json(), legacy_absent),
         "legacy_null": lambda d: llama2(d, legacy=None),
         "no_prefix_space": lambda d: llama2(d, add_prefix_space=False),
         # transformers 5 ignores `add_eos_token` when there is a tokenizer.json: the file's
         # post-processor for LlamaTokenizer, `<s> $A` for CodeLlamaTokenizer.
-        "llama_eos": lambda d: llama_folder(d, with_eos, dict(LLAMA2_CONFIG, add_eos_token=True)),
+        "llama_eos": lambda d: hub_folder(d, with_eos, dict(LLAMA2_CONFIG, add_eos_token=True)),
         "code_llama_eos": lambda d: code_llama(d, tokenizer_json=with_eos, add_eos_token=True),
         "code_llama_no_prefix_space": lambda d: code_llama(d, add_prefix_space=False),
-        "no_model_config": lambda d: llama_folder(d, llama2_tokenizer_json(), LLAMA2_CONFIG, model_type=None),
+        "no_model_config": lambda d: hub_folder(d, llama2_tokenizer_json(), LLAMA2_CONFIG, model_type=None),
         # Used as saved: a Mistral model's folder, a byte-level (Llama 3 style) tokenizer.json.
-        "mistral": lambda d: llama_folder(d, llama2_tokenizer_json(), LLAMA2_CONFIG, model_type="mistral"),
-        "byte_level": lambda d: llama_folder(
+        "mistral": lambda d: hub_folder(d, llama2_tokenizer_json(), LLAMA2_CONFIG, model_type="mistral"),
+        "byte_level": lambda d: hub_folder(
             d, byte_level, dict(LLAMA2_CONFIG, tokenizer_class="LlamaTokenizerFast",
                                 bos_token="<|im_start|>", eos_token="<|im_end|>", unk_token=None)),
     }
@@ -600,17 +614,49 @@ def llama_variants(out):
     return folders
 
 
-def llama_expectations(folder):
-    """transformers' ids of LLAMA_TEXTS, with and without special tokens, and those of the saved
+def qwen2_variants(out):
+    """Folders of the Qwen2 and Qwen3 families around the byte-level BPE, whose pre-tokenizer
+    is GPT-2's (numbers in one piece): name -> folder. transformers 5 rebuilds most of them
+    with Qwen's pre-tokenizer (digits one by one) and NFC; the tests learn which from it."""
+    with open(os.path.join(out, "bpe", "tokenizer.json"), encoding="utf-8") as f:
+        byte_level = json.load(f)
+    base = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None, "unk_token": None}
+    variants = {
+        "qwen2_backend": ("qwen2", {"tokenizer_class": "TokenizersBackend"}),
+        "qwen2_generic": ("qwen2", {"tokenizer_class": "PreTrainedTokenizerFast"}),
+        "qwen2_own_class": ("qwen2", {"tokenizer_class": "Qwen2TokenizerFast"}),
+        "qwen2_no_class": ("qwen2", {}),
+        "qwen2_prefix_space": ("qwen2", {"tokenizer_class": "Qwen2Tokenizer", "add_prefix_space": True}),
+        "qwen2_remote_code": ("qwen2", {"tokenizer_class": "Qwen2Tokenizer",
+                                        "auto_map": {"AutoTokenizer": ["tokenization.Custom", None]}}),
+        "qwen3_generic": ("qwen3", {"tokenizer_class": "PreTrainedTokenizerFast"}),
+        "qwen3_own_class": ("qwen3", {"tokenizer_class": "Qwen2Tokenizer"}),
+        "qwen3_no_class": ("qwen3", {}),
+        "qwen2_moe_backend": ("qwen2_moe", {"tokenizer_class": "TokenizersBackend"}),
+        "llama_with_qwen2_class": ("llama", {"tokenizer_class": "Qwen2Tokenizer"}),
+    }
+    folders = {}
+    for name, (model_type, changes) in variants.items():
+        folder = os.path.join(out, "qwen2_variants", name)
+        hub_folder(folder, byte_level, dict(base, **changes), model_type=model_type)
+        folders[f"qwen2_variants/{name}"] = folder
+    return folders
+
+
+REBUILT_CLASSES = ("LlamaTokenizer", "CodeLlamaTokenizer", "Qwen2Tokenizer")
+
+
+def rebuild_expectations(folder, texts):
+    """transformers' ids of `texts`, with and without special tokens, and those of the saved
     tokenizer.json, so the tests can tell the folders transformers rebuilds."""
     fast = AutoTokenizer.from_pretrained(folder)
     tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
     return {
         "class": type(fast).__name__,
-        "rebuilt": type(fast).__name__ in ("LlamaTokenizer", "CodeLlamaTokenizer"),
-        "with_special": [fast(t)["input_ids"] for t in LLAMA_TEXTS],
-        "without_special": [fast(t, add_special_tokens=False)["input_ids"] for t in LLAMA_TEXTS],
-        "tokenizer_json": [tok.encode(t).ids for t in LLAMA_TEXTS],
+        "rebuilt": type(fast).__name__ in REBUILT_CLASSES,
+        "with_special": [fast(t)["input_ids"] for t in texts],
+        "without_special": [fast(t, add_special_tokens=False)["input_ids"] for t in texts],
+        "tokenizer_json": [tok.encode(t).ids for t in texts],
     }
 
 
@@ -787,7 +833,13 @@ def main():
     llama_folders.update(llama_variants(out))
     expected["llama"] = {
         "texts": LLAMA_TEXTS,
-        "folders": {name: llama_expectations(folder) for name, folder in llama_folders.items()},
+        "folders": {name: rebuild_expectations(folder, LLAMA_TEXTS) for name, folder in llama_folders.items()},
+    }
+    expected["qwen2"] = {
+        "texts": QWEN2_TEXTS,
+        "folders": {
+            name: rebuild_expectations(folder, QWEN2_TEXTS) for name, folder in qwen2_variants(out).items()
+        },
     }
     # The spec's special tokens: CodeLlama's rebuilt post-processor adds the bos_token given.
     expected["llama"]["overrides"] = {**overrides, "folders": {}}
