@@ -251,6 +251,51 @@ fn a_job_no_node_can_run_is_refused_at_submit_not_left_pending() {
 }
 
 #[test]
+fn a_job_that_needs_a_drained_node_is_submitted_and_waits_for_it() {
+    // `sbatch --test-only` refuses it as it refuses a request no node meets; a plain
+    // sbatch queues it until the node is back. The node is this cluster's only one.
+    let cluster = SlurmCluster::start_named("maintenance").expect("start the maintenance cluster");
+    let scontrol = |state: &str| {
+        let out = cluster
+            .command("scontrol")
+            .args([
+                "update",
+                &format!("nodename={}", hostname()),
+                &format!("state={state}"),
+            ])
+            .args((state == "drain").then_some("reason=maintenance"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "scontrol {state}: {}",
+            stderr_of(&out)
+        );
+    };
+    scontrol("drain");
+    let dir = TestDir::new("submit-drained");
+    let drained = dir.write("job.yaml", &spec("drained", &["exit 0"]));
+    let out = cluster
+        .shardrun(dir.path(), &["submit", &drained.to_string_lossy()])
+        .unwrap();
+    let stderr = stderr_of(&out);
+    scontrol("resume");
+    assert!(out.status.success(), "{}{stderr}", stdout_of(&out));
+    assert!(
+        stderr.contains(&format!(
+            "needs nodes out of service now ({} (drain)): submitted, so that it waits for them",
+            hostname()
+        )),
+        "{stderr}"
+    );
+    // Back in service, the node runs it.
+    let run = dir.join("runs/drained");
+    wait_state(&cluster, dir.path(), &run, "COMPLETED");
+    // A request no node meets, with every node in service, is still refused at submit:
+    // `a_job_no_node_can_run_is_refused_at_submit_not_left_pending`.
+}
+
+#[test]
 fn missing_sbatch_is_explained() {
     let dir = TestDir::new("submit-no-sbatch");
     let spec = dir.write("job.yaml", &spec("nosbatch", &["exit 0"]));

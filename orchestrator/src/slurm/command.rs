@@ -43,19 +43,59 @@ pub fn submit(script: &Path, extra_args: &[String]) -> Result<String, SlurmError
     }
     // slurmctld takes a held job without matching it to the nodes (`--mem=900G` is
     // accepted, then pends for ever with BadConstraints once released): `--test-only`
-    // first, which refuses what a plain sbatch would.
+    // first, which refuses what a plain sbatch would, and also what needs a node that is
+    // drained or down for now, which a plain sbatch queues.
     if extra_args.iter().any(|a| a == "--hold") {
         let mut args = vec!["--test-only".to_string()];
         args.extend(extra_args.iter().filter(|a| *a != "--hold").cloned());
         args.push(script.to_string_lossy().into_owned());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let output = run("sbatch", &args)?;
-        check("sbatch", &args, output)?;
+        if let Err(refused) = check("sbatch", &args, output) {
+            let unavailable = unavailable_nodes();
+            if unavailable.is_empty() {
+                return Err(refused);
+            }
+            errln!(
+                "warning: `sbatch --test-only` refused the job, and it cannot tell a request no \
+                 node meets from one that needs nodes out of service now ({}): submitted, so \
+                 that it waits for them; if `squeue` shows it pending with reason \
+                 BadConstraints, no node meets the request: `shardrun cancel` it and lower it",
+                unavailable.join(", ")
+            );
+        }
     }
     let args = sbatch_args(script, extra_args);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let output = run("sbatch", &args)?;
     parse_sbatch_parsable(&check("sbatch", &args, output)?)
+}
+
+/// Nodes out of service for now (drained, down, in maintenance, failed), as `node (state)`
+/// from `sinfo`: nodes no job can start on until an administrator brings them back.
+fn unavailable_nodes() -> Vec<String> {
+    let args = ["--noheader", "--Node", "--format=%N %t"];
+    let Ok(Ok(text)) = run("sinfo", &args).map(|output| check("sinfo", &args, output)) else {
+        return Vec::new();
+    };
+    let mut nodes: Vec<String> = text
+        .lines()
+        .filter_map(|line| line.split_once(' '))
+        .filter(|(_, state)| {
+            // Flags after the state (`*` not responding, `~` powered off, ...) aside.
+            let state = state
+                .trim()
+                .trim_end_matches(['*', '~', '#', '!', '%', '$', '@', '^', '-']);
+            matches!(
+                state,
+                "drain" | "drng" | "drained" | "down" | "maint" | "fail" | "failg" | "inval"
+            )
+        })
+        .map(|(node, state)| format!("{node} ({})", state.trim()))
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    nodes
 }
 
 /// The arguments [`submit`] gives sbatch (a dry run shows them).
