@@ -271,6 +271,9 @@ async fn run_async(
         .checkpoint
         .root(Some(&paths.run_dir))
         .and_then(|root| newest_checkpoint(&root));
+    // Heartbeats come about once a second, steps faster: a rank that went silent may have
+    // completed steps since its last one, and a checkpoint every rank committed says so.
+    let steps_done = steps_done.max(checkpoint.as_ref().map(|c| c.step));
     let how_it_ended = ended_in_words(&outcome, checkpoint.as_ref());
     let mut message = match &outcome {
         Outcome::Succeeded => {

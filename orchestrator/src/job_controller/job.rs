@@ -358,7 +358,7 @@ impl JobMachine {
             Event::HeartbeatLost { conn } => {
                 if let Some(rank) = self.conn_rank.get(&conn).copied() {
                     if self.ranks.get(&rank).is_some_and(|r| r.end.is_none()) {
-                        self.fail(self.failure_of(rank, FailureCause::HeartbeatLost), &mut out);
+                        self.heartbeat_lost(rank, &mut out);
                     }
                 }
             }
@@ -766,6 +766,34 @@ impl JobMachine {
             lag: None,
             follows: None,
         }
+    }
+
+    /// `rank` went silent: the job fails, or, when it failed already because another rank
+    /// of the same host went silent, that rank is added to the failure and said: every
+    /// rank of a host going silent is a lost host or network more than a hung process.
+    fn heartbeat_lost(&mut self, rank: u64, out: &mut Vec<Action>) {
+        let host = self.roster.get(rank).map(|r| r.host.clone());
+        if let Some(Failure {
+            host: failed_host,
+            rank: Some(first),
+            cause: FailureCause::HeartbeatLost { same_host },
+            ..
+        }) = &mut self.failure
+        {
+            if host.is_some() && *failed_host == host && *first != rank {
+                same_host.push(rank);
+                out.push(Action::Say(format!(
+                    "rank {rank} on {} stopped sending heartbeats too: the host or its network \
+                     is likely lost",
+                    host.unwrap_or_default()
+                )));
+            }
+            return;
+        }
+        let cause = FailureCause::HeartbeatLost {
+            same_host: Vec::new(),
+        };
+        self.fail(self.failure_of(rank, cause), out);
     }
 
     fn fail(&mut self, failure: Failure, out: &mut Vec<Action>) {

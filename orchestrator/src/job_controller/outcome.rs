@@ -1,6 +1,6 @@
 //! How a job ended, in words for people and as `result.json` for machines.
 
-use super::collective_lag::Lag;
+use super::collective_lag::{rank_list, Lag};
 use super::notice::Notice;
 use super::stop_signal::StopSignal;
 use serde::{Serialize, Serializer};
@@ -69,7 +69,12 @@ pub enum FailureCause {
     ConnectionLost {
         why: String,
     },
-    HeartbeatLost,
+    /// No heartbeat came for the heartbeat timeout; `same_host`: other ranks of its host
+    /// that went silent too (a lost node or network, more than a hung process).
+    HeartbeatLost {
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        same_host: Vec<u64>,
+    },
     RendezvousTimeout {
         missing: Vec<u64>,
         waited_secs: u64,
@@ -145,9 +150,14 @@ impl Failure {
                 Some(exit) => format!("died with {exit} (its connection ended: {why})"),
                 None => format!("lost its connection to the controller ({why})"),
             },
-            FailureCause::HeartbeatLost => {
+            FailureCause::HeartbeatLost { same_host } if same_host.is_empty() => {
                 "stopped sending heartbeats (hung or frozen process?)".to_string()
             }
+            FailureCause::HeartbeatLost { same_host } => format!(
+                "stopped sending heartbeats, and so did rank(s) {} on the same host: the host \
+                 or its network is likely lost (or every process there froze)",
+                rank_list(same_host)
+            ),
             FailureCause::RendezvousTimeout {
                 missing,
                 waited_secs,

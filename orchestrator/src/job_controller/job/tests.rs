@@ -866,6 +866,59 @@ fn heartbeat_loss_and_reported_errors_fail_the_job() {
 }
 
 #[test]
+fn every_rank_of_a_host_going_silent_is_said_to_be_a_lost_host() {
+    // Four ranks, two a host, under srun (one process): ranks 2 and 3 share node1.
+    let mut s = JobMachine::new(4, "abc");
+    s.handle(Event::Launched {
+        procs: vec![(0, None)],
+    });
+    for rank in 0..4 {
+        let registration = Registration {
+            local_rank: rank % 2,
+            world_size: 4,
+            host: format!("node{}", rank / 2),
+            ..reg(rank)
+        };
+        s.handle(Event::Registered {
+            conn: 10 + rank,
+            registration,
+        });
+    }
+    let first = said(&s.handle(Event::HeartbeatLost { conn: 12 }));
+    assert!(
+        first.starts_with("rank 2 on node1") && first.contains("hung or frozen process?"),
+        "{first}"
+    );
+    let second = all_said(s.handle(Event::HeartbeatLost { conn: 13 }));
+    assert_eq!(
+        second,
+        vec![
+            "rank 3 on node1 stopped sending heartbeats too: the host or its network is likely \
+             lost"
+                .to_string()
+        ]
+    );
+    // Another host's rank going silent afterwards is no news about node1.
+    assert!(says_nothing(&s.handle(Event::HeartbeatLost { conn: 10 })));
+    let f = failure(&s.handle(Event::ProcessExited {
+        proc: 0,
+        exit: ExitInfo::Code(1),
+    }))
+    .or_else(|| failure(&s.handle(Event::DrainTimeout)))
+    .expect("the job fails");
+    assert_eq!(f.rank, Some(2));
+    assert_eq!(f.cause, FailureCause::HeartbeatLost { same_host: vec![3] });
+    assert!(
+        f.describe().contains(
+            "stopped sending heartbeats, and so did rank(s) 3 on the same host: the host or its \
+             network is likely lost"
+        ),
+        "{}",
+        f.describe()
+    );
+}
+
+#[test]
 fn a_node_without_a_usable_gpu_fails_the_job_once_before_it_starts() {
     let mut s = JobMachine::new(2, "abc");
     s.handle(Event::Launched {
