@@ -175,6 +175,7 @@ fn summarise(run: &RunDir, current: &mut CurrentPoints) -> RunMetricsSummary {
             RunState::Completed => "succeeded",
             RunState::Cancelled => "cancelled",
             RunState::Preempted => "preempted",
+            RunState::SubmitFailed => "submit failed",
             _ => "failed",
         });
     let verdict = std::fs::read_to_string(run.result())
@@ -649,6 +650,18 @@ mod tests {
             "{text}"
         );
         assert_eq!(rows[0]["lr now"], "3.00e-5");
+    }
+
+    #[test]
+    fn a_run_sbatch_refused_reads_submit_failed_not_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("manifest.json"),
+            r#"{"version": 1, "name": "refused", "state": "SUBMIT_FAILED", "config_hash": "h", "created_at": 0, "updated_at": 0}"#,
+        )
+        .unwrap();
+        let run = RunDir::open(dir.path()).unwrap();
+        assert_eq!(summary(&run).status, "submit failed");
     }
 
     #[test]

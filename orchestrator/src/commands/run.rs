@@ -97,6 +97,9 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     for warning in &job.warnings {
         errln!("warning: {warning}");
     }
+    if let Some(warning) = allocation_left_idle(std::env::var("SLURM_JOB_NUM_NODES").ok()) {
+        errln!("warning: {warning}");
+    }
     let opts = args.controller.options(
         &run,
         LaunchMode::Local {
@@ -109,6 +112,19 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     outln!("run directory: {}", run.path().display());
     outln!("  plot: shardrun plot {}", run.path().display());
     Ok(())
+}
+
+/// Inside an allocation of several nodes (`salloc --nodes 2`), `run` still starts every
+/// rank on this one: the others stay idle, which is said. `nodes`: `SLURM_JOB_NUM_NODES`.
+fn allocation_left_idle(nodes: Option<String>) -> Option<String> {
+    let nodes: u64 = nodes?.trim().parse().ok().filter(|&n| n > 1)?;
+    Some(format!(
+        "this Slurm allocation has {nodes} nodes, and `shardrun run` starts every rank on this \
+         one ({}): the other {} stay idle; to train across the nodes, submit the spec as a \
+         batch job (`shardrun submit`), whose controller starts the ranks with srun",
+        shardrun_protocol::host::hostname(),
+        nodes - 1
+    ))
 }
 
 /// What asked for CUDA, as a refusal names it: `--device cuda`, or the spec's
@@ -192,6 +208,20 @@ pub fn announce(prepared: RunStart) -> Option<RunDir> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_in_an_allocation_of_several_nodes_says_the_others_stay_idle() {
+        let warning = allocation_left_idle(Some("3".into())).expect("a warning");
+        assert!(
+            warning.starts_with("this Slurm allocation has 3 nodes")
+                && warning.contains("the other 2 stay idle")
+                && warning.contains("`shardrun submit`"),
+            "{warning}"
+        );
+        assert_eq!(allocation_left_idle(Some("1".into())), None);
+        assert_eq!(allocation_left_idle(None), None);
+        assert_eq!(allocation_left_idle(Some("two".into())), None);
+    }
     use crate::spec::parse;
 
     fn demo(run_root: Option<&Path>) -> crate::spec::LoadedSpec {

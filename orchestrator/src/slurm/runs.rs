@@ -257,13 +257,16 @@ fn file_tail(path: &Path, bytes: u64) -> std::io::Result<Vec<u8>> {
 }
 
 /// A detail as one line of a table: what sbatch or a failure said over several lines,
-/// joined with "; ".
+/// joined with "; " (after a line ending in a colon, which introduces the next, a space).
 fn one_line(text: &str) -> String {
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join("; ")
+    let mut out = String::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if !out.is_empty() {
+            out.push_str(if out.ends_with(':') { " " } else { "; " });
+        }
+        out.push_str(line);
+    }
+    out
 }
 
 /// Refresh the state of every run with one Slurm query; returns which command answered.
@@ -550,6 +553,12 @@ mod tests {
              submission failed: Invalid partition name specified"
         );
         assert_eq!(one_line("training finished"), "training finished");
+        assert_eq!(
+            one_line(
+                "`sbatch --test-only job.sbatch` failed (exit status: 1):\nallocation failure"
+            ),
+            "`sbatch --test-only job.sbatch` failed (exit status: 1): allocation failure"
+        );
     }
 
     #[test]
