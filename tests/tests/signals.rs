@@ -142,6 +142,47 @@ fn ranks_that_cannot_reach_a_step_boundary_are_killed_after_the_stop_timeout() {
     assert_no_process_left(&run, Duration::ZERO);
 }
 
+#[test]
+fn a_rank_that_never_reaches_the_step_boundary_is_named_while_the_others_wait() {
+    // Rank 1 blocks for good at the start of step 3; ranks 0 and 2 wait for it in step 3's
+    // first collective. Cancelled then, none reaches a boundary: 10 s on, the controller
+    // names the rank the others wait for, before the stop timeout kills them (under Slurm,
+    // before the time limit's SIGKILL).
+    let dir = TestDir::new("stop-overdue");
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("overdue", 100_000, 3));
+    let envs = [("SHARDRUN_INJECT_FAILURE", "1:3:hang".to_string())];
+    let (mut job, run) = spawn_local_run(
+        &dir,
+        &spec,
+        &["--nproc", "3", "--stop-timeout", "15"],
+        &envs,
+        |cmd| {
+            cmd.stdout(std::process::Stdio::piped());
+        },
+    );
+    wait_for("every rank's second step", Duration::from_secs(60), || {
+        (0..3)
+            .all(|rank| metric_steps(&run, rank) == [1, 2])
+            .then_some(())
+    })
+    .unwrap();
+    unsafe { libc::kill(job.child.id() as i32, libc::SIGTERM) };
+    let (status, stdout) = finish(&mut job, &run, Duration::from_secs(60));
+    assert_eq!(status.code(), Some(143), "{stdout}");
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    let named = log
+        .lines()
+        .find(|l| l.contains("10 s after they were asked to stop"))
+        .unwrap_or_else(|| panic!("no report 10 s on:\n{log}"));
+    assert!(
+        named.contains("have not yet reached a step boundary (all at step 2")
+            && named.contains("; rank 1 entered ")
+            && named.contains("the others wait for it (logs/rank-1.log)"),
+        "{named}"
+    );
+    assert_no_process_left(&run, Duration::ZERO);
+}
+
 /// Real workers on a small MLP: milliseconds per step, a checkpoint every 20 steps.
 fn real_ranks_spec(name: &str, steps: u64) -> String {
     format!(

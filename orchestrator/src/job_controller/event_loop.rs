@@ -1,6 +1,7 @@
 //! Wiring: sockets, processes, signals and timers feed [`JobMachine`]; its actions are carried
 //! out here. No decision is made in this file that [`super::job`] could make.
 
+use super::collective_lag::CollectiveCounts;
 use super::console::Console;
 use super::job::{Action, ConnId, Event, JobMachine};
 use super::launcher::{LaunchMode, LaunchSpec, Launched, Launcher};
@@ -40,6 +41,14 @@ pub struct RunPaths {
     /// How many times the job was requeued after preemption.
     pub requeue_count: PathBuf,
 }
+
+/// Seconds after ranks are asked to stop (a cancel, a preemption or time-limit notice) at
+/// which those still going are named, with the rank the others wait for if there is one.
+const STOP_OVERDUE_AFTER: [u64; 3] = [10, 30, 60];
+/// A rank that entered fewer collectives than the others and none for this long when the
+/// stop is overdue is the one they wait for (a healthy rank enters several a second; its
+/// last count reaches the controller up to a heartbeat late).
+const STOP_LAG_STILL_FOR: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
 pub struct Timeouts {
@@ -530,7 +539,9 @@ impl Ranks<'_> {
             handshake_timeout: shardrun_protocol::connection::HANDSHAKE_TIMEOUT,
             heartbeat_timeout: opts.timeouts.heartbeat,
             progress_timeout: opts.timeouts.progress,
+            counts: CollectiveCounts::default(),
         };
+        let counts = server_opts.counts.clone();
         let server = tokio::spawn(
             server::serve(listener, server_opts, events_tx.clone(), records.clone())
                 .in_current_span(),
@@ -630,6 +641,27 @@ impl Ranks<'_> {
                             signal_all(libc::SIGTERM);
                             tokio::time::sleep(t.kill_grace).await;
                             signal_all(libc::SIGKILL);
+                        });
+                    }
+                    Action::WatchStopping => {
+                        // A rank that never reaches the step boundary (hung in a collective, in
+                        // I/O) is named while the job still has time: under Slurm the time
+                        // limit's SIGKILL comes KillWait (30 s by default) after its SIGTERM.
+                        let events_tx = events_tx.clone();
+                        let counts = counts.clone();
+                        tokio::spawn(async move {
+                            let start = tokio::time::Instant::now();
+                            for waited in STOP_OVERDUE_AFTER {
+                                tokio::time::sleep_until(start + Duration::from_secs(waited)).await;
+                                let lag = counts.lag(std::time::Instant::now(), STOP_LAG_STILL_FOR);
+                                let overdue = Event::StopOverdue {
+                                    waited_secs: waited,
+                                    lag,
+                                };
+                                if events_tx.send(ServerEvent::Job(overdue)).is_err() {
+                                    return;
+                                }
+                            }
                         });
                     }
                     Action::StartDrainTimer => {

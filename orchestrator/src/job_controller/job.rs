@@ -94,6 +94,12 @@ pub enum Event {
     Preempt(Notice),
     /// The controller itself started signalling the workers (after the shutdown grace).
     Escalated,
+    /// `waited_secs` after the ranks were asked to stop ([`Action::WatchStopping`]); `lag`:
+    /// the ranks behind in the collectives, if some stood still there.
+    StopOverdue {
+        waited_secs: u64,
+        lag: Option<Lag>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -118,6 +124,9 @@ pub enum Action {
     /// The ranks were asked to stop at their next step boundary (a cancel): give them the
     /// step-boundary timeout, then stop the processes that are left as above.
     StopAtStepBoundary,
+    /// The ranks were asked to stop or to checkpoint and stop: send [`Event::StopOverdue`]
+    /// a few times while they do, so that ranks that never get there are named.
+    WatchStopping,
     /// All processes exited but some connections are still open: wait a little for their
     /// last bytes, then send [`Event::DrainTimeout`].
     StartDrainTimer,
@@ -199,6 +208,8 @@ pub struct JobMachine {
     cancel_received: Option<StopSignal>,
     stop_requested: bool,
     escalated: bool,
+    /// [`Action::WatchStopping`] was asked for (once is enough).
+    watching_stop: bool,
 }
 
 impl JobMachine {
@@ -221,6 +232,7 @@ impl JobMachine {
             cancel_received: None,
             stop_requested: false,
             escalated: false,
+            watching_stop: false,
         }
     }
 
@@ -464,6 +476,11 @@ impl JobMachine {
                     &mut out,
                 );
             }
+            Event::StopOverdue { waited_secs, lag } => {
+                if let Some(line) = self.not_stopped(waited_secs, lag.as_ref()) {
+                    out.push(Action::Say(line));
+                }
+            }
             Event::Preempt(notice) => {
                 self.notice_received = true;
                 if self.preempting.is_none() && self.failure.is_none() && self.cancelled.is_none() {
@@ -480,6 +497,7 @@ impl JobMachine {
                                 msg: ToWorker::Preempt,
                             });
                         }
+                        self.watch_stopping(&mut out);
                     }
                 }
             }
@@ -830,11 +848,61 @@ impl JobMachine {
         }
         // After a failure the others are likely blocked in a collective with the dead rank:
         // they get the short grace. A cancelled job's ranks can finish their step.
-        out.push(if self.failure.is_none() && was_running {
-            Action::StopAtStepBoundary
+        if self.failure.is_none() && was_running {
+            out.push(Action::StopAtStepBoundary);
+            self.watch_stopping(out);
         } else {
-            Action::StopProcesses { force: false }
-        });
+            out.push(Action::StopProcesses { force: false });
+        }
+    }
+
+    fn watch_stopping(&mut self, out: &mut Vec<Action>) {
+        if !self.watching_stop {
+            self.watching_stop = true;
+            out.push(Action::WatchStopping);
+        }
+    }
+
+    /// The ranks asked to stop that have not, `waited_secs` after the request: where each
+    /// stands and, when some stand still outside a collective the others wait in, which.
+    /// `None` once every rank has stopped (or the job is failing: its report names ranks).
+    fn not_stopped(&self, waited_secs: u64, lag: Option<&Lag>) -> Option<String> {
+        if self.failure.is_some() || self.escalated {
+            return None;
+        }
+        let going: Vec<(u64, u64)> = self
+            .ranks
+            .iter()
+            .filter(|(_, r)| r.connected && r.end.is_none())
+            .map(|(&rank, r)| (rank, r.step))
+            .collect();
+        if going.is_empty() {
+            return None;
+        }
+        let ranks: Vec<u64> = going.iter().map(|(rank, _)| *rank).collect();
+        let steps: BTreeSet<u64> = going.iter().map(|(_, step)| *step).collect();
+        let at = match (steps.first(), steps.len()) {
+            (Some(step), 1) => format!("all at step {step}"),
+            _ => going
+                .iter()
+                .map(|(rank, step)| format!("rank {rank} at step {step}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        };
+        let asked = if self.preempting.is_some() && self.cancelled.is_none() {
+            "asked to checkpoint and stop"
+        } else {
+            "asked to stop"
+        };
+        let mut line = format!(
+            "{waited_secs} s after they were {asked}, rank(s) {} have not yet reached a step \
+             boundary ({at}, as their heartbeats last said)",
+            rank_list(&ranks)
+        );
+        if let Some(lag) = lag.filter(|lag| lag.ranks.iter().all(|r| ranks.contains(r))) {
+            line.push_str(&format!("; {}", lag.describe(None)));
+        }
+        Some(line)
     }
 
     fn set_end(&mut self, conn: ConnId, end: RankEnd) {

@@ -68,6 +68,9 @@ pub struct ServerOptions {
     /// first step), while no other worker moved either, is not making progress; `None`:
     /// never judged.
     pub progress_timeout: Option<Duration>,
+    /// Every rank's count of collectives entered, as its heartbeats say (shared with the
+    /// event loop, which reads it when ranks are slow to stop).
+    pub counts: CollectiveCounts,
 }
 
 pub async fn serve(
@@ -81,7 +84,7 @@ pub async fn serve(
         heartbeat_timeout: opts.heartbeat_timeout,
         progress_timeout: opts.progress_timeout,
         activity: JobActivity::new(std::time::Instant::now()),
-        counts: CollectiveCounts::default(),
+        counts: opts.counts.clone(),
     };
     let mut next_conn: ConnId = 0;
     loop {

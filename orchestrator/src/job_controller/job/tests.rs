@@ -599,6 +599,74 @@ fn ranks_that_do_not_stop_in_time_are_named_when_killed() {
 }
 
 #[test]
+fn ranks_slow_to_stop_are_named_with_the_rank_the_others_wait_for() {
+    let mut s = running();
+    for conn in [10, 11] {
+        s.handle(Event::Progress { conn, step: 6 });
+    }
+    let actions = s.handle(Event::Cancel {
+        signal: StopSignal::Terminate,
+    });
+    assert_eq!(
+        actions
+            .iter()
+            .filter(|a| **a == Action::WatchStopping)
+            .count(),
+        1,
+        "{actions:?}"
+    );
+    s.handle(Event::Stopped {
+        conn: 10,
+        step: 6,
+        reason: StopReason::Controller {
+            reason: "the job was cancelled (SIGTERM)".into(),
+        },
+    });
+    let said = all_said(s.handle(Event::StopOverdue {
+        waited_secs: 10,
+        lag: behind(1, 40),
+    }));
+    assert_eq!(
+        said,
+        vec![
+            "10 s after they were asked to stop, rank(s) 1 have not yet reached a step boundary \
+             (all at step 6, as their heartbeats last said); rank 1 entered 40 collectives and \
+             no more for 60 s while the other ranks entered 41: the others wait for it \
+             (logs/rank-1.log)"
+                .to_string()
+        ]
+    );
+    // Once every rank stopped, nothing more is said.
+    s.handle(Event::Stopped {
+        conn: 11,
+        step: 6,
+        reason: StopReason::Peer,
+    });
+    assert!(says_nothing(&s.handle(Event::StopOverdue {
+        waited_secs: 30,
+        lag: None,
+    })));
+}
+
+#[test]
+fn ranks_slow_to_checkpoint_for_a_notice_are_named() {
+    let mut s = running();
+    s.handle(Event::Progress { conn: 10, step: 8 });
+    s.handle(Event::Progress { conn: 11, step: 7 });
+    let actions = s.handle(Event::Preempt(Notice::TimeLimit));
+    assert!(actions.contains(&Action::WatchStopping), "{actions:?}");
+    let said = said(&s.handle(Event::StopOverdue {
+        waited_secs: 30,
+        lag: None,
+    }));
+    assert_eq!(
+        said,
+        "30 s after they were asked to checkpoint and stop, rank(s) 0-1 have not yet reached a \
+         step boundary (rank 0 at step 8, rank 1 at step 7, as their heartbeats last said)"
+    );
+}
+
+#[test]
 fn a_second_signal_names_each_rank_it_kills_and_why() {
     let mut s = running();
     s.handle(Event::Cancel {
