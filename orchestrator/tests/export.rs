@@ -217,8 +217,10 @@ fn a_folder_without_checkpoints_says_what_to_check() {
 /// The resolved training config of a spec with `model` and `data` (YAML flow maps), as the
 /// run in `dir` would write it.
 fn train_config(dir: &Path, model: &str, data: &str) -> TrainConfig {
+    // The data cache follows `run_root`: in the test's folder, not the crate's.
     let yaml = format!(
-        "name: t\ntraining:\n  model: {model}\n  data: {data}\n  steps: 1\n  total_batch_size: 1\n  batch_size_per_device: 1\n"
+        "name: t\nrun_root: {}\ntraining:\n  model: {model}\n  data: {data}\n  steps: 1\n  total_batch_size: 1\n  batch_size_per_device: 1\n",
+        dir.join("runs").display()
     );
     let loaded = shardrun::spec::parse(&yaml, &dir.join("job.yaml")).unwrap();
     shardrun::resolve::resolve(&loaded, &Default::default())
