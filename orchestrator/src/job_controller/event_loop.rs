@@ -600,10 +600,19 @@ impl Ranks<'_> {
         {
             let events_tx = events_tx.clone();
             let after = opts.timeouts.rendezvous;
+            let several_nodes = matches!(spec.mode, LaunchMode::Slurm { nodes, .. } if nodes > 1);
             tokio::spawn(async move {
                 tokio::time::sleep(after).await;
+                let nodes = if several_nodes {
+                    tokio::task::spawn_blocking(allocation_nodes)
+                        .await
+                        .unwrap_or_default()
+                } else {
+                    Vec::new()
+                };
                 let _ = events_tx.send(ServerEvent::Job(Event::RendezvousTimeout {
                     waited_secs: after.as_secs(),
+                    nodes,
                 }));
             });
         }
@@ -727,6 +736,26 @@ impl Ranks<'_> {
         let outcome = cancelled_by_slurm(outcome, &state).await;
         (outcome, state.steps_done())
     }
+}
+
+/// The nodes of this Slurm job's allocation (`scontrol show hostnames`, which expands
+/// `SLURM_JOB_NODELIST`); empty when they cannot be had.
+fn allocation_nodes() -> Vec<String> {
+    let Ok(list) = std::env::var("SLURM_JOB_NODELIST") else {
+        return Vec::new();
+    };
+    std::process::Command::new("scontrol")
+        .args(["show", "hostnames", &list])
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// `scancel` signals the batch script and the ranks at once, so the job may end on what the

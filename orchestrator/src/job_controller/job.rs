@@ -80,9 +80,11 @@ pub enum Event {
         proc: ProcId,
         exit: ExitInfo,
     },
-    /// Not every rank registered within `waited_secs` of the launch.
+    /// Not every rank registered within `waited_secs` of the launch; `nodes`: the Slurm
+    /// allocation's nodes (empty outside Slurm, or on one node).
     RendezvousTimeout {
         waited_secs: u64,
+        nodes: Vec<String>,
     },
     /// After all processes exited, connections still open are given up on.
     DrainTimeout,
@@ -407,13 +409,33 @@ impl JobMachine {
                 }
             }
             Event::ProcessExited { proc, exit } => self.on_exit(proc, exit, &mut out),
-            Event::RendezvousTimeout { waited_secs } => {
+            Event::RendezvousTimeout { waited_secs, nodes } => {
                 if self.phase == Phase::Rendezvous {
                     let missing = self.roster.missing();
+                    let registered: BTreeSet<&str> = self
+                        .roster
+                        .registrations()
+                        .map(|r| r.host.as_str())
+                        .collect();
+                    // A node none of whose ranks got through: they did not start there, or
+                    // cannot reach the controller (a network, an interface, a firewall).
+                    // Hosts may name themselves by their full name (`node1.cluster`).
+                    let same = |node: &str, host: &str| {
+                        let within = |short: &str, long: &str| {
+                            long.strip_prefix(short)
+                                .is_some_and(|rest| rest.starts_with('.'))
+                        };
+                        node == host || within(node, host) || within(host, node)
+                    };
+                    let silent_nodes = nodes
+                        .into_iter()
+                        .filter(|node| !registered.iter().any(|host| same(node, host)))
+                        .collect();
                     self.fail(
                         Failure::job(FailureCause::RendezvousTimeout {
                             missing,
                             waited_secs,
+                            silent_nodes,
                         }),
                         &mut out,
                     );

@@ -78,6 +78,9 @@ pub enum FailureCause {
     RendezvousTimeout {
         missing: Vec<u64>,
         waited_secs: u64,
+        /// Nodes of the Slurm allocation from which no rank registered.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        silent_nodes: Vec<String>,
     },
     /// A registration that cannot belong to this job.
     Inconsistent {
@@ -161,13 +164,22 @@ impl Failure {
             FailureCause::RendezvousTimeout {
                 missing,
                 waited_secs,
+                silent_nodes,
             } => {
+                let nodes = match silent_nodes.as_slice() {
+                    [] => String::new(),
+                    nodes => format!(
+                        "; no rank registered from {} of the allocation (did its ranks start? \
+                         can that node reach this one's network?)",
+                        nodes.join(", ")
+                    ),
+                };
                 format!(
                     "timed out in the rendezvous: rank(s) {} never registered within {waited_secs} \
-                     s (did they start? see their lines in train.log and logs/; if they are only \
-                     slow to start, allow them longer: `export SHARDRUN_RENDEZVOUS_TIMEOUT=SECS` \
-                     in the spec's `resources.setup`, or `shardrun run --rendezvous-timeout \
-                     SECS`)",
+                     s{nodes} (did they start? see their lines in train.log and logs/; if they \
+                     are only slow to start, allow them longer: `export \
+                     SHARDRUN_RENDEZVOUS_TIMEOUT=SECS` in the spec's `resources.setup`, or \
+                     `shardrun run --rendezvous-timeout SECS`)",
                     missing
                         .iter()
                         .map(|r| r.to_string())

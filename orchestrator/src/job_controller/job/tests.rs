@@ -144,6 +144,35 @@ fn duplicate_rank_and_mismatched_hash_fail_the_job() {
 }
 
 #[test]
+fn a_rendezvous_timeout_names_the_nodes_no_rank_registered_from() {
+    let mut s = JobMachine::new(3, "abc");
+    s.handle(Event::Launched {
+        procs: vec![(0, None)],
+    });
+    // Rank 0 names its host in full; ranks 1 and 2 (node1) never register.
+    s.handle(Event::Registered {
+        conn: 10,
+        registration: Registration {
+            host: "node0.cluster".into(),
+            world_size: 3,
+            ..reg(0)
+        },
+    });
+    let actions = s.handle(Event::RendezvousTimeout {
+        waited_secs: 600,
+        nodes: vec!["node0".into(), "node1".into()],
+    });
+    let text = said(&actions);
+    assert!(
+        text.contains(
+            "rank(s) 1, 2 never registered within 600 s; no rank registered from node1 of the \
+             allocation"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
 fn rendezvous_timeout_names_missing_ranks() {
     let mut s = JobMachine::new(4, "abc");
     s.handle(Event::Launched {
@@ -155,7 +184,10 @@ fn rendezvous_timeout_names_missing_ranks() {
         conn: 1,
         registration: r,
     });
-    let actions = s.handle(Event::RendezvousTimeout { waited_secs: 600 });
+    let actions = s.handle(Event::RendezvousTimeout {
+        waited_secs: 600,
+        nodes: Vec::new(),
+    });
     match actions.iter().find_map(|a| match a {
         Action::Say(t) => Some(t.clone()),
         _ => None,
@@ -170,7 +202,10 @@ fn rendezvous_timeout_names_missing_ranks() {
     // Timing out after the start is meaningless.
     let mut s = running();
     assert!(s
-        .handle(Event::RendezvousTimeout { waited_secs: 600 })
+        .handle(Event::RendezvousTimeout {
+            waited_secs: 600,
+            nodes: Vec::new(),
+        })
         .is_empty());
 }
 
