@@ -251,16 +251,26 @@ impl ChatTemplate {
         add_generation_prompt: bool,
     ) -> std::result::Result<String, String> {
         let [messages_name, tools_name, documents_name, prompt_name] = RENDER_ARGUMENTS;
-        let mut context = self.variables.clone();
-        context.insert(messages_name.into(), Value::from(messages.to_vec()));
-        context.insert(tools_name.into(), tools.cloned().unwrap_or(Value::from(())));
-        context.insert(documents_name.into(), Value::from(()));
-        context.insert(prompt_name.into(), Value::from(add_generation_prompt));
+        // The render's variables, with `extra` ones set to "" (to find which are missing).
+        let context = |extra: &[&String]| {
+            let mut context = self.variables.clone();
+            context.insert(messages_name.into(), Value::from(messages.to_vec()));
+            context.insert(tools_name.into(), tools.cloned().unwrap_or(Value::from(())));
+            context.insert(documents_name.into(), Value::from(()));
+            context.insert(prompt_name.into(), Value::from(add_generation_prompt));
+            for name in extra {
+                context.insert((*name).clone(), Value::from(""));
+            }
+            Value::from(context)
+        };
         let template = self.env.get_template(name).map_err(|e| describe(&e))?;
-        // The variables the template reads that neither a render nor the spec sets.
-        let unset = || -> Vec<String> {
+        template.render(context(&[])).map_err(|e| {
+            let mut text = format!("the chat template failed: {}", describe(&e));
+            // A template that reads a variable of its own (`date_string` in some Llama 3
+            // templates) gets it from `apply_chat_template`'s keyword arguments: name the ones
+            // nothing sets whose absence is what failed (the render works once they are set).
             let globals: Vec<&str> = self.env.globals().map(|(name, _)| name).collect();
-            let mut names: Vec<String> = template
+            let mut unset: Vec<String> = template
                 .undeclared_variables(false)
                 .into_iter()
                 .filter(|name| {
@@ -269,23 +279,26 @@ impl ChatTemplate {
                         && !globals.contains(&name.as_str())
                 })
                 .collect();
-            names.sort();
-            names
-        };
-        template.render(Value::from(context)).map_err(|e| {
-            let mut text = format!("the chat template failed: {}", describe(&e));
-            let names = unset();
-            if !names.is_empty() && text.contains("undefined") {
-                // Templates that read a variable of their own (Llama 3's `date_string`) get it
-                // from `apply_chat_template`'s keyword arguments.
+            unset.sort();
+            let renders = |names: &[&String]| template.render(context(names)).is_ok();
+            let alone: Vec<&String> = unset.iter().filter(|n| renders(&[*n])).collect();
+            let all: Vec<&String> = unset.iter().collect();
+            let missing = if !alone.is_empty() {
+                alone
+            } else if !all.is_empty() && renders(&all) {
+                all
+            } else {
+                Vec::new()
+            };
+            if !missing.is_empty() {
                 text.push_str(&format!(
                     " (it reads {}, which nothing sets: give {} in `data.chat_template_kwargs`)",
-                    names
+                    missing
                         .iter()
                         .map(|n| format!("`{n}`"))
                         .collect::<Vec<_>>()
                         .join(", "),
-                    if names.len() == 1 { "it" } else { "them" }
+                    if missing.len() == 1 { "it" } else { "them" }
                 ));
             }
             text
@@ -908,8 +921,9 @@ mod tests {
     #[test]
     fn a_variable_nothing_sets_is_named_with_where_to_give_it() {
         let t = template(
-            "{% set who = 'user' %}{% for m in messages %}{{ m.content + ' on ' + date_string \
-             + ' by ' + who + eos_token }}{% endfor %}",
+            "{% set who = 'user' %}{% if custom_tools is defined %}{{ custom_tools }}{% endif %}\
+             {% for m in messages %}{{ m.content + ' on ' + date_string + ' by ' + who \
+             + eos_token }}{% endfor %}",
         );
         let err = t.render(
             &messages(r#"{"messages": [{"role": "user", "content": "hi"}]}"#),
@@ -924,9 +938,17 @@ mod tests {
                 ),
             "{err}"
         );
-        // A failure of another kind says nothing of variables.
+        // A failure of another kind says nothing of variables, even where the template reads
+        // one nothing sets (guarded or not).
         let t = template("{{ raise_exception('no') }}{{ date_string }}");
         let err = t.render(&[], false).unwrap_err();
+        assert!(!err.contains("nothing sets"), "{err}");
+        let t = template(
+            "{% if custom_tools is defined %}x{% endif %}{{ messages[0].content + eos_token }}",
+        );
+        let err = t
+            .render(&messages(r#"{"messages": [{"role": "user"}]}"#), false)
+            .unwrap_err();
         assert!(!err.contains("nothing sets"), "{err}");
     }
 

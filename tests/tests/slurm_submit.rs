@@ -279,20 +279,35 @@ fn a_job_that_needs_a_drained_node_is_submitted_and_waits_for_it() {
         .shardrun(dir.path(), &["submit", &drained.to_string_lossy()])
         .unwrap();
     let stderr = stderr_of(&out);
+    // A request the node would not meet even in service is refused all the same.
+    let text = spec("toobig", &["exit 0"]).replace(
+        "  tasks_per_node: 1\n",
+        "  tasks_per_node: 1\n  mem: \"900G\"\n",
+    );
+    let toobig = dir.write("toobig.yaml", &text);
+    let refused = cluster
+        .shardrun(dir.path(), &["submit", &toobig.to_string_lossy()])
+        .unwrap();
     scontrol("resume");
     assert!(out.status.success(), "{}{stderr}", stdout_of(&out));
     assert!(
         stderr.contains(&format!(
-            "needs nodes out of service now ({} (drain)): submitted, so that it waits for them",
+            "which nodes of its partition out of service now would meet ({} (drain)): \
+             submitted, so that it waits for them",
             hostname()
         )),
         "{stderr}"
     );
+    assert!(
+        !refused.status.success()
+            && stderr_of(&refused).contains("Requested node configuration is not available"),
+        "{}{}",
+        stdout_of(&refused),
+        stderr_of(&refused)
+    );
     // Back in service, the node runs it.
     let run = dir.join("runs/drained");
     wait_state(&cluster, dir.path(), &run, "COMPLETED");
-    // A request no node meets, with every node in service, is still refused at submit:
-    // `a_job_no_node_can_run_is_refused_at_submit_not_left_pending`.
 }
 
 #[test]

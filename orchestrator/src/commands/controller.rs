@@ -29,11 +29,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     }
     let run = RunDir::open(&args.run_dir)?;
     let config = run.read_train_config()?;
-    let nodes = std::env::var("SLURM_JOB_NUM_NODES")
-        .or_else(|_| std::env::var("SLURM_NNODES"))
-        .ok()
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(1);
+    let nodes = allocation_node_count().unwrap_or(1);
     // The GPUs per node the sbatch script asked for; the step asks for them the same way.
     let gpus_per_node = match config.device {
         DeviceKind::Cpu => 0,
@@ -57,6 +53,14 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     };
     let opts = args.controller.options(&run, launch, false)?;
     supervise(&run, opts, None)
+}
+
+/// How many nodes the Slurm allocation this runs in has, if it runs in one.
+pub fn allocation_node_count() -> Option<u64> {
+    std::env::var("SLURM_JOB_NUM_NODES")
+        .or_else(|_| std::env::var("SLURM_NNODES"))
+        .ok()
+        .and_then(|n| n.trim().parse().ok())
 }
 
 /// Runs the controller and records the run's state in its manifest; shared with `run`.

@@ -97,7 +97,9 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     for warning in &job.warnings {
         errln!("warning: {warning}");
     }
-    if let Some(warning) = allocation_left_idle(std::env::var("SLURM_JOB_NUM_NODES").ok()) {
+    if let Some(warning) =
+        allocation_left_idle(crate::commands::controller::allocation_node_count())
+    {
         errln!("warning: {warning}");
     }
     let opts = args.controller.options(
@@ -115,9 +117,9 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
 }
 
 /// Inside an allocation of several nodes (`salloc --nodes 2`), `run` still starts every
-/// rank on this one: the others stay idle, which is said. `nodes`: `SLURM_JOB_NUM_NODES`.
-fn allocation_left_idle(nodes: Option<String>) -> Option<String> {
-    let nodes: u64 = nodes?.trim().parse().ok().filter(|&n| n > 1)?;
+/// rank on this one: the others stay idle, which is said. `nodes`: the allocation's.
+fn allocation_left_idle(nodes: Option<u64>) -> Option<String> {
+    let nodes = nodes.filter(|&n| n > 1)?;
     Some(format!(
         "this Slurm allocation has {nodes} nodes, and `shardrun run` starts every rank on this \
          one ({}): the other {} stay idle; to train across the nodes, submit the spec as a \
@@ -211,16 +213,15 @@ mod tests {
 
     #[test]
     fn a_run_in_an_allocation_of_several_nodes_says_the_others_stay_idle() {
-        let warning = allocation_left_idle(Some("3".into())).expect("a warning");
+        let warning = allocation_left_idle(Some(3)).expect("a warning");
         assert!(
             warning.starts_with("this Slurm allocation has 3 nodes")
                 && warning.contains("the other 2 stay idle")
                 && warning.contains("`shardrun submit`"),
             "{warning}"
         );
-        assert_eq!(allocation_left_idle(Some("1".into())), None);
+        assert_eq!(allocation_left_idle(Some(1)), None);
         assert_eq!(allocation_left_idle(None), None);
-        assert_eq!(allocation_left_idle(Some("two".into())), None);
     }
     use crate::spec::parse;
 

@@ -809,29 +809,44 @@ impl JobMachine {
     }
 
     /// `rank` went silent: the job fails, or, when it failed already because another rank
-    /// of the same host went silent, that rank is added to the failure and said: every
-    /// rank of a host going silent is a lost host or network more than a hung process.
+    /// of the same host went silent, that rank is added to the failure and said; once every
+    /// rank of the host is silent, as a lost host or network more than hung processes.
     fn heartbeat_lost(&mut self, rank: u64, out: &mut Vec<Action>) {
         let host = self.roster.get(rank).map(|r| r.host.clone());
+        let ranks_of_host = self
+            .roster
+            .registrations()
+            .filter(|r| Some(&r.host) == host.as_ref())
+            .count();
         if let Some(Failure {
             host: failed_host,
             rank: Some(first),
-            cause: FailureCause::HeartbeatLost { same_host },
+            cause:
+                FailureCause::HeartbeatLost {
+                    same_host,
+                    whole_host,
+                },
             ..
         }) = &mut self.failure
         {
             if host.is_some() && *failed_host == host && *first != rank {
                 same_host.push(rank);
-                out.push(Action::Say(format!(
-                    "rank {rank} on {} stopped sending heartbeats too: the host or its network \
-                     is likely lost",
-                    host.unwrap_or_default()
-                )));
+                *whole_host = same_host.len() + 1 == ranks_of_host;
+                let host = host.unwrap_or_default();
+                out.push(Action::Say(if *whole_host {
+                    format!(
+                        "rank {rank} on {host} stopped sending heartbeats too: every rank of \
+                         {host} is silent, the host or its network is likely lost"
+                    )
+                } else {
+                    format!("rank {rank} on {host} stopped sending heartbeats too")
+                }));
             }
             return;
         }
         let cause = FailureCause::HeartbeatLost {
             same_host: Vec::new(),
+            whole_host: false,
         };
         self.fail(self.failure_of(rank, cause), out);
     }
@@ -911,16 +926,20 @@ impl JobMachine {
                 .collect::<Vec<_>>()
                 .join(", "),
         };
-        let asked = if self.preempting.is_some() && self.cancelled.is_none() {
-            "asked to checkpoint and stop"
+        let ranks_text = rank_list(&ranks);
+        let mut line = if self.preempting.is_some() && self.cancelled.is_none() {
+            // Past their boundary they write the checkpoint, which may take a while.
+            format!(
+                "{waited_secs} s after they were asked to checkpoint and stop, rank(s) \
+                 {ranks_text} have not stopped yet ({at}, as their heartbeats last said; a \
+                 rank past its step boundary may still be writing the checkpoint)"
+            )
         } else {
-            "asked to stop"
+            format!(
+                "{waited_secs} s after they were asked to stop, rank(s) {ranks_text} have not \
+                 yet reached a step boundary ({at}, as their heartbeats last said)"
+            )
         };
-        let mut line = format!(
-            "{waited_secs} s after they were {asked}, rank(s) {} have not yet reached a step \
-             boundary ({at}, as their heartbeats last said)",
-            rank_list(&ranks)
-        );
         if let Some(lag) = lag.filter(|lag| lag.ranks.iter().all(|r| ranks.contains(r))) {
             line.push_str(&format!("; {}", lag.describe(None)));
         }

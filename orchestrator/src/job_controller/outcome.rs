@@ -70,10 +70,13 @@ pub enum FailureCause {
         why: String,
     },
     /// No heartbeat came for the heartbeat timeout; `same_host`: other ranks of its host
-    /// that went silent too (a lost node or network, more than a hung process).
+    /// that went silent too; `whole_host`: with them, every rank of the host (a lost node or
+    /// network, more than hung processes).
     HeartbeatLost {
         #[serde(skip_serializing_if = "Vec::is_empty")]
         same_host: Vec<u64>,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        whole_host: bool,
     },
     RendezvousTimeout {
         missing: Vec<u64>,
@@ -153,12 +156,23 @@ impl Failure {
                 Some(exit) => format!("died with {exit} (its connection ended: {why})"),
                 None => format!("lost its connection to the controller ({why})"),
             },
-            FailureCause::HeartbeatLost { same_host } if same_host.is_empty() => {
+            FailureCause::HeartbeatLost { same_host, .. } if same_host.is_empty() => {
                 "stopped sending heartbeats (hung or frozen process?)".to_string()
             }
-            FailureCause::HeartbeatLost { same_host } => format!(
-                "stopped sending heartbeats, and so did rank(s) {} on the same host: the host \
-                 or its network is likely lost (or every process there froze)",
+            FailureCause::HeartbeatLost {
+                same_host,
+                whole_host: true,
+            } => format!(
+                "stopped sending heartbeats, and so did rank(s) {} on the same host, every rank \
+                 there: the host or its network is likely lost (or every process there froze)",
+                rank_list(same_host)
+            ),
+            FailureCause::HeartbeatLost {
+                same_host,
+                whole_host: false,
+            } => format!(
+                "stopped sending heartbeats, and so did rank(s) {} on the same host (hung or \
+                 frozen processes?)",
                 rank_list(same_host)
             ),
             FailureCause::RendezvousTimeout {

@@ -1,6 +1,7 @@
 //! Running the Slurm commands. One batched query for many jobs: `sacct` when accounting
 //! works, else `squeue --states=all` plus `scontrol show job` for what squeue missed.
 
+use super::out_of_service::{parse_sinfo, waits_for, NodeRequest, SINFO_FORMAT};
 use super::parse::{
     parse_commented_jobs, parse_sacct, parse_sbatch_parsable, parse_scontrol, parse_squeue,
     CommentedJob,
@@ -44,7 +45,7 @@ pub fn submit(script: &Path, extra_args: &[String]) -> Result<String, SlurmError
     // slurmctld takes a held job without matching it to the nodes (`--mem=900G` is
     // accepted, then pends for ever with BadConstraints once released): `--test-only`
     // first, which refuses what a plain sbatch would, and also what needs a node that is
-    // drained or down for now, which a plain sbatch queues.
+    // drained or down for now, which a plain sbatch queues (told apart with `sinfo`).
     if extra_args.iter().any(|a| a == "--hold") {
         let mut args = vec!["--test-only".to_string()];
         args.extend(extra_args.iter().filter(|a| *a != "--hold").cloned());
@@ -52,16 +53,14 @@ pub fn submit(script: &Path, extra_args: &[String]) -> Result<String, SlurmError
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let output = run("sbatch", &args)?;
         if let Err(refused) = check("sbatch", &args, output) {
-            let unavailable = unavailable_nodes();
-            if unavailable.is_empty() {
+            let Some(waited_for) = nodes_to_wait_for(script) else {
                 return Err(refused);
-            }
+            };
             errln!(
-                "warning: `sbatch --test-only` refused the job, and it cannot tell a request no \
-                 node meets from one that needs nodes out of service now ({}): submitted, so \
-                 that it waits for them; if `squeue` shows it pending with reason \
-                 BadConstraints, no node meets the request: `shardrun cancel` it and lower it",
-                unavailable.join(", ")
+                "warning: `sbatch --test-only` refused the job, which nodes of its partition \
+                 out of service now would meet ({}): submitted, so that it waits for them as a \
+                 plain sbatch's job would",
+                waited_for.join(", ")
             );
         }
     }
@@ -71,31 +70,13 @@ pub fn submit(script: &Path, extra_args: &[String]) -> Result<String, SlurmError
     parse_sbatch_parsable(&check("sbatch", &args, output)?)
 }
 
-/// Nodes out of service for now (drained, down, in maintenance, failed), as `node (state)`
-/// from `sinfo`: nodes no job can start on until an administrator brings them back.
-fn unavailable_nodes() -> Vec<String> {
-    let args = ["--noheader", "--Node", "--format=%N %t"];
-    let Ok(Ok(text)) = run("sinfo", &args).map(|output| check("sinfo", &args, output)) else {
-        return Vec::new();
-    };
-    let mut nodes: Vec<String> = text
-        .lines()
-        .filter_map(|line| line.split_once(' '))
-        .filter(|(_, state)| {
-            // Flags after the state (`*` not responding, `~` powered off, ...) aside.
-            let state = state
-                .trim()
-                .trim_end_matches(['*', '~', '#', '!', '%', '$', '@', '^', '-']);
-            matches!(
-                state,
-                "drain" | "drng" | "drained" | "down" | "maint" | "fail" | "failg" | "inval"
-            )
-        })
-        .map(|(node, state)| format!("{node} ({})", state.trim()))
-        .collect();
-    nodes.sort();
-    nodes.dedup();
-    nodes
+/// The nodes out of service the job of `script` waits for, when only they keep it from
+/// running ([`super::out_of_service::waits_for`]).
+fn nodes_to_wait_for(script: &Path) -> Option<Vec<String>> {
+    let request = NodeRequest::of_script(&std::fs::read_to_string(script).ok()?);
+    let args = ["--noheader", "--Node", SINFO_FORMAT];
+    let text = check("sinfo", &args, run("sinfo", &args).ok()?).ok()?;
+    waits_for(&request, &parse_sinfo(&text))
 }
 
 /// The arguments [`submit`] gives sbatch (a dry run shows them).

@@ -5,6 +5,7 @@
 
 mod command;
 pub mod limits;
+mod out_of_service;
 mod parse;
 mod runs;
 mod state;

@@ -127,7 +127,8 @@ fn written_key_made_unknown(
     let key = e.unknown.as_ref()?.path.as_str();
     // A key inside the flag's own value is the flag's error.
     let set_by_flag = key == o.path || key.starts_with(&format!("{}.", o.path));
-    let at = super::locate_path(&loaded.source, key).filter(|_| !set_by_flag)?;
+    // Written in the file itself, not by an earlier flag.
+    let at = super::yaml::locate_written_key(&loaded.source, key).filter(|_| !set_by_flag)?;
     Some(SpecError::in_file(
         &loaded.path,
         &loaded.source,
@@ -278,6 +279,17 @@ mod tests {
             "{written} holds {key}: {text}"
         );
         assert!(err.fix.starts_with("remove it from the file"), "{text}");
+        // A key an earlier flag wrote is that flag's, not the file's.
+        let err = with(&[
+            "training.model={kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4}",
+            "training.model.kind=transformer",
+        ])
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("--set training.model.kind=transformer: "),
+            "{err}"
+        );
     }
 
     #[test]

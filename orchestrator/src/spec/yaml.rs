@@ -207,6 +207,14 @@ pub fn locate_path(source: &str, path: &str) -> Option<Location> {
         .key_location(&steps(path))
 }
 
+/// The key at `path` (dotted) when the text writes all of it, not only a section above it.
+pub fn locate_written_key(source: &str, path: &str) -> Option<Location> {
+    let document = SpannedDocument::parse(source).ok()?;
+    let steps = steps(path);
+    document.value_location(&steps)?;
+    document.key_location(&steps)
+}
+
 /// One step of a path into the tree.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {

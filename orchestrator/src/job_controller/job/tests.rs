@@ -696,8 +696,9 @@ fn ranks_slow_to_checkpoint_for_a_notice_are_named() {
     }));
     assert_eq!(
         said,
-        "30 s after they were asked to checkpoint and stop, rank(s) 0-1 have not yet reached a \
-         step boundary (rank 0 at step 8, rank 1 at step 7, as their heartbeats last said)"
+        "30 s after they were asked to checkpoint and stop, rank(s) 0-1 have not stopped yet \
+         (rank 0 at step 8, rank 1 at step 7, as their heartbeats last said; a rank past its \
+         step boundary may still be writing the checkpoint)"
     );
 }
 
@@ -996,8 +997,8 @@ fn every_rank_of_a_host_going_silent_is_said_to_be_a_lost_host() {
     assert_eq!(
         second,
         vec![
-            "rank 3 on node1 stopped sending heartbeats too: the host or its network is likely \
-             lost"
+            "rank 3 on node1 stopped sending heartbeats too: every rank of node1 is silent, the \
+             host or its network is likely lost"
                 .to_string()
         ]
     );
@@ -1010,14 +1011,47 @@ fn every_rank_of_a_host_going_silent_is_said_to_be_a_lost_host() {
     .or_else(|| failure(&s.handle(Event::DrainTimeout)))
     .expect("the job fails");
     assert_eq!(f.rank, Some(2));
-    assert_eq!(f.cause, FailureCause::HeartbeatLost { same_host: vec![3] });
+    assert_eq!(
+        f.cause,
+        FailureCause::HeartbeatLost {
+            same_host: vec![3],
+            whole_host: true
+        }
+    );
     assert!(
         f.describe().contains(
-            "stopped sending heartbeats, and so did rank(s) 3 on the same host: the host or its \
-             network is likely lost"
+            "stopped sending heartbeats, and so did rank(s) 3 on the same host, every rank \
+             there: the host or its network is likely lost"
         ),
         "{}",
         f.describe()
+    );
+}
+
+#[test]
+fn some_ranks_of_a_host_going_silent_are_not_said_to_be_a_lost_host() {
+    // Three ranks on node0: two go silent, one does not.
+    let mut s = JobMachine::new(3, "abc");
+    s.handle(Event::Launched {
+        procs: vec![(0, None)],
+    });
+    for rank in 0..3 {
+        let registration = Registration {
+            local_rank: rank,
+            world_size: 3,
+            host: "node0".into(),
+            ..reg(rank)
+        };
+        s.handle(Event::Registered {
+            conn: 10 + rank,
+            registration,
+        });
+    }
+    s.handle(Event::HeartbeatLost { conn: 10 });
+    let said = all_said(s.handle(Event::HeartbeatLost { conn: 11 }));
+    assert_eq!(
+        said,
+        vec!["rank 1 on node0 stopped sending heartbeats too".to_string()]
     );
 }
 

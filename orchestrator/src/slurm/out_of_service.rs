@@ -1,0 +1,231 @@
+//! A job `sbatch --test-only` refuses may still be one Slurm would queue: `--test-only`
+//! counts drained and down nodes as missing, where a plain sbatch waits for them. Whether the
+//! job could run once such nodes are back, from what its script asks of each node and what
+//! `sinfo` says the partition's nodes have.
+
+/// What a job's script asks for (its `#SBATCH` lines).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRequest {
+    pub nodes: u64,
+    pub cpus_per_node: u64,
+    pub mem_mb_per_node: Option<u64>,
+    pub gpus_per_node: u64,
+    /// `--partition` (a comma-separated list), or the cluster's default.
+    pub partitions: Option<Vec<String>>,
+}
+
+impl NodeRequest {
+    /// From the `#SBATCH` lines at the top of a script (Slurm reads them up to the first
+    /// command).
+    pub fn of_script(script: &str) -> NodeRequest {
+        let mut options = std::collections::HashMap::new();
+        for line in script.lines().skip_while(|l| l.starts_with("#!")) {
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            let Some(option) = line.strip_prefix("#SBATCH") else {
+                if line.starts_with('#') {
+                    continue;
+                }
+                break;
+            };
+            if let Some((key, value)) = option.trim().split_once('=') {
+                options.insert(key.to_string(), value.trim().to_string());
+            }
+        }
+        let number = |key: &str, default: u64| {
+            options
+                .get(key)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(default)
+        };
+        let gpus = options
+            .get("--gres")
+            .map(|gres| gpu_count(gres))
+            .unwrap_or(0);
+        NodeRequest {
+            nodes: number("--nodes", 1),
+            cpus_per_node: number("--ntasks-per-node", 1) * number("--cpus-per-task", 1),
+            mem_mb_per_node: options.get("--mem").and_then(|m| megabytes(m)),
+            gpus_per_node: gpus,
+            partitions: options
+                .get("--partition")
+                .map(|p| p.split(',').map(str::to_string).collect()),
+        }
+    }
+}
+
+/// One node of one partition, as `sinfo --Node --format=%N|%P|%t|%c|%m|%G` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub name: String,
+    pub partition: String,
+    pub default_partition: bool,
+    pub state: String,
+    pub cpus: u64,
+    pub mem_mb: u64,
+    pub gpus: u64,
+}
+
+/// The `--format` [`parse_sinfo`] reads.
+pub const SINFO_FORMAT: &str = "--format=%N|%P|%t|%c|%m|%G";
+
+pub fn parse_sinfo(text: &str) -> Vec<NodeInfo> {
+    text.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.trim().split('|').collect();
+            let [name, partition, state, cpus, mem, gres] = fields.as_slice() else {
+                return None;
+            };
+            Some(NodeInfo {
+                name: name.to_string(),
+                partition: partition.trim_end_matches('*').to_string(),
+                default_partition: partition.ends_with('*'),
+                state: state.to_string(),
+                cpus: cpus.parse().ok()?,
+                mem_mb: mem.parse().ok()?,
+                gpus: gpu_count(gres),
+            })
+        })
+        .collect()
+}
+
+impl NodeInfo {
+    /// Drained, down, in maintenance or failed: no job starts there until it is back.
+    pub fn out_of_service(&self) -> bool {
+        // Flags after the state (`*` not responding, `~` powered off, ...) aside.
+        let state = self
+            .state
+            .trim_end_matches(['*', '~', '#', '!', '%', '$', '@', '^', '-']);
+        matches!(
+            state,
+            "drain" | "drng" | "drained" | "down" | "maint" | "fail" | "failg" | "inval"
+        )
+    }
+
+    fn meets(&self, request: &NodeRequest) -> bool {
+        let partition = match &request.partitions {
+            Some(names) => names.contains(&self.partition),
+            None => self.default_partition,
+        };
+        partition
+            && self.cpus >= request.cpus_per_node
+            && request.mem_mb_per_node.is_none_or(|mem| self.mem_mb >= mem)
+            && self.gpus >= request.gpus_per_node
+    }
+}
+
+/// The nodes out of service the job waits for, as `node (state)`, when enough nodes of its
+/// partition meet its request only with them back; `None` when the request is beyond the
+/// partition even so (a plain sbatch refuses that too), or when enough nodes in service meet
+/// it (the refusal is for something else: a constraint, a limit, an account).
+pub fn waits_for(request: &NodeRequest, nodes: &[NodeInfo]) -> Option<Vec<String>> {
+    let mut meeting: Vec<&NodeInfo> = nodes.iter().filter(|n| n.meets(request)).collect();
+    meeting.sort_by(|a, b| a.name.cmp(&b.name));
+    meeting.dedup_by(|a, b| a.name == b.name);
+    let in_service = meeting.iter().filter(|n| !n.out_of_service()).count() as u64;
+    if (meeting.len() as u64) < request.nodes || in_service >= request.nodes {
+        return None;
+    }
+    Some(
+        meeting
+            .iter()
+            .filter(|n| n.out_of_service())
+            .map(|n| format!("{} ({})", n.name, n.state))
+            .collect(),
+    )
+}
+
+/// GPUs in a GRES string: `gpu:4`, `gpu:a100:4(S:0-1)`, `gpu:2,mps:100`; 0 for `(null)`.
+fn gpu_count(gres: &str) -> u64 {
+    gres.split(',')
+        .filter(|g| g.starts_with("gpu"))
+        .filter_map(|g| {
+            let g = g.split('(').next().unwrap_or(g);
+            g.rsplit(':').next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+/// `--mem` in megabytes: `64000`, `64000M`, `900G`, `1T` (Slurm's default unit is M).
+fn megabytes(mem: &str) -> Option<u64> {
+    let mem = mem.trim();
+    let (digits, factor) = match mem.chars().last()? {
+        'K' | 'k' => (&mem[..mem.len() - 1], 0.0009765625),
+        'M' | 'm' => (&mem[..mem.len() - 1], 1.0),
+        'G' | 'g' => (&mem[..mem.len() - 1], 1024.0),
+        'T' | 't' => (&mem[..mem.len() - 1], 1024.0 * 1024.0),
+        _ => (mem, 1.0),
+    };
+    let value: f64 = digits.parse().ok()?;
+    Some((value * factor).ceil() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCRIPT: &str = "#!/bin/bash\n#SBATCH --job-name=t\n#SBATCH --nodes=2\n\
+        #SBATCH --ntasks-per-node=4\n#SBATCH --cpus-per-task=2\n#SBATCH --gres=gpu:4\n\
+        #SBATCH --mem=64G\n\nset -e\n#SBATCH --partition=ignored\n";
+
+    /// Two GPU nodes of `gpu` (the default), one drained; a CPU node of `cpu`.
+    const SINFO: &str = "g1|gpu*|idle|16|256000|gpu:a100:4(S:0-1)\n\
+        g2|gpu*|drain|16|256000|gpu:a100:4(S:0-1)\n\
+        c1|cpu|idle|64|512000|(null)\n";
+
+    #[test]
+    fn a_script_says_what_it_asks_of_each_node() {
+        assert_eq!(
+            NodeRequest::of_script(SCRIPT),
+            NodeRequest {
+                nodes: 2,
+                cpus_per_node: 8,
+                mem_mb_per_node: Some(65536),
+                gpus_per_node: 4,
+                partitions: None,
+            }
+        );
+        assert_eq!(megabytes("900G"), Some(921600));
+        assert_eq!(megabytes("4000"), Some(4000));
+        assert_eq!(gpu_count("gpu:2,mps:100"), 2);
+        assert_eq!(gpu_count("(null)"), 0);
+    }
+
+    #[test]
+    fn a_job_waits_for_drained_nodes_only_when_they_would_meet_it() {
+        let nodes = parse_sinfo(SINFO);
+        assert_eq!(nodes.len(), 3);
+        let request = NodeRequest::of_script(SCRIPT);
+        assert_eq!(
+            waits_for(&request, &nodes),
+            Some(vec!["g2 (drain)".to_string()])
+        );
+        // Beyond every node of the partition, drained or not: refused.
+        let huge = NodeRequest {
+            mem_mb_per_node: Some(921600),
+            ..request.clone()
+        };
+        assert_eq!(waits_for(&huge, &nodes), None);
+        let three = NodeRequest {
+            nodes: 3,
+            ..request.clone()
+        };
+        assert_eq!(waits_for(&three, &nodes), None);
+        // One node, and one in service meets it: the refusal is for something else.
+        let one = NodeRequest {
+            nodes: 1,
+            ..request.clone()
+        };
+        assert_eq!(waits_for(&one, &nodes), None);
+        // Another partition's nodes do not count.
+        let cpu = NodeRequest {
+            partitions: Some(vec!["cpu".into()]),
+            gpus_per_node: 0,
+            nodes: 2,
+            ..request
+        };
+        assert_eq!(waits_for(&cpu, &nodes), None);
+    }
+}
