@@ -217,9 +217,20 @@ impl LlamaRebuild {
     }
 }
 
-/// The model types transformers 5 gives the Qwen2 tokenizer class.
-const QWEN2_TOKENIZER_MODELS: [&str; 14] = [
+/// The model types transformers 5 gives the Qwen2 tokenizer class (a test compares the list
+/// with transformers' own registry).
+pub const QWEN2_TOKENIZER_MODELS: [&str; 25] = [
+    "audioflamingo3",
     "colqwen2",
+    "cosmos3_omni",
+    "dots3_note",
+    "fun_asr_nano",
+    "hunyuan_vl",
+    "internvl",
+    "lighton_ocr",
+    "moss_transcribe_diarize",
+    "ovis2",
+    "qianfan_ocr",
     "qwen2",
     "qwen2_5_omni",
     "qwen2_5_vl",
@@ -233,6 +244,7 @@ const QWEN2_TOKENIZER_MODELS: [&str; 14] = [
     "qwen3_omni_moe",
     "qwen3_vl",
     "qwen3_vl_moe",
+    "vibevoice",
 ];
 
 /// Qwen's pre-tokenizer pattern (GPT-4's, with digits one by one).
@@ -244,10 +256,12 @@ const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{
 /// byte-level without its own regex), and a plain byte-level BPE (no byte fallback, every
 /// merge applied). Real Qwen2 and Qwen3 folders ship that pipeline already; it changes the ids
 /// of a folder whose `tokenizer.json` was made otherwise (a GPT-2-style byte-level one, with
-/// numbers in one piece). It applies to a folder whose `tokenizer_class` is `Qwen2Tokenizer`,
-/// or that names none and whose `model_type` is of the Qwen2 and Qwen3 families, or whose
-/// `model_type` is `qwen2` whatever class it names (transformers overrules `qwen2` folders'
-/// classes, and their custom tokenizer code too).
+/// numbers in one piece). transformers picks the class from `tokenizer_class` and the model
+/// type: it is Qwen2's for a folder that names `Qwen2Tokenizer` (under a Qwen2-class model
+/// type, a Llama or no model type; other types keep their own or the generic class), that
+/// names none under a Qwen2-class model type, and for `model_type: qwen2` whatever it names,
+/// except where the folder has tokenizer code of its own (`auto_map`), which transformers
+/// does not run without being told to, and shardrun cannot: there the class named decides.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Qwen2Rebuild {
     add_prefix_space: bool,
@@ -262,18 +276,24 @@ impl Qwen2Rebuild {
         let model_type = model_config
             .and_then(|c| c.get("model_type"))
             .and_then(Value::as_str);
-        let overruled = model_type == Some("qwen2");
-        if setting("auto_map").is_some() && !overruled {
-            return None;
-        }
+        let qwen2_class_model = model_type.is_some_and(|t| QWEN2_TOKENIZER_MODELS.contains(&t));
+        // Tokenizer code of the folder's own (`auto_map`'s AutoTokenizer, or its older list).
+        let own_code = match setting("auto_map") {
+            Some(Value::Array(_)) => true,
+            Some(Value::Object(map)) => map.contains_key("AutoTokenizer"),
+            _ => false,
+        };
         let class = setting("tokenizer_class")
             .or_else(|| model_config?.get("tokenizer_class"))
             .and_then(Value::as_str)
             .map(|class| class.strip_suffix("Fast").unwrap_or(class));
         let rebuilt = match class {
-            Some("Qwen2Tokenizer") => true,
-            None => model_type.is_some_and(|t| QWEN2_TOKENIZER_MODELS.contains(&t)),
-            Some(_) => overruled,
+            Some("Qwen2Tokenizer") => {
+                model_type.is_none() || model_type == Some("llama") || qwen2_class_model
+            }
+            None => qwen2_class_model,
+            // transformers overrules the class `qwen2` folders name (not their own code's).
+            Some(_) => model_type == Some("qwen2") && !own_code,
         };
         rebuilt.then(|| Qwen2Rebuild {
             add_prefix_space: setting("add_prefix_space").is_some_and(truthy),

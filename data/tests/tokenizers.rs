@@ -579,8 +579,20 @@ fn qwen2_family_ids_are_those_of_transformers_rebuilt_tokenizer() {
     // GPT-2-style `tokenizer.json` gives other ids there (numbers digit by digit, runs of
     // newlines, composed characters); it uses the file as saved where the folder names the
     // generic class outside `qwen2`.
-    let folders = ids_equal_transformers_for_every_folder(&expected()["qwen2"]);
-    assert!(folders >= 11);
+    let expected = expected();
+    let folders = ids_equal_transformers_for_every_folder(&expected["qwen2"]);
+    assert!(folders >= 18);
+    // The model types transformers gives the Qwen2 class are the ones shardrun rebuilds for.
+    let model_types: Vec<&str> = expected["qwen2"]["model_types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        model_types,
+        shardrun_data::rebuild::QWEN2_TOKENIZER_MODELS.to_vec()
+    );
 }
 
 /// For every folder of a group of the fixture (`llama`, `qwen2`): the ids of its texts with

@@ -60,6 +60,7 @@ import sys
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
 
 if int(transformers.__version__.split(".")[0]) < 5:
     sys.exit(f"transformers {transformers.__version__}: the ground truth is transformers 5.x")
@@ -629,6 +630,17 @@ def qwen2_variants(out):
         "qwen2_prefix_space": ("qwen2", {"tokenizer_class": "Qwen2Tokenizer", "add_prefix_space": True}),
         "qwen2_remote_code": ("qwen2", {"tokenizer_class": "Qwen2Tokenizer",
                                         "auto_map": {"AutoTokenizer": ["tokenization.Custom", None]}}),
+        "qwen2_remote_code_generic": ("qwen2", {"tokenizer_class": "PreTrainedTokenizerFast",
+                                                "auto_map": {"AutoTokenizer": ["tokenization.Custom", None]}}),
+        "qwen2_remote_code_no_class": ("qwen2", {"auto_map": {"AutoTokenizer": ["tokenization.Custom", None]}}),
+        "qwen2_old_remote_code": ("qwen2", {"tokenizer_class": "PreTrainedTokenizerFast",
+                                            "auto_map": ["tokenization.Custom", None]}),
+        "qwen2_model_code_generic": ("qwen2", {"tokenizer_class": "PreTrainedTokenizerFast",
+                                               "auto_map": {"AutoModel": "modeling.Custom"}}),
+        "qwen3_remote_code": ("qwen3", {"tokenizer_class": "Qwen2Tokenizer",
+                                        "auto_map": {"AutoTokenizer": ["tokenization.Custom", None]}}),
+        "mistral_with_qwen2_class": ("mistral", {"tokenizer_class": "Qwen2Tokenizer"}),
+        "internvl_no_class": ("internvl", {}),
         "qwen3_generic": ("qwen3", {"tokenizer_class": "PreTrainedTokenizerFast"}),
         "qwen3_own_class": ("qwen3", {"tokenizer_class": "Qwen2Tokenizer"}),
         "qwen3_no_class": ("qwen3", {}),
@@ -836,6 +848,11 @@ def main():
         "folders": {name: rebuild_expectations(folder, LLAMA_TEXTS) for name, folder in llama_folders.items()},
     }
     expected["qwen2"] = {
+        "model_types": sorted(
+            model_type
+            for model_type, name in TOKENIZER_MAPPING_NAMES.items()
+            if name and name.removesuffix("Fast") == "Qwen2Tokenizer"
+        ),
         "texts": QWEN2_TEXTS,
         "folders": {
             name: rebuild_expectations(folder, QWEN2_TEXTS) for name, folder in qwen2_variants(out).items()
