@@ -493,26 +493,33 @@ fn untrained_eos_warning(
 ) -> String {
     let head =
         format!("warning: no conversation of the {what} trains the end-of-document token {eos:?}");
-    match turn_end {
-        Some((_, Some(end))) => format!(
-            "{head}: the chat template ends assistant turns with {end:?}, which the model \
-             learns to end a reply with; generation stops there only if {end:?} is among the \
-             model's eos_token_id (generation_config.json), or set `tokenizer.eos_token: \
-             {end:?}`, which trains it as the end and exports it as eos"
-        ),
-        Some((first, None)) => format!(
+    if let Some((first, None)) = turn_end {
+        return format!(
             "{head}, nor any other special token: what trains of each assistant turn ends in \
              text (the first: {first}), so the model never learns to end a reply; if the chat \
              template marks replies with `{{% generation %}}`, put the token that ends a turn \
              inside the block, as transformers' templates do"
-        ),
-        None => format!(
-            "{head}: the chat template ends assistant turns with another token, which the \
-             model learns to end a reply with; generation stops there only if that token is \
-             among the model's eos_token_id (generation_config.json), or set \
-             `tokenizer.eos_token` to it, which trains it as the end and exports it as eos"
-        ),
+        );
     }
+    // The special token the turns end with, when the cache says (older ones do not).
+    let (ends_with, stops_at, set_eos) = match turn_end {
+        Some((_, Some(end))) => (
+            format!("{end:?}"),
+            format!("{end:?} is"),
+            format!("`tokenizer.eos_token: {end:?}`"),
+        ),
+        _ => (
+            "another token".to_string(),
+            "that token is".to_string(),
+            "`tokenizer.eos_token` to it".to_string(),
+        ),
+    };
+    format!(
+        "{head}: the chat template ends assistant turns with {ends_with}, which the model \
+         learns to end a reply with; generation stops there only if {stops_at} among the \
+         model's eos_token_id (generation_config.json), or set {set_eos}, which trains it as \
+         the end and exports it as eos"
+    )
 }
 
 /// `1234567` as `1,234,567`.

@@ -367,10 +367,12 @@ fn tokenize_files(
             }),
         });
     }
+    // Where a document of the files is, for messages: `file:line`.
+    let origin = |file: u32, line: u64| Origin::new(&files[file as usize].path, line).to_string();
     if with_mask && written.trained_tokens == 0 {
         let first = written
             .first_untrained
-            .map(|(file, line)| Origin::new(&files[file as usize].path, line).to_string())
+            .map(|(file, line)| origin(file, line))
             .unwrap_or_default();
         return Err(DataError::NotEnoughData {
             why: format!(
@@ -384,6 +386,8 @@ fn tokenize_files(
                 .into(),
         });
     }
+    // Chats, none of which trains the end-of-document token.
+    let untrained_eos = written.chats > 0 && written.chats_training_eos == 0;
     let mut tokenizer_text = tokenizer.description.clone();
     if let Some(chat) = &chat {
         tokenizer_text.push_str(&format!("; chat template {}", chat.origin()));
@@ -407,25 +411,16 @@ fn tokenize_files(
         untrained_documents: written.untrained,
         first_untrained: written
             .first_untrained
-            .map(|(file, line)| Origin::new(&files[file as usize].path, line).to_string()),
+            .map(|(file, line)| origin(file, line)),
         merged_boundaries: written.merged_boundaries,
-        first_merged_boundary: written.first_merged_boundary.map(|(file, line, token)| {
-            (
-                Origin::new(&files[file as usize].path, line).to_string(),
-                token,
-            )
-        }),
-        untrained_eos: (written.chats > 0 && written.chats_training_eos == 0)
-            .then(|| tokenizer.eos.text.clone()),
+        first_merged_boundary: written
+            .first_merged_boundary
+            .map(|(file, line, token)| (origin(file, line), token)),
+        untrained_eos: untrained_eos.then(|| tokenizer.eos.text.clone()),
         turn_end: written
             .first_turn_end
-            .filter(|_| written.chats_training_eos == 0)
-            .map(|(file, line, id)| {
-                (
-                    Origin::new(&files[file as usize].path, line).to_string(),
-                    tokenizer.special_token(id),
-                )
-            }),
+            .filter(|_| untrained_eos)
+            .map(|(file, line, id)| (origin(file, line), tokenizer.special_token(id))),
         content_hash: written.content_hash,
         input_bytes: files.iter().map(|f| f.size).sum(),
         seconds: 0.0,

@@ -34,9 +34,13 @@ impl Rebuild {
         tokenizer_config: Option<&Value>,
         model_config: Option<&Value>,
     ) -> Option<Rebuild> {
-        LlamaRebuild::of(tokenizer_json, tokenizer_config, model_config)
+        let folder = FolderSettings {
+            tokenizer_config,
+            model_config,
+        };
+        LlamaRebuild::of(tokenizer_json, &folder)
             .map(Rebuild::Llama)
-            .or_else(|| Qwen2Rebuild::of(tokenizer_config, model_config).map(Rebuild::Qwen2))
+            .or_else(|| Qwen2Rebuild::of(&folder).map(Rebuild::Qwen2))
     }
 
     /// The BOS token a rebuilt post-processor adds, when the rebuild makes one (CodeLlama's).
@@ -78,6 +82,35 @@ impl Rebuild {
     }
 }
 
+/// What transformers reads of a folder to pick its tokenizer class: `tokenizer_config.json`
+/// and `config.json`.
+pub struct FolderSettings<'a> {
+    pub tokenizer_config: Option<&'a Value>,
+    pub model_config: Option<&'a Value>,
+}
+
+impl<'a> FolderSettings<'a> {
+    /// A key of `tokenizer_config.json`.
+    fn setting(&self, name: &str) -> Option<&'a Value> {
+        self.tokenizer_config?.get(name)
+    }
+
+    /// `config.json`'s `model_type`.
+    fn model_type(&self) -> Option<&'a str> {
+        self.model_config?.get("model_type")?.as_str()
+    }
+
+    /// The tokenizer class the folder names (`tokenizer_config.json`, else `config.json`),
+    /// without `Fast` (the same class in transformers 5).
+    fn class(&self) -> Option<&'a str> {
+        let class = self
+            .setting("tokenizer_class")
+            .or_else(|| self.model_config?.get("tokenizer_class"))?
+            .as_str()?;
+        Some(class.strip_suffix("Fast").unwrap_or(class))
+    }
+}
+
 /// transformers' rebuild of Llama tokenizers. For a folder whose `tokenizer_class` is
 /// `LlamaTokenizer` or `CodeLlamaTokenizer` (`...Fast` alike), transformers 5 keeps the
 /// vocabulary, merges and added tokens of `tokenizer.json` (and LlamaTokenizer its
@@ -100,28 +133,18 @@ pub struct LlamaRebuild {
 impl LlamaRebuild {
     /// How transformers builds the tokenizer of a folder with these files; `None` when it uses
     /// `tokenizer.json` as saved.
-    pub fn of(
-        tokenizer_json: &[u8],
-        tokenizer_config: Option<&Value>,
-        model_config: Option<&Value>,
-    ) -> Option<LlamaRebuild> {
-        let setting = |name: &str| tokenizer_config.and_then(|c| c.get(name));
+    pub fn of(tokenizer_json: &[u8], folder: &FolderSettings<'_>) -> Option<LlamaRebuild> {
+        let setting = |name: &str| folder.setting(name);
         // Custom tokenizer code (`auto_map`) is the model's own: nothing to follow here.
         if setting("auto_map").is_some() {
             return None;
         }
-        let class = setting("tokenizer_class")
-            .or_else(|| model_config?.get("tokenizer_class"))
-            .and_then(Value::as_str)?;
-        let code_llama = match class.strip_suffix("Fast").unwrap_or(class) {
+        let code_llama = match folder.class()? {
             "LlamaTokenizer" => false,
             "CodeLlamaTokenizer" => true,
             _ => return None,
         };
-        match model_config
-            .and_then(|c| c.get("model_type"))
-            .and_then(Value::as_str)
-        {
+        match folder.model_type() {
             None | Some("llama") => {}
             Some(_) => return None,
         }
@@ -268,14 +291,9 @@ pub struct Qwen2Rebuild {
 }
 
 impl Qwen2Rebuild {
-    pub fn of(
-        tokenizer_config: Option<&Value>,
-        model_config: Option<&Value>,
-    ) -> Option<Qwen2Rebuild> {
-        let setting = |name: &str| tokenizer_config.and_then(|c| c.get(name));
-        let model_type = model_config
-            .and_then(|c| c.get("model_type"))
-            .and_then(Value::as_str);
+    pub fn of(folder: &FolderSettings<'_>) -> Option<Qwen2Rebuild> {
+        let setting = |name: &str| folder.setting(name);
+        let model_type = folder.model_type();
         let qwen2_class_model = model_type.is_some_and(|t| QWEN2_TOKENIZER_MODELS.contains(&t));
         // Tokenizer code of the folder's own (`auto_map`'s AutoTokenizer, or its older list).
         let own_code = match setting("auto_map") {
@@ -283,11 +301,7 @@ impl Qwen2Rebuild {
             Some(Value::Object(map)) => map.contains_key("AutoTokenizer"),
             _ => false,
         };
-        let class = setting("tokenizer_class")
-            .or_else(|| model_config?.get("tokenizer_class"))
-            .and_then(Value::as_str)
-            .map(|class| class.strip_suffix("Fast").unwrap_or(class));
-        let rebuilt = match class {
+        let rebuilt = match folder.class() {
             Some("Qwen2Tokenizer") => {
                 model_type.is_none() || model_type == Some("llama") || qwen2_class_model
             }

@@ -175,7 +175,7 @@ fn a_rank_that_never_reaches_the_step_boundary_is_named_while_the_others_wait() 
         .find(|l| l.contains("10 s after they were asked to stop"))
         .unwrap_or_else(|| panic!("no report 10 s on:\n{log}"));
     assert!(
-        named.contains("have not yet reached a step boundary (all at step 2")
+        named.contains("have not yet reached a step boundary (ranks 0-2 at step 2")
             && named.contains("; rank 1 entered ")
             && named.contains("the others wait for it (logs/rank-1.log)"),
         "{named}"

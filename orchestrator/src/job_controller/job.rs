@@ -779,10 +779,16 @@ impl JobMachine {
 
     /// "ranks 0-2 at step 12; rank 3 at step 11": where the ranks other than `rank` are.
     fn steps_of_others(&self, rank: u64) -> String {
+        self.steps_of(|r, _| r != rank)
+    }
+
+    /// Where the ranks `which` picks stand, by their heartbeats: `ranks 0-2 at step 6; rank 3
+    /// at step 7`.
+    fn steps_of(&self, which: impl Fn(u64, &RankState) -> bool) -> String {
         let mut by_step: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-        for (r, state) in &self.ranks {
-            if *r != rank {
-                by_step.entry(state.step).or_default().push(*r);
+        for (&r, state) in &self.ranks {
+            if which(r, state) {
+                by_step.entry(state.step).or_default().push(r);
             }
         }
         by_step
@@ -907,25 +913,17 @@ impl JobMachine {
         if self.failure.is_some() || self.escalated {
             return None;
         }
-        let going: Vec<(u64, u64)> = self
+        let going = |_: u64, r: &RankState| r.connected && r.end.is_none();
+        let ranks: Vec<u64> = self
             .ranks
             .iter()
-            .filter(|(_, r)| r.connected && r.end.is_none())
-            .map(|(&rank, r)| (rank, r.step))
+            .filter(|(&rank, r)| going(rank, r))
+            .map(|(&rank, _)| rank)
             .collect();
-        if going.is_empty() {
+        if ranks.is_empty() {
             return None;
         }
-        let ranks: Vec<u64> = going.iter().map(|(rank, _)| *rank).collect();
-        let steps: BTreeSet<u64> = going.iter().map(|(_, step)| *step).collect();
-        let at = match (steps.first(), steps.len()) {
-            (Some(step), 1) => format!("all at step {step}"),
-            _ => going
-                .iter()
-                .map(|(rank, step)| format!("rank {rank} at step {step}"))
-                .collect::<Vec<_>>()
-                .join(", "),
-        };
+        let at = self.steps_of(going);
         let ranks_text = rank_list(&ranks);
         let mut line = if self.preempting.is_some() && self.cancelled.is_none() {
             // Past their boundary they write the checkpoint, which may take a while.

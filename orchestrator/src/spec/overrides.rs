@@ -126,9 +126,11 @@ fn written_key_made_unknown(
 ) -> Option<SpecError> {
     let key = e.unknown.as_ref()?.path.as_str();
     // A key inside the flag's own value is the flag's error.
-    let set_by_flag = key == o.path || key.starts_with(&format!("{}.", o.path));
+    if o.covers(key) {
+        return None;
+    }
     // Written in the file itself, not by an earlier flag.
-    let at = super::yaml::locate_written_key(&loaded.source, key).filter(|_| !set_by_flag)?;
+    let at = super::yaml::locate_written_key(&loaded.source, key)?;
     Some(SpecError::in_file(
         &loaded.path,
         &loaded.source,

@@ -665,7 +665,7 @@ fn ranks_slow_to_stop_are_named_with_the_rank_the_others_wait_for() {
         said,
         vec![
             "10 s after they were asked to stop, rank(s) 1 have not yet reached a step boundary \
-             (all at step 6, as their heartbeats last said); rank 1 entered 40 collectives and \
+             (rank 1 at step 6, as their heartbeats last said); rank 1 entered 40 collectives and \
              no more for 60 s while the other ranks entered 41: the others wait for it \
              (logs/rank-1.log)"
                 .to_string()
@@ -697,7 +697,7 @@ fn ranks_slow_to_checkpoint_for_a_notice_are_named() {
     assert_eq!(
         said,
         "30 s after they were asked to checkpoint and stop, rank(s) 0-1 have not stopped yet \
-         (rank 0 at step 8, rank 1 at step 7, as their heartbeats last said; a rank past its \
+         (rank 1 at step 7; rank 0 at step 8, as their heartbeats last said; a rank past its \
          step boundary may still be writing the checkpoint)"
     );
 }
