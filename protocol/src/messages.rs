@@ -358,6 +358,10 @@ pub enum ToWorker {
     /// Stop (another rank failed, or the job was cancelled): at the next step boundary,
     /// answered with [`FromWorker::Stopped`]; a rank that cannot get there is killed.
     Shutdown { reason: String },
+    /// The job is cancelled and its end comes anyway (Slurm kills it after its SIGTERM):
+    /// checkpoint at the next step boundary as for [`ToWorker::Preempt`], then answer with
+    /// [`FromWorker::Stopped`] for `reason`, as for a shutdown.
+    CheckpointAndStop { reason: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,7 +1,8 @@
-//! Re-submitting a cancelled job on the real Slurm: `scancel` stops the ranks at a step
-//! boundary (SIGTERM to the batch shell, which is the controller, and to the tasks), and
-//! `shardrun submit` of the same spec submits a new job that resumes from the run's newest
-//! checkpoint, so that the two jobs together have the losses of an uninterrupted run.
+//! Re-submitting a cancelled job on the real Slurm: `scancel` (SIGTERM to the batch shell,
+//! which is the controller, and to the tasks) has the ranks checkpoint at their next step
+//! boundary and stop there, and `shardrun submit` of the same spec submits a new job that
+//! resumes from that checkpoint, so that the two jobs together have the losses of an
+//! uninterrupted run.
 //!
 //! Needs the worker built: `cargo build --release -p shardrun -p shardrun-worker`.
 
@@ -85,11 +86,19 @@ fn scancel_then_submit_of_the_same_spec_resumes_with_the_uninterrupted_losses() 
     for rank in 0..2 {
         assert!(
             log.contains(&format!(
-                "[rank {rank}] warning: stopping after step {stopped_after}: "
+                "[rank {rank}] warning: stopping after step {stopped_after}: the job was \
+                 cancelled (SIGTERM)"
             )),
-            "each rank says it stopped at the agreed step:\n{log}"
+            "each rank says it stopped at the agreed step, for the cancel:\n{log}"
         );
     }
+    // Whichever SIGTERM reached the ranks first, theirs or the controller's word, they
+    // checkpointed where they stopped: nothing trained is lost.
+    assert!(
+        run.join(format!("checkpoints/step-{stopped_after}/COMPLETE"))
+            .is_file(),
+        "a checkpoint of step {stopped_after}:\n{log}"
+    );
 
     // The same command again: a new job that resumes.
     let Submitted {
@@ -108,10 +117,7 @@ fn scancel_then_submit_of_the_same_spec_resumes_with_the_uninterrupted_losses() 
         .and_then(|rest| rest.split(' ').next())
         .and_then(|n| n.parse().ok())
         .unwrap();
-    assert!(
-        resumed_at > INTERVAL && resumed_at <= stopped_after + 1,
-        "{headline}"
-    );
+    assert_eq!(resumed_at, stopped_after + 1, "{headline}");
     assert_ne!(second_job, first_job);
     wait_for_file(&run.join("result.json"), Duration::from_secs(600), |t| {
         t.contains("\"succeeded\"")
@@ -134,6 +140,54 @@ fn scancel_then_submit_of_the_same_spec_resumes_with_the_uninterrupted_losses() 
     );
     assert_same_losses(&losses(&run), &reference, 1e-6, "two Slurm jobs");
     assert_no_panic(&logs(), "the run's logs and Slurm output");
+}
+
+/// The controller's own SIGTERM, which `scancel` sends it as it does the ranks, asks them for
+/// a checkpoint before Slurm's kill even when their own SIGTERM never comes (here
+/// `scancel --batch`, which signals the controller alone): the job ends cancelled at that
+/// checkpoint, not requeued, and a spec without a `checkpoint:` block resumes from it.
+#[test]
+fn a_sigterm_to_the_controller_alone_has_the_ranks_checkpoint_and_ends_cancelled() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("slurm-cancel-checkpoint");
+    let no_checkpoint_block = spec().replace(
+        &format!("  checkpoint: {{ interval_steps: {INTERVAL}, keep: 2 }}\n"),
+        "",
+    );
+    assert!(!no_checkpoint_block.contains("checkpoint"));
+    let (job, _cancel) = submit_cancelled_on_drop(&cluster, &dir, &no_checkpoint_block);
+    let run = dir.join("runs/rerun");
+    let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
+    wait_for("training under way", Duration::from_secs(180), || {
+        (metric_steps(&run, 0).len() >= 5).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
+
+    let mut cancel = cluster.command("scancel");
+    cancel.args(["--batch", "--signal=TERM", &job]);
+    let out = run_with_deadline(&mut cancel, Duration::from_secs(30)).unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    wait_for_file(&run.join("result.json"), Duration::from_secs(120), |t| {
+        !t.is_empty()
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    let result = result_json(&run);
+    assert_eq!(result["status"], "cancelled", "{result}\n{}", log());
+    assert_eq!(result["requeued"], false, "{result}");
+    let step = result["step"].as_u64().expect("the step it stopped after");
+    assert!(
+        run.join(format!("checkpoints/step-{step}/COMPLETE"))
+            .is_file(),
+        "a checkpoint of step {step}:\n{}",
+        log()
+    );
+    let message = result["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("its newest checkpoint is step {step}")),
+        "{message}"
+    );
+    assert!(!log().contains("requeueing Slurm job"), "{}", log());
+    assert_no_panic(&log(), "train.log");
 }
 
 /// A sweep asked for more steps keeps its finished points' run directories: each continues
@@ -295,13 +349,8 @@ fn submit_force_refuses_to_delete_a_run_whose_job_is_still_queued() {
         "time: \"00:10:00\" }",
         "time: \"00:10:00\", extra_sbatch: [\"--begin=now+1hour\"] }",
     );
-    let spec = dir.write("rerun.yaml", &queued);
-    let spec_arg = spec.to_string_lossy().to_string();
-    let job = cluster.submit(dir.path(), &[&spec_arg]).job_id;
-    let _cancel = CancelOnDrop {
-        cluster: &cluster,
-        job: job.clone(),
-    };
+    let (job, _cancel) = submit_cancelled_on_drop(&cluster, &dir, &queued);
+    let spec_arg = dir.join("rerun.yaml").to_string_lossy().to_string();
     let run = dir.join("runs/rerun");
     let before = std::fs::read(run.join("manifest.json")).unwrap();
 
@@ -352,6 +401,24 @@ fn wait_cancelled(
         (states(&stdout_of(&out)) == vec![("rerun".to_string(), "CANCELLED".to_string())])
             .then_some(())
     })
+}
+
+/// Submits `spec` (written as `rerun.yaml`): its Slurm job id, and the guard that cancels it
+/// when the test ends.
+fn submit_cancelled_on_drop<'a>(
+    cluster: &'a SlurmCluster,
+    dir: &TestDir,
+    spec: &str,
+) -> (String, CancelOnDrop<'a>) {
+    let spec = dir.write("rerun.yaml", spec);
+    let job = cluster
+        .submit(dir.path(), &[&spec.to_string_lossy()])
+        .job_id;
+    let guard = CancelOnDrop {
+        cluster,
+        job: job.clone(),
+    };
+    (job, guard)
 }
 
 /// Cancels a job that would otherwise wait in the queue after the test, passed or failed.

@@ -1,6 +1,7 @@
 //! The worker's side of the controller: handshake, registration, waiting for the start
 //! signal, then a [`Reporter`] over the same TCP connection, a heartbeat thread, and a reader
-//! thread that turns [`ToWorker::Preempt`] and [`ToWorker::Shutdown`] (and a lost
+//! thread that turns [`ToWorker::Preempt`], [`ToWorker::CheckpointAndStop`] and
+//! [`ToWorker::Shutdown`] (and a lost
 //! connection) into requests on the process's [`stop`] switch, which the training loop acts
 //! on at its next step boundary. The reader never exits the process itself: see [`stop`].
 //!
@@ -146,7 +147,8 @@ pub fn connect(
                 );
                 break info;
             }
-            ToWorker::Shutdown { reason } => {
+            // Nothing has trained yet: nothing to checkpoint.
+            ToWorker::Shutdown { reason } | ToWorker::CheckpointAndStop { reason } => {
                 return Err(ClientError::Stopped {
                     addr: addr.to_string(),
                     reason,
@@ -242,6 +244,11 @@ fn spawn_reader(client: Arc<ControllerClient>, mut reader: BlockingConnection) {
                     Ok(ToWorker::Preempt) => {
                         tracing::debug!("the controller asks to checkpoint and stop (preemption)");
                         stop::process().request_preempt()
+                    }
+                    Ok(ToWorker::CheckpointAndStop { reason }) => {
+                        tracing::debug!(reason, "the controller asks to checkpoint, then stop");
+                        stop::process()
+                            .request_checkpoint_then_stop(StopReason::Controller { reason });
                     }
                     Ok(ToWorker::Start(_)) => {}
                     Ok(ToWorker::Shutdown { reason }) => {

@@ -425,7 +425,9 @@ fn join(config: &Standalone, me: Registration) -> Result<StartInfo, RendezvousEr
     loop {
         match conn.recv::<ToWorker>().map_err(io)? {
             ToWorker::Start(start) => return Ok(start),
-            ToWorker::Shutdown { reason } => return Err(RendezvousError::Rejected(reason)),
+            ToWorker::Shutdown { reason } | ToWorker::CheckpointAndStop { reason } => {
+                return Err(RendezvousError::Rejected(reason))
+            }
             ToWorker::Preempt => {}
         }
     }

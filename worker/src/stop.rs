@@ -17,7 +17,9 @@
 //! grace time, the batch script (the controller) does not, and the job is then killed. The
 //! ranks checkpoint at the next step boundary and stop as preempted, and the controller
 //! requeues the job, as for SIGUSR2. When the whole job is cancelled (`scancel`), the
-//! controller gets SIGTERM too and the job ends cancelled, its checkpoint kept.
+//! controller gets SIGTERM too and asks the ranks for the same checkpoint
+//! ([`StopSwitch::request_checkpoint_then_stop`]), then a stop: whichever of the two SIGTERMs
+//! reaches a rank first, the job ends cancelled at the step of a checkpoint it wrote.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -70,9 +72,18 @@ pub struct StopSwitch {
     preempt_signal: AtomicUsize,
     /// The first stop signal's number (0: none); written by the signal handler.
     signal: Arc<AtomicUsize>,
-    other: Mutex<Option<StopReason>>,
-    /// Notified when `other` is set.
-    other_set: Condvar,
+    asked: Mutex<Asked>,
+    /// Notified when `asked` changes.
+    asked_changed: Condvar,
+}
+
+/// What the controller (or a lost connection) asked, besides signals.
+#[derive(Debug, Default)]
+struct Asked {
+    /// A stop at the next step boundary, without a checkpoint.
+    stop: Option<StopReason>,
+    /// A stop right after the checkpoint that a preemption writes.
+    after_checkpoint: Option<StopReason>,
 }
 
 impl StopSwitch {
@@ -103,9 +114,48 @@ impl StopSwitch {
             );
             return;
         }
-        let mut other = self.other.lock().unwrap_or_else(|e| e.into_inner());
-        other.get_or_insert(cause);
-        self.other_set.notify_all();
+        let mut asked = self.asked();
+        asked.stop.get_or_insert(cause);
+        self.asked_changed.notify_all();
+    }
+
+    /// Asks for a checkpoint at the next step boundary, as a preemption does, and for a stop
+    /// for `cause` once it is written ([`StopSwitch::stop_after_checkpoint`]).
+    pub fn request_checkpoint_then_stop(&self, cause: StopReason) {
+        let mut asked = self.asked();
+        asked.after_checkpoint.get_or_insert(cause);
+        self.preempt.store(true, Ordering::SeqCst);
+        self.asked_changed.notify_all();
+    }
+
+    /// Why this rank stops after the checkpoint it wrote for a preemption, rather than
+    /// ending as preempted: the controller asked for the checkpoint and then a stop, or asked
+    /// for a stop while a signal had asked for the checkpoint (then waiting up to `timeout`
+    /// for the controller's word, usually in flight). `None`: a preemption.
+    pub fn stop_after_checkpoint(&self, timeout: Duration) -> Option<StopReason> {
+        let asked = self.asked();
+        if self.preempt_signal().is_none() {
+            return asked.after_checkpoint.clone();
+        }
+        let (asked, _) = self
+            .asked_changed
+            .wait_timeout_while(asked, timeout, |a| {
+                a.stop.is_none() && a.after_checkpoint.is_none()
+            })
+            .unwrap_or_else(|e| e.into_inner());
+        asked
+            .after_checkpoint
+            .clone()
+            .or_else(|| asked.stop.clone())
+    }
+
+    /// The stop the controller asked for after the checkpoint, if it has yet.
+    pub fn asked_after_checkpoint(&self) -> Option<StopReason> {
+        self.asked().after_checkpoint.clone()
+    }
+
+    fn asked(&self) -> std::sync::MutexGuard<'_, Asked> {
+        self.asked.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// This rank's own stop cause, waiting up to `timeout` for one to arrive. When the ranks
@@ -116,12 +166,11 @@ impl StopSwitch {
         if let Some(StopRequest::Stop(cause)) = self.requested() {
             return Some(cause);
         }
-        let other = self.other.lock().unwrap_or_else(|e| e.into_inner());
-        let (other, _) = self
-            .other_set
-            .wait_timeout_while(other, timeout, |other| other.is_none())
+        let (asked, _) = self
+            .asked_changed
+            .wait_timeout_while(self.asked(), timeout, |a| a.stop.is_none())
             .unwrap_or_else(|e| e.into_inner());
-        other.clone()
+        asked.stop.clone()
     }
 
     /// The strongest request so far: a stop (a signal first), else a preemption.
@@ -134,7 +183,7 @@ impl StopSwitch {
                 }))
             }
         }
-        if let Some(cause) = self.other.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+        if let Some(cause) = self.asked().stop.clone() {
             return Some(StopRequest::Stop(cause));
         }
         self.preempt
@@ -276,6 +325,44 @@ mod tests {
             Some(StopReason::Controller {
                 reason: "rank 1 failed".into()
             })
+        );
+        reader.join().unwrap();
+    }
+
+    #[test]
+    fn a_cancel_that_asks_for_a_checkpoint_first_does_not_outrank_it() {
+        let cancelled = StopReason::Controller {
+            reason: "the job was cancelled (SIGTERM)".into(),
+        };
+        let switch = StopSwitch::new();
+        assert_eq!(switch.stop_after_checkpoint(Duration::from_secs(600)), None);
+        switch.request_checkpoint_then_stop(cancelled.clone());
+        // The ranks agree on a checkpoint, not on a stop without one.
+        assert_eq!(switch.requested(), Some(StopRequest::Preempt));
+        assert_eq!(
+            switch.stop_after_checkpoint(Duration::from_secs(600)),
+            Some(cancelled.clone())
+        );
+
+        // Slurm's SIGTERM to the rank asked for the checkpoint first: the controller's word,
+        // arriving while it is written, turns the preemption into the cancel it was.
+        let switch = Arc::new(StopSwitch::new());
+        switch
+            .preempt_signal
+            .store(libc::SIGTERM as usize, Ordering::SeqCst);
+        switch.request_preempt();
+        assert_eq!(
+            switch.stop_after_checkpoint(Duration::from_millis(10)),
+            None
+        );
+        let from_reader = switch.clone();
+        let reader = {
+            let cancelled = cancelled.clone();
+            std::thread::spawn(move || from_reader.request_checkpoint_then_stop(cancelled))
+        };
+        assert_eq!(
+            switch.stop_after_checkpoint(Duration::from_secs(600)),
+            Some(cancelled)
         );
         reader.join().unwrap();
     }

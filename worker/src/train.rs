@@ -426,21 +426,33 @@ impl Trainer {
                     preempted = true;
                     if self.step == first_step {
                         // Nothing trained since the start or the restored checkpoint.
-                        self.log(
-                            LogLevel::Warn,
-                            &format!(
-                                "preemption or time-limit notice at step {}: stopping",
-                                self.step
-                            ),
-                        );
+                        if let Some(cause) = stop::process().stop_after_checkpoint(PEER_CAUSE_WAIT)
+                        {
+                            self.log(
+                                LogLevel::Warn,
+                                &format!("stopping after step {}: {cause}", self.step),
+                            );
+                            preempted = false;
+                            stopped = Some(cause);
+                        } else {
+                            self.log(
+                                LogLevel::Warn,
+                                &format!(
+                                    "preemption or time-limit notice at step {}: stopping",
+                                    self.step
+                                ),
+                            );
+                        }
                         break;
                     }
-                    let by = match stop::process().preempt_signal() {
-                        Some(signal) => format!(
+                    let switch = stop::process();
+                    let by = match (switch.asked_after_checkpoint(), switch.preempt_signal()) {
+                        (Some(cause), _) => cause.to_string(),
+                        (None, Some(signal)) => format!(
                             "{} from Slurm (preemption or the job's end)",
                             signal_name(signal).unwrap_or("a signal")
                         ),
-                        None => "preemption or time-limit notice".to_string(),
+                        (None, None) => "preemption or time-limit notice".to_string(),
                     };
                     self.log(
                         LogLevel::Warn,
@@ -448,17 +460,16 @@ impl Trainer {
                     );
                     self.save(&mut hook, SaveReason::Preempt)?;
                     // Slurm's SIGTERM reaches the controller too when the whole job is
-                    // cancelled (`scancel`), which then asks every rank to stop: the job
-                    // ends cancelled (its checkpoint kept), not preempted and requeued.
-                    if stop::process().preempt_signal().is_some() {
-                        if let Some(cause) = stop::process().wait_for_cause(PEER_CAUSE_WAIT) {
-                            self.log(
-                                LogLevel::Warn,
-                                &format!("stopping after step {}: {cause}", self.step),
-                            );
-                            preempted = false;
-                            stopped = Some(cause);
-                        }
+                    // cancelled (`scancel`), which asks every rank for this checkpoint and
+                    // then a stop: the job ends cancelled (its checkpoint kept), not
+                    // preempted and requeued.
+                    if let Some(cause) = stop::process().stop_after_checkpoint(PEER_CAUSE_WAIT) {
+                        self.log(
+                            LogLevel::Warn,
+                            &format!("stopping after step {}: {cause}", self.step),
+                        );
+                        preempted = false;
+                        stopped = Some(cause);
                     }
                     break;
                 }

@@ -208,6 +208,8 @@ pub struct JobMachine {
     notice_received: bool,
     /// The first signal that cancels the job the controller itself received.
     cancel_received: Option<StopSignal>,
+    /// The job is cancelled under Slurm: the ranks were asked to checkpoint, then stop.
+    checkpoint_then_stop: bool,
     stop_requested: bool,
     escalated: bool,
     /// [`Action::WatchStopping`] was asked for (once is enough).
@@ -232,6 +234,7 @@ impl JobMachine {
             killed_by_notice: false,
             notice_received: false,
             cancel_received: None,
+            checkpoint_then_stop: false,
             stop_requested: false,
             escalated: false,
             watching_stop: false,
@@ -459,6 +462,8 @@ impl JobMachine {
                     out.push(Action::Say(format!(
                         "received {signal}: the job is cancelled, not preempted"
                     )));
+                } else if self.checkpoint_then_stop && signal == StopSignal::Terminate {
+                    // Slurm's, again: its kill follows by itself, and the checkpoint goes on.
                 } else if self.stop_requested {
                     if again_kills {
                         out.push(Action::Say(format!(
@@ -477,6 +482,22 @@ impl JobMachine {
                         );
                         out.push(Action::StopProcesses { force: true });
                     }
+                } else if self.signals_are_notices
+                    && signal == StopSignal::Terminate
+                    && self.phase == Phase::Running
+                {
+                    // Slurm kills the job KillWait (30 s by default) after this SIGTERM, as it
+                    // does a preempted one, and the ranks cannot tell the two apart (they
+                    // get it too): saving for both makes what a cancel leaves one thing.
+                    out.push(Action::Say(format!(
+                        "received {signal}: the ranks checkpoint at their next step boundary \
+                         and stop, before Slurm's kill (SIGINT to stop them without one)"
+                    )));
+                    self.cancelled.get_or_insert(signal);
+                    self.checkpoint_then_stop = true;
+                    let reason = format!("the job was cancelled ({signal})");
+                    self.tell_ranks_still_going(ToWorker::CheckpointAndStop { reason }, &mut out);
+                    self.watch_stopping(&mut out);
                 } else {
                     let to_kill = if again_kills {
                         "send it again"
@@ -877,18 +898,12 @@ impl JobMachine {
         self.stop_requested = true;
         let was_running = self.phase == Phase::Running;
         self.phase = Phase::Stopping;
-        for r in self
-            .ranks
-            .values()
-            .filter(|r| r.connected && r.end.is_none())
-        {
-            out.push(Action::Send {
-                conn: r.conn,
-                msg: ToWorker::Shutdown {
-                    reason: reason.to_string(),
-                },
-            });
-        }
+        self.tell_ranks_still_going(
+            ToWorker::Shutdown {
+                reason: reason.to_string(),
+            },
+            out,
+        );
         // After a failure the others are likely blocked in a collective with the dead rank:
         // they get the short grace. A cancelled job's ranks can finish their step.
         if self.failure.is_none() && was_running {
@@ -896,6 +911,20 @@ impl JobMachine {
             self.watch_stopping(out);
         } else {
             out.push(Action::StopProcesses { force: false });
+        }
+    }
+
+    /// Sends `msg` to every rank still connected that has not ended.
+    fn tell_ranks_still_going(&self, msg: ToWorker, out: &mut Vec<Action>) {
+        for r in self
+            .ranks
+            .values()
+            .filter(|r| r.connected && r.end.is_none())
+        {
+            out.push(Action::Send {
+                conn: r.conn,
+                msg: msg.clone(),
+            });
         }
     }
 
@@ -925,7 +954,9 @@ impl JobMachine {
         }
         let at = self.steps_of(going);
         let ranks_text = rank_list(&ranks);
-        let mut line = if self.preempting.is_some() && self.cancelled.is_none() {
+        let checkpointing =
+            self.checkpoint_then_stop || (self.preempting.is_some() && self.cancelled.is_none());
+        let mut line = if checkpointing {
             // Past their boundary they write the checkpoint, which may take a while.
             format!(
                 "{waited_secs} s after they were asked to checkpoint and stop, rank(s) \
@@ -983,8 +1014,14 @@ impl JobMachine {
             .map(|(_, step, _)| *step)
             .min()
             .or_else(|| self.steps_done().filter(|&done| done > 0));
-        // A cancel that came during the last step finds the ranks finished: the run is.
-        let completed = all_ended && stopped.is_empty();
+        // A cancel that came during the last step finds the ranks finished: the run is. Ranks
+        // that checkpointed for a notice have not: a cancel's own SIGTERM may reach them as
+        // one before the controller's word.
+        let completed = all_ended
+            && self
+                .ranks
+                .values()
+                .all(|r| r.end == Some(RankEnd::Finished { preempted: false }));
         let outcome = if let Some(f) = self.failure.take() {
             Outcome::Failed(f)
         } else if self.killed_by_notice && self.cancelled.is_none() {

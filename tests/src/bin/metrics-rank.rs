@@ -78,7 +78,7 @@ fn run() -> Result<(), String> {
     loop {
         match conn.recv::<ToWorker>().map_err(fail)? {
             ToWorker::Start(_) => break,
-            ToWorker::Shutdown { reason } => {
+            ToWorker::Shutdown { reason } | ToWorker::CheckpointAndStop { reason } => {
                 return Err(format!("stopped before the start: {reason}"))
             }
             ToWorker::Preempt => {}

@@ -142,6 +142,16 @@ fn run() -> Result<i32> {
         match stop::process().requested() {
             None => {}
             Some(StopRequest::Preempt) => {
+                // Nothing to checkpoint; a cancel that asked for one first still stops.
+                let wait = Duration::from_secs(2);
+                if let Some(cause) = stop::process().stop_after_checkpoint(wait) {
+                    client.log(
+                        LogLevel::Warn,
+                        &format!("stopping after step {step}: {cause}"),
+                    );
+                    client.stopped(step, &cause);
+                    return Ok(cause.exit_code());
+                }
                 client.log(LogLevel::Info, &format!("preempted at step {step}"));
                 client.finished(true);
                 return Ok(0);

@@ -19,7 +19,15 @@ fn reg(rank: u64) -> Registration {
 
 /// A two-rank local job, launched and fully registered (connections 10 and 11).
 fn running() -> JobMachine {
-    let mut s = JobMachine::new(2, "abc");
+    launched_and_registered(JobMachine::new(2, "abc"))
+}
+
+/// The same job with its ranks the tasks of a Slurm step.
+fn running_under_slurm() -> JobMachine {
+    launched_and_registered(JobMachine::new(2, "abc").with_slurm_notices())
+}
+
+fn launched_and_registered(mut s: JobMachine) -> JobMachine {
     s.handle(Event::Launched {
         procs: vec![(0, Some(0)), (1, Some(1))],
     });
@@ -533,6 +541,131 @@ fn a_cancel_lets_the_ranks_stop_at_a_step_boundary() {
     };
     assert_eq!(outcome.exit_code(), 143);
     assert_eq!(actions, vec![Action::Finish(outcome)]);
+}
+
+#[test]
+fn a_cancel_under_slurm_checkpoints_before_the_kill_and_ends_cancelled() {
+    let cancelled = StopReason::Controller {
+        reason: "the job was cancelled (SIGTERM)".into(),
+    };
+    let mut s = running_under_slurm();
+    let actions = s.handle(Event::Cancel {
+        signal: StopSignal::Terminate,
+    });
+    for conn in [10, 11] {
+        assert!(
+            actions.contains(&Action::Send {
+                conn,
+                msg: ToWorker::CheckpointAndStop {
+                    reason: "the job was cancelled (SIGTERM)".into()
+                }
+            }),
+            "{actions:?}"
+        );
+    }
+    // Slurm kills the job by itself: no timer of the controller's kills a rank that writes.
+    assert!(
+        !actions.contains(&Action::StopAtStepBoundary),
+        "{actions:?}"
+    );
+    assert!(
+        !actions.iter().any(|a| matches!(
+            a,
+            Action::Send {
+                msg: ToWorker::Shutdown { .. },
+                ..
+            }
+        )),
+        "{actions:?}"
+    );
+    assert!(actions.contains(&Action::WatchStopping), "{actions:?}");
+    assert!(
+        s.handle(Event::Cancel {
+            signal: StopSignal::Terminate
+        })
+        .is_empty(),
+        "Slurm's SIGTERM again changes nothing"
+    );
+    assert!(
+        s.handle(Event::Preempt(Notice::Preemption)).is_empty(),
+        "nor does a notice"
+    );
+    // Rank 0 heard the controller; rank 1 took its own SIGTERM for a notice and no word of
+    // the controller's reached it in time: the job is cancelled all the same, not requeued.
+    s.handle(Event::Stopped {
+        conn: 10,
+        step: 150,
+        reason: cancelled.clone(),
+    });
+    s.handle(Event::Finished {
+        conn: 11,
+        preempted: true,
+    });
+    s.handle(Event::ProcessExited {
+        proc: 0,
+        exit: ExitInfo::Code(3),
+    });
+    s.handle(Event::ProcessExited {
+        proc: 1,
+        exit: ExitInfo::Code(0),
+    });
+    let actions = close_both(&mut s);
+    assert_eq!(
+        actions,
+        vec![Action::Finish(Outcome::Cancelled {
+            by: CancelledBy::Signal(StopSignal::Terminate),
+            step: Some(150),
+        })]
+    );
+
+    // Every rank took Slurm's SIGTERM for a notice: still cancelled.
+    let mut s = running_under_slurm();
+    s.handle(Event::Cancel {
+        signal: StopSignal::Terminate,
+    });
+    finish_rank(&mut s, 10, 0, true);
+    let actions = finish_rank(&mut s, 11, 1, true);
+    assert!(
+        matches!(
+            actions.as_slice(),
+            [Action::Finish(Outcome::Cancelled {
+                by: CancelledBy::Signal(StopSignal::Terminate),
+                ..
+            })]
+        ),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn a_sigint_during_a_cancels_checkpoint_stops_the_ranks_without_it() {
+    let mut s = running_under_slurm();
+    s.handle(Event::Cancel {
+        signal: StopSignal::Terminate,
+    });
+    let actions = s.handle(Event::Cancel {
+        signal: StopSignal::Interrupt,
+    });
+    assert!(actions.contains(&Action::StopAtStepBoundary), "{actions:?}");
+    assert!(
+        actions.contains(&Action::Send {
+            conn: 10,
+            msg: ToWorker::Shutdown {
+                reason: "the job was cancelled (SIGINT)".into()
+            }
+        }),
+        "{actions:?}"
+    );
+    // Outside Slurm a SIGTERM is a plain stop, as Ctrl-C.
+    let actions = running().handle(Event::Cancel {
+        signal: StopSignal::Terminate,
+    });
+    assert!(actions.contains(&Action::StopAtStepBoundary), "{actions:?}");
+    // And under Slurm a SIGINT is too.
+    let actions = running_under_slurm().handle(Event::Cancel {
+        signal: StopSignal::Interrupt,
+    });
+    assert!(actions.contains(&Action::StopAtStepBoundary), "{actions:?}");
 }
 
 #[test]
