@@ -78,3 +78,42 @@ fn ranges_read_back_in_every_dtype_and_split() {
         assert!(err.contains("tensor `b`"), "{err}");
     }
 }
+
+#[test]
+fn a_value_float16_cannot_hold_is_refused_and_no_folder_is_left() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    let tensors = vec![("embed".to_string(), vec![4])];
+    let save = |dtype| {
+        save_folder(
+            &dir,
+            &json!({"model_type": "llama"}),
+            &tensors,
+            |_, out| {
+                out.extend([0.5, -1.0e6, 7.0e4, 2.0]);
+                Ok(())
+            },
+            &[],
+            &SaveOptions {
+                dtype,
+                max_shard_bytes: u64::MAX,
+            },
+        )
+    };
+    let err = save(StoredDtype::F16).unwrap_err().to_string();
+    assert!(
+        err.contains("`embed`")
+            && err.contains("holds -1e6, past the largest float16 value")
+            && err.contains("export with `--dtype bf16`"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "{err}");
+    // bfloat16 has float32's range.
+    save(StoredDtype::Bf16).unwrap();
+    let mut out = vec![0.0; 4];
+    HfWeights::open(&dir)
+        .unwrap()
+        .read("embed", 0..4, &mut out)
+        .unwrap();
+    assert_eq!(out, [0.5, -999424.0, 70144.0, 2.0]);
+}

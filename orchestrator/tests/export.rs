@@ -438,6 +438,47 @@ fn an_hf_export_of_a_model_from_scratch_carries_its_tokenizer_and_token_ids() {
     );
 }
 
+/// A tokenizer read from a Hugging Face cache (`snapshots/<revision>/` holds links into
+/// `blobs/`) is exported with all its files, as from a plain folder.
+#[test]
+fn an_hf_export_of_a_tokenizer_from_a_hub_cache_snapshot_carries_every_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plain = tmp.path().join("tokenizer");
+    hf_token_ids(&[Path::new("tokenizer"), &plain]);
+    let cache = tmp.path().join("hub/models--org--tokenizer");
+    let snapshot = cache.join("snapshots/0123abcd");
+    std::fs::create_dir_all(cache.join("blobs")).unwrap();
+    std::fs::create_dir_all(&snapshot).unwrap();
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&plain).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        let blob = format!("blob-{}", names.len());
+        std::fs::copy(entry.path(), cache.join("blobs").join(&blob)).unwrap();
+        std::os::unix::fs::symlink(format!("../../blobs/{blob}"), snapshot.join(&name)).unwrap();
+        names.push(name);
+    }
+    assert!(names.len() > 1, "{names:?}");
+    let run = scratch_run(
+        tmp.path(),
+        16,
+        &format!("{{ path: {} }}", snapshot.display()),
+    );
+    let out = tmp.path().join("hf");
+    export_to(&run, &out);
+    for name in &names {
+        assert_eq!(
+            std::fs::read(out.join(name)).ok(),
+            Some(std::fs::read(plain.join(name)).unwrap()),
+            "{name} exported as it is in the cache"
+        );
+    }
+    assert_eq!(
+        auto_tokenizer(&out, "a b c d d c"),
+        auto_tokenizer(&plain, "a b c d d c")
+    );
+}
+
 #[test]
 fn an_hf_export_refuses_tokenizer_files_changed_since_the_run_read_its_data() {
     let tmp = tempfile::tempdir().unwrap();

@@ -103,7 +103,9 @@ pub fn tokenizer_and_generation_files(dir: &Path) -> Result<Vec<FolderFile>, HfE
         };
         for entry in entries {
             let entry = entry.map_err(HfError::io("list", folder))?;
-            let is_file = entry.file_type().map(|t| t.is_file()).unwrap_or(false);
+            // Followed through symlinks: a Hugging Face cache's snapshot folder holds only
+            // links into its `blobs/`.
+            let is_file = entry.path().is_file();
             let Some(fname) = entry.file_name().to_str().map(|n| format!("{prefix}{n}")) else {
                 continue;
             };
@@ -248,6 +250,21 @@ fn write_contents(
                     &path,
                     tname,
                     format!("{} values given for {numel} elements", f32_buf.len()),
+                ));
+            }
+            if let Some(value) = options.dtype.out_of_range(&f32_buf) {
+                return Err(HfError::tensor(
+                    &path,
+                    tname,
+                    format!(
+                        "holds {value:e}, past the largest {} value: it would be stored as \
+                         infinity; export with {}",
+                        options.dtype.torch_name(),
+                        match options.dtype {
+                            StoredDtype::F16 => "`--dtype bf16` (float32's range) or `--dtype f32`",
+                            _ => "`--dtype f32`",
+                        }
+                    ),
                 ));
             }
             options.dtype.encode(&f32_buf, &mut byte_buf);

@@ -92,6 +92,21 @@ impl StoredDtype {
         }
     }
 
+    /// The value of largest magnitude among the finite `values` this dtype cannot hold
+    /// (they would be stored as infinity), if any: float16 ends at 65504.
+    pub fn out_of_range(self, values: &[f32]) -> Option<f32> {
+        let overflows = |v: &f32| match self {
+            StoredDtype::F32 => false,
+            StoredDtype::Bf16 => v.is_finite() && half::bf16::from_f32(*v).is_infinite(),
+            StoredDtype::F16 => v.is_finite() && half::f16::from_f32(*v).is_infinite(),
+        };
+        values
+            .iter()
+            .filter(|v| overflows(v))
+            .copied()
+            .max_by(|a, b| a.abs().total_cmp(&b.abs()))
+    }
+
     /// f32 → little-endian bytes of this dtype (round to nearest even, as `tensor.to()`).
     pub fn encode(self, values: &[f32], out: &mut Vec<u8>) {
         out.clear();
@@ -510,6 +525,26 @@ fn read_header(path: &Path) -> Result<(File, BTreeMap<String, StoredTensor>), Hf
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn values_past_a_dtypes_range_are_found_and_the_largest_named() {
+        let values = [
+            1.0,
+            65504.0,
+            -7.0e4,
+            65519.0,
+            1.0e6,
+            f32::INFINITY,
+            f32::NAN,
+        ];
+        // 65519 still rounds to 65504; a value already infinite is not one the dtype lost.
+        assert_eq!(StoredDtype::F16.out_of_range(&values), Some(1.0e6));
+        assert_eq!(StoredDtype::F16.out_of_range(&values[..4]), Some(-7.0e4));
+        assert_eq!(StoredDtype::F16.out_of_range(&values[..2]), None);
+        assert_eq!(StoredDtype::Bf16.out_of_range(&values), None);
+        assert_eq!(StoredDtype::Bf16.out_of_range(&[f32::MAX]), Some(f32::MAX));
+        assert_eq!(StoredDtype::F32.out_of_range(&[f32::MAX]), None);
+    }
     use safetensors::tensor::{serialize_to_file, TensorView};
 
     #[test]
