@@ -13,7 +13,7 @@ pub enum CheckpointError {
         source: std::io::Error,
     },
 
-    #[error("{path} is not a complete checkpoint (no COMPLETE marker): it was being written when the job stopped; it is ignored and removed by the next save")]
+    #[error("{path} is not a complete checkpoint (no COMPLETE marker): its save did not finish, or the marker was removed since; it cannot be used (a resume sets a `step-<N>` folder without one aside as `step-<N>.damaged`, kept for repair)")]
     Incomplete { path: PathBuf },
 
     #[error("{path}: file is {actual} bytes, the metadata says {expected}: the file is truncated or was replaced; this checkpoint cannot be used")]

@@ -4,8 +4,8 @@
 
 use crate::checkpoint::Checkpoint;
 use crate::commit::{commit, CommitKind, CommitRequest, Committed};
-use crate::error::Result;
-use crate::naming::StateKind;
+use crate::error::{CheckpointError, Result};
+use crate::naming::{step_dir_name, StateKind};
 use crate::write::{write_rank_report, FullWriter, SaveTarget};
 use shardrun_protocol::config::CheckpointFormat;
 use std::path::Path;
@@ -15,10 +15,27 @@ use std::path::Path;
 /// exports, not a run's series of checkpoints: no `latest` points into it.
 pub fn export_full(source: &Checkpoint, out_root: &Path) -> Result<Committed> {
     let meta = source.metadata();
+    let out = out_root.join(step_dir_name(meta.step));
+    if out.exists() {
+        return Err(CheckpointError::Commit {
+            path: out,
+            what: "already exists: remove it or choose another --out".into(),
+        });
+    }
     let target = SaveTarget::new(out_root, meta.step, meta.world_size);
     target.prepare()?;
+    let written = write_full(source, &target);
+    if written.is_err() {
+        // A failed export (a full disk) leaves nothing behind to fill it.
+        let _ = std::fs::remove_dir_all(target.partial_dir());
+    }
+    written
+}
+
+fn write_full(source: &Checkpoint, target: &SaveTarget) -> Result<Committed> {
+    let meta = source.metadata();
     let layout = source.layout();
-    let mut writer = FullWriter::create(&target, layout)?;
+    let mut writer = FullWriter::create(target, layout)?;
     for (u, unit) in layout.units.iter().enumerate() {
         let whole = 0..unit.numel;
         let mut buffers = [StateKind::Param, StateKind::ExpAvg, StateKind::ExpAvgSq]
@@ -37,10 +54,10 @@ pub fn export_full(source: &Checkpoint, out_root: &Path) -> Result<Committed> {
         } else {
             Vec::new()
         };
-        write_rank_report(&target, rank.rank, rank.rng.clone(), mine)?;
+        write_rank_report(target, rank.rank, rank.rng.clone(), mine)?;
     }
     commit(
-        &target,
+        target,
         &CommitRequest {
             format: CheckpointFormat::Full,
             strategy: meta.strategy,

@@ -67,3 +67,39 @@ fn exports_of_several_steps_share_a_folder_with_no_latest() {
         assert_eq!(full.unwrap().step(), step);
     }
 }
+
+#[test]
+fn an_export_of_a_step_already_exported_is_refused_and_a_failed_one_leaves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let saved = save_sharded(&tmp.path().join("checkpoints"), 30, 3, &layout(3), 2);
+    let source = Checkpoint::open(&saved.dir, Verify::Checksums).unwrap();
+    let out = tmp.path().join("export");
+    let first = export_full(&source, &out).unwrap();
+    let model = std::fs::read(first.dir.join("model.safetensors")).unwrap();
+    let err = export_full(&source, &out).unwrap_err().to_string();
+    assert!(
+        err.contains("step-30: already exists: remove it or choose another --out"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(first.dir.join("model.safetensors")).unwrap(),
+        model
+    );
+
+    // The source's shard cut short after it was opened: the export fails half-way.
+    let shard = saved.dir.join("rank-1-of-3.safetensors");
+    let len = std::fs::metadata(&shard).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let elsewhere = tmp.path().join("elsewhere");
+    assert!(export_full(&source, &elsewhere).is_err());
+    let left: Vec<_> = std::fs::read_dir(&elsewhere)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

@@ -117,3 +117,42 @@ fn a_value_float16_cannot_hold_is_refused_and_no_folder_is_left() {
         .unwrap();
     assert_eq!(out, [0.5, -999424.0, 70144.0, 2.0]);
 }
+
+#[test]
+fn what_a_killed_export_left_is_removed_by_the_next_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let host = host.trim();
+    // A pid no process has (past the kernel's pid_max), and one that is alive (this one).
+    let dead = format!(".m.partial-{host}-4294967295");
+    let old_build = ".m.partial-4294967294".to_string();
+    let alive = format!(".m.partial-{host}-1");
+    let other_machine = ".m.partial-elsewhere-4294967295".to_string();
+    let other_export = format!(".n.partial-{host}-4294967295");
+    for left in [&dead, &old_build, &alive, &other_machine, &other_export] {
+        std::fs::create_dir_all(tmp.path().join(left).join("half")).unwrap();
+    }
+    save_folder(
+        &tmp.path().join("m"),
+        &json!({"model_type": "llama"}),
+        &[("w".to_string(), vec![2])],
+        |_, out| {
+            out.extend([1.0, 2.0]);
+            Ok(())
+        },
+        &[],
+        &SaveOptions {
+            dtype: StoredDtype::F32,
+            max_shard_bytes: u64::MAX,
+        },
+    )
+    .unwrap();
+    let mut left: Vec<String> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    let mut expected = vec![alive, other_machine, other_export, "m".to_string()];
+    expected.sort();
+    assert_eq!(left, expected);
+}

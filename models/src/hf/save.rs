@@ -145,7 +145,13 @@ pub fn save_folder(
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(HfError::io("create", parent))?;
-    let tmp = parent.join(format!(".{name}.partial-{}", std::process::id()));
+    remove_abandoned_partials(parent, name);
+    let host = this_host();
+    let tmp = parent.join(format!(
+        "{}{host}-{}",
+        partial_prefix(name),
+        std::process::id()
+    ));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(HfError::io("remove", &tmp))?;
     }
@@ -166,6 +172,43 @@ pub fn save_folder(
         weight_files,
         derived_generation_config,
     })
+}
+
+/// An export is written under `.<name>.partial-<host>-<pid>` and renamed when complete.
+fn partial_prefix(name: &str) -> String {
+    format!(".{name}.partial-")
+}
+
+/// The kernel's hostname: a shared file system sees exports from several machines.
+fn this_host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Removes what exports to `name` killed before their rename left in `parent`: the folders of
+/// this machine's processes that are gone (those of another machine may still be written).
+/// A folder that cannot be removed stays; it is hidden and never taken for an export.
+fn remove_abandoned_partials(parent: &Path, name: &str) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    let prefix = partial_prefix(name);
+    let host = this_host();
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(owner) = file_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+            continue;
+        };
+        // `<host>-<pid>`; a bare pid from builds that named no host is this machine's.
+        let (from, pid) = owner.rsplit_once('-').unwrap_or((host.as_str(), owner));
+        let gone = pid.parse::<u32>().is_ok_and(|pid| {
+            pid != std::process::id() && !Path::new("/proc").join(pid.to_string()).exists()
+        });
+        if from == host && gone {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 type Contents = (Vec<(String, u64)>, bool);

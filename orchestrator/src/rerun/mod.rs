@@ -312,6 +312,13 @@ pub enum RerunError {
     },
     #[error("{path} finished {done} steps but has no checkpoint to continue from to step {asked}\n  fix: add --force to start over with {asked} steps")]
     NothingToContinue { path: String, done: u64, asked: u64 },
+    #[error("{path}: no checkpoint of this run loads ({count} of them; the newest, {}: {why}), and resuming would start over at step 1\n  fix: restore that checkpoint's files from a copy and run the same command again, or start the run over with --force (which deletes them)", newest.display())]
+    NoCheckpointLoads {
+        path: String,
+        count: usize,
+        newest: PathBuf,
+        why: String,
+    },
     #[error("{path} is the folder of a sweep (its points' runs are inside), not a run directory\n  fix: give this job a name of its own (`--set name=...`; `shardrun run` also takes --run-dir)")]
     SweepFolder { path: String },
     #[error(transparent)]
@@ -567,6 +574,18 @@ pub fn decide(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunError> {
             diverged_from,
         }));
     }
+    if checkpoint.is_none() && resumes {
+        // Checkpoints that all fail to load are not a run to start over silently: the ranks
+        // would refuse them too, after the job waited in the queue.
+        if let Some((count, newest, why)) = damaged_checkpoints(&run, &target.train) {
+            return Err(RerunError::NoCheckpointLoads {
+                path: shown,
+                count,
+                newest,
+                why,
+            });
+        }
+    }
     match (state, &checkpoint) {
         (RunState::Completed, None) => {
             return Err(RerunError::NothingToContinue {
@@ -646,6 +665,18 @@ pub fn newest_checkpoint(run: &RunDir, train: &TrainConfig) -> Option<Checkpoint
         dir: c.dir().to_path_buf(),
         data_fingerprint: c.metadata().trainer.data.data_fingerprint.clone(),
     })
+}
+
+/// When the run has committed checkpoints but none that loads: how many, the newest one and
+/// why it does not.
+fn damaged_checkpoints(run: &RunDir, train: &TrainConfig) -> Option<(usize, PathBuf, String)> {
+    let root = train.checkpoint.root(Some(run.path()))?;
+    let found = find_latest(&root, Verify::Structure).ok()?;
+    if found.checkpoint.is_some() {
+        return None;
+    }
+    let (newest, why) = found.skipped.first()?;
+    Some((found.skipped.len(), newest.clone(), why.to_string()))
 }
 
 /// The steps a run has trained, as its checkpoints and metrics show: the later of its
@@ -1113,6 +1144,30 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_run_none_of_whose_checkpoints_loads_is_refused_naming_the_newest() {
+        for state in [RunState::Completed, RunState::Cancelled] {
+            let tmp = tempfile::tempdir().unwrap();
+            let run = existing(tmp.path(), state, &[]);
+            for step in [10, 20] {
+                let dir = run.path().join(format!("checkpoints/step-{step}"));
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(dir.join("COMPLETE"), "").unwrap();
+                std::fs::write(dir.join("metadata.json"), "{ truncated").unwrap();
+            }
+            let longer = resolved(tmp.path(), &["training.steps=300"]);
+            let err = prepare(run.path(), new_run(&longer, &BTreeMap::new())).unwrap_err();
+            let text = err.to_string();
+            assert!(
+                matches!(err, RerunError::NoCheckpointLoads { count: 2, .. })
+                    && text.contains("the newest, ")
+                    && text.contains("step-20: ")
+                    && text.contains("restore that checkpoint's files from a copy"),
+                "{state:?}: {text}"
+            );
+        }
     }
 
     #[test]
