@@ -100,6 +100,11 @@ impl StepRecord {
         !self.loss.is_finite() || (!self.grad_norm.is_finite() && self.loss_scale.is_none())
     }
 
+    /// Whether the fp16 loss scaler skipped the step's update: its gradients overflowed.
+    pub fn skipped_update(&self) -> bool {
+        self.loss.is_finite() && !self.grad_norm.is_finite() && self.loss_scale.is_some()
+    }
+
     /// As a JSON object with every field present, absent ones as null: documents printed
     /// for scripts keep one shape whatever the run.
     pub fn to_json_complete(&self) -> serde_json::Value {

@@ -213,6 +213,10 @@ pub struct TrainSummary {
     pub first_loss: f64,
     #[serde(deserialize_with = "non_finite")]
     pub last_loss: f64,
+    /// Steps of the run (resumed ones included) whose update the fp16 loss scaler skipped
+    /// because the gradients overflowed: `steps` less the updates applied.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped_steps: u64,
     pub model_state_bytes_per_rank: u64,
     /// What one rank would hold unsharded (params + grads + AdamW state).
     pub unsharded_model_state_bytes: u64,
@@ -234,11 +238,15 @@ fn first_step() -> u64 {
     1
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 impl TrainSummary {
     /// The steps this process trained, in words: "200 steps", or "steps 301-3000 (resumed
     /// at step 300)" when it resumed.
     pub fn steps_words(&self) -> String {
-        if self.first_step > 1 {
+        let steps = if self.first_step > 1 {
             format!(
                 "steps {}-{} (resumed at step {})",
                 self.first_step,
@@ -247,6 +255,10 @@ impl TrainSummary {
             )
         } else {
             format!("{} steps", self.steps)
+        };
+        match self.skipped_steps {
+            0 => steps,
+            skipped => format!("{steps}, {skipped} of them skipped (fp16 gradients overflowed)"),
         }
     }
 
@@ -429,6 +441,7 @@ mod tests {
             first_step: 11,
             first_loss: f64::NAN,
             last_loss: f64::NAN,
+            skipped_steps: 0,
             model_state_bytes_per_rank: 1,
             unsharded_model_state_bytes: 2,
             peak_memory_bytes: 3,
@@ -452,6 +465,7 @@ mod tests {
             first_step: 1,
             first_loss: 1.0,
             last_loss: 0.5,
+            skipped_steps: 0,
             model_state_bytes_per_rank: 1,
             unsharded_model_state_bytes: 2,
             peak_memory_bytes: 530 << 20,
@@ -481,6 +495,7 @@ mod tests {
             first_step: 1,
             first_loss: 6.25,
             last_loss: 0.28,
+            skipped_steps: 0,
             model_state_bytes_per_rank: 1,
             unsharded_model_state_bytes: 2,
             peak_memory_bytes: 3,
@@ -500,6 +515,14 @@ mod tests {
             "steps 301-3000 (resumed at step 300)"
         );
         assert_eq!(resumed.first_loss_label(), "Loss at step 301");
+        let skipping = TrainSummary {
+            skipped_steps: 7,
+            ..resumed.clone()
+        };
+        assert_eq!(
+            skipping.steps_words(),
+            "steps 301-3000 (resumed at step 300), 7 of them skipped (fp16 gradients overflowed)"
+        );
         // A summary without the field is of a run from the start.
         let mut json = serde_json::to_value(&resumed).unwrap();
         json.as_object_mut().unwrap().remove("first_step");

@@ -845,6 +845,7 @@ impl Trainer {
             first_step,
             first_loss,
             last_loss,
+            skipped_steps: self.step.saturating_sub(self.engine.optimizer_steps),
             model_state_bytes_per_rank: self.engine.model_state_bytes(),
             unsharded_model_state_bytes: cfg.model.num_params() * 16,
             peak_memory_bytes: memory.peak,

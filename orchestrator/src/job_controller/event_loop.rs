@@ -1079,8 +1079,19 @@ fn finished_message(metrics: &std::path::Path) -> String {
         .filter(|r| r.diverged())
         .map(|r| r.step)
         .collect();
-    match diverged.first() {
+    // A loss not finite at step 1 comes before any update: no learning rate made it.
+    let from_the_start = steps
+        .first()
+        .is_some_and(|r| r.step == 1 && !r.loss.is_finite());
+    let mut message = match diverged.first() {
         None => "training finished".to_string(),
+        Some(_) if from_the_start => format!(
+            "training finished, but its loss was not finite (NaN or inf) from step 1, before \
+             any update, in {} of {} logged steps: the weights it starts from (the model \
+             folder) or the data hold a value that is not finite, not the learning rate",
+            diverged.len(),
+            steps.len()
+        ),
         Some(first) => format!(
             "training finished, but diverged: the loss or the gradients were not finite (NaN or \
              inf) in {} of {} logged steps, from step {first}; lower the LR, clip gradients \
@@ -1088,12 +1099,83 @@ fn finished_message(metrics: &std::path::Path) -> String {
             diverged.len(),
             steps.len()
         ),
+    };
+    let skipped = steps.iter().filter(|r| r.skipped_update()).count();
+    if skipped > 0 {
+        // Not divergence, but steps that trained nothing: a run that skips most of them has
+        // a loss scale that cannot find a range the gradients fit in.
+        message.push_str(&format!(
+            "; the fp16 loss scaler skipped the update of {skipped} of {} logged steps (their \
+             gradients overflowed){}",
+            steps.len(),
+            if skipped * 10 > steps.len() {
+                ": so many that bf16 (float32's range) may suit this model better"
+            } else {
+                ""
+            }
+        ));
     }
+    message
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The message of a finished run whose metrics.jsonl holds `steps` steps, each with
+    /// `loss`, the updates of `skipped` skipped by the fp16 loss scaler.
+    fn finished_with(loss: f64, skipped: &[u64], steps: u64) -> String {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("metrics.jsonl");
+        let lines: Vec<String> = (1..=steps)
+            .map(|step| {
+                let metrics = shardrun_protocol::messages::StepMetrics {
+                    step,
+                    loss,
+                    grad_norm: if skipped.contains(&step) {
+                        f64::INFINITY
+                    } else {
+                        0.5
+                    },
+                    loss_scale: Some(1024.0),
+                    ..Default::default()
+                };
+                let record = crate::step_record::StepRecord::fold(&[metrics], 0.0);
+                serde_json::to_string(&record).unwrap()
+            })
+            .collect();
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        finished_message(&path)
+    }
+
+    #[test]
+    fn a_loss_not_finite_from_step_1_is_not_blamed_on_the_learning_rate() {
+        let message = finished_with(f64::NAN, &[], 4);
+        assert!(
+            message.contains("from step 1, before any update, in 4 of 4 logged steps")
+                && message.contains("the model folder")
+                && !message.contains("lower the LR"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_finished_run_says_how_many_updates_the_fp16_loss_scaler_skipped() {
+        let message = |skipped: &[u64], steps: u64| finished_with(2.0, skipped, steps);
+        assert_eq!(message(&[], 20), "training finished");
+        assert_eq!(
+            message(&[1], 20),
+            "training finished; the fp16 loss scaler skipped the update of 1 of 20 logged steps \
+             (their gradients overflowed)"
+        );
+        let most = message(&[1, 2, 3, 5, 6, 8, 9], 10);
+        assert!(
+            most.starts_with(
+                "training finished; the fp16 loss scaler skipped the update of 7 of 10"
+            ) && most.ends_with("so many that bf16 (float32's range) may suit this model better"),
+            "{most}"
+        );
+    }
 
     #[test]
     fn a_task_of_a_job_array_is_named_by_array_and_task() {

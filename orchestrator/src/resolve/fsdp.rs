@@ -2,7 +2,7 @@
 
 use super::memory::ModelLayout;
 use super::ranks::Ranks;
-use super::{defaults, ResolveError, Section};
+use super::{defaults, yaml_name, ResolveError, Section};
 use shardrun_protocol::config::{
     DType, FsdpConfig, MixedPrecision, ModelConfig, ShardingStrategy, WrapPolicy,
 };
@@ -64,12 +64,27 @@ pub fn resolve_fsdp(
         },
     });
     let activation_checkpointing = f.activation_checkpointing.unwrap_or(false);
+    let reduce_dtype = f.mixed_precision.reduce_dtype.unwrap_or(param_dtype);
+    if reduce_dtype == DType::F16 && param_dtype != DType::F16 {
+        // The loss scaler comes with fp16 parameters, as in PyTorch's FSDP: gradients
+        // reduced in fp16 without it may overflow to inf or round small values to 0.
+        warnings.push(format!(
+            "`training.fsdp.mixed_precision.reduce_dtype: f16` with {} parameters has no loss \
+             scaling (only f16 parameters get one): gradients past 65504 become inf and the \
+             smallest round to 0; reduce in {}",
+            yaml_name(&param_dtype),
+            match param_dtype {
+                DType::F32 => "f32 (leave `reduce_dtype` out)",
+                _ => "bf16 or f32",
+            }
+        ));
+    }
     Ok(FsdpConfig {
         strategy,
         wrap,
         mixed_precision: MixedPrecision {
             param_dtype,
-            reduce_dtype: f.mixed_precision.reduce_dtype.unwrap_or(param_dtype),
+            reduce_dtype,
             // Buffers (the rotary frequencies) stay fp32 unless asked: PyTorch's FSDP casts
             // buffers only when `buffer_dtype` is set.
             buffer_dtype: f.mixed_precision.buffer_dtype.unwrap_or(DType::F32),

@@ -997,6 +997,53 @@ mod tests {
     }
 
     #[test]
+    fn fp16_reduction_without_fp16_parameters_is_warned_about_and_the_schedule_is_told() {
+        let job = |extra: &str| {
+            format!("name: t\nresources:\n  tasks_per_node: 2\ntraining:\n  model: {{ kind: transformer, vocab_size: 128, dim: 32, n_layers: 2, n_heads: 4, max_seq_len: 16 }}\n  steps: 10\n  total_batch_size: 2\n  batch_size_per_device: 1\n{extra}")
+        };
+        let unscaled = |j: &ResolvedJob| j.warnings.iter().any(|w| w.contains("no loss scaling"));
+        for (params, fix) in [
+            ("bf16", "reduce in bf16 or f32"),
+            ("f32", "leave `reduce_dtype` out"),
+        ] {
+            let j = resolve_yaml(
+                &job(&format!("  fsdp: {{ mixed_precision: {{ param_dtype: {params}, reduce_dtype: f16 }} }}\n")),
+                false,
+            )
+            .unwrap();
+            assert!(
+                unscaled(&j) && j.warnings.iter().any(|w| w.contains(fix)),
+                "{params}: {:?}",
+                j.warnings
+            );
+        }
+        let j = resolve_yaml(
+            &job("  fsdp: { mixed_precision: { param_dtype: f16 } }\n"),
+            false,
+        )
+        .unwrap();
+        assert!(!unscaled(&j), "{:?}", j.warnings);
+
+        // A constant LR has no floor to decay to.
+        let constant = resolve_yaml(&job("  schedule: { decay: constant }\n"), false).unwrap();
+        assert!(
+            constant.summary().contains(", warmup 0 then constant\n"),
+            "{}",
+            constant.summary()
+        );
+        let cosine = resolve_yaml(
+            &job("  schedule: { decay: cosine, min_lr_ratio: 0.1 }\n"),
+            false,
+        )
+        .unwrap();
+        assert!(
+            cosine.summary().contains(" then cosine to ×0.1\n"),
+            "{}",
+            cosine.summary()
+        );
+    }
+
+    #[test]
     fn wrapping_finer_than_a_block_and_checkpointing_without_blocks_warn() {
         let transformer = |wrap: &str| {
             format!("name: t\nresources:\n  tasks_per_node: 2\ntraining:\n  model: {{ kind: transformer, vocab_size: 128, dim: 32, n_layers: 2, n_heads: 4, max_seq_len: 16 }}\n  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 1\n  fsdp: {{ wrap: {wrap} }}\n")

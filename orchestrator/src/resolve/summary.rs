@@ -1,7 +1,7 @@
 //! The plan as people read it (`shardrun plan`, `plan.txt`).
 
 use super::{yaml_name, ResolvedJob, GIB};
-use shardrun_protocol::config::{DataConfig, Packing};
+use shardrun_protocol::config::{DataConfig, LrDecay, Packing};
 use std::fmt::Write as _;
 
 /// What the ranks read, and what a sequence's tokens attend to.
@@ -79,7 +79,7 @@ impl ResolvedJob {
         let _ = writeln!(out, "  fsdp           {}, wrap {}, params {} / reduce {}, activation checkpointing {}, prefetch {}", yaml_name(&t.fsdp.strategy), yaml_name(&t.fsdp.wrap), yaml_name(&t.fsdp.mixed_precision.param_dtype), yaml_name(&t.fsdp.mixed_precision.reduce_dtype), t.fsdp.activation_checkpointing, t.fsdp.prefetch);
         let _ = writeln!(
             out,
-            "  optimizer      AdamW lr {} betas ({}, {}) weight decay {} (none on {}), warmup {} then {} to ×{}",
+            "  optimizer      AdamW lr {} betas ({}, {}) weight decay {} (none on {}), warmup {} then {}",
             short_number(t.optimizer.lr),
             t.optimizer.beta1,
             t.optimizer.beta2,
@@ -95,8 +95,10 @@ impl ResolvedJob {
                     .join(", ")
             },
             t.schedule.warmup_steps,
-            yaml_name(&t.schedule.decay),
-            t.schedule.min_lr_ratio
+            match t.schedule.decay {
+                LrDecay::Constant => "constant".to_string(),
+                decay => format!("{} to ×{}", yaml_name(&decay), t.schedule.min_lr_ratio),
+            }
         );
         let _ = writeln!(
             out,

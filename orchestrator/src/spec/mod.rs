@@ -265,6 +265,22 @@ mod tests {
     }
 
     #[test]
+    fn a_pytorch_dtype_name_is_answered_with_the_name_here() {
+        for (theirs, ours) in [("bfloat16", "bf16"), ("float16", "f16"), ("float32", "f32")] {
+            let yaml = MINIMAL.replace(
+                "  steps: 2\n",
+                &format!("  steps: 2\n  fsdp:\n    mixed_precision: {{ param_dtype: {theirs} }}\n"),
+            );
+            let err = parse_str(&yaml).unwrap_err();
+            assert_eq!(err.field, "training.fsdp.mixed_precision.param_dtype");
+            assert_eq!(
+                err.fix,
+                format!("did you mean `{ours}`? (the name here of PyTorch's `{theirs}`)")
+            );
+        }
+    }
+
+    #[test]
     fn a_transformers_config_name_is_answered_with_the_name_here() {
         let yaml = MINIMAL.replace(
             "{ kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }",

@@ -167,7 +167,12 @@ fn explain(mut error: DeError, path: &[Step], document: &SpannedDocument<'_>) ->
             locate(None),
             SpecErrorKind::WrongValue,
             format!("unknown value `{value}`"),
-            choose(did_you_mean(value, expected), expected, "value"),
+            match torch_dtype_name(value, expected) {
+                Some(ours) => {
+                    format!("did you mean `{ours}`? (the name here of PyTorch's `{value}`)")
+                }
+                None => choose(did_you_mean(value, expected), expected, "value"),
+            },
         ),
         Problem::MissingKey(key) => (
             locate(None),
@@ -219,6 +224,18 @@ fn transformers_name(key: &str, expected: &[&'static str]) -> Option<&'static st
         .iter()
         .find(|(theirs, ours)| *theirs == key && expected.contains(ours))
         .map(|(_, ours)| *ours)
+}
+
+/// A dtype under the name PyTorch (and `config.json`'s `torch_dtype`) gives it, when
+/// `expected` (the values allowed where it was written) has it under this spec's name.
+fn torch_dtype_name(value: &str, expected: &[&'static str]) -> Option<&'static str> {
+    let ours = match value {
+        "bfloat16" => "bf16",
+        "float16" | "half" => "f16",
+        "float32" | "float" => "f32",
+        _ => return None,
+    };
+    expected.contains(&ours).then_some(ours)
 }
 
 /// The fix for an unknown key or value: the one probably meant, else the list.
