@@ -392,6 +392,21 @@ pub fn parse_srun_task_end(line: &str) -> Option<(Vec<u64>, ExitInfo)> {
     Some((ranks, ExitInfo::Signal(*signal)))
 }
 
+/// What shardrun knows of one of srun's own lines that reads worse than it is, to say next
+/// to it in train.log.
+pub fn srun_line_explained(line: &str) -> Option<&'static str> {
+    if line.contains("cluster configuration lacks support for cpu binding") {
+        // `--cpu-bind=none` on a cluster without task/affinity.
+        return Some("harmless: the ranks are not bound to cores, as shardrun asks");
+    }
+    match parse_srun_task_end(line)? {
+        (_, ExitInfo::Code(code)) if shardrun_protocol::messages::is_stop_status(code) => {
+            Some("the status of ranks that stopped at a step boundary as asked, not a failure")
+        }
+        _ => None,
+    }
+}
+
 /// Splits `"  3: text"` into (3, "text").
 pub fn parse_srun_label(line: &str) -> Option<(u64, &str)> {
     let (label, rest) = line.split_once(": ")?;
@@ -428,18 +443,22 @@ async fn forward_lines(
                 None => (None, text),
             },
         };
+        let mut text = text.to_string();
         if let (Labels::Srun, None) = (labels, rank) {
-            if let Some((ranks, end)) = parse_srun_task_end(text) {
+            if let Some((ranks, end)) = parse_srun_task_end(&text) {
                 let mut ends = task_ends.lock().unwrap_or_else(|e| e.into_inner());
                 for rank in ranks {
                     ends.entry(rank).or_insert(end);
                 }
             }
+            if let Some(note) = srun_line_explained(&text) {
+                text.push_str(&format!(" [shardrun: {note}]"));
+            }
         }
         let record = Record::Raw {
             rank,
             stderr,
-            text: text.to_string(),
+            text,
             time: clock::now(),
         };
         if records.send(record).await.is_err() {
@@ -480,6 +499,26 @@ mod tests {
         );
         assert_eq!(parse_srun_label("12: x"), Some((12, "x")));
         assert_eq!(parse_srun_label("srun: error: node1: task 1: Killed"), None);
+    }
+
+    #[test]
+    fn srun_lines_that_read_worse_than_they_are_are_explained() {
+        let stopped = srun_line_explained("srun: error: vm: tasks 0-1: Exited with exit code 3");
+        assert!(stopped.is_some_and(|n| n.contains("stopped at a step boundary")));
+        assert!(
+            srun_line_explained("srun: error: vm: task 1: Exited with exit code 143").is_some()
+        );
+        assert!(
+            srun_line_explained("srun: cluster configuration lacks support for cpu binding")
+                .is_some_and(|n| n.starts_with("harmless"))
+        );
+        for failure in [
+            "srun: error: vm: task 1: Exited with exit code 1",
+            "srun: error: vm: task 0: Killed",
+            "srun: error: Unable to create step for job 5: Invalid generic resource (gres) specification",
+        ] {
+            assert_eq!(srun_line_explained(failure), None, "{failure}");
+        }
     }
 
     #[test]
