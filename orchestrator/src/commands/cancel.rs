@@ -1,6 +1,7 @@
-//! `shardrun cancel <run>`: scancel the run's Slurm job (every unfinished point of a sweep);
-//! for a local run (`shardrun run`), SIGTERM to its controller, found by the run directory's
-//! lock, which stops the ranks at their next step boundary as Ctrl-C does.
+//! `shardrun cancel <run>`: scancel the run's Slurm job (every unfinished point of a sweep),
+//! whose running ranks checkpoint at their next step boundary before Slurm's kill; for a
+//! local run (`shardrun run`), SIGTERM to its controller, found by the run directory's lock,
+//! which stops the ranks at their next step boundary as Ctrl-C does.
 
 use crate::rundir::{RunDir, RunLock, RunState, SignalError};
 use crate::slurm::{self, RunStatus};
@@ -64,6 +65,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         anyhow::bail!("no run directory at {}\n  fix: pass the folder `shardrun submit` or `shardrun run` printed (see `shardrun status`)", args.run.display());
     }
     let mut ids = Vec::new();
+    let mut running = 0;
     let mut requeued = Vec::new();
     let mut stopped = Vec::new();
     let mut refused = Vec::new();
@@ -76,6 +78,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         let in_slurm = matches!(status.state, RunState::Submitted | RunState::Running);
         if let Some(id) = status.job_id.as_ref().filter(|_| in_slurm) {
             ids.push(id.clone());
+            running += usize::from(status.state == RunState::Running);
             let manifest = run.read_manifest()?;
             // A finished run's job run again has nothing to lose: it stays finished.
             if manifest.state.is_terminal() && manifest.state != RunState::Completed {
@@ -119,9 +122,16 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             })?;
         }
         outln!(
-            "Cancelled Slurm job(s) {}; `shardrun status {}` shows when they have ended",
+            "Cancelled Slurm job(s) {}; `shardrun status {}` shows when they have ended{}",
             ids.join(" "),
-            args.run.display()
+            args.run.display(),
+            match running {
+                0 => "",
+                // The controller asks for it on Slurm's SIGTERM, before Slurm's kill.
+                _ =>
+                    " (a running one's ranks write a checkpoint at their next step boundary \
+                      first, which the run resumes from)",
+            }
         );
     }
     for line in &stopped {
