@@ -123,15 +123,31 @@ fn what_a_killed_export_left_is_removed_by_the_next_one() {
     let tmp = tempfile::tempdir().unwrap();
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
     let host = host.trim();
-    // A pid no process has (past the kernel's pid_max), and one that is alive (this one).
+    // A pid no process has (past the kernel's pid_max), and one that is alive (init's).
     let dead = format!(".m.partial-{host}-4294967295");
     let old_build = ".m.partial-4294967294".to_string();
     let alive = format!(".m.partial-{host}-1");
     let other_machine = ".m.partial-elsewhere-4294967295".to_string();
     let other_export = format!(".n.partial-{host}-4294967295");
-    for left in [&dead, &old_build, &alive, &other_machine, &other_export] {
+    // With lock files: one still held (a live export whose pid this machine cannot see, as
+    // from another container) stays, one free (its process gone, on any machine) goes.
+    let held = format!(".m.partial-{host}-4294967293");
+    let freed = ".m.partial-elsewhere-7".to_string();
+    for left in [
+        &dead,
+        &old_build,
+        &alive,
+        &other_machine,
+        &other_export,
+        &held,
+        &freed,
+    ] {
         std::fs::create_dir_all(tmp.path().join(left).join("half")).unwrap();
     }
+    let lock = |name: &str| std::fs::File::create(tmp.path().join(format!("{name}.lock"))).unwrap();
+    let holder = lock(&held);
+    holder.try_lock().unwrap();
+    drop(lock(&freed));
     save_folder(
         &tmp.path().join("m"),
         &json!({"model_type": "llama"}),
@@ -152,7 +168,15 @@ fn what_a_killed_export_left_is_removed_by_the_next_one() {
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     left.sort();
-    let mut expected = vec![alive, other_machine, other_export, "m".to_string()];
+    let held_lock = format!("{held}.lock");
+    let mut expected = vec![
+        alive,
+        other_machine,
+        other_export,
+        held,
+        held_lock,
+        "m".to_string(),
+    ];
     expected.sort();
     assert_eq!(left, expected);
 }

@@ -38,4 +38,4 @@ pub fn mib(bytes: u64) -> f64 {
 pub use messages::{FromWorker, ToWorker};
 
 /// Bumped on every incompatible change of [`messages`] or the handshake.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;

@@ -37,8 +37,9 @@ pub enum StopRequest {
 }
 
 impl StopRequest {
-    /// A number the ranks reduce with `max` to agree: a stop outranks a preemption (a
-    /// cancelled job need not save), both outrank carrying on.
+    /// A number the ranks reduce with `max` to agree: a stop outranks a preemption (a stop
+    /// asks for no checkpoint; a cancel under Slurm that wants one asks as a preemption
+    /// does, [`StopSwitch::request_checkpoint_then_stop`]), both outrank carrying on.
     pub fn code(request: Option<&StopRequest>) -> f64 {
         match request {
             None => 0.0,

@@ -94,7 +94,10 @@ pub struct TrainState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SaveReason {
     Interval,
+    /// A preemption or time-limit notice (or a SIGTERM from Slurm not known to be a cancel).
     Preempt,
+    /// A cancel under Slurm, whose kill follows its SIGTERM.
+    Cancel,
     Final,
 }
 
@@ -105,6 +108,7 @@ impl SaveReason {
         match self {
             SaveReason::Interval => "interval",
             SaveReason::Preempt => "preemption",
+            SaveReason::Cancel => "cancel",
             SaveReason::Final => "final",
         }
     }
@@ -128,6 +132,11 @@ pub trait CheckpointHook {
 /// How long a rank that learns of a stop from a peer waits for its own copy of the request
 /// (the controller asks every rank), to say why in its own words.
 const PEER_CAUSE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long a rank that checkpointed for Slurm's SIGTERM waits for the controller's word that
+/// the job is cancelled, not preempted: the controller asks Slurm first whether the job is
+/// being requeued, which may take its 5 s limit.
+const CANCEL_WORD_WAIT: std::time::Duration = std::time::Duration::from_secs(7);
 
 pub fn dtype_kind(dtype: DType) -> Kind {
     match dtype {
@@ -426,7 +435,7 @@ impl Trainer {
                     preempted = true;
                     if self.step == first_step {
                         // Nothing trained since the start or the restored checkpoint.
-                        if let Some(cause) = stop::process().stop_after_checkpoint(PEER_CAUSE_WAIT)
+                        if let Some(cause) = stop::process().stop_after_checkpoint(CANCEL_WORD_WAIT)
                         {
                             self.log(
                                 LogLevel::Warn,
@@ -446,24 +455,31 @@ impl Trainer {
                         break;
                     }
                     let switch = stop::process();
-                    let by = match (switch.asked_after_checkpoint(), switch.preempt_signal()) {
-                        (Some(cause), _) => cause.to_string(),
-                        (None, Some(signal)) => format!(
-                            "{} from Slurm (preemption or the job's end)",
-                            signal_name(signal).unwrap_or("a signal")
-                        ),
-                        (None, None) => "preemption or time-limit notice".to_string(),
-                    };
+                    let (by, reason) =
+                        match (switch.asked_after_checkpoint(), switch.preempt_signal()) {
+                            (Some(cause), _) => (cause.to_string(), SaveReason::Cancel),
+                            (None, Some(signal)) => (
+                                format!(
+                                    "{} from Slurm (a preemption, a cancel or the job's end)",
+                                    signal_name(signal).unwrap_or("a signal")
+                                ),
+                                SaveReason::Preempt,
+                            ),
+                            (None, None) => (
+                                "preemption or time-limit notice".to_string(),
+                                SaveReason::Preempt,
+                            ),
+                        };
                     self.log(
                         LogLevel::Warn,
                         &format!("{by}: checkpointing after step {} and stopping", self.step),
                     );
-                    self.save(&mut hook, SaveReason::Preempt)?;
+                    self.save(&mut hook, reason)?;
                     // Slurm's SIGTERM reaches the controller too when the whole job is
                     // cancelled (`scancel`), which asks every rank for this checkpoint and
                     // then a stop: the job ends cancelled (its checkpoint kept), not
                     // preempted and requeued.
-                    if let Some(cause) = stop::process().stop_after_checkpoint(PEER_CAUSE_WAIT) {
+                    if let Some(cause) = stop::process().stop_after_checkpoint(CANCEL_WORD_WAIT) {
                         self.log(
                             LogLevel::Warn,
                             &format!("stopping after step {}: {cause}", self.step),
@@ -808,7 +824,7 @@ impl Trainer {
         reason: SaveReason,
     ) -> Result<(), TrainError> {
         let Some(hook) = hook.as_mut() else {
-            if reason == SaveReason::Preempt {
+            if matches!(reason, SaveReason::Preempt | SaveReason::Cancel) {
                 self.log(
                     LogLevel::Warn,
                     "no checkpoint directory configured: stopping without a checkpoint",

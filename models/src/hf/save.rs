@@ -146,12 +146,17 @@ pub fn save_folder(
         .unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(HfError::io("create", parent))?;
     remove_abandoned_partials(parent, name);
-    let host = this_host();
     let tmp = parent.join(format!(
-        "{}{host}-{}",
+        "{}{}-{}",
         partial_prefix(name),
+        this_host().unwrap_or_default(),
         std::process::id()
     ));
+    // Held while the folder is written: what a killed export left is told from a live one
+    // by its lock, free once its process is gone, on whatever machine it ran.
+    let lock_path = lock_of(&tmp);
+    let lock = File::create(&lock_path).map_err(HfError::io("create", &lock_path))?;
+    let _ = lock.try_lock();
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(HfError::io("remove", &tmp))?;
     }
@@ -161,11 +166,13 @@ pub fn save_folder(
         Ok(w) => w,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&tmp);
+            let _ = std::fs::remove_file(&lock_path);
             return Err(e);
         }
     };
     sync_dir(&tmp)?;
     std::fs::rename(&tmp, out).map_err(HfError::io("rename into place", out))?;
+    let _ = std::fs::remove_file(&lock_path);
     sync_dir(parent)?;
     Ok(SavedFolder {
         dir: out.to_path_buf(),
@@ -179,16 +186,26 @@ fn partial_prefix(name: &str) -> String {
     format!(".{name}.partial-")
 }
 
-/// The kernel's hostname: a shared file system sees exports from several machines.
-fn this_host() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_default()
+/// The lock file of the partial folder `tmp`, beside it.
+fn lock_of(tmp: &Path) -> PathBuf {
+    let mut name = tmp.as_os_str().to_owned();
+    name.push(".lock");
+    PathBuf::from(name)
 }
 
-/// Removes what exports to `name` killed before their rename left in `parent`: the folders of
-/// this machine's processes that are gone (those of another machine may still be written).
-/// A folder that cannot be removed stays; it is hidden and never taken for an export.
+/// The kernel's hostname: a shared file system sees exports from several machines.
+fn this_host() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+}
+
+/// Removes what exports to `name` killed before their rename left in `parent`. An export
+/// holds a lock on its folder's lock file while it writes: a folder whose lock can be taken
+/// is abandoned. Where the file system has no locks (or the folder none, from an older
+/// build), a folder of this machine whose process is gone is. Anything else stays: it is
+/// hidden and never taken for an export.
 fn remove_abandoned_partials(parent: &Path, name: &str) {
     let Ok(entries) = std::fs::read_dir(parent) else {
         return;
@@ -200,15 +217,37 @@ fn remove_abandoned_partials(parent: &Path, name: &str) {
         let Some(owner) = file_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
             continue;
         };
-        // `<host>-<pid>`; a bare pid from builds that named no host is this machine's.
-        let (from, pid) = owner.rsplit_once('-').unwrap_or((host.as_str(), owner));
-        let gone = pid.parse::<u32>().is_ok_and(|pid| {
-            pid != std::process::id() && !Path::new("/proc").join(pid.to_string()).exists()
-        });
-        if from == host && gone {
-            let _ = std::fs::remove_dir_all(entry.path());
+        if owner.ends_with(".lock") {
+            continue;
+        }
+        let folder = entry.path();
+        let lock_path = lock_of(&folder);
+        let abandoned = match File::options().write(true).open(&lock_path) {
+            Ok(lock) => match lock.try_lock() {
+                Ok(()) => true,
+                Err(std::fs::TryLockError::WouldBlock) => false,
+                Err(std::fs::TryLockError::Error(_)) => process_gone(owner, host.as_deref()),
+            },
+            Err(_) => process_gone(owner, host.as_deref()),
+        };
+        if abandoned {
+            let _ = std::fs::remove_dir_all(&folder);
+            let _ = std::fs::remove_file(&lock_path);
         }
     }
+}
+
+/// Whether the process named by `<host>-<pid>` (a bare pid from builds that named no host) is
+/// one of this machine's that has ended; `false` when that cannot be told.
+fn process_gone(owner: &str, host: Option<&str>) -> bool {
+    let Some(host) = host else {
+        return false;
+    };
+    let (from, pid) = owner.rsplit_once('-').unwrap_or((host, owner));
+    from == host
+        && pid.parse::<u32>().is_ok_and(|pid| {
+            pid != std::process::id() && !Path::new("/proc").join(pid.to_string()).exists()
+        })
 }
 
 type Contents = (Vec<(String, u64)>, bool);

@@ -283,6 +283,14 @@ async fn run_async(
     // Heartbeats come about once a second, steps faster: a rank that went silent may have
     // completed steps since its last one, and a checkpoint every rank committed says so.
     let steps_done = steps_done.max(checkpoint.as_ref().map(|c| c.step));
+    // So may ranks that checkpointed for a cancel and ended without naming their step.
+    let outcome = match outcome {
+        Outcome::Cancelled { by, step } if config.checkpoint.resume => Outcome::Cancelled {
+            by,
+            step: step.max(checkpoint.as_ref().map(|c| c.step)),
+        },
+        outcome => outcome,
+    };
     let how_it_ended = ended_in_words(&outcome, checkpoint.as_ref());
     let mut message = match &outcome {
         Outcome::Succeeded => {
@@ -759,13 +767,15 @@ fn allocation_nodes() -> Vec<String> {
 }
 
 /// `scancel` signals the batch script and the ranks at once, so the job may end on what the
-/// ranks' deaths said before the controller's own SIGTERM was heard: taken for preempted
-/// (a starting rank killed), or failed (srun's step ended by the cancel). A job Slurm is
-/// ending itself (`squeue` says COMPLETING or CANCELLED while its batch script still runs; a
-/// preempted job is RUNNING until it is killed) was cancelled: said so, and not requeued.
+/// ranks said before the controller's own SIGTERM was heard (it asks Slurm first whether the
+/// job is being requeued): taken for preempted (a starting rank killed, or ranks that
+/// checkpointed for their own SIGTERM and stopped), or failed (srun's step ended by the
+/// cancel). A job Slurm is ending itself (`squeue` says COMPLETING or CANCELLED while its
+/// batch script still runs; a preempted job is RUNNING until it is killed) was cancelled:
+/// said so, and not requeued.
 async fn cancelled_by_slurm(outcome: Outcome, state: &JobMachine) -> Outcome {
     let by_the_cancel = match &outcome {
-        Outcome::Preempted { .. } => state.preempted_without_notice(),
+        Outcome::Preempted { .. } => !state.notice_received(),
         Outcome::Failed(failure) => {
             state.cancel_received().is_some()
                 && matches!(
@@ -858,8 +868,9 @@ fn newest_checkpoint(root: &Path) -> Option<CheckpointLeft> {
 /// first, or the ranks' checkpoint.
 async fn requeued_by_slurm(outcome: Outcome, under_slurm: bool) -> Outcome {
     let by_sigterm = match &outcome {
+        // The controller's own too: Slurm may not have answered in time when it came.
         Outcome::Cancelled {
-            by: by @ CancelledBy::Rank { .. },
+            by: by @ (CancelledBy::Rank { .. } | CancelledBy::Signal(_)),
             ..
         } => by.signal() == Some(StopSignal::Terminate),
         Outcome::Preempted { notice } => *notice != Notice::SlurmRequeue,

@@ -258,6 +258,11 @@ impl JobMachine {
         self.killed_by_notice && !self.notice_received
     }
 
+    /// Whether the controller itself received a notice (SIGUSR2, or Slurm's requeue).
+    pub fn notice_received(&self) -> bool {
+        self.notice_received
+    }
+
     /// The first signal that cancels the job the controller itself received.
     pub fn cancel_received(&self) -> Option<StopSignal> {
         self.cancel_received
@@ -450,8 +455,13 @@ impl JobMachine {
                 }
             }
             Event::Cancel { signal } => {
+                let first_signal = self.cancel_received.is_none();
                 self.cancel_received.get_or_insert(signal);
                 let again_kills = signal.again_kills();
+                let slurm_terminate = self.signals_are_notices
+                    && signal == StopSignal::Terminate
+                    && self.phase == Phase::Running
+                    && !self.stop_requested;
                 if self.killed_by_notice && !self.notice_received && self.cancelled.is_none() {
                     // The signal that ended a starting rank was taken for a notice; the
                     // controller's own says what it was: a cancel (`scancel` signals the
@@ -462,8 +472,18 @@ impl JobMachine {
                     out.push(Action::Say(format!(
                         "received {signal}: the job is cancelled, not preempted"
                     )));
-                } else if self.checkpoint_then_stop && signal == StopSignal::Terminate {
+                } else if slurm_terminate && self.checkpoint_then_stop {
                     // Slurm's, again: its kill follows by itself, and the checkpoint goes on.
+                } else if slurm_terminate && self.preempting.is_some() {
+                    // The ranks checkpoint for a notice already (the time limit's SIGTERM can
+                    // come while they write): they finish, and the job ends as the notice
+                    // said, requeued.
+                    if first_signal {
+                        out.push(Action::Say(format!(
+                            "received {signal} while the ranks checkpoint for the notice: they \
+                             finish it and stop (SIGINT to stop them without it)"
+                        )));
+                    }
                 } else if self.stop_requested {
                     if again_kills {
                         out.push(Action::Say(format!(
@@ -482,10 +502,7 @@ impl JobMachine {
                         );
                         out.push(Action::StopProcesses { force: true });
                     }
-                } else if self.signals_are_notices
-                    && signal == StopSignal::Terminate
-                    && self.phase == Phase::Running
-                {
+                } else if slurm_terminate {
                     // Slurm kills the job KillWait (30 s by default) after this SIGTERM, as it
                     // does a preempted one, and the ranks cannot tell the two apart (they
                     // get it too): saving for both makes what a cancel leaves one thing.
@@ -497,10 +514,16 @@ impl JobMachine {
                     self.checkpoint_then_stop = true;
                     let reason = format!("the job was cancelled ({signal})");
                     self.tell_ranks_still_going(ToWorker::CheckpointAndStop { reason }, &mut out);
+                    // Where no kill of Slurm's follows (`scancel --batch`, a `kill` of the
+                    // controller), a rank that never gets there is still killed.
+                    out.push(Action::StopAtStepBoundary);
                     self.watch_stopping(&mut out);
                 } else {
                     let to_kill = if again_kills {
                         "send it again"
+                    } else if self.checkpoint_then_stop || self.preempting.is_some() {
+                        // A SIGTERM now leaves the checkpoint under way going on.
+                        "SIGINT"
                     } else {
                         "SIGTERM or SIGINT"
                     };
@@ -879,7 +902,27 @@ impl JobMachine {
     }
 
     fn fail(&mut self, failure: Failure, out: &mut Vec<Action>) {
-        if self.failure.is_some() || self.cancelled.is_some() {
+        if self.failure.is_some() {
+            return;
+        }
+        if self.cancelled.is_some() {
+            // A rank that fails in a cancel's checkpoint leaves the others waiting for it in
+            // the save's collectives: say so and stop them (the job stays cancelled).
+            if self.checkpoint_then_stop && !self.stop_requested {
+                out.push(Action::Say(format!(
+                    "{}; the other ranks stop without the cancel's checkpoint",
+                    failure.describe()
+                )));
+                self.stop_requested = true;
+                self.phase = Phase::Stopping;
+                self.tell_ranks_still_going(
+                    ToWorker::Shutdown {
+                        reason: "another rank failed in the cancel's checkpoint".into(),
+                    },
+                    out,
+                );
+                out.push(Action::StopProcesses { force: false });
+            }
             return;
         }
         out.push(Action::Say(failure.describe()));

@@ -312,12 +312,14 @@ pub enum RerunError {
     },
     #[error("{path} finished {done} steps but has no checkpoint to continue from to step {asked}\n  fix: add --force to start over with {asked} steps")]
     NothingToContinue { path: String, done: u64, asked: u64 },
-    #[error("{path}: no checkpoint of this run loads ({count} of them; the newest, {}: {why}), and resuming would start over at step 1\n  fix: restore that checkpoint's files from a copy and run the same command again, or start the run over with --force (which deletes them)", newest.display())]
+    #[error("{path}: no checkpoint of this run loads ({count} of them; the newest, {}: {why}), and resuming would start over at step 1\n  fix: restore that checkpoint's files from a copy and run the same command again, or {over}", newest.display())]
     NoCheckpointLoads {
         path: String,
         count: usize,
         newest: PathBuf,
         why: String,
+        /// How to start over: `--force` deletes checkpoints in the run directory only.
+        over: String,
     },
     #[error("{path} is the folder of a sweep (its points' runs are inside), not a run directory\n  fix: give this job a name of its own (`--set name=...`; `shardrun run` also takes --run-dir)")]
     SweepFolder { path: String },
@@ -578,11 +580,20 @@ pub fn decide(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunError> {
         // Checkpoints that all fail to load are not a run to start over silently: the ranks
         // would refuse them too, after the job waited in the queue.
         if let Some((count, newest, why)) = damaged_checkpoints(&run, &target.train) {
+            let over = match newest.parent().filter(|root| !root.starts_with(run.path())) {
+                Some(root) => format!(
+                    "move {} aside (outside the run directory, --force leaves it) and start \
+                     the run over with --force",
+                    root.display()
+                ),
+                None => "start the run over with --force (which deletes them)".to_string(),
+            };
             return Err(RerunError::NoCheckpointLoads {
                 path: shown,
                 count,
                 newest,
                 why,
+                over,
             });
         }
     }

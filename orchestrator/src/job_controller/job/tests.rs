@@ -563,11 +563,8 @@ fn a_cancel_under_slurm_checkpoints_before_the_kill_and_ends_cancelled() {
             "{actions:?}"
         );
     }
-    // Slurm kills the job by itself: no timer of the controller's kills a rank that writes.
-    assert!(
-        !actions.contains(&Action::StopAtStepBoundary),
-        "{actions:?}"
-    );
+    // Slurm's kill comes first; the stop timeout is for a SIGTERM no kill follows.
+    assert!(actions.contains(&Action::StopAtStepBoundary), "{actions:?}");
     assert!(
         !actions.iter().any(|a| matches!(
             a,
@@ -634,6 +631,81 @@ fn a_cancel_under_slurm_checkpoints_before_the_kill_and_ends_cancelled() {
             })]
         ),
         "{actions:?}"
+    );
+}
+
+#[test]
+fn a_rank_failing_in_a_cancels_checkpoint_stops_the_others_and_the_job_stays_cancelled() {
+    let mut s = running_under_slurm();
+    s.handle(Event::Cancel {
+        signal: StopSignal::Terminate,
+    });
+    let actions = s.handle(Event::WorkerFailed {
+        conn: 11,
+        error: "cannot write rank-1-of-2.safetensors: No space left on device".into(),
+        lag: None,
+        because_of: None,
+    });
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Say(line)
+            if line.contains("No space left on device")
+                && line.ends_with("the other ranks stop without the cancel's checkpoint"))),
+        "{actions:?}"
+    );
+    assert!(
+        actions.contains(&Action::Send {
+            conn: 10,
+            msg: ToWorker::Shutdown {
+                reason: "another rank failed in the cancel's checkpoint".into()
+            }
+        }),
+        "{actions:?}"
+    );
+    assert!(actions.contains(&Action::StopProcesses { force: false }));
+    leave(&mut s, 11, 1, ExitInfo::Code(1));
+    s.handle(Event::Stopped {
+        conn: 10,
+        step: 40,
+        reason: StopReason::Controller {
+            reason: "another rank failed in the cancel's checkpoint".into(),
+        },
+    });
+    let actions = leave(&mut s, 10, 0, ExitInfo::Code(3));
+    assert!(
+        matches!(
+            actions.as_slice(),
+            [Action::Finish(Outcome::Cancelled {
+                by: CancelledBy::Signal(StopSignal::Terminate),
+                ..
+            })]
+        ),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn the_time_limits_sigterm_during_a_notices_checkpoint_leaves_the_job_preempted() {
+    let mut s = running_under_slurm();
+    s.handle(Event::Preempt(Notice::TimeLimit));
+    let actions = s.handle(Event::Cancel {
+        signal: StopSignal::Terminate,
+    });
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Say(line)
+            if line.contains("while the ranks checkpoint for the notice"))),
+        "{actions:?}"
+    );
+    assert!(
+        !actions.iter().any(|a| matches!(a, Action::Send { .. })),
+        "the checkpoint under way is left alone: {actions:?}"
+    );
+    finish_rank(&mut s, 10, 0, true);
+    let actions = finish_rank(&mut s, 11, 1, true);
+    assert_eq!(
+        actions,
+        vec![Action::Finish(Outcome::Preempted {
+            notice: Notice::TimeLimit
+        })]
     );
 }
 
