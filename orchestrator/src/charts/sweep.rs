@@ -1,7 +1,8 @@
 //! The figure of a sweep folder: every point's loss overlaid (smoothed), labelled by the
 //! parameters the sweep gave it, and for a grid of one or two parameters the final loss
 //! against the first parameter (one line per value of the second; a point not finished is a
-//! ring at its latest loss, off the lines).
+//! ring at its latest loss, off the lines). The final loss is the validation loss when every
+//! point has one: the last step's training loss is one batch's, too noisy to rank points by.
 
 use super::canvas::{self, pen, Axis, Curve, Dots, Figure, Panel, TickFormat, TITLE_HEIGHT, WIDTH};
 use super::series::{ema, value_range, Point};
@@ -20,6 +21,8 @@ pub struct PointRecords {
     pub name: String,
     pub params: BTreeMap<String, Value>,
     pub steps: Vec<StepRecord>,
+    /// Its evaluations on the validation data: (step, loss), in step order.
+    pub evals: Vec<(u64, f64)>,
     /// Its run completed: its last loss is its final one.
     pub finished: bool,
 }
@@ -193,12 +196,24 @@ impl SweepFigure {
             [a, b] => (a.clone(), Some(b.clone())),
             _ => return None,
         };
+        // Points that have logged something: all evaluated, or the training loss for all.
+        let logged = || self.points.iter().filter(|p| !p.steps.is_empty());
+        let validation = logged().all(|p| !p.evals.is_empty());
+        let measure = if validation {
+            "validation loss"
+        } else {
+            "training loss (last step)"
+        };
         let finals: Vec<(&Value, Option<&Value>, f64, bool)> = self
             .points
             .iter()
             .filter_map(|p| {
+                let last = match validation {
+                    true => p.evals.last().map(|&(_, loss)| loss),
+                    false => p.steps.last().map(|r| r.loss),
+                };
                 // A point that diverged has no final loss, nor a place on the axis.
-                let loss = p.steps.last().map(|r| r.loss).filter(|l| l.is_finite())?;
+                let loss = last.filter(|l| l.is_finite())?;
                 let x = p.params.get(&x_key)?;
                 let line = line_key.as_ref().and_then(|k| p.params.get(k));
                 Some((x, line, self.transform(loss), p.finished))
@@ -262,7 +277,7 @@ impl SweepFigure {
         for (x, line, loss, finished) in &finals {
             let name = match (&line_key, line) {
                 (Some(k), Some(v)) => format!("{}={}", params.name(k), params.text(k, v)),
-                _ => "final loss".into(),
+                _ => format!("final {measure}"),
             };
             let at = match lines.iter().position(|l| l.1 == name) {
                 Some(at) => at,
@@ -310,19 +325,21 @@ impl SweepFigure {
                 dots.push(Dots {
                     points: going,
                     color,
-                    label: (!std::mem::replace(&mut rings_named, true))
-                        .then(|| "not finished: latest loss".to_string()),
+                    label: (!std::mem::replace(&mut rings_named, true)).then(|| match validation {
+                        true => "not finished: latest validation loss".to_string(),
+                        false => "not finished: latest loss".to_string(),
+                    }),
                     hollow: true,
                 });
             }
         }
         Some(Panel {
-            title: format!("final loss by {x_key}"),
+            title: format!("final {measure} by {x_key}"),
             x: x_axis,
             y: Axis::values(
                 value_range(&losses, &[], false),
                 self.log_loss,
-                "final loss",
+                &format!("final {measure}"),
             ),
             curves,
             dots,
@@ -401,6 +418,7 @@ mod tests {
             name: format!("p-{lr}-{seed}"),
             params,
             steps,
+            evals: Vec::new(),
             finished: true,
         }
     }
@@ -444,6 +462,36 @@ mod tests {
             finals.curves[0].points,
             vec![(-5.0, 3.0), (-4.0, 2.0), (-3.0, 1.0)]
         );
+    }
+
+    #[test]
+    fn points_with_validation_losses_are_compared_by_them() {
+        // The training loss of the last step ranks seed 0 first; the validation loss, seed 1.
+        let evaluated = |lr, seed, train, validation| PointRecords {
+            evals: vec![(3, validation + 1.0), (5, validation)],
+            ..point(lr, seed, train)
+        };
+        let figure = SweepFigure {
+            title: "s".into(),
+            points: vec![evaluated(1e-3, 0, 1.0, 2.5), evaluated(1e-3, 1, 1.5, 2.0)],
+            smoothing: 0.6,
+            log_loss: false,
+        };
+        let finals = &figure.panels()[1];
+        assert_eq!(finals.title, "final validation loss by training.seed");
+        assert_eq!(finals.y.label, "final validation loss");
+        assert_eq!(finals.curves[0].points, vec![(0.0, 2.5), (1.0, 2.0)]);
+
+        // One point without an evaluation: the training loss, said so, for every point.
+        let mut points = figure.points;
+        points[1].evals.clear();
+        let figure = SweepFigure { points, ..figure };
+        let finals = &figure.panels()[1];
+        assert_eq!(
+            finals.title,
+            "final training loss (last step) by training.seed"
+        );
+        assert_eq!(finals.curves[0].points, vec![(0.0, 1.0), (1.0, 1.5)]);
     }
 
     #[test]

@@ -128,8 +128,11 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
         );
     }
     for run in runs {
-        let steps = metrics_file::read(&run.metrics())
-            .map(|m| m.steps)
+        let (steps, evals) = metrics_file::read(&run.metrics())
+            .map(|m| {
+                let evals = m.evals.iter().map(|e| (e.step, e.eval_loss)).collect();
+                (m.steps, evals)
+            })
             .unwrap_or_default();
         let name = name_of(run.path());
         if steps.is_empty() {
@@ -143,6 +146,7 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
                 .is_some_and(|m| m.state == RunState::Completed),
             params: manifest.map(|m| m.sweep_params).unwrap_or_default(),
             steps,
+            evals,
         });
     }
     if points.is_empty() {
