@@ -266,7 +266,13 @@ fn metrics_table(runs: &[RunMetricsSummary]) -> String {
             if with_eval {
                 match &run.eval {
                     Some(e) => {
-                        row.push(format!("{:.4}", e.eval_loss));
+                        // An evaluation older than the latest step says which step it is of.
+                        row.push(match latest {
+                            Some(m) if m.step != e.step => {
+                                format!("{:.4} (step {})", e.eval_loss, e.step)
+                            }
+                            _ => format!("{:.4}", e.eval_loss),
+                        });
                         row.push(
                             e.eval_perplexity
                                 .map(|p| format!("{p:.2}"))
@@ -650,6 +656,25 @@ mod tests {
             "{text}"
         );
         assert_eq!(rows[0]["lr now"], "3.00e-5");
+    }
+
+    #[test]
+    fn an_evaluation_older_than_the_latest_step_says_its_step() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = crate::rundir::running_local_run(dir.path());
+        write_steps(&run, 3e-4, 5);
+        let eval =
+            |step| format!("{{\"step\":{step},\"eval_loss\":2.5,\"eval_perplexity\":12.18}}\n");
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(run.metrics())
+            .unwrap();
+        std::io::Write::write_all(&mut file, eval(3).as_bytes()).unwrap();
+        let rows = cells(&metrics_table(&[summary(&run)]));
+        assert_eq!(rows[0]["eval loss"], "2.5000 (step 3)");
+        std::io::Write::write_all(&mut file, eval(5).as_bytes()).unwrap();
+        let rows = cells(&metrics_table(&[summary(&run)]));
+        assert_eq!(rows[0]["eval loss"], "2.5000");
     }
 
     #[test]
