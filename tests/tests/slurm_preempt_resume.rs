@@ -99,7 +99,9 @@ fn a_job_preempted_by_a_higher_partition_checkpoints_in_its_grace_time_and_resum
 
     let log = requeued_and_finished(&run);
     assert!(
-        log.contains("SIGTERM from Slurm (preemption or the job's end): checkpointing after step"),
+        log.contains(
+            "SIGTERM from Slurm (a preemption, a cancel or the job's end): checkpointing after step"
+        ),
         "the ranks take the grace time's SIGTERM as a preemption:\n{log}"
     );
     assert_resumed_with_uninterrupted_losses(&run, &log, reference);
