@@ -335,8 +335,11 @@ fn usr2_to_the_ranks_of_a_job_that_does_not_requeue_ends_it_preempted() {
     assert!(!run.join("requeue_count").exists());
     assert!(!log().contains("requeueing Slurm job"), "{}", log());
     assert!(result.contains("the run was preempted"), "{result}");
-    let manifest = std::fs::read_to_string(run.join("manifest.json")).unwrap();
-    assert!(manifest.contains("\"PREEMPTED\""), "{manifest}");
+    // The controller records the run's state once result.json is written.
+    wait_for_file(&run.join("manifest.json"), Duration::from_secs(60), |t| {
+        t.contains("\"PREEMPTED\"")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
 }
 
 /// A preempted run whose `scontrol requeue` is refused (here: the Slurm job it names does
