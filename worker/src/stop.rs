@@ -131,11 +131,12 @@ impl StopSwitch {
 
     /// Why this rank stops after the checkpoint it wrote for a preemption, rather than
     /// ending as preempted: the controller asked for the checkpoint and then a stop, or asked
-    /// for a stop while a signal had asked for the checkpoint (then waiting up to `timeout`
-    /// for the controller's word, usually in flight). `None`: a preemption.
+    /// for a stop while Slurm's SIGTERM had asked for the checkpoint (then waiting up to
+    /// `timeout` for the controller's word, usually in flight). `None`: a preemption.
     pub fn stop_after_checkpoint(&self, timeout: Duration) -> Option<StopReason> {
         let asked = self.asked();
-        if self.preempt_signal().is_none() {
+        // Only Slurm's SIGTERM may be a cancel's; a SIGUSR2 is a notice.
+        if self.preempt_signal() != Some(libc::SIGTERM) {
             return asked.after_checkpoint.clone();
         }
         let (asked, _) = self
@@ -336,6 +337,11 @@ mod tests {
             reason: "the job was cancelled (SIGTERM)".into(),
         };
         let switch = StopSwitch::new();
+        assert_eq!(switch.stop_after_checkpoint(Duration::from_secs(600)), None);
+        // A SIGUSR2 to the rank is a notice: nothing to wait for.
+        switch
+            .preempt_signal
+            .store(libc::SIGUSR2 as usize, Ordering::SeqCst);
         assert_eq!(switch.stop_after_checkpoint(Duration::from_secs(600)), None);
         switch.request_checkpoint_then_stop(cancelled.clone());
         // The ranks agree on a checkpoint, not on a stop without one.
