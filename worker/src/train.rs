@@ -435,12 +435,7 @@ impl Trainer {
                     preempted = true;
                     if self.step == first_step {
                         // Nothing trained since the start or the restored checkpoint.
-                        if let Some(cause) = stop::process().stop_after_checkpoint(CANCEL_WORD_WAIT)
-                        {
-                            self.log(
-                                LogLevel::Warn,
-                                &format!("stopping after step {}: {cause}", self.step),
-                            );
+                        if let Some(cause) = self.stop_for_a_cancel() {
                             preempted = false;
                             stopped = Some(cause);
                         } else {
@@ -479,11 +474,7 @@ impl Trainer {
                     // cancelled (`scancel`), which asks every rank for this checkpoint and
                     // then a stop: the job ends cancelled (its checkpoint kept), not
                     // preempted and requeued.
-                    if let Some(cause) = stop::process().stop_after_checkpoint(CANCEL_WORD_WAIT) {
-                        self.log(
-                            LogLevel::Warn,
-                            &format!("stopping after step {}: {cause}", self.step),
-                        );
+                    if let Some(cause) = self.stop_for_a_cancel() {
                         preempted = false;
                         stopped = Some(cause);
                     }
@@ -755,6 +746,17 @@ impl Trainer {
             stopped,
             step: self.step,
         })
+    }
+
+    /// The cancel a stop for a preemption notice turns out to be (the controller's word,
+    /// [`stop::StopSwitch::stop_after_checkpoint`]), said in this rank's stop line.
+    fn stop_for_a_cancel(&self) -> Option<StopReason> {
+        let cause = stop::process().stop_after_checkpoint(CANCEL_WORD_WAIT)?;
+        self.log(
+            LogLevel::Warn,
+            &format!("stopping after step {}: {cause}", self.step),
+        );
+        Some(cause)
     }
 
     /// Whether to stop at this step boundary, agreed by all ranks (one all-reduce), so that

@@ -334,7 +334,7 @@ fn write_contents(
                     format!("{} values given for {numel} elements", f32_buf.len()),
                 ));
             }
-            if let Some(value) = options.dtype.out_of_range(&f32_buf) {
+            if let Some(value) = options.dtype.encode(&f32_buf, &mut byte_buf) {
                 return Err(HfError::tensor(
                     &path,
                     tname,
@@ -349,7 +349,6 @@ fn write_contents(
                     ),
                 ));
             }
-            options.dtype.encode(&f32_buf, &mut byte_buf);
             put(&mut w, &byte_buf).map_err(HfError::io("write", &path))?;
         }
         let file = w

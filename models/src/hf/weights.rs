@@ -92,36 +92,34 @@ impl StoredDtype {
         }
     }
 
-    /// The value of largest magnitude among the finite `values` this dtype cannot hold
-    /// (they would be stored as infinity), if any: float16 ends at 65504.
-    pub fn out_of_range(self, values: &[f32]) -> Option<f32> {
-        let overflows = |v: &f32| match self {
-            StoredDtype::F32 => false,
-            StoredDtype::Bf16 => v.is_finite() && half::bf16::from_f32(*v).is_infinite(),
-            StoredDtype::F16 => v.is_finite() && half::f16::from_f32(*v).is_infinite(),
-        };
-        values
-            .iter()
-            .filter(|v| overflows(v))
-            .copied()
-            .max_by(|a, b| a.abs().total_cmp(&b.abs()))
-    }
-
     /// f32 → little-endian bytes of this dtype (round to nearest even, as `tensor.to()`).
-    pub fn encode(self, values: &[f32], out: &mut Vec<u8>) {
+    /// Returns the value of largest magnitude among the finite `values` this dtype cannot
+    /// hold (stored as infinity), if any: float16 ends at 65504.
+    pub fn encode(self, values: &[f32], out: &mut Vec<u8>) -> Option<f32> {
         out.clear();
         out.reserve(values.len() * self.size() as usize);
+        let mut out_of_range: Option<f32> = None;
+        let mut overflowed = |v: f32, infinite: bool| {
+            if infinite && v.is_finite() && out_of_range.is_none_or(|o| v.abs() > o.abs()) {
+                out_of_range = Some(v);
+            }
+        };
         match self {
             StoredDtype::F32 => values
                 .iter()
                 .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-            StoredDtype::Bf16 => values.iter().for_each(|v| {
-                out.extend_from_slice(&half::bf16::from_f32(*v).to_bits().to_le_bytes())
+            StoredDtype::Bf16 => values.iter().for_each(|&v| {
+                let stored = half::bf16::from_f32(v);
+                overflowed(v, stored.is_infinite());
+                out.extend_from_slice(&stored.to_bits().to_le_bytes())
             }),
-            StoredDtype::F16 => values.iter().for_each(|v| {
-                out.extend_from_slice(&half::f16::from_f32(*v).to_bits().to_le_bytes())
+            StoredDtype::F16 => values.iter().for_each(|&v| {
+                let stored = half::f16::from_f32(v);
+                overflowed(v, stored.is_infinite());
+                out.extend_from_slice(&stored.to_bits().to_le_bytes())
             }),
         }
+        out_of_range
     }
 }
 
@@ -528,6 +526,8 @@ mod tests {
 
     #[test]
     fn values_past_a_dtypes_range_are_found_and_the_largest_named() {
+        let out_of_range =
+            |dtype: StoredDtype, values: &[f32]| dtype.encode(values, &mut Vec::new());
         let values = [
             1.0,
             65504.0,
@@ -538,12 +538,12 @@ mod tests {
             f32::NAN,
         ];
         // 65519 still rounds to 65504; a value already infinite is not one the dtype lost.
-        assert_eq!(StoredDtype::F16.out_of_range(&values), Some(1.0e6));
-        assert_eq!(StoredDtype::F16.out_of_range(&values[..4]), Some(-7.0e4));
-        assert_eq!(StoredDtype::F16.out_of_range(&values[..2]), None);
-        assert_eq!(StoredDtype::Bf16.out_of_range(&values), None);
-        assert_eq!(StoredDtype::Bf16.out_of_range(&[f32::MAX]), Some(f32::MAX));
-        assert_eq!(StoredDtype::F32.out_of_range(&[f32::MAX]), None);
+        assert_eq!(out_of_range(StoredDtype::F16, &values), Some(1.0e6));
+        assert_eq!(out_of_range(StoredDtype::F16, &values[..4]), Some(-7.0e4));
+        assert_eq!(out_of_range(StoredDtype::F16, &values[..2]), None);
+        assert_eq!(out_of_range(StoredDtype::Bf16, &values), None);
+        assert_eq!(out_of_range(StoredDtype::Bf16, &[f32::MAX]), Some(f32::MAX));
+        assert_eq!(out_of_range(StoredDtype::F32, &[f32::MAX]), None);
     }
     use safetensors::tensor::{serialize_to_file, TensorView};
 

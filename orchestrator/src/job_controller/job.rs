@@ -252,12 +252,6 @@ impl JobMachine {
         self.phase
     }
 
-    /// Whether the job was taken for preempted only because a signal ended a rank that was
-    /// still starting, the controller having had no notice of its own.
-    pub fn preempted_without_notice(&self) -> bool {
-        self.killed_by_notice && !self.notice_received
-    }
-
     /// Whether the controller itself received a notice (SIGUSR2, or Slurm's requeue).
     pub fn notice_received(&self) -> bool {
         self.notice_received
@@ -913,15 +907,11 @@ impl JobMachine {
                     "{}; the other ranks stop without the cancel's checkpoint",
                     failure.describe()
                 )));
-                self.stop_requested = true;
-                self.phase = Phase::Stopping;
-                self.tell_ranks_still_going(
-                    ToWorker::Shutdown {
-                        reason: "another rank failed in the cancel's checkpoint".into(),
-                    },
+                self.stop_with_grace(
+                    "another rank failed in the cancel's checkpoint",
+                    Grace::Short,
                     out,
                 );
-                out.push(Action::StopProcesses { force: false });
             }
             return;
         }
@@ -935,6 +925,18 @@ impl JobMachine {
     }
 
     fn stop(&mut self, reason: &str, out: &mut Vec<Action>) {
+        // After a failure the others are likely blocked in a collective with the dead rank:
+        // they get the short grace. A cancelled job's ranks can finish their step.
+        let grace = match self.failure {
+            Some(_) => Grace::Short,
+            None => Grace::StepBoundary,
+        };
+        self.stop_with_grace(reason, grace, out);
+    }
+
+    /// Asks every rank still going to stop for `reason`, once; ranks that were not running
+    /// yet get the short grace whatever `grace` says.
+    fn stop_with_grace(&mut self, reason: &str, grace: Grace, out: &mut Vec<Action>) {
         if self.stop_requested {
             return;
         }
@@ -947,9 +949,7 @@ impl JobMachine {
             },
             out,
         );
-        // After a failure the others are likely blocked in a collective with the dead rank:
-        // they get the short grace. A cancelled job's ranks can finish their step.
-        if self.failure.is_none() && was_running {
+        if grace == Grace::StepBoundary && was_running {
             out.push(Action::StopAtStepBoundary);
             self.watch_stopping(out);
         } else {
@@ -1104,6 +1104,15 @@ impl JobMachine {
         };
         out.push(Action::Finish(outcome));
     }
+}
+
+/// How long ranks asked to stop get before they are killed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Grace {
+    /// Up to the next step boundary (`--stop-timeout`).
+    StepBoundary,
+    /// The shutdown grace: they are likely blocked with a dead rank.
+    Short,
 }
 
 #[cfg(test)]

@@ -393,14 +393,14 @@ pub fn parse_srun_task_end(line: &str) -> Option<(Vec<u64>, ExitInfo)> {
 }
 
 /// What shardrun knows of one of srun's own lines that reads worse than it is, to say next
-/// to it in train.log.
-pub fn srun_line_explained(line: &str) -> Option<&'static str> {
+/// to it in train.log; `end`: the line's tasks' end, as [`parse_srun_task_end`] read it.
+pub fn srun_line_explained(line: &str, end: Option<&ExitInfo>) -> Option<&'static str> {
     if line.contains("cluster configuration lacks support for cpu binding") {
         // `--cpu-bind=none` on a cluster without task/affinity.
         return Some("harmless: the ranks are not bound to cores, as shardrun asks");
     }
-    match parse_srun_task_end(line)? {
-        (_, ExitInfo::Code(code)) if shardrun_protocol::messages::is_stop_status(code) => {
+    match end? {
+        ExitInfo::Code(code) if shardrun_protocol::messages::is_stop_status(*code) => {
             Some("the status of ranks that stopped at a step boundary as asked, not a failure")
         }
         _ => None,
@@ -445,13 +445,14 @@ async fn forward_lines(
         };
         let mut text = text.to_string();
         if let (Labels::Srun, None) = (labels, rank) {
-            if let Some((ranks, end)) = parse_srun_task_end(&text) {
+            let end = parse_srun_task_end(&text).map(|(ranks, end)| {
                 let mut ends = task_ends.lock().unwrap_or_else(|e| e.into_inner());
                 for rank in ranks {
                     ends.entry(rank).or_insert(end);
                 }
-            }
-            if let Some(note) = srun_line_explained(&text) {
+                end
+            });
+            if let Some(note) = srun_line_explained(&text, end.as_ref()) {
                 text.push_str(&format!(" [shardrun: {note}]"));
             }
         }
@@ -503,6 +504,11 @@ mod tests {
 
     #[test]
     fn srun_lines_that_read_worse_than_they_are_are_explained() {
+        // As the launcher reads them: the tasks' end parsed first.
+        let srun_line_explained = |line: &str| {
+            let end = parse_srun_task_end(line).map(|(_, end)| end);
+            srun_line_explained(line, end.as_ref())
+        };
         let stopped = srun_line_explained("srun: error: vm: tasks 0-1: Exited with exit code 3");
         assert!(stopped.is_some_and(|n| n.contains("stopped at a step boundary")));
         assert!(
