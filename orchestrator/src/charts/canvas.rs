@@ -148,12 +148,8 @@ impl Axis {
                 }
             }
             TickFormat::Log10 => {
-                let v = 10f64.powf(value);
-                if !(1e-2..1e4).contains(&v) {
-                    format!("{v:.0e}")
-                } else {
-                    format!("{}", (v * 1000.0).round() / 1000.0)
-                }
+                let ticks: Vec<f64> = self.ticks.iter().map(|t| 10f64.powf(*t)).collect();
+                series::log_tick_label(10f64.powf(value), &ticks)
             }
             TickFormat::Categories(names) => names
                 .get(value.round() as usize)

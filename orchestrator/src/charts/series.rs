@@ -155,6 +155,26 @@ pub fn tick_label(value: f64, step: f64) -> String {
     }
 }
 
+/// A tick of a logarithmic axis in the one notation that keeps the axis's widest tick
+/// shortest, as the sweep tables choose one for a parameter's values: `1e-3 … 2e-2` rather
+/// than `0.001 … 0.02`, `0.01 … 0.2` as they are; from 1 up as a linear axis writes them
+/// (`100 … 5k, 10k`).
+pub fn log_tick_label(value: f64, ticks: &[f64]) -> String {
+    // Three significant digits: 10^-2.0 computed is not exactly 0.01.
+    let rounded = |v: f64| format!("{v:.2e}").parse::<f64>().unwrap_or(v);
+    if ticks.iter().all(|t| rounded(*t) >= 1.0) {
+        return si(rounded(value));
+    }
+    let scientific = |v: f64| format!("{:e}", rounded(v));
+    let plain = |v: f64| format!("{}", rounded(v));
+    let widest = |text: &dyn Fn(f64) -> String| ticks.iter().map(|t| text(*t).len()).max();
+    if widest(&scientific) < widest(&plain) {
+        scientific(value)
+    } else {
+        plain(value)
+    }
+}
+
 /// `12345` → `12.3k`, `2.5e6` → `2.5M`, `3e12` → `3T`; past that, `2.0e30`.
 pub fn si(value: f64) -> String {
     if value == 0.0 {
@@ -334,6 +354,30 @@ mod tests {
             log_ticks(0.0, 1.0),
             vec![0.0, 2f64.log10(), 5f64.log10(), 1.0]
         );
+    }
+
+    #[test]
+    fn a_log_axis_writes_its_ticks_in_one_notation_as_the_legend_does() {
+        let labels = |lo: f64, hi: f64| -> Vec<String> {
+            let exponents = log_ticks(lo.log10(), hi.log10());
+            let ticks: Vec<f64> = exponents.iter().map(|e| 10f64.powf(*e)).collect();
+            ticks.iter().map(|t| log_tick_label(*t, &ticks)).collect()
+        };
+        // Learning rates from 1e-3 to 3e-2: not `0.001 … 0.01, 0.02` mixed with `2e-3`.
+        assert_eq!(labels(1e-3, 3e-2), ["1e-3", "2e-3", "5e-3", "1e-2", "2e-2"]);
+        assert_eq!(labels(0.01, 0.3), ["0.01", "0.02", "0.05", "0.1", "0.2"]);
+        assert_eq!(labels(2.0, 12.0), ["2", "5", "10"]);
+        assert_eq!(
+            labels(100.0, 2e4),
+            ["100", "200", "500", "1k", "2k", "5k", "10k", "20k"]
+        );
+        // Too narrow for 1-2-5 ticks: evenly spaced exponents, three digits each.
+        let ticks: Vec<f64> = log_ticks(0.0, 0.25)
+            .iter()
+            .map(|e| 10f64.powf(*e))
+            .collect();
+        let texts: Vec<String> = ticks.iter().map(|t| log_tick_label(*t, &ticks)).collect();
+        assert!(texts.iter().all(|t| t.len() <= 4), "{texts:?}");
     }
 
     #[test]

@@ -76,7 +76,12 @@ fn plot_run(args: &Args) -> anyhow::Result<()> {
         .and_then(|run| run.read_manifest())
         .map(|m| m.sweep_params)
         .unwrap_or_default();
-    let title = run_title(&name_of(&args.run), &params, last);
+    let siblings = if params.is_empty() {
+        Vec::new()
+    } else {
+        sibling_params(&args.run)
+    };
+    let title = run_title(&name_of(&args.run), &params, &siblings, last);
     let figure = RunFigure {
         title,
         steps: metrics.steps,
@@ -99,12 +104,34 @@ fn plot_run(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The run's name, the values a sweep gave it (its folder's name is a hash), and where it
-/// stands.
-fn run_title(name: &str, params: &PointParams, last: Option<(u64, f64, u64)>) -> String {
+/// The values a sweep gave the other current points of `run`'s sweep folder.
+fn sibling_params(run: &Path) -> Vec<PointParams> {
+    let Some(folder) = std::path::absolute(run)
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+    else {
+        return Vec::new();
+    };
+    let mut current = CurrentPoints::default();
+    crate::slurm::find_runs(&folder)
+        .iter()
+        .filter(|r| !current.superseded(r.path()))
+        .filter_map(|r| r.read_manifest().ok())
+        .map(|m| m.sweep_params)
+        .collect()
+}
+
+/// The run's name, the values a sweep gave it (its folder's name is a hash) in the notation
+/// its sweep's tables use, and where it stands.
+fn run_title(
+    name: &str,
+    params: &PointParams,
+    siblings: &[PointParams],
+    last: Option<(u64, f64, u64)>,
+) -> String {
     let mut title = name.to_string();
     if !params.is_empty() {
-        let values = ParamColumns::given([params]).label(params);
+        let values = ParamColumns::of_point(params, siblings).label(params);
         title.push_str(&format!(" ({values})"));
     }
     if let Some((step, loss, ranks)) = last {
@@ -288,11 +315,22 @@ mod tests {
         ]
         .into();
         assert_eq!(
-            run_title("lrs-d095a6c3", &params, Some((1500, 5.5529, 2))),
+            run_title("lrs-d095a6c3", &params, &[], Some((1500, 5.5529, 2))),
             "lrs-d095a6c3 (lr=3e-3, seed=1): step 1500, loss 5.5529, 2 rank(s)"
         );
+        // 0.03 alone reads shortest as it is; beside 3e-3 the sweep's tables write 3e-2.
+        let mut point = params.clone();
+        point.insert("training.optimizer.lr".into(), serde_json::json!(0.03));
         assert_eq!(
-            run_title("demo", &PointParams::new(), Some((200, 4.8841, 2))),
+            run_title("lrs-1", &point, &[], None),
+            "lrs-1 (lr=0.03, seed=1)"
+        );
+        assert_eq!(
+            run_title("lrs-1", &point, std::slice::from_ref(&params), None),
+            "lrs-1 (lr=3e-2, seed=1)"
+        );
+        assert_eq!(
+            run_title("demo", &PointParams::new(), &[], Some((200, 4.8841, 2))),
             "demo: step 200, loss 4.8841, 2 rank(s)"
         );
     }

@@ -55,6 +55,17 @@ impl ParamColumns {
         Self::of(keys, &points)
     }
 
+    /// The parameters `point` was given, each in the notation the tables of its whole
+    /// sweep (`siblings`: the other points) write it in: `lr=3e-2` beside `3e-3`, where the
+    /// point alone would read `lr=0.03`.
+    pub fn of_point<'a>(
+        point: &'a PointParams,
+        siblings: impl IntoIterator<Item = &'a PointParams>,
+    ) -> ParamColumns {
+        let points: Vec<&PointParams> = siblings.into_iter().chain([point]).collect();
+        Self::of(point.keys().collect(), &points)
+    }
+
     fn of(keys: Vec<&String>, points: &[&PointParams]) -> ParamColumns {
         let names = short_names(&keys);
         let columns = keys
