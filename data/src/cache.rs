@@ -159,10 +159,21 @@ fn folder_name(kind: &str, inputs: &impl Serialize) -> String {
 /// The complete caches under `cache_dir` whose [`KeyInputs::contents_name`] is
 /// `contents_name`, newest first.
 pub fn same_inputs(cache_dir: &Path, contents_name: &str) -> Vec<(PathBuf, CacheManifest)> {
+    let mut found: Vec<(PathBuf, CacheManifest)> = complete_folders(cache_dir)
+        .into_iter()
+        .filter(|(_, manifest)| manifest.contents_name == contents_name)
+        .collect();
+    found.sort_by(|a, b| b.1.created_unix_s.total_cmp(&a.1.created_unix_s));
+    found
+}
+
+/// Every complete cache folder under `cache_dir` with its manifest: not those being built
+/// (hidden), nor damaged ones or those of another format (opening their data says why).
+pub fn complete_folders(cache_dir: &Path) -> Vec<(PathBuf, CacheManifest)> {
     let Ok(entries) = std::fs::read_dir(cache_dir) else {
         return Vec::new();
     };
-    let mut found: Vec<(PathBuf, CacheManifest)> = entries
+    entries
         .flatten()
         .map(|e| e.path())
         .filter(|dir| {
@@ -171,11 +182,9 @@ pub fn same_inputs(cache_dir: &Path, contents_name: &str) -> Vec<(PathBuf, Cache
         })
         .filter_map(|dir| {
             let manifest = read_manifest(&dir).ok()??;
-            (manifest.contents_name == contents_name).then_some((dir, manifest))
+            Some((dir, manifest))
         })
-        .collect();
-    found.sort_by(|a, b| b.1.created_unix_s.total_cmp(&a.1.created_unix_s));
-    found
+        .collect()
 }
 
 /// Puts the files of cache `from` (its manifest aside) into the folder being built, `to`:

@@ -42,7 +42,18 @@ struct Mapped(Option<Mmap>);
 
 impl Mapped {
     fn open(path: &Path, expected_len: Option<u64>) -> Result<Mapped> {
-        let file = std::fs::File::open(path).map_err(DataError::io("open", path))?;
+        let file = match std::fs::File::open(path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(DataError::Cache {
+                    path: path.to_path_buf(),
+                    why: "is missing; it was there when the data was prepared: remove the cache \
+                          folder (or restore the file) and prepare again"
+                        .into(),
+                })
+            }
+            Err(e) => return Err(DataError::io("open", path)(e)),
+        };
         let len = file.metadata().map_err(DataError::io("read", path))?.len();
         if let Some(expected) = expected_len.filter(|&e| e != len) {
             return Err(DataError::Cache {

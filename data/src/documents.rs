@@ -379,6 +379,11 @@ impl<'a> DocumentReader<'a> {
             return Ok(None);
         }
         match String::from_utf8(bytes) {
+            // As a blank line or an empty JSONL text: nothing to train on.
+            Ok(text) if text.trim().is_empty() => {
+                self.bad(origin.clone(), "the file holds only white space")?;
+                Ok(None)
+            }
             Ok(text) => Ok(Some(text)),
             Err(e) => {
                 let at = e.utf8_error().valid_up_to();
@@ -916,6 +921,18 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.to_string().contains("the file is empty"), "{err}");
+
+        // Nor one of white space only, as a blank line or an empty JSONL text.
+        std::fs::write(&empty, "  \r\n\n").unwrap();
+        let files = vec![crate::files::stat(&empty).unwrap()];
+        let err = DocumentReader::new(&files, &whole, OnBadRecord::Stop)
+            .next_batch(1 << 20)
+            .err()
+            .unwrap();
+        assert!(
+            err.to_string().contains("the file holds only white space"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -112,9 +112,14 @@ pub fn stat(path: &Path) -> Result<DataFile> {
     Ok(DataFile {
         path: path.to_path_buf(),
         size: meta.len(),
-        mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+        mtime_ns: mtime_ns(&meta),
         ctime_ns: i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec()),
     })
+}
+
+/// A file's modification time, nanoseconds since the epoch.
+pub fn mtime_ns(meta: &std::fs::Metadata) -> i128 {
+    i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec())
 }
 
 /// Whether `text` has pattern characters (else it names one file). A file whose name has

@@ -8,7 +8,8 @@
 //!   [`tokenizer_files`]: a run's tokenizer as the files of an exported model folder.
 //! * [`encode`]: one document to ids and loss mask; [`tokenize`]: every core, in order.
 //! * [`cache`], [`writer`], [`corpus`]: the tokenized cache, built once (locked, atomic),
-//!   memory-mapped for reading; [`prepare`]: a source to a corpus.
+//!   memory-mapped for reading; [`prepare`]: a source to a corpus; [`outdated`]: cache
+//!   folders of data files since edited or removed.
 //! * [`split`]: held-out documents; [`packing`]: documents into sequences;
 //!   [`sampler`]: the seeded order per epoch; [`dataset`]: batches by global sample index.
 //! * [`identity`]: what a dataset is made of (fingerprint, files, tokenizer), so a resumed
@@ -23,6 +24,7 @@ pub mod encode;
 pub mod error;
 pub mod files;
 pub mod identity;
+pub mod outdated;
 pub mod packing;
 pub mod prepare;
 pub mod progress;

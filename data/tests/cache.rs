@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use shardrun_data::{DataIdentity, Dataset, Quiet};
+use shardrun_data::{outdated, DataIdentity, Dataset, Quiet};
 use shardrun_protocol::config::*;
 use std::path::Path;
 use std::time::Instant;
@@ -408,4 +408,142 @@ fn a_cache_damaged_in_place_fails_its_content_check() {
             "{err}"
         );
     }
+}
+
+/// A cache file cut short or removed by hand: opening the cache names the file and what to
+/// do, before anything is read from it.
+#[test]
+fn a_cache_file_cut_short_or_removed_is_named_with_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = write_corpus(dir.path());
+    let source = DataSource::Text {
+        files,
+        split: TextSplit::Line,
+    };
+    let config = dataset(
+        source,
+        TokenizerConfig::Bytes,
+        16,
+        &dir.path().join("cache"),
+    );
+    let data = Dataset::open(&config, 0, None, 2, &Quiet).unwrap();
+    let tokens = data.train().corpus().dir.join("tokens.u32");
+    drop(data);
+
+    let bytes = std::fs::read(&tokens).unwrap();
+    std::fs::write(&tokens, &bytes[..bytes.len() / 2]).unwrap();
+    let err = Dataset::open(&config, 0, None, 2, &Quiet)
+        .err()
+        .expect("a cut cache opens")
+        .to_string();
+    assert!(
+        err.contains("tokens.u32")
+            && err.contains(&format!("is {} bytes", bytes.len() / 2))
+            && err.contains("remove the cache folder"),
+        "{err}"
+    );
+
+    std::fs::remove_file(&tokens).unwrap();
+    let err = Dataset::open(&config, 0, None, 2, &Quiet)
+        .err()
+        .expect("a cache without its tokens opens")
+        .to_string();
+    assert!(
+        err.contains("tokens.u32")
+            && err.contains("is missing")
+            && err.contains("remove the cache folder"),
+        "{err}"
+    );
+}
+
+/// Every edit of the data leaves the folder of its earlier version, which no preparation
+/// opens again: found by its changed or removed file, and removed with its lock.
+#[test]
+fn the_folders_of_edited_or_removed_files_are_outdated_and_removable() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = write_corpus(dir.path());
+    let cache = dir.path().join("cache");
+    let config = dataset(
+        text_files(files.clone(), TextSplit::Line),
+        TokenizerConfig::Bytes,
+        16,
+        &cache,
+    );
+    let folder_of = |config: &DatasetConfig| {
+        let data = Dataset::open(config, 0, None, 2, &Quiet).unwrap();
+        data.train().corpus().dir.clone()
+    };
+    let first = folder_of(&config);
+    assert!(
+        outdated::find(&cache).is_empty(),
+        "its files are as they were"
+    );
+
+    // An edit that changes the size.
+    let size = std::fs::metadata(&files[0]).unwrap().len();
+    let mut text = std::fs::read_to_string(&files[0]).unwrap();
+    text.push_str("x = 1\n");
+    std::fs::write(&files[0], &text).unwrap();
+    let second = folder_of(&config);
+    let found = outdated::find(&cache);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].dir, first);
+    assert_eq!(
+        found[0].why,
+        format!(
+            "{}: changed ({size} → {} bytes)",
+            files[0].display(),
+            size + 6
+        )
+    );
+    let held: u64 = std::fs::read_dir(&first)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    assert_eq!(found[0].bytes, held, "nothing of it is linked elsewhere");
+
+    // An edit in place at the same size, its time set back by a second: found by the time.
+    // Preparing it again finds the same bytes and links the files: removing frees the
+    // manifest only.
+    let modified = std::fs::metadata(&files[1]).unwrap().modified().unwrap();
+    let file = std::fs::File::options()
+        .write(true)
+        .open(&files[1])
+        .unwrap();
+    file.set_modified(modified - std::time::Duration::from_secs(1))
+        .unwrap();
+    let third = folder_of(&config);
+    assert_ne!(third, second);
+    let found = outdated::find(&cache);
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert_eq!(found[1].dir, second);
+    assert_eq!(
+        found[1].why,
+        format!("{}: modified since", files[1].display())
+    );
+    let manifest = std::fs::metadata(second.join("manifest.json"))
+        .unwrap()
+        .len();
+    assert_eq!(found[1].bytes, manifest);
+
+    for folder in &found {
+        outdated::remove(folder).unwrap();
+    }
+    let lock = cache.join(format!(
+        ".{}.lock",
+        first.file_name().unwrap().to_string_lossy()
+    ));
+    assert!(!first.exists() && !second.exists() && !lock.exists());
+    assert!(outdated::find(&cache).is_empty());
+    // The current folder is whole: its tokens were links to the removed one's.
+    let data = Dataset::open(&config, 0, None, 2, &Quiet).unwrap();
+    assert_eq!(data.train().corpus().dir, third);
+    data.verify_content()
+        .expect("the linked files outlive the folder they came from");
+
+    // A removed file outdates the folder built from it.
+    std::fs::remove_file(&files[1]).unwrap();
+    let found = outdated::find(&cache);
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].why, format!("{}: removed", files[1].display()));
 }

@@ -78,6 +78,71 @@ fn concurrent_prepares_tokenize_once() {
 }
 
 #[test]
+fn an_edit_of_the_data_leaves_an_outdated_cache_folder_that_prepare_names_and_removes() {
+    let dir = TestDir::new("data-outdated");
+    let text = corpus(&dir);
+    let spec = dir.write("job.yaml", &text_spec("outdated", "data/*.txt", ""));
+    let spec = spec.to_string_lossy().to_string();
+    let cache_folders = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir.join("runs/data-cache"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        names.sort();
+        names
+    };
+    let first = shardrun_in(&dir, &["prepare", &spec]);
+    assert!(first.status.success(), "{}", stderr_of(&first));
+    assert!(
+        !stdout_of(&first).contains("older folder"),
+        "{}",
+        stdout_of(&first)
+    );
+    let before = cache_folders();
+
+    // An edit: the next preparation tokenizes into a new folder; the old one is named.
+    let mut edited = std::fs::read_to_string(&text).unwrap();
+    edited.push_str("One more line.\n");
+    std::fs::write(&text, edited).unwrap();
+    let second = shardrun_in(&dir, &["prepare", &spec]);
+    assert!(second.status.success(), "{}", stderr_of(&second));
+    let said = stdout_of(&second);
+    assert!(
+        said.contains("1 older folder(s) in ")
+            && said.contains("gpl.txt: changed (")
+            && said.contains("--remove-outdated` removes them"),
+        "{said}"
+    );
+    let after = cache_folders();
+    assert_eq!(after.len(), 2, "{after:?}");
+
+    let removal = shardrun_in(&dir, &["prepare", &spec, "--remove-outdated"]);
+    assert!(removal.status.success(), "{}", stderr_of(&removal));
+    let said = stdout_of(&removal);
+    assert!(
+        said.contains(&format!(
+            "removed {}",
+            dir.join("runs/data-cache").join(&before[0]).display()
+        )) && said.contains("removed 1 outdated folder(s)"),
+        "{said}"
+    );
+    let left = cache_folders();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_ne!(left, before, "the folder of the edited data stays");
+    let lock = dir
+        .join("runs/data-cache")
+        .join(format!(".{}.lock", before[0]));
+    assert!(!lock.exists(), "{} is left", lock.display());
+    let again = shardrun_in(&dir, &["prepare", &spec]);
+    let said = stdout_of(&again);
+    assert!(
+        said.contains("(cached: ") && !said.contains("older folder"),
+        "{said}"
+    );
+}
+
+#[test]
 fn a_run_on_text_reports_its_validation_loss() {
     let dir = TestDir::new("data-run");
     corpus(&dir);

@@ -1,10 +1,13 @@
 //! `shardrun prepare job.yaml`: tokenize the job's data ahead of submission (on the login
 //! node), so the job starts training at once; a later run with the same files and tokenizer
-//! reuses the cache.
+//! reuses the cache. Every edit of the data leaves a cache folder no run opens again: it
+//! says how much they hold, and removes them with `--remove-outdated`.
 
 use crate::commands::spec_args::{self, OneJob, SetArgs};
 use crate::resolve::Overrides;
-use std::path::PathBuf;
+use shardrun_data::outdated;
+use shardrun_protocol::config::DataConfig;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -13,6 +16,10 @@ pub struct Args {
     /// Tokenization threads (default: every CPU this process may use).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Remove the folders of the data cache built from files that have since been edited,
+    /// replaced or removed (no run opens them again).
+    #[arg(long)]
+    pub remove_outdated: bool,
     /// The same `--set` overrides the job will be submitted with.
     #[command(flatten)]
     pub set: SetArgs,
@@ -25,5 +32,44 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     for line in crate::data_prep::prepare_data(&job.train, args.threads)? {
         outln!("{line}");
     }
+    if let DataConfig::Dataset(data) = &job.train.data {
+        tell_outdated(&data.cache_dir, &args)?;
+    }
+    Ok(())
+}
+
+/// Says how much the outdated folders of `cache_dir` hold, or removes them.
+fn tell_outdated(cache_dir: &Path, args: &Args) -> anyhow::Result<()> {
+    let found = outdated::find(cache_dir);
+    let mib = |bytes: u64| shardrun_protocol::mib(bytes);
+    let total: u64 = found.iter().map(|o| o.bytes).sum();
+    if !args.remove_outdated {
+        if !found.is_empty() {
+            outln!(
+                "{} older folder(s) in {} were built from files since edited or removed ({:.1} MiB; the first: {}); `shardrun prepare {} --remove-outdated` removes them",
+                found.len(),
+                cache_dir.display(),
+                mib(total),
+                found[0].why,
+                args.spec.display()
+            );
+        }
+        return Ok(());
+    }
+    for folder in &found {
+        outdated::remove(folder)?;
+        outln!(
+            "removed {} ({:.1} MiB): {}",
+            folder.dir.display(),
+            mib(folder.bytes),
+            folder.why
+        );
+    }
+    outln!(
+        "removed {} outdated folder(s) from {} ({:.1} MiB)",
+        found.len(),
+        cache_dir.display(),
+        mib(total)
+    );
     Ok(())
 }
