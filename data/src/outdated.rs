@@ -68,7 +68,7 @@ fn changed_file(manifest: &CacheManifest) -> Option<String> {
         };
         if meta.len() != file.size {
             Some(format!(
-                "{path}: changed ({} → {} bytes)",
+                "{path}: changed, {} → {} bytes",
                 file.size,
                 meta.len()
             ))

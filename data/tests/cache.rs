@@ -491,7 +491,7 @@ fn the_folders_of_edited_or_removed_files_are_outdated_and_removable() {
     assert_eq!(
         found[0].why,
         format!(
-            "{}: changed ({size} → {} bytes)",
+            "{}: changed, {size} → {} bytes",
             files[0].display(),
             size + 6
         )

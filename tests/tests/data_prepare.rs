@@ -95,7 +95,7 @@ fn an_edit_of_the_data_leaves_an_outdated_cache_folder_that_prepare_names_and_re
     let first = shardrun_in(&dir, &["prepare", &spec]);
     assert!(first.status.success(), "{}", stderr_of(&first));
     assert!(
-        !stdout_of(&first).contains("older folder"),
+        !stdout_of(&first).contains("data cache:"),
         "{}",
         stdout_of(&first)
     );
@@ -109,8 +109,8 @@ fn an_edit_of_the_data_leaves_an_outdated_cache_folder_that_prepare_names_and_re
     assert!(second.status.success(), "{}", stderr_of(&second));
     let said = stdout_of(&second);
     assert!(
-        said.contains("1 older folder(s) in ")
-            && said.contains("gpl.txt: changed (")
+        said.contains("data cache: 1 folder(s) in ")
+            && said.contains("gpl.txt: changed, ")
             && said.contains("--remove-outdated` removes them"),
         "{said}"
     );
@@ -137,7 +137,7 @@ fn an_edit_of_the_data_leaves_an_outdated_cache_folder_that_prepare_names_and_re
     let again = shardrun_in(&dir, &["prepare", &spec]);
     let said = stdout_of(&again);
     assert!(
-        said.contains("(cached: ") && !said.contains("older folder"),
+        said.contains("(cached: ") && !said.contains("data cache:"),
         "{said}"
     );
 }

@@ -46,7 +46,8 @@ fn tell_outdated(cache_dir: &Path, args: &Args) -> anyhow::Result<()> {
     if !args.remove_outdated {
         if !found.is_empty() {
             outln!(
-                "{} older folder(s) in {} were built from files since edited or removed ({:.1} MiB; the first: {}); `shardrun prepare {} --remove-outdated` removes them",
+                "data cache: {} folder(s) in {} ({:.1} MiB) hold data since edited or removed \
+                 ({}); `shardrun prepare {} --remove-outdated` removes them",
                 found.len(),
                 cache_dir.display(),
                 mib(total),
