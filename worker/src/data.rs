@@ -38,6 +38,9 @@ pub struct Batch {
     pub document_bounds: Option<DocumentBounds>,
     /// Targets that carry loss (not -100); all of them for synthetic data.
     pub loss_tokens: u64,
+    /// The dense attention mask the model makes from `document_ids` when it needs one, once
+    /// for all its layers (forwards and recomputations alike).
+    pub attention_mask: std::sync::OnceLock<Tensor>,
 }
 
 /// Where the documents of a packed batch begin, its rows laid end to end, and the longest
@@ -183,6 +186,7 @@ impl TrainingData {
                     document_ids: None,
                     document_bounds: None,
                     loss_tokens: count * self.seq_len,
+                    attention_mask: Default::default(),
                 })
             }
             Source::Documents(d) => Ok(Batch::from_host(&d.training_batch(first, count))),
@@ -208,6 +212,7 @@ impl TrainingData {
                     document_ids: None,
                     document_bounds: None,
                     loss_tokens: count,
+                    attention_mask: Default::default(),
                 })
             }
         }
@@ -230,6 +235,7 @@ impl Batch {
             document_ids: None,
             document_bounds: None,
             loss_tokens,
+            attention_mask: Default::default(),
         }
     }
 
@@ -247,6 +253,7 @@ impl Batch {
                 .as_deref()
                 .map(|ids| DocumentBounds::from_ids(ids, host.seq_len)),
             loss_tokens: host.loss_tokens,
+            attention_mask: Default::default(),
         }
     }
 
@@ -281,6 +288,7 @@ impl Batch {
             document_ids: self.document_ids.as_ref().map(&f),
             document_bounds: self.document_bounds.as_ref().map(|b| b.map(&f)),
             loss_tokens: self.loss_tokens,
+            attention_mask: Default::default(),
         }
     }
 

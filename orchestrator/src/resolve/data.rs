@@ -932,6 +932,47 @@ mod tests {
         );
     }
 
+    /// The dense mask of packed documents is in the plan where the worker makes one (once
+    /// a micro-batch, in the parameter dtype), and the plan says how documents attend.
+    #[test]
+    fn the_plan_counts_the_dense_document_mask_where_there_is_one() {
+        let plan = |resources: &str, dtype: &str, mask: bool| {
+            let spec = format!(
+                "name: t\nrun_root: /tmp/runs\nresources: {{ {resources} }}\ntraining:\n  model: {{ kind: llama, vocab_size: 300, dim: 64, n_layers: 2, n_heads: 2, ffn_dim: 128 }}\n  data: {{ kind: text, files: [a.txt], tokenizer: {{ kind: bytes }}, seq_len: 1024, packing: whole_documents, document_mask: {mask} }}\n  steps: 2\n  total_batch_size: 6\n  batch_size_per_device: 3\n  fsdp: {{ mixed_precision: {{ param_dtype: {dtype} }} }}\n"
+            );
+            let dir = jobs();
+            let loaded = parse(&spec, &dir.path().join("job.yaml")).unwrap();
+            let job = resolve(&loaded, &Overrides::default()).unwrap();
+            (job.memory.chosen.at_peak.activations, job.summary())
+        };
+        let mask_bytes = |dtype_bytes: u64| 3 * 1024 * 1024 * dtype_bytes;
+        for (resources, dtype, bytes, dense) in [
+            ("tasks_per_node: 2", "f32", 4, true),
+            ("tasks_per_node: 2", "bf16", 2, true),
+            ("gpus_per_node: 2", "f32", 4, true),
+            ("gpus_per_node: 2", "bf16", 2, false),
+        ] {
+            let (with, summary) = plan(resources, dtype, true);
+            let (without, _) = plan(resources, dtype, false);
+            let held = if dense { mask_bytes(bytes) } else { 0 };
+            assert_eq!(with - without, held, "{resources}, {dtype}");
+            let said = if dense {
+                format!(
+                    "through a dense mask ({} MiB a micro-batch)",
+                    mask_bytes(bytes) >> 20
+                )
+            } else {
+                format!(
+                    "through flash attention's variable-length kernel (GPUs of compute \
+                     capability 8.0 or more; older ones take a dense mask of {} MiB a \
+                     micro-batch)",
+                    mask_bytes(bytes) >> 20
+                )
+            };
+            assert!(summary.contains(&said), "{resources}, {dtype}: {summary}");
+        }
+    }
+
     #[test]
     fn truncation_is_for_whole_documents_and_the_plan_says_it() {
         let e = err("    kind: text\n    files: [a.txt]\n    tokenizer: { kind: bytes }\n    truncate: true\n");

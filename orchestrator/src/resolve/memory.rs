@@ -15,7 +15,9 @@
 //!   gradients kept between micro-steps (no_sync);
 //! * **activations**: each segment's saved tensors and output over the rank's tokens per
 //!   micro-step (with activation checkpointing a block keeps only its output and recomputes
-//!   the rest in its backward), plus the running segment's temporaries.
+//!   the rest in its backward), plus the running segment's temporaries, plus the dense
+//!   (seq × seq) mask of packed documents where they attend through one
+//!   ([`DocumentAttention`]).
 //!
 //! The peak is the largest sum over the visits of one step (each segment's forward, each
 //! segment's backward, then the replicas' all-reduce and the optimizer). Not modelled: the
@@ -23,7 +25,10 @@
 //! workspaces (the plan keeps [`GPU_RESERVED_BYTES`] of a GPU for them).
 
 use super::{yaml_name, MemoryEstimate, MemoryParts, StrategyMemory, GIB};
-use shardrun_protocol::config::{DeviceKind, FsdpConfig, ShardingStrategy, WrapPolicy};
+use shardrun_protocol::config::{
+    DType, DataConfig, DeviceKind, FsdpConfig, ModelConfig, ShardingStrategy, TrainConfig,
+    WrapPolicy,
+};
 use shardrun_protocol::footprint::Footprint;
 use shardrun_protocol::units::{plan_units, segment_units, SegmentSpec, UnitPlan};
 
@@ -44,6 +49,60 @@ pub struct MemoryInputs<'a> {
     pub grad_accum_steps: u64,
     pub device: DeviceKind,
     pub gpu_memory_gb: Option<f64>,
+    /// The dense mask of packed documents a rank holds through each micro-step (0 where
+    /// there is none).
+    pub attention_mask_bytes: u64,
+}
+
+/// How the tokens of packed documents keep to their own document (`document_mask`), as the
+/// worker chooses: flash attention's variable-length kernel, from the documents' bounds,
+/// where it can run (CUDA, bf16 or fp16 parameters, heads of at most 256 in multiples of 8,
+/// and a GPU of compute capability 8.0 or more, which the plan cannot know); else a dense
+/// (batch, 1, seq, seq) mask in the parameter dtype, one per micro-batch, that every layer
+/// reads and keeps for its backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DocumentAttention {
+    Dense {
+        mask_bytes: u64,
+    },
+    /// `mask_bytes`: the dense mask a GPU older than compute capability 8.0 needs instead.
+    FlashVarlen {
+        mask_bytes: u64,
+    },
+}
+
+impl DocumentAttention {
+    /// `None` where the batch's tokens attend causally across the whole sequence.
+    pub fn of(train: &TrainConfig) -> Option<DocumentAttention> {
+        let (DataConfig::Dataset(data), ModelConfig::Llama(model)) = (&train.data, &train.model)
+        else {
+            return None;
+        };
+        if !data.document_mask {
+            return None;
+        }
+        let dtype = train.fsdp.mixed_precision.param_dtype;
+        let mask_bytes =
+            train.batch.batch_size_per_device * data.seq_len * data.seq_len * dtype.size_bytes();
+        let head_dim = model.architecture.head_dim;
+        let flash = train.device == DeviceKind::Cuda
+            && dtype != DType::F32
+            && head_dim <= 256
+            && head_dim % 8 == 0;
+        Some(if flash {
+            DocumentAttention::FlashVarlen { mask_bytes }
+        } else {
+            DocumentAttention::Dense { mask_bytes }
+        })
+    }
+
+    /// What a rank holds for it through a micro-step, as the plan counts it.
+    pub fn held_bytes(attention: Option<DocumentAttention>) -> u64 {
+        match attention {
+            Some(DocumentAttention::Dense { mask_bytes }) => mask_bytes,
+            _ => 0,
+        }
+    }
 }
 
 pub fn estimate_memory(m: &MemoryInputs, warnings: &mut Vec<String>) -> MemoryEstimate {
@@ -308,7 +367,7 @@ fn strategy_memory(
     };
     for v in 0..2 * k {
         let s = segment_of(v);
-        let activations = tokens * (f.batch + before(s) + running(s));
+        let activations = tokens * (f.batch + before(s) + running(s)) + m.attention_mask_bytes;
         let gradients = if v < k {
             no_sync
         } else {

@@ -510,6 +510,9 @@ pub fn resolve_with(
             grad_accum_steps,
             device: ranks.device,
             gpu_memory_gb: spec.resources.gpu_memory_gb,
+            attention_mask_bytes: memory::DocumentAttention::held_bytes(
+                memory::DocumentAttention::of(&train),
+            ),
         },
         &mut warnings,
     );

@@ -1,12 +1,14 @@
 //! The plan as people read it (`shardrun plan`, `plan.txt`).
 
+use super::memory::DocumentAttention;
 use super::{yaml_name, ResolvedJob, GIB};
 use shardrun_protocol::config::{DataConfig, LrDecay, Packing};
+use shardrun_protocol::TrainConfig;
 use std::fmt::Write as _;
 
 /// What the ranks read, and what a sequence's tokens attend to.
-fn data_summary(data: &DataConfig) -> String {
-    let DataConfig::Dataset(d) = data else {
+fn data_summary(train: &TrainConfig) -> String {
+    let DataConfig::Dataset(d) = &train.data else {
         return "synthetic".into();
     };
     let packing = match (d.packing, d.document_mask) {
@@ -23,17 +25,37 @@ fn data_summary(data: &DataConfig) -> String {
             "whole documents best-fit into sequences, attending to those before them (document_mask: false)"
         }
     };
+    let through = match DocumentAttention::of(train) {
+        None => String::new(),
+        Some(DocumentAttention::Dense { mask_bytes }) => {
+            format!(" through a dense mask ({} a micro-batch)", size(mask_bytes))
+        }
+        Some(DocumentAttention::FlashVarlen { mask_bytes }) => format!(
+            " through flash attention's variable-length kernel (GPUs of compute capability 8.0 \
+             or more; older ones take a dense mask of {} a micro-batch)",
+            size(mask_bytes)
+        ),
+    };
     let truncated = if d.truncate {
         ", the longer ones truncated to seq_len"
     } else {
         ""
     };
     format!(
-        "{} from {} file pattern(s), seq_len {}, {packing}{truncated}",
+        "{} from {} file pattern(s), seq_len {}, {packing}{through}{truncated}",
         d.source.kind_name(),
         d.source.files().len(),
         d.seq_len
     )
+}
+
+/// `16 MiB`, `1.5 GiB`.
+fn size(bytes: u64) -> String {
+    if bytes as f64 >= GIB {
+        format!("{:.1} GiB", bytes as f64 / GIB)
+    } else {
+        format!("{:.0} MiB", shardrun_protocol::mib(bytes))
+    }
 }
 
 impl ResolvedJob {
@@ -75,7 +97,7 @@ impl ResolvedJob {
             t.model.summary(),
             self.memory.num_params
         );
-        let _ = writeln!(out, "  data           {}", data_summary(&t.data));
+        let _ = writeln!(out, "  data           {}", data_summary(t));
         let _ = writeln!(out, "  fsdp           {}, wrap {}, params {} / reduce {}, activation checkpointing {}, prefetch {}", yaml_name(&t.fsdp.strategy), yaml_name(&t.fsdp.wrap), yaml_name(&t.fsdp.mixed_precision.param_dtype), yaml_name(&t.fsdp.mixed_precision.reduce_dtype), t.fsdp.activation_checkpointing, t.fsdp.prefetch);
         let _ = writeln!(
             out,

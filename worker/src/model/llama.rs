@@ -22,7 +22,7 @@ use crate::shim;
 use shardrun_models::llama::{EMBED_TOKENS, LM_HEAD};
 use shardrun_models::{LlamaConfig, RopeScaling};
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
 use tch::{Device, Kind, Tensor};
 
 /// `LlamaRMSNorm`: normalised in fp32, scaled in the compute dtype.
@@ -187,10 +187,12 @@ pub enum Attend<'a> {
     /// Every earlier token of its row.
     Causal,
     /// The earlier tokens of its own document: `ids` (batch, seq) name each token's
-    /// document; `bounds`, where the batch has them, are the same documents laid end to end.
+    /// document; `bounds`, where the batch has them, are the same documents laid end to end;
+    /// `mask` keeps the dense mask made from `ids` for every layer that needs it.
     Documents {
         ids: &'a Tensor,
         bounds: Option<&'a DocumentBounds>,
+        mask: &'a OnceLock<Tensor>,
     },
 }
 
@@ -254,12 +256,15 @@ impl Attention {
         let k = &k * &cos + rotate_half(&k) * &sin;
         let y = match attend {
             Attend::Causal => self.scaled_dot_product(&q, &k, &v, None),
-            Attend::Documents { ids, bounds } => {
+            Attend::Documents { ids, bounds, mask } => {
                 let flash = bounds.filter(|_| self.flash_varlen_fits(&q));
                 match flash.and_then(|b| self.within_documents(&q, &k, &v, b, &shim::flash_varlen))
                 {
                     Some(y) => y,
-                    None => self.scaled_dot_product(&q, &k, &v, Some(&document_mask(ids))),
+                    None => {
+                        let mask = mask.get_or_init(|| document_mask(ids, q.kind()));
+                        self.scaled_dot_product(&q, &k, &v, Some(mask))
+                    }
                 }
             }
         };
@@ -269,7 +274,8 @@ impl Attention {
         linear(&p.pp("o_proj"), &y)
     }
 
-    /// SDPA on (batch, heads, seq, head_dim), causal or by `mask` (true = attend).
+    /// SDPA on (batch, heads, seq, head_dim), causal or by `mask` (boolean, true = attend;
+    /// or added to the scores).
     fn scaled_dot_product(
         &self,
         q: &Tensor,
@@ -373,12 +379,15 @@ fn sdpa_kernel_guard(q: &Tensor, masked: bool) -> Option<shim::WithoutCudnnAtten
 }
 
 /// Token i attends to token j iff j ≤ i and `ids` (batch, seq) puts both in the same
-/// document: a (batch, 1, seq, seq) mask, true = attend.
-fn document_mask(ids: &Tensor) -> Tensor {
+/// document: a (batch, 1, seq, seq) mask added to the scores, 0 to attend and -inf not to,
+/// in the queries' dtype `kind`. SDPA turns a boolean mask into just this in every call,
+/// and each layer's copy would stay alive for its backward: made once, the layers share it.
+fn document_mask(ids: &Tensor, kind: Kind) -> Tensor {
     let s = ids.size()[1];
     let same = ids.unsqueeze(2).eq_tensor(&ids.unsqueeze(1));
     let causal = Tensor::ones([s, s], (Kind::Bool, ids.device())).tril(0);
-    same.logical_and(&causal).unsqueeze(1)
+    let apart = same.logical_and(&causal).logical_not().unsqueeze(1);
+    Tensor::zeros(apart.size(), (kind, ids.device())).masked_fill(&apart, f64::NEG_INFINITY)
 }
 
 /// `LlamaMLP`: SwiGLU.
@@ -464,6 +473,7 @@ impl Llama {
             Some(ids) => Attend::Documents {
                 ids,
                 bounds: batch.document_bounds.as_ref(),
+                mask: &batch.attention_mask,
             },
             None => Attend::Causal,
         }
@@ -601,7 +611,7 @@ mod tests {
             &q,
             &k,
             &v,
-            Some(&document_mask(&ids_tensor(Device::Cpu))),
+            Some(&document_mask(&ids_tensor(Device::Cpu), Kind::Float)),
         );
         let bounds = DocumentBounds::from_ids(&packed_ids(), SEQ as usize);
         let bounded = attention
@@ -621,6 +631,81 @@ mod tests {
         assert!(max_difference(&masked, &wrong) > 1e-3);
     }
 
+    /// The additive mask made once is what SDPA makes of the boolean one in every call:
+    /// outputs and gradients bit for bit, in fp32 and bf16.
+    #[test]
+    fn the_shared_additive_mask_attends_as_the_boolean_one() {
+        tch::manual_seed(11);
+        let ids = ids_tensor(Device::Cpu);
+        let s = SEQ;
+        let boolean = ids
+            .unsqueeze(2)
+            .eq_tensor(&ids.unsqueeze(1))
+            .logical_and(&Tensor::ones([s, s], (Kind::Bool, Device::Cpu)).tril(0))
+            .unsqueeze(1);
+        for kind in [Kind::Float, Kind::BFloat16] {
+            let qkv = || {
+                Tensor::randn([2, 4, SEQ, 8], (Kind::Float, Device::Cpu))
+                    .to_kind(kind)
+                    .set_requires_grad(true)
+            };
+            let (q, k, v) = (qkv(), qkv(), qkv());
+            let attend = |mask: &Tensor| {
+                let y = Tensor::scaled_dot_product_attention(
+                    &q,
+                    &k,
+                    &v,
+                    Some(mask),
+                    0.0,
+                    false,
+                    None,
+                    false,
+                );
+                let grads = Tensor::run_backward(
+                    &[y.to_kind(Kind::Float).sum(Kind::Float)],
+                    &[&q, &k, &v],
+                    false,
+                    false,
+                );
+                (y, grads)
+            };
+            let (by_bool, bool_grads) = attend(&boolean);
+            let (by_sum, sum_grads) = attend(&document_mask(&ids, kind));
+            assert_eq!(max_difference(&by_bool, &by_sum), 0.0, "{kind:?}");
+            for (a, b) in bool_grads.iter().zip(&sum_grads) {
+                assert_eq!(max_difference(a, b), 0.0, "{kind:?}");
+            }
+        }
+    }
+
+    /// A batch's layers share one mask: the first that needs it makes it.
+    #[test]
+    fn the_layers_of_a_batch_share_its_mask() {
+        let batch = Batch::from_host(&shardrun_data::HostBatch {
+            rows: 2,
+            seq_len: SEQ as usize,
+            inputs: vec![1; 2 * SEQ as usize],
+            targets: vec![1; 2 * SEQ as usize],
+            position_ids: Some((0..2 * SEQ).map(|i| i % SEQ).collect()),
+            document_ids: Some(packed_ids()),
+            loss_tokens: 2 * SEQ as u64,
+        });
+        let layer = Layer::new(Device::Cpu, Kind::Float);
+        let ids = batch.document_ids.as_ref().unwrap();
+        let attend = || Attend::Documents {
+            ids,
+            bounds: None,
+            mask: &batch.attention_mask,
+        };
+        let (first, _) = layer.run(attend());
+        let made = batch.attention_mask.get().expect("made by the first layer");
+        let storage = made.data_ptr();
+        let (second, _) = layer.run(attend());
+        assert_eq!(batch.attention_mask.get().unwrap().data_ptr(), storage);
+        assert_eq!(max_difference(&first, &second), 0.0);
+        assert_eq!(made.size(), [2, 1, SEQ, SEQ]);
+    }
+
     #[test]
     fn repeated_key_value_heads_attend_as_grouped_query_attention() {
         tch::manual_seed(7);
@@ -628,7 +713,7 @@ mod tests {
         let q = Tensor::randn([b, heads, SEQ, d], (Kind::Float, Device::Cpu));
         let k = Tensor::randn([b, kv_heads, SEQ, d], (Kind::Float, Device::Cpu));
         let v = Tensor::randn([b, kv_heads, SEQ, d], (Kind::Float, Device::Cpu));
-        let mask = document_mask(&ids_tensor(Device::Cpu));
+        let mask = document_mask(&ids_tensor(Device::Cpu), Kind::Float);
         let sdpa = |k: &Tensor, v: &Tensor, grouped: bool| {
             Tensor::scaled_dot_product_attention(&q, k, v, Some(&mask), 0.0, false, None, grouped)
         };
@@ -734,6 +819,7 @@ mod tests {
             Layer::new(device, Kind::Float).run(Attend::Documents {
                 ids: &ids,
                 bounds: None,
+                mask: &OnceLock::new(),
             })
         };
         let (cuda, cuda_grads) = run(Device::Cuda(0));
@@ -761,8 +847,8 @@ mod tests {
             head_dim: 64,
             qk_norm: None,
         };
-        let mask = document_mask(&ids_tensor(device));
         for kind in [Kind::Float, Kind::BFloat16] {
+            let mask = document_mask(&ids_tensor(device), kind);
             let qkv = |heads| Tensor::randn([2, heads, SEQ, 64], (kind, device));
             let (q, k, v) = (qkv(8), qkv(2), qkv(2));
             for mask in [None, Some(&mask)] {
@@ -852,10 +938,12 @@ mod tests {
         let (flash, flash_grads) = layer.run(Attend::Documents {
             ids: &ids,
             bounds: Some(&bounds),
+            mask: &OnceLock::new(),
         });
         let (dense, dense_grads) = layer.run(Attend::Documents {
             ids: &ids,
             bounds: None,
+            mask: &OnceLock::new(),
         });
         let scale = max_difference(&dense, &dense.zeros_like());
         assert!(scale > 0.1, "outputs too small to compare: {scale}");
