@@ -220,9 +220,11 @@ pub struct TrainSummary {
     pub model_state_bytes_per_rank: u64,
     /// What one rank would hold unsharded (params + grads + AdamW state).
     pub unsharded_model_state_bytes: u64,
-    /// As in [`StepMetrics::peak_memory_bytes`]: peak RSS on CPU, allocated on GPU.
+    /// As in [`StepMetrics::peak_memory_bytes`]: peak RSS on CPU, allocated on GPU; of the
+    /// rank with the highest in a finished run's summary.
     pub peak_memory_bytes: u64,
-    /// GPU: the allocator's peak reserved bytes; `None` on CPU.
+    /// GPU: the allocator's peak reserved bytes (the highest rank's, as above); `None` on
+    /// CPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_reserved_bytes: Option<u64>,
     #[serde(deserialize_with = "non_finite")]

@@ -105,6 +105,25 @@ fn four_ranks_make_one_record_per_logged_step_with_the_slowest_rank_and_the_larg
         }
     }
 
+    // The summary rank 0 prints speaks for every rank: no rank's peak above it.
+    let highest = own
+        .values()
+        .flatten()
+        .map(|r| r["peak_memory_bytes"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    let summary_mib: f64 = log
+        .lines()
+        .find_map(|l| l.split("Peak memory per rank (highest): ").nth(1))
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no peak in the summary:\n{log}"));
+    assert!(
+        summary_mib >= (highest as f64 / 1048576.0).round(),
+        "summary {summary_mib} MiB, a rank reported {highest} bytes"
+    );
+
     // `metrics --json` carries what the table shows.
     let root = dir.path();
     let run_arg = run.to_string_lossy().to_string();

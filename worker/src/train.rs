@@ -719,13 +719,20 @@ impl Trainer {
         if finished && trained && hook.is_some() {
             self.save(&mut hook, SaveReason::Final)?;
         }
-        let summary = self.summary(
+        let mut summary = self.summary(
             first_step + 1,
             first_loss.unwrap_or(f64::NAN),
             last_loss,
             tokens_per_step,
             &step_times,
         );
+        if finished && trained {
+            // Rank 0 reports for all: the highest peak of any rank, as `shardrun metrics`.
+            summary.peak_memory_bytes = self.agree_max(summary.peak_memory_bytes as f64)? as u64;
+            if let Some(reserved) = summary.peak_reserved_bytes {
+                summary.peak_reserved_bytes = Some(self.agree_max(reserved as f64)? as u64);
+            }
+        }
         if finished && self.rank == 0 {
             if trained {
                 self.reporter.summary(&summary);
@@ -962,8 +969,8 @@ pub fn format_summary(s: &TrainSummary) -> String {
     let rule = "=".repeat(60);
     format!(
         "\n{rule}\nFSDP training complete\nSharding strategy: {} ({} rank(s), {})\n\
-         Model state per rank: {:.1} MiB (vs {:.1} MiB unsharded)\nMemory savings: {:.1}%\n\
-         Peak memory per rank: {}\n{}: {:.4}\nFinal loss:   {:.4}\n{}\
+         Model state per rank: {:.1} MiB (vs {:.1} MiB unsharded)\nModel state savings: {:.1}%\n\
+         Peak memory per rank (highest): {}\n{}: {:.4}\nFinal loss:   {:.4}\n{}\
          Mean throughput: {:.0} tokens/s\n{rule}",
         s.strategy,
         s.world_size,
