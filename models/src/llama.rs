@@ -205,6 +205,16 @@ pub struct LlamaModel {
     pub pretrained: Option<PathBuf>,
 }
 
+/// Packed documents that attend through a dense (batch, 1, seq, seq) mask have its rows
+/// laid out a multiple of this many values apart: CUDA's memory-efficient attention kernel
+/// copies any other mask in every call. The memory plan counts the mask as laid out.
+pub const MASK_ROW_ALIGNMENT: u64 = 8;
+
+/// Values of the dense mask of `rows` sequences of `seq_len` tokens, as laid out.
+pub fn dense_mask_values(rows: u64, seq_len: u64) -> u64 {
+    rows * seq_len * seq_len.div_ceil(MASK_ROW_ALIGNMENT) * MASK_ROW_ALIGNMENT
+}
+
 pub const EMBED_TOKENS: &str = "model.embed_tokens.weight";
 pub const LM_HEAD: &str = "lm_head.weight";
 

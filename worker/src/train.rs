@@ -530,11 +530,13 @@ impl Trainer {
                 (local_tokens * world) as f64
             };
             let mut local_loss = Tensor::zeros([], (Kind::Double, self.device));
-            for (m, batch) in batches.iter().enumerate() {
-                let factor = token_share(scale, world, batch, global_tokens);
+            // Each micro-batch is dropped once its backward is queued: what it made for its
+            // layers (a packed batch's dense mask) must not pile up over the accumulation.
+            for (m, batch) in batches.into_iter().enumerate() {
+                let factor = token_share(scale, world, &batch, global_tokens);
                 let loss = self
                     .engine
-                    .forward_backward(batch, factor, m as u64 + 1 == accum)?;
+                    .forward_backward(&batch, factor, m as u64 + 1 == accum)?;
                 crate::progress::advance();
                 // A micro-batch without targets has no gradient and a NaN mean.
                 if batch.loss_tokens > 0 {

@@ -946,6 +946,11 @@ mod tests {
             (job.memory.chosen.at_peak.activations, job.summary())
         };
         let mask_bytes = |dtype_bytes: u64| 3 * 1024 * 1024 * dtype_bytes;
+        // Rows padded to a multiple of 8 values, as the worker lays the mask out.
+        assert_eq!(
+            shardrun_models::llama::dense_mask_values(3, 1021),
+            3 * 1021 * 1024
+        );
         for (resources, dtype, bytes, dense) in [
             ("tasks_per_node: 2", "f32", 4, true),
             ("tasks_per_node: 2", "bf16", 2, true),

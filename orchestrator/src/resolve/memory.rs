@@ -58,8 +58,10 @@ pub struct MemoryInputs<'a> {
 /// worker chooses: flash attention's variable-length kernel, from the documents' bounds,
 /// where it can run (CUDA, bf16 or fp16 parameters, heads of at most 256 in multiples of 8,
 /// and a GPU of compute capability 8.0 or more, which the plan cannot know); else a dense
-/// (batch, 1, seq, seq) mask in the parameter dtype, one per micro-batch, that every layer
-/// reads and keeps for its backward.
+/// (batch, 1, seq, seq) mask in the parameter dtype (rows padded to
+/// [`shardrun_models::llama::MASK_ROW_ALIGNMENT`]), one per micro-batch, that every layer
+/// reads and keeps for its backward and that goes with its micro-batch. Making it briefly
+/// takes a boolean (batch, seq, seq) more, left out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DocumentAttention {
     Dense {
@@ -82,8 +84,10 @@ impl DocumentAttention {
             return None;
         }
         let dtype = train.fsdp.mixed_precision.param_dtype;
-        let mask_bytes =
-            train.batch.batch_size_per_device * data.seq_len * data.seq_len * dtype.size_bytes();
+        let mask_bytes = shardrun_models::llama::dense_mask_values(
+            train.batch.batch_size_per_device,
+            data.seq_len,
+        ) * dtype.size_bytes();
         let head_dim = model.architecture.head_dim;
         let flash = train.device == DeviceKind::Cuda
             && dtype != DType::F32

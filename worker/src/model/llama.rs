@@ -19,7 +19,7 @@
 use super::{linear, token_loss, Model, ModelDescription, Params};
 use crate::data::{Batch, DocumentBounds};
 use crate::shim;
-use shardrun_models::llama::{EMBED_TOKENS, LM_HEAD};
+use shardrun_models::llama::{dense_mask_values, EMBED_TOKENS, LM_HEAD};
 use shardrun_models::{LlamaConfig, RopeScaling};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -382,12 +382,17 @@ fn sdpa_kernel_guard(q: &Tensor, masked: bool) -> Option<shim::WithoutCudnnAtten
 /// document: a (batch, 1, seq, seq) mask added to the scores, 0 to attend and -inf not to,
 /// in the queries' dtype `kind`. SDPA turns a boolean mask into just this in every call,
 /// and each layer's copy would stay alive for its backward: made once, the layers share it.
+/// Its rows are laid out [`shardrun_models::llama::MASK_ROW_ALIGNMENT`] values apart, as CUDA's memory-efficient
+/// kernel wants them (it would copy the mask in every call).
 fn document_mask(ids: &Tensor, kind: Kind) -> Tensor {
-    let s = ids.size()[1];
-    let same = ids.unsqueeze(2).eq_tensor(&ids.unsqueeze(1));
+    let (b, s) = ids.size2().expect("document ids are (batch, seq)");
+    let mut apart = ids.unsqueeze(2).eq_tensor(&ids.unsqueeze(1));
     let causal = Tensor::ones([s, s], (Kind::Bool, ids.device())).tril(0);
-    let apart = same.logical_and(&causal).logical_not().unsqueeze(1);
-    Tensor::zeros(apart.size(), (kind, ids.device())).masked_fill(&apart, f64::NEG_INFINITY)
+    let _ = apart.logical_and_(&causal).logical_not_();
+    let row = dense_mask_values(1, s as u64) as i64 / s.max(1);
+    let mut mask = Tensor::zeros([b, 1, s, row], (kind, ids.device())).narrow(3, 0, s);
+    let _ = mask.masked_fill_(&apart.unsqueeze(1), f64::NEG_INFINITY);
+    mask
 }
 
 /// `LlamaMLP`: SwiGLU.
@@ -632,12 +637,26 @@ mod tests {
     }
 
     /// The additive mask made once is what SDPA makes of the boolean one in every call:
-    /// outputs and gradients bit for bit, in fp32 and bf16.
+    /// outputs and gradients bit for bit, in fp32 and bf16, with rows laid out wider than
+    /// the sequence where it is not a multiple of the alignment.
     #[test]
     fn the_shared_additive_mask_attends_as_the_boolean_one() {
         tch::manual_seed(11);
-        let ids = ids_tensor(Device::Cpu);
-        let s = SEQ;
+        for s in [SEQ, SEQ - 3] {
+            the_additive_mask_attends_as_the_boolean_one_over(s);
+        }
+    }
+
+    fn the_additive_mask_attends_as_the_boolean_one_over(s: i64) {
+        let ids = ids_tensor(Device::Cpu).narrow(1, 0, s);
+        let mask = document_mask(&ids, Kind::Float);
+        assert_eq!(mask.size(), [2, 1, s, s]);
+        assert_eq!(
+            mask.stride()[2] as u64 % shardrun_models::llama::MASK_ROW_ALIGNMENT,
+            0,
+            "{:?}",
+            mask.stride()
+        );
         let boolean = ids
             .unsqueeze(2)
             .eq_tensor(&ids.unsqueeze(1))
@@ -645,7 +664,7 @@ mod tests {
             .unsqueeze(1);
         for kind in [Kind::Float, Kind::BFloat16] {
             let qkv = || {
-                Tensor::randn([2, 4, SEQ, 8], (Kind::Float, Device::Cpu))
+                Tensor::randn([2, 4, s, 8], (Kind::Float, Device::Cpu))
                     .to_kind(kind)
                     .set_requires_grad(true)
             };
