@@ -223,8 +223,8 @@ pub struct TrainSummary {
     /// As in [`StepMetrics::peak_memory_bytes`]: peak RSS on CPU, allocated on GPU; of the
     /// rank with the highest in a finished run's summary.
     pub peak_memory_bytes: u64,
-    /// GPU: the allocator's peak reserved bytes (the highest rank's, as above); `None` on
-    /// CPU.
+    /// GPU: the allocator's peak reserved bytes (the highest of any rank, taken apart from
+    /// the allocated peak, as `shardrun metrics` does); `None` on CPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_reserved_bytes: Option<u64>,
     #[serde(deserialize_with = "non_finite")]

@@ -30,11 +30,12 @@ fn four_ranks_make_one_record_per_logged_step_with_the_slowest_rank_and_the_larg
     let mut text = tiny_mlp_spec("four", 9, ranks);
     text.push_str("  log_every: 2\n");
     let spec = dir.write("four.yaml", &text);
+    // Rank 2 holds 128 MiB more from step 3: the largest peak, not rank 0's.
     let (out, run) = run_local(
         &dir,
         &spec,
         &["--nproc", "4", "--no-progress"],
-        &[],
+        &[("SHARDRUN_INJECT_FAILURE", "2:3:hold".to_string())],
         Duration::from_secs(180),
     );
     assert!(out.status.success(), "{}", stderr_of(&out));
@@ -106,12 +107,20 @@ fn four_ranks_make_one_record_per_logged_step_with_the_slowest_rank_and_the_larg
     }
 
     // The summary rank 0 prints speaks for every rank: no rank's peak above it.
-    let highest = own
-        .values()
-        .flatten()
-        .map(|r| r["peak_memory_bytes"].as_u64().unwrap())
-        .max()
-        .unwrap();
+    let peak_of = |rank: u64| {
+        own.values()
+            .flatten()
+            .filter(|r| r["rank"] == rank)
+            .map(|r| r["peak_memory_bytes"].as_u64().unwrap())
+            .max()
+            .unwrap()
+    };
+    let highest = peak_of(2);
+    assert!(
+        highest > peak_of(0) + (100 << 20),
+        "rank 2 holds more: {highest} vs rank 0's {}",
+        peak_of(0)
+    );
     let log = std::fs::read_to_string(run.join("train.log")).unwrap();
     let summary_mib: f64 = log
         .lines()

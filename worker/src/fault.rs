@@ -2,8 +2,9 @@
 //! that rank fail with an error when it starts optimizer step `<step>` (counted from 1),
 //! `<rank>:<step>:panic` makes it panic there, `<rank>:<step>:hang` makes it block there for
 //! good (its heartbeats go on, as in a rank stuck in I/O), while the other ranks go on into
-//! the step's collectives. Unset, it does nothing; a malformed value is an error before
-//! training.
+//! the step's collectives; `<rank>:<step>:hold` makes it take [`HELD_BYTES`] more memory
+//! there and keep it, as a leak would, and train on (to see one rank's peak reported for
+//! the job). Unset, it does nothing; a malformed value is an error before training.
 
 /// The variable that asks for an injected failure.
 pub const VAR: &str = "SHARDRUN_INJECT_FAILURE";
@@ -13,7 +14,11 @@ pub enum How {
     Error,
     Panic,
     Hang,
+    Hold,
 }
+
+/// What `hold` takes: 128 MiB, written so that it is resident.
+pub const HELD_BYTES: usize = 128 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Injected {
@@ -33,7 +38,7 @@ impl Injected {
     pub fn parse(text: &str) -> Result<Injected, String> {
         let bad = || {
             format!(
-                "{VAR}={text:?}: expected <rank>:<step>, <rank>:<step>:panic or <rank>:<step>:hang"
+                "{VAR}={text:?}: expected <rank>:<step>, or <rank>:<step>: and one of panic, hang, hold"
             )
         };
         let mut parts = text.trim().split(':');
@@ -47,6 +52,7 @@ impl Injected {
             None | Some("error") => How::Error,
             Some("panic") => How::Panic,
             Some("hang") => How::Hang,
+            Some("hold") => How::Hold,
             Some(_) => return Err(bad()),
         };
         if parts.next().is_some() {
@@ -69,6 +75,11 @@ impl Injected {
                 // Blocked for good, like a rank stuck in a read; only a signal ends it.
                 std::thread::park();
             },
+            How::Hold => {
+                // Seen by nothing, the allocation would be optimised away.
+                std::hint::black_box(Vec::leak(vec![1u8; HELD_BYTES]));
+                Ok(())
+            }
         }
     }
 }
@@ -85,6 +96,7 @@ mod tests {
         assert!(f.check(1, 3).unwrap_err().contains("rank 1 at step 3"));
         assert_eq!(Injected::parse("0:1:panic").unwrap().how, How::Panic);
         assert_eq!(Injected::parse("2:5:hang").unwrap().how, How::Hang);
+        assert_eq!(Injected::parse("2:5:hold").unwrap().how, How::Hold);
         for bad in ["", "1", "1:0", "x:2", "1:2:boom", "1:2:panic:3"] {
             assert!(Injected::parse(bad).is_err(), "{bad}");
         }
