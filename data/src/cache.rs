@@ -326,7 +326,7 @@ fn remove_stale_builds(cache_dir: &Path, name: &str) {
 }
 
 /// Whether a process of this machine has `pid` (when unsure, it does).
-fn is_alive(pid: u32) -> bool {
+pub(crate) fn is_alive(pid: u32) -> bool {
     // 0 and negative pids name process groups, not a process.
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return true;
@@ -340,7 +340,7 @@ fn is_alive(pid: u32) -> bool {
 }
 
 /// This machine's name, as a folder name can hold it.
-fn this_host() -> String {
+pub(crate) fn this_host() -> String {
     shardrun_protocol::host::hostname().replace(['/', '\0'], "_")
 }
 

@@ -40,29 +40,42 @@ enum Offsets {
 /// A read-only mapping (empty files have none).
 struct Mapped(Option<Mmap>);
 
+/// What a mapped file is, for what an error about it tells to do.
+#[derive(Clone, Copy)]
+enum Mapping {
+    /// A file of a cache folder.
+    Cache,
+    /// One of the data's own token files, read in place.
+    TokenFile,
+}
+
 impl Mapped {
-    fn open(path: &Path, expected_len: Option<u64>) -> Result<Mapped> {
+    fn open(path: &Path, expected_len: Option<u64>, mapping: Mapping) -> Result<Mapped> {
+        let changed = |why: String| match mapping {
+            Mapping::Cache => DataError::Cache {
+                path: path.to_path_buf(),
+                why: format!("{why}: remove the cache folder and prepare again"),
+            },
+            Mapping::TokenFile => DataError::TokenFileChanged {
+                path: path.to_path_buf(),
+                why,
+            },
+        };
         let file = match std::fs::File::open(path) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(DataError::Cache {
-                    path: path.to_path_buf(),
-                    why: "is missing; it was there when the data was prepared: remove the cache \
-                          folder (or restore the file) and prepare again"
-                        .into(),
-                })
+                return Err(changed(
+                    "is missing; it was there when the data was prepared".into(),
+                ))
             }
             Err(e) => return Err(DataError::io("open", path)(e)),
         };
         let len = file.metadata().map_err(DataError::io("read", path))?.len();
         if let Some(expected) = expected_len.filter(|&e| e != len) {
-            return Err(DataError::Cache {
-                path: path.to_path_buf(),
-                why: format!(
-                    "is {len} bytes, the manifest says {expected}; the file changed since it was \
-                     prepared: remove the cache folder (or restore the file) and prepare again"
-                ),
-            });
+            return Err(changed(format!(
+                "is {len} bytes, the manifest says {expected}; the file changed since it was \
+                 prepared"
+            )));
         }
         if len == 0 {
             return Ok(Mapped(None));
@@ -94,7 +107,7 @@ impl Corpus {
                 let mut offsets = vec![0u64];
                 for f in &manifest.files {
                     let count = f.tokens.unwrap_or(f.size / width);
-                    maps.push(Mapped::open(&f.path, Some(f.size))?);
+                    maps.push(Mapped::open(&f.path, Some(f.size), Mapping::TokenFile)?);
                     offsets.push(offsets.last().copied().unwrap_or(0) + count);
                 }
                 (
@@ -105,11 +118,13 @@ impl Corpus {
                 )
             }
             None => {
-                let tokens = Mapped::open(&dir.join(TOKENS), Some(manifest.tokens * 4))?;
-                let offsets = Mapped::open(&dir.join(DOCUMENTS), Some((n + 1) * 8))?;
-                let lines = Mapped::open(&dir.join(LINES), Some(n * 8))?.0;
+                let tokens =
+                    Mapped::open(&dir.join(TOKENS), Some(manifest.tokens * 4), Mapping::Cache)?;
+                let offsets =
+                    Mapped::open(&dir.join(DOCUMENTS), Some((n + 1) * 8), Mapping::Cache)?;
+                let lines = Mapped::open(&dir.join(LINES), Some(n * 8), Mapping::Cache)?.0;
                 let mask = if manifest.loss_mask {
-                    Mapped::open(&dir.join(LOSS_MASK), Some(manifest.tokens))?.0
+                    Mapped::open(&dir.join(LOSS_MASK), Some(manifest.tokens), Mapping::Cache)?.0
                 } else {
                     None
                 };

@@ -86,6 +86,9 @@ pub enum DataError {
     },
     #[error("data cache {}: {why}", path.display())]
     Cache { path: PathBuf, why: String },
+    /// A token file read in place (`kind: tokens`) that is no longer as it was prepared.
+    #[error("{}: {why}; run again (its data is then prepared anew), and write no token file a job reads", path.display())]
+    TokenFileChanged { path: PathBuf, why: String },
     /// A data file written to while it was tokenized: its tokens are of no one version.
     #[error("{} changed while it was being tokenized ({change}): its tokens would match neither version; run again once nothing writes to it", path.display())]
     ChangedWhileRead { path: PathBuf, change: String },

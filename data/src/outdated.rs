@@ -1,10 +1,16 @@
 //! Cache folders no preparation opens again: one of the files a folder was built from has
-//! since been edited, replaced or removed, so its key (which holds the files' sizes and
-//! times) is never asked for again. Every edit of the data leaves one behind; they are found
-//! here so that `shardrun prepare` can say how much they hold and remove them on request.
+//! since been edited or removed, so its key (which holds the files' sizes and times) is
+//! never asked for again. Every edit of the data leaves one behind; they are found here so
+//! that `shardrun prepare` can say how much they hold and remove them on request.
 //!
-//! Only the data files decide: a folder whose files are as they were stays, even if nothing
-//! uses its tokenizer any more (another spec may).
+//! Only the data files decide, and only what the manifest can tell: a file of another size,
+//! or one gone from a folder that is there (a folder that is not may be a mount this machine
+//! lacks). A file whose time alone changed (`touch`, a checkout) may still hold the bytes the
+//! folder was made from, which the next preparation links instead of tokenizing: such a
+//! folder is outdated only once a newer folder of the same contents exists. A file replaced
+//! by a copy that keeps size and time (`cp -p`, `rsync -a`) is not seen. A folder whose
+//! files are as they were stays, even if nothing uses its tokenizer any more (another spec
+//! may).
 
 use crate::cache::{self, CacheManifest};
 use crate::error::{DataError, Result};
@@ -25,55 +31,122 @@ pub struct OutdatedCache {
 /// The outdated folders under `cache_dir`, oldest first. Folders being built, damaged ones
 /// and those of another cache format are left out (preparing their data says what to do).
 pub fn find(cache_dir: &Path) -> Vec<OutdatedCache> {
-    let mut found = cache::complete_folders(cache_dir);
-    found.sort_by(|a, b| a.1.created_unix_s.total_cmp(&b.1.created_unix_s));
-    found
-        .into_iter()
-        .filter_map(|(dir, manifest)| {
-            let why = changed_file(&manifest)?;
-            let bytes = freed_bytes(&dir);
-            Some(OutdatedCache { dir, why, bytes })
+    let mut folders = cache::complete_folders(cache_dir);
+    folders.sort_by(|a, b| a.1.created_unix_s.total_cmp(&b.1.created_unix_s));
+    folders
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (dir, manifest))| {
+            let why = match change(manifest)? {
+                Change::Gone(why) => why,
+                // Its bytes may be those of the files now: outdated once a newer folder of
+                // the same contents took its place.
+                Change::Retimed(why) => {
+                    let superseded = !manifest.contents_name.is_empty()
+                        && folders[i + 1..]
+                            .iter()
+                            .any(|(_, newer)| newer.contents_name == manifest.contents_name);
+                    superseded.then_some(why)?
+                }
+            };
+            Some(OutdatedCache {
+                dir: dir.clone(),
+                why,
+                bytes: freed_bytes(dir),
+            })
         })
         .collect()
 }
 
 /// Removes an outdated folder and its lock file. The folder is first renamed out of the
-/// way, so a preparation that lists the cache then sees it whole or not at all.
+/// way, so a preparation that lists the cache then sees it whole or not at all. A folder
+/// another process removed meanwhile is removed.
 pub fn remove(outdated: &OutdatedCache) -> Result<()> {
     let (Some(parent), Some(name)) = (outdated.dir.parent(), outdated.dir.file_name()) else {
         return Ok(());
     };
     let name = name.to_string_lossy();
-    let doomed = parent.join(format!(".{name}.removing-{}", std::process::id()));
-    std::fs::rename(&outdated.dir, &doomed).map_err(DataError::io("move", &outdated.dir))?;
+    let doomed = parent.join(format!(
+        ".{name}{REMOVING}{}-{}",
+        std::process::id(),
+        cache::this_host()
+    ));
+    match std::fs::rename(&outdated.dir, &doomed) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(DataError::io("move", &outdated.dir)(e)),
+    }
     std::fs::remove_dir_all(&doomed).map_err(DataError::io("remove", &doomed))?;
     // Nobody waits on it: no preparation asks for this folder's key any more.
     let _ = std::fs::remove_file(parent.join(format!(".{name}.lock")));
     Ok(())
 }
 
-/// How the first of the manifest's files differs from what is on disk now, `None` if none
-/// does. Size and modification time, as recorded when the folder was built (a manifest
-/// written before it recorded times has only sizes to compare).
-fn changed_file(manifest: &CacheManifest) -> Option<String> {
+/// What a removal's hidden folder is named after its folder: `.<name>.removing-<pid>-<host>`.
+const REMOVING: &str = ".removing-";
+
+/// Removes what removals killed midway left under `cache_dir` (hidden folders of a process
+/// of this machine that is gone), and returns how many.
+pub fn remove_interrupted(cache_dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(cache_dir) else {
+        return 0;
+    };
+    let host = cache::this_host();
+    entries
+        .flatten()
+        .filter(|entry| {
+            let name = entry.file_name();
+            let Some(owner) = name
+                .to_str()
+                .filter(|n| n.starts_with('.'))
+                .and_then(|n| n.split_once(REMOVING))
+                .map(|(_, owner)| owner)
+            else {
+                return false;
+            };
+            let dead = owner.split_once('-').is_some_and(|(pid, on)| {
+                on == host && pid.parse().is_ok_and(|pid: u32| !cache::is_alive(pid))
+            });
+            dead && std::fs::remove_dir_all(entry.path()).is_ok()
+        })
+        .count()
+}
+
+/// How one of a folder's files differs from what is on disk now.
+enum Change {
+    /// Removed, or of another size: the folder's data is gone.
+    Gone(String),
+    /// Its modification time alone differs.
+    Retimed(String),
+}
+
+/// How the first of the manifest's files that changed did, `None` if none did (or none is
+/// known to have). Size and modification time, as recorded when the folder was built (a
+/// manifest written before it recorded times has only sizes to compare).
+fn change(manifest: &CacheManifest) -> Option<Change> {
     manifest.files.iter().find_map(|file| {
         let path = file.path.display();
         let meta = match std::fs::metadata(&file.path) {
             Ok(meta) => meta,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Some(format!("{path}: removed"));
+            // Gone from a folder that is there; a folder that is not may be a mount this
+            // machine lacks (a compute node's scratch, a container's bind mount).
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    && file.path.parent().is_some_and(Path::is_dir) =>
+            {
+                return Some(Change::Gone(format!("{path}: removed")));
             }
             // Unreadable now (permissions, a file system away): not known to be outdated.
             Err(_) => return None,
         };
         if meta.len() != file.size {
-            Some(format!(
+            Some(Change::Gone(format!(
                 "{path}: changed, {} → {} bytes",
                 file.size,
                 meta.len()
-            ))
+            )))
         } else if file.mtime_ns != 0 && files::mtime_ns(&meta) != file.mtime_ns {
-            Some(format!("{path}: modified since"))
+            Some(Change::Retimed(format!("{path}: modified since")))
         } else {
             None
         }

@@ -454,6 +454,35 @@ fn a_cache_file_cut_short_or_removed_is_named_with_what_to_do() {
             && err.contains("remove the cache folder"),
         "{err}"
     );
+
+    // Token files are read in place: one gone after its data was prepared is not the
+    // cache's to fix.
+    let bin = dir.path().join("train.bin");
+    std::fs::write(&bin, [1u16, 2, 3, 4].map(u16::to_le_bytes).concat()).unwrap();
+    let config = dataset(
+        DataSource::Tokens {
+            files: vec![bin.clone()],
+            dtype: TokenDtype::U16,
+        },
+        TokenizerConfig::PreTokenized,
+        2,
+        &dir.path().join("cache"),
+    );
+    let data = Dataset::open(&config, 0, None, 2, &Quiet).unwrap();
+    let corpus = data.train().corpus();
+    let (folder, manifest) = (corpus.dir.clone(), corpus.manifest.clone());
+    drop(data);
+    std::fs::remove_file(&bin).unwrap();
+    let err = shardrun_data::corpus::Corpus::open(&folder, manifest)
+        .err()
+        .expect("a corpus without its token file opens")
+        .to_string();
+    assert!(
+        err.starts_with(&format!("{}: is missing", bin.display()))
+            && err.contains("run again")
+            && !err.contains("cache folder"),
+        "{err}"
+    );
 }
 
 /// Every edit of the data leaves the folder of its earlier version, which no preparation
@@ -461,7 +490,9 @@ fn a_cache_file_cut_short_or_removed_is_named_with_what_to_do() {
 #[test]
 fn the_folders_of_edited_or_removed_files_are_outdated_and_removable() {
     let dir = tempfile::tempdir().unwrap();
-    let files = write_corpus(dir.path());
+    let data_dir = dir.path().join("data");
+    std::fs::create_dir_all(&data_dir).unwrap();
+    let files = write_corpus(&data_dir);
     let cache = dir.path().join("cache");
     let config = dataset(
         text_files(files.clone(), TextSplit::Line),
@@ -512,6 +543,9 @@ fn the_folders_of_edited_or_removed_files_are_outdated_and_removable() {
         .unwrap();
     file.set_modified(modified - std::time::Duration::from_secs(1))
         .unwrap();
+    // Until it is prepared again, its folder holds what those bytes tokenize to, which the
+    // next preparation links: not outdated.
+    assert_eq!(outdated::find(&cache).len(), 1);
     let third = folder_of(&config);
     assert_ne!(third, second);
     let found = outdated::find(&cache);
@@ -529,6 +563,8 @@ fn the_folders_of_edited_or_removed_files_are_outdated_and_removable() {
     for folder in &found {
         outdated::remove(folder).unwrap();
     }
+    // Another process's removal of the same folders got there first: nothing to do.
+    outdated::remove(&found[0]).unwrap();
     let lock = cache.join(format!(
         ".{}.lock",
         first.file_name().unwrap().to_string_lossy()
@@ -546,4 +582,21 @@ fn the_folders_of_edited_or_removed_files_are_outdated_and_removable() {
     let found = outdated::find(&cache);
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].why, format!("{}: removed", files[1].display()));
+    // Not when its folder is gone too: a mount this machine lacks is not a removal.
+    let moved = dir.path().join("elsewhere");
+    std::fs::rename(&data_dir, &moved).unwrap();
+    assert!(outdated::find(&cache).is_empty());
+    std::fs::rename(&moved, &data_dir).unwrap();
+
+    // A removal killed midway leaves a hidden folder, removed later by the next one (here,
+    // that of a process that has ended).
+    let mut ended = std::process::Command::new("true").spawn().unwrap();
+    ended.wait().unwrap();
+    let host = shardrun_protocol::host::hostname().replace(['/', '\0'], "_");
+    let left = cache.join(format!(".text-0.removing-{}-{host}", ended.id()));
+    std::fs::create_dir_all(left.join("inside")).unwrap();
+    let live = cache.join(format!(".text-1.removing-{}-{host}", std::process::id()));
+    std::fs::create_dir_all(&live).unwrap();
+    assert_eq!(outdated::remove_interrupted(&cache), 1);
+    assert!(!left.exists() && live.exists());
 }

@@ -45,9 +45,11 @@ fn tell_outdated(cache_dir: &Path, args: &Args) -> anyhow::Result<()> {
     let total: u64 = found.iter().map(|o| o.bytes).sum();
     if !args.remove_outdated {
         if !found.is_empty() {
+            // The same `--set` values: they may name another cache folder.
+            let set: String = args.set.set.iter().map(|s| format!(" --set {s}")).collect();
             outln!(
                 "data cache: {} folder(s) in {} ({:.1} MiB) hold data since edited or removed \
-                 ({}); `shardrun prepare {} --remove-outdated` removes them",
+                 ({}); `shardrun prepare {}{set} --remove-outdated` removes them",
                 found.len(),
                 cache_dir.display(),
                 mib(total),
@@ -56,6 +58,13 @@ fn tell_outdated(cache_dir: &Path, args: &Args) -> anyhow::Result<()> {
             );
         }
         return Ok(());
+    }
+    let interrupted = outdated::remove_interrupted(cache_dir);
+    if interrupted > 0 {
+        outln!(
+            "removed what {interrupted} interrupted removal(s) left in {}",
+            cache_dir.display()
+        );
     }
     for folder in &found {
         outdated::remove(folder)?;
