@@ -248,11 +248,7 @@ pub fn open_or_build(
     }
     // The process waited on may have been killed mid-build.
     remove_stale_builds(cache_dir, name);
-    let tmp = cache_dir.join(format!(
-        ".{name}.tmp-{}-{}",
-        std::process::id(),
-        this_host()
-    ));
+    let tmp = cache_dir.join(format!(".{name}.tmp-{}", this_owner()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir(&tmp).map_err(DataError::io("create", &tmp))?;
     let guard = RemoveOnDrop(Some(tmp.clone()));
@@ -309,7 +305,6 @@ fn remove_stale_builds(cache_dir: &Path, name: &str) {
     let Ok(entries) = std::fs::read_dir(cache_dir) else {
         return;
     };
-    let host = this_host();
     for entry in entries.flatten() {
         let file_name = entry.file_name();
         let Some(owner) = file_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
@@ -317,16 +312,32 @@ fn remove_stale_builds(cache_dir: &Path, name: &str) {
         };
         // `<pid>` alone: named by an earlier shardrun, which left out the machine; taken as
         // this one's.
-        let (pid, built_on) = owner.split_once('-').unwrap_or((owner, &host));
-        let dead = built_on == host && pid.parse().is_ok_and(|pid: u32| !is_alive(pid));
-        if dead {
+        let owner = match owner.contains('-') {
+            true => owner.to_string(),
+            false => format!("{owner}-{}", this_host()),
+        };
+        if owner_is_gone(&owner) {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }
 }
 
+/// `<pid>-<host>` of this process: what names the hidden folders it works in, so that
+/// another process can tell whether they are left from a process that is gone.
+pub(crate) fn this_owner() -> String {
+    format!("{}-{}", std::process::id(), this_host())
+}
+
+/// Whether `owner` ([`this_owner`] of some process) names a process of this machine that is
+/// gone; one of another machine, or unreadable, is not known to be.
+pub(crate) fn owner_is_gone(owner: &str) -> bool {
+    owner.split_once('-').is_some_and(|(pid, host)| {
+        host == this_host() && pid.parse().is_ok_and(|pid: u32| !is_alive(pid))
+    })
+}
+
 /// Whether a process of this machine has `pid` (when unsure, it does).
-pub(crate) fn is_alive(pid: u32) -> bool {
+fn is_alive(pid: u32) -> bool {
     // 0 and negative pids name process groups, not a process.
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return true;
@@ -340,7 +351,7 @@ pub(crate) fn is_alive(pid: u32) -> bool {
 }
 
 /// This machine's name, as a folder name can hold it.
-pub(crate) fn this_host() -> String {
+fn this_host() -> String {
     shardrun_protocol::host::hostname().replace(['/', '\0'], "_")
 }
 

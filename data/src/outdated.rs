@@ -66,11 +66,7 @@ pub fn remove(outdated: &OutdatedCache) -> Result<()> {
         return Ok(());
     };
     let name = name.to_string_lossy();
-    let doomed = parent.join(format!(
-        ".{name}{REMOVING}{}-{}",
-        std::process::id(),
-        cache::this_host()
-    ));
+    let doomed = parent.join(format!(".{name}{REMOVING}{}", cache::this_owner()));
     match std::fs::rename(&outdated.dir, &doomed) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -91,23 +87,16 @@ pub fn remove_interrupted(cache_dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(cache_dir) else {
         return 0;
     };
-    let host = cache::this_host();
     entries
         .flatten()
         .filter(|entry| {
             let name = entry.file_name();
-            let Some(owner) = name
+            let gone = name
                 .to_str()
                 .filter(|n| n.starts_with('.'))
                 .and_then(|n| n.split_once(REMOVING))
-                .map(|(_, owner)| owner)
-            else {
-                return false;
-            };
-            let dead = owner.split_once('-').is_some_and(|(pid, on)| {
-                on == host && pid.parse().is_ok_and(|pid: u32| !cache::is_alive(pid))
-            });
-            dead && std::fs::remove_dir_all(entry.path()).is_ok()
+                .is_some_and(|(_, owner)| cache::owner_is_gone(owner));
+            gone && std::fs::remove_dir_all(entry.path()).is_ok()
         })
         .count()
 }

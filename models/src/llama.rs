@@ -210,9 +210,21 @@ pub struct LlamaModel {
 /// copies any other mask in every call. The memory plan counts the mask as laid out.
 pub const MASK_ROW_ALIGNMENT: u64 = 8;
 
+/// Values one row of the dense mask over `seq_len` tokens takes, as laid out.
+pub fn mask_row_values(seq_len: u64) -> u64 {
+    seq_len.div_ceil(MASK_ROW_ALIGNMENT) * MASK_ROW_ALIGNMENT
+}
+
 /// Values of the dense mask of `rows` sequences of `seq_len` tokens, as laid out.
 pub fn dense_mask_values(rows: u64, seq_len: u64) -> u64 {
-    rows * seq_len * seq_len.div_ceil(MASK_ROW_ALIGNMENT) * MASK_ROW_ALIGNMENT
+    rows * seq_len * mask_row_values(seq_len)
+}
+
+/// Whether flash attention's variable-length kernel can keep packed documents apart (no
+/// dense mask): on CUDA, in fp16 or bf16, for heads of at most 256 values in multiples of 8,
+/// on GPUs of compute capability 8.0 or more (which only the device can tell).
+pub fn flash_varlen_takes(cuda: bool, half_precision: bool, head_dim: u64) -> bool {
+    cuda && half_precision && head_dim <= 256 && head_dim.is_multiple_of(8)
 }
 
 pub const EMBED_TOKENS: &str = "model.embed_tokens.weight";

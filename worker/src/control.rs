@@ -20,9 +20,9 @@ pub fn sum(comm: &dyn Communicator, values: &[f64]) -> Result<Vec<f64>, CommErro
     reduce(comm, values, ReduceOp::Sum)
 }
 
-/// The largest value any rank of `comm` passed.
-pub fn max(comm: &dyn Communicator, value: f64) -> Result<f64, CommError> {
-    Ok(reduce(comm, &[value], ReduceOp::Max)?[0])
+/// Element-wise maxima over every rank of `comm`.
+pub fn max(comm: &dyn Communicator, values: &[f64]) -> Result<Vec<f64>, CommError> {
+    reduce(comm, values, ReduceOp::Max)
 }
 
 /// `root`'s values, on every rank of `comm` (the others pass as many placeholders).

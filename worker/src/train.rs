@@ -383,7 +383,7 @@ impl Trainer {
 
     /// The largest of every rank's `value`, on the control communicator.
     fn agree_max(&self, value: f64) -> Result<f64, TrainError> {
-        Ok(control::max(self.engine.groups().control.as_ref(), value)?)
+        Ok(control::max(self.engine.groups().control.as_ref(), &[value])?[0])
     }
 
     /// Trains until `config.steps` or an agreed preemption.
@@ -729,10 +729,18 @@ impl Trainer {
             &step_times,
         );
         if finished && trained {
-            // Rank 0 reports for all: the highest peak of any rank, as `shardrun metrics`.
-            summary.peak_memory_bytes = self.agree_max(summary.peak_memory_bytes as f64)? as u64;
-            if let Some(reserved) = summary.peak_reserved_bytes {
-                summary.peak_reserved_bytes = Some(self.agree_max(reserved as f64)? as u64);
+            // Rank 0 reports for all: the highest peaks of any rank, as `shardrun metrics`,
+            // in one all-reduce.
+            let peaks = control::max(
+                self.engine.groups().control.as_ref(),
+                &[
+                    summary.peak_memory_bytes as f64,
+                    summary.peak_reserved_bytes.unwrap_or(0) as f64,
+                ],
+            )?;
+            summary.peak_memory_bytes = peaks[0] as u64;
+            if summary.peak_reserved_bytes.is_some() {
+                summary.peak_reserved_bytes = Some(peaks[1] as u64);
             }
         }
         if finished && self.rank == 0 {

@@ -88,11 +88,11 @@ impl DocumentAttention {
             train.batch.batch_size_per_device,
             data.seq_len,
         ) * dtype.size_bytes();
-        let head_dim = model.architecture.head_dim;
-        let flash = train.device == DeviceKind::Cuda
-            && dtype != DType::F32
-            && head_dim <= 256
-            && head_dim % 8 == 0;
+        let flash = shardrun_models::llama::flash_varlen_takes(
+            train.device == DeviceKind::Cuda,
+            dtype != DType::F32,
+            model.architecture.head_dim,
+        );
         Some(if flash {
             DocumentAttention::FlashVarlen { mask_bytes }
         } else {
@@ -101,10 +101,10 @@ impl DocumentAttention {
     }
 
     /// What a rank holds for it through a micro-step, as the plan counts it.
-    pub fn held_bytes(attention: Option<DocumentAttention>) -> u64 {
-        match attention {
-            Some(DocumentAttention::Dense { mask_bytes }) => mask_bytes,
-            _ => 0,
+    pub fn held_bytes(self) -> u64 {
+        match self {
+            DocumentAttention::Dense { mask_bytes } => mask_bytes,
+            DocumentAttention::FlashVarlen { .. } => 0,
         }
     }
 }

@@ -510,9 +510,8 @@ pub fn resolve_with(
             grad_accum_steps,
             device: ranks.device,
             gpu_memory_gb: spec.resources.gpu_memory_gb,
-            attention_mask_bytes: memory::DocumentAttention::held_bytes(
-                memory::DocumentAttention::of(&train),
-            ),
+            attention_mask_bytes: memory::DocumentAttention::of(&train)
+                .map_or(0, memory::DocumentAttention::held_bytes),
         },
         &mut warnings,
     );

@@ -19,7 +19,7 @@
 use super::{linear, token_loss, Model, ModelDescription, Params};
 use crate::data::{Batch, DocumentBounds};
 use crate::shim;
-use shardrun_models::llama::{dense_mask_values, EMBED_TOKENS, LM_HEAD};
+use shardrun_models::llama::{flash_varlen_takes, mask_row_values, EMBED_TOKENS, LM_HEAD};
 use shardrun_models::{LlamaConfig, RopeScaling};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -314,11 +314,11 @@ impl Attention {
     /// fp16 or bf16, heads of at most 256 in multiples of 8, and it has not refused the run's
     /// documents before.
     fn flash_varlen_fits(&self, q: &Tensor) -> bool {
-        q.device().is_cuda()
-            && matches!(q.kind(), Kind::BFloat16 | Kind::Half)
-            && self.head_dim <= 256
-            && self.head_dim % 8 == 0
-            && DOCUMENT_ATTENTION.load(Ordering::Relaxed) != FLASH_VARLEN_REFUSED
+        flash_varlen_takes(
+            q.device().is_cuda(),
+            matches!(q.kind(), Kind::BFloat16 | Kind::Half),
+            self.head_dim as u64,
+        ) && DOCUMENT_ATTENTION.load(Ordering::Relaxed) != FLASH_VARLEN_REFUSED
     }
 
     /// Causal attention within each document by `kernel` on the rows laid end to end, for
@@ -389,7 +389,7 @@ fn document_mask(ids: &Tensor, kind: Kind) -> Tensor {
     let mut apart = ids.unsqueeze(2).eq_tensor(&ids.unsqueeze(1));
     let causal = Tensor::ones([s, s], (Kind::Bool, ids.device())).tril(0);
     let _ = apart.logical_and_(&causal).logical_not_();
-    let row = dense_mask_values(1, s as u64) as i64 / s.max(1);
+    let row = mask_row_values(s as u64) as i64;
     let mut mask = Tensor::zeros([b, 1, s, row], (kind, ids.device())).narrow(3, 0, s);
     let _ = mask.masked_fill_(&apart.unsqueeze(1), f64::NEG_INFINITY);
     mask
