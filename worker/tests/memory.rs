@@ -85,3 +85,47 @@ fn model_state_per_rank_shrinks_with_the_world() {
         "model state per rank: {one} B on 1 rank, {four} B on 4 ranks"
     );
 }
+
+/// The peak resident memory the kernel measured for the whole process (`wait4`'s
+/// `ru_maxrss`, its `VmHWM` at exit), and whether it exited 0.
+fn wait_for_peak(child: std::process::Child) -> (u64, bool) {
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid out-parameter; the pid is our own child's.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as i32, "wait4");
+    let exited_0 = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    (usage.ru_maxrss as u64 * 1024, exited_0)
+}
+
+#[test]
+fn the_reported_peak_is_the_process_peak_up_to_its_exit() {
+    let dir = temp_dir();
+    let config = activation_heavy(1);
+    let (_, child) = spawn_sharded(dir.path(), "exit", &config, &[])
+        .pop()
+        .expect("one rank");
+    let (process_peak, exited_0) = wait_for_peak(child);
+    let log = std::fs::read_to_string(dir.path().join("rank0.log")).unwrap_or_default();
+    assert!(exited_0, "the rank failed:\n{log}");
+    let reported = std::fs::read_to_string(dir.path().join("exit.metrics.jsonl"))
+        .expect("metrics file")
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|r| r["peak_memory_bytes"].as_u64())
+        .max()
+        .expect("a peak in the metrics");
+    eprintln!(
+        "peak memory: {} MiB reported, {} MiB measured by the kernel at exit",
+        reported >> 20,
+        process_peak >> 20
+    );
+    // What the rank does after its last report (writing its parameters, leaving) takes a
+    // few MiB; exit-time destructors of the C++ libraries took tens.
+    assert!(
+        process_peak <= reported + (8 << 20),
+        "the process peaked at {} MiB, above the {} MiB it reported",
+        process_peak >> 20,
+        reported >> 20
+    );
+}
