@@ -9,6 +9,9 @@ use crate::naming::{
 };
 use std::path::{Path, PathBuf};
 
+/// Skipped checkpoints named in one line; a run keeps few (`keep`), but need not.
+const NAMED_AT_MOST: usize = 8;
+
 #[derive(Debug)]
 pub struct ResumePoint {
     /// `None`: no usable checkpoint (start from scratch).
@@ -22,12 +25,33 @@ impl ResumePoint {
     pub fn fallback_messages(&self) -> Vec<String> {
         let to = match &self.checkpoint {
             Some(c) => format!("falling back to {}", c.dir().display()),
+            None if self.skipped.len() > 1 => "no checkpoint of this run loads".into(),
             None => "no older checkpoint to fall back to".into(),
         };
         self.skipped
             .iter()
             .map(|(path, err)| format!("skipping checkpoint {}: {err}; {to}", path.display()))
             .collect()
+    }
+
+    /// The folders of the checkpoints passed over, newest first (`step-20, step-10`): the
+    /// first [`NAMED_AT_MOST`], then how many more.
+    pub fn skipped_names(&self) -> String {
+        let names: Vec<String> = self
+            .skipped
+            .iter()
+            .take(NAMED_AT_MOST)
+            .map(|(path, _)| {
+                path.file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into()
+            })
+            .collect();
+        match self.skipped.len().saturating_sub(NAMED_AT_MOST) {
+            0 => names.join(", "),
+            more => format!("{} and {more} more", names.join(", ")),
+        }
     }
 
     /// Renames the checkpoints passed over (newer than the one chosen, and failing to load)

@@ -166,3 +166,24 @@ fn nothing_valid_left_is_an_error_for_explicit_paths_and_a_fresh_start_for_resum
         "{err}"
     );
 }
+
+#[test]
+fn when_every_checkpoint_is_damaged_each_is_named_and_none_is_said_to_be_missing() {
+    let (tmp, _) = two_checkpoints(false, "rank-0-of-2.safetensors", Damage::FlipLastByte);
+    damage(
+        &tmp.path().join("step-10/rank-1-of-2.safetensors"),
+        Damage::Truncate,
+    );
+    let found = find_latest(tmp.path(), Verify::Checksums).unwrap();
+    assert!(found.checkpoint.is_none());
+    assert_eq!(found.skipped_names(), "step-20, step-10");
+    let messages = found.fallback_messages();
+    assert_eq!(messages.len(), 2);
+    for (message, folder) in messages.iter().zip(["step-20", "step-10"]) {
+        // Not "no older checkpoint" while an older one, damaged too, is there.
+        assert!(
+            message.contains(folder) && message.ends_with("; no checkpoint of this run loads"),
+            "{message}"
+        );
+    }
+}

@@ -7,7 +7,8 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 
 /// [`crate::TrainConfig`] fields a resumed job may change. The checkpoint reshards to any
-/// world size; the LR schedule follows `steps`; the rest is scheduling and bookkeeping.
+/// world size, strategy and wrap policy; the LR schedule follows `steps`; the rest is
+/// scheduling and bookkeeping.
 pub const RESUMABLE: &[&str] = &[
     "name",
     "steps",
@@ -21,6 +22,10 @@ pub const RESUMABLE: &[&str] = &[
     "log_every",
     "threads_per_rank",
     "device",
+    // How the state is sharded and gathered, not what is computed: checkpoints load under
+    // any strategy and wrap policy.
+    "fsdp.strategy",
+    "fsdp.wrap",
     "fsdp.shard_group_size",
     "fsdp.prefetch",
     "fsdp.max_gathers_in_flight",

@@ -409,8 +409,8 @@ fn training_a_cosine_run_longer_says_how_its_lr_jumps() {
         stdout.lines().nth(1).unwrap_or_default(),
         format!(
             "  changed on resume: training.steps: 10 → 15; the cosine LR schedule is re-shaped \
-             to 15 steps: step 11 trains at LR {resumed:.3e}, up from {last:.3e} on the 10-step \
-             schedule"
+             to 15 steps: step 11 trains at LR {resumed:.3e}, up from the {last:.3e} the 10-step \
+             schedule ended at"
         )
     );
     // Said in the run's log too, where `tail -f` (or a Slurm job's reader) sees it.

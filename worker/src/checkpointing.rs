@@ -283,11 +283,10 @@ impl Checkpointer {
             // steps they hold would be trained again, and a copied-back shard repairs one.
             if let Some((newest, why)) = found.skipped.first() {
                 return Err(CheckpointingError::Other(format!(
-                    "no checkpoint of this run loads ({} of them; the newest, {}: {why}), and \
-                     resuming would start over at step 1; restore a checkpoint's files from a \
-                     copy and run it again, or start the run over with --force (which deletes \
-                     them)",
-                    found.skipped.len(),
+                    "no checkpoint of this run loads ({}; the newest, {}: {why}), and resuming \
+                     would start over at step 1; restore a checkpoint's files from a copy and \
+                     run it again, or start the run over with --force (which deletes them)",
+                    found.skipped_names(),
                     newest.display()
                 )));
             }

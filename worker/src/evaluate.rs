@@ -1,10 +1,12 @@
 //! Evaluation on the validation data: the mean loss per target token over the validation
-//! sequences (all of them, or the first `max_batches` global batches), and its perplexity,
-//! every `every_steps` optimizer steps and after the last one.
+//! sequences (all of them, or the first `max_batches` batches of the total batch size, a
+//! training step's: the same sequences on any number of ranks and micro-batch size), and its
+//! perplexity, every `every_steps` optimizer steps and after the last one.
 //!
-//! Ranks split each global batch as in training (rank `r` takes sequences `g·b·W + r·b ..`),
-//! so every rank runs the same number of forward passes (the FSDP gathers are collective);
-//! rows past the end of the validation set are padding without targets.
+//! Ranks split the sequences in rounds of one micro-batch each, as in training (rank `r`
+//! takes sequences `g·b·W + r·b ..` in round `g`), so every rank runs the same number of
+//! forward passes (the FSDP gathers are collective); rows past the end of the validation
+//! set are padding without targets.
 
 use crate::data::{Batch, TrainingData};
 use crate::fsdp::FsdpEngine;
@@ -19,6 +21,7 @@ pub struct Evaluator {
     every_steps: Option<u64>,
     max_batches: Option<u64>,
     per_device: u64,
+    total_batch: u64,
 }
 
 impl Evaluator {
@@ -32,6 +35,7 @@ impl Evaluator {
             every_steps: v.every_steps.filter(|&n| n > 0),
             max_batches: v.max_batches,
             per_device: config.batch.batch_size_per_device,
+            total_batch: config.batch.total_batch_size,
         })
     }
 
@@ -57,16 +61,17 @@ impl Evaluator {
         let Some(documents) = data.documents() else {
             return Err(TrainError::Config("evaluation needs document data".into()));
         };
-        let sequences = documents.validation().map_or(0, |v| v.sequences());
-        let global = self.per_device * size;
-        let mut batches = sequences.div_ceil(global);
+        let mut sequences = documents.validation().map_or(0, |v| v.sequences());
         if let Some(max) = self.max_batches {
-            batches = batches.min(max.max(1));
+            sequences = sequences.min(max.max(1) * self.total_batch);
         }
+        // The total batch is a whole number of rounds (`per_device × world × accumulation`),
+        // so a round never reaches past the first `max_batches` batches into real rows.
+        let round = self.per_device * size;
         let mut loss_sum = Tensor::zeros([], (Kind::Double, device));
         let mut tokens = 0u64;
-        for g in 0..batches {
-            let first = g * global + rank * self.per_device;
+        for g in 0..sequences.div_ceil(round) {
+            let first = g * round + rank * self.per_device;
             let host_batch = documents.validation_batch(first, self.per_device);
             let batch = Batch::from_host(&host_batch).upload(device);
             let loss = engine.forward_only(&batch)?;

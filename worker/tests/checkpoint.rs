@@ -125,7 +125,7 @@ fn a_run_whose_checkpoints_all_fail_to_load_is_refused_not_started_over() {
     assert!(failed.contains(&0), "rank 0 must fail");
     let log = rank0_log(tmp.path());
     assert!(
-        log.contains("no checkpoint of this run loads (1 of them; the newest,")
+        log.contains("no checkpoint of this run loads (step-10; the newest,")
             && log.contains("would start over at step 1")
             && log.contains("--force"),
         "{log}"

@@ -70,7 +70,7 @@ fn data_config(dir: &Path, files: Vec<PathBuf>) -> TrainConfig {
         on_bad_record: OnBadRecord::Stop,
     }));
     c.steps = 12;
-    // 12 samples per step: 2 ranks × 3 × 2 micro-steps, or 3 ranks × 2 × 2.
+    // 12 samples per step: 2 ranks × 3 × 2 micro-steps, or 3 ranks × 1 × 4.
     c.batch = BatchPlan {
         total_batch_size: 12,
         batch_size_per_device: 3,
@@ -195,8 +195,9 @@ fn a_killed_run_resumed_on_another_world_size_reads_the_same_samples() {
     }
     let killed = batch_log(&dir.join("killed"), 2);
 
-    // Resumed on 3 ranks (2 samples each, 2 micro-steps).
-    let resumed_config = on_world(&checkpointed, 3, 2, 2);
+    // Resumed on 3 ranks (1 sample each, 4 micro-steps): evaluation rounds of 3 sequences
+    // where the run had 6, and the same `max_batches` sequences evaluated.
+    let resumed_config = on_world(&checkpointed, 3, 1, 4);
     let resumed = run(dir, "resumed", &resumed_config, &dir.join("resumed"));
     let resumed_samples = batch_log(&dir.join("resumed"), 3);
     let first_resumed_step = *resumed_samples.keys().map(|(s, _)| s).min().unwrap();

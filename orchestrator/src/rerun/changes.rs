@@ -47,7 +47,6 @@ const IGNORED: &[&str] = &[
     "memory",
     "warnings",
     "overrides",
-    "train.batch.grad_accum_steps",
     "slurm.time_limit_seconds",
     // Where `slurm.env`'s values came from; the values themselves are compared.
     "slurm.from_shell",
@@ -66,8 +65,9 @@ fn safe(path: &str) -> bool {
 /// In words, for the refusal's hint.
 pub const SAFE_IN_WORDS: &str = "training.steps, the world size, the device kind, resources \
     and preemption, training.batch_size_per_device, the checkpoint interval, keep and format, \
-    log_every, threads_per_rank, FSDP's shard_group_size, prefetch, max_gathers_in_flight \
-    and activation_checkpointing, and validation's every_steps and max_batches";
+    log_every, threads_per_rank, FSDP's strategy, wrap, shard_group_size, prefetch, \
+    max_gathers_in_flight and activation_checkpointing, and validation's every_steps and \
+    max_batches";
 
 /// Resolved fields `--nproc` sets (one node of N ranks, in place of the spec's resources):
 /// when it ran either job they follow the world size, which is named with the flag.
@@ -75,12 +75,13 @@ const SET_BY_NPROC: &[&str] = &["slurm.nodes", "slurm.ntasks_per_node"];
 
 /// Every field that differs between `was` and `now`, in the spec's order of sections.
 pub fn between(was: &ResolvedJob, now: &ResolvedJob) -> Vec<FieldChange> {
+    let total_batch = now.train.batch.total_batch_size;
     let nproc = match (was.nproc, now.nproc) {
         (_, Some(n)) => Some(format!("--nproc {n}")),
         (Some(n), None) => Some(format!("was --nproc {n}")),
         (None, None) => None,
     };
-    differences(
+    let mut changes: Vec<FieldChange> = differences(
         &serde_json::to_value(was).unwrap_or_default(),
         &serde_json::to_value(now).unwrap_or_default(),
     )
@@ -93,11 +94,29 @@ pub fn between(was: &ResolvedJob, now: &ResolvedJob) -> Vec<FieldChange> {
         by: nproc
             .clone()
             .filter(|_| path == "train.batch.world_size")
-            .or_else(|| default_changed(&path, &was, &now)),
+            .or_else(|| default_changed(&path, &was, &now))
+            .or_else(|| {
+                // It follows from the world size and micro-batch, never from the spec.
+                (path == "train.batch.grad_accum_steps")
+                    .then(|| format!("the total batch stays {total_batch}"))
+            }),
         was,
         now,
     })
-    .collect()
+    .collect();
+    // Accumulation follows the world size and micro-batch: named after them.
+    if let Some(at) = changes
+        .iter()
+        .position(|c| c.field == "gradient accumulation")
+    {
+        let accumulation = changes.remove(at);
+        let after = changes
+            .iter()
+            .rposition(|c| c.field == "world size" || c.field == "training.batch_size_per_device")
+            .map_or(at, |i| i + 1);
+        changes.insert(after.min(changes.len()), accumulation);
+    }
+    changes
 }
 
 /// What to say of a change that a new default makes to a spec that does not set the value:
@@ -115,6 +134,7 @@ fn default_changed(path: &str, was: &Value, now: &Value) -> Option<String> {
 fn spec_name(path: &str) -> String {
     let renamed = [
         ("train.batch.world_size", "world size"),
+        ("train.batch.grad_accum_steps", "gradient accumulation"),
         ("train.batch.total_batch_size", "training.total_batch_size"),
         (
             "train.batch.batch_size_per_device",
@@ -217,7 +237,7 @@ mod tests {
     }
 
     #[test]
-    fn longer_training_and_another_world_are_safe_and_named_as_in_the_spec() {
+    fn longer_training_another_world_and_strategy_are_safe_and_named_as_in_the_spec() {
         let changes = between(
             &job(&[], None),
             &job(
@@ -225,6 +245,7 @@ mod tests {
                     "training.steps=400",
                     "training.log_every=10",
                     "resources.time=\"01:00:00\"",
+                    "training.fsdp.strategy=SHARD_GRAD_OP",
                 ],
                 Some(1),
             ),
@@ -235,6 +256,8 @@ mod tests {
             vec![
                 "resources.time: 00:10:00 → 01:00:00",
                 "world size: 2 → 1 (--nproc 1)",
+                "gradient accumulation: 1 → 2 (the total batch stays 16)",
+                "training.fsdp.strategy: FULL_SHARD → SHARD_GRAD_OP",
                 "training.log_every: 1 → 10",
                 "training.steps: 200 → 400",
             ]
@@ -256,12 +279,18 @@ mod tests {
         // The spec's 2 ranks on one node, then --nproc: its ranks per node are the flag's.
         assert_eq!(
             named(&job(&[], None), &job(&[], Some(4))),
-            ["world size: 2 → 4 (--nproc 4)"]
+            [
+                "world size: 2 → 4 (--nproc 4)",
+                "gradient accumulation: 2 → 1 (the total batch stays 16)"
+            ]
         );
         assert_eq!(named(&job(&[], None), &job(&[], Some(2))), [""; 0]);
         assert_eq!(
             named(&job(&[], Some(4)), &job(&[], None)),
-            ["world size: 4 → 2 (was --nproc 4)"]
+            [
+                "world size: 4 → 2 (was --nproc 4)",
+                "gradient accumulation: 1 → 2 (the total batch stays 16)"
+            ]
         );
         // Two nodes of 2 in the spec, 4 ranks here: the same world size, nothing to say.
         assert_eq!(
@@ -274,7 +303,11 @@ mod tests {
         // Without --nproc, resources the spec changes are named as the spec names them.
         assert_eq!(
             named(&job(&[], None), &job(&["resources.tasks_per_node=4"], None)),
-            ["resources.tasks_per_node: 2 → 4", "world size: 2 → 4"]
+            [
+                "resources.tasks_per_node: 2 → 4",
+                "world size: 2 → 4",
+                "gradient accumulation: 2 → 1 (the total batch stays 16)"
+            ]
         );
     }
 
@@ -287,7 +320,7 @@ mod tests {
                     "training.optimizer.lr=0.002",
                     "training.model.dim=128",
                     "training.total_batch_size=32",
-                    "training.fsdp.strategy=NO_SHARD",
+                    "training.fsdp.mixed_precision.param_dtype=bf16",
                 ],
                 None,
             ),
@@ -301,7 +334,8 @@ mod tests {
             unsafe_fields,
             vec![
                 "training.total_batch_size",
-                "training.fsdp.strategy",
+                "training.fsdp.mixed_precision.param_dtype",
+                "training.fsdp.mixed_precision.reduce_dtype",
                 "training.model.dim",
                 "training.optimizer.lr"
             ]

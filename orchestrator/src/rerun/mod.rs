@@ -117,9 +117,15 @@ impl std::fmt::Display for LrChange {
         write!(
             f,
             "the {decay} LR schedule is re-shaped to {} steps: step {} trains at LR {now}, {direction} \
-             from {was} on the {}-step schedule",
-            self.steps_now, self.step, self.steps_was
-        )
+             from ",
+            self.steps_now, self.step
+        )?;
+        // A finished run's schedule has no next step: compare with where it ended.
+        if self.step > self.steps_was {
+            write!(f, "the {was} the {}-step schedule ended at", self.steps_was)
+        } else {
+            write!(f, "{was} on the {}-step schedule", self.steps_was)
+        }
     }
 }
 
@@ -312,10 +318,11 @@ pub enum RerunError {
     },
     #[error("{path} finished {done} steps but has no checkpoint to continue from to step {asked}\n  fix: add --force to start over with {asked} steps")]
     NothingToContinue { path: String, done: u64, asked: u64 },
-    #[error("{path}: no checkpoint of this run loads ({count} of them; the newest, {}: {why}), and resuming would start over at step 1\n  fix: restore that checkpoint's files from a copy and run the same command again, or {over}", newest.display())]
+    #[error("{path}: no checkpoint of this run loads ({names}; the newest, {}: {why}), and resuming would start over at step 1\n  fix: restore that checkpoint's files from a copy and run the same command again, or {over}", newest.display())]
     NoCheckpointLoads {
         path: String,
-        count: usize,
+        /// Every one, by its folder's name (`step-20, step-10`).
+        names: String,
         newest: PathBuf,
         why: String,
         /// How to start over: `--force` deletes checkpoints in the run directory only.
@@ -579,7 +586,7 @@ pub fn decide(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunError> {
     if checkpoint.is_none() && resumes {
         // Checkpoints that all fail to load are not a run to start over silently: the ranks
         // would refuse them too, after the job waited in the queue.
-        if let Some((count, newest, why)) = damaged_checkpoints(&run, &target.train) {
+        if let Some((names, newest, why)) = damaged_checkpoints(&run, &target.train) {
             let over = match newest.parent().filter(|root| !root.starts_with(run.path())) {
                 Some(root) => format!(
                     "move {} aside (outside the run directory, --force leaves it) and start \
@@ -590,7 +597,7 @@ pub fn decide(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunError> {
             };
             return Err(RerunError::NoCheckpointLoads {
                 path: shown,
-                count,
+                names,
                 newest,
                 why,
                 over,
@@ -678,16 +685,16 @@ pub fn newest_checkpoint(run: &RunDir, train: &TrainConfig) -> Option<Checkpoint
     })
 }
 
-/// When the run has committed checkpoints but none that loads: how many, the newest one and
-/// why it does not.
-fn damaged_checkpoints(run: &RunDir, train: &TrainConfig) -> Option<(usize, PathBuf, String)> {
+/// When the run has committed checkpoints but none that loads: their names, the newest one
+/// and why it does not.
+fn damaged_checkpoints(run: &RunDir, train: &TrainConfig) -> Option<(String, PathBuf, String)> {
     let root = train.checkpoint.root(Some(run.path()))?;
     let found = find_latest(&root, Verify::Structure).ok()?;
     if found.checkpoint.is_some() {
         return None;
     }
     let (newest, why) = found.skipped.first()?;
-    Some((found.skipped.len(), newest.clone(), why.to_string()))
+    Some((found.skipped_names(), newest.clone(), why.to_string()))
 }
 
 /// The steps a run has trained, as its checkpoints and metrics show: the later of its
@@ -1060,7 +1067,15 @@ mod tests {
                 .unwrap()
                 .to_string()
         };
-        assert_ne!(number("trains at LR "), number("up from "), "{text}");
+        assert_ne!(number("trains at LR "), number("up from the "), "{text}");
+        // The 3000-step schedule has no step 3001: its last LR is what the new one leaves.
+        assert!(
+            text.ends_with(&format!(
+                "up from the {} the 3000-step schedule ended at",
+                number("up from the ")
+            )),
+            "{text}"
+        );
     }
 
     #[test]
@@ -1172,8 +1187,8 @@ mod tests {
             let err = prepare(run.path(), new_run(&longer, &BTreeMap::new())).unwrap_err();
             let text = err.to_string();
             assert!(
-                matches!(err, RerunError::NoCheckpointLoads { count: 2, .. })
-                    && text.contains("the newest, ")
+                matches!(err, RerunError::NoCheckpointLoads { .. })
+                    && text.contains("loads (step-20, step-10; the newest, ")
                     && text.contains("step-20: ")
                     && text.contains("restore that checkpoint's files from a copy"),
                 "{state:?}: {text}"
