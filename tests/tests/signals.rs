@@ -304,3 +304,34 @@ fn sigterm_to_rank_1_alone_stops_every_rank_and_names_it() {
 fn sigint_to_rank_0_alone_stops_every_rank_and_names_it() {
     signal_to_one_rank_cancels_the_job(libc::SIGINT, "SIGINT", 0);
 }
+
+/// Ctrl-Z on `shardrun run` (SIGTSTP, or SIGSTOP) stops the controller alone: the ranks
+/// train on, and their heartbeats wait in its sockets. Longer than the heartbeat timeout,
+/// then `fg`: the controller reads them, and the job goes on.
+#[test]
+fn a_controller_stopped_longer_than_the_heartbeat_timeout_fails_no_rank() {
+    let dir = TestDir::new("controller-paused");
+    let spec = dir.write("paused.yaml", &tiny_mlp_spec("paused", 30, 2));
+    let envs = [
+        ("SHARDRUN_WORKER_BIN", simrank()),
+        ("SIMRANK_STEP_MS", "200".to_string()),
+    ];
+    let args = ["--nproc", "2", "--heartbeat-timeout", "2"];
+    let (mut job, run) = spawn_local_run(&dir, &spec, &args, &envs, |cmd| {
+        cmd.stdout(std::process::Stdio::piped());
+    });
+    wait_for("both ranks' first step", Duration::from_secs(30), || {
+        (metric_steps(&run, 0).len() == 1 && metric_steps(&run, 1).len() == 1).then_some(())
+    })
+    .unwrap();
+    let pid = job.child.id() as i32;
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    // The stop itself is what is tested: three heartbeat timeouts.
+    std::thread::sleep(Duration::from_secs(6));
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let (status, stdout) = finish(&mut job, &run, Duration::from_secs(60));
+    assert!(status.success(), "{stdout}");
+    assert!(!stdout.contains("stopped sending heartbeats"), "{stdout}");
+    assert_eq!(result_json(&run)["status"], "succeeded");
+    assert_eq!(metric_steps(&run, 0).last(), Some(&30));
+}

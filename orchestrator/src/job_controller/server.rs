@@ -186,6 +186,10 @@ pub async fn serve(
     }
 }
 
+/// How much later than its deadline a heartbeat wait may end before the controller takes
+/// it that it was not running itself (stopped, or starved of CPU) rather than the rank silent.
+const PAUSE_TOLERANCE: Duration = Duration::from_secs(2);
+
 /// What every connection's reader judges its rank's heartbeats by, and shares with the
 /// others.
 #[derive(Clone)]
@@ -237,8 +241,15 @@ async fn read_worker(
                 }
             }
         } else {
+            let waiting = std::time::Instant::now();
             match tokio::time::timeout(heartbeat_timeout, rx.recv()).await {
                 Ok(next) => next,
+                Err(_) if waiting.elapsed() > heartbeat_timeout + PAUSE_TOLERANCE => {
+                    // Woken long past the deadline: this process was stopped (Ctrl-Z,
+                    // SIGSTOP) while the rank's heartbeats queued in its socket, and the
+                    // timer fired before they were seen. Judge the rank from now on.
+                    continue;
+                }
                 Err(_) => {
                     // Keep reading afterwards: the rank may still say why it hung.
                     heartbeat_reported = true;
