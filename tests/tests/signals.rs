@@ -64,10 +64,21 @@ fn sigusr2_preempts_every_rank_at_a_step_boundary() {
 
 /// Ranks in a step longer than anyone would wait (simulated: 60 s per step).
 fn start_slow_job(dir: &TestDir, name: &str, args: &[&str]) -> (GroupChild, std::path::PathBuf) {
-    let spec = dir.write("slow.yaml", &tiny_mlp_spec(name, 100, 2));
+    start_simulated_job(dir, name, 100, 60_000, args)
+}
+
+/// Two simulated ranks of `steps` steps of `step_ms` each, once both logged their first.
+fn start_simulated_job(
+    dir: &TestDir,
+    name: &str,
+    steps: u64,
+    step_ms: u64,
+    args: &[&str],
+) -> (GroupChild, std::path::PathBuf) {
+    let spec = dir.write("simulated.yaml", &tiny_mlp_spec(name, steps, 2));
     let envs = [
         ("SHARDRUN_WORKER_BIN", simrank()),
-        ("SIMRANK_STEP_MS", "60000".to_string()),
+        ("SIMRANK_STEP_MS", step_ms.to_string()),
     ];
     let mut all = vec!["--nproc", "2"];
     all.extend_from_slice(args);
@@ -311,19 +322,8 @@ fn sigint_to_rank_0_alone_stops_every_rank_and_names_it() {
 #[test]
 fn a_controller_stopped_longer_than_the_heartbeat_timeout_fails_no_rank() {
     let dir = TestDir::new("controller-paused");
-    let spec = dir.write("paused.yaml", &tiny_mlp_spec("paused", 30, 2));
-    let envs = [
-        ("SHARDRUN_WORKER_BIN", simrank()),
-        ("SIMRANK_STEP_MS", "200".to_string()),
-    ];
-    let args = ["--nproc", "2", "--heartbeat-timeout", "2"];
-    let (mut job, run) = spawn_local_run(&dir, &spec, &args, &envs, |cmd| {
-        cmd.stdout(std::process::Stdio::piped());
-    });
-    wait_for("both ranks' first step", Duration::from_secs(30), || {
-        (metric_steps(&run, 0).len() == 1 && metric_steps(&run, 1).len() == 1).then_some(())
-    })
-    .unwrap();
+    let (mut job, run) =
+        start_simulated_job(&dir, "paused", 30, 200, &["--heartbeat-timeout", "2"]);
     let pid = job.child.id() as i32;
     unsafe { libc::kill(pid, libc::SIGSTOP) };
     // The stop itself is what is tested: three heartbeat timeouts.
