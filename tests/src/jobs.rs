@@ -63,6 +63,25 @@ pub fn spawn_local_run(
     (GroupChild::spawn(&mut cmd).unwrap(), run)
 }
 
+/// `steps` steps of `step_ms` each on 2 simulated ranks (the spec `<name>.yaml`), spawned
+/// as [`spawn_local_run`] does, with `args` after `--nproc 2`.
+pub fn spawn_simulated_run(
+    dir: &TestDir,
+    name: &str,
+    steps: u64,
+    step_ms: u64,
+    args: &[&str],
+) -> (GroupChild, PathBuf) {
+    let spec = dir.write(&format!("{name}.yaml"), &tiny_mlp_spec(name, steps, 2));
+    let envs = [
+        ("SHARDRUN_WORKER_BIN", simrank()),
+        ("SIMRANK_STEP_MS", step_ms.to_string()),
+    ];
+    let mut all = vec!["--nproc", "2"];
+    all.extend_from_slice(args);
+    spawn_local_run(dir, &spec, &all, &envs, |_| {})
+}
+
 /// A run that would train for minutes (`long.yaml`: 100,000 steps of 10 ms on 2 simulated
 /// ranks), once both ranks are training. Its stdout is dropped and its stderr piped unless
 /// `adjust`, which gets the command first (its output, its signals), sets them otherwise.

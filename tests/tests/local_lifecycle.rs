@@ -129,6 +129,35 @@ fn a_controller_that_fails_before_its_result_leaves_its_reason_for_status() {
 }
 
 #[test]
+fn a_run_whose_result_cannot_be_written_still_says_how_it_ended_and_why_it_is_not_recorded() {
+    let dir = TestDir::new("result-unwritable");
+    let (mut job, run) = spawn_simulated_run(&dir, "result-unwritable", 20, 100, &[]);
+    wait_for("the first step", DEADLINE, || {
+        (!metric_steps(&run, 0).is_empty()).then_some(())
+    })
+    .unwrap();
+    // What a full disk or a read-only mount does to the last write, without either: a
+    // folder that holds a file cannot be replaced by a rename.
+    std::fs::create_dir_all(run.join("result.json/in-the-way")).unwrap();
+    let status = wait_for_exit(&mut job, &run, DEADLINE);
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut job.child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    // How it ended first, then what is not on disk and what to do.
+    let ended = stderr.find("error: training finished\n").expect(&stderr);
+    let unrecorded = stderr
+        .find("the run's end is not recorded (cannot write ")
+        .expect(&stderr);
+    assert!(ended < unrecorded, "{stderr}");
+    assert!(
+        stderr.contains("fix: free space in (or make writable) "),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("the job controller failed"), "{stderr}");
+    assert_eq!(metric_steps(&run, 0).last(), Some(&20));
+}
+
+#[test]
 fn a_checkpoint_folder_that_cannot_be_made_stops_the_run_before_it_trains() {
     let dir = TestDir::new("checkpoint-folder");
     // A folder the plan cannot tell is wrong: below the run directory's own job.yaml.
@@ -318,14 +347,9 @@ fn force_refuses_to_delete_a_run_its_controller_is_running() {
 #[test]
 fn a_run_piped_into_head_trains_to_the_end_and_other_commands_end_quietly() {
     let dir = TestDir::new("closed-pipe");
-    let spec = dir.write("short.yaml", &tiny_mlp_spec("short", 100, 2));
     // A second of training after the first lines, so most of its output comes after `head`
     // has gone.
-    let envs = [
-        ("SHARDRUN_WORKER_BIN", simrank()),
-        ("SIMRANK_STEP_MS", "10".to_string()),
-    ];
-    let (mut job, run) = spawn_local_run(&dir, &spec, &["--nproc", "2"], &envs, |_| {});
+    let (mut job, run) = spawn_simulated_run(&dir, "short", 100, 10, &[]);
     // `| head -3`: three lines read, then the pipe closed.
     let mut stdout = std::io::BufReader::new(job.child.stdout.take().unwrap());
     for _ in 0..3 {
@@ -342,7 +366,7 @@ fn a_run_piped_into_head_trains_to_the_end_and_other_commands_end_quietly() {
 
     // Each command into a pipe whose reader is gone: no output, no panic, status 0.
     let run_arg = run.display().to_string();
-    let spec_arg = spec.display().to_string();
+    let spec_arg = dir.join("short.yaml").display().to_string();
     let commands: [&[&str]; 9] = [
         &["status", &run_arg],
         &["status", "--json", &run_arg],

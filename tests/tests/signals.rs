@@ -75,14 +75,7 @@ fn start_simulated_job(
     step_ms: u64,
     args: &[&str],
 ) -> (GroupChild, std::path::PathBuf) {
-    let spec = dir.write("simulated.yaml", &tiny_mlp_spec(name, steps, 2));
-    let envs = [
-        ("SHARDRUN_WORKER_BIN", simrank()),
-        ("SIMRANK_STEP_MS", step_ms.to_string()),
-    ];
-    let mut all = vec!["--nproc", "2"];
-    all.extend_from_slice(args);
-    let (job, run) = spawn_local_run(dir, &spec, &all, &envs, |_| {});
+    let (job, run) = spawn_simulated_run(dir, name, steps, step_ms, args);
     wait_for("both ranks' first step", Duration::from_secs(30), || {
         (metric_steps(&run, 0).len() == 1 && metric_steps(&run, 1).len() == 1).then_some(())
     })

@@ -465,7 +465,22 @@ async fn run_async(
         let json = serde_json::to_vec_pretty(&result).unwrap_or_default();
         write_atomic(&paths.result, &json).map_err(file_err("write", &paths.result))
     };
-    write_result(&message, exit_code, requeue.is_some() || slurm_requeued)?;
+    // A run directory that cannot be written (a full disk) loses the record, not the
+    // report: what happened to the ranks is said first, then that it is not on disk.
+    let unrecorded = |e: ControllerError| {
+        format!(
+            "the run's end is not recorded ({e}), so `shardrun status` will say DIED\n  fix: \
+             free space in (or make writable) {}, then {}: it resumes the run from its \
+             newest checkpoint, or finds it finished",
+            paths.run_dir.display(),
+            opts.launch.run_again(&opts.paths.run_dir)
+        )
+    };
+    if let Err(e) = write_result(&message, exit_code, requeue.is_some() || slurm_requeued) {
+        let why = unrecorded(e);
+        error = Some(format!("{}\n{why}", error.as_ref().unwrap_or(&message)));
+        exit_code = exit_code.max(1);
+    }
     if let Some(resume) = failure_resume {
         // result.json keeps the cause; the run's state (`shardrun status`) says how to go on.
         message = format!("{message}; {resume}");
@@ -496,8 +511,10 @@ async fn run_async(
                 reason: message.clone(),
             })
             .await;
-            write_result(&message, exit_code, false)?;
-            error = Some(message.clone());
+            error = Some(match write_result(&message, exit_code, false) {
+                Ok(()) => message.clone(),
+                Err(e) => format!("{message}\n{}", unrecorded(e)),
+            });
         }
     }
     let _ = records.send(Record::Stop).await;

@@ -38,9 +38,32 @@ impl ExitInfo {
         }
     }
 
+    /// SIGBUS (or srun's 128 + SIGBUS): what touching a mapped page past the end of a
+    /// truncated file gives.
+    pub fn is_bus_error(&self) -> bool {
+        match *self {
+            ExitInfo::Signal(sig) => sig == libc::SIGBUS,
+            ExitInfo::Code(code) => code == 128 + libc::SIGBUS,
+        }
+    }
+
     /// The status of a worker that stopped on request (not a failure, if it said so).
     pub fn is_stop_status(&self) -> bool {
         matches!(*self, ExitInfo::Code(code) if shardrun_protocol::messages::is_stop_status(code))
+    }
+}
+
+/// "died with signal 7 (SIGBUS)", and what such a death most likely means where it is not
+/// the signal's name alone.
+fn died_with(exit: &ExitInfo) -> String {
+    if exit.is_bus_error() {
+        format!(
+            "died with {exit}: a file it had mapped shrank or went away under it (the data \
+             cache's token files, a checkpoint or model folder being read), or the disk \
+             behind it failed"
+        )
+    } else {
+        format!("died with {exit}")
     }
 }
 
@@ -145,7 +168,7 @@ impl Failure {
         };
         let what = match &self.cause {
             FailureCause::Exited => match &self.exit {
-                Some(exit) => format!("died with {exit}"),
+                Some(exit) => died_with(exit),
                 None => "died".to_string(),
             },
             FailureCause::ExitedWithoutFinishing => {
@@ -153,7 +176,7 @@ impl Failure {
             }
             FailureCause::Reported { error } => format!("failed: {error}"),
             FailureCause::ConnectionLost { why } => match &self.exit {
-                Some(exit) => format!("died with {exit} (its connection ended: {why})"),
+                Some(exit) => format!("{} (its connection ended: {why})", died_with(exit)),
                 None => format!("lost its connection to the controller ({why})"),
             },
             FailureCause::HeartbeatLost { same_host, .. } if same_host.is_empty() => {
@@ -333,9 +356,26 @@ mod tests {
             f.describe(),
             "rank 1 on gpu7 (pid 42) died with signal 9 (SIGKILL) (its connection ended: closed)"
         );
-        let json = serde_json::to_value(Outcome::Failed(f)).unwrap();
+        let json = serde_json::to_value(Outcome::Failed(f.clone())).unwrap();
         assert_eq!(json["status"], "failed");
         assert_eq!(json["rank"], 1);
+        // A bus error names the mapped files it comes from, as a signal or as srun reports it.
+        for exit in [
+            ExitInfo::Signal(libc::SIGBUS),
+            ExitInfo::Code(128 + libc::SIGBUS),
+        ] {
+            let bus = Failure {
+                cause: FailureCause::Exited,
+                exit: Some(exit),
+                ..f.clone()
+            };
+            assert!(
+                bus.describe()
+                    .contains(": a file it had mapped shrank or went away under it"),
+                "{}",
+                bus.describe()
+            );
+        }
     }
 
     #[test]
