@@ -89,6 +89,10 @@ fn two_rank_training_writes_logs_metrics_and_plots() {
     );
     let logs = plot(&["logs", &run_arg]);
     assert_eq!(logs, log);
+    // `-n 3`, as tail: the last three lines.
+    let last: Vec<&str> = log.lines().rev().take(3).collect();
+    let tail = plot(&["logs", &run_arg, "-n", "3"]);
+    assert_eq!(tail.lines().rev().collect::<Vec<_>>(), last, "{tail}");
 }
 
 #[test]

@@ -18,6 +18,10 @@ pub struct Args {
     /// Only this rank's log (`logs/rank-N.log`).
     #[arg(long)]
     pub rank: Option<u64>,
+    /// Start with only the last N lines of the log as it is (as `tail -n`); default: all of
+    /// it. A log started anew while followed is printed whole.
+    #[arg(long, short = 'n', value_name = "N")]
+    pub lines: Option<usize>,
     /// With -f (required): stop following once the run has ended, as `shardrun status`
     /// tells it (not queued, running, or requeued after a preemption), after its last lines.
     #[arg(long, requires = "follow")]
@@ -67,6 +71,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     let mut log = FollowedFile::new(path.clone());
     let mut ended: Option<crate::slurm::RunStatus> = None;
     let mut next_look = Instant::now();
+    let mut first_read = true;
     loop {
         match log.read_new(args.follow) {
             Ok(new) => {
@@ -76,7 +81,12 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                         path.display()
                     );
                 }
-                crate::output::write_stdout_bytes(&new.bytes);
+                let bytes = match args.lines {
+                    Some(n) if first_read => last_lines(&new.bytes, n),
+                    _ => &new.bytes[..],
+                };
+                first_read = false;
+                crate::output::write_stdout_bytes(bytes);
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && args.follow => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -128,6 +138,24 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             }
         }
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The last `n` lines of `text` (all of it when it has fewer); a last line without its
+/// newline counts as one.
+fn last_lines(text: &[u8], n: usize) -> &[u8] {
+    let body = text.strip_suffix(b"\n").unwrap_or(text);
+    let start = body
+        .iter()
+        .enumerate()
+        .rev()
+        .filter(|(_, &b)| b == b'\n')
+        .nth(n.saturating_sub(1))
+        .map_or(0, |(i, _)| i + 1);
+    if n == 0 {
+        &text[text.len()..]
+    } else {
+        &text[start..]
     }
 }
 
@@ -244,6 +272,9 @@ fn refuse_a_folder_of_runs(args: &Args) -> anyhow::Result<()> {
     if let Some(rank) = args.rank {
         flags.push_str(&format!(" --rank {rank}"));
     }
+    if let Some(n) = args.lines {
+        flags.push_str(&format!(" -n {n}"));
+    }
     if args.until_done {
         flags.push_str(" --until-done");
     }
@@ -260,6 +291,17 @@ fn refuse_a_folder_of_runs(args: &Args) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_last_lines_are_those_tail_prints() {
+        let text = b"one\ntwo\nthree\n";
+        assert_eq!(last_lines(text, 2), b"two\nthree\n");
+        assert_eq!(last_lines(text, 3), text);
+        assert_eq!(last_lines(text, 10), text);
+        assert_eq!(last_lines(text, 0), b"");
+        assert_eq!(last_lines(b"one\ntwo", 1), b"two");
+        assert_eq!(last_lines(b"", 5), b"");
+    }
 
     #[test]
     fn a_followed_log_replaced_or_cut_is_read_again_from_its_beginning() {
