@@ -3,7 +3,7 @@
 //! [`super::series::clip`]), the frame itself is drawn, and a step axis has whole-step
 //! ticks.
 
-use super::series::{self, clip, Frame, Point};
+use super::series::{self, clip, thin, Frame, Point};
 use anyhow::{bail, Context};
 use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint};
 use plotters::coord::types::RangedCoordf64;
@@ -360,6 +360,8 @@ pub fn draw_panel<DB: DrawingBackend>(
     let mut builder = ChartBuilder::on(area);
     builder
         .margin(8)
+        // Room for half the last x tick's label, centred on the frame's right edge.
+        .margin_right(if text { 24 } else { 8 })
         .x_label_area_size(if text { 32 } else { 0 })
         .y_label_area_size(if text { 64 } else { 0 });
     if text {
@@ -453,9 +455,14 @@ pub fn draw_panel<DB: DrawingBackend>(
         }
     }
 
+    // Long runs have many steps to a pixel column: drawn thinned (see `thin`).
+    let columns = area.dim_in_pixel().0 as usize;
     for curve in &panel.curves {
         let style = curve.color.mix(curve.opacity).stroke_width(curve.width);
-        let parts = clip(&curve.points, &frame);
+        let parts: Vec<Vec<Point>> = clip(&curve.points, &frame)
+            .into_iter()
+            .map(|part| thin(&part, x.lo, x.hi, columns))
+            .collect();
         let (mut lines, singles): (Vec<Vec<Point>>, Vec<Vec<Point>>) =
             parts.into_iter().partition(|p| p.len() > 1);
         if surface.raster && curve.width > 1 {
@@ -564,16 +571,7 @@ mod tests {
     fn a_thick_noisy_curve_stays_in_its_panel_on_a_raster() {
         let (width, height) = (400u32, 400u32);
         let color = RGBColor(44, 160, 44);
-        let mut state = 7u64;
-        let points: Vec<Point> = (1..=3000)
-            .map(|step| {
-                state = state
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                let noise = (state >> 40) as f64 / (1u64 << 24) as f64;
-                (step as f64, 1.0 + 4.0 * noise * noise * noise)
-            })
-            .collect();
+        let points = series::noisy_curve(3000, 7, |noise| 1.0 + 4.0 * noise * noise * noise);
         let panel = Panel {
             title: "gradient norm".into(),
             x: Axis::steps(1.0, 3000.0),

@@ -25,6 +25,50 @@ pub fn ema(points: &[Point], weight: f64) -> Vec<Point> {
     out
 }
 
+/// `points` (finite, in step order) with at most four in each of `columns` columns between
+/// `lo` and `hi`: the first, lowest, highest and last of each column's, in their order. Drawn a
+/// column a pixel, each column's line still spans its lowest to its highest value and joins
+/// the next where it did, and a faint curve stays faint (hundreds of overlapping strokes in
+/// one column blended into a solid band that hid the smoothed curve); 100,000 steps into
+/// 1,000 columns keep at most 4,000 points.
+pub fn thin(points: &[Point], lo: f64, hi: f64, columns: usize) -> Vec<Point> {
+    if hi <= lo || columns == 0 {
+        return points.to_vec();
+    }
+    let column = |x: f64| ((x - lo) / (hi - lo) * columns as f64).floor() as i64;
+    let mut kept = Vec::with_capacity(4 * columns + 4);
+    let mut start = 0;
+    while start < points.len() {
+        let c = column(points[start].0);
+        let end = start
+            + points[start..]
+                .iter()
+                .position(|p| column(p.0) != c)
+                .unwrap_or(points.len() - start);
+        let run = &points[start..end];
+        let (mut low, mut high) = (0, 0);
+        for (i, p) in run.iter().enumerate() {
+            if p.1 < run[low].1 {
+                low = i;
+            }
+            if p.1 > run[high].1 {
+                high = i;
+            }
+        }
+        let mut picks = [0, low, high, run.len() - 1];
+        picks.sort_unstable();
+        let mut last = None;
+        for i in picks {
+            if last != Some(i) {
+                kept.push(run[i]);
+                last = Some(i);
+            }
+        }
+        start = end;
+    }
+    kept
+}
+
 /// The `q` quantile (0..=1) of finite values, nearest rank.
 pub fn quantile(values: &[f64], q: f64) -> Option<f64> {
     let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
@@ -293,9 +337,53 @@ fn clip_segment(a: Point, b: Point, f: &Frame) -> Option<(Point, Point)> {
     Some((at(t0), at(t1)))
 }
 
+/// A curve of `steps` steps whose values are `shape` of uniform noise in [0, 1): the same
+/// noise for the same `seed`.
+#[cfg(test)]
+pub fn noisy_curve(steps: u64, seed: u64, shape: impl Fn(f64) -> f64) -> Vec<Point> {
+    let mut state = seed;
+    (1..=steps)
+        .map(|step| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let noise = (state >> 40) as f64 / (1u64 << 24) as f64;
+            (step as f64, shape(noise))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_thinned_curve_keeps_each_columns_first_lowest_highest_and_last_point() {
+        // 100,000 noisy steps into 500 columns of 200 steps each.
+        let points = noisy_curve(100_000, 11, |noise| noise);
+        let (lo, hi, columns) = (0.5, 100_000.5, 500);
+        let kept = thin(&points, lo, hi, columns);
+        assert!(kept.len() <= 4 * columns, "{} points", kept.len());
+        assert!(kept.windows(2).all(|w| w[0].0 < w[1].0), "in step order");
+        let column = |x: f64| ((x - lo) / (hi - lo) * columns as f64).floor() as usize;
+        for c in 0..columns {
+            let all: Vec<&Point> = points.iter().filter(|p| column(p.0) == c).collect();
+            let ours: Vec<&Point> = kept.iter().filter(|p| column(p.0) == c).collect();
+            let low = |v: &[&Point]| v.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
+            let high = |v: &[&Point]| v.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
+            assert_eq!(ours.first(), all.first(), "column {c}");
+            assert_eq!(ours.last(), all.last(), "column {c}");
+            assert_eq!(
+                (low(&ours), high(&ours)),
+                (low(&all), high(&all)),
+                "column {c}"
+            );
+        }
+        // Few points a column are drawn as they are, however many in all.
+        assert_eq!(thin(&points, lo, hi, 50_000), points);
+        // However short the curve (a piece of one between two cuts at the panel's edge).
+        assert_eq!(thin(&points[..1000], lo, hi, columns).len(), 5 * 4);
+    }
 
     #[test]
     fn ema_is_debiased_and_matches_tensorboard() {
