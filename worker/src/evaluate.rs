@@ -63,7 +63,7 @@ impl Evaluator {
         };
         let mut sequences = documents.validation().map_or(0, |v| v.sequences());
         if let Some(max) = self.max_batches {
-            sequences = sequences.min(max.max(1) * self.total_batch);
+            sequences = sequences.min(max.max(1).saturating_mul(self.total_batch));
         }
         // The total batch is a whole number of rounds (`per_device × world × accumulation`),
         // so a round never reaches past the first `max_batches` batches into real rows.

@@ -111,8 +111,13 @@ fn exit_past_library_destructors(code: i32) -> ! {
     use std::io::Write;
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().flush();
-    // SAFETY: _exit ends the process at once; Rust's own state was dropped by `run`.
-    unsafe { libc::_exit(code) }
+    // SAFETY: fflush(NULL) flushes every C stdio stream (NCCL_DEBUG writes to C's stdout,
+    // fully buffered in a pipe); _exit then ends the process at once. What `run` made is
+    // dropped; the failure reporter kept for panics holds no buffer.
+    unsafe {
+        libc::fflush(std::ptr::null_mut());
+        libc::_exit(code)
+    }
 }
 
 /// Trains; `Ok` with the exit status (0 unless stopped on request).

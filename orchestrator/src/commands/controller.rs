@@ -186,6 +186,9 @@ pub fn supervise(
         job_controller::Outcome::Preempted { .. } if report.exit_code != 0 => RunState::Failed,
         job_controller::Outcome::Preempted { .. } => RunState::Preempted,
     };
+    if let Some(unrecorded) = &report.unrecorded {
+        errln!("warning: {unrecorded}");
+    }
     let message = report.message.clone();
     let _ = run.update_manifest(|m| {
         m.state = state;

@@ -112,6 +112,9 @@ pub struct RunReport {
     /// one (a failure: the message, the failed rank's last lines, where the logs are). The
     /// controller wrote it to train.log only, so that it is printed once.
     pub error: Option<String>,
+    /// Why the run's end is not in its run directory (`result.json` could not be written),
+    /// and what to do: said on stderr after the report, whatever the outcome.
+    pub unrecorded: Option<String>,
 }
 
 /// `result.json`.
@@ -389,9 +392,19 @@ async fn run_async(
                     requeue = done < opts.max_requeues,
                     "preempted: requeue decision"
                 );
-                if done < opts.max_requeues {
+                let counted = (done < opts.max_requeues).then(|| {
                     write_atomic(&paths.requeue_count, format!("{}\n", done + 1).as_bytes())
-                        .map_err(file_err("write", &paths.requeue_count))?;
+                        .map_err(file_err("write", &paths.requeue_count))
+                });
+                if let Some(Err(e)) = counted {
+                    // Requeued uncounted, a job could come back forever.
+                    exit_code = 1;
+                    message = format!(
+                        "{message}; its job is not requeued, as the requeue cannot be counted \
+                         ({e}): {} to resume from its last checkpoint",
+                        opts.launch.run_again(&opts.paths.run_dir)
+                    );
+                } else if counted.is_some() {
                     let preempted_message = message.clone();
                     message = format!(
                         "{message}; requeueing Slurm job {job_id} ({} of {} requeues), which \
@@ -466,21 +479,18 @@ async fn run_async(
         write_atomic(&paths.result, &json).map_err(file_err("write", &paths.result))
     };
     // A run directory that cannot be written (a full disk) loses the record, not the
-    // report: what happened to the ranks is said first, then that it is not on disk.
-    let unrecorded = |e: ControllerError| {
+    // report: what happened to the ranks is said as ever, then that it is not on disk.
+    let unrecorded_because = |e: ControllerError| {
         format!(
-            "the run's end is not recorded ({e}), so `shardrun status` will say DIED\n  fix: \
-             free space in (or make writable) {}, then {}: it resumes the run from its \
-             newest checkpoint, or finds it finished",
+            "the run's end is not recorded ({e})\n  fix: free space in (or make writable) {}, \
+             then {}: it resumes the run from its newest checkpoint, or finds it finished",
             paths.run_dir.display(),
             opts.launch.run_again(&opts.paths.run_dir)
         )
     };
-    if let Err(e) = write_result(&message, exit_code, requeue.is_some() || slurm_requeued) {
-        let why = unrecorded(e);
-        error = Some(format!("{}\n{why}", error.as_ref().unwrap_or(&message)));
-        exit_code = exit_code.max(1);
-    }
+    let mut unrecorded = write_result(&message, exit_code, requeue.is_some() || slurm_requeued)
+        .err()
+        .map(unrecorded_because);
     if let Some(resume) = failure_resume {
         // result.json keeps the cause; the run's state (`shardrun status`) says how to go on.
         message = format!("{message}; {resume}");
@@ -493,12 +503,12 @@ async fn run_async(
         let _ = flushed.await;
         if let Err(why) = requeue_slurm_job(&job_id) {
             // Still here: the job was not requeued, and the run's files must say so. The
-            // requeue it did not get is not counted against the job's allowance.
-            write_atomic(
+            // requeue it did not get is not counted against the job's allowance (where the
+            // count can be written back: else it counts, and the result says why below).
+            let _ = write_atomic(
                 &paths.requeue_count,
                 format!("{requeues_before}\n").as_bytes(),
-            )
-            .map_err(file_err("write", &paths.requeue_count))?;
+            );
             exit_code = 1;
             message = format!(
                 "{preempted_message}; `scontrol requeue {job_id}` {why}, so the job was not \
@@ -511,10 +521,10 @@ async fn run_async(
                 reason: message.clone(),
             })
             .await;
-            error = Some(match write_result(&message, exit_code, false) {
-                Ok(()) => message.clone(),
-                Err(e) => format!("{message}\n{}", unrecorded(e)),
-            });
+            error = Some(message.clone());
+            unrecorded = write_result(&message, exit_code, false)
+                .err()
+                .map(unrecorded_because);
         }
     }
     let _ = records.send(Record::Stop).await;
@@ -523,6 +533,7 @@ async fn run_async(
     Ok(RunReport {
         outcome,
         exit_code,
+        unrecorded,
         message,
         error,
     })

@@ -222,6 +222,7 @@ async fn read_worker(
         let _ = events.send(ServerEvent::Job(e));
     };
     let mut heartbeat_reported = false;
+    let mut paused_since_last_message = false;
     let mut started = false;
     let mut progress = RankProgress::default();
     // A message read while collecting a batch of log lines, handled next.
@@ -243,11 +244,19 @@ async fn read_worker(
         } else {
             let waiting = std::time::Instant::now();
             match tokio::time::timeout(heartbeat_timeout, rx.recv()).await {
-                Ok(next) => next,
-                Err(_) if waiting.elapsed() > heartbeat_timeout + PAUSE_TOLERANCE => {
+                Ok(next) => {
+                    paused_since_last_message = false;
+                    next
+                }
+                Err(_)
+                    if !paused_since_last_message
+                        && waiting.elapsed() > heartbeat_timeout + PAUSE_TOLERANCE =>
+                {
                     // Woken long past the deadline: this process was stopped (Ctrl-Z,
                     // SIGSTOP) while the rank's heartbeats queued in its socket, and the
-                    // timer fired before they were seen. Judge the rank from now on.
+                    // timer fired before they were seen. Judge the rank from now on, once:
+                    // a controller late every time (starved) still finds a silent rank.
+                    paused_since_last_message = true;
                     continue;
                 }
                 Err(_) => {

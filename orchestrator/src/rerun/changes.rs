@@ -76,6 +76,7 @@ const SET_BY_NPROC: &[&str] = &["slurm.nodes", "slurm.ntasks_per_node"];
 /// Every field that differs between `was` and `now`, in the spec's order of sections.
 pub fn between(was: &ResolvedJob, now: &ResolvedJob) -> Vec<FieldChange> {
     let total_batch = now.train.batch.total_batch_size;
+    let total_stays = was.train.batch.total_batch_size == total_batch;
     let nproc = match (was.nproc, now.nproc) {
         (_, Some(n)) => Some(format!("--nproc {n}")),
         (Some(n), None) => Some(format!("was --nproc {n}")),
@@ -96,23 +97,29 @@ pub fn between(was: &ResolvedJob, now: &ResolvedJob) -> Vec<FieldChange> {
             .filter(|_| path == "train.batch.world_size")
             .or_else(|| default_changed(&path, &was, &now))
             .or_else(|| {
-                // It follows from the world size and micro-batch, never from the spec.
-                (path == "train.batch.grad_accum_steps")
+                // It follows from the world size and micro-batch, never from the spec (or
+                // from a new total batch, named on its own line).
+                (path == "train.batch.grad_accum_steps" && total_stays)
                     .then(|| format!("the total batch stays {total_batch}"))
             }),
         was,
         now,
     })
     .collect();
-    // Accumulation follows the world size and micro-batch: named after them.
+    // Accumulation follows the world size, micro-batch and total batch: named after them.
     if let Some(at) = changes
         .iter()
         .position(|c| c.field == "gradient accumulation")
     {
         let accumulation = changes.remove(at);
+        let causes = [
+            "world size",
+            "training.batch_size_per_device",
+            "training.total_batch_size",
+        ];
         let after = changes
             .iter()
-            .rposition(|c| c.field == "world size" || c.field == "training.batch_size_per_device")
+            .rposition(|c| causes.contains(&c.field.as_str()))
             .map_or(at, |i| i + 1);
         changes.insert(after.min(changes.len()), accumulation);
     }
@@ -330,6 +337,13 @@ mod tests {
             .filter(|c| !c.safe)
             .map(|c| c.field.as_str())
             .collect();
+        // A new total batch changes the accumulation too: not said to stay.
+        assert!(
+            changes
+                .iter()
+                .any(|c| c.to_string() == "gradient accumulation: 1 → 2"),
+            "{changes:?}"
+        );
         assert_eq!(
             unsafe_fields,
             vec![
