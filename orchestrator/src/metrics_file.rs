@@ -44,9 +44,39 @@ pub struct ResumeMark {
 pub struct RunMetrics {
     pub steps: Vec<StepRecord>,
     pub evals: Vec<EvalRecord>,
+    /// Whole lines (1-based) that are not records: the file was damaged, and the figures
+    /// leave them out.
+    pub unreadable_lines: Vec<usize>,
+    /// The last line, when it has no end and is not a record: being written while the run
+    /// goes on, cut short (a crash, a full disk) once it has ended.
+    pub partial_last_line: Option<usize>,
 }
 
 impl RunMetrics {
+    /// What is wrong with the file, for a warning (`None`: nothing). `still_written`: the
+    /// run may be appending to it, so a partial last line is the one being written.
+    pub fn damage(&self, still_written: bool) -> Option<String> {
+        let mut said = Vec::new();
+        if let Some((first, rest)) = self.unreadable_lines.split_first() {
+            said.push(match rest.len() {
+                0 => format!("line {first} is not a metrics record"),
+                n => format!(
+                    "{} lines are not metrics records (the first: line {first})",
+                    n + 1
+                ),
+            });
+        }
+        if let Some(line) = self.partial_last_line.filter(|_| !still_written) {
+            said.push(format!("its last line ({line}) is cut short"));
+        }
+        (!said.is_empty()).then(|| {
+            format!(
+                "{}: left out of the figures (was the file cut short or edited?)",
+                said.join(", and ")
+            )
+        })
+    }
+
     pub fn last(&self) -> Option<&StepRecord> {
         self.steps.last()
     }
@@ -80,8 +110,9 @@ enum Line {
 /// them again: the later attempt's records replace the earlier ones from the step it resumed
 /// at. Its resume mark drops the earlier attempt's step and evaluation records after the
 /// checkpoint at once, so an evaluation of discarded weights is not shown beside the new
-/// attempt's steps; an attempt that restored nothing drops them when it logs a step again. A line that does not parse (the last one, while it is being written) is
-/// skipped.
+/// attempt's steps; an attempt that restored nothing drops them when it logs a step again. A line that does not parse is
+/// skipped, and counted ([`RunMetrics::damage`]) unless it is the last one, without its end
+/// (being written).
 pub fn read(path: &Path) -> Result<RunMetrics, MetricsFileError> {
     let text = std::fs::read_to_string(path).map_err(|source| MetricsFileError::Read {
         path: path.display().to_string(),
@@ -90,7 +121,10 @@ pub fn read(path: &Path) -> Result<RunMetrics, MetricsFileError> {
     let mut per_rank: BTreeMap<u64, Vec<StepMetrics>> = BTreeMap::new();
     let mut steps = Vec::new();
     let mut evals = Vec::new();
-    for line in text.lines() {
+    let mut unreadable_lines = Vec::new();
+    let mut partial_last_line = None;
+    let lines = text.lines().count();
+    for (at, line) in text.lines().enumerate() {
         match serde_json::from_str::<Line>(line) {
             Ok(Line::Resume(mark)) => {
                 let kept = |step: u64| step <= mark.resumed_at_step;
@@ -116,7 +150,9 @@ pub fn read(path: &Path) -> Result<RunMetrics, MetricsFileError> {
                 later_wins(per_rank.entry(record.rank).or_default(), record, |r| r.step)
             }
             Ok(Line::Eval(record)) => later_wins(&mut evals, record, |r| r.step),
-            Err(_) => {}
+            Err(_) if at + 1 == lines && !text.ends_with('\n') => partial_last_line = Some(at + 1),
+            Err(_) if line.trim().is_empty() => {}
+            Err(_) => unreadable_lines.push(at + 1),
         }
     }
     if !per_rank.is_empty() {
@@ -135,7 +171,12 @@ pub fn read(path: &Path) -> Result<RunMetrics, MetricsFileError> {
         }
         steps = folded;
     }
-    Ok(RunMetrics { steps, evals })
+    Ok(RunMetrics {
+        steps,
+        evals,
+        unreadable_lines,
+        partial_last_line,
+    })
 }
 
 /// Appends `record`, first dropping the kept records from its step on (a replayed step).
@@ -190,7 +231,7 @@ mod tests {
                 record(5, 2.3, f64::NAN, None),
                 record(6, f64::NAN, f64::NAN, None),
             ],
-            evals: Vec::new(),
+            ..RunMetrics::default()
         };
         let at: Vec<_> = (1..=7).map(|step| metrics.diverged_at(step)).collect();
         assert_eq!(at, [None, Some(2), None, None, Some(5), Some(5), Some(5)]);
@@ -248,6 +289,44 @@ mod tests {
             "{:?}",
             got.evals
         );
+        // The line being written is no damage while the run goes on; once it has ended,
+        // it was cut short.
+        assert_eq!(got.partial_last_line, Some(5));
+        assert_eq!(got.damage(true), None);
+        assert!(
+            got.damage(false)
+                .is_some_and(|d| d.starts_with("its last line (5) is cut short")),
+            "{:?}",
+            got.damage(false)
+        );
+    }
+
+    #[test]
+    fn whole_lines_that_are_not_records_are_named_as_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        let text = format!(
+            "{}\n{{\"step\":2,\"lo\n{}\n\n{}\n",
+            step_line(1, 9.0),
+            step_line(3, 7.0),
+            step_line(4, 6.0)
+        );
+        std::fs::write(&path, text).unwrap();
+        let got = read(&path).unwrap();
+        assert_eq!(step_losses(&got), vec![(1, 9.0), (3, 7.0), (4, 6.0)]);
+        // A blank line is no record and no damage either.
+        assert_eq!(
+            (got.unreadable_lines.clone(), got.partial_last_line),
+            (vec![2], None)
+        );
+        assert!(
+            got.damage(true)
+                .is_some_and(|d| d.starts_with("line 2 is not a metrics record")),
+            "{:?}",
+            got.damage(true)
+        );
+        std::fs::write(&path, format!("{}\n", step_line(1, 9.0))).unwrap();
+        assert_eq!(read(&path).unwrap().damage(false), None);
     }
 
     #[test]

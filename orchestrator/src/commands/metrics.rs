@@ -208,6 +208,10 @@ fn summarise(run: &RunDir, current: &mut CurrentPoints) -> RunMetricsSummary {
         (None, None) => "not started".into(),
     };
     let metrics = metrics_file::read(&run.metrics()).unwrap_or_default();
+    let still_written = matches!(status.as_str(), "running" | "queued");
+    if let Some(damage) = metrics.damage(still_written) {
+        errln!("warning: {}: {damage}", run.metrics().display());
+    }
     RunMetricsSummary {
         name: name_of(run),
         run_dir: run.path().to_path_buf(),

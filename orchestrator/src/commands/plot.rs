@@ -64,6 +64,12 @@ fn plot_run(args: &Args) -> anyhow::Result<()> {
         );
     }
     let metrics = metrics_file::read(&metrics_path)?;
+    let still_written = crate::rundir::RunDir::open(&args.run)
+        .and_then(|run| run.read_manifest())
+        .map_or(true, |m| !m.state.is_terminal());
+    if let Some(damage) = metrics.damage(still_written) {
+        errln!("warning: {}: {damage}", metrics_path.display());
+    }
     if metrics.steps.is_empty() {
         bail!(
             "{} has no metrics records yet; try again after the first step",
