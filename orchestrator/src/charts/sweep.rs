@@ -43,6 +43,9 @@ fn point_label(params: &ParamColumns, point: &PointRecords) -> String {
     }
 }
 
+/// Points named in one line at most; the rest are counted.
+const NAMED_AT_MOST: usize = 8;
+
 /// Legend entries at most; the rest are summed up in one.
 const MAX_LEGEND: usize = 12;
 const OVERLAY_HEIGHT: u32 = 520;
@@ -62,6 +65,26 @@ impl SweepFigure {
     /// `lr=1e-3, seed=1` ([`ParamColumns::label`]), or the run's name where nothing varies.
     pub fn label(&self, point: &PointRecords) -> String {
         point_label(&self.params(), point)
+    }
+
+    /// The points that logged no step, finished or not, named as the legend names them:
+    /// the first [`NAMED_AT_MOST`], then how many more.
+    pub fn without_steps(&self, finished: bool) -> Option<String> {
+        let labels: Vec<String> = self
+            .points
+            .iter()
+            .filter(|p| p.steps.is_empty() && p.finished == finished)
+            .map(|p| self.label(p))
+            .collect();
+        match labels.len() {
+            0 => None,
+            n if n > NAMED_AT_MOST => Some(format!(
+                "{} and {} more",
+                labels[..NAMED_AT_MOST].join("; "),
+                n - NAMED_AT_MOST
+            )),
+            _ => Some(labels.join("; ")),
+        }
     }
 
     fn transform(&self, v: f64) -> f64 {
@@ -421,6 +444,39 @@ mod tests {
             evals: Vec::new(),
             finished: true,
         }
+    }
+
+    #[test]
+    fn points_without_steps_are_named_by_their_values_and_counted_past_eight() {
+        let waiting = |lr: f64, seed: u64| PointRecords {
+            steps: Vec::new(),
+            finished: false,
+            ..point(lr, seed, 1.0)
+        };
+        let mut points = vec![point(1e-3, 0, 1.0), waiting(1e-4, 0)];
+        let lost = PointRecords {
+            steps: Vec::new(),
+            ..point(1e-5, 0, 1.0)
+        };
+        points.push(lost);
+        let figure = SweepFigure {
+            title: "s".into(),
+            points,
+            smoothing: 0.6,
+            log_loss: false,
+        };
+        assert_eq!(figure.without_steps(false).as_deref(), Some("lr=1e-4"));
+        assert_eq!(figure.without_steps(true).as_deref(), Some("lr=1e-5"));
+        let many = SweepFigure {
+            points: (0..10).map(|seed| waiting(1e-3, seed)).collect(),
+            ..figure
+        };
+        let named = many.without_steps(false).unwrap();
+        assert!(
+            named.starts_with("seed=0; seed=1; ") && named.ends_with("seed=7 and 2 more"),
+            "{named}"
+        );
+        assert_eq!(many.without_steps(true), None);
     }
 
     #[test]

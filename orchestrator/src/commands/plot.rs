@@ -208,11 +208,11 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
     charts::save(&figure, &output)?;
     let swept = figure.swept();
     // A point whose last step diverged has no final loss worth comparing.
-    let diverged: Vec<&str> = figure
+    let diverged: Vec<String> = figure
         .points
         .iter()
         .filter(|p| p.steps.last().is_some_and(|r| r.diverged()))
-        .map(|p| p.name.as_str())
+        .map(|p| figure.label(p))
         .collect();
     let unfinished = figure
         .points
@@ -220,20 +220,23 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
         .filter(|p| !p.finished && !p.steps.is_empty())
         .count();
     outln!(
-        "wrote {} ({} point(s){}{}{})",
+        "wrote {} ({} point(s){}{}{}{})",
         output.display(),
         figure.points.len() - waiting.len(),
-        if waiting.is_empty() {
-            String::new()
-        } else {
-            format!("; not started yet: {}", waiting.join(", "))
-        },
+        figure
+            .without_steps(false)
+            .map(|names| format!("; not started yet: {names}"))
+            .unwrap_or_default(),
+        figure
+            .without_steps(true)
+            .map(|names| format!("; finished, but no steps in their metrics.jsonl: {names}"))
+            .unwrap_or_default(),
         if diverged.is_empty() {
             String::new()
         } else {
             format!(
                 "; diverged (loss or gradients NaN or inf at their last step): {}",
-                diverged.join(", ")
+                diverged.join("; ")
             )
         },
         match swept.len() {
