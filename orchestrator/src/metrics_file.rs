@@ -123,8 +123,8 @@ pub fn read(path: &Path) -> Result<RunMetrics, MetricsFileError> {
     let mut evals = Vec::new();
     let mut unreadable_lines = Vec::new();
     let mut partial_last_line = None;
-    let lines = text.lines().count();
-    for (at, line) in text.lines().enumerate() {
+    let mut lines = text.lines().enumerate().peekable();
+    while let Some((at, line)) = lines.next() {
         match serde_json::from_str::<Line>(line) {
             Ok(Line::Resume(mark)) => {
                 let kept = |step: u64| step <= mark.resumed_at_step;
@@ -150,7 +150,9 @@ pub fn read(path: &Path) -> Result<RunMetrics, MetricsFileError> {
                 later_wins(per_rank.entry(record.rank).or_default(), record, |r| r.step)
             }
             Ok(Line::Eval(record)) => later_wins(&mut evals, record, |r| r.step),
-            Err(_) if at + 1 == lines && !text.ends_with('\n') => partial_last_line = Some(at + 1),
+            Err(_) if lines.peek().is_none() && !text.ends_with('\n') => {
+                partial_last_line = Some(at + 1)
+            }
             Err(_) if line.trim().is_empty() => {}
             Err(_) => unreadable_lines.push(at + 1),
         }

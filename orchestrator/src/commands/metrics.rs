@@ -6,7 +6,7 @@ use crate::events_file;
 use crate::exit::{ExitCode, EXIT_NO_RUN};
 use crate::job_controller::console::group_thousands;
 use crate::metrics_file::{self, EvalRecord};
-use crate::rundir::{RunDir, RunState};
+use crate::rundir::{Manifest, RunDir, RunState};
 use crate::slurm::died;
 use crate::step_record::StepRecord;
 use crate::stragglers::{self, StragglerReport};
@@ -162,13 +162,13 @@ pub fn summaries(runs: &[RunDir]) -> Vec<RunMetricsSummary> {
         .collect()
 }
 
-fn summarise(run: &RunDir, current: &mut CurrentPoints) -> RunMetricsSummary {
-    let manifest = run.read_manifest().ok();
+/// The run's state as the table says it (`succeeded`, `running`, `queued`, `died`, ...):
+/// its manifest, with its controller's result and whether it still holds the run.
+fn status_of(run: &RunDir, manifest: Option<&Manifest>) -> String {
     // The run's end as the manifest has it: the controller's, or later news of the run (a
     // requeued job cancelled before it ran again ends `cancelled`, whatever its last attempt's
     // result.json says).
     let ended = manifest
-        .as_ref()
         .map(|m| m.state)
         .filter(|state| state.is_terminal())
         .map(|state| match state {
@@ -187,26 +187,33 @@ fn summarise(run: &RunDir, current: &mut CurrentPoints) -> RunMetricsSummary {
         .is_some_and(|v| v["requeued"].as_bool() == Some(true))
         && ended == Some("preempted");
     let result = verdict.and_then(|v| v["status"].as_str().map(str::to_string));
-    let status = match (result, ended) {
+    match (result, ended) {
         _ if requeued => "queued".into(),
         (Some(result), Some(ended)) if result != ended => ended.into(),
         (Some(result), _) => result,
         // A run that ended before its controller could write result.json (its data could
         // not be prepared, say) has its end in the manifest.
         (None, Some(ended)) => ended.into(),
-        (None, None) if manifest.as_ref().is_some_and(|m| died(run, m).is_some()) => "died".into(),
+        (None, None) if manifest.is_some_and(|m| died(run, m).is_some()) => "died".into(),
         // Submitted and not started yet (its controller writes RUNNING when it starts): what
         // an earlier attempt logged is no sign of running.
-        (None, None)
-            if manifest
-                .as_ref()
-                .is_some_and(|m| m.state == RunState::Submitted) =>
-        {
-            "queued".into()
-        }
+        (None, None) if manifest.is_some_and(|m| m.state == RunState::Submitted) => "queued".into(),
         (None, None) if run.train_log().exists() => "running".into(),
         (None, None) => "not started".into(),
-    };
+    }
+}
+
+/// Whether the run may still append to its metrics (a partial last line is being written).
+pub fn still_logging(run: &RunDir) -> bool {
+    matches!(
+        status_of(run, run.read_manifest().ok().as_ref()).as_str(),
+        "running" | "queued"
+    )
+}
+
+fn summarise(run: &RunDir, current: &mut CurrentPoints) -> RunMetricsSummary {
+    let manifest = run.read_manifest().ok();
+    let status = status_of(run, manifest.as_ref());
     let metrics = metrics_file::read(&run.metrics()).unwrap_or_default();
     let still_written = matches!(status.as_str(), "running" | "queued");
     if let Some(damage) = metrics.damage(still_written) {

@@ -65,8 +65,7 @@ fn plot_run(args: &Args) -> anyhow::Result<()> {
     }
     let metrics = metrics_file::read(&metrics_path)?;
     let still_written = crate::rundir::RunDir::open(&args.run)
-        .and_then(|run| run.read_manifest())
-        .map_or(true, |m| !m.state.is_terminal());
+        .map_or(true, |run| super::metrics::still_logging(&run));
     if let Some(damage) = metrics.damage(still_written) {
         errln!("warning: {}: {damage}", metrics_path.display());
     }

@@ -31,19 +31,19 @@ impl ExitInfo {
     /// Killed by SIGTERM or SIGUSR2, the signals Slurm gives notice with; srun reports its
     /// tasks so killed as 128 + the signal.
     pub fn is_notice_signal(&self) -> bool {
-        let notices = [libc::SIGTERM, libc::SIGUSR2];
-        match *self {
-            ExitInfo::Signal(sig) => notices.contains(&sig),
-            ExitInfo::Code(code) => notices.iter().any(|sig| code == 128 + sig),
-        }
+        self.killed_by(libc::SIGTERM) || self.killed_by(libc::SIGUSR2)
     }
 
-    /// SIGBUS (or srun's 128 + SIGBUS): what touching a mapped page past the end of a
-    /// truncated file gives.
+    /// SIGBUS: what touching a mapped page past the end of a truncated file gives.
     pub fn is_bus_error(&self) -> bool {
+        self.killed_by(libc::SIGBUS)
+    }
+
+    /// Killed by `signal`, as the kernel says it or as srun reports it (128 + the signal).
+    fn killed_by(&self, signal: i32) -> bool {
         match *self {
-            ExitInfo::Signal(sig) => sig == libc::SIGBUS,
-            ExitInfo::Code(code) => code == 128 + libc::SIGBUS,
+            ExitInfo::Signal(sig) => sig == signal,
+            ExitInfo::Code(code) => code == 128 + signal,
         }
     }
 
