@@ -1,6 +1,7 @@
 //! A local run (`shardrun run`) as the machine around it treats it: its controller killed
 //! outright, its terminal closed, its output piped into `head`, stopped from another shell
-//! with `shardrun cancel`; and the other commands printing into a pipe nobody reads.
+//! with `shardrun cancel`, its run directory no longer taking its logs; and the other
+//! commands printing into a pipe nobody reads.
 //!
 //! Needs the binaries built: `cargo build --release -p shardrun -p shardrun-worker`.
 
@@ -161,6 +162,106 @@ fn a_run_whose_result_cannot_be_written_still_says_how_it_ended_and_why_it_is_no
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(status_runs(&stdout)[0]["state"], "COMPLETED", "{stdout}");
     assert_eq!(metric_steps(&run, 0).last(), Some(&20));
+}
+
+#[test]
+fn a_run_whose_logs_stop_being_written_checkpoints_and_stops_and_the_same_command_resumes_it() {
+    let dir = TestDir::new("logs-unwritable");
+    let spec = dir.write(
+        "full.yaml",
+        &format!(
+            "{}  checkpoint: {{ interval_steps: 1000 }}\n",
+            tiny_mlp_spec("logs-unwritable", 3000, 2)
+        ),
+    );
+    // No file of the job (the controller's or the ranks') may grow past 40 KiB: metrics.jsonl
+    // stops taking records after about a hundred steps, while the tiny model's checkpoint
+    // still fits.
+    let (mut cmd, run) = local_run_command(&dir, &spec, &["--nproc", "2"], &[]);
+    let out = run_with_files_capped(&mut cmd, 40 * 1024);
+    let (stdout, stderr) = (stdout_of(&out), stderr_of(&out));
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stdout.contains(
+            "cannot write the run directory's logs (File too large (os error 27); is the disk \
+             full?): the ranks checkpoint at their next step boundary and stop"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(
+            "error: job failed: the job stopped: its run directory cannot be written (File too \
+             large (os error 27))"
+        ),
+        "{stderr}"
+    );
+    let saved = std::fs::read_to_string(run.join("checkpoints/latest")).expect(&stderr);
+    let step: u64 = saved.trim().trim_start_matches("step-").parse().unwrap();
+    assert!((1..1000).contains(&step), "{saved}");
+    assert!(
+        stderr.contains(&format!(
+            "the run stopped after step {step}; its newest checkpoint is step {step}"
+        )),
+        "{stderr}"
+    );
+
+    // With room again the same command resumes from that checkpoint, to the end.
+    let (out, _) = run_local(&dir, &spec, &["--nproc", "2"], &[], DEADLINE);
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        stdout.contains(&format!("from its checkpoint of step {step}")),
+        "{stdout}"
+    );
+    assert_eq!(metric_steps(&run, 0).last(), Some(&3000));
+}
+
+#[test]
+fn a_save_cut_short_for_space_is_removed_when_the_job_ends() {
+    let dir = TestDir::new("save-cut-short");
+    // 25,000 parameters: each rank's shard is larger than the files may grow.
+    let spec = dir.write(
+        "wide.yaml",
+        &format!(
+            "{}  checkpoint: {{ interval_steps: 4 }}\n",
+            tiny_mlp_spec("save-cut-short", 8, 2).replace("hidden_dim: 32", "hidden_dim: 768")
+        ),
+    );
+    let (mut cmd, run) = local_run_command(&dir, &spec, &["--nproc", "2"], &[]);
+    let out = run_with_files_capped(&mut cmd, 40 * 1024);
+    let (stdout, stderr) = (stdout_of(&out), stderr_of(&out));
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("File too large (os error 27)"), "{stderr}");
+    let partial = run.join("checkpoints/step-4.partial");
+    assert!(
+        stdout.contains(&format!(
+            "removed {}, left by a save that did not finish",
+            partial.display()
+        )),
+        "{stdout}"
+    );
+    assert!(!partial.exists());
+}
+
+/// Runs `cmd` to its end with no file it (or a process it starts) writes allowed past
+/// `bytes`: what a disk filling up does, without filling one. Writes past it fail with
+/// EFBIG ("File too large") instead of a signal.
+fn run_with_files_capped(cmd: &mut Command, bytes: u64) -> std::process::Output {
+    // SAFETY: async-signal-safe calls only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let limit = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: bytes,
+            };
+            match libc::setrlimit(libc::RLIMIT_FSIZE, &limit) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        });
+    }
+    run_with_deadline(cmd, DEADLINE).expect("the run ended in time")
 }
 
 #[test]

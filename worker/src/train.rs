@@ -96,8 +96,9 @@ pub enum SaveReason {
     Interval,
     /// A preemption or time-limit notice (or a SIGTERM from Slurm not known to be a cancel).
     Preempt,
-    /// A cancel under Slurm, whose kill follows its SIGTERM.
-    Cancel,
+    /// The controller asks for one before a stop: a cancel under Slurm (whose kill follows
+    /// its SIGTERM), a run directory that cannot be written.
+    Stop,
     Final,
 }
 
@@ -108,7 +109,7 @@ impl SaveReason {
         match self {
             SaveReason::Interval => "interval",
             SaveReason::Preempt => "preemption",
-            SaveReason::Cancel => "cancel",
+            SaveReason::Stop => "stop",
             SaveReason::Final => "final",
         }
     }
@@ -452,7 +453,7 @@ impl Trainer {
                     let switch = stop::process();
                     let (by, reason) =
                         match (switch.asked_after_checkpoint(), switch.preempt_signal()) {
-                            (Some(cause), _) => (cause.to_string(), SaveReason::Cancel),
+                            (Some(cause), _) => (cause.to_string(), SaveReason::Stop),
                             (None, Some(signal)) => (
                                 format!(
                                     "{} from Slurm (a preemption, a cancel or the job's end)",
@@ -843,7 +844,7 @@ impl Trainer {
         reason: SaveReason,
     ) -> Result<(), TrainError> {
         let Some(hook) = hook.as_mut() else {
-            if matches!(reason, SaveReason::Preempt | SaveReason::Cancel) {
+            if matches!(reason, SaveReason::Preempt | SaveReason::Stop) {
                 self.log(
                     LogLevel::Warn,
                     "no checkpoint directory configured: stopping without a checkpoint",

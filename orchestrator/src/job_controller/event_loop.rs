@@ -230,8 +230,15 @@ async fn run_async(
         world_size,
     };
     let console = Console::new(config.steps, opts.progress_bar);
-    let (records, writer) = writer::spawn(&files, console, opts.echo)
+    let writer::Writer {
+        records,
+        thread: writer,
+        failed: run_dir_failed,
+    } = writer::spawn(&files, console, opts.echo)
         .map_err(file_err("open the logs in", &paths.run_dir))?;
+    // A run that resumes stops with a checkpoint when its records cannot be written; one
+    // that would start over (`checkpoint.resume: false`) trains on, unrecorded, to its end.
+    let run_dir_failed = config.checkpoint.resume.then_some(run_dir_failed);
     let log = ControllerLog(&records);
     log.say(format!(
         "job {:?}: {world_size} rank(s), config {config_hash}, controller at {addr}, run directory {}",
@@ -273,16 +280,31 @@ async fn run_async(
             world_size,
             config_hash: &config_hash,
             records: &records,
+            run_dir_failed,
         };
         ranks.launch_and_watch(signals).await
     };
     let outcome = requeued_by_slurm(outcome, slurm_job_id.is_some()).await;
 
     let mut last_lines = Vec::new();
-    let checkpoint = config
-        .checkpoint
-        .root(Some(&paths.run_dir))
-        .and_then(|root| newest_checkpoint(&root));
+    let checkpoint_root = config.checkpoint.root(Some(&paths.run_dir));
+    if let (false, Some(root)) = (matches!(outcome, Outcome::Succeeded), &checkpoint_root) {
+        // Every rank has exited: a save cut short (a full disk, a kill) is nobody's to
+        // finish, and its space is better given back now than at the next start.
+        match shardrun_checkpoint::clean_stale(root) {
+            Ok(removed) => {
+                for path in removed {
+                    log.say(format!(
+                        "removed {}, left by a save that did not finish",
+                        path.display()
+                    ))
+                    .await;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "could not remove unfinished saves"),
+        }
+    }
+    let checkpoint = checkpoint_root.and_then(|root| newest_checkpoint(&root));
     // Heartbeats come about once a second, steps faster: a rank that went silent may have
     // completed steps since its last one, and a checkpoint every rank committed says so.
     let steps_done = steps_done.max(checkpoint.as_ref().map(|c| c.step));
@@ -548,6 +570,8 @@ struct Ranks<'a> {
     world_size: u64,
     config_hash: &'a str,
     records: &'a mpsc::Sender<Record>,
+    /// The run directory's first failed write, when the job stops for one.
+    run_dir_failed: Option<tokio::sync::oneshot::Receiver<String>>,
 }
 
 impl Ranks<'_> {
@@ -566,6 +590,7 @@ impl Ranks<'_> {
             world_size,
             config_hash,
             records,
+            mut run_dir_failed,
         } = self;
         let paths = &opts.paths;
         let log = ControllerLog(records);
@@ -725,6 +750,15 @@ impl Ranks<'_> {
                 biased;
                 Some(ev) = events.recv() => ev,
                 Some((proc, exit)) = exits.recv() => ServerEvent::Job(Event::ProcessExited { proc, exit }),
+                why = async { run_dir_failed.as_mut().expect("guarded").await },
+                    if run_dir_failed.is_some() =>
+                {
+                    run_dir_failed = None;
+                    match why {
+                        Ok(why) => ServerEvent::Job(Event::RunDirectoryUnwritable { why }),
+                        Err(_) => continue 'job,
+                    }
+                }
             };
             match event {
                 ServerEvent::Connected {

@@ -94,6 +94,10 @@ pub enum Event {
     },
     /// SIGUSR2: preemption or time limit ahead.
     Preempt(Notice),
+    /// The run directory stopped taking the job's records (`why`: the write's error).
+    RunDirectoryUnwritable {
+        why: String,
+    },
     /// The controller itself started signalling the workers (after the shutdown grace).
     Escalated,
     /// `waited_secs` after the ranks were asked to stop ([`Action::WatchStopping`]); `lag`:
@@ -208,8 +212,11 @@ pub struct JobMachine {
     notice_received: bool,
     /// The first signal that cancels the job the controller itself received.
     cancel_received: Option<StopSignal>,
-    /// The job is cancelled under Slurm: the ranks were asked to checkpoint, then stop.
+    /// The job is cancelled under Slurm, or its run directory cannot be written: the ranks
+    /// were asked to checkpoint, then stop.
     checkpoint_then_stop: bool,
+    /// Why the run directory cannot be written, once the ranks were stopped for it.
+    run_dir_unwritable: Option<String>,
     stop_requested: bool,
     escalated: bool,
     /// [`Action::WatchStopping`] was asked for (once is enough).
@@ -235,6 +242,7 @@ impl JobMachine {
             notice_received: false,
             cancel_received: None,
             checkpoint_then_stop: false,
+            run_dir_unwritable: None,
             stop_requested: false,
             escalated: false,
             watching_stop: false,
@@ -543,7 +551,13 @@ impl JobMachine {
             }
             Event::Preempt(notice) => {
                 self.notice_received = true;
-                if self.preempting.is_none() && self.failure.is_none() && self.cancelled.is_none() {
+                // Ranks checkpointing to stop already (a run directory that cannot be
+                // written) save the same checkpoint for the notice.
+                let taken = self.preempting.is_some()
+                    || self.failure.is_some()
+                    || self.cancelled.is_some()
+                    || self.checkpoint_then_stop;
+                if !taken {
                     self.preempting = Some(notice);
                     out.push(Action::Say(format!(
                         "{}: the workers checkpoint at the next step boundary and exit",
@@ -561,9 +575,51 @@ impl JobMachine {
                     }
                 }
             }
+            Event::RunDirectoryUnwritable { why } => self.on_run_dir_unwritable(why, &mut out),
         }
         self.check_done(&mut out);
         out
+    }
+
+    /// Training on with nothing recorded would lose every step from here (and the run's
+    /// end): the ranks checkpoint at their next step boundary and stop, and the job fails
+    /// saying why. A stop already under way (a failure, a cancel, a notice) goes on as it is.
+    fn on_run_dir_unwritable(&mut self, why: String, out: &mut Vec<Action>) {
+        let stopping = self.failure.is_some()
+            || self.cancelled.is_some()
+            || self.preempting.is_some()
+            || self.checkpoint_then_stop
+            || self.stop_requested;
+        if stopping || self.run_dir_unwritable.is_some() {
+            return;
+        }
+        match self.phase {
+            // Nothing trained yet: nothing to save.
+            Phase::Rendezvous => {
+                self.fail(
+                    Failure::job(FailureCause::RunDirectoryUnwritable { why }),
+                    out,
+                );
+            }
+            Phase::Running => {
+                out.push(Action::Say(format!(
+                    "cannot write the run directory's logs ({why}; is the disk full?): the \
+                     ranks checkpoint at their next step boundary and stop, so that no step \
+                     goes unrecorded"
+                )));
+                self.run_dir_unwritable = Some(why);
+                self.checkpoint_then_stop = true;
+                self.tell_ranks_still_going(
+                    ToWorker::CheckpointAndStop {
+                        reason: "the run directory cannot be written".into(),
+                    },
+                    out,
+                );
+                out.push(Action::StopAtStepBoundary);
+                self.watch_stopping(out);
+            }
+            Phase::Stopping | Phase::Done => {}
+        }
     }
 
     /// One line for each rank that is killed rather than stopped, saying so: `line` words it
@@ -1076,6 +1132,8 @@ impl JobMachine {
                 by: CancelledBy::Signal(signal),
                 step,
             }
+        } else if let Some(why) = self.run_dir_unwritable.take().filter(|_| !completed) {
+            Outcome::Failed(Failure::job(FailureCause::RunDirectoryUnwritable { why }))
         } else if all_ended && !stopped.is_empty() {
             let by = stopped
                 .iter()

@@ -120,6 +120,11 @@ pub enum FailureCause {
     Launch {
         problem: String,
     },
+    /// The run directory stopped taking the job's logs and metrics (a full disk, a quota):
+    /// the ranks were asked to checkpoint and stop rather than train on unrecorded.
+    RunDirectoryUnwritable {
+        why: String,
+    },
     /// Heartbeats kept coming but the rank stayed at `step` for `secs` seconds.
     Stalled {
         step: u64,
@@ -232,6 +237,10 @@ impl Failure {
                 format!("could not be started: {problem}")
             }
             FailureCause::Launch { problem } => format!("could not start its ranks: {problem}"),
+            FailureCause::RunDirectoryUnwritable { why } => format!(
+                "stopped: its run directory cannot be written ({why}), and steps it cannot \
+                 record would be lost; the ranks were asked to checkpoint first"
+            ),
             FailureCause::Stalled { step, secs, others } => {
                 let others = if others.is_empty() {
                     String::new()

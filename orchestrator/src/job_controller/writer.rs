@@ -105,19 +105,30 @@ pub struct WriterFiles {
     pub world_size: u64,
 }
 
-pub fn spawn(
-    files: &WriterFiles,
-    mut console: Console,
-    echo: Echo,
-) -> std::io::Result<(mpsc::Sender<Record>, std::thread::JoinHandle<()>)> {
+/// The writer thread, as [`spawn`] starts it.
+pub struct Writer {
+    pub records: mpsc::Sender<Record>,
+    pub thread: std::thread::JoinHandle<()>,
+    /// The error of the first write that failed (`"No space left on device (os error 28)"`):
+    /// the job cannot go on recorded.
+    pub failed: oneshot::Receiver<String>,
+}
+
+pub fn spawn(files: &WriterFiles, mut console: Console, echo: Echo) -> std::io::Result<Writer> {
     let mut book = LogBook::open(&files.train_log, &files.logs_dir)?;
     let mut metrics = MetricsLog::open(&files.metrics, &files.logs_dir, files.world_size)?;
     let mut events = EventsLog::open(&files.events)?;
+    let run_dir = files
+        .train_log
+        .parent()
+        .unwrap_or(std::path::Path::new("."))
+        .to_path_buf();
     let (tx, mut rx) = mpsc::channel::<Record>(QUEUE_CAPACITY);
-    let handle = std::thread::Builder::new()
+    let (failed_tx, failed) = oneshot::channel();
+    let thread = std::thread::Builder::new()
         .name("run-dir-writer".into())
         .spawn(move || {
-            let mut failed_once = false;
+            let mut on_failure = Some(failed_tx);
             while let Some(first) = rx.blocking_recv() {
                 let mut next = Some(first);
                 let mut result = Ok(());
@@ -145,11 +156,14 @@ pub fn spawn(
                     .and_then(|()| metrics.flush())
                     .and_then(|()| events.flush());
                 if let Err(e) = result.and(flushed) {
-                    if !failed_once {
-                        failed_once = true;
+                    // Said once: by the job's controller, with what it does about it, while
+                    // it listens; else here.
+                    if let Some(Err(_)) = on_failure.take().map(|tell| tell.send(e.to_string())) {
                         console.line(&format!(
-                        "shardrun: cannot write the run directory's logs ({e}); is the disk full?"
-                    ));
+                            "shardrun: cannot write the run directory's logs in {} ({e}); is \
+                             the disk full?",
+                            run_dir.display()
+                        ));
                     }
                 }
                 if stop {
@@ -158,7 +172,11 @@ pub fn spawn(
             }
             console.finish();
         })?;
-    Ok((tx, handle))
+    Ok(Writer {
+        records: tx,
+        thread,
+        failed,
+    })
 }
 
 /// The files the writer thread holds open.
@@ -286,8 +304,10 @@ fn write(
             events.record(event)?
         }
         Record::Controller(text) => {
-            book.controller_line(&text)?;
+            // Shown even when the log cannot take it (a full disk: the line may say so).
+            let written = book.controller_line(&text);
             console.line(&format!("shardrun: {text}"));
+            written?;
         }
         Record::ControllerToLog(text) => book.controller_line(&text)?,
         Record::Recent { rank, reply } => {

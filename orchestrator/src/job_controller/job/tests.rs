@@ -1559,3 +1559,112 @@ fn a_rank_ended_by_scancels_sigterm_is_a_cancel_once_the_controller_gets_its_own
         "{actions:?}"
     );
 }
+
+#[test]
+fn a_run_directory_that_cannot_be_written_stops_the_ranks_with_a_checkpoint_and_fails_the_job() {
+    let mut s = running();
+    let actions = s.handle(Event::RunDirectoryUnwritable {
+        why: "No space left on device (os error 28)".into(),
+    });
+    assert!(
+        matches!(&actions[0], Action::Say(line) if line.contains("No space left on device")
+            && line.contains("the ranks checkpoint at their next step boundary and stop")),
+        "{actions:?}"
+    );
+    for conn in [10, 11] {
+        assert!(
+            actions.contains(&Action::Send {
+                conn,
+                msg: ToWorker::CheckpointAndStop {
+                    reason: "the run directory cannot be written".into()
+                }
+            }),
+            "{actions:?}"
+        );
+    }
+    assert!(actions.contains(&Action::StopAtStepBoundary), "{actions:?}");
+    assert!(actions.contains(&Action::WatchStopping), "{actions:?}");
+    // Said and asked once; a notice meanwhile finds the checkpoint under way.
+    assert!(s
+        .handle(Event::RunDirectoryUnwritable {
+            why: "again".into()
+        })
+        .is_empty());
+    assert!(s.handle(Event::Preempt(Notice::TimeLimit)).is_empty());
+
+    for (conn, proc) in [(10, 0), (11, 1)] {
+        s.handle(Event::Stopped {
+            conn,
+            step: 57,
+            reason: StopReason::Controller {
+                reason: "the run directory cannot be written".into(),
+            },
+        });
+        s.handle(Event::ProcessExited {
+            proc,
+            exit: ExitInfo::Code(shardrun_protocol::messages::EXIT_STOPPED),
+        });
+    }
+    let failed = failure(&close_both(&mut s)).expect("the job fails");
+    assert_eq!(failed.rank, None);
+    assert_eq!(
+        failed.cause,
+        FailureCause::RunDirectoryUnwritable {
+            why: "No space left on device (os error 28)".into()
+        }
+    );
+    assert!(
+        failed
+            .describe()
+            .starts_with("the job stopped: its run directory cannot be written (No space"),
+        "{}",
+        failed.describe()
+    );
+}
+
+#[test]
+fn a_run_directory_that_cannot_be_written_changes_no_stop_under_way_and_no_finished_run() {
+    let full = || Event::RunDirectoryUnwritable {
+        why: "No space left on device (os error 28)".into(),
+    };
+    // Before the ranks start, nothing has trained to be saved: the job fails at once.
+    let mut s = JobMachine::new(2, "abc");
+    s.handle(Event::Launched {
+        procs: vec![(0, Some(0)), (1, Some(1))],
+    });
+    let actions = s.handle(full());
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Say(line)
+            if line.starts_with("the job stopped: its run directory cannot be written"))),
+        "{actions:?}"
+    );
+    assert!(
+        actions.contains(&Action::StopProcesses { force: false }),
+        "{actions:?}"
+    );
+
+    // A cancel, a notice or a failure already stops the ranks their own way.
+    for first in [
+        Event::Cancel {
+            signal: StopSignal::Interrupt,
+        },
+        Event::Preempt(Notice::Preemption),
+        Event::WorkerFailed {
+            conn: 10,
+            error: "boom".into(),
+            lag: None,
+            because_of: None,
+        },
+    ] {
+        let mut s = running();
+        s.handle(first.clone());
+        assert!(s.handle(full()).is_empty(), "after {first:?}");
+    }
+
+    // Ranks that finished their last step before the request: the run is complete.
+    let mut s = running();
+    s.handle(full());
+    finish_rank(&mut s, 10, 0, false);
+    let actions = finish_rank(&mut s, 11, 1, false);
+    assert_eq!(actions, vec![Action::Finish(Outcome::Succeeded)]);
+}
