@@ -51,6 +51,12 @@
 {%- endfor %}
 
 set -eo pipefail
+{#- Where this attempt's lines begin in the error file, which a requeued job appends to. #}
+{%- if points_file.is_some() %}
+echo "{{ attempt_start }}${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID} on $(hostname), attempt $((${SLURM_RESTART_COUNT:-0} + 1))" >&2
+{%- else %}
+echo "{{ attempt_start }}${SLURM_JOB_ID} on $(hostname), attempt $((${SLURM_RESTART_COUNT:-0} + 1))" >&2
+{%- endif %}
 {% if let Some(points) = points_file %}
 # Array task N runs the run directory on line N+1 of the points file.
 SHARDRUN_RUN_DIR="$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {{ points }})"

@@ -31,10 +31,16 @@ pub enum RenderError {
     Template(#[from] askama::Error),
 }
 
+/// The start of the line each attempt of a job writes first to its error file (`shardrun:
+/// start of job 41 on node7, attempt 2`). A requeued job appends to the same file: what
+/// came after the last such line is the last attempt's.
+pub const ATTEMPT_START: &str = "shardrun: start of job ";
+
 #[derive(Template)]
 #[template(path = "sbatch.sh", escape = "none")]
 struct SbatchTemplate<'a> {
     version: &'a str,
+    attempt_start: &'a str,
     name: &'a str,
     s: &'a SlurmResources,
     preemption: &'a PreemptionPlan,
@@ -87,6 +93,7 @@ pub fn render_sbatch(
     };
     let template = SbatchTemplate {
         version: env!("CARGO_PKG_VERSION"),
+        attempt_start: ATTEMPT_START,
         name: &job.name,
         s: &job.slurm,
         preemption: &job.preemption,

@@ -75,6 +75,22 @@ fn usr2_checkpoints_requeues_and_resumes_with_uninterrupted_losses() {
 
     let log = requeued_and_finished(&run);
     assert_resumed_with_uninterrupted_losses(&run, &log, reference);
+    // Both attempts append to one error file, each from a line of its own (`shardrun status`
+    // reads a dead controller's last words after the last one).
+    let err = std::fs::read_to_string(run.join(format!("resume-{job_id}.err"))).unwrap();
+    let host = hostname();
+    let starts: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("shardrun: start of job "))
+        .collect();
+    assert_eq!(
+        starts,
+        [
+            format!("shardrun: start of job {job_id} on {host}, attempt 1"),
+            format!("shardrun: start of job {job_id} on {host}, attempt 2"),
+        ],
+        "{err}"
+    );
 }
 
 #[test]

@@ -135,7 +135,10 @@ fn print_json<T: Serialize>(runs: &[T]) -> anyhow::Result<()> {
 /// Run directories at `path` (itself, or those below it), or the error scripts can tell
 /// from a failure ([`EXIT_NO_RUN`]).
 pub fn find_runs(path: &Path) -> anyhow::Result<Vec<RunDir>> {
-    let runs = crate::slurm::find_runs(path);
+    let (runs, unreadable) = crate::slurm::find_runs_and_unreadable(path);
+    for folder in &unreadable {
+        errln!("warning: {}", crate::slurm::unreadable_warning(folder));
+    }
     if runs.is_empty() {
         return Err(anyhow::Error::new(ExitCode(EXIT_NO_RUN)).context(format!(
             "no run directories at {} (a run directory holds manifest.json)\n  fix: pass a run \

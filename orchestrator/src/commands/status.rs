@@ -76,7 +76,10 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     };
     let mut runs = Vec::new();
     for path in &paths {
-        let found = slurm::find_runs(path);
+        let (found, unreadable) = slurm::find_runs_and_unreadable(path);
+        for folder in &unreadable {
+            errln!("warning: {}", slurm::unreadable_warning(folder));
+        }
         if found.is_empty() {
             return Err(anyhow::Error::new(ExitCode(EXIT_NO_RUN)).context(format!("no run directories at {}\n  fix: pass a run directory or run root, or create a run with `shardrun submit job.yaml`", path.display())));
         }

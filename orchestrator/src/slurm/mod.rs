@@ -17,7 +17,10 @@ pub use parse::{
     parse_commented_jobs, parse_sacct, parse_sbatch_parsable, parse_scontrol, parse_squeue,
     CommentedJob,
 };
-pub use runs::{died, find_runs, refresh, refresh_or_recorded, RunStatus, RunsError};
+pub use runs::{
+    died, find_runs, find_runs_and_unreadable, refresh, refresh_or_recorded, unreadable_warning,
+    RunStatus, RunsError,
+};
 pub use state::{JobRecord, JobState};
 
 use std::path::PathBuf;

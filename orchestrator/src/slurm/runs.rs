@@ -42,8 +42,14 @@ pub enum RunsError {
 /// the resolved job too: the data cache (by default in the run root) keeps a
 /// `manifest.json` of its own.
 pub fn find_runs(path: &Path) -> Vec<RunDir> {
+    find_runs_and_unreadable(path).0
+}
+
+/// [`find_runs`], and the folders on the way this user may not look into (another user's
+/// private runs): said, where a listing would otherwise leave them out without a word.
+pub fn find_runs_and_unreadable(path: &Path) -> (Vec<RunDir>, Vec<PathBuf>) {
     const DEPTH: usize = 3;
-    fn walk(path: &Path, depth: usize, out: &mut Vec<RunDir>) {
+    fn walk(path: &Path, depth: usize, out: &mut Vec<RunDir>, unreadable: &mut Vec<PathBuf>) {
         if let Ok(run) = RunDir::open(path) {
             if depth == DEPTH || run.resolved_json().is_file() {
                 out.push(run);
@@ -53,8 +59,13 @@ pub fn find_runs(path: &Path) -> Vec<RunDir> {
         if depth == 0 {
             return;
         }
-        let Ok(entries) = std::fs::read_dir(path) else {
-            return;
+        let entries = match std::fs::read_dir(path) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                unreadable.push(path.to_path_buf());
+                return;
+            }
+            Err(_) => return,
         };
         let mut children: Vec<_> = entries
             .filter_map(|e| e.ok())
@@ -69,13 +80,32 @@ pub fn find_runs(path: &Path) -> Vec<RunDir> {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             if !name.contains(".tmp-") && !name.contains(".old-") {
-                walk(&child, depth - 1, out);
+                walk(&child, depth - 1, out, unreadable);
             }
         }
     }
     let mut out = Vec::new();
-    walk(path, DEPTH, &mut out);
-    out
+    let mut unreadable = Vec::new();
+    walk(path, DEPTH, &mut out, &mut unreadable);
+    (out, unreadable)
+}
+
+/// The warning for a folder [`find_runs_and_unreadable`] could not look into.
+pub fn unreadable_warning(folder: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let whose = std::fs::metadata(folder)
+        .map(|m| {
+            format!(
+                ", which is {}'s (mode {:o})",
+                crate::rundir::access::user_name(m.uid()),
+                m.mode() & 0o7777
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "this user cannot look into {}{whose}: runs in it, if any, are left out",
+        folder.display()
+    )
 }
 
 fn run_state_of(state: &JobState) -> RunState {
@@ -216,32 +246,49 @@ fn job_file(run: &RunDir, job_id: &str, ext: &str) -> Option<PathBuf> {
     })
 }
 
+/// What a Slurm job's error file says of its last attempt.
+#[derive(Debug, PartialEq)]
+enum ErrorFileEnding {
+    /// The last line it wrote (cut to 300 characters), with the file's words before it.
+    Said(String),
+    /// Nothing, with the file's words.
+    Nothing(String),
+}
+
 /// For a Slurm job that ended before its controller wrote a result: its error file (the
 /// sbatch script's `--error`, named `<job name>-<job id>.err` in the run directory, or in
-/// the sweep's `slurm/` folder for an array task) and its last line, which says why as far
-/// as anything did.
-fn error_file_ending(run: &RunDir, job_id: &str) -> Option<String> {
+/// the sweep's `slurm/` folder for an array task) and the last line its last attempt wrote,
+/// which says why as far as anything did. A requeued job appends to the same file: lines
+/// before the last attempt's start ([`crate::sbatch::ATTEMPT_START`]) are an earlier one's.
+fn error_file_ending(run: &RunDir, job_id: &str) -> Option<ErrorFileEnding> {
     let file = job_file(run, job_id, "err")?;
-    let text = file_tail(&file, 64 * 1024).ok()?;
+    let tail = file_tail(&file, 64 * 1024).ok()?;
+    let text = String::from_utf8_lossy(&tail);
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    let start = lines
+        .iter()
+        .rposition(|l| l.starts_with(crate::sbatch::ATTEMPT_START));
+    let attempt = &lines[start.map_or(0, |i| i + 1)..];
     const SHOWN: usize = 300;
-    let last = String::from_utf8_lossy(&text)
-        .lines()
-        .rev()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .map(|l| match l.char_indices().nth(SHOWN) {
-            Some((cut, _)) => format!("{}...", &l[..cut]),
-            None => l.to_string(),
-        });
-    Some(match last {
-        Some(line) => format!(
-            "the job ended before its controller wrote a result; {} ends: {line}",
+    let last =
+        attempt
+            .iter()
+            .rev()
+            .find(|l| !l.is_empty())
+            .map(|l| match l.char_indices().nth(SHOWN) {
+                Some((cut, _)) => format!("{}...", &l[..cut]),
+                None => l.to_string(),
+            });
+    let ended = "the job ended before its controller wrote a result";
+    Some(match (last, start) {
+        (Some(line), _) => {
+            ErrorFileEnding::Said(format!("{ended}; {} ends: {line}", file.display()))
+        }
+        (None, None) => ErrorFileEnding::Nothing(format!("{ended}; {} is empty", file.display())),
+        (None, Some(_)) => ErrorFileEnding::Nothing(format!(
+            "{ended}; {} has nothing after its last start",
             file.display()
-        ),
-        None => format!(
-            "the job ended before its controller wrote a result; {} is empty",
-            file.display()
-        ),
+        )),
     })
 }
 
@@ -430,9 +477,12 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
                      `shardrun submit` the run again to resume it from its last checkpoint"
                         .to_string()
                 });
-                // After that, an empty error file says nothing more.
-                let ending = error_file_ending(run, id)
-                    .filter(|ending| killed.is_none() || !ending.ends_with(" is empty"));
+                // After that, an error file with nothing of this attempt says nothing more.
+                let ending = error_file_ending(run, id).and_then(|ending| match ending {
+                    ErrorFileEnding::Said(said) => Some(said),
+                    ErrorFileEnding::Nothing(_) if killed.is_some() => None,
+                    ErrorFileEnding::Nothing(nothing) => Some(nothing),
+                });
                 for said in [killed, ending].into_iter().flatten() {
                     detail = if detail.is_empty() {
                         said
@@ -521,6 +571,63 @@ fn with_attempt_before(detail: String, before: Option<&crate::rundir::Ended>) ->
 mod tests {
     use super::*;
 
+    /// Another user's private run (mode 700) is named as a folder this user cannot look
+    /// into, beside the runs it can. Looked at as `nobody`, in a child process: root reads
+    /// everything.
+    #[test]
+    fn a_folder_another_user_keeps_private_is_named_not_left_out_in_silence() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let mode = |path: &Path, mode| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        mode(root.path(), 0o755);
+        for (name, folder_mode) in [("mine", 0o755), ("private", 0o700)] {
+            let run = root.path().join(name);
+            std::fs::create_dir(&run).unwrap();
+            std::fs::write(run.join("manifest.json"), "{}").unwrap();
+            std::fs::write(run.join("resolved.json"), "{}").unwrap();
+            mode(&run, folder_mode);
+        }
+        let path = root.path().to_path_buf();
+        // SAFETY: the child only switches user, walks the folder and exits with what it saw.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let seen = unsafe { libc::setgid(65534) == 0 && libc::setuid(65534) == 0 }
+                .then(|| find_runs_and_unreadable(&path));
+            let code = match seen {
+                Some((runs, unreadable))
+                    if runs.len() == 1
+                        && runs[0].path().ends_with("mine")
+                        && unreadable == [path.join("private")] =>
+                {
+                    0
+                }
+                Some(_) => 1,
+                None => 2,
+            };
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "{status}");
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "1: other runs or folders seen, 2: no setuid"
+        );
+        // Root sees both, and the warning names the owner and mode.
+        assert_eq!(find_runs_and_unreadable(root.path()).0.len(), 2);
+        assert_eq!(
+            unreadable_warning(&root.path().join("private")),
+            format!(
+                "this user cannot look into {}, which is root's (mode 700): runs in it, if any, \
+                 are left out",
+                root.path().join("private").display()
+            )
+        );
+    }
+
     #[test]
     fn a_run_submitted_again_says_how_its_attempt_before_ended_while_it_waits() {
         use crate::rundir::Ended;
@@ -575,10 +682,36 @@ mod tests {
         std::fs::write(&single, "first\nshardrun: it failed\n\n").unwrap();
         assert_eq!(
             error_file_ending(&run, "41").unwrap(),
-            format!(
+            ErrorFileEnding::Said(format!(
                 "the job ended before its controller wrote a result; {} ends: shardrun: it failed",
                 single.display()
-            )
+            ))
+        );
+        // A requeued job appends: only its last attempt's lines are its own.
+        let attempts = "shardrun: start of job 41 on n1, attempt 1\n\
+                        slurmstepd: error: *** JOB 41 CANCELLED DUE TO NODE FAILURE ***\n\
+                        shardrun: start of job 41 on n2, attempt 2\n";
+        std::fs::write(&single, attempts).unwrap();
+        assert_eq!(
+            error_file_ending(&run, "41").unwrap(),
+            ErrorFileEnding::Nothing(format!(
+                "the job ended before its controller wrote a result; {} has nothing after its \
+                 last start",
+                single.display()
+            ))
+        );
+        std::fs::write(
+            &single,
+            format!("{attempts}shardrun: a resources.setup line failed\n"),
+        )
+        .unwrap();
+        assert_eq!(
+            error_file_ending(&run, "41").unwrap(),
+            ErrorFileEnding::Said(format!(
+                "the job ended before its controller wrote a result; {} ends: shardrun: a \
+                 resources.setup line failed",
+                single.display()
+            ))
         );
         // Another job's file is not this one's.
         assert_eq!(error_file_ending(&run, "1"), None);
@@ -588,21 +721,20 @@ mod tests {
             "NCCL INFO debug output\n".repeat(10_000)
         );
         std::fs::write(&single, long).unwrap();
-        assert!(error_file_ending(&run, "41")
-            .unwrap()
-            .ends_with("ends: the last line"));
+        assert!(matches!(error_file_ending(&run, "41").unwrap(),
+            ErrorFileEnding::Said(said) if said.ends_with("ends: the last line")));
 
         let task = sweep.path().join("slurm/sweep-57_3.err");
         std::fs::write(&task, "x".repeat(400)).unwrap();
         let detail = error_file_ending(&run, "57_3").unwrap();
         assert!(
-            detail.ends_with(&format!("{} ends: {}...", task.display(), "x".repeat(300))),
-            "{detail}"
+            matches!(&detail, ErrorFileEnding::Said(said)
+                if said.ends_with(&format!("{} ends: {}...", task.display(), "x".repeat(300)))),
+            "{detail:?}"
         );
         std::fs::write(&task, "").unwrap();
-        assert!(error_file_ending(&run, "57_3")
-            .unwrap()
-            .ends_with("is empty"));
+        assert!(matches!(error_file_ending(&run, "57_3").unwrap(),
+            ErrorFileEnding::Nothing(nothing) if nothing.ends_with("is empty")));
     }
 
     #[test]
