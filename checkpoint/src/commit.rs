@@ -67,7 +67,7 @@ pub enum CommitStage {
 pub struct Committed {
     pub dir: PathBuf,
     pub metadata: CheckpointMetadata,
-    pub pruned: Vec<PathBuf>,
+    pub pruned: Pruned,
 }
 
 pub fn commit(target: &SaveTarget, request: &CommitRequest) -> Result<Committed> {
@@ -110,7 +110,7 @@ pub fn commit_observed(
     let mut committed = Committed {
         dir: partial.clone(),
         metadata,
-        pruned: Vec::new(),
+        pruned: Pruned::default(),
     };
     on_stage(CommitStage::Metadata);
     if last == CommitStage::Metadata {
@@ -157,7 +157,12 @@ pub fn commit_observed(
     }
 
     committed.pruned = prune(&target.root, target.step, keep)?;
-    tracing::debug!(removed = committed.pruned.len(), keep, "checkpoint prune");
+    tracing::debug!(
+        removed = committed.pruned.removed.len(),
+        left = committed.pruned.left.len(),
+        keep,
+        "checkpoint prune"
+    );
     on_stage(CommitStage::Prune);
     Ok(committed)
 }
@@ -264,12 +269,21 @@ fn rename_into_place(target: &SaveTarget) -> Result<PathBuf> {
     Ok(dest)
 }
 
+/// What [`prune`] removed, and what it could not.
+#[derive(Debug, Default)]
+pub struct Pruned {
+    pub removed: Vec<PathBuf>,
+    /// Folders that stay, with why (another user's, a read-only file system): the new
+    /// checkpoint is committed all the same, so these are for a warning, not an error.
+    pub left: Vec<CheckpointError>,
+}
+
 /// Keep the `keep` newest committed checkpoints and always `just_written`; remove older
 /// leftovers of killed saves. Partial folders of later steps are left alone: they may be
 /// another save in progress.
-pub fn prune(root: &Path, just_written: u64, keep: usize) -> Result<Vec<PathBuf>> {
+pub fn prune(root: &Path, just_written: u64, keep: usize) -> Result<Pruned> {
     let mut kept = 0usize;
-    let mut removed = Vec::new();
+    let mut pruned = Pruned::default();
     for (kind, path) in list_entries(root)? {
         let remove = match kind {
             EntryKind::Complete(step) if step == just_written => false,
@@ -281,12 +295,17 @@ pub fn prune(root: &Path, just_written: u64, keep: usize) -> Result<Vec<PathBuf>
             EntryKind::Partial(step) | EntryKind::Replaced(step) => step < just_written,
         };
         if remove {
-            std::fs::remove_dir_all(&path).map_err(CheckpointError::io(&path, "cannot prune"))?;
-            removed.push(path);
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => pruned.removed.push(path),
+                Err(e) => pruned.left.push(CheckpointError::io(
+                    &path,
+                    "cannot remove an older checkpoint",
+                )(e)),
+            }
         }
     }
-    if !removed.is_empty() {
+    if !pruned.removed.is_empty() {
         sync_dir(root)?;
     }
-    Ok(removed)
+    Ok(pruned)
 }

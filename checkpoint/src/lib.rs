@@ -37,7 +37,8 @@ pub mod write;
 
 pub use checkpoint::{Checkpoint, Verify};
 pub use commit::{
-    commit, commit_observed, commit_until, prune, CommitKind, CommitRequest, CommitStage, Committed,
+    commit, commit_observed, commit_until, prune, CommitKind, CommitRequest, CommitStage,
+    Committed, Pruned,
 };
 pub use error::{CheckpointError, Result};
 pub use export::export_full;

@@ -136,10 +136,31 @@ fn keeps_the_newest_k_and_never_the_one_just_written() {
     // its own pruning.
     save_sharded(tmp.path(), 5, 2, &layout, 2);
     assert_eq!(names(tmp.path()), ["latest", "step-40", "step-5"]);
-    assert_eq!(prune(tmp.path(), 40, 1).unwrap().len(), 1);
+    assert_eq!(prune(tmp.path(), 40, 1).unwrap().removed.len(), 1);
     assert_eq!(names(tmp.path()), ["latest", "step-40"]);
     let latest = find_latest(tmp.path(), Verify::Checksums).unwrap();
     assert_eq!(latest.checkpoint.unwrap().step(), 40);
+}
+
+#[test]
+fn an_older_checkpoint_that_cannot_be_removed_is_left_and_said_not_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = layout(2);
+    save_sharded(tmp.path(), 10, 2, &layout, 1);
+    // What removing cannot take away (another user's folder, a read-only mount), as root
+    // sees it: a file where a checkpoint folder is named, which `remove_dir_all` refuses.
+    std::fs::write(tmp.path().join("step-5"), "not a folder").unwrap();
+    let pruned = prune(tmp.path(), 10, 1).unwrap();
+    assert!(pruned.removed.is_empty(), "{pruned:?}");
+    assert_eq!(pruned.left.len(), 1, "{pruned:?}");
+    let said = pruned.left[0].to_string();
+    assert!(
+        said.contains("step-5") && said.contains("cannot remove an older checkpoint"),
+        "{said}"
+    );
+    // The one just committed is the run's all the same.
+    save_sharded(tmp.path(), 20, 2, &layout, 1);
+    assert_eq!(names(tmp.path()), ["latest", "step-20", "step-5"]);
 }
 
 #[test]

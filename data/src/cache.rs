@@ -220,12 +220,9 @@ pub fn open_or_build(
     }
     std::fs::create_dir_all(cache_dir).map_err(DataError::io("create", cache_dir))?;
     let lock_path = cache_dir.join(format!(".{name}.lock"));
-    let lock = File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(DataError::io("create", &lock_path))?;
+    let lock = shardrun_protocol::lock_file::open(&lock_path)
+        .map_err(DataError::io("open", &lock_path))?
+        .file;
     match lock.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {

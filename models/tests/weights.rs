@@ -180,3 +180,40 @@ fn what_a_killed_export_left_is_removed_by_the_next_one() {
     expected.sort();
     assert_eq!(left, expected);
 }
+
+/// Tokenizer and generation files copied into a saved folder get this user's default mode,
+/// not their source's: a read-only shared model folder would otherwise give a folder whose
+/// owner cannot `save_pretrained` over its files.
+#[test]
+fn copied_files_are_written_with_the_default_mode_not_the_sources() {
+    use shardrun_models::hf::FolderFile;
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let source = tmp.path().join("tokenizer.json");
+    std::fs::write(&source, "{\"version\": \"1.0\"}").unwrap();
+    std::fs::set_permissions(&source, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let out = tmp.path().join("m");
+    save_folder(
+        &out,
+        &json!({"model_type": "llama"}),
+        &[("w".to_string(), vec![2])],
+        |_, out| {
+            out.extend([1.0, 2.0]);
+            Ok(())
+        },
+        &[FolderFile::copy_of("tokenizer.json", &source)],
+        &SaveOptions {
+            dtype: StoredDtype::F32,
+            max_shard_bytes: u64::MAX,
+        },
+    )
+    .unwrap();
+    let copy = out.join("tokenizer.json");
+    assert_eq!(
+        std::fs::read(&copy).unwrap(),
+        std::fs::read(&source).unwrap()
+    );
+    let mode = |path: &std::path::Path| std::fs::metadata(path).unwrap().permissions().mode();
+    assert_eq!(mode(&copy) & 0o777, mode(&out.join("config.json")) & 0o777);
+    assert_ne!(mode(&copy) & 0o200, 0, "{:o}", mode(&copy));
+}

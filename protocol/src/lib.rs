@@ -9,6 +9,7 @@
 //!   rendezvous listener.
 //! * [`rendezvous`]: which registrations make up the world, and the start every rank gets.
 //! * [`env`]: the environment variable names both sides agree on.
+//! * [`lock_file`]: lock files any user sharing their folder can take.
 //! * [`error_text`]: an error and its causes in one line, each said once.
 //! * [`units`]: how a model's parameters form FSDP units (the plan and the worker agree).
 //! * [`footprint`]: an architecture's parameters, segments and activation memory, for the
@@ -23,6 +24,7 @@ pub mod env;
 pub mod error_text;
 pub mod footprint;
 pub mod host;
+pub mod lock_file;
 pub mod messages;
 pub mod rendezvous;
 pub mod schedule;

@@ -424,13 +424,19 @@ impl Checkpointer {
                     committed.dir.display(),
                     bytes as f64 / 1e6,
                     bytes as f64 / 1e6 / seconds.max(1e-9),
-                    if committed.pruned.is_empty() {
+                    if committed.pruned.removed.is_empty() {
                         String::new()
                     } else {
-                        format!("; removed {} older", committed.pruned.len())
+                        format!("; removed {} older", committed.pruned.removed.len())
                     }
                 ),
             );
+            for left in &committed.pruned.left {
+                trainer.log(
+                    LogLevel::Warn,
+                    &format!("{left}: it stays (remove it by hand to free its space)"),
+                );
+            }
             path = Some(committed.dir.display().to_string());
         }
         // Every rank leaves the save once rank 0 has committed it: the next step's time then

@@ -373,10 +373,12 @@ fn write_contents(
         }
         match &file.contents {
             FileContents::CopyOf(from) => {
-                std::fs::copy(from, &to).map_err(HfError::io("copy", from))?;
-                File::open(&to)
-                    .and_then(|f| f.sync_all())
-                    .map_err(HfError::io("fsync", &to))?;
+                // The contents, not the mode (`fs::copy` keeps a read-only source's, and the
+                // folder's owner could not `save_pretrained` over it).
+                let mut source = File::open(from).map_err(HfError::io("open", from))?;
+                let mut copy = File::create(&to).map_err(HfError::io("create", &to))?;
+                std::io::copy(&mut source, &mut copy).map_err(HfError::io("copy", from))?;
+                copy.sync_all().map_err(HfError::io("fsync", &to))?;
             }
             FileContents::Bytes(bytes) => write_file(&to, bytes)?,
         }

@@ -267,6 +267,27 @@ pub trait Figure {
 /// Draws `figure` into `output`: SVG or PNG by the extension. PNG needs a TrueType font for
 /// its text; SVG without one is drawn unlabelled, saying so.
 pub fn save(figure: &impl Figure, output: &Path) -> anyhow::Result<()> {
+    // Asked before drawing, whose backends say only "permission denied" at the end (a run
+    // directory of another user's, read-only).
+    let existed = output.exists();
+    if let Err(e) = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(output)
+    {
+        bail!(
+            "cannot write {}: {e}\n  fix: write the figure elsewhere: `-o <file>.svg` (or .png)",
+            output.display()
+        );
+    }
+    let drawn = draw(figure, output);
+    if drawn.is_err() && !existed {
+        let _ = std::fs::remove_file(output);
+    }
+    drawn
+}
+
+fn draw(figure: &impl Figure, output: &Path) -> anyhow::Result<()> {
     let font = register_system_font();
     let size = figure.size();
     match output.extension().and_then(|e| e.to_str()) {
@@ -301,8 +322,8 @@ pub fn save(figure: &impl Figure, output: &Path) -> anyhow::Result<()> {
 }
 
 /// plotters' errors carry the backend's error type; they become text here.
-pub fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
-    anyhow::anyhow!("{e:?}")
+pub fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
 }
 
 /// TrueType fonts tried for text (PNG needs one; SVG layout uses one for sizes).

@@ -419,6 +419,42 @@ mod tests {
     }
 
     #[test]
+    fn a_figure_that_cannot_be_written_says_where_to_write_it_and_leaves_nothing() {
+        let figure = RunFigure {
+            title: "t".into(),
+            steps: (1..=3).map(|s| record(s, 2.0)).collect(),
+            evals: Vec::new(),
+            events: Vec::new(),
+            smoothing: 0.0,
+            log_loss: false,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let nowhere = dir.path().join("gone/metrics.svg");
+        let said = crate::charts::save(&figure, &nowhere)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            said,
+            format!(
+                "cannot write {}: No such file or directory (os error 2)\n  fix: write the \
+                 figure elsewhere: `-o <file>.svg` (or .png)",
+                nowhere.display()
+            )
+        );
+        // A name of no format it knows: said, and the file it tried is not left behind.
+        let unknown = dir.path().join("metrics.txt");
+        let said = crate::charts::save(&figure, &unknown).unwrap_err();
+        assert!(
+            format!("{said:#}").contains("name it .svg or .png"),
+            "{said:#}"
+        );
+        assert!(!unknown.exists());
+        let svg = dir.path().join("metrics.svg");
+        crate::charts::save(&figure, &svg).unwrap();
+        assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+    }
+
+    #[test]
     fn a_loss_that_stops_being_finite_is_marked_where_it_does() {
         let figure = RunFigure {
             title: "t".into(),

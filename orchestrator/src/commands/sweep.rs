@@ -88,6 +88,22 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         .filter(|(_, d)| d.submits())
         .map(|(p, d)| (p, *d))
         .collect();
+    // A point continued in another user's run directory would fail in its allocation after
+    // its files were rewritten: refused first, as `shardrun run` refuses one run.
+    let unusable = to_submit.iter().find_map(|(p, _)| {
+        let dir = sweep_dir.join(&p.name);
+        rundir::access::first_unusable(&dir)
+            .filter(|_| RunDir::open(&dir).is_ok())
+            .map(|u| (dir, u))
+    });
+    if let Some((dir, unusable)) = unusable {
+        anyhow::bail!(
+            "point {} cannot be continued by this user: {unusable}\n  fix: ask {} to run \
+             `shardrun sweep` of this spec, or sweep into a folder of your own (another `name`)",
+            dir.display(),
+            unusable.owner
+        );
+    }
     // One array has one allocation shape: points asking for different resources go into
     // different arrays (stable, so the order within a shape stays the sweep's).
     let shapes = shape_groups(&mut to_submit);

@@ -93,6 +93,8 @@ pub enum SignalError {
     OtherHost { pid: u32, host: String },
     #[error("its lock names pid {pid}, but that process does not hold the lock file open: not signalling it")]
     NotTheHolder { pid: u32 },
+    #[error("its controller (pid {pid}) runs as {owner}, and only {owner} (or root) may stop it")]
+    OtherUser { pid: u32, owner: String },
     #[error("cannot signal its controller (pid {pid}): {source}")]
     Kill {
         pid: u32,
@@ -194,7 +196,7 @@ impl RunLock {
         if host != shardrun_protocol::host::hostname() {
             return Err(SignalError::OtherHost { pid, host });
         }
-        if !has_open(pid, &run_dir.join(LOCK_FILE)) {
+        if !has_open(pid, &run_dir.join(LOCK_FILE))? {
             return Err(SignalError::NotTheHolder { pid });
         }
         // SAFETY: a plain syscall; the pid was just checked to be the holder's.
@@ -208,16 +210,26 @@ impl RunLock {
     }
 }
 
-/// Whether process `pid` has `path` open (one of `/proc/<pid>/fd/*` links to it).
-fn has_open(pid: u32, path: &Path) -> bool {
+/// Whether process `pid` has `path` open (one of `/proc/<pid>/fd/*` links to it). Another
+/// user's process hides its descriptors: the error names that user.
+fn has_open(pid: u32, path: &Path) -> Result<bool, SignalError> {
     let Ok(target) = path.canonicalize() else {
-        return false;
+        return Ok(false);
     };
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return false;
+    let fds = match std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        Ok(fds) => fds,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            use std::os::unix::fs::MetadataExt;
+            let owner = std::fs::metadata(format!("/proc/{pid}"))
+                .map(|m| super::access::user_name(m.uid()))
+                .unwrap_or_else(|_| "another user".into());
+            return Err(SignalError::OtherUser { pid, owner });
+        }
+        Err(_) => return Ok(false),
     };
-    fds.flatten()
-        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|link| link == target))
+    Ok(fds
+        .flatten()
+        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|link| link == target)))
 }
 
 /// `flock(LOCK_EX | LOCK_NB)`: true when taken, false when someone else holds it.
@@ -248,19 +260,18 @@ fn take(path: &Path, held: impl FnOnce(Holder) -> LockError) -> Result<File, Loc
         path: path.to_path_buf(),
         source,
     };
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(io)?;
+    let shardrun_protocol::lock_file::LockFile { mut file, writable } =
+        shardrun_protocol::lock_file::open(path).map_err(io)?;
     let started = Instant::now();
     while !try_flock(&file).map_err(io)? {
         if started.elapsed() > ACQUIRE_PATIENCE {
             return Err(held(read_holder(&mut file)));
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+    if !writable {
+        // Left by another user: held all the same, with the holder it names out of date.
+        return Ok(file);
     }
     file.set_len(0).map_err(io)?;
     file.rewind().map_err(io)?;

@@ -15,6 +15,7 @@
 //! rewrites the spec files in place ([`RunDir::update_spec`]); [`lock`] tells a live run from
 //! a dead one.
 
+pub mod access;
 pub mod line_files;
 mod lock;
 

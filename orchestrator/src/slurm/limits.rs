@@ -366,20 +366,7 @@ pub fn combine(
 
 /// The name of the user running this (Slurm's commands act as them).
 pub fn current_user() -> String {
-    // SAFETY: getpwuid_r writes into the buffers given; the result is read only on success.
-    unsafe {
-        let uid = libc::getuid();
-        let mut pwd: libc::passwd = std::mem::zeroed();
-        let mut buf = vec![0 as libc::c_char; 4096];
-        let mut result: *mut libc::passwd = std::ptr::null_mut();
-        let rc = libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut result);
-        if rc == 0 && !result.is_null() && !pwd.pw_name.is_null() {
-            return std::ffi::CStr::from_ptr(pwd.pw_name)
-                .to_string_lossy()
-                .into_owned();
-        }
-        uid.to_string()
-    }
+    crate::rundir::access::this_user()
 }
 
 /// Read the limits from the cluster: `scontrol show config`, `squeue`, and with enforced

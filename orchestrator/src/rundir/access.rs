@@ -1,0 +1,169 @@
+//! Whether this user can run a run directory that exists: write its folder and its logs,
+//! read its secret. Shared project folders hold other people's runs; starting one of them
+//! would rewrite its spec files and clear its result before the controller, failing on the
+//! owner-only secret, stopped, leaving a finished run marked failed. Asked before anything is
+//! written.
+
+use std::ffi::CString;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// A file of the run directory this user cannot use as a run needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unusable {
+    pub file: PathBuf,
+    /// `"read"` or `"write"`.
+    pub needs: &'static str,
+    /// The file's owner, by name where the system has one.
+    pub owner: String,
+    /// Its permission bits (`0o644`).
+    pub mode: u32,
+}
+
+impl std::fmt::Display for Unusable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "this user ({}) cannot {} {}, which is {}'s (mode {:o})",
+            user_name(current_uid()),
+            self.needs,
+            self.file.display(),
+            self.owner,
+            self.mode
+        )
+    }
+}
+
+/// The first file of the run directory at `run_dir` that this user cannot use as a run of
+/// it would: the folder and the folders and logs the controller and ranks write into, and
+/// the secret every rank reads. `None` when all of them can be.
+pub fn first_unusable(run_dir: &Path) -> Option<Unusable> {
+    first_unusable_by(run_dir, allowed)
+}
+
+/// [`first_unusable`] with `allowed` saying whether a file may be used so (`access(2)`'s
+/// `how`).
+fn first_unusable_by(
+    run_dir: &Path,
+    allowed: impl Fn(&Path, libc::c_int) -> bool,
+) -> Option<Unusable> {
+    const WRITE: libc::c_int = libc::W_OK;
+    const ENTER_AND_WRITE: libc::c_int = libc::W_OK | libc::X_OK;
+    let needed: [(&str, libc::c_int); 8] = [
+        ("", ENTER_AND_WRITE),
+        ("secret", libc::R_OK),
+        ("logs", ENTER_AND_WRITE),
+        ("checkpoints", ENTER_AND_WRITE),
+        ("train.log", WRITE),
+        ("metrics.jsonl", WRITE),
+        ("events.jsonl", WRITE),
+        ("manifest.json", WRITE),
+    ];
+    needed.into_iter().find_map(|(name, how)| {
+        let file = if name.is_empty() {
+            run_dir.to_path_buf()
+        } else {
+            run_dir.join(name)
+        };
+        // What is not there yet is made by whoever may write the folder.
+        let meta = std::fs::metadata(&file).ok()?;
+        (!allowed(&file, how)).then(|| Unusable {
+            needs: if how == libc::R_OK { "read" } else { "write" },
+            owner: user_name(meta.uid()),
+            mode: meta.mode() & 0o7777,
+            file,
+        })
+    })
+}
+
+/// `access(2)`: whether this user (its real ids, as the kernel checks) may use `path` so.
+fn allowed(path: &Path, how: libc::c_int) -> bool {
+    CString::new(path.as_os_str().as_encoded_bytes()).is_ok_and(|c| {
+        // SAFETY: a query of a NUL-terminated path that outlives the call.
+        unsafe { libc::access(c.as_ptr(), how) == 0 }
+    })
+}
+
+fn current_uid() -> u32 {
+    // SAFETY: getuid cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// The login name of `uid`, or the number where the system has no name for it.
+pub fn user_name(uid: u32) -> String {
+    // SAFETY: getpwuid_r writes into the buffers given; the result is read only on success.
+    unsafe {
+        let mut pwd: libc::passwd = std::mem::zeroed();
+        let mut buf = vec![0 as libc::c_char; 4096];
+        let mut result: *mut libc::passwd = std::ptr::null_mut();
+        let rc = libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut result);
+        if rc == 0 && !result.is_null() && !pwd.pw_name.is_null() {
+            return std::ffi::CStr::from_ptr(pwd.pw_name)
+                .to_string_lossy()
+                .into_owned();
+        }
+        uid.to_string()
+    }
+}
+
+/// The login name of the user running this.
+pub fn this_user() -> String {
+    user_name(current_uid())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_first_file_a_run_needs_and_this_user_cannot_use_is_named_with_its_owner() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "x").unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(dir.path().join("metrics.jsonl"), "").unwrap();
+        // Another user's run: the secret is its owner's alone, the logs read-only to others.
+        let others = |path: &Path, how: libc::c_int| {
+            !(path.ends_with("secret") || (how & libc::W_OK != 0 && path.is_file()))
+        };
+        let unusable = first_unusable_by(dir.path(), others).unwrap();
+        assert_eq!(
+            unusable,
+            Unusable {
+                file: secret.clone(),
+                needs: "read",
+                owner: "root".into(),
+                mode: 0o600,
+            }
+        );
+        assert!(
+            unusable.to_string().ends_with(&format!(
+                "cannot read {}, which is root's (mode 600)",
+                secret.display()
+            )),
+            "{unusable}"
+        );
+        // A log it would append to; files not there yet (`logs/`, `checkpoints/`) are made.
+        let readable_secret = |path: &Path, how| path.ends_with("secret") || others(path, how);
+        let unusable = first_unusable_by(dir.path(), readable_secret).unwrap();
+        assert_eq!(unusable.file, dir.path().join("metrics.jsonl"));
+        assert_eq!(unusable.needs, "write");
+        // A folder it cannot write comes first.
+        let no_folder = |path: &Path, _| path != dir.path();
+        assert_eq!(
+            first_unusable_by(dir.path(), no_folder).unwrap().file,
+            dir.path()
+        );
+    }
+
+    #[test]
+    fn a_run_directory_of_this_users_own_is_usable_and_names_resolve() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("secret"), "x").unwrap();
+        std::fs::create_dir(dir.path().join("logs")).unwrap();
+        assert_eq!(first_unusable(dir.path()), None);
+        assert_eq!(user_name(0), "root");
+        assert_eq!(user_name(4_000_000_000), "4000000000");
+    }
+}
