@@ -331,11 +331,8 @@ pub enum RerunError {
     #[error("{path} is the folder of a sweep (its points' runs are inside), not a run directory\n  fix: give this job a name of its own (`--set name=...`; `shardrun run` also takes --run-dir)")]
     SweepFolder { path: String },
     /// Another user's run (or one made read-only): refused before anything is changed.
-    #[error("{path} cannot be run by this user: {unusable}\n  fix: ask {} to run it, or start a run of your own beside it: give it another `name` (or --run-dir)", unusable.owner)]
-    NotUsable {
-        path: String,
-        unusable: crate::rundir::access::Unusable,
-    },
+    #[error(transparent)]
+    NotUsable(#[from] crate::rundir::access::NotUsable),
     #[error(transparent)]
     DataChanged(#[from] Box<DataChanged>),
     /// Preparing the data of a run that resumes here failed (a bad record, a missing file).
@@ -488,16 +485,9 @@ impl RunDecision {
 /// nothing to it.
 pub fn decide(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunError> {
     let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-    if RunDir::open(&path).is_ok() {
-        // Resumed, redone or replaced, its files are rewritten: before any of them is, the
-        // run must be one this user can run to its end.
-        if let Some(unusable) = crate::rundir::access::first_unusable(&path) {
-            return Err(RerunError::NotUsable {
-                path: path.display().to_string(),
-                unusable,
-            });
-        }
-    }
+    // Resumed, redone or replaced, its files are rewritten: before any of them is, the run
+    // must be one this user can run to its end.
+    crate::rundir::access::check_usable(&path)?;
     if new.force && path.exists() {
         // Deleting a live run would leave its controller and ranks writing into nothing, and
         // a queued job would start into the new run's folder.

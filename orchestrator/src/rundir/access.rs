@@ -34,6 +34,28 @@ impl std::fmt::Display for Unusable {
     }
 }
 
+/// A run directory this user cannot run: refused before any of its files is touched.
+#[derive(Debug, thiserror::Error)]
+#[error("{} cannot be run by this user: {unusable}\n  fix: ask {} to run it, or start a run of your own beside it: give it another `name` (or --run-dir)", run_dir.display(), unusable.owner)]
+pub struct NotUsable {
+    pub run_dir: PathBuf,
+    pub unusable: Unusable,
+}
+
+/// Refuses the run directory at `run_dir` (when it is one) unless this user can run it.
+pub fn check_usable(run_dir: &Path) -> Result<(), NotUsable> {
+    if super::RunDir::open(run_dir).is_err() {
+        return Ok(());
+    }
+    match first_unusable(run_dir) {
+        Some(unusable) => Err(NotUsable {
+            run_dir: run_dir.to_path_buf(),
+            unusable,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// The first file of the run directory at `run_dir` that this user cannot use as a run of
 /// it would: the folder and the folders and logs the controller and ranks write into, and
 /// the secret every rank reads. `None` when all of them can be.

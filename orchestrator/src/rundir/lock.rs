@@ -34,6 +34,8 @@ pub enum LockError {
     Held { holder: Holder },
     #[error("another shardrun is starting the run directory {} ({holder}) at this moment; nothing was changed\n  fix: `shardrun status {}` shows the run once it has started", run_dir.display(), run_dir.display())]
     Starting { holder: Holder, run_dir: PathBuf },
+    #[error(transparent)]
+    NotUsable(#[from] super::access::NotUsable),
 }
 
 /// The process that holds a run directory's lock, or held it last, as it wrote itself.
@@ -120,7 +122,11 @@ impl StartLock {
     /// directory appears whole, by one rename, and needs none).
     pub fn of_existing(path: &Path) -> Result<Option<StartLock>, LockError> {
         match super::RunDir::open(path).is_ok() {
-            true => StartLock::acquire(path).map(Some),
+            true => {
+                // Another user's run cannot be started here: said before its lock is made.
+                super::access::check_usable(path)?;
+                StartLock::acquire(path).map(Some)
+            }
             false => Ok(None),
         }
     }
