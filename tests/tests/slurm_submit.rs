@@ -486,3 +486,78 @@ fn a_slurm_that_does_not_answer_leaves_the_runs_as_last_recorded() {
     assert!(out.status.success(), "cancel failed: {}", stderr_of(&out));
     wait_state(&cluster, dir.path(), &waits, "CANCELLED");
 }
+
+/// Ctrl-C just after sbatch took the held job (sbatch is slow to answer here) waits for the
+/// job to be recorded and released, then ends the command as a Ctrl-C does, saying so: the
+/// run knows its job, and no held job is left in Slurm that nothing knows of.
+#[test]
+fn ctrl_c_while_a_job_is_submitted_leaves_it_recorded_and_released() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("submit-interrupted");
+    let spec = dir.write("held.yaml", &spec("held", &["sleep 30"]));
+    let real = std::env::split_paths(&std::env::var_os("PATH").unwrap())
+        .map(|p| p.join("sbatch"))
+        .find(|p| p.is_file())
+        .expect("sbatch on PATH");
+    let taken = dir.join("sbatch-took-the-job");
+    // The held job's sbatch answers 3 s after Slurm took it.
+    let wrapper = dir.write(
+        "wrapper-bin/sbatch",
+        &format!(
+            "#!/bin/bash\nif [ \"$1\" != --test-only ]; then\n  out=$({real:?} \"$@\") || exit\n  \
+             touch {taken:?}\n  sleep 3\n  echo \"$out\"\n  exit\nfi\nexec {real:?} \"$@\"\n"
+        ),
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        dir.join("wrapper-bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut submit = cluster.command(shardrun());
+    submit
+        .current_dir(dir.path())
+        .args(["submit", &spec.to_string_lossy()])
+        .env("PATH", path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut job = GroupChild::spawn(&mut submit).unwrap();
+    wait_for("sbatch to take the job", DEADLINE, || {
+        taken.exists().then_some(())
+    })
+    .unwrap();
+    // As the terminal does: to the command's process group.
+    assert_eq!(
+        unsafe { libc::kill(-(job.child.id() as i32), libc::SIGINT) },
+        0
+    );
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut job.child.stderr.take().unwrap(), &mut stderr).unwrap();
+    let status = job.child.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGINT), "{stderr}");
+    let run = dir.join("runs/held");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("manifest.json")).unwrap()).unwrap();
+    let ids = manifest["slurm_job_ids"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(ids.len(), 1, "{manifest}");
+    let id = ids[0].as_str().unwrap().to_string();
+    assert!(
+        stderr.contains(&format!(
+            "shardrun: SIGINT came while Slurm job {id} was submitted: it is submitted, \
+             recorded and released"
+        )),
+        "{stderr}"
+    );
+    let mut squeue = cluster.command("squeue");
+    squeue.args(["--noheader", "--jobs", &id, "--format=%r"]);
+    let reason = stdout_of(&run_with_deadline(&mut squeue, DEADLINE).unwrap());
+    assert!(!reason.contains("JobHeldUser"), "{reason}");
+    let mut scancel = cluster.command("scancel");
+    scancel.arg(&id);
+    run_with_deadline(&mut scancel, DEADLINE).unwrap();
+}

@@ -13,8 +13,12 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 pub(super) fn run(program: &'static str, args: &[&str]) -> Result<Output, SlurmError> {
+    use std::os::unix::process::CommandExt;
     Command::new(program)
         .args(args)
+        // Out of the terminal's process group: a Ctrl-C is shardrun's to act on (see
+        // [`submit_recorded`]), not a kill of an sbatch whose job Slurm may already have.
+        .process_group(0)
         .output()
         .map_err(|source| match source.kind() {
             ErrorKind::NotFound => SlurmError::NotInstalled { command: program },
@@ -96,7 +100,31 @@ pub fn release(id: &str) -> Result<(), SlurmError> {
 
 /// `sbatch --hold`, record the id with `record`, then release the job. The job cannot
 /// start (and its controller cannot write the manifest) before the id is recorded.
+///
+/// A stop signal (Ctrl-C, a closed terminal, `kill`) in between waits until the job is
+/// released, then ends the command as it would have, saying so: ended in between, the job
+/// would stay held in Slurm with nothing that knows of it.
 pub fn submit_recorded<E: std::fmt::Display>(
+    script: &Path,
+    record: impl FnOnce(&str) -> Result<(), E>,
+) -> Result<String, SlurmError> {
+    let deferred = DeferredStops::begin();
+    let submitted = submit_held_and_release(script, record);
+    if let Some(signal) = deferred.end() {
+        match &submitted {
+            Ok(id) => errln!(
+                "shardrun: {} came while Slurm job {id} was submitted: it is submitted, \
+                 recorded and released (`shardrun cancel` stops it)",
+                shardrun_protocol::messages::signal_name(signal).unwrap_or("a signal")
+            ),
+            Err(e) => errln!("error: {e}"),
+        }
+        DeferredStops::raise(signal);
+    }
+    submitted
+}
+
+fn submit_held_and_release<E: std::fmt::Display>(
     script: &Path,
     record: impl FnOnce(&str) -> Result<(), E>,
 ) -> Result<String, SlurmError> {
@@ -114,6 +142,68 @@ pub fn submit_recorded<E: std::fmt::Display>(
             let _ = cancel(std::slice::from_ref(&id));
             Err(err)
         }
+    }
+}
+
+/// The first stop signal that came while [`DeferredStops`] held them (0: none).
+static DEFERRED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn defer_stop(signal: libc::c_int) {
+    let _ = DEFERRED.compare_exchange(
+        0,
+        signal,
+        std::sync::atomic::Ordering::SeqCst,
+        std::sync::atomic::Ordering::SeqCst,
+    );
+}
+
+/// SIGINT, SIGTERM and SIGHUP noted instead of acted on, process-wide, until
+/// [`DeferredStops::end`]. Signals ignored before (`nohup`) stay ignored.
+struct DeferredStops {
+    old: Vec<(libc::c_int, libc::sigaction)>,
+}
+
+impl DeferredStops {
+    const SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+    fn begin() -> DeferredStops {
+        DEFERRED.store(0, std::sync::atomic::Ordering::SeqCst);
+        let mut old = Vec::new();
+        for signal in Self::SIGNALS {
+            // SAFETY: installs an async-signal-safe handler (one atomic store); the previous
+            // action is kept to be put back.
+            unsafe {
+                let mut before: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(signal, std::ptr::null(), &mut before) != 0
+                    || before.sa_sigaction == libc::SIG_IGN
+                {
+                    continue;
+                }
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = defer_stop as extern "C" fn(libc::c_int) as usize;
+                libc::sigemptyset(&mut action.sa_mask);
+                if libc::sigaction(signal, &action, std::ptr::null_mut()) == 0 {
+                    old.push((signal, before));
+                }
+            }
+        }
+        DeferredStops { old }
+    }
+
+    /// Puts the actions back; the signal that came meanwhile, if one did.
+    fn end(self) -> Option<libc::c_int> {
+        for (signal, before) in &self.old {
+            // SAFETY: restores the action read in `begin`.
+            unsafe { libc::sigaction(*signal, before, std::ptr::null_mut()) };
+        }
+        Some(DEFERRED.swap(0, std::sync::atomic::Ordering::SeqCst)).filter(|&s| s != 0)
+    }
+
+    /// Acts on `signal` as it would have acted when it came (the default: the process ends
+    /// with it, as shells report, 128 + its number).
+    fn raise(signal: libc::c_int) {
+        // SAFETY: a plain signal to this process.
+        unsafe { libc::raise(signal) };
     }
 }
 
