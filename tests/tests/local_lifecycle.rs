@@ -217,6 +217,41 @@ fn a_run_whose_logs_stop_being_written_checkpoints_and_stops_and_the_same_comman
 }
 
 #[test]
+fn a_run_whose_controller_died_after_its_last_checkpoint_is_finished_for_status_too() {
+    let dir = TestDir::new("died-finished");
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("died-finished", 4, 2));
+    let (out, run) = run_local(&dir, &spec, &["--nproc", "2"], &[], DEADLINE);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    // What a controller SIGKILLed right after the final checkpoint leaves: a manifest saying
+    // RUNNING, no result.
+    std::fs::remove_file(run.join("result.json")).unwrap();
+    let manifest = std::fs::read_to_string(run.join("manifest.json")).unwrap();
+    let running = manifest.replace("\"COMPLETED\"", "\"RUNNING\"");
+    assert_ne!(running, manifest);
+    std::fs::write(run.join("manifest.json"), running).unwrap();
+    let run_arg = run.display().to_string();
+    let state = || status_runs(&shardrun_cmd(&["status", "--json", &run_arg]).1)[0].clone();
+    assert_eq!(state()["state"], "DIED");
+
+    let (out, _) = run_local(&dir, &spec, &["--nproc", "2"], &[], DEADLINE);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        stdout_of(&out).contains("is finished: it trained all 4 steps; nothing to do"),
+        "{}",
+        stdout_of(&out)
+    );
+    let status = state();
+    assert_eq!(status["state"], "COMPLETED", "{status}");
+    assert!(
+        status["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("trained all 4 steps, its last checkpoint step 4; its controller ended"),
+        "{status}"
+    );
+}
+
+#[test]
 fn a_save_cut_short_for_space_is_removed_when_the_job_ends() {
     let dir = TestDir::new("save-cut-short");
     // 25,000 parameters: each rank's shard is larger than the files may grow.

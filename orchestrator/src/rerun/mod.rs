@@ -249,6 +249,32 @@ pub struct Finished {
 }
 
 impl Finished {
+    /// A controller that ended after the run's last checkpoint without a result (killed,
+    /// its node lost) left a run `status` calls died or failed while this says it is
+    /// finished: from now on its state says so too.
+    fn record_the_end(&self) -> Result<(), RerunError> {
+        if self.run.result().exists() || self.steps_done < self.steps_asked {
+            return Ok(());
+        }
+        let checkpoint = self
+            .checkpoint
+            .as_ref()
+            .map(|c| format!(", its last checkpoint step {}", c.step))
+            .unwrap_or_default();
+        let detail = format!(
+            "trained all {} steps{checkpoint}; its controller ended without a result (killed, \
+             or its node lost), so its summary was not written",
+            self.steps_done
+        );
+        self.run.update_manifest(|m| {
+            if m.state != RunState::Completed {
+                m.state = RunState::Completed;
+                m.error = Some(detail);
+            }
+        })?;
+        Ok(())
+    }
+
     /// What a re-run of a finished run prints (and exits 0).
     pub fn message(&self) -> String {
         let path = self.run.path().display();
@@ -426,7 +452,10 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
             resume.run.update_spec(new)?;
             RunStart::Resume(resume)
         }
-        RunDecision::Finished(finished) => RunStart::Finished(finished),
+        RunDecision::Finished(finished) => {
+            finished.record_the_end()?;
+            RunStart::Finished(finished)
+        }
     })
 }
 
