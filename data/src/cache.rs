@@ -248,7 +248,7 @@ pub fn open_or_build(
     let tmp = cache_dir.join(format!(".{name}.tmp-{}", this_owner()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir(&tmp).map_err(DataError::io("create", &tmp))?;
-    let guard = RemoveOnDrop(Some(tmp.clone()));
+    let guard = RemoveOnDrop::arm(tmp.clone());
     let manifest = build(&tmp)?;
     write_durably(&tmp.join(MANIFEST), &manifest_json(&manifest))?;
     sync_dir(&tmp)?;
@@ -368,16 +368,54 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
 /// Removes a folder unless disarmed: a failed or panicking build leaves nothing behind.
 struct RemoveOnDrop(Option<PathBuf>);
 
+/// The folders being built in this process, for [`abandon_builds`].
+static BUILDING: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+fn building() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    BUILDING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl RemoveOnDrop {
+    fn arm(path: PathBuf) -> RemoveOnDrop {
+        building().push(path.clone());
+        RemoveOnDrop(Some(path))
+    }
+
     fn disarm(mut self) {
-        self.0 = None;
+        if let Some(path) = self.0.take() {
+            building().retain(|p| *p != path);
+        }
     }
 }
 
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         if let Some(path) = self.0.take() {
+            building().retain(|p| *p != path);
             let _ = std::fs::remove_dir_all(path);
+        }
+    }
+}
+
+/// Removes the folders this process is still building, for a process about to end without
+/// unwinding (a stop signal while the data is prepared): what they hold would be redone
+/// from the start anyway. Their builds may still be writing: a few tries.
+pub fn abandon_builds() {
+    abandon_builds_where(|_| true);
+}
+
+fn abandon_builds_where(which: impl Fn(&Path) -> bool) {
+    let abandoned: Vec<PathBuf> = {
+        let mut all = building();
+        let (abandoned, kept) = std::mem::take(&mut *all).into_iter().partition(|p| which(p));
+        *all = kept;
+        abandoned
+    };
+    for path in abandoned {
+        for _ in 0..3 {
+            if std::fs::remove_dir_all(&path).is_ok() || !path.exists() {
+                break;
+            }
         }
     }
 }
@@ -422,6 +460,37 @@ mod tests {
             seconds: 0.0,
             created_unix_s: 0.0,
         }
+    }
+
+    /// A process ending without unwinding (a stop signal while its data is prepared) takes
+    /// the folder it was building with it; the build then fails, and leaves nothing either.
+    #[test]
+    fn an_abandoned_build_leaves_no_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (go_on, wait) = std::sync::mpsc::channel::<()>();
+        let root = dir.path().to_path_buf();
+        let building = std::thread::spawn(move || {
+            open_or_build(&root, "text-9", &Quiet, |tmp| {
+                std::fs::write(tmp.join(TOKENS), b"half").unwrap();
+                started_tx.send(tmp.to_path_buf()).unwrap();
+                wait.recv().unwrap();
+                Ok(manifest("text-9"))
+            })
+        });
+        let tmp = started.recv().unwrap();
+        assert!(tmp.join(TOKENS).is_file());
+        // Only this test's: other tests build in this process at the same time.
+        abandon_builds_where(|path| path.starts_with(dir.path()));
+        assert!(!tmp.exists());
+        go_on.send(()).unwrap();
+        assert!(building.join().unwrap().is_err());
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| !n.ends_with(".lock"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 
     #[test]
