@@ -407,7 +407,9 @@ pub fn abandon_builds() {
 fn abandon_builds_where(which: impl Fn(&Path) -> bool) {
     let abandoned: Vec<PathBuf> = {
         let mut all = building();
-        let (abandoned, kept) = std::mem::take(&mut *all).into_iter().partition(|p| which(p));
+        let (abandoned, kept) = std::mem::take(&mut *all)
+            .into_iter()
+            .partition(|p| which(p));
         *all = kept;
         abandoned
     };

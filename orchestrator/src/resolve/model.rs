@@ -263,36 +263,61 @@ fn open_folder(
             });
         }
     }
-    let fix = match &e {
-            HfError::Config {
-                key,
-                path,
-                problem: ConfigProblem::Missing,
-                ..
-            } => format!(
-                "add `{key}` to {} as the model was made with (or use the model's own \
-                 config.json)",
-                path.display()
-            ),
-            HfError::Config {
-                key,
-                path,
-                problem: ConfigProblem::Invalid,
-                ..
-            } => format!("edit `{key}` in {} as said", path.display()),
-            // Editing the value would change what the weights compute.
-            HfError::Config {
-                problem: ConfigProblem::Unsupported,
-                ..
-            } => format!(
-                "point `{field}` at a folder of a model shardrun supports: {}",
-                hf::SUPPORTED_TYPES
-            ),
-            HfError::Tensor { .. } | HfError::Io { .. } | HfError::Folder { .. } => format!(
-                "repair the folder as said, or point `{field}` at another Hugging Face model folder (config.json with model.safetensors or model.safetensors.index.json)"
-            ),
-        };
+    let fix = folder_fix(&e, field);
     Err(s.err(field, e.to_string(), fix))
+}
+
+/// What to do about a model folder that does not open as `field` names it.
+fn folder_fix(e: &HfError, field: &str) -> String {
+    match e {
+        HfError::Config {
+            key,
+            path,
+            problem: ConfigProblem::Missing,
+            ..
+        } => format!(
+            "add `{key}` to {} as the model was made with (or use the model's own \
+             config.json)",
+            path.display()
+        ),
+        HfError::Config {
+            key,
+            path,
+            problem: ConfigProblem::Invalid,
+            ..
+        } => format!("edit `{key}` in {} as said", path.display()),
+        // Editing the value would change what the weights compute.
+        HfError::Config {
+            problem: ConfigProblem::Unsupported,
+            ..
+        } => format!(
+            "point `{field}` at a folder of a model shardrun supports: {}",
+            hf::SUPPORTED_TYPES
+        ),
+        // Another user's folder, made with an owner-only umask.
+        HfError::Io { path, source, .. }
+            if source.kind() == std::io::ErrorKind::PermissionDenied =>
+        {
+            use std::os::unix::fs::MetadataExt;
+            let whose = std::fs::metadata(path)
+                .map(|m| {
+                    format!(
+                        " (it is {}'s, mode {:o})",
+                        crate::rundir::access::user_name(m.uid()),
+                        m.mode() & 0o7777
+                    )
+                })
+                .unwrap_or_default();
+            format!(
+                "ask the owner of {}{whose} to make it readable (`chmod -R a+rX` on the \
+                 folder), or point `{field}` at a copy you can read",
+                path.display()
+            )
+        }
+        HfError::Tensor { .. } | HfError::Io { .. } | HfError::Folder { .. } => format!(
+            "repair the folder as said, or point `{field}` at another Hugging Face model folder (config.json with model.safetensors or model.safetensors.index.json)"
+        ),
+    }
 }
 
 /// What [`open_folder`] read: the architecture, and notes for the warnings.
@@ -726,6 +751,37 @@ pub(super) mod tests {
                 .contains(&format!("{}/config.json", empty.path().display())),
             "{e}"
         );
+    }
+
+    /// What the file system answers another user reading a folder made with an owner-only
+    /// umask: the fix names the owner and the mode, not a repair of the folder.
+    #[test]
+    fn weights_this_user_may_not_read_are_the_owners_to_open_up() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let weights = tmp.path().join("model.safetensors");
+        std::fs::write(&weights, b"").unwrap();
+        std::fs::set_permissions(&weights, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let denied = shardrun_models::hf::HfError::Io {
+            action: "open",
+            path: weights.clone(),
+            source: std::io::ErrorKind::PermissionDenied.into(),
+        };
+        assert_eq!(
+            super::folder_fix(&denied, "training.model.path"),
+            format!(
+                "ask the owner of {} (it is root's, mode 600) to make it readable (`chmod -R \
+                 a+rX` on the folder), or point `training.model.path` at a copy you can read",
+                weights.display()
+            )
+        );
+        let missing = shardrun_models::hf::HfError::Io {
+            action: "open",
+            path: weights,
+            source: std::io::ErrorKind::NotFound.into(),
+        };
+        assert!(super::folder_fix(&missing, "training.model.path")
+            .starts_with("repair the folder as said"));
     }
 
     #[test]
