@@ -90,3 +90,22 @@ macro_rules! errln {
         $crate::output::write_stderr(format_args!("{}\n", format_args!($($arg)*)))
     };
 }
+
+/// `path` as one word of a command people paste into a shell (`shardrun plot '/runs/my
+/// run'`): quoted when it holds anything a shell would split or expand.
+pub fn pasteable(path: &std::path::Path) -> String {
+    crate::sbatch::shell_quote(&path.to_string_lossy())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_path_a_shell_would_split_is_quoted_and_a_plain_one_is_not() {
+        use std::path::Path;
+        assert_eq!(super::pasteable(Path::new("/runs/demo-1")), "/runs/demo-1");
+        assert_eq!(
+            super::pasteable(Path::new("/runs/it's a run")),
+            r"'/runs/it'\''s a run'"
+        );
+    }
+}

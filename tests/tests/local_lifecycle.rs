@@ -251,6 +251,39 @@ fn a_run_whose_controller_died_after_its_last_checkpoint_is_finished_for_status_
     );
 }
 
+/// The commands a finished run suggests work pasted into a shell as they are, in a run
+/// directory whose name a shell would split.
+#[test]
+fn suggested_commands_paste_into_a_shell_with_a_space_and_a_quote_in_the_path() {
+    let dir = TestDir::new("pasteable");
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec("pasteable", 3, 2));
+    let run = dir.join("it's a run");
+    let mut cmd = Command::new(shardrun());
+    cmd.current_dir(dir.path())
+        .arg("run")
+        .arg(&spec)
+        .arg("--run-dir")
+        .arg(&run)
+        .args(["--nproc", "2"])
+        .env("SHARDRUN_WORKER_BIN", simrank());
+    let out = run_with_deadline(&mut cmd, DEADLINE).unwrap();
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let plot = stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("plot: "))
+        .unwrap_or_else(|| panic!("no plot line: {stdout}"));
+    assert!(plot.contains("'\\''"), "{plot}");
+    let pasted = Command::new("sh")
+        .arg("-c")
+        .arg(plot.replacen("shardrun", &shardrun().display().to_string(), 1))
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(pasted.status.success(), "{plot}: {}", stderr_of(&pasted));
+    assert!(run.join("metrics.svg").is_file());
+}
+
 #[test]
 fn a_save_cut_short_for_space_is_removed_when_the_job_ends() {
     let dir = TestDir::new("save-cut-short");

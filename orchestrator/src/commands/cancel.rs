@@ -85,7 +85,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                 let again = if manifest.sweep_params.is_empty() {
                     format!(
                         "submitting it again (`shardrun submit {}`)",
-                        run.path().display()
+                        crate::output::pasteable(run.path())
                     )
                 } else {
                     "running `shardrun sweep` on the sweep's spec again".to_string()
@@ -97,8 +97,9 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         match RunLock::signal_holder(run.path(), libc::SIGTERM) {
             Ok(pid) => stopped.push(format!(
                 "Sent SIGTERM to the controller of {path} (pid {pid}): its ranks stop at their \
-                 next step boundary; `shardrun status {path}` shows when it has ended",
-                path = run.path().display()
+                 next step boundary; `shardrun status {word}` shows when it has ended",
+                path = run.path().display(),
+                word = crate::output::pasteable(run.path())
             )),
             Err(SignalError::NotHeld) => {}
             Err(SignalError::OtherHost { pid, host }) => refused.push(format!(
@@ -124,7 +125,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         outln!(
             "Cancelled Slurm job(s) {}; `shardrun status {}` shows when they have ended{}",
             ids.join(" "),
-            args.run.display(),
+            crate::output::pasteable(&args.run),
             match running {
                 0 => "",
                 // The controller asks for it on Slurm's SIGTERM, before Slurm's kill.

@@ -789,7 +789,7 @@ fn checkpoint_location(path: &Path) -> Result<PathBuf> {
             "{} holds {} run(s) (a sweep folder or a run root), and a model is exported from one run: give one of them, such as {shown} (`shardrun metrics {}` lists each one's loss and eval loss)",
             path.display(),
             runs.len(),
-            path.display()
+            crate::output::pasteable(path)
         );
     }
     if config_path.exists() {
@@ -807,7 +807,7 @@ fn checkpoint_location(path: &Path) -> Result<PathBuf> {
                 "the run {} has saved no checkpoint yet: it saves every \
                  `checkpoint.interval_steps` (or `interval_minutes`) and when it ends (`shardrun status {}` shows where it is)",
                 path.display(),
-                path.display()
+                crate::output::pasteable(path)
             ),
         }
     }

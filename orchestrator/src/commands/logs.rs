@@ -97,7 +97,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                     format!(
                         "cannot read {} (has the job started yet? see `shardrun status {}`)",
                         path.display(),
-                        args.run.display()
+                        crate::output::pasteable(&args.run)
                     )
                 });
             }
@@ -106,7 +106,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                     format!(
                         "cannot read {} (has the job started yet? see `shardrun status {}`)",
                         path.display(),
-                        args.run.display()
+                        crate::output::pasteable(&args.run)
                     )
                 })
             }
@@ -239,8 +239,9 @@ fn ended_before_its_log(args: &Args) -> Option<String> {
     let state = manifest.state;
     Some(format!(
         "{run} has no log: the run ended ({state}) before any rank started, so nothing was \
-         logged; it ended with: {error}\n  see also: `shardrun status {run}`",
-        run = args.run.display()
+         logged; it ended with: {error}\n  see also: `shardrun status {word}`",
+        run = args.run.display(),
+        word = crate::output::pasteable(&args.run)
     ))
 }
 
@@ -261,7 +262,7 @@ fn refuse_a_folder_of_runs(args: &Args) -> anyhow::Result<()> {
         list.push(format!(
             "  ... and {} more (`shardrun status {}` lists them all)",
             runs.len() - SHOWN,
-            args.run.display()
+            crate::output::pasteable(&args.run)
         ));
     }
     // The same command, for one of them.

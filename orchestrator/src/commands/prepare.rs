@@ -54,7 +54,7 @@ fn tell_outdated(cache_dir: &Path, args: &Args) -> anyhow::Result<()> {
                 cache_dir.display(),
                 mib(total),
                 found[0].why,
-                args.spec.display()
+                crate::output::pasteable(&args.spec)
             );
         }
         return Ok(());

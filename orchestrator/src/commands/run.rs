@@ -112,7 +112,10 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     )?;
     supervise(&run, opts, starting)?;
     outln!("run directory: {}", run.path().display());
-    outln!("  plot: shardrun plot {}", run.path().display());
+    outln!(
+        "  plot: shardrun plot {}",
+        crate::output::pasteable(run.path())
+    );
     Ok(())
 }
 

@@ -102,9 +102,12 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             outln!("  run directory  {}", run.path().display());
             outln!(
                 "  follow         tail -f {}",
-                run.slurm_output(&job.name, &job_id).display()
+                crate::output::pasteable(&run.slurm_output(&job.name, &job_id))
             );
-            outln!("  status         shardrun status {}", run.path().display());
+            outln!(
+                "  status         shardrun status {}",
+                crate::output::pasteable(run.path())
+            );
             Ok(())
         }
         Err(err) => {

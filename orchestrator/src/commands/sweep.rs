@@ -144,7 +144,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
              ({meanwhile}); `shardrun status {}` lists them (marked *), `shardrun cancel <run \
              dir>` stops one",
             survey.earlier_going,
-            sweep_dir.display()
+            crate::output::pasteable(&sweep_dir)
         );
     }
     if let Some(first) = survey.data_changed.first() {
@@ -216,7 +216,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             "No room to queue any of the {} point(s) now ({}); run `shardrun sweep {}` again when some of your jobs have ended",
             to_submit.len(),
             limits.queue.as_ref().map(|l| l.what.as_str()).unwrap_or("limit"),
-            args.spec.display()
+            crate::output::pasteable(&args.spec)
         );
         return Ok(());
     }
@@ -292,7 +292,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                     submitted.len(),
                     plan.submitted() - range.end,
                     plan.waiting,
-                    args.spec.display()
+                    crate::output::pasteable(&args.spec)
                 )));
             }
         }
@@ -320,7 +320,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             "  {} point(s) wait: no room for them now ({}); run `shardrun sweep {}{throttled}` again when some have ended",
             plan.waiting,
             limits.queue.as_ref().map(|l| l.what.as_str()).unwrap_or("limit"),
-            args.spec.display()
+            crate::output::pasteable(&args.spec)
         );
     }
     outln!("  sweep folder   {}", sweep_dir.display());
@@ -330,11 +330,17 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         _ => "<job>",
     };
     outln!(
-        "  follow         tail -f {}/slurm/{}-{job}_<task>.out",
-        sweep_dir.display(),
-        loaded.spec.name
+        "  follow         tail -f {}",
+        crate::output::pasteable(
+            &sweep_dir
+                .join("slurm")
+                .join(format!("{}-{job}_", loaded.spec.name))
+        ) + "<task>.out"
     );
-    outln!("  status         shardrun status {}", sweep_dir.display());
+    outln!(
+        "  status         shardrun status {}",
+        crate::output::pasteable(&sweep_dir)
+    );
     Ok(())
 }
 

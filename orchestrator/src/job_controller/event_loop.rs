@@ -1057,7 +1057,7 @@ fn how_to_resume(launch: &LaunchMode, run_dir: &Path) -> String {
         (LaunchMode::Local { forced: false, .. }, Ok(here)) => format!(
             "{again} (in {}), or `shardrun run {}` from anywhere",
             here.display(),
-            run_dir.display()
+            crate::output::pasteable(run_dir)
         ),
         _ => again,
     }

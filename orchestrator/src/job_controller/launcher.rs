@@ -50,11 +50,14 @@ impl LaunchMode {
         match self {
             LaunchMode::Local { forced: false, .. } => "run the same command again".to_string(),
             LaunchMode::Local { forced: true, .. } => {
-                format!("run `shardrun run {}`", run_dir.display())
+                format!("run `shardrun run {}`", crate::output::pasteable(run_dir))
             }
             LaunchMode::Slurm {
                 sweep_point: false, ..
-            } => format!("submit it again (`shardrun submit {}`)", run_dir.display()),
+            } => format!(
+                "submit it again (`shardrun submit {}`)",
+                crate::output::pasteable(run_dir)
+            ),
             LaunchMode::Slurm {
                 sweep_point: true, ..
             } => "run `shardrun sweep` on the sweep's spec again (it skips finished points)"

@@ -325,9 +325,9 @@ impl Finished {
 pub enum RerunError {
     #[error(transparent)]
     RunDir(#[from] RunDirError),
-    #[error("{path} is still running: {how}\n  fix: wait for it to end (`shardrun status {path}`), or stop it (`shardrun cancel {path}`, or Ctrl-C where it runs) and run this again to resume it")]
+    #[error("{path} is still running: {how}\n  fix: wait for it to end (`shardrun status {word}`), or stop it (`shardrun cancel {word}`, or Ctrl-C where it runs) and run this again to resume it", word = crate::sbatch::shell_quote(path))]
     StillRunning { path: String, how: String },
-    #[error("{path} is still running: {how}; --force would delete the run under it\n  fix: stop it first (`shardrun cancel {path}`, or Ctrl-C where it runs), then add --force again to start over; or give the new run another `name` (or --run-dir)")]
+    #[error("{path} is still running: {how}; --force would delete the run under it\n  fix: stop it first (`shardrun cancel {}`, or Ctrl-C where it runs), then add --force again to start over; or give the new run another `name` (or --run-dir)", crate::sbatch::shell_quote(path))]
     ForceWhileRunning { path: String, how: String },
     #[error("{path} holds a run started with a different spec; these fields differ (run → now):\n{}\n  fix: undo these changes to continue the run (its spec is {path}/job.yaml); to start a new run instead, give it another `name` (or --run-dir); to delete this one and start over, add --force\n  (safe to change on resume, and applied: {})", list(.fields), changes::SAFE_IN_WORDS)]
     Changed {

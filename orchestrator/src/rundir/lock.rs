@@ -32,7 +32,7 @@ pub enum LockError {
     },
     #[error("another controller is running this run directory ({holder}); wait for it to end, or stop it (`shardrun cancel <run dir>`, Ctrl-C)")]
     Held { holder: Holder },
-    #[error("another shardrun is starting the run directory {} ({holder}) at this moment; nothing was changed\n  fix: `shardrun status {}` shows the run once it has started", run_dir.display(), run_dir.display())]
+    #[error("another shardrun is starting the run directory {} ({holder}) at this moment; nothing was changed\n  fix: `shardrun status {}` shows the run once it has started", run_dir.display(), crate::output::pasteable(run_dir))]
     Starting { holder: Holder, run_dir: PathBuf },
     #[error(transparent)]
     NotUsable(#[from] super::access::NotUsable),

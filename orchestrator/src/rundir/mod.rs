@@ -40,7 +40,7 @@ pub enum RunDirError {
     #[error("{0} already exists and is not a run directory (no manifest.json)\n  fix: pick another `name` or --run-dir, or remove it by hand")]
     Exists(PathBuf),
     /// Another `shardrun` created the run directory while this one was writing its own.
-    #[error("another shardrun created the run directory {0} at this moment, and runs it; nothing was changed\n  fix: `shardrun status {0}` shows it; to start a run of your own beside it, give it another `name` (or --run-dir)")]
+    #[error("another shardrun created the run directory {} at this moment, and runs it; nothing was changed\n  fix: `shardrun status {}` shows it; to start a run of your own beside it, give it another `name` (or --run-dir)", .0.display(), crate::output::pasteable(.0))]
     CreatedMeanwhile(PathBuf),
     /// `--force` at a path that holds something else than a run: never deleted.
     #[error("{why}; --force deletes only run directories and empty folders\n  fix: pick another --run-dir (or `name`), or remove {path} by hand if it is meant to go")]

@@ -221,7 +221,7 @@ fn died_detail(run: &RunDir) -> String {
     format!(
         "{controller} is gone without saying how the run ended: it was killed (SIGKILL, the \
          OOM killer) or its machine went down; `shardrun run {}` resumes it",
-        run.path().display()
+        crate::output::pasteable(run.path())
     )
 }
 
