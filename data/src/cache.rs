@@ -252,8 +252,7 @@ pub fn open_or_build(
     let manifest = build(&tmp)?;
     write_durably(&tmp.join(MANIFEST), &manifest_json(&manifest))?;
     sync_dir(&tmp)?;
-    std::fs::rename(&tmp, &dir).map_err(DataError::io("rename into place", &dir))?;
-    guard.disarm();
+    guard.rename_into_place(&dir)?;
     sync_dir(cache_dir)?;
     Ok((dir, manifest, true))
 }
@@ -365,7 +364,8 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(DataError::io("sync", dir))
 }
 
-/// Removes a folder unless disarmed: a failed or panicking build leaves nothing behind.
+/// Removes a folder unless renamed into place: a failed or panicking build leaves nothing
+/// behind.
 struct RemoveOnDrop(Option<PathBuf>);
 
 /// The folders being built in this process, for [`abandon_builds`].
@@ -381,10 +381,23 @@ impl RemoveOnDrop {
         RemoveOnDrop(Some(path))
     }
 
-    fn disarm(mut self) {
-        if let Some(path) = self.0.take() {
-            building().retain(|p| *p != path);
+    /// Renames the finished folder to `dir`, unless [`abandon_builds`] took it meanwhile:
+    /// both hold the list of builds, so a folder is never removed while it is renamed.
+    fn rename_into_place(mut self, dir: &Path) -> Result<()> {
+        let Some(path) = self.0.take() else {
+            return Ok(());
+        };
+        let mut building = building();
+        if !building.contains(&path) {
+            return Err(DataError::io("rename into place", dir)(
+                std::io::Error::other("the build was abandoned: this process is ending"),
+            ));
         }
+        building.retain(|p| *p != path);
+        std::fs::rename(&path, dir).map_err(|e| {
+            let _ = std::fs::remove_dir_all(&path);
+            DataError::io("rename into place", dir)(e)
+        })
     }
 }
 
@@ -399,7 +412,8 @@ impl Drop for RemoveOnDrop {
 
 /// Removes the folders this process is still building, for a process about to end without
 /// unwinding (a stop signal while the data is prepared): what they hold would be redone
-/// from the start anyway. Their builds may still be writing: a few tries.
+/// from the start anyway. Taken off the list first, they are never renamed into place;
+/// their builds may still be writing: a few tries.
 pub fn abandon_builds() {
     abandon_builds_where(|_| true);
 }

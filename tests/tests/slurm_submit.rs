@@ -500,12 +500,14 @@ fn ctrl_c_while_a_job_is_submitted_leaves_it_recorded_and_released() {
         .find(|p| p.is_file())
         .expect("sbatch on PATH");
     let taken = dir.join("sbatch-took-the-job");
-    // The held job's sbatch answers 3 s after Slurm took it.
+    let answer = dir.join("sbatch-may-answer");
+    // The held job's sbatch answers once the test has sent its Ctrl-C.
     let wrapper = dir.write(
         "wrapper-bin/sbatch",
         &format!(
             "#!/bin/bash\nif [ \"$1\" != --test-only ]; then\n  out=$({real:?} \"$@\") || exit\n  \
-             touch {taken:?}\n  sleep 3\n  echo \"$out\"\n  exit\nfi\nexec {real:?} \"$@\"\n"
+             touch {taken:?}\n  while [ ! -e {answer:?} ]; do sleep 0.05; done\n  \
+             echo \"$out\"\n  exit\nfi\nexec {real:?} \"$@\"\n"
         ),
     );
     use std::os::unix::fs::PermissionsExt;
@@ -532,6 +534,7 @@ fn ctrl_c_while_a_job_is_submitted_leaves_it_recorded_and_released() {
         unsafe { libc::kill(-(job.child.id() as i32), libc::SIGINT) },
         0
     );
+    std::fs::write(&answer, "").unwrap();
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut job.child.stderr.take().unwrap(), &mut stderr).unwrap();
     let status = job.child.wait().unwrap();

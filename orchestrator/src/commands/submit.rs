@@ -87,7 +87,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     }
     run.forget_last_job()
         .with_context(|| format!("cannot clear {} for a new job", run.path().display()))?;
-    let recorded = slurm::submit_recorded(&run.sbatch(), |job_id| {
+    let (recorded, held) = slurm::submit_recorded(&run.sbatch(), |job_id| {
         run.update_manifest(|m| {
             m.state = RunState::Submitted;
             m.slurm_job_ids.push(job_id.to_string());
@@ -108,19 +108,35 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                 "  status         shardrun status {}",
                 crate::output::pasteable(run.path())
             );
+            if let Some(signal) = held.signal() {
+                errln!(
+                    "shardrun: {} came while Slurm job {job_id} was submitted: it is \
+                     submitted, recorded and released (`shardrun cancel` stops it)",
+                    shardrun_protocol::messages::signal_name(signal).unwrap_or("a signal")
+                );
+            }
+            held.release();
             Ok(())
         }
         Err(err) => {
             let message = err.to_string();
-            run.update_manifest(|m| {
-                m.state = RunState::SubmitFailed;
-                m.error = Some(message);
-            })
-            .context("also failed to mark the run directory as SUBMIT_FAILED")?;
-            Err(anyhow::Error::new(err).context(format!(
+            let marked = run
+                .update_manifest(|m| {
+                    m.state = RunState::SubmitFailed;
+                    m.error = Some(message);
+                })
+                .context("also failed to mark the run directory as SUBMIT_FAILED");
+            let err = anyhow::Error::new(err).context(format!(
                 "sbatch did not accept the job; {} is kept and marked SUBMIT_FAILED. Fix the cause (the spec, a --set value or the cluster), then run the same `shardrun submit` command again",
                 run.path().display()
-            )))
+            ));
+            if held.signal().is_some() {
+                // The signal ends the process: the error is said first.
+                errln!("error: {}", crate::exit::message(&err));
+            }
+            held.release();
+            marked?;
+            Err(err)
         }
     }
 }

@@ -788,6 +788,14 @@ impl Ranks<'_> {
             }
         };
 
+        // A failed write the loop ended before reading is said all the same.
+        if let Some(Ok(why)) = run_dir_failed.as_mut().map(|failed| failed.try_recv()) {
+            log.say(format!(
+                "cannot write the run directory's logs ({why}; is the disk full?): the end of \
+                 the run is not fully recorded"
+            ))
+            .await;
+        }
         // Every process has exited; their last output lines come before the verdict.
         server.abort();
         let task_ends = launcher.drain_output(opts.timeouts.drain).await;

@@ -590,7 +590,15 @@ impl JobMachine {
             || self.preempting.is_some()
             || self.checkpoint_then_stop
             || self.stop_requested;
-        if stopping || self.run_dir_unwritable.is_some() {
+        if self.run_dir_unwritable.is_some() {
+            return;
+        }
+        if stopping || matches!(self.phase, Phase::Stopping | Phase::Done) {
+            // Said all the same: what is missing from the records must not go unmentioned.
+            out.push(Action::Say(format!(
+                "cannot write the run directory's logs ({why}; is the disk full?): lines and \
+                 metrics from here on are not recorded"
+            )));
             return;
         }
         match self.phase {
@@ -618,7 +626,7 @@ impl JobMachine {
                 out.push(Action::StopAtStepBoundary);
                 self.watch_stopping(out);
             }
-            Phase::Stopping | Phase::Done => {}
+            Phase::Stopping | Phase::Done => unreachable!("returned above"),
         }
     }
 

@@ -239,7 +239,7 @@ impl Failure {
             FailureCause::Launch { problem } => format!("could not start its ranks: {problem}"),
             FailureCause::RunDirectoryUnwritable { why } => format!(
                 "stopped: its run directory cannot be written ({why}), and steps it cannot \
-                 record would be lost; the ranks were asked to checkpoint first"
+                 record would be lost"
             ),
             FailureCause::Stalled { step, secs, others } => {
                 let others = if others.is_empty() {

@@ -129,6 +129,7 @@ pub fn spawn(files: &WriterFiles, mut console: Console, echo: Echo) -> std::io::
         .name("run-dir-writer".into())
         .spawn(move || {
             let mut on_failure = Some(failed_tx);
+            let mut said = false;
             while let Some(first) = rx.blocking_recv() {
                 let mut next = Some(first);
                 let mut result = Ok(());
@@ -157,8 +158,12 @@ pub fn spawn(files: &WriterFiles, mut console: Console, echo: Echo) -> std::io::
                     .and_then(|()| events.flush());
                 if let Err(e) = result.and(flushed) {
                     // Said once: by the job's controller, with what it does about it, while
-                    // it listens; else here.
-                    if let Some(Err(_)) = on_failure.take().map(|tell| tell.send(e.to_string())) {
+                    // it listens; else here. Only a disk that takes nothing more stops the
+                    // job: a passing error (an NFS timeout) is said here, and training goes on.
+                    let to_controller = on_failure
+                        .take_if(|_| no_room(&e))
+                        .is_some_and(|tell| tell.send(e.to_string()).is_ok());
+                    if !std::mem::replace(&mut said, true) && !to_controller {
                         console.line(&format!(
                             "shardrun: cannot write the run directory's logs in {} ({e}); is \
                              the disk full?",
@@ -177,6 +182,15 @@ pub fn spawn(files: &WriterFiles, mut console: Console, echo: Echo) -> std::io::
         thread,
         failed,
     })
+}
+
+/// Whether `e` says the run directory takes nothing more: full, over quota, past a size
+/// limit, read-only, or no longer this user's to write.
+fn no_room(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG | libc::EROFS | libc::EACCES | libc::EPERM)
+    )
 }
 
 /// The files the writer thread holds open.
@@ -436,6 +450,17 @@ mod tests {
             console.captured(),
             std::fs::read_to_string(&files.train_log).unwrap(),
         )
+    }
+
+    #[test]
+    fn only_a_disk_that_takes_nothing_more_stops_the_job() {
+        let error = |code| std::io::Error::from_raw_os_error(code);
+        for code in [libc::ENOSPC, libc::EDQUOT, libc::EFBIG, libc::EROFS, libc::EACCES] {
+            assert!(no_room(&error(code)), "{}", error(code));
+        }
+        for code in [libc::EIO, libc::ETIMEDOUT, libc::EINTR] {
+            assert!(!no_room(&error(code)), "{}", error(code));
+        }
     }
 
     #[test]

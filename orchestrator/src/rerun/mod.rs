@@ -253,7 +253,9 @@ impl Finished {
     /// its node lost) left a run `status` calls died or failed while this says it is
     /// finished: from now on its state says so too.
     fn record_the_end(&self) -> Result<(), RerunError> {
-        if self.run.result().exists() || self.steps_done < self.steps_asked {
+        // All the steps it was started for, not only those asked for now.
+        let recorded = self.run.read_train_config()?.steps;
+        if self.run.result().exists() || self.steps_done < self.steps_asked.max(recorded) {
             return Ok(());
         }
         let checkpoint = self
@@ -453,7 +455,9 @@ pub fn prepare(path: &Path, new: NewRun<'_>) -> Result<RunStart, RerunError> {
             RunStart::Resume(resume)
         }
         RunDecision::Finished(finished) => {
-            finished.record_the_end()?;
+            // Best effort: a finished run of another user's, or a read-only one, is only
+            // looked at.
+            let _ = finished.record_the_end();
             RunStart::Finished(finished)
         }
     })
@@ -513,10 +517,19 @@ impl RunDecision {
 /// [`prepare`]'s decision: reads the run directory (and asks Slurm about its job), writes
 /// nothing to it.
 pub fn decide(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunError> {
-    let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let decision = decide_for_anyone(path, new)?;
     // Resumed, redone or replaced, its files are rewritten: before any of them is, the run
-    // must be one this user can run to its end.
-    crate::rundir::access::check_usable(&path)?;
+    // must be one this user can run to its end. A finished one is only looked at.
+    if !matches!(decision, RunDecision::Finished(_)) {
+        let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        crate::rundir::access::check_usable(&path)?;
+    }
+    Ok(decision)
+}
+
+/// [`decide`], whoever may write the run directory.
+fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunError> {
+    let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     if new.force && path.exists() {
         // Deleting a live run would leave its controller and ranks writing into nothing, and
         // a queued job would start into the new run's folder.

@@ -770,9 +770,10 @@ pub(super) mod tests {
         assert_eq!(
             super::folder_fix(&denied, "training.model.path"),
             format!(
-                "ask the owner of {} (it is root's, mode 600) to make it readable (`chmod -R \
+                "ask the owner of {} (it is {}'s, mode 600) to make it readable (`chmod -R \
                  a+rX` on the folder), or point `training.model.path` at a copy you can read",
-                weights.display()
+                weights.display(),
+                crate::rundir::access::this_user()
             )
         );
         let missing = shardrun_models::hf::HfError::Io {

@@ -18,10 +18,26 @@ pub struct Unusable {
     pub owner: String,
     /// Its permission bits (`0o644`).
     pub mode: u32,
+    /// Whether it is this user's own (made read-only, or on a read-only file system).
+    pub own: bool,
 }
 
 impl std::fmt::Display for Unusable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.own {
+            return write!(
+                f,
+                "{} cannot be {} (it is this user's, mode {:o}: made read-only, or on a \
+                 read-only file system?)",
+                self.file.display(),
+                if self.needs == "read" {
+                    "read"
+                } else {
+                    "written"
+                },
+                self.mode
+            );
+        }
         write!(
             f,
             "this user ({}) cannot {} {}, which is {}'s (mode {:o})",
@@ -35,11 +51,34 @@ impl std::fmt::Display for Unusable {
 }
 
 /// A run directory this user cannot run: refused before any of its files is touched.
-#[derive(Debug, thiserror::Error)]
-#[error("{} cannot be run by this user: {unusable}\n  fix: ask {} to run it, or start a run of your own beside it: give it another `name` (or --run-dir)", run_dir.display(), unusable.owner)]
+#[derive(Debug)]
 pub struct NotUsable {
     pub run_dir: PathBuf,
     pub unusable: Unusable,
+}
+
+impl std::error::Error for NotUsable {}
+
+impl std::fmt::Display for NotUsable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let fix = if self.unusable.own {
+            "make it writable again (`chmod -R u+w` on the run directory), or copy the run \
+             directory where it can be written and run that"
+                .to_string()
+        } else {
+            format!(
+                "ask {} to run it, or start a run of your own beside it: give it another \
+                 `name` (or --run-dir)",
+                self.unusable.owner
+            )
+        };
+        write!(
+            f,
+            "{} cannot be run by this user: {}\n  fix: {fix}",
+            self.run_dir.display(),
+            self.unusable
+        )
+    }
 }
 
 /// Refuses the run directory at `run_dir` (when it is one) unless this user can run it.
@@ -93,6 +132,7 @@ fn first_unusable_by(
             needs: if how == libc::R_OK { "read" } else { "write" },
             owner: user_name(meta.uid()),
             mode: meta.mode() & 0o7777,
+            own: meta.uid() == current_uid(),
             file,
         })
     })
@@ -155,16 +195,47 @@ mod tests {
             Unusable {
                 file: secret.clone(),
                 needs: "read",
-                owner: "root".into(),
+                owner: this_user(),
                 mode: 0o600,
+                own: true,
             }
         );
+        // As another user's run would be said.
+        let theirs = Unusable {
+            own: false,
+            owner: "alice".into(),
+            ..unusable.clone()
+        };
         assert!(
-            unusable.to_string().ends_with(&format!(
-                "cannot read {}, which is root's (mode 600)",
+            theirs.to_string().ends_with(&format!(
+                "cannot read {}, which is alice's (mode 600)",
                 secret.display()
             )),
-            "{unusable}"
+            "{theirs}"
+        );
+        let refused = NotUsable {
+            run_dir: dir.path().to_path_buf(),
+            unusable: theirs,
+        };
+        assert!(
+            refused.to_string().ends_with(
+                "fix: ask alice to run it, or start a run of your own beside it: give it \
+                 another `name` (or --run-dir)"
+            ),
+            "{refused}"
+        );
+        // One's own run made read-only: its mode, not another user, is the cause.
+        let own = NotUsable {
+            run_dir: dir.path().to_path_buf(),
+            unusable,
+        };
+        assert!(
+            own.to_string().contains(&format!(
+                "{} cannot be read (it is this user's, mode 600: made read-only, or on a \
+                 read-only file system?)\n  fix: make it writable again",
+                secret.display()
+            )),
+            "{own}"
         );
         // A log it would append to; files not there yet (`logs/`, `checkpoints/`) are made.
         let readable_secret = |path: &Path, how| path.ends_with("secret") || others(path, how);

@@ -95,7 +95,7 @@ pub enum SignalError {
     OtherHost { pid: u32, host: String },
     #[error("its lock names pid {pid}, but that process does not hold the lock file open: not signalling it")]
     NotTheHolder { pid: u32 },
-    #[error("its controller (pid {pid}) runs as {owner}, and only {owner} (or root) may stop it")]
+    #[error("its lock names pid {pid}, which runs as {owner}: this user can neither tell whether it is the run's controller nor signal it; only {owner} (or root) can stop it")]
     OtherUser { pid: u32, owner: String },
     #[error("cannot signal its controller (pid {pid}): {source}")]
     Kill {
@@ -122,11 +122,18 @@ impl StartLock {
     /// directory appears whole, by one rename, and needs none).
     pub fn of_existing(path: &Path) -> Result<Option<StartLock>, LockError> {
         match super::RunDir::open(path).is_ok() {
-            true => {
-                // Another user's run cannot be started here: said before its lock is made.
-                super::access::check_usable(path)?;
-                StartLock::acquire(path).map(Some)
-            }
+            true => match StartLock::acquire(path) {
+                // Another user's run, whose folder this user may not write: said so.
+                Err(LockError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::PermissionDenied
+                        && super::access::first_unusable(path).is_some() =>
+                {
+                    Err(super::access::check_usable(path)
+                        .expect_err("an unusable file was just found")
+                        .into())
+                }
+                acquired => acquired.map(Some),
+            },
             false => Ok(None),
         }
     }
@@ -238,6 +245,20 @@ fn has_open(pid: u32, path: &Path) -> Result<bool, SignalError> {
         .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|link| link == target)))
 }
 
+/// `"alice's, mode 644"`.
+fn owner_and_mode(path: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path)
+        .map(|m| {
+            format!(
+                "{}'s, mode {:o}",
+                super::access::user_name(m.uid()),
+                m.mode() & 0o7777
+            )
+        })
+        .unwrap_or_else(|e| e.to_string())
+}
+
 /// `flock(LOCK_EX | LOCK_NB)`: true when taken, false when someone else holds it.
 fn try_flock(file: &File) -> std::io::Result<bool> {
     // SAFETY: a plain syscall on a descriptor this function's caller owns.
@@ -269,7 +290,19 @@ fn take(path: &Path, held: impl FnOnce(Holder) -> LockError) -> Result<File, Loc
     let shardrun_protocol::lock_file::LockFile { mut file, writable } =
         shardrun_protocol::lock_file::open(path).map_err(io)?;
     let started = Instant::now();
-    while !try_flock(&file).map_err(io)? {
+    let locked = |file: &File| {
+        try_flock(file).map_err(|e| match e.raw_os_error() {
+            // NFS takes locks only on files opened for writing.
+            Some(libc::EBADF) if !writable => std::io::Error::other(format!(
+                "cannot lock it through a read-only handle on this file system (NFS?), and it \
+                 is not this user's to write ({}); ask its owner to make it group-writable \
+                 (`chmod g+w`)",
+                owner_and_mode(path)
+            )),
+            _ => e,
+        })
+    };
+    while !locked(&file).map_err(io)? {
         if started.elapsed() > ACQUIRE_PATIENCE {
             return Err(held(read_holder(&mut file)));
         }

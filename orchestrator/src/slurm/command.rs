@@ -43,6 +43,13 @@ pub(super) fn check(program: &str, args: &[&str], output: Output) -> Result<Stri
 
 /// `sbatch --parsable [extra args] <script>` → the job id.
 pub fn submit(script: &Path, extra_args: &[String]) -> Result<String, SlurmError> {
+    test_submission(script, extra_args)?;
+    sbatch(script, extra_args)
+}
+
+/// What [`submit`] asks before a held job is submitted: that the script is there and that
+/// Slurm would take the job.
+fn test_submission(script: &Path, extra_args: &[String]) -> Result<(), SlurmError> {
     if !script.is_file() {
         return Err(SlurmError::MissingScript(script.to_path_buf()));
     }
@@ -68,6 +75,11 @@ pub fn submit(script: &Path, extra_args: &[String]) -> Result<String, SlurmError
             );
         }
     }
+    Ok(())
+}
+
+/// `sbatch --parsable [extra args] <script>` itself → the job id.
+fn sbatch(script: &Path, extra_args: &[String]) -> Result<String, SlurmError> {
     let args = sbatch_args(script, extra_args);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let output = run("sbatch", &args)?;
@@ -101,72 +113,68 @@ pub fn release(id: &str) -> Result<(), SlurmError> {
 /// `sbatch --hold`, record the id with `record`, then release the job. The job cannot
 /// start (and its controller cannot write the manifest) before the id is recorded.
 ///
-/// A stop signal (Ctrl-C, a closed terminal, `kill`) in between waits until the job is
-/// released, then ends the command as it would have, saying so: ended in between, the job
-/// would stay held in Slurm with nothing that knows of it.
+/// A stop signal (Ctrl-C, a closed terminal, `kill`) from the held sbatch to the release
+/// is held back (a second one acts at once): ended in between, the job would stay held in
+/// Slurm with nothing that knows of it. The caller records the outcome, then
+/// [`StopsHeld::release`] acts on the signal.
 pub fn submit_recorded<E: std::fmt::Display>(
     script: &Path,
     record: impl FnOnce(&str) -> Result<(), E>,
-) -> Result<String, SlurmError> {
-    let deferred = DeferredStops::begin();
-    let submitted = submit_held_and_release(script, record);
-    if let Some(signal) = deferred.end() {
-        match &submitted {
-            Ok(id) => errln!(
-                "shardrun: {} came while Slurm job {id} was submitted: it is submitted, \
-                 recorded and released (`shardrun cancel` stops it)",
-                shardrun_protocol::messages::signal_name(signal).unwrap_or("a signal")
-            ),
-            Err(e) => errln!("error: {e}"),
-        }
-        DeferredStops::raise(signal);
+) -> (Result<String, SlurmError>, StopsHeld) {
+    let hold = ["--hold".to_string()];
+    if let Err(refused) = test_submission(script, &hold) {
+        return (Err(refused), StopsHeld { old: Vec::new() });
     }
-    submitted
-}
-
-fn submit_held_and_release<E: std::fmt::Display>(
-    script: &Path,
-    record: impl FnOnce(&str) -> Result<(), E>,
-) -> Result<String, SlurmError> {
-    let id = submit(script, &["--hold".to_string()])?;
-    let recorded = record(&id).map_err(|e| e.to_string());
-    let released = recorded.clone().map_err(|e| SlurmError::Failed {
-        command: "recording the job id".into(),
-        status: "error".into(),
-        stderr: e,
+    let held = StopsHeld::begin();
+    let submitted = sbatch(script, &hold).and_then(|id| {
+        let recorded = record(&id).map_err(|e| SlurmError::Failed {
+            command: "recording the job id".into(),
+            status: "error".into(),
+            stderr: e.to_string(),
+        });
+        match recorded.and_then(|()| release(&id)) {
+            Ok(()) => Ok(id),
+            Err(err) => {
+                // Never leave a held job behind that nothing knows about.
+                let _ = cancel(std::slice::from_ref(&id));
+                Err(err)
+            }
+        }
     });
-    match released.and_then(|()| release(&id)) {
-        Ok(()) => Ok(id),
-        Err(err) => {
-            // Never leave a held job behind that nothing knows about.
-            let _ = cancel(std::slice::from_ref(&id));
-            Err(err)
-        }
-    }
+    (submitted, held)
 }
 
-/// The first stop signal that came while [`DeferredStops`] held them (0: none).
+/// The first stop signal that came while [`StopsHeld`] held them (0: none).
 static DEFERRED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
 extern "C" fn defer_stop(signal: libc::c_int) {
-    let _ = DEFERRED.compare_exchange(
+    let first = DEFERRED.compare_exchange(
         0,
         signal,
         std::sync::atomic::Ordering::SeqCst,
         std::sync::atomic::Ordering::SeqCst,
     );
+    if first.is_err() {
+        // A second one is meant: it acts as it would have. SAFETY: both calls are
+        // async-signal-safe.
+        unsafe {
+            libc::signal(signal, libc::SIG_DFL);
+            libc::raise(signal);
+        }
+    }
 }
 
 /// SIGINT, SIGTERM and SIGHUP noted instead of acted on, process-wide, until
-/// [`DeferredStops::end`]. Signals ignored before (`nohup`) stay ignored.
-struct DeferredStops {
+/// [`StopsHeld::release`]. Signals ignored before (`nohup`) stay ignored.
+#[must_use = "a stop signal held back must be released"]
+pub struct StopsHeld {
     old: Vec<(libc::c_int, libc::sigaction)>,
 }
 
-impl DeferredStops {
+impl StopsHeld {
     const SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 
-    fn begin() -> DeferredStops {
+    fn begin() -> StopsHeld {
         DEFERRED.store(0, std::sync::atomic::Ordering::SeqCst);
         let mut old = Vec::new();
         for signal in Self::SIGNALS {
@@ -187,23 +195,26 @@ impl DeferredStops {
                 }
             }
         }
-        DeferredStops { old }
+        StopsHeld { old }
     }
 
-    /// Puts the actions back; the signal that came meanwhile, if one did.
-    fn end(self) -> Option<libc::c_int> {
+    /// The signal that came while they were held, if one did.
+    pub fn signal(&self) -> Option<libc::c_int> {
+        Some(DEFERRED.load(std::sync::atomic::Ordering::SeqCst)).filter(|&s| s != 0)
+    }
+
+    /// Puts the actions back and acts on a signal that came meanwhile as it would have
+    /// acted then (by default: the process ends with it, 128 + its number to shells).
+    pub fn release(self) {
         for (signal, before) in &self.old {
             // SAFETY: restores the action read in `begin`.
             unsafe { libc::sigaction(*signal, before, std::ptr::null_mut()) };
         }
-        Some(DEFERRED.swap(0, std::sync::atomic::Ordering::SeqCst)).filter(|&s| s != 0)
-    }
-
-    /// Acts on `signal` as it would have acted when it came (the default: the process ends
-    /// with it, as shells report, 128 + its number).
-    fn raise(signal: libc::c_int) {
-        // SAFETY: a plain signal to this process.
-        unsafe { libc::raise(signal) };
+        let signal = DEFERRED.swap(0, std::sync::atomic::Ordering::SeqCst);
+        if signal != 0 {
+            // SAFETY: a plain signal to this process.
+            unsafe { libc::raise(signal) };
+        }
     }
 }
 

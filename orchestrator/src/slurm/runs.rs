@@ -62,7 +62,11 @@ pub fn find_runs_and_unreadable(path: &Path) -> (Vec<RunDir>, Vec<PathBuf>) {
         let entries = match std::fs::read_dir(path) {
             Ok(entries) => entries,
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-                unreadable.push(path.to_path_buf());
+                // Hidden folders and a file system's lost+found are nobody's runs.
+                let name = path.file_name().map(|n| n.to_string_lossy());
+                if !name.is_some_and(|n| n.starts_with('.') || n == "lost+found") {
+                    unreadable.push(path.to_path_buf());
+                }
                 return;
             }
             Err(_) => return,
@@ -593,8 +597,12 @@ mod tests {
         // SAFETY: the child only switches user, walks the folder and exits with what it saw.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
-            let seen = unsafe { libc::setgid(65534) == 0 && libc::setuid(65534) == 0 }
-                .then(|| find_runs_and_unreadable(&path));
+            // A panic must not unwind into the test harness's copy in this child.
+            let seen = std::panic::catch_unwind(|| {
+                unsafe { libc::setgid(65534) == 0 && libc::setuid(65534) == 0 }
+                    .then(|| find_runs_and_unreadable(&path))
+            })
+            .unwrap_or_else(|_| unsafe { libc::_exit(3) });
             let code = match seen {
                 Some((runs, unreadable))
                     if runs.len() == 1
@@ -614,7 +622,7 @@ mod tests {
         assert_eq!(
             libc::WEXITSTATUS(status),
             0,
-            "1: other runs or folders seen, 2: no setuid"
+            "1: other runs or folders seen, 2: not root (setuid refused), 3: a panic"
         );
         // Root sees both, and the warning names the owner and mode.
         assert_eq!(find_runs_and_unreadable(root.path()).0.len(), 2);
