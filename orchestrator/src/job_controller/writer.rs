@@ -455,7 +455,13 @@ mod tests {
     #[test]
     fn only_a_disk_that_takes_nothing_more_stops_the_job() {
         let error = |code| std::io::Error::from_raw_os_error(code);
-        for code in [libc::ENOSPC, libc::EDQUOT, libc::EFBIG, libc::EROFS, libc::EACCES] {
+        for code in [
+            libc::ENOSPC,
+            libc::EDQUOT,
+            libc::EFBIG,
+            libc::EROFS,
+            libc::EACCES,
+        ] {
             assert!(no_room(&error(code)), "{}", error(code));
         }
         for code in [libc::EIO, libc::ETIMEDOUT, libc::EINTR] {

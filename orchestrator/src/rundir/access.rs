@@ -126,8 +126,12 @@ fn first_unusable_by(
         } else {
             run_dir.join(name)
         };
-        // What is not there yet is made by whoever may write the folder.
+        // What is not there yet is made by whoever may write the folder; a file where a
+        // folder belongs is for the run's own error to name.
         let meta = std::fs::metadata(&file).ok()?;
+        if how == ENTER_AND_WRITE && !meta.is_dir() {
+            return None;
+        }
         (!allowed(&file, how)).then(|| Unusable {
             needs: if how == libc::R_OK { "read" } else { "write" },
             owner: user_name(meta.uid()),
@@ -242,6 +246,11 @@ mod tests {
         let unusable = first_unusable_by(dir.path(), readable_secret).unwrap();
         assert_eq!(unusable.file, dir.path().join("metrics.jsonl"));
         assert_eq!(unusable.needs, "write");
+        // A file where a folder belongs is not this check's to name (the run says what it
+        // cannot open there).
+        std::fs::write(dir.path().join("logs"), "not a folder").unwrap();
+        let no_logs = |path: &Path, _| !path.ends_with("logs");
+        assert_eq!(first_unusable_by(dir.path(), no_logs), None);
         // A folder it cannot write comes first.
         let no_folder = |path: &Path, _| path != dir.path();
         assert_eq!(
