@@ -478,6 +478,15 @@ mod tests {
         }
     }
 
+    /// What a cache folder holds besides its lock files.
+    fn left_besides_locks(cache_dir: &Path) -> Vec<String> {
+        std::fs::read_dir(cache_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| !n.ends_with(".lock"))
+            .collect()
+    }
+
     /// A process ending without unwinding (a stop signal while its data is prepared) takes
     /// the folder it was building with it; the build then fails, and leaves nothing either.
     #[test]
@@ -501,11 +510,7 @@ mod tests {
         assert!(!tmp.exists());
         go_on.send(()).unwrap();
         assert!(building.join().unwrap().is_err());
-        let left: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .filter(|n| !n.ends_with(".lock"))
-            .collect();
+        let left = left_besides_locks(dir.path());
         assert!(left.is_empty(), "{left:?}");
     }
 
@@ -518,11 +523,7 @@ mod tests {
         })
         .unwrap_err();
         assert!(err.to_string().contains("boom"));
-        let left: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .filter(|n| !n.ends_with(".lock"))
-            .collect();
+        let left = left_besides_locks(dir.path());
         assert!(left.is_empty(), "{left:?}");
 
         let (path, m, built) =

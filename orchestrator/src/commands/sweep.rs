@@ -90,17 +90,14 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         .collect();
     // A point continued in another user's run directory would fail in its allocation after
     // its files were rewritten: refused first, as `shardrun run` refuses one run.
-    let unusable = to_submit.iter().find_map(|(p, _)| {
-        let dir = sweep_dir.join(&p.name);
-        rundir::access::first_unusable(&dir)
-            .filter(|_| RunDir::open(&dir).is_ok())
-            .map(|u| (dir, u))
-    });
-    if let Some((dir, unusable)) = unusable {
+    let refused = to_submit
+        .iter()
+        .find_map(|(p, _)| rundir::access::check_usable(&sweep_dir.join(&p.name)).err());
+    if let Some(rundir::access::NotUsable { run_dir, unusable }) = refused {
         anyhow::bail!(
             "point {} cannot be continued by this user: {unusable}\n  fix: ask {} to run \
              `shardrun sweep` of this spec, or sweep into a folder of your own (another `name`)",
-            dir.display(),
+            run_dir.display(),
             unusable.owner
         );
     }

@@ -298,15 +298,8 @@ fn folder_fix(e: &HfError, field: &str) -> String {
         HfError::Io { path, source, .. }
             if source.kind() == std::io::ErrorKind::PermissionDenied =>
         {
-            use std::os::unix::fs::MetadataExt;
-            let whose = std::fs::metadata(path)
-                .map(|m| {
-                    format!(
-                        " (it is {}'s, mode {:o})",
-                        crate::rundir::access::user_name(m.uid()),
-                        m.mode() & 0o7777
-                    )
-                })
+            let whose = crate::rundir::access::owner_and_mode(path)
+                .map(|(owner, mode)| format!(" (it is {owner}'s, mode {mode:o})"))
                 .unwrap_or_default();
             format!(
                 "ask the owner of {}{whose} to make it readable (`chmod -R a+rX` on the \

@@ -172,6 +172,13 @@ pub fn user_name(uid: u32) -> String {
     }
 }
 
+/// Whose `path` is (by name) and its permission bits (`0o644`), for messages; `None` when
+/// it cannot be looked at.
+pub fn owner_and_mode(path: &Path) -> Option<(String, u32)> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((user_name(meta.uid()), meta.mode() & 0o7777))
+}
+
 /// The login name of the user running this.
 pub fn this_user() -> String {
     user_name(current_uid())

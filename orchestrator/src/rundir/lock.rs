@@ -245,20 +245,6 @@ fn has_open(pid: u32, path: &Path) -> Result<bool, SignalError> {
         .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|link| link == target)))
 }
 
-/// `"alice's, mode 644"`.
-fn owner_and_mode(path: &Path) -> String {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path)
-        .map(|m| {
-            format!(
-                "{}'s, mode {:o}",
-                super::access::user_name(m.uid()),
-                m.mode() & 0o7777
-            )
-        })
-        .unwrap_or_else(|e| e.to_string())
-}
-
 /// `flock(LOCK_EX | LOCK_NB)`: true when taken, false when someone else holds it.
 fn try_flock(file: &File) -> std::io::Result<bool> {
     // SAFETY: a plain syscall on a descriptor this function's caller owns.
@@ -297,7 +283,9 @@ fn take(path: &Path, held: impl FnOnce(Holder) -> LockError) -> Result<File, Loc
                 "cannot lock it through a read-only handle on this file system (NFS?), and it \
                  is not this user's to write ({}); ask its owner to make it group-writable \
                  (`chmod g+w`)",
-                owner_and_mode(path)
+                super::access::owner_and_mode(path)
+                    .map(|(owner, mode)| format!("{owner}'s, mode {mode:o}"))
+                    .unwrap_or_default()
             )),
             _ => e,
         })

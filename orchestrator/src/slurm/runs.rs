@@ -96,15 +96,8 @@ pub fn find_runs_and_unreadable(path: &Path) -> (Vec<RunDir>, Vec<PathBuf>) {
 
 /// The warning for a folder [`find_runs_and_unreadable`] could not look into.
 pub fn unreadable_warning(folder: &Path) -> String {
-    use std::os::unix::fs::MetadataExt;
-    let whose = std::fs::metadata(folder)
-        .map(|m| {
-            format!(
-                ", which is {}'s (mode {:o})",
-                crate::rundir::access::user_name(m.uid()),
-                m.mode() & 0o7777
-            )
-        })
+    let whose = crate::rundir::access::owner_and_mode(folder)
+        .map(|(owner, mode)| format!(", which is {owner}'s (mode {mode:o})"))
         .unwrap_or_default();
     format!(
         "this user cannot look into {}{whose}: runs in it, if any, are left out",
