@@ -48,6 +48,14 @@ pub enum DataError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// A data cache folder this user cannot add the preparation of this data to.
+    #[error("{}", cache_not_writable(path, whose, this_user))]
+    CacheNotWritable {
+        path: PathBuf,
+        /// Its owner and permission bits, where they can be read.
+        whose: Option<(String, u32)>,
+        this_user: String,
+    },
     /// A record (or a whole file) that cannot be used; `on_bad_record: skip` skips these.
     #[error("{origin}: {why}; {fix}")]
     BadRecord {
@@ -96,6 +104,27 @@ pub enum DataError {
     NotEnoughData { why: String, fix: String },
     #[error("{0}")]
     Config(String),
+}
+
+fn cache_not_writable(path: &Path, whose: &Option<(String, u32)>, this_user: &str) -> String {
+    let path = path.display();
+    let fix = "or set `data.cache_dir` to a folder of your own";
+    match whose {
+        Some((owner, mode)) if owner == this_user => format!(
+            "the data cache {path} cannot be written (it is this user's, mode {mode:o}: made \
+             read-only, or on a read-only file system) and holds no preparation of this data \
+             as its files are now: `chmod u+w` it, {fix}"
+        ),
+        Some((owner, mode)) => format!(
+            "this user ({this_user}) cannot write the data cache {path}, which is {owner}'s \
+             (mode {mode:o}), and it holds no preparation of this data as its files are now: \
+             ask {owner} to run `shardrun prepare` with this job spec, {fix}"
+        ),
+        None => format!(
+            "this user ({this_user}) cannot write the data cache {path}, and it holds no \
+             preparation of this data as its files are now: {fix}"
+        ),
+    }
 }
 
 impl DataError {

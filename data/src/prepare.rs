@@ -21,8 +21,9 @@ use shardrun_models::hf::ADDITIONAL_CHAT_TEMPLATES;
 use shardrun_protocol::config::{
     DataSource, DatasetConfig, HeldOut, JsonlText, OnBadRecord, TokenDtype, TokenizerConfig,
 };
+use shardrun_protocol::users;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// Skipped records named in the manifest and the log (the rest are counted).
@@ -101,6 +102,13 @@ pub fn prepare_source(spec: &SourceSpec<'_>, observer: &dyn Observer) -> Result<
     let key = cache_key(spec, &files, &tokenizer_files);
     let name = key.name(spec.source.kind_name());
     let contents_name = key.contents_name(spec.source.kind_name());
+    if let Some(read_only) = read_only_cache(spec, &files, &name, &contents_name, observer)? {
+        return Ok(Prepared {
+            corpus: read_only,
+            built: false,
+            seconds: started.elapsed().as_secs_f64(),
+        });
+    }
     let (dir, manifest, built) = cache::open_or_build(spec.cache_dir, &name, observer, |tmp| {
         // From here: the time of building, not of waiting for another process's build.
         let building = Instant::now();
@@ -175,6 +183,26 @@ fn same_contents(
     tmp: &Path,
     observer: &dyn Observer,
 ) -> Result<Option<CacheManifest>> {
+    let Some((dir, manifest)) = find_same_contents(spec, files, contents_name)? else {
+        return Ok(None);
+    };
+    cache::link_files(&dir, tmp)?;
+    observer.line(&format!(
+        "{}: the files hold the bytes {} was made from (only their times changed): its \
+         tokens are used, nothing is tokenized",
+        spec.what,
+        dir.display()
+    ));
+    Ok(Some(manifest))
+}
+
+/// The newest sound cache of the same inputs whose files hold the bytes `files` hold now,
+/// with its manifest listing the files' times as they are now.
+fn find_same_contents(
+    spec: &SourceSpec<'_>,
+    files: &[DataFile],
+    contents_name: &str,
+) -> Result<Option<(PathBuf, CacheManifest)>> {
     let candidates = cache::same_inputs(spec.cache_dir, contents_name);
     if candidates.is_empty() {
         return Ok(None);
@@ -197,21 +225,48 @@ fn same_contents(
         {
             continue;
         }
-        cache::link_files(&dir, tmp)?;
-        observer.line(&format!(
-            "{}: the files hold the bytes {} was made from (only their times changed): its \
-             tokens are used, nothing is tokenized",
-            spec.what,
-            dir.display()
-        ));
         let mut reused = manifest;
         for (file, listed) in reused.files.iter_mut().zip(files) {
             file.mtime_ns = listed.mtime_ns;
         }
         reused.created_unix_s = cache::now_unix_s();
-        return Ok(Some(reused));
+        return Ok(Some((dir, reused)));
     }
     Ok(None)
+}
+
+/// A cache folder this user cannot write (another's in a shared project, or read-only) with
+/// no folder for the files as they are now: the cache of the same bytes, read where it is
+/// (a `chmod` or a copy changes only the files' times, and so the key). `None` when the
+/// folder can be written, or holds the key's folder, so [`cache::open_or_build`] goes on.
+fn read_only_cache(
+    spec: &SourceSpec<'_>,
+    files: &[DataFile],
+    name: &str,
+    contents_name: &str,
+    observer: &dyn Observer,
+) -> Result<Option<Corpus>> {
+    let cache_dir = spec.cache_dir;
+    let writable = users::may(cache_dir, libc::W_OK | libc::X_OK);
+    if writable || !cache_dir.is_dir() || cache_dir.join(name).exists() {
+        return Ok(None);
+    }
+    let Some((dir, manifest)) = find_same_contents(spec, files, contents_name)? else {
+        return Err(DataError::CacheNotWritable {
+            path: cache_dir.to_path_buf(),
+            whose: users::owner_and_mode(cache_dir),
+            this_user: users::this_user(),
+        });
+    };
+    observer.line(&format!(
+        "{}: the files hold the bytes {} was made from (only their times changed): its \
+         tokens are used where they are, as this user cannot write {} (each start hashes \
+         the files again until `shardrun prepare` is run by someone who can)",
+        spec.what,
+        dir.display(),
+        cache_dir.display()
+    ));
+    Corpus::open(&dir, manifest).map(Some)
 }
 
 /// The hashes of the files the training data's tokenizer is built from as they are now, as

@@ -29,6 +29,7 @@ pub mod messages;
 pub mod rendezvous;
 pub mod schedule;
 pub mod units;
+pub mod users;
 
 pub use config::TrainConfig;
 

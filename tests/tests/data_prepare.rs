@@ -593,6 +593,72 @@ fn a_finished_run_run_again_says_its_data_changed_since_it_trained() {
     assert_eq!(metric_steps(&run, 0), (1..=6).collect::<Vec<_>>());
 }
 
+/// A group's shared data cache, prepared by one user: another user, who cannot write it,
+/// uses it after a `chmod` of the data (which changes the files' status-change time, so the
+/// cache key) by reading the folder of the same bytes where it is; data that really changed
+/// is refused naming whose the cache is and what to do. As `nobody`: root writes anywhere.
+#[test]
+fn another_user_reads_a_shared_cache_they_cannot_write_after_a_chmod_of_the_data() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let dir = TestDir::new("data-shared-cache");
+    let text = corpus(&dir);
+    let spec = dir.write("job.yaml", &text_spec("shared", "data/*.txt", ""));
+    let spec = spec.to_string_lossy().to_string();
+    let prepared = shardrun_in(&dir, &["prepare", &spec]);
+    assert!(prepared.status.success(), "{}", stderr_of(&prepared));
+    let cache = dir.join("runs/data-cache");
+    let folders = || std::fs::read_dir(&cache).unwrap().count();
+    let before = folders();
+
+    // The owner opens the project to the group: every file's status-change time moves.
+    let binary = dir.join("bin/shardrun");
+    std::fs::create_dir(dir.join("bin")).unwrap();
+    std::fs::copy(shardrun_e2e::shardrun(), &binary).unwrap();
+    let status = std::process::Command::new("chmod")
+        .args(["-R", "go+rX,go-w"])
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let as_nobody = || {
+        let mut command = std::process::Command::new(&binary);
+        command
+            .uid(65534)
+            .gid(65534)
+            .current_dir(dir.path())
+            .args(["prepare", &spec]);
+        shardrun_e2e::run_with_deadline(&mut command, DEADLINE).unwrap()
+    };
+    let read = as_nobody();
+    assert!(read.status.success(), "{}", stderr_of(&read));
+    let said = stdout_of(&read);
+    assert!(
+        said.contains("only their times changed") && said.contains("used where they are"),
+        "{said}"
+    );
+    assert!(!said.contains("preparing"), "{said}");
+    assert_eq!(folders(), before, "nothing is written into the cache");
+
+    // An edit: nothing of the cache holds it, and this user cannot add it.
+    let mut edited = std::fs::read_to_string(&text).unwrap();
+    edited.push_str("One more line.\n");
+    std::fs::write(&text, edited).unwrap();
+    let refused = as_nobody();
+    assert!(!refused.status.success());
+    let said = stderr_of(&refused);
+    let mode = std::fs::metadata(&cache).unwrap().permissions().mode() & 0o7777;
+    assert!(
+        said.contains(&format!(
+            "this user (nobody) cannot write the data cache {}, which is root's (mode {mode:o})",
+            cache.display()
+        )) && said.contains("ask root to run `shardrun prepare`")
+            && said.contains("`data.cache_dir`"),
+        "{said}"
+    );
+    assert_eq!(folders(), before);
+}
+
 /// Ctrl-C while the controller prepares the data (here: waiting for another process that
 /// holds the cache's lock) cancels the run at once and says so, and the run's state says
 /// it was cancelled, not killed; the same command then runs it.

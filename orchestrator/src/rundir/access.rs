@@ -4,7 +4,8 @@
 //! owner-only secret, stopped, leaving a finished run marked failed. Asked before anything is
 //! written.
 
-use std::ffi::CString;
+use shardrun_protocol::users::{current_uid, may as allowed};
+pub use shardrun_protocol::users::{owner_and_mode, this_user, user_name};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -142,48 +143,6 @@ fn first_unusable_by(
     })
 }
 
-/// `access(2)`: whether this user (its real ids, as the kernel checks) may use `path` so.
-fn allowed(path: &Path, how: libc::c_int) -> bool {
-    CString::new(path.as_os_str().as_encoded_bytes()).is_ok_and(|c| {
-        // SAFETY: a query of a NUL-terminated path that outlives the call.
-        unsafe { libc::access(c.as_ptr(), how) == 0 }
-    })
-}
-
-fn current_uid() -> u32 {
-    // SAFETY: getuid cannot fail.
-    unsafe { libc::getuid() }
-}
-
-/// The login name of `uid`, or the number where the system has no name for it.
-pub fn user_name(uid: u32) -> String {
-    // SAFETY: getpwuid_r writes into the buffers given; the result is read only on success.
-    unsafe {
-        let mut pwd: libc::passwd = std::mem::zeroed();
-        let mut buf = vec![0 as libc::c_char; 4096];
-        let mut result: *mut libc::passwd = std::ptr::null_mut();
-        let rc = libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut result);
-        if rc == 0 && !result.is_null() && !pwd.pw_name.is_null() {
-            return std::ffi::CStr::from_ptr(pwd.pw_name)
-                .to_string_lossy()
-                .into_owned();
-        }
-        uid.to_string()
-    }
-}
-
-/// Whose `path` is (by name) and its permission bits (`0o644`), for messages; `None` when
-/// it cannot be looked at.
-pub fn owner_and_mode(path: &Path) -> Option<(String, u32)> {
-    let meta = std::fs::metadata(path).ok()?;
-    Some((user_name(meta.uid()), meta.mode() & 0o7777))
-}
-
-/// The login name of the user running this.
-pub fn this_user() -> String {
-    user_name(current_uid())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,12 +226,10 @@ mod tests {
     }
 
     #[test]
-    fn a_run_directory_of_this_users_own_is_usable_and_names_resolve() {
+    fn a_run_directory_of_this_users_own_is_usable() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("secret"), "x").unwrap();
         std::fs::create_dir(dir.path().join("logs")).unwrap();
         assert_eq!(first_unusable(dir.path()), None);
-        assert_eq!(user_name(0), "root");
-        assert_eq!(user_name(4_000_000_000), "4000000000");
     }
 }
