@@ -10,7 +10,9 @@
 //! assistant-only loss) takes it. Most templates have none; there the conversation is rendered
 //! as growing prefixes: the text up to turn `i` with the generation prompt
 //! (`<|im_start|>assistant\n`), and the text through turn `i`; the assistant's span lies
-//! between them, trailing whitespace (the template's glue) excluded. Templates that render
+//! between them, trailing whitespace (the template's glue) excluded, and so is what the
+//! template writes only where a conversation ends (Phi-3's closing `eos_token`) unless the
+//! turn is the last. Templates that render
 //! earlier turns differently once later turns follow (reasoning models' drop the reasoning of
 //! earlier answers) are refused there: the turns cannot be told apart. A conversation the
 //! assistant opens has no prefix to render (templates read `messages[0]` unguarded): there the
@@ -144,7 +146,10 @@ impl ChatTemplate {
             env.add_template_owned(template.name.clone(), marked)
                 .map_err(|e| DataError::ChatTemplate {
                     path: template.path.clone(),
-                    why: format!("not a valid Jinja template: {}", describe(&e)),
+                    why: format!(
+                        "not a valid Jinja template: {}",
+                        describe(&e).replace(&format!("(in {}:", template.name), "(line ")
+                    ),
                 })?;
             let source = Source {
                 path: template.path,
@@ -265,7 +270,10 @@ impl ChatTemplate {
         };
         let template = self.env.get_template(name).map_err(|e| describe(&e))?;
         template.render(context(&[])).map_err(|e| {
-            let mut text = format!("the chat template failed: {}", describe(&e));
+            // minijinja places errors in the template's name: say its file.
+            let place = format!("(in {}:", self.sources[name].path.display());
+            let said = describe(&e).replace(&format!("(in {name}:"), &place);
+            let mut text = format!("the chat template failed: {said}");
             // A template that reads a variable of its own (`date_string` in some Llama 3
             // templates) gets it from `apply_chat_template`'s keyword arguments: name the ones
             // nothing sets whose absence is what failed (the render works once they are set).
@@ -359,9 +367,15 @@ impl ChatTemplate {
             if role(message).as_deref() != Some("assistant") {
                 continue;
             }
-            let through = self.render_with_tools(&messages[..=i], tools, false)?;
+            let mut through = self.render_with_tools(&messages[..=i], tools, false)?;
             if !full.starts_with(&through) {
-                return Err(differently(i));
+                let ending = self.conversation_ending(&messages[..=i], tools)?;
+                // What the template writes only where the conversation ends (Phi-3's
+                // `eos_token` without the generation prompt) is not this turn's.
+                match ending.and_then(|e| through.strip_suffix(&e).map(str::len)) {
+                    Some(len) if full.starts_with(&through[..len]) => through.truncate(len),
+                    _ => return Err(differently(i)),
+                }
             }
             let start = if i == 0 {
                 self.opening_turn_start(message, tools, &through)?
@@ -384,6 +398,41 @@ impl ChatTemplate {
             }
         }
         Ok((full, spans))
+    }
+
+    /// What the template writes after the last message only when no generation prompt
+    /// follows, starting with a special token (Phi-3 ends a conversation with `eos_token`):
+    /// the text of `messages` without the prompt from where the one with it parts from it.
+    /// That point can lie inside the token (`</s>` and `<|assistant|>` share their `<`), so
+    /// the ending is the one that starts with a special token's text at or before it.
+    fn conversation_ending(
+        &self,
+        messages: &[Value],
+        tools: Option<&Value>,
+    ) -> std::result::Result<Option<String>, String> {
+        let ended = self.render_with_tools(messages, tools, false)?;
+        let prompted = self.render_with_tools(messages, tools, true)?;
+        let parts = ended
+            .char_indices()
+            .zip(prompted.chars())
+            .find(|((_, a), b)| a != b)
+            .map_or(ended.len().min(prompted.len()), |((at, _), _)| at);
+        if parts == ended.len() {
+            return Ok(None);
+        }
+        let special: Vec<&str> = self
+            .variables
+            .values()
+            .filter_map(|v| v.as_str())
+            .filter(|text| !text.is_empty())
+            .collect();
+        let longest = special.iter().map(|t| t.len()).max().unwrap_or(0);
+        let ending = (parts.saturating_sub(longest)..=parts)
+            .rev()
+            .filter(|&at| ended.is_char_boundary(at))
+            .map(|at| &ended[at..])
+            .find(|ending| special.iter().any(|t| ending.starts_with(t)));
+        Ok(ending.map(str::to_string))
     }
 
     /// Where the assistant's text starts in `through`, the conversation of its one opening
@@ -998,7 +1047,12 @@ mod tests {
             .unwrap()
             .collect();
         let err = t.render(&raw, false).unwrap_err();
-        assert!(err.contains("no robots"), "{err}");
+        assert!(err.contains("no robots (in t.jinja:1)"), "{err}");
+        let err = ChatTemplate::from_source("t.jinja".into(), "\n{{ x }".into(), &BTreeMap::new())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.ends_with("(line 2)"), "{err}");
     }
 
     #[test]
@@ -1082,6 +1136,44 @@ mod tests {
         assert_eq!(
             untagged.render(&marked, false).unwrap(),
             "<user>a<assistant>()b\u{fdd1}</s>"
+        );
+    }
+
+    #[test]
+    fn what_only_the_end_of_a_conversation_has_is_not_an_earlier_turns() {
+        // Phi-3's template: `eos_token` once, after the last message, without the prompt.
+        let t = template(
+            "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}\
+             {% if add_generation_prompt %}<|assistant|>\n{% else %}{{ eos_token }}{% endif %}",
+        );
+        let m = messages(
+            r#"{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}, {"role": "user", "content": "e"}]}"#,
+        );
+        let (text, spans) = t.render_for_training(&m, None).unwrap();
+        assert_eq!(
+            text,
+            "<|user|>\na<|end|>\n<|assistant|>\nb<|end|>\n<|user|>\nc<|end|>\n\
+             <|assistant|>\nd<|end|>\n<|user|>\ne<|end|>\n</s>"
+        );
+        let written: Vec<&str> = spans.iter().map(|s| &text[s.clone()]).collect();
+        assert_eq!(written, ["b<|end|>", "d<|end|>"]);
+        // The last message is the assistant's: the end is in its turn, as the text has it.
+        let (text, spans) = t.render_for_training(&m[..4], None).unwrap();
+        assert_eq!(&text[spans[1].clone()], "d<|end|>\n</s>");
+        // Also where the assistant opens the conversation.
+        let (text, spans) = t.render_for_training(&m[1..4], None).unwrap();
+        let written: Vec<&str> = spans.iter().map(|s| &text[s.clone()]).collect();
+        assert_eq!(written, ["b<|end|>", "d<|end|>\n</s>"]);
+        // An earlier answer written otherwise once later turns follow is still refused.
+        let dropping = template(
+            "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% if loop.last %}!{% endif %}\
+             {% endfor %}{% if add_generation_prompt %}<|assistant|>{% else %}{{ eos_token }}{% endif %}",
+        );
+        let err = dropping.render_for_training(&m[..4], None).unwrap_err();
+        assert!(
+            err.starts_with("the chat template renders message 2 differently"),
+            "{err}"
         );
     }
 

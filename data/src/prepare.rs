@@ -269,6 +269,20 @@ fn read_only_cache(
     Corpus::open(&dir, manifest).map(Some)
 }
 
+/// `, N bad record(s) skipped, the first <where>: <why>`, or nothing when none was: often
+/// every record was bad for one reason, which the first one says.
+fn skipped_note(skipped: &[Skipped]) -> String {
+    match skipped.first() {
+        None => String::new(),
+        Some(first) => format!(
+            ", {} bad record(s) skipped, the first {}: {}",
+            skipped.len(),
+            first.origin,
+            first.why
+        ),
+    }
+}
+
 /// The hashes of the files the training data's tokenizer is built from as they are now, as
 /// a cache's manifest records them (`tokenizer_files`).
 pub fn tokenizer_file_hashes(config: &DatasetConfig) -> Result<Vec<(String, String)>> {
@@ -404,16 +418,7 @@ fn tokenize_files(
                 "the {} holds no documents ({} file(s){})",
                 spec.what,
                 files.len(),
-                match skipped.first() {
-                    None => String::new(),
-                    // Often every record was bad for one reason: the first one says which.
-                    Some(first) => format!(
-                        ", {} bad record(s) skipped, the first {}: {}",
-                        skipped.len(),
-                        first.origin,
-                        first.why
-                    ),
-                }
+                skipped_note(&skipped)
             ),
             // A field every record lacks: the one likely meant, as when the first record
             // stops the preparation.
@@ -432,9 +437,10 @@ fn tokenize_files(
         return Err(DataError::NotEnoughData {
             why: format!(
                 "no token of the {} is in the loss: none of its {} record(s) has a token to \
-                 train on (the first: {first}), so every step would train nothing",
+                 train on (the first: {first}{}), so every step would train nothing",
                 spec.what,
-                crate::dataset::thousands(written.documents)
+                crate::dataset::thousands(written.documents),
+                skipped_note(&skipped)
             ),
             fix: "give conversations an assistant turn (and prompt/completion records a \
                   completion); a chat template's `{% generation %}` blocks mark what trains"

@@ -395,6 +395,28 @@ fn chat_data_with_no_token_in_the_loss_is_refused() {
         )) && err.contains("give conversations an assistant turn"),
         "{err}"
     );
+    // The records skipped are said too: often they are where the answers were.
+    let skipping_path = write(
+        dir.path(),
+        "skipping.jsonl",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"no answer here\"}]}\n\
+         {\"messages\": [{\"role\": \"robot\", \"content\": \"beep\"}]}\n",
+    );
+    let mut skipping = dataset(
+        chat(&skipping_path, "messages"),
+        hf("bpe"),
+        64,
+        &dir.path().join("cache"),
+    );
+    skipping.on_bad_record = OnBadRecord::Skip;
+    let err = fails(&skipping, None);
+    assert!(
+        err.contains(&format!(
+            "(the first: {0}:1, 1 bad record(s) skipped, the first {0}:2: message 1 has role",
+            skipping_path.display()
+        )),
+        "{err}"
+    );
     assert!(
         !dir.path().join("cache").exists()
             || std::fs::read_dir(dir.path().join("cache"))

@@ -9,13 +9,13 @@
 
 use super::{defaults, ResolveError, Section};
 use crate::spec::{DataKind, DataSpec, TextSplitKind, TokenizerKind};
-use shardrun_data::chat::RENDER_ARGUMENTS;
+use shardrun_data::chat::{ChatTemplate, RENDER_ARGUMENTS};
 use shardrun_data::DataError;
 use shardrun_protocol::config::{
     DataConfig, DataSource, DatasetConfig, HeldOut, JsonlText, ModelConfig, OnBadRecord, Packing,
     TextSplit, TokenDtype, TokenizerConfig, ValidationConfig,
 };
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 /// `model_folder`: the model's Hugging Face folder, where the tokenizer is taken from when
@@ -710,7 +710,21 @@ fn tokenizer_problem(path: &Path) -> Option<Problem> {
 
 fn chat_template_problem(path: &Path) -> Option<Problem> {
     let why = if path.is_file() {
-        return None;
+        // A template that does not compile would fail the job on its first record.
+        let compiled = std::fs::read_to_string(path)
+            .map_err(|e| DataError::ChatTemplate {
+                path: path.to_path_buf(),
+                why: format!("cannot be read: {e}"),
+            })
+            .and_then(|source| {
+                ChatTemplate::from_source(path.to_path_buf(), source, &BTreeMap::new())
+            });
+        return compiled.err().map(|e| Problem {
+            why: e.to_string(),
+            fix: "fix the template (`transformers` would refuse it too), or remove \
+                  `chat_template` to use the tokenizer folder's"
+                .into(),
+        });
     } else if path.is_dir() {
         format!("the chat template {} is a folder", path.display())
     } else {
@@ -727,7 +741,9 @@ fn chat_template_problem(path: &Path) -> Option<Problem> {
 /// Why chat data cannot take its template from the tokenizer folder `folder`, as the data
 /// reader looks for one.
 fn folder_chat_template_problem(folder: &Path) -> Option<Problem> {
-    let error = shardrun_data::chat::templates_in_folder(folder).err()?;
+    let error = shardrun_data::chat::templates_in_folder(folder)
+        .and_then(|templates| ChatTemplate::from_templates(templates, &BTreeMap::new()))
+        .err()?;
     Some(match error {
         DataError::NoChatTemplate { .. } => Problem {
             why: format!(
@@ -1256,6 +1272,31 @@ mod tests {
             std::fs::write(&path, text).unwrap();
             data_in(dir.path(), chat).unwrap_or_else(|e| panic!("{file}: {e}"));
         }
+        // A template that does not compile is refused here, not by the job's first record.
+        let dir = jobs();
+        std::fs::write(
+            dir.path().join("tok/chat_template.jinja"),
+            "{% for m in messages %}",
+        )
+        .unwrap();
+        let ResolveError::Invalid(err) = data_in(dir.path(), chat).unwrap_err();
+        assert!(
+            err.why
+                .contains("chat_template.jinja: not a valid Jinja template: syntax error"),
+            "{err}"
+        );
+        std::fs::write(dir.path().join("own.jinja"), "{{ messages }").unwrap();
+        let ResolveError::Invalid(err) = data_in(
+            dir.path(),
+            &format!("{bytes}    chat_template: own.jinja\n"),
+        )
+        .unwrap_err();
+        assert!(
+            err.why
+                .contains("own.jinja: not a valid Jinja template: syntax error")
+                && err.fix.starts_with("fix the template"),
+            "{err}"
+        );
         // A folder whose templates cannot be read is named with what is wrong.
         let dir = jobs();
         std::fs::write(dir.path().join("tok/tokenizer_config.json"), "{").unwrap();
