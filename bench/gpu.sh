@@ -230,7 +230,7 @@ fi
 if [[ "$device" == cpu ]]; then
   echo "(CHECK_DEVICE=cpu: the worker's unit tests run in scripts/test.sh)"
 elif [[ -x "$bin/tests/shardrun-worker-unit-tests" ]]; then
-  check "worker unit tests on CUDA" "$bin/tests/shardrun-worker-unit-tests" --test-threads 1
+  check "worker unit tests on CUDA" "$bin/tests/shardrun-worker-unit-tests" --test-threads 1 --include-ignored
 else
   echo "(no $bin/tests/shardrun-worker-unit-tests: stage with \`bench/gpu.sh stage\` to run the unit tests here)"
 fi

@@ -98,24 +98,42 @@ fn kill_writer_at(root: &std::path::Path, pause_at: &str, delay: Option<Duration
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    // Read on a thread, so that a writer that stops printing fails the test at the deadline
+    // instead of blocking it.
     let stdout = child.stdout.take().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut reached = false;
-    for line in BufReader::new(stdout).lines() {
-        let line = line.unwrap();
-        assert!(Instant::now() < deadline, "writer never reached {pause_at}");
-        // libtest may print "test child_writer ... " on the same line as the first marker.
-        if line.ends_with(&format!("MARK {pause_at}")) {
-            reached = true;
-            if let Some(delay) = delay {
-                std::thread::sleep(delay);
+    let (lines, markers) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
             }
-            break;
         }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let reached = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match markers.recv_timeout(left) {
+            // libtest may print "test child_writer ... " on the same line as the first marker.
+            Ok(line) if line.ends_with(&format!("MARK {pause_at}")) => break Ok(()),
+            Ok(_) => continue,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                break Err(format!("the writer did not reach {pause_at} within 60 s"))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                break Err(format!("the writer ended before reaching {pause_at}"))
+            }
+        }
+    };
+    // The delay is the stimulus (how far into the next unit's write the kill lands), not a
+    // wait for anything.
+    if let (Ok(()), Some(delay)) = (&reached, delay) {
+        std::thread::sleep(delay);
     }
-    assert!(reached, "the writer ended before reaching {pause_at}");
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
+    if let Err(why) = reached {
+        panic!("{why}");
+    }
 }
 
 fn check_after_kill(root: &std::path::Path, expected: &[u64], point: &str) {
@@ -178,6 +196,7 @@ fn sigkill_at_each_point_of_a_save() {
 
 #[test]
 fn sigkill_mid_tensor_write() {
+    let mut mid_write = 0;
     for delay_ms in [1, 5, 20, 60] {
         let tmp = tempfile::tempdir().unwrap();
         save_sharded(tmp.path(), 10, 2, &layout(2), 2);
@@ -193,6 +212,12 @@ fn sigkill_mid_tensor_write() {
         if step == 20 {
             continue;
         }
+        mid_write += 1;
         check_after_kill(tmp.path(), &[10], &format!("{delay_ms} ms into a unit"));
     }
+    // At 1 ms a save of four units is never done: at least that kill was one mid-write.
+    assert!(
+        mid_write > 0,
+        "every kill came after the save was committed"
+    );
 }

@@ -238,11 +238,17 @@ pub fn losses(run: &Path) -> std::collections::BTreeMap<u64, f64> {
 
 /// One field (`"loss"`, `"lr"`) per step from a run's metrics.jsonl. A resumed run logs again
 /// the steps after its checkpoint: the later record of a step wins, as `shardrun plot` reads
-/// them.
+/// them. A value written as `null` (JSON has no NaN or inf) is NaN, so comparisons fail on it.
 pub fn step_values(run: &Path, field: &str) -> std::collections::BTreeMap<u64, f64> {
     step_records(run)
         .iter()
-        .filter_map(|v| Some((v["step"].as_u64()?, v[field].as_f64()?)))
+        .filter_map(|v| {
+            let value = match v.get(field)? {
+                serde_json::Value::Null => f64::NAN,
+                value => value.as_f64()?,
+            };
+            Some((v["step"].as_u64()?, value))
+        })
         .collect()
 }
 
@@ -254,6 +260,10 @@ pub fn assert_same_losses(
     tolerance: f64,
     what: &str,
 ) {
+    assert!(
+        !reference.is_empty(),
+        "{what}: the reference run logged no step"
+    );
     assert_eq!(
         got.keys().collect::<Vec<_>>(),
         reference.keys().collect::<Vec<_>>(),

@@ -196,6 +196,6 @@ fn lines_reach_train_log_while_the_rank_is_still_quiet() {
         !log.contains("step 2 line 0"),
         "step 1's last lines arrived only with step 2's:\n{log}"
     );
-    let status = job.child.wait().unwrap();
+    let status = wait_for_exit(&mut job, &run, Duration::from_secs(60));
     assert!(status.success(), "{status:?}");
 }

@@ -499,11 +499,12 @@ fn usr2_during_the_set_up_requeues_the_job_without_starting_ranks() {
     let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
     let dir = TestDir::new("slurm-preempt-setup");
     let name = "setup-notice";
-    // The first attempt's set-up takes a while (it runs in the run directory); the
-    // requeued attempt's is quick.
+    // The first attempt's set-up (it runs in the run directory) lasts until the test has
+    // sent the notice (a minute at most); the requeued attempt's is quick.
     let text = tiny_mlp_spec(name, 3, 1).replace(
         "resources:\n",
-        "resources:\n  setup:\n    - '[ -e attempted ] || { touch attempted in-setup; sleep 5; }'\n",
+        "resources:\n  setup:\n    - '[ -e attempted ] || { touch attempted in-setup; \
+         for i in $(seq 600); do [ -e notice-sent ] && break; sleep 0.1; done; }'\n",
     );
     let (job_id, run) = submit_simulated(&cluster, &dir, name, &text);
     wait_for("the set-up to start", Duration::from_secs(60), || {
@@ -518,6 +519,26 @@ fn usr2_during_the_set_up_requeues_the_job_without_starting_ranks() {
     )
     .unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
+    // The set-up ends once its shell has taken the notice (it says so in the job's .err).
+    let err_suffix = format!("-{job_id}.err");
+    wait_for(
+        "the set-up's shell to take the notice",
+        Duration::from_secs(60),
+        || {
+            std::fs::read_dir(&run)
+                .ok()?
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(&err_suffix))
+                .any(|e| {
+                    std::fs::read_to_string(e.path()).is_ok_and(|t| {
+                        t.contains("SIGUSR2 (preemption or the time limit near) during the set-up")
+                    })
+                })
+                .then_some(())
+        },
+    )
+    .unwrap();
+    std::fs::write(run.join("notice-sent"), "").unwrap();
     // Once the set-up is done, the controller takes the notice over: no rank, a requeue.
     // (Slurm holds a requeued job back for minutes; the run's resume is tested above.)
     let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();

@@ -535,12 +535,12 @@ fn ctrl_c_while_a_job_is_submitted_leaves_it_recorded_and_released() {
         0
     );
     std::fs::write(&answer, "").unwrap();
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut job.child.stderr.take().unwrap(), &mut stderr).unwrap();
-    let status = job.child.wait().unwrap();
+    let run = dir.join("runs/held");
+    let pipes = shardrun_e2e::PipeReader::start(&mut job.child);
+    let status = shardrun_e2e::jobs::wait_for_exit(&mut job, &run, DEADLINE);
+    let stderr = String::from_utf8_lossy(&pipes.join().1).into_owned();
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(status.signal(), Some(libc::SIGINT), "{stderr}");
-    let run = dir.join("runs/held");
     let manifest: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run.join("manifest.json")).unwrap()).unwrap();
     let ids = manifest["slurm_job_ids"]

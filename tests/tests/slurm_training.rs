@@ -37,8 +37,19 @@ fn tiny_mlp_trains_to_completion_under_slurm() {
         state, "COMPLETED",
         "stdout:\n{slurm_out}\nstderr:\n{slurm_err}"
     );
-    let metrics =
-        std::fs::read_to_string(run.join("metrics.jsonl")).expect("metrics.jsonl written");
-    assert!(metrics.lines().count() >= 5, "{metrics}");
-    assert!(run.join("train.log").is_file());
+    // Every step once, each rank's too, with a finite loss; train.log has the ranks' lines.
+    let losses = shardrun_e2e::jobs::losses(&run);
+    assert_eq!(losses.keys().copied().collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
+    assert!(losses.values().all(|l| l.is_finite()), "{losses:?}");
+    for rank in 0..2 {
+        assert_eq!(
+            shardrun_e2e::jobs::metric_steps(&run, rank),
+            [1, 2, 3, 4, 5]
+        );
+    }
+    let log = std::fs::read_to_string(run.join("train.log")).expect("train.log written");
+    assert!(
+        log.contains("[rank 0]") && log.contains("[rank 1]"),
+        "{log}"
+    );
 }
