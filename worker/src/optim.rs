@@ -208,6 +208,61 @@ mod tests {
         }
     }
 
+    /// Several steps of [`adamw_step`] (moments, bias correction by step, decoupled decay,
+    /// a learning rate that changes every step) make libtorch's own `torch::optim::AdamW`'s
+    /// update, the C++ twin of `torch.optim.AdamW`.
+    #[test]
+    fn adamw_over_several_steps_equals_libtorchs_adamw() {
+        use tch::nn::OptimizerConfig as _;
+        tch::manual_seed(5);
+        let sizes = [3i64, 1000];
+        let cfg = config();
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let theirs: Vec<Tensor> = sizes
+            .iter()
+            .map(|&n| vs.root().randn(&format!("p{n}"), &[n], 0.0, 1.0))
+            .collect();
+        let mut ours: Vec<Tensor> = theirs.iter().map(|t| t.detach().copy()).collect();
+        let start: Vec<Tensor> = ours.iter().map(Tensor::copy).collect();
+        let mut states: Vec<AdamWState> = ours.iter().map(AdamWState::zeros_like).collect();
+        let mut torch = tch::nn::AdamW {
+            beta1: cfg.beta1,
+            beta2: cfg.beta2,
+            wd: cfg.weight_decay,
+            eps: cfg.eps,
+            amsgrad: false,
+        }
+        .build(&vs, cfg.lr)
+        .unwrap();
+        for step in 1..=8u64 {
+            let lr = cfg.lr * [1.0, 0.5, 0.25, 1.0][step as usize % 4];
+            let grads: Vec<Tensor> = sizes
+                .iter()
+                .map(|&n| Tensor::randn([n], (Kind::Float, tch::Device::Cpu)) * step as f64)
+                .collect();
+            // libtorch's gradient is `grads` itself: d/dp of sum(p * g).
+            torch.zero_grad();
+            let loss = theirs
+                .iter()
+                .zip(&grads)
+                .map(|(p, g)| (p * g).sum(Kind::Float))
+                .fold(Tensor::from(0f32), |a, b| a + b);
+            loss.backward();
+            torch.set_lr(lr);
+            torch.step();
+            for ((p, g), state) in ours.iter_mut().zip(&grads).zip(states.iter_mut()) {
+                let whole = 0..p.numel() as i64;
+                adamw_step(&cfg, lr, step, p, g, state, std::slice::from_ref(&whole));
+            }
+        }
+        for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+            let moved = (a - &start[i]).abs().max().double_value(&[]);
+            let diff = (a - b).abs().max().double_value(&[]);
+            assert!(moved > 1e-3, "tensor {i} barely moved ({moved})");
+            assert!(diff.is_finite() && diff <= 1e-6, "tensor {i}: {diff}");
+        }
+    }
+
     #[test]
     fn decayed_ranges_follow_kinds_and_the_shard() {
         // w (6 elements, decayed), b (3, bias), n (2, norm), v (5, decayed); 2 shards of 8.
