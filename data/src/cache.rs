@@ -413,12 +413,12 @@ impl Drop for RemoveOnDrop {
 /// Removes the folders this process is still building, for a process about to end without
 /// unwinding (a stop signal while the data is prepared): what they hold would be redone
 /// from the start anyway. Taken off the list first, they are never renamed into place;
-/// their builds may still be writing: a few tries.
-pub fn abandon_builds() {
-    abandon_builds_where(|_| true);
+/// their builds may still be writing: a few tries. Returns them.
+pub fn abandon_builds() -> Vec<PathBuf> {
+    abandon_builds_where(|_| true)
 }
 
-fn abandon_builds_where(which: impl Fn(&Path) -> bool) {
+fn abandon_builds_where(which: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
     let abandoned: Vec<PathBuf> = {
         let mut all = building();
         let (abandoned, kept) = std::mem::take(&mut *all)
@@ -427,13 +427,14 @@ fn abandon_builds_where(which: impl Fn(&Path) -> bool) {
         *all = kept;
         abandoned
     };
-    for path in abandoned {
+    for path in &abandoned {
         for _ in 0..3 {
-            if std::fs::remove_dir_all(&path).is_ok() || !path.exists() {
+            if std::fs::remove_dir_all(path).is_ok() || !path.exists() {
                 break;
             }
         }
     }
+    abandoned
 }
 
 pub fn now_unix_s() -> f64 {

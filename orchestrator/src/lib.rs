@@ -18,6 +18,7 @@ pub mod diagnostics;
 pub mod events_file;
 pub mod exit;
 pub mod gpus;
+pub mod interrupt;
 pub mod job_controller;
 pub mod metrics_file;
 pub mod rerun;

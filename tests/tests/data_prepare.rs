@@ -659,6 +659,70 @@ fn another_user_reads_a_shared_cache_they_cannot_write_after_a_chmod_of_the_data
     assert_eq!(folders(), before);
 }
 
+/// Ctrl-C while `shardrun prepare` tokenizes: the cache folder it was building is removed
+/// (not left hidden until the next preparation), it says so and ends as SIGINT would; the
+/// same command then prepares the data. The process is stopped (SIGSTOP) once its build
+/// folder appears, so that the SIGINT lands mid-build however fast the machine.
+#[test]
+fn ctrl_c_while_prepare_tokenizes_removes_the_folder_it_was_building() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = TestDir::new("data-prepare-interrupted");
+    let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3").unwrap();
+    // 35 MB: over a second of tokenizing on a fast machine.
+    dir.write("data/big.txt", &text.repeat(1000));
+    let spec = dir.write("job.yaml", &text_spec("interrupted", "data/*.txt", ""));
+    let spec = spec.to_string_lossy().to_string();
+    let cache = dir.join("runs/data-cache");
+    let mut prepare = std::process::Command::new(shardrun_e2e::shardrun());
+    prepare
+        .current_dir(dir.path())
+        .args(["prepare", &spec])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut job = GroupChild::spawn(&mut prepare).unwrap();
+    let building = wait_for("the cache folder being built", DEADLINE, || {
+        std::fs::read_dir(&cache).ok()?.flatten().find_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.contains(".tmp-").then(|| e.path())
+        })
+    })
+    .unwrap();
+    let pid = job.child.id() as i32;
+    // SAFETY: signals to the child this test started.
+    unsafe {
+        assert_eq!(libc::kill(pid, libc::SIGSTOP), 0);
+        assert_eq!(libc::kill(pid, libc::SIGINT), 0);
+        assert_eq!(libc::kill(pid, libc::SIGCONT), 0);
+    }
+    let pipes = PipeReader::start(&mut job.child);
+    let status = wait_for_exit(&mut job, dir.path(), DEADLINE);
+    let stderr = String::from_utf8_lossy(&pipes.join().1).into_owned();
+    assert_eq!(status.code(), Some(130), "{status:?} {stderr}");
+    assert_eq!(status.signal(), None, "it ends by itself: {stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "shardrun: SIGINT: preparing the data stopped; the cache folder it was building is \
+             removed ({})",
+            building.display()
+        )),
+        "{stderr}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.ends_with(".lock"))
+        .collect();
+    assert!(left.is_empty(), "left in the cache: {left:?}");
+
+    let again = shardrun_in(&dir, &["prepare", &spec]);
+    assert!(again.status.success(), "{}", stderr_of(&again));
+    assert!(
+        stdout_of(&again).contains("553,000 document(s)"),
+        "{}",
+        stdout_of(&again)
+    );
+}
+
 /// Ctrl-C while the controller prepares the data (here: waiting for another process that
 /// holds the cache's lock) cancels the run at once and says so, and the run's state says
 /// it was cancelled, not killed; the same command then runs it.

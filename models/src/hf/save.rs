@@ -161,17 +161,33 @@ pub fn save_folder(
         std::fs::remove_dir_all(&tmp).map_err(HfError::io("remove", &tmp))?;
     }
     std::fs::create_dir(&tmp).map_err(HfError::io("create", &tmp))?;
-    let written = write_contents(&tmp, config, tensors, &mut values, files, options);
+    writing().push(tmp.clone());
+    let written = write_contents(&tmp, config, tensors, &mut values, files, options)
+        .and_then(|contents| sync_dir(&tmp).map(|()| contents));
     let (weight_files, derived_generation_config) = match written {
         Ok(w) => w,
         Err(e) => {
+            writing().retain(|p| *p != tmp);
             let _ = std::fs::remove_dir_all(&tmp);
             let _ = std::fs::remove_file(&lock_path);
             return Err(e);
         }
     };
-    sync_dir(&tmp)?;
-    std::fs::rename(&tmp, out).map_err(HfError::io("rename into place", out))?;
+    {
+        // Held through the rename: an abandoned folder is never renamed into place, nor
+        // removed while it is.
+        let mut writing = writing();
+        if !writing.contains(&tmp) {
+            // What the writes made again after the removal (a subfolder's create_dir_all).
+            let _ = std::fs::remove_dir_all(&tmp);
+            let _ = std::fs::remove_file(&lock_path);
+            return Err(HfError::io("rename into place", out)(
+                std::io::Error::other("the export was abandoned: this process is ending"),
+            ));
+        }
+        writing.retain(|p| *p != tmp);
+        std::fs::rename(&tmp, out).map_err(HfError::io("rename into place", out))?;
+    }
     let _ = std::fs::remove_file(&lock_path);
     sync_dir(parent)?;
     Ok(SavedFolder {
@@ -179,6 +195,41 @@ pub fn save_folder(
         weight_files,
         derived_generation_config,
     })
+}
+
+/// The partial folders this process is writing, for [`abandon_writes`].
+static WRITING: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+fn writing() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    WRITING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Removes the partial folders (and their lock files) this process is writing, for a process
+/// about to end without unwinding (Ctrl-C during an export): otherwise a hidden folder as big
+/// as the model stays until the next export to the same place. Returns them. Taken off the
+/// list first, they are never renamed into place; their writes may still go on: a few tries.
+pub fn abandon_writes() -> Vec<PathBuf> {
+    abandon_writes_where(|_| true)
+}
+
+fn abandon_writes_where(which: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
+    let abandoned: Vec<PathBuf> = {
+        let mut all = writing();
+        let (abandoned, kept) = std::mem::take(&mut *all)
+            .into_iter()
+            .partition(|p| which(p));
+        *all = kept;
+        abandoned
+    };
+    for path in &abandoned {
+        for _ in 0..3 {
+            if std::fs::remove_dir_all(path).is_ok() || !path.exists() {
+                break;
+            }
+        }
+        let _ = std::fs::remove_file(lock_of(path));
+    }
+    abandoned
 }
 
 /// An export is written under `.<name>.partial-<host>-<pid>` and renamed when complete.
@@ -415,4 +466,62 @@ fn sync_dir(dir: &Path) -> Result<(), HfError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(HfError::io("fsync", dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A folder abandoned while it is written (Ctrl-C during an export) is removed with its lock
+    /// file at once, and never renamed into place: the export that was writing it fails.
+    #[test]
+    fn an_abandoned_export_is_removed_and_never_renamed_into_place() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("m");
+        let (reached, wait) = std::sync::mpsc::channel();
+        let (go_on, resume) = std::sync::mpsc::channel::<()>();
+        let writer = std::thread::spawn({
+            let out = out.clone();
+            move || {
+                save_folder(
+                    &out,
+                    &json!({"model_type": "llama"}),
+                    &[("w".to_string(), vec![2])],
+                    |_, values| {
+                        // Mid-write: the test abandons the folder now.
+                        reached.send(()).unwrap();
+                        resume.recv().unwrap();
+                        values.extend([1.0, 2.0]);
+                        Ok(())
+                    },
+                    &[],
+                    &SaveOptions {
+                        dtype: StoredDtype::F32,
+                        max_shard_bytes: u64::MAX,
+                    },
+                )
+            }
+        });
+        wait.recv().unwrap();
+        let abandoned = abandon_writes_where(|p| p.starts_with(tmp.path()));
+        assert_eq!(abandoned.len(), 1, "{abandoned:?}");
+        assert!(
+            abandoned[0]
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(".m.partial-"),
+            "{abandoned:?}"
+        );
+        go_on.send(()).unwrap();
+        // It fails writing into the removed folder, or at the rename.
+        writer.join().unwrap().unwrap_err();
+        assert!(!out.exists() && !abandoned[0].exists());
+        let locks: Vec<_> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".lock"))
+            .collect();
+        assert!(locks.is_empty(), "{locks:?}");
+    }
 }

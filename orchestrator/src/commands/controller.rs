@@ -147,7 +147,7 @@ pub fn supervise(
                 m.error = Some(why.clone());
             });
             // The process ends without unwinding: a half-built data cache is removed here.
-            shardrun_data::cache::abandon_builds();
+            let _ = shardrun_data::cache::abandon_builds();
             outln!(
                 "shardrun: the run was cancelled {why}; nothing of it is lost: {again} to go on"
             );

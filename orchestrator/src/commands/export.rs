@@ -79,6 +79,15 @@ pub struct Args {
 }
 
 pub fn execute(args: Args) -> Result<()> {
+    crate::interrupt::on_stop("the export", || {
+        let removed = shardrun_models::hf::save::abandon_writes();
+        (!removed.is_empty()).then(|| {
+            format!(
+                "what it had written is removed ({})",
+                crate::interrupt::listed(&removed)
+            )
+        })
+    })?;
     let source_path = checkpoint_location(&args.path)?;
     let found = resolve(&source_path, Verify::Checksums)?;
     for message in found.fallback_messages() {

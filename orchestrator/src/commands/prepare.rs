@@ -29,6 +29,16 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     let (_, job) = spec_args::load_one_job(&args.spec, &args.set, OneJob::Prepare, |_| {
         Ok(Overrides::default())
     })?;
+    crate::interrupt::on_stop("preparing the data", || {
+        let removed = shardrun_data::cache::abandon_builds();
+        (!removed.is_empty()).then(|| {
+            format!(
+                "the cache folder it was building is removed ({}); run the same command to \
+                 prepare the data",
+                crate::interrupt::listed(&removed)
+            )
+        })
+    })?;
     for line in crate::data_prep::prepare_data(&job.train, args.threads)? {
         outln!("{line}");
     }
