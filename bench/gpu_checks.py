@@ -36,7 +36,12 @@ def metrics(path):
     into one (a standalone run's file has its rank's own); evaluation lines are skipped."""
     with open(path) as f:
         records = [json.loads(line) for line in f if line.strip()]
-    return [r for r in records if r.get("rank", 0) == 0 and "loss" in r]
+    steps = [r for r in records if r.get("rank", 0) == 0 and "loss" in r]
+    # JSON has no NaN: a diverged loss is written as null, which must compare as NaN.
+    for r in steps:
+        if r["loss"] is None:
+            r["loss"] = float("nan")
+    return steps
 
 
 def field(record, *names):

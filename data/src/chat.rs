@@ -368,8 +368,18 @@ impl ChatTemplate {
                 continue;
             }
             let mut through = self.render_with_tools(&messages[..=i], tools, false)?;
-            if !full.starts_with(&through) {
-                let ending = self.conversation_ending(&messages[..=i], tools)?;
+            let text_end = through.trim_end().len();
+            if !full.starts_with(&through) && full.starts_with(&through[..text_end]) {
+                // Only the whitespace after the turn differs (a closing newline of the
+                // whole conversation): it is in no span anyway.
+                through.truncate(text_end);
+            } else if !full.starts_with(&through) {
+                // A template that refuses the prompt after the assistant's turn has no
+                // ending to tell: the turns are refused as they were.
+                let ending = self
+                    .conversation_ending(&messages[..=i], tools)
+                    .ok()
+                    .flatten();
                 // What the template writes only where the conversation ends (Phi-3's
                 // `eos_token` without the generation prompt) is not this turn's.
                 match ending.and_then(|e| through.strip_suffix(&e).map(str::len)) {
@@ -427,12 +437,17 @@ impl ChatTemplate {
             .filter(|text| !text.is_empty())
             .collect();
         let longest = special.iter().map(|t| t.len()).max().unwrap_or(0);
+        // The token must reach past where the renders part: one ending before it is the
+        // last message's own (its end-of-turn token), not the ending.
         let ending = (parts.saturating_sub(longest)..=parts)
             .rev()
             .filter(|&at| ended.is_char_boundary(at))
-            .map(|at| &ended[at..])
-            .find(|ending| special.iter().any(|t| ending.starts_with(t)));
-        Ok(ending.map(str::to_string))
+            .find(|&at| {
+                special
+                    .iter()
+                    .any(|t| ended[at..].starts_with(t) && at + t.len() > parts)
+            });
+        Ok(ending.map(|at| ended[at..].to_string()))
     }
 
     /// Where the assistant's text starts in `through`, the conversation of its one opening
@@ -1165,6 +1180,27 @@ mod tests {
         let (text, spans) = t.render_for_training(&m[1..4], None).unwrap();
         let written: Vec<&str> = spans.iter().map(|s| &text[s.clone()]).collect();
         assert_eq!(written, ["b<|end|>", "d<|end|>\n</s>"]);
+        // An ending that is not a special token, after turns that end with one: the turns'
+        // own token is not taken for the ending, and the conversations are refused.
+        let ending = |text: &str| {
+            let source = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\
+                          {% if m.role == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %}\
+                          {% if add_generation_prompt %}<|assistant|>{% else %}ENDING{% endif %}";
+            template(&source.replace("ENDING", text))
+        };
+        let err = ending("<|end_of_chat|>")
+            .render_for_training(&m[..4], None)
+            .unwrap_err();
+        assert!(
+            err.starts_with("the chat template renders message 2 differently"),
+            "{err}"
+        );
+        // One of whitespace only is in no span: the turns are told apart.
+        let (text, spans) = ending("{{ '\\n' }}")
+            .render_for_training(&m[..4], None)
+            .unwrap();
+        let written: Vec<&str> = spans.iter().map(|s| &text[s.clone()]).collect();
+        assert_eq!(written, ["b</s>", "d</s>"]);
         // An earlier answer written otherwise once later turns follow is still refused.
         let dropping = template(
             "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% if loop.last %}!{% endif %}\

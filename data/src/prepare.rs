@@ -133,7 +133,8 @@ pub fn prepare_source(spec: &SourceSpec<'_>, observer: &dyn Observer) -> Result<
         manifest.tokenizer_files = tokenizer_files.clone();
         manifest.seconds = building.elapsed().as_secs_f64();
         Ok(manifest)
-    })?;
+    })
+    .map_err(|e| not_writable(spec.cache_dir, e))?;
     let seconds = match built {
         true => manifest.seconds,
         false => started.elapsed().as_secs_f64(),
@@ -238,7 +239,8 @@ fn find_same_contents(
 /// A cache folder this user cannot write (another's in a shared project, or read-only) with
 /// no folder for the files as they are now: the cache of the same bytes, read where it is
 /// (a `chmod` or a copy changes only the files' times, and so the key). `None` when the
-/// folder can be written, or holds the key's folder, so [`cache::open_or_build`] goes on.
+/// folder can be written, holds the key's folder, or nothing of the same bytes, so
+/// [`cache::open_or_build`] goes on.
 fn read_only_cache(
     spec: &SourceSpec<'_>,
     files: &[DataFile],
@@ -251,12 +253,10 @@ fn read_only_cache(
     if writable || !cache_dir.is_dir() || cache_dir.join(name).exists() {
         return Ok(None);
     }
+    // Nothing of the same bytes: [`cache::open_or_build`] waits for a build of the data
+    // under way (its owner's), or fails for want of write access ([`not_writable`]).
     let Some((dir, manifest)) = find_same_contents(spec, files, contents_name)? else {
-        return Err(DataError::CacheNotWritable {
-            path: cache_dir.to_path_buf(),
-            whose: users::owner_and_mode(cache_dir),
-            this_user: users::this_user(),
-        });
+        return Ok(None);
     };
     observer.line(&format!(
         "{}: the files hold the bytes {} was made from (only their times changed): its \
@@ -267,6 +267,26 @@ fn read_only_cache(
         cache_dir.display()
     ));
     Corpus::open(&dir, manifest).map(Some)
+}
+
+/// A build this user could not start in a cache folder it cannot write, said as such: whose
+/// the folder is and what to do, rather than the file the build could not create.
+fn not_writable(cache_dir: &Path, error: DataError) -> DataError {
+    let refused = matches!(
+        &error,
+        DataError::Io { source, .. } if matches!(
+            source.kind(),
+            std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+        )
+    );
+    if !refused || users::may(cache_dir, libc::W_OK | libc::X_OK) {
+        return error;
+    }
+    DataError::CacheNotWritable {
+        path: cache_dir.to_path_buf(),
+        whose: users::owner_and_mode(cache_dir),
+        this_user: users::this_user(),
+    }
 }
 
 /// `, N bad record(s) skipped, the first <where>: <why>`, or nothing when none was: often

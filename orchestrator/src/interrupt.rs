@@ -6,7 +6,19 @@
 
 use crate::job_controller::stop_signal::{self, StopSignal};
 use futures::future::select_all;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::signal::unix::{signal, SignalKind};
+
+/// Set once a stop signal came: the process ends through [`on_stop`]'s thread.
+static STOPPING: AtomicBool = AtomicBool::new(false);
+
+/// Never returns once a stop signal came, so that the signal's ending (its message, its exit
+/// status) is the process's, not the error of a write whose folder the stop removed.
+pub fn wait_if_stopping() {
+    while STOPPING.load(Ordering::SeqCst) {
+        std::thread::park();
+    }
+}
 
 /// From now on a stop signal runs `abandon` (which removes what was begun and says what it
 /// removed, if anything), says that `doing` stopped, and ends the process. A SIGHUP ignored
@@ -38,6 +50,7 @@ pub fn on_stop(
                 });
                 select_all(waits).await.0
             });
+            STOPPING.store(true, Ordering::SeqCst);
             let removed = abandon();
             errln!(
                 "shardrun: {stop}: {doing} stopped{}",

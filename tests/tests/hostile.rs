@@ -52,7 +52,7 @@ fn attack(addr: &str, i: u64) -> bool {
 #[test]
 fn hostile_connections_do_not_disturb_the_job() {
     let dir = TestDir::new("hostile");
-    let steps = 250u64;
+    let steps = 500u64;
     let spec = dir.write("tiny.yaml", &tiny_mlp_spec("hostile", steps, 2));
     let envs = [
         ("SHARDRUN_WORKER_BIN", simrank()),
@@ -85,10 +85,10 @@ fn hostile_connections_do_not_disturb_the_job() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let connected: usize = attackers.into_iter().map(|a| a.join().unwrap()).sum();
-    // All of them unless the job ended first (it trains for several seconds longer than
-    // the attack takes): most of them reached the controller.
+    // The job trains for about 15 s, twice as long as the attack takes: nearly all of them
+    // reached the controller.
     assert!(
-        connected >= 700,
+        connected >= 900,
         "only {connected} of 1,000 attacks connected"
     );
 

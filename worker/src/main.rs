@@ -19,7 +19,7 @@ use shardrun_protocol::{env, error_text};
 use shardrun_worker::checkpointing::{Agreed, Checkpointer, CheckpointingError};
 use shardrun_worker::collectives::cpu::transport::listen_host;
 use shardrun_worker::collectives::{nccl, prepare, CommError, Comms};
-use shardrun_worker::controller_client::{self, ClientOptions, ControllerClient};
+use shardrun_worker::controller_client::{self, ClientError, ClientOptions, ControllerClient};
 use shardrun_worker::fsdp::{FsdpError, ProcessGroups};
 use shardrun_worker::launch::RankEnv;
 use shardrun_worker::report::{Reporter, StdoutReporter};
@@ -374,6 +374,10 @@ fn join_through_controller(
     };
     let joined =
         controller_client::connect(&addr, &secret, registration, &ClientOptions::from_env());
+    let stopped = joined.as_ref().err().and_then(stopped_before_start);
+    if let (Some(code), Ok(_)) = (stopped, &device) {
+        std::process::exit(code);
+    }
     let (Some(prepared), Ok((client, start))) = (prepared, joined.as_ref()) else {
         if device.is_err() {
             std::process::exit(fail_fast::EXIT_FAILED);
@@ -387,11 +391,29 @@ fn join_through_controller(
     Ok((client.clone(), comms))
 }
 
+/// The exit status of a rank stopped before its job started, which ends quietly: the
+/// controller's shutdown (the run was cancelled, or another rank failed), or a stop signal
+/// of its own, after which the controller, stopping too, closes the connection. The
+/// controller says why the run ended; each rank saying it lost the connection would not.
+fn stopped_before_start(error: &ClientError) -> Option<i32> {
+    match error {
+        ClientError::Stopped { .. } => Some(shardrun_protocol::messages::EXIT_STOPPED),
+        ClientError::Rendezvous { .. } | ClientError::Unreachable { .. } => {
+            match stop::process().requested()? {
+                stop::StopRequest::Stop(reason) => Some(reason.exit_code()),
+                stop::StopRequest::Preempt => None,
+            }
+        }
+        ClientError::Rejected { .. }
+        | ClientError::MissingEnv { .. }
+        | ClientError::Secret { .. } => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use shardrun_protocol::connection::ConnectionError;
-    use shardrun_worker::controller_client::ClientError;
 
     #[test]
     fn a_lost_rendezvous_names_its_cause_once() {

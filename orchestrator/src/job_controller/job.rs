@@ -218,6 +218,9 @@ pub struct JobMachine {
     /// Why the run directory cannot be written, once the ranks were stopped for it.
     run_dir_unwritable: Option<String>,
     stop_requested: bool,
+    /// What the ranks were told when they were asked to stop: also told to a rank that
+    /// registers afterwards (it was still starting).
+    stop_reason: String,
     escalated: bool,
     /// [`Action::WatchStopping`] was asked for (once is enough).
     watching_stop: bool,
@@ -244,6 +247,7 @@ impl JobMachine {
             checkpoint_then_stop: false,
             run_dir_unwritable: None,
             stop_requested: false,
+            stop_reason: String::new(),
             escalated: false,
             watching_stop: false,
         }
@@ -654,8 +658,14 @@ impl JobMachine {
 
     fn on_register(&mut self, conn: ConnId, reg: Registration, out: &mut Vec<Action>) {
         if self.phase == Phase::Stopping {
-            // The job is failing already (often: every rank of a node has the same problem).
-            out.push(Action::Close { conn });
+            // The job is stopping already (cancelled, or failing: often every rank of a node
+            // has the same problem) while this rank was still starting: it is told so, and
+            // ends quietly, as the ranks asked before it do; the job's end says why.
+            let reason = self.stop_reason.clone();
+            out.push(Action::Send {
+                conn,
+                msg: ToWorker::Shutdown { reason },
+            });
             return;
         }
         if self.phase != Phase::Rendezvous {
@@ -1005,6 +1015,7 @@ impl JobMachine {
             return;
         }
         self.stop_requested = true;
+        self.stop_reason = reason.to_string();
         let was_running = self.phase == Phase::Running;
         self.phase = Phase::Stopping;
         self.tell_ranks_still_going(

@@ -464,6 +464,52 @@ fn cancel_shuts_down_then_second_signal_forces() {
     );
 }
 
+/// Ctrl-C while the ranks start: the one registered is told to stop, and so is the one that
+/// registers afterwards (it was still loading), instead of having its connection closed
+/// unexplained; both end quietly and the job ends cancelled.
+#[test]
+fn a_rank_that_registers_after_a_cancel_is_told_to_stop() {
+    let mut s = JobMachine::new(2, "abc");
+    s.handle(Event::Launched {
+        procs: vec![(0, Some(0)), (1, Some(1))],
+    });
+    s.handle(Event::Registered {
+        conn: 10,
+        registration: reg(0),
+    });
+    let shutdown = |conn| Action::Send {
+        conn,
+        msg: ToWorker::Shutdown {
+            reason: "the job was cancelled (SIGINT)".into(),
+        },
+    };
+    let actions = s.handle(Event::Cancel {
+        signal: StopSignal::Interrupt,
+    });
+    assert!(actions.contains(&shutdown(10)), "{actions:?}");
+    let late = s.handle(Event::Registered {
+        conn: 11,
+        registration: reg(1),
+    });
+    assert_eq!(late, vec![shutdown(11)]);
+    for (proc, conn) in [(0, 10), (1, 11)] {
+        s.handle(Event::Disconnected { conn, error: None });
+        let end = s.handle(Event::ProcessExited {
+            proc,
+            exit: ExitInfo::Code(3),
+        });
+        if proc == 1 {
+            assert_eq!(
+                end,
+                vec![Action::Finish(Outcome::Cancelled {
+                    by: CancelledBy::Signal(StopSignal::Interrupt),
+                    step: None
+                })]
+            );
+        }
+    }
+}
+
 #[test]
 fn ranks_killed_by_a_second_signal_end_the_run_at_the_step_they_had_all_completed() {
     let mut s = running();
@@ -1296,12 +1342,21 @@ fn a_node_without_a_usable_gpu_fails_the_job_once_before_it_starts() {
             ..
         }
     )));
-    // The other rank of the node has the same problem: closed, nothing said again.
+    // The other rank of the node has the same problem: told the job stops, nothing said
+    // again.
     let second = s.handle(Event::Registered {
         conn: 11,
         registration: bad(1),
     });
-    assert_eq!(second, vec![Action::Close { conn: 11 }]);
+    assert_eq!(
+        second,
+        vec![Action::Send {
+            conn: 11,
+            msg: ToWorker::Shutdown {
+                reason: "rank 0 failed".into()
+            }
+        }]
+    );
     s.handle(Event::ProcessExited {
         proc: 0,
         exit: ExitInfo::Code(1),
