@@ -328,3 +328,55 @@ fn a_controller_stopped_longer_than_the_heartbeat_timeout_fails_no_rank() {
     assert_eq!(result_json(&run)["status"], "succeeded");
     assert_eq!(metric_steps(&run, 0).last(), Some(&30));
 }
+
+/// Ctrl-C while the ranks are still starting: the ones that register afterwards are told
+/// the job stops and end quietly; the run ends cancelled with the controller's one line, not
+/// every rank's "lost the connection to the controller". The ranks start only once the
+/// controller has taken the signal (a wrapper holds them back until the test lets them go).
+#[test]
+fn ctrl_c_while_the_ranks_start_ends_the_run_without_an_error_from_each_rank() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TestDir::new("ctrl-c-at-start");
+    let spec = dir.write("starting.yaml", &real_ranks_spec("starting", 1000));
+    let go = dir.join("go");
+    let wrapper = dir.write(
+        "held-worker",
+        &format!(
+            "#!/bin/sh\nwhile [ ! -e {go:?} ]; do sleep 0.05; done\nexec {:?} \"$@\"\n",
+            binary("shardrun-worker")
+        ),
+    );
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let envs = [("SHARDRUN_WORKER_BIN", wrapper.display().to_string())];
+    let (mut job, run) = spawn_local_run(&dir, &spec, &["--nproc", "2"], &envs, |_| {});
+    wait_for_file(&run.join("controller.addr"), DEADLINE, |t| {
+        t.ends_with('\n')
+    })
+    .unwrap();
+    // SAFETY: a signal to the controller this test started.
+    unsafe { libc::kill(job.child.id() as i32, libc::SIGINT) };
+    wait_for_file(&run.join("train.log"), DEADLINE, |t| {
+        t.contains("received SIGINT")
+    })
+    .unwrap();
+    std::fs::write(&go, "").unwrap();
+    let pipes = PipeReader::start(&mut job.child);
+    let status = wait_for_exit(&mut job, &run, Duration::from_secs(60));
+    let (stdout, stderr) = pipes.join();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&stdout),
+        String::from_utf8_lossy(&stderr)
+    );
+    assert_eq!(status.code(), Some(130), "{said}");
+    assert_eq!(result_json(&run)["status"], "cancelled", "{said}");
+    assert!(said.contains("the run was cancelled by SIGINT"), "{said}");
+    let log = all_logs(&run);
+    for text in [&said, &log] {
+        assert!(
+            !text.contains("error") && !text.contains("lost the connection"),
+            "a rank said more than the controller:\n{text}"
+        );
+    }
+    assert_no_process_left(&run, Duration::ZERO);
+}
