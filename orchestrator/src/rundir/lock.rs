@@ -36,6 +36,23 @@ pub enum LockError {
     Starting { holder: Holder, run_dir: PathBuf },
     #[error(transparent)]
     NotUsable(#[from] super::access::NotUsable),
+    #[error("{path}: {source}: the file system holding it takes nothing more; nothing was changed\n  fix: free space there (older runs, checkpoints, data caches) or raise the quota, then run the same command again")]
+    NoRoom {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl LockError {
+    /// What an I/O error on the lock file `path` is: a full disk or quota said as such.
+    fn io(path: &Path, source: std::io::Error) -> LockError {
+        let path = path.to_path_buf();
+        match source.raw_os_error() {
+            Some(libc::ENOSPC | libc::EDQUOT) => LockError::NoRoom { path, source },
+            _ => LockError::Io { path, source },
+        }
+    }
 }
 
 /// The process that holds a run directory's lock, or held it last, as it wrote itself.
@@ -269,10 +286,7 @@ fn read_holder(file: &mut File) -> Holder {
 /// Takes the `flock` of the file at `path` (waiting out a look at it, see
 /// [`ACQUIRE_PATIENCE`]) and writes who holds it; `held` words a refusal from the holder.
 fn take(path: &Path, held: impl FnOnce(Holder) -> LockError) -> Result<File, LockError> {
-    let io = |source| LockError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
+    let io = |source| LockError::io(path, source);
     let shardrun_protocol::lock_file::LockFile { mut file, writable } =
         shardrun_protocol::lock_file::open(path).map_err(io)?;
     let started = Instant::now();
@@ -315,6 +329,22 @@ fn take(path: &Path, held: impl FnOnce(Holder) -> LockError) -> Result<File, Loc
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_disk_is_said_with_what_to_do() {
+        let path = Path::new("/runs/a/starting.lock");
+        let full = LockError::io(path, std::io::Error::from_raw_os_error(libc::ENOSPC));
+        assert!(matches!(full, LockError::NoRoom { .. }), "{full}");
+        let said = full.to_string();
+        assert!(
+            said.starts_with("/runs/a/starting.lock: No space left on device")
+                && said.contains("nothing was changed")
+                && said.contains("fix: free space there"),
+            "{said}"
+        );
+        let other = LockError::io(path, std::io::Error::from_raw_os_error(libc::EIO));
+        assert!(matches!(other, LockError::Io { .. }), "{other}");
+    }
 
     #[test]
     fn one_holder_at_a_time_and_released_on_drop() {
