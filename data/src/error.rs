@@ -122,7 +122,8 @@ fn cache_not_writable(path: &Path, whose: &Option<(String, u32)>, this_user: &st
         ),
         None => format!(
             "this user ({this_user}) cannot write the data cache {path}, and it holds no \
-             preparation of this data as its files are now: {fix}"
+             preparation of this data as its files are now: ask its owner to run `shardrun \
+             prepare` with this job spec, {fix}"
         ),
     }
 }

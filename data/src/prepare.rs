@@ -279,7 +279,8 @@ fn not_writable(cache_dir: &Path, error: DataError) -> DataError {
             std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
         )
     );
-    if !refused || users::may(cache_dir, libc::W_OK | libc::X_OK) {
+    // A folder not there yet is its parent's to create: the error names that.
+    if !refused || !cache_dir.is_dir() || users::may(cache_dir, libc::W_OK | libc::X_OK) {
         return error;
     }
     DataError::CacheNotWritable {

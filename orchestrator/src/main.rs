@@ -7,10 +7,11 @@ use clap::Parser;
 fn main() {
     let cli = shardrun::cli::Cli::parse();
     shardrun::diagnostics::init(cli.verbose);
-    if let Err(err) = shardrun::cli::run(cli) {
-        // A stop signal's removal of what the command was writing often fails it (its file
-        // is gone): the signal's own ending says what happened, not that error.
-        shardrun::interrupt::wait_if_stopping();
+    let ran = shardrun::cli::run(cli);
+    // A stop signal's removal of what the command was writing often fails it (its file
+    // is gone), or comes as it ends: the signal's own ending says what happened.
+    shardrun::interrupt::wait_if_stopping();
+    if let Err(err) = ran {
         if shardrun::exit::should_print(&err) {
             shardrun::errln!("error: {}", shardrun::exit::message(&err));
         }

@@ -348,7 +348,19 @@ fn ctrl_c_while_the_ranks_start_ends_the_run_without_an_error_from_each_rank() {
     );
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
     let envs = [("SHARDRUN_WORKER_BIN", wrapper.display().to_string())];
-    let (mut job, run) = spawn_local_run(&dir, &spec, &["--nproc", "2"], &envs, |_| {});
+    // Ranks not yet running get `--grace` seconds before a SIGTERM: long enough that they
+    // register (about a second) and are told to stop, which is what is tested.
+    let started = std::time::Instant::now();
+    let (mut job, run) = spawn_local_run(
+        &dir,
+        &spec,
+        &["--nproc", "2", "--grace", "60"],
+        &envs,
+        |cmd| {
+            // A debug log would print the registrations' fields, `device_error` among them.
+            cmd.env_remove("RUST_LOG");
+        },
+    );
     wait_for_file(&run.join("controller.addr"), DEADLINE, |t| {
         t.ends_with('\n')
     })
@@ -369,6 +381,10 @@ fn ctrl_c_while_the_ranks_start_ends_the_run_without_an_error_from_each_rank() {
         String::from_utf8_lossy(&stderr)
     );
     assert_eq!(status.code(), Some(130), "{said}");
+    assert!(
+        started.elapsed() < Duration::from_secs(50),
+        "the ranks ended by the SIGTERM after the grace, not by being told to stop"
+    );
     assert_eq!(result_json(&run)["status"], "cancelled", "{said}");
     assert!(said.contains("the run was cancelled by SIGINT"), "{said}");
     let log = all_logs(&run);

@@ -376,7 +376,7 @@ fn join_through_controller(
         controller_client::connect(&addr, &secret, registration, &ClientOptions::from_env());
     let stopped = joined.as_ref().err().and_then(stopped_before_start);
     if let (Some(code), Ok(_)) = (stopped, &device) {
-        std::process::exit(code);
+        exit_past_library_destructors(code);
     }
     let (Some(prepared), Ok((client, start))) = (prepared, joined.as_ref()) else {
         if device.is_err() {
@@ -396,14 +396,14 @@ fn join_through_controller(
 /// of its own, after which the controller, stopping too, closes the connection. The
 /// controller says why the run ended; each rank saying it lost the connection would not.
 fn stopped_before_start(error: &ClientError) -> Option<i32> {
+    // A signal of its own says how it ended (128 + its number), whatever ended the wait.
+    let own = match stop::process().requested() {
+        Some(stop::StopRequest::Stop(reason)) => Some(reason.exit_code()),
+        _ => None,
+    };
     match error {
-        ClientError::Stopped { .. } => Some(shardrun_protocol::messages::EXIT_STOPPED),
-        ClientError::Rendezvous { .. } | ClientError::Unreachable { .. } => {
-            match stop::process().requested()? {
-                stop::StopRequest::Stop(reason) => Some(reason.exit_code()),
-                stop::StopRequest::Preempt => None,
-            }
-        }
+        ClientError::Stopped { .. } => own.or(Some(shardrun_protocol::messages::EXIT_STOPPED)),
+        ClientError::Rendezvous { .. } | ClientError::Unreachable { .. } => own,
         ClientError::Rejected { .. }
         | ClientError::MissingEnv { .. }
         | ClientError::Secret { .. } => None,

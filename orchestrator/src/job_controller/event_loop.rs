@@ -279,6 +279,7 @@ async fn run_async(
             addr: &addr,
             world_size,
             config_hash: &config_hash,
+            steps: config.steps,
             records: &records,
             run_dir_failed,
         };
@@ -569,6 +570,8 @@ struct Ranks<'a> {
     addr: &'a str,
     world_size: u64,
     config_hash: &'a str,
+    /// The optimizer steps the job trains.
+    steps: u64,
     records: &'a mpsc::Sender<Record>,
     /// The run directory's first failed write, when the job stops for one.
     run_dir_failed: Option<tokio::sync::oneshot::Receiver<String>>,
@@ -589,6 +592,7 @@ impl Ranks<'_> {
             addr,
             world_size,
             config_hash,
+            steps,
             records,
             mut run_dir_failed,
         } = self;
@@ -641,7 +645,8 @@ impl Ranks<'_> {
         } = Launcher::launch(&spec, exit_tx, records.clone());
         let signal_all = std::sync::Arc::new(launcher.signaller());
 
-        let mut state = JobMachine::new(world_size, config_hash.to_string());
+        let mut state =
+            JobMachine::new(world_size, config_hash.to_string()).with_total_steps(steps);
         if matches!(spec.mode, LaunchMode::Slurm { .. }) {
             state = state.with_slurm_notices();
         }

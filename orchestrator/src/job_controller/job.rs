@@ -218,6 +218,8 @@ pub struct JobMachine {
     /// Why the run directory cannot be written, once the ranks were stopped for it.
     run_dir_unwritable: Option<String>,
     stop_requested: bool,
+    /// The optimizer steps the job trains, where the controller told it.
+    total_steps: Option<u64>,
     /// What the ranks were told when they were asked to stop: also told to a rank that
     /// registers afterwards (it was still starting).
     stop_reason: String,
@@ -248,6 +250,7 @@ impl JobMachine {
             run_dir_unwritable: None,
             stop_requested: false,
             stop_reason: String::new(),
+            total_steps: None,
             escalated: false,
             watching_stop: false,
         }
@@ -257,6 +260,13 @@ impl JobMachine {
     /// preemption (or time-limit) notice arriving before the rank could take it.
     pub fn with_slurm_notices(mut self) -> Self {
         self.signals_are_notices = true;
+        self
+    }
+
+    /// The job trains `steps` optimizer steps: a stop once every rank has done them finds
+    /// no step boundary left, and is said so.
+    pub fn with_total_steps(mut self, steps: u64) -> Self {
+        self.total_steps = Some(steps);
         self
     }
 
@@ -533,10 +543,22 @@ impl JobMachine {
                     } else {
                         "SIGTERM or SIGINT"
                     };
-                    out.push(Action::Say(format!(
-                        "received {signal}: the ranks stop at their next step boundary \
-                         ({to_kill} to kill them now)"
-                    )));
+                    let past_the_last_step = self.phase == Phase::Running
+                        && self.total_steps.is_some()
+                        && self.steps_done() == self.total_steps;
+                    out.push(Action::Say(if past_the_last_step {
+                        // No step boundary is left: what follows the last step goes on.
+                        format!(
+                            "received {signal} after the last step: the ranks finish the final \
+                             evaluation and checkpoint, and the run ends finished ({to_kill} to \
+                             kill them now)"
+                        )
+                    } else {
+                        format!(
+                            "received {signal}: the ranks stop at their next step boundary \
+                             ({to_kill} to kill them now)"
+                        )
+                    }));
                     self.cancelled.get_or_insert(signal);
                     self.stop(&format!("the job was cancelled ({signal})"), &mut out);
                 }

@@ -464,6 +464,41 @@ fn cancel_shuts_down_then_second_signal_forces() {
     );
 }
 
+/// Ctrl-C once every rank has done the last step: no boundary is left to stop at, and the
+/// line says what the ranks go on with instead.
+#[test]
+fn a_cancel_after_the_last_step_says_the_run_finishes() {
+    let said = |steps_done: u64| {
+        let mut s = launched_and_registered(JobMachine::new(2, "abc").with_total_steps(5));
+        for conn in [10, 11] {
+            s.handle(Event::Progress {
+                conn,
+                step: steps_done,
+            });
+        }
+        let actions = s.handle(Event::Cancel {
+            signal: StopSignal::Interrupt,
+        });
+        actions
+            .iter()
+            .find_map(|a| match a {
+                Action::Say(t) => Some(t.clone()),
+                _ => None,
+            })
+            .unwrap()
+    };
+    assert_eq!(
+        said(5),
+        "received SIGINT after the last step: the ranks finish the final evaluation and \
+         checkpoint, and the run ends finished (send it again to kill them now)"
+    );
+    assert!(
+        said(4).starts_with("received SIGINT: the ranks stop at their next step boundary"),
+        "{}",
+        said(4)
+    );
+}
+
 /// Ctrl-C while the ranks start: the one registered is told to stop, and so is the one that
 /// registers afterwards (it was still loading), instead of having its connection closed
 /// unexplained; both end quietly and the job ends cancelled.
