@@ -403,9 +403,10 @@ pub fn srun_line_explained(line: &str, end: Option<&ExitInfo>) -> Option<&'stati
         return Some("harmless: the ranks are not bound to cores, as shardrun asks");
     }
     match end? {
-        ExitInfo::Code(code) if shardrun_protocol::messages::is_stop_status(*code) => {
-            Some("the status of ranks that stopped at a step boundary as asked, not a failure")
-        }
+        ExitInfo::Code(code) if shardrun_protocol::messages::is_stop_status(*code) => Some(
+            "the status of ranks that stopped as asked (at a step boundary, or before the \
+                 job started), not a failure",
+        ),
         _ => None,
     }
 }
@@ -513,7 +514,7 @@ mod tests {
             srun_line_explained(line, end.as_ref())
         };
         let stopped = srun_line_explained("srun: error: vm: tasks 0-1: Exited with exit code 3");
-        assert!(stopped.is_some_and(|n| n.contains("stopped at a step boundary")));
+        assert!(stopped.is_some_and(|n| n.contains("stopped as asked (at a step boundary")));
         assert!(
             srun_line_explained("srun: error: vm: task 1: Exited with exit code 143").is_some()
         );
