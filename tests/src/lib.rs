@@ -321,6 +321,24 @@ impl SlurmCluster {
         run_with_deadline(&mut cmd, Duration::from_secs(60))
     }
 
+    /// Waits until Slurm no longer lists job `job_id` (a test that ends before its job does
+    /// would have the job write into the test's removed folder, leaving it behind).
+    pub fn wait_until_gone(&self, job_id: &str, deadline: Duration) {
+        wait_for("the Slurm job to leave the queue", deadline, || {
+            let out = run_with_deadline(
+                self.command("squeue")
+                    .args(["--noheader", "--format=%i", "--jobs", job_id]),
+                Duration::from_secs(30),
+            )
+            .ok()?;
+            // squeue refuses a job id it has forgotten: gone too.
+            let listed =
+                out.status.success() && !String::from_utf8_lossy(&out.stdout).trim().is_empty();
+            (!listed).then_some(())
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+
     /// `shardrun submit <args>` against this cluster, run in `cwd`, which must succeed and
     /// submit a job: what it printed. Otherwise it panics with submit's stderr and stdout, so
     /// a test fails at the submit that went wrong rather than later, waiting for a job.

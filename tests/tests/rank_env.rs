@@ -100,4 +100,5 @@ fn on_slurm_the_shells_nccl_variables_reach_the_ranks_unless_the_jobs_set_up_set
     ] {
         assert!(log.contains(line), "{line}\n{log}");
     }
+    cluster.wait_until_gone(&job_id, Duration::from_secs(120));
 }

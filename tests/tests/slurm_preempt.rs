@@ -588,6 +588,7 @@ fn a_rank_terminated_while_it_starts_ends_the_job_preempted_not_failed() {
         "{}",
         log()
     );
+    cluster.wait_until_gone(&job_id, Duration::from_secs(60));
 }
 
 /// `scontrol requeue` (as Slurm does for a failed node) stops the job with SIGTERM and queues
