@@ -27,6 +27,7 @@ use crate::files::DataFile;
 use crate::progress::Observer;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use shardrun_models::partial::PartialFolders;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -369,32 +370,20 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
 struct RemoveOnDrop(Option<PathBuf>);
 
 /// The folders being built in this process, for [`abandon_builds`].
-static BUILDING: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
-
-fn building() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
-    BUILDING.lock().unwrap_or_else(|e| e.into_inner())
-}
+static BUILDING: PartialFolders = PartialFolders::new();
 
 impl RemoveOnDrop {
     fn arm(path: PathBuf) -> RemoveOnDrop {
-        building().push(path.clone());
+        BUILDING.add(&path);
         RemoveOnDrop(Some(path))
     }
 
-    /// Renames the finished folder to `dir`, unless [`abandon_builds`] took it meanwhile:
-    /// both hold the list of builds, so a folder is never removed while it is renamed.
+    /// Renames the finished folder to `dir`, unless [`abandon_builds`] took it meanwhile.
     fn rename_into_place(mut self, dir: &Path) -> Result<()> {
         let Some(path) = self.0.take() else {
             return Ok(());
         };
-        let mut building = building();
-        if !building.contains(&path) {
-            return Err(DataError::io("rename into place", dir)(
-                std::io::Error::other("the build was abandoned: this process is ending"),
-            ));
-        }
-        building.retain(|p| *p != path);
-        std::fs::rename(&path, dir).map_err(|e| {
+        BUILDING.rename_into_place(&path, dir).map_err(|e| {
             let _ = std::fs::remove_dir_all(&path);
             DataError::io("rename into place", dir)(e)
         })
@@ -404,7 +393,7 @@ impl RemoveOnDrop {
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         if let Some(path) = self.0.take() {
-            building().retain(|p| *p != path);
+            BUILDING.forget(&path);
             let _ = std::fs::remove_dir_all(path);
         }
     }
@@ -412,29 +401,9 @@ impl Drop for RemoveOnDrop {
 
 /// Removes the folders this process is still building, for a process about to end without
 /// unwinding (a stop signal while the data is prepared): what they hold would be redone
-/// from the start anyway. Taken off the list first, they are never renamed into place;
-/// their builds may still be writing: a few tries. Returns them.
+/// from the start anyway. Returns them.
 pub fn abandon_builds() -> Vec<PathBuf> {
-    abandon_builds_where(|_| true)
-}
-
-fn abandon_builds_where(which: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
-    let abandoned: Vec<PathBuf> = {
-        let mut all = building();
-        let (abandoned, kept) = std::mem::take(&mut *all)
-            .into_iter()
-            .partition(|p| which(p));
-        *all = kept;
-        abandoned
-    };
-    for path in &abandoned {
-        for _ in 0..3 {
-            if std::fs::remove_dir_all(path).is_ok() || !path.exists() {
-                break;
-            }
-        }
-    }
-    abandoned
+    BUILDING.abandon_where(|_| true)
 }
 
 pub fn now_unix_s() -> f64 {
@@ -507,7 +476,7 @@ mod tests {
         let tmp = started.recv().unwrap();
         assert!(tmp.join(TOKENS).is_file());
         // Only this test's: other tests build in this process at the same time.
-        abandon_builds_where(|path| path.starts_with(dir.path()));
+        BUILDING.abandon_where(|path| path.starts_with(dir.path()));
         assert!(!tmp.exists());
         go_on.send(()).unwrap();
         assert!(building.join().unwrap().is_err());

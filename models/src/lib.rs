@@ -10,7 +10,9 @@
 //! * [`transformer`], [`mlp`], [`llama`]: the architectures;
 //! * [`hf`]: Hugging Face folders: `config.json` in both dialects, safetensors weights
 //!   (single file or sharded index) checked against the architecture and read by byte range,
-//!   and written back.
+//!   and written back;
+//! * [`partial`]: folders written under a hidden name, renamed into place once complete, and
+//!   removed by a stop signal instead.
 //!
 //! Adding an architecture: a module here with its config, `describe()` (parameters and
 //! segments) and `activations()` (bytes per token of each segment, for the memory plan), a
@@ -23,6 +25,7 @@ pub mod init;
 pub mod llama;
 pub mod mlp;
 pub mod param;
+pub mod partial;
 pub mod source;
 pub mod transformer;
 

@@ -10,6 +10,7 @@
 use super::config::{generation_config_json, GENERATION_CONFIG_FILE};
 use super::weights::StoredDtype;
 use super::{HfError, CONFIG_FILE, INDEX_FILE, SINGLE_FILE};
+use crate::partial::PartialFolders;
 use safetensors::tensor::{Metadata, TensorInfo};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -161,33 +162,26 @@ pub fn save_folder(
         std::fs::remove_dir_all(&tmp).map_err(HfError::io("remove", &tmp))?;
     }
     std::fs::create_dir(&tmp).map_err(HfError::io("create", &tmp))?;
-    writing().push(tmp.clone());
+    WRITING.add(&tmp);
     let written = write_contents(&tmp, config, tensors, &mut values, files, options)
-        .and_then(|contents| sync_dir(&tmp).map(|()| contents));
+        .and_then(|contents| sync_dir(&tmp).map(|()| contents))
+        .and_then(|contents| {
+            WRITING
+                .rename_into_place(&tmp, out)
+                .map(|()| contents)
+                .map_err(HfError::io("rename into place", out))
+        });
     let (weight_files, derived_generation_config) = match written {
         Ok(w) => w,
         Err(e) => {
-            writing().retain(|p| *p != tmp);
+            // Also what the writes made again after an abandon removed it (a subfolder's
+            // create_dir_all).
+            WRITING.forget(&tmp);
             let _ = std::fs::remove_dir_all(&tmp);
             let _ = std::fs::remove_file(&lock_path);
             return Err(e);
         }
     };
-    {
-        // Held through the rename: an abandoned folder is never renamed into place, nor
-        // removed while it is.
-        let mut writing = writing();
-        if !writing.contains(&tmp) {
-            // What the writes made again after the removal (a subfolder's create_dir_all).
-            let _ = std::fs::remove_dir_all(&tmp);
-            let _ = std::fs::remove_file(&lock_path);
-            return Err(HfError::io("rename into place", out)(
-                std::io::Error::other("the export was abandoned: this process is ending"),
-            ));
-        }
-        writing.retain(|p| *p != tmp);
-        std::fs::rename(&tmp, out).map_err(HfError::io("rename into place", out))?;
-    }
     let _ = std::fs::remove_file(&lock_path);
     sync_dir(parent)?;
     Ok(SavedFolder {
@@ -198,35 +192,18 @@ pub fn save_folder(
 }
 
 /// The partial folders this process is writing, for [`abandon_writes`].
-static WRITING: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
-
-fn writing() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
-    WRITING.lock().unwrap_or_else(|e| e.into_inner())
-}
+static WRITING: PartialFolders = PartialFolders::new();
 
 /// Removes the partial folders (and their lock files) this process is writing, for a process
 /// about to end without unwinding (Ctrl-C during an export): otherwise a hidden folder as big
-/// as the model stays until the next export to the same place. Returns them. Taken off the
-/// list first, they are never renamed into place; their writes may still go on: a few tries.
+/// as the model stays until the next export to the same place. Returns them.
 pub fn abandon_writes() -> Vec<PathBuf> {
     abandon_writes_where(|_| true)
 }
 
 fn abandon_writes_where(which: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
-    let abandoned: Vec<PathBuf> = {
-        let mut all = writing();
-        let (abandoned, kept) = std::mem::take(&mut *all)
-            .into_iter()
-            .partition(|p| which(p));
-        *all = kept;
-        abandoned
-    };
+    let abandoned = WRITING.abandon_where(which);
     for path in &abandoned {
-        for _ in 0..3 {
-            if std::fs::remove_dir_all(path).is_ok() || !path.exists() {
-                break;
-            }
-        }
         let _ = std::fs::remove_file(lock_of(path));
     }
     abandoned
