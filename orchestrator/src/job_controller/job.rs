@@ -217,12 +217,11 @@ pub struct JobMachine {
     checkpoint_then_stop: bool,
     /// Why the run directory cannot be written, once the ranks were stopped for it.
     run_dir_unwritable: Option<String>,
-    stop_requested: bool,
+    /// Why the ranks were asked to stop, once they were: also told to a rank that registers
+    /// afterwards (it was still starting).
+    stop_reason: Option<String>,
     /// The optimizer steps the job trains, where the controller told it.
     total_steps: Option<u64>,
-    /// What the ranks were told when they were asked to stop: also told to a rank that
-    /// registers afterwards (it was still starting).
-    stop_reason: String,
     escalated: bool,
     /// [`Action::WatchStopping`] was asked for (once is enough).
     watching_stop: bool,
@@ -248,8 +247,7 @@ impl JobMachine {
             cancel_received: None,
             checkpoint_then_stop: false,
             run_dir_unwritable: None,
-            stop_requested: false,
-            stop_reason: String::new(),
+            stop_reason: None,
             total_steps: None,
             escalated: false,
             watching_stop: false,
@@ -477,7 +475,7 @@ impl JobMachine {
                 let slurm_terminate = self.signals_are_notices
                     && signal == StopSignal::Terminate
                     && self.phase == Phase::Running
-                    && !self.stop_requested;
+                    && self.stop_reason.is_none();
                 if self.killed_by_notice && !self.notice_received && self.cancelled.is_none() {
                     // The signal that ended a starting rank was taken for a notice; the
                     // controller's own says what it was: a cancel (`scancel` signals the
@@ -500,7 +498,7 @@ impl JobMachine {
                              finish it and stop (SIGINT to stop them without it)"
                         )));
                     }
-                } else if self.stop_requested {
+                } else if self.stop_reason.is_some() {
                     if again_kills {
                         out.push(Action::Say(format!(
                             "{signal} again: killing the workers now"
@@ -615,7 +613,7 @@ impl JobMachine {
             || self.cancelled.is_some()
             || self.preempting.is_some()
             || self.checkpoint_then_stop
-            || self.stop_requested;
+            || self.stop_reason.is_some();
         if self.run_dir_unwritable.is_some() {
             return;
         }
@@ -683,7 +681,7 @@ impl JobMachine {
             // The job is stopping already (cancelled, or failing: often every rank of a node
             // has the same problem) while this rank was still starting: it is told so, and
             // ends quietly, as the ranks asked before it do; the job's end says why.
-            let reason = self.stop_reason.clone();
+            let reason = self.stop_reason.clone().unwrap_or_default();
             out.push(Action::Send {
                 conn,
                 msg: ToWorker::Shutdown { reason },
@@ -998,7 +996,7 @@ impl JobMachine {
         if self.cancelled.is_some() {
             // A rank that fails in a cancel's checkpoint leaves the others waiting for it in
             // the save's collectives: say so and stop them (the job stays cancelled).
-            if self.checkpoint_then_stop && !self.stop_requested {
+            if self.checkpoint_then_stop && self.stop_reason.is_none() {
                 out.push(Action::Say(format!(
                     "{}; the other ranks stop without the cancel's checkpoint",
                     failure.describe()
@@ -1033,11 +1031,10 @@ impl JobMachine {
     /// Asks every rank still going to stop for `reason`, once; ranks that were not running
     /// yet get the short grace whatever `grace` says.
     fn stop_with_grace(&mut self, reason: &str, grace: Grace, out: &mut Vec<Action>) {
-        if self.stop_requested {
+        if self.stop_reason.is_some() {
             return;
         }
-        self.stop_requested = true;
-        self.stop_reason = reason.to_string();
+        self.stop_reason = Some(reason.to_string());
         let was_running = self.phase == Phase::Running;
         self.phase = Phase::Stopping;
         self.tell_ranks_still_going(

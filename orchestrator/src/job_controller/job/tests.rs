@@ -27,7 +27,8 @@ fn running_under_slurm() -> JobMachine {
     launched_and_registered(JobMachine::new(2, "abc").with_slurm_notices())
 }
 
-fn launched_and_registered(mut s: JobMachine) -> JobMachine {
+/// Both ranks launched, rank 0 registered (on connection 10), rank 1 not yet.
+fn launched_with_rank_0_registered(mut s: JobMachine) -> JobMachine {
     s.handle(Event::Launched {
         procs: vec![(0, Some(0)), (1, Some(1))],
     });
@@ -35,6 +36,11 @@ fn launched_and_registered(mut s: JobMachine) -> JobMachine {
         conn: 10,
         registration: reg(0),
     });
+    s
+}
+
+fn launched_and_registered(s: JobMachine) -> JobMachine {
+    let mut s = launched_with_rank_0_registered(s);
     let actions = s.handle(Event::Registered {
         conn: 11,
         registration: reg(1),
@@ -504,14 +510,7 @@ fn a_cancel_after_the_last_step_says_the_run_finishes() {
 /// unexplained; both end quietly and the job ends cancelled.
 #[test]
 fn a_rank_that_registers_after_a_cancel_is_told_to_stop() {
-    let mut s = JobMachine::new(2, "abc");
-    s.handle(Event::Launched {
-        procs: vec![(0, Some(0)), (1, Some(1))],
-    });
-    s.handle(Event::Registered {
-        conn: 10,
-        registration: reg(0),
-    });
+    let mut s = launched_with_rank_0_registered(JobMachine::new(2, "abc"));
     let shutdown = |conn| Action::Send {
         conn,
         msg: ToWorker::Shutdown {
@@ -1038,14 +1037,7 @@ fn preemption_asks_every_rank_and_ends_preempted() {
 
 #[test]
 fn preemption_during_rendezvous_is_delivered_with_start() {
-    let mut s = JobMachine::new(2, "abc");
-    s.handle(Event::Launched {
-        procs: vec![(0, Some(0)), (1, Some(1))],
-    });
-    s.handle(Event::Registered {
-        conn: 10,
-        registration: reg(0),
-    });
+    let mut s = launched_with_rank_0_registered(JobMachine::new(2, "abc"));
     assert!(s
         .handle(Event::Preempt(Notice::Preemption))
         .iter()
