@@ -19,6 +19,9 @@ pub struct Footprint {
     pub segments: Vec<SegmentFootprint>,
     /// Bytes per token of one micro-batch's inputs and targets.
     pub batch: u64,
+    /// A language model's vocabulary: its loss runs a chunk of tokens at a time
+    /// ([`crate::loss`]).
+    pub vocab_size: Option<u64>,
 }
 
 /// Activation bytes per token of one segment, in the compute dtype the footprint was made for.
@@ -33,6 +36,9 @@ pub struct SegmentFootprint {
     /// The most alive on top of `saved` and `output` while the segment's forward or backward
     /// runs: temporaries, and the gradients of its activations.
     pub transient: u64,
+    /// Bytes per token on top of those that exist for one chunk of the loss's tokens at a
+    /// time, not the micro-batch's (a language model's logits and their gradient).
+    pub chunked: u64,
 }
 
 /// One segment's activation bytes per token, as an architecture states them (in segment
@@ -42,6 +48,8 @@ pub struct Activations {
     pub saved: u64,
     pub output: u64,
     pub transient: u64,
+    /// Per token of one chunk of the loss ([`SegmentFootprint::chunked`]).
+    pub chunked: u64,
 }
 
 /// fp32 bytes: norm statistics, attention's log-sum-exp, the loss's log-probabilities.
@@ -120,9 +128,11 @@ impl ModelConfig {
                     saved: a.saved,
                     output: a.output,
                     transient: a.transient,
+                    chunked: a.chunked,
                 })
                 .collect(),
             batch,
+            vocab_size: self.vocab_size(),
         }
     }
 }

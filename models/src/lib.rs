@@ -6,6 +6,7 @@
 //! * [`param`]: parameter and segment descriptions, counted and checked;
 //! * [`init`]: from-scratch values as a counter-based generator (any element range alone);
 //! * [`footprint`]: parameters, segments and activation bytes for the memory plan;
+//! * [`loss`]: how many tokens of a language model's loss are computed at once;
 //! * [`source`]: where a run's initial values come from (the generator or a folder);
 //! * [`transformer`], [`mlp`], [`llama`]: the architectures;
 //! * [`hf`]: Hugging Face folders: `config.json` in both dialects, safetensors weights
@@ -23,6 +24,7 @@ pub mod footprint;
 pub mod hf;
 pub mod init;
 pub mod llama;
+pub mod loss;
 pub mod mlp;
 pub mod param;
 pub mod partial;

@@ -462,6 +462,7 @@ impl LlamaConfig {
             saved: 0,
             output: d * c,
             transient: 0,
+            chunked: 0,
         }];
         for _ in 0..self.n_layers {
             segments.push(Activations {
@@ -480,18 +481,19 @@ impl LlamaConfig {
                 // Backward of the MLP: the upstream gradient and the gradients of the
                 // product, silu's output, up and gate; forward of RoPE: its two products.
                 transient: (3 * f + d).max(3 * q) * c,
+                chunked: 0,
             });
         }
         segments.push(Activations {
             // The final norm's normalised value and output (read by lm_head), its fp32 input
-            // copy and rsqrt, and the fp32 log-probabilities the loss keeps.
-            saved: 2 * d * c + if narrow { d * F32 } else { 0 } + F32 + self.vocab_size * F32,
+            // copy and rsqrt.
+            saved: 2 * d * c + if narrow { d * F32 } else { 0 } + F32,
             output: 0,
-            // Backward: the gradients of the log-probabilities and of the logits (fp32), the
-            // logits' gradient cast back to the compute dtype, the normed output's gradient.
-            transient: 2 * self.vocab_size * F32
-                + if narrow { self.vocab_size * c } else { 0 }
-                + d * c,
+            // The gradient of the normed output, in chunks and then joined.
+            transient: 2 * d * c,
+            // The loss, a chunk of tokens at a time: the logits in the compute dtype and
+            // cast up to fp32, which become their gradient in place, cast back down.
+            chunked: self.vocab_size * F32 + if narrow { self.vocab_size * c } else { 0 },
         });
         // int64 token ids and targets.
         (segments, 16)

@@ -53,12 +53,14 @@ impl MlpSizes {
                 output: hidden * c,
                 // The linear output before ReLU; in backward the two hidden gradients.
                 transient: 2 * hidden * c,
+                chunked: 0,
             },
             Activations {
                 // The MSE loss keeps its (fp32) input.
                 saved: output * F32,
                 output: 0,
                 transient: 2 * output * F32 + hidden * c,
+                chunked: 0,
             },
         ];
         // fp32 input vector and target vector (and the input cast to the compute dtype).

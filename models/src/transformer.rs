@@ -102,6 +102,7 @@ impl TransformerSizes {
             saved: 0,
             output: d * c,
             transient: d * c,
+            chunked: 0,
         }];
         for _ in 0..self.n_layers {
             segments.push(Activations {
@@ -116,18 +117,18 @@ impl TransformerSizes {
                 // input and output (4·dim each), less w1's output once GELU's backward
                 // released it.
                 transient: 5 * d * c,
+                chunked: 0,
             });
         }
         segments.push(Activations {
-            // The final norm's output (read by the output projection) and statistics, the
-            // log-probabilities (fp32: the logits are cast up when the compute dtype is
-            // narrower, then log-softmax keeps its fp32 output for backward).
-            saved: d * c + 2 * F32 + vocab * F32,
+            // The final norm's output (read by the output projection) and statistics.
+            saved: d * c + 2 * F32,
             output: 0,
-            // Backward: the gradient of the log-probabilities and of the logits (fp32), the
-            // logits' gradient cast back to the compute dtype, the gradient of the norm's
-            // output.
-            transient: 2 * vocab * F32 + if c < F32 { vocab * c } else { 0 } + d * c,
+            // The gradient of the norm's output, in chunks and then joined.
+            transient: 2 * d * c,
+            // The loss, a chunk at a time: the logits in the compute dtype and cast up to
+            // fp32, which become their gradient in place, cast back down.
+            chunked: vocab * F32 + if c < F32 { vocab * c } else { 0 },
         });
         // int64 token ids and targets.
         (segments, 16)

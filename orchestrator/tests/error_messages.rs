@@ -255,6 +255,24 @@ model.safetensors.index.json)
 }
 
 #[test]
+fn a_loss_chunk_of_zero_tokens() {
+    assert_error(
+        &VALID.replace(
+            "  steps: 2\n",
+            "  steps: 2\n  fsdp:\n    loss_chunk_tokens: 0\n",
+        ),
+        "\
+error: job.yaml:6:5: field `training.fsdp.loss_chunk_tokens`: a chunk of 0 tokens would never \
+compute the loss
+  |
+6 |     loss_chunk_tokens: 0
+  |     ^^^^^^^^^^^^^^^^^
+  fix: use 1 or more, or leave it out (as many tokens as fill 1 GiB of fp32 logits)
+",
+    );
+}
+
+#[test]
 fn an_unknown_key_in_a_flow_map() {
     assert_error(
         &VALID.replace(
@@ -267,7 +285,7 @@ error: job.yaml:5:32: field `training.fsdp`: unknown key `training.fsdp.bogus`
 5 |   fsdp: {strategy: FULL_SHARD, bogus: 1}
   |                                ^^^^^
   fix: use one of `strategy`, `wrap`, `mixed_precision`, `activation_checkpointing`, \
-`prefetch`, `max_gathers_in_flight`, `shard_group_size`
+`prefetch`, `max_gathers_in_flight`, `shard_group_size`, `loss_chunk_tokens`
 ",
     );
 }

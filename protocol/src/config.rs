@@ -338,6 +338,11 @@ pub struct FsdpConfig {
     /// HYBRID_SHARD only: ranks per shard group (a "node"); parameters are sharded within a
     /// group and replicated across groups. Defaults to the ranks per node.
     pub shard_group_size: Option<u64>,
+    /// Tokens of a language model's loss computed at once (its logits, cross-entropy and
+    /// their gradient); `None`: as many as fill 1 GiB of fp32 logits
+    /// (`shardrun_models::loss::chunk_tokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_chunk_tokens: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -30,6 +30,7 @@ pub const RESUMABLE: &[&str] = &[
     "fsdp.prefetch",
     "fsdp.max_gathers_in_flight",
     "fsdp.activation_checkpointing",
+    "fsdp.loss_chunk_tokens",
     // How often and how much is evaluated; what is held out is the data's identity.
     "data.validation.every_steps",
     "data.validation.max_batches",

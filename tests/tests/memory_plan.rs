@@ -33,6 +33,8 @@ struct Case {
     checkpointing: bool,
     /// A Llama model instead of the transformer: its key/value heads and MLP width.
     llama: Option<(u64, u64)>,
+    /// `training.fsdp.loss_chunk_tokens`.
+    loss_chunk_tokens: Option<u64>,
 }
 
 fn spec(c: &Case) -> String {
@@ -50,12 +52,14 @@ fn spec(c: &Case) -> String {
         "name: {}\nresources: {{ tasks_per_node: 2, cpus_per_task: 1 }}\ntraining:\n  \
          model: {model}\n  \
          data: {{ kind: synthetic, seq_len: 128 }}\n  steps: 2\n  total_batch_size: {}\n  \
-         batch_size_per_device: {}\n  fsdp: {{ strategy: {}, activation_checkpointing: {} }}\n",
+         batch_size_per_device: {}\n  fsdp: {{ strategy: {}, activation_checkpointing: {}{} }}\n",
         c.name,
         2 * c.batch_per_rank,
         c.batch_per_rank,
         c.strategy,
-        c.checkpointing
+        c.checkpointing,
+        c.loss_chunk_tokens
+            .map_or(String::new(), |n| format!(", loss_chunk_tokens: {n}"))
     )
 }
 
@@ -116,6 +120,7 @@ fn planned_peak_memory_matches_real_cpu_runs_within_15_percent() {
         strategy,
         checkpointing,
         llama: None,
+        loss_chunk_tokens: None,
     };
     // Grouped-query attention, SwiGLU: the Llama architecture's own activation figures.
     let llama = |name, strategy, checkpointing| Case {
@@ -132,6 +137,22 @@ fn planned_peak_memory_matches_real_cpu_runs_within_15_percent() {
         strategy,
         checkpointing: false,
         llama: None,
+        loss_chunk_tokens: None,
+    };
+    // A vocabulary whose logits outweigh the rest, its loss in chunks of 128 tokens (an
+    // eighth of a micro-batch): what the loss holds is one chunk's (whole, the logits and
+    // their gradients would be 375 MiB more).
+    let wide_vocabulary = Case {
+        name: "llama-vocab",
+        vocab: 32_000,
+        dim: 64,
+        layers: 2,
+        heads: 4,
+        batch_per_rank: 8,
+        strategy: "FULL_SHARD",
+        checkpointing: false,
+        llama: Some((2, 172)),
+        loss_chunk_tokens: Some(128),
     };
     let cases = [
         small("small-full", "FULL_SHARD", false),
@@ -144,6 +165,7 @@ fn planned_peak_memory_matches_real_cpu_runs_within_15_percent() {
         llama("llama-full", "FULL_SHARD", false),
         llama("llama-zero2", "SHARD_GRAD_OP", false),
         llama("llama-full-ac", "FULL_SHARD", true),
+        wide_vocabulary,
     ];
     let baseline_spec = dir.write(
         "baseline.yaml",
@@ -157,6 +179,7 @@ fn planned_peak_memory_matches_real_cpu_runs_within_15_percent() {
             strategy: "FULL_SHARD",
             checkpointing: false,
             llama: None,
+            loss_chunk_tokens: None,
         }),
     );
     let baseline = measured_peak(&dir, &baseline_spec);

@@ -255,6 +255,7 @@ impl Trainer {
             activation_checkpointing: config.fsdp.activation_checkpointing,
             prefetch: config.fsdp.prefetch,
             max_gathers_in_flight: config.fsdp.max_gathers_in_flight,
+            loss_chunk_tokens: config.fsdp.loss_chunk_tokens,
             device,
         };
         let rank = groups.control.rank() as u64;

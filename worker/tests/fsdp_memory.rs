@@ -216,6 +216,7 @@ fn step(
             activation_checkpointing: false,
             prefetch: setup.prefetch,
             max_gathers_in_flight: setup.max_gathers_in_flight,
+            loss_chunk_tokens: None,
             device: Device::Cpu,
         };
         let mut engine = FsdpEngine::new(

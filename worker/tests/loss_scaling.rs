@@ -157,10 +157,9 @@ fn resume_after_skipped_steps_continues_the_schedule_and_the_updates() {
         .rev()
         .copied()
         .find(|&s| skipped(&metrics[s as usize]) && applied_after(s) < s);
-    let after = saved
-        .iter()
-        .copied()
-        .find(|&s| applied_after(s) > 0 && applied_after(s) < s);
+    let after = saved.iter().copied().find(|&s| {
+        inside.is_some_and(|inside| s > inside) && applied_after(s) > 0 && applied_after(s) < s
+    });
     let (Some(inside), Some(after)) = (inside, after) else {
         panic!(
             "no checkpoint inside and after the skipped steps: {}",

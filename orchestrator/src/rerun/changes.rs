@@ -66,8 +66,8 @@ fn safe(path: &str) -> bool {
 pub const SAFE_IN_WORDS: &str = "training.steps, the world size, the device kind, resources \
     and preemption, training.batch_size_per_device, the checkpoint interval, keep and format, \
     log_every, threads_per_rank, FSDP's strategy, wrap, shard_group_size, prefetch, \
-    max_gathers_in_flight and activation_checkpointing, and validation's every_steps and \
-    max_batches";
+    max_gathers_in_flight, activation_checkpointing and loss_chunk_tokens, and \
+    validation's every_steps and max_batches";
 
 /// Resolved fields `--nproc` sets (one node of N ranks, in place of the spec's resources):
 /// when it ran either job they follow the world size, which is named with the flag.

@@ -63,6 +63,19 @@ pub fn resolve_fsdp(
             patterns: vec!["layer1".into(), "layer2".into()],
         },
     });
+    if f.loss_chunk_tokens == Some(0) {
+        return Err(s.err(
+            "training.fsdp.loss_chunk_tokens",
+            "a chunk of 0 tokens would never compute the loss",
+            "use 1 or more, or leave it out (as many tokens as fill 1 GiB of fp32 logits)",
+        ));
+    }
+    if f.loss_chunk_tokens.is_some() && model.vocab_size().is_none() {
+        warnings.push(
+            "`training.fsdp.loss_chunk_tokens` only applies to language models; ignored".into(),
+        );
+    }
+    let loss_chunk_tokens = f.loss_chunk_tokens;
     let activation_checkpointing = f.activation_checkpointing.unwrap_or(false);
     let reduce_dtype = f.mixed_precision.reduce_dtype.unwrap_or(param_dtype);
     if reduce_dtype == DType::F16 && param_dtype != DType::F16 {
@@ -93,6 +106,7 @@ pub fn resolve_fsdp(
         prefetch: f.prefetch.unwrap_or(true),
         max_gathers_in_flight: max_gathers,
         shard_group_size,
+        loss_chunk_tokens,
     })
 }
 

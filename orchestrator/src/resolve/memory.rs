@@ -347,6 +347,10 @@ fn strategy_memory(
     };
 
     let tokens = m.tokens_per_micro_batch;
+    // A language model's loss holds its logits for one chunk of tokens at a time.
+    let loss_chunk = f.vocab_size.map_or(tokens, |vocab| {
+        shardrun_models::loss::chunk_tokens(fsdp.loss_chunk_tokens, vocab).min(tokens)
+    });
     let checkpointed = |s: usize| fsdp.activation_checkpointing && f.segments[s].spec.is_block;
     let kept = |s: usize| {
         let seg = &f.segments[s];
@@ -371,7 +375,9 @@ fn strategy_memory(
     };
     for v in 0..2 * k {
         let s = segment_of(v);
-        let activations = tokens * (f.batch + before(s) + running(s)) + m.attention_mask_bytes;
+        let activations = tokens * (f.batch + before(s) + running(s))
+            + loss_chunk * f.segments[s].chunked
+            + m.attention_mask_bytes;
         let gradients = if v < k {
             no_sync
         } else {

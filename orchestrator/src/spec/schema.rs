@@ -350,6 +350,8 @@ pub struct FsdpSpec {
     pub max_gathers_in_flight: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard_group_size: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_chunk_tokens: Option<u64>,
 }
 
 /// FSDP's `MixedPrecision`. `reduce_dtype` defaults to `param_dtype` and `buffer_dtype` to

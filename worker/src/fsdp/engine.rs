@@ -33,7 +33,7 @@ use super::FsdpError;
 use crate::collectives::{EngineScope, ReduceOp};
 use crate::data::Batch;
 use crate::host;
-use crate::model::{Model, Params, SegmentSpec};
+use crate::model::{loss, Model, Params, SegmentSpec};
 use crate::optim::{adamw_step_fused, decay_weights, decayed_ranges};
 use crate::shim;
 use shardrun_models::source::ParamSource;
@@ -53,6 +53,9 @@ pub struct EngineOptions {
     /// At most this many units gathered at once: the running segment's and those gathered
     /// ahead of it (prefetched). The running segment's units are always gathered.
     pub max_gathers_in_flight: usize,
+    /// Tokens of a language model's loss computed at once (`None`: the default for its
+    /// vocabulary, `shardrun_models::loss::chunk_tokens`).
+    pub loss_chunk_tokens: Option<u64>,
     pub device: Device,
 }
 
@@ -408,6 +411,7 @@ impl FsdpEngine {
         let mut x = batch.inputs_as(self.options.param_kind);
         let mut saved = Vec::with_capacity(k);
         let mut loss = None;
+        let mut head_upstream = None;
         for s in 0..k {
             self.prepare(s)?;
             let p = Params::of_segment(&self.param_map, &self.segment_names[s]);
@@ -418,22 +422,58 @@ impl FsdpEngine {
                 });
             } else {
                 let input = (s > 0).then(|| x.detach().set_requires_grad(true));
-                let y = self
-                    .model
-                    .forward_segment(s, &p, input.as_ref().unwrap_or(&x), batch);
-                x = y.detach();
-                let output = if s + 1 == k {
-                    loss = Some(x.to_kind(Kind::Double));
-                    y * loss_factor
+                let input_or_batch = input.as_ref().unwrap_or(&x);
+                let head = (s + 1 == k)
+                    .then(|| self.model.output_layer(&p, input_or_batch))
+                    .flatten();
+                if let Some(head) = head {
+                    // The loss and the output layer's backward, a chunk of tokens at a
+                    // time; backward continues from the output layer's input.
+                    let weight = self.segments[s]
+                        .params
+                        .iter()
+                        .position(|name| *name == head.weight_name)
+                        .map(|i| self.segment_params[s][i])
+                        .ok_or_else(|| {
+                            FsdpError::Invalid(format!(
+                                "the output layer's weight {} is not a parameter of segment {}",
+                                head.weight_name, self.segments[s].name
+                            ))
+                        })?;
+                    let chunk = self.loss_chunk(head.weight);
+                    let units = &mut self.units;
+                    let (mean, grad_hidden) = loss::chunked_loss_and_grads(
+                        &head.hidden.detach(),
+                        head.weight,
+                        &batch.targets,
+                        chunk,
+                        loss_factor,
+                        &mut |grad| units[weight.0].accumulate_grad(weight.1, grad),
+                    );
+                    loss = Some(mean.to_kind(Kind::Double));
+                    head_upstream = Some(grad_hidden);
+                    saved.push(Saved::Graph {
+                        input,
+                        output: head.hidden,
+                    });
                 } else {
-                    y
-                };
-                saved.push(Saved::Graph { input, output });
+                    let y = self.model.forward_segment(s, &p, input_or_batch, batch);
+                    x = y.detach();
+                    let output = if s + 1 == k {
+                        loss = Some(x.to_kind(Kind::Double));
+                        y * loss_factor
+                    } else {
+                        y
+                    };
+                    saved.push(Saved::Graph { input, output });
+                }
             }
             self.after_forward(s)?;
         }
 
-        let mut upstream: Option<Tensor> = None;
+        // The last segment's backward starts from its output layer's input where the loss
+        // was computed in chunks, else from the loss itself.
+        let mut upstream: Option<Tensor> = head_upstream;
         for s in (0..k).rev() {
             let visit = 2 * k - 1 - s;
             self.prepare(visit)?;
@@ -515,13 +555,33 @@ impl FsdpEngine {
 
     fn forward_segments_without_grad(&mut self, batch: &Batch) -> Result<Tensor, FsdpError> {
         let mut x = batch.inputs_as(self.options.param_kind);
-        for s in 0..self.segments.len() {
+        let k = self.segments.len();
+        for s in 0..k {
             self.prepare(s)?;
             let p = Params::of_segment(&self.param_map, &self.segment_names[s]);
-            x = tch::no_grad(|| self.model.forward_segment(s, &p, &x, batch));
+            x = tch::no_grad(|| {
+                let head = (s + 1 == k)
+                    .then(|| self.model.output_layer(&p, &x))
+                    .flatten();
+                match head {
+                    Some(head) => loss::chunked_loss(
+                        &head.hidden,
+                        head.weight,
+                        &batch.targets,
+                        self.loss_chunk(head.weight),
+                    ),
+                    None => self.model.forward_segment(s, &p, &x, batch),
+                }
+            });
             self.after_forward(s)?;
         }
         Ok(x.to_kind(Kind::Double))
+    }
+
+    /// Tokens of the loss computed at once, for an output layer of `weight`.
+    fn loss_chunk(&self, weight: &Tensor) -> i64 {
+        let vocab = weight.size()[0] as u64;
+        shardrun_models::loss::chunk_tokens(self.options.loss_chunk_tokens, vocab) as i64
     }
 
     /// Averages the gradient shards over the replicate group (NO_SHARD, HYBRID_SHARD), on

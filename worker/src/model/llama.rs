@@ -16,7 +16,7 @@
 //! attention's variable-length kernel does it from the documents' bounds, computing no pair
 //! of tokens from different documents; elsewhere SDPA takes a block-diagonal causal mask.
 
-use super::{linear, token_loss, Model, ModelDescription, Params};
+use super::{linear, token_loss, Model, ModelDescription, OutputLayer, Params};
 use crate::data::{Batch, DocumentBounds};
 use crate::shim;
 use shardrun_models::llama::{flash_varlen_takes, mask_row_values, EMBED_TOKENS, LM_HEAD};
@@ -485,13 +485,8 @@ impl Llama {
     }
 
     fn logits(&self, p: &Params, h: &Tensor) -> Tensor {
-        let h = self.norm.forward(&p.pp("model.norm"), h);
-        let head = if self.tie_embeddings {
-            p.get(EMBED_TOKENS)
-        } else {
-            p.get(LM_HEAD)
-        };
-        h.linear::<Tensor>(head, None)
+        let head = self.output_layer(p, h).expect("a language model");
+        head.hidden.linear::<Tensor>(head.weight, None)
     }
 }
 
@@ -515,6 +510,19 @@ impl Model for Llama {
                     .forward(&p, x, (&cos, &sin), Self::attend(batch, &ids))
             }
         }
+    }
+
+    fn output_layer<'a>(&self, p: &Params<'a>, x: &Tensor) -> Option<OutputLayer<'a>> {
+        let (weight_name, weight) = p.get_with_path(if self.tie_embeddings {
+            EMBED_TOKENS
+        } else {
+            LM_HEAD
+        });
+        Some(OutputLayer {
+            hidden: self.norm.forward(&p.pp("model.norm"), x),
+            weight,
+            weight_name,
+        })
     }
 
     fn output(&self, p: &Params, x: &Tensor, _batch: &Batch) -> Tensor {

@@ -9,6 +9,7 @@
 //! of (its parameters, one input tensor, the batch).
 
 pub mod llama;
+pub mod loss;
 pub mod mlp;
 pub mod transformer;
 
@@ -62,13 +63,20 @@ impl<'a> Params<'a> {
     }
 
     pub fn get(&self, name: &str) -> &'a Tensor {
+        self.get_with_path(name).1
+    }
+
+    /// `name` and its full path (`model.embed_tokens.weight` for `embed_tokens.weight` under
+    /// `model`).
+    pub fn get_with_path(&self, name: &str) -> (String, &'a Tensor) {
         let path = self.path(name);
         // A missing name is a bug in the model's own description, not an input error.
         let tensor = self
             .map
             .get(&path)
             .unwrap_or_else(|| panic!("model reads parameter {path} it did not declare"));
-        self.resident(&path, tensor)
+        let tensor = self.resident(&path, tensor);
+        (path, tensor)
     }
 
     /// `name` when the model has it (optional biases).
@@ -102,6 +110,17 @@ impl<'a> Params<'a> {
     }
 }
 
+/// A language model's output layer, what [`loss`] computes the loss from.
+pub struct OutputLayer<'a> {
+    /// The last segment's input through everything before the output projection (the final
+    /// norm), with its graph.
+    pub hidden: Tensor,
+    /// The output projection's weight, `(vocab, dim)`: the token embedding when tied.
+    pub weight: &'a Tensor,
+    /// That parameter's name.
+    pub weight_name: String,
+}
+
 /// A model: its description and the forward of each segment.
 pub trait Model: Send + Sync {
     fn description(&self) -> &ModelDescription;
@@ -117,6 +136,14 @@ pub trait Model: Send + Sync {
     /// Forward of segment `index`. The first segment reads the batch's `inputs` as `x`; the
     /// last returns the scalar loss against the batch's targets.
     fn forward_segment(&self, index: usize, p: &Params, x: &Tensor, batch: &Batch) -> Tensor;
+
+    /// A language model's last segment up to its output projection, whose logits'
+    /// cross-entropy is the loss: the engine computes both a chunk of tokens at a time
+    /// ([`loss`]). `None` for a model whose loss is something else (the MLP's MSE); its last
+    /// segment then runs whole, through [`Model::forward_segment`].
+    fn output_layer<'a>(&self, _p: &Params<'a>, _x: &Tensor) -> Option<OutputLayer<'a>> {
+        None
+    }
 
     /// What the last segment computes before its loss (a language model's logits, in
     /// fp32), from that segment's input.

@@ -10,7 +10,7 @@
 //! loss = cross_entropy(logits, next tokens)
 //! ```
 
-use super::{linear, token_loss, Model, ModelDescription, Params};
+use super::{linear, token_loss, Model, ModelDescription, OutputLayer, Params};
 use crate::data::Batch;
 use tch::{Kind, Tensor};
 
@@ -59,7 +59,8 @@ impl Transformer {
     }
 
     fn logits(&self, p: &Params, h: &Tensor) -> Tensor {
-        linear(&p.pp("output"), &layer_norm(&p.pp("norm"), h))
+        let head = self.output_layer(p, h).expect("a language model");
+        head.hidden.linear::<Tensor>(head.weight, None)
     }
 }
 
@@ -90,6 +91,16 @@ impl Model for Transformer {
             i if i == last => token_loss(&self.logits(p, x), &batch.targets),
             i => self.block(&p.pp(&format!("layers.{}", i - 1)), x),
         }
+    }
+
+    fn output_layer<'a>(&self, p: &Params<'a>, x: &Tensor) -> Option<OutputLayer<'a>> {
+        // The output projection has no bias.
+        let (weight_name, weight) = p.pp("output").get_with_path("weight");
+        Some(OutputLayer {
+            hidden: layer_norm(&p.pp("norm"), x),
+            weight,
+            weight_name,
+        })
     }
 
     fn output(&self, p: &Params, x: &Tensor, _batch: &Batch) -> Tensor {

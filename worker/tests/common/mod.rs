@@ -66,6 +66,9 @@ pub fn config(model: ModelConfig, strategy: ShardingStrategy, world: u64) -> Tra
             prefetch: true,
             max_gathers_in_flight: 2,
             shard_group_size: (strategy == ShardingStrategy::HybridShard).then_some(2),
+            // Several chunks of the loss a micro-batch, the last one short: the reference
+            // and PyTorch compute it whole.
+            loss_chunk_tokens: Some(5),
         },
         checkpoint: CheckpointConfig {
             dir: None,
