@@ -270,9 +270,10 @@ pub fn run_reference(dir: &Path, name: &str, config: &TrainConfig) -> RunResult 
     read_result(&metrics, &params)
 }
 
-/// Largest relative difference: losses step by step, and every parameter as
-/// `max |a - b| / max |b|` over its elements. A NaN or an infinity on either side is never a
-/// small difference: it panics, naming the step or the parameter.
+/// Largest relative difference: losses and gradient norms step by step, and every parameter
+/// as `max |a - b| / max |b|` over its elements. A NaN or an infinity on either side is never
+/// a small difference: it panics, naming the step or the parameter. The gradient norms see
+/// what the parameters cannot: AdamW's update is the same for gradients all scaled alike.
 pub fn max_relative_difference(a: &RunResult, b: &RunResult) -> (f64, String) {
     assert_eq!(
         a.losses.len(),
@@ -289,6 +290,22 @@ pub fn max_relative_difference(a: &RunResult, b: &RunResult) -> (f64, String) {
         let d = (x - y).abs() / y.abs().max(1e-12);
         if d > worst.0 {
             worst = (d, format!("loss at step {}: {x} vs {y}", step + 1));
+        }
+    }
+    assert_eq!(
+        a.metrics.len(),
+        b.metrics.len(),
+        "same number of step records"
+    );
+    for (x, y) in a.metrics.iter().zip(&b.metrics) {
+        let (step, x, y) = (x.step, x.grad_norm, y.grad_norm);
+        assert!(
+            x.is_finite() && y.is_finite(),
+            "gradient norm at step {step} is not finite: {x} vs {y}"
+        );
+        let d = (x - y).abs() / y.abs().max(1e-12);
+        if d > worst.0 {
+            worst = (d, format!("gradient norm at step {step}: {x} vs {y}"));
         }
     }
     assert_eq!(
