@@ -1,6 +1,6 @@
 //! A job whose planned peak memory per rank exceeds its GPUs' is refused by every command
 //! that would start it (`plan`, `submit`, `run`), naming the field and the way out, and goes
-//! ahead with `--force`.
+//! ahead with `--force`. A language model's loss counts one chunk of its logits.
 
 mod common;
 use common::{shardrun, spec_dir, text};
@@ -43,4 +43,40 @@ fn plan_submit_and_run_refuse_a_job_that_does_not_fit_unless_forced() {
     let out = shardrun(dir.path(), &["submit", "job.yaml", "--force", "--dry-run"]);
     assert!(out.status.success(), "{}", self::text(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("#SBATCH"));
+}
+
+/// A Llama with Llama 3's 128,256-token vocabulary and 8,192 tokens a micro-batch, whose
+/// fp32 logits alone would be 3.9 GiB: the loss computes them a chunk of tokens at a time and
+/// the plan counts one chunk. The default chunk (2,092 tokens, 1 GiB of logits) fits GPUs of
+/// 4 GiB; the whole micro-batch in one chunk does not.
+#[test]
+fn the_plan_counts_one_chunk_of_the_loss() {
+    let spec = |fsdp: &str| {
+        format!(
+            "name: wide-vocabulary\nresources:\n  gpus_per_node: 2\n  gpu_memory_gb: 4\n\
+             training:\n  model: {{ kind: llama, vocab_size: 128256, dim: 256, n_layers: 2, \
+             n_heads: 4, n_kv_heads: 2, ffn_dim: 688 }}\n  data: {{ kind: synthetic, seq_len: \
+             4096 }}\n  steps: 1\n  total_batch_size: 4\n  batch_size_per_device: 2\n{fsdp}"
+        )
+    };
+    let dir = spec_dir("job.yaml", &spec(""));
+    let out = shardrun(dir.path(), &["plan", "job.yaml"]);
+    let shown = text(&out);
+    assert!(out.status.success(), "{shown}");
+    assert!(
+        shown.contains("the loss in chunks of 2092 of a micro-batch's 8192 tokens"),
+        "{shown}"
+    );
+    std::fs::write(
+        dir.path().join("job.yaml"),
+        spec("  fsdp: { loss_chunk_tokens: 8192 }\n"),
+    )
+    .unwrap();
+    let out = shardrun(dir.path(), &["plan", "job.yaml"]);
+    let shown = text(&out);
+    assert!(!out.status.success(), "{shown}");
+    assert!(
+        shown.contains("exceeds the 3.0 GiB a GPU has for the job"),
+        "{shown}"
+    );
 }

@@ -98,7 +98,7 @@ impl ResolvedJob {
             self.memory.num_params
         );
         let _ = writeln!(out, "  data           {}", data_summary(t));
-        let _ = writeln!(out, "  fsdp           {}, wrap {}, params {} / reduce {}, activation checkpointing {}, prefetch {}", yaml_name(&t.fsdp.strategy), yaml_name(&t.fsdp.wrap), yaml_name(&t.fsdp.mixed_precision.param_dtype), yaml_name(&t.fsdp.mixed_precision.reduce_dtype), t.fsdp.activation_checkpointing, t.fsdp.prefetch);
+        let _ = writeln!(out, "  fsdp           {}, wrap {}, params {} / reduce {}, activation checkpointing {}, prefetch {}{}", yaml_name(&t.fsdp.strategy), yaml_name(&t.fsdp.wrap), yaml_name(&t.fsdp.mixed_precision.param_dtype), yaml_name(&t.fsdp.mixed_precision.reduce_dtype), t.fsdp.activation_checkpointing, t.fsdp.prefetch, loss_chunks(t));
         let _ = writeln!(
             out,
             "  optimizer      AdamW lr {} betas ({}, {}) weight decay {} (none on {}), warmup {} then {}",
@@ -312,6 +312,20 @@ fn without_url_password(value: &str) -> String {
         &authority[..=colon],
         &value[scheme_end + at..]
     )
+}
+
+/// How the loss splits a micro-batch, where it does: `, the loss in chunks of 128 of a
+/// micro-batch's 1024 tokens` (the memory plan counts one chunk's logits).
+fn loss_chunks(t: &TrainConfig) -> String {
+    let Some(vocab) = t.model.vocab_size() else {
+        return String::new();
+    };
+    let tokens = t.batch.batch_size_per_device * t.data.sequence_length(&t.model);
+    let chunk = shardrun_models::loss::chunk_tokens(t.fsdp.loss_chunk_tokens, vocab);
+    if chunk >= tokens {
+        return String::new();
+    }
+    format!(", the loss in chunks of {chunk} of a micro-batch's {tokens} tokens")
 }
 
 #[cfg(test)]
