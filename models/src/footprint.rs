@@ -19,9 +19,6 @@ pub struct Footprint {
     pub segments: Vec<SegmentFootprint>,
     /// Bytes per token of one micro-batch's inputs and targets.
     pub batch: u64,
-    /// A language model's vocabulary: its loss runs a chunk of tokens at a time
-    /// ([`crate::loss`]).
-    pub vocab_size: Option<u64>,
 }
 
 /// Activation bytes per token of one segment, in the compute dtype the footprint was made for.
@@ -132,7 +129,6 @@ impl ModelConfig {
                 })
                 .collect(),
             batch,
-            vocab_size: self.vocab_size(),
         }
     }
 }

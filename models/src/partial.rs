@@ -10,7 +10,7 @@ use std::sync::{Mutex, MutexGuard};
 pub struct PartialFolders(Mutex<Vec<PathBuf>>);
 
 /// Why [`PartialFolders::rename_into_place`] renamed nothing.
-pub const ABANDONED: &str = "abandoned: this process is ending";
+const ABANDONED: &str = "abandoned: this process is ending";
 
 impl PartialFolders {
     pub const fn new() -> PartialFolders {

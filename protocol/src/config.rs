@@ -46,6 +46,19 @@ impl TrainConfig {
     pub fn tokens_per_step(&self) -> u64 {
         self.batch.total_batch_size * self.data.sequence_length(&self.model)
     }
+
+    /// Tokens (or samples, for the MLP) one rank processes per micro-step.
+    pub fn tokens_per_micro_batch(&self) -> u64 {
+        self.batch.batch_size_per_device * self.data.sequence_length(&self.model)
+    }
+
+    /// Tokens of a language model's loss computed at once, at most a micro-batch's
+    /// (`fsdp.loss_chunk_tokens`, else the default for its vocabulary); `None` for the MLP.
+    pub fn loss_chunk_tokens(&self) -> Option<u64> {
+        let vocab = self.model.vocab_size()?;
+        let chunk = shardrun_models::loss::chunk_tokens(self.fsdp.loss_chunk_tokens, vocab);
+        Some(chunk.min(self.tokens_per_micro_batch()))
+    }
 }
 
 /// The model, described once in the `shardrun-models` crate (parameters, segments,

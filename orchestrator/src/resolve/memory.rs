@@ -46,6 +46,8 @@ pub struct MemoryInputs<'a> {
     pub shard_group: u64,
     /// Tokens (samples, for models without sequences) one rank processes per micro-step.
     pub tokens_per_micro_batch: u64,
+    /// Tokens of a language model's loss computed at once ([`TrainConfig::loss_chunk_tokens`]).
+    pub loss_chunk_tokens: Option<u64>,
     pub grad_accum_steps: u64,
     pub device: DeviceKind,
     pub gpu_memory_gb: Option<f64>,
@@ -348,9 +350,7 @@ fn strategy_memory(
 
     let tokens = m.tokens_per_micro_batch;
     // A language model's loss holds its logits for one chunk of tokens at a time.
-    let loss_chunk = f.vocab_size.map_or(tokens, |vocab| {
-        shardrun_models::loss::chunk_tokens(fsdp.loss_chunk_tokens, vocab).min(tokens)
-    });
+    let loss_chunk = m.loss_chunk_tokens.unwrap_or(tokens);
     let checkpointed = |s: usize| fsdp.activation_checkpointing && f.segments[s].spec.is_block;
     let kept = |s: usize| {
         let seg = &f.segments[s];

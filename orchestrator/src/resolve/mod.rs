@@ -505,8 +505,8 @@ pub fn resolve_with(
             fsdp: &train.fsdp,
             world_size: ranks.world_size,
             shard_group: train.fsdp.shard_group_size.unwrap_or(ranks.ntasks_per_node),
-            tokens_per_micro_batch: train.batch.batch_size_per_device
-                * train.data.sequence_length(&train.model),
+            tokens_per_micro_batch: train.tokens_per_micro_batch(),
+            loss_chunk_tokens: train.loss_chunk_tokens(),
             grad_accum_steps,
             device: ranks.device,
             gpu_memory_gb: spec.resources.gpu_memory_gb,

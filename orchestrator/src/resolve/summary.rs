@@ -317,15 +317,13 @@ fn without_url_password(value: &str) -> String {
 /// How the loss splits a micro-batch, where it does: `, the loss in chunks of 128 of a
 /// micro-batch's 1024 tokens` (the memory plan counts one chunk's logits).
 fn loss_chunks(t: &TrainConfig) -> String {
-    let Some(vocab) = t.model.vocab_size() else {
-        return String::new();
-    };
-    let tokens = t.batch.batch_size_per_device * t.data.sequence_length(&t.model);
-    let chunk = shardrun_models::loss::chunk_tokens(t.fsdp.loss_chunk_tokens, vocab);
-    if chunk >= tokens {
-        return String::new();
+    let tokens = t.tokens_per_micro_batch();
+    match t.loss_chunk_tokens() {
+        Some(chunk) if chunk < tokens => {
+            format!(", the loss in chunks of {chunk} of a micro-batch's {tokens} tokens")
+        }
+        _ => String::new(),
     }
-    format!(", the loss in chunks of {chunk} of a micro-batch's {tokens} tokens")
 }
 
 #[cfg(test)]
