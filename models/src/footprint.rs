@@ -19,6 +19,9 @@ pub struct Footprint {
     pub segments: Vec<SegmentFootprint>,
     /// Bytes per token of one micro-batch's inputs and targets.
     pub batch: u64,
+    /// The output layer's weight, whose gradient the loss computes a chunk of tokens at a
+    /// time in the last segment's forward ([`crate::ModelDescription::output_weight`]).
+    pub output_weight: Option<String>,
 }
 
 /// Activation bytes per token of one segment, in the compute dtype the footprint was made for.
@@ -129,6 +132,7 @@ impl ModelConfig {
                 })
                 .collect(),
             batch,
+            output_weight: description.output_weight,
         }
     }
 }
@@ -153,6 +157,7 @@ mod tests {
                 output_dim: 7,
             },
         ] {
+            model.describe().validate().unwrap();
             let f = model.footprint(F32);
             assert_eq!(f.num_params(), model.num_params(), "{model:?}");
             let mut read: Vec<&String> = f.segments.iter().flat_map(|s| &s.spec.params).collect();

@@ -429,6 +429,14 @@ impl LlamaConfig {
             params,
             segments,
             tied,
+            output_weight: Some(
+                if self.tie_embeddings {
+                    EMBED_TOKENS
+                } else {
+                    LM_HEAD
+                }
+                .into(),
+            ),
             attention_flops_per_token_per_position: 12
                 * self.n_layers
                 * self.n_heads

@@ -33,6 +33,7 @@ impl MlpSizes {
             params,
             segments,
             tied: Vec::new(),
+            output_weight: None,
             attention_flops_per_token_per_position: 0,
         }
     }

@@ -198,6 +198,10 @@ pub struct ModelDescription {
     pub params: Vec<ParamSpec>,
     pub segments: Vec<SegmentSpec>,
     pub tied: Vec<TiedParam>,
+    /// The output layer's weight, which the loss multiplies the last hidden states by a
+    /// chunk of tokens at a time (a language model's head, or the token embedding tied to
+    /// it); `None` where the last segment itself gives the loss.
+    pub output_weight: Option<String>,
     /// FLOPs per token per position of context for forward + backward of the attention
     /// scores and their weighted sum: torchtitan's `12 · layers · heads · head_dim`.
     pub attention_flops_per_token_per_position: u64,
@@ -232,7 +236,8 @@ impl ModelDescription {
             + (self.attention_flops_per_token_per_position * seq_len) as f64
     }
 
-    /// Checks that every segment reads declared parameters and every parameter is read.
+    /// Checks that every segment reads declared parameters, every parameter is read and the
+    /// last segment reads the output layer's weight.
     pub fn validate(&self) -> Result<(), String> {
         let mut seen = std::collections::HashSet::new();
         for p in &self.params {
@@ -255,9 +260,16 @@ impl ModelDescription {
                 read.insert(name.as_str());
             }
         }
-        match self.params.iter().find(|p| !read.contains(p.name.as_str())) {
-            Some(p) => Err(format!("no segment reads parameter {}", p.name)),
-            None => Ok(()),
+        if let Some(p) = self.params.iter().find(|p| !read.contains(p.name.as_str())) {
+            return Err(format!("no segment reads parameter {}", p.name));
+        }
+        // The loss runs in the last segment, with the output layer.
+        match (&self.output_weight, self.segments.last()) {
+            (Some(name), Some(last)) if !last.params.contains(name) => Err(format!(
+                "the output layer's weight {name} is not read by the last segment, {}",
+                last.name
+            )),
+            _ => Ok(()),
         }
     }
 }

@@ -15,6 +15,11 @@
 use crate::footprint::{Activations, F32};
 use crate::param::{Builder, Init, ModelDescription, ParamSpec, SegmentSpec};
 
+/// The output layer, a linear map to the vocabulary without bias.
+const OUTPUT: &str = "output";
+/// Its weight: what the loss multiplies the last hidden states by.
+pub const OUTPUT_WEIGHT: &str = "output.weight";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TransformerSizes {
     pub vocab_size: i64,
@@ -77,7 +82,7 @@ impl TransformerSizes {
             params.extend(block);
         }
         let mut head = root.norm("norm", self.dim, true);
-        head.extend(linear(&root, "output", self.dim, self.vocab_size, false));
+        head.extend(linear(&root, OUTPUT, self.dim, self.vocab_size, false));
         segments.push(SegmentSpec {
             name: "head".into(),
             params: names(&head),
@@ -88,6 +93,7 @@ impl TransformerSizes {
             params,
             segments,
             tied: Vec::new(),
+            output_weight: Some(OUTPUT_WEIGHT.into()),
             attention_flops_per_token_per_position: 12 * (self.n_layers * self.dim) as u64,
         }
     }

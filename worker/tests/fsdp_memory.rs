@@ -77,6 +77,7 @@ impl TiedLm {
                     alias: "head.weight".into(),
                     param: "embed.weight".into(),
                 }],
+                output_weight: None,
                 attention_flops_per_token_per_position: 0,
             },
         }

@@ -12,10 +12,13 @@
 //! * **gradient buffers**: the running segment's parameter gradients (parameter dtype) and
 //!   its units' flat unsharded gradients (reduce dtype), one reduce-scatter in flight (input
 //!   and output), and under SHARD_GRAD_OP with accumulation the whole model's unsharded
-//!   gradients kept between micro-steps (no_sync);
+//!   gradients kept between micro-steps (no_sync); a language model's output layer has its
+//!   gradient made in the last segment's forward, with the loss (its unit's flat buffer and
+//!   a chunk's gradient of the weight), not in that segment's backward;
 //! * **activations**: each segment's saved tensors and output over the rank's tokens per
 //!   micro-step (with activation checkpointing a block keeps only its output and recomputes
-//!   the rest in its backward), plus the running segment's temporaries, plus the dense
+//!   the rest in its backward), plus the running segment's temporaries (the loss's: one
+//!   chunk's logits and their gradient, in the last segment's forward), plus the dense
 //!   (seq × seq) mask of packed documents where they attend through one
 //!   ([`DocumentAttention`]).
 //!
@@ -351,6 +354,18 @@ fn strategy_memory(
     let tokens = m.tokens_per_micro_batch;
     // A language model's loss holds its logits for one chunk of tokens at a time.
     let loss_chunk = m.loss_chunk_tokens.unwrap_or(tokens);
+    // The output layer's unit and elements. The last segment's forward runs the output
+    // layer's backward too, chunk by chunk: a chunk's weight gradient (parameter dtype) goes
+    // into the unit's flat gradients there, and that segment's backward has none to make.
+    let output = f.output_weight.as_ref().and_then(|name| {
+        let index = layout.sizes.iter().position(|(n, _)| n == name)?;
+        let unit = layout
+            .units
+            .iter()
+            .position(|u| u.params.contains(&index))?;
+        Some((unit, layout.sizes[index].1))
+    });
+    let output_of = |s: usize| output.filter(|_| s + 1 == k);
     let checkpointed = |s: usize| fsdp.activation_checkpointing && f.segments[s].spec.is_block;
     let kept = |s: usize| {
         let seg = &f.segments[s];
@@ -375,15 +390,25 @@ fn strategy_memory(
     };
     for v in 0..2 * k {
         let s = segment_of(v);
-        let activations = tokens * (f.batch + before(s) + running(s))
-            + loss_chunk * f.segments[s].chunked
-            + m.attention_mask_bytes;
+        let loss_chunks = if v < k {
+            loss_chunk * f.segments[s].chunked
+        } else {
+            0
+        };
+        let activations =
+            tokens * (f.batch + before(s) + running(s)) + loss_chunks + m.attention_mask_bytes;
         let gradients = if v < k {
-            no_sync
+            match output_of(s) {
+                Some((unit, numel)) => {
+                    no_sync.max(padded[unit] * reduce_bytes) + numel * param_bytes
+                }
+                None => no_sync,
+            }
         } else {
             // The segment's parameter gradients from autograd and its units' flat buffers,
             // while the previous visit's last reduce-scatter is in flight.
-            let autograd = layout.segment_numel[s] * param_bytes;
+            let autograd =
+                (layout.segment_numel[s] - output_of(s).map_or(0, |(_, n)| n)) * param_bytes;
             let previous = if s + 1 < k {
                 reads[s + 1]
                     .iter()

@@ -998,6 +998,26 @@ mod tests {
         assert_eq!(plain.memory.fits(), Some(false));
     }
 
+    /// A Llama whose output layer outweighs the rest (Llama 3's vocabulary, dim 64): the peak
+    /// is the loss, in the last segment's forward, which holds one chunk's logits and makes
+    /// the output weight's gradient (the unit's flat buffer in the reduce dtype, a chunk's
+    /// share in the parameter dtype); that segment's backward makes none.
+    #[test]
+    fn the_output_layers_gradient_is_counted_where_the_loss_makes_it() {
+        let yaml = "name: t\nresources:\n  tasks_per_node: 2\ntraining:\n  model: { kind: llama, vocab_size: 128256, dim: 64, n_layers: 1, n_heads: 4, n_kv_heads: 2, ffn_dim: 172 }\n  data: { kind: synthetic, seq_len: 2048 }\n  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 1\n  fsdp:\n    mixed_precision: { param_dtype: bf16, reduce_dtype: f32 }\n";
+        let job = resolve_yaml(yaml, false).expect("resolves");
+        let head = 128_256 * 64u64;
+        // The head's unit: the final norm's weight and the output layer's, over 2 ranks.
+        let unit = (64 + head).div_ceil(2) * 2;
+        let at_peak = &job.memory.chosen.at_peak;
+        assert_eq!(at_peak.gradients, unit * 4 + head * 2, "{at_peak:?}");
+        let chunk = shardrun_models::loss::chunk_tokens(None, 128_256).min(2048);
+        assert!(
+            at_peak.activations > chunk * 128_256 * (4 + 2),
+            "one chunk's fp32 logits and their bf16 gradient: {at_peak:?}"
+        );
+    }
+
     #[test]
     fn fp16_reduction_without_fp16_parameters_is_warned_about_and_the_schedule_is_told() {
         let job = |extra: &str| {

@@ -12,6 +12,7 @@
 
 use super::{linear, token_loss, Model, ModelDescription, OutputLayer, Params};
 use crate::data::Batch;
+use shardrun_models::transformer::OUTPUT_WEIGHT;
 use tch::{Kind, Tensor};
 
 #[derive(Debug, Clone)]
@@ -95,7 +96,7 @@ impl Model for Transformer {
 
     fn output_layer<'a>(&self, p: &Params<'a>, x: &Tensor) -> Option<OutputLayer<'a>> {
         // The output projection has no bias.
-        let (weight_name, weight) = p.pp("output").get_with_path("weight");
+        let (weight_name, weight) = p.get_with_path(OUTPUT_WEIGHT);
         Some(OutputLayer {
             hidden: layer_norm(&p.pp("norm"), x),
             weight,
