@@ -157,14 +157,14 @@ struct IndexFile {
 }
 
 impl HfWeights {
-    /// Reads the headers of `<dir>/model.safetensors`, or of every file
-    /// `<dir>/model.safetensors.index.json` names.
+    /// Reads the headers of `<dir>/model.safetensors`, or where there is none, of every file
+    /// `<dir>/model.safetensors.index.json` names: the file `from_pretrained` loads when a
+    /// folder has both (an index left beside a model saved again whole), so the weights
+    /// trained are the ones `transformers` shows.
     pub fn open(dir: &Path) -> Result<HfWeights, HfError> {
         let index_path = dir.join(INDEX_FILE);
         let single = dir.join(SINGLE_FILE);
-        if index_path.is_file() {
-            Self::open_index(dir, &index_path)
-        } else if single.is_file() {
+        if single.is_file() {
             let (file, tensors) = read_header(&single)?;
             let mut files = HashMap::new();
             files.insert(single.clone(), file);
@@ -174,6 +174,8 @@ impl HfWeights {
                 files,
                 stored_as: BTreeMap::new(),
             })
+        } else if index_path.is_file() {
+            Self::open_index(dir, &index_path)
         } else if dir.join("pytorch_model.bin").is_file()
             || dir.join("pytorch_model.bin.index.json").is_file()
         {
@@ -577,5 +579,33 @@ mod tests {
                 && error.contains("truncated"),
             "{error}"
         );
+    }
+
+    /// One tensor `a` of 4 values, all `value`, written to `path`.
+    fn write_one(path: &Path, value: f32) {
+        let bytes: Vec<u8> = [value; 4].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let view = TensorView::new(Dtype::F32, vec![4], &bytes).unwrap();
+        serialize_to_file([("a", view)], None, path).unwrap();
+    }
+
+    #[test]
+    fn a_folder_with_a_whole_file_and_an_index_is_read_from_the_whole_file_as_transformers_reads_it(
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let shard = "model-00001-of-00001.safetensors";
+        write_one(&dir.path().join(shard), 0.0);
+        std::fs::write(
+            dir.path().join(INDEX_FILE),
+            format!(r#"{{"metadata": {{}}, "weight_map": {{"a": "{shard}"}}}}"#),
+        )
+        .unwrap();
+        let from_index = HfWeights::open(dir.path()).unwrap();
+        assert_eq!(from_index.get("a").unwrap().file, dir.path().join(shard));
+        write_one(&dir.path().join(SINGLE_FILE), 1.0);
+        let weights = HfWeights::open(dir.path()).unwrap();
+        assert_eq!(weights.get("a").unwrap().file, dir.path().join(SINGLE_FILE));
+        let mut values = [0f32; 4];
+        weights.read("a", 0..4, &mut values).unwrap();
+        assert_eq!(values, [1.0; 4]);
     }
 }
