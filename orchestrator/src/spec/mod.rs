@@ -281,6 +281,41 @@ mod tests {
     }
 
     #[test]
+    fn a_hugging_face_trainer_argument_is_answered_with_where_it_is_here() {
+        for (written, field, fix) in [
+            (
+                "  steps: 2\n  learning_rate: 0.1\n",
+                "training",
+                "did you mean `training.optimizer.lr`? (the name here of the Hugging Face \
+                 Trainer's `learning_rate`)",
+            ),
+            (
+                "  steps: 2\n  optimizer: { learning_rate: 0.1 }\n",
+                "training.optimizer",
+                "did you mean `training.optimizer.lr`? (the name here of the Hugging Face \
+                 Trainer's `learning_rate`)",
+            ),
+            (
+                "  steps: 2\n  gradient_accumulation_steps: 4\n",
+                "training",
+                "did you mean `training.total_batch_size`? (the name here of the Hugging Face \
+                 Trainer's `gradient_accumulation_steps`: here the accumulation is worked out \
+                 from the samples per optimizer step over all ranks)",
+            ),
+        ] {
+            let err = parse_str(&MINIMAL.replace("  steps: 2\n", written)).unwrap_err();
+            assert_eq!(err.kind, SpecErrorKind::UnknownField);
+            assert_eq!(err.field, field);
+            assert_eq!(err.fix, fix);
+        }
+        // Where the spec has the key under the same name, it is suggested as any other.
+        let err =
+            parse_str(&MINIMAL.replace("  steps: 2\n", "  steps: 2\n  optimizer: { lrr: 0.1 }\n"))
+                .unwrap_err();
+        assert_eq!(err.fix, "did you mean `lr`?");
+    }
+
+    #[test]
     fn a_transformers_config_name_is_answered_with_the_name_here() {
         let yaml = MINIMAL.replace(
             "{ kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }",

@@ -101,9 +101,13 @@ pub fn apply(mut loaded: LoadedSpec, overrides: &[Override]) -> Result<LoadedSpe
             if let Some(error) = written_key_made_unknown(&loaded, o, &e) {
                 return error;
             }
+            // The flag names whole paths: a fix that names the suggestion's whole path
+            // already (a Trainer argument's) is kept, with what it says.
             let fix = match e.unknown.and_then(|u| u.suggestion) {
-                Some(key) => format!("did you mean `{key}`?"),
-                None => e.fix,
+                Some(key) if !e.fix.contains(&format!("`{key}`")) => {
+                    format!("did you mean `{key}`?")
+                }
+                _ => e.fix,
             };
             SpecError::from_flag(&o.flag(), e.field, e.kind, e.why, fix)
         })?;
@@ -249,6 +253,12 @@ mod tests {
         );
         let err = with(&["training.fsdp.strategy=FULL_SHAD"]).unwrap_err();
         assert_eq!(err.fix, "did you mean `FULL_SHARD`?");
+        let err = with(&["training.learning_rate=0.1"]).unwrap_err();
+        assert_eq!(
+            err.fix,
+            "did you mean `training.optimizer.lr`? (the name here of the Hugging Face Trainer's \
+             `learning_rate`)"
+        );
         let err = with(&["training.steps"]).unwrap_err();
         assert!(err.to_string().contains("dotted.key=value"), "{err}");
         let err = with(&["training.steps.max=3"]).unwrap_err();

@@ -145,22 +145,30 @@ fn explain(mut error: DeError, path: &[Step], document: &SpannedDocument<'_>) ->
     let mut unknown = None;
     let (at, kind, why, fix) = match &error.problem {
         Problem::UnknownKey { key, expected } => {
+            let trainer = trainer_argument(key);
             let renamed = transformers_name(key, expected);
-            let best = renamed.or_else(|| did_you_mean(key, expected));
+            let best = trainer
+                .map(|(ours, _)| ours.to_string())
+                .or_else(|| renamed.or_else(|| did_you_mean(key, expected)).map(join));
             unknown = Some(Box::new(UnknownKey {
                 path: join(key),
-                suggestion: best.map(join),
+                suggestion: best,
             }));
+            let fix = match (trainer, renamed) {
+                (Some((ours, note)), _) => format!(
+                    "did you mean `{ours}`? (the name here of the Hugging Face Trainer's \
+                     `{key}`{note})"
+                ),
+                (None, Some(name)) => {
+                    format!("did you mean `{name}`? (the name here of transformers' `{key}`)")
+                }
+                (None, None) => choose(did_you_mean(key, expected), expected, "key"),
+            };
             (
                 locate(Some(key)),
                 SpecErrorKind::UnknownField,
                 format!("unknown key `{}`", join(key)),
-                match renamed {
-                    Some(name) => {
-                        format!("did you mean `{name}`? (the name here of transformers' `{key}`)")
-                    }
-                    None => choose(best, expected, "key"),
-                },
+                fix,
             )
         }
         Problem::UnknownValue { value, expected } => (
@@ -216,6 +224,50 @@ pub(crate) const TRANSFORMERS_NAMES: [(&str, &str); 7] = [
     ("rms_norm_eps", "norm_eps"),
     ("tie_word_embeddings", "tie_embeddings"),
 ];
+
+/// Arguments of the Hugging Face Trainer (and TRL's) that this spec has under another name
+/// and place: (theirs, ours as a whole path, what differs).
+const TRAINER_ARGUMENTS: [(&str, &str, &str); 18] = [
+    ("learning_rate", "training.optimizer.lr", ""),
+    ("max_steps", "training.steps", ""),
+    (
+        "per_device_train_batch_size",
+        "training.batch_size_per_device",
+        "",
+    ),
+    (
+        "gradient_accumulation_steps",
+        "training.total_batch_size",
+        ": here the accumulation is worked out from the samples per optimizer step over all ranks",
+    ),
+    ("max_grad_norm", "training.optimizer.grad_clip", ""),
+    ("weight_decay", "training.optimizer.weight_decay", ""),
+    ("adam_beta1", "training.optimizer.beta1", ""),
+    ("adam_beta2", "training.optimizer.beta2", ""),
+    ("adam_epsilon", "training.optimizer.eps", ""),
+    ("warmup_steps", "training.schedule.warmup_steps", ""),
+    ("lr_scheduler_type", "training.schedule.decay", ""),
+    ("max_length", "training.data.seq_len", ""),
+    ("max_seq_length", "training.data.seq_len", ""),
+    (
+        "gradient_checkpointing",
+        "training.fsdp.activation_checkpointing",
+        "",
+    ),
+    ("save_steps", "training.checkpoint.interval_steps", ""),
+    ("save_total_limit", "training.checkpoint.keep", ""),
+    ("logging_steps", "training.log_every", ""),
+    ("eval_steps", "training.data.validation.every_steps", ""),
+];
+
+/// Where this spec has a Hugging Face Trainer argument, and what differs, wherever in the
+/// spec it was written (a key this spec has under the same name is never one).
+fn trainer_argument(key: &str) -> Option<(&'static str, &'static str)> {
+    TRAINER_ARGUMENTS
+        .iter()
+        .find(|(theirs, _, _)| *theirs == key)
+        .map(|(_, ours, note)| (*ours, *note))
+}
 
 /// A Llama model's key under the name transformers' `config.json` gives it, when `expected`
 /// (the keys allowed where it was written) has it under this spec's name.
