@@ -245,6 +245,12 @@ impl LlamaConfig {
     /// What must hold for the model to be built and trained on sequences of `seq_len`; each
     /// error names the `config.json` key (or job-spec key) to change.
     pub fn validate(&self, seq_len: u64) -> Result<(), String> {
+        self.validate_architecture()?;
+        self.validate_sequences(seq_len)
+    }
+
+    /// What must hold for the model to be built, whatever it trains on.
+    pub fn validate_architecture(&self) -> Result<(), String> {
         for (key, v) in [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.dim),
@@ -328,6 +334,11 @@ impl LlamaConfig {
                 ))
             }
         }
+        Ok(())
+    }
+
+    /// What must hold for the model to train on sequences of `seq_len`.
+    pub fn validate_sequences(&self, seq_len: u64) -> Result<(), String> {
         if matches!(self.rope.scaling, RopeScaling::Dynamic { .. })
             && seq_len > self.max_position_embeddings
         {

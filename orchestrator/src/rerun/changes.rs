@@ -4,6 +4,7 @@
 
 use crate::resolve::ResolvedJob;
 use serde_json::Value;
+use shardrun_protocol::config::ModelConfig;
 use shardrun_protocol::config_diff::{differences, shown, under, RESUMABLE};
 use std::fmt;
 
@@ -82,6 +83,15 @@ pub fn between(was: &ResolvedJob, now: &ResolvedJob) -> Vec<FieldChange> {
         (Some(n), None) => Some(format!("was --nproc {n}")),
         (None, None) => None,
     };
+    // A model read from a Hugging Face folder has the architecture the folder's config.json
+    // gives: a change there is the file's, not the spec's.
+    let folder_config = match (&was.train.model, &now.train.model) {
+        (ModelConfig::Llama(a), ModelConfig::Llama(b)) if a.pretrained == b.pretrained => b
+            .pretrained
+            .as_ref()
+            .map(|dir| format!("changed in {}", dir.join("config.json").display())),
+        _ => None,
+    };
     let mut changes: Vec<FieldChange> = differences(
         &serde_json::to_value(was).unwrap_or_default(),
         &serde_json::to_value(now).unwrap_or_default(),
@@ -96,6 +106,11 @@ pub fn between(was: &ResolvedJob, now: &ResolvedJob) -> Vec<FieldChange> {
             .clone()
             .filter(|_| path == "train.batch.world_size")
             .or_else(|| default_changed(&path, &was, &now))
+            .or_else(|| {
+                folder_config
+                    .clone()
+                    .filter(|_| path.starts_with("train.model.architecture."))
+            })
             .or_else(|| {
                 // It follows from the world size and micro-batch, never from the spec (or
                 // from a new total batch, named on its own line).
@@ -236,6 +251,34 @@ mod tests {
         ] {
             assert_eq!(spec_name(resolved), spec, "{resolved}");
         }
+    }
+
+    /// Both jobs of a Llama read from the folder `models/llama`, whose config.json gave
+    /// `now` another RMSNorm epsilon.
+    #[test]
+    fn an_edited_config_json_of_the_model_folder_is_named_as_where_the_change_is() {
+        let llama = |pretrained: &str, norm_eps: f64| {
+            let mut j = job(
+                &["training.model={kind: llama, vocab_size: 1024, dim: 64, n_layers: 2, n_heads: 4, ffn_dim: 128}"],
+                None,
+            );
+            let ModelConfig::Llama(m) = &mut j.train.model else {
+                panic!("a Llama")
+            };
+            m.pretrained = Some(pretrained.into());
+            m.architecture.norm_eps = norm_eps;
+            j
+        };
+        let changes = between(&llama("models/llama", 1e-5), &llama("models/llama", 1e-3));
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        assert_eq!(
+            changes[0].to_string(),
+            "training.model.architecture.norm_eps: 0.00001 → 0.001 (changed in \
+             models/llama/config.json)"
+        );
+        // Another folder is a change of the spec's.
+        let changes = between(&llama("models/llama", 1e-5), &llama("models/other", 1e-3));
+        assert!(changes.iter().all(|c| c.by.is_none()), "{changes:?}");
     }
 
     #[test]

@@ -244,10 +244,21 @@ fn open_folder(
     }
     let e = match hf::open_folder(dir) {
         Ok(folder) => {
+            // Values the model cannot be built with are the folder's, whatever it trains on.
+            folder.config.validate_architecture().map_err(|why| {
+                s.err(
+                    field,
+                    format!("{}: {why}", dir.join(hf::CONFIG_FILE).display()),
+                    format!(
+                        "correct it in config.json, or point `{field}` at another Hugging Face \
+                         model folder"
+                    ),
+                )
+            })?;
             return Ok(Opened {
                 config: folder.config,
                 notes: folder.notes,
-            })
+            });
         }
         Err(e) => e,
     };
@@ -325,7 +336,7 @@ fn check_sequences(
     seq_len: u64,
     warnings: &mut Vec<String>,
 ) -> Result<(), ResolveError> {
-    config.validate(seq_len).map_err(|why| {
+    config.validate_sequences(seq_len).map_err(|why| {
         s.err(
             "training.data.seq_len",
             why,
@@ -847,6 +858,20 @@ pub(super) mod tests {
             unsupported.starts_with("point `training.model.path` at a folder of a model shardrun supports: llama, mistral, qwen2"),
             "{unsupported}"
         );
+        // A value no model is built with is the folder's, not the data's.
+        for (key, why) in [
+            ("rms_norm_eps", "rms_norm_eps -1 is not positive"),
+            ("rope_theta", "rope_theta -1 is not positive"),
+        ] {
+            let mut edited = original.clone();
+            edited[key] = (-1.0).into();
+            edited.as_object_mut().unwrap().remove("rope_parameters");
+            std::fs::write(&config, edited.to_string()).unwrap();
+            let ResolveError::Invalid(e) = job(&spec, DATA, "").unwrap_err();
+            assert_eq!(e.field, "training.model.path", "{e}");
+            assert_eq!(e.why, format!("{}: {why}", config.display()));
+            assert!(e.fix.starts_with("correct it in config.json"), "{e}");
+        }
     }
 
     /// A from-scratch `model` spec saved as a Hugging Face folder in `dir`: the `kind: hf`
