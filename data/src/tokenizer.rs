@@ -178,7 +178,6 @@ fn load_hugging_face(
     let tokenizer_config = json("tokenizer_config.json")?;
     let special_tokens_map = json("special_tokens_map.json")?;
     let model_config = json("config.json")?;
-    let generation_config = json("generation_config.json")?;
     let rebuild = Rebuild::of(&bytes, tokenizer_config.as_ref(), model_config.as_ref());
 
     let mut template_tokens = BTreeMap::new();
@@ -192,7 +191,11 @@ fn load_hugging_face(
         }
     }
     let vocab_size = tokenizer.get_vocab_size(true) as u64;
-    let find = |kind: &str, override_text: Option<&str>| -> Result<Option<SpecialToken>> {
+    // `required`: a token the data cannot do without (the end of document).
+    let find = |kind: &str,
+                override_text: Option<&str>,
+                required: bool|
+     -> Result<Option<SpecialToken>> {
         let key = format!("{kind}_token");
         let id_key = format!("{kind}_token_id");
         let by_text = |text: &str, source: String| -> Result<SpecialToken> {
@@ -234,33 +237,41 @@ fn load_hugging_face(
                 return by_text(&text, name.to_string()).map(Some);
             }
         }
-        for (name, config) in [
-            ("config.json", &model_config),
-            ("generation_config.json", &generation_config),
-        ] {
-            if let Some(id) = config.as_ref().and_then(|c| first_id(c.get(&id_key)?)) {
-                let text = tokenizer
-                    .id_to_token(id)
-                    .ok_or_else(|| DataError::Tokenizer {
-                        path: folder.join(name),
-                        why: format!("`{id_key}` is {id}, beyond the tokenizer's {vocab_size} ids"),
-                    })?;
-                return Ok(Some(SpecialToken {
-                    id,
-                    text,
-                    source: name.to_string(),
-                }));
-            }
+        let by_id = |name: &str, config: Option<&Value>| -> Result<Option<SpecialToken>> {
+            let Some(id) = config.and_then(|c| first_id(c.get(&id_key)?)) else {
+                return Ok(None);
+            };
+            let text = tokenizer
+                .id_to_token(id)
+                .ok_or_else(|| DataError::Tokenizer {
+                    path: folder.join(name),
+                    why: format!("`{id_key}` is {id}, beyond the tokenizer's {vocab_size} ids"),
+                })?;
+            Ok(Some(SpecialToken {
+                id,
+                text,
+                source: name.to_string(),
+            }))
+        };
+        if let Some(token) = by_id("config.json", model_config.as_ref())? {
+            return Ok(Some(token));
         }
-        Ok(None)
+        // Read only when nothing before it names the token, and unread where it is broken
+        // unless the token is required: transformers reads it only to generate, so a broken
+        // one stops nothing that does not need it.
+        let generation_config = match json("generation_config.json") {
+            Err(e) if required => return Err(e),
+            read => read.ok().flatten(),
+        };
+        by_id("generation_config.json", generation_config.as_ref())
     };
-    let eos = find("eos", eos_override)?.ok_or_else(|| DataError::Tokenizer {
+    let eos = find("eos", eos_override, true)?.ok_or_else(|| DataError::Tokenizer {
         path: file.clone(),
         why: "no end-of-sequence token in tokenizer_config.json, special_tokens_map.json, \
               config.json or generation_config.json; name one with `data.tokenizer.eos_token`"
             .into(),
     })?;
-    let bos = find("bos", bos_override)?;
+    let bos = find("bos", bos_override, false)?;
     if let Some(rebuild) = &rebuild {
         let bos = rebuild.bos_text(bos_override, tokenizer_config.as_ref());
         let bos = bos.and_then(|text| Some((text.clone(), tokenizer.token_to_id(&text)?)));

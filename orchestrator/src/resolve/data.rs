@@ -456,20 +456,25 @@ fn check_tokenizer(
         TokenizerConfig::PreTokenized => return Ok(()),
     };
     let field = tokenizer_field(spec);
-    let ids = match on_disk.tokenizer_ids(tokenizer) {
-        Ok(ids) => ids,
-        Err(LoadFailure::SpecToken { key, why }) => {
-            return Err(s.err(
-                &format!("training.data.tokenizer.{key}"),
-                why,
-                format!(
+    let ids =
+        match on_disk.tokenizer_ids(tokenizer) {
+            Ok(ids) => ids,
+            Err(LoadFailure::SpecToken { key, why }) => {
+                return Err(s.err(
+                    &format!("training.data.tokenizer.{key}"),
+                    why,
+                    format!(
                     "name one of its tokens, or remove `{key}` to take the one its folder names"
                 ),
-            ))
-        }
-        // The data reader's message says what to do.
-        Err(LoadFailure::Other(why)) => return Err(s.err(field, why, "")),
-    };
+                ))
+            }
+            Err(LoadFailure::Other(why)) => return Err(s.err(
+                field,
+                why,
+                "correct the file it names as said, or point `training.data.tokenizer.path` at \
+                 another tokenizer folder",
+            )),
+        };
     let Some(vocab) = model.vocab_size().filter(|&vocab| ids.vocab_size > vocab) else {
         return Ok(());
     };
@@ -1458,6 +1463,19 @@ mod tests {
         let ResolveError::Invalid(err) = data_in(dir.path(), text).unwrap_err();
         assert!(
             err.why.contains("name one with `data.tokenizer.eos_token`"),
+            "{err}"
+        );
+        // generation_config.json is read only where nothing before it names the token: a
+        // broken one stops a folder whose tokenizer_config.json names it no more than it
+        // stops `from_pretrained`.
+        bytes_tokenizer(&dir.path().join("tok"), "<eos>");
+        std::fs::write(dir.path().join("tok/generation_config.json"), "{not json").unwrap();
+        data_in(dir.path(), text).unwrap();
+        // A file naming a token the tokenizer lacks: said, with what to do.
+        bytes_tokenizer(&dir.path().join("tok"), "</s>");
+        let ResolveError::Invalid(err) = data_in(dir.path(), text).unwrap_err();
+        assert!(
+            err.why.contains("names `</s>` as the eos token") && !err.fix.is_empty(),
             "{err}"
         );
     }
