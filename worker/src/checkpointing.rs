@@ -266,11 +266,19 @@ impl Checkpointer {
             }
             if let Some(checkpoint) = &found.checkpoint {
                 for (from, to) in found.set_aside_skipped()? {
+                    // What was announced before the ranks started checked the files' sizes
+                    // only: this says which steps train again.
+                    let again = match shardrun_checkpoint::naming::step_of_dir(&from) {
+                        Some(skipped) => {
+                            format!("; steps {} to {skipped} train again", checkpoint.step() + 1)
+                        }
+                        None => String::new(),
+                    };
                     reporter.log(
                         LogLevel::Warn,
                         &format!(
-                            "set {} aside as {}: it does not load, and training goes on past \
-                             its step from step {}",
+                            "set {} aside as {}: it does not load, so the run resumes from the \
+                             checkpoint of step {} instead{again}",
                             from.display(),
                             to.file_name().unwrap_or_default().to_string_lossy(),
                             checkpoint.step()

@@ -75,7 +75,13 @@ fn assert_bitwise_resume(format: CheckpointFormat) {
             "{log}"
         );
         // The damaged checkpoint is kept, set aside, and the step saved anew.
-        assert!(log.contains("aside as step-20.damaged"), "{log}");
+        assert!(
+            log.contains("aside as step-20.damaged")
+                && log.contains(
+                    "resumes from the checkpoint of step 10 instead; steps 11 to 20 train again"
+                ),
+            "{log}"
+        );
         assert!(ckpt
             .join("step-20.damaged/rank-1-of-2.safetensors")
             .exists());
