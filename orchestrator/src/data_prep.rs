@@ -68,7 +68,24 @@ fn describe(config: &TrainConfig, dataset: &Dataset) -> Vec<String> {
         config.steps,
         config.batch.total_batch_size
     ));
+    lines.extend(fewer_samples_than_a_step(
+        dataset.samples_per_epoch(),
+        config.batch.total_batch_size,
+    ));
     lines
+}
+
+/// Data that fills less than one optimizer step: every step trains each sample several
+/// times over (a tiny file with a long `seq_len`, one mostly padding sequence).
+fn fewer_samples_than_a_step(samples: u64, total_batch_size: u64) -> Option<String> {
+    (samples < total_batch_size).then(|| {
+        format!(
+            "warning: the training data makes {samples} sample(s), fewer than one step's \
+             total_batch_size of {total_batch_size}: every step trains each of them {:.1} \
+             times over; use more data, a shorter seq_len or a smaller total_batch_size",
+            total_batch_size as f64 / samples.max(1) as f64
+        )
+    })
 }
 
 /// The controller's step before launching: the data ready and, for a run that resumes, the
@@ -99,4 +116,20 @@ fn describe_in_train_log(run: &RunDir, description: &[String]) -> std::io::Resul
         book.controller_line(line)?;
     }
     book.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_smaller_than_one_step_is_warned_of() {
+        let warning = fewer_samples_than_a_step(1, 4).expect("a warning");
+        assert!(
+            warning.starts_with("warning: the training data makes 1 sample(s)")
+                && warning.contains("trains each of them 4.0 times over"),
+            "{warning}"
+        );
+        assert_eq!(fewer_samples_than_a_step(4, 4), None);
+    }
 }
