@@ -436,9 +436,12 @@ fn tokenize_files(
     if written.documents == 0 {
         return Err(DataError::NotEnoughData {
             why: format!(
-                "the {} holds no documents ({} file(s){})",
+                "the {} holds no documents ({}{})",
                 spec.what,
-                files.len(),
+                match files {
+                    [one] => one.path.display().to_string(),
+                    _ => format!("{} file(s)", files.len()),
+                },
                 skipped_note(&skipped)
             ),
             // A field every record lacks: the one likely meant, as when the first record

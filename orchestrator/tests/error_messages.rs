@@ -467,3 +467,14 @@ error: job.yaml:7:18: field `training.data.tokenizer.path`: <dir>/sp holds a Sen
         )
     );
 }
+
+#[test]
+fn run_with_no_rank_names_the_flag() {
+    let dir = spec_dir("job.yaml", VALID);
+    let out = shardrun(dir.path(), &["run", "job.yaml", "--nproc", "0"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8(out.stderr).unwrap(),
+        "error: --nproc 0 would start no rank\n  fix: pass --nproc 1 or more\n"
+    );
+}

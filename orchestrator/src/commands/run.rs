@@ -49,6 +49,9 @@ pub enum DeviceArg {
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
+    if args.nproc == Some(0) {
+        anyhow::bail!("--nproc 0 would start no rank\n  fix: pass --nproc 1 or more");
+    }
     let mut path = PathBuf::new();
     let (loaded, job) = spec_args::load_one_job(&args.spec, &args.set, OneJob::Run, |loaded| {
         path = match &args.run_dir {
