@@ -15,11 +15,6 @@
 use crate::footprint::{Activations, F32};
 use crate::param::{Builder, Init, ModelDescription, ParamSpec, SegmentSpec};
 
-/// The output layer, a linear map to the vocabulary without bias.
-const OUTPUT: &str = "output";
-/// Its weight: what the loss multiplies the last hidden states by.
-pub const OUTPUT_WEIGHT: &str = "output.weight";
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TransformerSizes {
     pub vocab_size: i64,
@@ -82,7 +77,11 @@ impl TransformerSizes {
             params.extend(block);
         }
         let mut head = root.norm("norm", self.dim, true);
-        head.extend(linear(&root, OUTPUT, self.dim, self.vocab_size, false));
+        // The output layer, a linear map to the vocabulary without bias: its weight is what
+        // the loss multiplies the last hidden states by.
+        let output = linear(&root, "output", self.dim, self.vocab_size, false);
+        let output_weight = output[0].name.clone();
+        head.extend(output);
         segments.push(SegmentSpec {
             name: "head".into(),
             params: names(&head),
@@ -93,7 +92,7 @@ impl TransformerSizes {
             params,
             segments,
             tied: Vec::new(),
-            output_weight: Some(OUTPUT_WEIGHT.into()),
+            output_weight: Some(output_weight),
             attention_flops_per_token_per_position: 12 * (self.n_layers * self.dim) as u64,
         }
     }

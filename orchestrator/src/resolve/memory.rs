@@ -232,6 +232,8 @@ pub struct ModelLayout {
     reads: Vec<Vec<usize>>,
     /// Elements of the parameters each segment reads (what autograd's gradients hold).
     segment_numel: Vec<u64>,
+    /// The output layer's weight ([`Footprint::output_weight`]): its unit and elements.
+    output: Option<(usize, u64)>,
 }
 
 impl ModelLayout {
@@ -241,7 +243,13 @@ impl ModelLayout {
         let units = plan_units(&sizes, &segments, wrap);
         let numel_of: std::collections::HashMap<&str, u64> =
             sizes.iter().map(|(n, e)| (n.as_str(), *e)).collect();
+        let output = f.output_weight.as_ref().and_then(|name| {
+            let index = sizes.iter().position(|(n, _)| n == name)?;
+            let unit = units.iter().position(|u| u.params.contains(&index))?;
+            Some((unit, sizes[index].1))
+        });
         ModelLayout {
+            output,
             unit_numel: units
                 .iter()
                 .map(|u| u.params.iter().map(|&i| sizes[i].1).sum())
@@ -354,18 +362,10 @@ fn strategy_memory(
     let tokens = m.tokens_per_micro_batch;
     // A language model's loss holds its logits for one chunk of tokens at a time.
     let loss_chunk = m.loss_chunk_tokens.unwrap_or(tokens);
-    // The output layer's unit and elements. The last segment's forward runs the output
-    // layer's backward too, chunk by chunk: a chunk's weight gradient (parameter dtype) goes
-    // into the unit's flat gradients there, and that segment's backward has none to make.
-    let output = f.output_weight.as_ref().and_then(|name| {
-        let index = layout.sizes.iter().position(|(n, _)| n == name)?;
-        let unit = layout
-            .units
-            .iter()
-            .position(|u| u.params.contains(&index))?;
-        Some((unit, layout.sizes[index].1))
-    });
-    let output_of = |s: usize| output.filter(|_| s + 1 == k);
+    // The last segment's forward runs the output layer's backward too, chunk by chunk: a
+    // chunk's weight gradient (parameter dtype) goes into the unit's flat gradients there,
+    // and that segment's backward has none to make.
+    let output_of = |s: usize| layout.output.filter(|_| s + 1 == k);
     let checkpointed = |s: usize| fsdp.activation_checkpointing && f.segments[s].spec.is_block;
     let kept = |s: usize| {
         let seg = &f.segments[s];

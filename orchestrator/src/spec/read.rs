@@ -147,9 +147,10 @@ fn explain(mut error: DeError, path: &[Step], document: &SpannedDocument<'_>) ->
         Problem::UnknownKey { key, expected } => {
             let trainer = trainer_argument(key);
             let renamed = transformers_name(key, expected);
+            let close = did_you_mean(key, expected);
             let best = trainer
                 .map(|(ours, _)| ours.to_string())
-                .or_else(|| renamed.or_else(|| did_you_mean(key, expected)).map(join));
+                .or_else(|| renamed.or(close).map(join));
             unknown = Some(Box::new(UnknownKey {
                 path: join(key),
                 suggestion: best,
@@ -162,7 +163,7 @@ fn explain(mut error: DeError, path: &[Step], document: &SpannedDocument<'_>) ->
                 (None, Some(name)) => {
                     format!("did you mean `{name}`? (the name here of transformers' `{key}`)")
                 }
-                (None, None) => choose(did_you_mean(key, expected), expected, "key"),
+                (None, None) => choose(close, expected, "key"),
             };
             (
                 locate(Some(key)),

@@ -102,6 +102,9 @@ pub struct FsdpEngine {
     segment_units: Vec<Vec<usize>>,
     /// (unit, index in unit) of each parameter a segment reads.
     segment_params: Vec<Vec<(usize, usize)>>,
+    /// (unit, index in unit) of the output layer's weight, whose gradient the chunked loss
+    /// hands over ([`shardrun_models::ModelDescription::output_weight`]).
+    output_weight: Option<(usize, usize)>,
     units: Vec<FlatUnit>,
     /// Every parameter by name: the leaf tensors viewing the gathered buffers.
     param_map: HashMap<String, Tensor>,
@@ -203,6 +206,14 @@ impl FsdpEngine {
             segment_units.push(used);
             segment_params.push(params);
         }
+        let output_weight = match &model.description().output_weight {
+            Some(name) => Some(location.get(name).copied().ok_or_else(|| {
+                FsdpError::Invalid(format!(
+                    "the output layer's weight {name} is not a parameter"
+                ))
+            })?),
+            None => None,
+        };
         let k = segments.len();
         let mut last_backward = vec![usize::MAX; units.len()];
         for (s, used) in segment_units.iter().enumerate() {
@@ -232,6 +243,7 @@ impl FsdpEngine {
             segments,
             segment_units,
             segment_params,
+            output_weight,
             units,
             param_map,
             segment_names,
@@ -429,17 +441,11 @@ impl FsdpEngine {
                 if let Some(head) = head {
                     // The loss and the output layer's backward, a chunk of tokens at a
                     // time; backward continues from the output layer's input.
-                    let weight = self.segments[s]
-                        .params
-                        .iter()
-                        .position(|name| *name == head.weight_name)
-                        .map(|i| self.segment_params[s][i])
-                        .ok_or_else(|| {
-                            FsdpError::Invalid(format!(
-                                "the output layer's weight {} is not a parameter of segment {}",
-                                head.weight_name, self.segments[s].name
-                            ))
-                        })?;
+                    let weight = self.output_weight.ok_or_else(|| {
+                        FsdpError::Invalid(
+                            "the model has an output layer but names no output weight".into(),
+                        )
+                    })?;
                     let chunk = self.loss_chunk(head.weight);
                     let units = &mut self.units;
                     let (mean, grad_hidden) = loss::chunked_loss_and_grads(

@@ -19,7 +19,7 @@
 use super::{linear, token_loss, Model, ModelDescription, OutputLayer, Params};
 use crate::data::{Batch, DocumentBounds};
 use crate::shim;
-use shardrun_models::llama::{flash_varlen_takes, mask_row_values, EMBED_TOKENS, LM_HEAD};
+use shardrun_models::llama::{flash_varlen_takes, mask_row_values, EMBED_TOKENS};
 use shardrun_models::{LlamaConfig, RopeScaling};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -435,7 +435,6 @@ pub struct Llama {
     layer: DecoderLayer,
     rotary: RotaryEmbedding,
     norm: RmsNorm,
-    tie_embeddings: bool,
     padding_idx: i64,
 }
 
@@ -458,7 +457,6 @@ impl Llama {
             },
             rotary: RotaryEmbedding::new(config, buffer_kind),
             norm: norm(),
-            tie_embeddings: config.tie_embeddings,
             padding_idx: config.pad_token_id.map_or(-1, |p| p as i64),
         }
     }
@@ -513,15 +511,9 @@ impl Model for Llama {
     }
 
     fn output_layer<'a>(&self, p: &Params<'a>, x: &Tensor) -> Option<OutputLayer<'a>> {
-        let (weight_name, weight) = p.get_with_path(if self.tie_embeddings {
-            EMBED_TOKENS
-        } else {
-            LM_HEAD
-        });
         Some(OutputLayer {
             hidden: self.norm.forward(&p.pp("model.norm"), x),
-            weight,
-            weight_name,
+            weight: p.get(self.description.output_weight.as_deref()?),
         })
     }
 

@@ -63,20 +63,13 @@ impl<'a> Params<'a> {
     }
 
     pub fn get(&self, name: &str) -> &'a Tensor {
-        self.get_with_path(name).1
-    }
-
-    /// `name` and its full path (`model.embed_tokens.weight` for `embed_tokens.weight` under
-    /// `model`).
-    pub fn get_with_path(&self, name: &str) -> (String, &'a Tensor) {
         let path = self.path(name);
         // A missing name is a bug in the model's own description, not an input error.
         let tensor = self
             .map
             .get(&path)
             .unwrap_or_else(|| panic!("model reads parameter {path} it did not declare"));
-        let tensor = self.resident(&path, tensor);
-        (path, tensor)
+        self.resident(&path, tensor)
     }
 
     /// `name` when the model has it (optional biases).
@@ -115,10 +108,9 @@ pub struct OutputLayer<'a> {
     /// The last segment's input through everything before the output projection (the final
     /// norm), with its graph.
     pub hidden: Tensor,
-    /// The output projection's weight, `(vocab, dim)`: the token embedding when tied.
+    /// The output projection's weight, `(vocab, dim)`: the token embedding when tied
+    /// ([`ModelDescription::output_weight`]).
     pub weight: &'a Tensor,
-    /// That parameter's name.
-    pub weight_name: String,
 }
 
 /// A model: its description and the forward of each segment.

@@ -12,7 +12,6 @@
 
 use super::{linear, token_loss, Model, ModelDescription, OutputLayer, Params};
 use crate::data::Batch;
-use shardrun_models::transformer::OUTPUT_WEIGHT;
 use tch::{Kind, Tensor};
 
 #[derive(Debug, Clone)]
@@ -96,11 +95,9 @@ impl Model for Transformer {
 
     fn output_layer<'a>(&self, p: &Params<'a>, x: &Tensor) -> Option<OutputLayer<'a>> {
         // The output projection has no bias.
-        let (weight_name, weight) = p.get_with_path(OUTPUT_WEIGHT);
         Some(OutputLayer {
             hidden: layer_norm(&p.pp("norm"), x),
-            weight,
-            weight_name,
+            weight: p.get(self.description.output_weight.as_deref()?),
         })
     }
 
