@@ -86,10 +86,14 @@ pub fn between(was: &ResolvedJob, now: &ResolvedJob) -> Vec<FieldChange> {
     // A model read from a Hugging Face folder has the architecture the folder's config.json
     // gives: a change there is the file's, not the spec's.
     let folder_config = match (&was.train.model, &now.train.model) {
-        (ModelConfig::Llama(a), ModelConfig::Llama(b)) if a.pretrained == b.pretrained => b
-            .pretrained
-            .as_ref()
-            .map(|dir| format!("changed in {}", dir.join("config.json").display())),
+        (ModelConfig::Llama(a), ModelConfig::Llama(b)) if a.pretrained == b.pretrained => {
+            b.pretrained.as_ref().map(|dir| {
+                format!(
+                    "changed in {}",
+                    dir.join(shardrun_models::hf::CONFIG_FILE).display()
+                )
+            })
+        }
         _ => None,
     };
     let mut changes: Vec<FieldChange> = differences(

@@ -101,14 +101,8 @@ pub fn apply(mut loaded: LoadedSpec, overrides: &[Override]) -> Result<LoadedSpe
             if let Some(error) = written_key_made_unknown(&loaded, o, &e) {
                 return error;
             }
-            // The flag names whole paths: a fix that names the suggestion's whole path
-            // already (a Trainer argument's) is kept, with what it says.
-            let fix = match e.unknown.and_then(|u| u.suggestion) {
-                Some(key) if !e.fix.contains(&format!("`{key}`")) => {
-                    format!("did you mean `{key}`?")
-                }
-                _ => e.fix,
-            };
+            // The flag names whole paths.
+            let fix = e.unknown.and_then(|u| u.did_you_mean()).unwrap_or(e.fix);
             SpecError::from_flag(&o.flag(), e.field, e.kind, e.why, fix)
         })?;
         loaded.spec = spec;

@@ -27,6 +27,20 @@ pub struct UnknownKey {
     pub path: String,
     /// When it is a typo: the full path of the key probably meant (`training.steps`).
     pub suggestion: Option<String>,
+    /// When it is another tool's name for the suggestion: whose (`the name here of
+    /// transformers' `hidden_size``).
+    pub renamed_from: Option<String>,
+}
+
+impl UnknownKey {
+    /// `did you mean `training.steps`?`, with whose name it was where it is another tool's.
+    pub fn did_you_mean(&self) -> Option<String> {
+        let key = self.suggestion.as_ref()?;
+        Some(match &self.renamed_from {
+            Some(whose) => format!("did you mean `{key}`? ({whose})"),
+            None => format!("did you mean `{key}`?"),
+        })
+    }
 }
 
 /// Parses `source` as a `T`.
@@ -148,23 +162,37 @@ fn explain(mut error: DeError, path: &[Step], document: &SpannedDocument<'_>) ->
             let trainer = trainer_argument(key);
             let renamed = transformers_name(key, expected);
             let close = did_you_mean(key, expected);
-            let best = trainer
-                .map(|(ours, _)| ours.to_string())
-                .or_else(|| renamed.or(close).map(join));
+            // Another tool's name: the key meant, as written here, and whose name it was.
+            let (meant, whose) = match (trainer, renamed) {
+                (Some((ours, note)), _) => (
+                    Some(ours.to_string()),
+                    Some(format!(
+                        "the name here of the Hugging Face Trainer's `{key}`{note}"
+                    )),
+                ),
+                (None, Some(name)) => (
+                    Some(name.to_string()),
+                    Some(format!("the name here of transformers' `{key}`")),
+                ),
+                (None, None) => (close.map(str::to_string), None),
+            };
+            let fix = match (&meant, &whose) {
+                (Some(meant), Some(whose)) => format!("did you mean `{meant}`? ({whose})"),
+                _ => choose(close, expected, "key"),
+            };
+            // A Trainer argument's place is a whole path already.
+            let whole = |meant: String| {
+                if trainer.is_some() {
+                    meant
+                } else {
+                    join(&meant)
+                }
+            };
             unknown = Some(Box::new(UnknownKey {
                 path: join(key),
-                suggestion: best,
+                suggestion: meant.map(whole),
+                renamed_from: whose,
             }));
-            let fix = match (trainer, renamed) {
-                (Some((ours, note)), _) => format!(
-                    "did you mean `{ours}`? (the name here of the Hugging Face Trainer's \
-                     `{key}`{note})"
-                ),
-                (None, Some(name)) => {
-                    format!("did you mean `{name}`? (the name here of transformers' `{key}`)")
-                }
-                (None, None) => choose(close, expected, "key"),
-            };
             (
                 locate(Some(key)),
                 SpecErrorKind::UnknownField,

@@ -200,7 +200,7 @@ pub fn expand(loaded: &LoadedSpec, overrides: &Overrides) -> Result<Vec<SweepPoi
         match to_spec(&doc) {
             Ok(_) => {}
             Err(e) if e.kind == SpecErrorKind::UnknownField && !within(&e.field, path) => {
-                let suggestion = e.unknown.and_then(|u| u.suggestion);
+                let suggestion = e.unknown.and_then(|u| u.did_you_mean());
                 return Err(sweep_key_error(loaded, &key_at, path, e.why, suggestion));
             }
             Err(e) => return Err(sweep_value_error(loaded, &value_at, path, value, e)),
@@ -458,7 +458,7 @@ fn sweep_key_error(
     written_at: &str,
     path: &str,
     why: String,
-    suggestion: Option<String>,
+    did_you_mean: Option<String>,
 ) -> SweepError {
     let mut err = loaded.error_at(
         written_at,
@@ -470,8 +470,8 @@ fn sweep_key_error(
         "sweep" => format!("sweep.{path}"),
         at => at.to_string(),
     };
-    if let Some(key) = suggestion {
-        err.fix = format!("`{path}` is not a key of the spec; did you mean `{key}`?");
+    if let Some(did_you_mean) = did_you_mean {
+        err.fix = format!("`{path}` is not a key of the spec; {did_you_mean}");
     }
     err.into()
 }
@@ -632,6 +632,19 @@ mod tests {
         );
         // At the swept key itself.
         assert_eq!((err.line, err.column), (Some(20), Some(5)), "{err}");
+        // A Hugging Face Trainer argument's name: where it is here, and whose name it was.
+        let yaml = include_str!("../../../examples/sweep.yaml")
+            .replace("training.optimizer.lr:", "training.learning_rate:");
+        let SweepError::Spec(err) = points(&yaml).unwrap_err() else {
+            panic!("expected a spec error")
+        };
+        assert!(
+            err.fix.ends_with(
+                "did you mean `training.optimizer.lr`? (the name here of the Hugging Face \
+                 Trainer's `learning_rate`)"
+            ),
+            "{err}"
+        );
     }
 
     #[test]
