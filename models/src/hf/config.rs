@@ -39,6 +39,23 @@ pub fn saved_dtype(config: &Value) -> Option<&str> {
         .and_then(Value::as_str)
 }
 
+/// The floating-point dtypes PyTorch names (`getattr(torch, name)`), which `transformers` casts
+/// a model to from `dtype`: what else is written there is a mistake.
+const FLOATING_DTYPES: &[&str] = &[
+    "float32",
+    "float",
+    "bfloat16",
+    "float16",
+    "half",
+    "float64",
+    "double",
+    "float8_e4m3fn",
+    "float8_e4m3fnuz",
+    "float8_e5m2",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+];
+
 /// Typed access to the keys of one JSON object, with errors naming `path` and the key.
 struct Keys<'a> {
     map: &'a Map<String, Value>,
@@ -213,6 +230,18 @@ pub fn parse_config(value: &Value, path: &Path) -> Result<LlamaConfig, HfError> 
             "quantization_config",
             "quantised weights are not supported: use the model's bf16 or fp32 weights",
         ));
+    }
+    for key in ["dtype", "torch_dtype"] {
+        if let Some(name) = k.str_opt(key)?.filter(|n| !FLOATING_DTYPES.contains(n)) {
+            return Err(k.invalid(
+                key,
+                format!(
+                    "\"{name}\" is not a PyTorch floating-point dtype, so transformers cannot \
+                     load this folder either: write the dtype its weights are stored in \
+                     (bfloat16, float16 or float32)"
+                ),
+            ));
+        }
     }
     if let Some(p) = k.f64_opt("attention_dropout")?.filter(|&p| p != 0.0) {
         return Err(k.invalid(
@@ -581,6 +610,37 @@ mod tests {
         let mut v = base();
         v["hidden_act"] = json!("gelu");
         assert!(parse(v).unwrap_err().to_string().contains("`hidden_act`"));
+    }
+
+    #[test]
+    fn a_dtype_pytorch_does_not_have_is_named() {
+        for (key, value, said) in [
+            (
+                "dtype",
+                json!("float7"),
+                "\"float7\" is not a PyTorch floating-point dtype",
+            ),
+            (
+                "torch_dtype",
+                json!("int8"),
+                "\"int8\" is not a PyTorch floating-point dtype",
+            ),
+            ("dtype", json!(5), "is 5, expected a string"),
+        ] {
+            let mut v = base();
+            v[key] = value;
+            let e = parse(v).unwrap_err().to_string();
+            assert!(e.contains(&format!("`{key}`")) && e.contains(said), "{e}");
+        }
+        for name in ["bfloat16", "float16", "float32", "float64"] {
+            let mut v = base();
+            v["torch_dtype"] = json!(name);
+            v["dtype"] = json!(name);
+            assert!(parse(v).is_ok(), "{name}");
+        }
+        let mut v = base();
+        v["dtype"] = Value::Null;
+        assert!(parse(v).is_ok());
     }
 
     #[test]
