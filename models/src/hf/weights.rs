@@ -8,7 +8,7 @@
 
 use super::{HfError, INDEX_FILE, SINGLE_FILE};
 use crate::param::ModelDescription;
-use safetensors::tensor::{Dtype, Metadata};
+use safetensors::tensor::{Dtype, Metadata, TensorInfo};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -464,8 +464,15 @@ fn read_header(path: &Path) -> Result<(File, BTreeMap<String, StoredTensor>), Hf
     let mut header = vec![0u8; header_len as usize];
     file.read_exact_at(&mut header, 8)
         .map_err(HfError::io("read", path))?;
-    let metadata: Metadata = serde_json::from_slice(&header)
-        .map_err(|e| not_safetensors(format!("an unreadable header ({e})")))?;
+    let metadata: Metadata =
+        serde_json::from_slice(&header).map_err(|e| match damaged_entry(&header) {
+            Some((name, why)) => HfError::tensor(
+                path,
+                &name,
+                format!("{why}: the file's header is damaged; copy the file again"),
+            ),
+            None => not_safetensors(format!("an unreadable header ({e})")),
+        })?;
     let data_start = 8 + header_len;
     let expected = data_start + metadata.data_len() as u64;
     // In file order, so that the tensor a problem is reported for is always the first one.
@@ -520,6 +527,65 @@ fn read_header(path: &Path) -> Result<(File, BTreeMap<String, StoredTensor>), Hf
         )));
     }
     Ok((file, tensors))
+}
+
+/// The first tensor, in file order, whose header entry contradicts itself or the one before
+/// it, and how: the safetensors crate refuses such a header without always naming the tensor.
+fn damaged_entry(header: &[u8]) -> Option<(String, String)> {
+    let entries: BTreeMap<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
+    let mut infos = Vec::new();
+    for (name, entry) in entries {
+        if name == "__metadata__" {
+            continue;
+        }
+        match serde_json::from_value::<TensorInfo>(entry) {
+            Ok(info) => infos.push((name, info)),
+            Err(e) => return Some((name, format!("has an unreadable header entry ({e})"))),
+        }
+    }
+    infos.sort_by_key(|(_, info)| info.data_offsets);
+    let mut end = 0;
+    for (name, info) in infos {
+        let (start, stop) = info.data_offsets;
+        if start != end {
+            let before = if end == 0 {
+                "the data starts at 0".to_string()
+            } else {
+                format!("the tensor before it ends at {end}")
+            };
+            return Some((
+                name,
+                format!("starts at byte {start} of the data, but {before}"),
+            ));
+        }
+        if stop < start {
+            return Some((
+                name,
+                format!("has data_offsets [{start}, {stop}], which end before they start"),
+            ));
+        }
+        let bytes = info
+            .shape
+            .iter()
+            .try_fold(info.dtype.bitsize(), |bits, &d| bits.checked_mul(d))
+            .map(|bits| bits.div_ceil(8));
+        if bytes != Some(stop - start) {
+            let needs = bytes.map_or("more than can be addressed".to_string(), |b| {
+                format!("{b} bytes")
+            });
+            return Some((
+                name,
+                format!(
+                    "has data_offsets [{start}, {stop}] ({} bytes), but its shape {:?} in {:?} takes {needs}",
+                    stop - start,
+                    info.shape,
+                    info.dtype
+                ),
+            ));
+        }
+        end = stop;
+    }
+    None
 }
 
 #[cfg(test)]
@@ -579,6 +645,46 @@ mod tests {
                 && error.contains("truncated"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn a_header_whose_offsets_contradict_a_shape_names_the_tensor() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors");
+        let data = [0u8; 96];
+        let header = |b_offsets: &str| {
+            format!(
+                r#"{{"__metadata__": {{"format": "pt"}},
+                    "a": {{"dtype": "F32", "shape": [8], "data_offsets": [0, 32]}},
+                    "b": {{"dtype": "F32", "shape": [4, 4], "data_offsets": {b_offsets}}}}}"#
+            )
+        };
+        for (b_offsets, said) in [
+            (
+                "[32, 40]",
+                "has data_offsets [32, 40] (8 bytes), but its shape [4, 4] in F32 takes 64 bytes",
+            ),
+            (
+                "[40, 96]",
+                "starts at byte 40 of the data, but the tensor before it ends at 32",
+            ),
+        ] {
+            let header = header(b_offsets);
+            let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+            bytes.extend_from_slice(header.as_bytes());
+            bytes.extend_from_slice(&data);
+            std::fs::write(&path, bytes).unwrap();
+            let Err(error) = read_header(&path) else {
+                panic!("a damaged header was read")
+            };
+            let error = error.to_string();
+            assert!(
+                error.contains("`b`")
+                    && error.contains(said)
+                    && error.contains("header is damaged"),
+                "{error}"
+            );
+        }
     }
 
     /// One tensor `a` of 4 values, all `value`, written to `path`.
