@@ -58,6 +58,28 @@ fn unreadable_file() {
 }
 
 #[test]
+fn a_model_folder_given_for_the_spec_says_how_a_spec_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("llama")).unwrap();
+    std::fs::write(dir.path().join("llama/config.json"), "{}").unwrap();
+    for command in ["plan", "run", "sweep"] {
+        let out = shardrun(dir.path(), &[command, "llama"]);
+        assert_eq!(
+            String::from_utf8(out.stderr).unwrap(),
+            format!(
+                "error: llama is a folder without a job.yaml, and not a run directory: \
+                 `shardrun {command}` takes a job spec (a YAML file) or a run directory. It looks \
+                 like a Hugging Face model folder: a spec trains it with\n    training:\n      \
+                 model: {{kind: hf, path: llama}}\n  (examples/llama-finetune.yaml is a whole \
+                 one)\n  fix: `shardrun {command} <your spec>.yaml`; `shardrun plan \
+                 examples/demo.yaml` shows a working spec\n"
+            )
+        );
+        assert_ne!(out.status.code(), Some(0));
+    }
+}
+
+#[test]
 fn malformed_yaml() {
     assert_error(
         "name: t\n  bad: indent\n",

@@ -85,6 +85,9 @@ fn load(path: &Path, set: &SetArgs, command: &str) -> anyhow::Result<LoadedSpec>
             );
         }
     }
+    if path.is_dir() && !spec_path(path).exists() && manifest.is_none() {
+        anyhow::bail!(not_a_spec_folder(path, command));
+    }
     let mut loaded = spec::load_with(&spec_path(path), &set.parsed()?)?;
     // A run directory's job.yaml keeps the spec's relative paths: they are relative to the
     // folder of the spec the run was made from.
@@ -92,6 +95,32 @@ fn load(path: &Path, set: &SetArgs, command: &str) -> anyhow::Result<LoadedSpec>
         loaded.base_dir = spec_dir;
     }
     Ok(loaded)
+}
+
+/// A folder that is neither a spec's run directory nor holds a `job.yaml`: what the command
+/// takes instead, and the spec lines for a model folder or data folder given in its place.
+pub fn not_a_spec_folder(path: &Path, command: &str) -> String {
+    let shown = path.display();
+    let instead = if path.join("config.json").is_file() {
+        format!(
+            " It looks like a Hugging Face model folder: a spec trains it with\n    \
+             training:\n      model: {{kind: hf, path: {shown}}}\n  \
+             (examples/llama-finetune.yaml is a whole one)"
+        )
+    } else if path.join("tokenizer.json").is_file() {
+        format!(
+            " It looks like a tokenizer folder: a spec names it as \
+             `training.data.tokenizer: {{path: {shown}}}` (examples/llama-finetune.yaml)"
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "{shown} is a folder without a job.yaml, and not a run directory: `shardrun {command}` \
+         takes a job spec (a YAML file) or a run directory.{instead}\n  \
+         fix: `shardrun {command} <your spec>.yaml`; `shardrun plan examples/demo.yaml` shows a \
+         working spec"
+    )
 }
 
 /// The commands that take a spec as one job, and what they do with it.

@@ -8,7 +8,7 @@
 //! at any time.
 
 use crate::binaries::shardrun_exe;
-use crate::commands::spec_args::{spec_path, SetArgs};
+use crate::commands::spec_args::{not_a_spec_folder, spec_path, SetArgs};
 use crate::rerun;
 use crate::resolve::{self, Overrides};
 use crate::rundir::{self, ArrayRef, RunDir};
@@ -45,6 +45,9 @@ pub struct Args {
 pub fn execute(args: Args) -> anyhow::Result<()> {
     // `--set` changes every point, as if written in the spec (`sweep.grid` included); the
     // points record the values they ran with, so a later sweep without it sees them changed.
+    if args.spec.is_dir() && !spec_path(&args.spec).exists() {
+        anyhow::bail!(not_a_spec_folder(&args.spec, "sweep"));
+    }
     let loaded = spec::load_with(&spec_path(&args.spec), &args.set.parsed()?)?;
     let overrides = Overrides {
         force: args.force,
