@@ -825,17 +825,12 @@ impl Trainer {
         };
         let per_epoch = documents.samples_per_epoch();
         let samples = self.samples_done..self.samples_done + self.config.batch.total_batch_size;
-        for (epoch, sample) in epochs_begun(samples, per_epoch, first_of_run) {
-            self.log(
-                LogLevel::Info,
-                &format!(
-                    "epoch {} of the training data at step {} (sample {}; {} sequences per epoch)",
-                    epoch + 1,
-                    step + 1,
-                    thousands(sample),
-                    thousands(per_epoch)
-                ),
-            );
+        if let Some(line) = epochs_line(
+            &epochs_begun(samples, per_epoch, first_of_run),
+            step,
+            per_epoch,
+        ) {
+            self.log(LogLevel::Info, &line);
         }
     }
 
@@ -1004,6 +999,34 @@ pub fn format_summary(s: &TrainSummary) -> String {
     )
 }
 
+/// What the log says of the epochs `begun` in `step` (from 0): data smaller than a step
+/// begins several in one, said in one line.
+fn epochs_line(begun: &[(u64, u64)], step: u64, per_epoch: u64) -> Option<String> {
+    let (&(first, from), &(last, to)) = (begun.first()?, begun.last()?);
+    let which = if first == last {
+        format!(
+            "epoch {} of the training data at step {} (sample {}",
+            first + 1,
+            step + 1,
+            thousands(from)
+        )
+    } else {
+        format!(
+            "epochs {} to {} of the training data at step {} (samples {} to {}",
+            first + 1,
+            last + 1,
+            step + 1,
+            thousands(from),
+            thousands(to)
+        )
+    };
+    let plural = if per_epoch == 1 { "" } else { "s" };
+    Some(format!(
+        "{which}; {} sequence{plural} per epoch)",
+        thousands(per_epoch)
+    ))
+}
+
 /// The epochs (from 0) that begin within a step's global `samples`, with the sample each
 /// begins at; on a run's first step also the epoch it starts in, at its first sample.
 fn epochs_begun(
@@ -1046,6 +1069,19 @@ mod tests {
         assert_eq!(
             epochs_begun(15..30, 5, false),
             vec![(3, 15), (4, 20), (5, 25)]
+        );
+    }
+
+    #[test]
+    fn epochs_begun_in_one_step_are_said_in_one_line() {
+        assert_eq!(epochs_line(&[], 3, 100), None);
+        assert_eq!(
+            epochs_line(&[(1, 100)], 6, 100).unwrap(),
+            "epoch 2 of the training data at step 7 (sample 100; 100 sequences per epoch)"
+        );
+        assert_eq!(
+            epochs_line(&epochs_begun(0..4, 1, true), 0, 1).unwrap(),
+            "epochs 1 to 4 of the training data at step 1 (samples 0 to 3; 1 sequence per epoch)"
         );
     }
 
