@@ -527,6 +527,13 @@ fn not_a_record(e: serde_json::Error) -> Refused {
     let why = text
         .strip_suffix(&format!(" at line {} column {}", e.line(), e.column()))
         .unwrap_or(&text);
+    // serde_json's words for a `\uD800`-style escape without its other half.
+    let why = if why.ends_with("hex escape") {
+        "a \\u escape of half a UTF-16 surrogate pair without the other half: not a character, \
+         so no tokenizer can encode it (Python's json reads it, the tokenizer then refuses it)"
+    } else {
+        why
+    };
     match e.column() {
         0 => format!("not a JSON record ({why})").into(),
         column => format!("not a JSON record ({why} at column {column})").into(),
@@ -1059,6 +1066,18 @@ mod tests {
         assert_eq!(lines, [1, 4]);
         assert_eq!(reader.skipped.len(), 1);
         assert!(reader.next_batch(1 << 20).unwrap().is_none());
+
+        // Half a surrogate pair, which Python's json reads and a tokenizer then refuses.
+        for record in [r#"{"text": "a\ud800b"}"#, r#"{"text": "a\udc00"}"#] {
+            let Err(refused) = parse_record(&source, record, false) else {
+                panic!("{record} was read")
+            };
+            let why = refused.why;
+            assert!(
+                why.contains("half a UTF-16 surrogate pair") && why.contains("at column"),
+                "{why}"
+            );
+        }
 
         let text = DataSource::Text {
             files: vec![],
