@@ -100,18 +100,21 @@ fn run(args: Args) -> Result<()> {
             (DeviceKind::Cuda, Device::Cuda(chosen.index))
         }
     };
-    let timeout = Duration::from_secs(args.timeout_s);
+    let options = collectives::CommOptions {
+        timeout: Duration::from_secs(args.timeout_s),
+        ..collectives::CommOptions::from_env()?
+    };
     if world == 1 && matches!(args.device, DeviceArg::Cuda) {
         let id = nccl::new_unique_id()?;
-        let comm = NcclCommunicator::new(&id, 0, 1, timeout)?;
+        let comm = NcclCommunicator::new(&id, 0, 1, &options)?;
         let result = execute(&args.mode, &comm, device);
         if result.is_ok() {
             comm.finish()?;
         }
         return result;
     }
-    let prepared = collectives::prepare(kind, rank, world, &args.bind_host)?
-        .with_options(collectives::CommOptions { timeout });
+    let prepared =
+        collectives::prepare(kind, rank, world, &args.bind_host)?.with_options(options.clone());
     let start = if world == 1 {
         StartInfo {
             world_size: 1,
@@ -124,7 +127,7 @@ fn run(args: Args) -> Result<()> {
             nccl_unique_id: prepared.nccl_unique_id.clone(),
         }
     } else {
-        let config = Standalone::from_env(timeout)?
+        let config = Standalone::from_env(options.timeout)?
             .context("a multi-rank run needs MASTER_ADDR and MASTER_PORT for the rendezvous")?;
         let me = Registration {
             rank: rank as u64,

@@ -15,6 +15,10 @@ use std::time::Duration;
 /// Environment variable of the collective timeout, in seconds.
 pub const TIMEOUT_VARIABLE: &str = "SHARDRUN_COLLECTIVE_TIMEOUT";
 
+/// Environment variable that makes NCCL's communicators blocking (`1`), as PyTorch's are by
+/// default (its `TORCH_NCCL_USE_COMM_NONBLOCKING` is off).
+pub const NCCL_BLOCKING_VARIABLE: &str = "SHARDRUN_NCCL_BLOCKING";
+
 /// Knobs of the communicators; the defaults suit training jobs.
 #[derive(Debug, Clone)]
 pub struct CommOptions {
@@ -24,36 +28,63 @@ pub struct CommOptions {
     /// still loading a large model from slow storage when the others start the first
     /// all-gather.
     pub timeout: Duration,
+    /// NCCL communicators that block in their calls instead of returning `ncclInProgress`:
+    /// a fallback for a cluster whose NCCL misbehaves in non-blocking mode. Joining and
+    /// splitting then wait without the timeout (a peer that never joins is caught by the
+    /// controller's rendezvous and progress timeouts instead); collectives keep it.
+    pub nccl_blocking: bool,
 }
 
 impl Default for CommOptions {
-    /// 600 s, PyTorch's default for NCCL process groups.
+    /// 600 s, PyTorch's default for NCCL process groups; non-blocking NCCL communicators, so
+    /// that joining them has the timeout too.
     fn default() -> Self {
         CommOptions {
             timeout: Duration::from_secs(600),
+            nccl_blocking: false,
         }
     }
 }
 
 impl CommOptions {
-    /// The defaults, with the timeout of `SHARDRUN_COLLECTIVE_TIMEOUT` when it is set.
+    /// The defaults, with the timeout of `SHARDRUN_COLLECTIVE_TIMEOUT` and the NCCL mode of
+    /// `SHARDRUN_NCCL_BLOCKING` when they are set.
     pub fn from_env() -> Result<CommOptions, CommError> {
-        CommOptions::with_timeout_setting(std::env::var(TIMEOUT_VARIABLE).ok().as_deref())
+        CommOptions::with_settings(
+            std::env::var(TIMEOUT_VARIABLE).ok().as_deref(),
+            std::env::var(NCCL_BLOCKING_VARIABLE).ok().as_deref(),
+        )
     }
 
-    fn with_timeout_setting(seconds: Option<&str>) -> Result<CommOptions, CommError> {
-        let Some(text) = seconds.map(str::trim).filter(|t| !t.is_empty()) else {
-            return Ok(CommOptions::default());
-        };
-        match text.parse::<u64>() {
-            Ok(secs) if secs > 0 => Ok(CommOptions {
-                timeout: Duration::from_secs(secs),
-            }),
-            _ => Err(CommError::Invalid(format!(
-                "{TIMEOUT_VARIABLE}={text}: the collective timeout is a whole number of \
-                 seconds above 0 (default 600)"
-            ))),
+    fn with_settings(
+        seconds: Option<&str>,
+        blocking: Option<&str>,
+    ) -> Result<CommOptions, CommError> {
+        let mut options = CommOptions::default();
+        if let Some(text) = seconds.map(str::trim).filter(|t| !t.is_empty()) {
+            options.timeout = match text.parse::<u64>() {
+                Ok(secs) if secs > 0 => Duration::from_secs(secs),
+                _ => {
+                    return Err(CommError::Invalid(format!(
+                        "{TIMEOUT_VARIABLE}={text}: the collective timeout is a whole number \
+                         of seconds above 0 (default 600)"
+                    )))
+                }
+            };
         }
+        if let Some(text) = blocking.map(str::trim).filter(|t| !t.is_empty()) {
+            options.nccl_blocking = match text {
+                "1" => true,
+                "0" => false,
+                _ => {
+                    return Err(CommError::Invalid(format!(
+                        "{NCCL_BLOCKING_VARIABLE}={text}: write 1 (blocking NCCL \
+                         communicators) or 0 (non-blocking, the default)"
+                    )))
+                }
+            };
+        }
+        Ok(options)
     }
 }
 
@@ -203,7 +234,7 @@ impl PendingComms {
                     id,
                     rank,
                     self.world_size,
-                    self.options.timeout,
+                    &self.options,
                 )?)
             }
         };
@@ -227,7 +258,7 @@ mod tests {
 
     #[test]
     fn the_collective_timeout_is_600_s_unless_the_environment_says_otherwise() {
-        let timeout = |setting| CommOptions::with_timeout_setting(setting).map(|o| o.timeout);
+        let timeout = |setting| CommOptions::with_settings(setting, None).map(|o| o.timeout);
         assert_eq!(timeout(None).unwrap(), Duration::from_secs(600));
         assert_eq!(timeout(Some(" ")).unwrap(), Duration::from_secs(600));
         assert_eq!(timeout(Some("1200")).unwrap(), Duration::from_secs(1200));
@@ -238,5 +269,18 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn nccl_communicators_are_non_blocking_unless_the_environment_says_otherwise() {
+        let blocking = |setting| CommOptions::with_settings(None, setting).map(|o| o.nccl_blocking);
+        assert!(!blocking(None).unwrap());
+        assert!(!blocking(Some("0")).unwrap());
+        assert!(blocking(Some(" 1")).unwrap());
+        let err = blocking(Some("yes")).unwrap_err().to_string();
+        assert!(
+            err.contains("SHARDRUN_NCCL_BLOCKING=yes: write 1 (blocking NCCL communicators) or 0"),
+            "{err}"
+        );
     }
 }

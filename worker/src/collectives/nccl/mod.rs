@@ -22,7 +22,9 @@ pub mod library;
 pub mod watch;
 
 use super::dtype::{check, check_pair, Dtype};
-use super::{subgroup_members, CommError, Communicator, ReduceOp, SingleProcess, Work};
+use super::{
+    subgroup_members, CommError, CommOptions, Communicator, ReduceOp, SingleProcess, Work,
+};
 use crate::cuda::{self, CudaEvent, CudaStream};
 use cudarc::nccl::sys;
 use std::collections::VecDeque;
@@ -49,14 +51,15 @@ fn cuda_error(e: cuda::CudaError) -> CommError {
     CommError::Nccl(e.to_string())
 }
 
-/// `NCCL_CONFIG_INITIALIZER` with the one field set here: non-blocking.
-fn config() -> sys::ncclConfig_t {
+/// `NCCL_CONFIG_INITIALIZER` with the one field set here: whether calls block (non-blocking
+/// ones return `ncclInProgress`, so joining and splitting can be given a deadline).
+fn config(blocking: bool) -> sys::ncclConfig_t {
     sys::ncclConfig_t {
         size: std::mem::size_of::<sys::ncclConfig_t>(),
         magic: 0xcafe_beef,
         // The layout of these bindings: NCCL_VERSION(2, 28, 0).
         version: 22800,
-        blocking: 0,
+        blocking: c_int::from(blocking),
         cgaClusterSize: UNDEF_INT,
         minCTAs: UNDEF_INT,
         maxCTAs: UNDEF_INT,
@@ -119,6 +122,8 @@ pub(crate) struct Comm {
     device: usize,
     stream: CudaStream,
     timeout: Duration,
+    /// Made blocking ([`CommOptions::nccl_blocking`]); its children are made the same.
+    blocking: bool,
     /// Serialises this process's calls on the handle (NCCL forbids concurrent ones).
     calls: Mutex<()>,
     /// Whether the handle is still live; held while it is queried, finished or aborted.
@@ -354,13 +359,14 @@ impl Drop for Keep {
 impl NcclCommunicator {
     /// Joins the communicator of `world_size` ranks named by rank 0's `unique_id` on the
     /// current CUDA device (collective: returns when every rank has joined, or fails after
-    /// `timeout`).
+    /// the options' timeout, unless its communicators block).
     pub fn new(
         unique_id: &[u8],
         rank: usize,
         world_size: usize,
-        timeout: Duration,
+        options: &CommOptions,
     ) -> Result<NcclCommunicator, CommError> {
+        let timeout = options.timeout;
         library::load()?;
         if unique_id.len() != UNIQUE_ID_BYTES {
             return Err(CommError::Invalid(format!(
@@ -376,7 +382,7 @@ impl NcclCommunicator {
         tracing::debug!(rank, world_size, device, "joining the NCCL communicator");
         let joining = Instant::now();
         let mut raw = std::ptr::null_mut();
-        let mut cfg = config();
+        let mut cfg = config(options.nccl_blocking);
         // SAFETY: valid out-pointer and config; rank < world_size is checked by the caller
         // (bootstrap) and by NCCL.
         let status = unsafe {
@@ -389,7 +395,7 @@ impl NcclCommunicator {
         {
             return Err(nccl_error("ncclCommInitRankConfig", status));
         }
-        let comm = Comm::wrap(raw, "the world".into(), device, timeout)?;
+        let comm = Comm::wrap(raw, "the world".into(), device, options)?;
         {
             let _calls = lock(&comm.calls);
             comm.settle("ncclCommInitRank", Instant::now() + timeout)?;
@@ -479,7 +485,7 @@ impl Comm {
         raw: sys::ncclComm_t,
         label: String,
         device: usize,
-        timeout: Duration,
+        options: &CommOptions,
     ) -> Result<Arc<Comm>, CommError> {
         let stream = match CudaStream::non_blocking() {
             Ok(s) => s,
@@ -494,7 +500,8 @@ impl Comm {
             label,
             device,
             stream,
-            timeout,
+            timeout: options.timeout,
+            blocking: options.nccl_blocking,
             calls: Mutex::new(()),
             life: Mutex::new(Life::Live),
             in_flight: Mutex::new(VecDeque::new()),
@@ -626,7 +633,7 @@ impl Communicator for NcclCommunicator {
         // The child sets up its own buffers and connections. (Sharing the parent's would need
         // `splitShare` on the parent at its creation, and then no collective of the parent
         // may run while the child's do: not tried on a GPU yet.)
-        let mut cfg = config();
+        let mut cfg = config(parent.blocking);
         let deadline = Instant::now() + parent.timeout;
         {
             let _calls = lock(&parent.calls);
@@ -647,7 +654,11 @@ impl Communicator for NcclCommunicator {
             )));
         }
         let label = format!("the group of ranks {members:?}");
-        let child = Comm::wrap(raw, label, parent.device, parent.timeout)?;
+        let options = CommOptions {
+            timeout: parent.timeout,
+            nccl_blocking: parent.blocking,
+        };
+        let child = Comm::wrap(raw, label, parent.device, &options)?;
         let mut count = 0;
         let status = {
             let _calls = lock(&child.calls);
@@ -684,7 +695,11 @@ mod tests {
         let id = new_unique_id().unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(id.len(), UNIQUE_ID_BYTES);
         if !tch::Cuda::is_available() {
-            let err = NcclCommunicator::new(&id, 0, 1, Duration::from_secs(5))
+            let options = CommOptions {
+                timeout: Duration::from_secs(5),
+                ..CommOptions::default()
+            };
+            let err = NcclCommunicator::new(&id, 0, 1, &options)
                 .err()
                 .expect("no GPU: no communicator");
             eprintln!("{err}");
