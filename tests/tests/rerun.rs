@@ -469,6 +469,35 @@ fn a_copied_or_moved_run_directory_keeps_its_own_checkpoints() {
         )),
         "{stdout}"
     );
+    // Nor without its manifest (deleted or emptied in the copy), which says where the run
+    // was made: the folder's own checkpoints still, not the old path's.
+    let manifest = archive.join("manifest.json");
+    let kept = std::fs::read(&manifest).unwrap();
+    for (case, damage) in [("emptied", Some("{}")), ("deleted", None)] {
+        match damage {
+            Some(text) => std::fs::write(&manifest, text).unwrap(),
+            None => std::fs::remove_file(&manifest).unwrap(),
+        }
+        let out_dir = dir
+            .join(format!("export-{case}"))
+            .to_string_lossy()
+            .into_owned();
+        let out = shardrun_in(
+            dir.path(),
+            &["export", &archived, "--out", &out_dir],
+            DEADLINE,
+        );
+        let stdout = stdout_of(&out);
+        assert!(out.status.success(), "{case}: {}", stderr_of(&out));
+        assert!(
+            stdout.starts_with(&format!(
+                "Exported step 6 (2 ranks, FULL_SHARD, 0.0 M parameters) from {}/checkpoints/step-6",
+                archive.display()
+            )),
+            "{case}: {stdout}"
+        );
+    }
+    std::fs::write(&manifest, kept).unwrap();
 
     let moved = dir.join("elsewhere/moved");
     std::fs::create_dir_all(moved.parent().unwrap()).unwrap();
@@ -534,9 +563,15 @@ fn a_damaged_manifest_is_named_by_status_and_forced_anew() {
     assert!(
         stderr.contains("1 run directory is not shown:")
             && stderr.contains("damaged/manifest.json is not valid")
-            && stderr.contains("start the run over with --force"),
+            && stderr.contains("restore it from a copy if there is one")
+            && stderr.contains("else start the run over with --force"),
         "{stderr}"
     );
+    // What the message says still reads the run.
+    for command in ["logs", "metrics"] {
+        let out = shardrun_in(dir.path(), &[command, "runs/damaged"], DEADLINE);
+        assert!(out.status.success(), "{command}: {}", stderr_of(&out));
+    }
 
     run("damaged", &["--force"]);
     let out = shardrun_in(dir.path(), &["status", "--json", "runs"], DEADLINE);

@@ -758,15 +758,22 @@ fn checkpoint_location(path: &Path) -> Result<PathBuf> {
     let config_path = path.join(CONFIG_FILE);
     if config_path.exists() {
         // A run directory's config, read as the run reads it (its checkpoint folder follows
-        // the directory when it was moved or copied); else the file as it is.
+        // the directory when it was moved or copied); else the file as it is, its checkpoint
+        // folder taken to be the one here of that name (a run directory without manifest).
         let config = match crate::rundir::RunDir::open(path) {
             Ok(run) => run.read_train_config()?,
             Err(_) => {
                 let text = std::fs::read(&config_path)
                     .with_context(|| format!("reading {}", config_path.display()))?;
-                serde_json::from_slice::<TrainConfig>(&text).with_context(|| {
-                    format!("{} is not a valid training config", config_path.display())
-                })?
+                let mut config =
+                    serde_json::from_slice::<TrainConfig>(&text).with_context(|| {
+                        format!("{} is not a valid training config", config_path.display())
+                    })?;
+                if let Some(dir) = config.checkpoint.dir.as_mut() {
+                    let here = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+                    crate::rundir::follow_move(&here, None, dir);
+                }
+                config
             }
         };
         if let Some(dir) = config.checkpoint.dir {

@@ -54,7 +54,7 @@ pub enum RunDirError {
         #[source]
         source: io::Error,
     },
-    #[error("{path} is not valid: {source}\n  fix: the file was edited or truncated; start the run over with --force (which deletes what the run directory holds)")]
+    #[error("{path} is not valid: {source}\n  fix: the file was edited or truncated: restore it from a copy if there is one (the run's logs, metrics and checkpoints are not in it: `shardrun logs`, `metrics` and `export` still read them); else start the run over with --force, which deletes what the run directory holds")]
     Corrupt {
         path: PathBuf,
         #[source]
@@ -332,6 +332,31 @@ fn random_suffix() -> String {
         .collect()
 }
 
+/// `recorded`, a path a run directory's files name below the folder the run was `created`
+/// in, moved to where the directory is now (`here`, absolute). Without `created` (the
+/// manifest deleted or damaged in a copy), a recorded path outside `here` whose last
+/// component is a folder in it (`checkpoints`) is taken to be that folder, not another
+/// run's.
+pub fn follow_move(here: &Path, created: Option<&Path>, recorded: &mut PathBuf) {
+    match created {
+        Some(created) => {
+            if let Ok(below) = recorded.strip_prefix(created) {
+                *recorded = here.join(below);
+            }
+        }
+        None if recorded.is_absolute() && !recorded.starts_with(here) => {
+            if let Some(own) = recorded
+                .file_name()
+                .map(|name| here.join(name))
+                .filter(|own| own.is_dir())
+            {
+                *recorded = own;
+            }
+        }
+        None => {}
+    }
+}
+
 impl RunDir {
     /// Absolute `<run_root>/<name>`: the run directory of the job `name` (a sweep's folder of
     /// points); a relative root is relative to the current directory.
@@ -488,6 +513,20 @@ impl RunDir {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Whether the folder holds, beside its manifest, another of the files a run directory
+    /// is made with: one of them lost (deleted by hand) leaves it a run to list, and report
+    /// on, while a data cache's `manifest.json` alone is not one.
+    pub fn made_by_shardrun(&self) -> bool {
+        [
+            self.resolved_json(),
+            self.train_config(),
+            self.job_yaml(),
+            self.plan_txt(),
+        ]
+        .iter()
+        .any(|file| file.is_file())
+    }
     pub fn job_yaml(&self) -> PathBuf {
         self.path.join("job.yaml")
     }
@@ -626,14 +665,9 @@ impl RunDir {
     /// to where the directory is now (a run folder archived with `cp -a` or moved to other
     /// storage keeps its own checkpoints, not those a new run of the old path saves).
     fn follow_move(&self, path: &mut Option<PathBuf>) {
-        let Some(created) = self.read_manifest().ok().and_then(|m| m.run_dir) else {
-            return;
-        };
-        let here = self.absolute();
         if let Some(recorded) = path.as_mut() {
-            if let Ok(below) = recorded.strip_prefix(&created) {
-                *recorded = here.join(below);
-            }
+            let created = self.read_manifest().ok().and_then(|m| m.run_dir);
+            follow_move(&self.absolute(), created.as_deref(), recorded);
         }
     }
 

@@ -39,8 +39,8 @@ pub enum RunsError {
 
 /// Run directories at or below `path` (a run directory, a sweep folder or a run root),
 /// at most three levels deep, sorted by path. Below `path`, a folder is a run when it holds
-/// the resolved job too: the data cache (by default in the run root) keeps a
-/// `manifest.json` of its own.
+/// another of a run directory's files too ([`RunDir::made_by_shardrun`]): the data cache
+/// (by default in the run root) keeps a `manifest.json` of its own.
 pub fn find_runs(path: &Path) -> Vec<RunDir> {
     find_runs_and_unreadable(path).0
 }
@@ -51,7 +51,7 @@ pub fn find_runs_and_unreadable(path: &Path) -> (Vec<RunDir>, Vec<PathBuf>) {
     const DEPTH: usize = 3;
     fn walk(path: &Path, depth: usize, out: &mut Vec<RunDir>, unreadable: &mut Vec<PathBuf>) {
         if let Ok(run) = RunDir::open(path) {
-            if depth == DEPTH || run.resolved_json().is_file() {
+            if depth == DEPTH || run.made_by_shardrun() {
                 out.push(run);
                 return;
             }
