@@ -80,6 +80,21 @@ fn a_model_folder_given_for_the_spec_says_how_a_spec_names_it() {
 }
 
 #[test]
+fn logs_of_a_folder_that_is_not_a_run_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("notes")).unwrap();
+    std::fs::write(dir.path().join("notes/todo.txt"), "x").unwrap();
+    let out = shardrun(dir.path(), &["logs", "notes"]);
+    assert_eq!(
+        String::from_utf8(out.stderr).unwrap(),
+        "error: notes is not a run directory (no manifest.json), and holds no train.log\n  \
+         fix: give a run directory, as `shardrun submit` and `shardrun run` print it; \
+         `shardrun status` lists those under the current folder\n"
+    );
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
 fn malformed_yaml() {
     assert_error(
         "name: t\n  bad: indent\n",

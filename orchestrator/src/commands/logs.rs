@@ -93,6 +93,15 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                 if let Some(why) = ended_before_its_log(&args) {
                     bail!("{why}");
                 }
+                if crate::rundir::RunDir::open(&args.run).is_err() {
+                    bail!(
+                        "{} is not a run directory (no manifest.json), and holds no {}\n  \
+                         fix: give a run directory, as `shardrun submit` and `shardrun run` \
+                         print it; `shardrun status` lists those under the current folder",
+                        args.run.display(),
+                        path.strip_prefix(&args.run).unwrap_or(&path).display()
+                    );
+                }
                 return Err(e).with_context(|| {
                     format!(
                         "cannot read {} (has the job started yet? see `shardrun status {}`)",
