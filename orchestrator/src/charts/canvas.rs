@@ -243,6 +243,8 @@ pub struct Panel {
     pub markers: Vec<Marker>,
     pub legend: bool,
     pub marker_text: bool,
+    /// A last legend line with no sample beside it ("... and 18 more point(s)").
+    pub legend_note: Option<String>,
 }
 
 /// What a figure is drawn onto: whether it has text (a font was found), and whether it is
@@ -426,7 +428,8 @@ pub fn draw_panel<DB: DrawingBackend>(
         kinds.dedup();
         let entries = kinds.len()
             + panel.curves.iter().filter(|c| c.label.is_some()).count()
-            + panel.dots.iter().filter(|d| d.label.is_some()).count();
+            + panel.dots.iter().filter(|d| d.label.is_some()).count()
+            + usize::from(panel.legend_note.is_some());
         (entries > 0).then_some(LEGEND_ROW * entries as i32 + LEGEND_PADDING)
     } else {
         None
@@ -550,6 +553,13 @@ pub fn draw_panel<DB: DrawingBackend>(
                 .legend(move |(px, py)| Circle::new((px + 10, py), 4, style));
         }
     }
+    if let (true, Some(note)) = (panel.legend, &panel.legend_note) {
+        chart
+            .draw_series(std::iter::empty::<PathElement<Point>>())
+            .map_err(err)?
+            .label(note.clone())
+            .legend(|(px, py)| EmptyElement::at((px, py)));
+    }
     if panel.legend && text {
         chart
             .configure_series_labels()
@@ -609,6 +619,7 @@ mod tests {
             markers: Vec::new(),
             legend: false,
             marker_text: false,
+            legend_note: None,
         };
         let mut pixels = vec![255u8; (width * height * 3) as usize];
         {

@@ -170,6 +170,7 @@ impl RunFigure {
             markers: markers.to_vec(),
             legend: true,
             marker_text: true,
+            legend_note: None,
         }
     }
 
@@ -353,6 +354,7 @@ fn series_panel(
             .collect(),
         legend: false,
         marker_text: false,
+        legend_note: None,
     }
 }
 

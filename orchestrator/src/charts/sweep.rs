@@ -70,9 +70,10 @@ impl SweepFigure {
     /// The points that logged no step, finished or not, named as the legend names them:
     /// the first [`NAMED_AT_MOST`], then how many more.
     pub fn without_steps(&self, finished: bool) -> Option<String> {
+        let params = self.params();
         let labels: Vec<String> = self
-            .points
-            .iter()
+            .sorted(&params)
+            .into_iter()
             .filter(|p| p.steps.is_empty() && p.finished == finished)
             .map(|p| self.label(p))
             .collect();
@@ -151,14 +152,7 @@ impl SweepFigure {
             };
             all.extend(shown.iter().map(|p| p.1));
             starts.extend(shown.iter().map(|p| p.1).find(|v| v.is_finite()));
-            let label = match i {
-                i if i < MAX_LEGEND => Some(point_label(&params, point)),
-                i if i == MAX_LEGEND => Some(format!(
-                    "... and {} more point(s)",
-                    with_steps.len() - MAX_LEGEND
-                )),
-                _ => None,
-            };
+            let label = (i < MAX_LEGEND).then(|| point_label(&params, point));
             // Past the palette's colours, curves are told apart by their dashes.
             let (color, dash) = pen(i);
             curves.push(Curve {
@@ -192,6 +186,9 @@ impl SweepFigure {
             markers: Vec::new(),
             legend: true,
             marker_text: false,
+            // Not a curve's label: it would be drawn with that curve's colour and dashes.
+            legend_note: (with_steps.len() > MAX_LEGEND)
+                .then(|| format!("... and {} more point(s)", with_steps.len() - MAX_LEGEND)),
         }
     }
 
@@ -369,6 +366,7 @@ impl SweepFigure {
             markers: Vec::new(),
             legend: true,
             marker_text: false,
+            legend_note: None,
         })
     }
 }
@@ -467,8 +465,9 @@ mod tests {
         };
         assert_eq!(figure.without_steps(false).as_deref(), Some("lr=1e-4"));
         assert_eq!(figure.without_steps(true).as_deref(), Some("lr=1e-5"));
+        // In the order of their values, not of their folders' names.
         let many = SweepFigure {
-            points: (0..10).map(|seed| waiting(1e-3, seed)).collect(),
+            points: (0..10).rev().map(|seed| waiting(1e-3, seed)).collect(),
             ..figure
         };
         let named = many.without_steps(false).unwrap();
@@ -477,6 +476,29 @@ mod tests {
             "{named}"
         );
         assert_eq!(many.without_steps(true), None);
+    }
+
+    #[test]
+    fn points_past_the_legend_are_counted_on_a_line_of_their_own() {
+        let figure = SweepFigure {
+            title: "s".into(),
+            points: (0..MAX_LEGEND as u64 + 3)
+                .map(|seed| point(1e-3, seed, 1.0))
+                .collect(),
+            smoothing: 0.0,
+            log_loss: false,
+        };
+        let overlay = &figure.panels()[0];
+        let labelled = overlay.curves.iter().filter(|c| c.label.is_some()).count();
+        assert_eq!(labelled, MAX_LEGEND);
+        assert_eq!(
+            overlay.legend_note.as_deref(),
+            Some("... and 3 more point(s)"),
+            "not drawn as a curve's label, with that curve's pen"
+        );
+        let mut fewer = figure;
+        fewer.points.truncate(MAX_LEGEND);
+        assert_eq!(fewer.panels()[0].legend_note, None);
     }
 
     #[test]

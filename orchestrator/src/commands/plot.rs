@@ -100,11 +100,12 @@ fn plot_run(args: &Args) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| args.run.join("metrics.svg"));
     charts::save(&figure, &output)?;
+    let markers = figure.markers().len();
     outln!(
-        "wrote {} ({} steps, {} event markers)",
+        "wrote {} ({} steps, {markers} event marker{})",
         output.display(),
         figure.steps.len(),
-        figure.markers().len()
+        if markers == 1 { "" } else { "s" }
     );
     Ok(())
 }
