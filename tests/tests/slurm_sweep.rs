@@ -659,18 +659,33 @@ fn a_sweep_killed_before_releasing_an_array_is_finished_by_the_next_one() {
     );
     let spec_arg = spec.to_string_lossy().into_owned();
     let sweep_dir = dir.join("runs").join(&name);
-    // Array 2's points are written with its job ids; shardrun dies before releasing it.
+    // Array 2's points are written with its job ids; shardrun is interrupted (Ctrl-C)
+    // before releasing it, and says how to finish.
     let path = wrap(
         &dir,
         "scontrol",
         "[ \"$1\" = release ]",
         2,
-        "kill -9 $PPID; exit 1",
+        "kill -INT $PPID; exit 1",
     );
     let out = cluster
         .shardrun_with_env(dir.path(), &["sweep", &spec_arg], &[("PATH", path)])
         .unwrap();
-    assert!(!out.status.success(), "shardrun was killed");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGINT),
+        "ended by the signal"
+    );
+    assert!(
+        stderr_of(&out).ends_with(&format!(
+            "shardrun sweep: interrupted. The arrays it submitted stand; `shardrun sweep \
+             {spec_arg}` looks up what this one left (an array held or not yet recorded) and \
+             submits the rest\n"
+        )),
+        "{}",
+        stderr_of(&out)
+    );
 
     let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
     let stdout = stdout_of(&out);
@@ -854,6 +869,37 @@ fn failed_points_are_resubmitted() {
         stderr_of(&out).contains("is a sweep point"),
         "{}",
         stderr_of(&out)
+    );
+
+    // Files deleted by hand: a point without its resolved job is still a finished run to
+    // skip; one without its manifest is not a run, so it is left out, saying which and why,
+    // and the others are decided as usual (no array is submitted only to fail on it).
+    let mut points: Vec<_> = std::fs::read_dir(&sweep_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("manifest.json").is_file())
+        .collect();
+    points.sort();
+    std::fs::remove_file(points[0].join("resolved.json")).unwrap();
+    std::fs::remove_file(points[1].join("manifest.json")).unwrap();
+    let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert_eq!(stdout.matches("skip (COMPLETED)").count(), 3, "{stdout}");
+    assert_eq!(
+        stdout.matches("skip (folder not a run)").count(),
+        1,
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "1 point(s) have a folder that is not a run directory to read, so they are not \
+             submitted (their jobs would fail on it, and their arrays' other points with \
+             them). The first, {}: it has no manifest.json.",
+            points[1].display()
+        )) && stdout.contains("Nothing to submit"),
+        "{stdout}"
     );
 }
 

@@ -77,6 +77,11 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         None
     } else {
         let lock = journal.lock()?;
+        let mut rerun = format!("shardrun sweep {}", crate::output::pasteable(&args.spec));
+        for set in &args.set.set {
+            rerun.push_str(&format!(" --set {}", crate::sbatch::shell_quote(set)));
+        }
+        sweeps::interrupted::note_on_signal(&rerun);
         resolve_interrupted(&journal, &sweep_dir)?;
         journal
             .write_current_points(points.iter().map(|p| p.name.as_str()))
@@ -196,6 +201,25 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         for change in changes {
             outln!("  {change}");
         }
+    }
+    let not_runs: Vec<&SweepPoint> = points
+        .iter()
+        .zip(&survey.decisions)
+        .filter(|(_, d)| matches!(d, Decision::NotARun))
+        .map(|(p, _)| p)
+        .collect();
+    if let Some(first) = not_runs.first() {
+        let dir = sweep_dir.join(&first.name);
+        outln!(
+            "{} point(s) have a folder that is not a run directory to read, so they are not \
+             submitted (their jobs would fail on it, and their arrays' other points with \
+             them). The first, {}: {}. Move each aside (keeping what it holds) or remove it, \
+             then run `shardrun sweep {}` again to train it anew",
+            not_runs.len(),
+            dir.display(),
+            sweeps::survey::not_a_run(&dir),
+            crate::output::pasteable(&args.spec)
+        );
     }
     let skipped = points.len() - to_submit.len();
     let Some(limits) = limits else {
@@ -329,13 +353,11 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         [(_, job_id, _)] => job_id.as_str(),
         _ => "<job>",
     };
+    // The folder quoted as a shell needs it; the file name is a pattern to fill in.
     outln!(
-        "  follow         tail -f {}",
-        crate::output::pasteable(
-            &sweep_dir
-                .join("slurm")
-                .join(format!("{}-{job}_", loaded.spec.name))
-        ) + "<task>.out"
+        "  follow         tail -f {}/{}-{job}_<task>.out",
+        crate::output::pasteable(&sweep_dir.join("slurm")),
+        loaded.spec.name
     );
     outln!(
         "  status         shardrun status {}",
@@ -367,6 +389,7 @@ fn print_points(
                 format!("skip ({} at step {step})", state)
             }
             (Decision::Diverged(_, first), _) => format!("skip (diverged at step {first})"),
+            (Decision::NotARun, _) => "skip (folder not a run)".to_string(),
             (_, None) => "wait (no room now)".to_string(),
             (Decision::New, Some(_)) => "submit (new)".to_string(),
             (Decision::Retry(state), Some(_)) => format!("submit (was {})", state),

@@ -142,12 +142,17 @@ fn written_key_made_unknown(
 
 /// Sets `a.b.c` in a YAML document, creating the sections left to their defaults.
 pub fn set_path(doc: &mut Value, path: &str, value: Value) -> Result<(), String> {
-    let parts: Vec<&str> = path.split('.').collect();
-    if parts.iter().any(|p| p.is_empty()) {
+    if path.split('.').any(|p| p.is_empty()) {
         return Err(format!(
             "`{path}` is not a dotted path like `training.optimizer.lr`"
         ));
     }
+    // The grid's keys are dotted paths themselves: `sweep.grid.training.seed` sets the
+    // grid's `training.seed`.
+    let parts: Vec<&str> = match path.strip_prefix("sweep.grid.") {
+        Some(swept) => vec!["sweep", "grid", swept],
+        None => path.split('.').collect(),
+    };
     let mut cur = doc;
     for (i, part) in parts.iter().enumerate() {
         if cur.is_null() {
@@ -197,6 +202,14 @@ mod tests {
         let loaded = parse_spec(DEMO, Path::new("demo.yaml")).unwrap();
         let overrides: Vec<Override> = args.iter().map(|a| parse(a)).collect::<Result<_, _>>()?;
         apply(loaded, &overrides)
+    }
+
+    #[test]
+    fn a_grid_key_is_one_dotted_path() {
+        let loaded = with(&["sweep.grid.training.seed=[5, 6]"]).unwrap();
+        let grid = loaded.spec.sweep.unwrap().grid;
+        assert_eq!(grid.keys().collect::<Vec<_>>(), ["training.seed"]);
+        assert_eq!(grid["training.seed"].len(), 2);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! run directories already there, so only new, changed or failed points are submitted.
 
 pub mod carried;
+pub mod interrupted;
 pub mod journal;
 pub mod labels;
 pub mod point_dirs;
@@ -169,6 +170,34 @@ pub fn expand(loaded: &LoadedSpec, overrides: &Overrides) -> Result<Vec<SweepPoi
                     )
                     .into());
             }
+        }
+    }
+    // A `--set` of a swept path would be replaced by every point's value, doing nothing.
+    let swept = grid_keys
+        .iter()
+        .map(|k| k.as_str())
+        .chain(sweep.list.iter().flat_map(|e| e.keys().map(String::as_str)));
+    for key in swept {
+        if let Some(o) = loaded
+            .overrides
+            .iter()
+            .find(|o| !o.path.starts_with("sweep.") && overlap(&o.path, key))
+        {
+            return Err(SpecError::from_flag(
+                &o.flag(),
+                o.path.clone(),
+                SpecErrorKind::Invalid,
+                format!(
+                    "`{key}` is swept: every point's value would replace the one set here, \
+                     so the flag would change nothing"
+                ),
+                format!(
+                    "to sweep other values, set the sweep's: `--set 'sweep.grid.{key}=[...]'`; \
+                     to train this value alone, `shardrun submit` the spec with `--set \
+                     sweep=null`"
+                ),
+            )
+            .into());
         }
     }
     let mut base_spec = loaded.spec.clone();
@@ -511,6 +540,42 @@ mod tests {
             let err = expand(&loaded, &Overrides::default()).unwrap_err().to_string();
             assert!(err.contains(said), "{err}");
         }
+    }
+
+    #[test]
+    fn a_set_flag_on_a_swept_path_is_refused_as_it_would_change_nothing() {
+        let loaded = parse(
+            include_str!("../../../examples/sweep.yaml"),
+            Path::new("sweep.yaml"),
+        )
+        .unwrap();
+        let with = |arg: &str| {
+            let set = [crate::spec::overrides::parse(arg).unwrap()];
+            expand(
+                &crate::spec::overrides::apply(loaded.clone(), &set).unwrap(),
+                &Overrides::submitting(),
+            )
+        };
+        for arg in [
+            "training.optimizer.lr=0.01",
+            "training.optimizer={lr: 0.01}",
+        ] {
+            let err = with(arg).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("--set {arg}"))
+                    && err.contains("`training.optimizer.lr` is swept")
+                    && err.contains("`--set 'sweep.grid.training.optimizer.lr=[...]'`"),
+                "{err}"
+            );
+        }
+        // Setting the sweep's own values, or a path it does not sweep, is what --set is for.
+        assert_eq!(
+            with("sweep.grid.training.optimizer.lr=[0.01]")
+                .unwrap()
+                .len(),
+            4
+        );
+        assert_eq!(with("training.steps=7").unwrap()[0].job.train.steps, 7);
     }
 
     #[test]

@@ -31,6 +31,10 @@ pub enum Decision {
     /// (and stayed so): its job would train on from diverged weights, so it is not
     /// submitted. The first step of those losses.
     Diverged(RunState, u64),
+    /// A point whose folder exists but is not a run directory to read (its manifest.json
+    /// deleted or damaged by hand): submitting would fail on it, taking its array's other
+    /// points down too, so it is not submitted ([`not_a_run`] says why).
+    NotARun,
 }
 
 impl Decision {
@@ -52,6 +56,19 @@ pub struct Survey {
     /// Finished points trained on other data than the data as it is now: their directories
     /// and how the data differs.
     pub finished_on_other_data: Vec<(PathBuf, Vec<String>)>,
+}
+
+/// Why a point's folder is a [`Decision::NotARun`].
+pub fn not_a_run(dir: &Path) -> String {
+    match RunDir::open(dir) {
+        Err(_) => "it has no manifest.json".to_string(),
+        Ok(run) => match run.read_manifest() {
+            Err(e) => format!("its manifest.json does not read ({e})"),
+            Ok(_) => {
+                "it holds a manifest.json and none of a run directory's other files".to_string()
+            }
+        },
+    }
 }
 
 /// Compare each point with its run directory, refreshing unfinished ones from Slurm.
@@ -84,6 +101,7 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
     let decisions = points
         .iter()
         .map(|p| match states.get(&sweep_dir.join(&p.name)) {
+            None if sweep_dir.join(&p.name).exists() => Decision::NotARun,
             None => Decision::New,
             Some(RunState::Completed) if !asks_more_steps(&sweep_dir.join(&p.name), p) => {
                 let dir = sweep_dir.join(&p.name);
