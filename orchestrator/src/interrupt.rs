@@ -1,6 +1,7 @@
 //! Ctrl-C (SIGINT), a closed terminal (SIGHUP) or SIGTERM during a command that writes
 //! something and ends (`prepare`, `export`): what it had begun writing is removed, and it
-//! says so before it ends as the signal would (128 + its number). By the signals' default
+//! says so before it ends as the signal would (128 + its number); during `sweep`, it says
+//! what stands and how to finish ([`note_on_stop`]). By the signals' default
 //! action it would end at once, without a word, leaving a hidden half-written folder (as big
 //! as the model, for an export) until the next run to the same place.
 
@@ -59,6 +60,52 @@ pub fn on_stop(
             std::process::exit(stop.exit_code());
         })?;
     Ok(())
+}
+
+/// Said once, in the signal handler: the note of each stop signal, made beforehand.
+static NOTES: std::sync::OnceLock<Vec<(libc::c_int, Vec<u8>)>> = std::sync::OnceLock::new();
+
+/// For a command that may end anywhere and is picked up where it ended (`sweep`, whose
+/// journal says what it left): a stop signal ends it at once, as by default (no later step
+/// of the command runs, such as handling the failure of a child the same Ctrl-C ended), after
+/// a line saying that `doing` stopped and `note`. A SIGHUP ignored from the start stays
+/// ignored.
+pub fn note_on_stop(doing: &str, note: &str) {
+    let notes = stop_signal::handled()
+        .map(|stop| {
+            let line = format!("\nshardrun: {stop}: {doing} stopped; {note}\n");
+            (stop.number(), line.into_bytes())
+        })
+        .collect();
+    if NOTES.set(notes).is_err() {
+        return;
+    }
+    for (signal, _) in NOTES.get().into_iter().flatten() {
+        // SAFETY: a handler that only writes a buffer made above and raises the signal again;
+        // SA_RESETHAND makes that second delivery the default action.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = say_and_end as extern "C" fn(libc::c_int) as usize;
+            action.sa_flags = libc::SA_RESETHAND;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(*signal, &action, std::ptr::null_mut());
+        }
+    }
+}
+
+extern "C" fn say_and_end(signal: libc::c_int) {
+    let note = NOTES
+        .get()
+        .and_then(|notes| notes.iter().find(|(s, _)| *s == signal));
+    // SAFETY: write(2) and raise(3) are async-signal-safe; the note lives as long as the
+    // process. The raised signal is delivered as this handler returns, by default: the
+    // process ends by it.
+    unsafe {
+        if let Some((_, line)) = note {
+            libc::write(libc::STDERR_FILENO, line.as_ptr().cast(), line.len());
+        }
+        libc::raise(signal);
+    }
 }
 
 /// The folders a stop removed, for its message: `a, b`.

@@ -679,8 +679,8 @@ fn a_sweep_killed_before_releasing_an_array_is_finished_by_the_next_one() {
     );
     assert!(
         stderr_of(&out).ends_with(&format!(
-            "shardrun sweep: interrupted. The arrays it submitted stand; `shardrun sweep \
-             {spec_arg}` looks up what this one left (an array held or not yet recorded) and \
+            "shardrun: SIGINT: the sweep stopped; the arrays it submitted stand; `shardrun \
+             sweep {spec_arg}` looks up what it left (an array held or not yet recorded) and \
              submits the rest\n"
         )),
         "{}",
@@ -871,9 +871,10 @@ fn failed_points_are_resubmitted() {
         stderr_of(&out)
     );
 
-    // Files deleted by hand: a point without its resolved job is still a finished run to
-    // skip; one without its manifest is not a run, so it is left out, saying which and why,
-    // and the others are decided as usual (no array is submitted only to fail on it).
+    // Files deleted or damaged by hand: a point without its resolved job is still a
+    // finished run to skip; one without a manifest that reads is not a run, so it is left
+    // out, saying which and why, and the others are decided as usual (no array is submitted
+    // only to fail on it, and the damaged manifest stops nothing).
     let mut points: Vec<_> = std::fs::read_dir(&sweep_dir)
         .unwrap()
         .flatten()
@@ -883,22 +884,28 @@ fn failed_points_are_resubmitted() {
     points.sort();
     std::fs::remove_file(points[0].join("resolved.json")).unwrap();
     std::fs::remove_file(points[1].join("manifest.json")).unwrap();
+    std::fs::write(points[2].join("manifest.json"), "{\"version\": 1, \"na").unwrap();
     let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
     let stdout = stdout_of(&out);
     assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
-    assert_eq!(stdout.matches("skip (COMPLETED)").count(), 3, "{stdout}");
+    assert_eq!(stdout.matches("skip (COMPLETED)").count(), 2, "{stdout}");
     assert_eq!(
         stdout.matches("skip (folder not a run)").count(),
-        1,
+        2,
         "{stdout}"
     );
-    assert!(
+    let said = |point: &Path, why: &str| {
         stdout.contains(&format!(
-            "1 point(s) have a folder that is not a run directory to read, so they are not \
+            "2 point(s) have a folder that is not a run directory to read, so they are not \
              submitted (their jobs would fail on it, and their arrays' other points with \
-             them). The first, {}: it has no manifest.json.",
-            points[1].display()
-        )) && stdout.contains("Nothing to submit"),
+             them). The first, {}: {why}",
+            point.display()
+        ))
+    };
+    assert!(
+        (said(&points[1], "it has no manifest.json.")
+            || said(&points[2], "its manifest.json does not read ("))
+            && stdout.contains("Nothing to submit"),
         "{stdout}"
     );
 }

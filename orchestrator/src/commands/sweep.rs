@@ -46,6 +46,14 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     // `--set` changes every point, as if written in the spec (`sweep.grid` included); the
     // points record the values they ran with, so a later sweep without it sees them changed.
     if args.spec.is_dir() && !spec_path(&args.spec).exists() {
+        if RunDir::open(&args.spec).is_ok() {
+            anyhow::bail!(
+                "{} is a run directory without a spec of its own (a sweep's point)\n  fix: \
+                 `shardrun sweep` takes the sweep's spec file, the YAML with the `sweep:` \
+                 section",
+                args.spec.display()
+            );
+        }
         anyhow::bail!(not_a_spec_folder(&args.spec, "sweep"));
     }
     let loaded = spec::load_with(&spec_path(&args.spec), &args.set.parsed()?)?;
@@ -64,6 +72,12 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     let journal = Journal::new(&sweep_dir);
     let carried = sweeps::carried::carry_over(&sweep_dir, &mut points);
 
+    // The command that runs this sweep again, as given.
+    let mut sweep_again = format!("shardrun sweep {}", crate::output::pasteable(&args.spec));
+    for set in &args.set.set {
+        sweep_again.push_str(&format!(" --set {}", crate::sbatch::shell_quote(set)));
+    }
+
     // One submitter at a time, and first finish what an interrupted one left.
     let _lock = if args.dry_run {
         let unresolved = journal
@@ -77,11 +91,14 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         None
     } else {
         let lock = journal.lock()?;
-        let mut rerun = format!("shardrun sweep {}", crate::output::pasteable(&args.spec));
-        for set in &args.set.set {
-            rerun.push_str(&format!(" --set {}", crate::sbatch::shell_quote(set)));
-        }
-        sweeps::interrupted::note_on_signal(&rerun);
+        // The arrays submitted stand, and the journal says what an interrupted sweep left.
+        crate::interrupt::note_on_stop(
+            "the sweep",
+            &format!(
+                "the arrays it submitted stand; `{sweep_again}` looks up what it left (an array held \
+                 or not yet recorded) and submits the rest"
+            ),
+        );
         resolve_interrupted(&journal, &sweep_dir)?;
         journal
             .write_current_points(points.iter().map(|p| p.name.as_str()))
@@ -214,11 +231,10 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             "{} point(s) have a folder that is not a run directory to read, so they are not \
              submitted (their jobs would fail on it, and their arrays' other points with \
              them). The first, {}: {}. Move each aside (keeping what it holds) or remove it, \
-             then run `shardrun sweep {}` again to train it anew",
+             then run `{sweep_again}` again to train it anew",
             not_runs.len(),
             dir.display(),
-            sweeps::survey::not_a_run(&dir),
-            crate::output::pasteable(&args.spec)
+            sweeps::survey::not_a_run(&dir).unwrap_or_default(),
         );
     }
     let skipped = points.len() - to_submit.len();

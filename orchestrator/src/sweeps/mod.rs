@@ -3,7 +3,6 @@
 //! run directories already there, so only new, changed or failed points are submitted.
 
 pub mod carried;
-pub mod interrupted;
 pub mod journal;
 pub mod labels;
 pub mod point_dirs;
@@ -172,33 +171,57 @@ pub fn expand(loaded: &LoadedSpec, overrides: &Overrides) -> Result<Vec<SweepPoi
             }
         }
     }
-    // A `--set` of a swept path would be replaced by every point's value, doing nothing.
-    let swept = grid_keys
-        .iter()
-        .map(|k| k.as_str())
-        .chain(sweep.list.iter().flat_map(|e| e.keys().map(String::as_str)));
-    for key in swept {
-        if let Some(o) = loaded
+    // A `--set` whose value at a swept path every point's value would replace changes
+    // nothing there: the key itself, a key inside it, or a section whose value holds it.
+    let replaced = |set: &crate::spec::Override, key: &str| {
+        if set.path == key || set.path.starts_with(&format!("{key}.")) {
+            return true;
+        }
+        let Some(inside) = key.strip_prefix(&format!("{}.", set.path)) else {
+            return false;
+        };
+        let mut value = &set.value;
+        for part in inside.split('.') {
+            match value.get(part) {
+                Some(v) => value = v,
+                None => return false,
+            }
+        }
+        true
+    };
+    let swept = grid_keys.iter().map(|k| (k.as_str(), true)).chain(
+        sweep
+            .list
+            .iter()
+            .flat_map(|e| e.keys().map(|k| (k.as_str(), false))),
+    );
+    for (key, in_grid) in swept {
+        let Some(o) = loaded
             .overrides
             .iter()
-            .find(|o| !o.path.starts_with("sweep.") && overlap(&o.path, key))
-        {
-            return Err(SpecError::from_flag(
-                &o.flag(),
-                o.path.clone(),
-                SpecErrorKind::Invalid,
-                format!(
-                    "`{key}` is swept: every point's value would replace the one set here, \
-                     so the flag would change nothing"
-                ),
-                format!(
-                    "to sweep other values, set the sweep's: `--set 'sweep.grid.{key}=[...]'`; \
-                     to train this value alone, `shardrun submit` the spec with `--set \
-                     sweep=null`"
-                ),
-            )
-            .into());
-        }
+            .find(|o| !o.path.starts_with("sweep.") && replaced(o, key))
+        else {
+            continue;
+        };
+        let other_values = if in_grid {
+            format!("set the sweep's: `--set 'sweep.grid.{key}=[...]'`")
+        } else {
+            "change them in the spec's `sweep.list` entries".to_string()
+        };
+        return Err(SpecError::from_flag(
+            &o.flag(),
+            o.path.clone(),
+            SpecErrorKind::Invalid,
+            format!(
+                "`{key}` is swept: every point's value would replace the one set here, so the \
+                 flag would change nothing there"
+            ),
+            format!(
+                "to sweep other values, {other_values}; to train this value alone, `shardrun \
+                 submit` the spec with `--set sweep=null`"
+            ),
+        )
+        .into());
     }
     let mut base_spec = loaded.spec.clone();
     base_spec.sweep = None;
@@ -558,7 +581,7 @@ mod tests {
         };
         for arg in [
             "training.optimizer.lr=0.01",
-            "training.optimizer={lr: 0.01}",
+            "training.optimizer={lr: 0.01, beta2: 0.9}",
         ] {
             let err = with(arg).unwrap_err().to_string();
             assert!(
@@ -568,7 +591,18 @@ mod tests {
                 "{err}"
             );
         }
-        // Setting the sweep's own values, or a path it does not sweep, is what --set is for.
+        // A key swept by the list entries: changed there.
+        let err = with("training.optimizer.weight_decay=0.5")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("change them in the spec's `sweep.list` entries"),
+            "{err}"
+        );
+        // Setting the sweep's own values, a path it does not sweep, or a section around a
+        // swept key without it, is what --set is for.
+        let points = with("training.optimizer={beta2: 0.9}").unwrap();
+        assert_eq!(points[0].job.train.optimizer.beta2, 0.9);
         assert_eq!(
             with("sweep.grid.training.optimizer.lr=[0.01]")
                 .unwrap()

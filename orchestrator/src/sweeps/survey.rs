@@ -5,7 +5,7 @@
 
 use crate::rerun::{diverged_by, newest_checkpoint, steps_trained, CheckpointAt};
 use crate::resume_data::{self, DataChanged, DataNow};
-use crate::rundir::{RunDir, RunState};
+use crate::rundir::{RunDir, RunDirError, RunState};
 use crate::slurm;
 use crate::sweeps::SweepPoint;
 use anyhow::Context;
@@ -31,9 +31,9 @@ pub enum Decision {
     /// (and stayed so): its job would train on from diverged weights, so it is not
     /// submitted. The first step of those losses.
     Diverged(RunState, u64),
-    /// A point whose folder exists but is not a run directory to read (its manifest.json
-    /// deleted or damaged by hand): submitting would fail on it, taking its array's other
-    /// points down too, so it is not submitted ([`not_a_run`] says why).
+    /// A point to submit whose folder is not a run directory its job can be submitted with
+    /// (a file deleted or damaged by hand): submitting would fail on it, taking its array's
+    /// other points down too, so it is not submitted ([`not_a_run`] says why).
     NotARun,
 }
 
@@ -58,24 +58,40 @@ pub struct Survey {
     pub finished_on_other_data: Vec<(PathBuf, Vec<String>)>,
 }
 
-/// Why a point's folder is a [`Decision::NotARun`].
-pub fn not_a_run(dir: &Path) -> String {
-    match RunDir::open(dir) {
-        Err(_) => "it has no manifest.json".to_string(),
-        Ok(run) => match run.read_manifest() {
-            Err(e) => format!("its manifest.json does not read ({e})"),
-            Ok(_) => {
-                "it holds a manifest.json and none of a run directory's other files".to_string()
-            }
-        },
+/// Why the folder of a point to submit keeps it from being submitted
+/// ([`Decision::NotARun`]), or `None`: no folder there, an empty one (the new point's
+/// replaces it), one this user cannot look into (refused before submitting, naming its
+/// owner), or a run directory its job can be submitted with.
+pub fn not_a_run(dir: &Path) -> Option<String> {
+    let meta = std::fs::symlink_metadata(dir).ok()?;
+    if !meta.is_dir() {
+        return Some("it is a file, not a folder".into());
     }
+    // An empty folder, or one this user cannot look into: not this check's to refuse.
+    std::fs::read_dir(dir).ok()?.next()?.ok()?;
+    let run = match RunDir::open(dir) {
+        Ok(run) => run,
+        Err(_) => return Some("it has no manifest.json".into()),
+    };
+    if let Err(e) = run.read_manifest() {
+        let why = match e {
+            RunDirError::Corrupt { source, .. } => source.to_string(),
+            other => other.to_string(),
+        };
+        return Some(format!("its manifest.json does not read ({why})"));
+    }
+    (!run.resolved_json().is_file())
+        .then(|| "it has no resolved.json, the job its point is submitted as".into())
 }
 
 /// Compare each point with its run directory, refreshing unfinished ones from Slurm.
 pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey> {
     // Every run of the folder, those of an earlier version of the spec too: their arrays
     // still queued hold a throttled sweep back as the current points' do.
-    let existing = slurm::find_runs(sweep_dir);
+    // A run whose manifest does not read has no state to ask Slurm about: its point is
+    // decided by its folder ([`not_a_run`]).
+    let mut existing = slurm::find_runs(sweep_dir);
+    existing.retain(|run| run.read_manifest().is_ok());
     let current: BTreeSet<PathBuf> = points.iter().map(|p| sweep_dir.join(&p.name)).collect();
     let mut states: HashMap<PathBuf, RunState> = HashMap::new();
     let mut active_arrays = BTreeSet::new();
@@ -101,7 +117,6 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
     let decisions = points
         .iter()
         .map(|p| match states.get(&sweep_dir.join(&p.name)) {
-            None if sweep_dir.join(&p.name).exists() => Decision::NotARun,
             None => Decision::New,
             Some(RunState::Completed) if !asks_more_steps(&sweep_dir.join(&p.name), p) => {
                 let dir = sweep_dir.join(&p.name);
@@ -128,6 +143,14 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
                     }
                 }
             },
+        })
+        .zip(points)
+        .map(|(decision, p)| {
+            if decision.submits() && not_a_run(&sweep_dir.join(&p.name)).is_some() {
+                Decision::NotARun
+            } else {
+                decision
+            }
         })
         .collect();
     Ok(Survey {
