@@ -62,17 +62,23 @@ fn a_model_folder_given_for_the_spec_says_how_a_spec_names_it() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("llama")).unwrap();
     std::fs::write(dir.path().join("llama/config.json"), "{}").unwrap();
+    // The spec line names the folder absolutely: spec paths are relative to the spec.
+    let folder = dir.path().join("llama");
     for command in ["plan", "run", "sweep"] {
         let out = shardrun(dir.path(), &[command, "llama"]);
+        let takes = match command {
+            "sweep" => "takes a sweep's spec (a YAML file with a `sweep:` section)",
+            _ => "takes a job spec (a YAML file) or a run directory",
+        };
         assert_eq!(
             String::from_utf8(out.stderr).unwrap(),
             format!(
                 "error: llama is a folder without a job.yaml, and not a run directory: \
-                 `shardrun {command}` takes a job spec (a YAML file) or a run directory. It looks \
-                 like a Hugging Face model folder: a spec trains it with\n    training:\n      \
-                 model: {{kind: hf, path: llama}}\n  (examples/llama-finetune.yaml is a whole \
-                 one)\n  fix: `shardrun {command} <your spec>.yaml`; `shardrun plan \
-                 examples/demo.yaml` shows a working spec\n"
+                 `shardrun {command}` {takes}. It looks like a Hugging Face model folder: a \
+                 spec trains it with\n    training:\n      model: {{kind: hf, path: {}}}\n  \
+                 (examples/llama-finetune.yaml is a whole one)\n  fix: `shardrun {command} \
+                 <your spec>.yaml`; `shardrun plan examples/demo.yaml` shows a working spec\n",
+                folder.display()
             )
         );
         assert_ne!(out.status.code(), Some(0));
@@ -84,14 +90,18 @@ fn logs_of_a_folder_that_is_not_a_run_says_so() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("notes")).unwrap();
     std::fs::write(dir.path().join("notes/todo.txt"), "x").unwrap();
-    let out = shardrun(dir.path(), &["logs", "notes"]);
-    assert_eq!(
-        String::from_utf8(out.stderr).unwrap(),
-        "error: notes is not a run directory (no manifest.json), and holds no train.log\n  \
-         fix: give a run directory, as `shardrun submit` and `shardrun run` print it; \
-         `shardrun status` lists those under the current folder\n"
-    );
-    assert_eq!(out.status.code(), Some(1));
+    // Followed too: such a folder is not a run still being written.
+    for args in [&["logs", "notes"][..], &["logs", "-f", "notes"]] {
+        let out = shardrun(dir.path(), args);
+        assert_eq!(
+            String::from_utf8(out.stderr).unwrap(),
+            "error: notes is not a run directory (no manifest.json), and holds no train.log\n  \
+             fix: give a run directory, as `shardrun submit` and `shardrun run` print it; \
+             `shardrun status` lists those under runs/ (`shardrun status <folder>` under \
+             another)\n"
+        );
+        assert_eq!(out.status.code(), Some(1));
+    }
 }
 
 #[test]

@@ -68,6 +68,17 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         Some(rank) => args.run.join("logs").join(format!("rank-{rank}.log")),
         None => args.run.join("train.log"),
     };
+    // A run directory appears whole (its manifest first): a folder without one is not a run
+    // to wait for, unless it holds the log itself (a copy of one).
+    if crate::rundir::RunDir::open(&args.run).is_err() && !path.exists() {
+        bail!(
+            "{} is not a run directory (no manifest.json), and holds no {}\n  fix: give a run \
+             directory, as `shardrun submit` and `shardrun run` print it; `shardrun status` \
+             lists those under runs/ (`shardrun status <folder>` under another)",
+            args.run.display(),
+            path.strip_prefix(&args.run).unwrap_or(&path).display()
+        );
+    }
     let mut log = FollowedFile::new(path.clone());
     let mut ended: Option<crate::slurm::RunStatus> = None;
     let mut next_look = Instant::now();
@@ -92,15 +103,6 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 if let Some(why) = ended_before_its_log(&args) {
                     bail!("{why}");
-                }
-                if crate::rundir::RunDir::open(&args.run).is_err() {
-                    bail!(
-                        "{} is not a run directory (no manifest.json), and holds no {}\n  \
-                         fix: give a run directory, as `shardrun submit` and `shardrun run` \
-                         print it; `shardrun status` lists those under the current folder",
-                        args.run.display(),
-                        path.strip_prefix(&args.run).unwrap_or(&path).display()
-                    );
                 }
                 return Err(e).with_context(|| {
                     format!(

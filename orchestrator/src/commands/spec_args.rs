@@ -100,26 +100,36 @@ fn load(path: &Path, set: &SetArgs, command: &str) -> anyhow::Result<LoadedSpec>
 /// A folder that is neither a spec's run directory nor holds a `job.yaml`: what the command
 /// takes instead, and the spec lines for a model folder or data folder given in its place.
 pub fn not_a_spec_folder(path: &Path, command: &str) -> String {
-    let shown = path.display();
+    // Spec paths are relative to the spec file, wherever it is: the folder as it is.
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let in_yaml = serde_norway::to_string(&absolute.to_string_lossy())
+        .map(|text| text.trim_end().to_string())
+        .unwrap_or_else(|_| absolute.display().to_string());
     let instead = if path.join("config.json").is_file() {
         format!(
             " It looks like a Hugging Face model folder: a spec trains it with\n    \
-             training:\n      model: {{kind: hf, path: {shown}}}\n  \
+             training:\n      model: {{kind: hf, path: {in_yaml}}}\n  \
              (examples/llama-finetune.yaml is a whole one)"
         )
     } else if path.join("tokenizer.json").is_file() {
         format!(
             " It looks like a tokenizer folder: a spec names it as \
-             `training.data.tokenizer: {{path: {shown}}}` (examples/llama-finetune.yaml)"
+             `training.data.tokenizer: {{path: {in_yaml}}}` (docs/job-spec.md, `data`)"
         )
     } else {
         String::new()
     };
+    let takes = if command == "sweep" {
+        "takes a sweep's spec (a YAML file with a `sweep:` section)"
+    } else {
+        "takes a job spec (a YAML file) or a run directory"
+    };
     format!(
-        "{shown} is a folder without a job.yaml, and not a run directory: `shardrun {command}` \
-         takes a job spec (a YAML file) or a run directory.{instead}\n  \
+        "{} is a folder without a job.yaml, and not a run directory: `shardrun {command}` \
+         {takes}.{instead}\n  \
          fix: `shardrun {command} <your spec>.yaml`; `shardrun plan examples/demo.yaml` shows a \
-         working spec"
+         working spec",
+        path.display()
     )
 }
 
