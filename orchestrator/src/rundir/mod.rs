@@ -54,7 +54,7 @@ pub enum RunDirError {
         #[source]
         source: io::Error,
     },
-    #[error("{path} is not valid: {source}\n  fix: the file was edited or truncated: restore it from a copy if there is one (the run's logs, metrics and checkpoints are not in it: `shardrun logs`, `metrics` and `export` still read them); else start the run over with --force, which deletes what the run directory holds")]
+    #[error("{path} is not valid: {source}\n  fix: {}", corrupt_fix(.path))]
     Corrupt {
         path: PathBuf,
         #[source]
@@ -355,6 +355,21 @@ pub fn follow_move(here: &Path, created: Option<&Path>, recorded: &mut PathBuf) 
         }
         None => {}
     }
+}
+
+/// What to do about a run directory's file that does not read: restore it, and what still
+/// works meanwhile, before starting over (which deletes the run).
+fn corrupt_fix(path: &Path) -> String {
+    let meanwhile = if path.file_name().is_some_and(|n| n == "manifest.json") {
+        " (the run's logs, metrics and checkpoints are not in it: `shardrun logs`, `metrics` \
+         and `export` still read them)"
+    } else {
+        ""
+    };
+    format!(
+        "the file was edited or truncated: restore it from a copy if there is one{meanwhile}; \
+         else start the run over with --force, which deletes what the run directory holds"
+    )
 }
 
 impl RunDir {
