@@ -590,22 +590,32 @@ fn source_dtype(
     pretrained: Option<&Path>,
     config: Option<&serde_json::Value>,
 ) -> Result<StoredDtype> {
-    if let Some(dtype) = config
-        .and_then(saved_dtype)
-        .and_then(StoredDtype::from_torch_name)
-    {
+    let saved = config.and_then(saved_dtype);
+    if let Some(dtype) = saved.and_then(StoredDtype::from_torch_name) {
         return Ok(dtype);
     }
-    let Some(dir) = pretrained else {
-        return Ok(StoredDtype::F32);
+    let dtype = match pretrained {
+        None => StoredDtype::F32,
+        Some(dir) => {
+            let weights = hf::HfWeights::open(dir).with_context(|| {
+                format!(
+                    "reading the weights of {} (the folder the run started from) for their dtype; give --dtype",
+                    dir.display()
+                )
+            })?;
+            weights.main_dtype().unwrap_or(StoredDtype::F32)
+        }
     };
-    let weights = hf::HfWeights::open(dir).with_context(|| {
-        format!(
-            "reading the weights of {} (the folder the run started from) for their dtype; give --dtype",
-            dir.display()
-        )
-    })?;
-    Ok(weights.main_dtype().unwrap_or(StoredDtype::F32))
+    // float64 or a float8 in config.json: transformers loads it, an export does not write it.
+    if let Some(name) = saved {
+        errln!(
+            "warning: config.json's dtype {name} is not one an export writes (bfloat16, \
+             float16, float32): exporting in {}, the dtype most of the weights are stored in; \
+             give --dtype to choose",
+            dtype.torch_name()
+        );
+    }
+    Ok(dtype)
 }
 
 /// `5GB`, `500MB`, `10KiB` or plain bytes, as `save_pretrained(max_shard_size=...)` reads.
