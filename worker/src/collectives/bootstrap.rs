@@ -29,9 +29,10 @@ pub struct CommOptions {
     /// all-gather.
     pub timeout: Duration,
     /// NCCL communicators that block in their calls instead of returning `ncclInProgress`:
-    /// a fallback for a cluster whose NCCL misbehaves in non-blocking mode. Joining and
-    /// splitting then wait without the timeout (a peer that never joins is caught by the
-    /// controller's rendezvous and progress timeouts instead); collectives keep it.
+    /// a fallback for a cluster whose NCCL misbehaves in non-blocking mode. Joining,
+    /// splitting and a collective's first connection to its peers (NCCL connects lazily)
+    /// then wait inside NCCL without the timeout: a peer that never comes is caught by the
+    /// controller's rendezvous and progress timeouts instead.
     pub nccl_blocking: bool,
 }
 
