@@ -272,7 +272,7 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
     assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
     assert_eq!(stdout.matches("skip (COMPLETED)").count(), 20, "{stdout}");
     assert_eq!(stdout.matches("submit (new)").count(), 5, "{stdout}");
-    assert!(stdout.contains("training.seed=6"), "{stdout}");
+    assert!(stdout.contains(" seed=6"), "{stdout}");
     assert!(
         stdout.contains("Submitted 5 point(s) as 1 job array(s)"),
         "{stdout}"

@@ -15,6 +15,7 @@ use crate::rundir::{self, ArrayRef, RunDir};
 use crate::slurm;
 use crate::spec;
 use crate::sweeps::journal::{self, Journal};
+use crate::sweeps::labels::ParamColumns;
 use crate::sweeps::split::{self, ArrayPlan};
 use crate::sweeps::submit::{read_limits, resolve_interrupted, Submitter};
 use crate::sweeps::survey::{shape_groups, survey, Decision};
@@ -396,6 +397,8 @@ fn print_points(
         .flat_map(|(k, range)| range.clone().map(move |i| (i, k)))
         .map(|(i, k)| (to_submit[i].0.key.as_str(), k))
         .collect();
+    // Named and written as the status and metrics tables of the sweep will show them.
+    let columns = ParamColumns::given(points.iter().map(|p| &p.params));
     for (point, decision) in points.iter().zip(decisions) {
         let array = array_of.get(point.key.as_str());
         let what = match (decision, array) {
@@ -413,7 +416,12 @@ fn print_points(
         let array = array
             .map(|k| format!("array {}/{}", k + 1, plan.arrays.len()))
             .unwrap_or_default();
-        outln!("{what:<22} {}  {array:<12} {}", point.key, point.label());
+        let label: Vec<String> = point
+            .params
+            .iter()
+            .map(|(key, value)| format!("{}={}", columns.name(key), columns.text(key, value)))
+            .collect();
+        outln!("{what:<22} {}  {array:<12} {}", point.key, label.join(" "));
     }
 }
 

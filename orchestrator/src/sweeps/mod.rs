@@ -31,17 +31,6 @@ pub struct SweepPoint {
     pub job: ResolvedJob,
 }
 
-impl SweepPoint {
-    /// `training.optimizer.lr=0.001 training.seed=1`.
-    pub fn label(&self) -> String {
-        self.params
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum SweepError {
     #[error("{0}")]
