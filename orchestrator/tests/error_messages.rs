@@ -105,6 +105,17 @@ fn logs_of_a_folder_that_is_not_a_run_says_so() {
 }
 
 #[test]
+fn plot_refuses_an_output_it_cannot_draw_before_reading_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = shardrun(dir.path(), &["plot", "runs/none", "-o", "curves.jpg"]);
+    assert_eq!(
+        String::from_utf8(out.stderr).unwrap(),
+        "error: cannot tell the format of curves.jpg: name it .svg or .png\n"
+    );
+    assert!(!dir.path().join("curves.jpg").exists());
+}
+
+#[test]
 fn malformed_yaml() {
     assert_error(
         "name: t\n  bad: indent\n",

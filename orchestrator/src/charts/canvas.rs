@@ -266,9 +266,32 @@ pub trait Figure {
     ) -> anyhow::Result<()>;
 }
 
+/// The formats a figure is drawn in, by the output's extension.
+enum Format {
+    Svg,
+    Png,
+}
+
+/// The format `output` names, or why it names none: asked before anything is read or said.
+pub fn check_format(output: &Path) -> anyhow::Result<()> {
+    format_of(output).map(|_| ())
+}
+
+fn format_of(output: &Path) -> anyhow::Result<Format> {
+    match output.extension().and_then(|e| e.to_str()) {
+        Some("svg") => Ok(Format::Svg),
+        Some("png") => Ok(Format::Png),
+        _ => bail!(
+            "cannot tell the format of {}: name it .svg or .png",
+            output.display()
+        ),
+    }
+}
+
 /// Draws `figure` into `output`: SVG or PNG by the extension. PNG needs a TrueType font for
 /// its text; SVG without one is drawn unlabelled, saying so.
 pub fn save(figure: &impl Figure, output: &Path) -> anyhow::Result<()> {
+    check_format(output)?;
     // Asked before drawing, whose backends say only "permission denied" at the end (a run
     // directory of another user's, read-only).
     let existed = output.exists();
@@ -292,8 +315,8 @@ pub fn save(figure: &impl Figure, output: &Path) -> anyhow::Result<()> {
 fn draw(figure: &impl Figure, output: &Path) -> anyhow::Result<()> {
     let font = register_system_font();
     let size = figure.size();
-    match output.extension().and_then(|e| e.to_str()) {
-        Some("svg") => {
+    match format_of(output)? {
+        Format::Svg => {
             if let Err(e) = &font {
                 errln!("warning: drawing without labels: {e}");
             }
@@ -305,7 +328,7 @@ fn draw(figure: &impl Figure, output: &Path) -> anyhow::Result<()> {
                 },
             )
         }
-        Some("png") => {
+        Format::Png => {
             font?;
             figure.draw(
                 BitMapBackend::new(output, size).into_drawing_area(),
@@ -315,10 +338,6 @@ fn draw(figure: &impl Figure, output: &Path) -> anyhow::Result<()> {
                 },
             )
         }
-        _ => bail!(
-            "cannot tell the format of {}: name it .svg or .png",
-            output.display()
-        ),
     }
     .with_context(|| format!("cannot draw {}", output.display()))
 }

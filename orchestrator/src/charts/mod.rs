@@ -7,4 +7,4 @@ pub mod run;
 pub mod series;
 pub mod sweep;
 
-pub use canvas::save;
+pub use canvas::{check_format, save};

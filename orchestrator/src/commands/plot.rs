@@ -40,6 +40,9 @@ fn smoothing(text: &str) -> Result<f64, String> {
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
+    if let Some(output) = &args.output {
+        charts::check_format(output)?;
+    }
     let is_run = crate::rundir::RunDir::open(&args.run).is_ok();
     if is_run {
         return plot_run(&args);
