@@ -424,6 +424,28 @@ fn a_run_directory_reads_its_spec_paths_relative_to_the_spec_it_was_made_from() 
         stdout.contains("moved") && !stdout.contains("data-cache") && !stdout.contains("text-"),
         "{stdout}"
     );
+
+    // Continued from another folder, whose runs/ is not this run's root: the run keeps the
+    // data cache it was made with instead of looking changed.
+    let run_arg = dir.join("runs/moved").to_string_lossy().into_owned();
+    let out = shardrun_e2e::shardrun_in(
+        &dir.join("specs"),
+        &[
+            "run",
+            &run_arg,
+            "--set",
+            "training.steps=10",
+            "--no-progress",
+        ],
+        DEADLINE,
+    );
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert!(stdout.starts_with("resuming"), "{stdout}");
+    assert!(
+        !dir.join("specs/runs").exists(),
+        "no cache made beside the spec"
+    );
 }
 
 #[test]

@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct SetArgs {
     /// Replace a value of the spec: a dotted path as in sweeps and a YAML value
-    /// (`--set training.steps=20000`); repeatable, later ones win. `submit`, `run` and
-    /// `sweep` record them in the run's job.yaml and resolved.json.
+    /// (`--set training.steps=20000`); repeatable, later ones win. `submit` and `run` record
+    /// them in the run's job.yaml and resolved.json, `sweep` in each point's resolved.json.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
 }
@@ -93,6 +93,18 @@ fn load(path: &Path, set: &SetArgs, command: &str) -> anyhow::Result<LoadedSpec>
     // folder of the spec the run was made from.
     if let Some(spec_dir) = manifest.and_then(|m| m.spec_dir) {
         loaded.base_dir = spec_dir;
+    }
+    // The data cache's default follows the run root, which is relative to the folder
+    // `shardrun` runs in: a run directory continued from another folder keeps the cache it
+    // was made with, rather than look changed.
+    if let (Some(run), Some(data)) = (&run, loaded.spec.training.data.as_mut()) {
+        if data.cache_dir.is_none() {
+            if let Ok(resolved) = run.read_resolved() {
+                if let shardrun_protocol::config::DataConfig::Dataset(d) = &resolved.train.data {
+                    data.cache_dir = Some(d.cache_dir.clone());
+                }
+            }
+        }
     }
     Ok(loaded)
 }
