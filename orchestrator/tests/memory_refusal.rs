@@ -33,6 +33,29 @@ fn plan_submit_and_run_refuse_a_job_that_does_not_fit_unless_forced() {
             "{args:?} wrote a run directory"
         );
     }
+    // The ways out named are those the job does not take already.
+    let out = shardrun(dir.path(), &["plan", "job.yaml"]);
+    assert!(
+        text(&out).contains(
+            "activation checkpointing, a smaller batch_size_per_device or bf16 parameters"
+        ),
+        "{}",
+        text(&out)
+    );
+    let out = shardrun(
+        dir.path(),
+        &[
+            "plan",
+            "job.yaml",
+            "--set",
+            "training.fsdp={activation_checkpointing: true, mixed_precision: {param_dtype: bf16}}",
+        ],
+    );
+    assert!(
+        text(&out).contains("or a smaller batch_size_per_device; or pass --force"),
+        "{}",
+        text(&out)
+    );
     let out = shardrun(dir.path(), &["plan", "job.yaml", "--force"]);
     let text = text(&out);
     assert!(out.status.success(), "{text}");

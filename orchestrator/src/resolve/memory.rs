@@ -158,8 +158,9 @@ impl MemoryEstimate {
             .map(|usable| self.chosen.peak <= usable)
     }
 
-    /// Why the job cannot run and what would fit, when the peak exceeds the GPU.
-    pub fn does_not_fit(&self) -> Option<(String, String)> {
+    /// Why the job cannot run and what would fit, when the peak exceeds the GPU; the ways
+    /// to save memory named are those `fsdp` does not take already.
+    pub fn does_not_fit(&self, fsdp: &FsdpConfig) -> Option<(String, String)> {
         let usable = self.usable_gpu_bytes()?;
         if self.chosen.peak <= usable {
             return None;
@@ -196,13 +197,23 @@ impl MemoryEstimate {
             gib(self.gpu_memory_bytes.unwrap_or(0)),
             gib(GPU_RESERVED_BYTES),
         );
+        let mut savings = vec!["more GPUs"];
+        if !fsdp.activation_checkpointing {
+            savings.push("activation checkpointing");
+        }
+        savings.push("a smaller batch_size_per_device");
+        if fsdp.mixed_precision.param_dtype == DType::F32 {
+            savings.push("bf16 parameters");
+        }
+        let savings = match savings.split_last() {
+            Some((last, [])) => last.to_string(),
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => String::new(),
+        };
         let fix = if fits.is_empty() {
-            "use more GPUs, activation checkpointing, a smaller batch_size_per_device or bf16 parameters".to_string()
+            format!("use {savings}")
         } else {
-            format!(
-                "use {}, or more GPUs, activation checkpointing, a smaller batch_size_per_device",
-                fits.join(" or ")
-            )
+            format!("use {}, or {savings}", fits.join(" or "))
         };
         Some((why, format!("{fix}; or pass --force to run it anyway")))
     }

@@ -515,7 +515,7 @@ pub fn resolve_with(
         },
         &mut warnings,
     );
-    if let Some((why, fix)) = memory.does_not_fit() {
+    if let Some((why, fix)) = memory.does_not_fit(&train.fsdp) {
         if !overrides.force {
             return Err(s.err("resources.gpu_memory_gb", why, fix));
         }
