@@ -229,6 +229,25 @@ fn a_marker_label_near_the_end_is_drawn_clear_of_the_legend() {
         Duration::from_secs(60),
     );
     assert!(out.status.success(), "{}", stderr_of(&out));
+    // A font asked for that cannot be read is said, and a system font draws the labels.
+    let png_path = dir.join("late.png");
+    let out = run_with_deadline(
+        std::process::Command::new(shardrun())
+            .current_dir(dir.path())
+            .env("SHARDRUN_PLOT_FONT", "/nonexistent/font.ttf")
+            .args(["plot", "run", "-o", png_path.to_str().unwrap()]),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains(
+            "warning: SHARDRUN_PLOT_FONT=/nonexistent/font.ttf is not a TrueType font that can \
+             be read; using a system font"
+        ),
+        "{}",
+        stderr_of(&out)
+    );
     let svg = read_svg(&std::fs::read_to_string(&svg_path).unwrap());
     let labels: Vec<(f64, f64)> = svg
         .placed

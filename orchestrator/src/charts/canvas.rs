@@ -368,13 +368,21 @@ fn register_system_font() -> anyhow::Result<()> {
         .map(String::as_str)
         .chain(FONT_CANDIDATES.iter().copied());
     for path in candidates {
-        if let Ok(bytes) = std::fs::read(path) {
+        let registered = std::fs::read(path).is_ok_and(|bytes| {
             // Registered fonts must live for the whole program.
             let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-            if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
-                let _ = REGISTERED.set(true);
-                return Ok(());
-            }
+            plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok()
+        });
+        if registered {
+            let _ = REGISTERED.set(true);
+            return Ok(());
+        }
+        // The font asked for is not used: said, rather than drawn in another one silently.
+        if custom.as_deref() == Some(path) {
+            errln!(
+                "warning: SHARDRUN_PLOT_FONT={path} is not a TrueType font that can be read; \
+                 using a system font"
+            );
         }
     }
     bail!(
