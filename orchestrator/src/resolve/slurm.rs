@@ -268,7 +268,7 @@ fn written_by_shardrun(line: &str) -> Option<(&'static str, &'static str)> {
         (
             &["--output", "-o", "--error", "-e", "--open-mode"],
             "the job's output files",
-            "leave them to shardrun: they go into the run directory's slurm/ folder",
+            "leave them to shardrun: a job writes them into its run directory (`<name>-<job id>.out`, .err), a sweep into its folder's slurm/",
         ),
         (
             &["--signal"],
