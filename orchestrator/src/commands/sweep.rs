@@ -416,12 +416,11 @@ fn print_points(
         let array = array
             .map(|k| format!("array {}/{}", k + 1, plan.arrays.len()))
             .unwrap_or_default();
-        let label: Vec<String> = point
-            .params
-            .iter()
-            .map(|(key, value)| format!("{}={}", columns.name(key), columns.text(key, value)))
-            .collect();
-        outln!("{what:<22} {}  {array:<12} {}", point.key, label.join(" "));
+        outln!(
+            "{what:<22} {}  {array:<12} {}",
+            point.key,
+            columns.label(&point.params)
+        );
     }
 }
 

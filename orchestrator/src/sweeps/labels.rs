@@ -115,13 +115,15 @@ impl ParamColumns {
             .collect()
     }
 
-    /// `lr=1e-3, seed=1`.
+    /// `lr=1e-3, seed=1`: the values the point was given (a point of a sweep that sets a
+    /// parameter in some points only is named without it).
     pub fn label(&self, params: &PointParams) -> String {
         self.columns
             .iter()
-            .map(|c| {
-                let value = params.get(&c.key).map(|v| c.text(v)).unwrap_or_default();
-                format!("{}={value}", c.name)
+            .filter_map(|c| {
+                params
+                    .get(&c.key)
+                    .map(|v| format!("{}={}", c.name, c.text(v)))
             })
             .collect::<Vec<_>>()
             .join(", ")
@@ -287,6 +289,10 @@ mod tests {
             "name=a, lr=1e-3, weight_decay=0, seed=0"
         );
         assert_eq!(columns.cells(&PointParams::new()), [None, None, None, None]);
+        assert_eq!(
+            columns.label(&params(&[("training.seed", json!(2))])),
+            "seed=2"
+        );
     }
 
     #[test]
