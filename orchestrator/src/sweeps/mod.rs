@@ -163,20 +163,17 @@ pub fn expand(loaded: &LoadedSpec, overrides: &Overrides) -> Result<Vec<SweepPoi
     // A `--set` whose value at a swept path every point's value would replace changes
     // nothing there: the key itself, a key inside it, or a section whose value holds it.
     let replaced = |set: &crate::spec::Override, key: &str| {
-        if set.path == key || set.path.starts_with(&format!("{key}.")) {
-            return true;
-        }
-        let Some(inside) = key.strip_prefix(&format!("{}.", set.path)) else {
+        if !set.covers(key) {
             return false;
-        };
-        let mut value = &set.value;
-        for part in inside.split('.') {
-            match value.get(part) {
-                Some(v) => value = v,
-                None => return false,
-            }
         }
-        true
+        // A section around the key: replaced there only where the value set holds it.
+        match key.strip_prefix(&format!("{}.", set.path)) {
+            Some(inside) => inside
+                .split('.')
+                .try_fold(&set.value, |value, part| value.get(part))
+                .is_some(),
+            None => true,
+        }
     };
     let swept = grid_keys.iter().map(|k| (k.as_str(), true)).chain(
         sweep
