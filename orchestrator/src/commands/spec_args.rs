@@ -117,7 +117,7 @@ pub fn not_a_spec_folder(path: &Path, command: &str) -> String {
     let in_yaml = serde_norway::to_string(&absolute.to_string_lossy())
         .map(|text| text.trim_end().to_string())
         .unwrap_or_else(|_| absolute.display().to_string());
-    let instead = if path.join("config.json").is_file() {
+    let instead = if path.join(shardrun_models::hf::CONFIG_FILE).is_file() {
         format!(
             " It looks like a Hugging Face model folder: a spec trains it with\n    \
              training:\n      model: {{kind: hf, path: {in_yaml}}}\n  \

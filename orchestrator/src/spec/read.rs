@@ -36,10 +36,15 @@ impl UnknownKey {
     /// `did you mean `training.steps`?`, with whose name it was where it is another tool's.
     pub fn did_you_mean(&self) -> Option<String> {
         let key = self.suggestion.as_ref()?;
-        Some(match &self.renamed_from {
-            Some(whose) => format!("did you mean `{key}`? ({whose})"),
-            None => format!("did you mean `{key}`?"),
-        })
+        Some(did_you_mean_text(key, self.renamed_from.as_deref()))
+    }
+}
+
+/// `did you mean `key`?`, and whose name the key written was when it is another tool's.
+fn did_you_mean_text(key: &str, whose: Option<&str>) -> String {
+    match whose {
+        Some(whose) => format!("did you mean `{key}`? ({whose})"),
+        None => format!("did you mean `{key}`?"),
     }
 }
 
@@ -177,7 +182,7 @@ fn explain(mut error: DeError, path: &[Step], document: &SpannedDocument<'_>) ->
                 (None, None) => (close.map(str::to_string), None),
             };
             let fix = match (&meant, &whose) {
-                (Some(meant), Some(whose)) => format!("did you mean `{meant}`? ({whose})"),
+                (Some(meant), Some(whose)) => did_you_mean_text(meant, Some(whose)),
                 _ => choose(close, expected, "key"),
             };
             // A Trainer argument's place is a whole path already.
