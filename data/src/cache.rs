@@ -33,7 +33,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Bumped when the cache layout or the way documents are tokenized changes.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 pub const MANIFEST: &str = "manifest.json";
 pub const TOKENS: &str = "tokens.u32";
 pub const DOCUMENTS: &str = "documents.u64";

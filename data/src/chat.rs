@@ -5,6 +5,9 @@
 //! variables). A folder with several named templates renders records that offer tools with
 //! `tool_use` and the others with `default`, as `transformers` picks them.
 //!
+//! Messages are `{role, content}` objects, or ShareGPT's `{from, value}` read as TRL reads
+//! them (`human` is the user, `gpt` the assistant).
+//!
 //! Which characters the assistant wrote: where the template has `{% generation %}` blocks,
 //! what they render, as `transformers`' `return_assistant_tokens_mask` (and so TRL's
 //! assistant-only loss) takes it. Most templates have none; there the conversation is rendered
@@ -497,8 +500,12 @@ pub fn messages_of(record: &Value, field: &str) -> std::result::Result<Vec<Value
         return Err(format!("field `{field}` is not a list of messages"));
     }
     let mut list = Vec::new();
+    let mut sharegpt = Vec::new();
     for message in messages.try_iter().map_err(|e| e.to_string())? {
-        list.push(without_nulls(message).map_err(|e| e.to_string())?);
+        let message = without_nulls(message).map_err(|e| e.to_string())?;
+        let converted = from_sharegpt(&message).map_err(|e| e.to_string())?;
+        sharegpt.push(converted.is_some());
+        list.push(converted.unwrap_or(message));
     }
     if list.is_empty() {
         return Err(format!("field `{field}` holds no messages"));
@@ -509,6 +516,14 @@ pub fn messages_of(record: &Value, field: &str) -> std::result::Result<Vec<Value
         }
         match role(message) {
             Some(r) if ROLES.contains(&r.as_str()) => {}
+            Some(r) if sharegpt[i] => {
+                return Err(format!(
+                    "message {} is from `{r}`; chat data takes ShareGPT's `from` human, gpt \
+                     (read as user, assistant) and the roles {}",
+                    i + 1,
+                    ROLES.join(", ")
+                ))
+            }
             Some(r) => {
                 return Err(format!(
                     "message {} has role `{r}`; chat data takes the roles {}",
@@ -517,25 +532,51 @@ pub fn messages_of(record: &Value, field: &str) -> std::result::Result<Vec<Value
                 ))
             }
             None => {
-                let keys = keys_of(message);
-                let mut why = format!(
-                    "message {} has no string `role` (it has: {})",
+                return Err(format!(
+                    "message {} has no string `role` (it has: {}); a message is \
+                     `{{\"role\": ..., \"content\": ...}}` or ShareGPT's \
+                     `{{\"from\": ..., \"value\": ...}}`",
                     i + 1,
-                    keys.join(", ")
-                );
-                // ShareGPT's messages are `{"from": "human", "value": ...}`.
-                if keys.iter().any(|k| k == "from") && keys.iter().any(|k| k == "value") {
-                    why.push_str(
-                        ": ShareGPT-style messages need converting to `{\"role\": \"user\" or \
-                         \"assistant\", \"content\": ...}` (`from` human → user, gpt → \
-                         assistant, system → system; `value` → content)",
-                    );
-                }
-                return Err(why);
+                    keys_of(message).join(", ")
+                ));
             }
         }
     }
     Ok(list)
+}
+
+/// A ShareGPT message (`{"from": "human", "value": ...}`) as a `{role, content}` one, as TRL
+/// reads ShareGPT data (`maybe_convert_to_chatml`): `from` becomes `role`, with `human` read
+/// as `user` and `gpt` as `assistant`, and `value` becomes `content`; other keys stay.
+/// `None` for a message that is not one (it has a `role` or a `content`, or no string
+/// `from` beside a `value`).
+fn from_sharegpt(message: &Value) -> std::result::Result<Option<Value>, Error> {
+    if message.kind() != ValueKind::Map {
+        return Ok(None);
+    }
+    let has = |key: &str| !message.get_attr(key).unwrap_or_default().is_undefined();
+    let from = message.get_attr("from")?;
+    let Some(from) = from.as_str() else {
+        return Ok(None);
+    };
+    if has("role") || has("content") || !has("value") {
+        return Ok(None);
+    }
+    let role = match from {
+        "human" => "user",
+        "gpt" => "assistant",
+        other => other,
+    };
+    let mut pairs = Vec::new();
+    for key in message.try_iter()? {
+        let value = message.get_item(&key)?;
+        match key.as_str() {
+            Some("from") => pairs.push((Value::from("role"), Value::from(role))),
+            Some("value") => pairs.push((Value::from("content"), value)),
+            _ => pairs.push((key, value)),
+        }
+    }
+    Ok(Some(Value::from_pairs(pairs)))
 }
 
 /// An object without its null-valued keys (other values as they are); most messages have
@@ -1068,6 +1109,47 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.ends_with("(line 2)"), "{err}");
+    }
+
+    #[test]
+    fn sharegpt_messages_are_read_as_role_and_content() {
+        let record: Value = serde_json::from_str(
+            r#"{"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "q", "lang": "en"},
+                {"from": "gpt", "value": "a", "weight": null}]}"#,
+        )
+        .unwrap();
+        let messages = messages_of(&record, "conversations").unwrap();
+        let read: Vec<String> = messages.iter().map(|m| m.to_string()).collect();
+        assert_eq!(
+            read,
+            [
+                "{'role': 'system', 'content': 's'}",
+                "{'role': 'user', 'content': 'q', 'lang': 'en'}",
+                "{'role': 'assistant', 'content': 'a'}",
+            ]
+        );
+
+        let refused = |json: &str| {
+            let record: Value = serde_json::from_str(json).unwrap();
+            messages_of(&record, "conversations").unwrap_err()
+        };
+        let err = refused(r#"{"conversations": [{"from": "observation", "value": "x"}]}"#);
+        assert!(
+            err.starts_with("message 1 is from `observation`; chat data takes ShareGPT's"),
+            "{err}"
+        );
+        // Not ShareGPT's shape: no `value`, or a `content` beside it.
+        for json in [
+            r#"{"conversations": [{"from": "human", "text": "x"}]}"#,
+            r#"{"conversations": [{"from": "human", "value": "x", "content": "y"}]}"#,
+            r#"{"conversations": [{"from": "human", "value": null}]}"#,
+        ] {
+            let err = refused(json);
+            assert!(
+                err.starts_with("message 1 has no string `role` (it has: from"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

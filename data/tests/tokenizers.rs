@@ -257,6 +257,30 @@ fn chat_renders_as_transformers_and_the_mask_is_the_assistant_tokens() {
     }
 }
 
+#[test]
+fn sharegpt_conversations_train_as_trl_reads_them() {
+    // The same conversations as `chat_<tokenizer>.jsonl`, as `conversations` of
+    // `{"from": "human" | "gpt" | "system", "value": ...}`.
+    let expected = expected();
+    for name in ["bpe", "llama2"] {
+        let source = DataSource::Chat {
+            files: vec![fixture().join("chat_sharegpt.jsonl")],
+            messages_field: "conversations".into(),
+            chat_template: None,
+            chat_template_kwargs: BTreeMap::new(),
+        };
+        let docs = source_documents(source, hf(name));
+        let want = &expected["tokenizers"][name];
+        let eos = want["eos_id"].as_u64().unwrap() as u32;
+        assert_like_python(
+            &format!("{name} ShareGPT"),
+            &docs,
+            want["chats"].as_array().unwrap(),
+            eos,
+        );
+    }
+}
+
 /// Every record of `records` through the data path: its tokens and loss mask.
 fn chat_documents(
     records: PathBuf,
@@ -273,13 +297,18 @@ fn chat_documents_with_kwargs(
     chat_template: Option<PathBuf>,
     chat_template_kwargs: BTreeMap<String, serde_json::Value>,
 ) -> Vec<(Vec<u32>, Vec<bool>)> {
-    let cache = tempfile::tempdir().unwrap();
     let source = DataSource::Chat {
         files: vec![records],
         messages_field: "messages".into(),
         chat_template,
         chat_template_kwargs,
     };
+    source_documents(source, tokenizer)
+}
+
+/// Every record of `source` through the data path: its tokens and loss mask.
+fn source_documents(source: DataSource, tokenizer: TokenizerConfig) -> Vec<(Vec<u32>, Vec<bool>)> {
+    let cache = tempfile::tempdir().unwrap();
     let data = Dataset::open(
         &dataset(source, tokenizer, 64, cache.path()),
         0,

@@ -397,6 +397,27 @@ ASSISTANT_FIRST_CHATS = [
 ]
 
 
+# ShareGPT's names for the roles, as TRL's `maybe_convert_to_chatml` reads them back.
+SHAREGPT_FROM = {"user": "human", "assistant": "gpt"}
+
+
+def as_sharegpt(record):
+    """The record as ShareGPT writes it: `conversations` of `{from, value}` messages."""
+    out = {k: v for k, v in record.items() if k != "messages"}
+    out["conversations"] = [
+        {"from": SHAREGPT_FROM.get(m["role"], m["role"]), "value": m["content"]} for m in record["messages"]
+    ]
+    return out
+
+
+def from_sharegpt(record):
+    """What TRL's `maybe_convert_to_chatml` makes of a ShareGPT record."""
+    roles = {v: k for k, v in SHAREGPT_FROM.items()}
+    out = {k: v for k, v in record.items() if k != "conversations"}
+    out["messages"] = [{"role": roles.get(m["from"], m["from"]), "content": m["value"]} for m in record["conversations"]]
+    return out
+
+
 def without_generation_tags(template):
     """The template as a model folder ships it: no `{% generation %}` markers (few real
     templates have them; transformers needs them for its assistant mask, shardrun does not)."""
@@ -831,6 +852,13 @@ def main():
             "prompt_completion": prompt_completion_expectations(fast, PROMPT_COMPLETIONS),
         }
     without_eos_in_tokenizer_config(os.path.join(out, "metaspace"), os.path.join(out, "metaspace_config_eos"))
+
+    # The same conversations in ShareGPT's form: read as TRL reads them, they are `CHATS`, so
+    # their ids and masks are those above.
+    with open(os.path.join(out, "chat_sharegpt.jsonl"), "w", encoding="utf-8") as f:
+        for record in CHATS:
+            assert from_sharegpt(as_sharegpt(record)) == record
+            f.write(json.dumps(as_sharegpt(record), ensure_ascii=False) + "\n")
 
     # The spec's special tokens stand in for the folder's, in the template too.
     overrides = {"bos_token": "</s>", "eos_token": "<unk>"}
