@@ -6,7 +6,9 @@
 //! `tool_use` and the others with `default`, as `transformers` picks them.
 //!
 //! Messages are `{role, content}` objects, or ShareGPT's `{from, value}` read as TRL reads
-//! them (`human` is the user, `gpt` the assistant).
+//! them (`human` is the user, `gpt` the assistant). A record of TRL's conversational
+//! prompt-completion (`prompt` and `completion` lists of messages) trains what follows the
+//! prompt, as TRL's completion-only loss does.
 //!
 //! Which characters the assistant wrote: where the template has `{% generation %}` blocks,
 //! what they render, as `transformers`' `return_assistant_tokens_mask` (and so TRL's
@@ -316,6 +318,37 @@ impl ChatTemplate {
         })
     }
 
+    /// A conversational prompt-completion record, its first `prompt_len` messages the
+    /// prompt: the whole conversation and the byte range of the completion, what follows the
+    /// prompt rendered with the generation prompt, as TRL's completion-only loss takes it
+    /// (`{% generation %}` blocks play no part, as there unless `assistant_only_loss`).
+    pub fn render_completion_for_training(
+        &self,
+        messages: &[Value],
+        prompt_len: usize,
+        tools: Option<&Value>,
+    ) -> std::result::Result<(String, Vec<Range<usize>>), String> {
+        let full = self.render_with_tools(messages, tools, false)?;
+        let prompt = self.render_with_tools(&messages[..prompt_len], tools, true)?;
+        if !full.starts_with(&prompt) {
+            return Err(
+                "the chat template renders the prompt (with the generation prompt) otherwise \
+                 than the start of the prompt and completion together, so the completion \
+                 cannot be told apart; give the record as `messages` (trained on the \
+                 assistant's turns) instead"
+                    .into(),
+            );
+        }
+        let completion = prompt.len()..full.len();
+        Ok((
+            full,
+            vec![completion]
+                .into_iter()
+                .filter(|c| !c.is_empty())
+                .collect(),
+        ))
+    }
+
     /// The whole conversation and the byte ranges of it the assistant wrote.
     pub fn render_for_training(
         &self,
@@ -496,6 +529,46 @@ pub fn messages_of(record: &Value, field: &str) -> std::result::Result<Vec<Value
     if messages.is_undefined() {
         return Err(format!("no field `{field}` (the messages) in the record"));
     }
+    messages_in(&messages, field)
+}
+
+/// The messages of a conversational prompt-completion record (TRL's `{"prompt": [...],
+/// "completion": [...]}`), prompt first, and how many the prompt has; `None` when the
+/// record has no `prompt` and `completion` fields.
+pub fn prompt_completion_of(
+    record: &Value,
+) -> std::result::Result<Option<(Vec<Value>, usize)>, String> {
+    let field = |name: &str| record.get_attr(name).unwrap_or(Value::UNDEFINED);
+    let (prompt, completion) = (field(PROMPT), field(COMPLETION));
+    if record.kind() != ValueKind::Map || prompt.is_undefined() || completion.is_undefined() {
+        return Ok(None);
+    }
+    if prompt.kind() == ValueKind::String || completion.kind() == ValueKind::String {
+        return Err(format!(
+            "`{PROMPT}` and `{COMPLETION}` are text, not lists of messages: records of a \
+             prompt and its completion as text are `kind: jsonl` data (trained on the \
+             completion alone)"
+        ));
+    }
+    // "message 2 has ..." says which list: "completion message 2 has ...".
+    let read = |list: &Value, field: &str| {
+        messages_in(list, field).map_err(|e| match e.starts_with("message ") {
+            true => format!("{field} {e}"),
+            false => e,
+        })
+    };
+    let mut messages = read(&prompt, PROMPT)?;
+    let prompt_len = messages.len();
+    messages.extend(read(&completion, COMPLETION)?);
+    Ok(Some((messages, prompt_len)))
+}
+
+/// The fields of a conversational prompt-completion record, as TRL names them.
+pub const PROMPT: &str = "prompt";
+pub const COMPLETION: &str = "completion";
+
+/// The messages of `messages`, the value of the record's field `field`, checked.
+fn messages_in(messages: &Value, field: &str) -> std::result::Result<Vec<Value>, String> {
     if messages.kind() != ValueKind::Seq {
         return Err(format!("field `{field}` is not a list of messages"));
     }
@@ -1150,6 +1223,55 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn prompt_completion_records_train_what_follows_the_prompt() {
+        let read = |json: &str| {
+            let record: Value = serde_json::from_str(json).unwrap();
+            prompt_completion_of(&record)
+        };
+        let (m, prompt_len) = read(
+            r#"{"prompt": [{"role": "user", "content": "hi"}], "completion": [{"from": "gpt", "value": "yo"}]}"#,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(prompt_len, 1);
+        let t = template(
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% if m.role == 'assistant' %}{{ eos_token }}{% endif %}{{ '\\n' }}{% endfor %}\
+             {% if add_generation_prompt %}<assistant>{% endif %}",
+        );
+        let (text, spans) = t
+            .render_completion_for_training(&m, prompt_len, None)
+            .unwrap();
+        assert_eq!(text, "<user>hi\n<assistant>yo</s>\n");
+        assert_eq!(&text[spans[0].clone()], "yo</s>\n");
+
+        // Not this form: no error, the record is read as messages.
+        assert!(read(r#"{"messages": [], "prompt": []}"#).unwrap().is_none());
+        let err = read(r#"{"prompt": "2 + 2 =", "completion": " 4"}"#).unwrap_err();
+        assert!(
+            err.contains("records of a prompt and its completion as text are `kind: jsonl`"),
+            "{err}"
+        );
+        let err = read(r#"{"prompt": [{"role": "user", "content": "hi"}], "completion": [{"role": "robot", "content": "x"}]}"#)
+            .unwrap_err();
+        assert!(
+            err.starts_with("completion message 1 has role `robot`"),
+            "{err}"
+        );
+        let err = read(r#"{"prompt": [], "completion": [{"role": "assistant", "content": "x"}]}"#)
+            .unwrap_err();
+        assert_eq!(err, "field `prompt` holds no messages");
+
+        // A template that writes the prompt otherwise once the completion follows.
+        let t =
+            template("{{ messages|length }}:{% for m in messages %}{{ m.content }}{% endfor %}");
+        let err = t.render_completion_for_training(&m, 1, None).unwrap_err();
+        assert!(
+            err.starts_with("the chat template renders the prompt"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! Reading data files into documents: whole files, lines or separated pieces of text, JSONL
-//! records (a text field, or a prompt and its completion), chat records. Files are read in
+//! records (a text field, or a prompt and its completion), chat records (messages, or a
+//! prompt and a completion of messages). Files are read in
 //! order, in batches of about a given size, so tokenization can run on one batch while the
 //! next is read; a file of lines or separated pieces is read a record at a time, so memory
 //! holds a batch, not the file. A leading UTF-8 byte-order mark is not text.
 
-use crate::chat::messages_of;
+use crate::chat::{self, messages_of, prompt_completion_of};
 use crate::error::{DataError, Origin, Result, SKIP_HINT};
 use crate::files::DataFile;
 use minijinja::value::ValueKind;
@@ -19,10 +20,12 @@ pub enum Body {
     /// Trained on the completion only.
     PromptCompletion { prompt: String, completion: String },
     /// Messages for the chat template (and the record's `tools`, when it has them); trained
-    /// on the assistant's turns only.
+    /// on the assistant's turns only, or, for a prompt-completion record, on what follows
+    /// its first `prompt_len` messages.
     Chat {
         messages: Vec<minijinja::Value>,
         tools: Option<minijinja::Value>,
+        prompt_len: Option<usize>,
     },
 }
 
@@ -571,6 +574,19 @@ fn parse_record(source: &DataSource, line: &str, hint: bool) -> std::result::Res
             let lacks = record
                 .get_attr(messages_field)
                 .map_or(true, |m| m.is_undefined());
+            let tools = record
+                .get_attr("tools")
+                .ok()
+                .filter(|t| !t.is_undefined() && !t.is_none());
+            if lacks {
+                if let Some((messages, prompt_len)) = prompt_completion_of(&record)? {
+                    return Ok(Body::Chat {
+                        messages,
+                        tools,
+                        prompt_len: Some(prompt_len),
+                    });
+                }
+            }
             if record.kind() == ValueKind::Map && lacks {
                 let missing = hint.then(|| {
                     let has = crate::chat::keys_of(&record);
@@ -589,18 +605,20 @@ fn parse_record(source: &DataSource, line: &str, hint: bool) -> std::result::Res
                     })
                 });
                 return Err(Refused {
-                    why: format!("no field `{messages_field}` (the messages) in the record"),
+                    why: format!(
+                        "no field `{messages_field}` (the messages) in the record, nor \
+                         `{}` and `{}` lists of messages",
+                        chat::PROMPT,
+                        chat::COMPLETION
+                    ),
                     lacks: Some("messages_field"),
                     missing,
                 });
             }
-            let tools = record
-                .get_attr("tools")
-                .ok()
-                .filter(|t| !t.is_undefined() && !t.is_none());
             Ok(Body::Chat {
                 messages: messages_of(&record, messages_field)?,
                 tools,
+                prompt_len: None,
             })
         }
         DataSource::Tokens { .. } => Err(String::from("token files hold no text records").into()),

@@ -80,11 +80,20 @@ impl Encoder<'_> {
                     chat_trains_eos: None,
                 })
             }
-            Body::Chat { messages, tools } => {
+            Body::Chat {
+                messages,
+                tools,
+                prompt_len,
+            } => {
                 let template = self
                     .chat
                     .ok_or_else(|| "chat records need a chat template".to_string())?;
-                let (text, spans) = template.render_for_training(messages, tools.as_ref())?;
+                let (text, spans) = match prompt_len {
+                    Some(n) => {
+                        template.render_completion_for_training(messages, *n, tools.as_ref())?
+                    }
+                    None => template.render_for_training(messages, tools.as_ref())?,
+                };
                 let encoding = self.tokenizer.encode(&text, false, true)?;
                 let mut mask = mask_of(&encoding.offsets, &spans);
                 // A template that ends its last turn with the end-of-document token and then

@@ -261,11 +261,29 @@ fn chat_renders_as_transformers_and_the_mask_is_the_assistant_tokens() {
 fn sharegpt_conversations_train_as_trl_reads_them() {
     // The same conversations as `chat_<tokenizer>.jsonl`, as `conversations` of
     // `{"from": "human" | "gpt" | "system", "value": ...}`.
+    assert_chat_records_like_python("chat_sharegpt.jsonl", "conversations", "chats");
+}
+
+#[test]
+fn prompt_completion_conversations_train_the_completion_as_trl_does() {
+    // The conversations of `chat_<tokenizer>.jsonl` as `{"prompt": [...], "completion":
+    // [<the last message>]}`: trained on all that follows the prompt with its generation
+    // prompt, the end of turn and the newline after it too.
+    assert_chat_records_like_python(
+        "chat_prompt_completion.jsonl",
+        "messages",
+        "prompt_completion_chats",
+    );
+}
+
+/// The chat records of the fixture's `file`, read with `messages_field` through the data
+/// path with a ChatML and a Llama 2 tokenizer folder, are the fixture's `expectations` of it.
+fn assert_chat_records_like_python(file: &str, messages_field: &str, expectations: &str) {
     let expected = expected();
     for name in ["bpe", "llama2"] {
         let source = DataSource::Chat {
-            files: vec![fixture().join("chat_sharegpt.jsonl")],
-            messages_field: "conversations".into(),
+            files: vec![fixture().join(file)],
+            messages_field: messages_field.into(),
             chat_template: None,
             chat_template_kwargs: BTreeMap::new(),
         };
@@ -273,9 +291,9 @@ fn sharegpt_conversations_train_as_trl_reads_them() {
         let want = &expected["tokenizers"][name];
         let eos = want["eos_id"].as_u64().unwrap() as u32;
         assert_like_python(
-            &format!("{name} ShareGPT"),
+            &format!("{name} {file}"),
             &docs,
-            want["chats"].as_array().unwrap(),
+            want[expectations].as_array().unwrap(),
             eos,
         );
     }

@@ -132,7 +132,8 @@ pub enum DataSource {
         text: JsonlText,
     },
     /// One JSON object per line holding a list of `{role, content}` messages, rendered with
-    /// the tokenizer's chat template; the loss covers the assistant turns only.
+    /// the tokenizer's chat template; the loss covers the assistant turns only (or, for
+    /// `prompt` and `completion` lists of messages, what follows the prompt).
     Chat {
         files: Vec<PathBuf>,
         messages_field: String,

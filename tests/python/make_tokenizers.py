@@ -806,6 +806,37 @@ def chat_expectations(fast, template_with_tags, chats, **kwargs):
     return out
 
 
+def as_prompt_completion(record):
+    """The record as TRL's conversational prompt-completion: its last message the completion."""
+    out = {k: v for k, v in record.items() if k != "messages"}
+    out["prompt"], out["completion"] = record["messages"][:-1], record["messages"][-1:]
+    return out
+
+
+def prompt_completion_chat_expectations(fast, records):
+    """What TRL's SFTTrainer makes of conversational prompt-completion records (its
+    completion-only loss): the ids of prompt and completion together, trained from where the
+    prompt's ids, rendered with the generation prompt, end."""
+    out = []
+    for record in records:
+        tools = record.get("tools")
+        messages = record["prompt"] + record["completion"]
+        prompt_ids = fast.apply_chat_template(
+            record["prompt"], tools=tools, add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        ids = fast.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True)["input_ids"]
+        assert ids[: len(prompt_ids)] == prompt_ids, "the prompt's ids start those of the whole"
+        text = fast.apply_chat_template(messages, tools=tools, tokenize=False)
+        out.append(
+            {
+                "ids": list(ids),
+                "assistant_mask": [0] * len(prompt_ids) + [1] * (len(ids) - len(prompt_ids)),
+                "ends_with_eos": text.rstrip().endswith(fast.eos_token),
+            }
+        )
+    return out
+
+
 # `max_length` of the truncated samples.
 TRUNCATED_TO = 16
 
@@ -849,9 +880,17 @@ def main():
             },
             "lines": [fast(l)["input_ids"] for l in line_docs],
             "chats": chat_expectations(fast, template, CHATS),
+            "prompt_completion_chats": prompt_completion_chat_expectations(
+                fast, [as_prompt_completion(r) for r in CHATS]
+            ),
             "prompt_completion": prompt_completion_expectations(fast, PROMPT_COMPLETIONS),
         }
     without_eos_in_tokenizer_config(os.path.join(out, "metaspace"), os.path.join(out, "metaspace_config_eos"))
+
+    # The same conversations as TRL's conversational prompt-completion records.
+    with open(os.path.join(out, "chat_prompt_completion.jsonl"), "w", encoding="utf-8") as f:
+        for record in CHATS:
+            f.write(json.dumps(as_prompt_completion(record), ensure_ascii=False) + "\n")
 
     # The same conversations in ShareGPT's form: read as TRL reads them, they are `CHATS`, so
     # their ids and masks are those above.
