@@ -5,8 +5,8 @@
 //! variables). A folder with several named templates renders records that offer tools with
 //! `tool_use` and the others with `default`, as `transformers` picks them.
 //!
-//! Messages are `{role, content}` objects, or ShareGPT's `{from, value}` read as TRL reads
-//! them (`human` is the user, `gpt` the assistant). A record of TRL's conversational
+//! Messages are `{role, content}` objects, or ShareGPT's `{from, value}` (`human` is the
+//! user, `gpt` the assistant). A record of TRL's conversational
 //! prompt-completion (`prompt` and `completion` lists of messages) trains what follows the
 //! prompt, as TRL's completion-only loss does.
 //!
@@ -576,9 +576,9 @@ fn messages_in(messages: &Value, field: &str) -> std::result::Result<Vec<Value>,
     let mut sharegpt = Vec::new();
     for message in messages.try_iter().map_err(|e| e.to_string())? {
         let message = without_nulls(message).map_err(|e| e.to_string())?;
-        let converted = from_sharegpt(&message).map_err(|e| e.to_string())?;
-        sharegpt.push(converted.is_some());
-        list.push(converted.unwrap_or(message));
+        let (message, role_from) = from_sharegpt(message).map_err(|e| e.to_string())?;
+        sharegpt.push(role_from);
+        list.push(message);
     }
     if list.is_empty() {
         return Err(format!("field `{field}` holds no messages"));
@@ -592,7 +592,7 @@ fn messages_in(messages: &Value, field: &str) -> std::result::Result<Vec<Value>,
             Some(r) if sharegpt[i] => {
                 return Err(format!(
                     "message {} is from `{r}`; chat data takes ShareGPT's `from` human, gpt \
-                     (read as user, assistant) and the roles {}",
+                     (read as user, assistant; any case) and the roles {}",
                     i + 1,
                     ROLES.join(", ")
                 ))
@@ -618,38 +618,40 @@ fn messages_in(messages: &Value, field: &str) -> std::result::Result<Vec<Value>,
     Ok(list)
 }
 
-/// A ShareGPT message (`{"from": "human", "value": ...}`) as a `{role, content}` one, as TRL
-/// reads ShareGPT data (`maybe_convert_to_chatml`): `from` becomes `role`, with `human` read
-/// as `user` and `gpt` as `assistant`, and `value` becomes `content`; other keys stay.
-/// `None` for a message that is not one (it has a `role` or a `content`, or no string
-/// `from` beside a `value`).
-fn from_sharegpt(message: &Value) -> std::result::Result<Option<Value>, Error> {
+/// A message with ShareGPT's keys (`{"from": "human", "value": ...}`) as a `{role, content}`
+/// one, and whether its role is ShareGPT's `from`. As TRL's `maybe_convert_to_chatml`, each
+/// key on its own: `from` is the role (unless there is a `role`), `value` the content
+/// (unless there is a `content`); other keys stay. ShareGPT's speakers `human` and `gpt`
+/// (any case) are the user and the assistant, as axolotl and LLaMA-Factory read them: chat
+/// templates know no others.
+fn from_sharegpt(message: Value) -> std::result::Result<(Value, bool), Error> {
     if message.kind() != ValueKind::Map {
-        return Ok(None);
+        return Ok((message, false));
     }
     let has = |key: &str| !message.get_attr(key).unwrap_or_default().is_undefined();
     let from = message.get_attr("from")?;
-    let Some(from) = from.as_str() else {
-        return Ok(None);
+    let role = match from.as_str() {
+        Some(from) if !has("role") => Some(match from.to_lowercase().as_str() {
+            "human" => "user".to_string(),
+            "gpt" => "assistant".to_string(),
+            _ => from.to_string(),
+        }),
+        _ => None,
     };
-    if has("role") || has("content") || !has("value") {
-        return Ok(None);
+    let content = has("value") && !has("content");
+    if role.is_none() && !content {
+        return Ok((message, false));
     }
-    let role = match from {
-        "human" => "user",
-        "gpt" => "assistant",
-        other => other,
-    };
     let mut pairs = Vec::new();
     for key in message.try_iter()? {
         let value = message.get_item(&key)?;
-        match key.as_str() {
-            Some("from") => pairs.push((Value::from("role"), Value::from(role))),
-            Some("value") => pairs.push((Value::from("content"), value)),
+        match (key.as_str(), &role) {
+            (Some("from"), Some(role)) => pairs.push((Value::from("role"), Value::from(role))),
+            (Some("value"), _) if content => pairs.push((Value::from("content"), value)),
             _ => pairs.push((key, value)),
         }
     }
-    Ok(Some(Value::from_pairs(pairs)))
+    Ok((Value::from_pairs(pairs), role.is_some()))
 }
 
 /// An object without its null-valued keys (other values as they are); most messages have
@@ -1186,19 +1188,33 @@ mod tests {
 
     #[test]
     fn sharegpt_messages_are_read_as_role_and_content() {
-        let record: Value = serde_json::from_str(
-            r#"{"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "q", "lang": "en"},
-                {"from": "gpt", "value": "a", "weight": null}]}"#,
-        )
-        .unwrap();
-        let messages = messages_of(&record, "conversations").unwrap();
-        let read: Vec<String> = messages.iter().map(|m| m.to_string()).collect();
+        let read = |json: &str| -> Vec<String> {
+            let record: Value = serde_json::from_str(json).unwrap();
+            let messages = messages_of(&record, "conversations").unwrap();
+            messages.iter().map(|m| m.to_string()).collect()
+        };
         assert_eq!(
-            read,
+            read(
+                r#"{"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "q", "lang": "en"},
+                    {"from": "GPT", "value": "a", "weight": null}]}"#
+            ),
             [
                 "{'role': 'system', 'content': 's'}",
                 "{'role': 'user', 'content': 'q', 'lang': 'en'}",
                 "{'role': 'assistant', 'content': 'a'}",
+            ]
+        );
+        // Each key on its own; a `role` or `content` written beside stays.
+        assert_eq!(
+            read(
+                r#"{"conversations": [{"from": "human", "content": "q"}, {"role": "assistant", "value": "a"},
+                    {"from": "human", "role": "user", "value": "b", "content": "c"}, {"from": "gpt"}]}"#
+            ),
+            [
+                "{'role': 'user', 'content': 'q'}",
+                "{'role': 'assistant', 'content': 'a'}",
+                "{'from': 'human', 'role': 'user', 'value': 'b', 'content': 'c'}",
+                "{'role': 'assistant'}",
             ]
         );
 
@@ -1211,18 +1227,11 @@ mod tests {
             err.starts_with("message 1 is from `observation`; chat data takes ShareGPT's"),
             "{err}"
         );
-        // Not ShareGPT's shape: no `value`, or a `content` beside it.
-        for json in [
-            r#"{"conversations": [{"from": "human", "text": "x"}]}"#,
-            r#"{"conversations": [{"from": "human", "value": "x", "content": "y"}]}"#,
-            r#"{"conversations": [{"from": "human", "value": null}]}"#,
-        ] {
-            let err = refused(json);
-            assert!(
-                err.starts_with("message 1 has no string `role` (it has: from"),
-                "{err}"
-            );
-        }
+        let err = refused(r#"{"conversations": [{"from": 1, "value": "x"}]}"#);
+        assert!(
+            err.starts_with("message 1 has no string `role` (it has: from, content)"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -607,9 +607,10 @@ fn parse_record(source: &DataSource, line: &str, hint: bool) -> std::result::Res
                 return Err(Refused {
                     why: format!(
                         "no field `{messages_field}` (the messages) in the record, nor \
-                         `{}` and `{}` lists of messages",
+                         `{}` and `{}` lists of messages (it has: {})",
                         chat::PROMPT,
-                        chat::COMPLETION
+                        chat::COMPLETION,
+                        chat::keys_of(&record).join(", ")
                     ),
                     lacks: Some("messages_field"),
                     missing,
@@ -695,6 +696,17 @@ fn string_field(
                 ),
                 None => format!("field `{field}` is an object, not a string"),
             }
+            .into())
+        }
+        Some(serde_json::Value::Array(items))
+            if items
+                .iter()
+                .any(|m| m.get("role").or_else(|| m.get("from")).is_some()) =>
+        {
+            Err(format!(
+                "field `{field}` is a list of messages, not a string: conversations are \
+                 `kind: chat` data, rendered with the model's chat template"
+            )
             .into())
         }
         Some(other) => Err(format!(
@@ -986,18 +998,37 @@ mod tests {
 
     #[test]
     fn fields_and_their_errors() {
-        let r: serde_json::Value =
-            serde_json::from_str(r#"{"a": {"b": "x"}, "n": 3, "z": null}"#).unwrap();
+        let r: serde_json::Value = serde_json::from_str(
+            r#"{"a": {"b": "x"}, "n": 3, "z": null, "l": [1], "m": [{"role": "user"}]}"#,
+        )
+        .unwrap();
         let field = |name| string_field(&r, name, &TEXT, true);
         assert_eq!(field("a.b").ok().unwrap(), "x");
         assert!(field("n").err().unwrap().why.contains("a number"));
+        assert_eq!(
+            field("l").err().unwrap().why,
+            "field `l` is a list, not a string"
+        );
+        assert!(field("m")
+            .err()
+            .unwrap()
+            .why
+            .contains("a list of messages, not a string: conversations are `kind: chat` data"));
         assert!(field("z").err().unwrap().why.contains("null"));
         let missing = field("text").err().unwrap();
-        assert!(missing.why.contains("it has: a, n, z"), "{}", missing.why);
-        assert_eq!(missing.missing.unwrap().has, ["a", "n", "z"]);
+        assert!(
+            missing.why.contains("it has: a, l, m, n, z"),
+            "{}",
+            missing.why
+        );
+        assert_eq!(missing.missing.unwrap().has, ["a", "l", "m", "n", "z"]);
         // Records whose error is not shown get none.
         let missing = string_field(&r, "text", &TEXT, false).err().unwrap();
-        assert!(missing.why.contains("it has: a, n, z"), "{}", missing.why);
+        assert!(
+            missing.why.contains("it has: a, l, m, n, z"),
+            "{}",
+            missing.why
+        );
         assert!(missing.missing.is_none());
     }
 

@@ -447,7 +447,16 @@ fn tokenize_files(
             // A field every record lacks: the one likely meant, as when the first record
             // stops the preparation.
             fix: fix_for_every_record_lacking(&skipped).unwrap_or_else(|| {
-                "check `data.files` and how documents are read (`split`, `field`)".into()
+                format!(
+                    "check `data.files` and how documents are read ({})",
+                    match spec.source {
+                        DataSource::Text { .. } => "`split`, `separator`",
+                        DataSource::Jsonl { .. } =>
+                            "`field`, or `prompt_field` and `completion_field`",
+                        DataSource::Chat { .. } => "`messages_field`, the messages' roles",
+                        DataSource::Tokens { .. } => "`dtype`",
+                    }
+                )
             }),
         });
     }

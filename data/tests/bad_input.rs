@@ -302,9 +302,45 @@ fn sharegpt_messages_from_a_speaker_without_a_role_are_named() {
     assert!(
         err.starts_with(&format!(
             "{}:2: message 2 is from `observation`; chat data takes ShareGPT's `from` human, gpt \
-             (read as user, assistant) and the roles system, developer, user, assistant, tool, ipython",
+             (read as user, assistant; any case) and the roles system, developer, user, assistant, tool, ipython",
             path.display()
         )),
+        "{err}"
+    );
+    // Read with the default field: the record's fields, and the one meant.
+    let c = dataset(
+        chat(&path, "messages"),
+        hf("bpe"),
+        32,
+        &dir.path().join("default-field"),
+    );
+    let err = fails(&c, None);
+    assert!(
+        err.starts_with(&format!(
+            "{}:1: no field `messages` (the messages) in the record, nor `prompt` and \
+             `completion` lists of messages (it has: conversations)",
+            path.display()
+        )) && err.contains("did you mean `messages_field: conversations`?"),
+        "{err}"
+    );
+    // Every record skipped: the fix names how chat records are read.
+    let only_bad = write(
+        dir.path(),
+        "observations.jsonl",
+        "{\"conversations\": [{\"from\": \"observation\", \"value\": \"{}\"}]}\n",
+    );
+    let mut c = dataset(
+        chat(&only_bad, "conversations"),
+        hf("bpe"),
+        32,
+        &dir.path().join("cache"),
+    );
+    c.on_bad_record = OnBadRecord::Skip;
+    let err = fails(&c, None);
+    assert!(
+        err.ends_with(
+            "check `data.files` and how documents are read (`messages_field`, the messages' roles)"
+        ),
         "{err}"
     );
 }
@@ -1087,7 +1123,10 @@ fn a_field_no_record_has_is_answered_with_the_one_likely_meant_when_skipping_too
     c.on_bad_record = OnBadRecord::Skip;
     let err = fails(&c, None);
     assert!(
-        err.ends_with("check `data.files` and how documents are read (`split`, `field`)"),
+        err.ends_with(
+            "check `data.files` and how documents are read (`field`, or `prompt_field` and \
+             `completion_field`)"
+        ),
         "{err}"
     );
 }

@@ -258,7 +258,7 @@ fn chat_renders_as_transformers_and_the_mask_is_the_assistant_tokens() {
 }
 
 #[test]
-fn sharegpt_conversations_train_as_trl_reads_them() {
+fn sharegpt_conversations_train_as_their_role_and_content_form() {
     // The same conversations as `chat_<tokenizer>.jsonl`, as `conversations` of
     // `{"from": "human" | "gpt" | "system", "value": ...}`.
     assert_chat_records_like_python("chat_sharegpt.jsonl", "conversations", "chats");

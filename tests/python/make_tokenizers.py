@@ -397,7 +397,7 @@ ASSISTANT_FIRST_CHATS = [
 ]
 
 
-# ShareGPT's names for the roles, as TRL's `maybe_convert_to_chatml` reads them back.
+# ShareGPT's speakers for the roles (axolotl and LLaMA-Factory read them back so).
 SHAREGPT_FROM = {"user": "human", "assistant": "gpt"}
 
 
@@ -411,7 +411,8 @@ def as_sharegpt(record):
 
 
 def from_sharegpt(record):
-    """What TRL's `maybe_convert_to_chatml` makes of a ShareGPT record."""
+    """A ShareGPT record as `{role, content}` messages: `from` the role, `value` the content
+    (TRL's `maybe_convert_to_chatml`), ShareGPT's speakers as the roles they stand for."""
     roles = {v: k for k, v in SHAREGPT_FROM.items()}
     out = {k: v for k, v in record.items() if k != "conversations"}
     out["messages"] = [{"role": roles.get(m["from"], m["from"]), "content": m["value"]} for m in record["conversations"]]
@@ -892,7 +893,7 @@ def main():
         for record in CHATS:
             f.write(json.dumps(as_prompt_completion(record), ensure_ascii=False) + "\n")
 
-    # The same conversations in ShareGPT's form: read as TRL reads them, they are `CHATS`, so
+    # The same conversations in ShareGPT's form: read back, they are `CHATS`, so
     # their ids and masks are those above.
     with open(os.path.join(out, "chat_sharegpt.jsonl"), "w", encoding="utf-8") as f:
         for record in CHATS:
