@@ -89,6 +89,24 @@ pub fn resolve_data(
              whole in a sequence, the longer ones truncated), or remove `truncate`",
         ));
     }
+    // Fine-tuning examples streamed by default: said, since every SFT trainer (TRL,
+    // torchtune, axolotl) keeps an example whole unless told to pack.
+    let examples = match &source {
+        DataSource::Chat { .. } => Some("conversations"),
+        DataSource::Jsonl {
+            text: JsonlText::PromptCompletion { .. },
+            ..
+        } => Some("prompt/completion records"),
+        _ => None,
+    };
+    if let (Some(examples), None) = (examples, spec.packing) {
+        warnings.push(format!(
+            "`training.data.packing` is `stream` unless set (pre-training text): the {examples} \
+             are packed back to back, cut every `seq_len` and attend to those before them; add \
+             `packing: whole_documents` and `truncate: true` to train each one whole and on its \
+             own, as TRL's SFT does, or `packing: stream` to keep this and not be told"
+        ));
+    }
     // Whole documents are fine-tuning examples: each sees only itself, at positions from 0,
     // as in TRL's packing and torchtune's packed datasets. A stream is pre-training text, cut
     // wherever `seq_len` falls, as torchtitan trains it: causal across the cut documents.
@@ -1478,6 +1496,42 @@ mod tests {
             err.why.contains("names `</s>` as the eos token") && !err.fix.is_empty(),
             "{err}"
         );
+    }
+
+    #[test]
+    fn fine_tuning_examples_streamed_by_default_are_a_warning() {
+        let dir = jobs();
+        let warned = |data: &str| {
+            let spec = format!(
+                "name: t\nrun_root: /tmp/runs\ntraining:\n  model: {{ kind: transformer, \
+                 vocab_size: 300, dim: 8, n_layers: 1, n_heads: 2, max_seq_len: 16 }}\n  \
+                 data: {{ {data}, tokenizer: {{ path: tok }} }}\n  steps: 2\n  \
+                 total_batch_size: 2\n  batch_size_per_device: 2\n"
+            );
+            let loaded = parse(&spec, &dir.path().join("job.yaml")).unwrap();
+            let job = resolve(&loaded, &Overrides::default()).unwrap();
+            job.warnings
+                .iter()
+                .find(|w| w.starts_with("`training.data.packing` is `stream` unless set"))
+                .cloned()
+        };
+        let chat = warned("kind: chat, files: [a.jsonl], chat_template: chat.jinja").unwrap();
+        assert!(
+            chat.contains("the conversations are packed back to back"),
+            "{chat}"
+        );
+        let pairs = warned("kind: jsonl, files: [a.jsonl], prompt_field: p, completion_field: c");
+        assert!(pairs
+            .unwrap()
+            .contains("the prompt/completion records are packed"));
+        for quiet in [
+            "kind: chat, files: [a.jsonl], chat_template: chat.jinja, packing: stream",
+            "kind: chat, files: [a.jsonl], chat_template: chat.jinja, packing: whole_documents",
+            "kind: jsonl, files: [a.jsonl]",
+            "kind: text, files: [a.txt]",
+        ] {
+            assert_eq!(warned(quiet), None, "{quiet}");
+        }
     }
 
     #[test]
