@@ -416,7 +416,7 @@ fn an_hf_export_of_a_model_from_scratch_carries_its_tokenizer_and_token_ids() {
         text.contains(
             "token ids of the run's tokenizer in config.json and generation_config.json: \
              bos 5 (`<s>`), eos 6 (`</s>`)"
-        ),
+        ) && text.contains("  config.json: written from the run's architecture, dtype float32"),
         "{text}"
     );
     // The tokenizer the run read its text with, as `transformers` loads it from either folder.
@@ -661,7 +661,8 @@ fn an_hf_export_chats_with_the_tokenizer_and_template_the_run_trained_with() {
     assert_eq!(read["generation"], serde_json::json!([5, [6, 4]]), "{read}");
     assert_eq!(read["config"], serde_json::json!([5, 6]), "{read}");
     assert!(
-        text.contains("generation_config.json: generation stops at eos_token_id [6, 4], the spec's eos_token `d` (4) among them"),
+        text.contains("generation_config.json: generation stops at eos_token_id [6, 4], the spec's eos_token `d` (4) among them")
+            && text.contains(&format!("  config.json: the one of {}, dtype float32", source.display())),
         "{text}"
     );
     assert!(

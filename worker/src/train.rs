@@ -978,7 +978,7 @@ pub fn format_summary(s: &TrainSummary) -> String {
         "\n{rule}\nFSDP training complete\nSharding strategy: {} ({} rank(s), {})\n\
          Model state per rank: {:.1} MiB (vs {:.1} MiB unsharded)\nModel state savings: {:.1}%\n\
          Peak memory per rank (highest): {}\n{}: {:.4}\nFinal loss:   {:.4}\n{}\
-         Mean throughput: {:.0} tokens/s\n{rule}",
+         Mean throughput: {:.0} tokens/s{}\n{rule}",
         s.strategy,
         s.world_size,
         s.steps_words(),
@@ -995,7 +995,18 @@ pub fn format_summary(s: &TrainSummary) -> String {
             }
             _ => String::new(),
         },
-        s.mean_tokens_per_s
+        s.mean_tokens_per_s,
+        // The first step's allocations and warm-up are left out when there are others.
+        if s.steps > s.first_step {
+            format!(
+                " (steps {}-{}; step {} warms up)",
+                s.first_step + 1,
+                s.steps,
+                s.first_step
+            )
+        } else {
+            String::new()
+        }
     )
 }
 
@@ -1127,6 +1138,37 @@ mod tests {
         // rates (66.7).
         assert_eq!(mean_throughput(100.0, &[1.0, 3.0]), 50.0);
         assert_eq!(mean_throughput(100.0, &[]), 0.0);
+    }
+
+    #[test]
+    fn the_summary_says_which_steps_its_throughput_is_of() {
+        let mut s = TrainSummary {
+            strategy: "FULL_SHARD".into(),
+            world_size: 2,
+            steps: 200,
+            first_step: 1,
+            first_loss: 8.0,
+            last_loss: 5.0,
+            skipped_steps: 0,
+            model_state_bytes_per_rank: 1 << 20,
+            unsharded_model_state_bytes: 2 << 20,
+            peak_memory_bytes: 1 << 29,
+            peak_reserved_bytes: None,
+            mean_tokens_per_s: 2697.4,
+            eval_loss: None,
+            eval_perplexity: None,
+        };
+        let line = |s: &TrainSummary| {
+            let text = format_summary(s);
+            let line = text.lines().find(|l| l.starts_with("Mean throughput"));
+            line.unwrap().to_string()
+        };
+        assert_eq!(
+            line(&s),
+            "Mean throughput: 2697 tokens/s (steps 2-200; step 1 warms up)"
+        );
+        (s.first_step, s.steps) = (301, 301);
+        assert_eq!(line(&s), "Mean throughput: 2697 tokens/s");
     }
 
     #[test]

@@ -351,6 +351,14 @@ fn export_hf(
             *size as f64 / 1e6
         );
     }
+    outln!(
+        "  config.json: {}, dtype {}",
+        match &model.pretrained {
+            Some(folder) => format!("the one of {}", folder.display()),
+            None => "written from the run's architecture".into(),
+        },
+        dtype.torch_name()
+    );
     for (origin, names) in &files.origins {
         outln!("  {origin}: {}", names.join(", "));
     }

@@ -49,12 +49,14 @@ fn data_summary(train: &TrainConfig) -> String {
     )
 }
 
-/// `16 MiB`, `1.5 GiB`.
+/// `128 KiB`, `16 MiB`, `1.5 GiB`: a small mask is not "0 MiB".
 fn size(bytes: u64) -> String {
     if bytes as f64 >= GIB {
         format!("{:.1} GiB", bytes as f64 / GIB)
-    } else {
+    } else if bytes >= 1 << 20 {
         format!("{:.0} MiB", shardrun_protocol::mib(bytes))
+    } else {
+        format!("{:.0} KiB", bytes as f64 / 1024.0)
     }
 }
 
@@ -329,6 +331,13 @@ fn loss_chunks(t: &TrainConfig) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_keep_a_figure_however_small() {
+        assert_eq!(size(2 * 128 * 128 * 4), "128 KiB");
+        assert_eq!(size(3 << 20), "3 MiB");
+        assert_eq!(size(3 << 29), "1.5 GiB");
+    }
 
     #[test]
     fn credentials_are_hidden_and_nothing_else() {
