@@ -8,6 +8,7 @@
 use crate::chat::{self, messages_of, prompt_completion_of};
 use crate::error::{DataError, Origin, Result, SKIP_HINT};
 use crate::files::DataFile;
+use crate::json_array::{ArrayRecords, Element};
 use minijinja::value::ValueKind;
 use shardrun_protocol::config::{DataSource, JsonlText, OnBadRecord, TextSplit};
 use std::io::{BufRead, BufReader, Read};
@@ -118,6 +119,8 @@ pub struct DocumentReader<'a> {
 struct OpenFile {
     file: u32,
     reader: BufReader<std::fs::File>,
+    /// A JSONL or chat file that holds one JSON array of records instead of lines.
+    array: Option<ArrayRecords>,
     /// Line the next record starts on (1-based).
     line: u64,
     /// Bytes of the file read so far.
@@ -209,9 +212,20 @@ impl<'a> DocumentReader<'a> {
                     });
                 }
             } else {
+                let mut reader = BufReader::with_capacity(self.read_buffer, opened);
+                let records = matches!(
+                    self.source,
+                    DataSource::Jsonl { .. } | DataSource::Chat { .. }
+                );
+                let array = match records {
+                    true => ArrayRecords::open(&mut reader, BOM)
+                        .map_err(DataError::io("read", &file.path))?,
+                    false => None,
+                };
                 self.open = Some(OpenFile {
                     file: index,
-                    reader: BufReader::with_capacity(self.read_buffer, opened),
+                    reader,
+                    array,
                     line: 1,
                     offset: 0,
                     buf: Vec::new(),
@@ -226,6 +240,9 @@ impl<'a> DocumentReader<'a> {
 
     /// Reads records of the open file into `batch`; false at its end.
     fn read_records(&mut self, batch: &mut ReadBatch, target_bytes: u64) -> Result<bool> {
+        if self.open.as_ref().is_some_and(|open| open.array.is_some()) {
+            return self.read_array(batch, target_bytes);
+        }
         match self.source {
             DataSource::Text {
                 split: TextSplit::Separator { separator },
@@ -288,6 +305,52 @@ impl<'a> DocumentReader<'a> {
             };
             self.read += 1;
             batch.documents.push(Document { body, file, line });
+        }
+        Ok(true)
+    }
+
+    /// Reads records of the open file's JSON array into `batch`; false at its end. A file
+    /// that stops being an array is a bad record where it does, and the end of the file.
+    fn read_array(&mut self, batch: &mut ReadBatch, target_bytes: u64) -> Result<bool> {
+        let Some(open) = self.open.as_mut() else {
+            return Ok(false);
+        };
+        let Some(array) = open.array.as_mut() else {
+            return Ok(false);
+        };
+        let path = self.files[open.file as usize].path.clone();
+        let file = open.file;
+        while batch.bytes < target_bytes {
+            let before = array.consumed;
+            let element = array
+                .next(&mut open.reader)
+                .map_err(DataError::io("read", &path))?;
+            batch.bytes += array.consumed - before;
+            let (text, line) = match element {
+                Element::Record { text, line } => (text, line),
+                Element::End => return Ok(false),
+                Element::Broken { why, line } => {
+                    let why = format!("{why}; the rest of the file is not read");
+                    self.bad(Origin::new(&path, line), why)?;
+                    return Ok(false);
+                }
+            };
+            let origin = Origin::new(&path, line);
+            let Ok(text) = std::str::from_utf8(&text) else {
+                self.bad(origin, "not UTF-8 text")?;
+                return Ok(true);
+            };
+            let hint = self.read == 0 && self.skipped.is_empty();
+            match parse_record(self.source, text, hint) {
+                Ok(body) => {
+                    self.read += 1;
+                    batch.documents.push(Document { body, file, line });
+                }
+                Err(refused) => {
+                    self.refuse(origin, refused)?;
+                    return Ok(true);
+                }
+            }
         }
         Ok(true)
     }

@@ -24,6 +24,7 @@ pub mod encode;
 pub mod error;
 pub mod files;
 pub mod identity;
+pub mod json_array;
 pub mod outdated;
 pub mod packing;
 pub mod prepare;

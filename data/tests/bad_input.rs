@@ -233,6 +233,93 @@ fn chat(path: &Path, field: &str) -> DataSource {
 }
 
 #[test]
+fn a_json_array_of_records_is_read_and_its_bad_records_named_by_line() {
+    // Alpaca's `alpaca_data.json`: one array of objects, as `json.dump(indent=4)` writes it.
+    let dir = tempfile::tempdir().unwrap();
+    let records = [
+        r#"{"instruction": "Add 2 and 2.", "output": "4"}"#,
+        r#"{"instruction": "Say hi."}"#,
+        r#"{"instruction": "Name a colour [red, ...].", "output": "Blue, \"sky\" blue."}"#,
+    ];
+    let text = format!(
+        "[
+    {},
+    {},
+    {}
+]
+",
+        records[0], records[1], records[2]
+    );
+    let path = write(dir.path(), "alpaca_data.json", &text);
+    let pairs = DataSource::Jsonl {
+        files: vec![path.clone()],
+        text: JsonlText::PromptCompletion {
+            prompt: "instruction".into(),
+            completion: "output".into(),
+        },
+    };
+    let c = dataset(
+        pairs.clone(),
+        TokenizerConfig::Bytes,
+        64,
+        &dir.path().join("a"),
+    );
+    let err = fails(&c, None);
+    assert!(
+        err.starts_with(&format!(
+            "{}:3: no field `output` in the record",
+            path.display()
+        )),
+        "{err}"
+    );
+    let mut c = dataset(
+        pairs.clone(),
+        TokenizerConfig::Bytes,
+        64,
+        &dir.path().join("b"),
+    );
+    c.on_bad_record = OnBadRecord::Skip;
+    let data = open(&c, None).unwrap();
+    let docs = documents(data.train().corpus());
+    let texts: Vec<String> = docs
+        .iter()
+        .map(|(tokens, _)| {
+            tokens
+                .iter()
+                .filter(|&&t| t < 256)
+                .map(|&t| t as u8 as char)
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            "Add 2 and 2.4",
+            r#"Name a colour [red, ...].Blue, "sky" blue."#
+        ]
+    );
+
+    // Cut short inside the last record: named where that record starts.
+    let good = format!("[\n    {},\n    {}\n]\n", records[0], records[2]);
+    let cut = write(dir.path(), "cut.json", &good[..good.len() - 12]);
+    let c = dataset(
+        pairs.with_files(vec![cut.clone()]),
+        TokenizerConfig::Bytes,
+        64,
+        &dir.path().join("c"),
+    );
+    let err = fails(&c, None);
+    assert!(
+        err.starts_with(&format!(
+            "{}:3: the file ends inside this record of the JSON array: it is cut short; the \
+             rest of the file is not read",
+            cut.display()
+        )),
+        "{err}"
+    );
+}
+
+#[test]
 fn chat_record_with_an_unknown_role() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(

@@ -262,6 +262,9 @@ fn sharegpt_conversations_train_as_their_role_and_content_form() {
     // The same conversations as `chat_<tokenizer>.jsonl`, as `conversations` of
     // `{"from": "human" | "gpt" | "system", "value": ...}`.
     assert_chat_records_like_python("chat_sharegpt.jsonl", "conversations", "chats");
+    // The same records as one indented JSON array, as ShareGPT dumps (and `datasets`' JSON
+    // files that are not JSON Lines) hold them.
+    assert_chat_records_like_python("chat_sharegpt.json", "conversations", "chats");
 }
 
 #[test]

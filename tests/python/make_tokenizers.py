@@ -899,6 +899,9 @@ def main():
         for record in CHATS:
             assert from_sharegpt(as_sharegpt(record)) == record
             f.write(json.dumps(as_sharegpt(record), ensure_ascii=False) + "\n")
+    # And as ShareGPT dumps hold them: one JSON array, indented, as `json.dump` writes it.
+    with open(os.path.join(out, "chat_sharegpt.json"), "w", encoding="utf-8") as f:
+        json.dump([as_sharegpt(record) for record in CHATS], f, ensure_ascii=False, indent=2)
 
     # The spec's special tokens stand in for the folder's, in the template too.
     overrides = {"bos_token": "</s>", "eos_token": "<unk>"}
