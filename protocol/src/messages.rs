@@ -213,6 +213,13 @@ pub struct TrainSummary {
     pub first_loss: f64,
     #[serde(deserialize_with = "non_finite")]
     pub last_loss: f64,
+    /// The steps whose losses `first_loss` and `last_loss` are, where not `first_step` and
+    /// `steps`: a step whose batch holds no target token has no loss (it is logged as 0), so
+    /// these are of the first and last steps that had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_loss_step: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_loss_step: Option<u64>,
     /// Steps of the run (resumed ones included) whose update the fp16 loss scaler skipped
     /// because the gradients overflowed: `steps` less the updates applied.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -248,7 +255,13 @@ impl TrainSummary {
     /// The steps this process trained, in words: "200 steps", or "steps 301-3000 (resumed
     /// at step 300)" when it resumed.
     pub fn steps_words(&self) -> String {
-        let steps = if self.first_step > 1 {
+        let steps = if self.first_step > 1 && self.first_step == self.steps {
+            format!(
+                "step {} (resumed at step {})",
+                self.steps,
+                self.first_step - 1
+            )
+        } else if self.first_step > 1 {
             format!(
                 "steps {}-{} (resumed at step {})",
                 self.first_step,
@@ -267,10 +280,18 @@ impl TrainSummary {
     /// What `first_loss` is the loss of: the run's "Initial loss", or after a resume the
     /// first step of this attempt, not the run's first.
     pub fn first_loss_label(&self) -> String {
-        if self.first_step > 1 {
-            format!("Loss at step {}", self.first_step)
-        } else {
-            "Initial loss".to_string()
+        match self.first_loss_step {
+            Some(step) => format!("Loss at step {step} (the first with target tokens)"),
+            None if self.first_step > 1 => format!("Loss at step {}", self.first_step),
+            None => "Initial loss".to_string(),
+        }
+    }
+
+    /// What `last_loss` is the loss of: the last step's, or the last one with target tokens.
+    pub fn last_loss_label(&self) -> String {
+        match self.last_loss_step {
+            Some(step) => format!("Final loss (step {step}, the last with target tokens)"),
+            None => "Final loss".to_string(),
         }
     }
 
@@ -443,6 +464,8 @@ mod tests {
             first_step: 11,
             first_loss: f64::NAN,
             last_loss: f64::NAN,
+            first_loss_step: None,
+            last_loss_step: None,
             skipped_steps: 0,
             model_state_bytes_per_rank: 1,
             unsharded_model_state_bytes: 2,
@@ -467,6 +490,8 @@ mod tests {
             first_step: 1,
             first_loss: 1.0,
             last_loss: 0.5,
+            first_loss_step: None,
+            last_loss_step: None,
             skipped_steps: 0,
             model_state_bytes_per_rank: 1,
             unsharded_model_state_bytes: 2,
@@ -497,6 +522,8 @@ mod tests {
             first_step: 1,
             first_loss: 6.25,
             last_loss: 0.28,
+            first_loss_step: None,
+            last_loss_step: None,
             skipped_steps: 0,
             model_state_bytes_per_rank: 1,
             unsharded_model_state_bytes: 2,
@@ -510,13 +537,18 @@ mod tests {
         assert_eq!(fresh.first_loss_label(), "Initial loss");
         let resumed = TrainSummary {
             first_step: 301,
-            ..fresh
+            ..fresh.clone()
         };
         assert_eq!(
             resumed.steps_words(),
             "steps 301-3000 (resumed at step 300)"
         );
         assert_eq!(resumed.first_loss_label(), "Loss at step 301");
+        let one_more = TrainSummary {
+            steps: 301,
+            ..resumed.clone()
+        };
+        assert_eq!(one_more.steps_words(), "step 301 (resumed at step 300)");
         let skipping = TrainSummary {
             skipped_steps: 7,
             ..resumed.clone()
@@ -530,6 +562,21 @@ mod tests {
         json.as_object_mut().unwrap().remove("first_step");
         let old: TrainSummary = serde_json::from_value(json).unwrap();
         assert_eq!(old.first_step, 1);
+        // Steps without target tokens have no loss: the losses are of those that had one.
+        let empty_ends = TrainSummary {
+            first_loss_step: Some(302),
+            last_loss_step: Some(2999),
+            ..resumed
+        };
+        assert_eq!(
+            empty_ends.first_loss_label(),
+            "Loss at step 302 (the first with target tokens)"
+        );
+        assert_eq!(
+            empty_ends.last_loss_label(),
+            "Final loss (step 2999, the last with target tokens)"
+        );
+        assert_eq!(fresh.last_loss_label(), "Final loss");
     }
 
     #[test]

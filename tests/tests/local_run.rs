@@ -199,3 +199,46 @@ fn lines_reach_train_log_while_the_rank_is_still_quiet() {
     let status = wait_for_exit(&mut job, &run, Duration::from_secs(60));
     assert!(status.success(), "{status:?}");
 }
+
+/// A batch whose examples were all truncated before their completion has no target token:
+/// its step is logged with a warning and a loss of 0, and the summary's first loss is that
+/// of the first step that had targets, said so, not the 0.
+#[test]
+fn a_step_without_target_tokens_is_not_the_summarys_first_loss() {
+    let dir = TestDir::new("no-target-step");
+    // In file order: the first example's prompt fills the 16 tokens its completion would
+    // follow; the second fits.
+    dir.write(
+        "pairs.jsonl",
+        &format!(
+            "{{\"prompt\": \"{}\", \"completion\": \"lost\"}}\n{{\"prompt\": \"Q: \", \"completion\": \"A.\"}}\n",
+            "p".repeat(40)
+        ),
+    );
+    let spec = dir.write(
+        "pairs.yaml",
+        "name: pairs\nresources:\n  tasks_per_node: 1\n  cpus_per_task: 1\ntraining:\n  \
+         model: { kind: llama, vocab_size: 257, dim: 16, n_layers: 1, n_heads: 2, ffn_dim: 32 }\n  \
+         data: { kind: jsonl, files: [pairs.jsonl], prompt_field: prompt, completion_field: completion, \
+         tokenizer: { kind: bytes }, seq_len: 16, packing: whole_documents, truncate: true, shuffle: false }\n  \
+         steps: 2\n  total_batch_size: 1\n  batch_size_per_device: 1\n",
+    );
+    let (out, run) = run_local(&dir, &spec, &[], &[], Duration::from_secs(120));
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}\n{}", stderr_of(&out));
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(
+        log.contains("warning: step 1: no target tokens in the whole batch"),
+        "{log}"
+    );
+    let losses = losses(&run);
+    assert_eq!(losses[&1], 0.0, "{losses:?}");
+    assert!(losses[&2] > 1.0 && losses[&2].is_finite(), "{losses:?}");
+    let loss = losses[&2];
+    assert!(
+        log.contains(&format!(
+            "Loss at step 2 (the first with target tokens): {loss:.4}\nFinal loss:   {loss:.4}\n"
+        )) && log.contains(&format!("loss {loss:.4} -> {loss:.4}")),
+        "{log}"
+    );
+}

@@ -406,7 +406,8 @@ impl Trainer {
             self.log(LogLevel::Info, &note);
         }
         let peak_flops = peak_flops.flops();
-        let (mut first_loss, mut last_loss) = (None, f64::NAN);
+        // (step, loss) of the first and last steps with target tokens.
+        let (mut first_loss, mut last_loss) = (None, None);
         let mut diverged = false;
         let mut step_times = Vec::new();
         let mut preempted = false;
@@ -624,7 +625,7 @@ impl Trainer {
                 diverged = true;
                 // A first loss that is not finite comes before any update of this session:
                 // no learning rate made it.
-                let why = match (first_loss.is_none() && !loss.is_finite(), self.step) {
+                let why = match (self.step == first_step + 1 && !loss.is_finite(), self.step) {
                     (true, 1) => {
                         "not from training: before any update, the weights it starts from \
                          (the model folder) or the data hold a value that is not finite"
@@ -646,8 +647,10 @@ impl Trainer {
                     ),
                 );
             }
-            first_loss.get_or_insert(loss);
-            last_loss = loss;
+            if global_tokens > 0.0 {
+                first_loss.get_or_insert((self.step, loss));
+                last_loss = Some((self.step, loss));
+            }
             if self.step.is_multiple_of(cfg.log_every.max(1)) || self.step == cfg.steps {
                 let memory = metrics::Memory::of(self.device);
                 let record = StepMetrics {
@@ -725,7 +728,7 @@ impl Trainer {
         }
         let mut summary = self.summary(
             first_step + 1,
-            first_loss.unwrap_or(f64::NAN),
+            first_loss,
             last_loss,
             tokens_per_step,
             &step_times,
@@ -857,8 +860,8 @@ impl Trainer {
     fn summary(
         &self,
         first_step: u64,
-        first_loss: f64,
-        last_loss: f64,
+        first_loss: Option<(u64, f64)>,
+        last_loss: Option<(u64, f64)>,
         tokens_per_step: f64,
         step_times: &[f64],
     ) -> TrainSummary {
@@ -875,8 +878,14 @@ impl Trainer {
             world_size: cfg.batch.world_size,
             steps: self.step,
             first_step,
-            first_loss,
-            last_loss,
+            first_loss: first_loss.map_or(f64::NAN, |(_, loss)| loss),
+            last_loss: last_loss.map_or(f64::NAN, |(_, loss)| loss),
+            first_loss_step: first_loss
+                .map(|(step, _)| step)
+                .filter(|&step| step != first_step),
+            last_loss_step: last_loss
+                .map(|(step, _)| step)
+                .filter(|&step| step != self.step),
             skipped_steps: self.step.saturating_sub(self.engine.optimizer_steps),
             model_state_bytes_per_rank: self.engine.model_state_bytes(),
             unsharded_model_state_bytes: cfg.model.num_params() * 16,
@@ -977,7 +986,7 @@ pub fn format_summary(s: &TrainSummary) -> String {
     format!(
         "\n{rule}\nFSDP training complete\nSharding strategy: {} ({} rank(s), {})\n\
          Model state per rank: {:.1} MiB (vs {:.1} MiB unsharded)\nModel state savings: {:.1}%\n\
-         Peak memory per rank (highest): {}\n{}: {:.4}\nFinal loss:   {:.4}\n{}\
+         Peak memory per rank (highest): {}\n{:<13} {:.4}\n{:<13} {:.4}\n{}\
          Mean throughput: {:.0} tokens/s{}\n{rule}",
         s.strategy,
         s.world_size,
@@ -986,8 +995,10 @@ pub fn format_summary(s: &TrainSummary) -> String {
         mib(s.unsharded_model_state_bytes),
         savings,
         s.peak_memory_words(),
-        s.first_loss_label(),
+        // "Final loss:" aligned under "Initial loss: ".
+        format!("{}:", s.first_loss_label()),
         s.first_loss,
+        format!("{}:", s.last_loss_label()),
         s.last_loss,
         match (s.eval_loss, s.eval_perplexity) {
             (Some(loss), Some(ppl)) => {
@@ -997,15 +1008,15 @@ pub fn format_summary(s: &TrainSummary) -> String {
         },
         s.mean_tokens_per_s,
         // The first step's allocations and warm-up are left out when there are others.
-        if s.steps > s.first_step {
-            format!(
+        match s.steps - s.first_step {
+            0 => String::new(),
+            1 => format!(" (step {}; step {} warms up)", s.steps, s.first_step),
+            _ => format!(
                 " (steps {}-{}; step {} warms up)",
                 s.first_step + 1,
                 s.steps,
                 s.first_step
-            )
-        } else {
-            String::new()
+            ),
         }
     )
 }
@@ -1149,6 +1160,8 @@ mod tests {
             first_step: 1,
             first_loss: 8.0,
             last_loss: 5.0,
+            first_loss_step: None,
+            last_loss_step: None,
             skipped_steps: 0,
             model_state_bytes_per_rank: 1 << 20,
             unsharded_model_state_bytes: 2 << 20,
@@ -1167,8 +1180,18 @@ mod tests {
             line(&s),
             "Mean throughput: 2697 tokens/s (steps 2-200; step 1 warms up)"
         );
-        (s.first_step, s.steps) = (301, 301);
+        (s.first_step, s.steps) = (301, 302);
+        assert_eq!(
+            line(&s),
+            "Mean throughput: 2697 tokens/s (step 302; step 301 warms up)"
+        );
+        s.steps = 301;
         assert_eq!(line(&s), "Mean throughput: 2697 tokens/s");
+        let text = format_summary(&s);
+        assert!(
+            text.contains("\nLoss at step 301: 8.0000\nFinal loss:   5.0000\n"),
+            "{text}"
+        );
     }
 
     #[test]
