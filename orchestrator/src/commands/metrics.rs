@@ -241,6 +241,12 @@ fn summarise(run: &RunDir, current: &mut CurrentPoints) -> RunMetricsSummary {
 /// swept `lr`, the peak the schedule started from.
 fn metrics_table(runs: &[RunMetricsSummary]) -> String {
     let with_eval = runs.iter().any(|r| r.eval.is_some());
+    // Data with a loss mask (prompt/completion, chat) trains on fewer tokens than it reads.
+    let with_trained = runs.iter().any(|r| {
+        r.record
+            .as_ref()
+            .is_some_and(|m| m.trained_tokens_per_s.is_some())
+    });
     let params = ParamColumns::given(runs.iter().map(|r| &r.sweep_params));
     let mut runs: Vec<&RunMetricsSummary> = runs.iter().collect();
     params.sort(&mut runs, |r| &r.run_dir, |r| &r.sweep_params);
@@ -250,7 +256,11 @@ fn metrics_table(runs: &[RunMetricsSummary]) -> String {
     if with_eval {
         header.extend(["eval loss", "ppl"]);
     }
-    header.extend(["tokens/s", "MFU", "step time", "peak mem"]);
+    header.push("tokens/s");
+    if with_trained {
+        header.push("trained/s");
+    }
+    header.extend(["MFU", "step time", "peak mem"]);
     let dash = || "-".to_string();
     let rows: Vec<Vec<String>> = runs
         .iter()
@@ -297,6 +307,13 @@ fn metrics_table(runs: &[RunMetricsSummary]) -> String {
                 }
             }
             row.push(field(&|m| group_thousands(m.tokens_per_s)));
+            if with_trained {
+                row.push(field(&|m| {
+                    m.trained_tokens_per_s
+                        .map(group_thousands)
+                        .unwrap_or_else(dash)
+                }));
+            }
             row.push(field(&|m| {
                 m.mfu
                     .map(|x| format!("{:.1}%", x * 100.0))
@@ -670,6 +687,32 @@ mod tests {
             "{text}"
         );
         assert_eq!(rows[0]["lr now"], "3.00e-5");
+    }
+
+    #[test]
+    fn data_with_a_loss_mask_shows_the_tokens_trained_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = crate::rundir::running_local_run(dir.path());
+        let record = StepRecord::fold(
+            &[shardrun_protocol::messages::StepMetrics {
+                step: 1,
+                loss: 2.0,
+                tokens_per_s: 12_000.0,
+                trained_tokens_per_s: Some(3_386.4),
+                ..Default::default()
+            }],
+            0.0,
+        );
+        std::fs::write(
+            run.metrics(),
+            serde_json::to_string(&record).unwrap() + "\n",
+        )
+        .unwrap();
+        let rows = cells(&metrics_table(&[summary(&run)]));
+        assert_eq!(
+            (rows[0]["tokens/s"].as_str(), rows[0]["trained/s"].as_str()),
+            ("12,000", "3,386")
+        );
     }
 
     #[test]
