@@ -6,9 +6,9 @@
 //! `tool_use` and the others with `default`, as `transformers` picks them.
 //!
 //! Messages are `{role, content}` objects, or ShareGPT's `{from, value}` (`human` is the
-//! user, `gpt` the assistant). A record of TRL's conversational
-//! prompt-completion (`prompt` and `completion` lists of messages) trains what follows the
-//! prompt, as TRL's completion-only loss does.
+//! user, `gpt` the assistant). A record of TRL's conversational prompt-completion (`prompt`
+//! and `completion` lists of messages) trains what follows the prompt, as TRL's
+//! completion-only loss does.
 //!
 //! Which characters the assistant wrote: where the template has `{% generation %}` blocks,
 //! what they render, as `transformers`' `return_assistant_tokens_mask` (and so TRL's
@@ -340,13 +340,11 @@ impl ChatTemplate {
             );
         }
         let completion = prompt.len()..full.len();
-        Ok((
-            full,
-            vec![completion]
-                .into_iter()
-                .filter(|c| !c.is_empty())
-                .collect(),
-        ))
+        let spans = match completion.is_empty() {
+            true => Vec::new(),
+            false => vec![completion],
+        };
+        Ok((full, spans))
     }
 
     /// The whole conversation and the byte ranges of it the assistant wrote.

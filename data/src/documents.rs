@@ -1,9 +1,10 @@
 //! Reading data files into documents: whole files, lines or separated pieces of text, JSONL
 //! records (a text field, or a prompt and its completion), chat records (messages, or a
-//! prompt and a completion of messages). Files are read in
-//! order, in batches of about a given size, so tokenization can run on one batch while the
-//! next is read; a file of lines or separated pieces is read a record at a time, so memory
-//! holds a batch, not the file. A leading UTF-8 byte-order mark is not text.
+//! prompt and a completion of messages), records a line each or in one JSON array. Files
+//! are read in order, in batches of about a given size, so tokenization can run on one batch
+//! while the next is read; a file of lines, separated pieces or array elements is read a
+//! record at a time, so memory holds a batch, not the file. A leading UTF-8 byte-order mark
+//! is not text.
 
 use crate::chat::{self, messages_of, prompt_completion_of};
 use crate::error::{DataError, Origin, Result, SKIP_HINT};
