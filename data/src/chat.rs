@@ -541,12 +541,25 @@ pub fn prompt_completion_of(
     if record.kind() != ValueKind::Map || prompt.is_undefined() || completion.is_undefined() {
         return Ok(None);
     }
-    if prompt.kind() == ValueKind::String || completion.kind() == ValueKind::String {
-        return Err(format!(
-            "`{PROMPT}` and `{COMPLETION}` are text, not lists of messages: records of a \
-             prompt and its completion as text are `kind: jsonl` data (trained on the \
-             completion alone)"
-        ));
+    match (prompt.kind(), completion.kind()) {
+        (ValueKind::String, ValueKind::String) => {
+            return Err(format!(
+                "`{PROMPT}` and `{COMPLETION}` are text, not lists of messages: records of a \
+                 prompt and its completion as text are `kind: jsonl` data (trained on the \
+                 completion alone)"
+            ))
+        }
+        (ValueKind::String, _) | (_, ValueKind::String) => {
+            let text = match prompt.kind() {
+                ValueKind::String => PROMPT,
+                _ => COMPLETION,
+            };
+            return Err(format!(
+                "`{text}` is text, not a list of messages: a conversational prompt-completion \
+                 record holds lists of messages in both `{PROMPT}` and `{COMPLETION}`"
+            ));
+        }
+        _ => {}
     }
     // "message 2 has ..." says which list: "completion message 2 has ...".
     let read = |list: &Value, field: &str| {
@@ -571,11 +584,13 @@ fn messages_in(messages: &Value, field: &str) -> std::result::Result<Vec<Value>,
         return Err(format!("field `{field}` is not a list of messages"));
     }
     let mut list = Vec::new();
-    let mut sharegpt = Vec::new();
+    // Per message: whether its role is ShareGPT's `from`, and its keys as written.
+    let mut written = Vec::new();
     for message in messages.try_iter().map_err(|e| e.to_string())? {
         let message = without_nulls(message).map_err(|e| e.to_string())?;
+        let keys = keys_of(&message);
         let (message, role_from) = from_sharegpt(message).map_err(|e| e.to_string())?;
-        sharegpt.push(role_from);
+        written.push((role_from, keys));
         list.push(message);
     }
     if list.is_empty() {
@@ -587,10 +602,10 @@ fn messages_in(messages: &Value, field: &str) -> std::result::Result<Vec<Value>,
         }
         match role(message) {
             Some(r) if ROLES.contains(&r.as_str()) => {}
-            Some(r) if sharegpt[i] => {
+            Some(r) if written[i].0 => {
                 return Err(format!(
                     "message {} is from `{r}`; chat data takes ShareGPT's `from` human, gpt \
-                     (read as user, assistant; any case) and the roles {}",
+                     (read as user, assistant) and the roles {} (any case)",
                     i + 1,
                     ROLES.join(", ")
                 ))
@@ -608,7 +623,7 @@ fn messages_in(messages: &Value, field: &str) -> std::result::Result<Vec<Value>,
                      `{{\"role\": ..., \"content\": ...}}` or ShareGPT's \
                      `{{\"from\": ..., \"value\": ...}}`",
                     i + 1,
-                    keys_of(message).join(", ")
+                    written[i].1.join(", ")
                 ));
             }
         }
@@ -619,9 +634,10 @@ fn messages_in(messages: &Value, field: &str) -> std::result::Result<Vec<Value>,
 /// A message with ShareGPT's keys (`{"from": "human", "value": ...}`) as a `{role, content}`
 /// one, and whether its role is ShareGPT's `from`. As TRL's `maybe_convert_to_chatml`, each
 /// key on its own: `from` is the role (unless there is a `role`), `value` the content
-/// (unless there is a `content`); other keys stay. ShareGPT's speakers `human` and `gpt`
-/// (any case) are the user and the assistant, as axolotl and LLaMA-Factory read them: chat
-/// templates know no others.
+/// (unless there is a `content`; TRL lets `from` and `value` win); other keys stay.
+/// ShareGPT's speakers `human` and `gpt` are the user and the assistant, as axolotl and
+/// LLaMA-Factory read them, chat templates knowing no others; speakers are read in any case
+/// (`Human`, `System`).
 fn from_sharegpt(message: Value) -> std::result::Result<(Value, bool), Error> {
     if message.kind() != ValueKind::Map {
         return Ok((message, false));
@@ -632,6 +648,7 @@ fn from_sharegpt(message: Value) -> std::result::Result<(Value, bool), Error> {
         Some(from) if !has("role") => Some(match from.to_lowercase().as_str() {
             "human" => "user".to_string(),
             "gpt" => "assistant".to_string(),
+            known if ROLES.contains(&known) => known.to_string(),
             _ => from.to_string(),
         }),
         _ => None,
@@ -1225,10 +1242,20 @@ mod tests {
             err.starts_with("message 1 is from `observation`; chat data takes ShareGPT's"),
             "{err}"
         );
+        // The keys as the record writes them.
         let err = refused(r#"{"conversations": [{"from": 1, "value": "x"}]}"#);
         assert!(
-            err.starts_with("message 1 has no string `role` (it has: from, content)"),
+            err.starts_with("message 1 has no string `role` (it has: from, value)"),
             "{err}"
+        );
+        let err = refused(r#"{"conversations": [{"value": "x"}]}"#);
+        assert!(
+            err.starts_with("message 1 has no string `role` (it has: value)"),
+            "{err}"
+        );
+        assert_eq!(
+            read(r#"{"conversations": [{"from": "System", "value": "s"}]}"#),
+            ["{'role': 'system', 'content': 's'}"]
         );
     }
 
@@ -1256,6 +1283,12 @@ mod tests {
 
         // Not this form: no error, the record is read as messages.
         assert!(read(r#"{"messages": [], "prompt": []}"#).unwrap().is_none());
+        let err = read(r#"{"prompt": [{"role": "user", "content": "hi"}], "completion": "yo"}"#)
+            .unwrap_err();
+        assert!(
+            err.starts_with("`completion` is text, not a list of messages"),
+            "{err}"
+        );
         let err = read(r#"{"prompt": "2 + 2 =", "completion": " 4"}"#).unwrap_err();
         assert!(
             err.contains("records of a prompt and its completion as text are `kind: jsonl`"),

@@ -348,6 +348,11 @@ impl<'a> DocumentReader<'a> {
                     batch.documents.push(Document { body, file, line });
                 }
                 Err(refused) => {
+                    // A record of several lines that is not JSON: the line of the file where.
+                    let refused = match serde_json::from_str::<serde_json::Value>(text) {
+                        Err(e) if e.line() > 1 => not_a_record_from(e, line),
+                        _ => refused,
+                    };
                     self.refuse(origin, refused)?;
                     return Ok(true);
                 }
@@ -590,6 +595,12 @@ impl MissingField {
 /// Why a line is not JSON, where in the line: serde's own "at line 1 column N" would read as
 /// a contradiction next to the file's line number.
 fn not_a_record(e: serde_json::Error) -> Refused {
+    not_a_record_from(e, 1)
+}
+
+/// [`not_a_record`] for a record whose text starts on line `first_line` of its file (an
+/// element of a JSON array): where it is wrong past its first line, the file's line says.
+fn not_a_record_from(e: serde_json::Error, first_line: u64) -> Refused {
     let text = e.to_string();
     let why = text
         .strip_suffix(&format!(" at line {} column {}", e.line(), e.column()))
@@ -601,9 +612,14 @@ fn not_a_record(e: serde_json::Error) -> Refused {
     } else {
         why
     };
-    match e.column() {
-        0 => format!("not a JSON record ({why})").into(),
-        column => format!("not a JSON record ({why} at column {column})").into(),
+    match (e.line(), e.column()) {
+        (_, 0) => format!("not a JSON record ({why})").into(),
+        (0 | 1, column) => format!("not a JSON record ({why} at column {column})").into(),
+        (line, column) => format!(
+            "not a JSON record ({why} at line {}, column {column})",
+            first_line + line as u64 - 1
+        )
+        .into(),
     }
 }
 

@@ -30,6 +30,9 @@ pub struct Encoded {
     /// A chat: whether the end-of-document token is a training target in it (the template
     /// ends an assistant turn with it).
     pub chat_trains_eos: Option<bool>,
+    /// A chat: the last token it trains that is not white space, what its trained turns end
+    /// with (a newline the template writes after the end-of-turn token is not the end).
+    pub turn_end: Option<u32>,
 }
 
 pub struct Encoder<'a> {
@@ -49,6 +52,7 @@ impl Encoder<'_> {
                     mask: Vec::new(),
                     merged_boundary: None,
                     chat_trains_eos: None,
+                    turn_end: None,
                 })
             }
             Body::PromptCompletion { prompt, completion } => {
@@ -56,12 +60,7 @@ impl Encoder<'_> {
                 let encoding = self.tokenizer.encode(&text, true, true)?;
                 let completion = prompt.len()..text.len();
                 let mut mask = mask_of(&encoding.offsets, std::slice::from_ref(&completion));
-                let merged_boundary = encoding
-                    .offsets
-                    .iter()
-                    .find(|&&(start, end)| start < completion.start && completion.start < end)
-                    .and_then(|&(start, end)| text.get(start..end))
-                    .map(str::to_string);
+                let merged_boundary = merged_boundary(&encoding.offsets, &text, completion.start);
                 // What the post-processor appends after the text (`</s>` of a Llama 2 folder
                 // saved with `add_eos_token`) holds no text, so the overlap rule leaves it
                 // out; it ends the completion: trained, like the end-of-document token.
@@ -78,6 +77,7 @@ impl Encoder<'_> {
                     mask,
                     merged_boundary,
                     chat_trains_eos: None,
+                    turn_end: None,
                 })
             }
             Body::Chat {
@@ -96,6 +96,23 @@ impl Encoder<'_> {
                 };
                 let encoding = self.tokenizer.encode(&text, false, true)?;
                 let mut mask = mask_of(&encoding.offsets, &spans);
+                // A completion's first characters in the prompt's last token (a generation
+                // prompt ending in a space): as for text prompt/completion records.
+                let merged_boundary = match (prompt_len, spans.first()) {
+                    (Some(_), Some(completion)) => {
+                        merged_boundary(&encoding.offsets, &text, completion.start)
+                    }
+                    _ => None,
+                };
+                let turn_end = mask
+                    .iter()
+                    .zip(&encoding.offsets)
+                    .zip(&encoding.ids)
+                    .rev()
+                    .find(|((&m, &(start, end)), _)| {
+                        m == 1 && text.get(start..end).is_none_or(|t| !t.trim().is_empty())
+                    })
+                    .map(|(_, &id)| id);
                 // A template that ends its last turn with the end-of-document token and then
                 // a newline (ChatML with `<|im_end|>` as eos) has ended the chat already;
                 // another eos after the newline is a token the model never sees in use.
@@ -108,12 +125,23 @@ impl Encoder<'_> {
                 Ok(Encoded {
                     tokens,
                     mask,
-                    merged_boundary: None,
+                    merged_boundary,
                     chat_trains_eos: Some(trains_eos),
+                    turn_end,
                 })
             }
         }
     }
+}
+
+/// The text of the token that holds both the character before `at` and the one at it: a
+/// prompt's last characters and its completion's first, encoded as one token.
+fn merged_boundary(offsets: &[(usize, usize)], text: &str, at: usize) -> Option<String> {
+    offsets
+        .iter()
+        .find(|&&(start, end)| start < at && at < end)
+        .and_then(|&(start, end)| text.get(start..end))
+        .map(str::to_string)
 }
 
 /// 1 for every token whose text overlaps one of `spans` (as `transformers` marks a token

@@ -112,9 +112,7 @@ impl CorpusWriter {
             self.written.chats += 1;
             self.written.chats_training_eos += u64::from(trains_eos);
             if !trains_eos && self.written.first_turn_end.is_none() {
-                let last_trained = document.mask.iter().rposition(|&m| m == 1);
-                self.written.first_turn_end =
-                    last_trained.map(|i| (file, line, document.tokens[i]));
+                self.written.first_turn_end = document.turn_end.map(|id| (file, line, id));
             }
         }
         if let Some(token) = &document.merged_boundary {

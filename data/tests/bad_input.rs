@@ -299,6 +299,27 @@ fn a_json_array_of_records_is_read_and_its_bad_records_named_by_line() {
         ]
     );
 
+    // A record not JSON past its first line: the file's line where.
+    let broken = write(
+        dir.path(),
+        "broken.json",
+        "[\n  {\n    \"instruction\": \"a\",\n    \"output\" \"b\"\n  }\n]\n",
+    );
+    let c = dataset(
+        pairs.with_files(vec![broken.clone()]),
+        TokenizerConfig::Bytes,
+        64,
+        &dir.path().join("d"),
+    );
+    let err = fails(&c, None);
+    assert!(
+        err.starts_with(&format!(
+            "{}:2: not a JSON record (expected `:` at line 4, column 14)",
+            broken.display()
+        )),
+        "{err}"
+    );
+
     // Cut short inside the last record: named where that record starts.
     let good = format!("[\n    {},\n    {}\n]\n", records[0], records[2]);
     let cut = write(dir.path(), "cut.json", &good[..good.len() - 12]);
@@ -389,7 +410,8 @@ fn sharegpt_messages_from_a_speaker_without_a_role_are_named() {
     assert!(
         err.starts_with(&format!(
             "{}:2: message 2 is from `observation`; chat data takes ShareGPT's `from` human, gpt \
-             (read as user, assistant; any case) and the roles system, developer, user, assistant, tool, ipython",
+             (read as user, assistant) and the roles system, developer, user, assistant, tool, ipython \
+             (any case)",
             path.display()
         )),
         "{err}"
@@ -433,6 +455,38 @@ fn sharegpt_messages_from_a_speaker_without_a_role_are_named() {
 }
 
 #[test]
+fn a_completion_merged_into_the_generation_prompts_last_token_is_counted() {
+    // The generation prompt ends in a space, and the byte-level tokenizer writes a space
+    // with the word after it: ` return` holds the prompt's last character.
+    let dir = tempfile::tempdir().unwrap();
+    let template = write(
+        dir.path(),
+        "spaced.jinja",
+        "{% for m in messages %}{{ m.role + ': ' + m.content + '\\n' }}{% endfor %}\
+         {% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}",
+    );
+    let pairs = write(
+        dir.path(),
+        "pairs.jsonl",
+        "{\"prompt\": [{\"role\": \"user\", \"content\": \"f?\"}], \"completion\": [{\"role\": \"assistant\", \"content\": \"return x\"}]}\n",
+    );
+    let source = DataSource::Chat {
+        files: vec![pairs.clone()],
+        messages_field: "messages".into(),
+        chat_template: Some(template),
+        chat_template_kwargs: Default::default(),
+    };
+    let c = dataset(source, hf("bpe"), 64, &dir.path().join("cache"));
+    let data = open(&c, None).unwrap();
+    let manifest = &data.train().corpus().manifest;
+    assert_eq!(manifest.merged_boundaries, 1);
+    assert_eq!(
+        manifest.first_merged_boundary,
+        Some((format!("{}:1", pairs.display()), " return".to_string()))
+    );
+}
+
+#[test]
 fn chats_that_never_train_the_end_of_document_token_are_warned_about() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(
@@ -471,6 +525,29 @@ fn chats_that_never_train_the_end_of_document_token_are_warned_about() {
              the chat template ends assistant turns with \"<|im_end|>\""
         ) && text.contains("set `tokenizer.eos_token: \"<|im_end|>\"`"),
         "the template's own end of turn is named: {text}"
+    );
+    // A prompt-completion record trains the newline after the turn's end too: still the
+    // end of turn is what its training ends with.
+    let pairs = write(
+        dir.path(),
+        "pairs.jsonl",
+        "{\"prompt\": [{\"role\": \"user\", \"content\": \"hi\"}], \"completion\": [{\"role\": \"assistant\", \"content\": \"yo\"}]}\n",
+    );
+    let other = TokenizerConfig::HuggingFace {
+        path: fixture().join("bpe"),
+        bos_token: None,
+        eos_token: Some("<|endoftext|>".into()),
+    };
+    let c = dataset(
+        chat(&pairs, "messages"),
+        other,
+        64,
+        &dir.path().join("pairs"),
+    );
+    let text = warning(&open(&c, None).unwrap());
+    assert!(
+        text.contains("the chat template ends assistant turns with \"<|im_end|>\""),
+        "{text}"
     );
     // A `{% generation %}` block around the content alone trains no end of turn at all.
     let template = write(

@@ -1008,7 +1008,7 @@ pub fn format_summary(s: &TrainSummary) -> String {
         },
         s.mean_tokens_per_s,
         // The first step's allocations and warm-up are left out when there are others.
-        match s.steps - s.first_step {
+        match s.steps.saturating_sub(s.first_step) {
             0 => String::new(),
             1 => format!(" (step {}; step {} warms up)", s.steps, s.first_step),
             _ => format!(
