@@ -92,6 +92,12 @@ const OPTIONAL_FIELDS: [&str; 8] = [
 ];
 
 impl StepRecord {
+    /// The step's loss, `None` for a step whose batch held no target token (0 stands in
+    /// the record): plots and tables leave it out.
+    pub fn loss(&self) -> Option<f64> {
+        shardrun_protocol::messages::has_loss(self.trained_tokens_per_s).then_some(self.loss)
+    }
+
     /// Whether the step left the weights non-finite: its loss was NaN or inf, or its
     /// gradients were and were applied (an fp16 loss scaler skips such a step, and says so
     /// with its `loss_scale`). The loss of a step is computed before its update: the

@@ -251,6 +251,25 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+impl StepMetrics {
+    /// The step's loss, `None` for a step whose batch held no target token (every example
+    /// truncated before what it trains): it has no loss, and 0 stands in the record.
+    pub fn loss(&self) -> Option<f64> {
+        has_loss(self.trained_tokens_per_s).then_some(self.loss)
+    }
+}
+
+/// Whether a step of `trained_tokens_per_s` (the whole batch's target tokens a second) had a
+/// loss: `None` (every token a target) or more than none.
+pub fn has_loss(trained_tokens_per_s: Option<f64>) -> bool {
+    trained_tokens_per_s != Some(0.0)
+}
+
+/// `2.3456`, or `-` for a step without a loss ([`StepMetrics::loss`]).
+pub fn loss_text(loss: Option<f64>) -> String {
+    loss.map_or_else(|| "-".into(), |l| format!("{l:.4}"))
+}
+
 impl TrainSummary {
     /// The steps this process trained, in words: "200 steps", or "steps 301-3000 (resumed
     /// at step 300)" when it resumed.
@@ -511,6 +530,20 @@ mod tests {
             gpu.peak_memory_words(),
             "1234 MiB allocated, 2345 MiB reserved"
         );
+    }
+
+    #[test]
+    fn a_step_without_target_tokens_has_no_loss() {
+        let step = |trained| StepMetrics {
+            loss: 0.0,
+            trained_tokens_per_s: trained,
+            ..Default::default()
+        };
+        assert_eq!(step(Some(0.0)).loss(), None);
+        assert_eq!(step(Some(12.0)).loss(), Some(0.0));
+        assert_eq!(step(None).loss(), Some(0.0), "every token a target");
+        assert_eq!(loss_text(None), "-");
+        assert_eq!(loss_text(Some(2.34567)), "2.3457");
     }
 
     #[test]

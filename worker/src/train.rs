@@ -20,7 +20,9 @@ use crate::{control, host, metrics};
 use shardrun_data::dataset::thousands;
 use shardrun_models::source::ParamSource;
 use shardrun_protocol::config::{DType, DeviceKind, TrainConfig};
-use shardrun_protocol::messages::{signal_name, EvalMetrics, LogLevel, StepMetrics, TrainSummary};
+use shardrun_protocol::messages::{
+    loss_text, signal_name, EvalMetrics, LogLevel, StepMetrics, TrainSummary,
+};
 use shardrun_protocol::mib;
 use shardrun_protocol::schedule::Schedule;
 use std::sync::Arc;
@@ -941,8 +943,8 @@ pub fn format_metrics(m: &StepMetrics, steps: u64, rss_baseline: Option<u64>) ->
         .map(|t| format!(" ({t:.0} trained)"))
         .unwrap_or_default();
     let mut line = format!(
-        "step {}/{steps} | loss {:.4} | lr {:.3e} | grad norm {:.3} | {:.3} s | {:.0} tok/s{trained} | state {:.1} MiB",
-        m.step, m.loss, m.lr, m.grad_norm, m.step_time_s, m.tokens_per_s, mib(m.model_state_bytes)
+        "step {}/{steps} | loss {} | lr {:.3e} | grad norm {:.3} | {:.3} s | {:.0} tok/s{trained} | state {:.1} MiB",
+        m.step, loss_text(m.loss()), m.lr, m.grad_norm, m.step_time_s, m.tokens_per_s, mib(m.model_state_bytes)
     );
     match (m.peak_reserved_bytes, rss_baseline) {
         (Some(reserved), _) => line.push_str(&format!(
@@ -1208,15 +1210,31 @@ mod tests {
             line.contains("| 1000 tok/s (800 trained) | state"),
             "{line}"
         );
+        assert!(line.starts_with("step 3/10 | loss 2.5000 |"), "{line}");
         let synthetic = format_metrics(
             &StepMetrics {
                 trained_tokens_per_s: None,
-                ..m
+                ..m.clone()
             },
             10,
             None,
         );
         assert!(synthetic.contains("| 1000 tok/s | state"), "{synthetic}");
+        assert!(
+            synthetic.starts_with("step 3/10 | loss 2.5000 |"),
+            "{synthetic}"
+        );
+        // A batch without target tokens has no loss (0 stands in the record).
+        let empty = format_metrics(
+            &StepMetrics {
+                loss: 0.0,
+                trained_tokens_per_s: Some(0.0),
+                ..m
+            },
+            10,
+            None,
+        );
+        assert!(empty.starts_with("step 3/10 | loss - |"), "{empty}");
     }
 
     #[test]

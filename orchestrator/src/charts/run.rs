@@ -110,7 +110,7 @@ impl RunFigure {
         let raw: Vec<Point> = self
             .steps
             .iter()
-            .map(|r| (r.step as f64, transform(r.loss)))
+            .filter_map(|r| Some((r.step as f64, transform(r.loss()?))))
             .collect();
         let evals: Vec<Point> = self
             .evals

@@ -143,7 +143,7 @@ impl SweepFigure {
             let raw: Vec<Point> = point
                 .steps
                 .iter()
-                .map(|r| (r.step as f64, self.transform(r.loss)))
+                .filter_map(|r| Some((r.step as f64, self.transform(r.loss()?))))
                 .collect();
             let shown = if self.smoothing > 0.0 {
                 ema(&raw, self.smoothing)
@@ -230,7 +230,7 @@ impl SweepFigure {
             .filter_map(|p| {
                 let last = match validation {
                     true => p.evals.last().map(|&(_, loss)| loss),
-                    false => p.steps.last().map(|r| r.loss),
+                    false => p.steps.iter().rev().find_map(|r| r.loss()),
                 };
                 // A point that diverged has no final loss, nor a place on the axis.
                 let loss = last.filter(|l| l.is_finite())?;

@@ -13,6 +13,7 @@ use crate::stragglers::{self, StragglerReport};
 use crate::sweeps::journal::CurrentPoints;
 use crate::sweeps::labels::{marked_superseded, ParamColumns, SUPERSEDED_NOTE};
 use serde::Serialize;
+use shardrun_protocol::messages::loss_text;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -284,7 +285,7 @@ fn metrics_table(runs: &[RunMetricsSummary]) -> String {
                 (None, _) => dash(),
             });
             let field = |f: &dyn Fn(&StepRecord) -> String| latest.map(f).unwrap_or_else(dash);
-            row.push(field(&|m| format!("{:.4}", m.loss)));
+            row.push(field(&|m| loss_text(m.loss())));
             row.push(field(&|m| format!("{:.2e}", m.lr)));
             row.push(field(&|m| format!("{:.3}", m.grad_norm)));
             if with_eval {
@@ -712,6 +713,28 @@ mod tests {
         assert_eq!(
             (rows[0]["tokens/s"].as_str(), rows[0]["trained/s"].as_str()),
             ("12,000", "3,386")
+        );
+        assert_eq!(rows[0]["loss"], "2.0000");
+        // A step whose batch held no target token has no loss to show.
+        let empty = StepRecord::fold(
+            &[shardrun_protocol::messages::StepMetrics {
+                step: 2,
+                loss: 0.0,
+                trained_tokens_per_s: Some(0.0),
+                ..Default::default()
+            }],
+            0.0,
+        );
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(run.metrics())
+            .unwrap();
+        let line = serde_json::to_string(&empty).unwrap() + "\n";
+        std::io::Write::write_all(&mut file, line.as_bytes()).unwrap();
+        let rows = cells(&metrics_table(&[summary(&run)]));
+        assert_eq!(
+            (rows[0]["loss"].as_str(), rows[0]["trained/s"].as_str()),
+            ("-", "0")
         );
     }
 

@@ -10,6 +10,7 @@ use crate::sweeps::journal::CurrentPoints;
 use crate::sweeps::labels::{ParamColumns, PointParams};
 use crate::{charts, events_file, metrics_file};
 use anyhow::bail;
+use shardrun_protocol::messages::loss_text;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, clap::Args)]
@@ -79,7 +80,7 @@ fn plot_run(args: &Args) -> anyhow::Result<()> {
         );
     }
     let events = events_file::read(&args.run.join("events.jsonl"))?;
-    let last = metrics.steps.last().map(|r| (r.step, r.loss, r.ranks));
+    let last = metrics.steps.last().map(|r| (r.step, r.loss(), r.ranks));
     let params = crate::rundir::RunDir::open(&args.run)
         .and_then(|run| run.read_manifest())
         .map(|m| m.sweep_params)
@@ -136,7 +137,7 @@ fn run_title(
     name: &str,
     params: &PointParams,
     siblings: &[PointParams],
-    last: Option<(u64, f64, u64)>,
+    last: Option<(u64, Option<f64>, u64)>,
 ) -> String {
     let mut title = name.to_string();
     if !params.is_empty() {
@@ -144,7 +145,10 @@ fn run_title(
         title.push_str(&format!(" ({values})"));
     }
     if let Some((step, loss, ranks)) = last {
-        title.push_str(&format!(": step {step}, loss {loss:.4}, {ranks} rank(s)"));
+        title.push_str(&format!(
+            ": step {step}, loss {}, {ranks} rank(s)",
+            loss_text(loss)
+        ));
     }
     title
 }
@@ -327,7 +331,7 @@ mod tests {
         ]
         .into();
         assert_eq!(
-            run_title("lrs-d095a6c3", &params, &[], Some((1500, 5.5529, 2))),
+            run_title("lrs-d095a6c3", &params, &[], Some((1500, Some(5.5529), 2))),
             "lrs-d095a6c3 (lr=3e-3, seed=1): step 1500, loss 5.5529, 2 rank(s)"
         );
         // 0.03 alone reads shortest as it is; beside 3e-3 the sweep's tables write 3e-2.
@@ -342,8 +346,18 @@ mod tests {
             "lrs-1 (lr=3e-2, seed=1)"
         );
         assert_eq!(
-            run_title("demo", &PointParams::new(), &[], Some((200, 4.8841, 2))),
+            run_title(
+                "demo",
+                &PointParams::new(),
+                &[],
+                Some((200, Some(4.8841), 2))
+            ),
             "demo: step 200, loss 4.8841, 2 rank(s)"
+        );
+        // A last step whose batch held no target token.
+        assert_eq!(
+            run_title("demo", &PointParams::new(), &[], Some((200, None, 2))),
+            "demo: step 200, loss -, 2 rank(s)"
         );
     }
 }

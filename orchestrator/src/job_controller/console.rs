@@ -4,7 +4,7 @@
 
 use super::clock;
 use indicatif::{ProgressBar, ProgressStyle};
-use shardrun_protocol::messages::{EvalMetrics, StepMetrics};
+use shardrun_protocol::messages::{loss_text, EvalMetrics, StepMetrics};
 use std::time::Instant;
 
 pub struct Console {
@@ -81,8 +81,8 @@ impl Console {
 
     pub fn progress(&mut self, m: &StepMetrics) {
         let summary = format!(
-            "loss {:.4}  lr {:.2e}  grad norm {:.3}  {} tok/s{}{}{}",
-            m.loss,
+            "loss {}  lr {:.2e}  grad norm {:.3}  {} tok/s{}{}{}",
+            loss_text(m.loss()),
             m.lr,
             m.grad_norm,
             group_thousands(m.tokens_per_s),
