@@ -584,14 +584,14 @@ fn messages_in(messages: &Value, field: &str) -> std::result::Result<Vec<Value>,
         return Err(format!("field `{field}` is not a list of messages"));
     }
     let mut list = Vec::new();
-    // Per message: whether its role is ShareGPT's `from`, and its keys as written.
+    // Per message: whether its role is ShareGPT's `from`, and the message as written (a
+    // shared handle; its keys are read only for an error).
     let mut written = Vec::new();
     for message in messages.try_iter().map_err(|e| e.to_string())? {
         let message = without_nulls(message).map_err(|e| e.to_string())?;
-        let keys = keys_of(&message);
-        let (message, role_from) = from_sharegpt(message).map_err(|e| e.to_string())?;
-        written.push((role_from, keys));
-        list.push(message);
+        let (read, role_from) = from_sharegpt(message.clone()).map_err(|e| e.to_string())?;
+        written.push((role_from, message));
+        list.push(read);
     }
     if list.is_empty() {
         return Err(format!("field `{field}` holds no messages"));
@@ -623,7 +623,7 @@ fn messages_in(messages: &Value, field: &str) -> std::result::Result<Vec<Value>,
                      `{{\"role\": ..., \"content\": ...}}` or ShareGPT's \
                      `{{\"from\": ..., \"value\": ...}}`",
                     i + 1,
-                    written[i].1.join(", ")
+                    keys_of(&written[i].1).join(", ")
                 ));
             }
         }

@@ -293,11 +293,8 @@ impl<'a> DocumentReader<'a> {
             if text.trim().is_empty() {
                 continue;
             }
-            // A field the first record lacks, likely no record has: skipping would leave
-            // nothing, so the fix is the field's name. Worked out for that record only: it is
-            // the one shown when it stops the preparation, or when every record is skipped.
-            let hint = self.read == 0 && self.skipped.is_empty();
-            let body = match parse_record(self.source, text, hint) {
+            let body = match parse_record(self.source, text, first_record(self.read, &self.skipped))
+            {
                 Ok(body) => body,
                 Err(refused) => {
                     self.refuse(origin, refused)?;
@@ -341,8 +338,7 @@ impl<'a> DocumentReader<'a> {
                 self.bad(origin, "not UTF-8 text")?;
                 return Ok(true);
             };
-            let hint = self.read == 0 && self.skipped.is_empty();
-            match parse_record(self.source, text, hint) {
+            match parse_record(self.source, text, first_record(self.read, &self.skipped)) {
                 Ok(body) => {
                     self.read += 1;
                     batch.documents.push(Document { body, file, line });
@@ -498,6 +494,15 @@ impl<'a> DocumentReader<'a> {
             }
         }
     }
+}
+
+/// Whether the record being read is the first (none `read` or `skipped` before it): a
+/// field it lacks, likely no record has (skipping would leave nothing), so its error works
+/// out the field meant. Only for that record: it is the one shown when it stops the
+/// preparation, or when every record is skipped. (Fields, not `&self`: the open file is
+/// borrowed while a record is read.)
+fn first_record(read: u64, skipped: &[Skipped]) -> bool {
+    read == 0 && skipped.is_empty()
 }
 
 /// A compressed file read as text is not a bad record to skip but the wrong file: a

@@ -694,21 +694,23 @@ mod tests {
     fn data_with_a_loss_mask_shows_the_tokens_trained_on() {
         let dir = tempfile::tempdir().unwrap();
         let run = crate::rundir::running_local_run(dir.path());
-        let record = StepRecord::fold(
-            &[shardrun_protocol::messages::StepMetrics {
-                step: 1,
-                loss: 2.0,
-                tokens_per_s: 12_000.0,
-                trained_tokens_per_s: Some(3_386.4),
-                ..Default::default()
-            }],
-            0.0,
-        );
-        std::fs::write(
-            run.metrics(),
-            serde_json::to_string(&record).unwrap() + "\n",
-        )
-        .unwrap();
+        // One rank's step appended to the run's metrics.jsonl.
+        let append = |m: shardrun_protocol::messages::StepMetrics| {
+            let line = serde_json::to_string(&StepRecord::fold(&[m], 0.0)).unwrap() + "\n";
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(run.metrics())
+                .unwrap();
+            std::io::Write::write_all(&mut file, line.as_bytes()).unwrap();
+        };
+        append(shardrun_protocol::messages::StepMetrics {
+            step: 1,
+            loss: 2.0,
+            tokens_per_s: 12_000.0,
+            trained_tokens_per_s: Some(3_386.4),
+            ..Default::default()
+        });
         let rows = cells(&metrics_table(&[summary(&run)]));
         assert_eq!(
             (rows[0]["tokens/s"].as_str(), rows[0]["trained/s"].as_str()),
@@ -716,21 +718,12 @@ mod tests {
         );
         assert_eq!(rows[0]["loss"], "2.0000");
         // A step whose batch held no target token has no loss to show.
-        let empty = StepRecord::fold(
-            &[shardrun_protocol::messages::StepMetrics {
-                step: 2,
-                loss: 0.0,
-                trained_tokens_per_s: Some(0.0),
-                ..Default::default()
-            }],
-            0.0,
-        );
-        let mut file = std::fs::OpenOptions::new()
-            .append(true)
-            .open(run.metrics())
-            .unwrap();
-        let line = serde_json::to_string(&empty).unwrap() + "\n";
-        std::io::Write::write_all(&mut file, line.as_bytes()).unwrap();
+        append(shardrun_protocol::messages::StepMetrics {
+            step: 2,
+            loss: 0.0,
+            trained_tokens_per_s: Some(0.0),
+            ..Default::default()
+        });
         let rows = cells(&metrics_table(&[summary(&run)]));
         assert_eq!(
             (rows[0]["loss"].as_str(), rows[0]["trained/s"].as_str()),
