@@ -220,6 +220,10 @@ pub struct TrainSummary {
     pub first_loss_step: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_loss_step: Option<u64>,
+    /// No step this process trained had a target token: there is no loss to report, and
+    /// `first_loss` and `last_loss` are NaN only as placeholders (not a divergence).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_loss: bool,
     /// Steps of the run (resumed ones included) whose update the fp16 loss scaler skipped
     /// because the gradients overflowed: `steps` less the updates applied.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -303,6 +307,15 @@ impl TrainSummary {
             Some(step) => format!("Loss at step {step} (the first with target tokens)"),
             None if self.first_step > 1 => format!("Loss at step {}", self.first_step),
             None => "Initial loss".to_string(),
+        }
+    }
+
+    /// The first and last losses, in words: `8.3456 -> 5.1523`, or why there are none.
+    pub fn losses_words(&self) -> String {
+        if self.no_loss {
+            "no loss (no step had target tokens)".into()
+        } else {
+            format!("loss {:.4} -> {:.4}", self.first_loss, self.last_loss)
         }
     }
 
@@ -485,6 +498,7 @@ mod tests {
             last_loss: f64::NAN,
             first_loss_step: None,
             last_loss_step: None,
+            no_loss: true,
             skipped_steps: 0,
             model_state_bytes_per_rank: 1,
             unsharded_model_state_bytes: 2,
@@ -511,6 +525,7 @@ mod tests {
             last_loss: 0.5,
             first_loss_step: None,
             last_loss_step: None,
+            no_loss: false,
             skipped_steps: 0,
             model_state_bytes_per_rank: 1,
             unsharded_model_state_bytes: 2,
@@ -557,6 +572,7 @@ mod tests {
             last_loss: 0.28,
             first_loss_step: None,
             last_loss_step: None,
+            no_loss: false,
             skipped_steps: 0,
             model_state_bytes_per_rank: 1,
             unsharded_model_state_bytes: 2,
@@ -599,6 +615,7 @@ mod tests {
         let empty_ends = TrainSummary {
             first_loss_step: Some(302),
             last_loss_step: Some(2999),
+            no_loss: false,
             ..resumed
         };
         assert_eq!(

@@ -202,7 +202,7 @@ fn lines_reach_train_log_while_the_rank_is_still_quiet() {
 
 /// A batch whose examples were all truncated before their completion has no target token:
 /// its step is logged with a warning and a loss of 0, and the summary's first loss is that
-/// of the first step that had targets, said so, not the 0.
+/// of the first step that had targets, said so, not the 0; a run without any has none.
 #[test]
 fn a_step_without_target_tokens_is_not_the_summarys_first_loss() {
     let dir = TestDir::new("no-target-step");
@@ -243,4 +243,16 @@ fn a_step_without_target_tokens_is_not_the_summarys_first_loss() {
         )) && log.contains(&format!("loss {loss:.4} -> {loss:.4}")),
         "{log}"
     );
+
+    // A run whose only step had no target token has no loss to sum up, not a NaN one.
+    let one_step = ["--force", "--set", "training.steps=1"];
+    let (out, run) = run_local(&dir, &spec, &one_step, &[], Duration::from_secs(120));
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(
+        log.contains("\nLoss: none, no step had target tokens (see the warnings above)\n")
+            && log.contains(", no loss (no step had target tokens), model state"),
+        "{log}"
+    );
+    assert!(!log.contains("NaN"), "{log}");
 }

@@ -888,6 +888,7 @@ impl Trainer {
             last_loss_step: last_loss
                 .map(|(step, _)| step)
                 .filter(|&step| step != self.step),
+            no_loss: first_loss.is_none(),
             skipped_steps: self.step.saturating_sub(self.engine.optimizer_steps),
             model_state_bytes_per_rank: self.engine.model_state_bytes(),
             unsharded_model_state_bytes: cfg.model.num_params() * 16,
@@ -988,7 +989,7 @@ pub fn format_summary(s: &TrainSummary) -> String {
     format!(
         "\n{rule}\nFSDP training complete\nSharding strategy: {} ({} rank(s), {})\n\
          Model state per rank: {:.1} MiB (vs {:.1} MiB unsharded)\nModel state savings: {:.1}%\n\
-         Peak memory per rank (highest): {}\n{:<13} {:.4}\n{:<13} {:.4}\n{}\
+         Peak memory per rank (highest): {}\n{}{}\
          Mean throughput: {:.0} tokens/s{}\n{rule}",
         s.strategy,
         s.world_size,
@@ -997,11 +998,18 @@ pub fn format_summary(s: &TrainSummary) -> String {
         mib(s.unsharded_model_state_bytes),
         savings,
         s.peak_memory_words(),
-        // "Final loss:" aligned under "Initial loss: ".
-        format!("{}:", s.first_loss_label()),
-        s.first_loss,
-        format!("{}:", s.last_loss_label()),
-        s.last_loss,
+        if s.no_loss {
+            "Loss: none, no step had target tokens (see the warnings above)\n".to_string()
+        } else {
+            // "Final loss:" aligned under "Initial loss: ".
+            format!(
+                "{:<13} {:.4}\n{:<13} {:.4}\n",
+                format!("{}:", s.first_loss_label()),
+                s.first_loss,
+                format!("{}:", s.last_loss_label()),
+                s.last_loss
+            )
+        },
         match (s.eval_loss, s.eval_perplexity) {
             (Some(loss), Some(ppl)) => {
                 format!("Validation loss: {loss:.4} (perplexity {ppl:.2})\n")
@@ -1164,6 +1172,7 @@ mod tests {
             last_loss: 5.0,
             first_loss_step: None,
             last_loss_step: None,
+            no_loss: false,
             skipped_steps: 0,
             model_state_bytes_per_rank: 1 << 20,
             unsharded_model_state_bytes: 2 << 20,

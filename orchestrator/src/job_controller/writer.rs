@@ -273,13 +273,12 @@ fn write(
                 _ => String::new(),
             };
             let text = format!(
-                "summary: {} on {} ranks, {}, loss {:.4} -> {:.4}, model state {:.1} MiB/rank \
+                "summary: {} on {} ranks, {}, {}, model state {:.1} MiB/rank \
                  (unsharded {:.1} MiB), peak memory {}, {:.0} tokens/s{eval}",
                 summary.strategy,
                 summary.world_size,
                 summary.steps_words(),
-                summary.first_loss,
-                summary.last_loss,
+                summary.losses_words(),
                 mib(summary.model_state_bytes_per_rank),
                 mib(summary.unsharded_model_state_bytes),
                 summary.peak_memory_words(),
