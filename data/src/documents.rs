@@ -127,6 +127,9 @@ struct OpenFile {
     /// Bytes of the file read so far.
     offset: u64,
     buf: Vec<u8>,
+    /// Records met so far, bad ones included: a file that ends with none is a bad record,
+    /// as an empty file is, not nothing said.
+    records: u64,
 }
 
 /// The UTF-8 byte-order mark some editors write first: not text (Python's `utf-8-sig`, what
@@ -230,6 +233,7 @@ impl<'a> DocumentReader<'a> {
                     line: 1,
                     offset: 0,
                     buf: Vec::new(),
+                    records: 0,
                 });
             }
         }
@@ -266,6 +270,9 @@ impl<'a> DocumentReader<'a> {
                 .read_until(b'\n', &mut lines.buf)
                 .map_err(DataError::io("read", &path))?;
             if n == 0 {
+                if lines.records == 0 {
+                    self.bad(Origin::new(&path, 0), "the file holds only white space")?;
+                }
                 return Ok(false);
             }
             let (file, line) = (lines.file, lines.line);
@@ -281,6 +288,7 @@ impl<'a> DocumentReader<'a> {
             let text = match std::str::from_utf8(bytes) {
                 Ok(text) => text,
                 Err(e) => {
+                    lines.records += 1;
                     let why = format!(
                         "not UTF-8 text (bad byte at column {})",
                         e.valid_up_to() + 1
@@ -293,6 +301,7 @@ impl<'a> DocumentReader<'a> {
             if text.trim().is_empty() {
                 continue;
             }
+            lines.records += 1;
             let body = match parse_record(self.source, text, first_record(self.read, &self.skipped))
             {
                 Ok(body) => body,
@@ -326,6 +335,13 @@ impl<'a> DocumentReader<'a> {
             batch.bytes += array.consumed - before;
             let (text, line) = match element {
                 Element::Record { text, line } => (text, line),
+                Element::End if open.records == 0 => {
+                    self.bad(
+                        Origin::new(&path, 0),
+                        "the file is an empty JSON array `[]`",
+                    )?;
+                    return Ok(false);
+                }
                 Element::End => return Ok(false),
                 Element::Broken { why, line } => {
                     let why = format!("{why}; the rest of the file is not read");
@@ -333,6 +349,7 @@ impl<'a> DocumentReader<'a> {
                     return Ok(false);
                 }
             };
+            open.records += 1;
             let origin = Origin::new(&path, line);
             let Ok(text) = std::str::from_utf8(&text) else {
                 self.bad(origin, "not UTF-8 text")?;

@@ -105,6 +105,45 @@ fn unreadable_empty_and_missing_files() {
 }
 
 #[test]
+fn a_records_file_without_records_is_a_bad_record_as_an_empty_file_is() {
+    // Among files that hold records, one that holds none is named, not silently nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let good = write(dir.path(), "good.jsonl", "{\"text\": \"one\"}\n");
+    let cases = [
+        (
+            "empty.json",
+            " [\n ]\n",
+            "the file is an empty JSON array `[]`",
+        ),
+        (
+            "blank.jsonl",
+            "\u{feff}\n  \r\n\n",
+            "the file holds only white space",
+        ),
+    ];
+    for (i, (name, text, why)) in cases.into_iter().enumerate() {
+        let none = write(dir.path(), name, text);
+        let cache = dir.path().join(format!("cache-{i}"));
+        let c = dataset(
+            jsonl(vec![good.clone(), none.clone()]),
+            TokenizerConfig::Bytes,
+            8,
+            &cache,
+        );
+        let err = fails(&c, None);
+        assert!(
+            err.starts_with(&format!("{}: {why}; ", none.display())),
+            "{err}"
+        );
+        let mut skipping = c.clone();
+        skipping.on_bad_record = OnBadRecord::Skip;
+        let data = open(&skipping, None).unwrap();
+        assert_eq!(data.train().corpus().manifest.skipped_records, 1);
+        assert_eq!(data.train().corpus().documents(), 1);
+    }
+}
+
+#[test]
 fn jsonl_records_that_are_not_json_or_lack_the_field() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
