@@ -15,7 +15,7 @@
 # Everything (configs, keys, spool, logs, pid files, fake GPU devices) lives under one folder:
 #   SHARDRUN_SLURM_DIR   state folder (default /tmp/shardrun-slurm)
 #   SHARDRUN_SLURM_PORT  slurmctld port (default 6817; slurmd uses the next one)
-#   SHARDRUN_SLURM_GPUS  fake GPUs on the node, exposed through gres (default 2)
+#   SHARDRUN_SLURM_GPUS  fake GPUs on the node, exposed through gres as type `fake` (default 2)
 #   SHARDRUN_SLURM_MIN_JOB_AGE  seconds slurmctld keeps ended jobs (default 600)
 #   SHARDRUN_SLURM_CPUS  CPUs Slurm may hand out (default 8; more than the cores is fine for
 #                        one-thread test tasks thanks to SlurmdParameters=config_overrides)
@@ -138,10 +138,11 @@ if [ "$gpus" -gt 0 ]; then
     for i in $(seq 0 $((gpus - 1))); do
         [ -c "$dir/dev/gpu$i" ] || mknod "$dir/dev/gpu$i" c 1 3
     done
-    gres_line="Gres=gpu:$gpus"
+    # Typed, as GPUs on real sites are: jobs may ask `gpu:N` or `gpu:fake:N`.
+    gres_line="Gres=gpu:fake:$gpus"
     {
         echo "AutoDetect=off"
-        echo "Name=gpu File=$dir/dev/gpu[0-$((gpus - 1))]"
+        echo "Name=gpu Type=fake File=$dir/dev/gpu[0-$((gpus - 1))]"
     } >"$dir/etc/gres.conf"
 else
     echo "AutoDetect=off" >"$dir/etc/gres.conf"

@@ -5,7 +5,11 @@
 #SBATCH --ntasks-per-node={{ s.ntasks_per_node }}
 #SBATCH --cpus-per-task={{ s.cpus_per_task }}
 {%- if s.gpus_per_node > 0 %}
+{%- if let Some(kind) = s.gpu_type %}
+#SBATCH --gres=gpu:{{ kind }}:{{ s.gpus_per_node }}
+{%- else %}
 #SBATCH --gres=gpu:{{ s.gpus_per_node }}
+{%- endif %}
 {%- endif %}
 {%- if let Some(mem) = s.mem %}
 #SBATCH --mem={{ mem }}

@@ -240,6 +240,20 @@ mod tests {
     }
 
     #[test]
+    fn a_gpu_type_is_asked_with_the_gpus() {
+        let spec = include_str!("../../examples/mlp.yaml").replace(
+            "  tasks_per_node: 2\n",
+            "  gpus_per_node: 2\n  gpu_type: h100\n",
+        );
+        let target = ScriptTarget::Single {
+            run_dir: "/home/me/runs/mlp".into(),
+        };
+        let script = render_sbatch(&resolved(&spec), &target, Path::new(EXE)).unwrap();
+        assert!(script.contains("\n#SBATCH --gres=gpu:h100:2\n"), "{script}");
+        assert_eq!(script.matches("--gres").count(), 1, "{script}");
+    }
+
+    #[test]
     fn array_script() {
         let job = resolved(include_str!("../../examples/sweep.yaml"));
         let target = ScriptTarget::Array {

@@ -3,9 +3,10 @@
 //! * `shardrun run --device cuda`, or of a spec with `gpus_per_node`, refuses more ranks than
 //!   the machine has GPUs (here: any), with one error naming the machine and what asked for
 //!   CUDA, before creating anything;
-//! * a submitted GPU job gets its GPUs from Slurm (`--gres=gpu:N` in the script and for the
-//!   step alike), every rank finds them unusable, and the controller fails the job once,
-//!   naming the node and what the rank was given, before training.
+//! * a submitted GPU job gets its GPUs from Slurm (`--gres=gpu:<type>:N` in the script, N of
+//!   them for the step), every rank finds them unusable, and the controller fails the job
+//!   once, naming the node and what the rank was given, before training; a type the cluster
+//!   does not have is refused at submission.
 
 use shardrun_e2e::jobs::*;
 use shardrun_e2e::*;
@@ -81,13 +82,29 @@ fn read(path: &Path) -> String {
 fn a_slurm_gpu_job_without_usable_gpus_fails_once_naming_the_node() {
     let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
     let dir = TestDir::new("gpu-slurm");
-    let spec = dir.write("gpu.yaml", &gpu_spec("gpujob"));
+    // The node's fake GPUs are of type `fake`; no node has an H100.
+    let typed = |name: &str, kind: &str| {
+        let kind = format!("  gpu_type: {kind}\n  cpus_per_task");
+        gpu_spec(name).replace("  cpus_per_task", &kind)
+    };
+    let h100 = dir.write("h100.yaml", &typed("gpuh100", "h100"));
+    let refused = cluster
+        .shardrun(dir.path(), &["submit", &h100.to_string_lossy()])
+        .unwrap();
+    assert!(
+        !refused.status.success()
+            && stderr_of(&refused).contains("Requested node configuration is not available"),
+        "{}{}",
+        stdout_of(&refused),
+        stderr_of(&refused)
+    );
+    let spec = dir.write("gpu.yaml", &typed("gpujob", "fake"));
     let job_id = cluster
         .submit(dir.path(), &[&spec.to_string_lossy()])
         .job_id;
     let run = dir.join("runs/gpujob");
     let script = read(&run.join("job.sbatch"));
-    assert!(script.contains("#SBATCH --gres=gpu:2"), "{script}");
+    assert!(script.contains("\n#SBATCH --gres=gpu:fake:2\n"), "{script}");
     let result = wait_for_file(&run.join("result.json"), Duration::from_secs(240), |t| {
         t.ends_with('}')
     });

@@ -126,6 +126,9 @@ pub struct SlurmResources {
     pub ntasks_per_node: u64,
     /// 0 for CPU ranks.
     pub gpus_per_node: u64,
+    /// `--gres=gpu:<type>:<count>`'s type, where the spec names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
     pub cpus_per_task: u64,
     pub mem: Option<String>,
     pub time: Option<String>,
@@ -666,6 +669,20 @@ mod tests {
             (
                 "resources.gpu_memory_gb".into(),
                 "`gpu_memory_gb` is -1; a GPU's memory is above 0".into()
+            )
+        );
+        assert_eq!(
+            refused("{ gpus_per_node: 1, gpu_type: \"gpu:h100\" }", mlp),
+            (
+                "resources.gpu_type".into(),
+                "`gpu:h100` is not a GPU type as Slurm's GRES names one".into()
+            )
+        );
+        assert_eq!(
+            refused("{ gpu_type: h100 }", mlp),
+            (
+                "resources.gpu_type".into(),
+                "a GPU type (`h100`) for a job of CPU ranks".into()
             )
         );
         assert_eq!(

@@ -52,6 +52,27 @@ pub fn resolve_slurm(
             ));
         }
     }
+    if let Some(kind) = &res.gpu_type {
+        // Slurm's GRES type names: what `gres.conf` can spell, nothing that ends the entry.
+        let spelt = !kind.is_empty()
+            && kind
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if !spelt {
+            return Err(s.err(
+                "resources.gpu_type",
+                format!("`{kind}` is not a GPU type as Slurm's GRES names one"),
+                "write the type alone, as `sinfo -o %G` lists it (`gpu:h100:8` is `gpu_type: h100`)",
+            ));
+        }
+        if ranks.gpus_per_node == 0 {
+            return Err(s.err(
+                "resources.gpu_type",
+                format!("a GPU type (`{kind}`) for a job of CPU ranks"),
+                "set `resources.gpus_per_node`, or remove `gpu_type`",
+            ));
+        }
+    }
     if res.setup.iter().any(|l| l.contains('\n')) {
         return Err(s.err(
             "resources.setup",
@@ -97,6 +118,10 @@ pub fn resolve_slurm(
         } else {
             ranks.gpus_per_node
         },
+        gpu_type: res
+            .gpu_type
+            .clone()
+            .filter(|_| overrides.world_size.is_none()),
         cpus_per_task: ranks.cpus_per_task,
         mem: res.mem.clone(),
         time: res.time.clone(),
@@ -234,7 +259,7 @@ fn written_by_shardrun(line: &str) -> Option<(&'static str, &'static str)> {
         (
             &["--gres", "--gpus", "--gpus-per-node", "-G"],
             "the GPUs",
-            "set `resources.gpus_per_node`",
+            "set `resources.gpus_per_node` (and `gpu_type` for a type of GPU)",
         ),
         (&["--mem"], "--mem", "set `resources.mem`"),
         (&["--time", "-t"], "--time", "set `resources.time`"),

@@ -10,6 +10,8 @@ pub struct NodeRequest {
     pub cpus_per_node: u64,
     pub mem_mb_per_node: Option<u64>,
     pub gpus_per_node: u64,
+    /// The GPUs' type where `--gres=gpu:<type>:<count>` names one.
+    pub gpu_type: Option<String>,
     /// `--partition` (a comma-separated list), or the cluster's default.
     pub partitions: Option<Vec<String>>,
 }
@@ -40,15 +42,16 @@ impl NodeRequest {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(default)
         };
-        let gpus = options
-            .get("--gres")
-            .map(|gres| gpu_count(gres))
-            .unwrap_or(0);
+        let gres = options.get("--gres").map_or("", String::as_str);
+        let gpu_type = gres
+            .split(',')
+            .find_map(|g| Some(GpuGres::parse(g)?.kind?.to_string()));
         NodeRequest {
             nodes: number("--nodes", 1),
             cpus_per_node: number("--ntasks-per-node", 1) * number("--cpus-per-task", 1),
             mem_mb_per_node: options.get("--mem").and_then(|m| megabytes(m)),
-            gpus_per_node: gpus,
+            gpus_per_node: gpu_count(gres, None),
+            gpu_type,
             partitions: options
                 .get("--partition")
                 .map(|p| p.split(',').map(str::to_string).collect()),
@@ -65,7 +68,8 @@ pub struct NodeInfo {
     pub state: String,
     pub cpus: u64,
     pub mem_mb: u64,
-    pub gpus: u64,
+    /// Its generic resources as sinfo writes them (`gpu:a100:4(S:0-1)`, `(null)`).
+    pub gres: String,
 }
 
 /// The `--format` [`parse_sinfo`] reads.
@@ -85,7 +89,7 @@ pub fn parse_sinfo(text: &str) -> Vec<NodeInfo> {
                 state: state.to_string(),
                 cpus: cpus.parse().ok()?,
                 mem_mb: mem.parse().ok()?,
-                gpus: gpu_count(gres),
+                gres: gres.to_string(),
             })
         })
         .collect()
@@ -112,7 +116,7 @@ impl NodeInfo {
         partition
             && self.cpus >= request.cpus_per_node
             && request.mem_mb_per_node.is_none_or(|mem| self.mem_mb >= mem)
-            && self.gpus >= request.gpus_per_node
+            && gpu_count(&self.gres, request.gpu_type.as_deref()) >= request.gpus_per_node
     }
 }
 
@@ -137,14 +141,36 @@ pub fn waits_for(request: &NodeRequest, nodes: &[NodeInfo]) -> Option<Vec<String
     )
 }
 
-/// GPUs in a GRES string: `gpu:4`, `gpu:a100:4(S:0-1)`, `gpu:2,mps:100`; 0 for `(null)`.
-fn gpu_count(gres: &str) -> u64 {
+/// One `gpu` entry of a GRES string: `gpu:4`, `gpu:a100:4(S:0-1)`.
+struct GpuGres<'a> {
+    kind: Option<&'a str>,
+    count: u64,
+}
+
+impl GpuGres<'_> {
+    fn parse(entry: &str) -> Option<GpuGres<'_>> {
+        let entry = entry.split('(').next().unwrap_or(entry);
+        match entry.split(':').collect::<Vec<_>>().as_slice() {
+            ["gpu", count] => Some(GpuGres {
+                kind: None,
+                count: count.parse().ok()?,
+            }),
+            ["gpu", kind, count] => Some(GpuGres {
+                kind: Some(kind),
+                count: count.parse().ok()?,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// GPUs in a GRES string (`gpu:4`, `gpu:a100:4(S:0-1)`, `gpu:2,mps:100`; 0 for `(null)`),
+/// of `kind` only when one is given.
+fn gpu_count(gres: &str, kind: Option<&str>) -> u64 {
     gres.split(',')
-        .filter(|g| g.starts_with("gpu"))
-        .filter_map(|g| {
-            let g = g.split('(').next().unwrap_or(g);
-            g.rsplit(':').next()?.parse::<u64>().ok()
-        })
+        .filter_map(GpuGres::parse)
+        .filter(|g| kind.is_none() || g.kind == kind)
+        .map(|g| g.count)
         .sum()
 }
 
@@ -184,13 +210,24 @@ mod tests {
                 cpus_per_node: 8,
                 mem_mb_per_node: Some(65536),
                 gpus_per_node: 4,
+                gpu_type: None,
                 partitions: None,
             }
         );
+        let typed = SCRIPT.replace("gpu:4", "gpu:h100:4");
+        let request = NodeRequest::of_script(&typed);
+        assert_eq!(
+            (request.gpus_per_node, request.gpu_type.as_deref()),
+            (4, Some("h100"))
+        );
         assert_eq!(megabytes("900G"), Some(921600));
         assert_eq!(megabytes("4000"), Some(4000));
-        assert_eq!(gpu_count("gpu:2,mps:100"), 2);
-        assert_eq!(gpu_count("(null)"), 0);
+        assert_eq!(gpu_count("gpu:2,mps:100", None), 2);
+        assert_eq!(gpu_count("(null)", None), 0);
+        let mixed = "gpu:a100:4(S:0),gpu:h100:2(S:1)";
+        assert_eq!(gpu_count(mixed, None), 6);
+        assert_eq!(gpu_count(mixed, Some("h100")), 2);
+        assert_eq!(gpu_count("gpu:4", Some("h100")), 0);
     }
 
     #[test]
@@ -227,5 +264,11 @@ mod tests {
             ..request
         };
         assert_eq!(waits_for(&cpu, &nodes), None);
+        // GPUs of another type do not count.
+        let h100 = NodeRequest {
+            gpu_type: Some("h100".into()),
+            ..NodeRequest::of_script(SCRIPT)
+        };
+        assert_eq!(waits_for(&h100, &nodes), None);
     }
 }

@@ -38,6 +38,10 @@ pub struct Resources {
     pub nodes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus_per_node: Option<u64>,
+    /// The GPUs' type as the site's GRES names it (`h100`: `--gres=gpu:h100:8`), where
+    /// several kinds share a partition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tasks_per_node: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
