@@ -2,7 +2,8 @@
 //! (`slurm/start.sh --with-accounting`, `AccountingStorageEnforce=associations,limits`):
 //! `shardrun sweep` reads the limit through `sacctmgr`, queues only what fits, and the next
 //! sweeps submit the rest once room frees up. slurmctld itself rejecting an array one task
-//! over the limit is the ground truth that the limit is real.
+//! over the limit is the ground truth that the limit is real. On a cluster whose
+//! `MaxJobCount` is small, the sweep queues what slurmctld accepts: fewer than the limit.
 
 use shardrun_e2e::*;
 use std::time::Duration;
@@ -168,4 +169,39 @@ fn a_sweep_queues_no_more_than_max_submit_jobs_and_the_next_sweeps_submit_the_re
             );
         }
     }
+}
+
+#[test]
+fn a_sweep_under_max_job_count_queues_what_slurmctld_accepts() {
+    // slurmctld refuses a submission that would bring the jobs it holds to MaxJobCount (12
+    // here): filling the limit exactly would have the whole array refused.
+    let cluster = SlurmCluster::start_named("job-count").expect("start the MaxJobCount=12 cluster");
+    let dir = TestDir::new("sweep-job-count");
+    let spec = dir.write("sweep.yaml", &spec());
+    let spec_arg = spec.to_string_lossy().into_owned();
+    // Jobs of an earlier run of this test are held for MinJobAge (5 s), then purged.
+    let dry_run = wait_for("slurmctld to hold no job", Duration::from_secs(180), || {
+        let out = cluster
+            .shardrun(dir.path(), &["sweep", "--dry-run", &spec_arg])
+            .ok()?;
+        let stdout = stdout_of(&out);
+        assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+        let limit = stdout.lines().find(|l| l.contains("MaxJobCount"));
+        limit?.ends_with(", 0 in use").then_some(stdout)
+    })
+    .unwrap();
+    let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert!(
+        stdout.contains("Submitted 11 point(s) as 1 job array(s)"),
+        "{stdout}"
+    );
+    assert!(
+        dry_run.contains(
+            "room for 11 more queued jobs: MaxJobCount, every user's jobs slurmctld holds \
+             (scontrol show config) is 12 (a job is accepted while fewer are held), 0 in use"
+        ),
+        "{dry_run}"
+    );
 }

@@ -196,12 +196,17 @@ pub struct QueueLimit {
     pub what: String,
     pub max: u64,
     pub used: u64,
+    /// The count must stay below `max`, not reach it: slurmctld refuses a submission that
+    /// would bring its jobs to `MaxJobCount` (an array of 100 with 150 held of 250).
+    pub below: bool,
 }
 
 impl QueueLimit {
     /// Jobs (array tasks) that may still be queued under this limit.
     pub fn room(&self) -> u64 {
-        self.max.saturating_sub(self.used)
+        self.max
+            .saturating_sub(self.used)
+            .saturating_sub(u64::from(self.below))
     }
 }
 
@@ -258,6 +263,7 @@ pub fn combine(
             what: "MaxJobCount, every user's jobs slurmctld holds (scontrol show config)".into(),
             max,
             used: queue.records,
+            below: true,
         });
     }
     if !config.accounting {
@@ -330,6 +336,7 @@ pub fn combine(
                     what: format!("{name} of {whose} (sacctmgr)"),
                     max,
                     used: used_in_account,
+                    below: false,
                 });
             }
         }
@@ -351,6 +358,7 @@ pub fn combine(
                 what: format!("MaxSubmitJobsPerUser of QOS {qos_name} for user {user} (sacctmgr)"),
                 max,
                 used: queue.mine_by_qos.get(&qos_name).copied().unwrap_or(0),
+                below: false,
             });
         }
         if let Some(max) = q.grp_submit_jobs {
@@ -358,6 +366,7 @@ pub fn combine(
                 what: format!("GrpSubmitJobs of QOS {qos_name}, every user's jobs (sacctmgr)"),
                 max,
                 used: queue.all_by_qos.get(&qos_name).copied().unwrap_or(0),
+                below: false,
             });
         }
     }
@@ -574,7 +583,8 @@ mod tests {
             submit[0].what
         );
         let job_count = &limits.queue[0];
-        assert_eq!((job_count.max, job_count.room()), (10_000, 9_500));
+        // 500 held of 10,000: slurmctld accepts 9,499 more, not 9,500.
+        assert_eq!((job_count.max, job_count.room()), (10_000, 9_499));
     }
 
     #[test]

@@ -36,10 +36,15 @@ impl SubmitLimits {
         )];
         match &self.queue {
             Some(limit) => lines.push(format!(
-                "room for {} more queued jobs: {} is {}, {} in use",
+                "room for {} more queued jobs: {} is {}{}, {} in use",
                 limit.room(),
                 limit.what,
                 limit.max,
+                if limit.below {
+                    " (a job is accepted while fewer are held)"
+                } else {
+                    ""
+                },
                 limit.used
             )),
             None => lines.push("no limit on queued jobs is known".to_string()),
@@ -73,6 +78,7 @@ pub fn submit_limits(cluster: &ClusterLimits, spec: Option<&SweepLimits>) -> Sub
             what: "sweep.limits.max_queued (job spec), your jobs".into(),
             max,
             used: cluster.queued_by_me,
+            below: false,
         });
     }
     SubmitLimits {
@@ -143,6 +149,7 @@ mod tests {
             what: what.into(),
             max,
             used,
+            below: what == "MaxJobCount",
         }
     }
 
@@ -177,6 +184,9 @@ mod tests {
             None,
         );
         assert_eq!(limits.room(), Some(12));
+        // MaxJobCount is never reached: 250 held of 250 refuses, so 150 leave room for 99.
+        assert_eq!(limit("MaxJobCount", 250, 150).room(), 99);
+        assert_eq!(limit("MaxJobCount", 250, 260).room(), 0);
         assert_eq!(limits.queue.as_ref().unwrap().what, "MaxSubmitJobs");
         let plan = plan_arrays(&[25], &limits);
         assert_eq!(plan.arrays, vec![0..12]);
