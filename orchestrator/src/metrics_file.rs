@@ -81,19 +81,31 @@ impl RunMetrics {
         self.steps.last()
     }
 
-    /// The step from which the run had been logging diverged steps ([`StepRecord::diverged`]),
-    /// without a sound one since, when it reached `step`: a checkpoint of that step holds
-    /// diverged weights. (In bf16 and fp32 a NaN stays; an fp16 overflow that the loss scaler
-    /// skipped is finite again by the next logged step, and is not divergence.)
+    /// The step at which the run, by `step`, had diverged ([`StepRecord::diverged`]): its
+    /// first non-finite step without an fp16 loss scaler (whatever the gradients were was
+    /// applied, and a loss or gradient norm that overflows while the weights stay finite is a
+    /// run blown up all the same: `status` and the end of the run call it diverged from
+    /// there), or where the steps up to `step` have all been non-finite (fp16 steps the scaler
+    /// skips one after another: the weights are gone). An fp16 overflow that the scaler
+    /// skipped, finite again by a later logged step, is not divergence.
     pub fn diverged_at(&self, step: u64) -> Option<u64> {
-        self.steps
-            .iter()
-            .rev()
-            .skip_while(|r| r.step > step)
-            .take_while(|r| r.diverged())
-            .last()
-            .map(|r| r.step)
+        diverged_at(&self.steps, step)
     }
+}
+
+/// [`RunMetrics::diverged_at`] of `steps` (in step order).
+pub fn diverged_at(steps: &[StepRecord], step: u64) -> Option<u64> {
+    let upto = &steps[..steps.partition_point(|r| r.step <= step)];
+    let applied = upto.iter().find(|r| r.diverged() && r.loss_scale.is_none());
+    let ongoing = upto.iter().rev().take_while(|r| r.diverged()).last();
+    applied.into_iter().chain(ongoing).map(|r| r.step).min()
+}
+
+/// Whether the run of `steps` (in step order) had diverged by its last logged step.
+pub fn has_diverged(steps: &[StepRecord]) -> bool {
+    steps
+        .last()
+        .is_some_and(|last| diverged_at(steps, last.step).is_some())
 }
 
 /// A line of a file from before step records: one rank's record.
@@ -237,6 +249,21 @@ mod tests {
         };
         let at: Vec<_> = (1..=7).map(|step| metrics.diverged_at(step)).collect();
         assert_eq!(at, [None, Some(2), None, None, Some(5), Some(5), Some(5)]);
+
+        // A loss that overflows now and then while the weights stay finite (an LR far too
+        // high): diverged from its first non-finite step on, finite steps after it or not.
+        let blown = RunMetrics {
+            steps: vec![
+                record(1, 3.0, 1.0, None),
+                record(2, f64::INFINITY, f64::INFINITY, None),
+                record(3, 1e25, 1e20, None),
+                record(4, f64::NAN, f64::INFINITY, None),
+                record(5, 9e27, 1e21, None),
+            ],
+            ..RunMetrics::default()
+        };
+        let at: Vec<_> = (1..=5).map(|step| blown.diverged_at(step)).collect();
+        assert_eq!(at, [None, Some(2), Some(2), Some(2), Some(2)]);
     }
 
     #[test]

@@ -269,9 +269,14 @@ pub fn has_loss(trained_tokens_per_s: Option<f64>) -> bool {
     trained_tokens_per_s != Some(0.0)
 }
 
-/// `2.3456`, or `-` for a step without a loss ([`StepMetrics::loss`]).
+/// `2.3456`, `9.018e27` for a loss blown up (a column stays narrow), or `-` for a step
+/// without a loss ([`StepMetrics::loss`]).
 pub fn loss_text(loss: Option<f64>) -> String {
-    loss.map_or_else(|| "-".into(), |l| format!("{l:.4}"))
+    match loss {
+        None => "-".into(),
+        Some(l) if l.abs() >= 1e6 => format!("{l:.3e}"),
+        Some(l) => format!("{l:.4}"),
+    }
 }
 
 impl TrainSummary {
@@ -559,6 +564,7 @@ mod tests {
         assert_eq!(step(None).loss(), Some(0.0), "every token a target");
         assert_eq!(loss_text(None), "-");
         assert_eq!(loss_text(Some(2.34567)), "2.3457");
+        assert_eq!(loss_text(Some(9018308584998454692946116608.0)), "9.018e27");
     }
 
     #[test]

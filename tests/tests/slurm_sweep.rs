@@ -1125,7 +1125,45 @@ fn a_diverged_point_is_not_continued_when_the_sweep_asks_for_more_steps() {
         ),
         "{stdout}"
     );
+    // Both points take the longer schedule, but the diverged one is said not to go on.
+    assert!(
+        stdout.contains("2 point(s) keep their run directories")
+            && stdout.contains("  1 point(s) continue on a re-shaped LR schedule")
+            && stdout.contains("  1 of them are not submitted (said below)"),
+        "{stdout}"
+    );
     all_completed(&cluster, &dir, &sweep_dir, 2);
+    let out = cluster
+        .shardrun(
+            dir.path(),
+            &["metrics", "--json", &sweep_dir.to_string_lossy()],
+        )
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_str(&stdout_of(&out)).unwrap();
+    let mut diverged_from: Vec<serde_json::Value> = json["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["diverged_from"].clone())
+        .collect();
+    diverged_from.sort_by_key(|v| v.is_null());
+    assert_eq!(
+        diverged_from,
+        [serde_json::json!(first), serde_json::Value::Null]
+    );
+    let out = cluster
+        .shardrun(dir.path(), &["metrics", &sweep_dir.to_string_lossy()])
+        .unwrap();
+    let table = stdout_of(&out);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.contains("1e30") && l.contains(" diverged "))
+            && table
+                .lines()
+                .any(|l| l.contains("1e-3") && l.contains(" succeeded ")),
+        "{table}"
+    );
     let after = points();
     assert_eq!(
         after[0], before[0],

@@ -137,8 +137,15 @@ impl SweepFigure {
         let mut curves = Vec::new();
         let mut all = Vec::new();
         // Where each curve starts stays in view; a point that diverges leaves the panel
-        // (cut at its edge) rather than squash every other curve to a line.
+        // (cut at its edge) rather than squash every other curve to a line: its values set
+        // the range only when every point diverged.
         let mut starts = Vec::new();
+        let ranged = |p: &PointRecords| {
+            !crate::metrics_file::has_diverged(&p.steps)
+                || with_steps
+                    .iter()
+                    .all(|p| crate::metrics_file::has_diverged(&p.steps))
+        };
         for (i, point) in with_steps.iter().enumerate() {
             let raw: Vec<Point> = point
                 .steps
@@ -150,8 +157,10 @@ impl SweepFigure {
             } else {
                 raw
             };
-            all.extend(shown.iter().map(|p| p.1));
-            starts.extend(shown.iter().map(|p| p.1).find(|v| v.is_finite()));
+            if ranged(point) {
+                all.extend(shown.iter().map(|p| p.1));
+                starts.extend(shown.iter().map(|p| p.1).find(|v| v.is_finite()));
+            }
             let label = (i < MAX_LEGEND).then(|| point_label(&params, point));
             // Past the palette's colours, curves are told apart by their dashes.
             let (color, dash) = pen(i);
@@ -232,7 +241,11 @@ impl SweepFigure {
                     true => p.evals.last().map(|&(_, loss)| loss),
                     false => p.steps.iter().rev().find_map(|r| r.loss()),
                 };
-                // A point that diverged has no final loss, nor a place on the axis.
+                // A point that diverged has no final loss, nor a place on the axis: a finite
+                // loss after its blow-up (1e25) would squash every other point to a line.
+                if crate::metrics_file::has_diverged(&p.steps) {
+                    return None;
+                }
                 let loss = last.filter(|l| l.is_finite())?;
                 let x = p.params.get(&x_key)?;
                 let line = line_key.as_ref().and_then(|k| p.params.get(k));
@@ -667,6 +680,38 @@ mod tests {
             finals.x
         );
         assert_eq!(finals.curves[0].points, vec![(-4.0, 2.0), (-3.0, 1.0)]);
+    }
+
+    #[test]
+    fn a_point_that_blew_up_sets_neither_axis() {
+        // An LR far too high: the loss overflows, then is finite again, enormous.
+        let mut points = vec![point(1e-3, 0, 1.0), point(1e-4, 0, 2.0), point(1e6, 0, 1.0)];
+        for (r, loss) in points[2]
+            .steps
+            .iter_mut()
+            .zip([3.0, f64::INFINITY, 1e25, 4e26, 9e27])
+        {
+            r.loss = loss;
+        }
+        let figure = SweepFigure {
+            title: "s".into(),
+            points,
+            smoothing: 0.6,
+            log_loss: false,
+        };
+        let panels = figure.panels();
+        assert!(panels[0].y.hi < 10.0, "loss axis: {:?}", panels[0].y);
+        assert_eq!(
+            panels[0].curves.len(),
+            3,
+            "its curve is drawn, cut at the edge"
+        );
+        assert!(
+            panels[1].x.hi < 0.0,
+            "lr 1e6 is not on the axis: {:?}",
+            panels[1].x
+        );
+        assert!(panels[1].y.hi < 10.0, "final loss axis: {:?}", panels[1].y);
     }
 
     #[test]

@@ -58,6 +58,9 @@ pub struct RunMetricsSummary {
     pub record: Option<StepRecord>,
     /// The latest evaluation on held-out data, or null.
     pub eval: Option<EvalJson>,
+    /// The step from which the run diverged (its loss or gradients NaN or inf, as `status`,
+    /// re-runs and sweeps judge it), or null.
+    pub diverged_from: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -234,6 +237,9 @@ fn summarise(run: &RunDir, current: &mut CurrentPoints) -> RunMetricsSummary {
         latest: metrics.steps.last().map(StepRecord::to_json_complete),
         record: metrics.steps.last().cloned(),
         eval: metrics.evals.last().map(EvalJson::from),
+        diverged_from: metrics
+            .last()
+            .and_then(|last| metrics.diverged_at(last.step)),
     }
 }
 
@@ -277,7 +283,11 @@ fn metrics_table(runs: &[RunMetricsSummary]) -> String {
                     .into_iter()
                     .map(|cell| cell.unwrap_or_else(dash)),
             );
-            row.push(run.status.clone());
+            row.push(match run.diverged_from {
+                Some(_) if run.status == "succeeded" => "diverged".into(),
+                Some(_) => format!("{}, diverged", run.status),
+                None => run.status.clone(),
+            });
             let latest = run.record.as_ref();
             row.push(match (latest, run.total_steps) {
                 (Some(m), Some(t)) => format!("{}/{t}", m.step),

@@ -214,11 +214,11 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
         .unwrap_or_else(|| args.run.join("sweep.svg"));
     charts::save(&figure, &output)?;
     let swept = figure.swept();
-    // A point whose last step diverged has no final loss worth comparing.
+    // A point that diverged has no final loss worth comparing.
     let diverged: Vec<String> = figure
         .points
         .iter()
-        .filter(|p| p.steps.last().is_some_and(|r| r.diverged()))
+        .filter(|p| crate::metrics_file::has_diverged(&p.steps))
         .map(|p| figure.label(p))
         .collect();
     let unfinished = figure
@@ -242,7 +242,7 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
             String::new()
         } else {
             format!(
-                "; diverged (loss or gradients NaN or inf at their last step): {}",
+                "; diverged (loss or gradients NaN or inf): {}",
                 diverged.join("; ")
             )
         },

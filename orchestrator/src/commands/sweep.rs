@@ -155,7 +155,13 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         })
         .map(|(p, _)| p.name.as_str())
         .collect();
-    report_carried(&carried, &going);
+    let held_back: std::collections::HashSet<&str> = points
+        .iter()
+        .zip(&survey.decisions)
+        .filter(|(_, d)| d.held_back())
+        .map(|(p, _)| p.name.as_str())
+        .collect();
+    report_carried(&carried, &going, &held_back);
     report_stale(&sweep_dir, &points);
     if survey.earlier_going > 0 {
         let meanwhile = match throttle {
@@ -458,8 +464,13 @@ fn array_range(tasks: usize, throttle: Option<u32>) -> String {
 
 /// Points that keep their run directories, taking changes a resumed run may take.
 /// The changes carried points take, and what a re-shaped LR schedule does where they
-/// continue; `going`: points still queued or running, which go on as they were submitted.
-fn report_carried(carried: &[sweeps::carried::Carried], going: &std::collections::HashSet<&str>) {
+/// continue; `going`: points still queued or running, which go on as they were submitted;
+/// `held_back`: points not submitted for what their folders hold (diverged, ...), said below.
+fn report_carried(
+    carried: &[sweeps::carried::Carried],
+    going: &std::collections::HashSet<&str>,
+    held_back: &std::collections::HashSet<&str>,
+) {
     if carried.is_empty() {
         return;
     }
@@ -478,6 +489,9 @@ fn report_carried(carried: &[sweeps::carried::Carried], going: &std::collections
     let (waiting, now): (Vec<_>, Vec<_>) = carried
         .iter()
         .partition(|c| going.contains(c.point.as_str()));
+    let (kept, now): (Vec<_>, Vec<_>) = now
+        .into_iter()
+        .partition(|c| held_back.contains(c.point.as_str()));
     let reshaped: Vec<_> = now.iter().filter_map(|c| c.lr_change.as_ref()).collect();
     if let Some(first) = reshaped.first() {
         outln!(
@@ -490,6 +504,13 @@ fn report_carried(carried: &[sweeps::carried::Carried], going: &std::collections
             "  {} of them are queued or running: their jobs go on as submitted, and take the \
              changes when `shardrun sweep` next submits them (run it again once they have ended)",
             waiting.len()
+        );
+    }
+    if !kept.is_empty() {
+        outln!(
+            "  {} of them are not submitted (said below): they take the changes only if they \
+             are submitted later",
+            kept.len()
         );
     }
 }

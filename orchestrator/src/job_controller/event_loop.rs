@@ -1157,19 +1157,22 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// ([`crate::step_record::StepRecord::diverged`]): a diverged run
 /// trains to its last step (as PyTorch does), and its end must not read as a good one.
 fn finished_message(metrics: &std::path::Path) -> String {
-    let steps = crate::metrics_file::read(metrics)
-        .map(|m| m.steps)
-        .unwrap_or_default();
+    let metrics = crate::metrics_file::read(metrics).unwrap_or_default();
+    // From the step that re-runs and sweeps refuse to continue past, so all say one step.
+    let first = metrics
+        .last()
+        .and_then(|last| metrics.diverged_at(last.step));
+    let steps = metrics.steps;
     let diverged: Vec<u64> = steps
         .iter()
-        .filter(|r| r.diverged())
+        .filter(|r| first.is_some_and(|first| r.step >= first) && r.diverged())
         .map(|r| r.step)
         .collect();
     // A loss not finite at step 1 comes before any update: no learning rate made it.
     let from_the_start = steps
         .first()
         .is_some_and(|r| r.step == 1 && !r.loss.is_finite());
-    let mut message = match diverged.first() {
+    let mut message = match first {
         None => "training finished".to_string(),
         Some(_) if from_the_start => format!(
             "training finished, but its loss was not finite (NaN or inf) from step 1, before \

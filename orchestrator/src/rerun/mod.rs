@@ -759,7 +759,7 @@ pub fn steps_trained(run: &RunDir, recorded: &TrainConfig) -> u64 {
     steps_done(run, recorded).unwrap_or(recorded.steps)
 }
 
-/// The step from which the run's loss had been non-finite when it reached `step` (see
+/// The step from which the run had diverged when it reached `step` (see
 /// [`crate::metrics_file::RunMetrics::diverged_at`]): resuming its checkpoint of that step
 /// would train on from diverged weights.
 pub fn diverged_by(run: &RunDir, step: u64) -> Option<u64> {

@@ -27,9 +27,9 @@ pub enum Decision {
     /// says of such a run, so it is not submitted (its job would only end it "finished" at a
     /// step past its schedule). The step of that checkpoint.
     TrainedPast(RunState, u64),
-    /// A point to continue whose newest checkpoint was saved after its loss went NaN or inf
-    /// (and stayed so): its job would train on from diverged weights, so it is not
-    /// submitted. The first step of those losses.
+    /// A point to continue whose newest checkpoint was saved after it diverged (its loss or
+    /// gradients NaN or inf, [`crate::metrics_file::RunMetrics::diverged_at`]): its job would
+    /// train on from diverged weights, so it is not submitted. The step it diverged at.
     Diverged(RunState, u64),
     /// A point to submit whose folder is not a run directory its job can be submitted with
     /// (a file deleted or damaged by hand): submitting would fail on it, taking its array's
@@ -40,6 +40,17 @@ pub enum Decision {
 impl Decision {
     pub fn submits(self) -> bool {
         matches!(self, Decision::New | Decision::Retry(_))
+    }
+
+    /// A point that would be submitted but for what its folder holds (said apart).
+    pub fn held_back(self) -> bool {
+        matches!(
+            self,
+            Decision::DataChanged(_)
+                | Decision::TrainedPast(..)
+                | Decision::Diverged(..)
+                | Decision::NotARun
+        )
     }
 }
 
