@@ -38,6 +38,11 @@ use shardrun_protocol::units::{plan_units, segment_units, SegmentSpec, UnitPlan}
 /// What a GPU loses before the job allocates anything: the CUDA context and NCCL's buffers.
 pub const GPU_RESERVED_BYTES: u64 = 1 << 30;
 
+/// The share of a GPU's usable memory past which a plan that fits is said to be tight:
+/// PyTorch's caching allocator reserves more than the peak it allocates (fragmentation,
+/// commonly 5-10% more), which the plan does not model.
+const TIGHT_FIT: f64 = 0.9;
+
 /// What the plan knows when it estimates memory.
 pub struct MemoryInputs<'a> {
     pub footprint: &'a Footprint,
@@ -158,9 +163,31 @@ impl MemoryEstimate {
             .map(|usable| self.chosen.peak <= usable)
     }
 
+    /// A warning when the chosen strategy's peak fits the GPU with less than a tenth of it
+    /// to spare ([`TIGHT_FIT`]).
+    pub fn tight_fit(&self) -> Option<String> {
+        let usable = self.usable_gpu_bytes()?;
+        let share = self.chosen.peak as f64 / usable.max(1) as f64;
+        (self.chosen.peak <= usable && share > TIGHT_FIT).then(|| {
+            format!(
+                "peak memory per rank {:.1} GiB is {:.0}% of the {:.1} GiB a GPU has for the \
+                 job: PyTorch's caching allocator commonly reserves 5-10% more than it \
+                 allocates (fragmentation), which may run it out of memory; leave room (see \
+                 the plan's other strategies, activation checkpointing, a smaller \
+                 batch_size_per_device) or set `PYTORCH_CUDA_ALLOC_CONF: \
+                 expandable_segments:True` in `resources.env`",
+                gib(self.chosen.peak),
+                share * 100.0,
+                gib(usable)
+            )
+        })
+    }
+
     /// Why the job cannot run and what would fit, when the peak exceeds the GPU; the ways
-    /// to save memory named are those `fsdp` does not take already.
-    pub fn does_not_fit(&self, fsdp: &FsdpConfig) -> Option<(String, String)> {
+    /// to save memory named are those the job does not take already and that would help:
+    /// more GPUs only shrink the sharded state, a smaller batch is one of more than one.
+    pub fn does_not_fit(&self, train: &TrainConfig) -> Option<(String, String)> {
+        let fsdp = &train.fsdp;
         let usable = self.usable_gpu_bytes()?;
         if self.chosen.peak <= usable {
             return None;
@@ -197,11 +224,20 @@ impl MemoryEstimate {
             gib(self.gpu_memory_bytes.unwrap_or(0)),
             gib(GPU_RESERVED_BYTES),
         );
-        let mut savings = vec!["more GPUs"];
+        let mut savings = Vec::new();
+        let unsharded = self.chosen.peak - self.chosen.at_peak.state;
+        if unsharded < usable {
+            savings.push("more GPUs");
+        }
         if !fsdp.activation_checkpointing {
             savings.push("activation checkpointing");
         }
-        savings.push("a smaller batch_size_per_device");
+        if train.batch.batch_size_per_device > 1 {
+            savings.push("a smaller batch_size_per_device");
+        }
+        if train.data.sequence_length(&train.model) > 1 && self.chosen.at_peak.activations > 0 {
+            savings.push("a shorter seq_len");
+        }
         if fsdp.mixed_precision.param_dtype == DType::F32 {
             savings.push("bf16 parameters");
         }
@@ -210,10 +246,11 @@ impl MemoryEstimate {
             Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
             None => String::new(),
         };
-        let fix = if fits.is_empty() {
-            format!("use {savings}")
-        } else {
-            format!("use {}, or {savings}", fits.join(" or "))
+        let fix = match (fits.is_empty(), savings.is_empty()) {
+            (true, true) => "use GPUs with more memory".to_string(),
+            (true, false) => format!("use {savings}"),
+            (false, true) => format!("use {}", fits.join(" or ")),
+            (false, false) => format!("use {}, or {savings}", fits.join(" or ")),
         };
         Some((why, format!("{fix}; or pass --force to run it anyway")))
     }

@@ -518,12 +518,13 @@ pub fn resolve_with(
         },
         &mut warnings,
     );
-    if let Some((why, fix)) = memory.does_not_fit(&train.fsdp) {
+    if let Some((why, fix)) = memory.does_not_fit(&train) {
         if !overrides.force {
             return Err(s.err("resources.gpu_memory_gb", why, fix));
         }
         warnings.push(format!("{why}: planned anyway (--force)"));
     }
+    warnings.extend(memory.tight_fit());
     if let Some(threads) = t
         .threads_per_rank
         .filter(|&n| n as u64 > ranks.cpus_per_task)
@@ -946,6 +947,12 @@ mod tests {
             "{err}"
         );
         assert!(err.fix.contains("--force"), "{err}");
+        // One sample a rank already, and samples that are not sequences: neither a smaller
+        // batch nor a shorter seq_len is offered.
+        assert!(
+            !err.fix.contains("batch_size_per_device") && !err.fix.contains("seq_len"),
+            "{err}"
+        );
         let forced = resolve_yaml(yaml, true).expect("--force plans it");
         assert_eq!(forced.memory.fits(), Some(false));
         assert!(
@@ -957,6 +964,30 @@ mod tests {
         // Twice the GPU memory and it fits.
         let roomy = resolve_yaml(&yaml.replace("1.5", "3"), false).expect("fits");
         assert_eq!(roomy.memory.fits(), Some(true));
+        assert!(!roomy.warnings.iter().any(|w| w.contains("fragmentation")));
+        // Just enough: it fits, with a warning that the allocator needs more than the peak.
+        let peak = forced.memory.chosen.peak as f64;
+        let tight_gb = (peak / 0.95 + (1u64 << 30) as f64) / GIB;
+        let tight = resolve_yaml(&yaml.replace("1.5", &format!("{tight_gb}")), false)
+            .expect("fits, tightly");
+        assert_eq!(tight.memory.fits(), Some(true));
+        assert!(
+            tight
+                .warnings
+                .iter()
+                .any(|w| w.contains("is 95% of the") && w.contains("expandable_segments")),
+            "{:?}",
+            tight.warnings
+        );
+        // Without the GPU's memory, the plan says the fit is not checked.
+        let unknown = resolve_yaml(&yaml.replace("  gpu_memory_gb: 1.5\n", ""), false).unwrap();
+        assert!(
+            unknown.summary().contains(
+                "GPU memory     not given (`resources.gpu_memory_gb`): the fit is not checked"
+            ),
+            "{}",
+            unknown.summary()
+        );
         // A GPU memory no larger than what CUDA and NCCL take is a misread unit.
         let ResolveError::Invalid(err) =
             resolve_yaml(&yaml.replace("1.5", "1"), false).unwrap_err();

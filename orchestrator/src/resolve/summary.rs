@@ -2,7 +2,7 @@
 
 use super::memory::DocumentAttention;
 use super::{yaml_name, ResolvedJob, GIB};
-use shardrun_protocol::config::{DataConfig, LrDecay, Packing};
+use shardrun_protocol::config::{DataConfig, DeviceKind, LrDecay, Packing};
 use shardrun_protocol::TrainConfig;
 use std::fmt::Write as _;
 
@@ -159,6 +159,11 @@ impl ResolvedJob {
                 "    GPU memory     {:>8.2} GiB, {:.2} GiB for the job after CUDA and NCCL",
                 self.memory.gpu_memory_bytes.unwrap_or(0) as f64 / GIB,
                 usable as f64 / GIB
+            );
+        } else if t.device == DeviceKind::Cuda {
+            let _ = writeln!(
+                out,
+                "    GPU memory     not given (`resources.gpu_memory_gb`): the fit is not checked"
             );
         }
         let _ = writeln!(
