@@ -23,7 +23,18 @@ pub fn resolve_fsdp(
     let shard_group_size = match strategy {
         ShardingStrategy::HybridShard => {
             let group = f.shard_group_size.unwrap_or(ranks.ntasks_per_node);
-            if group == 0 || !world_size.is_multiple_of(group) {
+            if group == 0 {
+                return Err(s.err(
+                    "training.fsdp.shard_group_size",
+                    "a shard group of 0 ranks holds no shard",
+                    format!(
+                        "use a divisor of {world_size}, usually the ranks per node ({}), or \
+                         leave it out (the ranks per node)",
+                        ranks.ntasks_per_node
+                    ),
+                ));
+            }
+            if !world_size.is_multiple_of(group) {
                 return Err(s.err(
                     "training.fsdp.shard_group_size",
                     format!(
@@ -33,6 +44,24 @@ pub fn resolve_fsdp(
                         "use a divisor of {world_size}, usually the ranks per node ({})",
                         ranks.ntasks_per_node
                     ),
+                ));
+            }
+            let per_node = ranks.ntasks_per_node;
+            if group == world_size {
+                warnings.push(format!(
+                    "HYBRID_SHARD with one shard group of all {world_size} ranks has no \
+                     replicas: it trains as FULL_SHARD does (say FULL_SHARD, or use shard \
+                     groups of the ranks per node, {per_node}, to keep the all-gathers within a \
+                     node)"
+                ));
+            } else if ranks.nodes > 1
+                && !(per_node.is_multiple_of(group) || group.is_multiple_of(per_node))
+            {
+                warnings.push(format!(
+                    "HYBRID_SHARD's shard groups of {group} ranks are not whole nodes of \
+                     {per_node} ranks nor parts of one: some groups span two nodes, so their \
+                     all-gathers and reduce-scatters cross the network; use {per_node} or a \
+                     divisor or multiple of it"
                 ));
             }
             Some(group)

@@ -877,6 +877,35 @@ mod tests {
         )
     }
 
+    #[test]
+    fn hybrid_shard_groups_are_whole_nodes_or_parts_of_one() {
+        // 3 nodes of 8 GPUs.
+        let job = |group: &str| {
+            resolve_yaml(
+                &format!(
+                    "name: t\nresources: {{ nodes: 3, gpus_per_node: 8 }}\ntraining:\n  model: {{ kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }}\n  steps: 1\n  total_batch_size: 24\n  batch_size_per_device: 1\n  fsdp: {{ strategy: HYBRID_SHARD{group} }}\n"
+                ),
+                false,
+            )
+        };
+        let warned = |group: &str, text: &str| {
+            let job = job(group).unwrap();
+            job.warnings.iter().any(|w| w.contains(text))
+        };
+        assert!(!warned("", "HYBRID_SHARD"), "a node a group by default");
+        assert!(!warned(", shard_group_size: 4", "HYBRID_SHARD"));
+        assert!(warned(
+            ", shard_group_size: 12",
+            "shard groups of 12 ranks are not whole nodes of 8 ranks nor parts of one"
+        ));
+        assert!(warned(
+            ", shard_group_size: 24",
+            "one shard group of all 24 ranks has no replicas"
+        ));
+        let ResolveError::Invalid(err) = job(", shard_group_size: 0").unwrap_err();
+        assert_eq!(err.why, "a shard group of 0 ranks holds no shard");
+    }
+
     /// A small Llama from scratch on this machine's `/etc/hostname`, bytes as tokens.
     fn small_llama(model: &str, rest: &str) -> String {
         format!(
