@@ -135,6 +135,30 @@ pub fn remove_leftovers(sweep_dir: &Path, names: &[String]) {
     }
 }
 
+/// Remove every point directory of `sweep_dir` still under its temporary name: what
+/// submissions killed while writing them left (Ctrl-C ends `shardrun sweep` at once). Only
+/// for a sweep that holds the sweep folder's lock, once an interrupted submission's arrays
+/// are resolved: no other writer can be at work. The number removed.
+pub fn remove_interrupted_writes(sweep_dir: &Path) -> usize {
+    let Ok(entries) = fs::read_dir(sweep_dir) else {
+        return 0;
+    };
+    let half_written = |name: &str| {
+        name.split_once(".tmp-").is_some_and(|(point, tail)| {
+            !point.is_empty()
+                && !point.contains('.')
+                && tail.len() == 6
+                && tail.bytes().all(|b| b.is_ascii_lowercase())
+        })
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter(|e| half_written(&e.file_name().to_string_lossy()))
+        .filter(|e| fs::remove_dir_all(e.path()).is_ok())
+        .count()
+}
+
 /// Manifests (and new points' directories) written under temporary names, made durable and
 /// renamed into place together by [`ManifestBatch::commit`]. Dropped uncommitted, it removes them.
 #[derive(Debug)]
@@ -380,5 +404,23 @@ mod tests {
         assert_eq!(names(dir.path()).len(), 2);
         remove_leftovers(dir.path(), &[points[1].name.clone()]);
         assert_eq!(names(dir.path()), [points[0].name.clone()]);
+
+        // Killed submissions' directories of any point, and nothing else, go at the next.
+        std::mem::forget(prepare(dir.path(), &points[1]).unwrap());
+        std::mem::forget(prepare(dir.path(), &points[2]).unwrap());
+        for other in ["notes.tmp-1", ".x.tmp-abcdef", "a.b.tmp-abcdef"] {
+            fs::create_dir(dir.path().join(other)).unwrap();
+        }
+        fs::write(dir.path().join("file.tmp-abcdef"), "").unwrap();
+        assert_eq!(remove_interrupted_writes(dir.path()), 2);
+        let mut left = names(dir.path());
+        let mut kept: Vec<String> = [".x.tmp-abcdef", "a.b.tmp-abcdef", "file.tmp-abcdef"]
+            .into_iter()
+            .chain(["notes.tmp-1", &points[0].name])
+            .map(String::from)
+            .collect();
+        left.sort();
+        kept.sort();
+        assert_eq!(left, kept);
     }
 }
