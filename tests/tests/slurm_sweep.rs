@@ -1174,4 +1174,38 @@ fn a_diverged_point_is_not_continued_when_the_sweep_asks_for_more_steps() {
         Some(9),
         "the good point went on: {after:?}"
     );
+
+    // Ended FAILED (as a lost node leaves it) with its checkpoints deleted, the diverged point
+    // has nothing to resume: it would train again from step 1, which the sweep says.
+    let diverged_dir = std::fs::read_dir(&sweep_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            let records = shardrun_e2e::jobs::step_records(p);
+            records.iter().any(|r| r["loss"].is_null())
+        })
+        .expect("the diverged point's folder");
+    std::fs::remove_dir_all(diverged_dir.join("checkpoints")).unwrap();
+    let manifest = diverged_dir.join("manifest.json");
+    let text_of = std::fs::read_to_string(&manifest).unwrap();
+    assert!(text_of.contains("\"state\": \"COMPLETED\""), "{text_of}");
+    std::fs::write(
+        &manifest,
+        text_of.replace("\"state\": \"COMPLETED\"", "\"state\": \"FAILED\""),
+    )
+    .unwrap();
+    let out = cluster
+        .shardrun(dir.path(), &["sweep", "--dry-run", &spec_arg])
+        .unwrap();
+    let stdout = stdout_of(&out);
+    assert!(
+        stdout.contains("submit (was FAILED, anew)")
+            && stdout.contains(&format!(
+                "1 point(s) to submit again logged steps but have no checkpoint to resume from \
+                 (`anew`): they train again from step 1, their metrics replaced. The first, {}",
+                diverged_dir.display()
+            )),
+        "{stdout}"
+    );
 }

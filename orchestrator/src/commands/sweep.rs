@@ -18,7 +18,7 @@ use crate::sweeps::journal::{self, Journal};
 use crate::sweeps::labels::ParamColumns;
 use crate::sweeps::split::{self, ArrayPlan};
 use crate::sweeps::submit::{read_limits, resolve_interrupted, Submitter};
-use crate::sweeps::survey::{shape_groups, survey, Decision};
+use crate::sweeps::survey::{shape_groups, survey, Anew, Decision};
 use crate::sweeps::{self, SweepPoint};
 use anyhow::Context;
 use std::collections::HashMap;
@@ -188,6 +188,20 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             "{} point(s) to retry were trained on other data than the data as it is now: their \
              jobs would refuse to resume, so they are not submitted. The first:\n{first}",
             survey.data_changed.len()
+        );
+    }
+    let anew: Vec<&SweepPoint> = points
+        .iter()
+        .zip(&survey.decisions)
+        .filter(|(_, d)| matches!(d, Decision::Retry(_, Anew(true))))
+        .map(|(p, _)| p)
+        .collect();
+    if let Some(first) = anew.first() {
+        outln!(
+            "{} point(s) to submit again logged steps but have no checkpoint to resume from \
+             (`anew`): they train again from step 1, their metrics replaced. The first, {}",
+            anew.len(),
+            sweep_dir.join(&first.name).display()
         );
     }
     let past = survey
@@ -424,7 +438,10 @@ fn print_points(
             (Decision::NotARun, _) => "skip (folder not a run)".to_string(),
             (_, None) => "wait (no room now)".to_string(),
             (Decision::New, Some(_)) => "submit (new)".to_string(),
-            (Decision::Retry(state), Some(_)) => format!("submit (was {})", state),
+            (Decision::Retry(state, Anew(false)), Some(_)) => format!("submit (was {})", state),
+            (Decision::Retry(state, Anew(true)), Some(_)) => {
+                format!("submit (was {}, anew)", state)
+            }
         };
         let array = array
             .map(|k| format!("array {}/{}", k + 1, plan.arrays.len()))

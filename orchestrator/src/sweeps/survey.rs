@@ -17,7 +17,9 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
     New,
-    Retry(RunState),
+    /// A point to submit again; whether it trains again from step 1 though it logged steps
+    /// (no checkpoint to resume from: deleted, or none saved yet), which is said.
+    Retry(RunState, Anew),
     Skip(RunState),
     /// A point to retry whose checkpoint was trained on other data than the data as it is
     /// prepared now: its job would refuse to resume, so it is not submitted.
@@ -39,7 +41,7 @@ pub enum Decision {
 
 impl Decision {
     pub fn submits(self) -> bool {
-        matches!(self, Decision::New | Decision::Retry(_))
+        matches!(self, Decision::New | Decision::Retry(..))
     }
 
     /// A point that would be submitted but for what its folder holds (said apart).
@@ -139,7 +141,7 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
             }
             Some(state @ (RunState::Submitted | RunState::Running)) => Decision::Skip(*state),
             Some(&state) => match resumed_from(&sweep_dir.join(&p.name), p) {
-                None => Decision::Retry(state),
+                None => Decision::Retry(state, anew(&sweep_dir.join(&p.name))),
                 Some((_, checkpoint)) if checkpoint.step >= p.job.train.steps => {
                     Decision::TrainedPast(state, checkpoint.step)
                 }
@@ -150,7 +152,7 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
                         data_changed.push(refusal);
                         Decision::DataChanged(state)
                     } else {
-                        Decision::Retry(state)
+                        Decision::Retry(state, Anew(false))
                     }
                 }
             },
@@ -213,6 +215,16 @@ fn asks_more_steps(dir: &Path, point: &SweepPoint) -> bool {
 
 /// The point's run and the newest checkpoint its job would continue from (read once: a
 /// point that did not finish is judged by it three ways), when it resumes at all.
+/// Whether a point to retry without a checkpoint starts over from step 1 after logging steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Anew(pub bool);
+
+/// [`Anew`] of the point whose run directory is `dir` and that has no checkpoint to resume.
+fn anew(dir: &Path) -> Anew {
+    let logged = std::fs::metadata(RunDir::at(dir).metrics()).is_ok_and(|m| m.len() > 0);
+    Anew(logged)
+}
+
 fn resumed_from(dir: &Path, point: &SweepPoint) -> Option<(RunDir, CheckpointAt)> {
     if !point.job.train.checkpoint.resume {
         return None;
