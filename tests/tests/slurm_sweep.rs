@@ -984,6 +984,12 @@ fn points_cancelled_while_queued_are_cancelled_not_failed() {
         .shardrun(dir.path(), &["cancel", &sweep_arg])
         .unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
+    // The array's tasks as Slurm writes them, not one id each.
+    assert!(
+        stdout_of(&out).starts_with(&format!("Cancelled Slurm job(s) {queued_array}_[0-1];")),
+        "{}",
+        stdout_of(&out)
+    );
     wait_for_points(&cluster, &dir, &sweep_dir, 2, |s| s == "CANCELLED");
     let out = cluster
         .shardrun(dir.path(), &["status", &sweep_arg])

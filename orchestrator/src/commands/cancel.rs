@@ -124,7 +124,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         }
         outln!(
             "Cancelled Slurm job(s) {}; `shardrun status {}` shows when they have ended{}",
-            ids.join(" "),
+            slurm::compact_job_ids(&ids),
             crate::output::pasteable(&args.run),
             match running {
                 0 => "",

@@ -14,8 +14,8 @@ pub use command::{
     cancel, jobs_by_comment, query, release, sbatch_args, submit, submit_recorded, QuerySource,
 };
 pub use parse::{
-    parse_commented_jobs, parse_sacct, parse_sbatch_parsable, parse_scontrol, parse_squeue,
-    CommentedJob,
+    compact_job_ids, parse_commented_jobs, parse_sacct, parse_sbatch_parsable, parse_scontrol,
+    parse_squeue, CommentedJob,
 };
 pub use runs::{
     died, find_runs, find_runs_and_unreadable, refresh, refresh_or_recorded, unreadable_warning,

@@ -154,6 +154,55 @@ fn expand_array_id(id: &str) -> Vec<String> {
     }
 }
 
+/// Job ids as Slurm writes a set of them (the inverse of [`expand_array_id`]): each
+/// array's tasks as ranges, `74_[0-99] 76_[0-29,31] 80_4 81`, arrays and jobs in id order.
+pub fn compact_job_ids(ids: &[String]) -> String {
+    let mut arrays: std::collections::BTreeMap<(u64, &str), Vec<u64>> = Default::default();
+    let mut plain: Vec<&str> = Vec::new();
+    for id in ids {
+        match id.split_once('_') {
+            Some((job, task)) if task.parse::<u64>().is_ok() => arrays
+                .entry((job.parse().unwrap_or(u64::MAX), job))
+                .or_default()
+                .extend(task.parse::<u64>().ok()),
+            _ => plain.push(id),
+        }
+    }
+    let mut out: Vec<(u64, String)> = plain
+        .into_iter()
+        .map(|id| (id.parse().unwrap_or(u64::MAX), id.to_string()))
+        .collect();
+    for ((order, job), mut tasks) in arrays {
+        tasks.sort_unstable();
+        tasks.dedup();
+        let text = match tasks.as_slice() {
+            [one] => format!("{job}_{one}"),
+            _ => {
+                let mut ranges: Vec<String> = Vec::new();
+                let mut i = 0;
+                while i < tasks.len() {
+                    let start = tasks[i];
+                    while i + 1 < tasks.len() && tasks[i + 1] == tasks[i] + 1 {
+                        i += 1;
+                    }
+                    ranges.push(match tasks[i] {
+                        end if end == start => start.to_string(),
+                        end => format!("{start}-{end}"),
+                    });
+                    i += 1;
+                }
+                format!("{job}_[{}]", ranges.join(","))
+            }
+        };
+        out.push((order, text));
+    }
+    out.sort();
+    out.into_iter()
+        .map(|(_, text)| text)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// `1-3,5` → 1, 2, 3, 5 (`1-7:2` steps too). Unreadable parts are skipped.
 fn expand_ranges(text: &str) -> Vec<u64> {
     let mut out = Vec::new();
@@ -275,6 +324,18 @@ mod tests {
         assert_eq!(expand_ranges("1-3,5"), vec![1, 2, 3, 5]);
         assert_eq!(expand_ranges("0-6:3"), vec![0, 3, 6]);
         assert_eq!(expand_array_id("7_[0-2%1]"), vec!["7_0", "7_1", "7_2"]);
+        let ids: Vec<String> = [
+            "76_31", "74_1", "81", "76_0", "74_0", "80_4", "76_1", "74_2",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect();
+        assert_eq!(compact_job_ids(&ids), "74_[0-2] 76_[0-1,31] 80_4 81");
+        let round_trip: Vec<String> = compact_job_ids(&ids)
+            .split(' ')
+            .flat_map(expand_array_id)
+            .collect();
+        assert_eq!(round_trip.len(), ids.len());
         assert_eq!(expand_array_id("7_4"), vec!["7_4"]);
     }
 }
