@@ -7,7 +7,7 @@ use common::{shardrun, spec_dir, text};
 
 /// Two 1.5 GiB GPUs for an MLP of 67 M parameters: about 1 GiB of FULL_SHARD state per rank
 /// alone, and the plan keeps 1 GiB of each GPU for CUDA and NCCL.
-const SPEC: &str = "name: too-big\nresources:\n  gpus_per_node: 2\n  gpu_memory_gb: 1.5\ntraining:\n  model: { kind: mlp, input_dim: 4096, hidden_dim: 8192, output_dim: 4096 }\n  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 1\n";
+const SPEC: &str = "name: too-big\nresources:\n  gpus_per_node: 2\n  gpu_memory_gb: 1.5\ntraining:\n  model: { kind: mlp, input_dim: 4096, hidden_dim: 8192, output_dim: 4096 }\n  steps: 1\n  total_batch_size: 4\n  batch_size_per_device: 2\n";
 
 #[test]
 fn plan_submit_and_run_refuse_a_job_that_does_not_fit_unless_forced() {
@@ -33,28 +33,36 @@ fn plan_submit_and_run_refuse_a_job_that_does_not_fit_unless_forced() {
             "{args:?} wrote a run directory"
         );
     }
-    // The ways out named are those the job does not take already.
-    let out = shardrun(dir.path(), &["plan", "job.yaml"]);
+    // The ways out named are those the job does not take already and that would help: in
+    // fp32 not more GPUs (what is not sharded alone exceeds the GPU), and never a smaller
+    // batch or activation checkpointing (the MLP's activations are next to nothing).
+    let plan = |more: &[&str]| {
+        text(&shardrun(
+            dir.path(),
+            &[&["plan", "job.yaml"][..], more].concat(),
+        ))
+    };
+    let shown = plan(&[]);
     assert!(
-        text(&out).contains(
-            "activation checkpointing, a smaller batch_size_per_device or bf16 parameters"
-        ),
-        "{}",
-        text(&out)
+        shown.contains("fix: use bf16 parameters; or pass --force"),
+        "{shown}"
     );
-    let out = shardrun(
-        dir.path(),
-        &[
-            "plan",
-            "job.yaml",
-            "--set",
-            "training.fsdp={activation_checkpointing: true, mixed_precision: {param_dtype: bf16}}",
-        ],
-    );
+    // In bf16 what is not sharded fits: more GPUs shrink the rest.
+    let bf16 = [
+        "--set",
+        "training.fsdp={mixed_precision: {param_dtype: bf16}}",
+    ];
+    let shown = plan(&bf16);
     assert!(
-        text(&out).contains("or a smaller batch_size_per_device; or pass --force"),
-        "{}",
-        text(&out)
+        shown.contains("fix: use more GPUs; or pass --force"),
+        "{shown}"
+    );
+    // A GPU smaller than what is not sharded: only GPUs with more memory.
+    let small = ["--set", "resources.gpu_memory_gb=1.2"];
+    let shown = plan(&[&bf16[..], &small].concat());
+    assert!(
+        shown.contains("fix: use GPUs with more memory; or pass --force"),
+        "{shown}"
     );
     let out = shardrun(dir.path(), &["plan", "job.yaml", "--force"]);
     let text = text(&out);

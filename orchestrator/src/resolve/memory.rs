@@ -229,13 +229,17 @@ impl MemoryEstimate {
         if unsharded < usable {
             savings.push("more GPUs");
         }
-        if !fsdp.activation_checkpointing {
+        // Fewer tokens a micro-step only help where activations are a part of the peak that
+        // counts; checkpointing recomputes blocks, which the MLP has none of.
+        let activations = self.chosen.at_peak.activations * 10 >= self.chosen.peak;
+        let blocks = !matches!(train.model, ModelConfig::Mlp { .. });
+        if !fsdp.activation_checkpointing && blocks && activations {
             savings.push("activation checkpointing");
         }
-        if train.batch.batch_size_per_device > 1 {
+        if train.batch.batch_size_per_device > 1 && activations {
             savings.push("a smaller batch_size_per_device");
         }
-        if train.data.sequence_length(&train.model) > 1 && self.chosen.at_peak.activations > 0 {
+        if train.data.sequence_length(&train.model) > 1 && activations {
             savings.push("a shorter seq_len");
         }
         if fsdp.mixed_precision.param_dtype == DType::F32 {

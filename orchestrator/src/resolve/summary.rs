@@ -179,7 +179,7 @@ impl ResolvedJob {
                         .chain(t.checkpoint.interval_minutes.map(|m| format!("{m} min")))
                         .collect();
                     format!(
-                        "{}{} every {}, keep {}{}",
+                        "{}{} every {}, keep {}{}; {}",
                         dir.display(),
                         if dir.is_relative() {
                             " (in the run directory)"
@@ -192,7 +192,8 @@ impl ResolvedJob {
                             ""
                         } else {
                             "; never resumes (resume: false)"
-                        }
+                        },
+                        checkpoint_disk(self.memory.num_params, t.checkpoint.keep)
                     )
                 }
                 None if t.checkpoint.resume => {
@@ -333,9 +334,35 @@ fn loss_chunks(t: &TrainConfig) -> String {
     }
 }
 
+/// The disk a run's checkpoints take: fp32 weights and AdamW's two moments, 12 bytes a
+/// parameter each, `keep` of them and the next one being written.
+fn checkpoint_disk(num_params: u64, keep: usize) -> String {
+    let size = |bytes: u64| match bytes as f64 / GIB {
+        gib if gib >= 1.0 => format!("{gib:.1} GiB"),
+        _ => format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20)),
+    };
+    let each = num_params * 12;
+    format!(
+        "{} each (fp32 weights and AdamW moments), up to {} on disk while the next is written",
+        size(each),
+        size(each * (keep as u64 + 1))
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn checkpoints_take_twelve_bytes_a_parameter_each() {
+        // Llama 3 8B: 8,030,261,248 parameters, 96.4 GB a checkpoint.
+        assert_eq!(
+            checkpoint_disk(8_030_261_248, 2),
+            "89.7 GiB each (fp32 weights and AdamW moments), up to 269.2 GiB on disk while the \
+             next is written"
+        );
+        assert!(checkpoint_disk(1_000_000, 1).starts_with("11.4 MiB each"));
+    }
 
     #[test]
     fn sizes_keep_a_figure_however_small() {
