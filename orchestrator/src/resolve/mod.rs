@@ -878,6 +878,20 @@ mod tests {
     }
 
     #[test]
+    fn a_gpu_job_without_cpus_per_task_is_told_it_gets_one_cpu_a_rank() {
+        let job = |resources: &str| {
+            let yaml = format!(
+                "name: t\nresources: {resources}\ntraining:\n  model: {{ kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }}\n  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 1\n"
+            );
+            resolve_yaml(&yaml, false).unwrap().warnings
+        };
+        let told = |w: &Vec<String>| w.iter().any(|w| w.contains("each GPU rank gets 1 CPU"));
+        assert!(told(&job("{ gpus_per_node: 2 }")));
+        assert!(!told(&job("{ gpus_per_node: 2, cpus_per_task: 1 }")));
+        assert!(!told(&job("{ tasks_per_node: 2 }")));
+    }
+
+    #[test]
     fn hybrid_shard_groups_are_whole_nodes_or_parts_of_one() {
         // 3 nodes of 8 GPUs.
         let job = |group: &str| {

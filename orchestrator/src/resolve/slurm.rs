@@ -73,6 +73,15 @@ pub fn resolve_slurm(
             ));
         }
     }
+    if ranks.gpus_per_node > 0 && res.cpus_per_task.is_none() && overrides.world_size.is_none() {
+        warnings.push(format!(
+            "`resources.cpus_per_task` is not set: each GPU rank gets {} CPU (Slurm's default) \
+             for its data loading, its torch threads and a data preparation in the job; GPU \
+             jobs usually ask for the node's cores divided by its GPUs (`cpus_per_task: 8` or \
+             more)",
+            ranks.cpus_per_task
+        ));
+    }
     if res.setup.iter().any(|l| l.contains('\n')) {
         return Err(s.err(
             "resources.setup",
