@@ -140,12 +140,11 @@ impl SweepFigure {
         // (cut at its edge) rather than squash every other curve to a line: its values set
         // the range only when every point diverged.
         let mut starts = Vec::new();
-        let ranged = |p: &PointRecords| {
-            !crate::metrics_file::has_diverged(&p.steps)
-                || with_steps
-                    .iter()
-                    .all(|p| crate::metrics_file::has_diverged(&p.steps))
-        };
+        let diverged: Vec<bool> = with_steps
+            .iter()
+            .map(|p| crate::metrics_file::has_diverged(&p.steps))
+            .collect();
+        let every_one_diverged = diverged.iter().all(|&d| d);
         for (i, point) in with_steps.iter().enumerate() {
             let raw: Vec<Point> = point
                 .steps
@@ -157,7 +156,7 @@ impl SweepFigure {
             } else {
                 raw
             };
-            if ranged(point) {
+            if !diverged[i] || every_one_diverged {
                 all.extend(shown.iter().map(|p| p.1));
                 starts.extend(shown.iter().map(|p| p.1).find(|v| v.is_finite()));
             }
