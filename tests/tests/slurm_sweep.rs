@@ -201,7 +201,8 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
     let runs = runs_of(&sweep_dir);
     assert_eq!(runs.len(), 25);
 
-    // `shardrun logs` of the sweep's folder names its points rather than a missing log.
+    // `shardrun logs` of the sweep's folder names its points, with their values, rather
+    // than a missing log.
     let out = cluster
         .shardrun(
             dir.path(),
@@ -213,7 +214,11 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
     let first = runs.keys().next().unwrap();
     assert!(
         stderr.contains("holds 25 run(s)")
-            && stderr.contains(&format!("  {}\n", sweep_dir.join(first).display()))
+            && stderr.lines().any(|l| {
+                l.starts_with(&format!("  {}  (", sweep_dir.join(first).display()))
+                    && l.contains("seed=")
+                    && l.ends_with(')')
+            })
             && stderr.contains("... and 15 more")
             && stderr.contains(&format!(
                 "fix: name one of them: `shardrun logs --rank 1 {}",

@@ -264,10 +264,24 @@ fn refuse_a_folder_of_runs(args: &Args) -> anyhow::Result<()> {
     let Some(first) = runs.first() else {
         return Ok(());
     };
+    // A sweep's points by the values they were given, as its status and metrics tables.
+    let params: Vec<_> = runs
+        .iter()
+        .map(|run| {
+            run.read_manifest()
+                .map(|m| m.sweep_params)
+                .unwrap_or_default()
+        })
+        .collect();
+    let columns = crate::sweeps::labels::ParamColumns::given(&params);
     let mut list: Vec<String> = runs
         .iter()
+        .zip(&params)
         .take(SHOWN)
-        .map(|run| format!("  {}", run.path().display()))
+        .map(|(run, params)| match params.is_empty() {
+            true => format!("  {}", run.path().display()),
+            false => format!("  {}  ({})", run.path().display(), columns.label(params)),
+        })
         .collect();
     if runs.len() > SHOWN {
         list.push(format!(
