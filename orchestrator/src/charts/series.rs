@@ -159,12 +159,23 @@ fn round_to(value: f64, step: f64) -> f64 {
     (value * scale).round() / scale
 }
 
-/// Ticks for a log10 axis over `lo..=hi` (exponents): the 1, 2 and 5 of each decade inside,
-/// or plain ticks of the exponent when the range is within one decade.
+/// Ticks for a log10 axis over `lo..=hi` (exponents): the 1, 2 and 5 of each decade inside;
+/// past four decades the powers of ten only, every few decades so that about eight stay
+/// (27 decades of a loss blown up wrote labels over each other); or plain ticks of the
+/// exponent when the range is within one decade.
 pub fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let span = hi - lo;
+    let (marks, every): (&[f64], i32) = if span > 4.0 {
+        (&[1.0], (span / 8.0).ceil().max(1.0) as i32)
+    } else {
+        (&[1.0, 2.0, 5.0], 1)
+    };
     let mut out = Vec::new();
     for decade in lo.floor() as i32..=hi.ceil() as i32 {
-        for m in [1.0f64, 2.0, 5.0] {
+        if decade.rem_euclid(every) != 0 {
+            continue;
+        }
+        for &m in marks {
             let v = (m * 10f64.powi(decade)).log10();
             if v >= lo && v <= hi {
                 out.push(v);
@@ -442,6 +453,12 @@ mod tests {
             log_ticks(0.0, 1.0),
             vec![0.0, 2f64.log10(), 5f64.log10(), 1.0]
         );
+        // A loss from 1 to 1e27: a power of ten every four decades, not 84 ticks.
+        assert_eq!(
+            log_ticks(0.0, 27.0),
+            [0.0, 4.0, 8.0, 12.0, 16.0, 20.0, 24.0]
+        );
+        assert_eq!(log_ticks(-1.0, 4.0), [-1.0, 0.0, 1.0, 2.0, 3.0, 4.0]);
     }
 
     #[test]
