@@ -101,13 +101,6 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             ),
         );
         resolve_interrupted(&journal, &sweep_dir)?;
-        let removed = sweeps::point_dirs::remove_interrupted_writes(&sweep_dir);
-        if removed > 0 {
-            outln!(
-                "removed {removed} point folder(s) an interrupted `shardrun sweep` left half \
-                 written (their points are decided again)"
-            );
-        }
         journal
             .write_current_points(points.iter().map(|p| p.name.as_str()))
             .context("recording the sweep's points")?;

@@ -120,21 +120,6 @@ pub fn prepare(sweep_dir: &Path, point: &SweepPoint) -> Result<NewPointDir, RunD
     Ok(new)
 }
 
-/// Remove what a cut-short submission left of the points named `names` in `sweep_dir`
-/// (directories still under their temporary names).
-pub fn remove_leftovers(sweep_dir: &Path, names: &[String]) {
-    let Ok(entries) = fs::read_dir(sweep_dir) else {
-        return;
-    };
-    let prefixes: Vec<String> = names.iter().map(|n| tmp_prefix(n)).collect();
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if prefixes.iter().any(|p| name.starts_with(p.as_str())) {
-            let _ = fs::remove_dir_all(entry.path());
-        }
-    }
-}
-
 /// Remove every point directory of `sweep_dir` still under its temporary name: what
 /// submissions killed while writing them left (Ctrl-C ends `shardrun sweep` at once). Only
 /// for a sweep that holds the sweep folder's lock, once an interrupted submission's arrays
@@ -402,7 +387,7 @@ mod tests {
         let left = prepare(dir.path(), &points[1]).unwrap();
         std::mem::forget(left);
         assert_eq!(names(dir.path()).len(), 2);
-        remove_leftovers(dir.path(), &[points[1].name.clone()]);
+        assert_eq!(remove_interrupted_writes(dir.path()), 1);
         assert_eq!(names(dir.path()), [points[0].name.clone()]);
 
         // Killed submissions' directories of any point, and nothing else, go at the next.

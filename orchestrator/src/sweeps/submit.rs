@@ -307,8 +307,21 @@ fn cancel(journal: &Journal, record: &mut ArrayRecord, why: &str) {
 /// "released". An array Slurm holds (found by its comment) whose points were all written
 /// with its job ids is released; one whose points were not written is cancelled (it never
 /// ran: it was held) and its points are decided afresh, as are those of an array Slurm never
-/// saw.
+/// saw. Then the point folders any interrupted submission left half written go.
 pub fn resolve_interrupted(journal: &Journal, sweep_dir: &Path) -> anyhow::Result<()> {
+    resolve_arrays(journal, sweep_dir)?;
+    let removed = point_dirs::remove_interrupted_writes(sweep_dir);
+    if removed > 0 {
+        outln!(
+            "removed {removed} point folder(s) an interrupted `shardrun sweep` left half \
+             written (their points are decided again)"
+        );
+    }
+    Ok(())
+}
+
+/// The arrays part of [`resolve_interrupted`].
+fn resolve_arrays(journal: &Journal, sweep_dir: &Path) -> anyhow::Result<()> {
     let mut pending: Vec<ArrayRecord> = journal
         .records()?
         .into_iter()
@@ -321,10 +334,6 @@ pub fn resolve_interrupted(journal: &Journal, sweep_dir: &Path) -> anyhow::Resul
         .context("looking up the arrays of an interrupted `shardrun sweep` in Slurm")?;
     for record in &mut pending {
         let points = journal.read_points(&record.array)?;
-        let names: Vec<String> = points
-            .iter()
-            .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .collect();
         let job = jobs.get(&record.tag).or_else(|| {
             // Its id was recorded but the comment is gone: look it up by id.
             record
@@ -335,7 +344,6 @@ pub fn resolve_interrupted(journal: &Journal, sweep_dir: &Path) -> anyhow::Resul
         let Some(job) = job else {
             record.state = ArrayState::Abandoned;
             journal.write(record)?;
-            point_dirs::remove_leftovers(sweep_dir, &names);
             outln!(
                 "array {} of an interrupted `shardrun sweep` never reached Slurm: its {} point(s) are decided again",
                 record.array,
@@ -364,7 +372,6 @@ pub fn resolve_interrupted(journal: &Journal, sweep_dir: &Path) -> anyhow::Resul
                 record,
                 "an interrupted `shardrun sweep` had not written its points yet",
             );
-            point_dirs::remove_leftovers(sweep_dir, &names);
             outln!(
                 "array {} (Slurm job {}) of an interrupted `shardrun sweep` was held with its points not written: cancelled, its {} point(s) are decided again",
                 record.array,
