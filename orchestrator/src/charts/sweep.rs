@@ -46,8 +46,12 @@ fn point_label(params: &ParamColumns, point: &PointRecords) -> String {
 /// Points named in one line at most; the rest are counted.
 const NAMED_AT_MOST: usize = 8;
 
-/// Legend entries at most; the rest are summed up in one.
+/// Points named in the loss overlay's legend at most; the rest are drawn in grey and
+/// counted on the legend's last line.
 const MAX_LEGEND: usize = 12;
+
+/// The curves of points past the legend: behind the named ones, and not of their colours.
+const UNNAMED: RGBColor = RGBColor(0x99, 0x99, 0x99);
 const OVERLAY_HEIGHT: u32 = 520;
 const FINAL_HEIGHT: u32 = 400;
 
@@ -145,31 +149,73 @@ impl SweepFigure {
             .map(|p| crate::metrics_file::has_diverged(&p.steps))
             .collect();
         let every_one_diverged = diverged.iter().all(|&d| d);
-        for (i, point) in with_steps.iter().enumerate() {
-            let raw: Vec<Point> = point
-                .steps
-                .iter()
-                .filter_map(|r| Some((r.step as f64, self.transform(r.loss()?))))
-                .collect();
-            let shown = if self.smoothing > 0.0 {
-                ema(&raw, self.smoothing)
-            } else {
-                raw
-            };
+        let shown: Vec<Vec<Point>> = with_steps
+            .iter()
+            .map(|point| {
+                let raw: Vec<Point> = point
+                    .steps
+                    .iter()
+                    .filter_map(|r| Some((r.step as f64, self.transform(r.loss()?))))
+                    .collect();
+                if self.smoothing > 0.0 {
+                    ema(&raw, self.smoothing)
+                } else {
+                    raw
+                }
+            })
+            .collect();
+        for (i, curve) in shown.iter().enumerate() {
             if !diverged[i] || every_one_diverged {
-                all.extend(shown.iter().map(|p| p.1));
-                starts.extend(shown.iter().map(|p| p.1).find(|v| v.is_finite()));
+                all.extend(curve.iter().map(|p| p.1));
+                starts.extend(curve.iter().map(|p| p.1).find(|v| v.is_finite()));
             }
-            let label = (i < MAX_LEGEND).then(|| point_label(&params, point));
+        }
+        // More curves than a legend can name are a tangle: the best ones are drawn in
+        // colour and named, best first; the rest thin and grey behind them.
+        let named = if with_steps.len() > MAX_LEGEND {
+            let validation = with_steps.iter().all(|p| !p.evals.is_empty());
+            let ends: Vec<f64> = with_steps
+                .iter()
+                .zip(&shown)
+                .zip(&diverged)
+                .map(|((point, curve), &diverged)| {
+                    let end = match validation {
+                        true => point.evals.last().map(|&(_, loss)| self.transform(loss)),
+                        false => curve.iter().rev().map(|p| p.1).find(|v| v.is_finite()),
+                    };
+                    end.filter(|v| v.is_finite() && !diverged)
+                        .unwrap_or(f64::INFINITY)
+                })
+                .collect();
+            let mut best: Vec<usize> = (0..with_steps.len()).collect();
+            best.sort_by(|&a, &b| ends[a].total_cmp(&ends[b]));
+            best.truncate(MAX_LEGEND);
+            best
+        } else {
+            (0..with_steps.len()).collect()
+        };
+        for (i, curve) in shown.iter().enumerate() {
+            if !named.contains(&i) {
+                curves.push(Curve {
+                    points: curve.clone(),
+                    color: UNNAMED,
+                    dash: None,
+                    width: 1,
+                    opacity: 0.5,
+                    label: None,
+                });
+            }
+        }
+        for (k, &i) in named.iter().enumerate() {
             // Past the palette's colours, curves are told apart by their dashes.
-            let (color, dash) = pen(i);
+            let (color, dash) = pen(k);
             curves.push(Curve {
-                points: shown,
+                points: shown[i].clone(),
                 color,
                 dash,
                 width: 2,
                 opacity: 1.0,
-                label,
+                label: Some(point_label(&params, with_steps[i])),
             });
         }
         let title = if self.smoothing > 0.0 {
@@ -195,8 +241,16 @@ impl SweepFigure {
             legend: true,
             marker_text: false,
             // Not a curve's label: it would be drawn with that curve's colour and dashes.
-            legend_note: (with_steps.len() > MAX_LEGEND)
-                .then(|| format!("... and {} more point(s)", with_steps.len() - MAX_LEGEND)),
+            legend_note: (with_steps.len() > MAX_LEGEND).then(|| {
+                let measure = match with_steps.iter().all(|p| !p.evals.is_empty()) {
+                    true => "validation loss",
+                    false => "loss",
+                };
+                format!(
+                    "... and {} more point(s), in grey: higher final {measure}",
+                    with_steps.len() - MAX_LEGEND
+                )
+            }),
         }
     }
 
@@ -491,26 +545,55 @@ mod tests {
     }
 
     #[test]
-    fn points_past_the_legend_are_counted_on_a_line_of_their_own() {
+    fn past_the_legend_the_best_points_are_named_and_the_rest_drawn_grey() {
+        let count = MAX_LEGEND as u64 + 3;
+        // The higher the seed, the lower the final loss; one point diverged.
+        let mut points: Vec<PointRecords> = (0..count)
+            .map(|seed| point(1e-3, seed, (count - seed) as f64))
+            .collect();
+        points[count as usize - 1].steps[2].loss = f64::NAN;
         let figure = SweepFigure {
             title: "s".into(),
-            points: (0..MAX_LEGEND as u64 + 3)
-                .map(|seed| point(1e-3, seed, 1.0))
-                .collect(),
+            points,
             smoothing: 0.0,
             log_loss: false,
         };
         let overlay = &figure.panels()[0];
-        let labelled = overlay.curves.iter().filter(|c| c.label.is_some()).count();
-        assert_eq!(labelled, MAX_LEGEND);
+        let labels: Vec<&str> = overlay
+            .curves
+            .iter()
+            .filter_map(|c| c.label.as_deref())
+            .collect();
+        let best_first: Vec<String> = (2..count - 1)
+            .rev()
+            .map(|seed| format!("seed={seed}"))
+            .collect();
+        assert_eq!(
+            labels, best_first,
+            "the diverged point is not among the best"
+        );
+        let grey: Vec<&Curve> = overlay.curves.iter().take(3).collect();
+        assert!(
+            grey.iter()
+                .all(|c| c.label.is_none() && c.color == UNNAMED && c.width == 1),
+            "the unnamed curves are grey, thin and drawn first (behind)"
+        );
+        assert!(overlay.curves[3..].iter().all(|c| c.color != UNNAMED));
         assert_eq!(
             overlay.legend_note.as_deref(),
-            Some("... and 3 more point(s)"),
+            Some("... and 3 more point(s), in grey: higher final loss"),
             "not drawn as a curve's label, with that curve's pen"
         );
         let mut fewer = figure;
         fewer.points.truncate(MAX_LEGEND);
-        assert_eq!(fewer.panels()[0].legend_note, None);
+        let overlay = &fewer.panels()[0];
+        assert_eq!(overlay.legend_note, None);
+        let first = overlay.curves[0].label.as_deref();
+        assert_eq!(
+            first,
+            Some("seed=0"),
+            "a legend that names all is in value order"
+        );
     }
 
     #[test]
@@ -735,7 +818,7 @@ mod tests {
     }
 
     #[test]
-    fn no_two_curves_are_drawn_alike_past_the_palette() {
+    fn no_two_named_curves_are_drawn_alike_past_the_palette() {
         let points: Vec<PointRecords> = (0..24)
             .map(|i| point(10f64.powi(-(i % 6)), i as u64 / 6, 1.0 + i as f64))
             .collect();
@@ -746,7 +829,13 @@ mod tests {
             log_loss: false,
         };
         for panel in figure.panels() {
-            let pens: Vec<_> = panel.curves.iter().map(|c| (c.color, c.dash)).collect();
+            // The grey curves past the overlay's legend are alike on purpose.
+            let pens: Vec<_> = panel
+                .curves
+                .iter()
+                .filter(|c| c.label.is_some())
+                .map(|c| (c.color, c.dash))
+                .collect();
             for (i, pen) in pens.iter().enumerate() {
                 assert!(
                     !pens[..i].contains(pen),
@@ -757,12 +846,15 @@ mod tests {
         }
         let overlay = &figure.panels()[0];
         assert_eq!(overlay.curves.len(), 24);
-        assert_eq!(overlay.curves[9].dash, None);
-        assert!(
-            overlay.curves[10].dash.is_some(),
-            "the 11th curve is dashed"
-        );
-        assert_eq!(overlay.curves[10].color, overlay.curves[0].color);
+        let named: Vec<&Curve> = overlay
+            .curves
+            .iter()
+            .filter(|c| c.label.is_some())
+            .collect();
+        assert_eq!(named.len(), MAX_LEGEND);
+        assert_eq!(named[9].dash, None);
+        assert!(named[10].dash.is_some(), "the 11th named curve is dashed");
+        assert_eq!(named[10].color, named[0].color);
     }
 
     #[test]
