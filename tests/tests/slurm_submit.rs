@@ -381,8 +381,9 @@ fn dry_run_prints_the_script_and_writes_nothing() {
 
 /// With slurmctld out of reach (here: a `slurm.conf` naming a port nothing listens on),
 /// `status` still lists every run: a job still queued as last recorded, and said so, and a
-/// run that ended with its end. It exits 1 with squeue's own error, and writes nothing back:
-/// once Slurm answers again, the queued job is as it was.
+/// run that ended with its end. It exits 1 with squeue's own error (0 when only runs that
+/// ended were asked after, with a note), and writes nothing back: once Slurm answers again,
+/// the queued job is as it was.
 #[test]
 fn a_slurm_that_does_not_answer_leaves_the_runs_as_last_recorded() {
     let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
@@ -466,6 +467,30 @@ fn a_slurm_that_does_not_answer_leaves_the_runs_as_last_recorded() {
         stderr.contains("Unable to contact slurm controller")
             && stderr.contains("fix: run `shardrun status` where `squeue` reaches the cluster"),
         "{stderr}"
+    );
+
+    // With only the run that ended asked after, what is shown stands: exit 0, with a note
+    // saying Slurm did not answer (the wait for squeue would otherwise be unexplained).
+    let fails = dir.join("runs/fails");
+    let out = status(&["status", "--json", &fails.to_string_lossy()]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let document: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(document["source"], "recorded", "{document}");
+    assert_eq!(document["runs"][0]["state"], "FAILED", "{document}");
+    assert!(
+        document["slurm_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("Unable to contact slurm controller")),
+        "{document}"
+    );
+    let out = status(&["status", &fails.to_string_lossy()]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        stdout_of(&out).contains("Slurm did not answer: every run had ended, as shown")
+            && stderr_of(&out).contains("Unable to contact slurm controller"),
+        "{}{}",
+        stdout_of(&out),
+        stderr_of(&out)
     );
 
     // Nothing was written back: the job still waits, and Slurm says so again.

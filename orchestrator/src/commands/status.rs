@@ -23,10 +23,11 @@ pub struct Args {
 #[derive(Debug, Serialize)]
 pub struct StatusDocument {
     pub version: u32,
-    /// `squeue`, `squeue+sacct`, `squeue+scontrol`, or null when no run needed Slurm.
+    /// `squeue`, `squeue+sacct`, `squeue+scontrol`, `recorded` (Slurm did not answer and
+    /// every submitted run had ended), or null when no run needed Slurm.
     pub source: Option<&'static str>,
     /// What Slurm said when it did not answer (the submitted runs' states are then as last
-    /// recorded, and the command exits 1); null when it answered.
+    /// recorded; the command exits 1 unless every one had ended); null when it answered.
     pub slurm_error: Option<String>,
     pub runs: Vec<RunJson>,
 }
@@ -105,15 +106,20 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         Ok(source) => (source, None),
         Err(error) => (None, Some(error)),
     };
+    let squeue_error = match &source {
+        Some(QuerySource::Recorded { squeue_error }) => Some(squeue_error.clone()),
+        _ => unanswered.as_ref().map(|e| e.to_string()),
+    };
     if args.json {
         let doc = StatusDocument {
             version: crate::commands::metrics::JSON_VERSION,
-            source: source.map(|s| match s {
+            source: source.as_ref().map(|s| match s {
                 QuerySource::Squeue => "squeue",
                 QuerySource::SqueueSacct => "squeue+sacct",
                 QuerySource::SqueueScontrol => "squeue+scontrol",
+                QuerySource::Recorded { .. } => "recorded",
             }),
-            slurm_error: unanswered.as_ref().map(|e| e.to_string()),
+            slurm_error: squeue_error,
             runs: statuses.iter().map(RunJson::of).collect(),
         };
         outln!("{}", serde_json::to_string_pretty(&doc)?);
@@ -122,15 +128,29 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             "{}",
             status_table(&statuses, std::env::current_dir().ok().as_deref())
         );
-        let note = match source {
-            Some(QuerySource::Squeue) => Some("states from squeue"),
-            Some(QuerySource::SqueueSacct) => Some("states from squeue, and sacct for ended jobs"),
-            Some(QuerySource::SqueueScontrol) => Some(
-                "states from squeue/scontrol: accounting is not enabled, sacct is not available",
-            ),
-            None if unanswered.is_some() => {
-                Some("Slurm did not answer: the states of submitted runs are as last recorded")
+        let note = match &source {
+            Some(QuerySource::Squeue) => Some("states from squeue".to_string()),
+            Some(QuerySource::SqueueSacct) => {
+                Some("states from squeue, and sacct for ended jobs".to_string())
             }
+            Some(QuerySource::SqueueScontrol) => Some(
+                "states from squeue/scontrol: accounting is not enabled, sacct is not available"
+                    .to_string(),
+            ),
+            // Every submitted run had ended: what is shown stands, but a job requeued since
+            // (`scontrol requeue`) would not show, and the wait for squeue wants a reason.
+            Some(QuerySource::Recorded { squeue_error }) => {
+                errln!("warning: {squeue_error}");
+                Some(
+                    "Slurm did not answer: every run had ended, as shown; a requeue since \
+                     would not show"
+                        .to_string(),
+                )
+            }
+            None if unanswered.is_some() => Some(
+                "Slurm did not answer: the states of submitted runs are as last recorded"
+                    .to_string(),
+            ),
             None => None,
         };
         if let Some(note) = note {

@@ -242,7 +242,7 @@ pub fn cancel(ids: &[String]) -> Result<(), SlurmError> {
 }
 
 /// Which commands answered a [`query`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum QuerySource {
     /// `squeue` knew every job.
     Squeue,
@@ -250,6 +250,9 @@ pub enum QuerySource {
     SqueueSacct,
     /// `squeue`, then `scontrol` because accounting is not enabled (sacct exits non-zero).
     SqueueScontrol,
+    /// `squeue` did not answer (what it said), and only jobs of runs that had ended were
+    /// asked after: their recorded ends stand, though a requeue since would not show.
+    Recorded { squeue_error: String },
 }
 
 /// States of `active` (`1234` or `1234_5`: jobs of runs not known to have ended) in as few
@@ -259,7 +262,8 @@ pub enum QuerySource {
 /// `squeue` comes first because it is live: `sacct` lags slurmctld by seconds (a running
 /// job still reads PENDING there). sacct then answers for active jobs slurmctld no longer
 /// holds; without accounting, `scontrol show job` is the last resort. Ended jobs are asked of
-/// squeue only, and only when it answers: a finished run's status needs no Slurm.
+/// squeue only; when it does not answer, their recorded ends stand
+/// ([`QuerySource::Recorded`]): a finished run's status needs no Slurm.
 pub fn query(
     active: &[String],
     ended: &[String],
@@ -286,7 +290,10 @@ pub fn query(
     let answer = run("squeue", &args).and_then(|output| check("squeue", &args, output));
     match answer {
         Ok(text) => keep(parse_squeue(&text), &wanted, &mut found),
-        Err(_) if active.is_empty() => return Ok((found, QuerySource::Squeue)),
+        Err(e) if active.is_empty() => {
+            let squeue_error = e.to_string().trim_end().to_string();
+            return Ok((found, QuerySource::Recorded { squeue_error }));
+        }
         Err(e) => return Err(e),
     }
     let ids: Vec<&String> = active

@@ -357,7 +357,12 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
                 && !run_state_of(&r.state).is_terminal()
         })
     };
-    let answer = answer.map(|source| (!records.is_empty() || !active.is_empty()).then_some(source));
+    let answer = answer.map(|source| {
+        let asked = !records.is_empty()
+            || !active.is_empty()
+            || matches!(source, QuerySource::Recorded { .. });
+        asked.then_some(source)
+    });
     let unanswered = answer.is_err();
     let mut out = Vec::with_capacity(runs.len());
     let mut current_points = CurrentPoints::default();
