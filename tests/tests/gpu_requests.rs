@@ -98,7 +98,40 @@ fn a_slurm_gpu_job_without_usable_gpus_fails_once_naming_the_node() {
         stdout_of(&refused),
         stderr_of(&refused)
     );
+    // What Slurm does not say: which ask no node meets, from what sinfo lists.
+    assert!(
+        stderr_of(&refused).contains(
+            "why: each node is asked for 2 GPU(s) of type h100 (resources.gpus_per_node): \
+             no node of partition debug (the default) has more than 0"
+        ),
+        "{}",
+        stderr_of(&refused)
+    );
+    // A dry run asks Slurm too, and says what the real submit would meet.
+    let dry_run = |spec: &Path| {
+        let out = cluster
+            .shardrun(
+                dir.path(),
+                &["submit", "--dry-run", &spec.to_string_lossy()],
+            )
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr_of(&out));
+        stderr_of(&out)
+    };
+    let said = dry_run(&h100);
+    assert!(
+        said.contains("warning: the real submit would fail here")
+            && said.contains("Requested node configuration is not available")
+            && said.contains("why: each node is asked for 2 GPU(s) of type h100"),
+        "{said}"
+    );
     let spec = dir.write("gpu.yaml", &typed("gpujob", "fake"));
+    let said = dry_run(&spec);
+    assert!(
+        said.contains("dry run: Slurm would take the job (Job ")
+            && said.contains("in partition debug)"),
+        "{said}"
+    );
     let job_id = cluster
         .submit(dir.path(), &[&spec.to_string_lossy()])
         .job_id;

@@ -235,7 +235,8 @@ fn a_job_no_node_can_run_is_refused_at_submit_not_left_pending() {
     assert!(!out.status.success(), "{}{stderr}", stdout_of(&out));
     assert!(
         stderr.contains("Requested node configuration is not available")
-            && stderr.contains("sbatch did not accept the job"),
+            && stderr.contains("sbatch did not accept the job")
+            && stderr.contains("why: each node is asked for 921600 MB of memory (resources.mem)"),
         "{stderr}"
     );
     let manifest =

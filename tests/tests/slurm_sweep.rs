@@ -183,6 +183,12 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
         2,
         "{stdout}"
     );
+    // Slurm is asked whether it would take the first array (`sbatch --test-only`).
+    let said = stderr_of(&out);
+    assert!(
+        said.contains("dry run: Slurm would take array 1/3 (Job "),
+        "{said}"
+    );
     assert!(!dir.join("runs").exists(), "a dry run writes nothing");
 
     let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();

@@ -33,6 +33,31 @@ pub struct Args {
     pub set: SetArgs,
 }
 
+/// What Slurm would do with `what` (the job, an array) of batch script `script`, asked with
+/// `sbatch --test-only` and said for a dry run: when and where it would start, or why the
+/// real submit would fail (with the ask no node meets). Never an error: a dry run away from
+/// Slurm still shows the script and the plan.
+pub(crate) fn ask_slurm(script: &str, what: &str) {
+    match slurm::test_only(script, &[]) {
+        Ok(slurm::TestOnly::Starts(said)) => errln!(
+            "dry run: Slurm would take {what} ({})",
+            said.trim_start_matches("sbatch: ")
+        ),
+        Ok(slurm::TestOnly::WaitsFor(nodes)) => errln!(
+            "dry run: Slurm would queue {what} for nodes of its partition out of service now \
+             ({})",
+            nodes.join(", ")
+        ),
+        Err(slurm::SlurmError::NotInstalled { .. }) => {
+            errln!("dry run: Slurm not asked (`sbatch` is not on PATH)")
+        }
+        Err(e) => errln!(
+            "warning: the real submit would fail here: {}",
+            e.to_string().trim_end()
+        ),
+    }
+}
+
 pub fn execute(args: Args) -> anyhow::Result<()> {
     let mut path = PathBuf::new();
     let (loaded, job) = spec_args::load_one_job(&args.spec, &args.set, OneJob::Submit, |loaded| {
@@ -69,6 +94,9 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         out!("{script}");
         errln!("{}", job.summary().trim_end());
         errln!("dry run: {}", decision.dry_run_words(&path));
+        if !matches!(decision, rerun::RunDecision::Finished(_)) {
+            ask_slurm(&script, "the job");
+        }
         return Ok(());
     }
     // An existing run directory is this command's alone until its job is submitted.

@@ -317,6 +317,11 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                 submitter.sbatch_command(&array, &after),
                 script.trim_end()
             );
+            // Every array asks the same of each node: the first stands for all of them.
+            if k == 0 {
+                let what = format!("array 1/{}", plan.arrays.len());
+                crate::commands::submit::ask_slurm(&script, &what);
+            }
         }
         return Ok(());
     }

@@ -1,7 +1,7 @@
 //! Running the Slurm commands. One batched query for many jobs: `sacct` when accounting
 //! works, else `squeue --states=all` plus `scontrol show job` for what squeue missed.
 
-use super::out_of_service::{parse_sinfo, waits_for, NodeRequest, SINFO_FORMAT};
+use super::node_fit::{parse_sinfo, shortfall, waits_for, NodeInfo, NodeRequest, SINFO_FORMAT};
 use super::parse::{
     parse_commented_jobs, parse_sacct, parse_sbatch_parsable, parse_scontrol, parse_squeue,
     CommentedJob,
@@ -20,13 +20,38 @@ pub(super) fn run(program: &'static str, args: &[&str]) -> Result<Output, SlurmE
         // [`submit_recorded`]), not a kill of an sbatch whose job Slurm may already have.
         .process_group(0)
         .output()
-        .map_err(|source| match source.kind() {
-            ErrorKind::NotFound => SlurmError::NotInstalled { command: program },
-            _ => SlurmError::Spawn {
-                command: program,
-                source,
-            },
-        })
+        .map_err(|source| spawn_error(program, source))
+}
+
+fn spawn_error(program: &'static str, source: std::io::Error) -> SlurmError {
+    match source.kind() {
+        ErrorKind::NotFound => SlurmError::NotInstalled { command: program },
+        _ => SlurmError::Spawn {
+            command: program,
+            source,
+        },
+    }
+}
+
+/// [`run`] with `input` on the program's stdin.
+fn run_with_input(program: &'static str, args: &[&str], input: &str) -> Result<Output, SlurmError> {
+    use std::io::Write;
+    use std::os::unix::process::CommandExt;
+    let mut child = Command::new(program)
+        .args(args)
+        .process_group(0)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|source| spawn_error(program, source))?;
+    let mut stdin = child.stdin.take().expect("stdin is piped");
+    // A program that exits before reading all of it closes the pipe: its answer says why.
+    let _ = stdin.write_all(input.as_bytes());
+    drop(stdin);
+    child
+        .wait_with_output()
+        .map_err(|source| spawn_error(program, source))
 }
 
 pub(super) fn check(program: &str, args: &[&str], output: Output) -> Result<String, SlurmError> {
@@ -58,15 +83,14 @@ fn test_submission(script: &Path, extra_args: &[String]) -> Result<(), SlurmErro
     // first, which refuses what a plain sbatch would, and also what needs a node that is
     // drained or down for now, which a plain sbatch queues (told apart with `sinfo`).
     if extra_args.iter().any(|a| a == "--hold") {
-        let mut args = vec!["--test-only".to_string()];
-        args.extend(extra_args.iter().filter(|a| *a != "--hold").cloned());
-        args.push(script.to_string_lossy().into_owned());
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let output = run("sbatch", &args)?;
-        if let Err(refused) = check("sbatch", &args, output) {
-            let Some(waited_for) = nodes_to_wait_for(script) else {
-                return Err(refused);
-            };
+        let others: Vec<String> = extra_args
+            .iter()
+            .filter(|a| *a != "--hold")
+            .cloned()
+            .collect();
+        let text = std::fs::read_to_string(script)
+            .map_err(|_| SlurmError::MissingScript(script.to_path_buf()))?;
+        if let TestOnly::WaitsFor(waited_for) = test_only(&text, &others)? {
             errln!(
                 "warning: `sbatch --test-only` refused the job, which nodes of its partition \
                  out of service now would meet ({}): submitted, so that it waits for them as a \
@@ -78,6 +102,55 @@ fn test_submission(script: &Path, extra_args: &[String]) -> Result<(), SlurmErro
     Ok(())
 }
 
+/// What Slurm would do with a job, asked with `sbatch --test-only`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TestOnly {
+    /// It would take it: sbatch's words on when and where it would start.
+    Starts(String),
+    /// `--test-only` refused it, but a plain sbatch would queue it for these nodes out of
+    /// service (`node (state)`).
+    WaitsFor(Vec<String>),
+}
+
+/// `sbatch --test-only [extra args]` of the batch script `script` (given on its stdin). A
+/// refusal carries, under sbatch's own words, each ask of the job no node of its partition
+/// meets ([`shortfall`]).
+pub fn test_only(script: &str, extra_args: &[String]) -> Result<TestOnly, SlurmError> {
+    let mut args = vec!["--test-only".to_string()];
+    args.extend(extra_args.iter().cloned());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let output = run_with_input("sbatch", &args, script)?;
+    // sbatch --test-only answers on stderr: "sbatch: Job 12 to start at ... on nodes ...".
+    let said = String::from_utf8_lossy(&output.stderr).trim().to_string();
+    let refused = match check("sbatch", &args, output) {
+        Ok(_) => return Ok(TestOnly::Starts(said)),
+        Err(refused) => refused,
+    };
+    let fit = node_fit(script);
+    if let Some(nodes) = fit
+        .as_ref()
+        .and_then(|(request, nodes)| waits_for(request, nodes))
+    {
+        return Ok(TestOnly::WaitsFor(nodes));
+    }
+    let why = fit.and_then(|(request, nodes)| shortfall(&request, &nodes));
+    Err(match (refused, why) {
+        (
+            SlurmError::Failed {
+                command,
+                status,
+                stderr,
+            },
+            Some(why),
+        ) => SlurmError::Failed {
+            command,
+            status,
+            stderr: format!("{stderr}\n  why: {}", why.join("\n  why: ")),
+        },
+        (refused, _) => refused,
+    })
+}
+
 /// `sbatch --parsable [extra args] <script>` itself → the job id.
 fn sbatch(script: &Path, extra_args: &[String]) -> Result<String, SlurmError> {
     let args = sbatch_args(script, extra_args);
@@ -86,13 +159,13 @@ fn sbatch(script: &Path, extra_args: &[String]) -> Result<String, SlurmError> {
     parse_sbatch_parsable(&check("sbatch", &args, output)?)
 }
 
-/// The nodes out of service the job of `script` waits for, when only they keep it from
-/// running ([`super::out_of_service::waits_for`]).
-fn nodes_to_wait_for(script: &Path) -> Option<Vec<String>> {
-    let request = NodeRequest::of_script(&std::fs::read_to_string(script).ok()?);
+/// What the job of `script` asks of each node, and the nodes sinfo lists: whether it waits
+/// for nodes out of service ([`waits_for`]) or no node could hold it ([`shortfall`]).
+fn node_fit(script: &str) -> Option<(NodeRequest, Vec<NodeInfo>)> {
+    let request = NodeRequest::of_script(script);
     let args = ["--noheader", "--Node", SINFO_FORMAT];
     let text = check("sinfo", &args, run("sinfo", &args).ok()?).ok()?;
-    waits_for(&request, &parse_sinfo(&text))
+    Some((request, parse_sinfo(&text)))
 }
 
 /// The arguments [`submit`] gives sbatch (a dry run shows them).

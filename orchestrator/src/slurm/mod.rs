@@ -5,13 +5,14 @@
 
 mod command;
 pub mod limits;
-mod out_of_service;
+mod node_fit;
 mod parse;
 mod runs;
 mod state;
 
 pub use command::{
-    cancel, jobs_by_comment, query, release, sbatch_args, submit, submit_recorded, QuerySource,
+    cancel, jobs_by_comment, query, release, sbatch_args, submit, submit_recorded, test_only,
+    QuerySource, TestOnly,
 };
 pub use parse::{
     compact_job_ids, parse_commented_jobs, parse_sacct, parse_sbatch_parsable, parse_scontrol,

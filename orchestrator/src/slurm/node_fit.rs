@@ -1,7 +1,9 @@
-//! A job `sbatch --test-only` refuses may still be one Slurm would queue: `--test-only`
-//! counts drained and down nodes as missing, where a plain sbatch waits for them. Whether the
-//! job could run once such nodes are back, from what its script asks of each node and what
-//! `sinfo` says the partition's nodes have.
+//! What a job's script asks of each node against what `sinfo` says the partition's nodes
+//! have, for a job `sbatch --test-only` refused. Such a job may still be one Slurm would
+//! queue: `--test-only` counts drained and down nodes as missing, where a plain sbatch waits
+//! for them ([`waits_for`]). Else it is refused, and people are told which of their asks no
+//! node meets ([`shortfall`]): Slurm's "Requested node configuration is not available"
+//! does not say.
 
 /// What a job's script asks for (its `#SBATCH` lines).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,12 +110,15 @@ impl NodeInfo {
         )
     }
 
-    fn meets(&self, request: &NodeRequest) -> bool {
-        let partition = match &request.partitions {
+    fn in_partition(&self, request: &NodeRequest) -> bool {
+        match &request.partitions {
             Some(names) => names.contains(&self.partition),
             None => self.default_partition,
-        };
-        partition
+        }
+    }
+
+    fn meets(&self, request: &NodeRequest) -> bool {
+        self.in_partition(request)
             && self.cpus >= request.cpus_per_node
             && request.mem_mb_per_node.is_none_or(|mem| self.mem_mb >= mem)
             && gpu_count(&self.gres, request.gpu_type.as_deref()) >= request.gpus_per_node
@@ -139,6 +144,62 @@ pub fn waits_for(request: &NodeRequest, nodes: &[NodeInfo]) -> Option<Vec<String
             .map(|n| format!("{} ({})", n.name, n.state))
             .collect(),
     )
+}
+
+/// Why no `request.nodes` nodes of the job's partition could ever hold it, one reason a
+/// line and each naming the spec field to change; `None` when enough nodes have what each is
+/// asked for (the refusal is then for something sinfo does not show: a constraint, a limit,
+/// an account) or the partition has no nodes (sbatch names the partition itself).
+pub fn shortfall(request: &NodeRequest, nodes: &[NodeInfo]) -> Option<Vec<String>> {
+    let mut partition: Vec<&NodeInfo> = nodes.iter().filter(|n| n.in_partition(request)).collect();
+    partition.sort_by(|a, b| a.name.cmp(&b.name));
+    partition.dedup_by(|a, b| a.name == b.name);
+    let first = partition.first()?;
+    let name = match &request.partitions {
+        Some(names) => format!("partition {}", names.join(",")),
+        None => format!("partition {} (the default)", first.partition),
+    };
+    let mut reasons = Vec::new();
+    let kind = request.gpu_type.as_deref();
+    let most_gpus = partition
+        .iter()
+        .map(|n| gpu_count(&n.gres, kind))
+        .max()
+        .unwrap_or(0);
+    if request.gpus_per_node > most_gpus {
+        let of_kind = kind.map(|k| format!(" of type {k}")).unwrap_or_default();
+        reasons.push(format!(
+            "each node is asked for {} GPU(s){of_kind} (resources.gpus_per_node): no node of \
+             {name} has more than {most_gpus}",
+            request.gpus_per_node
+        ));
+    }
+    let most_cpus = partition.iter().map(|n| n.cpus).max().unwrap_or(0);
+    if request.cpus_per_node > most_cpus {
+        reasons.push(format!(
+            "each node is asked for {} CPUs (its tasks times resources.cpus_per_task): no node \
+             of {name} has more than {most_cpus}",
+            request.cpus_per_node
+        ));
+    }
+    let most_mem = partition.iter().map(|n| n.mem_mb).max().unwrap_or(0);
+    if let Some(mem) = request.mem_mb_per_node.filter(|&mem| mem > most_mem) {
+        reasons.push(format!(
+            "each node is asked for {mem} MB of memory (resources.mem): no node of {name} has \
+             more than {most_mem} MB"
+        ));
+    }
+    if reasons.is_empty() {
+        let meeting = partition.iter().filter(|n| n.meets(request)).count() as u64;
+        if meeting < request.nodes {
+            reasons.push(format!(
+                "the job asks for {} nodes (resources.nodes): {meeting} of {name} have what \
+                 each is asked for",
+                request.nodes
+            ));
+        }
+    }
+    (!reasons.is_empty()).then_some(reasons)
 }
 
 /// One `gpu` entry of a GRES string: `gpu:4`, `gpu:a100:4(S:0-1)`.
@@ -270,5 +331,68 @@ mod tests {
             ..NodeRequest::of_script(SCRIPT)
         };
         assert_eq!(waits_for(&h100, &nodes), None);
+    }
+
+    #[test]
+    fn a_refusal_names_each_ask_no_node_of_the_partition_meets() {
+        let nodes = parse_sinfo(SINFO);
+        let request = NodeRequest::of_script(SCRIPT);
+        assert_eq!(shortfall(&request, &nodes), None, "two nodes meet it");
+        let too_much = NodeRequest {
+            gpus_per_node: 8,
+            cpus_per_node: 32,
+            mem_mb_per_node: Some(921600),
+            ..request.clone()
+        };
+        assert_eq!(
+            shortfall(&too_much, &nodes).unwrap(),
+            [
+                "each node is asked for 8 GPU(s) (resources.gpus_per_node): no node of \
+                 partition gpu (the default) has more than 4",
+                "each node is asked for 32 CPUs (its tasks times resources.cpus_per_task): no \
+                 node of partition gpu (the default) has more than 16",
+                "each node is asked for 921600 MB of memory (resources.mem): no node of \
+                 partition gpu (the default) has more than 256000 MB",
+            ]
+        );
+        // GPUs of a type count only where the node has that type.
+        let h100 = NodeRequest {
+            gpu_type: Some("h100".into()),
+            ..request.clone()
+        };
+        assert_eq!(
+            shortfall(&h100, &nodes).unwrap(),
+            [
+                "each node is asked for 4 GPU(s) of type h100 (resources.gpus_per_node): no node \
+              of partition gpu (the default) has more than 0"
+            ]
+        );
+        // Each node would do, but there are not enough of them.
+        let three = NodeRequest {
+            nodes: 3,
+            ..request.clone()
+        };
+        assert_eq!(
+            shortfall(&three, &nodes).unwrap(),
+            [
+                "the job asks for 3 nodes (resources.nodes): 2 of partition gpu (the default) \
+              have what each is asked for"
+            ]
+        );
+        // The CPU partition has no GPU at all; a partition sinfo does not list is sbatch's.
+        let cpu = NodeRequest {
+            partitions: Some(vec!["cpu".into()]),
+            ..request.clone()
+        };
+        assert_eq!(
+            shortfall(&cpu, &nodes).unwrap()[0],
+            "each node is asked for 4 GPU(s) (resources.gpus_per_node): no node of partition \
+             cpu has more than 0"
+        );
+        let unknown = NodeRequest {
+            partitions: Some(vec!["nowhere".into()]),
+            ..request
+        };
+        assert_eq!(shortfall(&unknown, &nodes), None);
     }
 }
