@@ -494,6 +494,18 @@ fn a_slurm_that_does_not_answer_leaves_the_runs_as_last_recorded() {
         stderr_of(&out)
     );
 
+    // A dry run still shows the script and plan, and says the real submit would fail.
+    let fresh = dir.write("fresh.yaml", &spec("fresh", &["exit 0"]));
+    let out = status(&["submit", "--dry-run", &fresh.to_string_lossy()]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        stdout_of(&out).starts_with("#!/bin/bash")
+            && stderr_of(&out).contains("warning: the real submit would fail here")
+            && stderr_of(&out).contains("Unable to contact slurm controller"),
+        "{}",
+        stderr_of(&out)
+    );
+
     // Nothing was written back: the job still waits, and Slurm says so again.
     let manifest: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(waits.join("manifest.json")).unwrap())

@@ -126,6 +126,10 @@ pub fn test_only(script: &str, extra_args: &[String]) -> Result<TestOnly, SlurmE
         Ok(_) => return Ok(TestOnly::Starts(said)),
         Err(refused) => refused,
     };
+    // Not a refusal of the job: sinfo would only wait for the same controller.
+    if said.contains("Unable to contact slurm controller") {
+        return Err(refused);
+    }
     let fit = node_fit(script);
     if let Some(nodes) = fit
         .as_ref()
