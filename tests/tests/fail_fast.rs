@@ -184,3 +184,52 @@ fn a_worker_binary_that_cannot_be_executed_ends_the_job_at_once_naming_it() {
     assert_eq!(runs[0]["state"], "FAILED", "{runs:?}");
     assert_no_process_left(&run, Duration::from_secs(5));
 }
+
+/// A rank that runs out of memory in libtorch (here an activation of 32 GB under a 6 GB
+/// address-space limit on the workers alone) ends the job at once, also with
+/// `RUST_BACKTRACE=1`, whose backtrace printing could hang a process out of memory: the
+/// error says "out of memory" and what to change, without libtorch's C++ frames.
+#[test]
+fn a_rank_out_of_memory_ends_the_job_at_once_saying_what_to_change() {
+    let name = "fail-oom";
+    let dir = TestDir::new(name);
+    let spec = tiny_mlp_spec(name, 5, 2)
+        .replace("hidden_dim: 32", "hidden_dim: 4096")
+        .replace("total_batch_size: 8", "total_batch_size: 4000000")
+        .replace("batch_size_per_device: 4", "batch_size_per_device: 2000000");
+    let spec = dir.write("oom.yaml", &spec);
+    let limited = dir.write(
+        "limited-worker.sh",
+        &format!(
+            "#!/bin/bash\nulimit -v 6000000\nexport OMP_NUM_THREADS=1\nexec {} \"$@\"\n",
+            binary("shardrun-worker").display()
+        ),
+    );
+    std::fs::set_permissions(
+        &limited,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let (out, run) = run_local(
+        &dir,
+        &spec,
+        &["--nproc", "2"],
+        &[
+            ("SHARDRUN_WORKER_BIN", limited.display().to_string()),
+            ("RUST_BACKTRACE", "1".to_string()),
+        ],
+        Duration::from_secs(120),
+    );
+    let (stdout, stderr) = (stdout_of(&out), stderr_of(&out));
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    let result = result_json(&run);
+    let message = result["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("panicked in thread main: out of memory: libtorch: ")
+            && message.contains("can't allocate memory")
+            && message.contains("fix: a smaller training.batch_size_per_device")
+            && !message.contains("frame #"),
+        "{message}"
+    );
+    assert_no_process_left(&run, Duration::from_secs(5));
+}

@@ -284,6 +284,9 @@ fn spawn_heartbeat(client: std::sync::Weak<ControllerClient>, every: Duration) {
             let Some(client) = client.upgrade() else {
                 return;
             };
+            if crate::fail_fast::failing() {
+                return;
+            }
             let step = client.steps_done.load(Ordering::Relaxed);
             let beat = FromWorker::Heartbeat {
                 step,

@@ -62,6 +62,19 @@ fn died_with(exit: &ExitInfo) -> String {
              cache's token files, a checkpoint or model folder being read), or the disk \
              behind it failed"
         )
+    } else if exit.killed_by(libc::SIGKILL) {
+        // What kills a training process unasked is mostly memory: the kernel's OOM killer,
+        // or Slurm's cgroup limit (which sends the same signal).
+        format!(
+            "died with {exit}: killed, most often for running out of memory (the kernel's \
+             OOM killer or the job's memory limit: `dmesg` or `sacct -j <job> -o State` says \
+             so), else by `kill -9`"
+        )
+    } else if exit.killed_by(libc::SIGABRT) {
+        format!(
+            "died with {exit}: it aborted, most often for a memory allocation that failed \
+             (\"memory allocation of N bytes failed\" in its last lines)"
+        )
     } else {
         format!("died with {exit}")
     }
@@ -363,7 +376,23 @@ mod tests {
         };
         assert_eq!(
             f.describe(),
-            "rank 1 on gpu7 (pid 42) died with signal 9 (SIGKILL) (its connection ended: closed)"
+            "rank 1 on gpu7 (pid 42) died with signal 9 (SIGKILL): killed, most often for \
+             running out of memory (the kernel's OOM killer or the job's memory limit: `dmesg` \
+             or `sacct -j <job> -o State` says so), else by `kill -9` (its connection ended: \
+             closed)"
+        );
+        let abort = Failure {
+            cause: FailureCause::Exited,
+            exit: Some(ExitInfo::Signal(libc::SIGABRT)),
+            ..f.clone()
+        };
+        assert!(
+            abort.describe().ends_with(
+                "died with signal 6 (SIGABRT): it aborted, most often for a memory allocation \
+                 that failed (\"memory allocation of N bytes failed\" in its last lines)"
+            ),
+            "{}",
+            abort.describe()
         );
         let json = serde_json::to_value(Outcome::Failed(f.clone())).unwrap();
         assert_eq!(json["status"], "failed");
