@@ -57,7 +57,7 @@ fn rendered_script_runs_and_its_output_file_grows() {
     let run = dir.join("runs/ticker");
     let log = run.join(format!("ticker-{job_id}.out"));
     assert!(
-        stdout.contains(&format!("tail -f {}", log.display())),
+        stdout.contains(&format!("tail -F {}", log.display())),
         "{stdout}"
     );
 

@@ -129,7 +129,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             outln!("Submitted {} as Slurm job {job_id}", job.name);
             outln!("  run directory  {}", run.path().display());
             outln!(
-                "  follow         tail -f {}",
+                "  follow         tail -F {}",
                 crate::output::pasteable(&run.slurm_output(&job.name, &job_id))
             );
             outln!(

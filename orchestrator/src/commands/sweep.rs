@@ -397,7 +397,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     };
     // The folder quoted as a shell needs it; the file name is a pattern to fill in.
     outln!(
-        "  follow         tail -f {}/{}-{job}_<task>.out",
+        "  follow         tail -F {}/{}-{job}_<task>.out",
         crate::output::pasteable(&sweep_dir.join("slurm")),
         loaded.spec.name
     );

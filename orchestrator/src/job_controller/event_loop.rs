@@ -402,8 +402,13 @@ async fn run_async(
         == Outcome::Preempted {
             notice: Notice::SlurmRequeue,
         };
+    // What the job queued again does: resume from the checkpoint, or start over without one.
+    let resumes = match checkpoint {
+        Some(_) => "which resumes from it",
+        None => "which starts the run over (it has no checkpoint)",
+    };
     if slurm_requeued {
-        message = format!("{message}; Slurm queues the job again, which resumes from it");
+        message = format!("{message}; Slurm queues the job again, {resumes}");
     } else if matches!(outcome, Outcome::Preempted { .. }) {
         match this_slurm_job() {
             Some(job_id) => {
@@ -430,8 +435,8 @@ async fn run_async(
                 } else if counted.is_some() {
                     let preempted_message = message.clone();
                     message = format!(
-                        "{message}; requeueing Slurm job {job_id} ({} of {} requeues), which \
-                         resumes from it",
+                        "{message}; requeueing Slurm job {job_id} ({} of {} requeues), \
+                         {resumes}",
                         done + 1,
                         opts.max_requeues
                     );
