@@ -241,6 +241,7 @@ fn run(o: &Options) -> Result<Figures, Box<dyn std::error::Error>> {
                 },
                 seed: 0,
                 loss_scale: None,
+                diverged_at: None,
             },
             config_hash: String::new(),
             config: None,

@@ -156,7 +156,7 @@ pub fn commit_observed(
         return Ok(committed);
     }
 
-    committed.pruned = prune(&target.root, target.step, keep)?;
+    committed.pruned = prune(&target.root, target.step, keep, request.trainer.diverged_at)?;
     tracing::debug!(
         removed = committed.pruned.removed.len(),
         left = committed.pruned.left.len(),
@@ -273,6 +273,8 @@ fn rename_into_place(target: &SaveTarget) -> Result<PathBuf> {
 #[derive(Debug, Default)]
 pub struct Pruned {
     pub removed: Vec<PathBuf>,
+    /// The newest checkpoint from before the run diverged, kept past `keep`.
+    pub kept_from_before_divergence: Option<PathBuf>,
     /// Folders that stay, with why (another user's, a read-only file system): the new
     /// checkpoint is committed all the same, so these are for a warning, not an error.
     pub left: Vec<CheckpointError>,
@@ -280,17 +282,35 @@ pub struct Pruned {
 
 /// Keep the `keep` newest committed checkpoints and always `just_written`; remove older
 /// leftovers of killed saves. Partial folders of later steps are left alone: they may be
-/// another save in progress.
-pub fn prune(root: &Path, just_written: u64, keep: usize) -> Result<Pruned> {
+/// another save in progress. A run that diverged at step `diverged_at` also keeps its newest
+/// checkpoint from before that step: the newer ones hold weights that are not finite, and
+/// without it nothing would be left to go back to.
+pub fn prune(
+    root: &Path,
+    just_written: u64,
+    keep: usize,
+    diverged_at: Option<u64>,
+) -> Result<Pruned> {
+    let entries = list_entries(root)?;
+    let sound = diverged_at.and_then(|diverged| {
+        entries.iter().find_map(|(kind, _)| match kind {
+            EntryKind::Complete(step) if *step < diverged => Some(*step),
+            _ => None,
+        })
+    });
     let mut kept = 0usize;
     let mut pruned = Pruned::default();
-    for (kind, path) in list_entries(root)? {
+    for (kind, path) in entries {
         let remove = match kind {
             EntryKind::Complete(step) if step == just_written => false,
-            EntryKind::Complete(_) => {
+            EntryKind::Complete(step) => {
                 // `just_written` counts towards `keep` wherever it sorts.
                 kept += 1;
-                kept >= keep.max(1)
+                let past_keep = kept >= keep.max(1);
+                if past_keep && Some(step) == sound {
+                    pruned.kept_from_before_divergence = Some(path.clone());
+                }
+                past_keep && Some(step) != sound
             }
             EntryKind::Partial(step) | EntryKind::Replaced(step) => step < just_written,
         };

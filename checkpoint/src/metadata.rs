@@ -72,6 +72,11 @@ pub struct TrainerState {
     pub seed: u64,
     /// fp16 dynamic loss scaling, when used.
     pub loss_scale: Option<LossScaleState>,
+    /// The step at which the run diverged: its update left the weights not finite, so this
+    /// checkpoint holds such weights when its step is that or later. Carried over on resume;
+    /// the newest checkpoint from before it is kept whatever `keep` says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diverged_at: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -136,10 +136,36 @@ fn keeps_the_newest_k_and_never_the_one_just_written() {
     // its own pruning.
     save_sharded(tmp.path(), 5, 2, &layout, 2);
     assert_eq!(names(tmp.path()), ["latest", "step-40", "step-5"]);
-    assert_eq!(prune(tmp.path(), 40, 1).unwrap().removed.len(), 1);
+    assert_eq!(prune(tmp.path(), 40, 1, None).unwrap().removed.len(), 1);
     assert_eq!(names(tmp.path()), ["latest", "step-40"]);
     let latest = find_latest(tmp.path(), Verify::Checksums).unwrap();
     assert_eq!(latest.checkpoint.unwrap().step(), 40);
+}
+
+/// A run that diverged at step 25 keeps step-20, its newest checkpoint from before, past
+/// `keep`: the newer ones hold weights that are not finite.
+#[test]
+fn a_diverged_run_keeps_its_newest_checkpoint_from_before_the_divergence() {
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = layout(2);
+    for step in [10, 20, 30, 40] {
+        save_sharded(tmp.path(), step, 2, &layout, 2);
+    }
+    assert_eq!(names(tmp.path()), ["latest", "step-30", "step-40"]);
+    save_sharded(tmp.path(), 20, 2, &layout, 2);
+    let pruned = prune(tmp.path(), 40, 1, Some(25)).unwrap();
+    assert_eq!(names(tmp.path()), ["latest", "step-20", "step-40"]);
+    assert_eq!(
+        pruned.kept_from_before_divergence,
+        Some(tmp.path().join("step-20"))
+    );
+    // Within `keep`, it is kept anyway, and not said to be kept past it.
+    let pruned = prune(tmp.path(), 40, 2, Some(25)).unwrap();
+    assert_eq!(pruned.kept_from_before_divergence, None);
+    assert_eq!(names(tmp.path()), ["latest", "step-20", "step-40"]);
+    // Diverged before every checkpoint: nothing to keep but what `keep` says.
+    prune(tmp.path(), 40, 1, Some(5)).unwrap();
+    assert_eq!(names(tmp.path()), ["latest", "step-40"]);
 }
 
 #[test]
@@ -150,7 +176,7 @@ fn an_older_checkpoint_that_cannot_be_removed_is_left_and_said_not_an_error() {
     // What removing cannot take away (another user's folder, a read-only mount), as root
     // sees it: a file where a checkpoint folder is named, which `remove_dir_all` refuses.
     std::fs::write(tmp.path().join("step-5"), "not a folder").unwrap();
-    let pruned = prune(tmp.path(), 10, 1).unwrap();
+    let pruned = prune(tmp.path(), 10, 1, None).unwrap();
     assert!(pruned.removed.is_empty(), "{pruned:?}");
     assert_eq!(pruned.left.len(), 1, "{pruned:?}");
     let said = pruned.left[0].to_string();

@@ -50,6 +50,17 @@ fn save(root: &Path, step: u64, world: u64) {
 /// A sharded checkpoint of `layout` on `world` ranks; element `i` of a unit is
 /// `step + i / 1000`.
 fn save_layout(root: &Path, step: u64, world: u64, layout: Layout) {
+    save_values(root, step, world, layout, |_, value| value);
+}
+
+/// [`save_layout`], element `i` of unit `u` being `value(u, step + i / 1000)`.
+fn save_values(
+    root: &Path,
+    step: u64,
+    world: u64,
+    layout: Layout,
+    value: impl Fn(usize, f32) -> f32,
+) {
     let target = SaveTarget::new(root, step, world);
     target.prepare().unwrap();
     for rank in 0..world {
@@ -59,7 +70,7 @@ fn save_layout(root: &Path, step: u64, world: u64, layout: Layout) {
                 .shard_range(rank)
                 .flat_map(|i| {
                     if i < unit.numel {
-                        step as f32 + i as f32 / 1000.0
+                        value(u, step as f32 + i as f32 / 1000.0)
                     } else {
                         0.0
                     }
@@ -88,6 +99,7 @@ fn save_layout(root: &Path, step: u64, world: u64, layout: Layout) {
             },
             seed: 0,
             loss_scale: None,
+            diverged_at: None,
         },
         config_hash: "feedfacefeedface".into(),
         config: None,
@@ -341,6 +353,51 @@ fn an_hf_export_defaults_to_the_dtype_of_the_source_weights() {
         "{text}"
     );
     assert!(!tmp.path().join("again").exists());
+}
+
+/// The weights of a diverged run (not finite) export as they are, with a warning that says
+/// so, how many, and to export a checkpoint from before instead.
+#[test]
+fn an_hf_export_of_weights_that_are_not_finite_warns_and_says_what_to_export() {
+    let tmp = tempfile::tempdir().unwrap();
+    let source = tmp.path().join("source");
+    let synthetic = "{ kind: synthetic, seq_len: 8 }";
+    let scratch = train_config(
+        tmp.path(),
+        "{ kind: llama, vocab_size: 16, dim: 8, n_layers: 1, n_heads: 2, ffn_dim: 16 }",
+        synthetic,
+    );
+    weights_folder(&source, &scratch, StoredDtype::F32, |_| {});
+    let run = run_of(
+        tmp.path(),
+        &format!("{{ kind: hf, path: {} }}", source.display()),
+        synthetic,
+    );
+    let text = export_to(&run, &tmp.path().join("finite"));
+    assert!(!text.contains("not finite"), "{text}");
+    // Step 4: the second unit (of the Llama's parameters in order) is NaN throughout.
+    let units: Vec<UnitLayout> = tensors(llama(&scratch))
+        .into_iter()
+        .map(|(name, shape)| UnitLayout::packed(&name, [(name.clone(), shape)], 1).unwrap())
+        .collect();
+    let second = units[1].params[0].name.clone();
+    let numel = units[1].numel;
+    save_values(
+        &run.join("checkpoints"),
+        4,
+        1,
+        Layout::new(units).unwrap(),
+        |u, value| if u == 1 { f32::NAN } else { value },
+    );
+    let text = export_to(&run, &tmp.path().join("diverged"));
+    assert!(
+        text.contains(&format!(
+            "warning: {numel} of the {} exported weights are not finite (NaN or inf), in 1 \
+             tensor(s) from {second} on: the run diverged before step 4",
+            llama(&scratch).architecture.describe().num_params()
+        )) && text.contains("fix: export a checkpoint from before it diverged"),
+        "{text}"
+    );
 }
 
 /// `tests/python/hf_token_ids.py args...` with the project's venv python (`scripts/setup.sh`

@@ -302,6 +302,7 @@ fn a_diverged_run_keeps_reporting_its_non_finite_loss_and_says_so() {
     let dir = TestDir::new("metrics-diverged");
     let mut text = tiny_mlp_spec("diverged", 8, 2);
     text.push_str("  optimizer: { lr: 1.0e+30 }\n");
+    text.push_str("  checkpoint: { interval_steps: 1, keep: 1 }\n");
     let spec = dir.write("diverged.yaml", &text);
     let (out, run) = run_local(
         &dir,
@@ -337,6 +338,23 @@ fn a_diverged_run_keeps_reporting_its_non_finite_loss_and_says_so() {
             "training finished, but diverged: the loss or the gradients were not finite"
         ) && message.contains(&format!("from step {first};")),
         "{verdict}"
+    );
+    // Past `keep: 1`, the newest checkpoint from before the divergence stays: the newer
+    // ones hold weights that are not finite.
+    let mut left: Vec<String> = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [format!("step-{}", first - 1), "step-8".to_string()],
+        "{log}"
+    );
+    assert!(
+        message.contains(&format!("checkpoints/step-{}", first - 1)),
+        "the verdict names it: {message}"
     );
     let out = shardrun_in(dir.path(), &["status", &run.to_string_lossy()]);
     assert!(

@@ -204,6 +204,7 @@ impl Checkpointer {
                     samples_done: t.data.samples_done,
                     data_fingerprint: t.data.data_fingerprint.clone(),
                     epoch: t.data.epoch,
+                    diverged_at: t.diverged_at,
                 })
                 .map_err(|e| CheckpointingError::Other(e.to_string()))?;
         }
@@ -432,10 +433,18 @@ impl Checkpointer {
                     committed.dir.display(),
                     bytes as f64 / 1e6,
                     bytes as f64 / 1e6 / seconds.max(1e-9),
-                    if committed.pruned.removed.is_empty() {
-                        String::new()
-                    } else {
-                        format!("; removed {} older", committed.pruned.removed.len())
+                    match (
+                        committed.pruned.removed.len(),
+                        &committed.pruned.kept_from_before_divergence,
+                    ) {
+                        (0, None) => String::new(),
+                        (removed, None) => format!("; removed {removed} older"),
+                        (removed, Some(sound)) => format!(
+                            "; removed {removed} older, kept {}: the newest from before the run \
+                             diverged at step {}",
+                            sound.display(),
+                            state.diverged_at.unwrap_or_default()
+                        ),
                     }
                 ),
             );
@@ -568,6 +577,7 @@ fn trainer_state(config: &TrainConfig, state: &TrainState) -> TrainerState {
             scale,
             growth_tracker: state.growth_tracker,
         }),
+        diverged_at: state.diverged_at,
     }
 }
 

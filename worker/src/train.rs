@@ -90,6 +90,8 @@ pub struct TrainState {
     pub data_fingerprint: Option<String>,
     /// Epochs of the training documents completed (`None` for synthetic data).
     pub epoch: Option<u64>,
+    /// The step at which the run diverged (its update left the weights not finite).
+    pub diverged_at: Option<u64>,
 }
 
 /// Why the checkpoint hook is called.
@@ -200,6 +202,8 @@ pub struct Trainer {
     rank: u64,
     device: Device,
     /// Optimizer steps completed.
+    /// The step at which the run diverged, in this session or one it resumed.
+    diverged_at: Option<u64>,
     step: u64,
     /// Global samples consumed (the next step starts at this sample).
     samples_done: u64,
@@ -304,6 +308,7 @@ impl Trainer {
             reporter,
             rank,
             device,
+            diverged_at: None,
             step: 0,
             samples_done: 0,
             evaluator,
@@ -347,6 +352,7 @@ impl Trainer {
                 .dataset
                 .documents()
                 .map(|d| d.epoch_of(self.samples_done)),
+            diverged_at: self.diverged_at,
         }
     }
 
@@ -377,6 +383,7 @@ impl Trainer {
         }
         self.step = state.step;
         self.samples_done = state.samples_done;
+        self.diverged_at = state.diverged_at;
         self.engine.optimizer_steps = state.optimizer_steps;
         if let (Some(scaler), Some(scale)) = (self.scaler.as_mut(), state.loss_scale) {
             scaler.scale = scale;
@@ -623,6 +630,10 @@ impl Trainer {
             } else {
                 None
             };
+            if bad.is_some() && !skipped {
+                // Updated with what is not finite, the weights are not either from here on.
+                self.diverged_at.get_or_insert(self.step);
+            }
             if let (Some(bad), false) = (bad, diverged) {
                 diverged = true;
                 // A first loss that is not finite comes before any update of this session:

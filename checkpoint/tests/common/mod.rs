@@ -136,6 +136,7 @@ pub fn trainer(step: u64) -> TrainerState {
         },
         seed: 7,
         loss_scale: None,
+        diverged_at: None,
     }
 }
 

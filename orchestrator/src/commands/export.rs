@@ -299,6 +299,8 @@ fn export_hf(
             .join(format!("hf-step-{}", meta.step))
     });
     let mut bytes = Vec::new();
+    // Tensors with values that are not finite, and how many: a diverged run's weights.
+    let mut not_finite: Vec<(String, usize)> = Vec::new();
     let read = |name: &str, values: &mut Vec<f32>| -> Result<(), String> {
         let (_, shape) = tensors
             .iter()
@@ -310,11 +312,16 @@ fn export_hf(
         source
             .read_unit_range(StateKind::Param, &unit, 0..unit.numel, &mut bytes)
             .map_err(|e| e.to_string())?;
+        let start = values.len();
         values.extend(
             bytes
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
         );
+        let bad = values[start..].iter().filter(|v| !v.is_finite()).count();
+        if bad > 0 {
+            not_finite.push((name.to_string(), bad));
+        }
         Ok(())
     };
     let mut files = folder_files(model.pretrained.as_deref(), &run_tokenizer)?;
@@ -337,6 +344,19 @@ fn export_hf(
     )
     .with_context(|| format!("exporting {} to {}", source.dir().display(), out.display()))?;
     let total: u64 = saved.weight_files.iter().map(|(_, size)| size).sum();
+    if let Some((first, _)) = not_finite.first() {
+        let values: usize = not_finite.iter().map(|(_, n)| n).sum();
+        errln!(
+            "warning: {values} of the {} exported weights are not finite (NaN or inf), in {} \
+             tensor(s) from {first} on: the run diverged before step {}, and this model \
+             computes nothing useful\n  fix: export a checkpoint from before it diverged \
+             (`shardrun metrics` says from which step; a diverged run keeps its newest \
+             checkpoint from before): `shardrun export <run>/checkpoints/step-<N>`",
+            description.num_params(),
+            not_finite.len(),
+            meta.step
+        );
+    }
     outln!(
         "Exported step {} ({:.1} M parameters, {}) from {} as a Hugging Face folder:",
         meta.step,

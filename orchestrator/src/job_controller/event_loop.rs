@@ -305,7 +305,7 @@ async fn run_async(
             Err(e) => tracing::warn!(error = %e, "could not remove unfinished saves"),
         }
     }
-    let checkpoint = checkpoint_root.and_then(|root| newest_checkpoint(&root));
+    let checkpoint = checkpoint_root.as_deref().and_then(newest_checkpoint);
     // Heartbeats come about once a second, steps faster: a rank that went silent may have
     // completed steps since its last one, and a checkpoint every rank committed says so.
     let steps_done = steps_done.max(checkpoint.as_ref().map(|c| c.step));
@@ -324,7 +324,7 @@ async fn run_async(
             let (reply, flushed) = tokio::sync::oneshot::channel();
             let _ = records.send(Record::Flush(reply)).await;
             let _ = flushed.await;
-            finished_message(&paths.metrics)
+            finished_message(&paths.metrics, checkpoint_root.as_deref())
         }
         Outcome::Failed(f) => f.describe(),
         Outcome::Cancelled { .. } => cancelled_message(
@@ -1160,8 +1160,10 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 /// "training finished", and whether the loss or gradients went NaN or infinite on the way
 /// ([`crate::step_record::StepRecord::diverged`]): a diverged run
-/// trains to its last step (as PyTorch does), and its end must not read as a good one.
-fn finished_message(metrics: &std::path::Path) -> String {
+/// trains to its last step (as PyTorch does), and its end must not read as a good one. The
+/// newest checkpoint from before the divergence (in `checkpoint_root`), which the ranks keep
+/// whatever `keep` says, is named: its weights are the last finite ones.
+fn finished_message(metrics: &std::path::Path, checkpoint_root: Option<&Path>) -> String {
     let metrics = crate::metrics_file::read(metrics).unwrap_or_default();
     // From the step that re-runs and sweeps refuse to continue past, so all say one step.
     let first = metrics
@@ -1186,13 +1188,32 @@ fn finished_message(metrics: &std::path::Path) -> String {
             diverged.len(),
             steps.len()
         ),
-        Some(first) => format!(
-            "training finished, but diverged: the loss or the gradients were not finite (NaN or \
-             inf) in {} of {} logged steps, from step {first}; lower the LR, clip gradients \
-             (`optimizer.grad_clip`) or warm up longer",
-            diverged.len(),
-            steps.len()
-        ),
+        Some(first) => {
+            let before = checkpoint_root
+                .and_then(|root| shardrun_checkpoint::naming::list_entries(root).ok())
+                .and_then(|entries| {
+                    entries.into_iter().find_map(|(kind, path)| match kind {
+                        shardrun_checkpoint::naming::EntryKind::Complete(step) if step < first => {
+                            Some(path)
+                        }
+                        _ => None,
+                    })
+                });
+            format!(
+                "training finished, but diverged: the loss or the gradients were not finite \
+                 (NaN or inf) in {} of {} logged steps, from step {first}; lower the LR, clip \
+                 gradients (`optimizer.grad_clip`) or warm up longer{}",
+                diverged.len(),
+                steps.len(),
+                match before {
+                    Some(path) => format!(
+                        "; the newest checkpoint from before, {}, holds the last finite weights",
+                        path.display()
+                    ),
+                    None => String::new(),
+                }
+            )
+        }
     };
     let skipped = steps.iter().filter(|r| r.skipped_update()).count();
     if skipped > 0 {
@@ -1239,7 +1260,7 @@ mod tests {
             })
             .collect();
         std::fs::write(&path, lines.join("\n") + "\n").unwrap();
-        finished_message(&path)
+        finished_message(&path, None)
     }
 
     #[test]
