@@ -55,6 +55,18 @@ fn a_run_whose_controller_was_killed_shows_as_died_and_the_same_command_resumes_
         detail.starts_with(&format!("its controller (pid {controller} on ")),
         "{detail}"
     );
+    // What running it again does: from the newest committed checkpoint, or from the start.
+    let newest = std::fs::read_dir(run.join("checkpoints"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter_map(|name| name.strip_prefix("step-")?.parse::<u64>().ok())
+        .max();
+    let again = match newest {
+        Some(step) => format!("resumes it from step {step}"),
+        None => "starts it over (it has no checkpoint)".to_string(),
+    };
+    assert!(detail.ends_with(&again), "{detail}");
     let (_, table, _) = shardrun_cmd(&["status", &run_arg]);
     assert!(table.contains("DIED"), "{table}");
 

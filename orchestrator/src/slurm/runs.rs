@@ -176,7 +176,7 @@ enum LocalRun<'a> {
     /// Its controller ended just now: its verdict is written, the manifest is next.
     Ended(&'a Verdict),
     /// Nobody holds the lock and no verdict says how the run ended: its controller was killed
-    /// (SIGKILL, the OOM killer) or its machine went down.
+    /// (SIGKILL, the OOM killer), its machine went down, or it could not write its end.
     Died,
     /// The lock cannot be read: no telling.
     Unknown,
@@ -215,9 +215,18 @@ fn died_detail(run: &RunDir) -> String {
         Some(holder @ Holder::Process { .. }) => format!("its controller ({holder})"),
         _ => "its controller".to_string(),
     };
+    let again = match run
+        .read_train_config()
+        .ok()
+        .and_then(|train| crate::rerun::newest_checkpoint(run, &train))
+    {
+        Some(checkpoint) => format!("resumes it from step {}", checkpoint.step),
+        None => "starts it over (it has no checkpoint)".to_string(),
+    };
     format!(
         "{controller} is gone without saying how the run ended: it was killed (SIGKILL, the \
-         OOM killer) or its machine went down; `shardrun run {}` resumes it",
+         OOM killer), its machine went down, or it could not write its end (a full disk: its \
+         terminal says); `shardrun run {}` {again}",
         crate::output::pasteable(run.path())
     )
 }
@@ -810,7 +819,10 @@ mod tests {
             detail.starts_with(&format!("its controller ({me}")),
             "{detail}"
         );
-        assert!(detail.ends_with("resumes it"), "{detail}");
+        assert!(
+            detail.ends_with("starts it over (it has no checkpoint)"),
+            "{detail}"
+        );
         let manifest = run.read_manifest().unwrap();
         assert_eq!(manifest.state, RunState::Running, "not written back");
         assert!(died(&run, &manifest).is_some());
