@@ -76,6 +76,11 @@ fn a_run_whose_controller_was_killed_shows_as_died_and_the_same_command_resumes_
     assert_eq!(metrics["runs"][0]["status"], "died", "{stdout}");
     let (_, table, _) = shardrun_cmd(&["metrics", &run_arg]);
     assert!(table.contains(" died "), "{table}");
+    // Several paths make one table, as for `status`.
+    let (code, stdout, stderr) = shardrun_cmd(&["metrics", "--json", &run_arg, &run_arg]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let both: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(both["runs"].as_array().map(Vec::len), Some(2), "{stdout}");
 
     // The same command again, to a few steps: it says why it starts again, and finishes.
     let (out, stdout) = run_long_again_briefly(&dir);

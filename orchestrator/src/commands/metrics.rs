@@ -22,8 +22,9 @@ pub const JSON_VERSION: u32 = 1;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// A run directory, or a directory of run directories (a sweep).
-    pub path: PathBuf,
+    /// Run directories, or directories of run directories (a sweep), one table for all.
+    #[arg(required = true)]
+    pub paths: Vec<PathBuf>,
     /// Print one JSON document instead of a table (fields: docs/cli.md).
     #[arg(long)]
     pub json: bool,
@@ -95,7 +96,10 @@ struct StragglerJson {
 }
 
 pub fn execute(args: Args) -> anyhow::Result<()> {
-    let runs = find_runs(&args.path)?;
+    let mut runs = Vec::new();
+    for path in &args.paths {
+        runs.extend(find_runs(path)?);
+    }
     if args.stragglers {
         let reports: Vec<StragglerJson> = runs
             .iter()
