@@ -41,6 +41,16 @@ pub enum CheckpointingError {
     /// Rank 0 could not choose a checkpoint to load: the failure is rank 0's.
     #[error("rank 0 could not choose a checkpoint to load (its log says why)")]
     RootFailed,
+    /// The checkpoint was committed, then the ranks' wait for one another after it failed (a
+    /// rank died just after its part was written).
+    #[error(
+        "the checkpoint of step {step} is saved, but a rank left before the ranks' wait after \
+         it: {source}"
+    )]
+    AfterSave {
+        step: u64,
+        source: crate::collectives::CommError,
+    },
 }
 
 impl CheckpointingError {
@@ -48,6 +58,7 @@ impl CheckpointingError {
     pub fn peer_at_fault(&self) -> Option<usize> {
         match self {
             CheckpointingError::Comm(e) => e.peer_at_fault(),
+            CheckpointingError::AfterSave { source, .. } => source.peer_at_fault(),
             CheckpointingError::Fsdp(e) => e.peer_at_fault(),
             CheckpointingError::RootFailed => Some(0),
             _ => None,
@@ -459,7 +470,13 @@ impl Checkpointer {
         // Every rank leaves the save once rank 0 has committed it: the next step's time then
         // starts on every rank at once, instead of the others' counting their wait for the
         // commit as training (the job's step time is its slowest rank's).
-        groups.control.barrier()?;
+        groups
+            .control
+            .barrier()
+            .map_err(|source| CheckpointingError::AfterSave {
+                step: state.step,
+                source,
+            })?;
         self.last_save = Instant::now();
         Ok(path)
     }

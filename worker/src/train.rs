@@ -50,10 +50,23 @@ pub enum TrainError {
 /// A checkpoint that could not be saved under `root`, and why: the error keeps its type, so
 /// a collective's error still names the peer rank the job is blamed on.
 #[derive(Debug, thiserror::Error)]
-#[error("checkpoint: saving to {} failed: {source}", root.display())]
+#[error("{}", self.describe())]
 pub struct SaveFailure {
     pub root: std::path::PathBuf,
     pub source: CheckpointingError,
+}
+
+impl SaveFailure {
+    fn describe(&self) -> String {
+        match &self.source {
+            // Not a failed save: the checkpoint is there, and a resume uses it.
+            saved @ CheckpointingError::AfterSave { .. } => format!("checkpoint: {saved}"),
+            source => format!(
+                "checkpoint: saving to {} failed: {source}",
+                self.root.display()
+            ),
+        }
+    }
 }
 
 impl TrainError {
@@ -1156,6 +1169,18 @@ mod tests {
         assert_eq!(
             save(CheckpointingError::Other("disk full".into())).peer_at_fault(),
             None
+        );
+        // A rank that died just after the commit: the checkpoint is not said to have failed.
+        let after = save(CheckpointingError::AfterSave {
+            step: 440,
+            source: CommError::Timeout { rank: 1, secs: 300 },
+        });
+        assert_eq!(after.peer_at_fault(), Some(1));
+        let said = after.to_string();
+        assert!(
+            said.starts_with("checkpoint: the checkpoint of step 440 is saved, but a rank left")
+                && !said.contains("failed:"),
+            "{said}"
         );
         let invalid = CommError::Invalid("sizes differ".into());
         assert_eq!(
