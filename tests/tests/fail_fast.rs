@@ -233,3 +233,41 @@ fn a_rank_out_of_memory_ends_the_job_at_once_saying_what_to_change() {
     );
     assert_no_process_left(&run, Duration::from_secs(5));
 }
+
+/// A rank stopped with SIGSTOP (as Ctrl-Z stops one) sends no heartbeat: after the heartbeat
+/// timeout the job ends naming it, and says its process is stopped rather than hung.
+#[test]
+fn a_stopped_rank_ends_the_job_after_the_heartbeat_timeout_saying_it_is_stopped() {
+    let name = "fail-stopped";
+    let dir = TestDir::new(name);
+    let spec = dir.write("tiny.yaml", &tiny_mlp_spec(name, 100_000, 2));
+    let (mut job, run) = spawn_local_run(
+        &dir,
+        &spec,
+        &["--nproc", "2", "--heartbeat-timeout", "3"],
+        &[],
+        |_| {},
+    );
+    wait_for("two steps", Duration::from_secs(60), || {
+        (metric_steps(&run, 1).len() >= 2).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", all_logs(&run)));
+    let rank_1 = processes_with_env("SHARDRUN_RUN_DIR", &run.display().to_string())
+        .into_iter()
+        .find(|(_, vars)| vars.iter().any(|(k, v)| k == "SHARDRUN_RANK" && v == "1"))
+        .map(|(pid, _)| pid)
+        .expect("rank 1's process");
+    unsafe { libc::kill(rank_1, libc::SIGSTOP) };
+    let status = wait_for_exit(&mut job, &run, Duration::from_secs(120));
+    assert_eq!(status.code(), Some(1), "{}", all_logs(&run));
+    let result = result_json(&run);
+    let message = result["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("rank 1 on")
+            && message.contains(&format!("(pid {rank_1})"))
+            && message.contains("stopped sending heartbeats: its process is stopped"),
+        "{result}"
+    );
+    assert_eq!(result["cause"]["stopped"], true, "{result}");
+    assert_no_process_left(&run, Duration::from_secs(5));
+}

@@ -963,6 +963,7 @@ impl JobMachine {
                 FailureCause::HeartbeatLost {
                     same_host,
                     whole_host,
+                    ..
                 },
             ..
         }) = &mut self.failure
@@ -982,9 +983,14 @@ impl JobMachine {
             }
             return;
         }
+        let stopped = self
+            .roster
+            .get(rank)
+            .is_some_and(|r| worker_is_stopped(r.pid));
         let cause = FailureCause::HeartbeatLost {
             same_host: Vec::new(),
             whole_host: false,
+            stopped,
         };
         self.fail(self.failure_of(rank, cause), out);
     }
@@ -1209,6 +1215,21 @@ enum Grace {
     StepBoundary,
     /// The shutdown grace: they are likely blocked with a dead rank.
     Short,
+}
+
+/// Whether `pid` is a worker of this host in the stopped state (`T` in `/proc/<pid>/stat`):
+/// a SIGSTOP or a Ctrl-Z, not a hang. The name is checked because a rank on another node has
+/// a pid that means another process here, or none.
+fn worker_is_stopped(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // `pid (comm) state ...`: the name may hold spaces and parentheses, the state follows
+    // its last `)`.
+    let Some((name, rest)) = stat.rsplit_once(')') else {
+        return false;
+    };
+    name.contains("(shardrun-worke") && rest.trim_start().starts_with('T')
 }
 
 #[cfg(test)]

@@ -113,6 +113,10 @@ pub enum FailureCause {
         same_host: Vec<u64>,
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         whole_host: bool,
+        /// Its process is stopped (SIGSTOP, Ctrl-Z), as this host's `/proc` says: seen for
+        /// ranks on the controller's own host only.
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        stopped: bool,
     },
     RendezvousTimeout {
         missing: Vec<u64>,
@@ -197,12 +201,18 @@ impl Failure {
                 Some(exit) => format!("{} (its connection ended: {why})", died_with(exit)),
                 None => format!("lost its connection to the controller ({why})"),
             },
+            FailureCause::HeartbeatLost { stopped: true, .. } => {
+                "stopped sending heartbeats: its process is stopped (a SIGSTOP, or Ctrl-Z where \
+                 it was started; `kill -CONT` resumes such a process)"
+                    .to_string()
+            }
             FailureCause::HeartbeatLost { same_host, .. } if same_host.is_empty() => {
                 "stopped sending heartbeats (hung or frozen process?)".to_string()
             }
             FailureCause::HeartbeatLost {
                 same_host,
                 whole_host: true,
+                ..
             } => format!(
                 "stopped sending heartbeats, and so did rank(s) {} on the same host, every rank \
                  there: the host or its network is likely lost (or every process there froze)",
@@ -211,6 +221,7 @@ impl Failure {
             FailureCause::HeartbeatLost {
                 same_host,
                 whole_host: false,
+                ..
             } => format!(
                 "stopped sending heartbeats, and so did rank(s) {} on the same host (hung or \
                  frozen processes?)",

@@ -1293,7 +1293,8 @@ fn every_rank_of_a_host_going_silent_is_said_to_be_a_lost_host() {
         f.cause,
         FailureCause::HeartbeatLost {
             same_host: vec![3],
-            whole_host: true
+            whole_host: true,
+            stopped: false,
         }
     );
     assert!(
