@@ -38,6 +38,10 @@ use shardrun_protocol::units::{plan_units, segment_units, SegmentSpec, UnitPlan}
 /// What a GPU loses before the job allocates anything: the CUDA context and NCCL's buffers.
 pub const GPU_RESERVED_BYTES: u64 = 1 << 30;
 
+/// A CPU rank's resident memory before its model: libtorch, its threads and the worker
+/// (about 350 MiB measured), which the plan's peak leaves out.
+pub const CPU_RANK_RUNTIME_BYTES: u64 = 400 << 20;
+
 /// The share of a GPU's usable memory past which a plan that fits is said to be tight:
 /// PyTorch's caching allocator reserves more than the peak it allocates (fragmentation,
 /// commonly 5-10% more), which the plan does not model.
@@ -179,6 +183,25 @@ impl MemoryEstimate {
                 gib(self.chosen.peak),
                 share * 100.0,
                 gib(usable)
+            )
+        })
+    }
+
+    /// A warning when CPU ranks need more host memory on a node than `resources.mem` (bytes)
+    /// lets them have: Slurm's memory limit kills the job when they pass it.
+    pub fn over_host_limit(&self, ranks_per_node: u64, limit: u64) -> Option<String> {
+        let per_rank = self.chosen.peak + CPU_RANK_RUNTIME_BYTES;
+        let needed = per_rank.saturating_mul(ranks_per_node);
+        (needed > limit).then(|| {
+            format!(
+                "the CPU ranks of a node need about {:.1} GiB ({ranks_per_node} × (peak {:.2} \
+                 GiB + about {:.1} GiB for libtorch)), more than `resources.mem` gives the node \
+                 ({:.1} GiB): Slurm's memory limit would kill the job (OUT_OF_MEMORY); raise \
+                 `resources.mem` or plan less memory per rank",
+                gib(needed),
+                gib(self.chosen.peak),
+                gib(CPU_RANK_RUNTIME_BYTES),
+                gib(limit)
             )
         })
     }

@@ -525,6 +525,11 @@ pub fn resolve_with(
         warnings.push(format!("{why}: planned anyway (--force)"));
     }
     warnings.extend(memory.tight_fit());
+    if ranks.device == DeviceKind::Cpu {
+        let limit = spec.resources.mem.as_deref().and_then(slurm::mem_bytes);
+        warnings
+            .extend(limit.and_then(|limit| memory.over_host_limit(ranks.ntasks_per_node, limit)));
+    }
     if let Some(threads) = t
         .threads_per_rank
         .filter(|&n| n as u64 > ranks.cpus_per_task)
@@ -616,6 +621,33 @@ mod tests {
         );
         assert_eq!(j.train.batch.grad_accum_steps, 4);
         assert_eq!(j.train.threads_per_rank, 1);
+    }
+
+    #[test]
+    fn cpu_ranks_that_need_more_than_resources_mem_are_warned_of() {
+        let over = |mem: &str| {
+            job(&format!("  mem: \"{mem}\"\n"), 32, 4)
+                .unwrap()
+                .warnings
+                .into_iter()
+                .find(|w| w.contains("Slurm's memory limit would kill the job"))
+        };
+        // Two ranks of about 0.4 GiB each (libtorch) and a tiny model: 700M is too little.
+        let said = over("700M").expect("warned");
+        assert!(
+            said.starts_with("the CPU ranks of a node need about 0.8 GiB (2 × (peak ")
+                && said.contains("more than `resources.mem` gives the node (0.7 GiB)")
+                && said.contains("raise `resources.mem`"),
+            "{said}"
+        );
+        assert_eq!(over("2G"), None);
+        assert_eq!(over("0"), None, "0 asks for all of the node's memory");
+        assert_eq!(
+            slurm::mem_bytes("512"),
+            Some(512 << 20),
+            "megabytes by default"
+        );
+        assert_eq!(slurm::mem_bytes("1t"), Some(1 << 40));
     }
 
     #[test]

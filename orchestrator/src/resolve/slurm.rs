@@ -242,6 +242,24 @@ fn minutes_read_as_hours(time: &str, secs: u64) -> Option<String> {
     })
 }
 
+/// `resources.mem` in bytes (Slurm's default unit is megabytes); `None` for `0`, which
+/// asks for all of a node's memory, or a size that does not read.
+pub fn mem_bytes(mem: &str) -> Option<u64> {
+    let mem = mem.trim();
+    let (digits, unit) = match mem.chars().last()?.to_ascii_uppercase() {
+        'K' => (&mem[..mem.len() - 1], 1u64 << 10),
+        'M' => (&mem[..mem.len() - 1], 1 << 20),
+        'G' => (&mem[..mem.len() - 1], 1 << 30),
+        'T' => (&mem[..mem.len() - 1], 1 << 40),
+        _ => (mem, 1 << 20),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .filter(|&n| n > 0)
+        .map(|n| n.saturating_mul(unit))
+}
+
 fn valid_mem(mem: &str) -> bool {
     let digits = mem.trim_end_matches(['K', 'M', 'G', 'T', 'k', 'm', 'g', 't']);
     !digits.is_empty()
