@@ -214,9 +214,9 @@ pub struct Trainer {
     reporter: Arc<dyn Reporter>,
     rank: u64,
     device: Device,
-    /// Optimizer steps completed.
     /// The step at which the run diverged, in this session or one it resumed.
     diverged_at: Option<u64>,
+    /// Optimizer steps completed.
     step: u64,
     /// Global samples consumed (the next step starts at this sample).
     samples_done: u64,
