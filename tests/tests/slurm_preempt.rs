@@ -29,9 +29,10 @@ fn submit_simulated(
     (job_id, dir.join("runs").join(name))
 }
 
-/// Submits job `name` (spec text `spec`) whose ranks are processes that never get as far as
-/// the trainer's signal handlers (`sleep`), and waits until their Slurm step runs: its job id
-/// and run directory.
+/// Submits job `name` (spec text `spec`, two ranks) whose ranks are processes that never get
+/// as far as the trainer's signal handlers (`sleep`), and waits until both run: its job id
+/// and run directory. Each leaves a file named after its rank before it becomes `sleep`; the
+/// Slurm step alone is listed before its tasks exist, and a signal sent then reaches none.
 fn submit_ranks_that_never_start(
     cluster: &SlurmCluster,
     dir: &TestDir,
@@ -39,7 +40,15 @@ fn submit_ranks_that_never_start(
     spec: &str,
 ) -> (String, std::path::PathBuf) {
     use std::os::unix::fs::PermissionsExt;
-    let starting = dir.write("starting.sh", "#!/bin/sh\nexec sleep 300\n");
+    let started = dir.join("started");
+    std::fs::create_dir_all(&started).unwrap();
+    let starting = dir.write(
+        "starting.sh",
+        &format!(
+            "#!/bin/sh\ntouch '{}'/\"rank-$SLURM_PROCID\"\nexec sleep 300\n",
+            started.display()
+        ),
+    );
     std::fs::set_permissions(&starting, std::fs::Permissions::from_mode(0o755)).unwrap();
     let spec = dir.write("tiny.yaml", spec);
     let worker = [("SHARDRUN_WORKER_BIN", starting.display().to_string())];
@@ -47,15 +56,8 @@ fn submit_ranks_that_never_start(
         .submit_with_env(dir.path(), &[&spec.to_string_lossy()], &worker)
         .job_id;
     let run = dir.join("runs").join(name);
-    let step = format!("{job_id}.0");
-    wait_for("the ranks' step to start", Duration::from_secs(120), || {
-        let mut steps = cluster.command("squeue");
-        steps.args(["--steps", "--noheader", "--format=%i", "--jobs", &job_id]);
-        let out = run_with_deadline(&mut steps, Duration::from_secs(30)).ok()?;
-        stdout_of(&out)
-            .lines()
-            .any(|l| l.trim() == step)
-            .then_some(())
+    wait_for("both ranks to run", Duration::from_secs(120), || {
+        (started.join("rank-0").exists() && started.join("rank-1").exists()).then_some(())
     })
     .unwrap_or_else(|e| {
         let log = std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
