@@ -526,7 +526,11 @@ pub fn resolve_with(
     }
     warnings.extend(memory.tight_fit());
     if ranks.device == DeviceKind::Cpu {
-        let limit = spec.resources.mem.as_deref().and_then(slurm::mem_bytes);
+        // `0` asks for all of the node's memory: nothing to check against.
+        let limit = (spec.resources.mem.as_deref())
+            .and_then(crate::slurm::parse_memory_size)
+            .filter(|&megabytes| megabytes > 0)
+            .map(|megabytes| megabytes << 20);
         warnings
             .extend(limit.and_then(|limit| memory.over_host_limit(ranks.ntasks_per_node, limit)));
     }
@@ -643,11 +647,11 @@ mod tests {
         assert_eq!(over("2G"), None);
         assert_eq!(over("0"), None, "0 asks for all of the node's memory");
         assert_eq!(
-            slurm::mem_bytes("512"),
-            Some(512 << 20),
+            crate::slurm::parse_memory_size("512"),
+            Some(512),
             "megabytes by default"
         );
-        assert_eq!(slurm::mem_bytes("1t"), Some(1 << 40));
+        assert_eq!(crate::slurm::parse_memory_size("1t"), Some(1 << 20));
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub fn resolve_slurm(
         warnings.extend(minutes_read_as_hours(time, secs));
     }
     if let Some(mem) = &res.mem {
-        if !valid_mem(mem) {
+        if crate::slurm::parse_memory_size(mem).is_none() {
             return Err(s.err(
                 "resources.mem",
                 format!("`{mem}` is not a Slurm memory size"),
@@ -242,31 +242,6 @@ fn minutes_read_as_hours(time: &str, secs: u64) -> Option<String> {
     })
 }
 
-/// `resources.mem` in bytes (Slurm's default unit is megabytes); `None` for `0`, which
-/// asks for all of a node's memory, or a size that does not read.
-pub fn mem_bytes(mem: &str) -> Option<u64> {
-    let mem = mem.trim();
-    let (digits, unit) = match mem.chars().last()?.to_ascii_uppercase() {
-        'K' => (&mem[..mem.len() - 1], 1u64 << 10),
-        'M' => (&mem[..mem.len() - 1], 1 << 20),
-        'G' => (&mem[..mem.len() - 1], 1 << 30),
-        'T' => (&mem[..mem.len() - 1], 1 << 40),
-        _ => (mem, 1 << 20),
-    };
-    digits
-        .parse::<u64>()
-        .ok()
-        .filter(|&n| n > 0)
-        .map(|n| n.saturating_mul(unit))
-}
-
-fn valid_mem(mem: &str) -> bool {
-    let digits = mem.trim_end_matches(['K', 'M', 'G', 'T', 'k', 'm', 'g', 't']);
-    !digits.is_empty()
-        && digits.bytes().all(|b| b.is_ascii_digit())
-        && mem.len() - digits.len() <= 1
-}
-
 /// The sbatch option `line` sets, when the script already has it from the spec (or from
 /// shardrun's own workings), with what to write instead.
 fn written_by_shardrun(line: &str) -> Option<(&'static str, &'static str)> {
@@ -404,7 +379,8 @@ mod tests {
 
     #[test]
     fn memory_sizes() {
-        assert!(valid_mem("16G") && valid_mem("4000") && valid_mem("512m"));
-        assert!(!valid_mem("") && !valid_mem("G") && !valid_mem("16GB") && !valid_mem("1.5G"));
+        let valid = |mem| crate::slurm::parse_memory_size(mem).is_some();
+        assert!(valid("16G") && valid("4000") && valid("512m"));
+        assert!(!valid("") && !valid("G") && !valid("16GB") && !valid("1.5G"));
     }
 }

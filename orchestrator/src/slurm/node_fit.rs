@@ -51,7 +51,9 @@ impl NodeRequest {
         NodeRequest {
             nodes: number("--nodes", 1),
             cpus_per_node: number("--ntasks-per-node", 1) * number("--cpus-per-task", 1),
-            mem_mb_per_node: options.get("--mem").and_then(|m| megabytes(m)),
+            mem_mb_per_node: options
+                .get("--mem")
+                .and_then(|m| super::parse::parse_memory_size(m)),
             gpus_per_node: gpu_count(gres, None),
             gpu_type,
             partitions: options
@@ -235,20 +237,6 @@ fn gpu_count(gres: &str, kind: Option<&str>) -> u64 {
         .sum()
 }
 
-/// `--mem` in megabytes: `64000`, `64000M`, `900G`, `1T` (Slurm's default unit is M).
-fn megabytes(mem: &str) -> Option<u64> {
-    let mem = mem.trim();
-    let (digits, factor) = match mem.chars().last()? {
-        'K' | 'k' => (&mem[..mem.len() - 1], 0.0009765625),
-        'M' | 'm' => (&mem[..mem.len() - 1], 1.0),
-        'G' | 'g' => (&mem[..mem.len() - 1], 1024.0),
-        'T' | 't' => (&mem[..mem.len() - 1], 1024.0 * 1024.0),
-        _ => (mem, 1.0),
-    };
-    let value: f64 = digits.parse().ok()?;
-    Some((value * factor).ceil() as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,8 +269,6 @@ mod tests {
             (request.gpus_per_node, request.gpu_type.as_deref()),
             (4, Some("h100"))
         );
-        assert_eq!(megabytes("900G"), Some(921600));
-        assert_eq!(megabytes("4000"), Some(4000));
         assert_eq!(gpu_count("gpu:2,mps:100", None), 2);
         assert_eq!(gpu_count("(null)", None), 0);
         let mixed = "gpu:a100:4(S:0),gpu:h100:2(S:1)";

@@ -224,9 +224,44 @@ fn expand_ranges(text: &str) -> Vec<u64> {
     out
 }
 
+/// A Slurm memory size (`--mem`, `resources.mem`) in megabytes: whole digits with at most
+/// one unit, K, M, G or T in either case; M when none, as Slurm reads it. `0` is Slurm's
+/// "all of the node's memory".
+pub fn parse_memory_size(mem: &str) -> Option<u64> {
+    let mem = mem.trim();
+    let (digits, unit) = match mem.chars().last()?.to_ascii_uppercase() {
+        'K' => (&mem[..mem.len() - 1], None),
+        'M' => (&mem[..mem.len() - 1], Some(1)),
+        'G' => (&mem[..mem.len() - 1], Some(1 << 10)),
+        'T' => (&mem[..mem.len() - 1], Some(1 << 20)),
+        _ => (mem, Some(1)),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let value: u64 = digits.parse().ok()?;
+    match unit {
+        Some(megabytes) => value.checked_mul(megabytes),
+        None => Some(value.div_ceil(1024)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_sizes_read_as_slurm_reads_them() {
+        assert_eq!(parse_memory_size("900G"), Some(921600));
+        assert_eq!(parse_memory_size("4000"), Some(4000));
+        assert_eq!(parse_memory_size("512m"), Some(512));
+        assert_eq!(parse_memory_size("1t"), Some(1 << 20));
+        assert_eq!(parse_memory_size("1500K"), Some(2), "kilobytes round up");
+        assert_eq!(parse_memory_size("0"), Some(0));
+        for bad in ["", "G", "16GB", "1.5G", "-1G"] {
+            assert_eq!(parse_memory_size(bad), None, "{bad}");
+        }
+    }
 
     fn find<'a>(records: &'a [JobRecord], id: &str) -> &'a JobRecord {
         records
