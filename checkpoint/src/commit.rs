@@ -13,8 +13,8 @@ use crate::metadata::{
     TrainerState, FORMAT_VERSION,
 };
 use crate::naming::{
-    list_entries, replaced_dir_name, step_dir_name, EntryKind, COMPLETE_FILE, LATEST_FILE,
-    METADATA_FILE,
+    list_entries, newest_complete_before, replaced_dir_name, step_dir_name, EntryKind,
+    COMPLETE_FILE, LATEST_FILE, METADATA_FILE,
 };
 use crate::write::{report_path, SaveTarget};
 use shardrun_protocol::config::{CheckpointFormat, ShardingStrategy};
@@ -292,12 +292,9 @@ pub fn prune(
     diverged_at: Option<u64>,
 ) -> Result<Pruned> {
     let entries = list_entries(root)?;
-    let sound = diverged_at.and_then(|diverged| {
-        entries.iter().find_map(|(kind, _)| match kind {
-            EntryKind::Complete(step) if *step < diverged => Some(*step),
-            _ => None,
-        })
-    });
+    let sound = diverged_at
+        .and_then(|diverged| newest_complete_before(&entries, diverged))
+        .map(|(step, _)| step);
     let mut kept = 0usize;
     let mut pruned = Pruned::default();
     for (kind, path) in entries {

@@ -131,6 +131,15 @@ pub fn list_entries(root: &Path) -> Result<Vec<(EntryKind, PathBuf)>> {
     Ok(entries)
 }
 
+/// The newest committed checkpoint among `entries` ([`list_entries`], newest first) from
+/// before `step`: its step and folder.
+pub fn newest_complete_before(entries: &[(EntryKind, PathBuf)], step: u64) -> Option<(u64, &Path)> {
+    entries.iter().find_map(|(kind, path)| match *kind {
+        EntryKind::Complete(s) if s < step => Some((s, path.as_path())),
+        _ => None,
+    })
+}
+
 /// Step of a committed checkpoint folder from its name.
 pub fn step_of_dir(dir: &Path) -> Option<u64> {
     match dir.file_name()?.to_str().and_then(parse_entry)? {

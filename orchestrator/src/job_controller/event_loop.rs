@@ -1189,15 +1189,11 @@ fn finished_message(metrics: &std::path::Path, checkpoint_root: Option<&Path>) -
             steps.len()
         ),
         Some(first) => {
+            use shardrun_checkpoint::naming::{list_entries, newest_complete_before};
             let before = checkpoint_root
-                .and_then(|root| shardrun_checkpoint::naming::list_entries(root).ok())
+                .and_then(|root| list_entries(root).ok())
                 .and_then(|entries| {
-                    entries.into_iter().find_map(|(kind, path)| match kind {
-                        shardrun_checkpoint::naming::EntryKind::Complete(step) if step < first => {
-                            Some(path)
-                        }
-                        _ => None,
-                    })
+                    newest_complete_before(&entries, first).map(|(_, path)| path.to_path_buf())
                 });
             format!(
                 "training finished, but diverged: the loss or the gradients were not finite \
