@@ -116,14 +116,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         for (run, id, again) in requeued {
             run.update_manifest(|m| {
                 m.state = RunState::Cancelled;
-                let checkpoint = run
-                    .read_train_config()
-                    .ok()
-                    .and_then(|train| crate::rerun::newest_checkpoint(run, &train));
-                let from = match checkpoint {
-                    Some(_) => "resumes it from its newest checkpoint",
-                    None => "starts it over (it has no checkpoint)",
-                };
+                let from = crate::rerun::again_words(run);
                 m.error = Some(format!(
                     "cancelled (`shardrun cancel`) while its requeued Slurm job {id} waited to \
                      run again; {again} {from}"

@@ -733,6 +733,19 @@ pub fn newest_checkpoint(run: &RunDir, train: &TrainConfig) -> Option<Checkpoint
     })
 }
 
+/// What running `run` again does, from the config it recorded: "resumes it from step N", or
+/// "starts it over (it has no checkpoint)".
+pub fn again_words(run: &RunDir) -> String {
+    let checkpoint = run
+        .read_train_config()
+        .ok()
+        .and_then(|train| newest_checkpoint(run, &train));
+    match checkpoint {
+        Some(checkpoint) => format!("resumes it from step {}", checkpoint.step),
+        None => "starts it over (it has no checkpoint)".to_string(),
+    }
+}
+
 /// When the run has committed checkpoints but none that loads: their names, the newest one
 /// and why it does not.
 fn damaged_checkpoints(run: &RunDir, train: &TrainConfig) -> Option<(String, PathBuf, String)> {

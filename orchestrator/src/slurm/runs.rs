@@ -215,14 +215,7 @@ fn died_detail(run: &RunDir) -> String {
         Some(holder @ Holder::Process { .. }) => format!("its controller ({holder})"),
         _ => "its controller".to_string(),
     };
-    let again = match run
-        .read_train_config()
-        .ok()
-        .and_then(|train| crate::rerun::newest_checkpoint(run, &train))
-    {
-        Some(checkpoint) => format!("resumes it from step {}", checkpoint.step),
-        None => "starts it over (it has no checkpoint)".to_string(),
-    };
+    let again = crate::rerun::again_words(run);
     format!(
         "{controller} is gone without saying how the run ended: it was killed (SIGKILL, the \
          OOM killer), its machine went down, or it could not write its end (a full disk: its \
