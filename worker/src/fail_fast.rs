@@ -51,7 +51,8 @@ pub fn install_panic_hook() {
             .unwrap_or_default();
         let thread = std::thread::current();
         let name = thread.name().unwrap_or("unnamed");
-        let fix = match out_of_memory(&what) {
+        let oom = out_of_memory(&what);
+        let fix = match oom {
             true => format!("\n  fix: {OUT_OF_MEMORY_FIX}"),
             false => String::new(),
         };
@@ -59,7 +60,7 @@ pub fn install_panic_hook() {
         report(&error, None);
         // Out of memory, the backtrace says nothing the message does not, and printing it
         // is what can hang.
-        if !out_of_memory(&what) {
+        if !oom {
             default(info);
         }
         exit_failed()

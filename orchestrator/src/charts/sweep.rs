@@ -92,6 +92,15 @@ impl SweepFigure {
         }
     }
 
+    /// Points are compared by their validation loss: every point that logged a step has one
+    /// (else by the training loss, which every one has).
+    fn by_validation(&self) -> bool {
+        self.points
+            .iter()
+            .filter(|p| !p.steps.is_empty())
+            .all(|p| !p.evals.is_empty())
+    }
+
     fn transform(&self, v: f64) -> f64 {
         match (self.log_loss, v > 0.0) {
             (false, _) => v,
@@ -172,8 +181,8 @@ impl SweepFigure {
         }
         // More curves than a legend can name are a tangle: the best ones are drawn in
         // colour and named, best first; the rest thin and grey behind them.
+        let validation = self.by_validation();
         let named = if with_steps.len() > MAX_LEGEND {
-            let validation = with_steps.iter().all(|p| !p.evals.is_empty());
             let ends: Vec<f64> = with_steps
                 .iter()
                 .zip(&shown)
@@ -242,7 +251,7 @@ impl SweepFigure {
             marker_text: false,
             // Not a curve's label: it would be drawn with that curve's colour and dashes.
             legend_note: (with_steps.len() > MAX_LEGEND).then(|| {
-                let measure = match with_steps.iter().all(|p| !p.evals.is_empty()) {
+                let measure = match validation {
                     true => "validation loss",
                     false => "loss",
                 };
@@ -278,9 +287,7 @@ impl SweepFigure {
             [a, b] => (a.clone(), Some(b.clone())),
             _ => return None,
         };
-        // Points that have logged something: all evaluated, or the training loss for all.
-        let logged = || self.points.iter().filter(|p| !p.steps.is_empty());
-        let validation = logged().all(|p| !p.evals.is_empty());
+        let validation = self.by_validation();
         let measure = if validation {
             "validation loss"
         } else {

@@ -129,13 +129,10 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             status_table(&statuses, std::env::current_dir().ok().as_deref())
         );
         let note = match &source {
-            Some(QuerySource::Squeue) => Some("states from squeue".to_string()),
-            Some(QuerySource::SqueueSacct) => {
-                Some("states from squeue, and sacct for ended jobs".to_string())
-            }
+            Some(QuerySource::Squeue) => Some("states from squeue"),
+            Some(QuerySource::SqueueSacct) => Some("states from squeue, and sacct for ended jobs"),
             Some(QuerySource::SqueueScontrol) => Some(
-                "states from squeue/scontrol: accounting is not enabled, sacct is not available"
-                    .to_string(),
+                "states from squeue/scontrol: accounting is not enabled, sacct is not available",
             ),
             // Every submitted run had ended: what is shown stands, but a job requeued since
             // (`scontrol requeue`) would not show, and the wait for squeue wants a reason.
@@ -143,14 +140,12 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                 errln!("warning: {squeue_error}");
                 Some(
                     "Slurm did not answer: every run had ended, as shown; a requeue since \
-                     would not show"
-                        .to_string(),
+                     would not show",
                 )
             }
-            None if unanswered.is_some() => Some(
-                "Slurm did not answer: the states of submitted runs are as last recorded"
-                    .to_string(),
-            ),
+            None if unanswered.is_some() => {
+                Some("Slurm did not answer: the states of submitted runs are as last recorded")
+            }
             None => None,
         };
         if let Some(note) = note {

@@ -127,14 +127,20 @@ impl NodeInfo {
     }
 }
 
+/// `nodes` by name, each once: sinfo lists a node once per partition it is in.
+fn distinct<'a>(nodes: impl Iterator<Item = &'a NodeInfo>) -> Vec<&'a NodeInfo> {
+    let mut nodes: Vec<&NodeInfo> = nodes.collect();
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    nodes.dedup_by(|a, b| a.name == b.name);
+    nodes
+}
+
 /// The nodes out of service the job waits for, as `node (state)`, when enough nodes of its
 /// partition meet its request only with them back; `None` when the request is beyond the
 /// partition even so (a plain sbatch refuses that too), or when enough nodes in service meet
 /// it (the refusal is for something else: a constraint, a limit, an account).
 pub fn waits_for(request: &NodeRequest, nodes: &[NodeInfo]) -> Option<Vec<String>> {
-    let mut meeting: Vec<&NodeInfo> = nodes.iter().filter(|n| n.meets(request)).collect();
-    meeting.sort_by(|a, b| a.name.cmp(&b.name));
-    meeting.dedup_by(|a, b| a.name == b.name);
+    let meeting = distinct(nodes.iter().filter(|n| n.meets(request)));
     let in_service = meeting.iter().filter(|n| !n.out_of_service()).count() as u64;
     if (meeting.len() as u64) < request.nodes || in_service >= request.nodes {
         return None;
@@ -153,9 +159,7 @@ pub fn waits_for(request: &NodeRequest, nodes: &[NodeInfo]) -> Option<Vec<String
 /// asked for (the refusal is then for something sinfo does not show: a constraint, a limit,
 /// an account) or the partition has no nodes (sbatch names the partition itself).
 pub fn shortfall(request: &NodeRequest, nodes: &[NodeInfo]) -> Option<Vec<String>> {
-    let mut partition: Vec<&NodeInfo> = nodes.iter().filter(|n| n.in_partition(request)).collect();
-    partition.sort_by(|a, b| a.name.cmp(&b.name));
-    partition.dedup_by(|a, b| a.name == b.name);
+    let partition = distinct(nodes.iter().filter(|n| n.in_partition(request)));
     let first = partition.first()?;
     let name = match &request.partitions {
         Some(names) => format!("partition {}", names.join(",")),
