@@ -288,15 +288,20 @@ fn weights_folder(
     .unwrap();
 }
 
-/// A run directory in `dir` of `model` trained on `data`, with one checkpoint.
-fn run_of(dir: &Path, model: &str, data: &str) -> PathBuf {
-    let train = train_config(dir, model, data);
-    let units = tensors(llama(&train))
+/// The Llama of `train` as a checkpoint lays it out on one rank: a unit per parameter.
+fn layout_of(train: &TrainConfig) -> Layout {
+    let units = tensors(llama(train))
         .into_iter()
         .map(|(name, shape)| UnitLayout::packed(&name, [(name.clone(), shape)], 1).unwrap())
         .collect();
+    Layout::new(units).unwrap()
+}
+
+/// A run directory in `dir` of `model` trained on `data`, with one checkpoint.
+fn run_of(dir: &Path, model: &str, data: &str) -> PathBuf {
+    let train = train_config(dir, model, data);
     let run = dir.join("run");
-    save_layout(&run.join("checkpoints"), 3, 1, Layout::new(units).unwrap());
+    save_layout(&run.join("checkpoints"), 3, 1, layout_of(&train));
     std::fs::write(
         run.join("train_config.json"),
         serde_json::to_string(&train).unwrap(),
@@ -305,28 +310,39 @@ fn run_of(dir: &Path, model: &str, data: &str) -> PathBuf {
     run
 }
 
-#[test]
-fn an_hf_export_defaults_to_the_dtype_of_the_source_weights() {
-    // A bf16 folder whose config.json names no dtype (neither `dtype` nor `torch_dtype`).
-    let tmp = tempfile::tempdir().unwrap();
-    let source = tmp.path().join("source");
+/// A Hugging Face folder `dir/source` of a small Llama (weights 0.5, stored as `dtype`, its
+/// config.json as `edit` leaves it) and a run in `dir` that started from it, with one
+/// checkpoint: the Llama's config from scratch, the folder and the run directory.
+fn run_from_folder(
+    dir: &Path,
+    dtype: StoredDtype,
+    edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>),
+) -> (TrainConfig, PathBuf, PathBuf) {
+    let source = dir.join("source");
     let synthetic = "{ kind: synthetic, seq_len: 8 }";
     let scratch = train_config(
-        tmp.path(),
+        dir,
         "{ kind: llama, vocab_size: 16, dim: 8, n_layers: 1, n_heads: 2, ffn_dim: 16 }",
         synthetic,
     );
-    weights_folder(&source, &scratch, StoredDtype::Bf16, |keys| {
-        keys.remove("dtype");
-        keys.remove("torch_dtype");
-    });
-
-    // A run that started from it, with one checkpoint.
+    weights_folder(&source, &scratch, dtype, edit);
     let run = run_of(
-        tmp.path(),
+        dir,
         &format!("{{ kind: hf, path: {} }}", source.display()),
         synthetic,
     );
+    (scratch, source, run)
+}
+
+#[test]
+fn an_hf_export_defaults_to_the_dtype_of_the_source_weights() {
+    // A bf16 folder whose config.json names no dtype (neither `dtype` nor `torch_dtype`),
+    // and a run that started from it.
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, source, run) = run_from_folder(tmp.path(), StoredDtype::Bf16, |keys| {
+        keys.remove("dtype");
+        keys.remove("torch_dtype");
+    });
     let out = tmp.path().join("export");
     let text = export_to(&run, &out);
     assert_eq!(
@@ -360,35 +376,20 @@ fn an_hf_export_defaults_to_the_dtype_of_the_source_weights() {
 #[test]
 fn an_hf_export_of_weights_that_are_not_finite_warns_and_says_what_to_export() {
     let tmp = tempfile::tempdir().unwrap();
-    let source = tmp.path().join("source");
-    let synthetic = "{ kind: synthetic, seq_len: 8 }";
-    let scratch = train_config(
-        tmp.path(),
-        "{ kind: llama, vocab_size: 16, dim: 8, n_layers: 1, n_heads: 2, ffn_dim: 16 }",
-        synthetic,
-    );
-    weights_folder(&source, &scratch, StoredDtype::F32, |_| {});
-    let run = run_of(
-        tmp.path(),
-        &format!("{{ kind: hf, path: {} }}", source.display()),
-        synthetic,
-    );
+    let (scratch, _, run) = run_from_folder(tmp.path(), StoredDtype::F32, |_| {});
     let text = export_to(&run, &tmp.path().join("finite"));
     assert!(!text.contains("not finite"), "{text}");
     // Step 4: the second unit (of the Llama's parameters in order) is NaN throughout.
-    let units: Vec<UnitLayout> = tensors(llama(&scratch))
-        .into_iter()
-        .map(|(name, shape)| UnitLayout::packed(&name, [(name.clone(), shape)], 1).unwrap())
-        .collect();
-    let second = units[1].params[0].name.clone();
-    let numel = units[1].numel;
-    save_values(
-        &run.join("checkpoints"),
-        4,
-        1,
-        Layout::new(units).unwrap(),
-        |u, value| if u == 1 { f32::NAN } else { value },
-    );
+    let layout = layout_of(&scratch);
+    let second = layout.units[1].params[0].name.clone();
+    let numel = layout.units[1].numel;
+    save_values(&run.join("checkpoints"), 4, 1, layout, |u, value| {
+        if u == 1 {
+            f32::NAN
+        } else {
+            value
+        }
+    });
     let text = export_to(&run, &tmp.path().join("diverged"));
     assert!(
         text.contains(&format!(
