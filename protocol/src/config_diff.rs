@@ -20,6 +20,7 @@ pub const RESUMABLE: &[&str] = &[
     "checkpoint.keep",
     "checkpoint.format",
     "log_every",
+    "on_divergence",
     "threads_per_rank",
     "device",
     // How the state is sharded and gathered, not what is computed: checkpoints load under

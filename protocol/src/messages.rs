@@ -361,6 +361,10 @@ pub enum StopReason {
     LostController { why: String },
     /// Another rank was asked to stop (learned when the ranks agreed).
     Peer,
+    /// Training diverged at optimizer step `step` (`what` was not finite) and the job asks
+    /// to stop there (`training.on_divergence: stop`). Every rank decides it alike, from
+    /// the step's all-reduced loss and gradient norm.
+    Diverged { step: u64, what: String },
 }
 
 impl std::fmt::Display for StopReason {
@@ -372,6 +376,9 @@ impl std::fmt::Display for StopReason {
             StopReason::Controller { reason } => f.write_str(reason),
             StopReason::LostController { why } => write!(f, "lost the controller ({why})"),
             StopReason::Peer => f.write_str("another rank was asked to stop"),
+            StopReason::Diverged { step, what } => {
+                write!(f, "training diverged at step {step} ({what})")
+            }
         }
     }
 }

@@ -7,8 +7,8 @@
 use shardrun_e2e::jobs::*;
 use shardrun_e2e::*;
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 use std::time::Duration;
 
 fn shardrun_in(dir: &Path, args: &[&str]) -> std::process::Output {
@@ -295,22 +295,61 @@ fn exit_codes_and_completions() {
     assert!(fish.contains("complete -c shardrun"), "{fish}");
 }
 
-#[test]
-fn a_diverged_run_keeps_reporting_its_non_finite_loss_and_says_so() {
-    // A learning rate no model survives: the loss overflows within a few steps. The records
-    // must still reach the controller (JSON has no NaN) and the run end normally.
-    let dir = TestDir::new("metrics-diverged");
-    let mut text = tiny_mlp_spec("diverged", 8, 2);
+/// A 2-rank run of `steps` steps with a learning rate no model survives (the loss
+/// overflows within a few steps), checkpointed every step and keeping one, plus `extra`
+/// lines of `training`: its output, run directory and spec.
+fn diverging_run(dir: &TestDir, steps: u64, extra: &str) -> (Output, PathBuf, PathBuf) {
+    let mut text = tiny_mlp_spec("diverging", steps, 2);
     text.push_str("  optimizer: { lr: 1.0e+30 }\n");
     text.push_str("  checkpoint: { interval_steps: 1, keep: 1 }\n");
-    let spec = dir.write("diverged.yaml", &text);
+    text.push_str(extra);
+    let spec = dir.write("diverging.yaml", &text);
     let (out, run) = run_local(
-        &dir,
+        dir,
         &spec,
         &["--nproc", "2", "--no-progress"],
         &[],
         Duration::from_secs(120),
     );
+    (out, run, spec)
+}
+
+/// Runs the diverged run of `spec` again with `args`: refused, saying `why` and that
+/// `--force` starts it over, and nothing trained.
+fn refused_as_diverged(dir: &TestDir, spec: &Path, args: &[&str], why: &str) {
+    let metrics = dir.join("run").join("metrics.jsonl");
+    let before = json_lines(&metrics);
+    let (out, _) = run_local(dir, spec, args, &[], Duration::from_secs(60));
+    let stderr = stderr_of(&out);
+    assert_ne!(out.status.code(), Some(0), "{}{stderr}", stdout_of(&out));
+    assert!(
+        stderr.contains(why) && stderr.contains("fix: add --force"),
+        "{stderr}"
+    );
+    assert_eq!(
+        json_lines(&metrics),
+        before,
+        "the refused run trained nothing"
+    );
+}
+
+/// The checkpoint folders a run keeps (`step-N`), sorted.
+fn checkpoints_left(run: &Path) -> Vec<String> {
+    let mut left: Vec<String> = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    left.sort();
+    left
+}
+
+#[test]
+fn a_diverged_run_keeps_reporting_its_non_finite_loss_and_says_so() {
+    // A learning rate no model survives: the loss overflows within a few steps. The records
+    // must still reach the controller (JSON has no NaN) and the run end normally.
+    let dir = TestDir::new("metrics-diverged");
+    let (out, run, spec) = diverging_run(&dir, 8, "");
     let stdout = stdout_of(&out);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", stderr_of(&out));
     let records = json_lines(&run.join("metrics.jsonl"));
@@ -341,14 +380,8 @@ fn a_diverged_run_keeps_reporting_its_non_finite_loss_and_says_so() {
     );
     // Past `keep: 1`, the newest checkpoint from before the divergence stays: the newer
     // ones hold weights that are not finite.
-    let mut left: Vec<String> = std::fs::read_dir(run.join("checkpoints"))
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with("step-"))
-        .collect();
-    left.sort();
     assert_eq!(
-        left,
+        checkpoints_left(&run),
         [format!("step-{}", first - 1), "step-8".to_string()],
         "{log}"
     );
@@ -363,26 +396,14 @@ fn a_diverged_run_keeps_reporting_its_non_finite_loss_and_says_so() {
         stdout_of(&out)
     );
     // Asking for more steps does not continue it: its last checkpoint holds diverged weights.
-    let (out, _) = run_local(
+    refused_as_diverged(
         &dir,
         &spec,
         &["--no-progress", "--set", "training.steps=12"],
-        &[],
-        Duration::from_secs(60),
-    );
-    let stderr = stderr_of(&out);
-    assert_ne!(out.status.code(), Some(0), "{}{stderr}", stdout_of(&out));
-    assert!(
-        stderr.contains(&format!(
+        &format!(
             "diverged: its loss or gradients were not finite (NaN or inf) from step {first}, and its newest checkpoint, of step 8,"
-        )) && stderr.contains("fix: add --force"),
-        "{stderr}"
+        ),
     );
-    let steps_after: Vec<u64> = json_lines(&run.join("metrics.jsonl"))
-        .iter()
-        .filter_map(|r| r["step"].as_u64())
-        .collect();
-    assert_eq!(steps_after, steps, "the refused run trained nothing");
     // As many steps again: finished, and the way on is to start over, not to train longer.
     let (out, _) = run_local(
         &dir,
@@ -399,6 +420,65 @@ fn a_diverged_run_keeps_reporting_its_non_finite_loss_and_says_so() {
         )) && stdout.contains("to start it over: add --force")
             && !stdout.contains("to train it longer"),
         "{stdout}"
+    );
+}
+
+#[test]
+fn a_run_that_stops_on_divergence_fails_there_and_is_not_resumed_into_it() {
+    // The learning rate no model survives, with `on_divergence: stop`: the ranks stop after
+    // the first step that is not finite, with no checkpoint of it, and the job fails.
+    let dir = TestDir::new("metrics-stop-on-divergence");
+    // The step it stops at is recorded even between `log_every` steps.
+    let (out, run, spec) = diverging_run(&dir, 40, "  log_every: 1000\n  on_divergence: stop\n");
+    let stderr = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{}{stderr}", stdout_of(&out));
+    let records = json_lines(&run.join("metrics.jsonl"));
+    let last = records.last().expect("the step it stopped at is recorded");
+    let at = last["step"].as_u64().unwrap();
+    assert!(
+        (2..40).contains(&at) && (last["loss"].is_null() || last["grad_norm"].is_null()),
+        "{records:?}"
+    );
+    // Every record before it is of a finite step: it stopped at the first.
+    assert!(
+        records[..records.len() - 1]
+            .iter()
+            .all(|r| r["loss"].is_number() && r["grad_norm"].is_number()),
+        "{records:?}"
+    );
+    let verdict: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("result.json")).unwrap()).unwrap();
+    assert_eq!(verdict["status"], "failed", "{verdict}");
+    assert_eq!(verdict["cause"]["kind"], "diverged", "{verdict}");
+    assert_eq!(verdict["cause"]["step"], at, "{verdict}");
+    // Every rank stopped there; no checkpoint holds weights that are not finite.
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(
+        log.contains("stopping here, as `training.on_divergence: stop` asks"),
+        "{log}"
+    );
+    assert_eq!(
+        checkpoints_left(&run),
+        [format!("step-{}", at - 1)],
+        "{log}"
+    );
+    assert!(
+        stderr.contains(&format!("stopped after step {at}, where training diverged"))
+            && stderr.contains(&format!("its newest checkpoint, step {}", at - 1))
+            && stderr.contains("add --force to start it over"),
+        "{stderr}"
+    );
+    let out = shardrun_in(dir.path(), &["status", &run.to_string_lossy()]);
+    assert!(stdout_of(&out).contains("FAILED"), "{}", stdout_of(&out));
+    // Resumed from the checkpoint before, it would diverge at the same step again: refused.
+    refused_as_diverged(
+        &dir,
+        &spec,
+        &["--nproc", "2", "--no-progress"],
+        &format!(
+            "diverged: its loss or gradients were not finite (NaN or inf) from step {at}, and resumed from its newest checkpoint, of step {}, it would train the same steps into the same divergence",
+            at - 1
+        ),
     );
 }
 

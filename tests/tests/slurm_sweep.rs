@@ -6,7 +6,7 @@
 
 use shardrun_e2e::*;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(180);
@@ -1138,7 +1138,7 @@ fn a_diverged_point_is_not_continued_when_the_sweep_asks_for_more_steps() {
     assert!(stdout.contains("submit (was COMPLETED)"), "{stdout}");
     assert!(
         stdout.contains(
-            "1 point(s) diverged (their loss or gradients went NaN or inf) before their newest checkpoint"
+            "1 point(s) diverged (their loss or gradients went NaN or inf): continuing would train on from diverged weights"
         ),
         "{stdout}"
     );
@@ -1192,36 +1192,41 @@ fn a_diverged_point_is_not_continued_when_the_sweep_asks_for_more_steps() {
         "the good point went on: {after:?}"
     );
 
-    // Ended FAILED (as a lost node leaves it) with its checkpoints deleted, the diverged point
-    // has nothing to resume: it would train again from step 1, which the sweep says.
-    let diverged_dir = std::fs::read_dir(&sweep_dir)
+    // Ended FAILED (as a lost node leaves it) with their checkpoints deleted, both points
+    // have nothing to resume. Started over, the diverged one would diverge at the same step
+    // again: it stays skipped. The other trains again from step 1, which the sweep says.
+    let (diverged_dir, good_dir): (Vec<PathBuf>, Vec<PathBuf>) = std::fs::read_dir(&sweep_dir)
         .unwrap()
         .flatten()
         .map(|e| e.path())
-        .find(|p| {
+        .filter(|p| p.join("metrics.jsonl").exists())
+        .partition(|p| {
             let records = shardrun_e2e::jobs::step_records(p);
             records.iter().any(|r| r["loss"].is_null())
-        })
-        .expect("the diverged point's folder");
-    std::fs::remove_dir_all(diverged_dir.join("checkpoints")).unwrap();
-    let manifest = diverged_dir.join("manifest.json");
-    let text_of = std::fs::read_to_string(&manifest).unwrap();
-    assert!(text_of.contains("\"state\": \"COMPLETED\""), "{text_of}");
-    std::fs::write(
-        &manifest,
-        text_of.replace("\"state\": \"COMPLETED\"", "\"state\": \"FAILED\""),
-    )
-    .unwrap();
+        });
+    assert_eq!((diverged_dir.len(), good_dir.len()), (1, 1));
+    for point in diverged_dir.iter().chain(&good_dir) {
+        std::fs::remove_dir_all(point.join("checkpoints")).unwrap();
+        let manifest = point.join("manifest.json");
+        let text_of = std::fs::read_to_string(&manifest).unwrap();
+        assert!(text_of.contains("\"state\": \"COMPLETED\""), "{text_of}");
+        std::fs::write(
+            &manifest,
+            text_of.replace("\"state\": \"COMPLETED\"", "\"state\": \"FAILED\""),
+        )
+        .unwrap();
+    }
     let out = cluster
         .shardrun(dir.path(), &["sweep", "--dry-run", &spec_arg])
         .unwrap();
     let stdout = stdout_of(&out);
     assert!(
-        stdout.contains("submit (was FAILED, anew)")
+        stdout.contains(&format!("skip (diverged at step {first})"))
+            && stdout.contains("submit (was FAILED, anew)")
             && stdout.contains(&format!(
                 "1 point(s) to submit again logged steps but have no checkpoint to resume from \
                  (`anew`): they train again from step 1, their metrics replaced. The first, {}",
-                diverged_dir.display()
+                good_dir[0].display()
             )),
         "{stdout}"
     );

@@ -19,7 +19,7 @@ use crate::stop::{self, StopReason, StopRequest};
 use crate::{control, host, metrics};
 use shardrun_data::dataset::thousands;
 use shardrun_models::source::ParamSource;
-use shardrun_protocol::config::{DType, DeviceKind, TrainConfig};
+use shardrun_protocol::config::{DType, DeviceKind, OnDivergence, TrainConfig};
 use shardrun_protocol::messages::{
     loss_text, signal_name, EvalMetrics, LogLevel, StepMetrics, TrainSummary,
 };
@@ -643,9 +643,17 @@ impl Trainer {
             } else {
                 None
             };
-            if bad.is_some() && !skipped {
+            // Every rank sees the same all-reduced loss and norm, so all decide this alike.
+            let mut stop_diverged = None;
+            if let (Some(bad), false) = (&bad, skipped) {
                 // Updated with what is not finite, the weights are not either from here on.
                 self.diverged_at.get_or_insert(self.step);
+                if cfg.on_divergence == OnDivergence::Stop {
+                    stop_diverged = Some(StopReason::Diverged {
+                        step: self.step,
+                        what: bad.clone(),
+                    });
+                }
             }
             if let (Some(bad), false) = (bad, diverged) {
                 diverged = true;
@@ -665,19 +673,27 @@ impl Trainer {
                         "training diverged (a learning rate too high for this model and batch?)"
                     }
                 };
+                let then = if stop_diverged.is_some() {
+                    "stopping here, as `training.on_divergence: stop` asks"
+                } else {
+                    "the run goes on, as PyTorch's would (`training.on_divergence: stop` ends \
+                     such a run here)"
+                };
                 self.log(
                     LogLevel::Warn,
-                    &format!(
-                        "step {}: {bad}: {why}; the run goes on, as PyTorch's would",
-                        self.step
-                    ),
+                    &format!("step {}: {bad}: {why}; {then}", self.step),
                 );
             }
             if global_tokens > 0.0 {
                 first_loss.get_or_insert((self.step, loss));
                 last_loss = Some((self.step, loss));
             }
-            if self.step.is_multiple_of(cfg.log_every.max(1)) || self.step == cfg.steps {
+            // The step a run stops at is recorded whatever `log_every` says: re-runs and
+            // sweeps read from metrics.jsonl that it diverged.
+            if self.step.is_multiple_of(cfg.log_every.max(1))
+                || self.step == cfg.steps
+                || stop_diverged.is_some()
+            {
                 let memory = metrics::Memory::of(self.device);
                 let record = StepMetrics {
                     rank: self.rank,
@@ -713,6 +729,11 @@ impl Trainer {
                     LogLevel::Info,
                     &format_metrics(&record, cfg.steps, baseline),
                 );
+            }
+            if stop_diverged.is_some() {
+                // Without a checkpoint or an evaluation of weights that are not finite.
+                stopped = stop_diverged;
+                break;
             }
             if self
                 .evaluator

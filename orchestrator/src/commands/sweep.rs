@@ -219,8 +219,9 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         .collect();
     if let Some((point, first)) = diverged.first() {
         outln!(
-            "{} point(s) diverged (their loss or gradients went NaN or inf) before their newest checkpoint: \
-             continuing would train on from diverged weights, so they are not submitted. To \
+            "{} point(s) diverged (their loss or gradients went NaN or inf): continuing would \
+             train on from diverged weights, or the same steps into the same divergence, so \
+             they are not submitted. To \
              start one over (with a lower LR, `optimizer.grad_clip` or a longer warm-up), \
              delete its directory and run `shardrun sweep` again. The first, {}, from step {first}",
             diverged.len(),

@@ -366,13 +366,16 @@ async fn run_async(
             paths.train_log.display(),
             paths.logs_dir.display()
         ));
-        let resume = failed_resume_line(
-            steps_done,
-            checkpoint.as_ref(),
-            &config.checkpoint,
-            &opts.launch,
-            &opts.paths.run_dir,
-        );
+        let resume = match &f.cause {
+            FailureCause::Diverged { step, .. } => diverged_resume_line(*step, checkpoint.as_ref()),
+            _ => failed_resume_line(
+                steps_done,
+                checkpoint.as_ref(),
+                &config.checkpoint,
+                &opts.launch,
+                &opts.paths.run_dir,
+            ),
+        };
         report.push_str(&format!("\n{resume}"));
         log.log_only(report.clone()).await;
         failure_report = Some((report, resume));
@@ -1016,6 +1019,27 @@ fn failed_resume_line(
         ),
         (None, true) => format!(
             "{stopped} and has no checkpoint: once the cause is fixed, {again} to start it over"
+        ),
+    }
+}
+
+/// The last line of a run stopped where it diverged at `step`: its newest checkpoint is from
+/// before (none is saved of weights that are not finite), and resuming from it would train
+/// the same steps into the same divergence, which is why re-runs refuse it.
+fn diverged_resume_line(step: u64, checkpoint: Option<&CheckpointLeft>) -> String {
+    let over = "add --force to start it over, with a lower LR, gradient clipping \
+                (`optimizer.grad_clip`) or a longer warm-up";
+    match checkpoint.filter(|c| c.step < step) {
+        Some(c) => format!(
+            "the run stopped after step {step}; its newest checkpoint, step {} ({}), is from \
+             before it diverged and holds the last finite weights (`shardrun export` takes \
+             it); resumed from there, it would diverge again at the same step: {over}",
+            c.step,
+            c.path.display()
+        ),
+        None => format!(
+            "the run stopped after step {step} and has no checkpoint from before it diverged: \
+             {over}"
         ),
     }
 }

@@ -1178,6 +1178,12 @@ impl JobMachine {
             }
         } else if let Some(why) = self.run_dir_unwritable.take().filter(|_| !completed) {
             Outcome::Failed(Failure::job(FailureCause::RunDirectoryUnwritable { why }))
+        } else if let Some((step, what)) = stopped.iter().find_map(|(_, _, reason)| match reason {
+            StopReason::Diverged { step, what } => Some((*step, what.clone())),
+            _ => None,
+        }) {
+            // Not a cancel: the job asked for this end, and it is a failed run.
+            Outcome::Failed(Failure::job(FailureCause::Diverged { step, what }))
         } else if all_ended && !stopped.is_empty() {
             let by = stopped
                 .iter()

@@ -142,6 +142,12 @@ pub enum FailureCause {
     RunDirectoryUnwritable {
         why: String,
     },
+    /// Training diverged at `step` (`what` was not finite) and the ranks stopped there, as
+    /// `training.on_divergence: stop` asks.
+    Diverged {
+        step: u64,
+        what: String,
+    },
     /// Heartbeats kept coming but the rank stayed at `step` for `secs` seconds.
     Stalled {
         step: u64,
@@ -264,6 +270,11 @@ impl Failure {
             FailureCause::RunDirectoryUnwritable { why } => format!(
                 "stopped: its run directory cannot be written ({why}), and steps it cannot \
                  record would be lost"
+            ),
+            FailureCause::Diverged { step, what } => format!(
+                "stopped after step {step}, where training diverged ({what}), as \
+                 `training.on_divergence: stop` asks: its weights are not finite from that \
+                 step on"
             ),
             FailureCause::Stalled { step, secs, others } => {
                 let others = if others.is_empty() {

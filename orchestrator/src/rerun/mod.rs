@@ -338,11 +338,12 @@ pub enum RerunError {
     },
     #[error("{path} {ended}, and its spec says `checkpoint.resume: false`: it does not resume\n  fix: add --force to delete it and start over, or remove `resume: false` to continue it from its last checkpoint")]
     NoResume { path: String, ended: String },
-    #[error("{path} diverged: its loss or gradients were not finite (NaN or inf) from step {first}, and its newest checkpoint, of step {checkpoint}, was saved after that: continuing it would train on from non-finite weights\n  fix: add --force to delete it and start over, with a lower LR, gradient clipping (`optimizer.grad_clip`) or a longer warm-up")]
+    #[error("{path} diverged: its loss or gradients were not finite (NaN or inf) from step {first}, and {}\n  fix: add --force to delete it and start over, with a lower LR, gradient clipping (`optimizer.grad_clip`) or a longer warm-up", again_it_diverges(*first, *checkpoint))]
     Diverged {
         path: String,
         first: u64,
-        checkpoint: u64,
+        /// The step of its newest checkpoint, if it has one.
+        checkpoint: Option<u64>,
     },
     #[error("{path} finished {done} steps but has no checkpoint to continue from to step {asked}\n  fix: add --force to start over with {asked} steps")]
     NothingToContinue { path: String, done: u64, asked: u64 },
@@ -621,7 +622,7 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
             DataConfig::Dataset(data) => DataNow::look(data).changes_since_run(&run),
             _ => Vec::new(),
         };
-        let diverged_from = checkpoint.as_ref().and_then(|c| diverged_by(&run, c.step));
+        let diverged_from = diverged_from(&run);
         return Ok(RunDecision::Finished(Finished {
             run,
             steps_done: done,
@@ -663,14 +664,12 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
         _ if !resumes && started(state) => return Err(RerunError::NoResume { path: shown, ended }),
         _ => {}
     }
-    if let Some(checkpoint) = &checkpoint {
-        if let Some(first) = diverged_by(&run, checkpoint.step) {
-            return Err(RerunError::Diverged {
-                path: shown,
-                first,
-                checkpoint: checkpoint.step,
-            });
-        }
+    if let Some(first) = diverged_from(&run) {
+        return Err(RerunError::Diverged {
+            path: shown,
+            first,
+            checkpoint: checkpoint.as_ref().map(|c| c.step),
+        });
     }
     let ended = if state == RunState::Completed {
         format!(
@@ -772,13 +771,31 @@ pub fn steps_trained(run: &RunDir, recorded: &TrainConfig) -> u64 {
     steps_done(run, recorded).unwrap_or(recorded.steps)
 }
 
-/// The step from which the run had diverged when it reached `step` (see
-/// [`crate::metrics_file::RunMetrics::diverged_at`]): resuming its checkpoint of that step
-/// would train on from diverged weights.
-pub fn diverged_by(run: &RunDir, step: u64) -> Option<u64> {
-    crate::metrics_file::read(&run.metrics())
-        .ok()?
-        .diverged_at(step)
+/// The step from which the run had diverged by its last logged step (see
+/// [`crate::metrics_file::RunMetrics::diverged_at`]), or `None`. Such a run does not go on:
+/// from a checkpoint saved since, it would train on from weights that are not finite; from
+/// one saved before (a run stopped where it diverged) or from the start, it would train the
+/// same steps into the same divergence.
+pub fn diverged_from(run: &RunDir) -> Option<u64> {
+    let metrics = crate::metrics_file::read(&run.metrics()).ok()?;
+    metrics.diverged_at(metrics.last()?.step)
+}
+
+/// Why a run that diverged from step `first` is not continued from its newest checkpoint
+/// (of step `checkpoint`, if any).
+fn again_it_diverges(first: u64, checkpoint: Option<u64>) -> String {
+    match checkpoint {
+        Some(step) if step >= first => format!(
+            "its newest checkpoint, of step {step}, was saved after that: continuing it would \
+             train on from non-finite weights"
+        ),
+        Some(step) => format!(
+            "resumed from its newest checkpoint, of step {step}, it would train the same steps \
+             into the same divergence (that checkpoint holds its last finite weights: \
+             `shardrun export` takes it)"
+        ),
+        None => "started over, it would train the same steps into the same divergence".to_string(),
+    }
 }
 
 /// The last step logged (the latest attempt's, when steps were repeated).

@@ -491,6 +491,7 @@ pub fn resolve_with(
         device: ranks.device,
         threads_per_rank: t.threads_per_rank.unwrap_or(ranks.cpus_per_task as usize),
         log_every: t.log_every.unwrap_or(defaults::LOG_EVERY),
+        on_divergence: t.on_divergence.unwrap_or_default(),
         fsdp,
     };
 
@@ -1143,6 +1144,37 @@ mod tests {
             at_peak.activations > chunk * 128_256 * (4 + 2),
             "one chunk's fp32 logits and their bf16 gradient: {at_peak:?}"
         );
+    }
+
+    #[test]
+    fn stopping_on_divergence_is_asked_for_and_said_by_the_plan_and_the_default_hash_is_kept() {
+        let yaml = |extra: &str| {
+            format!(
+                "name: t\ntraining:\n  model: {{ kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }}\n  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 1\n{extra}"
+            )
+        };
+        let stops = resolve_yaml(&yaml("  on_divergence: stop\n"), false).unwrap();
+        assert_eq!(
+            stops.train.on_divergence,
+            shardrun_protocol::config::OnDivergence::Stop
+        );
+        assert!(
+            stops.summary().contains(
+                "steps          1 (2 tokens in all); stops at the first whose loss or gradients are not finite\n"
+            ),
+            "{}",
+            stops.summary()
+        );
+        let goes_on = resolve_yaml(&yaml(""), false).unwrap();
+        let written = resolve_yaml(&yaml("  on_divergence: continue\n"), false).unwrap();
+        assert_eq!(goes_on.train, written.train);
+        assert!(goes_on
+            .summary()
+            .contains("steps          1 (2 tokens in all)\n"));
+        // The default is not written: configs of runs from before the key hash as they did.
+        let json = serde_json::to_value(&goes_on.train).unwrap();
+        assert!(json.get("on_divergence").is_none(), "{json}");
+        assert_ne!(goes_on.train.config_hash(), stops.train.config_hash());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use super::memory::DocumentAttention;
 use super::{yaml_name, ResolvedJob, GIB};
-use shardrun_protocol::config::{DataConfig, DeviceKind, LrDecay, Packing};
+use shardrun_protocol::config::{DataConfig, DeviceKind, LrDecay, OnDivergence, Packing};
 use shardrun_protocol::TrainConfig;
 use std::fmt::Write as _;
 
@@ -89,9 +89,13 @@ impl ResolvedJob {
         let _ = writeln!(out, "  tokens/step    {}", self.tokens_per_step);
         let _ = writeln!(
             out,
-            "  steps          {} ({} tokens in all)",
+            "  steps          {} ({} tokens in all){}",
             t.steps,
-            self.tokens_per_step * t.steps
+            self.tokens_per_step * t.steps,
+            match t.on_divergence {
+                OnDivergence::Continue => "",
+                OnDivergence::Stop => "; stops at the first whose loss or gradients are not finite",
+            }
         );
         let _ = writeln!(
             out,

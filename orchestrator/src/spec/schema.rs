@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 use serde_norway::Value;
 use shardrun_protocol::config::{
-    CheckpointFormat, DType, LrDecay, OnBadRecord, Packing, ParamKind, ShardingStrategy,
-    TokenDtype, WrapPolicy,
+    CheckpointFormat, DType, LrDecay, OnBadRecord, OnDivergence, Packing, ParamKind,
+    ShardingStrategy, TokenDtype, WrapPolicy,
 };
 use shardrun_protocol::config::{LlamaFamily, RopeScaling};
 use std::collections::BTreeMap;
@@ -121,6 +121,9 @@ pub struct TrainingSpec {
     pub threads_per_rank: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_every: Option<u64>,
+    /// `continue` (the default) or `stop` once the loss or gradients are not finite.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_divergence: Option<OnDivergence>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

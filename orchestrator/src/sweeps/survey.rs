@@ -3,7 +3,7 @@
 //! (finished, queued or running, diverged, or trained on other data than the data now); the points to
 //! submit are grouped by allocation shape.
 
-use crate::rerun::{diverged_by, newest_checkpoint, steps_trained, CheckpointAt};
+use crate::rerun::{diverged_from, newest_checkpoint, steps_trained, CheckpointAt};
 use crate::resume_data::{self, DataChanged, DataNow};
 use crate::rundir::{RunDir, RunDirError, RunState};
 use crate::slurm;
@@ -141,12 +141,19 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
             }
             Some(state @ (RunState::Submitted | RunState::Running)) => Decision::Skip(*state),
             Some(&state) => match resumed_from(&sweep_dir.join(&p.name), p) {
-                None => Decision::Retry(state, anew(&sweep_dir.join(&p.name))),
+                None => match RunDir::open(&sweep_dir.join(&p.name))
+                    .ok()
+                    .and_then(|run| diverged_from(&run))
+                {
+                    // Started over, it would diverge at the same step again.
+                    Some(first) => Decision::Diverged(state, first),
+                    None => Decision::Retry(state, anew(&sweep_dir.join(&p.name))),
+                },
                 Some((_, checkpoint)) if checkpoint.step >= p.job.train.steps => {
                     Decision::TrainedPast(state, checkpoint.step)
                 }
                 Some((run, checkpoint)) => {
-                    if let Some(first) = diverged_by(&run, checkpoint.step) {
+                    if let Some(first) = diverged_from(&run) {
                         Decision::Diverged(state, first)
                     } else if let Some(refusal) = data_refusal(&run, &checkpoint, p, &mut probed) {
                         data_changed.push(refusal);

@@ -82,6 +82,7 @@ pub fn config(model: ModelConfig, strategy: ShardingStrategy, world: u64) -> Tra
         device: DeviceKind::Cpu,
         threads_per_rank: 1,
         log_every: 1,
+        on_divergence: Default::default(),
     }
 }
 

@@ -876,6 +876,42 @@ fn ranks_stopped_by_their_own_signal_end_the_job_cancelled_not_failed() {
 }
 
 #[test]
+fn ranks_stopped_where_training_diverged_fail_the_job_not_cancel_it() {
+    let mut s = running();
+    let diverged = StopReason::Diverged {
+        step: 5,
+        what: "the loss is NaN".to_string(),
+    };
+    for (conn, proc) in [(10, 0), (11, 1)] {
+        s.handle(Event::Stopped {
+            conn,
+            step: 5,
+            reason: diverged.clone(),
+        });
+        s.handle(Event::ProcessExited {
+            proc,
+            exit: ExitInfo::Code(3),
+        });
+    }
+    let actions = close_both(&mut s);
+    let outcome = Outcome::Failed(Failure::job(FailureCause::Diverged {
+        step: 5,
+        what: "the loss is NaN".to_string(),
+    }));
+    assert_eq!(actions, vec![Action::Finish(outcome.clone())]);
+    assert_eq!(outcome.exit_code(), 1);
+    let json = serde_json::to_value(&outcome).unwrap();
+    assert_eq!(
+        (
+            &json["status"],
+            &json["cause"]["kind"],
+            &json["cause"]["step"]
+        ),
+        (&"failed".into(), &"diverged".into(), &5.into())
+    );
+}
+
+#[test]
 fn ranks_that_all_followed_another_rank_end_cancelled_by_a_request() {
     let mut s = running();
     for (conn, proc) in [(10, 0), (11, 1)] {
