@@ -495,6 +495,9 @@ pub struct CheckpointConfig {
 /// The folder of a run's checkpoints when the config does not name one.
 pub const RUN_CHECKPOINTS: &str = "checkpoints";
 
+/// The folder under a checkpoint root that `shardrun export` writes into by default.
+pub const EXPORTS: &str = "export";
+
 impl CheckpointConfig {
     /// Where the run's checkpoints live: `dir`, else `<run_dir>/checkpoints` when the run
     /// directory is known (a rank under the controller, the orchestrator), else nowhere.

@@ -156,7 +156,8 @@ fn export_full_checkpoint(source: &Checkpoint, out: Option<PathBuf>) -> Result<(
         );
         return Ok(());
     }
-    let out_root = out.unwrap_or_else(|| checkpoints_root(source.dir()).join("export"));
+    let out_root = out
+        .unwrap_or_else(|| checkpoints_root(source.dir()).join(shardrun_protocol::config::EXPORTS));
     let started = Instant::now();
     let committed = export_full(source, &out_root).with_context(|| {
         format!(
@@ -295,7 +296,7 @@ fn export_hf(
     }
     let out = args.out.clone().unwrap_or_else(|| {
         checkpoints_root(source.dir())
-            .join("export")
+            .join(shardrun_protocol::config::EXPORTS)
             .join(format!("hf-step-{}", meta.step))
     });
     let mut bytes = Vec::new();

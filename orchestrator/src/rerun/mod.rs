@@ -880,7 +880,11 @@ pub fn describe_contents(path: &Path) -> String {
         parts.push(format!("metrics up to step {step}"));
     }
     parts.push("its logs".into());
-    format!("{} ({})", path.display(), parts.join(", "))
+    let kept = match run.exports() {
+        Some(exports) => format!("; kept the models exported into it ({})", exports.display()),
+        None => String::new(),
+    };
+    format!("{} ({}){kept}", path.display(), parts.join(", "))
 }
 
 #[cfg(test)]
@@ -1283,6 +1287,10 @@ mod tests {
             r#"{"rank":0,"step":7,"loss":1.0,"lr":0.1,"grad_norm":1.0,"step_time_s":0.1,"tokens_per_s":5.0,"mfu":null,"model_state_bytes":1,"peak_memory_bytes":2,"loss_scale":null}"#,
         )
         .unwrap();
+        // A model exported from it (`shardrun export`'s default place) is the user's: it stays.
+        let exported = run.checkpoints().join("export/hf-step-7/model.safetensors");
+        std::fs::create_dir_all(exported.parent().unwrap()).unwrap();
+        std::fs::write(&exported, b"weights").unwrap();
         let job = resolved(tmp.path(), &["training.seed=9"]);
         let params = BTreeMap::new();
         let mut forced = new_run(&job, &params);
@@ -1292,10 +1300,23 @@ mod tests {
         };
         assert_eq!(
             deleted,
-            format!("{} (metrics up to step 7, its logs)", run.path().display())
+            format!(
+                "{} (metrics up to step 7, its logs); kept the models exported into it ({})",
+                run.path().display(),
+                run.checkpoints().join("export").display()
+            )
         );
         assert!(!new.metrics().exists());
         assert_eq!(new.read_train_config().unwrap().seed, 9);
+        assert_eq!(std::fs::read(&exported).unwrap(), b"weights");
+        // Nothing else of the old run is left beside the new one.
+        let siblings: Vec<_> = std::fs::read_dir(run.path().parent().unwrap())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".old-"))
+            .collect();
+        assert!(siblings.is_empty(), "{siblings:?}");
 
         let plain = tmp.path().join("plain");
         std::fs::create_dir(&plain).unwrap();

@@ -502,9 +502,21 @@ impl RunDir {
             });
         }
         if let Some(aside) = old {
-            let _ = fs::remove_dir_all(aside);
+            // Exported models are the user's, not the run's state: after --force they may be
+            // the only copy of what the run trained. Should they not move, the old folder
+            // stays rather than take them with it.
+            if keep_exports(&aside, path) {
+                let _ = fs::remove_dir_all(aside);
+            }
         }
         Ok(())
+    }
+
+    /// The folder of models `shardrun export` wrote into this run directory by default, if
+    /// there is one: `<checkpoint root>/export`, when the root is in the run directory.
+    pub fn exports(&self) -> Option<PathBuf> {
+        let exports = self.checkpoints().join(shardrun_protocol::config::EXPORTS);
+        (exports.starts_with(&self.path) && exports.is_dir()).then_some(exports)
     }
 
     /// The paths of a run directory at `path` whose files are still being written (sweep
@@ -767,6 +779,22 @@ pub(crate) fn running_local_run(dir: &Path) -> RunDir {
     )
     .unwrap();
     RunDir::open(dir).unwrap()
+}
+
+/// Moves the exported models of the run moved aside to `aside` to the same place in the new
+/// run directory at `path`; false when they could not be moved.
+fn keep_exports(aside: &Path, path: &Path) -> bool {
+    let Some(exports) = RunDir::at(aside).exports() else {
+        return true;
+    };
+    let Ok(within) = exports.strip_prefix(aside) else {
+        return true;
+    };
+    let target = path.join(within);
+    target
+        .parent()
+        .is_some_and(|parent| fs::create_dir_all(parent).is_ok())
+        && fs::rename(&exports, &target).is_ok()
 }
 
 #[cfg(test)]
