@@ -19,6 +19,7 @@ pub const RESUMABLE: &[&str] = &[
     "checkpoint.interval_minutes",
     "checkpoint.keep",
     "checkpoint.format",
+    "checkpoint.resume",
     "log_every",
     "on_divergence",
     "threads_per_rank",

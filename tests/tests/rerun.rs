@@ -433,6 +433,54 @@ fn finished_run(dir: &TestDir, name: &str, steps: u64) -> (std::path::PathBuf, s
     (spec, run)
 }
 
+/// A finished run whose spec says `checkpoint.resume: false` says how to train it longer
+/// (its checkpoint is there, unused), and lifting `resume: false` continues it.
+#[test]
+fn a_finished_run_that_does_not_resume_says_how_to_go_on_and_lifting_it_continues() {
+    let dir = TestDir::new("rerun-no-resume");
+    let text = constant_lr_spec("noresume", 4) + "  checkpoint: { resume: false }\n";
+    let spec = dir.write("job.yaml", &text);
+    let (out, run) = run_local(&dir, &spec, &["--no-progress"], &[], DEADLINE);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+
+    let (out, _) = run_local(&dir, &spec, &["--no-progress"], &[], DEADLINE);
+    let stdout = stdout_of(&out);
+    assert!(
+        out.status.success()
+            && stdout.contains(
+                "its spec says `checkpoint.resume: false`, so it does not continue: to train it longer from its checkpoint of step 4, remove `resume: false` and add `--set training.steps=<more than 4>`"
+            )
+            && !stdout.contains("it continues from its last checkpoint"),
+        "{stdout}"
+    );
+    let longer = ["--no-progress", "--set", "training.steps=6"];
+    let (out, _) = run_local(&dir, &spec, &longer, &[], DEADLINE);
+    let stderr = stderr_of(&out);
+    assert!(
+        !out.status.success()
+            && stderr.contains(
+                "fix: add --force to delete it and start over, or remove `resume: false` to continue it from its last checkpoint, of step 4"
+            ),
+        "{stderr}"
+    );
+    // As the fix says: `checkpoint.resume` is safe to change on resume.
+    let lifted = [&longer[..], &["--set", "training.checkpoint.resume=true"]].concat();
+    let (out, _) = run_local(&dir, &spec, &lifted, &[], DEADLINE);
+    let stdout = stdout_of(&out);
+    assert!(
+        out.status.success()
+            && stdout.contains("at step 5 from its checkpoint of step 4")
+            && stdout.contains("changed on resume: training.checkpoint.resume: false → true"),
+        "{stdout}{}",
+        stderr_of(&out)
+    );
+    let steps: Vec<u64> = step_records(&run)
+        .iter()
+        .filter_map(|r| r["step"].as_u64())
+        .collect();
+    assert_eq!(steps, (1..=6).collect::<Vec<_>>());
+}
+
 /// A run directory copied elsewhere (an archive) or moved (to other storage) keeps its own
 /// checkpoints: its export takes them, not those a new run of the old path saves, and a
 /// moved run continues where it is, with no spec change to refuse.

@@ -65,7 +65,7 @@ fn safe(path: &str) -> bool {
 
 /// In words, for the refusal's hint.
 pub const SAFE_IN_WORDS: &str = "training.steps, the world size, the device kind, resources \
-    and preemption, training.batch_size_per_device, the checkpoint interval, keep and format, \
+    and preemption, training.batch_size_per_device, the checkpoint interval, keep, format and resume, \
     log_every, on_divergence, threads_per_rank, FSDP's strategy, wrap, shard_group_size, prefetch, \
     max_gathers_in_flight, activation_checkpointing and loss_chunk_tokens, and \
     validation's every_steps and max_batches";

@@ -246,6 +246,9 @@ pub struct Finished {
     pub data_changes: Vec<String>,
     /// The step from which it diverged, when its last checkpoint holds diverged weights.
     pub diverged_from: Option<u64>,
+    /// The step of the newest checkpoint it has but does not continue from, its spec saying
+    /// `checkpoint.resume: false`.
+    pub unused_checkpoint: Option<u64>,
 }
 
 impl Finished {
@@ -314,11 +317,22 @@ impl Finished {
             );
             return text;
         }
-        let _ = write!(
-            text,
-            "\n  to train it longer: add `--set training.steps=<more than {}>` (it continues from its last checkpoint)\n  to start it over: add --force",
-            self.steps_done
-        );
+        let more = format!("`--set training.steps=<more than {}>`", self.steps_done);
+        let _ = match (&self.checkpoint, self.unused_checkpoint) {
+            (Some(_), _) => write!(
+                text,
+                "\n  to train it longer: add {more} (it continues from its last checkpoint)"
+            ),
+            (None, Some(step)) => write!(
+                text,
+                "\n  its spec says `checkpoint.resume: false`, so it does not continue: to train it longer from its checkpoint of step {step}, remove `resume: false` and add {more}"
+            ),
+            (None, None) => write!(
+                text,
+                "\n  it has no checkpoint to continue from: to train it longer, add --force with {more} (it starts over)"
+            ),
+        };
+        text.push_str("\n  to start it over: add --force");
         text
     }
 }
@@ -336,8 +350,16 @@ pub enum RerunError {
         path: String,
         fields: Vec<FieldChange>,
     },
-    #[error("{path} {ended}, and its spec says `checkpoint.resume: false`: it does not resume\n  fix: add --force to delete it and start over, or remove `resume: false` to continue it from its last checkpoint")]
-    NoResume { path: String, ended: String },
+    #[error("{path} {ended}, and its spec says `checkpoint.resume: false`: it does not resume\n  fix: add --force to delete it and start over{}", match checkpoint {
+        Some(step) => format!(", or remove `resume: false` to continue it from its last checkpoint, of step {step}"),
+        None => String::new(),
+    })]
+    NoResume {
+        path: String,
+        ended: String,
+        /// The step of the newest checkpoint it would continue from without `resume: false`.
+        checkpoint: Option<u64>,
+    },
     #[error("{path} diverged: its loss or gradients were not finite (NaN or inf) from step {first}, and {}\n  fix: add --force to delete it and start over, with a lower LR, gradient clipping (`optimizer.grad_clip`) or a longer warm-up", again_it_diverges(*first, *checkpoint))]
     Diverged {
         path: String,
@@ -623,6 +645,7 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
             _ => Vec::new(),
         };
         let diverged_from = diverged_from(&run);
+        let unused_checkpoint = unused_checkpoint(&run, &target.train);
         return Ok(RunDecision::Finished(Finished {
             run,
             steps_done: done,
@@ -630,6 +653,7 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
             checkpoint,
             data_changes,
             diverged_from,
+            unused_checkpoint,
         }));
     }
     if checkpoint.is_none() && resumes {
@@ -654,6 +678,13 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
         }
     }
     match (state, &checkpoint) {
+        _ if !resumes && started(state) => {
+            return Err(RerunError::NoResume {
+                path: shown,
+                ended,
+                checkpoint: unused_checkpoint(&run, &target.train),
+            })
+        }
         (RunState::Completed, None) => {
             return Err(RerunError::NothingToContinue {
                 path: shown,
@@ -661,7 +692,6 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
                 asked,
             })
         }
-        _ if !resumes && started(state) => return Err(RerunError::NoResume { path: shown, ended }),
         _ => {}
     }
     if let Some(first) = diverged_from(&run) {
@@ -730,6 +760,15 @@ pub fn newest_checkpoint(run: &RunDir, train: &TrainConfig) -> Option<Checkpoint
         dir: c.dir().to_path_buf(),
         data_fingerprint: c.metadata().trainer.data.data_fingerprint.clone(),
     })
+}
+
+/// The step of the newest checkpoint of a run whose spec `train` says not to resume (and
+/// `None` when it resumes): the one it would continue from without `resume: false`.
+fn unused_checkpoint(run: &RunDir, train: &TrainConfig) -> Option<u64> {
+    if train.checkpoint.resume {
+        return None;
+    }
+    newest_checkpoint(run, train).map(|c| c.step)
 }
 
 /// What running `run` again does, from the config it recorded: "resumes it from step N", or
