@@ -518,7 +518,9 @@ fn force_refuses_to_delete_a_run_its_controller_is_running() {
         stderr.contains(&format!(
             "{run_arg} is still running: its controller is running (pid {} on ",
             job.child.id()
-        )) && stderr.contains(&format!("`shardrun cancel {run_arg}`")),
+        )) && stderr.contains(&format!(
+            "`shardrun cancel {run_arg}`, or Ctrl-C where it runs"
+        )),
         "{stderr}"
     );
     // Nothing was lost: the run goes on training in its directory, and stops as any run.

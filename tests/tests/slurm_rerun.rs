@@ -66,10 +66,14 @@ fn scancel_then_submit_of_the_same_spec_resumes_with_the_uninterrupted_losses() 
         .shardrun(dir.path(), &["submit", &spec_arg])
         .unwrap();
     assert!(!out.status.success());
+    // Slurm's job, stopped with `shardrun cancel` (Ctrl-C reaches no batch job).
+    let stderr = stderr_of(&out);
     assert!(
-        stderr_of(&out).contains("is still running"),
-        "{}",
-        stderr_of(&out)
+        stderr.contains(&format!(
+            "is still running: Slurm job {first_job} is RUNNING (its controller: pid "
+        )) && stderr.contains("or stop it (`shardrun cancel ")
+            && !stderr.contains("Ctrl-C"),
+        "{stderr}"
     );
 
     let mut cancel = cluster.command("scancel");

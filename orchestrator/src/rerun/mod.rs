@@ -341,10 +341,19 @@ impl Finished {
 pub enum RerunError {
     #[error(transparent)]
     RunDir(#[from] RunDirError),
-    #[error("{path} is still running: {how}\n  fix: wait for it to end (`shardrun status {word}`), or stop it (`shardrun cancel {word}`, or Ctrl-C where it runs) and run this again to resume it", word = crate::sbatch::shell_quote(path))]
-    StillRunning { path: String, how: String },
-    #[error("{path} is still running: {how}; --force would delete the run under it\n  fix: stop it first (`shardrun cancel {}`, or Ctrl-C where it runs), then add --force again to start over; or give the new run another `name` (or --run-dir)", crate::sbatch::shell_quote(path))]
-    ForceWhileRunning { path: String, how: String },
+    #[error("{path} is still running: {how}\n  fix: wait for it to end (`shardrun status {}`), or stop it ({}) and run this again to resume it", crate::sbatch::shell_quote(path), how_to_stop(path, *under_slurm))]
+    StillRunning {
+        path: String,
+        how: String,
+        /// Its job is Slurm's: stopped with `scancel`, not with Ctrl-C where it runs.
+        under_slurm: bool,
+    },
+    #[error("{path} is still running: {how}; --force would delete the run under it\n  fix: stop it first ({}), then add --force again to start over; or give the new run another `name` (or --run-dir)", how_to_stop(path, *under_slurm))]
+    ForceWhileRunning {
+        path: String,
+        how: String,
+        under_slurm: bool,
+    },
     #[error("{path} holds a run started with a different spec; these fields differ (run → now):\n{}\n  fix: undo these changes to continue the run (its spec is {path}/job.yaml); to start a new run instead, give it another `name` (or --run-dir); to delete this one and start over, add --force\n  (safe to change on resume, and applied: {})", list(.fields), changes::SAFE_IN_WORDS)]
     Changed {
         path: String,
@@ -425,22 +434,49 @@ fn slurm_status(
 
 /// Whether a run is still going, and if not, Slurm's last word on it (`None` for a local run).
 enum Liveness {
-    /// How it goes on: "its controller is running (pid 7 on n1)", "Slurm job 12 is PENDING".
-    Going(String),
+    /// How it goes on: "its controller is running (pid 7 on n1)", "Slurm job 12 is PENDING";
+    /// `under_slurm`: a job Slurm holds.
+    Going {
+        how: String,
+        under_slurm: bool,
+    },
     Ended(Option<Box<slurm::RunStatus>>),
 }
 
 fn liveness(run: &RunDir, manifest: &Manifest, shown: &str) -> Result<Liveness, RerunError> {
     if let Some(holder) = RunLock::holder(run.path()) {
-        return Ok(Liveness::Going(format!(
-            "its controller is running ({holder})"
-        )));
+        // A live controller is enough to know; Slurm, if it answers, says whose it is.
+        let slurm = slurm_status(run, manifest, shown)
+            .ok()
+            .flatten()
+            .as_ref()
+            .and_then(in_slurms_hands);
+        return Ok(Liveness::Going {
+            under_slurm: slurm.is_some(),
+            how: match slurm {
+                Some(job) => format!("{job} (its controller: {holder})"),
+                None => format!("its controller is running ({holder})"),
+            },
+        });
     }
     let status = slurm_status(run, manifest, shown)?;
     Ok(match status.as_ref().and_then(in_slurms_hands) {
-        Some(how) => Liveness::Going(how),
+        Some(how) => Liveness::Going {
+            how,
+            under_slurm: true,
+        },
         None => Liveness::Ended(status.map(Box::new)),
     })
+}
+
+/// How to stop the run at `path`: `shardrun cancel`, and for a local run Ctrl-C too.
+fn how_to_stop(path: &str, under_slurm: bool) -> String {
+    let cancel = format!("`shardrun cancel {}`", crate::sbatch::shell_quote(path));
+    if under_slurm {
+        cancel
+    } else {
+        format!("{cancel}, or Ctrl-C where it runs")
+    }
 }
 
 /// "Slurm job 12 is PENDING" while Slurm still holds the run's job.
@@ -560,16 +596,20 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
         if let Ok(run) = RunDir::open(&path) {
             let going = match run.read_manifest() {
                 Ok(manifest) => match liveness(&run, &manifest, &shown)? {
-                    Liveness::Going(how) => Some(how),
+                    Liveness::Going { how, under_slurm } => Some((how, under_slurm)),
                     Liveness::Ended(_) => None,
                 },
                 // A damaged manifest (the fix its error gives is this --force) names no
                 // Slurm job: only a live controller keeps the run.
                 Err(_) => RunLock::holder(run.path())
-                    .map(|holder| format!("its controller is running ({holder})")),
+                    .map(|holder| (format!("its controller is running ({holder})"), false)),
             };
-            if let Some(how) = going {
-                return Err(RerunError::ForceWhileRunning { path: shown, how });
+            if let Some((how, under_slurm)) = going {
+                return Err(RerunError::ForceWhileRunning {
+                    path: shown,
+                    how,
+                    under_slurm,
+                });
             }
         }
         return Ok(RunDecision::Replace {
@@ -594,7 +634,13 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
     let mut state = manifest.state;
     let mut detail = manifest.error.clone();
     match liveness(&run, &manifest, &shown)? {
-        Liveness::Going(how) => return Err(RerunError::StillRunning { path: shown, how }),
+        Liveness::Going { how, under_slurm } => {
+            return Err(RerunError::StillRunning {
+                path: shown,
+                how,
+                under_slurm,
+            })
+        }
         Liveness::Ended(Some(status)) => {
             state = status.state;
             detail = Some(status.detail).filter(|d| !d.is_empty());
