@@ -154,7 +154,9 @@ pub(super) fn check_wrap_patterns(
         if modules.iter().any(|m| glob_match(pattern, m)) {
             continue;
         }
-        let fix = match prefixed_pattern(&modules, pattern) {
+        let meant =
+            prefixed_pattern(&modules, pattern).or_else(|| misspelt_pattern(&modules, pattern));
+        let fix = match meant {
             Some(meant) => format!("did you mean `{meant}`?"),
             None => format!(
                 "write a module's whole dotted path, `*` standing for one component; the \
@@ -174,6 +176,29 @@ pub(super) fn check_wrap_patterns(
         ));
     }
     Ok(())
+}
+
+/// The module pattern a misspelt one was meant as (`model.layer.*` for `model.layers.*`): the
+/// closest of the model's modules with their layer numbers written `*`, compared whole or
+/// below a prefix of up to three components (as [`prefixed_pattern`] adds one).
+fn misspelt_pattern(modules: &[String], pattern: &str) -> Option<String> {
+    let mut best: Option<(f64, String)> = None;
+    for module in modules {
+        let parts: Vec<&str> = module
+            .split('.')
+            .map(|c| match c.bytes().all(|b| b.is_ascii_digit()) {
+                true => "*",
+                false => c,
+            })
+            .collect();
+        for depth in 0..parts.len().min(4) {
+            let score = strsim::jaro_winkler(pattern, &parts[depth..].join("."));
+            if score > 0.9 && best.as_ref().is_none_or(|(b, _)| score > *b) {
+                best = Some((score, parts.join(".")));
+            }
+        }
+    }
+    best.map(|(_, meant)| meant)
 }
 
 /// Options that are valid but do not save the memory people expect: wrapping finer than the

@@ -1008,6 +1008,17 @@ mod tests {
             "`layers.*.self_attn` matches no module of the model"
         );
         assert_eq!(err.fix, "did you mean `model.layers.*.self_attn`?");
+        // A typo, with or without the prefix.
+        for typo in ["model.layer.*", "layer.*.mlp", "model.layers.*.self_atn"] {
+            let ResolveError::Invalid(err) =
+                resolve_yaml(&wrap(&format!("[{typo}]")), false).unwrap_err();
+            let meant = match typo {
+                "model.layer.*" => "model.layers.*",
+                "layer.*.mlp" => "model.layers.*.mlp",
+                _ => "model.layers.*.self_attn",
+            };
+            assert_eq!(err.fix, format!("did you mean `{meant}`?"), "{typo}");
+        }
         let ResolveError::Invalid(err) = resolve_yaml(&wrap("[attention]"), false).unwrap_err();
         assert!(
             err.fix
