@@ -236,7 +236,7 @@ impl Checkpointer {
                 match &meta.config {
                     Some(saved) => {
                         let now = serde_json::to_value(&trainer.config).unwrap_or_default();
-                        let changed = changed_settings(saved, &now);
+                        let changed = changed_settings(saved, &now, weights_only);
                         if !changed.is_empty() {
                             line.push_str(&format!(
                                 "; settings that differ from the job that saved it: {}",
@@ -609,13 +609,23 @@ fn floats(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
+/// Where a run's checkpoints go and where it started from: always another run's when a job
+/// starts from its checkpoint (`checkpoint.from`), so not worth a word then.
+const ANOTHER_RUNS: &[&str] = &["checkpoint.dir", "checkpoint.from"];
+
 /// The settings of `now` that differ from `saved` (job configs as JSON), other than those a
 /// resume may change ([`config_diff::RESUMABLE`]; `shardrun` lists those itself as "changed
-/// on resume"): `optimizer.lr 0.0003 → 0.01`.
-fn changed_settings(saved: &serde_json::Value, now: &serde_json::Value) -> Vec<String> {
+/// on resume"), and for a job starting from another run's weights (`from_another_run`), other
+/// than [`ANOTHER_RUNS`]: `optimizer.lr 0.0003 → 0.01`.
+fn changed_settings(
+    saved: &serde_json::Value,
+    now: &serde_json::Value,
+    from_another_run: bool,
+) -> Vec<String> {
     config_diff::differences(saved, now)
         .into_iter()
         .filter(|(path, ..)| !config_diff::under(path, config_diff::RESUMABLE))
+        .filter(|(path, ..)| !(from_another_run && config_diff::under(path, ANOTHER_RUNS)))
         .map(|(path, was, is)| {
             format!(
                 "{path} {} → {}",
@@ -642,15 +652,21 @@ mod tests {
         now["steps"] = 140.into();
         now["batch"]["world_size"] = 4.into();
         now["checkpoint"]["interval_steps"] = 20.into();
-        assert_eq!(changed_settings(&saved, &now), Vec::<String>::new());
+        assert_eq!(changed_settings(&saved, &now, false), Vec::<String>::new());
         now["optimizer"]["lr"] = 0.01.into();
         now["checkpoint"]["dir"] = "elsewhere".into();
         assert_eq!(
-            changed_settings(&saved, &now),
+            changed_settings(&saved, &now, false),
             [
                 "checkpoint.dir checkpoints → elsewhere",
                 "optimizer.lr 0.0003 → 0.01"
             ]
+        );
+        // A job starting from another run's checkpoint keeps its checkpoints elsewhere.
+        now["checkpoint"]["from"] = "other/checkpoints/step-30".into();
+        assert_eq!(
+            changed_settings(&saved, &now, true),
+            ["optimizer.lr 0.0003 → 0.01"]
         );
     }
 }
