@@ -595,17 +595,19 @@ fn a_rank_terminated_while_it_starts_ends_the_job_preempted_not_failed() {
 
 /// `scontrol requeue` (as Slurm does for a failed node) stops the job with SIGTERM and queues
 /// it again: the run takes it as a notice, not a cancel, and says the job is queued, not to
-/// submit it again.
+/// submit it again. Real workers under srun: Slurm kills the batch script KillWait (5 s
+/// here) after its SIGTERM, while srun waits two seconds longer for its step, so the end
+/// must be recorded without waiting for srun or for a cancel's word that never comes.
 #[test]
 fn scontrol_requeue_is_taken_as_a_notice_not_a_cancel() {
     let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
     let dir = TestDir::new("slurm-scontrol-requeue");
-    let (job_id, run) = submit_simulated(
-        &cluster,
-        &dir,
-        "requeued",
-        &tiny_mlp_spec("requeued", 1500, 2),
-    );
+    let spec = tiny_mlp_spec("requeued", 100_000_000, 2) + "  log_every: 100\n";
+    let spec = dir.write("requeued.yaml", &spec);
+    let job_id = cluster
+        .submit(dir.path(), &[&spec.to_string_lossy()])
+        .job_id;
+    let run = dir.join("runs/requeued");
     wait_for(
         "the first attempt to train",
         Duration::from_secs(120),
@@ -637,6 +639,13 @@ fn scontrol_requeue_is_taken_as_a_notice_not_a_cancel() {
         .shardrun(dir.path(), &["metrics", &run.to_string_lossy()])
         .unwrap();
     assert!(stdout_of(&out).contains("queued"), "{}", stdout_of(&out));
+    // The checkpoint the ranks wrote for it is the one the queued job resumes from.
+    let step = result["checkpoint"]["step"].as_u64().expect("a checkpoint");
+    assert!(
+        run.join(format!("checkpoints/step-{step}/COMPLETE"))
+            .is_file(),
+        "{result}"
+    );
     let out = cluster
         .shardrun(dir.path(), &["cancel", &run.to_string_lossy()])
         .unwrap();

@@ -243,7 +243,7 @@ fn spawn_reader(client: Arc<ControllerClient>, mut reader: BlockingConnection) {
                 match reader.recv::<ToWorker>() {
                     Ok(ToWorker::Preempt) => {
                         tracing::debug!("the controller asks to checkpoint and stop (preemption)");
-                        stop::process().request_preempt()
+                        stop::process().controller_preempts()
                     }
                     Ok(ToWorker::CheckpointAndStop { reason }) => {
                         tracing::debug!(reason, "the controller asks to checkpoint, then stop");

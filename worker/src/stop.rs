@@ -85,6 +85,9 @@ struct Asked {
     stop: Option<StopReason>,
     /// A stop right after the checkpoint that a preemption writes.
     after_checkpoint: Option<StopReason>,
+    /// The controller took the job's notice for a preemption (a SIGUSR2, or Slurm requeueing
+    /// the job): Slurm's SIGTERM to this rank is not a cancel's, and no word of one comes.
+    preempted: bool,
 }
 
 impl StopSwitch {
@@ -94,6 +97,15 @@ impl StopSwitch {
 
     pub fn request_preempt(&self) {
         self.preempt.store(true, Ordering::SeqCst);
+    }
+
+    /// The controller's preemption request ([`shardrun_protocol::ToWorker::Preempt`]): a
+    /// checkpoint and a stop, and the word that the job is preempted, not cancelled.
+    pub fn controller_preempts(&self) {
+        let mut asked = self.asked();
+        asked.preempted = true;
+        self.preempt.store(true, Ordering::SeqCst);
+        self.asked_changed.notify_all();
     }
 
     /// The signal that asked this rank to checkpoint and stop, when one did.
@@ -142,7 +154,7 @@ impl StopSwitch {
         let (asked, _) = self
             .asked_changed
             .wait_timeout_while(asked, timeout, |a| {
-                a.stop.is_none() && a.after_checkpoint.is_none()
+                a.stop.is_none() && a.after_checkpoint.is_none() && !a.preempted
             })
             .unwrap_or_else(|e| e.into_inner());
         asked
@@ -328,6 +340,25 @@ mod tests {
                 reason: "rank 1 failed".into()
             })
         );
+        reader.join().unwrap();
+    }
+
+    #[test]
+    fn the_controllers_preemption_ends_the_wait_for_a_cancels_word() {
+        // Slurm's SIGTERM asked for the checkpoint; the controller, told by Slurm that the
+        // job is requeued, says it is a preemption: no cancel is coming, so no wait for one.
+        let switch = Arc::new(StopSwitch::new());
+        switch
+            .preempt_signal
+            .store(libc::SIGTERM as usize, Ordering::SeqCst);
+        let from_reader = switch.clone();
+        let reader = std::thread::spawn(move || from_reader.controller_preempts());
+        // Without the controller's word the wait would run its whole timeout.
+        let timeout = Duration::from_secs(30);
+        let waited = std::time::Instant::now();
+        assert_eq!(switch.stop_after_checkpoint(timeout), None);
+        assert!(waited.elapsed() < timeout);
+        assert_eq!(switch.requested(), Some(StopRequest::Preempt));
         reader.join().unwrap();
     }
 

@@ -809,9 +809,17 @@ impl Ranks<'_> {
             ))
             .await;
         }
-        // Every process has exited; their last output lines come before the verdict.
+        // Every process has exited; their last output lines come before the verdict. Not
+        // so when Slurm requeues the job: srun outlives this controller's KillWait, and the
+        // ranks have said all there is (see `JobMachine::check_done`).
         server.abort();
-        let task_ends = launcher.drain_output(opts.timeouts.drain).await;
+        let drain = match outcome {
+            Outcome::Preempted {
+                notice: Notice::SlurmRequeue,
+            } => SLURM_REQUEUE_DRAIN,
+            _ => opts.timeouts.drain,
+        };
+        let task_ends = launcher.drain_output(drain).await;
         signal_all(libc::SIGKILL); // nothing should be left; make sure of it
         for (_, abort) in conns.values() {
             abort.abort();
@@ -828,6 +836,10 @@ impl Ranks<'_> {
         (outcome, state.steps_done())
     }
 }
+
+/// How long the ranks' last output lines may take to arrive once Slurm requeues the job:
+/// the run's end must be on disk within KillWait (30 s by default, as little as 5 s).
+const SLURM_REQUEUE_DRAIN: Duration = Duration::from_millis(500);
 
 /// The nodes of this Slurm job's allocation (`scontrol show hostnames`, which expands
 /// `SLURM_JOB_NODELIST`); empty when they cannot be had.

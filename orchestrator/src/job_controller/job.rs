@@ -1127,7 +1127,22 @@ impl JobMachine {
     }
 
     fn check_done(&mut self, out: &mut Vec<Action>) {
-        if !self.launched || !self.alive.is_empty() || self.phase == Phase::Done {
+        if !self.launched || self.phase == Phase::Done {
+            return;
+        }
+        if !self.alive.is_empty() {
+            // Slurm requeueing the job kills its batch script KillWait seconds after the
+            // SIGTERM, while srun waits two seconds longer for its step: waiting for srun
+            // would leave the run's end unrecorded. Once every rank has said it is done and
+            // hung up, the end is known.
+            let requeued = self.preempting == Some(Notice::SlurmRequeue);
+            if requeued
+                && self.roster.is_complete()
+                && self.conn_rank.is_empty()
+                && self.ranks.values().all(|r| r.ended_well())
+            {
+                self.finish(out);
+            }
             return;
         }
         if self.conn_rank.is_empty() {
