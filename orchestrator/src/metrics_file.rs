@@ -101,6 +101,18 @@ pub fn diverged_at(steps: &[StepRecord], step: u64) -> Option<u64> {
     applied.into_iter().chain(ongoing).map(|r| r.step).min()
 }
 
+/// What to change so that a run of `optimizer` does not diverge again: "a lower LR, gradient
+/// clipping (`optimizer.grad_clip`) or a longer warm-up", tighter clipping where it clips.
+pub fn divergence_remedies(optimizer: &shardrun_protocol::config::OptimizerConfig) -> String {
+    let clipping = match optimizer.grad_clip {
+        Some(max_norm) => {
+            format!("tighter gradient clipping (`optimizer.grad_clip` is {max_norm})")
+        }
+        None => "gradient clipping (`optimizer.grad_clip`)".to_string(),
+    };
+    format!("a lower LR, {clipping} or a longer warm-up")
+}
+
 /// Whether the run of `steps` (in step order) had diverged by its last logged step.
 pub fn has_diverged(steps: &[StepRecord]) -> bool {
     steps
@@ -221,6 +233,28 @@ mod tests {
         let rank_record: StepMetrics =
             serde_json::from_str(&rank_line(0, step, loss, 0.1)).unwrap();
         serde_json::to_string(&StepRecord::fold(&[rank_record], 1.0)).unwrap()
+    }
+
+    #[test]
+    fn the_remedies_for_divergence_do_not_offer_clipping_a_run_already_clips() {
+        let mut optimizer = shardrun_protocol::config::OptimizerConfig {
+            lr: 1e3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            grad_clip: None,
+            no_weight_decay: Vec::new(),
+        };
+        assert_eq!(
+            divergence_remedies(&optimizer),
+            "a lower LR, gradient clipping (`optimizer.grad_clip`) or a longer warm-up"
+        );
+        optimizer.grad_clip = Some(1.0);
+        assert_eq!(
+            divergence_remedies(&optimizer),
+            "a lower LR, tighter gradient clipping (`optimizer.grad_clip` is 1) or a longer warm-up"
+        );
     }
 
     #[test]

@@ -465,7 +465,9 @@ fn a_run_that_stops_on_divergence_fails_there_and_is_not_resumed_into_it() {
     assert!(
         stderr.contains(&format!("stopped after step {at}, where training diverged"))
             && stderr.contains(&format!("its newest checkpoint, step {}", at - 1))
-            && stderr.contains("add --force to start it over"),
+            && stderr.contains("add --force to start it over")
+            // Where it stopped is said once, by the failure itself.
+            && stderr.matches(&format!("after step {at}")).count() == 1,
         "{stderr}"
     );
     let out = shardrun_in(dir.path(), &["status", &run.to_string_lossy()]);

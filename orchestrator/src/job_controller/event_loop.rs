@@ -16,6 +16,7 @@ use crate::events_file::RunEvent;
 use crate::rundir::RunLock;
 use serde::Serialize;
 use shardrun_protocol::config::CheckpointConfig;
+use shardrun_protocol::config::OptimizerConfig;
 use shardrun_protocol::messages::ToWorker;
 use shardrun_protocol::{env, TrainConfig};
 use std::collections::HashMap;
@@ -324,7 +325,11 @@ async fn run_async(
             let (reply, flushed) = tokio::sync::oneshot::channel();
             let _ = records.send(Record::Flush(reply)).await;
             let _ = flushed.await;
-            finished_message(&paths.metrics, checkpoint_root.as_deref())
+            finished_message(
+                &paths.metrics,
+                checkpoint_root.as_deref(),
+                &config.optimizer,
+            )
         }
         Outcome::Failed(f) => f.describe(),
         Outcome::Cancelled { .. } => cancelled_message(
@@ -367,7 +372,9 @@ async fn run_async(
             paths.logs_dir.display()
         ));
         let resume = match &f.cause {
-            FailureCause::Diverged { step, .. } => diverged_resume_line(*step, checkpoint.as_ref()),
+            FailureCause::Diverged { step, .. } => {
+                diverged_resume_line(*step, checkpoint.as_ref(), &config.optimizer, &opts.launch)
+            }
             _ => failed_resume_line(
                 steps_done,
                 checkpoint.as_ref(),
@@ -1038,21 +1045,32 @@ fn failed_resume_line(
 /// The last line of a run stopped where it diverged at `step`: its newest checkpoint is from
 /// before (none is saved of weights that are not finite), and resuming from it would train
 /// the same steps into the same divergence, which is why re-runs refuse it.
-fn diverged_resume_line(step: u64, checkpoint: Option<&CheckpointLeft>) -> String {
-    let over = "add --force to start it over, with a lower LR, gradient clipping \
-                (`optimizer.grad_clip`) or a longer warm-up";
+fn diverged_resume_line(
+    step: u64,
+    checkpoint: Option<&CheckpointLeft>,
+    optimizer: &OptimizerConfig,
+    launch: &LaunchMode,
+) -> String {
+    let remedies = crate::metrics_file::divergence_remedies(optimizer);
+    // A sweep point is started over by the sweep, which skips it while its directory is there.
+    let over = match launch {
+        LaunchMode::Slurm {
+            sweep_point: true, ..
+        } => format!(
+            "to start it over, with {remedies}, delete its directory and run `shardrun sweep` \
+             again"
+        ),
+        _ => format!("add --force to start it over, with {remedies}"),
+    };
     match checkpoint.filter(|c| c.step < step) {
         Some(c) => format!(
-            "the run stopped after step {step}; its newest checkpoint, step {} ({}), is from \
-             before it diverged and holds the last finite weights (`shardrun export` takes \
-             it); resumed from there, it would diverge again at the same step: {over}",
+            "its newest checkpoint, step {} ({}), is from before it diverged (its weights are \
+             finite, not necessarily good), and resumed from there it would diverge again at \
+             the same step: {over}",
             c.step,
             c.path.display()
         ),
-        None => format!(
-            "the run stopped after step {step} and has no checkpoint from before it diverged: \
-             {over}"
-        ),
+        None => format!("it has no checkpoint from before it diverged: {over}"),
     }
 }
 
@@ -1199,7 +1217,11 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// trains to its last step (as PyTorch does), and its end must not read as a good one. The
 /// newest checkpoint from before the divergence (in `checkpoint_root`), which the ranks keep
 /// whatever `keep` says, is named: its weights are the last finite ones.
-fn finished_message(metrics: &std::path::Path, checkpoint_root: Option<&Path>) -> String {
+fn finished_message(
+    metrics: &std::path::Path,
+    checkpoint_root: Option<&Path>,
+    optimizer: &OptimizerConfig,
+) -> String {
     let metrics = crate::metrics_file::read(metrics).unwrap_or_default();
     // From the step that re-runs and sweeps refuse to continue past, so all say one step.
     let first = metrics
@@ -1233,10 +1255,10 @@ fn finished_message(metrics: &std::path::Path, checkpoint_root: Option<&Path>) -
                 });
             format!(
                 "training finished, but diverged: the loss or the gradients were not finite \
-                 (NaN or inf) in {} of {} logged steps, from step {first}; lower the LR, clip \
-                 gradients (`optimizer.grad_clip`) or warm up longer{}",
+                 (NaN or inf) in {} of {} logged steps, from step {first}; train it with {}{}",
                 diverged.len(),
                 steps.len(),
+                crate::metrics_file::divergence_remedies(optimizer),
                 match before {
                     Some(path) => format!(
                         "; the newest checkpoint from before, {}, holds the last finite weights",
@@ -1269,6 +1291,49 @@ fn finished_message(metrics: &std::path::Path, checkpoint_root: Option<&Path>) -
 mod tests {
     use super::*;
 
+    fn optimizer(grad_clip: Option<f64>) -> OptimizerConfig {
+        OptimizerConfig {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            grad_clip,
+            no_weight_decay: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_run_stopped_where_it_diverged_is_started_over_as_its_launch_allows() {
+        let checkpoint = CheckpointLeft {
+            step: 10,
+            path: "/runs/r/checkpoints/step-10".into(),
+        };
+        let local = LaunchMode::Local {
+            gpus: None,
+            forced: false,
+        };
+        let line = diverged_resume_line(12, Some(&checkpoint), &optimizer(None), &local);
+        assert!(
+            line.starts_with("its newest checkpoint, step 10 (/runs/r/checkpoints/step-10), is from before it diverged")
+                && line.ends_with("add --force to start it over, with a lower LR, gradient clipping (`optimizer.grad_clip`) or a longer warm-up"),
+            "{line}"
+        );
+        // `shardrun submit --force` refuses a sweep's point: the sweep starts it over.
+        let point = LaunchMode::Slurm {
+            nodes: 1,
+            gpus_per_node: 0,
+            sweep_point: true,
+        };
+        let line = diverged_resume_line(12, None, &optimizer(Some(1.0)), &point);
+        assert_eq!(
+            line,
+            "it has no checkpoint from before it diverged: to start it over, with a lower LR, \
+             tighter gradient clipping (`optimizer.grad_clip` is 1) or a longer warm-up, delete \
+             its directory and run `shardrun sweep` again"
+        );
+    }
+
     /// The message of a finished run whose metrics.jsonl holds `steps` steps, each with
     /// `loss`, the updates of `skipped` skipped by the fp16 loss scaler.
     fn finished_with(loss: f64, skipped: &[u64], steps: u64) -> String {
@@ -1292,7 +1357,7 @@ mod tests {
             })
             .collect();
         std::fs::write(&path, lines.join("\n") + "\n").unwrap();
-        finished_message(&path, None)
+        finished_message(&path, None, &optimizer(None))
     }
 
     #[test]

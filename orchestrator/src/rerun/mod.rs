@@ -311,9 +311,13 @@ impl Finished {
             return text;
         }
         if let Some(first) = self.diverged_from {
+            let remedies = match self.run.read_train_config() {
+                Ok(train) => crate::metrics_file::divergence_remedies(&train.optimizer),
+                Err(_) => "a lower LR".to_string(),
+            };
             let _ = write!(
                 text,
-                "\n  it diverged: its loss or gradients were not finite (NaN or inf) from step {first}, so it cannot train on from its checkpoint\n  to start it over: add --force, with a lower LR, gradient clipping (`optimizer.grad_clip`) or a longer warm-up"
+                "\n  it diverged: its loss or gradients were not finite (NaN or inf) from step {first}, so it cannot train on from its checkpoint\n  to start it over: add --force, with {remedies}"
             );
             return text;
         }
@@ -369,12 +373,14 @@ pub enum RerunError {
         /// The step of the newest checkpoint it would continue from without `resume: false`.
         checkpoint: Option<u64>,
     },
-    #[error("{path} diverged: its loss or gradients were not finite (NaN or inf) from step {first}, and {}\n  fix: add --force to delete it and start over, with a lower LR, gradient clipping (`optimizer.grad_clip`) or a longer warm-up", again_it_diverges(*first, *checkpoint))]
+    #[error("{path} diverged: its loss or gradients were not finite (NaN or inf) from step {first}, and {}\n  fix: add --force to delete it and start over, with {remedies}", again_it_diverges(*first, *checkpoint))]
     Diverged {
         path: String,
         first: u64,
         /// The step of its newest checkpoint, if it has one.
         checkpoint: Option<u64>,
+        /// What to change ([`crate::metrics_file::divergence_remedies`]).
+        remedies: String,
     },
     #[error("{path} finished {done} steps but has no checkpoint to continue from to step {asked}\n  fix: add --force to start over with {asked} steps")]
     NothingToContinue { path: String, done: u64, asked: u64 },
@@ -745,6 +751,7 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
             path: shown,
             first,
             checkpoint: checkpoint.as_ref().map(|c| c.step),
+            remedies: crate::metrics_file::divergence_remedies(&target.train.optimizer),
         });
     }
     let ended = if state == RunState::Completed {
@@ -876,8 +883,8 @@ fn again_it_diverges(first: u64, checkpoint: Option<u64>) -> String {
         ),
         Some(step) => format!(
             "resumed from its newest checkpoint, of step {step}, it would train the same steps \
-             into the same divergence (that checkpoint holds its last finite weights: \
-             `shardrun export` takes it)"
+             into the same divergence (that checkpoint's weights are finite, not necessarily \
+             good)"
         ),
         None => "started over, it would train the same steps into the same divergence".to_string(),
     }

@@ -47,12 +47,27 @@ pub fn resolve_fsdp(
                 ));
             }
             let per_node = ranks.ntasks_per_node;
-            if group == world_size {
+            if group == 1 && world_size > 1 {
+                // One rank a node (the default group) is the usual way into this.
+                warnings.push(format!(
+                    "HYBRID_SHARD with shard groups of 1 rank shards nothing: every rank holds \
+                     the whole model, as NO_SHARD does, and saves no memory{}; use FULL_SHARD \
+                     to shard over all {world_size} ranks",
+                    if f.shard_group_size.is_none() {
+                        format!(" (a group is the ranks of a node, here {per_node})")
+                    } else {
+                        String::new()
+                    }
+                ));
+            } else if group == world_size {
+                let per_node = if per_node > 1 && per_node < world_size {
+                    format!(", or use shard groups of the ranks per node, {per_node}, to keep the all-gathers within a node")
+                } else {
+                    String::new()
+                };
                 warnings.push(format!(
                     "HYBRID_SHARD with one shard group of all {world_size} ranks has no \
-                     replicas: it trains as FULL_SHARD does (say FULL_SHARD, or use shard \
-                     groups of the ranks per node, {per_node}, to keep the all-gathers within a \
-                     node)"
+                     replicas: it trains as FULL_SHARD does (say FULL_SHARD{per_node})"
                 ));
             } else if ranks.nodes > 1
                 && !(per_node.is_multiple_of(group) || group.is_multiple_of(per_node))

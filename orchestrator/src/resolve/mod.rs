@@ -955,6 +955,36 @@ mod tests {
         ));
         let ResolveError::Invalid(err) = job(", shard_group_size: 0").unwrap_err();
         assert_eq!(err.why, "a shard group of 0 ranks holds no shard");
+        assert!(warned(
+            ", shard_group_size: 1",
+            "HYBRID_SHARD with shard groups of 1 rank shards nothing"
+        ));
+        // One rank a node: the default groups shard nothing, and all ranks in one group is
+        // not put right by the ranks of a node.
+        let one_a_node = |group: &str| {
+            resolve_yaml(
+                &format!(
+                    "name: t\nresources: {{ nodes: 2, gpus_per_node: 1 }}\ntraining:\n  model: {{ kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }}\n  steps: 1\n  total_batch_size: 2\n  batch_size_per_device: 1\n  fsdp: {{ strategy: HYBRID_SHARD{group} }}\n"
+                ),
+                false,
+            )
+            .unwrap()
+            .warnings
+        };
+        let warnings = one_a_node("");
+        assert!(
+            warnings.iter().any(|w| w.contains(
+                "shards nothing: every rank holds the whole model, as NO_SHARD does, and saves no memory (a group is the ranks of a node, here 1); use FULL_SHARD"
+            )),
+            "{warnings:?}"
+        );
+        let warnings = one_a_node(", shard_group_size: 2");
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.ends_with("it trains as FULL_SHARD does (say FULL_SHARD)")),
+            "{warnings:?}"
+        );
     }
 
     /// A small Llama from scratch on this machine's `/etc/hostname`, bytes as tokens.
