@@ -224,7 +224,11 @@ impl SweepFigure {
                 dash,
                 width: 2,
                 opacity: 1.0,
-                label: Some(point_label(&params, with_steps[i])),
+                // Cut at the panel's edge, a diverged curve may not show: its entry says why.
+                label: Some(match diverged[i] {
+                    true => format!("{} (diverged)", point_label(&params, with_steps[i])),
+                    false => point_label(&params, with_steps[i]),
+                }),
             });
         }
         let title = if self.smoothing > 0.0 {
@@ -769,6 +773,23 @@ mod tests {
             finals.x
         );
         assert_eq!(finals.curves[0].points, vec![(-4.0, 2.0), (-3.0, 1.0)]);
+        // In the overlay, cut at its edge, the diverged curve is named as such.
+        let labels: Vec<_> = figure.panels()[0]
+            .curves
+            .iter()
+            .filter_map(|c| c.label.clone())
+            .collect();
+        assert_eq!(
+            labels.iter().filter(|l| l.ends_with(" (diverged)")).count(),
+            1,
+            "{labels:?}"
+        );
+        assert!(
+            labels
+                .iter()
+                .any(|l| l.contains("1e30") && l.ends_with(" (diverged)")),
+            "{labels:?}"
+        );
     }
 
     #[test]

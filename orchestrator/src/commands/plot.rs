@@ -221,10 +221,13 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
         .filter(|p| crate::metrics_file::has_diverged(&p.steps))
         .map(|p| figure.label(p))
         .collect();
+    // Rings in the final-loss panel, which leaves diverged points out.
     let unfinished = figure
         .points
         .iter()
-        .filter(|p| !p.finished && !p.steps.is_empty())
+        .filter(|p| {
+            !p.finished && !p.steps.is_empty() && !crate::metrics_file::has_diverged(&p.steps)
+        })
         .count();
     outln!(
         "wrote {} ({} point(s){}{}{}{})",
@@ -242,7 +245,8 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
             String::new()
         } else {
             format!(
-                "; diverged (loss or gradients NaN or inf): {}",
+                "; diverged (loss or gradients NaN or inf), so left out of the final-loss panel: \
+                 {}",
                 diverged.join("; ")
             )
         },
