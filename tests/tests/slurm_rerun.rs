@@ -103,6 +103,13 @@ fn scancel_then_submit_of_the_same_spec_resumes_with_the_uninterrupted_losses() 
             .is_file(),
         "a checkpoint of step {stopped_after}:\n{log}"
     );
+    // Taken for Slurm's SIGTERM, which a cancel sends as a preemption does: not called a
+    // preemption's.
+    assert!(
+        log.contains(&format!("stop checkpoint of step {stopped_after} saved"))
+            && !log.contains("preemption checkpoint"),
+        "{log}"
+    );
 
     // The same command again: a new job that resumes.
     let Submitted {

@@ -483,7 +483,11 @@ impl Trainer {
                                     "{} from Slurm (a preemption, a cancel or the job's end)",
                                     signal_name(signal).unwrap_or("a signal")
                                 ),
-                                SaveReason::Preempt,
+                                // Not named a preemption's: a cancel's SIGTERM is the same.
+                                match signal {
+                                    libc::SIGTERM => SaveReason::Stop,
+                                    _ => SaveReason::Preempt,
+                                },
                             ),
                             (None, None) => (
                                 "preemption or time-limit notice".to_string(),
