@@ -1136,6 +1136,16 @@ fn a_diverged_point_is_not_continued_when_the_sweep_asks_for_more_steps() {
         "{stdout}"
     );
     assert!(stdout.contains("submit (was COMPLETED)"), "{stdout}");
+    // The points' keys line up after decisions of any length.
+    let key_columns: std::collections::BTreeSet<usize> = stdout
+        .lines()
+        .filter(|l| l.starts_with("skip (") || l.starts_with("submit ("))
+        .map(|l| {
+            let after = l.find(')').unwrap() + 1;
+            after + l[after..].len() - l[after..].trim_start().len()
+        })
+        .collect();
+    assert_eq!(key_columns.len(), 1, "{stdout}");
     assert!(
         stdout.contains(
             "1 point(s) diverged (their loss or gradients went NaN or inf): continuing would train on from diverged weights"

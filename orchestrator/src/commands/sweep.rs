@@ -425,32 +425,53 @@ fn print_points(
         .collect();
     // Named and written as the status and metrics tables of the sweep will show them.
     let columns = ParamColumns::given(points.iter().map(|p| &p.params));
-    for (point, decision) in points.iter().zip(decisions) {
-        let array = array_of.get(point.key.as_str());
-        let what = match (decision, array) {
-            (Decision::Skip(state), _) => format!("skip ({})", state),
-            (Decision::DataChanged(_), _) => "skip (data changed)".to_string(),
-            (Decision::TrainedPast(state, step), _) => {
-                format!("skip ({} at step {step})", state)
-            }
-            (Decision::Diverged(_, first), _) => format!("skip (diverged at step {first})"),
-            (Decision::NotARun, _) => "skip (folder not a run)".to_string(),
-            (_, None) => "wait (no room now)".to_string(),
-            (Decision::New, Some(_)) => "submit (new)".to_string(),
-            (Decision::Retry(state, Anew(false)), Some(_)) => format!("submit (was {})", state),
-            (Decision::Retry(state, Anew(true)), Some(_)) => {
-                format!("submit (was {}, anew)", state)
-            }
-        };
-        let array = array
-            .map(|k| format!("array {}/{}", k + 1, plan.arrays.len()))
-            .unwrap_or_default();
+    let rows: Vec<(&SweepPoint, String, String)> = points
+        .iter()
+        .zip(decisions)
+        .map(|(point, decision)| {
+            let (what, array) = decision_words(point, decision, &array_of, plan);
+            (point, what, array)
+        })
+        .collect();
+    // As wide as the longest decision (`skip (diverged at step 12000)`), so the keys align.
+    let width = rows.iter().map(|(_, what, _)| what.chars().count()).max();
+    let width = width.unwrap_or(0).max(22);
+    for (point, what, array) in rows {
         outln!(
-            "{what:<22} {}  {array:<12} {}",
+            "{what:<width$} {}  {array:<12} {}",
             point.key,
             columns.label(&point.params)
         );
     }
+}
+
+/// What the sweep does with `point` in words, and the array it goes into, if any.
+fn decision_words(
+    point: &SweepPoint,
+    decision: &Decision,
+    array_of: &HashMap<&str, usize>,
+    plan: &ArrayPlan,
+) -> (String, String) {
+    let array = array_of.get(point.key.as_str());
+    let what = match (decision, array) {
+        (Decision::Skip(state), _) => format!("skip ({})", state),
+        (Decision::DataChanged(_), _) => "skip (data changed)".to_string(),
+        (Decision::TrainedPast(state, step), _) => {
+            format!("skip ({} at step {step})", state)
+        }
+        (Decision::Diverged(_, first), _) => format!("skip (diverged at step {first})"),
+        (Decision::NotARun, _) => "skip (folder not a run)".to_string(),
+        (_, None) => "wait (no room now)".to_string(),
+        (Decision::New, Some(_)) => "submit (new)".to_string(),
+        (Decision::Retry(state, Anew(false)), Some(_)) => format!("submit (was {})", state),
+        (Decision::Retry(state, Anew(true)), Some(_)) => {
+            format!("submit (was {}, anew)", state)
+        }
+    };
+    let array = array
+        .map(|k| format!("array {}/{}", k + 1, plan.arrays.len()))
+        .unwrap_or_default();
+    (what, array)
 }
 
 /// The arrays a dry run would submit.
