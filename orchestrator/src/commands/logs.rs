@@ -261,22 +261,25 @@ fn ended_before_its_log(args: &Args) -> Option<String> {
 fn refuse_a_folder_of_runs(args: &Args) -> anyhow::Result<()> {
     const SHOWN: usize = 10;
     let runs = crate::slurm::find_runs(&args.run);
-    let Some(first) = runs.first() else {
+    if runs.is_empty() {
         return Ok(());
-    };
-    // A sweep's points by the values they were given, as its status and metrics tables.
-    let params: Vec<_> = runs
+    }
+    // A sweep's points by the values they were given, in the order of its status and
+    // metrics tables.
+    let mut points: Vec<_> = runs
         .iter()
         .map(|run| {
-            run.read_manifest()
+            let params = run
+                .read_manifest()
                 .map(|m| m.sweep_params)
-                .unwrap_or_default()
+                .unwrap_or_default();
+            (run, params)
         })
         .collect();
-    let columns = crate::sweeps::labels::ParamColumns::given(&params);
-    let mut list: Vec<String> = runs
+    let columns = crate::sweeps::labels::ParamColumns::given(points.iter().map(|(_, p)| p));
+    columns.sort(&mut points, |(run, _)| run.path(), |(_, params)| params);
+    let mut list: Vec<String> = points
         .iter()
-        .zip(&params)
         .take(SHOWN)
         .map(|(run, params)| match params.is_empty() {
             true => format!("  {}", run.path().display()),
@@ -310,13 +313,62 @@ fn refuse_a_folder_of_runs(args: &Args) -> anyhow::Result<()> {
         args.run.display(),
         runs.len(),
         list.join("\n"),
-        first.path().display()
+        points[0].0.path().display()
     )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sweeps_folder_is_refused_naming_its_points_by_value() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::sweeps::point_dirs::written_points(
+            dir.path(),
+            include_str!("../../../examples/sweep.yaml"),
+        );
+        let args = Args {
+            run: dir.path().to_path_buf(),
+            follow: true,
+            rank: None,
+            lines: None,
+            until_done: false,
+        };
+        let text = refuse_a_folder_of_runs(&args).unwrap_err().to_string();
+        // Their values, in order as the status and metrics tables list them.
+        let labels: Vec<&str> = text
+            .lines()
+            .filter_map(|l| {
+                l.strip_suffix(')')?
+                    .rsplit_once("  (")
+                    .map(|(_, label)| label)
+            })
+            .collect();
+        assert_eq!(labels.len(), 10, "{text}");
+        let mut sorted = labels.clone();
+        sorted.sort_by_key(|label| {
+            label
+                .split(", ")
+                .map(|kv| kv.split_once('=').unwrap().1.parse::<f64>().unwrap())
+                .map(|v| (v * 1e6) as u64)
+                .collect::<Vec<_>>()
+        });
+        assert_eq!(labels, sorted, "{text}");
+        // The command it offers is for the first point listed.
+        let first = text
+            .lines()
+            .nth(1)
+            .unwrap()
+            .trim()
+            .split("  (")
+            .next()
+            .unwrap();
+        assert!(
+            text.ends_with(&format!("`shardrun logs -f {first}`")),
+            "{text}"
+        );
+    }
 
     #[test]
     fn the_last_lines_are_those_tail_prints() {
