@@ -101,6 +101,25 @@ pub fn diverged_at(steps: &[StepRecord], step: u64) -> Option<u64> {
     applied.into_iter().chain(ongoing).map(|r| r.step).min()
 }
 
+/// The step of the last step record in `path`, read from the file's end only: cheap for the
+/// `status` of many running runs, whose files grow long. `None` before the first record.
+pub fn latest_step(path: &Path) -> Option<u64> {
+    use std::io::{Read, Seek, SeekFrom};
+    const TAIL: u64 = 16 * 1024;
+    let mut file = std::fs::File::open(path).ok()?;
+    let len = file.metadata().ok()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(TAIL))).ok()?;
+    let mut tail = Vec::new();
+    file.read_to_end(&mut tail).ok()?;
+    String::from_utf8_lossy(&tail)
+        .lines()
+        .rev()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        // Step records have a loss; evaluations an `eval_loss`, resume marks neither.
+        .find(|record| record.get("loss").is_some())
+        .and_then(|record| record.get("step")?.as_u64())
+}
+
 /// What to change so that a run of `optimizer` does not diverge again: "a lower LR, gradient
 /// clipping (`optimizer.grad_clip`) or a longer warm-up", tighter clipping where it clips.
 pub fn divergence_remedies(optimizer: &shardrun_protocol::config::OptimizerConfig) -> String {
@@ -233,6 +252,26 @@ mod tests {
         let rank_record: StepMetrics =
             serde_json::from_str(&rank_line(0, step, loss, 0.1)).unwrap();
         serde_json::to_string(&StepRecord::fold(&[rank_record], 1.0)).unwrap()
+    }
+
+    #[test]
+    fn the_latest_step_is_read_from_the_files_end() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("metrics.jsonl");
+        assert_eq!(latest_step(&path), None);
+        // Many steps (past the tail read), then an evaluation and a line being written.
+        let mut text = String::new();
+        for step in 1..=2000u64 {
+            text.push_str(&format!(
+                "{{\"step\":{step},\"loss\":2.5,\"lr\":0.001,\"step_time_max_s\":0.1}}\n"
+            ));
+        }
+        text.push_str("{\"step\":2000,\"eval_loss\":2.4}\n{\"step\":20");
+        std::fs::write(&path, &text).unwrap();
+        assert!(text.len() > 16 * 1024);
+        assert_eq!(latest_step(&path), Some(2000));
+        std::fs::write(&path, "{\"resumed_at_step\":10}\n").unwrap();
+        assert_eq!(latest_step(&path), None);
     }
 
     #[test]

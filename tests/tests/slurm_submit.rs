@@ -94,6 +94,15 @@ fn status_reports_failed_and_cancelled() {
 
     let run = dir.join("runs/sleeps");
     wait_state(&cluster, dir.path(), &run, "RUNNING");
+    // Running, Slurm says no more: how far it has trained does (here: its set-up sleeps).
+    let out = cluster
+        .shardrun(dir.path(), &["status", &run.to_string_lossy()])
+        .unwrap();
+    assert!(
+        stdout_of(&out).contains("RUNNING") && stdout_of(&out).contains("no step logged yet"),
+        "{}",
+        stdout_of(&out)
+    );
     let out = cluster
         .shardrun(dir.path(), &["cancel", &run.to_string_lossy()])
         .unwrap();

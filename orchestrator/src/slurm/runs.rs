@@ -533,6 +533,10 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
                 };
             }
         }
+        // A job Slurm runs says nothing more of itself: how far it has trained does.
+        if state == RunState::Running && detail.is_empty() && job_id.is_some() {
+            detail = progress(run);
+        }
         // An attempt since the submission that requeued its job has said how it ended
         // (above): what the manifest kept of the attempt before the submission is older.
         let attempt_since = result.as_ref().is_some_and(|v| v.requeued);
@@ -552,6 +556,18 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
         });
     }
     Ok((out, answer))
+}
+
+/// How far a running run has trained: "at step 26 of 60", or that no step is logged yet.
+fn progress(run: &RunDir) -> String {
+    let total = run
+        .read_train_config()
+        .map(|train| format!(" of {}", train.steps))
+        .unwrap_or_default();
+    match crate::metrics_file::latest_step(&run.metrics()) {
+        Some(step) => format!("at step {step}{total}"),
+        None => "no step logged yet (starting, or preparing its data)".to_string(),
+    }
 }
 
 /// A run submitted again to continue it says, while it waits, how its attempt before ended
