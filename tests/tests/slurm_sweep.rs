@@ -217,18 +217,23 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
         .unwrap();
     let stderr = stderr_of(&out);
     assert!(!out.status.success(), "{stderr}");
-    let first = runs.keys().next().unwrap();
+    // Listed by their values, as status lists them: the lowest LR and seed first.
+    let listed = stderr
+        .lines()
+        .find(|l| l.ends_with("(lr=1e-7, seed=1)"))
+        .and_then(|l| l.trim().split("  (").next())
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| panic!("{stderr}"));
     assert!(
         stderr.contains("holds 25 run(s)")
-            && stderr.lines().any(|l| {
-                l.starts_with(&format!("  {}  (", sweep_dir.join(first).display()))
-                    && l.contains("seed=")
-                    && l.ends_with(')')
+            && stderr.lines().nth(1).is_some_and(|l| {
+                l.starts_with(&format!("  {}  (", listed.display())) && l.ends_with(')')
             })
+            && runs.contains_key(listed.file_name().unwrap().to_str().unwrap())
             && stderr.contains("... and 15 more")
             && stderr.contains(&format!(
-                "fix: name one of them: `shardrun logs --rank 1 {}",
-                sweep_dir.display()
+                "fix: name one of them: `shardrun logs --rank 1 {}`",
+                listed.display()
             )),
         "{stderr}"
     );
@@ -252,6 +257,7 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
 
     // A point's folder is not a spec: `submit` says what submits it again, and how its
     // values train as a job of their own with the command asked for.
+    let first = runs.keys().next().unwrap();
     let point = sweep_dir.join(first);
     let out = cluster
         .shardrun(dir.path(), &["submit", &point.to_string_lossy()])
