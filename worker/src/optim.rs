@@ -154,14 +154,27 @@ mod tests {
 
     /// The fused path makes the single-tensor path's update: several tensors (sizes that
     /// are not multiples of any vector width), several steps with a changing learning rate.
+    /// `n` values in [-1, 1) from `seed` alone (splitmix64): not from libtorch's global
+    /// generator, which the tests running beside these draw from at the same time.
+    fn values(n: i64, seed: u64) -> Tensor {
+        let values: Vec<f32> = (0..n as u64)
+            .map(|i| {
+                let mut z = seed
+                    .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                    .wrapping_add(i.wrapping_mul(0xD1B5_4A32_D192_ED03));
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                z ^= z >> 31;
+                (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+            })
+            .collect();
+        Tensor::from_slice(&values)
+    }
+
     #[test]
     fn fused_adamw_matches_the_single_tensor_semantics() {
-        tch::manual_seed(3);
         let sizes = [1i64, 7, 1000, 4099];
-        let start: Vec<Tensor> = sizes
-            .iter()
-            .map(|&n| Tensor::randn([n], (Kind::Float, tch::Device::Cpu)))
-            .collect();
+        let start: Vec<Tensor> = sizes.iter().map(|&n| values(n, n as u64)).collect();
         let mut single: Vec<Tensor> = start.iter().map(Tensor::copy).collect();
         let fused: Vec<Tensor> = start.iter().map(Tensor::copy).collect();
         let mut single_state: Vec<AdamWState> = single.iter().map(AdamWState::zeros_like).collect();
@@ -171,7 +184,7 @@ mod tests {
             let lr = cfg.lr * step as f64 / 6.0;
             let grads: Vec<Tensor> = sizes
                 .iter()
-                .map(|&n| Tensor::randn([n], (Kind::Float, tch::Device::Cpu)) * (step as f64))
+                .map(|&n| values(n, 1000 * step + n as u64) * (step as f64))
                 .collect();
             for ((p, g), s) in single.iter_mut().zip(&grads).zip(single_state.iter_mut()) {
                 let whole = 0..p.numel() as i64;
@@ -214,13 +227,15 @@ mod tests {
     #[test]
     fn adamw_over_several_steps_equals_libtorchs_adamw() {
         use tch::nn::OptimizerConfig as _;
-        tch::manual_seed(5);
         let sizes = [3i64, 1000];
         let cfg = config();
         let vs = tch::nn::VarStore::new(tch::Device::Cpu);
         let theirs: Vec<Tensor> = sizes
             .iter()
-            .map(|&n| vs.root().randn(&format!("p{n}"), &[n], 0.0, 1.0))
+            .map(|&n| {
+                vs.root()
+                    .var_copy(&format!("p{n}"), &values(n, 5 + n as u64))
+            })
             .collect();
         let mut ours: Vec<Tensor> = theirs.iter().map(|t| t.detach().copy()).collect();
         let start: Vec<Tensor> = ours.iter().map(Tensor::copy).collect();
@@ -238,7 +253,7 @@ mod tests {
             let lr = cfg.lr * [1.0, 0.5, 0.25, 1.0][step as usize % 4];
             let grads: Vec<Tensor> = sizes
                 .iter()
-                .map(|&n| Tensor::randn([n], (Kind::Float, tch::Device::Cpu)) * step as f64)
+                .map(|&n| values(n, 2000 * step + n as u64) * step as f64)
                 .collect();
             // libtorch's gradient is `grads` itself: d/dp of sum(p * g).
             torch.zero_grad();
