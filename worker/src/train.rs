@@ -659,7 +659,8 @@ impl Trainer {
                     });
                 }
             }
-            if let (Some(bad), false) = (bad, diverged) {
+            // Said once, and again where the run stops for it (after fp16 overflows said).
+            if let (Some(bad), true) = (bad, !diverged || stop_diverged.is_some()) {
                 diverged = true;
                 // A first loss that is not finite comes before any update of this session:
                 // no learning rate made it.
@@ -677,11 +678,14 @@ impl Trainer {
                         "training diverged (a learning rate too high for this model and batch?)"
                     }
                 };
-                let then = if stop_diverged.is_some() {
-                    "stopping here, as `training.on_divergence: stop` asks"
-                } else {
-                    "the run goes on, as PyTorch's would (`training.on_divergence: stop` ends \
-                     such a run here)"
+                let then = match (&stop_diverged, skipped) {
+                    (Some(_), _) => "stopping here, as `training.on_divergence: stop` asks",
+                    // The loss scaler skipped the update: the weights are still finite.
+                    (None, true) => "the run goes on, as PyTorch's would",
+                    (None, false) => {
+                        "the run goes on, as PyTorch's would (`training.on_divergence: stop` \
+                         ends such a run here)"
+                    }
                 };
                 self.log(
                     LogLevel::Warn,
