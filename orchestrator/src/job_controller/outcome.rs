@@ -54,8 +54,9 @@ impl ExitInfo {
 }
 
 /// "died with signal 7 (SIGBUS)", and what such a death most likely means where it is not
-/// the signal's name alone.
-fn died_with(exit: &ExitInfo) -> String {
+/// the signal's name alone; for a kill, where to look: `sacct` of `slurm_job` (the job this
+/// controller runs in, if any) and `dmesg`.
+fn died_with(exit: &ExitInfo, slurm_job: Option<&str>) -> String {
     if exit.is_bus_error() {
         format!(
             "died with {exit}: a file it had mapped shrank or went away under it (the data \
@@ -65,10 +66,13 @@ fn died_with(exit: &ExitInfo) -> String {
     } else if exit.killed_by(libc::SIGKILL) {
         // What kills a training process unasked is mostly memory: the kernel's OOM killer,
         // or Slurm's cgroup limit (which sends the same signal).
+        let says = match slurm_job {
+            Some(job) => format!("`sacct -j {job} -o State`, or `dmesg` on its node, says so"),
+            None => "`dmesg` says so".to_string(),
+        };
         format!(
             "died with {exit}: killed, most often for running out of memory (the kernel's \
-             OOM killer or the job's memory limit: `dmesg` or `sacct -j <job> -o State` says \
-             so), else by `kill -9`"
+             OOM killer or the job's memory limit: {says}), else by `kill -9`"
         )
     } else if exit.killed_by(libc::SIGABRT) {
         format!(
@@ -189,6 +193,10 @@ impl Failure {
 
     /// One sentence: who, where, what, and what to look at next.
     pub fn describe(&self) -> String {
+        // This controller's Slurm job (a rank's is the same), for where to look.
+        let slurm_job = std::env::var("SLURM_JOB_ID")
+            .ok()
+            .filter(|id| !id.is_empty());
         let who = match (self.rank, &self.host, self.pid) {
             (Some(rank), Some(host), Some(pid)) => format!("rank {rank} on {host} (pid {pid})"),
             (Some(rank), _, _) => format!("rank {rank}"),
@@ -196,7 +204,7 @@ impl Failure {
         };
         let what = match &self.cause {
             FailureCause::Exited => match &self.exit {
-                Some(exit) => died_with(exit),
+                Some(exit) => died_with(exit, slurm_job.as_deref()),
                 None => "died".to_string(),
             },
             FailureCause::ExitedWithoutFinishing => {
@@ -204,7 +212,10 @@ impl Failure {
             }
             FailureCause::Reported { error } => format!("failed: {error}"),
             FailureCause::ConnectionLost { why } => match &self.exit {
-                Some(exit) => format!("{} (its connection ended: {why})", died_with(exit)),
+                Some(exit) => format!(
+                    "{} (its connection ended: {why})",
+                    died_with(exit, slurm_job.as_deref())
+                ),
                 None => format!("lost its connection to the controller ({why})"),
             },
             FailureCause::HeartbeatLost { stopped: true, .. } => {
@@ -396,13 +407,23 @@ mod tests {
             lag: None,
             follows: None,
         };
-        assert_eq!(
-            f.describe(),
-            "rank 1 on gpu7 (pid 42) died with signal 9 (SIGKILL): killed, most often for \
-             running out of memory (the kernel's OOM killer or the job's memory limit: `dmesg` \
-             or `sacct -j <job> -o State` says so), else by `kill -9` (its connection ended: \
-             closed)"
+        let described = f.describe();
+        assert!(
+            described.starts_with(
+                "rank 1 on gpu7 (pid 42) died with signal 9 (SIGKILL): killed, most often for \
+                 running out of memory (the kernel's OOM killer or the job's memory limit: "
+            ) && described.ends_with("), else by `kill -9` (its connection ended: closed)"),
+            "{described}"
         );
+        // Where to look: the job's accounting under Slurm, with its id; else the kernel's log.
+        let killed = ExitInfo::Signal(libc::SIGKILL);
+        assert!(
+            died_with(&killed, Some("30"))
+                .contains("memory limit: `sacct -j 30 -o State`, or `dmesg` on its node, says so)"),
+            "{}",
+            died_with(&killed, Some("30"))
+        );
+        assert!(died_with(&killed, None).contains("memory limit: `dmesg` says so)"));
         let abort = Failure {
             cause: FailureCause::Exited,
             exit: Some(ExitInfo::Signal(libc::SIGABRT)),
