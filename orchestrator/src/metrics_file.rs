@@ -111,19 +111,20 @@ pub fn latest_step(path: &Path) -> Option<u64> {
     file.seek(SeekFrom::Start(len.saturating_sub(TAIL))).ok()?;
     let mut tail = Vec::new();
     file.read_to_end(&mut tail).ok()?;
-    String::from_utf8_lossy(&tail)
-        .lines()
-        .rev()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        // Step records have a loss; evaluations an `eval_loss`, resume marks neither.
-        .find(|record| record.get("loss").is_some())
-        .and_then(|record| record.get("step")?.as_u64())
+    String::from_utf8_lossy(&tail).lines().rev().find_map(
+        |line| match serde_json::from_str::<Line>(line).ok()? {
+            Line::Step(record) => Some(record.step),
+            Line::Rank(record) => Some(record.step),
+            Line::Eval(_) | Line::Resume(_) => None,
+        },
+    )
 }
 
-/// What to change so that a run of `optimizer` does not diverge again: "a lower LR, gradient
-/// clipping (`optimizer.grad_clip`) or a longer warm-up", tighter clipping where it clips.
-pub fn divergence_remedies(optimizer: &shardrun_protocol::config::OptimizerConfig) -> String {
-    let clipping = match optimizer.grad_clip {
+/// What to change so that a run clipping its gradients at `grad_clip` (the optimizer's) does
+/// not diverge again: "a lower LR, gradient clipping (`optimizer.grad_clip`) or a longer
+/// warm-up", tighter clipping where it clips.
+pub fn divergence_remedies(grad_clip: Option<f64>) -> String {
+    let clipping = match grad_clip {
         Some(max_norm) => {
             format!("tighter gradient clipping (`optimizer.grad_clip` is {max_norm})")
         }
@@ -262,9 +263,8 @@ mod tests {
         // Many steps (past the tail read), then an evaluation and a line being written.
         let mut text = String::new();
         for step in 1..=2000u64 {
-            text.push_str(&format!(
-                "{{\"step\":{step},\"loss\":2.5,\"lr\":0.001,\"step_time_max_s\":0.1}}\n"
-            ));
+            text.push_str(&step_line(step, 2.5));
+            text.push('\n');
         }
         text.push_str("{\"step\":2000,\"eval_loss\":2.4}\n{\"step\":20");
         std::fs::write(&path, &text).unwrap();
@@ -276,22 +276,12 @@ mod tests {
 
     #[test]
     fn the_remedies_for_divergence_do_not_offer_clipping_a_run_already_clips() {
-        let mut optimizer = shardrun_protocol::config::OptimizerConfig {
-            lr: 1e3,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.0,
-            grad_clip: None,
-            no_weight_decay: Vec::new(),
-        };
         assert_eq!(
-            divergence_remedies(&optimizer),
+            divergence_remedies(None),
             "a lower LR, gradient clipping (`optimizer.grad_clip`) or a longer warm-up"
         );
-        optimizer.grad_clip = Some(1.0);
         assert_eq!(
-            divergence_remedies(&optimizer),
+            divergence_remedies(Some(1.0)),
             "a lower LR, tighter gradient clipping (`optimizer.grad_clip` is 1) or a longer warm-up"
         );
     }

@@ -13,10 +13,10 @@ use super::stop_signal::{ControllerSignal, HandedOver, Signals, StopSignal};
 use super::writer::{self, ControllerLog, Echo, Record, WriterFiles};
 use super::{clock, open_files, priority, secret, ControllerError};
 use crate::events_file::RunEvent;
+use crate::metrics_file::divergence_remedies;
 use crate::rundir::RunLock;
 use serde::Serialize;
 use shardrun_protocol::config::CheckpointConfig;
-use shardrun_protocol::config::OptimizerConfig;
 use shardrun_protocol::messages::ToWorker;
 use shardrun_protocol::{env, TrainConfig};
 use std::collections::HashMap;
@@ -328,7 +328,7 @@ async fn run_async(
             finished_message(
                 &paths.metrics,
                 checkpoint_root.as_deref(),
-                &config.optimizer,
+                &divergence_remedies(config.optimizer.grad_clip),
             )
         }
         Outcome::Failed(f) => f.describe(),
@@ -373,7 +373,8 @@ async fn run_async(
         ));
         let resume = match &f.cause {
             FailureCause::Diverged { step, .. } => {
-                diverged_resume_line(*step, checkpoint.as_ref(), &config.optimizer, &opts.launch)
+                let remedies = divergence_remedies(config.optimizer.grad_clip);
+                diverged_resume_line(*step, checkpoint.as_ref(), &remedies, &opts.launch)
             }
             _ => failed_resume_line(
                 steps_done,
@@ -1048,10 +1049,9 @@ fn failed_resume_line(
 fn diverged_resume_line(
     step: u64,
     checkpoint: Option<&CheckpointLeft>,
-    optimizer: &OptimizerConfig,
+    remedies: &str,
     launch: &LaunchMode,
 ) -> String {
-    let remedies = crate::metrics_file::divergence_remedies(optimizer);
     // A sweep point is started over by the sweep, which skips it while its directory is there.
     let over = match launch {
         LaunchMode::Slurm {
@@ -1220,7 +1220,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 fn finished_message(
     metrics: &std::path::Path,
     checkpoint_root: Option<&Path>,
-    optimizer: &OptimizerConfig,
+    remedies: &str,
 ) -> String {
     let metrics = crate::metrics_file::read(metrics).unwrap_or_default();
     // From the step that re-runs and sweeps refuse to continue past, so all say one step.
@@ -1255,10 +1255,10 @@ fn finished_message(
                 });
             format!(
                 "training finished, but diverged: the loss or the gradients were not finite \
-                 (NaN or inf) in {} of {} logged steps, from step {first}; train it with {}{}",
+                 (NaN or inf) in {} of {} logged steps, from step {first}; train it with \
+                 {remedies}{}",
                 diverged.len(),
                 steps.len(),
-                crate::metrics_file::divergence_remedies(optimizer),
                 match before {
                     Some(path) => format!(
                         "; the newest checkpoint from before, {}, holds the last finite weights",
@@ -1291,18 +1291,6 @@ fn finished_message(
 mod tests {
     use super::*;
 
-    fn optimizer(grad_clip: Option<f64>) -> OptimizerConfig {
-        OptimizerConfig {
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.0,
-            grad_clip,
-            no_weight_decay: Vec::new(),
-        }
-    }
-
     #[test]
     fn a_run_stopped_where_it_diverged_is_started_over_as_its_launch_allows() {
         let checkpoint = CheckpointLeft {
@@ -1313,7 +1301,7 @@ mod tests {
             gpus: None,
             forced: false,
         };
-        let line = diverged_resume_line(12, Some(&checkpoint), &optimizer(None), &local);
+        let line = diverged_resume_line(12, Some(&checkpoint), &divergence_remedies(None), &local);
         assert!(
             line.starts_with("its newest checkpoint, step 10 (/runs/r/checkpoints/step-10), is from before it diverged")
                 && line.ends_with("add --force to start it over, with a lower LR, gradient clipping (`optimizer.grad_clip`) or a longer warm-up"),
@@ -1325,7 +1313,7 @@ mod tests {
             gpus_per_node: 0,
             sweep_point: true,
         };
-        let line = diverged_resume_line(12, None, &optimizer(Some(1.0)), &point);
+        let line = diverged_resume_line(12, None, &divergence_remedies(Some(1.0)), &point);
         assert_eq!(
             line,
             "it has no checkpoint from before it diverged: to start it over, with a lower LR, \
@@ -1357,7 +1345,7 @@ mod tests {
             })
             .collect();
         std::fs::write(&path, lines.join("\n") + "\n").unwrap();
-        finished_message(&path, None, &optimizer(None))
+        finished_message(&path, None, &divergence_remedies(None))
     }
 
     #[test]

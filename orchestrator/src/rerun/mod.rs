@@ -312,7 +312,7 @@ impl Finished {
         }
         if let Some(first) = self.diverged_from {
             let remedies = match self.run.read_train_config() {
-                Ok(train) => crate::metrics_file::divergence_remedies(&train.optimizer),
+                Ok(train) => crate::metrics_file::divergence_remedies(train.optimizer.grad_clip),
                 Err(_) => "a lower LR".to_string(),
             };
             let _ = write!(
@@ -751,7 +751,7 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
             path: shown,
             first,
             checkpoint: checkpoint.as_ref().map(|c| c.step),
-            remedies: crate::metrics_file::divergence_remedies(&target.train.optimizer),
+            remedies: crate::metrics_file::divergence_remedies(target.train.optimizer.grad_clip),
         });
     }
     let ended = if state == RunState::Completed {
