@@ -81,19 +81,20 @@ impl RunMetrics {
         self.steps.last()
     }
 
-    /// The step at which the run, by `step`, had diverged ([`StepRecord::diverged`]): its
-    /// first non-finite step without an fp16 loss scaler (whatever the gradients were was
-    /// applied, and a loss or gradient norm that overflows while the weights stay finite is a
-    /// run blown up all the same: `status` and the end of the run call it diverged from
-    /// there), or where the steps up to `step` have all been non-finite (fp16 steps the scaler
-    /// skips one after another: the weights are gone). An fp16 overflow that the scaler
-    /// skipped, finite again by a later logged step, is not divergence.
-    pub fn diverged_at(&self, step: u64) -> Option<u64> {
-        diverged_at(&self.steps, step)
+    /// The step from which the run had diverged by its last logged step ([`diverged_at`]),
+    /// as the end of the run, `status`, `metrics`, re-runs and sweeps all judge it.
+    pub fn diverged_from(&self) -> Option<u64> {
+        diverged_at(&self.steps, self.last()?.step)
     }
 }
 
-/// [`RunMetrics::diverged_at`] of `steps` (in step order).
+/// The step at which the run of `steps` (in step order), by `step`, had diverged
+/// ([`StepRecord::diverged`]): its first non-finite step without an fp16 loss scaler
+/// (whatever the gradients were was applied, and a loss or gradient norm that overflows
+/// while the weights stay finite is a run blown up all the same: `status` and the end of the
+/// run call it diverged from there), or where the steps up to `step` have all been
+/// non-finite (fp16 steps the scaler skips one after another: the weights are gone). An fp16
+/// overflow that the scaler skipped, finite again by a later logged step, is not divergence.
 pub fn diverged_at(steps: &[StepRecord], step: u64) -> Option<u64> {
     let upto = &steps[..steps.partition_point(|r| r.step <= step)];
     let applied = upto.iter().find(|r| r.diverged() && r.loss_scale.is_none());
@@ -310,7 +311,9 @@ mod tests {
             ],
             ..RunMetrics::default()
         };
-        let at: Vec<_> = (1..=7).map(|step| metrics.diverged_at(step)).collect();
+        let at: Vec<_> = (1..=7)
+            .map(|step| diverged_at(&metrics.steps, step))
+            .collect();
         assert_eq!(at, [None, Some(2), None, None, Some(5), Some(5), Some(5)]);
 
         // A loss that overflows now and then while the weights stay finite (an LR far too
@@ -325,7 +328,9 @@ mod tests {
             ],
             ..RunMetrics::default()
         };
-        let at: Vec<_> = (1..=5).map(|step| blown.diverged_at(step)).collect();
+        let at: Vec<_> = (1..=5)
+            .map(|step| diverged_at(&blown.steps, step))
+            .collect();
         assert_eq!(at, [None, Some(2), Some(2), Some(2), Some(2)]);
     }
 

@@ -241,9 +241,7 @@ fn summarise(run: &RunDir, current: &mut CurrentPoints) -> RunMetricsSummary {
         latest: metrics.steps.last().map(StepRecord::to_json_complete),
         record: metrics.steps.last().cloned(),
         eval: metrics.evals.last().map(EvalJson::from),
-        diverged_from: metrics
-            .last()
-            .and_then(|last| metrics.diverged_at(last.step)),
+        diverged_from: metrics.diverged_from(),
     }
 }
 

@@ -1224,9 +1224,7 @@ fn finished_message(
 ) -> String {
     let metrics = crate::metrics_file::read(metrics).unwrap_or_default();
     // From the step that re-runs and sweeps refuse to continue past, so all say one step.
-    let first = metrics
-        .last()
-        .and_then(|last| metrics.diverged_at(last.step));
+    let first = metrics.diverged_from();
     let steps = metrics.steps;
     let diverged: Vec<u64> = steps
         .iter()

@@ -244,7 +244,7 @@ pub struct Finished {
     pub checkpoint: Option<CheckpointAt>,
     /// How the data as it is now differs from what the run trained on.
     pub data_changes: Vec<String>,
-    /// The step from which it diverged, when its last checkpoint holds diverged weights.
+    /// The step from which it diverged ([`diverged_from`]): it does not go on.
     pub diverged_from: Option<u64>,
     /// The step of the newest checkpoint it has but does not continue from, its spec saying
     /// `checkpoint.resume: false`.
@@ -659,7 +659,9 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
     let all = changes::between(&recorded, &target);
     let (applied, refused): (Vec<_>, Vec<_>) = all.into_iter().partition(|c| c.safe);
     // Read once: nothing runs in the directory any more.
-    let last_step = last_logged_step(&run);
+    let logged = crate::metrics_file::read(&run.metrics()).ok();
+    let last_step = logged.as_ref().and_then(|m| m.last()).map(|r| r.step);
+    let diverged = logged.as_ref().and_then(|m| m.diverged_from());
     let recorded_checkpoint = newest_checkpoint(&run, &recorded.train);
     if !refused.is_empty() && recorded_checkpoint.is_none() && last_step.is_none() {
         // A run that failed before its first step (the fix is often the very change being
@@ -677,7 +679,10 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
     }
 
     let resumes = target.train.checkpoint.resume;
-    let checkpoint = newest_checkpoint(&run, &target.train).filter(|_| resumes);
+    let newest = newest_checkpoint(&run, &target.train);
+    // The one it would continue from, were it not for `resume: false`.
+    let unused_checkpoint = newest.as_ref().filter(|_| !resumes).map(|c| c.step);
+    let checkpoint = newest.filter(|_| resumes);
     let ended = how_it_ended(&run, state, detail.as_deref(), checkpoint.as_ref());
     let asked = target.train.steps;
     // What a finished run trained, as [`steps_trained`] tells it from what was read above.
@@ -696,15 +701,13 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
             DataConfig::Dataset(data) => DataNow::look(data).changes_since_run(&run),
             _ => Vec::new(),
         };
-        let diverged_from = diverged_from(&run);
-        let unused_checkpoint = unused_checkpoint(&run, &target.train);
         return Ok(RunDecision::Finished(Finished {
             run,
             steps_done: done,
             steps_asked: asked,
             checkpoint,
             data_changes,
-            diverged_from,
+            diverged_from: diverged,
             unused_checkpoint,
         }));
     }
@@ -734,7 +737,7 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
             return Err(RerunError::NoResume {
                 path: shown,
                 ended,
-                checkpoint: unused_checkpoint(&run, &target.train),
+                checkpoint: unused_checkpoint,
             })
         }
         (RunState::Completed, None) => {
@@ -746,7 +749,7 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
         }
         _ => {}
     }
-    if let Some(first) = diverged_from(&run) {
+    if let Some(first) = diverged {
         return Err(RerunError::Diverged {
             path: shown,
             first,
@@ -815,15 +818,6 @@ pub fn newest_checkpoint(run: &RunDir, train: &TrainConfig) -> Option<Checkpoint
     })
 }
 
-/// The step of the newest checkpoint of a run whose spec `train` says not to resume (and
-/// `None` when it resumes): the one it would continue from without `resume: false`.
-fn unused_checkpoint(run: &RunDir, train: &TrainConfig) -> Option<u64> {
-    if train.checkpoint.resume {
-        return None;
-    }
-    newest_checkpoint(run, train).map(|c| c.step)
-}
-
 /// What running `run` again does, from the config it recorded: "resumes it from step N", or
 /// "starts it over (it has no checkpoint)".
 pub fn again_words(run: &RunDir) -> String {
@@ -869,8 +863,9 @@ pub fn steps_trained(run: &RunDir, recorded: &TrainConfig) -> u64 {
 /// one saved before (a run stopped where it diverged) or from the start, it would train the
 /// same steps into the same divergence.
 pub fn diverged_from(run: &RunDir) -> Option<u64> {
-    let metrics = crate::metrics_file::read(&run.metrics()).ok()?;
-    metrics.diverged_at(metrics.last()?.step)
+    crate::metrics_file::read(&run.metrics())
+        .ok()?
+        .diverged_from()
 }
 
 /// Why a run that diverged from step `first` is not continued from its newest checkpoint
