@@ -193,11 +193,13 @@ pub(super) fn check_wrap_patterns(
     Ok(())
 }
 
-/// The module pattern a misspelt one was meant as (`model.layer.*` for `model.layers.*`): the
-/// closest of the model's modules with their layer numbers written `*`, compared whole or
-/// below a prefix of up to three components (as [`prefixed_pattern`] adds one).
+/// The module pattern a misspelt one was meant as (`model.layer.*` for `model.layers.*`), as
+/// a misspelt key's: the closest of the model's modules with their layer numbers written
+/// `*`, compared whole or below a prefix of up to three components (as [`prefixed_pattern`]
+/// adds one).
 fn misspelt_pattern(modules: &[String], pattern: &str) -> Option<String> {
-    let mut best: Option<(f64, String)> = None;
+    // (what the pattern is compared with, the pattern it stands for)
+    let mut candidates: Vec<(String, String)> = Vec::new();
     for module in modules {
         let parts: Vec<&str> = module
             .split('.')
@@ -207,13 +209,15 @@ fn misspelt_pattern(modules: &[String], pattern: &str) -> Option<String> {
             })
             .collect();
         for depth in 0..parts.len().min(4) {
-            let score = strsim::jaro_winkler(pattern, &parts[depth..].join("."));
-            if score > 0.9 && best.as_ref().is_none_or(|(b, _)| score > *b) {
-                best = Some((score, parts.join(".")));
-            }
+            candidates.push((parts[depth..].join("."), parts.join(".")));
         }
     }
-    best.map(|(_, meant)| meant)
+    let compared: Vec<&str> = candidates.iter().map(|(tail, _)| tail.as_str()).collect();
+    let close = crate::spec::did_you_mean(pattern, &compared)?;
+    candidates
+        .iter()
+        .find(|(tail, _)| tail == close)
+        .map(|(_, meant)| meant.clone())
 }
 
 /// Options that are valid but do not save the memory people expect: wrapping finer than the
