@@ -95,10 +95,6 @@ impl StopSwitch {
         StopSwitch::default()
     }
 
-    pub fn request_preempt(&self) {
-        self.preempt.store(true, Ordering::SeqCst);
-    }
-
     /// The controller's preemption request ([`shardrun_protocol::ToWorker::Preempt`]): a
     /// checkpoint and a stop, and the word that the job is preempted, not cancelled.
     pub fn controller_preempts(&self) {
@@ -288,7 +284,7 @@ mod tests {
     fn a_stop_outranks_a_preemption_and_the_first_cause_is_kept() {
         let switch = StopSwitch::new();
         assert_eq!(switch.requested(), None);
-        switch.request_preempt();
+        switch.controller_preempts();
         assert_eq!(switch.requested(), Some(StopRequest::Preempt));
         switch.request_stop(StopReason::Controller {
             reason: "the job was cancelled".into(),
@@ -388,7 +384,8 @@ mod tests {
         switch
             .preempt_signal
             .store(libc::SIGTERM as usize, Ordering::SeqCst);
-        switch.request_preempt();
+        // As the signal handler raises it.
+        switch.preempt.store(true, Ordering::SeqCst);
         assert_eq!(
             switch.stop_after_checkpoint(Duration::from_millis(10)),
             None
