@@ -158,6 +158,11 @@ pub struct StepMetrics {
     /// Peak RSS on CPU; on GPU, the peak bytes libtorch's allocator handed out
     /// (`torch.cuda.max_memory_allocated`).
     pub peak_memory_bytes: u64,
+    /// CPU: this rank's resident memory before its shards were allocated (libtorch, threads,
+    /// sockets). The peak's growth over it is what the job's memory plan predicts, and unlike
+    /// the peak it does not vary with how much of libtorch a process happens to have paged in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_before_model_bytes: Option<u64>,
     /// GPU: the peak bytes libtorch's allocator reserved from the device
     /// (`torch.cuda.max_memory_reserved`), which is what other users of the GPU cannot have.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -33,6 +33,8 @@ pub fn train_reference(
     let model = model::build(&config.model, dtype_kind(mp.buffer_dtype));
     let specs = model.params();
     let source = ParamSource::for_model(&config.model, config.seed).map_err(FsdpError::from)?;
+    // On CPU the step lines say the peak's growth over this, as the sharded engine's do.
+    let rss_before_model = (device == tch::Device::Cpu).then(crate::metrics::rss_bytes);
     let params =
         model::full_parameters(model.as_ref(), &source, device).map_err(FsdpError::from)?;
     let mut states: HashMap<String, AdamWState> = params
@@ -120,6 +122,7 @@ pub fn train_reference(
             mfu: None,
             model_state_bytes: config.model.num_params() * 16,
             peak_memory_bytes: crate::metrics::peak_rss_bytes(),
+            rss_before_model_bytes: rss_before_model,
             peak_reserved_bytes: None,
             device_used_bytes: None,
             device_total_bytes: None,

@@ -720,6 +720,8 @@ impl Trainer {
                     }),
                     model_state_bytes: self.engine.model_state_bytes(),
                     peak_memory_bytes: memory.peak,
+                    rss_before_model_bytes: (!matches!(self.device, Device::Cuda(_)))
+                        .then_some(self.engine.loading.rss_before_bytes),
                     peak_reserved_bytes: memory.peak_reserved,
                     device_used_bytes: memory.device_used,
                     device_total_bytes: memory.device_total,
@@ -731,12 +733,7 @@ impl Trainer {
                     data_time_s: Some(data_time),
                 };
                 self.reporter.metrics(&record);
-                let baseline = (!matches!(self.device, Device::Cuda(_)))
-                    .then_some(self.engine.loading.rss_before_bytes);
-                self.log(
-                    LogLevel::Info,
-                    &format_metrics(&record, cfg.steps, baseline),
-                );
+                self.log(LogLevel::Info, &format_metrics(&record, cfg.steps));
             }
             if stop_diverged.is_some() {
                 // Without a checkpoint or an evaluation of weights that are not finite.
@@ -989,9 +986,9 @@ pub fn format_eval(e: &EvalMetrics) -> String {
     )
 }
 
-/// One step's line. `rss_baseline`: on CPU, the resident memory the process had before its
-/// shards were allocated (libtorch and the runtime), which the peak is measured over.
-pub fn format_metrics(m: &StepMetrics, steps: u64, rss_baseline: Option<u64>) -> String {
+/// One step's line. On CPU the peak is said with its growth over the resident memory the
+/// process had before its shards were allocated (libtorch and the runtime).
+pub fn format_metrics(m: &StepMetrics, steps: u64) -> String {
     let trained = m
         .trained_tokens_per_s
         .map(|t| format!(" ({t:.0} trained)"))
@@ -1000,7 +997,7 @@ pub fn format_metrics(m: &StepMetrics, steps: u64, rss_baseline: Option<u64>) ->
         "step {}/{steps} | loss {} | lr {:.3e} | grad norm {:.3} | {:.3} s | {:.0} tok/s{trained} | state {:.1} MiB",
         m.step, loss_text(m.loss()), m.lr, m.grad_norm, m.step_time_s, m.tokens_per_s, mib(m.model_state_bytes)
     );
-    match (m.peak_reserved_bytes, rss_baseline) {
+    match (m.peak_reserved_bytes, m.rss_before_model_bytes) {
         (Some(reserved), _) => line.push_str(&format!(
             " | peak {:.0} MiB allocated, {:.0} MiB reserved",
             mib(m.peak_memory_bytes),
@@ -1279,7 +1276,7 @@ mod tests {
             trained_tokens_per_s: Some(800.0),
             ..Default::default()
         };
-        let line = format_metrics(&m, 10, None);
+        let line = format_metrics(&m, 10);
         assert!(
             line.contains("| 1000 tok/s (800 trained) | state"),
             "{line}"
@@ -1291,7 +1288,6 @@ mod tests {
                 ..m.clone()
             },
             10,
-            None,
         );
         assert!(synthetic.contains("| 1000 tok/s | state"), "{synthetic}");
         assert!(
@@ -1306,7 +1302,6 @@ mod tests {
                 ..m
             },
             10,
-            None,
         );
         assert!(empty.starts_with("step 3/10 | loss - |"), "{empty}");
     }
@@ -1317,26 +1312,32 @@ mod tests {
         let cpu = StepMetrics {
             step: 3,
             peak_memory_bytes: 381 * MIB,
+            rss_before_model_bytes: Some(349 * MIB),
             ..Default::default()
         };
         // CPU: the process's resident peak, and its growth over the baseline, which is what
         // the plan's figure compares with.
-        let line = format_metrics(&cpu, 10, Some(349 * MIB));
+        let line = format_metrics(&cpu, 10);
         assert!(
             line.ends_with("| peak RSS 381 MiB (+32 MiB over the 349 MiB before the model)"),
             "{line}"
         );
         let gpu = StepMetrics {
             peak_reserved_bytes: Some(512 * MIB),
-            ..cpu
+            rss_before_model_bytes: None,
+            ..cpu.clone()
         };
-        let line = format_metrics(&gpu, 10, None);
+        let line = format_metrics(&gpu, 10);
         assert!(
             line.ends_with("| peak 381 MiB allocated, 512 MiB reserved"),
             "{line}"
         );
         // A GPU whose allocator could not say: its process's RSS, said so.
-        let line = format_metrics(&cpu, 10, None);
+        let unknown = StepMetrics {
+            rss_before_model_bytes: None,
+            ..cpu
+        };
+        let line = format_metrics(&unknown, 10);
         assert!(line.ends_with("| peak RSS 381 MiB"), "{line}");
     }
 }
