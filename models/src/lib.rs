@@ -36,6 +36,9 @@ pub use param::{Builder, Init, ModelDescription, ParamKind, ParamSpec, SegmentSp
 
 use serde::{Deserialize, Serialize};
 
+/// How many times a uniform guess's loss counts as blown up ([`ModelConfig::blown_up_loss`]).
+pub const BLOWN_UP_FACTOR: f64 = 10.0;
+
 /// The model of a job, fully resolved (every size explicit). Parameter names follow the
 /// PyTorch modules the architectures mirror, so checkpoints map 1:1 to their state dicts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -109,6 +112,16 @@ impl ModelConfig {
             ModelConfig::Llama(m) => Some(m.architecture.vocab_size),
             ModelConfig::Mlp { .. } => None,
         }
+    }
+
+    /// The loss past which a language model has blown up: ten times a uniform guess's,
+    /// ln(vocabulary). Weights loaded right or initialised at random score near or below a
+    /// uniform guess; ten times it is confidently wrong everywhere, where a diverging run
+    /// gets before (or instead of) its numbers overflowing. `None` for the MLP, whose MSE
+    /// has no such scale.
+    pub fn blown_up_loss(&self) -> Option<f64> {
+        self.vocab_size()
+            .map(|vocab| BLOWN_UP_FACTOR * (vocab.max(2) as f64).ln())
     }
 
     /// Whether the model reads per-document `position_ids` and `document_ids` (positions
@@ -222,6 +235,26 @@ impl ModelConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_language_model_blows_up_at_ten_times_a_uniform_guess() {
+        let transformer = ModelConfig::Transformer {
+            vocab_size: 32_000,
+            dim: 64,
+            n_layers: 1,
+            n_heads: 2,
+            max_seq_len: 16,
+        };
+        // ln(32000) = 10.373: a uniform guess's cross-entropy.
+        let limit = transformer.blown_up_loss().unwrap();
+        assert!((limit - 103.73).abs() < 0.01, "{limit}");
+        let mlp = ModelConfig::Mlp {
+            input_dim: 4,
+            hidden_dim: 8,
+            output_dim: 4,
+        };
+        assert_eq!(mlp.blown_up_loss(), None, "MSE has no uniform guess");
+    }
 
     #[test]
     fn transformer_param_count_matches_pytorch() {

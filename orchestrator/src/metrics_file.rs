@@ -81,23 +81,54 @@ impl RunMetrics {
         self.steps.last()
     }
 
-    /// The step from which the run had diverged by its last logged step ([`diverged_at`]),
-    /// as the end of the run, `status`, `metrics`, re-runs and sweeps all judge it.
-    pub fn diverged_from(&self) -> Option<u64> {
-        diverged_at(&self.steps, self.last()?.step)
+    /// Where the run had diverged by its last logged step ([`diverged_at`]), as the end of
+    /// the run, `status`, `metrics`, re-runs and sweeps all judge it.
+    pub fn diverged_from(&self) -> Option<Divergence> {
+        let step = diverged_at(&self.steps, self.last()?.step)?;
+        let at = self.steps.partition_point(|r| r.step < step);
+        Some(Divergence {
+            step,
+            blew_up: self.steps.get(at).is_some_and(|r| r.loss_blew_up),
+        })
+    }
+}
+
+/// Where a run diverged, and how its records show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Divergence {
+    /// The first step that shows it.
+    pub step: u64,
+    /// That step's loss was finite but blown up, not NaN or inf.
+    pub blew_up: bool,
+}
+
+impl Divergence {
+    /// What happened from [`Divergence::step`] on, for messages: "its loss ... from step N".
+    pub fn what(&self) -> String {
+        if self.blew_up {
+            format!(
+                "its loss blew up (past {} times a uniform guess's)",
+                shardrun_models::BLOWN_UP_FACTOR
+            )
+        } else {
+            "its loss or gradients were not finite (NaN or inf)".to_string()
+        }
     }
 }
 
 /// The step at which the run of `steps` (in step order), by `step`, had diverged
-/// ([`StepRecord::diverged`]): its first non-finite step without an fp16 loss scaler
-/// (whatever the gradients were was applied, and a loss or gradient norm that overflows
+/// ([`StepRecord::diverged`]): its first blown-up step, or its first non-finite step without
+/// an fp16 loss scaler (whatever the gradients were was applied, and a loss or gradient norm that overflows
 /// while the weights stay finite is a run blown up all the same: `status` and the end of the
 /// run call it diverged from there), or where the steps up to `step` have all been
 /// non-finite (fp16 steps the scaler skips one after another: the weights are gone). An fp16
 /// overflow that the scaler skipped, finite again by a later logged step, is not divergence.
 pub fn diverged_at(steps: &[StepRecord], step: u64) -> Option<u64> {
     let upto = &steps[..steps.partition_point(|r| r.step <= step)];
-    let applied = upto.iter().find(|r| r.diverged() && r.loss_scale.is_none());
+    // A blown-up loss is no overflow a loss scaler skips: its weights are gone already.
+    let applied = upto
+        .iter()
+        .find(|r| r.diverged() && (r.loss_scale.is_none() || r.loss_blew_up));
     let ongoing = upto.iter().rev().take_while(|r| r.diverged()).last();
     applied.into_iter().chain(ongoing).map(|r| r.step).min()
 }
@@ -332,6 +363,37 @@ mod tests {
             .map(|step| diverged_at(&blown.steps, step))
             .collect();
         assert_eq!(at, [None, Some(2), Some(2), Some(2), Some(2)]);
+        assert_eq!(
+            metrics.diverged_from(),
+            Some(Divergence {
+                step: 5,
+                blew_up: false
+            })
+        );
+
+        // A loss blown up while finite, in an fp16 run: no overflow its loss scaler skips,
+        // so diverged from there, though a later loss looks like a fresh model's.
+        let fp16 = RunMetrics {
+            steps: vec![
+                record(1, 3.0, 1.0, Some(512.0)),
+                StepRecord {
+                    loss_blew_up: true,
+                    ..record(2, 8.9e5, 40.0, Some(512.0))
+                },
+                record(3, 6.9, 0.0, Some(512.0)),
+            ],
+            ..RunMetrics::default()
+        };
+        let at: Vec<_> = (1..=3).map(|step| diverged_at(&fp16.steps, step)).collect();
+        assert_eq!(at, [None, Some(2), Some(2)]);
+        let divergence = fp16.diverged_from().unwrap();
+        assert_eq!(
+            (divergence.step, divergence.what()),
+            (
+                2,
+                "its loss blew up (past 10 times a uniform guess's)".to_string()
+            )
+        );
     }
 
     #[test]

@@ -71,6 +71,10 @@ pub struct StepRecord {
     /// The longest time any rank spent making its batches during the step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_time_max_s: Option<f64>,
+    /// The loss is finite but blown up, past ten times a uniform guess's (the ranks decide,
+    /// alike, from the all-reduced loss).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub loss_blew_up: bool,
 }
 
 /// JSON has no NaN: serde_json writes a non-finite number as `null`, and a diverged run's
@@ -98,12 +102,14 @@ impl StepRecord {
         shardrun_protocol::messages::has_loss(self.trained_tokens_per_s).then_some(self.loss)
     }
 
-    /// Whether the step left the weights non-finite: its loss was NaN or inf, or its
-    /// gradients were and were applied (an fp16 loss scaler skips such a step, and says so
-    /// with its `loss_scale`). The loss of a step is computed before its update: the
-    /// gradients tell a step sooner.
+    /// Whether the step shows the weights diverged: its loss was NaN or inf, or blown up
+    /// while finite, or its gradients were not finite and were applied (an fp16 loss scaler
+    /// skips such a step, and says so with its `loss_scale`). The loss of a step is computed
+    /// before its update: the gradients tell a step sooner.
     pub fn diverged(&self) -> bool {
-        !self.loss.is_finite() || (!self.grad_norm.is_finite() && self.loss_scale.is_none())
+        !self.loss.is_finite()
+            || self.loss_blew_up
+            || (!self.grad_norm.is_finite() && self.loss_scale.is_none())
     }
 
     /// Whether the fp16 loss scaler skipped the step's update: its gradients overflowed.
@@ -119,6 +125,8 @@ impl StepRecord {
             for key in OPTIONAL_FIELDS {
                 map.entry(key).or_insert(serde_json::Value::Null);
             }
+            map.entry("loss_blew_up")
+                .or_insert(serde_json::Value::Bool(false));
         }
         value
     }
@@ -177,6 +185,7 @@ impl StepRecord {
                 .iter()
                 .filter_map(|m| m.data_time_s)
                 .max_by(|a, b| a.total_cmp(b)),
+            loss_blew_up: records.iter().any(|m| m.loss_blew_up),
         }
     }
 }

@@ -32,14 +32,17 @@ pub struct TrainConfig {
     pub threads_per_rank: usize,
     /// Emit a metrics record every this many optimizer steps (1 = every step).
     pub log_every: u64,
-    /// What a step whose loss or gradients are not finite does to the run. Left out of the
+    /// What a step whose loss or gradients are not finite, or whose loss blew up, does to the
+    /// run. Left out of the
     /// JSON when `continue`, so configs (and their hashes) from before it stay as they were.
     #[serde(default, skip_serializing_if = "OnDivergence::is_continue")]
     pub on_divergence: OnDivergence,
 }
 
 /// What training does once an update was not finite (its loss or gradient norm NaN or inf,
-/// and no fp16 loss scaler skipped it): the weights are not finite from then on.
+/// and no fp16 loss scaler skipped it): the weights are not finite from then on. A language
+/// model's loss past ten times a uniform guess's (`ModelConfig::blown_up_loss`) counts the
+/// same: its weights are blown, whether or not their numbers have overflowed yet.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnDivergence {
@@ -48,7 +51,7 @@ pub enum OnDivergence {
     #[default]
     Continue,
     /// Stop after that step, without a checkpoint of it, and fail the job (as Megatron-LM's
-    /// NaN check does): no more GPU hours on weights that are not finite.
+    /// NaN check does): no more GPU hours on weights that are not finite or blown up.
     Stop,
 }
 

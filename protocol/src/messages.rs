@@ -163,6 +163,11 @@ pub struct StepMetrics {
     /// the peak it does not vary with how much of libtorch a process happens to have paged in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rss_before_model_bytes: Option<u64>,
+    /// The loss is finite but past the model's blown-up limit (ten times a uniform guess's,
+    /// `ModelConfig::blown_up_loss`): the run diverged as surely as a NaN would say. The
+    /// worker decides, as it knows the vocabulary.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub loss_blew_up: bool,
     /// GPU: the peak bytes libtorch's allocator reserved from the device
     /// (`torch.cuda.max_memory_reserved`), which is what other users of the GPU cannot have.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -366,7 +371,7 @@ pub enum StopReason {
     LostController { why: String },
     /// Another rank was asked to stop (learned when the ranks agreed).
     Peer,
-    /// Training diverged at optimizer step `step` (`what` was not finite) and the job asks
+    /// Training diverged at optimizer step `step` (`what` was not finite, or blew up) and the job asks
     /// to stop there (`training.on_divergence: stop`). Every rank decides it alike, from
     /// the step's all-reduced loss and gradient norm.
     Diverged { step: u64, what: String },

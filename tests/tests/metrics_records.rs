@@ -155,6 +155,7 @@ fn four_ranks_make_one_record_per_logged_step_with_the_slowest_rank_and_the_larg
         ] {
             last[key] = serde_json::Value::Null;
         }
+        last["loss_blew_up"] = serde_json::Value::Bool(false);
         last
     });
     let out = shardrun_in(root, &["metrics", &run_arg]);
@@ -479,6 +480,80 @@ fn a_run_that_stops_on_divergence_fails_there_and_is_not_resumed_into_it() {
         &["--nproc", "2", "--no-progress"],
         &format!(
             "diverged: its loss or gradients were not finite (NaN or inf) from step {at}, and resumed from its newest checkpoint, of step {}, it would train the same steps into the same divergence",
+            at - 1
+        ),
+    );
+}
+
+#[test]
+fn a_language_model_whose_loss_blows_up_while_finite_stops_there() {
+    // A learning rate of 1000 on a small transformer: its loss leaps from ~ln(256) to
+    // millions at step 2 and overflows only steps later. Past ten times a uniform guess's
+    // (10 ln 256 = 55.5), the weights are gone already: `on_divergence: stop` stops there.
+    let dir = TestDir::new("metrics-blown-up");
+    let spec = dir.write(
+        "blown.yaml",
+        "name: blown\nresources: { tasks_per_node: 2, cpus_per_task: 1 }\ntraining:\n  \
+         model: { kind: transformer, vocab_size: 256, dim: 32, n_layers: 2, n_heads: 2, max_seq_len: 32 }\n  \
+         data: { kind: synthetic, seq_len: 32 }\n  steps: 12\n  total_batch_size: 4\n  \
+         batch_size_per_device: 2\n  optimizer: { lr: 1000.0 }\n  schedule: { warmup_steps: 0 }\n  \
+         checkpoint: { interval_steps: 1, keep: 1 }\n  on_divergence: stop\n",
+    );
+    let (out, run) = run_local(
+        &dir,
+        &spec,
+        &["--no-progress"],
+        &[],
+        Duration::from_secs(120),
+    );
+    let stderr = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{}{stderr}", stdout_of(&out));
+    let records = json_lines(&run.join("metrics.jsonl"));
+    let last = records.last().expect("the step it stopped at is recorded");
+    let at = last["step"].as_u64().unwrap();
+    let loss = last["loss"].as_f64().expect("a finite loss");
+    assert!(
+        at >= 2 && loss > 10.0 * 256f64.ln() && last["loss_blew_up"] == true,
+        "{records:?}"
+    );
+    // Every step before it is a calm one: it stopped at the first that blew up.
+    assert!(
+        records[..records.len() - 1].iter().all(
+            |r| r["loss"].as_f64().is_some_and(|l| l < 10.0) && r.get("loss_blew_up").is_none()
+        ),
+        "{records:?}"
+    );
+    let verdict: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("result.json")).unwrap()).unwrap();
+    assert_eq!(
+        (&verdict["cause"]["kind"], &verdict["cause"]["step"]),
+        (&serde_json::json!("diverged"), &serde_json::json!(at)),
+        "{verdict}"
+    );
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(
+        log.contains(&format!(
+            "step {at}: the loss is {loss:.4e}, past 55.5, 10 times a uniform guess's"
+        )) && log.contains("stopping here, as `training.on_divergence: stop` asks"),
+        "{log}"
+    );
+    // Said once, by rank 0, for all: every rank decided it from the same loss.
+    assert_eq!(
+        log.matches(&format!("warning: step {at}: ")).count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(
+        checkpoints_left(&run),
+        [format!("step-{}", at - 1)],
+        "{log}"
+    );
+    refused_as_diverged(
+        &dir,
+        &spec,
+        &["--no-progress"],
+        &format!(
+            "diverged: its loss blew up (past 10 times a uniform guess's) from step {at}, and resumed from its newest checkpoint, of step {}",
             at - 1
         ),
     );

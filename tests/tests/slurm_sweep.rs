@@ -1154,7 +1154,7 @@ fn a_diverged_point_is_not_continued_when_the_sweep_asks_for_more_steps() {
     assert_eq!(key_columns.len(), 1, "{stdout}");
     assert!(
         stdout.contains(
-            "1 point(s) diverged (their loss or gradients went NaN or inf): continuing would train on from diverged weights"
+            "1 point(s) diverged (their loss or gradients went NaN or inf, or the loss blew up): continuing would train on from diverged weights"
         ),
         "{stdout}"
     );

@@ -19,6 +19,7 @@ use crate::stop::{self, StopReason, StopRequest};
 use crate::{control, host, metrics};
 use shardrun_data::dataset::thousands;
 use shardrun_models::source::ParamSource;
+use shardrun_models::BLOWN_UP_FACTOR;
 use shardrun_protocol::config::{DType, DeviceKind, OnDivergence, TrainConfig};
 use shardrun_protocol::messages::{
     loss_text, signal_name, EvalMetrics, LogLevel, StepMetrics, TrainSummary,
@@ -639,17 +640,24 @@ impl Trainer {
             let tokens_per_s = tokens_per_step / step_time;
             step_times.push(step_time);
             // Non-finite gradients that were applied (no loss scaler skipped the step) leave
-            // the weights non-finite before the loss shows it.
+            // the weights non-finite before the loss shows it. A loss far past a uniform
+            // guess's says the weights are blown before their numbers overflow.
+            let blown_up = cfg.model.blown_up_loss().filter(|&limit| loss > limit);
             let bad = if !loss.is_finite() {
                 Some(format!("the loss is {loss}"))
             } else if !grad_norm.is_finite() && !skipped {
                 Some(format!("the gradient norm is {grad_norm}"))
             } else {
-                None
+                blown_up.map(|limit| {
+                    format!(
+                        "the loss is {loss:.4e}, past {limit:.1}, {BLOWN_UP_FACTOR} times a \
+                         uniform guess's (ln of the vocabulary)"
+                    )
+                })
             };
             // Every rank sees the same all-reduced loss and norm, so all decide this alike.
             let mut stop_diverged = None;
-            if let (Some(bad), false) = (&bad, skipped) {
+            if let (Some(bad), false) = (&bad, skipped && blown_up.is_none()) {
                 // Updated with what is not finite, the weights are not either from here on.
                 self.diverged_at.get_or_insert(self.step);
                 if cfg.on_divergence == OnDivergence::Stop {
@@ -662,23 +670,34 @@ impl Trainer {
             // Said once, and again where the run stops for it (after fp16 overflows said).
             if let (Some(bad), true) = (bad, !diverged || stop_diverged.is_some()) {
                 diverged = true;
-                // A first loss that is not finite comes before any update of this session:
-                // no learning rate made it.
-                let why = match (self.step == first_step + 1 && !loss.is_finite(), self.step) {
-                    (true, 1) => {
+                // A first loss that is not finite, or blown up, comes before any update of
+                // this session: no learning rate made it.
+                let first =
+                    self.step == first_step + 1 && (!loss.is_finite() || blown_up.is_some());
+                let why = match (first, self.step, blown_up.is_some()) {
+                    (true, 1, false) => {
                         "not from training: before any update, the weights it starts from \
                          (the model folder) or the data hold a value that is not finite"
                     }
-                    (true, _) => {
+                    (true, 1, true) => {
+                        "not from training: before any update, the weights it starts from \
+                         score far worse than guessing (weights that do not fit the model's \
+                         config, or data tokenized for another model?)"
+                    }
+                    (true, _, false) => {
                         "not from training: at the first step after resuming, before any \
                          update, the checkpoint it resumed from holds weights that are not \
                          finite"
                     }
-                    (false, _) => {
+                    (true, _, true) => {
+                        "not from training: at the first step after resuming, before any \
+                         update, the checkpoint it resumed from scores far worse than guessing"
+                    }
+                    (false, _, _) => {
                         "training diverged (a learning rate too high for this model and batch?)"
                     }
                 };
-                let then = match (&stop_diverged, skipped) {
+                let then = match (&stop_diverged, skipped && blown_up.is_none()) {
                     (Some(_), _) => "stopping here, as `training.on_divergence: stop` asks",
                     // The loss scaler skipped the update: the weights are still finite.
                     (None, true) => "the run goes on, as PyTorch's would",
@@ -687,10 +706,13 @@ impl Trainer {
                          ends such a run here)"
                     }
                 };
-                self.log(
-                    LogLevel::Warn,
-                    &format!("step {}: {bad}: {why}; {then}", self.step),
-                );
+                // Every rank decided it from the same values: one says it for all.
+                if self.rank == 0 {
+                    self.log(
+                        LogLevel::Warn,
+                        &format!("step {}: {bad}: {why}; {then}", self.step),
+                    );
+                }
             }
             if global_tokens > 0.0 {
                 first_loss.get_or_insert((self.step, loss));
@@ -722,6 +744,7 @@ impl Trainer {
                     peak_memory_bytes: memory.peak,
                     rss_before_model_bytes: (!matches!(self.device, Device::Cuda(_)))
                         .then_some(self.engine.loading.rss_before_bytes),
+                    loss_blew_up: blown_up.is_some(),
                     peak_reserved_bytes: memory.peak_reserved,
                     device_used_bytes: memory.device_used,
                     device_total_bytes: memory.device_total,
@@ -986,6 +1009,16 @@ pub fn format_eval(e: &EvalMetrics) -> String {
     )
 }
 
+/// A gradient norm as the step line says it: a blown-up one in scientific notation, as the
+/// loss is, not as seventeen digits.
+fn norm_text(norm: f64) -> String {
+    if norm.abs() >= 1e6 {
+        format!("{norm:.3e}")
+    } else {
+        format!("{norm:.3}")
+    }
+}
+
 /// One step's line. On CPU the peak is said with its growth over the resident memory the
 /// process had before its shards were allocated (libtorch and the runtime).
 pub fn format_metrics(m: &StepMetrics, steps: u64) -> String {
@@ -994,8 +1027,8 @@ pub fn format_metrics(m: &StepMetrics, steps: u64) -> String {
         .map(|t| format!(" ({t:.0} trained)"))
         .unwrap_or_default();
     let mut line = format!(
-        "step {}/{steps} | loss {} | lr {:.3e} | grad norm {:.3} | {:.3} s | {:.0} tok/s{trained} | state {:.1} MiB",
-        m.step, loss_text(m.loss()), m.lr, m.grad_norm, m.step_time_s, m.tokens_per_s, mib(m.model_state_bytes)
+        "step {}/{steps} | loss {} | lr {:.3e} | grad norm {} | {:.3} s | {:.0} tok/s{trained} | state {:.1} MiB",
+        m.step, loss_text(m.loss()), m.lr, norm_text(m.grad_norm), m.step_time_s, m.tokens_per_s, mib(m.model_state_bytes)
     );
     match (m.peak_reserved_bytes, m.rss_before_model_bytes) {
         (Some(reserved), _) => line.push_str(&format!(
@@ -1265,6 +1298,29 @@ mod tests {
             text.contains("\nLoss at step 301: 8.0000\nFinal loss:   5.0000\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_blown_up_step_is_said_in_scientific_notation() {
+        let m = StepMetrics {
+            step: 2,
+            loss: 9_954_520.5,
+            grad_norm: 1.692_916_097_956_767_4e16,
+            ..Default::default()
+        };
+        let line = format_metrics(&m, 12);
+        assert!(
+            line.starts_with("step 2/12 | loss 9.955e6 | lr 0.000e0 | grad norm 1.693e16 |"),
+            "{line}"
+        );
+        let calm = format_metrics(
+            &StepMetrics {
+                grad_norm: 0.5594,
+                ..m
+            },
+            12,
+        );
+        assert!(calm.contains("| grad norm 0.559 |"), "{calm}");
     }
 
     #[test]

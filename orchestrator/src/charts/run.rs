@@ -252,19 +252,24 @@ impl RunFigure {
                 label.push_str(&format!(" ({n}×)"));
             }
         }
-        // Where the loss (or an applied gradient) stops being finite: its curve ends there,
-        // and nothing else would say why.
+        // Where the loss (or an applied gradient) stops being finite, or the loss blows up:
+        // its curve ends there or leaves the chart, and nothing else would say why.
         let mut was_diverged = false;
         for record in &self.steps {
             let diverged = record.diverged();
             if diverged && !was_diverged {
+                let kind = if record.loss_blew_up && record.loss.is_finite() {
+                    "blew up"
+                } else {
+                    "not finite"
+                };
                 out.push(Marker {
                     step: record.step as f64,
                     color: RGBColor(0x33, 0x33, 0x33),
                     width: 2,
                     opacity: 1.0,
-                    kind: "not finite".into(),
-                    text: Some(format!("not finite from step {}", record.step)),
+                    kind: kind.into(),
+                    text: Some(format!("{kind} from step {}", record.step)),
                     text_row: 0,
                 });
             }
@@ -475,6 +480,20 @@ mod tests {
             (5.0, "not finite")
         );
         assert_eq!(markers[0].text.as_deref(), Some("not finite from step 5"));
+
+        // A loss that blew up while finite is marked as such where it starts.
+        let blown = RunFigure {
+            steps: (1..=6)
+                .map(|s| StepRecord {
+                    loss_blew_up: s >= 3,
+                    ..record(s, if s < 3 { 2.0 } else { 4.2e5 })
+                })
+                .collect(),
+            ..figure
+        };
+        let markers = blown.markers();
+        assert_eq!(markers.len(), 1, "{markers:?}");
+        assert_eq!(markers[0].text.as_deref(), Some("blew up from step 3"));
     }
 
     #[test]

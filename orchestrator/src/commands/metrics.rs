@@ -241,7 +241,7 @@ fn summarise(run: &RunDir, current: &mut CurrentPoints) -> RunMetricsSummary {
         latest: metrics.steps.last().map(StepRecord::to_json_complete),
         record: metrics.steps.last().cloned(),
         eval: metrics.evals.last().map(EvalJson::from),
-        diverged_from: metrics.diverged_from(),
+        diverged_from: metrics.diverged_from().map(|d| d.step),
     }
 }
 

@@ -219,7 +219,8 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         .collect();
     if let Some((point, first)) = diverged.first() {
         outln!(
-            "{} point(s) diverged (their loss or gradients went NaN or inf): continuing would \
+            "{} point(s) diverged (their loss or gradients went NaN or inf, or the loss blew \
+             up): continuing would \
              train on from diverged weights, or the same steps into the same divergence, so \
              they are not submitted. To \
              start one over (with a lower LR, `optimizer.grad_clip` or a longer warm-up), \

@@ -1044,7 +1044,7 @@ fn failed_resume_line(
 }
 
 /// The last line of a run stopped where it diverged at `step`: its newest checkpoint is from
-/// before (none is saved of weights that are not finite), and resuming from it would train
+/// before (none is saved of weights that diverged), and resuming from it would train
 /// the same steps into the same divergence, which is why re-runs refuse it.
 fn diverged_resume_line(
     step: u64,
@@ -1212,7 +1212,8 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// "training finished", and whether the loss or gradients went NaN or infinite on the way
+/// "training finished", and whether the loss or gradients went NaN or infinite, or the loss
+/// blew up, on the way
 /// ([`crate::step_record::StepRecord::diverged`]): a diverged run
 /// trains to its last step (as PyTorch does), and its end must not read as a good one. The
 /// newest checkpoint from before the divergence (in `checkpoint_root`), which the ranks keep
@@ -1224,19 +1225,30 @@ fn finished_message(
 ) -> String {
     let metrics = crate::metrics_file::read(metrics).unwrap_or_default();
     // From the step that re-runs and sweeps refuse to continue past, so all say one step.
-    let first = metrics.diverged_from();
+    let divergence = metrics.diverged_from();
     let steps = metrics.steps;
     let diverged: Vec<u64> = steps
         .iter()
-        .filter(|r| first.is_some_and(|first| r.step >= first) && r.diverged())
+        .filter(|r| divergence.is_some_and(|d| r.step >= d.step) && r.diverged())
         .map(|r| r.step)
         .collect();
-    // A loss not finite at step 1 comes before any update: no learning rate made it.
-    let from_the_start = steps
-        .first()
-        .is_some_and(|r| r.step == 1 && !r.loss.is_finite());
-    let mut message = match first {
+    // A loss not finite, or blown up, at step 1 comes before any update: no learning rate
+    // made it.
+    let from_the_start = divergence.is_some_and(|d| d.step == 1)
+        && steps
+            .first()
+            .is_some_and(|r| r.step == 1 && (!r.loss.is_finite() || r.loss_blew_up));
+    let mut message = match divergence {
         None => "training finished".to_string(),
+        Some(d) if from_the_start && d.blew_up => format!(
+            "training finished, but {} from step 1, before any update, in {} of {} logged \
+             steps: the weights it starts from score far worse than guessing (weights that do \
+             not fit the model's config, or data tokenized for another model?), not the \
+             learning rate",
+            d.what(),
+            diverged.len(),
+            steps.len()
+        ),
         Some(_) if from_the_start => format!(
             "training finished, but its loss was not finite (NaN or inf) from step 1, before \
              any update, in {} of {} logged steps: the weights it starts from (the model \
@@ -1244,23 +1256,40 @@ fn finished_message(
             diverged.len(),
             steps.len()
         ),
-        Some(first) => {
+        Some(d) => {
             use shardrun_checkpoint::naming::{list_entries, newest_complete_before};
             let before = checkpoint_root
                 .and_then(|root| list_entries(root).ok())
                 .and_then(|entries| {
-                    newest_complete_before(&entries, first).map(|(_, path)| path.to_path_buf())
+                    newest_complete_before(&entries, d.step).map(|(_, path)| path.to_path_buf())
                 });
+            let first = d.step;
+            let what = if d.blew_up {
+                format!(
+                    "{} from step {first}, and {} of {} logged steps show it diverged",
+                    d.what(),
+                    diverged.len(),
+                    steps.len()
+                )
+            } else {
+                format!(
+                    "the loss or the gradients were not finite (NaN or inf) in {} of {} logged \
+                     steps, from step {first}",
+                    diverged.len(),
+                    steps.len()
+                )
+            };
             format!(
-                "training finished, but diverged: the loss or the gradients were not finite \
-                 (NaN or inf) in {} of {} logged steps, from step {first}; train it with \
-                 {remedies}{}",
-                diverged.len(),
-                steps.len(),
+                "training finished, but diverged: {what}; train it with {remedies}{}",
                 match before {
                     Some(path) => format!(
-                        "; the newest checkpoint from before, {}, holds the last finite weights",
-                        path.display()
+                        "; the newest checkpoint from before, {}, holds {}",
+                        path.display(),
+                        if d.blew_up {
+                            "the weights from before it blew up"
+                        } else {
+                            "the last finite weights"
+                        }
                     ),
                     None => String::new(),
                 }
@@ -1288,6 +1317,7 @@ fn finished_message(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shardrun_protocol::messages::StepMetrics;
 
     #[test]
     fn a_run_stopped_where_it_diverged_is_started_over_as_its_launch_allows() {
@@ -1320,30 +1350,35 @@ mod tests {
         );
     }
 
-    /// The message of a finished run whose metrics.jsonl holds `steps` steps, each with
-    /// `loss`, the updates of `skipped` skipped by the fp16 loss scaler.
-    fn finished_with(loss: f64, skipped: &[u64], steps: u64) -> String {
+    /// The message of a finished run whose metrics.jsonl holds steps 1 to `steps`, each
+    /// rank 0's record `step_of(step)` folded.
+    fn finished_of(steps: u64, step_of: impl Fn(u64) -> StepMetrics) -> String {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("metrics.jsonl");
         let lines: Vec<String> = (1..=steps)
             .map(|step| {
-                let metrics = shardrun_protocol::messages::StepMetrics {
-                    step,
-                    loss,
-                    grad_norm: if skipped.contains(&step) {
-                        f64::INFINITY
-                    } else {
-                        0.5
-                    },
-                    loss_scale: Some(1024.0),
-                    ..Default::default()
-                };
-                let record = crate::step_record::StepRecord::fold(&[metrics], 0.0);
+                let record = crate::step_record::StepRecord::fold(&[step_of(step)], 0.0);
                 serde_json::to_string(&record).unwrap()
             })
             .collect();
         std::fs::write(&path, lines.join("\n") + "\n").unwrap();
         finished_message(&path, None, &divergence_remedies(None))
+    }
+
+    /// A finished fp16 run of `steps` steps, each with `loss`, the updates of `skipped`
+    /// skipped by the loss scaler.
+    fn finished_with(loss: f64, skipped: &[u64], steps: u64) -> String {
+        finished_of(steps, |step| StepMetrics {
+            step,
+            loss,
+            grad_norm: if skipped.contains(&step) {
+                f64::INFINITY
+            } else {
+                0.5
+            },
+            loss_scale: Some(1024.0),
+            ..Default::default()
+        })
     }
 
     #[test]
@@ -1353,6 +1388,37 @@ mod tests {
             message.contains("from step 1, before any update, in 4 of 4 logged steps")
                 && message.contains("the model folder")
                 && !message.contains("lower the LR"),
+            "{message}"
+        );
+    }
+
+    /// A finished fp32 run of `steps` steps whose loss blew up (finite) from step `from` on.
+    fn finished_blown_up(from: u64, steps: u64) -> String {
+        finished_of(steps, |step| StepMetrics {
+            step,
+            loss: if step >= from { 4.2e5 } else { 5.0 },
+            grad_norm: 0.5,
+            loss_blew_up: step >= from,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_loss_blown_up_while_finite_is_divergence_from_its_first_such_step() {
+        assert_eq!(
+            finished_blown_up(3, 5),
+            "training finished, but diverged: its loss blew up (past 10 times a uniform \
+             guess's) from step 3, and 3 of 5 logged steps show it diverged; train it with a \
+             lower LR, gradient clipping (`optimizer.grad_clip`) or a longer warm-up"
+        );
+        // From step 1, before any update: the weights it starts from, not the learning rate.
+        let message = finished_blown_up(1, 4);
+        assert!(
+            message.starts_with(
+                "training finished, but its loss blew up (past 10 times a uniform guess's) \
+                 from step 1, before any update, in 4 of 4 logged steps"
+            ) && message.contains("data tokenized for another model?")
+                && !message.contains("lower LR"),
             "{message}"
         );
     }

@@ -146,7 +146,7 @@ pub enum FailureCause {
     RunDirectoryUnwritable {
         why: String,
     },
-    /// Training diverged at `step` (`what` was not finite) and the ranks stopped there, as
+    /// Training diverged at `step` (`what` was not finite, or blew up) and the ranks stopped there, as
     /// `training.on_divergence: stop` asks.
     Diverged {
         step: u64,
@@ -284,8 +284,8 @@ impl Failure {
             ),
             FailureCause::Diverged { step, what } => format!(
                 "stopped after step {step}, where training diverged ({what}), as \
-                 `training.on_divergence: stop` asks: its weights are not finite from that \
-                 step on"
+                 `training.on_divergence: stop` asks: no checkpoint holds its weights from \
+                 that step on"
             ),
             FailureCause::Stalled { step, secs, others } => {
                 let others = if others.is_empty() {

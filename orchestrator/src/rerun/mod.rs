@@ -8,6 +8,7 @@
 
 pub mod changes;
 
+use crate::metrics_file::Divergence;
 use crate::resume_data::{self, DataChanged, DataNow};
 use crate::rundir::{Ended, Manifest, NewRun, RunDir, RunDirError, RunLock, RunState};
 use crate::slurm;
@@ -245,7 +246,7 @@ pub struct Finished {
     /// How the data as it is now differs from what the run trained on.
     pub data_changes: Vec<String>,
     /// The step from which it diverged ([`diverged_from`]): it does not go on.
-    pub diverged_from: Option<u64>,
+    pub diverged_from: Option<Divergence>,
     /// The step of the newest checkpoint it has but does not continue from, its spec saying
     /// `checkpoint.resume: false`.
     pub unused_checkpoint: Option<u64>,
@@ -310,14 +311,16 @@ impl Finished {
             text.push_str("\n  to train on the data as it is now: add --force (deletes this run and starts over), or give the new run another `name`");
             return text;
         }
-        if let Some(first) = self.diverged_from {
+        if let Some(divergence) = self.diverged_from {
             let remedies = match self.run.read_train_config() {
                 Ok(train) => crate::metrics_file::divergence_remedies(train.optimizer.grad_clip),
                 Err(_) => "a lower LR".to_string(),
             };
             let _ = write!(
                 text,
-                "\n  it diverged: its loss or gradients were not finite (NaN or inf) from step {first}, so it cannot train on from its checkpoint\n  to start it over: add --force, with {remedies}"
+                "\n  it diverged: {} from step {}, so it cannot train on from its checkpoint\n  to start it over: add --force, with {remedies}",
+                divergence.what(),
+                divergence.step
             );
             return text;
         }
@@ -373,10 +376,10 @@ pub enum RerunError {
         /// The step of the newest checkpoint it would continue from without `resume: false`.
         checkpoint: Option<u64>,
     },
-    #[error("{path} diverged: its loss or gradients were not finite (NaN or inf) from step {first}, and {}\n  fix: add --force to delete it and start over, with {remedies}", again_it_diverges(*first, *checkpoint))]
+    #[error("{path} diverged: {} from step {}, and {}\n  fix: add --force to delete it and start over, with {remedies}", divergence.what(), divergence.step, again_it_diverges(divergence, *checkpoint))]
     Diverged {
         path: String,
-        first: u64,
+        divergence: Divergence,
         /// The step of its newest checkpoint, if it has one.
         checkpoint: Option<u64>,
         /// What to change ([`crate::metrics_file::divergence_remedies`]).
@@ -749,10 +752,10 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
         }
         _ => {}
     }
-    if let Some(first) = diverged {
+    if let Some(divergence) = diverged {
         return Err(RerunError::Diverged {
             path: shown,
-            first,
+            divergence,
             checkpoint: checkpoint.as_ref().map(|c| c.step),
             remedies: crate::metrics_file::divergence_remedies(target.train.optimizer.grad_clip),
         });
@@ -862,19 +865,24 @@ pub fn steps_trained(run: &RunDir, recorded: &TrainConfig) -> u64 {
 /// from a checkpoint saved since, it would train on from weights that are not finite; from
 /// one saved before (a run stopped where it diverged) or from the start, it would train the
 /// same steps into the same divergence.
-pub fn diverged_from(run: &RunDir) -> Option<u64> {
+pub fn diverged_from(run: &RunDir) -> Option<Divergence> {
     crate::metrics_file::read(&run.metrics())
         .ok()?
         .diverged_from()
 }
 
-/// Why a run that diverged from step `first` is not continued from its newest checkpoint
-/// (of step `checkpoint`, if any).
-fn again_it_diverges(first: u64, checkpoint: Option<u64>) -> String {
+/// Why a run that diverged is not continued from its newest checkpoint (of step
+/// `checkpoint`, if any).
+fn again_it_diverges(divergence: &Divergence, checkpoint: Option<u64>) -> String {
     match checkpoint {
-        Some(step) if step >= first => format!(
+        Some(step) if step >= divergence.step => format!(
             "its newest checkpoint, of step {step}, was saved after that: continuing it would \
-             train on from non-finite weights"
+             train on from {} weights",
+            if divergence.blew_up {
+                "blown-up"
+            } else {
+                "non-finite"
+            }
         ),
         Some(step) => format!(
             "resumed from its newest checkpoint, of step {step}, it would train the same steps \

@@ -92,9 +92,16 @@ impl ResolvedJob {
             "  steps          {} ({} tokens in all){}",
             t.steps,
             self.tokens_per_step * t.steps,
-            match t.on_divergence {
-                OnDivergence::Continue => "",
-                OnDivergence::Stop => "; stops at the first whose loss or gradients are not finite",
+            match (t.on_divergence, t.model.blown_up_loss()) {
+                (OnDivergence::Continue, _) => String::new(),
+                (OnDivergence::Stop, None) => {
+                    "; stops at the first whose loss or gradients are not finite".to_string()
+                }
+                (OnDivergence::Stop, Some(limit)) => format!(
+                    "; stops at the first whose loss or gradients are not finite, or whose \
+                     loss blows up past {limit:.1} ({} times a uniform guess's)",
+                    shardrun_models::BLOWN_UP_FACTOR
+                ),
             }
         );
         let _ = writeln!(

@@ -121,7 +121,8 @@ pub struct TrainingSpec {
     pub threads_per_rank: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_every: Option<u64>,
-    /// `continue` (the default) or `stop` once the loss or gradients are not finite.
+    /// `continue` (the default) or `stop` once the loss or gradients are not finite, or the
+    /// loss blew up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_divergence: Option<OnDivergence>,
 }

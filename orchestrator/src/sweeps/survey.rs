@@ -146,15 +146,15 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
                     .and_then(|run| diverged_from(&run))
                 {
                     // Started over, it would diverge at the same step again.
-                    Some(first) => Decision::Diverged(state, first),
+                    Some(divergence) => Decision::Diverged(state, divergence.step),
                     None => Decision::Retry(state, anew(&sweep_dir.join(&p.name))),
                 },
                 Some((_, checkpoint)) if checkpoint.step >= p.job.train.steps => {
                     Decision::TrainedPast(state, checkpoint.step)
                 }
                 Some((run, checkpoint)) => {
-                    if let Some(first) = diverged_from(&run) {
-                        Decision::Diverged(state, first)
+                    if let Some(divergence) = diverged_from(&run) {
+                        Decision::Diverged(state, divergence.step)
                     } else if let Some(refusal) = data_refusal(&run, &checkpoint, p, &mut probed) {
                         data_changed.push(refusal);
                         Decision::DataChanged(state)

@@ -108,6 +108,7 @@ fn run() -> Result<(), String> {
             model_state_bytes: 13_421_772_800 + rank * 4096,
             peak_memory_bytes: 61_203_283_968 + (rank * 7919 + step * 104_729) % 1_000_000_007,
             rss_before_model_bytes: None,
+            loss_blew_up: false,
             peak_reserved_bytes: Some(68_719_476_736 + rank * 2_097_152),
             device_used_bytes: Some(74_088_185_856 + rank * 1_048_576),
             device_total_bytes: Some(85_520_809_984),
