@@ -486,7 +486,7 @@ fn a_run_that_stops_on_divergence_fails_there_and_is_not_resumed_into_it() {
 }
 
 #[test]
-fn a_language_model_whose_loss_blows_up_while_finite_stops_there() {
+fn a_language_model_whose_loss_blows_up_while_finite_stops_there_and_exports_say_so() {
     // A learning rate of 1000 on a small transformer: its loss leaps from ~ln(256) to
     // millions at step 2 and overflows only steps later. Past ten times a uniform guess's
     // (10 ln 256 = 55.5), the weights are gone already: `on_divergence: stop` stops there.
@@ -557,6 +557,45 @@ fn a_language_model_whose_loss_blows_up_while_finite_stops_there() {
             at - 1
         ),
     );
+    // Its checkpoint from before exports without a word; trained on to the end, its newest
+    // checkpoint's weights are finite but the diverged run's, and exporting it says so.
+    let export = |path: &Path, to: &str| {
+        let to = dir.join(to);
+        let out = shardrun_in(
+            dir.path(),
+            &[
+                "export",
+                &path.to_string_lossy(),
+                "--out",
+                &to.to_string_lossy(),
+            ],
+        );
+        assert!(out.status.success(), "{}", stderr_of(&out));
+        stderr_of(&out)
+    };
+    let before = run.join("checkpoints").join(format!("step-{}", at - 1));
+    assert!(!export(&run, "stopped").contains("warning"));
+    let (out, _) = run_local(
+        &dir,
+        &spec,
+        &[
+            "--no-progress",
+            "--force",
+            "--set",
+            "training.on_divergence=continue",
+        ],
+        &[],
+        Duration::from_secs(120),
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let warning = export(&run, "trained-on");
+    assert!(
+        warning.contains(&format!(
+            "diverged: its loss blew up (past 10 times a uniform guess's) from step {at}, and this checkpoint is of step 12"
+        )) && warning.contains(&format!("fix: export the newest checkpoint from before: `shardrun export {}`", before.display())),
+        "{warning}"
+    );
+    assert!(!export(&before, "before").contains("warning"));
 }
 
 #[test]

@@ -95,6 +95,12 @@ pub fn execute(args: Args) -> Result<()> {
     }
     let source = found.checkpoint.context("no valid checkpoint found")?;
     let (run_dir, run_config) = find_run_config(&args.path, source.dir())?.unzip();
+    let diverged = run_dir
+        .as_deref()
+        .and_then(|run| diverged_before(run, &source));
+    if let Some(warning) = &diverged {
+        errln!("{warning}");
+    }
     let llama = match run_config.as_ref().map(|c| &c.model) {
         Some(ModelConfig::Llama(m)) => Some(m.clone()),
         _ => None,
@@ -120,6 +126,7 @@ pub fn execute(args: Args) -> Result<()> {
             &model,
             run_dir.as_deref().zip(run_config.as_ref()),
             &args,
+            diverged.is_some(),
         ),
         (ExportFormat::Hf, None) => match run_config.as_ref().map(|c| &c.model) {
             Some(other) => bail!(
@@ -192,12 +199,14 @@ fn export_full_checkpoint(source: &Checkpoint, out: Option<PathBuf>) -> Result<(
 }
 
 /// Writes the checkpoint's parameters as a Hugging Face folder, one tensor in memory at a time.
-/// `run`: the run's folder and its config.
+/// `run`: the run's folder and its config. `divergence_said`: the run's metrics already
+/// named the checkpoint to export instead of this diverged one.
 fn export_hf(
     source: &Checkpoint,
     model: &LlamaModel,
     run: Option<(&Path, &TrainConfig)>,
     args: &Args,
+    divergence_said: bool,
 ) -> Result<()> {
     let run_config = run.map(|(_, config)| config);
     if let Some((
@@ -350,12 +359,17 @@ fn export_hf(
         errln!(
             "warning: {values} of the {} exported weights are not finite (NaN or inf), in {} \
              tensor(s) from {first} on: the run diverged before step {}, and this model \
-             computes nothing useful\n  fix: export a checkpoint from before it diverged \
-             (`shardrun metrics` says from which step; a diverged run keeps its newest \
-             checkpoint from before): `shardrun export <run>/checkpoints/step-<N>`",
+             computes nothing useful{}",
             description.num_params(),
             not_finite.len(),
-            meta.step
+            meta.step,
+            if divergence_said {
+                ""
+            } else {
+                "\n  fix: export a checkpoint from before it diverged (`shardrun metrics` says \
+                 from which step; a diverged run keeps its newest checkpoint from before): \
+                 `shardrun export <run>/checkpoints/step-<N>`"
+            }
         );
     }
     outln!(
@@ -881,6 +895,38 @@ fn has_step_folders(path: &Path) -> Result<bool> {
 }
 
 /// The folder that holds `step-<N>/` folders.
+/// A warning when the run of `run_dir` had diverged by the step of `checkpoint` (its
+/// metrics say from which step; a blown-up loss leaves weights finite, so only they tell),
+/// naming the newest checkpoint from before to export instead.
+fn diverged_before(run_dir: &Path, checkpoint: &Checkpoint) -> Option<String> {
+    use shardrun_checkpoint::naming::{list_entries, newest_complete_before};
+    let step = checkpoint.metadata().step;
+    let metrics = crate::rundir::RunDir::open(run_dir).ok()?.metrics();
+    let divergence = crate::metrics_file::read(&metrics)
+        .ok()?
+        .diverged_from()
+        .filter(|d| d.step <= step)?;
+    let before = list_entries(&checkpoints_root(checkpoint.dir()))
+        .ok()
+        .and_then(|entries| {
+            newest_complete_before(&entries, divergence.step).map(|(_, path)| path.to_owned())
+        });
+    Some(format!(
+        "warning: {} diverged: {} from step {}, and this checkpoint is of step {step}: its \
+         weights are the diverged run's\n  fix: {}",
+        run_dir.display(),
+        divergence.what(),
+        divergence.step,
+        match before {
+            Some(path) => format!(
+                "export the newest checkpoint from before: `shardrun export {}`",
+                path.display()
+            ),
+            None => "it has no checkpoint from before; train it again with a lower LR".into(),
+        }
+    ))
+}
+
 fn checkpoints_root(checkpoint_dir: &Path) -> PathBuf {
     checkpoint_dir
         .parent()
