@@ -260,6 +260,14 @@ async fn run_async(
         log.say(format!("warning: {warning}")).await;
     }
 
+    // What this attempt starts from: one stopped by its time limit without saving past it
+    // is not requeued (see `time_limit_without_progress`).
+    let checkpoint_at_start = config
+        .checkpoint
+        .root(Some(&paths.run_dir))
+        .as_deref()
+        .and_then(newest_checkpoint)
+        .map(|c| c.step);
     let (outcome, steps_done) = if preempted_before_launch {
         // Nothing has trained in this job yet, so nothing is to be saved: the time left before
         // the kill is better spent on the requeue than on starting ranks only to stop them.
@@ -420,8 +428,26 @@ async fn run_async(
     };
     if slurm_requeued {
         message = format!("{message}; Slurm queues the job again, {resumes}");
-    } else if matches!(outcome, Outcome::Preempted { .. }) {
+    } else if let Outcome::Preempted { notice } = outcome {
+        let at_end = checkpoint.as_ref().map(|c| c.step);
         match this_slurm_job() {
+            Some(_)
+                if !preempted_before_launch
+                    && time_limit_without_progress(notice, checkpoint_at_start, at_end) =>
+            {
+                exit_code = 1;
+                message = format!(
+                    "{message}; not requeued: its time limit came before it saved a step past \
+                     {}, and another attempt would spend its time the same way, using up its \
+                     requeues: give the job more time (`resources.time`) or take the notice \
+                     later (a smaller `preemption.signal_seconds`), then {} to resume",
+                    match checkpoint_at_start {
+                        Some(step) => format!("the checkpoint it started from (step {step})"),
+                        None => "the start (it saved no checkpoint)".to_string(),
+                    },
+                    opts.launch.run_again(&opts.paths.run_dir)
+                );
+            }
             Some(job_id) => {
                 let done = read_count(&paths.requeue_count);
                 tracing::info!(
@@ -953,6 +979,14 @@ struct CheckpointLeft {
     path: PathBuf,
 }
 
+/// Whether an attempt stopped by its time limit saved nothing past the checkpoint it started
+/// from: requeued, the next attempt would spend its time the same way (starting the ranks,
+/// loading the model) and stop at the same place, until the requeues are used up. A
+/// preemption is another matter: the next attempt may run to its time limit.
+fn time_limit_without_progress(notice: Notice, at_start: Option<u64>, at_end: Option<u64>) -> bool {
+    notice == Notice::TimeLimit && at_end <= at_start
+}
+
 /// Checked by its seal and sizes only: the controller does not read the whole checkpoint.
 fn newest_checkpoint(root: &Path) -> Option<CheckpointLeft> {
     let found = shardrun_checkpoint::find_latest(root, shardrun_checkpoint::Verify::Structure)
@@ -1379,6 +1413,21 @@ mod tests {
             loss_scale: Some(1024.0),
             ..Default::default()
         })
+    }
+
+    #[test]
+    fn only_a_time_limit_that_left_no_step_saved_is_not_requeued() {
+        use Notice::*;
+        // No step saved past the start: the next attempt would do the same.
+        assert!(time_limit_without_progress(TimeLimit, Some(40), Some(40)));
+        assert!(time_limit_without_progress(TimeLimit, None, None));
+        // Steps saved: the next attempt goes on from further along.
+        assert!(!time_limit_without_progress(TimeLimit, Some(40), Some(41)));
+        assert!(!time_limit_without_progress(TimeLimit, None, Some(3)));
+        // A preemption (or a signal of unknown cause) says nothing about the next attempt.
+        for notice in [Preemption, Signal, SlurmRequeue] {
+            assert!(!time_limit_without_progress(notice, Some(40), Some(40)));
+        }
     }
 
     #[test]
