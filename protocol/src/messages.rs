@@ -289,6 +289,16 @@ pub fn loss_text(loss: Option<f64>) -> String {
     }
 }
 
+/// A gradient norm for people: a blown-up one in scientific notation, as the loss is, not
+/// as seventeen digits that widen a table's column.
+pub fn grad_norm_text(norm: f64) -> String {
+    if norm.abs() >= 1e6 {
+        format!("{norm:.3e}")
+    } else {
+        format!("{norm:.3}")
+    }
+}
+
 impl TrainSummary {
     /// The steps this process trained, in words: "200 steps", or "steps 301-3000 (resumed
     /// at step 300)" when it resumed.

@@ -557,6 +557,24 @@ fn a_language_model_whose_loss_blows_up_while_finite_stops_there_and_exports_say
             at - 1
         ),
     );
+    // A lower LR is a change it cannot take on resume, and undoing it would not continue the
+    // run either: the refusal says so, and that --force starts it over with the change.
+    let (out, _) = run_local(
+        &dir,
+        &spec,
+        &["--no-progress", "--set", "training.optimizer.lr=1e-3"],
+        &[],
+        Duration::from_secs(60),
+    );
+    let stderr = stderr_of(&out);
+    assert!(
+        !out.status.success()
+            && stderr.contains("training.optimizer.lr: 1000.0 → 0.001")
+            && stderr.contains(&format!(
+                "fix: it diverged (its loss blew up (past 10 times a uniform guess's) from step {at}), so it does not continue even with these changes undone: add --force"
+            )),
+        "{stderr}"
+    );
     // Its checkpoint from before exports without a word; trained on to the end, its newest
     // checkpoint's weights are finite but the diverged run's, and exporting it says so.
     let export = |path: &Path, to: &str| {

@@ -512,7 +512,7 @@ fn a_copied_or_moved_run_directory_keeps_its_own_checkpoints() {
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert!(
         stdout.starts_with(&format!(
-            "Exported step 6 (2 ranks, FULL_SHARD, 0.0 M parameters) from {}/checkpoints/step-6",
+            "Exported step 6 (2 ranks, FULL_SHARD, 1,072 parameters) from {}/checkpoints/step-6",
             archive.display()
         )),
         "{stdout}"
@@ -539,7 +539,7 @@ fn a_copied_or_moved_run_directory_keeps_its_own_checkpoints() {
         assert!(out.status.success(), "{case}: {}", stderr_of(&out));
         assert!(
             stdout.starts_with(&format!(
-                "Exported step 6 (2 ranks, FULL_SHARD, 0.0 M parameters) from {}/checkpoints/step-6",
+                "Exported step 6 (2 ranks, FULL_SHARD, 1,072 parameters) from {}/checkpoints/step-6",
                 archive.display()
             )),
             "{case}: {stdout}"

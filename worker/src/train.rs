@@ -22,7 +22,7 @@ use shardrun_models::source::ParamSource;
 use shardrun_models::BLOWN_UP_FACTOR;
 use shardrun_protocol::config::{DType, DeviceKind, OnDivergence, TrainConfig};
 use shardrun_protocol::messages::{
-    loss_text, signal_name, EvalMetrics, LogLevel, StepMetrics, TrainSummary,
+    grad_norm_text, loss_text, signal_name, EvalMetrics, LogLevel, StepMetrics, TrainSummary,
 };
 use shardrun_protocol::mib;
 use shardrun_protocol::schedule::Schedule;
@@ -1009,16 +1009,6 @@ pub fn format_eval(e: &EvalMetrics) -> String {
     )
 }
 
-/// A gradient norm as the step line says it: a blown-up one in scientific notation, as the
-/// loss is, not as seventeen digits.
-fn norm_text(norm: f64) -> String {
-    if norm.abs() >= 1e6 {
-        format!("{norm:.3e}")
-    } else {
-        format!("{norm:.3}")
-    }
-}
-
 /// One step's line. On CPU the peak is said with its growth over the resident memory the
 /// process had before its shards were allocated (libtorch and the runtime).
 pub fn format_metrics(m: &StepMetrics, steps: u64) -> String {
@@ -1028,7 +1018,7 @@ pub fn format_metrics(m: &StepMetrics, steps: u64) -> String {
         .unwrap_or_default();
     let mut line = format!(
         "step {}/{steps} | loss {} | lr {:.3e} | grad norm {} | {:.3} s | {:.0} tok/s{trained} | state {:.1} MiB",
-        m.step, loss_text(m.loss()), m.lr, norm_text(m.grad_norm), m.step_time_s, m.tokens_per_s, mib(m.model_state_bytes)
+        m.step, loss_text(m.loss()), m.lr, grad_norm_text(m.grad_norm), m.step_time_s, m.tokens_per_s, mib(m.model_state_bytes)
     );
     match (m.peak_reserved_bytes, m.rss_before_model_bytes) {
         (Some(reserved), _) => line.push_str(&format!(

@@ -176,11 +176,11 @@ fn export_full_checkpoint(source: &Checkpoint, out: Option<PathBuf>) -> Result<(
     let seconds = started.elapsed().as_secs_f64();
     let total: u64 = committed.metadata.files.iter().map(|f| f.size).sum();
     outln!(
-        "Exported step {} ({} ranks, {}, {:.1} M parameters) from {}",
+        "Exported step {} ({} ranks, {}, {}) from {}",
         meta.step,
         meta.world_size,
         meta.strategy.name(),
-        meta.layout.num_params() as f64 / 1e6,
+        parameters_in_words(meta.layout.num_params()),
         source.dir().display()
     );
     for file in &committed.metadata.files {
@@ -373,9 +373,9 @@ fn export_hf(
         );
     }
     outln!(
-        "Exported step {} ({:.1} M parameters, {}) from {} as a Hugging Face folder:",
+        "Exported step {} ({}, {}) from {} as a Hugging Face folder:",
         meta.step,
-        description.num_params() as f64 / 1e6,
+        parameters_in_words(description.num_params()),
         dtype.torch_name(),
         source.dir().display()
     );
@@ -922,9 +922,21 @@ fn diverged_before(run_dir: &Path, checkpoint: &Checkpoint) -> Option<String> {
                 "export the newest checkpoint from before: `shardrun export {}`",
                 path.display()
             ),
-            None => "it has no checkpoint from before; train it again with a lower LR".into(),
+            None => "it has no checkpoint from before: start it over (`--force`) with a lower \
+                     LR"
+            .into(),
         }
     ))
+}
+
+/// "6,738.4 M parameters", or every digit of a model under a million ("42,624 parameters"),
+/// which a tenth of a million would round to nothing.
+fn parameters_in_words(n: u64) -> String {
+    if n >= 1_000_000 {
+        format!("{:.1} M parameters", n as f64 / 1e6)
+    } else {
+        format!("{} parameters", shardrun_data::dataset::thousands(n))
+    }
 }
 
 fn checkpoints_root(checkpoint_dir: &Path) -> PathBuf {

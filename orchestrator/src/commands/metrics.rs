@@ -13,7 +13,7 @@ use crate::stragglers::{self, StragglerReport};
 use crate::sweeps::journal::CurrentPoints;
 use crate::sweeps::labels::{marked_superseded, ParamColumns, SUPERSEDED_NOTE};
 use serde::Serialize;
-use shardrun_protocol::messages::loss_text;
+use shardrun_protocol::messages::{grad_norm_text, loss_text};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -299,7 +299,7 @@ fn metrics_table(runs: &[RunMetricsSummary]) -> String {
             let field = |f: &dyn Fn(&StepRecord) -> String| latest.map(f).unwrap_or_else(dash);
             row.push(field(&|m| loss_text(m.loss())));
             row.push(field(&|m| format!("{:.2e}", m.lr)));
-            row.push(field(&|m| format!("{:.3}", m.grad_norm)));
+            row.push(field(&|m| grad_norm_text(m.grad_norm)));
             if with_eval {
                 match &run.eval {
                     Some(e) => {

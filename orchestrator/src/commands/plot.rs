@@ -245,7 +245,8 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
             String::new()
         } else {
             format!(
-                "; diverged (loss or gradients NaN or inf), so left out of the final-loss panel: \
+                "; diverged (loss or gradients NaN or inf, or loss blown up), so left out of the \
+                 final-loss panel: \
                  {}",
                 diverged.join("; ")
             )

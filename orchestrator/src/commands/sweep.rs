@@ -223,8 +223,10 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
              up): continuing would \
              train on from diverged weights, or the same steps into the same divergence, so \
              they are not submitted. To \
-             start one over (with a lower LR, `optimizer.grad_clip` or a longer warm-up), \
-             delete its directory and run `shardrun sweep` again. The first, {}, from step {first}",
+             try them with a lower LR, `optimizer.grad_clip` or a longer warm-up, change the \
+             sweep's spec and run `shardrun sweep` again (changed values are new points; \
+             deleting a point's directory would train it again as it was). The first, {}, \
+             from step {first}",
             diverged.len(),
             sweep_dir.join(&point.name).display()
         );

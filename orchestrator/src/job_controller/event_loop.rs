@@ -1086,13 +1086,14 @@ fn diverged_resume_line(
     remedies: &str,
     launch: &LaunchMode,
 ) -> String {
-    // A sweep point is started over by the sweep, which skips it while its directory is there.
+    // A sweep point's values are the sweep's: trained again as it was, it diverges again.
     let over = match launch {
         LaunchMode::Slurm {
             sweep_point: true, ..
         } => format!(
-            "to start it over, with {remedies}, delete its directory and run `shardrun sweep` \
-             again"
+            "to try it with {remedies}, change the sweep's spec and run `shardrun sweep` again \
+             (changed values are new points; deleting its directory would train it again as \
+             it was)"
         ),
         _ => format!("add --force to start it over, with {remedies}"),
     };
@@ -1378,9 +1379,10 @@ mod tests {
         let line = diverged_resume_line(12, None, &divergence_remedies(Some(1.0)), &point);
         assert_eq!(
             line,
-            "it has no checkpoint from before it diverged: to start it over, with a lower LR, \
-             tighter gradient clipping (`optimizer.grad_clip` is 1) or a longer warm-up, delete \
-             its directory and run `shardrun sweep` again"
+            "it has no checkpoint from before it diverged: to try it with a lower LR, \
+             tighter gradient clipping (`optimizer.grad_clip` is 1) or a longer warm-up, change \
+             the sweep's spec and run `shardrun sweep` again (changed values are new points; \
+             deleting its directory would train it again as it was)"
         );
     }
 

@@ -361,10 +361,12 @@ pub enum RerunError {
         how: String,
         under_slurm: bool,
     },
-    #[error("{path} holds a run started with a different spec; these fields differ (run → now):\n{}\n  fix: undo these changes to continue the run (its spec is {path}/job.yaml); to start a new run instead, give it another `name` (or --run-dir); to delete this one and start over, add --force\n  (safe to change on resume, and applied: {})", list(.fields), changes::SAFE_IN_WORDS)]
+    #[error("{path} holds a run started with a different spec; these fields differ (run → now):\n{}\n  fix: {}\n  (safe to change on resume, and applied: {})", list(.fields), changed_fix(path, diverged.as_ref()), changes::SAFE_IN_WORDS)]
     Changed {
         path: String,
         fields: Vec<FieldChange>,
+        /// A diverged run is not continued even with the changes undone.
+        diverged: Option<Divergence>,
     },
     #[error("{path} {ended}, and its spec says `checkpoint.resume: false`: it does not resume\n  fix: add --force to delete it and start over{}", match checkpoint {
         Some(step) => format!(", or remove `resume: false` to continue it from its last checkpoint, of step {step}"),
@@ -678,6 +680,7 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
         return Err(RerunError::Changed {
             path: shown,
             fields: refused,
+            diverged,
         });
     }
 
@@ -869,6 +872,23 @@ pub fn diverged_from(run: &RunDir) -> Option<Divergence> {
     crate::metrics_file::read(&run.metrics())
         .ok()?
         .diverged_from()
+}
+
+/// What to do about a spec that changed fields a run cannot change on resume.
+fn changed_fix(path: &str, diverged: Option<&Divergence>) -> String {
+    let elsewhere = "to start a new run instead, give it another `name` (or --run-dir)";
+    match diverged {
+        None => format!(
+            "undo these changes to continue the run (its spec is {path}/job.yaml); {elsewhere}; \
+             to delete this one and start over, add --force"
+        ),
+        Some(d) => format!(
+            "it diverged ({} from step {}), so it does not continue even with these changes \
+             undone: add --force to delete it and start over with them; {elsewhere}",
+            d.what(),
+            d.step
+        ),
+    }
 }
 
 /// Why a run that diverged is not continued from its newest checkpoint (of step
