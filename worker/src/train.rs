@@ -657,6 +657,7 @@ impl Trainer {
             };
             // Every rank sees the same all-reduced loss and norm, so all decide this alike.
             let mut stop_diverged = None;
+            let mut divergence_warning = None;
             if let (Some(bad), false) = (&bad, skipped && blown_up.is_none()) {
                 // Updated with what is not finite, the weights are not either from here on.
                 self.diverged_at.get_or_insert(self.step);
@@ -706,12 +707,10 @@ impl Trainer {
                          ends such a run here)"
                     }
                 };
-                // Every rank decided it from the same values: one says it for all.
+                // Every rank decided it from the same values: one says it for all, after the
+                // step's own line.
                 if self.rank == 0 {
-                    self.log(
-                        LogLevel::Warn,
-                        &format!("step {}: {bad}: {why}; {then}", self.step),
-                    );
+                    divergence_warning = Some(format!("step {}: {bad}: {why}; {then}", self.step));
                 }
             }
             if global_tokens > 0.0 {
@@ -757,6 +756,9 @@ impl Trainer {
                 };
                 self.reporter.metrics(&record);
                 self.log(LogLevel::Info, &format_metrics(&record, cfg.steps));
+            }
+            if let Some(warning) = divergence_warning {
+                self.log(LogLevel::Warn, &warning);
             }
             if stop_diverged.is_some() {
                 // Without a checkpoint or an evaluation of weights that are not finite.
