@@ -10,10 +10,19 @@ use crate::write::{write_rank_report, FullWriter, SaveTarget};
 use shardrun_protocol::config::CheckpointFormat;
 use std::path::Path;
 
+/// A full export, committed, and what it read on the way.
+#[derive(Debug)]
+pub struct FullExport {
+    pub committed: Committed,
+    /// Parameter values that are not finite (NaN or inf): a diverged run's weights, which
+    /// the export writes as they are.
+    pub params_not_finite: u64,
+}
+
 /// Write `source` as a full checkpoint `<out_root>/step-<N>/`. The trainer state and every
 /// rank's RNG state are carried over, so the result also resumes training. `out_root` holds
 /// exports, not a run's series of checkpoints: no `latest` points into it.
-pub fn export_full(source: &Checkpoint, out_root: &Path) -> Result<Committed> {
+pub fn export_full(source: &Checkpoint, out_root: &Path) -> Result<FullExport> {
     let meta = source.metadata();
     let out = out_root.join(step_dir_name(meta.step));
     if out.exists() {
@@ -32,10 +41,11 @@ pub fn export_full(source: &Checkpoint, out_root: &Path) -> Result<Committed> {
     written
 }
 
-fn write_full(source: &Checkpoint, target: &SaveTarget) -> Result<Committed> {
+fn write_full(source: &Checkpoint, target: &SaveTarget) -> Result<FullExport> {
     let meta = source.metadata();
     let layout = source.layout();
     let mut writer = FullWriter::create(target, layout)?;
+    let mut params_not_finite = 0u64;
     for (u, unit) in layout.units.iter().enumerate() {
         let whole = 0..unit.numel;
         let mut buffers = [StateKind::Param, StateKind::ExpAvg, StateKind::ExpAvgSq]
@@ -44,6 +54,11 @@ fn write_full(source: &Checkpoint, target: &SaveTarget) -> Result<Committed> {
             source.read_unit_range(kind, unit, whole.clone(), buffer)?;
         }
         let [param, exp_avg, exp_avg_sq] = &buffers;
+        // Parameters are stored as f32 (see `Checkpoint::read_unit_range`).
+        params_not_finite += param
+            .chunks_exact(4)
+            .filter(|b| !f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite())
+            .count() as u64;
         writer.write_unit(u, param, exp_avg, exp_avg_sq)?;
     }
     let files = writer.finish()?;
@@ -56,7 +71,7 @@ fn write_full(source: &Checkpoint, target: &SaveTarget) -> Result<Committed> {
         };
         write_rank_report(target, rank.rank, rank.rng.clone(), mine)?;
     }
-    commit(
+    let committed = commit(
         target,
         &CommitRequest {
             format: CheckpointFormat::Full,
@@ -69,5 +84,9 @@ fn write_full(source: &Checkpoint, target: &SaveTarget) -> Result<Committed> {
             config: meta.config.clone(),
             kind: CommitKind::Export,
         },
-    )
+    )?;
+    Ok(FullExport {
+        committed,
+        params_not_finite,
+    })
 }

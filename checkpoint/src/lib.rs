@@ -41,7 +41,7 @@ pub use commit::{
     Committed, Pruned,
 };
 pub use error::{CheckpointError, Result};
-pub use export::export_full;
+pub use export::{export_full, FullExport};
 pub use layout::{Layout, ParamSlot, UnitLayout};
 pub use metadata::{
     CheckpointMetadata, DataPosition, FileEntry, FileRole, LossScaleState, RankState,

@@ -13,7 +13,9 @@ fn export_of_a_three_rank_checkpoint() {
     let saved = save_sharded(&tmp.path().join("checkpoints"), 30, 3, &layout(3), 2);
     let source = Checkpoint::open(&saved.dir, Verify::Checksums).unwrap();
     let out = tmp.path().join("export");
-    let committed = export_full(&source, &out).unwrap();
+    let exported = export_full(&source, &out).unwrap();
+    assert_eq!(exported.params_not_finite, 0);
+    let committed = exported.committed;
     assert_eq!(committed.dir, out.join("step-30"));
 
     let full = Checkpoint::open(&committed.dir, Verify::Checksums).unwrap();
@@ -52,7 +54,7 @@ fn exports_of_several_steps_share_a_folder_with_no_latest() {
     for step in [10, 20] {
         let saved = save_sharded(&checkpoints, step, 3, &layout(3), 1);
         let source = Checkpoint::open(&saved.dir, Verify::Checksums).unwrap();
-        pruned.extend(export_full(&source, &out).unwrap().pruned.removed);
+        pruned.extend(export_full(&source, &out).unwrap().committed.pruned.removed);
     }
     assert_eq!(pruned, [out.join("step-5.partial")]);
     let mut left: Vec<String> = std::fs::read_dir(&out)
@@ -74,7 +76,7 @@ fn an_export_of_a_step_already_exported_is_refused_and_a_failed_one_leaves_nothi
     let saved = save_sharded(&tmp.path().join("checkpoints"), 30, 3, &layout(3), 2);
     let source = Checkpoint::open(&saved.dir, Verify::Checksums).unwrap();
     let out = tmp.path().join("export");
-    let first = export_full(&source, &out).unwrap();
+    let first = export_full(&source, &out).unwrap().committed;
     let model = std::fs::read(first.dir.join("model.safetensors")).unwrap();
     let err = export_full(&source, &out).unwrap_err().to_string();
     assert!(

@@ -374,7 +374,7 @@ fn an_hf_export_defaults_to_the_dtype_of_the_source_weights() {
 /// The weights of a diverged run (not finite) export as they are, with a warning that says
 /// so, how many, and to export a checkpoint from before instead.
 #[test]
-fn an_hf_export_of_weights_that_are_not_finite_warns_and_says_what_to_export() {
+fn an_export_of_weights_that_are_not_finite_warns_in_either_format() {
     let tmp = tempfile::tempdir().unwrap();
     let (scratch, _, run) = run_from_folder(tmp.path(), StoredDtype::F32, |_| {});
     let text = export_to(&run, &tmp.path().join("finite"));
@@ -397,6 +397,23 @@ fn an_hf_export_of_weights_that_are_not_finite_warns_and_says_what_to_export() {
              tensor(s) from {second} on: the run diverged before step 4",
             llama(&scratch).architecture.describe().num_params()
         )) && text.contains("fix: export a checkpoint from before it diverged"),
+        "{text}"
+    );
+    // A full checkpoint of them says so too.
+    let (ok, text) = export(&[
+        &run,
+        Path::new("--format"),
+        Path::new("full"),
+        Path::new("--out"),
+        &tmp.path().join("full"),
+    ]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains(&format!(
+            "warning: {numel} of the {} exported weights are not finite (NaN or inf), in its \
+             parameters: the run diverged before step 4",
+            llama(&scratch).architecture.describe().num_params()
+        )),
         "{text}"
     );
 }

@@ -119,7 +119,7 @@ pub fn execute(args: Args) -> Result<()> {
                      model and optimizer: drop them, or export with --format hf"
                 );
             }
-            export_full_checkpoint(&source, args.out)
+            export_full_checkpoint(&source, args.out, diverged.is_some())
         }
         (ExportFormat::Hf, Some(model)) => export_hf(
             &source,
@@ -150,7 +150,12 @@ pub fn execute(args: Args) -> Result<()> {
     }
 }
 
-fn export_full_checkpoint(source: &Checkpoint, out: Option<PathBuf>) -> Result<()> {
+/// `divergence_said`: as for [`not_finite_warning`].
+fn export_full_checkpoint(
+    source: &Checkpoint,
+    out: Option<PathBuf>,
+    divergence_said: bool,
+) -> Result<()> {
     let meta = source.metadata();
     if meta.format == CheckpointFormat::Full {
         outln!(
@@ -166,13 +171,26 @@ fn export_full_checkpoint(source: &Checkpoint, out: Option<PathBuf>) -> Result<(
     let out_root = out
         .unwrap_or_else(|| checkpoints_root(source.dir()).join(shardrun_protocol::config::EXPORTS));
     let started = Instant::now();
-    let committed = export_full(source, &out_root).with_context(|| {
+    let exported = export_full(source, &out_root).with_context(|| {
         format!(
             "exporting {} to {}",
             source.dir().display(),
             out_root.display()
         )
     })?;
+    let committed = exported.committed;
+    if exported.params_not_finite > 0 {
+        errln!(
+            "{}",
+            not_finite_warning(
+                exported.params_not_finite,
+                meta.layout.num_params(),
+                "in its parameters",
+                meta.step,
+                divergence_said,
+            )
+        );
+    }
     let seconds = started.elapsed().as_secs_f64();
     let total: u64 = committed.metadata.files.iter().map(|f| f.size).sum();
     outln!(
@@ -357,19 +375,14 @@ fn export_hf(
     if let Some((first, _)) = not_finite.first() {
         let values: usize = not_finite.iter().map(|(_, n)| n).sum();
         errln!(
-            "warning: {values} of the {} exported weights are not finite (NaN or inf), in {} \
-             tensor(s) from {first} on: the run diverged before step {}, and this model \
-             computes nothing useful{}",
-            description.num_params(),
-            not_finite.len(),
-            meta.step,
-            if divergence_said {
-                ""
-            } else {
-                "\n  fix: export a checkpoint from before it diverged (`shardrun metrics` says \
-                 from which step; a diverged run keeps its newest checkpoint from before): \
-                 `shardrun export <run>/checkpoints/step-<N>`"
-            }
+            "{}",
+            not_finite_warning(
+                values as u64,
+                description.num_params(),
+                &format!("in {} tensor(s) from {first} on", not_finite.len()),
+                meta.step,
+                divergence_said,
+            )
         );
     }
     outln!(
@@ -927,6 +940,30 @@ fn diverged_before(run_dir: &Path, checkpoint: &Checkpoint) -> Option<String> {
             .into(),
         }
     ))
+}
+
+/// The warning for an export of `values` of `total` weights that are not finite, `place`
+/// saying where ("in 3 tensor(s) from ... on"). `divergence_said`: the run's metrics already
+/// named the checkpoint to export instead.
+fn not_finite_warning(
+    values: u64,
+    total: u64,
+    place: &str,
+    step: u64,
+    divergence_said: bool,
+) -> String {
+    format!(
+        "warning: {values} of the {total} exported weights are not finite (NaN or inf), \
+         {place}: the run diverged before step {step}, and this model computes nothing \
+         useful{}",
+        if divergence_said {
+            ""
+        } else {
+            "\n  fix: export a checkpoint from before it diverged (`shardrun metrics` says from \
+             which step; a diverged run keeps its newest checkpoint from before): `shardrun \
+             export <run>/checkpoints/step-<N>`"
+        }
+    )
 }
 
 /// "6,738.4 M parameters", or every digit of a model under a million ("42,624 parameters"),
