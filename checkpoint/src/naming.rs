@@ -140,6 +140,13 @@ pub fn newest_complete_before(entries: &[(EntryKind, PathBuf)], step: u64) -> Op
     })
 }
 
+/// The folder of the newest committed checkpoint under `root` from before `step` (the one
+/// a run that diverged at `step` keeps), if `root` lists and holds one.
+pub fn newest_complete_folder_before(root: &Path, step: u64) -> Option<PathBuf> {
+    let entries = list_entries(root).ok()?;
+    newest_complete_before(&entries, step).map(|(_, path)| path.to_path_buf())
+}
+
 /// Step of a committed checkpoint folder from its name.
 pub fn step_of_dir(dir: &Path) -> Option<u64> {
     match dir.file_name()?.to_str().and_then(parse_entry)? {

@@ -907,23 +907,20 @@ fn has_step_folders(path: &Path) -> Result<bool> {
             .is_empty())
 }
 
-/// The folder that holds `step-<N>/` folders.
 /// A warning when the run of `run_dir` had diverged by the step of `checkpoint` (its
 /// metrics say from which step; a blown-up loss leaves weights finite, so only they tell),
 /// naming the newest checkpoint from before to export instead.
 fn diverged_before(run_dir: &Path, checkpoint: &Checkpoint) -> Option<String> {
-    use shardrun_checkpoint::naming::{list_entries, newest_complete_before};
     let step = checkpoint.metadata().step;
     let metrics = crate::rundir::RunDir::open(run_dir).ok()?.metrics();
     let divergence = crate::metrics_file::read(&metrics)
         .ok()?
         .diverged_from()
         .filter(|d| d.step <= step)?;
-    let before = list_entries(&checkpoints_root(checkpoint.dir()))
-        .ok()
-        .and_then(|entries| {
-            newest_complete_before(&entries, divergence.step).map(|(_, path)| path.to_owned())
-        });
+    let before = shardrun_checkpoint::naming::newest_complete_folder_before(
+        &checkpoints_root(checkpoint.dir()),
+        divergence.step,
+    );
     Some(format!(
         "warning: {} diverged: {} from step {}, and this checkpoint is of step {step}: its \
          weights are the diverged run's\n  fix: {}",
@@ -976,6 +973,7 @@ fn parameters_in_words(n: u64) -> String {
     }
 }
 
+/// The folder that holds `step-<N>/` folders.
 fn checkpoints_root(checkpoint_dir: &Path) -> PathBuf {
     checkpoint_dir
         .parent()

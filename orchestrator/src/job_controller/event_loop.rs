@@ -262,9 +262,8 @@ async fn run_async(
 
     // What this attempt starts from: one stopped by its time limit without saving past it
     // is not requeued (see `time_limit_without_progress`).
-    let checkpoint_at_start = config
-        .checkpoint
-        .root(Some(&paths.run_dir))
+    let checkpoint_root = config.checkpoint.root(Some(&paths.run_dir));
+    let checkpoint_at_start = checkpoint_root
         .as_deref()
         .and_then(newest_checkpoint)
         .map(|c| c.step);
@@ -297,7 +296,6 @@ async fn run_async(
     let outcome = requeued_by_slurm(outcome, slurm_job_id.is_some()).await;
 
     let mut last_lines = Vec::new();
-    let checkpoint_root = config.checkpoint.root(Some(&paths.run_dir));
     if let (false, Some(root)) = (matches!(outcome, Outcome::Succeeded), &checkpoint_root) {
         // Every rank has exited: a save cut short (a full disk, a kill) is nobody's to
         // finish, and its space is better given back now than at the next start.
@@ -1292,12 +1290,9 @@ fn finished_message(
             steps.len()
         ),
         Some(d) => {
-            use shardrun_checkpoint::naming::{list_entries, newest_complete_before};
-            let before = checkpoint_root
-                .and_then(|root| list_entries(root).ok())
-                .and_then(|entries| {
-                    newest_complete_before(&entries, d.step).map(|(_, path)| path.to_path_buf())
-                });
+            let before = checkpoint_root.and_then(|root| {
+                shardrun_checkpoint::naming::newest_complete_folder_before(root, d.step)
+            });
             let first = d.step;
             let what = if d.blew_up {
                 format!(
