@@ -124,6 +124,11 @@ impl ModelConfig {
             .map(|vocab| BLOWN_UP_FACTOR * (vocab.max(2) as f64).ln())
     }
 
+    /// The limit of [`ModelConfig::blown_up_loss`] when `loss` is past it: the step blew up.
+    pub fn blown_up_limit_passed_by(&self, loss: f64) -> Option<f64> {
+        self.blown_up_loss().filter(|&limit| loss > limit)
+    }
+
     /// Whether the model reads per-document `position_ids` and `document_ids` (positions
     /// restarting per document, attention kept within it): what `data.document_mask` needs.
     /// The FSDP2-example transformer has learned absolute positions and a plain causal mask.

@@ -123,10 +123,7 @@ pub fn train_reference(
             model_state_bytes: config.model.num_params() * 16,
             peak_memory_bytes: crate::metrics::peak_rss_bytes(),
             rss_before_model_bytes: rss_before_model,
-            loss_blew_up: config
-                .model
-                .blown_up_loss()
-                .is_some_and(|limit| loss > limit),
+            loss_blew_up: config.model.blown_up_limit_passed_by(loss).is_some(),
             peak_reserved_bytes: None,
             device_used_bytes: None,
             device_total_bytes: None,

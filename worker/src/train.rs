@@ -642,7 +642,7 @@ impl Trainer {
             // Non-finite gradients that were applied (no loss scaler skipped the step) leave
             // the weights non-finite before the loss shows it. A loss far past a uniform
             // guess's says the weights are blown before their numbers overflow.
-            let blown_up = cfg.model.blown_up_loss().filter(|&limit| loss > limit);
+            let blown_up = cfg.model.blown_up_limit_passed_by(loss);
             let bad = if !loss.is_finite() {
                 Some(format!("the loss is {loss}"))
             } else if !grad_norm.is_finite() && !skipped {
