@@ -164,6 +164,50 @@ fn exports_the_newest_checkpoint_of_a_run_directory() {
     );
 }
 
+/// An export where one is already is refused, naming it; one written before the checkpoint
+/// was saved is said to be of another checkpoint (a run that `--force` replaced keeps its
+/// exports, and the new run reaches the same step numbers).
+#[test]
+fn an_export_already_there_is_kept_and_said_whose_it_is() {
+    let run = tempfile::tempdir().unwrap();
+    save(&run.path().join("checkpoints"), 20, 2);
+    let (ok, text) = export(&[run.path()]);
+    assert!(ok, "{text}");
+    let exported = run.path().join("checkpoints/export/step-20");
+    let model = std::fs::read(exported.join("model.safetensors")).unwrap();
+    let (ok, text) = export(&[run.path()]);
+    assert!(!ok);
+    assert!(
+        text.contains(&format!("{} already exists, written ", exported.display()))
+            && !text.contains("another checkpoint")
+            && text.contains(
+                "fix: remove it to export this checkpoint there, or choose another --out"
+            ),
+        "{text}"
+    );
+    // The export of an earlier run of this directory: older than the checkpoint.
+    let an_hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    std::fs::File::open(&exported)
+        .unwrap()
+        .set_modified(an_hour_ago)
+        .unwrap();
+    let (ok, text) = export(&[run.path()]);
+    assert!(!ok);
+    assert!(
+        text.contains(&format!(
+            "UTC, before the checkpoint {} was saved: it is an export of another checkpoint of \
+             that step (a run started over with `--force` keeps the models exported from the \
+             run it replaced)",
+            run.path().join("checkpoints/step-20").display()
+        )),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read(exported.join("model.safetensors")).unwrap(),
+        model
+    );
+}
+
 #[test]
 fn a_damaged_newest_checkpoint_is_reported_and_the_previous_one_exported() {
     let root = tempfile::tempdir().unwrap();

@@ -170,6 +170,10 @@ fn export_full_checkpoint(
     }
     let out_root = out
         .unwrap_or_else(|| checkpoints_root(source.dir()).join(shardrun_protocol::config::EXPORTS));
+    refuse_existing_export(
+        &out_root.join(shardrun_checkpoint::naming::step_dir_name(meta.step)),
+        source,
+    )?;
     let started = Instant::now();
     let exported = export_full(source, &out_root).with_context(|| {
         format!(
@@ -326,6 +330,7 @@ fn export_hf(
             .join(shardrun_protocol::config::EXPORTS)
             .join(format!("hf-step-{}", meta.step))
     });
+    refuse_existing_export(&out, source)?;
     let mut bytes = Vec::new();
     // Tensors with values that are not finite, and how many: a diverged run's weights.
     let mut not_finite: Vec<(String, usize)> = Vec::new();
@@ -803,6 +808,46 @@ fn refuse_changed_config(
          recorded its model in train_config.json), or export with --format full",
         path.display(),
         changed.join(", ")
+    )
+}
+
+/// Refuses to write over `out`, saying whose export it is: one written before `source` was
+/// saved is not of it (a run started over with `--force` keeps the models exported from the
+/// run it replaced, whose step numbers the new run reaches again).
+fn refuse_existing_export(out: &Path, source: &Checkpoint) -> Result<()> {
+    let Ok(folder) = std::fs::metadata(out).or_else(|_| std::fs::symlink_metadata(out)) else {
+        return Ok(());
+    };
+    let time = |modified: std::io::Result<std::time::SystemTime>| {
+        let unix = modified
+            .ok()?
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?
+            .as_secs_f64();
+        Some(crate::job_controller::clock::format_utc(unix)[..19].to_string())
+    };
+    let written = time(folder.modified());
+    let saved = std::fs::metadata(source.dir().join(COMPLETE_FILE))
+        .or_else(|_| std::fs::metadata(source.dir().join(METADATA_FILE)))
+        .map(|m| m.modified());
+    let saved_after = match (folder.modified(), saved) {
+        (Ok(written), Ok(Ok(saved))) => saved > written,
+        _ => false,
+    };
+    let whose = match (written, saved_after) {
+        (Some(written), true) => format!(
+            ", written {written} UTC, before the checkpoint {} was saved: it is an export of \
+             another checkpoint of that step (a run started over with `--force` keeps the \
+             models exported from the run it replaced)",
+            source.dir().display()
+        ),
+        (Some(written), false) => format!(", written {written} UTC"),
+        (None, _) => String::new(),
+    };
+    bail!(
+        "{} already exists{whose}\n  fix: remove it to export this checkpoint there, or choose \
+         another --out",
+        out.display()
     )
 }
 
