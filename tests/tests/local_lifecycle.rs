@@ -68,7 +68,11 @@ fn a_run_whose_controller_was_killed_shows_as_died_and_the_same_command_resumes_
     };
     assert!(detail.ends_with(&again), "{detail}");
     let (_, table, _) = shardrun_cmd(&["status", &run_arg]);
-    assert!(table.contains("DIED"), "{table}");
+    // A run without Slurm: no note names a Slurm command its state did not come from.
+    assert!(
+        table.contains("DIED") && !table.contains("squeue"),
+        "{table}"
+    );
 
     let (code, stdout, stderr) = shardrun_cmd(&["metrics", "--json", &run_arg]);
     assert_eq!(code, Some(0), "{stderr}");

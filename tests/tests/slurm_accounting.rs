@@ -75,4 +75,34 @@ fn status_answers_from_sacct() {
     let document = seen.unwrap_or_else(|e| panic!("{e}: last {last:?}"));
     let parsed: serde_json::Value = serde_json::from_str(&document).unwrap();
     assert_eq!(parsed["source"], "squeue+sacct", "{document}");
+    // A run brought from another cluster, its job one neither squeue nor sacct here knows
+    // (nor its result.json, which is of another job): the state shown is the run's own, and
+    // the note says so rather than naming the commands that knew nothing of it.
+    let moved = dir.join("runs/moved");
+    std::fs::create_dir_all(&moved).unwrap();
+    for entry in std::fs::read_dir(dir.join("runs/ok")).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            std::fs::copy(entry.path(), moved.join(entry.file_name())).unwrap();
+        }
+    }
+    let manifest_path = moved.join("manifest.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
+    manifest["state"] = "RUNNING".into();
+    manifest["slurm_job_ids"] = serde_json::json!(["987654"]);
+    std::fs::write(&manifest_path, manifest.to_string()).unwrap();
+    let out = cluster
+        .shardrun(dir.path(), &["status", "runs/moved"])
+        .unwrap();
+    let table = stdout_of(&out);
+    assert!(
+        table.contains("FAILED")
+            && table.contains("Slurm no longer knows the job")
+            && table.contains(
+                "(Slurm knows none of these runs' jobs: states as the runs recorded them)"
+            )
+            && !table.contains("squeue"),
+        "{table}"
+    );
 }

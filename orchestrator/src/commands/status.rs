@@ -128,7 +128,18 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             "{}",
             status_table(&statuses, std::env::current_dir().ok().as_deref())
         );
+        // A note names the Slurm commands only when one of them gave a state shown: runs
+        // that ended long ago, or that ran without Slurm, show what they recorded.
+        let from_slurm = statuses.iter().any(|s| s.slurm.is_some());
+        let submitted = statuses.iter().any(|s| s.job_id.is_some());
         let note = match &source {
+            Some(QuerySource::Squeue | QuerySource::SqueueSacct | QuerySource::SqueueScontrol)
+                if !from_slurm =>
+            {
+                submitted.then_some(
+                    "Slurm knows none of these runs' jobs: states as the runs recorded them",
+                )
+            }
             Some(QuerySource::Squeue) => Some("states from squeue"),
             Some(QuerySource::SqueueSacct) => Some("states from squeue, and sacct for ended jobs"),
             Some(QuerySource::SqueueScontrol) => Some(
