@@ -128,7 +128,7 @@ fn a_resumed_run_plots_its_checkpoints_failure_and_resume_inside_every_panel() {
     }
     assert!(svg.has_text("resumed from step 5"), "{:?}", svg.texts);
     assert!(
-        svg.has_text(&format!("failed near step {failed_at}")),
+        svg.has_text(&format!("failed after step {failed_at}")),
         "{:?}",
         svg.texts
     );
@@ -161,9 +161,11 @@ fn a_resumed_run_plots_its_checkpoints_failure_and_resume_inside_every_panel() {
             .unwrap()
             .1
     };
-    // Loss spans the width; the resume sits where step 5 is: 4/19 of the way along.
+    // The step axis runs from half a step before the first (1) to half a step past the last
+    // (20), so that markers there stay off the frame; the resume sits where step 5 is: 4.5/20
+    // of the way along.
     let loss_frame = &svg.frames[0];
-    let expected = loss_frame.x + loss_frame.width * 4.0 / 19.0;
+    let expected = loss_frame.x + loss_frame.width * 4.5 / 20.0;
     assert!(
         (resume_x(0) - expected).abs() <= 2.0,
         "{} vs {expected}",

@@ -30,7 +30,10 @@ impl RunFigure {
     pub fn panels(&self) -> Vec<Panel> {
         let first = self.steps.first().map_or(0.0, |r| r.step as f64);
         let last = self.steps.last().map_or(1.0, |r| r.step as f64);
-        let x = Axis::steps(first, last);
+        // A little room past the first and last steps: a marker there (a resume from the
+        // first step, a failure after the last) would otherwise lie on the panel's frame.
+        let room = ((last - first) * 0.02).max(0.5);
+        let x = Axis::steps(first - room, last + room);
         let markers = self.markers();
         let points = |get: &dyn Fn(&StepRecord) -> f64| -> Vec<Point> {
             self.steps.iter().map(|r| (r.step as f64, get(r))).collect()
@@ -225,7 +228,7 @@ impl RunFigure {
                     RGBColor(0xd6, 0x27, 0x28),
                     2,
                     1.0,
-                    Some(format!("failed near step {step}")),
+                    Some(format!("failed after step {step}")),
                 ),
                 RunEvent::Finished { .. }
                 | RunEvent::Started { .. }
