@@ -424,6 +424,55 @@ fn a_diverged_run_keeps_reporting_its_non_finite_loss_and_says_so() {
     );
 }
 
+/// A run that diverged and went on (the default `on_divergence`), then was cancelled: the
+/// line it ends with does not tell to resume it, which a re-run refuses, but why not and
+/// what to do instead.
+#[test]
+fn a_diverged_run_cancelled_later_is_not_told_to_resume() {
+    let dir = TestDir::new("metrics-diverged-cancelled");
+    let mut text = tiny_mlp_spec("diverged-cancelled", 10_000_000, 2);
+    text.push_str("  optimizer: { lr: 1.0e+30 }\n  log_every: 1\n");
+    text.push_str("  checkpoint: { interval_steps: 1000000, keep: 1 }\n");
+    let spec = dir.write("diverging.yaml", &text);
+    let (mut job, run) =
+        spawn_local_run(&dir, &spec, &["--nproc", "2", "--no-progress"], &[], |_| {});
+    let metrics = run.join("metrics.jsonl");
+    let diverged_at = wait_for("a step that diverged", Duration::from_secs(120), || {
+        std::fs::read_to_string(&metrics)
+            .ok()?
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|r| r["step"].is_u64() && (r["loss"].is_null() || r["grad_norm"].is_null()))
+            .map(|r| r["step"].as_u64().unwrap())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", all_logs(&run)));
+    unsafe { libc::kill(job.child.id() as i32, libc::SIGTERM) };
+    let (status, stdout) = finish(&mut job, &run, Duration::from_secs(60));
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{stdout}");
+    let verdict = result_json(&run);
+    assert_eq!(verdict["status"], "cancelled", "{verdict}");
+    let message = verdict["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("the run was cancelled by SIGTERM after step ")
+            && message.contains(&format!(
+                "; its loss or gradients were not finite (NaN or inf) from step {diverged_at}, \
+                 and a run that diverged is not resumed: it has no checkpoint from before it \
+                 diverged: add --force to start it over, with "
+            ))
+            && !message.contains("to resume"),
+        "{message}"
+    );
+    // What it says is what a re-run does.
+    refused_as_diverged(
+        &dir,
+        &spec,
+        &["--nproc", "2", "--no-progress"],
+        &format!(
+            "diverged: its loss or gradients were not finite (NaN or inf) from step {diverged_at}"
+        ),
+    );
+}
+
 #[test]
 fn a_run_that_stops_on_divergence_fails_there_and_is_not_resumed_into_it() {
     // The learning rate no model survives, with `on_divergence: stop`: the ranks stop after

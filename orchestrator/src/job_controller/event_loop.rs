@@ -338,13 +338,38 @@ async fn run_async(
             )
         }
         Outcome::Failed(f) => f.describe(),
-        Outcome::Cancelled { .. } => cancelled_message(
-            &how_it_ended,
-            checkpoint.as_ref(),
-            &config.checkpoint,
-            &opts.launch,
-            &opts.paths.run_dir,
-        ),
+        Outcome::Cancelled { .. } => {
+            // A run that diverged and went on (`on_divergence: continue`) is not resumed by
+            // a re-run or a sweep, whatever stopped it: the line says why and what to do.
+            let (reply, flushed) = tokio::sync::oneshot::channel();
+            let _ = records.send(Record::Flush(reply)).await;
+            let _ = flushed.await;
+            let divergence = crate::metrics_file::read(&paths.metrics)
+                .unwrap_or_default()
+                .diverged_from();
+            match divergence {
+                Some(d) if config.checkpoint.resume => format!(
+                    "the run {how_it_ended}{}; {} from step {}, and a run that diverged is \
+                     not resumed: {}",
+                    checkpoint_left(checkpoint.as_ref(), &config.checkpoint),
+                    d.what(),
+                    d.step,
+                    diverged_resume_line(
+                        d.step,
+                        checkpoint.as_ref(),
+                        &divergence_remedies(config.optimizer.grad_clip),
+                        &opts.launch
+                    )
+                ),
+                _ => cancelled_message(
+                    &how_it_ended,
+                    checkpoint.as_ref(),
+                    &config.checkpoint,
+                    &opts.launch,
+                    &opts.paths.run_dir,
+                ),
+            }
+        }
         Outcome::Preempted { .. } => format!(
             "the run {how_it_ended}{}",
             checkpoint_left(checkpoint.as_ref(), &config.checkpoint)
