@@ -398,6 +398,32 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
     );
 }
 
+/// A planning warning of some points (as `shardrun plan` of one would show it) is said
+/// once before they are submitted, with how many it concerns.
+#[test]
+fn a_sweep_says_each_planning_warning_once_with_the_points_it_concerns() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("sweep-warnings");
+    let name = unique("grid-warn");
+    let spec = dir.write(
+        "sweep.yaml",
+        &(sweep_spec(&name, "[1, 2]", FIVE_LRS, "")
+            + "    training.fsdp.strategy: [FULL_SHARD, HYBRID_SHARD]\n"),
+    );
+    let out = cluster
+        .shardrun(dir.path(), &["sweep", "--dry-run", &spec.to_string_lossy()])
+        .unwrap();
+    let stderr = stderr_of(&out);
+    assert!(out.status.success(), "{}{stderr}", stdout_of(&out));
+    let warning = "warning: HYBRID_SHARD with one shard group of all 1 ranks has no replicas";
+    assert_eq!(stderr.matches(warning).count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("(10 of the 20 points to submit, such as ")
+            && stderr.contains("strategy=HYBRID_SHARD"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn the_throttle_holds_across_the_arrays_of_a_sweep() {
     let cluster = SlurmCluster::start_small_arrays().expect("start the MaxArraySize=10 cluster");

@@ -144,6 +144,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         });
 
     print_points(&points, &survey.decisions, &to_submit, &plan);
+    print_warnings(&points, &to_submit);
     let going: std::collections::HashSet<&str> = points
         .iter()
         .zip(&survey.decisions)
@@ -444,6 +445,35 @@ fn print_points(
             "{what:<width$} {}  {array:<12} {}",
             point.key,
             columns.label(&point.params)
+        );
+    }
+}
+
+/// The planning warnings of the points to submit (a `seq_len` past the model's positions, a
+/// tight memory fit), each distinct one once, with how many points it concerns: `shardrun
+/// plan` of one point shows its own, and a sweep would otherwise submit them unsaid.
+fn print_warnings(points: &[SweepPoint], to_submit: &[(&SweepPoint, Decision)]) {
+    const SHOWN: usize = 8;
+    let columns = ParamColumns::given(points.iter().map(|p| &p.params));
+    let warnings = sweeps::shared_warnings(to_submit.iter().map(|(p, _)| *p));
+    for (warning, concerned) in warnings.iter().take(SHOWN) {
+        let which = match concerned.as_slice() {
+            all if all.len() == to_submit.len() => "every point to submit".to_string(),
+            [one] => columns.label(&one.params),
+            [first, ..] => format!(
+                "{} of the {} points to submit, such as {}",
+                concerned.len(),
+                to_submit.len(),
+                columns.label(&first.params)
+            ),
+            [] => continue,
+        };
+        errln!("warning: {warning} ({which})");
+    }
+    if warnings.len() > SHOWN {
+        errln!(
+            "warning: and {} other warning(s); each point's are in its resolved.json",
+            warnings.len() - SHOWN
         );
     }
 }

@@ -62,13 +62,38 @@ pub fn batch_split(
             }
             fix
         };
-        // A per-device batch given on the command line is what changed: its flag is named.
-        let field = if s.overridden("training.batch_size_per_device")
-            && !s.overridden("training.total_batch_size")
-        {
+        // A per-device batch given on the command line, or swept, is what changed: its
+        // flag or swept value is named.
+        let per_device_chosen = s.chosen("training.batch_size_per_device", overrides)
+            && !s.chosen("training.total_batch_size", overrides);
+        let field = if per_device_chosen {
             "training.batch_size_per_device"
         } else {
             "training.total_batch_size"
+        };
+        // A swept per-device batch that does not split the total is one to drop from the
+        // sweep, unless the total becomes a multiple of every one swept.
+        let fix = if per_device_chosen
+            && overrides
+                .swept
+                .iter()
+                .any(|p| p == "training.batch_size_per_device")
+        {
+            let splitting = if total.is_multiple_of(world) {
+                format!(
+                    " ({total} on {world} rank(s) splits into per-device batches in [{}])",
+                    list(&divisors(total / world), ", ")
+                )
+            } else {
+                String::new()
+            };
+            format!(
+                "drop {per_device} from the sweep's `batch_size_per_device` values{splitting}, \
+                 or make `total_batch_size` a common multiple of every swept per-device batch \
+                 × {world} rank(s)"
+            )
+        } else {
+            fix
         };
         return Err(s.err(
             field,

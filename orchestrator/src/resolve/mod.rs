@@ -89,6 +89,9 @@ pub struct Overrides {
     /// NCCL settings reach the ranks even where Slurm does not export the submitting
     /// environment.
     pub submitting_env: Vec<(String, String)>,
+    /// A sweep point: the dotted paths the sweep gives values, which, like `--set`, are what
+    /// an error the spec's other values take part in is blamed on.
+    pub swept: Vec<String>,
 }
 
 impl Overrides {
@@ -232,6 +235,16 @@ impl Section<'_> {
     /// Whether a `--set` argument gave `field` (or a section holding it).
     fn overridden(&self, field: &str) -> bool {
         self.loaded.overrides.iter().any(|o| o.covers(field))
+    }
+
+    /// Whether `field` was given by a `--set` argument or, for a sweep point, by the sweep.
+    fn chosen(&self, field: &str, overrides: &Overrides) -> bool {
+        self.overridden(field)
+            || overrides.swept.iter().any(|path| {
+                field
+                    .strip_prefix(path.as_str())
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+            })
     }
 
     /// An error about `field` (dotted path), located in the spec file.

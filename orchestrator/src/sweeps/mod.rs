@@ -42,6 +42,52 @@ pub enum SweepError {
         label: String,
         error: Box<ResolveError>,
     },
+    /// Several points cannot run: every distinct error once, so one pass fixes them all.
+    #[error("{}", impossible_points(*total, failures))]
+    Points {
+        /// The points the sweep writes out.
+        total: usize,
+        /// Each failing point's label and error, in the sweep's order.
+        failures: Vec<(String, ResolveError)>,
+    },
+}
+
+/// How many distinct errors [`SweepError::Points`] shows; fixing them shows the rest.
+const ERRORS_SHOWN: usize = 6;
+
+fn impossible_points(total: usize, failures: &[(String, ResolveError)]) -> String {
+    // Points that fail at one place for one reason (a swept value every combination of the
+    // others holds) say it once.
+    let mut distinct: Vec<(String, &str, usize)> = Vec::new();
+    for (label, error) in failures {
+        let text = error.to_string();
+        match distinct.iter_mut().find(|(t, _, _)| *t == text) {
+            Some((_, _, n)) => *n += 1,
+            None => distinct.push((text, label, 1)),
+        }
+    }
+    let mut out = format!(
+        "{} of the sweep's {total} points cannot run, for {} reason(s):",
+        failures.len(),
+        distinct.len()
+    );
+    for (text, label, n) in distinct.iter().take(ERRORS_SHOWN) {
+        let others = match n - 1 {
+            0 => String::new(),
+            more => format!(" (and {more} more point(s) for the same reason)"),
+        };
+        out.push_str(&format!(
+            "\n\nsweep point {label}{others}:\n{}",
+            text.trim_end()
+        ));
+    }
+    if distinct.len() > ERRORS_SHOWN {
+        out.push_str(&format!(
+            "\n\nand {} more reason(s), shown once these are fixed",
+            distinct.len() - ERRORS_SHOWN
+        ));
+    }
+    out
 }
 
 /// Length of the hex key in run directory names (64 bits: collisions are not a concern
@@ -255,6 +301,7 @@ pub fn expand(loaded: &LoadedSpec, overrides: &Overrides) -> Result<Vec<SweepPoi
     let mut points = Vec::with_capacity(list.len() * grid_size);
     let mut seen = HashSet::new();
     let mut lookups = resolve::Lookups::default();
+    let mut failures = Vec::new();
     for (i, entry) in list.iter().enumerate() {
         for index in 0..grid_size {
             let mut params: BTreeMap<String, Value> = entry.clone();
@@ -270,20 +317,41 @@ pub fn expand(loaded: &LoadedSpec, overrides: &Overrides) -> Result<Vec<SweepPoi
                 written_at.insert((*path).clone(), format!("sweep.grid.{path}[{j}]"));
                 rest /= values.len();
             }
-            let point = resolve_point(
+            let point = match resolve_point(
                 loaded,
                 &base,
                 params,
                 &written_at,
                 (overrides, &mut lookups),
-            )?;
+            ) {
+                Ok(point) => point,
+                // Every point is tried: a sweep's impossible points are told all at once.
+                Err(SweepError::Point { label, error }) => {
+                    failures.push((label, *error));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             // Two sweep entries that resolve to the same job are one point.
             if seen.insert(point.key.clone()) {
                 points.push(point);
             }
         }
     }
-    Ok(points)
+    match failures.len() {
+        0 => Ok(points),
+        1 => {
+            let (label, error) = failures.remove(0);
+            Err(SweepError::Point {
+                label,
+                error: Box::new(error),
+            })
+        }
+        _ => Err(SweepError::Points {
+            total: list.len() * grid_size,
+            failures,
+        }),
+    }
 }
 
 fn resolve_point(
@@ -307,6 +375,10 @@ fn resolve_point(
         .map(|(k, v)| format!("{k}={v}"))
         .collect::<Vec<_>>()
         .join(" ");
+    let overrides = Overrides {
+        swept: params.keys().cloned().collect(),
+        ..overrides.clone()
+    };
     let mut doc = base.clone();
     for (path, value) in params {
         apply(&mut doc, &path, value)
@@ -326,7 +398,7 @@ fn resolve_point(
         source: loaded.source.clone(),
         overrides: loaded.overrides.clone(),
     };
-    let mut job = resolve::resolve_with(&point_spec, overrides, lookups).map_err(|error| {
+    let mut job = resolve::resolve_with(&point_spec, &overrides, lookups).map_err(|error| {
         SweepError::Point {
             label: label.clone(),
             error: Box::new(at_swept_value(loaded, written_at, error)),
@@ -342,6 +414,23 @@ fn resolve_point(
         name,
         job,
     })
+}
+
+/// Each distinct planning warning of `points` once, in the order first met, with the points
+/// it concerns.
+pub fn shared_warnings<'a>(
+    points: impl IntoIterator<Item = &'a SweepPoint>,
+) -> Vec<(&'a str, Vec<&'a SweepPoint>)> {
+    let mut shared: Vec<(&str, Vec<&SweepPoint>)> = Vec::new();
+    for point in points {
+        for warning in &point.job.warnings {
+            match shared.iter_mut().find(|(w, _)| *w == warning.as_str()) {
+                Some((_, concerned)) => concerned.push(point),
+                None => shared.push((warning.as_str(), vec![point])),
+            }
+        }
+    }
+    shared
 }
 
 /// Points the sweep writes out, before two that resolve to the same job are made one.
@@ -665,7 +754,10 @@ mod tests {
         // As `shardrun sweep` prints it: the error with its chain of causes.
         let printed = format!("{:#}", anyhow::Error::from(err));
         assert!(
-            printed.starts_with("sweep point training.optimizer.lr=0.001:"),
+            printed.starts_with(
+                "2 of the sweep's 2 points cannot run, for 1 reason(s):\n\nsweep point \
+                 training.optimizer.lr=0.001 (and 1 more point(s) for the same reason):"
+            ),
             "{printed}"
         );
         assert_eq!(printed.matches("exceeds the").count(), 1, "{printed}");
@@ -742,13 +834,63 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains("training.total_batch_size=33"), "{text}");
         assert!(text.contains("nearest 32 or 48"), "{text}");
-        // Located at the swept 33, not at the spec's own `total_batch_size: 32`.
-        let SweepError::Point { error, .. } = err else {
-            panic!("expected a point error")
+        // Located at the swept 33, not at the spec's own `total_batch_size: 32`; one reason
+        // for the 6 points with 33 (3 learning rates × 2 weight decays).
+        assert!(
+            text.contains("(and 5 more point(s) for the same reason)"),
+            "{text}"
+        );
+        let SweepError::Points { mut failures, .. } = err else {
+            panic!("expected the points' errors")
         };
-        let ResolveError::Invalid(err) = *error;
+        assert_eq!(failures.len(), 6, "{text}");
+        let ResolveError::Invalid(err) = failures.remove(0).1;
         assert_eq!(err.field, "training.total_batch_size");
         assert_eq!((err.line, err.column), (Some(21), Some(37)), "{err}");
+    }
+
+    #[test]
+    fn every_impossible_point_is_told_once_for_each_reason_at_its_swept_value() {
+        let yaml = include_str!("../../../examples/sweep.yaml").replace(
+            "training.seed: [0, 1]",
+            "training.seed: [0, 1]\n    training.batch_size_per_device: [3, 4, 8, 5]\n    \
+             training.schedule.warmup_steps: [10, 60]",
+        );
+        let err = points(&yaml).unwrap_err();
+        let text = err.to_string();
+        let SweepError::Points { total, failures } = err else {
+            panic!("expected every point's error: {text}")
+        };
+        // 3 × 2 × 4 × 2 × 2 points; per-device batches 3 and 5 do not split 32 on 2 ranks,
+        // and 60 warm-up steps are more than 50 (told for the points whose batch splits).
+        assert_eq!((total, failures.len()), (96, 72), "{text}");
+        assert!(
+            text.starts_with("72 of the sweep's 96 points cannot run, for 3 reason(s):"),
+            "{text}"
+        );
+        for (at, value) in [("sweep.yaml:22:38", 3), ("sweep.yaml:22:47", 5)] {
+            assert!(
+                text.contains(&format!(
+                    "(and 23 more point(s) for the same reason):\n{at}: field \
+                     `training.batch_size_per_device`: total batch 32 does not split into \
+                     per-device batches of {value} on 2 ranks"
+                )),
+                "{text}"
+            );
+            assert!(
+                text.contains(&format!(
+                    "fix: drop {value} from the sweep's `batch_size_per_device` values (32 on \
+                     2 rank(s) splits into per-device batches in [1, 2, 4, 8, 16]), or make \
+                     `total_batch_size` a common multiple of every swept per-device batch × 2 \
+                     rank(s)"
+                )),
+                "{text}"
+            );
+        }
+        assert!(
+            text.contains("sweep.yaml:23:42: field `training.schedule.warmup_steps`: 60 warmup steps but only 50 steps"),
+            "{text}"
+        );
     }
 
     #[test]
