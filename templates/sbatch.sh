@@ -95,7 +95,7 @@ echo "shardrun: job ${SLURM_JOB_ID} on $(hostname) in ${SHARDRUN_RUN_DIR}"
 trap 'rc=$?; why="exit $rc"; [ "$rc" != 127 ] || why="exit 127, not found: module and conda are defined by login shells, load their set-up first, e.g. source /etc/profile"; echo "shardrun: a resources.setup line failed ($why): $BASH_COMMAND" >&2' ERR
 # A preemption or time-limit notice (USR2) would end the shell here without a word: the
 # controller takes it over once it starts, and requeues the job without starting ranks.
-trap 'export SHARDRUN_NOTICE_IN_SETUP=1; echo "shardrun: SIGUSR2 (preemption or the time limit near) during the set-up: the job is requeued once it is done" >&2' USR2
+trap 'export SHARDRUN_NOTICE_IN_SETUP=1; echo "shardrun: SIGUSR2 (preemption or the time limit near) during the set-up: once it is done, no rank is started and the controller says whether the job is requeued" >&2' USR2
 {%- for line in s.setup %}
 {{ line }}
 {%- endfor %}

@@ -136,6 +136,22 @@ pub fn diverged_at(steps: &[StepRecord], step: u64) -> Option<u64> {
 /// The step of the last step record in `path`, read from the file's end only: cheap for the
 /// `status` of many running runs, whose files grow long. `None` before the first record.
 pub fn latest_step(path: &Path) -> Option<u64> {
+    latest_progress(path).map(|p| p.step)
+}
+
+/// Where a run stands and how fast it goes, from the end of its metrics file.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RecentPace {
+    /// The step of the last step record.
+    pub step: u64,
+    /// Wall-clock seconds per step over the records at the file's end since the run last
+    /// resumed (evaluations and saves between them included, as they take the run's time);
+    /// `None` with fewer than two such records.
+    pub seconds_per_step: Option<f64>,
+}
+
+/// [`RecentPace`] from the last 16 KiB of `path` (a few dozen records).
+pub fn latest_progress(path: &Path) -> Option<RecentPace> {
     use std::io::{Read, Seek, SeekFrom};
     const TAIL: u64 = 16 * 1024;
     let mut file = std::fs::File::open(path).ok()?;
@@ -143,13 +159,37 @@ pub fn latest_step(path: &Path) -> Option<u64> {
     file.seek(SeekFrom::Start(len.saturating_sub(TAIL))).ok()?;
     let mut tail = Vec::new();
     file.read_to_end(&mut tail).ok()?;
-    String::from_utf8_lossy(&tail).lines().rev().find_map(
-        |line| match serde_json::from_str::<Line>(line).ok()? {
-            Line::Step(record) => Some(record.step),
-            Line::Rank(record) => Some(record.step),
-            Line::Eval(_) | Line::Resume(_) => None,
-        },
-    )
+    let mut step = None;
+    // The newest and the oldest step record (step, time) of the attempt at the end.
+    let mut newest: Option<(u64, f64)> = None;
+    let mut oldest: Option<(u64, f64)> = None;
+    for line in String::from_utf8_lossy(&tail).lines().rev() {
+        match serde_json::from_str::<Line>(line) {
+            Ok(Line::Step(record)) => {
+                step = step.or(Some(record.step));
+                newest = newest.or(Some((record.step, record.time)));
+                oldest = Some((record.step, record.time));
+            }
+            // Per-rank records of older runs carry no job time.
+            Ok(Line::Rank(record)) => {
+                step = step.or(Some(record.step));
+                break;
+            }
+            // Steps before a resume are another attempt's, with a gap between.
+            Ok(Line::Resume(_)) if step.is_some() => break,
+            Ok(Line::Eval(_) | Line::Resume(_)) | Err(_) => {}
+        }
+    }
+    let seconds_per_step = match (oldest, newest) {
+        (Some((s0, t0)), Some((s1, t1))) if s1 > s0 && t1 > t0 => {
+            Some((t1 - t0) / (s1 - s0) as f64)
+        }
+        _ => None,
+    };
+    Some(RecentPace {
+        step: step?,
+        seconds_per_step,
+    })
 }
 
 /// What to change so that a run clipping its gradients at `grad_clip` (the optimizer's) does
@@ -285,6 +325,52 @@ mod tests {
         let rank_record: StepMetrics =
             serde_json::from_str(&rank_line(0, step, loss, 0.1)).unwrap();
         serde_json::to_string(&StepRecord::fold(&[rank_record], 1.0)).unwrap()
+    }
+
+    /// The pace is that of the attempt at the file's end: the records before its resume mark
+    /// are another attempt's, with the wait for a requeue between.
+    #[test]
+    fn the_latest_pace_is_that_of_the_attempt_at_the_files_end() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("metrics.jsonl");
+        let timed = |step: u64, time: f64| {
+            let rank_record: StepMetrics =
+                serde_json::from_str(&rank_line(0, step, 2.5, 0.1)).unwrap();
+            serde_json::to_string(&StepRecord::fold(&[rank_record], time)).unwrap() + "\n"
+        };
+        let mut text: String = (1..=10u64)
+            .map(|s| timed(s, 100.0 + 2.0 * s as f64))
+            .collect();
+        std::fs::write(&path, &text).unwrap();
+        assert_eq!(
+            latest_progress(&path),
+            Some(RecentPace {
+                step: 10,
+                seconds_per_step: Some(2.0)
+            })
+        );
+        text.push_str("{\"resumed_at_step\":5}\n");
+        std::fs::write(&path, &text).unwrap();
+        text.push_str(&timed(6, 5000.0));
+        std::fs::write(&path, &text).unwrap();
+        assert_eq!(
+            latest_progress(&path),
+            Some(RecentPace {
+                step: 6,
+                seconds_per_step: None
+            })
+        );
+        text.push_str(&timed(7, 5003.0));
+        text.push_str("{\"step\":7,\"eval_loss\":2.4}\n");
+        text.push_str(&timed(8, 5006.0));
+        std::fs::write(&path, &text).unwrap();
+        assert_eq!(
+            latest_progress(&path),
+            Some(RecentPace {
+                step: 8,
+                seconds_per_step: Some(3.0)
+            })
+        );
     }
 
     #[test]

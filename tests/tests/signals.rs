@@ -62,6 +62,48 @@ fn sigusr2_preempts_every_rank_at_a_step_boundary() {
     }
 }
 
+/// A notice right after an interval checkpoint (here one every step) stops the ranks without
+/// saving that step again: the time before the kill is not spent on a copy of it.
+#[test]
+fn a_notice_right_after_an_interval_checkpoint_does_not_save_that_step_again() {
+    let dir = TestDir::new("preempt-after-save");
+    let spec = dir.write(
+        "job.yaml",
+        &real_ranks_spec("after-save", 100_000)
+            .replace("interval_steps: 20, keep: 2", "interval_steps: 1, keep: 2"),
+    );
+    let (mut job, run) = spawn_local_run(&dir, &spec, &["--no-progress"], &[], |_| {});
+    wait_for("the first checkpoint", Duration::from_secs(120), || {
+        has_checkpoint(&run).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", all_logs(&run)));
+    unsafe { libc::kill(job.child.id() as i32, libc::SIGUSR2) };
+    let (status, stdout) = finish(&mut job, &run, Duration::from_secs(60));
+    assert!(status.success(), "{stdout}");
+    let result = result_json(&run);
+    assert_eq!(result["status"], "preempted", "{result}");
+    let step = result["checkpoint"]["step"].as_u64().expect("a checkpoint");
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    for rank in 0..2 {
+        assert!(
+            log.lines()
+                .any(|l| l.contains(&format!("[rank {rank}] warning: "))
+                    && l.ends_with(&format!(
+                        "stopping after step {step}, whose checkpoint is saved already"
+                    ))),
+            "{log}"
+        );
+    }
+    assert!(!log.contains("preemption checkpoint of step"), "{log}");
+    let events = std::fs::read_to_string(run.join("events.jsonl")).unwrap();
+    let saves_of_step = events
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["event"] == "checkpoint" && e["step"] == step)
+        .count();
+    assert_eq!(saves_of_step, 1, "{events}");
+}
+
 /// Ranks in a step longer than anyone would wait (simulated: 60 s per step).
 fn start_slow_job(dir: &TestDir, name: &str, args: &[&str]) -> (GroupChild, std::path::PathBuf) {
     start_simulated_job(dir, name, 100, 60_000, args)

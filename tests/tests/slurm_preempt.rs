@@ -496,19 +496,23 @@ fn usr2_to_a_sweep_point_requeues_that_point_alone() {
     );
 }
 
-#[test]
-fn usr2_during_the_set_up_requeues_the_job_without_starting_ranks() {
-    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
-    let dir = TestDir::new("slurm-preempt-setup");
-    let name = "setup-notice";
+/// Submits `text` (a spec whose first attempt's set-up waits for the test), sends the batch
+/// script SIGUSR2 during that set-up, and lets the set-up end once its shell has taken it:
+/// the job's id and run directory.
+fn notice_during_the_set_up(
+    cluster: &SlurmCluster,
+    dir: &TestDir,
+    name: &str,
+    text: &str,
+) -> (String, std::path::PathBuf) {
     // The first attempt's set-up (it runs in the run directory) lasts until the test has
-    // sent the notice (a minute at most); the requeued attempt's is quick.
-    let text = tiny_mlp_spec(name, 3, 1).replace(
+    // sent the notice (a minute at most); a requeued attempt's is quick.
+    let text = text.replace(
         "resources:\n",
         "resources:\n  setup:\n    - '[ -e attempted ] || { touch attempted in-setup; \
          for i in $(seq 600); do [ -e notice-sent ] && break; sleep 0.1; done; }'\n",
     );
-    let (job_id, run) = submit_simulated(&cluster, &dir, name, &text);
+    let (job_id, run) = submit_simulated(cluster, dir, name, &text);
     wait_for("the set-up to start", Duration::from_secs(60), || {
         run.join("in-setup").exists().then_some(())
     })
@@ -541,6 +545,16 @@ fn usr2_during_the_set_up_requeues_the_job_without_starting_ranks() {
     )
     .unwrap();
     std::fs::write(run.join("notice-sent"), "").unwrap();
+    (job_id, run)
+}
+
+#[test]
+fn usr2_during_the_set_up_requeues_the_job_without_starting_ranks() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("slurm-preempt-setup");
+    let name = "setup-notice";
+    // 5 minutes, the notice 2 before the limit: a notice now is a preemption.
+    let (_, run) = notice_during_the_set_up(&cluster, &dir, name, &tiny_mlp_spec(name, 3, 1));
     // Once the set-up is done, the controller takes the notice over: no rank, a requeue.
     // (Slurm holds a requeued job back for minutes; the run's resume is tested above.)
     let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
@@ -563,6 +577,53 @@ fn usr2_during_the_set_up_requeues_the_job_without_starting_ranks() {
         .shardrun(dir.path(), &["cancel", &run.to_string_lossy()])
         .unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
+}
+
+/// The notice of the time limit during the set-up, with the data ready already: another
+/// attempt would run the same set-up into the same notice, so the job is not requeued; it
+/// fails, saying why and what to change.
+#[test]
+fn a_time_limit_notice_during_the_set_up_fails_the_job_rather_than_requeue_it() {
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("slurm-timelimit-setup");
+    let name = "setup-time-limit";
+    // 5 minutes, the notice 250 s before the limit: a notice now is the time limit's.
+    let spec = tiny_mlp_spec(name, 3, 1) + "preemption: { signal_seconds: 250 }\n";
+    let (job_id, run) = notice_during_the_set_up(&cluster, &dir, name, &spec);
+    let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
+    wait_for_file(&run.join("result.json"), Duration::from_secs(60), |t| {
+        !t.is_empty()
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    let result = result_json(&run);
+    assert_eq!(
+        (&result["status"], &result["notice"], &result["requeued"]),
+        (&"failed".into(), &"time_limit".into(), &false.into()),
+        "{result}\n{}",
+        log()
+    );
+    let message = result["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("the run stopped before its time limit; it has no checkpoint yet; not requeued: the notice of its time limit came before it saved a step past the start, and another attempt would spend its time the same way (the set-up lines, with its data prepared already)")
+            && message.contains("give the job more time (`resources.time`) or take the notice later (a smaller `preemption.signal_seconds`)")
+            && message.ends_with(" to start it"),
+        "{message}"
+    );
+    assert!(!run.join("requeue_count").exists(), "{}", log());
+    cluster.wait_until_gone(&job_id, Duration::from_secs(60));
+    let out = cluster
+        .shardrun(dir.path(), &["status", "--json", &run.to_string_lossy()])
+        .unwrap();
+    assert!(
+        stdout_of(&out).contains("\"state\": \"FAILED\""),
+        "{}",
+        stdout_of(&out)
+    );
+    // The run's events end in its failure, as its state does.
+    let events = std::fs::read_to_string(run.join("events.jsonl")).unwrap();
+    let last: serde_json::Value =
+        serde_json::from_str(events.lines().last().unwrap_or_default()).unwrap();
+    assert_eq!(last["event"], "failed", "{events}");
 }
 
 /// Slurm's SIGTERM to the ranks (a preemption's grace time; `scancel --signal=TERM` without
@@ -665,6 +726,24 @@ fn a_controller_killed_outright_is_named_by_status_not_as_a_launch_failure() {
         (metric_steps(&run, 0).len() >= 3).then_some(())
     })
     .unwrap();
+    // While it runs, status says how far it is and, at its pace (steps of about 40 ms), how
+    // long it has left: most of the 100,000 steps, tens of minutes.
+    let out = cluster
+        .shardrun(dir.path(), &["status", &run.to_string_lossy()])
+        .unwrap();
+    let table = stdout_of(&out);
+    let detail = table
+        .lines()
+        .find(|l| l.contains("RUNNING"))
+        .and_then(|l| l.split_once(" at step "))
+        .map(|(_, detail)| detail.to_string())
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(
+        detail.contains(" of 100000, about ")
+            && detail.contains("m")
+            && detail.trim_end().ends_with(" steps/s)"),
+        "{table}"
+    );
     let holder = std::fs::read_to_string(run.join("controller.lock")).unwrap();
     let pid: i32 = holder
         .trim()

@@ -73,7 +73,7 @@ fn the_time_limit_notice_is_named_as_such_and_the_run_checkpoints() {
     );
     let message = result["message"].as_str().unwrap_or_default();
     assert!(
-        message.starts_with("the run stopped at its time limit after step "),
+        message.starts_with("the run stopped before its time limit after step "),
         "{result}"
     );
 }

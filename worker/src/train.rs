@@ -221,6 +221,10 @@ pub struct Trainer {
     step: u64,
     /// Global samples consumed (the next step starts at this sample).
     samples_done: u64,
+    /// The step of the last checkpoint this session saved: a notice right after an interval
+    /// save has that step on disk already, and a second save of it would spend the time
+    /// before the kill.
+    saved_step: Option<u64>,
     evaluator: Option<Evaluator>,
     last_eval: Option<EvalMetrics>,
     batch_log: Option<BatchLog>,
@@ -325,6 +329,7 @@ impl Trainer {
             diverged_at: None,
             step: 0,
             samples_done: 0,
+            saved_step: None,
             evaluator,
             last_eval: None,
             batch_log,
@@ -495,11 +500,21 @@ impl Trainer {
                                 SaveReason::Preempt,
                             ),
                         };
-                    self.log(
-                        LogLevel::Warn,
-                        &format!("{by}: checkpointing after step {} and stopping", self.step),
-                    );
-                    self.save(&mut hook, reason)?;
+                    if self.saved_step == Some(self.step) {
+                        self.log(
+                            LogLevel::Warn,
+                            &format!(
+                                "{by}: stopping after step {}, whose checkpoint is saved already",
+                                self.step
+                            ),
+                        );
+                    } else {
+                        self.log(
+                            LogLevel::Warn,
+                            &format!("{by}: checkpointing after step {} and stopping", self.step),
+                        );
+                        self.save(&mut hook, reason)?;
+                    }
                     // Slurm's SIGTERM reaches the controller too when the whole job is
                     // cancelled (`scancel`), which asks every rank for this checkpoint and
                     // then a stop: the job ends cancelled (its checkpoint kept), not
@@ -931,6 +946,7 @@ impl Trainer {
         if let Some(path) = hook.save(self, reason)? {
             self.reporter.checkpoint_saved(self.step, &path);
         }
+        self.saved_step = Some(self.step);
         Ok(())
     }
 

@@ -68,7 +68,7 @@ pub fn allocation_node_count() -> Option<u64> {
 /// run directory ready holds, is let go once the controller's own lock is taken.
 pub fn supervise(
     run: &RunDir,
-    opts: job_controller::ControllerOptions,
+    mut opts: job_controller::ControllerOptions,
     starting: Option<StartLock>,
 ) -> anyhow::Result<()> {
     // One controller per run directory. Taken before the manifest says RUNNING, so that a
@@ -155,7 +155,18 @@ pub fn supervise(
     })
     .context("cannot watch for Ctrl-C")
     .map_err(failed)?;
+    // Data prepared by this attempt is progress a requeued one keeps.
+    let data_was_ready = match &config.data {
+        shardrun_protocol::config::DataConfig::Dataset(data) => {
+            shardrun_data::DataIdentity::probe(data)
+                .ok()
+                .flatten()
+                .is_some()
+        }
+        _ => true,
+    };
     let prepared = crate::data_prep::before_launch(run, &config);
+    opts.prepared_data = prepared.is_ok() && !data_was_ready;
     if let Err(e) = prepared {
         // What the run's end says from here is the refusal's or the failure's: a stop now
         // has nothing left to stop, and must not write the manifest over it.

@@ -100,6 +100,9 @@ pub struct ControllerOptions {
     pub rank_variables: RankVariables,
     /// The plan's warnings (`shardrun plan` printed them; the run's log keeps them).
     pub plan_warnings: Vec<String>,
+    /// This attempt prepared (tokenized) the run's data, which the next attempt finds ready:
+    /// progress, whatever the checkpoints say (see `time_limit_without_progress`).
+    pub prepared_data: bool,
 }
 
 /// What the command needs to report and exit with.
@@ -455,20 +458,29 @@ async fn run_async(
         let at_end = checkpoint.as_ref().map(|c| c.step);
         match this_slurm_job() {
             Some(_)
-                if !preempted_before_launch
+                if !opts.prepared_data
                     && time_limit_without_progress(notice, checkpoint_at_start, at_end) =>
             {
                 exit_code = 1;
                 message = format!(
-                    "{message}; not requeued: its time limit came before it saved a step past \
-                     {}, and another attempt would spend its time the same way, using up its \
-                     requeues: give the job more time (`resources.time`) or take the notice \
-                     later (a smaller `preemption.signal_seconds`), then {} to resume",
+                    "{message}; not requeued: the notice of its time limit came before it \
+                     saved a step past {}, and another attempt would spend its time the same \
+                     way ({}), using up its requeues: give the job more time \
+                     (`resources.time`) or take the notice later (a smaller \
+                     `preemption.signal_seconds`), then {} to {}",
                     match checkpoint_at_start {
                         Some(step) => format!("the checkpoint it started from (step {step})"),
-                        None => "the start (it saved no checkpoint)".to_string(),
+                        None => "the start".to_string(),
                     },
-                    opts.launch.run_again(&opts.paths.run_dir)
+                    match preempted_before_launch {
+                        true => "the set-up lines, with its data prepared already",
+                        false => "starting the ranks, loading the model",
+                    },
+                    opts.launch.run_again(&opts.paths.run_dir),
+                    match checkpoint_at_start {
+                        Some(_) => "resume",
+                        None => "start it",
+                    }
                 );
             }
             Some(job_id) => {
@@ -533,6 +545,14 @@ async fn run_async(
             }
         }
     }
+    if matches!(outcome, Outcome::Preempted { .. }) && exit_code != 0 {
+        // Not requeued: the run's events end in its failure, as its state does.
+        log.note(RunEvent::Failed {
+            step: checkpoint.as_ref().map(|c| c.step),
+            reason: message.clone(),
+        })
+        .await;
+    }
     // A job that ends in an error is reported by the command, on stderr: once, there.
     let failure_resume = failure_report.as_ref().map(|(_, resume)| resume.clone());
     let mut error = (exit_code != 0 && !matches!(outcome, Outcome::Cancelled { .. })).then(|| {
@@ -563,7 +583,13 @@ async fn run_async(
             ended_at: clock::format_utc(ended),
             duration_s: ended - started,
         };
-        let json = serde_json::to_vec_pretty(&result).unwrap_or_default();
+        let mut value = serde_json::to_value(&result).unwrap_or_default();
+        // A notice not followed by a requeue (none left, none worth it, one Slurm refused)
+        // ends the run: failed, as Slurm and `status` say, for the notice it names.
+        if matches!(outcome, Outcome::Preempted { .. }) && exit_code != 0 {
+            value["status"] = "failed".into();
+        }
+        let json = serde_json::to_vec_pretty(&value).unwrap_or_default();
         write_atomic(&paths.result, &json).map_err(file_err("write", &paths.result))
     };
     // A run directory that cannot be written (a full disk) loses the record, not the
@@ -1003,9 +1029,10 @@ struct CheckpointLeft {
 }
 
 /// Whether an attempt stopped by its time limit saved nothing past the checkpoint it started
-/// from: requeued, the next attempt would spend its time the same way (starting the ranks,
-/// loading the model) and stop at the same place, until the requeues are used up. A
-/// preemption is another matter: the next attempt may run to its time limit.
+/// from: requeued, the next attempt would spend its time the same way (the set-up lines,
+/// starting the ranks, loading the model) and stop at the same place, until the requeues are
+/// used up. A preemption is another matter: the next attempt may run to its time limit. So
+/// is an attempt that prepared the data (the caller asks): the next finds it ready.
 fn time_limit_without_progress(notice: Notice, at_start: Option<u64>, at_end: Option<u64>) -> bool {
     notice == Notice::TimeLimit && at_end <= at_start
 }

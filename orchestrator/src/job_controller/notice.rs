@@ -125,7 +125,7 @@ impl Notice {
     pub fn ended(self) -> &'static str {
         match self {
             Notice::Preemption => "was preempted",
-            Notice::TimeLimit => "stopped at its time limit",
+            Notice::TimeLimit => "stopped before its time limit",
             Notice::Signal => "stopped on SIGUSR2",
             Notice::SlurmRequeue => "was requeued by Slurm",
         }

@@ -106,6 +106,7 @@ impl ControllerArgs {
                 })
                 .unwrap_or_default(),
             plan_warnings: resolved.map(|job| job.warnings).unwrap_or_default(),
+            prepared_data: false,
         })
     }
 }

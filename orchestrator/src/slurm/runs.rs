@@ -469,6 +469,13 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
                     Some(LocalRun::Unknown) | None => {}
                 },
             }
+            // Ended by its time limit with no word from its controller: Slurm's `TimeLimit`
+            // says nothing of why the notice before it saved nothing.
+            if let (RunState::Timeout, None) = (state, &result) {
+                if let Some(why) = timed_out_after_notice(run) {
+                    detail = why;
+                }
+            }
             // Nothing of the job said why it ended (a set-up line failed, the controller was
             // killed): its error file does.
             if let (RunState::Failed, None, Some(id)) = (state, &result, &job_id) {
@@ -558,15 +565,47 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
     Ok((out, answer))
 }
 
-/// How far a running run has trained: "at step 26 of 60", or that no step is logged yet.
+/// Why a job Slurm ended at its time limit saved nothing after its notice, when it did not:
+/// the run's last event is the notice, so its ranks never reached a step boundary to
+/// checkpoint and stop at before the kill (a step, or the start-up, outlasted
+/// `preemption.signal_seconds`).
+fn timed_out_after_notice(run: &RunDir) -> Option<String> {
+    let events = crate::events_file::read(&run.events()).ok()?;
+    let crate::events_file::RunEvent::PreemptRequested { .. } = events.last()?.event else {
+        return None;
+    };
+    let were = match crate::metrics_file::latest_step(&run.metrics()) {
+        Some(step) => format!("still in a step (the last one logged: {step})"),
+        None => "still starting (no step logged)".to_string(),
+    };
+    Some(format!(
+        "the time limit came before the ranks could checkpoint after its notice (SIGUSR2): \
+         they were {were}, so nothing was saved since the notice; a step, or the start-up, \
+         takes longer than `preemption.signal_seconds`: take the notice earlier (a larger \
+         `signal_seconds`) or give the job more `time`, then `shardrun submit` the run again \
+         to resume from its newest checkpoint"
+    ))
+}
+
+/// How far a running run has trained and, at its recent pace, how long it has left: "at step
+/// 26 of 60, about 1m30s left (2.6 s/step)", or that no step is logged yet.
 fn progress(run: &RunDir) -> String {
-    let total = run
-        .read_train_config()
-        .map(|train| format!(" of {}", train.steps))
-        .unwrap_or_default();
-    match crate::metrics_file::latest_step(&run.metrics()) {
-        Some(step) => format!("at step {step}{total}"),
-        None => "no step logged yet (starting, or preparing its data)".to_string(),
+    let total = run.read_train_config().ok().map(|train| train.steps);
+    let Some(now) = crate::metrics_file::latest_progress(&run.metrics()) else {
+        return "no step logged yet (starting, or preparing its data)".to_string();
+    };
+    match (total, now.seconds_per_step) {
+        (Some(total), Some(pace)) if total > now.step => format!(
+            "at step {} of {total}, about {} left ({})",
+            now.step,
+            crate::job_controller::console::format_duration(pace * (total - now.step) as f64),
+            match pace {
+                p if p >= 1.0 => format!("{p:.1} s/step"),
+                p => format!("{:.0} steps/s", 1.0 / p),
+            }
+        ),
+        (Some(total), _) => format!("at step {} of {total}", now.step),
+        (None, _) => format!("at step {}", now.step),
     }
 }
 
@@ -590,6 +629,48 @@ fn with_attempt_before(detail: String, before: Option<&crate::rundir::Ended>) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run whose last event is a notice its ranks never got to act on is explained; one
+    /// whose ranks checkpointed after the notice, or that had none, is not.
+    #[test]
+    fn a_time_limit_that_came_before_the_ranks_could_stop_is_explained() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::at(dir.path());
+        std::fs::write(run.events(), "").unwrap();
+        assert_eq!(timed_out_after_notice(&run), None);
+        let started = r#"{"time":1.0,"event":"started","world_size":2}"#;
+        let notice = r#"{"time":2.0,"event":"preempt_requested","notice":"time_limit"}"#;
+        std::fs::write(run.events(), format!("{started}\n")).unwrap();
+        assert_eq!(timed_out_after_notice(&run), None);
+        std::fs::write(run.events(), format!("{started}\n{notice}\n")).unwrap();
+        let said = timed_out_after_notice(&run).unwrap();
+        assert!(
+            said.starts_with(
+                "the time limit came before the ranks could checkpoint after its notice \
+                 (SIGUSR2): they were still starting (no step logged)"
+            ) && said.contains("a larger `signal_seconds`"),
+            "{said}"
+        );
+        let step_7 = shardrun_protocol::messages::StepMetrics {
+            step: 7,
+            loss: 1.0,
+            ..Default::default()
+        };
+        let record = crate::step_record::StepRecord::fold(&[step_7], 1.0);
+        std::fs::write(
+            run.metrics(),
+            format!("{}\n", serde_json::to_string(&record).unwrap()),
+        )
+        .unwrap();
+        let said = timed_out_after_notice(&run).unwrap();
+        assert!(
+            said.contains("they were still in a step (the last one logged: 7)"),
+            "{said}"
+        );
+        let saved = r#"{"time":3.0,"event":"checkpoint","step":7,"path":"c/step-7"}"#;
+        std::fs::write(run.events(), format!("{started}\n{notice}\n{saved}\n")).unwrap();
+        assert_eq!(timed_out_after_notice(&run), None);
+    }
 
     /// Another user's private run (mode 700) is named as a folder this user cannot look
     /// into, beside the runs it can. Looked at as `nobody`, in a child process: root reads
