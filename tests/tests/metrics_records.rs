@@ -190,14 +190,39 @@ fn four_ranks_make_one_record_per_logged_step_with_the_slowest_rank_and_the_larg
     );
     assert!(latest["tokens_per_s"].as_f64().unwrap() > 0.0);
     assert!(latest["step_time_median_s"].as_f64().unwrap() > 0.0);
-    // The slowest rank's step time, beside the slowest rank's tokens/s.
-    let slowest = num("step_time_max_s");
+    // The rates are the run's over its steps after the first, from metrics.jsonl's records:
+    // its tokens over the time those steps took (each step's time is its tokens over its
+    // rate), and the slowest rank's step time averaged.
+    let steady = &job[1..];
+    let rate = |r: &serde_json::Value| r["tokens_per_s"].as_f64().unwrap();
+    let tokens_per_s = steady.len() as f64 / steady.iter().map(|r| 1.0 / rate(r)).sum::<f64>();
+    let step_time = steady
+        .iter()
+        .map(|r| r["step_time_max_s"].as_f64().unwrap())
+        .sum::<f64>()
+        / steady.len() as f64;
+    let mean = &entry["mean"];
+    assert_eq!(mean["steps"], steady.len(), "{mean}");
+    assert!(
+        (mean["tokens_per_s"].as_f64().unwrap() / tokens_per_s - 1.0).abs() < 1e-9
+            && (mean["step_time_s"].as_f64().unwrap() / step_time - 1.0).abs() < 1e-9,
+        "{mean} against {tokens_per_s} tokens/s, {step_time} s a step"
+    );
+    // Digits grouped by thousands, as the table writes numbers for people.
+    let digits = (tokens_per_s.round() as u64).to_string();
+    let grouped: Vec<String> = digits
+        .as_bytes()
+        .rchunks(3)
+        .rev()
+        .map(|chunk| String::from_utf8_lossy(chunk).into_owned())
+        .collect();
+    assert_eq!(cell("tokens/s"), grouped.join(","));
     assert_eq!(
         cell("step time"),
-        if slowest < 1.0 {
-            format!("{:.1} ms", slowest * 1000.0)
+        if step_time < 1.0 {
+            format!("{:.1} ms", step_time * 1000.0)
         } else {
-            format!("{slowest:.2} s")
+            format!("{step_time:.2} s")
         }
     );
 

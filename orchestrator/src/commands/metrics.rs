@@ -62,6 +62,59 @@ pub struct RunMetricsSummary {
     /// The step from which the run diverged (its loss or gradients NaN or inf, as `status`,
     /// re-runs and sweeps judge it), or null.
     pub diverged_from: Option<u64>,
+    /// The run's pace over its logged steps, or null.
+    pub mean: Option<MeanPace>,
+}
+
+/// The pace of a run over its logged steps after the first (its allocations warm up), as
+/// its summary line says it: the job's tokens over the time its steps took, not a mean of
+/// each step's rate (one slow step weighs as the time it took). What the table compares
+/// runs by: one step's figures vary too much from step to step.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MeanPace {
+    /// Step records it is taken over.
+    pub steps: u64,
+    pub tokens_per_s: f64,
+    /// The tokens in the loss, per second (real data only).
+    pub trained_tokens_per_s: Option<f64>,
+    /// GPU runs with a known peak.
+    pub mfu: Option<f64>,
+    /// The slowest rank's step time, averaged.
+    pub step_time_s: f64,
+}
+
+impl MeanPace {
+    /// Over `steps` (a run's records in step order); `None` without a step whose rate was
+    /// measured.
+    pub fn of(steps: &[StepRecord]) -> Option<MeanPace> {
+        let steady = if steps.len() > 1 { &steps[1..] } else { steps };
+        // A step's time is its tokens over its rate: summed as `1 / rate` (the tokens of a
+        // step are the same every step).
+        let timed: Vec<&StepRecord> = steady
+            .iter()
+            .filter(|r| r.tokens_per_s.is_finite() && r.tokens_per_s > 0.0)
+            .collect();
+        let inverse: f64 = timed.iter().map(|r| 1.0 / r.tokens_per_s).sum();
+        if timed.is_empty() || inverse <= 0.0 {
+            return None;
+        }
+        let n = timed.len() as f64;
+        // Per unit of time, weighted as `1 / rate` weighs each step.
+        let weighted = |value: &dyn Fn(&StepRecord) -> Option<f64>| -> Option<f64> {
+            let all: Option<Vec<f64>> = timed
+                .iter()
+                .map(|r| value(r).map(|v| v / r.tokens_per_s))
+                .collect();
+            Some(all?.iter().sum::<f64>() / inverse)
+        };
+        Some(MeanPace {
+            steps: timed.len() as u64,
+            tokens_per_s: n / inverse,
+            trained_tokens_per_s: weighted(&|r| r.trained_tokens_per_s),
+            mfu: weighted(&|r| r.mfu),
+            step_time_s: timed.iter().map(|r| r.step_time_max_s).sum::<f64>() / n,
+        })
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -242,6 +295,7 @@ fn summarise(run: &RunDir, current: &mut CurrentPoints) -> RunMetricsSummary {
         record: metrics.steps.last().cloned(),
         eval: metrics.evals.last().map(EvalJson::from),
         diverged_from: metrics.diverged_from().map(|d| d.step),
+        mean: MeanPace::of(&metrics.steps),
     }
 }
 
@@ -319,21 +373,17 @@ fn metrics_table(runs: &[RunMetricsSummary]) -> String {
                     None => row.extend([dash(), dash()]),
                 }
             }
-            row.push(field(&|m| group_thousands(m.tokens_per_s)));
+            // The run's pace, not its latest step's: runs are compared by it.
+            let pace = |f: &dyn Fn(&MeanPace) -> Option<String>| {
+                run.mean.as_ref().and_then(f).unwrap_or_else(dash)
+            };
+            row.push(pace(&|p| Some(group_thousands(p.tokens_per_s))));
             if with_trained {
-                row.push(field(&|m| {
-                    m.trained_tokens_per_s
-                        .map(group_thousands)
-                        .unwrap_or_else(dash)
-                }));
+                row.push(pace(&|p| p.trained_tokens_per_s.map(group_thousands)));
             }
-            row.push(field(&|m| {
-                m.mfu
-                    .map(|x| format!("{:.1}%", x * 100.0))
-                    .unwrap_or_else(dash)
-            }));
+            row.push(pace(&|p| p.mfu.map(|x| format!("{:.1}%", x * 100.0))));
             // The slowest rank's, as tokens/s is: the job moves at its pace.
-            row.push(field(&|m| format_seconds(m.step_time_max_s)));
+            row.push(pace(&|p| Some(format_seconds(p.step_time_s))));
             row.push(field(&|m| {
                 format!("{:.0} MiB", m.peak_memory_max_bytes as f64 / 1048576.0)
             }));
@@ -729,17 +779,37 @@ mod tests {
             ("12,000", "3,386")
         );
         assert_eq!(rows[0]["loss"], "2.0000");
-        // A step whose batch held no target token has no loss to show.
+        // A step whose batch held no target token has no loss to show. The rates are the
+        // run's from its second step on (the first warms up): this one's alone.
         append(shardrun_protocol::messages::StepMetrics {
             step: 2,
             loss: 0.0,
+            tokens_per_s: 6_000.0,
             trained_tokens_per_s: Some(0.0),
             ..Default::default()
         });
         let rows = cells(&metrics_table(&[summary(&run)]));
         assert_eq!(
-            (rows[0]["loss"].as_str(), rows[0]["trained/s"].as_str()),
-            ("-", "0")
+            (
+                rows[0]["loss"].as_str(),
+                rows[0]["tokens/s"].as_str(),
+                rows[0]["trained/s"].as_str()
+            ),
+            ("-", "6,000", "0")
+        );
+        // Over steps 2 and 3, the tokens over the time they took (a step at 6,000 tokens/s
+        // takes twice as long as one at 12,000): 8,000 tokens/s, of which 1,000 trained.
+        append(shardrun_protocol::messages::StepMetrics {
+            step: 3,
+            loss: 1.5,
+            tokens_per_s: 12_000.0,
+            trained_tokens_per_s: Some(3_000.0),
+            ..Default::default()
+        });
+        let rows = cells(&metrics_table(&[summary(&run)]));
+        assert_eq!(
+            (rows[0]["tokens/s"].as_str(), rows[0]["trained/s"].as_str()),
+            ("8,000", "1,000")
         );
     }
 
