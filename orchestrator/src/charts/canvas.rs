@@ -347,6 +347,34 @@ pub fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow::anyhow!("{e}")
 }
 
+/// `root` under its title: 24-pixel text, smaller (to 14) where that would not fit the width,
+/// and cut short with "…" past that (a sweep point's run name and parameters make long
+/// titles, which centred text would spill past both edges).
+pub fn titled<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+) -> anyhow::Result<DrawingArea<DB, Shift>> {
+    let room = root.dim_in_pixel().0.saturating_sub(24);
+    let fits = |text: &str, size: u32| {
+        let style = TextStyle::from(("sans-serif", size).into_font());
+        root.estimate_text_size(text, &style)
+            .map_or(true, |(width, _)| width <= room)
+    };
+    let mut size = 24;
+    while size > 14 && !fits(title, size) {
+        size -= 1;
+    }
+    let mut text = title.to_string();
+    while !fits(&text, size) && text.chars().count() > 1 {
+        let kept: String = text
+            .chars()
+            .take(text.chars().count().saturating_sub(2))
+            .collect();
+        text = format!("{}…", kept.trim_end_matches('…'));
+    }
+    root.titled(&text, ("sans-serif", size)).map_err(err)
+}
+
 /// TrueType fonts tried for text (PNG needs one; SVG layout uses one for sizes).
 const FONT_CANDIDATES: &[&str] = &[
     "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
@@ -621,6 +649,55 @@ pub fn grid<DB: DrawingBackend>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The font sizes (as the SVG writes them: plotters scales a size in pixels by 0.8) and
+    /// texts of an SVG's text elements.
+    fn svg_texts(svg: &str) -> Vec<(u32, String)> {
+        svg.split("<text")
+            .skip(1)
+            .filter_map(|element| {
+                let size = element.split("font-size=\"").nth(1)?.split('"').next()?;
+                let text = element.split('>').nth(1)?.split('<').next()?;
+                Some((size.parse::<f64>().ok()? as u32, text.trim().to_string()))
+            })
+            .collect()
+    }
+
+    fn title_of(title: &str) -> (u32, String) {
+        register_system_font().expect("a TrueType font (scripts/setup.sh installs one)");
+        let mut svg = String::new();
+        {
+            let root = SVGBackend::with_string(&mut svg, (WIDTH, 100)).into_drawing_area();
+            titled(&root, title).unwrap();
+            root.present().unwrap();
+        }
+        let texts = svg_texts(&svg);
+        assert_eq!(texts.len(), 1, "{svg}");
+        texts[0].clone()
+    }
+
+    #[test]
+    fn a_title_too_wide_is_made_smaller_then_cut_short() {
+        // 24 pixels, 14 at the least.
+        let (largest, smallest) = (24 * 8 / 10, 14 * 8 / 10);
+        assert_eq!(title_of("loss"), (largest, "loss".into()));
+        // About 1.3 times the width at 24 pixels: smaller, whole.
+        let long = "mlp-sweep-d512b413b62d4059 (batch_size_per_device=1, lr=3e-4, seq_len=2048, warmup=10): step 500, loss 2.0431, 1 rank";
+        let (size, text) = title_of(long);
+        assert!(
+            (smallest..largest).contains(&size) && text == long,
+            "{size} {text}"
+        );
+        // Past what 14 pixels fit: cut, with an ellipsis.
+        let longer = long.repeat(3);
+        let (size, text) = title_of(&longer);
+        assert!(
+            size == smallest
+                && text.ends_with('…')
+                && longer.starts_with(text.trim_end_matches('…')),
+            "{size} {text}"
+        );
+    }
 
     /// A thick, noisy curve of several steps to a pixel column (it turns back on itself
     /// within a column) drawn into the top half of a PNG-like raster: nothing of its color

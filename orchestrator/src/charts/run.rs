@@ -382,8 +382,7 @@ impl Figure for RunFigure {
     ) -> anyhow::Result<()> {
         root.fill(&WHITE).map_err(canvas::err)?;
         let body = if surface.text {
-            root.titled(&self.title, ("sans-serif", 24))
-                .map_err(canvas::err)?
+            canvas::titled(&root, &self.title)?
         } else {
             root.clone()
         };

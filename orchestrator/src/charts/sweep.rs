@@ -119,7 +119,7 @@ impl SweepFigure {
 
     /// The points in the order of the values of `params` (numbers by value), as a legend
     /// reads.
-    fn sorted(&self, params: &ParamColumns) -> Vec<&PointRecords> {
+    pub fn sorted(&self, params: &ParamColumns) -> Vec<&PointRecords> {
         let mut points: Vec<&PointRecords> = self.points.iter().collect();
         points.sort_by(|a, b| params.order(&a.params, &b.params));
         points
@@ -259,10 +259,21 @@ impl SweepFigure {
                     true => "validation loss",
                     false => "loss",
                 };
-                format!(
-                    "... and {} more point(s), in grey: higher final {measure}",
-                    with_steps.len() - MAX_LEGEND
-                )
+                let grey_diverged = (0..with_steps.len())
+                    .filter(|i| !named.contains(i) && diverged[*i])
+                    .count();
+                let higher = with_steps.len() - MAX_LEGEND - grey_diverged;
+                match (higher, grey_diverged) {
+                    (_, 0) => {
+                        format!("... and {higher} more point(s), in grey: higher final {measure}")
+                    }
+                    (0, d) => format!("... and {d} more point(s), in grey: diverged"),
+                    (h, d) => format!(
+                        "... and {} more point(s), in grey: {h} with a higher final \
+                         {measure}, {d} diverged",
+                        h + d
+                    ),
+                }
             }),
         }
     }
@@ -465,8 +476,7 @@ impl Figure for SweepFigure {
     ) -> anyhow::Result<()> {
         root.fill(&WHITE).map_err(canvas::err)?;
         let body = if surface.text {
-            root.titled(&self.title, ("sans-serif", 24))
-                .map_err(canvas::err)?
+            canvas::titled(&root, &self.title)?
         } else {
             root.clone()
         };
@@ -592,8 +602,9 @@ mod tests {
         assert!(overlay.curves[3..].iter().all(|c| c.color != UNNAMED));
         assert_eq!(
             overlay.legend_note.as_deref(),
-            Some("... and 3 more point(s), in grey: higher final loss"),
-            "not drawn as a curve's label, with that curve's pen"
+            Some("... and 3 more point(s), in grey: 2 with a higher final loss, 1 diverged"),
+            "not drawn as a curve's label, with that curve's pen; the diverged one has no \
+             final loss to be higher"
         );
         let mut fewer = figure;
         fewer.points.truncate(MAX_LEGEND);

@@ -216,8 +216,8 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
     let swept = figure.swept();
     // A point that diverged has no final loss worth comparing.
     let diverged: Vec<String> = figure
-        .points
-        .iter()
+        .sorted(&figure.params())
+        .into_iter()
         .filter(|p| crate::metrics_file::has_diverged(&p.steps))
         .map(|p| figure.label(p))
         .collect();
@@ -245,9 +245,11 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
             String::new()
         } else {
             format!(
-                "; diverged (loss or gradients NaN or inf, or loss blown up), so left out of the \
-                 final-loss panel: \
-                 {}",
+                "; diverged (loss or gradients NaN or inf, or loss blown up){}: {}",
+                match swept.len() {
+                    1 | 2 => ", so left out of the final-loss panel",
+                    _ => "",
+                },
                 diverged.join("; ")
             )
         },
