@@ -1159,6 +1159,20 @@ fn a_diverged_point_is_not_continued_when_the_sweep_asks_for_more_steps() {
         .unwrap_or_else(|| panic!("no point's loss went non-finite: {before:?}"));
     assert!(!before[1].iter().any(|(_, null)| *null), "{before:?}");
 
+    // The same sweep again: both finished, and the one that diverged on the way is said so,
+    // not skipped as if its final loss were a result.
+    let out = cluster
+        .shardrun(dir.path(), &["sweep", "--dry-run", &spec_arg])
+        .unwrap();
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert!(
+        stdout.contains(&format!("skip (COMPLETED, diverged at step {first})"))
+            && stdout.matches("skip (COMPLETED)").count() == 1
+            && stdout.contains("1 finished point(s) diverged on the way"),
+        "{stdout}"
+    );
+
     dir.write("sweep.yaml", &text(9));
     let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
     let stdout = stdout_of(&out);

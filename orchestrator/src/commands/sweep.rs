@@ -232,6 +232,25 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             sweep_dir.join(&point.name).display()
         );
     }
+    let finished_diverged: Vec<(&SweepPoint, u64)> = points
+        .iter()
+        .zip(&survey.decisions)
+        .filter_map(|(p, d)| match d {
+            Decision::FinishedDiverged(first) => Some((p, *first)),
+            _ => None,
+        })
+        .collect();
+    if let Some((point, first)) = finished_diverged.first() {
+        outln!(
+            "{} finished point(s) diverged on the way (their loss or gradients went NaN or \
+             inf, or the loss blew up, and training went on): their final losses are not \
+             results. To try them with a lower LR, `optimizer.grad_clip` or a longer warm-up, \
+             change the sweep's spec (changed values are new points). The first, {}, from \
+             step {first}",
+            finished_diverged.len(),
+            sweep_dir.join(&point.name).display()
+        );
+    }
     if let Some((dir, changes)) = survey.finished_on_other_data.first() {
         outln!(
             "{} finished point(s) trained on data that differs from the data as it is now: \
@@ -488,6 +507,9 @@ fn decision_words(
     let array = array_of.get(point.key.as_str());
     let what = match (decision, array) {
         (Decision::Skip(state), _) => format!("skip ({})", state),
+        (Decision::FinishedDiverged(first), _) => {
+            format!("skip (COMPLETED, diverged at step {first})")
+        }
         (Decision::DataChanged(_), _) => "skip (data changed)".to_string(),
         (Decision::TrainedPast(state, step), _) => {
             format!("skip ({} at step {step})", state)

@@ -21,6 +21,10 @@ pub enum Decision {
     /// (no checkpoint to resume from: deleted, or none saved yet), which is said.
     Retry(RunState, Anew),
     Skip(RunState),
+    /// A finished point that diverged on its way (`on_divergence: continue`, the default): it
+    /// is skipped as any finished point, and said to have diverged, from this step, so that
+    /// its final loss is not taken for a result.
+    FinishedDiverged(u64),
     /// A point to retry whose checkpoint was trained on other data than the data as it is
     /// prepared now: its job would refuse to resume, so it is not submitted.
     DataChanged(RunState),
@@ -135,9 +139,12 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
                 let dir = sweep_dir.join(&p.name);
                 let changes = data_changes(&dir, p, &mut probed);
                 if !changes.is_empty() {
-                    finished_on_other_data.push((dir, changes));
+                    finished_on_other_data.push((dir.clone(), changes));
                 }
-                Decision::Skip(RunState::Completed)
+                match RunDir::open(&dir).ok().and_then(|run| diverged_from(&run)) {
+                    Some(divergence) => Decision::FinishedDiverged(divergence.step),
+                    None => Decision::Skip(RunState::Completed),
+                }
             }
             Some(state @ (RunState::Submitted | RunState::Running)) => Decision::Skip(*state),
             Some(&state) => match resumed_from(&sweep_dir.join(&p.name), p) {
