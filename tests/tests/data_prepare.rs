@@ -808,7 +808,7 @@ fn a_preemption_notice_while_the_data_is_prepared_preempts_the_run_before_any_ra
         match lines.recv_timeout(DEADLINE) {
             Ok(line)
                 if line.contains(
-                    "preemption notice (SIGUSR2) while the data is prepared: no rank will be started",
+                    "SIGUSR2 (a preemption or time-limit notice) while the data is prepared: no rank will be started",
                 ) =>
             {
                 break true

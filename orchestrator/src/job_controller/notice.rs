@@ -15,7 +15,7 @@ pub const NOTICE_SECONDS_VAR: &str = "SHARDRUN_NOTICE_SECONDS";
 
 /// Slurm may send the time-limit signal up to a minute before it is due ("due to the
 /// resolution of event handling by Slurm", sbatch's manual).
-const SIGNAL_EARLY_BY: u64 = 60;
+pub(crate) const SIGNAL_EARLY_BY: u64 = 60;
 
 /// How long squeue or scontrol may take to answer: the notice leaves little time, and the
 /// checkpoint must not wait on a busy slurmctld.

@@ -140,7 +140,7 @@ impl Signals {
                             if !*preempted {
                                 *preempted = true;
                                 outln!(
-                                    "shardrun: preemption notice (SIGUSR2) while the data is \
+                                    "shardrun: SIGUSR2 (a preemption or time-limit notice) while the data is \
                                      prepared: no rank will be started"
                                 );
                             }

@@ -484,7 +484,7 @@ pub fn resolve_with(
         &mut warnings,
     )?;
     let slurm = slurm::resolve_slurm(&s, &ranks, overrides, &mut warnings)?;
-    let preemption = slurm::resolve_preemption(&s, slurm.time_limit_seconds)?;
+    let preemption = slurm::resolve_preemption(&s, slurm.time_limit_seconds, &mut warnings)?;
 
     let train = TrainConfig {
         name: spec.name.clone(),
@@ -1343,6 +1343,30 @@ mod tests {
             assert_eq!(err.field, "preemption.signal_seconds");
             assert!(err.why.contains(why), "{}", err.why);
         }
+        // A notice that leaves less than the minute by which Slurm may send it early is
+        // warned of.
+        let loaded = parse(
+            &yaml.replace("  signal_seconds: 120\n", "  signal_seconds: 20\n"),
+            Path::new("j.yaml"),
+        )
+        .unwrap();
+        let j = resolve(&loaded, &Overrides::default()).unwrap();
+        assert!(
+            j.warnings.iter().any(|w| w.starts_with(
+                "the time-limit notice comes 20 s before a limit of 60 s, 40 s in, and Slurm may send it up to 60 s early"
+            )),
+            "{:?}",
+            j.warnings
+        );
+        let loaded = parse(
+            &yaml
+                .replace("\"00:01:00\"", "\"00:02:00\"")
+                .replace("  signal_seconds: 120\n", "  signal_seconds: 60\n"),
+            Path::new("j.yaml"),
+        )
+        .unwrap();
+        let j = resolve(&loaded, &Overrides::default()).unwrap();
+        assert!(j.warnings.is_empty(), "{:?}", j.warnings);
         // Without an explicit value the warning moves to half the limit.
         let loaded = parse(
             &yaml.replace("  signal_seconds: 120\n", "  requeue: false\n"),

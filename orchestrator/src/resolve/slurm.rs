@@ -151,6 +151,7 @@ pub fn resolve_slurm(
 pub fn resolve_preemption(
     s: &Section,
     time_limit_seconds: Option<u64>,
+    warnings: &mut Vec<String>,
 ) -> Result<PreemptionPlan, ResolveError> {
     let p = &s.spec().preemption;
     let signal_seconds = match (p.signal_seconds, time_limit_seconds) {
@@ -183,7 +184,20 @@ pub fn resolve_preemption(
                 format!("use fewer than {limit} seconds, or a longer `resources.time`"),
             ));
         }
-        (Some(secs), _) => secs,
+        (Some(secs), Some(limit)) => {
+            let early_by = crate::job_controller::notice::SIGNAL_EARLY_BY;
+            if limit - secs < early_by {
+                warnings.push(format!(
+                    "the time-limit notice comes {secs} s before a limit of {limit} s, {} s in, \
+                     and Slurm may send it up to {early_by} s early: the job may get it as it \
+                     starts and stop before it trains a step, and is then not requeued; give it \
+                     more `resources.time` or a smaller `preemption.signal_seconds`",
+                    limit - secs
+                ));
+            }
+            secs
+        }
+        (Some(secs), None) => secs,
         // Small limits (tests, debug queues) get the warning halfway instead.
         (None, Some(limit)) => defaults::SIGNAL_SECONDS.min(limit / 2),
         (None, None) => defaults::SIGNAL_SECONDS,
