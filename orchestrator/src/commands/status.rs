@@ -190,6 +190,10 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
 /// state, Slurm job and, for sweep points, which of the sweep's job arrays it is in
 /// (`<k>/<n>`); run directories relative to `cwd` where they are below it.
 fn status_table(statuses: &[RunStatus], cwd: Option<&Path>) -> String {
+    // One run's detail is shown whole; in a table of many (a sweep), a long one would wrap
+    // every row, and the same advice repeats on each.
+    let cut_details = statuses.len() > 1;
+    let mut cut_any = false;
     let params = ParamColumns::given(statuses.iter().map(|s| &s.sweep_params));
     let mut statuses: Vec<&RunStatus> = statuses.iter().collect();
     params.sort(&mut statuses, |s| s.run.path(), |s| &s.sweep_params);
@@ -229,16 +233,46 @@ fn status_table(statuses: &[RunStatus], cwd: Option<&Path>) -> String {
                         .unwrap_or_else(|| "-".into()),
                 );
             }
-            row.extend([shown.display().to_string(), s.detail.clone()]);
+            let detail = match cut_details {
+                true => cut_short(&s.detail, DETAIL_SHOWN),
+                false => s.detail.clone(),
+            };
+            cut_any |= detail.len() < s.detail.len();
+            row.extend([shown.display().to_string(), detail]);
             row
         })
         .collect();
     let mut text = table(&header, &rows);
+    if cut_any {
+        text.push_str(&format!(
+            "(details past {DETAIL_SHOWN} characters are cut short: `shardrun status <run \
+             directory>` shows one run's whole, `--json` every run's)\n"
+        ));
+    }
     if statuses.iter().any(|s| s.superseded) {
         text.push_str(SUPERSEDED_NOTE);
         text.push('\n');
     }
     text
+}
+
+/// The characters of a run's detail a table of several runs shows.
+const DETAIL_SHOWN: usize = 160;
+
+/// `text` cut to at most `at` characters, at a word where there is one, ending in "…".
+fn cut_short(text: &str, at: usize) -> String {
+    if text.chars().count() <= at {
+        return text.to_string();
+    }
+    let kept: String = text.chars().take(at - 1).collect();
+    let at_word = kept
+        .rfind(' ')
+        .filter(|&i| i > at / 2)
+        .unwrap_or(kept.len());
+    format!(
+        "{}…",
+        kept[..at_word].trim_end_matches([' ', ',', ';', ':'])
+    )
 }
 
 /// Columns padded to their widest cell (counted in characters), two spaces apart; the last
@@ -269,6 +303,42 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_details_are_cut_at_a_word_in_tables_of_several_runs() {
+        assert_eq!(cut_short("short", 160), "short");
+        let long = "the run was cancelled by SIGTERM after step 408; its newest checkpoint is \
+                    step 400 (/runs/hp/hp-34bf651a8e95e942/checkpoints/step-400); its loss blew up";
+        let cut = cut_short(long, 60);
+        assert_eq!(
+            cut, "the run was cancelled by SIGTERM after step 408; its…",
+            "cut before the word the limit falls in"
+        );
+        assert!(cut.chars().count() <= 60);
+        let dir = tempfile::tempdir().unwrap();
+        let points = crate::sweeps::point_dirs::written_points(
+            dir.path(),
+            include_str!("../../../examples/sweep.yaml"),
+        );
+        let (mut statuses, _) = slurm::refresh(&points).unwrap();
+        let whole = "word ".repeat(60);
+        for status in &mut statuses {
+            status.detail = whole.clone();
+        }
+        let text = status_table(&statuses, None);
+        assert!(
+            !text.contains(&whole)
+                && text.contains("word…")
+                && text.ends_with("`--json` every run's)\n"),
+            "{text}"
+        );
+        // One run alone: whole.
+        let text = status_table(&statuses[..1], None);
+        assert!(
+            text.contains(whole.trim_end()) && !text.contains("cut short"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn a_run_left_from_an_earlier_spec_of_the_sweep_is_marked() {
