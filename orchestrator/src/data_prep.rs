@@ -90,10 +90,11 @@ fn fewer_samples_than_a_step(samples: u64, total_batch_size: u64) -> Option<Stri
 
 /// The controller's step before launching: the data ready and, for a run that resumes, the
 /// data its checkpoint was trained on ([`resume_data::DataChanged`] when not); or the reason
-/// the job cannot run. Records what the data is made of in the run directory.
-pub fn before_launch(run: &RunDir, config: &TrainConfig) -> anyhow::Result<()> {
+/// the job cannot run. Records what the data is made of in the run directory. Whether it
+/// tokenized anything (a cache the next attempt finds ready).
+pub fn before_launch(run: &RunDir, config: &TrainConfig) -> anyhow::Result<bool> {
     let Some(dataset) = open_dataset(config, None)? else {
-        return Ok(());
+        return Ok(false);
     };
     let description = describe(config, &dataset);
     for line in &description {
@@ -105,7 +106,8 @@ pub fn before_launch(run: &RunDir, config: &TrainConfig) -> anyhow::Result<()> {
     }
     run.write_data_identity(dataset.identity())?;
     describe_in_train_log(run, &description)
-        .with_context(|| format!("cannot write {}", run.train_log().display()))
+        .with_context(|| format!("cannot write {}", run.train_log().display()))?;
+    Ok(dataset.built())
 }
 
 /// `train.log` is what people follow: the data is described there once, by the controller

@@ -155,18 +155,9 @@ pub fn supervise(
     })
     .context("cannot watch for Ctrl-C")
     .map_err(failed)?;
-    // Data prepared by this attempt is progress a requeued one keeps.
-    let data_was_ready = match &config.data {
-        shardrun_protocol::config::DataConfig::Dataset(data) => {
-            shardrun_data::DataIdentity::probe(data)
-                .ok()
-                .flatten()
-                .is_some()
-        }
-        _ => true,
-    };
     let prepared = crate::data_prep::before_launch(run, &config);
-    opts.prepared_data = prepared.is_ok() && !data_was_ready;
+    // Data prepared by this attempt is progress a requeued one keeps.
+    opts.prepared_data = matches!(prepared, Ok(true));
     if let Err(e) = prepared {
         // What the run's end says from here is the refusal's or the failure's: a stop now
         // has nothing left to stop, and must not write the manifest over it.
