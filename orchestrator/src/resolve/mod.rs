@@ -240,11 +240,10 @@ impl Section<'_> {
     /// Whether `field` was given by a `--set` argument or, for a sweep point, by the sweep.
     fn chosen(&self, field: &str, overrides: &Overrides) -> bool {
         self.overridden(field)
-            || overrides.swept.iter().any(|path| {
-                field
-                    .strip_prefix(path.as_str())
-                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
-            })
+            || overrides
+                .swept
+                .iter()
+                .any(|path| crate::spec::overrides::within(field, path))
     }
 
     /// An error about `field` (dotted path), located in the spec file.

@@ -25,14 +25,16 @@ impl Override {
     /// Whether an error about `field` is about this override's value: the same key, a key
     /// or list entry (`files[0]`) inside the value it set, or the section it set a key of.
     pub fn covers(&self, field: &str) -> bool {
-        let inside = |outer: &str, inner: &str| {
-            inner == outer
-                || inner
-                    .strip_prefix(outer)
-                    .is_some_and(|rest| rest.starts_with(['.', '[']))
-        };
-        inside(&self.path, field) || (!field.is_empty() && inside(field, &self.path))
+        within(field, &self.path) || (!field.is_empty() && within(&self.path, field))
     }
+}
+
+/// Whether the dotted `field` is `path` or inside it (`training.optimizer.betas` and
+/// `training.data.files[0]` in `training.optimizer`, `training.data.files`).
+pub fn within(field: &str, path: &str) -> bool {
+    field
+        .strip_prefix(path)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
 }
 
 /// Parses `path=value` (the value is YAML; an empty value is YAML's null).

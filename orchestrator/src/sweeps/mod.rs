@@ -12,6 +12,7 @@ pub mod survey;
 
 use crate::resolve::{self, Overrides, ResolveError, ResolvedJob};
 use crate::sbatch::shell_quote;
+use crate::spec::overrides::within;
 use crate::spec::read::{read, ReadError};
 use crate::spec::{JobSpec, LoadedSpec, SpecError, SpecErrorKind, SweepSpec};
 use serde::{Deserialize, Serialize};
@@ -548,13 +549,6 @@ fn at_swept_value(
     let mut moved = loaded.error_at(at, err.why.clone(), err.fix.clone());
     moved.field = err.field.clone();
     ResolveError::Invalid(moved)
-}
-
-/// Whether `field` is `path` or inside it (`training.optimizer.betas` in `training.optimizer`).
-fn within(field: &str, path: &str) -> bool {
-    field
-        .strip_prefix(path)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
 }
 
 /// A swept value the spec's key does not take, located at the value (`written_at`).
