@@ -144,10 +144,18 @@ pub fn latest_step(path: &Path) -> Option<u64> {
 pub struct RecentPace {
     /// The step of the last step record.
     pub step: u64,
-    /// Wall-clock seconds per step over the records at the file's end since the run last
-    /// resumed (evaluations and saves between them included, as they take the run's time);
-    /// `None` with fewer than two such records.
-    pub seconds_per_step: Option<f64>,
+    /// The oldest step record at the file's end since the run last resumed, and the
+    /// wall-clock seconds from it to the last (evaluations and saves between them included,
+    /// as they take the run's time); `None` with fewer than two such records.
+    pub since: Option<(u64, f64)>,
+}
+
+impl RecentPace {
+    /// Seconds per step over [`RecentPace::since`].
+    pub fn seconds_per_step(&self) -> Option<f64> {
+        let (first, elapsed) = self.since?;
+        Some(elapsed / self.step.checked_sub(first).filter(|&n| n > 0)? as f64)
+    }
 }
 
 /// [`RecentPace`] from the last 16 KiB of `path` (a few dozen records).
@@ -180,16 +188,11 @@ pub fn latest_progress(path: &Path) -> Option<RecentPace> {
             Ok(Line::Eval(_) | Line::Resume(_)) | Err(_) => {}
         }
     }
-    let seconds_per_step = match (oldest, newest) {
-        (Some((s0, t0)), Some((s1, t1))) if s1 > s0 && t1 > t0 => {
-            Some((t1 - t0) / (s1 - s0) as f64)
-        }
+    let since = match (oldest, newest) {
+        (Some((s0, t0)), Some((s1, t1))) if s1 > s0 && t1 > t0 => Some((s0, t1 - t0)),
         _ => None,
     };
-    Some(RecentPace {
-        step: step?,
-        seconds_per_step,
-    })
+    Some(RecentPace { step: step?, since })
 }
 
 /// What to change so that a run clipping its gradients at `grad_clip` (the optimizer's) does
@@ -343,33 +346,24 @@ mod tests {
             .collect();
         std::fs::write(&path, &text).unwrap();
         assert_eq!(
-            latest_progress(&path),
-            Some(RecentPace {
-                step: 10,
-                seconds_per_step: Some(2.0)
-            })
+            latest_progress(&path).map(|p| (p.step, p.seconds_per_step())),
+            Some((10, Some(2.0)))
         );
         text.push_str("{\"resumed_at_step\":5}\n");
         std::fs::write(&path, &text).unwrap();
         text.push_str(&timed(6, 5000.0));
         std::fs::write(&path, &text).unwrap();
         assert_eq!(
-            latest_progress(&path),
-            Some(RecentPace {
-                step: 6,
-                seconds_per_step: None
-            })
+            latest_progress(&path).map(|p| (p.step, p.seconds_per_step())),
+            Some((6, None))
         );
         text.push_str(&timed(7, 5003.0));
         text.push_str("{\"step\":7,\"eval_loss\":2.4}\n");
         text.push_str(&timed(8, 5006.0));
         std::fs::write(&path, &text).unwrap();
         assert_eq!(
-            latest_progress(&path),
-            Some(RecentPace {
-                step: 8,
-                seconds_per_step: Some(3.0)
-            })
+            latest_progress(&path).map(|p| (p.step, p.seconds_per_step())),
+            Some((8, Some(3.0)))
         );
     }
 

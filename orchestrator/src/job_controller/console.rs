@@ -144,7 +144,8 @@ pub fn format_eval(e: &EvalMetrics) -> String {
     )
 }
 
-fn eta_seconds(elapsed: f64, first_step: u64, step: u64, total: u64) -> Option<f64> {
+/// Seconds left to step `total` at the pace from `first_step` to `step` (`elapsed`).
+pub fn eta_seconds(elapsed: f64, first_step: u64, step: u64, total: u64) -> Option<f64> {
     let done = step.checked_sub(first_step).filter(|&d| d > 0)?;
     Some(elapsed / done as f64 * total.saturating_sub(step) as f64)
 }

@@ -594,18 +594,21 @@ fn progress(run: &RunDir) -> String {
     let Some(now) = crate::metrics_file::latest_progress(&run.metrics()) else {
         return "no step logged yet (starting, or preparing its data)".to_string();
     };
-    match (total, now.seconds_per_step) {
-        (Some(total), Some(pace)) if total > now.step => format!(
+    let left = now.since.and_then(|(first, elapsed)| {
+        crate::job_controller::console::eta_seconds(elapsed, first, now.step, total?)
+    });
+    match (total, now.seconds_per_step(), left) {
+        (Some(total), Some(pace), Some(left)) if total > now.step => format!(
             "at step {} of {total}, about {} left ({})",
             now.step,
-            crate::job_controller::console::format_duration(pace * (total - now.step) as f64),
+            crate::job_controller::console::format_duration(left),
             match pace {
                 p if p >= 1.0 => format!("{p:.1} s/step"),
                 p => format!("{:.0} steps/s", 1.0 / p),
             }
         ),
-        (Some(total), _) => format!("at step {} of {total}", now.step),
-        (None, _) => format!("at step {}", now.step),
+        (Some(total), ..) => format!("at step {} of {total}", now.step),
+        (None, ..) => format!("at step {}", now.step),
     }
 }
 
