@@ -588,8 +588,8 @@ fn messages_in(messages: &Value, field: &str) -> std::result::Result<Vec<Value>,
     // shared handle; its keys are read only for an error).
     let mut written = Vec::new();
     for message in messages.try_iter().map_err(|e| e.to_string())? {
-        let message = without_nulls(message).map_err(|e| e.to_string())?;
-        let (read, role_from) = from_sharegpt(message.clone()).map_err(|e| e.to_string())?;
+        let kept = without_nulls(message.clone()).map_err(|e| e.to_string())?;
+        let (read, role_from) = from_sharegpt(kept).map_err(|e| e.to_string())?;
         written.push((role_from, message));
         list.push(read);
     }
@@ -627,8 +627,28 @@ fn messages_in(messages: &Value, field: &str) -> std::result::Result<Vec<Value>,
                 ));
             }
         }
+        // Templates print a missing content as nothing: a turn whose text sits under another
+        // key (`text`, `message`) would train on an empty turn, unseen. A `content: null` is
+        // written so on purpose (APIs write it beside tool calls, or for a turn with no
+        // text), and renders as `transformers` renders it.
+        let written_text = ["content", "value"]
+            .iter()
+            .any(|key| has_key(&written[i].1, key));
+        if !written_text && !has_key(message, "tool_calls") {
+            return Err(format!(
+                "message {} has no `content` (it has: {}); a message holds its text in \
+                 `content` (ShareGPT's `value`), or is an assistant's `tool_calls`",
+                i + 1,
+                keys_of(&written[i].1).join(", ")
+            ));
+        }
     }
     Ok(list)
+}
+
+/// Whether an object has `key` (a null value counts: the caller says which it wants).
+fn has_key(object: &Value, key: &str) -> bool {
+    !object.get_attr(key).unwrap_or_default().is_undefined()
 }
 
 /// A message with ShareGPT's keys (`{"from": "human", "value": ...}`) as a `{role, content}`
@@ -642,7 +662,7 @@ fn from_sharegpt(message: Value) -> std::result::Result<(Value, bool), Error> {
     if message.kind() != ValueKind::Map {
         return Ok((message, false));
     }
-    let has = |key: &str| !message.get_attr(key).unwrap_or_default().is_undefined();
+    let has = |key: &str| has_key(&message, key);
     let from = message.get_attr("from")?;
     let role = match from.as_str() {
         Some(from) if !has("role") => Some(match from.to_lowercase().as_str() {
@@ -1139,10 +1159,13 @@ mod tests {
         let err = t.render(&[], false).unwrap_err();
         assert!(!err.contains("nothing sets"), "{err}");
         let t = template(
-            "{% if custom_tools is defined %}x{% endif %}{{ messages[0].content + eos_token }}",
+            "{% if custom_tools is defined %}x{% endif %}{{ messages[0].name + eos_token }}",
         );
         let err = t
-            .render(&messages(r#"{"messages": [{"role": "user"}]}"#), false)
+            .render(
+                &messages(r#"{"messages": [{"role": "user", "content": "hi"}]}"#),
+                false,
+            )
             .unwrap_err();
         assert!(!err.contains("nothing sets"), "{err}");
     }
@@ -1223,13 +1246,13 @@ mod tests {
         assert_eq!(
             read(
                 r#"{"conversations": [{"from": "human", "content": "q"}, {"role": "assistant", "value": "a"},
-                    {"from": "human", "role": "user", "value": "b", "content": "c"}, {"from": "gpt"}]}"#
+                    {"from": "human", "role": "user", "value": "b", "content": "c"}, {"from": "gpt", "tool_calls": []}]}"#
             ),
             [
                 "{'role': 'user', 'content': 'q'}",
                 "{'role': 'assistant', 'content': 'a'}",
                 "{'from': 'human', 'role': 'user', 'value': 'b', 'content': 'c'}",
-                "{'role': 'assistant'}",
+                "{'role': 'assistant', 'tool_calls': []}",
             ]
         );
 
@@ -1257,6 +1280,41 @@ mod tests {
             read(r#"{"conversations": [{"from": "System", "value": "s"}]}"#),
             ["{'role': 'system', 'content': 's'}"]
         );
+    }
+
+    #[test]
+    fn a_message_without_content_is_refused_unless_it_calls_tools() {
+        let read = |json: &str| {
+            let record: Value = serde_json::from_str(json).unwrap();
+            messages_of(&record, "messages")
+        };
+        let err = read(r#"{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "text": "a"}]}"#)
+            .unwrap_err();
+        assert_eq!(
+            err,
+            "message 2 has no `content` (it has: role, text); a message holds its text in \
+             `content` (ShareGPT's `value`), or is an assistant's `tool_calls`"
+        );
+        let err = read(r#"{"messages": [{"from": "human", "text": "q"}]}"#).unwrap_err();
+        assert!(
+            err.starts_with("message 1 has no `content` (it has: from, text)"),
+            "{err}"
+        );
+        // Written as null on purpose: a turn with no text.
+        assert!(read(r#"{"messages": [{"role": "user", "content": null}]}"#).is_ok());
+        assert!(read(r#"{"messages": [{"from": "human", "value": null}]}"#).is_ok());
+        // An assistant turn of tool calls writes `content: null` (or nothing) beside them.
+        let calls = r#"[{"type": "function", "function": {"name": "f", "arguments": {}}}]"#;
+        for assistant in [
+            format!(r#"{{"role": "assistant", "content": null, "tool_calls": {calls}}}"#),
+            format!(r#"{{"role": "assistant", "tool_calls": {calls}}}"#),
+        ] {
+            let json =
+                format!(r#"{{"messages": [{{"role": "user", "content": "q"}}, {assistant}]}}"#);
+            assert_eq!(read(&json).unwrap().len(), 2, "{json}");
+        }
+        // Empty text is text.
+        assert!(read(r#"{"messages": [{"role": "user", "content": ""}]}"#).is_ok());
     }
 
     #[test]

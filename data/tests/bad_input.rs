@@ -401,6 +401,29 @@ fn chat_record_with_an_unknown_role() {
 }
 
 #[test]
+fn chat_message_with_its_text_under_another_key() {
+    // Templates print a missing `content` as nothing; preparing must not train on it.
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "chat.jsonl",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}\n\
+         {\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"text\": \"yo\"}]}\n",
+    );
+    let source = chat(&path, "messages");
+    let c = dataset(source, hf("bpe"), 32, &dir.path().join("cache"));
+    let err = fails(&c, None);
+    assert!(
+        err.starts_with(&format!(
+            "{}:2: message 2 has no `content` (it has: role, text); a message holds its text in \
+             `content` (ShareGPT's `value`), or is an assistant's `tool_calls`",
+            path.display()
+        )),
+        "{err}"
+    );
+}
+
+#[test]
 fn skipped_records_are_named_in_file_order_whichever_step_refused_them() {
     // Line 2 reads but its template fails; line 3 does not read at all.
     let dir = tempfile::tempdir().unwrap();
