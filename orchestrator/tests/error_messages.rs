@@ -243,7 +243,7 @@ fn a_total_batch_that_does_not_split() {
         &VALID.replace("total_batch_size: 4", "total_batch_size: 5"),
         "\
 error: job.yaml:5:3: field `training.total_batch_size`: total batch 5 does not split into \
-per-device batches of 2 on 1 ranks (`resources`; 5 / 2 is not a whole number of accumulation steps)
+per-device batches of 2 on 1 rank (`resources`; 5 / 2 is not a whole number of accumulation steps)
   |
 5 |   total_batch_size: 5
   |   ^^^^^^^^^^^^^^^^
@@ -427,7 +427,7 @@ fn a_set_flag_gets_the_files_explanation_and_names_the_flag() {
     assert_eq!(
         stderr,
         "error: --set training.total_batch_size=5: field `training.total_batch_size`: total \
-         batch 5 does not split into per-device batches of 2 on 1 ranks (`resources`; 5 / 2 is not a \
+         batch 5 does not split into per-device batches of 2 on 1 rank (`resources`; 5 / 2 is not a \
          whole number of accumulation steps)\n  fix: set `total_batch_size` to a multiple of 2 × 1 = 2: \
          nearest 4 or 6; or keep it and use `batch_size_per_device` in [1, 5]\n"
     );

@@ -415,7 +415,7 @@ fn a_sweep_says_each_planning_warning_once_with_the_points_it_concerns() {
         .unwrap();
     let stderr = stderr_of(&out);
     assert!(out.status.success(), "{}{stderr}", stdout_of(&out));
-    let warning = "warning: HYBRID_SHARD with one shard group of all 1 ranks has no replicas";
+    let warning = "warning: HYBRID_SHARD with one shard group of the one rank has no replicas";
     assert_eq!(stderr.matches(warning).count(), 1, "{stderr}");
     assert!(
         stderr.contains("(10 of the 20 points to submit, such as ")

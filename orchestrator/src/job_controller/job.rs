@@ -753,9 +753,12 @@ impl JobMachine {
             .registrations()
             .map(|r| r.host.as_str())
             .collect();
+        let all = match info.world_size {
+            1 => "the one rank".to_string(),
+            n => format!("all {n} ranks"),
+        };
         out.push(Action::Say(format!(
-            "all {} ranks registered on {} host(s) ({}): starting",
-            info.world_size,
+            "{all} registered on {} host(s) ({}): starting",
             hosts.len(),
             hosts.into_iter().collect::<Vec<_>>().join(", ")
         )));

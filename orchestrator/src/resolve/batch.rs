@@ -1,5 +1,6 @@
 //! The batch split: `total = per_device × world × accumulation`, never rounded.
 
+use super::ranks::ranks_words;
 use super::{Overrides, ResolveError, Section};
 use std::fmt::Write as _;
 
@@ -97,7 +98,7 @@ pub fn batch_split(
         };
         return Err(s.err(
             field,
-            format!("total batch {total} does not split into per-device batches of {per_device} on {world} ranks ({ranks_from}; {total} / {unit} is not a whole number of accumulation steps)"),
+            format!("total batch {total} does not split into per-device batches of {per_device} on {} ({ranks_from}; {total} / {unit} is not a whole number of accumulation steps)", ranks_words(world)),
             fix,
         ));
     }

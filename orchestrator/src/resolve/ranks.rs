@@ -95,3 +95,11 @@ pub fn resolve_ranks(s: &Section, overrides: &Overrides) -> Result<Ranks, Resolv
         world_size,
     })
 }
+
+/// "1 rank", "4 ranks": a count of ranks as a sentence says it.
+pub(crate) fn ranks_words(n: u64) -> String {
+    match n {
+        1 => "1 rank".to_string(),
+        n => format!("{n} ranks"),
+    }
+}
