@@ -255,7 +255,7 @@ fn four_ranks_make_one_record_per_logged_step_with_the_slowest_rank_and_the_larg
         (r["name"].as_str(), r["state"].as_str()),
         (Some("four"), Some("COMPLETED"))
     );
-    assert!(r["job_id"].is_null() && r["array"].is_null());
+    assert!(r["job_id"].is_null() && r["array"].is_null() && r["diverged"].is_null());
     assert_eq!(Path::new(r["run_dir"].as_str().unwrap()), run);
     let table = stdout_of(&shardrun_in(root, &["status", &run_arg]));
     let row = table.lines().nth(1).unwrap();
@@ -420,6 +420,14 @@ fn a_diverged_run_keeps_reporting_its_non_finite_loss_and_says_so() {
         stdout_of(&out).contains("training finished, but diverged"),
         "{}",
         stdout_of(&out)
+    );
+    let out = shardrun_in(dir.path(), &["status", "--json", &run.to_string_lossy()]);
+    let runs = status_runs(&stdout_of(&out));
+    assert_eq!(runs[0]["state"], "COMPLETED", "{runs:?}");
+    assert_eq!(runs[0]["diverged"]["step"], first, "{runs:?}");
+    assert_eq!(
+        runs[0]["diverged"]["what"], "its loss or gradients were not finite (NaN or inf)",
+        "{runs:?}"
     );
     // Asking for more steps does not continue it: its last checkpoint holds diverged weights.
     refused_as_diverged(

@@ -51,6 +51,19 @@ pub struct RunJson {
     /// A run in a sweep folder that is not a point of the spec `shardrun sweep` last
     /// submitted there: left from an earlier version of it.
     pub superseded: bool,
+    /// Where the run had diverged by its last logged step, as its `metrics.jsonl` shows
+    /// (whatever its state: a run that diverged and went on ends `COMPLETED`); null when
+    /// it had not.
+    pub diverged: Option<DivergedJson>,
+}
+
+/// `status --json`'s `diverged`.
+#[derive(Debug, Serialize)]
+pub struct DivergedJson {
+    /// The first step whose loss or gradients were not finite, or whose loss blew up.
+    pub step: u64,
+    /// What happened from that step on, as a sentence.
+    pub what: String,
 }
 
 impl RunJson {
@@ -65,6 +78,10 @@ impl RunJson {
             array: s.array.clone(),
             sweep_params: s.sweep_params.clone(),
             superseded: s.superseded,
+            diverged: crate::rerun::diverged_from(&s.run).map(|d| DivergedJson {
+                step: d.step,
+                what: d.what(),
+            }),
         }
     }
 }
