@@ -38,7 +38,8 @@ pub struct Args {
 pub struct RunMetricsSummary {
     pub name: String,
     pub run_dir: PathBuf,
-    /// `succeeded`, `failed`, `cancelled`, `preempted` (from result.json), else `queued` (a
+    /// `succeeded`, `failed`, `cancelled`, `preempted` (from result.json; `timed out`, `out of
+    /// memory`, `node failed` where Slurm said more), else `queued` (a
     /// Slurm job not started yet, or requeued by its controller), `running`, `died` (a local
     /// run whose controller is gone:
     /// [`died`]) or `not started`.
@@ -240,6 +241,10 @@ fn status_of(run: &RunDir, manifest: Option<&Manifest>) -> String {
             RunState::Cancelled => "cancelled",
             RunState::Preempted => "preempted",
             RunState::SubmitFailed => "submit failed",
+            // Slurm's word for how the job ended, where it says more than "failed".
+            RunState::Timeout => "timed out",
+            RunState::OutOfMemory => "out of memory",
+            RunState::NodeFail => "node failed",
             _ => "failed",
         });
     let verdict = std::fs::read_to_string(run.result())
@@ -554,6 +559,23 @@ mod tests {
         run.update_manifest(|m| m.state = RunState::Cancelled)
             .unwrap();
         assert_eq!(summary(&run).status, "cancelled");
+    }
+
+    #[test]
+    fn a_run_slurm_ended_says_how_where_result_json_says_only_failed() {
+        // Killed at its time limit: its controller wrote `failed` as the signal came.
+        let dir = tempfile::tempdir().unwrap();
+        let run = crate::rundir::running_local_run(dir.path());
+        std::fs::write(run.result(), r#"{"status":"failed","requeued":false}"#).unwrap();
+        for (state, said) in [
+            (RunState::Timeout, "timed out"),
+            (RunState::OutOfMemory, "out of memory"),
+            (RunState::NodeFail, "node failed"),
+            (RunState::Failed, "failed"),
+        ] {
+            run.update_manifest(|m| m.state = state).unwrap();
+            assert_eq!(summary(&run).status, said, "{state}");
+        }
     }
 
     #[test]
