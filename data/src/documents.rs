@@ -582,22 +582,31 @@ struct MissingField {
     fits: Vec<String>,
     /// Dotted names of a field of the name asked for one level down (`meta.text`).
     nested: Vec<String>,
+    /// What to set instead when the record is of another kind of data (a prompt and its
+    /// completion, a conversation): [`other_kind_of_data`].
+    other_kind: Option<String>,
 }
 
 impl MissingField {
     /// The key's fix when the first record lacks the field.
     fn fix(&self) -> String {
+        // The key may be its default, which the spec does not write.
+        let default = match (self.key, self.field.as_str()) {
+            ("field", "text") | ("messages_field", "messages") => " (its default)",
+            _ => "",
+        };
         format!(
-            "`data.{}` names a field the first record does not have, so likely no record \
-             has it: {}",
+            "`data.{}: {}`{default} names a field the first record does not have, so likely \
+             no record has it: {}",
             self.key,
+            self.field,
             self.todo()
         )
     }
 
     /// What to set the key to: a field of that name one level down, else the record's field
-    /// closest to the one named, else its one field that fits, else what the field should
-    /// hold.
+    /// closest to the one named, else another kind of data when the record is one, else its
+    /// one field that fits, else what the field should hold.
     fn todo(&self) -> String {
         let key = self.key;
         let near = self
@@ -607,8 +616,14 @@ impl MissingField {
             .filter(|(score, _)| *score > 0.8)
             .max_by(|a, b| a.0.total_cmp(&b.0))
             .map(|(_, f)| f);
-        match (self.nested.first().or(near), self.fits.as_slice()) {
-            (Some(f), _) | (None, [f]) => format!("did you mean `{key}: {f}`?"),
+        match (
+            self.nested.first().or(near),
+            &self.other_kind,
+            self.fits.as_slice(),
+        ) {
+            (Some(f), _, _) => format!("did you mean `{key}: {f}`?"),
+            (None, Some(other), _) => other.clone(),
+            (None, None, [f]) => format!("did you mean `{key}: {f}`?"),
             _ => format!("set it to the field that holds {}", self.holds),
         }
     }
@@ -704,6 +719,7 @@ fn parse_record(source: &DataSource, line: &str, hint: bool) -> std::result::Res
                         has,
                         fits,
                         nested: Vec::new(),
+                        other_kind: None,
                     })
                 });
                 return Err(Refused {
@@ -852,6 +868,9 @@ fn string_field(
                     has: has.iter().map(|k| k.to_string()).collect(),
                     fits,
                     nested,
+                    other_kind: object
+                        .filter(|_| named.key == TEXT.key)
+                        .and_then(other_kind_of_data),
                 })
             });
             Err(Refused {
@@ -861,6 +880,44 @@ fn string_field(
             })
         }
     }
+}
+
+/// What a record read as a JSONL text (`data.field`) is instead, when it is another kind of
+/// data: TRL's prompt-completion (text, or lists of messages), or a conversation.
+fn other_kind_of_data(record: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
+    let is_messages = |value: &serde_json::Value| {
+        value.as_array().is_some_and(|items| {
+            !items.is_empty()
+                && items
+                    .iter()
+                    .all(|m| m.get("role").or_else(|| m.get("from")).is_some())
+        })
+    };
+    let (prompt, completion) = (record.get(chat::PROMPT), record.get(chat::COMPLETION));
+    if let (Some(prompt), Some(completion)) = (prompt, completion) {
+        if prompt.is_string() && completion.is_string() {
+            return Some(format!(
+                "the records hold a prompt and its completion: in place of `field`, set \
+                 `prompt_field: {}` and `completion_field: {}` to train on the completion \
+                 given its prompt",
+                chat::PROMPT,
+                chat::COMPLETION
+            ));
+        }
+        if is_messages(prompt) || is_messages(completion) {
+            return Some(
+                "the records are conversational prompt-completion records (lists of \
+                 messages): they are `kind: chat` data, rendered with the model's chat \
+                 template and trained on the completion"
+                    .into(),
+            );
+        }
+    }
+    let (name, _) = record.iter().find(|(_, value)| is_messages(value))?;
+    Some(format!(
+        "field `{name}` holds conversations: they are `kind: chat` data, rendered with the \
+         model's chat template (`messages_field: {name}`)"
+    ))
 }
 
 #[cfg(test)]
@@ -1147,8 +1204,8 @@ mod tests {
         };
         assert_eq!(
             refused.missing.unwrap().fix(),
-            "`data.messages_field` names a field the first record does not have, so likely no \
-             record has it: did you mean `messages_field: msgs`?"
+            "`data.messages_field: messages` (its default) names a field the first record does \
+             not have, so likely no record has it: did you mean `messages_field: msgs`?"
         );
         let Err(refused) = parse_record(&chat, r#"{"msgs": [], "id": 1}"#, false) else {
             panic!("no messages")
@@ -1183,6 +1240,39 @@ mod tests {
             panic!("not a list")
         };
         assert!(refused.missing.is_none(), "{}", refused.why);
+    }
+
+    #[test]
+    fn a_jsonl_text_record_of_another_kind_of_data_is_pointed_at_that_kind() {
+        let jsonl = DataSource::Jsonl {
+            files: Vec::new(),
+            text: JsonlText::Field {
+                field: "text".into(),
+            },
+        };
+        let fix = |record: &str| match parse_record(&jsonl, record, true) {
+            Err(refused) => refused.missing.unwrap().fix(),
+            Ok(_) => panic!("{record} read as a text"),
+        };
+        assert_eq!(
+            fix(r#"{"prompt": "def f():", "completion": " return 1"}"#),
+            "`data.field: text` (its default) names a field the first record does not have, so \
+             likely no record has it: the records hold a prompt and its completion: in place of \
+             `field`, set `prompt_field: prompt` and `completion_field: completion` to train on \
+             the completion given its prompt"
+        );
+        assert!(
+            fix(r#"{"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "a"}]}"#)
+                .ends_with("they are `kind: chat` data, rendered with the model's chat template and trained on the completion"),
+        );
+        assert!(
+            fix(r#"{"id": 3, "conversations": [{"from": "human", "value": "q"}]}"#).ends_with(
+                "field `conversations` holds conversations: they are `kind: chat` data, rendered \
+             with the model's chat template (`messages_field: conversations`)"
+            )
+        );
+        // A list of anything else is not a conversation.
+        assert!(fix(r#"{"tags": ["a"], "body": "x"}"#).ends_with("did you mean `field: body`?"));
     }
 
     #[test]

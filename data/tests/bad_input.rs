@@ -1010,9 +1010,9 @@ fn a_field_the_first_record_lacks_is_answered_with_the_fields_it_has() {
     assert_eq!(
         fails(&c, None),
         format!(
-            "{}:1: no field `text` in the record (it has: id, txt); `data.field` names a field \
-             the first record does not have, so likely no record has it: did you mean \
-             `field: txt`?",
+            "{}:1: no field `text` in the record (it has: id, txt); `data.field: text` (its \
+             default) names a field the first record does not have, so likely no record has \
+             it: did you mean `field: txt`?",
             path.display()
         )
     );
@@ -1026,8 +1026,8 @@ fn a_field_the_first_record_lacks_is_answered_with_the_fields_it_has() {
     let c = dataset(prompts, TokenizerConfig::Bytes, 8, &dir.path().join("c2"));
     assert!(
         fails(&c, None).ends_with(
-            "`data.completion_field` names a field the first record does not have, so likely \
-             no record has it: set it to the field that holds the completion"
+            "`data.completion_field: answer` names a field the first record does not have, so \
+             likely no record has it: set it to the field that holds the completion"
         ),
         "{}",
         fails(&c, None)
