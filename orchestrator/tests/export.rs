@@ -254,6 +254,23 @@ fn a_folder_without_checkpoints_says_what_to_check() {
     let (ok, text) = export(&[&run]);
     assert!(!ok);
     assert!(text.contains("has saved no checkpoint yet"), "{text}");
+    // Its data did not prepare: the manifest says so, result.json not written.
+    let manifest = serde_json::json!({
+        "version": 1, "name": "run", "state": "FAILED", "config_hash": "71dff282a63e7b72",
+        "created_at": 1796156121, "updated_at": 1796156121, "slurm_job_ids": [],
+        "error": "preparing the training data: the training data holds no documents",
+        "spec_dir": empty.path(), "run_dir": run,
+    });
+    std::fs::write(run.join("manifest.json"), manifest.to_string()).unwrap();
+    let (ok, text) = export(&[&run]);
+    assert!(!ok);
+    assert!(
+        text.contains(
+            "saved no checkpoint to export: it ended FAILED before saving one (preparing the \
+             training data: the training data holds no documents)"
+        ),
+        "{text}"
+    );
     std::fs::write(
         run.join("result.json"),
         r#"{"status": "failed", "ended": "failed: preparing the training data: no file matches"}"#,

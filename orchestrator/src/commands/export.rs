@@ -925,12 +925,27 @@ fn checkpoint_location(path: &Path) -> Result<PathBuf> {
             .ok()
             .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
             .and_then(|result| Some(result.get("ended")?.as_str()?.to_string()));
-        match ended {
-            Some(ended) => bail!(
+        // A run that ended before its controller wrote result.json (its data did not
+        // prepare) has its end in the manifest.
+        let manifest = crate::rundir::RunDir::open(path)
+            .ok()
+            .and_then(|run| run.read_manifest().ok())
+            .filter(|m| m.state.is_terminal());
+        match (ended, manifest) {
+            (Some(ended), _) => bail!(
                 "the run {} saved no checkpoint to export: it {ended} before saving one",
                 path.display()
             ),
-            None => bail!(
+            (None, Some(manifest)) => bail!(
+                "the run {} saved no checkpoint to export: it ended {} before saving one{}",
+                path.display(),
+                manifest.state,
+                manifest
+                    .error
+                    .map(|error| format!(" ({error})"))
+                    .unwrap_or_default()
+            ),
+            (None, None) => bail!(
                 "the run {} has saved no checkpoint yet: it saves every \
                  `checkpoint.interval_steps` (or `interval_minutes`) and when it ends (`shardrun status {}` shows where it is)",
                 path.display(),
