@@ -1,8 +1,9 @@
 //! Whether a resumed run's training data is the data its checkpoint was trained on, checked
 //! before any rank starts: by the job's controller once the data is prepared, and already by
-//! `shardrun run` and `shardrun submit` when the data as it is now was prepared before. A
-//! run on other data is refused there and left as it was, with its checkpoints; the ranks
-//! compare the fingerprint again when they load the checkpoint.
+//! `shardrun run` and `shardrun submit` when the data as it is now was prepared before, or
+//! its files changed since the run recorded them. A run on other data is refused there and
+//! left as it was, with its checkpoints; the ranks compare the fingerprint again when they
+//! load the checkpoint.
 
 use crate::rerun::CheckpointAt;
 use crate::rundir::RunDir;
@@ -17,9 +18,10 @@ use std::path::PathBuf;
 pub struct DataChanged {
     pub run: PathBuf,
     pub checkpoint: CheckpointAt,
-    /// The checkpoint's data fingerprint, and the data's now.
+    /// The checkpoint's data fingerprint, and the data's now (`None` when the data as it
+    /// is now is not prepared, and its files tell that it changed).
     pub saved: String,
-    pub now: String,
+    pub now: Option<String>,
     /// One line per difference (files, tokenizer); empty when the run recorded no list of
     /// its data to compare with.
     pub changes: Vec<String>,
@@ -33,9 +35,9 @@ impl fmt::Display for DataChanged {
         write!(
             f,
             "the training data of {run} changed since its checkpoint of step {} was saved \
-             (data {} then, {} now): resumed on it, the run would not see the samples an \
-             uninterrupted run sees",
-            self.checkpoint.step, self.saved, self.now
+             ({}): resumed on it, the run would not see the samples an uninterrupted run sees",
+            self.checkpoint.step,
+            self.fingerprints()
         )?;
         if self.changes.is_empty() {
             write!(
@@ -71,10 +73,19 @@ impl DataChanged {
             None => "the job's output says".to_string(),
         };
         format!(
-            "its training data changed since the checkpoint of step {} was saved (data {} then, \
-             {} now); {see} what changed and how to go on",
-            self.checkpoint.step, self.saved, self.now
+            "its training data changed since the checkpoint of step {} was saved ({}); {see} \
+             what changed and how to go on",
+            self.checkpoint.step,
+            self.fingerprints()
         )
+    }
+
+    /// "data aaaa then, bbbb now", or the checkpoint's alone when the data is not prepared.
+    fn fingerprints(&self) -> String {
+        match &self.now {
+            Some(now) => format!("data {} then, {now} now", self.saved),
+            None => format!("data {} then, other files now", self.saved),
+        }
     }
 }
 
@@ -103,12 +114,49 @@ pub fn check(
         run: run.path().to_path_buf(),
         checkpoint: checkpoint.clone(),
         saved: saved.clone(),
-        now: now.fingerprint.clone(),
+        now: Some(now.fingerprint.clone()),
         changes,
-        sweep_point: run
-            .read_manifest()
-            .is_ok_and(|m| !m.sweep_params.is_empty()),
+        sweep_point: is_sweep_point(run),
     }))
+}
+
+/// Refuses to resume `run` from `checkpoint` when the data files now (`files`) are not
+/// those the checkpoint was trained on, as the run recorded them (`data.json`), before the
+/// data is prepared: a job would otherwise wait in the queue and tokenize its data to be
+/// refused. `Ok(true)` when the checkpoint has a fingerprint and the files are the same, or
+/// the run recorded none for it: what only preparing tells (the tokenizer, a file rewritten
+/// keeping its modification time) is left to the preparation.
+pub fn check_files(
+    run: &RunDir,
+    checkpoint: &CheckpointAt,
+    files: &DataFiles,
+) -> Result<bool, Box<DataChanged>> {
+    let Some(saved) = checkpoint.data_fingerprint.as_ref() else {
+        return Ok(false);
+    };
+    let Some(recorded) = run
+        .read_data_identity()
+        .filter(|recorded| recorded.fingerprint == *saved)
+    else {
+        return Ok(true);
+    };
+    let changes = files.changes_since(&recorded);
+    if changes.is_empty() {
+        return Ok(true);
+    }
+    Err(Box::new(DataChanged {
+        run: run.path().to_path_buf(),
+        checkpoint: checkpoint.clone(),
+        saved: saved.clone(),
+        now: None,
+        changes,
+        sweep_point: is_sweep_point(run),
+    }))
+}
+
+fn is_sweep_point(run: &RunDir) -> bool {
+    run.read_manifest()
+        .is_ok_and(|m| !m.sweep_params.is_empty())
 }
 
 /// The data a spec names as it is now, looked at once for any number of finished runs: its
@@ -130,6 +178,17 @@ impl DataNow {
 
     pub fn identity(&self) -> Option<&DataIdentity> {
         self.identity.as_ref()
+    }
+
+    /// The refusal a job continuing `run` from `checkpoint` would meet: the data as
+    /// prepared now, else its files, are not what the checkpoint was trained on. Files that
+    /// do not read are the job's preparation to report.
+    pub fn refusal(&self, run: &RunDir, checkpoint: &CheckpointAt) -> Option<Box<DataChanged>> {
+        match (&self.identity, &self.files) {
+            (Some(now), _) => check(run, checkpoint, now).err(),
+            (None, Ok(files)) => check_files(run, checkpoint, files).err(),
+            (None, Err(_)) => None,
+        }
     }
 
     /// How the data now differs from what the finished `run` trained on, one line each;
@@ -162,7 +221,7 @@ mod tests {
                 data_fingerprint: Some("aaaa".into()),
             },
             saved: "aaaa".into(),
-            now: "bbbb".into(),
+            now: Some("bbbb".into()),
             changes: vec!["/data/a.txt: changed (10 → 12 bytes)".into()],
             sweep_point,
         }
@@ -182,6 +241,17 @@ mod tests {
             refusal(true).in_one_line(Some(std::path::Path::new("/runs/sw/slurm/sw-7_0.err"))),
             "its training data changed since the checkpoint of step 6 was saved (data aaaa \
              then, bbbb now); /runs/sw/slurm/sw-7_0.err says what changed and how to go on"
+        );
+        let unprepared = DataChanged {
+            now: None,
+            ..refusal(false)
+        };
+        assert!(
+            unprepared.to_string().starts_with(
+                "the training data of /runs/sw/sw-1a2b changed since its checkpoint of step 6 \
+                 was saved (data aaaa then, other files now): "
+            ),
+            "{unprepared}"
         );
     }
 }

@@ -74,6 +74,23 @@ impl TestDir {
         std::fs::write(&path, text).expect("write test file");
         path
     }
+    /// The modification time of a file relative to the test directory.
+    pub fn modified(&self, rel: &str) -> std::time::SystemTime {
+        std::fs::metadata(self.join(rel))
+            .and_then(|m| m.modified())
+            .expect("modification time")
+    }
+    /// Rewrites a file relative to the test directory with `text`, modified at `modified`
+    /// (as a copy that keeps times would): `text` of the size the file had at that time
+    /// looks as it was, and only its contents tell it changed.
+    pub fn rewrite_keeping_time(&self, rel: &str, text: &str, modified: std::time::SystemTime) {
+        let path = self.write(rel, text);
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .and_then(|file| file.set_modified(modified))
+            .expect("set the modification time");
+    }
 }
 
 impl Drop for TestDir {

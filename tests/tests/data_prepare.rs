@@ -473,8 +473,9 @@ fn resuming_on_changed_data_is_refused_before_any_rank_starts_and_the_run_is_kep
         )
     };
 
-    // The data changes; asked for more steps, the run prepares the new data first and
-    // refuses before anything of it is rewritten (its recorded job, its verdict).
+    // The data changes; asked for more steps, the run refuses from its files alone, before
+    // preparing it or rewriting anything (its recorded job, its verdict).
+    let trained_on = dir.modified("data/gpl.txt");
     let added = "one more line\n";
     dir.write("data/gpl.txt", &format!("{original}{added}"));
     let kept = [
@@ -509,15 +510,11 @@ fn resuming_on_changed_data_is_refused_before_any_rank_starts_and_the_run_is_kep
             )),
         "says what to do: {stderr}"
     );
+    assert!(stderr.contains(" then, other files now)"), "{stderr}");
     assert!(
-        stdout.starts_with("shardrun: preparing training data") && !stdout.contains("resuming"),
-        "{stdout}"
+        stdout.is_empty(),
+        "nothing prepared, no rank started: {stdout}"
     );
-    assert!(
-        !stdout.contains("ranks registered"),
-        "no rank started: {stdout}"
-    );
-    assert!(!stderr.contains("[rank "), "no rank started: {stderr}");
     for (file, bytes) in &kept {
         assert!(
             std::fs::read(run.join(file)).unwrap() == *bytes,
@@ -535,15 +532,47 @@ fn resuming_on_changed_data_is_refused_before_any_rank_starts_and_the_run_is_kep
             .exists());
     }
 
-    // With the changed data prepared, the re-run refuses at once, preparing nothing.
+    // With the changed data prepared, the re-run refuses at once from its tokens.
+    let out = shardrun_in(&dir, &["prepare", "job.yaml"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
     let out = more("12");
     let (stdout, stderr) = (stdout_of(&out), stderr_of(&out));
     assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
-    assert!(stderr.contains(&refusal), "{stderr}");
+    assert!(
+        stderr.contains(&refusal) && !stderr.contains("other files now"),
+        "{stderr}"
+    );
     assert!(
         stdout.is_empty(),
         "refused before the job started: {stdout}"
     );
+
+    // Changed where only its tokens tell (the same size and time): the run prepares the new
+    // data first, then refuses before any rank starts.
+    let unseen = original.replacen("GNU", "gnu", 1);
+    assert_ne!(unseen, original);
+    dir.rewrite_keeping_time("data/gpl.txt", &unseen, trained_on);
+    let out = more("9");
+    let (stdout, stderr) = (stdout_of(&out), stderr_of(&out));
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains(&refusal)
+            && stderr.contains(&format!(
+                "{}: changed (same size, {} bytes, other contents)",
+                file.display(),
+                original.len()
+            )),
+        "{stderr}"
+    );
+    assert!(
+        stdout.starts_with("shardrun: preparing training data") && !stdout.contains("resuming"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("ranks registered"),
+        "no rank started: {stdout}"
+    );
+    assert!(!stderr.contains("[rank "), "no rank started: {stderr}");
     for (file, bytes) in &kept {
         assert!(
             std::fs::read(run.join(file)).unwrap() == *bytes,

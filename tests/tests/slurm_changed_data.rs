@@ -1,8 +1,9 @@
-//! A Slurm job submitted to continue a run whose training data changed since its checkpoint
-//! prepares the new data inside the allocation and refuses to start any rank. The run keeps
-//! how it had ended, and `shardrun status` says which job refused and why, where Slurm's own
-//! record says only that the job exited 1. A sweep that finds the changed data prepared does
-//! not submit such a point at all.
+//! A run whose training data files changed since its checkpoint (added to, resized, modified)
+//! is refused by `shardrun submit` before anything is queued, and a sweep does not submit
+//! such a point. A change only preparing tells (a file rewritten keeping its size and
+//! modification time) reaches the allocation: the job prepares the new data there and
+//! refuses to start any rank. The run keeps how it had ended, and `shardrun status` says
+//! which job refused and why, where Slurm's own record says only that the job exited 1.
 
 use shardrun_e2e::*;
 use std::time::Duration;
@@ -19,6 +20,14 @@ fn cluster_and_data(name: &str) -> (SlurmCluster, TestDir, String) {
         .expect("/usr/share/common-licenses/GPL-3 is missing (Debian's base-files has it)");
     dir.write("data/gpl.txt", &gpl);
     (cluster, dir, gpl)
+}
+
+/// Rewrites `data/gpl.txt` with other contents of the same size, modified at `modified`,
+/// the time the run recorded: its files look the same, and only its tokens tell.
+fn change_unseen(dir: &TestDir, gpl: &str, modified: std::time::SystemTime) {
+    let changed = gpl.replacen("GNU", "gnu", 1);
+    assert_ne!(changed, gpl);
+    dir.rewrite_keeping_time("data/gpl.txt", &changed, modified);
 }
 
 /// The run's state and detail once its latest job has ended.
@@ -43,9 +52,47 @@ fn a_job_refused_for_changed_data_is_named_in_the_status_of_the_run_it_left_as_i
     let first = ended(&cluster, &dir, "runs/changed");
     assert_eq!(first["state"], "COMPLETED", "{first}");
 
-    // The data changes; a job to train 3 more steps is accepted (the new data is not
-    // prepared yet) and refuses inside the allocation.
-    dir.write("data/gpl.txt", &format!("{gpl}one more line\n"));
+    // A line is added: submitting the run to train 3 more steps is refused at once, naming
+    // the file, and nothing is queued.
+    let trained_on = dir.modified("data/gpl.txt");
+    let grown = format!("{gpl}one more line\n");
+    dir.write("data/gpl.txt", &grown);
+    let manifest = std::fs::read_to_string(run.join("manifest.json")).unwrap();
+    let out = cluster
+        .shardrun(
+            dir.path(),
+            &["submit", "runs/changed", "--set", "training.steps=9"],
+        )
+        .unwrap();
+    let stderr = stderr_of(&out);
+    assert!(!out.status.success(), "{}{stderr}", stdout_of(&out));
+    assert!(
+        submitted_job_id(&stdout_of(&out)).is_none(),
+        "{}",
+        stdout_of(&out)
+    );
+    for said in [
+        "changed since its checkpoint of step 6 was saved (data ".to_string(),
+        " then, other files now)".to_string(),
+        format!(
+            "{}: changed ({} → {} bytes)",
+            dir.join("data/gpl.txt").display(),
+            gpl.len(),
+            grown.len()
+        ),
+        "nothing was started: the run keeps its checkpoints".to_string(),
+    ] {
+        assert!(stderr.contains(&said), "missing {said:?} in {stderr}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(run.join("manifest.json")).unwrap(),
+        manifest,
+        "the run is as it was"
+    );
+
+    // Contents that change keeping the file's size and time: the job is accepted (the new
+    // data is not prepared yet) and refuses inside the allocation.
+    change_unseen(&dir, &gpl, trained_on);
     let job_id = cluster
         .submit(dir.path(), &["runs/changed", "--set", "training.steps=9"])
         .job_id;
@@ -98,8 +145,21 @@ fn a_sweep_does_not_retry_a_point_whose_data_changed_since_its_checkpoint() {
     assert!(point.join("checkpoints/step-3/COMPLETE").exists());
     let jobs_before = std::fs::read_to_string(point.join("manifest.json")).unwrap();
 
-    // The data changes and is prepared: the sweep sees that the point's job would refuse.
+    // The data changes: its files tell the sweep that the point's job would refuse, and so
+    // does the data once prepared.
     dir.write("data/gpl.txt", &format!("{gpl}one more line\n"));
+    let out = cluster
+        .shardrun(dir.path(), &["sweep", "job.yaml"])
+        .unwrap();
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    for line in [
+        "skip (data changed)",
+        "then, other files now",
+        "data/gpl.txt: changed (",
+    ] {
+        assert!(stdout.contains(line), "missing {line:?} in {stdout}");
+    }
     let out = cluster
         .shardrun(dir.path(), &["prepare", "job.yaml", "--set", "sweep=null"])
         .unwrap();
@@ -202,8 +262,10 @@ fn a_longer_point_refused_for_changed_data_trains_on_once_the_data_is_restored()
     assert_eq!(finished["state"], "COMPLETED", "{finished}");
     let point = std::path::PathBuf::from(finished["run_dir"].as_str().unwrap());
 
-    // Changed and not prepared: the sweep submits the longer point, whose job refuses.
-    dir.write("data/gpl.txt", &format!("{gpl}one more line\n"));
+    // Changed where only preparing tells, and not prepared: the sweep submits the longer
+    // point, whose job refuses.
+    let trained_on = dir.modified("data/gpl.txt");
+    change_unseen(&dir, &gpl, trained_on);
     let stdout = sweep(9);
     assert!(stdout.contains("submit (was COMPLETED)"), "{stdout}");
     // The LR decays over `training.steps`: the points continue on a longer schedule.

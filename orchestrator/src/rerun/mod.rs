@@ -773,17 +773,25 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
     };
     let mut data_checked_later = false;
     if let (Some(checkpoint), DataConfig::Dataset(data)) = (&checkpoint, &target.train.data) {
-        // Data already prepared as it is now (`shardrun prepare`, another run) tells here,
-        // and so does a local run's, prepared now; else the job's controller compares once
-        // it has prepared it.
+        // Data already prepared as it is now (`shardrun prepare`, another run) tells here;
+        // else files changed since the run recorded them do, before anything is tokenized,
+        // and a local run's data, prepared now; else the job's controller compares once it
+        // has prepared it.
         let mut now = DataIdentity::probe(data).ok().flatten();
-        if now.is_none() && new.data_here && checkpoint.data_fingerprint.is_some() {
-            now = crate::data_prep::prepare_identity(&target.train)
-                .map_err(|e| RerunError::DataPreparation(e.into()))?;
+        if now.is_none() {
+            // Files that no longer read are the preparation's to report, in its own words.
+            let unchecked = match shardrun_data::DataFiles::now(data) {
+                Ok(files) => resume_data::check_files(&run, checkpoint, &files)?,
+                Err(_) => checkpoint.data_fingerprint.is_some(),
+            };
+            if unchecked && new.data_here {
+                now = crate::data_prep::prepare_identity(&target.train)
+                    .map_err(|e| RerunError::DataPreparation(e.into()))?;
+            }
+            data_checked_later = unchecked && now.is_none();
         }
-        match now {
-            Some(now) => resume_data::check(&run, checkpoint, &now)?,
-            None => data_checked_later = checkpoint.data_fingerprint.is_some(),
+        if let Some(now) = now {
+            resume_data::check(&run, checkpoint, &now)?;
         }
     }
     let lr_change = checkpoint

@@ -4,7 +4,7 @@
 //! submit are grouped by allocation shape.
 
 use crate::rerun::{diverged_from, newest_checkpoint, steps_trained, CheckpointAt};
-use crate::resume_data::{self, DataChanged, DataNow};
+use crate::resume_data::{DataChanged, DataNow};
 use crate::rundir::{RunDir, RunDirError, RunState};
 use crate::slurm;
 use crate::sweeps::SweepPoint;
@@ -250,7 +250,8 @@ fn resumed_from(dir: &Path, point: &SweepPoint) -> Option<(RunDir, CheckpointAt)
 }
 
 /// The refusal a retried point's job would meet: its newest checkpoint was trained on other
-/// data than the data as it is prepared now (data not prepared yet is compared by the job).
+/// data than the data as it is prepared now, or than its files now (what only preparing
+/// tells is compared by the job).
 fn data_refusal(
     run: &RunDir,
     checkpoint: &CheckpointAt,
@@ -260,8 +261,7 @@ fn data_refusal(
     let DataConfig::Dataset(data) = &point.job.train.data else {
         return None;
     };
-    let now = probes.now(data).identity()?;
-    resume_data::check(run, checkpoint, now).err()
+    probes.now(data).refusal(run, checkpoint)
 }
 
 /// Order the points to submit by allocation shape (in order of first appearance, the
