@@ -148,35 +148,33 @@ fn a_sweep_does_not_retry_a_point_whose_data_changed_since_its_checkpoint() {
     // The data changes: its files tell the sweep that the point's job would refuse, and so
     // does the data once prepared.
     dir.write("data/gpl.txt", &format!("{gpl}one more line\n"));
-    let out = cluster
-        .shardrun(dir.path(), &["sweep", "job.yaml"])
-        .unwrap();
-    let stdout = stdout_of(&out);
-    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
-    for line in [
-        "skip (data changed)",
-        "then, other files now",
-        "data/gpl.txt: changed (",
-    ] {
-        assert!(stdout.contains(line), "missing {line:?} in {stdout}");
-    }
-    let out = cluster
-        .shardrun(dir.path(), &["prepare", "job.yaml", "--set", "sweep=null"])
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr_of(&out));
-    let out = cluster
-        .shardrun(dir.path(), &["sweep", "job.yaml"])
-        .unwrap();
-    let stdout = stdout_of(&out);
-    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
-    for line in [
-        "skip (data changed)",
-        "1 point(s) to retry were trained on other data than the data as it is now",
-        "data/gpl.txt: changed",
-        &format!("delete {} and run `shardrun sweep` again", point.display()),
-        "Nothing to submit",
-    ] {
-        assert!(stdout.contains(line), "missing {line:?} in {stdout}");
+    for prepared in [false, true] {
+        if prepared {
+            let out = cluster
+                .shardrun(dir.path(), &["prepare", "job.yaml", "--set", "sweep=null"])
+                .unwrap();
+            assert!(out.status.success(), "{}", stderr_of(&out));
+        }
+        let out = cluster
+            .shardrun(dir.path(), &["sweep", "job.yaml"])
+            .unwrap();
+        let stdout = stdout_of(&out);
+        assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+        for line in [
+            "skip (data changed)",
+            "1 point(s) to retry were trained on other data than the data as it is now",
+            "data/gpl.txt: changed (",
+            &format!("delete {} and run `shardrun sweep` again", point.display()),
+            "Nothing to submit",
+        ] {
+            assert!(stdout.contains(line), "missing {line:?} in {stdout}");
+        }
+        // Unprepared, the files tell; prepared, its tokens.
+        assert_eq!(
+            stdout.contains("then, other files now"),
+            !prepared,
+            "{stdout}"
+        );
     }
     assert_eq!(
         std::fs::read_to_string(point.join("manifest.json")).unwrap(),
