@@ -588,29 +588,54 @@ fn timed_out_after_notice(run: &RunDir) -> Option<String> {
 }
 
 /// How far a running run has trained and, at its recent pace, how long it has left: "at step
-/// 26 of 60, about 1m30s left (2.6 s/step)", or that no step is logged yet.
+/// 26 of 60, about 1m30s left (2.6 s/step)", or that no step is logged yet. A run that has
+/// logged nothing for much longer than its steps took says for how long instead of a time
+/// left that would not come true (a rank hung or stopped, a long checkpoint or evaluation).
 fn progress(run: &RunDir) -> String {
     let total = run.read_train_config().ok().map(|train| train.steps);
     let Some(now) = crate::metrics_file::latest_progress(&run.metrics()) else {
         return "no step logged yet (starting, or preparing its data)".to_string();
     };
+    let at = match total {
+        Some(total) => format!("at step {} of {total}", now.step),
+        None => format!("at step {}", now.step),
+    };
+    let pace = now.seconds_per_step();
+    let pace_words = |p: f64| match p {
+        p if p >= 1.0 => format!("{p:.1} s/step"),
+        p => format!("{:.0} steps/s", 1.0 / p),
+    };
+    let quiet = std::fs::metadata(run.metrics())
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|written| written.elapsed().ok())
+        .map(|quiet| quiet.as_secs_f64());
+    if let Some(quiet) = quiet.filter(|&q| q > QUIET_FOR.max(QUIET_STEPS * pace.unwrap_or(0.0))) {
+        let before = pace
+            .map(|p| format!(" (its steps took {} before)", pace_words(p)))
+            .unwrap_or_default();
+        return format!(
+            "{at}, nothing logged for {}{before}",
+            crate::job_controller::console::format_duration(quiet)
+        );
+    }
     let left = now.since.and_then(|(first, elapsed)| {
         crate::job_controller::console::eta_seconds(elapsed, first, now.step, total?)
     });
-    match (total, now.seconds_per_step(), left) {
+    match (total, pace, left) {
         (Some(total), Some(pace), Some(left)) if total > now.step => format!(
-            "at step {} of {total}, about {} left ({})",
-            now.step,
+            "{at}, about {} left ({})",
             crate::job_controller::console::format_duration(left),
-            match pace {
-                p if p >= 1.0 => format!("{p:.1} s/step"),
-                p => format!("{:.0} steps/s", 1.0 / p),
-            }
+            pace_words(pace)
         ),
-        (Some(total), ..) => format!("at step {} of {total}", now.step),
-        (None, ..) => format!("at step {}", now.step),
+        _ => at,
     }
 }
+
+/// A running run whose metrics file has not been written for this long, and for
+/// [`QUIET_STEPS`] of its steps, is said to have logged nothing for that long.
+const QUIET_FOR: f64 = 60.0;
+const QUIET_STEPS: f64 = 10.0;
 
 /// A run submitted again to continue it says, while it waits, how its attempt before ended
 /// (the new job has not written anything of its own yet).
@@ -635,6 +660,38 @@ mod tests {
 
     /// A run whose last event is a notice its ranks never got to act on is explained; one
     /// whose ranks checkpointed after the notice, or that had none, is not.
+    #[test]
+    fn a_run_that_logged_nothing_for_long_says_for_how_long_not_a_time_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = crate::rundir::running_local_run(dir.path());
+        // Steps 1-5, a second each.
+        let lines: String = (1..=5)
+            .map(|step| {
+                let metrics = shardrun_protocol::messages::StepMetrics {
+                    step,
+                    loss: 1.0,
+                    ..Default::default()
+                };
+                let record = crate::step_record::StepRecord::fold(&[metrics], step as f64);
+                format!("{}\n", serde_json::to_string(&record).unwrap())
+            })
+            .collect();
+        std::fs::write(run.metrics(), lines).unwrap();
+        assert_eq!(progress(&run), "at step 5");
+        let written = std::time::SystemTime::now() - std::time::Duration::from_secs(130);
+        std::fs::File::options()
+            .write(true)
+            .open(run.metrics())
+            .and_then(|file| file.set_modified(written))
+            .unwrap();
+        let said = progress(&run);
+        assert!(
+            said.starts_with("at step 5, nothing logged for 2m1")
+                && said.ends_with(" (its steps took 1.0 s/step before)"),
+            "{said}"
+        );
+    }
+
     #[test]
     fn a_time_limit_that_came_before_the_ranks_could_stop_is_explained() {
         let dir = tempfile::tempdir().unwrap();
