@@ -884,6 +884,9 @@ impl Ranks<'_> {
             }
         };
 
+        if let Some(text) = rejections.unreported() {
+            log.say(text).await;
+        }
         // A failed write the loop ended before reading is said all the same.
         if let Some(Ok(why)) = run_dir_failed.as_mut().map(|failed| failed.try_recv()) {
             log.say(format!(
@@ -1281,6 +1284,17 @@ impl RejectionLog {
             self.total
         ))
     }
+
+    /// The refusals not yet counted in the log, said once the job ends: a flood that
+    /// stopped between two counts is told in full.
+    fn unreported(&self) -> Option<String> {
+        (self.unreported > 0).then(|| {
+            format!(
+                "refused {} more connection(s) after the last count ({} in all)",
+                self.unreported, self.total
+            )
+        })
+    }
 }
 
 fn read_count(path: &Path) -> u32 {
@@ -1654,7 +1668,13 @@ mod tests {
     fn rejections_are_summarised() {
         let mut log = RejectionLog::default();
         let peer: std::net::SocketAddr = "127.0.0.1:1".parse().unwrap();
+        assert_eq!(log.unreported(), None);
         let printed = (0..1000).filter_map(|_| log.note(peer, "garbage")).count();
         assert_eq!(printed, RejectionLog::INDIVIDUAL as usize + 1);
+        // The first past the few is counted at once; the rest when the job ends.
+        assert_eq!(
+            log.unreported().as_deref(),
+            Some("refused 994 more connection(s) after the last count (1000 in all)")
+        );
     }
 }
