@@ -105,17 +105,14 @@ fn hostile_connections_do_not_disturb_the_job() {
     );
     assert!(log.contains("more connection(s)"), "and summarised");
     // The last count, however the flood ended between two counts, is of every connection.
-    let in_all = log
-        .lines()
-        .filter_map(|line| {
-            line.split(" in all")
-                .next()?
-                .rsplit('(')
-                .next()?
-                .parse()
-                .ok()
-        })
-        .last();
+    let in_all = log.lines().rev().find_map(|line| {
+        line.split(" in all")
+            .next()?
+            .rsplit('(')
+            .next()?
+            .parse()
+            .ok()
+    });
     assert_eq!(in_all, Some(connected), "{log}");
     assert!(
         log.lines().count() < 2 * (steps as usize * 6) + 100,
