@@ -383,6 +383,36 @@ fn a_finished_run_is_left_alone_trained_longer_on_request_refused_when_changed_a
     );
     assert_eq!(metric_steps(&run, 0), (1..=30).collect::<Vec<_>>());
     assert_no_panic(&all_logs(&run), "the run's logs");
+
+    // Trained longer, it fails before the end; the spec, which asks for the 30 steps it
+    // trained, says there is nothing to do, and how to continue the longer job.
+    let failing = [("SHARDRUN_INJECT_FAILURE", "1:35".to_string())];
+    let (out, _) = run_local(
+        &dir,
+        &spec,
+        &["--no-progress", "--set", "training.steps=40"],
+        &failing,
+        DEADLINE,
+    );
+    assert!(!out.status.success(), "{}", stdout_of(&out));
+    let (out, _) = run_local(&dir, &spec, &["--no-progress"], &[], DEADLINE);
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert_eq!(
+        stdout.lines().take(2).collect::<Vec<_>>(),
+        [
+            format!(
+                "{} has trained the 30 steps the spec asks for: nothing to do",
+                run.display()
+            ),
+            format!(
+                "  its own job asks for 40 steps, and it ended FAILED before them: to continue \
+                 it to step 40, give its directory instead of the spec (`shardrun run {}`)",
+                run.display()
+            )
+        ],
+        "{stdout}"
+    );
 }
 
 #[test]

@@ -250,6 +250,10 @@ pub struct Finished {
     /// The step of the newest checkpoint it has but does not continue from, its spec saying
     /// `checkpoint.resume: false`.
     pub unused_checkpoint: Option<u64>,
+    /// A run whose own job asks for more steps than it trained (it was trained longer with
+    /// `--set training.steps`, and did not finish), run again with a spec that asks for
+    /// fewer: how that job ended, and to what step it would continue it.
+    pub own_job_unfinished: Option<(RunState, u64)>,
 }
 
 impl Finished {
@@ -289,12 +293,31 @@ impl Finished {
                 "{path} has trained {} steps and the spec asks for {}: nothing to do",
                 self.steps_done, self.steps_asked
             )
+        } else if self.own_job_unfinished.is_some() {
+            // Its own, longer job did not finish: the run is not finished, the spec's is.
+            format!(
+                "{path} has trained the {} steps the spec asks for: nothing to do",
+                self.steps_done
+            )
         } else {
             format!(
                 "{path} is finished: it trained all {} steps; nothing to do",
                 self.steps_done
             )
         };
+        if let Some((state, steps)) = self.own_job_unfinished {
+            let command = match self.run.read_manifest() {
+                Ok(m) if !m.slurm_job_ids.is_empty() => "submit",
+                _ => "run",
+            };
+            let _ = write!(
+                text,
+                "\n  its own job asks for {steps} steps, and it ended {state} before them: to \
+                 continue it to step {steps}, give its directory instead of the spec \
+                 (`shardrun {command} {}`)",
+                crate::output::pasteable(self.run.path())
+            );
+        }
         if let Some(c) = &self.checkpoint {
             let _ = write!(
                 text,
@@ -715,6 +738,8 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
             data_changes,
             diverged_from: diverged,
             unused_checkpoint,
+            own_job_unfinished: (state != RunState::Completed && recorded.train.steps > done)
+                .then_some((state, recorded.train.steps)),
         }));
     }
     if checkpoint.is_none() && resumes {
