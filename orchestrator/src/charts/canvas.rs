@@ -126,7 +126,8 @@ impl Axis {
 
     fn tick_text(&self, value: f64) -> String {
         match &self.format {
-            TickFormat::Steps => format!("{value:.0}"),
+            // A tick at 0 computed as -1e-17 must not read "-0" (-0.0 + 0.0 is 0.0).
+            TickFormat::Steps => format!("{:.0}", value.round() + 0.0),
             TickFormat::Values => {
                 let step = self
                     .ticks
@@ -697,6 +698,15 @@ mod tests {
                 && longer.starts_with(text.trim_end_matches('…')),
             "{size} {text}"
         );
+    }
+
+    #[test]
+    fn a_step_axis_with_room_before_step_0_reads_0_not_minus_0() {
+        // A run plot leaves room left of its first step: the first tick is then -0.0.
+        let axis = Axis::steps(-20.0, 440.0);
+        let texts: Vec<String> = axis.ticks.iter().map(|&t| axis.tick_text(t)).collect();
+        assert_eq!(texts.first().map(String::as_str), Some("0"), "{texts:?}");
+        assert!(texts.iter().all(|t| !t.starts_with('-')), "{texts:?}");
     }
 
     /// A thick, noisy curve of several steps to a pixel column (it turns back on itself
