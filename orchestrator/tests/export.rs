@@ -414,6 +414,14 @@ fn an_hf_export_defaults_to_the_dtype_of_the_source_weights() {
     let written: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
     assert_eq!(written["dtype"], "bfloat16");
+    // Synthetic tokens, a folder without a tokenizer: the export has none, and says so.
+    assert!(
+        text.contains(
+            "\n  no tokenizer: the run read none (synthetic or pre-tokenized data) and the \
+             folder it started from has none: AutoTokenizer cannot load the export"
+        ),
+        "{text}"
+    );
 
     // The source folder's config.json, changed since the run started from it (a folder
     // reused for another revision), would export the weights as another model: refused.

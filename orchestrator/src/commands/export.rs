@@ -198,9 +198,10 @@ fn export_full_checkpoint(
     let seconds = started.elapsed().as_secs_f64();
     let total: u64 = committed.metadata.files.iter().map(|f| f.size).sum();
     outln!(
-        "Exported step {} ({} ranks, {}, {}) from {}",
+        "Exported step {} ({} rank{}, {}, {}) from {}",
         meta.step,
         meta.world_size,
+        if meta.world_size == 1 { "" } else { "s" },
         meta.strategy.name(),
         parameters_in_words(meta.layout.num_params()),
         source.dir().display()
@@ -467,6 +468,8 @@ fn folder_files(
         })?,
         None => Vec::new(),
     };
+    // A tokenizer that did not read is said in the warning below.
+    let run_tokenizer_read = run_tokenizer.is_ok();
     let run_tokenizer = match run_tokenizer {
         Ok(found) => found.as_ref(),
         Err(e) => {
@@ -500,6 +503,17 @@ fn folder_files(
         origins.push(("copied from the source folder".into(), names(&files)));
     }
     let Some(tokenizer) = run_tokenizer else {
+        if run_tokenizer_read && !files.iter().any(|f| hf::is_tokenizer_file(&f.name)) {
+            origins.push((
+                "no tokenizer".into(),
+                vec![
+                    "the run read none (synthetic or pre-tokenized data) and the folder it \
+                     started from has none: AutoTokenizer cannot load the export until the \
+                     tokenizer its tokens were made with is copied in"
+                        .into(),
+                ],
+            ));
+        }
         return Ok(ExportFiles { files, origins });
     };
     let chat_template = tokenizer.chat_template;
