@@ -368,12 +368,13 @@ fn rope(k: &Keys, max_position_embeddings: u64) -> Result<Rope, HfError> {
         Some(t) => t,
         None => k.f64_opt("rope_theta")?.unwrap_or(10_000.0),
     };
-    if let Some(f) = p
-        .f64_opt("partial_rotary_factor")?
-        .or(k.f64_opt("partial_rotary_factor")?)
-        .filter(|&f| f != 1.0)
-    {
-        return Err(p.unsupported(
+    // Named where the file writes it: in the rotary settings, or beside them.
+    let partial = match p.f64_opt("partial_rotary_factor")? {
+        Some(f) => Some((&p, f)),
+        None => k.f64_opt("partial_rotary_factor")?.map(|f| (k, f)),
+    };
+    if let Some((keys, f)) = partial.filter(|&(_, f)| f != 1.0) {
+        return Err(keys.unsupported(
             "partial_rotary_factor",
             format!("{f} is not supported: rotary embeddings here cover the whole head"),
         ));
@@ -603,6 +604,18 @@ mod tests {
             e.contains("`rope_scaling.rope_type`") && e.contains("\"longrope\""),
             "{e}"
         );
+        // Named where the file writes it.
+        let mut v = base();
+        v["partial_rotary_factor"] = json!(0.5);
+        let e = parse(v).unwrap_err().to_string();
+        assert!(
+            e.contains("`partial_rotary_factor`") && !e.contains("rope_scaling.partial"),
+            "{e}"
+        );
+        let mut v = base();
+        v["rope_scaling"]["partial_rotary_factor"] = json!(0.5);
+        let e = parse(v).unwrap_err().to_string();
+        assert!(e.contains("`rope_scaling.partial_rotary_factor`"), "{e}");
         let mut v = base();
         v.as_object_mut().unwrap().remove("hidden_size");
         let e = parse(v).unwrap_err().to_string();

@@ -318,6 +318,17 @@ fn folder_fix(e: &HfError, field: &str) -> String {
                 path.display()
             )
         }
+        // Likely the folder above or beside the model's (the Hub cache's repository folder).
+        HfError::Io { path, source, .. }
+            if source.kind() == std::io::ErrorKind::NotFound
+                && path.file_name() == Some(std::ffi::OsStr::new(hf::config::CONFIG_FILE)) =>
+        {
+            format!(
+                "point `{field}` at the folder that holds config.json (a Hugging Face model \
+                 folder: config.json with model.safetensors or model.safetensors.index.json; \
+                 the Hub's cache keeps one under snapshots/<revision>/)"
+            )
+        }
         HfError::Tensor { .. } | HfError::Io { .. } | HfError::Folder { .. } => format!(
             "repair the folder as said, or point `{field}` at another Hugging Face model folder (config.json with model.safetensors or model.safetensors.index.json)"
         ),
@@ -787,6 +798,17 @@ pub(super) mod tests {
         };
         assert!(super::folder_fix(&missing, "training.model.path")
             .starts_with("repair the folder as said"));
+        let no_config = shardrun_models::hf::HfError::Io {
+            action: "read",
+            path: tmp.path().join("config.json"),
+            source: std::io::ErrorKind::NotFound.into(),
+        };
+        assert!(
+            super::folder_fix(&no_config, "training.model.path").starts_with(
+                "point `training.model.path` at the folder that holds config.json (a Hugging Face \
+             model folder"
+            )
+        );
     }
 
     #[test]
