@@ -165,6 +165,9 @@ impl Dataset {
             &train,
             Some((train_prepared.seconds, train_prepared.built)),
         ));
+        // Which ids these are: the tokenizer file, the end-of-document token and where it
+        // came from, and a rebuild of the file as transformers builds it.
+        summary.push(format!("tokenizer: {}", train_corpus.manifest.tokenizer));
         if let Some(v) = &validation {
             if v.sequences() == 0 {
                 return Err(DataError::NotEnoughData {

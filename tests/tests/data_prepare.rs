@@ -206,6 +206,11 @@ fn a_run_on_text_reports_its_validation_loss() {
         "{log}"
     );
     assert_eq!(stdout.matches("training data: ").count(), 1, "{stdout}");
+    // And which tokenizer made its ids.
+    assert!(
+        log.contains("[controller] tokenizer: UTF-8 bytes (ids 0-255, end of document 256)"),
+        "{log}"
+    );
     assert!(
         log.contains("epoch 1 of the training data at step 1"),
         "{log}"
