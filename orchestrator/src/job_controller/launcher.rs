@@ -395,12 +395,20 @@ pub fn parse_srun_task_end(line: &str) -> Option<(Vec<u64>, ExitInfo)> {
     Some((ranks, ExitInfo::Signal(*signal)))
 }
 
-/// What shardrun knows of one of srun's own lines that reads worse than it is, to say next
-/// to it in train.log; `end`: the line's tasks' end, as [`parse_srun_task_end`] read it.
+/// What shardrun knows of one of srun's own lines that reads worse than it is, or says less
+/// than a user needs (a node lost), to say next to it in train.log; `end`: the line's
+/// tasks' end, as [`parse_srun_task_end`] read it.
 pub fn srun_line_explained(line: &str, end: Option<&ExitInfo>) -> Option<&'static str> {
     if line.contains("cluster configuration lacks support for cpu binding") {
         // `--cpu-bind=none` on a cluster without task/affinity.
         return Some("harmless: the ranks are not bound to cores, as shardrun asks");
+    }
+    if line.starts_with("srun: error: Node failure on ") {
+        // Its ranks are gone; Slurm ends the job, and requeues it where the cluster does.
+        return Some(
+            "Slurm lost that node (down, rebooted or unreachable), and its ranks with it: \
+             `sinfo -R` says why; keep the job off it with `resources.extra_sbatch: [\"--exclude=<node>\"]`",
+        );
     }
     match end? {
         ExitInfo::Code(code) if shardrun_protocol::messages::is_stop_status(*code) => Some(
@@ -522,6 +530,9 @@ mod tests {
             srun_line_explained("srun: cluster configuration lacks support for cpu binding")
                 .is_some_and(|n| n.starts_with("harmless"))
         );
+        // The node is named in srun's line; what to do about it, next to it.
+        assert!(srun_line_explained("srun: error: Node failure on vm-n2")
+            .is_some_and(|n| n.starts_with("Slurm lost that node") && n.contains("--exclude")));
         for failure in [
             "srun: error: vm: task 1: Exited with exit code 1",
             "srun: error: vm: task 0: Killed",
