@@ -16,6 +16,10 @@ use std::path::{Path, PathBuf};
 /// File lines a change list shows before counting the rest.
 const FILES_SHOWN: usize = 10;
 
+/// The most a look at data files reads to tell whether files only touched (a new
+/// modification time, the same size) changed: 2 GiB, seconds on a login node.
+pub const READ_AT_MOST: u64 = 2 << 30;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DataIdentity {
     /// Identifies the sample stream (tokens, validation split, packing, truncation, order): equal
@@ -176,14 +180,29 @@ impl DataFiles {
 
     /// Files added, removed, resized, or modified to other contents since `earlier` listed
     /// them, one line each. A file is read only when its modification time changed and its
-    /// size did not, once for any number of runs compared with the same `DataFiles`. A
-    /// tokenizer change, or contents rewritten keeping the modification time, is not seen
-    /// here (the prepared data's fingerprint tells those).
+    /// size did not, once for any number of runs compared with the same `DataFiles`; when
+    /// such files hold more than [`READ_AT_MOST`] together (data copied anew, every time
+    /// new), none is read and they are taken as they were: looking must stay quick on a login
+    /// node, and preparing the data, which reads them anyway, tells. A tokenizer change, or
+    /// contents rewritten keeping the modification time, is not seen here (the prepared
+    /// data's fingerprint tells those).
     pub fn changes_since(&self, earlier: &DataIdentity) -> Vec<String> {
-        let mut lines = self.file_changes("", &earlier.training.files, &self.training);
+        self.changes_reading_at_most(earlier, READ_AT_MOST)
+    }
+
+    /// [`Self::changes_since`], reading files only touched when they hold at most
+    /// `read_at_most` bytes together.
+    fn changes_reading_at_most(&self, earlier: &DataIdentity, read_at_most: u64) -> Vec<String> {
+        let to_read = self.bytes_to_compare(&earlier.training.files, &self.training)
+            + match (&earlier.validation, &self.validation) {
+                (Some(was), Some(now)) => self.bytes_to_compare(&was.files, now),
+                _ => 0,
+            };
+        let read = to_read <= read_at_most;
+        let mut lines = self.file_changes("", &earlier.training.files, &self.training, read);
         match (&earlier.validation, &self.validation) {
             (Some(was), Some(now)) => {
-                lines.extend(self.file_changes("validation ", &was.files, now))
+                lines.extend(self.file_changes("validation ", &was.files, now, read))
             }
             (None, Some(_)) => lines.push("validation files: added".into()),
             (Some(_), None) => lines.push("validation files: removed".into()),
@@ -192,8 +211,30 @@ impl DataFiles {
         lines
     }
 
-    /// The files of one source that differ.
-    fn file_changes(&self, what: &str, was: &[SourceFile], now: &[DataFile]) -> Vec<String> {
+    /// The bytes [`Self::file_changes`] would read of one source: files of the same size
+    /// whose modification time changed, not read yet.
+    fn bytes_to_compare(&self, was: &[SourceFile], now: &[DataFile]) -> u64 {
+        let before: BTreeMap<&PathBuf, &SourceFile> = was.iter().map(|f| (&f.path, f)).collect();
+        let hashed = self.hashes.borrow();
+        now.iter()
+            .filter(|new| {
+                before.get(&new.path).is_some_and(|old| {
+                    old.size == new.size && old.mtime_ns != 0 && old.mtime_ns != new.mtime_ns
+                }) && !hashed.contains_key(&new.path)
+            })
+            .map(|new| new.size)
+            .sum()
+    }
+
+    /// The files of one source that differ; `read`: whether files only touched are read to
+    /// compare their contents (else they are taken as they were).
+    fn file_changes(
+        &self,
+        what: &str,
+        was: &[SourceFile],
+        now: &[DataFile],
+        read: bool,
+    ) -> Vec<String> {
         let before: BTreeMap<&PathBuf, &SourceFile> = was.iter().map(|f| (&f.path, f)).collect();
         let after: BTreeMap<&PathBuf, &DataFile> = now.iter().map(|f| (&f.path, f)).collect();
         let mut files = Vec::new();
@@ -206,7 +247,7 @@ impl DataFiles {
             // files are compared by size only, not read on every look.
             let changed = if new.size != old.size {
                 Some(format!("{} → {} bytes", old.size, new.size))
-            } else if new.mtime_ns == old.mtime_ns || old.mtime_ns == 0 {
+            } else if new.mtime_ns == old.mtime_ns || old.mtime_ns == 0 || !read {
                 None
             } else {
                 match self.hash(path) {
@@ -526,6 +567,24 @@ mod tests {
                 ),
                 format!("{}: added", at("added")),
             ]
+        );
+        // Files only touched holding more than may be read (20 bytes, "rewritten" and
+        // "restored"): none is read, they are taken as they were.
+        let changes = now(&[&paths[0], &paths[1], &paths[2], &paths[4], &added])
+            .changes_reading_at_most(&was, 19);
+        assert_eq!(
+            changes,
+            vec![
+                format!("{}: changed (10 → 11 bytes)", at("grown")),
+                format!("{}: removed", at("removed")),
+                format!("{}: added", at("added")),
+            ]
+        );
+        let changes = now(&[&paths[0], &paths[1], &paths[2], &paths[4], &added])
+            .changes_reading_at_most(&was, 20);
+        assert!(
+            changes.iter().any(|c| c.contains("other contents")),
+            "{changes:?}"
         );
         // Listed without modification times (identities of older runs): sizes only, no file
         // read.
