@@ -269,6 +269,7 @@ fn verify_checksums(dir: &Path, entries: &[&FileEntry]) -> Result<()> {
                                 path,
                                 expected: entry.sha256.clone(),
                                 actual: digest.sha256,
+                                recorded_in: "the metadata",
                             });
                         }
                     }

@@ -23,11 +23,14 @@ pub enum CheckpointError {
         actual: u64,
     },
 
-    #[error("{path}: sha256 is {actual}, the metadata says {expected}: the file is corrupted; this checkpoint cannot be used")]
+    #[error("{path}: sha256 is {actual}, {recorded_in} says {expected}: the file is corrupted; this checkpoint cannot be used")]
     ChecksumMismatch {
         path: PathBuf,
         expected: String,
         actual: String,
+        /// Where `expected` is written: `the metadata` for a data file, `COMPLETE` for
+        /// `metadata.json` itself.
+        recorded_in: &'static str,
     },
 
     #[error("{path}: {what}")]

@@ -251,6 +251,7 @@ pub fn check_complete_marker(
             path: marker_path.with_file_name(crate::naming::METADATA_FILE),
             expected: recorded,
             actual,
+            recorded_in: "COMPLETE",
         });
     }
     Ok(step)

@@ -105,7 +105,19 @@ fn errors_say_what_happened() {
         matches!(err, CheckpointError::ChecksumMismatch { .. }),
         "{err}"
     );
-    assert!(err.to_string().contains("the file is corrupted"), "{err}");
+    assert!(
+        err.to_string().contains(", the metadata says ")
+            && err.to_string().contains("the file is corrupted"),
+        "{err}"
+    );
+    // metadata.json's own hash is the one COMPLETE seals, and said so.
+    let (tmp, _) = two_checkpoints(false, "metadata.json", Damage::FlipLastByte);
+    let err = Checkpoint::open(&tmp.path().join("step-20"), Verify::Structure).unwrap_err();
+    assert!(
+        err.to_string().contains("metadata.json: sha256 is ")
+            && err.to_string().contains(", COMPLETE says "),
+        "{err}"
+    );
 
     let (tmp, _) = two_checkpoints(false, "rank-0-of-2.safetensors", Damage::Truncate);
     let err = Checkpoint::open(&tmp.path().join("step-20"), Verify::Structure).unwrap_err();
