@@ -415,6 +415,33 @@ fn a_finished_run_is_left_alone_trained_longer_on_request_refused_when_changed_a
     );
 }
 
+/// A run started from another run's checkpoint (`checkpoint.from`) whose model does not fit
+/// it fails naming that checkpoint, not the new run's own empty checkpoint folder.
+#[test]
+fn a_checkpoint_from_another_run_that_does_not_fit_is_named_where_it_is() {
+    let dir = TestDir::new("rerun-from-mismatch");
+    let spec = dir.write("source.yaml", &constant_lr_spec("source", 3));
+    let (out, source) = run_local(&dir, &spec, &["--no-progress"], &[], DEADLINE);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let wider = constant_lr_spec("tuned", 3).replace("hidden_dim: 32", "hidden_dim: 48")
+        + &format!(
+            "  checkpoint: {{ from: {} }}\n",
+            source.join("checkpoints").display()
+        );
+    let tuned = TestDir::new("rerun-from-mismatch-tuned");
+    let spec = tuned.write("tuned.yaml", &wider);
+    let (out, _) = run_local(&tuned, &spec, &["--no-progress"], &[], DEADLINE);
+    let all = format!("{}{}", stdout_of(&out), stderr_of(&out));
+    assert!(!out.status.success(), "{all}");
+    assert!(
+        all.contains(&format!(
+            "restoring from {}",
+            source.join("checkpoints/step-3").display()
+        )) && all.contains("does not fit this model"),
+        "{all}"
+    );
+}
+
 #[test]
 fn training_a_cosine_run_longer_says_how_its_lr_jumps() {
     let dir = TestDir::new("rerun-cosine");

@@ -513,6 +513,12 @@ impl Agreed {
             .as_ref()
             .map(|(dir, _)| ParamSource::Checkpoint { dir: dir.clone() })
     }
+
+    /// The checkpoint folder the ranks agreed to load (the run's own, or
+    /// `checkpoint.from`'s), if any.
+    pub fn dir(&self) -> Option<&Path> {
+        self.0.as_ref().map(|(dir, _)| dir.as_path())
+    }
 }
 
 /// Rank 0's decision, broadcast to every rank.

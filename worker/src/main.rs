@@ -223,9 +223,15 @@ fn train(
         trainer.set_initial_loss_scale(scale);
     }
     if let (Some(checkpointer), Some(agreed)) = (checkpointer.as_mut(), agreed) {
+        // Named by the checkpoint agreed on: `checkpoint.from`'s is not under the run's root.
+        let from = agreed
+            .dir()
+            .unwrap_or(checkpointer.root())
+            .display()
+            .to_string();
         let restored = checkpointer
             .load(agreed, &mut trainer)
-            .with_context(|| format!("restoring from {}", checkpointer.root().display()))?;
+            .with_context(|| format!("restoring from {from}"))?;
         if let Some(restored) = restored.filter(|r| !r.weights_only && rank_env.rank == 0) {
             trainer
                 .reporter()
