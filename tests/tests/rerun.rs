@@ -415,6 +415,68 @@ fn a_finished_run_is_left_alone_trained_longer_on_request_refused_when_changed_a
     );
 }
 
+/// A re-run announces the checkpoint the ranks will load: a small checkpoint whose file was
+/// damaged in place (its size kept) is skipped by its checksums before the first line says
+/// where the run resumes; every checkpoint damaged, the re-run is refused.
+#[test]
+fn a_checkpoint_damaged_in_place_is_not_the_one_a_rerun_announces() {
+    let dir = TestDir::new("rerun-damaged");
+    let spec = dir.write(
+        "job.yaml",
+        &(constant_lr_spec("damaged", 6) + "  checkpoint: { interval_steps: 3 }\n"),
+    );
+    let (out, run) = run_local(&dir, &spec, &["--no-progress"], &[], DEADLINE);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let flip = |step: u64| {
+        let file = run.join(format!("checkpoints/step-{step}/rank-0-of-2.safetensors"));
+        let mut bytes = std::fs::read(&file).unwrap();
+        *bytes.last_mut().unwrap() ^= 0x01;
+        std::fs::write(&file, bytes).unwrap();
+    };
+    flip(6);
+    let (out, _) = run_local(
+        &dir,
+        &spec,
+        &["--no-progress", "--set", "training.steps=9"],
+        &[],
+        DEADLINE,
+    );
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert!(
+        stdout
+            .lines()
+            .next()
+            .is_some_and(|l| l.starts_with(&format!(
+                "resuming {} at step 4 from its checkpoint of step 3 ",
+                run.display()
+            ))),
+        "{stdout}"
+    );
+    // Steps 4 to 6 train again, their records after the first ones.
+    assert_eq!(metric_steps(&run, 0), [1, 2, 3, 4, 5, 6, 4, 5, 6, 7, 8, 9]);
+
+    // Now every checkpoint it has is damaged: refused, nothing started over.
+    for step in [6, 9] {
+        if run.join(format!("checkpoints/step-{step}")).exists() {
+            flip(step);
+        }
+    }
+    let (out, _) = run_local(
+        &dir,
+        &spec,
+        &["--no-progress", "--set", "training.steps=12"],
+        &[],
+        DEADLINE,
+    );
+    let stderr = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{}{stderr}", stdout_of(&out));
+    assert!(
+        stderr.contains("no checkpoint of this run loads") && stderr.contains("sha256 is "),
+        "{stderr}"
+    );
+}
+
 /// A run started from another run's checkpoint (`checkpoint.from`) whose model does not fit
 /// it fails naming that checkpoint, not the new run's own empty checkpoint folder.
 #[test]

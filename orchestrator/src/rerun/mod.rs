@@ -708,7 +708,8 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
     }
 
     let resumes = target.train.checkpoint.resume;
-    let newest = newest_checkpoint(&run, &target.train);
+    let verify = resume_verify(&run, &target.train);
+    let newest = newest_verified(&run, &target.train, verify);
     // The one it would continue from, were it not for `resume: false`.
     let unused_checkpoint = newest.as_ref().filter(|_| !resumes).map(|c| c.step);
     let checkpoint = newest.filter(|_| resumes);
@@ -745,7 +746,7 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
     if checkpoint.is_none() && resumes {
         // Checkpoints that all fail to load are not a run to start over silently: the ranks
         // would refuse them too, after the job waited in the queue.
-        if let Some((names, newest, why)) = damaged_checkpoints(&run, &target.train) {
+        if let Some((names, newest, why)) = damaged_checkpoints(&run, &target.train, verify) {
             let over = match newest.parent().filter(|root| !root.starts_with(run.path())) {
                 Some(root) => format!(
                     "move {} aside (outside the run directory, --force leaves it) and start \
@@ -847,8 +848,31 @@ fn started(state: RunState) -> bool {
 /// The newest committed checkpoint of the run, checked by its seal and sizes (cheap on a
 /// login node; the ranks verify checksums before loading).
 pub fn newest_checkpoint(run: &RunDir, train: &TrainConfig) -> Option<CheckpointAt> {
+    newest_verified(run, train, Verify::Structure)
+}
+
+/// How a re-run of `run` checks the checkpoint its first line announces: by checksums too
+/// where the newest one's files hold at most [`CHECKSUMS_AT_MOST`] (a damaged file is then
+/// skipped here as the ranks will skip it); past that by seal and sizes, and the ranks say
+/// where they fall back.
+fn resume_verify(run: &RunDir, train: &TrainConfig) -> Verify {
+    let bytes: Option<u64> = newest_checkpoint(run, train).and_then(|newest| {
+        shardrun_checkpoint::Checkpoint::open(&newest.dir, Verify::Structure)
+            .ok()
+            .map(|c| c.metadata().files.iter().map(|f| f.size).sum())
+    });
+    match bytes {
+        Some(bytes) if bytes <= CHECKSUMS_AT_MOST => Verify::Checksums,
+        _ => Verify::Structure,
+    }
+}
+
+/// The most checkpoint bytes a re-run reads on the login node to verify what it announces.
+const CHECKSUMS_AT_MOST: u64 = 1 << 30;
+
+fn newest_verified(run: &RunDir, train: &TrainConfig, verify: Verify) -> Option<CheckpointAt> {
     let root = train.checkpoint.root(Some(run.path()))?;
-    let found = find_latest(&root, Verify::Structure).ok()?;
+    let found = find_latest(&root, verify).ok()?;
     found.checkpoint.map(|c| CheckpointAt {
         step: c.step(),
         updates: c.metadata().trainer.optimizer_step,
@@ -872,9 +896,13 @@ pub fn again_words(run: &RunDir) -> String {
 
 /// When the run has committed checkpoints but none that loads: their names, the newest one
 /// and why it does not.
-fn damaged_checkpoints(run: &RunDir, train: &TrainConfig) -> Option<(String, PathBuf, String)> {
+fn damaged_checkpoints(
+    run: &RunDir,
+    train: &TrainConfig,
+    verify: Verify,
+) -> Option<(String, PathBuf, String)> {
     let root = train.checkpoint.root(Some(run.path()))?;
-    let found = find_latest(&root, Verify::Structure).ok()?;
+    let found = find_latest(&root, verify).ok()?;
     if found.checkpoint.is_some() {
         return None;
     }
