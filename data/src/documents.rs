@@ -816,17 +816,11 @@ fn string_field(
             }
             .into())
         }
-        Some(serde_json::Value::Array(items))
-            if items
-                .iter()
-                .any(|m| m.get("role").or_else(|| m.get("from")).is_some()) =>
-        {
-            Err(format!(
-                "field `{field}` is a list of messages, not a string: conversations are \
+        Some(value @ serde_json::Value::Array(_)) if holds_messages(value) => Err(format!(
+            "field `{field}` is a list of messages, not a string: conversations are \
                  `kind: chat` data, rendered with the model's chat template"
-            )
-            .into())
-        }
+        )
+        .into()),
         Some(other) => Err(format!(
             "field `{field}` is {}, not a string",
             match other {
@@ -885,14 +879,6 @@ fn string_field(
 /// What a record read as a JSONL text (`data.field`) is instead, when it is another kind of
 /// data: TRL's prompt-completion (text, or lists of messages), or a conversation.
 fn other_kind_of_data(record: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
-    let is_messages = |value: &serde_json::Value| {
-        value.as_array().is_some_and(|items| {
-            !items.is_empty()
-                && items
-                    .iter()
-                    .all(|m| m.get("role").or_else(|| m.get("from")).is_some())
-        })
-    };
     let (prompt, completion) = (record.get(chat::PROMPT), record.get(chat::COMPLETION));
     if let (Some(prompt), Some(completion)) = (prompt, completion) {
         if prompt.is_string() && completion.is_string() {
@@ -904,7 +890,7 @@ fn other_kind_of_data(record: &serde_json::Map<String, serde_json::Value>) -> Op
                 chat::COMPLETION
             ));
         }
-        if is_messages(prompt) || is_messages(completion) {
+        if holds_messages(prompt) || holds_messages(completion) {
             return Some(
                 "the records are conversational prompt-completion records (lists of \
                  messages): they are `kind: chat` data, rendered with the model's chat \
@@ -913,11 +899,21 @@ fn other_kind_of_data(record: &serde_json::Map<String, serde_json::Value>) -> Op
             );
         }
     }
-    let (name, _) = record.iter().find(|(_, value)| is_messages(value))?;
+    let (name, _) = record.iter().find(|(_, value)| holds_messages(value))?;
     Some(format!(
         "field `{name}` holds conversations: they are `kind: chat` data, rendered with the \
          model's chat template (`messages_field: {name}`)"
     ))
+}
+
+/// Whether a JSON value is a list of chat messages: objects with a `role` (or ShareGPT's
+/// `from`).
+fn holds_messages(value: &serde_json::Value) -> bool {
+    value.as_array().is_some_and(|items| {
+        items
+            .iter()
+            .any(|m| m.get("role").or_else(|| m.get("from")).is_some())
+    })
 }
 
 #[cfg(test)]
