@@ -198,10 +198,9 @@ fn export_full_checkpoint(
     let seconds = started.elapsed().as_secs_f64();
     let total: u64 = committed.metadata.files.iter().map(|f| f.size).sum();
     outln!(
-        "Exported step {} ({} rank{}, {}, {}) from {}",
+        "Exported step {} ({}, {}, {}) from {}",
         meta.step,
-        meta.world_size,
-        if meta.world_size == 1 { "" } else { "s" },
+        crate::resolve::ranks_words(meta.world_size),
         meta.strategy.name(),
         parameters_in_words(meta.layout.num_params()),
         source.dir().display()

@@ -753,12 +753,9 @@ impl JobMachine {
             .registrations()
             .map(|r| r.host.as_str())
             .collect();
-        let all = match info.world_size {
-            1 => "the one rank".to_string(),
-            n => format!("all {n} ranks"),
-        };
         out.push(Action::Say(format!(
-            "{all} registered on {} host(s) ({}): starting",
+            "{} registered on {} host(s) ({}): starting",
+            crate::resolve::all_ranks_words(info.world_size),
             hosts.len(),
             hosts.into_iter().collect::<Vec<_>>().join(", ")
         )));

@@ -272,14 +272,11 @@ fn write(
                 }
                 _ => String::new(),
             };
-            let ranks = match summary.world_size {
-                1 => "1 rank".to_string(),
-                n => format!("{n} ranks"),
-            };
             let text = format!(
-                "summary: {} on {ranks}, {}, {}, model state {:.1} MiB/rank \
+                "summary: {} on {}, {}, {}, model state {:.1} MiB/rank \
                  (unsharded {:.1} MiB), peak memory {}, {:.0} tokens/s{eval}",
                 summary.strategy,
+                crate::resolve::ranks_words(summary.world_size),
                 summary.steps_words(),
                 summary.losses_words(),
                 mib(summary.model_state_bytes_per_rank),

@@ -68,10 +68,7 @@ pub fn resolve_fsdp(
                 warnings.push(format!(
                     "HYBRID_SHARD with one shard group of {} has no replicas: it trains as \
                      FULL_SHARD does (say FULL_SHARD{per_node})",
-                    match world_size {
-                        1 => "the one rank".to_string(),
-                        n => format!("all {n} ranks"),
-                    }
+                    super::all_ranks_words(world_size)
                 ));
             } else if ranks.nodes > 1
                 && !(per_node.is_multiple_of(group) || group.is_multiple_of(per_node))

@@ -20,6 +20,7 @@ mod ranks;
 mod slurm;
 pub(crate) mod summary;
 
+pub(crate) use ranks::{all_ranks_words, ranks_words};
 pub use slurm::{parse_slurm_time, slurm_duration};
 
 use crate::spec::{JobSpec, LoadedSpec, SpecError};

@@ -103,3 +103,11 @@ pub(crate) fn ranks_words(n: u64) -> String {
         n => format!("{n} ranks"),
     }
 }
+
+/// "all 4 ranks", or "the one rank".
+pub(crate) fn all_ranks_words(n: u64) -> String {
+    match n {
+        1 => "the one rank".to_string(),
+        n => format!("all {n} ranks"),
+    }
+}
