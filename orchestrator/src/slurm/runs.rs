@@ -605,9 +605,11 @@ fn progress(run: &RunDir) -> String {
         p if p >= 1.0 => format!("{p:.1} s/step"),
         p => format!("{:.0} steps/s", 1.0 / p),
     };
-    let quiet = std::fs::metadata(run.metrics())
-        .and_then(|m| m.modified())
-        .ok()
+    // The newest write of the run's logs: a rank's line, a step, an event (a new attempt).
+    let quiet = [run.metrics(), run.train_log(), run.events()]
+        .iter()
+        .filter_map(|file| std::fs::metadata(file).and_then(|m| m.modified()).ok())
+        .max()
         .and_then(|written| written.elapsed().ok())
         .map(|quiet| quiet.as_secs_f64());
     if let Some(quiet) = quiet.filter(|&q| q > QUIET_FOR.max(QUIET_STEPS * pace.unwrap_or(0.0))) {
@@ -632,8 +634,8 @@ fn progress(run: &RunDir) -> String {
     }
 }
 
-/// A running run whose metrics file has not been written for this long, and for
-/// [`QUIET_STEPS`] of its steps, is said to have logged nothing for that long.
+/// A running run whose logs have not been written for this long, and for [`QUIET_STEPS`]
+/// of its steps, is said to have logged nothing for that long.
 const QUIET_FOR: f64 = 60.0;
 const QUIET_STEPS: f64 = 10.0;
 
@@ -690,6 +692,9 @@ mod tests {
                 && said.ends_with(" (its steps took 1.0 s/step before)"),
             "{said}"
         );
+        // A rank's line just now (an evaluation, a checkpoint): the run is not quiet.
+        std::fs::write(run.train_log(), "[rank 0] eval after step 5\n").unwrap();
+        assert_eq!(progress(&run), "at step 5");
     }
 
     #[test]
