@@ -123,26 +123,25 @@ pub fn check(
 /// Refuses to resume `run` from `checkpoint` when the data files now (`files`) are not
 /// those the checkpoint was trained on, as the run recorded them (`data.json`), before the
 /// data is prepared: a job would otherwise wait in the queue and tokenize its data to be
-/// refused. `Ok(true)` when the checkpoint has a fingerprint and the files are the same, or
-/// the run recorded none for it: what only preparing tells (the tokenizer, a file rewritten
-/// keeping its modification time) is left to the preparation.
-pub fn check_files(
+/// refused. What only preparing tells (the tokenizer, a file rewritten keeping its
+/// modification time) is left to the preparation, and so is a run that recorded no files.
+fn check_files(
     run: &RunDir,
     checkpoint: &CheckpointAt,
     files: &DataFiles,
-) -> Result<bool, Box<DataChanged>> {
+) -> Result<(), Box<DataChanged>> {
     let Some(saved) = checkpoint.data_fingerprint.as_ref() else {
-        return Ok(false);
+        return Ok(());
     };
     let Some(recorded) = run
         .read_data_identity()
         .filter(|recorded| recorded.fingerprint == *saved)
     else {
-        return Ok(true);
+        return Ok(());
     };
     let changes = files.changes_since(&recorded);
     if changes.is_empty() {
-        return Ok(true);
+        return Ok(());
     }
     Err(Box::new(DataChanged {
         run: run.path().to_path_buf(),

@@ -15,7 +15,6 @@ use crate::slurm;
 use crate::sweeps::journal::Journal;
 pub use changes::FieldChange;
 use shardrun_checkpoint::{find_latest, Verify};
-use shardrun_data::DataIdentity;
 use shardrun_protocol::config::{DataConfig, LrDecay};
 use shardrun_protocol::schedule::Schedule;
 use shardrun_protocol::TrainConfig;
@@ -708,8 +707,7 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
     }
 
     let resumes = target.train.checkpoint.resume;
-    let verify = resume_verify(&run, &target.train);
-    let newest = newest_verified(&run, &target.train, verify);
+    let (newest, verify) = checkpoint_to_resume(&run, &target.train);
     // The one it would continue from, were it not for `resume: false`.
     let unused_checkpoint = newest.as_ref().filter(|_| !resumes).map(|c| c.step);
     let checkpoint = newest.filter(|_| resumes);
@@ -799,25 +797,24 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
     };
     let mut data_checked_later = false;
     if let (Some(checkpoint), DataConfig::Dataset(data)) = (&checkpoint, &target.train.data) {
-        // Data already prepared as it is now (`shardrun prepare`, another run) tells here;
-        // else files changed since the run recorded them do, before anything is tokenized,
-        // and a local run's data, prepared now; else the job's controller compares once it
-        // has prepared it.
-        let mut now = DataIdentity::probe(data).ok().flatten();
-        if now.is_none() {
-            // Files that no longer read are the preparation's to report, in its own words.
-            let unchecked = match shardrun_data::DataFiles::now(data) {
-                Ok(files) => resume_data::check_files(&run, checkpoint, &files)?,
-                Err(_) => checkpoint.data_fingerprint.is_some(),
-            };
-            if unchecked && new.data_here {
-                now = crate::data_prep::prepare_identity(&target.train)
-                    .map_err(|e| RerunError::DataPreparation(e.into()))?;
-            }
-            data_checked_later = unchecked && now.is_none();
+        // Data already prepared as it is now (`shardrun prepare`, another run), else files
+        // changed since the run recorded them, tell here before anything is tokenized; what
+        // only preparing tells, a local run's data prepared now does, else the job's
+        // controller once it has prepared it.
+        let now = DataNow::look(data);
+        if let Some(refusal) = now.refusal(&run, checkpoint) {
+            return Err(refusal.into());
         }
-        if let Some(now) = now {
-            resume_data::check(&run, checkpoint, &now)?;
+        if now.identity().is_none() && checkpoint.data_fingerprint.is_some() {
+            if new.data_here {
+                let prepared = crate::data_prep::prepare_identity(&target.train)
+                    .map_err(|e| RerunError::DataPreparation(e.into()))?;
+                if let Some(prepared) = prepared {
+                    resume_data::check(&run, checkpoint, &prepared)?;
+                }
+            } else {
+                data_checked_later = true;
+            }
         }
     }
     let lr_change = checkpoint
@@ -848,37 +845,46 @@ fn started(state: RunState) -> bool {
 /// The newest committed checkpoint of the run, checked by its seal and sizes (cheap on a
 /// login node; the ranks verify checksums before loading).
 pub fn newest_checkpoint(run: &RunDir, train: &TrainConfig) -> Option<CheckpointAt> {
-    newest_verified(run, train, Verify::Structure)
+    let root = train.checkpoint.root(Some(run.path()))?;
+    let found = find_latest(&root, Verify::Structure).ok()?;
+    found.checkpoint.as_ref().map(checkpoint_at)
 }
 
-/// How a re-run of `run` checks the checkpoint its first line announces: by checksums too
-/// where the newest one's files hold at most [`CHECKSUMS_AT_MOST`] (a damaged file is then
-/// skipped here as the ranks will skip it); past that by seal and sizes, and the ranks say
-/// where they fall back.
-fn resume_verify(run: &RunDir, train: &TrainConfig) -> Verify {
-    let bytes: Option<u64> = newest_checkpoint(run, train).and_then(|newest| {
-        shardrun_checkpoint::Checkpoint::open(&newest.dir, Verify::Structure)
-            .ok()
-            .map(|c| c.metadata().files.iter().map(|f| f.size).sum())
+/// The checkpoint a re-run of `run` announces on its first line, and how it was checked: by
+/// seal and sizes, then by checksums too where the newest one's files hold at most
+/// [`CHECKSUMS_AT_MOST`] (a file damaged in place is then passed over here as the ranks will
+/// pass it over); past that the ranks say where they fall back.
+fn checkpoint_to_resume(run: &RunDir, train: &TrainConfig) -> (Option<CheckpointAt>, Verify) {
+    let Some(root) = train.checkpoint.root(Some(run.path())) else {
+        return (None, Verify::Structure);
+    };
+    let Ok(found) = find_latest(&root, Verify::Structure) else {
+        return (None, Verify::Structure);
+    };
+    let small = found.checkpoint.as_ref().is_some_and(|c| {
+        c.metadata().files.iter().map(|f| f.size).sum::<u64>() <= CHECKSUMS_AT_MOST
     });
-    match bytes {
-        Some(bytes) if bytes <= CHECKSUMS_AT_MOST => Verify::Checksums,
-        _ => Verify::Structure,
+    if !small {
+        return (
+            found.checkpoint.as_ref().map(checkpoint_at),
+            Verify::Structure,
+        );
     }
+    let verified = find_latest(&root, Verify::Checksums).ok();
+    let newest = verified.and_then(|found| found.checkpoint.as_ref().map(checkpoint_at));
+    (newest, Verify::Checksums)
 }
 
 /// The most checkpoint bytes a re-run reads on the login node to verify what it announces.
 const CHECKSUMS_AT_MOST: u64 = 1 << 30;
 
-fn newest_verified(run: &RunDir, train: &TrainConfig, verify: Verify) -> Option<CheckpointAt> {
-    let root = train.checkpoint.root(Some(run.path()))?;
-    let found = find_latest(&root, verify).ok()?;
-    found.checkpoint.map(|c| CheckpointAt {
+fn checkpoint_at(c: &shardrun_checkpoint::Checkpoint) -> CheckpointAt {
+    CheckpointAt {
         step: c.step(),
         updates: c.metadata().trainer.optimizer_step,
         dir: c.dir().to_path_buf(),
         data_fingerprint: c.metadata().trainer.data.data_fingerprint.clone(),
-    })
+    }
 }
 
 /// What running `run` again does, from the config it recorded: "resumes it from step N", or
