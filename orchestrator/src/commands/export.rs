@@ -415,6 +415,13 @@ fn export_hf(
     for (origin, names) in &files.origins {
         outln!("  {origin}: {}", names.join(", "));
     }
+    if files.no_tokenizer {
+        outln!(
+            "  no tokenizer: the run read none (synthetic or pre-tokenized data) and the folder \
+             it started from has none: AutoTokenizer cannot load the export until the \
+             tokenizer its tokens were made with is copied in"
+        );
+    }
     if let Some(tokenizer) = token_ids {
         let bos = match &tokenizer.bos {
             Some(t) => format!("bos {} (`{}`)", t.id, t.text),
@@ -448,6 +455,8 @@ struct ExportFiles {
     files: Vec<FolderFile>,
     /// What each group of files is, with their names, as printed.
     origins: Vec<(String, Vec<String>)>,
+    /// No tokenizer file among them, though the run's tokenizer read (it had none to give).
+    no_tokenizer: bool,
 }
 
 /// The generation settings of the folder the run started from, and the tokenizer the run read
@@ -502,18 +511,13 @@ fn folder_files(
         origins.push(("copied from the source folder".into(), names(&files)));
     }
     let Some(tokenizer) = run_tokenizer else {
-        if run_tokenizer_read && !files.iter().any(|f| hf::is_tokenizer_file(&f.name)) {
-            origins.push((
-                "no tokenizer".into(),
-                vec![
-                    "the run read none (synthetic or pre-tokenized data) and the folder it \
-                     started from has none: AutoTokenizer cannot load the export until the \
-                     tokenizer its tokens were made with is copied in"
-                        .into(),
-                ],
-            ));
-        }
-        return Ok(ExportFiles { files, origins });
+        let no_tokenizer =
+            run_tokenizer_read && !files.iter().any(|f| hf::is_tokenizer_file(&f.name));
+        return Ok(ExportFiles {
+            files,
+            origins,
+            no_tokenizer,
+        });
     };
     let chat_template = tokenizer.chat_template;
     let (template, own): (Vec<FolderFile>, Vec<FolderFile>) = tokenizer
@@ -551,7 +555,11 @@ fn folder_files(
     }
     files.extend(own);
     files.extend(template);
-    Ok(ExportFiles { files, origins })
+    Ok(ExportFiles {
+        files,
+        origins,
+        no_tokenizer: false,
+    })
 }
 
 /// The tokenizer the run read its text with (`data.tokenizer`), as the export takes it: its
