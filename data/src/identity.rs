@@ -218,9 +218,10 @@ impl DataFiles {
         let hashed = self.hashes.borrow();
         now.iter()
             .filter(|new| {
-                before.get(&new.path).is_some_and(|old| {
-                    old.size == new.size && old.mtime_ns != 0 && old.mtime_ns != new.mtime_ns
-                }) && !hashed.contains_key(&new.path)
+                before
+                    .get(&new.path)
+                    .is_some_and(|old| only_touched(old, new))
+                    && !hashed.contains_key(&new.path)
             })
             .map(|new| new.size)
             .sum()
@@ -243,11 +244,9 @@ impl DataFiles {
                 files.push(format!("{what}{}: removed", path.display()));
                 continue;
             };
-            // Identities recorded before they listed modification times have 0: their
-            // files are compared by size only, not read on every look.
             let changed = if new.size != old.size {
                 Some(format!("{} → {} bytes", old.size, new.size))
-            } else if new.mtime_ns == old.mtime_ns || old.mtime_ns == 0 || !read {
+            } else if !only_touched(old, new) || !read {
                 None
             } else {
                 match self.hash(path) {
@@ -273,6 +272,14 @@ impl DataFiles {
             .or_insert_with(|| file_hash(path).map_err(|e| e.to_string()))
             .clone()
     }
+}
+
+/// Whether a file listed as `old` is now `new` with the same size and another modification
+/// time: only its contents can tell whether it changed. Identities recorded before they
+/// listed modification times have 0: their files are compared by size only, not read on
+/// every look.
+fn only_touched(old: &SourceFile, new: &DataFile) -> bool {
+    old.size == new.size && old.mtime_ns != 0 && old.mtime_ns != new.mtime_ns
 }
 
 /// At most [`FILES_SHOWN`] file lines, then how many more.
@@ -568,20 +575,17 @@ mod tests {
                 format!("{}: added", at("added")),
             ]
         );
+        // What sizes and names alone tell.
+        let by_size = vec![
+            format!("{}: changed (10 → 11 bytes)", at("grown")),
+            format!("{}: removed", at("removed")),
+            format!("{}: added", at("added")),
+        ];
+        let later = [&paths[0], &paths[1], &paths[2], &paths[4], &added];
         // Files only touched holding more than may be read (20 bytes, "rewritten" and
         // "restored"): none is read, they are taken as they were.
-        let changes = now(&[&paths[0], &paths[1], &paths[2], &paths[4], &added])
-            .changes_reading_at_most(&was, 19);
-        assert_eq!(
-            changes,
-            vec![
-                format!("{}: changed (10 → 11 bytes)", at("grown")),
-                format!("{}: removed", at("removed")),
-                format!("{}: added", at("added")),
-            ]
-        );
-        let changes = now(&[&paths[0], &paths[1], &paths[2], &paths[4], &added])
-            .changes_reading_at_most(&was, 20);
+        assert_eq!(now(&later).changes_reading_at_most(&was, 19), by_size);
+        let changes = now(&later).changes_reading_at_most(&was, 20);
         assert!(
             changes.iter().any(|c| c.contains("other contents")),
             "{changes:?}"
@@ -591,15 +595,6 @@ mod tests {
         for file in &mut was.training.files {
             file.mtime_ns = 0;
         }
-        let changes =
-            now(&[&paths[0], &paths[1], &paths[2], &paths[4], &added]).changes_since(&was);
-        assert_eq!(
-            changes,
-            vec![
-                format!("{}: changed (10 → 11 bytes)", at("grown")),
-                format!("{}: removed", at("removed")),
-                format!("{}: added", at("added")),
-            ]
-        );
+        assert_eq!(now(&later).changes_since(&was), by_size);
     }
 }
