@@ -379,18 +379,28 @@ fn a_json_array_of_records_is_read_and_its_bad_records_named_by_line() {
     );
 }
 
-#[test]
-fn chat_record_with_an_unknown_role() {
+/// Chat data whose second record answers the user with `reply` (a message as JSON), and the
+/// error preparing it fails with.
+fn second_chat_record_with(reply: &str) -> (tempfile::TempDir, PathBuf, String) {
     let dir = tempfile::tempdir().unwrap();
+    let record = |reply: &str| {
+        format!("{{\"messages\": [{{\"role\": \"user\", \"content\": \"hi\"}}, {reply}]}}\n")
+    };
+    let good = record("{\"role\": \"assistant\", \"content\": \"yo\"}");
     let path = write(
         dir.path(),
         "chat.jsonl",
-        "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}\n\
-         {\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"robot\", \"content\": \"beep\"}]}\n",
+        &format!("{good}{}", record(reply)),
     );
     let source = chat(&path, "messages");
     let c = dataset(source, hf("bpe"), 32, &dir.path().join("cache"));
     let err = fails(&c, None);
+    (dir, path, err)
+}
+
+#[test]
+fn chat_record_with_an_unknown_role() {
+    let (_dir, path, err) = second_chat_record_with("{\"role\": \"robot\", \"content\": \"beep\"}");
     assert!(
         err.starts_with(&format!(
             "{}:2: message 2 has role `robot`; chat data takes the roles system, developer, user, assistant, tool, ipython",
@@ -403,16 +413,7 @@ fn chat_record_with_an_unknown_role() {
 #[test]
 fn chat_message_with_its_text_under_another_key() {
     // Templates print a missing `content` as nothing; preparing must not train on it.
-    let dir = tempfile::tempdir().unwrap();
-    let path = write(
-        dir.path(),
-        "chat.jsonl",
-        "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}\n\
-         {\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"text\": \"yo\"}]}\n",
-    );
-    let source = chat(&path, "messages");
-    let c = dataset(source, hf("bpe"), 32, &dir.path().join("cache"));
-    let err = fails(&c, None);
+    let (_dir, path, err) = second_chat_record_with("{\"role\": \"assistant\", \"text\": \"yo\"}");
     assert!(
         err.starts_with(&format!(
             "{}:2: message 2 has no `content` (it has: role, text); a message holds its text in \
