@@ -175,7 +175,8 @@ impl RunLock {
     }
 
     /// Whether a controller holds the lock of `run_dir`, and which. Looking takes the lock
-    /// for a moment when it is free (flock has no other way to ask).
+    /// shared for a moment when it is free (flock has no other way to ask): shared, so that
+    /// two looking at once (two `shardrun status`) do not take each other for a controller.
     pub fn state(run_dir: &Path) -> LockState {
         let path = run_dir.join(LOCK_FILE);
         // For writing where allowed: on NFS, flock is a POSIX write lock, which needs it.
@@ -191,7 +192,7 @@ impl RunLock {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return LockState::Free,
             Err(_) => return LockState::Unknown,
         };
-        match try_flock(&file) {
+        match try_flock(&file, libc::LOCK_SH) {
             // Taken and released again when `file` closes.
             Ok(true) => LockState::Free,
             Ok(false) => LockState::Held(read_holder(&mut file)),
@@ -262,10 +263,11 @@ fn has_open(pid: u32, path: &Path) -> Result<bool, SignalError> {
         .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|link| link == target)))
 }
 
-/// `flock(LOCK_EX | LOCK_NB)`: true when taken, false when someone else holds it.
-fn try_flock(file: &File) -> std::io::Result<bool> {
+/// `flock(mode | LOCK_NB)`, `mode` being `LOCK_EX` or `LOCK_SH`: true when taken, false
+/// when someone else holds it in a mode that excludes `mode`.
+fn try_flock(file: &File, mode: libc::c_int) -> std::io::Result<bool> {
     // SAFETY: a plain syscall on a descriptor this function's caller owns.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    let rc = unsafe { libc::flock(file.as_raw_fd(), mode | libc::LOCK_NB) };
     if rc == 0 {
         return Ok(true);
     }
@@ -291,7 +293,7 @@ fn take(path: &Path, held: impl FnOnce(Holder) -> LockError) -> Result<File, Loc
         shardrun_protocol::lock_file::open(path).map_err(io)?;
     let started = Instant::now();
     let locked = |file: &File| {
-        try_flock(file).map_err(|e| match e.raw_os_error() {
+        try_flock(file, libc::LOCK_EX).map_err(|e| match e.raw_os_error() {
             // NFS takes locks only on files opened for writing.
             Some(libc::EBADF) if !writable => std::io::Error::other(format!(
                 "cannot lock it through a read-only handle on this file system (NFS?), and it \
@@ -363,6 +365,18 @@ mod tests {
         // The file still names the controller that held it.
         assert_eq!(RunLock::last_holder(dir.path()), Some(me));
         RunLock::acquire(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn a_look_at_a_free_lock_is_no_holder_to_another_look() {
+        let dir = tempfile::tempdir().unwrap();
+        // A controller that died left its name.
+        std::fs::write(dir.path().join(LOCK_FILE), "pid 7 on elsewhere\n").unwrap();
+        // Another `shardrun status` is looking at this moment.
+        let other_look = File::open(dir.path().join(LOCK_FILE)).unwrap();
+        assert!(try_flock(&other_look, libc::LOCK_SH).unwrap());
+        assert_eq!(RunLock::state(dir.path()), LockState::Free);
+        assert_eq!(RunLock::holder(dir.path()), None);
     }
 
     #[test]
