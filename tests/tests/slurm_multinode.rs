@@ -1,12 +1,18 @@
 //! Two Slurm nodes with separate network stacks (this host and a network + UTS namespace
 //! behind a veth pair, `slurm/start.sh --nodes 2`): a job spanning both finds the controller
 //! through the batch host's name, its ranks reach each other's collective listeners across
-//! the nodes, and a rank dying on the far node fails the job naming that rank and node.
+//! the nodes, a rank dying on the far node fails the job naming that rank and node, and the
+//! far node lost under a job is named in the verdict of the job Slurm requeues.
 
 use shardrun_e2e::jobs::*;
 use shardrun_e2e::*;
 use std::path::Path;
+use std::sync::RwLock;
 use std::time::Duration;
+
+/// Taken for writing by a test that takes a node down (every job of the cluster would lose
+/// it), for reading by the others.
+static NODES: RwLock<()> = RwLock::new(());
 
 /// The tiny MLP on 2 nodes × `per_node` ranks; `fsdp` is the `training.fsdp` mapping.
 fn two_node_spec(name: &str, steps: u64, per_node: u64, fsdp: &str) -> String {
@@ -43,6 +49,7 @@ fn submit_and_wait(
 
 #[test]
 fn training_spans_two_nodes_and_a_rank_dying_on_the_far_node_is_named() {
+    let _nodes = NODES.read().unwrap_or_else(|e| e.into_inner());
     let cluster = SlurmCluster::start_two_nodes().expect("start the two-node Slurm cluster");
     let (near, far) = (hostname(), format!("{}-n2", hostname()));
 
@@ -105,6 +112,7 @@ fn training_spans_two_nodes_and_a_rank_dying_on_the_far_node_is_named() {
 
 #[test]
 fn hybrid_shard_shards_within_a_node_and_replicates_across_nodes() {
+    let _nodes = NODES.read().unwrap_or_else(|e| e.into_inner());
     let cluster = SlurmCluster::start_two_nodes().expect("start the two-node Slurm cluster");
     let (near, far) = (hostname(), format!("{}-n2", hostname()));
     let dir = TestDir::new("slurm-2n-hybrid");
@@ -124,4 +132,89 @@ fn hybrid_shard_shards_within_a_node_and_replicates_across_nodes() {
     assert!(log.contains("HYBRID_SHARD"), "{log}");
     let run = dir.join("runs/hybrid");
     assert_eq!(metric_steps(&run, 0), (1..=5).collect::<Vec<_>>());
+}
+
+/// The far node goes down mid-run (`scontrol update state=down`, as slurmctld marks a node
+/// that stops answering): srun says "Node failure on <node>", Slurm requeues the job, and
+/// the verdict that `shardrun status` shows names the node, with how to keep jobs off it.
+#[test]
+fn a_node_lost_under_a_job_is_named_in_the_verdict_of_its_requeue() {
+    let _nodes = NODES.write().unwrap_or_else(|e| e.into_inner());
+    let cluster = SlurmCluster::start_two_nodes().expect("start the two-node Slurm cluster");
+    let far = format!("{}-n2", hostname());
+    let dir = TestDir::new("slurm-2n-node-lost");
+    let spec = dir.write(
+        "lost.yaml",
+        "name: lost\nresources:\n  nodes: 2\n  tasks_per_node: 1\n  cpus_per_task: 1\n  \
+         time: \"00:05:00\"\ntraining:\n  model: { kind: mlp, input_dim: 256, hidden_dim: 1024, \
+         output_dim: 256 }\n  steps: 100000\n  total_batch_size: 64\n  batch_size_per_device: 32\n  \
+         checkpoint: { interval_steps: 50 }\n",
+    );
+    let job_id = cluster
+        .submit(dir.path(), &[&spec.to_string_lossy()])
+        .job_id;
+    let run = dir.join("runs/lost");
+    let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
+    wait_for("the job to train", Duration::from_secs(120), || {
+        (metric_steps(&run, 0).len() >= 60).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
+
+    let mut down = cluster.command("scontrol");
+    down.args([
+        "update",
+        &format!("nodename={far}"),
+        "state=down",
+        "reason=lost in a test",
+    ]);
+    let out = run_with_deadline(&mut down, Duration::from_secs(30)).unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let result = wait_for_file(&run.join("result.json"), Duration::from_secs(120), |t| {
+        t.ends_with('}')
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    let verdict: serde_json::Value = serde_json::from_str(&result).unwrap();
+    let ended = verdict["ended"].as_str().unwrap_or_default();
+    let message = verdict["message"].as_str().unwrap_or_default();
+    assert_eq!(verdict["notice"], "slurm_requeue", "{result}\n{}", log());
+    assert!(
+        ended.starts_with("was requeued by Slurm after step ")
+            && ended.ends_with(&format!(" (Slurm lost node {far})")),
+        "{result}"
+    );
+    assert!(
+        message.contains(&format!(
+            "`sinfo -R` says why Slurm lost {far}, and `resources.extra_sbatch: \
+             [\"--exclude={far}\"]` keeps jobs off it; Slurm queues the job again, which \
+             resumes from it"
+        )),
+        "{result}"
+    );
+    let status = cluster
+        .shardrun(dir.path(), &["status", "runs/lost"])
+        .unwrap();
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.contains(&format!("(Slurm lost node {far})")),
+        "{status}"
+    );
+
+    // The requeued job is not waited for; the node is back (ReturnToService=2) before the
+    // other tests run.
+    let mut cancel = cluster.command("scancel");
+    cancel.arg(&job_id);
+    assert!(run_with_deadline(&mut cancel, Duration::from_secs(30))
+        .unwrap()
+        .status
+        .success());
+    let mut resume = cluster.command("scontrol");
+    resume.args(["update", &format!("nodename={far}"), "state=resume"]);
+    let _ = run_with_deadline(&mut resume, Duration::from_secs(30));
+    wait_for("the far node back", Duration::from_secs(120), || {
+        let mut sinfo = cluster.command("sinfo");
+        sinfo.args(["--noheader", "--Node", "--nodes", &far, "--format=%T"]);
+        let out = run_with_deadline(&mut sinfo, Duration::from_secs(30)).ok()?;
+        (String::from_utf8_lossy(&out.stdout).trim() == "idle").then_some(())
+    })
+    .unwrap();
 }

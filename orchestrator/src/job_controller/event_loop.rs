@@ -4,7 +4,7 @@
 use super::collective_lag::CollectiveCounts;
 use super::console::Console;
 use super::job::{Action, ConnId, Event, JobMachine};
-use super::launcher::{LaunchMode, LaunchSpec, Launched, Launcher};
+use super::launcher::{self, LaunchMode, LaunchSpec, Launched, Launcher};
 use super::notice::Notice;
 use super::outcome::{CancelledBy, FailureCause, Outcome};
 use super::rank_variables::RankVariables;
@@ -270,7 +270,7 @@ async fn run_async(
         .as_deref()
         .and_then(newest_checkpoint)
         .map(|c| c.step);
-    let (outcome, steps_done) = if preempted_before_launch {
+    let (outcome, steps_done, lost_nodes) = if preempted_before_launch {
         // Nothing has trained in this job yet, so nothing is to be saved: the time left before
         // the kill is better spent on the requeue than on starting ranks only to stop them.
         let notice = Notice::of_this_job().await;
@@ -281,7 +281,7 @@ async fn run_async(
         ))
         .await;
         log.note(RunEvent::PreemptRequested { notice }).await;
-        (Outcome::Preempted { notice }, None)
+        (Outcome::Preempted { notice }, None, Vec::new())
     } else {
         let ranks = Ranks {
             opts: &opts,
@@ -327,7 +327,7 @@ async fn run_async(
         },
         outcome => outcome,
     };
-    let how_it_ended = ended_in_words(&outcome, checkpoint.as_ref());
+    let how_it_ended = ended_in_words(&outcome, checkpoint.as_ref(), &lost_nodes);
     let mut message = match &outcome {
         Outcome::Succeeded => {
             // Every step is in metrics.jsonl before it is read back.
@@ -378,6 +378,11 @@ async fn run_async(
             checkpoint_left(checkpoint.as_ref(), &config.checkpoint)
         ),
     };
+    if let (Some(advice), Outcome::Failed(_) | Outcome::Preempted { .. }) =
+        (launcher::lost_nodes_advice(&lost_nodes), &outcome)
+    {
+        message = format!("{message}; {advice}");
+    }
     let mut failure_report = None;
     if let Outcome::Failed(f) = &outcome {
         // A rank that could not be started has no lines to show.
@@ -670,12 +675,12 @@ struct Ranks<'a> {
 
 impl Ranks<'_> {
     /// Serves the rendezvous, launches the ranks and feeds everything that happens to them
-    /// (and `signals`) to the job machine until the job is over; says how it ended and the
-    /// steps all ranks completed.
+    /// (and `signals`) to the job machine until the job is over; says how it ended, the
+    /// steps all ranks completed, and the nodes srun said Slurm lost.
     async fn launch_and_watch(
         self,
         signals: mpsc::UnboundedReceiver<ControllerSignal>,
-    ) -> (Outcome, Option<u64>) {
+    ) -> (Outcome, Option<u64>, Vec<String>) {
         let Ranks {
             opts,
             listener,
@@ -905,7 +910,7 @@ impl Ranks<'_> {
             } => SLURM_REQUEUE_DRAIN,
             _ => opts.timeouts.drain,
         };
-        let task_ends = launcher.drain_output(drain).await;
+        let srun_said = launcher.drain_output(drain).await;
         signal_all(libc::SIGKILL); // nothing should be left; make sure of it
         for (_, abort) in conns.values() {
             abort.abort();
@@ -913,13 +918,13 @@ impl Ranks<'_> {
         let mut outcome = outcome;
         if let Outcome::Failed(failure) = &mut outcome {
             // Under srun a rank's death is seen as its connection ending: srun says how.
-            if let (None, Some(end)) = (failure.exit, failure.rank.and_then(|r| task_ends.get(&r)))
-            {
+            let end = failure.rank.and_then(|r| srun_said.task_ends.get(&r));
+            if let (None, Some(end)) = (failure.exit, end) {
                 failure.exit = Some(*end);
             }
         }
         let outcome = cancelled_by_slurm(outcome, &state).await;
-        (outcome, state.steps_done())
+        (outcome, state.steps_done(), srun_said.lost_nodes)
     }
 }
 
@@ -1075,18 +1080,28 @@ async fn requeued_by_slurm(outcome: Outcome, under_slurm: bool) -> Outcome {
     }
 }
 
-/// How the run ended, in a few words that follow "the run" / "it".
-fn ended_in_words(outcome: &Outcome, checkpoint: Option<&CheckpointLeft>) -> String {
+/// How the run ended, in a few words that follow "the run" / "it"; with the nodes Slurm
+/// lost under it (`lost_nodes`, as srun named them) when it failed or was requeued.
+fn ended_in_words(
+    outcome: &Outcome,
+    checkpoint: Option<&CheckpointLeft>,
+    lost_nodes: &[String],
+) -> String {
+    let lost = match lost_nodes {
+        [] => String::new(),
+        [node] => format!(" (Slurm lost node {node})"),
+        nodes => format!(" (Slurm lost nodes {})", nodes.join(", ")),
+    };
     match outcome {
         Outcome::Succeeded => "finished".into(),
-        Outcome::Failed(f) => format!("failed: {}", f.describe()),
+        Outcome::Failed(f) => format!("failed: {}{lost}", f.describe()),
         Outcome::Cancelled { by, step } => match step {
             Some(step) => format!("was cancelled by {by} after step {step}"),
             None => format!("was cancelled by {by}"),
         },
         Outcome::Preempted { notice } => match checkpoint {
-            Some(c) => format!("{} after step {}", notice.ended(), c.step),
-            None => notice.ended().into(),
+            Some(c) => format!("{} after step {}{lost}", notice.ended(), c.step),
+            None => format!("{}{lost}", notice.ended()),
         },
     }
 }

@@ -120,13 +120,20 @@ pub struct Launcher {
     /// so a reaped (and maybe reused) pid is never signalled.
     alive: Arc<Mutex<HashMap<ProcId, i32>>>,
     pipes: Vec<JoinHandle<()>>,
-    /// How srun said its tasks ended (`srun: error: node1: task 3: Killed`): under srun the
-    /// controller sees a rank's connection end, not its process's exit.
-    task_ends: TaskEnds,
+    /// What srun's own lines said of the job, read as they pass to train.log.
+    srun_said: Arc<Mutex<SrunSaid>>,
 }
 
-/// Each rank's end as srun reported it.
-type TaskEnds = Arc<Mutex<HashMap<u64, ExitInfo>>>;
+/// What srun said of the job's tasks and nodes: under srun the controller sees a rank's
+/// connection end, not its process's exit, nor the node it lost.
+#[derive(Debug, Clone, Default)]
+pub struct SrunSaid {
+    /// Each rank's end (`srun: error: node1: task 3: Killed`).
+    pub task_ends: HashMap<u64, ExitInfo>,
+    /// The nodes Slurm lost under the job (`srun: error: Node failure on node2`), in the
+    /// order srun named them.
+    pub lost_nodes: Vec<String>,
+}
 
 impl Launcher {
     /// Starts the processes, up to the first that cannot be started.
@@ -134,7 +141,7 @@ impl Launcher {
         let mut launcher = Launcher {
             alive: Arc::default(),
             pipes: Vec::new(),
-            task_ends: Arc::default(),
+            srun_said: Arc::default(),
         };
         let mut procs = Vec::new();
         let failed = launcher.start_all(spec, &exits, &records, &mut procs).err();
@@ -261,7 +268,7 @@ impl Launcher {
                 labels,
                 false,
                 records.clone(),
-                self.task_ends.clone(),
+                self.srun_said.clone(),
             )));
         }
         if let Some(err) = child.stderr.take() {
@@ -270,7 +277,7 @@ impl Launcher {
                 labels,
                 true,
                 records.clone(),
-                self.task_ends.clone(),
+                self.srun_said.clone(),
             )));
         }
         let alive = self.alive.clone();
@@ -302,11 +309,11 @@ impl Launcher {
 
     /// Waits (at most `timeout`) until every output pipe reached end of file, so the last
     /// lines of dead processes are in the logs. Returns how srun said its tasks ended.
-    pub async fn drain_output(self, timeout: std::time::Duration) -> HashMap<u64, ExitInfo> {
+    pub async fn drain_output(self, timeout: std::time::Duration) -> SrunSaid {
         let all = futures::future::join_all(self.pipes);
         let _ = tokio::time::timeout(timeout, all).await;
-        let ends = self.task_ends.lock().unwrap_or_else(|e| e.into_inner());
-        ends.clone()
+        let said = self.srun_said.lock().unwrap_or_else(|e| e.into_inner());
+        said.clone()
     }
 }
 
@@ -395,6 +402,30 @@ pub fn parse_srun_task_end(line: &str) -> Option<(Vec<u64>, ExitInfo)> {
     Some((ranks, ExitInfo::Signal(*signal)))
 }
 
+/// The node of srun's `srun: error: Node failure on node2`: Slurm lost it, and the job's
+/// ranks there with it.
+pub fn parse_node_failure(line: &str) -> Option<&str> {
+    line.strip_prefix("srun: error: Node failure on ")
+        .map(str::trim)
+        .filter(|node| !node.is_empty() && !node.contains(char::is_whitespace))
+}
+
+/// What to say of the nodes Slurm lost under a job that failed or was requeued for it, after
+/// how it ended: where to read why, and how to keep the next attempts off them. `None` when
+/// none was lost.
+pub fn lost_nodes_advice(lost: &[String]) -> Option<String> {
+    let (them, it) = match lost.len() {
+        0 => return None,
+        1 => (lost[0].clone(), "it"),
+        _ => ("those nodes".to_string(), "them"),
+    };
+    Some(format!(
+        "`sinfo -R` says why Slurm lost {them}, and `resources.extra_sbatch: \
+         [\"--exclude={}\"]` keeps jobs off {it}",
+        lost.join(",")
+    ))
+}
+
 /// What shardrun knows of one of srun's own lines that reads worse than it is, or says less
 /// than a user needs (a node lost), to say next to it in train.log; `end`: the line's
 /// tasks' end, as [`parse_srun_task_end`] read it.
@@ -403,7 +434,7 @@ pub fn srun_line_explained(line: &str, end: Option<&ExitInfo>) -> Option<&'stati
         // `--cpu-bind=none` on a cluster without task/affinity.
         return Some("harmless: the ranks are not bound to cores, as shardrun asks");
     }
-    if line.starts_with("srun: error: Node failure on ") {
+    if parse_node_failure(line).is_some() {
         // Its ranks are gone; Slurm ends the job, and requeues it where the cluster does.
         return Some(
             "Slurm lost that node (down, rebooted or unreachable), and its ranks with it: \
@@ -431,7 +462,7 @@ async fn forward_lines(
     labels: Labels,
     stderr: bool,
     records: mpsc::Sender<Record>,
-    task_ends: TaskEnds,
+    srun_said: Arc<Mutex<SrunSaid>>,
 ) {
     let mut reader = BufReader::with_capacity(64 * 1024, pipe);
     let mut line = Vec::new();
@@ -457,13 +488,19 @@ async fn forward_lines(
         };
         let mut text = text.to_string();
         if let (Labels::Srun, None) = (labels, rank) {
+            let mut said = srun_said.lock().unwrap_or_else(|e| e.into_inner());
             let end = parse_srun_task_end(&text).map(|(ranks, end)| {
-                let mut ends = task_ends.lock().unwrap_or_else(|e| e.into_inner());
                 for rank in ranks {
-                    ends.entry(rank).or_insert(end);
+                    said.task_ends.entry(rank).or_insert(end);
                 }
                 end
             });
+            if let Some(node) = parse_node_failure(&text) {
+                if !said.lost_nodes.iter().any(|lost| lost == node) {
+                    said.lost_nodes.push(node.to_string());
+                }
+            }
+            drop(said);
             if let Some(note) = srun_line_explained(&text, end.as_ref()) {
                 text.push_str(&format!(" [shardrun: {note}]"));
             }
@@ -485,6 +522,19 @@ use tokio::io::AsyncReadExt as _;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lost_nodes_are_advised_on_by_name() {
+        assert_eq!(lost_nodes_advice(&[]), None);
+        assert_eq!(
+            lost_nodes_advice(&["gpu-17".into()]).unwrap(),
+            "`sinfo -R` says why Slurm lost gpu-17, and `resources.extra_sbatch: \
+             [\"--exclude=gpu-17\"]` keeps jobs off it"
+        );
+        assert!(lost_nodes_advice(&["a1".into(), "b2".into()])
+            .unwrap()
+            .ends_with("lost those nodes, and `resources.extra_sbatch: [\"--exclude=a1,b2\"]` keeps jobs off them"));
+    }
 
     #[test]
     fn srun_says_how_its_tasks_ended() {
@@ -533,6 +583,11 @@ mod tests {
         // The node is named in srun's line; what to do about it, next to it.
         assert!(srun_line_explained("srun: error: Node failure on vm-n2")
             .is_some_and(|n| n.starts_with("Slurm lost that node") && n.contains("--exclude")));
+        assert_eq!(
+            parse_node_failure("srun: error: Node failure on vm-n2"),
+            Some("vm-n2")
+        );
+        assert_eq!(parse_node_failure("srun: error: vm: task 0: Killed"), None);
         for failure in [
             "srun: error: vm: task 1: Exited with exit code 1",
             "srun: error: vm: task 0: Killed",
