@@ -642,6 +642,38 @@ mod tests {
     }
 
     #[test]
+    fn extra_sbatch_options_sbatch_would_refuse_with_the_plans_are_refused() {
+        let refused = |extra: &str| {
+            job(
+                &format!("  mem: 64G\n  extra_sbatch: [\"{extra}\"]\n"),
+                32,
+                4,
+            )
+            .err()
+            .map(|e| e.to_string())
+        };
+        let said = refused("--mem-per-gpu=80G").expect("refused");
+        assert!(
+            said.contains(
+                "entry 0 `--mem-per-gpu=80G` asks for memory by --mem-per-gpu, and \
+                 `resources.mem: 64G` asks for it by node (--mem)"
+            ) && said.contains("keep one: remove `resources.mem`, or this entry"),
+            "{said}"
+        );
+        assert!(refused("--mem-per-cpu 4G").is_some());
+        for gpus in ["--gpus-per-task=1", "--ntasks-per-gpu=1"] {
+            assert!(
+                refused(gpus).is_some_and(|e| e.contains("which shardrun writes itself")),
+                "{gpus}"
+            );
+        }
+        // Memory by the GPU, with no memory by the node, is the user's to ask for.
+        let by_gpu = "  extra_sbatch: [\"--mem-per-gpu=80G\"]\n";
+        assert!(job(by_gpu, 32, 4).is_ok());
+        assert_eq!(refused("--mail-type=END"), None);
+    }
+
+    #[test]
     fn cpu_ranks_that_need_more_than_resources_mem_are_warned_of() {
         let over = |mem: &str| {
             job(&format!("  mem: \"{mem}\"\n"), 32, 4)

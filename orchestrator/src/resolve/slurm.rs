@@ -51,6 +51,24 @@ pub fn resolve_slurm(
                 format!("remove it and {instead}"),
             ));
         }
+        let per_unit = ["--mem-per-cpu", "--mem-per-gpu"]
+            .into_iter()
+            .find(|option| {
+                line == option
+                    || line.starts_with(&format!("{option}="))
+                    || line.starts_with(&format!("{option} "))
+            });
+        if let (Some(option), Some(mem)) = (per_unit, &res.mem) {
+            return Err(s.err(
+                "resources.extra_sbatch",
+                format!(
+                    "entry {i} `{line}` asks for memory by {option}, and `resources.mem: {mem}` \
+                     asks for it by node (--mem): sbatch refuses a job with both (\"mutually \
+                     exclusive\")"
+                ),
+                "keep one: remove `resources.mem`, or this entry",
+            ));
+        }
     }
     if let Some(kind) = &res.gpu_type {
         // Slurm's GRES type names: what `gres.conf` can spell, nothing that ends the entry.
@@ -263,7 +281,7 @@ fn written_by_shardrun(line: &str) -> Option<(&'static str, &'static str)> {
         (&["--job-name", "-J"], "--job-name", "set `name`"),
         (&["--nodes", "-N"], "--nodes", "set `resources.nodes`"),
         (
-            &["--ntasks-per-node", "--ntasks", "-n"],
+            &["--ntasks-per-node", "--ntasks", "-n", "--ntasks-per-gpu"],
             "the number of tasks",
             "set `resources.gpus_per_node` (or `tasks_per_node` for CPU ranks)",
         ),
@@ -273,7 +291,15 @@ fn written_by_shardrun(line: &str) -> Option<(&'static str, &'static str)> {
             "set `resources.cpus_per_task`",
         ),
         (
-            &["--gres", "--gpus", "--gpus-per-node", "-G"],
+            &[
+                "--gres",
+                "--gpus",
+                "--gpus-per-node",
+                "-G",
+                // One GPU a task: every rank is to see its node's GPUs (see the launcher).
+                "--gpus-per-task",
+                "--gpus-per-socket",
+            ],
             "the GPUs",
             "set `resources.gpus_per_node` (and `gpu_type` for a type of GPU)",
         ),
