@@ -587,6 +587,17 @@ fn timed_out_after_notice(run: &RunDir) -> Option<String> {
     ))
 }
 
+/// A pace of `seconds` a step, as people read it: "2.6 s/step", "1.4 steps/s" (not rounded
+/// to "1 steps/s"), "250 steps/s".
+fn pace_in_words(seconds: f64) -> String {
+    let per_second = 1.0 / seconds;
+    match seconds {
+        s if s >= 1.0 => format!("{s:.1} s/step"),
+        _ if per_second < 10.0 => format!("{per_second:.1} steps/s"),
+        _ => format!("{per_second:.0} steps/s"),
+    }
+}
+
 /// How far a running run has trained and, at its recent pace, how long it has left: "at step
 /// 26 of 60, about 1m30s left (2.6 s/step)", or that no step is logged yet. A run that has
 /// logged nothing for much longer than its steps took says for how long instead of a time
@@ -601,10 +612,7 @@ fn progress(run: &RunDir) -> String {
         None => format!("at step {}", now.step),
     };
     let pace = now.seconds_per_step();
-    let pace_words = |p: f64| match p {
-        p if p >= 1.0 => format!("{p:.1} s/step"),
-        p => format!("{:.0} steps/s", 1.0 / p),
-    };
+    let pace_words = pace_in_words;
     // The newest write of the run's logs: a rank's line, a step, an event (a new attempt).
     let quiet = [run.metrics(), run.train_log(), run.events()]
         .iter()
@@ -660,8 +668,24 @@ fn with_attempt_before(detail: String, before: Option<&crate::rundir::Ended>) ->
 mod tests {
     use super::*;
 
-    /// A run whose last event is a notice its ranks never got to act on is explained; one
-    /// whose ranks checkpointed after the notice, or that had none, is not.
+    #[test]
+    fn a_pace_is_said_to_its_first_decimal_below_ten_steps_a_second() {
+        let said: Vec<String> = [2.6, 1.0, 0.72, 0.11, 0.004]
+            .into_iter()
+            .map(pace_in_words)
+            .collect();
+        assert_eq!(
+            said,
+            [
+                "2.6 s/step",
+                "1.0 s/step",
+                "1.4 steps/s",
+                "9.1 steps/s",
+                "250 steps/s"
+            ]
+        );
+    }
+
     #[test]
     fn a_run_that_logged_nothing_for_long_says_for_how_long_not_a_time_left() {
         let dir = tempfile::tempdir().unwrap();
@@ -697,6 +721,8 @@ mod tests {
         assert_eq!(progress(&run), "at step 5");
     }
 
+    /// A run whose last event is a notice its ranks never got to act on is explained; one
+    /// whose ranks checkpointed after the notice, or that had none, is not.
     #[test]
     fn a_time_limit_that_came_before_the_ranks_could_stop_is_explained() {
         let dir = tempfile::tempdir().unwrap();
