@@ -6,7 +6,7 @@
 use crate::step_record::StepRecord;
 use serde::{Deserialize, Serialize};
 use shardrun_protocol::messages::StepMetrics;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +44,10 @@ pub struct ResumeMark {
 pub struct RunMetrics {
     pub steps: Vec<StepRecord>,
     pub evals: Vec<EvalRecord>,
+    /// The steps of `steps` that were the first of an attempt (the run's first, and each
+    /// resumed or restarted attempt's): their time includes the attempt's warm-up
+    /// (allocations, the first collectives), as the summary line at a run's end says.
+    pub warm_ups: BTreeSet<u64>,
     /// Whole lines (1-based) that are not records: the file was damaged, and the figures
     /// leave them out.
     pub unreadable_lines: Vec<usize>,
@@ -242,6 +246,9 @@ pub fn read(path: &Path) -> Result<RunMetrics, MetricsFileError> {
     let mut evals = Vec::new();
     let mut unreadable_lines = Vec::new();
     let mut partial_last_line = None;
+    let mut warm_ups = BTreeSet::new();
+    // The next step record is the first of an attempt.
+    let mut attempt_starts = true;
     let mut lines = text.lines().enumerate().peekable();
     while let Some((at, line)) = lines.next() {
         match serde_json::from_str::<Line>(line) {
@@ -249,6 +256,8 @@ pub fn read(path: &Path) -> Result<RunMetrics, MetricsFileError> {
                 let kept = |step: u64| step <= mark.resumed_at_step;
                 steps.retain(|r: &StepRecord| kept(r.step));
                 evals.retain(|r: &EvalRecord| kept(r.step));
+                warm_ups.retain(|&step| kept(step));
+                attempt_starts = true;
                 for records in per_rank.values_mut() {
                     records.retain(|r| kept(r.step));
                 }
@@ -262,6 +271,11 @@ pub fn read(path: &Path) -> Result<RunMetrics, MetricsFileError> {
                     .is_some_and(|r: &StepRecord| r.step >= record.step)
                 {
                     evals.retain(|e: &EvalRecord| e.step < record.step);
+                    warm_ups.retain(|&step| step < record.step);
+                    attempt_starts = true;
+                }
+                if std::mem::take(&mut attempt_starts) {
+                    warm_ups.insert(record.step);
                 }
                 later_wins(&mut steps, record, |r| r.step)
             }
@@ -295,6 +309,7 @@ pub fn read(path: &Path) -> Result<RunMetrics, MetricsFileError> {
     Ok(RunMetrics {
         steps,
         evals,
+        warm_ups,
         unreadable_lines,
         partial_last_line,
     })
@@ -328,6 +343,41 @@ mod tests {
         let rank_record: StepMetrics =
             serde_json::from_str(&rank_line(0, step, loss, 0.1)).unwrap();
         serde_json::to_string(&StepRecord::fold(&[rank_record], 1.0)).unwrap()
+    }
+
+    /// The first step of each attempt is a warm-up: the run's first, the first after a resume
+    /// mark, the first of an attempt that started over; a warm-up replayed by a later attempt
+    /// is not one any more.
+    #[test]
+    fn the_first_step_of_each_attempt_is_a_warm_up() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("metrics.jsonl");
+        let lines = |steps: std::ops::RangeInclusive<u64>| -> String {
+            steps.map(|s| step_line(s, 2.5) + "\n").collect()
+        };
+        let mut text = lines(1..=6);
+        text.push_str("{\"resumed_at_step\":3}\n");
+        text.push_str(&lines(4..=8));
+        std::fs::write(&path, &text).unwrap();
+        let warm_ups = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            read(&path)
+                .unwrap()
+                .warm_ups
+                .into_iter()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(warm_ups(&text), [1, 4]);
+        // Started over without a checkpoint: step 2 again.
+        text.push_str(&lines(2..=9));
+        assert_eq!(warm_ups(&text), [1, 2]);
+        // Resumed from step 1, before the warm-up at step 2.
+        text.push_str("{\"resumed_at_step\":1}\n");
+        text.push_str(&lines(2..=3));
+        assert_eq!(warm_ups(&text), [1, 2]);
+        text.push_str("{\"resumed_at_step\":2}\n");
+        text.push_str(&lines(3..=3));
+        assert_eq!(warm_ups(&text), [1, 2, 3]);
     }
 
     /// The pace is that of the attempt at the file's end: the records before its resume mark

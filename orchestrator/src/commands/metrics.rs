@@ -14,7 +14,7 @@ use crate::sweeps::journal::CurrentPoints;
 use crate::sweeps::labels::{marked_superseded, ParamColumns, SUPERSEDED_NOTE};
 use serde::Serialize;
 use shardrun_protocol::messages::{grad_norm_text, loss_text};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Version of the `--json` documents; bumped only when a field changes meaning or goes.
@@ -67,10 +67,10 @@ pub struct RunMetricsSummary {
     pub mean: Option<MeanPace>,
 }
 
-/// The pace of a run over its logged steps after the first (its allocations warm up), as
-/// its summary line says it: the job's tokens over the time its steps took, not a mean of
-/// each step's rate (one slow step weighs as the time it took). What the table compares
-/// runs by: one step's figures vary too much from step to step.
+/// The pace of a run over its logged steps but the first of each attempt (its allocations
+/// warm up), as its summary line says it: the job's tokens over the time its steps took,
+/// not a mean of each step's rate (one slow step weighs as the time it took). What the
+/// table compares runs by: one step's figures vary too much from step to step.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MeanPace {
     /// Step records it is taken over.
@@ -85,14 +85,23 @@ pub struct MeanPace {
 }
 
 impl MeanPace {
-    /// Over `steps` (a run's records in step order); `None` without a step whose rate was
-    /// measured.
-    pub fn of(steps: &[StepRecord]) -> Option<MeanPace> {
-        let steady = if steps.len() > 1 { &steps[1..] } else { steps };
+    /// Over `steps` (a run's records in step order) but the first and those of `warm_ups`
+    /// (the first steps of attempts), unless no other is left; `None` without a step whose
+    /// rate was measured.
+    pub fn of(steps: &[StepRecord], warm_ups: &BTreeSet<u64>) -> Option<MeanPace> {
+        let steady: Vec<&StepRecord> = steps
+            .iter()
+            .skip(1)
+            .filter(|r| !warm_ups.contains(&r.step))
+            .collect();
+        let steady = match steady.is_empty() {
+            true => steps.iter().collect(),
+            false => steady,
+        };
         // A step's time is its tokens over its rate: summed as `1 / rate` (the tokens of a
         // step are the same every step).
         let timed: Vec<&StepRecord> = steady
-            .iter()
+            .into_iter()
             .filter(|r| r.tokens_per_s.is_finite() && r.tokens_per_s > 0.0)
             .collect();
         let inverse: f64 = timed.iter().map(|r| 1.0 / r.tokens_per_s).sum();
@@ -300,7 +309,7 @@ fn summarise(run: &RunDir, current: &mut CurrentPoints) -> RunMetricsSummary {
         record: metrics.steps.last().cloned(),
         eval: metrics.evals.last().map(EvalJson::from),
         diverged_from: metrics.diverged_from().map(|d| d.step),
-        mean: MeanPace::of(&metrics.steps),
+        mean: MeanPace::of(&metrics.steps, &metrics.warm_ups),
     }
 }
 
@@ -833,6 +842,27 @@ mod tests {
             (rows[0]["tokens/s"].as_str(), rows[0]["trained/s"].as_str()),
             ("8,000", "1,000")
         );
+        // A resumed attempt's first step warms up as the run's first did: left out.
+        std::io::Write::write_all(
+            &mut std::fs::OpenOptions::new()
+                .append(true)
+                .open(run.metrics())
+                .unwrap(),
+            b"{\"resumed_at_step\":3}\n",
+        )
+        .unwrap();
+        for (step, tokens_per_s) in [(4, 100.0), (5, 12_000.0)] {
+            append(shardrun_protocol::messages::StepMetrics {
+                step,
+                loss: 1.5,
+                tokens_per_s,
+                trained_tokens_per_s: Some(3_000.0),
+                ..Default::default()
+            });
+        }
+        // Steps 2, 3 and 5: 3 steps over 1/6,000 + 2/12,000 of a second a token.
+        let mean = summary(&run).mean.unwrap();
+        assert_eq!((mean.steps, mean.tokens_per_s), (3, 9_000.0));
     }
 
     #[test]
