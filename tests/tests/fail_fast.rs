@@ -67,6 +67,21 @@ fn fails_fast(name: &str, injected: &str, victim: u64, expected: &str) {
         .to_string();
     assert_eq!(detail, format!("{message}; {last}"));
     let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    // Following its log to its end prints the whole log, then fails as the run did, saying
+    // so: `logs -f --until-done run && next-step` stops there.
+    let follow = shardrun_in(
+        dir.path(),
+        &["logs", "-f", "--until-done", &run.display().to_string()],
+        Duration::from_secs(30),
+    );
+    assert_eq!(stdout_of(&follow), log);
+    assert_eq!(
+        (follow.status.code(), stderr_of(&follow)),
+        (
+            Some(1),
+            format!("{} ended (FAILED): {detail}\n", run.display())
+        )
+    );
     assert_eq!(
         log.matches(message).count(),
         2,

@@ -177,7 +177,7 @@ fn a_failing_set_up_line_is_named_by_status() {
         .args(["logs", &run.to_string_lossy(), "-f", "--until-done"]);
     let out = run_with_deadline(&mut follow, Duration::from_secs(60)).unwrap();
     let said = stdout_of(&out);
-    assert!(out.status.success(), "{said}{}", stderr_of(&out));
+    assert_eq!(out.status.code(), Some(1), "{said}{}", stderr_of(&out));
     assert!(
         said.contains("ended (FAILED) before anything was logged") && said.contains(named),
         "{said}"

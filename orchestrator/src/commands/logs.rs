@@ -128,18 +128,25 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         }
         if let Some(status) = &ended {
             // The pass after the end caught the last lines.
+            let detail = match status.detail.as_str() {
+                "" => String::new(),
+                detail => format!(": {detail}"),
+            };
             if log.offset == 0 {
-                let detail = match status.detail.as_str() {
-                    "" => String::new(),
-                    detail => format!(": {detail}"),
-                };
                 outln!(
                     "{} ended ({}) before anything was logged{detail}",
                     args.run.display(),
                     status.state,
                 );
+            } else if status.state != crate::rundir::RunState::Completed {
+                errln!("{} ended ({}){detail}", args.run.display(), status.state);
             }
-            return Ok(());
+            // `shardrun logs -f --until-done run && next-step` goes on after a run that
+            // completed only.
+            return match status.state {
+                crate::rundir::RunState::Completed => Ok(()),
+                _ => Err(crate::exit::AlreadySaid(crate::exit::EXIT_FAILURE).into()),
+            };
         }
         if args.until_done && Instant::now() >= next_look {
             next_look = Instant::now() + LOOK_EVERY;
