@@ -472,25 +472,33 @@ pub fn draw_panel<DB: DrawingBackend>(
         )))
         .map_err(err)?;
 
-    // The legend sits in the upper right corner: labels of markers there go below it.
-    let below_legend = if panel.legend && text {
-        let mut kinds: Vec<&str> = panel
-            .markers
-            .iter()
-            .filter(|m| m.step >= x.lo && m.step <= x.hi)
-            .map(|m| m.kind.as_str())
-            .collect();
-        kinds.sort_unstable();
-        kinds.dedup();
-        let entries = kinds.len()
-            + panel.curves.iter().filter(|c| c.label.is_some()).count()
-            + panel.dots.iter().filter(|d| d.label.is_some()).count()
-            + usize::from(panel.legend_note.is_some());
-        (entries > 0).then_some(LEGEND_ROW * entries as i32 + LEGEND_PADDING)
-    } else {
-        None
-    }
-    .unwrap_or(0);
+    // The legend goes to the corner where it hides the least data; labels of markers on its
+    // side of an upper corner go below it.
+    let legend_entries = legend_entries(panel);
+    let corner = match (panel.legend && text, legend_entries.is_empty()) {
+        (true, false) => {
+            let font = ("sans-serif", 13).into_font();
+            let widest = legend_entries
+                .iter()
+                .filter_map(|entry| font.box_size(entry).ok())
+                .map(|(w, _)| w as i32)
+                .max()
+                .unwrap_or(0);
+            // plotters' box: a 30-pixel sample column and a 10-pixel margin all round.
+            let size = (
+                widest + 30 + 20,
+                LEGEND_ROW * legend_entries.len() as i32 + LEGEND_PADDING,
+            );
+            Some(least_covered_corner(&chart, panel, &frame, size))
+        }
+        _ => None,
+    };
+    let legend_height = LEGEND_ROW * legend_entries.len() as i32 + LEGEND_PADDING;
+    let below_legend = |right_side: bool| match (&corner, right_side) {
+        (Some(SeriesLabelPosition::UpperRight), true)
+        | (Some(SeriesLabelPosition::UpperLeft), false) => legend_height,
+        _ => 0,
+    };
     let mut kinds_shown: Vec<&str> = Vec::new();
     for marker in &panel.markers {
         if marker.step < x.lo || marker.step > x.hi {
@@ -518,9 +526,9 @@ pub fn draw_panel<DB: DrawingBackend>(
                 .color(&marker.color)
                 .pos(Pos::new(anchor, VPos::Top));
             let (offset, top) = if right_side {
-                (-4, 4 + below_legend)
+                (-4, 4 + below_legend(true))
             } else {
-                (4, 4)
+                (4, 4 + below_legend(false))
             };
             chart
                 .draw_series(std::iter::once(
@@ -537,6 +545,7 @@ pub fn draw_panel<DB: DrawingBackend>(
 
     // Long runs have many steps to a pixel column: drawn thinned (see `thin`).
     let columns = area.dim_in_pixel().0 as usize;
+    let plot_width = chart.plotting_area().dim_in_pixel().0;
     for curve in &panel.curves {
         let style = curve.color.mix(curve.opacity).stroke_width(curve.width);
         let parts: Vec<Vec<Point>> = clip(&curve.points, &frame)
@@ -545,6 +554,14 @@ pub fn draw_panel<DB: DrawingBackend>(
             .collect();
         let (mut lines, singles): (Vec<Vec<Point>>, Vec<Vec<Point>>) =
             parts.into_iter().partition(|p| p.len() > 1);
+        if let Some(Dash { on, off }) = curve.dash {
+            let x_per_pixel = (x.hi - x.lo) / f64::from(plot_width.max(1));
+            let (on, off) = (f64::from(on) * x_per_pixel, f64::from(off) * x_per_pixel);
+            lines = lines
+                .iter()
+                .flat_map(|line| series::dashed_along_x(line, x.lo, on, off))
+                .collect();
+        }
         if surface.raster && curve.width > 1 {
             // Each segment its own path: a rectangle, with no join to go wrong.
             lines = lines
@@ -553,32 +570,22 @@ pub fn draw_panel<DB: DrawingBackend>(
                 .collect();
         }
         let label = curve.label.clone().filter(|_| panel.legend);
-        // The legend's sample is drawn as the curve is, dashes included.
-        match curve.dash {
-            None => {
-                let anno = chart
-                    .draw_series(lines.into_iter().map(|p| PathElement::new(p, style)))
-                    .map_err(err)?;
-                if let Some(label) = label {
-                    anno.label(label).legend(move |(px, py)| {
-                        PathElement::new(vec![(px, py), (px + 20, py)], style)
-                    });
+        let anno = chart
+            .draw_series(lines.into_iter().map(|p| PathElement::new(p, style)))
+            .map_err(err)?;
+        // The legend's sample is drawn as the curve is, dashes included (a level line: its
+        // dashes along the line are those along x).
+        if let Some(label) = label {
+            let dash = curve.dash;
+            anno.label(label).legend(move |(px, py)| {
+                let sample = vec![(px, py), (px + 20, py)];
+                match dash {
+                    None => PathElement::new(sample, style).into_dyn(),
+                    Some(Dash { on, off }) => {
+                        DashedPathElement::new(sample, on, off, style).into_dyn()
+                    }
                 }
-            }
-            Some(Dash { on, off }) => {
-                let anno = chart
-                    .draw_series(
-                        lines
-                            .into_iter()
-                            .map(|p| DashedPathElement::new(p, on, off, style)),
-                    )
-                    .map_err(err)?;
-                if let Some(label) = label {
-                    anno.label(label).legend(move |(px, py)| {
-                        DashedPathElement::new(vec![(px, py), (px + 20, py)], on, off, style)
-                    });
-                }
-            }
+            });
         }
         chart
             .draw_series(
@@ -616,10 +623,10 @@ pub fn draw_panel<DB: DrawingBackend>(
             .label(note.clone())
             .legend(|(px, py)| EmptyElement::at((px, py)));
     }
-    if panel.legend && text {
+    if let Some(corner) = corner {
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
+            .position(corner)
             .background_style(WHITE.mix(0.85))
             .border_style(LEGEND_BORDER)
             .label_font(("sans-serif", 13))
@@ -627,6 +634,85 @@ pub fn draw_panel<DB: DrawingBackend>(
             .map_err(err)?;
     }
     Ok(())
+}
+
+/// The lines of `panel`'s legend, in plotters' order: each kind of marker in view, then the
+/// named curves, the named dots, and the note.
+fn legend_entries(panel: &Panel) -> Vec<String> {
+    let (lo, hi) = (panel.x.lo, panel.x.hi);
+    let mut kinds: Vec<String> = Vec::new();
+    for marker in panel
+        .markers
+        .iter()
+        .filter(|m| m.step >= lo && m.step <= hi)
+    {
+        if !kinds.contains(&marker.kind) {
+            kinds.push(marker.kind.clone());
+        }
+    }
+    kinds
+        .into_iter()
+        .chain(panel.curves.iter().filter_map(|c| c.label.clone()))
+        .chain(panel.dots.iter().filter_map(|d| d.label.clone()))
+        .chain(panel.legend_note.clone())
+        .collect()
+}
+
+/// The corner of the plotting area where a legend box of `size` pixels covers the fewest of
+/// `panel`'s points (a dot, one datum, weighs as much as a stretch of curve); the upper right
+/// on a tie, as plotting libraries place a legend by default.
+fn least_covered_corner<DB: DrawingBackend>(
+    chart: &ChartContext<DB, Cartesian2d<Ticked, Ticked>>,
+    panel: &Panel,
+    frame: &Frame,
+    (w, h): (i32, i32),
+) -> SeriesLabelPosition {
+    let (xs, ys) = chart.plotting_area().get_pixel_range();
+    // plotters sets the box 5 pixels in from the plotting area's edges.
+    let (left, right) = (xs.start + 5, xs.end - 5 - w);
+    let (top, bottom) = (ys.start + 5, ys.end - 5 - h);
+    let corners = [
+        (SeriesLabelPosition::UpperRight, (right, top)),
+        (SeriesLabelPosition::UpperLeft, (left, top)),
+        (SeriesLabelPosition::LowerRight, (right, bottom)),
+        (SeriesLabelPosition::LowerLeft, (left, bottom)),
+    ];
+    let covered = |(x0, y0): (i32, i32), point: &Point| {
+        let (px, py) = chart.backend_coord(point);
+        px >= x0 && px <= x0 + w && py >= y0 && py <= y0 + h
+    };
+    // Curves of many steps are sampled: where they run, not each step, is what counts.
+    const SAMPLES: usize = 2_000;
+    const DOT_WEIGHT: usize = 25;
+    let count = |corner: (i32, i32)| -> usize {
+        let on_curves: usize = panel
+            .curves
+            .iter()
+            .map(|curve| {
+                let every = curve.points.len().div_ceil(SAMPLES).max(1);
+                curve
+                    .points
+                    .iter()
+                    .step_by(every)
+                    .filter(|p| frame.contains(**p) && covered(corner, p))
+                    .count()
+                    * every
+            })
+            .sum();
+        let on_dots: usize = panel
+            .dots
+            .iter()
+            .flat_map(|dots| &dots.points)
+            .filter(|p| frame.contains(**p) && covered(corner, p))
+            .count();
+        on_curves + DOT_WEIGHT * on_dots
+    };
+    corners
+        .into_iter()
+        .map(|(position, at)| (count(at), position))
+        .min_by_key(|(covered, _)| *covered)
+        .map(|(_, position)| position)
+        .unwrap_or(SeriesLabelPosition::UpperRight)
 }
 
 /// `area` split into rows of at most `per_row` panels; a short last row's panels are wider.
@@ -707,6 +793,74 @@ mod tests {
         let texts: Vec<String> = axis.ticks.iter().map(|&t| axis.tick_text(t)).collect();
         assert_eq!(texts.first().map(String::as_str), Some("0"), "{texts:?}");
         assert!(texts.iter().all(|t| !t.starts_with('-')), "{texts:?}");
+    }
+
+    /// Where the legend's box is drawn in an SVG of `panel` (its border's colour tells it):
+    /// left or right half, top or bottom half.
+    fn legend_corner_of(panel: &Panel) -> (bool, bool) {
+        register_system_font().expect("a TrueType font (scripts/setup.sh installs one)");
+        let (width, height) = (800u32, 500u32);
+        let mut svg = String::new();
+        {
+            let root = SVGBackend::with_string(&mut svg, (width, height)).into_drawing_area();
+            let surface = Surface {
+                text: true,
+                raster: false,
+            };
+            draw_panel(&root, panel, surface).unwrap();
+            root.present().unwrap();
+        }
+        let border = format!(
+            "stroke=\"#{:02X}{:02X}{:02X}\"",
+            LEGEND_BORDER.0, LEGEND_BORDER.1, LEGEND_BORDER.2
+        );
+        let legend = svg
+            .split("<rect")
+            .find(|rect| rect.split("/>").next().is_some_and(|r| r.contains(&border)))
+            .unwrap_or_else(|| panic!("no legend box in {svg}"));
+        let attribute = |name: &str| -> f64 {
+            legend
+                .split(&format!(" {name}=\""))
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        let (x, y) = (attribute("x"), attribute("y"));
+        (x > f64::from(width) / 2.0, y < f64::from(height) / 2.0)
+    }
+
+    /// The legend goes where it hides no data: the upper right unless the data is there.
+    #[test]
+    fn the_legend_goes_to_the_corner_that_hides_the_fewest_points() {
+        let panel = |points: Vec<Point>| Panel {
+            title: "final loss".into(),
+            x: Axis::values((0.0, 10.0), false, "lr"),
+            y: Axis::values((0.0, 10.0), false, "loss"),
+            curves: Vec::new(),
+            dots: vec![Dots {
+                points,
+                color: PALETTE[0],
+                label: Some("seed=0".into()),
+                hollow: false,
+            }],
+            markers: Vec::new(),
+            legend: true,
+            marker_text: false,
+            legend_note: None,
+        };
+        let (right, top) = (true, true);
+        // Worst points up and to the right (a high LR's high loss): the legend leaves them.
+        let up_right = vec![(1.0, 1.0), (9.0, 9.5), (9.5, 9.0), (9.8, 9.8)];
+        assert_eq!(legend_corner_of(&panel(up_right)), (!right, top));
+        let up_left = vec![(0.5, 9.5), (1.0, 9.0), (9.0, 1.0)];
+        assert_eq!(legend_corner_of(&panel(up_left)), (right, top));
+        // Both upper corners taken: below, on the side that is free.
+        let both_up = vec![(0.5, 9.5), (9.5, 9.5), (0.5, 0.5)];
+        assert_eq!(legend_corner_of(&panel(both_up)), (right, !top));
     }
 
     /// A thick, noisy curve of several steps to a pixel column (it turns back on itself

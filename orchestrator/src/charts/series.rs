@@ -348,6 +348,56 @@ fn clip_segment(a: Point, b: Point, f: &Frame) -> Option<(Point, Point)> {
     Some((at(t0), at(t1)))
 }
 
+/// The drawn pieces of `line` (its x increasing) dashed along the x axis: `on` units of x
+/// drawn, then `off` left out, from `origin`. Measured along x, not along the line, so a
+/// noisy curve keeps its pattern: along the line, its ups and downs would use up each dash
+/// within a pixel or two, and the curve would read as solid.
+pub fn dashed_along_x(line: &[Point], origin: f64, on: f64, off: f64) -> Vec<Vec<Point>> {
+    let period = on + off;
+    if !(on > 0.0 && off > 0.0 && period.is_finite()) {
+        return vec![line.to_vec()];
+    }
+    let drawn = |x: f64| (x - origin).rem_euclid(period) < on;
+    // The next x past `x` where the pattern turns.
+    let next_turn = |x: f64| {
+        let start = origin + ((x - origin) / period).floor() * period;
+        [start + on, start + period, start + period + on]
+            .into_iter()
+            .find(|&turn| turn > x)
+            .unwrap_or(f64::INFINITY)
+    };
+    let mut pieces: Vec<Vec<Point>> = Vec::new();
+    let mut current: Vec<Point> = Vec::new();
+    for pair in line.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        let mut x = a.0;
+        let y_at = |x: f64| match b.0 > a.0 {
+            true => a.1 + (b.1 - a.1) * (x - a.0) / (b.0 - a.0),
+            false => a.1,
+        };
+        loop {
+            let turn = next_turn(x).min(b.0);
+            if drawn(x) {
+                if current.is_empty() {
+                    current.push((x, y_at(x)));
+                }
+                current.push((turn, y_at(turn)));
+            } else if !current.is_empty() {
+                pieces.push(std::mem::take(&mut current));
+            }
+            if turn >= b.0 {
+                break;
+            }
+            x = turn;
+        }
+    }
+    if current.len() > 1 {
+        pieces.push(current);
+    }
+    pieces.retain(|piece| piece.len() > 1);
+    pieces
+}
+
 /// A curve of `steps` steps whose values are `shape` of uniform noise in [0, 1): the same
 /// noise for the same `seed`.
 #[cfg(test)]
@@ -367,6 +417,30 @@ pub fn noisy_curve(steps: u64, seed: u64, shape: impl Fn(f64) -> f64) -> Vec<Poi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dashes_are_measured_along_x_whatever_the_curve_does() {
+        // A zigzag of a hundred units up and down a step: along the line, a dash of 8
+        // would end within each step.
+        let zigzag: Vec<Point> = (0..=30)
+            .map(|i| (i as f64, if i % 2 == 0 { 0.0 } else { 100.0 }))
+            .collect();
+        let pieces = dashed_along_x(&zigzag, 0.0, 8.0, 4.0);
+        let spans: Vec<(f64, f64)> = pieces
+            .iter()
+            .map(|piece| (piece[0].0, piece[piece.len() - 1].0))
+            .collect();
+        assert_eq!(spans, [(0.0, 8.0), (12.0, 20.0), (24.0, 30.0)]);
+        // Each piece follows the curve: its points are the line's, cut where the pattern
+        // turns (interpolated there).
+        assert_eq!(pieces[0].len(), 9);
+        assert_eq!(pieces[1][0], (12.0, 0.0));
+        let between: Vec<Point> = vec![(0.5, 1.0), (2.5, 3.0)];
+        assert_eq!(
+            dashed_along_x(&between, 0.0, 1.0, 1.0),
+            [vec![(0.5, 1.0), (1.0, 1.5)], vec![(2.0, 2.5), (2.5, 3.0)]]
+        );
+    }
 
     #[test]
     fn a_thinned_curve_keeps_each_columns_first_lowest_highest_and_last_point() {

@@ -149,10 +149,11 @@ impl SweepFigure {
         };
         let mut curves = Vec::new();
         let mut all = Vec::new();
-        // Where each curve starts stays in view; a point that diverges leaves the panel
-        // (cut at its edge) rather than squash every other curve to a line: its values set
-        // the range only when every point diverged.
-        let mut starts = Vec::new();
+        // Where each curve starts and its lowest loss (the best points' ends, which a cut of
+        // the lowest 1% of all values would take) stay in view; a point that diverges leaves
+        // the panel (cut at its edge) rather than squash every other curve to a line: its
+        // values set the range only when every point diverged.
+        let mut kept = Vec::new();
         let diverged: Vec<bool> = with_steps
             .iter()
             .map(|p| crate::metrics_file::has_diverged(&p.steps))
@@ -176,7 +177,14 @@ impl SweepFigure {
         for (i, curve) in shown.iter().enumerate() {
             if !diverged[i] || every_one_diverged {
                 all.extend(curve.iter().map(|p| p.1));
-                starts.extend(curve.iter().map(|p| p.1).find(|v| v.is_finite()));
+                kept.extend(curve.iter().map(|p| p.1).find(|v| v.is_finite()));
+                kept.extend(
+                    curve
+                        .iter()
+                        .map(|p| p.1)
+                        .filter(|v| v.is_finite())
+                        .min_by(f64::total_cmp),
+                );
             }
         }
         // More curves than a legend can name are a tangle: the best ones are drawn in
@@ -240,7 +248,7 @@ impl SweepFigure {
             title,
             x: Axis::steps(first, last),
             y: Axis::values(
-                value_range(&all, &starts, true),
+                value_range(&all, &kept, true),
                 self.log_loss,
                 if self.log_loss {
                     "loss (log scale)"
@@ -615,6 +623,42 @@ mod tests {
             first,
             Some("seed=0"),
             "a legend that names all is in value order"
+        );
+    }
+
+    /// Twenty long curves: the lowest 1% of all their values are the best point's last
+    /// steps, which the overlay shows whole (a cut of the extremes is for spikes).
+    #[test]
+    fn the_overlay_shows_the_best_points_lowest_loss() {
+        let long = |seed: u64| {
+            let mut p = point(1e-3, seed, 1.0);
+            p.steps = (1..=300u64)
+                .map(|step| {
+                    let mut record = p.steps[0].clone();
+                    record.step = step;
+                    // Seed 0 falls furthest.
+                    record.loss = 3.0 - (1.0 + 0.05 * seed as f64).recip() * step as f64 / 300.0;
+                    record
+                })
+                .collect();
+            p
+        };
+        let figure = SweepFigure {
+            title: "s".into(),
+            points: (0..20).map(long).collect(),
+            smoothing: 0.6,
+            log_loss: false,
+        };
+        let overlay = &figure.panels()[0];
+        let lowest = overlay
+            .curves
+            .iter()
+            .flat_map(|c| c.points.iter().map(|p| p.1))
+            .fold(f64::INFINITY, f64::min);
+        assert!(
+            overlay.y.lo <= lowest && lowest < 2.01,
+            "axis from {} hides the lowest loss {lowest}",
+            overlay.y.lo
         );
     }
 
