@@ -324,7 +324,12 @@ fn metrics_table(runs: &[RunMetricsSummary]) -> String {
             .as_ref()
             .is_some_and(|m| m.trained_tokens_per_s.is_some())
     });
-    let params = ParamColumns::given(runs.iter().map(|r| &r.sweep_params));
+    let siblings = crate::sweeps::labels::unlisted_siblings(
+        runs.iter()
+            .filter(|r| !r.sweep_params.is_empty())
+            .map(|r| r.run_dir.as_path()),
+    );
+    let params = ParamColumns::given_alongside(runs.iter().map(|r| &r.sweep_params), &siblings);
     let mut runs: Vec<&RunMetricsSummary> = runs.iter().collect();
     params.sort(&mut runs, |r| &r.run_dir, |r| &r.sweep_params);
     let mut header = vec!["run"];

@@ -88,7 +88,7 @@ fn plot_run(args: &Args) -> anyhow::Result<()> {
     let siblings = if params.is_empty() {
         Vec::new()
     } else {
-        sibling_params(&args.run)
+        crate::sweeps::labels::unlisted_siblings([args.run.as_path()])
     };
     let title = run_title(&name_of(&args.run), &params, &siblings, last);
     let figure = RunFigure {
@@ -112,23 +112,6 @@ fn plot_run(args: &Args) -> anyhow::Result<()> {
         if markers == 1 { "" } else { "s" }
     );
     Ok(())
-}
-
-/// The values a sweep gave the other current points of `run`'s sweep folder.
-fn sibling_params(run: &Path) -> Vec<PointParams> {
-    let Some(folder) = std::path::absolute(run)
-        .ok()
-        .and_then(|p| p.parent().map(Path::to_path_buf))
-    else {
-        return Vec::new();
-    };
-    let mut current = CurrentPoints::default();
-    crate::slurm::find_runs(&folder)
-        .iter()
-        .filter(|r| !current.superseded(r.path()))
-        .filter_map(|r| r.read_manifest().ok())
-        .map(|m| m.sweep_params)
-        .collect()
 }
 
 /// The run's name, the values a sweep gave it (its folder's name is a hash) in the notation

@@ -211,7 +211,13 @@ fn status_table(statuses: &[RunStatus], cwd: Option<&Path>) -> String {
     // every row, and the same advice repeats on each.
     let cut_details = statuses.len() > 1;
     let mut cut_any = false;
-    let params = ParamColumns::given(statuses.iter().map(|s| &s.sweep_params));
+    let siblings = crate::sweeps::labels::unlisted_siblings(
+        statuses
+            .iter()
+            .filter(|s| !s.sweep_params.is_empty())
+            .map(|s| s.run.path()),
+    );
+    let params = ParamColumns::given_alongside(statuses.iter().map(|s| &s.sweep_params), &siblings);
     let mut statuses: Vec<&RunStatus> = statuses.iter().collect();
     params.sort(&mut statuses, |s| s.run.path(), |s| &s.sweep_params);
     let with_arrays = statuses.iter().any(|s| s.array.is_some());

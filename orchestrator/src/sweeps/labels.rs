@@ -55,6 +55,21 @@ impl ParamColumns {
         Self::of(keys, &points)
     }
 
+    /// [`Self::given`], each parameter in the notation that also fits `siblings` (the other
+    /// points of the listed points' sweeps): one point of a sweep reads `lr=1e-2` in a table
+    /// of its own as in the sweep's.
+    pub fn given_alongside<'a>(
+        points: impl IntoIterator<Item = &'a PointParams>,
+        siblings: &'a [PointParams],
+    ) -> ParamColumns {
+        let points: Vec<&PointParams> = points.into_iter().collect();
+        let mut keys: Vec<&String> = points.iter().flat_map(|p| p.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        let all: Vec<&PointParams> = points.into_iter().chain(siblings).collect();
+        Self::of(keys, &all)
+    }
+
     /// The parameters `point` was given, each in the notation the tables of its whole
     /// sweep (`siblings`: the other points) write it in: `lr=3e-2` beside `3e-3`, where the
     /// point alone would read `lr=0.03`.
@@ -175,6 +190,46 @@ impl Column {
     }
 }
 
+/// The values a sweep gave the current points of the sweep folders of `listed` (sweep
+/// points' run directories) that are not among them: what a table or title of some of a
+/// sweep's points takes its notation from ([`ParamColumns::given_alongside`]). A folder whose
+/// every run is listed is not read again.
+pub fn unlisted_siblings<'a>(listed: impl IntoIterator<Item = &'a Path>) -> Vec<PointParams> {
+    let listed: Vec<std::path::PathBuf> = listed
+        .into_iter()
+        .filter_map(|p| std::path::absolute(p).ok())
+        .collect();
+    let mut folders: Vec<&Path> = listed.iter().filter_map(|p| p.parent()).collect();
+    folders.sort();
+    folders.dedup();
+    let mut current = super::journal::CurrentPoints::default();
+    let mut siblings = Vec::new();
+    for folder in folders {
+        let runs_here = std::fs::read_dir(folder)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter(|e| e.path().join("manifest.json").is_file())
+                    .count()
+            })
+            .unwrap_or(0);
+        let listed_here = listed.iter().filter(|p| p.parent() == Some(folder)).count();
+        if runs_here <= listed_here {
+            continue;
+        }
+        siblings.extend(
+            crate::slurm::find_runs(folder)
+                .iter()
+                .filter(|run| !listed.iter().any(|p| p == run.path()))
+                .filter(|run| !current.superseded(run.path()))
+                .filter_map(|run| run.read_manifest().ok())
+                .map(|manifest| manifest.sweep_params)
+                .filter(|params| !params.is_empty()),
+        );
+    }
+    siblings
+}
+
 /// For each dotted path, its shortest tail of whole parts that no other path ends with:
 /// `lr`, or `model.dropout` beside `data.dropout`.
 fn short_names(keys: &[&String]) -> Vec<String> {
@@ -293,6 +348,33 @@ mod tests {
             columns.label(&params(&[("training.seed", json!(2))])),
             "seed=2"
         );
+    }
+
+    /// One point of a sweep listed alone (`shardrun status <point>`) is written as the
+    /// sweep's table writes it, its siblings read from its folder: `1e-2`, not `0.01`.
+    #[test]
+    fn one_point_listed_alone_keeps_its_sweeps_notation() {
+        let sweep = tempfile::tempdir().unwrap();
+        let point = |name: &str, lr: f64| {
+            let dir = sweep.path().join(name);
+            std::fs::create_dir(&dir).unwrap();
+            let manifest = json!({"version": 1, "name": name, "state": "COMPLETED",
+                "config_hash": "h", "created_at": 0, "updated_at": 0,
+                "sweep_params": {"training.optimizer.lr": lr}});
+            std::fs::write(dir.join("manifest.json"), manifest.to_string()).unwrap();
+            std::fs::write(dir.join("job.yaml"), "name: s\n").unwrap();
+            (dir, params(&[("training.optimizer.lr", json!(lr))]))
+        };
+        let (one, its_params) = point("s-1", 1e-2);
+        point("s-2", 3e-3);
+        point("s-3", 1e-3);
+        let alone = ParamColumns::given([&its_params]);
+        assert_eq!(alone.cells(&its_params), [Some("0.01".to_string())]);
+        let siblings = unlisted_siblings([one.as_path()]);
+        assert_eq!(siblings.len(), 2, "{siblings:?}");
+        let columns = ParamColumns::given_alongside([&its_params], &siblings);
+        assert_eq!(columns.cells(&its_params), [Some("1e-2".to_string())]);
+        assert_eq!(columns.len(), 1, "the siblings add no column");
     }
 
     #[test]
