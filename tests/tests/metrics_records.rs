@@ -696,6 +696,31 @@ fn a_language_model_whose_loss_blows_up_while_finite_stops_there_and_exports_say
         "{warning}"
     );
     assert!(!export(&before, "before").contains("warning"));
+
+    // With no checkpoint from before, what to do is train it again otherwise: with --force
+    // here; a sweep point by its sweep's spec (a --force there would train it as it was).
+    std::fs::remove_dir_all(&before).unwrap();
+    let remedies = "a lower LR, gradient clipping (`optimizer.grad_clip`) or a longer warm-up";
+    let warning = export(&run, "no-before");
+    assert!(
+        warning.contains(&format!(
+            "fix: it has no checkpoint from before: start it over (`--force`) with {remedies}"
+        )),
+        "{warning}"
+    );
+    let manifest_path = run.join("manifest.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap();
+    manifest["sweep_params"] = serde_json::json!({"training.optimizer.lr": 1000.0});
+    std::fs::write(&manifest_path, manifest.to_string()).unwrap();
+    let warning = export(&run, "sweep-point");
+    assert!(
+        warning.contains(&format!(
+            "fix: it has no checkpoint from before: to try it with {remedies}, change the \
+             sweep's spec and run `shardrun sweep` again (changed values are new points)"
+        )),
+        "{warning}"
+    );
 }
 
 #[test]

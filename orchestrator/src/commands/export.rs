@@ -993,7 +993,8 @@ fn has_step_folders(path: &Path) -> Result<bool> {
 /// naming the newest checkpoint from before to export instead.
 fn diverged_before(run_dir: &Path, checkpoint: &Checkpoint) -> Option<String> {
     let step = checkpoint.metadata().step;
-    let metrics = crate::rundir::RunDir::open(run_dir).ok()?.metrics();
+    let run = crate::rundir::RunDir::open(run_dir).ok()?;
+    let metrics = run.metrics();
     let divergence = crate::metrics_file::read(&metrics)
         .ok()?
         .diverged_from()
@@ -1013,9 +1014,27 @@ fn diverged_before(run_dir: &Path, checkpoint: &Checkpoint) -> Option<String> {
                 "export the newest checkpoint from before: `shardrun export {}`",
                 path.display()
             ),
-            None => "it has no checkpoint from before: start it over (`--force`) with a lower \
-                     LR"
-            .into(),
+            None => {
+                let remedies = run.read_train_config().map_or_else(
+                    |_| "a lower LR".to_string(),
+                    |train| crate::metrics_file::divergence_remedies(train.optimizer.grad_clip),
+                );
+                // A sweep point's values are the sweep's: `--force` would train it as it was.
+                let sweep_point = run
+                    .read_manifest()
+                    .is_ok_and(|manifest| !manifest.sweep_params.is_empty());
+                match sweep_point {
+                    true => format!(
+                        "it has no checkpoint from before: to try it with {remedies}, change \
+                         the sweep's spec and run `shardrun sweep` again (changed values are \
+                         new points)"
+                    ),
+                    false => format!(
+                        "it has no checkpoint from before: start it over (`--force`) with \
+                         {remedies}"
+                    ),
+                }
+            }
         }
     ))
 }
