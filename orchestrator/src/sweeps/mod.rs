@@ -124,19 +124,25 @@ pub fn expand(loaded: &LoadedSpec, overrides: &Overrides) -> Result<Vec<SweepPoi
     for (path, values) in &sweep.grid {
         // The same value twice is the same point twice (`1` and `1.0` too).
         let same = |a: &Value, b: &Value| a == b || (a.is_number() && a.as_f64() == b.as_f64());
-        let repeated = (0..values.len()).find_map(|j| {
-            (0..j)
-                .find(|&i| same(&values[i], &values[j]))
-                .map(|i| (i, j))
-        });
-        if let Some((i, j)) = repeated {
+        let repeated = (0..values.len()).find(|&j| (0..j).any(|i| same(&values[i], &values[j])));
+        if let Some(j) = repeated {
+            // Every entry of that value, counted from 1 as people count a list.
+            let entries: Vec<String> = (0..values.len())
+                .filter(|&i| same(&values[i], &values[j]))
+                .map(|i| ordinal(i + 1))
+                .collect();
+            let times = match entries.len() {
+                2 => "twice".to_string(),
+                n => format!("{n} times"),
+            };
             return Err(loaded
                 .error_at(
                     &format!("sweep.grid.{path}"),
                     format!(
-                        "`{path}` lists {} twice (values {i} and {j}): the grid would run the \
-                         same point twice",
-                        serde_json::to_string(&values[j]).unwrap_or_default()
+                        "`{path}` lists {} {times} (its {} entries): the grid would run the \
+                         same point {times}",
+                        serde_json::to_string(&values[j]).unwrap_or_default(),
+                        and_list(&entries)
                     ),
                     "list each value once",
                 )
@@ -597,6 +603,27 @@ fn sweep_key_error(
     err.into()
 }
 
+/// `1st`, `2nd`, `3rd`, `11th`, `22nd`.
+fn ordinal(n: usize) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
+/// `a`, `a and b`, `a, b and c`.
+fn and_list(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -682,6 +709,24 @@ mod tests {
     }
 
     #[test]
+    fn entries_are_counted_as_people_count_them() {
+        let said: Vec<String> = [1, 2, 3, 4, 11, 12, 13, 21, 22, 103, 111]
+            .into_iter()
+            .map(ordinal)
+            .collect();
+        assert_eq!(
+            said,
+            [
+                "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "103rd",
+                "111th"
+            ]
+        );
+        let items = |n: usize| (1..=n).map(ordinal).collect::<Vec<_>>();
+        assert_eq!(and_list(&items(1)), "1st");
+        assert_eq!(and_list(&items(3)), "1st, 2nd and 3rd");
+    }
+
+    #[test]
     fn a_grid_value_listed_twice_is_refused_at_its_entry() {
         let err = points(
             "name: s\ntraining:\n  model: { kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }\n  steps: 1\n  total_batch_size: 4\n  batch_size_per_device: 4\nsweep:\n  grid:\n    training.seed: [1, 2, 1.0]\n",
@@ -690,7 +735,19 @@ mod tests {
         .to_string();
         assert!(
             err.contains("sweep.yaml:9:5")
-                && err.contains("`training.seed` lists 1.0 twice (values 0 and 2)"),
+                && err.contains("`training.seed` lists 1.0 twice (its 1st and 3rd entries)"),
+            "{err}"
+        );
+        let err = points(
+            "name: s\ntraining:\n  model: { kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }\n  steps: 1\n  total_batch_size: 4\n  batch_size_per_device: 4\nsweep:\n  grid:\n    training.optimizer.lr: [1.0e-3, 2.0e-3, 1.0e-3, 0.001]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains(
+                "`training.optimizer.lr` lists 0.001 3 times (its 1st, 3rd and 4th entries): the \
+                 grid would run the same point 3 times"
+            ),
             "{err}"
         );
     }
