@@ -55,7 +55,8 @@ fn a_trained_two_parameter_sweep_reports_and_plots_every_point() {
         "{doc}"
     );
     let runs = doc["runs"].as_array().unwrap();
-    let mut grid: Vec<(String, u64)> = runs
+    // In the order of their values, as the table lists them (their folders' names are hashes).
+    let grid: Vec<(String, u64)> = runs
         .iter()
         .map(|r| {
             let params = &r["sweep_params"];
@@ -65,7 +66,6 @@ fn a_trained_two_parameter_sweep_reports_and_plots_every_point() {
             )
         })
         .collect();
-    grid.sort();
     assert_eq!(
         grid,
         [
@@ -122,6 +122,10 @@ fn a_trained_two_parameter_sweep_reports_and_plots_every_point() {
     let metrics: serde_json::Value = serde_json::from_str(&stdout_of(&out)).unwrap();
     let points = metrics["runs"].as_array().unwrap();
     assert_eq!(points.len(), 6);
+    let names = |runs: &[serde_json::Value]| -> Vec<String> {
+        runs.iter().map(|r| r["name"].to_string()).collect()
+    };
+    assert_eq!(names(points), names(runs), "in the same order as status");
     for p in points {
         assert_eq!(p["latest"]["step"], 6, "{p}");
         assert_eq!(p["total_steps"], 6);

@@ -116,8 +116,14 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             }
         })
         .collect();
-    let (statuses, answer) =
+    let (mut statuses, answer) =
         slurm::refresh_or_recorded(&runs).context("reading the runs' states")?;
+    // A sweep's points in the order of their values, in the JSON as in the table.
+    ParamColumns::given(statuses.iter().map(|s| &s.sweep_params)).sort(
+        &mut statuses,
+        |s| s.run.path(),
+        |s| &s.sweep_params,
+    );
     // Slurm not answering is an error, but the runs are still shown as last recorded.
     let (source, unanswered) = match answer {
         Ok(source) => (source, None),
