@@ -297,7 +297,10 @@ fn twenty_five_points_run_as_three_arrays_past_max_array_size() {
     assert!(
         stdout.contains("5 run(s) in")
             && stdout.contains("belong to no current point")
-            && stdout.contains("5 run(s) have swept values the sweep no longer gives"),
+            && stdout.contains(
+                "5 run(s) have swept values the sweep no longer gives (lr=1e-7, seed=5; \
+                 lr=1e-6, seed=5; lr=1e-5, seed=5; lr=1e-4, seed=5; 1 more)"
+            ),
         "{stdout}"
     );
     // One array: the command to follow it names its job id.

@@ -649,14 +649,14 @@ fn stale_reasons(stale: &[RunDir], points: &[SweepPoint]) -> Vec<String> {
     // already: it was submitted before, or the spec went back to values it had) → runs.
     let mut changed: std::collections::BTreeMap<(String, Option<&str>, bool), usize> =
         Default::default();
-    let (mut dropped, mut elsewhere) = (0, 0);
+    let (mut dropped, mut elsewhere) = (Vec::new(), 0);
     for run in stale {
         let Ok(manifest) = run.read_manifest() else {
             continue;
         };
         let Some(point) = by_values.get(&sweeps::carried::values_key(&manifest.sweep_params))
         else {
-            dropped += 1;
+            dropped.push(manifest.sweep_params);
             continue;
         };
         let Ok(recorded) = run.read_resolved() else {
@@ -705,9 +705,23 @@ fn stale_reasons(stale: &[RunDir], points: &[SweepPoint]) -> Vec<String> {
              directories of the sweep"
         ));
     }
-    if dropped > 0 {
+    if !dropped.is_empty() {
+        // Named by their values, the first few, in the table's notation and order.
+        const NAMED: usize = 4;
+        let columns = crate::sweeps::labels::ParamColumns::given(&dropped);
+        dropped.sort_by(|a, b| columns.order(a, b));
+        let mut named: Vec<String> = dropped
+            .iter()
+            .take(NAMED)
+            .map(|params| columns.label(params))
+            .collect();
+        if dropped.len() > NAMED {
+            named.push(format!("{} more", dropped.len() - NAMED));
+        }
         lines.push(format!(
-            "{dropped} run(s) have swept values the sweep no longer gives"
+            "{} run(s) have swept values the sweep no longer gives ({})",
+            dropped.len(),
+            named.join("; ")
         ));
     }
     lines
