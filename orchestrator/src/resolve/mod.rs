@@ -642,6 +642,17 @@ mod tests {
     }
 
     #[test]
+    fn a_time_limit_of_unlimited_is_slurms_and_has_no_notice_of_its_end() {
+        for written in ["UNLIMITED", "unlimited", "INFINITE"] {
+            let j = job(&format!("  time: {written}\n"), 32, 4).unwrap();
+            assert_eq!(j.slurm.time.as_deref(), Some(written));
+            assert_eq!(j.slurm.time_limit_seconds, None);
+        }
+        let refused = job("  time: forever\n", 32, 4).unwrap_err().to_string();
+        assert!(refused.contains("or `UNLIMITED`"), "{refused}");
+    }
+
+    #[test]
     fn extra_sbatch_options_sbatch_would_refuse_with_the_plans_are_refused() {
         let refused = |extra: &str| {
             job(

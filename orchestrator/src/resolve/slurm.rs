@@ -12,11 +12,14 @@ pub fn resolve_slurm(
     let res = &s.spec().resources;
     let time_limit_seconds = match &res.time {
         None => None,
+        // No limit, where the partition's allows it: no time-limit notice either.
+        Some(time) if ["UNLIMITED", "INFINITE"].contains(&time.to_uppercase().as_str()) => None,
         Some(time) => Some(parse_slurm_time(time).ok_or_else(|| {
             s.err(
                 "resources.time",
                 format!("`{time}` is not a Slurm time limit"),
-                "write `MM`, `HH:MM:SS` or `D-HH:MM:SS`, e.g. `time: \"02:00:00\"` (quoted)",
+                "write `MM`, `HH:MM:SS` or `D-HH:MM:SS`, e.g. `time: \"02:00:00\"` (quoted), \
+                 or `UNLIMITED`",
             )
         })?),
     };
