@@ -351,50 +351,54 @@ fn clip_segment(a: Point, b: Point, f: &Frame) -> Option<(Point, Point)> {
 /// The drawn pieces of `line` (its x increasing) dashed along the x axis: `on` units of x
 /// drawn, then `off` left out, from `origin`. Measured along x, not along the line, so a
 /// noisy curve keeps its pattern: along the line, its ups and downs would use up each dash
-/// within a pixel or two, and the curve would read as solid.
+/// within a pixel or two, and the curve would read as solid. Each dash is found by its
+/// index from `origin`, never from a turn computed before: a rounded turn would otherwise
+/// be taken for the start of the next dash, and the gap drawn.
 pub fn dashed_along_x(line: &[Point], origin: f64, on: f64, off: f64) -> Vec<Vec<Point>> {
     let period = on + off;
     if !(on > 0.0 && off > 0.0 && period.is_finite()) {
         return vec![line.to_vec()];
     }
-    let drawn = |x: f64| (x - origin).rem_euclid(period) < on;
-    // The next x past `x` where the pattern turns.
-    let next_turn = |x: f64| {
-        let start = origin + ((x - origin) / period).floor() * period;
-        [start + on, start + period, start + period + on]
-            .into_iter()
-            .find(|&turn| turn > x)
-            .unwrap_or(f64::INFINITY)
-    };
     let mut pieces: Vec<Vec<Point>> = Vec::new();
     let mut current: Vec<Point> = Vec::new();
+    // The dash `current` is part of.
+    let mut current_dash = None;
     for pair in line.windows(2) {
         let (a, b) = (pair[0], pair[1]);
-        let mut x = a.0;
-        let y_at = |x: f64| match b.0 > a.0 {
-            true => a.1 + (b.1 - a.1) * (x - a.0) / (b.0 - a.0),
-            false => a.1,
-        };
-        loop {
-            let turn = next_turn(x).min(b.0);
-            if drawn(x) {
-                if current.is_empty() {
-                    current.push((x, y_at(x)));
-                }
-                current.push((turn, y_at(turn)));
-            } else if !current.is_empty() {
-                pieces.push(std::mem::take(&mut current));
+        if b.0 <= a.0 {
+            // A step straight up or down: drawn where a dash is being drawn.
+            if current.last() == Some(&a) {
+                current.push(b);
             }
-            if turn >= b.0 {
+            continue;
+        }
+        let y_at = |x: f64| a.1 + (b.1 - a.1) * (x - a.0) / (b.0 - a.0);
+        let mut dash = ((a.0 - origin) / period).floor() as i64;
+        loop {
+            let start = origin + dash as f64 * period;
+            if start >= b.0 {
                 break;
             }
-            x = turn;
+            let (from, to) = (start.max(a.0), (start + on).min(b.0));
+            if from < to {
+                let goes_on =
+                    current_dash == Some(dash) && current.last().is_some_and(|p| p.0 == from);
+                if !goes_on {
+                    if current.len() > 1 {
+                        pieces.push(std::mem::take(&mut current));
+                    }
+                    current.clear();
+                    current.push((from, y_at(from)));
+                }
+                current.push((to, y_at(to)));
+                current_dash = Some(dash);
+            }
+            dash += 1;
         }
     }
     if current.len() > 1 {
         pieces.push(current);
     }
-    pieces.retain(|piece| piece.len() > 1);
     pieces
 }
 
@@ -435,6 +439,16 @@ mod tests {
         // turns (interpolated there).
         assert_eq!(pieces[0].len(), 9);
         assert_eq!(pieces[1][0], (12.0, 0.0));
+        // A level line across an axis whose dash is not a whole number of steps (a 1..300
+        // axis 640 pixels wide, 8 on and 4 off): every dash is one, whatever the rounding.
+        let on = 8.0 * 299.0 / 640.0;
+        let level: Vec<Point> = vec![(1.0, 2.0), (150.5, 2.0), (300.0, 2.0)];
+        let pieces = dashed_along_x(&level, 1.0, on, on / 2.0);
+        assert_eq!(pieces.len(), (299.0 / (1.5 * on)).ceil() as usize);
+        for piece in &pieces {
+            let long = piece[piece.len() - 1].0 - piece[0].0;
+            assert!(long <= on * (1.0 + 1e-9), "{piece:?} is longer than a dash");
+        }
         let between: Vec<Point> = vec![(0.5, 1.0), (2.5, 3.0)];
         assert_eq!(
             dashed_along_x(&between, 0.0, 1.0, 1.0),
