@@ -681,8 +681,10 @@ fn least_covered_corner<DB: DrawingBackend>(
         let (px, py) = chart.backend_coord(point);
         px >= x0 && px <= x0 + w && py >= y0 && py <= y0 + h
     };
-    // Curves of many steps are sampled: where they run, not each step, is what counts.
+    // Curves of many steps are sampled: where they run, not each step, is what counts; a
+    // line of few points is followed between them (it may cross a corner with none inside).
     const SAMPLES: usize = 2_000;
+    const BETWEEN: usize = 8;
     const DOT_WEIGHT: usize = 25;
     let count = |corner: (i32, i32)| -> usize {
         let on_curves: usize = panel
@@ -690,11 +692,17 @@ fn least_covered_corner<DB: DrawingBackend>(
             .iter()
             .map(|curve| {
                 let every = curve.points.len().div_ceil(SAMPLES).max(1);
-                curve
-                    .points
-                    .iter()
-                    .step_by(every)
-                    .filter(|p| frame.contains(**p) && covered(corner, p))
+                let sampled: Vec<Point> = curve.points.iter().step_by(every).copied().collect();
+                let along = sampled.windows(2).flat_map(|pair| {
+                    let (a, b) = (pair[0], pair[1]);
+                    (0..BETWEEN).map(move |i| {
+                        let t = i as f64 / BETWEEN as f64;
+                        (a.0 + t * (b.0 - a.0), a.1 + t * (b.1 - a.1))
+                    })
+                });
+                along
+                    .chain(sampled.last().copied())
+                    .filter(|p| frame.contains(*p) && covered(corner, p))
                     .count()
                     * every
             })
@@ -861,6 +869,18 @@ mod tests {
         // Both upper corners taken: below, on the side that is free.
         let both_up = vec![(0.5, 9.5), (9.5, 9.5), (0.5, 0.5)];
         assert_eq!(legend_corner_of(&panel(both_up)), (right, !top));
+        // A line of two points crossing the upper right corner, neither point in it.
+        let mut crossing = panel(Vec::new());
+        crossing.dots.clear();
+        crossing.curves.push(Curve {
+            points: vec![(7.0, 10.0), (10.0, 9.0)],
+            color: PALETTE[1],
+            dash: None,
+            width: 2,
+            opacity: 1.0,
+            label: Some("seed=1".into()),
+        });
+        assert_eq!(legend_corner_of(&crossing), (!right, top));
     }
 
     /// A thick, noisy curve of several steps to a pixel column (it turns back on itself
