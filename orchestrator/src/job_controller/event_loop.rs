@@ -378,9 +378,10 @@ async fn run_async(
             checkpoint_left(checkpoint.as_ref(), &config.checkpoint)
         ),
     };
-    if let (Some(advice), Outcome::Failed(_) | Outcome::Preempted { .. }) =
-        (launcher::lost_nodes_advice(&lost_nodes), &outcome)
-    {
+    // What to do about nodes Slurm lost: after a failure's cause here, after what the job
+    // requeued does below.
+    let lost_nodes_advice = launcher::lost_nodes_advice(&lost_nodes);
+    if let (Some(advice), Outcome::Failed(_)) = (&lost_nodes_advice, &outcome) {
         message = format!("{message}; {advice}");
     }
     let mut failure_report = None;
@@ -459,6 +460,9 @@ async fn run_async(
     };
     if slurm_requeued {
         message = format!("{message}; Slurm queues the job again, {resumes}");
+        if let Some(advice) = &lost_nodes_advice {
+            message = format!("{message}; {advice}");
+        }
     } else if let Outcome::Preempted { notice } = outcome {
         let at_end = checkpoint.as_ref().map(|c| c.step);
         match this_slurm_job() {

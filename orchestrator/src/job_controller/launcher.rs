@@ -308,7 +308,8 @@ impl Launcher {
     }
 
     /// Waits (at most `timeout`) until every output pipe reached end of file, so the last
-    /// lines of dead processes are in the logs. Returns how srun said its tasks ended.
+    /// lines of dead processes are in the logs. Returns what srun said of the job: how its
+    /// tasks ended, and the nodes Slurm lost.
     pub async fn drain_output(self, timeout: std::time::Duration) -> SrunSaid {
         let all = futures::future::join_all(self.pipes);
         let _ = tokio::time::timeout(timeout, all).await;
@@ -414,14 +415,15 @@ pub fn parse_node_failure(line: &str) -> Option<&str> {
 /// how it ended: where to read why, and how to keep the next attempts off them. `None` when
 /// none was lost.
 pub fn lost_nodes_advice(lost: &[String]) -> Option<String> {
-    let (them, it) = match lost.len() {
+    let it = match lost.len() {
         0 => return None,
-        1 => (lost[0].clone(), "it"),
-        _ => ("those nodes".to_string(), "them"),
+        1 => "it",
+        _ => "them",
     };
     Some(format!(
-        "`sinfo -R` says why Slurm lost {them}, and `resources.extra_sbatch: \
+        "`sinfo -R` says why Slurm lost {}, and `resources.extra_sbatch: \
          [\"--exclude={}\"]` keeps jobs off {it}",
+        lost.join(", "),
         lost.join(",")
     ))
 }
@@ -533,7 +535,9 @@ mod tests {
         );
         assert!(lost_nodes_advice(&["a1".into(), "b2".into()])
             .unwrap()
-            .ends_with("lost those nodes, and `resources.extra_sbatch: [\"--exclude=a1,b2\"]` keeps jobs off them"));
+            .ends_with(
+            "lost a1, b2, and `resources.extra_sbatch: [\"--exclude=a1,b2\"]` keeps jobs off them"
+        ));
     }
 
     #[test]
