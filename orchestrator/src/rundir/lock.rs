@@ -4,7 +4,7 @@
 //! controller was killed, and `cancel` can find the controller of a local run. The holder
 //! writes `pid <pid> on <host>` into the file; the text stays after it dies.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Seek, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -179,13 +179,9 @@ impl RunLock {
     /// two looking at once (two `shardrun status`) do not take each other for a controller.
     pub fn state(run_dir: &Path) -> LockState {
         let path = run_dir.join(LOCK_FILE);
-        // For writing where allowed: on NFS, flock is a POSIX write lock, which needs it.
-        // Else read-only: another user's run can still be told apart on a local disk.
-        let opened = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .or_else(|_| File::open(&path));
+        // Read-only: a shared look needs no more, on NFS too (where flock is a POSIX lock,
+        // and a shared one a read lock), so another user's run is told apart there as well.
+        let opened = File::open(&path);
         let mut file = match opened {
             Ok(file) => file,
             // No controller ever ran here.
