@@ -23,7 +23,8 @@ pub struct Args {
     #[arg(long, short = 'n', value_name = "N")]
     pub lines: Option<usize>,
     /// With -f (required): stop following once the run has ended, as `shardrun status`
-    /// tells it (not queued, running, or requeued after a preemption), after its last lines.
+    /// tells it (not queued, running, or requeued after a preemption), after its last lines;
+    /// exit 0 if it completed, 1 if it ended otherwise.
     #[arg(long, requires = "follow")]
     pub until_done: bool,
 }
