@@ -650,6 +650,8 @@ fn stale_reasons(stale: &[RunDir], points: &[SweepPoint]) -> Vec<String> {
     let mut changed: std::collections::BTreeMap<(String, Option<&str>, bool), usize> =
         Default::default();
     let (mut dropped, mut elsewhere) = (Vec::new(), 0);
+    let current: Vec<sweeps::labels::PointParams> =
+        points.iter().map(|p| p.params.clone()).collect();
     for run in stale {
         let Ok(manifest) = run.read_manifest() else {
             continue;
@@ -706,22 +708,28 @@ fn stale_reasons(stale: &[RunDir], points: &[SweepPoint]) -> Vec<String> {
         ));
     }
     if !dropped.is_empty() {
-        // Named by their values, the first few, in the table's notation and order.
+        // Named by their values, the first few, in the notation and order of the sweep's
+        // table (a run without recorded values has none to name).
         const NAMED: usize = 4;
-        let columns = crate::sweeps::labels::ParamColumns::given(&dropped);
+        let columns = crate::sweeps::labels::ParamColumns::given_alongside(&dropped, &current);
         dropped.sort_by(|a, b| columns.order(a, b));
-        let mut named: Vec<String> = dropped
+        let valued: Vec<&sweeps::labels::PointParams> =
+            dropped.iter().filter(|params| !params.is_empty()).collect();
+        let mut named: Vec<String> = valued
             .iter()
             .take(NAMED)
             .map(|params| columns.label(params))
             .collect();
-        if dropped.len() > NAMED {
-            named.push(format!("{} more", dropped.len() - NAMED));
+        if valued.len() > NAMED {
+            named.push(format!("{} more", valued.len() - NAMED));
         }
+        let named = match named.is_empty() {
+            true => String::new(),
+            false => format!(" ({})", named.join("; ")),
+        };
         lines.push(format!(
-            "{} run(s) have swept values the sweep no longer gives ({})",
-            dropped.len(),
-            named.join("; ")
+            "{} run(s) have swept values the sweep no longer gives{named}",
+            dropped.len()
         ));
     }
     lines
