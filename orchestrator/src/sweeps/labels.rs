@@ -195,7 +195,8 @@ impl Column {
 /// sweep's points takes its notation from ([`ParamColumns::given_alongside`]). A folder whose
 /// every run is listed is not read again.
 pub fn unlisted_siblings<'a>(listed: impl IntoIterator<Item = &'a Path>) -> Vec<PointParams> {
-    let listed: Vec<std::path::PathBuf> = listed
+    // A set: a table lists thousands of a sweep's points, and each of its runs is looked up.
+    let listed: std::collections::HashSet<std::path::PathBuf> = listed
         .into_iter()
         .filter_map(|p| std::path::absolute(p).ok())
         .collect();
@@ -220,7 +221,7 @@ pub fn unlisted_siblings<'a>(listed: impl IntoIterator<Item = &'a Path>) -> Vec<
         siblings.extend(
             crate::slurm::find_runs(folder)
                 .iter()
-                .filter(|run| !listed.iter().any(|p| p == run.path()))
+                .filter(|run| !listed.contains(run.path()))
                 .filter(|run| !current.superseded(run.path()))
                 .filter_map(|run| run.read_manifest().ok())
                 .map(|manifest| manifest.sweep_params)
