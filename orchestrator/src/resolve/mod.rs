@@ -647,6 +647,13 @@ mod tests {
             let j = job(&format!("  time: {written}\n"), 32, 4).unwrap();
             assert_eq!(j.slurm.time.as_deref(), Some(written));
             assert_eq!(j.slurm.time_limit_seconds, None);
+            assert!(
+                j.summary().contains(&format!(
+                    "time {written}, partition (default), USR2 on preemption (no time limit)"
+                )),
+                "{}",
+                j.summary()
+            );
         }
         let refused = job("  time: forever\n", 32, 4).unwrap_err().to_string();
         assert!(refused.contains("or `UNLIMITED`"), "{refused}");

@@ -220,12 +220,16 @@ impl ResolvedJob {
             true => format!("true (max {})", self.preemption.max_requeues),
             false => "false".to_string(),
         };
+        // A job without a time limit hears USR2 only when it is preempted.
+        let notice = match (&s.time, s.time_limit_seconds) {
+            (Some(_), None) => "USR2 on preemption (no time limit)".to_string(),
+            _ => format!("USR2 {} s before the limit", self.preemption.signal_seconds),
+        };
         let _ = writeln!(
             out,
-            "  slurm          time {}, partition {}, USR2 {} s before the limit, requeue {requeue}",
+            "  slurm          time {}, partition {}, {notice}, requeue {requeue}",
             s.time.as_deref().unwrap_or("(partition default)"),
             s.partition.as_deref().unwrap_or("(default)"),
-            self.preemption.signal_seconds
         );
         // They reach the ranks through resolved.json, not the script: shown here so they
         // can be checked before the job is submitted.

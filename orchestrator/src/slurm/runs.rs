@@ -612,7 +612,6 @@ fn progress(run: &RunDir) -> String {
         None => format!("at step {}", now.step),
     };
     let pace = now.seconds_per_step();
-    let pace_words = pace_in_words;
     // The newest write of the run's logs: a rank's line, a step, an event (a new attempt).
     let quiet = [run.metrics(), run.train_log(), run.events()]
         .iter()
@@ -622,7 +621,7 @@ fn progress(run: &RunDir) -> String {
         .map(|quiet| quiet.as_secs_f64());
     if let Some(quiet) = quiet.filter(|&q| q > QUIET_FOR.max(QUIET_STEPS * pace.unwrap_or(0.0))) {
         let before = pace
-            .map(|p| format!(" (its steps took {} before)", pace_words(p)))
+            .map(|p| format!(" (its steps took {} before)", pace_in_words(p)))
             .unwrap_or_default();
         return format!(
             "{at}, nothing logged for {}{before}",
@@ -636,7 +635,7 @@ fn progress(run: &RunDir) -> String {
         (Some(total), Some(pace), Some(left)) if total > now.step => format!(
             "{at}, about {} left ({})",
             crate::job_controller::console::format_duration(left),
-            pace_words(pace)
+            pace_in_words(pace)
         ),
         _ => at,
     }
