@@ -571,6 +571,15 @@ fn ctrl_c_while_a_job_is_submitted_leaves_it_recorded_and_released() {
         .env("PATH", path)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());
+    // A Ctrl-C as at a terminal, whatever started the tests: one started in the background
+    // of a shell without job control (`cmd &` in a script) has SIGINT ignored, and
+    // shardrun keeps a stop signal ignored as it found it (`nohup`).
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut submit, || {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
     let mut job = GroupChild::spawn(&mut submit).unwrap();
     wait_for("sbatch to take the job", DEADLINE, || {
         taken.exists().then_some(())
