@@ -357,7 +357,7 @@ error: job.yaml:7:34: field `resources.time`: `1:00 #x` is not a Slurm time limi
   |
 7 | resources: {partition: \"gpu #2\", time: \"1:00 #x\"}
   |                                  ^^^^
-  fix: write `MM`, `HH:MM:SS` or `D-HH:MM:SS`, e.g. `time: \"02:00:00\"` (quoted)
+  fix: write `MM`, `HH:MM:SS` or `D-HH:MM:SS`, e.g. `time: \"02:00:00\"` (quoted), or `UNLIMITED`
 ",
     );
 }
