@@ -54,13 +54,8 @@ pub fn resolve_slurm(
                 format!("remove it and {instead}"),
             ));
         }
-        let per_unit = ["--mem-per-cpu", "--mem-per-gpu"]
-            .into_iter()
-            .find(|option| {
-                line == option
-                    || line.starts_with(&format!("{option}="))
-                    || line.starts_with(&format!("{option} "))
-            });
+        let per_unit =
+            option_name(line).filter(|name| ["--mem-per-cpu", "--mem-per-gpu"].contains(name));
         if let (Some(option), Some(mem)) = (per_unit, &res.mem) {
             return Err(s.err(
                 "resources.extra_sbatch",
@@ -351,15 +346,21 @@ fn written_by_shardrun(line: &str) -> Option<(&'static str, &'static str)> {
             "set `preemption.requeue`",
         ),
     ];
-    let name = match line.strip_prefix("--") {
-        Some(long) => &line[..2 + long.find(['=', ' ']).unwrap_or(long.len())],
-        // `-N3`, `-N 3`: the letter names it.
-        None => line.get(..2)?,
-    };
+    let name = option_name(line)?;
     WRITTEN
         .iter()
         .find(|(names, _, _)| names.contains(&name))
         .map(|(_, option, instead)| (*option, *instead))
+}
+
+/// The option an sbatch option line sets, as its manual names it: `--mem-per-gpu` of
+/// `--mem-per-gpu=80G` or `--mem-per-gpu 80G`, `-N` of `-N3` or `-N 3`.
+fn option_name(line: &str) -> Option<&str> {
+    match line.strip_prefix("--") {
+        Some(long) => Some(&line[..2 + long.find(['=', ' ']).unwrap_or(long.len())]),
+        // `-N3`, `-N 3`: the letter names it.
+        None => line.get(..2),
+    }
 }
 
 #[cfg(test)]
