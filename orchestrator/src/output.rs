@@ -97,6 +97,18 @@ pub fn pasteable(path: &std::path::Path) -> String {
     crate::sbatch::shell_quote(&path.to_string_lossy())
 }
 
+/// `items` as a sentence lists them, `last` joining the last two: `1, 2 or 4`, `its 1st
+/// and 3rd`.
+pub fn listed<T: std::fmt::Display>(items: &[T], last: &str) -> String {
+    let words: Vec<String> = items.iter().map(T::to_string).collect();
+    match words.split_last() {
+        Some((final_word, rest)) if !rest.is_empty() => {
+            format!("{} {last} {final_word}", rest.join(", "))
+        }
+        _ => words.concat(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -213,10 +213,7 @@ fn list(items: &[u64], sep: &str) -> String {
 
 /// `1, 2, 4 or 8`.
 fn or_list(items: &[u64]) -> String {
-    match items.split_last() {
-        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", list(rest, ", ")),
-        _ => list(items, ""),
-    }
+    crate::output::listed(items, "or")
 }
 
 #[cfg(test)]

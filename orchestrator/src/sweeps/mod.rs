@@ -142,7 +142,7 @@ pub fn expand(loaded: &LoadedSpec, overrides: &Overrides) -> Result<Vec<SweepPoi
                         "`{path}` lists {} {times} (its {} entries): the grid would run the \
                          same point {times}",
                         serde_json::to_string(&values[j]).unwrap_or_default(),
-                        and_list(&entries)
+                        crate::output::listed(&entries, "and")
                     ),
                     "list each value once",
                 )
@@ -615,15 +615,6 @@ fn ordinal(n: usize) -> String {
     format!("{n}{suffix}")
 }
 
-/// `a`, `a and b`, `a, b and c`.
-fn and_list(items: &[String]) -> String {
-    match items {
-        [] => String::new(),
-        [one] => one.clone(),
-        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -722,8 +713,8 @@ mod tests {
             ]
         );
         let items = |n: usize| (1..=n).map(ordinal).collect::<Vec<_>>();
-        assert_eq!(and_list(&items(1)), "1st");
-        assert_eq!(and_list(&items(3)), "1st, 2nd and 3rd");
+        assert_eq!(crate::output::listed(&items(1), "and"), "1st");
+        assert_eq!(crate::output::listed(&items(3), "and"), "1st, 2nd and 3rd");
     }
 
     #[test]
