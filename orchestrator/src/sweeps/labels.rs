@@ -34,11 +34,7 @@ struct Column {
 impl ParamColumns {
     /// Every parameter any of `points` was given: a table's columns.
     pub fn given<'a>(points: impl IntoIterator<Item = &'a PointParams>) -> ParamColumns {
-        let points: Vec<&PointParams> = points.into_iter().collect();
-        let mut keys: Vec<&String> = points.iter().flat_map(|p| p.keys()).collect();
-        keys.sort();
-        keys.dedup();
-        Self::of(keys, &points)
+        Self::given_alongside(points, &[])
     }
 
     /// The parameters whose values differ between `points`: a legend's, where a value every
