@@ -187,13 +187,13 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     let mut summaries = summaries(&runs);
-    // A sweep's points in the order of their values, in the JSON as in the table.
-    ParamColumns::given(summaries.iter().map(|r| &r.sweep_params)).sort(
-        &mut summaries,
-        |r| &r.run_dir,
-        |r| &r.sweep_params,
-    );
     if args.json {
+        // A sweep's points in the order of their values, as the table lists them.
+        ParamColumns::given(summaries.iter().map(|r| &r.sweep_params)).sort(
+            &mut summaries,
+            |r| &r.run_dir,
+            |r| &r.sweep_params,
+        );
         return print_json(&summaries);
     }
     out!("{}", metrics_table(&summaries));

@@ -118,12 +118,6 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         .collect();
     let (mut statuses, answer) =
         slurm::refresh_or_recorded(&runs).context("reading the runs' states")?;
-    // A sweep's points in the order of their values, in the JSON as in the table.
-    ParamColumns::given(statuses.iter().map(|s| &s.sweep_params)).sort(
-        &mut statuses,
-        |s| s.run.path(),
-        |s| &s.sweep_params,
-    );
     // Slurm not answering is an error, but the runs are still shown as last recorded.
     let (source, unanswered) = match answer {
         Ok(source) => (source, None),
@@ -134,6 +128,12 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         _ => unanswered.as_ref().map(|e| e.to_string()),
     };
     if args.json {
+        // A sweep's points in the order of their values, as the table lists them.
+        ParamColumns::given(statuses.iter().map(|s| &s.sweep_params)).sort(
+            &mut statuses,
+            |s| s.run.path(),
+            |s| &s.sweep_params,
+        );
         let doc = StatusDocument {
             version: crate::commands::metrics::JSON_VERSION,
             source: source.as_ref().map(|s| match s {
