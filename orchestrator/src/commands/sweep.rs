@@ -650,8 +650,6 @@ fn stale_reasons(stale: &[RunDir], points: &[SweepPoint]) -> Vec<String> {
     let mut changed: std::collections::BTreeMap<(String, Option<&str>, bool), usize> =
         Default::default();
     let (mut dropped, mut elsewhere) = (Vec::new(), 0);
-    let current: Vec<sweeps::labels::PointParams> =
-        points.iter().map(|p| p.params.clone()).collect();
     for run in stale {
         let Ok(manifest) = run.read_manifest() else {
             continue;
@@ -711,6 +709,8 @@ fn stale_reasons(stale: &[RunDir], points: &[SweepPoint]) -> Vec<String> {
         // Named by their values, the first few, in the notation and order of the sweep's
         // table (a run without recorded values has none to name).
         const NAMED: usize = 4;
+        let current: Vec<sweeps::labels::PointParams> =
+            points.iter().map(|p| p.params.clone()).collect();
         let columns = crate::sweeps::labels::ParamColumns::given_alongside(&dropped, &current);
         dropped.sort_by(|a, b| columns.order(a, b));
         let valued: Vec<&sweeps::labels::PointParams> =
