@@ -475,6 +475,7 @@ pub fn draw_panel<DB: DrawingBackend>(
     // The legend goes to the corner where it hides the least data; labels of markers on its
     // side of an upper corner go below it.
     let legend_entries = legend_entries(panel);
+    let legend_height = LEGEND_ROW * legend_entries.len() as i32 + LEGEND_PADDING;
     let corner = match (panel.legend && text, legend_entries.is_empty()) {
         (true, false) => {
             let font = ("sans-serif", 13).into_font();
@@ -485,15 +486,11 @@ pub fn draw_panel<DB: DrawingBackend>(
                 .max()
                 .unwrap_or(0);
             // plotters' box: a 30-pixel sample column and a 10-pixel margin all round.
-            let size = (
-                widest + 30 + 20,
-                LEGEND_ROW * legend_entries.len() as i32 + LEGEND_PADDING,
-            );
+            let size = (widest + 30 + 20, legend_height);
             Some(least_covered_corner(&chart, panel, &frame, size))
         }
         _ => None,
     };
-    let legend_height = LEGEND_ROW * legend_entries.len() as i32 + LEGEND_PADDING;
     let below_legend = |right_side: bool| match (&corner, right_side) {
         (Some(SeriesLabelPosition::UpperRight), true)
         | (Some(SeriesLabelPosition::UpperLeft), false) => legend_height,
