@@ -106,6 +106,15 @@ pub fn start_long_run(
     (job, run)
 }
 
+/// Waits until rank 0 of the run at `run` has logged `steps` steps (`what` they are for the
+/// message); past `deadline`, the test fails with the run's logs.
+pub fn wait_for_steps(run: &Path, steps: usize, what: &str, deadline: Duration) {
+    wait_for(what, deadline, || {
+        (metric_steps(run, 0).len() >= steps).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", all_logs(run)));
+}
+
 /// The exit status of a spawned run once it has ended; past `deadline`, the test fails with
 /// the run's logs.
 pub fn wait_for_exit(job: &mut GroupChild, run: &Path, deadline: Duration) -> ExitStatus {

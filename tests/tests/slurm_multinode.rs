@@ -155,10 +155,7 @@ fn a_node_lost_under_a_job_is_named_in_the_verdict_of_its_requeue() {
         .job_id;
     let run = dir.join("runs/lost");
     let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
-    wait_for("the job to train", Duration::from_secs(120), || {
-        (metric_steps(&run, 0).len() >= 60).then_some(())
-    })
-    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    wait_for_steps(&run, 60, "the job to train", Duration::from_secs(120));
 
     let mut down = cluster.command("scontrol");
     down.args([

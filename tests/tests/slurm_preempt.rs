@@ -78,12 +78,12 @@ fn trained_then_usr2(
     to_ranks: bool,
 ) -> (String, std::path::PathBuf) {
     let (job_id, run) = submit_simulated(cluster, dir, name, spec);
-    wait_for(
+    wait_for_steps(
+        &run,
+        5,
         "the first attempt to train",
         Duration::from_secs(120),
-        || (metric_steps(&run, 0).len() >= 5).then_some(()),
-    )
-    .unwrap();
+    );
     match to_ranks {
         true => slurm(cluster, "scancel", &["--signal=USR2", &job_id]),
         false => slurm(cluster, "scancel", &["--signal=USR2", "--batch", &job_id]),
@@ -235,10 +235,12 @@ fn cancel_stops_a_requeued_job_waiting_in_the_queue() {
     let spec = std::fs::read_to_string(dir.join("tiny.yaml")).unwrap();
     let (again, _) = submit_simulated(&cluster, &dir, "requeued", &spec);
     let trained_before = metric_steps(&run, 0).len();
-    wait_for("the new attempt to train", Duration::from_secs(120), || {
-        (metric_steps(&run, 0).len() >= trained_before + 5).then_some(())
-    })
-    .unwrap();
+    wait_for_steps(
+        &run,
+        trained_before + 5,
+        "the new attempt to train",
+        Duration::from_secs(120),
+    );
     slurm(&cluster, "scancel", &["--signal=USR2", "--batch", &again]);
     // A new job counts its requeues afresh.
     wait_for_file(&run.join("requeue_count"), Duration::from_secs(60), |t| {
@@ -669,12 +671,12 @@ fn scontrol_requeue_is_taken_as_a_notice_not_a_cancel() {
         .submit(dir.path(), &[&spec.to_string_lossy()])
         .job_id;
     let run = dir.join("runs/requeued");
-    wait_for(
+    wait_for_steps(
+        &run,
+        5,
         "the first attempt to train",
         Duration::from_secs(120),
-        || (metric_steps(&run, 0).len() >= 5).then_some(()),
-    )
-    .unwrap();
+    );
     slurm(&cluster, "scontrol", &["requeue", &job_id]);
 
     let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
@@ -722,10 +724,7 @@ fn a_controller_killed_outright_is_named_by_status_not_as_a_launch_failure() {
     let dir = TestDir::new("slurm-controller-killed");
     let spec = tiny_mlp_spec("killed", 100_000, 2);
     let (_, run) = submit_simulated(&cluster, &dir, "killed", &spec);
-    wait_for("the ranks to train", Duration::from_secs(120), || {
-        (metric_steps(&run, 0).len() >= 3).then_some(())
-    })
-    .unwrap();
+    wait_for_steps(&run, 3, "the ranks to train", Duration::from_secs(120));
     // While it runs, status says how far it is and, at its pace (steps of about 40 ms), how
     // long it has left: most of the 100,000 steps, tens of minutes.
     let out = cluster

@@ -135,15 +135,12 @@ fn submit_and_train_a_while(cluster: &SlurmCluster, dir: &TestDir) -> (String, P
         .submit(dir.path(), &[&spec.to_string_lossy()])
         .job_id;
     let run = dir.join("runs/resume");
-    wait_for(
+    wait_for_steps(
+        &run,
+        50,
         "the first attempt to train",
         Duration::from_secs(120),
-        || (metric_steps(&run, 0).len() >= 50).then_some(()),
-    )
-    .unwrap_or_else(|e| {
-        let log = std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
-        panic!("{e}\n{log}")
-    });
+    );
     (job_id, run)
 }
 

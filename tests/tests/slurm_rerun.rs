@@ -169,10 +169,7 @@ fn a_sigterm_to_the_controller_alone_has_the_ranks_checkpoint_and_ends_cancelled
     let (job, _cancel) = submit_cancelled_on_drop(&cluster, &dir, &no_checkpoint_block);
     let run = dir.join("runs/rerun");
     let log = || std::fs::read_to_string(run.join("train.log")).unwrap_or_default();
-    wait_for("training under way", Duration::from_secs(180), || {
-        (metric_steps(&run, 0).len() >= 5).then_some(())
-    })
-    .unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    wait_for_steps(&run, 5, "training under way", Duration::from_secs(180));
 
     let mut cancel = cluster.command("scancel");
     cancel.args(["--batch", "--signal=TERM", &job]);
