@@ -15,6 +15,7 @@
 use crate::cache::{self, CacheManifest};
 use crate::error::{DataError, Result};
 use crate::files;
+use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -24,7 +25,9 @@ pub struct OutdatedCache {
     pub dir: PathBuf,
     /// The first of its files that changed and how: `data/b.txt: removed`.
     pub why: String,
-    /// What removing it frees: its files not linked from another folder.
+    /// What removing it frees once the outdated folders listed before it are gone: its files
+    /// not linked from a folder that stays or comes after it (a folder prepared again
+    /// after a `touch` links its files to the older one's, both outdated by a later edit).
     pub bytes: u64,
 }
 
@@ -33,7 +36,7 @@ pub struct OutdatedCache {
 pub fn find(cache_dir: &Path) -> Vec<OutdatedCache> {
     let mut folders = cache::complete_folders(cache_dir);
     folders.sort_by(|a, b| a.1.created_unix_s.total_cmp(&b.1.created_unix_s));
-    folders
+    let mut found: Vec<OutdatedCache> = folders
         .iter()
         .enumerate()
         .filter_map(|(i, (dir, manifest))| {
@@ -52,10 +55,42 @@ pub fn find(cache_dir: &Path) -> Vec<OutdatedCache> {
             Some(OutdatedCache {
                 dir: dir.clone(),
                 why,
-                bytes: freed_bytes(dir),
+                bytes: 0,
             })
         })
-        .collect()
+        .collect();
+    count_freed_bytes(&mut found);
+    found
+}
+
+/// Sets each folder's [`OutdatedCache::bytes`] for their removal in order: a file's bytes
+/// are freed with the last of its links, counted to the folder that holds it when every
+/// link is among these folders.
+fn count_freed_bytes(folders: &mut [OutdatedCache]) {
+    // (device, inode) → (links seen, links it has, size, the last folder seen in).
+    let mut files: HashMap<(u64, u64), (u64, u64, u64, usize)> = HashMap::new();
+    for (i, folder) in folders.iter().enumerate() {
+        let Ok(entries) = std::fs::read_dir(&folder.dir) else {
+            continue;
+        };
+        for meta in entries.flatten().filter_map(|e| e.metadata().ok()) {
+            if meta.is_file() {
+                let file = files.entry((meta.dev(), meta.ino())).or_insert((
+                    0,
+                    meta.nlink(),
+                    meta.len(),
+                    i,
+                ));
+                file.0 += 1;
+                file.3 = i;
+            }
+        }
+    }
+    for (seen, links, size, last) in files.into_values() {
+        if seen >= links {
+            folders[last].bytes += size;
+        }
+    }
 }
 
 /// Removes an outdated folder and its lock file. The folder is first renamed out of the
@@ -140,17 +175,4 @@ fn change(manifest: &CacheManifest) -> Option<Change> {
             None
         }
     })
-}
-
-/// The bytes of `dir`'s files that no other folder links to.
-fn freed_bytes(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.metadata().ok())
-        .filter(|meta| meta.is_file() && meta.nlink() == 1)
-        .map(|meta| meta.len())
-        .sum()
 }

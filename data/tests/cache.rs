@@ -600,3 +600,59 @@ fn the_folders_of_edited_or_removed_files_are_outdated_and_removable() {
     assert_eq!(outdated::remove_interrupted(&cache), 1);
     assert!(!left.exists() && live.exists());
 }
+
+/// A folder prepared again after a `touch` links its files to the older one's; an edit then
+/// outdates both, and removing the two frees the linked files: counted once, to the folder
+/// whose removal frees them.
+#[test]
+fn files_linked_between_outdated_folders_are_counted_as_freed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    std::fs::create_dir_all(&data_dir).unwrap();
+    let files = write_corpus(&data_dir);
+    let cache = dir.path().join("cache");
+    let config = dataset(
+        text_files(files.clone(), TextSplit::Line),
+        TokenizerConfig::Bytes,
+        16,
+        &cache,
+    );
+    let folder_of = |config: &DatasetConfig| {
+        let data = Dataset::open(config, 0, None, 2, &Quiet).unwrap();
+        data.train().corpus().dir.clone()
+    };
+    let first = folder_of(&config);
+    let file = std::fs::File::options()
+        .write(true)
+        .open(&files[1])
+        .unwrap();
+    let modified = file.metadata().unwrap().modified().unwrap();
+    file.set_modified(modified + std::time::Duration::from_secs(1))
+        .unwrap();
+    let second = folder_of(&config);
+    let mut text = std::fs::read_to_string(&files[0]).unwrap();
+    text.push_str("x = 1\n");
+    std::fs::write(&files[0], &text).unwrap();
+    folder_of(&config);
+
+    let found = outdated::find(&cache);
+    assert_eq!(
+        found.iter().map(|o| &o.dir).collect::<Vec<_>>(),
+        [&first, &second]
+    );
+    // What removing both frees: every file of the two folders once (by its inode).
+    use std::os::unix::fs::MetadataExt;
+    let mut inodes = std::collections::HashMap::new();
+    for folder in [&first, &second] {
+        for entry in std::fs::read_dir(folder).unwrap() {
+            let meta = entry.unwrap().metadata().unwrap();
+            inodes.insert(meta.ino(), meta.len());
+        }
+    }
+    let linked = inodes.len() < 2 * std::fs::read_dir(&first).unwrap().count();
+    assert!(linked, "the second folder links the first one's files");
+    let on_disk: u64 = inodes.values().sum();
+    assert_eq!(found[0].bytes + found[1].bytes, on_disk, "{found:?}");
+    let tokens = std::fs::metadata(second.join("tokens.u32")).unwrap().len();
+    assert!(found[1].bytes > tokens, "{found:?}");
+}
