@@ -62,9 +62,12 @@ fn open_dataset(config: &TrainConfig, threads: Option<usize>) -> anyhow::Result<
 fn describe(config: &TrainConfig, dataset: &Dataset) -> Vec<String> {
     let mut lines = dataset.summary().to_vec();
     lines.push(format!(
-        "{} sample(s) per epoch, {:.2} epoch(s) in {} steps of {} samples",
+        "{} sample(s) per epoch, {} epoch(s) in {} steps of {} samples",
         shardrun_data::dataset::thousands(dataset.samples_per_epoch()),
-        (config.steps * config.batch.total_batch_size) as f64 / dataset.samples_per_epoch() as f64,
+        epochs_in_words(
+            (config.steps * config.batch.total_batch_size) as f64
+                / dataset.samples_per_epoch() as f64
+        ),
         config.steps,
         config.batch.total_batch_size
     ));
@@ -73,6 +76,17 @@ fn describe(config: &TrainConfig, dataset: &Dataset) -> Vec<String> {
         config.batch.total_batch_size,
     ));
     lines
+}
+
+/// Epochs to two decimals, a short run of a large corpus to its first two figures
+/// (`0.0030`, not `0.00`).
+fn epochs_in_words(epochs: f64) -> String {
+    let decimals = if epochs > 0.0 && epochs < 0.01 {
+        (1 - epochs.log10().floor() as i32) as usize
+    } else {
+        2
+    };
+    format!("{epochs:.decimals$}")
 }
 
 /// Data that fills less than one optimizer step: every step trains each sample several
@@ -133,5 +147,14 @@ mod tests {
             "{warning}"
         );
         assert_eq!(fewer_samples_than_a_step(4, 4), None);
+    }
+
+    #[test]
+    fn a_short_run_of_a_large_corpus_trains_more_than_zero_epochs() {
+        assert_eq!(epochs_in_words(240.0 / 80_361.0), "0.0030");
+        assert_eq!(epochs_in_words(0.00012), "0.00012");
+        assert_eq!(epochs_in_words(0.01), "0.01");
+        assert_eq!(epochs_in_words(3.456), "3.46");
+        assert_eq!(epochs_in_words(0.0), "0.00");
     }
 }
