@@ -642,12 +642,16 @@ fn not_a_record_from(e: serde_json::Error, first_line: u64) -> Refused {
     let why = text
         .strip_suffix(&format!(" at line {} column {}", e.line(), e.column()))
         .unwrap_or(&text);
-    // serde_json's words for a `\uD800`-style escape without its other half.
-    let why = if why.ends_with("hex escape") {
-        "a \\u escape of half a UTF-16 surrogate pair without the other half: not a character, \
-         so no tokenizer can encode it (Python's json reads it, the tokenizer then refuses it)"
-    } else {
-        why
+    let why = match why {
+        // serde_json's words for a `\uD800`-style escape without its other half.
+        why if why.ends_with("hex escape") => {
+            "a \\u escape of half a UTF-16 surrogate pair without the other half: not a \
+             character, so no tokenizer can encode it (Python's json reads it, the tokenizer \
+             then refuses it)"
+        }
+        // Its words for text that is not JSON (`ident`: it began as `null` or `true` would).
+        "expected value" | "expected ident" => "expected a JSON value",
+        why => why,
     };
     match (e.line(), e.column()) {
         (_, 0) => format!("not a JSON record ({why})").into(),
@@ -1303,6 +1307,20 @@ mod tests {
         assert_eq!(lines, [1, 4]);
         assert_eq!(reader.skipped.len(), 1);
         assert!(reader.next_batch(1 << 20).unwrap().is_none());
+
+        // Text that is no JSON at all, in words without serde's.
+        for record in ["not json at all", "hello"] {
+            let Err(refused) = parse_record(&source, record, false) else {
+                panic!("{record} was read")
+            };
+            assert!(
+                refused
+                    .why
+                    .starts_with("not a JSON record (expected a JSON value at column "),
+                "{}",
+                refused.why
+            );
+        }
 
         // Half a surrogate pair, which Python's json reads and a tokenizer then refuses.
         for record in [r#"{"text": "a\ud800b"}"#, r#"{"text": "a\udc00"}"#] {
