@@ -206,14 +206,11 @@ impl Node<'_, '_> {
         }
     }
 
-    /// An empty plain scalar reads as an empty section or list (`resources:` with nothing
-    /// under it).
+    /// Null reads as an empty section or list, as if the key were not written: `resources:`
+    /// with nothing under it, `mixed_precision: ~`, `--set training.fsdp.mixed_precision=null`
+    /// (PyTorch's `mixed_precision=None`: its defaults).
     fn is_empty(&self) -> bool {
-        match &self.0.data {
-            YamlData::Representation(text, ScalarStyle::Plain, None) => text.is_empty(),
-            YamlData::BadValue => true,
-            _ => false,
-        }
+        self.is_null()
     }
 
     fn visit_any<'de, V: Visitor<'de>>(&self, visitor: V) -> Result<V::Value, DeError> {

@@ -242,6 +242,37 @@ mod tests {
     }
 
     #[test]
+    fn a_section_set_to_null_takes_its_defaults() {
+        // PyTorch's `mixed_precision=None`: an earlier bf16 gives way to the f32 default.
+        let bf16 = "training.fsdp.mixed_precision={param_dtype: bf16}";
+        let before = with(&[bf16]).unwrap().spec.training.fsdp.mixed_precision;
+        assert_ne!(before, Default::default());
+        for null in ["null", "~", ""] {
+            let loaded = with(&[bf16, &format!("training.fsdp.mixed_precision={null}")]).unwrap();
+            assert_eq!(
+                loaded.spec.training.fsdp.mixed_precision,
+                Default::default(),
+                "{null:?}"
+            );
+        }
+        // In the file too, and for a list: as if the key were not written.
+        let loaded = parse_spec(
+            &DEMO.replace(
+                "  schedule:\n    warmup_steps: 20\n    decay: cosine\n    min_lr_ratio: 0.1\n",
+                "  schedule: ~\n",
+            ),
+            Path::new("demo.yaml"),
+        )
+        .unwrap();
+        assert_eq!(loaded.spec.training.schedule, Default::default());
+        let loaded = with(&["resources.extra_sbatch=null"]).unwrap();
+        assert!(loaded.spec.resources.extra_sbatch.is_empty());
+        // A quoted "null" is a string, and no section.
+        let err = with(&["training.fsdp.mixed_precision=\"null\""]).unwrap_err();
+        assert!(err.why.contains("expected a mapping"), "{err}");
+    }
+
+    #[test]
     fn errors_name_the_flag_with_the_files_explanation() {
         let err = with(&["training.stepz=5"]).unwrap_err();
         assert_eq!(err.kind, SpecErrorKind::UnknownField);
