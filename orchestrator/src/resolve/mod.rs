@@ -688,6 +688,22 @@ mod tests {
         // Memory by the GPU, with no memory by the node, is the user's to ask for.
         let by_gpu = "  extra_sbatch: [\"--mem-per-gpu=80G\"]\n";
         assert!(job(by_gpu, 32, 4).is_ok());
+        // ... but not by the GPU and by the CPU at once.
+        let both =
+            "  extra_sbatch: [\"--mem-per-gpu=80G\", \"--mail-type=END\", \"--mem-per-cpu 4G\"]\n";
+        let said = job(both, 32, 4).unwrap_err().to_string();
+        assert!(
+            said.contains(
+                "entry 2 `--mem-per-cpu 4G` asks for memory by --mem-per-cpu, and entry 0 \
+                 `--mem-per-gpu=80G` by --mem-per-gpu: sbatch refuses a job with both"
+            ) && said.contains("keep one of the two entries"),
+            "{said}"
+        );
+        let twice = "  extra_sbatch: [\"--mem-per-gpu=80G\", \"--mem-per-gpu=90G\"]\n";
+        assert!(
+            job(twice, 32, 4).is_ok(),
+            "sbatch takes the last of one option"
+        );
         assert_eq!(refused("--mail-type=END"), None);
     }
 

@@ -35,6 +35,8 @@ pub fn resolve_slurm(
             ));
         }
     }
+    // The first entry asking for memory by CPU or by GPU: sbatch takes one of them only.
+    let mut memory_per_unit: Option<(usize, &str, &str)> = None;
     for (i, line) in res.extra_sbatch.iter().enumerate() {
         if !line.starts_with('-') || line.contains('\n') {
             return Err(s.err(
@@ -66,6 +68,21 @@ pub fn resolve_slurm(
                 ),
                 "keep one: remove `resources.mem`, or this entry",
             ));
+        }
+        match (per_unit, memory_per_unit) {
+            (Some(option), Some((first, first_line, first_option))) if option != first_option => {
+                return Err(s.err(
+                    "resources.extra_sbatch",
+                    format!(
+                        "entry {i} `{line}` asks for memory by {option}, and entry {first} \
+                         `{first_line}` by {first_option}: sbatch refuses a job with both \
+                         (\"mutually exclusive\")"
+                    ),
+                    "keep one of the two entries",
+                ));
+            }
+            (Some(option), None) => memory_per_unit = Some((i, line, option)),
+            _ => {}
         }
     }
     if let Some(kind) = &res.gpu_type {
