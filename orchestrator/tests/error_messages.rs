@@ -248,7 +248,7 @@ per-device batches of 2 on 1 rank (`resources`; 5 / 2 is not a whole number of a
 5 |   total_batch_size: 5
   |   ^^^^^^^^^^^^^^^^
   fix: set `total_batch_size` to a multiple of 2 × 1 = 2: nearest 4 or 6; or keep it and use \
-`batch_size_per_device` in [1, 5]
+a `batch_size_per_device` of 1 or 5
 ",
     );
 }
@@ -429,7 +429,7 @@ fn a_set_flag_gets_the_files_explanation_and_names_the_flag() {
         "error: --set training.total_batch_size=5: field `training.total_batch_size`: total \
          batch 5 does not split into per-device batches of 2 on 1 rank (`resources`; 5 / 2 is not a \
          whole number of accumulation steps)\n  fix: set `total_batch_size` to a multiple of 2 × 1 = 2: \
-         nearest 4 or 6; or keep it and use `batch_size_per_device` in [1, 5]\n"
+         nearest 4 or 6; or keep it and use a `batch_size_per_device` of 1 or 5\n"
     );
     let (code, stdout, stderr) = plan_with(&["training.steps=20000", "training.seed=3"]);
     assert_eq!((code, stderr.as_str()), (0, ""));

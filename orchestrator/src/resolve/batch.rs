@@ -82,8 +82,8 @@ pub fn batch_split(
         {
             let splitting = if total.is_multiple_of(world) {
                 format!(
-                    " ({total} on {world} rank(s) splits into per-device batches in [{}])",
-                    list(&divisors(total / world), ", ")
+                    " ({total} on {world} rank(s) splits into per-device batches of {})",
+                    or_list(&divisors(total / world))
                 )
             } else {
                 String::new()
@@ -121,8 +121,8 @@ fn totals_that_split(total: u64, per_device: u64, world: u64) -> String {
     if total.is_multiple_of(world) {
         let _ = write!(
             fix,
-            "; or keep it and use `batch_size_per_device` in [{}]",
-            list(&divisors(total / world), ", ")
+            "; or keep it and use a `batch_size_per_device` of {}",
+            or_list(&divisors(total / world))
         );
     }
     fix
@@ -175,8 +175,8 @@ fn ranks_that_split(total: u64, per_device: u64, world: u64, ranks_from: &str) -
             many => {
                 let _ = write!(
                     fix,
-                    "; or keep {world} ranks with `batch_size_per_device` in [{}]",
-                    list(many, ", ")
+                    "; or keep {world} ranks with a `batch_size_per_device` of {}",
+                    or_list(many)
                 );
             }
         }
@@ -201,14 +201,6 @@ fn divisors(n: u64) -> Vec<u64> {
     }
     low.extend(high.into_iter().rev());
     low
-}
-
-fn list(items: &[u64], sep: &str) -> String {
-    items
-        .iter()
-        .map(u64::to_string)
-        .collect::<Vec<_>>()
-        .join(sep)
 }
 
 /// `1, 2, 4 or 8`.
@@ -236,7 +228,7 @@ mod tests {
             "a resumed run keeps its total batch (it decides what a step computes): run it on \
              1, 2, 3 or 6 ranks (`resources`): those split the total batch of 12 into whole \
              per-device batches of 2 (12 ranks do with a smaller `batch_size_per_device`); or \
-             keep 4 ranks with `batch_size_per_device` in [1, 3]; or start it over with --force"
+             keep 4 ranks with a `batch_size_per_device` of 1 or 3; or start it over with --force"
         );
     }
 }

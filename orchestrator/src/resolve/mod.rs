@@ -740,7 +740,11 @@ mod tests {
         assert_eq!(err.field, "training.total_batch_size");
         assert_eq!(err.line, Some(7));
         assert!(err.fix.contains("nearest 16 or 32"), "{err}");
-        assert!(err.fix.contains("[1, 2, 5, 10]"), "{err}");
+        assert!(
+            err.fix
+                .contains("use a `batch_size_per_device` of 1, 2, 5 or 10"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -854,8 +858,12 @@ mod tests {
         let e = err("", u64::MAX, 2);
         assert!(e.fix.ends_with("nearest 18446744073709551612"), "{e}");
         let e = err("", u64::MAX - 1, 4);
-        let listed = e.fix.split_once("in [").unwrap().1.trim_end_matches(']');
-        let per_device: Vec<u64> = listed.split(", ").map(|n| n.parse().unwrap()).collect();
+        let listed = e.fix.split_once("batch_size_per_device` of ").unwrap().1;
+        let per_device: Vec<u64> = listed
+            .split([',', ' '])
+            .filter(|n| !n.is_empty() && *n != "or")
+            .map(|n| n.parse().unwrap())
+            .collect();
         assert_eq!(per_device[..4], [1, 7, 49, 73], "{e}");
         assert!(per_device.iter().all(|&n| n <= 1 << 24), "{e}");
         let e = err("", 1 << 40, 1 << 36);

@@ -922,7 +922,7 @@ mod tests {
             assert!(
                 text.contains(&format!(
                     "fix: drop {value} from the sweep's `batch_size_per_device` values (32 on \
-                     2 rank(s) splits into per-device batches in [1, 2, 4, 8, 16]), or make \
+                     2 rank(s) splits into per-device batches of 1, 2, 4, 8 or 16), or make \
                      `total_batch_size` a common multiple of every swept per-device batch × 2 \
                      rank(s)"
                 )),
