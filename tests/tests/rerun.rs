@@ -443,14 +443,15 @@ fn a_checkpoint_damaged_in_place_is_not_the_one_a_rerun_announces() {
     );
     let stdout = stdout_of(&out);
     assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    // ... and says why it is not the newer one.
+    let mut lines = stdout.lines();
     assert!(
-        stdout
-            .lines()
-            .next()
-            .is_some_and(|l| l.starts_with(&format!(
-                "resuming {} at step 4 from its checkpoint of step 3 ",
-                run.display()
-            ))),
+        lines.next().is_some_and(|l| l.starts_with(&format!(
+            "resuming {} at step 4 from its checkpoint of step 3 ",
+            run.display()
+        ))) && lines.next().is_some_and(|l| l
+            .starts_with("  passed over: the newer step-6, damaged: ")
+            && l.contains("sha256 is ")),
         "{stdout}"
     );
     // Steps 4 to 6 train again, their records after the first ones.

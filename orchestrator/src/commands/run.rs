@@ -192,7 +192,7 @@ pub fn announce(prepared: RunStart) -> Option<RunDir> {
         }
         RunStart::Resume(resume) => {
             let mut lines = vec![resume.headline()];
-            lines.extend(resume.applied_lines());
+            lines.extend(resume.detail_lines());
             for line in &lines {
                 outln!("{line}");
             }

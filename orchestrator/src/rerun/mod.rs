@@ -55,6 +55,9 @@ pub struct Resume {
     /// What the ranks will load (the newest checkpoint by its seal and sizes; the ranks
     /// verify checksums and fall back to an older one if this one is damaged, saying so).
     pub checkpoint: Option<CheckpointAt>,
+    /// Newer checkpoints found damaged and passed over, and why the newest of them is:
+    /// `the newer step-150, damaged: … sha256 is …`.
+    pub passed_over: Option<String>,
     /// How the run ended last time, in words (`"was cancelled by SIGINT after step 150"`).
     pub ended: String,
     /// The last step the run logged, if any.
@@ -176,11 +179,21 @@ impl Resume {
         line
     }
 
-    /// One line per safe change that was applied; a change of `training.steps` says what
-    /// it does to the LR.
-    pub fn applied_lines(&self) -> Vec<String> {
-        changed_on_resume(&self.applied, self.lr_change.as_ref(), "")
+    /// The lines under the headline: the newer checkpoints passed over as damaged, then one
+    /// line per safe change that was applied (a change of `training.steps` says what it does
+    /// to the LR).
+    pub fn detail_lines(&self) -> Vec<String> {
+        let passed_over = self
+            .passed_over
+            .as_ref()
+            .map(|p| format!("passed over: {p}"));
+        passed_over
             .into_iter()
+            .chain(changed_on_resume(
+                &self.applied,
+                self.lr_change.as_ref(),
+                "",
+            ))
             .map(|line| format!("  {line}"))
             .collect()
     }
@@ -594,7 +607,7 @@ impl RunDecision {
                     "would submit a job that continues the run:\n  {}",
                     resume.headline()
                 );
-                for line in resume.applied_lines() {
+                for line in resume.detail_lines() {
                     let _ = write!(text, "\n{line}");
                 }
                 text
@@ -707,7 +720,7 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
     }
 
     let resumes = target.train.checkpoint.resume;
-    let (newest, verify) = checkpoint_to_resume(&run, &target.train);
+    let (newest, verify, passed_over) = checkpoint_to_resume(&run, &target.train);
     // The one it would continue from, were it not for `resume: false`.
     let unused_checkpoint = newest.as_ref().filter(|_| !resumes).map(|c| c.step);
     let checkpoint = newest.filter(|_| resumes);
@@ -823,6 +836,7 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
     let periodic_saves = target.train.checkpoint.saves_periodically();
     Ok(RunDecision::Resume(Resume {
         run,
+        passed_over: passed_over.filter(|_| checkpoint.is_some()),
         checkpoint,
         ended,
         last_step,
@@ -850,29 +864,52 @@ pub fn newest_checkpoint(run: &RunDir, train: &TrainConfig) -> Option<Checkpoint
     found.checkpoint.as_ref().map(checkpoint_at)
 }
 
-/// The checkpoint a re-run of `run` announces on its first line, and how it was checked: by
-/// seal and sizes, then by checksums too where the newest one's files hold at most
+/// The checkpoint a re-run of `run` announces on its first line, how it was checked, and the
+/// newer ones passed over as damaged (their names, and why the newest is): by seal and
+/// sizes, then by checksums too where the newest one's files hold at most
 /// [`CHECKSUMS_AT_MOST`] (a file damaged in place is then passed over here as the ranks will
 /// pass it over); past that the ranks say where they fall back.
-fn checkpoint_to_resume(run: &RunDir, train: &TrainConfig) -> (Option<CheckpointAt>, Verify) {
+fn checkpoint_to_resume(
+    run: &RunDir,
+    train: &TrainConfig,
+) -> (Option<CheckpointAt>, Verify, Option<String>) {
     let Some(root) = train.checkpoint.root(Some(run.path())) else {
-        return (None, Verify::Structure);
+        return (None, Verify::Structure, None);
     };
     let Ok(found) = find_latest(&root, Verify::Structure) else {
-        return (None, Verify::Structure);
+        return (None, Verify::Structure, None);
     };
     let small = found.checkpoint.as_ref().is_some_and(|c| {
         c.metadata().files.iter().map(|f| f.size).sum::<u64>() <= CHECKSUMS_AT_MOST
     });
-    if !small {
-        return (
-            found.checkpoint.as_ref().map(checkpoint_at),
-            Verify::Structure,
-        );
-    }
-    let verified = find_latest(&root, Verify::Checksums).ok();
-    let newest = verified.and_then(|found| found.checkpoint.as_ref().map(checkpoint_at));
-    (newest, Verify::Checksums)
+    let (found, verify) = match small {
+        true => match find_latest(&root, Verify::Checksums) {
+            Ok(verified) => (verified, Verify::Checksums),
+            Err(_) => return (None, Verify::Checksums, None),
+        },
+        false => (found, Verify::Structure),
+    };
+    let passed_over = found.skipped.first().map(|(newest, why)| {
+        let name = |path: &Path| {
+            path.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned()
+        };
+        match found.skipped.as_slice() {
+            [_] => format!("the newer {}, damaged: {why}", name(newest)),
+            all => {
+                let names: Vec<String> = all.iter().map(|(path, _)| name(path)).collect();
+                let names = crate::output::listed(&names, "and");
+                format!("the newer {names}, damaged ({}: {why})", name(newest))
+            }
+        }
+    });
+    (
+        found.checkpoint.as_ref().map(checkpoint_at),
+        verify,
+        passed_over,
+    )
 }
 
 /// The most checkpoint bytes a re-run reads on the login node to verify what it announces.
@@ -1187,7 +1224,7 @@ mod tests {
             resume.headline()
         );
         assert_eq!(
-            resume.applied_lines(),
+            resume.detail_lines(),
             vec!["  changed on resume: training.log_every: 1 → 5".to_string()]
         );
         assert_eq!(
