@@ -1063,7 +1063,9 @@ pub(super) mod tests {
         let ResolveError::Invalid(e) = job(LLAMA, DATA, &from(&pickle)).unwrap_err();
         assert_eq!(e.field, "training.checkpoint.from");
         assert!(
-            e.why.contains("pytorch_model.bin") && e.why.contains("save_pretrained"),
+            e.why.contains("pytorch_model.bin")
+                && e.why.contains("save_pretrained")
+                && e.why.contains("then copy its tokenizer across (`cp <folder>/*token* "),
             "{e}"
         );
         std::fs::remove_file(pickle.join("pytorch_model.bin")).unwrap();
