@@ -181,7 +181,7 @@ impl HfWeights {
         {
             Err(HfError::folder(
                 dir,
-                "holds PyTorch pickle weights (pytorch_model.bin); shardrun reads safetensors. Convert once with: python -c \"import sys, transformers as t; t.AutoModelForCausalLM.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[2])\" <folder> <new folder>, then copy its tokenizer across (`cp <folder>/*token* <new folder>/`: the conversion writes weights and config only)",
+                "holds PyTorch pickle weights (pytorch_model.bin); shardrun reads safetensors. Convert the weights (in their own dtype) and the tokenizer once into a new folder with: python -c \"import sys, transformers as t; a, b = sys.argv[1:]; t.AutoModelForCausalLM.from_pretrained(a, torch_dtype='auto').save_pretrained(b); t.AutoTokenizer.from_pretrained(a).save_pretrained(b)\" <folder> <new folder>",
             ))
         } else {
             Err(HfError::folder(
