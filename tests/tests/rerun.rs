@@ -478,6 +478,45 @@ fn a_checkpoint_damaged_in_place_is_not_the_one_a_rerun_announces() {
     );
 }
 
+/// Two newer checkpoints damaged: both named under the first line, and why the newest is.
+#[test]
+fn newer_damaged_checkpoints_passed_over_are_named_together() {
+    let dir = TestDir::new("rerun-damaged-two");
+    let spec = dir.write(
+        "job.yaml",
+        &(constant_lr_spec("damaged-two", 6) + "  checkpoint: { interval_steps: 2, keep: 3 }\n"),
+    );
+    let (out, run) = run_local(&dir, &spec, &["--no-progress"], &[], DEADLINE);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    for step in [4, 6] {
+        let file = run.join(format!("checkpoints/step-{step}/rank-1-of-2.safetensors"));
+        let mut bytes = std::fs::read(&file).unwrap();
+        *bytes.last_mut().unwrap() ^= 0x01;
+        std::fs::write(&file, bytes).unwrap();
+    }
+    let (out, _) = run_local(
+        &dir,
+        &spec,
+        &["--no-progress", "--set", "training.steps=8"],
+        &[],
+        DEADLINE,
+    );
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    let mut lines = stdout.lines();
+    assert!(
+        lines.next().is_some_and(|l| l.starts_with(&format!(
+            "resuming {} at step 3 from its checkpoint of step 2 ",
+            run.display()
+        ))) && lines.next().is_some_and(|l| l.starts_with(&format!(
+            "  passed over: the newer step-6, step-4, damaged (step-6: {}/checkpoints/step-6/rank-1-of-2.safetensors: sha256 is ",
+            run.display()
+        ))),
+        "{stdout}"
+    );
+    assert_eq!(metric_steps(&run, 0), [1, 2, 3, 4, 5, 6, 3, 4, 5, 6, 7, 8]);
+}
+
 /// A run started from another run's checkpoint (`checkpoint.from`) whose model does not fit
 /// it fails naming that checkpoint, not the new run's own empty checkpoint folder.
 #[test]

@@ -865,8 +865,8 @@ pub fn newest_checkpoint(run: &RunDir, train: &TrainConfig) -> Option<Checkpoint
 }
 
 /// The checkpoint a re-run of `run` announces on its first line, how it was checked, and the
-/// newer ones passed over as damaged (their names, and why the newest is): by seal and
-/// sizes, then by checksums too where the newest one's files hold at most
+/// newer ones passed over as damaged (their names, and why the newest of them is). Checked by
+/// seal and sizes, then by checksums too where the newest one's files hold at most
 /// [`CHECKSUMS_AT_MOST`] (a file damaged in place is then passed over here as the ranks will
 /// pass it over); past that the ranks say where they fall back.
 fn checkpoint_to_resume(
@@ -882,27 +882,22 @@ fn checkpoint_to_resume(
     let small = found.checkpoint.as_ref().is_some_and(|c| {
         c.metadata().files.iter().map(|f| f.size).sum::<u64>() <= CHECKSUMS_AT_MOST
     });
-    let (found, verify) = match small {
-        true => match find_latest(&root, Verify::Checksums) {
+    let (found, verify) = if small {
+        match find_latest(&root, Verify::Checksums) {
             Ok(verified) => (verified, Verify::Checksums),
             Err(_) => return (None, Verify::Checksums, None),
-        },
-        false => (found, Verify::Structure),
+        }
+    } else {
+        (found, Verify::Structure)
     };
     let passed_over = found.skipped.first().map(|(newest, why)| {
-        let name = |path: &Path| {
-            path.file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned()
-        };
-        match found.skipped.as_slice() {
-            [_] => format!("the newer {}, damaged: {why}", name(newest)),
-            all => {
-                let names: Vec<String> = all.iter().map(|(path, _)| name(path)).collect();
-                let names = crate::output::listed(&names, "and");
-                format!("the newer {names}, damaged ({}: {why})", name(newest))
-            }
+        let newest = newest.file_name().unwrap_or_default().to_string_lossy();
+        match found.skipped.len() {
+            1 => format!("the newer {newest}, damaged: {why}"),
+            _ => format!(
+                "the newer {}, damaged ({newest}: {why})",
+                found.skipped_names()
+            ),
         }
     });
     (
