@@ -206,13 +206,6 @@ impl Node<'_, '_> {
         }
     }
 
-    /// Null reads as an empty section or list, as if the key were not written: `resources:`
-    /// with nothing under it, `mixed_precision: ~`, `--set training.fsdp.mixed_precision=null`
-    /// (PyTorch's `mixed_precision=None`: its defaults).
-    fn is_empty(&self) -> bool {
-        self.is_null()
-    }
-
     fn visit_any<'de, V: Visitor<'de>>(&self, visitor: V) -> Result<V::Value, DeError> {
         match &self.0.data {
             YamlData::Representation(text, style, tag) => {
@@ -313,7 +306,8 @@ impl<'de> de::Deserializer<'de> for Node<'_, '_> {
     }
 
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
-        let result = if self.is_empty() {
+        // Null reads as an empty list, as if the key were not written.
+        let result = if self.is_null() {
             visitor.visit_seq(Items([].iter()))
         } else {
             self.visit_any(visitor)
@@ -339,7 +333,10 @@ impl<'de> de::Deserializer<'de> for Node<'_, '_> {
     }
 
     fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
-        let result = if self.is_empty() {
+        // Null reads as an empty section, as if the key were not written: `resources:` with
+        // nothing under it, `schedule: ~`, `--set training.fsdp.mixed_precision=null`
+        // (PyTorch's `mixed_precision=None`: its defaults).
+        let result = if self.is_null() {
             visitor.visit_map(Entries {
                 entries: std::iter::empty::<(&MarkedYaml, &MarkedYaml)>(),
                 value: None,
