@@ -64,7 +64,7 @@ fn describe(config: &TrainConfig, dataset: &Dataset) -> Vec<String> {
     lines.push(format!(
         "{} sample(s) per epoch, {} epoch(s) in {} steps of {} samples",
         shardrun_data::dataset::thousands(dataset.samples_per_epoch()),
-        epochs_in_words(
+        epochs_shown(
             (config.steps * config.batch.total_batch_size) as f64
                 / dataset.samples_per_epoch() as f64
         ),
@@ -78,10 +78,10 @@ fn describe(config: &TrainConfig, dataset: &Dataset) -> Vec<String> {
     lines
 }
 
-/// Epochs to two decimals, a short run of a large corpus to its first two figures
-/// (`0.0030`, not `0.00`).
-fn epochs_in_words(epochs: f64) -> String {
-    let decimals = if epochs > 0.0 && epochs < 0.01 {
+/// Epochs to two decimals, less than a tenth of one to its first two figures (`0.0030`, not
+/// `0.00`; `0.014`, not `0.01`).
+fn epochs_shown(epochs: f64) -> String {
+    let decimals = if epochs > 0.0 && epochs < 0.1 {
         (1 - epochs.log10().floor() as i32) as usize
     } else {
         2
@@ -151,10 +151,11 @@ mod tests {
 
     #[test]
     fn a_short_run_of_a_large_corpus_trains_more_than_zero_epochs() {
-        assert_eq!(epochs_in_words(240.0 / 80_361.0), "0.0030");
-        assert_eq!(epochs_in_words(0.00012), "0.00012");
-        assert_eq!(epochs_in_words(0.01), "0.01");
-        assert_eq!(epochs_in_words(3.456), "3.46");
-        assert_eq!(epochs_in_words(0.0), "0.00");
+        assert_eq!(epochs_shown(240.0 / 80_361.0), "0.0030");
+        assert_eq!(epochs_shown(0.00012), "0.00012");
+        assert_eq!(epochs_shown(0.014), "0.014");
+        assert_eq!(epochs_shown(0.25), "0.25");
+        assert_eq!(epochs_shown(3.456), "3.46");
+        assert_eq!(epochs_shown(0.0), "0.00");
     }
 }
