@@ -649,7 +649,8 @@ fn not_a_record_from(e: serde_json::Error, first_line: u64) -> Refused {
              character, so no tokenizer can encode it (Python's json reads it, the tokenizer \
              then refuses it)"
         }
-        // Its words for text that is not JSON (`ident`: it began as `null` or `true` would).
+        // Its words for text that is not JSON (`ident`: it began as `null`, `true` or `false`
+        // would).
         "expected value" | "expected ident" => "expected a JSON value",
         why => why,
     };

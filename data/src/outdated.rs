@@ -64,31 +64,37 @@ pub fn find(cache_dir: &Path) -> Vec<OutdatedCache> {
 }
 
 /// Sets each folder's [`OutdatedCache::bytes`] for their removal in order: a file's bytes
-/// are freed with the last of its links, counted to the folder that holds it when every
-/// link is among these folders.
+/// are freed with the last of its links, counted to the last of these folders that holds
+/// one, when every link is among them.
 fn count_freed_bytes(folders: &mut [OutdatedCache]) {
-    // (device, inode) → (links seen, links it has, size, the last folder seen in).
-    let mut files: HashMap<(u64, u64), (u64, u64, u64, usize)> = HashMap::new();
+    /// One file (an inode) of the folders, and its links among them.
+    struct Linked {
+        seen: u64,
+        links: u64,
+        size: u64,
+        last_folder: usize,
+    }
+    let mut files: HashMap<(u64, u64), Linked> = HashMap::new();
     for (i, folder) in folders.iter().enumerate() {
         let Ok(entries) = std::fs::read_dir(&folder.dir) else {
             continue;
         };
         for meta in entries.flatten().filter_map(|e| e.metadata().ok()) {
             if meta.is_file() {
-                let file = files.entry((meta.dev(), meta.ino())).or_insert((
-                    0,
-                    meta.nlink(),
-                    meta.len(),
-                    i,
-                ));
-                file.0 += 1;
-                file.3 = i;
+                let file = files.entry((meta.dev(), meta.ino())).or_insert(Linked {
+                    seen: 0,
+                    links: meta.nlink(),
+                    size: meta.len(),
+                    last_folder: i,
+                });
+                file.seen += 1;
+                file.last_folder = i;
             }
         }
     }
-    for (seen, links, size, last) in files.into_values() {
-        if seen >= links {
-            folders[last].bytes += size;
+    for file in files.into_values() {
+        if file.seen == file.links {
+            folders[file.last_folder].bytes += file.size;
         }
     }
 }
