@@ -1452,7 +1452,30 @@ mod tests {
             (j.preemption.signal_seconds, j.preemption.requeue),
             (30, false)
         );
+        // ... where a limit under 2 minutes may still have it as the job starts.
+        assert!(
+            j.warnings.iter().any(|w| w.starts_with(
+                "the time-limit notice comes 30 s before a limit of 60 s, 30 s in, and Slurm \
+                 may send it up to 60 s early"
+            ) && w.ends_with(
+                "give it more `resources.time` (the notice comes halfway \
+                 through a limit under 4 minutes)"
+            )),
+            "{:?}",
+            j.warnings
+        );
+        let loaded = parse(
+            &yaml
+                .replace("\"00:01:00\"", "\"00:02:00\"")
+                .replace("  signal_seconds: 120\n", ""),
+            Path::new("j.yaml"),
+        )
+        .unwrap();
+        let j = resolve(&loaded, &Overrides::default()).unwrap();
+        assert_eq!(j.preemption.signal_seconds, 60);
+        assert!(j.warnings.is_empty(), "{:?}", j.warnings);
     }
+
     #[test]
     fn every_rank_gets_the_spec_env_and_the_submitting_nccl_variables() {
         let yaml = "name: t\nresources:\n  tasks_per_node: 2\n  env: { NCCL_DEBUG: WARN, OMP_PROC_BIND: close }\ntraining:\n  model: { kind: mlp, input_dim: 4, hidden_dim: 8, output_dim: 4 }\n  steps: 1\n  total_batch_size: 4\n  batch_size_per_device: 2\n";

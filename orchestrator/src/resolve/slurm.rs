@@ -218,27 +218,46 @@ pub fn resolve_preemption(
             ));
         }
         (Some(secs), Some(limit)) => {
-            let early_by = crate::job_controller::notice::SIGNAL_EARLY_BY;
-            if limit - secs < early_by {
-                warnings.push(format!(
-                    "the time-limit notice comes {secs} s before a limit of {limit} s, {} s in, \
-                     and Slurm may send it up to {early_by} s early: the job may get it as it \
-                     starts and stop before it trains a step, and is then not requeued; give it \
-                     more `resources.time` or a smaller `preemption.signal_seconds`",
-                    limit - secs
-                ));
-            }
+            warnings.extend(notice_at_the_start(
+                secs,
+                limit,
+                "give it more `resources.time` or a smaller `preemption.signal_seconds`",
+            ));
             secs
         }
         (Some(secs), None) => secs,
         // Small limits (tests, debug queues) get the warning halfway instead.
-        (None, Some(limit)) => defaults::SIGNAL_SECONDS.min(limit / 2),
+        (None, Some(limit)) => {
+            let secs = defaults::SIGNAL_SECONDS.min(limit / 2);
+            warnings.extend(notice_at_the_start(
+                secs,
+                limit,
+                "give it more `resources.time` (the notice comes halfway through a limit under \
+                 4 minutes)",
+            ));
+            secs
+        }
         (None, None) => defaults::SIGNAL_SECONDS,
     };
     Ok(PreemptionPlan {
         signal_seconds,
         requeue: p.requeue.unwrap_or(true),
         max_requeues: p.max_requeues.unwrap_or(defaults::MAX_REQUEUES),
+    })
+}
+
+/// A notice `secs` before a limit of `limit` seconds that Slurm may send as the job starts
+/// (it sends it up to a minute early): the job then stops before it trains a step, and is
+/// not requeued.
+fn notice_at_the_start(secs: u64, limit: u64, fix: &str) -> Option<String> {
+    let early_by = crate::job_controller::notice::SIGNAL_EARLY_BY;
+    (limit - secs < early_by).then(|| {
+        format!(
+            "the time-limit notice comes {secs} s before a limit of {limit} s, {} s in, and \
+             Slurm may send it up to {early_by} s early: the job may get it as it starts and \
+             stop before it trains a step, and is then not requeued; {fix}",
+            limit - secs
+        )
     })
 }
 
