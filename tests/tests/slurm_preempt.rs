@@ -260,8 +260,31 @@ fn cancel_stops_a_requeued_job_waiting_in_the_queue() {
         detail.contains("the attempt before was preempted") && !detail.contains("CANCELLED"),
         "{waiting}"
     );
-    let out = cluster.shardrun(dir.path(), &["cancel", &run_arg]).unwrap();
-    assert!(out.status.success(), "{}", stderr_of(&out));
+    // Cancelled by scancel this time, with no controller to say so: the run is CANCELLED
+    // all the same, and a submit resumes it.
+    slurm(&cluster, "scancel", &[&again]);
+    let ended = wait_for(
+        "Slurm to end the requeued job",
+        Duration::from_secs(60),
+        || {
+            let out = cluster
+                .shardrun(dir.path(), &["status", "--json", &run_arg])
+                .ok()?;
+            let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+            (status["runs"][0]["state"] != "SUBMITTED").then_some(status)
+        },
+    )
+    .unwrap();
+    assert_eq!(ended["runs"][0]["state"], "CANCELLED", "{ended}");
+    let detail = ended["runs"][0]["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.starts_with(&format!(
+            "cancelled (scancel) while its requeued Slurm job {again} waited to run again; \
+             submitting it again (`shardrun submit {run_arg}`) starts it over (it has no \
+             checkpoint); the attempt before was preempted"
+        )),
+        "{ended}"
+    );
 }
 
 /// A finished run whose job an admin requeued (`scontrol requeue`) has nothing to lose:

@@ -82,15 +82,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             let manifest = run.read_manifest()?;
             // A finished run's job run again has nothing to lose: it stays finished.
             if manifest.state.is_terminal() && manifest.state != RunState::Completed {
-                let again = if manifest.sweep_params.is_empty() {
-                    format!(
-                        "submitting it again (`shardrun submit {}`)",
-                        crate::output::pasteable(run.path())
-                    )
-                } else {
-                    "running `shardrun sweep` on the sweep's spec again".to_string()
-                };
-                requeued.push((run, id, again));
+                requeued.push((run, id, manifest));
             }
             continue;
         }
@@ -113,14 +105,11 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     if !ids.is_empty() {
         slurm::cancel(&ids)?;
         // A requeued job that has not started again has no controller to record the cancel.
-        for (run, id, again) in requeued {
+        for (run, id, manifest) in requeued {
+            let said = slurm::cancelled_while_requeued(run, &manifest, id, "(`shardrun cancel`)");
             run.update_manifest(|m| {
                 m.state = RunState::Cancelled;
-                let from = crate::rerun::again_words(run);
-                m.error = Some(format!(
-                    "cancelled (`shardrun cancel`) while its requeued Slurm job {id} waited to \
-                     run again; {again} {from}"
-                ));
+                m.error = Some(said);
             })?;
         }
         outln!(

@@ -19,8 +19,8 @@ pub use parse::{
     parse_scontrol, parse_squeue, CommentedJob,
 };
 pub use runs::{
-    died, find_runs, find_runs_and_unreadable, refresh, refresh_or_recorded, unreadable_warning,
-    RunStatus, RunsError,
+    cancelled_while_requeued, died, find_runs, find_runs_and_unreadable, refresh,
+    refresh_or_recorded, unreadable_warning, RunStatus, RunsError,
 };
 pub use state::{JobRecord, JobState};
 

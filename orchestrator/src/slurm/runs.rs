@@ -378,6 +378,13 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
             && job_id
                 .as_ref()
                 .is_some_and(|id| queued_again(id, result.as_ref()));
+        // Its controller requeued the job, which was cancelled (scancel) before it ran again:
+        // had it run, its controller would have said RUNNING.
+        let cancelled_before_it_ran_again = state.is_terminal()
+            && result.as_ref().is_some_and(|v| v.requeued)
+            && slurm
+                .as_ref()
+                .is_some_and(|r| r.state == JobState::Cancelled);
         if unanswered && job_id.is_some() && !state.is_terminal() {
             // The controller's result.json tells how the job ended without Slurm; a job
             // still queued or running is shown as it was last recorded.
@@ -393,6 +400,14 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
                     }
                 }
             }
+        } else if let (true, Some(id)) = (cancelled_before_it_ran_again, &job_id) {
+            state = RunState::Cancelled;
+            detail = cancelled_while_requeued(run, &manifest, id, "(scancel)");
+            let detail_copy = detail.clone();
+            run.update_manifest(|m| {
+                m.state = state;
+                m.error = Some(detail_copy);
+            })?;
         } else if !state.is_terminal() || requeued {
             match (&slurm, &result) {
                 (Some(record), _) => {
@@ -569,6 +584,28 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
 /// the run's last event is the notice, so its ranks never reached a step boundary to
 /// checkpoint and stop at before the kill (a step, or the start-up, outlasted
 /// `preemption.signal_seconds`).
+/// A run whose controller had requeued its job, cancelled before the job ran again (no
+/// controller was there to record it): `by` names who cancelled it, `(\`shardrun cancel\`)`.
+pub fn cancelled_while_requeued(
+    run: &RunDir,
+    manifest: &Manifest,
+    job_id: &str,
+    by: &str,
+) -> String {
+    let again = if manifest.sweep_params.is_empty() {
+        format!(
+            "submitting it again (`shardrun submit {}`)",
+            crate::output::pasteable(run.path())
+        )
+    } else {
+        "running `shardrun sweep` on the sweep's spec again".to_string()
+    };
+    format!(
+        "cancelled {by} while its requeued Slurm job {job_id} waited to run again; {again} {}",
+        crate::rerun::again_words(run)
+    )
+}
+
 fn timed_out_after_notice(run: &RunDir) -> Option<String> {
     let events = crate::events_file::read(&run.events()).ok()?;
     let crate::events_file::RunEvent::PreemptRequested { .. } = events.last()?.event else {
