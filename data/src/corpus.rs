@@ -7,7 +7,7 @@
 
 use crate::cache::{CacheManifest, DOCUMENTS, LINES, LINE_BITS, LOSS_MASK, TOKENS};
 use crate::error::{DataError, Origin, Result};
-use memmap2::Mmap;
+use memmap2::{Mmap, UncheckedAdvice};
 use shardrun_protocol::config::TokenDtype;
 use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::Xxh3;
@@ -148,6 +148,28 @@ impl Corpus {
 
     pub fn documents(&self) -> u64 {
         self.manifest.documents
+    }
+
+    /// Gives back the pages of its mapped files this process has read (`MADV_DONTNEED`).
+    /// They stay in the page cache, one copy for a node's ranks, and the next read takes them
+    /// from there; but they no longer count in the rank's resident memory, whose peak would
+    /// otherwise grow towards the corpus's size and hide the training's own.
+    pub fn release_pages(&self) {
+        let token_maps: &[Mapped] = match &self.tokens {
+            Tokens::Cached(map) => std::slice::from_ref(map),
+            Tokens::Files { maps, .. } => maps,
+        };
+        let offsets = match &self.offsets {
+            Offsets::Mapped(map) => map.0.as_ref(),
+            Offsets::Owned(_) => None,
+        };
+        let maps = token_maps.iter().filter_map(|m| m.0.as_ref());
+        for map in maps.chain(offsets).chain(&self.lines).chain(&self.mask) {
+            // SAFETY: read-only mappings of files nothing writes while they are mapped (see
+            // `Mapped::open`): a page given back is read again unchanged, and slices into
+            // the mapping stay valid.
+            let _ = unsafe { map.unchecked_advise(UncheckedAdvice::DontNeed) };
+        }
     }
 
     /// Checks the cache's files against the hash its manifest recorded as they were written

@@ -268,6 +268,7 @@ impl Dataset {
             let (_, sequence) = self.order.locate(first + r);
             batch.loss_tokens += self.train.fill(sequence, batch.row(r as usize));
         }
+        self.train.corpus().release_pages();
         batch
     }
 
@@ -286,6 +287,7 @@ impl Dataset {
                     batch.loss_tokens += v.fill(k, batch.row(r as usize));
                 }
             }
+            v.corpus().release_pages();
         }
         batch
     }

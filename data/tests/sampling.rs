@@ -3,7 +3,8 @@
 //! input exactly once per epoch across all ranks, and a target once (but the first); held-out
 //! documents never train; orders differ across seeds and epochs, and unshuffled is file order
 //! (whole documents too); a run resumed from its data position, on another world size, reads
-//! bitwise the batches of an uninterrupted run.
+//! bitwise the batches of an uninterrupted run. Batches leave none of the corpus's pages in
+//! the process's resident memory.
 //!
 //! The documents are pre-tokenized files whose ids are unique (document k holds
 //! `(k+1)·100000 + j`), so every input names the document and position it came from.
@@ -359,4 +360,44 @@ fn resuming_from_the_data_position_on_another_world_size_reads_the_same_batches(
         data.samples_per_epoch() < 9 * 12,
         "the runs cross an epoch boundary"
     );
+}
+
+/// Resident kibibytes of this process's mappings of `path` (`Rss` in `/proc/self/smaps`).
+fn resident_kib(path: &Path) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut resident = 0;
+    let mut in_mapping = false;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or_default();
+        if first.contains('-') && !first.ends_with(':') {
+            in_mapping = line.ends_with(&*path.to_string_lossy());
+        } else if let (true, Some(kib)) = (in_mapping, line.strip_prefix("Rss:")) {
+            resident += kib.trim().trim_end_matches(" kB").parse::<u64>().unwrap();
+        }
+    }
+    resident
+}
+
+/// The pages of the prepared corpus a batch read stay in the page cache, not in the rank's
+/// resident memory, whose peak is reported as the training's.
+#[test]
+fn batches_leave_no_corpus_pages_resident() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a.txt");
+    std::fs::write(&file, "one line of bytes to read\n".repeat(20_000)).unwrap();
+    let config = dataset(
+        text_files(vec![file], TextSplit::Line),
+        TokenizerConfig::Bytes,
+        64,
+        &dir.path().join("cache"),
+    );
+    let data = Dataset::open(&config, 0, None, 1, &Quiet).unwrap();
+    let tokens = data.train().corpus().dir.join("tokens.u32");
+    assert!(std::fs::metadata(&tokens).unwrap().len() > 1 << 20);
+    let samples = data.samples_per_epoch();
+    for first in (0..samples).step_by(64) {
+        let batch = data.training_batch(first, 64.min(samples - first));
+        assert!(batch.loss_tokens > 0);
+    }
+    assert_eq!(resident_kib(&tokens), 0, "{}", tokens.display());
 }
