@@ -126,6 +126,13 @@ fn sigkill_from_outside_stops_a_training_job_within_seconds() {
         .collect();
     assert!(!logged.is_empty());
     assert_eq!(logged, (1..=logged.len() as u64).collect::<Vec<_>>());
+    // How far it got is in result.json, as the controller knew it.
+    let last_step = result["last_step"].as_u64().expect("a last step");
+    assert!(
+        (1..=logged.len() as u64).contains(&last_step),
+        "{result}: rank 0 logged {} steps",
+        logged.len()
+    );
 }
 
 /// A rank whose process lives but never registers (stuck before the rendezvous): the job

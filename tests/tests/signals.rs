@@ -83,6 +83,7 @@ fn a_notice_right_after_an_interval_checkpoint_does_not_save_that_step_again() {
     let result = result_json(&run);
     assert_eq!(result["status"], "preempted", "{result}");
     let step = result["checkpoint"]["step"].as_u64().expect("a checkpoint");
+    assert_eq!(result["last_step"].as_u64(), Some(step), "{result}");
     let log = std::fs::read_to_string(run.join("train.log")).unwrap();
     for rank in 0..2 {
         assert!(

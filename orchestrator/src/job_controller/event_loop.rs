@@ -132,6 +132,9 @@ struct ResultFile<'a> {
     ended: &'a str,
     /// The newest checkpoint the run left.
     checkpoint: Option<CheckpointLeft>,
+    /// The last step the run trained, as far as the controller knows (the ranks' heartbeats,
+    /// a checkpoint every rank committed), whatever its end.
+    last_step: Option<u64>,
     message: &'a str,
     /// Last lines of the failed rank, when one failed.
     last_lines: &'a [String],
@@ -583,6 +586,7 @@ async fn run_async(
             exit_code,
             ended: &how_it_ended,
             checkpoint: checkpoint.clone(),
+            last_step: steps_done,
             message,
             last_lines: &last_lines,
             requeued,
