@@ -485,10 +485,7 @@ impl Trainer {
                         match (switch.asked_after_checkpoint(), switch.preempt_signal()) {
                             (Some(cause), _) => (cause.to_string(), SaveReason::Stop),
                             (None, Some(signal)) => (
-                                format!(
-                                    "{} from Slurm (a preemption, a cancel or the job's end)",
-                                    signal_name(signal).unwrap_or("a signal")
-                                ),
+                                signal_from_slurm(signal),
                                 // Not named a preemption's: a cancel's SIGTERM is the same.
                                 match signal {
                                     libc::SIGTERM => SaveReason::Stop,
@@ -1170,9 +1167,34 @@ fn epochs_begun(
     begun
 }
 
+/// A stop signal the rank had from Slurm, and what sends it: `SIGUSR2 from Slurm (a
+/// preemption or time-limit notice)`.
+fn signal_from_slurm(signal: i32) -> String {
+    let sent_by = match signal {
+        libc::SIGTERM => "a preemption, a cancel or the job's end",
+        _ => "a preemption or time-limit notice",
+    };
+    format!(
+        "{} from Slurm ({sent_by})",
+        signal_name(signal).unwrap_or("a signal")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_signal_from_slurm_names_what_sends_it() {
+        assert_eq!(
+            signal_from_slurm(libc::SIGUSR2),
+            "SIGUSR2 from Slurm (a preemption or time-limit notice)"
+        );
+        assert_eq!(
+            signal_from_slurm(libc::SIGTERM),
+            "SIGTERM from Slurm (a preemption, a cancel or the job's end)"
+        );
+    }
 
     #[test]
     fn an_epoch_is_said_at_the_step_and_sample_it_begins() {
