@@ -471,7 +471,7 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
                 // Never submitted: a local run, whose lock says whether its controller lives.
                 _ => match local_run(run, &manifest, result.as_ref()) {
                     Some(LocalRun::Running(holder)) => {
-                        detail = format!("its controller is running ({holder})")
+                        detail = format!("its controller is running ({holder}): {}", progress(run))
                     }
                     Some(LocalRun::Ended(verdict)) => {
                         state = verdict.state.unwrap_or(RunState::Failed);
@@ -1054,9 +1054,15 @@ mod tests {
         let (state, detail) = state_of(&run);
         assert_eq!(state, RunState::Running);
         assert!(
-            detail.starts_with(&format!("its controller is running ({me}")),
+            detail.starts_with(&format!("its controller is running ({me}"))
+                && detail.ends_with("): no step logged yet (starting, or preparing its data)"),
             "{detail}"
         );
+        // How far it is, as for a Slurm job.
+        let step = r#"{"step":3,"time":1796179309.9,"ranks":2,"loss":8.3,"lr":0.0001,"grad_norm":2.3,"tokens_per_s":3816.6,"trained_tokens_per_s":3816.6,"step_time_min_s":0.52,"step_time_median_s":0.53,"step_time_max_s":0.54,"slowest_rank":0,"peak_memory_max_bytes":502886400,"peak_memory_max_rank":0,"model_state_max_bytes":38946816}"#;
+        std::fs::write(run.metrics(), format!("{step}\n")).unwrap();
+        let (_, detail) = state_of(&run);
+        assert!(detail.contains("): at step 3"), "{detail}");
         assert!(died(&run, &manifest).is_none());
         drop(lock);
 
