@@ -452,6 +452,13 @@ pub fn srun_line_explained(line: &str, end: Option<&ExitInfo>) -> Option<&'stati
     }
 }
 
+/// Whether a task's line is Slurm's step daemon's (`slurmstepd-n1: error: *** STEP 6.0 ON n1
+/// CANCELLED AT ... ***`), which it writes into the stream of the task it stops.
+pub fn from_slurmstepd(text: &str) -> bool {
+    text.split_once(": ")
+        .is_some_and(|(who, _)| who == "slurmstepd" || who.starts_with("slurmstepd-"))
+}
+
 /// Splits `"  3: text"` into (3, "text").
 pub fn parse_srun_label(line: &str) -> Option<(u64, &str)> {
     let (label, rest) = line.split_once(": ")?;
@@ -484,6 +491,8 @@ async fn forward_lines(
         let (rank, text) = match labels {
             Labels::Rank(rank) => (Some(rank), text),
             Labels::Srun => match parse_srun_label(text) {
+                // Slurm's step daemon writes into a task's stream: its line, not the rank's.
+                Some((_, rest)) if from_slurmstepd(rest) => (None, rest),
                 Some((rank, rest)) => (Some(rank), rest),
                 None => (None, text),
             },
@@ -538,6 +547,20 @@ mod tests {
             .ends_with(
             "lost a1, b2, and `resources.extra_sbatch: [\"--exclude=a1,b2\"]` keeps jobs off them"
         ));
+    }
+
+    #[test]
+    fn the_step_daemons_lines_are_told_from_the_ranks() {
+        let line =
+            "0: slurmstepd-vm: error: *** STEP 6.0 ON vm CANCELLED AT 2026-12-02T02:10:11 ***";
+        let (rank, rest) = parse_srun_label(line).unwrap();
+        assert_eq!(rank, 0);
+        assert!(from_slurmstepd(rest));
+        assert!(from_slurmstepd(
+            "slurmstepd: error: *** JOB 41 CANCELLED ***"
+        ));
+        assert!(!from_slurmstepd("step 3/10 | loss 2.1"));
+        assert!(!from_slurmstepd("slurmstepdx: a rank's own words"));
     }
 
     #[test]
