@@ -226,8 +226,21 @@ fn cancel_stops_a_requeued_job_waiting_in_the_queue() {
     // The attempt before's "requeueing Slurm job" is told as that attempt's, not as news.
     let detail = ended["runs"][0]["detail"].as_str().unwrap_or_default();
     assert!(
-        detail.contains("the attempt before was preempted") && !detail.contains("requeueing"),
+        detail.starts_with(&format!(
+            "cancelled (`shardrun cancel`) before its requeued Slurm job {job_id} ran again; \
+             submitting it again (`shardrun submit {run_arg}`) "
+        )) && detail.contains("the attempt before was preempted")
+            && !detail.contains("requeueing"),
         "{ended}"
+    );
+    // A later look, Slurm still listing the job CANCELLED, keeps who cancelled it.
+    let out = cluster
+        .shardrun(dir.path(), &["status", "--json", &run_arg])
+        .unwrap();
+    let again: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        again["runs"][0]["detail"], ended["runs"][0]["detail"],
+        "{again}"
     );
 
     // Submitted again, the run resumes; preempted again, its job waits once more, and what
@@ -261,7 +274,7 @@ fn cancel_stops_a_requeued_job_waiting_in_the_queue() {
         "{waiting}"
     );
     // Cancelled by scancel this time, with no controller to say so: the run is CANCELLED
-    // all the same, and a submit resumes it.
+    // all the same, and says how to go on.
     slurm(&cluster, "scancel", &[&again]);
     let ended = wait_for(
         "Slurm to end the requeued job",
@@ -279,7 +292,7 @@ fn cancel_stops_a_requeued_job_waiting_in_the_queue() {
     let detail = ended["runs"][0]["detail"].as_str().unwrap_or_default();
     assert!(
         detail.starts_with(&format!(
-            "cancelled (scancel) while its requeued Slurm job {again} waited to run again; \
+            "cancelled before its requeued Slurm job {again} ran again; \
              submitting it again (`shardrun submit {run_arg}`) starts it over (it has no \
              checkpoint); the attempt before was preempted"
         )),

@@ -106,7 +106,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         slurm::cancel(&ids)?;
         // A requeued job that has not started again has no controller to record the cancel.
         for (run, id, manifest) in requeued {
-            let said = slurm::cancelled_while_requeued(run, &manifest, id, "(`shardrun cancel`)");
+            let said = slurm::cancelled_while_requeued(run, &manifest, id, " (`shardrun cancel`)");
             run.update_manifest(|m| {
                 m.state = RunState::Cancelled;
                 m.error = Some(said);

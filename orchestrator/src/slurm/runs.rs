@@ -336,11 +336,22 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
     for run in runs {
         manifests.push(run.read_manifest()?);
     }
+    // A run whose controller requeued its job waits in Slurm's queue: asked as a live job
+    // (sacct too, once slurmctld has forgotten a job cancelled meanwhile).
+    let going: Vec<bool> = runs
+        .iter()
+        .zip(&manifests)
+        .map(|(run, m)| {
+            !m.state.is_terminal()
+                || (m.state == RunState::Preempted && read_result(run).is_some_and(|v| v.requeued))
+        })
+        .collect();
     let last_jobs = |ended: bool| -> Vec<String> {
         manifests
             .iter()
-            .filter(|m| m.state.is_terminal() == ended)
-            .filter_map(|m| m.slurm_job_ids.last().cloned())
+            .zip(&going)
+            .filter(|(_, &going)| going != ended)
+            .filter_map(|(m, _)| m.slurm_job_ids.last().cloned())
             .collect()
     };
     let (active, ended) = (last_jobs(false), last_jobs(true));
@@ -378,9 +389,10 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
             && job_id
                 .as_ref()
                 .is_some_and(|id| queued_again(id, result.as_ref()));
-        // Its controller requeued the job, which was cancelled (scancel) before it ran again:
-        // had it run, its controller would have said RUNNING.
-        let cancelled_before_it_ran_again = state.is_terminal()
+        // Its controller requeued the job, which was cancelled (scancel, or Slurm) before it
+        // ran again: had it run, its controller would have said RUNNING. (`shardrun cancel`
+        // records its own cancel.)
+        let cancelled_before_it_ran_again = state == RunState::Preempted
             && result.as_ref().is_some_and(|v| v.requeued)
             && slurm
                 .as_ref()
@@ -402,7 +414,7 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
             }
         } else if let (true, Some(id)) = (cancelled_before_it_ran_again, &job_id) {
             state = RunState::Cancelled;
-            detail = cancelled_while_requeued(run, &manifest, id, "(scancel)");
+            detail = cancelled_while_requeued(run, &manifest, id, "");
             let detail_copy = detail.clone();
             run.update_manifest(|m| {
                 m.state = state;
@@ -580,12 +592,9 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
     Ok((out, answer))
 }
 
-/// Why a job Slurm ended at its time limit saved nothing after its notice, when it did not:
-/// the run's last event is the notice, so its ranks never reached a step boundary to
-/// checkpoint and stop at before the kill (a step, or the start-up, outlasted
-/// `preemption.signal_seconds`).
 /// A run whose controller had requeued its job, cancelled before the job ran again (no
-/// controller was there to record it): `by` names who cancelled it, `(\`shardrun cancel\`)`.
+/// controller was there to record it): `by` names who cancelled it (` (shardrun cancel)`),
+/// or is empty when that is not known.
 pub fn cancelled_while_requeued(
     run: &RunDir,
     manifest: &Manifest,
@@ -601,11 +610,15 @@ pub fn cancelled_while_requeued(
         "running `shardrun sweep` on the sweep's spec again".to_string()
     };
     format!(
-        "cancelled {by} while its requeued Slurm job {job_id} waited to run again; {again} {}",
+        "cancelled{by} before its requeued Slurm job {job_id} ran again; {again} {}",
         crate::rerun::again_words(run)
     )
 }
 
+/// Why a job Slurm ended at its time limit saved nothing after its notice, when it did not:
+/// the run's last event is the notice, so its ranks never reached a step boundary to
+/// checkpoint and stop at before the kill (a step, or the start-up, outlasted
+/// `preemption.signal_seconds`).
 fn timed_out_after_notice(run: &RunDir) -> Option<String> {
     let events = crate::events_file::read(&run.events()).ok()?;
     let crate::events_file::RunEvent::PreemptRequested { .. } = events.last()?.event else {
