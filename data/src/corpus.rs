@@ -29,6 +29,8 @@ enum Tokens {
     Files {
         maps: Vec<Mapped>,
         dtype: TokenDtype,
+        /// The files read since [`Corpus::release_pages`] last gave theirs back.
+        read: std::sync::Mutex<Vec<usize>>,
     },
 }
 
@@ -111,7 +113,11 @@ impl Corpus {
                     offsets.push(offsets.last().copied().unwrap_or(0) + count);
                 }
                 (
-                    Tokens::Files { maps, dtype },
+                    Tokens::Files {
+                        maps,
+                        dtype,
+                        read: Default::default(),
+                    },
                     Offsets::Owned(offsets),
                     None,
                     None,
@@ -153,17 +159,24 @@ impl Corpus {
     /// Gives back the pages of its mapped files this process has read (`MADV_DONTNEED`).
     /// They stay in the page cache, one copy for a node's ranks, and the next read takes them
     /// from there; but they no longer count in the rank's resident memory, whose peak would
-    /// otherwise grow towards the corpus's size and hide the training's own.
+    /// otherwise grow towards the corpus's size and hide the training's own. One call a
+    /// cache file, and one for each input token file read since the last.
     pub fn release_pages(&self) {
-        let token_maps: &[Mapped] = match &self.tokens {
-            Tokens::Cached(map) => std::slice::from_ref(map),
-            Tokens::Files { maps, .. } => maps,
+        let token_maps: Vec<&Mapped> = match &self.tokens {
+            Tokens::Cached(map) => vec![map],
+            Tokens::Files { maps, read, .. } => {
+                let mut files =
+                    std::mem::take(&mut *read.lock().unwrap_or_else(|e| e.into_inner()));
+                files.sort_unstable();
+                files.dedup();
+                files.into_iter().map(|f| &maps[f]).collect()
+            }
         };
         let offsets = match &self.offsets {
             Offsets::Mapped(map) => map.0.as_ref(),
             Offsets::Owned(_) => None,
         };
-        let maps = token_maps.iter().filter_map(|m| m.0.as_ref());
+        let maps = token_maps.into_iter().filter_map(|m| m.0.as_ref());
         for map in maps.chain(offsets).chain(&self.lines).chain(&self.mask) {
             // SAFETY: read-only mappings of files nothing writes while they are mapped (see
             // `Mapped::open`): a page given back is read again unchanged, and slices into
@@ -256,10 +269,13 @@ impl Corpus {
                         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
                 );
             }
-            Tokens::Files { maps, dtype } => {
+            Tokens::Files { maps, dtype, read } => {
                 let mut at = start;
                 while at < end {
                     let d = self.doc_containing(at, 0, self.documents());
+                    read.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(d as usize);
                     let (first, stop) = (self.doc_start(d), self.doc_start(d + 1).min(end));
                     let bytes = maps[d as usize].bytes();
                     let (lo, hi) = ((at - first) as usize, (stop - first) as usize);

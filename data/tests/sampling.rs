@@ -362,42 +362,72 @@ fn resuming_from_the_data_position_on_another_world_size_reads_the_same_batches(
     );
 }
 
-/// Resident kibibytes of this process's mappings of `path` (`Rss` in `/proc/self/smaps`).
-fn resident_kib(path: &Path) -> u64 {
+/// Resident kibibytes of this process's mappings of `path` (`Rss` in `/proc/self/smaps`),
+/// `None` when it has none.
+fn resident_kib(path: &Path) -> Option<u64> {
+    let path = std::fs::canonicalize(path).unwrap();
     let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-    let mut resident = 0;
+    let mut resident = None;
     let mut in_mapping = false;
     for line in smaps.lines() {
         let first = line.split_whitespace().next().unwrap_or_default();
         if first.contains('-') && !first.ends_with(':') {
             in_mapping = line.ends_with(&*path.to_string_lossy());
         } else if let (true, Some(kib)) = (in_mapping, line.strip_prefix("Rss:")) {
-            resident += kib.trim().trim_end_matches(" kB").parse::<u64>().unwrap();
+            let kib: u64 = kib.trim().trim_end_matches(" kB").parse().unwrap();
+            *resident.get_or_insert(0) += kib;
         }
     }
     resident
 }
 
 /// The pages of the prepared corpus a batch read stay in the page cache, not in the rank's
-/// resident memory, whose peak is reported as the training's.
+/// resident memory, whose peak is reported as the training's: for a cache's token file and
+/// for pre-tokenized files read in place.
 #[test]
 fn batches_leave_no_corpus_pages_resident() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("a.txt");
     std::fs::write(&file, "one line of bytes to read\n".repeat(20_000)).unwrap();
-    let config = dataset(
+    let text = dataset(
         text_files(vec![file], TextSplit::Line),
         TokenizerConfig::Bytes,
         64,
         &dir.path().join("cache"),
     );
-    let data = Dataset::open(&config, 0, None, 1, &Quiet).unwrap();
+    let data = Dataset::open(&text, 0, None, 1, &Quiet).unwrap();
     let tokens = data.train().corpus().dir.join("tokens.u32");
     assert!(std::fs::metadata(&tokens).unwrap().len() > 1 << 20);
+    data.verify_content().unwrap();
+    assert!(
+        resident_kib(&tokens) > Some(1000),
+        "read whole, it is resident"
+    );
     let samples = data.samples_per_epoch();
     for first in (0..samples).step_by(64) {
         let batch = data.training_batch(first, 64.min(samples - first));
         assert!(batch.loss_tokens > 0);
     }
-    assert_eq!(resident_kib(&tokens), 0, "{}", tokens.display());
+    assert_eq!(resident_kib(&tokens), Some(0), "{}", tokens.display());
+
+    let data = Dataset::open(
+        &config(dir.path(), Packing::Stream, false),
+        0,
+        None,
+        1,
+        &Quiet,
+    )
+    .unwrap();
+    let files: Vec<PathBuf> = (0..LENGTHS.len())
+        .map(|k| dir.path().join(format!("doc-{k}.bin")))
+        .collect();
+    let samples = data.samples_per_epoch();
+    let batch = data.training_batch(0, samples);
+    assert!(batch.loss_tokens > 0);
+    for file in files
+        .iter()
+        .filter(|f| std::fs::metadata(f).unwrap().len() > 0)
+    {
+        assert_eq!(resident_kib(file), Some(0), "{}", file.display());
+    }
 }
