@@ -132,8 +132,8 @@ struct ResultFile<'a> {
     ended: &'a str,
     /// The newest checkpoint the run left.
     checkpoint: Option<CheckpointLeft>,
-    /// The last step the run trained, as far as the controller knows (the ranks' heartbeats,
-    /// a checkpoint every rank committed), whatever its end.
+    /// The last step the run trained, as far as the controller knows (the ranks' heartbeats
+    /// and step records, a checkpoint every rank committed), whatever its end.
     last_step: Option<u64>,
     message: &'a str,
     /// Last lines of the failed rank, when one failed.
@@ -321,7 +321,11 @@ async fn run_async(
     let checkpoint = checkpoint_root.as_deref().and_then(newest_checkpoint);
     // Heartbeats come about once a second, steps faster: a rank that went silent may have
     // completed steps since its last one, and a checkpoint every rank committed says so.
-    let steps_done = steps_done.max(checkpoint.as_ref().map(|c| c.step));
+    // (One of an earlier attempt counts only when this one resumed from it.)
+    let steps_done = match config.checkpoint.resume {
+        true => steps_done.max(checkpoint.as_ref().map(|c| c.step)),
+        false => steps_done,
+    };
     // So may ranks that checkpointed for a cancel and ended without naming their step.
     let outcome = match outcome {
         Outcome::Cancelled { by, step } if config.checkpoint.resume => Outcome::Cancelled {
