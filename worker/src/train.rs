@@ -1167,12 +1167,13 @@ fn epochs_begun(
     begun
 }
 
-/// A stop signal the rank had from Slurm, and what sends it: `SIGUSR2 from Slurm (a
-/// preemption or time-limit notice)`.
+/// A stop signal the rank had from Slurm, and what sends it: `SIGTERM from Slurm (a
+/// preemption, a cancel or the job's end)`. The job's own notices go to its batch script
+/// (`--signal=B:USR2`): a rank has SIGUSR2 from `scancel --signal=USR2`.
 fn signal_from_slurm(signal: i32) -> String {
     let sent_by = match signal {
         libc::SIGTERM => "a preemption, a cancel or the job's end",
-        _ => "a preemption or time-limit notice",
+        _ => "a notice, as `scancel --signal=USR2` sends the ranks",
     };
     format!(
         "{} from Slurm ({sent_by})",
@@ -1188,7 +1189,7 @@ mod tests {
     fn a_signal_from_slurm_names_what_sends_it() {
         assert_eq!(
             signal_from_slurm(libc::SIGUSR2),
-            "SIGUSR2 from Slurm (a preemption or time-limit notice)"
+            "SIGUSR2 from Slurm (a notice, as `scancel --signal=USR2` sends the ranks)"
         );
         assert_eq!(
             signal_from_slurm(libc::SIGTERM),
