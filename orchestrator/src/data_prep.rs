@@ -154,6 +154,7 @@ mod tests {
         assert_eq!(epochs_shown(240.0 / 80_361.0), "0.0030");
         assert_eq!(epochs_shown(0.00012), "0.00012");
         assert_eq!(epochs_shown(0.014), "0.014");
+        assert_eq!(epochs_shown(0.01), "0.010");
         assert_eq!(epochs_shown(0.25), "0.25");
         assert_eq!(epochs_shown(3.456), "3.46");
         assert_eq!(epochs_shown(0.0), "0.00");
