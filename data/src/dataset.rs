@@ -9,7 +9,7 @@ use crate::prepare::{prepare_source, DatasetSources, Prepared};
 use crate::progress::Observer;
 use crate::sampler::EpochOrder;
 use crate::split::{hold_out, DocSet};
-use shardrun_protocol::config::{DatasetConfig, HeldOut};
+use shardrun_protocol::config::{DataSource, DatasetConfig, HeldOut, JsonlText};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -160,9 +160,11 @@ impl Dataset {
             all_left_out(what, packed)?;
         }
         let order = EpochOrder::new(train.sequences(), seed, config.shuffle)?;
+        let loss_covers = loss_covers(&config.source);
         summary.push(describe(
             "training data",
             &train,
+            loss_covers,
             Some((train_prepared.seconds, train_prepared.built)),
         ));
         // Which ids these are: the tokenizer file, the end-of-document token and where it
@@ -179,7 +181,7 @@ impl Dataset {
                 Some(_) => "validation data",
                 None => "validation data (held-out documents)",
             };
-            summary.push(describe(what, v, validation_cache));
+            summary.push(describe(what, v, loss_covers, validation_cache));
             summary.extend(overlap);
         }
         // Said whenever the data is described, not only when it is tokenized: a run on a
@@ -343,14 +345,26 @@ fn trained_on(train: &Corpus, validation: &Corpus) -> Option<String> {
     ))
 }
 
+/// What a loss mask keeps in the loss, in the words of the data's kind.
+fn loss_covers(source: &DataSource) -> &'static str {
+    match source {
+        DataSource::Chat { .. } => " (the assistant's turns)",
+        DataSource::Jsonl {
+            text: JsonlText::PromptCompletion { .. },
+            ..
+        } => " (the completions)",
+        _ => "",
+    }
+}
+
 /// One line about a packed set, counting what its sequences hold (not the documents left
-/// out); `cache`: (seconds, built) when the line should say where its cache is and whether
-/// it was just prepared.
-fn describe(what: &str, packed: &Packed, cache: Option<(f64, bool)>) -> String {
+/// out); `loss_covers`: what its loss mask keeps, in words; `cache`: (seconds, built) when
+/// the line should say where its cache is and whether it was just prepared.
+fn describe(what: &str, packed: &Packed, loss_covers: &str, cache: Option<(f64, bool)>) -> String {
     let corpus = packed.corpus();
     let trained = if corpus.manifest.loss_mask {
         format!(
-            ", {:.0}% of them in the loss",
+            ", {:.0}% of them in the loss{loss_covers}",
             100.0 * packed.trained_tokens() as f64 / packed.tokens().max(1) as f64
         )
     } else {

@@ -566,6 +566,14 @@ fn chats_that_never_train_the_end_of_document_token_are_warned_about() {
     );
     let data = open(&own, None).unwrap();
     assert_eq!(data.train().corpus().manifest.untrained_eos, None);
+    // What the loss holds is said in the data's words.
+    assert!(
+        data.summary()
+            .iter()
+            .any(|l| l.contains("% of them in the loss (the assistant's turns), ")),
+        "{:?}",
+        data.summary()
+    );
     // Another eos: appended after the turn's end, and not trained.
     let other = TokenizerConfig::HuggingFace {
         path: fixture().join("bpe"),
@@ -1175,7 +1183,7 @@ fn the_description_counts_the_documents_trained_on_per_split() {
             trained += t;
         }
         let want = format!(
-            "{what} {documents} document(s), {} tokens, {:.0}% of them in the loss, {} sequence(s)",
+            "{what} {documents} document(s), {} tokens, {:.0}% of them in the loss (the completions), {} sequence(s)",
             thousands(tokens as u64),
             100.0 * trained as f64 / tokens as f64,
             packed.sequences()
