@@ -154,6 +154,15 @@ fn a_run_on_text_reports_its_validation_loss() {
             "    validation: { fraction: 0.1, every_steps: 3 }\n",
         ),
     );
+    // The plan says what is evaluated, and when.
+    let out = shardrun_in(&dir, &["plan", "job.yaml"]);
+    assert!(
+        stdout_of(&out).contains(
+            "; validation on 10% of the documents held out, every 3 steps and after the last\n"
+        ),
+        "{}",
+        stdout_of(&out)
+    );
     let (out, run) = run_local(
         &dir,
         &spec,

@@ -2,7 +2,7 @@
 
 use super::memory::DocumentAttention;
 use super::{yaml_name, ResolvedJob, GIB};
-use shardrun_protocol::config::{DataConfig, DeviceKind, LrDecay, OnDivergence, Packing};
+use shardrun_protocol::config::{DataConfig, DeviceKind, HeldOut, LrDecay, OnDivergence, Packing};
 use shardrun_protocol::TrainConfig;
 use std::fmt::Write as _;
 
@@ -41,8 +41,29 @@ fn data_summary(train: &TrainConfig) -> String {
     } else {
         ""
     };
+    let validation = match &d.validation {
+        None => String::new(),
+        Some(v) => {
+            let held_out = match &v.held_out {
+                HeldOut::Fraction { fraction } => {
+                    let percent = (fraction * 1e4).round() / 100.0;
+                    format!("{percent}% of the documents held out")
+                }
+                HeldOut::Files { files } => format!("{} file pattern(s)", files.len()),
+            };
+            let every = match v.every_steps {
+                Some(steps) => format!("every {steps} steps and after the last"),
+                None => "after the last step".to_string(),
+            };
+            let at_most = v
+                .max_batches
+                .map(|b| format!(", at most {b} batches"))
+                .unwrap_or_default();
+            format!("; validation on {held_out}, {every}{at_most}")
+        }
+    };
     format!(
-        "{} from {} file pattern(s), seq_len {}, {packing}{through}{truncated}",
+        "{} from {} file pattern(s), seq_len {}, {packing}{through}{truncated}{validation}",
         d.source.kind_name(),
         d.source.files().len(),
         d.seq_len
