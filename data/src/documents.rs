@@ -712,11 +712,24 @@ fn parse_record(source: &DataSource, line: &str, hint: bool) -> std::result::Res
             if record.kind() == ValueKind::Map && lacks {
                 let missing = hint.then(|| {
                     let has = crate::chat::keys_of(&record);
-                    let fits = has
+                    let fits: Vec<String> = has
                         .iter()
                         .filter(|f| record.get_attr(f).is_ok_and(|v| v.kind() == ValueKind::Seq))
                         .cloned()
                         .collect();
+                    let texts: Vec<&String> = has
+                        .iter()
+                        .filter(|f| record.get_attr(f).is_ok_and(|v| v.as_str().is_some()))
+                        .collect();
+                    // No list to read as messages, but text: another kind of data (a prompt
+                    // and completion as text is told by `prompt_completion_of`).
+                    let other_kind = match (fits.is_empty(), texts.as_slice()) {
+                        (true, [first, ..]) => Some(format!(
+                            "the records hold text, not conversations: they are `kind: jsonl` \
+                             data (`field: {first}`)"
+                        )),
+                        _ => None,
+                    };
                     Box::new(MissingField {
                         key: "messages_field",
                         field: messages_field.clone(),
@@ -724,7 +737,7 @@ fn parse_record(source: &DataSource, line: &str, hint: bool) -> std::result::Res
                         has,
                         fits,
                         nested: Vec::new(),
-                        other_kind: None,
+                        other_kind,
                     })
                 });
                 return Err(Refused {
@@ -1212,6 +1225,19 @@ mod tests {
             panic!("no messages")
         };
         assert!(refused.missing.is_none(), "no hint unless asked for");
+        // Records of text under `kind: chat`: the kind to use instead.
+        let fix = |record: &str| match parse_record(&chat, record, true) {
+            Err(refused) => refused.missing.unwrap().fix(),
+            Ok(_) => panic!("{record} was read"),
+        };
+        assert!(
+            fix(r#"{"text": "def f(): pass", "id": 1}"#).ends_with(
+                "the records hold text, not conversations: they are `kind: jsonl` data \
+                 (`field: text`)"
+            ),
+            "{}",
+            fix(r#"{"text": "def f(): pass", "id": 1}"#)
+        );
         let jsonl = DataSource::Jsonl {
             files: Vec::new(),
             text: JsonlText::Field {
