@@ -485,25 +485,41 @@ fn a_cache_file_cut_short_or_removed_is_named_with_what_to_do() {
     );
 }
 
-/// Every edit of the data leaves the folder of its earlier version, which no preparation
-/// opens again: found by its changed or removed file, and removed with its lock.
-#[test]
-fn the_folders_of_edited_or_removed_files_are_outdated_and_removable() {
-    let dir = tempfile::tempdir().unwrap();
-    let data_dir = dir.path().join("data");
+/// A corpus of two files under `dir/data` and the spec of its byte-tokenized cache under
+/// `dir/cache`: (data folder, files, cache folder, spec).
+fn corpus_and_cache(
+    dir: &Path,
+) -> (
+    std::path::PathBuf,
+    Vec<std::path::PathBuf>,
+    std::path::PathBuf,
+    DatasetConfig,
+) {
+    let data_dir = dir.join("data");
     std::fs::create_dir_all(&data_dir).unwrap();
     let files = write_corpus(&data_dir);
-    let cache = dir.path().join("cache");
+    let cache = dir.join("cache");
     let config = dataset(
         text_files(files.clone(), TextSplit::Line),
         TokenizerConfig::Bytes,
         16,
         &cache,
     );
-    let folder_of = |config: &DatasetConfig| {
-        let data = Dataset::open(config, 0, None, 2, &Quiet).unwrap();
-        data.train().corpus().dir.clone()
-    };
+    (data_dir, files, cache, config)
+}
+
+/// The cache folder a preparation of `config` reads.
+fn folder_of(config: &DatasetConfig) -> std::path::PathBuf {
+    let data = Dataset::open(config, 0, None, 2, &Quiet).unwrap();
+    data.train().corpus().dir.clone()
+}
+
+/// Every edit of the data leaves the folder of its earlier version, which no preparation
+/// opens again: found by its changed or removed file, and removed with its lock.
+#[test]
+fn the_folders_of_edited_or_removed_files_are_outdated_and_removable() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data_dir, files, cache, config) = corpus_and_cache(dir.path());
     let first = folder_of(&config);
     assert!(
         outdated::find(&cache).is_empty(),
@@ -607,20 +623,7 @@ fn the_folders_of_edited_or_removed_files_are_outdated_and_removable() {
 #[test]
 fn files_linked_between_outdated_folders_are_counted_as_freed_once() {
     let dir = tempfile::tempdir().unwrap();
-    let data_dir = dir.path().join("data");
-    std::fs::create_dir_all(&data_dir).unwrap();
-    let files = write_corpus(&data_dir);
-    let cache = dir.path().join("cache");
-    let config = dataset(
-        text_files(files.clone(), TextSplit::Line),
-        TokenizerConfig::Bytes,
-        16,
-        &cache,
-    );
-    let folder_of = |config: &DatasetConfig| {
-        let data = Dataset::open(config, 0, None, 2, &Quiet).unwrap();
-        data.train().corpus().dir.clone()
-    };
+    let (_, files, cache, config) = corpus_and_cache(dir.path());
     let first = folder_of(&config);
     let file = std::fs::File::options()
         .write(true)

@@ -415,6 +415,17 @@ fn a_finished_run_is_left_alone_trained_longer_on_request_refused_when_changed_a
     );
 }
 
+/// Flips the last byte of `rank`'s shard of the checkpoint of `step` (of 2 ranks): damaged in
+/// place, its size kept, which only its checksum tells.
+fn damage_in_place(run: &std::path::Path, step: u64, rank: u64) {
+    let file = run.join(format!(
+        "checkpoints/step-{step}/rank-{rank}-of-2.safetensors"
+    ));
+    let mut bytes = std::fs::read(&file).unwrap();
+    *bytes.last_mut().unwrap() ^= 0x01;
+    std::fs::write(&file, bytes).unwrap();
+}
+
 /// A re-run announces the checkpoint the ranks will load: a small checkpoint whose file was
 /// damaged in place (its size kept) is skipped by its checksums before the first line says
 /// where the run resumes; every checkpoint damaged, the re-run is refused.
@@ -427,12 +438,7 @@ fn a_checkpoint_damaged_in_place_is_not_the_one_a_rerun_announces() {
     );
     let (out, run) = run_local(&dir, &spec, &["--no-progress"], &[], DEADLINE);
     assert!(out.status.success(), "{}", stderr_of(&out));
-    let flip = |step: u64| {
-        let file = run.join(format!("checkpoints/step-{step}/rank-0-of-2.safetensors"));
-        let mut bytes = std::fs::read(&file).unwrap();
-        *bytes.last_mut().unwrap() ^= 0x01;
-        std::fs::write(&file, bytes).unwrap();
-    };
+    let flip = |step: u64| damage_in_place(&run, step, 0);
     flip(6);
     let (out, _) = run_local(
         &dir,
@@ -489,10 +495,7 @@ fn newer_damaged_checkpoints_passed_over_are_named_together() {
     let (out, run) = run_local(&dir, &spec, &["--no-progress"], &[], DEADLINE);
     assert!(out.status.success(), "{}", stderr_of(&out));
     for step in [4, 6] {
-        let file = run.join(format!("checkpoints/step-{step}/rank-1-of-2.safetensors"));
-        let mut bytes = std::fs::read(&file).unwrap();
-        *bytes.last_mut().unwrap() ^= 0x01;
-        std::fs::write(&file, bytes).unwrap();
+        damage_in_place(&run, step, 1);
     }
     let (out, _) = run_local(
         &dir,

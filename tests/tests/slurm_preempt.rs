@@ -91,6 +91,14 @@ fn trained_then_usr2(
     (job_id, run)
 }
 
+/// `shardrun status --json RUN`, read; `None` when it does not answer in JSON.
+fn status_json(cluster: &SlurmCluster, dir: &TestDir, run: &str) -> Option<serde_json::Value> {
+    let out = cluster
+        .shardrun(dir.path(), &["status", "--json", run])
+        .ok()?;
+    serde_json::from_slice(&out.stdout).ok()
+}
+
 /// Runs a Slurm command (`scancel`, `scontrol`) on the cluster; it must succeed.
 fn slurm(cluster: &SlurmCluster, program: &str, args: &[&str]) {
     let mut command = cluster.command(program);
@@ -213,10 +221,7 @@ fn cancel_stops_a_requeued_job_waiting_in_the_queue() {
         "Slurm to end the requeued job",
         Duration::from_secs(60),
         || {
-            let out = cluster
-                .shardrun(dir.path(), &["status", "--json", &run_arg])
-                .ok()?;
-            let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+            let status = status_json(&cluster, &dir, &run_arg)?;
             let state = status["runs"][0]["state"].clone();
             (state != "SUBMITTED" && state != "RUNNING").then_some(status)
         },
@@ -234,10 +239,7 @@ fn cancel_stops_a_requeued_job_waiting_in_the_queue() {
         "{ended}"
     );
     // A later look, Slurm still listing the job CANCELLED, keeps who cancelled it.
-    let out = cluster
-        .shardrun(dir.path(), &["status", "--json", &run_arg])
-        .unwrap();
-    let again: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let again = status_json(&cluster, &dir, &run_arg).unwrap();
     assert_eq!(
         again["runs"][0]["detail"], ended["runs"][0]["detail"],
         "{again}"
@@ -261,10 +263,7 @@ fn cancel_stops_a_requeued_job_waiting_in_the_queue() {
     })
     .unwrap();
     let waiting = wait_for("the job to wait again", Duration::from_secs(60), || {
-        let out = cluster
-            .shardrun(dir.path(), &["status", "--json", &run_arg])
-            .ok()?;
-        let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        let status = status_json(&cluster, &dir, &run_arg)?;
         (status["runs"][0]["state"] == "SUBMITTED").then_some(status)
     })
     .unwrap();
@@ -280,10 +279,7 @@ fn cancel_stops_a_requeued_job_waiting_in_the_queue() {
         "Slurm to end the requeued job",
         Duration::from_secs(60),
         || {
-            let out = cluster
-                .shardrun(dir.path(), &["status", "--json", &run_arg])
-                .ok()?;
-            let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+            let status = status_json(&cluster, &dir, &run_arg)?;
             (status["runs"][0]["state"] != "SUBMITTED").then_some(status)
         },
     )
@@ -313,10 +309,7 @@ fn cancel_of_a_finished_runs_requeued_job_leaves_the_run_finished() {
     let run = dir.join("runs/finished");
     let run_arg = run.to_string_lossy().into_owned();
     let state = |cluster: &SlurmCluster| -> Option<serde_json::Value> {
-        let out = cluster
-            .shardrun(dir.path(), &["status", "--json", &run_arg])
-            .ok()?;
-        let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        let status = status_json(cluster, &dir, &run_arg)?;
         Some(status["runs"][0].clone())
     };
     wait_for("the run to finish", Duration::from_secs(120), || {
