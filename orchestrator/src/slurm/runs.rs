@@ -338,12 +338,13 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
     }
     // A run whose controller requeued its job waits in Slurm's queue: asked as a live job
     // (sacct too, once slurmctld has forgotten a job cancelled meanwhile).
-    let going: Vec<bool> = runs
+    let results: Vec<Option<Verdict>> = runs.iter().map(read_result).collect();
+    let going: Vec<bool> = manifests
         .iter()
-        .zip(&manifests)
-        .map(|(run, m)| {
+        .zip(&results)
+        .map(|(m, result)| {
             !m.state.is_terminal()
-                || (m.state == RunState::Preempted && read_result(run).is_some_and(|v| v.requeued))
+                || (m.state == RunState::Preempted && result.as_ref().is_some_and(|v| v.requeued))
         })
         .collect();
     let last_jobs = |ended: bool| -> Vec<String> {
@@ -379,10 +380,9 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
     let unanswered = answer.is_err();
     let mut out = Vec::with_capacity(runs.len());
     let mut current_points = CurrentPoints::default();
-    for (run, manifest) in runs.iter().zip(manifests) {
+    for ((run, manifest), result) in runs.iter().zip(manifests).zip(results) {
         let job_id = manifest.slurm_job_ids.last().cloned();
         let slurm = job_id.as_ref().and_then(|id| records.get(id)).cloned();
-        let result = read_result(run);
         let mut state = manifest.state;
         let mut detail = manifest.error.clone().unwrap_or_default();
         let requeued = state.is_terminal()
