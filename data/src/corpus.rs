@@ -159,8 +159,8 @@ impl Corpus {
     /// Gives back the pages of its mapped files this process has read (`MADV_DONTNEED`).
     /// They stay in the page cache, one copy for a node's ranks, and the next read takes them
     /// from there; but they no longer count in the rank's resident memory, whose peak would
-    /// otherwise grow towards the corpus's size and hide the training's own. One call a
-    /// cache file, and one for each input token file read since the last.
+    /// otherwise grow towards the corpus's size and hide the training's own. One call for
+    /// each cache file a batch reads, and one for each input token file read since the last.
     pub fn release_pages(&self) {
         let token_maps: Vec<&Mapped> = match &self.tokens {
             Tokens::Cached(map) => vec![map],
@@ -177,7 +177,8 @@ impl Corpus {
             Offsets::Owned(_) => None,
         };
         let maps = token_maps.into_iter().filter_map(|m| m.0.as_ref());
-        for map in maps.chain(offsets).chain(&self.lines).chain(&self.mask) {
+        // (`lines` is read for messages only, never by a batch.)
+        for map in maps.chain(offsets).chain(&self.mask) {
             // SAFETY: read-only mappings of files nothing writes while they are mapped (see
             // `Mapped::open`): a page given back is read again unchanged, and slices into
             // the mapping stay valid.
