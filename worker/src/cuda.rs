@@ -78,6 +78,17 @@ fn check(what: &str, code: sys::cudaError_t) -> Result<(), CudaError> {
     )))
 }
 
+/// The newest CUDA the installed driver supports, as `12.8` (`cudaDriverGetVersion`);
+/// `None` without a driver.
+pub fn driver_cuda_version() -> Option<String> {
+    runtime().ok()?;
+    let mut version = 0;
+    // SAFETY: a valid out-pointer; the call needs no context and no device.
+    let code = unsafe { sys::cudaDriverGetVersion(&mut version) };
+    (code == sys::cudaError_t::cudaSuccess && version > 0)
+        .then(|| format!("{}.{}", version / 1000, version % 1000 / 10))
+}
+
 /// CUDA devices this process can see (after `CUDA_VISIBLE_DEVICES`).
 pub fn device_count() -> Result<usize, CudaError> {
     runtime()?;

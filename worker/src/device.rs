@@ -129,8 +129,9 @@ pub fn select_cuda(local_rank: u64) -> Result<&'static Chosen, String> {
             )
         } else {
             format!(
-                "libtorch sees no usable CUDA device ({}; driver {}; {}): check the driver \
-                 supports CUDA 13 and the GPUs are not hidden",
+                "libtorch sees no usable CUDA device ({}; driver {}; {}): libtorch's CUDA 13 \
+                 needs driver 580 or newer, and GPUs of compute capability 7.5 or newer; \
+                 check them and that the GPUs are not hidden",
                 visible.describe(raw.as_deref()),
                 driver_version().unwrap_or_else(|| "unknown".into()),
                 cuda_says()
@@ -169,6 +170,10 @@ pub fn check_gpu(local_rank: u64) -> Result<(), String> {
         Some(path) => println!("cuda runtime: {}", path.display()),
         None => println!("cuda runtime: not loadable (a CPU build of libtorch?)"),
     }
+    println!(
+        "nvidia driver: {}",
+        driver_version().unwrap_or_else(|| "none loaded on this node".into())
+    );
     let nccl = library::load();
     match &nccl {
         Ok(nccl) => println!("nccl: {nccl}"),
@@ -192,12 +197,25 @@ pub fn check_gpu(local_rank: u64) -> Result<(), String> {
     }
 }
 
+/// The loaded NVIDIA driver's version, and the newest CUDA it supports where the runtime
+/// says: `535.104.05 (CUDA 12.2 at most)`.
 fn driver_version() -> Option<String> {
     let text = std::fs::read_to_string("/proc/driver/nvidia/version").ok()?;
-    text.split_whitespace()
-        .skip_while(|w| *w != "Kernel")
-        .nth(3)
-        .map(str::to_string)
+    let version = driver_version_in(&text)?;
+    Some(match cuda::driver_cuda_version() {
+        Some(cuda) => format!("{version} (CUDA {cuda} at most)"),
+        None => version.to_string(),
+    })
+}
+
+/// The version in `/proc/driver/nvidia/version`'s first line: the first word of digits and
+/// dots (`... x86_64 Kernel Module  535.104.05  Sat Aug 19 ...`; the open module's line,
+/// `... Open Kernel Module for x86_64  570.195.03  Release Build ...`, has more words).
+fn driver_version_in(text: &str) -> Option<&str> {
+    text.lines()
+        .next()?
+        .split_whitespace()
+        .find(|word| word.contains('.') && word.chars().all(|c| c.is_ascii_digit() || c == '.'))
 }
 
 #[cfg(test)]
@@ -207,6 +225,19 @@ mod tests {
     /// What launched the rank, CUDA_VISIBLE_DEVICES, local rank, devices CUDA reports,
     /// expected device or the start of the error.
     type Launch<'a> = (&'a str, Option<&'a str>, u64, usize, Result<usize, &'a str>);
+
+    #[test]
+    fn the_driver_version_is_read_from_both_kernel_modules_lines() {
+        let proprietary = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 \
+                           01:15:15 UTC 2023\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n";
+        assert_eq!(driver_version_in(proprietary), Some("535.104.05"));
+        let open = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.195.03  Release \
+                    Build  (dvs-builder@U16-I3-B13-4-3)  Thu Sep 25 02:08:14 UTC 2025\n";
+        assert_eq!(driver_version_in(open), Some("570.195.03"));
+        let arm = "NVRM version: NVIDIA UNIX aarch64 Kernel Module  580.65.06  Sun Jul 27 2025\n";
+        assert_eq!(driver_version_in(arm), Some("580.65.06"));
+        assert_eq!(driver_version_in(""), None);
+    }
 
     #[test]
     fn the_device_of_each_launch() {
