@@ -102,4 +102,7 @@ trap 'export SHARDRUN_NOTICE_IN_SETUP=1; echo "shardrun: SIGUSR2 (preemption or 
 trap - ERR USR2
 {%- endif %}
 
+# The controller starts the ranks and watches them (their logs and metrics go to the run
+# directory), as:
+#   srun {{ ranks_srun }} shardrun-worker
 exec {{ shardrun }} controller --run-dir "$SHARDRUN_RUN_DIR"

@@ -51,6 +51,9 @@ struct SbatchTemplate<'a> {
     points_file: Option<String>,
     run_dir: String,
     shardrun: String,
+    /// The `srun` arguments the controller starts the ranks with, for people reading the
+    /// script.
+    ranks_srun: String,
 }
 
 /// Render the batch script. `shardrun_exe` is the absolute path of the binary the job runs
@@ -103,6 +106,12 @@ pub fn render_sbatch(
         points_file,
         run_dir,
         shardrun: shell_quote(&shardrun_exe.to_string_lossy()),
+        ranks_srun: crate::job_controller::launcher::srun_args(
+            job.world_size,
+            job.slurm.nodes,
+            job.slurm.gpus_per_node,
+        )
+        .join(" "),
     };
     let mut script = template.render()?;
     if !script.ends_with('\n') {
@@ -202,8 +211,10 @@ mod tests {
         for file in ["train.bin", "val.bin"] {
             std::fs::write(data.path().join(file), [0u8; 2]).unwrap();
         }
+        // With a set-up line, as a site's may need.
         let spec = include_str!("../../examples/gpu-cluster.yaml")
-            .replace("/scratch/data/", &format!("{}/", data.path().display()));
+            .replace("/scratch/data/", &format!("{}/", data.path().display()))
+            .replace("  env:", "  setup: [source /etc/profile]\n  env:");
         let job = resolved(&spec);
         let script = render_sbatch(
             &job,
@@ -250,7 +261,13 @@ mod tests {
         };
         let script = render_sbatch(&resolved(&spec), &target, Path::new(EXE)).unwrap();
         assert!(script.contains("\n#SBATCH --gres=gpu:h100:2\n"), "{script}");
-        assert_eq!(script.matches("--gres").count(), 1, "{script}");
+        assert_eq!(script.matches("#SBATCH --gres").count(), 1, "{script}");
+        // The step asks for the job's GPUs, whatever their type.
+        assert!(script.contains("#   srun --ntasks=2 "), "{script}");
+        assert!(
+            script.contains(" --gres=gpu:2 shardrun-worker\n"),
+            "{script}"
+        );
     }
 
     #[test]

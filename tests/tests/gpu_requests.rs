@@ -164,6 +164,20 @@ fn a_slurm_gpu_job_without_usable_gpus_fails_once_naming_the_node() {
     // rank, with the same problem, says nothing.
     let rank = json["rank"].as_u64().expect("a rank is named");
     let log = read(&run.join("train.log"));
+    // The step as it was asked of Slurm, as the script's comment says it.
+    let step = log
+        .lines()
+        .find_map(|l| l.split_once("starting the ranks: srun "))
+        .map(|(_, args)| args.rsplit_once(' ').map_or(args, |(args, _worker)| args))
+        .unwrap_or_else(|| panic!("no srun line:\n{log}"));
+    assert!(
+        step.contains("--ntasks=2 --nodes=1") && step.ends_with("--gres=gpu:2"),
+        "{step}"
+    );
+    assert!(
+        script.contains(&format!("#   srun {step} shardrun-worker\n")),
+        "{script}"
+    );
     let lines: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("the job trains on CUDA, but"))

@@ -746,6 +746,21 @@ impl Ranks<'_> {
         };
         let (exit_tx, mut exits) = mpsc::unbounded_channel();
         tracing::debug!(mode = ?spec.mode, worker = %spec.worker_bin.display(), world_size, "launching the ranks");
+        // The step as Slurm is asked for it, for whoever reads why a step would not start.
+        if let LaunchMode::Slurm {
+            nodes,
+            gpus_per_node,
+            ..
+        } = &spec.mode
+        {
+            let args = super::launcher::srun_args(world_size, (*nodes).max(1), *gpus_per_node);
+            log.say(format!(
+                "starting the ranks: srun {} {}",
+                args.join(" "),
+                spec.worker_bin.display()
+            ))
+            .await;
+        }
         let Launched {
             launcher,
             procs,
