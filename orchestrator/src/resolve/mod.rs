@@ -708,6 +708,18 @@ mod tests {
     }
 
     #[test]
+    fn a_memory_size_written_with_gb_is_read_as_sbatch_reads_it() {
+        let j = job("  mem: 200GB\n", 32, 4).unwrap();
+        assert_eq!(
+            j.slurm.mem.as_deref(),
+            Some("200G"),
+            "the script has Slurm's form"
+        );
+        let refused = job("  mem: 200 GiB\n", 32, 4).unwrap_err().to_string();
+        assert!(refused.contains("is not a Slurm memory size"), "{refused}");
+    }
+
+    #[test]
     fn cpu_ranks_that_need_more_than_resources_mem_are_warned_of() {
         let over = |mem: &str| {
             job(&format!("  mem: \"{mem}\"\n"), 32, 4)

@@ -165,7 +165,7 @@ pub fn resolve_slurm(
             .clone()
             .filter(|_| overrides.world_size.is_none()),
         cpus_per_task: ranks.cpus_per_task,
-        mem: res.mem.clone(),
+        mem: (res.mem.as_deref()).map(|mem| crate::slurm::memory_size_for_sbatch(mem).to_string()),
         time: res.time.clone(),
         time_limit_seconds,
         partition: res.partition.clone(),
@@ -460,7 +460,7 @@ mod tests {
     #[test]
     fn memory_sizes() {
         let valid = |mem| crate::slurm::parse_memory_size(mem).is_some();
-        assert!(valid("16G") && valid("4000") && valid("512m"));
-        assert!(!valid("") && !valid("G") && !valid("16GB") && !valid("1.5G"));
+        assert!(valid("16G") && valid("4000") && valid("512m") && valid("16GB"));
+        assert!(!valid("") && !valid("G") && !valid("16 GiB") && !valid("1.5G"));
     }
 }

@@ -15,8 +15,8 @@ pub use command::{
     QuerySource, TestOnly,
 };
 pub use parse::{
-    compact_job_ids, parse_commented_jobs, parse_memory_size, parse_sacct, parse_sbatch_parsable,
-    parse_scontrol, parse_squeue, CommentedJob,
+    compact_job_ids, memory_size_for_sbatch, parse_commented_jobs, parse_memory_size, parse_sacct,
+    parse_sbatch_parsable, parse_scontrol, parse_squeue, CommentedJob,
 };
 pub use runs::{
     cancelled_while_requeued, died, find_runs, find_runs_and_unreadable, refresh,

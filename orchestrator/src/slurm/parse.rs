@@ -225,10 +225,10 @@ fn expand_ranges(text: &str) -> Vec<u64> {
 }
 
 /// A Slurm memory size (`--mem`, `resources.mem`) in megabytes: whole digits with at most
-/// one unit, K, M, G or T in either case; M when none, as Slurm reads it. `0` is Slurm's
-/// "all of the node's memory".
+/// one unit, K, M, G or T in either case (`GB` read as `G`, as sbatch reads it); M when
+/// none, as Slurm reads it. `0` is Slurm's "all of the node's memory".
 pub fn parse_memory_size(mem: &str) -> Option<u64> {
-    let mem = mem.trim();
+    let mem = memory_size_for_sbatch(mem);
     let (digits, unit) = match mem.chars().last()?.to_ascii_uppercase() {
         'K' => (&mem[..mem.len() - 1], None),
         'M' => (&mem[..mem.len() - 1], Some(1)),
@@ -246,6 +246,18 @@ pub fn parse_memory_size(mem: &str) -> Option<u64> {
     }
 }
 
+/// `mem` as the sbatch script writes it: sbatch reads only the letter after the digits, so
+/// `200GB` asks for `200G`; the script has the form Slurm documents, `200G`.
+pub fn memory_size_for_sbatch(mem: &str) -> &str {
+    let mem = mem.trim();
+    match mem.strip_suffix(['B', 'b']) {
+        Some(unit_written) if unit_written.ends_with(|c: char| "KMGTkmgt".contains(c)) => {
+            unit_written
+        }
+        _ => mem,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,7 +270,15 @@ mod tests {
         assert_eq!(parse_memory_size("1t"), Some(1 << 20));
         assert_eq!(parse_memory_size("1500K"), Some(2), "kilobytes round up");
         assert_eq!(parse_memory_size("0"), Some(0));
-        for bad in ["", "G", "16GB", "1.5G", "-1G"] {
+        assert_eq!(
+            parse_memory_size("200GB"),
+            Some(200 << 10),
+            "sbatch reads 200GB as 200G"
+        );
+        assert_eq!(parse_memory_size("512mb"), Some(512));
+        assert_eq!(memory_size_for_sbatch("200GB"), "200G");
+        assert_eq!(memory_size_for_sbatch("64G"), "64G");
+        for bad in ["", "G", "GB", "16B", "16GBB", "1.5G", "-1G"] {
             assert_eq!(parse_memory_size(bad), None, "{bad}");
         }
     }
