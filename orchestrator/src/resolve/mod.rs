@@ -1043,6 +1043,13 @@ mod tests {
             job.warnings.iter().any(|w| w.contains(text))
         };
         assert!(!warned("", "HYBRID_SHARD"), "a node a group by default");
+        let summary = job("").unwrap().summary();
+        assert!(
+            summary.contains(
+                "fsdp           HYBRID_SHARD (shard groups of 8 rank(s), 3 replica(s)), wrap"
+            ),
+            "{summary}"
+        );
         assert!(!warned(", shard_group_size: 4", "HYBRID_SHARD"));
         assert!(warned(
             ", shard_group_size: 12",

@@ -132,7 +132,15 @@ impl ResolvedJob {
             self.memory.num_params
         );
         let _ = writeln!(out, "  data           {}", data_summary(t));
-        let _ = writeln!(out, "  fsdp           {}, wrap {}, params {} / reduce {}, activation checkpointing {}, prefetch {}{}", yaml_name(&t.fsdp.strategy), yaml_name(&t.fsdp.wrap), yaml_name(&t.fsdp.mixed_precision.param_dtype), yaml_name(&t.fsdp.mixed_precision.reduce_dtype), t.fsdp.activation_checkpointing, t.fsdp.prefetch, loss_chunks(t));
+        // HYBRID_SHARD's groups: sharded within, replicated across.
+        let groups = match t.fsdp.shard_group_size {
+            Some(group) if group > 0 => format!(
+                " (shard groups of {group} rank(s), {} replica(s))",
+                self.world_size / group
+            ),
+            _ => String::new(),
+        };
+        let _ = writeln!(out, "  fsdp           {}{groups}, wrap {}, params {} / reduce {}, activation checkpointing {}, prefetch {}{}", yaml_name(&t.fsdp.strategy), yaml_name(&t.fsdp.wrap), yaml_name(&t.fsdp.mixed_precision.param_dtype), yaml_name(&t.fsdp.mixed_precision.reduce_dtype), t.fsdp.activation_checkpointing, t.fsdp.prefetch, loss_chunks(t));
         let _ = writeln!(
             out,
             "  optimizer      AdamW lr {} betas ({}, {}) weight decay {} (none on {}), warmup {} then {}",
