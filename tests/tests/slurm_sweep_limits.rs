@@ -190,12 +190,35 @@ fn a_sweep_under_max_job_count_queues_what_slurmctld_accepts() {
         limit?.ends_with(", 0 in use").then_some(stdout)
     })
     .unwrap();
-    let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
+    // An override decides the points: the hint and the recorded spec repeat it.
+    let out = cluster
+        .shardrun(
+            dir.path(),
+            &["sweep", &spec_arg, "--set", "training.steps=2"],
+        )
+        .unwrap();
     let stdout = stdout_of(&out);
     assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
     assert!(
         stdout.contains("Submitted 11 point(s) as 1 job array(s)"),
         "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "run `shardrun sweep {spec_arg} --set training.steps=2` again when some have ended"
+        )),
+        "{stdout}"
+    );
+    let recorded: Vec<String> = std::fs::read_dir(dir.join("runs/limited/arrays"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "yaml"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .collect();
+    assert!(
+        matches!(recorded.as_slice(), [spec] if spec.starts_with(&format!("# {spec_arg} with --set training.steps=2"))
+            && spec.contains("steps: 2")),
+        "{recorded:?}"
     );
     assert!(
         dry_run.contains(

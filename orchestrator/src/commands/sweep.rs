@@ -73,10 +73,14 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     let journal = Journal::new(&sweep_dir);
     let carried = sweeps::carried::carry_over(&sweep_dir, &mut points);
 
-    // The command that runs this sweep again, as given.
+    // The command that runs this sweep again, as given: its overrides name the sweep and
+    // its points, and a throttle given on the command line is not the spec's.
     let mut sweep_again = format!("shardrun sweep {}", crate::output::pasteable(&args.spec));
     for set in &args.set.set {
         sweep_again.push_str(&format!(" --set {}", crate::sbatch::shell_quote(set)));
+    }
+    if let Some(throttle) = args.throttle {
+        sweep_again.push_str(&format!(" --throttle {throttle}"));
     }
 
     // One submitter at a time, and first finish what an interrupted one left.
@@ -350,7 +354,10 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
 
-    rundir::write_file(&journal.spec_path(&submission), loaded.source.as_bytes())?;
+    // With its --set overrides applied (and named), as a run's job.yaml: they decide the
+    // sweep's name and points.
+    let recorded = spec::overrides::recorded_yaml(&loaded);
+    rundir::write_file(&journal.spec_path(&submission), recorded.as_bytes())?;
     std::fs::create_dir_all(sweep_dir.join("slurm"))
         .context("creating the sweep's slurm log folder")?;
     let planned = &to_submit[..plan.submitted()];
@@ -375,14 +382,13 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                 };
                 return Err(failure.error.context(format!(
                     "array {}/{} ({} point(s)) {what}. {done} point(s) in {} earlier array(s) were submitted; \
-                     {} point(s) of later arrays and {} waiting were not. The next `shardrun sweep {}` submits each of them once",
+                     {} point(s) of later arrays and {} waiting were not. The next `{sweep_again}` submits each of them once",
                     array.index,
                     array.count,
                     range.len(),
                     submitted.len(),
                     plan.submitted() - range.end,
                     plan.waiting,
-                    crate::output::pasteable(&args.spec)
                 )));
             }
         }
@@ -401,16 +407,10 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         );
     }
     if plan.waiting > 0 {
-        // The same command: a throttle given on the command line is not the spec's.
-        let throttled = args
-            .throttle
-            .map(|t| format!(" --throttle {t}"))
-            .unwrap_or_default();
         outln!(
-            "  {} point(s) wait: no room for them now ({}); run `shardrun sweep {}{throttled}` again when some have ended",
+            "  {} point(s) wait: no room for them now ({}); run `{sweep_again}` again when some have ended",
             plan.waiting,
             limits.queue.as_ref().map(|l| l.what.as_str()).unwrap_or("limit"),
-            crate::output::pasteable(&args.spec)
         );
     }
     outln!("  sweep folder   {}", sweep_dir.display());

@@ -7,7 +7,8 @@
 //! arrays/<submission>-<k>.points   run directories of array k, one per line (task N: line N+1)
 //! arrays/<submission>-<k>.sbatch   its batch script
 //! arrays/<submission>-<k>.json     its record (below)
-//! arrays/<submission>.yaml         the spec as written, for every array of that submission
+//! arrays/<submission>.yaml         the spec as written (with the `--set` overrides applied and
+//!                                  named, as a run's job.yaml), for every array of that submission
 //! arrays/current.points            the run directory names of the points of the spec the
 //!                                  last `shardrun sweep` expanded (finished ones included)
 //! arrays/.lock                     held by the `shardrun sweep` submitting
