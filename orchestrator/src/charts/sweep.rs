@@ -23,8 +23,20 @@ pub struct PointRecords {
     pub steps: Vec<StepRecord>,
     /// Its evaluations on the validation data: (step, loss), in step order.
     pub evals: Vec<(u64, f64)>,
-    /// Its run completed: its last loss is its final one.
-    pub finished: bool,
+    /// Where its run is: its last loss is the final one only once it finished.
+    pub progress: PointProgress,
+}
+
+/// Where a point's run is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PointProgress {
+    /// Created, queued, running or preempted: more steps may come.
+    Going,
+    /// Completed.
+    Finished,
+    /// Ended without completing (cancelled, failed, out of time or memory): no more steps
+    /// until it is run again.
+    Stopped,
 }
 
 pub struct SweepFigure {
@@ -71,14 +83,14 @@ impl SweepFigure {
         point_label(&self.params(), point)
     }
 
-    /// The points that logged no step, finished or not, named as the legend names them:
-    /// the first [`NAMED_AT_MOST`], then how many more.
-    pub fn without_steps(&self, finished: bool) -> Option<String> {
+    /// The points at `progress` that logged no step, named as the legend names them: the
+    /// first [`NAMED_AT_MOST`], then how many more.
+    pub fn without_steps(&self, progress: PointProgress) -> Option<String> {
         let params = self.params();
         let labels: Vec<String> = self
             .sorted(&params)
             .into_iter()
-            .filter(|p| p.steps.is_empty() && p.finished == finished)
+            .filter(|p| p.steps.is_empty() && p.progress == progress)
             .map(|p| self.label(p))
             .collect();
         match labels.len() {
@@ -332,7 +344,8 @@ impl SweepFigure {
                 let loss = last.filter(|l| l.is_finite())?;
                 let x = p.params.get(&x_key)?;
                 let line = line_key.as_ref().and_then(|k| p.params.get(k));
-                Some((x, line, self.transform(loss), p.finished))
+                let finished = p.progress == PointProgress::Finished;
+                Some((x, line, self.transform(loss), finished))
             })
             .collect();
         if finals.is_empty() {
@@ -535,7 +548,7 @@ mod tests {
             params,
             steps,
             evals: Vec::new(),
-            finished: true,
+            progress: PointProgress::Finished,
         }
     }
 
@@ -543,7 +556,7 @@ mod tests {
     fn points_without_steps_are_named_by_their_values_and_counted_past_eight() {
         let waiting = |lr: f64, seed: u64| PointRecords {
             steps: Vec::new(),
-            finished: false,
+            progress: PointProgress::Going,
             ..point(lr, seed, 1.0)
         };
         let mut points = vec![point(1e-3, 0, 1.0), waiting(1e-4, 0)];
@@ -552,25 +565,41 @@ mod tests {
             ..point(1e-5, 0, 1.0)
         };
         points.push(lost);
+        let cancelled = PointRecords {
+            steps: Vec::new(),
+            progress: PointProgress::Stopped,
+            ..point(3e-5, 0, 1.0)
+        };
+        points.push(cancelled);
         let figure = SweepFigure {
             title: "s".into(),
             points,
             smoothing: 0.6,
             log_loss: false,
         };
-        assert_eq!(figure.without_steps(false).as_deref(), Some("lr=1e-4"));
-        assert_eq!(figure.without_steps(true).as_deref(), Some("lr=1e-5"));
+        assert_eq!(
+            figure.without_steps(PointProgress::Going).as_deref(),
+            Some("lr=1e-4")
+        );
+        assert_eq!(
+            figure.without_steps(PointProgress::Finished).as_deref(),
+            Some("lr=1e-5")
+        );
+        assert_eq!(
+            figure.without_steps(PointProgress::Stopped).as_deref(),
+            Some("lr=3e-5")
+        );
         // In the order of their values, not of their folders' names.
         let many = SweepFigure {
             points: (0..10).rev().map(|seed| waiting(1e-3, seed)).collect(),
             ..figure
         };
-        let named = many.without_steps(false).unwrap();
+        let named = many.without_steps(PointProgress::Going).unwrap();
         assert!(
             named.starts_with("seed=0; seed=1; ") && named.ends_with("seed=7 and 2 more"),
             "{named}"
         );
-        assert_eq!(many.without_steps(true), None);
+        assert_eq!(many.without_steps(PointProgress::Finished), None);
     }
 
     #[test]
@@ -763,8 +792,8 @@ mod tests {
             point(1e-5, 0, 3.0),
             point(1e-3, 1, 1.5),
         ];
-        points[1].finished = false;
-        points[3].finished = false;
+        points[1].progress = PointProgress::Going;
+        points[3].progress = PointProgress::Stopped;
         let figure = SweepFigure {
             title: "s".into(),
             points,

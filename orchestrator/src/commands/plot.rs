@@ -4,7 +4,7 @@
 //! output's extension).
 
 use crate::charts::run::RunFigure;
-use crate::charts::sweep::{PointRecords, SweepFigure};
+use crate::charts::sweep::{PointProgress, PointRecords, SweepFigure};
 use crate::rundir::RunState;
 use crate::sweeps::journal::CurrentPoints;
 use crate::sweeps::labels::{ParamColumns, PointParams};
@@ -162,11 +162,21 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
             waiting.push(name.clone());
         }
         let manifest = run.read_manifest().ok();
+        let progress = match manifest.as_ref().map(|m| m.state) {
+            Some(RunState::Completed) => PointProgress::Finished,
+            Some(
+                RunState::Failed
+                | RunState::Cancelled
+                | RunState::Timeout
+                | RunState::OutOfMemory
+                | RunState::NodeFail
+                | RunState::SubmitFailed,
+            ) => PointProgress::Stopped,
+            _ => PointProgress::Going,
+        };
         points.push(PointRecords {
             name,
-            finished: manifest
-                .as_ref()
-                .is_some_and(|m| m.state == RunState::Completed),
+            progress,
             params: manifest.map(|m| m.sweep_params).unwrap_or_default(),
             steps,
             evals,
@@ -185,8 +195,18 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
             args.run.display()
         );
     }
+    // The points drawn; those without a step are named in the command's output.
+    let title = match waiting.len() {
+        0 => format!("{}: {} point(s)", name_of(&args.run), points.len()),
+        n => format!(
+            "{}: {} of {} point(s) ({n} without a step)",
+            name_of(&args.run),
+            points.len() - n,
+            points.len()
+        ),
+    };
     let figure = SweepFigure {
-        title: format!("{}: {} point(s)", name_of(&args.run), points.len()),
+        title,
         points,
         smoothing: args.smoothing,
         log_loss: args.log_loss,
@@ -209,19 +229,28 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
         .points
         .iter()
         .filter(|p| {
-            !p.finished && !p.steps.is_empty() && !crate::metrics_file::has_diverged(&p.steps)
+            p.progress != PointProgress::Finished
+                && !p.steps.is_empty()
+                && !crate::metrics_file::has_diverged(&p.steps)
         })
         .count();
     outln!(
-        "wrote {} ({} point(s){}{}{}{})",
+        "wrote {} ({} point(s){}{}{}{}{})",
         output.display(),
         figure.points.len() - waiting.len(),
         figure
-            .without_steps(false)
+            .without_steps(PointProgress::Going)
             .map(|names| format!("; not started yet: {names}"))
             .unwrap_or_default(),
         figure
-            .without_steps(true)
+            .without_steps(PointProgress::Stopped)
+            .map(|names| format!(
+                "; ended before their first step (cancelled, failed, ...; `shardrun status` says \
+                 how): {names}"
+            ))
+            .unwrap_or_default(),
+        figure
+            .without_steps(PointProgress::Finished)
             .map(|names| format!("; finished, but no steps in their metrics.jsonl: {names}"))
             .unwrap_or_default(),
         if diverged.is_empty() {
@@ -265,7 +294,11 @@ mod tests {
             dir.path(),
             include_str!("../../../examples/sweep.yaml"),
         );
-        for (i, run) in points.iter().enumerate() {
+        let (last, _) = points.split_last().unwrap();
+        // The last point was cancelled before its first step: no metrics.
+        last.update_manifest(|m| m.state = RunState::Cancelled)
+            .unwrap();
+        for (i, run) in points[..points.len() - 1].iter().enumerate() {
             let record = StepRecord::fold(
                 &[StepMetrics {
                     step: 1,
@@ -306,7 +339,12 @@ mod tests {
         };
         plot_sweep(&args, &points).unwrap();
         let svg = std::fs::read_to_string(&output).unwrap();
-        let title = format!(": {} point(s)", points.len() - 1);
+        // The first point is of an earlier spec; the last one is named, not drawn.
+        let title = format!(
+            ": {} of {} point(s) (1 without a step)",
+            points.len() - 2,
+            points.len() - 1
+        );
         assert!(svg.contains(&title), "{title} not in the figure");
     }
 
