@@ -798,6 +798,10 @@ fn a_controller_killed_outright_is_named_by_status_not_as_a_launch_failure() {
             && detail.contains("`shardrun submit` the run again"),
         "{detail}"
     );
+    assert!(
+        !detail.contains("the job ended before its controller wrote a result"),
+        "said once: {detail}"
+    );
     assert!(!detail.contains("JobLaunchFailure"), "{detail}");
 }
 

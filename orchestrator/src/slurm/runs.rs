@@ -254,6 +254,9 @@ enum ErrorFileEnding {
     Nothing(String),
 }
 
+/// How [`error_file_ending`]'s words start.
+const ENDED_WITHOUT_RESULT: &str = "the job ended before its controller wrote a result";
+
 /// For a Slurm job that ended before its controller wrote a result: its error file (the
 /// sbatch script's `--error`, named `<job name>-<job id>.err` in the run directory, or in
 /// the sweep's `slurm/` folder for an array task) and the last line its last attempt wrote,
@@ -278,7 +281,7 @@ fn error_file_ending(run: &RunDir, job_id: &str) -> Option<ErrorFileEnding> {
                 Some((cut, _)) => format!("{}...", &l[..cut]),
                 None => l.to_string(),
             });
-    let ended = "the job ended before its controller wrote a result";
+    let ended = ENDED_WITHOUT_RESULT;
     Some(match (last, start) {
         (Some(line), _) => {
             ErrorFileEnding::Said(format!("{ended}; {} ends: {line}", file.display()))
@@ -517,6 +520,11 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
                 });
                 // After that, an error file with nothing of this attempt says nothing more.
                 let ending = error_file_ending(run, id).and_then(|ending| match ending {
+                    // The killed controller's words say already that no result came.
+                    ErrorFileEnding::Said(said) if killed.is_some() => Some(
+                        said.strip_prefix(&format!("{ENDED_WITHOUT_RESULT}; "))
+                            .map_or(said.clone(), str::to_string),
+                    ),
                     ErrorFileEnding::Said(said) => Some(said),
                     ErrorFileEnding::Nothing(_) if killed.is_some() => None,
                     ErrorFileEnding::Nothing(nothing) => Some(nothing),
