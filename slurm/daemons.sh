@@ -13,8 +13,10 @@ cluster_pid() { # <program> <pid> <dir>
     case "$2" in ''|*[!0-9]*) return 1 ;; esac
     comm="$(cat "/proc/$2/comm" 2>/dev/null)" || return 1
     [ "$comm" = "$1" ] || return 1
-    tr '\0' '\n' <"/proc/$2/cmdline" 2>/dev/null | grep -q -F -- "$3/" && return 0
-    tr '\0' '\n' <"/proc/$2/environ" 2>/dev/null | grep -q -x -F -- "SLURM_CONF=$3/etc/slurm.conf"
+    # 2>/dev/null first: redirections apply left to right, and a process that ended since
+    # makes the `<` fail.
+    tr '\0' '\n' 2>/dev/null <"/proc/$2/cmdline" | grep -q -F -- "$3/" && return 0
+    tr '\0' '\n' 2>/dev/null <"/proc/$2/environ" | grep -q -x -F -- "SLURM_CONF=$3/etc/slurm.conf"
 }
 
 # Prints "<pid> <program>" for every live daemon of the cluster in <dir>.
