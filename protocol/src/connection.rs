@@ -53,6 +53,10 @@ pub enum ConnectionError {
     Timeout(Duration),
     #[error("handshake rejected: {0}")]
     Rejected(String),
+    /// The TCP connection was made, but no shardrun handshake came back: another program
+    /// listens on that port, or the peer is stuck.
+    #[error("a program accepted the connection but gave no shardrun handshake ({0})")]
+    NoHandshake(Box<ConnectionError>),
 }
 
 /// Why a hello was refused; logged by the controller and sent back to the peer.
@@ -296,14 +300,17 @@ impl BlockingConnection {
             stream,
             limits: Limits::CONNECTING,
         };
-        conn.send(&Hello {
-            magic: Hello::MAGIC.into(),
-            version: PROTOCOL_VERSION,
-            role,
-            secret: secret.into(),
-        })?;
-        conn.stream.set_read_timeout(Some(timeout))?;
-        let reply: HelloReply = conn.recv_limited(HANDSHAKE_FRAME_LIMIT)?;
+        let mut hello = || -> Result<HelloReply, ConnectionError> {
+            conn.send(&Hello {
+                magic: Hello::MAGIC.into(),
+                version: PROTOCOL_VERSION,
+                role,
+                secret: secret.into(),
+            })?;
+            conn.stream.set_read_timeout(Some(timeout))?;
+            conn.recv_limited(HANDSHAKE_FRAME_LIMIT)
+        };
+        let reply = hello().map_err(|e| ConnectionError::NoHandshake(Box::new(e)))?;
         conn.stream.set_read_timeout(None)?;
         match reply {
             HelloReply::Accepted => Ok(conn),

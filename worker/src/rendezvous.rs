@@ -42,8 +42,20 @@ pub enum RendezvousError {
         world_size: u64,
         master: String,
     },
-    #[error("could not reach rank 0 at {master} within {secs} s ({last}): is rank 0 running?")]
+    #[error(
+        "could not reach rank 0 at {master} within {secs} s (last try: {last}): is rank 0 running?"
+    )]
     Unreachable {
+        master: String,
+        secs: u64,
+        last: String,
+    },
+    /// Something listens on MASTER_PORT that does not answer as a rank 0 of shardrun.
+    #[error(
+        "{master} answers, but not as rank 0 of a shardrun job: for {secs} s {last}; is another \
+         program listening on MASTER_PORT? Give the job a free port"
+    )]
+    NotRankZero {
         master: String,
         secs: u64,
         last: String,
@@ -392,13 +404,13 @@ fn join(config: &Standalone, me: Registration) -> Result<StartInfo, RendezvousEr
             Err(ConnectionError::Rejected(reason)) => {
                 return Err(RendezvousError::Refused { master, reason })
             }
-            Err(e) => e.to_string(),
+            Err(e) => e,
         };
         if attempt == 1 || attempt.is_multiple_of(50) {
             tracing::debug!(
                 master,
                 attempt,
-                error = last,
+                error = %last,
                 "rendezvous: rank 0 not reachable yet; retrying"
             );
         }
@@ -406,10 +418,18 @@ fn join(config: &Standalone, me: Registration) -> Result<StartInfo, RendezvousEr
             return Err(RendezvousError::Stopped(why));
         }
         if Instant::now() >= deadline {
-            return Err(RendezvousError::Unreachable {
-                master,
-                secs: config.timeout.as_secs(),
-                last,
+            let secs = config.timeout.as_secs();
+            return Err(match last {
+                ConnectionError::NoHandshake(_) => RendezvousError::NotRankZero {
+                    master,
+                    secs,
+                    last: last.to_string(),
+                },
+                _ => RendezvousError::Unreachable {
+                    master,
+                    secs,
+                    last: last.to_string(),
+                },
             });
         }
         std::thread::sleep(Duration::from_millis(100));

@@ -96,6 +96,39 @@ fn timeout_names_the_missing_ranks() {
     ));
 }
 
+/// Another program on MASTER_PORT: one that never answers, and a web server's reply.
+#[test]
+fn a_program_on_the_master_port_that_is_not_rank_0_is_named_as_such() {
+    for answer in [None, Some(&b"HTTP/1.0 400 Bad request\r\n\r\n"[..])] {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let config = Standalone {
+            master_port: listener.local_addr().unwrap().port(),
+            ..config(1_500)
+        };
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for mut stream in listener.incoming().flatten() {
+                let mut request = [0u8; 64];
+                let _ = stream.read(&mut request);
+                if let Some(answer) = answer {
+                    let _ = stream.write_all(answer);
+                }
+                held.push(stream);
+            }
+        });
+        let err = rendezvous(&config, registration(1, 2, "h")).unwrap_err();
+        assert!(
+            matches!(err, RendezvousError::NotRankZero { .. })
+                && err.to_string().contains(&format!(
+                    "127.0.0.1:{} answers, but not as rank 0 of a shardrun job",
+                    config.master_port
+                ))
+                && err.to_string().contains("gave no shardrun handshake"),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn a_different_config_is_refused() {
     let config = config(20_000);
