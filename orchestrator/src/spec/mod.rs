@@ -302,6 +302,24 @@ mod tests {
                  Trainer's `gradient_accumulation_steps`: here the accumulation is worked out \
                  from the samples per optimizer step over all ranks)",
             ),
+            (
+                "  steps: 2\n  bf16: true\n",
+                "training",
+                "did you mean `training.fsdp.mixed_precision`? (the name here of the Hugging \
+                 Face Trainer's `bf16`: `mixed_precision: { param_dtype: bf16, reduce_dtype: \
+                 f32 }`)",
+            ),
+            (
+                "  steps: 2\n  max_length: 512\n",
+                "training",
+                "did you mean `training.data.seq_len`? (the name here of TRL's `max_length`)",
+            ),
+            // A key of this spec in another section.
+            (
+                "  steps: 2\n  lr: 0.1\n",
+                "training",
+                "did you mean `training.optimizer.lr`?",
+            ),
         ] {
             let err = parse_str(&MINIMAL.replace("  steps: 2\n", written)).unwrap_err();
             assert_eq!(err.kind, SpecErrorKind::UnknownField);
@@ -313,6 +331,102 @@ mod tests {
             parse_str(&MINIMAL.replace("  steps: 2\n", "  steps: 2\n  optimizer: { lrr: 0.1 }\n"))
                 .unwrap_err();
         assert_eq!(err.fix, "did you mean `lr`?");
+        // submitit's names, in `resources`.
+        let err = parse_str(&MINIMAL.replace(
+            "training:\n",
+            "resources: { slurm_additional_parameters: [--mail-type=END] }\ntraining:\n",
+        ))
+        .unwrap_err();
+        assert_eq!(
+            err.fix,
+            "did you mean `resources.extra_sbatch`? (the name here of submitit's \
+             `slurm_additional_parameters`: sbatch options as on the command line, e.g. \
+             `[--mail-type=END]`)"
+        );
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_is_answered_with_how_it_is_written() {
+        let fix = |yaml: &str| parse_str(yaml).unwrap_err().fix;
+        assert_eq!(
+            fix(&MINIMAL.replace(
+                "  steps: 2\n",
+                "  steps: 2\n  fsdp: { mixed_precision: bf16 }\n"
+            )),
+            "write a mapping of keys (`key: value` lines) here, e.g. `mixed_precision: { \
+             param_dtype: bf16, reduce_dtype: f32 }`"
+        );
+        // The example is itself a valid spec.
+        let example = MINIMAL.replace(
+            "  steps: 2\n",
+            "  steps: 2\n  fsdp: { mixed_precision: { param_dtype: bf16, reduce_dtype: f32 } }\n",
+        );
+        assert!(parse_str(&example).is_ok());
+        // An unquoted `[a100|h100]` is a list to YAML.
+        let constraint = format!("{MINIMAL}resources: {{ constraint: [a100|h100] }}\n");
+        assert!(
+            fix(&constraint).starts_with("quote the text (`\"[a100|h100]\"`): YAML reads"),
+            "{}",
+            fix(&constraint)
+        );
+        let quoted = format!("{MINIMAL}resources: {{ constraint: \"[a100|h100]\" }}\n");
+        assert!(parse_str(&quoted).is_ok());
+        // Every example, written at its place, is read.
+        for (field, examples) in read::SECTION_EXAMPLES {
+            for example in examples.split("` or `") {
+                let parents: Vec<&str> = field.split('.').collect();
+                let (top, inner) = parents[..parents.len() - 1].split_first().unzip();
+                let mut yaml = example.to_string();
+                for parent in inner.unwrap_or_default().iter().rev() {
+                    // A data section names its kind.
+                    let kind = if *parent == "data" {
+                        "kind: text, "
+                    } else {
+                        ""
+                    };
+                    yaml = format!("{parent}: {{ {kind}{yaml} }}");
+                }
+                let spec = match top {
+                    Some(&"training") => {
+                        MINIMAL.replace("  steps: 2\n", &format!("  steps: 2\n  {yaml}\n"))
+                    }
+                    Some(top) => format!("{MINIMAL}{top}: {{ {yaml} }}\n"),
+                    None => format!("{MINIMAL}{yaml}\n"),
+                };
+                if let Err(e) = parse_str(&spec) {
+                    panic!("{field}: {example}: {e}\n{spec}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn data_files_are_a_list_or_one_path_written_alone() {
+        let with = |files: &str| {
+            let data = format!(
+                "  steps: 2\n  data: {{ kind: text, files: {files}, validation: {{ files: {files} }} }}\n"
+            );
+            parse_str(&MINIMAL.replace("  steps: 2\n", &data))
+        };
+        for written in ["train.txt", "[train.txt]", "\"train.txt\""] {
+            let data = with(written).unwrap().spec.training.data.unwrap();
+            let one = Some(vec![PathBuf::from("train.txt")]);
+            assert_eq!(data.files, one, "{written}");
+            assert_eq!(data.validation.unwrap().files, one, "{written}");
+        }
+        let two = with("[a.txt, b/*.txt]")
+            .unwrap()
+            .spec
+            .training
+            .data
+            .unwrap();
+        assert_eq!(two.files.unwrap().len(), 2);
+        let err = with("{ path: a.txt }").unwrap_err();
+        assert_eq!(err.field, "training.data.files");
+        assert!(
+            err.why.contains("a list of paths or glob patterns, or one"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -164,16 +164,15 @@ fn explain(mut error: DeError, path: &[Step], document: &SpannedDocument<'_>) ->
     let mut unknown = None;
     let (at, kind, why, fix) = match &error.problem {
         Problem::UnknownKey { key, expected } => {
-            let trainer = trainer_argument(key);
+            let elsewhere = other_place(key);
             let renamed = transformers_name(key, expected);
             let close = did_you_mean(key, expected);
             // Another tool's name: the key meant, as written here, and whose name it was.
-            let (meant, whose) = match (trainer, renamed) {
-                (Some((ours, note)), _) => (
+            let (meant, whose) = match (elsewhere, renamed) {
+                (Some((ours, "", _)), _) => (Some(ours.to_string()), None),
+                (Some((ours, whose, note)), _) => (
                     Some(ours.to_string()),
-                    Some(format!(
-                        "the name here of the Hugging Face Trainer's `{key}`{note}"
-                    )),
+                    Some(format!("the name here of {whose} `{key}`{note}")),
                 ),
                 (None, Some(name)) => (
                     Some(name.to_string()),
@@ -181,13 +180,14 @@ fn explain(mut error: DeError, path: &[Step], document: &SpannedDocument<'_>) ->
                 ),
                 (None, None) => (close.map(str::to_string), None),
             };
-            let fix = match (&meant, &whose) {
-                (Some(meant), Some(whose)) => did_you_mean_text(meant, Some(whose)),
+            let fix = match (&meant, &whose, elsewhere) {
+                (Some(meant), Some(whose), _) => did_you_mean_text(meant, Some(whose)),
+                (Some(meant), None, Some(_)) => did_you_mean_text(meant, None),
                 _ => choose(close, expected, "key"),
             };
-            // A Trainer argument's place is a whole path already.
+            // Another place's key is a whole path already.
             let whole = |meant: String| {
-                if trainer.is_some() {
+                if elsewhere.is_some() {
                     meant
                 } else {
                     join(&meant)
@@ -228,7 +228,7 @@ fn explain(mut error: DeError, path: &[Step], document: &SpannedDocument<'_>) ->
             locate(None),
             SpecErrorKind::WrongValue,
             message.clone(),
-            format!("write {expected} here"),
+            wrong_value_fix(&field, message, expected),
         ),
         Problem::Other(message) => (
             locate(None),
@@ -247,6 +247,70 @@ fn explain(mut error: DeError, path: &[Step], document: &SpannedDocument<'_>) ->
     }
 }
 
+/// How the sections people most often write otherwise look: (field, an example).
+pub(crate) const SECTION_EXAMPLES: [(&str, &str); 12] = [
+    ("resources.env", "env: { NCCL_DEBUG: WARN }"),
+    ("resources.extra_sbatch", "extra_sbatch: [--mail-type=END]"),
+    ("resources.setup", "setup: [\"source /etc/profile\"]"),
+    (
+        "preemption",
+        "preemption: { signal_seconds: 300, requeue: true }",
+    ),
+    (
+        "training.data",
+        "data: { kind: jsonl, files: [train.jsonl], seq_len: 2048 }",
+    ),
+    (
+        "training.data.validation",
+        "validation: { fraction: 0.02 }` or `validation: { files: [val.jsonl] }",
+    ),
+    (
+        "training.optimizer",
+        "optimizer: { lr: 3.0e-4, weight_decay: 0.1 }",
+    ),
+    (
+        "training.schedule",
+        "schedule: { warmup_steps: 100, decay: cosine }",
+    ),
+    (
+        "training.checkpoint",
+        "checkpoint: { interval_steps: 500, keep: 2 }",
+    ),
+    (
+        "training.fsdp",
+        "fsdp: { strategy: FULL_SHARD, activation_checkpointing: true }",
+    ),
+    (
+        "training.fsdp.mixed_precision",
+        "mixed_precision: { param_dtype: bf16, reduce_dtype: f32 }",
+    ),
+    (
+        "sweep.grid",
+        "grid: { training.optimizer.lr: [1.0e-4, 3.0e-4] }",
+    ),
+];
+
+/// How to write a value where one of the wrong type was: an example for the sections of
+/// [`SECTION_EXAMPLES`]; for text written as `[...]` or `{...}`, that YAML read it as a list
+/// or a mapping; else what the field takes.
+fn wrong_value_fix(field: &str, message: &str, expected: &str) -> String {
+    if let Some((_, example)) = SECTION_EXAMPLES.iter().find(|(f, _)| *f == field) {
+        return format!("write {expected} here, e.g. `{example}`");
+    }
+    let text_expected = expected.contains("string");
+    let read_as = ["sequence", "map"]
+        .into_iter()
+        .find(|what| message.starts_with(&format!("invalid type: {what},")));
+    match read_as {
+        Some(what) if text_expected => format!(
+            "quote the text (`\"[a100|h100]\"`): YAML reads an unquoted value that starts with \
+             `[` or `{{` as a {}",
+            if what == "map" { "mapping" } else { "list" }
+        ),
+        _ => format!("write {expected} here"),
+    }
+}
+
 /// The Llama keys `transformers`' `config.json` names otherwise than this spec: (theirs,
 /// ours).
 pub(crate) const TRANSFORMERS_NAMES: [(&str, &str); 7] = [
@@ -259,48 +323,123 @@ pub(crate) const TRANSFORMERS_NAMES: [(&str, &str); 7] = [
     ("tie_word_embeddings", "tie_embeddings"),
 ];
 
-/// Arguments of the Hugging Face Trainer (and TRL's) that this spec has under another name
-/// and place: (theirs, ours as a whole path, what differs).
-const TRAINER_ARGUMENTS: [(&str, &str, &str); 18] = [
-    ("learning_rate", "training.optimizer.lr", ""),
-    ("max_steps", "training.steps", ""),
+const TRAINER: &str = "the Hugging Face Trainer's";
+const TRL: &str = "TRL's";
+const SUBMITIT: &str = "submitit's";
+
+/// Keys of other tools (the Hugging Face Trainer, TRL, submitit) that this spec has under
+/// another name and place, and keys of this spec written in another section: (theirs, ours
+/// as a whole path, whose name it is (`""`: this spec's, misplaced), what differs).
+const OTHER_PLACES: [(&str, &str, &str, &str); 29] = [
+    ("learning_rate", "training.optimizer.lr", TRAINER, ""),
+    ("max_steps", "training.steps", TRAINER, ""),
+    (
+        "num_train_epochs",
+        "training.steps",
+        TRAINER,
+        ": training is counted in steps here, and `shardrun plan` says how many epochs they make",
+    ),
     (
         "per_device_train_batch_size",
         "training.batch_size_per_device",
+        TRAINER,
         "",
     ),
     (
         "gradient_accumulation_steps",
         "training.total_batch_size",
+        TRAINER,
         ": here the accumulation is worked out from the samples per optimizer step over all ranks",
     ),
-    ("max_grad_norm", "training.optimizer.grad_clip", ""),
-    ("weight_decay", "training.optimizer.weight_decay", ""),
-    ("adam_beta1", "training.optimizer.beta1", ""),
-    ("adam_beta2", "training.optimizer.beta2", ""),
-    ("adam_epsilon", "training.optimizer.eps", ""),
-    ("warmup_steps", "training.schedule.warmup_steps", ""),
-    ("lr_scheduler_type", "training.schedule.decay", ""),
-    ("max_length", "training.data.seq_len", ""),
-    ("max_seq_length", "training.data.seq_len", ""),
+    ("max_grad_norm", "training.optimizer.grad_clip", TRAINER, ""),
+    (
+        "weight_decay",
+        "training.optimizer.weight_decay",
+        TRAINER,
+        "",
+    ),
+    ("adam_beta1", "training.optimizer.beta1", TRAINER, ""),
+    ("adam_beta2", "training.optimizer.beta2", TRAINER, ""),
+    ("adam_epsilon", "training.optimizer.eps", TRAINER, ""),
+    (
+        "warmup_steps",
+        "training.schedule.warmup_steps",
+        TRAINER,
+        "",
+    ),
+    ("lr_scheduler_type", "training.schedule.decay", TRAINER, ""),
+    (
+        "bf16",
+        "training.fsdp.mixed_precision",
+        TRAINER,
+        ": `mixed_precision: { param_dtype: bf16, reduce_dtype: f32 }`",
+    ),
+    (
+        "fp16",
+        "training.fsdp.mixed_precision",
+        TRAINER,
+        ": `mixed_precision: { param_dtype: f16, reduce_dtype: f32 }`, with loss scaling",
+    ),
     (
         "gradient_checkpointing",
         "training.fsdp.activation_checkpointing",
+        TRAINER,
         "",
     ),
-    ("save_steps", "training.checkpoint.interval_steps", ""),
-    ("save_total_limit", "training.checkpoint.keep", ""),
-    ("logging_steps", "training.log_every", ""),
-    ("eval_steps", "training.data.validation.every_steps", ""),
+    (
+        "save_steps",
+        "training.checkpoint.interval_steps",
+        TRAINER,
+        "",
+    ),
+    ("save_total_limit", "training.checkpoint.keep", TRAINER, ""),
+    ("logging_steps", "training.log_every", TRAINER, ""),
+    (
+        "eval_steps",
+        "training.data.validation.every_steps",
+        TRAINER,
+        "",
+    ),
+    (
+        "output_dir",
+        "run_root",
+        TRAINER,
+        ": the run directory is `<run_root>/<name>`",
+    ),
+    ("max_length", "training.data.seq_len", TRL, ""),
+    ("max_seq_length", "training.data.seq_len", TRL, ""),
+    (
+        "timeout_min",
+        "resources.time",
+        SUBMITIT,
+        ": Slurm's syntax, e.g. `time: \"02:00:00\"`",
+    ),
+    ("slurm_partition", "resources.partition", SUBMITIT, ""),
+    (
+        "slurm_additional_parameters",
+        "resources.extra_sbatch",
+        SUBMITIT,
+        ": sbatch options as on the command line, e.g. `[--mail-type=END]`",
+    ),
+    (
+        "mem_gb",
+        "resources.mem",
+        SUBMITIT,
+        ": Slurm's syntax, e.g. `mem: 64G`",
+    ),
+    ("lr", "training.optimizer.lr", "", ""),
+    ("seq_len", "training.data.seq_len", "", ""),
+    ("strategy", "training.fsdp.strategy", "", ""),
 ];
 
-/// Where this spec has a Hugging Face Trainer argument, and what differs, wherever in the
-/// spec it was written (a key this spec has under the same name is never one).
-fn trainer_argument(key: &str) -> Option<(&'static str, &'static str)> {
-    TRAINER_ARGUMENTS
+/// Where this spec has another tool's key (or one of its own keys written in another
+/// section), whose name it is and what differs, wherever in the spec it was written (only
+/// keys unknown where they are written are looked up).
+fn other_place(key: &str) -> Option<(&'static str, &'static str, &'static str)> {
+    OTHER_PLACES
         .iter()
-        .find(|(theirs, _, _)| *theirs == key)
-        .map(|(_, ours, note)| (*ours, *note))
+        .find(|(theirs, _, _, _)| *theirs == key)
+        .map(|(_, ours, whose, note)| (*ours, *whose, *note))
 }
 
 /// A Llama model's key under the name transformers' `config.json` gives it, when `expected`

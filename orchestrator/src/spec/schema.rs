@@ -206,7 +206,11 @@ pub struct DataSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seq_len: Option<u64>,
     /// Paths or glob patterns, relative to the spec file.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "paths_or_one",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub files: Option<Vec<PathBuf>>,
     /// `text`: one document per `file` (default), `line`, or `separator`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -300,7 +304,11 @@ pub struct ValidationSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fraction: Option<f64>,
     /// ...or evaluate on these files.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "paths_or_one",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub files: Option<Vec<PathBuf>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub every_steps: Option<u64>,
@@ -426,4 +434,41 @@ pub struct SweepLimits {
     /// (Slurm's `MaxSubmitJobs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_queued: Option<u64>,
+}
+
+/// A list of paths, or one path written alone (`files: train.jsonl`), as `datasets` takes
+/// its `data_files`.
+fn paths_or_one<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Vec<PathBuf>>, D::Error> {
+    struct PathsOrOne;
+    impl<'de> serde::de::Visitor<'de> for PathsOrOne {
+        type Value = Option<Vec<PathBuf>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a list of paths or glob patterns, or one")
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_any(self)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_str<E: serde::de::Error>(self, path: &str) -> Result<Self::Value, E> {
+            Ok(Some(vec![PathBuf::from(path)]))
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut paths = Vec::new();
+            while let Some(path) = seq.next_element()? {
+                paths.push(path);
+            }
+            Ok(Some(paths))
+        }
+    }
+    deserializer.deserialize_option(PathsOrOne)
 }
