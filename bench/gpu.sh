@@ -9,7 +9,7 @@
 #   4. training through `shardrun run --device cuda`: every strategy at world size 1 in bf16
 #      and in fp16 with loss scaling (and FULL_SHARD / HYBRID_SHARD on all N GPUs); fp32
 #      FULL_SHARD against the unsharded single-process reference;
-#   5. checkpoint save -> resume equals an uninterrupted run; export -> PyTorch reproduces
+#   5. checkpoint save -> resume equals an uninterrupted run (fp32); export -> PyTorch reproduces
 #      the worker's next loss from the exported weights;
 #   6. bench/gpu-bench.yaml (270 M parameters, bf16) next to PyTorch FSDP2 on the same model,
 #      data, dtype and optimizer: step time, tokens/s, MFU, peak memory;
@@ -267,12 +267,14 @@ resume_check() {
   local ck="$out/runs/resume-checkpoints"
   rm -rf "$ck" "$out/runs/straight" "$out/runs/first" "$out/runs/second"
   local more="  checkpoint: { dir: $ck, interval_steps: 3, keep: 3 }"
-  run_job straight "$(spec straight FULL_SHARD bf16 10)" 1 || return 1
+  # fp32: two bf16 runs on a GPU differ by more than a resume may (the attention backward
+  # adds with atomics, in any order), so bf16 could fail a correct resume.
+  run_job straight "$(spec straight FULL_SHARD f32 10)" 1 || return 1
   # 6 steps need not lower the loss (2 of warm-up): these runs are compared, not judged.
-  run_only first "$(spec first FULL_SHARD bf16 6 "$more")" 1 || return 1
-  run_only second "$(spec second FULL_SHARD bf16 10 "$more")" 1 || return 1
+  run_only first "$(spec first FULL_SHARD f32 6 "$more")" 1 || return 1
+  run_only second "$(spec second FULL_SHARD f32 10 "$more")" 1 || return 1
   grep -q "resumed from checkpoint" "$out/runs/second/train.log" || { echo "no resume"; return 1; }
-  "$python" bench/gpu_checks.py same "$out/runs/second/metrics.jsonl" "$out/runs/straight/metrics.jsonl" --after 6 --rtol 1e-3
+  "$python" bench/gpu_checks.py same "$out/runs/second/metrics.jsonl" "$out/runs/straight/metrics.jsonl" --after 6 --rtol 1e-4
 }
 check "save -> resume equals an uninterrupted run" resume_check
 export_check() {

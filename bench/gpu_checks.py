@@ -225,6 +225,10 @@ def table(out, name=""):
     ]
     for row in rows:
         print("| " + " | ".join(row) + " |")
+    if len(ref["peak_rss_bytes"]) == 1:
+        # One rank per side: what is compared is one GPU's training, not sharding's cost.
+        print("\nOne GPU: shardrun issues no collectives at world size 1; PyTorch FSDP2 still "
+              "copies into its one-rank all-gather and reduce-scatter.")
     with open(os.path.join(out, f"summary{suffix}.json"), "w") as f:
         json.dump({"shardrun": {"step_time_s": step, "tokens_per_s": tps, "mfu": mfu,
                                 "peak_allocated_bytes": peak, "peak_reserved_bytes": reserved},

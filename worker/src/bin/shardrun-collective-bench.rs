@@ -10,7 +10,9 @@
 //! shardrun-collective-bench --device cuda check        # NCCL self-test, world size 1
 //! ```
 //! On CUDA the communicator is always NCCL, a one-rank one at world size 1 (training needs
-//! none there, but this is how one GPU exercises the NCCL path: streams, events, deadlines).
+//! none there). One GPU checks that NCCL loads, that a non-blocking communicator is created
+//! and finalized, and the ordering by streams and events; NCCL copies a one-rank collective
+//! straight onto the stream, so its kernels, transports and launch thread need two GPUs.
 //! * `check`: every collective on several sizes and dtypes, results compared exactly;
 //! * `bench`: all-gather / reduce-scatter / all-reduce bandwidth, one JSON line per op;
 //! * `soak`: all-reduce in a loop until an error (used by the dead-peer test).
