@@ -199,8 +199,8 @@ pub fn shortfall(request: &NodeRequest, nodes: &[NodeInfo]) -> Option<Vec<String
         let meeting = partition.iter().filter(|n| n.meets(request)).count() as u64;
         if meeting < request.nodes {
             reasons.push(format!(
-                "the job asks for {} nodes (resources.nodes): {meeting} of {name} have what \
-                 each is asked for",
+                "the job asks for {} nodes (resources.nodes): only {meeting} node(s) of {name} \
+                 have what each is asked for",
                 request.nodes
             ));
         }
@@ -365,8 +365,8 @@ mod tests {
         assert_eq!(
             shortfall(&three, &nodes).unwrap(),
             [
-                "the job asks for 3 nodes (resources.nodes): 2 of partition gpu (the default) \
-              have what each is asked for"
+                "the job asks for 3 nodes (resources.nodes): only 2 node(s) of partition gpu \
+              (the default) have what each is asked for"
             ]
         );
         // The CPU partition has no GPU at all; a partition sinfo does not list is sbatch's.
