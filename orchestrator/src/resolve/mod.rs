@@ -1307,7 +1307,7 @@ mod tests {
         );
         assert!(
             stops.summary().contains(
-                "steps          1 (2 tokens in all); stops at the first whose loss or gradients are not finite\n"
+                "steps          1 (2 samples in all); stops at the first whose loss or gradients are not finite\n"
             ),
             "{}",
             stops.summary()
@@ -1317,7 +1317,12 @@ mod tests {
         assert_eq!(goes_on.train, written.train);
         assert!(goes_on
             .summary()
-            .contains("steps          1 (2 tokens in all)\n"));
+            .contains("steps          1 (2 samples in all)\n"));
+        assert!(
+            goes_on.summary().contains("  samples/step   2\n"),
+            "{}",
+            goes_on.summary()
+        );
         // The default is not written: configs of runs from before the key hash as they did.
         let json = serde_json::to_value(&goes_on.train).unwrap();
         assert!(json.get("on_divergence").is_none(), "{json}");

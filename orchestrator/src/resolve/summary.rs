@@ -107,10 +107,17 @@ impl ResolvedJob {
             "  batch          {} total = {} per device × {} ranks × {} accumulation step(s)",
             b.total_batch_size, b.batch_size_per_device, b.world_size, b.grad_accum_steps
         );
-        let _ = writeln!(out, "  tokens/step    {}", self.tokens_per_step);
+        // The MLP's samples are vectors, not token sequences.
+        let unit = if t.model.vocab_size().is_some() {
+            "tokens"
+        } else {
+            "samples"
+        };
+        let per_step = format!("{unit}/step");
+        let _ = writeln!(out, "  {per_step:<15}{}", self.tokens_per_step);
         let _ = writeln!(
             out,
-            "  steps          {} ({} tokens in all){}",
+            "  steps          {} ({} {unit} in all){}",
             t.steps,
             self.tokens_per_step * t.steps,
             match (t.on_divergence, t.model.blown_up_loss()) {
