@@ -343,6 +343,19 @@ fn not_yaml(source: &str, e: &ScanError) -> Malformed {
                 ),
             }
         }
+        // A tab where YAML wants a space (after a `:`, before a `#`) reads as spaces in
+        // the quoted line: say it is there.
+        info if (source.lines().nth(at.line.saturating_sub(1) as usize))
+            .is_some_and(|line| line.contains('\t')) =>
+        {
+            Malformed {
+                at,
+                why: format!("not valid YAML: {info}"),
+                fix: "this line holds a tab (shown as spaces above): YAML separates with spaces \
+                  only, replace it with a space"
+                    .into(),
+            }
+        }
         info => Malformed {
             at,
             why: format!("not valid YAML: {info}"),
@@ -476,6 +489,15 @@ mod tests {
         let deeper = "a: 1\nb 2\n  c 3\nd: 4\n";
         let err = SpannedDocument::parse(deeper).err().unwrap();
         assert_eq!(Some(err.at), at(2, 1, 3), "{err:?}");
+        let after_colon = SpannedDocument::parse("name: ft\nsteps:\t20\n")
+            .err()
+            .unwrap();
+        assert!(
+            after_colon
+                .fix
+                .starts_with("this line holds a tab (shown as spaces above)"),
+            "{after_colon:?}"
+        );
         let tab = "name: ft\n\ttraining: {}\n";
         let err = SpannedDocument::parse(tab).err().unwrap();
         assert_eq!(Some(err.at), at(2, 1, 1), "{err:?}");
