@@ -782,12 +782,22 @@ fn a_damaged_manifest_is_named_by_status_and_forced_anew() {
         let out = shardrun_in(dir.path(), &[command, "runs/damaged"], DEADLINE);
         assert!(out.status.success(), "{command}: {}", stderr_of(&out));
     }
+    // ... and a new run starts from its weights as the message says.
+    assert!(
+        stderr.contains(
+            "damaged/checkpoints/step-<N>` (with the default `checkpoint.dir`) starts from them"
+        ),
+        "{stderr}"
+    );
+    let weights = dir.join("runs/damaged/checkpoints/step-2");
+    let from = format!("training.checkpoint.from={}", weights.display());
+    run("from-weights", &["--set", &from]);
 
     run("damaged", &["--force"]);
     let out = shardrun_in(dir.path(), &["status", "--json", "runs"], DEADLINE);
     assert!(out.status.success(), "{}", stderr_of(&out));
     let states = states(&stdout_of(&out));
-    assert_eq!(states.len(), 2, "{states:?}");
+    assert_eq!(states.len(), 3, "{states:?}");
     assert!(
         states.iter().all(|(_, state)| state == "COMPLETED"),
         "{states:?}"

@@ -360,15 +360,27 @@ pub fn follow_move(here: &Path, created: Option<&Path>, recorded: &mut PathBuf) 
 /// What to do about a run directory's file that does not read: restore it, and what still
 /// works meanwhile, before starting over (which deletes the run).
 fn corrupt_fix(path: &Path) -> String {
-    let meanwhile = if path.file_name().is_some_and(|n| n == "manifest.json") {
+    let manifest = path.file_name().is_some_and(|n| n == "manifest.json");
+    let meanwhile = if manifest {
         " (the run's logs, metrics and checkpoints are not in it: `shardrun logs`, `metrics` \
          and `export` still read them)"
     } else {
         ""
     };
+    // The checkpoints are intact: a new run can start from their weights.
+    let keep_weights = match path.parent() {
+        Some(run) if manifest => format!(
+            "; or keep the trained weights: a new run (another `name`) with \
+             `training.checkpoint.from: {}/checkpoints/step-<N>` (with the default \
+             `checkpoint.dir`) starts from them",
+            run.display()
+        ),
+        _ => String::new(),
+    };
     format!(
         "the file was edited or truncated: restore it from a copy if there is one{meanwhile}; \
-         else start the run over with --force, which deletes what the run directory holds"
+         else start the run over with --force, which deletes what the run directory holds\
+         {keep_weights}"
     )
 }
 
