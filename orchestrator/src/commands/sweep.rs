@@ -82,6 +82,9 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     if let Some(throttle) = args.throttle {
         sweep_again.push_str(&format!(" --throttle {throttle}"));
     }
+    if args.force {
+        sweep_again.push_str(" --force");
+    }
 
     // One submitter at a time, and first finish what an interrupted one left.
     let _lock = if args.dry_run {
@@ -302,10 +305,9 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     }
     if plan.arrays.is_empty() {
         outln!(
-            "No room to queue any of the {} point(s) now ({}); run `shardrun sweep {}` again when some of your jobs have ended",
+            "No room to queue any of the {} point(s) now ({}); run `{sweep_again}` again when some of your jobs have ended",
             to_submit.len(),
             limits.queue.as_ref().map(|l| l.what.as_str()).unwrap_or("limit"),
-            crate::output::pasteable(&args.spec)
         );
         return Ok(());
     }
