@@ -52,8 +52,9 @@ pub enum RendezvousError {
     },
     /// Something listens on MASTER_PORT that does not answer as a rank 0 of shardrun.
     #[error(
-        "{master} answers, but not as rank 0 of a shardrun job: for {secs} s {last}; is another \
-         program listening on MASTER_PORT? Give the job a free port"
+        "no rank 0 answered at {master} within {secs} s, and the last try reached a program that \
+         is not one ({last}): is another program listening on MASTER_PORT? Give the job a free \
+         port"
     )]
     NotRankZero {
         master: String,

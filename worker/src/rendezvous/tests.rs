@@ -120,7 +120,8 @@ fn a_program_on_the_master_port_that_is_not_rank_0_is_named_as_such() {
         assert!(
             matches!(err, RendezvousError::NotRankZero { .. })
                 && err.to_string().contains(&format!(
-                    "127.0.0.1:{} answers, but not as rank 0 of a shardrun job",
+                    "no rank 0 answered at 127.0.0.1:{} within 1 s, and the last try reached a \
+                     program that is not one",
                     config.master_port
                 ))
                 && err.to_string().contains("gave no shardrun handshake"),
