@@ -332,6 +332,17 @@ fn not_yaml(source: &str, e: &ScanError) -> Malformed {
         },
         "while parsing node, found unknown anchor" => {
             let name = alias_at(source, at).unwrap_or_default();
+            // `files: *.bin`: a glob pattern, not an alias.
+            if name.is_empty() || name.contains(['.', '/', '*', '?', '[']) {
+                return Malformed {
+                    at,
+                    why: format!(
+                        "not valid YAML: `*{name}` reads as an alias (YAML's `*name`), not as \
+                         the pattern it looks like"
+                    ),
+                    fix: format!("quote the pattern: `\"*{name}\"`"),
+                };
+            }
             Malformed {
                 at: Location {
                     width: name.chars().count() as u32 + 1,
@@ -345,17 +356,13 @@ fn not_yaml(source: &str, e: &ScanError) -> Malformed {
         }
         // A tab where YAML wants a space (after a `:`, before a `#`) reads as spaces in
         // the quoted line: say it is there.
-        info if (source.lines().nth(at.line.saturating_sub(1) as usize))
-            .is_some_and(|line| line.contains('\t')) =>
-        {
-            Malformed {
-                at,
-                why: format!("not valid YAML: {info}"),
-                fix: "this line holds a tab (shown as spaces above): YAML separates with spaces \
+        info if tab_before(source, at) => Malformed {
+            at,
+            why: format!("not valid YAML: {info}"),
+            fix: "this line holds a tab (shown as spaces above): YAML separates with spaces \
                   only, replace it with a space"
-                    .into(),
-            }
-        }
+                .into(),
+        },
         info => Malformed {
             at,
             why: format!("not valid YAML: {info}"),
@@ -391,6 +398,23 @@ fn alias_at(source: &str, at: Location) -> Option<String> {
             .take_while(|c| !c.is_whitespace() && !matches!(c, ',' | ']' | '}'))
             .collect(),
     )
+}
+
+/// Whether the blank run just before `at` on its line holds a tab: the separator YAML
+/// refused (a tab inside quotes or a comment elsewhere on the line is not it).
+fn tab_before(source: &str, at: Location) -> bool {
+    let Some(line) = source.lines().nth(at.line.saturating_sub(1) as usize) else {
+        return false;
+    };
+    let before: Vec<char> = line
+        .chars()
+        .take(at.column.saturating_sub(1) as usize)
+        .collect();
+    before
+        .iter()
+        .rev()
+        .take_while(|c| c.is_whitespace())
+        .any(|&c| c == '\t')
 }
 
 /// The first tab at or after `at`.
@@ -489,6 +513,13 @@ mod tests {
         let deeper = "a: 1\nb 2\n  c 3\nd: 4\n";
         let err = SpannedDocument::parse(deeper).err().unwrap();
         assert_eq!(Some(err.at), at(2, 1, 3), "{err:?}");
+        let glob = SpannedDocument::parse("files: *.bin\n").err().unwrap();
+        assert_eq!(glob.fix, "quote the pattern: `\"*.bin\"`", "{glob:?}");
+        // A tab elsewhere on the line (in quotes) is not the error's.
+        let quoted = SpannedDocument::parse("env: {A: \"x\ty\", B: [1, 2}\n")
+            .err()
+            .unwrap();
+        assert!(!quoted.fix.contains("tab"), "{quoted:?}");
         let after_colon = SpannedDocument::parse("name: ft\nsteps:\t20\n")
             .err()
             .unwrap();
