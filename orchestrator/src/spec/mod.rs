@@ -364,11 +364,20 @@ mod tests {
         assert!(parse_str(&example).is_ok());
         // An unquoted `[a100|h100]` is a list to YAML.
         let constraint = format!("{MINIMAL}resources: {{ constraint: [a100|h100] }}\n");
-        assert!(
-            fix(&constraint).starts_with("quote the text (`\"[a100|h100]\"`): YAML reads"),
-            "{}",
-            fix(&constraint)
+        assert_eq!(
+            fix(&constraint),
+            "write one value here; YAML reads an unquoted `[a100|h100]` as a list: to give it \
+             as text, quote it: `\"[a100|h100]\"`"
         );
+        let partitions = format!("{MINIMAL}resources: {{ partition: [gpu, debug] }}\n");
+        assert!(
+            fix(&partitions).contains("`\"[gpu, debug]\"`"),
+            "{}",
+            fix(&partitions)
+        );
+        // A block list has no brackets to quote.
+        let block = format!("{MINIMAL}resources:\n  partition:\n    - gpu\n    - debug\n");
+        assert_eq!(fix(&block), "write one value here, not a list");
         let quoted = format!("{MINIMAL}resources: {{ constraint: \"[a100|h100]\" }}\n");
         assert!(parse_str(&quoted).is_ok());
         // Every example, written at its place, is read.
@@ -414,6 +423,8 @@ mod tests {
             assert_eq!(data.files, one, "{written}");
             assert_eq!(data.validation.unwrap().files, one, "{written}");
         }
+        let number = with("2024").unwrap().spec.training.data.unwrap();
+        assert_eq!(number.files, Some(vec![PathBuf::from("2024")]));
         let two = with("[a.txt, b/*.txt]")
             .unwrap()
             .spec

@@ -75,7 +75,7 @@ pub fn read<T: DeserializeOwned>(source: &str) -> Result<T, ReadError> {
                 steps.pop();
             }
         }
-        explain(error, &steps, &document)
+        explain(error, &steps, &document, source)
     })
 }
 
@@ -130,7 +130,12 @@ fn inside_buffered(
     }
 }
 
-fn explain(mut error: DeError, path: &[Step], document: &SpannedDocument<'_>) -> ReadError {
+fn explain(
+    mut error: DeError,
+    path: &[Step],
+    document: &SpannedDocument<'_>,
+    source: &str,
+) -> ReadError {
     let path = match inside_buffered(&error, path, document) {
         Some((steps, at)) => {
             error.at = Some(at);
@@ -224,12 +229,16 @@ fn explain(mut error: DeError, path: &[Step], document: &SpannedDocument<'_>) ->
         ),
         Problem::WrongValue {
             message, expected, ..
-        } => (
-            locate(None),
-            SpecErrorKind::WrongValue,
-            message.clone(),
-            wrong_value_fix(&field, message, expected),
-        ),
+        } => {
+            let at = locate(None);
+            let written = at.and_then(|at| flow_text_at(source, at));
+            (
+                at,
+                SpecErrorKind::WrongValue,
+                message.clone(),
+                wrong_value_fix(&field, message, expected, written.as_deref()),
+            )
+        }
         Problem::Other(message) => (
             locate(None),
             SpecErrorKind::WrongValue,
@@ -291,9 +300,10 @@ pub(crate) const SECTION_EXAMPLES: [(&str, &str); 12] = [
 ];
 
 /// How to write a value where one of the wrong type was: an example for the sections of
-/// [`SECTION_EXAMPLES`]; for text written as `[...]` or `{...}`, that YAML read it as a list
-/// or a mapping; else what the field takes.
-fn wrong_value_fix(field: &str, message: &str, expected: &str) -> String {
+/// [`SECTION_EXAMPLES`]; where text was expected and a list or a mapping found, one value
+/// (and, for `written` in brackets, that YAML reads them as a list or a mapping); else what
+/// the field takes.
+fn wrong_value_fix(field: &str, message: &str, expected: &str, written: Option<&str>) -> String {
     if let Some((_, example)) = SECTION_EXAMPLES.iter().find(|(f, _)| *f == field) {
         return format!("write {expected} here, e.g. `{example}`");
     }
@@ -301,14 +311,42 @@ fn wrong_value_fix(field: &str, message: &str, expected: &str) -> String {
     let read_as = ["sequence", "map"]
         .into_iter()
         .find(|what| message.starts_with(&format!("invalid type: {what},")));
-    match read_as {
-        Some(what) if text_expected => format!(
-            "quote the text (`\"[a100|h100]\"`): YAML reads an unquoted value that starts with \
-             `[` or `{{` as a {}",
-            if what == "map" { "mapping" } else { "list" }
+    let what = match read_as {
+        Some("map") => "mapping",
+        _ => "list",
+    };
+    match (read_as, written) {
+        (Some(_), Some(written)) if text_expected => format!(
+            "write one value here; YAML reads an unquoted `{written}` as a {what}: to give \
+             it as text, quote it: `\"{written}\"`"
         ),
+        (Some(_), None) if text_expected => format!("write one value here, not a {what}"),
         _ => format!("write {expected} here"),
     }
+}
+
+/// The flow collection written at `at` (`[a100|h100]`, `{ hours: 2 }`), up to its closing
+/// bracket; `None` for anything else (a block list or mapping).
+fn flow_text_at(source: &str, at: Location) -> Option<String> {
+    let line = source.lines().nth((at.line as usize).checked_sub(1)?)?;
+    let rest: String = line.chars().skip(at.column as usize - 1).collect();
+    if !rest.starts_with(['[', '{']) {
+        return None;
+    }
+    let mut depth = 0usize;
+    for (i, c) in rest.char_indices() {
+        match c {
+            '[' | '{' => depth += 1,
+            ']' | '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(rest[..=i].to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// The Llama keys `transformers`' `config.json` names otherwise than this spec: (theirs,
@@ -330,7 +368,7 @@ const SUBMITIT: &str = "submitit's";
 /// Keys of other tools (the Hugging Face Trainer, TRL, submitit) that this spec has under
 /// another name and place, and keys of this spec written in another section: (theirs, ours
 /// as a whole path, whose name it is (`""`: this spec's, misplaced), what differs).
-const OTHER_PLACES: [(&str, &str, &str, &str); 29] = [
+const OTHER_PLACES: [(&str, &str, &str, &str); 30] = [
     ("learning_rate", "training.optimizer.lr", TRAINER, ""),
     ("max_steps", "training.steps", TRAINER, ""),
     (
@@ -427,6 +465,7 @@ const OTHER_PLACES: [(&str, &str, &str, &str); 29] = [
         SUBMITIT,
         ": Slurm's syntax, e.g. `mem: 64G`",
     ),
+    ("setup", "resources.setup", SUBMITIT, ""),
     ("lr", "training.optimizer.lr", "", ""),
     ("seq_len", "training.data.seq_len", "", ""),
     ("strategy", "training.fsdp.strategy", "", ""),

@@ -459,6 +459,16 @@ fn paths_or_one<'de, D: serde::Deserializer<'de>>(
         fn visit_str<E: serde::de::Error>(self, path: &str) -> Result<Self::Value, E> {
             Ok(Some(vec![PathBuf::from(path)]))
         }
+        // A name YAML types otherwise (`files: 2024`), read as its text as in a list.
+        fn visit_u64<E: serde::de::Error>(self, name: u64) -> Result<Self::Value, E> {
+            self.visit_str(&name.to_string())
+        }
+        fn visit_i64<E: serde::de::Error>(self, name: i64) -> Result<Self::Value, E> {
+            self.visit_str(&name.to_string())
+        }
+        fn visit_bool<E: serde::de::Error>(self, name: bool) -> Result<Self::Value, E> {
+            self.visit_str(&name.to_string())
+        }
         fn visit_seq<A: serde::de::SeqAccess<'de>>(
             self,
             mut seq: A,
