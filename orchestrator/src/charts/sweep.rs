@@ -30,12 +30,12 @@ pub struct PointRecords {
 /// Where a point's run is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PointProgress {
-    /// Created, queued, running or preempted: more steps may come.
+    /// Created, queued, running, or preempted and requeued: more steps may come.
     Going,
     /// Completed.
     Finished,
-    /// Ended without completing (cancelled, failed, out of time or memory): no more steps
-    /// until it is run again.
+    /// Ended without completing (cancelled, failed, out of time or memory, preempted and not
+    /// requeued): no more steps until it is run again.
     Stopped,
 }
 

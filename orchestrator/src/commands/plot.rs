@@ -162,18 +162,11 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
             waiting.push(name.clone());
         }
         let manifest = run.read_manifest().ok();
-        let progress = match manifest.as_ref().map(|m| m.state) {
-            Some(RunState::Completed) => PointProgress::Finished,
-            Some(
-                RunState::Failed
-                | RunState::Cancelled
-                | RunState::Timeout
-                | RunState::OutOfMemory
-                | RunState::NodeFail
-                | RunState::SubmitFailed,
-            ) => PointProgress::Stopped,
-            _ => PointProgress::Going,
-        };
+        let requeued = std::fs::read_to_string(run.result())
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .is_some_and(|v| v["requeued"].as_bool() == Some(true));
+        let progress = progress_of(manifest.as_ref().map(|m| m.state), requeued);
         points.push(PointRecords {
             name,
             progress,
@@ -190,9 +183,17 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
         );
     }
     if waiting.len() == points.len() {
+        if points.iter().any(|p| p.progress == PointProgress::Going) {
+            bail!(
+                "no point under {} has logged a step yet; try again once they run",
+                args.run.display()
+            );
+        }
         bail!(
-            "no point under {} has logged a step yet; try again once they run",
-            args.run.display()
+            "no point under {} logged a step before it ended; `shardrun status {}` says how \
+             they ended",
+            args.run.display(),
+            crate::output::pasteable(&args.run)
         );
     }
     // The points drawn; those without a step are named in the command's output.
@@ -281,9 +282,52 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
     Ok(())
 }
 
+/// Where a point's run is, from its manifest's state and whether its controller had the
+/// job requeued when it was preempted.
+fn progress_of(state: Option<RunState>, requeued: bool) -> PointProgress {
+    match state {
+        Some(RunState::Completed) => PointProgress::Finished,
+        Some(RunState::Preempted) if requeued => PointProgress::Going,
+        Some(
+            RunState::Failed
+            | RunState::Cancelled
+            | RunState::Timeout
+            | RunState::OutOfMemory
+            | RunState::NodeFail
+            | RunState::SubmitFailed
+            | RunState::Preempted,
+        ) => PointProgress::Stopped,
+        Some(RunState::Created | RunState::Submitted | RunState::Running | RunState::Died)
+        | None => PointProgress::Going,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_point_is_going_finished_or_stopped_by_its_runs_state() {
+        use PointProgress::*;
+        for (state, requeued, progress) in [
+            (RunState::Created, false, Going),
+            (RunState::Submitted, false, Going),
+            (RunState::Running, false, Going),
+            (RunState::Completed, false, Finished),
+            (RunState::Failed, false, Stopped),
+            (RunState::Cancelled, false, Stopped),
+            (RunState::Timeout, false, Stopped),
+            (RunState::OutOfMemory, false, Stopped),
+            (RunState::NodeFail, false, Stopped),
+            (RunState::SubmitFailed, false, Stopped),
+            // Preempted: queued again by its controller, or ended (no requeue).
+            (RunState::Preempted, true, Going),
+            (RunState::Preempted, false, Stopped),
+        ] {
+            assert_eq!(progress_of(Some(state), requeued), progress, "{state:?}");
+        }
+        assert_eq!(progress_of(None, false), Going);
+    }
 
     #[test]
     fn a_sweeps_plot_leaves_out_the_runs_of_an_earlier_spec() {
