@@ -246,7 +246,7 @@ pub fn parse_memory_size(mem: &str) -> Option<u64> {
     }
 }
 
-/// `mem` as the sbatch script writes it: sbatch reads only the letter after the digits, so
+/// `mem` as the sbatch script writes it: sbatch takes one `B` after the unit's letter, so
 /// `200GB` asks for `200G`; the script has the form Slurm documents, `200G`.
 pub fn memory_size_for_sbatch(mem: &str) -> &str {
     let mem = mem.trim();

@@ -257,6 +257,15 @@ enum ErrorFileEnding {
 /// How [`error_file_ending`]'s words start.
 const ENDED_WITHOUT_RESULT: &str = "the job ended before its controller wrote a result";
 
+/// What an error file ends with, after the words for a killed controller, which say already
+/// that no result came.
+fn after_killed(said: String) -> String {
+    match said.strip_prefix(&format!("{ENDED_WITHOUT_RESULT}; ")) {
+        Some(rest) => rest.to_string(),
+        None => said,
+    }
+}
+
 /// For a Slurm job that ended before its controller wrote a result: its error file (the
 /// sbatch script's `--error`, named `<job name>-<job id>.err` in the run directory, or in
 /// the sweep's `slurm/` folder for an array task) and the last line its last attempt wrote,
@@ -520,11 +529,7 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
                 });
                 // After that, an error file with nothing of this attempt says nothing more.
                 let ending = error_file_ending(run, id).and_then(|ending| match ending {
-                    // The killed controller's words say already that no result came.
-                    ErrorFileEnding::Said(said) if killed.is_some() => Some(
-                        said.strip_prefix(&format!("{ENDED_WITHOUT_RESULT}; "))
-                            .map_or(said.clone(), str::to_string),
-                    ),
+                    ErrorFileEnding::Said(said) if killed.is_some() => Some(after_killed(said)),
                     ErrorFileEnding::Said(said) => Some(said),
                     ErrorFileEnding::Nothing(_) if killed.is_some() => None,
                     ErrorFileEnding::Nothing(nothing) => Some(nothing),
@@ -933,12 +938,21 @@ mod tests {
 
         let single = point.join("job-41.err");
         std::fs::write(&single, "first\nshardrun: it failed\n\n").unwrap();
+        let said = error_file_ending(&run, "41").unwrap();
         assert_eq!(
-            error_file_ending(&run, "41").unwrap(),
+            said,
             ErrorFileEnding::Said(format!(
                 "the job ended before its controller wrote a result; {} ends: shardrun: it failed",
                 single.display()
             ))
+        );
+        // After a killed controller's words, the file's ending alone.
+        let ErrorFileEnding::Said(said) = said else {
+            unreachable!()
+        };
+        assert_eq!(
+            after_killed(said),
+            format!("{} ends: shardrun: it failed", single.display())
         );
         // A requeued job appends: only its last attempt's lines are its own.
         let attempts = "shardrun: start of job 41 on n1, attempt 1\n\
