@@ -232,7 +232,10 @@ if [[ "$device" == cpu ]]; then
 elif [[ -x "$bin/tests/shardrun-worker-unit-tests" ]]; then
   check "worker unit tests on CUDA" "$bin/tests/shardrun-worker-unit-tests" --test-threads 1 --include-ignored
 else
-  echo "(no $bin/tests/shardrun-worker-unit-tests: stage with \`bench/gpu.sh stage\` to run the unit tests here)"
+  # Not run, and counted so: the GPU-only unit tests run nowhere else.
+  printf 'skip  %-58s       (no %s: stage with `bench/gpu.sh stage`)\n' "worker unit tests on CUDA" \
+    "$bin/tests/shardrun-worker-unit-tests" | tee -a "$out/checks.txt"
+  not_run+=("worker unit tests on CUDA")
 fi
 bundle
 fi

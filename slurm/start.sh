@@ -202,6 +202,8 @@ DBD
         (exec 3<>"/dev/tcp/127.0.0.1/$dbd_port") 2>/dev/null && break
         sleep 0.2
     done
+    (exec 3<>"/dev/tcp/127.0.0.1/$dbd_port") 2>/dev/null \
+        || die "slurmdbd does not listen on port $dbd_port; see $dir/log/slurmdbd.log"
     # slurmctld authenticates to slurmdbd through munge: the password field names the socket.
     # Association limits (sacctmgr ... set MaxSubmitJobs=N) are enforced, as on real sites.
     accounting_lines="AccountingStorageType=accounting_storage/slurmdbd

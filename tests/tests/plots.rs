@@ -179,6 +179,12 @@ fn a_resumed_run_plots_its_checkpoints_failure_and_resume_inside_every_panel() {
         .filter(|m| m.stroke == "#1F77B4" && svg.frame_of(m) == Some(0) && m.points.len() == 20)
         .collect();
     assert_eq!(loss_curves.len(), 2, "raw and smoothed loss");
+    assert!(
+        loss_curves
+            .iter()
+            .all(|c| c.points.iter().all(|(x, y)| x.is_finite() && y.is_finite())),
+        "{loss_curves:?}"
+    );
     assert_ne!(loss_curves[0].points, loss_curves[1].points);
 
     // The PNG is the same figure in pixels.

@@ -258,7 +258,7 @@ fn a_finished_run_is_left_alone_trained_longer_on_request_refused_when_changed_a
     let files = |names: &[&str]| -> Vec<Vec<u8>> {
         names
             .iter()
-            .map(|n| std::fs::read(run.join(n)).unwrap_or_default())
+            .map(|n| std::fs::read(run.join(n)).unwrap_or_else(|e| panic!("{n}: {e}")))
             .collect()
     };
     let kept = ["metrics.jsonl", "train.log", "job.yaml", "manifest.json"];

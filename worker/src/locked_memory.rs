@@ -27,7 +27,11 @@ pub fn raise() -> Option<String> {
         // one needs no privilege.
         unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) };
     }
-    let now = current()?.rlim_cur;
+    too_low(current()?.rlim_cur)
+}
+
+/// What to do when a locked-memory limit of `now` bytes is below what NCCL needs.
+fn too_low(now: u64) -> Option<String> {
     (now != libc::RLIM_INFINITY && now < NEEDED_BYTES).then(|| {
         format!(
             "the locked-memory limit is {} KiB (ulimit -l): NCCL over InfiniBand needs it \
@@ -49,13 +53,18 @@ mod tests {
         let warning = raise();
         let after = current().unwrap();
         assert_eq!(after.rlim_cur, before.rlim_max);
-        let low = after.rlim_cur != libc::RLIM_INFINITY && after.rlim_cur < NEEDED_BYTES;
-        assert_eq!(warning.is_some(), low, "{warning:?}");
-        if let Some(text) = warning {
-            assert!(
-                text.contains(&format!("{} KiB", after.rlim_cur / 1024)),
-                "{text}"
-            );
-        }
+        assert_eq!(warning, too_low(after.rlim_cur));
+    }
+
+    #[test]
+    fn a_login_nodes_limit_is_said_with_what_to_change_and_unlimited_is_not() {
+        let said = too_low(64 << 10).expect("64 KiB is too low");
+        assert!(
+            said.starts_with("the locked-memory limit is 64 KiB (ulimit -l)")
+                && said.contains("`--propagate=NONE` to `resources.extra_sbatch`"),
+            "{said}"
+        );
+        assert_eq!(too_low(libc::RLIM_INFINITY), None);
+        assert_eq!(too_low(NEEDED_BYTES), None);
     }
 }

@@ -107,9 +107,22 @@ fn nccl_loads_with_nothing_in_the_environment() {
         nccl.contains(&site_packages.display().to_string()),
         "NCCL {nccl} is not the one beside libtorch {torch}"
     );
-    if !tch::Cuda::is_available() {
+    if tch::Cuda::is_available() {
+        assert!(out.status.success(), "{text}");
+        assert!(
+            text.contains("\nnvidia driver: ") && text.contains(" at most)"),
+            "{text}"
+        );
+    } else {
         assert_eq!(out.status.code(), Some(1), "{text}");
         assert!(text.contains("device: node "), "{text}");
+        let driver_loaded = std::path::Path::new("/proc/driver/nvidia/version").exists();
+        if !driver_loaded {
+            assert!(
+                text.contains("\nnvidia driver: none loaded on this node\n"),
+                "{text}"
+            );
+        }
     }
 }
 

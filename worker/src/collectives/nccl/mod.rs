@@ -694,14 +694,15 @@ mod tests {
     fn rank_zero_makes_an_id_and_joining_without_a_gpu_is_an_error_not_a_crash() {
         let id = new_unique_id().unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(id.len(), UNIQUE_ID_BYTES);
-        if !tch::Cuda::is_available() {
-            let options = CommOptions {
-                timeout: Duration::from_secs(5),
-                ..CommOptions::default()
-            };
-            let err = NcclCommunicator::new(&id, 0, 1, &options)
-                .err()
-                .expect("no GPU: no communicator");
+        let options = CommOptions {
+            timeout: Duration::from_secs(5),
+            ..CommOptions::default()
+        };
+        let made = NcclCommunicator::new(&id, 0, 1, &options);
+        if tch::Cuda::is_available() {
+            made.unwrap_or_else(|e| panic!("a one-rank communicator on the GPU: {e}"));
+        } else {
+            let err = made.err().expect("no GPU: no communicator");
             eprintln!("{err}");
         }
     }
