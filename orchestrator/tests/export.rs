@@ -153,6 +153,14 @@ fn exports_the_newest_checkpoint_of_a_run_directory() {
         20.0 + 64.0 / 1000.0,
         "layer2.bias follows the 4x16 weight"
     );
+    // A Hugging Face folder's options are not offered for a run that has no such folder.
+    let (ok, text) = export(&[run.path(), Path::new("--dtype"), Path::new("bf16")]);
+    assert!(!ok);
+    assert!(
+        text.contains("drop them (a Hugging Face folder is written for Llama-family runs only)")
+            && !text.contains("export with --format hf"),
+        "{text}"
+    );
     // A Hugging Face folder is written from the run's model description, which this run
     // directory lacks: said so, not blamed on the model.
     let (ok, text) = export(&[run.path(), Path::new("--format"), Path::new("hf")]);

@@ -279,7 +279,8 @@ pub fn check_format(output: &Path) -> anyhow::Result<()> {
 }
 
 fn format_of(output: &Path) -> anyhow::Result<Format> {
-    match output.extension().and_then(|e| e.to_str()) {
+    let extension = output.extension().and_then(|e| e.to_str());
+    match extension.map(str::to_ascii_lowercase).as_deref() {
         Some("svg") => Ok(Format::Svg),
         Some("png") => Ok(Format::Png),
         _ => bail!(
@@ -741,6 +742,20 @@ pub fn grid<DB: DrawingBackend>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_format_is_told_by_the_extension_in_either_case() {
+        for (name, svg) in [
+            ("a.svg", true),
+            ("a.SVG", true),
+            ("a.png", false),
+            ("b.PNG", false),
+        ] {
+            let format = format_of(Path::new(name)).unwrap();
+            assert_eq!(matches!(format, Format::Svg), svg, "{name}");
+        }
+        assert!(format_of(Path::new("a.pdf")).is_err());
+    }
 
     /// The font sizes (as the SVG writes them: plotters scales a size in pixels by 0.8) and
     /// texts of an SVG's text elements.

@@ -111,12 +111,18 @@ pub fn execute(args: Args) -> Result<()> {
         ExportFormat::Full
     });
     match (format, llama) {
-        (ExportFormat::Full, _) => {
+        (ExportFormat::Full, llama) => {
             if args.dtype.is_some() || args.max_shard_size.is_some() {
+                // A Hugging Face folder is only an option for a Llama-family run.
+                let or_hf = if llama.is_some() {
+                    ", or export with --format hf"
+                } else {
+                    " (a Hugging Face folder is written for Llama-family runs only)"
+                };
                 bail!(
                     "--dtype and --max-shard-size shape a Hugging Face folder (--format hf); a \
                      full checkpoint keeps the training tensors as they are, one file each for \
-                     model and optimizer: drop them, or export with --format hf"
+                     model and optimizer: drop them{or_hf}"
                 );
             }
             export_full_checkpoint(&source, args.out, diverged.is_some())
