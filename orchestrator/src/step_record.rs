@@ -47,8 +47,15 @@ pub struct StepRecord {
     pub step_time_median_s: f64,
     #[serde(deserialize_with = "nan_if_null")]
     pub step_time_max_s: f64,
-    /// The rank with the longest step time (the lowest such rank on a tie).
+    /// The rank that holds the job back: with the most busy time where every rank reports
+    /// one (CPU ranks), else with the longest step time (the lowest such rank on a tie).
     pub slowest_rank: u64,
+    /// CPU ranks: the median and the largest busy time (a rank's step less its wait for the
+    /// others): ranks leave a step together, so this is where a straggler shows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_time_median_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_time_max_s: Option<f64>,
     /// The largest peak memory of any rank (CPU: peak RSS; GPU: allocator peak).
     pub peak_memory_max_bytes: u64,
     pub peak_memory_max_rank: u64,
@@ -84,7 +91,7 @@ pub(crate) fn nan_if_null<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Err
 }
 
 /// Fields metrics.jsonl leaves out when they have no value (to keep lines short).
-const OPTIONAL_FIELDS: [&str; 8] = [
+const OPTIONAL_FIELDS: [&str; 10] = [
     "trained_tokens_per_s",
     "mfu",
     "peak_reserved_max_bytes",
@@ -93,6 +100,8 @@ const OPTIONAL_FIELDS: [&str; 8] = [
     "loss_scale",
     "epoch",
     "data_time_max_s",
+    "busy_time_median_s",
+    "busy_time_max_s",
 ];
 
 impl StepRecord {
@@ -139,12 +148,11 @@ impl StepRecord {
             .expect("a step record folds at least one rank's record");
         let mut times: Vec<f64> = records.iter().map(|m| m.step_time_s).collect();
         times.sort_by(f64::total_cmp);
-        let middle = times.len() / 2;
-        let median = if times.len() % 2 == 1 {
-            times[middle]
-        } else {
-            (times[middle - 1] + times[middle]) / 2.0
-        };
+        let median = median_of_sorted(&times);
+        // Busy times only where every rank has one: a straggler is judged among all ranks.
+        let mut busy: Vec<f64> = records.iter().filter_map(|m| m.busy_time_s).collect();
+        busy.sort_by(f64::total_cmp);
+        let busy = (busy.len() == records.len()).then_some(busy);
         // Highest value wins; on a tie, the lowest rank.
         let argmax = |key: &dyn Fn(&StepMetrics) -> f64| {
             records
@@ -152,7 +160,10 @@ impl StepRecord {
                 .max_by(|a, b| key(a).total_cmp(&key(b)).then(b.rank.cmp(&a.rank)))
                 .expect("not empty")
         };
-        let slowest = argmax(&|m| m.step_time_s);
+        let slowest = match busy {
+            Some(_) => argmax(&|m| m.busy_time_s.unwrap_or(f64::NAN)),
+            None => argmax(&|m| m.step_time_s),
+        };
         let fullest = argmax(&|m| m.peak_memory_bytes as f64);
         let max_of = |get: fn(&StepMetrics) -> Option<u64>| records.iter().filter_map(get).max();
         // The job moves at its slowest rank's pace.
@@ -173,6 +184,8 @@ impl StepRecord {
             step_time_median_s: median,
             step_time_max_s: times[times.len() - 1],
             slowest_rank: slowest.rank,
+            busy_time_median_s: busy.as_deref().map(median_of_sorted),
+            busy_time_max_s: busy.as_deref().and_then(|b| b.last().copied()),
             peak_memory_max_bytes: fullest.peak_memory_bytes,
             peak_memory_max_rank: fullest.rank,
             model_state_max_bytes: max_of(|m| Some(m.model_state_bytes)).unwrap_or(0),
@@ -187,6 +200,16 @@ impl StepRecord {
                 .max_by(|a, b| a.total_cmp(b)),
             loss_blew_up: records.iter().any(|m| m.loss_blew_up),
         }
+    }
+}
+
+/// The median of sorted values (at least one).
+fn median_of_sorted(sorted: &[f64]) -> f64 {
+    let middle = sorted.len() / 2;
+    if sorted.len() % 2 == 1 {
+        sorted[middle]
+    } else {
+        (sorted[middle - 1] + sorted[middle]) / 2.0
     }
 }
 

@@ -30,6 +30,8 @@ pub struct StragglerReport {
     pub spread_p90: f64,
     /// The step where the slowest rank lagged the most.
     pub worst: Option<WorstStep>,
+    /// What the ranks are compared by.
+    pub judged_by: JudgedBy,
     /// Ranks that were the slowest at least once, most often first.
     pub slowest_ranks: Vec<SlowRank>,
     /// The rank with the largest peak memory at the latest step.
@@ -89,8 +91,29 @@ fn segments<'a>(records: &'a [StepRecord], starts: &[WorldStart]) -> Vec<(u64, &
 pub struct WorstStep {
     pub step: u64,
     pub rank: u64,
-    pub step_time_max_s: f64,
-    pub step_time_median_s: f64,
+    /// The slowest rank's time and the median rank's, as [`JudgedBy`] says.
+    pub time_max_s: f64,
+    pub time_median_s: f64,
+}
+
+/// What ranks are compared by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JudgedBy {
+    /// A rank's step less its wait for the others (CPU ranks): its own work, which a
+    /// straggler has most of.
+    BusyTime,
+    /// The step time: ranks leave a step together, so a straggler hardly shows (GPU ranks,
+    /// whose collectives block no host thread to time; runs from before busy times).
+    StepTime,
+}
+
+/// A step's slowest and median rank times, by busy time where the record has it.
+fn times_of(r: &StepRecord) -> (f64, f64, JudgedBy) {
+    match (r.busy_time_max_s, r.busy_time_median_s) {
+        (Some(max), Some(median)) => (max, median, JudgedBy::BusyTime),
+        _ => (r.step_time_max_s, r.step_time_median_s, JudgedBy::StepTime),
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -118,14 +141,24 @@ pub fn analyse(records: &[StepRecord], starts: &[WorldStart]) -> StragglerReport
         })
         .collect();
     let spread = |r: &StepRecord| {
-        if r.step_time_median_s > 0.0 {
-            r.step_time_max_s / r.step_time_median_s - 1.0
+        let (max, median, _) = times_of(r);
+        if median > 0.0 {
+            max / median - 1.0
         } else {
             0.0
         }
     };
     // Records of one rank say nothing about the others.
     let multi: Vec<&StepRecord> = records.iter().filter(|r| r.ranks > 1).collect();
+    // By busy time only when every step judged has it.
+    let judged_by = match multi.iter().all(|r| times_of(r).2 == JudgedBy::BusyTime) {
+        true if !multi.is_empty() => JudgedBy::BusyTime,
+        _ => JudgedBy::StepTime,
+    };
+    let times_of = |r: &StepRecord| match judged_by {
+        JudgedBy::BusyTime => times_of(r),
+        JudgedBy::StepTime => (r.step_time_max_s, r.step_time_median_s, judged_by),
+    };
     let mut spreads: Vec<f64> = multi.iter().map(|r| spread(r)).collect();
     spreads.sort_by(f64::total_cmp);
     let quantile = |q: f64| {
@@ -142,14 +175,15 @@ pub fn analyse(records: &[StepRecord], starts: &[WorldStart]) -> StragglerReport
         .map(|r| WorstStep {
             step: r.step,
             rank: r.slowest_rank,
-            step_time_max_s: r.step_time_max_s,
-            step_time_median_s: r.step_time_median_s,
+            time_max_s: times_of(r).0,
+            time_median_s: times_of(r).1,
         });
     let mut by_rank: BTreeMap<u64, (u64, f64, u64)> = BTreeMap::new();
     for r in &multi {
         let entry = by_rank.entry(r.slowest_rank).or_insert((0, 0.0, 0));
         entry.0 += 1;
-        entry.1 += r.step_time_max_s - r.step_time_median_s;
+        let (max, median, _) = times_of(r);
+        entry.1 += max - median;
         entry.2 = entry.2.max(r.step);
     }
     let total = multi.len().max(1) as f64;
@@ -173,6 +207,7 @@ pub fn analyse(records: &[StepRecord], starts: &[WorldStart]) -> StragglerReport
         spread_median: quantile(0.5),
         spread_p90: quantile(0.9),
         worst,
+        judged_by,
         slowest_ranks,
         peak_memory_max_rank: latest.map(|r| r.peak_memory_max_rank),
         peak_memory_max_bytes: latest.map(|r| r.peak_memory_max_bytes),
@@ -227,6 +262,39 @@ mod tests {
         let worst = report.worst.unwrap();
         assert_eq!((worst.rank, worst.step), (2, 1));
         assert_eq!(report.peak_memory_max_rank, Some(3));
+    }
+
+    #[test]
+    fn busy_times_name_the_rank_the_others_wait_for() {
+        // Every rank's step takes 1 s (they leave it together); rank 1 works 0.9 s of it,
+        // the others 0.5 s and wait the rest.
+        let busy_step = |s: u64| {
+            let records: Vec<StepMetrics> = (0..3)
+                .map(|rank| StepMetrics {
+                    rank,
+                    step: s,
+                    step_time_s: 1.0,
+                    tokens_per_s: 1.0,
+                    busy_time_s: Some(if rank == 1 { 0.9 } else { 0.5 }),
+                    ..Default::default()
+                })
+                .collect();
+            StepRecord::fold(&records, 0.0)
+        };
+        let records: Vec<StepRecord> = (1..=4).map(busy_step).collect();
+        let report = analyse(&records, &[]);
+        assert_eq!(report.judged_by, JudgedBy::BusyTime);
+        assert_eq!(
+            (report.slowest_ranks[0].rank, report.slowest_ranks[0].times),
+            (1, 4)
+        );
+        assert!((report.slowest_ranks[0].mean_excess_s - 0.4).abs() < 1e-12);
+        assert!((report.spread_median - 0.8).abs() < 1e-12);
+        // A step without busy times (GPU ranks, older records): step times for all.
+        let mut mixed = records.clone();
+        mixed.push(step(5, &[1.0, 1.0, 1.2]));
+        let report = analyse(&mixed, &[]);
+        assert_eq!(report.judged_by, JudgedBy::StepTime);
     }
 
     #[test]

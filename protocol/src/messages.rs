@@ -188,6 +188,12 @@ pub struct StepMetrics {
     /// packing, building tensors): the data loader's cost, as torchtitan reports it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_time_s: Option<f64>,
+    /// CPU ranks: the step's time less this rank's wait for collectives to finish, its own
+    /// work. Every rank leaves a step together, so step times are alike on every rank; the
+    /// rank that holds the others back is the one that waits least. `None` on GPUs, where a
+    /// collective blocks no host thread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_time_s: Option<f64>,
 }
 
 /// The loss on the validation data after `step`, over every validation token (all ranks).

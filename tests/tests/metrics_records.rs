@@ -74,7 +74,6 @@ fn four_ranks_make_one_record_per_logged_step_with_the_slowest_rank_and_the_larg
         let times: Vec<f64> = reports.iter().map(|r| f(r, "step_time_s")).collect();
         let max = times.iter().cloned().fold(f64::MIN, f64::max);
         let min = times.iter().cloned().fold(f64::MAX, f64::min);
-        let slowest = reports.iter().find(|r| f(r, "step_time_s") == max).unwrap();
         assert_eq!(f(record, "step_time_max_s"), max, "{record}");
         assert_eq!(f(record, "step_time_min_s"), min, "{record}");
         let mut sorted = times.clone();
@@ -83,7 +82,21 @@ fn four_ranks_make_one_record_per_logged_step_with_the_slowest_rank_and_the_larg
             f(record, "step_time_median_s"),
             (sorted[1] + sorted[2]) / 2.0
         );
+        // CPU ranks: the slowest is the busiest (its step less its wait for the others).
+        let mut busy: Vec<f64> = reports.iter().map(|r| f(r, "busy_time_s")).collect();
+        let busiest = busy.iter().cloned().fold(f64::MIN, f64::max);
+        assert!(
+            times.iter().zip(&busy).all(|(t, b)| (0.0..=*t).contains(b)),
+            "busy within the step: {reports:?}"
+        );
+        let slowest = reports
+            .iter()
+            .find(|r| f(r, "busy_time_s") == busiest)
+            .unwrap();
         assert_eq!(record["slowest_rank"], slowest["rank"], "{record}");
+        busy.sort_by(f64::total_cmp);
+        assert_eq!(f(record, "busy_time_max_s"), busiest, "{record}");
+        assert_eq!(f(record, "busy_time_median_s"), (busy[1] + busy[2]) / 2.0);
         let peak = reports
             .iter()
             .map(|r| r["peak_memory_bytes"].as_u64().unwrap())
@@ -720,6 +733,58 @@ fn a_language_model_whose_loss_blows_up_while_finite_stops_there_and_exports_say
              sweep's spec and run `shardrun sweep` again (changed values are new points)"
         )),
         "{warning}"
+    );
+}
+
+/// A rank slowed on purpose (100 ms more a step) is named: the others wait for it in every
+/// step's collectives, so their busy time, not their step time, tells them apart.
+#[test]
+fn a_rank_slowed_in_every_step_is_named_the_straggler() {
+    let dir = TestDir::new("metrics-straggler");
+    let spec = dir.write("slow.yaml", &tiny_mlp_spec("slow", 12, 3));
+    let (out, run) = run_local(
+        &dir,
+        &spec,
+        &["--nproc", "3", "--no-progress"],
+        &[("SHARDRUN_INJECT_FAILURE", "1:1:slow".to_string())],
+        Duration::from_secs(180),
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    // Every rank's step is as long: ranks leave a step together.
+    let own = |rank: u64| json_lines(&run.join(format!("logs/rank-{rank}.metrics.jsonl")));
+    let slowed = own(1);
+    for record in &slowed {
+        assert!(record["step_time_s"].as_f64().unwrap() >= 0.1, "{record}");
+        assert!(record["busy_time_s"].as_f64().unwrap() >= 0.1, "{record}");
+    }
+    let run_arg = run.to_string_lossy().into_owned();
+    let out = shardrun_in(dir.path(), &["metrics", "--stragglers", "--json", &run_arg]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let doc: serde_json::Value = serde_json::from_str(&stdout_of(&out)).unwrap();
+    let report = &doc["runs"][0];
+    assert_eq!(report["judged_by"], "busy_time", "{report}");
+    let first = &report["slowest_ranks"][0];
+    assert_eq!(first["rank"], 1, "{report}");
+    assert!(first["share"].as_f64().unwrap() >= 0.9, "{report}");
+    assert_eq!(report["worst"]["rank"], 1, "{report}");
+    let text = stdout_of(&shardrun_in(
+        dir.path(),
+        &["metrics", "--stragglers", &run_arg],
+    ));
+    assert!(
+        text.contains("ranks compared by busy time: each rank's step less its wait for the others"),
+        "{text}"
+    );
+    // A line that is no record is said, as `metrics` and `plot` say it.
+    let metrics = run.join("metrics.jsonl");
+    let mut text = std::fs::read_to_string(&metrics).unwrap();
+    text.insert_str(0, "not a record\n");
+    std::fs::write(&metrics, text).unwrap();
+    let out = shardrun_in(dir.path(), &["metrics", "--stragglers", &run_arg]);
+    assert!(
+        stderr_of(&out).contains("line 1 is not a metrics record"),
+        "{}",
+        stderr_of(&out)
     );
 }
 

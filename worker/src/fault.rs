@@ -4,7 +4,9 @@
 //! good (its heartbeats go on, as in a rank stuck in I/O), while the other ranks go on into
 //! the step's collectives; `<rank>:<step>:hold` makes it take [`HELD_BYTES`] more memory
 //! there and keep it, as a leak would, and train on (to see one rank's peak reported for
-//! the job). Unset, it does nothing; a malformed value is an error before training.
+//! the job); `<rank>:<step>:slow` makes it sleep [`SLOW_BY`] in every step from there on, as
+//! a rank on a slower or busier machine (a straggler). Unset, it does nothing; a malformed
+//! value is an error before training.
 
 /// The variable that asks for an injected failure.
 pub const VAR: &str = "SHARDRUN_INJECT_FAILURE";
@@ -15,7 +17,11 @@ pub enum How {
     Panic,
     Hang,
     Hold,
+    Slow,
 }
+
+/// What `slow` adds to each of the rank's steps.
+pub const SLOW_BY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// What `hold` takes: 128 MiB, written so that it is resident.
 pub const HELD_BYTES: usize = 128 << 20;
@@ -38,7 +44,8 @@ impl Injected {
     pub fn parse(text: &str) -> Result<Injected, String> {
         let bad = || {
             format!(
-                "{VAR}={text:?}: expected <rank>:<step>, or <rank>:<step>: and one of panic, hang, hold"
+                "{VAR}={text:?}: expected <rank>:<step>, or <rank>:<step>: and one of panic, hang, \
+                 hold, slow"
             )
         };
         let mut parts = text.trim().split(':');
@@ -53,6 +60,7 @@ impl Injected {
             Some("panic") => How::Panic,
             Some("hang") => How::Hang,
             Some("hold") => How::Hold,
+            Some("slow") => How::Slow,
             Some(_) => return Err(bad()),
         };
         if parts.next().is_some() {
@@ -62,8 +70,12 @@ impl Injected {
     }
 
     /// Fails (or panics, or never returns) when `rank` starts `step` (1-based) and this is
-    /// the chosen pair.
+    /// the chosen pair; slows every step of the rank from the chosen one.
     pub fn check(&self, rank: u64, step: u64) -> Result<(), String> {
+        if self.how == How::Slow && rank == self.rank && step >= self.step {
+            std::thread::sleep(SLOW_BY);
+            return Ok(());
+        }
         if (rank, step) != (self.rank, self.step) {
             return Ok(());
         }
@@ -80,6 +92,7 @@ impl Injected {
                 std::hint::black_box(Vec::leak(vec![1u8; HELD_BYTES]));
                 Ok(())
             }
+            How::Slow => Ok(()),
         }
     }
 }
@@ -97,6 +110,9 @@ mod tests {
         assert_eq!(Injected::parse("0:1:panic").unwrap().how, How::Panic);
         assert_eq!(Injected::parse("2:5:hang").unwrap().how, How::Hang);
         assert_eq!(Injected::parse("2:5:hold").unwrap().how, How::Hold);
+        let slow = Injected::parse("1:3:slow").unwrap();
+        assert_eq!(slow.how, How::Slow);
+        assert!(slow.check(1, 2).is_ok() && slow.check(1, 4).is_ok() && slow.check(0, 3).is_ok());
         for bad in ["", "1", "1:0", "x:2", "1:2:boom", "1:2:panic:3"] {
             assert!(Injected::parse(bad).is_err(), "{bad}");
         }

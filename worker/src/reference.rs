@@ -132,6 +132,7 @@ pub fn train_reference(
                 (step_start + config.batch.total_batch_size) as f64 / d.samples_per_epoch() as f64
             }),
             data_time_s: None,
+            busy_time_s: None,
         });
         if (step + 1) % config.log_every.max(1) == 0 {
             reporter.log(

@@ -458,7 +458,7 @@ impl Trainer {
         // Step times run from one step's host read to the next: the device has then run
         // everything queued in between, the optimizer of the step before included, without a
         // synchronisation of its own.
-        let mut boundary = Instant::now();
+        let mut clock = StepClock::now();
         while self.step < cfg.steps {
             match self.agree_on_stop()? {
                 None => {}
@@ -589,9 +589,7 @@ impl Trainer {
             let stats = Tensor::stack(&[local_loss, self.engine.local_grad_norm_sq()], 0);
             let stats = host::read(&stats)?;
             let (local_loss, local_norm_sq) = (stats[0], stats[1]);
-            let now = Instant::now();
-            let step_time = now.duration_since(boundary).as_secs_f64();
-            boundary = now;
+            let (step_time, wait_time) = clock.lap();
             // One replica of each shard counts towards the norm; a non-finite norm is an
             // overflow (fp16) on this rank.
             let counted = self.engine.groups().replicate.rank() == 0;
@@ -765,6 +763,10 @@ impl Trainer {
                         .documents()
                         .map(|d| self.samples_done as f64 / d.samples_per_epoch() as f64),
                     data_time_s: Some(data_time),
+                    // CPU ranks: the step less its wait for the other ranks. (A wait on
+                    // NCCL blocks no host thread: no such split there.)
+                    busy_time_s: (!matches!(self.device, Device::Cuda(_)))
+                        .then_some((step_time - wait_time).max(0.0)),
                 };
                 self.reporter.metrics(&record);
                 self.log(LogLevel::Info, &format_metrics(&record, cfg.steps));
@@ -784,9 +786,9 @@ impl Trainer {
             {
                 // The evaluation is not the next step's time; the optimizer step before it is
                 // (the clock is moved on by the pause, not restarted after it).
-                let paused = Instant::now();
+                let paused = StepClock::now();
                 self.evaluate()?;
-                boundary += paused.elapsed();
+                clock.leave_out(paused);
             }
             if cfg
                 .checkpoint
@@ -794,17 +796,17 @@ impl Trainer {
                 .is_some_and(|n| n > 0 && self.step.is_multiple_of(n))
                 && self.step < cfg.steps
             {
-                let paused = Instant::now();
+                let paused = StepClock::now();
                 self.save(&mut hook, SaveReason::Interval)?;
-                boundary += paused.elapsed();
+                clock.leave_out(paused);
             } else if self.step < cfg.steps {
                 // Wall-time interval: rank 0's clock decides, all ranks follow together.
                 if let Some(due) = hook.as_ref().and_then(|h| h.time_due()) {
                     let due = if self.rank == 0 && due { 1.0 } else { 0.0 };
-                    let paused = Instant::now();
+                    let paused = StepClock::now();
                     if self.agree_max(due)? > 0.0 {
                         self.save(&mut hook, SaveReason::Interval)?;
-                        boundary += paused.elapsed();
+                        clock.leave_out(paused);
                     }
                 }
             }
@@ -994,6 +996,40 @@ impl Trainer {
         if self.rank == 0 || level != LogLevel::Info {
             self.reporter.log(level, text);
         }
+    }
+}
+
+/// Where a step's time starts: one step's host read, and what this process had waited for
+/// collectives until then.
+struct StepClock {
+    start: Instant,
+    waited: std::time::Duration,
+}
+
+impl StepClock {
+    fn now() -> StepClock {
+        StepClock {
+            start: Instant::now(),
+            waited: crate::collectives::waited(),
+        }
+    }
+
+    /// The step that ends now, in seconds: its time, and its wait for collectives; the next
+    /// one starts now.
+    fn lap(&mut self) -> (f64, f64) {
+        let now = StepClock::now();
+        let step = now.start.duration_since(self.start);
+        let wait = now.waited.saturating_sub(self.waited);
+        *self = now;
+        (step.as_secs_f64(), wait.as_secs_f64())
+    }
+
+    /// Leaves out of the step what happened since `paused` (an evaluation, a checkpoint):
+    /// the clock is moved on by the pause, not restarted after it.
+    fn leave_out(&mut self, paused: StepClock) {
+        let now = StepClock::now();
+        self.start += now.start.duration_since(paused.start);
+        self.waited += now.waited.saturating_sub(paused.waited);
     }
 }
 

@@ -9,7 +9,7 @@ use crate::metrics_file::{self, EvalRecord};
 use crate::rundir::{Manifest, RunDir, RunState};
 use crate::slurm::died;
 use crate::step_record::StepRecord;
-use crate::stragglers::{self, StragglerReport};
+use crate::stragglers::{self, JudgedBy, StragglerReport};
 use crate::sweeps::journal::CurrentPoints;
 use crate::sweeps::labels::{marked_superseded, ParamColumns, SUPERSEDED_NOTE};
 use serde::Serialize;
@@ -166,15 +166,19 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     if args.stragglers {
         let reports: Vec<StragglerJson> = runs
             .iter()
-            .map(|run| StragglerJson {
-                name: name_of(run),
-                run_dir: run.path().to_path_buf(),
-                report: stragglers::analyse(
-                    &metrics_file::read(&run.metrics())
-                        .map(|m| m.steps)
-                        .unwrap_or_default(),
-                    &stragglers::starts(&events_file::read(&run.events()).unwrap_or_default()),
-                ),
+            .map(|run| {
+                let metrics = metrics_file::read(&run.metrics()).unwrap_or_default();
+                if let Some(damage) = metrics.damage(still_logging(run)) {
+                    errln!("warning: {}: {damage}", run.metrics().display());
+                }
+                StragglerJson {
+                    name: name_of(run),
+                    run_dir: run.path().to_path_buf(),
+                    report: stragglers::analyse(
+                        &metrics.steps,
+                        &stragglers::starts(&events_file::read(&run.events()).unwrap_or_default()),
+                    ),
+                }
             })
             .collect();
         if args.json {
@@ -448,6 +452,15 @@ fn straggler_text(name: &str, r: &StragglerReport) -> String {
         out.push_str("  no step with more than one rank reporting: nothing to compare\n");
         return out;
     }
+    out.push_str(match r.judged_by {
+        JudgedBy::BusyTime => {
+            "  ranks compared by busy time: each rank's step less its wait for the others\n"
+        }
+        JudgedBy::StepTime => {
+            "  ranks compared by step time, which every rank ends together: a straggler hardly \
+             shows (GPU ranks report no busy time)\n"
+        }
+    });
     out.push_str(&format!(
         "  slowest rank vs median rank: +{:.1}% at the median step, +{:.1}% at the 90th percentile\n",
         r.spread_median * 100.0,
@@ -458,8 +471,8 @@ fn straggler_text(name: &str, r: &StragglerReport) -> String {
             "  worst step: {} (rank {} took {} against a median of {})\n",
             w.step,
             w.rank,
-            format_seconds(w.step_time_max_s),
-            format_seconds(w.step_time_median_s)
+            format_seconds(w.time_max_s),
+            format_seconds(w.time_median_s)
         ));
     }
     if let (Some(rank), Some(bytes)) = (r.peak_memory_max_rank, r.peak_memory_max_bytes) {

@@ -115,6 +115,8 @@ fn run() -> Result<(), String> {
             loss_scale: Some(65536.0),
             epoch: None,
             data_time_s: None,
+            // As GPU ranks report: no busy time.
+            busy_time_s: None,
         }))
         .map_err(fail)?;
     }

@@ -96,8 +96,23 @@ impl Work {
     }
 
     pub fn wait(self) -> Result<(), CommError> {
-        (self.0)()
+        let started = std::time::Instant::now();
+        let done = (self.0)();
+        let waited = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        WAITED_NANOS.fetch_add(waited, std::sync::atomic::Ordering::Relaxed);
+        done
     }
+}
+
+/// Nanoseconds this process has spent in [`Work::wait`].
+static WAITED_NANOS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Time this process has spent waiting for collectives to finish, all told. On the CPU
+/// backend that is the training thread blocked, mostly on the slower ranks: the ranks leave
+/// each step together, and a rank's step time less this wait is its own work. (On NCCL a
+/// wait blocks no host thread, so this says nothing there.)
+pub fn waited() -> std::time::Duration {
+    std::time::Duration::from_nanos(WAITED_NANOS.load(std::sync::atomic::Ordering::Relaxed))
 }
 
 pub trait Communicator: Send + Sync {
