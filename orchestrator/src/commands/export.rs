@@ -157,6 +157,29 @@ pub fn execute(args: Args) -> Result<()> {
 }
 
 /// `divergence_said`: as for [`not_finite_warning`].
+/// The folders above an export's that do not exist yet, deepest first: an export that fails
+/// removes those it made and left empty, so that it leaves nothing.
+struct NewFolders(Vec<PathBuf>);
+
+impl NewFolders {
+    fn above(path: &Path) -> NewFolders {
+        NewFolders(
+            path.ancestors()
+                .skip(1)
+                .take_while(|dir| !dir.as_os_str().is_empty() && !dir.exists())
+                .map(Path::to_path_buf)
+                .collect(),
+        )
+    }
+
+    fn remove_empty(&self) {
+        for dir in &self.0 {
+            // Fails, and keeps the folder, when something is in it.
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
 fn export_full_checkpoint(
     source: &Checkpoint,
     out: Option<PathBuf>,
@@ -181,13 +204,16 @@ fn export_full_checkpoint(
         source,
     )?;
     let started = Instant::now();
-    let exported = export_full(source, &out_root).with_context(|| {
-        format!(
-            "exporting {} to {}",
-            source.dir().display(),
-            out_root.display()
-        )
-    })?;
+    let new_folders = NewFolders::above(&out_root.join("step"));
+    let exported = export_full(source, &out_root)
+        .inspect_err(|_| new_folders.remove_empty())
+        .with_context(|| {
+            format!(
+                "exporting {} to {}",
+                source.dir().display(),
+                out_root.display()
+            )
+        })?;
     let committed = exported.committed;
     if exported.params_not_finite > 0 {
         errln!(
@@ -337,6 +363,7 @@ fn export_hf(
             .join(format!("hf-step-{}", meta.step))
     });
     refuse_existing_export(&out, source)?;
+    let new_folders = NewFolders::above(&out);
     let mut bytes = Vec::new();
     // Tensors with values that are not finite, and how many: a diverged run's weights.
     let mut not_finite: Vec<(String, usize)> = Vec::new();
@@ -381,6 +408,7 @@ fn export_hf(
             max_shard_bytes: args.max_shard_size.unwrap_or(DEFAULT_MAX_SHARD_SIZE),
         },
     )
+    .inspect_err(|_| new_folders.remove_empty())
     .with_context(|| format!("exporting {} to {}", source.dir().display(), out.display()))?;
     let total: u64 = saved.weight_files.iter().map(|(_, size)| size).sum();
     if let Some((first, _)) = not_finite.first() {
@@ -1089,7 +1117,7 @@ fn checkpoints_root(checkpoint_dir: &Path) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
-    use super::{checkpoint_location, parse_size};
+    use super::{checkpoint_location, parse_size, NewFolders};
 
     #[test]
     fn a_folder_of_runs_is_refused_with_the_runs_to_choose_from() {
@@ -1120,5 +1148,20 @@ mod tests {
         assert_eq!(parse_size("123"), Ok(123));
         assert!(parse_size("5 parsecs").is_err());
         assert!(parse_size("0").is_err());
+    }
+
+    #[test]
+    fn a_failed_export_removes_the_folders_it_made_and_left_empty() {
+        let root = tempfile::tempdir().unwrap();
+        let out = root.path().join("a/b/c/hf");
+        let made = NewFolders::above(&out);
+        assert_eq!(made.0.len(), 3, "c, b and a");
+        std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+        // Something of someone else's in `a`: kept, and `a` with it.
+        std::fs::write(root.path().join("a/notes.txt"), "mine").unwrap();
+        made.remove_empty();
+        assert!(!root.path().join("a/b").exists());
+        assert!(root.path().join("a/notes.txt").exists());
+        assert!(NewFolders::above(&root.path().join("x")).0.is_empty());
     }
 }
