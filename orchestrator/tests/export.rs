@@ -496,12 +496,19 @@ fn an_export_of_weights_that_are_not_finite_warns_in_either_format() {
 }
 
 /// `tests/python/hf_token_ids.py args...` with the project's venv python (`scripts/setup.sh`
-/// makes it, with torch and transformers), or `SHARDRUN_PYTHON`; its stdout.
+/// makes it, with torch and transformers, under `SHARDRUN_CACHE` as scripts/env.sh places
+/// it), or `SHARDRUN_PYTHON`; its stdout.
 fn hf_token_ids(args: &[&Path]) -> String {
     let python = std::env::var_os("SHARDRUN_PYTHON").map_or_else(
         || {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
-                .join(".cache/shardrun/venv/bin/python")
+            let cache = std::env::var_os("SHARDRUN_CACHE").map_or_else(
+                || {
+                    PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
+                        .join(".cache/shardrun")
+                },
+                PathBuf::from,
+            );
+            cache.join("venv/bin/python")
         },
         PathBuf::from,
     );

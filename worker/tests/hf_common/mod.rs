@@ -20,13 +20,17 @@ pub const FOLDERS: [&str; 6] = [
     "llama-sharded-bf16",
 ];
 
-/// The project's venv python (`scripts/setup.sh` makes it), or `SHARDRUN_PYTHON`.
+/// The project's venv python (`scripts/setup.sh` makes it, under `SHARDRUN_CACHE` as
+/// scripts/env.sh places it), or `SHARDRUN_PYTHON`.
 pub fn python() -> PathBuf {
     if let Some(p) = std::env::var_os("SHARDRUN_PYTHON") {
         return p.into();
     }
-    let home = std::env::var_os("HOME").expect("HOME is set");
-    PathBuf::from(home).join(".cache/shardrun/venv/bin/python")
+    let cache = std::env::var_os("SHARDRUN_CACHE").map_or_else(
+        || PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/shardrun"),
+        PathBuf::from,
+    );
+    cache.join("venv/bin/python")
 }
 
 pub fn script() -> PathBuf {
