@@ -271,12 +271,12 @@ impl Corpus {
                 );
             }
             Tokens::Files { maps, dtype, read } => {
+                // One lock for the whole range, not one per document it spans.
+                let mut read = read.lock().unwrap_or_else(|e| e.into_inner());
                 let mut at = start;
                 while at < end {
                     let d = self.doc_containing(at, 0, self.documents());
-                    read.lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push(d as usize);
+                    read.push(d as usize);
                     let (first, stop) = (self.doc_start(d), self.doc_start(d + 1).min(end));
                     let bytes = maps[d as usize].bytes();
                     let (lo, hi) = ((at - first) as usize, (stop - first) as usize);
