@@ -270,10 +270,7 @@ fn status_of(run: &RunDir, manifest: Option<&Manifest>) -> String {
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
     // Preempted and requeued by its controller, with no later news: queued to run again.
-    let requeued = verdict
-        .as_ref()
-        .is_some_and(|v| v["requeued"].as_bool() == Some(true))
-        && ended == Some("preempted");
+    let requeued = ended == Some("preempted") && crate::slurm::requeued_by_its_controller(run);
     let result = verdict.and_then(|v| v["status"].as_str().map(str::to_string));
     match (result, ended) {
         _ if requeued => "queued".into(),

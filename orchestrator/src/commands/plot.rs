@@ -162,11 +162,10 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
             waiting.push(name.clone());
         }
         let manifest = run.read_manifest().ok();
-        let requeued = std::fs::read_to_string(run.result())
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .is_some_and(|v| v["requeued"].as_bool() == Some(true));
-        let progress = progress_of(manifest.as_ref().map(|m| m.state), requeued);
+        let progress = progress_of(
+            manifest.as_ref().map(|m| m.state),
+            crate::slurm::requeued_by_its_controller(run),
+        );
         points.push(PointRecords {
             name,
             progress,

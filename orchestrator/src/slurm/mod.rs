@@ -20,7 +20,7 @@ pub use parse::{
 };
 pub use runs::{
     cancelled_while_requeued, died, find_runs, find_runs_and_unreadable, refresh,
-    refresh_or_recorded, unreadable_warning, RunStatus, RunsError,
+    refresh_or_recorded, requeued_by_its_controller, unreadable_warning, RunStatus, RunsError,
 };
 pub use state::{JobRecord, JobState};
 

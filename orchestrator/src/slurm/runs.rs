@@ -168,6 +168,12 @@ fn read_result(run: &RunDir) -> Option<Verdict> {
     })
 }
 
+/// Whether the run's controller had its Slurm job requeued (after a preemption), as its
+/// `result.json` says.
+pub fn requeued_by_its_controller(run: &RunDir) -> bool {
+    read_result(run).is_some_and(|verdict| verdict.requeued)
+}
+
 /// A local run (one never submitted to Slurm) whose manifest says it runs, as its lock and
 /// its verdict tell.
 enum LocalRun<'a> {
