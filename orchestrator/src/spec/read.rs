@@ -328,8 +328,7 @@ fn wrong_value_fix(field: &str, message: &str, expected: &str, written: Option<&
 /// The flow collection written at `at` (`[a100|h100]`, `{ hours: 2 }`), up to its closing
 /// bracket; `None` for anything else (a block list or mapping).
 fn flow_text_at(source: &str, at: Location) -> Option<String> {
-    let line = source.lines().nth((at.line as usize).checked_sub(1)?)?;
-    let rest: String = line.chars().skip(at.column as usize - 1).collect();
+    let rest = super::yaml::line_from(source, at)?;
     if !rest.starts_with(['[', '{']) {
         return None;
     }

@@ -390,12 +390,21 @@ fn key_without_colon(source: &str, at: Location) -> Option<Location> {
 
 /// The name of the alias (`*name`) written at `at`.
 fn alias_at(source: &str, at: Location) -> Option<String> {
-    let line = source.lines().nth((at.line as usize).checked_sub(1)?)?;
-    let rest: String = line.chars().skip(at.column as usize - 1).collect();
+    let rest = line_from(source, at)?;
     let name = rest.strip_prefix('*')?;
     Some(
         name.chars()
             .take_while(|c| !c.is_whitespace() && !matches!(c, ',' | ']' | '}'))
+            .collect(),
+    )
+}
+
+/// The text of `at`'s line from `at` on.
+pub fn line_from(source: &str, at: Location) -> Option<String> {
+    let line = source.lines().nth((at.line as usize).checked_sub(1)?)?;
+    Some(
+        line.chars()
+            .skip((at.column as usize).saturating_sub(1))
             .collect(),
     )
 }
