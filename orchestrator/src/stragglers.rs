@@ -4,6 +4,10 @@
 //! `1 / ranks` of the time by chance and the spread is small; a straggler is the slowest far
 //! more often, by a margin that persists.
 //!
+//! The first step of each attempt is not judged: its time holds the attempt's warm-up (the
+//! first allocations and collectives, loading a checkpoint), which differs between ranks
+//! for reasons that say nothing about the steps after.
+//!
 //! Only the steps of the current world size are judged: a run resumed on another number of
 //! ranks numbers other processes (on other machines) with the same ranks, so the steps
 //! before say nothing about the ranks now. Which start of the run logged a step, and on how
@@ -12,18 +16,20 @@
 use crate::events_file::{EventRecord, RunEvent};
 use crate::step_record::StepRecord;
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StragglerReport {
-    /// Step records judged: the latest ones, run on the current world size.
+    /// The step records of the current world size (the latest ones).
     pub steps: u64,
     /// The current world size.
     pub ranks: u64,
-    /// The first step judged.
+    /// The first of them.
     pub first_step: Option<u64>,
     /// Steps before, run on other world sizes: not judged.
     pub earlier: Vec<WorldSegment>,
+    /// Warm-up steps of the current world size (the first of each attempt): not judged.
+    pub warm_ups_not_judged: Vec<u64>,
     /// The slowest rank's step time over the median rank's, minus one (0.05: 5% slower), at
     /// the median and the 90th percentile of the steps.
     pub spread_median: f64,
@@ -128,8 +134,12 @@ pub struct SlowRank {
 }
 
 /// Judges the steps of the current world size among `records` (a run's step records in
-/// step order); `starts` tell which world size each step ran on.
-pub fn analyse(records: &[StepRecord], starts: &[WorldStart]) -> StragglerReport {
+/// step order) but its `warm_ups`; `starts` tell which world size each step ran on.
+pub fn analyse(
+    records: &[StepRecord],
+    starts: &[WorldStart],
+    warm_ups: &BTreeSet<u64>,
+) -> StragglerReport {
     let mut segments = segments(records, starts);
     let (world, records) = segments.pop().unwrap_or_default();
     let earlier = segments
@@ -149,7 +159,18 @@ pub fn analyse(records: &[StepRecord], starts: &[WorldStart]) -> StragglerReport
         }
     };
     // Records of one rank say nothing about the others.
-    let multi: Vec<&StepRecord> = records.iter().filter(|r| r.ranks > 1).collect();
+    let mut multi: Vec<&StepRecord> = records.iter().filter(|r| r.ranks > 1).collect();
+    // Warm-ups left out, unless they are all there is to judge.
+    let mut warm_ups_not_judged = Vec::new();
+    if multi.iter().any(|r| !warm_ups.contains(&r.step)) {
+        multi.retain(|r| match warm_ups.contains(&r.step) {
+            true => {
+                warm_ups_not_judged.push(r.step);
+                false
+            }
+            false => true,
+        });
+    }
     // By busy time only when every step judged has it.
     let judged_by = match multi.iter().all(|r| times_of(r).2 == JudgedBy::BusyTime) {
         true if !multi.is_empty() => JudgedBy::BusyTime,
@@ -204,6 +225,7 @@ pub fn analyse(records: &[StepRecord], starts: &[WorldStart]) -> StragglerReport
         ranks: world,
         first_step: records.first().map(|r| r.step),
         earlier,
+        warm_ups_not_judged,
         spread_median: quantile(0.5),
         spread_p90: quantile(0.9),
         worst,
@@ -251,7 +273,7 @@ mod tests {
                 }
             })
             .collect();
-        let report = analyse(&records, &[]);
+        let report = analyse(&records, &[], &BTreeSet::new());
         assert_eq!((report.steps, report.ranks), (10, 4));
         assert_eq!(report.slowest_ranks[0].rank, 2);
         assert_eq!(report.slowest_ranks[0].times, 8);
@@ -282,7 +304,7 @@ mod tests {
             StepRecord::fold(&records, 0.0)
         };
         let records: Vec<StepRecord> = (1..=4).map(busy_step).collect();
-        let report = analyse(&records, &[]);
+        let report = analyse(&records, &[], &BTreeSet::new());
         assert_eq!(report.judged_by, JudgedBy::BusyTime);
         assert_eq!(
             (report.slowest_ranks[0].rank, report.slowest_ranks[0].times),
@@ -293,13 +315,41 @@ mod tests {
         // A step without busy times (GPU ranks, older records): step times for all.
         let mut mixed = records.clone();
         mixed.push(step(5, &[1.0, 1.0, 1.2]));
-        let report = analyse(&mixed, &[]);
+        let report = analyse(&mixed, &[], &BTreeSet::new());
         assert_eq!(report.judged_by, JudgedBy::StepTime);
     }
 
     #[test]
+    fn the_warm_up_step_of_each_attempt_is_not_judged() {
+        // Rank 0 loads slowly in the first step of each attempt (1 and 4); rank 1 is the
+        // slower one in every other step.
+        let records: Vec<StepRecord> = (1..=6)
+            .map(|s| match s {
+                1 | 4 => step(s, &[5.0, 1.0, 1.0]),
+                _ => step(s, &[1.0, 1.2, 1.0]),
+            })
+            .collect();
+        let warm_ups = BTreeSet::from([1, 4]);
+        let report = analyse(&records, &[], &warm_ups);
+        assert_eq!(report.warm_ups_not_judged, [1, 4]);
+        assert_eq!(report.slowest_ranks.len(), 1, "{:?}", report.slowest_ranks);
+        assert_eq!(
+            (report.slowest_ranks[0].rank, report.slowest_ranks[0].times),
+            (1, 4)
+        );
+        let worst = report.worst.unwrap();
+        assert_eq!((worst.rank, worst.step), (1, 2));
+        assert!((report.spread_median - 0.2).abs() < 1e-12);
+
+        // A run of warm-ups only is judged on them: there is nothing else.
+        let report = analyse(&records[..1], &[], &BTreeSet::from([1]));
+        assert!(report.warm_ups_not_judged.is_empty());
+        assert_eq!(report.worst.map(|w| (w.rank, w.step)), Some((0, 1)));
+    }
+
+    #[test]
     fn a_single_rank_has_no_stragglers() {
-        let report = analyse(&[step(1, &[1.0]), step(2, &[2.0])], &[]);
+        let report = analyse(&[step(1, &[1.0]), step(2, &[2.0])], &[], &BTreeSet::new());
         assert!(report.slowest_ranks.is_empty());
         assert_eq!((report.spread_median, report.worst), (0.0, None));
     }
@@ -326,7 +376,7 @@ mod tests {
                 world_size: 3,
             },
         ];
-        let report = analyse(&records, &starts);
+        let report = analyse(&records, &starts, &BTreeSet::new());
         assert_eq!((report.steps, report.ranks), (5, 3));
         assert_eq!(report.first_step, Some(4));
         assert_eq!(
@@ -353,7 +403,7 @@ mod tests {
                 world_size: 1,
             },
         ];
-        let report = analyse(&records, &starts);
+        let report = analyse(&records, &starts, &BTreeSet::new());
         assert_eq!((report.steps, report.ranks), (5, 1));
         assert!(
             report.slowest_ranks.is_empty(),

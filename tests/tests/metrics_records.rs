@@ -254,7 +254,16 @@ fn four_ranks_make_one_record_per_logged_step_with_the_slowest_rank_and_the_larg
         .iter()
         .map(|r| r["times"].as_u64().unwrap())
         .sum();
-    assert_eq!(counted, 5, "every step has one slowest rank");
+    // The first step logged holds the ranks' start.
+    assert_eq!(
+        report["warm_ups_not_judged"],
+        serde_json::json!([report["first_step"]]),
+        "{report}"
+    );
+    assert_eq!(
+        counted, 4,
+        "every step but the warm-up has one slowest rank"
+    );
     let text = stdout_of(&shardrun_in(root, &["metrics", "--stragglers", &run_arg]));
     assert!(text.contains("slowest rank vs median rank"), "{text}");
 
@@ -767,12 +776,23 @@ fn a_rank_slowed_in_every_step_is_named_the_straggler() {
     assert_eq!(first["rank"], 1, "{report}");
     assert!(first["share"].as_f64().unwrap() >= 0.9, "{report}");
     assert_eq!(report["worst"]["rank"], 1, "{report}");
+    // The first step's time holds the ranks' start: not judged.
+    assert_eq!(
+        report["warm_ups_not_judged"],
+        serde_json::json!([1]),
+        "{report}"
+    );
+    assert_ne!(report["worst"]["step"], 1, "{report}");
     let text = stdout_of(&shardrun_in(
         dir.path(),
         &["metrics", "--stragglers", &run_arg],
     ));
     assert!(
         text.contains("ranks compared by busy time: each rank's step less its wait for the others"),
+        "{text}"
+    );
+    assert!(
+        text.contains("warm-up step(s) not judged (the first of each attempt): 1\n"),
         "{text}"
     );
     // A line that is no record is said, as `metrics` and `plot` say it.

@@ -177,6 +177,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                     report: stragglers::analyse(
                         &metrics.steps,
                         &stragglers::starts(&events_file::read(&run.events()).unwrap_or_default()),
+                        &metrics.warm_ups,
                     ),
                 }
             })
@@ -443,6 +444,13 @@ fn straggler_text(name: &str, r: &StragglerReport) -> String {
         out.push_str(&format!(
             "  steps {}-{} ran on {} rank(s): not judged (other processes held those ranks)\n",
             segment.first_step, segment.last_step, segment.ranks
+        ));
+    }
+    if !r.warm_ups_not_judged.is_empty() {
+        let steps: Vec<String> = r.warm_ups_not_judged.iter().map(u64::to_string).collect();
+        out.push_str(&format!(
+            "  warm-up step(s) not judged (the first of each attempt): {}\n",
+            steps.join(", ")
         ));
     }
     if r.slowest_ranks.is_empty() {
