@@ -183,10 +183,18 @@ impl RunFigure {
         // How often each marker's event happened at its step (resumed twice from one
         // checkpoint): drawn once, counted in its label.
         let mut times: Vec<u32> = Vec::new();
-        for record in &self.events {
+        for (i, record) in self.events.iter().enumerate() {
             let Some(step) = record.event.step() else {
                 continue;
             };
+            // A later attempt resumed from before this event's step: the curve there is the
+            // later attempt's, so the event is drawn faint and says so.
+            let rerun_from = self.events[i + 1..]
+                .iter()
+                .find_map(|later| match later.event {
+                    RunEvent::Resumed { step: from, .. } if from < step => Some(from),
+                    _ => None,
+                });
             let (kind, color, width, opacity, text) = match &record.event {
                 RunEvent::Checkpoint { .. } => {
                     ("checkpoint", RGBColor(0x70, 0x70, 0x70), 1, 0.5, None)
@@ -233,6 +241,13 @@ impl RunFigure {
                 RunEvent::Finished { .. }
                 | RunEvent::Started { .. }
                 | RunEvent::PreemptRequested { .. } => continue,
+            };
+            let (opacity, text) = match rerun_from {
+                Some(from) => (
+                    opacity * 0.4,
+                    text.map(|t| format!("{t} (then rerun from step {from})")),
+                ),
+                None => (opacity, text),
             };
             let step = step as f64;
             if let Some(same) = out.iter().position(|m| m.kind == kind && m.step == step) {
@@ -622,6 +637,14 @@ mod tests {
                 ("checkpoint", 20.0)
             ]
         );
+        // The failure's step was trained again by the resumed attempt: its line is faint.
+        let failed = &panels[0].markers[1];
+        assert_eq!(
+            failed.text.as_deref(),
+            Some("failed after step 12 (then rerun from step 10)")
+        );
+        assert!(failed.opacity < 0.5, "{failed:?}");
+        assert_eq!(panels[0].markers[2].opacity, 1.0, "the resume itself");
         assert_eq!(panels[0].curves.len(), 2, "raw and smoothed");
         assert_eq!(panels[0].dots[0].points, vec![(10.0, 1.5)]);
         assert!(panels[1..]
