@@ -57,7 +57,13 @@ pub enum ConnectionError {
     /// listens on that port, or the peer is stuck.
     #[error("a program accepted the connection but gave no shardrun handshake ({0})")]
     NoHandshake(Box<ConnectionError>),
+    /// The waiting side was asked to stop before anything came.
+    #[error("stopped waiting: this process was asked to stop")]
+    Stopped,
 }
+
+/// How often a wait that heeds a stop looks for one.
+const STOP_POLL: Duration = Duration::from_millis(200);
 
 /// Why a hello was refused; logged by the controller and sent back to the peer.
 fn check_hello(hello: &Hello, secret: &str) -> Result<(), String> {
@@ -273,6 +279,19 @@ impl BlockingConnection {
         secret: &str,
         timeout: Duration,
     ) -> Result<BlockingConnection, ConnectionError> {
+        Self::connect_unless(addr, role, secret, timeout, || false)
+    }
+
+    /// [`BlockingConnection::connect`] that gives up waiting for the verdict, with
+    /// [`ConnectionError::Stopped`], once `stopped` says so (a rank told to stop while a
+    /// program that is not rank 0 holds its port and says nothing).
+    pub fn connect_unless(
+        addr: &str,
+        role: Role,
+        secret: &str,
+        timeout: Duration,
+        stopped: impl Fn() -> bool,
+    ) -> Result<BlockingConnection, ConnectionError> {
         let mut last_err = None;
         let mut stream = None;
         for sock in addr.to_socket_addrs()? {
@@ -307,10 +326,18 @@ impl BlockingConnection {
                 role,
                 secret: secret.into(),
             })?;
+            conn.readable_before(Instant::now() + timeout, &stopped)
+                .map_err(|e| match e {
+                    ConnectionError::Timeout(_) => ConnectionError::Timeout(timeout),
+                    e => e,
+                })?;
             conn.stream.set_read_timeout(Some(timeout))?;
             conn.recv_limited(HANDSHAKE_FRAME_LIMIT)
         };
-        let reply = hello().map_err(|e| ConnectionError::NoHandshake(Box::new(e)))?;
+        let reply = hello().map_err(|e| match e {
+            ConnectionError::Stopped => e,
+            e => ConnectionError::NoHandshake(Box::new(e)),
+        })?;
         conn.stream.set_read_timeout(None)?;
         match reply {
             HelloReply::Accepted => Ok(conn),
@@ -324,6 +351,40 @@ impl BlockingConnection {
             stream: self.stream.try_clone()?,
             limits: self.limits,
         })
+    }
+
+    /// Waits until something can be read (or the peer closed), looking for a stop every
+    /// [`STOP_POLL`]: `Timeout` at `deadline`, `Stopped` once `stopped` says so. Reads nothing;
+    /// leaves a short read timeout set.
+    pub fn readable_before(
+        &self,
+        deadline: Instant,
+        stopped: impl Fn() -> bool,
+    ) -> Result<(), ConnectionError> {
+        let started = Instant::now();
+        loop {
+            if stopped() {
+                return Err(ConnectionError::Stopped);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ConnectionError::Timeout(started.elapsed()));
+            }
+            let wait = left.min(STOP_POLL).max(Duration::from_millis(1));
+            self.stream.set_read_timeout(Some(wait))?;
+            match self.stream.peek(&mut [0u8; 1]) {
+                // A byte, or the end of the stream, which the read then reports.
+                Ok(_) => return Ok(()),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock
+                            | std::io::ErrorKind::TimedOut
+                            | std::io::ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     pub fn set_read_timeout(&self, timeout: Option<Duration>) -> Result<(), ConnectionError> {

@@ -397,7 +397,14 @@ fn join(config: &Standalone, me: Registration) -> Result<StartInfo, RendezvousEr
         attempt += 1;
         let left = deadline.saturating_duration_since(Instant::now());
         let wait = left.clamp(Duration::from_millis(100), HANDSHAKE_TIMEOUT);
-        let last = match BlockingConnection::connect(&master, Role::Worker, &config.secret, wait) {
+        let stopped = || crate::stop::process().requested().is_some();
+        let last = match BlockingConnection::connect_unless(
+            &master,
+            Role::Worker,
+            &config.secret,
+            wait,
+            stopped,
+        ) {
             Ok(conn) => {
                 tracing::debug!(master, attempt, "rendezvous: connected to rank 0");
                 break conn;
@@ -440,10 +447,19 @@ fn join(config: &Standalone, me: Registration) -> Result<StartInfo, RendezvousEr
         what: e.to_string(),
     };
     conn.send(&FromWorker::Register(me)).map_err(io)?;
-    // Rank 0 answers once everyone is there: wait for as long as the rendezvous may take.
-    let left = deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(5);
-    conn.set_read_timeout(Some(left)).map_err(io)?;
+    // Rank 0 answers once everyone is there: wait for as long as the rendezvous may take,
+    // heeding a stop (the launcher gives up on the job) meanwhile.
+    let answer_by = deadline + Duration::from_secs(5);
     loop {
+        match conn.readable_before(answer_by, || stop_requested().is_some()) {
+            Err(ConnectionError::Stopped) => {
+                let why = stop_requested().unwrap_or_default();
+                return Err(RendezvousError::Stopped(why));
+            }
+            waited => waited.map_err(io)?,
+        }
+        // A message has begun: rank 0 writes each whole at once.
+        conn.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(io)?;
         match conn.recv::<ToWorker>().map_err(io)? {
             ToWorker::Start(start) => return Ok(start),
             ToWorker::Shutdown { reason } | ToWorker::CheckpointAndStop { reason } => {
