@@ -782,17 +782,41 @@ fn a_controller_killed_outright_is_named_by_status_not_as_a_launch_failure() {
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
 
     let run_arg = run.to_string_lossy().into_owned();
+    // A status that cannot write the run's manifest (a full disk, a run another user reads;
+    // here a file size limit of 0, which fails writes even for root) shows the end it works
+    // out all the same, and says it is not recorded.
+    let unrecorded_status = || {
+        cluster
+            .command("sh")
+            .current_dir(dir.path())
+            .args(["-c", "trap '' XFSZ; ulimit -f 0; exec \"$0\" \"$@\""])
+            .arg(shardrun())
+            .args(["status", "--json", &run_arg])
+            .output()
+            .unwrap()
+    };
     let mut detail = String::new();
+    let mut said = String::new();
     let ended = wait_for("status to say FAILED", Duration::from_secs(120), || {
-        let out = cluster
-            .shardrun(dir.path(), &["status", "--json", &run_arg])
-            .ok()?;
+        let out = unrecorded_status();
+        said = stderr_of(&out);
+        assert!(out.status.success(), "{said}");
         let runs = status_runs(&stdout_of(&out));
         let first = runs.first()?;
         detail = first["detail"].as_str().unwrap_or_default().to_string();
         (first["state"] == "FAILED").then_some(())
     });
     ended.unwrap_or_else(|e| panic!("{e}: {detail}"));
+    assert!(said.contains("its end is shown but not recorded"), "{said}");
+    let manifest = || -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(run.join("manifest.json")).unwrap()).unwrap()
+    };
+    assert_eq!(manifest()["state"], "RUNNING");
+    let out = cluster
+        .shardrun(dir.path(), &["status", "--json", &run_arg])
+        .unwrap();
+    assert_eq!(status_runs(&stdout_of(&out))[0]["detail"], detail);
+    assert_eq!(manifest()["state"], "FAILED", "recorded once it can be");
     assert!(
         detail.contains("its controller stopped after it started without writing a result")
             && detail.contains("`shardrun submit` the run again"),

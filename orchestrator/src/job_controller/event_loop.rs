@@ -226,7 +226,7 @@ async fn run_async(
         .port();
     let addr = format!("{advertise_host}:{port}");
     tracing::debug!(bind, advertised = %addr, "listening for the ranks");
-    write_atomic(&paths.controller_addr, format!("{addr}\n").as_bytes())
+    crate::rundir::replace_file(&paths.controller_addr, format!("{addr}\n").as_bytes())
         .map_err(file_err("write", &paths.controller_addr))?;
 
     let files = WriterFiles {
@@ -509,8 +509,11 @@ async fn run_async(
                     "preempted: requeue decision"
                 );
                 let counted = (done < opts.max_requeues).then(|| {
-                    write_atomic(&paths.requeue_count, format!("{}\n", done + 1).as_bytes())
-                        .map_err(file_err("write", &paths.requeue_count))
+                    crate::rundir::replace_file(
+                        &paths.requeue_count,
+                        format!("{}\n", done + 1).as_bytes(),
+                    )
+                    .map_err(file_err("write", &paths.requeue_count))
                 });
                 if let Some(Err(e)) = counted {
                     // Requeued uncounted, a job could come back forever.
@@ -607,13 +610,13 @@ async fn run_async(
             value["status"] = "failed".into();
         }
         let json = serde_json::to_vec_pretty(&value).unwrap_or_default();
-        write_atomic(&paths.result, &json).map_err(file_err("write", &paths.result))
+        crate::rundir::replace_file(&paths.result, &json).map_err(file_err("write", &paths.result))
     };
     // A run directory that cannot be written (a full disk) loses the record, not the
     // report: what happened to the ranks is said as ever, then that it is not on disk.
     let unrecorded_because = |e: ControllerError| {
         format!(
-            "the run's end is not recorded ({e})\n  fix: free space in (or make writable) {}, \
+            "{END_NOT_RECORDED} ({e})\n  fix: free space in (or make writable) {}, \
              then {}: it resumes the run from its newest checkpoint, or finds it finished",
             paths.run_dir.display(),
             opts.launch.run_again(&opts.paths.run_dir)
@@ -636,7 +639,7 @@ async fn run_async(
             // Still here: the job was not requeued, and the run's files must say so. The
             // requeue it did not get is not counted against the job's allowance (where the
             // count can be written back: else it counts, and the result says why below).
-            let _ = write_atomic(
+            let _ = crate::rundir::replace_file(
                 &paths.requeue_count,
                 format!("{requeues_before}\n").as_bytes(),
             );
@@ -1346,12 +1349,9 @@ fn read_count(path: &Path) -> u32 {
         .unwrap_or(0)
 }
 
-/// Write to a temporary file next to `path`, then rename: readers never see half a file.
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
-}
+/// What a controller says when it cannot write the run's end (`result.json`), which
+/// `status` looks for in a Slurm job's error file.
+pub const END_NOT_RECORDED: &str = "the run's end is not recorded";
 
 /// "training finished", and whether the loss or gradients went NaN or infinite, or the loss
 /// blew up, on the way

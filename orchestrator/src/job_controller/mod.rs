@@ -32,7 +32,7 @@ pub mod server;
 pub mod stop_signal;
 pub mod writer;
 
-pub use event_loop::{run, runtime, ControllerOptions, RunPaths, Timeouts};
+pub use event_loop::{run, runtime, ControllerOptions, RunPaths, Timeouts, END_NOT_RECORDED};
 pub use launcher::LaunchMode;
 pub use outcome::Outcome;
 pub use writer::Echo;

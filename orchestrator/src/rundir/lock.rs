@@ -140,9 +140,11 @@ impl StartLock {
     pub fn of_existing(path: &Path) -> Result<Option<StartLock>, LockError> {
         match super::RunDir::open(path).is_ok() {
             true => match StartLock::acquire(path) {
-                // Another user's run, whose folder this user may not write: said so.
+                // Another user's run, whose folder this user may not write, or a run on a
+                // read-only file system: said so.
                 Err(LockError::Io { source, .. })
-                    if source.kind() == std::io::ErrorKind::PermissionDenied
+                    if (source.kind() == std::io::ErrorKind::PermissionDenied
+                        || source.raw_os_error() == Some(libc::EROFS))
                         && super::access::first_unusable(path).is_some() =>
                 {
                     Err(super::access::check_usable(path)

@@ -47,6 +47,15 @@ pub enum RunDirError {
     NotReplaceable { path: PathBuf, why: String },
     #[error("no run directory at {0} (no manifest.json)\n  fix: create one with `shardrun submit job.yaml` or `shardrun run job.yaml`")]
     NotARunDir(PathBuf),
+    /// The folder a new run directory goes in takes nothing: not this user's to write, on a
+    /// read-only file system, or full.
+    #[error("cannot create the run directory {}: {} cannot be written ({source})\n  fix: {}", run_dir.display(), folder.display(), unwritable_fix(source))]
+    Unwritable {
+        run_dir: PathBuf,
+        folder: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("{what} {path}: {source}")]
     Io {
         what: &'static str,
@@ -60,6 +69,29 @@ pub enum RunDirError {
         #[source]
         source: serde_json::Error,
     },
+}
+
+/// What to do about a folder a run directory cannot be created in.
+fn unwritable_fix(source: &io::Error) -> &'static str {
+    match source.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT) => {
+            "free space there (older runs, checkpoints, data caches) or raise the quota, or set \
+             `run_root` in the spec (or --run-dir) to a folder on another disk"
+        }
+        Some(libc::EFBIG) => {
+            "raise the limit on the size of files this process writes (`ulimit -f`)"
+        }
+        _ => "set `run_root` in the spec (or --run-dir) to a folder this user can write",
+    }
+}
+
+/// Whether an I/O error says a folder takes nothing (rather than that something is wrong
+/// with one file).
+fn takes_nothing(source: &io::Error) -> bool {
+    matches!(
+        source.raw_os_error(),
+        Some(libc::EACCES | libc::EPERM | libc::EROFS | libc::ENOSPC | libc::EDQUOT | libc::EFBIG)
+    )
 }
 
 /// Entries of a folder that is not a run directory a refusal names before counting the rest.
@@ -402,7 +434,15 @@ impl RunDir {
             refuse_unless_replaceable(&path)?;
         }
         let parent = path.parent().unwrap_or(Path::new("/")).to_path_buf();
-        fs::create_dir_all(&parent).map_err(io_err("cannot create", &parent))?;
+        let unwritable = |source: io::Error| match takes_nothing(&source) {
+            true => RunDirError::Unwritable {
+                run_dir: path.clone(),
+                folder: parent.clone(),
+                source,
+            },
+            false => io_err("cannot create", &parent)(source),
+        };
+        fs::create_dir_all(&parent).map_err(unwritable)?;
         let file_name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -413,7 +453,13 @@ impl RunDir {
         if result.is_err() {
             let _ = fs::remove_dir_all(&tmp);
         }
-        result.map(|()| RunDir { path })
+        match result {
+            Ok(()) => Ok(RunDir { path }),
+            Err(RunDirError::Io { source, .. }) if takes_nothing(&source) => {
+                Err(unwritable(source))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn fill(tmp: &Path, final_path: &Path, new: NewRun<'_>) -> Result<(), RunDirError> {
@@ -754,6 +800,12 @@ pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), Run
 
 /// Write via a temporary file and rename, so readers never see half a file.
 pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), RunDirError> {
+    replace_file(path, bytes).map_err(io_err("cannot write", path))
+}
+
+/// [`write_file`] with the bare I/O error: the temporary file is removed when a write fails
+/// (a full disk), so a failure leaves the old file and nothing else.
+pub fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_file_name(format!(
         ".{}.tmp-{}",
         path.file_name()
@@ -770,7 +822,7 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), RunDirError> {
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
-    result.map_err(io_err("cannot write", path))
+    result
 }
 
 /// A run directory whose manifest says a local run (no Slurm job) is running, for the tests
@@ -824,6 +876,50 @@ mod tests {
         .unwrap();
         job.run_root = root.to_path_buf();
         job
+    }
+
+    /// A run directory in a folder that takes nothing (here /sys, which even root cannot
+    /// write) is refused saying which folder and what to do.
+    #[test]
+    fn a_run_directory_in_a_folder_that_takes_nothing_says_what_to_do() {
+        let job = job(Path::new("/sys"));
+        let params = BTreeMap::new();
+        let path = Path::new("/sys/shardrun-run");
+        let err = RunDir::create(path, new_run(&job, &params, false)).unwrap_err();
+        assert!(
+            matches!(&err, RunDirError::Unwritable { folder, .. } if folder == Path::new("/sys")),
+            "{err:?}"
+        );
+        let said = err.to_string();
+        assert!(
+            said.starts_with("cannot create the run directory /sys/shardrun-run: /sys cannot be written (")
+                && said.ends_with(
+                    "\n  fix: set `run_root` in the spec (or --run-dir) to a folder this user can write"
+                ),
+            "{said}"
+        );
+    }
+
+    /// A write that fails (here the rename, onto a folder) leaves the old file and no
+    /// temporary one beside it.
+    #[test]
+    fn a_failed_write_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("result.json");
+        fs::create_dir(&target).unwrap();
+        fs::write(target.join("kept"), "x").unwrap();
+        assert!(replace_file(&target, b"{}").is_err());
+        let names: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["result.json"]);
+        assert!(target.join("kept").is_file());
+        // And a write that succeeds leaves only the file.
+        let other = dir.path().join("controller_addr");
+        replace_file(&other, b"host:1\n").unwrap();
+        assert_eq!(fs::read_to_string(&other).unwrap(), "host:1\n");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 2);
     }
 
     fn new_run<'a>(

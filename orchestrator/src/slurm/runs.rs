@@ -278,14 +278,11 @@ fn after_killed(said: String) -> String {
 /// which says why as far as anything did. A requeued job appends to the same file: lines
 /// before the last attempt's start ([`crate::sbatch::ATTEMPT_START`]) are an earlier one's.
 fn error_file_ending(run: &RunDir, job_id: &str) -> Option<ErrorFileEnding> {
-    let file = job_file(run, job_id, "err")?;
-    let tail = file_tail(&file, 64 * 1024).ok()?;
-    let text = String::from_utf8_lossy(&tail);
-    let lines: Vec<&str> = text.lines().map(str::trim).collect();
-    let start = lines
-        .iter()
-        .rposition(|l| l.starts_with(crate::sbatch::ATTEMPT_START));
-    let attempt = &lines[start.map_or(0, |i| i + 1)..];
+    let LastAttempt {
+        file,
+        lines: attempt,
+        start,
+    } = last_attempt(run, job_id)?;
     const SHOWN: usize = 300;
     let last =
         attempt
@@ -307,6 +304,41 @@ fn error_file_ending(run: &RunDir, job_id: &str) -> Option<ErrorFileEnding> {
             file.display()
         )),
     })
+}
+
+/// The lines a Slurm job's last attempt wrote to its error file (trimmed).
+struct LastAttempt {
+    file: PathBuf,
+    lines: Vec<String>,
+    /// Whether the file marks the attempt's start (else it holds one attempt).
+    start: Option<usize>,
+}
+
+fn last_attempt(run: &RunDir, job_id: &str) -> Option<LastAttempt> {
+    let file = job_file(run, job_id, "err")?;
+    let tail = file_tail(&file, 64 * 1024).ok()?;
+    let text = String::from_utf8_lossy(&tail);
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    let start = lines
+        .iter()
+        .rposition(|l| l.starts_with(crate::sbatch::ATTEMPT_START));
+    let lines = lines[start.map_or(0, |i| i + 1)..]
+        .iter()
+        .map(|l| l.to_string())
+        .collect();
+    Some(LastAttempt { file, lines, start })
+}
+
+/// What the controller of a Slurm job's last attempt said when it could not write the run's
+/// end (a full disk), from the job's error file: that line and the fix after it.
+fn end_not_recorded(run: &RunDir, job_id: &str) -> Option<String> {
+    let lines = last_attempt(run, job_id)?.lines;
+    let at = lines
+        .iter()
+        .rposition(|l| l.contains(crate::job_controller::END_NOT_RECORDED))?;
+    let said = lines[at..].join("\n");
+    let said = one_line(said.strip_prefix("warning: ").unwrap_or(&said));
+    Some(format!("its controller ended, but {said}"))
 }
 
 /// The last `bytes` of `path` (an error file can hold gigabytes of debug output).
@@ -337,6 +369,25 @@ fn one_line(text: &str) -> String {
 pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>), RunsError> {
     let (statuses, answer) = refresh_or_recorded(runs)?;
     Ok((statuses, answer?))
+}
+
+/// Writes how a run ended, as worked out from Slurm, into its manifest, for readers that do
+/// not ask Slurm. A manifest that cannot be written (a full disk, a run another user reads)
+/// costs only that, with a warning: the state is shown all the same, and worked out again
+/// next time.
+fn record_state(run: &RunDir, state: RunState, detail: &str) {
+    let recorded = run.update_manifest(|m| {
+        m.state = state;
+        if !detail.is_empty() {
+            m.error = Some(detail.to_string());
+        }
+    });
+    if let Err(e) = recorded {
+        errln!(
+            "warning: {}: its end is shown but not recorded ({e})",
+            run.path().display()
+        );
+    }
 }
 
 /// The detail of a run whose state Slurm did not give.
@@ -433,11 +484,7 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
         } else if let (true, Some(id)) = (cancelled_before_it_ran_again, &job_id) {
             state = RunState::Cancelled;
             detail = cancelled_while_requeued(run, &manifest, id, "");
-            let detail_copy = detail.clone();
-            run.update_manifest(|m| {
-                m.state = state;
-                m.error = Some(detail_copy);
-            })?;
+            record_state(run, state, &detail);
         } else if !state.is_terminal() || requeued {
             match (&slurm, &result) {
                 (Some(record), _) => {
@@ -527,18 +574,23 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
                 // A controller that started (it said RUNNING) and then wrote nothing more
                 // was killed, or lost with its node: what its error file ends with is
                 // older than that.
-                let killed = (manifest.state == RunState::Running).then(|| {
-                    "its controller stopped after it started without writing a result: it \
-                     was killed (SIGKILL, the OOM killer) or its node was lost; \
-                     `shardrun submit` the run again to resume it from its last checkpoint"
-                        .to_string()
-                });
+                // Unless it said it could not write the run's end (a full disk).
+                let unrecorded = end_not_recorded(run, id);
+                let killed =
+                    (manifest.state == RunState::Running && unrecorded.is_none()).then(|| {
+                        "its controller stopped after it started without writing a result: it \
+                         was killed (SIGKILL, the OOM killer) or its node was lost; \
+                         `shardrun submit` the run again to resume it from its last checkpoint"
+                            .to_string()
+                    });
                 // After that, an error file with nothing of this attempt says nothing more.
-                let ending = error_file_ending(run, id).and_then(|ending| match ending {
-                    ErrorFileEnding::Said(said) if killed.is_some() => Some(after_killed(said)),
-                    ErrorFileEnding::Said(said) => Some(said),
-                    ErrorFileEnding::Nothing(_) if killed.is_some() => None,
-                    ErrorFileEnding::Nothing(nothing) => Some(nothing),
+                let ending = unrecorded.or_else(|| {
+                    error_file_ending(run, id).and_then(|ending| match ending {
+                        ErrorFileEnding::Said(said) if killed.is_some() => Some(after_killed(said)),
+                        ErrorFileEnding::Said(said) => Some(said),
+                        ErrorFileEnding::Nothing(_) if killed.is_some() => None,
+                        ErrorFileEnding::Nothing(nothing) => Some(nothing),
+                    })
                 });
                 for said in [killed, ending].into_iter().flatten() {
                     detail = if detail.is_empty() {
@@ -551,13 +603,7 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
             // A local run's manifest is its controller's to write: one starting now takes
             // the lock and writes RUNNING, which a state written here would overwrite.
             if state.is_terminal() && job_id.is_some() {
-                let detail_copy = detail.clone();
-                run.update_manifest(|m| {
-                    m.state = state;
-                    if !detail_copy.is_empty() {
-                        m.error = Some(detail_copy);
-                    }
-                })?;
+                record_state(run, state, &detail);
             }
         }
         if let Some(Verdict {
@@ -930,6 +976,40 @@ mod tests {
             ),
             "`sbatch --test-only job.sbatch` failed (exit status: 1): allocation failure"
         );
+    }
+
+    /// A controller that could not write the run's end (a full disk) said so in the job's
+    /// error file: its words, not a killed controller's, are the detail. An earlier
+    /// attempt's are not this one's.
+    #[test]
+    fn a_controller_that_could_not_write_the_runs_end_is_not_taken_for_killed() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("manifest.json"), "{}").unwrap();
+        let run = RunDir::open(dir.path()).unwrap();
+        assert_eq!(end_not_recorded(&run, "7"), None);
+        let unrecorded = "warning: the run's end is not recorded (cannot write /r/result.json: \
+                          No space left on device (os error 28))\n  \
+                          fix: free space in (or make writable) /r, then `shardrun submit /r`\n";
+        let file = dir.path().join("job-7.err");
+        std::fs::write(
+            &file,
+            format!("shardrun: start of job 7, attempt 1\n{unrecorded}"),
+        )
+        .unwrap();
+        assert_eq!(
+            end_not_recorded(&run, "7").as_deref(),
+            Some(
+                "its controller ended, but the run's end is not recorded (cannot write \
+                 /r/result.json: No space left on device (os error 28)); fix: free space in \
+                 (or make writable) /r, then `shardrun submit /r`"
+            )
+        );
+        std::fs::write(
+            &file,
+            format!("{unrecorded}shardrun: start of job 7, attempt 2\nkilled\n"),
+        )
+        .unwrap();
+        assert_eq!(end_not_recorded(&run, "7"), None);
     }
 
     #[test]
