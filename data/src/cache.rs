@@ -215,7 +215,7 @@ pub fn open_or_build(
     build: impl FnOnce(&Path) -> Result<CacheManifest>,
 ) -> Result<(PathBuf, CacheManifest, bool)> {
     let dir = cache_dir.join(name);
-    remove_stale_builds(cache_dir, name);
+    remove_stale_builds(cache_dir, name, observer);
     if let Some(manifest) = read_manifest(&dir)? {
         return Ok((dir, manifest, false));
     }
@@ -245,7 +245,7 @@ pub fn open_or_build(
         return Ok((dir, manifest, false));
     }
     // The process waited on may have been killed mid-build.
-    remove_stale_builds(cache_dir, name);
+    remove_stale_builds(cache_dir, name, observer);
     let tmp = cache_dir.join(format!(".{name}.tmp-{}", this_owner()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir(&tmp).map_err(DataError::io("create", &tmp))?;
@@ -293,18 +293,25 @@ fn manifest_json(manifest: &CacheManifest) -> Vec<u8> {
     json
 }
 
-/// Removes the folders of builds of `name` whose process was killed (Ctrl-C, a job's time
-/// limit): those of this machine whose pid no process has. Holding the lock proves nothing
-/// of the others: a cache folder shared by machines whose file system refuses locks may hold
-/// another machine's live build, and its pid says nothing here.
-fn remove_stale_builds(cache_dir: &Path, name: &str) {
-    let prefix = format!(".{name}.tmp-");
+/// Removes the folders of builds whose process was killed (Ctrl-C, a job's time limit):
+/// those of this machine whose pid no process has, of `name` and of any other data (a build
+/// killed before its files were edited is never opened again by its own key), each said to
+/// `observer`. Holding the lock proves nothing of the others: a cache folder shared by
+/// machines whose file system refuses locks may hold another machine's live build, and its
+/// pid says nothing here.
+fn remove_stale_builds(cache_dir: &Path, name: &str, observer: &dyn Observer) {
     let Ok(entries) = std::fs::read_dir(cache_dir) else {
         return;
     };
     for entry in entries.flatten() {
         let file_name = entry.file_name();
-        let Some(owner) = file_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+        let owner = file_name
+            .to_str()
+            .and_then(|n| n.strip_prefix('.'))
+            .and_then(|n| n.split_once(".tmp-"))
+            .filter(|(built, _)| *built == name || is_folder_name(built))
+            .map(|(_, owner)| owner);
+        let Some(owner) = owner else {
             continue;
         };
         // `<pid>` alone: named by an earlier shardrun, which left out the machine; taken as
@@ -313,10 +320,20 @@ fn remove_stale_builds(cache_dir: &Path, name: &str) {
             true => owner.to_string(),
             false => format!("{owner}-{}", this_host()),
         };
-        if owner_is_gone(&owner) {
-            let _ = std::fs::remove_dir_all(entry.path());
+        if owner_is_gone(&owner) && std::fs::remove_dir_all(entry.path()).is_ok() {
+            observer.line(&format!(
+                "removed {}, left by a preparation that was killed",
+                entry.path().display()
+            ));
         }
     }
+}
+
+/// Whether `name` is one [`folder_name`] makes: `<kind>-<16 hex digits>`.
+fn is_folder_name(name: &str) -> bool {
+    name.rsplit_once('-').is_some_and(|(kind, key)| {
+        !kind.is_empty() && key.len() == 16 && key.bytes().all(|b| b.is_ascii_hexdigit())
+    })
 }
 
 /// `<pid>-<host>` of this process: what names the hidden folders it works in, so that

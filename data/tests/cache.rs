@@ -299,6 +299,16 @@ fn the_identity_of_prepared_data_is_found_without_preparing() {
     assert!(overlap(&same), "{:?}", same.summary());
 }
 
+/// The lines a preparation says.
+#[derive(Default)]
+struct Said(std::sync::Mutex<Vec<String>>);
+
+impl shardrun_data::progress::Observer for Said {
+    fn line(&self, text: &str) {
+        self.0.lock().unwrap().push(text.to_string());
+    }
+}
+
 #[test]
 fn the_folders_of_killed_builds_are_removed_and_live_ones_kept() {
     let dir = tempfile::tempdir().unwrap();
@@ -336,10 +346,27 @@ fn the_folders_of_killed_builds_are_removed_and_live_ones_kept() {
     let unnamed_host = leftover(ended.id().to_string());
     let live = leftover(format!("{}-{host}", running.id()));
     let elsewhere = leftover(format!("{}-another-{host}", ended.id()));
+    // A build of data since edited, whose key is never opened again, and a folder of
+    // another program's that only looks alike.
+    let edited_since = cache.join(format!(".text-0123456789abcdef.tmp-{}-{host}", ended.id()));
+    std::fs::create_dir_all(&edited_since).unwrap();
+    let not_ours = cache.join(format!(".notes.tmp-{}-{host}", ended.id()));
+    std::fs::create_dir_all(&not_ours).unwrap();
 
-    let prepared = Dataset::open(&config(&cache), 0, None, 1, &Quiet).unwrap();
+    let said = Said::default();
+    let prepared = Dataset::open(&config(&cache), 0, None, 1, &said).unwrap();
     assert!(prepared.built());
     assert!(!killed.exists() && !unnamed_host.exists());
+    assert!(!edited_since.exists());
+    assert!(not_ours.exists(), "only what preparations name is removed");
+    let lines = said.0.lock().unwrap().clone();
+    for removed in [&killed, &unnamed_host, &edited_since] {
+        let line = format!(
+            "removed {}, left by a preparation that was killed",
+            removed.display()
+        );
+        assert!(lines.contains(&line), "{line:?} in {lines:?}");
+    }
     assert!(live.exists(), "a live process's build is left alone");
     assert!(
         elsewhere.exists(),
