@@ -134,7 +134,8 @@ pub fn prepare_source(spec: &SourceSpec<'_>, observer: &dyn Observer) -> Result<
         manifest.seconds = building.elapsed().as_secs_f64();
         Ok(manifest)
     })
-    .map_err(|e| not_writable(spec.cache_dir, e))?;
+    .map_err(|e| not_writable(spec.cache_dir, e))
+    .map_err(|e| out_of_room(spec, &files, e))?;
     let seconds = match built {
         true => manifest.seconds,
         false => started.elapsed().as_secs_f64(),
@@ -287,6 +288,24 @@ fn not_writable(cache_dir: &Path, error: DataError) -> DataError {
         path: cache_dir.to_path_buf(),
         whose: users::owner_and_mode(cache_dir),
         this_user: users::this_user(),
+    }
+}
+
+/// A build that ran out of room (a full disk, a quota), said as such: which cache, how much
+/// the data is and what to do, rather than the temporary file a write failed on.
+fn out_of_room(spec: &SourceSpec<'_>, files: &[DataFile], error: DataError) -> DataError {
+    match error {
+        DataError::Io { source, .. }
+            if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) =>
+        {
+            DataError::CacheFull {
+                path: spec.cache_dir.to_path_buf(),
+                what: spec.what.to_string(),
+                data_mb: files.iter().map(|f| f.size).sum::<u64>() as f64 / 1e6,
+                source,
+            }
+        }
+        error => error,
     }
 }
 
@@ -749,6 +768,48 @@ fn examples(skipped: &[Skipped]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A build that ran out of room names the cache folder, the data's size and what to do;
+    /// other failures pass as they are.
+    #[test]
+    fn a_full_disk_is_said_as_such() {
+        let source = DataSource::Text {
+            files: vec!["a.txt".into()],
+            split: shardrun_protocol::config::TextSplit::File,
+        };
+        let spec = SourceSpec {
+            source: &source,
+            tokenizer: &TokenizerConfig::Bytes,
+            on_bad_record: OnBadRecord::Stop,
+            cache_dir: Path::new("/data/cache"),
+            threads: 1,
+            what: "training data",
+        };
+        let files = [DataFile {
+            path: "a.txt".into(),
+            size: 2_500_000,
+            mtime_ns: 0,
+            ctime_ns: 0,
+        }];
+        let full = DataError::io("write", Path::new("/data/cache/.text-1.tmp-1-h/tokens.u32"))(
+            std::io::Error::from_raw_os_error(libc::ENOSPC),
+        );
+        let said = out_of_room(&spec, &files, full).to_string();
+        assert!(
+            said.starts_with(
+                "the data cache /data/cache ran out of room while preparing training data (No \
+                 space left on device"
+            ) && said.contains("set `data.cache_dir` to a folder on a disk with room")
+                && said.contains("(2.5 MB here)"),
+            "{said}"
+        );
+        let other =
+            DataError::io("write", Path::new("/x"))(std::io::Error::from_raw_os_error(libc::EIO));
+        assert!(matches!(
+            out_of_room(&spec, &files, other),
+            DataError::Io { .. }
+        ));
+    }
 
     #[test]
     fn a_file_written_while_it_was_tokenized_fails_the_cache() {
