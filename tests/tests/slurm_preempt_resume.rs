@@ -79,6 +79,24 @@ fn usr2_checkpoints_requeues_and_resumes_with_uninterrupted_losses() {
 
     let log = requeued_and_finished(&run);
     assert_resumed_with_uninterrupted_losses(&run, &log, reference);
+    // Its end says it came through a requeue.
+    let run_arg = run.to_string_lossy().into_owned();
+    let mut said = serde_json::Value::Null;
+    wait_for("status to say COMPLETED", Duration::from_secs(120), || {
+        let out = cluster
+            .shardrun(dir.path(), &["status", "--json", &run_arg])
+            .ok()?;
+        said = status_runs(&stdout_of(&out)).first()?.clone();
+        (said["state"] == "COMPLETED").then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}: {said}"));
+    assert_eq!(said["requeues"], 1, "{said}");
+    assert!(
+        said["detail"].as_str().unwrap().ends_with(
+            "training finished; its job was requeued 1 time(s) after a preemption notice"
+        ),
+        "{said}"
+    );
     // Both attempts append to one error file, each from a line of its own (`shardrun status`
     // reads a dead controller's last words after the last one).
     let err = std::fs::read_to_string(run.join(format!("resume-{job_id}.err"))).unwrap();

@@ -55,6 +55,8 @@ pub struct RunJson {
     /// (whatever its state: a run that diverged and went on ends `COMPLETED`); null when
     /// it had not.
     pub diverged: Option<DivergedJson>,
+    /// How often its jobs were requeued after a preemption notice, over all its attempts.
+    pub requeues: u32,
 }
 
 /// `status --json`'s `diverged`.
@@ -82,6 +84,7 @@ impl RunJson {
                 step: d.step,
                 what: d.what(),
             }),
+            requeues: s.requeues,
         }
     }
 }

@@ -27,6 +27,8 @@ pub struct RunStatus {
     pub sweep_params: BTreeMap<String, serde_json::Value>,
     /// In a sweep folder, but not a point of the spec last submitted there.
     pub superseded: bool,
+    /// How often its jobs were requeued after a preemption notice, over all its attempts.
+    pub requeues: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -390,6 +392,26 @@ fn record_state(run: &RunDir, state: RunState, detail: &str) {
     }
 }
 
+/// Slurm's reason code for a job, with what it means where the code alone says little to
+/// people who do not run Slurm every day.
+fn reason_in_words(reason: &str) -> String {
+    let meaning = match reason {
+        "BeginTime" => {
+            "not to start before its begin time (`sbatch --begin`; Slurm also holds a \
+             requeued job back a while, about two minutes)"
+        }
+        "Priority" => "jobs of higher priority are ahead of it",
+        "Resources" => "waiting for the nodes it asks for to be free",
+        "Dependency" => "waiting for the jobs it depends on",
+        "JobArrayTaskLimit" => "its array's throttle (`%N`) holds it back",
+        "QOSMaxJobsPerUserLimit" | "AssocMaxJobsLimit" | "AssocGrpJobsLimit" => {
+            "this user's or account's limit on running jobs holds it back"
+        }
+        _ => return reason.to_string(),
+    };
+    format!("{reason}: {meaning}")
+}
+
 /// The detail of a run whose state Slurm did not give.
 const RECORDED: &str = "state as last recorded: Slurm did not answer";
 
@@ -493,11 +515,15 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
                         // A job cancelled while it waited keeps the reason it waited for.
                         // Slurm says JobLaunchFailure of a batch script killed by a signal,
                         // also after its controller started (and said RUNNING): said below.
-                        record.reason.clone().filter(|reason| {
-                            record.state != JobState::Cancelled
-                                && !(reason == "JobLaunchFailure"
-                                    && manifest.state == RunState::Running)
-                        }),
+                        record
+                            .reason
+                            .clone()
+                            .filter(|reason| {
+                                record.state != JobState::Cancelled
+                                    && !(reason == "JobLaunchFailure"
+                                        && manifest.state == RunState::Running)
+                            })
+                            .map(|reason| reason_in_words(&reason)),
                         record
                             .exit_code
                             .clone()
@@ -642,6 +668,13 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
         if state == RunState::Submitted && !attempt_since {
             detail = with_attempt_before(detail, manifest.ended_before.as_ref());
         }
+        // An end reached through preemptions says so: its last attempt's words do not.
+        let requeues = requeues_of(run);
+        if state.is_terminal() && requeues > 0 {
+            detail = format!(
+                "{detail}; its job was requeued {requeues} time(s) after a preemption notice"
+            );
+        }
         out.push(RunStatus {
             run: run.clone(),
             name: manifest.name,
@@ -652,9 +685,20 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
             array: manifest.sweep_array,
             sweep_params: manifest.sweep_params,
             superseded: current_points.superseded(run.path()),
+            requeues,
         });
     }
     Ok((out, answer))
+}
+
+/// How often a run's controllers requeued its job after a preemption notice, from its
+/// `events.jsonl`.
+fn requeues_of(run: &RunDir) -> u32 {
+    crate::events_file::read(&run.events())
+        .unwrap_or_default()
+        .iter()
+        .filter(|e| matches!(e.event, crate::events_file::RunEvent::Requeued { .. }))
+        .count() as u32
 }
 
 /// A run whose controller had requeued its job, cancelled before the job ran again (no
@@ -781,6 +825,16 @@ fn with_attempt_before(detail: String, before: Option<&crate::rundir::Ended>) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn common_pending_reasons_are_said_in_words_and_others_as_slurm_says_them() {
+        assert_eq!(
+            reason_in_words("Priority"),
+            "Priority: jobs of higher priority are ahead of it"
+        );
+        assert!(reason_in_words("BeginTime").starts_with("BeginTime: not to start before"));
+        assert_eq!(reason_in_words("ReqNodeNotAvail"), "ReqNodeNotAvail");
+    }
 
     #[test]
     fn a_pace_is_said_to_its_first_decimal_below_ten_steps_a_second() {
