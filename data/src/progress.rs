@@ -51,7 +51,8 @@ impl<'a> Progress<'a> {
         let bar = (observer.wants_bar() && std::io::stderr().is_terminal()).then(|| {
             let bar = ProgressBar::new(total_bytes);
             let style = ProgressStyle::with_template(
-                "{msg} {bar:30.cyan/blue} {bytes}/{total_bytes} {bytes_per_sec} [{elapsed_precise} < {eta_precise}]",
+                // Decimal MB, as the line before the bar counts the data.
+                "{msg} {bar:30.cyan/blue} {decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec} [{elapsed_precise} < {eta_precise}]",
             )
             .unwrap_or_else(|_| ProgressStyle::default_bar());
             bar.set_style(style);
@@ -76,6 +77,11 @@ impl<'a> Progress<'a> {
         self.tokens += tokens;
         if let Some(bar) = &self.bar {
             bar.set_position(self.bytes);
+            bar.set_message(format!(
+                "tokenizing {} ({} tokens)",
+                self.what,
+                crate::dataset::thousands(self.tokens)
+            ));
             return;
         }
         if self.last_line.elapsed() >= LINE_EVERY {
