@@ -853,10 +853,24 @@ fn string_field(
             let has: Vec<&str> = object
                 .map(|o| o.keys().map(String::as_str).collect())
                 .unwrap_or_default();
-            let why = format!(
-                "no field `{field}` in the record (it has: {})",
-                has.join(", ")
-            );
+            let why = match reached(record, field) {
+                // A dotted name that reaches into the record part of the way: what is there.
+                Some((prefix, serde_json::Value::Object(inner))) => format!(
+                    "no field `{field}` in the record (`{prefix}` has: {})",
+                    inner
+                        .keys()
+                        .map(String::as_str)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                Some((prefix, _)) => {
+                    format!("no field `{field}` in the record (`{prefix}` is not an object)")
+                }
+                None => format!(
+                    "no field `{field}` in the record (it has: {})",
+                    has.join(", ")
+                ),
+            };
             let missing = hint.then(|| {
                 let fits = object
                     .filter(|_| named.one_string_fits)
@@ -892,6 +906,26 @@ fn string_field(
             })
         }
     }
+}
+
+/// How far a dotted `field` reaches into `record` before a key is missing: the dotted name
+/// of the value reached and the value, `None` when not even its first key is there.
+fn reached<'r>(
+    record: &'r serde_json::Value,
+    field: &str,
+) -> Option<(String, &'r serde_json::Value)> {
+    let mut value = record;
+    let mut keys = Vec::new();
+    for key in field.split('.') {
+        match value.get(key) {
+            Some(inner) => {
+                value = inner;
+                keys.push(key);
+            }
+            None => break,
+        }
+    }
+    (!keys.is_empty()).then(|| (keys.join("."), value))
 }
 
 /// What a record read as a JSONL text (`data.field`) is instead, when it is another kind of

@@ -203,6 +203,47 @@ fn jsonl_records_that_are_not_json_or_lack_the_field() {
         )),
         "{err}"
     );
+
+    // A dotted name says what is there where it stops reaching.
+    let nested = write(
+        dir.path(),
+        "n.jsonl",
+        "{\"doc\": {\"text\": \"ok\"}}\n{\"doc\": {\"path\": \"a.py\"}, \"id\": 2}\n{\"doc\": \"flat\"}\n",
+    );
+    let dotted = |cache: &str| {
+        dataset(
+            DataSource::Jsonl {
+                files: vec![nested.clone()],
+                text: JsonlText::Field {
+                    field: "doc.text".into(),
+                },
+            },
+            TokenizerConfig::Bytes,
+            8,
+            &dir.path().join(cache),
+        )
+    };
+    let err = fails(&dotted("cache3"), None);
+    assert!(
+        err.starts_with(&format!(
+            "{}:2: no field `doc.text` in the record (`doc` has: path)",
+            nested.display()
+        )),
+        "{err}"
+    );
+    std::fs::write(
+        &nested,
+        "{\"doc\": {\"text\": \"ok\"}}\n{\"doc\": \"flat\"}\n",
+    )
+    .unwrap();
+    let err = fails(&dotted("cache4"), None);
+    assert!(
+        err.starts_with(&format!(
+            "{}:2: no field `doc.text` in the record (`doc` is not an object)",
+            nested.display()
+        )),
+        "{err}"
+    );
 }
 
 /// A blank text (as datasets exported with their empty rows have: wikitext's `""`) or a blank
