@@ -36,8 +36,8 @@ pub fn default_threads() -> usize {
 }
 
 /// Reads every record once without encoding, to stop at the first bad one (a line that is
-/// not JSON, a missing field) in seconds rather than after tokenizing everything before it:
-/// reading runs hundreds of times faster than encoding.
+/// not JSON or not UTF-8, a missing field, an empty file) in seconds rather than after
+/// tokenizing everything before it: reading runs hundreds of times faster than encoding.
 fn first_bad_record(files: &[DataFile], source: &DataSource) -> Result<()> {
     let mut reader = DocumentReader::new(files, source, OnBadRecord::Stop);
     while reader.next_batch(BATCH_BYTES)?.is_some() {}
@@ -86,7 +86,7 @@ pub fn tokenize(
         .thread_name(|i| format!("tokenize-{i}"))
         .build()
         .map_err(|e| DataError::Config(format!("cannot start tokenizer threads: {e}")))?;
-    if policy == OnBadRecord::Stop && !matches!(source, DataSource::Text { .. }) {
+    if policy == OnBadRecord::Stop {
         first_bad_record(files, source)?;
     }
     let total: u64 = files.iter().map(|f| f.size).sum();

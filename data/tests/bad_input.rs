@@ -37,6 +37,45 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     path
 }
 
+/// With `on_bad_record: stop`, a bad record at the end of the data stops the preparation
+/// before anything is encoded, for text as for JSONL: the 16 MB document before it, whose
+/// batch would be warned of as it is encoded, is never reached.
+#[test]
+fn a_bad_record_at_the_end_stops_before_anything_is_encoded() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = "word ".repeat(3_400_000);
+    let first = write(dir.path(), "a.txt", &big);
+    let bad = dir.path().join("b.txt");
+    std::fs::write(&bad, b"fine\n\xff not text\n").unwrap();
+    let first_jsonl = write(
+        dir.path(),
+        "a.jsonl",
+        &format!("{}\n", serde_json::json!({ "text": big })),
+    );
+    let bad_jsonl = write(dir.path(), "b.jsonl", "{\"text\": \"ok\"}\nnot json\n");
+    for (source, bad, line) in [
+        (
+            text_files(vec![first, bad.clone()], TextSplit::File),
+            &bad,
+            2,
+        ),
+        (jsonl(vec![first_jsonl, bad_jsonl.clone()]), &bad_jsonl, 2),
+    ] {
+        let config = dataset(source, TokenizerConfig::Bytes, 8, &dir.path().join("cache"));
+        let said = Lines::default();
+        let err = Dataset::open(&config, 0, None, 2, &said)
+            .err()
+            .expect("must fail")
+            .to_string();
+        assert!(
+            err.starts_with(&format!("{}:{line}: ", bad.display())),
+            "{err}"
+        );
+        let said = said.0.lock().unwrap().join("\n");
+        assert!(!said.contains("is one document of 17.0 MB"), "{said}");
+    }
+}
+
 #[test]
 fn unreadable_empty_and_missing_files() {
     let dir = tempfile::tempdir().unwrap();
@@ -1146,16 +1185,6 @@ fn a_fraction_that_rounds_to_every_document_says_so() {
     c.validation.as_mut().unwrap().held_out = HeldOut::Fraction { fraction: 0.5 };
     let data = open(&c, None).unwrap();
     assert_eq!(data.train().set().documents, 2);
-}
-
-/// The lines a preparation says.
-#[derive(Default)]
-struct Lines(std::sync::Mutex<Vec<String>>);
-
-impl shardrun_data::Observer for Lines {
-    fn line(&self, text: &str) {
-        self.0.lock().unwrap().push(text.to_string());
-    }
 }
 
 #[test]

@@ -299,16 +299,6 @@ fn the_identity_of_prepared_data_is_found_without_preparing() {
     assert!(overlap(&same), "{:?}", same.summary());
 }
 
-/// The lines a preparation says.
-#[derive(Default)]
-struct Said(std::sync::Mutex<Vec<String>>);
-
-impl shardrun_data::progress::Observer for Said {
-    fn line(&self, text: &str) {
-        self.0.lock().unwrap().push(text.to_string());
-    }
-}
-
 #[test]
 fn the_folders_of_killed_builds_are_removed_and_live_ones_kept() {
     let dir = tempfile::tempdir().unwrap();
@@ -353,7 +343,7 @@ fn the_folders_of_killed_builds_are_removed_and_live_ones_kept() {
     let not_ours = cache.join(format!(".notes.tmp-{}-{host}", ended.id()));
     std::fs::create_dir_all(&not_ours).unwrap();
 
-    let said = Said::default();
+    let said = Lines::default();
     let prepared = Dataset::open(&config(&cache), 0, None, 1, &said).unwrap();
     assert!(prepared.built());
     assert!(!killed.exists() && !unnamed_host.exists());

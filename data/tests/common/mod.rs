@@ -141,3 +141,13 @@ pub fn cache_entries(cache: &Path) -> Vec<String> {
         Err(_) => Vec::new(),
     }
 }
+
+/// The lines a preparation says.
+#[derive(Default)]
+pub struct Lines(pub std::sync::Mutex<Vec<String>>);
+
+impl shardrun_data::Observer for Lines {
+    fn line(&self, text: &str) {
+        self.0.lock().unwrap().push(text.to_string());
+    }
+}
