@@ -247,8 +247,9 @@ pub fn read(path: &Path) -> Result<RunMetrics, MetricsFileError> {
     let mut unreadable_lines = Vec::new();
     let mut partial_last_line = None;
     let mut warm_ups = BTreeSet::new();
-    // The next step record is the first of an attempt.
-    let mut attempt_starts = true;
+    // The step an attempt starts with, until its first record: a warm-up when logged (with
+    // `log_every` > 1 the first record may be of a later, ordinary step).
+    let mut attempt_starts: Option<u64> = Some(1);
     let mut lines = text.lines().enumerate().peekable();
     while let Some((at, line)) = lines.next() {
         match serde_json::from_str::<Line>(line) {
@@ -257,7 +258,7 @@ pub fn read(path: &Path) -> Result<RunMetrics, MetricsFileError> {
                 steps.retain(|r: &StepRecord| kept(r.step));
                 evals.retain(|r: &EvalRecord| kept(r.step));
                 warm_ups.retain(|&step| kept(step));
-                attempt_starts = true;
+                attempt_starts = Some(mark.resumed_at_step + 1);
                 for records in per_rank.values_mut() {
                     records.retain(|r| kept(r.step));
                 }
@@ -272,9 +273,9 @@ pub fn read(path: &Path) -> Result<RunMetrics, MetricsFileError> {
                 {
                     evals.retain(|e: &EvalRecord| e.step < record.step);
                     warm_ups.retain(|&step| step < record.step);
-                    attempt_starts = true;
+                    attempt_starts = Some(1);
                 }
-                if std::mem::take(&mut attempt_starts) {
+                if attempt_starts.take() == Some(record.step) {
                     warm_ups.insert(record.step);
                 }
                 later_wins(&mut steps, record, |r| r.step)
@@ -347,7 +348,8 @@ mod tests {
 
     /// The first step of each attempt is a warm-up: the run's first, the first after a resume
     /// mark, the first of an attempt that started over; a warm-up replayed by a later attempt
-    /// is not one any more.
+    /// is not one any more. An attempt's first record of a later step (`log_every` > 1) is an
+    /// ordinary step.
     #[test]
     fn the_first_step_of_each_attempt_is_a_warm_up() {
         let tmp = tempfile::tempdir().unwrap();
@@ -368,9 +370,9 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(warm_ups(&text), [1, 4]);
-        // Started over without a checkpoint: step 2 again.
-        text.push_str(&lines(2..=9));
-        assert_eq!(warm_ups(&text), [1, 2]);
+        // Started over without a checkpoint: step 1 again.
+        text.push_str(&lines(1..=9));
+        assert_eq!(warm_ups(&text), [1]);
         // Resumed from step 1, before the warm-up at step 2.
         text.push_str("{\"resumed_at_step\":1}\n");
         text.push_str(&lines(2..=3));
@@ -378,6 +380,14 @@ mod tests {
         text.push_str("{\"resumed_at_step\":2}\n");
         text.push_str(&lines(3..=3));
         assert_eq!(warm_ups(&text), [1, 2, 3]);
+        // Every fifth step logged: the attempts' first steps are not in the file.
+        let fifths =
+            |from: u64| -> String { (from..=4).map(|k| step_line(5 * k, 2.5) + "\n").collect() };
+        let mut text = fifths(1);
+        assert_eq!(warm_ups(&text), [] as [u64; 0]);
+        text.push_str("{\"resumed_at_step\":10}\n");
+        text.push_str(&fifths(3));
+        assert_eq!(warm_ups(&text), [] as [u64; 0]);
     }
 
     /// The pace is that of the attempt at the file's end: the records before its resume mark
