@@ -187,14 +187,23 @@ impl RunFigure {
             let Some(step) = record.event.step() else {
                 continue;
             };
-            // A later attempt resumed from before this event's step: the curve there is the
-            // later attempt's, so the event is drawn faint and says so.
-            let rerun_from = self.events[i + 1..]
-                .iter()
-                .find_map(|later| match later.event {
-                    RunEvent::Resumed { step: from, .. } if from < step => Some(from),
-                    _ => None,
-                });
+            // A later attempt resumed from before this event's step, or started over: the
+            // curve there is the later attempt's, so the event is drawn faint and says so.
+            let later = &self.events[i + 1..];
+            let rerun_from = later.iter().enumerate().find_map(|(k, e)| match e.event {
+                RunEvent::Resumed { step: from, .. } if from < step => Some(from),
+                // A start not followed by a resume restored nothing: it started over (a start
+                // that ended before anything else happened says nothing).
+                RunEvent::Started { .. } => match later[k + 1..]
+                    .iter()
+                    .map(|next| &next.event)
+                    .find(|next| !matches!(next, RunEvent::Started { .. }))
+                {
+                    Some(RunEvent::Resumed { .. }) | None => None,
+                    Some(_) => Some(0),
+                },
+                _ => None,
+            });
             let (kind, color, width, opacity, text) = match &record.event {
                 RunEvent::Checkpoint { .. } => {
                     ("checkpoint", RGBColor(0x70, 0x70, 0x70), 1, 0.5, None)
@@ -243,6 +252,10 @@ impl RunFigure {
                 | RunEvent::PreemptRequested { .. } => continue,
             };
             let (opacity, text) = match rerun_from {
+                Some(0) => (
+                    opacity * 0.4,
+                    text.map(|t| format!("{t} (then rerun from the start)")),
+                ),
                 Some(from) => (
                     opacity * 0.4,
                     text.map(|t| format!("{t} (then rerun from step {from})")),
@@ -252,6 +265,9 @@ impl RunFigure {
             let step = step as f64;
             if let Some(same) = out.iter().position(|m| m.kind == kind && m.step == step) {
                 times[same] += 1;
+                // The latest of them says whether the curve there is still its attempt's.
+                out[same].opacity = opacity;
+                out[same].text = text;
                 continue;
             }
             times.push(1);
@@ -645,6 +661,39 @@ mod tests {
         );
         assert!(failed.opacity < 0.5, "{failed:?}");
         assert_eq!(panels[0].markers[2].opacity, 1.0, "the resume itself");
+        // Stopped after step 12, then started over without a checkpoint to resume from.
+        let started = || {
+            event(RunEvent::Started {
+                world_size: 2,
+                slurm_job_id: None,
+            })
+        };
+        let over = RunFigure {
+            events: vec![
+                started(),
+                event(RunEvent::Stopped {
+                    step: Some(12),
+                    by: "SIGTERM".into(),
+                }),
+                started(),
+                started(),
+                event(RunEvent::Checkpoint {
+                    step: 20,
+                    path: "c".into(),
+                }),
+            ],
+            title: "t".into(),
+            steps: figure.steps.clone(),
+            evals: Vec::new(),
+            smoothing: 0.0,
+            log_loss: false,
+        };
+        let markers = over.markers();
+        assert_eq!(
+            markers[0].text.as_deref(),
+            Some("stopped after step 12 (SIGTERM) (then rerun from the start)")
+        );
+        assert!(markers[0].opacity < 0.5);
         assert_eq!(panels[0].curves.len(), 2, "raw and smoothed");
         assert_eq!(panels[0].dots[0].points, vec![(10.0, 1.5)]);
         assert!(panels[1..]
