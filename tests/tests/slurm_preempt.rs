@@ -807,7 +807,12 @@ fn a_controller_killed_outright_is_named_by_status_not_as_a_launch_failure() {
         (first["state"] == "FAILED").then_some(())
     });
     ended.unwrap_or_else(|e| panic!("{e}: {detail}"));
-    assert!(said.contains("its end is shown but not recorded"), "{said}");
+    assert!(
+        said.contains(
+            "warning: the end of 1 run(s) is shown but not recorded in its run directory"
+        ),
+        "{said}"
+    );
     let manifest = || -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(run.join("manifest.json")).unwrap()).unwrap()
     };

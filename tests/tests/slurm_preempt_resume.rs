@@ -93,7 +93,7 @@ fn usr2_checkpoints_requeues_and_resumes_with_uninterrupted_losses() {
     assert_eq!(said["requeues"], 1, "{said}");
     assert!(
         said["detail"].as_str().unwrap().ends_with(
-            "training finished; its job was requeued 1 time(s) after a preemption notice"
+            "training finished; its jobs were requeued 1 time(s) after a preemption notice"
         ),
         "{said}"
     );

@@ -121,6 +121,17 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
         .collect();
     let (mut statuses, answer) =
         slurm::refresh_or_recorded(&runs).context("reading the runs' states")?;
+    // Ends worked out but not written back: said once, not once per run of a sweep.
+    let unrecorded: Vec<&RunStatus> = statuses.iter().filter(|s| s.unrecorded.is_some()).collect();
+    if let Some(first) = unrecorded.first() {
+        errln!(
+            "warning: the end of {} run(s) is shown but not recorded in its run directory \
+             (the first, {}: {}); status works it out again next time",
+            unrecorded.len(),
+            first.run.path().display(),
+            first.unrecorded.as_deref().unwrap_or_default()
+        );
+    }
     // Slurm not answering is an error, but the runs are still shown as last recorded.
     let (source, unanswered) = match answer {
         Ok(source) => (source, None),

@@ -29,6 +29,9 @@ pub struct RunStatus {
     pub superseded: bool,
     /// How often its jobs were requeued after a preemption notice, over all its attempts.
     pub requeues: u32,
+    /// Why the end worked out from Slurm could not be written into its manifest (a full
+    /// disk, another user's run): shown all the same, and worked out again next time.
+    pub unrecorded: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -375,21 +378,16 @@ pub fn refresh(runs: &[RunDir]) -> Result<(Vec<RunStatus>, Option<QuerySource>),
 
 /// Writes how a run ended, as worked out from Slurm, into its manifest, for readers that do
 /// not ask Slurm. A manifest that cannot be written (a full disk, a run another user reads)
-/// costs only that, with a warning: the state is shown all the same, and worked out again
-/// next time.
-fn record_state(run: &RunDir, state: RunState, detail: &str) {
-    let recorded = run.update_manifest(|m| {
+/// costs only that: the error is returned for the caller to mention.
+fn record_state(run: &RunDir, state: RunState, detail: &str) -> Option<String> {
+    run.update_manifest(|m| {
         m.state = state;
         if !detail.is_empty() {
             m.error = Some(detail.to_string());
         }
-    });
-    if let Err(e) = recorded {
-        errln!(
-            "warning: {}: its end is shown but not recorded ({e})",
-            run.path().display()
-        );
-    }
+    })
+    .err()
+    .map(|e| e.to_string())
 }
 
 /// Slurm's reason code for a job, with what it means where the code alone says little to
@@ -476,6 +474,7 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
         let slurm = job_id.as_ref().and_then(|id| records.get(id)).cloned();
         let mut state = manifest.state;
         let mut detail = manifest.error.clone().unwrap_or_default();
+        let mut unrecorded = None;
         let requeued = state.is_terminal()
             && job_id
                 .as_ref()
@@ -506,7 +505,7 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
         } else if let (true, Some(id)) = (cancelled_before_it_ran_again, &job_id) {
             state = RunState::Cancelled;
             detail = cancelled_while_requeued(run, &manifest, id, "");
-            record_state(run, state, &detail);
+            unrecorded = record_state(run, state, &detail);
         } else if !state.is_terminal() || requeued {
             match (&slurm, &result) {
                 (Some(record), _) => {
@@ -629,7 +628,7 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
             // A local run's manifest is its controller's to write: one starting now takes
             // the lock and writes RUNNING, which a state written here would overwrite.
             if state.is_terminal() && job_id.is_some() {
-                record_state(run, state, &detail);
+                unrecorded = record_state(run, state, &detail);
             }
         }
         if let Some(Verdict {
@@ -671,9 +670,12 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
         // An end reached through preemptions says so: its last attempt's words do not.
         let requeues = requeues_of(run);
         if state.is_terminal() && requeues > 0 {
-            detail = format!(
-                "{detail}; its job was requeued {requeues} time(s) after a preemption notice"
-            );
+            let said =
+                format!("its jobs were requeued {requeues} time(s) after a preemption notice");
+            detail = match detail.is_empty() {
+                true => said,
+                false => format!("{detail}; {said}"),
+            };
         }
         out.push(RunStatus {
             run: run.clone(),
@@ -686,18 +688,28 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
             sweep_params: manifest.sweep_params,
             superseded: current_points.superseded(run.path()),
             requeues,
+            unrecorded,
         });
     }
     Ok((out, answer))
 }
 
-/// How often a run's controllers requeued its job after a preemption notice, from its
-/// `events.jsonl`.
+/// How often a run's controllers requeued its jobs after a preemption notice, from its
+/// `events.jsonl`: a requeue Slurm refused (the attempt then failed, before any later start)
+/// is not one.
 fn requeues_of(run: &RunDir) -> u32 {
-    crate::events_file::read(&run.events())
-        .unwrap_or_default()
+    use crate::events_file::RunEvent;
+    let events = crate::events_file::read(&run.events()).unwrap_or_default();
+    events
         .iter()
-        .filter(|e| matches!(e.event, crate::events_file::RunEvent::Requeued { .. }))
+        .enumerate()
+        .filter(|(i, e)| {
+            matches!(e.event, RunEvent::Requeued { .. })
+                && !events[i + 1..]
+                    .iter()
+                    .take_while(|later| !matches!(later.event, RunEvent::Started { .. }))
+                    .any(|later| matches!(later.event, RunEvent::Failed { .. }))
+        })
         .count() as u32
 }
 
@@ -825,6 +837,34 @@ fn with_attempt_before(detail: String, before: Option<&crate::rundir::Ended>) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A requeue counts once its job is queued again: not one Slurm refused, after which the
+    /// attempt failed.
+    #[test]
+    fn requeues_are_counted_from_the_events_but_refused_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::at(dir.path());
+        let started = r#"{"time":1.0,"event":"started","world_size":2}"#;
+        let requeued = |n: u32| {
+            format!(
+                r#"{{"time":2.0,"event":"requeued","step":40,"slurm_job_id":"7","requeue":{n},"max_requeues":3}}"#
+            )
+        };
+        let failed = r#"{"time":3.0,"event":"failed","step":40,"reason":"not requeued"}"#;
+        assert_eq!(requeues_of(&run), 0);
+        let lines = [
+            started.to_string(),
+            requeued(1),
+            started.to_string(),
+            requeued(2),
+            failed.to_string(),
+        ];
+        std::fs::write(run.events(), lines.join("\n") + "\n").unwrap();
+        assert_eq!(requeues_of(&run), 1);
+        let lines = [lines.join("\n"), started.to_string(), requeued(1)];
+        std::fs::write(run.events(), lines.join("\n") + "\n").unwrap();
+        assert_eq!(requeues_of(&run), 2);
+    }
 
     #[test]
     fn common_pending_reasons_are_said_in_words_and_others_as_slurm_says_them() {
