@@ -49,7 +49,7 @@ pub enum RunDirError {
     NotARunDir(PathBuf),
     /// The folder a new run directory goes in takes nothing: not this user's to write, on a
     /// read-only file system, or full.
-    #[error("cannot create the run directory {}: {} cannot be written ({source})\n  fix: {}", run_dir.display(), folder.display(), unwritable_fix(source))]
+    #[error("cannot create the run directory {}: {} {} ({source})\n  fix: {}", run_dir.display(), folder.display(), unwritable_why(source), unwritable_fix(source))]
     Unwritable {
         run_dir: PathBuf,
         folder: PathBuf,
@@ -71,17 +71,28 @@ pub enum RunDirError {
     },
 }
 
+/// What is wrong with a folder a run directory cannot be created in.
+fn unwritable_why(source: &io::Error) -> &'static str {
+    match source.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT) => "has no room",
+        Some(libc::EFBIG) => "takes no file this large",
+        _ => "cannot be written",
+    }
+}
+
 /// What to do about a folder a run directory cannot be created in.
 fn unwritable_fix(source: &io::Error) -> &'static str {
     match source.raw_os_error() {
         Some(libc::ENOSPC | libc::EDQUOT) => {
             "free space there (older runs, checkpoints, data caches) or raise the quota, or set \
-             `run_root` in the spec (or --run-dir) to a folder on another disk"
+             `run_root` (in the spec, or `--set run_root=DIR`) to a folder on another disk"
         }
         Some(libc::EFBIG) => {
             "raise the limit on the size of files this process writes (`ulimit -f`)"
         }
-        _ => "set `run_root` in the spec (or --run-dir) to a folder this user can write",
+        _ => {
+            "set `run_root` (in the spec, or `--set run_root=DIR`) to a folder this user can write"
+        }
     }
 }
 
@@ -434,10 +445,16 @@ impl RunDir {
             refuse_unless_replaceable(&path)?;
         }
         let parent = path.parent().unwrap_or(Path::new("/")).to_path_buf();
+        // The folder that refuses: the nearest one there (those below it are to be made).
+        let refusing = parent
+            .ancestors()
+            .find(|folder| folder.is_dir())
+            .unwrap_or(&parent)
+            .to_path_buf();
         let unwritable = |source: io::Error| match takes_nothing(&source) {
             true => RunDirError::Unwritable {
                 run_dir: path.clone(),
-                folder: parent.clone(),
+                folder: refusing.clone(),
                 source,
             },
             false => io_err("cannot create", &parent)(source),
@@ -884,7 +901,7 @@ mod tests {
     fn a_run_directory_in_a_folder_that_takes_nothing_says_what_to_do() {
         let job = job(Path::new("/sys"));
         let params = BTreeMap::new();
-        let path = Path::new("/sys/shardrun-run");
+        let path = Path::new("/sys/shardrun-runs/a/run");
         let err = RunDir::create(path, new_run(&job, &params, false)).unwrap_err();
         assert!(
             matches!(&err, RunDirError::Unwritable { folder, .. } if folder == Path::new("/sys")),
@@ -892,9 +909,9 @@ mod tests {
         );
         let said = err.to_string();
         assert!(
-            said.starts_with("cannot create the run directory /sys/shardrun-run: /sys cannot be written (")
+            said.starts_with("cannot create the run directory /sys/shardrun-runs/a/run: /sys cannot be written (")
                 && said.ends_with(
-                    "\n  fix: set `run_root` in the spec (or --run-dir) to a folder this user can write"
+                    "\n  fix: set `run_root` (in the spec, or `--set run_root=DIR`) to a folder this user can write"
                 ),
             "{said}"
         );
