@@ -305,15 +305,19 @@ fn remove_stale_builds(cache_dir: &Path, name: &str, observer: &dyn Observer) {
     };
     for entry in entries.flatten() {
         let file_name = entry.file_name();
-        let owner = file_name
+        let Some((built, owner)) = file_name
             .to_str()
             .and_then(|n| n.strip_prefix('.'))
             .and_then(|n| n.split_once(".tmp-"))
             .filter(|(built, _)| *built == name || is_folder_name(built))
-            .map(|(_, owner)| owner);
-        let Some(owner) = owner else {
+        else {
             continue;
         };
+        // Another key's build has no lock held here to tell: left alone while written to
+        // lately (a live build in another pid namespace of a host of the same name).
+        if built != name && written_within(&entry.path(), OTHER_BUILD_QUIET) {
+            continue;
+        }
         // `<pid>` alone: named by an earlier shardrun, which left out the machine; taken as
         // this one's.
         let owner = match owner.contains('-') {
@@ -327,6 +331,22 @@ fn remove_stale_builds(cache_dir: &Path, name: &str, observer: &dyn Observer) {
             ));
         }
     }
+}
+
+/// How long another key's build must have written nothing to be taken for a killed one.
+const OTHER_BUILD_QUIET: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Whether `folder` or a file in it was modified within `within` (unreadable: taken as yes).
+fn written_within(folder: &Path, within: std::time::Duration) -> bool {
+    let recent = |path: &Path| {
+        std::fs::metadata(path)
+            .and_then(|m| m.modified())
+            .map_or(true, |t| t.elapsed().map_or(true, |age| age < within))
+    };
+    recent(folder)
+        || std::fs::read_dir(folder).map_or(true, |entries| {
+            entries.flatten().any(|entry| recent(&entry.path()))
+        })
 }
 
 /// Whether `name` is one [`folder_name`] makes: `<kind>-<16 hex digits>`.

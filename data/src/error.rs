@@ -58,11 +58,13 @@ pub enum DataError {
     },
     /// The data cache's file system took no more while the data was prepared (a full disk,
     /// a quota); nothing of the preparation is left.
-    #[error("the data cache {} ran out of room while preparing {what} ({source}); nothing of it was kept\n  fix: free space there, or set `data.cache_dir` to a folder on a disk with room: the tokens take 4 bytes each, with a BPE tokenizer about 1 to 1.5 times the size of the text ({data_mb:.1} MB here), with `kind: bytes` 4 times", path.display())]
+    #[error("the data cache {} ran out of room while preparing {what} ({source}); nothing of it was kept\n  fix: free space there (or raise the quota), or set `data.cache_dir` to a folder on a disk with room: the tokens take 4 bytes each, {needs} for these {data_mb:.1} MB of data files", path.display())]
     CacheFull {
         path: PathBuf,
         what: String,
         data_mb: f64,
+        /// How much the cache takes, in words (`about 4 times as much`).
+        needs: String,
         source: std::io::Error,
     },
     /// A record (or a whole file) that cannot be used; `on_bad_record: skip` skips these.

@@ -298,10 +298,23 @@ fn out_of_room(spec: &SourceSpec<'_>, files: &[DataFile], error: DataError) -> D
         DataError::Io { source, .. }
             if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) =>
         {
+            let data_mb = files.iter().map(|f| f.size).sum::<u64>() as f64 / 1e6;
+            let needs = match spec.tokenizer {
+                // One token a byte of text.
+                TokenizerConfig::Bytes => format!("about {:.0} MB", 4.0 * data_mb),
+                // A BPE token holds about 3 to 4 characters of text.
+                _ => format!(
+                    "about {:.0} to {:.0} MB with a BPE tokenizer (less for JSON, whose keys \
+                     and quotes are not tokens)",
+                    data_mb,
+                    1.5 * data_mb
+                ),
+            };
             DataError::CacheFull {
                 path: spec.cache_dir.to_path_buf(),
                 what: spec.what.to_string(),
-                data_mb: files.iter().map(|f| f.size).sum::<u64>() as f64 / 1e6,
+                data_mb,
+                needs,
                 source,
             }
         }
@@ -800,7 +813,9 @@ mod tests {
                 "the data cache /data/cache ran out of room while preparing training data (No \
                  space left on device"
             ) && said.contains("set `data.cache_dir` to a folder on a disk with room")
-                && said.contains("(2.5 MB here)"),
+                && said.ends_with(
+                    "the tokens take 4 bytes each, about 10 MB for these 2.5 MB of data files"
+                ),
             "{said}"
         );
         let other =

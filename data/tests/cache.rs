@@ -340,6 +340,17 @@ fn the_folders_of_killed_builds_are_removed_and_live_ones_kept() {
     // another program's that only looks alike.
     let edited_since = cache.join(format!(".text-0123456789abcdef.tmp-{}-{host}", ended.id()));
     std::fs::create_dir_all(&edited_since).unwrap();
+    std::fs::write(edited_since.join("tokens.u32"), b"half").unwrap();
+    // Written to a while ago: a build of another key is only removed once quiet.
+    let written_lately = cache.join(format!(".text-fedcba9876543210.tmp-{}-{host}", ended.id()));
+    std::fs::create_dir_all(&written_lately).unwrap();
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    for path in [edited_since.join("tokens.u32"), edited_since.clone()] {
+        std::fs::File::open(&path)
+            .unwrap()
+            .set_modified(hour_ago)
+            .unwrap();
+    }
     let not_ours = cache.join(format!(".notes.tmp-{}-{host}", ended.id()));
     std::fs::create_dir_all(&not_ours).unwrap();
 
@@ -348,6 +359,10 @@ fn the_folders_of_killed_builds_are_removed_and_live_ones_kept() {
     assert!(prepared.built());
     assert!(!killed.exists() && !unnamed_host.exists());
     assert!(!edited_since.exists());
+    assert!(
+        written_lately.exists(),
+        "another key's build written to lately stays"
+    );
     assert!(not_ours.exists(), "only what preparations name is removed");
     let lines = said.0.lock().unwrap().clone();
     for removed in [&killed, &unnamed_host, &edited_since] {
