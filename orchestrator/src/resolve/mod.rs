@@ -1374,6 +1374,23 @@ mod tests {
             "{}",
             cosine.summary()
         );
+        // Clipping is said whether on or off (the Trainer clips unasked), and eps too.
+        assert!(
+            constant.summary().contains(" eps 1e-8 ")
+                && constant
+                    .summary()
+                    .contains(", no gradient clipping, warmup 0"),
+            "{}",
+            constant.summary()
+        );
+        let clipped = resolve_yaml(&job("  optimizer: { grad_clip: 1.0 }\n"), false).unwrap();
+        assert!(
+            clipped
+                .summary()
+                .contains(", gradients clipped to norm 1, warmup"),
+            "{}",
+            clipped.summary()
+        );
     }
 
     #[test]

@@ -150,10 +150,11 @@ impl ResolvedJob {
         let _ = writeln!(out, "  fsdp           {}{groups}, wrap {}, params {} / reduce {}, activation checkpointing {}, prefetch {}{}", yaml_name(&t.fsdp.strategy), yaml_name(&t.fsdp.wrap), yaml_name(&t.fsdp.mixed_precision.param_dtype), yaml_name(&t.fsdp.mixed_precision.reduce_dtype), t.fsdp.activation_checkpointing, t.fsdp.prefetch, loss_chunks(t));
         let _ = writeln!(
             out,
-            "  optimizer      AdamW lr {} betas ({}, {}) weight decay {} (none on {}), warmup {} then {}",
+            "  optimizer      AdamW lr {} betas ({}, {}) eps {} weight decay {} (none on {}), {}, warmup {} then {}",
             short_number(t.optimizer.lr),
             t.optimizer.beta1,
             t.optimizer.beta2,
+            short_number(t.optimizer.eps),
             short_number(t.optimizer.weight_decay),
             if t.optimizer.no_weight_decay.is_empty() {
                 "no parameter kind".to_string()
@@ -164,6 +165,11 @@ impl ResolvedJob {
                     .map(yaml_name)
                     .collect::<Vec<_>>()
                     .join(", ")
+            },
+            // Said either way: the Trainer clips at 1.0 unasked, shardrun only when asked.
+            match t.optimizer.grad_clip {
+                Some(clip) => format!("gradients clipped to norm {}", short_number(clip)),
+                None => "no gradient clipping".to_string(),
             },
             t.schedule.warmup_steps,
             match t.schedule.decay {
