@@ -299,11 +299,21 @@ fn folder_fix(e: &HfError, field: &str) -> String {
         } => format!("edit `{key}` in {} as said", path.display()),
         // Editing the value would change what the weights compute.
         HfError::Config {
+            key,
+            problem: ConfigProblem::Unsupported,
+            ..
+        } if key.ends_with("model_type") => format!(
+            "point `{field}` at a folder of a model shardrun supports: {}",
+            hf::SUPPORTED_TYPES
+        ),
+        // A model of a supported type with a setting shardrun does not train.
+        HfError::Config {
+            key,
             problem: ConfigProblem::Unsupported,
             ..
         } => format!(
-            "point `{field}` at a folder of a model shardrun supports: {}",
-            hf::SUPPORTED_TYPES
+            "shardrun does not train models with this `{key}` yet: point `{field}` at another \
+             model's folder (what `training.model` supports is listed in docs/job-spec.md)"
         ),
         // Another user's folder, made with an owner-only umask.
         HfError::Io { path, source, .. }
@@ -876,6 +886,11 @@ pub(super) mod tests {
             "{invalid}"
         );
         let unsupported = fix_with(&|c| c["hidden_act"] = "gelu".into());
+        assert!(
+            unsupported.starts_with("shardrun does not train models with this `hidden_act` yet: point `training.model.path` at another model's folder"),
+            "{unsupported}"
+        );
+        let unsupported = fix_with(&|c| c["model_type"] = "gemma".into());
         assert!(
             unsupported.starts_with("point `training.model.path` at a folder of a model shardrun supports: llama, mistral, qwen2"),
             "{unsupported}"
