@@ -414,6 +414,9 @@ fn join(config: &Standalone, me: Registration) -> Result<StartInfo, RendezvousEr
             }
             Err(e) => e,
         };
+        if let Some(why) = stop_requested() {
+            return Err(RendezvousError::Stopped(why));
+        }
         if attempt == 1 || attempt.is_multiple_of(50) {
             tracing::debug!(
                 master,
@@ -421,9 +424,6 @@ fn join(config: &Standalone, me: Registration) -> Result<StartInfo, RendezvousEr
                 error = %last,
                 "rendezvous: rank 0 not reachable yet; retrying"
             );
-        }
-        if let Some(why) = stop_requested() {
-            return Err(RendezvousError::Stopped(why));
         }
         if Instant::now() >= deadline {
             let secs = config.timeout.as_secs();
