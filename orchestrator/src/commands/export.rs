@@ -305,11 +305,7 @@ fn export_hf(
             let map = value
                 .as_object_mut()
                 .context("the source config.json is not a JSON object")?;
-            for key in ["dtype", "torch_dtype"] {
-                if map.contains_key(key) || key == "dtype" {
-                    map.insert(key.into(), dtype.torch_name().into());
-                }
-            }
+            set_dtype(map, dtype.torch_name());
             // The run's model, which is untied where the folder stored an output head apart
             // from a tied embedding.
             map.insert(
@@ -698,6 +694,19 @@ fn read_run_tokenizer(
         files,
         special_tokens,
     }))
+}
+
+/// Writes the exported weights' dtype into a source config under the key its transformers
+/// version uses: `torch_dtype` in a 4.x config that has only that, else `dtype` (5.x, which
+/// also reads `torch_dtype`: one written beside it is kept in step).
+fn set_dtype(config: &mut serde_json::Map<String, serde_json::Value>, torch_name: &str) {
+    let legacy_only = config.contains_key("torch_dtype") && !config.contains_key("dtype");
+    if !legacy_only {
+        config.insert("dtype".into(), torch_name.into());
+    }
+    if config.contains_key("torch_dtype") {
+        config.insert("torch_dtype".into(), torch_name.into());
+    }
 }
 
 /// The dtype of the folder the run started from: its config.json's (`dtype`, `torch_dtype`),
@@ -1117,7 +1126,36 @@ fn checkpoints_root(checkpoint_dir: &Path) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
-    use super::{checkpoint_location, parse_size, NewFolders};
+    use super::{checkpoint_location, parse_size, set_dtype, NewFolders};
+
+    /// The export's config names its dtype as the source's transformers version does.
+    #[test]
+    fn the_dtype_is_written_under_the_key_the_source_config_uses() {
+        let dtype_of = |config: serde_json::Value| {
+            let mut map = config.as_object().unwrap().clone();
+            set_dtype(&mut map, "bfloat16");
+            serde_json::Value::Object(map)
+        };
+        // 4.x: torch_dtype alone.
+        assert_eq!(
+            dtype_of(serde_json::json!({"torch_dtype": "float32"})),
+            serde_json::json!({"torch_dtype": "bfloat16"})
+        );
+        // 5.x, and a config that says neither.
+        assert_eq!(
+            dtype_of(serde_json::json!({"dtype": "float32"})),
+            serde_json::json!({"dtype": "bfloat16"})
+        );
+        assert_eq!(
+            dtype_of(serde_json::json!({})),
+            serde_json::json!({"dtype": "bfloat16"})
+        );
+        // Both: both kept in step.
+        assert_eq!(
+            dtype_of(serde_json::json!({"dtype": "float32", "torch_dtype": "float32"})),
+            serde_json::json!({"dtype": "bfloat16", "torch_dtype": "bfloat16"})
+        );
+    }
 
     #[test]
     fn a_folder_of_runs_is_refused_with_the_runs_to_choose_from() {
