@@ -194,11 +194,14 @@ fn connect_with_retry(
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(100));
-        match BlockingConnection::connect(
+        // A Ctrl-C heard while waiting for the controller's handshake reply ends the wait.
+        let stopped = || matches!(stop::process().requested(), Some(StopRequest::Stop(_)));
+        match BlockingConnection::connect_unless(
             addr,
             Role::Worker,
             secret,
             left.min(Duration::from_secs(10)),
+            stopped,
         ) {
             Ok(conn) => {
                 tracing::debug!(controller = addr, attempt, "connected to the controller");
