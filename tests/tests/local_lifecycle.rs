@@ -272,6 +272,43 @@ fn a_run_whose_controller_died_after_its_last_checkpoint_is_finished_for_status_
     );
 }
 
+/// A finished run whose final checkpoint is damaged names the one it would continue from and
+/// the damaged one it passes over.
+#[test]
+fn a_finished_run_names_a_damaged_final_checkpoint() {
+    let dir = TestDir::new("finished-damaged");
+    let spec = dir.write(
+        "tiny.yaml",
+        &format!(
+            "{}  checkpoint: {{ interval_steps: 2 }}\n",
+            tiny_mlp_spec("finished-damaged", 4, 2)
+        ),
+    );
+    let (out, run) = run_local(&dir, &spec, &["--nproc", "2"], &[], DEADLINE);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let shard = run.join("checkpoints/step-4/rank-1-of-2.safetensors");
+    let size = std::fs::metadata(&shard).unwrap().len();
+    std::fs::File::options()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_len(size / 2)
+        .unwrap();
+
+    let (out, _) = run_local(&dir, &spec, &["--nproc", "2"], &[], DEADLINE);
+    let said = stdout_of(&out);
+    assert!(out.status.success(), "{said}{}", stderr_of(&out));
+    assert!(
+        said.contains("is finished: it trained all 4 steps"),
+        "{said}"
+    );
+    assert!(said.contains("step-2 (step 2)"), "{said}");
+    assert!(
+        said.contains("\n  passed over: the newer step-4, damaged: "),
+        "{said}"
+    );
+}
+
 /// The commands a finished run suggests work pasted into a shell as they are, in a run
 /// directory whose name a shell would split.
 #[test]

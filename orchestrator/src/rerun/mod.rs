@@ -255,6 +255,8 @@ pub struct Finished {
     /// Steps the spec asks for now.
     pub steps_asked: u64,
     pub checkpoint: Option<CheckpointAt>,
+    /// The newer checkpoints passed over as damaged, in words (see [`checkpoint_to_resume`]).
+    pub passed_over: Option<String>,
     /// How the data as it is now differs from what the run trained on.
     pub data_changes: Vec<String>,
     /// The step from which it diverged ([`diverged_from`]): it does not go on.
@@ -337,6 +339,9 @@ impl Finished {
                 c.dir.display(),
                 c.step
             );
+            if let Some(passed_over) = &self.passed_over {
+                let _ = write!(text, "\n  passed over: {passed_over}");
+            }
         }
         if !self.data_changes.is_empty() {
             text.push_str("\n  the data it trained on differs from the data as it is now:");
@@ -746,6 +751,7 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
             run,
             steps_done: done,
             steps_asked: asked,
+            passed_over: passed_over.filter(|_| checkpoint.is_some()),
             checkpoint,
             data_changes,
             diverged_from: diverged,
