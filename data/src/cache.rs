@@ -350,7 +350,7 @@ fn written_within(folder: &Path, within: std::time::Duration) -> bool {
 }
 
 /// Whether `name` is one [`folder_name`] makes: `<kind>-<16 hex digits>`.
-fn is_folder_name(name: &str) -> bool {
+pub(crate) fn is_folder_name(name: &str) -> bool {
     name.rsplit_once('-').is_some_and(|(kind, key)| {
         !kind.is_empty() && key.len() == 16 && key.bytes().all(|b| b.is_ascii_hexdigit())
     })

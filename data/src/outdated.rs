@@ -142,6 +142,42 @@ pub fn remove_interrupted(cache_dir: &Path) -> usize {
         .count()
 }
 
+/// Removes the lock files of data that no folder holds and no build is making (left by
+/// preparations that failed or were killed), and returns how many: only those no process
+/// holds, each held while it is removed. A preparation that opened one just before then
+/// locks a file no other sees, and may build once more than needed: never a torn cache.
+pub fn remove_orphan_locks(cache_dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(cache_dir) else {
+        return 0;
+    };
+    let names: Vec<String> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    names
+        .iter()
+        .filter(|name| {
+            let Some(key) = name
+                .strip_prefix('.')
+                .and_then(|n| n.strip_suffix(".lock"))
+                .filter(|key| cache::is_folder_name(key))
+            else {
+                return false;
+            };
+            let building = format!(".{key}.tmp-");
+            if names.iter().any(|n| n == key || n.starts_with(&building)) {
+                return false;
+            }
+            let path = cache_dir.join(name);
+            let Ok(lock) = std::fs::File::open(&path) else {
+                return false;
+            };
+            // Held: a preparation of that data is starting now.
+            lock.try_lock().is_ok() && std::fs::remove_file(&path).is_ok()
+        })
+        .count()
+}
+
 /// How one of a folder's files differs from what is on disk now.
 enum Change {
     /// Removed, or of another size: the folder's data is gone.

@@ -546,6 +546,39 @@ fn folder_of(config: &DatasetConfig) -> std::path::PathBuf {
     data.train().corpus().dir.clone()
 }
 
+/// Lock files of data no folder holds (a failed or killed preparation's) are removed, unless
+/// held or of a folder or build that is there.
+#[test]
+fn lock_files_of_data_no_folder_holds_are_removed_unless_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, cache, config) = corpus_and_cache(dir.path());
+    let prepared = folder_of(&config);
+    let name = prepared.file_name().unwrap().to_str().unwrap().to_string();
+    let lock = |key: &str| {
+        let path = cache.join(format!(".{key}.lock"));
+        std::fs::write(&path, "").unwrap();
+        path
+    };
+    let of_folder = cache.join(format!(".{name}.lock"));
+    assert!(of_folder.is_file());
+    let orphan = lock("text-0123456789abcdef");
+    let building = lock("text-1111111111111111");
+    std::fs::create_dir(cache.join(".text-1111111111111111.tmp-1-host")).unwrap();
+    let held = lock("text-2222222222222222");
+    let holder = std::fs::File::open(&held).unwrap();
+    holder.lock().unwrap();
+    let not_ours = lock("notes");
+
+    assert_eq!(outdated::remove_orphan_locks(&cache), 1);
+    assert!(!orphan.exists());
+    for kept in [&of_folder, &building, &held, &not_ours] {
+        assert!(kept.exists(), "{}", kept.display());
+    }
+    drop(holder);
+    assert_eq!(outdated::remove_orphan_locks(&cache), 1);
+    assert!(!held.exists());
+}
+
 /// Every edit of the data leaves the folder of its earlier version, which no preparation
 /// opens again: found by its changed or removed file, and removed with its lock.
 #[test]

@@ -91,5 +91,12 @@ fn tell_outdated(cache_dir: &Path, args: &Args) -> anyhow::Result<()> {
         cache_dir.display(),
         mib(total)
     );
+    let locks = outdated::remove_orphan_locks(cache_dir);
+    if locks > 0 {
+        outln!(
+            "removed {locks} lock file(s) of data no folder holds from {}",
+            cache_dir.display()
+        );
+    }
     Ok(())
 }
