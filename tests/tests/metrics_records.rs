@@ -203,10 +203,12 @@ fn four_ranks_make_one_record_per_logged_step_with_the_slowest_rank_and_the_larg
     );
     assert!(latest["tokens_per_s"].as_f64().unwrap() > 0.0);
     assert!(latest["step_time_median_s"].as_f64().unwrap() > 0.0);
-    // The rates are the run's over its steps after the first, from metrics.jsonl's records:
-    // its tokens over the time those steps took (each step's time is its tokens over its
-    // rate), and the slowest rank's step time averaged.
-    let steady = &job[1..];
+    // The rates are the run's over its steps but the first (step 1: the ranks' start), from
+    // metrics.jsonl's records: its tokens over the time those steps took (each step's time
+    // is its tokens over its rate), and the slowest rank's step time averaged. Every second
+    // step is logged: step 1 is not among them.
+    assert_eq!(job[0]["step"], 2);
+    let steady = &job[..];
     let rate = |r: &serde_json::Value| r["tokens_per_s"].as_f64().unwrap();
     let tokens_per_s = steady.len() as f64 / steady.iter().map(|r| 1.0 / rate(r)).sum::<f64>();
     let step_time = steady

@@ -85,14 +85,13 @@ pub struct MeanPace {
 }
 
 impl MeanPace {
-    /// Over `steps` (a run's records in step order) but the first and those of `warm_ups`
-    /// (the first steps of attempts), unless no other is left; `None` without a step whose
-    /// rate was measured.
+    /// Over `steps` (a run's records in step order) but step 1 and those of `warm_ups` (the
+    /// first steps of attempts), unless no other is left; `None` without a step whose rate
+    /// was measured. Step 1 is named apart: files of the old layout mark no warm-ups.
     pub fn of(steps: &[StepRecord], warm_ups: &BTreeSet<u64>) -> Option<MeanPace> {
         let steady: Vec<&StepRecord> = steps
             .iter()
-            .skip(1)
-            .filter(|r| !warm_ups.contains(&r.step))
+            .filter(|r| r.step != 1 && !warm_ups.contains(&r.step))
             .collect();
         let steady = match steady.is_empty() {
             true => steps.iter().collect(),
@@ -892,6 +891,27 @@ mod tests {
         // Steps 2, 3 and 5: 3 steps over 1/6,000 + 2/12,000 of a second a token.
         let mean = summary(&run).mean.unwrap();
         assert_eq!((mean.steps, mean.tokens_per_s), (3, 9_000.0));
+
+        // Every fifth step logged: step 1, the warm-up, is not among them, and step 5 counts.
+        let fifths: Vec<StepRecord> = [(5, 4_000.0), (10, 12_000.0), (15, 12_000.0)]
+            .into_iter()
+            .map(|(step, tokens_per_s)| {
+                let metrics = shardrun_protocol::messages::StepMetrics {
+                    step,
+                    loss: 1.5,
+                    tokens_per_s,
+                    ..Default::default()
+                };
+                StepRecord::fold(&[metrics], step as f64)
+            })
+            .collect();
+        let mean = MeanPace::of(&fifths, &BTreeSet::new()).unwrap();
+        assert_eq!(mean.steps, 3);
+        assert!(
+            (mean.tokens_per_s - 7_200.0).abs() < 1e-9,
+            "{}",
+            mean.tokens_per_s
+        );
     }
 
     #[test]
