@@ -192,18 +192,33 @@ impl RunFigure {
             let later = &self.events[i + 1..];
             let rerun_from = later.iter().enumerate().find_map(|(k, e)| match e.event {
                 RunEvent::Resumed { step: from, .. } if from < step => Some(from),
-                // A start not followed by a resume restored nothing: it started over (a start
-                // that ended before anything else happened says nothing).
-                RunEvent::Started { .. } => match later[k + 1..]
-                    .iter()
-                    .map(|next| &next.event)
-                    .find(|next| !matches!(next, RunEvent::Started { .. }))
-                {
-                    Some(RunEvent::Resumed { .. }) | None => None,
-                    Some(_) => Some(0),
-                },
+                // An attempt that trained (it saved or finished) without a resume restored
+                // nothing: it started over. One that ended while it loaded says nothing.
+                RunEvent::Started { .. } => {
+                    let attempt: Vec<&RunEvent> = later[k + 1..]
+                        .iter()
+                        .map(|next| &next.event)
+                        .take_while(|next| !matches!(next, RunEvent::Started { .. }))
+                        .collect();
+                    let resumed = attempt
+                        .iter()
+                        .any(|e| matches!(e, RunEvent::Resumed { .. }));
+                    let trained = attempt.iter().any(|e| {
+                        matches!(e, RunEvent::Checkpoint { .. } | RunEvent::Finished { .. })
+                    });
+                    (trained && !resumed).then_some(0)
+                }
                 _ => None,
             });
+            // A requeue Slurm refused (the attempt then failed) did not happen.
+            if matches!(record.event, RunEvent::Requeued { .. })
+                && later
+                    .iter()
+                    .take_while(|e| !matches!(e.event, RunEvent::Started { .. }))
+                    .any(|e| matches!(e.event, RunEvent::Failed { .. }))
+            {
+                continue;
+            }
             let (kind, color, width, opacity, text) = match &record.event {
                 RunEvent::Checkpoint { .. } => {
                     ("checkpoint", RGBColor(0x70, 0x70, 0x70), 1, 0.5, None)
@@ -694,6 +709,71 @@ mod tests {
             Some("stopped after step 12 (SIGTERM) (then rerun from the start)")
         );
         assert!(markers[0].opacity < 0.5);
+        // An attempt that ended while it loaded its checkpoint, then one that resumed: not a
+        // start over.
+        let loaded = RunFigure {
+            events: vec![
+                started(),
+                event(RunEvent::Checkpoint {
+                    step: 10,
+                    path: "c".into(),
+                }),
+                event(RunEvent::Stopped {
+                    step: Some(12),
+                    by: "SIGTERM".into(),
+                }),
+                started(),
+                event(RunEvent::Failed {
+                    step: None,
+                    reason: "x".into(),
+                }),
+                started(),
+                event(RunEvent::Resumed {
+                    step: 10,
+                    path: "c".into(),
+                }),
+                event(RunEvent::Finished { step: 20 }),
+            ],
+            title: "t".into(),
+            steps: figure.steps.clone(),
+            evals: Vec::new(),
+            smoothing: 0.0,
+            log_loss: false,
+        };
+        let labels: Vec<Option<String>> = loaded.markers().into_iter().map(|m| m.text).collect();
+        assert!(
+            labels.contains(&Some(
+                "stopped after step 12 (SIGTERM) (then rerun from step 10)".into()
+            )),
+            "{labels:?}"
+        );
+        // A requeue Slurm refused, after which the attempt failed, is not drawn.
+        let refused = RunFigure {
+            events: vec![
+                started(),
+                event(RunEvent::Preempted {
+                    step: Some(5),
+                    notice: Default::default(),
+                }),
+                event(RunEvent::Requeued {
+                    step: Some(5),
+                    slurm_job_id: "7".into(),
+                    requeue: 1,
+                    max_requeues: 3,
+                }),
+                event(RunEvent::Failed {
+                    step: Some(5),
+                    reason: "not requeued".into(),
+                }),
+            ],
+            title: "t".into(),
+            steps: figure.steps.clone(),
+            evals: Vec::new(),
+            smoothing: 0.0,
+            log_loss: false,
+        };
+        let kinds: Vec<String> = refused.markers().into_iter().map(|m| m.kind).collect();
+        assert_eq!(kinds, ["preempted", "failed"]);
         assert_eq!(panels[0].curves.len(), 2, "raw and smoothed");
         assert_eq!(panels[0].dots[0].points, vec![(10.0, 1.5)]);
         assert!(panels[1..]
