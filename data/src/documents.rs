@@ -609,9 +609,11 @@ impl MissingField {
     /// one field that fits, else what the field should hold.
     fn todo(&self) -> String {
         let key = self.key;
+        // A dotted name is near the name of the object it reaches into, which is no text.
         let near = self
             .has
             .iter()
+            .filter(|_| !self.field.contains('.'))
             .map(|f| (strsim::jaro_winkler(&self.field, f), f))
             .filter(|(score, _)| *score > 0.8)
             .max_by(|a, b| a.0.total_cmp(&b.0))
@@ -853,8 +855,12 @@ fn string_field(
             let has: Vec<&str> = object
                 .map(|o| o.keys().map(String::as_str).collect())
                 .unwrap_or_default();
-            let why = match reached(record, field) {
+            let part_way = reached(record, field);
+            let why = match &part_way {
                 // A dotted name that reaches into the record part of the way: what is there.
+                Some((prefix, serde_json::Value::Object(inner))) if inner.is_empty() => {
+                    format!("no field `{field}` in the record (`{prefix}` is an empty object)")
+                }
                 Some((prefix, serde_json::Value::Object(inner))) => format!(
                     "no field `{field}` in the record (`{prefix}` has: {})",
                     inner
@@ -862,6 +868,9 @@ fn string_field(
                         .map(String::as_str)
                         .collect::<Vec<_>>()
                         .join(", ")
+                ),
+                Some((prefix, serde_json::Value::Array(_))) => format!(
+                    "no field `{field}` in the record (`{prefix}` is a list, not an object)"
                 ),
                 Some((prefix, _)) => {
                     format!("no field `{field}` in the record (`{prefix}` is not an object)")
@@ -881,12 +890,24 @@ fn string_field(
                             .collect()
                     })
                     .unwrap_or_default();
-                let nested = object
+                let mut nested: Vec<String> = object
                     .into_iter()
                     .flatten()
                     .filter(|(_, v)| v.get(field).is_some_and(|v| v.is_string()))
                     .map(|(k, _)| format!("{k}.{field}"))
                     .collect();
+                // Where a dotted name stops: the strings of the object it reached, the one
+                // nearest the name's last part first.
+                if let Some((prefix, serde_json::Value::Object(inner))) = &part_way {
+                    let last = field.rsplit('.').next().unwrap_or(field);
+                    let mut strings: Vec<(&String, f64)> = inner
+                        .iter()
+                        .filter(|(_, v)| v.is_string())
+                        .map(|(k, _)| (k, strsim::jaro_winkler(last, k)))
+                        .collect();
+                    strings.sort_by(|a, b| b.1.total_cmp(&a.1));
+                    nested.extend(strings.into_iter().map(|(k, _)| format!("{prefix}.{k}")));
+                }
                 Box::new(MissingField {
                     key: named.key,
                     field: field.to_string(),

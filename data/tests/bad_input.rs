@@ -283,6 +283,18 @@ fn jsonl_records_that_are_not_json_or_lack_the_field() {
         )),
         "{err}"
     );
+    // Lacked by the first record: the string where the name stops is the one likely meant.
+    std::fs::write(
+        &nested,
+        "{\"doc\": {\"content\": \"hello\", \"n\": 3}, \"id\": 3}\n",
+    )
+    .unwrap();
+    let err = fails(&dotted("cache5"), None);
+    assert!(
+        err.contains("(`doc` has: content, n)")
+            && err.contains("did you mean `field: doc.content`?"),
+        "{err}"
+    );
 }
 
 /// A blank text (as datasets exported with their empty rows have: wikitext's `""`) or a blank
