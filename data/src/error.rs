@@ -58,12 +58,13 @@ pub enum DataError {
     },
     /// The data cache's file system took no more while the data was prepared (a full disk,
     /// a quota); nothing of the preparation is left.
-    #[error("the data cache {} ran out of room while preparing {what} ({source}); nothing of it was kept\n  fix: free space there (or raise the quota), or set `data.cache_dir` to a folder on a disk with room: the tokens take 4 bytes each, {needs} for these {data_mb:.1} MB of data files", path.display())]
+    #[error("the data cache {} ran out of room while preparing {what} ({source}); nothing of it was kept\n  fix: free space there (or raise the quota), or set `data.cache_dir` to a folder on a disk with room: it takes {needs} for these {data_size} of data files", path.display())]
     CacheFull {
         path: PathBuf,
         what: String,
-        data_mb: f64,
-        /// How much the cache takes, in words (`about 4 times as much`).
+        /// The data files' size, in words (`2.5 MB`).
+        data_size: String,
+        /// How much the cache takes, in words (`about 10 MB (4 bytes a token)`).
         needs: String,
         source: std::io::Error,
     },

@@ -299,26 +299,42 @@ fn out_of_room(spec: &SourceSpec<'_>, files: &[DataFile], error: DataError) -> D
             if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) =>
         {
             let data_mb = files.iter().map(|f| f.size).sum::<u64>() as f64 / 1e6;
-            let needs = match spec.tokenizer {
+            let needs = match (spec.source, spec.tokenizer) {
+                // Token files are used where they are: only a manifest is written.
+                (DataSource::Tokens { .. }, _) => "a few KB (token files are read where they \
+                                                    are)"
+                    .to_string(),
                 // One token a byte of text.
-                TokenizerConfig::Bytes => format!("about {:.0} MB", 4.0 * data_mb),
+                (_, TokenizerConfig::Bytes) => {
+                    format!("about {} (4 bytes a token)", size_of_mb(4.0 * data_mb))
+                }
                 // A BPE token holds about 3 to 4 characters of text.
                 _ => format!(
-                    "about {:.0} to {:.0} MB with a BPE tokenizer (less for JSON, whose keys \
-                     and quotes are not tokens)",
-                    data_mb,
-                    1.5 * data_mb
+                    "about {} to {} with a BPE tokenizer (4 bytes a token; less for JSON, \
+                     whose keys and quotes are not tokens)",
+                    size_of_mb(data_mb),
+                    size_of_mb(1.5 * data_mb)
                 ),
             };
             DataError::CacheFull {
                 path: spec.cache_dir.to_path_buf(),
                 what: spec.what.to_string(),
-                data_mb,
+                data_size: size_of_mb(data_mb),
                 needs,
                 source,
             }
         }
         error => error,
+    }
+}
+
+/// `mb` megabytes in the unit that suits it: `850 KB`, `2.5 MB`, `12 MB`, `3.4 GB`.
+fn size_of_mb(mb: f64) -> String {
+    match mb {
+        mb if mb >= 1000.0 => format!("{:.1} GB", mb / 1000.0),
+        mb if mb >= 10.0 => format!("{mb:.0} MB"),
+        mb if mb >= 1.0 => format!("{mb:.1} MB"),
+        mb => format!("{:.0} KB", (mb * 1000.0).max(1.0)),
     }
 }
 
@@ -814,7 +830,7 @@ mod tests {
                  space left on device"
             ) && said.contains("set `data.cache_dir` to a folder on a disk with room")
                 && said.ends_with(
-                    "the tokens take 4 bytes each, about 10 MB for these 2.5 MB of data files"
+                    "it takes about 10 MB (4 bytes a token) for these 2.5 MB of data files"
                 ),
             "{said}"
         );

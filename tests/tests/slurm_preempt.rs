@@ -809,7 +809,7 @@ fn a_controller_killed_outright_is_named_by_status_not_as_a_launch_failure() {
     ended.unwrap_or_else(|e| panic!("{e}: {detail}"));
     assert!(
         said.contains(
-            "warning: the end of 1 run(s) is shown but not recorded in its run directory"
+            "warning: the end of 1 run(s) is shown but not recorded in their run directories"
         ),
         "{said}"
     );

@@ -63,7 +63,7 @@ pub struct Args {
     pub path: PathBuf,
     /// Where to write. Default: `export/hf-step-<N>/` (hf) or `export/step-<N>/` (full) next
     /// to the checkpoints.
-    #[arg(short = 'o', long, value_name = "DIR")]
+    #[arg(short = 'o', long, alias = "output", value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Default: `hf` for a Llama-family model, else `full`.
     #[arg(long, value_enum)]

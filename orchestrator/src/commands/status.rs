@@ -125,8 +125,9 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     let unrecorded: Vec<&RunStatus> = statuses.iter().filter(|s| s.unrecorded.is_some()).collect();
     if let Some(first) = unrecorded.first() {
         errln!(
-            "warning: the end of {} run(s) is shown but not recorded in its run directory \
-             (the first, {}: {}); status works it out again next time",
+            "warning: the end of {} run(s) is shown but not recorded in their run directories \
+             (the first, {}: {}); status works it out again next time\n  fix: free space \
+             there, or make the run directories writable, for it to be recorded",
             unrecorded.len(),
             first.run.path().display(),
             first.unrecorded.as_deref().unwrap_or_default()

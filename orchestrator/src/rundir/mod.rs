@@ -84,14 +84,16 @@ fn unwritable_why(source: &io::Error) -> &'static str {
 fn unwritable_fix(source: &io::Error) -> &'static str {
     match source.raw_os_error() {
         Some(libc::ENOSPC | libc::EDQUOT) => {
-            "free space there (older runs, checkpoints, data caches) or raise the quota, or set \
-             `run_root` (in the spec, or `--set run_root=DIR`) to a folder on another disk"
+            "free space there (older runs, checkpoints, data caches) or raise the quota, or choose \
+             a folder on another disk: `run_root` in the spec (or `--set run_root=DIR`), or \
+             `shardrun run --run-dir DIR`"
         }
         Some(libc::EFBIG) => {
             "raise the limit on the size of files this process writes (`ulimit -f`)"
         }
         _ => {
-            "set `run_root` (in the spec, or `--set run_root=DIR`) to a folder this user can write"
+            "choose a folder this user can write: `run_root` in the spec (or `--set run_root=DIR`), \
+             or `shardrun run --run-dir DIR`"
         }
     }
 }
@@ -911,7 +913,7 @@ mod tests {
         assert!(
             said.starts_with("cannot create the run directory /sys/shardrun-runs/a/run: /sys cannot be written (")
                 && said.ends_with(
-                    "\n  fix: set `run_root` (in the spec, or `--set run_root=DIR`) to a folder this user can write"
+                    "\n  fix: choose a folder this user can write: `run_root` in the spec (or `--set run_root=DIR`), or `shardrun run --run-dir DIR`"
                 ),
             "{said}"
         );
