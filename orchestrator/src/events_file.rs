@@ -106,6 +106,16 @@ pub fn read(path: &Path) -> std::io::Result<Vec<EventRecord>> {
         .collect())
 }
 
+/// Whether `events[at]` is a requeue that took place: not one Slurm refused, after which the
+/// controller wrote the attempt's failure (before any later start).
+pub fn requeued_at(events: &[EventRecord], at: usize) -> bool {
+    matches!(events[at].event, RunEvent::Requeued { .. })
+        && !events[at + 1..]
+            .iter()
+            .take_while(|later| !matches!(later.event, RunEvent::Started { .. }))
+            .any(|later| matches!(later.event, RunEvent::Failed { .. }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

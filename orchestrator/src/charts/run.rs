@@ -212,10 +212,7 @@ impl RunFigure {
             });
             // A requeue Slurm refused (the attempt then failed) did not happen.
             if matches!(record.event, RunEvent::Requeued { .. })
-                && later
-                    .iter()
-                    .take_while(|e| !matches!(e.event, RunEvent::Started { .. }))
-                    .any(|e| matches!(e.event, RunEvent::Failed { .. }))
+                && !crate::events_file::requeued_at(&self.events, i)
             {
                 continue;
             }

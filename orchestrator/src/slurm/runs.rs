@@ -698,18 +698,9 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
 /// `events.jsonl`: a requeue Slurm refused (the attempt then failed, before any later start)
 /// is not one.
 fn requeues_of(run: &RunDir) -> u32 {
-    use crate::events_file::RunEvent;
     let events = crate::events_file::read(&run.events()).unwrap_or_default();
-    events
-        .iter()
-        .enumerate()
-        .filter(|(i, e)| {
-            matches!(e.event, RunEvent::Requeued { .. })
-                && !events[i + 1..]
-                    .iter()
-                    .take_while(|later| !matches!(later.event, RunEvent::Started { .. }))
-                    .any(|later| matches!(later.event, RunEvent::Failed { .. }))
-        })
+    (0..events.len())
+        .filter(|&at| crate::events_file::requeued_at(&events, at))
         .count() as u32
 }
 
