@@ -62,7 +62,7 @@ pub enum DataError {
     CacheFull {
         path: PathBuf,
         what: String,
-        /// The data files' size, in words (`2.5 MB`).
+        /// The data files' size, in words (`2.50 MB`).
         data_size: String,
         /// How much the cache takes, in words (`about 10 MB (4 bytes a token)`).
         needs: String,

@@ -298,7 +298,8 @@ fn out_of_room(spec: &SourceSpec<'_>, files: &[DataFile], error: DataError) -> D
         DataError::Io { source, .. }
             if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) =>
         {
-            let data_mb = files.iter().map(|f| f.size).sum::<u64>() as f64 / 1e6;
+            let bytes: u64 = files.iter().map(|f| f.size).sum();
+            let size = |factor: f64| indicatif::DecimalBytes((factor * bytes as f64) as u64);
             let needs = match (spec.source, spec.tokenizer) {
                 // Token files are used where they are: only a manifest is written.
                 (DataSource::Tokens { .. }, _) => "a few KB (token files are read where they \
@@ -306,35 +307,25 @@ fn out_of_room(spec: &SourceSpec<'_>, files: &[DataFile], error: DataError) -> D
                     .to_string(),
                 // One token a byte of text.
                 (_, TokenizerConfig::Bytes) => {
-                    format!("about {} (4 bytes a token)", size_of_mb(4.0 * data_mb))
+                    format!("about {} (4 bytes a token)", size(4.0))
                 }
                 // A BPE token holds about 3 to 4 characters of text.
                 _ => format!(
                     "about {} to {} with a BPE tokenizer (4 bytes a token; less for JSON, \
                      whose keys and quotes are not tokens)",
-                    size_of_mb(data_mb),
-                    size_of_mb(1.5 * data_mb)
+                    size(1.0),
+                    size(1.5)
                 ),
             };
             DataError::CacheFull {
                 path: spec.cache_dir.to_path_buf(),
                 what: spec.what.to_string(),
-                data_size: size_of_mb(data_mb),
+                data_size: size(1.0).to_string(),
                 needs,
                 source,
             }
         }
         error => error,
-    }
-}
-
-/// `mb` megabytes in the unit that suits it: `850 KB`, `2.5 MB`, `12 MB`, `3.4 GB`.
-fn size_of_mb(mb: f64) -> String {
-    match mb {
-        mb if mb >= 1000.0 => format!("{:.1} GB", mb / 1000.0),
-        mb if mb >= 10.0 => format!("{mb:.0} MB"),
-        mb if mb >= 1.0 => format!("{mb:.1} MB"),
-        mb => format!("{:.0} KB", (mb * 1000.0).max(1.0)),
     }
 }
 
@@ -830,7 +821,7 @@ mod tests {
                  space left on device"
             ) && said.contains("set `data.cache_dir` to a folder on a disk with room")
                 && said.ends_with(
-                    "it takes about 10 MB (4 bytes a token) for these 2.5 MB of data files"
+                    "it takes about 10.00 MB (4 bytes a token) for these 2.50 MB of data files"
                 ),
             "{said}"
         );
