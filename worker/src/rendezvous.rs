@@ -397,13 +397,12 @@ fn join(config: &Standalone, me: Registration) -> Result<StartInfo, RendezvousEr
         attempt += 1;
         let left = deadline.saturating_duration_since(Instant::now());
         let wait = left.clamp(Duration::from_millis(100), HANDSHAKE_TIMEOUT);
-        let stopped = || crate::stop::process().requested().is_some();
         let last = match BlockingConnection::connect_unless(
             &master,
             Role::Worker,
             &config.secret,
             wait,
-            stopped,
+            || stop_requested().is_some(),
         ) {
             Ok(conn) => {
                 tracing::debug!(master, attempt, "rendezvous: connected to rank 0");
