@@ -220,7 +220,7 @@ pub fn open_or_build(
         return Ok((dir, manifest, false));
     }
     std::fs::create_dir_all(cache_dir).map_err(DataError::io("create", cache_dir))?;
-    let lock_path = cache_dir.join(format!(".{name}.lock"));
+    let lock_path = lock_path(cache_dir, name);
     let lock = shardrun_protocol::lock_file::open(&lock_path)
         .map_err(DataError::io("open", &lock_path))?
         .file;
@@ -246,11 +246,11 @@ pub fn open_or_build(
     }
     // The process waited on may have been killed mid-build.
     remove_stale_builds(cache_dir, name, observer);
-    let tmp = cache_dir.join(format!(".{name}.tmp-{}", this_owner()));
+    let tmp = cache_dir.join(format!("{}{}", building_prefix(name), this_owner()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir(&tmp).map_err(DataError::io("create", &tmp))?;
     let guard = RemoveOnDrop::arm(tmp.clone());
-    let manifest = build(&tmp)?;
+    let manifest = with_heartbeat(&tmp, HEARTBEAT, || build(&tmp))?;
     write_durably(&tmp.join(MANIFEST), &manifest_json(&manifest))?;
     sync_dir(&tmp)?;
     guard.rename_into_place(&dir)?;
@@ -287,6 +287,50 @@ pub fn read_manifest(dir: &Path) -> Result<Option<CacheManifest>> {
     Ok(Some(manifest))
 }
 
+/// The lock file held while the folder `name` is built: `.<name>.lock` beside it.
+pub(crate) fn lock_path(cache_dir: &Path, name: &str) -> PathBuf {
+    cache_dir.join(format!(".{name}.lock"))
+}
+
+/// The cache folder a lock file (named by [`lock_path`]) guards, if `file_name` is one.
+pub(crate) fn locked_folder(file_name: &str) -> Option<&str> {
+    file_name
+        .strip_prefix('.')
+        .and_then(|n| n.strip_suffix(".lock"))
+        .filter(|name| is_folder_name(name))
+}
+
+/// How the hidden folders building `name` start: `.<name>.tmp-`, then their owner.
+pub(crate) fn building_prefix(name: &str) -> String {
+    format!(".{name}{BUILDING_MARK}")
+}
+
+/// What parts a building folder's name from its owner: `.<name>.tmp-<pid>-<host>`.
+const BUILDING_MARK: &str = ".tmp-";
+
+/// How often a build marks its folder as written, well within [`OTHER_BUILD_QUIET`].
+const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Runs `build` while a thread marks `folder` modified every `every`: a pass that writes
+/// nothing for long (reading every record ahead, one huge document) still tells other
+/// processes that its build is alive.
+fn with_heartbeat<T>(folder: &Path, every: std::time::Duration, build: impl FnOnce() -> T) -> T {
+    let (running, stopped) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every)
+            {
+                let _ =
+                    File::open(folder).and_then(|f| f.set_modified(std::time::SystemTime::now()));
+            }
+        });
+        let built = build();
+        // Dropped on a panic too, so the thread always ends.
+        drop(running);
+        built
+    })
+}
+
 fn manifest_json(manifest: &CacheManifest) -> Vec<u8> {
     let mut json = serde_json::to_vec_pretty(manifest).expect("manifest serializes");
     json.push(b'\n');
@@ -308,13 +352,14 @@ fn remove_stale_builds(cache_dir: &Path, name: &str, observer: &dyn Observer) {
         let Some((built, owner)) = file_name
             .to_str()
             .and_then(|n| n.strip_prefix('.'))
-            .and_then(|n| n.split_once(".tmp-"))
+            .and_then(|n| n.split_once(BUILDING_MARK))
             .filter(|(built, _)| *built == name || is_folder_name(built))
         else {
             continue;
         };
         // Another key's build has no lock held here to tell: left alone while written to
-        // lately (a live build in another pid namespace of a host of the same name).
+        // lately (a live build in another pid namespace of a host of the same name marks its
+        // folder every minute).
         if built != name && written_within(&entry.path(), OTHER_BUILD_QUIET) {
             continue;
         }
@@ -492,6 +537,37 @@ mod tests {
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .filter(|n| !n.ends_with(".lock"))
             .collect()
+    }
+
+    /// A build that writes nothing for a while (reading every record ahead) still marks its
+    /// folder written, so another process never takes it for a killed one; the marking ends
+    /// with the build.
+    #[test]
+    fn a_quiet_build_marks_its_folder_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join(".text-9.tmp-1-h");
+        std::fs::create_dir(&folder).unwrap();
+        let an_hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        File::open(&folder)
+            .unwrap()
+            .set_modified(an_hour_ago)
+            .unwrap();
+        let quiet = std::time::Duration::from_secs(600);
+        assert!(!written_within(&folder, quiet));
+        let marked = with_heartbeat(&folder, std::time::Duration::from_millis(5), || {
+            let give_up = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while !written_within(&folder, quiet) && std::time::Instant::now() < give_up {
+                std::thread::yield_now();
+            }
+            written_within(&folder, quiet)
+        });
+        assert!(marked, "the folder was never marked while its build ran");
+        File::open(&folder)
+            .unwrap()
+            .set_modified(an_hour_ago)
+            .unwrap();
+        // The heartbeat thread has ended: nothing marks the folder any more.
+        assert!(!written_within(&folder, quiet));
     }
 
     /// A process ending without unwinding (a stop signal while its data is prepared) takes

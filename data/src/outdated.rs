@@ -115,7 +115,7 @@ pub fn remove(outdated: &OutdatedCache) -> Result<()> {
     }
     std::fs::remove_dir_all(&doomed).map_err(DataError::io("remove", &doomed))?;
     // Nobody waits on it: no preparation asks for this folder's key any more.
-    let _ = std::fs::remove_file(parent.join(format!(".{name}.lock")));
+    let _ = std::fs::remove_file(cache::lock_path(parent, &name));
     Ok(())
 }
 
@@ -157,14 +157,10 @@ pub fn remove_orphan_locks(cache_dir: &Path) -> usize {
     names
         .iter()
         .filter(|name| {
-            let Some(key) = name
-                .strip_prefix('.')
-                .and_then(|n| n.strip_suffix(".lock"))
-                .filter(|key| cache::is_folder_name(key))
-            else {
+            let Some(key) = cache::locked_folder(name) else {
                 return false;
             };
-            let building = format!(".{key}.tmp-");
+            let building = cache::building_prefix(key);
             if names.iter().any(|n| n == key || n.starts_with(&building)) {
                 return false;
             }
