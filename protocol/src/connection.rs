@@ -225,7 +225,7 @@ pub fn accept_blocking(
         stream,
         limits: Limits::ACCEPTING,
     };
-    let hello: Hello = conn.recv_until(HANDSHAKE_FRAME_LIMIT, deadline, timeout)?;
+    let hello: Hello = conn.recv_until(HANDSHAKE_FRAME_LIMIT, deadline, timeout, &|| false)?;
     let verdict = check_hello(&hello, secret);
     let reply = match &verdict {
         Ok(()) => HelloReply::Accepted,
@@ -295,17 +295,18 @@ impl BlockingConnection {
         let mut last_err = None;
         let mut stream = None;
         for sock in addr.to_socket_addrs()? {
-            match StdTcpStream::connect_timeout(&sock, timeout) {
+            match connect_within(sock, timeout, &stopped) {
                 Ok(s) => {
                     stream = Some(s);
                     break;
                 }
+                Err(ConnectionError::Stopped) => return Err(ConnectionError::Stopped),
                 Err(e) => last_err = Some(e),
             }
         }
         let stream = match (stream, last_err) {
             (Some(s), _) => s,
-            (None, Some(e)) => return Err(e.into()),
+            (None, Some(e)) => return Err(e),
             (None, None) => {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::NotFound,
@@ -326,13 +327,12 @@ impl BlockingConnection {
                 role,
                 secret: secret.into(),
             })?;
-            conn.readable_before(Instant::now() + timeout, &stopped)
-                .map_err(|e| match e {
-                    ConnectionError::Timeout(_) => ConnectionError::Timeout(timeout),
-                    e => e,
-                })?;
-            conn.stream.set_read_timeout(Some(timeout))?;
-            conn.recv_limited(HANDSHAKE_FRAME_LIMIT)
+            conn.recv_until(
+                HANDSHAKE_FRAME_LIMIT,
+                Instant::now() + timeout,
+                timeout,
+                &stopped,
+            )
         };
         let reply = hello().map_err(|e| match e {
             ConnectionError::Stopped => e,
@@ -426,21 +426,35 @@ impl BlockingConnection {
         decode(&buf)
     }
 
-    /// One message of at most `limit` bytes, all of it read before `deadline`.
+    /// One message, all of it read `within` that long (`Timeout`), giving up with `Stopped`
+    /// once `stopped` says so: a peer that sent part of a message and then went silent
+    /// holds a rank told to stop no longer than [`STOP_POLL`]. Leaves a read timeout set.
+    pub fn recv_unless<T: DeserializeOwned>(
+        &mut self,
+        within: Duration,
+        stopped: impl Fn() -> bool,
+    ) -> Result<T, ConnectionError> {
+        let limit = self.limits.recv;
+        self.recv_until(limit, Instant::now() + within, within, &stopped)
+    }
+
+    /// One message of at most `limit` bytes, all of it read before `deadline` (reported as
+    /// `timeout`), looking for a stop every [`STOP_POLL`].
     fn recv_until<T: DeserializeOwned>(
         &mut self,
         limit: usize,
         deadline: Instant,
         timeout: Duration,
+        stopped: &dyn Fn() -> bool,
     ) -> Result<T, ConnectionError> {
         let mut len = [0u8; 4];
-        read_exact_until(&mut self.stream, &mut len, deadline, timeout)?;
+        read_exact_until(&mut self.stream, &mut len, deadline, timeout, stopped)?;
         let size = u32::from_be_bytes(len) as usize;
         if size > limit {
             return Err(ConnectionError::FrameTooLarge { size, limit });
         }
         let mut buf = vec![0u8; size];
-        read_exact_until(&mut self.stream, &mut buf, deadline, timeout)?;
+        read_exact_until(&mut self.stream, &mut buf, deadline, timeout, stopped)?;
         decode(&buf)
     }
 
@@ -486,36 +500,70 @@ fn read_exact_or_closed(stream: &mut StdTcpStream, buf: &mut [u8]) -> Result<(),
 }
 
 /// `read_exact` that gives up at `deadline` (reported as the whole `timeout`), so a peer
-/// sending a byte now and then cannot hold the reader longer than that.
+/// sending a byte now and then cannot hold the reader longer than that, and with `Stopped`
+/// once `stopped` says so, looked at every [`STOP_POLL`].
 fn read_exact_until(
     stream: &mut StdTcpStream,
     buf: &mut [u8],
     deadline: Instant,
     timeout: Duration,
+    stopped: &dyn Fn() -> bool,
 ) -> Result<(), ConnectionError> {
     let mut filled = 0;
     while filled < buf.len() {
+        if stopped() {
+            return Err(ConnectionError::Stopped);
+        }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(ConnectionError::Timeout(timeout));
         }
-        stream.set_read_timeout(Some(left))?;
+        stream.set_read_timeout(Some(left.min(STOP_POLL).max(Duration::from_millis(1))))?;
         match stream.read(&mut buf[filled..]) {
             Ok(0) => return Err(ConnectionError::Closed),
             Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e)
                 if matches!(
                     e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(ConnectionError::Timeout(timeout))
-            }
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) => {}
             Err(e) => return Err(e.into()),
         }
     }
     Ok(())
+}
+
+/// `TcpStream::connect_timeout` that gives up with `Stopped` once `stopped` says so, looked
+/// at every [`STOP_POLL`]: an address that drops packets holds a rank told to stop no longer
+/// than that. The attempt goes on in a thread of its own, which its timeout ends.
+fn connect_within(
+    sock: std::net::SocketAddr,
+    timeout: Duration,
+    stopped: &dyn Fn() -> bool,
+) -> Result<StdTcpStream, ConnectionError> {
+    if stopped() {
+        return Err(ConnectionError::Stopped);
+    }
+    let (done, attempt) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("connect".into())
+        .spawn(move || {
+            let _ = done.send(StdTcpStream::connect_timeout(&sock, timeout));
+        })?;
+    loop {
+        match attempt.recv_timeout(STOP_POLL) {
+            Ok(connected) => return Ok(connected?),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) if stopped() => {
+                return Err(ConnectionError::Stopped)
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(std::io::Error::other("the connecting thread ended").into())
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -827,6 +875,96 @@ mod tests {
             Err(ConnectionError::Rejected(reason)) => assert!(reason.contains("version")),
             other => panic!("unexpected {:?}", other.err()),
         }
+    }
+
+    /// A peer that answers the hello with part of a message and then says nothing holds a
+    /// process told to stop for one look at the stop, not the whole handshake timeout.
+    #[test]
+    fn a_stop_ends_the_wait_for_the_rest_of_a_message() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let sent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (done, hold) = std::sync::mpsc::channel::<()>();
+        let peer = {
+            let sent = sent.clone();
+            std::thread::spawn(move || {
+                let (mut s, _) = listener.accept().unwrap();
+                // Two of the four bytes of a length prefix.
+                s.write_all(&[0, 0]).unwrap();
+                sent.store(true, std::sync::atomic::Ordering::SeqCst);
+                let _ = hold.recv();
+            })
+        };
+        let outcome = BlockingConnection::connect_unless(
+            &addr,
+            Role::Worker,
+            SECRET,
+            Duration::from_secs(60),
+            || sent.load(std::sync::atomic::Ordering::SeqCst),
+        );
+        assert!(
+            matches!(outcome, Err(ConnectionError::Stopped)),
+            "{:?}",
+            outcome.err()
+        );
+        drop(done);
+        peer.join().unwrap();
+
+        // The same after the handshake, reading a message.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let sent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let sent = sent.clone();
+            std::thread::spawn(move || {
+                let mut conn = BlockingConnection::connect(
+                    &addr,
+                    Role::Worker,
+                    SECRET,
+                    Duration::from_secs(2),
+                )
+                .unwrap();
+                conn.recv_unless::<ToWorker>(Duration::from_secs(60), || {
+                    sent.load(std::sync::atomic::Ordering::SeqCst)
+                })
+            })
+        };
+        let (stream, _) = listener.accept().unwrap();
+        let (_, mut conn) = accept_blocking(stream, SECRET, Duration::from_secs(2)).unwrap();
+        conn.send_frame(&[0, 0, 0, 9, b'{']).unwrap();
+        sent.store(true, std::sync::atomic::Ordering::SeqCst);
+        let outcome = reader.join().unwrap();
+        assert!(
+            matches!(outcome, Err(ConnectionError::Stopped)),
+            "{:?}",
+            outcome.err()
+        );
+    }
+
+    /// A connection attempt nothing answers (here a listener whose queue is full, so the
+    /// kernel drops the attempt's packets) ends at the first look at a stop.
+    #[test]
+    fn a_stop_ends_a_connection_attempt_nothing_answers() {
+        use std::os::fd::AsRawFd;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        // SAFETY: listen on a socket this test owns; a backlog of 0 queues one connection.
+        assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+        let addr = listener.local_addr().unwrap();
+        let _queued = StdTcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+        let looks = std::sync::atomic::AtomicU32::new(0);
+        let outcome = BlockingConnection::connect_unless(
+            &addr.to_string(),
+            Role::Worker,
+            SECRET,
+            Duration::from_secs(60),
+            // Not stopped when the attempt starts, stopped at the next look.
+            || looks.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0,
+        );
+        assert!(
+            matches!(outcome, Err(ConnectionError::Stopped)),
+            "{:?}",
+            outcome.err()
+        );
     }
 
     #[test]

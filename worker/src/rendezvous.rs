@@ -457,9 +457,16 @@ fn join(config: &Standalone, me: Registration) -> Result<StartInfo, RendezvousEr
             }
             waited => waited.map_err(io)?,
         }
-        // A message has begun: rank 0 writes each whole at once.
-        conn.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(io)?;
-        match conn.recv::<ToWorker>().map_err(io)? {
+        // A message has begun: rank 0 writes each whole at once, so the rest comes at once
+        // unless rank 0 broke mid-message.
+        let message = match conn.recv_unless(HANDSHAKE_TIMEOUT, || stop_requested().is_some()) {
+            Err(ConnectionError::Stopped) => {
+                let why = stop_requested().unwrap_or_default();
+                return Err(RendezvousError::Stopped(why));
+            }
+            received => received.map_err(io)?,
+        };
+        match message {
             ToWorker::Start(start) => return Ok(start),
             ToWorker::Shutdown { reason } | ToWorker::CheckpointAndStop { reason } => {
                 return Err(RendezvousError::Rejected(reason))
