@@ -244,6 +244,8 @@ pub struct TrainSummary {
     /// because the gradients overflowed: `steps` less the updates applied.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub skipped_steps: u64,
+    /// The most model state this rank held at a step's end (shards, and whatever stays
+    /// gathered between steps: NO_SHARD's low-precision copy of the parameters).
     pub model_state_bytes_per_rank: u64,
     /// What one rank would hold unsharded (params + grads + AdamW state).
     pub unsharded_model_state_bytes: u64,

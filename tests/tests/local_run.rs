@@ -256,3 +256,43 @@ fn a_step_without_target_tokens_is_not_the_summarys_first_loss() {
     );
     assert!(!log.contains("NaN"), "{log}");
 }
+
+/// NO_SHARD with a bf16 param_dtype keeps a bf16 copy of every parameter beside the fp32
+/// state: the summary reports what the step lines do (the most held at a step's end), not
+/// what is left once the final checkpoint has freed the copy, and says it saves nothing.
+#[test]
+fn the_summary_reports_the_model_state_the_steps_held() {
+    let dir = TestDir::new("no-shard-bf16");
+    let spec = dir.write(
+        "noshard.yaml",
+        "name: noshard\nresources: { tasks_per_node: 2, cpus_per_task: 1 }\ntraining:\n  \
+         model: { kind: llama, vocab_size: 2000, dim: 64, n_layers: 4, n_heads: 4, n_kv_heads: 2, ffn_dim: 172 }\n  \
+         data: { kind: synthetic, seq_len: 16 }\n  steps: 2\n  total_batch_size: 2\n  \
+         batch_size_per_device: 1\n  \
+         fsdp: { strategy: NO_SHARD, mixed_precision: { param_dtype: bf16, reduce_dtype: f32 } }\n  \
+         checkpoint: { interval_steps: 2 }\n",
+    );
+    let (out, run) = run_local(&dir, &spec, &[], &[], Duration::from_secs(120));
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    let after = |text: &str, mark: &str| -> String {
+        let start = text
+            .find(mark)
+            .unwrap_or_else(|| panic!("no {mark:?} in:\n{text}"))
+            + mark.len();
+        text[start..].split(' ').next().unwrap().to_string()
+    };
+    let step_line = log
+        .lines()
+        .find(|l| l.contains("step 2/2 |"))
+        .unwrap_or_else(|| panic!("no step 2 line:\n{log}"));
+    let stepped = after(step_line, "| state ");
+    let summed_up = after(&log, "Model state per rank: ");
+    assert_eq!(summed_up, stepped, "{log}");
+    let fp32: f64 = after(&log, "MiB (vs ").parse().unwrap();
+    assert!(stepped.parse::<f64>().unwrap() > fp32, "{log}");
+    assert!(
+        log.contains("Model state savings: none (12.5% more than unsharded)"),
+        "{log}"
+    );
+}

@@ -227,6 +227,9 @@ pub struct Trainer {
     saved_step: Option<u64>,
     evaluator: Option<Evaluator>,
     last_eval: Option<EvalMetrics>,
+    /// The most model state held at a step's end this session: what the summary reports,
+    /// as the step lines did (an eval or checkpoint after the last step may free a copy).
+    model_state_peak_bytes: u64,
     batch_log: Option<BatchLog>,
     /// A failure to inject (`SHARDRUN_INJECT_FAILURE`), for failure-handling tests.
     fault: Option<crate::fault::Injected>,
@@ -332,6 +335,7 @@ impl Trainer {
             saved_step: None,
             evaluator,
             last_eval: None,
+            model_state_peak_bytes: 0,
             batch_log,
             fault,
         })
@@ -619,11 +623,14 @@ impl Trainer {
                 scaler.update(found_inf);
                 skipped = found_inf;
             }
+            // Every rank skips on the same agreed overflow: one line says it.
             if skipped {
-                self.log(LogLevel::Warn, &format!(
-                    "step {}: fp16 gradients overflowed on some rank; step skipped, loss scale now {}",
-                    step + 1, self.scaler.as_ref().map_or(0.0, |s| s.scale)
-                ));
+                if self.rank == 0 {
+                    self.log(LogLevel::Warn, &format!(
+                        "step {}: fp16 gradients overflowed on some rank; step skipped, loss scale now {}",
+                        step + 1, self.scaler.as_ref().map_or(0.0, |s| s.scale)
+                    ));
+                }
             } else {
                 // Unscaling and clipping in one multiplication.
                 let mut factor = 1.0 / scale;
@@ -640,6 +647,9 @@ impl Trainer {
             }
             self.engine.zero_grads();
             self.step += 1;
+            self.model_state_peak_bytes = self
+                .model_state_peak_bytes
+                .max(self.engine.model_state_bytes());
             self.reporter.step_done(self.step);
             if self.step == first_step + 1 {
                 if let Some(note) = crate::model::llama::document_attention_note() {
@@ -980,7 +990,9 @@ impl Trainer {
                 .filter(|&step| step != self.step),
             no_loss: first_loss.is_none(),
             skipped_steps: self.step.saturating_sub(self.engine.optimizer_steps),
-            model_state_bytes_per_rank: self.engine.model_state_bytes(),
+            model_state_bytes_per_rank: self
+                .model_state_peak_bytes
+                .max(self.engine.model_state_bytes()),
             unsharded_model_state_bytes: cfg.model.num_params() * 16,
             peak_memory_bytes: memory.peak,
             peak_reserved_bytes: memory.peak_reserved,
@@ -1109,10 +1121,15 @@ pub fn format_metrics(m: &StepMetrics, steps: u64) -> String {
 pub fn format_summary(s: &TrainSummary) -> String {
     let savings = 100.0
         * (1.0 - s.model_state_bytes_per_rank as f64 / s.unsharded_model_state_bytes.max(1) as f64);
+    // NO_SHARD with a low-precision param_dtype holds its copy of the parameters on top.
+    let savings = match savings < 0.0 {
+        false => format!("{savings:.1}%"),
+        true => format!("none ({:.1}% more than unsharded)", -savings),
+    };
     let rule = "=".repeat(60);
     format!(
         "\n{rule}\nFSDP training complete\nSharding strategy: {} ({} rank(s), {})\n\
-         Model state per rank: {:.1} MiB (vs {:.1} MiB unsharded)\nModel state savings: {:.1}%\n\
+         Model state per rank: {:.1} MiB (vs {:.1} MiB unsharded)\nModel state savings: {}\n\
          Peak memory per rank (highest): {}\n{}{}\
          Mean throughput: {:.0} tokens/s{}\n{rule}",
         s.strategy,

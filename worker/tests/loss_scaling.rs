@@ -113,6 +113,9 @@ fn skipped_steps_leave_the_lr_schedule_where_it_was() {
         skips,
         "one line per skipped step:\n{log}"
     );
+    // Every rank skips on the same agreed overflow: rank 0 alone says so.
+    let other = std::fs::read_to_string(dir.path().join("rank1.log")).unwrap();
+    assert!(!other.contains("step skipped"), "{other}");
     assert!(
         result
             .params
