@@ -36,7 +36,10 @@ impl Checkpoint {
     pub fn open(dir: &Path, verify: Verify) -> Result<Checkpoint> {
         let marker_path = dir.join(COMPLETE_FILE);
         let metadata_path = dir.join(METADATA_FILE);
-        if !marker_path.exists() {
+        let sealed = marker_path
+            .try_exists()
+            .map_err(CheckpointError::io(&marker_path, "cannot read"))?;
+        if !sealed {
             if !dir.exists() {
                 return Err(CheckpointError::NotFound {
                     path: dir.to_owned(),

@@ -54,6 +54,14 @@ pub enum CheckpointError {
 
     #[error("no checkpoint in {path}: {what}")]
     NotFound { path: PathBuf, what: String },
+
+    /// A checkpoint that cannot be read (permissions, a file system error) is not known to
+    /// be damaged: nothing resumes past it, which would train its steps again.
+    #[error("{checkpoint} cannot be read ({cause}): it is not known to be damaged, so the run does not resume from an older one and train its steps again\n  fix: make it readable to this user (the files' permissions and owner, the file system) and run the same command again; or, to resume from the checkpoint before it, move it aside: mv {checkpoint} {checkpoint}.damaged")]
+    Unreadable {
+        checkpoint: PathBuf,
+        cause: Box<CheckpointError>,
+    },
 }
 
 pub type Result<T, E = CheckpointError> = std::result::Result<T, E>;
@@ -65,6 +73,20 @@ impl CheckpointError {
     ) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.into();
         move |source| CheckpointError::Io { path, what, source }
+    }
+
+    /// Whether the files could not be read at all (permission denied, an I/O error of the
+    /// file system), as opposed to read and found wrong (missing, cut short, corrupted).
+    pub fn is_unreadable(&self) -> bool {
+        use std::io::ErrorKind;
+        match self {
+            CheckpointError::Io { source, .. } => !matches!(
+                source.kind(),
+                ErrorKind::NotFound | ErrorKind::UnexpectedEof | ErrorKind::InvalidData
+            ),
+            CheckpointError::Unreadable { .. } => true,
+            _ => false,
+        }
     }
 
     pub(crate) fn malformed(path: impl Into<PathBuf>, what: impl Into<String>) -> Self {

@@ -101,6 +101,12 @@ pub fn find_latest(root: &Path, verify: Verify) -> Result<ResumePoint> {
                         skipped,
                     })
                 }
+                Err(err) if err.is_unreadable() => {
+                    return Err(CheckpointError::Unreadable {
+                        checkpoint: path,
+                        cause: Box::new(err),
+                    })
+                }
                 Err(err) => skipped.push((path, err)),
             }
         }

@@ -199,3 +199,69 @@ fn when_every_checkpoint_is_damaged_each_is_named_and_none_is_said_to_be_missing
         );
     }
 }
+
+/// A checkpoint whose files cannot be read (a shard nobody may read, looked at by a thread
+/// without root's bypass of file permissions) is not known to be damaged: resume refuses,
+/// naming it and what to do, instead of passing over it to train its steps again.
+#[test]
+fn an_unreadable_checkpoint_is_refused_not_passed_over() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    for step in [10, 20] {
+        save_sharded(tmp.path(), step, 2, &layout(2), 3);
+    }
+    // Every folder open to all, so only the one shard is closed.
+    let open = |path: &Path, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    open(tmp.path(), 0o755);
+    for step in ["step-10", "step-20"] {
+        open(&tmp.path().join(step), 0o755);
+    }
+    let shard = tmp.path().join("step-20").join("rank-1-of-2.safetensors");
+    assert!(shard.is_file());
+    open(&shard, 0o000);
+    let resume_as_another_user = || {
+        let root = tmp.path().to_path_buf();
+        std::thread::spawn(move || {
+            // The file system user of this thread alone; root's CAP_DAC_OVERRIDE goes with it.
+            // SAFETY: plain system calls on this thread's own credentials.
+            unsafe { libc::setfsuid(65534) };
+            let now = unsafe { libc::setfsuid(u32::MAX) };
+            assert_ne!(now, 0, "this thread still reads files as root");
+            find_latest(&root, Verify::Checksums).map(|found| found.checkpoint.map(|c| c.step()))
+        })
+        .join()
+        .unwrap()
+    };
+    let err = resume_as_another_user().expect_err("resumed past a checkpoint it could not read");
+    assert!(err.is_unreadable(), "{err:?}");
+    let text = err.to_string();
+    let step_20 = tmp.path().join("step-20");
+    for expected in [
+        step_20.display().to_string(),
+        "rank-1-of-2.safetensors".to_string(),
+        "Permission denied".to_string(),
+        "not known to be damaged".to_string(),
+        format!("mv {} {}.damaged", step_20.display(), step_20.display()),
+    ] {
+        assert!(
+            text.contains(&expected),
+            "{expected:?} missing from: {text}"
+        );
+    }
+    // A folder that cannot be looked into is not an unfinished save.
+    open(&shard, 0o644);
+    open(&step_20, 0o000);
+    let err = resume_as_another_user().expect_err("resumed past a folder it could not read");
+    let text = err.to_string();
+    assert!(
+        err.is_unreadable() && text.contains("COMPLETE") && text.contains("Permission denied"),
+        "{text}"
+    );
+    open(&step_20, 0o755);
+    assert_eq!(resume_as_another_user().unwrap(), Some(20));
+    // Damage is still passed over as before: a checkpoint read and found wrong.
+    damage(&shard, Damage::Truncate);
+    assert_falls_back(tmp.path(), &shard);
+}

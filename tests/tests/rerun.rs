@@ -484,6 +484,59 @@ fn a_checkpoint_damaged_in_place_is_not_the_one_a_rerun_announces() {
     );
 }
 
+/// A checkpoint that cannot be read (a shard without read permission, the re-run made
+/// without root's bypass of file permissions) is not known to be damaged: the re-run is
+/// refused with what to do, and nothing is set aside or trained again.
+#[test]
+fn an_unreadable_checkpoint_is_refused_not_passed_over() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TestDir::new("rerun-unreadable");
+    let spec = dir.write(
+        "job.yaml",
+        &(constant_lr_spec("unreadable", 6) + "  checkpoint: { interval_steps: 3 }\n"),
+    );
+    let (out, run) = run_local(&dir, &spec, &["--no-progress"], &[], DEADLINE);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let shard = run.join("checkpoints/step-6/rank-0-of-2.safetensors");
+    std::fs::set_permissions(&shard, std::fs::Permissions::from_mode(0o000)).unwrap();
+    // Root reads any file: the re-run goes without the capabilities that let it.
+    // SAFETY: geteuid only reads this process's credentials.
+    let mut cmd = if unsafe { libc::geteuid() } == 0 {
+        let mut cmd = std::process::Command::new("setpriv");
+        let caps = "-dac_override,-dac_read_search";
+        cmd.args([
+            format!("--inh-caps={caps}"),
+            format!("--bounding-set={caps}"),
+        ])
+        .arg(shardrun());
+        cmd
+    } else {
+        std::process::Command::new(shardrun())
+    };
+    cmd.current_dir(dir.path())
+        .arg("run")
+        .arg(&spec)
+        .arg("--run-dir")
+        .arg(&run)
+        .args(["--no-progress", "--set", "training.steps=9"]);
+    let out = run_with_deadline(&mut cmd, DEADLINE).unwrap();
+    let stderr = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{}{stderr}", stdout_of(&out));
+    let step_6 = run.join("checkpoints/step-6");
+    for expected in [
+        format!("{}: cannot open: Permission denied", shard.display()),
+        "not known to be damaged".to_string(),
+        format!("mv {} {}.damaged", step_6.display(), step_6.display()),
+    ] {
+        assert!(
+            stderr.contains(&expected),
+            "{expected:?} missing from:\n{stderr}"
+        );
+    }
+    assert!(step_6.is_dir() && !run.join("checkpoints/step-6.damaged").exists());
+    assert_eq!(metric_steps(&run, 0), [1, 2, 3, 4, 5, 6]);
+}
+
 /// Two newer checkpoints damaged: both named under the first line, and why the newest is.
 #[test]
 fn newer_damaged_checkpoints_passed_over_are_named_together() {

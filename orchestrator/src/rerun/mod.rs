@@ -14,7 +14,7 @@ use crate::rundir::{Ended, Manifest, NewRun, RunDir, RunDirError, RunLock, RunSt
 use crate::slurm;
 use crate::sweeps::journal::Journal;
 pub use changes::FieldChange;
-use shardrun_checkpoint::{find_latest, Verify};
+use shardrun_checkpoint::{find_latest, CheckpointError, Verify};
 use shardrun_protocol::config::{DataConfig, LrDecay};
 use shardrun_protocol::schedule::Schedule;
 use shardrun_protocol::TrainConfig;
@@ -439,6 +439,9 @@ pub enum RerunError {
         /// How to start over: `--force` deletes checkpoints in the run directory only.
         over: String,
     },
+    /// A checkpoint of the run that cannot be read (it names itself, in the run or not).
+    #[error(transparent)]
+    UnreadableCheckpoint(CheckpointError),
     #[error("{path} is the folder of a sweep (its points' runs are inside), not a run directory\n  fix: give this job a name of its own (`--set name=...`; `shardrun run` also takes --run-dir)")]
     SweepFolder { path: String },
     /// Another user's run (or one made read-only): refused before anything is changed.
@@ -725,7 +728,8 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
     }
 
     let resumes = target.train.checkpoint.resume;
-    let (newest, verify, passed_over) = checkpoint_to_resume(&run, &target.train);
+    let (newest, verify, passed_over) =
+        checkpoint_to_resume(&run, &target.train).map_err(RerunError::UnreadableCheckpoint)?;
     // The one it would continue from, were it not for `resume: false`.
     let unused_checkpoint = newest.as_ref().filter(|_| !resumes).map(|c| c.step);
     let checkpoint = newest.filter(|_| resumes);
@@ -875,15 +879,20 @@ pub fn newest_checkpoint(run: &RunDir, train: &TrainConfig) -> Option<Checkpoint
 /// seal and sizes, then by checksums too where the newest one's files hold at most
 /// [`CHECKSUMS_AT_MOST`] (a file damaged in place is then passed over here as the ranks will
 /// pass it over); past that the ranks say where they fall back.
+///
+/// A checkpoint that cannot be read (permissions, the file system) is an error: the ranks
+/// would refuse it too, after the job waited in the queue.
 fn checkpoint_to_resume(
     run: &RunDir,
     train: &TrainConfig,
-) -> (Option<CheckpointAt>, Verify, Option<String>) {
+) -> Result<(Option<CheckpointAt>, Verify, Option<String>), CheckpointError> {
     let Some(root) = train.checkpoint.root(Some(run.path())) else {
-        return (None, Verify::Structure, None);
+        return Ok((None, Verify::Structure, None));
     };
-    let Ok(found) = find_latest(&root, Verify::Structure) else {
-        return (None, Verify::Structure, None);
+    let found = match find_latest(&root, Verify::Structure) {
+        Ok(found) => found,
+        Err(e) if e.is_unreadable() => return Err(e),
+        Err(_) => return Ok((None, Verify::Structure, None)),
     };
     let small = found.checkpoint.as_ref().is_some_and(|c| {
         c.metadata().files.iter().map(|f| f.size).sum::<u64>() <= CHECKSUMS_AT_MOST
@@ -891,7 +900,8 @@ fn checkpoint_to_resume(
     let (found, verify) = if small {
         match find_latest(&root, Verify::Checksums) {
             Ok(verified) => (verified, Verify::Checksums),
-            Err(_) => return (None, Verify::Checksums, None),
+            Err(e) if e.is_unreadable() => return Err(e),
+            Err(_) => return Ok((None, Verify::Checksums, None)),
         }
     } else {
         (found, Verify::Structure)
@@ -906,11 +916,11 @@ fn checkpoint_to_resume(
             ),
         }
     });
-    (
+    Ok((
         found.checkpoint.as_ref().map(checkpoint_at),
         verify,
         passed_over,
-    )
+    ))
 }
 
 /// The most checkpoint bytes a re-run reads on the login node to verify what it announces.
