@@ -13,8 +13,8 @@ use crate::metadata::{
     TrainerState, FORMAT_VERSION,
 };
 use crate::naming::{
-    list_entries, newest_complete_before, replaced_dir_name, step_dir_name, EntryKind,
-    COMPLETE_FILE, LATEST_FILE, METADATA_FILE,
+    list_entries, newest_complete_before, pruned_dir_name, replaced_dir_name, step_dir_name,
+    EntryKind, COMPLETE_FILE, LATEST_FILE, METADATA_FILE,
 };
 use crate::write::{report_path, SaveTarget};
 use shardrun_protocol::config::{CheckpointFormat, ShardingStrategy};
@@ -309,16 +309,35 @@ pub fn prune(
                 }
                 past_keep && Some(step) != sound
             }
-            EntryKind::Partial(step) | EntryKind::Replaced(step) => step < just_written,
+            EntryKind::Partial(step) | EntryKind::Discarded(step) => step < just_written,
         };
-        if remove {
-            match std::fs::remove_dir_all(&path) {
-                Ok(()) => pruned.removed.push(path),
-                Err(e) => pruned.left.push(CheckpointError::io(
-                    &path,
-                    "cannot remove an older checkpoint",
-                )(e)),
+        if !remove {
+            continue;
+        }
+        // Out of the way first, in one rename: a removal cut short (a kill, a file that
+        // will not go) leaves a folder no resume takes for a checkpoint.
+        let doomed = match kind {
+            EntryKind::Complete(step) => {
+                let aside = root.join(pruned_dir_name(step));
+                // One left by a removal cut short before.
+                let _ = std::fs::remove_dir_all(&aside);
+                match std::fs::rename(&path, &aside) {
+                    Ok(()) => aside,
+                    Err(e) => {
+                        let why = "cannot move an older checkpoint aside to remove it";
+                        pruned.left.push(CheckpointError::io(&path, why)(e));
+                        continue;
+                    }
+                }
             }
+            _ => path.clone(),
+        };
+        match std::fs::remove_dir_all(&doomed) {
+            Ok(()) => pruned.removed.push(path),
+            Err(e) => pruned.left.push(CheckpointError::io(
+                &doomed,
+                "cannot remove an older checkpoint",
+            )(e)),
         }
     }
     if !pruned.removed.is_empty() {

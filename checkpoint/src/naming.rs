@@ -23,6 +23,9 @@ pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 const PARTIAL_SUFFIX: &str = ".partial";
 /// A committed folder moved aside while a re-written checkpoint of the same step replaces it.
 const REPLACED_SUFFIX: &str = ".replaced";
+/// A committed folder moved aside to be pruned: a removal cut short leaves it under this
+/// name, never a `step-<N>` missing some of its files.
+const PRUNED_SUFFIX: &str = ".pruned";
 
 /// The three per-parameter tensors a checkpoint stores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -54,6 +57,10 @@ pub fn partial_dir_name(step: u64) -> String {
 
 pub(crate) fn replaced_dir_name(step: u64) -> String {
     format!("step-{step}{REPLACED_SUFFIX}")
+}
+
+pub(crate) fn pruned_dir_name(step: u64) -> String {
+    format!("step-{step}{PRUNED_SUFFIX}")
 }
 
 /// A committed checkpoint that failed to load, set aside (`step-<N>.damaged`, then
@@ -88,7 +95,8 @@ pub fn optimizer_tensor_name(param: &str, kind: StateKind) -> String {
 pub enum EntryKind {
     Complete(u64),
     Partial(u64),
-    Replaced(u64),
+    /// A committed folder moved aside to be removed (`.replaced`, `.pruned`).
+    Discarded(u64),
 }
 
 pub fn parse_entry(name: &str) -> Option<EntryKind> {
@@ -96,8 +104,11 @@ pub fn parse_entry(name: &str) -> Option<EntryKind> {
     let (digits, kind): (&str, fn(u64) -> EntryKind) =
         if let Some(d) = rest.strip_suffix(PARTIAL_SUFFIX) {
             (d, EntryKind::Partial)
-        } else if let Some(d) = rest.strip_suffix(REPLACED_SUFFIX) {
-            (d, EntryKind::Replaced)
+        } else if let Some(d) = rest
+            .strip_suffix(REPLACED_SUFFIX)
+            .or_else(|| rest.strip_suffix(PRUNED_SUFFIX))
+        {
+            (d, EntryKind::Discarded)
         } else {
             (rest, EntryKind::Complete)
         };
@@ -125,7 +136,7 @@ pub fn list_entries(root: &Path) -> Result<Vec<(EntryKind, PathBuf)>> {
         }
     }
     let step = |k: &EntryKind| match *k {
-        EntryKind::Complete(s) | EntryKind::Partial(s) | EntryKind::Replaced(s) => s,
+        EntryKind::Complete(s) | EntryKind::Partial(s) | EntryKind::Discarded(s) => s,
     };
     entries.sort_by_key(|e| std::cmp::Reverse(step(&e.0)));
     Ok(entries)
@@ -171,7 +182,11 @@ mod tests {
         );
         assert_eq!(
             parse_entry(&replaced_dir_name(7)),
-            Some(EntryKind::Replaced(7))
+            Some(EntryKind::Discarded(7))
+        );
+        assert_eq!(
+            parse_entry(&pruned_dir_name(7)),
+            Some(EntryKind::Discarded(7))
         );
         for junk in [
             "step-",

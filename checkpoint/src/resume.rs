@@ -166,7 +166,7 @@ pub fn clean_stale(root: &Path) -> Result<Vec<PathBuf>> {
     }
     let mut removed = Vec::new();
     for (kind, path) in list_entries(root)? {
-        if matches!(kind, EntryKind::Partial(_) | EntryKind::Replaced(_)) {
+        if matches!(kind, EntryKind::Partial(_) | EntryKind::Discarded(_)) {
             std::fs::remove_dir_all(&path).map_err(CheckpointError::io(
                 &path,
                 "cannot remove a stale partial checkpoint",

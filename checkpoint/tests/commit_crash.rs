@@ -139,3 +139,43 @@ fn a_rank_that_did_not_finish_blocks_the_commit_and_is_named() {
         "{err}"
     );
 }
+
+/// A checkpoint whose removal stops midway (here its files will not go: pruned by a thread
+/// without root's bypass of file permissions) is out of the way first: what stays is
+/// `step-<N>.pruned`, never a `step-<N>` missing some of its files that a later resume would
+/// open, and the next start removes it.
+#[test]
+fn a_removal_cut_short_leaves_no_checkpoint_behind() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = layout(2);
+    for step in [10, 20] {
+        save_sharded(tmp.path(), step, 2, &layout, 3);
+    }
+    // The folder of checkpoints open to all, each checkpoint's files only to their owner.
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let root = tmp.path().to_path_buf();
+    let pruned = std::thread::spawn(move || {
+        // SAFETY: plain system calls on this thread's own credentials.
+        unsafe { libc::setfsuid(65534) };
+        assert_ne!(
+            unsafe { libc::setfsuid(u32::MAX) },
+            0,
+            "still root's file access"
+        );
+        shardrun_checkpoint::prune(&root, 20, 1, None).unwrap()
+    })
+    .join()
+    .unwrap();
+    assert!(pruned.removed.is_empty(), "{:?}", pruned.removed);
+    let left: Vec<String> = pruned.left.iter().map(|e| e.to_string()).collect();
+    assert!(
+        left.len() == 1 && left[0].contains("step-10.pruned"),
+        "{left:?}"
+    );
+    assert!(!tmp.path().join("step-10").exists());
+    assert!(tmp.path().join("step-10.pruned").is_dir());
+    assert_eq!(resumes_from(tmp.path()), Some(20));
+    let removed = clean_stale(tmp.path()).unwrap();
+    assert_eq!(removed, [tmp.path().join("step-10.pruned")]);
+}
