@@ -1044,12 +1044,18 @@ fn how_it_ended(
     detail: Option<&str>,
     checkpoint: Option<&CheckpointAt>,
 ) -> String {
-    let from_result = std::fs::read(run.result())
+    let result = std::fs::read(run.result())
         .ok()
-        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
-        .and_then(|v| v.get("ended").and_then(|e| e.as_str()).map(str::to_string));
-    if let Some(ended) = from_result {
-        return ended;
+        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok());
+    if let Some(result) = result {
+        // Later news than the last attempt's words: the job its controller requeued was
+        // cancelled before it ran again.
+        if state == RunState::Cancelled && result["status"] == "preempted" {
+            return "was cancelled while its requeued job waited to run again".into();
+        }
+        if let Some(ended) = result["ended"].as_str() {
+            return ended.to_string();
+        }
     }
     let what = match state {
         RunState::Created => "was created but never started",
@@ -1327,6 +1333,37 @@ mod tests {
             )),
             "{}",
             resume.headline()
+        );
+    }
+
+    /// A job its controller requeued after a preemption notice, cancelled before it ran
+    /// again: the run resumes as a cancelled one, not in its last attempt's words.
+    #[test]
+    fn a_run_cancelled_while_requeued_resumes_as_cancelled() {
+        let tmp = tempfile::tempdir().unwrap();
+        let job = resolved(tmp.path(), &[]);
+        let params = BTreeMap::new();
+        let run = RunDir::create(
+            &RunDir::planned_path(&job.run_root, &job.name).unwrap(),
+            new_run(&job, &params),
+        )
+        .unwrap();
+        trained_a_step(&run);
+        std::fs::write(
+            run.result(),
+            r#"{"status": "preempted", "ended": "was preempted by a preemption notice after step 1"}"#,
+        )
+        .unwrap();
+        run.update_manifest(|m| m.state = RunState::Cancelled)
+            .unwrap();
+        let RunStart::Resume(resume) = prepare(run.path(), new_run(&job, &params)).unwrap() else {
+            panic!("expected a resume")
+        };
+        let headline = resume.headline();
+        assert!(
+            headline.contains(": it was cancelled while its requeued job waited to run again;")
+                && !headline.contains("preempted"),
+            "{headline}"
         );
     }
 
