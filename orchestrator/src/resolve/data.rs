@@ -689,8 +689,9 @@ fn tokenizer_problem(path: &Path) -> Option<Problem> {
             folder.display()
         ),
         fix: format!(
-            "write the folder's tokenizer.json once, with transformers: `python -c \"from \
-             transformers import AutoTokenizer; \
+            "write the folder's tokenizer.json once, with transformers (which reads a \
+             SentencePiece model with two more packages: `pip install transformers \
+             sentencepiece protobuf`): `python -c \"from transformers import AutoTokenizer; \
              AutoTokenizer.from_pretrained('{0}').save_pretrained('{0}')\"`",
             folder.display()
         ),
@@ -1232,7 +1233,7 @@ mod tests {
             err.fix.contains(&format!(
                 "AutoTokenizer.from_pretrained('{0}').save_pretrained('{0}')",
                 dir.path().join("sp").display()
-            )),
+            )) && err.fix.contains("pip install transformers sentencepiece protobuf"),
             "{err}"
         );
         // The file itself is fine; a chat template must be a file that is there.
