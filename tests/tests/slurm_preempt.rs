@@ -738,10 +738,29 @@ fn scontrol_requeue_is_taken_as_a_notice_not_a_cancel() {
             .is_file(),
         "{result}"
     );
-    let out = cluster
-        .shardrun(dir.path(), &["cancel", &run.to_string_lossy()])
-        .unwrap();
+    let run_arg = run.to_string_lossy().into_owned();
+    let out = cluster.shardrun(dir.path(), &["cancel", &run_arg]).unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
+    // Its end counts Slurm's requeue apart from the controller's own.
+    let ended = wait_for("the queued job to end", Duration::from_secs(60), || {
+        let status = status_json(&cluster, &dir, &run_arg)?;
+        let state = status["runs"][0]["state"].clone();
+        (state != "SUBMITTED" && state != "RUNNING").then_some(status)
+    })
+    .unwrap();
+    let said = &ended["runs"][0];
+    assert_eq!(
+        (&said["requeues"], &said["requeued_by_slurm"]),
+        (&0.into(), &1.into()),
+        "{ended}"
+    );
+    assert!(
+        said["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .ends_with("; its jobs were requeued 1 time(s) by Slurm"),
+        "{ended}"
+    );
 }
 
 /// A controller killed outright (SIGKILL, as the OOM killer does) writes nothing more:

@@ -91,6 +91,7 @@ fn usr2_checkpoints_requeues_and_resumes_with_uninterrupted_losses() {
     })
     .unwrap_or_else(|e| panic!("{e}: {said}"));
     assert_eq!(said["requeues"], 1, "{said}");
+    assert_eq!(said["requeued_by_slurm"], 0, "{said}");
     assert!(
         said["detail"].as_str().unwrap().ends_with(
             "training finished; its jobs were requeued 1 time(s) after a preemption notice"

@@ -57,6 +57,8 @@ pub struct RunJson {
     pub diverged: Option<DivergedJson>,
     /// How often its jobs were requeued after a preemption notice, over all its attempts.
     pub requeues: u32,
+    /// How often Slurm requeued its jobs itself (`scontrol requeue`, a failed node).
+    pub requeued_by_slurm: u32,
 }
 
 /// `status --json`'s `diverged`.
@@ -85,6 +87,7 @@ impl RunJson {
                 what: d.what(),
             }),
             requeues: s.requeues,
+            requeued_by_slurm: s.requeued_by_slurm,
         }
     }
 }

@@ -29,6 +29,9 @@ pub struct RunStatus {
     pub superseded: bool,
     /// How often its jobs were requeued after a preemption notice, over all its attempts.
     pub requeues: u32,
+    /// How often Slurm requeued its jobs itself (`scontrol requeue`, a failed node) after
+    /// the ranks checkpointed: not counted in `max_requeues`.
+    pub requeued_by_slurm: u32,
     /// Why the end worked out from Slurm could not be written into its manifest (a full
     /// disk, another user's run): shown all the same, and worked out again next time.
     pub unrecorded: Option<String>,
@@ -669,9 +672,16 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
         }
         // An end reached through preemptions says so: its last attempt's words do not.
         let requeues = requeues_of(run);
-        if state.is_terminal() && requeues > 0 {
-            let said =
-                format!("its jobs were requeued {requeues} time(s) after a preemption notice");
+        let requeued_by_slurm = slurm_requeues_of(run);
+        if state.is_terminal() && requeues + requeued_by_slurm > 0 {
+            let said = match (requeues, requeued_by_slurm) {
+                (n, 0) => format!("its jobs were requeued {n} time(s) after a preemption notice"),
+                (0, m) => format!("its jobs were requeued {m} time(s) by Slurm"),
+                (n, m) => format!(
+                    "its jobs were requeued {n} time(s) after a preemption notice and {m} \
+                     time(s) by Slurm"
+                ),
+            };
             detail = match detail.is_empty() {
                 true => said,
                 false => format!("{detail}; {said}"),
@@ -688,6 +698,7 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
             sweep_params: manifest.sweep_params,
             superseded: current_points.superseded(run.path()),
             requeues,
+            requeued_by_slurm,
             unrecorded,
         });
     }
@@ -701,6 +712,24 @@ fn requeues_of(run: &RunDir) -> u32 {
     let events = crate::events_file::read(&run.events()).unwrap_or_default();
     (0..events.len())
         .filter(|&at| crate::events_file::requeued_at(&events, at))
+        .count() as u32
+}
+
+/// How often Slurm requeued the run's jobs itself (`scontrol requeue`, a failed node) once
+/// the ranks had checkpointed for it, from its `events.jsonl`.
+fn slurm_requeues_of(run: &RunDir) -> u32 {
+    let events = crate::events_file::read(&run.events()).unwrap_or_default();
+    events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.event,
+                crate::events_file::RunEvent::Preempted {
+                    notice: crate::job_controller::notice::Notice::SlurmRequeue,
+                    ..
+                }
+            )
+        })
         .count() as u32
 }
 
@@ -855,6 +884,12 @@ mod tests {
         let lines = [lines.join("\n"), started.to_string(), requeued(1)];
         std::fs::write(run.events(), lines.join("\n") + "\n").unwrap();
         assert_eq!(requeues_of(&run), 2);
+        // Slurm's own requeues (`scontrol requeue`) are counted apart.
+        assert_eq!(slurm_requeues_of(&run), 0);
+        let by_slurm = r#"{"time":4.0,"event":"preempted","step":50,"notice":"slurm_requeue"}"#;
+        let lines = [lines.join("\n"), started.to_string(), by_slurm.to_string()];
+        std::fs::write(run.events(), lines.join("\n") + "\n").unwrap();
+        assert_eq!((requeues_of(&run), slurm_requeues_of(&run)), (2, 1));
     }
 
     #[test]
