@@ -334,10 +334,20 @@ pub fn prune(
         };
         match std::fs::remove_dir_all(&doomed) {
             Ok(()) => pruned.removed.push(path),
-            Err(e) => pruned.left.push(CheckpointError::io(
-                &doomed,
-                "cannot remove an older checkpoint",
-            )(e)),
+            Err(e) => {
+                // Refused before any file went (a folder its owner protected): still the
+                // checkpoint it was, it takes its name back.
+                let whole = doomed != path
+                    && crate::Checkpoint::open(&doomed, crate::Verify::Structure).is_ok();
+                let stays = match whole && std::fs::rename(&doomed, &path).is_ok() {
+                    true => &path,
+                    false => &doomed,
+                };
+                pruned.left.push(CheckpointError::io(
+                    stays,
+                    "cannot remove an older checkpoint",
+                )(e));
+            }
         }
     }
     if !pruned.removed.is_empty() {

@@ -57,10 +57,12 @@ pub enum CheckpointError {
 
     /// A checkpoint that cannot be read (permissions, a file system error) is not known to
     /// be damaged: nothing resumes past it, which would train its steps again.
-    #[error("{checkpoint} cannot be read ({cause}): it is not known to be damaged, so the run does not resume from an older one and train its steps again\n  fix: make it readable to this user (the files' permissions and owner, the file system) and run the same command again; or, to resume from the checkpoint before it, move it aside: mv {checkpoint} {checkpoint}.damaged")]
+    #[error("{checkpoint} cannot be read ({cause}): it is not known to be damaged, so it is not passed over as a damaged one would be\n  fix: make it readable to this user (the files' permissions and owner, the file system) and run the same command again; {if_lost}")]
     Unreadable {
         checkpoint: PathBuf,
         cause: Box<CheckpointError>,
+        /// What to do if it is lost for good: move it aside, and what is used then.
+        if_lost: String,
     },
 }
 
@@ -76,13 +78,25 @@ impl CheckpointError {
     }
 
     /// Whether the files could not be read at all (permission denied, an I/O error of the
-    /// file system), as opposed to read and found wrong (missing, cut short, corrupted).
+    /// file system, a file server that did not answer), as opposed to read and found wrong
+    /// (missing, cut short, corrupted, a file where a folder should be).
     pub fn is_unreadable(&self) -> bool {
-        use std::io::ErrorKind;
         match self {
-            CheckpointError::Io { source, .. } => !matches!(
-                source.kind(),
-                ErrorKind::NotFound | ErrorKind::UnexpectedEof | ErrorKind::InvalidData
+            CheckpointError::Io { source, .. } => matches!(
+                source.raw_os_error(),
+                Some(
+                    libc::EACCES
+                        | libc::EPERM
+                        | libc::EIO
+                        | libc::ESTALE
+                        | libc::ETIMEDOUT
+                        | libc::EINTR
+                        | libc::EAGAIN
+                        | libc::EBUSY
+                        | libc::ENOLCK
+                        | libc::EHOSTDOWN
+                        | libc::EHOSTUNREACH
+                )
             ),
             CheckpointError::Unreadable { .. } => true,
             _ => false,

@@ -63,6 +63,14 @@ pub(crate) fn pruned_dir_name(step: u64) -> String {
     format!("step-{step}{PRUNED_SUFFIX}")
 }
 
+/// What left a folder that [`crate::clean_stale`] removes, in words.
+pub fn left_by(path: &Path) -> &'static str {
+    match path.to_str().is_some_and(|p| p.ends_with(PRUNED_SUFFIX)) {
+        true => "a removal of an old checkpoint that did not finish",
+        false => "a save that did not finish",
+    }
+}
+
 /// A committed checkpoint that failed to load, set aside (`step-<N>.damaged`, then
 /// `.damaged-2`, ...): kept for repair, no longer a checkpoint (no step parses from it).
 pub(crate) fn damaged_dir_name(step: u64, attempt: u32) -> String {

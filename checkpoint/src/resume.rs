@@ -62,13 +62,9 @@ impl ResumePoint {
     pub fn set_aside_skipped(&self) -> Result<Vec<(PathBuf, PathBuf)>> {
         let mut moved = Vec::new();
         for (path, _) in &self.skipped {
-            let (Some(step), Some(root)) = (step_of_dir(path), path.parent()) else {
+            let Some(aside) = aside_name(path) else {
                 continue;
             };
-            let aside = (1..)
-                .map(|attempt| root.join(damaged_dir_name(step, attempt)))
-                .find(|p| !p.exists())
-                .expect("an unused name");
             std::fs::rename(path, &aside).map_err(CheckpointError::io(
                 path,
                 "cannot set aside a checkpoint that does not load",
@@ -82,6 +78,37 @@ impl ResumePoint {
     }
 }
 
+/// Where a checkpoint that does not load is set aside: the first unused of
+/// `step-<N>.damaged`, `step-<N>.damaged-2`, ...; `None` for a folder not named by its step.
+fn aside_name(path: &Path) -> Option<PathBuf> {
+    let (step, root) = (step_of_dir(path)?, path.parent()?);
+    (1..)
+        .map(|attempt| root.join(damaged_dir_name(step, attempt)))
+        .find(|p| !p.exists())
+}
+
+/// The error for checkpoint `path` that cannot be read (`cause`), with what to do if it is
+/// lost for good; `older`: whether a checkpoint older than it is there to use instead.
+fn unreadable(path: PathBuf, cause: CheckpointError, older: bool) -> CheckpointError {
+    let then = match older {
+        true => "to use the checkpoint before it",
+        false => "(no checkpoint is older: a run then starts over)",
+    };
+    let if_lost = match aside_name(&path) {
+        Some(aside) => format!(
+            "if it is lost for good, move it aside {then}: mv {} {}",
+            path.display(),
+            aside.display()
+        ),
+        None => format!("if it is lost for good, move it aside {then}"),
+    };
+    CheckpointError::Unreadable {
+        checkpoint: path,
+        cause: Box::new(cause),
+        if_lost,
+    }
+}
+
 /// The newest valid committed checkpoint under `root` (a folder of `step-<N>/`). A missing
 /// `root` means no checkpoint yet. `latest` is not trusted: the folders themselves are.
 pub fn find_latest(root: &Path, verify: Verify) -> Result<ResumePoint> {
@@ -92,9 +119,10 @@ pub fn find_latest(root: &Path, verify: Verify) -> Result<ResumePoint> {
             skipped,
         });
     }
-    for (kind, path) in list_entries(root)? {
+    let entries = list_entries(root)?;
+    for (at, (kind, path)) in entries.iter().enumerate() {
         if let EntryKind::Complete(_) = kind {
-            match Checkpoint::open(&path, verify) {
+            match Checkpoint::open(path, verify) {
                 Ok(checkpoint) => {
                     return Ok(ResumePoint {
                         checkpoint: Some(checkpoint),
@@ -102,12 +130,12 @@ pub fn find_latest(root: &Path, verify: Verify) -> Result<ResumePoint> {
                     })
                 }
                 Err(err) if err.is_unreadable() => {
-                    return Err(CheckpointError::Unreadable {
-                        checkpoint: path,
-                        cause: Box::new(err),
-                    })
+                    let older = entries[at + 1..]
+                        .iter()
+                        .any(|(kind, _)| matches!(kind, EntryKind::Complete(_)));
+                    return Err(unreadable(path.clone(), err, older));
                 }
-                Err(err) => skipped.push((path, err)),
+                Err(err) => skipped.push((path.clone(), err)),
             }
         }
     }
@@ -158,7 +186,8 @@ pub fn resolve(path: &Path, verify: Verify) -> Result<ResumePoint> {
     Ok(found)
 }
 
-/// Remove what killed saves left behind (`step-<N>.partial`, `step-<N>.replaced`). Rank 0
+/// Remove what killed saves and removals left behind (`step-<N>.partial`,
+/// `step-<N>.replaced`, `step-<N>.pruned`; [`crate::naming::left_by`] says which). Rank 0
 /// calls it at start-up, before any rank starts a save.
 pub fn clean_stale(root: &Path) -> Result<Vec<PathBuf>> {
     if !root.exists() {
@@ -166,12 +195,21 @@ pub fn clean_stale(root: &Path) -> Result<Vec<PathBuf>> {
     }
     let mut removed = Vec::new();
     for (kind, path) in list_entries(root)? {
-        if matches!(kind, EntryKind::Partial(_) | EntryKind::Discarded(_)) {
-            std::fs::remove_dir_all(&path).map_err(CheckpointError::io(
-                &path,
-                "cannot remove a stale partial checkpoint",
-            ))?;
-            removed.push(path);
+        match kind {
+            EntryKind::Partial(_) => {
+                std::fs::remove_dir_all(&path).map_err(CheckpointError::io(
+                    &path,
+                    "cannot remove a stale partial checkpoint",
+                ))?;
+                removed.push(path);
+            }
+            // A folder a removal left (said when it was left): tried again, never in the way.
+            EntryKind::Discarded(_) => {
+                if std::fs::remove_dir_all(&path).is_ok() {
+                    removed.push(path);
+                }
+            }
+            EntryKind::Complete(_) => {}
         }
     }
     if !removed.is_empty() {

@@ -140,42 +140,72 @@ fn a_rank_that_did_not_finish_blocks_the_commit_and_is_named() {
     );
 }
 
-/// A checkpoint whose removal stops midway (here its files will not go: pruned by a thread
-/// without root's bypass of file permissions) is out of the way first: what stays is
-/// `step-<N>.pruned`, never a `step-<N>` missing some of its files that a later resume would
-/// open, and the next start removes it.
+/// Pruning renames an old checkpoint out of the way before its files go, so a removal cut
+/// short (a kill) leaves `step-<N>.pruned`, which no resume opens and the next start removes,
+/// never a `step-<N>` missing some of its files. One whose removal is refused before any
+/// file went (its owner made it read-only; pruned here by a thread without root's bypass
+/// of file permissions) is still whole and takes its name back.
 #[test]
-fn a_removal_cut_short_leaves_no_checkpoint_behind() {
+fn a_removal_cut_short_leaves_no_checkpoint_missing_files() {
     use std::os::unix::fs::PermissionsExt;
+    let mode = |path: &std::path::Path, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    let as_another_user = |work: Box<dyn FnOnce() + Send>| {
+        std::thread::spawn(move || {
+            // SAFETY: plain system calls on this thread's own credentials.
+            unsafe { libc::setfsuid(65534) };
+            work()
+        })
+        .join()
+        .unwrap()
+    };
     let tmp = tempfile::tempdir().unwrap();
     let layout = layout(2);
     for step in [10, 20] {
         save_sharded(tmp.path(), step, 2, &layout, 3);
     }
-    // The folder of checkpoints open to all, each checkpoint's files only to their owner.
-    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    // The folder of checkpoints open to all; step-10's files may not go.
+    mode(tmp.path(), 0o777);
+    let step_10 = tmp.path().join("step-10");
+    mode(&step_10, 0o555);
     let root = tmp.path().to_path_buf();
-    let pruned = std::thread::spawn(move || {
-        // SAFETY: plain system calls on this thread's own credentials.
-        unsafe { libc::setfsuid(65534) };
-        assert_ne!(
-            unsafe { libc::setfsuid(u32::MAX) },
-            0,
-            "still root's file access"
-        );
-        shardrun_checkpoint::prune(&root, 20, 1, None).unwrap()
-    })
-    .join()
-    .unwrap();
-    assert!(pruned.removed.is_empty(), "{:?}", pruned.removed);
-    let left: Vec<String> = pruned.left.iter().map(|e| e.to_string()).collect();
+    let (said, got) = std::sync::mpsc::channel();
+    as_another_user(Box::new(move || {
+        let pruned = shardrun_checkpoint::prune(&root, 20, 1, None).unwrap();
+        said.send((pruned.removed, pruned.left)).unwrap();
+    }));
+    let (removed, left) = got.recv().unwrap();
+    assert!(removed.is_empty(), "{removed:?}");
+    let left: Vec<String> = left.iter().map(|e| e.to_string()).collect();
     assert!(
-        left.len() == 1 && left[0].contains("step-10.pruned"),
+        left.len() == 1 && left[0].starts_with(&format!("{}: cannot remove", step_10.display())),
         "{left:?}"
     );
-    assert!(!tmp.path().join("step-10").exists());
-    assert!(tmp.path().join("step-10.pruned").is_dir());
+    assert!(step_10.join("COMPLETE").is_file());
+    assert!(!tmp.path().join("step-10.pruned").exists());
+    mode(&step_10, 0o755);
+
+    // Cut short after some of its files went: the folder is not a checkpoint any more.
+    let aside = tmp.path().join("step-10.pruned");
+    std::fs::rename(&step_10, &aside).unwrap();
+    std::fs::remove_file(aside.join("rank-0-of-2.safetensors")).unwrap();
     assert_eq!(resumes_from(tmp.path()), Some(20));
+    // One that cannot be removed either does not stop the next start.
+    mode(&aside, 0o555);
+    let root = tmp.path().to_path_buf();
+    as_another_user(Box::new(move || {
+        assert_eq!(
+            clean_stale(&root).unwrap(),
+            Vec::<std::path::PathBuf>::new()
+        );
+    }));
+    mode(&aside, 0o755);
     let removed = clean_stale(tmp.path()).unwrap();
-    assert_eq!(removed, [tmp.path().join("step-10.pruned")]);
+    assert_eq!(removed, std::slice::from_ref(&aside));
+    assert_eq!(
+        shardrun_checkpoint::naming::left_by(&aside),
+        "a removal of an old checkpoint that did not finish"
+    );
+    assert_eq!(resumes_from(tmp.path()), Some(20));
 }

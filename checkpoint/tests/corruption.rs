@@ -243,7 +243,11 @@ fn an_unreadable_checkpoint_is_refused_not_passed_over() {
         "rank-1-of-2.safetensors".to_string(),
         "Permission denied".to_string(),
         "not known to be damaged".to_string(),
-        format!("mv {} {}.damaged", step_20.display(), step_20.display()),
+        format!(
+            "move it aside to use the checkpoint before it: mv {} {}.damaged",
+            step_20.display(),
+            step_20.display()
+        ),
     ] {
         assert!(
             text.contains(&expected),
@@ -261,6 +265,12 @@ fn an_unreadable_checkpoint_is_refused_not_passed_over() {
     );
     open(&step_20, 0o755);
     assert_eq!(resume_as_another_user().unwrap(), Some(20));
+    // A file where a checkpoint folder should be is read and found wrong: passed over.
+    std::fs::write(tmp.path().join("step-30"), "not a folder").unwrap();
+    let found = find_latest(tmp.path(), Verify::Checksums).unwrap();
+    assert_eq!(found.checkpoint.map(|c| c.step()), Some(20));
+    assert_eq!(found.skipped.len(), 1, "{:?}", found.skipped);
+    std::fs::remove_file(tmp.path().join("step-30")).unwrap();
     // Damage is still passed over as before: a checkpoint read and found wrong.
     damage(&shard, Damage::Truncate);
     assert_falls_back(tmp.path(), &shard);

@@ -173,8 +173,8 @@ fn an_older_checkpoint_that_cannot_be_removed_is_left_and_said_not_an_error() {
     let tmp = tempfile::tempdir().unwrap();
     let layout = layout(2);
     save_sharded(tmp.path(), 10, 2, &layout, 1);
-    // What removing cannot take away (another user's folder, a read-only mount), as root
-    // sees it: a file where a checkpoint folder is named, which `remove_dir_all` refuses.
+    // What removing cannot take away, as root sees it: a file where a checkpoint folder is
+    // named, which `remove_dir_all` refuses (moved aside first, it stays there).
     std::fs::write(tmp.path().join("step-5"), "not a folder").unwrap();
     let pruned = prune(tmp.path(), 10, 1, None).unwrap();
     assert!(pruned.removed.is_empty(), "{pruned:?}");
@@ -188,6 +188,10 @@ fn an_older_checkpoint_that_cannot_be_removed_is_left_and_said_not_an_error() {
     // way of resumes first.
     save_sharded(tmp.path(), 20, 2, &layout, 1);
     assert_eq!(names(tmp.path()), ["latest", "step-20", "step-5.pruned"]);
+    // Nor does it stop the next start.
+    assert!(shardrun_checkpoint::clean_stale(tmp.path())
+        .unwrap()
+        .is_empty());
 }
 
 #[test]

@@ -267,8 +267,9 @@ impl Checkpointer {
                 reporter.log(
                     LogLevel::Warn,
                     &format!(
-                        "removed {} left by a save that did not finish",
-                        removed.display()
+                        "removed {} left by {}",
+                        removed.display(),
+                        shardrun_checkpoint::naming::left_by(&removed)
                     ),
                 );
             }

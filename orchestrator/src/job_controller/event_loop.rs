@@ -309,8 +309,9 @@ async fn run_async(
             Ok(removed) => {
                 for path in removed {
                     log.say(format!(
-                        "removed {}, left by a save that did not finish",
-                        path.display()
+                        "removed {}, left by {}",
+                        path.display(),
+                        shardrun_checkpoint::naming::left_by(&path)
                     ))
                     .await;
                 }

@@ -711,7 +711,9 @@ fn decide_for_anyone(path: &Path, new: NewRun<'_>) -> Result<RunDecision, RerunE
     let last_step = logged.as_ref().and_then(|m| m.last()).map(|r| r.step);
     let diverged = logged.as_ref().and_then(|m| m.diverged_from());
     let recorded_checkpoint = newest_checkpoint(&run, &recorded.train);
-    if !refused.is_empty() && recorded_checkpoint.is_none() && last_step.is_none() {
+    // Any checkpoint folder, one that loads or not (damaged, unreadable), holds steps trained.
+    let saved_any = recorded_checkpoint.is_some() || has_checkpoint_folders(&run, &recorded.train);
+    if !refused.is_empty() && !saved_any && last_step.is_none() {
         // A run that failed before its first step (the fix is often the very change being
         // refused): nothing of it is worth keeping.
         let ended = how_it_ended(&run, state, detail.as_deref(), None);
@@ -872,6 +874,20 @@ pub fn newest_checkpoint(run: &RunDir, train: &TrainConfig) -> Option<Checkpoint
     let root = train.checkpoint.root(Some(run.path()))?;
     let found = find_latest(&root, Verify::Structure).ok()?;
     found.checkpoint.as_ref().map(checkpoint_at)
+}
+
+/// Whether the run's checkpoint folder holds any committed checkpoint, loadable or not; one
+/// that cannot be listed is taken to.
+fn has_checkpoint_folders(run: &RunDir, train: &TrainConfig) -> bool {
+    let Some(root) = train.checkpoint.root(Some(run.path())) else {
+        return false;
+    };
+    match shardrun_checkpoint::naming::list_entries(&root) {
+        Ok(entries) => entries
+            .iter()
+            .any(|(kind, _)| matches!(kind, shardrun_checkpoint::naming::EntryKind::Complete(_))),
+        Err(_) => root.exists(),
+    }
 }
 
 /// The checkpoint a re-run of `run` announces on its first line, how it was checked, and the
@@ -1050,7 +1066,10 @@ fn how_it_ended(
     if let Some(result) = result {
         // Later news than the last attempt's words: the job its controller requeued was
         // cancelled before it ran again.
-        if state == RunState::Cancelled && result["status"] == "preempted" {
+        if state == RunState::Cancelled
+            && result["status"] == "preempted"
+            && result["requeued"] == true
+        {
             return "was cancelled while its requeued job waited to run again".into();
         }
         if let Some(ended) = result["ended"].as_str() {
@@ -1351,7 +1370,7 @@ mod tests {
         trained_a_step(&run);
         std::fs::write(
             run.result(),
-            r#"{"status": "preempted", "ended": "was preempted by a preemption notice after step 1"}"#,
+            r#"{"status": "preempted", "requeued": true, "ended": "was preempted by a preemption notice after step 1"}"#,
         )
         .unwrap();
         run.update_manifest(|m| m.state = RunState::Cancelled)
@@ -1364,6 +1383,22 @@ mod tests {
             headline.contains(": it was cancelled while its requeued job waited to run again;")
                 && !headline.contains("preempted"),
             "{headline}"
+        );
+        // Not requeued (`requeue: false`): its controller's words stand.
+        std::fs::write(
+            run.result(),
+            r#"{"status": "preempted", "requeued": false, "ended": "was preempted after step 1"}"#,
+        )
+        .unwrap();
+        let RunStart::Resume(resume) = prepare(run.path(), new_run(&job, &params)).unwrap() else {
+            panic!("expected a resume")
+        };
+        assert!(
+            resume
+                .headline()
+                .contains(": it was preempted after step 1"),
+            "{}",
+            resume.headline()
         );
     }
 
@@ -1479,6 +1514,16 @@ mod tests {
         );
         assert_eq!(run.read_train_config().unwrap().seed, 7);
         assert_eq!(run.read_manifest().unwrap().state, RunState::Created);
+        // A checkpoint folder that does not load (unreadable, damaged) holds steps trained
+        // all the same (logged or not, with `log_every` past them): the change is refused.
+        let checkpoint = run.path().join("checkpoints/step-2");
+        std::fs::create_dir_all(&checkpoint).unwrap();
+        run.update_manifest(|m| m.state = RunState::Failed).unwrap();
+        let job = resolved(tmp.path(), &["training.seed=9"]);
+        let err = prepare(run.path(), new_run(&job, &params)).unwrap_err();
+        assert!(matches!(err, RerunError::Changed { .. }), "{err}");
+        assert!(checkpoint.is_dir());
+        std::fs::remove_dir_all(&checkpoint).unwrap();
         // Once it trained a step, the same change is refused.
         trained_a_step(&run);
         run.update_manifest(|m| m.state = RunState::Failed).unwrap();
