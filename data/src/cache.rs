@@ -215,7 +215,9 @@ pub fn open_or_build(
     build: impl FnOnce(&Path) -> Result<CacheManifest>,
 ) -> Result<(PathBuf, CacheManifest, bool)> {
     let dir = cache_dir.join(name);
-    remove_stale_builds(cache_dir, name, observer);
+    // Complete, its data's builds of processes gone are killed ones (a live one would be
+    // building it again for nothing).
+    remove_stale_builds(cache_dir, name, dir.join(MANIFEST).is_file(), observer);
     if let Some(manifest) = read_manifest(&dir)? {
         return Ok((dir, manifest, false));
     }
@@ -224,8 +226,8 @@ pub fn open_or_build(
     let lock = shardrun_protocol::lock_file::open(&lock_path)
         .map_err(DataError::io("open", &lock_path))?
         .file;
-    match lock.try_lock() {
-        Ok(()) => {}
+    let locked = match lock.try_lock() {
+        Ok(()) => true,
         Err(std::fs::TryLockError::WouldBlock) => {
             observer.line(&format!(
                 "waiting for another process that is preparing {} (lock {})",
@@ -233,19 +235,23 @@ pub fn open_or_build(
                 lock_path.display()
             ));
             lock.lock().map_err(DataError::io("lock", &lock_path))?;
+            true
         }
         // Some shared file systems refuse locks: building twice is wasted work, never a
         // torn cache (the folder appears by one rename).
-        Err(std::fs::TryLockError::Error(e)) => observer.line(&format!(
-            "warning: cannot lock {} ({e}); other processes may prepare the same data at once",
-            lock_path.display()
-        )),
-    }
+        Err(std::fs::TryLockError::Error(e)) => {
+            observer.line(&format!(
+                "warning: cannot lock {} ({e}); other processes may prepare the same data at once",
+                lock_path.display()
+            ));
+            false
+        }
+    };
     if let Some(manifest) = read_manifest(&dir)? {
         return Ok((dir, manifest, false));
     }
     // The process waited on may have been killed mid-build.
-    remove_stale_builds(cache_dir, name, observer);
+    remove_stale_builds(cache_dir, name, locked, observer);
     let tmp = cache_dir.join(format!("{}{}", building_prefix(name), this_owner()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir(&tmp).map_err(DataError::io("create", &tmp))?;
@@ -340,10 +346,13 @@ fn manifest_json(manifest: &CacheManifest) -> Vec<u8> {
 /// Removes the folders of builds whose process was killed (Ctrl-C, a job's time limit):
 /// those of this machine whose pid no process has, of `name` and of any other data (a build
 /// killed before its files were edited is never opened again by its own key), each said to
-/// `observer`. Holding the lock proves nothing of the others: a cache folder shared by
+/// `observer`. `name`'s builds are known dead at once where `sure` (its lock held by this
+/// process, or its cache complete); others are taken for killed once quiet for a while
+/// (a live build in another pid namespace of a host of the same name marks its folder every
+/// minute). A cache folder shared by
 /// machines whose file system refuses locks may hold another machine's live build, and its
 /// pid says nothing here.
-fn remove_stale_builds(cache_dir: &Path, name: &str, observer: &dyn Observer) {
+fn remove_stale_builds(cache_dir: &Path, name: &str, sure: bool, observer: &dyn Observer) {
     let Ok(entries) = std::fs::read_dir(cache_dir) else {
         return;
     };
@@ -357,10 +366,7 @@ fn remove_stale_builds(cache_dir: &Path, name: &str, observer: &dyn Observer) {
         else {
             continue;
         };
-        // Another key's build has no lock held here to tell: left alone while written to
-        // lately (a live build in another pid namespace of a host of the same name marks its
-        // folder every minute).
-        if built != name && written_within(&entry.path(), OTHER_BUILD_QUIET) {
+        if !(built == name && sure) && written_within(&entry.path(), OTHER_BUILD_QUIET) {
             continue;
         }
         // `<pid>` alone: named by an earlier shardrun, which left out the machine; taken as

@@ -895,12 +895,18 @@ mod tests {
                 let _ = hold.recv();
             })
         };
+        // Stopped from the third look after the part was sent: the first looks let the read
+        // take the part and then block for the rest.
+        let looks = std::sync::atomic::AtomicU32::new(0);
         let outcome = BlockingConnection::connect_unless(
             &addr,
             Role::Worker,
             SECRET,
             Duration::from_secs(60),
-            || sent.load(std::sync::atomic::Ordering::SeqCst),
+            || {
+                sent.load(std::sync::atomic::Ordering::SeqCst)
+                    && looks.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 2
+            },
         );
         assert!(
             matches!(outcome, Err(ConnectionError::Stopped)),

@@ -605,7 +605,8 @@ impl Trainer {
                     if local_norm_sq.is_finite() { 0.0 } else { 1.0 },
                 ],
             )?;
-            if global_tokens == 0.0 {
+            // Agreed over every rank: one line says it.
+            if global_tokens == 0.0 && self.rank == 0 {
                 self.log(
                     LogLevel::Warn,
                     &format!("step {}: no target tokens in the whole batch", step + 1),

@@ -1233,7 +1233,9 @@ mod tests {
             err.fix.contains(&format!(
                 "AutoTokenizer.from_pretrained('{0}').save_pretrained('{0}')",
                 dir.path().join("sp").display()
-            )) && err.fix.contains("pip install transformers sentencepiece protobuf"),
+            )) && err
+                .fix
+                .contains("pip install transformers sentencepiece protobuf"),
             "{err}"
         );
         // The file itself is fine; a chat template must be a file that is there.
