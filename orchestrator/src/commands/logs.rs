@@ -301,7 +301,14 @@ fn refuse_a_folder_of_runs(args: &Args) -> anyhow::Result<()> {
             crate::output::pasteable(&args.run)
         ));
     }
-    // The same command, for one of them.
+    // The same command, for one of them: a point of the spec last swept there, not one left
+    // from an earlier version of it.
+    let mut current = crate::sweeps::journal::CurrentPoints::default();
+    let example = points
+        .iter()
+        .find(|(run, _)| !current.superseded(run.path()))
+        .unwrap_or(&points[0])
+        .0;
     let mut flags = String::new();
     if args.follow {
         flags.push_str(" -f");
@@ -321,7 +328,7 @@ fn refuse_a_folder_of_runs(args: &Args) -> anyhow::Result<()> {
         args.run.display(),
         runs.len(),
         list.join("\n"),
-        points[0].0.path().display()
+        example.path().display()
     )
 }
 
@@ -374,6 +381,31 @@ mod tests {
             .unwrap();
         assert!(
             text.ends_with(&format!("`shardrun logs -f {first}`")),
+            "{text}"
+        );
+        // The first listed left from an earlier version of the sweep's spec: the command
+        // offered is for the next one, a point of the spec last swept.
+        let second = text
+            .lines()
+            .nth(2)
+            .unwrap()
+            .trim()
+            .split("  (")
+            .next()
+            .unwrap();
+        let current: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().into_string().unwrap())
+            .filter(|name| !first.ends_with(&format!("/{name}")))
+            .collect();
+        std::fs::create_dir_all(dir.path().join("arrays")).unwrap();
+        crate::sweeps::journal::Journal::new(dir.path())
+            .write_current_points(current.iter().map(String::as_str))
+            .unwrap();
+        let text = refuse_a_folder_of_runs(&args).unwrap_err().to_string();
+        assert!(
+            text.ends_with(&format!("`shardrun logs -f {second}`")),
             "{text}"
         );
     }

@@ -1015,8 +1015,9 @@ async fn cancelled_by_slurm(outcome: Outcome, state: &JobMachine) -> Outcome {
 }
 
 /// The Slurm job this controller runs as, named as `squeue` and the run's manifest name it:
-/// `<array>_<task>` for a task of a job array. One task's own SLURM_JOB_ID is the array's id,
-/// and `scontrol requeue` of that id requeues every task of the array.
+/// `<array>_<task>` for a task of a job array. Each task has a SLURM_JOB_ID of its own, but
+/// the first task's equals the array's id, and `scontrol requeue` of that id requeues every
+/// task of the array.
 fn this_slurm_job() -> Option<String> {
     let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
     slurm_job_named(
