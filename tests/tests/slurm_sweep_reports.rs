@@ -173,7 +173,8 @@ fn a_trained_two_parameter_sweep_reports_and_plots_every_point() {
             stderr_of(&out)
         );
         assert!(
-            stdout_of(&out).contains("final loss by training.optimizer.lr and training.seed"),
+            stdout_of(&out)
+                .contains("final loss by training.optimizer.lr, a line per training.seed"),
             "{}",
             stdout_of(&out)
         );

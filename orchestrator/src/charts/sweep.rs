@@ -1,7 +1,7 @@
 //! The figure of a sweep folder: every point's loss overlaid (smoothed), labelled by the
-//! parameters the sweep gave it, and for a grid of one or two parameters the final loss
-//! against the first parameter (one line per value of the second; a point not finished is a
-//! ring at its latest loss, off the lines). The final loss is the validation loss when every
+//! parameters the sweep gave it, and the final loss against one swept parameter (`plot --by`,
+//! else the one with the most values), a line per combination of the others' values (a point
+//! not finished is a ring at its latest loss, off the lines). The final loss is the validation loss when every
 //! point has one: the last step's training loss is one batch's, too noisy to rank points by.
 
 use super::canvas::{self, pen, Axis, Curve, Dots, Figure, Panel, TickFormat, TITLE_HEIGHT, WIDTH};
@@ -44,6 +44,9 @@ pub struct SweepFigure {
     pub points: Vec<PointRecords>,
     pub smoothing: f64,
     pub log_loss: bool,
+    /// The parameter the final-loss panel puts along its axis (`plot --by`), by its short
+    /// name or dotted path; `None`: the one with the most values.
+    pub by: Option<String>,
 }
 
 /// `point` named by the values of `params`, or by its run's name where nothing varies.
@@ -298,37 +301,65 @@ impl SweepFigure {
         }
     }
 
-    /// Final loss against the swept parameter (grids of one or two parameters).
-    fn final_loss(&self) -> Option<Panel> {
+    /// The final-loss panel's axes: the parameter along its x axis (`by`, else the one with
+    /// the most values, the first of them on a tie) and those whose values make its lines
+    /// (the others, a line per combination of their values); `None` when nothing varies.
+    /// A `by` that names no varying parameter is an error naming those that vary.
+    pub fn final_axes(&self) -> Result<Option<(String, Vec<String>)>, String> {
         let params = self.params();
         let keys: Vec<String> = params.keys().map(str::to_string).collect();
-        if keys.is_empty() || keys.len() > 2 {
-            return None;
+        if keys.is_empty() {
+            return Ok(None);
         }
-        let distinct = |k: &String| {
-            let mut v: Vec<String> = self
-                .points
+        let x_key = match &self.by {
+            Some(by) => keys
                 .iter()
-                .filter_map(|p| p.params.get(k).map(|v| params.text(k, v)))
-                .collect();
-            v.sort();
-            v.dedup();
-            v.len()
+                .find(|k| *k == by || params.name(k) == by)
+                .cloned()
+                .ok_or_else(|| {
+                    let varying: Vec<String> = keys
+                        .iter()
+                        .map(|k| format!("`{}`", params.name(k)))
+                        .collect();
+                    format!(
+                        "`--by {by}`: no parameter of that name varies between the points; \
+                         these do: {}",
+                        varying.join(", ")
+                    )
+                })?,
+            None => {
+                let distinct = |k: &String| {
+                    let mut v: Vec<String> = self
+                        .points
+                        .iter()
+                        .filter_map(|p| p.params.get(k).map(|v| params.text(k, v)))
+                        .collect();
+                    v.sort();
+                    v.dedup();
+                    v.len()
+                };
+                let most = keys.iter().map(distinct).max().unwrap_or(0);
+                keys.iter()
+                    .find(|k| distinct(k) == most)
+                    .cloned()
+                    .unwrap_or_default()
+            }
         };
-        // The parameter with more values goes along the axis, the other makes the lines.
-        let (x_key, line_key) = match keys.as_slice() {
-            [a] => (a.clone(), None),
-            [a, b] if distinct(b) > distinct(a) => (b.clone(), Some(a.clone())),
-            [a, b] => (a.clone(), Some(b.clone())),
-            _ => return None,
-        };
+        let line_keys = keys.into_iter().filter(|k| *k != x_key).collect();
+        Ok(Some((x_key, line_keys)))
+    }
+
+    /// Final loss against one swept parameter, a line per combination of the others'.
+    fn final_loss(&self) -> Option<Panel> {
+        let params = self.params();
+        let (x_key, line_keys) = self.final_axes().ok()??;
         let validation = self.by_validation();
         let measure = if validation {
             "validation loss"
         } else {
             "training loss (last step)"
         };
-        let finals: Vec<(&Value, Option<&Value>, f64, bool)> = self
+        let finals: Vec<(&Value, BTreeMap<String, Value>, f64, bool)> = self
             .points
             .iter()
             .filter_map(|p| {
@@ -343,7 +374,10 @@ impl SweepFigure {
                 }
                 let loss = last.filter(|l| l.is_finite())?;
                 let x = p.params.get(&x_key)?;
-                let line = line_key.as_ref().and_then(|k| p.params.get(k));
+                let line: BTreeMap<String, Value> = line_keys
+                    .iter()
+                    .filter_map(|k| Some((k.clone(), p.params.get(k)?.clone())))
+                    .collect();
                 let finished = p.progress == PointProgress::Finished;
                 Some((x, line, self.transform(loss), finished))
             })
@@ -401,29 +435,28 @@ impl SweepFigure {
         };
         // Per line: the finished points' final losses, and the others' latest ones; the
         // lines in the order of their values (numbers by size), as the legend lists them.
-        type Line<'a> = (Option<&'a Value>, String, Vec<Point>, Vec<Point>);
+        type Line<'a> = (&'a BTreeMap<String, Value>, String, Vec<Point>, Vec<Point>);
         let mut lines: Vec<Line> = Vec::new();
         for (x, line, loss, finished) in &finals {
-            let name = match (&line_key, line) {
-                (Some(k), Some(v)) => format!("{}={}", params.name(k), params.text(k, v)),
-                _ => format!("final {measure}"),
+            let name = match line.is_empty() {
+                true => format!("final {measure}"),
+                false => line
+                    .iter()
+                    .map(|(k, v)| format!("{}={}", params.name(k), params.text(k, v)))
+                    .collect::<Vec<_>>()
+                    .join(", "),
             };
             let at = match lines.iter().position(|l| l.1 == name) {
                 Some(at) => at,
                 None => {
-                    lines.push((*line, name, Vec::new(), Vec::new()));
+                    lines.push((line, name, Vec::new(), Vec::new()));
                     lines.len() - 1
                 }
             };
             let (_, _, done, going) = &mut lines[at];
             if *finished { done } else { going }.push((place(x), *loss));
         }
-        lines.sort_by(
-            |a, b| match (a.0.and_then(Value::as_f64), b.0.and_then(Value::as_f64)) {
-                (Some(x), Some(y)) => x.total_cmp(&y),
-                _ => a.1.cmp(&b.1),
-            },
-        );
+        lines.sort_by(|a, b| params.order(a.0, b.0).then_with(|| a.1.cmp(&b.1)));
         let lines = lines
             .into_iter()
             .map(|(_, name, done, going)| (name, (done, going)));
@@ -576,6 +609,7 @@ mod tests {
             points,
             smoothing: 0.6,
             log_loss: false,
+            by: None,
         };
         assert_eq!(
             figure.without_steps(PointProgress::Going).as_deref(),
@@ -615,6 +649,7 @@ mod tests {
             points,
             smoothing: 0.0,
             log_loss: false,
+            by: None,
         };
         let overlay = &figure.panels()[0];
         let labels: Vec<&str> = overlay
@@ -677,6 +712,7 @@ mod tests {
             points: (0..20).map(long).collect(),
             smoothing: 0.6,
             log_loss: false,
+            by: None,
         };
         let overlay = &figure.panels()[0];
         let lowest = overlay
@@ -705,6 +741,7 @@ mod tests {
             ],
             smoothing: 0.6,
             log_loss: false,
+            by: None,
         };
         assert_eq!(figure.swept(), ["training.optimizer.lr", "training.seed"]);
         assert_eq!(figure.label(&figure.points[3]), "lr=1e-3, seed=1");
@@ -744,6 +781,7 @@ mod tests {
             points: vec![evaluated(1e-3, 0, 1.0, 2.5), evaluated(1e-3, 1, 1.5, 2.0)],
             smoothing: 0.6,
             log_loss: false,
+            by: None,
         };
         let finals = &figure.panels()[1];
         assert_eq!(finals.title, "final validation loss by training.seed");
@@ -774,6 +812,7 @@ mod tests {
             points,
             smoothing: 0.6,
             log_loss: false,
+            by: None,
         };
         let panels = figure.panels();
         let lines: Vec<String> = panels[1]
@@ -799,6 +838,7 @@ mod tests {
             points,
             smoothing: 0.0,
             log_loss: false,
+            by: None,
         };
         let finals = &figure.panels()[1];
         let lines: Vec<_> = finals
@@ -849,6 +889,7 @@ mod tests {
             points,
             smoothing: 0.0,
             log_loss: false,
+            by: None,
         };
         let finals = &figure.panels()[1];
         assert!(
@@ -892,6 +933,7 @@ mod tests {
             points,
             smoothing: 0.6,
             log_loss: false,
+            by: None,
         };
         let panels = figure.panels();
         assert!(panels[0].y.hi < 10.0, "loss axis: {:?}", panels[0].y);
@@ -916,6 +958,7 @@ mod tests {
                 points,
                 smoothing: 0.0,
                 log_loss: false,
+                by: None,
             };
             figure.panels()[1].x.format.clone()
         };
@@ -939,6 +982,7 @@ mod tests {
             points,
             smoothing: 0.0,
             log_loss: false,
+            by: None,
         };
         for panel in figure.panels() {
             // The grey curves past the overlay's legend are alike on purpose.
@@ -969,19 +1013,74 @@ mod tests {
         assert_eq!(named[10].color, named[0].color);
     }
 
+    /// Three swept parameters (the example sweep's lr × weight decay × seed): the one with
+    /// the most values along the axis, a line per combination of the others; `--by` picks
+    /// another, by short name or path, and one that does not vary is refused naming those
+    /// that do.
     #[test]
-    fn three_swept_parameters_get_no_final_loss_panel() {
-        let mut points = vec![point(1e-3, 0, 1.0), point(1e-4, 1, 2.0)];
-        points[1]
-            .params
-            .insert("training.steps".into(), serde_json::json!(9));
-        let figure = SweepFigure {
+    fn three_swept_parameters_put_one_on_the_axis_and_a_line_per_combination_of_the_others() {
+        let mut points = Vec::new();
+        for (i, lr) in [1e-2, 1e-3, 1e-4].into_iter().enumerate() {
+            for seed in [0, 1] {
+                for decay in [0.0, 0.1] {
+                    let mut p = point(lr, seed, 1.0 + i as f64 + decay);
+                    p.params.insert(
+                        "training.optimizer.weight_decay".into(),
+                        serde_json::json!(decay),
+                    );
+                    points.push(p);
+                }
+            }
+        }
+        let mut figure = SweepFigure {
             title: "s".into(),
             points,
             smoothing: 0.0,
             log_loss: false,
+            by: None,
         };
         assert_eq!(figure.swept().len(), 3);
-        assert_eq!(figure.panels().len(), 1);
+        assert_eq!(
+            figure.final_axes().unwrap(),
+            Some((
+                "training.optimizer.lr".to_string(),
+                vec![
+                    "training.optimizer.weight_decay".to_string(),
+                    "training.seed".to_string()
+                ]
+            ))
+        );
+        let panels = figure.panels();
+        assert_eq!(panels.len(), 2);
+        let lines: Vec<&str> = panels[1]
+            .curves
+            .iter()
+            .filter_map(|c| c.label.as_deref())
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "weight_decay=0, seed=0",
+                "weight_decay=0, seed=1",
+                "weight_decay=0.1, seed=0",
+                "weight_decay=0.1, seed=1"
+            ]
+        );
+        assert!(panels[1].curves.iter().all(|c| c.points.len() == 3));
+        figure.by = Some("seed".into());
+        let (x, lines) = figure.final_axes().unwrap().unwrap();
+        assert_eq!(x, "training.seed");
+        assert_eq!(lines.len(), 2);
+        figure.by = Some("training.optimizer.weight_decay".into());
+        assert_eq!(
+            figure.final_axes().unwrap().unwrap().0,
+            "training.optimizer.weight_decay"
+        );
+        figure.by = Some("steps".into());
+        let err = figure.final_axes().unwrap_err();
+        assert!(
+            err.contains("`--by steps`") && err.contains("`lr`") && err.contains("`seed`"),
+            "{err}"
+        );
     }
 }

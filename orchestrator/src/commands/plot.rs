@@ -28,6 +28,11 @@ pub struct Args {
     /// Draw the loss on a logarithmic axis.
     #[arg(long)]
     pub log_loss: bool,
+    /// A sweep's final-loss panel: the parameter along its axis (its short name, `lr`, or
+    /// dotted path), a line per combination of the other swept parameters' values (default:
+    /// the parameter with the most values).
+    #[arg(long, value_name = "PARAM")]
+    pub by: Option<String>,
 }
 
 fn smoothing(text: &str) -> Result<f64, String> {
@@ -210,13 +215,15 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
         points,
         smoothing: args.smoothing,
         log_loss: args.log_loss,
+        by: args.by.clone(),
     };
+    // Refused before anything is drawn.
+    let axes = figure.final_axes().map_err(|why| anyhow::anyhow!(why))?;
     let output = args
         .output
         .clone()
         .unwrap_or_else(|| args.run.join("sweep.svg"));
     charts::save(&figure, &output)?;
-    let swept = figure.swept();
     // A point that diverged has no final loss worth comparing.
     let diverged: Vec<String> = figure
         .sorted(&figure.params())
@@ -258,24 +265,27 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
         } else {
             format!(
                 "; diverged (loss or gradients NaN or inf, or loss blown up){}: {}",
-                match swept.len() {
-                    1 | 2 => ", so left out of the final-loss panel",
-                    _ => "",
+                match axes {
+                    Some(_) => ", so left out of the final-loss panel",
+                    None => "",
                 },
                 diverged.join("; ")
             )
         },
-        match swept.len() {
-            1 | 2 => format!(
-                "; final loss by {}{}",
-                swept.join(" and "),
+        match &axes {
+            Some((x, lines)) => format!(
+                "; final loss by {}{}{}",
+                x,
+                match lines.len() {
+                    0 => String::new(),
+                    _ => format!(", a line per {}", lines.join(" and ")),
+                },
                 match unfinished {
                     0 => String::new(),
                     n => format!(" ({n} point(s) not finished: rings at their latest loss)"),
                 }
             ),
-            0 => String::new(),
-            n => format!("; {n} parameters vary, so no final-loss panel (it shows one or two)"),
+            None => String::new(),
         }
     );
     Ok(())
@@ -379,6 +389,7 @@ mod tests {
             output: Some(output.clone()),
             smoothing: 0.6,
             log_loss: false,
+            by: None,
         };
         plot_sweep(&args, &points).unwrap();
         let svg = std::fs::read_to_string(&output).unwrap();

@@ -429,7 +429,11 @@ mod tests {
         let (statuses, _) = slurm::refresh(&points).unwrap();
         let text = status_table(&statuses, None);
         assert!(
-            text.contains(&format!("\n{} runs: {} CREATED\n", points.len(), points.len())),
+            text.contains(&format!(
+                "\n{} runs: {} CREATED\n",
+                points.len(),
+                points.len()
+            )),
             "{text}"
         );
         let marked: Vec<&str> = text.lines().filter(|l| l.contains(" * ")).collect();
