@@ -508,7 +508,7 @@ error: job.yaml:7:18: field `training.data.tokenizer.path`: <dir>/sp holds a Sen
   |
 7 |     tokenizer: { path: sp }
   |                  ^^^^
-  fix: write the folder's tokenizer.json once, with transformers: `python -c \"from transformers import AutoTokenizer; AutoTokenizer.from_pretrained('<dir>/sp').save_pretrained('<dir>/sp')\"`
+  fix: write the folder's tokenizer.json once, with transformers (which reads a SentencePiece model with two more packages: `pip install transformers sentencepiece protobuf`): `python -c \"from transformers import AutoTokenizer; AutoTokenizer.from_pretrained('<dir>/sp').save_pretrained('<dir>/sp')\"`
 "
         )
     );

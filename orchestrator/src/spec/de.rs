@@ -123,7 +123,10 @@ impl de::Error for DeError {
     fn invalid_type(unexp: Unexpected<'_>, exp: &dyn Expected) -> Self {
         let expected = in_words(&exp.to_string());
         DeError::new(Problem::WrongValue {
-            message: format!("invalid type: {unexp}, expected {expected}"),
+            message: format!(
+                "invalid type: {}, expected {expected}",
+                found_in_words(&unexp)
+            ),
             expected,
             found: BadScalar::of(&unexp),
         })
@@ -154,6 +157,19 @@ impl de::Error for DeError {
 
     fn missing_field(field: &'static str) -> Self {
         DeError::new(Problem::MissingKey(field))
+    }
+}
+
+/// What was written, in the spec's words where serde's are Rust's: `key:` with nothing after
+/// it is no value, not a "unit value"; a whole number too large for any integer (YAML reads
+/// it as a float) is said as written.
+fn found_in_words(unexp: &Unexpected<'_>) -> String {
+    match unexp {
+        Unexpected::Unit => "no value (the key has nothing after it)".to_string(),
+        Unexpected::Float(x) if x.fract() == 0.0 && x.abs() >= 2f64.powi(63) => {
+            format!("the number {x:.0}, too large for a whole number")
+        }
+        other => other.to_string(),
     }
 }
 

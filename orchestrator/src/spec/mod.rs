@@ -623,6 +623,38 @@ mod tests {
         );
     }
 
+    /// What serde calls a unit value or a float is said as the spec was written: a key with
+    /// nothing after it, a whole number too large; a required key written in the wrong
+    /// section is pointed at.
+    #[test]
+    fn values_and_misplaced_keys_are_said_as_written() {
+        let err = parse_str(&MINIMAL.replace("  steps: 2\n", "  steps:\n")).unwrap_err();
+        assert_eq!(
+            err.why,
+            "invalid type: no value (the key has nothing after it), expected a whole number (0 or more)"
+        );
+        let err =
+            parse_str(&MINIMAL.replace("steps: 2", "steps: 99999999999999999999")).unwrap_err();
+        assert_eq!(
+            err.why,
+            "invalid type: the number 100000000000000000000, too large for a whole number, \
+             expected a whole number (0 or more)"
+        );
+        let err = parse_str(&(MINIMAL.replace("  steps: 2\n", "") + "steps: 7\n")).unwrap_err();
+        assert_eq!(err.why, "required key `training.steps` is missing");
+        assert_eq!(
+            err.fix,
+            "`steps` is written at the top level (line 6): move it under `training:`"
+        );
+        let yaml = MINIMAL.replace("  steps: 2\n", "") + "resources:\n  steps: 7\n";
+        let err = parse_str(&yaml).unwrap_err();
+        assert!(
+            err.fix
+                .starts_with("`steps` is written under `resources` (line "),
+            "{err}"
+        );
+    }
+
     #[test]
     fn merge_keys_are_refused_where_written() {
         let yaml = MINIMAL.replace(

@@ -221,12 +221,33 @@ fn explain(
                 None => choose(did_you_mean(value, expected), expected, "value"),
             },
         ),
-        Problem::MissingKey(key) => (
-            locate(None),
-            SpecErrorKind::MissingField,
-            format!("required key `{}` is missing", join(key)),
-            format!("add `{key}:` here; docs/job-spec.md lists every key with its default"),
-        ),
+        Problem::MissingKey(key) => {
+            // Written, but in another section (`steps:` at the top level, not indented
+            // under `training:`).
+            let elsewhere = document
+                .entries_within(&[])
+                .into_iter()
+                .find(|e| e.key == *key && e.parent.as_slice() != path);
+            let fix = match elsewhere {
+                Some(entry) => format!(
+                    "`{key}` is written {} (line {}): move it under `{field}:`",
+                    match entry.parent.is_empty() {
+                        true => "at the top level".to_string(),
+                        false => format!("under `{}`", dotted(&entry.parent)),
+                    },
+                    entry.key_at.map_or(0, |at| at.line)
+                ),
+                None => {
+                    format!("add `{key}:` here; docs/job-spec.md lists every key with its default")
+                }
+            };
+            (
+                locate(None),
+                SpecErrorKind::MissingField,
+                format!("required key `{}` is missing", join(key)),
+                fix,
+            )
+        }
         Problem::WrongValue {
             message, expected, ..
         } => {
