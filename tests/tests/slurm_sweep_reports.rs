@@ -174,7 +174,7 @@ fn a_trained_two_parameter_sweep_reports_and_plots_every_point() {
         );
         assert!(
             stdout_of(&out)
-                .contains("final loss by training.optimizer.lr, a line per training.seed"),
+                .contains("final loss by training.optimizer.lr, a line per value of training.seed"),
             "{}",
             stdout_of(&out)
         );

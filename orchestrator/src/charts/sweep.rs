@@ -309,12 +309,18 @@ impl SweepFigure {
         let params = self.params();
         let keys: Vec<String> = params.keys().map(str::to_string).collect();
         if keys.is_empty() {
-            return Ok(None);
+            return match &self.by {
+                Some(by) => Err(format!(
+                    "`--by {by}`: no parameter varies between the points, so there is no \
+                     final-loss panel"
+                )),
+                None => Ok(None),
+            };
         }
         let x_key = match &self.by {
             Some(by) => keys
                 .iter()
-                .find(|k| *k == by || params.name(k) == by)
+                .find(|k| *k == by || params.name(k) == by || k.ends_with(&format!(".{by}")))
                 .cloned()
                 .ok_or_else(|| {
                     let varying: Vec<String> = keys
@@ -438,11 +444,15 @@ impl SweepFigure {
         type Line<'a> = (&'a BTreeMap<String, Value>, String, Vec<Point>, Vec<Point>);
         let mut lines: Vec<Line> = Vec::new();
         for (x, line, loss, finished) in &finals {
-            let name = match line.is_empty() {
+            // Every line parameter named, `-` where a point was not given it.
+            let name = match line_keys.is_empty() {
                 true => format!("final {measure}"),
-                false => line
+                false => line_keys
                     .iter()
-                    .map(|(k, v)| format!("{}={}", params.name(k), params.text(k, v)))
+                    .map(|k| match line.get(k) {
+                        Some(v) => format!("{}={}", params.name(k), params.text(k, v)),
+                        None => format!("{}=-", params.name(k)),
+                    })
                     .collect::<Vec<_>>()
                     .join(", "),
             };
@@ -464,17 +474,24 @@ impl SweepFigure {
         let mut curves = Vec::new();
         let mut dots = Vec::new();
         let mut rings_named = false;
-        for (i, (name, (mut done, going))) in lines.enumerate() {
+        let lines: Vec<_> = lines.collect();
+        let unnamed = lines.len().saturating_sub(MAX_LEGEND);
+        for (i, (name, (mut done, going))) in lines.into_iter().enumerate() {
             done.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let (color, dash) = pen(i);
+            // Past the legend's room, grey and counted on its last line, as in the overlay.
+            let named = i < MAX_LEGEND;
+            let (color, dash) = match named {
+                true => pen(i),
+                false => (UNNAMED, None),
+            };
             if !done.is_empty() {
                 curves.push(Curve {
                     points: done.clone(),
                     color,
                     dash,
-                    width: 2,
+                    width: if named { 2 } else { 1 },
                     opacity: 1.0,
-                    label: Some(name),
+                    label: named.then_some(name),
                 });
                 dots.push(Dots {
                     points: done,
@@ -508,8 +525,26 @@ impl SweepFigure {
             markers: Vec::new(),
             legend: true,
             marker_text: false,
-            legend_note: None,
+            legend_note: (unnamed > 0).then(|| format!("... and {unnamed} more line(s), in grey")),
         })
+    }
+
+    /// Whether the figure has a final-loss panel: some point has a final loss to draw.
+    pub fn has_final_loss(&self) -> bool {
+        self.final_loss().is_some()
+    }
+
+    /// The points that logged a step but lack the final-loss panel's axis parameter, which
+    /// the panel leaves out (points given different parameter sets), by their labels.
+    pub fn without_axis_value(&self) -> Vec<String> {
+        let Ok(Some((x_key, _))) = self.final_axes() else {
+            return Vec::new();
+        };
+        self.sorted(&self.params())
+            .into_iter()
+            .filter(|p| !p.steps.is_empty() && !p.params.contains_key(&x_key))
+            .map(|p| self.label(p))
+            .collect()
     }
 }
 
@@ -1076,11 +1111,76 @@ mod tests {
             figure.final_axes().unwrap().unwrap().0,
             "training.optimizer.weight_decay"
         );
+        figure.by = Some("optimizer.weight_decay".into());
+        assert_eq!(
+            figure.final_axes().unwrap().unwrap().0,
+            "training.optimizer.weight_decay",
+            "a dotted tail names it too"
+        );
         figure.by = Some("steps".into());
         let err = figure.final_axes().unwrap_err();
         assert!(
             err.contains("`--by steps`") && err.contains("`lr`") && err.contains("`seed`"),
             "{err}"
+        );
+
+        // Points given different parameter sets: one without the axis parameter is left
+        // out and named; one without a line parameter is on a line labelled with `-`.
+        figure.by = None;
+        figure.points[0].params.remove("training.optimizer.lr");
+        figure.points[1]
+            .params
+            .remove("training.optimizer.weight_decay");
+        assert_eq!(figure.without_axis_value().len(), 1);
+        let panels = figure.panels();
+        let lines: Vec<&str> = panels[1]
+            .curves
+            .iter()
+            .filter_map(|c| c.label.as_deref())
+            .collect();
+        assert!(lines.contains(&"weight_decay=-, seed=0"), "{lines:?}");
+        assert_eq!(
+            panels[1]
+                .curves
+                .iter()
+                .map(|c| c.points.len())
+                .sum::<usize>(),
+            figure.points.len() - 1
+        );
+
+        // More lines than the legend has room for: the rest grey, counted on its last line.
+        let mut points = Vec::new();
+        for lr in [1e-2, 1e-3, 1e-4] {
+            for seed in [0, 1, 2] {
+                for decay in [0.0, 0.1, 0.2] {
+                    for dropout in [0.0, 0.1, 0.2, 0.3] {
+                        let mut p = point(lr, seed, 1.0 + decay + dropout);
+                        p.params.insert(
+                            "training.optimizer.weight_decay".into(),
+                            serde_json::json!(decay),
+                        );
+                        p.params
+                            .insert("training.model.dropout".into(), serde_json::json!(dropout));
+                        points.push(p);
+                    }
+                }
+            }
+        }
+        let many = SweepFigure {
+            title: "s".into(),
+            points,
+            smoothing: 0.0,
+            log_loss: false,
+            by: None,
+        };
+        let (x, lines) = many.final_axes().unwrap().unwrap();
+        assert_eq!((x.as_str(), lines.len()), ("training.model.dropout", 3));
+        let panel = &many.panels()[1];
+        let named = panel.curves.iter().filter(|c| c.label.is_some()).count();
+        assert_eq!((named, panel.curves.len()), (MAX_LEGEND, 27));
+        assert_eq!(
+            panel.legend_note.as_deref(),
+            Some("... and 15 more line(s), in grey")
         );
     }
 }

@@ -51,6 +51,13 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     }
     let is_run = crate::rundir::RunDir::open(&args.run).is_ok();
     if is_run {
+        if let Some(by) = &args.by {
+            bail!(
+                "`--by {by}` picks the axis of a sweep's final-loss panel, and {} is one run\n  \
+                 fix: give the sweep's folder, or leave out --by",
+                args.run.display()
+            );
+        }
         return plot_run(&args);
     }
     let runs = crate::commands::metrics::find_runs(&args.run)?;
@@ -272,13 +279,18 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
                 diverged.join("; ")
             )
         },
-        match &axes {
+        match axes.as_ref().filter(|_| figure.has_final_loss()) {
             Some((x, lines)) => format!(
-                "; final loss by {}{}{}",
+                "; final loss by {}{}{}{}",
                 x,
                 match lines.len() {
                     0 => String::new(),
-                    _ => format!(", a line per {}", lines.join(" and ")),
+                    1 => format!(", a line per value of {}", lines[0]),
+                    _ => format!(", a line per combination of {}", lines.join(", ")),
+                },
+                match figure.without_axis_value() {
+                    left if left.is_empty() => String::new(),
+                    left => format!(" (left out, not given {x}: {})", left.join("; ")),
                 },
                 match unfinished {
                     0 => String::new(),

@@ -308,10 +308,13 @@ fn status_table(statuses: &[RunStatus], cwd: Option<&Path>) -> String {
 }
 
 /// How many runs are in each state, most first: `31 runs: 24 COMPLETED, 5 SUBMITTED, 2
-/// RUNNING`.
+/// RUNNING`; runs left from an earlier spec of a sweep counted apart, their states not
+/// mixed with the current points'.
 fn state_counts(statuses: &[&RunStatus]) -> String {
+    let superseded = statuses.iter().filter(|s| s.superseded).count();
+    let current: Vec<&&RunStatus> = statuses.iter().filter(|s| !s.superseded).collect();
     let mut counts: Vec<(String, usize)> = Vec::new();
-    for status in statuses {
+    for status in current.iter() {
         let state = status.state.to_string();
         match counts.iter_mut().find(|(s, _)| *s == state) {
             Some((_, n)) => *n += 1,
@@ -320,7 +323,14 @@ fn state_counts(statuses: &[&RunStatus]) -> String {
     }
     counts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     let each: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
-    format!("{} runs: {}", statuses.len(), each.join(", "))
+    match superseded {
+        0 => format!("{} runs: {}", statuses.len(), each.join(", ")),
+        n => format!(
+            "{} runs: {}; and {n} left from an earlier spec (*)",
+            current.len(),
+            each.join(", ")
+        ),
+    }
 }
 
 /// The characters of a run's detail a table of several runs shows.
@@ -430,9 +440,9 @@ mod tests {
         let text = status_table(&statuses, None);
         assert!(
             text.contains(&format!(
-                "\n{} runs: {} CREATED\n",
-                points.len(),
-                points.len()
+                "\n{} runs: {} CREATED; and 1 left from an earlier spec (*)\n",
+                points.len() - 1,
+                points.len() - 1
             )),
             "{text}"
         );

@@ -1015,9 +1015,9 @@ async fn cancelled_by_slurm(outcome: Outcome, state: &JobMachine) -> Outcome {
 }
 
 /// The Slurm job this controller runs as, named as `squeue` and the run's manifest name it:
-/// `<array>_<task>` for a task of a job array. Each task has a SLURM_JOB_ID of its own, but
-/// the first task's equals the array's id, and `scontrol requeue` of that id requeues every
-/// task of the array.
+/// `<array>_<task>` for a task of a job array. Each task has a SLURM_JOB_ID of its own, and
+/// one of them (the last to start) has the array's id, which `scontrol requeue` takes for
+/// every task of the array.
 fn this_slurm_job() -> Option<String> {
     let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
     slurm_job_named(

@@ -161,13 +161,18 @@ impl de::Error for DeError {
 }
 
 /// What was written, in the spec's words where serde's are Rust's: `key:` with nothing after
-/// it is no value, not a "unit value"; a whole number too large for any integer (YAML reads
-/// it as a float) is said as written.
+/// it (or `null`, `~`) is no value, not a "unit value"; a whole number past any integer
+/// (which YAML then reads as a float) is too large or too far below zero, not a float.
 fn found_in_words(unexp: &Unexpected<'_>) -> String {
+    // 2^64: from here on no integer holds a number written without a point.
+    let past_integers = 18_446_744_073_709_551_616.0;
     match unexp {
-        Unexpected::Unit => "no value (the key has nothing after it)".to_string(),
-        Unexpected::Float(x) if x.fract() == 0.0 && x.abs() >= 2f64.powi(63) => {
-            format!("the number {x:.0}, too large for a whole number")
+        Unexpected::Unit => "no value (nothing, or null, after the key)".to_string(),
+        Unexpected::Float(x) if x.fract() == 0.0 && *x >= past_integers => {
+            format!("a whole number larger than {}", u64::MAX)
+        }
+        Unexpected::Float(x) if x.fract() == 0.0 && *x < i64::MIN as f64 => {
+            "a whole number far below zero".to_string()
         }
         other => other.to_string(),
     }

@@ -631,28 +631,29 @@ mod tests {
         let err = parse_str(&MINIMAL.replace("  steps: 2\n", "  steps:\n")).unwrap_err();
         assert_eq!(
             err.why,
-            "invalid type: no value (the key has nothing after it), expected a whole number (0 or more)"
+            "invalid type: no value (nothing, or null, after the key), expected a whole number \
+             (0 or more)"
         );
         let err =
             parse_str(&MINIMAL.replace("steps: 2", "steps: 99999999999999999999")).unwrap_err();
         assert_eq!(
             err.why,
-            "invalid type: the number 100000000000000000000, too large for a whole number, \
-             expected a whole number (0 or more)"
+            "invalid type: a whole number larger than 18446744073709551615, expected a whole \
+             number (0 or more)"
         );
+        // Written as a float, a number that fits is said as serde says it.
+        let err = parse_str(&MINIMAL.replace("steps: 2", "steps: 1e19")).unwrap_err();
+        assert!(err.why.starts_with("invalid type: floating point"), "{err}");
         let err = parse_str(&(MINIMAL.replace("  steps: 2\n", "") + "steps: 7\n")).unwrap_err();
         assert_eq!(err.why, "required key `training.steps` is missing");
         assert_eq!(
             err.fix,
-            "`steps` is written at the top level (line 6): move it under `training:`"
+            "`steps` is written at the top level (line 6): move it under `training:`, indented"
         );
-        let yaml = MINIMAL.replace("  steps: 2\n", "") + "resources:\n  steps: 7\n";
+        // A key of the same name in another section is that section's own.
+        let yaml = MINIMAL.replace("  steps: 2\n", "") + "resources:\n  env: { steps: \"5\" }\n";
         let err = parse_str(&yaml).unwrap_err();
-        assert!(
-            err.fix
-                .starts_with("`steps` is written under `resources` (line "),
-            "{err}"
-        );
+        assert!(err.fix.starts_with("add `steps:` here"), "{err}");
     }
 
     #[test]

@@ -222,19 +222,27 @@ fn explain(
             },
         ),
         Problem::MissingKey(key) => {
-            // Written, but in another section (`steps:` at the top level, not indented
-            // under `training:`).
-            let elsewhere = document
-                .entries_within(&[])
-                .into_iter()
-                .find(|e| e.key == *key && e.parent.as_slice() != path);
-            let fix = match elsewhere {
+            // Written at the top level, where no such key belongs, instead of indented under
+            // its section (`steps:` under `training:`). Keys of other sections are left
+            // alone: a `kind` or `name` there is that section's own.
+            let top_level = [
+                "name",
+                "run_root",
+                "resources",
+                "preemption",
+                "training",
+                "sweep",
+            ];
+            let misplaced = document.entries_within(&[]).into_iter().find(|e| {
+                e.parent.is_empty()
+                    && e.key == *key
+                    && !top_level.contains(&e.key)
+                    && !path.is_empty()
+            });
+            let fix = match misplaced {
                 Some(entry) => format!(
-                    "`{key}` is written {} (line {}): move it under `{field}:`",
-                    match entry.parent.is_empty() {
-                        true => "at the top level".to_string(),
-                        false => format!("under `{}`", dotted(&entry.parent)),
-                    },
+                    "`{key}` is written at the top level (line {}): move it under `{field}:`, \
+                     indented",
                     entry.key_at.map_or(0, |at| at.line)
                 ),
                 None => {
