@@ -40,6 +40,8 @@ impl fmt::Display for FieldChange {
 /// Resolved fields that follow from others, or name the run rather than describe it.
 const IGNORED: &[&str] = &[
     "name",
+    // The training config's copy of `name`.
+    "train.name",
     "nproc",
     "run_root",
     "world_size",
@@ -288,6 +290,11 @@ mod tests {
     #[test]
     fn the_same_job_has_no_changes() {
         assert_eq!(between(&job(&[], None), &job(&[], None)), vec![]);
+        // Nor one run under another name (a copied run directory): names are not settings.
+        assert_eq!(
+            between(&job(&["name=a"], None), &job(&["name=b"], None)),
+            vec![]
+        );
     }
 
     #[test]

@@ -257,6 +257,14 @@ impl ResolvedJob {
                 None => "off; never resumes (resume: false)".into(),
             }
         );
+        if let Some(from) = &t.checkpoint.from {
+            let _ = writeln!(
+                out,
+                "  starts from    the weights of {} (a fresh optimizer and LR schedule), while \
+                 the run has no checkpoint of its own to resume",
+                from.display()
+            );
+        }
         // The job's own count: a job that does not requeue is allowed none.
         let requeue = match self.preemption.requeue {
             true => format!("true (max {})", self.preemption.max_requeues),
@@ -415,6 +423,28 @@ mod tests {
              next is written"
         );
         assert!(checkpoint_disk(1_000_000, 1).starts_with("11 MiB each"));
+    }
+
+    /// A fine-tune of another run's checkpoint says where its weights come from.
+    #[test]
+    fn the_plan_names_the_checkpoint_a_run_starts_from() {
+        let loaded = crate::spec::parse(
+            include_str!("../../../examples/demo.yaml"),
+            std::path::Path::new("demo.yaml"),
+        )
+        .unwrap();
+        let mut job =
+            crate::resolve::resolve(&loaded, &crate::resolve::Overrides::default()).unwrap();
+        assert!(!job.summary().contains("starts from"));
+        job.train.checkpoint.from = Some("/runs/base/checkpoints/step-60".into());
+        assert!(
+            job.summary().contains(
+                "\n  starts from    the weights of /runs/base/checkpoints/step-60 (a fresh \
+                 optimizer and LR schedule), while the run has no checkpoint of its own to resume\n"
+            ),
+            "{}",
+            job.summary()
+        );
     }
 
     #[test]
