@@ -57,7 +57,7 @@ pub enum CheckpointError {
 
     /// A checkpoint that cannot be read (permissions, a file system error) is not known to
     /// be damaged: nothing resumes past it, which would train its steps again.
-    #[error("{checkpoint} cannot be read ({cause}): it is not known to be damaged, so it is not passed over as a damaged one would be\n  fix: make it readable to this user (the files' permissions and owner, the file system) and run the same command again; {if_lost}")]
+    #[error("{checkpoint} cannot be read ({cause}): it is not known to be damaged, so it is not passed over as a damaged one would be\n  fix: make it readable to this user (the files' permissions and owner, the file system) and run it again; {if_lost}")]
     Unreadable {
         checkpoint: PathBuf,
         cause: Box<CheckpointError>,
@@ -78,26 +78,21 @@ impl CheckpointError {
     }
 
     /// Whether the files could not be read at all (permission denied, an I/O error of the
-    /// file system, a file server that did not answer), as opposed to read and found wrong
-    /// (missing, cut short, corrupted, a file where a folder should be).
+    /// file system, a file server or mount that did not answer), as opposed to read and found
+    /// wrong: missing, cut short, corrupted, a file where a folder should be. Only what was
+    /// found wrong is damage; any other error of the system is taken as not being able to
+    /// read, so a checkpoint is never passed over for a hiccup of its file system.
     pub fn is_unreadable(&self) -> bool {
         match self {
-            CheckpointError::Io { source, .. } => matches!(
-                source.raw_os_error(),
-                Some(
-                    libc::EACCES
-                        | libc::EPERM
-                        | libc::EIO
-                        | libc::ESTALE
-                        | libc::ETIMEDOUT
-                        | libc::EINTR
-                        | libc::EAGAIN
-                        | libc::EBUSY
-                        | libc::ENOLCK
-                        | libc::EHOSTDOWN
-                        | libc::EHOSTUNREACH
+            CheckpointError::Io { source, .. } => {
+                !matches!(
+                    source.kind(),
+                    std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::InvalidData
+                ) && !matches!(
+                    source.raw_os_error(),
+                    Some(libc::ENOENT | libc::ENOTDIR | libc::EISDIR | libc::ELOOP)
                 )
-            ),
+            }
             CheckpointError::Unreadable { .. } => true,
             _ => false,
         }

@@ -71,6 +71,11 @@ pub fn left_by(path: &Path) -> &'static str {
     }
 }
 
+/// The line that says [`crate::clean_stale`] removed `path`: `removed <path>, left by ...`.
+pub fn removed_line(path: &Path) -> String {
+    format!("removed {}, left by {}", path.display(), left_by(path))
+}
+
 /// A committed checkpoint that failed to load, set aside (`step-<N>.damaged`, then
 /// `.damaged-2`, ...): kept for repair, no longer a checkpoint (no step parses from it).
 pub(crate) fn damaged_dir_name(step: u64, attempt: u32) -> String {

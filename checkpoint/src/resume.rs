@@ -92,7 +92,7 @@ fn aside_name(path: &Path) -> Option<PathBuf> {
 fn unreadable(path: PathBuf, cause: CheckpointError, older: bool) -> CheckpointError {
     let then = match older {
         true => "to use the checkpoint before it",
-        false => "(no checkpoint is older: a run then starts over)",
+        false => "(no checkpoint is older than it)",
     };
     let if_lost = match aside_name(&path) {
         Some(aside) => format!(
@@ -203,7 +203,8 @@ pub fn clean_stale(root: &Path) -> Result<Vec<PathBuf>> {
                 ))?;
                 removed.push(path);
             }
-            // A folder a removal left (said when it was left): tried again, never in the way.
+            // A folder a removal left (cut short, or refused and said then): tried again,
+            // never in the way.
             EntryKind::Discarded(_) => {
                 if std::fs::remove_dir_all(&path).is_ok() {
                     removed.push(path);

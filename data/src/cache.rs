@@ -384,7 +384,8 @@ fn remove_stale_builds(cache_dir: &Path, name: &str, sure: bool, observer: &dyn 
     }
 }
 
-/// How long another key's build must have written nothing to be taken for a killed one.
+/// How long a build no lock tells about (another key's, or this key's where the lock cannot
+/// be held) must have written nothing to be taken for a killed one.
 const OTHER_BUILD_QUIET: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Whether `folder` or a file in it was modified within `within` (unreadable: taken as yes).

@@ -519,7 +519,8 @@ fn an_unreadable_checkpoint_is_refused_not_passed_over() {
         .arg("--run-dir")
         .arg(&run)
         .args(["--no-progress", "--set", "training.steps=9"]);
-    let out = run_with_deadline(&mut cmd, DEADLINE).unwrap();
+    let out = run_with_deadline(&mut cmd, DEADLINE)
+        .expect("the re-run (as root it needs setpriv, from util-linux, to drop its bypass)");
     let stderr = stderr_of(&out);
     assert_eq!(out.status.code(), Some(1), "{}{stderr}", stdout_of(&out));
     let step_6 = run.join("checkpoints/step-6");

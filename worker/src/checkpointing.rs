@@ -266,11 +266,7 @@ impl Checkpointer {
             for removed in clean_stale(&self.root)? {
                 reporter.log(
                     LogLevel::Warn,
-                    &format!(
-                        "removed {} left by {}",
-                        removed.display(),
-                        shardrun_checkpoint::naming::left_by(&removed)
-                    ),
+                    &shardrun_checkpoint::naming::removed_line(&removed),
                 );
             }
             let found = find_latest(&self.root, Verify::Checksums)?;

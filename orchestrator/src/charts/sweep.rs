@@ -49,6 +49,19 @@ pub struct SweepFigure {
     pub by: Option<String>,
 }
 
+/// Points named in one line: the first [`NAMED_AT_MOST`], then how many more; `None` for none.
+pub fn named_at_most(labels: &[String]) -> Option<String> {
+    match labels.len() {
+        0 => None,
+        n if n > NAMED_AT_MOST => Some(format!(
+            "{} and {} more",
+            labels[..NAMED_AT_MOST].join("; "),
+            n - NAMED_AT_MOST
+        )),
+        _ => Some(labels.join("; ")),
+    }
+}
+
 /// `point` named by the values of `params`, or by its run's name where nothing varies.
 fn point_label(params: &ParamColumns, point: &PointRecords) -> String {
     if params.is_empty() {
@@ -96,15 +109,7 @@ impl SweepFigure {
             .filter(|p| p.steps.is_empty() && p.progress == progress)
             .map(|p| self.label(p))
             .collect();
-        match labels.len() {
-            0 => None,
-            n if n > NAMED_AT_MOST => Some(format!(
-                "{} and {} more",
-                labels[..NAMED_AT_MOST].join("; "),
-                n - NAMED_AT_MOST
-            )),
-            _ => Some(labels.join("; ")),
-        }
+        named_at_most(&labels)
     }
 
     /// Points are compared by their validation loss: every point that logged a step has one
@@ -318,21 +323,35 @@ impl SweepFigure {
             };
         }
         let x_key = match &self.by {
-            Some(by) => keys
-                .iter()
-                .find(|k| *k == by || params.name(k) == by || k.ends_with(&format!(".{by}")))
-                .cloned()
-                .ok_or_else(|| {
-                    let varying: Vec<String> = keys
-                        .iter()
-                        .map(|k| format!("`{}`", params.name(k)))
-                        .collect();
-                    format!(
-                        "`--by {by}`: no parameter of that name varies between the points; \
-                         these do: {}",
-                        varying.join(", ")
-                    )
-                })?,
+            Some(by) => {
+                // Its path, its short name, or the end of its path (`optimizer.lr`).
+                let exact: Vec<&String> = keys.iter().filter(|k| *k == by).collect();
+                let named: Vec<&String> = keys
+                    .iter()
+                    .filter(|k| params.name(k) == by || k.ends_with(&format!(".{by}")))
+                    .collect();
+                match (exact.as_slice(), named.as_slice()) {
+                    ([k], _) | ([], [k]) => (*k).clone(),
+                    ([], []) => {
+                        let varying: Vec<String> = keys
+                            .iter()
+                            .map(|k| format!("`{}`", params.name(k)))
+                            .collect();
+                        return Err(format!(
+                            "`--by {by}`: no parameter of that name varies between the points; \
+                             these do: {}",
+                            varying.join(", ")
+                        ));
+                    }
+                    (_, several) => {
+                        let paths: Vec<String> = several.iter().map(|k| format!("`{k}`")).collect();
+                        return Err(format!(
+                            "`--by {by}` names {}: give the one meant by its path",
+                            paths.join(" and ")
+                        ));
+                    }
+                }
+            }
             None => {
                 let distinct = |k: &String| {
                     let mut v: Vec<String> = self
@@ -534,17 +553,24 @@ impl SweepFigure {
         self.final_loss().is_some()
     }
 
-    /// The points that logged a step but lack the final-loss panel's axis parameter, which
-    /// the panel leaves out (points given different parameter sets), by their labels.
-    pub fn without_axis_value(&self) -> Vec<String> {
+    /// The points that logged a step and did not diverge but lack the final-loss panel's
+    /// axis parameter, which the panel leaves out (points given different parameter sets),
+    /// named as [`named_at_most`] names them.
+    pub fn without_axis_value(&self) -> Option<String> {
         let Ok(Some((x_key, _))) = self.final_axes() else {
-            return Vec::new();
+            return None;
         };
-        self.sorted(&self.params())
+        let labels: Vec<String> = self
+            .sorted(&self.params())
             .into_iter()
-            .filter(|p| !p.steps.is_empty() && !p.params.contains_key(&x_key))
+            .filter(|p| {
+                !p.steps.is_empty()
+                    && !crate::metrics_file::has_diverged(&p.steps)
+                    && !p.params.contains_key(&x_key)
+            })
             .map(|p| self.label(p))
-            .collect()
+            .collect();
+        named_at_most(&labels)
     }
 }
 
@@ -1131,7 +1157,10 @@ mod tests {
         figure.points[1]
             .params
             .remove("training.optimizer.weight_decay");
-        assert_eq!(figure.without_axis_value().len(), 1);
+        assert_eq!(
+            figure.without_axis_value().map(|l| l.split("; ").count()),
+            Some(1)
+        );
         let panels = figure.panels();
         let lines: Vec<&str> = panels[1]
             .curves
@@ -1181,6 +1210,38 @@ mod tests {
         assert_eq!(
             panel.legend_note.as_deref(),
             Some("... and 15 more line(s), in grey")
+        );
+
+        // A name two parameters end in is refused, naming both; the path picks one.
+        let mut two = SweepFigure {
+            title: "s".into(),
+            points: (0..4)
+                .map(|i| {
+                    let mut p = point(1e-3, 0, 1.0 + i as f64);
+                    p.params.insert(
+                        "training.model.dropout".into(),
+                        serde_json::json!(0.1 * (i % 2) as f64),
+                    );
+                    p.params.insert(
+                        "training.data.dropout".into(),
+                        serde_json::json!(0.1 * (i / 2) as f64),
+                    );
+                    p
+                })
+                .collect(),
+            smoothing: 0.0,
+            log_loss: false,
+            by: Some("dropout".into()),
+        };
+        let err = two.final_axes().unwrap_err();
+        assert!(
+            err.contains("`training.data.dropout` and `training.model.dropout`"),
+            "{err}"
+        );
+        two.by = Some("model.dropout".into());
+        assert_eq!(
+            two.final_axes().unwrap().unwrap().0,
+            "training.model.dropout"
         );
     }
 }

@@ -272,11 +272,11 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
         } else {
             format!(
                 "; diverged (loss or gradients NaN or inf, or loss blown up){}: {}",
-                match axes {
-                    Some(_) => ", so left out of the final-loss panel",
-                    None => "",
+                match figure.has_final_loss() {
+                    true => ", so left out of the final-loss panel",
+                    false => "",
                 },
-                diverged.join("; ")
+                charts::sweep::named_at_most(&diverged).unwrap_or_default()
             )
         },
         match axes.as_ref().filter(|_| figure.has_final_loss()) {
@@ -289,8 +289,8 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
                     _ => format!(", a line per combination of {}", lines.join(", ")),
                 },
                 match figure.without_axis_value() {
-                    left if left.is_empty() => String::new(),
-                    left => format!(" (left out, not given {x}: {})", left.join("; ")),
+                    None => String::new(),
+                    Some(left) => format!(" (left out, not given {x}: {left})"),
                 },
                 match unfinished {
                     0 => String::new(),

@@ -57,7 +57,7 @@ pub struct RunJson {
     pub diverged: Option<DivergedJson>,
     /// How often its jobs were requeued after a preemption notice, over all its attempts.
     pub requeues: u32,
-    /// How often Slurm requeued its jobs itself (`scontrol requeue`, a failed node).
+    /// How often Slurm requeued its jobs itself (`scontrol requeue`) while a controller ran.
     pub requeued_by_slurm: u32,
 }
 
@@ -323,13 +323,15 @@ fn state_counts(statuses: &[&RunStatus]) -> String {
     }
     counts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     let each: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
-    match superseded {
-        0 => format!("{} runs: {}", statuses.len(), each.join(", ")),
-        n => format!(
-            "{} runs: {}; and {n} left from an earlier spec (*)",
-            current.len(),
-            each.join(", ")
-        ),
+    let runs = |n: usize| match n {
+        1 => "1 run".to_string(),
+        n => format!("{n} runs"),
+    };
+    let left = format!("{} left from an earlier spec (*)", runs(superseded));
+    match (current.len(), superseded) {
+        (_, 0) => format!("{}: {}", runs(statuses.len()), each.join(", ")),
+        (0, _) => left,
+        (n, _) => format!("{}: {}; and {left}", runs(n), each.join(", ")),
     }
 }
 
@@ -440,7 +442,7 @@ mod tests {
         let text = status_table(&statuses, None);
         assert!(
             text.contains(&format!(
-                "\n{} runs: {} CREATED; and 1 left from an earlier spec (*)\n",
+                "\n{} runs: {} CREATED; and 1 run left from an earlier spec (*)\n",
                 points.len() - 1,
                 points.len() - 1
             )),
@@ -450,6 +452,27 @@ mod tests {
         assert_eq!(marked.len(), 1, "{text}");
         assert!(marked[0].starts_with(&format!("{} * ", name(0))), "{text}");
         assert!(text.ends_with(&format!("{SUPERSEDED_NOTE}\n")), "{text}");
+    }
+
+    /// The count line says one run as one, and a table of only runs left from an earlier
+    /// spec as such.
+    #[test]
+    fn the_count_line_reads_right_at_its_edges() {
+        let dir = tempfile::tempdir().unwrap();
+        let points = crate::sweeps::point_dirs::written_points(
+            dir.path(),
+            include_str!("../../../examples/sweep.yaml"),
+        );
+        let (mut statuses, _) = slurm::refresh(&points[..2]).unwrap();
+        statuses[0].superseded = true;
+        let all: Vec<&RunStatus> = statuses.iter().collect();
+        assert_eq!(
+            state_counts(&all),
+            "1 run: 1 CREATED; and 1 run left from an earlier spec (*)"
+        );
+        statuses[1].superseded = true;
+        let all: Vec<&RunStatus> = statuses.iter().collect();
+        assert_eq!(state_counts(&all), "2 runs left from an earlier spec (*)");
     }
 
     #[test]

@@ -308,12 +308,8 @@ async fn run_async(
         match shardrun_checkpoint::clean_stale(root) {
             Ok(removed) => {
                 for path in removed {
-                    log.say(format!(
-                        "removed {}, left by {}",
-                        path.display(),
-                        shardrun_checkpoint::naming::left_by(&path)
-                    ))
-                    .await;
+                    log.say(shardrun_checkpoint::naming::removed_line(&path))
+                        .await;
                 }
             }
             Err(e) => tracing::warn!(error = %e, "could not remove unfinished saves"),

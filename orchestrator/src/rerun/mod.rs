@@ -954,13 +954,26 @@ fn checkpoint_at(c: &shardrun_checkpoint::Checkpoint) -> CheckpointAt {
 /// What running `run` again does, from the config it recorded: "resumes it from step N", or
 /// "starts it over (it has no checkpoint)".
 pub fn again_words(run: &RunDir) -> String {
-    let checkpoint = run
-        .read_train_config()
-        .ok()
-        .and_then(|train| newest_checkpoint(run, &train));
-    match checkpoint {
-        Some(checkpoint) => format!("resumes it from step {}", checkpoint.step),
-        None => "starts it over (it has no checkpoint)".to_string(),
+    let Ok(train) = run.read_train_config() else {
+        return "starts it over (it has no checkpoint)".to_string();
+    };
+    let found = train
+        .checkpoint
+        .root(Some(run.path()))
+        .map(|root| find_latest(&root, Verify::Structure));
+    match found {
+        Some(Err(e)) if e.is_unreadable() => format!(
+            "is refused until its newest checkpoint can be read ({})",
+            match &e {
+                CheckpointError::Unreadable { cause, .. } => cause.to_string(),
+                other => other.to_string(),
+            }
+        ),
+        Some(Ok(found)) => match found.checkpoint {
+            Some(checkpoint) => format!("resumes it from step {}", checkpoint.step()),
+            None => "starts it over (it has no checkpoint)".to_string(),
+        },
+        _ => "starts it over (it has no checkpoint)".to_string(),
     }
 }
 

@@ -258,11 +258,17 @@ impl ResolvedJob {
             }
         );
         if let Some(from) = &t.checkpoint.from {
+            // One checkpoint (or a Hugging Face folder), or a folder of them.
+            let one = from.join("COMPLETE").is_file() || from.join("config.json").is_file();
             let _ = writeln!(
                 out,
-                "  starts from    the weights of {} (a fresh optimizer and LR schedule), while \
-                 the run has no checkpoint of its own to resume",
-                from.display()
+                "  starts from    the weights of {}{} (a fresh optimizer and LR schedule), {}",
+                if one { "" } else { "the newest checkpoint in " },
+                from.display(),
+                match t.checkpoint.resume {
+                    true => "while the run has no checkpoint of its own to resume",
+                    false => "at every start (resume: false)",
+                }
             );
         }
         // The job's own count: a job that does not requeue is allowed none.
@@ -436,12 +442,28 @@ mod tests {
         let mut job =
             crate::resolve::resolve(&loaded, &crate::resolve::Overrides::default()).unwrap();
         assert!(!job.summary().contains("starts from"));
-        job.train.checkpoint.from = Some("/runs/base/checkpoints/step-60".into());
+        let dir = tempfile::tempdir().unwrap();
+        let step = dir.path().join("step-60");
+        std::fs::create_dir(&step).unwrap();
+        std::fs::write(step.join("COMPLETE"), "").unwrap();
+        job.train.checkpoint.from = Some(step.clone());
         assert!(
-            job.summary().contains(
-                "\n  starts from    the weights of /runs/base/checkpoints/step-60 (a fresh \
-                 optimizer and LR schedule), while the run has no checkpoint of its own to resume\n"
-            ),
+            job.summary().contains(&format!(
+                "\n  starts from    the weights of {} (a fresh optimizer and LR schedule), while \
+                 the run has no checkpoint of its own to resume\n",
+                step.display()
+            )),
+            "{}",
+            job.summary()
+        );
+        job.train.checkpoint.from = Some(dir.path().to_path_buf());
+        job.train.checkpoint.resume = false;
+        assert!(
+            job.summary().contains(&format!(
+                "the weights of the newest checkpoint in {} (a fresh optimizer and LR schedule), \
+                 at every start (resume: false)\n",
+                dir.path().display()
+            )),
             "{}",
             job.summary()
         );

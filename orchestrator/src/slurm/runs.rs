@@ -29,8 +29,8 @@ pub struct RunStatus {
     pub superseded: bool,
     /// How often its jobs were requeued after a preemption notice, over all its attempts.
     pub requeues: u32,
-    /// How often Slurm requeued its jobs itself (`scontrol requeue`, a failed node) after
-    /// the ranks checkpointed: not counted in `max_requeues`.
+    /// How often Slurm requeued its jobs itself (`scontrol requeue`) while a controller ran:
+    /// not counted in `max_requeues`.
     pub requeued_by_slurm: u32,
     /// Why the end worked out from Slurm could not be written into its manifest (a full
     /// disk, another user's run): shown all the same, and worked out again next time.
@@ -671,8 +671,7 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
             detail = with_attempt_before(detail, manifest.ended_before.as_ref());
         }
         // An end reached through preemptions says so: its last attempt's words do not.
-        let requeues = requeues_of(run);
-        let requeued_by_slurm = slurm_requeues_of(run);
+        let (requeues, requeued_by_slurm) = requeues_of(run);
         if state.is_terminal() && requeues + requeued_by_slurm > 0 {
             let said = match (requeues, requeued_by_slurm) {
                 (n, 0) => format!("its jobs were requeued {n} time(s) after a preemption notice"),
@@ -705,21 +704,16 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
     Ok((out, answer))
 }
 
-/// How often a run's controllers requeued its jobs after a preemption notice, from its
-/// `events.jsonl`: a requeue Slurm refused (the attempt then failed, before any later start)
-/// is not one.
-fn requeues_of(run: &RunDir) -> u32 {
+/// How often a run's jobs were requeued, from its `events.jsonl` (read once): by their
+/// controllers after a preemption notice (a requeue Slurm refused, after which the attempt
+/// failed before any later start, is not one), and by Slurm itself (`scontrol requeue`)
+/// while a controller ran, whether or not the ranks could checkpoint first.
+fn requeues_of(run: &RunDir) -> (u32, u32) {
     let events = crate::events_file::read(&run.events()).unwrap_or_default();
-    (0..events.len())
+    let by_controllers = (0..events.len())
         .filter(|&at| crate::events_file::requeued_at(&events, at))
-        .count() as u32
-}
-
-/// How often Slurm requeued the run's jobs itself (`scontrol requeue`, a failed node) once
-/// the ranks had checkpointed for it, from its `events.jsonl`.
-fn slurm_requeues_of(run: &RunDir) -> u32 {
-    let events = crate::events_file::read(&run.events()).unwrap_or_default();
-    events
+        .count();
+    let by_slurm = events
         .iter()
         .filter(|e| {
             matches!(
@@ -730,7 +724,8 @@ fn slurm_requeues_of(run: &RunDir) -> u32 {
                 }
             )
         })
-        .count() as u32
+        .count();
+    (by_controllers as u32, by_slurm as u32)
 }
 
 /// A run whose controller had requeued its job, cancelled before the job ran again (no
@@ -871,7 +866,7 @@ mod tests {
             )
         };
         let failed = r#"{"time":3.0,"event":"failed","step":40,"reason":"not requeued"}"#;
-        assert_eq!(requeues_of(&run), 0);
+        assert_eq!(requeues_of(&run), (0, 0));
         let lines = [
             started.to_string(),
             requeued(1),
@@ -880,16 +875,15 @@ mod tests {
             failed.to_string(),
         ];
         std::fs::write(run.events(), lines.join("\n") + "\n").unwrap();
-        assert_eq!(requeues_of(&run), 1);
+        assert_eq!(requeues_of(&run), (1, 0));
         let lines = [lines.join("\n"), started.to_string(), requeued(1)];
         std::fs::write(run.events(), lines.join("\n") + "\n").unwrap();
-        assert_eq!(requeues_of(&run), 2);
+        assert_eq!(requeues_of(&run), (2, 0));
         // Slurm's own requeues (`scontrol requeue`) are counted apart.
-        assert_eq!(slurm_requeues_of(&run), 0);
         let by_slurm = r#"{"time":4.0,"event":"preempted","step":50,"notice":"slurm_requeue"}"#;
         let lines = [lines.join("\n"), started.to_string(), by_slurm.to_string()];
         std::fs::write(run.events(), lines.join("\n") + "\n").unwrap();
-        assert_eq!((requeues_of(&run), slurm_requeues_of(&run)), (2, 1));
+        assert_eq!(requeues_of(&run), (2, 1));
     }
 
     #[test]

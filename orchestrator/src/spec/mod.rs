@@ -650,6 +650,14 @@ mod tests {
             err.fix,
             "`steps` is written at the top level (line 6): move it under `training:`, indented"
         );
+        // The top level's keys, as serde knows them, are the ones a misplaced key is told
+        // from.
+        let err = parse_str(&(MINIMAL.to_string() + "zzzz: 1\n")).unwrap_err();
+        let listed: Vec<String> = schema::TOP_LEVEL_KEYS
+            .iter()
+            .map(|k| format!("`{k}`"))
+            .collect();
+        assert_eq!(err.fix, format!("use one of {}", listed.join(", ")));
         // A key of the same name in another section is that section's own.
         let yaml = MINIMAL.replace("  steps: 2\n", "") + "resources:\n  env: { steps: \"5\" }\n";
         let err = parse_str(&yaml).unwrap_err();

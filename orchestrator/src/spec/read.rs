@@ -225,18 +225,10 @@ fn explain(
             // Written at the top level, where no such key belongs, instead of indented under
             // its section (`steps:` under `training:`). Keys of other sections are left
             // alone: a `kind` or `name` there is that section's own.
-            let top_level = [
-                "name",
-                "run_root",
-                "resources",
-                "preemption",
-                "training",
-                "sweep",
-            ];
             let misplaced = document.entries_within(&[]).into_iter().find(|e| {
                 e.parent.is_empty()
                     && e.key == *key
-                    && !top_level.contains(&e.key)
+                    && !super::schema::TOP_LEVEL_KEYS.contains(&e.key)
                     && !path.is_empty()
             });
             let fix = match misplaced {

@@ -11,6 +11,16 @@ use shardrun_protocol::config::{LlamaFamily, RopeScaling};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+/// The keys of [`JobSpec`], as the spec writes them at its top level.
+pub const TOP_LEVEL_KEYS: [&str; 6] = [
+    "name",
+    "run_root",
+    "resources",
+    "preemption",
+    "training",
+    "sweep",
+];
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
