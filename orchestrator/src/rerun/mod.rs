@@ -1073,20 +1073,14 @@ fn how_it_ended(
     detail: Option<&str>,
     checkpoint: Option<&CheckpointAt>,
 ) -> String {
-    let result = std::fs::read(run.result())
-        .ok()
-        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok());
-    if let Some(result) = result {
+    if let Some(verdict) = crate::slurm::read_result(run) {
         // Later news than the last attempt's words: the job its controller requeued was
         // cancelled before it ran again.
-        if state == RunState::Cancelled
-            && result["status"] == "preempted"
-            && result["requeued"] == true
-        {
+        if state == RunState::Cancelled && verdict.requeued {
             return "was cancelled while its requeued job waited to run again".into();
         }
-        if let Some(ended) = result["ended"].as_str() {
-            return ended.to_string();
+        if let Some(ended) = verdict.ended {
+            return ended;
         }
     }
     let what = match state {

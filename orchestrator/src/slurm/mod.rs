@@ -19,8 +19,9 @@ pub use parse::{
     parse_sbatch_parsable, parse_scontrol, parse_squeue, CommentedJob,
 };
 pub use runs::{
-    cancelled_while_requeued, died, find_runs, find_runs_and_unreadable, refresh,
+    cancelled_while_requeued, died, find_runs, find_runs_and_unreadable, read_result, refresh,
     refresh_or_recorded, requeued_by_its_controller, unreadable_warning, RunStatus, RunsError,
+    Verdict,
 };
 pub use state::{JobRecord, JobState};
 

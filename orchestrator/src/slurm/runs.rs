@@ -132,18 +132,18 @@ fn run_state_of(state: &JobState) -> RunState {
 /// What the controller wrote in `result.json` (`{"status": "succeeded" | "failed" |
 /// "cancelled" | "preempted", "message": ...}`): the run's state and the message.
 #[derive(Debug, Clone, PartialEq)]
-struct Verdict {
+pub struct Verdict {
     state: Option<RunState>,
     message: Option<String>,
     /// How the attempt ended, in words without advice ("was cancelled by SIGTERM after step
     /// 40"): what a job queued again says of the attempt before.
-    ended: Option<String>,
+    pub ended: Option<String>,
     /// The controller requeued its Slurm job (after a preemption).
-    requeued: bool,
+    pub requeued: bool,
 }
 
 /// The [`Verdict`] in `result.json`; `None` when there is none, or none that reads.
-fn read_result(run: &RunDir) -> Option<Verdict> {
+pub fn read_result(run: &RunDir) -> Option<Verdict> {
     let bytes = std::fs::read(run.result()).ok()?;
     let value: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
     let failed = value.get("exit_code").and_then(|c| c.as_i64()).unwrap_or(0) != 0;
