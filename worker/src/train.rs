@@ -648,9 +648,9 @@ impl Trainer {
             }
             self.engine.zero_grads();
             self.step += 1;
-            self.model_state_peak_bytes = self
-                .model_state_peak_bytes
-                .max(self.engine.model_state_bytes());
+            // Read once a step: the step's record reports it, the summary its most.
+            let state_bytes = self.engine.model_state_bytes();
+            self.model_state_peak_bytes = self.model_state_peak_bytes.max(state_bytes);
             self.reporter.step_done(self.step);
             if self.step == first_step + 1 {
                 if let Some(note) = crate::model::llama::document_attention_note() {
@@ -760,7 +760,7 @@ impl Trainer {
                     mfu: peak_flops.map(|peak| {
                         metrics::mfu(&cfg.model, seq_len, tokens_per_s / world as f64, peak)
                     }),
-                    model_state_bytes: self.engine.model_state_bytes(),
+                    model_state_bytes: state_bytes,
                     peak_memory_bytes: memory.peak,
                     rss_before_model_bytes: (!matches!(self.device, Device::Cuda(_)))
                         .then_some(self.engine.loading.rss_before_bytes),
