@@ -871,9 +871,23 @@ fn started(state: RunState) -> bool {
 /// The newest committed checkpoint of the run, checked by its seal and sizes (cheap on a
 /// login node; the ranks verify checksums before loading).
 pub fn newest_checkpoint(run: &RunDir, train: &TrainConfig) -> Option<CheckpointAt> {
-    let root = train.checkpoint.root(Some(run.path()))?;
-    let found = find_latest(&root, Verify::Structure).ok()?;
-    found.checkpoint.as_ref().map(checkpoint_at)
+    readable_newest_checkpoint(run, train).ok().flatten()
+}
+
+/// [`newest_checkpoint`], with a checkpoint that cannot be read (permissions, the file
+/// system) as the error it is; one damaged is passed over as the ranks pass it over.
+fn readable_newest_checkpoint(
+    run: &RunDir,
+    train: &TrainConfig,
+) -> Result<Option<CheckpointAt>, CheckpointError> {
+    let Some(root) = train.checkpoint.root(Some(run.path())) else {
+        return Ok(None);
+    };
+    match find_latest(&root, Verify::Structure) {
+        Ok(found) => Ok(found.checkpoint.as_ref().map(checkpoint_at)),
+        Err(e) if e.is_unreadable() => Err(e),
+        Err(_) => Ok(None),
+    }
 }
 
 /// Whether the run's checkpoint folder holds any committed checkpoint, loadable or not; one
@@ -954,26 +968,20 @@ fn checkpoint_at(c: &shardrun_checkpoint::Checkpoint) -> CheckpointAt {
 /// What running `run` again does, from the config it recorded: "resumes it from step N", or
 /// "starts it over (it has no checkpoint)".
 pub fn again_words(run: &RunDir) -> String {
-    let Ok(train) = run.read_train_config() else {
-        return "starts it over (it has no checkpoint)".to_string();
+    let found = match run.read_train_config() {
+        Ok(train) => readable_newest_checkpoint(run, &train),
+        Err(_) => Ok(None),
     };
-    let found = train
-        .checkpoint
-        .root(Some(run.path()))
-        .map(|root| find_latest(&root, Verify::Structure));
     match found {
-        Some(Err(e)) if e.is_unreadable() => format!(
+        Ok(Some(checkpoint)) => format!("resumes it from step {}", checkpoint.step),
+        Ok(None) => "starts it over (it has no checkpoint)".to_string(),
+        Err(e) => format!(
             "is refused until its newest checkpoint can be read ({})",
             match &e {
                 CheckpointError::Unreadable { cause, .. } => cause.to_string(),
                 other => other.to_string(),
             }
         ),
-        Some(Ok(found)) => match found.checkpoint {
-            Some(checkpoint) => format!("resumes it from step {}", checkpoint.step()),
-            None => "starts it over (it has no checkpoint)".to_string(),
-        },
-        _ => "starts it over (it has no checkpoint)".to_string(),
     }
 }
 
