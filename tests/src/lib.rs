@@ -46,6 +46,24 @@ pub fn shardrun() -> PathBuf {
     binary("shardrun")
 }
 
+/// A command for `program` that reads files as any user does: root goes without the
+/// capabilities that let it read any file (through `setpriv`, from util-linux); another user
+/// runs `program` itself.
+pub fn without_root_read_bypass(program: impl AsRef<OsStr>) -> Command {
+    // SAFETY: geteuid only reads this process's credentials.
+    if unsafe { libc::geteuid() } != 0 {
+        return Command::new(program);
+    }
+    let caps = "-dac_override,-dac_read_search";
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        format!("--inh-caps={caps}"),
+        format!("--bounding-set={caps}"),
+    ])
+    .arg(program);
+    cmd
+}
+
 /// A temporary directory per test, removed at the end (kept with `SHARDRUN_KEEP_TEST_DIRS=1`).
 pub struct TestDir {
     dir: tempfile::TempDir,

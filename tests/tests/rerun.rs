@@ -500,19 +500,7 @@ fn an_unreadable_checkpoint_is_refused_not_passed_over() {
     let shard = run.join("checkpoints/step-6/rank-0-of-2.safetensors");
     std::fs::set_permissions(&shard, std::fs::Permissions::from_mode(0o000)).unwrap();
     // Root reads any file: the re-run goes without the capabilities that let it.
-    // SAFETY: geteuid only reads this process's credentials.
-    let mut cmd = if unsafe { libc::geteuid() } == 0 {
-        let mut cmd = std::process::Command::new("setpriv");
-        let caps = "-dac_override,-dac_read_search";
-        cmd.args([
-            format!("--inh-caps={caps}"),
-            format!("--bounding-set={caps}"),
-        ])
-        .arg(shardrun());
-        cmd
-    } else {
-        std::process::Command::new(shardrun())
-    };
+    let mut cmd = without_root_read_bypass(shardrun());
     cmd.current_dir(dir.path())
         .arg("run")
         .arg(&spec)

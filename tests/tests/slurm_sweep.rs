@@ -1115,6 +1115,92 @@ fn a_point_stopped_past_the_steps_now_asked_for_is_not_resubmitted() {
     assert!(stdout.contains("Nothing to submit"), "{stdout}");
 }
 
+/// A finished point asked for more steps whose newest checkpoint cannot be read (its
+/// metadata without read permission, the sweep made without root's bypass of file
+/// permissions) keeps its directory and is held back with the cause and the fix: not
+/// submitted only for its ranks to refuse it, nor trained again from step 1 in a new
+/// directory. Once it reads, the next sweep continues it where it stopped.
+#[test]
+fn a_point_whose_checkpoint_cannot_be_read_is_held_back_not_started_over() {
+    use std::os::unix::fs::PermissionsExt;
+    let cluster = SlurmCluster::start().expect("start the local Slurm cluster");
+    let dir = TestDir::new("sweep-unreadable");
+    let name = unique("unreadable");
+    let text = |steps: u64| {
+        format!(
+            "{}  checkpoint: {{ interval_steps: 2 }}\nsweep:\n  grid:\n    training.seed: [1]\n",
+            shardrun_e2e::jobs::tiny_mlp_spec(&name, steps, 1)
+        )
+    };
+    let spec = dir.write("sweep.yaml", &text(4));
+    let spec_arg = spec.to_string_lossy().into_owned();
+    let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let sweep_dir = dir.join("runs").join(&name);
+    all_completed(&cluster, &dir, &sweep_dir, 1);
+    let point_dirs = || -> Vec<PathBuf> {
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir(&sweep_dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.join("manifest.json").exists())
+            .collect();
+        dirs.sort();
+        dirs
+    };
+    let points = point_dirs();
+    assert_eq!(points.len(), 1, "{points:?}");
+    let point = &points[0];
+    let metadata = point.join("checkpoints/step-4/metadata.json");
+    let mode = |mode| std::fs::set_permissions(&metadata, std::fs::Permissions::from_mode(mode));
+    mode(0o000).unwrap();
+
+    dir.write("sweep.yaml", &text(8));
+    // Root reads any file: the sweep goes without the capabilities that let it.
+    let mut cmd = without_root_read_bypass(shardrun());
+    cmd.env("SLURM_CONF", cluster.slurm_conf())
+        .current_dir(dir.path())
+        .args(["sweep", &spec_arg]);
+    let out = run_with_deadline(&mut cmd, Duration::from_secs(60))
+        .expect("the sweep (as root it needs setpriv, from util-linux, to drop its bypass)");
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    for expected in [
+        "skip (checkpoint unreadable)",
+        "1 point(s) to continue have a newest checkpoint that cannot be read",
+        &format!("{}: cannot read: Permission denied", metadata.display()),
+        "not known to be damaged",
+        "Nothing to submit",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "{expected:?} missing from:\n{stdout}"
+        );
+    }
+    assert_eq!(
+        point_dirs(),
+        points,
+        "the sweep made a directory to start over in"
+    );
+
+    mode(0o644).unwrap();
+    let out = cluster.shardrun(dir.path(), &["sweep", &spec_arg]).unwrap();
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert!(stdout.contains("submit (was COMPLETED)"), "{stdout}");
+    all_completed(&cluster, &dir, &sweep_dir, 1);
+    assert_eq!(point_dirs(), points);
+    let steps: Vec<u64> = shardrun_e2e::jobs::step_records(point)
+        .iter()
+        .filter_map(|r| r["step"].as_u64())
+        .collect();
+    assert_eq!(
+        steps,
+        (1..=8).collect::<Vec<u64>>(),
+        "continued from step 4"
+    );
+}
+
 #[test]
 fn a_diverged_point_is_not_continued_when_the_sweep_asks_for_more_steps() {
     let cluster = SlurmCluster::start().expect("start the local Slurm cluster");

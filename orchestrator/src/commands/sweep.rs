@@ -191,6 +191,14 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             survey.data_changed.len()
         );
     }
+    if let Some(first) = survey.unreadable.first() {
+        outln!(
+            "{} point(s) to continue have a newest checkpoint that cannot be read: their jobs \
+             would wait in the queue only for their ranks to refuse it, so they are not \
+             submitted; once it reads, `{sweep_again}` submits them. The first:\n{first}",
+            survey.unreadable.len()
+        );
+    }
     let anew: Vec<&SweepPoint> = points
         .iter()
         .zip(&survey.decisions)
@@ -518,6 +526,7 @@ fn decision_words(
         }
         (Decision::Diverged(_, first), _) => format!("skip (diverged at step {first})"),
         (Decision::NotARun, _) => "skip (folder not a run)".to_string(),
+        (Decision::CheckpointUnreadable(_), _) => "skip (checkpoint unreadable)".to_string(),
         (_, None) => "wait (no room now)".to_string(),
         (Decision::New, Some(_)) => "submit (new)".to_string(),
         (Decision::Retry(state, Anew(false)), Some(_)) => format!("submit (was {})", state),

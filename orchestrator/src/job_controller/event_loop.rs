@@ -271,8 +271,8 @@ async fn run_async(
     let checkpoint_root = config.checkpoint.root(Some(&paths.run_dir));
     let checkpoint_at_start = checkpoint_root
         .as_deref()
-        .and_then(newest_checkpoint)
-        .map(|c| c.step);
+        .map(newest_checkpoint)
+        .and_then(|newest| newest.checkpoint().map(|c| c.step));
     let (outcome, steps_done, lost_nodes) = if preempted_before_launch {
         // Nothing has trained in this job yet, so nothing is to be saved: the time left before
         // the kill is better spent on the requeue than on starting ranks only to stop them.
@@ -315,7 +315,10 @@ async fn run_async(
             Err(e) => tracing::warn!(error = %e, "could not remove unfinished saves"),
         }
     }
-    let checkpoint = checkpoint_root.as_deref().and_then(newest_checkpoint);
+    let newest = checkpoint_root
+        .as_deref()
+        .map_or(Newest::Nothing, newest_checkpoint);
+    let checkpoint = newest.checkpoint().cloned();
     // Heartbeats come about once a second, steps faster: a rank that went silent may have
     // completed steps since its last one, and a checkpoint every rank committed says so.
     // (One of an earlier attempt counts only when this one resumed from it.)
@@ -358,7 +361,7 @@ async fn run_async(
                 Some(d) if config.checkpoint.resume => format!(
                     "the run {how_it_ended}{}; {} from step {}, and a run that diverged is \
                      not resumed: {}",
-                    checkpoint_left(checkpoint.as_ref(), &config.checkpoint),
+                    checkpoint_left(&newest, &config.checkpoint),
                     d.what(),
                     d.step,
                     diverged_resume_line(
@@ -370,7 +373,7 @@ async fn run_async(
                 ),
                 _ => cancelled_message(
                     &how_it_ended,
-                    checkpoint.as_ref(),
+                    &newest,
                     &config.checkpoint,
                     &opts.launch,
                     &opts.paths.run_dir,
@@ -379,7 +382,7 @@ async fn run_async(
         }
         Outcome::Preempted { .. } => format!(
             "the run {how_it_ended}{}",
-            checkpoint_left(checkpoint.as_ref(), &config.checkpoint)
+            checkpoint_left(&newest, &config.checkpoint)
         ),
     };
     // What to do about nodes Slurm lost: after a failure's cause here, after what the job
@@ -422,7 +425,7 @@ async fn run_async(
             }
             _ => failed_resume_line(
                 steps_done,
-                checkpoint.as_ref(),
+                &newest,
                 &config.checkpoint,
                 &opts.launch,
                 &opts.paths.run_dir,
@@ -1073,15 +1076,43 @@ fn time_limit_without_progress(notice: Notice, at_start: Option<u64>, at_end: Op
     notice == Notice::TimeLimit && at_end <= at_start
 }
 
+/// What a stopped run has to resume from, as its words at the end tell it.
+#[derive(Debug)]
+enum Newest {
+    Checkpoint(CheckpointLeft),
+    /// No checkpoint committed, or only damaged ones (the ranks pass them over).
+    Nothing,
+    /// The newest checkpoint cannot be read (permissions, the file system), and why: not
+    /// known to be damaged, it is neither resumed from nor passed over until it reads.
+    Unreadable(String),
+}
+
+impl Newest {
+    fn checkpoint(&self) -> Option<&CheckpointLeft> {
+        match self {
+            Newest::Checkpoint(c) => Some(c),
+            Newest::Nothing | Newest::Unreadable(_) => None,
+        }
+    }
+}
+
 /// Checked by its seal and sizes only: the controller does not read the whole checkpoint.
-fn newest_checkpoint(root: &Path) -> Option<CheckpointLeft> {
-    let found = shardrun_checkpoint::find_latest(root, shardrun_checkpoint::Verify::Structure)
-        .ok()?
-        .checkpoint?;
-    Some(CheckpointLeft {
-        step: found.step(),
-        path: found.dir().to_path_buf(),
-    })
+fn newest_checkpoint(root: &Path) -> Newest {
+    use shardrun_checkpoint::{find_latest, CheckpointError, Verify};
+    match find_latest(root, Verify::Structure) {
+        Ok(found) => match found.checkpoint {
+            Some(c) => Newest::Checkpoint(CheckpointLeft {
+                step: c.step(),
+                path: c.dir().to_path_buf(),
+            }),
+            None => Newest::Nothing,
+        },
+        Err(CheckpointError::Unreadable {
+            checkpoint, cause, ..
+        }) => Newest::Unreadable(format!("{}: {cause}", checkpoint.display())),
+        Err(e) if e.is_unreadable() => Newest::Unreadable(e.to_string()),
+        Err(_) => Newest::Nothing,
+    }
 }
 
 /// Slurm requeueing the job (`scontrol requeue`, a failed node) sends SIGTERM to the batch
@@ -1135,15 +1166,19 @@ fn ended_in_words(
 }
 
 /// `"; its newest checkpoint is step 100 (...)"`: what a stopped run has to resume from.
-fn checkpoint_left(checkpoint: Option<&CheckpointLeft>, saves: &CheckpointConfig) -> String {
-    match (checkpoint, saves.resume) {
+fn checkpoint_left(newest: &Newest, saves: &CheckpointConfig) -> String {
+    match (newest, saves.resume) {
         (_, false) => "; it does not resume (`checkpoint.resume: false`)".to_string(),
-        (Some(c), true) => format!(
+        (Newest::Checkpoint(c), true) => format!(
             "; its newest checkpoint is step {} ({})",
             c.step,
             c.path.display()
         ),
-        (None, true) => "; it has no checkpoint yet".to_string(),
+        (Newest::Unreadable(why), true) => format!(
+            "; its newest checkpoint cannot be read ({why}): not known to be damaged, it is \
+             resumed from once it reads"
+        ),
+        (Newest::Nothing, true) => "; it has no checkpoint yet".to_string(),
     }
 }
 
@@ -1151,7 +1186,7 @@ fn checkpoint_left(checkpoint: Option<&CheckpointLeft>, saves: &CheckpointConfig
 /// does once the cause is fixed.
 fn failed_resume_line(
     steps_done: Option<u64>,
-    checkpoint: Option<&CheckpointLeft>,
+    newest: &Newest,
     saves: &CheckpointConfig,
     launch: &LaunchMode,
     run_dir: &Path,
@@ -1161,13 +1196,17 @@ fn failed_resume_line(
         _ => "the run stopped before it trained a step".to_string(),
     };
     let again = launch.run_again(run_dir);
-    match (checkpoint, saves.resume) {
-        (_, false) => format!("{stopped}{}", checkpoint_left(checkpoint, saves)),
-        (Some(_), true) => format!(
+    match (newest, saves.resume) {
+        (_, false) => format!("{stopped}{}", checkpoint_left(newest, saves)),
+        (Newest::Checkpoint(_), true) => format!(
             "{stopped}{}: once the cause is fixed, {again} to resume from it",
-            checkpoint_left(checkpoint, saves)
+            checkpoint_left(newest, saves)
         ),
-        (None, true) => format!(
+        (Newest::Unreadable(why), true) => format!(
+            "{stopped}; its newest checkpoint cannot be read ({why}): once it reads and the \
+             cause is fixed, {again} to resume from it"
+        ),
+        (Newest::Nothing, true) => format!(
             "{stopped} and has no checkpoint: once the cause is fixed, {again} to start it over"
         ),
     }
@@ -1211,12 +1250,12 @@ fn diverged_resume_line(
 /// keep the progress next time.
 fn cancelled_message(
     how_it_ended: &str,
-    checkpoint: Option<&CheckpointLeft>,
+    newest: &Newest,
     saves: &CheckpointConfig,
     launch: &LaunchMode,
     run_dir: &Path,
 ) -> String {
-    if checkpoint.is_none() && saves.resume {
+    if matches!(newest, Newest::Nothing) && saves.resume {
         let again = match launch {
             LaunchMode::Local { .. } => "running it again",
             LaunchMode::Slurm {
@@ -1238,7 +1277,7 @@ fn cancelled_message(
              step 1"
         );
     }
-    let left = checkpoint_left(checkpoint, saves);
+    let left = checkpoint_left(newest, saves);
     if saves.resume {
         format!(
             "the run {how_it_ended}{left}; {}",
@@ -1629,29 +1668,29 @@ mod tests {
         let run_dir = Path::new("/runs/r");
         // No `checkpoint:` section: nothing saved, nothing to resume from.
         assert_eq!(
-            cancelled_message(ended, None, &saves(None, true), &local, run_dir),
+            cancelled_message(ended, &Newest::Nothing, &saves(None, true), &local, run_dir),
             "the run was cancelled by SIGTERM after step 566; its spec saves no checkpoints (it \
              has no `checkpoint:` section), so running it again starts over at step 1; to \
              resume after a stop, add one (e.g. `checkpoint: { interval_steps: 100 }`)"
         );
         // Periodic saves: the next run resumes, from its checkpoint when it has one.
         assert_eq!(
-            cancelled_message(ended, None, &saves(Some(1000), true), &local, run_dir),
-            "the run was cancelled by SIGTERM after step 566 before its first checkpoint, so \
-             running it again starts over at step 1"
-        );
-        let step_500 = CheckpointLeft {
-            step: 500,
-            path: "/r/checkpoints/step-500".into(),
-        };
-        assert_eq!(
             cancelled_message(
                 ended,
-                Some(&step_500),
-                &saves(Some(100), true),
+                &Newest::Nothing,
+                &saves(Some(1000), true),
                 &local,
                 run_dir
             ),
+            "the run was cancelled by SIGTERM after step 566 before its first checkpoint, so \
+             running it again starts over at step 1"
+        );
+        let step_500 = Newest::Checkpoint(CheckpointLeft {
+            step: 500,
+            path: "/r/checkpoints/step-500".into(),
+        });
+        assert_eq!(
+            cancelled_message(ended, &step_500, &saves(Some(100), true), &local, run_dir),
             format!(
                 "the run was cancelled by SIGTERM after step 566; its newest checkpoint is step \
                  500 (/r/checkpoints/step-500); run the same command again to resume (in {}), \
@@ -1665,13 +1704,7 @@ mod tests {
             forced: true,
         };
         assert_eq!(
-            cancelled_message(
-                ended,
-                Some(&step_500),
-                &saves(Some(100), true),
-                &forced,
-                run_dir
-            ),
+            cancelled_message(ended, &step_500, &saves(Some(100), true), &forced, run_dir),
             "the run was cancelled by SIGTERM after step 566; its newest checkpoint is step 500 \
              (/r/checkpoints/step-500); run `shardrun run /runs/r` to resume (not the same \
              command again: its --force starts over)"
@@ -1683,13 +1716,7 @@ mod tests {
             sweep_point,
         };
         let resumes = |launch: &LaunchMode| {
-            cancelled_message(
-                ended,
-                Some(&step_500),
-                &saves(Some(100), true),
-                launch,
-                run_dir,
-            )
+            cancelled_message(ended, &step_500, &saves(Some(100), true), launch, run_dir)
         };
         // Submitted again by its run directory, which keeps the `--set` values it was run with.
         assert!(resumes(&slurm(false))
@@ -1698,10 +1725,93 @@ mod tests {
             "; run `shardrun sweep` on the sweep's spec again (it skips finished points) to resume"
         ));
         assert_eq!(
-            cancelled_message(ended, None, &saves(None, false), &local, run_dir),
+            cancelled_message(
+                ended,
+                &Newest::Nothing,
+                &saves(None, false),
+                &local,
+                run_dir
+            ),
             "the run was cancelled by SIGTERM after step 566; it does not resume \
              (`checkpoint.resume: false`)"
         );
+    }
+
+    /// A newest checkpoint that cannot be read (here its metadata, read by a thread without
+    /// root's bypass of file permissions) is said so: it is neither "no checkpoint" (a re-run
+    /// would not start over) nor one to resume from until it reads.
+    #[test]
+    fn a_checkpoint_that_cannot_be_read_is_not_taken_for_none() {
+        use shardrun_checkpoint::naming::{COMPLETE_FILE, METADATA_FILE};
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let step = tmp.path().join("step-4");
+        std::fs::create_dir(&step).unwrap();
+        std::fs::write(step.join(COMPLETE_FILE), "").unwrap();
+        let metadata = step.join(METADATA_FILE);
+        std::fs::write(&metadata, "{}").unwrap();
+        std::fs::set_permissions(&metadata, std::fs::Permissions::from_mode(0o000)).unwrap();
+        let root = tmp.path().to_path_buf();
+        let newest = std::thread::spawn(move || {
+            // The file system user of this thread alone; root's CAP_DAC_OVERRIDE goes with it.
+            // SAFETY: plain system calls on this thread's own credentials.
+            unsafe { libc::setfsuid(65534) };
+            let now = unsafe { libc::setfsuid(u32::MAX) };
+            assert_ne!(now, 0, "this thread still reads files as root");
+            newest_checkpoint(&root)
+        })
+        .join()
+        .unwrap();
+        let Newest::Unreadable(why) = &newest else {
+            panic!("an unreadable checkpoint read as {newest:?}");
+        };
+        assert!(
+            why.starts_with(&step.display().to_string())
+                && why.contains("metadata.json")
+                && why.contains("Permission denied"),
+            "{why}"
+        );
+
+        let saves = CheckpointConfig {
+            dir: None,
+            interval_steps: Some(2),
+            interval_minutes: None,
+            keep: 2,
+            format: shardrun_protocol::config::CheckpointFormat::Sharded,
+            resume: true,
+            from: None,
+        };
+        let local = LaunchMode::Local {
+            gpus: None,
+            forced: false,
+        };
+        let run_dir = Path::new("/runs/r");
+        let why = "/runs/r/checkpoints/step-4: cannot open: Permission denied";
+        let newest = Newest::Unreadable(why.into());
+        assert_eq!(
+            failed_resume_line(Some(5), &newest, &saves, &local, run_dir),
+            format!(
+                "the run stopped after step 5; its newest checkpoint cannot be read ({why}): \
+                 once it reads and the cause is fixed, {} to resume from it",
+                local.run_again(run_dir)
+            )
+        );
+        let cancelled = cancelled_message(
+            "was cancelled by SIGTERM after step 5",
+            &newest,
+            &saves,
+            &local,
+            run_dir,
+        );
+        assert!(
+            cancelled.starts_with(&format!(
+                "the run was cancelled by SIGTERM after step 5; its newest checkpoint cannot be \
+                 read ({why}): not known to be damaged, it is resumed from once it reads; run \
+                 the same command again to resume"
+            )),
+            "{cancelled}"
+        );
+        assert!(!cancelled.contains("starts over"), "{cancelled}");
     }
 
     #[test]

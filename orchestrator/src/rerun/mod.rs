@@ -876,7 +876,7 @@ pub fn newest_checkpoint(run: &RunDir, train: &TrainConfig) -> Option<Checkpoint
 
 /// [`newest_checkpoint`], with a checkpoint that cannot be read (permissions, the file
 /// system) as the error it is; one damaged is passed over as the ranks pass it over.
-fn readable_newest_checkpoint(
+pub fn readable_newest_checkpoint(
     run: &RunDir,
     train: &TrainConfig,
 ) -> Result<Option<CheckpointAt>, CheckpointError> {

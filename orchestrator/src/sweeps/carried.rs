@@ -8,7 +8,10 @@
 //! its own.
 
 use crate::rerun::changes::{self, FieldChange};
-use crate::rerun::{changed_on_resume, newest_checkpoint, steps_done, steps_trained, LrChange};
+use crate::rerun::{
+    changed_on_resume, newest_checkpoint, readable_newest_checkpoint, steps_done, steps_trained,
+    LrChange,
+};
 use crate::resolve::ResolvedJob;
 use crate::rundir::{self, RunDir, RunDirError, RunState};
 use crate::slurm;
@@ -95,7 +98,9 @@ pub fn carry_over(sweep_dir: &Path, points: &mut [SweepPoint]) -> Vec<Carried> {
 
 /// Why `run`, finished (its manifest's `state`), cannot train the longer run `point` asks
 /// for in its directory: a run that does not resume, or has no checkpoint to resume from,
-/// would start over there and overwrite what it finished.
+/// would start over there and overwrite what it finished. One whose newest checkpoint cannot
+/// be read now may continue once it can: it keeps its directory, and the sweep holds it back
+/// until then (a new directory would train its steps again).
 pub fn cannot_continue(
     run: &RunDir,
     state: RunState,
@@ -109,9 +114,9 @@ pub fn cannot_continue(
     if !point.job.train.checkpoint.resume {
         return Some("their spec says `checkpoint.resume: false`");
     }
-    match newest_checkpoint(run, &recorded.train) {
-        Some(_) => None,
-        None => Some("they have no checkpoint to continue from"),
+    match readable_newest_checkpoint(run, &recorded.train) {
+        Ok(Some(_)) | Err(_) => None,
+        Ok(None) => Some("they have no checkpoint to continue from"),
     }
 }
 

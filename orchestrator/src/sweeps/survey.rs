@@ -3,12 +3,11 @@
 //! (finished, queued or running, diverged, or trained on other data than the data now); the points to
 //! submit are grouped by allocation shape.
 
-use crate::rerun::{diverged_from, newest_checkpoint, steps_trained, CheckpointAt};
+use crate::rerun::{diverged_from, readable_newest_checkpoint, steps_trained, CheckpointAt};
 use crate::resume_data::{DataChanged, DataNow};
 use crate::rundir::{RunDir, RunDirError, RunState};
 use crate::slurm;
 use crate::sweeps::SweepPoint;
-use anyhow::Context;
 use shardrun_protocol::config::{DataConfig, DatasetConfig};
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -41,6 +40,10 @@ pub enum Decision {
     /// (a file deleted or damaged by hand): submitting would fail on it, taking its array's
     /// other points down too, so it is not submitted ([`not_a_run`] says why).
     NotARun,
+    /// A point to continue whose newest checkpoint cannot be read (permissions, the file
+    /// system): its job would wait in the queue only for its ranks to refuse it, and passing
+    /// over it would train its steps again, so it is not submitted.
+    CheckpointUnreadable(RunState),
 }
 
 impl Decision {
@@ -56,6 +59,7 @@ impl Decision {
                 | Decision::TrainedPast(..)
                 | Decision::Diverged(..)
                 | Decision::NotARun
+                | Decision::CheckpointUnreadable(_)
         )
     }
 }
@@ -70,6 +74,9 @@ pub struct Survey {
     pub earlier_going: usize,
     /// Why the [`Decision::DataChanged`] points would be refused, in the points' order.
     pub data_changed: Vec<Box<DataChanged>>,
+    /// Why the [`Decision::CheckpointUnreadable`] points' checkpoints cannot be read (the
+    /// error names the checkpoint and the fix), in the points' order.
+    pub unreadable: Vec<shardrun_checkpoint::CheckpointError>,
     /// Finished points trained on other data than the data as it is now: their directories
     /// and how the data differs.
     pub finished_on_other_data: Vec<(PathBuf, Vec<String>)>,
@@ -114,8 +121,18 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
     let mut active_arrays = BTreeSet::new();
     let mut earlier_going = 0;
     if !existing.is_empty() {
-        let (statuses, _) =
-            slurm::refresh(&existing).context("querying Slurm for the points already submitted")?;
+        let (statuses, _) = match slurm::refresh(&existing) {
+            Ok(answer) => answer,
+            Err(e) if e.controller_unreachable() => anyhow::bail!(
+                "nothing was submitted: querying Slurm for the points already submitted: \
+                 {e}\n  fix: {}",
+                slurm::CONTROLLER_UNREACHABLE_FIX
+            ),
+            Err(e) => {
+                return Err(anyhow::Error::new(e)
+                    .context("querying Slurm for the points already submitted"))
+            }
+        };
         for status in statuses {
             if matches!(status.state, RunState::Submitted | RunState::Running) {
                 if let Some(id) = &status.job_id {
@@ -129,6 +146,7 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
         }
     }
     let mut data_changed = Vec::new();
+    let mut unreadable = Vec::new();
     let mut finished_on_other_data = Vec::new();
     let mut probed = DataProbes::default();
     let decisions = points
@@ -148,7 +166,11 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
             }
             Some(state @ (RunState::Submitted | RunState::Running)) => Decision::Skip(*state),
             Some(&state) => match resumed_from(&sweep_dir.join(&p.name), p) {
-                None => match RunDir::open(&sweep_dir.join(&p.name))
+                Err(e) => {
+                    unreadable.push(e);
+                    Decision::CheckpointUnreadable(state)
+                }
+                Ok(None) => match RunDir::open(&sweep_dir.join(&p.name))
                     .ok()
                     .and_then(|run| diverged_from(&run))
                 {
@@ -156,10 +178,10 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
                     Some(divergence) => Decision::Diverged(state, divergence.step),
                     None => Decision::Retry(state, anew(&sweep_dir.join(&p.name))),
                 },
-                Some((_, checkpoint)) if checkpoint.step >= p.job.train.steps => {
+                Ok(Some((_, checkpoint))) if checkpoint.step >= p.job.train.steps => {
                     Decision::TrainedPast(state, checkpoint.step)
                 }
-                Some((run, checkpoint)) => {
+                Ok(Some((run, checkpoint))) => {
                     if let Some(divergence) = diverged_from(&run) {
                         Decision::Diverged(state, divergence.step)
                     } else if let Some(refusal) = data_refusal(&run, &checkpoint, p, &mut probed) {
@@ -185,6 +207,7 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
         active_arrays,
         earlier_going,
         data_changed,
+        unreadable,
         finished_on_other_data,
     })
 }
@@ -239,14 +262,23 @@ fn anew(dir: &Path) -> Anew {
     Anew(logged)
 }
 
-fn resumed_from(dir: &Path, point: &SweepPoint) -> Option<(RunDir, CheckpointAt)> {
+///
+/// A newest checkpoint that cannot be read is the error it is, as a re-run refuses it.
+fn resumed_from(
+    dir: &Path,
+    point: &SweepPoint,
+) -> Result<Option<(RunDir, CheckpointAt)>, shardrun_checkpoint::CheckpointError> {
     if !point.job.train.checkpoint.resume {
-        return None;
+        return Ok(None);
     }
-    let run = RunDir::open(dir).ok()?;
+    let Ok(run) = RunDir::open(dir) else {
+        return Ok(None);
+    };
     // Where the run keeps its checkpoints is in its own record.
-    let checkpoint = newest_checkpoint(&run, &run.read_train_config().ok()?)?;
-    Some((run, checkpoint))
+    let Ok(train) = run.read_train_config() else {
+        return Ok(None);
+    };
+    Ok(readable_newest_checkpoint(&run, &train)?.map(|checkpoint| (run, checkpoint)))
 }
 
 /// The refusal a retried point's job would meet: its newest checkpoint was trained on other
