@@ -91,15 +91,17 @@ echo "shardrun: job ${SLURM_JOB_ID} on $(hostname) in ${SHARDRUN_RUN_DIR}"
 {%- if !s.setup.is_empty() %}
 
 # Set-up from resources.setup. A line that fails ends the job and says which in the error
-# file; one not found (127) is often a command only login shells define.
-trap 'rc=$?; why="exit $rc"; [ "$rc" != 127 ] || why="exit 127, not found: module and conda are defined by login shells, load their set-up first, e.g. source /etc/profile"; echo "shardrun: a resources.setup line failed ($why): $BASH_COMMAND" >&2' ERR
+# file; one not found (127) is often a command only login shells define. So does a line
+# that ends the job itself (`exit 3`), which is no failed command to trap.
+trap 'rc=$?; setup_failure_said=1; why="exit $rc"; [ "$rc" != 127 ] || why="exit 127, not found: module and conda are defined by login shells, load their set-up first, e.g. source /etc/profile"; echo "shardrun: a resources.setup line failed ($why): $BASH_COMMAND" >&2' ERR
+trap 'rc=$?; [ "$rc" = 0 ] || [ -n "${setup_failure_said:-}" ] || echo "shardrun: a resources.setup line ended the job (exit $rc): $BASH_COMMAND" >&2' EXIT
 # A preemption or time-limit notice (USR2) would end the shell here without a word: the
 # controller takes it over once it starts, and requeues the job without starting ranks.
 trap 'export SHARDRUN_NOTICE_IN_SETUP=1; echo "shardrun: SIGUSR2 (preemption or the time limit near) during the set-up: once it is done, no rank is started and the controller says whether the job is requeued" >&2' USR2
 {%- for line in s.setup %}
 {{ line }}
 {%- endfor %}
-trap - ERR USR2
+trap - ERR USR2 EXIT
 {%- endif %}
 
 # The controller starts the ranks and watches them (their logs and metrics go to the run

@@ -104,6 +104,33 @@ fn logs_of_a_folder_that_is_not_a_run_says_so() {
     }
 }
 
+/// A folder without runs: what to do depends on what it is. A sweep's folder whose first
+/// `shardrun sweep` stopped before any point (its `arrays/` record only) is swept again.
+#[test]
+fn status_of_a_folder_without_runs_says_how_runs_get_there() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("empty")).unwrap();
+    std::fs::create_dir_all(dir.path().join("sweep/arrays")).unwrap();
+    for (folder, fix) in [
+        (
+            "empty",
+            "pass a run directory or run root, or create a run with `shardrun submit job.yaml`",
+        ),
+        (
+            "sweep",
+            "it is a sweep's folder without points yet: run `shardrun sweep` on the sweep's \
+             spec (again, if it stopped)",
+        ),
+    ] {
+        let out = shardrun(dir.path(), &["status", folder]);
+        assert_eq!(
+            String::from_utf8(out.stderr).unwrap(),
+            format!("error: no run directories at {folder}\n  fix: {fix}\n")
+        );
+        assert_eq!(out.status.code(), Some(4));
+    }
+}
+
 #[test]
 fn plot_refuses_an_output_it_cannot_draw_before_reading_anything() {
     let dir = tempfile::tempdir().unwrap();

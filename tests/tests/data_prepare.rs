@@ -306,6 +306,17 @@ fn bad_data_fails_the_job_before_any_rank_starts() {
         )) && said.contains("field `text` is a number, not a string"),
         "{said}"
     );
+    // Followed, it ends at once with the same words: no log will ever come.
+    let logs = shardrun_in(&dir, &["logs", "-f", &run.display().to_string()]);
+    let followed = stderr_of(&logs);
+    assert!(!logs.status.success(), "{followed}");
+    assert!(
+        followed.contains(&format!(
+            "{} has no log: the run ended (FAILED) before any rank started",
+            run.display()
+        )),
+        "{followed}"
+    );
     // A rank the run does not have is named as such, not as a log yet to come.
     let logs = shardrun_in(&dir, &["logs", &run.display().to_string(), "--rank", "2"]);
     let said = stderr_of(&logs);

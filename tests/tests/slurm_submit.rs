@@ -170,17 +170,46 @@ fn a_failing_set_up_line_is_named_by_status() {
     let out_file = std::fs::read_to_string(run.join(format!("setupfails-{job_id}.out"))).unwrap();
     assert!(out_file.contains("set-up begins"), "{out_file}");
     assert!(!run.join("train.log").exists());
-    // Following its log until it is done ends: the run ended without a log, and says how.
+    // Following its log until it is done ends: the run ended without a log (as `status`
+    // recorded), and says how.
     let mut follow = cluster.command(shardrun());
     follow
         .current_dir(dir.path())
         .args(["logs", &run.to_string_lossy(), "-f", "--until-done"]);
     let out = run_with_deadline(&mut follow, Duration::from_secs(60)).unwrap();
-    let said = stdout_of(&out);
-    assert_eq!(out.status.code(), Some(1), "{said}{}", stderr_of(&out));
+    let said = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{}{said}", stdout_of(&out));
     assert!(
-        said.contains("ended (FAILED) before anything was logged") && said.contains(named),
+        said.contains("has no log: the run ended (FAILED) before any rank started")
+            && said.contains(named),
         "{said}"
+    );
+
+    // A line that ends the job itself fails no command the ERR trap sees: named all the same.
+    let exits = dir.write(
+        "exits.yaml",
+        &self::spec("setupexits", &["echo set-up begins", "exit 3"]),
+    );
+    let job_id = cluster
+        .submit(dir.path(), &[&exits.to_string_lossy()])
+        .job_id;
+    let run = dir.join("runs/setupexits");
+    wait_state(&cluster, dir.path(), &run, "FAILED");
+    let err_file = run.join(format!("setupexits-{job_id}.err"));
+    let out = cluster
+        .shardrun(dir.path(), &["status", "--json", &run.to_string_lossy()])
+        .unwrap();
+    let detail = status_runs(&stdout_of(&out))[0]["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        detail.contains(&format!(
+            "{} ends: shardrun: a resources.setup line ended the job (exit 3): exit 3",
+            err_file.display()
+        )),
+        "{detail}\n{}",
+        std::fs::read_to_string(&err_file).unwrap_or_default()
     );
 }
 
@@ -475,8 +504,22 @@ fn a_slurm_that_does_not_answer_leaves_the_runs_as_last_recorded() {
     let stderr = stderr_of(&out);
     assert!(
         stderr.contains("Unable to contact slurm controller")
-            && stderr.contains("fix: run `shardrun status` where `squeue` reaches the cluster"),
+            && stderr.contains("fix: slurmctld did not answer")
+            && stderr.contains("`scontrol ping`"),
         "{stderr}"
+    );
+    // Nothing can be cancelled: said so, with the job to cancel once Slurm answers.
+    let out = status(&["cancel", &waits.to_string_lossy()]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(waits.join("manifest.json")).unwrap())
+            .unwrap();
+    let waits_job = manifest["slurm_job_ids"][0].as_str().unwrap().to_string();
+    assert!(
+        stderr_of(&out).contains("nothing was cancelled")
+            && stderr_of(&out).contains(&format!("(the jobs recorded: {waits_job} (waits))")),
+        "{}",
+        stderr_of(&out)
     );
 
     // With only the run that ended asked after, what is shown stands: exit 0, with a note
@@ -531,6 +574,24 @@ fn a_slurm_that_does_not_answer_leaves_the_runs_as_last_recorded() {
             .as_str()
             .unwrap()
             .starts_with("BeginTime: not to start before its begin time (`sbatch --begin`"),
+        "{document}"
+    );
+    // Held by an administrator (root here), it waits for a release, and status says so.
+    let held = cluster
+        .command("scontrol")
+        .args(["hold", &waits_job])
+        .output()
+        .unwrap();
+    assert!(held.status.success(), "{}", stderr_of(&held));
+    let out = cluster
+        .shardrun(dir.path(), &["status", "--json", &waits.to_string_lossy()])
+        .unwrap();
+    let document: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        document["runs"][0]["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("JobHeldAdmin: held by an administrator (`scontrol hold`)"),
         "{document}"
     );
     let out = cluster

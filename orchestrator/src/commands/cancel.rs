@@ -59,6 +59,29 @@ fn refuse_many(path: &Path, statuses: &[RunStatus], all: bool) -> anyhow::Result
     )
 }
 
+/// The Slurm jobs the runs' manifests record, `12 (name), 14 (name)`, at most a few named.
+fn recorded_jobs(runs: &[RunDir]) -> Option<String> {
+    const NAMED: usize = 5;
+    let jobs: Vec<String> = runs
+        .iter()
+        .filter_map(|run| {
+            let manifest = run.read_manifest().ok()?;
+            (!manifest.state.is_terminal()).then_some(())?;
+            let name = run.path().file_name()?.to_string_lossy().into_owned();
+            Some(format!("{} ({name})", manifest.slurm_job_ids.last()?))
+        })
+        .collect();
+    match jobs.len() {
+        0 => None,
+        n if n <= NAMED => Some(jobs.join(", ")),
+        n => Some(format!(
+            "{} and {} more",
+            jobs[..NAMED].join(", "),
+            n - NAMED
+        )),
+    }
+}
+
 pub fn execute(args: Args) -> anyhow::Result<()> {
     let runs = slurm::find_runs(&args.run);
     if runs.is_empty() {
@@ -71,7 +94,17 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     let mut refused = Vec::new();
     // Slurm says which jobs it still holds: a run whose manifest has its end may have been
     // requeued since.
-    let (statuses, _) = slurm::refresh(&runs)?;
+    let (statuses, _) = match slurm::refresh(&runs) {
+        Ok(answer) => answer,
+        Err(e) if e.controller_unreachable() => anyhow::bail!(
+            "nothing was cancelled: asking Slurm which jobs it still holds: {e}\n  fix: {}{}",
+            slurm::CONTROLLER_UNREACHABLE_FIX,
+            recorded_jobs(&runs)
+                .map(|jobs| format!(" (the jobs recorded: {jobs})"))
+                .unwrap_or_default()
+        ),
+        Err(e) => return Err(e.into()),
+    };
     refuse_many(&args.run, &statuses, args.all)?;
     for status in &statuses {
         let run = &status.run;

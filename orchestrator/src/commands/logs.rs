@@ -84,6 +84,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     let mut ended: Option<crate::slurm::RunStatus> = None;
     let mut next_look = Instant::now();
     let mut first_read = true;
+    let mut said_waiting = false;
     loop {
         match log.read_new(args.follow) {
             Ok(new) => {
@@ -100,7 +101,22 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                 first_read = false;
                 crate::output::write_stdout_bytes(bytes);
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && args.follow => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && args.follow => {
+                // A run that ended without it never writes it: following it would show
+                // nothing for ever.
+                if let Some(why) = ended_before_its_log(&args) {
+                    bail!("{why}");
+                }
+                if !said_waiting {
+                    said_waiting = true;
+                    errln!(
+                        "waiting for {} to appear: nothing is logged before the job starts \
+                         (`shardrun status {}` says where it is; Ctrl-C to stop)",
+                        path.display(),
+                        crate::output::pasteable(&args.run)
+                    );
+                }
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 if let Some(why) = ended_before_its_log(&args) {
                     bail!("{why}");

@@ -105,7 +105,21 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             errln!("warning: {}", slurm::unreadable_warning(folder));
         }
         if found.is_empty() {
-            return Err(anyhow::Error::new(ExitCode(EXIT_NO_RUN)).context(format!("no run directories at {}\n  fix: pass a run directory or run root, or create a run with `shardrun submit job.yaml`", path.display())));
+            // A sweep's folder whose first `shardrun sweep` wrote its record but no point.
+            let fix = match path.join("arrays").is_dir() {
+                true => {
+                    "it is a sweep's folder without points yet: run `shardrun sweep` on \
+                         the sweep's spec (again, if it stopped)"
+                }
+                false => {
+                    "pass a run directory or run root, or create a run with `shardrun \
+                          submit job.yaml`"
+                }
+            };
+            return Err(anyhow::Error::new(ExitCode(EXIT_NO_RUN)).context(format!(
+                "no run directories at {}\n  fix: {fix}",
+                path.display()
+            )));
         }
         runs.extend(found);
     }
@@ -218,10 +232,13 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     }
     match unanswered {
         Some(error) => Err(anyhow::anyhow!(
-            "querying Slurm for the runs' states: {}\n  \
-             fix: run `shardrun status` where `squeue` reaches the cluster (a login node); \
-             until then each submitted run is shown as it was last recorded",
-            error.to_string().trim_end()
+            "querying Slurm for the runs' states: {}\n  fix: {}; until then each submitted \
+             run is shown as it was last recorded",
+            error.to_string().trim_end(),
+            match error.controller_unreachable() {
+                true => slurm::CONTROLLER_UNREACHABLE_FIX,
+                false => "run `shardrun status` where `squeue` reaches the cluster (a login node)",
+            }
         )),
         None => Ok(()),
     }

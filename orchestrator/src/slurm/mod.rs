@@ -51,3 +51,24 @@ pub enum SlurmError {
     #[error("batch script {0} does not exist")]
     MissingScript(PathBuf),
 }
+
+/// What Slurm's commands print when slurmctld does not answer them.
+const CONTROLLER_UNREACHABLE: [&str; 3] = [
+    "Unable to contact slurm controller",
+    "Socket timed out on send/recv",
+    "Zero Bytes were transmitted or received",
+];
+
+/// What to do when slurmctld did not answer: a command run where Slurm is installed, whose
+/// controller is down, restarting or cut off.
+pub const CONTROLLER_UNREACHABLE_FIX: &str = "slurmctld did not answer (down, restarting, or \
+    unreachable from this host): `scontrol ping` tells when it answers again; then run this again";
+
+impl SlurmError {
+    /// Whether the command ran but slurmctld did not answer it (as opposed to Slurm
+    /// refusing what was asked, or its commands missing here).
+    pub fn controller_unreachable(&self) -> bool {
+        matches!(self, SlurmError::Failed { stderr, .. }
+            if CONTROLLER_UNREACHABLE.iter().any(|said| stderr.contains(said)))
+    }
+}

@@ -45,6 +45,13 @@ pub enum RunsError {
     Slurm(#[from] SlurmError),
 }
 
+impl RunsError {
+    /// See [`SlurmError::controller_unreachable`].
+    pub fn controller_unreachable(&self) -> bool {
+        matches!(self, RunsError::Slurm(e) if e.controller_unreachable())
+    }
+}
+
 /// Run directories at or below `path` (a run directory, a sweep folder or a run root),
 /// at most three levels deep, sorted by path. Below `path`, a folder is a run when it holds
 /// another of a run directory's files too ([`RunDir::made_by_shardrun`]): the data cache
@@ -405,6 +412,14 @@ fn reason_in_words(reason: &str) -> String {
         "Resources" => "waiting for the nodes it asks for to be free",
         "Dependency" => "waiting for the jobs it depends on",
         "JobArrayTaskLimit" => "its array's throttle (`%N`) holds it back",
+        "JobHeldAdmin" => {
+            "held by an administrator (`scontrol hold`): it starts once an administrator \
+             releases it (`scontrol release <job id>`)"
+        }
+        "JobHeldUser" => {
+            "held by its user (`scontrol hold` or `sbatch --hold`): `scontrol release <job id>` \
+             lets it start"
+        }
         "QOSMaxJobsPerUserLimit" | "AssocMaxJobsLimit" | "AssocGrpJobsLimit" => {
             "this user's or account's limit on running jobs holds it back"
         }
