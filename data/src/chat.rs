@@ -145,6 +145,30 @@ impl ChatTemplate {
         );
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
+        // A float prints as Python's `str` writes it (`1e+20`, not `100000000000000000000.0`):
+        // where a template prints a value, and through the `string` and `trim` filters that
+        // templates put message content through. (Joined by `~`, it keeps minijinja's form.)
+        env.set_formatter(|out, state, value| match python_str_of_float(value) {
+            Some(text) => out.write_str(&text).map_err(Error::from),
+            None => minijinja::escape_formatter(out, state, value),
+        });
+        env.add_filter(
+            "string",
+            |state: &minijinja::State, value: Value| match python_str_of_float(&value) {
+                Some(text) => Ok(Value::from(text)),
+                None => minijinja::filters::string(state, &value),
+            },
+        );
+        env.add_filter("trim", |value: Value, chars: Option<String>| {
+            let text = python_str_of_float(&value).unwrap_or_else(|| value.to_string());
+            match chars {
+                Some(chars) => {
+                    let chars: Vec<char> = chars.chars().collect();
+                    text.trim_matches(&chars[..]).to_string()
+                }
+                None => text.trim().to_string(),
+            }
+        });
         let mut sources = BTreeMap::new();
         for template in templates {
             let (marked, generation_blocks) = mark_generation_blocks(&template.source);
@@ -1094,8 +1118,21 @@ impl JsonStyle {
     }
 }
 
-/// Python's `repr(float)`: shortest round-trip digits, exponent as `e+XX` / `e-XX` outside
-/// [1e-4, 1e16).
+/// A float value as Python's `str` writes it (`nan`, `inf` as such); other values `None`.
+fn python_str_of_float(value: &Value) -> Option<String> {
+    if value.kind() != ValueKind::Number || value.is_integer() {
+        return None;
+    }
+    let f = f64::try_from(value.clone()).ok()?;
+    Some(match f {
+        f if f.is_nan() => "nan".into(),
+        f if f.is_infinite() => if f > 0.0 { "inf" } else { "-inf" }.into(),
+        f => python_float(f),
+    })
+}
+
+/// Python's `repr(float)` as `json.dumps` writes it: shortest round-trip digits, exponent as
+/// `e+XX` / `e-XX` outside [1e-4, 1e16).
 fn python_float(f: f64) -> String {
     if f.is_nan() {
         return "NaN".into();

@@ -257,6 +257,34 @@ fn chat_renders_as_transformers_and_the_mask_is_the_assistant_tokens() {
     }
 }
 
+/// Message content that is a number prints as Jinja in Python prints it (`1e+20`, `1e-05`),
+/// through `string` and `trim` too: the tokens trained on are the ones transformers makes.
+#[test]
+fn numbers_in_messages_render_as_transformers_renders_them() {
+    let expected = expected();
+    let numbers = &expected["numbers"];
+    let tokens = BTreeMap::from([("eos_token".to_string(), "</s>".to_string())]);
+    let template = ChatTemplate::from_source(
+        "numbers.jinja".into(),
+        numbers["template"].as_str().unwrap().into(),
+        &tokens,
+    )
+    .unwrap();
+    let renderings = numbers["renderings"].as_array().unwrap();
+    assert!(renderings.len() > 10);
+    for rendering in renderings {
+        let record = serde_json::json!({ "messages": rendering["messages"] });
+        let record: minijinja::Value = serde_json::from_value(record).unwrap();
+        let messages = messages_of(&record, "messages").unwrap();
+        assert_eq!(
+            template.render_with_tools(&messages, None, false).unwrap(),
+            rendering["text"].as_str().unwrap(),
+            "{}",
+            rendering["messages"]
+        );
+    }
+}
+
 #[test]
 fn sharegpt_conversations_train_as_their_role_and_content_form() {
     // The same conversations as `chat_<tokenizer>.jsonl`, as `conversations` of

@@ -355,6 +355,16 @@ CHATS = [
     ], "tools": [WEATHER_TOOL]},
 ]
 
+# Message content that is a number, not text, through the ways templates print content.
+NUMBER_TEMPLATE = (
+    "{% for m in messages %}[{{ m['content'] }}|{{ m['content'] | trim }}|{{ m['content'] | string }}]"
+    "{% endfor %}"
+)
+NUMBER_CHATS = [
+    [{"role": "assistant", "content": x}]
+    for x in (1e20, 1e16, 1e15, 6.02214076e23, 1e-05, 2.5e-07, 0.0001, 3.14, -0.0, 1.0, 42, -7, 12345678901234567890)
+]
+
 # With tools `transformers` picks the `tool_use` template, without them `default`.
 TOOL_CHATS = [
     {"messages": [
@@ -970,6 +980,19 @@ def main():
     expected["reasoning"]["kwargs"] = {
         "kwargs": REASONING_KWARGS,
         "chats": chat_expectations(fast, REASONING, REASONING_ONE_QUESTION_CHATS, **REASONING_KWARGS),
+    }
+    # Numbers where text is expected (a JSONL answer written as a number): printed, and
+    # through `string` and `trim`, as Jinja in Python writes them.
+    fast = AutoTokenizer.from_pretrained(os.path.join(out, "bpe"))
+    expected["numbers"] = {
+        "template": NUMBER_TEMPLATE,
+        "renderings": [
+            {
+                "messages": messages,
+                "text": fast.apply_chat_template(messages, chat_template=NUMBER_TEMPLATE, tokenize=False),
+            }
+            for messages in NUMBER_CHATS
+        ],
     }
     with open(os.path.join(out, "expected.json"), "w", encoding="utf-8") as f:
         json.dump(expected, f, ensure_ascii=False)
