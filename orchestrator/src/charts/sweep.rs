@@ -556,6 +556,23 @@ impl SweepFigure {
     /// The points that logged a step and did not diverge but lack the final-loss panel's
     /// axis parameter, which the panel leaves out (points given different parameter sets),
     /// named as [`named_at_most`] names them.
+    /// The points the final-loss panel draws as rings (not finished): of those with steps,
+    /// neither diverged nor without its axis parameter, which it leaves out.
+    pub fn unfinished_in_final_loss(&self) -> usize {
+        let Ok(Some((x_key, _))) = self.final_axes() else {
+            return 0;
+        };
+        self.points
+            .iter()
+            .filter(|p| {
+                p.progress != PointProgress::Finished
+                    && !p.steps.is_empty()
+                    && !crate::metrics_file::has_diverged(&p.steps)
+                    && p.params.contains_key(&x_key)
+            })
+            .count()
+    }
+
     pub fn without_axis_value(&self) -> Option<String> {
         let Ok(Some((x_key, _))) = self.final_axes() else {
             return None;
@@ -1161,6 +1178,7 @@ mod tests {
             figure.without_axis_value().map(|l| l.split("; ").count()),
             Some(1)
         );
+
         let panels = figure.panels();
         let lines: Vec<&str> = panels[1]
             .curves
@@ -1176,6 +1194,12 @@ mod tests {
                 .sum::<usize>(),
             figure.points.len() - 1
         );
+        // Not finished, a point left out is not counted among the panel's rings.
+        assert_eq!(figure.unfinished_in_final_loss(), 0);
+        for p in &mut figure.points[..3] {
+            p.progress = PointProgress::Going;
+        }
+        assert_eq!(figure.unfinished_in_final_loss(), 2);
 
         // More lines than the legend has room for: the rest grey, counted on its last line.
         let mut points = Vec::new();

@@ -238,16 +238,7 @@ fn plot_sweep(args: &Args, runs: &[crate::rundir::RunDir]) -> anyhow::Result<()>
         .filter(|p| crate::metrics_file::has_diverged(&p.steps))
         .map(|p| figure.label(p))
         .collect();
-    // Rings in the final-loss panel, which leaves diverged points out.
-    let unfinished = figure
-        .points
-        .iter()
-        .filter(|p| {
-            p.progress != PointProgress::Finished
-                && !p.steps.is_empty()
-                && !crate::metrics_file::has_diverged(&p.steps)
-        })
-        .count();
+    let unfinished = figure.unfinished_in_final_loss();
     outln!(
         "wrote {} ({} point(s){}{}{}{}{})",
         output.display(),

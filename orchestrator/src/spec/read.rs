@@ -233,9 +233,11 @@ fn explain(
             });
             let fix = match misplaced {
                 Some(entry) => format!(
-                    "`{key}` is written at the top level (line {}): move it under `{field}:`, \
-                     indented",
-                    entry.key_at.map_or(0, |at| at.line)
+                    "`{key}` is written at the top level{}: move it under `{field}:`, indented",
+                    entry
+                        .key_at
+                        .map(|at| format!(" (line {})", at.line))
+                        .unwrap_or_default()
                 ),
                 None => {
                     format!("add `{key}:` here; docs/job-spec.md lists every key with its default")
