@@ -557,6 +557,16 @@ fn a_slurm_that_does_not_answer_leaves_the_runs_as_last_recorded() {
         "{}",
         stderr_of(&out)
     );
+    // The real one says Slurm was not reached, not that it refused the job.
+    let out = status(&["submit", &fresh.to_string_lossy()]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("sbatch could not reach slurmctld")
+            && stderr_of(&out).contains("marked SUBMIT_FAILED")
+            && !stderr_of(&out).contains("did not accept"),
+        "{}",
+        stderr_of(&out)
+    );
 
     // Nothing was written back: the job still waits, and Slurm says so again.
     let manifest: serde_json::Value =

@@ -154,10 +154,18 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                     m.error = Some(message);
                 })
                 .context("also failed to mark the run directory as SUBMIT_FAILED");
-            let err = anyhow::Error::new(err).context(format!(
-                "sbatch did not accept the job; {} is kept and marked SUBMIT_FAILED. Fix the cause (the spec, a --set value or the cluster), then run the same `shardrun submit` command again",
-                run.path().display()
-            ));
+            let context = match err.controller_unreachable() {
+                true => format!(
+                    "sbatch could not reach slurmctld; {} is kept and marked SUBMIT_FAILED. Once \
+                     `scontrol ping` says it answers, run the same `shardrun submit` command again",
+                    run.path().display()
+                ),
+                false => format!(
+                    "sbatch did not accept the job; {} is kept and marked SUBMIT_FAILED. Fix the cause (the spec, a --set value or the cluster), then run the same `shardrun submit` command again",
+                    run.path().display()
+                ),
+            };
+            let err = anyhow::Error::new(err).context(context);
             if held.signal().is_some() {
                 // The signal ends the process: the error is said first.
                 errln!("error: {}", crate::exit::message(&err));
