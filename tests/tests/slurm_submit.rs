@@ -194,6 +194,16 @@ fn a_failing_set_up_line_is_named_by_status() {
         .submit(dir.path(), &[&exits.to_string_lossy()])
         .job_id;
     let run = dir.join("runs/setupexits");
+    // Followed from its submission, before anything recorded its end (no controller ever
+    // starts to write it): the follow asks Slurm, and ends when the job has.
+    let mut follow = cluster.command(shardrun());
+    follow
+        .current_dir(dir.path())
+        .args(["logs", "-f", &run.to_string_lossy()]);
+    let out = run_with_deadline(&mut follow, Duration::from_secs(60)).unwrap();
+    let said = format!("{}{}", stdout_of(&out), stderr_of(&out));
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("ended (FAILED)"), "{said}");
     wait_state(&cluster, dir.path(), &run, "FAILED");
     let err_file = run.join(format!("setupexits-{job_id}.err"));
     let out = cluster
@@ -601,7 +611,10 @@ fn a_slurm_that_does_not_answer_leaves_the_runs_as_last_recorded() {
         document["runs"][0]["detail"]
             .as_str()
             .unwrap()
-            .starts_with("JobHeldAdmin: held by an administrator (`scontrol hold`)"),
+            .starts_with(&format!(
+                "JobHeldAdmin: held by an administrator (`scontrol hold`): it starts once an \
+                 administrator releases it (`scontrol release {waits_job}`)"
+            )),
         "{document}"
     );
     let out = cluster

@@ -553,9 +553,6 @@ impl SweepFigure {
         self.final_loss().is_some()
     }
 
-    /// The points that logged a step and did not diverge but lack the final-loss panel's
-    /// axis parameter, which the panel leaves out (points given different parameter sets),
-    /// named as [`named_at_most`] names them.
     /// The points the final-loss panel draws as rings (not finished): of those with steps,
     /// neither diverged nor without its axis parameter, which it leaves out.
     pub fn unfinished_in_final_loss(&self) -> usize {
@@ -573,6 +570,9 @@ impl SweepFigure {
             .count()
     }
 
+    /// The points that logged a step and did not diverge but lack the final-loss panel's
+    /// axis parameter, which the panel leaves out (points given different parameter sets),
+    /// named as [`named_at_most`] names them.
     pub fn without_axis_value(&self) -> Option<String> {
         let Ok(Some((x_key, _))) = self.final_axes() else {
             return None;

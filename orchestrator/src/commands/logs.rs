@@ -86,6 +86,8 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     let mut first_read = true;
     let mut said_waiting = false;
     loop {
+        // Whether the log is not there (yet): a run may end without ever writing it.
+        let mut missing = false;
         match log.read_new(args.follow) {
             Ok(new) => {
                 if new.started_anew {
@@ -103,7 +105,8 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && args.follow => {
                 // A run that ended without it never writes it: following it would show
-                // nothing for ever.
+                // nothing for ever. Its manifest may say so; else Slurm is asked below.
+                missing = true;
                 if let Some(why) = ended_before_its_log(&args) {
                     bail!("{why}");
                 }
@@ -165,7 +168,7 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
                 _ => Err(crate::exit::AlreadySaid(crate::exit::EXIT_FAILURE).into()),
             };
         }
-        if args.until_done && Instant::now() >= next_look {
+        if (args.until_done || missing) && Instant::now() >= next_look {
             next_look = Instant::now() + LOOK_EVERY;
             ended = ended_status(&args.run);
             if ended.is_some() {
@@ -246,8 +249,8 @@ impl FollowedFile {
     }
 }
 
-/// How often `--until-done` asks whether the run has ended (for a Slurm job, one query of
-/// Slurm, as `shardrun status` makes).
+/// How often `--until-done`, or a follow of a log not written yet, asks whether the run has
+/// ended (for a Slurm job, one query of Slurm, as `shardrun status` makes).
 const LOOK_EVERY: Duration = Duration::from_secs(2);
 
 /// The run's status once it has ended as `shardrun status` tells it: a job that failed before
@@ -270,14 +273,28 @@ fn ended_before_its_log(args: &Args) -> Option<String> {
         .ok()?
         .read_manifest()
         .ok()?;
-    let error = manifest.error.filter(|_| manifest.state.is_terminal())?;
     let state = manifest.state;
-    Some(format!(
-        "{run} has no log: the run ended ({state}) before any rank started, so nothing was \
-         logged; it ended with: {error}\n  see also: `shardrun status {word}`",
-        run = args.run.display(),
-        word = crate::output::pasteable(&args.run)
-    ))
+    if !state.is_terminal() {
+        return None;
+    }
+    let with = manifest
+        .error
+        .map(|error| format!("; it ended with: {error}"))
+        .unwrap_or_default();
+    let run = args.run.display();
+    let word = crate::output::pasteable(&args.run);
+    // The run logged, but not this rank.
+    let said = match args.rank {
+        Some(rank) if args.run.join("train.log").exists() => format!(
+            "{run} has no log of rank {rank}: the run ended ({state}) before rank {rank} \
+             logged anything{with}"
+        ),
+        _ => format!(
+            "{run} has no log: the run ended ({state}) before any rank started, so nothing \
+             was logged{with}"
+        ),
+    };
+    Some(format!("{said}\n  see also: `shardrun status {word}`"))
 }
 
 /// A sweep's folder (or a run root) holds runs but is not one: name them, so the user can

@@ -461,9 +461,12 @@ async fn run_async(
             notice: Notice::SlurmRequeue,
         };
     // What the job queued again does: resume from the checkpoint, or start over without one.
-    let resumes = match checkpoint {
-        Some(_) => "which resumes from it",
-        None => "which starts the run over (it has no checkpoint)",
+    let resumes = match &newest {
+        Newest::Checkpoint(_) => "which resumes from it",
+        Newest::Unreadable(_) => {
+            "which resumes from it once it reads (its ranks refuse it until then)"
+        }
+        Newest::Nothing => "which starts the run over (it has no checkpoint)",
     };
     if slurm_requeued {
         message = format!("{message}; Slurm queues the job again, {resumes}");

@@ -402,7 +402,7 @@ fn record_state(run: &RunDir, state: RunState, detail: &str) -> Option<String> {
 
 /// Slurm's reason code for a job, with what it means where the code alone says little to
 /// people who do not run Slurm every day.
-fn reason_in_words(reason: &str) -> String {
+fn reason_in_words(reason: &str, job_id: &str) -> String {
     let meaning = match reason {
         "BeginTime" => {
             "not to start before its begin time (`sbatch --begin`; Slurm also holds a \
@@ -413,12 +413,16 @@ fn reason_in_words(reason: &str) -> String {
         "Dependency" => "waiting for the jobs it depends on",
         "JobArrayTaskLimit" => "its array's throttle (`%N`) holds it back",
         "JobHeldAdmin" => {
-            "held by an administrator (`scontrol hold`): it starts once an administrator \
-             releases it (`scontrol release <job id>`)"
+            return format!(
+                "{reason}: held by an administrator (`scontrol hold`): it starts once an \
+                 administrator releases it (`scontrol release {job_id}`)"
+            )
         }
         "JobHeldUser" => {
-            "held by its user (`scontrol hold` or `sbatch --hold`): `scontrol release <job id>` \
-             lets it start"
+            return format!(
+                "{reason}: held by its user (`scontrol hold` or `sbatch --hold`): `scontrol \
+                 release {job_id}` lets it start"
+            )
         }
         "QOSMaxJobsPerUserLimit" | "AssocMaxJobsLimit" | "AssocGrpJobsLimit" => {
             "this user's or account's limit on running jobs holds it back"
@@ -540,7 +544,7 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
                                     && !(reason == "JobLaunchFailure"
                                         && manifest.state == RunState::Running)
                             })
-                            .map(|reason| reason_in_words(&reason)),
+                            .map(|reason| reason_in_words(&reason, &record.id)),
                         record
                             .exit_code
                             .clone()
@@ -904,11 +908,11 @@ mod tests {
     #[test]
     fn common_pending_reasons_are_said_in_words_and_others_as_slurm_says_them() {
         assert_eq!(
-            reason_in_words("Priority"),
+            reason_in_words("Priority", "12"),
             "Priority: jobs of higher priority are ahead of it"
         );
-        assert!(reason_in_words("BeginTime").starts_with("BeginTime: not to start before"));
-        assert_eq!(reason_in_words("ReqNodeNotAvail"), "ReqNodeNotAvail");
+        assert!(reason_in_words("BeginTime", "12").starts_with("BeginTime: not to start before"));
+        assert_eq!(reason_in_words("ReqNodeNotAvail", "12"), "ReqNodeNotAvail");
     }
 
     #[test]

@@ -166,10 +166,17 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
             }
             Some(state @ (RunState::Submitted | RunState::Running)) => Decision::Skip(*state),
             Some(&state) => match resumed_from(&sweep_dir.join(&p.name), p) {
-                Err(e) => {
-                    unreadable.push(e);
-                    Decision::CheckpointUnreadable(state)
-                }
+                // One that diverged is held back as such, whatever its checkpoint.
+                Err(e) => match RunDir::open(&sweep_dir.join(&p.name))
+                    .ok()
+                    .and_then(|run| diverged_from(&run))
+                {
+                    Some(divergence) => Decision::Diverged(state, divergence.step),
+                    None => {
+                        unreadable.push(e);
+                        Decision::CheckpointUnreadable(state)
+                    }
+                },
                 Ok(None) => match RunDir::open(&sweep_dir.join(&p.name))
                     .ok()
                     .and_then(|run| diverged_from(&run))
