@@ -48,5 +48,5 @@ pub use metadata::{
     SchedulerState, StateDtypes, TrainerState, FORMAT_VERSION,
 };
 pub use naming::StateKind;
-pub use resume::{clean_stale, find_latest, resolve, ResumePoint};
+pub use resume::{clean_stale, find_latest, find_latest_readable, resolve, ResumePoint};
 pub use write::{write_rank_report, FullWriter, SaveTarget, ShardWriter};

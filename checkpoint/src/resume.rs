@@ -145,6 +145,19 @@ pub fn find_latest(root: &Path, verify: Verify) -> Result<ResumePoint> {
     })
 }
 
+/// [`find_latest`] for a look that loads nothing (a login node's, the controller's): only a
+/// checkpoint that cannot be read is an error; a root that cannot be listed as a folder of
+/// checkpoints (a file there) holds none.
+pub fn find_latest_readable(root: &Path, verify: Verify) -> Result<ResumePoint> {
+    match find_latest(root, verify) {
+        Err(e) if !e.is_unreadable() => Ok(ResumePoint {
+            checkpoint: None,
+            skipped: Vec::new(),
+        }),
+        found => found,
+    }
+}
+
 /// A path given by a person (`from:`, `shardrun export`): either one checkpoint folder or a
 /// folder of them (then the newest valid one). Unlike [`find_latest`], finding nothing is an
 /// error.

@@ -96,13 +96,17 @@ pub fn execute(args: Args) -> anyhow::Result<()> {
     // requeued since.
     let (statuses, _) = match slurm::refresh(&runs) {
         Ok(answer) => answer,
-        Err(e) if e.controller_unreachable() => anyhow::bail!(
-            "nothing was cancelled: asking Slurm which jobs it still holds: {e}\n  fix: {}{}",
-            slurm::CONTROLLER_UNREACHABLE_FIX,
-            recorded_jobs(&runs)
-                .map(|jobs| format!(" (the jobs recorded: {jobs})"))
-                .unwrap_or_default()
-        ),
+        Err(e) if e.controller_unreachable() => {
+            let not_done = match recorded_jobs(&runs) {
+                Some(jobs) => format!("nothing was cancelled (the jobs recorded: {jobs})"),
+                None => "nothing was cancelled".to_string(),
+            };
+            return Err(slurm::unanswered(
+                &not_done,
+                "asking Slurm which jobs it still holds",
+                &e,
+            ));
+        }
         Err(e) => return Err(e.into()),
     };
     refuse_many(&args.run, &statuses, args.all)?;

@@ -318,23 +318,23 @@ async fn run_async(
     let newest = checkpoint_root
         .as_deref()
         .map_or(Newest::Nothing, newest_checkpoint);
-    let checkpoint = newest.checkpoint().cloned();
+    let checkpoint = newest.checkpoint();
     // Heartbeats come about once a second, steps faster: a rank that went silent may have
     // completed steps since its last one, and a checkpoint every rank committed says so.
     // (One of an earlier attempt counts only when this one resumed from it.)
     let steps_done = match config.checkpoint.resume {
-        true => steps_done.max(checkpoint.as_ref().map(|c| c.step)),
+        true => steps_done.max(checkpoint.map(|c| c.step)),
         false => steps_done,
     };
     // So may ranks that checkpointed for a cancel and ended without naming their step.
     let outcome = match outcome {
         Outcome::Cancelled { by, step } if config.checkpoint.resume => Outcome::Cancelled {
             by,
-            step: step.max(checkpoint.as_ref().map(|c| c.step)),
+            step: step.max(checkpoint.map(|c| c.step)),
         },
         outcome => outcome,
     };
-    let how_it_ended = ended_in_words(&outcome, checkpoint.as_ref(), &lost_nodes);
+    let how_it_ended = ended_in_words(&outcome, checkpoint, &lost_nodes);
     let mut message = match &outcome {
         Outcome::Succeeded => {
             // Every step is in metrics.jsonl before it is read back.
@@ -366,7 +366,7 @@ async fn run_async(
                     d.step,
                     diverged_resume_line(
                         d.step,
-                        checkpoint.as_ref(),
+                        checkpoint,
                         &divergence_remedies(config.optimizer.grad_clip),
                         &opts.launch
                     )
@@ -421,7 +421,7 @@ async fn run_async(
         let resume = match &f.cause {
             FailureCause::Diverged { step, .. } => {
                 let remedies = divergence_remedies(config.optimizer.grad_clip);
-                diverged_resume_line(*step, checkpoint.as_ref(), &remedies, &opts.launch)
+                diverged_resume_line(*step, checkpoint, &remedies, &opts.launch)
             }
             _ => failed_resume_line(
                 steps_done,
@@ -447,7 +447,7 @@ async fn run_async(
             by: by.to_string(),
         },
         Outcome::Preempted { notice } => RunEvent::Preempted {
-            step: checkpoint.as_ref().map(|c| c.step),
+            step: checkpoint.map(|c| c.step),
             notice: *notice,
         },
     })
@@ -474,7 +474,7 @@ async fn run_async(
             message = format!("{message}; {advice}");
         }
     } else if let Outcome::Preempted { notice } = outcome {
-        let at_end = checkpoint.as_ref().map(|c| c.step);
+        let at_end = checkpoint.map(|c| c.step);
         match this_slurm_job() {
             Some(_)
                 if !opts.prepared_data
@@ -535,7 +535,7 @@ async fn run_async(
                         opts.max_requeues
                     );
                     log.note(RunEvent::Requeued {
-                        step: checkpoint.as_ref().map(|c| c.step),
+                        step: checkpoint.map(|c| c.step),
                         slurm_job_id: job_id.clone(),
                         requeue: done + 1,
                         max_requeues: opts.max_requeues,
@@ -570,7 +570,7 @@ async fn run_async(
     if matches!(outcome, Outcome::Preempted { .. }) && exit_code != 0 {
         // Not requeued: the run's events end in its failure, as its state does.
         log.note(RunEvent::Failed {
-            step: checkpoint.as_ref().map(|c| c.step),
+            step: checkpoint.map(|c| c.step),
             reason: message.clone(),
         })
         .await;
@@ -595,7 +595,7 @@ async fn run_async(
             outcome: &outcome,
             exit_code,
             ended: &how_it_ended,
-            checkpoint: checkpoint.clone(),
+            checkpoint: checkpoint.cloned(),
             last_step: steps_done,
             message,
             last_lines: &last_lines,
@@ -1101,8 +1101,8 @@ impl Newest {
 
 /// Checked by its seal and sizes only: the controller does not read the whole checkpoint.
 fn newest_checkpoint(root: &Path) -> Newest {
-    use shardrun_checkpoint::{find_latest, CheckpointError, Verify};
-    match find_latest(root, Verify::Structure) {
+    use shardrun_checkpoint::{find_latest_readable, CheckpointError, Verify};
+    match find_latest_readable(root, Verify::Structure) {
         Ok(found) => match found.checkpoint {
             Some(c) => Newest::Checkpoint(CheckpointLeft {
                 step: c.step(),
@@ -1113,8 +1113,7 @@ fn newest_checkpoint(root: &Path) -> Newest {
         Err(CheckpointError::Unreadable {
             checkpoint, cause, ..
         }) => Newest::Unreadable(format!("{}: {cause}", checkpoint.display())),
-        Err(e) if e.is_unreadable() => Newest::Unreadable(e.to_string()),
-        Err(_) => Newest::Nothing,
+        Err(e) => Newest::Unreadable(e.to_string()),
     }
 }
 

@@ -14,7 +14,7 @@ use crate::rundir::{Ended, Manifest, NewRun, RunDir, RunDirError, RunLock, RunSt
 use crate::slurm;
 use crate::sweeps::journal::Journal;
 pub use changes::FieldChange;
-use shardrun_checkpoint::{find_latest, CheckpointError, Verify};
+use shardrun_checkpoint::{find_latest, find_latest_readable, CheckpointError, Verify};
 use shardrun_protocol::config::{DataConfig, LrDecay};
 use shardrun_protocol::schedule::Schedule;
 use shardrun_protocol::TrainConfig;
@@ -883,11 +883,8 @@ pub fn readable_newest_checkpoint(
     let Some(root) = train.checkpoint.root(Some(run.path())) else {
         return Ok(None);
     };
-    match find_latest(&root, Verify::Structure) {
-        Ok(found) => Ok(found.checkpoint.as_ref().map(checkpoint_at)),
-        Err(e) if e.is_unreadable() => Err(e),
-        Err(_) => Ok(None),
-    }
+    let found = find_latest_readable(&root, Verify::Structure)?;
+    Ok(found.checkpoint.as_ref().map(checkpoint_at))
 }
 
 /// Whether the run's checkpoint folder holds any committed checkpoint, loadable or not; one
@@ -919,20 +916,15 @@ fn checkpoint_to_resume(
     let Some(root) = train.checkpoint.root(Some(run.path())) else {
         return Ok((None, Verify::Structure, None));
     };
-    let found = match find_latest(&root, Verify::Structure) {
-        Ok(found) => found,
-        Err(e) if e.is_unreadable() => return Err(e),
-        Err(_) => return Ok((None, Verify::Structure, None)),
-    };
+    let found = find_latest_readable(&root, Verify::Structure)?;
     let small = found.checkpoint.as_ref().is_some_and(|c| {
         c.metadata().files.iter().map(|f| f.size).sum::<u64>() <= CHECKSUMS_AT_MOST
     });
     let (found, verify) = if small {
-        match find_latest(&root, Verify::Checksums) {
-            Ok(verified) => (verified, Verify::Checksums),
-            Err(e) if e.is_unreadable() => return Err(e),
-            Err(_) => return Ok((None, Verify::Checksums, None)),
-        }
+        (
+            find_latest_readable(&root, Verify::Checksums)?,
+            Verify::Checksums,
+        )
     } else {
         (found, Verify::Structure)
     };

@@ -127,7 +127,7 @@ pub fn test_only(script: &str, extra_args: &[String]) -> Result<TestOnly, SlurmE
         Err(refused) => refused,
     };
     // Not a refusal of the job: sinfo would only wait for the same controller.
-    if said.contains("Unable to contact slurm controller") {
+    if refused.controller_unreachable() {
         return Err(refused);
     }
     let fit = node_fit(script);

@@ -64,6 +64,12 @@ const CONTROLLER_UNREACHABLE: [&str; 3] = [
 pub const CONTROLLER_UNREACHABLE_FIX: &str = "slurmctld did not answer (down, restarting, or \
     unreachable from this host): `scontrol ping` tells when it answers again; then run this again";
 
+/// The error of a command whose question to Slurm (`doing`) slurmctld did not answer: what
+/// did not happen (`not_done`: "nothing was submitted"), the error, and what to do.
+pub fn unanswered(not_done: &str, doing: &str, error: &dyn std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("{not_done}: {doing}: {error}\n  fix: {CONTROLLER_UNREACHABLE_FIX}")
+}
+
 impl SlurmError {
     /// Whether the command ran but slurmctld did not answer it (as opposed to Slurm
     /// refusing what was asked, or its commands missing here).

@@ -33,10 +33,13 @@ pub fn read_limits(
             notes: vec![format!("the cluster's limits could not be read: {err}")],
             ..Default::default()
         },
-        Err(err) if err.controller_unreachable() => anyhow::bail!(
-            "nothing was submitted: reading the cluster's limits (squeue): {err}\n  fix: {}",
-            slurm::CONTROLLER_UNREACHABLE_FIX
-        ),
+        Err(err) if err.controller_unreachable() => {
+            return Err(slurm::unanswered(
+                "nothing was submitted",
+                "reading the cluster's limits (squeue)",
+                &err,
+            ))
+        }
         Err(err) => {
             return Err(anyhow::Error::new(err).context("reading the cluster's limits (squeue)"))
         }

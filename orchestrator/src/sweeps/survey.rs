@@ -123,11 +123,13 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
     if !existing.is_empty() {
         let (statuses, _) = match slurm::refresh(&existing) {
             Ok(answer) => answer,
-            Err(e) if e.controller_unreachable() => anyhow::bail!(
-                "nothing was submitted: querying Slurm for the points already submitted: \
-                 {e}\n  fix: {}",
-                slurm::CONTROLLER_UNREACHABLE_FIX
-            ),
+            Err(e) if e.controller_unreachable() => {
+                return Err(slurm::unanswered(
+                    "nothing was submitted",
+                    "querying Slurm for the points already submitted",
+                    &e,
+                ))
+            }
             Err(e) => {
                 return Err(anyhow::Error::new(e)
                     .context("querying Slurm for the points already submitted"))
@@ -165,40 +167,37 @@ pub fn survey(sweep_dir: &Path, points: &[SweepPoint]) -> anyhow::Result<Survey>
                 }
             }
             Some(state @ (RunState::Submitted | RunState::Running)) => Decision::Skip(*state),
-            Some(&state) => match resumed_from(&sweep_dir.join(&p.name), p) {
-                // One that diverged is held back as such, whatever its checkpoint.
-                Err(e) => match RunDir::open(&sweep_dir.join(&p.name))
-                    .ok()
-                    .and_then(|run| diverged_from(&run))
-                {
-                    Some(divergence) => Decision::Diverged(state, divergence.step),
-                    None => {
-                        unreadable.push(e);
-                        Decision::CheckpointUnreadable(state)
+            Some(&state) => {
+                let dir = sweep_dir.join(&p.name);
+                match resumed_from(&dir, p) {
+                    Ok(Some((_, checkpoint))) if checkpoint.step >= p.job.train.steps => {
+                        Decision::TrainedPast(state, checkpoint.step)
                     }
-                },
-                Ok(None) => match RunDir::open(&sweep_dir.join(&p.name))
-                    .ok()
-                    .and_then(|run| diverged_from(&run))
-                {
-                    // Started over, it would diverge at the same step again.
-                    Some(divergence) => Decision::Diverged(state, divergence.step),
-                    None => Decision::Retry(state, anew(&sweep_dir.join(&p.name))),
-                },
-                Ok(Some((_, checkpoint))) if checkpoint.step >= p.job.train.steps => {
-                    Decision::TrainedPast(state, checkpoint.step)
+                    // Continued from a checkpoint saved since, it would train on from
+                    // diverged weights; started over, or from one saved before, it would
+                    // diverge at the same step again; whatever its checkpoint.
+                    resumed => match (
+                        RunDir::open(&dir).ok().and_then(|r| diverged_from(&r)),
+                        resumed,
+                    ) {
+                        (Some(divergence), _) => Decision::Diverged(state, divergence.step),
+                        (None, Err(e)) => {
+                            unreadable.push(e);
+                            Decision::CheckpointUnreadable(state)
+                        }
+                        (None, Ok(None)) => Decision::Retry(state, anew(&dir)),
+                        (None, Ok(Some((run, checkpoint)))) => {
+                            match data_refusal(&run, &checkpoint, p, &mut probed) {
+                                Some(refusal) => {
+                                    data_changed.push(refusal);
+                                    Decision::DataChanged(state)
+                                }
+                                None => Decision::Retry(state, Anew(false)),
+                            }
+                        }
+                    },
                 }
-                Ok(Some((run, checkpoint))) => {
-                    if let Some(divergence) = diverged_from(&run) {
-                        Decision::Diverged(state, divergence.step)
-                    } else if let Some(refusal) = data_refusal(&run, &checkpoint, p, &mut probed) {
-                        data_changed.push(refusal);
-                        Decision::DataChanged(state)
-                    } else {
-                        Decision::Retry(state, Anew(false))
-                    }
-                }
-            },
+            }
         })
         .zip(points)
         .map(|(decision, p)| {
@@ -257,8 +256,6 @@ fn asks_more_steps(dir: &Path, point: &SweepPoint) -> bool {
         .is_ok_and(|train| point.job.train.steps > steps_trained(&run, &train))
 }
 
-/// The point's run and the newest checkpoint its job would continue from (read once: a
-/// point that did not finish is judged by it three ways), when it resumes at all.
 /// Whether a point to retry without a checkpoint starts over from step 1 after logging steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Anew(pub bool);
@@ -269,8 +266,9 @@ fn anew(dir: &Path) -> Anew {
     Anew(logged)
 }
 
-///
-/// A newest checkpoint that cannot be read is the error it is, as a re-run refuses it.
+/// The point's run and the newest checkpoint its job would continue from (read once: a
+/// point that did not finish is judged by it three ways), when it resumes at all. A newest
+/// checkpoint that cannot be read is the error it is, as a re-run refuses it.
 fn resumed_from(
     dir: &Path,
     point: &SweepPoint,
