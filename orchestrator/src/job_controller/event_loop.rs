@@ -366,7 +366,7 @@ async fn run_async(
                     d.step,
                     diverged_resume_line(
                         d.step,
-                        checkpoint,
+                        &newest,
                         &divergence_remedies(config.optimizer.grad_clip),
                         &opts.launch
                     )
@@ -421,7 +421,7 @@ async fn run_async(
         let resume = match &f.cause {
             FailureCause::Diverged { step, .. } => {
                 let remedies = divergence_remedies(config.optimizer.grad_clip);
-                diverged_resume_line(*step, checkpoint, &remedies, &opts.launch)
+                diverged_resume_line(*step, &newest, &remedies, &opts.launch)
             }
             _ => failed_resume_line(
                 steps_done,
@@ -474,11 +474,10 @@ async fn run_async(
             message = format!("{message}; {advice}");
         }
     } else if let Outcome::Preempted { notice } = outcome {
-        let at_end = checkpoint.map(|c| c.step);
         match this_slurm_job() {
             Some(_)
                 if !opts.prepared_data
-                    && time_limit_without_progress(notice, checkpoint_at_start, at_end) =>
+                    && time_limit_without_progress(notice, checkpoint_at_start, &newest) =>
             {
                 exit_code = 1;
                 message = format!(
@@ -1074,8 +1073,15 @@ struct CheckpointLeft {
 /// from: requeued, the next attempt would spend its time the same way (the set-up lines,
 /// starting the ranks, loading the model) and stop at the same place, until the requeues are
 /// used up. A preemption is another matter: the next attempt may run to its time limit. So
-/// is an attempt that prepared the data (the caller asks): the next finds it ready.
-fn time_limit_without_progress(notice: Notice, at_start: Option<u64>, at_end: Option<u64>) -> bool {
+/// is an attempt that prepared the data (the caller asks): the next finds it ready. A newest
+/// checkpoint that cannot be read says nothing either way: requeued, the job says it resumes
+/// from it once it reads.
+fn time_limit_without_progress(notice: Notice, at_start: Option<u64>, at_end: &Newest) -> bool {
+    let at_end = match at_end {
+        Newest::Checkpoint(c) => Some(c.step),
+        Newest::Nothing => None,
+        Newest::Unreadable(_) => return false,
+    };
     notice == Notice::TimeLimit && at_end <= at_start
 }
 
@@ -1217,12 +1223,7 @@ fn failed_resume_line(
 /// The last line of a run stopped where it diverged at `step`: its newest checkpoint is from
 /// before (none is saved of weights that diverged), and resuming from it would train
 /// the same steps into the same divergence, which is why re-runs refuse it.
-fn diverged_resume_line(
-    step: u64,
-    checkpoint: Option<&CheckpointLeft>,
-    remedies: &str,
-    launch: &LaunchMode,
-) -> String {
+fn diverged_resume_line(step: u64, newest: &Newest, remedies: &str, launch: &LaunchMode) -> String {
     // A sweep point's values are the sweep's: trained again as it was, it diverges again.
     let over = match launch {
         LaunchMode::Slurm {
@@ -1234,7 +1235,13 @@ fn diverged_resume_line(
         ),
         _ => format!("add --force to start it over, with {remedies}"),
     };
-    match checkpoint.filter(|c| c.step < step) {
+    if let Newest::Unreadable(why) = newest {
+        return format!(
+            "its newest checkpoint cannot be read ({why}), and resumed from one saved before \
+             it diverged it would diverge again at the same step: {over}"
+        );
+    }
+    match newest.checkpoint().filter(|c| c.step < step) {
         Some(c) => format!(
             "its newest checkpoint, step {} ({}), is from before it diverged (its weights are \
              finite, not necessarily good), and resumed from there it would diverge again at \
@@ -1506,7 +1513,8 @@ mod tests {
             gpus: None,
             forced: false,
         };
-        let line = diverged_resume_line(12, Some(&checkpoint), &divergence_remedies(None), &local);
+        let checkpoint = Newest::Checkpoint(checkpoint);
+        let line = diverged_resume_line(12, &checkpoint, &divergence_remedies(None), &local);
         assert!(
             line.starts_with("its newest checkpoint, step 10 (/runs/r/checkpoints/step-10), is from before it diverged")
                 && line.ends_with("add --force to start it over, with a lower LR, gradient clipping (`optimizer.grad_clip`) or a longer warm-up"),
@@ -1518,13 +1526,26 @@ mod tests {
             gpus_per_node: 0,
             sweep_point: true,
         };
-        let line = diverged_resume_line(12, None, &divergence_remedies(Some(1.0)), &point);
+        let line = diverged_resume_line(
+            12,
+            &Newest::Nothing,
+            &divergence_remedies(Some(1.0)),
+            &point,
+        );
         assert_eq!(
             line,
             "it has no checkpoint from before it diverged: to try it with a lower LR, \
              tighter gradient clipping (`optimizer.grad_clip` is 1) or a longer warm-up, change \
              the sweep's spec and run `shardrun sweep` again (changed values are new points; \
              deleting its directory would train it again as it was)"
+        );
+        // One that cannot be read is not said to be missing.
+        let unreadable = Newest::Unreadable("step-10: Permission denied".into());
+        let line = diverged_resume_line(12, &unreadable, &divergence_remedies(None), &local);
+        assert!(
+            line.starts_with("its newest checkpoint cannot be read (step-10: Permission denied)")
+                && line.ends_with("add --force to start it over, with a lower LR, gradient clipping (`optimizer.grad_clip`) or a longer warm-up"),
+            "{line}"
         );
     }
 
@@ -1562,15 +1583,32 @@ mod tests {
     #[test]
     fn only_a_time_limit_that_left_no_step_saved_is_not_requeued() {
         use Notice::*;
+        let at = |step| {
+            Newest::Checkpoint(CheckpointLeft {
+                step,
+                path: format!("/runs/r/checkpoints/step-{step}").into(),
+            })
+        };
         // No step saved past the start: the next attempt would do the same.
-        assert!(time_limit_without_progress(TimeLimit, Some(40), Some(40)));
-        assert!(time_limit_without_progress(TimeLimit, None, None));
+        assert!(time_limit_without_progress(TimeLimit, Some(40), &at(40)));
+        assert!(time_limit_without_progress(
+            TimeLimit,
+            None,
+            &Newest::Nothing
+        ));
         // Steps saved: the next attempt goes on from further along.
-        assert!(!time_limit_without_progress(TimeLimit, Some(40), Some(41)));
-        assert!(!time_limit_without_progress(TimeLimit, None, Some(3)));
+        assert!(!time_limit_without_progress(TimeLimit, Some(40), &at(41)));
+        assert!(!time_limit_without_progress(TimeLimit, None, &at(3)));
+        // A newest checkpoint that cannot be read may well be past the start.
+        let unreadable = Newest::Unreadable("step-41: Permission denied".into());
+        assert!(!time_limit_without_progress(
+            TimeLimit,
+            Some(40),
+            &unreadable
+        ));
         // A preemption (or a signal of unknown cause) says nothing about the next attempt.
         for notice in [Preemption, Signal, SlurmRequeue] {
-            assert!(!time_limit_without_progress(notice, Some(40), Some(40)));
+            assert!(!time_limit_without_progress(notice, Some(40), &at(40)));
         }
     }
 
