@@ -636,7 +636,7 @@ fn a_time_limit_notice_during_the_set_up_fails_the_job_rather_than_requeue_it() 
     let message = result["message"].as_str().unwrap_or_default();
     assert!(
         message.starts_with("the run stopped before its time limit; it has no checkpoint yet; not requeued: the notice of its time limit came before it saved a step past the start, and another attempt would spend its time the same way (the set-up lines, with its data prepared already)")
-            && message.contains("give the job more time (`resources.time`) or take the notice later (a smaller `preemption.signal_seconds`)")
+            && message.contains("give the job more time (`resources.time`) or take the notice later (a smaller `preemption.signal_seconds` than 250, leaving the checkpoint time to be written)")
             && message.ends_with(" to start it"),
         "{message}"
     );

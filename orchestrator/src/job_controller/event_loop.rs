@@ -483,9 +483,7 @@ async fn run_async(
                 message = format!(
                     "{message}; not requeued: the notice of its time limit came before it \
                      saved a step past {}, and another attempt would spend its time the same \
-                     way ({}), using up its requeues: give the job more time \
-                     (`resources.time`) or take the notice later (a smaller \
-                     `preemption.signal_seconds`), then {} to {}",
+                     way ({}), using up its requeues: {}, then {} to {}",
                     match checkpoint_at_start {
                         Some(step) => format!("the checkpoint it started from (step {step})"),
                         None => "the start".to_string(),
@@ -494,6 +492,7 @@ async fn run_async(
                         true => "the set-up lines, with its data prepared already",
                         false => "starting the ranks, loading the model",
                     },
+                    super::notice::more_time_to_train(),
                     opts.launch.run_again(&opts.paths.run_dir),
                     match checkpoint_at_start {
                         Some(_) => "resume",

@@ -148,6 +148,30 @@ async fn ask_slurm(program: &str, args: &[&str]) -> Option<String> {
     }
 }
 
+/// What gives a job stopped by its time limit more time to train: a longer limit, and a later
+/// notice only where this one is well over the minute Slurm may signal early by (a smaller
+/// `signal_seconds` gains nothing there, and leaves the checkpoint less time).
+pub fn more_time_to_train() -> String {
+    let notice_seconds: Option<u64> = env(NOTICE_SECONDS_VAR).and_then(|s| s.parse().ok());
+    more_time_with(notice_seconds)
+}
+
+fn more_time_with(notice_seconds: Option<u64>) -> String {
+    match notice_seconds {
+        Some(seconds) if seconds > 2 * SIGNAL_EARLY_BY => format!(
+            "give the job more time (`resources.time`) or take the notice later (a smaller \
+             `preemption.signal_seconds` than {seconds}, leaving the checkpoint time to be \
+             written)"
+        ),
+        Some(seconds) => format!(
+            "give the job more time (`resources.time`): a smaller \
+             `preemption.signal_seconds` than {seconds} gains little, as Slurm may send the \
+             notice up to {SIGNAL_EARLY_BY} s early"
+        ),
+        None => "give the job more time (`resources.time`)".to_string(),
+    }
+}
+
 /// `Restarts=N` of `scontrol show job`: how many times the job was requeued.
 fn restarts(shown: &str) -> Option<u64> {
     shown
@@ -165,6 +189,23 @@ mod tests {
         let shown = "JobId=68 JobName=rq.sh\n   JobState=COMPLETING Reason=None Dependency=(null)\n   Requeue=1 Restarts=1 BatchFlag=1 Reboot=0 ExitCode=0:0\n";
         assert_eq!(restarts(shown), Some(1));
         assert_eq!(restarts("JobId=68 JobState=RUNNING"), None);
+    }
+
+    #[test]
+    fn a_later_notice_is_advised_only_where_it_gains_time() {
+        assert!(
+            more_time_with(Some(300)).contains("a smaller `preemption.signal_seconds` than 300")
+        );
+        let short = more_time_with(Some(30));
+        assert!(
+            short.starts_with("give the job more time (`resources.time`): a smaller")
+                && short.ends_with("up to 60 s early"),
+            "{short}"
+        );
+        assert_eq!(
+            more_time_with(None),
+            "give the job more time (`resources.time`)"
+        );
     }
 
     #[test]
