@@ -94,7 +94,9 @@ echo "shardrun: job ${SLURM_JOB_ID} on $(hostname) in ${SHARDRUN_RUN_DIR}"
 # file; one not found (127) is often a command only login shells define. So does a line
 # that ends the job itself (`exit 3`), which is no failed command to trap.
 trap 'rc=$?; setup_failure_said=1; why="exit $rc"; [ "$rc" != 127 ] || why="exit 127, not found: module and conda are defined by login shells, load their set-up first, e.g. source /etc/profile"; echo "shardrun: a resources.setup line failed ($why): $BASH_COMMAND" >&2' ERR
-trap 'rc=$?; [ "$rc" = 0 ] || [ -n "${setup_failure_said:-}" ] || echo "shardrun: a resources.setup line ended the job (exit $rc): $BASH_COMMAND" >&2' EXIT
+# (`exit 0` too, which Slurm calls COMPLETED; a signal's EXIT sees a stale $?, 0 after a
+# line that succeeded, so a 0 is said only of an `exit`.)
+trap 'rc=$?; [ -n "${setup_failure_said:-}" ] || case "$rc:$BASH_COMMAND" in 0:exit|0:exit\ *) echo "shardrun: a resources.setup line ended the job before training (exit 0): $BASH_COMMAND" >&2 ;; 0:*) ;; *) echo "shardrun: a resources.setup line ended the job (exit $rc): $BASH_COMMAND" >&2 ;; esac' EXIT
 # A preemption or time-limit notice (USR2) would end the shell here without a word: the
 # controller takes it over once it starts, and requeues the job without starting ranks.
 trap 'export SHARDRUN_NOTICE_IN_SETUP=1; echo "shardrun: SIGUSR2 (preemption or the time limit near) during the set-up: once it is done, no rank is started and the controller says whether the job is requeued" >&2' USR2

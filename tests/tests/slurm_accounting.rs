@@ -75,6 +75,15 @@ fn status_answers_from_sacct() {
     let document = seen.unwrap_or_else(|e| panic!("{e}: last {last:?}"));
     let parsed: serde_json::Value = serde_json::from_str(&document).unwrap();
     assert_eq!(parsed["source"], "squeue+sacct", "{document}");
+    // A cancel during a set-up line is no set-up line ending the job: its error file says
+    // nothing of one (bash runs the EXIT trap on SIGTERM, with the last line's status).
+    for entry in std::fs::read_dir(&slow).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "err") {
+            let said = std::fs::read_to_string(&path).unwrap();
+            assert!(!said.contains("resources.setup line"), "{said}");
+        }
+    }
     // A run brought from another cluster, its job one neither squeue nor sacct here knows
     // (nor its result.json, which is of another job): the state shown is the run's own, and
     // the note says so rather than naming the commands that knew nothing of it.

@@ -221,6 +221,34 @@ fn a_failing_set_up_line_is_named_by_status() {
         "{detail}\n{}",
         std::fs::read_to_string(&err_file).unwrap_or_default()
     );
+
+    // `exit 0` ends it COMPLETED, as Slurm says, having trained nothing, as status says.
+    let done = dir.write(
+        "done.yaml",
+        &self::spec("setupdone", &["echo set-up begins", "exit 0"]),
+    );
+    let job_id = cluster
+        .submit(dir.path(), &[&done.to_string_lossy()])
+        .job_id;
+    let run = dir.join("runs/setupdone");
+    wait_state(&cluster, dir.path(), &run, "COMPLETED");
+    let err_file = run.join(format!("setupdone-{job_id}.err"));
+    let out = cluster
+        .shardrun(dir.path(), &["status", "--json", &run.to_string_lossy()])
+        .unwrap();
+    let detail = status_runs(&stdout_of(&out))[0]["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        detail.starts_with("it trained nothing: the job ended before its controller wrote a result")
+            && detail.ends_with(&format!(
+                "{} ends: shardrun: a resources.setup line ended the job before training (exit 0): exit 0",
+                err_file.display()
+            )),
+        "{detail}\n{}",
+        std::fs::read_to_string(&err_file).unwrap_or_default()
+    );
 }
 
 #[test]

@@ -647,6 +647,15 @@ pub fn refresh_or_recorded(runs: &[RunDir]) -> Result<(Vec<RunStatus>, SlurmAnsw
                     };
                 }
             }
+            // Slurm's COMPLETED of a job whose controller wrote no result: the batch script
+            // ended before it (a set-up line's `exit 0`), and nothing trained.
+            if let (RunState::Completed, None, Some(id)) = (state, &result, &job_id) {
+                if let Some(ErrorFileEnding::Said(said) | ErrorFileEnding::Nothing(said)) =
+                    error_file_ending(run, id)
+                {
+                    detail = format!("it trained nothing: {said}");
+                }
+            }
             // A local run's manifest is its controller's to write: one starting now takes
             // the lock and writes RUNNING, which a state written here would overwrite.
             if state.is_terminal() && job_id.is_some() {
